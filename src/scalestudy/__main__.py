@@ -1,0 +1,3 @@
+from scalestudy.cli import main
+
+raise SystemExit(main())

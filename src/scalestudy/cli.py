@@ -1,0 +1,42 @@
+"""`scalestudy <subcommand>`: the one entry point (`python -m scalestudy` is the same).
+
+Each subcommand lives in its own module, which provides `add_arguments(parser)` and `run(args)`;
+modules are imported only when their subcommand runs, so `scalestudy --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# subcommand -> (module, one-line help)
+SUBCOMMANDS = {
+    "prepare-data": ("scalestudy.data", "download (or make) a dataset and convert it once"),
+    "train": ("scalestudy.train", "train one configuration (1 process, torchrun or srun)"),
+    "launch": ("scalestudy.launch", "start the ranks of one run: srun in Slurm, processes locally"),
+    "matrix": ("scalestudy.matrix", "write the run table of a study config"),
+    "collect": ("scalestudy.collect", "gather all runs' metrics into results/csv"),
+}
+
+
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="scalestudy", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (module, help_text) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        # only the chosen subcommand's module is imported (torch is slow to import)
+        if name in argv:
+            importlib.import_module(module).add_arguments(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv).parse_args(argv)
+    module = importlib.import_module(SUBCOMMANDS[args.command][0])
+    return int(module.run(args) or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
