@@ -1,0 +1,142 @@
+"""`scalestudy collect`: every run's metrics.json and epochs.csv -> tidy CSVs.
+
+results/csv/runs.csv   one row per run: the run-table columns, then every metrics.json key
+                       (device -> device_type, device_name; lists joined with ';').
+results/csv/epochs.csv one row per run and epoch: run, the identifying run columns, the epoch row.
+
+A key present in both the run table and metrics.json must agree: a disagreement means the result
+on disk came from another configuration (a stale or hand-copied run) and is refused, naming the
+run, the key and both values. A run without a complete metrics.json is an error that names the
+file and the command that produces it, never a silent blank row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import sys
+from pathlib import Path
+
+from scalestudy import atomic
+from scalestudy.matrix import RUN_COLUMNS, read_runs_tsv
+
+# metrics.json keys the trainer always writes (issue "Trainer"); collect checks them
+REQUIRED_METRICS = (
+    "world_size", "nodes", "ranks_per_node", "device", "global_batch", "throughput_img_s",
+    "throughput_img_s_per_rank", "epoch_time_s", "step_time_ms_p50", "step_time_ms_p95",
+    "data_time_frac", "comm_exposed_frac", "peak_mem_mb", "gpu_util_mean", "final_val_acc",
+    "best_val_acc", "time_to_target_s", "train_time_s", "git_commit", "torch_version",
+    "cuda_version", "nccl_version", "hostnames", "slurm_job_id", "container_digest", "seed",
+    "config_hash", "started_at",
+)
+EPOCH_ID_COLUMNS = ("run", "families", "world_size", "local_batch", "global_batch", "precision",
+                    "bucket_cap_mb", "repeat")
+
+
+class CollectError(RuntimeError):
+    pass
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--runs", required=True, help="run table (results/matrix/runs.tsv)")
+    parser.add_argument("--runs-dir", default="results/runs", help="directory of the run outputs")
+    parser.add_argument("--out-runs", default="results/csv/runs.csv")
+    parser.add_argument("--out-epochs", default="results/csv/epochs.csv")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        runs_rows, epoch_rows = collect(read_runs_tsv(args.runs), Path(args.runs_dir))
+    except CollectError as exc:
+        print(f"scalestudy collect: {exc}", file=sys.stderr)
+        return 1
+    write_csv(args.out_runs, runs_rows)
+    write_csv(args.out_epochs, epoch_rows)
+    print(f"collected {len(runs_rows)} runs, {len(epoch_rows)} epoch rows -> "
+          f"{args.out_runs}, {args.out_epochs}")
+    return 0
+
+
+def collect(table: list[dict], runs_dir: Path) -> tuple[list[dict], list[dict]]:
+    runs_rows, epoch_rows = [], []
+    for row in table:
+        run_dir = runs_dir / row["run"]
+        metrics = load_metrics(run_dir / "metrics.json")
+        merged = dict(row)
+        for key, value in flatten(metrics).items():
+            if key in merged and not same(merged[key], value):
+                raise CollectError(
+                    f"run {row['run']}: {key} is {merged[key]!r} in the run table but {value!r} in "
+                    f"{run_dir / 'metrics.json'}: the result is from another configuration; "
+                    f"delete {run_dir} and rerun it")
+            merged.setdefault(key, value)
+        runs_rows.append(merged)
+        for epoch in load_epochs(run_dir / "epochs.csv"):
+            epoch_rows.append({**{c: row[c] for c in EPOCH_ID_COLUMNS}, **epoch})
+    return runs_rows, epoch_rows
+
+
+def load_metrics(path: Path) -> dict:
+    if not path.exists():
+        raise CollectError(f"missing {path}: run `snakemake {path}` (or the whole study) first")
+    try:
+        metrics = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise CollectError(f"{path} is not valid JSON ({exc}); delete it and rerun the run") from exc
+    missing = [k for k in REQUIRED_METRICS if k not in metrics]
+    if missing:
+        raise CollectError(f"{path} is incomplete, missing {missing}; delete it and rerun the run")
+    return metrics
+
+
+def load_epochs(path: Path) -> list[dict]:
+    if not path.exists():
+        raise CollectError(f"missing {path}: run `snakemake {path.parent / 'metrics.json'}` first")
+    with path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    if not rows:
+        raise CollectError(f"{path} has no epochs; delete the run directory and rerun it")
+    return rows
+
+
+def flatten(metrics: dict) -> dict:
+    out = {}
+    for key, value in metrics.items():
+        if key == "device" and isinstance(value, dict):
+            out["device_type"], out["device_name"] = value.get("type"), value.get("name")
+        elif isinstance(value, list):
+            out[key] = ";".join(map(str, value))
+        else:
+            out[key] = value
+    return out
+
+
+def same(table_value, metric_value) -> bool:
+    """Compare a run-table value (read back from TSV: a string) with a metrics.json value."""
+    if metric_value is None or table_value is None:
+        return str(table_value) in ("", "None") and metric_value in (None, "")
+    if isinstance(metric_value, bool):
+        return str(table_value).lower() == str(metric_value).lower()
+    if isinstance(metric_value, int | float):
+        try:
+            return math.isclose(float(table_value), float(metric_value), rel_tol=1e-9)
+        except ValueError:
+            return False
+    return str(table_value) == str(metric_value)
+
+
+def write_csv(path: str | Path, rows: list[dict]) -> None:
+    columns: list[str] = []
+    for row in rows:  # first-seen order: the run-table columns first, then the metrics keys
+        columns += [k for k in row if k not in columns]
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic.write_text(path, buf.getvalue())
+
+
+__all__ = ["RUN_COLUMNS", "collect", "write_csv", "CollectError"]

@@ -1,0 +1,150 @@
+"""`TrainConfig`: every flag of `scalestudy train`, typed, documented and checked in one place.
+
+The argparse parser is built from the dataclass fields (one flag per field, `--local-batch` for
+`local_batch`), so the flags, their defaults, the checks and metrics.json's copy of the flags
+cannot drift apart.
+
+Learning-rate rule: `lr` is the peak learning rate for a global batch of 512 images; the run uses
+`lr * global_batch / 512` (the linear scaling rule of Goyal et al. 2017, "Accurate, Large Minibatch
+SGD"), reached after `warmup_epochs` of linear warm-up, which that rule needs at large batches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+LR_REFERENCE_BATCH = 512  # images; `lr` is quoted for this global batch
+
+
+def _f(default: Any, help: str, choices: tuple | None = None) -> Any:
+    return field(default=default, metadata={"help": help, "choices": choices})
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    # data
+    dataset: str = _f("cifar10", "prepared dataset name", ("cifar10", "mnist", "synthetic"))
+    data_dir: str = _f("results/data", "directory given to `scalestudy prepare-data --data-dir`")
+    limit_train: int = _f(0, "use only the first N training images (0 = all)")
+    limit_test: int = _f(0, "evaluate on the first N test images (0 = all)")
+    loader: str = _f("device", "input pipeline", ("device", "dataloader"))
+    num_workers: int = _f(4, "DataLoader worker processes per rank (--loader dataloader)")
+    pin_memory: bool = _f(True, "DataLoader pin_memory (--loader dataloader)")
+    persistent_workers: bool = _f(True, "keep DataLoader workers between epochs")
+    prefetch_factor: int = _f(2, "batches prefetched per DataLoader worker")
+    # model and numerics
+    model: str = _f("resnet18", "network", ("resnet18", "cnn"))
+    width: int = _f(64, "base channel count (resnet18: 64 -> 11,173,962 parameters)")
+    precision: str = _f("fp32", "arithmetic", ("fp32", "tf32", "fp16", "bf16"))
+    compile: bool = _f(False, "torch.compile the model")
+    channels_last: str = _f("auto", "NHWC memory format (auto = on for CUDA)", ("auto", "on", "off"))
+    # parallelism
+    strategy: str = _f("ddp", "gradient synchronisation", ("ddp", "fsdp", "allreduce"))
+    bucket_cap_mb: float = _f(25.0, "DDP: MiB of gradients per all-reduce bucket")
+    comm_hook: str = _f("none", "DDP communication hook", ("none", "fp16", "bf16", "powersgd"))
+    static_graph: bool = _f(True, "DDP static_graph (the graph is the same every step)")
+    pg_timeout_s: float = _f(600.0, "process-group timeout in seconds: a dead rank fails the job")
+    device: str = _f("auto", "auto = CUDA when available, else CPU", ("auto", "cpu", "cuda"))
+    # optimisation recipe
+    local_batch: int = _f(256, "images per rank per micro-step")
+    global_batch: int = _f(0, "images per optimizer step over all ranks; 0 = derive from local")
+    accum_steps: int = _f(1, "micro-steps accumulated (under no_sync) per optimizer step")
+    epochs: int = _f(10, "passes over the training set")
+    lr: float = _f(0.4, "peak learning rate for a global batch of 512, scaled linearly")
+    momentum: float = _f(0.9, "SGD Nesterov momentum")
+    weight_decay: float = _f(5e-4, "L2 weight decay")
+    label_smoothing: float = _f(0.1, "cross-entropy label smoothing")
+    schedule: str = _f("onecycle", "LR schedule after warm-up", ("onecycle", "cosine"))
+    warmup_epochs: float = _f(1.0, "epochs of linear LR warm-up")
+    clip_grad: float = _f(0.0, "clip the gradient norm to this value (0 = off)")
+    seed: int = _f(0, "seed of initialisation, data order and augmentation")
+    target_acc: float | None = _f(None, "validation accuracy (0-1) for time_to_target_s")
+    # measurement
+    warmup_steps: int = _f(5, "optimizer steps excluded from the throughput window")
+    comm_probe_steps: int = _f(5, "steps per arm of the exposed-communication probe (0 = off)")
+    profile_steps: str | None = _f(None, "A:B profiles optimizer steps A..B-1 (nsys range / torch.profiler)")
+    out: str = _f("results/runs/manual", "output directory (metrics.json, epochs.csv)")
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            choices = f.metadata.get("choices")
+            value = getattr(self, f.name)
+            if choices and value not in choices:
+                raise ValueError(f"--{_flag(f.name)}: {value!r} is not one of {list(choices)}")
+        positive = ("width", "local_batch", "accum_steps", "epochs", "prefetch_factor")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{_flag(name)} must be >= 1, got {getattr(self, name)}")
+        non_negative = ("limit_train", "limit_test", "num_workers", "global_batch", "warmup_steps",
+                        "comm_probe_steps", "clip_grad", "warmup_epochs", "weight_decay")
+        for name in non_negative:
+            if getattr(self, name) < 0:
+                raise ValueError(f"--{_flag(name)} must be >= 0, got {getattr(self, name)}")
+        if self.bucket_cap_mb <= 0:
+            raise ValueError(f"--bucket-cap-mb must be > 0 MiB, got {self.bucket_cap_mb}")
+        if self.pg_timeout_s <= 0:
+            raise ValueError(f"--pg-timeout-s must be > 0 s, got {self.pg_timeout_s}")
+        if not 0 <= self.label_smoothing < 1:
+            raise ValueError(f"--label-smoothing must be in [0, 1), got {self.label_smoothing}")
+        if self.target_acc is not None and not 0 < self.target_acc <= 1:
+            raise ValueError(f"--target-acc is a fraction in (0, 1], got {self.target_acc}")
+        if self.comm_hook != "none" and self.strategy != "ddp":
+            raise ValueError(f"--comm-hook {self.comm_hook} needs --strategy ddp (DDP comm hooks)")
+        if self.profile_steps is not None:
+            self.profile_window()  # raises on a malformed window
+
+    def profile_window(self) -> tuple[int, int] | None:
+        """--profile-steps A:B -> (A, B), the half-open range of optimizer steps profiled."""
+        if self.profile_steps is None:
+            return None
+        a, sep, b = self.profile_steps.partition(":")
+        if not (sep and a.isdigit() and b.isdigit() and int(a) < int(b)):
+            raise ValueError(f"--profile-steps must be A:B with integers 0 <= A < B, got "
+                             f"{self.profile_steps!r}")
+        return int(a), int(b)
+
+    def batches(self, world_size: int) -> tuple[int, int]:
+        """(local_batch, global_batch) for this world size; a global batch must split evenly."""
+        if self.global_batch:
+            split = world_size * self.accum_steps
+            if self.global_batch % split:
+                raise ValueError(
+                    f"--global-batch {self.global_batch} does not split over world_size "
+                    f"{world_size} x accum_steps {self.accum_steps} = {split} ranks x micro-steps"
+                )
+            return self.global_batch // split, self.global_batch
+        return self.local_batch, self.local_batch * world_size * self.accum_steps
+
+    def config_hash(self) -> str:
+        """Hash of what defines the experiment (paths excluded): equal hash, equal experiment."""
+        d = dataclasses.asdict(self)
+        for path_key in ("out", "data_dir"):
+            d.pop(path_key)
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> TrainConfig:
+        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    for f in dataclasses.fields(TrainConfig):
+        flag, meta = f"--{_flag(f.name)}", f.metadata
+        if isinstance(f.default, bool):
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default,
+                                help=meta["help"])
+            continue
+        kind = {"int": int, "float": float}.get(str(f.type).split(" ")[0], str)
+        if f.type == "float | None":
+            kind = float
+        parser.add_argument(flag, type=kind, default=f.default, choices=meta.get("choices"),
+                            help=f"{meta['help']} (default: {f.default})")

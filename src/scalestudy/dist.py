@@ -1,0 +1,179 @@
+"""Who am I in the job: launcher detection, Slurm host lists, process-group set-up.
+
+Three ways a rank is started, detected from the environment (pure function `detect`):
+- torchrun (or any env:// launcher): RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT.
+- srun: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID, SLURM_TASKS_PER_NODE,
+  SLURM_JOB_NODELIST. MASTER_ADDR = first host of the node list, MASTER_PORT derived from the job
+  id (job-unique, so two jobs sharing a node do not collide), unless MASTER_ADDR/PORT are set.
+- nothing: one process, rank 0 of 1, on 127.0.0.1 with a free port.
+RANK takes precedence over SLURM_PROCID, so one torchrun per node inside an allocation works too.
+The device comes from the LOCAL rank (the global rank is a bug as soon as there are two nodes).
+"""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+import os
+import re
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+# MASTER_PORT for srun launches: BASE + job id modulo SPAN stays inside the unprivileged,
+# non-ephemeral range (Linux ephemeral ports start at 32768).
+PORT_BASE, PORT_SPAN = 12000, 20000
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    launcher: str  # "none" | "torchrun" | "srun"
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    nodes: int
+    master_addr: str
+    master_port: int
+    slurm_job_id: str | None = None
+
+
+class LaunchError(RuntimeError):
+    pass
+
+
+def expand_nodelist(nodelist: str) -> list[str]:
+    """Expand Slurm host-list syntax: 'gpu[01-03,7],login1' -> gpu01 gpu02 gpu03 gpu7 login1."""
+    hosts: list[str] = []
+    for item in _split_top_level(nodelist.strip()):
+        # every [..] group is a list of values or zero-padded ranges; the product of the groups
+        parts = re.split(r"(\[[^\]]*\])", item)
+        choices = []
+        for part in parts:
+            if part.startswith("["):
+                values = []
+                for rng in part[1:-1].split(","):
+                    lo, _, hi = rng.partition("-")
+                    if not lo.isdigit() or (hi and not hi.isdigit()):
+                        raise LaunchError(f"cannot parse host list {nodelist!r} at {part!r}")
+                    hi = hi or lo
+                    values += [str(i).zfill(len(lo)) for i in range(int(lo), int(hi) + 1)]
+                choices.append(values)
+            elif part:
+                choices.append([part])
+        hosts += ["".join(combo) for combo in itertools.product(*choices)]
+    return hosts
+
+
+def _split_top_level(text: str) -> list[str]:
+    """Split on commas that are not inside [...]."""
+    items, depth, current = [], 0, ""
+    for ch in text:
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            items.append(current)
+            current = ""
+        else:
+            current += ch
+    if current:
+        items.append(current)
+    return items
+
+
+def tasks_per_node(spec: str) -> list[int]:
+    """Expand SLURM_TASKS_PER_NODE: '4(x2),3' -> [4, 4, 3]."""
+    counts: list[int] = []
+    for item in spec.split(","):
+        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", item.strip())
+        if not m:
+            raise LaunchError(f"cannot parse SLURM_TASKS_PER_NODE={spec!r}")
+        counts += [int(m.group(1))] * int(m.group(2) or 1)
+    return counts
+
+
+def _int(env: Mapping[str, str], key: str) -> int:
+    try:
+        return int(env[key])
+    except (KeyError, ValueError) as exc:
+        raise LaunchError(f"environment variable {key}={env.get(key)!r} is not an integer") from exc
+
+
+def detect(env: Mapping[str, str] = os.environ) -> DistEnv:
+    job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
+    if "RANK" in env and "WORLD_SIZE" in env:
+        world_size = _int(env, "WORLD_SIZE")
+        local_world = _int(env, "LOCAL_WORLD_SIZE") if "LOCAL_WORLD_SIZE" in env else world_size
+        return DistEnv(
+            launcher="torchrun",
+            rank=_int(env, "RANK"),
+            world_size=world_size,
+            local_rank=_int(env, "LOCAL_RANK") if "LOCAL_RANK" in env else 0,
+            local_world_size=local_world,
+            node_rank=_int(env, "GROUP_RANK") if "GROUP_RANK" in env else 0,
+            nodes=_int(env, "GROUP_WORLD_SIZE") if "GROUP_WORLD_SIZE" in env else 1,
+            master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+            master_port=_int(env, "MASTER_PORT") if "MASTER_PORT" in env else 29500,
+            slurm_job_id=job_id,
+        )
+    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        node_rank = _int(env, "SLURM_NODEID") if "SLURM_NODEID" in env else 0
+        per_node = tasks_per_node(env.get("SLURM_TASKS_PER_NODE", env["SLURM_NTASKS"]))
+        nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or ""
+        hosts = expand_nodelist(nodelist) if nodelist else ["127.0.0.1"]
+        if "MASTER_PORT" in env:
+            port = _int(env, "MASTER_PORT")
+        elif job_id and job_id.isdigit():
+            port = PORT_BASE + int(job_id) % PORT_SPAN
+        else:
+            raise LaunchError("srun launch without SLURM_JOB_ID or MASTER_PORT: cannot pick a port")
+        return DistEnv(
+            launcher="srun",
+            rank=_int(env, "SLURM_PROCID"),
+            world_size=_int(env, "SLURM_NTASKS"),
+            local_rank=_int(env, "SLURM_LOCALID") if "SLURM_LOCALID" in env else 0,
+            local_world_size=per_node[min(node_rank, len(per_node) - 1)],
+            node_rank=node_rank,
+            nodes=len(per_node),
+            master_addr=env.get("MASTER_ADDR", hosts[0]),
+            master_port=port,
+            slurm_job_id=job_id,
+        )
+    return DistEnv(
+        launcher="none",
+        rank=0,
+        world_size=1,
+        local_rank=0,
+        local_world_size=1,
+        node_rank=0,
+        nodes=1,
+        master_addr="127.0.0.1",
+        master_port=free_port(),
+        slurm_job_id=job_id,
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def hostname(env: Mapping[str, str] = os.environ) -> str:
+    # SLURMD_NODENAME is the Slurm node name; it differs from gethostname() where several slurmd
+    # share one kernel (the local test cluster) and is what users see in sinfo.
+    return env.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def init_process_group(denv: DistEnv, backend: str, timeout_s: float) -> None:
+    import torch.distributed as dist
+
+    os.environ["MASTER_ADDR"] = denv.master_addr
+    os.environ["MASTER_PORT"] = str(denv.master_port)
+    dist.init_process_group(
+        backend=backend,
+        init_method="env://",
+        rank=denv.rank,
+        world_size=denv.world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )

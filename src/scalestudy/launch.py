@@ -1,0 +1,90 @@
+"""`scalestudy launch`: start the ranks of one run, the same way locally and on Slurm.
+
+Inside a Slurm allocation (SLURM_JOB_ID is set; Snakemake's slurm executor keeps it in the job's
+shell) it execs
+    <mpi> --nodes=N --ntasks-per-node=K --cpus-per-task=C --kill-on-bad-exit=1 \
+        [apptainer exec --nv IMAGE] python -m scalestudy train ...
+one rank per GPU (or per CPU slot), every rank finding its place from SLURM_* (dist.py).
+A run of one rank starts the trainer directly, in Slurm too (see build_command).
+Outside Slurm it runs torchrun on this host (`--standalone`: a free rendezvous port), which only
+works for N = 1; a multi-node run without Slurm is refused with a pointer to the Slurm profile.
+srun is given --cpus-per-task because srun stopped inheriting it from sbatch in Slurm 22.05, and
+--kill-on-bad-exit so a crashed rank ends the job instead of leaving the others in a collective.
+
+Every argument is passed as an argv list (never through a shell), and the command is printed
+(shell-quoted) first, so the log shows exactly what ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import sys
+
+
+class LaunchError(RuntimeError):
+    pass
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--mpi", default="srun", help="MPI-style launcher inside Slurm (srun)")
+    parser.add_argument("--nodes", type=int, default=1, help="nodes of the run")
+    parser.add_argument("--ranks-per-node", type=int, default=1, help="ranks (GPUs) per node")
+    parser.add_argument("--cpus-per-rank", type=int, default=1,
+                        help="CPU cores per rank; also OMP_NUM_THREADS (intra-op threads)")
+    parser.add_argument("--container", default=None,
+                        help="Apptainer image: run each rank in `apptainer exec --nv IMAGE`")
+    parser.add_argument("--gpu", action="store_true", help="pass --nv to apptainer")
+    parser.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
+    parser.add_argument("train_args", nargs=argparse.REMAINDER,
+                        help="-- then the flags of `scalestudy train`")
+
+
+def build_command(args: argparse.Namespace, env: dict[str, str]) -> list[str]:
+    train_args = list(args.train_args)
+    if train_args and train_args[0] == "--":
+        train_args = train_args[1:]
+    for name in ("nodes", "ranks_per_node", "cpus_per_rank"):
+        if getattr(args, name) < 1:
+            raise LaunchError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    python = [sys.executable]
+    if args.container:
+        # the image's own python; its digest goes into metrics.json (container_digest)
+        from scalestudy.container import exec_prefix
+
+        python = [*exec_prefix(args.container, gpu=args.gpu), "python"]
+    if args.nodes * args.ranks_per_node == 1:
+        # one rank: no launcher at all. In Slurm this is a plain job (the executor refuses MPI
+        # jobs of one task) whose shell already runs inside `srun -n1`: a nested srun would wait
+        # forever for the resources that step holds.
+        return [*python, "-m", "scalestudy", "train", *train_args]
+    if env.get("SLURM_JOB_ID"):
+        if shutil.which(args.mpi, path=env.get("PATH")) is None:
+            raise LaunchError(f"inside Slurm job {env['SLURM_JOB_ID']} but {args.mpi!r} is not on PATH")
+        return [args.mpi, f"--nodes={args.nodes}", f"--ntasks-per-node={args.ranks_per_node}",
+                f"--cpus-per-task={args.cpus_per_rank}", "--kill-on-bad-exit=1",
+                *python, "-m", "scalestudy", "train", *train_args]
+    if args.nodes > 1:
+        raise LaunchError(
+            f"this run needs {args.nodes} nodes, and there is no Slurm allocation here: run the "
+            "study on a cluster (`snakemake --executor slurm -j 20` or --profile profiles/slurm), "
+            "or choose world sizes <= hardware.gpus_per_node for a single machine")
+    return [*python, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc-per-node={args.ranks_per_node}", "-m", "scalestudy", "train", *train_args]
+
+
+def run(args: argparse.Namespace) -> int:
+    env = dict(os.environ)
+    try:
+        cmd = build_command(args, env)
+    except LaunchError as exc:
+        print(f"scalestudy launch: {exc}", file=sys.stderr)
+        return 2
+    # intra-op threads per rank = the cores Slurm (or the config) gave it
+    env["OMP_NUM_THREADS"] = str(args.cpus_per_rank)
+    print("+ " + shlex.join(cmd), flush=True)
+    if args.dry_run:
+        return 0
+    os.execvpe(cmd[0], cmd, env)

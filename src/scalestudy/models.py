@@ -1,0 +1,89 @@
+"""The two networks of the study.
+
+`resnet18`: torchvision's ResNet-18 with the CIFAR stem (3x3 stride-1 conv, no max-pool), the network
+CIFAR ResNet-18 results are quoted for (11,173,962 parameters at width 64, 0.56 GMAC per 32x32 image).
+torchvision's ImageNet stem (7x7 stride 2 + max-pool) shrinks a 32x32 image to 8x8 before layer1, is
+~15x cheaper and reaches far lower accuracy, so it would not measure the usual workload.
+
+The network is assembled from torchvision's own `BasicBlock` with torchvision's attribute names
+(conv1, bn1, layer1..layer4, fc), so at width 64 its state_dict matches torchvision's resnet18 with
+the stem replaced; `width` scales every stage (W, 2W, 4W, 8W) so CPU tests train in seconds.
+
+`cnn`: a small MNIST-sized network (two conv layers, one hidden linear layer).
+"""
+
+from __future__ import annotations
+
+from torch import nn
+from torchvision.models.resnet import BasicBlock
+
+MODELS = ("resnet18", "cnn")
+
+
+class CifarResNet18(nn.Module):
+    def __init__(self, num_classes: int = 10, width: int = 64, in_channels: int = 3) -> None:
+        super().__init__()
+        if width < 1:
+            raise ValueError(f"width must be >= 1, got {width}")
+        self.inplanes = width
+        self.conv1 = nn.Conv2d(in_channels, width, kernel_size=3, stride=1, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.relu = nn.ReLU(inplace=True)
+        self.maxpool = nn.Identity()  # the CIFAR stem keeps 32x32 resolution into layer1
+        self.layer1 = self._make_layer(width, blocks=2, stride=1)
+        self.layer2 = self._make_layer(2 * width, blocks=2, stride=2)
+        self.layer3 = self._make_layer(4 * width, blocks=2, stride=2)
+        self.layer4 = self._make_layer(8 * width, blocks=2, stride=2)
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(8 * width, num_classes)
+        for m in self.modules():  # torchvision's initialisation
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+            elif isinstance(m, nn.BatchNorm2d):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+
+    def _make_layer(self, planes: int, blocks: int, stride: int) -> nn.Sequential:
+        downsample = None
+        if stride != 1 or self.inplanes != planes:
+            downsample = nn.Sequential(
+                nn.Conv2d(self.inplanes, planes, kernel_size=1, stride=stride, bias=False),
+                nn.BatchNorm2d(planes),
+            )
+        layers = [BasicBlock(self.inplanes, planes, stride, downsample)]
+        self.inplanes = planes
+        layers += [BasicBlock(planes, planes) for _ in range(1, blocks)]
+        return nn.Sequential(*layers)
+
+    def forward(self, x):
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(self.avgpool(x).flatten(1))
+
+
+def resnet18(num_classes: int = 10, width: int = 64, in_channels: int = 3) -> nn.Module:
+    return CifarResNet18(num_classes=num_classes, width=width, in_channels=in_channels)
+
+
+def cnn(num_classes: int = 10, width: int = 32, in_channels: int = 1) -> nn.Module:
+    """Two 3x3 convs (W, 2W channels), 2x2 max-pool, a 128-unit hidden layer; any input size."""
+    return nn.Sequential(
+        nn.Conv2d(in_channels, width, 3, padding=1),
+        nn.ReLU(inplace=True),
+        nn.Conv2d(width, 2 * width, 3, padding=1),
+        nn.ReLU(inplace=True),
+        nn.MaxPool2d(2),
+        nn.AdaptiveAvgPool2d(7),  # fixed-size head whatever the input resolution
+        nn.Flatten(),
+        nn.Linear(2 * width * 49, 128),
+        nn.ReLU(inplace=True),
+        nn.Linear(128, num_classes),
+    )
+
+
+def build_model(name: str, *, num_classes: int, width: int, in_channels: int) -> nn.Module:
+    if name == "resnet18":
+        return resnet18(num_classes=num_classes, width=width, in_channels=in_channels)
+    if name == "cnn":
+        return cnn(num_classes=num_classes, width=width, in_channels=in_channels)
+    raise ValueError(f"model must be one of {MODELS}, got {name!r}")

@@ -1,0 +1,67 @@
+"""Shared fixtures: a small synthetic dataset and real multi-process runs of the trainer."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PYTHON = sys.executable
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    # no launcher variables leak from the test runner into the ranks it starts
+    for key in list(env):
+        if key.startswith(("SLURM_", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_", "GROUP_")):
+            env.pop(key)
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env.update(extra)
+    return env
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory) -> Path:
+    """A learnable synthetic dataset, made once per session by the real CLI."""
+    d = tmp_path_factory.mktemp("data")
+    subprocess.run(
+        [PYTHON, "-m", "scalestudy", "prepare-data", "--dataset", "synthetic", "--data-dir",
+         str(d), "--num-train", "1024", "--num-test", "300"],
+        check=True, env=child_env(), capture_output=True, text=True, timeout=300)
+    return d
+
+
+# flags of a tiny but real run: ResNet-18 at width 4, a few dozen steps
+SMALL = ["--dataset", "synthetic", "--model", "resnet18", "--width", "4", "--epochs", "2",
+         "--local-batch", "32", "--warmup-steps", "2", "--comm-probe-steps", "2",
+         "--pg-timeout-s", "60"]
+
+
+def train(data_dir: Path, out: Path, *flags: str, nproc: int = 2, timeout: int = 600,
+          check: bool = True) -> subprocess.CompletedProcess:
+    """`torchrun --nproc-per-node=N -m scalestudy train ...` (1 process: no launcher)."""
+    launcher = [PYTHON, "-m", "scalestudy", "train"]
+    if nproc > 1:
+        launcher = [PYTHON, "-m", "torch.distributed.run", "--standalone",
+                    f"--nproc-per-node={nproc}", "-m", "scalestudy", "train"]
+    cmd = [*launcher, *SMALL, *flags, "--data-dir", str(data_dir), "--out", str(out)]
+    proc = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"train failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def read_metrics(out: Path) -> dict:
+    return json.loads((out / "metrics.json").read_text())
+
+
+def read_epochs(out: Path) -> list[dict]:
+    import csv
+
+    with (out / "epochs.csv").open() as f:
+        return list(csv.DictReader(f))
