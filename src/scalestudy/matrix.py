@@ -1,0 +1,408 @@
+"""Study config -> run table: one row per training job.
+
+`build_run_table` is the one pure function the workflow expands over; the families (strong, weak,
+precision, bucket) are values in the table, not branches in the rules. A run is identified only by
+the values the families vary, so a configuration requested by two families runs once (its
+`families` column lists both) and adding a GPU count or a bucket size never renames a run:
+
+    w{world_size}_lb{local_batch}_{precision}_{strategy}_bk{bucket_cap_mb:g}_r{repeat}
+
+    scalestudy matrix --config config/demo.yaml --set dataset=synthetic   # -> results/matrix/
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import io
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from scalestudy.atomic import atomic_open
+
+FAMILIES = ("strong", "weak", "precision", "bucket")
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+
+RUN_COLUMNS = (
+    "run",
+    "families",
+    "nodes",
+    "ranks_per_node",
+    "world_size",
+    "gpus",
+    "device",
+    "local_batch",
+    "global_batch",
+    "accum_steps",
+    "precision",
+    "strategy",
+    "bucket_cap_mb",
+    "comm_hook",
+    "repeat",
+    "seed",
+    "epochs",
+    "dataset",
+    "model",
+    "width",
+    "loader",
+    "num_workers",
+    "compile",
+    "lr",
+    "schedule",
+    "warmup_epochs",
+    "label_smoothing",
+    "weight_decay",
+    "momentum",
+    "clip_grad",
+    "target_acc",
+    "warmup_steps",
+    "comm_probe_steps",
+    "limit_train",
+    "limit_test",
+    "pg_timeout_s",
+)
+
+# row column -> `scalestudy train` flag, in argv order; --compile and --target-acc are conditional
+TRAIN_FLAGS = {
+    "dataset": "--dataset",
+    "model": "--model",
+    "width": "--width",
+    "epochs": "--epochs",
+    "local_batch": "--local-batch",
+    "accum_steps": "--accum-steps",
+    "precision": "--precision",
+    "strategy": "--strategy",
+    "bucket_cap_mb": "--bucket-cap-mb",
+    "comm_hook": "--comm-hook",
+    "loader": "--loader",
+    "num_workers": "--num-workers",
+    "lr": "--lr",
+    "schedule": "--schedule",
+    "warmup_epochs": "--warmup-epochs",
+    "label_smoothing": "--label-smoothing",
+    "weight_decay": "--weight-decay",
+    "momentum": "--momentum",
+    "clip_grad": "--clip-grad",
+    "seed": "--seed",
+    "warmup_steps": "--warmup-steps",
+    "comm_probe_steps": "--comm-probe-steps",
+    "limit_train": "--limit-train",
+    "limit_test": "--limit-test",
+    "pg_timeout_s": "--pg-timeout-s",
+}
+
+# train keys copied unchanged into every row
+_TRAIN_COPIED = (
+    "accum_steps",
+    "strategy",
+    "comm_hook",
+    "epochs",
+    "model",
+    "width",
+    "loader",
+    "num_workers",
+    "compile",
+    "lr",
+    "schedule",
+    "warmup_epochs",
+    "label_smoothing",
+    "weight_decay",
+    "momentum",
+    "clip_grad",
+    "target_acc",
+    "warmup_steps",
+    "comm_probe_steps",
+    "limit_train",
+    "limit_test",
+    "pg_timeout_s",
+)
+
+# column types for reading runs.tsv back; every other column is a string
+_INT_COLUMNS = frozenset(
+    {
+        "nodes",
+        "ranks_per_node",
+        "world_size",
+        "gpus",
+        "local_batch",
+        "global_batch",
+        "accum_steps",
+        "repeat",
+        "seed",
+        "epochs",
+        "width",
+        "num_workers",
+        "warmup_steps",
+        "comm_probe_steps",
+        "limit_train",
+        "limit_test",
+        "pg_timeout_s",
+    }
+)
+_NUMBER_COLUMNS = frozenset(
+    {
+        "bucket_cap_mb",
+        "lr",
+        "warmup_epochs",
+        "label_smoothing",
+        "weight_decay",
+        "momentum",
+        "clip_grad",
+        "target_acc",
+    }
+)
+_OPTIONAL_COLUMNS = frozenset({"target_acc"})  # empty cell = null
+_BOOL_COLUMNS = frozenset({"compile"})
+
+
+def run_id(
+    world_size: int, local_batch: int, precision: str, strategy: str, bucket_cap_mb, repeat: int
+) -> str:
+    """The stable id of a run, built only from the values the families vary."""
+    return f"w{world_size}_lb{local_batch}_{precision}_{strategy}_bk{bucket_cap_mb:g}_r{repeat}"
+
+
+def placement(world_size: int, gpus_per_node: int) -> tuple[int, int]:
+    """(nodes, ranks_per_node): one node when it fits, else whole nodes."""
+    if world_size <= gpus_per_node:
+        return 1, world_size
+    return world_size // gpus_per_node, gpus_per_node
+
+
+def _requests(config: dict) -> list[tuple[str, int, int, str, Any]]:
+    """(family, world_size, local_batch, precision, bucket_cap_mb) of every requested config."""
+    train, families = config["train"], config["families"]
+    accum, precision, bucket = train["accum_steps"], train["precision"], train["bucket_cap_mb"]
+    out = []
+    fam = families["strong"]
+    if fam["enabled"]:
+        for w in fam["gpus"]:
+            out.append(("strong", w, fam["global_batch"] // (w * accum), precision, bucket))
+    fam = families["weak"]
+    if fam["enabled"]:
+        for w in fam["gpus"]:
+            out.append(("weak", w, fam["local_batch"], precision, bucket))
+    fam = families["precision"]
+    if fam["enabled"]:
+        for w in fam["gpus"]:
+            for p in fam["precisions"]:
+                out.append(("precision", w, train["local_batch"], p, bucket))
+    fam = families["bucket"]
+    if fam["enabled"]:
+        for bk in fam["bucket_cap_mb"]:
+            for lb in fam["local_batch"]:
+                out.append(("bucket", fam["gpus"], lb, precision, bk))
+    return out
+
+
+def _row(config: dict, world_size: int, local_batch: int, precision: str, bucket, repeat: int):
+    hw, train = config["hardware"], config["train"]
+    nodes, ranks_per_node = placement(world_size, hw["gpus_per_node"])
+    values = {name: train[name] for name in _TRAIN_COPIED}
+    values.update(
+        run=run_id(world_size, local_batch, precision, train["strategy"], bucket, repeat),
+        families="",
+        nodes=nodes,
+        ranks_per_node=ranks_per_node,
+        world_size=world_size,
+        gpus=world_size if hw["device"] == "cuda" else 0,
+        device=hw["device"],
+        local_batch=local_batch,
+        global_batch=world_size * local_batch * train["accum_steps"],
+        precision=precision,
+        bucket_cap_mb=bucket,
+        repeat=repeat,
+        seed=train["seed"] + repeat,
+        dataset=config["dataset"],
+    )
+    return {name: values[name] for name in RUN_COLUMNS}
+
+
+def _sort_key(row: dict):
+    return (
+        row["world_size"],
+        row["local_batch"],
+        PRECISIONS.index(row["precision"]),
+        row["strategy"],
+        row["bucket_cap_mb"],
+        row["repeat"],
+    )
+
+
+def build_run_table(config: dict) -> list[dict]:
+    """Rows (dicts keyed by RUN_COLUMNS) of a validated config, defaults filled. Pure: no I/O.
+
+    Identical configurations requested by several families become one row whose `families` is
+    the ';'-joined sorted family names. Order: world_size, local_batch, precision, strategy,
+    bucket_cap_mb, repeat.
+    """
+    merged: dict[tuple, tuple[dict, set[str]]] = {}
+    for family, world_size, local_batch, precision, bucket in _requests(config):
+        for repeat in range(config["repeats"]):
+            row = _row(config, world_size, local_batch, precision, bucket, repeat)
+            key = tuple(row[c] for c in RUN_COLUMNS if c not in ("run", "families"))
+            merged.setdefault(key, (row, set()))[1].add(family)
+    rows, seen = [], {}
+    for row, families in merged.values():
+        row["families"] = ";".join(sorted(families))
+        if row["run"] in seen:  # cannot happen while the id holds every varying value
+            raise AssertionError(f"run id {row['run']} names two runs:\n{seen[row['run']]}\n{row}")
+        seen[row["run"]] = row
+        rows.append(row)
+    rows.sort(key=_sort_key)
+    return rows
+
+
+def _arg(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value)  # shortest text that reads back as the same float
+    return str(value)
+
+
+def trainer_args(row: dict) -> list[str]:
+    """The `scalestudy train` flags of a row as an argv list (--data-dir and --out come from the
+    workflow)."""
+    argv = []
+    for column, flag in TRAIN_FLAGS.items():
+        argv += [flag, _arg(row[column])]
+    if row["compile"]:
+        argv.append("--compile")
+    if row["target_acc"] is not None:
+        argv += ["--target-acc", _arg(row["target_acc"])]
+    return argv
+
+
+# ---------------------------------------------------------------------------------------------
+# runs.tsv
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    return _arg(value)
+
+
+def _number(text: str) -> int | float:
+    try:
+        return int(text)
+    except ValueError:
+        return float(text)
+
+
+def _parse(column: str, text: str) -> Any:
+    if column in _OPTIONAL_COLUMNS and text == "":
+        return None
+    if column in _INT_COLUMNS:
+        return int(text)
+    if column in _NUMBER_COLUMNS:
+        return _number(text)
+    if column in _BOOL_COLUMNS:
+        if text not in ("true", "false"):
+            raise ValueError(f"column {column}: expected true or false, not {text!r}")
+        return text == "true"
+    return text
+
+
+def runs_tsv_text(rows: list[dict]) -> str:
+    """The run table as TSV text: header RUN_COLUMNS, tab-separated, null as an empty cell."""
+    out = io.StringIO()
+    writer = csv.writer(out, delimiter="\t", lineterminator="\n")
+    writer.writerow(RUN_COLUMNS)
+    for row in rows:
+        writer.writerow([_cell(row[c]) for c in RUN_COLUMNS])
+    return out.getvalue()
+
+
+def table_digest(rows: list[dict]) -> str:
+    """sha256 (first 16 hex digits) of the table's TSV text: changes whenever any cell does."""
+    return hashlib.sha256(runs_tsv_text(rows).encode("utf-8")).hexdigest()[:16]
+
+
+def write_runs_tsv(rows: list[dict], path: str | os.PathLike) -> None:
+    """Write the run table (runs_tsv_text) atomically."""
+    with atomic_open(path, "w", encoding="utf-8", newline="") as f:
+        f.write(runs_tsv_text(rows))
+
+
+def read_runs_tsv(path: str | os.PathLike) -> list[dict]:
+    """Read a table written by write_runs_tsv back into rows with the same types."""
+    with open(path, encoding="utf-8", newline="") as f:
+        reader = csv.reader(f, delimiter="\t")
+        header = next(reader, None)
+        if header is None or tuple(header) != RUN_COLUMNS:
+            raise ValueError(
+                f"{path}: header is not matrix.RUN_COLUMNS (written by another version?); "
+                "rebuild it with `scalestudy matrix`"
+            )
+        rows = []
+        for line, cells in enumerate(reader, start=2):
+            if len(cells) != len(RUN_COLUMNS):
+                raise ValueError(f"{path}, line {line}: {len(cells)} cells, not {len(RUN_COLUMNS)}")
+            rows.append({c: _parse(c, text) for c, text in zip(RUN_COLUMNS, cells, strict=True)})
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config", default="config/config.yaml", help="study config YAML (%(default)s)"
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key (dotted path, YAML value), e.g. dataset=synthetic or "
+        "families.strong.gpus=[1,2]; repeatable",
+    )
+    parser.add_argument(
+        "--out", default="results/matrix/runs.tsv", help="run table to write (%(default)s)"
+    )
+
+
+def _family_summary(config: dict, rows: list[dict], family: str) -> str:
+    fam = config["families"][family]
+    if not fam["enabled"]:
+        return f"{family:<9}  disabled"
+    mine = [r for r in rows if family in r["families"].split(";")]
+    shared = sum(1 for r in mine if ";" in r["families"])
+    if family == "bucket":
+        sweep = (
+            f"bucket_cap_mb {','.join(f'{b:g}' for b in fam['bucket_cap_mb'])} x local_batch "
+            f"{','.join(map(str, fam['local_batch']))} at world size {fam['gpus']}"
+        )
+    else:
+        sizes = "world sizes " + ",".join(map(str, fam["gpus"]))
+        sweep = {
+            "strong": f"{sizes} at global_batch {fam.get('global_batch')}",
+            "weak": f"{sizes} at local_batch {fam.get('local_batch')}",
+            "precision": f"{','.join(fam.get('precisions', []))} at {sizes}",
+        }[family]
+    return (
+        f"{family:<9} {len(mine):4d} runs ({shared} shared with other families): {sweep}, "
+        f"x{config['repeats']} repeats"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from scalestudy.studyconfig import StudyConfigError, load_and_validate
+
+    try:
+        config = load_and_validate(args.config, overrides=args.set)
+    except StudyConfigError as e:
+        print(f"scalestudy matrix: {e}", file=sys.stderr)
+        return 2
+    rows = build_run_table(config)
+    write_runs_tsv(rows, args.out)
+    for family in FAMILIES:
+        print(_family_summary(config, rows, family))
+    print(f"{'total':<9} {len(rows):4d} runs -> {Path(args.out)}")
+    return 0

@@ -1,0 +1,457 @@
+"""The study config: load its YAML, validate it against the JSON schema (filling every default,
+nested ones included), then check what a schema cannot express.
+
+    cfg = load_and_validate("config/demo.yaml", overrides=["dataset=synthetic"])
+
+In the Snakefile Snakemake's own `validate(config, schema)` runs first; `validate(config)` here
+repeats the schema check with better messages and adds the semantic checks. Every error names the
+config key, the bad value and what is allowed:
+
+    config key 'families.strong.gpus[2]': value 3 is not allowed: does not fit gpus_per_node 4 ...
+
+All problems are reported at once (one `StudyConfigError`, one line each).
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import functools
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from jsonschema import Draft202012Validator, validators
+from jsonschema.exceptions import ValidationError
+
+FAMILIES = ("strong", "weak", "precision", "bucket")
+# precisions that only exist on CUDA: why, for the error message
+CUDA_ONLY_PRECISIONS = {
+    "fp16": "fp16 autocast with GradScaler needs CUDA",
+    "tf32": "TF32 is a tensor-core mode of NVIDIA GPUs",
+}
+# training-set sizes (images) of the real datasets; synthetic takes synthetic.num_train
+DATASET_TRAIN_SIZES = {"cifar10": 50000, "mnist": 60000}
+SCHEMA_RELPATH = Path("workflow") / "schemas" / "config.schema.yaml"
+
+
+class StudyConfigError(ValueError):
+    """An invalid study config; `problems` holds one message per problem."""
+
+    def __init__(self, problems: str | Iterable[str], source: str | os.PathLike | None = None):
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        self.source = None if source is None else str(source)
+        head = f"invalid study config {self.source}" if self.source else "invalid study config"
+        if len(self.problems) == 1:
+            message = f"{head}: {self.problems[0]}"
+        else:
+            message = head + ":\n" + "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(message)
+
+
+# ---------------------------------------------------------------------------------------------
+# schema
+
+
+def schema_path() -> Path:
+    """workflow/schemas/config.schema.yaml of the checkout this package runs from (editable
+    install), else of the current directory (the workflow runs from the repository root)."""
+    candidates = [Path(__file__).resolve().parents[2] / SCHEMA_RELPATH, Path.cwd() / SCHEMA_RELPATH]
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(
+        f"study config schema not found at {' or '.join(str(c) for c in candidates)}; run from "
+        "the repository root (scalestudy is meant to be installed editable from its checkout)"
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def _load_schema(path: str) -> dict:
+    with open(path, encoding="utf-8") as f:
+        return yaml.safe_load(f)
+
+
+def _strict_integer(checker, instance) -> bool:
+    # JSON Schema counts 4.0 as an integer; a world size or batch of 4.0 would leak into run ids
+    return isinstance(instance, int) and not isinstance(instance, bool)
+
+
+_properties = Draft202012Validator.VALIDATORS["properties"]
+
+
+def _fill_defaults(validator, properties, instance, schema):
+    # the jsonschema FAQ's default-filling validator (as in snakemake.utils.validate), but the
+    # default is copied: inserting the schema's own `{}` would alias it between configs
+    if validator.is_type(instance, "object"):
+        for name, subschema in properties.items():
+            if "default" in subschema and name not in instance:
+                instance[name] = copy.deepcopy(subschema["default"])
+    yield from _properties(validator, properties, instance, schema)
+
+
+_Validator = validators.extend(
+    Draft202012Validator,
+    validators={"properties": _fill_defaults},
+    type_checker=Draft202012Validator.TYPE_CHECKER.redefine("integer", _strict_integer),
+)
+
+_TYPE_WORDS = {
+    "integer": "an integer",
+    "number": "a number",
+    "string": "a string",
+    "boolean": "true or false",
+    "object": "a mapping (key: value)",
+    "array": "a list",
+    "null": "null",
+}
+
+
+def key_path(parts: Iterable[str | int]) -> str:
+    """['families', 'strong', 'gpus', 2] -> 'families.strong.gpus[2]'."""
+    out = ""
+    for part in parts:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _fmt(value: Any) -> str:
+    """A value as the user wrote it (YAML/JSON spelling: "cifar100", null, true), shortened."""
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _bad(path: str, value: Any, allowed: str) -> str:
+    return f"config key '{path}': value {_fmt(value)} is not allowed: {allowed}"
+
+
+def _allowed(err: ValidationError) -> str:
+    kind, rule = err.validator, err.validator_value
+    if kind == "enum":
+        return "one of " + ", ".join(_fmt(v) for v in rule)
+    if kind == "const":
+        return f"only {_fmt(rule)}"
+    if kind == "type":
+        kinds = [rule] if isinstance(rule, str) else rule
+        return "must be " + " or ".join(_TYPE_WORDS.get(k, k) for k in kinds)
+    bounds = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=", "exclusiveMaximum": "<"}
+    if kind in bounds:
+        return f"must be {bounds[kind]} {_fmt(rule)}"
+    if kind == "minItems":
+        return f"at least {rule} item(s)"
+    if kind == "uniqueItems":
+        return "no duplicates"
+    return err.message
+
+
+def format_schema_error(err: ValidationError) -> str:
+    """One jsonschema error as "config key 'a.b': value X is not allowed: <allowed>"."""
+    path = key_path(err.absolute_path)
+    if err.validator == "additionalProperties" and isinstance(err.instance, Mapping):
+        known = sorted(err.schema.get("properties", {}))
+        where = f"under '{path}'" if path else "at the top level"
+        lines = []
+        for key in err.instance:
+            if key in known:
+                continue
+            hint = difflib.get_close_matches(str(key), known, n=1)
+            lines.append(
+                f"config key '{key_path([*err.absolute_path, str(key)])}': unknown key is not "
+                f"allowed: the keys {where} are {', '.join(known)}"
+                + (f" (did you mean '{hint[0]}'?)" if hint else "")
+            )
+        return "\n".join(lines) or err.message
+    return _bad(path or "<top level>", err.instance, _allowed(err))
+
+
+def _schema_problems(config: dict, schema: dict) -> list[str]:
+    problems: list[str] = []
+    for err in _Validator(schema).iter_errors(config):
+        for line in format_schema_error(err).splitlines():
+            if line not in problems:
+                problems.append(line)
+    return problems
+
+
+# ---------------------------------------------------------------------------------------------
+# semantic checks (on a schema-valid config with defaults filled)
+
+
+def _check_list(problems: list[str], path: str, values: list) -> list[tuple[int, Any]]:
+    """Refuse an empty list and duplicates; return the (index, value) of first occurrences."""
+    if not values:
+        problems.append(f"config key '{path}': value [] is not allowed: empty sweep (list a value)")
+    first: dict[Any, int] = {}
+    for i, value in enumerate(values):
+        if value in first:
+            problems.append(
+                _bad(f"{path}[{i}]", value, f"duplicate of {path}[{first[value]}] (list it once)")
+            )
+        else:
+            first[value] = i
+    return [(i, value) for value, i in first.items()]
+
+
+def _check_fits(problems: list[str], path: str, world_size: int, gpus_per_node: int) -> None:
+    if world_size > gpus_per_node and world_size % gpus_per_node:
+        problems.append(
+            _bad(
+                path,
+                world_size,
+                f"does not fit gpus_per_node {gpus_per_node}: a world size must be <= "
+                f"{gpus_per_node} (one node) or a multiple of {gpus_per_node} (whole nodes)",
+            )
+        )
+
+
+def _train_size(config: dict) -> tuple[int, str]:
+    """Training images a run sees, and where that number comes from."""
+    dataset = config["dataset"]
+    if dataset == "synthetic":
+        size, source = config["synthetic"]["num_train"], "synthetic.num_train"
+    else:
+        size, source = DATASET_TRAIN_SIZES[dataset], f"the {dataset} training set"
+    limit = config["train"]["limit_train"]
+    if 0 < limit < size:
+        size, source = limit, "train.limit_train"
+    return size, source
+
+
+def semantic_problems(config: dict) -> list[str]:
+    """What the schema cannot check. Disabled families are not checked (they are ignored)."""
+    problems: list[str] = []
+    hw, train, families = config["hardware"], config["train"], config["families"]
+    gpn, accum = hw["gpus_per_node"], train["accum_steps"]
+    n_train, n_train_source = _train_size(config)
+
+    if not any(families[name]["enabled"] for name in FAMILIES):
+        problems.append(
+            "config key 'families': no family is enabled: set families.<name>.enabled: true "
+            f"for at least one of {', '.join(FAMILIES)}"
+        )
+
+    if hw["device"] == "cpu":
+        precisions = [("train.precision", train["precision"])]
+        if families["precision"]["enabled"]:
+            precisions += [
+                (f"families.precision.precisions[{i}]", value)
+                for i, value in enumerate(families["precision"]["precisions"])
+            ]
+        for path, value in precisions:
+            if value in CUDA_ONLY_PRECISIONS:
+                problems.append(
+                    _bad(
+                        path,
+                        value,
+                        f'{CUDA_ONLY_PRECISIONS[value]} (hardware.device is "cpu"); '
+                        "on cpu use fp32 or bf16",
+                    )
+                )
+
+    def check_batch(path: str, world_size: int, local_batch: int) -> None:
+        global_batch = world_size * local_batch * accum
+        if global_batch > n_train:
+            problems.append(
+                _bad(
+                    path,
+                    world_size,
+                    f"its global batch {world_size} x {local_batch} x accum_steps {accum} = "
+                    f"{global_batch} is larger than the {n_train} training images "
+                    f"({n_train_source}); no full optimizer step would fit in an epoch",
+                )
+            )
+
+    def check_world_sizes(name: str) -> list[tuple[int, int]]:
+        path = f"families.{name}.gpus"
+        sizes = _check_list(problems, path, families[name]["gpus"])
+        for i, w in sizes:
+            _check_fits(problems, f"{path}[{i}]", w, gpn)
+        return sizes
+
+    fam = families["strong"]
+    if fam["enabled"]:
+        sizes = check_world_sizes("strong")
+        gb = fam["global_batch"]
+        bad = [(i, w) for i, w in sizes if gb % (accum * w)]
+        if bad:
+            need = math.lcm(*(accum * w for _, w in sizes))
+            which = ", ".join(f"{accum} x {w} (families.strong.gpus[{i}])" for i, w in bad)
+            problems.append(
+                _bad(
+                    "families.strong.global_batch",
+                    gb,
+                    f"not divisible by accum_steps x world size = {which}; local_batch must be "
+                    f"a whole number: use a multiple of {need}",
+                )
+            )
+        elif gb > n_train:
+            for i, w in sizes:
+                check_batch(f"families.strong.gpus[{i}]", w, gb // (accum * w))
+
+    fam = families["weak"]
+    if fam["enabled"]:
+        for i, w in check_world_sizes("weak"):
+            check_batch(f"families.weak.gpus[{i}]", w, fam["local_batch"])
+
+    fam = families["precision"]
+    if fam["enabled"]:
+        _check_list(problems, "families.precision.precisions", fam["precisions"])
+        for i, w in check_world_sizes("precision"):
+            check_batch(f"families.precision.gpus[{i}]", w, train["local_batch"])
+
+    fam = families["bucket"]
+    if fam["enabled"]:
+        _check_fits(problems, "families.bucket.gpus", fam["gpus"], gpn)
+        _check_list(problems, "families.bucket.bucket_cap_mb", fam["bucket_cap_mb"])
+        _check_list(problems, "families.bucket.local_batch", fam["local_batch"])
+        for lb in fam["local_batch"]:
+            check_batch("families.bucket.gpus", fam["gpus"], lb)
+
+    return problems
+
+
+# ---------------------------------------------------------------------------------------------
+# entry points
+
+
+def validate(config: dict, *, schema: str | os.PathLike | None = None, source=None) -> dict:
+    """Validate `config` IN PLACE (filling defaults, as Snakemake's validate does) and return it.
+
+    Raises StudyConfigError listing every problem: schema problems first; the semantic checks run
+    only on a schema-valid config.
+    """
+    if not isinstance(config, dict):
+        raise StudyConfigError(
+            _bad("<top level>", config, "must be a mapping (key: value)"), source=source
+        )
+    loaded = _load_schema(str(schema_path() if schema is None else Path(schema).resolve()))
+    problems = _schema_problems(config, loaded)
+    if not problems:
+        problems = semantic_problems(config)
+    if problems:
+        raise StudyConfigError(problems, source=source)
+    return config
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last silently)."""
+
+
+def _construct_unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep=False):
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        try:
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"duplicate key {key!r} (first given on line {seen[key] + 1})",
+                    key_node.start_mark,
+                )
+            seen[key] = key_node.start_mark.line
+        except TypeError:  # an unhashable key; SafeLoader reports it itself
+            pass
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping
+)
+
+
+def load_yaml(path: str | os.PathLike) -> dict:
+    """The YAML file as a dict ({} when empty); errors name the file and line."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.load(f, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
+    except OSError as e:
+        raise StudyConfigError(f"cannot read {path}: {e.strerror or e}") from e
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+        where = f"{path}, line {mark.line + 1}, column {mark.column + 1}" if mark else str(path)
+        detail = getattr(e, "problem", None) or str(e)
+        context, context_mark = getattr(e, "context", None), getattr(e, "context_mark", None)
+        if context and context_mark and mark and context_mark.line != mark.line:
+            # e.g. an unclosed [ : the problem shows up lines after the opening bracket
+            detail += f" ({context.removeprefix('while ')} that starts on line "
+            detail += f"{context_mark.line + 1})"
+        elif context:
+            detail = f"{context}: {detail}"
+        raise StudyConfigError(f"{where}: malformed YAML: {detail}") from e
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise StudyConfigError(
+            _bad("<top level>", data, "must be a mapping (key: value)"), source=path
+        )
+    return data
+
+
+def _parse_value(text: str) -> Any:
+    """`--set` values are YAML, as Snakemake's --config: 8 -> int, [1,2] -> list, null -> None."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def _merge(into: dict, new: Mapping) -> None:
+    for key, value in new.items():
+        if isinstance(value, Mapping) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = copy.deepcopy(value)
+
+
+def apply_overrides(config: dict, overrides: Mapping | Iterable[str]) -> dict:
+    """Apply overrides to `config` in place and return it.
+
+    A mapping is merged recursively (as Snakemake merges --config into the configfile); strings
+    are "dotted.key=VALUE" with a YAML value, e.g. "train.epochs=3" or "families.strong.gpus=[1,2]".
+    """
+    if isinstance(overrides, Mapping):
+        _merge(config, overrides)
+        return config
+    for item in overrides:
+        key, sep, raw = str(item).partition("=")
+        parts = key.strip().split(".")
+        if not sep or not all(parts):
+            raise StudyConfigError(f"override {item!r}: expected KEY=VALUE, e.g. train.epochs=3")
+        node = config
+        for i, part in enumerate(parts[:-1]):
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise StudyConfigError(
+                    f"override {item!r}: config key '{'.'.join(parts[: i + 1])}' is "
+                    f"{_fmt(node)}, not a mapping"
+                )
+        node[parts[-1]] = _parse_value(raw)
+    return config
+
+
+def load_and_validate(
+    path_or_dict: str | os.PathLike | Mapping,
+    overrides: Mapping | Iterable[str] | None = None,
+) -> dict:
+    """Load a study config (a YAML path, or a dict that is copied), apply overrides, validate.
+
+    Returns a new dict with every default filled; raises StudyConfigError.
+    """
+    if isinstance(path_or_dict, Mapping):
+        config, source = copy.deepcopy(dict(path_or_dict)), None
+    else:
+        config, source = load_yaml(path_or_dict), path_or_dict
+    if overrides:
+        apply_overrides(config, overrides)
+    return validate(config, source=source)

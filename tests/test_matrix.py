@@ -1,0 +1,281 @@
+"""The run table: counts, dedup across families, stable ids, placement, batches, seeds, trainer
+flags and the runs.tsv round trip."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from scalestudy import matrix
+from scalestudy.matrix import (
+    RUN_COLUMNS,
+    TRAIN_FLAGS,
+    build_run_table,
+    read_runs_tsv,
+    trainer_args,
+    write_runs_tsv,
+)
+from scalestudy.studyconfig import load_and_validate
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def full() -> dict:
+    return load_and_validate(ROOT / "config" / "config.yaml")
+
+
+@pytest.fixture(scope="module")
+def demo() -> dict:
+    return load_and_validate(ROOT / "config" / "demo.yaml")
+
+
+def table(config: dict, *overrides: str) -> list[dict]:
+    return build_run_table(load_and_validate(config, overrides=list(overrides)))
+
+
+def by_id(rows: list[dict]) -> dict[str, dict]:
+    return {row["run"]: row for row in rows}
+
+
+def family_counts(rows: list[dict]) -> Counter:
+    return Counter(f for row in rows for f in row["families"].split(";"))
+
+
+def test_full_config_counts_and_unique_ids(full):
+    rows = build_run_table(full)
+    # strong 5 + weak 5 + precision 4x2 + bucket 4x3 = 30 requested configurations; 5 are shared
+    # (weak w4 = strong w4, precision bf16 w1/w4 = weak, bucket bk25 lb128/lb256 = strong/weak w8)
+    assert len(rows) == 25 * 3
+    assert len({row["run"] for row in rows}) == len(rows)
+    assert family_counts(rows) == {"strong": 15, "weak": 15, "precision": 24, "bucket": 36}
+    assert all(list(row) == list(RUN_COLUMNS) for row in rows)
+
+
+def test_demo_config_counts(demo):
+    rows = build_run_table(demo)
+    assert len(rows) == 9
+    assert family_counts(rows) == {"strong": 3, "weak": 3, "precision": 4, "bucket": 4}
+    assert {row["device"] for row in rows} == {"cpu"}
+    assert {row["gpus"] for row in rows} == {0}
+    assert {row["precision"] for row in rows} == {"fp32", "bf16"}
+
+
+def test_run_id_format(full):
+    rows = by_id(build_run_table(full))
+    row = rows["w8_lb128_bf16_ddp_bk25_r0"]
+    assert (row["world_size"], row["local_batch"], row["bucket_cap_mb"]) == (8, 128, 25)
+    assert matrix.run_id(2, 64, "fp16", "ddp", 2.5, 1) == "w2_lb64_fp16_ddp_bk2.5_r1"
+
+
+def test_dedup_across_families(full):
+    rows = by_id(build_run_table(full))
+    # 1024 / 4 = 256 = weak's local batch, and bf16 at 4 GPUs is the precision family's run
+    assert rows["w4_lb256_bf16_ddp_bk25_r0"]["families"] == "precision;strong;weak"
+    assert rows["w8_lb128_bf16_ddp_bk25_r2"]["families"] == "bucket;strong"
+    assert rows["w1_lb1024_bf16_ddp_bk25_r0"]["families"] == "strong"
+    minimal = {
+        "families": {
+            "strong": {"enabled": True, "gpus": [1, 2], "global_batch": 512},
+            "weak": {"enabled": True, "gpus": [2], "local_batch": 256},
+        },
+        "repeats": 1,
+    }
+    rows = table(minimal)
+    assert [(r["run"], r["families"]) for r in rows] == [
+        ("w1_lb512_fp32_ddp_bk25_r0", "strong"),
+        ("w2_lb256_fp32_ddp_bk25_r0", "strong;weak"),
+    ]
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "families.strong.gpus=[1, 2, 4, 8, 16, 32]",
+        "families.weak.gpus=[1, 2, 3, 4, 8, 16]",
+        "families.precision.gpus=[1, 2, 4]",
+        "families.bucket.bucket_cap_mb=[1, 2.5, 5, 25, 50, 100]",
+        "families.bucket.local_batch=[32, 64, 128, 256]",
+        "families.precision.precisions=[fp32, tf32, fp16, bf16]",
+        "repeats=5",
+    ],
+)
+def test_growing_a_sweep_only_adds_rows(override):
+    config = ROOT / "config" / "config.yaml"
+    old = by_id(table(config))
+    new = by_id(table(config, override))
+    assert set(old) <= set(new)
+    for run, row in old.items():
+        # the run itself is unchanged; a new request may only add a family that shares it
+        assert {**new[run], "families": ""} == {**row, "families": ""}, run
+        assert set(row["families"].split(";")) <= set(new[run]["families"].split(";")), run
+
+
+def test_added_world_size_is_shared_when_it_matches(full):
+    # strong at 32 GPUs adds one run per repeat; nothing else changes
+    rows = table(ROOT / "config" / "config.yaml", "families.strong.gpus=[1, 2, 4, 8, 16, 32]")
+    assert len(rows) == 75 + 3
+    assert by_id(rows)["w32_lb32_bf16_ddp_bk25_r1"]["families"] == "strong"
+
+
+@pytest.mark.parametrize(
+    ("world_size", "gpus_per_node", "nodes", "ranks_per_node"),
+    [
+        (1, 4, 1, 1),
+        (2, 4, 1, 2),
+        (4, 4, 1, 4),
+        (8, 4, 2, 4),
+        (16, 4, 4, 4),
+        (3, 4, 1, 3),
+        (16, 8, 2, 8),
+    ],
+)
+def test_nodes_and_ranks_per_node(world_size, gpus_per_node, nodes, ranks_per_node):
+    assert matrix.placement(world_size, gpus_per_node) == (nodes, ranks_per_node)
+    (row,) = table(
+        {
+            "hardware": {"gpus_per_node": gpus_per_node},
+            "families": {"weak": {"enabled": True, "gpus": [world_size]}},
+            "repeats": 1,
+        }
+    )
+    assert (row["nodes"], row["ranks_per_node"]) == (nodes, ranks_per_node)
+    assert row["nodes"] * row["ranks_per_node"] == row["world_size"] == row["gpus"]
+
+
+def test_local_batch_from_global_batch(full):
+    strong = [r for r in build_run_table(full) if "strong" in r["families"]]
+    assert {r["world_size"]: r["local_batch"] for r in strong} == {
+        1: 1024,
+        2: 512,
+        4: 256,
+        8: 128,
+        16: 64,
+    }
+    assert {r["global_batch"] for r in strong} == {1024}
+    rows = table(
+        {
+            "train": {"accum_steps": 2},
+            "families": {"strong": {"enabled": True, "gpus": [1, 4], "global_batch": 512}},
+            "repeats": 1,
+        }
+    )
+    assert [(r["world_size"], r["local_batch"], r["global_batch"]) for r in rows] == [
+        (1, 256, 512),
+        (4, 64, 512),
+    ]
+
+
+def test_weak_and_bucket_batches(full):
+    rows = build_run_table(full)
+    weak = [r for r in rows if "weak" in r["families"]]
+    assert {r["local_batch"] for r in weak} == {256}
+    assert {r["world_size"]: r["global_batch"] for r in weak}[16] == 4096
+    bucket = [r for r in rows if "bucket" in r["families"]]
+    assert {r["world_size"] for r in bucket} == {8}
+    assert {(r["bucket_cap_mb"], r["local_batch"]) for r in bucket} == {
+        (b, lb) for b in (1, 5, 25, 100) for lb in (64, 128, 256)
+    }
+
+
+def test_seeds_per_repeat(full):
+    rows = build_run_table(full)
+    assert {(r["repeat"], r["seed"]) for r in rows} == {(0, 0), (1, 1), (2, 2)}
+    rows = table(ROOT / "config" / "config.yaml", "train.seed=100")
+    assert {r["seed"] - r["repeat"] for r in rows} == {100}
+
+
+def test_order_is_deterministic_and_numeric(full):
+    rows = build_run_table(full)
+    assert rows == build_run_table(copy.deepcopy(full))
+    sizes = [r["world_size"] for r in rows]
+    assert sizes == sorted(sizes)  # w2 before w16
+
+
+def test_build_is_pure(full):
+    before = copy.deepcopy(full)
+    build_run_table(full)
+    assert full == before
+
+
+def _parse_flags(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    for flag in TRAIN_FLAGS.values():
+        parser.add_argument(flag, required=True)
+    parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--target-acc", type=float, default=None)
+    return parser.parse_args(argv)
+
+
+def test_trainer_args_round_trip(full):
+    row = by_id(build_run_table(full))["w16_lb64_bf16_ddp_bk25_r2"]
+    argv = trainer_args(row)
+    assert all(isinstance(a, str) for a in argv)
+    args = _parse_flags(argv)
+    for column, flag in TRAIN_FLAGS.items():
+        assert getattr(args, flag[2:].replace("-", "_")) == str(row[column]), column
+    assert args.local_batch == "64" and args.seed == "2" and args.precision == "bf16"
+    assert args.target_acc == 0.94
+    assert not args.compile and "--compile" not in argv
+
+
+def test_trainer_args_conditional_flags(demo):
+    row = dict(build_run_table(demo)[0])
+    assert row["target_acc"] is None
+    assert "--target-acc" not in trainer_args(row)
+    row.update(compile=True, target_acc=0.5)
+    argv = trainer_args(row)
+    assert "--compile" in argv
+    assert argv[argv.index("--target-acc") + 1] == "0.5"
+    assert argv.count("--compile") == 1
+
+
+def test_tsv_round_trip(tmp_path, full, demo):
+    for config in (full, demo):
+        rows = build_run_table(config)
+        path = tmp_path / "matrix" / "runs.tsv"
+        write_runs_tsv(rows, path)
+        header = path.read_text().splitlines()[0].split("\t")
+        assert header == list(RUN_COLUMNS)
+        back = read_runs_tsv(path)
+        assert back == rows
+        for a, b in zip(back, rows, strict=True):
+            assert {k: type(v) for k, v in a.items()} == {k: type(v) for k, v in b.items()}
+            assert trainer_args(a) == trainer_args(b)
+    assert not list((tmp_path / "matrix").glob(".*.tmp"))  # atomic write left no temp file
+
+
+def test_table_digest_follows_content(full):
+    rows = build_run_table(full)
+    digest = matrix.table_digest(rows)
+    assert digest == matrix.table_digest(copy.deepcopy(rows))
+    assert digest != matrix.table_digest(rows[:-1])
+    changed = copy.deepcopy(rows)
+    changed[0]["epochs"] += 1
+    assert digest != matrix.table_digest(changed)
+
+
+def test_read_refuses_a_foreign_header(tmp_path):
+    path = tmp_path / "runs.tsv"
+    path.write_text("run\tfamilies\nx\tstrong\n")
+    with pytest.raises(ValueError, match="RUN_COLUMNS"):
+        read_runs_tsv(path)
+
+
+def test_cli_writes_table_and_summary(tmp_path, capsys):
+    from scalestudy.cli import main
+
+    out = tmp_path / "runs.tsv"
+    argv = ["matrix", "--config", str(ROOT / "config" / "demo.yaml"), "--out", str(out)]
+    assert main([*argv, "--set", "dataset=synthetic"]) == 0
+    text = capsys.readouterr().out
+    for family in matrix.FAMILIES:
+        assert family in text
+    assert "9 runs" in text
+    assert {r["dataset"] for r in read_runs_tsv(out)} == {"synthetic"}
+    assert main([*argv, "--set", "train.precision=fp16"]) == 2
+    assert "train.precision" in capsys.readouterr().err

@@ -1,0 +1,290 @@
+"""The study config: shipped configs validate, defaults fill, and bad input is refused with a
+message that names the key, the value and what is allowed."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from scalestudy import studyconfig
+from scalestudy.studyconfig import StudyConfigError, load_and_validate, validate
+
+ROOT = Path(__file__).resolve().parents[1]
+FULL = ROOT / "config" / "config.yaml"
+DEMO = ROOT / "config" / "demo.yaml"
+
+
+def minimal(**families) -> dict:
+    """A small valid config: strong scaling on 1-4 GPUs unless families are given."""
+    return {
+        "hardware": {"gpus_per_node": 4},
+        "families": families or {"strong": {"enabled": True, "gpus": [1, 2, 4]}},
+    }
+
+
+def refused(config, *needles, overrides=None) -> str:
+    with pytest.raises(StudyConfigError) as info:
+        load_and_validate(config, overrides=overrides)
+    message = str(info.value)
+    for needle in needles:
+        assert needle in message, f"{needle!r} not in:\n{message}"
+    return message
+
+
+@pytest.mark.parametrize("path", [FULL, DEMO], ids=["config", "demo"])
+def test_shipped_configs_validate(path):
+    cfg = load_and_validate(path)
+    assert cfg["families"]["strong"]["enabled"]
+    assert studyconfig.schema_path().is_file()
+
+
+def test_shipped_configs_set_every_train_key():
+    # the shipped configs document every train flag explicitly
+    schema = yaml.safe_load(studyconfig.schema_path().read_text())
+    train_keys = set(schema["properties"]["train"]["properties"])
+    for path in (FULL, DEMO):
+        assert set(yaml.safe_load(path.read_text())["train"]) == train_keys, path
+
+
+def test_demo_runs_offline_with_synthetic_override():
+    cfg = load_and_validate(DEMO, overrides=["dataset=synthetic"])
+    assert cfg["dataset"] == "synthetic"
+    cfg = load_and_validate(DEMO, overrides={"dataset": "synthetic"})
+    assert cfg["dataset"] == "synthetic"
+
+
+def test_defaults_filled_including_nested():
+    cfg = load_and_validate(minimal())
+    assert cfg["dataset"] == "cifar10"
+    assert cfg["data_dir"] == "results/data"
+    assert cfg["synthetic"] == {"num_train": 50000, "num_test": 10000}
+    assert cfg["hardware"]["device"] == "cuda"
+    assert cfg["train"]["bucket_cap_mb"] == 25
+    assert cfg["train"]["target_acc"] is None
+    assert cfg["families"]["strong"]["global_batch"] == 1024
+    assert cfg["families"]["bucket"] == {
+        "enabled": False,
+        "gpus": 8,
+        "bucket_cap_mb": [1, 5, 25, 100],
+        "local_batch": [64, 128, 256],
+    }
+    assert cfg["container"]["image"] == "containers/trainer.sif"
+    assert cfg["repeats"] == 3
+
+
+def test_every_schema_key_has_description_and_default():
+    schema = yaml.safe_load(studyconfig.schema_path().read_text())
+
+    def walk(props, where):
+        for name, sub in props.items():
+            assert "description" in sub or "$ref" in sub, f"{where}{name}: no description"
+            assert "default" in sub, f"{where}{name}: no default"
+            if sub.get("type") == "object":
+                assert sub.get("additionalProperties") is False, f"{where}{name}"
+                assert sub["default"] == {}, f"{where}{name}: objects default to {{}}"
+                walk(sub["properties"], f"{where}{name}.")
+
+    walk(schema["properties"], "")
+
+
+def test_defaults_not_shared_between_configs():
+    a = load_and_validate(minimal())
+    a["train"]["epochs"] = 1
+    a["families"]["bucket"]["bucket_cap_mb"].append(7)
+    b = load_and_validate(minimal())
+    assert b["train"]["epochs"] == 30
+    assert b["families"]["bucket"]["bucket_cap_mb"] == [1, 5, 25, 100]
+
+
+def test_load_does_not_mutate_given_dict_but_validate_fills_in_place():
+    given = minimal()
+    before = copy.deepcopy(given)
+    load_and_validate(given)
+    assert given == before
+    same = validate(given)  # the Snakefile's use: fill Snakemake's config dict in place
+    assert same is given and given["train"]["model"] == "resnet18"
+
+
+def test_set_overrides_dotted_yaml_values():
+    cfg = load_and_validate(
+        minimal(), overrides=["train.epochs=3", "families.strong.gpus=[1, 2]", "train.compile=true"]
+    )
+    assert cfg["train"]["epochs"] == 3
+    assert cfg["families"]["strong"]["gpus"] == [1, 2]
+    assert cfg["train"]["compile"] is True
+    refused(minimal(), "KEY=VALUE", overrides=["train.epochs"])
+
+
+def test_malformed_yaml_names_file_and_line(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("study: x\ntrain:\n  epochs: [1, 2\n  width: 8\n")
+    message = refused(path, str(path), "line ", "malformed YAML")
+    assert "line 4" in message or "line 5" in message
+
+
+def test_duplicate_yaml_key_refused(tmp_path):
+    path = tmp_path / "dup.yaml"
+    path.write_text("train:\n  epochs: 3\nrepeats: 1\ntrain:\n  width: 8\n")
+    refused(path, str(path), "line 4", "duplicate key 'train'", "line 1")
+
+
+def test_missing_file_refused(tmp_path):
+    refused(tmp_path / "nope.yaml", "nope.yaml")
+
+
+def test_unknown_top_level_key():
+    cfg = minimal()
+    cfg["familes"] = {}
+    refused(cfg, "config key 'familes'", "unknown key", "did you mean 'families'")
+
+
+def test_unknown_nested_key():
+    cfg = minimal()
+    cfg["train"] = {"epoch": 3}
+    refused(cfg, "config key 'train.epoch'", "unknown key", "did you mean 'epochs'")
+    cfg = minimal()
+    cfg["families"]["strong"]["global_bach"] = 512
+    refused(cfg, "families.strong.global_bach", "global_batch")
+
+
+def test_wrong_type():
+    cfg = minimal()
+    cfg["train"] = {"epochs": "ten"}
+    refused(cfg, "config key 'train.epochs'", 'value "ten"', "must be an integer")
+    cfg = minimal()
+    cfg["families"]["strong"]["gpus"] = [1, 2.0]
+    refused(cfg, "families.strong.gpus[1]", "value 2.0", "integer")
+    cfg = minimal()
+    cfg["families"]["strong"]["enabled"] = "yes please"
+    refused(cfg, "families.strong.enabled", "true or false")
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "rule"),
+    [
+        ("repeats", 0, ">= 1"),
+        ("hardware.gpus_per_node", 0, ">= 1"),
+        ("train.epochs", -1, ">= 1"),
+        ("train.local_batch", 0, ">= 1"),
+        ("train.num_workers", -2, ">= 0"),
+        ("families.strong.gpus", [1, 0], ">= 1"),
+        ("families.strong.global_batch", -8, ">= 1"),
+        ("train.target_acc", 1.5, "<= 1"),
+        ("train.bucket_cap_mb", 0, "> 0"),
+    ],
+)
+def test_zero_and_negative_counts(key, value, rule):
+    message = refused(minimal(), "value", rule, overrides=[f"{key}={value}"])
+    assert f"config key '{key}" in message
+
+
+def test_empty_sweep():
+    refused(
+        minimal(strong={"enabled": True, "gpus": []}),
+        "config key 'families.strong.gpus'",
+        "value []",
+        "empty sweep",
+    )
+    refused(
+        minimal(bucket={"enabled": True, "gpus": 4, "bucket_cap_mb": []}),
+        "families.bucket.bucket_cap_mb",
+        "empty sweep",
+    )
+
+
+def test_disabled_family_is_not_checked():
+    load_and_validate(minimal(strong={"enabled": True, "gpus": [1]}, weak={"gpus": [3, 5]}))
+
+
+def test_no_family_enabled():
+    refused({"families": {"strong": {"enabled": False}}}, "'families'", "no family is enabled")
+    refused({}, "no family is enabled")
+
+
+def test_duplicates_in_lists():
+    refused(
+        minimal(strong={"enabled": True, "gpus": [1, 2, 2]}),
+        "families.strong.gpus[2]",
+        "value 2",
+        "duplicate of families.strong.gpus[1]",
+    )
+    refused(
+        minimal(precision={"enabled": True, "gpus": [1], "precisions": ["bf16", "bf16"]}),
+        "families.precision.precisions[1]",
+        "duplicate",
+    )
+
+
+def test_world_size_must_fit_gpus_per_node():
+    refused(
+        minimal(strong={"enabled": True, "gpus": [1, 2, 6], "global_batch": 1536}),
+        "config key 'families.strong.gpus[2]'",
+        "value 6",
+        "does not fit gpus_per_node 4",
+        "multiple of 4",
+    )
+    refused(minimal(bucket={"enabled": True, "gpus": 6}), "'families.bucket.gpus'", "value 6")
+    # 3 <= 4 fits one node; 8 and 12 are whole nodes
+    load_and_validate(minimal(weak={"enabled": True, "gpus": [3, 8, 12]}))
+
+
+def test_strong_global_batch_divisible():
+    refused(
+        minimal(strong={"enabled": True, "gpus": [1, 2, 3], "global_batch": 1000}),
+        "config key 'families.strong.global_batch'",
+        "value 1000",
+        "3 (families.strong.gpus[2])",
+        "multiple of 6",
+    )
+    cfg = minimal(strong={"enabled": True, "gpus": [1, 2, 4], "global_batch": 16})
+    cfg["train"] = {"accum_steps": 8}
+    refused(cfg, "accum_steps x world size = 8 x 4", "multiple of 32")
+
+
+def test_global_batch_larger_than_training_set():
+    cfg = minimal(weak={"enabled": True, "gpus": [1, 4], "local_batch": 256})
+    cfg["train"] = {"limit_train": 512}
+    refused(cfg, "families.weak.gpus[1]", "1024", "train.limit_train")
+
+
+def test_unknown_dataset():
+    refused(
+        minimal(),
+        "config key 'dataset'",
+        'value "cifar100"',
+        '"cifar10", "mnist", "synthetic"',
+        overrides=["dataset=cifar100"],
+    )
+
+
+def test_fp16_and_tf32_refused_on_cpu():
+    cfg = minimal()
+    cfg["hardware"]["device"] = "cpu"
+    cfg["train"] = {"precision": "fp16"}
+    refused(cfg, "config key 'train.precision'", 'value "fp16"', "needs CUDA", "fp32 or bf16")
+    cfg = minimal(precision={"enabled": True, "gpus": [1], "precisions": ["fp32", "tf32"]})
+    cfg["hardware"]["device"] = "cpu"
+    refused(cfg, "families.precision.precisions[1]", "tf32")
+    cfg["hardware"]["device"] = "cuda"
+    load_and_validate(cfg)
+
+
+def test_all_problems_reported_at_once():
+    cfg = minimal(strong={"enabled": True, "gpus": [1, 1, 6]})
+    with pytest.raises(StudyConfigError) as info:
+        load_and_validate(cfg)
+    assert len(info.value.problems) >= 2
+
+
+def test_format_schema_error_shape():
+    from jsonschema import Draft202012Validator
+
+    schema = {"type": "object", "properties": {"a": {"type": "object", "properties": {"b": {}}}}}
+    schema["properties"]["a"]["properties"]["b"] = {"enum": [1, 2]}
+    (err,) = Draft202012Validator(schema).iter_errors({"a": {"b": 3}})
+    assert studyconfig.format_schema_error(err) == (
+        "config key 'a.b': value 3 is not allowed: one of 1, 2"
+    )
