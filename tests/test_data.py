@@ -1,0 +1,510 @@
+"""scalestudy.data: sharding, augmentation, prepared format, downloads (from loopback only)."""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import hashlib
+import http.server
+import io
+import json
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import tarfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torchvision.datasets.utils import extract_archive
+
+from scalestudy import cli, data
+
+# ------------------------------------------------------------------------------------------------
+# epoch_batches / eval_indices
+# ------------------------------------------------------------------------------------------------
+
+CASES = [
+    # (n, global_batch, world_size)
+    (1000, 100, 4),  # R = 0
+    (1002, 100, 4),  # 0 < R < world_size: joins the last full slice
+    (1010, 100, 4),  # R >= world_size: one extra, smaller step
+    (1013, 96, 8),  # R = 53
+    (50, 64, 2),  # n < global_batch: a single small step
+    (99, 12, 3),  # R = 3 == world_size
+    (101, 10, 1),  # single process
+]
+
+
+@pytest.mark.parametrize("n,gb,ws", CASES)
+def test_epoch_batches_partition(n: int, gb: int, ws: int) -> None:
+    per_rank = [data.epoch_batches(n, gb, ws, r, seed=3, epoch=1) for r in range(ws)]
+    steps = {len(b) for b in per_rank}
+    assert len(steps) == 1, f"unequal step counts {steps}"
+    everything = torch.cat([torch.cat(b) for b in per_rank])
+    assert everything.dtype == torch.int64
+    assert sorted(everything.tolist()) == list(range(n)), "each sample exactly once per epoch"
+    for step in range(steps.pop()):
+        sizes = [len(per_rank[r][step]) for r in range(ws)]
+        assert min(sizes) >= 1 and max(sizes) - min(sizes) <= 1, sizes
+    # steps agree with the documented rule
+    full, rem = divmod(n, gb)
+    assert len(per_rank[0]) == full + (1 if rem >= ws else 0)
+
+
+def test_epoch_batches_remainder_placement() -> None:
+    # R = 2 < world_size = 4: the last (only extra) samples go to ranks 0 and 1 of the last step
+    b = [data.epoch_batches(1002, 100, 4, r, seed=0, epoch=0) for r in range(4)]
+    assert [len(x[-1]) for x in b] == [26, 26, 25, 25]
+    assert all(len(x) == 10 for x in b)
+    # R = 10 >= world_size: an 11th step of 10 samples, 3/3/2/2
+    b = [data.epoch_batches(1010, 100, 4, r, seed=0, epoch=0) for r in range(4)]
+    assert [len(x[-1]) for x in b] == [3, 3, 2, 2]
+    assert all(len(x) == 11 for x in b)
+
+
+def test_epoch_batches_order_depends_on_seed_and_epoch_only() -> None:
+    a = data.epoch_batches(500, 50, 2, 1, seed=7, epoch=4)
+    b = data.epoch_batches(500, 50, 2, 1, seed=7, epoch=4)
+    c = data.epoch_batches(500, 50, 2, 1, seed=7, epoch=5)
+    d = data.epoch_batches(500, 50, 2, 1, seed=8, epoch=4)
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    assert not torch.equal(torch.cat(a), torch.cat(c))
+    assert not torch.equal(torch.cat(a), torch.cat(d))
+    # a global step holds the same samples whatever the world size (strong scaling)
+    one = data.epoch_batches(500, 50, 1, 0, seed=7, epoch=4)
+    two = [data.epoch_batches(500, 50, 2, r, seed=7, epoch=4) for r in range(2)]
+    assert set(one[3].tolist()) == set(two[0][3].tolist()) | set(two[1][3].tolist())
+
+
+@pytest.mark.parametrize(
+    "n,gb,ws,rank",
+    [(7, 8, 8, 0), (100, 2, 4, 0), (100, 10, 4, 0), (100, 8, 4, 4), (100, 8, 0, 0)],
+)
+def test_epoch_batches_bad_numbers(n: int, gb: int, ws: int, rank: int) -> None:
+    with pytest.raises(ValueError) as e:
+        data.epoch_batches(n, gb, ws, rank, seed=0, epoch=0)
+    msg = str(e.value)
+    assert str(ws) in msg and (str(n) in msg or str(rank) in msg)
+
+
+def test_eval_indices_cover_once() -> None:
+    n, ws = 1003, 4
+    parts = [data.eval_indices(n, ws, r) for r in range(ws)]
+    assert sorted(torch.cat(parts).tolist()) == list(range(n))
+    assert max(len(p) for p in parts) - min(len(p) for p in parts) <= 1
+
+
+# ------------------------------------------------------------------------------------------------
+# augment / normalize
+# ------------------------------------------------------------------------------------------------
+
+
+def _match_crop(out: torch.Tensor, src: torch.Tensor) -> list[tuple[int, int, bool] | None]:
+    """For each output image, the (dy, dx, flipped) window of the zero-padded source it equals."""
+    p = data.CROP_PAD
+    h, w = src.shape[-2:]
+    padded = F.pad(src, (p, p, p, p))
+    found: list[tuple[int, int, bool] | None] = [None] * len(out)
+    for dy in range(2 * p + 1):
+        for dx in range(2 * p + 1):
+            window = padded[:, :, dy : dy + h, dx : dx + w]
+            for flipped, cand in ((False, window), (True, window.flip(-1))):
+                hit = (cand == out).flatten(1).all(1)
+                for i in hit.nonzero().flatten().tolist():
+                    found[i] = (dy, dx, flipped)
+    return found
+
+
+def test_augment_shifts_and_flips() -> None:
+    x = torch.randint(1, 256, (400, 3, 32, 32), dtype=torch.uint8, generator=torch.Generator())
+    out = data.augment(x, torch.Generator().manual_seed(1))
+    assert out.shape == x.shape and out.dtype == torch.uint8
+    again = data.augment(x, torch.Generator().manual_seed(1))
+    assert torch.equal(out, again), "same generator seed -> same augmentation"
+    assert not torch.equal(out, data.augment(x, torch.Generator().manual_seed(2)))
+
+    found = _match_crop(out, x)
+    assert all(f is not None for f in found), "every output is a window of the padded input"
+    flips = sum(f[2] for f in found if f is not None)
+    assert 150 < flips < 250, f"{flips}/400 flipped"
+    offsets = {(f[0], f[1]) for f in found if f is not None}
+    assert len(offsets) > 40, "per-sample offsets, not one offset for the batch"
+
+    # one sample against a direct slice of the padded image
+    i = next(k for k, f in enumerate(found) if f and not f[2] and f[:2] != (4, 4))
+    dy, dx, _ = found[i]
+    direct = F.pad(x[i], (4, 4, 4, 4))[:, dy : dy + 32, dx : dx + 32]
+    assert torch.equal(out[i], direct)
+
+
+def test_normalize() -> None:
+    x = torch.tensor([0, 255, 51], dtype=torch.uint8).reshape(1, 3, 1, 1).expand(2, 3, 2, 2)
+    y = data.normalize(x, [0.5, 0.5, 0.2], [0.5, 0.25, 0.1])
+    assert y.dtype == torch.float32 and y.shape == x.shape
+    torch.testing.assert_close(y[0, :, 0, 0], torch.tensor([-1.0, 2.0, 0.0]))
+
+
+# ------------------------------------------------------------------------------------------------
+# DeviceLoader / make_dataloader
+# ------------------------------------------------------------------------------------------------
+
+
+def test_device_loader_train_covers_epoch() -> None:
+    n, ws, lb = 203, 3, 16
+    x = torch.randint(0, 256, (n, 3, 32, 32), dtype=torch.uint8)
+    y = torch.arange(n)  # label = sample id, so the yielded labels show which samples came
+    seen, steps = [], set()
+    for r in range(ws):
+        loader = data.DeviceLoader(
+            x,
+            y,
+            local_batch=lb,
+            world_size=ws,
+            rank=r,
+            seed=0,
+            train=True,
+            device="cpu",
+            mean=[0.5] * 3,
+            std=[0.25] * 3,
+        )
+        loader.set_epoch(2)
+        batches = list(loader)
+        assert len(batches) == loader.steps_per_epoch == len(loader)
+        assert sum(len(b[1]) for b in batches) == loader.num_samples
+        steps.add(len(batches))
+        for xb, yb in batches:
+            assert xb.dtype == torch.float32 and xb.shape[1:] == (3, 32, 32)
+            assert yb.dtype == torch.int64 and len(xb) == len(yb)
+            seen += yb.tolist()
+        # reproducible: same epoch -> identical tensors; other epoch -> other order
+        first = next(iter(loader))
+        assert torch.equal(first[0], batches[0][0]) and torch.equal(first[1], batches[0][1])
+        loader.set_epoch(3)
+        assert not torch.equal(next(iter(loader))[1], batches[0][1])
+    assert len(steps) == 1
+    assert sorted(seen) == list(range(n))
+
+
+def test_device_loader_eval() -> None:
+    n, ws = 101, 4
+    x = torch.randint(0, 256, (n, 1, 28, 28), dtype=torch.uint8)
+    y = torch.arange(n)
+    seen = []
+    for r in range(ws):
+        loader = data.DeviceLoader(
+            x,
+            y,
+            local_batch=4,
+            world_size=ws,
+            rank=r,
+            seed=0,
+            train=False,
+            device="cpu",
+            mean=[0.1],
+            std=[0.3],
+        )
+        batches = list(loader)
+        assert max(len(b[1]) for b in batches) <= 8  # eval_batch defaults to 2 * local_batch
+        assert len(batches) == loader.steps_per_epoch
+        assert sum(len(b[1]) for b in batches) == loader.num_samples
+        for xb, yb in batches:  # no augmentation: exactly the normalized source images
+            torch.testing.assert_close(xb, data.normalize(x[yb], [0.1], [0.3]))
+            seen += yb.tolist()
+    assert sorted(seen) == list(range(n))
+
+
+def test_make_dataloader() -> None:
+    n = 21
+    x = torch.randint(0, 256, (n, 3, 32, 32), dtype=torch.uint8)
+    y = torch.arange(n)
+    kw = dict(world_size=2, seed=0, mean=[0.5] * 3, std=[0.5] * 3, num_workers=0)
+    # persistent_workers/prefetch_factor with num_workers=0 would make DataLoader raise
+    loader, sampler = data.make_dataloader(
+        x,
+        y,
+        local_batch=4,
+        rank=1,
+        train=True,
+        pin_memory=False,
+        persistent_workers=True,
+        prefetch_factor=2,
+        **kw,
+    )
+    sampler.set_epoch(0)
+    batches = list(loader)
+    assert len(sampler) == 11  # ceil(21 / 2): DistributedSampler pads by repeating a sample
+    assert sum(len(b[1]) for b in batches) == 11
+    assert batches[0][0].dtype == torch.float32 and batches[0][0].shape[1:] == (3, 32, 32)
+    loader, _ = data.make_dataloader(
+        x,
+        y,
+        local_batch=4,
+        rank=0,
+        train=False,
+        pin_memory=False,
+        persistent_workers=False,
+        prefetch_factor=None,
+        **kw,
+    )
+    xb, yb = next(iter(loader))
+    torch.testing.assert_close(xb, data.normalize(x[yb], [0.5] * 3, [0.5] * 3))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_device_loader_cuda() -> None:
+    x = torch.randint(0, 256, (64, 3, 32, 32), dtype=torch.uint8)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    out = data.augment(x.cuda(), gen)
+    assert out.is_cuda and out.dtype == torch.uint8
+    assert all(f is not None for f in _match_crop(out.cpu(), x))
+    loader = data.DeviceLoader(
+        x, torch.arange(64), local_batch=8, world_size=2, rank=1, seed=0, train=True,
+        device="cuda", mean=[0.5] * 3, std=[0.25] * 3,
+    )  # fmt: skip
+    xb, yb = next(iter(loader))
+    assert xb.is_cuda and yb.is_cuda and xb.dtype == torch.float32 and len(yb) == 8
+
+
+# ------------------------------------------------------------------------------------------------
+# synthetic + prepared format
+# ------------------------------------------------------------------------------------------------
+
+
+def test_synthetic_deterministic_and_learnable(tmp_path: Path) -> None:
+    a = data.prepare("synthetic", tmp_path / "a", num_train=2000, num_test=500, seed=5)
+    b = data.prepare("synthetic", tmp_path / "b", num_train=2000, num_test=500, seed=5)
+    meta_a = json.loads((a / "meta.json").read_text())
+    meta_b = json.loads((b / "meta.json").read_text())
+    assert meta_a["sha256"] == meta_b["sha256"]
+    assert (a / "data.pt").read_bytes() == (b / "data.pt").read_bytes()
+    c = data.prepare("synthetic", tmp_path / "c", num_train=2000, num_test=500, seed=6)
+    assert json.loads((c / "meta.json").read_text())["sha256"] != meta_a["sha256"]
+
+    p = data.load_prepared("synthetic", tmp_path / "a")
+    assert p.train_x.shape == (2000, 3, 32, 32) and p.train_x.dtype == torch.uint8
+    assert p.test_y.dtype == torch.int64 and p.num_classes == 10
+    assert torch.bincount(p.train_y, minlength=10).tolist() == [200] * 10
+    # class-dependent: nearest class mean on raw pixels, chance is 10%
+    xtr, xte = p.train_x.float().flatten(1), p.test_x.float().flatten(1)
+    means = torch.stack([xtr[p.train_y == k].mean(0) for k in range(10)])
+    acc = (torch.cdist(xte, means).argmin(1) == p.test_y).float().mean().item()
+    assert acc > 0.5, acc
+    # mean/std in meta are the train split's, per channel, 0-1 scale
+    ref = p.train_x.double() / 255
+    torch.testing.assert_close(
+        torch.tensor(p.mean, dtype=torch.float64), ref.mean(dim=(0, 2, 3)), atol=1e-9, rtol=0
+    )
+    torch.testing.assert_close(
+        torch.tensor(p.std, dtype=torch.float64),
+        ref.std(dim=(0, 2, 3), correction=0),
+        atol=1e-9,
+        rtol=0,
+    )
+
+
+def test_load_prepared_errors(tmp_path: Path) -> None:
+    with pytest.raises(data.PreparedDataError) as e:
+        data.load_prepared("cifar10", tmp_path / "nowhere")
+    msg = str(e.value)
+    assert str(tmp_path / "nowhere" / "cifar10") in msg
+    assert f"scalestudy prepare-data --dataset cifar10 --data-dir {tmp_path / 'nowhere'}" in msg
+
+    out = data.prepare("synthetic", tmp_path, num_train=50, num_test=20, seed=0)
+    tensors = torch.load(out / "data.pt", weights_only=True)
+    tensors["train_y"][0] = (tensors["train_y"][0] + 1) % 10  # a changed label, valid file
+    torch.save(tensors, out / "data.pt")
+    with pytest.raises(data.PreparedDataError, match="sha256") as e:
+        data.load_prepared("synthetic", tmp_path)
+    assert str(out / "data.pt") in str(e.value) and "scalestudy prepare-data" in str(e.value)
+    data.load_prepared("synthetic", tmp_path, verify=False)  # the check is what caught it
+    (out / "data.pt").write_bytes((out / "data.pt").read_bytes()[:-200])  # truncated
+    with pytest.raises(data.PreparedDataError, match="cannot be read"):
+        data.load_prepared("synthetic", tmp_path, verify=False)
+
+    # meta.json of another dataset
+    (tmp_path / "mnist").mkdir()
+    for name in ("data.pt", "meta.json"):
+        (tmp_path / "mnist" / name).write_bytes((out / name).read_bytes())
+    with pytest.raises(data.PreparedDataError, match="'synthetic'"):
+        data.load_prepared("mnist", tmp_path, verify=False)
+
+    # a tampered file is not "already prepared": prepare redoes it
+    data.prepare("synthetic", tmp_path, num_train=50, num_test=20, seed=0)
+    data.load_prepared("synthetic", tmp_path)
+
+
+def test_cli_synthetic_end_to_end(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "scalestudy", "prepare-data", "--dataset", "synthetic"]
+    cmd += ["--data-dir", str(tmp_path), "--num-train", "2000", "--num-test", "500"]
+    first = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    assert "wrote" in first.stdout and "2000x3x32x32" in first.stdout
+    meta = json.loads((tmp_path / "synthetic" / "meta.json").read_text())
+    assert set(meta) >= {
+        "format_version", "dataset", "classes", "num_classes", "train_shape", "test_shape",
+        "mean", "std", "sha256", "source", "num_train", "num_test", "seed",
+    }  # fmt: skip
+    assert meta["train_shape"] == [2000, 3, 32, 32] and meta["test_shape"] == [500, 3, 32, 32]
+    assert meta["num_classes"] == len(meta["classes"]) == 10 and meta["source"] == "synthetic"
+    assert (meta["format_version"], meta["seed"]) == (1, 0)
+    mtime = (tmp_path / "synthetic" / "data.pt").stat().st_mtime_ns
+    second = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    assert "nothing to do" in second.stdout
+    assert (tmp_path / "synthetic" / "data.pt").stat().st_mtime_ns == mtime
+
+
+def test_cli_rejects_synthetic_flags_for_real_data(tmp_path: Path, capsys) -> None:
+    argv = ["prepare-data", "--dataset", "cifar10", "--data-dir", str(tmp_path), "--num-train", "9"]
+    rc = cli.main(argv)
+    assert rc == 1 and "synthetic" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------
+# CIFAR-10 / MNIST raw formats, served from loopback (no internet)
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def serve(monkeypatch: pytest.MonkeyPatch) -> Iterator:
+    """serve(directory) -> base URL of an HTTP server on 127.0.0.1 (a thread)."""
+    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    servers = []
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args) -> None:  # keep pytest output clean
+            pass
+
+    def start(directory: Path) -> str:
+        handler = functools.partial(Quiet, directory=str(directory))
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}/"
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def _cifar_batch(n: int, offset: int) -> dict:
+    rng = np.random.default_rng(offset)
+    x = rng.integers(0, 256, (n, 3072), dtype=np.uint8)
+    x[0, 1024 + 5 * 32 + 7] = 200 + offset  # image 0, channel G (1), row 5, col 7
+    labels = [(offset + i) % 10 for i in range(n)]
+    return {b"batch_label": b"fake", b"data": x, b"labels": labels, b"filenames": [b"f"] * n}
+
+
+def _fake_cifar_archive(directory: Path) -> Path:
+    names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+    archive = directory / "cifar-10-python.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        members = {n: _cifar_batch(4 if n != "test_batch" else 3, i) for i, n in enumerate(names)}
+        label_names = [f"c{i}".encode() for i in range(10)]
+        members["batches.meta"] = {b"label_names": label_names, b"num_vis": 3072}
+        for name, obj in members.items():
+            blob = pickle.dumps(obj, protocol=2)
+            info = tarfile.TarInfo(f"cifar-10-batches-py/{name}")
+            info.size = len(blob)
+            tar.addfile(info, io.BytesIO(blob))
+    return archive
+
+
+def test_cifar10_md5_mismatch_and_conversion(tmp_path: Path, serve, capsys, monkeypatch) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    archive = _fake_cifar_archive(site)
+    url = serve(site)
+    out = tmp_path / "data"
+    rc = cli.main(["prepare-data", "--dataset", "cifar10", "--data-dir", str(out), "--mirror", url])
+    err = capsys.readouterr().err
+    fake_md5 = hashlib.md5(archive.read_bytes()).hexdigest()
+    raw_file = out / "cifar10" / "raw" / "cifar-10-python.tar.gz"
+    assert rc == 1
+    assert str(raw_file) in err and "md5" in err
+    assert "c58f30108f718f92721af3b95e74349a" in err and fake_md5 in err
+    assert not (out / "cifar10" / "meta.json").exists()
+
+    # the conversion on the (downloaded, byte-identical) fake batches
+    assert raw_file.read_bytes() == archive.read_bytes()
+    extract_archive(str(raw_file), str(tmp_path / "extracted"))
+    tensors, classes = data.convert_cifar10(tmp_path / "extracted")
+    assert classes == [f"c{i}" for i in range(10)]
+    assert tensors["train_x"].shape == (20, 3, 32, 32) and tensors["train_x"].dtype == torch.uint8
+    assert tensors["test_x"].shape == (3, 3, 32, 32)
+    assert tensors["train_y"].dtype == torch.int64
+    assert tensors["train_y"][:4].tolist() == [0, 1, 2, 3]  # batch 1 (offset 0)
+    assert tensors["train_y"][4:8].tolist() == [1, 2, 3, 4]  # batch 2 (offset 1)
+    assert tensors["test_y"].tolist() == [5, 6, 7]
+    assert int(tensors["train_x"][0, 1, 5, 7]) == 200  # CHW: channel 1, row 5, col 7
+    assert int(tensors["train_x"][4, 1, 5, 7]) == 201
+    assert int(tensors["test_x"][0, 1, 5, 7]) == 205
+    ref = _cifar_batch(4, 2)[b"data"][3]  # image 3 of data_batch_3, raw row of 3072 bytes
+    assert tensors["train_x"][11].flatten().tolist() == ref.tolist()
+
+    # with the fake archive's md5 declared official, the whole path runs and writes the format
+    monkeypatch.setitem(data.CIFAR10_FILES, "cifar-10-python.tar.gz", fake_md5)
+    assert cli.main(["prepare-data", "--dataset", "cifar10", "--data-dir", str(out)]) == 0
+    p = data.load_prepared("cifar10", out)  # no --mirror needed: the raw file is already there
+    assert torch.equal(p.train_x, tensors["train_x"]) and p.meta["classes"] == classes
+    assert p.meta["source"].endswith("cifar-10-python.tar.gz")
+
+
+def _idx(array: np.ndarray) -> bytes:
+    header = bytes([0, 0, 0x08, array.ndim]) + b"".join(d.to_bytes(4, "big") for d in array.shape)
+    return header + array.astype(np.uint8).tobytes()
+
+
+def test_mnist_conversion_and_download(tmp_path: Path, serve, monkeypatch) -> None:
+    rng = np.random.default_rng(0)
+    imgs = {"train": rng.integers(0, 256, (6, 28, 28)), "t10k": rng.integers(0, 256, (4, 28, 28))}
+    imgs["train"][2, 3, 17] = 77
+    labels = {"train": np.array([3, 1, 4, 1, 5, 9]), "t10k": np.array([2, 6, 5, 3])}
+    site = tmp_path / "site"
+    site.mkdir()
+    for prefix in ("train", "t10k"):
+        for kind, arr in (("images-idx3", imgs[prefix]), ("labels-idx1", labels[prefix])):
+            (site / f"{prefix}-{kind}-ubyte.gz").write_bytes(gzip.compress(_idx(arr)))
+
+    tensors, classes = data.convert_mnist(site)  # reads .gz directly too
+    assert tensors["train_x"].shape == (6, 1, 28, 28) and tensors["test_x"].shape == (4, 1, 28, 28)
+    assert tensors["train_x"].dtype == torch.uint8 and tensors["train_y"].dtype == torch.int64
+    assert int(tensors["train_x"][2, 0, 3, 17]) == 77
+    assert tensors["train_x"][5, 0].tolist() == imgs["train"][5].tolist()
+    assert tensors["train_y"].tolist() == [3, 1, 4, 1, 5, 9] and len(classes) == 10
+
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "train-images-idx3-ubyte").write_bytes(b"\x00\x00\x0d\x03" + bytes(12))
+    with pytest.raises(ValueError, match="idx"):
+        data.convert_mnist(bad)
+
+    # download path: real md5s -> mismatch; fake md5s declared official -> the format is written
+    url = serve(site)
+    with pytest.raises(data.ChecksumError, match="train-images-idx3-ubyte.gz"):
+        data.prepare("mnist", tmp_path / "data", mirror=url)
+    for name in data.MNIST_FILES:
+        md5 = hashlib.md5((site / name).read_bytes()).hexdigest()
+        monkeypatch.setitem(data.MNIST_FILES, name, md5)
+    data.prepare("mnist", tmp_path / "data", mirror=url)
+    p = data.load_prepared("mnist", tmp_path / "data")
+    assert torch.equal(p.train_x, tensors["train_x"]) and len(p.mean) == len(p.std) == 1
+    assert p.meta["train_shape"] == [6, 1, 28, 28] and p.meta["source"] == url
+
+
+def test_no_network_is_a_clear_error(tmp_path: Path) -> None:
+    with socket.socket() as sock:  # a loopback port nobody listens on: connection refused
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with pytest.raises(data.DownloadError) as e:
+        data.prepare("cifar10", tmp_path, mirror=f"http://127.0.0.1:{port}/")
+    assert not isinstance(e.value, data.ChecksumError)
+    assert "cifar-10-python.tar.gz" in str(e.value) and "--mirror" in str(e.value)
+    assert os.listdir(tmp_path / "cifar10") in (["raw"], [])
