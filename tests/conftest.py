@@ -30,25 +30,66 @@ def data_dir(tmp_path_factory) -> Path:
     """A learnable synthetic dataset, made once per session by the real CLI."""
     d = tmp_path_factory.mktemp("data")
     subprocess.run(
-        [PYTHON, "-m", "scalestudy", "prepare-data", "--dataset", "synthetic", "--data-dir",
-         str(d), "--num-train", "1024", "--num-test", "300"],
-        check=True, env=child_env(), capture_output=True, text=True, timeout=300)
+        [
+            PYTHON,
+            "-m",
+            "scalestudy",
+            "prepare-data",
+            "--dataset",
+            "synthetic",
+            "--data-dir",
+            str(d),
+            "--num-train",
+            "1024",
+            "--num-test",
+            "300",
+        ],
+        check=True,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     return d
 
 
 # flags of a tiny but real run: ResNet-18 at width 4, a few dozen steps
-SMALL = ["--dataset", "synthetic", "--model", "resnet18", "--width", "4", "--epochs", "2",
-         "--local-batch", "32", "--warmup-steps", "2", "--comm-probe-steps", "2",
-         "--pg-timeout-s", "60"]
+SMALL = [
+    "--dataset",
+    "synthetic",
+    "--model",
+    "resnet18",
+    "--width",
+    "4",
+    "--epochs",
+    "2",
+    "--local-batch",
+    "32",
+    "--warmup-steps",
+    "2",
+    "--comm-probe-steps",
+    "2",
+    "--pg-timeout-s",
+    "60",
+]
 
 
-def train(data_dir: Path, out: Path, *flags: str, nproc: int = 2, timeout: int = 600,
-          check: bool = True) -> subprocess.CompletedProcess:
+def train(
+    data_dir: Path, out: Path, *flags: str, nproc: int = 2, timeout: int = 600, check: bool = True
+) -> subprocess.CompletedProcess:
     """`torchrun --nproc-per-node=N -m scalestudy train ...` (1 process: no launcher)."""
     launcher = [PYTHON, "-m", "scalestudy", "train"]
     if nproc > 1:
-        launcher = [PYTHON, "-m", "torch.distributed.run", "--standalone",
-                    f"--nproc-per-node={nproc}", "-m", "scalestudy", "train"]
+        launcher = [
+            PYTHON,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={nproc}",
+            "-m",
+            "scalestudy",
+            "train",
+        ]
     cmd = [*launcher, *SMALL, *flags, "--data-dir", str(data_dir), "--out", str(out)]
     proc = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
@@ -65,3 +106,14 @@ def read_epochs(out: Path) -> list[dict]:
 
     with (out / "epochs.csv").open() as f:
         return list(csv.DictReader(f))
+
+
+@pytest.fixture(scope="session")
+def tiny_study(tmp_path_factory) -> Path:
+    """The tiny study (workflow_helpers.TINY) run to the end by the local executor."""
+    from workflow_helpers import TINY, copy_repo, snakemake, write_config
+
+    work = copy_repo(tmp_path_factory.mktemp("wf"))
+    write_config(work / "tiny.yaml", TINY)
+    snakemake(work, "--configfile", "tiny.yaml", "--cores", "2", stand_ins=True)
+    return work

@@ -53,8 +53,16 @@ def test_epochs_csv(ddp_run):
     out, _ = ddp_run
     rows = read_epochs(out)
     assert [int(r["epoch"]) for r in rows] == [1, 2]
-    assert list(rows[0]) == ["epoch", "train_loss", "train_acc", "val_loss", "val_acc",
-                             "epoch_time_s", "throughput_img_s", "lr"]
+    assert list(rows[0]) == [
+        "epoch",
+        "train_loss",
+        "train_acc",
+        "val_loss",
+        "val_acc",
+        "epoch_time_s",
+        "throughput_img_s",
+        "lr",
+    ]
     for r in rows:
         assert all(math.isfinite(float(v)) for v in r.values())
     m = read_metrics(out)
@@ -98,15 +106,45 @@ def test_srun_environment_starts_a_real_process_group(data_dir, tmp_path):
     """Two processes given only srun's variables (as srun sets them) form a 2-rank job."""
     procs = []
     for rank in range(2):
-        env = child_env(SLURM_PROCID=str(rank), SLURM_NTASKS="2", SLURM_LOCALID=str(rank),
-                        SLURM_NODEID="0", SLURM_TASKS_PER_NODE="2", SLURM_JOB_ID="4242",
-                        SLURM_JOB_NODELIST="localhost", MASTER_ADDR="127.0.0.1")
-        cmd = [PYTHON, "-m", "scalestudy", "train", "--dataset", "synthetic", "--width", "4",
-               "--epochs", "1", "--local-batch", "64", "--warmup-steps", "1",
-               "--comm-probe-steps", "0", "--pg-timeout-s", "60",
-               "--data-dir", str(data_dir), "--out", str(tmp_path)]
-        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
+        env = child_env(
+            SLURM_PROCID=str(rank),
+            SLURM_NTASKS="2",
+            SLURM_LOCALID=str(rank),
+            SLURM_NODEID="0",
+            SLURM_TASKS_PER_NODE="2",
+            SLURM_JOB_ID="4242",
+            SLURM_JOB_NODELIST="localhost",
+            MASTER_ADDR="127.0.0.1",
+        )
+        cmd = [
+            PYTHON,
+            "-m",
+            "scalestudy",
+            "train",
+            "--dataset",
+            "synthetic",
+            "--width",
+            "4",
+            "--epochs",
+            "1",
+            "--local-batch",
+            "64",
+            "--warmup-steps",
+            "1",
+            "--comm-probe-steps",
+            "0",
+            "--pg-timeout-s",
+            "60",
+            "--data-dir",
+            str(data_dir),
+            "--out",
+            str(tmp_path),
+        ]
+        procs.append(
+            subprocess.Popen(
+                cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+        )
     outputs = [p.communicate(timeout=300)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs
     m = read_metrics(tmp_path)
@@ -117,20 +155,37 @@ def test_srun_environment_starts_a_real_process_group(data_dir, tmp_path):
 
 def test_missing_data_names_path_and_command(tmp_path):
     proc = subprocess.run(
-        [PYTHON, "-m", "scalestudy", "train", "--dataset", "cifar10", "--data-dir",
-         str(tmp_path / "nowhere"), "--out", str(tmp_path / "out")],
-        env=child_env(), capture_output=True, text=True, timeout=120)
+        [
+            PYTHON,
+            "-m",
+            "scalestudy",
+            "train",
+            "--dataset",
+            "cifar10",
+            "--data-dir",
+            str(tmp_path / "nowhere"),
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode != 0
     assert str(tmp_path / "nowhere") in proc.stderr
     assert "scalestudy prepare-data --dataset cifar10" in proc.stderr
     assert not (tmp_path / "out" / "metrics.json").exists()
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--precision", "fp16"], "--precision fp16 needs CUDA"),
-    (["--global-batch", "100"], "does not split over world_size 1 x accum_steps 3"),
-    (["--lr", "1e6"], "non-finite training loss"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--precision", "fp16"], "--precision fp16 needs CUDA"),
+        (["--global-batch", "100"], "does not split over world_size 1 x accum_steps 3"),
+        (["--lr", "1e6"], "non-finite training loss"),
+    ],
+)
 def test_bad_input_fails_clearly(data_dir, tmp_path, flags, message):
     extra = ["--accum-steps", "3"] if "--global-batch" in flags else []
     proc = train(data_dir, tmp_path, *flags, *extra, nproc=1, check=False)
@@ -140,15 +195,29 @@ def test_bad_input_fails_clearly(data_dir, tmp_path, flags, message):
 
 
 def test_unknown_choice_lists_the_choices(tmp_path):
-    proc = subprocess.run([PYTHON, "-m", "scalestudy", "train", "--strategy", "horovod"],
-                          env=child_env(), capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [PYTHON, "-m", "scalestudy", "train", "--strategy", "horovod"],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert "invalid choice: 'horovod'" in proc.stderr and "'allreduce'" in proc.stderr
 
 
 def test_profile_steps_on_cpu_saves_torch_profiler_output(data_dir, tmp_path):
-    train(data_dir, tmp_path, "--profile-steps", "3:5", "--epochs", "1", "--warmup-steps", "1",
-          nproc=1)
+    train(
+        data_dir,
+        tmp_path,
+        "--profile-steps",
+        "3:5",
+        "--epochs",
+        "1",
+        "--warmup-steps",
+        "1",
+        nproc=1,
+    )
     table = (tmp_path / "profile" / "torch_ops_rank0.txt").read_text()
     for phase in ("forward", "backward", "optimizer", "data"):
         assert phase in table

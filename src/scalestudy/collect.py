@@ -25,15 +25,45 @@ from scalestudy.matrix import RUN_COLUMNS, read_runs_tsv
 
 # metrics.json keys the trainer always writes (issue "Trainer"); collect checks them
 REQUIRED_METRICS = (
-    "world_size", "nodes", "ranks_per_node", "device", "global_batch", "throughput_img_s",
-    "throughput_img_s_per_rank", "epoch_time_s", "step_time_ms_p50", "step_time_ms_p95",
-    "data_time_frac", "comm_exposed_frac", "peak_mem_mb", "gpu_util_mean", "final_val_acc",
-    "best_val_acc", "time_to_target_s", "train_time_s", "git_commit", "torch_version",
-    "cuda_version", "nccl_version", "hostnames", "slurm_job_id", "container_digest", "seed",
-    "config_hash", "started_at",
+    "world_size",
+    "nodes",
+    "ranks_per_node",
+    "device",
+    "global_batch",
+    "throughput_img_s",
+    "throughput_img_s_per_rank",
+    "epoch_time_s",
+    "step_time_ms_p50",
+    "step_time_ms_p95",
+    "data_time_frac",
+    "comm_exposed_frac",
+    "peak_mem_mb",
+    "gpu_util_mean",
+    "final_val_acc",
+    "best_val_acc",
+    "time_to_target_s",
+    "train_time_s",
+    "git_commit",
+    "torch_version",
+    "cuda_version",
+    "nccl_version",
+    "hostnames",
+    "slurm_job_id",
+    "container_digest",
+    "seed",
+    "config_hash",
+    "started_at",
 )
-EPOCH_ID_COLUMNS = ("run", "families", "world_size", "local_batch", "global_batch", "precision",
-                    "bucket_cap_mb", "repeat")
+EPOCH_ID_COLUMNS = (
+    "run",
+    "families",
+    "world_size",
+    "local_batch",
+    "global_batch",
+    "precision",
+    "bucket_cap_mb",
+    "repeat",
+)
 
 
 class CollectError(RuntimeError):
@@ -55,8 +85,10 @@ def run(args: argparse.Namespace) -> int:
         return 1
     write_csv(args.out_runs, runs_rows)
     write_csv(args.out_epochs, epoch_rows)
-    print(f"collected {len(runs_rows)} runs, {len(epoch_rows)} epoch rows -> "
-          f"{args.out_runs}, {args.out_epochs}")
+    print(
+        f"collected {len(runs_rows)} runs, {len(epoch_rows)} epoch rows -> "
+        f"{args.out_runs}, {args.out_epochs}"
+    )
     return 0
 
 
@@ -71,7 +103,8 @@ def collect(table: list[dict], runs_dir: Path) -> tuple[list[dict], list[dict]]:
                 raise CollectError(
                     f"run {row['run']}: {key} is {merged[key]!r} in the run table but {value!r} in "
                     f"{run_dir / 'metrics.json'}: the result is from another configuration; "
-                    f"delete {run_dir} and rerun it")
+                    f"delete {run_dir} and rerun it"
+                )
             merged.setdefault(key, value)
         runs_rows.append(merged)
         for epoch in load_epochs(run_dir / "epochs.csv"):
@@ -85,7 +118,9 @@ def load_metrics(path: Path) -> dict:
     try:
         metrics = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
-        raise CollectError(f"{path} is not valid JSON ({exc}); delete it and rerun the run") from exc
+        raise CollectError(
+            f"{path} is not valid JSON ({exc}); delete it and rerun the run"
+        ) from exc
     missing = [k for k in REQUIRED_METRICS if k not in metrics]
     if missing:
         raise CollectError(f"{path} is incomplete, missing {missing}; delete it and rerun the run")

@@ -42,7 +42,9 @@ class TrainConfig:
     width: int = _f(64, "base channel count (resnet18: 64 -> 11,173,962 parameters)")
     precision: str = _f("fp32", "arithmetic", ("fp32", "tf32", "fp16", "bf16"))
     compile: bool = _f(False, "torch.compile the model")
-    channels_last: str = _f("auto", "NHWC memory format (auto = on for CUDA)", ("auto", "on", "off"))
+    channels_last: str = _f(
+        "auto", "NHWC memory format (auto = on for CUDA)", ("auto", "on", "off")
+    )
     # parallelism
     strategy: str = _f("ddp", "gradient synchronisation", ("ddp", "fsdp", "allreduce"))
     bucket_cap_mb: float = _f(25.0, "DDP: MiB of gradients per all-reduce bucket")
@@ -67,7 +69,9 @@ class TrainConfig:
     # measurement
     warmup_steps: int = _f(5, "optimizer steps excluded from the throughput window")
     comm_probe_steps: int = _f(5, "steps per arm of the exposed-communication probe (0 = off)")
-    profile_steps: str | None = _f(None, "A:B profiles optimizer steps A..B-1 (nsys range / torch.profiler)")
+    profile_steps: str | None = _f(
+        None, "A:B profiles optimizer steps A..B-1 (nsys range / torch.profiler)"
+    )
     out: str = _f("results/runs/manual", "output directory (metrics.json, epochs.csv)")
 
     def __post_init__(self) -> None:
@@ -80,8 +84,17 @@ class TrainConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"--{_flag(name)} must be >= 1, got {getattr(self, name)}")
-        non_negative = ("limit_train", "limit_test", "num_workers", "global_batch", "warmup_steps",
-                        "comm_probe_steps", "clip_grad", "warmup_epochs", "weight_decay")
+        non_negative = (
+            "limit_train",
+            "limit_test",
+            "num_workers",
+            "global_batch",
+            "warmup_steps",
+            "comm_probe_steps",
+            "clip_grad",
+            "warmup_epochs",
+            "weight_decay",
+        )
         for name in non_negative:
             if getattr(self, name) < 0:
                 raise ValueError(f"--{_flag(name)} must be >= 0, got {getattr(self, name)}")
@@ -104,8 +117,9 @@ class TrainConfig:
             return None
         a, sep, b = self.profile_steps.partition(":")
         if not (sep and a.isdigit() and b.isdigit() and int(a) < int(b)):
-            raise ValueError(f"--profile-steps must be A:B with integers 0 <= A < B, got "
-                             f"{self.profile_steps!r}")
+            raise ValueError(
+                f"--profile-steps must be A:B with integers 0 <= A < B, got {self.profile_steps!r}"
+            )
         return int(a), int(b)
 
     def batches(self, world_size: int) -> tuple[int, int]:
@@ -140,11 +154,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for f in dataclasses.fields(TrainConfig):
         flag, meta = f"--{_flag(f.name)}", f.metadata
         if isinstance(f.default, bool):
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default,
-                                help=meta["help"])
+            parser.add_argument(
+                flag, action=argparse.BooleanOptionalAction, default=f.default, help=meta["help"]
+            )
             continue
         kind = {"int": int, "float": float}.get(str(f.type).split(" ")[0], str)
         if f.type == "float | None":
             kind = float
-        parser.add_argument(flag, type=kind, default=f.default, choices=meta.get("choices"),
-                            help=f"{meta['help']} (default: {f.default})")
+        parser.add_argument(
+            flag,
+            type=kind,
+            default=f.default,
+            choices=meta.get("choices"),
+            help=f"{meta['help']} (default: {f.default})",
+        )

@@ -1,7 +1,8 @@
 """Who am I in the job: launcher detection, Slurm host lists, process-group set-up.
 
 Three ways a rank is started, detected from the environment (pure function `detect`):
-- torchrun (or any env:// launcher): RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT.
+- torchrun (or any env:// launcher): RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+  MASTER_ADDR/PORT.
 - srun: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID, SLURM_TASKS_PER_NODE,
   SLURM_JOB_NODELIST. MASTER_ADDR = first host of the node list, MASTER_PORT derived from the job
   id (job-unique, so two jobs sharing a node do not collide), unless MASTER_ADDR/PORT are set.

@@ -32,14 +32,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mpi", default="srun", help="MPI-style launcher inside Slurm (srun)")
     parser.add_argument("--nodes", type=int, default=1, help="nodes of the run")
     parser.add_argument("--ranks-per-node", type=int, default=1, help="ranks (GPUs) per node")
-    parser.add_argument("--cpus-per-rank", type=int, default=1,
-                        help="CPU cores per rank; also OMP_NUM_THREADS (intra-op threads)")
-    parser.add_argument("--container", default=None,
-                        help="Apptainer image: run each rank in `apptainer exec --nv IMAGE`")
+    parser.add_argument(
+        "--cpus-per-rank",
+        type=int,
+        default=1,
+        help="CPU cores per rank; also OMP_NUM_THREADS (intra-op threads)",
+    )
+    parser.add_argument(
+        "--container",
+        default=None,
+        help="Apptainer image: run each rank in `apptainer exec --nv IMAGE`",
+    )
     parser.add_argument("--gpu", action="store_true", help="pass --nv to apptainer")
     parser.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
-    parser.add_argument("train_args", nargs=argparse.REMAINDER,
-                        help="-- then the flags of `scalestudy train`")
+    parser.add_argument(
+        "train_args", nargs=argparse.REMAINDER, help="-- then the flags of `scalestudy train`"
+    )
 
 
 def build_command(args: argparse.Namespace, env: dict[str, str]) -> list[str]:
@@ -62,17 +70,38 @@ def build_command(args: argparse.Namespace, env: dict[str, str]) -> list[str]:
         return [*python, "-m", "scalestudy", "train", *train_args]
     if env.get("SLURM_JOB_ID"):
         if shutil.which(args.mpi, path=env.get("PATH")) is None:
-            raise LaunchError(f"inside Slurm job {env['SLURM_JOB_ID']} but {args.mpi!r} is not on PATH")
-        return [args.mpi, f"--nodes={args.nodes}", f"--ntasks-per-node={args.ranks_per_node}",
-                f"--cpus-per-task={args.cpus_per_rank}", "--kill-on-bad-exit=1",
-                *python, "-m", "scalestudy", "train", *train_args]
+            raise LaunchError(
+                f"inside Slurm job {env['SLURM_JOB_ID']} but {args.mpi!r} is not on PATH"
+            )
+        return [
+            args.mpi,
+            f"--nodes={args.nodes}",
+            f"--ntasks-per-node={args.ranks_per_node}",
+            f"--cpus-per-task={args.cpus_per_rank}",
+            "--kill-on-bad-exit=1",
+            *python,
+            "-m",
+            "scalestudy",
+            "train",
+            *train_args,
+        ]
     if args.nodes > 1:
         raise LaunchError(
             f"this run needs {args.nodes} nodes, and there is no Slurm allocation here: run the "
             "study on a cluster (`snakemake --executor slurm -j 20` or --profile profiles/slurm), "
-            "or choose world sizes <= hardware.gpus_per_node for a single machine")
-    return [*python, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc-per-node={args.ranks_per_node}", "-m", "scalestudy", "train", *train_args]
+            "or choose world sizes <= hardware.gpus_per_node for a single machine"
+        )
+    return [
+        *python,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={args.ranks_per_node}",
+        "-m",
+        "scalestudy",
+        "train",
+        *train_args,
+    ]
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,7 +1,8 @@
 """The two networks of the study.
 
-`resnet18`: torchvision's ResNet-18 with the CIFAR stem (3x3 stride-1 conv, no max-pool), the network
-CIFAR ResNet-18 results are quoted for (11,173,962 parameters at width 64, 0.56 GMAC per 32x32 image).
+`resnet18`: torchvision's ResNet-18 with the CIFAR stem (3x3 stride-1 conv, no max-pool), the
+network CIFAR ResNet-18 results are quoted for (11,173,962 parameters at width 64, 0.56 GMAC per
+32x32 image).
 torchvision's ImageNet stem (7x7 stride 2 + max-pool) shrinks a 32x32 image to 8x8 before layer1, is
 ~15x cheaper and reaches far lower accuracy, so it would not measure the usual workload.
 

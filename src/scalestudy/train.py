@@ -56,8 +56,16 @@ from scalestudy.config import LR_REFERENCE_BATCH, TrainConfig
 from scalestudy.config import add_arguments as _add_config_arguments
 from scalestudy.models import build_model
 
-EPOCH_COLUMNS = ("epoch", "train_loss", "train_acc", "val_loss", "val_acc", "epoch_time_s",
-                 "throughput_img_s", "lr")
+EPOCH_COLUMNS = (
+    "epoch",
+    "train_loss",
+    "train_acc",
+    "val_loss",
+    "val_acc",
+    "epoch_time_s",
+    "throughput_img_s",
+    "lr",
+)
 
 
 class TrainingError(RuntimeError):
@@ -77,8 +85,9 @@ def main(cfg: TrainConfig) -> int:
     where = f"rank {denv.rank}/{denv.world_size} on {sdist.hostname()}"
     try:
         device = pick_device(cfg, denv)
-        sdist.init_process_group(denv, "nccl" if device.type == "cuda" else "gloo",
-                                 cfg.pg_timeout_s)
+        sdist.init_process_group(
+            denv, "nccl" if device.type == "cuda" else "gloo", cfg.pg_timeout_s
+        )
     except Exception as exc:
         print(f"[{where}] cannot start: {exc}", file=sys.stderr, flush=True)
         return 1
@@ -87,8 +96,9 @@ def main(cfg: TrainConfig) -> int:
         return 0
     except Exception as exc:
         # name the rank: with 64 ranks, "which one failed and why" is the first question
-        print(f"[{where}] training failed: {type(exc).__name__}: {exc}", file=sys.stderr,
-              flush=True)
+        print(
+            f"[{where}] training failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True
+        )
         raise
     finally:
         if dist.is_initialized():
@@ -101,12 +111,15 @@ def pick_device(cfg: TrainConfig, denv: sdist.DistEnv) -> torch.device:
         raise TrainingError("--device cuda but CUDA is not available on this host")
     if cfg.device == "cpu" or not cuda:
         if cfg.precision in ("fp16", "tf32"):
-            raise TrainingError(f"--precision {cfg.precision} needs CUDA (none here); "
-                                "use fp32 or bf16 on CPU")
+            raise TrainingError(
+                f"--precision {cfg.precision} needs CUDA (none here); use fp32 or bf16 on CPU"
+            )
         return torch.device("cpu")
     if denv.local_rank >= torch.cuda.device_count():
-        raise TrainingError(f"local rank {denv.local_rank} but only {torch.cuda.device_count()} "
-                            "GPUs visible: one rank per GPU (check --ntasks-per-node / gres)")
+        raise TrainingError(
+            f"local rank {denv.local_rank} but only {torch.cuda.device_count()} "
+            "GPUs visible: one rank per GPU (check --ntasks-per-node / gres)"
+        )
     torch.cuda.set_device(denv.local_rank)  # from the LOCAL rank, never the global one
     return torch.device("cuda", denv.local_rank)
 
@@ -131,32 +144,65 @@ def train(cfg: TrainConfig, denv: sdist.DistEnv, device: torch.device) -> dict:
     mean, std = prepared.meta["mean"], prepared.meta["std"]
     if cfg.loader == "device":
         train_loader = sdata.DeviceLoader(
-            train_x, train_y, local_batch=local_batch, world_size=world_size, rank=rank,
-            seed=cfg.seed, train=True, device=device, mean=mean, std=std)
+            train_x,
+            train_y,
+            local_batch=local_batch,
+            world_size=world_size,
+            rank=rank,
+            seed=cfg.seed,
+            train=True,
+            device=device,
+            mean=mean,
+            std=std,
+        )
         micro_steps = train_loader.steps_per_epoch
         sampler = None
     else:
         train_loader, sampler = sdata.make_dataloader(
-            train_x, train_y, local_batch=local_batch, world_size=world_size, rank=rank,
-            seed=cfg.seed, train=True, mean=mean, std=std, num_workers=cfg.num_workers,
-            pin_memory=cfg.pin_memory and cuda, persistent_workers=cfg.persistent_workers,
-            prefetch_factor=cfg.prefetch_factor)
+            train_x,
+            train_y,
+            local_batch=local_batch,
+            world_size=world_size,
+            rank=rank,
+            seed=cfg.seed,
+            train=True,
+            mean=mean,
+            std=std,
+            num_workers=cfg.num_workers,
+            pin_memory=cfg.pin_memory and cuda,
+            persistent_workers=cfg.persistent_workers,
+            prefetch_factor=cfg.prefetch_factor,
+        )
         micro_steps = len(train_loader)
     eval_loader = sdata.DeviceLoader(
-        test_x, test_y, local_batch=local_batch, world_size=world_size, rank=rank,
-        seed=cfg.seed, train=False, device=device, mean=mean, std=std)
+        test_x,
+        test_y,
+        local_batch=local_batch,
+        world_size=world_size,
+        rank=rank,
+        seed=cfg.seed,
+        train=False,
+        device=device,
+        mean=mean,
+        std=std,
+    )
     steps_per_epoch = math.ceil(micro_steps / cfg.accum_steps)
     total_steps = steps_per_epoch * cfg.epochs
     if total_steps <= cfg.warmup_steps:
         raise TrainingError(
             f"{total_steps} optimizer steps ({cfg.epochs} epochs x {steps_per_epoch}) leave no "
             f"steady-state window after --warmup-steps {cfg.warmup_steps}: "
-            "lower --warmup-steps, raise --epochs or use more data")
+            "lower --warmup-steps, raise --epochs or use more data"
+        )
 
     # --- model: identical initialisation on every rank (same seed), then wrapped for the strategy
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg.model, num_classes=prepared.meta["num_classes"], width=cfg.width,
-                        in_channels=train_x.shape[1]).to(device)
+    model = build_model(
+        cfg.model,
+        num_classes=prepared.meta["num_classes"],
+        width=cfg.width,
+        in_channels=train_x.shape[1],
+    ).to(device)
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
     model, no_sync = wrap_model(model, cfg, device)
@@ -169,12 +215,18 @@ def train(cfg: TrainConfig, denv: sdist.DistEnv, device: torch.device) -> dict:
     for p in model.parameters():
         (no_decay if p.ndim <= 1 else decay).append(p)  # no weight decay on BN and biases
     optimizer = torch.optim.SGD(
-        [{"params": decay, "weight_decay": cfg.weight_decay},
-         {"params": no_decay, "weight_decay": 0.0}],
-        lr=peak_lr, momentum=cfg.momentum, nesterov=cfg.momentum > 0)
+        [
+            {"params": decay, "weight_decay": cfg.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ],
+        lr=peak_lr,
+        momentum=cfg.momentum,
+        nesterov=cfg.momentum > 0,
+    )
     warmup = round(cfg.warmup_epochs * steps_per_epoch)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: lr_factor(step, total_steps, warmup, cfg.schedule))
+        optimizer, lambda step: lr_factor(step, total_steps, warmup, cfg.schedule)
+    )
     scaler = torch.amp.GradScaler(device.type, enabled=cfg.precision == "fp16")
 
     timer = StepTimer(device)
@@ -225,8 +277,10 @@ def train(cfg: TrainConfig, denv: sdist.DistEnv, device: torch.device) -> dict:
                 # accumulate locally; the last micro-batch of the group synchronises gradients
                 sync_ctx = no_sync() if j < group - 1 else contextlib.nullcontext()
                 with sync_ctx:
-                    with timer.phase("forward"), torch.autocast(
-                            device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+                    with (
+                        timer.phase("forward"),
+                        torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None),
+                    ):
                         logits = model(x)
                         loss = F.cross_entropy(logits, y, label_smoothing=cfg.label_smoothing)
                     with timer.phase("backward"):
@@ -261,27 +315,43 @@ def train(cfg: TrainConfig, denv: sdist.DistEnv, device: torch.device) -> dict:
                 window_data_times.append(st.get("data", 0.0))
 
         # --- end of epoch: reduce the epoch's sums, evaluate on the whole test set
-        stats = torch.stack([loss_sum, correct.double(),
-                             torch.tensor(float(seen), device=device, dtype=torch.float64)])
+        stats = torch.stack(
+            [
+                loss_sum,
+                correct.double(),
+                torch.tensor(float(seen), device=device, dtype=torch.float64),
+            ]
+        )
         dist.all_reduce(stats)
         train_loss, train_acc = (stats[0] / stats[2]).item(), (stats[1] / stats[2]).item()
         if not math.isfinite(train_loss):
-            raise TrainingError(f"non-finite training loss ({train_loss}) in epoch {epoch + 1}: "
-                                f"lower --lr (peak {peak_lr:g}) or use bf16/fp32 instead of fp16")
+            raise TrainingError(
+                f"non-finite training loss ({train_loss}) in epoch {epoch + 1}: "
+                f"lower --lr (peak {peak_lr:g}) or use bf16/fp32 instead of fp16"
+            )
         val_loss, val_acc = evaluate(model, eval_loader, cfg, device, amp_dtype, channels_last)
-        row = {"epoch": epoch + 1, "train_loss": train_loss, "train_acc": train_acc,
-               "val_loss": val_loss, "val_acc": val_acc, "epoch_time_s": epoch_time,
-               "throughput_img_s": stats[2].item() / epoch_time,
-               "lr": optimizer.param_groups[0]["lr"]}
+        row = {
+            "epoch": epoch + 1,
+            "train_loss": train_loss,
+            "train_acc": train_acc,
+            "val_loss": val_loss,
+            "val_acc": val_acc,
+            "epoch_time_s": epoch_time,
+            "throughput_img_s": stats[2].item() / epoch_time,
+            "lr": optimizer.param_groups[0]["lr"],
+        }
         history.append(row)
         if time_to_target is None and cfg.target_acc is not None and val_acc >= cfg.target_acc:
             time_to_target = train_seconds
         if master:
             atomic.write_text(Path(cfg.out) / "epochs.csv", _csv(history))
-            print(f"epoch {epoch + 1:>3}/{cfg.epochs} | train loss {train_loss:.4f} "
-                  f"acc {100 * train_acc:5.2f}% | val loss {val_loss:.4f} acc {100 * val_acc:5.2f}% "
-                  f"| {epoch_time:7.2f} s | {row['throughput_img_s']:>10,.0f} img/s "
-                  f"| lr {row['lr']:.4g}", flush=True)
+            print(
+                f"epoch {epoch + 1:>3}/{cfg.epochs} | train loss {train_loss:.4f} "
+                f"acc {100 * train_acc:5.2f}% | val loss {val_loss:.4f} acc {100 * val_acc:5.2f}% "
+                f"| {epoch_time:7.2f} s | {row['throughput_img_s']:>10,.0f} img/s "
+                f"| lr {row['lr']:.4g}",
+                flush=True,
+            )
     train_time = time.perf_counter() - loop_start
     gpu_util = nvml.stop() if nvml else None
     profiler.close()
@@ -294,8 +364,9 @@ def train(cfg: TrainConfig, denv: sdist.DistEnv, device: torch.device) -> dict:
 
     comm_exposed = None
     if cfg.comm_probe_steps:
-        comm_exposed = comm_probe(model, no_sync, train_loader, cfg, device, amp_dtype,
-                                  channels_last, world_size)
+        comm_exposed = comm_probe(
+            model, no_sync, train_loader, cfg, device, amp_dtype, channels_last, world_size
+        )
 
     # --- reduce the measurements over ranks and write metrics.json (rank 0)
     totals = torch.tensor([float(window_images), window_time], dtype=torch.float64, device=device)
@@ -355,19 +426,25 @@ def train(cfg: TrainConfig, denv: sdist.DistEnv, device: torch.device) -> dict:
     if master:
         # metrics.json last: its presence means the run completed
         atomic.write_json(Path(cfg.out) / "metrics.json", metrics)
-        print(f"done: {throughput:,.0f} img/s over {world_size} ranks "
-              f"({metrics['throughput_img_s_per_rank']:,.0f} per rank), best val acc "
-              f"{100 * metrics['best_val_acc']:.2f}%, {train_time:.1f} s -> {cfg.out}", flush=True)
+        print(
+            f"done: {throughput:,.0f} img/s over {world_size} ranks "
+            f"({metrics['throughput_img_s_per_rank']:,.0f} per rank), best val acc "
+            f"{100 * metrics['best_val_acc']:.2f}%, {train_time:.1f} s -> {cfg.out}",
+            flush=True,
+        )
     return metrics
 
 
 def wrap_model(model: torch.nn.Module, cfg: TrainConfig, device: torch.device):
     """Wrap for the strategy; returns (model, no_sync) where no_sync() skips gradient sync."""
     if cfg.strategy == "ddp":
-        ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
-                  bucket_cap_mb=cfg.bucket_cap_mb,  # MiB of gradients per all-reduce
-                  gradient_as_bucket_view=True,  # grads alias the buckets: no extra copy
-                  static_graph=cfg.static_graph)
+        ddp = DDP(
+            model,
+            device_ids=[device.index] if device.type == "cuda" else None,
+            bucket_cap_mb=cfg.bucket_cap_mb,  # MiB of gradients per all-reduce
+            gradient_as_bucket_view=True,  # grads alias the buckets: no extra copy
+            static_graph=cfg.static_graph,
+        )
         register_comm_hook(ddp, cfg.comm_hook)
         return ddp, ddp.no_sync
     if cfg.strategy == "fsdp":
@@ -403,8 +480,9 @@ def register_comm_hook(ddp: DDP, hook: str) -> None:
         ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
     elif hook == "powersgd":
         # rank-1 approximation after 10 uncompressed steps (torch's warm-start advice)
-        state = powersgd.PowerSGDState(process_group=None, matrix_approximation_rank=1,
-                                       start_powerSGD_iter=10)
+        state = powersgd.PowerSGDState(
+            process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=10
+        )
         ddp.register_comm_hook(state, powersgd.powerSGD_hook)
 
 
@@ -416,7 +494,7 @@ def allreduce_gradients(model: torch.nn.Module, world_size: int) -> None:
     flat /= world_size
     offset = 0
     for g in grads:
-        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
         offset += g.numel()
 
 
@@ -548,6 +626,7 @@ class StepTimer:
 
     def collect(self) -> list[dict[str, float]]:
         """Seconds per phase and in total for each step since the last call (device synced)."""
+
         def dt(a, b) -> float:
             return a.elapsed_time(b) / 1e3 if self.cuda else b - a
 
@@ -563,7 +642,8 @@ class StepTimer:
 
 
 class Profiler:
-    """--profile-steps A:B: cudaProfilerStart/Stop on GPU (nsys capture range), torch.profiler on CPU."""
+    """--profile-steps A:B: cudaProfilerStart/Stop on GPU (an nsys capture range), torch.profiler
+    on CPU (table and trace saved in --out/profile/)."""
 
     def __init__(self, cfg: TrainConfig, device: torch.device, rank: int) -> None:
         self.window = cfg.profile_window()
@@ -667,11 +747,20 @@ def git_commit() -> str | None:
         return os.environ["SCALESTUDY_GIT_COMMIT"]
     here = Path(__file__).resolve().parent
     try:
-        sha = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True,
-                             text=True, timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain",
-                                "--untracked-files=no"], capture_output=True, text=True,
-                               timeout=10, check=True).stdout.strip()
+        sha = subprocess.run(
+            ["git", "-C", str(here), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
     return sha + ("-dirty" if dirty else "")

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Set up this machine for the study and its tests (idempotent):
+#   - Debian packages for the local Slurm test cluster (slurm-wlm, munge, iproute2), as root;
+#   - a virtual environment .venv with the pinned packages of requirements.txt and this
+#     package installed editable.
+# Usage: bash scripts/setup.sh            (SCALESTUDY_SKIP_APT=1 skips the Debian packages)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+apt_packages=(slurm-wlm munge iproute2 procps)
+if [[ "${SCALESTUDY_SKIP_APT:-0}" != 1 ]]; then
+    missing=()
+    for p in "${apt_packages[@]}"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+    done
+    if ((${#missing[@]})); then
+        if [[ $(id -u) -ne 0 ]]; then
+            echo "setup: missing Debian packages ${missing[*]} (needed only for the Slurm tests);" \
+                 "install them as root: apt-get install ${missing[*]}" >&2
+        else
+            echo "setup: installing ${missing[*]}"
+            apt-get update -q
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"
+        fi
+    fi
+fi
+
+python=${PYTHON:-python3}
+if [[ ! -x .venv/bin/python ]]; then
+    "$python" -c 'import sys; assert sys.version_info >= (3, 11), "Python >= 3.11 is needed"'
+    "$python" -m venv .venv
+fi
+stamp=.venv/.scalestudy-requirements
+if ! cmp -s requirements.txt "$stamp"; then
+    .venv/bin/python -m pip install -q --upgrade pip
+    .venv/bin/python -m pip install -q -r requirements.txt
+    cp requirements.txt "$stamp"
+fi
+.venv/bin/python -m pip install -q --no-deps -e .
+echo "setup: ready (.venv: $(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'))"

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The test suite: set up (scripts/setup.sh), then pytest. Extra arguments go to pytest.
+# The Slurm tests start a real local cluster (scripts/local-slurm.sh) and need root; under
+# CI=true they fail, not skip, when it cannot start.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+export PATH="$PWD/.venv/bin:$PATH"
+exec python -m pytest -ra "$@"

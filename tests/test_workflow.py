@@ -1,0 +1,171 @@
+"""The DAG guarantees, each read from Snakemake's own dry-run of a copy of the repository.
+
+One real run of a tiny CPU study (synthetic data, 4 runs, Apptainer replaced by the stand-in in
+tests/stand-ins so the image is a real DAG node), then one dry-run per change a user makes.
+"""
+
+from __future__ import annotations
+
+import csv
+import shutil
+
+import pytest
+import yaml
+from workflow_helpers import RUN_IDS, TINY, copy_repo, planned_jobs, snakemake, write_config
+
+from scalestudy.collect import REQUIRED_METRICS
+from scalestudy.matrix import RUN_COLUMNS
+
+pytestmark = pytest.mark.workflow
+
+
+@pytest.fixture(scope="module")
+def done(tiny_study):
+    return tiny_study
+
+
+def dry(work, *args, **kw):
+    return planned_jobs(
+        snakemake(work, "--configfile", "tiny.yaml", "-n", *args, stand_ins=True, **kw)
+    )
+
+
+def test_study_produces_the_tidy_csvs(done):
+    with (done / "results/csv/runs.csv").open() as f:
+        runs = list(csv.DictReader(f))
+    assert {r["run"] for r in runs} == RUN_IDS
+    columns = set(runs[0])
+    assert set(RUN_COLUMNS) <= columns
+    assert {k for k in REQUIRED_METRICS if k != "device"} <= columns
+    assert {"device_type", "device_name"} <= columns
+    shared = next(r for r in runs if r["run"] == "w2_lb32_fp32_ddp_bk25_r0")
+    assert shared["families"] == "bucket;strong;weak"  # requested thrice, run once
+    assert all(float(r["throughput_img_s"]) > 0 for r in runs)
+    # the image digest of the (stand-in) container is recorded for every run
+    assert all(r["container_digest"].startswith("sha256:") for r in runs)
+    with (done / "results/csv/epochs.csv").open() as f:
+        epochs = list(csv.DictReader(f))
+    assert len(epochs) == len(RUN_IDS)  # one epoch each
+    assert (done / "logs/train/w2_lb32_fp32_ddp_bk1_r0.log").exists()
+    assert (done / "benchmarks/train/w2_lb32_fp32_ddp_bk1_r0.tsv").exists()
+
+
+def test_second_run_has_nothing_to_do(done):
+    assert dry(done) == {}
+
+
+def test_touching_without_changing_reruns_nothing(done):
+    (done / "src/scalestudy/train.py").touch()
+    assert dry(done) == {}
+
+
+def test_changing_collect_code_reruns_only_collect(done):
+    code = done / "src/scalestudy/collect.py"
+    original = code.read_text()
+    try:
+        code.write_text(original + "\n# a change to the aggregation code\n")
+        assert dry(done) == {"all": 1, "collect": 1}
+    finally:
+        code.write_text(original)
+
+
+def test_adding_a_gpu_count_adds_only_that_run(done, tmp_path):
+    bigger = yaml.safe_load(yaml.safe_dump(TINY))
+    bigger["families"]["strong"]["gpus"] = [1, 2, 4]  # 4 = 2 nodes x 2
+    write_config(done / "bigger.yaml", bigger)
+    jobs = planned_jobs(snakemake(done, "--configfile", "bigger.yaml", "-n", stand_ins=True))
+    assert jobs == {"all": 1, "collect": 1, "matrix": 1, "train": 1}
+
+
+def test_adding_a_bucket_value_adds_only_those_runs(done):
+    bigger = yaml.safe_load(yaml.safe_dump(TINY))
+    bigger["families"]["bucket"]["bucket_cap_mb"] = [1, 5, 25]
+    write_config(done / "bigger.yaml", bigger)
+    jobs = planned_jobs(snakemake(done, "--configfile", "bigger.yaml", "-n", stand_ins=True))
+    assert jobs == {"all": 1, "collect": 1, "matrix": 1, "train": 1}
+
+
+def test_changing_trainer_source_reruns_training(done):
+    code = done / "src/scalestudy/train.py"
+    original = code.read_text()
+    try:
+        code.write_text(original + "\n# a change to the trainer\n")
+        # the image installs the package, so it is rebuilt, and every run trains again
+        assert dry(done) == {"all": 1, "build_container": 1, "collect": 1, "train": 4}
+    finally:
+        code.write_text(original)
+
+
+def test_changing_the_container_recipe_rebuilds_and_retrains(done):
+    recipe = done / "containers/trainer.def"
+    original = recipe.read_text()
+    try:
+        recipe.write_text(original + "\n# a change to the recipe\n")
+        assert dry(done) == {"all": 1, "build_container": 1, "collect": 1, "train": 4}
+    finally:
+        recipe.write_text(original)
+
+
+def test_changing_a_profile_setting_reruns_nothing(done):
+    profile = done / "profiles/default/config.yaml"
+    original = profile.read_text()
+    try:
+        profile.write_text(
+            original + "latency-wait: 7\nset-resources:\n  train:\n"
+            "    runtime: 99\n    mem_mb: 1234\n"
+        )
+        assert dry(done) == {}
+        assert dry(done, "--profile", "profiles/slurm") == {}
+    finally:
+        profile.write_text(original)
+
+
+def test_changing_a_run_flag_reruns_that_run_only(done):
+    changed = yaml.safe_load(yaml.safe_dump(TINY))
+    changed["families"]["bucket"]["bucket_cap_mb"] = [2, 25]  # bk1 -> bk2: a new run id
+    write_config(done / "changed.yaml", changed)
+    jobs = planned_jobs(snakemake(done, "--configfile", "changed.yaml", "-n", stand_ins=True))
+    assert jobs == {"all": 1, "collect": 1, "matrix": 1, "train": 1}
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("hardware.gpus_per_node=3", "does not fit gpus_per_node"),
+        ("dataset=imagenet", "dataset"),
+        ("repeats=0", "repeats"),
+    ],
+)
+def test_bad_config_fails_before_any_job(done, tmp_path, override, message):
+    proc = snakemake(
+        done, "--configfile", "tiny.yaml", "--config", override, "-n", stand_ins=True, check=False
+    )
+    assert proc.returncode != 0
+    assert message in proc.stdout + proc.stderr
+
+
+def test_unknown_key_is_refused(done):
+    bad = yaml.safe_load(yaml.safe_dump(TINY))
+    bad["train"]["bucket_cap"] = 25  # typo of bucket_cap_mb
+    write_config(done / "bad.yaml", bad)
+    proc = snakemake(done, "--configfile", "bad.yaml", "-n", check=False)
+    assert proc.returncode != 0
+    assert "bucket_cap" in proc.stdout + proc.stderr
+
+
+def test_gpu_study_on_a_machine_without_cuda_stops_at_once(tmp_path):
+    work = copy_repo(tmp_path / "gpu")
+    proc = snakemake(
+        work, "--cores", "1", "--config", "dataset=synthetic", check=False, timeout=300
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "config/demo.yaml" in out and "--executor slurm" in out
+    assert not (work / "results" / "runs").exists()  # no job ran
+    shutil.rmtree(work)
+
+
+def test_dry_run_of_the_full_study_plans_every_run(tmp_path):
+    work = copy_repo(tmp_path / "full")
+    jobs = planned_jobs(snakemake(work, "-n", timeout=300))
+    assert jobs["train"] == 75 and jobs["prepare_data"] == 1 and jobs["collect"] == 1

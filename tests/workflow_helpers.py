@@ -1,0 +1,132 @@
+"""Run snakemake on a copy of the repository and read its own dry-run job table."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+COPIED = ("Snakefile", "workflow", "config", "containers", "profiles", "src", "pyproject.toml")
+STAND_INS = REPO / "tests" / "stand-ins"
+
+
+def copy_repo(dest: Path) -> Path:
+    """The workflow as a user has it (results, logs, caches left behind)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in COPIED:
+        src = REPO / name
+        if src.is_dir():
+            shutil.copytree(
+                src,
+                dest / name,
+                ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "*.sif"),
+            )
+        else:
+            shutil.copy2(src, dest / name)
+    return dest
+
+
+def write_config(path: Path, config: dict) -> Path:
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def env(stand_ins: bool = False, **extra: str) -> dict[str, str]:
+    e = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SLURM_", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_"))
+    }
+    path = [str(BIN), e.get("PATH", "")]
+    if stand_ins:  # the Apptainer stand-in (tests/stand-ins/apptainer), clearly not the real one
+        path.insert(0, str(STAND_INS))
+    e.update(PATH=os.pathsep.join(path), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    e.update(extra)
+    return e
+
+
+def snakemake(
+    workdir: Path,
+    *args: str,
+    stand_ins: bool = False,
+    timeout: int = 900,
+    check: bool = True,
+    extra_env: dict | None = None,
+) -> subprocess.CompletedProcess:
+    cmd = [str(BIN / "snakemake"), *args]
+    proc = subprocess.run(
+        cmd,
+        cwd=workdir,
+        env=env(stand_ins, **(extra_env or {})),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"{' '.join(cmd)} failed ({proc.returncode}):\n"
+            f"{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}"
+        )
+    return proc
+
+
+def planned_jobs(proc: subprocess.CompletedProcess) -> dict[str, int]:
+    """Snakemake's 'Job stats' table of a dry-run: rule -> jobs that would run ({} if none)."""
+    text = proc.stdout + proc.stderr
+    if "Nothing to be done" in text:
+        return {}
+    m = re.search(r"Job stats:\n(.*?)\n\s*total\s+(\d+)", text, re.S)
+    if not m:
+        raise AssertionError(f"no job table in the dry-run output:\n{text[-4000:]}")
+    jobs = {}
+    for line in m.group(1).splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].isdigit():
+            jobs[parts[0]] = int(parts[1])
+    return jobs
+
+
+# A tiny CPU study: synthetic data, 4 runs (one shared by three families), 1 epoch each, and the
+# Apptainer stand-in, so the image is a real node of the DAG.
+TINY = {
+    "study": "tiny",
+    "dataset": "synthetic",
+    "synthetic": {"num_train": 256, "num_test": 64},
+    "hardware": {
+        "device": "cpu",
+        "gpus_per_node": 2,
+        "cpus_per_rank": 1,
+        "mem_mb_per_rank": 500,
+        "runtime_min": 5,
+    },
+    "train": {
+        "width": 4,
+        "epochs": 1,
+        "local_batch": 32,
+        "warmup_steps": 1,
+        "comm_probe_steps": 1,
+        "num_workers": 0,
+        "pg_timeout_s": 60,
+    },
+    "repeats": 1,
+    "families": {
+        "strong": {"enabled": True, "gpus": [1, 2], "global_batch": 64},
+        "weak": {"enabled": True, "gpus": [1, 2], "local_batch": 32},
+        "precision": {"enabled": True, "gpus": [1], "precisions": ["fp32"]},
+        "bucket": {"enabled": True, "gpus": 2, "bucket_cap_mb": [1, 25], "local_batch": [32]},
+    },
+    "container": {"enabled": True},
+}
+RUN_IDS = {
+    "w1_lb32_fp32_ddp_bk25_r0",
+    "w1_lb64_fp32_ddp_bk25_r0",
+    "w2_lb32_fp32_ddp_bk1_r0",
+    "w2_lb32_fp32_ddp_bk25_r0",
+}

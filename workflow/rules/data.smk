@@ -1,0 +1,29 @@
+# Download (cifar10, mnist) or make (synthetic) the dataset and convert it once to uint8
+# tensors; training never downloads. Local: login nodes have the internet access, compute nodes
+# often do not.
+rule prepare_data:
+    output:
+        data=f"{DATA_DIR}/{{dataset}}/data.pt",
+        meta=f"{DATA_DIR}/{{dataset}}/meta.json",
+    log:
+        "logs/prepare_data/{dataset}.log",
+    params:
+        data_dir=subpath(output.meta, ancestor=2),
+        extra=get_prepare_flags,
+    shell:
+        "scalestudy prepare-data --dataset {wildcards.dataset:q} --data-dir {params.data_dir:q} "
+        "{params.extra:q} > {log:q} 2>&1"
+
+
+# The run table, for the analysis and the report. Training does not depend on it, so adding a
+# run rewrites this file without touching the runs that already exist.
+rule matrix:
+    output:
+        "results/matrix/runs.tsv",
+    log:
+        "logs/matrix/matrix.log",
+    params:
+        digest=get_run_table_digest,
+    run:
+        matrix.write_runs_tsv(list(RUNS.values()), output[0])
+        shell("echo 'wrote {output} ({params.digest})' > {log:q}")

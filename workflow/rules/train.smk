@@ -1,0 +1,37 @@
+# One training run = one job: its ranks start through srun on Slurm (one per GPU) or as local
+# processes (scalestudy launch). Trainer sources and the image are inputs, so changing them
+# reruns training; the flags and the rank layout are params, so changing them does too.
+rule train:
+    input:
+        unpack(get_prepared_data),
+        sources=TRAINER_SOURCES,
+        image=get_container_image,
+    output:
+        metrics="results/runs/{run}/metrics.json",
+        epochs="results/runs/{run}/epochs.csv",
+    log:
+        "logs/train/{run}.log",
+    benchmark:
+        "benchmarks/train/{run}.tsv"
+    threads: get_threads
+    resources:
+        nodes=get_nodes,
+        tasks_per_node=get_tasks_per_node,
+        tasks=get_tasks,
+        tasks_per_gpu=0,
+        gres=get_gres,
+        cpus_per_task=config["hardware"]["cpus_per_rank"],
+        mem_mb=get_mem_mb,
+        runtime=config["hardware"]["runtime_min"],
+        mpi=get_mpi,
+    params:
+        flags=get_train_flags,
+        layout=get_layout,
+        container=get_container_flags,
+        data_dir=subpath(input.meta, ancestor=2),
+        out=subpath(output.metrics, parent=True),
+    shell:
+        "scalestudy launch --mpi={resources.mpi:q} --nodes {params.layout[nodes]} "
+        "--ranks-per-node {params.layout[ranks_per_node]} "
+        "--cpus-per-rank {params.layout[cpus_per_rank]} {params.container:q} -- "
+        "{params.flags:q} --data-dir {params.data_dir:q} --out {params.out:q} > {log:q} 2>&1"
