@@ -356,17 +356,17 @@ def train(cfg: TrainConfig, denv: sdist.DistEnv, device: torch.device) -> dict:
     gpu_util = nvml.stop() if nvml else None
     profiler.close()
 
-    # every rank must end with the same weights; a silent divergence would void every number
-    checksums: list = [None] * world_size
-    dist.all_gather_object(checksums, param_checksum(model))
-    if len(set(checksums)) != 1:
-        raise TrainingError(f"ranks hold different parameters after training: {checksums}")
-
     comm_exposed = None
     if cfg.comm_probe_steps:
         comm_exposed = comm_probe(
             model, no_sync, train_loader, cfg, device, amp_dtype, channels_last, world_size
         )
+
+    # every rank must end with the same weights; a silent divergence would void every number
+    checksums: list = [None] * world_size
+    dist.all_gather_object(checksums, param_checksum(model))
+    if len(set(checksums)) != 1:
+        raise TrainingError(f"ranks hold different parameters after training: {checksums}")
 
     # --- reduce the measurements over ranks and write metrics.json (rank 0)
     totals = torch.tensor([float(window_images), window_time], dtype=torch.float64, device=device)
