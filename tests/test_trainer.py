@@ -92,14 +92,64 @@ def test_same_seed_same_world_size_same_losses(ddp_run, data_dir, tmp_path):
         assert [r[key] for r in a] == [r[key] for r in b]
 
 
-def test_bf16_runs_and_learns_synthetic_data(data_dir, tmp_path):
-    """One process (no launcher), bf16 autocast on CPU; synthetic data is learnable: 10 classes,
-    chance is 10%, a few epochs reach far above it."""
-    train(data_dir, tmp_path, "--precision", "bf16", "--epochs", "4", "--width", "8", nproc=1)
+def test_synthetic_data_is_learned_far_above_chance(data_dir, tmp_path):
+    """One process (no launcher): 10 classes, chance is 10%; five short epochs reach > 60%
+    (80.7% measured at width 8, lr 2.0 for a global batch of 512 -> peak 0.125 at 32)."""
+    train(data_dir, tmp_path, "--epochs", "5", "--width", "8", "--lr", "2.0", nproc=1)
     m = read_metrics(tmp_path)
     assert m["launcher"] == "none" and m["world_size"] == 1
+    assert m["peak_lr"] == pytest.approx(2.0 * 32 / 512)
+    assert m["best_val_acc"] > 0.6, m["best_val_acc"]
+
+
+def test_bf16_runs_on_cpu(data_dir, tmp_path):
+    train(
+        data_dir,
+        tmp_path,
+        "--precision",
+        "bf16",
+        "--epochs",
+        "1",
+        "--warmup-steps",
+        "1",
+        "--limit-train",
+        "320",
+        nproc=1,
+    )
+    m = read_metrics(tmp_path)
     assert m["precision"] == "bf16"
-    assert m["best_val_acc"] > 0.5, m["best_val_acc"]
+    assert all(math.isfinite(float(r["train_loss"])) for r in read_epochs(tmp_path))
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        [
+            "--comm-hook",
+            "bf16",
+            "--accum-steps",
+            "2",
+            "--clip-grad",
+            "1.0",
+            "--schedule",
+            "cosine",
+            "--loader",
+            "dataloader",
+            "--num-workers",
+            "0",
+        ],
+        ["--comm-hook", "powersgd", "--global-batch", "64"],
+    ],
+)
+def test_other_recipes_and_hooks_run_in_sync(data_dir, tmp_path, flags):
+    train(data_dir, tmp_path, *flags, "--epochs", "1", "--warmup-steps", "1")
+    m = read_metrics(tmp_path)
+    assert len(set(m["param_checksums"])) == 1
+    assert m["comm_hook"] == flags[1]
+    if "--accum-steps" in flags:
+        assert m["global_batch"] == 32 * 2 * 2  # local x world x accumulated micro-steps
+        assert m["loader"] == "dataloader"
+        assert m["ddp_static_graph"] is False  # incompatible with no_sync accumulation
 
 
 def test_srun_environment_starts_a_real_process_group(data_dir, tmp_path):

@@ -131,7 +131,6 @@ def test_changing_a_run_flag_reruns_that_run_only(done):
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("hardware.gpus_per_node=3", "does not fit gpus_per_node"),
         ("dataset=imagenet", "dataset"),
         ("repeats=0", "repeats"),
     ],
@@ -142,6 +141,17 @@ def test_bad_config_fails_before_any_job(done, tmp_path, override, message):
     )
     assert proc.returncode != 0
     assert message in proc.stdout + proc.stderr
+
+
+def test_gpu_count_that_does_not_fit_the_nodes_is_refused(done):
+    bad = yaml.safe_load(yaml.safe_dump(TINY))
+    bad["hardware"]["gpus_per_node"] = 3
+    bad["families"]["strong"]["gpus"] = [1, 2, 4]  # 4 ranks: neither <= 3 nor whole nodes of 3
+    write_config(done / "bad.yaml", bad)
+    proc = snakemake(done, "--configfile", "bad.yaml", "-n", check=False)
+    assert proc.returncode != 0
+    out = proc.stdout + proc.stderr
+    assert "families.strong.gpus[2]" in out and "does not fit gpus_per_node" in out
 
 
 def test_unknown_key_is_refused(done):

@@ -13,7 +13,16 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-COPIED = ("Snakefile", "workflow", "config", "containers", "profiles", "src", "pyproject.toml")
+COPIED = (
+    "Snakefile",
+    "workflow",
+    "config",
+    "containers",
+    "profiles",
+    "src",
+    "pyproject.toml",
+    "README.md",
+)
 STAND_INS = REPO / "tests" / "stand-ins"
 
 
@@ -110,6 +119,8 @@ TINY = {
         "width": 4,
         "epochs": 1,
         "local_batch": 32,
+        "precision": "fp32",  # set: keys left out come from config/config.yaml (bf16)
+        "target_acc": None,
         "warmup_steps": 1,
         "comm_probe_steps": 1,
         "num_workers": 0,

@@ -142,50 +142,27 @@ def train(cfg: TrainConfig, denv: sdist.DistEnv, device: torch.device) -> dict:
     train_x, train_y = _limit(prepared.train_x, prepared.train_y, cfg.limit_train)
     test_x, test_y = _limit(prepared.test_x, prepared.test_y, cfg.limit_test)
     mean, std = prepared.meta["mean"], prepared.meta["std"]
+    # what both input pipelines and the evaluation loader share: this rank's place and the data
+    placement = dict(
+        local_batch=local_batch, world_size=world_size, rank=rank, seed=cfg.seed, mean=mean, std=std
+    )
     if cfg.loader == "device":
-        train_loader = sdata.DeviceLoader(
-            train_x,
-            train_y,
-            local_batch=local_batch,
-            world_size=world_size,
-            rank=rank,
-            seed=cfg.seed,
-            train=True,
-            device=device,
-            mean=mean,
-            std=std,
-        )
+        train_loader = sdata.DeviceLoader(train_x, train_y, train=True, device=device, **placement)
         micro_steps = train_loader.steps_per_epoch
         sampler = None
     else:
         train_loader, sampler = sdata.make_dataloader(
             train_x,
             train_y,
-            local_batch=local_batch,
-            world_size=world_size,
-            rank=rank,
-            seed=cfg.seed,
             train=True,
-            mean=mean,
-            std=std,
             num_workers=cfg.num_workers,
             pin_memory=cfg.pin_memory and cuda,
             persistent_workers=cfg.persistent_workers,
             prefetch_factor=cfg.prefetch_factor,
+            **placement,
         )
         micro_steps = len(train_loader)
-    eval_loader = sdata.DeviceLoader(
-        test_x,
-        test_y,
-        local_batch=local_batch,
-        world_size=world_size,
-        rank=rank,
-        seed=cfg.seed,
-        train=False,
-        device=device,
-        mean=mean,
-        std=std,
-    )
+    eval_loader = sdata.DeviceLoader(test_x, test_y, train=False, device=device, **placement)
     steps_per_epoch = math.ceil(micro_steps / cfg.accum_steps)
     total_steps = steps_per_epoch * cfg.epochs
     if total_steps <= cfg.warmup_steps:
@@ -394,6 +371,7 @@ def train(cfg: TrainConfig, denv: sdist.DistEnv, device: torch.device) -> dict:
         "local_batch": local_batch,
         "global_batch": global_batch,
         "peak_lr": peak_lr,
+        "ddp_static_graph": ddp_static_graph(cfg),
         "steps_per_epoch": steps_per_epoch,
         "throughput_img_s": throughput,
         "throughput_img_s_per_rank": throughput / world_size,
@@ -443,7 +421,10 @@ def wrap_model(model: torch.nn.Module, cfg: TrainConfig, device: torch.device):
             device_ids=[device.index] if device.type == "cuda" else None,
             bucket_cap_mb=cfg.bucket_cap_mb,  # MiB of gradients per all-reduce
             gradient_as_bucket_view=True,  # grads alias the buckets: no extra copy
-            static_graph=cfg.static_graph,
+            # static_graph records the first iteration; if that runs under no_sync (gradient
+            # accumulation) the reducer asserts (torch 2.14: "expect_autograd_hooks_"), so the
+            # static graph is used only without accumulation (metrics: ddp_static_graph)
+            static_graph=ddp_static_graph(cfg),
         )
         register_comm_hook(ddp, cfg.comm_hook)
         return ddp, ddp.no_sync
@@ -468,6 +449,10 @@ def wrap_model(model: torch.nn.Module, cfg: TrainConfig, device: torch.device):
     for tensor in model.state_dict().values():
         dist.broadcast(tensor, src=0)
     return model, contextlib.nullcontext
+
+
+def ddp_static_graph(cfg: TrainConfig) -> bool:
+    return cfg.strategy == "ddp" and cfg.static_graph and cfg.accum_steps == 1
 
 
 def register_comm_hook(ddp: DDP, hook: str) -> None:
