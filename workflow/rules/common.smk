@@ -2,6 +2,8 @@
 # the scalestudy package (studyconfig.py, matrix.py), unit-tested there.
 import sys
 
+from snakemake.exceptions import WorkflowError
+
 try:
     from scalestudy import matrix, studyconfig
 except ImportError as exc:
