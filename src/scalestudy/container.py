@@ -360,7 +360,12 @@ def git_commit(cwd: str | os.PathLike = ".") -> str:
     """HEAD's sha, with '-dirty' when tracked files differ from it; 'unknown' outside git."""
     try:
         sha = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, check=True
+            ["git", "rev-parse", "HEAD"],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
         ).stdout.strip()
         dirty = subprocess.run(
             ["git", "status", "--porcelain", "--untracked-files=no"],
@@ -368,8 +373,9 @@ def git_commit(cwd: str | os.PathLike = ".") -> str:
             capture_output=True,
             text=True,
             check=True,
+            timeout=10,
         ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
+    except (OSError, subprocess.SubprocessError):  # no git, not a checkout, or a hung git
         return "unknown"
     return f"{sha}-dirty" if dirty else sha
 

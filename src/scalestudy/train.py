@@ -38,7 +38,6 @@ import os
 import platform
 import resource
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -730,25 +729,10 @@ def git_commit() -> str | None:
     """The commit of the code that ran: from the container label, else from the source tree."""
     if os.environ.get("SCALESTUDY_GIT_COMMIT"):
         return os.environ["SCALESTUDY_GIT_COMMIT"]
-    here = Path(__file__).resolve().parent
-    try:
-        sha = subprocess.run(
-            ["git", "-C", str(here), "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return sha + ("-dirty" if dirty else "")
+    from scalestudy.container import git_commit as tree_commit
+
+    sha = tree_commit(Path(__file__).resolve().parent)
+    return None if sha == "unknown" else sha
 
 
 def nccl_version() -> str | None:
