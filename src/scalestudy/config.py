@@ -79,11 +79,11 @@ class TrainConfig:
             choices = f.metadata.get("choices")
             value = getattr(self, f.name)
             if choices and value not in choices:
-                raise ValueError(f"--{_flag(f.name)}: {value!r} is not one of {list(choices)}")
+                raise ValueError(f"--{flag_name(f.name)}: {value!r} is not one of {list(choices)}")
         positive = ("width", "local_batch", "accum_steps", "epochs", "prefetch_factor")
         for name in positive:
             if getattr(self, name) < 1:
-                raise ValueError(f"--{_flag(name)} must be >= 1, got {getattr(self, name)}")
+                raise ValueError(f"--{flag_name(name)} must be >= 1, got {getattr(self, name)}")
         non_negative = (
             "limit_train",
             "limit_test",
@@ -97,7 +97,7 @@ class TrainConfig:
         )
         for name in non_negative:
             if getattr(self, name) < 0:
-                raise ValueError(f"--{_flag(name)} must be >= 0, got {getattr(self, name)}")
+                raise ValueError(f"--{flag_name(name)} must be >= 0, got {getattr(self, name)}")
         if self.bucket_cap_mb <= 0:
             raise ValueError(f"--bucket-cap-mb must be > 0 MiB, got {self.bucket_cap_mb}")
         if self.pg_timeout_s <= 0:
@@ -146,13 +146,15 @@ class TrainConfig:
         return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
 
 
-def _flag(name: str) -> str:
+def flag_name(name: str) -> str:
+    """The `scalestudy train` flag of a TrainConfig field (no leading dashes): local_batch ->
+    local-batch."""
     return name.replace("_", "-")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     for f in dataclasses.fields(TrainConfig):
-        flag, meta = f"--{_flag(f.name)}", f.metadata
+        flag, meta = f"--{flag_name(f.name)}", f.metadata
         if isinstance(f.default, bool):
             parser.add_argument(
                 flag, action=argparse.BooleanOptionalAction, default=f.default, help=meta["help"]

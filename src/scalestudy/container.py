@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import difflib
+import functools
 import hashlib
 import os
 import re
@@ -359,22 +360,11 @@ INSTALL_HELP = (
 def git_commit(cwd: str | os.PathLike = ".") -> str:
     """HEAD's sha, with '-dirty' when tracked files differ from it; 'unknown' outside git."""
     try:
-        sha = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            cwd=cwd,
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=10,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=cwd,
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=10,
-        ).stdout.strip()
+        git = functools.partial(
+            subprocess.run, cwd=cwd, capture_output=True, text=True, check=True, timeout=10
+        )
+        sha = git(["git", "rev-parse", "HEAD"]).stdout.strip()
+        dirty = git(["git", "status", "--porcelain", "--untracked-files=no"]).stdout.strip()
     except (OSError, subprocess.SubprocessError):  # no git, not a checkout, or a hung git
         return "unknown"
     return f"{sha}-dirty" if dirty else sha

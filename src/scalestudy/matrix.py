@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import hashlib
 import io
 import os
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from scalestudy.atomic import atomic_open
+from scalestudy.config import TrainConfig, flag_name
 
 FAMILIES = ("strong", "weak", "precision", "bucket")
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
@@ -65,60 +67,16 @@ RUN_COLUMNS = (
     "pg_timeout_s",
 )
 
-# row column -> `scalestudy train` flag, in argv order; --compile and --target-acc are conditional
+# Run columns passed to `scalestudy train` as `--<column with dashes>` (the flag rule of
+# config.py, so they are the trainer's own fields), in RUN_COLUMNS order. Not passed: compile and
+# target_acc (added only when set), device and global_batch (the trainer picks the device and
+# derives the global batch from local_batch x world size x accum_steps).
+_NOT_PASSED = frozenset({"compile", "target_acc", "device", "global_batch"})
 TRAIN_FLAGS = {
-    "dataset": "--dataset",
-    "model": "--model",
-    "width": "--width",
-    "epochs": "--epochs",
-    "local_batch": "--local-batch",
-    "accum_steps": "--accum-steps",
-    "precision": "--precision",
-    "strategy": "--strategy",
-    "bucket_cap_mb": "--bucket-cap-mb",
-    "comm_hook": "--comm-hook",
-    "loader": "--loader",
-    "num_workers": "--num-workers",
-    "lr": "--lr",
-    "schedule": "--schedule",
-    "warmup_epochs": "--warmup-epochs",
-    "label_smoothing": "--label-smoothing",
-    "weight_decay": "--weight-decay",
-    "momentum": "--momentum",
-    "clip_grad": "--clip-grad",
-    "seed": "--seed",
-    "warmup_steps": "--warmup-steps",
-    "comm_probe_steps": "--comm-probe-steps",
-    "limit_train": "--limit-train",
-    "limit_test": "--limit-test",
-    "pg_timeout_s": "--pg-timeout-s",
+    column: f"--{flag_name(column)}"
+    for column in RUN_COLUMNS
+    if column in {f.name for f in dataclasses.fields(TrainConfig)} and column not in _NOT_PASSED
 }
-
-# train keys copied unchanged into every row
-_TRAIN_COPIED = (
-    "accum_steps",
-    "strategy",
-    "comm_hook",
-    "epochs",
-    "model",
-    "width",
-    "loader",
-    "num_workers",
-    "compile",
-    "lr",
-    "schedule",
-    "warmup_epochs",
-    "label_smoothing",
-    "weight_decay",
-    "momentum",
-    "clip_grad",
-    "target_acc",
-    "warmup_steps",
-    "comm_probe_steps",
-    "limit_train",
-    "limit_test",
-    "pg_timeout_s",
-)
 
 # column types for reading runs.tsv back; every other column is a string
 _INT_COLUMNS = frozenset(
@@ -201,7 +159,8 @@ def _requests(config: dict) -> list[tuple[str, int, int, str, Any]]:
 def _row(config: dict, world_size: int, local_batch: int, precision: str, bucket, repeat: int):
     hw, train = config["hardware"], config["train"]
     nodes, ranks_per_node = placement(world_size, hw["gpus_per_node"])
-    values = {name: train[name] for name in _TRAIN_COPIED}
+    # every run column that is a train key (defaults filled); the per-run ones are set below
+    values = {name: train[name] for name in RUN_COLUMNS if name in train}
     values.update(
         run=run_id(world_size, local_batch, precision, train["strategy"], bucket, repeat),
         families="",
