@@ -3,26 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from workflow_helpers import child_env
 
 REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
-
-
-def child_env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    # no launcher variables leak from the test runner into the ranks it starts
-    for key in list(env):
-        if key.startswith(("SLURM_", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_", "GROUP_")):
-            env.pop(key)
-    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    env.update(extra)
-    return env
 
 
 @pytest.fixture(scope="session")

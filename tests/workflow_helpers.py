@@ -47,18 +47,22 @@ def write_config(path: Path, config: dict) -> Path:
     return path
 
 
-def env(stand_ins: bool = False, **extra: str) -> dict[str, str]:
-    e = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("SLURM_", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_"))
-    }
-    path = [str(BIN), e.get("PATH", "")]
-    if stand_ins:  # the Apptainer stand-in (tests/stand-ins/apptainer), clearly not the real one
-        path.insert(0, str(STAND_INS))
-    e.update(PATH=os.pathsep.join(path), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+def child_env(**extra: str) -> dict[str, str]:
+    """This environment for a child process: no launcher variables of the test runner leak into
+    the ranks or jobs it starts; one intra-op thread; unbuffered output."""
+    launcher = ("SLURM_", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_", "GROUP_")
+    e = {k: v for k, v in os.environ.items() if not k.startswith(launcher)}
+    e.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     e.update(extra)
     return e
+
+
+def env(stand_ins: bool = False, **extra: str) -> dict[str, str]:
+    """child_env with this venv's bin (snakemake, scalestudy) first on PATH."""
+    path = [str(BIN), os.environ.get("PATH", "")]
+    if stand_ins:  # the Apptainer stand-in (tests/stand-ins/apptainer), clearly not the real one
+        path.insert(0, str(STAND_INS))
+    return child_env(**{"PATH": os.pathsep.join(path), **extra})
 
 
 def snakemake(
