@@ -690,3 +690,54 @@ def window_flags(row: dict, start_step: int, steps: int) -> dict[str, str]:
         "--comm-probe-steps": "0",
         "--profile-steps": f"{start_step}:{end}",
     }
+
+
+def config_problems(config: dict) -> list[str]:
+    """Checks of the `profiling:` section a schema cannot express (studyconfig calls this)."""
+    prof = config.get("profiling") or {}
+    if not prof.get("enabled"):
+        return []
+    problems = []
+    cpu = config["hardware"]["device"] == "cpu"
+    if cpu and prof["tool"] == "nsys":
+        problems.append(
+            "config key 'profiling.tool': value \"nsys\" is not allowed: Nsight Systems needs a "
+            'GPU and hardware.device is "cpu"; use auto or torch'
+        )
+    if cpu and prof["ncu"]["enabled"] is True:
+        problems.append(
+            "config key 'profiling.ncu.enabled': value true is not allowed: Nsight Compute needs "
+            'a GPU and hardware.device is "cpu"; use auto or false'
+        )
+    from scalestudy.matrix import build_run_table
+
+    rows = build_run_table(config)
+    problems += window_problems(config, rows)
+    if not profiled_runs(config, rows):
+        sizes = prof["gpus"] or sorted({1, config["hardware"]["gpus_per_node"]})
+        problems.append(
+            f"config key 'profiling.gpus': value {json.dumps(prof['gpus'])} is not allowed: no "
+            f"run of the study has world size in {sizes} and precision in "
+            f"{prof['precisions']} (profiling.precisions); pick world sizes and precisions "
+            "the families run, or set profiling.enabled: false"
+        )
+    return problems
+
+
+def window_problems(config: dict, rows: list[dict]) -> list[str]:
+    """The window must fit the data: a profiled epoch holds start_step + steps + 1 steps."""
+    from scalestudy.studyconfig import _train_size
+
+    prof = config["profiling"]
+    n_train, source = _train_size(config)
+    problems = []
+    for row in profiled_runs(config, rows):
+        need = (prof["start_step"] + prof["steps"] + 1) * row["global_batch"]
+        if need > n_train:
+            problems.append(
+                f"config key 'profiling.start_step': value {prof['start_step']} is not allowed: "
+                f"run {row['run']} would need (start_step {prof['start_step']} + steps "
+                f"{prof['steps']} + 1) x global batch {row['global_batch']} = {need} training "
+                f"images, more than the {n_train} of {source}; profile earlier or fewer steps"
+            )
+    return problems
