@@ -726,10 +726,14 @@ def config_problems(config: dict) -> list[str]:
 
 def window_problems(config: dict, rows: list[dict]) -> list[str]:
     """The window must fit the data: a profiled epoch holds start_step + steps + 1 steps."""
-    from scalestudy.studyconfig import _train_size
+    from scalestudy.studyconfig import DATASET_TRAIN_SIZES
 
     prof = config["profiling"]
-    n_train, source = _train_size(config)
+    # the profiling job sets its own --limit-train, so only the dataset itself bounds it
+    if config["dataset"] == "synthetic":
+        n_train, source = config["synthetic"]["num_train"], "synthetic.num_train"
+    else:
+        n_train, source = DATASET_TRAIN_SIZES[config["dataset"]], f"the {config['dataset']} set"
     problems = []
     for row in profiled_runs(config, rows):
         need = (prof["start_step"] + prof["steps"] + 1) * row["global_batch"]
