@@ -27,7 +27,7 @@ FIX = Path(__file__).parent / "fixtures" / "nsight"
 REPO = Path(__file__).resolve().parents[1]
 
 
-# --- classifier on real kernel / op names -----------------------------------------------------
+# --- classifier on real kernel / op names -----
 @pytest.mark.parametrize(
     "name, category",
     [
@@ -44,7 +44,8 @@ REPO = Path(__file__).resolve().parents[1]
             "conv",
         ),
         (
-            "void cutlass_cudnn_train::Kernel<cutlass_tensorop_bf16_s16816fprop_optimized>(T1::Params)",
+            "void cutlass_cudnn_train::Kernel<cutlass_tensorop_bf16_s16816fprop_optimized>"
+            "(T1::Params)",
             "conv",
         ),
         (
@@ -98,7 +99,8 @@ REPO = Path(__file__).resolve().parents[1]
             "reduce",
         ),
         (
-            "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<TensorListMetadata<2>>",
+            "void at::native::(anonymous namespace)::multi_tensor_apply_kernel"
+            "<TensorListMetadata<2>>",
             "optimizer",
         ),
         ("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096>)", "nccl"),
@@ -143,7 +145,7 @@ def test_numbers_with_separators_and_units(text, value, unit):
         profiling.parse_number("n/a")
 
 
-# --- nsys stats ---------------------------------------------------------------------------------
+# --- nsys stats -----
 def test_nsys_new_report_names_two_ranks():
     kernels, ranges = profiling.parse_nsys(FIX / "nsys-2024.5", "w2_run")
     assert {r["rank"] for r in kernels} == {0, 1}
@@ -264,7 +266,7 @@ def test_cli_parse_nsys_writes_both_schemas(tmp_path):
     assert tuple(r[0]) == profiling.RANGE_COLUMNS and len(r) == 8
 
 
-# --- ncu ------------------------------------------------------------------------------------------
+# --- ncu -----
 def test_ncu_details_2025_rule_rows_trailing_commas_separators():
     rows = {
         r["kernel"][:30]: r for r in profiling.parse_ncu(FIX / "ncu-2025.1" / "ncu_k0.csv", "w1")
@@ -296,7 +298,7 @@ def test_truncated_ncu_file_is_an_error_naming_the_file():
         profiling.parse_ncu(FIX / "broken" / "ncu_truncated.csv", "r")
 
 
-# --- torch.profiler export ------------------------------------------------------------------------
+# --- torch.profiler export -----
 def test_torch_export_malformed_json_names_file_and_line(tmp_path):
     f = tmp_path / "torch_ops_rank0.json"
     f.write_text('{"ops": [\n{"name": "aten::add_", "count": 3,\n')
@@ -361,7 +363,7 @@ def test_torch_export_on_gpu_counts_device_time_of_kernels(tmp_path):
     ]
 
 
-# --- commands a cluster runs ------------------------------------------------------------------------
+# --- commands a cluster runs -----
 def test_tool_choice_auto_and_explicit():
     assert capture.choose_tool("auto", "cuda", "/opt/nsys/bin/nsys")[0] == "nsys"
     tool, why = capture.choose_tool("auto", "cuda", None)
@@ -398,7 +400,10 @@ def test_nsys_commands():
 
 
 def test_ncu_command_targets_one_kernel_from_the_window():
-    name = "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, std::array<char *, 1>>(int, T2, T3)"
+    name = (
+        "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, "
+        "std::array<char *, 1>>(int, T2, T3)"
+    )
     assert capture.kernel_base_name(name) == "vectorized_elementwise_kernel"
     assert (
         capture.kernel_base_name("sm90_xmma_fprop_implicit_gemm_bf16")
@@ -491,7 +496,7 @@ def test_launch_puts_the_rank_wrapper_around_each_rank():
     assert "--no-python" not in plain
 
 
-# --- config and run selection ----------------------------------------------------------------------
+# --- config and run selection -----
 def test_default_selection_is_one_gpu_and_one_node_bf16_fp32():
     cfg = load_and_validate(REPO / "config" / "config.yaml")
     chosen = profiling.profiled_runs(cfg, build_run_table(cfg))
@@ -521,7 +526,7 @@ def test_bad_profiling_config_names_the_key(override, message):
         load_and_validate(REPO / "config" / "demo.yaml", overrides=["dataset=synthetic", *override])
 
 
-# --- real captures on CPU ----------------------------------------------------------------------------
+# --- real captures on CPU -----
 def _capture(data_dir, out, *extra, tool="auto", device="cpu", path_extra=None):
     env = child_env()
     if path_extra:
@@ -560,7 +565,7 @@ def _capture(data_dir, out, *extra, tool="auto", device="cpu", path_extra=None):
         "--epochs",
         "1",
         "--limit-train",
-        "112",
+        "192",
         "--limit-test",
         "32",
         "--warmup-steps",
@@ -632,7 +637,7 @@ def test_nsys_path_through_the_stand_in(data_dir, tmp_path):
     assert proc.returncode == 2 and "not on PATH" in proc.stderr
 
 
-# --- the DAG ---------------------------------------------------------------------------------------
+# --- the DAG -----
 @pytest.fixture(scope="module")
 def repo_copy(tmp_path_factory):
     return copy_repo(tmp_path_factory.mktemp("prof-wf"))
