@@ -20,6 +20,7 @@ include: "workflow/rules/container.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/collect.smk"
+include: "workflow/rules/profile.smk"
 
 
 rule all:
@@ -27,3 +28,4 @@ rule all:
         "results/matrix/runs.tsv",
         "results/csv/runs.csv",
         "results/csv/epochs.csv",
+        get_profile_targets,

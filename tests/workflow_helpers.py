@@ -138,6 +138,7 @@ TINY = {
         "bucket": {"enabled": True, "gpus": 2, "bucket_cap_mb": [1, 25], "local_batch": [32]},
     },
     "container": {"enabled": True},
+    "profiling": {"enabled": False},  # profiling is tested in tests/test_profiling.py
 }
 RUN_IDS = {
     "w1_lb32_fp32_ddp_bk25_r0",

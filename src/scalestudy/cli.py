@@ -17,6 +17,10 @@ SUBCOMMANDS = {
     "launch": ("scalestudy.launch", "start the ranks of one run: srun in Slurm, processes locally"),
     "matrix": ("scalestudy.matrix", "write the run table of a study config"),
     "collect": ("scalestudy.collect", "gather all runs' metrics into results/csv"),
+    "profile": ("scalestudy.capture", "profiling jobs: capture, parse, ncu, merge (nsys/torch)"),
+    "parse-nsys": ("scalestudy.parse_nsys", "nsys stats CSVs -> profile kernels/ranges CSV"),
+    "parse-ncu": ("scalestudy.parse_ncu", "ncu --page details CSV -> profile_ncu CSV"),
+    "inventory": ("scalestudy.inventory", "system inventory of this node/allocation -> JSON"),
 }
 
 

@@ -44,6 +44,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="Apptainer image: run each rank in `apptainer exec --nv IMAGE`",
     )
     parser.add_argument("--gpu", action="store_true", help="pass --nv to apptainer")
+    parser.add_argument(
+        "--rank-prefix",
+        default=None,
+        help="command (one shell-quoted string) every rank runs the trainer under, e.g. the "
+        "profiler wrapper `python -m scalestudy profile rank ... --` (capture.py)",
+    )
     parser.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
     parser.add_argument(
         "train_args", nargs=argparse.REMAINDER, help="-- then the flags of `scalestudy train`"
@@ -63,6 +69,9 @@ def build_command(args: argparse.Namespace, env: dict[str, str]) -> list[str]:
         from scalestudy.container import exec_prefix
 
         python = [*exec_prefix(args.container, gpu=args.gpu), "python"]
+    # a per-rank wrapper (profiler) goes outside the container: nsys/ncu live on the host
+    prefix = shlex.split(args.rank_prefix) if getattr(args, "rank_prefix", None) else []
+    python = [*prefix, *python]
     if args.nodes * args.ranks_per_node == 1:
         # one rank: no launcher at all. In Slurm this is a plain job (the executor refuses MPI
         # jobs of one task) whose shell already runs inside `srun -n1`: a nested srun would wait
@@ -91,6 +100,20 @@ def build_command(args: argparse.Namespace, env: dict[str, str]) -> list[str]:
             "study on a cluster (`snakemake --executor slurm -j 20` or --profile profiles/slurm), "
             "or choose world sizes <= hardware.gpus_per_node for a single machine"
         )
+    if prefix:  # torchrun starts the wrapper itself, which starts python
+        return [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={args.ranks_per_node}",
+            "--no-python",
+            *python,
+            "-m",
+            "scalestudy",
+            "train",
+            *train_args,
+        ]
     return [
         *python,
         "-m",

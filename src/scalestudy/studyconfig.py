@@ -317,6 +317,10 @@ def semantic_problems(config: dict) -> list[str]:
         for lb in fam["local_batch"]:
             check_batch("families.bucket.gpus", fam["gpus"], lb)
 
+    if not problems:  # the profiled runs are chosen from the run table, which needs the above
+        from scalestudy.profiling import config_problems
+
+        problems += config_problems(config)
     return problems
 
 

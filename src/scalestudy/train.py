@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import functools
 import math
 import os
 import platform
@@ -206,7 +207,7 @@ def train(cfg: TrainConfig, denv: sdist.DistEnv, device: torch.device) -> dict:
     scaler = torch.amp.GradScaler(device.type, enabled=cfg.precision == "fp16")
 
     timer = StepTimer(device)
-    nvml = NvmlSampler(device) if cuda else None
+    nvml = NvmlSampler(device, out=Path(cfg.out), rank=rank) if cuda else None
     profiler = Profiler(cfg, device, rank)
     history: list[dict] = []
     window_images = 0  # images this rank processed inside the steady-state window
@@ -626,12 +627,19 @@ class StepTimer:
 
 
 class Profiler:
-    """--profile-steps A:B: cudaProfilerStart/Stop on GPU (an nsys capture range), torch.profiler
-    on CPU (table and trace saved in --out/profile/)."""
+    """--profile-steps A:B profiles optimizer steps A..B-1.
+
+    On a GPU: cudaProfilerStart/Stop around the window, the capture range of `nsys profile
+    --capture-range=cudaProfilerApi` and `ncu --profile-from-start off`. On a CPU, or on a GPU when
+    SCALESTUDY_PROFILER=torch (set by `scalestudy profile capture` where nsys is missing):
+    torch.profiler over the window, saved in --out/profile/ as torch_ops_rank{r}.json (key_averages,
+    machine-readable: profiling.parse_torch), torch_ops_rank{r}.txt (the table) and
+    trace_rank{r}.json (chrome trace).
+    """
 
     def __init__(self, cfg: TrainConfig, device: torch.device, rank: int) -> None:
         self.window = cfg.profile_window()
-        self.cuda = device.type == "cuda"
+        self.cuda_api = device.type == "cuda" and os.environ.get("SCALESTUDY_PROFILER") != "torch"
         self.device = device
         self.dir = Path(cfg.out) / "profile"
         self.rank = rank
@@ -641,10 +649,13 @@ class Profiler:
         if not self.window or step != self.window[0]:
             return
         _sync(self.device)
-        if self.cuda:
+        if self.cuda_api:
             torch.cuda.profiler.start()
         else:
-            self.prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            if self.device.type == "cuda":
+                activities.append(torch.profiler.ProfilerActivity.CUDA)
+            self.prof = torch.profiler.profile(activities=activities)
             self.prof.__enter__()
 
     def after_step(self, step: int) -> None:
@@ -655,12 +666,18 @@ class Profiler:
         if not self.window:
             return
         _sync(self.device)
-        if self.cuda:
+        if self.cuda_api:
             torch.cuda.profiler.stop()
         elif self.prof is not None:
+            from scalestudy.profiling import torch_ops_export
+
             self.prof.__exit__(None, None, None)
             self.dir.mkdir(parents=True, exist_ok=True)
-            table = self.prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=50)
+            averages = self.prof.key_averages()
+            atomic.write_json(
+                self.dir / f"torch_ops_rank{self.rank}.json", torch_ops_export(averages)
+            )
+            table = averages.table(sort_by="self_cpu_time_total", row_limit=50)
             atomic.write_text(self.dir / f"torch_ops_rank{self.rank}.txt", table + "\n")
             trace = self.dir / f"trace_rank{self.rank}.json"
             tmp = trace.with_suffix(".json.tmp")
@@ -670,31 +687,90 @@ class Profiler:
         self.window = None
 
 
-class NvmlSampler:
-    """Mean GPU utilisation of this rank's device, sampled every 0.5 s; None without NVML."""
+GPU_SAMPLE_COLUMNS = (
+    "time_s",
+    "unix_time_s",
+    "rank",
+    "gpu",
+    "util_pct",
+    "mem_util_pct",
+    "mem_used_mb",
+    "sm_clock_mhz",
+    "mem_clock_mhz",
+    "power_w",
+)
 
-    def __init__(self, device: torch.device, interval_s: float = 0.5) -> None:
-        self.index, self.interval = device.index, interval_s
-        self.samples: list[int] = []
+
+def nvml_read(pynvml, handle) -> dict:
+    """One NVML sample of a device: utilisation %, memory used MiB, clocks MHz, power W."""
+    util = pynvml.nvmlDeviceGetUtilizationRates(handle)
+    return {
+        "util_pct": util.gpu,
+        "mem_util_pct": util.memory,
+        "mem_used_mb": pynvml.nvmlDeviceGetMemoryInfo(handle).used / 2**20,
+        "sm_clock_mhz": pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
+        "mem_clock_mhz": pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM),
+        "power_w": pynvml.nvmlDeviceGetPowerUsage(handle) / 1e3,  # NVML reports mW
+    }
+
+
+class NvmlSampler:
+    """This rank's GPU sampled every 0.5 s (GPU_SAMPLE_COLUMNS) during training.
+
+    stop() returns the mean utilisation (None without NVML, never a made-up 0) and, given `out`,
+    writes the time series to out/gpu_samples_rank{rank}.csv (time_s: seconds since start()).
+    `read(handle) -> dict` is nvml_read unless given (tests pass a stand-in: no GPU there).
+    """
+
+    def __init__(
+        self,
+        device: torch.device,
+        interval_s: float = 0.5,
+        out: Path | None = None,
+        rank: int = 0,
+        read=None,
+    ) -> None:
+        self.index, self.interval = device.index or 0, interval_s
+        self.out, self.rank, self.read = out, rank, read
+        self.samples: list[dict] = []
         self.stop_event = threading.Event()
         self.thread: threading.Thread | None = None
+        self.physical = self.index
 
     def start(self) -> None:
-        try:
-            import pynvml
+        # NVML counts devices physically; map through CUDA_VISIBLE_DEVICES when it is set
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        with contextlib.suppress(ValueError, IndexError):
+            self.physical = int(visible.split(",")[self.index]) if visible else self.index
+        handle = None
+        if self.read is None:
+            try:
+                import pynvml
 
-            pynvml.nvmlInit()
-            # NVML counts devices physically; map through CUDA_VISIBLE_DEVICES when it is set
-            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-            physical = int(visible.split(",")[self.index]) if visible else self.index
-            handle = pynvml.nvmlDeviceGetHandleByIndex(physical)
-        except Exception as exc:  # no NVML: the value stays null, never a made-up 0
-            print(f"NVML unavailable ({exc}); gpu_util_mean will be null", file=sys.stderr)
-            return
+                pynvml.nvmlInit()
+                handle = pynvml.nvmlDeviceGetHandleByIndex(self.physical)
+                self.read = functools.partial(nvml_read, pynvml)
+            except Exception as exc:  # no NVML: the value stays null, never a made-up 0
+                print(f"NVML unavailable ({exc}); gpu_util_mean will be null", file=sys.stderr)
+                return
+        t0 = time.monotonic()
 
         def loop() -> None:
             while not self.stop_event.wait(self.interval):
-                self.samples.append(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+                try:
+                    sample = self.read(handle)
+                except Exception as exc:  # a failing query ends sampling, never training
+                    print(f"NVML sampling stopped: {exc}", file=sys.stderr)
+                    return
+                self.samples.append(
+                    {
+                        "time_s": time.monotonic() - t0,
+                        "unix_time_s": time.time(),
+                        "rank": self.rank,
+                        "gpu": self.physical,
+                        **sample,
+                    }
+                )
 
         self.thread = threading.Thread(target=loop, daemon=True)
         self.thread.start()
@@ -704,7 +780,15 @@ class NvmlSampler:
             return None
         self.stop_event.set()
         self.thread.join()
-        return statistics.fmean(self.samples) if self.samples else None
+        if self.out is not None:
+            lines = [",".join(GPU_SAMPLE_COLUMNS)]
+            for s in self.samples:
+                lines.append(",".join(f"{s[c]:.6g}" for c in GPU_SAMPLE_COLUMNS))
+            atomic.write_text(
+                Path(self.out) / f"gpu_samples_rank{self.rank}.csv", "\n".join(lines) + "\n"
+            )
+        util = [s["util_pct"] for s in self.samples]
+        return statistics.fmean(util) if util else None
 
 
 def peak_memory_mb(device: torch.device) -> float:

@@ -36,6 +36,9 @@ localrules:
     prepare_data,
     collect,
     build_container,
+    profile_parse,
+    profile_collect,
+    profile_collect_ncu,
 
 
 onstart:
@@ -140,3 +143,50 @@ def get_mem_mb(wildcards):
 def get_threads(wildcards):
     # locally: the cores the run occupies, so the local scheduler never oversubscribes
     return get_run(wildcards)["world_size"] * config["hardware"]["cpus_per_rank"]
+
+
+# --- profiling (workflow/rules/profile.smk): chosen runs again, for a short window, in their own
+# jobs and directories; the choice and the window flags live in scalestudy.profiling.
+from scalestudy import profiling
+
+PROFILING = config["profiling"]
+PROFILED = {
+    row["run"]: row for row in profiling.profiled_runs(config, list(RUNS.values()))
+}
+NCU = (
+    PROFILING["ncu"]["enabled"] is not False and config["hardware"]["device"] == "cuda"
+)
+
+
+def get_profile_targets(wildcards):
+    """The merged profile CSVs for `rule all`; none when profiling is off."""
+    if not PROFILED:
+        return []
+    targets = ["results/csv/profile_kernels.csv", "results/csv/profile_ranges.csv"]
+    return targets + (["results/csv/profile_ncu.csv"] if NCU else [])
+
+
+def get_profile_flags(wildcards):
+    """The run's trainer flags, then the window's (argparse: the last value of a flag wins)."""
+    row = get_run(wildcards)
+    window = profiling.window_flags(row, PROFILING["start_step"], PROFILING["steps"])
+    return [*matrix.trainer_args(row), *(x for kv in window.items() for x in kv)]
+
+
+def get_profile_tool(wildcards):
+    return {
+        "tool": PROFILING["tool"],
+        "ranks": PROFILING["nsys_ranks"],
+        "trace": PROFILING["nsys_trace"],
+        "device": config["hardware"]["device"],
+    }
+
+
+def get_ncu_settings(wildcards):
+    ncu = PROFILING["ncu"]
+    return {
+        "enabled": "true" if ncu["enabled"] is True else "auto",
+        "top_k": ncu["top_k"],
+        "skip": ncu["launch_skip"],
+        "count": ncu["launch_count"],
+    }

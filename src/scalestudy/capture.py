@@ -1,0 +1,431 @@
+"""`scalestudy profile ...`: profiling jobs, separate from the timed runs.
+
+    scalestudy profile capture --run R --tool auto|nsys|torch --device cuda|cpu --ranks all|0 \\
+        --out results/profile/R/capture --inventory results/system/R.json \\
+        --nodes N --ranks-per-node K --cpus-per-rank C [--container IMG --gpu] -- <train flags>
+    scalestudy profile parse --capture DIR --run R --out-kernels K.csv --out-ranges R.csv
+    scalestudy profile ncu --run R --kernels K.csv --top-k 5 --launch-skip S --launch-count C \\
+        --out-dir results/profile/R/ncu --out N.csv --enabled auto|true ... -- <train flags>
+    scalestudy profile rank --tool nsys|ncu --ranks all|0 --dir DIR [...] -- CMD...
+    scalestudy profile merge --schema kernels|ranges|ncu --out X.csv IN.csv...
+
+capture: the tool is chosen here, on the compute node, and stated in DIR/tool.json and the log:
+  auto -> nsys when the run is on CUDA and `nsys` is on PATH, else torch.profiler (on the GPU when
+  there is one: SCALESTUDY_PROFILER=torch). An explicit nsys where nsys or CUDA is missing is an
+  error. nsys: every rank (or rank 0) runs under
+      nsys profile --capture-range=cudaProfilerApi --capture-range-end=stop \\
+          --trace=<nsys_trace> --output=DIR/nsys_rank<r> ...
+  (the trainer's --profile-steps A:B opens and closes the range), then
+      nsys stats --report cuda_gpu_kern_sum --report cuda_gpu_mem_time_sum --report nvtx_sum \\
+          --format csv --output DIR/stats/nsys_rank<r> DIR/nsys_rank<r>.nsys-rep
+  (before 2023.1: gpukernsum, gpumemtimesum, nvtxsum). The trainer's own outputs go to DIR/train/,
+  never to results/runs/, so no profiling overhead reaches the throughput figures.
+ncu: rank 0 only (the other ranks run plain; a profiled NCCL kernel would wait forever for its
+  serialised peers, so NCCL kernels are never chosen), one ncu pass per top-K kernel:
+      ncu --profile-from-start off --set full --metrics <FLOP counters> \\
+          --kernel-name-base function \\
+          -k regex:<kernel> --launch-skip S --launch-count C --target-processes all -o DIR/ncu_k<i>
+  then `ncu -i DIR/ncu_k<i>.ncu-rep --csv --page details --print-units base` -> DIR/ncu_k<i>.csv.
+rank: the per-rank wrapper the launcher starts instead of the trainer (rank from SLURM_PROCID or
+  RANK): it execs the profiler around CMD on the profiled ranks and CMD alone on the others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from scalestudy import atomic, profiling
+
+NSYS_TRACE = "cuda,nvtx,osrt,cudnn,cublas"
+NSYS_REPORTS_NEW = ("cuda_gpu_kern_sum", "cuda_gpu_mem_time_sum", "nvtx_sum")
+NSYS_REPORTS_OLD = ("gpukernsum", "gpumemtimesum", "nvtxsum")
+# FLOP counters that --set full does not print in the details page: SASS f/h/d add, mul, fma
+# (a fma is 2 FLOP) and the tensor-core paths (profiling.parse_ncu sums them)
+NCU_METRICS = ",".join(
+    [
+        f"smsp__sass_thread_inst_executed_op_{p}{op}_pred_on.sum"
+        for p in "hfd"
+        for op in ("add", "mul", "fma")
+    ]
+    + ["regex:sm__ops_path_tensor_src_.*\\.sum$"]
+)
+
+
+class ProfileError(RuntimeError):
+    pass
+
+
+# ---------------------------------------------------------------------------------------------
+# pure command construction (unit-tested; the cluster runs exactly these)
+
+
+def choose_tool(requested: str, device: str, nsys_path: str | None) -> tuple[str, str]:
+    """(tool, why): nsys or torch. Explicit nsys without nsys or without CUDA is an error."""
+    if requested == "torch":
+        return "torch", "profiling.tool is torch"
+    if requested == "nsys":
+        if device != "cuda":
+            raise ProfileError(
+                "profiling.tool is nsys but this study runs on CPU (hardware.device: cpu); "
+                "Nsight Systems profiles GPUs: use profiling.tool auto or torch"
+            )
+        if nsys_path is None:
+            raise ProfileError(
+                "profiling.tool is nsys but `nsys` is not on PATH on this node: load the Nsight "
+                "Systems module (e.g. `module load nsight-systems`) or use profiling.tool auto"
+            )
+        return "nsys", f"profiling.tool is nsys ({nsys_path})"
+    if device != "cuda":
+        return "torch", "auto: no GPU (hardware.device: cpu), torch.profiler over the same window"
+    if nsys_path is None:
+        return "torch", "auto: `nsys` not on PATH, torch.profiler (CPU + CUDA) over the same window"
+    return "nsys", f"auto: CUDA and {nsys_path}"
+
+
+def rank_from_env(env: dict[str, str]) -> int:
+    for key in ("SLURM_PROCID", "RANK"):
+        if env.get(key, "").isdigit():
+            return int(env[key])
+    return 0
+
+
+def nsys_profile_command(output_base: str, trace: str, cmd: list[str]) -> list[str]:
+    return [
+        "nsys",
+        "profile",
+        "--capture-range=cudaProfilerApi",
+        "--capture-range-end=stop",
+        f"--trace={trace}",
+        "--sample=none",
+        "--cpuctxsw=none",
+        "--force-overwrite=true",
+        f"--output={output_base}",
+        *cmd,
+    ]
+
+
+def nsys_version(text: str) -> tuple[int, int] | None:
+    """'NVIDIA Nsight Systems version 2023.4.1.97-...' -> (2023, 4)."""
+    m = re.search(r"(\d{4})\.(\d+)", text)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def nsys_stats_command(report: str, output_base: str, version: tuple[int, int] | None) -> list[str]:
+    names = NSYS_REPORTS_OLD if version is not None and version < (2023, 1) else NSYS_REPORTS_NEW
+    argv = ["nsys", "stats"]
+    for name in names:
+        argv += ["--report", name]
+    return [*argv, "--format", "csv", "--force-export=true", "--output", output_base, report]
+
+
+def kernel_base_name(name: str) -> str:
+    """ncu's --kernel-name-base function name of an nsys/torch kernel name:
+    'void at::native::vectorized_elementwise_kernel<4, ...>(int, ...)' ->
+    'vectorized_elementwise_kernel'."""
+    text = name.strip()
+    if text.startswith("void "):
+        text = text[5:]
+    depth, out = 0, ""
+    for ch in text:  # drop template arguments and the parameter list
+        if ch in "<(":
+            if ch == "(" and depth == 0:
+                break
+            depth += 1
+        elif ch in ">)":
+            depth -= 1
+        elif depth == 0:
+            out += ch
+    return out.strip().split("::")[-1].split(" ")[-1]
+
+
+def ncu_command(
+    output_base: str, kernel: str, launch_skip: int, launch_count: int, cmd: list[str]
+) -> list[str]:
+    return [
+        "ncu",
+        "--profile-from-start",
+        "off",
+        "--set",
+        "full",
+        "--metrics",
+        NCU_METRICS,
+        "--kernel-name-base",
+        "function",
+        "--kernel-name",
+        f"regex:^{re.escape(kernel_base_name(kernel))}$",
+        "--launch-skip",
+        str(launch_skip),
+        "--launch-count",
+        str(launch_count),
+        "--target-processes",
+        "all",
+        "--force-overwrite",
+        "--export",
+        output_base,
+        *cmd,
+    ]
+
+
+def ncu_import_command(report: str) -> list[str]:
+    return ["ncu", "--import", report, "--csv", "--page", "details", "--print-units", "base"]
+
+
+def rank_command(args: argparse.Namespace, env: dict[str, str]) -> list[str]:
+    """What one rank runs: the profiler around CMD when this rank is profiled, else CMD."""
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise ProfileError("scalestudy profile rank: no command after --")
+    rank = rank_from_env(env)
+    if args.ranks == "0" and rank != 0:
+        return cmd
+    if args.tool == "nsys":
+        return nsys_profile_command(f"{args.dir}/nsys_rank{rank}", args.trace, cmd)
+    return ncu_command(f"{args.dir}/ncu_k{args.index}", args.kernel, args.skip, args.count, cmd)
+
+
+def rank_prefix(**options: str) -> str:
+    """The `scalestudy profile rank ... --` prefix for `scalestudy launch --rank-prefix`."""
+    argv = [sys.executable, "-m", "scalestudy", "profile", "rank"]
+    for key, value in options.items():
+        argv += [f"--{key}", str(value)]
+    return shlex.join([*argv, "--"])
+
+
+def launch_command(args: argparse.Namespace, prefix: str | None) -> list[str]:
+    from scalestudy import launch
+
+    ns = argparse.Namespace(
+        mpi=args.mpi,
+        nodes=args.nodes,
+        ranks_per_node=args.ranks_per_node,
+        cpus_per_rank=args.cpus_per_rank,
+        container=args.container,
+        gpu=args.gpu,
+        rank_prefix=prefix,
+        train_args=list(args.train_args),
+    )
+    return launch.build_command(ns, dict(os.environ))
+
+
+# ---------------------------------------------------------------------------------------------
+# running
+
+
+def _run(argv: list[str], env: dict[str, str], stdout=None) -> None:
+    print("+ " + shlex.join(argv), flush=True)
+    proc = subprocess.run(argv, env=env, stdout=stdout)
+    if proc.returncode != 0:
+        raise ProfileError(
+            f"{argv[0]} {' '.join(argv[1:3])} ... failed with exit {proc.returncode}"
+        )
+
+
+def _train_args(args: argparse.Namespace, train_dir: Path) -> list[str]:
+    flags = list(args.train_args)
+    if flags and flags[0] == "--":
+        flags = flags[1:]
+    return [*flags, "--out", str(train_dir)]
+
+
+def capture(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tool, why = choose_tool(args.tool, args.device, shutil.which("nsys"))
+    print(f"profile {args.run}: tool {tool} ({why})", flush=True)
+    env = dict(os.environ)
+    env["OMP_NUM_THREADS"] = str(args.cpus_per_rank)
+    if args.inventory:
+        from scalestudy import inventory
+
+        if args.container:
+            from scalestudy.container import DIGEST_ENV, image_digest
+
+            os.environ.setdefault(DIGEST_ENV, image_digest(args.container))
+        atomic.write_json(args.inventory, inventory.collect())
+    train_dir = out / "train"
+    args.train_args = _train_args(args, train_dir)
+    prefix = None
+    if tool == "nsys":
+        prefix = rank_prefix(tool="nsys", ranks=args.ranks, dir=out, trace=args.nsys_trace)
+    else:
+        env["SCALESTUDY_PROFILER"] = "torch"
+    _run(launch_command(args, prefix), env)
+    manifest = {"run": args.run, "tool": tool, "why": why, "ranks": args.ranks}
+    if tool == "nsys":
+        reports = sorted(out.glob("nsys_rank*.nsys-rep"))
+        if not reports:
+            raise ProfileError(
+                f"nsys wrote no report in {out}: did the trainer reach --profile-steps "
+                "(cudaProfilerStart)?"
+            )
+        version = nsys_version(
+            subprocess.run(["nsys", "--version"], capture_output=True, text=True).stdout
+        )
+        (out / "stats").mkdir(exist_ok=True)
+        for rep in reports:
+            base = out / "stats" / rep.name.removesuffix(".nsys-rep")
+            _run(nsys_stats_command(str(rep), str(base), version), env)
+        manifest["nsys_version"] = ".".join(map(str, version)) if version else "unknown"
+        manifest["input"] = "stats"
+    else:
+        manifest["input"] = "train/profile"
+    atomic.write_json(out / "tool.json", manifest)
+    return 0
+
+
+def parse(args: argparse.Namespace) -> int:
+    capture_dir = Path(args.capture)
+    manifest_path = capture_dir / "tool.json"
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise profiling.ProfileFormatError(
+            manifest_path, None, f"unreadable ({exc}); made by `scalestudy profile capture`"
+        ) from exc
+    source = capture_dir / manifest["input"]
+    if manifest["tool"] == "nsys":
+        kernels, ranges = profiling.parse_nsys(source, args.run)
+    else:
+        kernels, ranges = profiling.parse_torch(source, args.run)
+    atomic.write_text(args.out_kernels, profiling.csv_text(profiling.KERNEL_COLUMNS, kernels))
+    atomic.write_text(args.out_ranges, profiling.csv_text(profiling.RANGE_COLUMNS, ranges))
+    print(
+        f"{args.run}: {len(kernels)} kernel rows, {len(ranges)} range rows "
+        f"(tool {manifest['tool']}: {manifest['why']})"
+    )
+    return 0
+
+
+def ncu(args: argparse.Namespace) -> int:
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ncu_path = shutil.which("ncu")
+    if args.device != "cuda" or ncu_path is None:
+        missing = "no GPU (hardware.device: cpu)" if args.device != "cuda" else "`ncu` not on PATH"
+        if args.enabled == "true":
+            raise ProfileError(
+                f"profiling.ncu.enabled is true but {missing}: load Nsight Compute "
+                "(e.g. `module load nsight-compute`) or set profiling.ncu.enabled: auto"
+            )
+        why = f"auto: {missing}, no Nsight Compute metrics for {args.run}"
+        print(why, flush=True)
+        atomic.write_json(out_dir / "tool.json", {"tool": "none", "why": why})
+        atomic.write_text(args.out, profiling.csv_text(profiling.NCU_COLUMNS, []))
+        return 0
+    rows = profiling.read_csv(args.kernels, profiling.KERNEL_COLUMNS)
+    kernels = profiling.top_kernels(rows, args.top_k)
+    if not kernels:
+        raise ProfileError(f"{args.kernels}: no non-NCCL kernel to profile with ncu")
+    env = dict(os.environ)
+    env["OMP_NUM_THREADS"] = str(args.cpus_per_rank)
+    train_args = _train_args(args, out_dir / "train")
+    for i, kernel in enumerate(kernels):
+        args.train_args = list(train_args)
+        prefix = rank_prefix(
+            tool="ncu",
+            ranks="0",
+            dir=out_dir,
+            index=i,
+            kernel=kernel,
+            skip=args.launch_skip,
+            count=args.launch_count,
+        )
+        _run(launch_command(args, prefix), env)
+        with (out_dir / f"ncu_k{i}.csv").open("w") as f:
+            _run(ncu_import_command(str(out_dir / f"ncu_k{i}.ncu-rep")), env, stdout=f)
+    rows = []
+    for i in range(len(kernels)):
+        rows.extend(profiling.parse_ncu(out_dir / f"ncu_k{i}.csv", args.run))
+    atomic.write_json(out_dir / "tool.json", {"tool": "ncu", "why": ncu_path, "kernels": kernels})
+    atomic.write_text(args.out, profiling.csv_text(profiling.NCU_COLUMNS, rows))
+    return 0
+
+
+def rank(args: argparse.Namespace) -> int:
+    cmd = rank_command(args, dict(os.environ))
+    print(f"+ [rank {rank_from_env(dict(os.environ))}] " + shlex.join(cmd), flush=True)
+    os.execvp(cmd[0], cmd)
+
+
+def merge(args: argparse.Namespace) -> int:
+    columns = {
+        "kernels": profiling.KERNEL_COLUMNS,
+        "ranges": profiling.RANGE_COLUMNS,
+        "ncu": profiling.NCU_COLUMNS,
+    }[args.schema]
+    atomic.write_text(args.out, profiling.merge_csvs(args.inputs, columns))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI
+
+
+def _layout(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--run", required=True, help="run id (a row of the run table)")
+    p.add_argument("--device", choices=("cuda", "cpu"), required=True, help="hardware.device")
+    p.add_argument("--mpi", default="srun", help="launcher inside Slurm (srun)")
+    p.add_argument("--nodes", type=int, default=1)
+    p.add_argument("--ranks-per-node", type=int, default=1)
+    p.add_argument("--cpus-per-rank", type=int, default=1)
+    p.add_argument("--container", default=None, help="Apptainer image (scalestudy launch)")
+    p.add_argument("--gpu", action="store_true", help="apptainer --nv")
+    p.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then `scalestudy train` flags")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="action", required=True)
+    p = sub.add_parser("capture", help="run the profiled window of one run")
+    p.add_argument("--tool", choices=("auto", "nsys", "torch"), default="auto")
+    p.add_argument("--ranks", choices=("all", "0"), default="all", help="nsys reports of ranks")
+    p.add_argument("--nsys-trace", default=NSYS_TRACE, help="nsys --trace (%(default)s)")
+    p.add_argument("--out", required=True, help="capture directory")
+    p.add_argument("--inventory", default=None, help="also write the system inventory here")
+    _layout(p)
+    p = sub.add_parser("parse", help="capture directory -> kernels and ranges CSVs")
+    p.add_argument("--capture", required=True)
+    p.add_argument("--run", required=True)
+    p.add_argument("--out-kernels", required=True)
+    p.add_argument("--out-ranges", required=True)
+    p = sub.add_parser("ncu", help="Nsight Compute on the top-K kernels of a run")
+    p.add_argument("--kernels", required=True, help="the run's kernels CSV (profile parse)")
+    p.add_argument("--enabled", choices=("auto", "true"), default="auto")
+    p.add_argument("--top-k", type=int, default=5)
+    p.add_argument("--launch-skip", type=int, default=0)
+    p.add_argument("--launch-count", type=int, default=1)
+    p.add_argument("--out-dir", required=True)
+    p.add_argument("--out", required=True, help="the run's profile_ncu CSV")
+    _layout(p)
+    p = sub.add_parser("rank", help="per-rank wrapper (started by scalestudy launch)")
+    p.add_argument("--tool", choices=("nsys", "ncu"), required=True)
+    p.add_argument("--ranks", choices=("all", "0"), default="all")
+    p.add_argument("--dir", required=True)
+    p.add_argument("--trace", default=NSYS_TRACE)
+    p.add_argument("--index", type=int, default=0)
+    p.add_argument("--kernel", default="")
+    p.add_argument("--skip", type=int, default=0)
+    p.add_argument("--count", type=int, default=1)
+    p.add_argument("cmd", nargs=argparse.REMAINDER)
+    p = sub.add_parser("merge", help="per-run profile CSVs -> one CSV")
+    p.add_argument("--schema", choices=("kernels", "ranges", "ncu"), required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("inputs", nargs="*")
+
+
+def run(args: argparse.Namespace) -> int:
+    action = {"capture": capture, "parse": parse, "ncu": ncu, "rank": rank, "merge": merge}
+    try:
+        return action[args.action](args)
+    except (ProfileError, profiling.ProfileFormatError) as exc:
+        print(f"scalestudy profile {args.action}: {exc}", file=sys.stderr)
+        return 2

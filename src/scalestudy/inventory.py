@@ -1,0 +1,152 @@
+"""`scalestudy inventory --out results/system/<name>.json`: what the allocation runs on.
+
+GPU model, driver, CUDA, NCCL, torch, `nvidia-smi topo -m`, CPU, network interfaces (with speed
+and InfiniBand devices), Slurm version and job, container digest, hostname, time. Every probe is
+independent and bounded (10 s): a tool that is absent is recorded as "absent", a failing one as
+"error: ...", so the inventory never fails a job. `scalestudy profile capture` writes one per
+profiling job (results/system/<run>.json, inside that job's allocation).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import os
+import platform
+import shutil
+import socket
+import subprocess
+from pathlib import Path
+
+from scalestudy import atomic
+
+ABSENT = "absent"
+
+
+def _cmd(argv: list[str], timeout: float = 10.0) -> str:
+    """Output of a command; "absent" when it is not installed, "error: ..." when it fails."""
+    if shutil.which(argv[0]) is None:
+        return ABSENT
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"error: {exc}"
+    if proc.returncode != 0:
+        return f"error: exit {proc.returncode}: {(proc.stderr or proc.stdout).strip()[:500]}"
+    return proc.stdout.strip()
+
+
+def _gpus() -> list[dict] | str:
+    out = _cmd(
+        [
+            "nvidia-smi",
+            "--query-gpu=index,name,driver_version,memory.total,pci.bus_id,serial",
+            "--format=csv,noheader,nounits",
+        ]
+    )
+    if out == ABSENT or out.startswith("error:"):
+        return out
+    keys = ("index", "name", "driver_version", "memory_total_mib", "pci_bus_id", "serial")
+    return [
+        dict(zip(keys, (c.strip() for c in line.split(",")), strict=False))
+        for line in out.splitlines()
+    ]
+
+
+def _torch() -> dict:
+    try:
+        import torch
+    except ImportError:
+        return {"torch": ABSENT}
+    info = {"torch": torch.__version__, "cuda_runtime": torch.version.cuda or ABSENT}
+    try:
+        v = torch.cuda.nccl.version() if torch.cuda.is_available() else None
+        info["nccl"] = ".".join(map(str, v)) if isinstance(v, tuple) else (str(v) if v else ABSENT)
+    except Exception as exc:
+        info["nccl"] = f"error: {exc}"
+    info["cudnn"] = (
+        str(torch.backends.cudnn.version()) if torch.backends.cudnn.is_available() else ABSENT
+    )
+    return info
+
+
+def _cpu() -> dict:
+    info = {"machine": platform.machine(), "logical_cpus": os.cpu_count()}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["model"] = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        info["model"] = platform.processor() or ABSENT
+    lscpu = _cmd(["lscpu"])
+    info["lscpu"] = lscpu
+    return info
+
+
+def _network() -> list[dict]:
+    out = []
+    base = Path("/sys/class/net")
+    for dev in sorted(base.iterdir()) if base.is_dir() else []:
+        entry = {"name": dev.name}
+        for key in ("operstate", "speed", "mtu", "address"):
+            try:
+                entry[key] = (dev / key).read_text().strip()
+            except OSError:
+                entry[key] = ABSENT
+        out.append(entry)
+    ib = Path("/sys/class/infiniband")
+    for dev in sorted(ib.iterdir()) if ib.is_dir() else []:
+        entry = {"name": dev.name, "type": "infiniband"}
+        for port in sorted((dev / "ports").glob("*")):
+            with contextlib.suppress(OSError):
+                entry[f"port{port.name}_rate"] = (port / "rate").read_text().strip()
+        out.append(entry)
+    return out
+
+
+def collect() -> dict:
+    """The inventory of this host and allocation (see the module docstring)."""
+    slurm_vars = {k: v for k, v in sorted(os.environ.items()) if k.startswith("SLURM_")}
+    keep = (
+        "SLURM_JOB_ID",
+        "SLURM_JOB_NODELIST",
+        "SLURM_JOB_PARTITION",
+        "SLURM_NNODES",
+        "SLURM_GPUS_ON_NODE",
+        "SLURM_JOB_GPUS",
+        "SLURM_CLUSTER_NAME",
+    )
+    return {
+        "format": "scalestudy-inventory-1",
+        "hostname": socket.gethostname(),
+        "time_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "gpus": _gpus(),
+        "nvidia_smi_topo": _cmd(["nvidia-smi", "topo", "-m"]),
+        "nvidia_smi_version": _cmd(["nvidia-smi", "--version"]),
+        **_torch(),
+        "nsys": _cmd(["nsys", "--version"]),
+        "ncu": _cmd(["ncu", "--version"]),
+        "cpu": _cpu(),
+        "network": _network(),
+        "slurm_version": _cmd(["sinfo", "--version"]),
+        "slurm": {k: slurm_vars.get(k, ABSENT) for k in keep},
+        "container_digest": os.environ.get("SCALESTUDY_CONTAINER_DIGEST") or ABSENT,
+        "apptainer": _cmd(["apptainer", "--version"]),
+    }
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", required=True, help="JSON file to write (atomically)")
+
+
+def run(args: argparse.Namespace) -> int:
+    info = collect()
+    atomic.write_json(args.out, info)
+    gpus = info["gpus"]
+    what = f"{len(gpus)} GPU(s)" if isinstance(gpus, list) else f"GPUs: {gpus}"
+    print(f"inventory of {info['hostname']}: {what}, torch {info['torch']} -> {args.out}")
+    return 0

@@ -1,0 +1,674 @@
+"""Profiling: parsers on fixtures in the tools' real formats (tests/fixtures/nsight, hand-built from
+the recorded formats: no GPU was available), the kernel classifier on real kernel names, the exact
+nsys/ncu commands a cluster runs, the run selection and config checks, a real torch.profiler
+capture of a 2-rank gloo run, the nsys path through the nsys stand-in (tests/stand-ins/nsys), and
+the DAG of the GPU study via Snakemake's dry-run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import PYTHON
+from workflow_helpers import STAND_INS, child_env, copy_repo, planned_jobs, snakemake, write_config
+
+from scalestudy import capture, launch, profiling
+from scalestudy.matrix import build_run_table
+from scalestudy.studyconfig import StudyConfigError, load_and_validate
+
+FIX = Path(__file__).parent / "fixtures" / "nsight"
+REPO = Path(__file__).resolve().parents[1]
+
+
+# --- classifier on real kernel / op names -----
+@pytest.mark.parametrize(
+    "name, category",
+    [
+        (
+            "sm80_xmma_fprop_implicit_gemm_f16f16_f16f32_f32_nhwckrsc_nhwc_tilesize128x128x32",
+            "conv",
+        ),
+        (
+            "sm90_xmma_dgrad_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc_tilesize128x128x64",
+            "conv",
+        ),
+        (
+            "sm90_xmma_wgrad_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc_tilesize64x128x64",
+            "conv",
+        ),
+        (
+            "void cutlass_cudnn_train::Kernel<cutlass_tensorop_bf16_s16816fprop_optimized>"
+            "(T1::Params)",
+            "conv",
+        ),
+        (
+            "void cudnn::cnn::reduce_wgrad_nchw_helper<float, float>(int, int, float *, float *)",
+            "conv",
+        ),
+        (
+            "void cudnn::ops::nchwToNhwcKernel<__nv_bfloat16, __nv_bfloat16, float, false, true>",
+            "conv",
+        ),
+        (
+            "void cudnn::bn_fw_tr_1C11_kernel_NCHW<__nv_bfloat16, float, int, 512, true, 1, true>",
+            "batchnorm",
+        ),
+        (
+            "void cudnn::bn_bw_1C11_kernel_new<__nv_bfloat16, float, float2, 512, true, 1, true>",
+            "batchnorm",
+        ),
+        (
+            "void at::native::batch_norm_collect_statistics_kernel<float, float, float, int>",
+            "batchnorm",
+        ),
+        ("ampere_sgemm_128x64_tn", "gemm"),
+        ("ampere_fp16_s1688gemm_fp16_64x128_sliced1x2_ldg8_f2f_tn", "gemm"),
+        ("cutlass_80_tensorop_f16_s16816gemm_relu_f16_64x64_64x4_nn_align8", "gemm"),
+        ("nvjet_hsh_128x256_64x4_2x1_v_bz_coopA_NTN", "gemm"),
+        ("void splitKreduce_kernel<32, 16, int, float, float, float, float, true, false>", "gemm"),
+        (
+            "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>",
+            "elementwise",
+        ),
+        (
+            "void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda>",
+            "elementwise",
+        ),
+        (
+            "void at::native::elementwise_kernel<128, 2, at::native::gpu_kernel_impl<AddFunctor>>",
+            "elementwise",
+        ),
+        (
+            "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, MeanOps<float>>>",
+            "reduce",
+        ),
+        ("void at::native::(anonymous namespace)::max_pool_forward_nchw<float, float>", "reduce"),
+        (
+            "void at::native::(anonymous namespace)::nll_loss_forward_reduce_cuda_kernel_2d<float>",
+            "reduce",
+        ),
+        (
+            "void (anonymous namespace)::softmax_warp_forward<float, float, float, 4, true>",
+            "reduce",
+        ),
+        (
+            "void at::native::(anonymous namespace)::multi_tensor_apply_kernel"
+            "<TensorListMetadata<2>>",
+            "optimizer",
+        ),
+        ("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096>)", "nccl"),
+        ("ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)", "nccl"),
+        ("ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL", "nccl"),  # "reduce" must not win
+        ("[CUDA memcpy Host-to-Device]", "memcpy"),
+        ("[CUDA memcpy HtoD]", "memcpy"),
+        ("[CUDA memset]", "memcpy"),
+        # torch.profiler op names (CPU fallback)
+        ("aten::mkldnn_convolution", "conv"),
+        ("aten::convolution_backward", "conv"),
+        ("aten::native_batch_norm", "batchnorm"),
+        ("aten::addmm", "gemm"),
+        ("aten::threshold_backward", "elementwise"),
+        ("aten::add_", "elementwise"),
+        ("aten::_foreach_add_", "optimizer"),
+        ("Optimizer.step#SGD.step", "optimizer"),
+        ("c10d::allreduce_", "nccl"),
+        ("gloo:all_reduce", "nccl"),
+        ("aten::empty", "other"),
+    ],
+)
+def test_classifier_on_real_names(name, category):
+    assert profiling.classify(name) == category
+
+
+@pytest.mark.parametrize(
+    "text, value, unit",
+    [
+        ("1,234.5", 1234.5, ""),
+        ("150,336", 150336.0, ""),
+        ("12.3 ms", 12.3, "ms"),
+        ("45 %", 45.0, "%"),
+        ("2,619,000,000", 2.619e9, ""),
+        ("1e3", 1000.0, ""),
+        ("0.5", 0.5, ""),
+    ],
+)
+def test_numbers_with_separators_and_units(text, value, unit):
+    assert profiling.parse_number(text) == (pytest.approx(value), unit)
+    with pytest.raises(ValueError):
+        profiling.parse_number("n/a")
+
+
+# --- nsys stats -----
+def test_nsys_new_report_names_two_ranks():
+    kernels, ranges = profiling.parse_nsys(FIX / "nsys-2024.5", "w2_run")
+    assert {r["rank"] for r in kernels} == {0, 1}
+    rank0 = [r for r in kernels if r["rank"] == 0]
+    assert sum(r["share"] for r in rank0) == pytest.approx(1.0)
+    by_cat: dict[str, int] = {}
+    for r in rank0:
+        by_cat[r["category"]] = by_cat.get(r["category"], 0) + r["total_ns"]
+    assert by_cat == {
+        "conv": 65_000_000,
+        "batchnorm": 18_000_000,
+        "nccl": 7_000_000,
+        "elementwise": 5_000_000,
+        "reduce": 2_500_000,
+        "gemm": 1_500_000,
+        "optimizer": 1_000_000,
+        "memcpy": 500_000,  # from cuda_gpu_mem_time_sum
+    }
+    # quoted names with commas survive whole
+    assert any(
+        r["kernel"].startswith("void cudnn::bn_fw_tr_1C11_kernel_NCHW<__nv_bfloat16, float")
+        for r in rank0
+    )
+    rank1_nccl = [r for r in kernels if r["rank"] == 1 and r["category"] == "nccl"]
+    assert rank1_nccl[0]["total_ns"] == 9_000_000
+    r0 = {r["range"]: r for r in ranges if r["rank"] == 0}
+    assert set(r0) == {"data", "forward", "backward", "optimizer"}  # NCCL:ncclAllReduce is no phase
+    assert r0["backward"]["total_ns"] == 55_000_000 and r0["backward"]["instances"] == 10
+    assert sum(r["share"] for r in r0.values()) == pytest.approx(1.0)
+    assert all(r["tool"] == "nsys" for r in kernels + ranges)
+
+
+def test_nsys_old_report_names_and_grid_columns():
+    kernels, ranges = profiling.parse_nsys(FIX / "nsys-2022.4", "old")
+    cats = {r["kernel"][:20]: r["category"] for r in kernels}
+    assert list(cats.values()).count("memcpy") == 1
+    assert {r["category"] for r in kernels} == {"conv", "gemm", "nccl", "elementwise", "memcpy"}
+    assert {r["range"] for r in ranges} == {"forward", "backward"}
+
+
+def test_nsys_timeunit_ms_and_domain_prefix():
+    kernels, ranges = profiling.parse_nsys(FIX / "nsys-2025.1-ms", "ms")
+    assert kernels[0]["total_ns"] == 12_500_000 and kernels[0]["category"] == "conv"
+    assert kernels[1]["total_ns"] == 4_166_667
+    assert {r["range"]: r["total_ns"] for r in ranges} == {
+        "forward": 15_000_000,
+        "backward": 25_000_000,
+    }
+
+
+def test_single_stats_file_is_accepted():
+    kernels, _ = profiling.parse_nsys(
+        FIX / "nsys-2024.5" / "nsys_rank1_cuda_gpu_kern_sum.csv", "one"
+    )
+    assert {r["rank"] for r in kernels} == {1} and len(kernels) == 11
+
+
+def test_truncated_nsys_file_names_file_and_line(tmp_path):
+    bad = FIX / "broken" / "nsys_rank0_cuda_gpu_kern_sum.csv"
+    with pytest.raises(
+        profiling.ProfileFormatError, match=r"nsys_rank0_cuda_gpu_kern_sum\.csv, line 10"
+    ):
+        profiling.read_nsys_table(bad)
+    # the CLI fails and writes no CSV (never a silently empty one)
+    out = tmp_path / "k.csv"
+    proc = subprocess.run(
+        [
+            PYTHON,
+            "-m",
+            "scalestudy",
+            "parse-nsys",
+            "--input",
+            str(bad),
+            "--run",
+            "r",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=120,
+    )
+    assert proc.returncode == 2 and "line 10" in proc.stderr and not out.exists()
+
+
+def test_skipped_report_is_an_error_that_quotes_the_tool():
+    with pytest.raises(profiling.ProfileFormatError, match="does not contain CUDA kernel data"):
+        profiling.read_nsys_table(FIX / "broken" / "skipped_cuda_gpu_kern_sum.csv")
+
+
+def test_missing_kernel_summary_is_an_error(tmp_path):
+    (tmp_path / "nsys_rank0_nvtx_sum.csv").write_bytes(
+        (FIX / "nsys-2024.5/nsys_rank0_nvtx_sum.csv").read_bytes()
+    )
+    with pytest.raises(profiling.ProfileFormatError, match="no kernel summary"):
+        profiling.parse_nsys(tmp_path, "r")
+    with pytest.raises(profiling.ProfileFormatError, match="no such file"):
+        profiling.parse_nsys(tmp_path / "does_not_exist", "r")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(profiling.ProfileFormatError, match="nsys stats"):
+        profiling.parse_nsys(tmp_path / "empty", "r")
+
+
+def test_cli_parse_nsys_writes_both_schemas(tmp_path):
+    from scalestudy import parse_nsys
+
+    args = argparse.Namespace(
+        input=str(FIX / "nsys-2024.5"),
+        run="w2",
+        out=str(tmp_path / "k.csv"),
+        out_ranges=str(tmp_path / "r.csv"),
+    )
+    assert parse_nsys.run(args) == 0
+    k = list(csv.DictReader((tmp_path / "k.csv").open()))
+    assert tuple(k[0]) == profiling.KERNEL_COLUMNS and len(k) == 25
+    r = list(csv.DictReader((tmp_path / "r.csv").open()))
+    assert tuple(r[0]) == profiling.RANGE_COLUMNS and len(r) == 8
+
+
+# --- ncu -----
+def test_ncu_details_2025_rule_rows_trailing_commas_separators():
+    rows = {
+        r["kernel"][:30]: r for r in profiling.parse_ncu(FIX / "ncu-2025.1" / "ncu_k0.csv", "w1")
+    }
+    conv = rows["sm90_xmma_fprop_implicit_gemm_"]
+    assert conv["launches"] == 1
+    assert conv["duration_ns"] == pytest.approx(150336)
+    assert conv["dram_throughput_pct"] == pytest.approx(35.12)
+    assert conv["sm_throughput_pct"] == pytest.approx(78.40)
+    assert conv["achieved_occupancy_pct"] == pytest.approx(24.61)
+    tensor = 1_503_360_000_000 / 150336e-9
+    assert conv["tensor_flop_per_s"] == pytest.approx(tensor)
+    assert conv["flop_per_s"] == pytest.approx(tensor + (2 * 1_000_000 + 500_000) / 150336e-9)
+    ew = rows["void at::native::vectorized_el"]
+    assert ew["duration_ns"] == pytest.approx(5120)  # "us" unit converted
+    assert ew["flop_per_s"] == pytest.approx(1_048_576 / 5.12e-6) and ew["tensor_flop_per_s"] == 0
+
+
+def test_ncu_details_old_format_metric_names_mean_over_launches():
+    (row,) = profiling.parse_ncu(FIX / "ncu-2022.4" / "ncu_details.csv", "old")
+    assert row["kernel"] == "ampere_sgemm_128x64_tn" and row["launches"] == 2
+    assert row["duration_ns"] == pytest.approx(41000)
+    assert row["achieved_occupancy_pct"] == pytest.approx(12.4)
+    assert row["flop_per_s"] is None  # no FLOP counters in that report: empty, not 0
+
+
+def test_truncated_ncu_file_is_an_error_naming_the_file():
+    with pytest.raises(profiling.ProfileFormatError, match=r"ncu_truncated\.csv, line \d+"):
+        profiling.parse_ncu(FIX / "broken" / "ncu_truncated.csv", "r")
+
+
+# --- torch.profiler export -----
+def test_torch_export_malformed_json_names_file_and_line(tmp_path):
+    f = tmp_path / "torch_ops_rank0.json"
+    f.write_text('{"ops": [\n{"name": "aten::add_", "count": 3,\n')
+    with pytest.raises(profiling.ProfileFormatError, match=r"torch_ops_rank0\.json, line 3"):
+        profiling.parse_torch(tmp_path, "r")
+    f.write_text('{"ops": []}')
+    with pytest.raises(profiling.ProfileFormatError, match="recorded nothing"):
+        profiling.parse_torch(tmp_path, "r")
+
+
+def test_torch_export_on_gpu_counts_device_time_of_kernels(tmp_path):
+    ops = [
+        {
+            "name": "aten::cudnn_convolution",
+            "count": 2,
+            "self_cpu_us": 50,
+            "cpu_total_us": 60,
+            "self_device_us": 0,
+            "device_type": "CPU",
+        },
+        {
+            "name": "sm90_xmma_fprop_implicit_gemm_bf16",
+            "count": 2,
+            "self_cpu_us": 0,
+            "cpu_total_us": 0,
+            "self_device_us": 300,
+            "device_type": "CUDA",
+        },
+        {
+            "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
+            "count": 1,
+            "self_cpu_us": 0,
+            "cpu_total_us": 0,
+            "self_device_us": 100,
+            "device_type": "CUDA",
+        },
+        {
+            "name": "forward",
+            "count": 2,
+            "self_cpu_us": 5,
+            "cpu_total_us": 400,
+            "self_device_us": 0,
+            "device_type": "CPU",
+        },
+    ]
+    (tmp_path / "torch_ops_rank3.json").write_text(json.dumps({"ops": ops}))
+    kernels, ranges = profiling.parse_torch(tmp_path, "g")
+    assert [(r["kernel"], r["category"], r["total_ns"], r["rank"]) for r in kernels] == [
+        ("sm90_xmma_fprop_implicit_gemm_bf16", "conv", 300_000, 3),
+        ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "nccl", 100_000, 3),
+    ]
+    assert ranges == [
+        {
+            "run": "g",
+            "rank": 3,
+            "tool": "torch.profiler",
+            "range": "forward",
+            "instances": 2,
+            "total_ns": 400_000,
+            "share": 1.0,
+        }
+    ]
+
+
+# --- commands a cluster runs -----
+def test_tool_choice_auto_and_explicit():
+    assert capture.choose_tool("auto", "cuda", "/opt/nsys/bin/nsys")[0] == "nsys"
+    tool, why = capture.choose_tool("auto", "cuda", None)
+    assert tool == "torch" and "not on PATH" in why
+    assert capture.choose_tool("auto", "cpu", "/opt/nsys")[0] == "torch"
+    with pytest.raises(capture.ProfileError, match="module load"):
+        capture.choose_tool("nsys", "cuda", None)
+    with pytest.raises(capture.ProfileError, match="hardware.device: cpu"):
+        capture.choose_tool("nsys", "cpu", "/opt/nsys")
+
+
+def test_nsys_commands():
+    cmd = capture.nsys_profile_command(
+        "d/nsys_rank3", "cuda,nvtx", ["python", "-m", "scalestudy", "train"]
+    )
+    assert cmd[:2] == ["nsys", "profile"]
+    assert "--capture-range=cudaProfilerApi" in cmd and "--capture-range-end=stop" in cmd
+    assert "--output=d/nsys_rank3" in cmd and cmd[-4:] == ["python", "-m", "scalestudy", "train"]
+    new = capture.nsys_stats_command(
+        "r.nsys-rep",
+        "s/nsys_rank0",
+        capture.nsys_version("NVIDIA Nsight Systems version 2024.5.1.113-245134619542v0"),
+    )
+    assert [new[i + 1] for i, a in enumerate(new) if a == "--report"] == list(
+        capture.NSYS_REPORTS_NEW
+    )
+    old = capture.nsys_stats_command("r.nsys-rep", "s/x", (2022, 4))
+    assert [old[i + 1] for i, a in enumerate(old) if a == "--report"] == [
+        "gpukernsum",
+        "gpumemtimesum",
+        "nvtxsum",
+    ]
+    assert new[-1] == "r.nsys-rep" and "csv" in new
+
+
+def test_ncu_command_targets_one_kernel_from_the_window():
+    name = (
+        "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, "
+        "std::array<char *, 1>>(int, T2, T3)"
+    )
+    assert capture.kernel_base_name(name) == "vectorized_elementwise_kernel"
+    assert (
+        capture.kernel_base_name("sm90_xmma_fprop_implicit_gemm_bf16")
+        == "sm90_xmma_fprop_implicit_gemm_bf16"
+    )
+    assert (
+        capture.kernel_base_name("void cutlass_cudnn_train::Kernel<cutlass_x>(T1::Params)")
+        == "Kernel"
+    )
+    cmd = capture.ncu_command("d/ncu_k0", name, 10, 3, ["python", "t.py"])
+    joined = shlex.join(cmd)
+    for part in (
+        "--profile-from-start off",
+        "--set full",
+        "--launch-skip 10",
+        "--launch-count 3",
+        "--export d/ncu_k0",
+    ):
+        assert part in joined
+    assert cmd[cmd.index("--kernel-name") + 1] == "regex:^vectorized_elementwise_kernel$"
+    assert "sm__ops_path_tensor" in joined and cmd[-2:] == ["python", "t.py"]
+
+
+def test_top_kernels_never_include_nccl():
+    kernels, _ = profiling.parse_nsys(FIX / "nsys-2024.5", "r")
+    top = profiling.top_kernels(kernels, 6)
+    assert len(top) == 6 and not any(profiling.classify(k) in ("nccl", "memcpy") for k in top)
+    assert top[0].startswith("sm90_xmma_fprop")
+
+
+@pytest.mark.parametrize(
+    "ranks, env, profiled",
+    [
+        ("all", {"SLURM_PROCID": "3"}, True),
+        ("0", {"SLURM_PROCID": "3"}, False),
+        ("0", {"RANK": "0"}, True),
+        ("0", {}, True),
+    ],
+)
+def test_rank_wrapper_profiles_the_chosen_ranks(ranks, env, profiled):
+    args = argparse.Namespace(
+        tool="nsys",
+        ranks=ranks,
+        dir="out",
+        trace="cuda,nvtx",
+        cmd=["--", "python", "-m", "scalestudy", "train"],
+    )
+    cmd = capture.rank_command(args, env)
+    assert (cmd[0] == "nsys") is profiled
+    if profiled:
+        assert f"--output=out/nsys_rank{capture.rank_from_env(env)}" in cmd
+    assert cmd[-4:] == ["python", "-m", "scalestudy", "train"]
+
+
+def _launch_args(nodes, rpn, prefix):
+    return argparse.Namespace(
+        mpi="srun",
+        nodes=nodes,
+        ranks_per_node=rpn,
+        cpus_per_rank=2,
+        container=None,
+        gpu=False,
+        rank_prefix=prefix,
+        train_args=["--", "--epochs", "1"],
+    )
+
+
+def test_launch_puts_the_rank_wrapper_around_each_rank():
+    prefix = capture.rank_prefix(tool="nsys", ranks="all", dir="d")
+    one = launch.build_command(_launch_args(1, 1, prefix), {})
+    assert one[1:5] == ["-m", "scalestudy", "profile", "rank"] and one[-5:] == [
+        "-m",
+        "scalestudy",
+        "train",
+        "--epochs",
+        "1",
+    ]
+    local = launch.build_command(_launch_args(1, 2, prefix), {})
+    assert "--no-python" in local and local.index("--no-python") < local.index("rank")
+    slurm = (
+        launch.build_command(
+            _launch_args(2, 4, prefix), {"SLURM_JOB_ID": "7", "PATH": "/usr/bin:/bin"}
+        )
+        if Path("/usr/bin/srun").exists()
+        else None
+    )
+    if slurm:
+        assert slurm[0] == "srun" and slurm.index("rank") < slurm.index("train")
+    plain = launch.build_command(_launch_args(1, 2, None), {})
+    assert "--no-python" not in plain
+
+
+# --- config and run selection -----
+def test_default_selection_is_one_gpu_and_one_node_bf16_fp32():
+    cfg = load_and_validate(REPO / "config" / "config.yaml")
+    chosen = profiling.profiled_runs(cfg, build_run_table(cfg))
+    assert [r["run"] for r in chosen] == [
+        "w1_lb256_bf16_ddp_bk25_r0",
+        "w1_lb256_fp32_ddp_bk25_r0",
+        "w4_lb256_bf16_ddp_bk25_r0",
+        "w4_lb256_fp32_ddp_bk25_r0",
+    ]
+    flags = profiling.window_flags(chosen[2], 20, 10)
+    assert flags["--profile-steps"] == "20:30" and flags["--limit-train"] == str(31 * 1024)
+    assert flags["--comm-probe-steps"] == "0" and flags["--epochs"] == "1"
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (["profiling.tool=nsys"], "profiling.tool"),
+        (["profiling.ncu.enabled=true"], "profiling.ncu.enabled"),
+        (["profiling.gpus=[3]"], "profiling.gpus"),
+        (["profiling.start_step=500"], "profiling.start_step"),
+        (["profiling.tool=perf"], "profiling.tool"),
+    ],
+)
+def test_bad_profiling_config_names_the_key(override, message):
+    with pytest.raises(StudyConfigError, match=message.replace(".", r"\.")):
+        load_and_validate(REPO / "config" / "demo.yaml", overrides=["dataset=synthetic", *override])
+
+
+# --- real captures on CPU -----
+def _capture(data_dir, out, *extra, tool="auto", device="cpu", path_extra=None):
+    env = child_env()
+    if path_extra:
+        env["PATH"] = f"{path_extra}:{env['PATH']}"
+    env["PATH"] = f"{Path(PYTHON).parent}:{env['PATH']}"
+    cmd = [
+        PYTHON,
+        "-m",
+        "scalestudy",
+        "profile",
+        "capture",
+        "--run",
+        "w2_test",
+        "--tool",
+        tool,
+        "--device",
+        device,
+        "--out",
+        str(out),
+        "--inventory",
+        str(out.parent / "system.json"),
+        "--mpi=",
+        "--nodes",
+        "1",
+        "--ranks-per-node",
+        "2",
+        "--cpus-per-rank",
+        "1",
+        "--",
+        "--dataset",
+        "synthetic",
+        "--width",
+        "4",
+        "--local-batch",
+        "16",
+        "--epochs",
+        "1",
+        "--limit-train",
+        "192",
+        "--limit-test",
+        "32",
+        "--warmup-steps",
+        "2",
+        "--comm-probe-steps",
+        "0",
+        "--profile-steps",
+        "2:5",
+        "--pg-timeout-s",
+        "60",
+        "--data-dir",
+        str(data_dir),
+        *extra,
+    ]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def _parse(cap, tmp_path):
+    args = argparse.Namespace(
+        capture=str(cap),
+        run="w2_test",
+        out_kernels=str(tmp_path / "k.csv"),
+        out_ranges=str(tmp_path / "r.csv"),
+    )
+    assert capture.parse(args) == 0
+    return (list(csv.DictReader((tmp_path / n).open())) for n in ("k.csv", "r.csv"))
+
+
+def test_torch_profiler_capture_of_a_two_rank_run(data_dir, tmp_path):
+    cap = tmp_path / "capture"
+    proc = _capture(data_dir, cap)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "tool torch (auto: no GPU" in proc.stdout  # the choice is stated
+    assert json.loads((cap / "tool.json").read_text())["tool"] == "torch"
+    kernels, ranges = _parse(cap, tmp_path)
+    assert {r["rank"] for r in kernels} == {"0", "1"} and {r["tool"] for r in kernels} == {
+        "torch.profiler"
+    }
+    cats = {r["category"] for r in kernels}
+    assert {"conv", "batchnorm", "elementwise", "nccl"} <= cats
+    for rank in ("0", "1"):
+        assert sum(float(r["share"]) for r in kernels if r["rank"] == rank) == pytest.approx(
+            1.0, abs=1e-3
+        )
+        phases = {r["range"]: int(r["instances"]) for r in ranges if r["rank"] == rank}
+        assert phases == {"data": 3, "forward": 3, "backward": 3, "optimizer": 3}  # steps 2..4
+    inv = json.loads((tmp_path / "system.json").read_text())
+    assert inv["gpus"] == "absent" and inv["torch"] and inv["cpu"]["logical_cpus"] >= 1
+    # the profiling job's trainer output stays under the capture directory
+    assert (cap / "train" / "metrics.json").exists()
+
+
+def test_nsys_path_through_the_stand_in(data_dir, tmp_path):
+    """The real nsys code path with tests/stand-ins/nsys (canned stats, no capture): per-rank
+    wrapper under torchrun --no-python, one report per rank, nsys stats per report, parse."""
+    cap = tmp_path / "capture"
+    proc = _capture(data_dir, cap, tool="nsys", device="cuda", path_extra=STAND_INS)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert sorted(p.name for p in cap.glob("*.nsys-rep")) == [
+        "nsys_rank0.nsys-rep",
+        "nsys_rank1.nsys-rep",
+    ]
+    assert "--capture-range=cudaProfilerApi" in (cap / "nsys_rank1.nsys-rep").read_text()
+    assert json.loads((cap / "tool.json").read_text())["nsys_version"] == "2024.5"
+    kernels, ranges = _parse(cap, tmp_path)
+    assert {r["rank"] for r in kernels} == {"0", "1"} and {r["tool"] for r in kernels} == {"nsys"}
+    # explicit nsys where it is missing: a clear error before any training
+    proc = _capture(data_dir, tmp_path / "c2", tool="nsys", device="cuda")
+    assert proc.returncode == 2 and "not on PATH" in proc.stderr
+
+
+# --- the DAG -----
+@pytest.fixture(scope="module")
+def repo_copy(tmp_path_factory):
+    return copy_repo(tmp_path_factory.mktemp("prof-wf"))
+
+
+def test_gpu_study_plans_nsys_and_ncu_jobs_apart_from_training(repo_copy):
+    proc = snakemake(repo_copy, "-n", "-p", timeout=300)
+    jobs = planned_jobs(proc)
+    assert jobs["profile_capture"] == 4 and jobs["profile_ncu"] == 4 and jobs["train"] == 75
+    assert jobs["profile_collect"] == 1 and jobs["profile_collect_ncu"] == 1
+    out = proc.stdout
+    assert "scalestudy profile capture --run w4_lb256_bf16_ddp_bk25_r0 --tool auto" in out
+    assert (
+        "--profile-steps 20:30" in out
+        and "--out results/profile/w4_lb256_bf16_ddp_bk25_r0/capture" in out
+    )
+    assert "scalestudy profile ncu --run w1_lb256_fp32_ddp_bk25_r0" in out
+    assert "--top-k 5 --launch-skip 10 --launch-count 3" in out
+
+
+def test_profiling_off_or_on_cpu_changes_the_dag(repo_copy):
+    cfg = yaml.safe_load((repo_copy / "config" / "demo.yaml").read_text())
+    cfg["dataset"] = "synthetic"
+    write_config(repo_copy / "demo-syn.yaml", cfg)
+    jobs = planned_jobs(snakemake(repo_copy, "--configfile", "demo-syn.yaml", "-n", timeout=300))
+    assert jobs["profile_capture"] == 2 and "profile_ncu" not in jobs  # no ncu on cpu
+    cfg["profiling"]["enabled"] = False
+    write_config(repo_copy / "demo-off.yaml", cfg)
+    jobs = planned_jobs(snakemake(repo_copy, "--configfile", "demo-off.yaml", "-n", timeout=300))
+    assert not any(name.startswith("profile") for name in jobs)
+    cfg["profiling"].update(enabled=True, tool="nsys")
+    write_config(repo_copy / "demo-nsys.yaml", cfg)
+    proc = snakemake(repo_copy, "--configfile", "demo-nsys.yaml", "-n", check=False, timeout=300)
+    assert proc.returncode != 0 and "profiling.tool" in proc.stdout + proc.stderr
