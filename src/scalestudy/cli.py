@@ -17,6 +17,10 @@ SUBCOMMANDS = {
     "launch": ("scalestudy.launch", "start the ranks of one run: srun in Slurm, processes locally"),
     "matrix": ("scalestudy.matrix", "write the run table of a study config"),
     "collect": ("scalestudy.collect", "gather all runs' metrics into results/csv"),
+    "analyze": ("scalestudy.analysis", "scaling, verdicts and resources from results/csv"),
+    "plot": ("scalestudy.plots", "one figure of the study (PNG and PDF) from the analysis CSVs"),
+    "render-report": ("scalestudy.report", "reports/study.md and paper.tex from the CSVs only"),
+    "build-pdf": ("scalestudy.latex", "reports/paper.pdf with latexmk, or say why not"),
 }
 
 
