@@ -140,3 +140,51 @@ def get_mem_mb(wildcards):
 def get_threads(wildcards):
     # locally: the cores the run occupies, so the local scheduler never oversubscribes
     return get_run(wildcards)["world_size"] * config["hardware"]["cpus_per_rank"]
+
+
+# --- analysis, plots and report (logic in scalestudy.analysis / plots / report / latex)
+import os
+
+from scalestudy import latex, plots
+
+ANALYSIS_TABLES = ("scaling", "verdicts", "resources", "system", "targets", "profile_shares")
+
+
+def get_profile_kernels(wildcards=None):
+    """results/csv/profile_kernels.csv of the profiling stage; none yet: the report then says
+    that profiling was not captured."""
+    return []
+
+
+def get_figures(wildcards=None):
+    """The figures this study can draw (results/plots/<name>.{png,pdf})."""
+    return plots.figures(
+        config["families"], config["hardware"]["device"], bool(get_profile_kernels())
+    )
+
+
+def get_analysis_flags(wildcards):
+    targets = config["report"]["targets"]
+    flags = [f"--{key.replace('_', '-')}={value}" for key, value in targets.items()]
+    flags += [f"--gpus-per-node={config['hardware']['gpus_per_node']}"]
+    flags += [f"--study={config['study']}", f"--configfile={get_configfile()}"]
+    return flags
+
+
+def get_configfile():
+    """The study file to name in the report's reproduce commands (the last --configfile)."""
+    files = list(workflow.overwrite_configfiles) or ["config/config.yaml"]
+    return os.path.relpath(str(files[-1]))
+
+
+def get_profile_flag(wildcards):
+    files = get_profile_kernels()
+    return [f"--profile={files[0]}"] if files else []
+
+
+def get_paper_pdf(wildcards=None):
+    """reports/paper.pdf when latexmk is installed; without it only the PDF is skipped."""
+    if latex.have_latexmk():
+        return ["reports/paper.pdf"]
+    print(f"scalestudy: {latex.MISSING}", file=sys.stderr)
+    return []
