@@ -13,8 +13,20 @@ from scalestudy import analysis, plots, report
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
-def run(run_id, families, world_size, local_batch, throughput, repeat=0, precision="fp32",
-        bucket=25, acc=0.9, train_time=3600.0, nodes=1, comm=0.1):  # fmt: skip
+def run(
+    run_id,
+    families,
+    world_size,
+    local_batch,
+    throughput,
+    repeat=0,
+    precision="fp32",
+    bucket=25,
+    acc=0.9,
+    train_time=3600.0,
+    nodes=1,
+    comm=0.1,
+):
     return {
         "run": f"{run_id}_r{repeat}",
         "families": families,
@@ -176,18 +188,29 @@ def test_missing_input_names_the_file_and_command(tmp_path):
 
 
 def test_figures_follow_the_study():
-    fams = {"strong": {"enabled": True}, "weak": {"enabled": False},
-            "precision": {"enabled": False}, "bucket": {"enabled": True}}  # fmt: skip
+    fams = {
+        "strong": {"enabled": True},
+        "weak": {"enabled": False},
+        "precision": {"enabled": False},
+        "bucket": {"enabled": True},
+    }
     assert plots.figures(fams, "cpu", False) == [
-        "throughput", "efficiency", "epoch_time", "comm_fraction", "bucket", "accuracy"
-    ]  # fmt: skip
+        "throughput",
+        "efficiency",
+        "epoch_time",
+        "comm_fraction",
+        "bucket",
+        "accuracy",
+    ]
     assert plots.figures(fams, "cuda", True)[-2:] == ["gpu_util", "profile"]
     assert plots.ideal_throughput([1, 2, 8], [100.0, 150.0, 300.0]) == [100.0, 200.0, 800.0]
 
 
 def test_profile_figure_from_the_fixture(tmp_path):
-    shares = [{k: str(v) for k, v in r.items()}
-              for r in analysis.profile_shares(FIXTURES / "profile_kernels.csv")]  # fmt: skip
+    shares = [
+        {k: str(v) for k, v in r.items()}
+        for r in analysis.profile_shares(FIXTURES / "profile_kernels.csv")
+    ]
     paths = plots.make_figure("profile", tmp_path, shares=shares, device="cuda")
     assert [p.name for p in paths] == ["profile.png", "profile.pdf"]
     assert paths[0].read_bytes()[:4] == b"\x89PNG" and paths[1].read_bytes()[:4] == b"%PDF"

@@ -15,8 +15,15 @@ from scalestudy import latex, report
 
 pytestmark = pytest.mark.workflow
 
-FIGURES = ["throughput", "efficiency", "epoch_time", "comm_fraction", "precision", "bucket",
-           "accuracy"]  # fmt: skip
+FIGURES = [
+    "throughput",
+    "efficiency",
+    "epoch_time",
+    "comm_fraction",
+    "precision",
+    "bucket",
+    "accuracy",
+]
 
 
 @pytest.fixture(scope="module")

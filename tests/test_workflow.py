@@ -75,9 +75,7 @@ def test_touching_without_changing_reruns_nothing(done):
         ("workflow/report/paper.tex.j2", REPORT),
     ],
 )
-def test_editing_aggregation_plotting_or_report_code_reruns_only_those_rules(
-    done, path, expected
-):
+def test_editing_aggregation_plotting_or_report_code_reruns_only_those_rules(done, path, expected):
     code = done / path
     original = code.read_text()
     try:
@@ -109,9 +107,7 @@ def test_changing_trainer_source_reruns_training(done):
     try:
         code.write_text(original + "\n# a change to the trainer\n")
         # the image installs the package, so it is rebuilt, and every run trains again
-        assert dry(done) == {
-            "all": 1, "build_container": 1, "collect": 1, "train": 4, **DOWNSTREAM
-        }  # fmt: skip
+        assert dry(done) == {"all": 1, "build_container": 1, "collect": 1, "train": 4, **DOWNSTREAM}
     finally:
         code.write_text(original)
 
@@ -121,9 +117,7 @@ def test_changing_the_container_recipe_rebuilds_and_retrains(done):
     original = recipe.read_text()
     try:
         recipe.write_text(original + "\n# a change to the recipe\n")
-        assert dry(done) == {
-            "all": 1, "build_container": 1, "collect": 1, "train": 4, **DOWNSTREAM
-        }  # fmt: skip
+        assert dry(done) == {"all": 1, "build_container": 1, "collect": 1, "train": 4, **DOWNSTREAM}
     finally:
         recipe.write_text(original)
 

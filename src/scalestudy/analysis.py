@@ -124,7 +124,9 @@ def run_measures(row: dict) -> dict:
     out = {m: number(row.get(m)) for m in MEASURES if m != "step_time_s"}
     x, gb = out["throughput_img_s"], number(row.get("global_batch"))
     if x is None or x <= 0:
-        raise AnalysisError(f"run {row.get('run')}: throughput_img_s is {row.get('throughput_img_s')!r}")
+        raise AnalysisError(
+            f"run {row.get('run')}: throughput_img_s is {row.get('throughput_img_s')!r}"
+        )
     out["step_time_s"] = gb / x
     return out
 
@@ -262,7 +264,15 @@ def _add_bucket(rows):
 
 
 # --- verdicts ------------------------------------------------------------------------------------
-VERDICT_COLUMNS = ("target", "description", "threshold", "world_size", "measured", "verdict", "note")
+VERDICT_COLUMNS = (
+    "target",
+    "description",
+    "threshold",
+    "world_size",
+    "measured",
+    "verdict",
+    "note",
+)
 
 
 def verdicts(scaling: list[dict], targets: dict) -> list[dict]:
@@ -313,8 +323,10 @@ def verdicts(scaling: list[dict], targets: dict) -> list[dict]:
         if r["precision"] != "fp32" and r["precision_speedup"] is not None
     ]
     candidates = [r for r in others if r["acc_within_tolerance"] is not False]
-    excluded = sorted({f"{r['precision']} at {r['world_size']}" for r in others} - {
-        f"{r['precision']} at {r['world_size']}" for r in candidates})  # fmt: skip
+    excluded = sorted(
+        {f"{r['precision']} at {r['world_size']}" for r in others}
+        - {f"{r['precision']} at {r['world_size']}" for r in candidates}
+    )
     row = {
         "target": "optimisation_speedup",
         "description": "best precision speedup over the fp32 baseline (accuracy within tolerance)",
@@ -385,14 +397,24 @@ def resources(runs: list[dict], gpus_per_node: int) -> list[dict]:
             continue
         node_h, gpu_h = spent(members)
         rows.append(
-            {"kind": "measured", "family": family, "runs": len(members), "node_hours": node_h,
-             "gpu_hours": gpu_h}
-        )  # fmt: skip
+            {
+                "kind": "measured",
+                "family": family,
+                "runs": len(members),
+                "node_hours": node_h,
+                "gpu_hours": gpu_h,
+            }
+        )
     node_h, gpu_h = spent(runs)
     rows.append(
-        {"kind": "measured", "family": "all (each run once)", "runs": len(runs),
-         "node_hours": node_h, "gpu_hours": gpu_h}
-    )  # fmt: skip
+        {
+            "kind": "measured",
+            "family": "all (each run once)",
+            "runs": len(runs),
+            "node_hours": node_h,
+            "gpu_hours": gpu_h,
+        }
+    )
     for family in FAMILIES:
         members = by_family.get(family)
         if not members:
@@ -430,8 +452,21 @@ SYSTEM_KEYS = (
     ("container_digest", "container image"),
     ("git_commit", "git commit of the runs"),
 )
-STUDY_KEYS = ("dataset", "model", "width", "epochs", "strategy", "loader", "lr", "schedule",
-              "warmup_epochs", "warmup_steps", "comm_probe_steps", "limit_train", "limit_test")  # fmt: skip
+STUDY_KEYS = (
+    "dataset",
+    "model",
+    "width",
+    "epochs",
+    "strategy",
+    "loader",
+    "lr",
+    "schedule",
+    "warmup_epochs",
+    "warmup_steps",
+    "comm_probe_steps",
+    "limit_train",
+    "limit_test",
+)
 
 
 def system_table(runs: list[dict], study: dict) -> list[dict]:
@@ -484,9 +519,15 @@ def profile_shares(path: str | Path) -> list[dict]:
         for cat in PROFILE_CATEGORIES:
             ns = totals.get((run, tool, cat), 0.0)
             out.append(
-                {"run": run, "tool": tool, "rank": first_rank[(run, tool)], "category": cat,
-                 "total_ns": ns, "share": ns / total if total else 0.0}
-            )  # fmt: skip
+                {
+                    "run": run,
+                    "tool": tool,
+                    "rank": first_rank[(run, tool)],
+                    "category": cat,
+                    "total_ns": ns,
+                    "share": ns / total if total else 0.0,
+                }
+            )
     return out
 
 
@@ -565,9 +606,13 @@ def run(args: argparse.Namespace) -> int:
         ("resources", "Resources spent and projected", resource_rows, RESOURCE_COLUMNS),
         ("system", "System, software and study", system_rows, ("section", "key", "value")),
         ("targets", "Targets of the study", targets_rows, ("target", "value")),
-        ("profile_shares", "Kernel time per category", profile,
-         ("run", "tool", "rank", "category", "total_ns", "share")),
-    ]  # fmt: skip
+        (
+            "profile_shares",
+            "Kernel time per category",
+            profile,
+            ("run", "tool", "rank", "category", "total_ns", "share"),
+        ),
+    ]
     for name, title, rows, columns in tables:
         write_csv(out / f"{name}.csv", rows, columns)
         write_html(html_dir / f"{name}.html", title, rows, columns)

@@ -44,9 +44,7 @@ def figures(families: dict, device: str, profiled: bool) -> list[str]:
 # --- data helpers --------------------------------------------------------------------------------
 def family_series(scaling: list[dict], family: str, column: str):
     """(world sizes, means, stds) of a family's column, sorted by world size."""
-    rows = sorted(
-        (r for r in scaling if r["family"] == family), key=lambda r: int(r["world_size"])
-    )
+    rows = sorted((r for r in scaling if r["family"] == family), key=lambda r: int(r["world_size"]))
     xs = [int(r["world_size"]) for r in rows]
     ys = [number(r[f"{column}_mean"] if f"{column}_mean" in r else r[column]) for r in rows]
     stds = [number(r.get(f"{column}_std")) or 0.0 for r in rows]
@@ -86,8 +84,14 @@ def plot_throughput(ax, scaling, device, **_):
             continue
         xs_all += xs
         ax.errorbar(xs, ys, yerr=stds, color=colour, marker=marker, capsize=3, label=family)
-        ax.plot(xs, ideal_throughput(xs, ys), color=colour, ls="--", lw=1,
-                label=f"{family}: ideal X(N0) N / N0")  # fmt: skip
+        ax.plot(
+            xs,
+            ideal_throughput(xs, ys),
+            color=colour,
+            ls="--",
+            lw=1,
+            label=f"{family}: ideal X(N0) N / N0",
+        )
     _gpu_axis(ax, xs_all, device)
     ax.set_yscale("log")
     ax.set_ylabel("throughput (images/s, all ranks)")
@@ -105,14 +109,29 @@ def plot_efficiency(ax, scaling, device, targets, **_):
         if not xs:
             continue
         xs_all += xs
-        ax.errorbar(xs, [100 * y for y in ys], yerr=[100 * s for s in stds], color=colour,
-                    marker=marker, capsize=3, label=label)  # fmt: skip
+        ax.errorbar(
+            xs,
+            [100 * y for y in ys],
+            yerr=[100 * s for s in stds],
+            color=colour,
+            marker=marker,
+            capsize=3,
+            label=label,
+        )
     if "strong_efficiency" in targets:
-        ax.axhline(100 * targets["strong_efficiency"], color=FAMILY_STYLE["strong"][0], ls=":",
-                   label=f"strong target (at {int(targets['strong_efficiency_gpus'])} GPUs)")  # fmt: skip
+        ax.axhline(
+            100 * targets["strong_efficiency"],
+            color=FAMILY_STYLE["strong"][0],
+            ls=":",
+            label=f"strong target (at {targets['strong_efficiency_gpus']:g})",
+        )
     if "weak_deviation" in targets:
-        ax.axhline(100 / (1 + targets["weak_deviation"]), color=FAMILY_STYLE["weak"][0], ls="-.",
-                   label="weak target: 1 / (1 + D_max)")  # fmt: skip
+        ax.axhline(
+            100 / (1 + targets["weak_deviation"]),
+            color=FAMILY_STYLE["weak"][0],
+            ls="-.",
+            label="weak target: 1 / (1 + D_max)",
+        )
     ax.axhline(100, color="grey", lw=0.8)
     _gpu_axis(ax, xs_all, device)
     ax.set_ylabel("parallel efficiency (%)")
@@ -140,8 +159,15 @@ def plot_comm_fraction(ax, scaling, device, **_):
         if not xs:
             continue
         xs_all += xs
-        ax.errorbar(xs, [100 * y for y in ys], yerr=[100 * s for s in stds], color=colour,
-                    marker=marker, capsize=3, label=family)  # fmt: skip
+        ax.errorbar(
+            xs,
+            [100 * y for y in ys],
+            yerr=[100 * s for s in stds],
+            color=colour,
+            marker=marker,
+            capsize=3,
+            label=family,
+        )
     _gpu_axis(ax, xs_all, device)
     ax.set_ylim(bottom=0)
     ax.set_ylabel("exposed communication (% of step time)")
@@ -155,6 +181,7 @@ def plot_precision(ax, scaling, device, **_):
     worlds = sorted({int(r["world_size"]) for r in rows})
     precisions = list(dict.fromkeys(r["precision"] for r in rows))
     width = 0.8 / len(worlds)
+    unit = "GPUs" if device == "cuda" else "ranks"
     for i, w in enumerate(worlds):
         xs, ys, labels = [], [], []
         for j, p in enumerate(precisions):
@@ -167,7 +194,7 @@ def plot_precision(ax, scaling, device, **_):
             diff = number(r["acc_diff_vs_fp32"])
             flag = "" if r["acc_within_tolerance"] != "false" else " (!)"
             labels.append("" if diff is None else f"{100 * diff:+.1f} pp{flag}")
-        bars = ax.bar(xs, ys, width, color=PALETTE[i % len(PALETTE)], label=f"{w} {'GPUs' if device == 'cuda' else 'ranks'}")
+        bars = ax.bar(xs, ys, width, color=PALETTE[i % len(PALETTE)], label=f"{w} {unit}")
         ax.bar_label(bars, labels, fontsize=7, padding=2)
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set_xticks(range(len(precisions)), precisions)
@@ -248,8 +275,15 @@ def plot_gpu_util(ax, scaling, device, **_):
         if not points:
             continue
         xs_all += [p[0] for p in points]
-        ax.errorbar([p[0] for p in points], [p[1] for p in points], yerr=[p[2] for p in points],
-                    color=colour, marker=marker, capsize=3, label=family)  # fmt: skip
+        ax.errorbar(
+            [p[0] for p in points],
+            [p[1] for p in points],
+            yerr=[p[2] for p in points],
+            color=colour,
+            marker=marker,
+            capsize=3,
+            label=family,
+        )
     if not xs_all:
         raise AnalysisError(
             "no run recorded gpu_util_mean (NVML sampling needs nvidia-ml-py and a GPU)"
@@ -270,8 +304,14 @@ def plot_profile(ax, shares, **_):
         for key in keys:
             match = [r for r in shares if (r["run"], r["tool"]) == key and r["category"] == cat]
             vals.append(100 * float(match[0]["share"]) if match else 0.0)
-        ax.barh(range(len(keys)), vals, left=bottom, color=PALETTE[c % len(PALETTE)],
-                hatch="//" if c >= len(PALETTE) else None, label=cat)  # fmt: skip
+        ax.barh(
+            range(len(keys)),
+            vals,
+            left=bottom,
+            color=PALETTE[c % len(PALETTE)],
+            hatch="//" if c >= len(PALETTE) else None,
+            label=cat,
+        )
         bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
     ax.set_yticks(range(len(keys)), [f"{run} ({tool})" for run, tool in keys], fontsize=7)
     ax.set_xlabel("share of kernel time (%, rank 0)")

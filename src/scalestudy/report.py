@@ -68,9 +68,18 @@ FORMATS = {"num": fmt_num, "pct": fmt_pct, "spct": fmt_signed_pct}
 
 def tex_escape(value) -> str:
     text = str(value)
-    for a, b in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("$", r"\$"),
-                 ("#", r"\#"), ("_", r"\_"), ("{", r"\{"), ("}", r"\}"), ("~", r"\~{}"),
-                 ("^", r"\^{}")):  # fmt: skip
+    for a, b in (
+        ("\\", r"\textbackslash{}"),
+        ("&", r"\&"),
+        ("%", r"\%"),
+        ("$", r"\$"),
+        ("#", r"\#"),
+        ("_", r"\_"),
+        ("{", r"\{"),
+        ("}", r"\}"),
+        ("~", r"\~{}"),
+        ("^", r"\^{}"),
+    ):
         text = text.replace(a, b)
     return text
 
@@ -92,8 +101,9 @@ def context(tables: dict[str, list[dict]], figures: list[str], figure_dir: str) 
         "scaling": scaling,
         "family": {f: [r for r in scaling if r["family"] == f] for f in families},
         "families_run": families,
-        "families_missing": [f for f in ("strong", "weak", "precision", "bucket")
-                             if f not in families],  # fmt: skip
+        "families_missing": [
+            f for f in ("strong", "weak", "precision", "bucket") if f not in families
+        ],
         "system": system,
         "system_rows": tables["system"],
         "targets": {r["target"]: r["value"] for r in tables["targets"]},
@@ -110,8 +120,12 @@ def context(tables: dict[str, list[dict]], figures: list[str], figure_dir: str) 
 
 def environment(templates: Path) -> tuple[jinja2.Environment, jinja2.Environment]:
     """(Markdown env, LaTeX env); LaTeX uses <<var>> and <% block %> so braces stay TeX's."""
-    common = {"undefined": jinja2.StrictUndefined, "trim_blocks": True, "lstrip_blocks": True,
-              "keep_trailing_newline": True}  # fmt: skip
+    common = {
+        "undefined": jinja2.StrictUndefined,
+        "trim_blocks": True,
+        "lstrip_blocks": True,
+        "keep_trailing_newline": True,
+    }
     loader = jinja2.FileSystemLoader(str(templates))
     md = jinja2.Environment(loader=loader, **common)
     tex = jinja2.Environment(

@@ -14,7 +14,12 @@ rule analyze:
         targets="results/csv/targets.csv",
         shares="results/csv/profile_shares.csv",
         tables=report(
-            expand("results/tables/{table}.html", table=ANALYSIS_TABLES),
+            expand("results/tables/{table}.html", table=ANALYSIS_TABLES[1:]),
+            caption="../report/table.rst",
+            category="Tables",
+        ),
+        scaling_html=report(
+            "results/tables/scaling.html",
             caption="../report/table.rst",
             category="Tables",
         ),
@@ -24,7 +29,7 @@ rule analyze:
         flags=get_analysis_flags,
         profile=get_profile_flag,
         out_dir=subpath(output.scaling, parent=True),
-        html_dir="results/tables",
+        html_dir=subpath(output.scaling_html, parent=True),
     shell:
         "scalestudy analyze --runs {input.runs:q} {params.profile:q} {params.flags:q} "
         "--out-dir {params.out_dir:q} --html-dir {params.html_dir:q} > {log:q} 2>&1"

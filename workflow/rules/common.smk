@@ -147,7 +147,14 @@ import os
 
 from scalestudy import latex, plots
 
-ANALYSIS_TABLES = ("scaling", "verdicts", "resources", "system", "targets", "profile_shares")
+ANALYSIS_TABLES = (
+    "scaling",
+    "verdicts",
+    "resources",
+    "system",
+    "targets",
+    "profile_shares",
+)
 
 
 def get_profile_kernels(wildcards=None):

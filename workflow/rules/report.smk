@@ -3,19 +3,25 @@
 # documents never point at a missing file.
 rule render_report:
     input:
-        tables=expand("results/csv/{table}.csv", table=ANALYSIS_TABLES),
-        figures=expand("results/plots/{figure}.{ext}", figure=get_figures(), ext=("png", "pdf")),
-        templates=["workflow/report/study.md.j2", "workflow/report/paper.tex.j2"],
+        scaling="results/csv/scaling.csv",
+        tables=expand("results/csv/{table}.csv", table=ANALYSIS_TABLES[1:]),
+        figures=expand(
+            "results/plots/{figure}.{ext}", figure=get_figures(), ext=("png", "pdf")
+        ),
+        md_template="workflow/report/study.md.j2",
+        tex_template="workflow/report/paper.tex.j2",
         code="src/scalestudy/report.py",
     output:
-        md=report("reports/study.md", caption="../report/study.rst", category="Documents"),
+        md=report(
+            "reports/study.md", caption="../report/study.rst", category="Documents"
+        ),
         tex="reports/paper.tex",
     log:
         "logs/render_report/render_report.log",
     params:
         figures=get_figures(),
-        csv_dir="results/csv",
-        templates="workflow/report",
+        csv_dir=subpath(input.scaling, parent=True),
+        templates=subpath(input.md_template, parent=True),
         out_dir=subpath(output.md, parent=True),
     shell:
         "scalestudy render-report --csv-dir {params.csv_dir:q} --templates {params.templates:q} "
@@ -29,7 +35,9 @@ rule paper_pdf:
         tex="reports/paper.tex",
         figures=expand("results/plots/{figure}.pdf", figure=get_figures()),
     output:
-        pdf=report("reports/paper.pdf", caption="../report/paper.rst", category="Documents"),
+        pdf=report(
+            "reports/paper.pdf", caption="../report/paper.rst", category="Documents"
+        ),
     log:
         "logs/paper_pdf/paper_pdf.log",
     shell:
