@@ -11,6 +11,9 @@ min_version("9.20")
 configfile: "config/config.yaml"
 
 
+report: "workflow/report/workflow.rst"
+
+
 # JSON schema first (types, choices, unknown keys, defaults), then the checks between keys
 validate(config, "workflow/schemas/config.schema.yaml")
 
@@ -21,6 +24,9 @@ include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/collect.smk"
 include: "workflow/rules/profile.smk"
+include: "workflow/rules/analysis.smk"
+include: "workflow/rules/plots.smk"
+include: "workflow/rules/report.smk"
 
 
 rule all:
@@ -29,3 +35,7 @@ rule all:
         "results/csv/runs.csv",
         "results/csv/epochs.csv",
         get_profile_targets,
+        "results/csv/scaling.csv",
+        "reports/study.md",
+        "reports/paper.tex",
+        get_paper_pdf(),

@@ -14,9 +14,15 @@ import yaml
 from workflow_helpers import RUN_IDS, TINY, copy_repo, planned_jobs, snakemake, write_config
 
 from scalestudy.collect import REQUIRED_METRICS
+from scalestudy.latex import have_latexmk
 from scalestudy.matrix import RUN_COLUMNS
 
 pytestmark = pytest.mark.workflow
+
+# what follows new runs.csv rows: analysis, the tiny study's 7 figures, the documents, the PDF
+PDF = {"paper_pdf": 1} if have_latexmk() else {}
+REPORT = {"render_report": 1, **PDF}
+DOWNSTREAM = {"analyze": 1, "plot": 7, **REPORT}
 
 
 @pytest.fixture(scope="module")
@@ -59,12 +65,22 @@ def test_touching_without_changing_reruns_nothing(done):
     assert dry(done) == {}
 
 
-def test_changing_collect_code_reruns_only_collect(done):
-    code = done / "src/scalestudy/collect.py"
+@pytest.mark.parametrize(
+    "path, expected",
+    [
+        ("src/scalestudy/collect.py", {"collect": 1, **DOWNSTREAM}),
+        ("src/scalestudy/analysis.py", DOWNSTREAM),
+        ("src/scalestudy/plots.py", {"plot": 7, **REPORT}),
+        ("src/scalestudy/report.py", REPORT),
+        ("workflow/report/paper.tex.j2", REPORT),
+    ],
+)
+def test_editing_aggregation_plotting_or_report_code_reruns_only_those_rules(done, path, expected):
+    code = done / path
     original = code.read_text()
     try:
-        code.write_text(original + "\n# a change to the aggregation code\n")
-        assert dry(done) == {"all": 1, "collect": 1}
+        code.write_text(original + "\n")
+        assert dry(done) == {"all": 1, **expected}
     finally:
         code.write_text(original)
 
@@ -74,7 +90,7 @@ def test_adding_a_gpu_count_adds_only_that_run(done, tmp_path):
     bigger["families"]["strong"]["gpus"] = [1, 2, 4]  # 4 = 2 nodes x 2
     write_config(done / "bigger.yaml", bigger)
     jobs = planned_jobs(snakemake(done, "--configfile", "bigger.yaml", "-n", stand_ins=True))
-    assert jobs == {"all": 1, "collect": 1, "matrix": 1, "train": 1}
+    assert jobs == {"all": 1, "collect": 1, "matrix": 1, "train": 1, **DOWNSTREAM}
 
 
 def test_adding_a_bucket_value_adds_only_those_runs(done):
@@ -82,7 +98,7 @@ def test_adding_a_bucket_value_adds_only_those_runs(done):
     bigger["families"]["bucket"]["bucket_cap_mb"] = [1, 5, 25]
     write_config(done / "bigger.yaml", bigger)
     jobs = planned_jobs(snakemake(done, "--configfile", "bigger.yaml", "-n", stand_ins=True))
-    assert jobs == {"all": 1, "collect": 1, "matrix": 1, "train": 1}
+    assert jobs == {"all": 1, "collect": 1, "matrix": 1, "train": 1, **DOWNSTREAM}
 
 
 def test_changing_trainer_source_reruns_training(done):
@@ -91,7 +107,7 @@ def test_changing_trainer_source_reruns_training(done):
     try:
         code.write_text(original + "\n# a change to the trainer\n")
         # the image installs the package, so it is rebuilt, and every run trains again
-        assert dry(done) == {"all": 1, "build_container": 1, "collect": 1, "train": 4}
+        assert dry(done) == {"all": 1, "build_container": 1, "collect": 1, "train": 4, **DOWNSTREAM}
     finally:
         code.write_text(original)
 
@@ -101,7 +117,7 @@ def test_changing_the_container_recipe_rebuilds_and_retrains(done):
     original = recipe.read_text()
     try:
         recipe.write_text(original + "\n# a change to the recipe\n")
-        assert dry(done) == {"all": 1, "build_container": 1, "collect": 1, "train": 4}
+        assert dry(done) == {"all": 1, "build_container": 1, "collect": 1, "train": 4, **DOWNSTREAM}
     finally:
         recipe.write_text(original)
 
@@ -125,7 +141,7 @@ def test_changing_a_run_flag_reruns_that_run_only(done):
     changed["families"]["bucket"]["bucket_cap_mb"] = [2, 25]  # bk1 -> bk2: a new run id
     write_config(done / "changed.yaml", changed)
     jobs = planned_jobs(snakemake(done, "--configfile", "changed.yaml", "-n", stand_ins=True))
-    assert jobs == {"all": 1, "collect": 1, "matrix": 1, "train": 1}
+    assert jobs == {"all": 1, "collect": 1, "matrix": 1, "train": 1, **DOWNSTREAM}
 
 
 @pytest.mark.parametrize(

@@ -21,6 +21,10 @@ SUBCOMMANDS = {
     "parse-nsys": ("scalestudy.parse_nsys", "nsys stats CSVs -> profile kernels/ranges CSV"),
     "parse-ncu": ("scalestudy.parse_ncu", "ncu --page details CSV -> profile_ncu CSV"),
     "inventory": ("scalestudy.inventory", "system inventory of this node/allocation -> JSON"),
+    "analyze": ("scalestudy.analysis", "scaling, verdicts and resources from results/csv"),
+    "plot": ("scalestudy.plots", "one figure of the study (PNG and PDF) from the analysis CSVs"),
+    "render-report": ("scalestudy.report", "reports/study.md and paper.tex from the CSVs only"),
+    "build-pdf": ("scalestudy.latex", "reports/paper.pdf with latexmk, or say why not"),
 }
 
 

@@ -1,11 +1,12 @@
 # Config checks, the run table and the input/param functions of the rules. The logic lives in
 # the scalestudy package (studyconfig.py, matrix.py), unit-tested there.
+import os
 import sys
 
 from snakemake.exceptions import WorkflowError
 
 try:
-    from scalestudy import matrix, studyconfig
+    from scalestudy import latex, matrix, plots, profiling, studyconfig
 except ImportError as exc:
     raise WorkflowError(
         f"cannot import the scalestudy package ({exc}): run `pip install -e .` in this "
@@ -39,6 +40,10 @@ localrules:
     profile_parse,
     profile_collect,
     profile_collect_ncu,
+    analyze,
+    plot,
+    render_report,
+    paper_pdf,
 
 
 onstart:
@@ -147,8 +152,6 @@ def get_threads(wildcards):
 
 # --- profiling (workflow/rules/profile.smk): chosen runs again, for a short window, in their own
 # jobs and directories; the choice and the window flags live in scalestudy.profiling.
-from scalestudy import profiling
-
 PROFILING = config["profiling"]
 PROFILED = {
     row["run"]: row for row in profiling.profiled_runs(config, list(RUNS.values()))
@@ -190,3 +193,54 @@ def get_ncu_settings(wildcards):
         "skip": ncu["launch_skip"],
         "count": ncu["launch_count"],
     }
+
+
+# --- analysis, plots and report (logic in scalestudy.analysis / plots / report / latex)
+ANALYSIS_TABLES = (
+    "scaling",
+    "verdicts",
+    "resources",
+    "system",
+    "targets",
+    "profile_shares",
+)
+
+
+def get_profile_kernels(wildcards=None):
+    """results/csv/profile_kernels.csv of the profiling stage (profile.smk); none when profiling
+    is off: the report then says that profiling was not captured."""
+    return ["results/csv/profile_kernels.csv"] if PROFILED else []
+
+
+def get_figures(wildcards=None):
+    """The figures this study can draw (results/plots/<name>.{png,pdf})."""
+    return plots.figures(
+        config["families"], config["hardware"]["device"], bool(get_profile_kernels())
+    )
+
+
+def get_analysis_flags(wildcards):
+    targets = config["report"]["targets"]
+    flags = [f"--{key.replace('_', '-')}={value}" for key, value in targets.items()]
+    flags += [f"--gpus-per-node={config['hardware']['gpus_per_node']}"]
+    flags += [f"--study={config['study']}", f"--configfile={get_configfile()}"]
+    return flags
+
+
+def get_configfile():
+    """The study file to name in the report's reproduce commands (the last --configfile)."""
+    files = list(workflow.overwrite_configfiles) or ["config/config.yaml"]
+    return os.path.relpath(str(files[-1]))
+
+
+def get_profile_flag(wildcards):
+    files = get_profile_kernels()
+    return [f"--profile={files[0]}"] if files else []
+
+
+def get_paper_pdf(wildcards=None):
+    """reports/paper.pdf when latexmk is installed; without it only the PDF is skipped."""
+    if latex.have_latexmk():
+        return ["reports/paper.pdf"]
+    print(f"scalestudy: {latex.MISSING}", file=sys.stderr)
+    return []

@@ -1,0 +1,620 @@
+"""`scalestudy analyze`: results/csv/runs.csv (+ epochs.csv) -> the study's derived tables.
+
+Every number the plots and the documents show is a cell of one of these CSVs (the documents only
+format cells; tests/test_report.py checks that):
+
+    scaling.csv    one row per family and configuration (mean / std / n over repeats)
+    verdicts.csv   each target of the study (config `report.targets`) with the measured value
+    resources.csv  node-hours and GPU-hours spent per family, and projected at k x the largest scale
+    system.csv     system, software and study facts (key, value)
+
+Definitions (X = throughput_img_s, the steady-state images/s of a run summed over ranks, see
+train.py; a configuration's value is the mean over its repeats; N0 = the family's smallest
+world size, 1 in a usual study):
+
+    step time             T(N)   = global_batch / X(N)      s per optimizer step, steady state
+    strong speedup        S(N)   = T(N0) / T(N)             (fixed global batch, so T ~ epoch time)
+    strong efficiency     E_s(N) = N0 T(N0) / (N T(N))      = T(1) / (N T(N)) when N0 = 1
+    Karp-Flatt fraction   e(N)   = (1/S - 1/p) / (1 - 1/p)  with p = N / N0 > 1
+    weak efficiency       E_w(N) = T(N0) / T(N)             (fixed local batch)
+    weak deviation        D(N)   = T(N) / T(N0) - 1
+    precision speedup     P      = X(precision) / X(fp32)  at the same world size
+    bucket sensitivity    B      = X(cell) / max X over the bucket_cap_mb x local_batch grid
+
+The weak-scaling time is the step time, not the epoch time: an epoch is one pass over the fixed
+dataset shared by all ranks, so a weak-scaling epoch shortens as ranks are added. The efficiency
+spread is propagated from the repeats' standard deviations (relative errors added in quadrature).
+std is the sample standard deviation (n - 1); with one repeat it is left blank, never 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import html
+import io
+import math
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from scalestudy import atomic
+
+FAMILIES = ("strong", "weak", "precision", "bucket")
+# per-run measurements averaged over repeats: column in runs.csv -> prefix in scaling.csv
+MEASURES = (
+    "throughput_img_s",
+    "epoch_time_s",
+    "step_time_s",
+    "final_val_acc",
+    "comm_exposed_frac",
+    "gpu_util_mean",
+    "train_time_s",
+)
+GROUP_KEYS = ("family", "world_size", "local_batch", "precision", "bucket_cap_mb")
+SCALING_COLUMNS = (
+    *GROUP_KEYS,
+    "nodes",
+    "global_batch",
+    "n",
+    *(f"{m}_{s}" for m in MEASURES for s in ("mean", "std")),
+    "speedup",
+    "strong_efficiency",
+    "strong_efficiency_std",
+    "karp_flatt",
+    "weak_efficiency",
+    "weak_efficiency_std",
+    "weak_deviation",
+    "precision_speedup",
+    "acc_diff_vs_fp32",
+    "acc_within_tolerance",
+    "bucket_rel_throughput",
+    "runs",
+)
+PROFILE_COLUMNS = ("run", "rank", "tool", "kernel", "category", "instances", "total_ns", "share")
+PROFILE_CATEGORIES = (
+    "conv",
+    "batchnorm",
+    "gemm",
+    "elementwise",
+    "reduce",
+    "optimizer",
+    "nccl",
+    "memcpy",
+    "other",
+)
+DEFAULT_TARGETS = {
+    "strong_efficiency": 0.70,
+    "strong_efficiency_gpus": 8,
+    "weak_deviation": 0.10,
+    "optimisation_speedup": 0.20,
+    "accuracy_tolerance": 0.01,
+}
+SCALE_FACTORS = (2, 4)
+
+
+class AnalysisError(RuntimeError):
+    pass
+
+
+# --- reading -------------------------------------------------------------------------------------
+def read_csv(path: str | Path, what: str = "", make: str = "snakemake") -> list[dict]:
+    path = Path(path)
+    if not path.exists():
+        raise AnalysisError(f"missing {path}{what}: run `{make}` first")
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def number(value) -> float | None:
+    """A CSV cell as a float; blank / None / null / nan -> None."""
+    if value is None:
+        return None
+    if isinstance(value, int | float):
+        return None if isinstance(value, float) and math.isnan(value) else float(value)
+    text = str(value).strip()
+    if text in ("", "None", "null", "nan", "NaN"):
+        return None
+    return float(text)
+
+
+def run_measures(row: dict) -> dict:
+    """The per-run measurements of MEASURES (step_time_s derived: global_batch / throughput)."""
+    out = {m: number(row.get(m)) for m in MEASURES if m != "step_time_s"}
+    x, gb = out["throughput_img_s"], number(row.get("global_batch"))
+    if x is None or x <= 0:
+        raise AnalysisError(
+            f"run {row.get('run')}: throughput_img_s is {row.get('throughput_img_s')!r}"
+        )
+    out["step_time_s"] = gb / x
+    return out
+
+
+# --- statistics ----------------------------------------------------------------------------------
+def mean_std(values: list[float | None]) -> tuple[float | None, float | None, int]:
+    """(mean, sample std or None when n < 2, n) of the values that were measured."""
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return None, None, 0
+    mean = statistics.fmean(vals)
+    std = statistics.stdev(vals) if len(vals) > 1 else None
+    return mean, std, len(vals)
+
+
+def ratio_std(a: float, sa: float | None, b: float, sb: float | None) -> float | None:
+    """Spread of a/b from the spreads of a and b (relative errors in quadrature)."""
+    if sa is None and sb is None:
+        return None
+    rel = math.hypot((sa or 0.0) / a, (sb or 0.0) / b)
+    return abs(a / b) * rel
+
+
+def karp_flatt(speedup: float, p: float) -> float | None:
+    """Experimentally determined serial fraction (Karp & Flatt 1990); undefined for p <= 1."""
+    if p <= 1:
+        return None
+    return (1.0 / speedup - 1.0 / p) / (1.0 - 1.0 / p)
+
+
+# --- the scaling table ---------------------------------------------------------------------------
+def group_runs(runs: list[dict]) -> dict[tuple, list[dict]]:
+    """(family, world_size, local_batch, precision, bucket_cap_mb) -> the runs (its repeats).
+
+    A run shared by several families (`families` = "bucket;strong;weak") counts in each."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for row in runs:
+        for family in filter(None, str(row["families"]).split(";")):
+            key = (
+                family,
+                int(row["world_size"]),
+                int(row["local_batch"]),
+                row["precision"],
+                float(row["bucket_cap_mb"]),
+            )
+            groups[key].append(row)
+    return groups
+
+
+def scaling_table(runs: list[dict], acc_tolerance: float = 0.01) -> list[dict]:
+    """The rows of scaling.csv (see the module docstring for every formula)."""
+    rows = []
+    for key, members in sorted(group_runs(runs).items(), key=lambda kv: _order(kv[0])):
+        row = dict(zip(GROUP_KEYS, key, strict=True))
+        row["nodes"] = int(members[0]["nodes"])
+        row["global_batch"] = int(members[0]["global_batch"])
+        per_run = [run_measures(r) for r in members]
+        for m in MEASURES:
+            mean, std, n = mean_std([p[m] for p in per_run])
+            row[f"{m}_mean"], row[f"{m}_std"] = mean, std
+        row["n"] = len(members)
+        row["runs"] = ";".join(sorted(r["run"] for r in members))
+        rows.append(row)
+    _add_strong(rows)
+    _add_weak(rows)
+    _add_precision(rows, acc_tolerance)
+    _add_bucket(rows)
+    return [{c: r.get(c) for c in SCALING_COLUMNS} for r in rows]
+
+
+def _order(key):
+    family, world_size, local_batch, precision, bucket = key
+    return (FAMILIES.index(family), world_size, local_batch, precision, bucket)
+
+
+def _family(rows, family):
+    return [r for r in rows if r["family"] == family]
+
+
+def _add_strong(rows):
+    fam = _family(rows, "strong")
+    if not fam:
+        return
+    base = min(fam, key=lambda r: r["world_size"])
+    n0, t0, s0 = base["world_size"], base["step_time_s_mean"], base["step_time_s_std"]
+    for r in fam:
+        n, t, s = r["world_size"], r["step_time_s_mean"], r["step_time_s_std"]
+        r["speedup"] = t0 / t
+        r["strong_efficiency"] = n0 * t0 / (n * t)
+        std = ratio_std(t0, s0, t, s)
+        r["strong_efficiency_std"] = None if std is None else std * n0 / n
+        r["karp_flatt"] = karp_flatt(r["speedup"], n / n0)
+
+
+def _add_weak(rows):
+    fam = _family(rows, "weak")
+    if not fam:
+        return
+    base = min(fam, key=lambda r: r["world_size"])
+    t0, s0 = base["step_time_s_mean"], base["step_time_s_std"]
+    for r in fam:
+        t, s = r["step_time_s_mean"], r["step_time_s_std"]
+        r["weak_efficiency"] = t0 / t
+        r["weak_efficiency_std"] = ratio_std(t0, s0, t, s)
+        r["weak_deviation"] = t / t0 - 1.0
+
+
+def _add_precision(rows, tolerance):
+    fam = _family(rows, "precision")
+    for r in fam:
+        base = [
+            b
+            for b in fam
+            if b["precision"] == "fp32"
+            and b["world_size"] == r["world_size"]
+            and b["local_batch"] == r["local_batch"]
+        ]
+        if not base:  # no fp32 baseline at this world size: no speedup claimed
+            continue
+        b = base[0]
+        r["precision_speedup"] = r["throughput_img_s_mean"] / b["throughput_img_s_mean"]
+        if r["final_val_acc_mean"] is not None and b["final_val_acc_mean"] is not None:
+            diff = r["final_val_acc_mean"] - b["final_val_acc_mean"]
+            r["acc_diff_vs_fp32"] = diff
+            r["acc_within_tolerance"] = abs(diff) <= tolerance
+
+
+def _add_bucket(rows):
+    fam = _family(rows, "bucket")
+    if not fam:
+        return
+    best = max(r["throughput_img_s_mean"] for r in fam)
+    for r in fam:
+        r["bucket_rel_throughput"] = r["throughput_img_s_mean"] / best
+
+
+# --- verdicts ------------------------------------------------------------------------------------
+VERDICT_COLUMNS = (
+    "target",
+    "description",
+    "threshold",
+    "world_size",
+    "measured",
+    "verdict",
+    "note",
+)
+
+
+def verdicts(scaling: list[dict], targets: dict) -> list[dict]:
+    """One row per target: pass / fail / not measured (with what was measured instead)."""
+    out = []
+    strong = _family(scaling, "strong")
+    want = int(targets["strong_efficiency_gpus"])
+    at = [r for r in strong if r["world_size"] == want]
+    row = {
+        "target": "strong_efficiency",
+        "description": f"strong-scaling efficiency E_s at {want} GPUs",
+        "threshold": targets["strong_efficiency"],
+        "world_size": want,
+    }
+    if at:
+        row["measured"] = at[0]["strong_efficiency"]
+        row["verdict"] = "pass" if row["measured"] >= row["threshold"] else "fail"
+    elif strong:
+        largest = max(strong, key=lambda r: r["world_size"])
+        row["verdict"] = "not measured"
+        row["note"] = (
+            f"the strong family has no run at {want} GPUs; its largest world size is "
+            f"{largest['world_size']}"
+        )
+    else:
+        row["verdict"], row["note"] = "not measured", "the strong family did not run"
+    out.append(row)
+
+    weak = _family(scaling, "weak")
+    row = {
+        "target": "weak_deviation",
+        "description": "weak-scaling step-time deviation D at the largest world size",
+        "threshold": targets["weak_deviation"],
+    }
+    if len(weak) > 1:
+        largest = max(weak, key=lambda r: r["world_size"])
+        row["world_size"] = largest["world_size"]
+        row["measured"] = largest["weak_deviation"]
+        row["verdict"] = "pass" if row["measured"] <= row["threshold"] else "fail"
+    else:
+        row["verdict"] = "not measured"
+        row["note"] = "the weak family needs two or more world sizes"
+    out.append(row)
+
+    others = [
+        r
+        for r in _family(scaling, "precision")
+        if r["precision"] != "fp32" and r["precision_speedup"] is not None
+    ]
+    candidates = [r for r in others if r["acc_within_tolerance"] is not False]
+    excluded = sorted(
+        {f"{r['precision']} at {r['world_size']}" for r in others}
+        - {f"{r['precision']} at {r['world_size']}" for r in candidates}
+    )
+    row = {
+        "target": "optimisation_speedup",
+        "description": "best precision speedup over the fp32 baseline (accuracy within tolerance)",
+        "threshold": targets["optimisation_speedup"],
+    }
+    if candidates:
+        best = max(candidates, key=lambda r: r["precision_speedup"])
+        row["world_size"] = best["world_size"]
+        row["measured"] = best["precision_speedup"] - 1.0
+        row["verdict"] = "pass" if row["measured"] >= row["threshold"] else "fail"
+        row["note"] = f"best: {best['precision']}"
+        if excluded:
+            row["note"] += f"; accuracy outside the tolerance: {', '.join(excluded)}"
+    elif excluded:
+        row["verdict"] = "fail"
+        row["note"] = (
+            f"every faster precision lost accuracy beyond the tolerance: {', '.join(excluded)}"
+        )
+    else:
+        row["verdict"] = "not measured"
+        row["note"] = (
+            "no precision other than fp32 ran next to an fp32 baseline with an accuracy within "
+            "the tolerance"
+        )
+    out.append(row)
+    return [{c: r.get(c) for c in VERDICT_COLUMNS} for r in out]
+
+
+# --- resources -----------------------------------------------------------------------------------
+RESOURCE_COLUMNS = (
+    "kind",
+    "family",
+    "scale_factor",
+    "world_size",
+    "nodes",
+    "runs",
+    "node_hours",
+    "gpu_hours",
+    "node_hours_ideal",
+)
+
+
+def resources(runs: list[dict], gpus_per_node: int) -> list[dict]:
+    """Measured node-/GPU-hours per family (train_time_s x nodes, x world size), the study total
+    (each run once), and projections of each family's largest-scale runs at k x that scale:
+
+        node_hours(k)       = sum over those runs of ceil(k N / gpus_per_node) x t      (no speedup)
+        node_hours_ideal(k) = sum over those runs of ceil(k N / gpus_per_node) x t / k  (ideal)
+
+    t = the run's measured train_time_s / 3600; the truth lies between the two bounds, nearer the
+    first the lower the measured scaling efficiency."""
+    rows = []
+    by_family: dict[str, list[dict]] = defaultdict(list)
+    for r in runs:
+        for family in filter(None, str(r["families"]).split(";")):
+            by_family[family].append(r)
+
+    def spent(members):
+        hours = [number(r["train_time_s"]) / 3600.0 for r in members]
+        return (
+            sum(int(r["nodes"]) * h for r, h in zip(members, hours, strict=True)),
+            sum(int(r["world_size"]) * h for r, h in zip(members, hours, strict=True)),
+        )
+
+    for family in FAMILIES:
+        members = by_family.get(family)
+        if not members:
+            continue
+        node_h, gpu_h = spent(members)
+        rows.append(
+            {
+                "kind": "measured",
+                "family": family,
+                "runs": len(members),
+                "node_hours": node_h,
+                "gpu_hours": gpu_h,
+            }
+        )
+    node_h, gpu_h = spent(runs)
+    rows.append(
+        {
+            "kind": "measured",
+            "family": "all (each run once)",
+            "runs": len(runs),
+            "node_hours": node_h,
+            "gpu_hours": gpu_h,
+        }
+    )
+    for family in FAMILIES:
+        members = by_family.get(family)
+        if not members:
+            continue
+        n_max = max(int(r["world_size"]) for r in members)
+        largest = [r for r in members if int(r["world_size"]) == n_max]
+        for k in SCALE_FACTORS:
+            world = k * n_max
+            nodes = math.ceil(world / gpus_per_node)
+            hours = sum(number(r["train_time_s"]) / 3600.0 for r in largest)
+            rows.append(
+                {
+                    "kind": "projected",
+                    "family": family,
+                    "scale_factor": k,
+                    "world_size": world,
+                    "nodes": nodes,
+                    "runs": len(largest),
+                    "node_hours": nodes * hours,
+                    "gpu_hours": world * hours,
+                    "node_hours_ideal": nodes * hours / k,
+                }
+            )
+    return [{c: r.get(c) for c in RESOURCE_COLUMNS} for r in rows]
+
+
+# --- system and software -------------------------------------------------------------------------
+SYSTEM_KEYS = (
+    ("device_type", "device type"),
+    ("device_name", "device"),
+    ("hostnames", "hosts"),
+    ("torch_version", "PyTorch"),
+    ("cuda_version", "CUDA"),
+    ("nccl_version", "NCCL"),
+    ("container_digest", "container image"),
+    ("git_commit", "git commit of the runs"),
+)
+STUDY_KEYS = (
+    "dataset",
+    "model",
+    "width",
+    "epochs",
+    "strategy",
+    "loader",
+    "lr",
+    "schedule",
+    "warmup_epochs",
+    "warmup_steps",
+    "comm_probe_steps",
+    "limit_train",
+    "limit_test",
+)
+
+
+def system_table(runs: list[dict], study: dict) -> list[dict]:
+    """(section, key, value): what ran where, each value the distinct values over all runs."""
+    rows = [{"section": "study", "key": k, "value": v} for k, v in study.items()]
+    rows.append({"section": "study", "key": "runs", "value": len(runs)})
+    repeats = {int(r["repeat"]) for r in runs}
+    rows.append({"section": "study", "key": "repeats", "value": len(repeats)})
+    for column in STUDY_KEYS:
+        rows.append({"section": "run settings", "key": column, "value": _distinct(runs, column)})
+    for column, label in SYSTEM_KEYS:
+        rows.append({"section": "system", "key": label, "value": _distinct(runs, column)})
+    return rows
+
+
+def _distinct(runs, column) -> str:
+    values = []
+    for r in runs:
+        for v in str(r.get(column) or "").split(";"):
+            if v not in ("", "None") and v not in values:
+                values.append(v)
+    return "; ".join(values) if values else "not recorded"
+
+
+# --- profiling (optional input from the profiling stage) -----------------------------------------
+def profile_shares(path: str | Path) -> list[dict]:
+    """results/csv/profile_kernels.csv -> share of kernel time per (run, tool, category), rank 0
+    when present, else the lowest rank. Columns are checked, categories must be known."""
+    rows = read_csv(path, " (the profiling stage's kernel table)")
+    if rows:
+        missing = [c for c in PROFILE_COLUMNS if c not in rows[0]]
+        if missing:
+            raise AnalysisError(f"{path} lacks the columns {missing}; expected {PROFILE_COLUMNS}")
+    totals: dict[tuple, float] = defaultdict(float)
+    first_rank: dict[tuple, int] = {}
+    for r in rows:
+        if r["category"] not in PROFILE_CATEGORIES:
+            raise AnalysisError(
+                f"{path}: unknown category {r['category']!r} (kernel {r['kernel']!r}); "
+                f"allowed: {', '.join(PROFILE_CATEGORIES)}"
+            )
+        key = (r["run"], r["tool"])
+        first_rank[key] = min(first_rank.get(key, int(r["rank"])), int(r["rank"]))
+    for r in rows:
+        if int(r["rank"]) == first_rank[(r["run"], r["tool"])]:
+            totals[(r["run"], r["tool"], r["category"])] += float(r["total_ns"])
+    out = []
+    for run, tool in sorted(first_rank):
+        total = sum(v for (ru, to, _), v in totals.items() if (ru, to) == (run, tool))
+        for cat in PROFILE_CATEGORIES:
+            ns = totals.get((run, tool, cat), 0.0)
+            out.append(
+                {
+                    "run": run,
+                    "tool": tool,
+                    "rank": first_rank[(run, tool)],
+                    "category": cat,
+                    "total_ns": ns,
+                    "share": ns / total if total else 0.0,
+                }
+            )
+    return out
+
+
+# --- writing -------------------------------------------------------------------------------------
+def cell(value) -> str:
+    """How a value is written to a CSV cell: None -> blank; floats with full precision."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(round(value, 10))
+    return str(value)
+
+
+def write_csv(path: str | Path, rows: list[dict], columns) -> None:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(columns)
+    for r in rows:
+        writer.writerow([cell(r.get(c)) for c in columns])
+    atomic.write_text(path, buf.getvalue())
+
+
+def write_html(path: str | Path, title: str, rows: list[dict], columns) -> None:
+    """A CSV as a small standalone HTML table, readable inside `snakemake --report`."""
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = "\n".join(
+        "<tr>" + "".join(f"<td>{html.escape(cell(r.get(c)))}</td>" for c in columns) + "</tr>"
+        for r in rows
+    )
+    atomic.write_text(
+        path,
+        f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        "<style>table{border-collapse:collapse;font:13px sans-serif}"
+        "td,th{border:1px solid #999;padding:2px 6px;text-align:right}</style></head><body>"
+        f"<h3>{html.escape(title)}</h3><table><tr>{head}</tr>\n{body}</table></body></html>\n",
+    )
+
+
+# --- CLI -----------------------------------------------------------------------------------------
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--runs", default="results/csv/runs.csv")
+    parser.add_argument("--profile", default="", help="profile_kernels.csv (optional)")
+    parser.add_argument("--out-dir", default="results/csv", help="where the CSVs go")
+    parser.add_argument("--html-dir", default="results/tables", help="HTML copies of the tables")
+    parser.add_argument("--gpus-per-node", type=int, required=True, help="hardware.gpus_per_node")
+    parser.add_argument("--study", default="", help="study name (config `study`)")
+    parser.add_argument("--configfile", default="", help="the study's config file (reproduce)")
+    for key, value in DEFAULT_TARGETS.items():
+        flag = "--" + key.replace("_", "-")
+        parser.add_argument(flag, type=type(value), default=value, help=f"target (default {value})")
+
+
+def run(args: argparse.Namespace) -> int:
+    targets = {k: getattr(args, k) for k in DEFAULT_TARGETS}
+    try:
+        runs = read_csv(args.runs, " (one row per run)", "snakemake results/csv/runs.csv")
+        if not runs:
+            raise AnalysisError(f"{args.runs} has no runs")
+        scaling = scaling_table(runs, targets["accuracy_tolerance"])
+        verdict_rows = verdicts(scaling, targets)
+        resource_rows = resources(runs, args.gpus_per_node)
+        study = {"name": args.study, "device": _distinct(runs, "device")}
+        system_rows = system_table(runs, study)
+        system_rows.append({"section": "reproduce", "key": "configfile", "value": args.configfile})
+        profile = profile_shares(args.profile) if args.profile else []
+    except AnalysisError as exc:
+        print(f"scalestudy analyze: {exc}", file=sys.stderr)
+        return 1
+    out, html_dir = Path(args.out_dir), Path(args.html_dir)
+    targets_rows = [{"target": k, "value": v} for k, v in targets.items()]
+    tables = [
+        ("scaling", "Scaling per family and configuration", scaling, SCALING_COLUMNS),
+        ("verdicts", "Targets and verdicts", verdict_rows, VERDICT_COLUMNS),
+        ("resources", "Resources spent and projected", resource_rows, RESOURCE_COLUMNS),
+        ("system", "System, software and study", system_rows, ("section", "key", "value")),
+        ("targets", "Targets of the study", targets_rows, ("target", "value")),
+        (
+            "profile_shares",
+            "Kernel time per category",
+            profile,
+            ("run", "tool", "rank", "category", "total_ns", "share"),
+        ),
+    ]
+    for name, title, rows, columns in tables:
+        write_csv(out / f"{name}.csv", rows, columns)
+        write_html(html_dir / f"{name}.html", title, rows, columns)
+    print(f"analyzed {len(runs)} runs -> {len(scaling)} scaling rows in {out}")
+    return 0

@@ -1,0 +1,51 @@
+"""`scalestudy build-pdf`: reports/paper.tex -> reports/paper.pdf with latexmk (pdfLaTeX).
+
+Without latexmk on PATH it fails with the packages to install; the workflow asks for the PDF only
+when latexmk is there (workflow/rules/report.smk), and says so when it is not.
+
+    scalestudy build-pdf reports/paper.tex
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+TEX_PACKAGES = "latexmk texlive-latex-base texlive-latex-recommended texlive-fonts-recommended"
+MISSING = (
+    "latexmk is not installed, so reports/paper.pdf is not built (reports/paper.tex is); "
+    f"install TeX with `apt-get install --no-install-recommends {TEX_PACKAGES}` "
+    "(scripts/setup.sh does this as root)"
+)
+
+
+def have_latexmk() -> bool:
+    return shutil.which("latexmk") is not None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("tex", help="the .tex file; the PDF is written beside it")
+
+
+def run(args: argparse.Namespace) -> int:
+    if not have_latexmk():
+        print(f"scalestudy build-pdf: {MISSING}", file=sys.stderr)
+        return 1
+    tex = Path(args.tex)
+    # -cd: figure paths in the .tex are relative to its directory; nonstopmode + halt: a TeX
+    # error fails the job instead of waiting for input
+    cmd = ["latexmk", "-pdf", "-cd", "-interaction=nonstopmode", "-halt-on-error", str(tex)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    sys.stdout.write(proc.stdout[-4000:])
+    if proc.returncode != 0:
+        print(
+            f"scalestudy build-pdf: latexmk failed ({proc.returncode}); see "
+            f"{tex.with_suffix('.log')}\n{proc.stderr[-2000:]}",
+            file=sys.stderr,
+        )
+        return 1
+    print(f"wrote {tex.with_suffix('.pdf')}")
+    return 0

@@ -1,0 +1,388 @@
+"""`scalestudy plot --figure NAME`: one figure of the study (PNG and PDF) from the analysis CSVs.
+
+Every plotted value is a cell of results/csv/scaling.csv (or epochs.csv, profile_shares.csv);
+nothing is typed in by hand. Error bars are one sample standard deviation over the repeats (none
+drawn when a configuration ran once). Colours: the Okabe-Ito palette, safe for colour-blind
+readers; markers differ too, so the figures also read in greyscale.
+
+    scalestudy plot --figure throughput --scaling results/csv/scaling.csv --out results/plots
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from scalestudy.analysis import PROFILE_CATEGORIES, AnalysisError, number, read_csv
+
+# Okabe & Ito (2008), "Color universal design"
+PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+FAMILY_STYLE = {"strong": (PALETTE[0], "o"), "weak": (PALETTE[1], "s")}
+
+
+def figures(families: dict, device: str, profiled: bool) -> list[str]:
+    """The figures a study has: only those whose data a run of it can produce."""
+    enabled = {name for name, fam in families.items() if fam.get("enabled")}
+    out = []
+    if enabled & {"strong", "weak"}:
+        out += ["throughput", "efficiency", "epoch_time", "comm_fraction"]
+    if "precision" in enabled:
+        out.append("precision")
+    if "bucket" in enabled:
+        out.append("bucket")
+    out.append("accuracy")
+    if device == "cuda":
+        out.append("gpu_util")
+    if profiled:
+        out.append("profile")
+    return out
+
+
+# --- data helpers --------------------------------------------------------------------------------
+def family_series(scaling: list[dict], family: str, column: str):
+    """(world sizes, means, stds) of a family's column, sorted by world size."""
+    rows = sorted((r for r in scaling if r["family"] == family), key=lambda r: int(r["world_size"]))
+    xs = [int(r["world_size"]) for r in rows]
+    ys = [number(r[f"{column}_mean"] if f"{column}_mean" in r else r[column]) for r in rows]
+    stds = [number(r.get(f"{column}_std")) or 0.0 for r in rows]
+    return xs, ys, stds
+
+
+def ideal_throughput(xs: list[int], ys: list[float]) -> list[float]:
+    """Perfect linear scaling from the smallest world size: X(N0) N / N0."""
+    return [ys[0] * x / xs[0] for x in xs]
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update({"figure.dpi": 110, "savefig.dpi": 150, "font.size": 9})
+    return plt
+
+
+def _gpu_axis(ax, xs_all, device):
+    ax.set_xscale("log", base=2)
+    ticks = sorted(set(xs_all))
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.minorticks_off()
+    ax.set_xlabel("GPUs (world size)" if device == "cuda" else "ranks (CPU processes)")
+    ax.grid(alpha=0.3)
+
+
+# --- figures -------------------------------------------------------------------------------------
+def plot_throughput(ax, scaling, device, **_):
+    xs_all = []
+    for family, (colour, marker) in FAMILY_STYLE.items():
+        xs, ys, stds = family_series(scaling, family, "throughput_img_s")
+        if not xs:
+            continue
+        xs_all += xs
+        ax.errorbar(xs, ys, yerr=stds, color=colour, marker=marker, capsize=3, label=family)
+        ax.plot(
+            xs,
+            ideal_throughput(xs, ys),
+            color=colour,
+            ls="--",
+            lw=1,
+            label=f"{family}: ideal X(N0) N / N0",
+        )
+    _gpu_axis(ax, xs_all, device)
+    ax.set_yscale("log")
+    ax.set_ylabel("throughput (images/s, all ranks)")
+    ax.legend()
+
+
+def plot_efficiency(ax, scaling, device, targets, **_):
+    xs_all = []
+    for family, column, label in (
+        ("strong", "strong_efficiency", "strong E_s = N0 T(N0) / (N T(N))"),
+        ("weak", "weak_efficiency", "weak E_w = T(N0) / T(N)"),
+    ):
+        colour, marker = FAMILY_STYLE[family]
+        xs, ys, stds = family_series(scaling, family, column)  # stds from {column}_std
+        if not xs:
+            continue
+        xs_all += xs
+        ax.errorbar(
+            xs,
+            [100 * y for y in ys],
+            yerr=[100 * s for s in stds],
+            color=colour,
+            marker=marker,
+            capsize=3,
+            label=label,
+        )
+    if "strong_efficiency" in targets:
+        ax.axhline(
+            100 * targets["strong_efficiency"],
+            color=FAMILY_STYLE["strong"][0],
+            ls=":",
+            label=f"strong target (at {targets['strong_efficiency_gpus']:g})",
+        )
+    if "weak_deviation" in targets:
+        ax.axhline(
+            100 / (1 + targets["weak_deviation"]),
+            color=FAMILY_STYLE["weak"][0],
+            ls="-.",
+            label="weak target: 1 / (1 + D_max)",
+        )
+    ax.axhline(100, color="grey", lw=0.8)
+    _gpu_axis(ax, xs_all, device)
+    ax.set_ylabel("parallel efficiency (%)")
+    ax.legend()
+
+
+def plot_epoch_time(ax, scaling, device, **_):
+    xs_all = []
+    for family, (colour, marker) in FAMILY_STYLE.items():
+        xs, ys, stds = family_series(scaling, family, "epoch_time_s")
+        if not xs:
+            continue
+        xs_all += xs
+        ax.errorbar(xs, ys, yerr=stds, color=colour, marker=marker, capsize=3, label=family)
+    _gpu_axis(ax, xs_all, device)
+    ax.set_yscale("log")
+    ax.set_ylabel("time per epoch (s, median epoch, training only)")
+    ax.legend()
+
+
+def plot_comm_fraction(ax, scaling, device, **_):
+    xs_all = []
+    for family, (colour, marker) in FAMILY_STYLE.items():
+        xs, ys, stds = family_series(scaling, family, "comm_exposed_frac")
+        if not xs:
+            continue
+        xs_all += xs
+        ax.errorbar(
+            xs,
+            [100 * y for y in ys],
+            yerr=[100 * s for s in stds],
+            color=colour,
+            marker=marker,
+            capsize=3,
+            label=family,
+        )
+    _gpu_axis(ax, xs_all, device)
+    ax.set_ylim(bottom=0)
+    ax.set_ylabel("exposed communication (% of step time)")
+    ax.legend()
+
+
+def plot_precision(ax, scaling, device, **_):
+    rows = [r for r in scaling if r["family"] == "precision"]
+    if not rows:
+        raise AnalysisError("scaling.csv has no precision rows (family precision did not run)")
+    worlds = sorted({int(r["world_size"]) for r in rows})
+    precisions = list(dict.fromkeys(r["precision"] for r in rows))
+    width = 0.8 / len(worlds)
+    unit = "GPUs" if device == "cuda" else "ranks"
+    for i, w in enumerate(worlds):
+        xs, ys, labels = [], [], []
+        for j, p in enumerate(precisions):
+            match = [r for r in rows if int(r["world_size"]) == w and r["precision"] == p]
+            if not match or number(match[0]["precision_speedup"]) is None:
+                continue
+            r = match[0]
+            xs.append(j + (i - (len(worlds) - 1) / 2) * width)
+            ys.append(number(r["precision_speedup"]))
+            diff = number(r["acc_diff_vs_fp32"])
+            flag = "" if r["acc_within_tolerance"] != "false" else " (!)"
+            labels.append("" if diff is None else f"{100 * diff:+.1f} pp{flag}")
+        bars = ax.bar(xs, ys, width, color=PALETTE[i % len(PALETTE)], label=f"{w} {unit}")
+        ax.bar_label(bars, labels, fontsize=7, padding=2)
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xticks(range(len(precisions)), precisions)
+    ax.set_xlabel("precision (bar labels: final accuracy minus fp32's, percentage points)")
+    ax.set_ylabel("throughput speedup over fp32 (x)")
+    ax.legend(title="world size")
+
+
+def plot_bucket(ax, scaling, **_):
+    rows = [r for r in scaling if r["family"] == "bucket"]
+    if not rows:
+        raise AnalysisError("scaling.csv has no bucket rows (family bucket did not run)")
+    buckets = sorted({float(r["bucket_cap_mb"]) for r in rows})
+    batches = sorted({int(r["local_batch"]) for r in rows})
+    grid = [[float("nan")] * len(buckets) for _ in batches]
+    for r in rows:
+        grid[batches.index(int(r["local_batch"]))][buckets.index(float(r["bucket_cap_mb"]))] = (
+            number(r["throughput_img_s_mean"])
+        )
+    image = ax.imshow(grid, cmap="cividis", aspect="auto", origin="lower")
+    for i, row in enumerate(grid):
+        for j, value in enumerate(row):
+            ax.text(j, i, f"{value:.0f}", ha="center", va="center", color="white", fontsize=8)
+    ax.set_xticks(range(len(buckets)), [f"{b:g}" for b in buckets])
+    ax.set_yticks(range(len(batches)), [str(b) for b in batches])
+    ax.set_xlabel("bucket_cap_mb (MiB per all-reduce bucket)")
+    ax.set_ylabel("local_batch (images per rank per step)")
+    ax.figure.colorbar(image, ax=ax, label="throughput (images/s, all ranks)")
+
+
+def accuracy_curves(epochs: list[dict]) -> dict[str, list[tuple[int, float, float]]]:
+    """Strong-family configuration -> [(epoch, cumulative training time s, val_acc)], the mean
+    over repeats; configurations of other families when the strong family did not run."""
+    pick = [e for e in epochs if "strong" in e["families"].split(";")] or epochs
+    sums: dict[tuple, list] = defaultdict(list)
+    for e in pick:
+        key = (int(e["world_size"]), int(e["local_batch"]), e["precision"], e["bucket_cap_mb"])
+        sums[key].append(e)
+    curves = {}
+    for key in sorted(sums):
+        by_repeat: dict[str, list] = defaultdict(list)
+        for e in sums[key]:
+            by_repeat[e["repeat"]].append(e)
+        per_epoch: dict[int, list] = defaultdict(list)
+        for rows in by_repeat.values():
+            clock = 0.0
+            for e in sorted(rows, key=lambda e: int(e["epoch"])):
+                clock += float(e["epoch_time_s"])
+                per_epoch[int(e["epoch"])].append((clock, float(e["val_acc"])))
+        w, lb, p, bk = key
+        label = f"{w} ranks, local batch {lb}, {p}"
+        curves[label] = [
+            (ep, sum(c for c, _ in v) / len(v), sum(a for _, a in v) / len(v))
+            for ep, v in sorted(per_epoch.items())
+        ]
+    return curves
+
+
+def plot_accuracy(axes, epochs, **_):
+    ax_epoch, ax_time = axes
+    for i, (label, points) in enumerate(accuracy_curves(epochs).items()):
+        style = {"color": PALETTE[i % len(PALETTE)], "marker": MARKERS[i % len(MARKERS)]}
+        ax_epoch.plot([p[0] for p in points], [100 * p[2] for p in points], label=label, **style)
+        ax_time.plot([p[1] for p in points], [100 * p[2] for p in points], label=label, **style)
+    ax_epoch.set_xlabel("epoch")
+    ax_time.set_xlabel("training wall time (s, evaluation excluded)")
+    for ax in axes:
+        ax.set_ylabel("validation accuracy (%)")
+        ax.grid(alpha=0.3)
+    ax_epoch.legend(fontsize=7)
+
+
+def plot_gpu_util(ax, scaling, device, **_):
+    xs_all = []
+    for family, (colour, marker) in FAMILY_STYLE.items():
+        xs, ys, stds = family_series(scaling, family, "gpu_util_mean")
+        points = [(x, y, s) for x, y, s in zip(xs, ys, stds, strict=True) if y is not None]
+        if not points:
+            continue
+        xs_all += [p[0] for p in points]
+        ax.errorbar(
+            [p[0] for p in points],
+            [p[1] for p in points],
+            yerr=[p[2] for p in points],
+            color=colour,
+            marker=marker,
+            capsize=3,
+            label=family,
+        )
+    if not xs_all:
+        raise AnalysisError(
+            "no run recorded gpu_util_mean (NVML sampling needs nvidia-ml-py and a GPU)"
+        )
+    _gpu_axis(ax, xs_all, device)
+    ax.set_ylim(0, 100)
+    ax.set_ylabel("mean GPU utilisation (%, NVML)")
+    ax.legend()
+
+
+def plot_profile(ax, shares, **_):
+    if not shares:
+        raise AnalysisError("profile_shares.csv is empty: profiling was not captured")
+    keys = list(dict.fromkeys((r["run"], r["tool"]) for r in shares))
+    bottom = [0.0] * len(keys)
+    for c, cat in enumerate(PROFILE_CATEGORIES):
+        vals = []
+        for key in keys:
+            match = [r for r in shares if (r["run"], r["tool"]) == key and r["category"] == cat]
+            vals.append(100 * float(match[0]["share"]) if match else 0.0)
+        ax.barh(
+            range(len(keys)),
+            vals,
+            left=bottom,
+            color=PALETTE[c % len(PALETTE)],
+            hatch="//" if c >= len(PALETTE) else None,
+            label=cat,
+        )
+        bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+    ax.set_yticks(range(len(keys)), [f"{run} ({tool})" for run, tool in keys], fontsize=7)
+    ax.set_xlabel("share of kernel time (%, rank 0)")
+    ax.set_xlim(0, 100)
+    ax.legend(ncols=3, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.15))
+
+
+PLOTTERS = {
+    "throughput": plot_throughput,
+    "efficiency": plot_efficiency,
+    "epoch_time": plot_epoch_time,
+    "comm_fraction": plot_comm_fraction,
+    "precision": plot_precision,
+    "bucket": plot_bucket,
+    "accuracy": plot_accuracy,
+    "gpu_util": plot_gpu_util,
+    "profile": plot_profile,
+}
+
+
+def make_figure(name: str, out_dir: Path, title: str = "", **data) -> list[Path]:
+    """Draw figure `name` and write out_dir/name.{png,pdf}."""
+    if name not in PLOTTERS:
+        raise AnalysisError(f"unknown figure {name!r}; known: {', '.join(PLOTTERS)}")
+    plt = _pyplot()
+    if name == "accuracy":
+        fig, ax = plt.subplots(1, 2, figsize=(9, 3.6), sharey=True)
+    else:
+        fig, ax = plt.subplots(figsize=(5.6, 3.8))
+    try:
+        PLOTTERS[name](ax, **data)
+        if title:
+            fig.suptitle(title, fontsize=9)
+        fig.tight_layout()
+        out_dir.mkdir(parents=True, exist_ok=True)
+        paths = []
+        for ext in ("png", "pdf"):
+            # savefig to a temp name, then rename: an interrupted job leaves no half figure
+            path, tmp = out_dir / f"{name}.{ext}", out_dir / f".{name}.tmp.{ext}"
+            fig.savefig(tmp, metadata={"CreationDate": None} if ext == "pdf" else None)
+            tmp.replace(path)
+            paths.append(path)
+        return paths
+    finally:
+        plt.close(fig)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--figure", required=True, choices=list(PLOTTERS))
+    parser.add_argument("--scaling", default="results/csv/scaling.csv")
+    parser.add_argument("--epochs", default="results/csv/epochs.csv")
+    parser.add_argument("--targets", default="results/csv/targets.csv")
+    parser.add_argument("--profile-shares", default="", help="profile_shares.csv (optional)")
+    parser.add_argument("--device", default="cuda", help="cuda or cpu: names the x axis")
+    parser.add_argument("--title", default="", help="study name shown above the figure")
+    parser.add_argument("--out", default="results/plots", help="directory for NAME.{png,pdf}")
+
+
+def run(args: argparse.Namespace) -> int:
+    make = "snakemake results/csv/scaling.csv"
+    try:
+        data = {
+            "scaling": read_csv(args.scaling, "", make),
+            "epochs": read_csv(args.epochs, "", "snakemake results/csv/epochs.csv"),
+            "targets": {r["target"]: float(r["value"]) for r in read_csv(args.targets, "", make)},
+            "shares": read_csv(args.profile_shares, "", make) if args.profile_shares else [],
+            "device": args.device,
+        }
+        paths = make_figure(args.figure, Path(args.out), args.title, **data)
+    except AnalysisError as exc:
+        print(f"scalestudy plot: {exc}", file=sys.stderr)
+        return 1
+    print("wrote " + ", ".join(map(str, paths)))
+    return 0

@@ -1,0 +1,206 @@
+"""`scalestudy render-report`: reports/study.md and reports/paper.tex from the analysis CSVs only.
+
+The templates (workflow/report/study.md.j2, paper.tex.j2) receive the rows of scaling.csv,
+verdicts.csv, resources.csv, system.csv, targets.csv and profile_shares.csv and nothing else; every
+number they print goes through one of the FORMATS below. `numbers_backed_by_csvs` is the check
+that each numeric token of a rendered document is some CSV cell under one of those formats
+(tests/test_report.py runs it on the tiny study's documents). The only numbers a document may show
+without a cell are FORMULA_CONSTANTS, the constant 1 of the formulas (E_w = T(N0)/T(N),
+Karp-Flatt's 1/S - 1/p, the n - 1 of the sample std).
+
+    scalestudy render-report --csv-dir results/csv --templates workflow/report --out-dir reports
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import sys
+from pathlib import Path
+
+import jinja2
+
+from scalestudy import atomic
+from scalestudy.analysis import AnalysisError, read_csv
+
+TABLES = ("scaling", "verdicts", "resources", "system", "targets", "profile_shares")
+DOCUMENTS = ("study.md", "paper.tex")
+FORMULA_CONSTANTS = frozenset({"1"})
+# a number standing alone: not part of an identifier (fp32, w8_lb128, a4paper, 25mm)
+NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)*(?!\w)")
+
+
+def _float(value) -> float | None:
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(x) else x
+
+
+def fmt_num(value) -> str:
+    """About 3 significant digits, fixed point; integers as they are; blank -> n/a."""
+    x = _float(value)
+    if x is None:
+        return "n/a"
+    if x == int(x) and abs(x) < 1e6 and "." not in str(value).rstrip("0").rstrip("."):
+        return str(int(x))
+    if x == 0:
+        return "0"
+    decimals = min(4, max(0, 2 - math.floor(math.log10(abs(x)))))
+    return f"{x:.{decimals}f}"
+
+
+def fmt_pct(value) -> str:
+    """A fraction as a percentage with one decimal (0.8532 -> 85.3); blank -> n/a."""
+    x = _float(value)
+    return "n/a" if x is None else f"{100 * x:.1f}"
+
+
+def fmt_signed_pct(value) -> str:
+    x = _float(value)
+    return "n/a" if x is None else f"{100 * x:+.1f}"
+
+
+FORMATS = {"num": fmt_num, "pct": fmt_pct, "spct": fmt_signed_pct}
+
+
+def tex_escape(value) -> str:
+    text = str(value)
+    for a, b in (
+        ("\\", r"\textbackslash{}"),
+        ("&", r"\&"),
+        ("%", r"\%"),
+        ("$", r"\$"),
+        ("#", r"\#"),
+        ("_", r"\_"),
+        ("{", r"\{"),
+        ("}", r"\}"),
+        ("~", r"\~{}"),
+        ("^", r"\^{}"),
+    ):
+        text = text.replace(a, b)
+    return text
+
+
+def load_tables(csv_dir: Path) -> dict[str, list[dict]]:
+    return {
+        name: read_csv(csv_dir / f"{name}.csv", "", f"snakemake {csv_dir}/{name}.csv")
+        for name in TABLES
+    }
+
+
+def context(tables: dict[str, list[dict]], figures: list[str], figure_dir: str) -> dict:
+    """What the templates see: the CSV rows, grouped for convenience, and the figure names."""
+    scaling = tables["scaling"]
+    system = {(r["section"], r["key"]): r["value"] for r in tables["system"]}
+    families = list(dict.fromkeys(r["family"] for r in scaling))
+    return {
+        "tables": tables,
+        "scaling": scaling,
+        "family": {f: [r for r in scaling if r["family"] == f] for f in families},
+        "families_run": families,
+        "families_missing": [
+            f for f in ("strong", "weak", "precision", "bucket") if f not in families
+        ],
+        "system": system,
+        "system_rows": tables["system"],
+        "targets": {r["target"]: r["value"] for r in tables["targets"]},
+        "verdicts": tables["verdicts"],
+        "measured": [r for r in tables["resources"] if r["kind"] == "measured"],
+        "projected": [r for r in tables["resources"] if r["kind"] == "projected"],
+        "profile": tables["profile_shares"],
+        "gpu_util_measured": any(r["gpu_util_mean_mean"] not in ("", None) for r in scaling),
+        "single_repeat": system.get(("study", "repeats")) == "1",
+        "figures": figures,
+        "figure_dir": figure_dir,
+    }
+
+
+def environment(templates: Path) -> tuple[jinja2.Environment, jinja2.Environment]:
+    """(Markdown env, LaTeX env); LaTeX uses <<var>> and <% block %> so braces stay TeX's."""
+    common = {
+        "undefined": jinja2.StrictUndefined,
+        "trim_blocks": True,
+        "lstrip_blocks": True,
+        "keep_trailing_newline": True,
+    }
+    loader = jinja2.FileSystemLoader(str(templates))
+    md = jinja2.Environment(loader=loader, **common)
+    tex = jinja2.Environment(
+        loader=loader,
+        block_start_string="<%",
+        block_end_string="%>",
+        variable_start_string="<<",
+        variable_end_string=">>",
+        comment_start_string="<#",
+        comment_end_string="#>",
+        **common,
+    )
+    for env in (md, tex):
+        env.filters.update(FORMATS)
+    tex.filters["e"] = tex_escape
+    return md, tex
+
+
+def render(csv_dir: Path, templates: Path, figures: list[str], figure_dir: str) -> dict[str, str]:
+    ctx = context(load_tables(csv_dir), figures, figure_dir)
+    md, tex = environment(templates)
+    return {
+        "study.md": md.get_template("study.md.j2").render(ctx),
+        "paper.tex": tex.get_template("paper.tex.j2").render(ctx),
+    }
+
+
+# --- the honesty check ---------------------------------------------------------------------------
+def allowed_numbers(tables: dict[str, list[dict]]) -> set[str]:
+    """Every numeric token any CSV cell yields, raw or under any of FORMATS."""
+    allowed = set(FORMULA_CONSTANTS)
+    for rows in tables.values():
+        for row in rows:
+            for value in row.values():
+                allowed.update(NUMBER.findall(str(value)))
+                if _float(value) is not None:
+                    for f in FORMATS.values():
+                        allowed.update(NUMBER.findall(f(value)))
+    return allowed
+
+
+def numbers_backed_by_csvs(text: str, tables: dict[str, list[dict]]) -> list[str]:
+    """The numeric tokens of a document that no CSV cell accounts for ([] = honest)."""
+    allowed = allowed_numbers(tables)
+    return sorted({tok for tok in NUMBER.findall(text) if tok not in allowed})
+
+
+# --- CLI -----------------------------------------------------------------------------------------
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--csv-dir", default="results/csv")
+    parser.add_argument("--templates", default="workflow/report")
+    parser.add_argument("--figures", nargs="*", default=[], help="figure names (results/plots)")
+    parser.add_argument(
+        "--figure-dir", default="../results/plots", help="figures, relative to the documents"
+    )
+    parser.add_argument("--out-dir", default="reports")
+
+
+def run(args: argparse.Namespace) -> int:
+    csv_dir = Path(args.csv_dir)
+    try:
+        docs = render(csv_dir, Path(args.templates), args.figures, args.figure_dir)
+        tables = load_tables(csv_dir)
+    except (AnalysisError, jinja2.TemplateError) as exc:
+        print(f"scalestudy render-report: {exc}", file=sys.stderr)
+        return 1
+    for name, text in docs.items():
+        unbacked = numbers_backed_by_csvs(text, tables)
+        if unbacked:  # a number typed into a template instead of read from a CSV
+            print(
+                f"scalestudy render-report: {name} shows numbers that are in no CSV cell: "
+                f"{unbacked}; put them in a CSV of `scalestudy analyze`",
+                file=sys.stderr,
+            )
+            return 1
+        atomic.write_text(Path(args.out_dir) / name, text)
+        print(f"wrote {Path(args.out_dir) / name}")
+    return 0

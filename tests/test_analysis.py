@@ -1,0 +1,226 @@
+"""The scaling math, verdicts, resources, plots and the honesty check on hand-made run tables
+whose expected values are computed by hand in the comments."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from scalestudy import analysis, plots, report
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def run(
+    run_id,
+    families,
+    world_size,
+    local_batch,
+    throughput,
+    repeat=0,
+    precision="fp32",
+    bucket=25,
+    acc=0.9,
+    train_time=3600.0,
+    nodes=1,
+    comm=0.1,
+):
+    return {
+        "run": f"{run_id}_r{repeat}",
+        "families": families,
+        "world_size": str(world_size),
+        "nodes": str(nodes),
+        "local_batch": str(local_batch),
+        "global_batch": str(world_size * local_batch),
+        "precision": precision,
+        "bucket_cap_mb": str(bucket),
+        "repeat": str(repeat),
+        "throughput_img_s": str(throughput),
+        "epoch_time_s": str(50000 / throughput),
+        "final_val_acc": str(acc),
+        "comm_exposed_frac": str(comm),
+        "gpu_util_mean": "",
+        "train_time_s": str(train_time),
+        "device": "cuda",
+    }
+
+
+@pytest.fixture
+def runs():
+    return [
+        # strong, global batch 256: two repeats at 1 GPU (1000, 1200 img/s), one at 4 GPUs
+        run("w1_lb256", "strong", 1, 256, 1000, repeat=0),
+        run("w1_lb256", "strong", 1, 256, 1200, repeat=1),
+        run("w4_lb64", "strong", 4, 64, 3300, repeat=0),
+        run("w4_lb64", "strong", 4, 64, 3300, repeat=1),
+        # weak, local batch 64 (the 4-GPU run is shared with strong), 1 GPU at 1000 img/s
+        run("w1_lb64", "weak;precision", 1, 64, 1000, repeat=0, acc=0.90),
+        run("w1_lb64", "weak;precision", 1, 64, 1000, repeat=1, acc=0.92),
+        run("w1_lb64_bf16", "precision", 1, 64, 1500, precision="bf16", acc=0.905),
+        run("w1_lb64_bf16", "precision", 1, 64, 1700, precision="bf16", repeat=1, acc=0.905),
+        run("w1_lb64_fp16", "precision", 1, 64, 2000, precision="fp16", acc=0.85),
+        run("w1_lb64_fp16", "precision", 1, 64, 2000, precision="fp16", repeat=1, acc=0.87),
+    ]
+
+
+def row(table, family, world_size, precision="fp32"):
+    (r,) = [
+        r
+        for r in table
+        if r["family"] == family and r["world_size"] == world_size and r["precision"] == precision
+    ]
+    return r
+
+
+def test_mean_std_n_over_repeats_and_blank_std_for_one_repeat():
+    assert analysis.mean_std([1000.0, 1200.0]) == (1100.0, pytest.approx(141.42136), 2)
+    assert analysis.mean_std([5.0]) == (5.0, None, 1)  # no spread from one run, not 0
+    assert analysis.mean_std([None, None]) == (None, None, 0)
+
+
+def test_strong_scaling_speedup_efficiency_and_karp_flatt(runs):
+    table = analysis.scaling_table(runs)
+    base, four = row(table, "strong", 1), row(table, "strong", 4)
+    assert base["n"] == 2 and base["throughput_img_s_mean"] == 1100.0
+    # step time = 256 / X: T(1) = mean(0.256, 0.21333) = 0.234667, T(4) = 256 / 3300 = 0.077576
+    assert base["step_time_s_mean"] == pytest.approx((256 / 1000 + 256 / 1200) / 2)
+    t1, t4 = (256 / 1000 + 256 / 1200) / 2, 256 / 3300
+    assert four["speedup"] == pytest.approx(t1 / t4)  # 3.025
+    assert four["strong_efficiency"] == pytest.approx(t1 / (4 * t4))  # 0.75625
+    s, p = t1 / t4, 4
+    assert four["karp_flatt"] == pytest.approx((1 / s - 1 / p) / (1 - 1 / p))  # 0.00072
+    assert base["karp_flatt"] is None  # undefined at p = 1
+    assert base["strong_efficiency"] == pytest.approx(1.0)
+    # spread of E_s(4) from T(1)'s spread only (T(4) has std 0)
+    sd_t1 = math.sqrt(((256 / 1000 - t1) ** 2 + (256 / 1200 - t1) ** 2) / 1)
+    assert four["strong_efficiency_std"] == pytest.approx(t1 / (4 * t4) * sd_t1 / t1)
+
+
+def test_weak_scaling_uses_step_time_and_the_shared_run(runs):
+    table = analysis.scaling_table(runs)
+    assert [r["world_size"] for r in table if r["family"] == "weak"] == [1]
+    runs.append(run("w4_lb64", "weak", 4, 64, 3200, repeat=2))
+    table = analysis.scaling_table(runs)
+    four = row(table, "weak", 4)
+    # T(1) = 64 / 1000 = 0.064; T(4) = 256 / 3200 = 0.08 -> E_w = 0.8, D = +25%
+    assert four["weak_efficiency"] == pytest.approx(0.8)
+    assert four["weak_deviation"] == pytest.approx(0.25)
+
+
+def test_precision_speedup_and_accuracy_tolerance(runs):
+    table = analysis.scaling_table(runs, acc_tolerance=0.01)
+    bf16, fp16 = row(table, "precision", 1, "bf16"), row(table, "precision", 1, "fp16")
+    # fp32: 1000 img/s, acc 0.91; bf16: 1600 img/s, acc 0.905; fp16: 2000 img/s, acc 0.86
+    assert bf16["precision_speedup"] == pytest.approx(1.6)
+    assert bf16["acc_diff_vs_fp32"] == pytest.approx(-0.005)
+    assert bf16["acc_within_tolerance"] is True
+    assert fp16["precision_speedup"] == pytest.approx(2.0)
+    assert fp16["acc_diff_vs_fp32"] == pytest.approx(-0.05)
+    assert fp16["acc_within_tolerance"] is False
+
+
+def test_bucket_sensitivity_relative_to_the_best_cell():
+    runs = [
+        run("a", "bucket", 8, 64, 900, bucket=1),
+        run("b", "bucket", 8, 64, 1000, bucket=25),
+        run("c", "bucket", 8, 128, 1200, bucket=25),
+    ]
+    table = analysis.scaling_table(runs)
+    assert [r["bucket_rel_throughput"] for r in table] == pytest.approx([0.75, 1000 / 1200, 1.0])
+
+
+def test_verdicts_pass_fail_and_not_measured(runs):
+    table = analysis.scaling_table(runs)
+    targets = {**analysis.DEFAULT_TARGETS, "strong_efficiency_gpus": 4}
+    v = {r["target"]: r for r in analysis.verdicts(table, targets)}
+    assert v["strong_efficiency"]["verdict"] == "pass"  # 0.756 >= 0.70
+    assert v["strong_efficiency"]["measured"] == pytest.approx(0.75625, rel=1e-4)
+    # fp16 is faster but loses 5 points: the best valid optimisation is bf16, +60%
+    assert v["optimisation_speedup"]["measured"] == pytest.approx(0.6)
+    assert "fp16" in v["optimisation_speedup"]["note"]
+    assert v["weak_deviation"]["verdict"] == "not measured"  # one weak world size only
+    v8 = {r["target"]: r for r in analysis.verdicts(table, analysis.DEFAULT_TARGETS)}
+    assert v8["strong_efficiency"]["verdict"] == "not measured"
+    assert "largest world size is 4" in v8["strong_efficiency"]["note"]
+    strict = {**targets, "strong_efficiency": 0.8}
+    assert analysis.verdicts(table, strict)[0]["verdict"] == "fail"
+
+
+def test_resources_measured_and_projected():
+    runs = [
+        run("a", "strong;weak", 4, 64, 1000, train_time=1800, nodes=1),
+        run("b", "strong", 8, 32, 1000, train_time=1200, nodes=2),
+    ]
+    rows = analysis.resources(runs, gpus_per_node=4)
+    measured = {r["family"]: r for r in rows if r["kind"] == "measured"}
+    # strong: 1 node x 0.5 h + 2 nodes x 1/3 h = 1.1667 node-h; 4 x 0.5 + 8 x 1/3 = 4.6667 GPU-h
+    assert measured["strong"]["node_hours"] == pytest.approx(0.5 + 2 / 3)
+    assert measured["strong"]["gpu_hours"] == pytest.approx(2 + 8 / 3)
+    assert measured["weak"]["node_hours"] == pytest.approx(0.5)
+    assert measured["all (each run once)"]["runs"] == 2  # the shared run counts once
+    proj = {(r["family"], r["scale_factor"]): r for r in rows if r["kind"] == "projected"}
+    # strong at 4 x 8 = 32 GPUs = 8 nodes, t = 1/3 h: 8/3 node-h without speedup, 2/3 ideal
+    p = proj[("strong", 4)]
+    assert (p["world_size"], p["nodes"]) == (32, 8)
+    assert p["node_hours"] == pytest.approx(8 / 3)
+    assert p["node_hours_ideal"] == pytest.approx(2 / 3)
+
+
+def test_profile_shares_of_rank_zero_and_bad_category(tmp_path):
+    shares = analysis.profile_shares(FIXTURES / "profile_kernels.csv")
+    by = {(r["run"], r["category"]): r["share"] for r in shares}
+    # rank 0 of the 2-rank run: conv 720 ms of 1200 ms
+    assert by[("w2_lb32_fp32_ddp_bk25_r0", "conv")] == pytest.approx(0.6)
+    assert by[("w2_lb32_fp32_ddp_bk25_r0", "nccl")] == pytest.approx(0.12)
+    assert by[("w1_lb32_bf16_ddp_bk25_r0", "nccl")] == 0.0
+    bad = tmp_path / "p.csv"
+    text = (FIXTURES / "profile_kernels.csv").read_text().replace(",memcpy,", ",copies,")
+    bad.write_text(text)
+    with pytest.raises(analysis.AnalysisError, match="unknown category 'copies'"):
+        analysis.profile_shares(bad)
+
+
+def test_missing_input_names_the_file_and_command(tmp_path):
+    with pytest.raises(analysis.AnalysisError, match=r"missing .*runs.csv.*snakemake"):
+        analysis.read_csv(tmp_path / "runs.csv", "", "snakemake results/csv/runs.csv")
+
+
+def test_figures_follow_the_study():
+    fams = {
+        "strong": {"enabled": True},
+        "weak": {"enabled": False},
+        "precision": {"enabled": False},
+        "bucket": {"enabled": True},
+    }
+    assert plots.figures(fams, "cpu", False) == [
+        "throughput",
+        "efficiency",
+        "epoch_time",
+        "comm_fraction",
+        "bucket",
+        "accuracy",
+    ]
+    assert plots.figures(fams, "cuda", True)[-2:] == ["gpu_util", "profile"]
+    assert plots.ideal_throughput([1, 2, 8], [100.0, 150.0, 300.0]) == [100.0, 200.0, 800.0]
+
+
+def test_profile_figure_from_the_fixture(tmp_path):
+    shares = [
+        {k: str(v) for k, v in r.items()}
+        for r in analysis.profile_shares(FIXTURES / "profile_kernels.csv")
+    ]
+    paths = plots.make_figure("profile", tmp_path, shares=shares, device="cuda")
+    assert [p.name for p in paths] == ["profile.png", "profile.pdf"]
+    assert paths[0].read_bytes()[:4] == b"\x89PNG" and paths[1].read_bytes()[:4] == b"%PDF"
+
+
+def test_formats_and_the_honesty_check():
+    assert report.fmt_num("1234.5678") == "1235"
+    assert report.fmt_num("0.0123456") == "0.0123"
+    assert report.fmt_num("8") == "8" and report.fmt_num("") == "n/a"
+    assert report.fmt_pct("0.75625") == "75.6" and report.fmt_signed_pct("-0.005") == "-0.5"
+    tables = {"scaling": [{"strong_efficiency": "0.75625", "world_size": "8"}]}
+    assert report.numbers_backed_by_csvs("E_s = 75.6% at 8 GPUs, fp32, w8_lb64", tables) == []
+    assert report.numbers_backed_by_csvs("E_s = 93.3% at 8 GPUs", tables) == ["93.3"]

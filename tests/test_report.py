@@ -1,0 +1,108 @@
+"""End to end on the tiny study (tests/conftest.py `tiny_study`, one repeat, no profiling, CPU):
+the analysis CSVs, the figures, reports/study.md and paper.tex built from the CSVs only,
+paper.pdf with its figures (latexmk; required under CI=true), and `snakemake --report`."""
+
+from __future__ import annotations
+
+import csv
+import os
+import re
+
+import pytest
+from workflow_helpers import snakemake
+
+from scalestudy import latex, report
+
+pytestmark = pytest.mark.workflow
+
+FIGURES = [
+    "throughput",
+    "efficiency",
+    "epoch_time",
+    "comm_fraction",
+    "precision",
+    "bucket",
+    "accuracy",
+]
+
+
+@pytest.fixture(scope="module")
+def done(tiny_study):
+    return tiny_study
+
+
+def read(path):
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+def test_scaling_csv_is_honest_about_one_repeat(done):
+    rows = read(done / "results/csv/scaling.csv")
+    assert {r["family"] for r in rows} == {"strong", "weak", "precision", "bucket"}
+    assert all(r["n"] == "1" and r["throughput_img_s_std"] == "" for r in rows)
+    strong = sorted((r for r in rows if r["family"] == "strong"), key=lambda r: r["world_size"])
+    assert float(strong[0]["strong_efficiency"]) == pytest.approx(1.0)
+    # E_s(2) = T(1) / (2 T(2)) from the two runs' own throughputs
+    runs = {r["run"]: r for r in read(done / "results/csv/runs.csv")}
+    t1 = 64 / float(runs["w1_lb64_fp32_ddp_bk25_r0"]["throughput_img_s"])
+    t2 = 64 / float(runs["w2_lb32_fp32_ddp_bk25_r0"]["throughput_img_s"])
+    assert float(strong[1]["strong_efficiency"]) == pytest.approx(t1 / (2 * t2), rel=1e-6)
+    verdicts = {r["target"]: r for r in read(done / "results/csv/verdicts.csv")}
+    # the tiny study stops at 2 ranks; the paper's target is judged at 8: not measured, said so
+    assert verdicts["strong_efficiency"]["verdict"] == "not measured"
+    assert "largest world size is 2" in verdicts["strong_efficiency"]["note"]
+    assert verdicts["weak_deviation"]["verdict"] in ("pass", "fail")
+    assert (done / "results/tables/scaling.html").read_text().count("<tr>") == len(rows) + 1
+
+
+def test_every_figure_as_png_and_pdf(done):
+    for name in FIGURES:
+        assert (done / f"results/plots/{name}.png").read_bytes()[:4] == b"\x89PNG", name
+        assert (done / f"results/plots/{name}.pdf").read_bytes()[:4] == b"%PDF", name
+    # CPU study, no profiling stage: no GPU-utilisation or profile figure is claimed
+    assert not (done / "results/plots/gpu_util.png").exists()
+    assert not (done / "results/plots/profile.png").exists()
+
+
+@pytest.mark.parametrize("name", ["study.md", "paper.tex"])
+def test_every_number_in_the_documents_is_a_csv_cell(done, name):
+    text = (done / "reports" / name).read_text()
+    tables = report.load_tables(done / "results/csv")
+    assert report.numbers_backed_by_csvs(text, tables) == []
+    # the check bites: the measured throughput is there, a number typed in is caught
+    x = report.fmt_num(read(done / "results/csv/scaling.csv")[0]["throughput_img_s_mean"])
+    assert x in text
+    assert report.numbers_backed_by_csvs(text + " 93.37", tables) == ["93.37"]
+
+
+@pytest.mark.parametrize("name", ["study.md", "paper.tex"])
+def test_documents_state_what_did_not_run_and_hold_no_placeholder(done, name):
+    text = (done / "reports" / name).read_text()
+    assert "Profiling was not captured" in text
+    assert "GPU utilisation was not measured" in text
+    assert re.search(r"configuration ran once", text)
+    assert not re.search(r"placeholder|TODO|TBD|lorem|XXX|\?\?", text, re.I)
+    assert "not measured" in text  # the strong target at 8 GPUs
+    sha = read(done / "results/csv/runs.csv")[0]["git_commit"]
+    assert f"git checkout {sha}" in text and "--configfile tiny.yaml" in text
+    for figure in FIGURES:
+        assert f"{figure}.{'png' if name.endswith('md') else 'pdf'}" in text
+
+
+def test_paper_pdf_renders_with_its_figures(done):
+    if not latex.have_latexmk():
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI must have TeX: scripts/setup.sh installs latexmk as root")
+        pytest.skip(latex.MISSING)
+    assert (done / "reports/paper.pdf").read_bytes()[:4] == b"%PDF"
+    log = (done / "reports/paper.log").read_text(errors="replace")
+    assert re.search(r"Output written on paper\.pdf \(\d+ pages", log)
+    for figure in FIGURES:  # pdfTeX logs every graphic it embedded
+        assert f"results/plots/{figure}.pdf" in log, figure
+
+
+def test_snakemake_report_has_the_categories(done):
+    snakemake(done, "--configfile", "tiny.yaml", "--report", "report.html", stand_ins=True)
+    html = (done / "report.html").read_text(errors="replace")
+    for item in ("Tables", "Figures", "Documents", "throughput.png", "scaling.html", "study.md"):
+        assert item in html, item

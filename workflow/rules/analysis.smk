@@ -1,0 +1,35 @@
+# Scaling math over the collected runs: mean/std over repeats, efficiencies, Karp-Flatt,
+# precision and bucket effects, verdicts against config `report.targets`, node-/GPU-hours.
+# Every number of the plots and documents is a cell of these CSVs (HTML copies for --report).
+rule analyze:
+    input:
+        runs="results/csv/runs.csv",
+        profile=get_profile_kernels,
+        code="src/scalestudy/analysis.py",
+    output:
+        scaling="results/csv/scaling.csv",
+        verdicts="results/csv/verdicts.csv",
+        resources="results/csv/resources.csv",
+        system="results/csv/system.csv",
+        targets="results/csv/targets.csv",
+        shares="results/csv/profile_shares.csv",
+        tables=report(
+            expand("results/tables/{table}.html", table=ANALYSIS_TABLES[1:]),
+            caption="../report/table.rst",
+            category="Tables",
+        ),
+        scaling_html=report(
+            "results/tables/scaling.html",
+            caption="../report/table.rst",
+            category="Tables",
+        ),
+    log:
+        "logs/analyze/analyze.log",
+    params:
+        flags=get_analysis_flags,
+        profile=get_profile_flag,
+        out_dir=subpath(output.scaling, parent=True),
+        html_dir=subpath(output.scaling_html, parent=True),
+    shell:
+        "scalestudy analyze --runs {input.runs:q} {params.profile:q} {params.flags:q} "
+        "--out-dir {params.out_dir:q} --html-dir {params.html_dir:q} > {log:q} 2>&1"

@@ -1,0 +1,28 @@
+# One figure of the study (PNG for the report, PDF for the paper) from the analysis CSVs;
+# editing plots.py redraws the figures and nothing upstream.
+rule plot:
+    input:
+        scaling="results/csv/scaling.csv",
+        epochs="results/csv/epochs.csv",
+        targets="results/csv/targets.csv",
+        shares="results/csv/profile_shares.csv",
+        code="src/scalestudy/plots.py",
+    output:
+        png=report(
+            "results/plots/{figure}.png",
+            caption="../report/figure.rst",
+            category="Figures",
+            labels={"figure": "{figure}"},
+        ),
+        pdf="results/plots/{figure}.pdf",
+    log:
+        "logs/plot/{figure}.log",
+    params:
+        device=config["hardware"]["device"],
+        title=config["study"],
+        out=subpath(output.png, parent=True),
+    shell:
+        "scalestudy plot --figure {wildcards.figure:q} --scaling {input.scaling:q} "
+        "--epochs {input.epochs:q} --targets {input.targets:q} "
+        "--profile-shares {input.shares:q} --device {params.device:q} "
+        "--title={params.title:q} --out {params.out:q} > {log:q} 2>&1"

@@ -1,0 +1,44 @@
+# reports/study.md and reports/paper.tex, rendered with Jinja2 from the analysis CSVs only
+# (render-report refuses a number that is in no CSV cell); the figures are inputs so the
+# documents never point at a missing file.
+rule render_report:
+    input:
+        scaling="results/csv/scaling.csv",
+        tables=expand("results/csv/{table}.csv", table=ANALYSIS_TABLES[1:]),
+        figures=expand(
+            "results/plots/{figure}.{ext}", figure=get_figures(), ext=("png", "pdf")
+        ),
+        md_template="workflow/report/study.md.j2",
+        tex_template="workflow/report/paper.tex.j2",
+        code="src/scalestudy/report.py",
+    output:
+        md=report(
+            "reports/study.md", caption="../report/study.rst", category="Documents"
+        ),
+        tex="reports/paper.tex",
+    log:
+        "logs/render_report/render_report.log",
+    params:
+        figures=get_figures(),
+        csv_dir=subpath(input.scaling, parent=True),
+        templates=subpath(input.md_template, parent=True),
+        out_dir=subpath(output.md, parent=True),
+    shell:
+        "scalestudy render-report --csv-dir {params.csv_dir:q} --templates {params.templates:q} "
+        "--figures {params.figures:q} --out-dir {params.out_dir:q} > {log:q} 2>&1"
+
+
+# reports/paper.pdf with latexmk; requested only when latexmk is installed (common.smk says so
+# when it is not, and only the PDF is skipped).
+rule paper_pdf:
+    input:
+        tex="reports/paper.tex",
+        figures=expand("results/plots/{figure}.pdf", figure=get_figures()),
+    output:
+        pdf=report(
+            "reports/paper.pdf", caption="../report/paper.rst", category="Documents"
+        ),
+    log:
+        "logs/paper_pdf/paper_pdf.log",
+    shell:
+        "scalestudy build-pdf {input.tex:q} > {log:q} 2>&1"
