@@ -20,6 +20,7 @@ include: "workflow/rules/container.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/collect.smk"
+include: "workflow/rules/plan.smk"
 
 
 rule all:

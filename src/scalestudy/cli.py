@@ -17,6 +17,7 @@ SUBCOMMANDS = {
     "launch": ("scalestudy.launch", "start the ranks of one run: srun in Slurm, processes locally"),
     "matrix": ("scalestudy.matrix", "write the run table of a study config"),
     "collect": ("scalestudy.collect", "gather all runs' metrics into results/csv"),
+    "plan": ("scalestudy.plan", "node-hours of a study -> reports/plan.md, results/plan.csv"),
 }
 
 

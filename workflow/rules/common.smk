@@ -5,7 +5,7 @@ import sys
 from snakemake.exceptions import WorkflowError
 
 try:
-    from scalestudy import matrix, studyconfig
+    from scalestudy import matrix, plan, studyconfig
 except ImportError as exc:
     raise WorkflowError(
         f"cannot import the scalestudy package ({exc}): run `pip install -e .` in this "
@@ -140,3 +140,25 @@ def get_mem_mb(wildcards):
 def get_threads(wildcards):
     # locally: the cores the run occupies, so the local scheduler never oversubscribes
     return get_run(wildcards)["world_size"] * config["hardware"]["cpus_per_rank"]
+
+
+# --- Node-hour plan: every run's estimated runtime (plan.py), calibrated from finished runs.
+# Registered for the logger plugin (snakemake_logger_plugin_scalestudy), which prints the plan
+# of the jobs a dry-run would start; the Slurm time limit of training comes from it too.
+def is_local_rule(name):
+    return workflow.is_local(workflow.get_rule(name))
+
+
+PLAN = plan.register(
+    config, RUNS.values(), plan.load_measured(plan.RUNS_CSV, plan.BENCHMARKS_DIR), is_local_rule
+)
+
+
+def get_runtime(wildcards):
+    """Slurm time limit of a training job, minutes: estimate x plan.safety_factor, floored."""
+    return PLAN[wildcards.run].slurm_runtime_min
+
+
+def get_plan_digest(wildcards):
+    """The plan's content as a param: the plan files are rewritten when an estimate changes."""
+    return plan.plan_digest(list(PLAN.values()))
