@@ -270,7 +270,10 @@ class Calibration:
         return plan["throughput_img_s_per_gpu"][row["precision"]] * eta, "default"
 
     def startup(self, row: dict) -> tuple[float, str]:
-        for key, basis in (((_base(row), row["world_size"]), "world size"), ((_base(row), None), "all")):
+        for key, basis in (
+            ((_base(row), row["world_size"]), "world size"),
+            ((_base(row), None), "all"),
+        ):
             values = self._startup.get(key)
             if values:
                 return max(0.0, statistics.median(values)), basis
@@ -363,9 +366,7 @@ def totals(estimates: list[Estimate]) -> dict:
     families = [f for f in FAMILIES if any(f in e.families.split(";") for e in estimates)]
     return {
         "rule": {r: _sum(e for e in estimates if e.rule == r) for r in rules},
-        "family": {
-            f: _sum(e for e in estimates if f in e.families.split(";")) for f in families
-        },
+        "family": {f: _sum(e for e in estimates if f in e.families.split(";")) for f in families},
         "total": _sum(estimates),
     }
 
@@ -397,8 +398,8 @@ def format_table(estimates: list[Estimate], note: str = "") -> str:
     ]
     for e in estimates:
         lines.append(
-            f"{e.rule:<{rwidth}}  {e.run:<{width}}  {e.nodes:5d}  {e.gpus:4d}  {hms(e.runtime_s):>8}"
-            f"  {e.node_hours:10.3f}  {e.gpu_hours:9.3f}  {_mark(e)}"
+            f"{e.rule:<{rwidth}}  {e.run:<{width}}  {e.nodes:5d}  {e.gpus:4d}  "
+            f"{hms(e.runtime_s):>8}  {e.node_hours:10.3f}  {e.gpu_hours:9.3f}  {_mark(e)}"
         )
     lines.append("per rule:")
     for name, s in t["rule"].items():
@@ -471,16 +472,14 @@ def gpus_from_resources(resources: dict) -> int:
     return _int(resources.get("gpu"))
 
 
-def job_estimate(
-    reg: Registered | None, rule: str, wildcards: dict, resources: dict, jobid: int = 0
-) -> Estimate:
+def job_estimate(reg: Registered | None, rule: str, wildcards: dict, resources: dict) -> Estimate:
     """The Estimate of one job a dry-run lists. Training jobs: the run's estimate. Rules that
     run on the submitting host (localrules, `all`): 0 node-hours. Any other rule: its Slurm
     request (runtime resource x nodes), marked `requested`; no rule makes this fail."""
     run = str(wildcards.get("run", "")) if wildcards else ""
     if reg is not None and rule == "train" and run in reg.estimates:
         return reg.estimates[run]
-    label = run or ",".join(f"{k}={v}" for k, v in (wildcards or {}).items()) or f"job {jobid}"
+    label = run or ",".join(f"{k}={v}" for k, v in (wildcards or {}).items()) or "-"
     try:
         local = reg is not None and reg.is_local(rule)
     except Exception:  # a rule the registered workflow does not know

@@ -39,7 +39,7 @@ def _mapping(value) -> dict:
 
 class LogHandler(LogHandlerBase):
     def __post_init__(self) -> None:
-        self._jobs: list[tuple[str, dict, dict, int]] = []
+        self._jobs: list[tuple[str, dict, dict]] = []
         self._printed = False
 
     # The plan is text after Snakemake's own output, not a replacement of it.
@@ -71,7 +71,6 @@ class LogHandler(LogHandlerBase):
                 str(getattr(record, "rule_name", "?")),
                 _mapping(getattr(record, "wildcards", None)),
                 _mapping(getattr(record, "resources", None)),
-                getattr(record, "jobid", 0) or 0,
             )
         )
 
