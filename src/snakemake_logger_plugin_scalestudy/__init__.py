@@ -89,6 +89,14 @@ class LogHandler(LogHandlerBase):
         except Exception as exc:  # noqa: BLE001 - any import failure gets the same advice
             print(f"scalestudy plan: cannot import scalestudy.plan ({exc}): {FIX}", file=stream)
             return
+        quiet = {getattr(q, "name", str(q)).lower() for q in self.common_settings.quiet or ()}
+        if not self._jobs and quiet & {"rules", "all"}:
+            print(
+                "scalestudy plan: --quiet hides the jobs from loggers; run the dry-run without "
+                "--quiet (or with --quiet progress) to see the node-hour plan",
+                file=stream,
+            )
+            return
         reg = plan.registered()
         if reg is None:
             print(

@@ -149,9 +149,7 @@ def is_local_rule(name):
     return workflow.is_local(workflow.get_rule(name))
 
 
-PLAN = plan.register(
-    config, RUNS.values(), plan.load_measured(plan.RUNS_CSV, plan.BENCHMARKS_DIR), is_local_rule
-)
+PLAN = plan.register(config, RUNS.values(), plan.load_measured(), is_local_rule)
 
 
 def get_runtime(wildcards):
