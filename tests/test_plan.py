@@ -252,15 +252,29 @@ def dry_plan(work, *args, **kw) -> dict:
 
 @pytest.fixture(scope="module")
 def fresh(tmp_path_factory):
+    """The tiny study, not run, with a long start-up so the Slurm limit is above its floor."""
     work = copy_repo(tmp_path_factory.mktemp("plan-fresh"))
-    write_config(work / "tiny.yaml", TINY)
+    tiny = yaml.safe_load(yaml.safe_dump(TINY))
+    tiny["hardware"]["runtime_min"] = 1
+    tiny["plan"] = {"startup_s": 300, "safety_factor": 1.5}
+    write_config(work / "tiny.yaml", tiny)
     return work
+
+
+def slurm_runtimes(text: str) -> dict[str, int]:
+    """run -> the `runtime` resource (minutes) of its train job in a dry-run's job listing."""
+    out = {}
+    for block in text.split("rule train:")[1:]:
+        run = re.search(r"wildcards: run=(\S+)", block).group(1)
+        out[run] = int(re.search(r"resources: .*?\bruntime=(\d+)", block).group(1))
+    return out
 
 
 @pytest.mark.workflow
 @pytest.mark.parametrize("profile", [[], ["--profile", "profiles/slurm"]], ids=["default", "slurm"])
 def test_dry_run_prints_the_plan(fresh, profile):
-    result = dry_plan(fresh, *profile)
+    proc = snakemake(fresh, "--configfile", "tiny.yaml", "-n", *profile, stand_ins=True)
+    result = parse_plan(proc.stdout + proc.stderr)
     train = [j for j in result["jobs"] if j["rule"] == "train"]
     assert {j["run"] for j in train} == RUN_IDS
     # the printed rows are the package's estimates of the tiny study (merged over config.yaml)
@@ -269,6 +283,10 @@ def test_dry_run_prints_the_plan(fresh, profile):
     for j in train:
         assert j["basis"] == "default"
         assert j["node_hours"] == pytest.approx(expected[j["run"]].node_hours, abs=1e-3)
+    # each training job asks Slurm for its estimate x safety factor (1.5), in minutes
+    limits = slurm_runtimes(proc.stdout + proc.stderr)
+    assert limits == {r: math.ceil(e.runtime_s * 1.5 / 60) for r, e in expected.items()}
+    assert all(minutes > 1 for minutes in limits.values())  # above the floor: really derived
     assert result["total"]["jobs"] == len(result["jobs"])
     assert result["total"]["node_hours"] == pytest.approx(
         sum(j["node_hours"] for j in result["jobs"]), abs=2e-3
