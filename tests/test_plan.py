@@ -127,6 +127,35 @@ def test_calibration_levels_and_startup():
     assert not any(e.calibrated for e in plan.estimate_runs(config, rows, measured))
 
 
+def test_measured_runs_are_read_with_wall_times_and_damage_is_refused(tmp_path):
+    rows = [
+        measured_row("w1_lb8_fp32_ddp_bk25_r0", 50.0, 1),
+        measured_row("w1_lb8_bf16_ddp_bk25_r0", 0, 1),
+    ]
+    runs_csv, bench = tmp_path / "runs.csv", tmp_path / "bench"
+    bench.mkdir()
+    (bench / "w1_lb8_fp32_ddp_bk25_r0.tsv").write_text("s\th:m:s\tmax_rss\n56.0\t0:00:56\t1\n")
+
+    def write(rows):
+        with runs_csv.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=[k for k in rows[0] if k != "wall_s"])
+            writer.writeheader()
+            writer.writerows([{k: v for k, v in r.items() if k != "wall_s"} for r in rows])
+
+    assert plan.load_measured(tmp_path / "absent.csv", bench) == []
+    write(rows)
+    measured = plan.load_measured(runs_csv, bench)
+    # the bf16 row has no throughput (no steady-state window): it calibrates nothing
+    assert [(m["run"], m["wall_s"]) for m in measured] == [("w1_lb8_fp32_ddp_bk25_r0", 56.0)]
+    rows[0]["throughput_img_s"] = ""
+    write(rows)
+    with pytest.raises(
+        plan.PlanError,
+        match=r"runs.csv, run 'w1_lb8_fp32_ddp_bk25_r0': throughput_img_s is '', not a number",
+    ):
+        plan.load_measured(runs_csv, bench)
+
+
 def test_unknown_and_local_rules_are_harmless():
     config = small_config()
     estimates = plan.register(config, build_run_table(config), [], lambda name: name == "collect")

@@ -60,6 +60,17 @@ PLAN_CSV = "results/plan.csv"
 # measured runs must match the estimated run in these columns to calibrate it at all
 BASE_KEY = ("device", "model", "width", "strategy", "loader", "compile")
 LEVELS = ("run", "batch", "world size", "precision")
+# numeric columns of results/csv/runs.csv the calibration reads
+MEASURED_NUMBERS = (
+    "world_size",
+    "nodes",
+    "local_batch",
+    "epochs",
+    "limit_train",
+    "limit_test",
+    "throughput_img_s",
+    "throughput_img_s_per_rank",
+)
 
 PLAN_COLUMNS = (
     "run",
@@ -211,16 +222,26 @@ def load_measured(
         return []
     with path.open(newline="") as f:
         rows = list(csv.DictReader(f))
-    needed = {"run", "world_size", "precision", "throughput_img_s_per_rank", "throughput_img_s"}
+    fix = "delete it: the collect rule of `snakemake` writes it again from results/runs"
+    needed = {"run", "precision", "dataset", *BASE_KEY, *MEASURED_NUMBERS}
     if rows and not needed <= set(rows[0]):
         raise PlanError(
             f"{path} lacks the columns {sorted(needed - set(rows[0]))}: it is not written by "
-            "`scalestudy collect`; rebuild it with `snakemake results/csv/runs.csv`"
+            f"this version of `scalestudy collect`; {fix}"
         )
     measured = []
     for row in rows:
-        if (_num(row["throughput_img_s_per_rank"]) or 0) <= 0:
-            continue  # an unusable measurement never calibrates anything
+        for column in MEASURED_NUMBERS:
+            if _num(row[column]) is None:
+                raise PlanError(
+                    f"{path}, run {row['run']!r}: {column} is {row[column]!r}, not a number; {fix}"
+                )
+        if row["dataset"] not in (*DATASET_TEST_SIZES, "synthetic"):
+            raise PlanError(
+                f"{path}, run {row['run']!r}: unknown dataset {row['dataset']!r}; {fix}"
+            )
+        if float(row["throughput_img_s_per_rank"]) <= 0:
+            continue  # a run without a steady-state window calibrates nothing
         row = dict(row, wall_s=read_wall_seconds(Path(benchmarks_dir) / f"{row['run']}.tsv"))
         measured.append(row)
     return measured

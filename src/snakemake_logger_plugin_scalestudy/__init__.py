@@ -98,6 +98,8 @@ class LogHandler(LogHandlerBase):
             )
             return
         reg = plan.registered()
+        if reg is None and not self._jobs:
+            return  # the workflow stopped before any job (its error says why): no plan to show
         if reg is None:
             print(
                 "scalestudy plan: no study registered in this snakemake process (not the "

@@ -149,7 +149,12 @@ def is_local_rule(name):
     return workflow.is_local(workflow.get_rule(name))
 
 
-PLAN = plan.register(config, RUNS.values(), plan.load_measured(), is_local_rule)
+# measured runs: results/csv/runs.csv + benchmarks/train (none before the first run)
+try:
+    MEASURED = plan.load_measured()
+except plan.PlanError as exc:
+    raise WorkflowError(str(exc))
+PLAN = plan.register(config, RUNS.values(), MEASURED, is_local_rule)
 
 
 def get_runtime(wildcards):
