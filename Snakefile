@@ -27,6 +27,7 @@ include: "workflow/rules/profile.smk"
 include: "workflow/rules/analysis.smk"
 include: "workflow/rules/plots.smk"
 include: "workflow/rules/report.smk"
+include: "workflow/rules/plan.smk"
 
 
 rule all:

@@ -25,6 +25,7 @@ SUBCOMMANDS = {
     "plot": ("scalestudy.plots", "one figure of the study (PNG and PDF) from the analysis CSVs"),
     "render-report": ("scalestudy.report", "reports/study.md and paper.tex from the CSVs only"),
     "build-pdf": ("scalestudy.latex", "reports/paper.pdf with latexmk, or say why not"),
+    "plan": ("scalestudy.plan", "node-hours of a study -> reports/plan.md, results/plan.csv"),
 }
 
 

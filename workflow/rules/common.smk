@@ -6,7 +6,7 @@ import sys
 from snakemake.exceptions import WorkflowError
 
 try:
-    from scalestudy import latex, matrix, plots, profiling, studyconfig
+    from scalestudy import latex, matrix, plan, plots, profiling, studyconfig
 except ImportError as exc:
     raise WorkflowError(
         f"cannot import the scalestudy package ({exc}): run `pip install -e .` in this "
@@ -244,3 +244,30 @@ def get_paper_pdf(wildcards=None):
         return ["reports/paper.pdf"]
     print(f"scalestudy: {latex.MISSING}", file=sys.stderr)
     return []
+
+# --- Node-hour plan: every run's estimated runtime (plan.py), calibrated from finished runs.
+# Registered for the logger plugin (snakemake_logger_plugin_scalestudy), which prints the plan
+# of the jobs a dry-run would start; the Slurm time limit of training comes from it too.
+def is_local_rule(name):
+    # not workflow.is_local(): a dry-run executes everything "locally", so it would call every
+    # rule local; what counts is whether the rule is a declared localrule (runs on the host)
+    declared = workflow.get_rule(name)
+    return declared.group is None and (name in workflow._localrules or declared.norun)
+
+
+# measured runs: results/csv/runs.csv + benchmarks/train (none before the first run)
+try:
+    MEASURED = plan.load_measured()
+except plan.PlanError as exc:
+    raise WorkflowError(str(exc))
+PLAN = plan.register(config, RUNS.values(), MEASURED, is_local_rule)
+
+
+def get_runtime(wildcards):
+    """Slurm time limit of a training job, minutes: estimate x plan.safety_factor, floored."""
+    return PLAN[wildcards.run].slurm_runtime_min
+
+
+def get_plan_digest(wildcards):
+    """The plan's content as a param: the plan files are rewritten when an estimate changes."""
+    return plan.plan_digest(list(PLAN.values()))

@@ -22,7 +22,7 @@ rule train:
         gres=get_gres,
         cpus_per_task=config["hardware"]["cpus_per_rank"],
         mem_mb=get_mem_mb,
-        runtime=config["hardware"]["runtime_min"],
+        runtime=get_runtime,
         mpi=get_mpi,
     params:
         flags=get_train_flags,

@@ -1,0 +1,124 @@
+"""Snakemake logger plugin `scalestudy`: the node-hour plan after `snakemake --dry-run`.
+
+Turned on by `logger: [scalestudy]` in profiles/default/config.yaml (loaded by every snakemake
+call in this repository) and in the Slurm profiles. It collects the JOB_INFO record Snakemake
+logs for every job a dry-run would start (rule, wildcards, resources) and, when Snakemake closes
+its loggers, prints the plan: one row per job with nodes, GPUs, estimated runtime, node-hours and
+GPU-hours, then totals per rule, per family and overall. Finished runs are not in the dry-run, so
+they do not count. The estimates come from scalestudy.plan, registered by the Snakefile
+(workflow/rules/common.smk) in this same process at parse time. Real runs print nothing extra.
+
+Snakemake finds this module by its name (snakemake_logger_plugin_<name>) once the scalestudy
+package is installed (`pip install -e .`, src layout); `snakemake --help` then lists `scalestudy`
+under `--logger`.
+"""
+
+from __future__ import annotations
+
+import sys
+from logging import LogRecord
+
+from snakemake_interface_logger_plugins.base import LogHandlerBase
+from snakemake_interface_logger_plugins.common import LogEvent
+
+FIX = (
+    "reinstall the package in the environment snakemake runs from (`pip install -e .` in the "
+    "repository, see README.md), or drop `logger: [scalestudy]` from the profile"
+)
+
+
+def _mapping(value) -> dict:
+    """Snakemake's wildcards/resources containers as a plain dict (empty if unreadable)."""
+    if value is None:
+        return {}
+    try:
+        return {str(k): v for k, v in dict(value.items()).items()}
+    except (AttributeError, TypeError, ValueError):
+        return {}
+
+
+class LogHandler(LogHandlerBase):
+    def __post_init__(self) -> None:
+        self._jobs: list[tuple[str, dict, dict]] = []
+        self._printed = False
+
+    # The plan is text after Snakemake's own output, not a replacement of it.
+    @property
+    def writes_to_stream(self) -> bool:
+        return False
+
+    @property
+    def writes_to_file(self) -> bool:
+        return False
+
+    @property
+    def has_filter(self) -> bool:
+        return True  # emit() takes JOB_INFO records only, whatever --quiet says
+
+    @property
+    def has_formatter(self) -> bool:
+        return True
+
+    @property
+    def needs_rulegraph(self) -> bool:
+        return False
+
+    def emit(self, record: LogRecord) -> None:
+        if not self.common_settings.dryrun or getattr(record, "event", None) != LogEvent.JOB_INFO:
+            return
+        self._jobs.append(
+            (
+                str(getattr(record, "rule_name", "?")),
+                _mapping(getattr(record, "wildcards", None)),
+                _mapping(getattr(record, "resources", None)),
+            )
+        )
+
+    def close(self) -> None:
+        try:
+            if self.common_settings.dryrun and not self._printed:
+                self._printed = True
+                self._print_plan()
+        finally:
+            super().close()
+
+    def _print_plan(self) -> None:
+        stream = sys.stdout if getattr(self.common_settings, "stdout", False) else sys.stderr
+        try:
+            from scalestudy import plan
+        except Exception as exc:  # noqa: BLE001 - any import failure gets the same advice
+            print(f"scalestudy plan: cannot import scalestudy.plan ({exc}): {FIX}", file=stream)
+            return
+        quiet = {getattr(q, "name", str(q)).lower() for q in self.common_settings.quiet or ()}
+        if not self._jobs and quiet & {"rules", "all"}:
+            print(
+                "scalestudy plan: --quiet hides the jobs from loggers; run the dry-run without "
+                "--quiet (or with --quiet progress) to see the node-hour plan",
+                file=stream,
+            )
+            return
+        reg = plan.registered()
+        if reg is None and not self._jobs:
+            return  # the workflow stopped before any job (its error says why): no plan to show
+        if reg is None:
+            print(
+                "scalestudy plan: no study registered in this snakemake process (not the "
+                "scalestudy Snakefile, or it stopped before workflow/rules/common.smk); node-hours "
+                "are counted from Slurm requests only",
+                file=stream,
+            )
+        try:
+            estimates = [plan.job_estimate(reg, *job) for job in self._jobs]
+            estimates.sort(key=lambda e: (e.rule != "train", e.rule, _order(reg, e.run)))
+            stream.write(plan.format_table(estimates))
+        except Exception as exc:  # noqa: BLE001 - the plan must never break a dry-run
+            print(f"scalestudy plan: could not compute the plan ({exc!r}): {FIX}", file=stream)
+        stream.flush()
+
+
+def _order(reg, run: str) -> int:
+    """Run-table order for training jobs (the dry-run lists jobs in no useful order)."""
+    if reg is None:
+        return 0
+    runs = list(reg.estimates)
+    return runs.index(run) if run in runs else len(runs)
