@@ -140,3 +140,34 @@ def get_mem_mb(wildcards):
 def get_threads(wildcards):
     # locally: the cores the run occupies, so the local scheduler never oversubscribes
     return get_run(wildcards)["world_size"] * config["hardware"]["cpus_per_rank"]
+
+
+# --- fault tolerance (scalestudy.checkpoint): checkpoints live outside the declared outputs, so
+# the cleanup of a failed or preempted job cannot delete what its retry resumes from
+CHECKPOINTING = config["checkpointing"]
+TRAINER_SOURCES.append("src/scalestudy/checkpoint.py")  # imported by the trainer
+
+
+def get_checkpoint_dir(wildcards):
+    """results/checkpoints/<run>; "" turns checkpointing off (scalestudy train --checkpoint-dir=)."""
+    if not CHECKPOINTING["enabled"]:
+        return ""
+    return f"{CHECKPOINTING['dir']}/{wildcards.run}"
+
+
+def get_checkpoint_every(wildcards):
+    # a resource, not a param: params are a rerun trigger, and how often a run checkpoints
+    # does not change what it measures
+    return CHECKPOINTING["every_epochs"]
+
+
+def get_checkpoint_keep(wildcards):
+    return CHECKPOINTING["keep"]
+
+
+def get_slurm_extra(wildcards):
+    """USR1 to the ranks (not `B:`, which signals only the batch shell) signal_lead_s seconds
+    before the time limit; --requeue lets Slurm requeue the job after a node failure."""
+    if not CHECKPOINTING["enabled"]:
+        return ""
+    return f"--signal=USR1@{CHECKPOINTING['signal_lead_s']} --requeue"
