@@ -11,8 +11,14 @@ export PATH="$PWD/.venv/bin:$PATH"
 ruff check .
 ruff format --check .
 snakefmt --check Snakefile workflow/rules/*.smk
-out=$(snakemake --lint --configfile config/demo.yaml 2>&1) || true
+rc=0
+out=$(snakemake --lint --configfile config/demo.yaml 2>&1) || rc=$?
 echo "$out"
+# exit 1 means "lints found" only when it printed lints; anything else is snakemake failing
+if ((rc != 0)) && ! { ((rc == 1)) && grep -q '^Lints for rule' <<<"$out"; }; then
+    echo "lint: snakemake --lint did not run (exit $rc)" >&2
+    exit 1
+fi
 other=$(grep -E '^\s+\* ' <<<"$out" | grep -v 'Specify a conda environment or container' || true)
 if [[ -n "$other" ]]; then
     echo "lint: snakemake --lint found:" >&2

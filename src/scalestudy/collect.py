@@ -53,6 +53,8 @@ REQUIRED_METRICS = (
     "seed",
     "config_hash",
     "started_at",
+    "restarts",
+    "resumed_from_epochs",
 )
 EPOCH_ID_COLUMNS = (
     "run",

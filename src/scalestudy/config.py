@@ -19,6 +19,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 LR_REFERENCE_BATCH = 512  # images; `lr` is quoted for this global batch
+# fields that do not define the experiment: where files go and how the run survives failures
+NOT_IDENTITY = (
+    "out",
+    "data_dir",
+    "checkpoint_dir",
+    "checkpoint_every",
+    "checkpoint_keep",
+    "checkpoint_async",
+)
 
 
 def _f(default: Any, help: str, choices: tuple | None = None) -> Any:
@@ -73,6 +82,13 @@ class TrainConfig:
         None, "A:B profiles optimizer steps A..B-1 (nsys range / torch.profiler)"
     )
     out: str = _f("results/runs/manual", "output directory (metrics.json, epochs.csv)")
+    # fault tolerance (checkpoint.py): how a run survives, not what it measures
+    checkpoint_dir: str | None = _f(
+        None, "checkpoint directory; a restart resumes from its newest valid checkpoint"
+    )
+    checkpoint_every: int = _f(1, "epochs between checkpoints (0 = only on SIGTERM/SIGUSR1)")
+    checkpoint_keep: int = _f(2, "newest checkpoints kept")
+    checkpoint_async: bool = _f(True, "write checkpoints in a background thread")
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -94,10 +110,13 @@ class TrainConfig:
             "clip_grad",
             "warmup_epochs",
             "weight_decay",
+            "checkpoint_every",
         )
         for name in non_negative:
             if getattr(self, name) < 0:
                 raise ValueError(f"--{flag_name(name)} must be >= 0, got {getattr(self, name)}")
+        if self.checkpoint_keep < 1:
+            raise ValueError(f"--checkpoint-keep must be >= 1, got {self.checkpoint_keep}")
         if self.bucket_cap_mb <= 0:
             raise ValueError(f"--bucket-cap-mb must be > 0 MiB, got {self.bucket_cap_mb}")
         if self.pg_timeout_s <= 0:
@@ -135,10 +154,10 @@ class TrainConfig:
         return self.local_batch, self.local_batch * world_size * self.accum_steps
 
     def config_hash(self) -> str:
-        """Hash of what defines the experiment (paths excluded): equal hash, equal experiment."""
+        """Hash of what defines the experiment (not NOT_IDENTITY): equal hash, equal experiment."""
         d = dataclasses.asdict(self)
-        for path_key in ("out", "data_dir"):
-            d.pop(path_key)
+        for key in NOT_IDENTITY:
+            d.pop(key)
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
     @classmethod

@@ -26,6 +26,21 @@ How the numbers are measured (the analysis relies on these definitions):
 - time_to_target_s: training time (evaluation excluded) until the end of the first epoch whose
   val_acc reaches --target-acc; null if never reached.
 - train_time_s: wall time of the whole training loop, evaluation included.
+
+Checkpoints and resume (--checkpoint-dir; checkpoint.py): a run saves every --checkpoint-every
+epochs and, on SIGTERM/SIGUSR1, at the end of the current epoch (all ranks agree on the stop with
+one all-reduce per epoch), then exits with 75 (checkpoint.PREEMPTED_EXIT). The same command
+resumes from the newest valid checkpoint and continues bit for bit (same data order, RNG states,
+optimizer, schedule, scaler). A resumed run's numbers are accounted over its segments:
+- train_time_s and time_to_target_s: the sum over segments of the loop time up to each segment's
+  last checkpoint (time lost after it is not counted: that work is redone and counted then);
+  start-up, checkpoint loading and the restart itself are excluded.
+- the throughput window: each segment excludes its own first `warmup_steps` steps; images,
+  window times and step times are summed over segments.
+- restarts / resumed_from_epochs: how often and after which epoch the run resumed.
+- checkpoint_stall_s: seconds rank 0's training waited for checkpoint saves (all segments).
+Once training is over, the checkpoints are deleted before metrics.json is written, so a rerun of
+a finished run (changed code) trains from scratch instead of resuming a final checkpoint.
 """
 
 from __future__ import annotations
@@ -50,6 +65,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from scalestudy import atomic
+from scalestudy import checkpoint as ckpt
 from scalestudy import data as sdata
 from scalestudy import dist as sdist
 from scalestudy.config import LR_REFERENCE_BATCH, TrainConfig
@@ -83,6 +99,9 @@ def run(args) -> int:
 def main(cfg: TrainConfig) -> int:
     denv = sdist.detect()
     where = f"rank {denv.rank}/{denv.world_size} on {sdist.hostname()}"
+    stop = ckpt.StopFlag()
+    if cfg.checkpoint_dir:
+        stop.install()  # SIGTERM/SIGUSR1: checkpoint at the epoch's end, then exit 75
     try:
         device = pick_device(cfg, denv)
         sdist.init_process_group(
@@ -92,8 +111,11 @@ def main(cfg: TrainConfig) -> int:
         print(f"[{where}] cannot start: {exc}", file=sys.stderr, flush=True)
         return 1
     try:
-        train(cfg, denv, device)
+        train(cfg, denv, device, stop)
         return 0
+    except ckpt.Preempted as exc:
+        print(f"[{where}] {exc}: rerun the same command to resume", file=sys.stderr, flush=True)
+        return ckpt.PREEMPTED_EXIT
     except Exception as exc:
         # name the rank: with 64 ranks, "which one failed and why" is the first question
         print(
@@ -124,7 +146,9 @@ def pick_device(cfg: TrainConfig, denv: sdist.DistEnv) -> torch.device:
     return torch.device("cuda", denv.local_rank)
 
 
-def train(cfg: TrainConfig, denv: sdist.DistEnv, device: torch.device) -> dict:
+def train(
+    cfg: TrainConfig, denv: sdist.DistEnv, device: torch.device, stop: ckpt.StopFlag | None = None
+) -> dict:
     started_at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     rank, world_size = denv.rank, denv.world_size
     master = rank == 0  # writes outputs and prints progress
@@ -209,19 +233,27 @@ def train(cfg: TrainConfig, denv: sdist.DistEnv, device: torch.device) -> dict:
     timer = StepTimer(device)
     nvml = NvmlSampler(device, out=Path(cfg.out), rank=rank) if cuda else None
     profiler = Profiler(cfg, device, rank)
-    history: list[dict] = []
-    window_images = 0  # images this rank processed inside the steady-state window
-    window_time = 0.0  # seconds of training steps inside the window (evaluation excluded)
-    window_step_times: list[float] = []
-    window_data_times: list[float] = []
-    train_seconds = 0.0
-    time_to_target = None
-    step = 0
+    # --- fault tolerance: resume from the newest valid checkpoint (a fresh start without one)
+    saver = make_checkpointer(cfg, rank, world_size)
+    trainables = (model, optimizer, scheduler, scaler, rng_generators(train_loader))
+    progress = resume(saver, cfg, rank, trainables) if saver else fresh_progress()
+    history: list[dict] = progress["history"]
+    window_images = progress[
+        "window_images"
+    ]  # images this rank processed in the steady-state window
+    window_time = progress["window_time"]  # seconds of training steps in the window (no evaluation)
+    window_step_times: list[float] = progress["window_step_times"]
+    window_data_times: list[float] = progress["window_data_times"]
+    train_seconds = progress["train_seconds"]
+    time_to_target = progress["time_to_target"]
+    step = segment_start = progress["step"]  # warm-up is excluded again in every segment
+    if master and history:
+        atomic.write_text(Path(cfg.out) / "epochs.csv", _csv(history))  # the epochs so far
     loop_start = time.perf_counter()
     if nvml:
         nvml.start()
 
-    for epoch in range(cfg.epochs):
+    for epoch in range(progress["epoch"], cfg.epochs):
         if cfg.loader == "device":
             train_loader.set_epoch(epoch)
         else:
@@ -236,7 +268,7 @@ def train(cfg: TrainConfig, denv: sdist.DistEnv, device: torch.device) -> dict:
         epoch_start = time.perf_counter()
         done = 0
         while done < micro_steps:
-            in_window = step >= cfg.warmup_steps
+            in_window = step - segment_start >= cfg.warmup_steps
             if in_window and epoch_window_start is None:
                 _sync(device)  # the window starts on an idle device
                 epoch_window_start, window_images_before = time.perf_counter(), seen
@@ -329,7 +361,27 @@ def train(cfg: TrainConfig, denv: sdist.DistEnv, device: torch.device) -> dict:
                 f"| lr {row['lr']:.4g}",
                 flush=True,
             )
-    train_time = time.perf_counter() - loop_start
+
+        # --- checkpoint every N epochs, and on SIGTERM/SIGUSR1 (all ranks stop at this epoch)
+        if saver and epoch + 1 < cfg.epochs:
+            stopping = agree_on_stop(saver, stop, device, rank)
+            if stopping or (cfg.checkpoint_every and (epoch + 1) % cfg.checkpoint_every == 0):
+                progress.update(
+                    epoch=epoch + 1,
+                    step=step,
+                    train_seconds=train_seconds,
+                    time_to_target=time_to_target,
+                    loop_time=progress["loop_time"] + time.perf_counter() - loop_start,
+                    checkpoint_stall_s=saver.stall_s,
+                )
+                rank_state = {"window_images": window_images, "window_time": window_time}
+                save_checkpoint(saver, epoch + 1, progress, rank_state, trainables, cfg, stopping)
+                if stopping:
+                    saver.wait()
+                    raise ckpt.Preempted(
+                        epoch + 1, stop.signame, saver.directory / ckpt.checkpoint_name(epoch + 1)
+                    )
+    train_time = progress["loop_time"] + time.perf_counter() - loop_start
     gpu_util = nvml.stop() if nvml else None
     profiler.close()
 
@@ -400,7 +452,14 @@ def train(cfg: TrainConfig, denv: sdist.DistEnv, device: torch.device) -> dict:
         "config_hash": cfg.config_hash(),
         "param_checksums": checksums,
         "started_at": started_at,
+        "restarts": len(progress["resumed_from_epochs"]),
+        "resumed_from_epochs": progress["resumed_from_epochs"],
+        "checkpoint_stall_s": saver.stall_s if saver else 0.0,
     }
+    if saver:
+        saver.wait()  # a write still in flight ends before its directory is removed
+        if master:  # a finished run never resumes: its checkpoints go before metrics.json
+            ckpt.remove_all(saver.directory)
     if master:
         # metrics.json last: its presence means the run completed
         atomic.write_json(Path(cfg.out) / "metrics.json", metrics)
@@ -411,6 +470,127 @@ def train(cfg: TrainConfig, denv: sdist.DistEnv, device: torch.device) -> dict:
             flush=True,
         )
     return metrics
+
+
+def fresh_progress() -> dict:
+    """Where a run without a checkpoint starts; checkpoints store this dict, updated."""
+    return {
+        "epoch": 0,  # epochs completed
+        "step": 0,  # optimizer steps completed
+        "history": [],  # the epochs.csv rows so far
+        "window_images": 0,
+        "window_time": 0.0,
+        "window_step_times": [],
+        "window_data_times": [],
+        "train_seconds": 0.0,
+        "time_to_target": None,
+        "loop_time": 0.0,  # training-loop seconds of earlier segments
+        "checkpoint_stall_s": 0.0,  # stall of earlier segments
+        "resumed_from_epochs": [],
+    }
+
+
+def make_checkpointer(cfg: TrainConfig, rank: int, world_size: int) -> ckpt.Checkpointer | None:
+    if not cfg.checkpoint_dir:
+        return None
+    # FSDP saves through torch.distributed.checkpoint, whose collectives run in the background:
+    # give them their own gloo group so they never interleave with training's collectives
+    group = dist.new_group(backend="gloo") if cfg.strategy == "fsdp" else None
+    return ckpt.Checkpointer(
+        cfg.checkpoint_dir,
+        keep=cfg.checkpoint_keep,
+        identity={"config_hash": cfg.config_hash(), "world_size": world_size},
+        rank=rank,
+        async_write=cfg.checkpoint_async,
+        dcp_group=group,
+    )
+
+
+def rng_generators(train_loader) -> dict[str, torch.Generator]:
+    """Generators whose state carries across epochs (the DataLoader's; DeviceLoader reseeds)."""
+    gen = getattr(train_loader, "generator", None)
+    return {"dataloader": gen} if isinstance(gen, torch.Generator) else {}
+
+
+def _sharded_state(model, optimizer) -> dict:
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    return {"model": model_sd, "optimizer": optim_sd}
+
+
+def save_checkpoint(saver, epoch, progress, rank_state, trainables, cfg, wait) -> None:
+    """Snapshot everything that defines the run's future and hand it to the saver."""
+    model, optimizer, scheduler, scaler, generators = trainables
+    per_rank: list = [None] * dist.get_world_size()
+    dist.all_gather_object(per_rank, {"rng": ckpt.rng_state(generators), **rank_state})
+    fsdp = cfg.strategy == "fsdp"
+    state = {
+        "model": None if fsdp else model.state_dict(),
+        "optimizer": None if fsdp else optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "scaler": scaler.state_dict(),
+        "ranks": per_rank,
+        "progress": progress,
+    }
+    saver.save(epoch, state, _sharded_state(model, optimizer) if fsdp else None, wait=wait)
+
+
+def resume(saver: ckpt.Checkpointer, cfg: TrainConfig, rank: int, trainables) -> dict:
+    """Load the newest valid checkpoint of this configuration into the trainables; returns its
+    progress (fresh_progress() when there is none). Rank 0 chooses, every rank loads."""
+    model, optimizer, scheduler, scaler, generators = trainables
+    choice = [None]
+    if rank == 0:
+        found = ckpt.find_latest(saver.directory, saver.identity)
+        choice[0] = str(found[0]) if found else None
+    dist.broadcast_object_list(choice, src=0)
+    if choice[0] is None:
+        return fresh_progress()
+    path = Path(choice[0])
+    state = ckpt.load_state(path)
+    if cfg.strategy == "fsdp":
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        sharded = _sharded_state(model, optimizer)
+        saver.load_sharded(path, sharded)
+        set_state_dict(
+            model,
+            optimizer,
+            model_state_dict=sharded["model"],
+            optim_state_dict=sharded["optimizer"],
+        )
+    else:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    scaler.load_state_dict(state["scaler"])
+    mine = state["ranks"][rank]
+    ckpt.set_rng_state(mine["rng"], generators)
+    progress = state["progress"]
+    progress.update(window_images=mine["window_images"], window_time=mine["window_time"])
+    progress["resumed_from_epochs"] = [*progress["resumed_from_epochs"], progress["epoch"]]
+    saver.stall_s = progress["checkpoint_stall_s"]  # the stall of earlier segments carries on
+    if rank == 0:
+        print(f"resuming from {path} (epoch {progress['epoch']}, step {progress['step']})")
+    return progress
+
+
+def agree_on_stop(saver, stop, device, rank) -> bool:
+    """One all-reduce per epoch: did any rank get a stop signal, did any checkpoint write fail?
+    Every rank leaves with the same answer, so all stop (or fail) at the same step."""
+    error = saver.poll()
+    flags = torch.tensor(
+        [float(bool(stop and stop.raised)), float(error is not None)],
+        dtype=torch.float64,
+        device=device,
+    )
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    if flags[1].item():
+        if error is not None:
+            raise error
+        raise ckpt.CheckpointError("a checkpoint write failed on another rank (see its log)")
+    return bool(flags[0].item())
 
 
 def wrap_model(model: torch.nn.Module, cfg: TrainConfig, device: torch.device):

@@ -22,7 +22,16 @@ CONTAINER = config["container"]
 # Inputs smaller than 1 MB are checksummed, so touching a file without changing it reruns nothing.
 TRAINER_SOURCES = [
     f"src/scalestudy/{name}.py"
-    for name in ("atomic", "config", "data", "dist", "launch", "models", "train")
+    for name in (
+        "atomic",
+        "checkpoint",
+        "config",
+        "data",
+        "dist",
+        "launch",
+        "models",
+        "train",
+    )
 ]
 
 
@@ -245,6 +254,7 @@ def get_paper_pdf(wildcards=None):
     print(f"scalestudy: {latex.MISSING}", file=sys.stderr)
     return []
 
+
 # --- Node-hour plan: every run's estimated runtime (plan.py), calibrated from finished runs.
 # Registered for the logger plugin (snakemake_logger_plugin_scalestudy), which prints the plan
 # of the jobs a dry-run would start; the Slurm time limit of training comes from it too.
@@ -271,3 +281,33 @@ def get_runtime(wildcards):
 def get_plan_digest(wildcards):
     """The plan's content as a param: the plan files are rewritten when an estimate changes."""
     return plan.plan_digest(list(PLAN.values()))
+
+
+# --- fault tolerance (scalestudy.checkpoint): checkpoints live outside the declared outputs, so
+# the cleanup of a failed or preempted job cannot delete what its retry resumes from
+CHECKPOINTING = config["checkpointing"]
+
+
+def get_checkpoint_dir(wildcards):
+    """results/checkpoints/<run>; "" turns checkpointing off (scalestudy train --checkpoint-dir=)."""
+    if not CHECKPOINTING["enabled"]:
+        return ""
+    return f"{CHECKPOINTING['dir']}/{wildcards.run}"
+
+
+def get_checkpoint_every(wildcards):
+    # a resource, not a param: params are a rerun trigger, and how often a run checkpoints
+    # does not change what it measures
+    return CHECKPOINTING["every_epochs"]
+
+
+def get_checkpoint_keep(wildcards):
+    return CHECKPOINTING["keep"]
+
+
+def get_slurm_extra(wildcards):
+    """USR1 to the ranks (not `B:`, which signals only the batch shell) signal_lead_s seconds
+    before the time limit; --requeue lets Slurm requeue the job after a node failure."""
+    if not CHECKPOINTING["enabled"]:
+        return ""
+    return f"--signal=USR1@{CHECKPOINTING['signal_lead_s']} --requeue"

@@ -1,0 +1,463 @@
+"""Checkpoints of a training run: atomic, checksummed, the last K kept, written in the background.
+
+Layout of `--checkpoint-dir DIR` (one directory per run; never inside the run's declared outputs,
+so a failed job's cleanup cannot delete it):
+
+    DIR/epoch-0003/state.pt        rank 0: model (replicated strategies), optimizer, LR schedule,
+                                   GradScaler, RNG states of every rank, progress and metrics so far
+    DIR/epoch-0003/dcp/...         FSDP: sharded model + optimizer (torch.distributed.checkpoint)
+    DIR/epoch-0003/manifest.json   written last: epoch, step, identity, sha256 + size of every file
+
+A checkpoint is written into `DIR/.partial-epoch-0003/`, every file fsynced, the manifest written
+last, then the directory is renamed to `epoch-0003` and DIR fsynced: a reader sees a complete
+checkpoint or none. Only after that are checkpoints beyond the newest `keep` deleted, so a failed
+write (disk full, read-only filesystem) leaves every earlier checkpoint intact.
+
+Resuming (`find_latest`) takes the newest checkpoint whose manifest and checksums verify and whose
+identity (config_hash + world size) matches the run; a corrupted or truncated one is skipped with
+a warning naming the file, one from another configuration is never resumed (warning; the run
+starts fresh and removes it at its first save).
+
+Asynchronous saving: `Checkpointer.save` copies the state off the device (and clones CPU tensors,
+which training keeps mutating) and returns; a background thread writes it. The stall training
+sees is the copy; benchmarks/checkpoint_stall.py measures it against a synchronous save.
+One save is in flight at a time; a write error is kept and reported at the next `poll`/`wait`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import errno
+import hashlib
+import io
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+FORMAT = 1
+MANIFEST = "manifest.json"
+STATE = "state.pt"
+DCP_DIR = "dcp"
+_NAME = re.compile(r"epoch-(\d{4,})")
+PREEMPTED_EXIT = 75  # EX_TEMPFAIL: stopped on a signal after saving a checkpoint; rerun to resume
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written or read; the message names the path and the cause."""
+
+
+class Preempted(Exception):
+    """Training stopped on a signal after saving the checkpoint of `epoch` epochs."""
+
+    def __init__(self, epoch: int, signame: str, path: Path) -> None:
+        super().__init__(f"stopped on {signame} after epoch {epoch}; checkpoint {path}")
+        self.epoch, self.signame, self.path = epoch, signame, path
+
+
+def checkpoint_name(epoch: int) -> str:
+    return f"epoch-{epoch:04d}"
+
+
+# ---------------------------------------------------------------------------------------------
+# writing
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        return f"no space left on the device ({exc})"
+    if isinstance(exc, OSError) and exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return f"no permission to write ({exc})"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def partial_dir(directory: Path, epoch: int) -> Path:
+    return directory / f".partial-{checkpoint_name(epoch)}"
+
+
+def write_checkpoint(
+    directory: str | os.PathLike,
+    epoch: int,
+    state: dict,
+    meta: dict,
+    write_extra: Callable[[Path], None] | None = None,
+    partial_ready: bool = False,
+) -> Path:
+    """Write `state` (CPU tensors) as DIR/epoch-NNNN atomically; returns the final path.
+
+    `write_extra(partial)` writes more files first (FSDP: the DCP shards of every rank);
+    `partial_ready` means the partial directory was already created (by prepare_partial)."""
+    directory = Path(directory)
+    partial = partial_dir(directory, epoch)
+    final = directory / checkpoint_name(epoch)
+    try:
+        if not partial_ready:
+            prepare_partial(directory, epoch)
+        if write_extra is not None:
+            write_extra(partial)
+        # serialise in memory, then write: torch.save's own file writer reports a full disk as
+        # "enforce fail at inline_container.cc", a plain write raises ENOSPC
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        with (partial / STATE).open("wb") as f:
+            f.write(buffer.getbuffer())
+            f.flush()
+            os.fsync(f.fileno())
+        del buffer
+        files = {}
+        for path in sorted(p for p in partial.rglob("*") if p.is_file()):
+            rel = path.relative_to(partial).as_posix()
+            files[rel] = {"sha256": _sha256(path), "bytes": path.stat().st_size}
+        manifest = {
+            "format": FORMAT,
+            "epoch": epoch,
+            "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "files": files,
+            **meta,
+        }
+        with (partial / MANIFEST).open("w", encoding="utf-8") as f:
+            json.dump(manifest, f, indent=2, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(partial)
+        if final.exists():  # the same epoch saved again (a resumed run): replace it whole
+            shutil.rmtree(final)
+        os.replace(partial, final)
+        _fsync_dir(directory)
+    except Exception as exc:
+        with contextlib.suppress(OSError):
+            shutil.rmtree(partial)
+        kept = [p.name for p in list_checkpoints(directory)]
+        raise CheckpointError(
+            f"cannot write checkpoint {final}: {_describe(exc)}; "
+            f"earlier checkpoints are intact: {kept or 'none'}"
+        ) from exc
+    return final
+
+
+def prepare_partial(directory: Path, epoch: int) -> Path:
+    partial = partial_dir(directory, epoch)
+    directory.mkdir(parents=True, exist_ok=True)
+    if partial.exists():  # left over by a killed writer
+        shutil.rmtree(partial)
+    partial.mkdir()
+    return partial
+
+
+def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
+    """Complete-looking checkpoint directories (renamed from partial), oldest first."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := _NAME.fullmatch(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def prune(directory: str | os.PathLike, keep: int, identity: dict) -> list[Path]:
+    """Delete all but the newest `keep` checkpoints of this identity, and every checkpoint of
+    another identity (a different experiment, never resumable here). Returns what was removed."""
+    removed = []
+    mine = []
+    for path in list_checkpoints(directory):
+        manifest = _read_manifest(path, quiet=True)
+        if manifest is not None and _identity(manifest) != identity:
+            removed.append(path)
+        else:
+            mine.append(path)
+    removed += mine[: max(0, len(mine) - keep)]
+    for path in removed:
+        shutil.rmtree(path, ignore_errors=True)
+    return removed
+
+
+def remove_all(directory: str | os.PathLike) -> None:
+    """Delete every checkpoint (complete and partial) of a finished run."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return
+    for path in directory.iterdir():
+        if _NAME.fullmatch(path.name) or path.name.startswith(".partial-"):
+            shutil.rmtree(path, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        directory.rmdir()  # only when empty
+
+
+# ---------------------------------------------------------------------------------------------
+# reading
+
+
+def _identity(manifest: dict) -> dict:
+    return {"config_hash": manifest.get("config_hash"), "world_size": manifest.get("world_size")}
+
+
+def _read_manifest(path: Path, quiet: bool = False) -> dict | None:
+    try:
+        return json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        if not quiet:
+            raise CheckpointError(f"{path / MANIFEST}: unreadable ({exc})") from exc
+        return None
+
+
+def verify(path: str | os.PathLike) -> dict:
+    """The manifest of a checkpoint whose every file has its recorded size and sha256; else
+    CheckpointError naming the first bad file."""
+    path = Path(path)
+    manifest = _read_manifest(path)
+    if manifest.get("format") != FORMAT or not isinstance(manifest.get("files"), dict):
+        raise CheckpointError(f"{path / MANIFEST}: not a format-{FORMAT} checkpoint manifest")
+    for rel, info in manifest["files"].items():
+        file = path / rel
+        if not file.is_file():
+            raise CheckpointError(f"{file}: missing")
+        size = file.stat().st_size
+        if size != info["bytes"]:
+            raise CheckpointError(f"{file}: {size} bytes, the manifest says {info['bytes']}")
+        if _sha256(file) != info["sha256"]:
+            raise CheckpointError(f"{file}: sha256 differs from the manifest (corrupted)")
+    return manifest
+
+
+def find_latest(
+    directory: str | os.PathLike, identity: dict, warn: Callable[[str], None] | None = None
+) -> tuple[Path, dict] | None:
+    """(path, manifest) of the newest valid checkpoint of this identity, or None."""
+    warn = warn or _warn
+    for path in reversed(list_checkpoints(directory)):
+        try:
+            manifest = verify(path)
+        except CheckpointError as exc:
+            warn(f"skipping corrupted checkpoint: {exc}; trying the previous one")
+            continue
+        if _identity(manifest) != identity:
+            warn(
+                f"not resuming {path}: it belongs to another configuration "
+                f"({_identity(manifest)}, this run is {identity}); starting fresh, it will be "
+                "removed at this run's first checkpoint"
+            )
+            return None
+        return path, manifest
+    return None
+
+
+def load_state(path: str | os.PathLike) -> dict:
+    return torch.load(Path(path) / STATE, map_location="cpu", weights_only=False)
+
+
+def _warn(message: str) -> None:
+    print(f"WARNING: {message}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# state helpers
+
+
+def cpu_copy(obj: Any) -> Any:
+    """A deep copy with every tensor on the CPU and detached from training's storage."""
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach()
+        return t.to("cpu", copy=True) if t.device.type != "cpu" else t.clone()
+    if isinstance(obj, dict):
+        return {k: cpu_copy(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(cpu_copy(v) for v in obj)
+    return obj
+
+
+def rng_state(generators: dict[str, torch.Generator] | None = None) -> dict:
+    """This rank's random state: torch CPU, CUDA (all devices), Python, plus named generators."""
+    state = {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "generators": {k: g.get_state() for k, g in (generators or {}).items()},
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict, generators: dict[str, torch.Generator] | None = None) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    for name, g in (generators or {}).items():
+        if name in state["generators"]:
+            g.set_state(state["generators"][name])
+
+
+class StopFlag:
+    """SIGTERM/SIGUSR1 set a flag instead of killing the rank; the training loop agrees on it
+    with the other ranks at the next epoch boundary (signals reach ranks at different times)."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+
+    def install(self) -> None:
+        for sig in self.SIGNALS:
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.signal = signum
+        # async-signal-safe enough for CPython: the handler runs between bytecodes
+        print(
+            f"received {signal.Signals(signum).name}: checkpointing and stopping at the end "
+            "of this epoch",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    @property
+    def raised(self) -> bool:
+        return self.signal is not None
+
+    @property
+    def signame(self) -> str:
+        return signal.Signals(self.signal).name if self.signal else "no signal"
+
+
+# ---------------------------------------------------------------------------------------------
+# the saver
+
+
+class Checkpointer:
+    """Saves on rank 0 (replicated strategies) or on every rank through DCP (FSDP).
+
+    save() returns after the state is copied off the device; with async_write the files are
+    written by a background thread. poll() returns the error of the last finished write (or
+    None), wait() blocks until no write is in flight and returns the same.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        keep: int,
+        identity: dict,
+        rank: int,
+        async_write: bool = True,
+        dcp_group=None,
+    ) -> None:
+        self.directory = Path(directory)
+        self.keep = keep
+        self.identity = identity
+        self.rank = rank
+        self.async_write = async_write
+        self.dcp_group = dcp_group  # a gloo group of all ranks: DCP's collectives off the main one
+        self.thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+        self.saved: list[int] = []
+        self.stall_s = 0.0  # seconds training waited for save() (copy + sync writes)
+
+    def save(self, epoch: int, state: dict, sharded: dict | None = None, wait: bool = False):
+        """Checkpoint after `epoch` epochs. `state` is rank 0's (others may pass {}), `sharded`
+        the DCP state dict every rank passes under FSDP."""
+        t0 = time.perf_counter()
+        self.wait()  # one save in flight at a time
+        meta = {"step": state.get("progress", {}).get("step"), **self.identity}
+        extra = None
+        if sharded is not None:
+            extra = self._dcp_writer(epoch, sharded)
+        snapshot = cpu_copy(state) if self.rank == 0 else None
+        sync = wait or not self.async_write
+
+        def work() -> None:
+            try:
+                if extra is not None:
+                    extra.finish()
+                if self.rank == 0:
+                    write_checkpoint(
+                        self.directory,
+                        epoch,
+                        snapshot,
+                        meta,
+                        partial_ready=sharded is not None,
+                    )
+                    prune(self.directory, self.keep, self.identity)
+                self.saved.append(epoch)
+            except BaseException as exc:  # kept, reported by poll()/wait() in the main thread
+                self.error = exc
+                if self.rank == 0 and not isinstance(exc, CheckpointError):
+                    with contextlib.suppress(OSError):
+                        shutil.rmtree(partial_dir(self.directory, epoch))
+
+        if sync:
+            work()
+        else:
+            self.thread = threading.Thread(target=work, name=f"checkpoint-{epoch}", daemon=True)
+            self.thread.start()
+        self.stall_s += time.perf_counter() - t0
+
+    def _dcp_writer(self, epoch: int, sharded: dict):
+        """Start the DCP save of every rank's shards into the partial directory."""
+        import torch.distributed as dist
+        import torch.distributed.checkpoint as dcp
+
+        partial = partial_dir(self.directory, epoch)
+        if self.rank == 0:
+            prepare_partial(self.directory, epoch)
+        dist.barrier(group=self.dcp_group)  # the partial directory exists before anyone writes
+        target = str(partial / DCP_DIR)
+        if self.async_write:
+            response = dcp.async_save(sharded, checkpoint_id=target, process_group=self.dcp_group)
+            # torch returns a Future, or an AsyncSaveResponse whose upload_completion is one
+            future = getattr(response, "upload_completion", response)
+
+            class Pending:
+                def finish(self) -> None:
+                    future.result()
+
+            return Pending()
+        dcp.save(sharded, checkpoint_id=target, process_group=self.dcp_group)
+
+        class Done:
+            def finish(self) -> None:
+                pass
+
+        return Done()
+
+    def load_sharded(self, path: Path, sharded: dict) -> None:
+        """Fill `sharded` (FSDP's DCP state dict, in place) from checkpoint `path`."""
+        import torch.distributed.checkpoint as dcp
+
+        dcp.load(sharded, checkpoint_id=str(path / DCP_DIR), process_group=self.dcp_group)
+
+    def poll(self) -> BaseException | None:
+        if self.thread is not None and not self.thread.is_alive():
+            self.thread.join()
+            self.thread = None
+        return self.error
+
+    def wait(self) -> BaseException | None:
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+        return self.error

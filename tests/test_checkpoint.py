@@ -1,0 +1,241 @@
+"""Checkpoints: atomic directories, checksums, keep-K, async snapshots, real disk-full and
+read-only failures (a tmpfs), and exact resume of the real trainer after SIGTERM and kill -9."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import PYTHON, SMALL, read_epochs, read_metrics, train
+from workflow_helpers import child_env
+
+from scalestudy import checkpoint as ck
+from scalestudy.config import TrainConfig
+
+IDENTITY = {"config_hash": "abc", "world_size": 1}
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def _state(n: int, value: float = 1.0) -> dict:
+    return {"model": {"w": torch.full((n,), value)}, "progress": {"step": 7, "history": []}}
+
+
+def _saver(d: Path, keep: int = 2, async_write: bool = True, identity=IDENTITY) -> ck.Checkpointer:
+    return ck.Checkpointer(d, keep=keep, identity=identity, rank=0, async_write=async_write)
+
+
+def test_keeps_the_newest_k_and_resumes_the_newest(tmp_path):
+    saver = _saver(tmp_path)
+    for epoch in (1, 2, 3):
+        saver.save(epoch, _state(10, float(epoch)))
+    assert saver.wait() is None
+    assert [p.name for p in ck.list_checkpoints(tmp_path)] == ["epoch-0002", "epoch-0003"]
+    path, manifest = ck.find_latest(tmp_path, IDENTITY)
+    assert path.name == "epoch-0003" and manifest["epoch"] == 3 and manifest["step"] == 7
+    assert set(manifest["files"]) == {"state.pt"}
+    assert torch.equal(ck.load_state(path)["model"]["w"], torch.full((10,), 3.0))
+    assert not list(tmp_path.glob(".partial-*"))
+
+
+def test_async_save_snapshots_before_returning(tmp_path):
+    """Training keeps changing its tensors while the thread writes: the checkpoint holds the
+    values of the moment save() returned."""
+    saver = _saver(tmp_path)
+    state = _state(2_000_000, 1.0)
+    saver.save(1, state)
+    state["model"]["w"].add_(1.0)  # the next optimizer step, while the write is in flight
+    assert saver.wait() is None
+    assert torch.equal(ck.load_state(tmp_path / "epoch-0001")["model"]["w"], torch.ones(2_000_000))
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "manifest"])
+def test_corrupted_newest_is_skipped_with_a_warning_naming_the_file(tmp_path, damage):
+    saver = _saver(tmp_path, keep=3, async_write=False)
+    saver.save(1, _state(1000, 1.0))
+    saver.save(2, _state(1000, 2.0))
+    newest = tmp_path / "epoch-0002"
+    if damage == "truncate":  # a write cut short by a crash outside our atomic rename
+        bad = newest / "state.pt"
+        bad.write_bytes(bad.read_bytes()[:100])
+    elif damage == "flip":  # same size, one byte changed: only the checksum sees it
+        bad = newest / "state.pt"
+        data = bytearray(bad.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        bad.write_bytes(bytes(data))
+    else:
+        bad = newest / "manifest.json"
+        bad.write_text("{not json")
+    warnings: list[str] = []
+    path, _ = ck.find_latest(tmp_path, IDENTITY, warn=warnings.append)
+    assert path.name == "epoch-0001"
+    assert len(warnings) == 1 and str(bad) in warnings[0], warnings
+
+
+def test_checkpoint_of_another_configuration_is_never_resumed(tmp_path):
+    _saver(tmp_path, async_write=False).save(1, _state(10))
+    other = {"config_hash": "different", "world_size": 1}
+    warnings: list[str] = []
+    assert ck.find_latest(tmp_path, other, warn=warnings.append) is None
+    assert "another configuration" in warnings[0] and "epoch-0001" in warnings[0]
+    # the new run's first save removes the incompatible one
+    _saver(tmp_path, async_write=False, identity=other).save(1, _state(10))
+    assert ck.find_latest(tmp_path, IDENTITY, warn=warnings.append) is None
+    assert ck.find_latest(tmp_path, other)[1]["config_hash"] == "different"
+
+
+def test_checkpoint_settings_are_not_experiment_identity():
+    base = TrainConfig()
+    moved = TrainConfig(
+        checkpoint_dir="/x", checkpoint_every=3, checkpoint_keep=5, checkpoint_async=False
+    )
+    assert base.config_hash() == moved.config_hash()
+    assert base.config_hash() != TrainConfig(lr=0.1).config_hash()
+
+
+@pytest.fixture
+def tiny_fs(tmp_path):
+    """A real 1 MiB tmpfs: writes beyond it fail with ENOSPC, remounted read-only with EROFS."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    proc = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0:
+        message = f"cannot mount a tmpfs (needs root): {proc.stderr.strip()}"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_disk_full_gives_a_clear_error_and_keeps_earlier_checkpoints(tiny_fs):
+    saver = _saver(tiny_fs, keep=1)
+    saver.save(1, _state(1000))  # 4 kB: fits
+    assert saver.wait() is None
+    saver.save(2, _state(500_000))  # 2 MB: does not fit in 1 MiB
+    error = saver.wait()
+    assert isinstance(error, ck.CheckpointError)
+    assert "no space left" in str(error) and "epoch-0002" in str(error)
+    assert "epoch-0001" in str(error)  # says what is still there
+    path, _ = ck.find_latest(tiny_fs, IDENTITY)
+    assert path.name == "epoch-0001"
+    assert not list(tiny_fs.glob(".partial-*"))  # the half-written one is gone, space freed
+
+
+def test_read_only_filesystem_gives_a_clear_error(tiny_fs):
+    _saver(tiny_fs, async_write=False).save(1, _state(10))
+    subprocess.run(["mount", "-o", "remount,ro", str(tiny_fs)], check=True)
+    saver = _saver(tiny_fs, async_write=False)
+    saver.save(2, _state(10))
+    assert isinstance(saver.error, ck.CheckpointError)
+    assert "no permission to write" in str(saver.error)
+    assert ck.find_latest(tiny_fs, IDENTITY)[0].name == "epoch-0001"
+
+
+# ---------------------------------------------------------------------------------------------
+# the real trainer: stopped and resumed runs end with the same epochs as uninterrupted ones
+
+EPOCHS = ["--epochs", "4", "--limit-train", "256", "--limit-test", "100"]
+SAME = ("epoch", "train_loss", "train_acc", "val_loss", "val_acc", "lr")
+
+
+def _start(data_dir: Path, out: Path, *flags: str, nproc: int = 1) -> subprocess.Popen:
+    launcher = [PYTHON, "-m", "scalestudy", "train"]
+    if nproc > 1:
+        launcher = [PYTHON, "-m", "torch.distributed.run", "--standalone"]
+        launcher += [f"--nproc-per-node={nproc}", "-m", "scalestudy", "train"]
+    cmd = [*launcher, *SMALL, *EPOCHS, *flags, "--data-dir", str(data_dir), "--out", str(out)]
+    return subprocess.Popen(
+        cmd, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def _wait_for_epochs(out: Path, n: int, proc: subprocess.Popen, timeout: float = 120) -> None:
+    csv = out / "epochs.csv"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if csv.exists() and len(csv.read_text().splitlines()) > n:
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended early:\n{proc.communicate()}")
+        time.sleep(0.05)
+    proc.kill()
+    raise AssertionError(f"no {n} epochs in {csv} after {timeout} s")
+
+
+def _same_epochs(a: Path, b: Path) -> None:
+    ra, rb = read_epochs(a), read_epochs(b)
+    assert [int(r["epoch"]) for r in rb] == [1, 2, 3, 4]  # none lost, none twice
+    assert [{k: r[k] for k in SAME} for r in ra] == [{k: r[k] for k in SAME} for r in rb]
+
+
+def test_sigterm_then_restart_matches_an_uninterrupted_run(data_dir, tmp_path):
+    ref = tmp_path / "ref"
+    train(data_dir, ref, *EPOCHS, nproc=1)
+    out, ckdir = tmp_path / "run", tmp_path / "ckpt"
+    flags = ("--checkpoint-dir", str(ckdir), "--checkpoint-every", "2")
+    proc = _start(data_dir, out, *flags)
+    _wait_for_epochs(out, 1, proc)
+    proc.send_signal(signal.SIGTERM)  # mid epoch 2: checkpoint at its end, exit 75
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == ck.PREEMPTED_EXIT, stderr
+    assert "received SIGTERM" in stderr and "rerun the same command to resume" in stderr
+    assert not (out / "metrics.json").exists()  # not complete, and not reported as such
+    stopped_at = [p.name for p in ck.list_checkpoints(ckdir)]
+    assert stopped_at in (["epoch-0002"], ["epoch-0002", "epoch-0003"]), stopped_at
+
+    (out / "epochs.csv").unlink()  # as Snakemake does with a failed job's outputs
+    done = train(data_dir, out, *EPOCHS, *flags, nproc=1)
+    assert "resuming from" in done.stdout
+    _same_epochs(ref, out)
+    m = read_metrics(out)
+    assert m["restarts"] == 1 and m["resumed_from_epochs"] in ([2], [3])
+    assert m["throughput_img_s"] > 0 and m["train_time_s"] > 0
+    assert m["config_hash"] == read_metrics(ref)["config_hash"]
+    assert not ckdir.exists()  # a finished run leaves no checkpoint to resume
+
+
+def _worker_pids(launcher_pid: int) -> dict[int, int]:
+    """RANK -> pid of torchrun's worker processes."""
+    out = {}
+    for child in Path(f"/proc/{launcher_pid}/task/{launcher_pid}/children").read_text().split():
+        env = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+        for item in env:
+            if item.startswith(b"RANK="):
+                out[int(item[5:])] = int(child)
+    return out
+
+
+def test_killed_rank_fails_the_job_fast_and_fsdp_resumes_exactly(data_dir, tmp_path):
+    """kill -9 of one FSDP rank: the job fails within seconds naming the rank; the restart
+    resumes from the last periodic checkpoint (torch.distributed.checkpoint) and ends with
+    the uninterrupted run's epochs."""
+    fsdp = ("--strategy", "fsdp")
+    ref = tmp_path / "ref"
+    train(data_dir, ref, *EPOCHS, *fsdp)
+    out, ckdir = tmp_path / "run", tmp_path / "ckpt"
+    flags = (*fsdp, "--checkpoint-dir", str(ckdir), "--checkpoint-every", "1")
+    proc = _start(data_dir, out, *flags, nproc=2)
+    _wait_for_epochs(out, 2, proc)
+    t0 = time.monotonic()
+    os.kill(_worker_pids(proc.pid)[1], signal.SIGKILL)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    assert time.monotonic() - t0 < 60  # far below the 60 s process-group timeout + start
+    assert "local_rank: 1" in stderr and "SIGKILL" in stderr, stderr[-3000:]
+    assert not (out / "metrics.json").exists()
+    assert ck.list_checkpoints(ckdir), "the periodic checkpoints survive kill -9"
+    assert (ck.list_checkpoints(ckdir)[-1] / "dcp" / ".metadata").is_file()
+
+    done = train(data_dir, out, *EPOCHS, *flags)
+    assert "resuming from" in done.stdout
+    _same_epochs(ref, out)
+    assert read_metrics(out)["restarts"] == 1
