@@ -42,7 +42,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from scalestudy import atomic, profiling
+from scalestudy import atomic, launch, profiling
 
 NSYS_TRACE = "cuda,nvtx,osrt,cudnn,cublas"
 NSYS_REPORTS_NEW = ("cuda_gpu_kern_sum", "cuda_gpu_mem_time_sum", "nvtx_sum")
@@ -202,8 +202,6 @@ def rank_prefix(**options: str) -> str:
 
 
 def launch_command(args: argparse.Namespace, prefix: str | None) -> list[str]:
-    from scalestudy import launch
-
     ns = argparse.Namespace(
         mpi=args.mpi,
         nodes=args.nodes,
@@ -242,8 +240,7 @@ def capture(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     tool, why = choose_tool(args.tool, args.device, shutil.which("nsys"))
     print(f"profile {args.run}: tool {tool} ({why})", flush=True)
-    env = dict(os.environ)
-    env["OMP_NUM_THREADS"] = str(args.cpus_per_rank)
+    env = launch.rank_env(dict(os.environ), args.cpus_per_rank)
     if args.inventory:
         from scalestudy import inventory
 
@@ -326,8 +323,7 @@ def ncu(args: argparse.Namespace) -> int:
     kernels = profiling.top_kernels(rows, args.top_k)
     if not kernels:
         raise ProfileError(f"{args.kernels}: no non-NCCL kernel to profile with ncu")
-    env = dict(os.environ)
-    env["OMP_NUM_THREADS"] = str(args.cpus_per_rank)
+    env = launch.rank_env(dict(os.environ), args.cpus_per_rank)
     train_args = _train_args(args, out_dir / "train")
     for i, kernel in enumerate(kernels):
         args.train_args = list(train_args)

@@ -28,6 +28,26 @@ class LaunchError(RuntimeError):
     pass
 
 
+# Thread pools a rank's libraries size from the environment (OpenMP, MKL, OpenBLAS, ...).
+# Snakemake's shell sets every one of them to the rule's `threads`, the cores of all ranks
+# together; a rank given that many MKL threads oversubscribes the node and, since MKL's
+# reductions depend on its thread count, trains to different numbers than the same run started
+# by hand or by torchrun (seen: the Slurm preemption test). Each rank gets its own cores.
+THREAD_VARS = (
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "GOTO_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+)
+
+
+def rank_env(env: dict[str, str], cpus_per_rank: int) -> dict[str, str]:
+    """`env` with every THREAD_VARS variable set to the cores of one rank."""
+    return {**env, **dict.fromkeys(THREAD_VARS, str(cpus_per_rank))}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mpi", default="srun", help="MPI-style launcher inside Slurm (srun)")
     parser.add_argument("--nodes", type=int, default=1, help="nodes of the run")
@@ -135,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"scalestudy launch: {exc}", file=sys.stderr)
         return 2
     # intra-op threads per rank = the cores Slurm (or the config) gave it
-    env["OMP_NUM_THREADS"] = str(args.cpus_per_rank)
+    env = rank_env(env, args.cpus_per_rank)
     print("+ " + shlex.join(cmd), flush=True)
     if args.dry_run:
         return 0

@@ -305,6 +305,15 @@ def get_checkpoint_keep(wildcards):
     return CHECKPOINTING["keep"]
 
 
+def get_train_retries():
+    """Retries of a training job, counted by the main Snakemake process only. Inside a Slurm job
+    the executor's inner `snakemake --execute` also honours a rule's `retries:` (it overrides the
+    `--retries 0` it is given; snakemake-executor-plugin-slurm issue #284) and would rerun the
+    trainer in the same allocation, whose time limit the USR1 just announced: the preempted run
+    must end its job (exit 75) so the main process resubmits it as a new one."""
+    return CHECKPOINTING["retries"] if workflow.is_main_process else 0
+
+
 def get_slurm_extra(wildcards):
     """USR1 to the ranks (not `B:`, which signals only the batch shell) signal_lead_s seconds
     before the time limit; --requeue lets Slurm requeue the job after a node failure."""

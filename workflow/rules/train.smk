@@ -15,7 +15,7 @@ rule train:
         "logs/train/{run}.log",
     benchmark:
         "benchmarks/train/{run}.tsv"
-    retries: CHECKPOINTING["retries"]
+    retries: get_train_retries()
     threads: get_threads
     resources:
         nodes=get_nodes,
