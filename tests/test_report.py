@@ -106,3 +106,21 @@ def test_snakemake_report_has_the_categories(done):
     html = (done / "report.html").read_text(errors="replace")
     for item in ("Tables", "Figures", "Documents", "throughput.png", "scaling.html", "study.md"):
         assert item in html, item
+
+
+def test_every_markdown_table_has_as_many_cells_as_its_header(done):
+    """A separator or row with a cell too many or too few renders as a broken table."""
+    lines = (done / "reports/study.md").read_text().splitlines()
+    tables = 0
+    for i, line in enumerate(lines):
+        if not re.fullmatch(r"\|(---\|)+", line):
+            continue
+        tables += 1
+        width = lines[i - 1].count("|")
+        assert line.count("|") == width, (lines[i - 1], line)
+        for row in lines[i + 1 :]:
+            if not row.startswith("|"):
+                break
+            # cells hold no literal '|' (run ids, numbers, words)
+            assert row.count("|") == width, (lines[i - 1], row)
+    assert tables >= 5
