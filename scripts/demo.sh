@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The main job: the CPU demo study end to end (data -> 9 training runs -> results/csv ->
+# The main job: the CPU demo study end to end (data -> 8 training runs -> results/csv ->
 # analysis, figures, reports/study.md, paper.tex, paper.pdf -> report.html), on this machine.
 # Extra arguments go to snakemake, e.g. `--config dataset=synthetic` (offline).
 set -euo pipefail
