@@ -7,6 +7,7 @@ tests/stand-ins so the image is a real DAG node), then one dry-run per change a 
 from __future__ import annotations
 
 import csv
+import json
 import shutil
 
 import pytest
@@ -54,6 +55,18 @@ def test_study_produces_the_tidy_csvs(done):
     assert len(epochs) == len(RUN_IDS)  # one epoch each
     assert (done / "logs/train/w2_lb32_fp32_ddp_bk1_r0.log").exists()
     assert (done / "benchmarks/train/w2_lb32_fp32_ddp_bk1_r0.tsv").exists()
+
+
+def test_every_training_job_records_its_system_inventory(done):
+    with (done / "results/csv/runs.csv").open() as f:
+        runs = {r["run"]: r for r in csv.DictReader(f)}
+    for run, row in runs.items():
+        inventory = json.loads((done / "results/system" / f"{run}.json").read_text())
+        # the allocation the ranks ran in: same host, same image, same torch
+        assert inventory["hostname"] in row["hostnames"].split(";"), run
+        assert inventory["container_digest"] == row["container_digest"], run
+        assert inventory["torch"] == row["torch_version"], run
+        assert inventory["gpus"] and inventory["cpu"], run
 
 
 def test_second_run_has_nothing_to_do(done):

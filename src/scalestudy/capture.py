@@ -1,7 +1,7 @@
 """`scalestudy profile ...`: profiling jobs, separate from the timed runs.
 
     scalestudy profile capture --run R --tool auto|nsys|torch --device cuda|cpu --ranks all|0 \\
-        --out results/profile/R/capture --inventory results/system/R.json \\
+        --out results/profile/R/capture --inventory results/system/profile/R.json \\
         --nodes N --ranks-per-node K --cpus-per-rank C [--container IMG --gpu] -- <train flags>
     scalestudy profile parse --capture DIR --run R --out-kernels K.csv --out-ranges R.csv
     scalestudy profile ncu --run R --kernels K.csv --top-k 5 --launch-skip S --launch-count C \\

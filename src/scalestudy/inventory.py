@@ -3,8 +3,10 @@
 GPU model, driver, CUDA, NCCL, torch, `nvidia-smi topo -m`, CPU, network interfaces (with speed
 and InfiniBand devices), Slurm version and job, container digest, hostname, time. Every probe is
 independent and bounded (10 s): a tool that is absent is recorded as "absent", a failing one as
-"error: ...", so the inventory never fails a job. `scalestudy profile capture` writes one per
-profiling job (results/system/<run>.json, inside that job's allocation).
+"error: ...", so the inventory never fails a job. Every training job writes one before its ranks
+start (results/system/<run>.json, rule train: on Slurm, on the first node of the job's
+allocation) and `scalestudy profile capture` one per profiling job
+(results/system/profile/<run>.json).
 """
 
 from __future__ import annotations
@@ -106,8 +108,9 @@ def _network() -> list[dict]:
     return out
 
 
-def collect() -> dict:
-    """The inventory of this host and allocation (see the module docstring)."""
+def collect(image: str | None = None) -> dict:
+    """The inventory of this host and allocation (see the module docstring); `image`: the
+    Apptainer image the ranks run in, whose digest is recorded."""
     slurm_vars = {k: v for k, v in sorted(os.environ.items()) if k.startswith("SLURM_")}
     keep = (
         "SLURM_JOB_ID",
@@ -134,17 +137,30 @@ def collect() -> dict:
         "network": _network(),
         "slurm_version": _cmd(["sinfo", "--version"]),
         "slurm": {k: slurm_vars.get(k, ABSENT) for k in keep},
-        "container_digest": os.environ.get("SCALESTUDY_CONTAINER_DIGEST") or ABSENT,
+        "container_digest": _digest(image),
         "apptainer": _cmd(["apptainer", "--version"]),
     }
 
 
+def _digest(image: str | None) -> str:
+    """sha256 of the image file; else what the launcher exported; else absent."""
+    if image:
+        from scalestudy.container import image_digest
+
+        try:
+            return image_digest(image)
+        except OSError as exc:
+            return f"error: {exc}"
+    return os.environ.get("SCALESTUDY_CONTAINER_DIGEST") or ABSENT
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="JSON file to write (atomically)")
+    parser.add_argument("--image", default=None, help="the Apptainer image of the run, if any")
 
 
 def run(args: argparse.Namespace) -> int:
-    info = collect()
+    info = collect(args.image)
     atomic.write_json(args.out, info)
     gpus = info["gpus"]
     what = f"{len(gpus)} GPU(s)" if isinstance(gpus, list) else f"GPUs: {gpus}"

@@ -113,6 +113,11 @@ def get_container_flags(wildcards):
     return ["--container", CONTAINER["image"], *gpu]
 
 
+def get_inventory_flags(wildcards):
+    """The image whose digest the system inventory records (none without a container)."""
+    return ["--image", CONTAINER["image"]] if CONTAINER["enabled"] else []
+
+
 def get_container_sources(wildcards):
     """What goes into the image: its recipe and the installed package."""
     return [CONTAINER["definition"], "pyproject.toml", *TRAINER_SOURCES]

@@ -9,7 +9,7 @@ rule profile_capture:
         image=get_container_image,
     output:
         capture=directory("results/profile/{run}/capture"),
-        inventory="results/system/{run}.json",
+        inventory="results/system/profile/{run}.json",
     log:
         "logs/profile_capture/{run}.log",
     benchmark:
