@@ -40,6 +40,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from scalestudy import atomic
+from scalestudy.profiling import CATEGORIES, KERNEL_COLUMNS
 
 FAMILIES = ("strong", "weak", "precision", "bucket")
 # per-run measurements averaged over repeats: column in runs.csv -> prefix in scaling.csv
@@ -72,18 +73,8 @@ SCALING_COLUMNS = (
     "bucket_rel_throughput",
     "runs",
 )
-PROFILE_COLUMNS = ("run", "rank", "tool", "kernel", "category", "instances", "total_ns", "share")
-PROFILE_CATEGORIES = (
-    "conv",
-    "batchnorm",
-    "gemm",
-    "elementwise",
-    "reduce",
-    "optimizer",
-    "nccl",
-    "memcpy",
-    "other",
-)
+# the profiling stage's schema (results/csv/profile_kernels.csv), defined in profiling.py
+PROFILE_COLUMNS, PROFILE_CATEGORIES = KERNEL_COLUMNS, CATEGORIES
 DEFAULT_TARGETS = {
     "strong_efficiency": 0.70,
     "strong_efficiency_gpus": 8,

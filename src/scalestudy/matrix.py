@@ -311,17 +311,9 @@ def read_runs_tsv(path: str | os.PathLike) -> list[dict]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--config", default="config/config.yaml", help="study config YAML (%(default)s)"
-    )
-    parser.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config key (dotted path, YAML value), e.g. dataset=synthetic or "
-        "families.strong.gpus=[1,2]; repeatable",
-    )
+    from scalestudy.studyconfig import add_config_arguments
+
+    add_config_arguments(parser)
     parser.add_argument(
         "--out", default="results/matrix/runs.tsv", help="run table to write (%(default)s)"
     )

@@ -681,16 +681,9 @@ def write_plan(
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--config", default="config/config.yaml", help="study config YAML (%(default)s)"
-    )
-    parser.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config key (dotted path, YAML value); repeatable",
-    )
+    from scalestudy.studyconfig import add_config_arguments
+
+    add_config_arguments(parser)
     parser.add_argument("--runs-csv", default=RUNS_CSV, help="measured runs (%(default)s)")
     parser.add_argument(
         "--benchmarks", default=BENCHMARKS_DIR, help="Snakemake job benchmarks (%(default)s)"

@@ -459,3 +459,18 @@ def load_and_validate(
     if overrides:
         apply_overrides(config, overrides)
     return validate(config, source=source)
+
+
+def add_config_arguments(parser) -> None:
+    """--config and --set of the subcommands that read a study config (matrix, plan)."""
+    parser.add_argument(
+        "--config", default="config/config.yaml", help="study config YAML (%(default)s)"
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key (dotted path, YAML value), e.g. dataset=synthetic or "
+        "families.strong.gpus=[1,2]; repeatable",
+    )

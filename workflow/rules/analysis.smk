@@ -6,6 +6,7 @@ rule analyze:
         runs="results/csv/runs.csv",
         profile=get_profile_kernels,
         code="src/scalestudy/analysis.py",
+        schema="src/scalestudy/profiling.py",  # the profile CSVs' columns and categories
     output:
         scaling="results/csv/scaling.csv",
         verdicts="results/csv/verdicts.csv",
