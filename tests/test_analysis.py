@@ -148,6 +148,26 @@ def test_verdicts_pass_fail_and_not_measured(runs):
     assert analysis.verdicts(table, strict)[0]["verdict"] == "fail"
 
 
+def test_optimisation_verdict_disqualifies_accuracy_loss_not_gain():
+    base = [run("w1_fp32", "precision", 1, 64, 1000, acc=0.80)]
+    # bf16 slower but 3 points better: flagged outside the two-sided tolerance, still a candidate
+    gain = base + [run("w1_bf16", "precision", 1, 64, 500, precision="bf16", acc=0.83)]
+    table = analysis.scaling_table(gain, acc_tolerance=0.01)
+    assert row(table, "precision", 1, "bf16")["acc_within_tolerance"] is False
+    v = {r["target"]: r for r in analysis.verdicts(table, analysis.DEFAULT_TARGETS)}
+    # speedup 500 / 1000 = 0.5 -> measured -0.5, a fail on speed, not on accuracy
+    assert v["optimisation_speedup"]["measured"] == pytest.approx(-0.5)
+    assert v["optimisation_speedup"]["verdict"] == "fail"
+    assert v["optimisation_speedup"]["note"] == "best: bf16"
+    # the same run 3 points worse: no candidate left, the note names it
+    loss = base + [run("w1_bf16", "precision", 1, 64, 2000, precision="bf16", acc=0.77)]
+    table = analysis.scaling_table(loss, acc_tolerance=0.01)
+    v = {r["target"]: r for r in analysis.verdicts(table, analysis.DEFAULT_TARGETS)}
+    assert v["optimisation_speedup"]["measured"] is None
+    assert v["optimisation_speedup"]["verdict"] == "fail"
+    assert "lost accuracy beyond the tolerance: bf16 at 1" in v["optimisation_speedup"]["note"]
+
+
 def test_resources_measured_and_projected():
     runs = [
         run("a", "strong;weak", 4, 64, 1000, train_time=1800, nodes=1),
