@@ -96,6 +96,8 @@ def test_strong_scaling_speedup_efficiency_and_karp_flatt(runs):
     # spread of E_s(4) from T(1)'s spread only (T(4) has std 0)
     sd_t1 = math.sqrt(((256 / 1000 - t1) ** 2 + (256 / 1200 - t1) ** 2) / 1)
     assert four["strong_efficiency_std"] == pytest.approx(t1 / (4 * t4) * sd_t1 / t1)
+    # the baseline against itself: E_s = 1 exactly, no spread (not T(1)'s spread twice)
+    assert base["strong_efficiency_std"] == 0.0
 
 
 def test_weak_scaling_uses_step_time_and_the_shared_run(runs):
@@ -244,3 +246,27 @@ def test_formats_and_the_honesty_check():
     tables = {"scaling": [{"strong_efficiency": "0.75625", "world_size": "8"}]}
     assert report.numbers_backed_by_csvs("E_s = 75.6% at 8 GPUs, fp32, w8_lb64", tables) == []
     assert report.numbers_backed_by_csvs("E_s = 93.3% at 8 GPUs", tables) == ["93.3"]
+
+
+def test_gpu_util_figure_covers_every_family_and_survives_no_data(tmp_path):
+    """A precision-only GPU study has utilisation only in the precision family; a study where
+    NVML recorded nothing still gets its figure file (the documents leave it out, in words)."""
+    runs = [
+        run("w1_fp32", "precision", 1, 64, 1000),
+        run("w1_bf16", "precision", 1, 64, 2000, precision="bf16"),
+    ]
+    runs[0]["gpu_util_mean"], runs[1]["gpu_util_mean"] = "91.5", "88.0"
+    scaling = [
+        {k: "" if v is None else str(v) for k, v in r.items()} for r in analysis.scaling_table(runs)
+    ]
+    series = plots.gpu_util_series(scaling)
+    assert series == {
+        "precision: bf16": [(1, 88.0, 0.0)],
+        "precision: fp32": [(1, 91.5, 0.0)],
+    }
+    assert plots.make_figure("gpu_util", tmp_path, scaling=scaling, device="cuda")
+    for r in scaling:
+        r["gpu_util_mean_mean"] = ""
+    assert plots.gpu_util_series(scaling) == {}
+    paths = plots.make_figure("gpu_util", tmp_path / "none", scaling=scaling, device="cuda")
+    assert paths[0].read_bytes()[:4] == b"\x89PNG"

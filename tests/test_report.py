@@ -73,6 +73,8 @@ def test_every_number_in_the_documents_is_a_csv_cell(done, name):
     x = report.fmt_num(read(done / "results/csv/scaling.csv")[0]["throughput_img_s_mean"])
     assert x in text
     assert report.numbers_backed_by_csvs(text + " 93.37", tables) == ["93.37"]
+    # ... and so is a sign flipped on the way: -X is a different claim from X
+    assert report.numbers_backed_by_csvs(text + f" -{x}", tables) == [f"-{x}"]
 
 
 @pytest.mark.parametrize("name", ["study.md", "paper.tex"])
@@ -84,7 +86,12 @@ def test_documents_state_what_did_not_run_and_hold_no_placeholder(done, name):
     assert not re.search(r"placeholder|TODO|TBD|lorem|XXX|\?\?", text, re.I)
     assert "not measured" in text  # the strong target at 8 GPUs
     sha = read(done / "results/csv/runs.csv")[0]["git_commit"]
-    assert f"git checkout {sha}" in text and "--configfile tiny.yaml" in text
+    if sha.endswith("-dirty"):  # tests run from a working tree with uncommitted changes
+        assert f"git commit \\texttt{{{sha[:-6]}}}" in text or f"commit `{sha[:-6]}`" in text
+        assert "git checkout" not in text
+    else:
+        assert f"git checkout {sha}" in text
+    assert "--configfile tiny.yaml" in text
     for figure in FIGURES:
         assert f"{figure}.{'png' if name.endswith('md') else 'pdf'}" in text
 
@@ -125,3 +132,30 @@ def test_every_markdown_table_has_as_many_cells_as_its_header(done):
             # cells hold no literal '|' (run ids, numbers, words)
             assert row.count("|") == width, (lines[i - 1], row)
     assert tables >= 5
+
+
+@pytest.mark.parametrize(
+    ("commit", "says"),
+    [
+        ("0123abc", "git checkout 0123abc\n"),
+        ("0123abc-dirty", "uncommitted changes on top of git commit"),
+        ("0123abc; 4567def", "different git commits"),
+        ("not recorded", "was not recorded"),
+    ],
+)
+def test_reproduce_prints_git_checkout_only_for_one_clean_commit(done, tmp_path, commit, says):
+    csv_dir = tmp_path / "csv"
+    csv_dir.mkdir()
+    for name in report.TABLES:
+        text = (done / f"results/csv/{name}.csv").read_text()
+        if name == "system":
+            rows = read(done / "results/csv/system.csv")
+            key = "git commit of the runs"
+            recorded = next(r["value"] for r in rows if r["key"] == key)
+            text = text.replace(recorded, commit)
+        (csv_dir / f"{name}.csv").write_text(text)
+    docs = report.render(csv_dir, done / "workflow/report", FIGURES, "../results/plots")
+    for name, text in docs.items():
+        assert says in text, name
+        assert ("git checkout" in text) == (commit == "0123abc"), name
+        assert report.numbers_backed_by_csvs(text, report.load_tables(csv_dir)) == [], name

@@ -207,7 +207,8 @@ def _add_strong(rows):
         n, t, s = r["world_size"], r["step_time_s_mean"], r["step_time_s_std"]
         r["speedup"] = t0 / t
         r["strong_efficiency"] = n0 * t0 / (n * t)
-        std = ratio_std(t0, s0, t, s)
+        # the baseline against itself is 1 by definition: no spread (blank when n = 1)
+        std = (0.0 if s is not None else None) if r is base else ratio_std(t0, s0, t, s)
         r["strong_efficiency_std"] = None if std is None else std * n0 / n
         r["karp_flatt"] = karp_flatt(r["speedup"], n / n0)
 
@@ -221,7 +222,10 @@ def _add_weak(rows):
     for r in fam:
         t, s = r["step_time_s_mean"], r["step_time_s_std"]
         r["weak_efficiency"] = t0 / t
-        r["weak_efficiency_std"] = ratio_std(t0, s0, t, s)
+        if r is base:  # 1 by definition, as for strong scaling
+            r["weak_efficiency_std"] = 0.0 if s is not None else None
+        else:
+            r["weak_efficiency_std"] = ratio_std(t0, s0, t, s)
         r["weak_deviation"] = t / t0 - 1.0
 
 

@@ -246,6 +246,8 @@ def accuracy_curves(epochs: list[dict]) -> dict[str, list[tuple[int, float, floa
                 per_epoch[int(e["epoch"])].append((clock, float(e["val_acc"])))
         w, lb, p, bk = key
         label = f"{w} ranks, local batch {lb}, {p}"
+        if len({k[3] for k in sums}) > 1:  # bucket runs differ only in bucket_cap_mb
+            label += f", bucket {bk} MiB"
         curves[label] = [
             (ep, sum(c for c, _ in v) / len(v), sum(a for _, a in v) / len(v))
             for ep, v in sorted(per_epoch.items())
@@ -267,14 +269,32 @@ def plot_accuracy(axes, epochs, **_):
     ax_epoch.legend(fontsize=7)
 
 
-def plot_gpu_util(ax, scaling, device, **_):
-    xs_all = []
-    for family, (colour, marker) in FAMILY_STYLE.items():
-        xs, ys, stds = family_series(scaling, family, "gpu_util_mean")
-        points = [(x, y, s) for x, y, s in zip(xs, ys, stds, strict=True) if y is not None]
-        if not points:
+def gpu_util_series(scaling: list[dict]) -> dict[str, list[tuple[int, float, float]]]:
+    """Label -> [(world size, mean %, std %)] of every family's rows that recorded NVML
+    utilisation: one series per family, per precision or per bucket x local batch cell."""
+    series: dict[str, list] = defaultdict(list)
+    for r in sorted(scaling, key=lambda r: int(r["world_size"])):
+        y = number(r.get("gpu_util_mean_mean"))
+        if y is None:
             continue
-        xs_all += [p[0] for p in points]
+        # what tells a family's runs at one world size apart (strong, weak: only the world size)
+        label = {
+            "precision": f"precision: {r['precision']}",
+            "bucket": f"bucket: {r['bucket_cap_mb']} MiB, local batch {r['local_batch']}",
+        }.get(r["family"], r["family"])
+        series[label].append((int(r["world_size"]), y, number(r.get("gpu_util_mean_std")) or 0.0))
+    return dict(series)
+
+
+def plot_gpu_util(ax, scaling, device, **_):
+    series = gpu_util_series(scaling)
+    if not series:  # the documents say so in words and leave this figure out
+        ax.text(0.5, 0.5, "no run recorded GPU utilisation (NVML)", ha="center", va="center")
+        ax.set_axis_off()
+        return
+    for i, (label, points) in enumerate(series.items()):
+        family = label.split(":")[0]
+        colour, marker = FAMILY_STYLE.get(family, (PALETTE[i % len(PALETTE)], MARKERS[i % 8]))
         ax.errorbar(
             [p[0] for p in points],
             [p[1] for p in points],
@@ -282,16 +302,12 @@ def plot_gpu_util(ax, scaling, device, **_):
             color=colour,
             marker=marker,
             capsize=3,
-            label=family,
+            label=label,
         )
-    if not xs_all:
-        raise AnalysisError(
-            "no run recorded gpu_util_mean (NVML sampling needs nvidia-ml-py and a GPU)"
-        )
-    _gpu_axis(ax, xs_all, device)
+    _gpu_axis(ax, [p[0] for points in series.values() for p in points], device)
     ax.set_ylim(0, 100)
     ax.set_ylabel("mean GPU utilisation (%, NVML)")
-    ax.legend()
+    ax.legend(fontsize=7)
 
 
 def plot_profile(ax, shares, **_):

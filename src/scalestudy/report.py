@@ -27,8 +27,9 @@ from scalestudy.analysis import AnalysisError, read_csv
 TABLES = ("scaling", "verdicts", "resources", "system", "targets", "profile_shares")
 DOCUMENTS = ("study.md", "paper.tex")
 FORMULA_CONSTANTS = frozenset({"1"})
-# a number standing alone: not part of an identifier (fp32, w8_lb128, a4paper, 25mm)
-NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)*(?!\w)")
+# a number standing alone, with its sign when it has one ("-5.0" and "+5.0" are different claims):
+# not part of an identifier (fp32, w8_lb128, a4paper, 25mm); "n - 1" is the number 1
+NUMBER = re.compile(r"(?<![\w.])[-+]?\d+(?:\.\d+)*(?:e[-+]\d+)?(?!\w)")
 
 
 def _float(value) -> float | None:
@@ -48,7 +49,9 @@ def fmt_num(value) -> str:
         return str(int(x))
     if x == 0:
         return "0"
-    decimals = min(4, max(0, 2 - math.floor(math.log10(abs(x)))))
+    if abs(x) < 1e-4:  # fixed point would print 0.0000: keep the digits
+        return f"{x:.2e}"
+    decimals = max(0, 2 - math.floor(math.log10(abs(x))))
     return f"{x:.{decimals}f}"
 
 
@@ -66,22 +69,24 @@ def fmt_signed_pct(value) -> str:
 FORMATS = {"num": fmt_num, "pct": fmt_pct, "spct": fmt_signed_pct}
 
 
+TEX_SPECIAL = {
+    "\\": r"\textbackslash{}",
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+}
+_TEX_SPECIAL = re.compile("|".join(re.escape(c) for c in TEX_SPECIAL))
+
+
 def tex_escape(value) -> str:
-    text = str(value)
-    for a, b in (
-        ("\\", r"\textbackslash{}"),
-        ("&", r"\&"),
-        ("%", r"\%"),
-        ("$", r"\$"),
-        ("#", r"\#"),
-        ("_", r"\_"),
-        ("{", r"\{"),
-        ("}", r"\}"),
-        ("~", r"\~{}"),
-        ("^", r"\^{}"),
-    ):
-        text = text.replace(a, b)
-    return text
+    """Text for LaTeX: one pass, so the braces of \\textbackslash{} are not escaped again."""
+    return _TEX_SPECIAL.sub(lambda m: TEX_SPECIAL[m.group()], str(value))
 
 
 def load_tables(csv_dir: Path) -> dict[str, list[dict]]:
@@ -96,6 +101,7 @@ def context(tables: dict[str, list[dict]], figures: list[str], figure_dir: str) 
     scaling = tables["scaling"]
     system = {(r["section"], r["key"]): r["value"] for r in tables["system"]}
     families = list(dict.fromkeys(r["family"] for r in scaling))
+    commit = system.get(("system", "git commit of the runs"), "not recorded")
     return {
         "tables": tables,
         "scaling": scaling,
@@ -113,6 +119,10 @@ def context(tables: dict[str, list[dict]], figures: list[str], figure_dir: str) 
         "profile": tables["profile_shares"],
         "gpu_util_measured": any(r["gpu_util_mean_mean"] not in ("", None) for r in scaling),
         "single_repeat": system.get(("study", "repeats")) == "1",
+        # `git checkout` only for one clean commit; "<sha>-dirty", several commits ("a; b") or
+        # "not recorded" are stated instead of printed as a command that would not reproduce
+        "commit": commit,
+        "checkout": commit if re.fullmatch(r"[0-9a-f]{7,40}", commit) else None,
         "figures": figures,
         "figure_dir": figure_dir,
     }
