@@ -127,6 +127,27 @@ def test_calibration_levels_and_startup():
     assert not any(e.calibrated for e in plan.estimate_runs(config, rows, measured))
 
 
+def test_a_run_is_done_only_when_measured_with_this_configuration():
+    config = small_config()
+    rows = build_run_table(config)
+    run = "w1_lb8_fp32_ddp_bk25_r0"
+    measured = [measured_row(run, 50.0, 1, wall_s=56.0)]
+    assert [e.run for e in plan.estimate_runs(config, rows, measured) if e.done] == [run]
+    # the same run id measured with other epochs or another data set: to be run again
+    for column, value in (("epochs", "3"), ("dataset", "cifar10"), ("lr", "0.05")):
+        other = [measured_row(run, 50.0, 1, wall_s=56.0, **{column: value})]
+        assert not any(e.done for e in plan.estimate_runs(config, rows, other)), column
+
+
+def test_mnist_runs_do_not_calibrate_a_cifar_shaped_study():
+    config = small_config()
+    rows = build_run_table(config)
+    run = "w1_lb8_fp32_ddp_bk25_r0"
+    mnist = [measured_row(run, 50.0, 1, wall_s=56.0, dataset="mnist")]
+    est = {e.run: e for e in plan.estimate_runs(config, rows, mnist)}
+    assert est[run].throughput_basis == "default"  # 28x28x1 images say nothing about 32x32x3
+
+
 def test_measured_runs_are_read_with_wall_times_and_damage_is_refused(tmp_path):
     rows = [
         measured_row("w1_lb8_fp32_ddp_bk25_r0", 50.0, 1),

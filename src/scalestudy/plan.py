@@ -49,7 +49,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from scalestudy import atomic
-from scalestudy.matrix import FAMILIES, build_run_table
+from scalestudy.collect import same
+from scalestudy.matrix import FAMILIES, RUN_COLUMNS, build_run_table
 from scalestudy.studyconfig import DATASET_TRAIN_SIZES
 
 DATASET_TEST_SIZES = {"cifar10": 10000, "mnist": 10000}
@@ -58,7 +59,10 @@ BENCHMARKS_DIR = "benchmarks/train"
 PLAN_MD = "reports/plan.md"
 PLAN_CSV = "results/plan.csv"
 # measured runs must match the estimated run in these columns to calibrate it at all
-BASE_KEY = ("device", "model", "width", "strategy", "loader", "compile")
+BASE_KEY = ("device", "model", "width", "strategy", "loader", "compile", "comm_hook", "accum_steps")
+# ... and in the image size: MNIST's 28x28x1 images cost less than CIFAR-10's (synthetic has
+# CIFAR-10's shape, so offline runs calibrate a CIFAR-10 study)
+IMAGE_SHAPES = {"mnist": "28x28x1"}
 LEVELS = ("run", "batch", "world size", "precision")
 # numeric columns of results/csv/runs.csv the calibration reads
 MEASURED_NUMBERS = (
@@ -188,7 +192,8 @@ def _text(value) -> str:
 
 
 def _base(row: dict) -> tuple:
-    return tuple(_text(row.get(k)) for k in BASE_KEY)
+    shape = IMAGE_SHAPES.get(_text(row.get("dataset")), "32x32x3")
+    return (*(_text(row.get(k)) for k in BASE_KEY), shape)
 
 
 def _level_key(level: str, row: dict) -> tuple:
@@ -333,8 +338,17 @@ def estimate_run(config: dict, row: dict, calibration: Calibration, done: bool =
 def estimate_runs(config: dict, rows: Iterable[dict], measured: list[dict]) -> list[Estimate]:
     """Estimates of every run-table row, in table order; `done`: the run has a measurement."""
     calibration = Calibration(config, measured)
-    finished = {m["run"] for m in measured}
-    return [estimate_run(config, r, calibration, r["run"] in finished) for r in rows]
+    finished = {m["run"]: m for m in measured}
+    return [estimate_run(config, r, calibration, is_done(r, finished.get(r["run"]))) for r in rows]
+
+
+def is_done(row: dict, measured: dict | None) -> bool:
+    """The run has a measurement made with this configuration: the same run id is not enough
+    (run ids leave out dataset, epochs, lr, ...; a changed config reruns it under the same id)."""
+    if measured is None:
+        return False
+    columns = [c for c in RUN_COLUMNS if c not in ("run", "families") and c in measured]
+    return all(same(measured[c], row[c]) for c in columns)
 
 
 def calibration_check(config: dict, measured: list[dict]) -> list[dict]:
