@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import re
 import shlex
 import subprocess
 from pathlib import Path
@@ -121,6 +122,38 @@ REPO = Path(__file__).resolve().parents[1]
         ("c10d::allreduce_", "nccl"),
         ("gloo:all_reduce", "nccl"),
         ("aten::empty", "other"),
+        # cuDNN's direct / explicit-GEMM convolutions and their GEMM helpers: conv, not gemm
+        (
+            "void cudnn::detail::wgrad_alg0_engine<float, 128, 6, 7, 3, 3, 5, true, 512>(int, int, "
+            "int, float const*, int, float*, float const*, kernel_grad_params, int, float, int, "
+            "int, int, int)",
+            "conv",
+        ),
+        ("void cudnn::detail::dgrad_engine<float, 512, 6, 5, 3, 3, 3, false>", "conv"),
+        (
+            "void explicit_convolve_sgemm<float, int, 128, 6, 7, 3, 3, 5, 0, false>(int, int, int, "
+            "float const*, int, float const*, int, float*, kernel_conv_params, unsigned long long, "
+            "int, unsigned long long, int, float, float, int, float const*, float const*)",
+            "conv",
+        ),
+        (
+            "void cudnn::gemm::computeOffsetsKernel<false, false>"
+            "(cudnn::gemm::ComputeOffsetsParams)",
+            "conv",
+        ),
+        # DDP bookkeeping is neither a collective nor a reduction
+        ("torch.distributed.ddp.reducer::copy_bucket_to_grad", "other"),
+        ("torch.distributed.ddp.reducer::search_unused_parameters", "other"),
+        ("torch::distributed::reducer::mul_out", "other"),
+        ("aten::clamp_min_", "elementwise"),  # ReLU on the CPU
+        ("aten::clamp_min", "elementwise"),
+        (
+            "void at::native::(anonymous namespace)::adaptive_average_gradient<float>(float *, "
+            "const float *, int, int, int, int)",
+            "reduce",
+        ),
+        ("void at::native::(anonymous namespace)::adaptive_average_pool<float>", "reduce"),
+        ("aten::_adaptive_avg_pool2d_backward", "reduce"),
     ],
 )
 def test_classifier_on_real_names(name, category):
@@ -298,6 +331,143 @@ def test_truncated_ncu_file_is_an_error_naming_the_file():
         profiling.parse_ncu(FIX / "broken" / "ncu_truncated.csv", "r")
 
 
+NCU_HEADER = (FIX / "ncu-2025.1" / "ncu_k0.csv").read_text().splitlines()[3]
+
+
+def _ncu_csv(path, rows, *, final_newline=True):
+    """A `ncu --csv --page details` file (2025 layout) of (launch, kernel, metric, unit, value)
+    metric rows: every cell quoted, the rule columns left off with one trailing comma."""
+    lines = [NCU_HEADER]
+    for launch_id, kernel, metric, unit, value in rows:
+        ids = [launch_id, "41234", "python3.11", "127.0.0.1", kernel, "1", "7", "(128, 1, 1)"]
+        cells = [*ids, "(64, 8, 1)", "0", "9.0", "Command line profiler metrics"]
+        lines.append(",".join(f'"{c}"' for c in [*cells, metric, unit, value]) + ",")
+    path.write_text("\n".join(lines) + ("\n" if final_newline else ""))
+    return path
+
+
+def test_ncu_tensor_flops_count_each_operation_once(tmp_path):
+    k = "sm80_xmma_fprop_implicit_gemm_f16f16_f16f32_f32_nhwckrsc_nhwc_tilesize128x128x32"
+    tensor = "sm__ops_path_tensor_src_fp16_dst_fp32"
+    f = _ncu_csv(
+        tmp_path / "ncu_k0.csv",
+        [
+            ("0", k, "gpu__time_duration.sum", "nsecond", "1,000"),
+            ("0", k, f"{tensor}.sum", "", "1,000,000"),
+            # the same operations again: sparsity breakdowns and the src-only total
+            ("0", k, f"{tensor}_sparsity_off.sum", "", "1,000,000"),
+            ("0", k, f"{tensor}_sparsity_on.sum", "", "0"),
+            ("0", k, "sm__ops_path_tensor_src_fp16.sum", "", "1,000,000"),
+            ("0", k, "sm__ops_path_tensor_src_bf16_dst_fp32.sum", "", "500,000"),
+            ("0", k, f"{tensor}.sum.peak_sustained", "", "4,096"),
+        ],
+    )
+    (row,) = profiling.parse_ncu(f, "r")
+    assert row["tensor_flop_per_s"] == pytest.approx(1_500_000 / 1e-6)
+    assert row["flop_per_s"] == pytest.approx(1_500_000 / 1e-6)
+    # what capture.py asks ncu for is what the parser sums
+    assert profiling.TENSOR_METRIC.match(f"{tensor}.sum")
+    assert not profiling.TENSOR_METRIC.match(f"{tensor}_sparsity_off.sum")
+    assert not profiling.TENSOR_METRIC.match("sm__ops_path_tensor_src_fp16.sum")
+
+
+@pytest.mark.parametrize(
+    "label",
+    [
+        "Compute (SM) Throughput",
+        "Compute (SM) [%]",
+        "SM [%]",
+        "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+    ],
+)
+def test_ncu_sm_throughput_under_every_label(tmp_path, label):
+    f = _ncu_csv(
+        tmp_path / "ncu.csv",
+        [("0", "k", "Duration", "nsecond", "2000"), ("0", "k", label, "%", "42.5")],
+    )
+    assert profiling.parse_ncu(f, "r")[0]["sm_throughput_pct"] == pytest.approx(42.5)
+
+
+def test_ncu_duration_in_an_unknown_unit_names_file_and_line(tmp_path):
+    f = _ncu_csv(tmp_path / "ncu.csv", [("0", "k", "Duration", "cycle", "2000")])
+    with pytest.raises(profiling.ProfileFormatError, match=r"ncu\.csv, line 2: Duration: .*cycle"):
+        profiling.parse_ncu(f, "r")
+
+
+def test_ncu_rows_carry_the_kernels_csv_name(tmp_path):
+    # ncu's demangler may spell the name differently from nsys: the pass's target name wins
+    f = _ncu_csv(
+        tmp_path / "ncu_k1.csv",
+        [
+            ("0", VECTORIZED.replace("char *", "char*"), "Duration", "nsecond", "2000"),
+            ("1", VECTORIZED.replace("char *", "char*"), "Duration", "nsecond", "4000"),
+        ],
+    )
+    (row,) = profiling.parse_ncu(f, "r", kernel=VECTORIZED)
+    assert row["kernel"] == VECTORIZED and row["launches"] == 2
+    assert row["duration_ns"] == pytest.approx(3000)
+    two = _ncu_csv(
+        tmp_path / "ncu_k2.csv",
+        [("0", "a", "Duration", "nsecond", "1"), ("1", "b", "Duration", "nsecond", "1")],
+    )
+    with pytest.raises(profiling.ProfileFormatError, match="launches of 2 kernels"):
+        profiling.parse_ncu(two, "r", kernel="a")
+
+
+def test_complete_files_without_final_newline_are_accepted(tmp_path):
+    rows = [("0", "k", "Duration", "nsecond", "2000"), ("0", "k", "SM [%]", "%", "50")]
+    f = _ncu_csv(tmp_path / "ncu.csv", rows, final_newline=False)
+    assert profiling.parse_ncu(f, "r")[0]["sm_throughput_pct"] == pytest.approx(50)
+    src = FIX / "nsys-2024.5" / "nsys_rank0_cuda_gpu_kern_sum.csv"
+    cut = tmp_path / "nsys_rank0_cuda_gpu_kern_sum.csv"
+    cut.write_text(src.read_text().rstrip("\n"))
+    assert profiling.read_nsys_table(cut) == profiling.read_nsys_table(src)
+
+
+def test_a_file_cut_inside_a_quoted_name_is_truncated(tmp_path):
+    src = (FIX / "nsys-2024.5" / "nsys_rank0_cuda_gpu_kern_sum.csv").read_text()
+    # cut inside the quoted bn_fw name: the row still has all 9 cells
+    name = "void cudnn::bn_fw_tr_1C11_kernel_NCHW<__nv_bfloat16, float"
+    cut = tmp_path / "nsys_rank0_cuda_gpu_kern_sum.csv"
+    cut.write_text(src[: src.index(name) + len(name)])
+    with pytest.raises(profiling.ProfileFormatError, match=r"kern_sum\.csv, line 9: truncated"):
+        profiling.read_nsys_table(cut)
+    f = _ncu_csv(tmp_path / "ncu.csv", [("0", "k", "Duration", "nsecond", "2,000")])
+    f.write_text(f.read_text().rstrip("\n")[:-5])  # cut inside the quoted "2,000"
+    with pytest.raises(profiling.ProfileFormatError, match=r"ncu\.csv, line 2: truncated"):
+        profiling.parse_ncu(f, "r")
+
+
+def _nsys_capture(tmp_path, *stats):
+    cap = tmp_path / "capture"
+    (cap / "stats").mkdir(parents=True)
+    for name in stats:
+        (cap / "stats" / name).write_bytes((FIX / "nsys-2024.5" / name).read_bytes())
+    manifest = {"run": "w2", "tool": "nsys", "why": "test", "ranks": "all", "input": "stats"}
+    (cap / "tool.json").write_text(json.dumps(manifest))
+    return cap
+
+
+def test_parse_warns_when_kernels_have_no_phase_ranges(tmp_path, capsys):
+    cap = _nsys_capture(tmp_path, "nsys_rank0_cuda_gpu_kern_sum.csv")
+    # what nsys stats leaves when the window recorded no NVTX range
+    (cap / "stats" / "nsys_rank0_nvtx_sum.csv").write_text(
+        "SKIPPED: nsys_rank0.sqlite does not contain NVTX data.\n"
+    )
+    kernels, ranges = _parse(cap, tmp_path)
+    assert kernels and ranges == []
+    assert (tmp_path / "r.csv").read_text() == ",".join(profiling.RANGE_COLUMNS) + "\n"
+    err = capsys.readouterr().err
+    assert "WARNING w2_test: rank(s) 0 have kernels but none of the phase ranges" in err
+    assert "data, forward, backward, optimizer, communication" in err and "nvtx_sum" in err
+    # with the ranges there, no warning
+    full = _nsys_capture(
+        tmp_path / "full", "nsys_rank0_cuda_gpu_kern_sum.csv", "nsys_rank0_nvtx_sum.csv"
+    )
+    _, ranges = _parse(full, tmp_path)
+    assert ranges and "WARNING" not in capsys.readouterr().err
+
+
 # --- torch.profiler export -----
 def test_torch_export_malformed_json_names_file_and_line(tmp_path):
     f = tmp_path / "torch_ops_rank0.json"
@@ -399,21 +569,53 @@ def test_nsys_commands():
     assert new[-1] == "r.nsys-rep" and "csv" in new
 
 
-def test_ncu_command_targets_one_kernel_from_the_window():
-    name = (
-        "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, "
-        "std::array<char *, 1>>(int, T2, T3)"
-    )
-    assert capture.kernel_base_name(name) == "vectorized_elementwise_kernel"
-    assert (
-        capture.kernel_base_name("sm90_xmma_fprop_implicit_gemm_bf16")
-        == "sm90_xmma_fprop_implicit_gemm_bf16"
-    )
-    assert (
-        capture.kernel_base_name("void cutlass_cudnn_train::Kernel<cutlass_x>(T1::Params)")
-        == "Kernel"
-    )
-    cmd = capture.ncu_command("d/ncu_k0", name, 10, 3, ["python", "t.py"])
+MULTI_TENSOR = (
+    "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous "
+    "namespace)::TensorListMetadata<2>, at::native::(anonymous namespace)::BinaryOpListAlphaFunctor"
+    "<float, 2, 2, 0>, std::plus<float>, float>(T1, T2, T3...)"
+)
+VECTORIZED = (
+    "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, "
+    "std::array<char *, 1>>(int, T2, T3)"
+)
+
+
+@pytest.mark.parametrize(
+    "name, other",
+    [
+        # the function base name of this one is empty ('(anonymous namespace)' comes first)
+        (MULTI_TENSOR, MULTI_TENSOR.replace("TensorListMetadata<2>", "TensorListMetadata<3>")),
+        # templated: a base name would also match every other functor's instantiation
+        (VECTORIZED, VECTORIZED.replace("FillFunctor<float>", "FillFunctor<c10::BFloat16>")),
+        (
+            "void cutlass_cudnn_train::Kernel<cutlass_tensorop_bf16_s16816fprop_optimized>"
+            "(T1::Params)",
+            "void cutlass_cudnn_train::Kernel<cutlass_tensorop_bf16_s16816dgrad_optimized>"
+            "(T1::Params)",
+        ),
+        (
+            "sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc_tilesize128x128x64",
+            "sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc_tilesize64x128x64",
+        ),
+    ],
+)
+def test_ncu_filter_is_the_whole_demangled_name(name, other):
+    regex = capture.ncu_kernel_regex(name)
+    assert regex not in ("", "^$") and re.fullmatch(regex, name)
+    assert not re.search(regex, other)  # one instantiation, not its siblings
+    # ncu's demangler may print 'char*' for 'char *' and omit the return type
+    assert re.search(regex, name.replace("char *", "char*").removeprefix("void "))
+    cmd = capture.ncu_command("d/ncu_k0", name, 7, 3, ["python", "t.py"])
+    assert cmd[cmd.index("--kernel-name-base") + 1] == "demangled"
+    assert cmd[cmd.index("--kernel-name") + 1] == f"regex:{regex}"
+    # the filter survives the per-rank wrapper's shell quoting
+    prefix = capture.rank_prefix(tool="ncu", ranks="0", dir="d", index=0, kernel=name)
+    argv = shlex.split(prefix)
+    assert argv[argv.index("--kernel") + 1] == name
+
+
+def test_ncu_command_and_import():
+    cmd = capture.ncu_command("d/ncu_k0", VECTORIZED, 10, 3, ["python", "t.py"])
     joined = shlex.join(cmd)
     for part in (
         "--profile-from-start off",
@@ -423,8 +625,31 @@ def test_ncu_command_targets_one_kernel_from_the_window():
         "--export d/ncu_k0",
     ):
         assert part in joined
-    assert cmd[cmd.index("--kernel-name") + 1] == "regex:^vectorized_elementwise_kernel$"
-    assert "sm__ops_path_tensor" in joined and cmd[-2:] == ["python", "t.py"]
+    assert cmd[-2:] == ["python", "t.py"]
+    metrics = cmd[cmd.index("--metrics") + 1].split(",")
+    assert f"regex:{profiling.TENSOR_METRIC.pattern}" in metrics
+    imp = capture.ncu_import_command("d/ncu_k0.ncu-rep")
+    assert imp[imp.index("--print-metric-name") + 1] == "name" and "--csv" in imp
+    with pytest.raises(capture.ProfileError, match="empty"):
+        capture.ncu_kernel_regex("  ")
+
+
+def test_launch_skip_leaves_launches_to_profile():
+    def row(kernel, rank, instances):
+        return {"kernel": kernel, "rank": str(rank), "instances": str(instances)}
+
+    rows = [
+        row("once_per_step", 0, 10),  # 10-step window: skip 10 would profile nothing
+        row("once_per_step", 1, 12),
+        row("many", 0, 400),
+        row("rare", 0, 2),
+        row("not_on_rank0", 1, 8),
+    ]
+    assert capture.ncu_launch_skip(rows, "once_per_step", 10, 3) == 7  # rank 0's count
+    assert capture.ncu_launch_skip(rows, "many", 10, 3) == 10
+    assert capture.ncu_launch_skip(rows, "rare", 10, 3) == 0
+    assert capture.ncu_launch_skip(rows, "not_on_rank0", 10, 3) == 5
+    assert capture.ncu_launch_skip(rows, "unknown", 10, 3) == 10
 
 
 def test_top_kernels_never_include_nccl():

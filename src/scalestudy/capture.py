@@ -23,9 +23,11 @@ capture: the tool is chosen here, on the compute node, and stated in DIR/tool.js
 ncu: rank 0 only (the other ranks run plain; a profiled NCCL kernel would wait forever for its
   serialised peers, so NCCL kernels are never chosen), one ncu pass per top-K kernel:
       ncu --profile-from-start off --set full --metrics <FLOP counters> \\
-          --kernel-name-base function \\
-          -k regex:<kernel> --launch-skip S --launch-count C --target-processes all -o DIR/ncu_k<i>
-  then `ncu -i DIR/ncu_k<i>.ncu-rep --csv --page details --print-units base` -> DIR/ncu_k<i>.csv.
+          --kernel-name-base demangled -k regex:<the whole demangled name> \\
+          --launch-skip S' --launch-count C --target-processes all -o DIR/ncu_k<i>
+  (S' = S clamped so that C launches remain of the kernel's instances on rank 0 in the nsys
+  window), then `ncu -i DIR/ncu_k<i>.ncu-rep --csv --page details --print-units base
+  --print-metric-name name` -> DIR/ncu_k<i>.csv, whose rows carry the kernels CSV's name.
 rank: the per-rank wrapper the launcher starts instead of the trainer (rank from SLURM_PROCID or
   RANK): it execs the profiler around CMD on the profiled ranks and CMD alone on the others.
 """
@@ -48,14 +50,17 @@ NSYS_TRACE = "cuda,nvtx,osrt,cudnn,cublas"
 NSYS_REPORTS_NEW = ("cuda_gpu_kern_sum", "cuda_gpu_mem_time_sum", "nvtx_sum")
 NSYS_REPORTS_OLD = ("gpukernsum", "gpumemtimesum", "nvtxsum")
 # FLOP counters that --set full does not print in the details page: SASS f/h/d add, mul, fma
-# (a fma is 2 FLOP) and the tensor-core paths (profiling.parse_ncu sums them)
+# (a fma is 2 FLOP) and the tensor-core paths (profiling.parse_ncu sums them). Tensor paths: only
+# the per-(source, destination) totals; the src-only totals and the _sparsity_on/_off breakdowns
+# count the same operations again. A regex, not a list: a name the GPU lacks (bf16 before Ampere)
+# would fail the whole ncu run, a regex just matches fewer.
 NCU_METRICS = ",".join(
     [
         f"smsp__sass_thread_inst_executed_op_{p}{op}_pred_on.sum"
         for p in "hfd"
         for op in ("add", "mul", "fma")
     ]
-    + ["regex:sm__ops_path_tensor_src_.*\\.sum$"]
+    + ["regex:" + profiling.TENSOR_METRIC.pattern]
 )
 
 
@@ -126,24 +131,29 @@ def nsys_stats_command(report: str, output_base: str, version: tuple[int, int] |
     return [*argv, "--format", "csv", "--force-export=true", "--output", output_base, report]
 
 
-def kernel_base_name(name: str) -> str:
-    """ncu's --kernel-name-base function name of an nsys/torch kernel name:
-    'void at::native::vectorized_elementwise_kernel<4, ...>(int, ...)' ->
-    'vectorized_elementwise_kernel'."""
-    text = name.strip()
+_REGEX_META = set("\\^$.|?*+()[]{}")
+
+
+def _regex_literal(text: str) -> str:
+    # only the metacharacters every regex dialect shares: re.escape also escapes characters
+    # (space, '#', '&', '~') that some engines reject as unknown escapes
+    return "".join("\\" + ch if ch in _REGEX_META else ch for ch in text)
+
+
+def ncu_kernel_regex(name: str) -> str:
+    """The ncu --kernel-name filter (with --kernel-name-base demangled) for one kernel of the
+    kernels CSV: its whole demangled name (nsys and torch.profiler report demangled names),
+    anchored, so one template instantiation is profiled and names like
+    'void at::native::(anonymous namespace)::multi_tensor_apply_kernel<...>(...)' still give a
+    filter. Whitespace is free (demanglers differ on 'char *' / 'char*') and the leading 'void '
+    optional (the Itanium demangler prints it for function templates only)."""
+    text = " ".join(name.split())
     if text.startswith("void "):
         text = text[5:]
-    depth, out = 0, ""
-    for ch in text:  # drop template arguments and the parameter list
-        if ch in "<(":
-            if ch == "(" and depth == 0:
-                break
-            depth += 1
-        elif ch in ">)":
-            depth -= 1
-        elif depth == 0:
-            out += ch
-    return out.strip().split("::")[-1].split(" ")[-1]
+    if not text:
+        raise ProfileError(f"kernel name {name!r} is empty: nothing to give ncu --kernel-name")
+    body = r"\s*".join(_regex_literal(word) for word in text.split(" "))
+    return rf"^(void\s+)?{body}$"
 
 
 def ncu_command(
@@ -158,9 +168,9 @@ def ncu_command(
         "--metrics",
         NCU_METRICS,
         "--kernel-name-base",
-        "function",
+        "demangled",
         "--kernel-name",
-        f"regex:^{re.escape(kernel_base_name(kernel))}$",
+        f"regex:{ncu_kernel_regex(kernel)}",
         "--launch-skip",
         str(launch_skip),
         "--launch-count",
@@ -175,7 +185,34 @@ def ncu_command(
 
 
 def ncu_import_command(report: str) -> list[str]:
-    return ["ncu", "--import", report, "--csv", "--page", "details", "--print-units", "base"]
+    # metric names, not labels: labels changed between versions ("SM [%]", "Compute (SM) [%]",
+    # "Compute (SM) Throughput"); profiling.parse_ncu reads both
+    return [
+        "ncu",
+        "--import",
+        report,
+        "--csv",
+        "--page",
+        "details",
+        "--print-units",
+        "base",
+        "--print-metric-name",
+        "name",
+    ]
+
+
+def ncu_launch_skip(kernel_rows: list[dict], kernel: str, skip: int, count: int) -> int:
+    """--launch-skip for one kernel: ncu counts only launches of the filtered kernel, and ncu
+    profiles rank 0, so at most (rank 0's instances in the nsys window - count) may be skipped;
+    a larger skip (10 of a once-per-step kernel in a 10-step window) would profile nothing."""
+    mine = [r for r in kernel_rows if r["kernel"] == kernel]
+    # rank 0 missing (a capture of other ranks only): the fewest instances of any rank
+    seen = [int(r["instances"]) for r in mine if str(r["rank"]) == "0"] or [
+        int(r["instances"]) for r in mine
+    ]
+    if not seen:
+        return skip
+    return min(skip, max(0, min(seen) - count))
 
 
 def rank_command(args: argparse.Namespace, env: dict[str, str]) -> list[str]:
@@ -296,6 +333,17 @@ def parse(args: argparse.Namespace) -> int:
         kernels, ranges = profiling.parse_torch(source, args.run)
     atomic.write_text(args.out_kernels, profiling.csv_text(profiling.KERNEL_COLUMNS, kernels))
     atomic.write_text(args.out_ranges, profiling.csv_text(profiling.RANGE_COLUMNS, ranges))
+    bare = sorted({r["rank"] for r in kernels} - {r["rank"] for r in ranges})
+    if bare:
+        # a warning, not an error: the kernel breakdown stands on its own, and a trainer that
+        # records its phases in a form this tool does not see must not cost the kernels
+        print(
+            f"WARNING {args.run}: rank(s) {', '.join(map(str, bare))} have kernels but none of "
+            f"the phase ranges {', '.join(profiling.RANGES)} in {source} "
+            f"({'nvtx_sum' if manifest['tool'] == 'nsys' else 'record_function entries'}); "
+            f"{args.out_ranges} has no rows for them",
+            file=sys.stderr,
+        )
     print(
         f"{args.run}: {len(kernels)} kernel rows, {len(ranges)} range rows "
         f"(tool {manifest['tool']}: {manifest['why']})"
@@ -319,29 +367,46 @@ def ncu(args: argparse.Namespace) -> int:
         atomic.write_json(out_dir / "tool.json", {"tool": "none", "why": why})
         atomic.write_text(args.out, profiling.csv_text(profiling.NCU_COLUMNS, []))
         return 0
-    rows = profiling.read_csv(args.kernels, profiling.KERNEL_COLUMNS)
-    kernels = profiling.top_kernels(rows, args.top_k)
+    kernel_rows = profiling.read_csv(args.kernels, profiling.KERNEL_COLUMNS)
+    kernels = profiling.top_kernels(kernel_rows, args.top_k)
     if not kernels:
         raise ProfileError(f"{args.kernels}: no non-NCCL kernel to profile with ncu")
     env = launch.rank_env(dict(os.environ), args.cpus_per_rank)
     train_args = _train_args(args, out_dir / "train")
     for i, kernel in enumerate(kernels):
         args.train_args = list(train_args)
+        skip = ncu_launch_skip(kernel_rows, kernel, args.launch_skip, args.launch_count)
+        if skip != args.launch_skip:
+            print(
+                f"ncu k{i}: --launch-skip {skip}, not {args.launch_skip}: rank 0 launches "
+                f"{kernel[:80]!r} too few times in the window to skip {args.launch_skip} and "
+                f"profile {args.launch_count}",
+                flush=True,
+            )
         prefix = rank_prefix(
             tool="ncu",
             ranks="0",
             dir=out_dir,
             index=i,
             kernel=kernel,
-            skip=args.launch_skip,
+            skip=skip,
             count=args.launch_count,
         )
+        report = out_dir / f"ncu_k{i}.ncu-rep"
+        report.unlink(missing_ok=True)  # a report of an earlier attempt is no evidence
         _run(launch_command(args, prefix), env)
+        if not report.exists():
+            # ncu writes no report when its filter matched no launch; say which filter
+            raise ProfileError(
+                f"ncu wrote no {report}: no launch of {kernel!r} matched --kernel-name "
+                f"regex:{ncu_kernel_regex(kernel)} (--launch-skip {skip}) on rank 0"
+            )
         with (out_dir / f"ncu_k{i}.csv").open("w") as f:
-            _run(ncu_import_command(str(out_dir / f"ncu_k{i}.ncu-rep")), env, stdout=f)
+            _run(ncu_import_command(str(report)), env, stdout=f)
     rows = []
-    for i in range(len(kernels)):
-        rows.extend(profiling.parse_ncu(out_dir / f"ncu_k{i}.csv", args.run))
+    for i, kernel in enumerate(kernels):
+        # the kernels CSV's name, not ncu's spelling of it: profile_ncu joins profile_kernels
+        rows.extend(profiling.parse_ncu(out_dir / f"ncu_k{i}.csv", args.run, kernel=kernel))
     atomic.write_json(out_dir / "tool.json", {"tool": "ncu", "why": ncu_path, "kernels": kernels})
     atomic.write_text(args.out, profiling.csv_text(profiling.NCU_COLUMNS, rows))
     return 0

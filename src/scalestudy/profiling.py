@@ -19,14 +19,16 @@ profile_ranges.csv   run, rank, tool, range, instances, total_ns, share
     share      total_ns / sum over the RANGES of the same run and rank
 profile_ncu.csv      run, kernel, launches, duration_ns, achieved_occupancy_pct,
                      dram_throughput_pct, sm_throughput_pct, flop_per_s, tensor_flop_per_s
+    kernel     the profile_kernels name of the kernel (capture.py filters one kernel per ncu
+               pass and labels its rows so), the join key between the two tables
     launches   kernel launches ncu profiled (each value below is the mean over them)
     duration_ns  gpu__time_duration.sum (label "Duration"), ns
     achieved_occupancy_pct  sm__warps_active.avg.pct_of_peak_sustained_active, %
     dram_throughput_pct     (gpu__)dram__throughput.avg.pct_of_peak_sustained_elapsed, %
-    sm_throughput_pct       sm__throughput.avg.pct_of_peak_sustained_elapsed, % (label
-                            "Compute (SM) Throughput")
-    flop_per_s   (fadd + fmul + 2 ffma, for f/h/d SASS ops, + sm__ops_path_tensor_*.sum) / duration;
-                 empty when the report lacks those metrics (capture.py requests them)
+    sm_throughput_pct       sm__throughput.avg.pct_of_peak_sustained_elapsed, % (labels
+                            "Compute (SM) Throughput", "Compute (SM) [%]", "SM [%]")
+    flop_per_s   (fadd + fmul + 2 ffma, for f/h/d SASS ops, + sm__ops_path_tensor_src_*_dst_*.sum)
+                 / duration; empty when the report lacks those metrics (capture.py requests them)
     tensor_flop_per_s  the tensor-core part of flop_per_s (sm__ops_path_tensor_src_*_dst_*.sum)
 
 Robust to what the tools really print (notes: /work/shared/notes/nsight-formats.md): the tool's
@@ -84,15 +86,23 @@ class ProfileFormatError(ValueError):
 # ---------------------------------------------------------------------------------------------
 # kernel / op categories. First match wins: NCCL kernels contain "reduce" and "copy", cuDNN
 # convolutions contain "gemm", so the specific patterns come before the generic ones.
+# Decisions on names that fit two classes:
+# - cuDNN's direct and explicit-GEMM convolutions (cudnn::detail::wgrad_alg0_engine,
+#   dgrad_engine, explicit_convolve_sgemm, precomputed_convolve_sgemm) and its cudnn::gemm::
+#   helpers (computeOffsetsKernel: im2col offsets) are conv: PyTorch calls cuDNN for
+#   convolutions, never for a plain matrix product.
+# - DDP's reducer bookkeeping (torch.distributed.ddp.reducer::..., bucket views and unused-parameter
+#   search on the CPU) is no collective and no reduction: "reducer" falls through to other.
+# - pooling (max, average, adaptive average and their gradients) reduces a window: reduce.
 
 _CATEGORY_PATTERNS = [
     ("nccl", r"^nccl|^gloo:|^c10d::|allreduce|all_reduce|allgather|all_gather|reduce_scatter"),
     ("memcpy", r"memcpy|memset|^aten::copy_$|^aten::_to_copy$"),
     (
         "conv",
-        r"xmma_(fprop|dgrad|wgrad)|implicit_gemm|implicit_convolve|scudnn|winograd|cutlass_cudnn"
+        r"xmma_(fprop|dgrad|wgrad)|implicit_gemm|convolve|scudnn|winograd|cutlass_cudnn"
         r"|reduce_wgrad|fft2d|convolution|conv2d|cudnn::ops::nchwtonhwc|cudnn::ops::nhwctonchw"
-        r"|nchwtonhwc|nhwctonchw|dgrad2d|wgrad2d|fprop",
+        r"|nchwtonhwc|nhwctonchw|dgrad2d|wgrad2d|fprop|(dgrad|wgrad)_(alg\d|engine)|cudnn::gemm::",
     ),
     ("batchnorm", r"bn_fw|bn_bw|batch_norm|batchnorm"),
     ("gemm", r"gemm|gemv|nvjet|splitkreduce|^aten::(addmm|mm|bmm|matmul|linear)$|cublas"),
@@ -102,13 +112,14 @@ _CATEGORY_PATTERNS = [
     ),
     (
         "reduce",
-        r"reduce_kernel|reduce|max_pool|avg_pool|adaptive_avg|pool2d|softmax|nll_loss|cross_entropy"
-        r"|^aten::(sum|mean|argmax|max|amax|norm)$",
+        r"reduce(?!r)|max_pool|avg_pool|adaptive_avg|adaptive_average|pool2d|pooling|softmax"
+        r"|nll_loss|cross_entropy|^aten::(sum|mean|argmax|max|amax|norm)$",
     ),
     (
         "elementwise",
         r"elementwise|^aten::(add|add_|mul|mul_|div|div_|relu|relu_|threshold_backward|sub|sub_"
-        r"|neg|clamp|clamp_|fill_|zero_|zeros|cat|flip|where|pad|constant_pad_nd|lerp_|addcmul_"
+        r"|neg|clamp|clamp_|clamp_min|clamp_min_|clamp_max|clamp_max_|fill_|zero_|zeros|cat|flip"
+        r"|where|pad|constant_pad_nd|lerp_|addcmul_"
         r"|addcdiv_|sqrt|rsub|exp|log|log_softmax|_log_softmax|eq|ne|lt|gt|index|index_select"
         r"|gather|scatter|masked_fill_|contiguous|clone|empty_like|ones_like|_unsafe_view)$",
     ),
@@ -181,11 +192,22 @@ def _read_text(path: Path) -> str:
         raise ProfileFormatError(path, None, f"cannot read: {exc.strerror or exc}") from exc
 
 
+def _full_width(header: list[str], cells: list[str]) -> bool:
+    return len(cells) >= len(header)
+
+
+def _skipped_line(lines: list[str]) -> str | None:
+    """The tool's `SKIPPED: ...` line (nsys stats: the report has no data of that kind)."""
+    return next((ln.strip() for ln in lines if ln.strip().upper().startswith("SKIPPED")), None)
+
+
 def _rows_after_header(
-    path: Path, is_header, what: str
+    path: Path, is_header, what: str, row_complete=_full_width
 ) -> tuple[list[str], list[tuple[int, list[str]]]]:
     """(header, [(line number, cells), ...]) of the first CSV table whose header is_header()
-    accepts; lines before it (tool noise) are skipped. Blank lines end nothing (skipped)."""
+    accepts; lines before it (tool noise) are skipped. Blank lines end nothing (skipped).
+    row_complete(header, cells) says whether a row has all the cells its kind needs (ncu metric
+    rows stop after Metric Value); it judges the last row of a file with no final newline."""
     text = _read_text(path)
     lines = text.splitlines()
     for i, line in enumerate(lines):
@@ -198,25 +220,32 @@ def _rows_after_header(
         if is_header([c.strip() for c in cells]):
             header = [c.strip() for c in cells]
             rows = []
-            body = "\n".join(lines[i + 1 :])
-            reader = csv.reader(io.StringIO(body))
+            body = lines[i + 1 :]
+            reader = csv.reader(io.StringIO("\n".join(body)))
+            last_start = 0  # body line where the last record began
             try:
                 for cells_ in reader:
                     rows.append((i + 1 + reader.line_num, cells_))
+                    if reader.line_num < len(body):
+                        last_start = reader.line_num
             except csv.Error as exc:
                 raise ProfileFormatError(
                     path, i + 1 + reader.line_num, f"malformed CSV ({exc}); truncated file?"
                 ) from exc
             if text and not text.endswith("\n") and rows:
-                # a line cut mid-write: the last row is not trustworthy
+                # the file may have been cut mid-write. Python's csv reader accepts an open
+                # quote at the end of the data, so a cut inside a quoted name (names with
+                # commas are quoted, ncu quotes every cell) leaves an odd number of quotes;
+                # a cut between cells leaves fewer cells than the row's kind has
                 last_line, last = rows[-1]
-                if len(last) < len(header) and len([c for c in last if c]) < len(header):
+                raw = "\n".join(body[last_start:])
+                if raw.count('"') % 2 or not row_complete(header, last):
                     raise ProfileFormatError(
-                        path, last_line, f"truncated row (no newline at end of file): {last}"
+                        path, last_line, f"truncated row (no newline at end of file): {raw[:200]}"
                     )
             return header, [(n, c) for n, c in rows if any(x.strip() for x in c)]
-    skipped = [ln.strip() for ln in lines if ln.strip().upper().startswith("SKIPPED")]
-    hint = f" (the tool said: {skipped[0]})" if skipped else ""
+    skipped = _skipped_line(lines)
+    hint = f" (the tool said: {skipped})" if skipped else ""
     raise ProfileFormatError(path, None, f"no {what} header found{hint}")
 
 
@@ -326,7 +355,14 @@ def parse_nsys(input_path: str | Path, run: str) -> tuple[list[dict], list[dict]
     ranges: dict[int, list[dict]] = {}
     kinds: dict[int, set[str]] = {}
     for f in nsys_stats_files(input_path):
-        kind, rows = read_nsys_table(f)
+        try:
+            kind, rows = read_nsys_table(f)
+        except ProfileFormatError:
+            # nsys stats says "SKIPPED: ... does not contain NVTX data" when the window recorded
+            # no NVTX range: no ranges (capture.parse warns), not a broken capture
+            if "nvtx" in f.name.lower() and _skipped_line(_read_text(f).splitlines()):
+                continue
+            raise
         rank = rank_of(f)
         kinds.setdefault(rank, set()).add(kind)
         if kind in ("kern", "mem"):
@@ -416,19 +452,42 @@ _NCU_DRAM = (
     "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed",
     "DRAM Throughput",
 )
-_NCU_SM = ("sm__throughput.avg.pct_of_peak_sustained_elapsed", "Compute (SM) Throughput")
+# the label of the SM throughput changed between ncu versions ("SM [%]", "Compute (SM) [%]",
+# "Compute (SM) Throughput"); the metric name did not
+_NCU_SM = (
+    "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+    "Compute (SM) Throughput",
+    "Compute (SM) [%]",
+    "SM [%]",
+)
 _SASS = re.compile(r"^smsp?__sass_thread_inst_executed_op_([hfd])(add|mul|fma)_pred_on\.sum$")
-_TENSOR = re.compile(r"^sm__ops_path_tensor_.*\.sum$")
+# tensor-core operations: the per-(source, destination type) totals only. The src-only totals
+# (sm__ops_path_tensor_src_fp16.sum) and the _sparsity_on/_off breakdowns count the same
+# operations again. capture.py requests exactly these.
+TENSOR_METRIC = re.compile(r"^sm__ops_path_tensor_src_[a-z0-9]+_dst_[a-z0-9]+\.sum$")
 
 
 def _is_ncu_header(cells: list[str]) -> bool:
     return "Kernel Name" in cells and "Metric Name" in cells and "Metric Value" in cells
 
 
-def parse_ncu(path: str | Path, run: str) -> list[dict]:
-    """`ncu --csv --page details` output -> profile_ncu rows (mean over profiled launches)."""
+def _ncu_need(header: list[str]) -> int:
+    """Cells a metric row needs: it ends after Metric Value (the rule columns stay empty)."""
+    cols = [_col(header, n) for n in ("Kernel Name", "Metric Name", "Metric Unit", "Metric Value")]
+    return max(j for j in cols if j is not None) + 1
+
+
+def parse_ncu(path: str | Path, run: str, kernel: str | None = None) -> list[dict]:
+    """`ncu --csv --page details` output -> profile_ncu rows (mean over profiled launches).
+
+    kernel: the kernels CSV name the file's ncu pass was filtered to (capture.ncu runs one pass
+    per kernel). Its rows then carry that name, so profile_ncu joins profile_kernels exactly
+    whatever ncu's demangler prints; a file with launches of two kernel names is an error (the
+    filter was not specific)."""
     path = Path(path)
-    header, rows = _rows_after_header(path, _is_ncu_header, "ncu details")
+    header, rows = _rows_after_header(
+        path, _is_ncu_header, "ncu details", lambda h, c: len(c) >= _ncu_need(h)
+    )
     j_id = _col(header, "ID")
     j_kernel = _col(header, "Kernel Name")
     j_name, j_unit, j_value = (
@@ -436,8 +495,8 @@ def parse_ncu(path: str | Path, run: str) -> list[dict]:
         _col(header, "Metric Unit"),
         _col(header, "Metric Value"),
     )
-    need = max(j_kernel, j_name, j_value, j_unit if j_unit is not None else 0) + 1
-    launches: dict[tuple[str, str], dict[str, tuple[float, str]]] = {}
+    need = _ncu_need(header)
+    launches: dict[tuple[str, str], dict[str, tuple[float, str, int]]] = {}
     for line, cells in rows:
         if len(cells) < need:
             raise ProfileFormatError(
@@ -455,27 +514,39 @@ def parse_ncu(path: str | Path, run: str) -> list[dict]:
             if metric in (*_NCU_DURATION, *_NCU_OCCUPANCY, *_NCU_DRAM, *_NCU_SM):
                 raise ProfileFormatError(path, line, f"{metric}: {raw!r} is not a number") from None
             continue  # text-valued metrics (e.g. "Cache Control") are not needed
-        launches.setdefault(key, {})[metric] = (value, unit or suffix)
+        launches.setdefault(key, {})[metric] = (value, unit or suffix, line)
     if not launches:
         raise ProfileFormatError(path, None, "no metric rows (did ncu profile any kernel?)")
+    if kernel is not None:
+        names = sorted({name for _, name in launches})
+        if len(names) > 1:
+            raise ProfileFormatError(
+                path,
+                None,
+                f"launches of {len(names)} kernels, the filter selected {kernel!r}: {names}",
+            )
+        launches = {(launch_id, kernel): m for (launch_id, _), m in launches.items()}
 
-    def first(metrics: dict, names: tuple) -> tuple[float, str] | None:
+    def first(metrics: dict, names: tuple) -> tuple[float, str, int] | None:
         for n in names:
             if n in metrics:
                 return metrics[n]
         return None
 
     per_kernel: dict[str, list[dict]] = {}
-    for (launch_id, kernel), metrics in launches.items():
+    for (launch_id, name), metrics in launches.items():
         dur = first(metrics, _NCU_DURATION)
         if dur is None:
             raise ProfileFormatError(
-                path, None, f"launch {launch_id} ({kernel}): no Duration / gpu__time_duration.sum"
+                path, None, f"launch {launch_id} ({name}): no Duration / gpu__time_duration.sum"
             )
-        duration_ns = to_ns(dur[0], dur[1] or "ns")
+        try:
+            duration_ns = to_ns(dur[0], dur[1] or "ns")
+        except ValueError as exc:  # e.g. "cycle": a duration ncu did not give in time units
+            raise ProfileFormatError(path, dur[2], f"Duration: {exc}") from exc
         flop = tensor = None
-        sass = {n: v for n, (v, _) in metrics.items() if _SASS.match(n)}
-        tens = [v for n, (v, _) in metrics.items() if _TENSOR.match(n)]
+        sass = {n: v for n, (v, _, _) in metrics.items() if _SASS.match(n)}
+        tens = [v for n, (v, _, _) in metrics.items() if TENSOR_METRIC.match(n)]
         if sass or tens:
             tensor = sum(tens)
             flop = tensor
@@ -486,7 +557,7 @@ def parse_ncu(path: str | Path, run: str) -> list[dict]:
             "dram_throughput_pct": first(metrics, _NCU_DRAM),
             "sm_throughput_pct": first(metrics, _NCU_SM),
         }
-        per_kernel.setdefault(kernel, []).append(
+        per_kernel.setdefault(name, []).append(
             {
                 "duration_ns": duration_ns,
                 **{k: (v[0] if v else None) for k, v in pct.items()},
@@ -499,8 +570,8 @@ def parse_ncu(path: str | Path, run: str) -> list[dict]:
             }
         )
     out = []
-    for kernel, items in per_kernel.items():
-        row = {"run": run, "kernel": kernel, "launches": len(items)}
+    for name, items in per_kernel.items():
+        row = {"run": run, "kernel": name, "launches": len(items)}
         for col in NCU_COLUMNS[3:]:
             vals = [it[col] for it in items if it[col] is not None]
             row[col] = sum(vals) / len(vals) if vals else None
