@@ -3,6 +3,7 @@ read-only failures (a tmpfs), and exact resume of the real trainer after SIGTERM
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -53,7 +54,9 @@ def test_async_save_snapshots_before_returning(tmp_path):
     assert torch.equal(ck.load_state(tmp_path / "epoch-0001")["model"]["w"], torch.ones(2_000_000))
 
 
-@pytest.mark.parametrize("damage", ["truncate", "flip", "manifest"])
+@pytest.mark.parametrize(
+    "damage", ["truncate", "flip", "manifest", "manifest-array", "manifest-entry"]
+)
 def test_corrupted_newest_is_skipped_with_a_warning_naming_the_file(tmp_path, damage):
     saver = _saver(tmp_path, keep=3, async_write=False)
     saver.save(1, _state(1000, 1.0))
@@ -67,13 +70,42 @@ def test_corrupted_newest_is_skipped_with_a_warning_naming_the_file(tmp_path, da
         data = bytearray(bad.read_bytes())
         data[len(data) // 2] ^= 0xFF
         bad.write_bytes(bytes(data))
-    else:
+    elif damage == "manifest":
         bad = newest / "manifest.json"
         bad.write_text("{not json")
+    elif damage == "manifest-array":  # valid JSON, but not an object
+        bad = newest / "manifest.json"
+        bad.write_text("[]")
+    else:  # an object whose file entry lacks its size
+        bad = newest / "manifest.json"
+        manifest = json.loads(bad.read_text())
+        del manifest["files"]["state.pt"]["bytes"]
+        bad.write_text(json.dumps(manifest))
     warnings: list[str] = []
     path, _ = ck.find_latest(tmp_path, IDENTITY, warn=warnings.append)
     assert path.name == "epoch-0001"
     assert len(warnings) == 1 and str(bad) in warnings[0], warnings
+    # the next save prunes, reading the same manifest: it must cope with it too
+    saver.save(3, _state(10))
+    assert saver.wait() is None
+
+
+def test_a_save_after_resuming_below_a_corrupted_checkpoint_survives_pruning(tmp_path):
+    """keep=1 and epoch-0006 corrupted: the run resumes from 0004 and saves 0005, the only good
+    checkpoint after 0004. It stays; the superseded 0006 goes (it used to be the other way)."""
+    first = _saver(tmp_path, keep=3, async_write=False)
+    first.save(4, _state(10, 4.0))
+    first.save(6, _state(10, 6.0))
+    bad = tmp_path / "epoch-0006" / "state.pt"
+    bad.write_bytes(bad.read_bytes()[:100])
+    warnings: list[str] = []
+    assert ck.find_latest(tmp_path, IDENTITY, warn=warnings.append)[0].name == "epoch-0004"
+    resumed = _saver(tmp_path, keep=1)
+    resumed.save(5, _state(10, 5.0))
+    assert resumed.wait() is None
+    assert [p.name for p in ck.list_checkpoints(tmp_path)] == ["epoch-0005"]
+    path, _ = ck.find_latest(tmp_path, IDENTITY)
+    assert torch.equal(ck.load_state(path)["model"]["w"], torch.full((10,), 5.0))
 
 
 def test_checkpoint_of_another_configuration_is_never_resumed(tmp_path):
@@ -128,6 +160,48 @@ def test_disk_full_gives_a_clear_error_and_keeps_earlier_checkpoints(tiny_fs):
     path, _ = ck.find_latest(tiny_fs, IDENTITY)
     assert path.name == "epoch-0001"
     assert not list(tiny_fs.glob(".partial-*"))  # the half-written one is gone, space freed
+
+
+def test_a_failed_background_write_is_raised_by_the_next_save(tiny_fs):
+    saver = _saver(tiny_fs, keep=1)
+    saver.save(1, _state(500_000))  # 2 MB into 1 MiB: fails in the background thread
+    with pytest.raises(ck.CheckpointError, match="no space left") as failed:
+        saver.save(2, _state(10))
+    assert "epoch-0001" in str(failed.value)
+    assert not ck.list_checkpoints(tiny_fs)  # nothing written on top of the failure
+
+
+@pytest.fixture
+def one_rank_group(tmp_path):
+    """A real 1-rank gloo process group in this process: DCP (FSDP's saves) needs one."""
+    import torch.distributed as dist
+
+    store = tmp_path / "pg-store"
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("async_write", [True, False])
+def test_sharded_write_errors_name_the_cause(tiny_fs, one_rank_group, async_write):
+    """A DCP shard write that fills the disk reports like any other write: path, cause, and the
+    checkpoints still intact (async: kept for wait(); sync: raised by save())."""
+    saver = _saver(tiny_fs, keep=2, async_write=async_write)
+    saver.save(1, _state(10), sharded={"model": {"w": torch.zeros(10)}})
+    assert saver.wait() is None
+    big = {"model": {"w": torch.zeros(500_000)}}  # 2 MB of shards into 1 MiB
+    if async_write:
+        saver.save(2, _state(10), sharded=big)
+        error = saver.wait()
+    else:
+        with pytest.raises(ck.CheckpointError) as failed:
+            saver.save(2, _state(10), sharded=big)
+        error = failed.value
+    assert isinstance(error, ck.CheckpointError), repr(error)
+    message = str(error)
+    assert "no space left" in message and "epoch-0002" in message and "epoch-0001" in message
+    assert not list(tiny_fs.glob(".partial-*"))
+    assert ck.find_latest(tiny_fs, IDENTITY)[0].name == "epoch-0001"
 
 
 def test_read_only_filesystem_gives_a_clear_error(tiny_fs):
@@ -201,6 +275,25 @@ def test_sigterm_then_restart_matches_an_uninterrupted_run(data_dir, tmp_path):
     assert m["throughput_img_s"] > 0 and m["train_time_s"] > 0
     assert m["config_hash"] == read_metrics(ref)["config_hash"]
     assert not ckdir.exists()  # a finished run leaves no checkpoint to resume
+
+
+def test_a_failed_save_on_stop_fails_every_rank_instead_of_exiting_75(data_dir, tmp_path, tiny_fs):
+    """SIGTERM to both ranks with the checkpoint directory read-only: rank 0's stop save fails.
+    No rank may exit 75 (that claims a checkpoint): rank 1, which writes nothing, waits for
+    rank 0's result and fails with it."""
+    subprocess.run(["mount", "-o", "remount,ro", str(tiny_fs)], check=True)
+    out = tmp_path / "run"
+    flags = ("--checkpoint-dir", str(tiny_fs / "ckpt"), "--checkpoint-every", "0")
+    proc = _start(data_dir, out, *flags, nproc=2)
+    _wait_for_epochs(out, 1, proc)
+    for pid in _worker_pids(proc.pid).values():  # as Slurm signals every task
+        os.kill(pid, signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode not in (0, ck.PREEMPTED_EXIT), stderr[-3000:]
+    assert "rerun the same command to resume" not in stderr, stderr[-3000:]
+    assert "[rank 0/2" in stderr and "no permission to write" in stderr, stderr[-3000:]
+    assert "[rank 1/2" in stderr and "failed on another rank" in stderr, stderr[-3000:]
+    assert not (out / "metrics.json").exists()
 
 
 def _worker_pids(launcher_pid: int) -> dict[int, int]:

@@ -98,6 +98,7 @@ def test_synthetic_data_is_learned_far_above_chance(data_dir, tmp_path):
     train(data_dir, tmp_path, "--epochs", "5", "--width", "8", "--lr", "2.0", nproc=1)
     m = read_metrics(tmp_path)
     assert m["launcher"] == "none" and m["world_size"] == 1
+    assert m["comm_exposed_frac"] == 0.0  # 1 rank: nothing to synchronise, the probe is skipped
     assert m["peak_lr"] == pytest.approx(2.0 * 32 / 512)
     assert m["best_val_acc"] > 0.6, m["best_val_acc"]
 

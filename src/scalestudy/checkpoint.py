@@ -8,10 +8,11 @@ so a failed job's cleanup cannot delete it):
     DIR/epoch-0003/dcp/...         FSDP: sharded model + optimizer (torch.distributed.checkpoint)
     DIR/epoch-0003/manifest.json   written last: epoch, step, identity, sha256 + size of every file
 
-A checkpoint is written into `DIR/.partial-epoch-0003/`, every file fsynced, the manifest written
-last, then the directory is renamed to `epoch-0003` and DIR fsynced: a reader sees a complete
-checkpoint or none. Only after that are checkpoints beyond the newest `keep` deleted, so a failed
-write (disk full, read-only filesystem) leaves every earlier checkpoint intact.
+A checkpoint is written into `DIR/.partial-epoch-0003/`, every file and directory fsynced, the
+manifest written last, then the directory is renamed to `epoch-0003` and DIR fsynced: a reader
+sees a complete checkpoint or none. Only after that are older checkpoints beyond the newest `keep`
+deleted (and any numbered above the one just written: left by a run this one superseded), so a
+failed write (disk full, read-only filesystem) leaves every earlier checkpoint intact.
 
 Resuming (`find_latest`) takes the newest checkpoint whose manifest and checksums verify and whose
 identity (config_hash + world size) matches the run; a corrupted or truncated one is skipped with
@@ -21,7 +22,8 @@ starts fresh and removes it at its first save).
 Asynchronous saving: `Checkpointer.save` copies the state off the device (and clones CPU tensors,
 which training keeps mutating) and returns; a background thread writes it. The stall training
 sees is the copy; benchmarks/checkpoint_stall.py measures it against a synchronous save.
-One save is in flight at a time; a write error is kept and reported at the next `poll`/`wait`.
+One save is in flight at a time; a write error is kept, returned by the next `poll`/`wait` and
+raised by the next `save`.
 """
 
 from __future__ import annotations
@@ -91,11 +93,33 @@ def _sha256(path: Path) -> str:
 
 
 def _describe(exc: BaseException) -> str:
+    failures = getattr(exc, "failures", None)  # DCP's CheckpointException: {rank: (error, trace)}
+    if isinstance(failures, dict) and failures:
+        rank, (first, _) = min(failures.items(), key=lambda item: item[0])
+        return f"rank {rank}: {_describe(first)}"
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
         return f"no space left on the device ({exc})"
     if isinstance(exc, OSError) and exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return f"no permission to write ({exc})"
     return f"{type(exc).__name__}: {exc}"
+
+
+def _write_error(directory: Path, epoch: int, exc: BaseException) -> CheckpointError:
+    """The error of a failed save: the path, the cause in plain words, and what is left."""
+    cause = _describe(exc)
+    if not isinstance(exc, OSError):
+        # DCP writes shards with torch.save, which reports ENOSPC as "enforce fail at
+        # inline_container.cc: unexpected pos"; the OSError is lost when DCP gathers the ranks'
+        # errors, so a full filesystem is recognised by its free space (the partial directory
+        # is still there)
+        with contextlib.suppress(OSError):
+            if shutil.disk_usage(directory).free == 0:
+                cause = f"no space left on the device ({cause})"
+    kept = [p.name for p in list_checkpoints(directory)]
+    return CheckpointError(
+        f"cannot write checkpoint {directory / checkpoint_name(epoch)}: {cause}; "
+        f"earlier checkpoints are intact: {kept or 'none'}"
+    )
 
 
 def partial_dir(directory: Path, epoch: int) -> Path:
@@ -146,6 +170,9 @@ def write_checkpoint(
             json.dump(manifest, f, indent=2, sort_keys=True)
             f.flush()
             os.fsync(f.fileno())
+        # the entries of files in subdirectories (the DCP shards in dcp/) must be durable too
+        for sub in sorted(p for p in partial.rglob("*") if p.is_dir()):
+            _fsync_dir(sub)
         _fsync_dir(partial)
         if final.exists():  # the same epoch saved again (a resumed run): replace it whole
             shutil.rmtree(final)
@@ -154,11 +181,7 @@ def write_checkpoint(
     except Exception as exc:
         with contextlib.suppress(OSError):
             shutil.rmtree(partial)
-        kept = [p.name for p in list_checkpoints(directory)]
-        raise CheckpointError(
-            f"cannot write checkpoint {final}: {_describe(exc)}; "
-            f"earlier checkpoints are intact: {kept or 'none'}"
-        ) from exc
+        raise _write_error(directory, epoch, exc) from exc
     return final
 
 
@@ -180,17 +203,26 @@ def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def prune(directory: str | os.PathLike, keep: int, identity: dict) -> list[Path]:
-    """Delete all but the newest `keep` checkpoints of this identity, and every checkpoint of
-    another identity (a different experiment, never resumable here). Returns what was removed."""
+def prune(directory: str | os.PathLike, keep: int, identity: dict, saved: int) -> list[Path]:
+    """After checkpoint `saved` was written: keep it and the `keep` - 1 checkpoints of this
+    identity before it; delete the older ones, every checkpoint numbered above `saved` and every
+    checkpoint of another identity (a different experiment, never resumable here). Returns what
+    was removed.
+
+    A checkpoint numbered above the one just written is stale: the run resumed from an earlier
+    one, so the later ones were corrupted or not verifiable. Counting them as the newest would
+    delete the good checkpoint just written and leave only them."""
     removed = []
     mine = []
     for path in list_checkpoints(directory):
+        if int(_NAME.fullmatch(path.name).group(1)) > saved:
+            removed.append(path)
+            continue
         manifest = _read_manifest(path, quiet=True)
         if manifest is not None and _identity(manifest) != identity:
             removed.append(path)
         else:
-            mine.append(path)
+            mine.append(path)  # oldest first, ending with `saved`
     removed += mine[: max(0, len(mine) - keep)]
     for path in removed:
         shutil.rmtree(path, ignore_errors=True)
@@ -219,11 +251,22 @@ def _identity(manifest: dict) -> dict:
 
 def _read_manifest(path: Path, quiet: bool = False) -> dict | None:
     try:
-        return json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+        if not isinstance(manifest, dict):
+            raise ValueError(f"a JSON {type(manifest).__name__}, not an object")
+        return manifest
     except (OSError, ValueError) as exc:
         if not quiet:
             raise CheckpointError(f"{path / MANIFEST}: unreadable ({exc})") from exc
         return None
+
+
+def _valid_entry(info: Any) -> bool:
+    return (
+        isinstance(info, dict)
+        and isinstance(info.get("sha256"), str)
+        and isinstance(info.get("bytes"), int)
+    )
 
 
 def verify(path: str | os.PathLike) -> dict:
@@ -231,9 +274,14 @@ def verify(path: str | os.PathLike) -> dict:
     CheckpointError naming the first bad file."""
     path = Path(path)
     manifest = _read_manifest(path)
-    if manifest.get("format") != FORMAT or not isinstance(manifest.get("files"), dict):
+    files = manifest.get("files")
+    if manifest.get("format") != FORMAT or not isinstance(files, dict):
         raise CheckpointError(f"{path / MANIFEST}: not a format-{FORMAT} checkpoint manifest")
-    for rel, info in manifest["files"].items():
+    for rel, info in files.items():
+        if not _valid_entry(info):
+            raise CheckpointError(
+                f"{path / MANIFEST}: entry {rel!r} is {info!r}, not {{'sha256': ..., 'bytes': ...}}"
+            )
         file = path / rel
         if not file.is_file():
             raise CheckpointError(f"{file}: missing")
@@ -327,14 +375,10 @@ class StopFlag:
             signal.signal(sig, self._handle)
 
     def _handle(self, signum, frame) -> None:
+        # only the flag: the handler runs between any two bytecodes of the main thread, and a
+        # print there can land inside another write to stderr (RuntimeError: reentrant call);
+        # the training loop reports the signal at the epoch boundary where it acts on it
         self.signal = signum
-        # async-signal-safe enough for CPython: the handler runs between bytecodes
-        print(
-            f"received {signal.Signals(signum).name}: checkpointing and stopping at the end "
-            "of this epoch",
-            file=sys.stderr,
-            flush=True,
-        )
 
     @property
     def raised(self) -> bool:
@@ -354,7 +398,8 @@ class Checkpointer:
 
     save() returns after the state is copied off the device; with async_write the files are
     written by a background thread. poll() returns the error of the last finished write (or
-    None), wait() blocks until no write is in flight and returns the same.
+    None), wait() blocks until no write is in flight and returns the same; the next save()
+    raises it (a CheckpointError naming the path and the cause).
     """
 
     def __init__(
@@ -381,11 +426,11 @@ class Checkpointer:
         """Checkpoint after `epoch` epochs. `state` is rank 0's (others may pass {}), `sharded`
         the DCP state dict every rank passes under FSDP."""
         t0 = time.perf_counter()
-        self.wait()  # one save in flight at a time
+        error = self.wait()  # one save in flight at a time
+        if error is not None:  # the previous write failed: say so now, not one save later
+            raise error
         meta = {"step": state.get("progress", {}).get("step"), **self.identity}
-        extra = None
-        if sharded is not None:
-            extra = self._dcp_writer(epoch, sharded)
+        extra = self._dcp_writer(epoch, sharded) if sharded is not None else None
         snapshot = cpu_copy(state) if self.rank == 0 else None
         sync = wait or not self.async_write
 
@@ -401,13 +446,13 @@ class Checkpointer:
                         meta,
                         partial_ready=sharded is not None,
                     )
-                    prune(self.directory, self.keep, self.identity)
+                    prune(self.directory, self.keep, self.identity, saved=epoch)
                 self.saved.append(epoch)
-            except BaseException as exc:  # kept, reported by poll()/wait() in the main thread
+            # errors are kept, returned by poll()/wait() and raised by the next save()
+            except CheckpointError as exc:
                 self.error = exc
-                if self.rank == 0 and not isinstance(exc, CheckpointError):
-                    with contextlib.suppress(OSError):
-                        shutil.rmtree(partial_dir(self.directory, epoch))
+            except BaseException as exc:  # the DCP write (torch's CheckpointException is one)
+                self.error = self._dcp_failed(epoch, exc)
 
         if sync:
             work()
@@ -415,6 +460,16 @@ class Checkpointer:
             self.thread = threading.Thread(target=work, name=f"checkpoint-{epoch}", daemon=True)
             self.thread.start()
         self.stall_s += time.perf_counter() - t0
+
+    def _dcp_failed(self, epoch: int, exc: BaseException) -> CheckpointError:
+        """A failed DCP write as the CheckpointError a failed write_checkpoint raises (path,
+        cause in words, what is intact); rank 0 removes the partial directory."""
+        error = _write_error(self.directory, epoch, exc)
+        error.__cause__ = exc
+        if self.rank == 0:
+            with contextlib.suppress(OSError):
+                shutil.rmtree(partial_dir(self.directory, epoch))
+        return error
 
     def _dcp_writer(self, epoch: int, sharded: dict):
         """Start the DCP save of every rank's shards into the partial directory."""
@@ -436,7 +491,10 @@ class Checkpointer:
                     future.result()
 
             return Pending()
-        dcp.save(sharded, checkpoint_id=target, process_group=self.dcp_group)
+        try:
+            dcp.save(sharded, checkpoint_id=target, process_group=self.dcp_group)
+        except BaseException as exc:  # DCP gathers the failure to every rank: all raise it here
+            raise self._dcp_failed(epoch, exc) from exc
 
         class Done:
             def finish(self) -> None:

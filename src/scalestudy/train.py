@@ -20,7 +20,8 @@ How the numbers are measured (the analysis relies on these definitions):
   gradient synchronisation and as many without it (DDP no_sync / FSDP without gradient sync /
   no all-reduce); exposed = max(0, 1 - t_nosync / t_sync), the share of a step that communication
   adds beyond what overlaps with backward. Optimizer steps are not taken in the probe and BN
-  statistics are restored, so it cannot change the trained model.
+  statistics are restored, so it cannot change the trained model. At world_size 1 the probe is
+  skipped and the value is 0.0 (nothing to synchronise); null when the probe is off.
 - peak_mem_mb: CUDA max_memory_allocated on GPU, the process's peak RSS on CPU (max over ranks).
 - gpu_util_mean: mean NVML utilisation sampled every 0.5 s during training; null without a GPU.
 - time_to_target_s: training time (evaluation excluded) until the end of the first epoch whose
@@ -29,9 +30,13 @@ How the numbers are measured (the analysis relies on these definitions):
 
 Checkpoints and resume (--checkpoint-dir; checkpoint.py): a run saves every --checkpoint-every
 epochs and, on SIGTERM/SIGUSR1, at the end of the current epoch (all ranks agree on the stop with
-one all-reduce per epoch), then exits with 75 (checkpoint.PREEMPTED_EXIT). The same command
-resumes from the newest valid checkpoint and continues bit for bit (same data order, RNG states,
-optimizer, schedule, scaler). A resumed run's numbers are accounted over its segments:
+one all-reduce per epoch), then, once the checkpoint is complete on every rank, exits with 75
+(checkpoint.PREEMPTED_EXIT; a failed save fails the run instead). The same command resumes from
+the newest valid checkpoint and continues bit for bit (same data order, RNG states, optimizer,
+schedule, scaler), except with --loader dataloader and persistent worker processes
+(--num-workers > 0): their random state lives in the workers and is not checkpointed, so such a
+run resumes correctly but not bit for bit (a warning says so at start-up).
+A resumed run's numbers are accounted over its segments:
 - train_time_s and time_to_target_s: the sum over segments of the loop time up to each segment's
   last checkpoint (time lost after it is not counted: that work is redone and counted then);
   start-up, checkpoint loading and the restart itself are excluded.
@@ -58,6 +63,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -235,6 +241,16 @@ def train(
     profiler = Profiler(cfg, device, rank)
     # --- fault tolerance: resume from the newest valid checkpoint (a fresh start without one)
     saver = make_checkpointer(cfg, rank, world_size)
+    persistent = cfg.loader == "dataloader" and cfg.num_workers > 0 and cfg.persistent_workers
+    if saver and master and persistent:
+        print(
+            f"WARNING: --loader dataloader with --num-workers {cfg.num_workers} and persistent "
+            "workers: a resumed run is correct but not bit for bit identical to an uninterrupted "
+            "one (the workers' random state is not checkpointed); for an exact resume use "
+            "--num-workers 0 or --no-persistent-workers",
+            file=sys.stderr,
+            flush=True,
+        )
     trainables = (model, optimizer, scheduler, scaler, rng_generators(train_loader))
     progress = resume(saver, cfg, rank, trainables) if saver else fresh_progress()
     history: list[dict] = progress["history"]
@@ -365,6 +381,13 @@ def train(
         # --- checkpoint every N epochs, and on SIGTERM/SIGUSR1 (all ranks stop at this epoch)
         if saver and epoch + 1 < cfg.epochs:
             stopping = agree_on_stop(saver, stop, device, rank)
+            if stopping and stop is not None and stop.raised:
+                print(
+                    f"[rank {rank}] received {stop.signame}: checkpointing after epoch "
+                    f"{epoch + 1} and stopping",
+                    file=sys.stderr,
+                    flush=True,
+                )
             if stopping or (cfg.checkpoint_every and (epoch + 1) % cfg.checkpoint_every == 0):
                 progress.update(
                     epoch=epoch + 1,
@@ -377,16 +400,17 @@ def train(
                 rank_state = {"window_images": window_images, "window_time": window_time}
                 save_checkpoint(saver, epoch + 1, progress, rank_state, trainables, cfg, stopping)
                 if stopping:
-                    saver.wait()
-                    raise ckpt.Preempted(
-                        epoch + 1, stop.signame, saver.directory / ckpt.checkpoint_name(epoch + 1)
-                    )
+                    stop_after_save(saver, stop, epoch + 1, device)
     train_time = progress["loop_time"] + time.perf_counter() - loop_start
     gpu_util = nvml.stop() if nvml else None
     profiler.close()
 
     comm_exposed = None
-    if cfg.comm_probe_steps:
+    if cfg.comm_probe_steps and world_size == 1:
+        # one rank synchronises nothing: the probe would time two identical arms and report
+        # their difference, noise (30% seen on a CPU), as exposed communication
+        comm_exposed = 0.0
+    elif cfg.comm_probe_steps:
         comm_exposed = comm_probe(
             model, no_sync, train_loader, cfg, device, amp_dtype, channels_last, world_size
         )
@@ -593,6 +617,28 @@ def agree_on_stop(saver, stop, device, rank) -> bool:
     return bool(flags[0].item())
 
 
+def stop_after_save(saver, stop, epoch: int, device) -> NoReturn:
+    """After the stop signal's synchronous save: exit 75 (Preempted) only with the checkpoint
+    complete, and every rank together.
+
+    Only rank 0 writes state.pt: a rank that exited at once would, under srun
+    --kill-on-bad-exit, get the job step killed with rank 0 mid-write. The all-reduce holds
+    every rank until rank 0 joins it after its write is renamed and fsynced (an all-reduce
+    completes on no rank before all have entered it), and it carries whether any rank's write
+    failed: then every rank fails with the error instead of claiming a checkpoint."""
+    error = saver.wait()
+    failed = torch.tensor([float(error is not None)], dtype=torch.float64, device=device)
+    dist.all_reduce(failed, op=dist.ReduceOp.MAX)
+    if failed.item():
+        if error is not None:
+            raise error
+        raise ckpt.CheckpointError(
+            f"the checkpoint of epoch {epoch} on stopping failed on another rank (see its log)"
+        )
+    signame = stop.signame if stop is not None and stop.raised else "another rank's signal"
+    raise ckpt.Preempted(epoch, signame, saver.directory / ckpt.checkpoint_name(epoch))
+
+
 def wrap_model(model: torch.nn.Module, cfg: TrainConfig, device: torch.device):
     """Wrap for the strategy; returns (model, no_sync) where no_sync() skips gradient sync."""
     if cfg.strategy == "ddp":
@@ -752,8 +798,9 @@ def lr_factor(step: int, total: int, warmup: int, schedule: str) -> float:
 class StepTimer:
     """Per-step phase durations: CUDA events on GPU (no host sync per step), perf_counter on CPU.
 
-    Each phase is also an NVTX range on GPU (Nsight) or a record_function on CPU (torch.profiler),
-    named data / forward / backward / communication / optimizer.
+    Each phase is a record_function (torch.profiler, on CPU and as the GPU fallback without nsys)
+    and, on GPU, also an NVTX range (Nsight), named data / forward / backward / communication /
+    optimizer. Outside a profiler a record_function costs a few microseconds per phase.
     """
 
     def __init__(self, device: torch.device) -> None:
@@ -774,14 +821,14 @@ class StepTimer:
     @contextlib.contextmanager
     def phase(self, name: str):
         begin = self._now()
-        if self.cuda:
-            torch.cuda.nvtx.range_push(name)
-            try:
-                yield
-            finally:
-                torch.cuda.nvtx.range_pop()
-        else:
-            with torch.profiler.record_function(name):
+        with torch.profiler.record_function(name):
+            if self.cuda:
+                torch.cuda.nvtx.range_push(name)
+                try:
+                    yield
+                finally:
+                    torch.cuda.nvtx.range_pop()
+            else:
                 yield
         self.current.append((name, begin, self._now()))
 
