@@ -197,6 +197,14 @@ def _family(rows, family):
     return [r for r in rows if r["family"] == family]
 
 
+def _std_vs_base(is_base: bool, t0, s0, t, s) -> float | None:
+    """Spread of t0 / t. The baseline against itself is 1 by definition: no spread (0, or blank
+    when n = 1), not its own spread counted twice."""
+    if is_base:
+        return 0.0 if s is not None else None
+    return ratio_std(t0, s0, t, s)
+
+
 def _add_strong(rows):
     fam = _family(rows, "strong")
     if not fam:
@@ -207,8 +215,7 @@ def _add_strong(rows):
         n, t, s = r["world_size"], r["step_time_s_mean"], r["step_time_s_std"]
         r["speedup"] = t0 / t
         r["strong_efficiency"] = n0 * t0 / (n * t)
-        # the baseline against itself is 1 by definition: no spread (blank when n = 1)
-        std = (0.0 if s is not None else None) if r is base else ratio_std(t0, s0, t, s)
+        std = _std_vs_base(r is base, t0, s0, t, s)
         r["strong_efficiency_std"] = None if std is None else std * n0 / n
         r["karp_flatt"] = karp_flatt(r["speedup"], n / n0)
 
@@ -222,10 +229,7 @@ def _add_weak(rows):
     for r in fam:
         t, s = r["step_time_s_mean"], r["step_time_s_std"]
         r["weak_efficiency"] = t0 / t
-        if r is base:  # 1 by definition, as for strong scaling
-            r["weak_efficiency_std"] = 0.0 if s is not None else None
-        else:
-            r["weak_efficiency_std"] = ratio_std(t0, s0, t, s)
+        r["weak_efficiency_std"] = _std_vs_base(r is base, t0, s0, t, s)
         r["weak_deviation"] = t / t0 - 1.0
 
 

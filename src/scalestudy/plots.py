@@ -293,8 +293,9 @@ def plot_gpu_util(ax, scaling, device, **_):
         ax.set_axis_off()
         return
     for i, (label, points) in enumerate(series.items()):
-        family = label.split(":")[0]
-        colour, marker = FAMILY_STYLE.get(family, (PALETTE[i % len(PALETTE)], MARKERS[i % 8]))
+        # strong and weak series are labelled by their family alone
+        fallback = (PALETTE[i % len(PALETTE)], MARKERS[i % len(MARKERS)])
+        colour, marker = FAMILY_STYLE.get(label, fallback)
         ax.errorbar(
             [p[0] for p in points],
             [p[1] for p in points],
