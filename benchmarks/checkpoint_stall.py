@@ -18,8 +18,8 @@ import time
 
 import torch
 
-from scalestudy import checkpoint as ck
-from scalestudy.models import build_model
+from scalestudy.trainer import checkpoint as ck
+from scalestudy.trainer.models import build_model
 
 
 def state(device: str) -> dict:

@@ -1,7 +1,7 @@
 """Our trainer against the plain reference (benchmarks/reference_train.py), same machine, one run.
 
-Both train the same network (scalestudy.models.resnet18 at --width), at the same local batch,
-precision, world size and data, launched with torchrun; both measure throughput the same way
+Both train the same network (scalestudy.trainer.models.resnet18 at --width), at the same local
+batch, precision, world size and data, launched with torchrun; both measure throughput the same way
 (images of all ranks / wall seconds over the steady-state window after --warmup-steps).
 The ratio ours / reference is what the Trainer issue sets targets for (docs/benchmarks.md).
 

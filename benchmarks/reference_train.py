@@ -3,7 +3,7 @@
 torchvision-style Dataset of PIL images with per-sample transforms, a DataLoader with worker
 processes and a DistributedSampler, DistributedDataParallel with its defaults, SGD Nesterov,
 CrossEntropyLoss, optional autocast. It trains the same network as `scalestudy train`
-(scalestudy.models.resnet18) on the same prepared data, and measures throughput by the same
+(scalestudy.trainer.models.resnet18) on the same prepared data, and measures throughput by the same
 definition, so benchmarks/compare.py can set the two side by side.
 
     torchrun --nproc-per-node=2 benchmarks/reference_train.py --data-dir results/data \
@@ -35,8 +35,8 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from torchvision import transforms
 
-from scalestudy.atomic import write_json
-from scalestudy.models import resnet18
+from scalestudy.files import write_json
+from scalestudy.trainer.models import resnet18
 
 AMP_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 

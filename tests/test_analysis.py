@@ -8,7 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from scalestudy import analysis, plots, report
+from scalestudy.errors import AnalysisError
+from scalestudy.results import analyze as analysis
+from scalestudy.results import plot as plots
+from scalestudy.results import render_report as report
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -200,12 +203,12 @@ def test_profile_shares_of_rank_zero_and_bad_category(tmp_path):
     bad = tmp_path / "p.csv"
     text = (FIXTURES / "profile_kernels.csv").read_text().replace(",memcpy,", ",copies,")
     bad.write_text(text)
-    with pytest.raises(analysis.AnalysisError, match="unknown category 'copies'"):
+    with pytest.raises(AnalysisError, match="unknown category 'copies'"):
         analysis.profile_shares(bad)
 
 
 def test_missing_input_names_the_file_and_command(tmp_path):
-    with pytest.raises(analysis.AnalysisError, match=r"missing .*runs.csv.*snakemake"):
+    with pytest.raises(AnalysisError, match=r"missing .*runs.csv.*snakemake"):
         analysis.read_csv(tmp_path / "runs.csv", "", "snakemake results/csv/runs.csv")
 
 

@@ -15,8 +15,9 @@ import torch
 from conftest import PYTHON, SMALL, read_epochs, read_metrics, train
 from workflow_helpers import child_env
 
-from scalestudy import checkpoint as ck
-from scalestudy.config import TrainConfig
+from scalestudy.errors import CheckpointError
+from scalestudy.trainer import checkpoint as ck
+from scalestudy.trainer.config import TrainConfig
 
 IDENTITY = {"config_hash": "abc", "world_size": 1}
 IN_CI = os.environ.get("CI", "").lower() == "true"
@@ -154,7 +155,7 @@ def test_disk_full_gives_a_clear_error_and_keeps_earlier_checkpoints(tiny_fs):
     assert saver.wait() is None
     saver.save(2, _state(500_000))  # 2 MB: does not fit in 1 MiB
     error = saver.wait()
-    assert isinstance(error, ck.CheckpointError)
+    assert isinstance(error, CheckpointError)
     assert "no space left" in str(error) and "epoch-0002" in str(error)
     assert "epoch-0001" in str(error)  # says what is still there
     path, _ = ck.find_latest(tiny_fs, IDENTITY)
@@ -165,7 +166,7 @@ def test_disk_full_gives_a_clear_error_and_keeps_earlier_checkpoints(tiny_fs):
 def test_a_failed_background_write_is_raised_by_the_next_save(tiny_fs):
     saver = _saver(tiny_fs, keep=1)
     saver.save(1, _state(500_000))  # 2 MB into 1 MiB: fails in the background thread
-    with pytest.raises(ck.CheckpointError, match="no space left") as failed:
+    with pytest.raises(CheckpointError, match="no space left") as failed:
         saver.save(2, _state(10))
     assert "epoch-0001" in str(failed.value)
     assert not ck.list_checkpoints(tiny_fs)  # nothing written on top of the failure
@@ -194,10 +195,10 @@ def test_sharded_write_errors_name_the_cause(tiny_fs, one_rank_group, async_writ
         saver.save(2, _state(10), sharded=big)
         error = saver.wait()
     else:
-        with pytest.raises(ck.CheckpointError) as failed:
+        with pytest.raises(CheckpointError) as failed:
             saver.save(2, _state(10), sharded=big)
         error = failed.value
-    assert isinstance(error, ck.CheckpointError), repr(error)
+    assert isinstance(error, CheckpointError), repr(error)
     message = str(error)
     assert "no space left" in message and "epoch-0002" in message and "epoch-0001" in message
     assert not list(tiny_fs.glob(".partial-*"))
@@ -209,7 +210,7 @@ def test_read_only_filesystem_gives_a_clear_error(tiny_fs):
     subprocess.run(["mount", "-o", "remount,ro", str(tiny_fs)], check=True)
     saver = _saver(tiny_fs, async_write=False)
     saver.save(2, _state(10))
-    assert isinstance(saver.error, ck.CheckpointError)
+    assert isinstance(saver.error, CheckpointError)
     assert "no permission to write" in str(saver.error)
     assert ck.find_latest(tiny_fs, IDENTITY)[0].name == "epoch-0001"
 

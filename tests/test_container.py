@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from scalestudy import container
-from scalestudy.container import (
+from scalestudy.jobs import container
+from scalestudy.jobs.container import (
     DefinitionError,
     build_command,
     check_definition,
@@ -328,7 +328,14 @@ def test_stand_in_refuses_bad_definition_and_foreign_image(tmp_path):
 
 def test_cli_build_with_stand_in_is_atomic(tmp_path):
     image = tmp_path / "out" / "trainer.sif"
-    argv = [sys.executable, "-m", "scalestudy.container", "build", str(TRAINER_DEF), str(image)]
+    argv = [
+        sys.executable,
+        "-m",
+        "scalestudy.jobs.container",
+        "build",
+        str(TRAINER_DEF),
+        str(image),
+    ]
     r = run([*argv, "--git-commit", "abc"], stand_in_env(), REPO)
     assert r.returncode == 0, r.stderr
     assert "build-arg: GIT_COMMIT=abc" in image.read_text()
@@ -336,11 +343,13 @@ def test_cli_build_with_stand_in_is_atomic(tmp_path):
     assert [p.name for p in image.parent.iterdir()] == ["trainer.sif"]  # no temp file left
 
     r = run(
-        [sys.executable, "-m", "scalestudy.container", "digest", str(image)], stand_in_env(), REPO
+        [sys.executable, "-m", "scalestudy.jobs.container", "digest", str(image)],
+        stand_in_env(),
+        REPO,
     )
     assert r.stdout.strip() == image_digest(image)
     r = run(
-        [sys.executable, "-m", "scalestudy.container", "check", str(TRAINER_DEF)],
+        [sys.executable, "-m", "scalestudy.jobs.container", "check", str(TRAINER_DEF)],
         {"PYTHONPATH": str(SRC)},
         REPO,
     )
@@ -348,7 +357,7 @@ def test_cli_build_with_stand_in_is_atomic(tmp_path):
 
 
 def test_cli_build_from_wrong_directory_names_missing_files(tmp_path):
-    argv = [sys.executable, "-m", "scalestudy.container", "build", str(TRAINER_DEF), "t.sif"]
+    argv = [sys.executable, "-m", "scalestudy.jobs.container", "build", str(TRAINER_DEF), "t.sif"]
     r = run(argv, stand_in_env(), tmp_path)
     assert r.returncode == 2
     assert "%files sources not found" in r.stderr and "pyproject.toml" in r.stderr
@@ -359,7 +368,14 @@ def test_cli_build_without_apptainer_says_what_to_do(tmp_path):
     empty_bin.mkdir()
     env = {"PATH": str(empty_bin), "PYTHONPATH": str(SRC)}
     image = tmp_path / "trainer.sif"
-    argv = [sys.executable, "-m", "scalestudy.container", "build", str(TRAINER_DEF), str(image)]
+    argv = [
+        sys.executable,
+        "-m",
+        "scalestudy.jobs.container",
+        "build",
+        str(TRAINER_DEF),
+        str(image),
+    ]
     r = run(argv, env, REPO)
     assert r.returncode == 2
     assert "Apptainer" in r.stderr and "not on PATH" in r.stderr

@@ -1,4 +1,4 @@
-"""scalestudy.data: sharding, augmentation, prepared format, downloads (from loopback only)."""
+"""scalestudy.trainer.data: sharding, augmentation, prepared format, downloads (loopback only)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,9 @@ import torch
 import torch.nn.functional as F
 from torchvision.datasets.utils import extract_archive
 
-from scalestudy import cli, data
+from scalestudy import cli
+from scalestudy.errors import ChecksumError, DownloadError, PreparedDataError
+from scalestudy.trainer import data
 
 # ------------------------------------------------------------------------------------------------
 # epoch_batches / eval_indices
@@ -310,7 +312,7 @@ def test_synthetic_deterministic_and_learnable(tmp_path: Path) -> None:
 
 
 def test_load_prepared_errors(tmp_path: Path) -> None:
-    with pytest.raises(data.PreparedDataError) as e:
+    with pytest.raises(PreparedDataError) as e:
         data.load_prepared("cifar10", tmp_path / "nowhere")
     msg = str(e.value)
     assert str(tmp_path / "nowhere" / "cifar10") in msg
@@ -320,19 +322,19 @@ def test_load_prepared_errors(tmp_path: Path) -> None:
     tensors = torch.load(out / "data.pt", weights_only=True)
     tensors["train_y"][0] = (tensors["train_y"][0] + 1) % 10  # a changed label, valid file
     torch.save(tensors, out / "data.pt")
-    with pytest.raises(data.PreparedDataError, match="sha256") as e:
+    with pytest.raises(PreparedDataError, match="sha256") as e:
         data.load_prepared("synthetic", tmp_path)
     assert str(out / "data.pt") in str(e.value) and "scalestudy prepare-data" in str(e.value)
     data.load_prepared("synthetic", tmp_path, verify=False)  # the check is what caught it
     (out / "data.pt").write_bytes((out / "data.pt").read_bytes()[:-200])  # truncated
-    with pytest.raises(data.PreparedDataError, match="cannot be read"):
+    with pytest.raises(PreparedDataError, match="cannot be read"):
         data.load_prepared("synthetic", tmp_path, verify=False)
 
     # meta.json of another dataset
     (tmp_path / "mnist").mkdir()
     for name in ("data.pt", "meta.json"):
         (tmp_path / "mnist" / name).write_bytes((out / name).read_bytes())
-    with pytest.raises(data.PreparedDataError, match="'synthetic'"):
+    with pytest.raises(PreparedDataError, match="'synthetic'"):
         data.load_prepared("mnist", tmp_path, verify=False)
 
     # a tampered file is not "already prepared": prepare redoes it
@@ -488,7 +490,7 @@ def test_mnist_conversion_and_download(tmp_path: Path, serve, monkeypatch) -> No
 
     # download path: real md5s -> mismatch; fake md5s declared official -> the format is written
     url = serve(site)
-    with pytest.raises(data.ChecksumError, match="train-images-idx3-ubyte.gz"):
+    with pytest.raises(ChecksumError, match="train-images-idx3-ubyte.gz"):
         data.prepare("mnist", tmp_path / "data", mirror=url)
     for name in data.MNIST_FILES:
         md5 = hashlib.md5((site / name).read_bytes()).hexdigest()
@@ -503,8 +505,8 @@ def test_no_network_is_a_clear_error(tmp_path: Path) -> None:
     with socket.socket() as sock:  # a loopback port nobody listens on: connection refused
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    with pytest.raises(data.DownloadError) as e:
+    with pytest.raises(DownloadError) as e:
         data.prepare("cifar10", tmp_path, mirror=f"http://127.0.0.1:{port}/")
-    assert not isinstance(e.value, data.ChecksumError)
+    assert not isinstance(e.value, ChecksumError)
     assert "cifar-10-python.tar.gz" in str(e.value) and "--mirror" in str(e.value)
     assert os.listdir(tmp_path / "cifar10") in (["raw"], [])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from scalestudy import launch
+from scalestudy.jobs import launch
 
 # Snakemake's shell exports these with the rule's threads (all ranks' cores together)
 SNAKEMAKE_THREADS = dict.fromkeys(launch.THREAD_VARS, "4")

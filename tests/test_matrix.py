@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from scalestudy import matrix
-from scalestudy.matrix import (
+from scalestudy import vocab
+from scalestudy.study import runs
+from scalestudy.study.config import load_and_validate
+from scalestudy.study.runs import (
     RUN_COLUMNS,
     TRAIN_FLAGS,
     build_run_table,
@@ -19,7 +21,6 @@ from scalestudy.matrix import (
     trainer_args,
     write_runs_tsv,
 )
-from scalestudy.studyconfig import load_and_validate
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -69,7 +70,7 @@ def test_run_id_format(full):
     rows = by_id(build_run_table(full))
     row = rows["w8_lb128_bf16_ddp_bk25_r0"]
     assert (row["world_size"], row["local_batch"], row["bucket_cap_mb"]) == (8, 128, 25)
-    assert matrix.run_id(2, 64, "fp16", "ddp", 2.5, 1) == "w2_lb64_fp16_ddp_bk2.5_r1"
+    assert runs.run_id(2, 64, "fp16", "ddp", 2.5, 1) == "w2_lb64_fp16_ddp_bk2.5_r1"
 
 
 def test_dedup_across_families(full):
@@ -135,7 +136,7 @@ def test_added_world_size_is_shared_when_it_matches(full):
     ],
 )
 def test_nodes_and_ranks_per_node(world_size, gpus_per_node, nodes, ranks_per_node):
-    assert matrix.placement(world_size, gpus_per_node) == (nodes, ranks_per_node)
+    assert runs.placement(world_size, gpus_per_node) == (nodes, ranks_per_node)
     (row,) = table(
         {
             "hardware": {"gpus_per_node": gpus_per_node},
@@ -251,12 +252,12 @@ def test_tsv_round_trip(tmp_path, full, demo):
 
 def test_table_digest_follows_content(full):
     rows = build_run_table(full)
-    digest = matrix.table_digest(rows)
-    assert digest == matrix.table_digest(copy.deepcopy(rows))
-    assert digest != matrix.table_digest(rows[:-1])
+    digest = runs.table_digest(rows)
+    assert digest == runs.table_digest(copy.deepcopy(rows))
+    assert digest != runs.table_digest(rows[:-1])
     changed = copy.deepcopy(rows)
     changed[0]["epochs"] += 1
-    assert digest != matrix.table_digest(changed)
+    assert digest != runs.table_digest(changed)
 
 
 def test_read_refuses_a_foreign_header(tmp_path):
@@ -273,7 +274,7 @@ def test_cli_writes_table_and_summary(tmp_path, capsys):
     argv = ["matrix", "--config", str(ROOT / "config" / "demo.yaml"), "--out", str(out)]
     assert main([*argv, "--set", "dataset=synthetic"]) == 0
     text = capsys.readouterr().out
-    for family in matrix.FAMILIES:
+    for family in vocab.FAMILIES:
         assert family in text
     assert "8 runs" in text
     assert {r["dataset"] for r in read_runs_tsv(out)} == {"synthetic"}

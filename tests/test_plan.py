@@ -19,9 +19,10 @@ import yaml
 from workflow_helpers import RUN_IDS, TINY, copy_repo, env, snakemake, write_config
 
 import snakemake_logger_plugin_scalestudy as logger_plugin
-from scalestudy import plan
-from scalestudy.matrix import build_run_table
-from scalestudy.studyconfig import StudyConfigError, validate
+from scalestudy.errors import PlanError
+from scalestudy.study import plan
+from scalestudy.study.config import StudyConfigError, validate
+from scalestudy.study.runs import build_run_table
 
 # A small GPU study whose plan is computed by hand below: 2 GPUs per node, synthetic data of
 # 1200 training and 300 test images, 2 epochs; strong scaling on 1, 2, 4 GPUs (4 = 2 nodes) and
@@ -171,7 +172,7 @@ def test_measured_runs_are_read_with_wall_times_and_damage_is_refused(tmp_path):
     rows[0]["throughput_img_s"] = ""
     write(rows)
     with pytest.raises(
-        plan.PlanError,
+        PlanError,
         match=r"runs.csv, run 'w1_lb8_fp32_ddp_bk25_r0': throughput_img_s is '', not a number",
     ):
         plan.load_measured(runs_csv, bench)

@@ -20,9 +20,13 @@ import yaml
 from conftest import PYTHON
 from workflow_helpers import STAND_INS, child_env, copy_repo, planned_jobs, snakemake, write_config
 
-from scalestudy import capture, launch, profiling
-from scalestudy.matrix import build_run_table
-from scalestudy.studyconfig import StudyConfigError, load_and_validate
+from scalestudy.errors import ProfileError, ProfileFormatError
+from scalestudy.jobs import launch
+from scalestudy.jobs import profile as capture
+from scalestudy.nsight import profiling
+from scalestudy.study import profiling as study_profiling
+from scalestudy.study.config import StudyConfigError, load_and_validate
+from scalestudy.study.runs import build_run_table
 
 FIX = Path(__file__).parent / "fixtures" / "nsight"
 REPO = Path(__file__).resolve().parents[1]
@@ -238,9 +242,7 @@ def test_single_stats_file_is_accepted():
 
 def test_truncated_nsys_file_names_file_and_line(tmp_path):
     bad = FIX / "broken" / "nsys_rank0_cuda_gpu_kern_sum.csv"
-    with pytest.raises(
-        profiling.ProfileFormatError, match=r"nsys_rank0_cuda_gpu_kern_sum\.csv, line 10"
-    ):
+    with pytest.raises(ProfileFormatError, match=r"nsys_rank0_cuda_gpu_kern_sum\.csv, line 10"):
         profiling.read_nsys_table(bad)
     # the CLI fails and writes no CSV (never a silently empty one)
     out = tmp_path / "k.csv"
@@ -266,7 +268,7 @@ def test_truncated_nsys_file_names_file_and_line(tmp_path):
 
 
 def test_skipped_report_is_an_error_that_quotes_the_tool():
-    with pytest.raises(profiling.ProfileFormatError, match="does not contain CUDA kernel data"):
+    with pytest.raises(ProfileFormatError, match="does not contain CUDA kernel data"):
         profiling.read_nsys_table(FIX / "broken" / "skipped_cuda_gpu_kern_sum.csv")
 
 
@@ -274,17 +276,17 @@ def test_missing_kernel_summary_is_an_error(tmp_path):
     (tmp_path / "nsys_rank0_nvtx_sum.csv").write_bytes(
         (FIX / "nsys-2024.5/nsys_rank0_nvtx_sum.csv").read_bytes()
     )
-    with pytest.raises(profiling.ProfileFormatError, match="no kernel summary"):
+    with pytest.raises(ProfileFormatError, match="no kernel summary"):
         profiling.parse_nsys(tmp_path, "r")
-    with pytest.raises(profiling.ProfileFormatError, match="no such file"):
+    with pytest.raises(ProfileFormatError, match="no such file"):
         profiling.parse_nsys(tmp_path / "does_not_exist", "r")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(profiling.ProfileFormatError, match="nsys stats"):
+    with pytest.raises(ProfileFormatError, match="nsys stats"):
         profiling.parse_nsys(tmp_path / "empty", "r")
 
 
 def test_cli_parse_nsys_writes_both_schemas(tmp_path):
-    from scalestudy import parse_nsys
+    from scalestudy.nsight import parse_nsys
 
     args = argparse.Namespace(
         input=str(FIX / "nsys-2024.5"),
@@ -327,7 +329,7 @@ def test_ncu_details_old_format_metric_names_mean_over_launches():
 
 
 def test_truncated_ncu_file_is_an_error_naming_the_file():
-    with pytest.raises(profiling.ProfileFormatError, match=r"ncu_truncated\.csv, line \d+"):
+    with pytest.raises(ProfileFormatError, match=r"ncu_truncated\.csv, line \d+"):
         profiling.parse_ncu(FIX / "broken" / "ncu_truncated.csv", "r")
 
 
@@ -390,7 +392,7 @@ def test_ncu_sm_throughput_under_every_label(tmp_path, label):
 
 def test_ncu_duration_in_an_unknown_unit_names_file_and_line(tmp_path):
     f = _ncu_csv(tmp_path / "ncu.csv", [("0", "k", "Duration", "cycle", "2000")])
-    with pytest.raises(profiling.ProfileFormatError, match=r"ncu\.csv, line 2: Duration: .*cycle"):
+    with pytest.raises(ProfileFormatError, match=r"ncu\.csv, line 2: Duration: .*cycle"):
         profiling.parse_ncu(f, "r")
 
 
@@ -410,7 +412,7 @@ def test_ncu_rows_carry_the_kernels_csv_name(tmp_path):
         tmp_path / "ncu_k2.csv",
         [("0", "a", "Duration", "nsecond", "1"), ("1", "b", "Duration", "nsecond", "1")],
     )
-    with pytest.raises(profiling.ProfileFormatError, match="launches of 2 kernels"):
+    with pytest.raises(ProfileFormatError, match="launches of 2 kernels"):
         profiling.parse_ncu(two, "r", kernel="a")
 
 
@@ -430,11 +432,11 @@ def test_a_file_cut_inside_a_quoted_name_is_truncated(tmp_path):
     name = "void cudnn::bn_fw_tr_1C11_kernel_NCHW<__nv_bfloat16, float"
     cut = tmp_path / "nsys_rank0_cuda_gpu_kern_sum.csv"
     cut.write_text(src[: src.index(name) + len(name)])
-    with pytest.raises(profiling.ProfileFormatError, match=r"kern_sum\.csv, line 9: truncated"):
+    with pytest.raises(ProfileFormatError, match=r"kern_sum\.csv, line 9: truncated"):
         profiling.read_nsys_table(cut)
     f = _ncu_csv(tmp_path / "ncu.csv", [("0", "k", "Duration", "nsecond", "2,000")])
     f.write_text(f.read_text().rstrip("\n")[:-5])  # cut inside the quoted "2,000"
-    with pytest.raises(profiling.ProfileFormatError, match=r"ncu\.csv, line 2: truncated"):
+    with pytest.raises(ProfileFormatError, match=r"ncu\.csv, line 2: truncated"):
         profiling.parse_ncu(f, "r")
 
 
@@ -472,10 +474,10 @@ def test_parse_warns_when_kernels_have_no_phase_ranges(tmp_path, capsys):
 def test_torch_export_malformed_json_names_file_and_line(tmp_path):
     f = tmp_path / "torch_ops_rank0.json"
     f.write_text('{"ops": [\n{"name": "aten::add_", "count": 3,\n')
-    with pytest.raises(profiling.ProfileFormatError, match=r"torch_ops_rank0\.json, line 3"):
+    with pytest.raises(ProfileFormatError, match=r"torch_ops_rank0\.json, line 3"):
         profiling.parse_torch(tmp_path, "r")
     f.write_text('{"ops": []}')
-    with pytest.raises(profiling.ProfileFormatError, match="recorded nothing"):
+    with pytest.raises(ProfileFormatError, match="recorded nothing"):
         profiling.parse_torch(tmp_path, "r")
 
 
@@ -539,9 +541,9 @@ def test_tool_choice_auto_and_explicit():
     tool, why = capture.choose_tool("auto", "cuda", None)
     assert tool == "torch" and "not on PATH" in why
     assert capture.choose_tool("auto", "cpu", "/opt/nsys")[0] == "torch"
-    with pytest.raises(capture.ProfileError, match="module load"):
+    with pytest.raises(ProfileError, match="module load"):
         capture.choose_tool("nsys", "cuda", None)
-    with pytest.raises(capture.ProfileError, match="hardware.device: cpu"):
+    with pytest.raises(ProfileError, match="hardware.device: cpu"):
         capture.choose_tool("nsys", "cpu", "/opt/nsys")
 
 
@@ -630,7 +632,7 @@ def test_ncu_command_and_import():
     assert f"regex:{profiling.TENSOR_METRIC.pattern}" in metrics
     imp = capture.ncu_import_command("d/ncu_k0.ncu-rep")
     assert imp[imp.index("--print-metric-name") + 1] == "name" and "--csv" in imp
-    with pytest.raises(capture.ProfileError, match="empty"):
+    with pytest.raises(ProfileError, match="empty"):
         capture.ncu_kernel_regex("  ")
 
 
@@ -724,14 +726,14 @@ def test_launch_puts_the_rank_wrapper_around_each_rank():
 # --- config and run selection -----
 def test_default_selection_is_one_gpu_and_one_node_bf16_fp32():
     cfg = load_and_validate(REPO / "config" / "config.yaml")
-    chosen = profiling.profiled_runs(cfg, build_run_table(cfg))
+    chosen = study_profiling.profiled_runs(cfg, build_run_table(cfg))
     assert [r["run"] for r in chosen] == [
         "w1_lb256_bf16_ddp_bk25_r0",
         "w1_lb256_fp32_ddp_bk25_r0",
         "w4_lb256_bf16_ddp_bk25_r0",
         "w4_lb256_fp32_ddp_bk25_r0",
     ]
-    flags = profiling.window_flags(chosen[2], 20, 10)
+    flags = study_profiling.window_flags(chosen[2], 20, 10)
     assert flags["--profile-steps"] == "20:30" and flags["--limit-train"] == str(31 * 1024)
     assert flags["--comm-probe-steps"] == "0" and flags["--epochs"] == "1"
 

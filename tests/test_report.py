@@ -11,7 +11,8 @@ import re
 import pytest
 from workflow_helpers import snakemake
 
-from scalestudy import latex, report
+from scalestudy.results import build_pdf as latex
+from scalestudy.results import render_report as report
 
 pytestmark = pytest.mark.workflow
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from scalestudy import studyconfig
-from scalestudy.studyconfig import StudyConfigError, load_and_validate, validate
+from scalestudy.study import config as studyconfig
+from scalestudy.study.config import StudyConfigError, load_and_validate, validate
 
 ROOT = Path(__file__).resolve().parents[1]
 FULL = ROOT / "config" / "config.yaml"

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 from conftest import PYTHON, child_env, read_epochs, read_metrics, train
 
-from scalestudy.collect import REQUIRED_METRICS
+from scalestudy.results.collect import REQUIRED_METRICS
 
 
 @pytest.fixture(scope="module")

@@ -14,9 +14,9 @@ import pytest
 import yaml
 from workflow_helpers import RUN_IDS, TINY, copy_repo, planned_jobs, snakemake, write_config
 
-from scalestudy.collect import REQUIRED_METRICS
-from scalestudy.latex import have_latexmk
-from scalestudy.matrix import RUN_COLUMNS
+from scalestudy.results.build_pdf import have_latexmk
+from scalestudy.results.collect import REQUIRED_METRICS
+from scalestudy.study.runs import RUN_COLUMNS
 
 pytestmark = pytest.mark.workflow
 
@@ -74,17 +74,17 @@ def test_second_run_has_nothing_to_do(done):
 
 
 def test_touching_without_changing_reruns_nothing(done):
-    (done / "src/scalestudy/train.py").touch()
+    (done / "src/scalestudy/trainer/train.py").touch()
     assert dry(done) == {}
 
 
 @pytest.mark.parametrize(
     "path, expected",
     [
-        ("src/scalestudy/collect.py", {"collect": 1, **DOWNSTREAM}),
-        ("src/scalestudy/analysis.py", DOWNSTREAM),
-        ("src/scalestudy/plots.py", {"plot": 7, **REPORT}),
-        ("src/scalestudy/report.py", REPORT),
+        ("src/scalestudy/results/collect.py", {"collect": 1, **DOWNSTREAM}),
+        ("src/scalestudy/results/analyze.py", DOWNSTREAM),
+        ("src/scalestudy/results/plot.py", {"plot": 7, **REPORT}),
+        ("src/scalestudy/results/render_report.py", REPORT),
         ("workflow/report/paper.tex.j2", REPORT),
     ],
 )
@@ -115,7 +115,7 @@ def test_adding_a_bucket_value_adds_only_those_runs(done):
 
 
 def test_changing_trainer_source_reruns_training(done):
-    code = done / "src/scalestudy/train.py"
+    code = done / "src/scalestudy/trainer/train.py"
     original = code.read_text()
     try:
         code.write_text(original + "\n# a change to the trainer\n")

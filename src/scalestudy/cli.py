@@ -12,20 +12,32 @@ import sys
 
 # subcommand -> (module, one-line help)
 SUBCOMMANDS = {
-    "prepare-data": ("scalestudy.data", "download (or make) a dataset and convert it once"),
-    "train": ("scalestudy.train", "train one configuration (1 process, torchrun or srun)"),
-    "launch": ("scalestudy.launch", "start the ranks of one run: srun in Slurm, processes locally"),
-    "matrix": ("scalestudy.matrix", "write the run table of a study config"),
-    "collect": ("scalestudy.collect", "gather all runs' metrics into results/csv"),
-    "profile": ("scalestudy.capture", "profiling jobs: capture, parse, ncu, merge (nsys/torch)"),
-    "parse-nsys": ("scalestudy.parse_nsys", "nsys stats CSVs -> profile kernels/ranges CSV"),
-    "parse-ncu": ("scalestudy.parse_ncu", "ncu --page details CSV -> profile_ncu CSV"),
-    "inventory": ("scalestudy.inventory", "system inventory of this node/allocation -> JSON"),
-    "analyze": ("scalestudy.analysis", "scaling, verdicts and resources from results/csv"),
-    "plot": ("scalestudy.plots", "one figure of the study (PNG and PDF) from the analysis CSVs"),
-    "render-report": ("scalestudy.report", "reports/study.md and paper.tex from the CSVs only"),
-    "build-pdf": ("scalestudy.latex", "reports/paper.pdf with latexmk, or say why not"),
-    "plan": ("scalestudy.plan", "node-hours of a study -> reports/plan.md, results/plan.csv"),
+    "prepare-data": ("scalestudy.trainer.data", "download (or make) a dataset and convert it once"),
+    "train": ("scalestudy.trainer.train", "train one configuration (1 process, torchrun or srun)"),
+    "launch": (
+        "scalestudy.jobs.launch",
+        "start the ranks of one run: srun in Slurm, processes locally",
+    ),
+    "matrix": ("scalestudy.study.matrix", "write the run table of a study config"),
+    "collect": ("scalestudy.results.collect", "gather all runs' metrics into results/csv"),
+    "profile": (
+        "scalestudy.jobs.profile",
+        "profiling jobs: capture, parse, ncu, merge (nsys/torch)",
+    ),
+    "parse-nsys": ("scalestudy.nsight.parse_nsys", "nsys stats CSVs -> profile kernels/ranges CSV"),
+    "parse-ncu": ("scalestudy.nsight.parse_ncu", "ncu --page details CSV -> profile_ncu CSV"),
+    "inventory": ("scalestudy.jobs.inventory", "system inventory of this node/allocation -> JSON"),
+    "analyze": ("scalestudy.results.analyze", "scaling, verdicts and resources from results/csv"),
+    "plot": (
+        "scalestudy.results.plot",
+        "one figure of the study (PNG and PDF) from the analysis CSVs",
+    ),
+    "render-report": (
+        "scalestudy.results.render_report",
+        "reports/study.md and paper.tex from the CSVs only",
+    ),
+    "build-pdf": ("scalestudy.results.build_pdf", "reports/paper.pdf with latexmk, or say why not"),
+    "plan": ("scalestudy.study.plan", "node-hours of a study -> reports/plan.md, results/plan.csv"),
 }
 
 

@@ -5,7 +5,7 @@ call in this repository) and in the Slurm profiles. It collects the JOB_INFO rec
 logs for every job a dry-run would start (rule, wildcards, resources) and, when Snakemake closes
 its loggers, prints the plan: one row per job with nodes, GPUs, estimated runtime, node-hours and
 GPU-hours, then totals per rule, per family and overall. Finished runs are not in the dry-run, so
-they do not count. The estimates come from scalestudy.plan, registered by the Snakefile
+they do not count. The estimates come from scalestudy.study.plan, registered by the Snakefile
 (workflow/rules/common.smk) in this same process at parse time. Real runs print nothing extra.
 
 Snakemake finds this module by its name (snakemake_logger_plugin_<name>) once the scalestudy
@@ -85,9 +85,11 @@ class LogHandler(LogHandlerBase):
     def _print_plan(self) -> None:
         stream = sys.stdout if getattr(self.common_settings, "stdout", False) else sys.stderr
         try:
-            from scalestudy import plan
+            from scalestudy.study import plan
         except Exception as exc:  # noqa: BLE001 - any import failure gets the same advice
-            print(f"scalestudy plan: cannot import scalestudy.plan ({exc}): {FIX}", file=stream)
+            print(
+                f"scalestudy plan: cannot import scalestudy.study.plan ({exc}): {FIX}", file=stream
+            )
             return
         quiet = {getattr(q, "name", str(q)).lower() for q in self.common_settings.quiet or ()}
         if not self._jobs and quiet & {"rules", "all"}:

@@ -14,7 +14,7 @@ import pytest
 
 pytestmark = pytest.mark.slurm
 
-# Each rank finds its place from Slurm only, as the workflow's ranks do (scalestudy.dist).
+# Each rank finds its place from Slurm only, as the workflow's ranks do (scalestudy.trainer.dist).
 ALLREDUCE = textwrap.dedent(
     """
     import datetime, os, subprocess

@@ -5,8 +5,8 @@ rule analyze:
     input:
         runs="results/csv/runs.csv",
         profile=get_profile_kernels,
-        code="src/scalestudy/analysis.py",
-        schema="src/scalestudy/profiling.py",  # the profile CSVs' columns and categories
+        code="src/scalestudy/results/analyze.py",
+        schema="src/scalestudy/nsight/profiling.py",  # the profile CSVs' columns and categories
     output:
         scaling="results/csv/scaling.csv",
         verdicts="results/csv/verdicts.csv",

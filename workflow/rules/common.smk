@@ -6,7 +6,12 @@ import sys
 from snakemake.exceptions import WorkflowError
 
 try:
-    from scalestudy import latex, matrix, plan, plots, profiling, studyconfig
+    from scalestudy.results import build_pdf as latex
+    from scalestudy.results import plot as plots
+    from scalestudy.errors import PlanError
+    from scalestudy.study import config as studyconfig
+    from scalestudy.study import plan, profiling
+    from scalestudy.study import runs as matrix
 except ImportError as exc:
     raise WorkflowError(
         f"cannot import the scalestudy package ({exc}): run `pip install -e .` in this "
@@ -165,7 +170,7 @@ def get_threads(wildcards):
 
 
 # --- profiling (workflow/rules/profile.smk): chosen runs again, for a short window, in their own
-# jobs and directories; the choice and the window flags live in scalestudy.profiling.
+# jobs and directories; the choice and the window flags live in scalestudy.study.profiling.
 PROFILING = config["profiling"]
 PROFILED = {
     row["run"]: row for row in profiling.profiled_runs(config, list(RUNS.values()))
@@ -209,7 +214,7 @@ def get_ncu_settings(wildcards):
     }
 
 
-# --- analysis, plots and report (logic in scalestudy.analysis / plots / report / latex)
+# --- analysis, plots and report (logic in scalestudy.results.analyze / plots / report / latex)
 ANALYSIS_TABLES = (
     "scaling",
     "verdicts",
@@ -273,7 +278,7 @@ def is_local_rule(name):
 # measured runs: results/csv/runs.csv + benchmarks/train (none before the first run)
 try:
     MEASURED = plan.load_measured()
-except plan.PlanError as exc:
+except PlanError as exc:
     raise WorkflowError(str(exc))
 PLAN = plan.register(config, RUNS.values(), MEASURED, is_local_rule)
 
@@ -288,7 +293,7 @@ def get_plan_digest(wildcards):
     return plan.plan_digest(list(PLAN.values()))
 
 
-# --- fault tolerance (scalestudy.checkpoint): checkpoints live outside the declared outputs, so
+# --- fault tolerance (scalestudy.trainer.checkpoint): checkpoints live outside the declared outputs, so
 # the cleanup of a failed or preempted job cannot delete what its retry resumes from
 CHECKPOINTING = config["checkpointing"]
 

@@ -45,7 +45,7 @@ rule profile_capture:
 rule profile_parse:
     input:
         capture="results/profile/{run}/capture",
-        code="src/scalestudy/profiling.py",
+        code="src/scalestudy/nsight/profiling.py",
     output:
         kernels="results/profile/{run}/kernels.csv",
         ranges="results/profile/{run}/ranges.csv",

@@ -10,7 +10,7 @@ rule render_report:
         ),
         md_template="workflow/report/study.md.j2",
         tex_template="workflow/report/paper.tex.j2",
-        code="src/scalestudy/report.py",
+        code="src/scalestudy/results/render_report.py",
     output:
         md=report(
             "reports/study.md", caption="../report/study.rst", category="Documents"

@@ -44,7 +44,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from scalestudy import atomic, launch, profiling
+from scalestudy import files
+from scalestudy.errors import ProfileError, ProfileFormatError
+from scalestudy.jobs import launch
+from scalestudy.nsight import profiling
 
 NSYS_TRACE = "cuda,nvtx,osrt,cudnn,cublas"
 NSYS_REPORTS_NEW = ("cuda_gpu_kern_sum", "cuda_gpu_mem_time_sum", "nvtx_sum")
@@ -62,10 +65,6 @@ NCU_METRICS = ",".join(
     ]
     + ["regex:" + profiling.TENSOR_METRIC.pattern]
 )
-
-
-class ProfileError(RuntimeError):
-    pass
 
 
 # ---------------------------------------------------------------------------------------------
@@ -279,13 +278,13 @@ def capture(args: argparse.Namespace) -> int:
     print(f"profile {args.run}: tool {tool} ({why})", flush=True)
     env = launch.rank_env(dict(os.environ), args.cpus_per_rank)
     if args.inventory:
-        from scalestudy import inventory
+        from scalestudy.jobs import inventory
 
         if args.container:
-            from scalestudy.container import DIGEST_ENV, image_digest
+            from scalestudy.jobs.container import DIGEST_ENV, image_digest
 
             os.environ.setdefault(DIGEST_ENV, image_digest(args.container))
-        atomic.write_json(args.inventory, inventory.collect())
+        files.write_json(args.inventory, inventory.collect())
     train_dir = out / "train"
     args.train_args = _train_args(args, train_dir)
     prefix = None
@@ -313,7 +312,7 @@ def capture(args: argparse.Namespace) -> int:
         manifest["input"] = "stats"
     else:
         manifest["input"] = "train/profile"
-    atomic.write_json(out / "tool.json", manifest)
+    files.write_json(out / "tool.json", manifest)
     return 0
 
 
@@ -323,7 +322,7 @@ def parse(args: argparse.Namespace) -> int:
     try:
         manifest = json.loads(manifest_path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        raise profiling.ProfileFormatError(
+        raise ProfileFormatError(
             manifest_path, None, f"unreadable ({exc}); made by `scalestudy profile capture`"
         ) from exc
     source = capture_dir / manifest["input"]
@@ -331,8 +330,8 @@ def parse(args: argparse.Namespace) -> int:
         kernels, ranges = profiling.parse_nsys(source, args.run)
     else:
         kernels, ranges = profiling.parse_torch(source, args.run)
-    atomic.write_text(args.out_kernels, profiling.csv_text(profiling.KERNEL_COLUMNS, kernels))
-    atomic.write_text(args.out_ranges, profiling.csv_text(profiling.RANGE_COLUMNS, ranges))
+    files.write_text(args.out_kernels, profiling.csv_text(profiling.KERNEL_COLUMNS, kernels))
+    files.write_text(args.out_ranges, profiling.csv_text(profiling.RANGE_COLUMNS, ranges))
     bare = sorted({r["rank"] for r in kernels} - {r["rank"] for r in ranges})
     if bare:
         # a warning, not an error: the kernel breakdown stands on its own, and a trainer that
@@ -364,8 +363,8 @@ def ncu(args: argparse.Namespace) -> int:
             )
         why = f"auto: {missing}, no Nsight Compute metrics for {args.run}"
         print(why, flush=True)
-        atomic.write_json(out_dir / "tool.json", {"tool": "none", "why": why})
-        atomic.write_text(args.out, profiling.csv_text(profiling.NCU_COLUMNS, []))
+        files.write_json(out_dir / "tool.json", {"tool": "none", "why": why})
+        files.write_text(args.out, profiling.csv_text(profiling.NCU_COLUMNS, []))
         return 0
     kernel_rows = profiling.read_csv(args.kernels, profiling.KERNEL_COLUMNS)
     kernels = profiling.top_kernels(kernel_rows, args.top_k)
@@ -407,8 +406,8 @@ def ncu(args: argparse.Namespace) -> int:
     for i, kernel in enumerate(kernels):
         # the kernels CSV's name, not ncu's spelling of it: profile_ncu joins profile_kernels
         rows.extend(profiling.parse_ncu(out_dir / f"ncu_k{i}.csv", args.run, kernel=kernel))
-    atomic.write_json(out_dir / "tool.json", {"tool": "ncu", "why": ncu_path, "kernels": kernels})
-    atomic.write_text(args.out, profiling.csv_text(profiling.NCU_COLUMNS, rows))
+    files.write_json(out_dir / "tool.json", {"tool": "ncu", "why": ncu_path, "kernels": kernels})
+    files.write_text(args.out, profiling.csv_text(profiling.NCU_COLUMNS, rows))
     return 0
 
 
@@ -424,7 +423,7 @@ def merge(args: argparse.Namespace) -> int:
         "ranges": profiling.RANGE_COLUMNS,
         "ncu": profiling.NCU_COLUMNS,
     }[args.schema]
-    atomic.write_text(args.out, profiling.merge_csvs(args.inputs, columns))
+    files.write_text(args.out, profiling.merge_csvs(args.inputs, columns))
     return 0
 
 
@@ -487,6 +486,6 @@ def run(args: argparse.Namespace) -> int:
     action = {"capture": capture, "parse": parse, "ncu": ncu, "rank": rank, "merge": merge}
     try:
         return action[args.action](args)
-    except (ProfileError, profiling.ProfileFormatError) as exc:
+    except (ProfileError, ProfileFormatError) as exc:
         print(f"scalestudy profile {args.action}: {exc}", file=sys.stderr)
         return 2

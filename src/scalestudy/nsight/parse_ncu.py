@@ -1,7 +1,7 @@
 """`scalestudy parse-ncu --input <details csv or dir> --run R --out ncu.csv`.
 
 Reads `ncu --csv --page details` output (one file, or every *.csv of a directory) and writes the
-profile_ncu schema of scalestudy.profiling: per kernel the mean duration, achieved occupancy,
+profile_ncu schema of scalestudy.nsight.profiling: per kernel the mean duration, achieved occupancy,
 DRAM and SM throughput and FLOP/s (tensor-core paths included) over the profiled launches.
 """
 
@@ -11,7 +11,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from scalestudy import atomic, profiling
+from scalestudy.errors import ProfileFormatError
+from scalestudy.nsight import profiling
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,13 +26,13 @@ def run(args: argparse.Namespace) -> int:
     files = sorted(src.glob("*.csv")) if src.is_dir() else [src]
     try:
         if not files:
-            raise profiling.ProfileFormatError(src, None, "no ncu details CSV in this directory")
+            raise ProfileFormatError(src, None, "no ncu details CSV in this directory")
         rows = []
         for f in files:
             rows.extend(profiling.parse_ncu(f, args.run))
-    except profiling.ProfileFormatError as exc:
+    except ProfileFormatError as exc:
         print(f"scalestudy parse-ncu: {exc}", file=sys.stderr)
         return 2
-    atomic.write_text(args.out, profiling.csv_text(profiling.NCU_COLUMNS, rows))
+    files.write_text(args.out, profiling.csv_text(profiling.NCU_COLUMNS, rows))
     print(f"{args.run}: {len(rows)} kernels -> {args.out}")
     return 0

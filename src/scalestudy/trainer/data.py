@@ -32,10 +32,12 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from scalestudy.atomic import atomic_open, write_json
+from scalestudy import files, vocab
+from scalestudy.errors import ChecksumError, DownloadError, PreparedDataError
+from scalestudy.files import atomic_open, write_json
 
 FORMAT_VERSION = 1
-DATASETS = ("cifar10", "mnist", "synthetic")
+DATASETS = tuple(vocab.DATASETS)
 CROP_PAD = 4  # px of zero padding for the random-crop augmentation (the standard CIFAR recipe)
 
 # Official archives and the md5s torchvision checks (module-level so tests can substitute them).
@@ -53,33 +55,17 @@ MNIST_FILES = {
 }
 _DIGITS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
 MNIST_CLASSES = [f"{i} - {w}" for i, w in enumerate(_DIGITS)]  # torchvision's names
-SYNTHETIC_DEFAULTS = {"num_train": 50000, "num_test": 10000, "seed": 0}
-
-
-class PreparedDataError(Exception):
-    """Prepared data is missing, incomplete or does not match its meta.json."""
-
-
-class DownloadError(RuntimeError):
-    """A raw file could not be downloaded."""
-
-
-class ChecksumError(DownloadError):
-    """A downloaded raw file does not have the expected md5."""
+SYNTHETIC_DEFAULTS = {
+    "num_train": vocab.DATASETS["synthetic"].train,
+    "num_test": vocab.DATASETS["synthetic"].test,
+    "seed": 0,
+}
 
 
 def _derive_seed(*parts: object) -> int:
     """A 63-bit seed from labels/ints: stable across runs, machines and Python versions."""
     digest = hashlib.sha256(repr(parts).encode()).digest()
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):  # 1 MiB reads
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _prepare_command(dataset: str, data_dir: str | Path) -> str:
@@ -299,7 +285,7 @@ def _is_current(out_dir: Path, dataset: str, params: dict[str, Any]) -> bool:
         return False
     same = meta.get("format_version") == FORMAT_VERSION and meta.get("dataset") == dataset
     same = same and all(meta.get(key) == value for key, value in params.items())
-    return same and meta.get("sha256") == _sha256(data_path)
+    return same and meta.get("sha256") == files.sha256(data_path)
 
 
 def prepare(
@@ -367,7 +353,7 @@ def prepare(
         "test_shape": list(tensors["test_x"].shape),
         "mean": mean,
         "std": std,
-        "sha256": _sha256(data_path),  # of the bytes on disk, re-read after the write
+        "sha256": files.sha256(data_path),  # of the bytes on disk, re-read after the write
         "source": source,
         **params,
     }
@@ -460,7 +446,7 @@ def load_prepared(dataset: str, data_dir: str | Path, *, verify: bool = True) ->
             f"{meta.get('format_version')!r}, expected {dataset!r} format {FORMAT_VERSION}; "
             f"recreate: {cmd} --force"
         )
-    if verify and (actual := _sha256(data_path)) != meta.get("sha256"):
+    if verify and (actual := files.sha256(data_path)) != meta.get("sha256"):
         raise PreparedDataError(
             f"{data_path} has sha256 {actual} but {meta_path} records {meta.get('sha256')}: "
             f"the file was changed or is incomplete; recreate: {cmd} --force"

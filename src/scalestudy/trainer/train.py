@@ -70,13 +70,14 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from scalestudy import atomic
-from scalestudy import checkpoint as ckpt
-from scalestudy import data as sdata
-from scalestudy import dist as sdist
-from scalestudy.config import LR_REFERENCE_BATCH, TrainConfig
-from scalestudy.config import add_arguments as _add_config_arguments
-from scalestudy.models import build_model
+from scalestudy import files
+from scalestudy.errors import CheckpointError, Preempted, TrainingError
+from scalestudy.trainer import checkpoint as ckpt
+from scalestudy.trainer import data as sdata
+from scalestudy.trainer import dist as sdist
+from scalestudy.trainer.config import LR_REFERENCE_BATCH, TrainConfig
+from scalestudy.trainer.config import add_arguments as _add_config_arguments
+from scalestudy.trainer.models import build_model
 
 EPOCH_COLUMNS = (
     "epoch",
@@ -88,10 +89,6 @@ EPOCH_COLUMNS = (
     "throughput_img_s",
     "lr",
 )
-
-
-class TrainingError(RuntimeError):
-    pass
 
 
 def add_arguments(parser) -> None:
@@ -119,7 +116,7 @@ def main(cfg: TrainConfig) -> int:
     try:
         train(cfg, denv, device, stop)
         return 0
-    except ckpt.Preempted as exc:
+    except Preempted as exc:
         print(f"[{where}] {exc}: rerun the same command to resume", file=sys.stderr, flush=True)
         return ckpt.PREEMPTED_EXIT
     except Exception as exc:
@@ -264,7 +261,7 @@ def train(
     time_to_target = progress["time_to_target"]
     step = segment_start = progress["step"]  # warm-up is excluded again in every segment
     if master and history:
-        atomic.write_text(Path(cfg.out) / "epochs.csv", _csv(history))  # the epochs so far
+        files.write_text(Path(cfg.out) / "epochs.csv", _csv(history))  # the epochs so far
     loop_start = time.perf_counter()
     if nvml:
         nvml.start()
@@ -369,7 +366,7 @@ def train(
         if time_to_target is None and cfg.target_acc is not None and val_acc >= cfg.target_acc:
             time_to_target = train_seconds
         if master:
-            atomic.write_text(Path(cfg.out) / "epochs.csv", _csv(history))
+            files.write_text(Path(cfg.out) / "epochs.csv", _csv(history))
             print(
                 f"epoch {epoch + 1:>3}/{cfg.epochs} | train loss {train_loss:.4f} "
                 f"acc {100 * train_acc:5.2f}% | val loss {val_loss:.4f} acc {100 * val_acc:5.2f}% "
@@ -486,7 +483,7 @@ def train(
             ckpt.remove_all(saver.directory)
     if master:
         # metrics.json last: its presence means the run completed
-        atomic.write_json(Path(cfg.out) / "metrics.json", metrics)
+        files.write_json(Path(cfg.out) / "metrics.json", metrics)
         print(
             f"done: {throughput:,.0f} img/s over {world_size} ranks "
             f"({metrics['throughput_img_s_per_rank']:,.0f} per rank), best val acc "
@@ -613,7 +610,7 @@ def agree_on_stop(saver, stop, device, rank) -> bool:
     if flags[1].item():
         if error is not None:
             raise error
-        raise ckpt.CheckpointError("a checkpoint write failed on another rank (see its log)")
+        raise CheckpointError("a checkpoint write failed on another rank (see its log)")
     return bool(flags[0].item())
 
 
@@ -632,11 +629,11 @@ def stop_after_save(saver, stop, epoch: int, device) -> NoReturn:
     if failed.item():
         if error is not None:
             raise error
-        raise ckpt.CheckpointError(
+        raise CheckpointError(
             f"the checkpoint of epoch {epoch} on stopping failed on another rank (see its log)"
         )
     signame = stop.signame if stop is not None and stop.raised else "another rank's signal"
-    raise ckpt.Preempted(epoch, signame, saver.directory / ckpt.checkpoint_name(epoch))
+    raise Preempted(epoch, signame, saver.directory / ckpt.checkpoint_name(epoch))
 
 
 def wrap_model(model: torch.nn.Module, cfg: TrainConfig, device: torch.device):
@@ -896,16 +893,14 @@ class Profiler:
         if self.cuda_api:
             torch.cuda.profiler.stop()
         elif self.prof is not None:
-            from scalestudy.profiling import torch_ops_export
-
             self.prof.__exit__(None, None, None)
             self.dir.mkdir(parents=True, exist_ok=True)
             averages = self.prof.key_averages()
-            atomic.write_json(
+            files.write_json(
                 self.dir / f"torch_ops_rank{self.rank}.json", torch_ops_export(averages)
             )
             table = averages.table(sort_by="self_cpu_time_total", row_limit=50)
-            atomic.write_text(self.dir / f"torch_ops_rank{self.rank}.txt", table + "\n")
+            files.write_text(self.dir / f"torch_ops_rank{self.rank}.txt", table + "\n")
             trace = self.dir / f"trace_rank{self.rank}.json"
             tmp = trace.with_suffix(".json.tmp")
             self.prof.export_chrome_trace(str(tmp))
@@ -1011,7 +1006,7 @@ class NvmlSampler:
             lines = [",".join(GPU_SAMPLE_COLUMNS)]
             for s in self.samples:
                 lines.append(",".join(f"{s[c]:.6g}" for c in GPU_SAMPLE_COLUMNS))
-            atomic.write_text(
+            files.write_text(
                 Path(self.out) / f"gpu_samples_rank{self.rank}.csv", "\n".join(lines) + "\n"
             )
         util = [s["util_pct"] for s in self.samples]
@@ -1040,9 +1035,7 @@ def git_commit() -> str | None:
     """The commit of the code that ran: from the container label, else from the source tree."""
     if os.environ.get("SCALESTUDY_GIT_COMMIT"):
         return os.environ["SCALESTUDY_GIT_COMMIT"]
-    from scalestudy.container import git_commit as tree_commit
-
-    sha = tree_commit(Path(__file__).resolve().parent)
+    sha = files.git_commit(Path(__file__).resolve().parent)
     return None if sha == "unknown" else sha
 
 
@@ -1075,3 +1068,23 @@ def _csv(rows: list[dict]) -> str:
     for r in rows:
         lines.append(",".join(str(r[c]) if c == "epoch" else f"{r[c]:.6g}" for c in EPOCH_COLUMNS))
     return "\n".join(lines) + "\n"
+
+
+def torch_ops_export(key_averages) -> dict:
+    """The trainer's machine-readable export of prof.key_averages() (parse_torch reads it)."""
+    ops = []
+    for evt in key_averages:
+        self_dev = getattr(evt, "self_device_time_total", None)
+        if self_dev is None:
+            self_dev = getattr(evt, "self_cuda_time_total", 0)
+        ops.append(
+            {
+                "name": evt.key,
+                "count": int(evt.count),
+                "self_cpu_us": float(evt.self_cpu_time_total),
+                "cpu_total_us": float(evt.cpu_time_total),
+                "self_device_us": float(self_dev or 0),
+                "device_type": str(getattr(evt, "device_type", "CPU")).rsplit(".", 1)[-1],
+            }
+        )
+    return {"format": "scalestudy-torch-ops-1", "time_unit": "us", "ops": ops}

@@ -18,6 +18,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from scalestudy import vocab
+
 LR_REFERENCE_BATCH = 512  # images; `lr` is quoted for this global batch
 # fields that do not define the experiment: where files go and how the run survives failures
 NOT_IDENTITY = (
@@ -37,30 +39,30 @@ def _f(default: Any, help: str, choices: tuple | None = None) -> Any:
 @dataclass(kw_only=True)
 class TrainConfig:
     # data
-    dataset: str = _f("cifar10", "prepared dataset name", ("cifar10", "mnist", "synthetic"))
+    dataset: str = _f("cifar10", "prepared dataset name", tuple(vocab.DATASETS))
     data_dir: str = _f("results/data", "directory given to `scalestudy prepare-data --data-dir`")
     limit_train: int = _f(0, "use only the first N training images (0 = all)")
     limit_test: int = _f(0, "evaluate on the first N test images (0 = all)")
-    loader: str = _f("device", "input pipeline", ("device", "dataloader"))
+    loader: str = _f("device", "input pipeline", vocab.LOADERS)
     num_workers: int = _f(4, "DataLoader worker processes per rank (--loader dataloader)")
     pin_memory: bool = _f(True, "DataLoader pin_memory (--loader dataloader)")
     persistent_workers: bool = _f(True, "keep DataLoader workers between epochs")
     prefetch_factor: int = _f(2, "batches prefetched per DataLoader worker")
     # model and numerics
-    model: str = _f("resnet18", "network", ("resnet18", "cnn"))
+    model: str = _f("resnet18", "network", vocab.MODELS)
     width: int = _f(64, "base channel count (resnet18: 64 -> 11,173,962 parameters)")
-    precision: str = _f("fp32", "arithmetic", ("fp32", "tf32", "fp16", "bf16"))
+    precision: str = _f("fp32", "arithmetic", vocab.PRECISIONS)
     compile: bool = _f(False, "torch.compile the model")
     channels_last: str = _f(
         "auto", "NHWC memory format (auto = on for CUDA)", ("auto", "on", "off")
     )
     # parallelism
-    strategy: str = _f("ddp", "gradient synchronisation", ("ddp", "fsdp", "allreduce"))
+    strategy: str = _f("ddp", "gradient synchronisation", vocab.STRATEGIES)
     bucket_cap_mb: float = _f(25.0, "DDP: MiB of gradients per all-reduce bucket")
-    comm_hook: str = _f("none", "DDP communication hook", ("none", "fp16", "bf16", "powersgd"))
+    comm_hook: str = _f("none", "DDP communication hook", vocab.COMM_HOOKS)
     static_graph: bool = _f(True, "DDP static_graph (the graph is the same every step)")
     pg_timeout_s: float = _f(600.0, "process-group timeout in seconds: a dead rank fails the job")
-    device: str = _f("auto", "auto = CUDA when available, else CPU", ("auto", "cpu", "cuda"))
+    device: str = _f("auto", "auto = CUDA when available, else CPU", vocab.DEVICES)
     # optimisation recipe
     local_batch: int = _f(256, "images per rank per micro-step")
     global_batch: int = _f(0, "images per optimizer step over all ranks; 0 = derive from local")
@@ -70,7 +72,7 @@ class TrainConfig:
     momentum: float = _f(0.9, "SGD Nesterov momentum")
     weight_decay: float = _f(5e-4, "L2 weight decay")
     label_smoothing: float = _f(0.1, "cross-entropy label smoothing")
-    schedule: str = _f("onecycle", "LR schedule after warm-up", ("onecycle", "cosine"))
+    schedule: str = _f("onecycle", "LR schedule after warm-up", vocab.SCHEDULES)
     warmup_epochs: float = _f(1.0, "epochs of linear LR warm-up")
     clip_grad: float = _f(0.0, "clip the gradient norm to this value (0 = off)")
     seed: int = _f(0, "seed of initialisation, data order and augmentation")

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import jinja2
 
-from scalestudy import atomic
-from scalestudy.analysis import AnalysisError, read_csv
+from scalestudy import files, vocab
+from scalestudy.results.analyze import AnalysisError, read_csv
 
 TABLES = ("scaling", "verdicts", "resources", "system", "targets", "profile_shares")
 DOCUMENTS = ("study.md", "paper.tex")
@@ -107,9 +107,7 @@ def context(tables: dict[str, list[dict]], figures: list[str], figure_dir: str) 
         "scaling": scaling,
         "family": {f: [r for r in scaling if r["family"] == f] for f in families},
         "families_run": families,
-        "families_missing": [
-            f for f in ("strong", "weak", "precision", "bucket") if f not in families
-        ],
+        "families_missing": [f for f in vocab.FAMILIES if f not in families],
         "system": system,
         "system_rows": tables["system"],
         "targets": {r["target"]: r["value"] for r in tables["targets"]},
@@ -211,6 +209,6 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 1
-        atomic.write_text(Path(args.out_dir) / name, text)
+        files.write_text(Path(args.out_dir) / name, text)
         print(f"wrote {Path(args.out_dir) / name}")
     return 0

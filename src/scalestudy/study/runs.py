@@ -12,21 +12,17 @@ the values the families vary, so a configuration requested by two families runs 
 
 from __future__ import annotations
 
-import argparse
 import csv
 import dataclasses
 import hashlib
 import io
+import math
 import os
-import sys
-from pathlib import Path
 from typing import Any
 
-from scalestudy.atomic import atomic_open
-from scalestudy.config import TrainConfig, flag_name
-
-FAMILIES = ("strong", "weak", "precision", "bucket")
-PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+from scalestudy import vocab
+from scalestudy.files import atomic_open
+from scalestudy.trainer.config import TrainConfig, flag_name
 
 RUN_COLUMNS = (
     "run",
@@ -184,7 +180,7 @@ def _sort_key(row: dict):
     return (
         row["world_size"],
         row["local_batch"],
-        PRECISIONS.index(row["precision"]),
+        vocab.PRECISIONS.index(row["precision"]),
         row["strategy"],
         row["bucket_cap_mb"],
         row["repeat"],
@@ -306,54 +302,15 @@ def read_runs_tsv(path: str | os.PathLike) -> list[dict]:
     return rows
 
 
-# ---------------------------------------------------------------------------------------------
-# CLI
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from scalestudy.studyconfig import add_config_arguments
-
-    add_config_arguments(parser)
-    parser.add_argument(
-        "--out", default="results/matrix/runs.tsv", help="run table to write (%(default)s)"
-    )
-
-
-def _family_summary(config: dict, rows: list[dict], family: str) -> str:
-    fam = config["families"][family]
-    if not fam["enabled"]:
-        return f"{family:<9}  disabled"
-    mine = [r for r in rows if family in r["families"].split(";")]
-    shared = sum(1 for r in mine if ";" in r["families"])
-    if family == "bucket":
-        sweep = (
-            f"bucket_cap_mb {','.join(f'{b:g}' for b in fam['bucket_cap_mb'])} x local_batch "
-            f"{','.join(map(str, fam['local_batch']))} at world size {fam['gpus']}"
-        )
-    else:
-        sizes = "world sizes " + ",".join(map(str, fam["gpus"]))
-        sweep = {
-            "strong": f"{sizes} at global_batch {fam.get('global_batch')}",
-            "weak": f"{sizes} at local_batch {fam.get('local_batch')}",
-            "precision": f"{','.join(fam.get('precisions', []))} at {sizes}",
-        }[family]
-    return (
-        f"{family:<9} {len(mine):4d} runs ({shared} shared with other families): {sweep}, "
-        f"x{config['repeats']} repeats"
-    )
-
-
-def run(args: argparse.Namespace) -> int:
-    from scalestudy.studyconfig import StudyConfigError, load_and_validate
-
-    try:
-        config = load_and_validate(args.config, overrides=args.set)
-    except StudyConfigError as e:
-        print(f"scalestudy matrix: {e}", file=sys.stderr)
-        return 2
-    rows = build_run_table(config)
-    write_runs_tsv(rows, args.out)
-    for family in FAMILIES:
-        print(_family_summary(config, rows, family))
-    print(f"{'total':<9} {len(rows):4d} runs -> {Path(args.out)}")
-    return 0
+def same(table_value, metric_value) -> bool:
+    """Compare a run-table value (read back from TSV: a string) with a metrics.json value."""
+    if metric_value is None or table_value is None:
+        return str(table_value) in ("", "None") and metric_value in (None, "")
+    if isinstance(metric_value, bool):
+        return str(table_value).lower() == str(metric_value).lower()
+    if isinstance(metric_value, int | float):
+        try:
+            return math.isclose(float(table_value), float(metric_value), rel_tol=1e-9)
+        except ValueError:
+            return False
+    return str(table_value) == str(metric_value)

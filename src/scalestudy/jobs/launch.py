@@ -23,10 +23,7 @@ import shlex
 import shutil
 import sys
 
-
-class LaunchError(RuntimeError):
-    pass
-
+from scalestudy.errors import LaunchError
 
 # Thread pools a rank's libraries size from the environment (OpenMP, MKL, OpenBLAS, ...).
 # Snakemake's shell sets every one of them to the rule's `threads`, the cores of all ranks
@@ -86,7 +83,7 @@ def build_command(args: argparse.Namespace, env: dict[str, str]) -> list[str]:
     python = [sys.executable]
     if args.container:
         # the image's own python; its digest goes into metrics.json (container_digest)
-        from scalestudy.container import exec_prefix
+        from scalestudy.jobs.container import exec_prefix
 
         python = [*exec_prefix(args.container, gpu=args.gpu), "python"]
     # a per-rank wrapper (profiler) goes outside the container: nsys/ncu live on the host

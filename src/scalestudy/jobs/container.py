@@ -5,9 +5,9 @@ would wrap the whole shell, srun included). Instead one rule builds `containers/
 `containers/trainer.def` and every training job takes the .sif as an input and runs
 `<exec_prefix(sif)> python -m scalestudy train ...`, so a rebuilt image marks training stale.
 
-    python -m scalestudy.container check containers/trainer.def
-    python -m scalestudy.container build containers/trainer.def containers/trainer.sif
-    python -m scalestudy.container digest containers/trainer.sif
+    python -m scalestudy.jobs.container check containers/trainer.def
+    python -m scalestudy.jobs.container build containers/trainer.def containers/trainer.sif
+    python -m scalestudy.jobs.container digest containers/trainer.sif
 
 Only the standard library is used here: the parser also runs inside the Apptainer stand-in of
 the tests (tests/stand-ins/apptainer), which may be started by a Python without torch.
@@ -18,8 +18,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import difflib
-import functools
-import hashlib
 import os
 import re
 import shutil
@@ -28,6 +26,10 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from scalestudy import files
+from scalestudy.errors import ApptainerNotFound, DefinitionError
+from scalestudy.files import git_commit
 
 #: The build argument that carries the git commit into %labels and %environment.
 GIT_COMMIT_ARG = "GIT_COMMIT"
@@ -55,17 +57,6 @@ _IMPORTS_SCALESTUDY_RE = re.compile(
     r"|-m[ \t]+scalestudy\b"
 )
 _DIGEST_RE = re.compile(r"@sha256:[0-9a-f]{64}$")
-
-_CHUNK = 1 << 20  # 1 MiB: image_digest reads multi-GB images in pieces
-
-
-class DefinitionError(ValueError):
-    """A definition file that cannot be parsed or fails the checks; the message names the file
-    and, where there is one, the line."""
-
-
-class ApptainerNotFound(RuntimeError):
-    """`apptainer` is not on PATH."""
 
 
 @dataclass
@@ -293,11 +284,7 @@ def check_definition(path: str | os.PathLike) -> Definition:
 
 def image_digest(sif_path: str | os.PathLike) -> str:
     """'sha256:<hex>' of the image file's bytes."""
-    h = hashlib.sha256()
-    with open(sif_path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return f"sha256:{h.hexdigest()}"
+    return f"sha256:{files.sha256(sif_path)}"
 
 
 def build_command(
@@ -357,19 +344,6 @@ INSTALL_HELP = (
 )
 
 
-def git_commit(cwd: str | os.PathLike = ".") -> str:
-    """HEAD's sha, with '-dirty' when tracked files differ from it; 'unknown' outside git."""
-    try:
-        git = functools.partial(
-            subprocess.run, cwd=cwd, capture_output=True, text=True, check=True, timeout=10
-        )
-        sha = git(["git", "rev-parse", "HEAD"]).stdout.strip()
-        dirty = git(["git", "status", "--porcelain", "--untracked-files=no"]).stdout.strip()
-    except (OSError, subprocess.SubprocessError):  # no git, not a checkout, or a hung git
-        return "unknown"
-    return f"{sha}-dirty" if dirty else sha
-
-
 def missing_files_sources(defn: Definition, context: str | os.PathLike) -> list[str]:
     """%files sources (relative to the build directory) that do not exist there."""
     if "files" in defn.section_args:  # `%files from <stage>` copies from another stage
@@ -424,7 +398,7 @@ def build(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m scalestudy.container", description=__doc__.splitlines()[0]
+        prog="python -m scalestudy.jobs.container", description=__doc__.splitlines()[0]
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p = sub.add_parser("check", help="parse and validate a definition file")

@@ -48,6 +48,8 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
+from scalestudy.errors import ProfileFormatError
+
 CATEGORIES = (
     "conv",
     "batchnorm",
@@ -73,14 +75,6 @@ NCU_COLUMNS = (
     "flop_per_s",
     "tensor_flop_per_s",
 )
-
-
-class ProfileFormatError(ValueError):
-    """A profile file that cannot be parsed; the message names the file (and line)."""
-
-    def __init__(self, path, line: int | None, problem: str) -> None:
-        where = f"{path}, line {line}" if line else str(path)
-        super().__init__(f"{where}: {problem}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -638,26 +632,6 @@ def parse_torch(input_path: str | Path, run: str) -> tuple[list[dict], list[dict
     return _kernel_rows(run, "torch.profiler", kernels), _range_rows(run, "torch.profiler", ranges)
 
 
-def torch_ops_export(key_averages) -> dict:
-    """The trainer's machine-readable export of prof.key_averages() (parse_torch reads it)."""
-    ops = []
-    for evt in key_averages:
-        self_dev = getattr(evt, "self_device_time_total", None)
-        if self_dev is None:
-            self_dev = getattr(evt, "self_cuda_time_total", 0)
-        ops.append(
-            {
-                "name": evt.key,
-                "count": int(evt.count),
-                "self_cpu_us": float(evt.self_cpu_time_total),
-                "cpu_total_us": float(evt.cpu_time_total),
-                "self_device_us": float(self_dev or 0),
-                "device_type": str(getattr(evt, "device_type", "CPU")).rsplit(".", 1)[-1],
-            }
-        )
-    return {"format": "scalestudy-torch-ops-1", "time_unit": "us", "ops": ops}
-
-
 # ---------------------------------------------------------------------------------------------
 # writing and merging
 
@@ -709,110 +683,3 @@ def merge_csvs(paths: Iterable[str | Path], columns: tuple[str, ...]) -> str:
 
 # ---------------------------------------------------------------------------------------------
 # which runs are profiled
-
-
-def profiled_runs(config: dict, rows: list[dict]) -> list[dict]:
-    """Rows of the run table the `profiling:` config selects, one per (world size, precision).
-
-    World sizes `profiling.gpus` (null: 1 and one full node, hardware.gpus_per_node) x
-    `profiling.precisions`, repeat 0. Several runs can match (strong, weak, bucket variants):
-    the one with train.local_batch and train.bucket_cap_mb is preferred, else the first in table
-    order. Pairs with no run in the table are skipped (profiling.gpus/precisions are filters).
-    """
-    prof = config.get("profiling") or {}
-    if not prof.get("enabled"):
-        return []
-    train = config["train"]
-    sizes = prof.get("gpus") or sorted({1, config["hardware"]["gpus_per_node"]})
-    chosen = []
-    for w in sizes:
-        for precision in prof["precisions"]:
-            match = [
-                r
-                for r in rows
-                if r["world_size"] == w and r["precision"] == precision and r["repeat"] == 0
-            ]
-            if not match:
-                continue
-            preferred = [
-                r
-                for r in match
-                if r["local_batch"] == train["local_batch"]
-                and r["bucket_cap_mb"] == train["bucket_cap_mb"]
-            ]
-            chosen.append((preferred or match)[0])
-    return chosen
-
-
-def window_flags(row: dict, start_step: int, steps: int) -> dict[str, str]:
-    """Trainer flags of a profiling job: one short epoch that covers warm-up + the window.
-
-    --profile-steps A:B profiles optimizer steps A..B-1; the epoch holds B + 1 steps (the data
-    limited to (B + 1) x global batch images), the exposed-communication probe is off, the
-    throughput-window warm-up ends before A, and evaluation uses one global batch of images.
-    """
-    end = start_step + steps
-    global_batch = row["global_batch"]
-    return {
-        "--epochs": "1",
-        "--limit-train": str((end + 1) * global_batch),
-        "--limit-test": str(global_batch),
-        "--warmup-steps": str(min(row["warmup_steps"], start_step)),
-        "--comm-probe-steps": "0",
-        "--profile-steps": f"{start_step}:{end}",
-    }
-
-
-def config_problems(config: dict) -> list[str]:
-    """Checks of the `profiling:` section a schema cannot express (studyconfig calls this)."""
-    prof = config.get("profiling") or {}
-    if not prof.get("enabled"):
-        return []
-    problems = []
-    cpu = config["hardware"]["device"] == "cpu"
-    if cpu and prof["tool"] == "nsys":
-        problems.append(
-            "config key 'profiling.tool': value \"nsys\" is not allowed: Nsight Systems needs a "
-            'GPU and hardware.device is "cpu"; use auto or torch'
-        )
-    if cpu and prof["ncu"]["enabled"] is True:
-        problems.append(
-            "config key 'profiling.ncu.enabled': value true is not allowed: Nsight Compute needs "
-            'a GPU and hardware.device is "cpu"; use auto or false'
-        )
-    from scalestudy.matrix import build_run_table
-
-    rows = build_run_table(config)
-    problems += window_problems(config, rows)
-    if not profiled_runs(config, rows):
-        sizes = prof["gpus"] or sorted({1, config["hardware"]["gpus_per_node"]})
-        problems.append(
-            f"config key 'profiling.gpus': value {json.dumps(prof['gpus'])} is not allowed: no "
-            f"run of the study has world size in {sizes} and precision in "
-            f"{prof['precisions']} (profiling.precisions); pick world sizes and precisions "
-            "the families run, or set profiling.enabled: false"
-        )
-    return problems
-
-
-def window_problems(config: dict, rows: list[dict]) -> list[str]:
-    """The window must fit the data: a profiled epoch holds start_step + steps + 1 steps."""
-    from scalestudy.studyconfig import DATASET_TRAIN_SIZES
-
-    prof = config["profiling"]
-    # the profiling job sets its own --limit-train, so only the dataset itself bounds it
-    if config["dataset"] == "synthetic":
-        n_train, source = config["synthetic"]["num_train"], "synthetic.num_train"
-    else:
-        n_train, source = DATASET_TRAIN_SIZES[config["dataset"]], f"the {config['dataset']} set"
-    problems = []
-    for row in profiled_runs(config, rows):
-        need = (prof["start_step"] + prof["steps"] + 1) * row["global_batch"]
-        if need > n_train:
-            problems.append(
-                f"config key 'profiling.start_step': value {prof['start_step']} is not allowed: "
-                f"run {row['run']} would need (start_step {prof['start_step']} + steps "
-                f"{prof['steps']} + 1) x global batch {row['global_batch']} = {need} training "
-                f"images, more than the {n_train} of {source}; profile earlier or fewer steps"
-            )
-    return problems

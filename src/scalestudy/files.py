@@ -1,4 +1,6 @@
-"""Atomic file writes: a reader sees the old file or the complete new one, never a half-written one.
+"""Files and provenance shared by every layer: atomic writes, sha256 of a file, the git commit.
+
+Atomic writes: a reader sees the old file or the complete new one, never a half-written one.
 
 Write to a temporary file in the same directory (same filesystem, so rename is atomic), fsync it,
 rename it over the target, then fsync the directory so the rename itself survives a crash.
@@ -7,8 +9,11 @@ rename it over the target, then fsync the directory so the rename itself survive
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import json
 import os
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -47,3 +52,25 @@ def write_text(path: str | os.PathLike, text: str) -> None:
 
 def write_json(path: str | os.PathLike, obj: Any) -> None:
     write_text(path, json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n")
+
+
+def sha256(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    """Hex sha256 of a file, read in 1 MiB pieces (data sets and images are GBs)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def git_commit(cwd: str | os.PathLike = ".") -> str:
+    """HEAD's sha, with '-dirty' when tracked files differ from it; 'unknown' outside git."""
+    try:
+        git = functools.partial(
+            subprocess.run, cwd=cwd, capture_output=True, text=True, check=True, timeout=10
+        )
+        sha = git(["git", "rev-parse", "HEAD"]).stdout.strip()
+        dirty = git(["git", "status", "--porcelain", "--untracked-files=no"]).stdout.strip()
+    except (OSError, subprocess.SubprocessError):  # no git, not a checkout, or a hung git
+        return "unknown"
+    return f"{sha}-dirty" if dirty else sha

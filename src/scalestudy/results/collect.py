@@ -16,12 +16,12 @@ import argparse
 import csv
 import io
 import json
-import math
 import sys
 from pathlib import Path
 
-from scalestudy import atomic
-from scalestudy.matrix import RUN_COLUMNS, read_runs_tsv
+from scalestudy import files
+from scalestudy.errors import CollectError
+from scalestudy.study.runs import RUN_COLUMNS, read_runs_tsv, same
 
 # metrics.json keys the trainer always writes (issue "Trainer"); collect checks them
 REQUIRED_METRICS = (
@@ -66,10 +66,6 @@ EPOCH_ID_COLUMNS = (
     "bucket_cap_mb",
     "repeat",
 )
-
-
-class CollectError(RuntimeError):
-    pass
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -151,20 +147,6 @@ def flatten(metrics: dict) -> dict:
     return out
 
 
-def same(table_value, metric_value) -> bool:
-    """Compare a run-table value (read back from TSV: a string) with a metrics.json value."""
-    if metric_value is None or table_value is None:
-        return str(table_value) in ("", "None") and metric_value in (None, "")
-    if isinstance(metric_value, bool):
-        return str(table_value).lower() == str(metric_value).lower()
-    if isinstance(metric_value, int | float):
-        try:
-            return math.isclose(float(table_value), float(metric_value), rel_tol=1e-9)
-        except ValueError:
-            return False
-    return str(table_value) == str(metric_value)
-
-
 def write_csv(path: str | Path, rows: list[dict]) -> None:
     columns: list[str] = []
     for row in rows:  # first-seen order: the run-table columns first, then the metrics keys
@@ -173,7 +155,7 @@ def write_csv(path: str | Path, rows: list[dict]) -> None:
     writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
     writer.writeheader()
     writer.writerows(rows)
-    atomic.write_text(path, buf.getvalue())
+    files.write_text(path, buf.getvalue())
 
 
 __all__ = ["RUN_COLUMNS", "collect", "write_csv", "CollectError"]

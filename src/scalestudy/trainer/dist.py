@@ -21,6 +21,8 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from scalestudy.errors import LaunchError
+
 # MASTER_PORT for srun launches: BASE + job id modulo SPAN stays inside the unprivileged,
 # non-ephemeral range (Linux ephemeral ports start at 32768).
 PORT_BASE, PORT_SPAN = 12000, 20000
@@ -38,10 +40,6 @@ class DistEnv:
     master_addr: str
     master_port: int
     slurm_job_id: str | None = None
-
-
-class LaunchError(RuntimeError):
-    pass
 
 
 def expand_nodelist(nodelist: str) -> list[str]:

@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import errno
-import hashlib
 import io
 import json
 import os
@@ -48,24 +47,15 @@ from typing import Any
 
 import torch
 
+from scalestudy.errors import CheckpointError
+from scalestudy.files import sha256
+
 FORMAT = 1
 MANIFEST = "manifest.json"
 STATE = "state.pt"
 DCP_DIR = "dcp"
 _NAME = re.compile(r"epoch-(\d{4,})")
 PREEMPTED_EXIT = 75  # EX_TEMPFAIL: stopped on a signal after saving a checkpoint; rerun to resume
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint could not be written or read; the message names the path and the cause."""
-
-
-class Preempted(Exception):
-    """Training stopped on a signal after saving the checkpoint of `epoch` epochs."""
-
-    def __init__(self, epoch: int, signame: str, path: Path) -> None:
-        super().__init__(f"stopped on {signame} after epoch {epoch}; checkpoint {path}")
-        self.epoch, self.signame, self.path = epoch, signame, path
 
 
 def checkpoint_name(epoch: int) -> str:
@@ -82,14 +72,6 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _describe(exc: BaseException) -> str:
@@ -158,7 +140,7 @@ def write_checkpoint(
         files = {}
         for path in sorted(p for p in partial.rglob("*") if p.is_file()):
             rel = path.relative_to(partial).as_posix()
-            files[rel] = {"sha256": _sha256(path), "bytes": path.stat().st_size}
+            files[rel] = {"sha256": sha256(path), "bytes": path.stat().st_size}
         manifest = {
             "format": FORMAT,
             "epoch": epoch,
@@ -288,7 +270,7 @@ def verify(path: str | os.PathLike) -> dict:
         size = file.stat().st_size
         if size != info["bytes"]:
             raise CheckpointError(f"{file}: {size} bytes, the manifest says {info['bytes']}")
-        if _sha256(file) != info["sha256"]:
+        if sha256(file) != info["sha256"]:
             raise CheckpointError(f"{file}: sha256 differs from the manifest (corrupted)")
     return manifest
 

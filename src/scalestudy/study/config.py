@@ -28,29 +28,11 @@ import yaml
 from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import ValidationError
 
-FAMILIES = ("strong", "weak", "precision", "bucket")
-# precisions that only exist on CUDA: why, for the error message
-CUDA_ONLY_PRECISIONS = {
-    "fp16": "fp16 autocast with GradScaler needs CUDA",
-    "tf32": "TF32 is a tensor-core mode of NVIDIA GPUs",
-}
-# training-set sizes (images) of the real datasets; synthetic takes synthetic.num_train
-DATASET_TRAIN_SIZES = {"cifar10": 50000, "mnist": 60000}
+from scalestudy import vocab
+from scalestudy.errors import StudyConfigError
+from scalestudy.study.profiling import config_problems
+
 SCHEMA_RELPATH = Path("workflow") / "schemas" / "config.schema.yaml"
-
-
-class StudyConfigError(ValueError):
-    """An invalid study config; `problems` holds one message per problem."""
-
-    def __init__(self, problems: str | Iterable[str], source: str | os.PathLike | None = None):
-        self.problems = [problems] if isinstance(problems, str) else list(problems)
-        self.source = None if source is None else str(source)
-        head = f"invalid study config {self.source}" if self.source else "invalid study config"
-        if len(self.problems) == 1:
-            message = f"{head}: {self.problems[0]}"
-        else:
-            message = head + ":\n" + "\n".join(f"  - {p}" for p in self.problems)
-        super().__init__(message)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -220,7 +202,7 @@ def _train_size(config: dict) -> tuple[int, str]:
     if dataset == "synthetic":
         size, source = config["synthetic"]["num_train"], "synthetic.num_train"
     else:
-        size, source = DATASET_TRAIN_SIZES[dataset], f"the {dataset} training set"
+        size, source = vocab.DATASETS[dataset].train, f"the {dataset} training set"
     limit = config["train"]["limit_train"]
     if 0 < limit < size:
         size, source = limit, "train.limit_train"
@@ -234,10 +216,10 @@ def semantic_problems(config: dict) -> list[str]:
     gpn, accum = hw["gpus_per_node"], train["accum_steps"]
     n_train, n_train_source = _train_size(config)
 
-    if not any(families[name]["enabled"] for name in FAMILIES):
+    if not any(families[name]["enabled"] for name in vocab.FAMILIES):
         problems.append(
             "config key 'families': no family is enabled: set families.<name>.enabled: true "
-            f"for at least one of {', '.join(FAMILIES)}"
+            f"for at least one of {', '.join(vocab.FAMILIES)}"
         )
 
     if hw["device"] == "cpu":
@@ -248,12 +230,12 @@ def semantic_problems(config: dict) -> list[str]:
                 for i, value in enumerate(families["precision"]["precisions"])
             ]
         for path, value in precisions:
-            if value in CUDA_ONLY_PRECISIONS:
+            if value in vocab.CUDA_ONLY_PRECISIONS:
                 problems.append(
                     _bad(
                         path,
                         value,
-                        f'{CUDA_ONLY_PRECISIONS[value]} (hardware.device is "cpu"); '
+                        f'{vocab.CUDA_ONLY_PRECISIONS[value]} (hardware.device is "cpu"); '
                         "on cpu use fp32 or bf16",
                     )
                 )
@@ -318,8 +300,6 @@ def semantic_problems(config: dict) -> list[str]:
             check_batch("families.bucket.gpus", fam["gpus"], lb)
 
     if not problems:  # the profiled runs are chosen from the run table, which needs the above
-        from scalestudy.profiling import config_problems
-
         problems += config_problems(config)
     return problems
 

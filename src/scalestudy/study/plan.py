@@ -48,12 +48,10 @@ import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from scalestudy import atomic
-from scalestudy.collect import same
-from scalestudy.matrix import FAMILIES, RUN_COLUMNS, build_run_table
-from scalestudy.studyconfig import DATASET_TRAIN_SIZES
+from scalestudy import files, vocab
+from scalestudy.errors import PlanError
+from scalestudy.study.runs import RUN_COLUMNS, build_run_table, same
 
-DATASET_TEST_SIZES = {"cifar10": 10000, "mnist": 10000}
 RUNS_CSV = "results/csv/runs.csv"
 BENCHMARKS_DIR = "benchmarks/train"
 PLAN_MD = "reports/plan.md"
@@ -62,7 +60,6 @@ PLAN_CSV = "results/plan.csv"
 BASE_KEY = ("device", "model", "width", "strategy", "loader", "compile", "comm_hook", "accum_steps")
 # ... and in the image size: MNIST's 28x28x1 images cost less than CIFAR-10's (synthetic has
 # CIFAR-10's shape, so offline runs calibrate a CIFAR-10 study)
-IMAGE_SHAPES = {"mnist": "28x28x1"}
 LEVELS = ("run", "batch", "world size", "precision")
 # numeric columns of results/csv/runs.csv the calibration reads
 MEASURED_NUMBERS = (
@@ -97,10 +94,6 @@ PLAN_COLUMNS = (
     "gpu_hours",
     "done",
 )
-
-
-class PlanError(RuntimeError):
-    pass
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -149,7 +142,7 @@ def dataset_sizes(config: dict, row: dict) -> tuple[int, int]:
     if dataset == "synthetic":
         n_train, n_test = config["synthetic"]["num_train"], config["synthetic"]["num_test"]
     else:
-        n_train, n_test = DATASET_TRAIN_SIZES[dataset], DATASET_TEST_SIZES[dataset]
+        n_train, n_test = vocab.DATASETS[dataset].train, vocab.DATASETS[dataset].test
     limit_train, limit_test = int(row["limit_train"]), int(row["limit_test"])
     if 0 < limit_train < n_train:
         n_train = limit_train
@@ -192,7 +185,9 @@ def _text(value) -> str:
 
 
 def _base(row: dict) -> tuple:
-    shape = IMAGE_SHAPES.get(_text(row.get("dataset")), "32x32x3")
+    shape = (
+        vocab.DATASETS[row["dataset"]].shape if row.get("dataset") in vocab.DATASETS else "32x32x3"
+    )
     return (*(_text(row.get(k)) for k in BASE_KEY), shape)
 
 
@@ -241,7 +236,7 @@ def load_measured(
                 raise PlanError(
                     f"{path}, run {row['run']!r}: {column} is {row[column]!r}, not a number; {fix}"
                 )
-        if row["dataset"] not in (*DATASET_TEST_SIZES, "synthetic"):
+        if row["dataset"] not in vocab.DATASETS:
             raise PlanError(
                 f"{path}, run {row['run']!r}: unknown dataset {row['dataset']!r}; {fix}"
             )
@@ -403,7 +398,7 @@ def totals(estimates: list[Estimate]) -> dict:
     """{"rule": {rule: Total}, "family": {family: Total}, "total": Total}. A run shared by
     several families counts in each family's subtotal, and once in the total."""
     rules = sorted({e.rule for e in estimates})
-    families = [f for f in FAMILIES if any(f in e.families.split(";") for e in estimates)]
+    families = [f for f in vocab.FAMILIES if any(f in e.families.split(";") for e in estimates)]
     return {
         "rule": {r: _sum(e for e in estimates if e.rule == r) for r in rules},
         "family": {f: _sum(e for e in estimates if f in e.families.split(";")) for f in families},
@@ -578,7 +573,7 @@ def plan_markdown(config: dict, estimates: list[Estimate], check: list[dict]) ->
         "",
         f"{len(estimates)} training runs ({config['repeats']} repeats), device "
         f"{config['hardware']['device']}, {config['hardware']['gpus_per_node']} ranks per node. "
-        "Written by `scalestudy plan` (src/scalestudy/plan.py); the same estimates set each "
+        "Written by `scalestudy plan` (src/scalestudy/study/plan.py); the same estimates set each "
         "training job's Slurm time limit and are printed by `snakemake --dry-run`.",
         "",
         "## Formula",
@@ -685,8 +680,8 @@ def write_plan(
     measured = load_measured(runs_csv, benchmarks_dir)
     estimates = estimate_runs(config, build_run_table(config), measured)
     check = calibration_check(config, measured) if config["plan"]["calibrate"] else []
-    atomic.write_text(out_md, plan_markdown(config, estimates, check))
-    atomic.write_text(out_csv, plan_csv_text(estimates))
+    files.write_text(out_md, plan_markdown(config, estimates, check))
+    files.write_text(out_csv, plan_csv_text(estimates))
     return estimates
 
 
@@ -695,7 +690,7 @@ def write_plan(
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from scalestudy.studyconfig import add_config_arguments
+    from scalestudy.study.config import add_config_arguments
 
     add_config_arguments(parser)
     parser.add_argument("--runs-csv", default=RUNS_CSV, help="measured runs (%(default)s)")
@@ -707,7 +702,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from scalestudy.studyconfig import StudyConfigError, load_and_validate
+    from scalestudy.study.config import StudyConfigError, load_and_validate
 
     try:
         config = load_and_validate(args.config, overrides=args.set)

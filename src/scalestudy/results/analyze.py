@@ -39,10 +39,10 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from scalestudy import atomic
-from scalestudy.profiling import CATEGORIES, KERNEL_COLUMNS
+from scalestudy import files, vocab
+from scalestudy.errors import AnalysisError
+from scalestudy.nsight.profiling import CATEGORIES, KERNEL_COLUMNS
 
-FAMILIES = ("strong", "weak", "precision", "bucket")
 # per-run measurements averaged over repeats: column in runs.csv -> prefix in scaling.csv
 MEASURES = (
     "throughput_img_s",
@@ -83,10 +83,6 @@ DEFAULT_TARGETS = {
     "accuracy_tolerance": 0.01,
 }
 SCALE_FACTORS = (2, 4)
-
-
-class AnalysisError(RuntimeError):
-    pass
 
 
 # --- reading -------------------------------------------------------------------------------------
@@ -190,7 +186,7 @@ def scaling_table(runs: list[dict], acc_tolerance: float = 0.01) -> list[dict]:
 
 def _order(key):
     family, world_size, local_batch, precision, bucket = key
-    return (FAMILIES.index(family), world_size, local_batch, precision, bucket)
+    return (vocab.FAMILIES.index(family), world_size, local_batch, precision, bucket)
 
 
 def _family(rows, family):
@@ -403,7 +399,7 @@ def resources(runs: list[dict], gpus_per_node: int) -> list[dict]:
             sum(int(r["world_size"]) * h for r, h in zip(members, hours, strict=True)),
         )
 
-    for family in FAMILIES:
+    for family in vocab.FAMILIES:
         members = by_family.get(family)
         if not members:
             continue
@@ -427,7 +423,7 @@ def resources(runs: list[dict], gpus_per_node: int) -> list[dict]:
             "gpu_hours": gpu_h,
         }
     )
-    for family in FAMILIES:
+    for family in vocab.FAMILIES:
         members = by_family.get(family)
         if not members:
             continue
@@ -561,7 +557,7 @@ def write_csv(path: str | Path, rows: list[dict], columns) -> None:
     writer.writerow(columns)
     for r in rows:
         writer.writerow([cell(r.get(c)) for c in columns])
-    atomic.write_text(path, buf.getvalue())
+    files.write_text(path, buf.getvalue())
 
 
 def write_html(path: str | Path, title: str, rows: list[dict], columns) -> None:
@@ -571,7 +567,7 @@ def write_html(path: str | Path, title: str, rows: list[dict], columns) -> None:
         "<tr>" + "".join(f"<td>{html.escape(cell(r.get(c)))}</td>" for c in columns) + "</tr>"
         for r in rows
     )
-    atomic.write_text(
+    files.write_text(
         path,
         f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
         "<style>table{border-collapse:collapse;font:13px sans-serif}"

@@ -21,7 +21,7 @@ import socket
 import subprocess
 from pathlib import Path
 
-from scalestudy import atomic
+from scalestudy import files
 
 ABSENT = "absent"
 
@@ -145,7 +145,7 @@ def collect(image: str | None = None) -> dict:
 def _digest(image: str | None) -> str:
     """sha256 of the image file; else what the launcher exported; else absent."""
     if image:
-        from scalestudy.container import image_digest
+        from scalestudy.jobs.container import image_digest
 
         try:
             return image_digest(image)
@@ -161,7 +161,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     info = collect(args.image)
-    atomic.write_json(args.out, info)
+    files.write_json(args.out, info)
     gpus = info["gpus"]
     what = f"{len(gpus)} GPU(s)" if isinstance(gpus, list) else f"GPUs: {gpus}"
     print(f"inventory of {info['hostname']}: {what}, torch {info['torch']} -> {args.out}")

@@ -1,0 +1,103 @@
+"""Every expected error of scalestudy, under one root.
+
+`ScalestudyError` is what the CLI (cli.py) turns into one line on stderr and a non-zero exit:
+an error a user can fix (a bad config, a missing file, a tool not installed) says what is wrong,
+where, and the command that fixes it, without a traceback. Anything else is a bug and keeps its
+traceback. Each class also derives from the built-in exception it always was (ValueError,
+RuntimeError), so `except ValueError` around a config check keeps working.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+
+class ScalestudyError(Exception):
+    """Root of the expected errors: the message is the whole story, printed as one line."""
+
+
+# --- study configuration and planning (study/)
+class StudyConfigError(ScalestudyError, ValueError):
+    """An invalid study config; `problems` holds one message per problem."""
+
+    def __init__(self, problems: str | Iterable[str], source: str | os.PathLike | None = None):
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        self.source = None if source is None else str(source)
+        head = f"invalid study config {self.source}" if self.source else "invalid study config"
+        if len(self.problems) == 1:
+            message = f"{head}: {self.problems[0]}"
+        else:
+            message = head + ":\n" + "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(message)
+
+
+class PlanError(ScalestudyError, RuntimeError):
+    """Measured runs or benchmarks that the plan cannot read."""
+
+
+# --- the trainer (trainer/)
+class TrainingError(ScalestudyError, RuntimeError):
+    """A run that cannot start or must stop: bad device, no steady-state window, NaN loss..."""
+
+
+class LaunchError(ScalestudyError, RuntimeError):
+    """A rank that cannot find its place (environment), or a launch that cannot be built."""
+
+
+class PreparedDataError(ScalestudyError):
+    """Prepared data is missing, incomplete or does not match its meta.json."""
+
+
+class DownloadError(ScalestudyError, RuntimeError):
+    """A raw file could not be downloaded."""
+
+
+class ChecksumError(DownloadError):
+    """A downloaded raw file does not have the expected md5."""
+
+
+class CheckpointError(ScalestudyError, RuntimeError):
+    """A checkpoint could not be written or read; the message names the path and the cause."""
+
+
+class Preempted(ScalestudyError):
+    """Training stopped on a signal after saving the checkpoint of `epoch` epochs (exit 75:
+    not a failure, the same command resumes)."""
+
+    def __init__(self, epoch: int, signame: str, path: Path) -> None:
+        super().__init__(f"stopped on {signame} after epoch {epoch}; checkpoint {path}")
+        self.epoch, self.signame, self.path = epoch, signame, path
+
+
+# --- jobs (jobs/)
+class DefinitionError(ScalestudyError, ValueError):
+    """A definition file that cannot be parsed or fails the checks; the message names the file
+    and, where there is one, the line."""
+
+
+class ApptainerNotFound(ScalestudyError, RuntimeError):
+    """`apptainer` is not on PATH."""
+
+
+class ProfileError(ScalestudyError, RuntimeError):
+    """A profiling job that cannot run its tool or finds no output of it."""
+
+
+# --- profiler outputs (nsight/)
+class ProfileFormatError(ScalestudyError, ValueError):
+    """A profile file that cannot be parsed; the message names the file (and line)."""
+
+    def __init__(self, path, line: int | None, problem: str) -> None:
+        where = f"{path}, line {line}" if line else str(path)
+        super().__init__(f"{where}: {problem}")
+
+
+# --- results (results/)
+class CollectError(ScalestudyError, RuntimeError):
+    """A run's metrics.json or epochs.csv that is missing or does not match the run table."""
+
+
+class AnalysisError(ScalestudyError, RuntimeError):
+    """An analysis input that is missing or malformed."""

@@ -1,0 +1,2 @@
+"""Jobs: what starts processes (the launcher, the container, the system inventory, the
+profiler capture)."""

@@ -1,0 +1,1 @@
+"""Nsight and torch.profiler outputs -> tidy rows: pure parsers and the kernel classifier."""

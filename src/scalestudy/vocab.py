@@ -1,0 +1,43 @@
+"""The study's vocabulary, defined once: datasets, families, precisions, strategies, ...
+
+Every module that names one of these imports it from here; the JSON schema of the study config
+(workflow/schemas/config.schema.yaml) repeats them as enums, and tests/test_vocabulary.py checks
+that the two agree. No torch import: the study layer and the workflow read this at parse time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Dataset:
+    train: int  # images in the training split
+    test: int  # images in the test split
+    shape: str  # H x W x C of one image
+    classes: int
+
+
+# Sizes of the published splits (CIFAR-10: Krizhevsky 2009; MNIST: LeCun et al. 1998). The
+# synthetic set's sizes are the defaults of `scalestudy prepare-data --dataset synthetic`
+# (config key synthetic.num_train / num_test overrides them).
+DATASETS: dict[str, Dataset] = {
+    "cifar10": Dataset(train=50000, test=10000, shape="32x32x3", classes=10),
+    "mnist": Dataset(train=60000, test=10000, shape="28x28x1", classes=10),
+    "synthetic": Dataset(train=50000, test=10000, shape="32x32x3", classes=10),
+}
+# sweeps of a study (config key families.<name>); order = order of tables and figures
+FAMILIES = ("strong", "weak", "precision", "bucket")
+# arithmetic of a run; order = sort order of the run table
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+# precisions that only exist on CUDA: why, for the error message
+CUDA_ONLY_PRECISIONS = {
+    "fp16": "fp16 autocast with GradScaler needs CUDA",
+    "tf32": "TF32 is a tensor-core mode of NVIDIA GPUs",
+}
+STRATEGIES = ("ddp", "fsdp", "allreduce")  # gradient synchronisation
+COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")  # DDP communication hooks
+DEVICES = ("auto", "cpu", "cuda")
+LOADERS = ("device", "dataloader")  # input pipelines
+MODELS = ("resnet18", "cnn")
+SCHEDULES = ("onecycle", "cosine")  # LR schedule after warm-up
