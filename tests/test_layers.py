@@ -1,0 +1,118 @@
+"""The package's layers point one way: shared <- trainer <- study <- jobs, results.
+
+nsight (pure parsers) sits on shared only.
+
+Read with `ast`, not by importing: a wrong import fails here even in a module no test imports.
+A module may import its own layer and the layers below it, at the top of the file. An import
+inside a function may not cross layers either (that is how the old import cycle hid).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[1] / "src" / "scalestudy"
+
+# layer -> the layers it may import (itself included). nsight is pure parsing: shared only.
+SHARED = {"shared"}
+ALLOWED = {
+    "shared": SHARED,
+    "trainer": SHARED | {"trainer"},
+    "nsight": SHARED | {"nsight"},
+    "study": SHARED | {"trainer", "study"},
+    "jobs": SHARED | {"trainer", "nsight", "study", "jobs"},
+    "results": SHARED | {"trainer", "nsight", "study", "results"},
+    "entry": {"shared", "trainer", "nsight", "study", "jobs", "results", "entry"},
+}
+
+
+def layer(module: str) -> str:
+    """scalestudy.trainer.loop -> trainer; scalestudy.files -> shared; scalestudy.cli -> entry."""
+    parts = module.split(".")
+    if len(parts) > 2 or (len(parts) == 2 and (PKG / parts[1]).is_dir()):
+        return parts[1]
+    return "entry" if parts[-1] in ("cli", "__main__") else "shared"
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(PKG.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def scalestudy_imports(path: Path) -> list[tuple[str, int, bool]]:
+    """(imported scalestudy module, line, inside a function) for every import in the file."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            nested = in_function or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef)
+            if isinstance(child, ast.Import):
+                found.extend((a.name, child.lineno, in_function) for a in child.names)
+            elif isinstance(child, ast.ImportFrom) and child.module and child.level == 0:
+                base = child.module
+                if base == "scalestudy":  # from scalestudy import files, vocab
+                    found.extend(
+                        (f"scalestudy.{a.name}", child.lineno, in_function) for a in child.names
+                    )
+                else:
+                    found.append((base, child.lineno, in_function))
+            visit(child, nested)
+
+    visit(tree, False)
+    return [(m, line, f) for m, line, f in found if m.split(".")[0] == "scalestudy"]
+
+
+MODULES = sorted(PKG.rglob("*.py"))
+
+
+def test_every_module_has_a_layer():
+    layers = {layer(module_name(p)) for p in MODULES}
+    assert layers <= set(ALLOWED), f"unknown layer(s) {layers - set(ALLOWED)}: add them to ALLOWED"
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PKG)))
+def test_imports_point_down_the_layers(path):
+    mine = layer(module_name(path))
+    wrong = []
+    for target, line, in_function in scalestudy_imports(path):
+        theirs = layer(target)
+        if theirs not in ALLOWED[mine]:
+            wrong.append(f"line {line}: {mine} imports {target} ({theirs})")
+        elif in_function and theirs != mine:
+            wrong.append(f"line {line}: function-level import of {target} crosses {mine}->{theirs}")
+    assert not wrong, f"{path.relative_to(PKG)}:\n" + "\n".join(wrong)
+
+
+@pytest.mark.parametrize("path", sorted((PKG / "study").glob("*.py")), ids=lambda p: p.name)
+def test_the_study_layer_does_not_import_torch(path):
+    """study/ runs at Snakemake parse time and on login nodes: no torch (seconds to import)."""
+    tree = ast.parse(path.read_text())
+    heavy = [
+        (n.lineno, name)
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Import | ast.ImportFrom)
+        for name in ([a.name for a in n.names] if isinstance(n, ast.Import) else [n.module or ""])
+        if name.split(".")[0] in ("torch", "torchvision")
+    ]
+    assert not heavy, f"study/{path.name} imports {heavy}"
+
+
+def test_the_checker_sees_a_wrong_import(tmp_path, monkeypatch):
+    """The test above can fail: a trainer module importing results is caught, at any depth."""
+    fake = tmp_path / "scalestudy"
+    (fake / "trainer").mkdir(parents=True)
+    (fake / "results").mkdir()
+    bad = fake / "trainer" / "bad.py"
+    bad.write_text("def f():\n    from scalestudy.results import plot\n")
+    monkeypatch.setattr(__import__(__name__), "PKG", fake)
+    [(target, line, in_function)] = scalestudy_imports(bad)
+    assert (target, line, in_function) == ("scalestudy.results", 2, True)
+    assert layer(module_name(bad)) == "trainer"
+    assert layer(target) not in ALLOWED["trainer"]

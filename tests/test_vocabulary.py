@@ -1,0 +1,110 @@
+"""One vocabulary: the study schema, vocab.py and the trainer's flags name the same things.
+
+The JSON schema (workflow/schemas/config.schema.yaml) must repeat its enums for users and
+editors; this test keeps the repetition honest. Defaults may differ only where a difference is
+intended, and each is listed here with its reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import yaml
+
+from scalestudy import vocab
+from scalestudy.trainer.config import TrainConfig
+
+SCHEMA = yaml.safe_load(
+    (Path(__file__).resolve().parents[1] / "workflow/schemas/config.schema.yaml").read_text()
+)
+TRAIN = SCHEMA["properties"]["train"]["properties"]
+FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+
+# schema default of train.<key> != `scalestudy train` default, on purpose: the paper study is
+# not a one-off command line
+INTENDED_DEFAULT_DIFFERENCES = {
+    "epochs": "the paper study trains to convergence (30); a bare `train` is a quick 10",
+    "warmup_epochs": "the study's global batches reach 8 x 256: a longer LR warm-up (2 vs 1)",
+    "warmup_steps": "GPU runs need more steps before the window (cuDNN autotuning): 20 vs 5",
+    "comm_probe_steps": "more probe steps per arm for a steadier median in the study: 10 vs 5",
+}
+# train.<key> of the schema that are no TrainConfig field (the run table adds them)
+NOT_FLAGS = set()
+
+
+def schema_enum(prop: dict) -> list | None:
+    if "$ref" in prop:
+        prop = SCHEMA["$defs"][prop["$ref"].rsplit("/", 1)[1]]
+    return prop.get("enum")
+
+
+@pytest.mark.parametrize(
+    "key, names",
+    [
+        ("dataset", tuple(vocab.DATASETS)),
+        ("model", vocab.MODELS),
+        ("precision", vocab.PRECISIONS),
+        ("strategy", vocab.STRATEGIES),
+        ("comm_hook", vocab.COMM_HOOKS),
+        ("loader", vocab.LOADERS),
+        ("schedule", vocab.SCHEDULES),
+    ],
+)
+def test_schema_enums_are_the_vocabulary_and_the_trainer_choices(key, names):
+    prop = SCHEMA["properties"]["dataset"] if key == "dataset" else TRAIN[key]
+    assert schema_enum(prop) == list(names)
+    assert tuple(FIELDS[key].metadata["choices"]) == tuple(names)
+
+
+def test_schema_devices_are_the_trainers_without_auto():
+    """A study names its hardware; `auto` is for a bare command line only."""
+    device = SCHEMA["properties"]["hardware"]["properties"]["device"]
+    assert set(device["enum"]) == set(vocab.DEVICES) - {"auto"}
+
+
+def test_families_are_the_vocabulary():
+    assert tuple(SCHEMA["properties"]["families"]["properties"]) == vocab.FAMILIES
+
+
+def test_synthetic_sizes_are_the_vocabulary():
+    sizes = SCHEMA["properties"]["synthetic"]["properties"]
+    synthetic = vocab.DATASETS["synthetic"]
+    assert (sizes["num_train"]["default"], sizes["num_test"]["default"]) == (
+        synthetic.train,
+        synthetic.test,
+    )
+
+
+@pytest.mark.parametrize("key", sorted(TRAIN))
+def test_train_defaults_agree_with_the_trainer(key):
+    assert key in FIELDS or key in NOT_FLAGS, f"train.{key} is no `scalestudy train` flag"
+    prop, flag_default = TRAIN[key], FIELDS[key].default
+    described = {**SCHEMA["$defs"].get(prop.get("$ref", "").rsplit("/", 1)[-1], {}), **prop}
+    assert "description" in described, f"train.{key} has no description"
+    assert "default" in prop, f"train.{key} has no default"
+    if key in INTENDED_DEFAULT_DIFFERENCES:
+        assert prop["default"] != flag_default, f"train.{key}: no longer differs, drop the entry"
+    else:
+        assert prop["default"] == flag_default, (
+            f"train.{key}: schema default {prop['default']!r}, `scalestudy train` default "
+            f"{flag_default!r}; make them agree or list the difference with its reason"
+        )
+
+
+def test_every_schema_key_has_a_description_and_a_default():
+    missing = []
+
+    def walk(prop: dict, path: str) -> None:
+        if "$ref" in prop:
+            prop = {**SCHEMA["$defs"][prop["$ref"].rsplit("/", 1)[1]], **prop}
+        if path and "description" not in prop:
+            missing.append(f"{path}: description")
+        if path and "default" not in prop:
+            missing.append(f"{path}: default")
+        for name, child in prop.get("properties", {}).items():
+            walk(child, f"{path}.{name}" if path else name)
+
+    walk(SCHEMA, "")
+    assert not missing, missing
