@@ -47,13 +47,14 @@ from pathlib import Path
 from scalestudy import files
 from scalestudy.errors import ProfileError, ProfileFormatError
 from scalestudy.jobs import launch
-from scalestudy.nsight import profiling
+from scalestudy.nsight import ncu as ncu_parser
+from scalestudy.nsight import nsys, schema, torch_ops
 
 NSYS_TRACE = "cuda,nvtx,osrt,cudnn,cublas"
 NSYS_REPORTS_NEW = ("cuda_gpu_kern_sum", "cuda_gpu_mem_time_sum", "nvtx_sum")
 NSYS_REPORTS_OLD = ("gpukernsum", "gpumemtimesum", "nvtxsum")
 # FLOP counters that --set full does not print in the details page: SASS f/h/d add, mul, fma
-# (a fma is 2 FLOP) and the tensor-core paths (profiling.parse_ncu sums them). Tensor paths: only
+# (a fma is 2 FLOP) and the tensor-core paths (nsight.ncu.parse_ncu sums them). Tensor paths: only
 # the per-(source, destination) totals; the src-only totals and the _sparsity_on/_off breakdowns
 # count the same operations again. A regex, not a list: a name the GPU lacks (bf16 before Ampere)
 # would fail the whole ncu run, a regex just matches fewer.
@@ -63,7 +64,7 @@ NCU_METRICS = ",".join(
         for p in "hfd"
         for op in ("add", "mul", "fma")
     ]
-    + ["regex:" + profiling.TENSOR_METRIC.pattern]
+    + ["regex:" + ncu_parser.TENSOR_METRIC.pattern]
 )
 
 
@@ -74,19 +75,19 @@ NCU_METRICS = ",".join(
 def choose_tool(requested: str, device: str, nsys_path: str | None) -> tuple[str, str]:
     """(tool, why): nsys or torch. Explicit nsys without nsys or without CUDA is an error."""
     if requested == "torch":
-        return "torch", "profiling.tool is torch"
+        return "torch", "schema.tool is torch"
     if requested == "nsys":
         if device != "cuda":
             raise ProfileError(
-                "profiling.tool is nsys but this study runs on CPU (hardware.device: cpu); "
-                "Nsight Systems profiles GPUs: use profiling.tool auto or torch"
+                "schema.tool is nsys but this study runs on CPU (hardware.device: cpu); "
+                "Nsight Systems profiles GPUs: use schema.tool auto or torch"
             )
         if nsys_path is None:
             raise ProfileError(
-                "profiling.tool is nsys but `nsys` is not on PATH on this node: load the Nsight "
-                "Systems module (e.g. `module load nsight-systems`) or use profiling.tool auto"
+                "schema.tool is nsys but `nsys` is not on PATH on this node: load the Nsight "
+                "Systems module (e.g. `module load nsight-systems`) or use schema.tool auto"
             )
-        return "nsys", f"profiling.tool is nsys ({nsys_path})"
+        return "nsys", f"schema.tool is nsys ({nsys_path})"
     if device != "cuda":
         return "torch", "auto: no GPU (hardware.device: cpu), torch.profiler over the same window"
     if nsys_path is None:
@@ -185,7 +186,7 @@ def ncu_command(
 
 def ncu_import_command(report: str) -> list[str]:
     # metric names, not labels: labels changed between versions ("SM [%]", "Compute (SM) [%]",
-    # "Compute (SM) Throughput"); profiling.parse_ncu reads both
+    # "Compute (SM) Throughput"); nsight.ncu.parse_ncu reads both
     return [
         "ncu",
         "--import",
@@ -327,18 +328,18 @@ def parse(args: argparse.Namespace) -> int:
         ) from exc
     source = capture_dir / manifest["input"]
     if manifest["tool"] == "nsys":
-        kernels, ranges = profiling.parse_nsys(source, args.run)
+        kernels, ranges = nsys.parse_nsys(source, args.run)
     else:
-        kernels, ranges = profiling.parse_torch(source, args.run)
-    files.write_text(args.out_kernels, profiling.csv_text(profiling.KERNEL_COLUMNS, kernels))
-    files.write_text(args.out_ranges, profiling.csv_text(profiling.RANGE_COLUMNS, ranges))
+        kernels, ranges = torch_ops.parse_torch(source, args.run)
+    files.write_text(args.out_kernels, schema.csv_text(schema.KERNEL_COLUMNS, kernels))
+    files.write_text(args.out_ranges, schema.csv_text(schema.RANGE_COLUMNS, ranges))
     bare = sorted({r["rank"] for r in kernels} - {r["rank"] for r in ranges})
     if bare:
         # a warning, not an error: the kernel breakdown stands on its own, and a trainer that
         # records its phases in a form this tool does not see must not cost the kernels
         print(
             f"WARNING {args.run}: rank(s) {', '.join(map(str, bare))} have kernels but none of "
-            f"the phase ranges {', '.join(profiling.RANGES)} in {source} "
+            f"the phase ranges {', '.join(schema.RANGES)} in {source} "
             f"({'nvtx_sum' if manifest['tool'] == 'nsys' else 'record_function entries'}); "
             f"{args.out_ranges} has no rows for them",
             file=sys.stderr,
@@ -358,16 +359,16 @@ def ncu(args: argparse.Namespace) -> int:
         missing = "no GPU (hardware.device: cpu)" if args.device != "cuda" else "`ncu` not on PATH"
         if args.enabled == "true":
             raise ProfileError(
-                f"profiling.ncu.enabled is true but {missing}: load Nsight Compute "
-                "(e.g. `module load nsight-compute`) or set profiling.ncu.enabled: auto"
+                f"schema.ncu.enabled is true but {missing}: load Nsight Compute "
+                "(e.g. `module load nsight-compute`) or set schema.ncu.enabled: auto"
             )
         why = f"auto: {missing}, no Nsight Compute metrics for {args.run}"
         print(why, flush=True)
         files.write_json(out_dir / "tool.json", {"tool": "none", "why": why})
-        files.write_text(args.out, profiling.csv_text(profiling.NCU_COLUMNS, []))
+        files.write_text(args.out, schema.csv_text(schema.NCU_COLUMNS, []))
         return 0
-    kernel_rows = profiling.read_csv(args.kernels, profiling.KERNEL_COLUMNS)
-    kernels = profiling.top_kernels(kernel_rows, args.top_k)
+    kernel_rows = schema.read_csv(args.kernels, schema.KERNEL_COLUMNS)
+    kernels = schema.top_kernels(kernel_rows, args.top_k)
     if not kernels:
         raise ProfileError(f"{args.kernels}: no non-NCCL kernel to profile with ncu")
     env = launch.rank_env(dict(os.environ), args.cpus_per_rank)
@@ -405,9 +406,9 @@ def ncu(args: argparse.Namespace) -> int:
     rows = []
     for i, kernel in enumerate(kernels):
         # the kernels CSV's name, not ncu's spelling of it: profile_ncu joins profile_kernels
-        rows.extend(profiling.parse_ncu(out_dir / f"ncu_k{i}.csv", args.run, kernel=kernel))
+        rows.extend(ncu_parser.parse_ncu(out_dir / f"ncu_k{i}.csv", args.run, kernel=kernel))
     files.write_json(out_dir / "tool.json", {"tool": "ncu", "why": ncu_path, "kernels": kernels})
-    files.write_text(args.out, profiling.csv_text(profiling.NCU_COLUMNS, rows))
+    files.write_text(args.out, schema.csv_text(schema.NCU_COLUMNS, rows))
     return 0
 
 
@@ -419,11 +420,11 @@ def rank(args: argparse.Namespace) -> int:
 
 def merge(args: argparse.Namespace) -> int:
     columns = {
-        "kernels": profiling.KERNEL_COLUMNS,
-        "ranges": profiling.RANGE_COLUMNS,
-        "ncu": profiling.NCU_COLUMNS,
+        "kernels": schema.KERNEL_COLUMNS,
+        "ranges": schema.RANGE_COLUMNS,
+        "ncu": schema.NCU_COLUMNS,
     }[args.schema]
-    files.write_text(args.out, profiling.merge_csvs(args.inputs, columns))
+    files.write_text(args.out, schema.merge_csvs(args.inputs, columns))
     return 0
 
 

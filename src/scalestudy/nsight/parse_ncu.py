@@ -1,7 +1,7 @@
 """`scalestudy parse-ncu --input <details csv or dir> --run R --out ncu.csv`.
 
 Reads `ncu --csv --page details` output (one file, or every *.csv of a directory) and writes the
-profile_ncu schema of scalestudy.nsight.profiling: per kernel the mean duration, achieved occupancy,
+profile_ncu schema of scalestudy.nsight.schema: per kernel the mean duration, achieved occupancy,
 DRAM and SM throughput and FLOP/s (tensor-core paths included) over the profiled launches.
 """
 
@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from scalestudy.errors import ProfileFormatError
-from scalestudy.nsight import profiling
+from scalestudy.nsight import ncu, schema
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,10 +29,10 @@ def run(args: argparse.Namespace) -> int:
             raise ProfileFormatError(src, None, "no ncu details CSV in this directory")
         rows = []
         for f in files:
-            rows.extend(profiling.parse_ncu(f, args.run))
+            rows.extend(ncu.parse_ncu(f, args.run))
     except ProfileFormatError as exc:
         print(f"scalestudy parse-ncu: {exc}", file=sys.stderr)
         return 2
-    files.write_text(args.out, profiling.csv_text(profiling.NCU_COLUMNS, rows))
+    files.write_text(args.out, schema.csv_text(schema.NCU_COLUMNS, rows))
     print(f"{args.run}: {len(rows)} kernels -> {args.out}")
     return 0

@@ -41,7 +41,7 @@ from pathlib import Path
 
 from scalestudy import files, vocab
 from scalestudy.errors import AnalysisError
-from scalestudy.nsight.profiling import CATEGORIES, KERNEL_COLUMNS
+from scalestudy.nsight.schema import CATEGORIES, KERNEL_COLUMNS
 
 # per-run measurements averaged over repeats: column in runs.csv -> prefix in scaling.csv
 MEASURES = (
@@ -73,7 +73,7 @@ SCALING_COLUMNS = (
     "bucket_rel_throughput",
     "runs",
 )
-# the profiling stage's schema (results/csv/profile_kernels.csv), defined in profiling.py
+# the profiling stage's schema (results/csv/profile_kernels.csv), defined in nsight/schema.py
 PROFILE_COLUMNS, PROFILE_CATEGORIES = KERNEL_COLUMNS, CATEGORIES
 DEFAULT_TARGETS = {
     "strong_efficiency": 0.70,
