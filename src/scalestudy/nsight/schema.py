@@ -41,6 +41,7 @@ import math
 from collections.abc import Iterable
 from pathlib import Path
 
+from scalestudy import files
 from scalestudy.errors import ProfileFormatError
 from scalestudy.nsight.classify import classify
 from scalestudy.nsight.readers import read_text
@@ -142,7 +143,8 @@ def top_kernels(rows: Iterable[dict], k: int) -> list[str]:
 # writing and merging
 
 
-def _fmt(value) -> str:
+def cell(value) -> str:
+    """A profile CSV cell: None and NaN blank, floats to 6 significant digits."""
     if value is None:
         return ""
     if isinstance(value, float):
@@ -153,12 +155,8 @@ def _fmt(value) -> str:
 
 
 def csv_text(columns: tuple[str, ...], rows: Iterable[dict]) -> str:
-    out = io.StringIO()
-    w = csv.writer(out, lineterminator="\n")
-    w.writerow(columns)
-    for r in rows:
-        w.writerow([_fmt(r[c]) for c in columns])
-    return out.getvalue()
+    """A profile CSV (files.csv_text with the cells of cell())."""
+    return files.csv_text(columns, rows, cell)
 
 
 def read_csv(path: str | Path, columns: tuple[str, ...]) -> list[dict]:

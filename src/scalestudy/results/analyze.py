@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import csv
 import html
-import io
 import math
 import statistics
 import sys
@@ -94,22 +93,10 @@ def read_csv(path: str | Path, what: str = "", make: str = "snakemake") -> list[
         return list(csv.DictReader(f))
 
 
-def number(value) -> float | None:
-    """A CSV cell as a float; blank / None / null / nan -> None."""
-    if value is None:
-        return None
-    if isinstance(value, int | float):
-        return None if isinstance(value, float) and math.isnan(value) else float(value)
-    text = str(value).strip()
-    if text in ("", "None", "null", "nan", "NaN"):
-        return None
-    return float(text)
-
-
 def run_measures(row: dict) -> dict:
     """The per-run measurements of MEASURES (step_time_s derived: global_batch / throughput)."""
-    out = {m: number(row.get(m)) for m in MEASURES if m != "step_time_s"}
-    x, gb = out["throughput_img_s"], number(row.get("global_batch"))
+    out = {m: files.number(row.get(m)) for m in MEASURES if m != "step_time_s"}
+    x, gb = out["throughput_img_s"], files.number(row.get("global_batch"))
     if x is None or x <= 0:
         raise AnalysisError(
             f"run {row.get('run')}: throughput_img_s is {row.get('throughput_img_s')!r}"
@@ -393,7 +380,7 @@ def resources(runs: list[dict], gpus_per_node: int) -> list[dict]:
             by_family[family].append(r)
 
     def spent(members):
-        hours = [number(r["train_time_s"]) / 3600.0 for r in members]
+        hours = [files.number(r["train_time_s"]) / 3600.0 for r in members]
         return (
             sum(int(r["nodes"]) * h for r, h in zip(members, hours, strict=True)),
             sum(int(r["world_size"]) * h for r, h in zip(members, hours, strict=True)),
@@ -432,7 +419,7 @@ def resources(runs: list[dict], gpus_per_node: int) -> list[dict]:
         for k in SCALE_FACTORS:
             world = k * n_max
             nodes = math.ceil(world / gpus_per_node)
-            hours = sum(number(r["train_time_s"]) / 3600.0 for r in largest)
+            hours = sum(files.number(r["train_time_s"]) / 3600.0 for r in largest)
             rows.append(
                 {
                     "kind": "projected",
@@ -551,15 +538,6 @@ def cell(value) -> str:
     return str(value)
 
 
-def write_csv(path: str | Path, rows: list[dict], columns) -> None:
-    buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(columns)
-    for r in rows:
-        writer.writerow([cell(r.get(c)) for c in columns])
-    files.write_text(path, buf.getvalue())
-
-
 def write_html(path: str | Path, title: str, rows: list[dict], columns) -> None:
     """A CSV as a small standalone HTML table, readable inside `snakemake --report`."""
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
@@ -623,7 +601,7 @@ def run(args: argparse.Namespace) -> int:
         ),
     ]
     for name, title, rows, columns in tables:
-        write_csv(out / f"{name}.csv", rows, columns)
+        files.write_csv(out / f"{name}.csv", columns, rows, cell)
         write_html(html_dir / f"{name}.html", title, rows, columns)
     print(f"analyzed {len(runs)} runs -> {len(scaling)} scaling rows in {out}")
     return 0

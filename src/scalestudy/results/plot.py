@@ -15,7 +15,9 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from scalestudy.results.analyze import PROFILE_CATEGORIES, AnalysisError, number, read_csv
+from scalestudy.errors import AnalysisError
+from scalestudy.files import number
+from scalestudy.results.analyze import PROFILE_CATEGORIES, read_csv
 
 # Okabe & Ito (2008), "Color universal design"
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000")
