@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import logging
 import re
 import shlex
 import subprocess
@@ -20,6 +21,7 @@ import yaml
 from conftest import PYTHON
 from workflow_helpers import STAND_INS, child_env, copy_repo, planned_jobs, snakemake, write_config
 
+from scalestudy import cli, log
 from scalestudy.errors import ProfileError, ProfileFormatError
 from scalestudy.jobs import launch
 from scalestudy.jobs import profile as capture
@@ -250,12 +252,13 @@ def test_truncated_nsys_file_names_file_and_line(tmp_path):
             PYTHON,
             "-m",
             "scalestudy",
-            "parse-nsys",
-            "--input",
+            "profile",
+            "parse",
+            "--nsys-stats",
             str(bad),
             "--run",
             "r",
-            "--out",
+            "--out-kernels",
             str(out),
         ],
         capture_output=True,
@@ -284,20 +287,38 @@ def test_missing_kernel_summary_is_an_error(tmp_path):
         nsys.parse_nsys(tmp_path / "empty", "r")
 
 
-def test_cli_parse_nsys_writes_both_schemas(tmp_path):
-    from scalestudy.nsight import parse_nsys
+def _profile_parse(*argv: str) -> argparse.Namespace:
+    """The arguments of `scalestudy profile parse ARGV...`, as the CLI parses them."""
+    words = ["profile", "parse", *argv]
+    return cli.build_parser(words).parse_args(words)
 
-    args = argparse.Namespace(
-        input=str(FIX / "nsys-2024.5"),
-        run="w2",
-        out=str(tmp_path / "k.csv"),
-        out_ranges=str(tmp_path / "r.csv"),
+
+def test_cli_parse_nsys_writes_both_schemas(tmp_path):
+    args = _profile_parse(
+        "--nsys-stats",
+        str(FIX / "nsys-2024.5"),
+        "--run",
+        "w2",
+        "--out-kernels",
+        str(tmp_path / "k.csv"),
+        "--out-ranges",
+        str(tmp_path / "r.csv"),
     )
-    assert parse_nsys.run(args) == 0
+    assert capture.parse(args) == 0
     k = list(csv.DictReader((tmp_path / "k.csv").open()))
     assert tuple(k[0]) == schema.KERNEL_COLUMNS and len(k) == 25
     r = list(csv.DictReader((tmp_path / "r.csv").open()))
     assert tuple(r[0]) == schema.RANGE_COLUMNS and len(r) == 8
+
+
+def test_cli_parse_ncu_writes_the_ncu_schema(tmp_path):
+    out = tmp_path / "n.csv"
+    args = _profile_parse("--ncu", str(FIX / "ncu-2022.4"), "--run", "old", "--out-ncu", str(out))
+    assert capture.parse(args) == 0
+    (row,) = csv.DictReader(out.open())
+    assert tuple(row) == schema.NCU_COLUMNS and row["kernel"] == "ampere_sgemm_128x64_tn"
+    with pytest.raises(ProfileError, match="--out-ncu"):
+        capture.parse(_profile_parse("--ncu", str(out), "--run", "r", "--out-kernels", "k.csv"))
 
 
 # --- ncu -----
@@ -447,7 +468,18 @@ def _nsys_capture(tmp_path, *stats):
     return cap
 
 
-def test_parse_warns_when_kernels_have_no_phase_ranges(tmp_path, capsys):
+@pytest.fixture
+def command_logging():
+    """The logging of a `scalestudy` command (cli.main calls log.setup()), undone afterwards."""
+    logger = log.setup()
+    yield
+    for handler in list(logger.handlers):
+        logger.removeHandler(handler)
+    logger.propagate = True
+    logger.setLevel(logging.NOTSET)
+
+
+def test_parse_warns_when_kernels_have_no_phase_ranges(tmp_path, capsys, command_logging):
     cap = _nsys_capture(tmp_path, "nsys_rank0_cuda_gpu_kern_sum.csv")
     # what nsys stats leaves when the window recorded no NVTX range
     (cap / "stats" / "nsys_rank0_nvtx_sum.csv").write_text(
@@ -808,11 +840,15 @@ def _capture(data_dir, out, *extra, tool="auto", device="cpu", path_extra=None):
 
 
 def _parse(cap, tmp_path):
-    args = argparse.Namespace(
-        capture=str(cap),
-        run="w2_test",
-        out_kernels=str(tmp_path / "k.csv"),
-        out_ranges=str(tmp_path / "r.csv"),
+    args = _profile_parse(
+        "--capture",
+        str(cap),
+        "--run",
+        "w2_test",
+        "--out-kernels",
+        str(tmp_path / "k.csv"),
+        "--out-ranges",
+        str(tmp_path / "r.csv"),
     )
     assert capture.parse(args) == 0
     return (list(csv.DictReader((tmp_path / n).open())) for n in ("k.csv", "r.csv"))

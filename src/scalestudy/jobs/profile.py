@@ -3,7 +3,9 @@
     scalestudy profile capture --run R --tool auto|nsys|torch --device cuda|cpu --ranks all|0 \\
         --out results/profile/R/capture --inventory results/system/profile/R.json \\
         --nodes N --ranks-per-node K --cpus-per-rank C [--container IMG --gpu] -- <train flags>
-    scalestudy profile parse --capture DIR --run R --out-kernels K.csv --out-ranges R.csv
+    scalestudy profile parse --capture DIR --run R --out-kernels K.csv [--out-ranges R.csv]
+    scalestudy profile parse --nsys-stats CSV|DIR --run R --out-kernels K.csv [--out-ranges R.csv]
+    scalestudy profile parse --ncu CSV|DIR --run R --out-ncu N.csv
     scalestudy profile ncu --run R --kernels K.csv --top-k 5 --launch-skip S --launch-count C \\
         --out-dir results/profile/R/ncu --out N.csv --enabled auto|true ... -- <train flags>
     scalestudy profile rank --tool nsys|ncu --ranks all|0 --dir DIR [...] -- CMD...
@@ -28,6 +30,16 @@ ncu: rank 0 only (the other ranks run plain; a profiled NCCL kernel would wait f
   (S' = S clamped so that C launches remain of the kernel's instances on rank 0 in the nsys
   window), then `ncu -i DIR/ncu_k<i>.ncu-rep --csv --page details --print-units base
   --print-metric-name name` -> DIR/ncu_k<i>.csv, whose rows carry the kernels CSV's name.
+parse: profiler output -> the profile CSVs (schemas: scalestudy.nsight.schema), from one of
+  --capture DIR   a capture directory of `profile capture`: its tool.json says which tool ran
+                  and where its output is (nsys stats CSVs, or torch.profiler exports)
+  --nsys-stats P  `nsys stats --format csv` output made by hand: one CSV, or a directory of them
+                  (cuda_gpu_kern_sum, cuda_gpu_mem_time_sum, nvtx_sum or the pre-2023.1 names;
+                  recognised by header, rank from `rank<r>` in the file name)
+  --ncu P         `ncu --csv --page details` output: one CSV, or every *.csv of a directory
+  The first two write --out-kernels (profile_kernels) and, when given, --out-ranges
+  (profile_ranges); --ncu writes --out-ncu (profile_ncu). A file that cannot be parsed is an
+  error naming the file and line (exit 2), and no CSV is written.
 rank: the per-rank wrapper the launcher starts instead of the trainer (rank from SLURM_PROCID or
   RANK): it execs the profiler around CMD on the profiled ranks and CMD alone on the others.
 """
@@ -44,11 +56,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from scalestudy import files
+from scalestudy import files, log
 from scalestudy.errors import ProfileError, ProfileFormatError
 from scalestudy.jobs import launch
 from scalestudy.nsight import ncu as ncu_parser
 from scalestudy.nsight import nsys, schema, torch_ops
+
+logger = log.get(__name__)
 
 NSYS_TRACE = "cuda,nvtx,osrt,cudnn,cublas"
 NSYS_REPORTS_NEW = ("cuda_gpu_kern_sum", "cuda_gpu_mem_time_sum", "nvtx_sum")
@@ -317,8 +331,8 @@ def capture(args: argparse.Namespace) -> int:
     return 0
 
 
-def parse(args: argparse.Namespace) -> int:
-    capture_dir = Path(args.capture)
+def _capture_input(capture_dir: Path) -> tuple[str, Path, str]:
+    """(tool, its output, why that tool) of a capture directory, from its tool.json."""
     manifest_path = capture_dir / "tool.json"
     try:
         manifest = json.loads(manifest_path.read_text())
@@ -326,27 +340,50 @@ def parse(args: argparse.Namespace) -> int:
         raise ProfileFormatError(
             manifest_path, None, f"unreadable ({exc}); made by `scalestudy profile capture`"
         ) from exc
-    source = capture_dir / manifest["input"]
-    if manifest["tool"] == "nsys":
+    return manifest["tool"], capture_dir / manifest["input"], manifest["why"]
+
+
+def parse(args: argparse.Namespace) -> int:
+    """One of --capture, --nsys-stats, --ncu -> the profile CSVs (see the module docstring)."""
+    if args.ncu:
+        if args.out_kernels or args.out_ranges or not args.out_ncu:
+            raise ProfileError(
+                "--ncu writes --out-ncu (profile_ncu), not --out-kernels/--out-ranges"
+            )
+        rows = []
+        for f in ncu_parser.ncu_files(args.ncu):
+            rows.extend(ncu_parser.parse_ncu(f, args.run))
+        files.write_text(args.out_ncu, schema.csv_text(schema.NCU_COLUMNS, rows))
+        logger.info(f"{args.run}: {len(rows)} kernels -> {args.out_ncu}")
+        return 0
+    if not args.out_kernels or args.out_ncu:
+        raise ProfileError(
+            f"--{'capture' if args.capture else 'nsys-stats'} writes --out-kernels "
+            "(and --out-ranges), not --out-ncu"
+        )
+    if args.capture:
+        tool, source, why = _capture_input(Path(args.capture))
+    else:
+        tool, source, why = "nsys", Path(args.nsys_stats), f"stats {args.nsys_stats}"
+    if tool == "nsys":
         kernels, ranges = nsys.parse_nsys(source, args.run)
     else:
         kernels, ranges = torch_ops.parse_torch(source, args.run)
     files.write_text(args.out_kernels, schema.csv_text(schema.KERNEL_COLUMNS, kernels))
-    files.write_text(args.out_ranges, schema.csv_text(schema.RANGE_COLUMNS, ranges))
+    if args.out_ranges:
+        files.write_text(args.out_ranges, schema.csv_text(schema.RANGE_COLUMNS, ranges))
     bare = sorted({r["rank"] for r in kernels} - {r["rank"] for r in ranges})
     if bare:
         # a warning, not an error: the kernel breakdown stands on its own, and a trainer that
         # records its phases in a form this tool does not see must not cost the kernels
-        print(
+        where = f"; {args.out_ranges} has no rows for them" if args.out_ranges else ""
+        logger.warning(
             f"WARNING {args.run}: rank(s) {', '.join(map(str, bare))} have kernels but none of "
             f"the phase ranges {', '.join(schema.RANGES)} in {source} "
-            f"({'nvtx_sum' if manifest['tool'] == 'nsys' else 'record_function entries'}); "
-            f"{args.out_ranges} has no rows for them",
-            file=sys.stderr,
+            f"({'nvtx_sum' if tool == 'nsys' else 'record_function entries'}){where}"
         )
-    print(
-        f"{args.run}: {len(kernels)} kernel rows, {len(ranges)} range rows "
-        f"(tool {manifest['tool']}: {manifest['why']})"
+    logger.info(
+        f"{args.run}: {len(kernels)} kernel rows, {len(ranges)} range rows (tool {tool}: {why})"
     )
     return 0
 
@@ -453,11 +490,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="capture directory")
     p.add_argument("--inventory", default=None, help="also write the system inventory here")
     _layout(p)
-    p = sub.add_parser("parse", help="capture directory -> kernels and ranges CSVs")
-    p.add_argument("--capture", required=True)
-    p.add_argument("--run", required=True)
-    p.add_argument("--out-kernels", required=True)
-    p.add_argument("--out-ranges", required=True)
+    p = sub.add_parser(
+        "parse",
+        help="capture dir, nsys stats or ncu details -> profile CSVs",
+        description="Profiler output -> the profile CSVs: one of --capture (a `profile capture` "
+        "directory), --nsys-stats (nsys stats CSVs) or --ncu (ncu details CSVs).",
+    )
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--capture", help="capture directory (its tool.json names the tool)")
+    source.add_argument("--nsys-stats", help="nsys stats --format csv output: a CSV or a dir")
+    source.add_argument("--ncu", help="ncu --csv --page details output: a CSV or a dir")
+    p.add_argument("--run", required=True, help="run id written into every row")
+    p.add_argument("--out-kernels", help="kernels CSV (profile_kernels; --capture, --nsys-stats)")
+    p.add_argument("--out-ranges", help="phase ranges CSV (profile_ranges; optional)")
+    p.add_argument("--out-ncu", help="Nsight Compute CSV (profile_ncu; --ncu)")
     p = sub.add_parser("ncu", help="Nsight Compute on the top-K kernels of a run")
     p.add_argument("--kernels", required=True, help="the run's kernels CSV (profile parse)")
     p.add_argument("--enabled", choices=("auto", "true"), default="auto")
@@ -484,9 +530,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # ProfileError and ProfileFormatError: one line from cli.main, exit 2
     action = {"capture": capture, "parse": parse, "ncu": ncu, "rank": rank, "merge": merge}
-    try:
-        return action[args.action](args)
-    except (ProfileError, ProfileFormatError) as exc:
-        print(f"scalestudy profile {args.action}: {exc}", file=sys.stderr)
-        return 2
+    return action[args.action](args)
