@@ -271,7 +271,7 @@ def launch_command(args: argparse.Namespace, prefix: str | None) -> list[str]:
 
 
 def _run(argv: list[str], env: dict[str, str], stdout=None) -> None:
-    print("+ " + shlex.join(argv), flush=True)
+    logger.info("+ " + shlex.join(argv))
     proc = subprocess.run(argv, env=env, stdout=stdout)
     if proc.returncode != 0:
         raise ProfileError(
@@ -290,7 +290,7 @@ def capture(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tool, why = choose_tool(args.tool, args.device, shutil.which("nsys"))
-    print(f"profile {args.run}: tool {tool} ({why})", flush=True)
+    logger.info(f"profile {args.run}: tool {tool} ({why})")
     env = launch.rank_env(dict(os.environ), args.cpus_per_rank)
     if args.inventory:
         from scalestudy.jobs import inventory
@@ -400,7 +400,7 @@ def ncu(args: argparse.Namespace) -> int:
                 "(e.g. `module load nsight-compute`) or set schema.ncu.enabled: auto"
             )
         why = f"auto: {missing}, no Nsight Compute metrics for {args.run}"
-        print(why, flush=True)
+        logger.info(why)
         files.write_json(out_dir / "tool.json", {"tool": "none", "why": why})
         files.write_text(args.out, schema.csv_text(schema.NCU_COLUMNS, []))
         return 0
@@ -414,11 +414,10 @@ def ncu(args: argparse.Namespace) -> int:
         args.train_args = list(train_args)
         skip = ncu_launch_skip(kernel_rows, kernel, args.launch_skip, args.launch_count)
         if skip != args.launch_skip:
-            print(
+            logger.info(
                 f"ncu k{i}: --launch-skip {skip}, not {args.launch_skip}: rank 0 launches "
                 f"{kernel[:80]!r} too few times in the window to skip {args.launch_skip} and "
                 f"profile {args.launch_count}",
-                flush=True,
             )
         prefix = rank_prefix(
             tool="ncu",
@@ -451,7 +450,7 @@ def ncu(args: argparse.Namespace) -> int:
 
 def rank(args: argparse.Namespace) -> int:
     cmd = rank_command(args, dict(os.environ))
-    print(f"+ [rank {rank_from_env(dict(os.environ))}] " + shlex.join(cmd), flush=True)
+    logger.info(f"+ [rank {rank_from_env(dict(os.environ))}] " + shlex.join(cmd))
     os.execvp(cmd[0], cmd)
 
 

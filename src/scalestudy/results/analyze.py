@@ -34,13 +34,14 @@ import csv
 import html
 import math
 import statistics
-import sys
 from collections import defaultdict
 from pathlib import Path
 
-from scalestudy import files, vocab
+from scalestudy import files, log, vocab
 from scalestudy.errors import AnalysisError
 from scalestudy.nsight.schema import CATEGORIES, KERNEL_COLUMNS
+
+logger = log.get(__name__)
 
 # per-run measurements averaged over repeats: column in runs.csv -> prefix in scaling.csv
 MEASURES = (
@@ -487,6 +488,9 @@ def _distinct(runs, column) -> str:
 
 
 # --- profiling (optional input from the profiling stage) -----------------------------------------
+SHARE_COLUMNS = ("run", "tool", "rank", "category", "total_ns", "share")
+
+
 def profile_shares(path: str | Path) -> list[dict]:
     """results/csv/profile_kernels.csv -> share of kernel time per (run, tool, category), rank 0
     when present, else the lowest rank. Columns are checked, categories must be known."""
@@ -513,16 +517,9 @@ def profile_shares(path: str | Path) -> list[dict]:
         total = sum(v for (ru, to, _), v in totals.items() if (ru, to) == (run, tool))
         for cat in PROFILE_CATEGORIES:
             ns = totals.get((run, tool, cat), 0.0)
-            out.append(
-                {
-                    "run": run,
-                    "tool": tool,
-                    "rank": first_rank[(run, tool)],
-                    "category": cat,
-                    "total_ns": ns,
-                    "share": ns / total if total else 0.0,
-                }
-            )
+            share = ns / total if total else 0.0
+            values = (run, tool, first_rank[(run, tool)], cat, ns, share)
+            out.append(dict(zip(SHARE_COLUMNS, values, strict=True)))
     return out
 
 
@@ -570,21 +567,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     targets = {k: getattr(args, k) for k in DEFAULT_TARGETS}
-    try:
-        runs = read_csv(args.runs, " (one row per run)", "snakemake results/csv/runs.csv")
-        if not runs:
-            raise AnalysisError(f"{args.runs} has no runs")
-        scaling = scaling_table(runs, targets["accuracy_tolerance"])
-        study = {"name": args.study, "device": _distinct(runs, "device")}
-        unit = "GPUs" if study["device"] == "cuda" else "CPU ranks"
-        verdict_rows = verdicts(scaling, targets, unit)
-        resource_rows = resources(runs, args.gpus_per_node)
-        system_rows = system_table(runs, study)
-        system_rows.append({"section": "reproduce", "key": "configfile", "value": args.configfile})
-        profile = profile_shares(args.profile) if args.profile else []
-    except AnalysisError as exc:
-        print(f"scalestudy analyze: {exc}", file=sys.stderr)
-        return 1
+    # an AnalysisError: one line from cli.main, exit 2, before any table is written
+    runs = read_csv(args.runs, " (one row per run)", "snakemake results/csv/runs.csv")
+    if not runs:
+        raise AnalysisError(f"{args.runs} has no runs")
+    scaling = scaling_table(runs, targets["accuracy_tolerance"])
+    study = {"name": args.study, "device": _distinct(runs, "device")}
+    unit = "GPUs" if study["device"] == "cuda" else "CPU ranks"
+    verdict_rows = verdicts(scaling, targets, unit)
+    resource_rows = resources(runs, args.gpus_per_node)
+    system_rows = system_table(runs, study)
+    system_rows.append({"section": "reproduce", "key": "configfile", "value": args.configfile})
+    profile = profile_shares(args.profile) if args.profile else []
     out, html_dir = Path(args.out_dir), Path(args.html_dir)
     targets_rows = [{"target": k, "value": v} for k, v in targets.items()]
     tables = [
@@ -593,15 +587,10 @@ def run(args: argparse.Namespace) -> int:
         ("resources", "Resources spent and projected", resource_rows, RESOURCE_COLUMNS),
         ("system", "System, software and study", system_rows, ("section", "key", "value")),
         ("targets", "Targets of the study", targets_rows, ("target", "value")),
-        (
-            "profile_shares",
-            "Kernel time per category",
-            profile,
-            ("run", "tool", "rank", "category", "total_ns", "share"),
-        ),
+        ("profile_shares", "Kernel time per category", profile, SHARE_COLUMNS),
     ]
     for name, title, rows, columns in tables:
         files.write_csv(out / f"{name}.csv", columns, rows, cell)
         write_html(html_dir / f"{name}.html", title, rows, columns)
-    print(f"analyzed {len(runs)} runs -> {len(scaling)} scaling rows in {out}")
+    logger.info(f"analyzed {len(runs)} runs -> {len(scaling)} scaling rows in {out}")
     return 0

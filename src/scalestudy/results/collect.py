@@ -15,12 +15,13 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import sys
 from pathlib import Path
 
-from scalestudy import files
+from scalestudy import files, log
 from scalestudy.errors import CollectError
 from scalestudy.study.runs import RUN_COLUMNS, read_runs_tsv, same
+
+logger = log.get(__name__)
 
 # metrics.json keys the trainer always writes (issue "Trainer"); collect checks them
 REQUIRED_METRICS = (
@@ -75,15 +76,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        runs_rows, epoch_rows = collect(read_runs_tsv(args.runs), Path(args.runs_dir))
-    except CollectError as exc:
-        print(f"scalestudy collect: {exc}", file=sys.stderr)
-        return 1
+    # a CollectError: one line from cli.main, exit 2
+    runs_rows, epoch_rows = collect(read_runs_tsv(args.runs), Path(args.runs_dir))
     # columns in first-seen order: the run-table columns first, then the metrics keys
     files.write_csv(args.out_runs, None, runs_rows)
     files.write_csv(args.out_epochs, None, epoch_rows)
-    print(
+    logger.info(
         f"collected {len(runs_rows)} runs, {len(epoch_rows)} epoch rows -> "
         f"{args.out_runs}, {args.out_epochs}"
     )
