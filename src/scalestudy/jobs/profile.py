@@ -348,7 +348,7 @@ def parse(args: argparse.Namespace) -> int:
     if args.ncu:
         if args.out_kernels or args.out_ranges or not args.out_ncu:
             raise ProfileError(
-                "--ncu writes --out-ncu (profile_ncu), not --out-kernels/--out-ranges"
+                "--ncu writes --out-ncu (profile_ncu), not --out-kernels or --out-ranges"
             )
         rows = []
         for f in ncu_parser.ncu_files(args.ncu):
@@ -496,13 +496,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "directory), --nsys-stats (nsys stats CSVs) or --ncu (ncu details CSVs).",
     )
     source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--capture", help="capture directory (its tool.json names the tool)")
-    source.add_argument("--nsys-stats", help="nsys stats --format csv output: a CSV or a dir")
-    source.add_argument("--ncu", help="ncu --csv --page details output: a CSV or a dir")
+    source.add_argument(
+        "--capture", metavar="DIR", help="capture directory (its tool.json names the tool)"
+    )
+    source.add_argument(
+        "--nsys-stats", metavar="PATH", help="nsys stats --format csv output: a CSV or a dir"
+    )
+    source.add_argument(
+        "--ncu", metavar="PATH", help="ncu --csv --page details output: a CSV or a dir"
+    )
     p.add_argument("--run", required=True, help="run id written into every row")
-    p.add_argument("--out-kernels", help="kernels CSV (profile_kernels; --capture, --nsys-stats)")
-    p.add_argument("--out-ranges", help="phase ranges CSV (profile_ranges; optional)")
-    p.add_argument("--out-ncu", help="Nsight Compute CSV (profile_ncu; --ncu)")
+    p.add_argument(
+        "--out-kernels",
+        metavar="CSV",
+        help="kernels CSV (profile_kernels; --capture, --nsys-stats)",
+    )
+    p.add_argument(
+        "--out-ranges", metavar="CSV", help="phase ranges CSV (profile_ranges; optional)"
+    )
+    p.add_argument("--out-ncu", metavar="CSV", help="Nsight Compute CSV (profile_ncu; --ncu)")
     p = sub.add_parser("ncu", help="Nsight Compute on the top-K kernels of a run")
     p.add_argument("--kernels", required=True, help="the run's kernels CSV (profile parse)")
     p.add_argument("--enabled", choices=("auto", "true"), default="auto")
