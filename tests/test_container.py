@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from scalestudy.errors import DefinitionError
 from scalestudy.jobs import container
 from scalestudy.jobs.container import (
-    DefinitionError,
     build_command,
     check_definition,
     exec_prefix,
@@ -331,7 +331,8 @@ def test_cli_build_with_stand_in_is_atomic(tmp_path):
     argv = [
         sys.executable,
         "-m",
-        "scalestudy.jobs.container",
+        "scalestudy",
+        "container",
         "build",
         str(TRAINER_DEF),
         str(image),
@@ -343,13 +344,13 @@ def test_cli_build_with_stand_in_is_atomic(tmp_path):
     assert [p.name for p in image.parent.iterdir()] == ["trainer.sif"]  # no temp file left
 
     r = run(
-        [sys.executable, "-m", "scalestudy.jobs.container", "digest", str(image)],
+        [sys.executable, "-m", "scalestudy", "container", "digest", str(image)],
         stand_in_env(),
         REPO,
     )
     assert r.stdout.strip() == image_digest(image)
     r = run(
-        [sys.executable, "-m", "scalestudy.jobs.container", "check", str(TRAINER_DEF)],
+        [sys.executable, "-m", "scalestudy", "container", "check", str(TRAINER_DEF)],
         {"PYTHONPATH": str(SRC)},
         REPO,
     )
@@ -357,7 +358,7 @@ def test_cli_build_with_stand_in_is_atomic(tmp_path):
 
 
 def test_cli_build_from_wrong_directory_names_missing_files(tmp_path):
-    argv = [sys.executable, "-m", "scalestudy.jobs.container", "build", str(TRAINER_DEF), "t.sif"]
+    argv = [sys.executable, "-m", "scalestudy", "container", "build", str(TRAINER_DEF), "t.sif"]
     r = run(argv, stand_in_env(), tmp_path)
     assert r.returncode == 2
     assert "%files sources not found" in r.stderr and "pyproject.toml" in r.stderr
@@ -371,7 +372,8 @@ def test_cli_build_without_apptainer_says_what_to_do(tmp_path):
     argv = [
         sys.executable,
         "-m",
-        "scalestudy.jobs.container",
+        "scalestudy",
+        "container",
         "build",
         str(TRAINER_DEF),
         str(image),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import logging
 import re
 import shlex
 import subprocess
@@ -20,10 +21,12 @@ import yaml
 from conftest import PYTHON
 from workflow_helpers import STAND_INS, child_env, copy_repo, planned_jobs, snakemake, write_config
 
+from scalestudy import cli, log
 from scalestudy.errors import ProfileError, ProfileFormatError
 from scalestudy.jobs import launch
 from scalestudy.jobs import profile as capture
-from scalestudy.nsight import profiling
+from scalestudy.nsight import ncu, nsys, readers, schema, torch_ops
+from scalestudy.nsight.classify import classify
 from scalestudy.study import profiling as study_profiling
 from scalestudy.study.config import StudyConfigError, load_and_validate
 from scalestudy.study.runs import build_run_table
@@ -161,7 +164,7 @@ REPO = Path(__file__).resolve().parents[1]
     ],
 )
 def test_classifier_on_real_names(name, category):
-    assert profiling.classify(name) == category
+    assert classify(name) == category
 
 
 @pytest.mark.parametrize(
@@ -177,14 +180,14 @@ def test_classifier_on_real_names(name, category):
     ],
 )
 def test_numbers_with_separators_and_units(text, value, unit):
-    assert profiling.parse_number(text) == (pytest.approx(value), unit)
+    assert readers.parse_number(text) == (pytest.approx(value), unit)
     with pytest.raises(ValueError):
-        profiling.parse_number("n/a")
+        readers.parse_number("n/a")
 
 
 # --- nsys stats -----
 def test_nsys_new_report_names_two_ranks():
-    kernels, ranges = profiling.parse_nsys(FIX / "nsys-2024.5", "w2_run")
+    kernels, ranges = nsys.parse_nsys(FIX / "nsys-2024.5", "w2_run")
     assert {r["rank"] for r in kernels} == {0, 1}
     rank0 = [r for r in kernels if r["rank"] == 0]
     assert sum(r["share"] for r in rank0) == pytest.approx(1.0)
@@ -216,7 +219,7 @@ def test_nsys_new_report_names_two_ranks():
 
 
 def test_nsys_old_report_names_and_grid_columns():
-    kernels, ranges = profiling.parse_nsys(FIX / "nsys-2022.4", "old")
+    kernels, ranges = nsys.parse_nsys(FIX / "nsys-2022.4", "old")
     cats = {r["kernel"][:20]: r["category"] for r in kernels}
     assert list(cats.values()).count("memcpy") == 1
     assert {r["category"] for r in kernels} == {"conv", "gemm", "nccl", "elementwise", "memcpy"}
@@ -224,7 +227,7 @@ def test_nsys_old_report_names_and_grid_columns():
 
 
 def test_nsys_timeunit_ms_and_domain_prefix():
-    kernels, ranges = profiling.parse_nsys(FIX / "nsys-2025.1-ms", "ms")
+    kernels, ranges = nsys.parse_nsys(FIX / "nsys-2025.1-ms", "ms")
     assert kernels[0]["total_ns"] == 12_500_000 and kernels[0]["category"] == "conv"
     assert kernels[1]["total_ns"] == 4_166_667
     assert {r["range"]: r["total_ns"] for r in ranges} == {
@@ -234,16 +237,14 @@ def test_nsys_timeunit_ms_and_domain_prefix():
 
 
 def test_single_stats_file_is_accepted():
-    kernels, _ = profiling.parse_nsys(
-        FIX / "nsys-2024.5" / "nsys_rank1_cuda_gpu_kern_sum.csv", "one"
-    )
+    kernels, _ = nsys.parse_nsys(FIX / "nsys-2024.5" / "nsys_rank1_cuda_gpu_kern_sum.csv", "one")
     assert {r["rank"] for r in kernels} == {1} and len(kernels) == 11
 
 
 def test_truncated_nsys_file_names_file_and_line(tmp_path):
     bad = FIX / "broken" / "nsys_rank0_cuda_gpu_kern_sum.csv"
     with pytest.raises(ProfileFormatError, match=r"nsys_rank0_cuda_gpu_kern_sum\.csv, line 10"):
-        profiling.read_nsys_table(bad)
+        nsys.read_nsys_table(bad)
     # the CLI fails and writes no CSV (never a silently empty one)
     out = tmp_path / "k.csv"
     proc = subprocess.run(
@@ -251,12 +252,13 @@ def test_truncated_nsys_file_names_file_and_line(tmp_path):
             PYTHON,
             "-m",
             "scalestudy",
-            "parse-nsys",
-            "--input",
+            "profile",
+            "parse",
+            "--nsys-stats",
             str(bad),
             "--run",
             "r",
-            "--out",
+            "--out-kernels",
             str(out),
         ],
         capture_output=True,
@@ -269,7 +271,7 @@ def test_truncated_nsys_file_names_file_and_line(tmp_path):
 
 def test_skipped_report_is_an_error_that_quotes_the_tool():
     with pytest.raises(ProfileFormatError, match="does not contain CUDA kernel data"):
-        profiling.read_nsys_table(FIX / "broken" / "skipped_cuda_gpu_kern_sum.csv")
+        nsys.read_nsys_table(FIX / "broken" / "skipped_cuda_gpu_kern_sum.csv")
 
 
 def test_missing_kernel_summary_is_an_error(tmp_path):
@@ -277,35 +279,51 @@ def test_missing_kernel_summary_is_an_error(tmp_path):
         (FIX / "nsys-2024.5/nsys_rank0_nvtx_sum.csv").read_bytes()
     )
     with pytest.raises(ProfileFormatError, match="no kernel summary"):
-        profiling.parse_nsys(tmp_path, "r")
+        nsys.parse_nsys(tmp_path, "r")
     with pytest.raises(ProfileFormatError, match="no such file"):
-        profiling.parse_nsys(tmp_path / "does_not_exist", "r")
+        nsys.parse_nsys(tmp_path / "does_not_exist", "r")
     (tmp_path / "empty").mkdir()
     with pytest.raises(ProfileFormatError, match="nsys stats"):
-        profiling.parse_nsys(tmp_path / "empty", "r")
+        nsys.parse_nsys(tmp_path / "empty", "r")
+
+
+def _profile_parse(*argv: str) -> argparse.Namespace:
+    """The arguments of `scalestudy profile parse ARGV...`, as the CLI parses them."""
+    words = ["profile", "parse", *argv]
+    return cli.build_parser(words).parse_args(words)
 
 
 def test_cli_parse_nsys_writes_both_schemas(tmp_path):
-    from scalestudy.nsight import parse_nsys
-
-    args = argparse.Namespace(
-        input=str(FIX / "nsys-2024.5"),
-        run="w2",
-        out=str(tmp_path / "k.csv"),
-        out_ranges=str(tmp_path / "r.csv"),
+    args = _profile_parse(
+        "--nsys-stats",
+        str(FIX / "nsys-2024.5"),
+        "--run",
+        "w2",
+        "--out-kernels",
+        str(tmp_path / "k.csv"),
+        "--out-ranges",
+        str(tmp_path / "r.csv"),
     )
-    assert parse_nsys.run(args) == 0
+    assert capture.parse(args) == 0
     k = list(csv.DictReader((tmp_path / "k.csv").open()))
-    assert tuple(k[0]) == profiling.KERNEL_COLUMNS and len(k) == 25
+    assert tuple(k[0]) == schema.KERNEL_COLUMNS and len(k) == 25
     r = list(csv.DictReader((tmp_path / "r.csv").open()))
-    assert tuple(r[0]) == profiling.RANGE_COLUMNS and len(r) == 8
+    assert tuple(r[0]) == schema.RANGE_COLUMNS and len(r) == 8
+
+
+def test_cli_parse_ncu_writes_the_ncu_schema(tmp_path):
+    out = tmp_path / "n.csv"
+    args = _profile_parse("--ncu", str(FIX / "ncu-2022.4"), "--run", "old", "--out-ncu", str(out))
+    assert capture.parse(args) == 0
+    (row,) = csv.DictReader(out.open())
+    assert tuple(row) == schema.NCU_COLUMNS and row["kernel"] == "ampere_sgemm_128x64_tn"
+    with pytest.raises(ProfileError, match="--out-ncu"):
+        capture.parse(_profile_parse("--ncu", str(out), "--run", "r", "--out-kernels", "k.csv"))
 
 
 # --- ncu -----
 def test_ncu_details_2025_rule_rows_trailing_commas_separators():
-    rows = {
-        r["kernel"][:30]: r for r in profiling.parse_ncu(FIX / "ncu-2025.1" / "ncu_k0.csv", "w1")
-    }
+    rows = {r["kernel"][:30]: r for r in ncu.parse_ncu(FIX / "ncu-2025.1" / "ncu_k0.csv", "w1")}
     conv = rows["sm90_xmma_fprop_implicit_gemm_"]
     assert conv["launches"] == 1
     assert conv["duration_ns"] == pytest.approx(150336)
@@ -321,7 +339,7 @@ def test_ncu_details_2025_rule_rows_trailing_commas_separators():
 
 
 def test_ncu_details_old_format_metric_names_mean_over_launches():
-    (row,) = profiling.parse_ncu(FIX / "ncu-2022.4" / "ncu_details.csv", "old")
+    (row,) = ncu.parse_ncu(FIX / "ncu-2022.4" / "ncu_details.csv", "old")
     assert row["kernel"] == "ampere_sgemm_128x64_tn" and row["launches"] == 2
     assert row["duration_ns"] == pytest.approx(41000)
     assert row["achieved_occupancy_pct"] == pytest.approx(12.4)
@@ -330,7 +348,7 @@ def test_ncu_details_old_format_metric_names_mean_over_launches():
 
 def test_truncated_ncu_file_is_an_error_naming_the_file():
     with pytest.raises(ProfileFormatError, match=r"ncu_truncated\.csv, line \d+"):
-        profiling.parse_ncu(FIX / "broken" / "ncu_truncated.csv", "r")
+        ncu.parse_ncu(FIX / "broken" / "ncu_truncated.csv", "r")
 
 
 NCU_HEADER = (FIX / "ncu-2025.1" / "ncu_k0.csv").read_text().splitlines()[3]
@@ -364,13 +382,13 @@ def test_ncu_tensor_flops_count_each_operation_once(tmp_path):
             ("0", k, f"{tensor}.sum.peak_sustained", "", "4,096"),
         ],
     )
-    (row,) = profiling.parse_ncu(f, "r")
+    (row,) = ncu.parse_ncu(f, "r")
     assert row["tensor_flop_per_s"] == pytest.approx(1_500_000 / 1e-6)
     assert row["flop_per_s"] == pytest.approx(1_500_000 / 1e-6)
     # what capture.py asks ncu for is what the parser sums
-    assert profiling.TENSOR_METRIC.match(f"{tensor}.sum")
-    assert not profiling.TENSOR_METRIC.match(f"{tensor}_sparsity_off.sum")
-    assert not profiling.TENSOR_METRIC.match("sm__ops_path_tensor_src_fp16.sum")
+    assert ncu.TENSOR_METRIC.match(f"{tensor}.sum")
+    assert not ncu.TENSOR_METRIC.match(f"{tensor}_sparsity_off.sum")
+    assert not ncu.TENSOR_METRIC.match("sm__ops_path_tensor_src_fp16.sum")
 
 
 @pytest.mark.parametrize(
@@ -387,13 +405,13 @@ def test_ncu_sm_throughput_under_every_label(tmp_path, label):
         tmp_path / "ncu.csv",
         [("0", "k", "Duration", "nsecond", "2000"), ("0", "k", label, "%", "42.5")],
     )
-    assert profiling.parse_ncu(f, "r")[0]["sm_throughput_pct"] == pytest.approx(42.5)
+    assert ncu.parse_ncu(f, "r")[0]["sm_throughput_pct"] == pytest.approx(42.5)
 
 
 def test_ncu_duration_in_an_unknown_unit_names_file_and_line(tmp_path):
     f = _ncu_csv(tmp_path / "ncu.csv", [("0", "k", "Duration", "cycle", "2000")])
     with pytest.raises(ProfileFormatError, match=r"ncu\.csv, line 2: Duration: .*cycle"):
-        profiling.parse_ncu(f, "r")
+        ncu.parse_ncu(f, "r")
 
 
 def test_ncu_rows_carry_the_kernels_csv_name(tmp_path):
@@ -405,7 +423,7 @@ def test_ncu_rows_carry_the_kernels_csv_name(tmp_path):
             ("1", VECTORIZED.replace("char *", "char*"), "Duration", "nsecond", "4000"),
         ],
     )
-    (row,) = profiling.parse_ncu(f, "r", kernel=VECTORIZED)
+    (row,) = ncu.parse_ncu(f, "r", kernel=VECTORIZED)
     assert row["kernel"] == VECTORIZED and row["launches"] == 2
     assert row["duration_ns"] == pytest.approx(3000)
     two = _ncu_csv(
@@ -413,17 +431,17 @@ def test_ncu_rows_carry_the_kernels_csv_name(tmp_path):
         [("0", "a", "Duration", "nsecond", "1"), ("1", "b", "Duration", "nsecond", "1")],
     )
     with pytest.raises(ProfileFormatError, match="launches of 2 kernels"):
-        profiling.parse_ncu(two, "r", kernel="a")
+        ncu.parse_ncu(two, "r", kernel="a")
 
 
 def test_complete_files_without_final_newline_are_accepted(tmp_path):
     rows = [("0", "k", "Duration", "nsecond", "2000"), ("0", "k", "SM [%]", "%", "50")]
     f = _ncu_csv(tmp_path / "ncu.csv", rows, final_newline=False)
-    assert profiling.parse_ncu(f, "r")[0]["sm_throughput_pct"] == pytest.approx(50)
+    assert ncu.parse_ncu(f, "r")[0]["sm_throughput_pct"] == pytest.approx(50)
     src = FIX / "nsys-2024.5" / "nsys_rank0_cuda_gpu_kern_sum.csv"
     cut = tmp_path / "nsys_rank0_cuda_gpu_kern_sum.csv"
     cut.write_text(src.read_text().rstrip("\n"))
-    assert profiling.read_nsys_table(cut) == profiling.read_nsys_table(src)
+    assert nsys.read_nsys_table(cut) == nsys.read_nsys_table(src)
 
 
 def test_a_file_cut_inside_a_quoted_name_is_truncated(tmp_path):
@@ -433,11 +451,11 @@ def test_a_file_cut_inside_a_quoted_name_is_truncated(tmp_path):
     cut = tmp_path / "nsys_rank0_cuda_gpu_kern_sum.csv"
     cut.write_text(src[: src.index(name) + len(name)])
     with pytest.raises(ProfileFormatError, match=r"kern_sum\.csv, line 9: truncated"):
-        profiling.read_nsys_table(cut)
+        nsys.read_nsys_table(cut)
     f = _ncu_csv(tmp_path / "ncu.csv", [("0", "k", "Duration", "nsecond", "2,000")])
     f.write_text(f.read_text().rstrip("\n")[:-5])  # cut inside the quoted "2,000"
     with pytest.raises(ProfileFormatError, match=r"ncu\.csv, line 2: truncated"):
-        profiling.parse_ncu(f, "r")
+        ncu.parse_ncu(f, "r")
 
 
 def _nsys_capture(tmp_path, *stats):
@@ -450,7 +468,18 @@ def _nsys_capture(tmp_path, *stats):
     return cap
 
 
-def test_parse_warns_when_kernels_have_no_phase_ranges(tmp_path, capsys):
+@pytest.fixture
+def command_logging():
+    """The logging of a `scalestudy` command (cli.main calls log.setup()), undone afterwards."""
+    logger = log.setup()
+    yield
+    for handler in list(logger.handlers):
+        logger.removeHandler(handler)
+    logger.propagate = True
+    logger.setLevel(logging.NOTSET)
+
+
+def test_parse_warns_when_kernels_have_no_phase_ranges(tmp_path, capsys, command_logging):
     cap = _nsys_capture(tmp_path, "nsys_rank0_cuda_gpu_kern_sum.csv")
     # what nsys stats leaves when the window recorded no NVTX range
     (cap / "stats" / "nsys_rank0_nvtx_sum.csv").write_text(
@@ -458,7 +487,7 @@ def test_parse_warns_when_kernels_have_no_phase_ranges(tmp_path, capsys):
     )
     kernels, ranges = _parse(cap, tmp_path)
     assert kernels and ranges == []
-    assert (tmp_path / "r.csv").read_text() == ",".join(profiling.RANGE_COLUMNS) + "\n"
+    assert (tmp_path / "r.csv").read_text() == ",".join(schema.RANGE_COLUMNS) + "\n"
     err = capsys.readouterr().err
     assert "WARNING w2_test: rank(s) 0 have kernels but none of the phase ranges" in err
     assert "data, forward, backward, optimizer, communication" in err and "nvtx_sum" in err
@@ -475,10 +504,10 @@ def test_torch_export_malformed_json_names_file_and_line(tmp_path):
     f = tmp_path / "torch_ops_rank0.json"
     f.write_text('{"ops": [\n{"name": "aten::add_", "count": 3,\n')
     with pytest.raises(ProfileFormatError, match=r"torch_ops_rank0\.json, line 3"):
-        profiling.parse_torch(tmp_path, "r")
+        torch_ops.parse_torch(tmp_path, "r")
     f.write_text('{"ops": []}')
     with pytest.raises(ProfileFormatError, match="recorded nothing"):
-        profiling.parse_torch(tmp_path, "r")
+        torch_ops.parse_torch(tmp_path, "r")
 
 
 def test_torch_export_on_gpu_counts_device_time_of_kernels(tmp_path):
@@ -517,7 +546,7 @@ def test_torch_export_on_gpu_counts_device_time_of_kernels(tmp_path):
         },
     ]
     (tmp_path / "torch_ops_rank3.json").write_text(json.dumps({"ops": ops}))
-    kernels, ranges = profiling.parse_torch(tmp_path, "g")
+    kernels, ranges = torch_ops.parse_torch(tmp_path, "g")
     assert [(r["kernel"], r["category"], r["total_ns"], r["rank"]) for r in kernels] == [
         ("sm90_xmma_fprop_implicit_gemm_bf16", "conv", 300_000, 3),
         ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "nccl", 100_000, 3),
@@ -629,7 +658,7 @@ def test_ncu_command_and_import():
         assert part in joined
     assert cmd[-2:] == ["python", "t.py"]
     metrics = cmd[cmd.index("--metrics") + 1].split(",")
-    assert f"regex:{profiling.TENSOR_METRIC.pattern}" in metrics
+    assert f"regex:{ncu.TENSOR_METRIC.pattern}" in metrics
     imp = capture.ncu_import_command("d/ncu_k0.ncu-rep")
     assert imp[imp.index("--print-metric-name") + 1] == "name" and "--csv" in imp
     with pytest.raises(ProfileError, match="empty"):
@@ -655,9 +684,9 @@ def test_launch_skip_leaves_launches_to_profile():
 
 
 def test_top_kernels_never_include_nccl():
-    kernels, _ = profiling.parse_nsys(FIX / "nsys-2024.5", "r")
-    top = profiling.top_kernels(kernels, 6)
-    assert len(top) == 6 and not any(profiling.classify(k) in ("nccl", "memcpy") for k in top)
+    kernels, _ = nsys.parse_nsys(FIX / "nsys-2024.5", "r")
+    top = schema.top_kernels(kernels, 6)
+    assert len(top) == 6 and not any(classify(k) in ("nccl", "memcpy") for k in top)
     assert top[0].startswith("sm90_xmma_fprop")
 
 
@@ -811,11 +840,15 @@ def _capture(data_dir, out, *extra, tool="auto", device="cpu", path_extra=None):
 
 
 def _parse(cap, tmp_path):
-    args = argparse.Namespace(
-        capture=str(cap),
-        run="w2_test",
-        out_kernels=str(tmp_path / "k.csv"),
-        out_ranges=str(tmp_path / "r.csv"),
+    args = _profile_parse(
+        "--capture",
+        str(cap),
+        "--run",
+        "w2_test",
+        "--out-kernels",
+        str(tmp_path / "k.csv"),
+        "--out-ranges",
+        str(tmp_path / "r.csv"),
     )
     assert capture.parse(args) == 0
     return (list(csv.DictReader((tmp_path / n).open())) for n in ("k.csv", "r.csv"))

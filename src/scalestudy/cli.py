@@ -2,6 +2,11 @@
 
 Each subcommand lives in its own module, which provides `add_arguments(parser)` and `run(args)`;
 modules are imported only when their subcommand runs, so `scalestudy --help` stays fast.
+
+One error path: an expected error (errors.ScalestudyError) that a subcommand does not handle
+becomes one message on stderr, `scalestudy <command>: <message>`, and exit status 2, with no
+traceback; anything else is a bug and keeps its traceback. `Preempted` is the trainer's own
+(exit 75) and passes through.
 """
 
 from __future__ import annotations
@@ -9,6 +14,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+
+from scalestudy import log
+from scalestudy.errors import Preempted, ScalestudyError
+
+logger = log.get(__name__)
 
 # subcommand -> (module, one-line help)
 SUBCOMMANDS = {
@@ -24,8 +34,10 @@ SUBCOMMANDS = {
         "scalestudy.jobs.profile",
         "profiling jobs: capture, parse, ncu, merge (nsys/torch)",
     ),
-    "parse-nsys": ("scalestudy.nsight.parse_nsys", "nsys stats CSVs -> profile kernels/ranges CSV"),
-    "parse-ncu": ("scalestudy.nsight.parse_ncu", "ncu --page details CSV -> profile_ncu CSV"),
+    "container": (
+        "scalestudy.jobs.container",
+        "the trainer's Apptainer image: check its definition, build it, print its digest",
+    ),
     "inventory": ("scalestudy.jobs.inventory", "system inventory of this node/allocation -> JSON"),
     "analyze": ("scalestudy.results.analyze", "scaling, verdicts and resources from results/csv"),
     "plot": (
@@ -55,8 +67,17 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(argv).parse_args(argv)
+    log.setup()
     module = importlib.import_module(SUBCOMMANDS[args.command][0])
-    return int(module.run(args) or 0)
+    try:
+        return int(module.run(args) or 0)
+    except Preempted:
+        raise
+    except ScalestudyError as exc:
+        # `profile parse`, `container build`: the action of a command with actions is named too
+        command = " ".join(filter(None, (args.command, getattr(args, "action", None))))
+        logger.error(f"scalestudy {command}: {exc}")
+        return 2
 
 
 if __name__ == "__main__":

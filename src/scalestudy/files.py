@@ -1,4 +1,5 @@
-"""Files and provenance shared by every layer: atomic writes, sha256 of a file, the git commit.
+"""Files and provenance shared by every layer: atomic writes, CSV text and cells, sha256 of a
+file, the git commit.
 
 Atomic writes: a reader sees the old file or the complete new one, never a half-written one.
 
@@ -9,13 +10,16 @@ rename it over the target, then fsync the directory so the rename itself survive
 from __future__ import annotations
 
 import contextlib
+import csv
 import functools
 import hashlib
+import io
 import json
+import math
 import os
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -52,6 +56,52 @@ def write_text(path: str | os.PathLike, text: str) -> None:
 
 def write_json(path: str | os.PathLike, obj: Any) -> None:
     write_text(path, json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n")
+
+
+def _as_is(value: Any) -> Any:
+    return value
+
+
+def csv_text(
+    columns: Sequence[str] | None,
+    rows: Iterable[Mapping[str, Any]],
+    cell: Callable[[Any], Any] = _as_is,
+) -> str:
+    """A header of `columns`, then one line per row with cell(row[column]) in each column.
+
+    columns None: every key of the rows in first-seen order. A missing key is None; the default
+    cell leaves values to the csv module (None -> blank, other values str())."""
+    rows = list(rows)
+    if columns is None:
+        columns = list(dict.fromkeys(key for row in rows for key in row))
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(columns)
+    for row in rows:
+        writer.writerow([cell(row.get(c)) for c in columns])
+    return out.getvalue()
+
+
+def write_csv(
+    path: str | os.PathLike,
+    columns: Sequence[str] | None,
+    rows: Iterable[Mapping[str, Any]],
+    cell: Callable[[Any], Any] = _as_is,
+) -> None:
+    """csv_text(columns, rows, cell), written atomically."""
+    write_text(path, csv_text(columns, rows, cell))
+
+
+def number(value: Any) -> float | None:
+    """A CSV cell as a float; blank / None / null / nan -> None."""
+    if value is None:
+        return None
+    if isinstance(value, int | float):
+        return None if isinstance(value, float) and math.isnan(value) else float(value)
+    text = str(value).strip()
+    if text in ("", "None", "null", "nan", "NaN"):
+        return None
+    return float(text)
 
 
 def sha256(path: str | os.PathLike, chunk: int = 1 << 20) -> str:

@@ -5,9 +5,12 @@ would wrap the whole shell, srun included). Instead one rule builds `containers/
 `containers/trainer.def` and every training job takes the .sif as an input and runs
 `<exec_prefix(sif)> python -m scalestudy train ...`, so a rebuilt image marks training stale.
 
-    python -m scalestudy.jobs.container check containers/trainer.def
-    python -m scalestudy.jobs.container build containers/trainer.def containers/trainer.sif
-    python -m scalestudy.jobs.container digest containers/trainer.sif
+    scalestudy container check containers/trainer.def
+    scalestudy container build containers/trainer.def containers/trainer.sif
+    scalestudy container digest containers/trainer.sif
+
+A definition that fails the checks, or Apptainer missing, is one message on stderr and exit 2;
+a failed `apptainer build` exits 1.
 
 Only the standard library is used here: the parser also runs inside the Apptainer stand-in of
 the tests (tests/stand-ins/apptainer), which may be started by a Python without torch.
@@ -22,14 +25,15 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from scalestudy import files
+from scalestudy import files, log
 from scalestudy.errors import ApptainerNotFound, DefinitionError
 from scalestudy.files import git_commit
+
+logger = log.get(__name__)
 
 #: The build argument that carries the git commit into %labels and %environment.
 GIT_COMMIT_ARG = "GIT_COMMIT"
@@ -386,7 +390,7 @@ def build(
         apptainer=apptainer,
         extra_args=extra_args,
     )
-    print("+ " + " ".join(argv), file=sys.stderr, flush=True)
+    logger.info("+ " + " ".join(argv))
     try:
         subprocess.run(argv, cwd=context, check=True)
         os.replace(tmp, target)
@@ -396,11 +400,8 @@ def build(
     return image_digest(target)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m scalestudy.jobs.container", description=__doc__.splitlines()[0]
-    )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     p = sub.add_parser("check", help="parse and validate a definition file")
     p.add_argument("definition")
     p = sub.add_parser("build", help="build the image atomically with apptainer build")
@@ -413,13 +414,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--fakeroot", action="store_true", help="pass --fakeroot to apptainer build")
     p = sub.add_parser("digest", help="print the sha256 digest of an image file")
     p.add_argument("image")
-    args = parser.parse_args(argv)
 
+
+def run(args: argparse.Namespace) -> int:
+    # DefinitionError and ApptainerNotFound: one line from cli.main, exit 2
     try:
-        if args.command == "check":
+        if args.action == "check":
             defn = check_definition(args.definition)
-            print(f"{defn.path}: ok (From: {defn.header['From']})")
-        elif args.command == "build":
+            logger.info(f"{defn.path}: ok (From: {defn.header['From']})")
+        elif args.action == "build":
             digest = build(
                 args.definition,
                 args.image,
@@ -427,20 +430,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 context=args.context,
                 extra_args=["--fakeroot"] if args.fakeroot else [],
             )
-            print(f"{args.image} {digest}")
+            print(f"{args.image} {digest}")  # the product: the last line of stdout
         else:
-            print(image_digest(args.image))
-    except (DefinitionError, ApptainerNotFound) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+            print(image_digest(args.image))  # the product, for $(scalestudy container digest ..)
     except subprocess.CalledProcessError as e:
-        print(f"error: apptainer build failed with exit status {e.returncode}", file=sys.stderr)
+        logger.error(
+            f"scalestudy container build: apptainer build failed with exit status {e.returncode}"
+        )
         return 1
     except OSError as e:
-        print(f"error: {e}", file=sys.stderr)
+        logger.error(f"scalestudy container {args.action}: {e}")
         return 1
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

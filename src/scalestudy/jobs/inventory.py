@@ -21,7 +21,9 @@ import socket
 import subprocess
 from pathlib import Path
 
-from scalestudy import files
+from scalestudy import files, log
+
+logger = log.get(__name__)
 
 ABSENT = "absent"
 
@@ -164,5 +166,5 @@ def run(args: argparse.Namespace) -> int:
     files.write_json(args.out, info)
     gpus = info["gpus"]
     what = f"{len(gpus)} GPU(s)" if isinstance(gpus, list) else f"GPUs: {gpus}"
-    print(f"inventory of {info['hostname']}: {what}, torch {info['torch']} -> {args.out}")
+    logger.info(f"inventory of {info['hostname']}: {what}, torch {info['torch']} -> {args.out}")
     return 0

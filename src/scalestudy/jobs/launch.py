@@ -23,7 +23,10 @@ import shlex
 import shutil
 import sys
 
+from scalestudy import log
 from scalestudy.errors import LaunchError
+
+logger = log.get(__name__)
 
 # Thread pools a rank's libraries size from the environment (OpenMP, MKL, OpenBLAS, ...).
 # Snakemake's shell sets every one of them to the rule's `threads`, the cores of all ranks
@@ -146,14 +149,10 @@ def build_command(args: argparse.Namespace, env: dict[str, str]) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     env = dict(os.environ)
-    try:
-        cmd = build_command(args, env)
-    except LaunchError as exc:
-        print(f"scalestudy launch: {exc}", file=sys.stderr)
-        return 2
+    cmd = build_command(args, env)  # a LaunchError: one line from cli.main, exit 2
     # intra-op threads per rank = the cores Slurm (or the config) gave it
     env = rank_env(env, args.cpus_per_rank)
-    print("+ " + shlex.join(cmd), flush=True)
+    logger.info("+ " + shlex.join(cmd))
     if args.dry_run:
         return 0
     os.execvpe(cmd[0], cmd, env)

@@ -3,7 +3,9 @@
     scalestudy profile capture --run R --tool auto|nsys|torch --device cuda|cpu --ranks all|0 \\
         --out results/profile/R/capture --inventory results/system/profile/R.json \\
         --nodes N --ranks-per-node K --cpus-per-rank C [--container IMG --gpu] -- <train flags>
-    scalestudy profile parse --capture DIR --run R --out-kernels K.csv --out-ranges R.csv
+    scalestudy profile parse --capture DIR --run R --out-kernels K.csv [--out-ranges R.csv]
+    scalestudy profile parse --nsys-stats CSV|DIR --run R --out-kernels K.csv [--out-ranges R.csv]
+    scalestudy profile parse --ncu CSV|DIR --run R --out-ncu N.csv
     scalestudy profile ncu --run R --kernels K.csv --top-k 5 --launch-skip S --launch-count C \\
         --out-dir results/profile/R/ncu --out N.csv --enabled auto|true ... -- <train flags>
     scalestudy profile rank --tool nsys|ncu --ranks all|0 --dir DIR [...] -- CMD...
@@ -28,6 +30,16 @@ ncu: rank 0 only (the other ranks run plain; a profiled NCCL kernel would wait f
   (S' = S clamped so that C launches remain of the kernel's instances on rank 0 in the nsys
   window), then `ncu -i DIR/ncu_k<i>.ncu-rep --csv --page details --print-units base
   --print-metric-name name` -> DIR/ncu_k<i>.csv, whose rows carry the kernels CSV's name.
+parse: profiler output -> the profile CSVs (schemas: scalestudy.nsight.schema), from one of
+  --capture DIR   a capture directory of `profile capture`: its tool.json says which tool ran
+                  and where its output is (nsys stats CSVs, or torch.profiler exports)
+  --nsys-stats P  `nsys stats --format csv` output made by hand: one CSV, or a directory of them
+                  (cuda_gpu_kern_sum, cuda_gpu_mem_time_sum, nvtx_sum or the pre-2023.1 names;
+                  recognised by header, rank from `rank<r>` in the file name)
+  --ncu P         `ncu --csv --page details` output: one CSV, or every *.csv of a directory
+  The first two write --out-kernels (profile_kernels) and, when given, --out-ranges
+  (profile_ranges); --ncu writes --out-ncu (profile_ncu). A file that cannot be parsed is an
+  error naming the file and line (exit 2), and no CSV is written.
 rank: the per-rank wrapper the launcher starts instead of the trainer (rank from SLURM_PROCID or
   RANK): it execs the profiler around CMD on the profiled ranks and CMD alone on the others.
 """
@@ -44,16 +56,19 @@ import subprocess
 import sys
 from pathlib import Path
 
-from scalestudy import files
+from scalestudy import files, log
 from scalestudy.errors import ProfileError, ProfileFormatError
 from scalestudy.jobs import launch
-from scalestudy.nsight import profiling
+from scalestudy.nsight import ncu as ncu_parser
+from scalestudy.nsight import nsys, schema, torch_ops
+
+logger = log.get(__name__)
 
 NSYS_TRACE = "cuda,nvtx,osrt,cudnn,cublas"
 NSYS_REPORTS_NEW = ("cuda_gpu_kern_sum", "cuda_gpu_mem_time_sum", "nvtx_sum")
 NSYS_REPORTS_OLD = ("gpukernsum", "gpumemtimesum", "nvtxsum")
 # FLOP counters that --set full does not print in the details page: SASS f/h/d add, mul, fma
-# (a fma is 2 FLOP) and the tensor-core paths (profiling.parse_ncu sums them). Tensor paths: only
+# (a fma is 2 FLOP) and the tensor-core paths (nsight.ncu.parse_ncu sums them). Tensor paths: only
 # the per-(source, destination) totals; the src-only totals and the _sparsity_on/_off breakdowns
 # count the same operations again. A regex, not a list: a name the GPU lacks (bf16 before Ampere)
 # would fail the whole ncu run, a regex just matches fewer.
@@ -63,7 +78,7 @@ NCU_METRICS = ",".join(
         for p in "hfd"
         for op in ("add", "mul", "fma")
     ]
-    + ["regex:" + profiling.TENSOR_METRIC.pattern]
+    + ["regex:" + ncu_parser.TENSOR_METRIC.pattern]
 )
 
 
@@ -74,19 +89,19 @@ NCU_METRICS = ",".join(
 def choose_tool(requested: str, device: str, nsys_path: str | None) -> tuple[str, str]:
     """(tool, why): nsys or torch. Explicit nsys without nsys or without CUDA is an error."""
     if requested == "torch":
-        return "torch", "profiling.tool is torch"
+        return "torch", "schema.tool is torch"
     if requested == "nsys":
         if device != "cuda":
             raise ProfileError(
-                "profiling.tool is nsys but this study runs on CPU (hardware.device: cpu); "
-                "Nsight Systems profiles GPUs: use profiling.tool auto or torch"
+                "schema.tool is nsys but this study runs on CPU (hardware.device: cpu); "
+                "Nsight Systems profiles GPUs: use schema.tool auto or torch"
             )
         if nsys_path is None:
             raise ProfileError(
-                "profiling.tool is nsys but `nsys` is not on PATH on this node: load the Nsight "
-                "Systems module (e.g. `module load nsight-systems`) or use profiling.tool auto"
+                "schema.tool is nsys but `nsys` is not on PATH on this node: load the Nsight "
+                "Systems module (e.g. `module load nsight-systems`) or use schema.tool auto"
             )
-        return "nsys", f"profiling.tool is nsys ({nsys_path})"
+        return "nsys", f"schema.tool is nsys ({nsys_path})"
     if device != "cuda":
         return "torch", "auto: no GPU (hardware.device: cpu), torch.profiler over the same window"
     if nsys_path is None:
@@ -185,7 +200,7 @@ def ncu_command(
 
 def ncu_import_command(report: str) -> list[str]:
     # metric names, not labels: labels changed between versions ("SM [%]", "Compute (SM) [%]",
-    # "Compute (SM) Throughput"); profiling.parse_ncu reads both
+    # "Compute (SM) Throughput"); nsight.ncu.parse_ncu reads both
     return [
         "ncu",
         "--import",
@@ -256,7 +271,7 @@ def launch_command(args: argparse.Namespace, prefix: str | None) -> list[str]:
 
 
 def _run(argv: list[str], env: dict[str, str], stdout=None) -> None:
-    print("+ " + shlex.join(argv), flush=True)
+    logger.info("+ " + shlex.join(argv))
     proc = subprocess.run(argv, env=env, stdout=stdout)
     if proc.returncode != 0:
         raise ProfileError(
@@ -275,7 +290,7 @@ def capture(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tool, why = choose_tool(args.tool, args.device, shutil.which("nsys"))
-    print(f"profile {args.run}: tool {tool} ({why})", flush=True)
+    logger.info(f"profile {args.run}: tool {tool} ({why})")
     env = launch.rank_env(dict(os.environ), args.cpus_per_rank)
     if args.inventory:
         from scalestudy.jobs import inventory
@@ -316,8 +331,8 @@ def capture(args: argparse.Namespace) -> int:
     return 0
 
 
-def parse(args: argparse.Namespace) -> int:
-    capture_dir = Path(args.capture)
+def _capture_input(capture_dir: Path) -> tuple[str, Path, str]:
+    """(tool, its output, why that tool) of a capture directory, from its tool.json."""
     manifest_path = capture_dir / "tool.json"
     try:
         manifest = json.loads(manifest_path.read_text())
@@ -325,27 +340,50 @@ def parse(args: argparse.Namespace) -> int:
         raise ProfileFormatError(
             manifest_path, None, f"unreadable ({exc}); made by `scalestudy profile capture`"
         ) from exc
-    source = capture_dir / manifest["input"]
-    if manifest["tool"] == "nsys":
-        kernels, ranges = profiling.parse_nsys(source, args.run)
+    return manifest["tool"], capture_dir / manifest["input"], manifest["why"]
+
+
+def parse(args: argparse.Namespace) -> int:
+    """One of --capture, --nsys-stats, --ncu -> the profile CSVs (see the module docstring)."""
+    if args.ncu:
+        if args.out_kernels or args.out_ranges or not args.out_ncu:
+            raise ProfileError(
+                "--ncu writes --out-ncu (profile_ncu), not --out-kernels or --out-ranges"
+            )
+        rows = []
+        for f in ncu_parser.ncu_files(args.ncu):
+            rows.extend(ncu_parser.parse_ncu(f, args.run))
+        files.write_text(args.out_ncu, schema.csv_text(schema.NCU_COLUMNS, rows))
+        logger.info(f"{args.run}: {len(rows)} kernels -> {args.out_ncu}")
+        return 0
+    if not args.out_kernels or args.out_ncu:
+        raise ProfileError(
+            f"--{'capture' if args.capture else 'nsys-stats'} writes --out-kernels "
+            "(and --out-ranges), not --out-ncu"
+        )
+    if args.capture:
+        tool, source, why = _capture_input(Path(args.capture))
     else:
-        kernels, ranges = profiling.parse_torch(source, args.run)
-    files.write_text(args.out_kernels, profiling.csv_text(profiling.KERNEL_COLUMNS, kernels))
-    files.write_text(args.out_ranges, profiling.csv_text(profiling.RANGE_COLUMNS, ranges))
+        tool, source, why = "nsys", Path(args.nsys_stats), f"stats {args.nsys_stats}"
+    if tool == "nsys":
+        kernels, ranges = nsys.parse_nsys(source, args.run)
+    else:
+        kernels, ranges = torch_ops.parse_torch(source, args.run)
+    files.write_text(args.out_kernels, schema.csv_text(schema.KERNEL_COLUMNS, kernels))
+    if args.out_ranges:
+        files.write_text(args.out_ranges, schema.csv_text(schema.RANGE_COLUMNS, ranges))
     bare = sorted({r["rank"] for r in kernels} - {r["rank"] for r in ranges})
     if bare:
         # a warning, not an error: the kernel breakdown stands on its own, and a trainer that
         # records its phases in a form this tool does not see must not cost the kernels
-        print(
+        where = f"; {args.out_ranges} has no rows for them" if args.out_ranges else ""
+        logger.warning(
             f"WARNING {args.run}: rank(s) {', '.join(map(str, bare))} have kernels but none of "
-            f"the phase ranges {', '.join(profiling.RANGES)} in {source} "
-            f"({'nvtx_sum' if manifest['tool'] == 'nsys' else 'record_function entries'}); "
-            f"{args.out_ranges} has no rows for them",
-            file=sys.stderr,
+            f"the phase ranges {', '.join(schema.RANGES)} in {source} "
+            f"({'nvtx_sum' if tool == 'nsys' else 'record_function entries'}){where}"
         )
-    print(
-        f"{args.run}: {len(kernels)} kernel rows, {len(ranges)} range rows "
-        f"(tool {manifest['tool']}: {manifest['why']})"
+    logger.info(
+        f"{args.run}: {len(kernels)} kernel rows, {len(ranges)} range rows (tool {tool}: {why})"
     )
     return 0
 
@@ -358,16 +396,16 @@ def ncu(args: argparse.Namespace) -> int:
         missing = "no GPU (hardware.device: cpu)" if args.device != "cuda" else "`ncu` not on PATH"
         if args.enabled == "true":
             raise ProfileError(
-                f"profiling.ncu.enabled is true but {missing}: load Nsight Compute "
-                "(e.g. `module load nsight-compute`) or set profiling.ncu.enabled: auto"
+                f"schema.ncu.enabled is true but {missing}: load Nsight Compute "
+                "(e.g. `module load nsight-compute`) or set schema.ncu.enabled: auto"
             )
         why = f"auto: {missing}, no Nsight Compute metrics for {args.run}"
-        print(why, flush=True)
+        logger.info(why)
         files.write_json(out_dir / "tool.json", {"tool": "none", "why": why})
-        files.write_text(args.out, profiling.csv_text(profiling.NCU_COLUMNS, []))
+        files.write_text(args.out, schema.csv_text(schema.NCU_COLUMNS, []))
         return 0
-    kernel_rows = profiling.read_csv(args.kernels, profiling.KERNEL_COLUMNS)
-    kernels = profiling.top_kernels(kernel_rows, args.top_k)
+    kernel_rows = schema.read_csv(args.kernels, schema.KERNEL_COLUMNS)
+    kernels = schema.top_kernels(kernel_rows, args.top_k)
     if not kernels:
         raise ProfileError(f"{args.kernels}: no non-NCCL kernel to profile with ncu")
     env = launch.rank_env(dict(os.environ), args.cpus_per_rank)
@@ -376,11 +414,10 @@ def ncu(args: argparse.Namespace) -> int:
         args.train_args = list(train_args)
         skip = ncu_launch_skip(kernel_rows, kernel, args.launch_skip, args.launch_count)
         if skip != args.launch_skip:
-            print(
+            logger.info(
                 f"ncu k{i}: --launch-skip {skip}, not {args.launch_skip}: rank 0 launches "
                 f"{kernel[:80]!r} too few times in the window to skip {args.launch_skip} and "
                 f"profile {args.launch_count}",
-                flush=True,
             )
         prefix = rank_prefix(
             tool="ncu",
@@ -405,25 +442,25 @@ def ncu(args: argparse.Namespace) -> int:
     rows = []
     for i, kernel in enumerate(kernels):
         # the kernels CSV's name, not ncu's spelling of it: profile_ncu joins profile_kernels
-        rows.extend(profiling.parse_ncu(out_dir / f"ncu_k{i}.csv", args.run, kernel=kernel))
+        rows.extend(ncu_parser.parse_ncu(out_dir / f"ncu_k{i}.csv", args.run, kernel=kernel))
     files.write_json(out_dir / "tool.json", {"tool": "ncu", "why": ncu_path, "kernels": kernels})
-    files.write_text(args.out, profiling.csv_text(profiling.NCU_COLUMNS, rows))
+    files.write_text(args.out, schema.csv_text(schema.NCU_COLUMNS, rows))
     return 0
 
 
 def rank(args: argparse.Namespace) -> int:
     cmd = rank_command(args, dict(os.environ))
-    print(f"+ [rank {rank_from_env(dict(os.environ))}] " + shlex.join(cmd), flush=True)
+    logger.info(f"+ [rank {rank_from_env(dict(os.environ))}] " + shlex.join(cmd))
     os.execvp(cmd[0], cmd)
 
 
 def merge(args: argparse.Namespace) -> int:
     columns = {
-        "kernels": profiling.KERNEL_COLUMNS,
-        "ranges": profiling.RANGE_COLUMNS,
-        "ncu": profiling.NCU_COLUMNS,
+        "kernels": schema.KERNEL_COLUMNS,
+        "ranges": schema.RANGE_COLUMNS,
+        "ncu": schema.NCU_COLUMNS,
     }[args.schema]
-    files.write_text(args.out, profiling.merge_csvs(args.inputs, columns))
+    files.write_text(args.out, schema.merge_csvs(args.inputs, columns))
     return 0
 
 
@@ -452,11 +489,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="capture directory")
     p.add_argument("--inventory", default=None, help="also write the system inventory here")
     _layout(p)
-    p = sub.add_parser("parse", help="capture directory -> kernels and ranges CSVs")
-    p.add_argument("--capture", required=True)
-    p.add_argument("--run", required=True)
-    p.add_argument("--out-kernels", required=True)
-    p.add_argument("--out-ranges", required=True)
+    p = sub.add_parser(
+        "parse",
+        help="capture dir, nsys stats or ncu details -> profile CSVs",
+        description="Profiler output -> the profile CSVs: one of --capture (a `profile capture` "
+        "directory), --nsys-stats (nsys stats CSVs) or --ncu (ncu details CSVs).",
+    )
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument(
+        "--capture", metavar="DIR", help="capture directory (its tool.json names the tool)"
+    )
+    source.add_argument(
+        "--nsys-stats", metavar="PATH", help="nsys stats --format csv output: a CSV or a dir"
+    )
+    source.add_argument(
+        "--ncu", metavar="PATH", help="ncu --csv --page details output: a CSV or a dir"
+    )
+    p.add_argument("--run", required=True, help="run id written into every row")
+    p.add_argument(
+        "--out-kernels",
+        metavar="CSV",
+        help="kernels CSV (profile_kernels; --capture, --nsys-stats)",
+    )
+    p.add_argument(
+        "--out-ranges", metavar="CSV", help="phase ranges CSV (profile_ranges; optional)"
+    )
+    p.add_argument("--out-ncu", metavar="CSV", help="Nsight Compute CSV (profile_ncu; --ncu)")
     p = sub.add_parser("ncu", help="Nsight Compute on the top-K kernels of a run")
     p.add_argument("--kernels", required=True, help="the run's kernels CSV (profile parse)")
     p.add_argument("--enabled", choices=("auto", "true"), default="auto")
@@ -483,9 +541,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # ProfileError and ProfileFormatError: one line from cli.main, exit 2
     action = {"capture": capture, "parse": parse, "ncu": ncu, "rank": rank, "merge": merge}
-    try:
-        return action[args.action](args)
-    except (ProfileError, ProfileFormatError) as exc:
-        print(f"scalestudy profile {args.action}: {exc}", file=sys.stderr)
-        return 2
+    return action[args.action](args)

@@ -32,16 +32,16 @@ from __future__ import annotations
 import argparse
 import csv
 import html
-import io
 import math
 import statistics
-import sys
 from collections import defaultdict
 from pathlib import Path
 
-from scalestudy import files, vocab
+from scalestudy import files, log, vocab
 from scalestudy.errors import AnalysisError
-from scalestudy.nsight.profiling import CATEGORIES, KERNEL_COLUMNS
+from scalestudy.nsight.schema import CATEGORIES, KERNEL_COLUMNS
+
+logger = log.get(__name__)
 
 # per-run measurements averaged over repeats: column in runs.csv -> prefix in scaling.csv
 MEASURES = (
@@ -73,7 +73,7 @@ SCALING_COLUMNS = (
     "bucket_rel_throughput",
     "runs",
 )
-# the profiling stage's schema (results/csv/profile_kernels.csv), defined in profiling.py
+# the profiling stage's schema (results/csv/profile_kernels.csv), defined in nsight/schema.py
 PROFILE_COLUMNS, PROFILE_CATEGORIES = KERNEL_COLUMNS, CATEGORIES
 DEFAULT_TARGETS = {
     "strong_efficiency": 0.70,
@@ -94,22 +94,10 @@ def read_csv(path: str | Path, what: str = "", make: str = "snakemake") -> list[
         return list(csv.DictReader(f))
 
 
-def number(value) -> float | None:
-    """A CSV cell as a float; blank / None / null / nan -> None."""
-    if value is None:
-        return None
-    if isinstance(value, int | float):
-        return None if isinstance(value, float) and math.isnan(value) else float(value)
-    text = str(value).strip()
-    if text in ("", "None", "null", "nan", "NaN"):
-        return None
-    return float(text)
-
-
 def run_measures(row: dict) -> dict:
     """The per-run measurements of MEASURES (step_time_s derived: global_batch / throughput)."""
-    out = {m: number(row.get(m)) for m in MEASURES if m != "step_time_s"}
-    x, gb = out["throughput_img_s"], number(row.get("global_batch"))
+    out = {m: files.number(row.get(m)) for m in MEASURES if m != "step_time_s"}
+    x, gb = out["throughput_img_s"], files.number(row.get("global_batch"))
     if x is None or x <= 0:
         raise AnalysisError(
             f"run {row.get('run')}: throughput_img_s is {row.get('throughput_img_s')!r}"
@@ -393,7 +381,7 @@ def resources(runs: list[dict], gpus_per_node: int) -> list[dict]:
             by_family[family].append(r)
 
     def spent(members):
-        hours = [number(r["train_time_s"]) / 3600.0 for r in members]
+        hours = [files.number(r["train_time_s"]) / 3600.0 for r in members]
         return (
             sum(int(r["nodes"]) * h for r, h in zip(members, hours, strict=True)),
             sum(int(r["world_size"]) * h for r, h in zip(members, hours, strict=True)),
@@ -432,7 +420,7 @@ def resources(runs: list[dict], gpus_per_node: int) -> list[dict]:
         for k in SCALE_FACTORS:
             world = k * n_max
             nodes = math.ceil(world / gpus_per_node)
-            hours = sum(number(r["train_time_s"]) / 3600.0 for r in largest)
+            hours = sum(files.number(r["train_time_s"]) / 3600.0 for r in largest)
             rows.append(
                 {
                     "kind": "projected",
@@ -500,6 +488,9 @@ def _distinct(runs, column) -> str:
 
 
 # --- profiling (optional input from the profiling stage) -----------------------------------------
+SHARE_COLUMNS = ("run", "tool", "rank", "category", "total_ns", "share")
+
+
 def profile_shares(path: str | Path) -> list[dict]:
     """results/csv/profile_kernels.csv -> share of kernel time per (run, tool, category), rank 0
     when present, else the lowest rank. Columns are checked, categories must be known."""
@@ -526,16 +517,9 @@ def profile_shares(path: str | Path) -> list[dict]:
         total = sum(v for (ru, to, _), v in totals.items() if (ru, to) == (run, tool))
         for cat in PROFILE_CATEGORIES:
             ns = totals.get((run, tool, cat), 0.0)
-            out.append(
-                {
-                    "run": run,
-                    "tool": tool,
-                    "rank": first_rank[(run, tool)],
-                    "category": cat,
-                    "total_ns": ns,
-                    "share": ns / total if total else 0.0,
-                }
-            )
+            share = ns / total if total else 0.0
+            values = (run, tool, first_rank[(run, tool)], cat, ns, share)
+            out.append(dict(zip(SHARE_COLUMNS, values, strict=True)))
     return out
 
 
@@ -549,15 +533,6 @@ def cell(value) -> str:
     if isinstance(value, float):
         return repr(round(value, 10))
     return str(value)
-
-
-def write_csv(path: str | Path, rows: list[dict], columns) -> None:
-    buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(columns)
-    for r in rows:
-        writer.writerow([cell(r.get(c)) for c in columns])
-    files.write_text(path, buf.getvalue())
 
 
 def write_html(path: str | Path, title: str, rows: list[dict], columns) -> None:
@@ -592,21 +567,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     targets = {k: getattr(args, k) for k in DEFAULT_TARGETS}
-    try:
-        runs = read_csv(args.runs, " (one row per run)", "snakemake results/csv/runs.csv")
-        if not runs:
-            raise AnalysisError(f"{args.runs} has no runs")
-        scaling = scaling_table(runs, targets["accuracy_tolerance"])
-        study = {"name": args.study, "device": _distinct(runs, "device")}
-        unit = "GPUs" if study["device"] == "cuda" else "CPU ranks"
-        verdict_rows = verdicts(scaling, targets, unit)
-        resource_rows = resources(runs, args.gpus_per_node)
-        system_rows = system_table(runs, study)
-        system_rows.append({"section": "reproduce", "key": "configfile", "value": args.configfile})
-        profile = profile_shares(args.profile) if args.profile else []
-    except AnalysisError as exc:
-        print(f"scalestudy analyze: {exc}", file=sys.stderr)
-        return 1
+    # an AnalysisError: one line from cli.main, exit 2, before any table is written
+    runs = read_csv(args.runs, " (one row per run)", "snakemake results/csv/runs.csv")
+    if not runs:
+        raise AnalysisError(f"{args.runs} has no runs")
+    scaling = scaling_table(runs, targets["accuracy_tolerance"])
+    study = {"name": args.study, "device": _distinct(runs, "device")}
+    unit = "GPUs" if study["device"] == "cuda" else "CPU ranks"
+    verdict_rows = verdicts(scaling, targets, unit)
+    resource_rows = resources(runs, args.gpus_per_node)
+    system_rows = system_table(runs, study)
+    system_rows.append({"section": "reproduce", "key": "configfile", "value": args.configfile})
+    profile = profile_shares(args.profile) if args.profile else []
     out, html_dir = Path(args.out_dir), Path(args.html_dir)
     targets_rows = [{"target": k, "value": v} for k, v in targets.items()]
     tables = [
@@ -615,15 +587,10 @@ def run(args: argparse.Namespace) -> int:
         ("resources", "Resources spent and projected", resource_rows, RESOURCE_COLUMNS),
         ("system", "System, software and study", system_rows, ("section", "key", "value")),
         ("targets", "Targets of the study", targets_rows, ("target", "value")),
-        (
-            "profile_shares",
-            "Kernel time per category",
-            profile,
-            ("run", "tool", "rank", "category", "total_ns", "share"),
-        ),
+        ("profile_shares", "Kernel time per category", profile, SHARE_COLUMNS),
     ]
     for name, title, rows, columns in tables:
-        write_csv(out / f"{name}.csv", rows, columns)
+        files.write_csv(out / f"{name}.csv", columns, rows, cell)
         write_html(html_dir / f"{name}.html", title, rows, columns)
-    print(f"analyzed {len(runs)} runs -> {len(scaling)} scaling rows in {out}")
+    logger.info(f"analyzed {len(runs)} runs -> {len(scaling)} scaling rows in {out}")
     return 0

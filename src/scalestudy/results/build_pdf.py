@@ -14,6 +14,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from scalestudy import log
+
+logger = log.get(__name__)
+
 TEX_PACKAGES = "latexmk texlive-latex-base texlive-latex-recommended texlive-fonts-recommended"
 MISSING = (
     "latexmk is not installed, so reports/paper.pdf is not built (reports/paper.tex is); "
@@ -32,20 +36,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if not have_latexmk():
-        print(f"scalestudy build-pdf: {MISSING}", file=sys.stderr)
+        logger.error(f"scalestudy build-pdf: {MISSING}")
         return 1
     tex = Path(args.tex)
     # -cd: figure paths in the .tex are relative to its directory; nonstopmode + halt: a TeX
     # error fails the job instead of waiting for input
     cmd = ["latexmk", "-pdf", "-cd", "-interaction=nonstopmode", "-halt-on-error", str(tex)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
-    sys.stdout.write(proc.stdout[-4000:])
+    sys.stdout.write(proc.stdout[-4000:])  # latexmk's own output, passed on as it is
     if proc.returncode != 0:
-        print(
+        logger.error(
             f"scalestudy build-pdf: latexmk failed ({proc.returncode}); see "
-            f"{tex.with_suffix('.log')}\n{proc.stderr[-2000:]}",
-            file=sys.stderr,
+            f"{tex.with_suffix('.log')}\n{proc.stderr[-2000:]}"
         )
         return 1
-    print(f"wrote {tex.with_suffix('.pdf')}")
+    logger.info(f"wrote {tex.with_suffix('.pdf')}")
     return 0

@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import argparse
 import csv
-import io
 import json
-import sys
 from pathlib import Path
 
-from scalestudy import files
+from scalestudy import files, log
 from scalestudy.errors import CollectError
 from scalestudy.study.runs import RUN_COLUMNS, read_runs_tsv, same
+
+logger = log.get(__name__)
 
 # metrics.json keys the trainer always writes (issue "Trainer"); collect checks them
 REQUIRED_METRICS = (
@@ -76,14 +76,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        runs_rows, epoch_rows = collect(read_runs_tsv(args.runs), Path(args.runs_dir))
-    except CollectError as exc:
-        print(f"scalestudy collect: {exc}", file=sys.stderr)
-        return 1
-    write_csv(args.out_runs, runs_rows)
-    write_csv(args.out_epochs, epoch_rows)
-    print(
+    # a CollectError: one line from cli.main, exit 2
+    runs_rows, epoch_rows = collect(read_runs_tsv(args.runs), Path(args.runs_dir))
+    # columns in first-seen order: the run-table columns first, then the metrics keys
+    files.write_csv(args.out_runs, None, runs_rows)
+    files.write_csv(args.out_epochs, None, epoch_rows)
+    logger.info(
         f"collected {len(runs_rows)} runs, {len(epoch_rows)} epoch rows -> "
         f"{args.out_runs}, {args.out_epochs}"
     )
@@ -147,15 +145,4 @@ def flatten(metrics: dict) -> dict:
     return out
 
 
-def write_csv(path: str | Path, rows: list[dict]) -> None:
-    columns: list[str] = []
-    for row in rows:  # first-seen order: the run-table columns first, then the metrics keys
-        columns += [k for k in row if k not in columns]
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    files.write_text(path, buf.getvalue())
-
-
-__all__ = ["RUN_COLUMNS", "collect", "write_csv", "CollectError"]
+__all__ = ["RUN_COLUMNS", "collect", "CollectError"]

@@ -11,11 +11,15 @@ readers; markers differ too, so the figures also read in greyscale.
 from __future__ import annotations
 
 import argparse
-import sys
 from collections import defaultdict
 from pathlib import Path
 
-from scalestudy.results.analyze import PROFILE_CATEGORIES, AnalysisError, number, read_csv
+from scalestudy import log
+from scalestudy.errors import AnalysisError
+from scalestudy.files import number
+from scalestudy.results.analyze import PROFILE_CATEGORIES, read_csv
+
+logger = log.get(__name__)
 
 # Okabe & Ito (2008), "Color universal design"
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000")
@@ -389,17 +393,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     make = "snakemake results/csv/scaling.csv"
-    try:
-        data = {
-            "scaling": read_csv(args.scaling, "", make),
-            "epochs": read_csv(args.epochs, "", "snakemake results/csv/epochs.csv"),
-            "targets": {r["target"]: float(r["value"]) for r in read_csv(args.targets, "", make)},
-            "shares": read_csv(args.profile_shares, "", make) if args.profile_shares else [],
-            "device": args.device,
-        }
-        paths = make_figure(args.figure, Path(args.out), args.title, **data)
-    except AnalysisError as exc:
-        print(f"scalestudy plot: {exc}", file=sys.stderr)
-        return 1
-    print("wrote " + ", ".join(map(str, paths)))
+    # an AnalysisError: one line from cli.main, exit 2
+    data = {
+        "scaling": read_csv(args.scaling, "", make),
+        "epochs": read_csv(args.epochs, "", "snakemake results/csv/epochs.csv"),
+        "targets": {r["target"]: float(r["value"]) for r in read_csv(args.targets, "", make)},
+        "shares": read_csv(args.profile_shares, "", make) if args.profile_shares else [],
+        "device": args.device,
+    }
+    paths = make_figure(args.figure, Path(args.out), args.title, **data)
+    logger.info("wrote " + ", ".join(map(str, paths)))
     return 0

@@ -16,13 +16,15 @@ from __future__ import annotations
 import argparse
 import math
 import re
-import sys
 from pathlib import Path
 
 import jinja2
 
-from scalestudy import files, vocab
-from scalestudy.results.analyze import AnalysisError, read_csv
+from scalestudy import files, log, vocab
+from scalestudy.errors import AnalysisError
+from scalestudy.results.analyze import read_csv
+
+logger = log.get(__name__)
 
 TABLES = ("scaling", "verdicts", "resources", "system", "targets", "profile_shares")
 DOCUMENTS = ("study.md", "paper.tex")
@@ -194,21 +196,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     csv_dir = Path(args.csv_dir)
+    # an AnalysisError: one line from cli.main, exit 2
     try:
         docs = render(csv_dir, Path(args.templates), args.figures, args.figure_dir)
-        tables = load_tables(csv_dir)
-    except (AnalysisError, jinja2.TemplateError) as exc:
-        print(f"scalestudy render-report: {exc}", file=sys.stderr)
-        return 1
+    except jinja2.TemplateError as exc:
+        raise AnalysisError(str(exc)) from exc
+    tables = load_tables(csv_dir)
     for name, text in docs.items():
         unbacked = numbers_backed_by_csvs(text, tables)
         if unbacked:  # a number typed into a template instead of read from a CSV
-            print(
-                f"scalestudy render-report: {name} shows numbers that are in no CSV cell: "
-                f"{unbacked}; put them in a CSV of `scalestudy analyze`",
-                file=sys.stderr,
+            raise AnalysisError(
+                f"{name} shows numbers that are in no CSV cell: {unbacked}; put them in a CSV "
+                "of `scalestudy analyze`"
             )
-            return 1
         files.write_text(Path(args.out_dir) / name, text)
-        print(f"wrote {Path(args.out_dir) / name}")
+        logger.info(f"wrote {Path(args.out_dir) / name}")
     return 0

@@ -1,0 +1,58 @@
+"""The category (schema.CATEGORIES) of a GPU kernel or torch.profiler op name."""
+
+from __future__ import annotations
+
+import re
+
+# kernel / op categories. First match wins: NCCL kernels contain "reduce" and "copy", cuDNN
+# convolutions contain "gemm", so the specific patterns come before the generic ones.
+# Decisions on names that fit two classes:
+# - cuDNN's direct and explicit-GEMM convolutions (cudnn::detail::wgrad_alg0_engine,
+#   dgrad_engine, explicit_convolve_sgemm, precomputed_convolve_sgemm) and its cudnn::gemm::
+#   helpers (computeOffsetsKernel: im2col offsets) are conv: PyTorch calls cuDNN for
+#   convolutions, never for a plain matrix product.
+# - DDP's reducer bookkeeping (torch.distributed.ddp.reducer::..., bucket views and unused-parameter
+#   search on the CPU) is no collective and no reduction: "reducer" falls through to other.
+# - pooling (max, average, adaptive average and their gradients) reduces a window: reduce.
+
+_CATEGORY_PATTERNS = [
+    ("nccl", r"^nccl|^gloo:|^c10d::|allreduce|all_reduce|allgather|all_gather|reduce_scatter"),
+    ("memcpy", r"memcpy|memset|^aten::copy_$|^aten::_to_copy$"),
+    (
+        "conv",
+        r"xmma_(fprop|dgrad|wgrad)|implicit_gemm|convolve|scudnn|winograd|cutlass_cudnn"
+        r"|reduce_wgrad|fft2d|convolution|conv2d|cudnn::ops::nchwtonhwc|cudnn::ops::nhwctonchw"
+        r"|nchwtonhwc|nhwctonchw|dgrad2d|wgrad2d|fprop|(dgrad|wgrad)_(alg\d|engine)|cudnn::gemm::",
+    ),
+    ("batchnorm", r"bn_fw|bn_bw|batch_norm|batchnorm"),
+    ("gemm", r"gemm|gemv|nvjet|splitkreduce|^aten::(addmm|mm|bmm|matmul|linear)$|cublas"),
+    (
+        "optimizer",
+        r"multi_tensor_apply|_foreach_|foreach_tensor|fused_sgd|fused_adam|optimizer\.step|sgd\.step",
+    ),
+    (
+        "reduce",
+        r"reduce(?!r)|max_pool|avg_pool|adaptive_avg|adaptive_average|pool2d|pooling|softmax"
+        r"|nll_loss|cross_entropy|^aten::(sum|mean|argmax|max|amax|norm)$",
+    ),
+    (
+        "elementwise",
+        r"elementwise|^aten::(add|add_|mul|mul_|div|div_|relu|relu_|threshold_backward|sub|sub_"
+        r"|neg|clamp|clamp_|clamp_min|clamp_min_|clamp_max|clamp_max_|fill_|zero_|zeros|cat|flip"
+        r"|where|pad|constant_pad_nd|lerp_|addcmul_"
+        r"|addcdiv_|sqrt|rsub|exp|log|log_softmax|_log_softmax|eq|ne|lt|gt|index|index_select"
+        r"|gather|scatter|masked_fill_|contiguous|clone|empty_like|ones_like|_unsafe_view)$",
+    ),
+]
+_COMPILED = [(cat, re.compile(pat, re.IGNORECASE)) for cat, pat in _CATEGORY_PATTERNS]
+
+
+def classify(name: str) -> str:
+    """Category (CATEGORIES) of a kernel or op name; a leading `void ` is ignored."""
+    text = name.strip()
+    if text.lower().startswith("void "):
+        text = text[5:].lstrip()
+    for category, pattern in _COMPILED:
+        if pattern.search(text):
+            return category
+    return "other"

@@ -1,0 +1,158 @@
+"""Nsight Compute: `ncu --csv --page details` output -> profile_ncu rows.
+
+Per kernel the mean duration, achieved occupancy, DRAM and SM throughput and FLOP/s (tensor-core
+paths included) over the profiled launches; schema and units in schema.py. Robust to ncu's rule
+rows, trailing commas, labels that changed between versions and metric names instead of labels.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from scalestudy.errors import ProfileFormatError
+from scalestudy.nsight import schema
+from scalestudy.nsight.readers import col, parse_number, rows_after_header, to_ns
+
+_NCU_DURATION = ("gpu__time_duration.sum", "Duration")
+_NCU_OCCUPANCY = ("sm__warps_active.avg.pct_of_peak_sustained_active", "Achieved Occupancy")
+_NCU_DRAM = (
+    "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+    "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed",
+    "DRAM Throughput",
+)
+# the label of the SM throughput changed between ncu versions ("SM [%]", "Compute (SM) [%]",
+# "Compute (SM) Throughput"); the metric name did not
+_NCU_SM = (
+    "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+    "Compute (SM) Throughput",
+    "Compute (SM) [%]",
+    "SM [%]",
+)
+_SASS = re.compile(r"^smsp?__sass_thread_inst_executed_op_([hfd])(add|mul|fma)_pred_on\.sum$")
+# tensor-core operations: the per-(source, destination type) totals only. The src-only totals
+# (sm__ops_path_tensor_src_fp16.sum) and the _sparsity_on/_off breakdowns count the same
+# operations again. jobs/profile.py requests exactly these.
+TENSOR_METRIC = re.compile(r"^sm__ops_path_tensor_src_[a-z0-9]+_dst_[a-z0-9]+\.sum$")
+
+
+def _is_ncu_header(cells: list[str]) -> bool:
+    return "Kernel Name" in cells and "Metric Name" in cells and "Metric Value" in cells
+
+
+def _ncu_need(header: list[str]) -> int:
+    """Cells a metric row needs: it ends after Metric Value (the rule columns stay empty)."""
+    cols = [col(header, n) for n in ("Kernel Name", "Metric Name", "Metric Unit", "Metric Value")]
+    return max(j for j in cols if j is not None) + 1
+
+
+def parse_ncu(path: str | Path, run: str, kernel: str | None = None) -> list[dict]:
+    """`ncu --csv --page details` output -> profile_ncu rows (mean over profiled launches).
+
+    kernel: the kernels CSV name the file's ncu pass was filtered to (`scalestudy profile ncu`
+    runs one pass per kernel). Its rows then carry that name, so profile_ncu joins
+    profile_kernels exactly whatever ncu's demangler prints; a file with launches of two kernel
+    names is an error (the filter was not specific)."""
+    path = Path(path)
+    header, rows = rows_after_header(
+        path, _is_ncu_header, "ncu details", lambda h, c: len(c) >= _ncu_need(h)
+    )
+    j_id = col(header, "ID")
+    j_kernel = col(header, "Kernel Name")
+    j_name, j_unit, j_value = (
+        col(header, "Metric Name"),
+        col(header, "Metric Unit"),
+        col(header, "Metric Value"),
+    )
+    need = _ncu_need(header)
+    launches: dict[tuple[str, str], dict[str, tuple[float, str, int]]] = {}
+    for line, cells in rows:
+        if len(cells) < need:
+            raise ProfileFormatError(
+                path, line, f"{len(cells)} cells, a metric row needs at least {need} (truncated?)"
+            )
+        metric = cells[j_name].strip()
+        if not metric:
+            continue  # a rule row (Rule Name/Description filled, no metric)
+        raw = cells[j_value].strip()
+        unit = cells[j_unit].strip() if j_unit is not None else ""
+        key = (cells[j_id] if j_id is not None else "", cells[j_kernel].strip())
+        try:
+            value, suffix = parse_number(raw)
+        except ValueError:
+            if metric in (*_NCU_DURATION, *_NCU_OCCUPANCY, *_NCU_DRAM, *_NCU_SM):
+                raise ProfileFormatError(path, line, f"{metric}: {raw!r} is not a number") from None
+            continue  # text-valued metrics (e.g. "Cache Control") are not needed
+        launches.setdefault(key, {})[metric] = (value, unit or suffix, line)
+    if not launches:
+        raise ProfileFormatError(path, None, "no metric rows (did ncu profile any kernel?)")
+    if kernel is not None:
+        names = sorted({name for _, name in launches})
+        if len(names) > 1:
+            raise ProfileFormatError(
+                path,
+                None,
+                f"launches of {len(names)} kernels, the filter selected {kernel!r}: {names}",
+            )
+        launches = {(launch_id, kernel): m for (launch_id, _), m in launches.items()}
+
+    def first(metrics: dict, names: tuple) -> tuple[float, str, int] | None:
+        for n in names:
+            if n in metrics:
+                return metrics[n]
+        return None
+
+    per_kernel: dict[str, list[dict]] = {}
+    for (launch_id, name), metrics in launches.items():
+        dur = first(metrics, _NCU_DURATION)
+        if dur is None:
+            raise ProfileFormatError(
+                path, None, f"launch {launch_id} ({name}): no Duration / gpu__time_duration.sum"
+            )
+        try:
+            duration_ns = to_ns(dur[0], dur[1] or "ns")
+        except ValueError as exc:  # e.g. "cycle": a duration ncu did not give in time units
+            raise ProfileFormatError(path, dur[2], f"Duration: {exc}") from exc
+        flop = tensor = None
+        sass = {n: v for n, (v, _, _) in metrics.items() if _SASS.match(n)}
+        tens = [v for n, (v, _, _) in metrics.items() if TENSOR_METRIC.match(n)]
+        if sass or tens:
+            tensor = sum(tens)
+            flop = tensor
+            for n, v in sass.items():
+                flop += 2 * v if _SASS.match(n).group(2) == "fma" else v
+        pct = {
+            "achieved_occupancy_pct": first(metrics, _NCU_OCCUPANCY),
+            "dram_throughput_pct": first(metrics, _NCU_DRAM),
+            "sm_throughput_pct": first(metrics, _NCU_SM),
+        }
+        per_kernel.setdefault(name, []).append(
+            {
+                "duration_ns": duration_ns,
+                **{k: (v[0] if v else None) for k, v in pct.items()},
+                "flop_per_s": flop / (duration_ns * 1e-9)
+                if flop is not None and duration_ns
+                else None,
+                "tensor_flop_per_s": tensor / (duration_ns * 1e-9)
+                if tensor is not None and duration_ns
+                else None,
+            }
+        )
+    out = []
+    for name, items in per_kernel.items():
+        row = {"run": run, "kernel": name, "launches": len(items)}
+        for column in schema.NCU_COLUMNS[3:]:
+            vals = [it[column] for it in items if it[column] is not None]
+            row[column] = sum(vals) / len(vals) if vals else None
+        out.append(row)
+    out.sort(key=lambda r: -r["duration_ns"] * r["launches"])
+    return out
+
+
+def ncu_files(input_path: str | Path) -> list[Path]:
+    """A details CSV, or every *.csv of a directory (sorted)."""
+    p = Path(input_path)
+    found = sorted(p.glob("*.csv")) if p.is_dir() else [p]
+    if not found:
+        raise ProfileFormatError(p, None, "no ncu details CSV in this directory")
+    return found

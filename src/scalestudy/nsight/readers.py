@@ -1,0 +1,144 @@
+"""Reading what the profilers print: numbers with units and separators, the CSV table after the
+tool's noise lines, the rank in a file name. Shared by the nsys, ncu and torch.profiler parsers.
+
+Robust to what the tools really print (notes: /work/shared/notes/nsight-formats.md): noise lines
+before the header, quoted names with commas, thousands separators and unit suffixes in numbers,
+`--timeunit` other than ns. A malformed or truncated file is a ProfileFormatError naming the file
+and line.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+from pathlib import Path
+
+from scalestudy.errors import ProfileFormatError
+
+# ---------------------------------------------------------------------------------------------
+# numbers
+
+_TIME_UNITS_NS = {
+    "ns": 1.0,
+    "nsecond": 1.0,
+    "nsec": 1.0,
+    "usec": 1e3,
+    "msec": 1e6,
+    "us": 1e3,
+    "usecond": 1e3,
+    "µs": 1e3,
+    "ms": 1e6,
+    "msecond": 1e6,
+    "s": 1e9,
+    "sec": 1e9,
+    "second": 1e9,
+}
+_NUMBER = re.compile(r"^\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*(\S*)\s*$")
+_THOUSANDS = re.compile(r"^[-+]?\d{1,3}(,\d{3})+(\.\d*)?(\s|$)")
+
+
+def parse_number(text: str) -> tuple[float, str]:
+    """'1,234.5' -> (1234.5, ''); '12.3 ms' -> (12.3, 'ms'); '45 %' -> (45.0, '%')."""
+    cleaned = text.strip().replace("\u202f", "").replace("\xa0", "")
+    if _THOUSANDS.match(cleaned):
+        cleaned = cleaned.replace(",", "")
+    m = _NUMBER.match(cleaned)
+    if not m:
+        raise ValueError(f"not a number: {text!r}")
+    return float(m.group(1)), m.group(2)
+
+
+def to_ns(value: float, unit: str) -> float:
+    """A duration in `unit` (ns, us/usecond, ms/msecond, s/second, plurals too) -> ns."""
+    key = unit.strip().lower()
+    if key not in _TIME_UNITS_NS and key.endswith("s") and key[:-1] in _TIME_UNITS_NS:
+        key = key[:-1]  # "nseconds", "msecs"
+    if key not in _TIME_UNITS_NS:
+        raise ValueError(f"unknown time unit {unit!r}")
+    return value * _TIME_UNITS_NS[key]
+
+
+_RANK = re.compile(r"rank[_-]?(\d+)")
+
+
+def rank_of(path: Path) -> int:
+    """The rank in a file name (nsys_rank3_cuda_gpu_kern_sum.csv -> 3); 0 when none."""
+    m = _RANK.search(path.name)
+    return int(m.group(1)) if m else 0
+
+
+# ---------------------------------------------------------------------------------------------
+# CSV tables after the tool's noise
+
+
+def read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise ProfileFormatError(path, None, f"cannot read: {exc.strerror or exc}") from exc
+
+
+def _full_width(header: list[str], cells: list[str]) -> bool:
+    return len(cells) >= len(header)
+
+
+def skipped_line(lines: list[str]) -> str | None:
+    """The tool's `SKIPPED: ...` line (nsys stats: the report has no data of that kind)."""
+    return next((ln.strip() for ln in lines if ln.strip().upper().startswith("SKIPPED")), None)
+
+
+def rows_after_header(
+    path: Path, is_header, what: str, row_complete=_full_width
+) -> tuple[list[str], list[tuple[int, list[str]]]]:
+    """(header, [(line number, cells), ...]) of the first CSV table whose header is_header()
+    accepts; lines before it (tool noise) are skipped. Blank lines end nothing (skipped).
+    row_complete(header, cells) says whether a row has all the cells its kind needs (ncu metric
+    rows stop after Metric Value); it judges the last row of a file with no final newline."""
+    text = read_text(path)
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if not line.strip() or "," not in line:
+            continue
+        try:
+            cells = next(csv.reader([line]))
+        except (csv.Error, StopIteration):
+            continue
+        if is_header([c.strip() for c in cells]):
+            header = [c.strip() for c in cells]
+            rows = []
+            body = lines[i + 1 :]
+            reader = csv.reader(io.StringIO("\n".join(body)))
+            last_start = 0  # body line where the last record began
+            try:
+                for cells_ in reader:
+                    rows.append((i + 1 + reader.line_num, cells_))
+                    if reader.line_num < len(body):
+                        last_start = reader.line_num
+            except csv.Error as exc:
+                raise ProfileFormatError(
+                    path, i + 1 + reader.line_num, f"malformed CSV ({exc}); truncated file?"
+                ) from exc
+            if text and not text.endswith("\n") and rows:
+                # the file may have been cut mid-write. Python's csv reader accepts an open
+                # quote at the end of the data, so a cut inside a quoted name (names with
+                # commas are quoted, ncu quotes every cell) leaves an odd number of quotes;
+                # a cut between cells leaves fewer cells than the row's kind has
+                last_line, last = rows[-1]
+                raw = "\n".join(body[last_start:])
+                if raw.count('"') % 2 or not row_complete(header, last):
+                    raise ProfileFormatError(
+                        path, last_line, f"truncated row (no newline at end of file): {raw[:200]}"
+                    )
+            return header, [(n, c) for n, c in rows if any(x.strip() for x in c)]
+    skipped = skipped_line(lines)
+    hint = f" (the tool said: {skipped})" if skipped else ""
+    raise ProfileFormatError(path, None, f"no {what} header found{hint}")
+
+
+def col(header: list[str], *names: str, prefix: bool = False) -> int | None:
+    for j, h in enumerate(header):
+        for name in names:
+            if h == name or (prefix and h.startswith(name)):
+                return j
+    return None

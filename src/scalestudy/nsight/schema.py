@@ -1,0 +1,185 @@
+"""The profile CSV schemas, the rows of them, and reading, writing and merging those CSVs.
+
+The parsers (nsys.py, ncu.py, torch_ops.py) turn the tools' files into these rows; no tool is run
+in nsight/ (jobs/profile.py runs the tools). Output schemas, one row per run, rank and name (times
+are integers in nanoseconds, shares fractions in [0, 1]):
+
+profile_kernels.csv  run, rank, tool, kernel, category, instances, total_ns, share
+    kernel     GPU kernel name (nsys: cuda_gpu_kern_sum Name; memcpy/memset rows from
+               cuda_gpu_mem_time_sum Operation) or torch.profiler op name (CPU self time, or
+               CUDA kernel self device time when torch.profiler ran on a GPU)
+    category   one of CATEGORIES (classify()); nccl = collective communication: NCCL kernels on a
+               GPU, gloo/nccl collectives recorded by torch.profiler on a CPU
+    instances  launches (kernels), operations (memcpy) or calls (torch ops) inside the window
+    total_ns   summed duration inside the profiled window, ns
+    share      total_ns / sum of total_ns over the same run and rank
+    tool       nsys or torch.profiler
+profile_ranges.csv   run, rank, tool, range, instances, total_ns, share
+    range      one of RANGES (the trainer's NVTX / record_function phases), domain prefix stripped
+    total_ns   summed wall time of that range inside the window, ns (inclusive of nested work)
+    share      total_ns / sum over the RANGES of the same run and rank
+profile_ncu.csv      run, kernel, launches, duration_ns, achieved_occupancy_pct,
+                     dram_throughput_pct, sm_throughput_pct, flop_per_s, tensor_flop_per_s
+    kernel     the profile_kernels name of the kernel (jobs/profile.py filters one kernel per ncu
+               pass and labels its rows so), the join key between the two tables
+    launches   kernel launches ncu profiled (each value below is the mean over them)
+    duration_ns  gpu__time_duration.sum (label "Duration"), ns
+    achieved_occupancy_pct  sm__warps_active.avg.pct_of_peak_sustained_active, %
+    dram_throughput_pct     (gpu__)dram__throughput.avg.pct_of_peak_sustained_elapsed, %
+    sm_throughput_pct       sm__throughput.avg.pct_of_peak_sustained_elapsed, % (labels
+                            "Compute (SM) Throughput", "Compute (SM) [%]", "SM [%]")
+    flop_per_s   (fadd + fmul + 2 ffma, for f/h/d SASS ops, + sm__ops_path_tensor_src_*_dst_*.sum)
+                 / duration; empty when the report lacks those metrics (profile.py asks for them)
+    tensor_flop_per_s  the tensor-core part of flop_per_s (sm__ops_path_tensor_src_*_dst_*.sum)
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from collections.abc import Iterable
+from pathlib import Path
+
+from scalestudy import files
+from scalestudy.errors import ProfileFormatError
+from scalestudy.nsight.classify import classify
+from scalestudy.nsight.readers import read_text
+
+CATEGORIES = (
+    "conv",
+    "batchnorm",
+    "gemm",
+    "elementwise",
+    "reduce",
+    "optimizer",
+    "nccl",
+    "memcpy",
+    "other",
+)
+RANGES = ("data", "forward", "backward", "optimizer", "communication")
+KERNEL_COLUMNS = ("run", "rank", "tool", "kernel", "category", "instances", "total_ns", "share")
+RANGE_COLUMNS = ("run", "rank", "tool", "range", "instances", "total_ns", "share")
+NCU_COLUMNS = (
+    "run",
+    "kernel",
+    "launches",
+    "duration_ns",
+    "achieved_occupancy_pct",
+    "dram_throughput_pct",
+    "sm_throughput_pct",
+    "flop_per_s",
+    "tensor_flop_per_s",
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# rows of the schemas from each rank's (name, instances, total_ns) entries
+
+
+def kernel_rows(run: str, tool: str, per_rank: dict[int, list[dict]]) -> list[dict]:
+    out = []
+    for rank in sorted(per_rank):
+        merged: dict[str, dict] = {}
+        for r in per_rank[rank]:
+            m = merged.setdefault(r["name"], {"instances": 0, "total_ns": 0.0})
+            m["instances"] += r["instances"]
+            m["total_ns"] += r["total_ns"]
+        total = sum(m["total_ns"] for m in merged.values())
+        for name, m in sorted(merged.items(), key=lambda kv: -kv[1]["total_ns"]):
+            out.append(
+                {
+                    "run": run,
+                    "rank": rank,
+                    "tool": tool,
+                    "kernel": name,
+                    "category": classify(name),
+                    "instances": m["instances"],
+                    "total_ns": round(m["total_ns"]),
+                    "share": m["total_ns"] / total if total else 0.0,
+                }
+            )
+    return out
+
+
+def range_rows(run: str, tool: str, per_rank: dict[int, list[dict]]) -> list[dict]:
+    out = []
+    for rank in sorted(per_rank):
+        sums = {name: [0, 0.0] for name in RANGES}
+        for r in per_rank[rank]:
+            if r["name"] in sums:
+                sums[r["name"]][0] += r["instances"]
+                sums[r["name"]][1] += r["total_ns"]
+        total = sum(v[1] for v in sums.values())
+        for name in RANGES:
+            count, ns = sums[name]
+            if count:
+                out.append(
+                    {
+                        "run": run,
+                        "rank": rank,
+                        "tool": tool,
+                        "range": name,
+                        "instances": count,
+                        "total_ns": round(ns),
+                        "share": ns / total if total else 0.0,
+                    }
+                )
+    return out
+
+
+def top_kernels(rows: Iterable[dict], k: int) -> list[str]:
+    """The k kernels with the most time over all ranks, NCCL and memcpy rows excluded (ncu
+    serialises launches, so a profiled NCCL kernel waits forever for its peers)."""
+    totals: dict[str, float] = {}
+    for r in rows:
+        if r["category"] in ("nccl", "memcpy"):
+            continue
+        totals[r["kernel"]] = totals.get(r["kernel"], 0) + float(r["total_ns"])
+    return [name for name, _ in sorted(totals.items(), key=lambda kv: -kv[1])[:k]]
+
+
+# ---------------------------------------------------------------------------------------------
+# writing and merging
+
+
+def cell(value) -> str:
+    """A profile CSV cell: None and NaN blank, floats to 6 significant digits."""
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        if math.isnan(value):
+            return ""
+        return f"{value:.6g}"
+    return str(value)
+
+
+def csv_text(columns: tuple[str, ...], rows: Iterable[dict]) -> str:
+    """A profile CSV (files.csv_text with the cells of cell())."""
+    return files.csv_text(columns, rows, cell)
+
+
+def read_csv(path: str | Path, columns: tuple[str, ...]) -> list[dict]:
+    """A CSV this module wrote; its header must be `columns`."""
+    path = Path(path)
+    text = read_text(path)
+    reader = csv.reader(io.StringIO(text))
+    header = next(reader, None)
+    if header is None or tuple(header) != columns:
+        raise ProfileFormatError(path, 1, f"header {header} is not {list(columns)}")
+    rows = []
+    for cells in reader:
+        if len(cells) != len(columns):
+            raise ProfileFormatError(
+                path, reader.line_num, f"{len(cells)} cells, not {len(columns)}"
+            )
+        rows.append(dict(zip(columns, cells, strict=True)))
+    return rows
+
+
+def merge_csvs(paths: Iterable[str | Path], columns: tuple[str, ...]) -> str:
+    """Concatenate per-run CSVs of one schema (header checked) into one CSV text."""
+    rows: list[dict] = []
+    for p in paths:
+        rows.extend(read_csv(p, columns))
+    return csv_text(columns, rows)
