@@ -73,8 +73,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from scalestudy import files
 from scalestudy.errors import CheckpointError, Preempted, TrainingError
 from scalestudy.trainer import checkpoint as ckpt
-from scalestudy.trainer import data as sdata
 from scalestudy.trainer import dist as sdist
+from scalestudy.trainer import loaders as sdata
 from scalestudy.trainer.config import LR_REFERENCE_BATCH, TrainConfig
 from scalestudy.trainer.config import add_arguments as _add_config_arguments
 from scalestudy.trainer.models import build_model
