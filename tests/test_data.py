@@ -1,4 +1,4 @@
-"""scalestudy.trainer.data: sharding, augmentation, prepared format, downloads (loopback only)."""
+"""trainer.loaders and trainer.prepare_data: sharding, augmentation, prepared format, downloads."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from torchvision.datasets.utils import extract_archive
 
 from scalestudy import cli
 from scalestudy.errors import ChecksumError, DownloadError, PreparedDataError
-from scalestudy.trainer import data
+from scalestudy.trainer import loaders, prepare_data
 
 # ------------------------------------------------------------------------------------------------
 # epoch_batches / eval_indices
@@ -46,7 +46,7 @@ CASES = [
 
 @pytest.mark.parametrize("n,gb,ws", CASES)
 def test_epoch_batches_partition(n: int, gb: int, ws: int) -> None:
-    per_rank = [data.epoch_batches(n, gb, ws, r, seed=3, epoch=1) for r in range(ws)]
+    per_rank = [loaders.epoch_batches(n, gb, ws, r, seed=3, epoch=1) for r in range(ws)]
     steps = {len(b) for b in per_rank}
     assert len(steps) == 1, f"unequal step counts {steps}"
     everything = torch.cat([torch.cat(b) for b in per_rank])
@@ -62,26 +62,26 @@ def test_epoch_batches_partition(n: int, gb: int, ws: int) -> None:
 
 def test_epoch_batches_remainder_placement() -> None:
     # R = 2 < world_size = 4: the last (only extra) samples go to ranks 0 and 1 of the last step
-    b = [data.epoch_batches(1002, 100, 4, r, seed=0, epoch=0) for r in range(4)]
+    b = [loaders.epoch_batches(1002, 100, 4, r, seed=0, epoch=0) for r in range(4)]
     assert [len(x[-1]) for x in b] == [26, 26, 25, 25]
     assert all(len(x) == 10 for x in b)
     # R = 10 >= world_size: an 11th step of 10 samples, 3/3/2/2
-    b = [data.epoch_batches(1010, 100, 4, r, seed=0, epoch=0) for r in range(4)]
+    b = [loaders.epoch_batches(1010, 100, 4, r, seed=0, epoch=0) for r in range(4)]
     assert [len(x[-1]) for x in b] == [3, 3, 2, 2]
     assert all(len(x) == 11 for x in b)
 
 
 def test_epoch_batches_order_depends_on_seed_and_epoch_only() -> None:
-    a = data.epoch_batches(500, 50, 2, 1, seed=7, epoch=4)
-    b = data.epoch_batches(500, 50, 2, 1, seed=7, epoch=4)
-    c = data.epoch_batches(500, 50, 2, 1, seed=7, epoch=5)
-    d = data.epoch_batches(500, 50, 2, 1, seed=8, epoch=4)
+    a = loaders.epoch_batches(500, 50, 2, 1, seed=7, epoch=4)
+    b = loaders.epoch_batches(500, 50, 2, 1, seed=7, epoch=4)
+    c = loaders.epoch_batches(500, 50, 2, 1, seed=7, epoch=5)
+    d = loaders.epoch_batches(500, 50, 2, 1, seed=8, epoch=4)
     assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
     assert not torch.equal(torch.cat(a), torch.cat(c))
     assert not torch.equal(torch.cat(a), torch.cat(d))
     # a global step holds the same samples whatever the world size (strong scaling)
-    one = data.epoch_batches(500, 50, 1, 0, seed=7, epoch=4)
-    two = [data.epoch_batches(500, 50, 2, r, seed=7, epoch=4) for r in range(2)]
+    one = loaders.epoch_batches(500, 50, 1, 0, seed=7, epoch=4)
+    two = [loaders.epoch_batches(500, 50, 2, r, seed=7, epoch=4) for r in range(2)]
     assert set(one[3].tolist()) == set(two[0][3].tolist()) | set(two[1][3].tolist())
 
 
@@ -91,14 +91,14 @@ def test_epoch_batches_order_depends_on_seed_and_epoch_only() -> None:
 )
 def test_epoch_batches_bad_numbers(n: int, gb: int, ws: int, rank: int) -> None:
     with pytest.raises(ValueError) as e:
-        data.epoch_batches(n, gb, ws, rank, seed=0, epoch=0)
+        loaders.epoch_batches(n, gb, ws, rank, seed=0, epoch=0)
     msg = str(e.value)
     assert str(ws) in msg and (str(n) in msg or str(rank) in msg)
 
 
 def test_eval_indices_cover_once() -> None:
     n, ws = 1003, 4
-    parts = [data.eval_indices(n, ws, r) for r in range(ws)]
+    parts = [loaders.eval_indices(n, ws, r) for r in range(ws)]
     assert sorted(torch.cat(parts).tolist()) == list(range(n))
     assert max(len(p) for p in parts) - min(len(p) for p in parts) <= 1
 
@@ -110,7 +110,7 @@ def test_eval_indices_cover_once() -> None:
 
 def _match_crop(out: torch.Tensor, src: torch.Tensor) -> list[tuple[int, int, bool] | None]:
     """For each output image, the (dy, dx, flipped) window of the zero-padded source it equals."""
-    p = data.CROP_PAD
+    p = loaders.CROP_PAD
     h, w = src.shape[-2:]
     padded = F.pad(src, (p, p, p, p))
     found: list[tuple[int, int, bool] | None] = [None] * len(out)
@@ -126,11 +126,11 @@ def _match_crop(out: torch.Tensor, src: torch.Tensor) -> list[tuple[int, int, bo
 
 def test_augment_shifts_and_flips() -> None:
     x = torch.randint(1, 256, (400, 3, 32, 32), dtype=torch.uint8, generator=torch.Generator())
-    out = data.augment(x, torch.Generator().manual_seed(1))
+    out = loaders.augment(x, torch.Generator().manual_seed(1))
     assert out.shape == x.shape and out.dtype == torch.uint8
-    again = data.augment(x, torch.Generator().manual_seed(1))
+    again = loaders.augment(x, torch.Generator().manual_seed(1))
     assert torch.equal(out, again), "same generator seed -> same augmentation"
-    assert not torch.equal(out, data.augment(x, torch.Generator().manual_seed(2)))
+    assert not torch.equal(out, loaders.augment(x, torch.Generator().manual_seed(2)))
 
     found = _match_crop(out, x)
     assert all(f is not None for f in found), "every output is a window of the padded input"
@@ -148,7 +148,7 @@ def test_augment_shifts_and_flips() -> None:
 
 def test_normalize() -> None:
     x = torch.tensor([0, 255, 51], dtype=torch.uint8).reshape(1, 3, 1, 1).expand(2, 3, 2, 2)
-    y = data.normalize(x, [0.5, 0.5, 0.2], [0.5, 0.25, 0.1])
+    y = loaders.normalize(x, [0.5, 0.5, 0.2], [0.5, 0.25, 0.1])
     assert y.dtype == torch.float32 and y.shape == x.shape
     torch.testing.assert_close(y[0, :, 0, 0], torch.tensor([-1.0, 2.0, 0.0]))
 
@@ -164,7 +164,7 @@ def test_device_loader_train_covers_epoch() -> None:
     y = torch.arange(n)  # label = sample id, so the yielded labels show which samples came
     seen, steps = [], set()
     for r in range(ws):
-        loader = data.DeviceLoader(
+        loader = loaders.DeviceLoader(
             x,
             y,
             local_batch=lb,
@@ -200,7 +200,7 @@ def test_device_loader_eval() -> None:
     y = torch.arange(n)
     seen = []
     for r in range(ws):
-        loader = data.DeviceLoader(
+        loader = loaders.DeviceLoader(
             x,
             y,
             local_batch=4,
@@ -217,7 +217,7 @@ def test_device_loader_eval() -> None:
         assert len(batches) == loader.steps_per_epoch
         assert sum(len(b[1]) for b in batches) == loader.num_samples
         for xb, yb in batches:  # no augmentation: exactly the normalized source images
-            torch.testing.assert_close(xb, data.normalize(x[yb], [0.1], [0.3]))
+            torch.testing.assert_close(xb, loaders.normalize(x[yb], [0.1], [0.3]))
             seen += yb.tolist()
     assert sorted(seen) == list(range(n))
 
@@ -228,7 +228,7 @@ def test_make_dataloader() -> None:
     y = torch.arange(n)
     kw = dict(world_size=2, seed=0, mean=[0.5] * 3, std=[0.5] * 3, num_workers=0)
     # persistent_workers/prefetch_factor with num_workers=0 would make DataLoader raise
-    loader, sampler = data.make_dataloader(
+    loader, sampler = loaders.make_dataloader(
         x,
         y,
         local_batch=4,
@@ -244,7 +244,7 @@ def test_make_dataloader() -> None:
     assert len(sampler) == 11  # ceil(21 / 2): DistributedSampler pads by repeating a sample
     assert sum(len(b[1]) for b in batches) == 11
     assert batches[0][0].dtype == torch.float32 and batches[0][0].shape[1:] == (3, 32, 32)
-    loader, _ = data.make_dataloader(
+    loader, _ = loaders.make_dataloader(
         x,
         y,
         local_batch=4,
@@ -256,17 +256,17 @@ def test_make_dataloader() -> None:
         **kw,
     )
     xb, yb = next(iter(loader))
-    torch.testing.assert_close(xb, data.normalize(x[yb], [0.5] * 3, [0.5] * 3))
+    torch.testing.assert_close(xb, loaders.normalize(x[yb], [0.5] * 3, [0.5] * 3))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_device_loader_cuda() -> None:
     x = torch.randint(0, 256, (64, 3, 32, 32), dtype=torch.uint8)
     gen = torch.Generator(device="cuda").manual_seed(0)
-    out = data.augment(x.cuda(), gen)
+    out = loaders.augment(x.cuda(), gen)
     assert out.is_cuda and out.dtype == torch.uint8
     assert all(f is not None for f in _match_crop(out.cpu(), x))
-    loader = data.DeviceLoader(
+    loader = loaders.DeviceLoader(
         x, torch.arange(64), local_batch=8, world_size=2, rank=1, seed=0, train=True,
         device="cuda", mean=[0.5] * 3, std=[0.25] * 3,
     )  # fmt: skip
@@ -280,16 +280,16 @@ def test_device_loader_cuda() -> None:
 
 
 def test_synthetic_deterministic_and_learnable(tmp_path: Path) -> None:
-    a = data.prepare("synthetic", tmp_path / "a", num_train=2000, num_test=500, seed=5)
-    b = data.prepare("synthetic", tmp_path / "b", num_train=2000, num_test=500, seed=5)
+    a = prepare_data.prepare("synthetic", tmp_path / "a", num_train=2000, num_test=500, seed=5)
+    b = prepare_data.prepare("synthetic", tmp_path / "b", num_train=2000, num_test=500, seed=5)
     meta_a = json.loads((a / "meta.json").read_text())
     meta_b = json.loads((b / "meta.json").read_text())
     assert meta_a["sha256"] == meta_b["sha256"]
     assert (a / "data.pt").read_bytes() == (b / "data.pt").read_bytes()
-    c = data.prepare("synthetic", tmp_path / "c", num_train=2000, num_test=500, seed=6)
+    c = prepare_data.prepare("synthetic", tmp_path / "c", num_train=2000, num_test=500, seed=6)
     assert json.loads((c / "meta.json").read_text())["sha256"] != meta_a["sha256"]
 
-    p = data.load_prepared("synthetic", tmp_path / "a")
+    p = loaders.load_prepared("synthetic", tmp_path / "a")
     assert p.train_x.shape == (2000, 3, 32, 32) and p.train_x.dtype == torch.uint8
     assert p.test_y.dtype == torch.int64 and p.num_classes == 10
     assert torch.bincount(p.train_y, minlength=10).tolist() == [200] * 10
@@ -313,33 +313,33 @@ def test_synthetic_deterministic_and_learnable(tmp_path: Path) -> None:
 
 def test_load_prepared_errors(tmp_path: Path) -> None:
     with pytest.raises(PreparedDataError) as e:
-        data.load_prepared("cifar10", tmp_path / "nowhere")
+        loaders.load_prepared("cifar10", tmp_path / "nowhere")
     msg = str(e.value)
     assert str(tmp_path / "nowhere" / "cifar10") in msg
     assert f"scalestudy prepare-data --dataset cifar10 --data-dir {tmp_path / 'nowhere'}" in msg
 
-    out = data.prepare("synthetic", tmp_path, num_train=50, num_test=20, seed=0)
+    out = prepare_data.prepare("synthetic", tmp_path, num_train=50, num_test=20, seed=0)
     tensors = torch.load(out / "data.pt", weights_only=True)
     tensors["train_y"][0] = (tensors["train_y"][0] + 1) % 10  # a changed label, valid file
     torch.save(tensors, out / "data.pt")
     with pytest.raises(PreparedDataError, match="sha256") as e:
-        data.load_prepared("synthetic", tmp_path)
+        loaders.load_prepared("synthetic", tmp_path)
     assert str(out / "data.pt") in str(e.value) and "scalestudy prepare-data" in str(e.value)
-    data.load_prepared("synthetic", tmp_path, verify=False)  # the check is what caught it
+    loaders.load_prepared("synthetic", tmp_path, verify=False)  # the check is what caught it
     (out / "data.pt").write_bytes((out / "data.pt").read_bytes()[:-200])  # truncated
     with pytest.raises(PreparedDataError, match="cannot be read"):
-        data.load_prepared("synthetic", tmp_path, verify=False)
+        loaders.load_prepared("synthetic", tmp_path, verify=False)
 
     # meta.json of another dataset
     (tmp_path / "mnist").mkdir()
     for name in ("data.pt", "meta.json"):
         (tmp_path / "mnist" / name).write_bytes((out / name).read_bytes())
     with pytest.raises(PreparedDataError, match="'synthetic'"):
-        data.load_prepared("mnist", tmp_path, verify=False)
+        loaders.load_prepared("mnist", tmp_path, verify=False)
 
     # a tampered file is not "already prepared": prepare redoes it
-    data.prepare("synthetic", tmp_path, num_train=50, num_test=20, seed=0)
-    data.load_prepared("synthetic", tmp_path)
+    prepare_data.prepare("synthetic", tmp_path, num_train=50, num_test=20, seed=0)
+    loaders.load_prepared("synthetic", tmp_path)
 
 
 def test_cli_synthetic_end_to_end(tmp_path: Path) -> None:
@@ -437,7 +437,7 @@ def test_cifar10_md5_mismatch_and_conversion(tmp_path: Path, serve, capsys, monk
     # the conversion on the (downloaded, byte-identical) fake batches
     assert raw_file.read_bytes() == archive.read_bytes()
     extract_archive(str(raw_file), str(tmp_path / "extracted"))
-    tensors, classes = data.convert_cifar10(tmp_path / "extracted")
+    tensors, classes = prepare_data.convert_cifar10(tmp_path / "extracted")
     assert classes == [f"c{i}" for i in range(10)]
     assert tensors["train_x"].shape == (20, 3, 32, 32) and tensors["train_x"].dtype == torch.uint8
     assert tensors["test_x"].shape == (3, 3, 32, 32)
@@ -452,9 +452,9 @@ def test_cifar10_md5_mismatch_and_conversion(tmp_path: Path, serve, capsys, monk
     assert tensors["train_x"][11].flatten().tolist() == ref.tolist()
 
     # with the fake archive's md5 declared official, the whole path runs and writes the format
-    monkeypatch.setitem(data.CIFAR10_FILES, "cifar-10-python.tar.gz", fake_md5)
+    monkeypatch.setitem(prepare_data.CIFAR10_FILES, "cifar-10-python.tar.gz", fake_md5)
     assert cli.main(["prepare-data", "--dataset", "cifar10", "--data-dir", str(out)]) == 0
-    p = data.load_prepared("cifar10", out)  # no --mirror needed: the raw file is already there
+    p = loaders.load_prepared("cifar10", out)  # no --mirror needed: the raw file is already there
     assert torch.equal(p.train_x, tensors["train_x"]) and p.meta["classes"] == classes
     assert p.meta["source"].endswith("cifar-10-python.tar.gz")
 
@@ -475,7 +475,7 @@ def test_mnist_conversion_and_download(tmp_path: Path, serve, monkeypatch) -> No
         for kind, arr in (("images-idx3", imgs[prefix]), ("labels-idx1", labels[prefix])):
             (site / f"{prefix}-{kind}-ubyte.gz").write_bytes(gzip.compress(_idx(arr)))
 
-    tensors, classes = data.convert_mnist(site)  # reads .gz directly too
+    tensors, classes = prepare_data.convert_mnist(site)  # reads .gz directly too
     assert tensors["train_x"].shape == (6, 1, 28, 28) and tensors["test_x"].shape == (4, 1, 28, 28)
     assert tensors["train_x"].dtype == torch.uint8 and tensors["train_y"].dtype == torch.int64
     assert int(tensors["train_x"][2, 0, 3, 17]) == 77
@@ -486,17 +486,17 @@ def test_mnist_conversion_and_download(tmp_path: Path, serve, monkeypatch) -> No
     bad.mkdir()
     (bad / "train-images-idx3-ubyte").write_bytes(b"\x00\x00\x0d\x03" + bytes(12))
     with pytest.raises(ValueError, match="idx"):
-        data.convert_mnist(bad)
+        prepare_data.convert_mnist(bad)
 
     # download path: real md5s -> mismatch; fake md5s declared official -> the format is written
     url = serve(site)
     with pytest.raises(ChecksumError, match="train-images-idx3-ubyte.gz"):
-        data.prepare("mnist", tmp_path / "data", mirror=url)
-    for name in data.MNIST_FILES:
+        prepare_data.prepare("mnist", tmp_path / "data", mirror=url)
+    for name in prepare_data.MNIST_FILES:
         md5 = hashlib.md5((site / name).read_bytes()).hexdigest()
-        monkeypatch.setitem(data.MNIST_FILES, name, md5)
-    data.prepare("mnist", tmp_path / "data", mirror=url)
-    p = data.load_prepared("mnist", tmp_path / "data")
+        monkeypatch.setitem(prepare_data.MNIST_FILES, name, md5)
+    prepare_data.prepare("mnist", tmp_path / "data", mirror=url)
+    p = loaders.load_prepared("mnist", tmp_path / "data")
     assert torch.equal(p.train_x, tensors["train_x"]) and len(p.mean) == len(p.std) == 1
     assert p.meta["train_shape"] == [6, 1, 28, 28] and p.meta["source"] == url
 
@@ -506,7 +506,7 @@ def test_no_network_is_a_clear_error(tmp_path: Path) -> None:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     with pytest.raises(DownloadError) as e:
-        data.prepare("cifar10", tmp_path, mirror=f"http://127.0.0.1:{port}/")
+        prepare_data.prepare("cifar10", tmp_path, mirror=f"http://127.0.0.1:{port}/")
     assert not isinstance(e.value, ChecksumError)
     assert "cifar-10-python.tar.gz" in str(e.value) and "--mirror" in str(e.value)
     assert os.listdir(tmp_path / "cifar10") in (["raw"], [])

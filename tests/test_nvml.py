@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from scalestudy.trainer.train import GPU_SAMPLE_COLUMNS, NvmlSampler, nvml_read
+from scalestudy.trainer.measure import GPU_SAMPLE_COLUMNS, NvmlSampler, nvml_read
 
 
 class StandInNVML:

@@ -22,7 +22,10 @@ logger = log.get(__name__)
 
 # subcommand -> (module, one-line help)
 SUBCOMMANDS = {
-    "prepare-data": ("scalestudy.trainer.data", "download (or make) a dataset and convert it once"),
+    "prepare-data": (
+        "scalestudy.trainer.prepare_data",
+        "download (or make) a dataset and convert it once",
+    ),
     "train": ("scalestudy.trainer.train", "train one configuration (1 process, torchrun or srun)"),
     "launch": (
         "scalestudy.jobs.launch",

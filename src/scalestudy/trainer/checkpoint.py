@@ -38,7 +38,6 @@ import random
 import re
 import shutil
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -47,8 +46,11 @@ from typing import Any
 
 import torch
 
+from scalestudy import log
 from scalestudy.errors import CheckpointError
 from scalestudy.files import sha256
+
+logger = log.get(__name__)
 
 FORMAT = 1
 MANIFEST = "manifest.json"
@@ -302,7 +304,7 @@ def load_state(path: str | os.PathLike) -> dict:
 
 
 def _warn(message: str) -> None:
-    print(f"WARNING: {message}", file=sys.stderr, flush=True)
+    logger.warning(f"WARNING: {message}")
 
 
 # ---------------------------------------------------------------------------------------------

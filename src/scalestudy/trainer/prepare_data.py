@@ -1,44 +1,35 @@
-"""Datasets: `scalestudy prepare-data`, loading prepared data, sharding, and the two input paths.
+"""`scalestudy prepare-data`: download (cifar10, mnist) or generate (synthetic) a dataset ONCE.
 
-prepare-data downloads (cifar10, mnist) or generates (synthetic) a dataset ONCE and writes
-`DIR/<dataset>/data.pt` (uint8 images, int64 labels) and then `DIR/<dataset>/meta.json` (written
-last: its presence marks a complete, checksummed preparation). Training never downloads: it calls
-`load_prepared`, which fails with the command that creates the data.
-
-Two input paths, compared in the study:
-- `DeviceLoader`: the whole uint8 split lives on the GPU; batches are gathered by index and
-  augmented with batched tensor ops on the device (no worker processes, no host->device copies).
-- `make_dataloader`: the conventional torch DataLoader + DistributedSampler + per-sample
-  torchvision transforms in worker processes.
+Writes `DIR/<dataset>/data.pt` (uint8 images, int64 labels) and then `DIR/<dataset>/meta.json`
+(written last: its presence marks a complete, checksummed preparation). Training never
+downloads: it reads the result with loaders.load_prepared.
 """
 
 from __future__ import annotations
 
 import argparse
 import gzip
-import hashlib
 import json
 import math
 import pickle
-import sys
 import urllib.error
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from scalestudy import files, vocab
-from scalestudy.errors import ChecksumError, DownloadError, PreparedDataError
+from scalestudy import files, log, vocab
+from scalestudy.errors import ChecksumError, DownloadError
 from scalestudy.files import atomic_open, write_json
+from scalestudy.trainer.loaders import CROP_PAD, FORMAT_VERSION, derive_seed
 
-FORMAT_VERSION = 1
+logger = log.get(__name__)
+
 DATASETS = tuple(vocab.DATASETS)
-CROP_PAD = 4  # px of zero padding for the random-crop augmentation (the standard CIFAR recipe)
+
 
 # Official archives and the md5s torchvision checks (module-level so tests can substitute them).
 CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/"
@@ -60,17 +51,6 @@ SYNTHETIC_DEFAULTS = {
     "num_test": vocab.DATASETS["synthetic"].test,
     "seed": 0,
 }
-
-
-def _derive_seed(*parts: object) -> int:
-    """A 63-bit seed from labels/ints: stable across runs, machines and Python versions."""
-    digest = hashlib.sha256(repr(parts).encode()).digest()
-    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
-
-
-def _prepare_command(dataset: str, data_dir: str | Path) -> str:
-    return f"scalestudy prepare-data --dataset {dataset} --data-dir {data_dir}"
-
 
 # ---------------------------------------------------------------------------------------------
 # Download and conversion of the real datasets
@@ -209,7 +189,7 @@ def make_synthetic(
         )
     k, c, size = 10, 3, 32
     canvas = size + 2 * CROP_PAD
-    g = torch.Generator().manual_seed(_derive_seed("synthetic-templates", seed))
+    g = torch.Generator().manual_seed(derive_seed("synthetic-templates", seed))
     colour = F.interpolate(
         torch.rand(k, c, 4, 4, generator=g) * 2 - 1, size=(canvas, canvas), mode="bilinear"
     )
@@ -228,7 +208,7 @@ def make_synthetic(
     templates = 128 + 15 * colour + 40 * stripes[:, None] * tint[:, :, None, None]
 
     def split(n: int, tag: str) -> tuple[torch.Tensor, torch.Tensor]:
-        gs = torch.Generator().manual_seed(_derive_seed("synthetic", tag, seed))
+        gs = torch.Generator().manual_seed(derive_seed("synthetic", tag, seed))
         y = (torch.arange(n) % k)[torch.randperm(n, generator=gs)]
         x = torch.empty(n, c, size, size, dtype=torch.uint8)
         ar, ch = torch.arange(size), torch.arange(c)
@@ -309,7 +289,9 @@ def prepare(
     elif any(v is not None for v in (num_train, num_test, seed)):
         raise ValueError("--num-train/--num-test/--seed apply only to --dataset synthetic")
     if not force and _is_current(out_dir, dataset, params):
-        print(f"prepare-data: {out_dir} is prepared and intact; nothing to do (--force redoes it)")
+        logger.info(
+            f"prepare-data: {out_dir} is prepared and intact; nothing to do (--force redoes it)"
+        )
         return out_dir
 
     meta_path, data_path = out_dir / "meta.json", out_dir / "data.pt"
@@ -359,7 +341,7 @@ def prepare(
     }
     write_json(meta_path, meta)  # last: marks the preparation complete
     train_shape, test_shape = ("x".join(map(str, meta[k])) for k in ("train_shape", "test_shape"))
-    print(
+    logger.info(
         f"prepare-data: wrote {data_path} and {meta_path}: {dataset} train {train_shape}, "
         f"test {test_shape}, {len(classes)} classes"
     )
@@ -378,6 +360,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    log.setup()  # progress to stdout, the error to stderr
     try:
         prepare(
             args.dataset,
@@ -389,336 +372,6 @@ def run(args: argparse.Namespace) -> int:
             force=args.force,
         )
     except (DownloadError, ValueError) as e:
-        print(f"scalestudy prepare-data: error: {e}", file=sys.stderr)
+        logger.error(f"scalestudy prepare-data: error: {e}")
         return 1
     return 0
-
-
-# ---------------------------------------------------------------------------------------------
-# Loading
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Prepared:
-    train_x: torch.Tensor  # uint8 N x C x H x W
-    train_y: torch.Tensor  # int64 N
-    test_x: torch.Tensor
-    test_y: torch.Tensor
-    meta: dict[str, Any]
-
-    @property
-    def num_classes(self) -> int:
-        return int(self.meta["num_classes"])
-
-    @property
-    def mean(self) -> list[float]:
-        return list(self.meta["mean"])
-
-    @property
-    def std(self) -> list[float]:
-        return list(self.meta["std"])
-
-
-def load_prepared(dataset: str, data_dir: str | Path, *, verify: bool = True) -> Prepared:
-    """Load DIR/<dataset>/data.pt as written by prepare-data (never downloads).
-
-    verify=True re-hashes data.pt against meta.json (about 0.5 s for CIFAR-10's 184 MB).
-    """
-    out_dir = Path(data_dir) / dataset
-    meta_path, data_path = out_dir / "meta.json", out_dir / "data.pt"
-    cmd = _prepare_command(dataset, data_dir)
-    for path in (meta_path, data_path):
-        if not path.is_file():
-            raise PreparedDataError(
-                f"{path} does not exist: {dataset} is not prepared (or preparation did not "
-                f"finish). Create it with: {cmd}"
-            )
-    try:
-        meta = json.loads(meta_path.read_text())
-    except ValueError as e:
-        raise PreparedDataError(
-            f"{meta_path} is not valid JSON ({e}); recreate: {cmd} --force"
-        ) from e
-    if meta.get("dataset") != dataset or meta.get("format_version") != FORMAT_VERSION:
-        raise PreparedDataError(
-            f"{meta_path} describes dataset {meta.get('dataset')!r} format "
-            f"{meta.get('format_version')!r}, expected {dataset!r} format {FORMAT_VERSION}; "
-            f"recreate: {cmd} --force"
-        )
-    if verify and (actual := files.sha256(data_path)) != meta.get("sha256"):
-        raise PreparedDataError(
-            f"{data_path} has sha256 {actual} but {meta_path} records {meta.get('sha256')}: "
-            f"the file was changed or is incomplete; recreate: {cmd} --force"
-        )
-    try:
-        t = torch.load(data_path, map_location="cpu", weights_only=True)
-    except Exception as e:  # torch raises assorted types (RuntimeError, UnicodeDecodeError, ...)
-        raise PreparedDataError(
-            f"{data_path} cannot be read ({e!r}); recreate: {cmd} --force"
-        ) from e
-    if not isinstance(t, dict):
-        raise PreparedDataError(f"{data_path} holds a {type(t).__name__}, not a dict of tensors")
-    for split in ("train", "test"):
-        x, y = t.get(f"{split}_x"), t.get(f"{split}_y")
-        if (
-            x is None
-            or y is None
-            or x.dtype != torch.uint8
-            or y.dtype != torch.int64
-            or list(x.shape) != meta[f"{split}_shape"]
-            or y.shape != (x.shape[0],)
-        ):
-            raise PreparedDataError(f"{data_path}: {split} tensors do not match {meta_path}")
-    return Prepared(t["train_x"], t["train_y"], t["test_x"], t["test_y"], meta)
-
-
-# ---------------------------------------------------------------------------------------------
-# Sharding
-# ---------------------------------------------------------------------------------------------
-
-
-def _global_slices(n: int, global_batch: int, world_size: int) -> list[tuple[int, int]]:
-    """[start, stop) of each global step in the epoch permutation (see epoch_batches)."""
-    if world_size < 1 or n < world_size or global_batch < world_size or global_batch % world_size:
-        raise ValueError(
-            f"need n >= world_size >= 1 and global_batch a multiple of world_size >= world_size; "
-            f"got n={n}, global_batch={global_batch}, world_size={world_size}"
-        )
-    full, rem = divmod(n, global_batch)
-    bounds = [(i * global_batch, (i + 1) * global_batch) for i in range(full)]
-    if rem >= world_size:
-        bounds.append((full * global_batch, n))  # one smaller final step, >= 1 sample per rank
-    elif rem:
-        bounds[-1] = (bounds[-1][0], n)  # too few for every rank: the last step takes them
-    return bounds
-
-
-def _check_rank(world_size: int, rank: int) -> None:
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank} is outside 0..{world_size - 1} (world_size={world_size})")
-
-
-def epoch_batches(
-    n: int, global_batch: int, world_size: int, rank: int, seed: int, epoch: int
-) -> list[torch.Tensor]:
-    """This rank's batches (int64 index tensors into 0..n-1) for one epoch.
-
-    Rule: every rank draws the same permutation of range(n) from a torch.Generator seeded with
-    `_derive_seed("epoch_batches", seed, epoch)`, cuts it into consecutive global slices of
-    `global_batch`, and rank r takes `slice[r::world_size]` of each. With R = n % global_batch:
-    R >= world_size -> one extra, smaller final step; 0 < R < world_size -> the R samples join the
-    last full slice (no rank ever gets an empty batch). So each sample is used exactly once per
-    epoch across ranks, all ranks take the same number of steps, and within a step per-rank batch
-    sizes differ by at most 1. The samples of global step i depend only on (n, global_batch, seed,
-    epoch), not on world_size, so strong-scaling runs see the same global batches.
-
-    ValueError unless n >= world_size, global_batch >= world_size and global_batch %
-    world_size == 0.
-    """
-    bounds = _global_slices(n, global_batch, world_size)
-    _check_rank(world_size, rank)
-    g = torch.Generator().manual_seed(_derive_seed("epoch_batches", seed, epoch))
-    perm = torch.randperm(n, generator=g)
-    return [perm[start:stop][rank::world_size] for start, stop in bounds]
-
-
-def eval_indices(n: int, world_size: int, rank: int) -> torch.Tensor:
-    """This rank's evaluation samples: arange(rank, n, world_size); each exactly once overall."""
-    _check_rank(world_size, rank)
-    return torch.arange(rank, n, world_size)
-
-
-# ---------------------------------------------------------------------------------------------
-# Batched augmentation and the device-resident loader
-# ---------------------------------------------------------------------------------------------
-
-
-def augment(x_u8: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """Random crop (zero padding CROP_PAD px, per-sample offset) + random horizontal flip (p=0.5).
-
-    Batched: pad the batch once, then gather every sample's window with one advanced-indexing op.
-    `generator` must be on x_u8's device. Draws offsets (y, x) then flips, in that order.
-    """
-    b, c, h, w = x_u8.shape
-    dev = x_u8.device
-    padded = F.pad(x_u8, (CROP_PAD, CROP_PAD, CROP_PAD, CROP_PAD))
-    off = torch.randint(0, 2 * CROP_PAD + 1, (2, b, 1), generator=generator, device=dev)
-    flip = torch.rand(b, 1, generator=generator, device=dev) < 0.5
-    rows = off[0] + torch.arange(h, device=dev)  # b x h
-    cols = off[1] + torch.arange(w, device=dev)  # b x w
-    # flipping the crop = reading its columns backwards
-    cols = torch.where(flip, cols.flip(1), cols)
-    bi = torch.arange(b, device=dev)[:, None, None, None]
-    ci = torch.arange(c, device=dev)[None, :, None, None]
-    return padded[bi, ci, rows[:, None, :, None], cols[:, None, None, :]]
-
-
-def _channel_tensor(values: Sequence[float] | torch.Tensor, device: torch.device) -> torch.Tensor:
-    return torch.as_tensor(values, dtype=torch.float32, device=device).reshape(-1, 1, 1)
-
-
-def normalize(
-    x_u8: torch.Tensor, mean: Sequence[float] | torch.Tensor, std: Sequence[float] | torch.Tensor
-) -> torch.Tensor:
-    """uint8 (B x)C x H x W -> float32 (x/255 - mean) / std; mean/std per channel, 0-1 scale."""
-    m, s = _channel_tensor(mean, x_u8.device), _channel_tensor(std, x_u8.device)
-    return x_u8.to(torch.float32).div_(255).sub_(m).div_(s)
-
-
-class DeviceLoader:
-    """Batches from a uint8 split held on `device`: (x float32 normalized, y int64), on the device.
-
-    train=True: call set_epoch(epoch) before iterating; batches follow epoch_batches(n,
-    local_batch * world_size, world_size, rank, seed, epoch) and are augmented with a device
-    generator seeded from (seed, rank, epoch), so a run is reproducible for a given world size.
-    train=False: this rank's eval_indices in chunks of eval_batch (default 2 * local_batch), no
-    augmentation; only that subset is moved to the device.
-    """
-
-    def __init__(
-        self,
-        x_u8: torch.Tensor,
-        y: torch.Tensor,
-        *,
-        local_batch: int,
-        world_size: int,
-        rank: int,
-        seed: int,
-        train: bool,
-        device: torch.device | str,
-        mean: Sequence[float],
-        std: Sequence[float],
-        eval_batch: int | None = None,
-    ) -> None:
-        if local_batch < 1:
-            raise ValueError(f"local_batch must be >= 1, got {local_batch}")
-        self.device = torch.device(device)
-        self.local_batch, self.world_size, self.rank = local_batch, world_size, rank
-        self.seed, self.train, self.epoch = seed, train, 0
-        self.n = len(x_u8)
-        if train:
-            self._bounds = _global_slices(self.n, local_batch * world_size, world_size)
-            _check_rank(world_size, rank)
-        else:
-            idx = eval_indices(self.n, world_size, rank)
-            x_u8, y = x_u8[idx], y[idx]
-            self.eval_batch = eval_batch or 2 * local_batch
-        self.x = x_u8.to(self.device)  # moved once; indexing then happens on the device
-        self.y = y.to(self.device)
-        self.mean = _channel_tensor(mean, self.device)
-        self.std = _channel_tensor(std, self.device)
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    @property
-    def steps_per_epoch(self) -> int:
-        if self.train:
-            return len(self._bounds)
-        return math.ceil(len(self.x) / self.eval_batch)
-
-    def __len__(self) -> int:
-        return self.steps_per_epoch
-
-    @property
-    def num_samples(self) -> int:
-        """Samples this rank yields per epoch."""
-        if self.train:
-            return sum(len(range(a + self.rank, b, self.world_size)) for a, b in self._bounds)
-        return len(self.x)
-
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        if not self.train:
-            for s in range(0, len(self.x), self.eval_batch):
-                xb = self.x[s : s + self.eval_batch]
-                yield normalize(xb, self.mean, self.std), self.y[s : s + self.eval_batch]
-            return
-        batches = epoch_batches(
-            self.n,
-            self.local_batch * self.world_size,
-            self.world_size,
-            self.rank,
-            self.seed,
-            self.epoch,
-        )
-        # one host->device copy of this epoch's indices instead of one per step
-        all_idx = torch.cat(batches).to(self.device, non_blocking=True)
-        gen = torch.Generator(device=self.device)
-        gen.manual_seed(_derive_seed("augment", self.seed, self.rank, self.epoch))
-        for idx in all_idx.split([len(b) for b in batches]):
-            xb = augment(self.x[idx], gen)
-            yield normalize(xb, self.mean, self.std), self.y[idx]
-
-
-# ---------------------------------------------------------------------------------------------
-# The conventional DataLoader path (for comparison)
-# ---------------------------------------------------------------------------------------------
-
-
-class _TensorImages(Dataset):
-    """uint8 images + labels with a per-sample transform (run in DataLoader workers)."""
-
-    def __init__(self, x_u8: torch.Tensor, y: torch.Tensor, transform: Any) -> None:
-        self.x, self.y, self.transform = x_u8, y, transform
-
-    def __len__(self) -> int:
-        return len(self.x)
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.transform(self.x[i]), self.y[i]
-
-
-def make_dataloader(
-    x_u8: torch.Tensor,
-    y: torch.Tensor,
-    *,
-    local_batch: int,
-    world_size: int,
-    rank: int,
-    seed: int,
-    train: bool,
-    mean: Sequence[float],
-    std: Sequence[float],
-    num_workers: int,
-    pin_memory: bool,
-    persistent_workers: bool,
-    prefetch_factor: int | None,
-) -> tuple[DataLoader, DistributedSampler]:
-    """DataLoader + DistributedSampler with per-sample torchvision.transforms.v2 (CPU workers).
-
-    Differences from DeviceLoader, by design of DistributedSampler: with drop_last=False it PADS
-    the epoch by repeating samples until n divides by world_size (eval then counts up to
-    world_size-1 test samples twice), and it shuffles with its own (seed + epoch) order. Call
-    sampler.set_epoch(epoch) every epoch. Augmentation randomness comes from the worker seeds,
-    which derive from the loader's generator seeded from (seed, rank); with num_workers=0 it uses
-    the global torch RNG instead. persistent_workers/prefetch_factor are passed only when
-    num_workers > 0 (DataLoader rejects them otherwise).
-    """
-    from torchvision.transforms import v2
-
-    h, w = x_u8.shape[-2:]
-    steps = [v2.RandomCrop((h, w), padding=CROP_PAD), v2.RandomHorizontalFlip()] if train else []
-    transform = v2.Compose(
-        [*steps, v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(mean), list(std))]
-    )
-    dataset = _TensorImages(x_u8, y, transform)
-    sampler = DistributedSampler(
-        dataset, num_replicas=world_size, rank=rank, shuffle=train, seed=seed, drop_last=False
-    )
-    extra: dict[str, Any] = {}
-    if num_workers > 0:
-        extra["persistent_workers"] = persistent_workers
-        if prefetch_factor is not None:
-            extra["prefetch_factor"] = prefetch_factor
-    loader = DataLoader(
-        dataset,
-        batch_size=local_batch,
-        sampler=sampler,
-        num_workers=num_workers,
-        pin_memory=pin_memory,
-        drop_last=False,
-        generator=torch.Generator().manual_seed(_derive_seed("dataloader", seed, rank)),
-        **extra,
-    )
-    return loader, sampler

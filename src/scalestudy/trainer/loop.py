@@ -1,0 +1,401 @@
+"""The training loop: build the run, resume, train the epochs, evaluate, write the results.
+
+`train_epochs` is the whole epoch body, batch -> forward -> backward -> step, with one-line hooks
+for what is not training: the measurement (measure.Meter), the profiler window
+(measure.Profiler) and checkpointing (state.Checkpointing). train.py defines the numbers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from scalestudy import files, log
+from scalestudy.errors import TrainingError
+from scalestudy.trainer import checkpoint as ckpt
+from scalestudy.trainer import dist as sdist
+from scalestudy.trainer import loaders
+from scalestudy.trainer.config import TrainConfig
+from scalestudy.trainer.measure import Meter, Profiler, comm_probe, environment
+from scalestudy.trainer.models import build_model
+from scalestudy.trainer.parallel import (
+    allreduce_gradients,
+    ddp_static_graph,
+    param_checksum,
+    sync_buffers,
+    wrap_model,
+)
+from scalestudy.trainer.recipe import Recipe, build_recipe
+from scalestudy.trainer.state import Checkpointing, RunState, Trainables, rng_generators
+
+logger = log.get(__name__)
+
+EPOCH_COLUMNS = (
+    "epoch",
+    "train_loss",
+    "train_acc",
+    "val_loss",
+    "val_acc",
+    "epoch_time_s",
+    "throughput_img_s",
+    "lr",
+)
+
+
+def train(
+    cfg: TrainConfig, denv: sdist.DistEnv, device: torch.device, stop: ckpt.StopFlag | None = None
+) -> dict:
+    """Train one configuration and measure it; returns metrics.json's content (rank 0 writes
+    it). Raises Preempted after a stop signal's checkpoint."""
+    started_at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    run = build(cfg, denv, device)
+    meter = Meter(cfg, device, denv.rank)
+    profiler = Profiler(cfg, device, denv.rank)
+    # fault tolerance: resume from the newest valid checkpoint (a fresh start without one)
+    checkpointing = Checkpointing(cfg, denv.rank, denv.world_size, device, stop, run.trainables())
+    state = checkpointing.resume()
+    if denv.rank == 0 and state.history:
+        write_epochs(cfg, state.history)  # the epochs so far
+    meter.start(state)
+    train_epochs(run, state, meter, profiler, checkpointing)
+    train_time = meter.end_loop(state)
+    profiler.close()
+    return finish(run, denv, state, meter, checkpointing, train_time, started_at)
+
+
+def train_epochs(
+    run: Run, state: RunState, meter: Meter, profiler: Profiler, checkpointing: Checkpointing
+) -> None:
+    """The epochs from state.epoch on; each ends with evaluation and a checkpoint decision."""
+    cfg, model, device = run.cfg, run.model, run.device
+    optimizer, scheduler, scaler = run.recipe.optimizer, run.recipe.scheduler, run.recipe.scaler
+    for epoch in range(state.epoch, cfg.epochs):
+        run.set_epoch(epoch)
+        model.train()
+        batches = iter(run.train_loader)
+        loss_sum = torch.zeros((), device=device, dtype=torch.float64)
+        correct = torch.zeros((), device=device, dtype=torch.int64)
+        seen = 0
+        meter.epoch_start()
+        done = 0  # micro-batches of this epoch
+        while done < run.micro_steps:
+            meter.before_step(state.step, seen)  # opens the throughput window after warm-up
+            profiler.before_step(state.step)
+            group = min(cfg.accum_steps, run.micro_steps - done)  # a short last group ends an epoch
+            meter.step_start()
+            for j in range(group):
+                with meter.phase("data"):
+                    x, y = run.place(*next(batches))
+                # accumulate locally; the last micro-batch of the group synchronises gradients
+                with run.no_sync() if j < group - 1 else contextlib.nullcontext():
+                    with meter.phase("forward"), run.autocast():
+                        logits = model(x)
+                        loss = F.cross_entropy(logits, y, label_smoothing=cfg.label_smoothing)
+                    with meter.phase("backward"):
+                        scaler.scale(loss / group).backward()
+                loss_sum += loss.detach().double() * y.numel()
+                correct += (logits.detach().argmax(1) == y).sum()
+                seen += y.numel()
+            if cfg.strategy == "allreduce":
+                with meter.phase("communication"):
+                    allreduce_gradients(model, run.world_size)
+            with meter.phase("optimizer"):
+                if cfg.clip_grad:
+                    scaler.unscale_(optimizer)
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad)
+                scaler.step(optimizer)
+                scaler.update()
+                optimizer.zero_grad(set_to_none=True)
+                scheduler.step()
+            meter.step_end()
+            profiler.after_step(state.step)
+            done += group
+            state.step += 1
+        epoch_time = meter.epoch_end(state, seen)
+        end_of_epoch(run, state, epoch, (loss_sum, correct, seen), epoch_time)
+        state.epoch = epoch + 1
+        checkpointing.after_epoch(state, meter)  # every N epochs, and on SIGTERM/SIGUSR1
+
+
+def end_of_epoch(run: Run, state: RunState, epoch: int, sums: tuple, epoch_time: float) -> None:
+    """Reduce the epoch's sums over ranks, evaluate on the whole test set, record the epoch."""
+    cfg, device = run.cfg, run.device
+    loss_sum, correct, seen = sums
+    stats = torch.stack(
+        [loss_sum, correct.double(), torch.tensor(float(seen), device=device, dtype=torch.float64)]
+    )
+    dist.all_reduce(stats)
+    train_loss, train_acc = (stats[0] / stats[2]).item(), (stats[1] / stats[2]).item()
+    if not math.isfinite(train_loss):
+        raise TrainingError(
+            f"non-finite training loss ({train_loss}) in epoch {epoch + 1}: "
+            f"lower --lr (peak {run.recipe.peak_lr:g}) or use bf16/fp32 instead of fp16"
+        )
+    val_loss, val_acc = evaluate(run)
+    row = {
+        "epoch": epoch + 1,
+        "train_loss": train_loss,
+        "train_acc": train_acc,
+        "val_loss": val_loss,
+        "val_acc": val_acc,
+        "epoch_time_s": epoch_time,
+        "throughput_img_s": stats[2].item() / epoch_time,
+        "lr": run.recipe.optimizer.param_groups[0]["lr"],
+    }
+    state.history.append(row)
+    if state.time_to_target is None and cfg.target_acc is not None and val_acc >= cfg.target_acc:
+        state.time_to_target = state.train_seconds
+    if run.rank == 0:
+        write_epochs(cfg, state.history)
+        logger.info(
+            f"epoch {epoch + 1:>3}/{cfg.epochs} | train loss {train_loss:.4f} "
+            f"acc {100 * train_acc:5.2f}% | val loss {val_loss:.4f} acc {100 * val_acc:5.2f}% "
+            f"| {epoch_time:7.2f} s | {row['throughput_img_s']:>10,.0f} img/s "
+            f"| lr {row['lr']:.4g}"
+        )
+
+
+@torch.no_grad()
+def evaluate(run: Run) -> tuple[float, float]:
+    """Loss and accuracy over the whole test set; each sample counted once across ranks."""
+    model, device = run.model, run.device
+    if run.cfg.strategy != "ddp":
+        sync_buffers(model)
+    model.eval()
+    sums = torch.zeros(3, device=device, dtype=torch.float64)  # loss sum, correct, count
+    for x, y in run.eval_loader:
+        if run.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        with run.autocast():
+            logits = model(x)
+        sums[0] += F.cross_entropy(logits.float(), y, reduction="sum").double()
+        sums[1] += (logits.argmax(1) == y).sum()
+        sums[2] += y.numel()
+    dist.all_reduce(sums)
+    return (sums[0] / sums[2]).item(), (sums[1] / sums[2]).item()
+
+
+def finish(
+    run: Run,
+    denv: sdist.DistEnv,
+    state: RunState,
+    meter: Meter,
+    checkpointing: Checkpointing,
+    train_time: float,
+    started_at: str,
+) -> dict:
+    """After training: the communication probe, the check that every rank holds the same
+    weights, the metrics over ranks; rank 0 removes the checkpoints, then writes metrics.json."""
+    cfg, world_size = run.cfg, run.world_size
+    comm_exposed = None
+    if cfg.comm_probe_steps and world_size == 1:
+        # one rank synchronises nothing: the probe would time two identical arms and report
+        # their difference, noise (30% seen on a CPU), as exposed communication
+        comm_exposed = 0.0
+    elif cfg.comm_probe_steps:
+        comm_exposed = comm_probe(
+            run.model,
+            run.no_sync,
+            run.train_loader,
+            cfg,
+            run.device,
+            run.amp_dtype,
+            run.channels_last,
+            world_size,
+        )
+
+    # every rank must end with the same weights; a silent divergence would void every number
+    checksums: list = [None] * world_size
+    dist.all_gather_object(checksums, param_checksum(run.model))
+    if len(set(checksums)) != 1:
+        raise TrainingError(f"ranks hold different parameters after training: {checksums}")
+
+    metrics = {
+        **dataclasses.asdict(cfg),
+        "world_size": world_size,
+        "launcher": denv.launcher,
+        "local_batch": run.local_batch,
+        "global_batch": run.global_batch,
+        "peak_lr": run.recipe.peak_lr,
+        "ddp_static_graph": ddp_static_graph(cfg),
+        "steps_per_epoch": run.steps_per_epoch,
+        **meter.reduce(state, world_size),
+        "comm_exposed_frac": comm_exposed,
+        "final_val_acc": state.history[-1]["val_acc"],
+        "best_val_acc": max(r["val_acc"] for r in state.history),
+        "time_to_target_s": state.time_to_target,
+        "train_time_s": train_time,
+        **environment(run.device),
+        "slurm_job_id": denv.slurm_job_id,
+        "config_hash": cfg.config_hash(),
+        "param_checksums": checksums,
+        "started_at": started_at,
+        "restarts": len(state.resumed_from_epochs),
+        "resumed_from_epochs": state.resumed_from_epochs,
+        "checkpoint_stall_s": checkpointing.stall_s,
+    }
+    checkpointing.finish()  # before metrics.json: a finished run never resumes
+    if run.rank == 0:
+        # metrics.json last: its presence means the run completed
+        files.write_json(Path(cfg.out) / "metrics.json", metrics)
+        logger.info(
+            f"done: {metrics['throughput_img_s']:,.0f} img/s over {world_size} ranks "
+            f"({metrics['throughput_img_s_per_rank']:,.0f} per rank), best val acc "
+            f"{100 * metrics['best_val_acc']:.2f}%, {train_time:.1f} s -> {cfg.out}"
+        )
+    return metrics
+
+
+def write_epochs(cfg: TrainConfig, history: list[dict]) -> None:
+    """--out/epochs.csv: one row per epoch so far (EPOCH_COLUMNS, 6 significant digits)."""
+    lines = [",".join(EPOCH_COLUMNS)]
+    for r in history:
+        lines.append(",".join(str(r[c]) if c == "epoch" else f"{r[c]:.6g}" for c in EPOCH_COLUMNS))
+    files.write_text(Path(cfg.out) / "epochs.csv", "\n".join(lines) + "\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# building the run
+
+
+@dataclass
+class Run:
+    """What one training run is made of (built once by `build`): data, model and recipe."""
+
+    cfg: TrainConfig
+    device: torch.device
+    rank: int
+    world_size: int
+    local_batch: int
+    global_batch: int
+    channels_last: bool  # NHWC inputs and weights
+    amp_dtype: torch.dtype | None  # autocast's dtype (fp16/bf16); None: no autocast
+    train_loader: Any  # loaders.DeviceLoader or a DataLoader
+    sampler: Any  # the DataLoader's DistributedSampler; None with the DeviceLoader
+    eval_loader: loaders.DeviceLoader
+    micro_steps: int  # micro-batches per epoch
+    steps_per_epoch: int  # optimizer steps per epoch
+    model: torch.nn.Module
+    no_sync: Callable  # no_sync(): a context without gradient synchronisation
+    recipe: Recipe
+
+    def set_epoch(self, epoch: int) -> None:
+        (self.train_loader if self.sampler is None else self.sampler).set_epoch(epoch)
+
+    def place(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A batch on the device, in the model's memory format."""
+        if x.device != self.device:
+            x = x.to(self.device, non_blocking=True)
+            y = y.to(self.device, non_blocking=True)
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return x, y
+
+    def autocast(self) -> torch.autocast:
+        dtype = self.amp_dtype
+        return torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None)
+
+    def trainables(self) -> Trainables:
+        r = self.recipe
+        return Trainables(
+            self.model, r.optimizer, r.scheduler, r.scaler, rng_generators(self.train_loader)
+        )
+
+
+def build(cfg: TrainConfig, denv: sdist.DistEnv, device: torch.device) -> Run:
+    """Data (the whole uint8 split on the device; the trainer never downloads), the model
+    (identical initialisation on every rank, wrapped for the strategy) and the recipe."""
+    rank, world_size = denv.rank, denv.world_size
+    cuda = device.type == "cuda"
+    local_batch, global_batch = cfg.batches(world_size)
+    channels_last = cfg.channels_last == "on" or (cfg.channels_last == "auto" and cuda)
+    # TF32 only when asked for: "fp32" must mean IEEE fp32 so the precision family compares cleanly
+    torch.backends.cuda.matmul.allow_tf32 = cfg.precision == "tf32"
+    torch.backends.cudnn.allow_tf32 = cfg.precision == "tf32"
+    torch.backends.cudnn.benchmark = cuda
+    amp_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(cfg.precision)
+
+    prepared = loaders.load_prepared(cfg.dataset, cfg.data_dir)
+    train_x, train_y = _limit(prepared.train_x, prepared.train_y, cfg.limit_train)
+    test_x, test_y = _limit(prepared.test_x, prepared.test_y, cfg.limit_test)
+    mean, std = prepared.meta["mean"], prepared.meta["std"]
+    # what both input pipelines and the evaluation loader share: this rank's place and the data
+    placement = dict(
+        local_batch=local_batch, world_size=world_size, rank=rank, seed=cfg.seed, mean=mean, std=std
+    )
+    if cfg.loader == "device":
+        train_loader = loaders.DeviceLoader(
+            train_x, train_y, train=True, device=device, **placement
+        )
+        micro_steps = train_loader.steps_per_epoch
+        sampler = None
+    else:
+        train_loader, sampler = loaders.make_dataloader(
+            train_x,
+            train_y,
+            train=True,
+            num_workers=cfg.num_workers,
+            pin_memory=cfg.pin_memory and cuda,
+            persistent_workers=cfg.persistent_workers,
+            prefetch_factor=cfg.prefetch_factor,
+            **placement,
+        )
+        micro_steps = len(train_loader)
+    eval_loader = loaders.DeviceLoader(test_x, test_y, train=False, device=device, **placement)
+    steps_per_epoch = math.ceil(micro_steps / cfg.accum_steps)
+    total_steps = steps_per_epoch * cfg.epochs
+    if total_steps <= cfg.warmup_steps:
+        raise TrainingError(
+            f"{total_steps} optimizer steps ({cfg.epochs} epochs x {steps_per_epoch}) leave no "
+            f"steady-state window after --warmup-steps {cfg.warmup_steps}: "
+            "lower --warmup-steps, raise --epochs or use more data"
+        )
+
+    torch.manual_seed(cfg.seed)  # the same initial weights on every rank
+    model = build_model(
+        cfg.model,
+        num_classes=prepared.meta["num_classes"],
+        width=cfg.width,
+        in_channels=train_x.shape[1],
+    ).to(device)
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    model, no_sync = wrap_model(model, cfg, device)
+    if cfg.compile:
+        model = torch.compile(model)
+    # SGD Nesterov, label smoothing, linear LR scaling with warm-up (recipe.py, config.py)
+    recipe = build_recipe(model, cfg, device, global_batch, steps_per_epoch, total_steps)
+    return Run(
+        cfg=cfg,
+        device=device,
+        rank=rank,
+        world_size=world_size,
+        local_batch=local_batch,
+        global_batch=global_batch,
+        channels_last=channels_last,
+        amp_dtype=amp_dtype,
+        train_loader=train_loader,
+        sampler=sampler,
+        eval_loader=eval_loader,
+        micro_steps=micro_steps,
+        steps_per_epoch=steps_per_epoch,
+        model=model,
+        no_sync=no_sync,
+        recipe=recipe,
+    )
+
+
+def _limit(x: torch.Tensor, y: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    if n and n < len(x):
+        return x[:n], y[:n]
+    return x, y

@@ -1,0 +1,494 @@
+"""What the trainer measures, and how (the definitions are in train.py's docstring).
+
+`Meter` owns one segment's measurement: the step timer (CUDA events on GPU, perf_counter on CPU),
+the steady-state throughput window, NVML sampling, and the cross-rank reductions into metrics.json.
+The training loop calls it through one-line hooks (epoch_start, before_step, step_start, phase,
+step_end, epoch_end). Also here: the --profile-steps window (`Profiler`, torch.profiler or the
+cudaProfiler API) and the exposed-communication probe (`comm_probe`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import platform
+import resource
+import statistics
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from scalestudy import files, log
+from scalestudy.trainer import dist as sdist
+from scalestudy.trainer.config import TrainConfig
+from scalestudy.trainer.parallel import allreduce_gradients
+
+if TYPE_CHECKING:
+    from scalestudy.trainer.state import RunState
+
+logger = log.get(__name__)
+
+
+def device_sync(device: torch.device) -> None:
+    """Wait for the device's queued work (a no-op on CPU): the edges of every timed interval."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Meter:
+    """One segment's measurement of the training loop; each hook is one line in loop.py.
+
+    The steady-state window opens before the first optimizer step after the segment's first
+    `warmup_steps` steps (on a synchronised device) and stays open to the end of training. At each
+    epoch's end, the window's wall time and images in that epoch are added to the RunState's
+    window sums and the phase times of the window's steps to its step-time lists; the epoch's
+    training time goes to train_seconds (train.py defines every number).
+    """
+
+    def __init__(self, cfg: TrainConfig, device: torch.device, rank: int) -> None:
+        self.device, self.warmup_steps = device, cfg.warmup_steps
+        self.timer = StepTimer(device)
+        cuda = device.type == "cuda"
+        self.nvml = NvmlSampler(device, out=Path(cfg.out), rank=rank) if cuda else None
+        self.segment_start = 0  # the optimizer step this segment started from
+        self.loop_start = 0.0
+        self.in_window = False  # the current step is inside the window
+        self.epoch_t0 = 0.0
+        self.window_t0: float | None = None  # when the window opened in this epoch
+        self.window_seen0 = 0  # the epoch's images before the window opened
+        self.gpu_util: float | None = None
+
+    def start(self, state: RunState) -> None:
+        """The training loop starts (after any resume); warm-up is excluded again per segment."""
+        self.segment_start = state.step
+        self.loop_start = time.perf_counter()
+        if self.nvml:
+            self.nvml.start()
+
+    def epoch_start(self) -> None:
+        self.window_t0 = None
+        device_sync(self.device)
+        self.epoch_t0 = time.perf_counter()
+
+    def before_step(self, step: int, seen: int) -> None:
+        """Opens the window at the first step after warm-up; `seen`: the epoch's images so far."""
+        self.in_window = step - self.segment_start >= self.warmup_steps
+        if self.in_window and self.window_t0 is None:
+            device_sync(self.device)  # the window starts on an idle device
+            self.window_t0, self.window_seen0 = time.perf_counter(), seen
+
+    def step_start(self) -> None:
+        self.timer.start()
+
+    def phase(self, name: str):
+        """A timed phase of the step (data, forward, backward, communication, optimizer)."""
+        return self.timer.phase(name)
+
+    def step_end(self) -> None:
+        self.timer.stop(self.in_window)
+
+    def epoch_end(self, state: RunState, seen: int) -> float:
+        """Adds the epoch's times and window sums to `state`; returns the epoch's training time."""
+        device_sync(self.device)
+        epoch_time = time.perf_counter() - self.epoch_t0
+        state.train_seconds += epoch_time
+        if self.window_t0 is not None:
+            state.window_time += time.perf_counter() - self.window_t0
+            state.window_images += seen - self.window_seen0
+        for st in self.timer.collect():
+            if st["in_window"]:
+                state.window_step_times.append(st["total"])
+                state.window_data_times.append(st.get("data", 0.0))
+        return epoch_time
+
+    def loop_time(self, state: RunState) -> float:
+        """state.loop_time plus this segment's loop seconds since the loop started.
+
+        Kept as it was before the refactoring: a checkpoint stores this value in state.loop_time
+        without moving loop_start, so after a checkpoint in this segment the time up to it is
+        counted again by the next checkpoint and by train_time_s."""
+        return state.loop_time + time.perf_counter() - self.loop_start
+
+    def end_loop(self, state: RunState) -> float:
+        """The training loop is over: returns train_time_s and stops NVML sampling."""
+        train_time = self.loop_time(state)
+        self.gpu_util = self.nvml.stop() if self.nvml else None
+        return train_time
+
+    def reduce(self, state: RunState, world_size: int) -> dict:
+        """The measured numbers of metrics.json over all ranks (every rank calls it): window
+        images summed, window time and peak memory the maximum, GPU utilisation the mean."""
+        device = self.device
+        totals = torch.tensor(
+            [float(state.window_images), state.window_time], dtype=torch.float64, device=device
+        )
+        images_all = totals[:1].clone()
+        dist.all_reduce(images_all)  # images: summed over ranks
+        times_max = totals[1:].clone()
+        dist.all_reduce(times_max, op=dist.ReduceOp.MAX)  # window: the slowest rank's wall time
+        peak_mem = torch.tensor([peak_memory_mb(device)], dtype=torch.float64, device=device)
+        dist.all_reduce(peak_mem, op=dist.ReduceOp.MAX)
+        hosts: list = [None] * world_size
+        dist.all_gather_object(hosts, sdist.hostname())
+        gpu_util = self.gpu_util
+        if gpu_util is not None:
+            utils: list = [None] * world_size
+            dist.all_gather_object(utils, gpu_util)
+            gpu_util = statistics.fmean(u for u in utils if u is not None)
+        throughput = images_all.item() / times_max.item()
+        step_times = state.window_step_times
+        return {
+            "nodes": len(set(hosts)),
+            "ranks_per_node": max(hosts.count(h) for h in set(hosts)),
+            "throughput_img_s": throughput,
+            "throughput_img_s_per_rank": throughput / world_size,
+            "window_steps": len(step_times),
+            "window_images": int(images_all.item()),
+            "window_time_s": times_max.item(),
+            "epoch_time_s": statistics.median(r["epoch_time_s"] for r in state.history),
+            "step_time_ms_p50": 1e3 * _quantile(step_times, 0.50),
+            "step_time_ms_p95": 1e3 * _quantile(step_times, 0.95),
+            "data_time_frac": sum(state.window_data_times) / sum(step_times),
+            "peak_mem_mb": peak_mem.item(),
+            "peak_mem_source": "cuda_max_allocated" if device.type == "cuda" else "process_max_rss",
+            "gpu_util_mean": gpu_util,
+            "hostnames": sorted(set(hosts)),
+        }
+
+
+def environment(device: torch.device) -> dict:
+    """What ran the numbers: the device, the code's commit, torch/CUDA/NCCL, the container."""
+    cuda = device.type == "cuda"
+    return {
+        "device": device_info(device),
+        "git_commit": git_commit(),
+        "torch_version": torch.__version__,
+        "cuda_version": torch.version.cuda if cuda else None,
+        "nccl_version": nccl_version() if cuda else None,
+        "container_digest": os.environ.get("SCALESTUDY_CONTAINER_DIGEST") or None,
+    }
+
+
+class StepTimer:
+    """Per-step phase durations: CUDA events on GPU (no host sync per step), perf_counter on CPU.
+
+    Each phase is a record_function (torch.profiler, on CPU and as the GPU fallback without nsys)
+    and, on GPU, also an NVTX range (Nsight), named data / forward / backward / communication /
+    optimizer. Outside a profiler a record_function costs a few microseconds per phase.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.steps: list[tuple[bool, list[tuple[str, object, object]]]] = []
+        self.current: list[tuple[str, object, object]] = []
+
+    def _now(self):
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        return time.perf_counter()
+
+    def start(self) -> None:
+        self.current = [("start", self._now(), None)]
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        begin = self._now()
+        with torch.profiler.record_function(name):
+            if self.cuda:
+                torch.cuda.nvtx.range_push(name)
+                try:
+                    yield
+                finally:
+                    torch.cuda.nvtx.range_pop()
+            else:
+                yield
+        self.current.append((name, begin, self._now()))
+
+    def stop(self, in_window: bool) -> None:
+        self.current.append(("end", self._now(), None))
+        self.steps.append((in_window, self.current))
+
+    def collect(self) -> list[dict[str, float]]:
+        """Seconds per phase and in total for each step since the last call (device synced)."""
+
+        def dt(a, b) -> float:
+            return a.elapsed_time(b) / 1e3 if self.cuda else b - a
+
+        out = []
+        for in_window, marks in self.steps:
+            start, end = marks[0][1], marks[-1][1]
+            step = {"total": dt(start, end), "in_window": in_window}
+            for name, a, b in marks[1:-1]:
+                step[name] = step.get(name, 0.0) + dt(a, b)
+            out.append(step)
+        self.steps = []
+        return out
+
+
+class Profiler:
+    """--profile-steps A:B profiles optimizer steps A..B-1.
+
+    On a GPU: cudaProfilerStart/Stop around the window, the capture range of `nsys profile
+    --capture-range=cudaProfilerApi` and `ncu --profile-from-start off`. On a CPU, or on a GPU when
+    SCALESTUDY_PROFILER=torch (set by `scalestudy profile capture` where nsys is missing):
+    torch.profiler over the window, saved in --out/profile/ as torch_ops_rank{r}.json (key_averages,
+    machine-readable: profiling.parse_torch), torch_ops_rank{r}.txt (the table) and
+    trace_rank{r}.json (chrome trace).
+    """
+
+    def __init__(self, cfg: TrainConfig, device: torch.device, rank: int) -> None:
+        self.window = cfg.profile_window()
+        self.cuda_api = device.type == "cuda" and os.environ.get("SCALESTUDY_PROFILER") != "torch"
+        self.device = device
+        self.dir = Path(cfg.out) / "profile"
+        self.rank = rank
+        self.prof = None
+
+    def before_step(self, step: int) -> None:
+        if not self.window or step != self.window[0]:
+            return
+        device_sync(self.device)
+        if self.cuda_api:
+            torch.cuda.profiler.start()
+        else:
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            if self.device.type == "cuda":
+                activities.append(torch.profiler.ProfilerActivity.CUDA)
+            self.prof = torch.profiler.profile(activities=activities)
+            self.prof.__enter__()
+
+    def after_step(self, step: int) -> None:
+        if self.window and step == self.window[1] - 1:
+            self.close()
+
+    def close(self) -> None:
+        if not self.window:
+            return
+        device_sync(self.device)
+        if self.cuda_api:
+            torch.cuda.profiler.stop()
+        elif self.prof is not None:
+            self.prof.__exit__(None, None, None)
+            self.dir.mkdir(parents=True, exist_ok=True)
+            averages = self.prof.key_averages()
+            files.write_json(
+                self.dir / f"torch_ops_rank{self.rank}.json", torch_ops_export(averages)
+            )
+            table = averages.table(sort_by="self_cpu_time_total", row_limit=50)
+            files.write_text(self.dir / f"torch_ops_rank{self.rank}.txt", table + "\n")
+            trace = self.dir / f"trace_rank{self.rank}.json"
+            tmp = trace.with_suffix(".json.tmp")
+            self.prof.export_chrome_trace(str(tmp))
+            os.replace(tmp, trace)
+            self.prof = None
+        self.window = None
+
+
+def torch_ops_export(key_averages) -> dict:
+    """The trainer's machine-readable export of prof.key_averages() (parse_torch reads it)."""
+    ops = []
+    for evt in key_averages:
+        self_dev = getattr(evt, "self_device_time_total", None)
+        if self_dev is None:
+            self_dev = getattr(evt, "self_cuda_time_total", 0)
+        ops.append(
+            {
+                "name": evt.key,
+                "count": int(evt.count),
+                "self_cpu_us": float(evt.self_cpu_time_total),
+                "cpu_total_us": float(evt.cpu_time_total),
+                "self_device_us": float(self_dev or 0),
+                "device_type": str(getattr(evt, "device_type", "CPU")).rsplit(".", 1)[-1],
+            }
+        )
+    return {"format": "scalestudy-torch-ops-1", "time_unit": "us", "ops": ops}
+
+
+def comm_probe(model, no_sync, loader, cfg, device, amp_dtype, channels_last, world_size):
+    """Exposed communication: 1 - t(fwd+bwd without sync) / t(fwd+bwd with sync); see train.py."""
+    model.train()
+    saved = [b.detach().clone() for b in model.buffers()]  # BN stats change in train mode
+    if cfg.loader == "device":
+        loader.set_epoch(0)
+    batches = iter(loader)
+    first = next(batches)
+    x, y = (t.to(device) for t in first)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+
+    def one(sync: bool) -> float:
+        device_sync(device)
+        t0 = time.perf_counter()
+        with no_sync() if not sync else contextlib.nullcontext():
+            with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+                loss = F.cross_entropy(model(x), y)
+            loss.backward()
+        if sync and cfg.strategy == "allreduce":
+            allreduce_gradients(model, world_size)
+        device_sync(device)
+        # the slowest rank sets the pace of a synchronous step
+        t = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        for p in model.parameters():
+            p.grad = None
+        return t.item()
+
+    one(True)  # warm both paths once
+    one(False)
+    with_sync = [one(True) for _ in range(cfg.comm_probe_steps)]
+    without = [one(False) for _ in range(cfg.comm_probe_steps)]
+    with torch.no_grad():
+        for b, s in zip(model.buffers(), saved, strict=True):
+            b.copy_(s)
+    return max(0.0, 1.0 - statistics.median(without) / statistics.median(with_sync))
+
+
+GPU_SAMPLE_COLUMNS = (
+    "time_s",
+    "unix_time_s",
+    "rank",
+    "gpu",
+    "util_pct",
+    "mem_util_pct",
+    "mem_used_mb",
+    "sm_clock_mhz",
+    "mem_clock_mhz",
+    "power_w",
+)
+
+
+def nvml_read(pynvml, handle) -> dict:
+    """One NVML sample of a device: utilisation %, memory used MiB, clocks MHz, power W."""
+    util = pynvml.nvmlDeviceGetUtilizationRates(handle)
+    return {
+        "util_pct": util.gpu,
+        "mem_util_pct": util.memory,
+        "mem_used_mb": pynvml.nvmlDeviceGetMemoryInfo(handle).used / 2**20,
+        "sm_clock_mhz": pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
+        "mem_clock_mhz": pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM),
+        "power_w": pynvml.nvmlDeviceGetPowerUsage(handle) / 1e3,  # NVML reports mW
+    }
+
+
+class NvmlSampler:
+    """This rank's GPU sampled every 0.5 s (GPU_SAMPLE_COLUMNS) during training.
+
+    stop() returns the mean utilisation (None without NVML, never a made-up 0) and, given `out`,
+    writes the time series to out/gpu_samples_rank{rank}.csv (time_s: seconds since start()).
+    `read(handle) -> dict` is nvml_read unless given (tests pass a stand-in: no GPU there).
+    """
+
+    def __init__(
+        self,
+        device: torch.device,
+        interval_s: float = 0.5,
+        out: Path | None = None,
+        rank: int = 0,
+        read=None,
+    ) -> None:
+        self.index, self.interval = device.index or 0, interval_s
+        self.out, self.rank, self.read = out, rank, read
+        self.samples: list[dict] = []
+        self.stop_event = threading.Event()
+        self.thread: threading.Thread | None = None
+        self.physical = self.index
+
+    def start(self) -> None:
+        # NVML counts devices physically; map through CUDA_VISIBLE_DEVICES when it is set
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        with contextlib.suppress(ValueError, IndexError):
+            self.physical = int(visible.split(",")[self.index]) if visible else self.index
+        handle = None
+        if self.read is None:
+            try:
+                import pynvml
+
+                pynvml.nvmlInit()
+                handle = pynvml.nvmlDeviceGetHandleByIndex(self.physical)
+                self.read = functools.partial(nvml_read, pynvml)
+            except Exception as exc:  # no NVML: the value stays null, never a made-up 0
+                logger.warning(f"NVML unavailable ({exc}); gpu_util_mean will be null")
+                return
+        t0 = time.monotonic()
+
+        def loop() -> None:
+            while not self.stop_event.wait(self.interval):
+                try:
+                    sample = self.read(handle)
+                except Exception as exc:  # a failing query ends sampling, never training
+                    logger.warning(f"NVML sampling stopped: {exc}")
+                    return
+                self.samples.append(
+                    {
+                        "time_s": time.monotonic() - t0,
+                        "unix_time_s": time.time(),
+                        "rank": self.rank,
+                        "gpu": self.physical,
+                        **sample,
+                    }
+                )
+
+        self.thread = threading.Thread(target=loop, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> float | None:
+        if self.thread is None:
+            return None
+        self.stop_event.set()
+        self.thread.join()
+        if self.out is not None:
+            lines = [",".join(GPU_SAMPLE_COLUMNS)]
+            for s in self.samples:
+                lines.append(",".join(f"{s[c]:.6g}" for c in GPU_SAMPLE_COLUMNS))
+            files.write_text(
+                Path(self.out) / f"gpu_samples_rank{self.rank}.csv", "\n".join(lines) + "\n"
+            )
+        util = [s["util_pct"] for s in self.samples]
+        return statistics.fmean(util) if util else None
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB -> MiB
+
+
+def device_info(device: torch.device) -> dict:
+    if device.type == "cuda":
+        return {"type": "cuda", "name": torch.cuda.get_device_name(device)}
+    name = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    return {"type": "cpu", "name": name}
+
+
+def git_commit() -> str | None:
+    """The commit of the code that ran: from the container label, else from the source tree."""
+    if os.environ.get("SCALESTUDY_GIT_COMMIT"):
+        return os.environ["SCALESTUDY_GIT_COMMIT"]
+    sha = files.git_commit(Path(__file__).resolve().parent)
+    return None if sha == "unknown" else sha
+
+
+def nccl_version() -> str | None:
+    try:
+        v = torch.cuda.nccl.version()
+    except Exception:
+        return None
+    return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]

@@ -1,0 +1,103 @@
+"""How the ranks share the model: DDP, FSDP2 or a hand-written flat all-reduce.
+
+`wrap_model` returns the wrapped model and a `no_sync()` context (gradient accumulation without
+synchronisation); `allreduce_gradients` is the baseline strategy's synchronisation, called by the
+training loop after backward. `param_checksum` proves the ranks hold the same weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from scalestudy.trainer.config import TrainConfig
+
+
+def wrap_model(model: torch.nn.Module, cfg: TrainConfig, device: torch.device):
+    """Wrap for the strategy; returns (model, no_sync) where no_sync() skips gradient sync."""
+    if cfg.strategy == "ddp":
+        ddp = DDP(
+            model,
+            device_ids=[device.index] if device.type == "cuda" else None,
+            bucket_cap_mb=cfg.bucket_cap_mb,  # MiB of gradients per all-reduce
+            gradient_as_bucket_view=True,  # grads alias the buckets: no extra copy
+            # static_graph records the first iteration; if that runs under no_sync (gradient
+            # accumulation) the reducer asserts (torch 2.14: "expect_autograd_hooks_"), so the
+            # static graph is used only without accumulation (metrics: ddp_static_graph)
+            static_graph=ddp_static_graph(cfg),
+        )
+        register_comm_hook(ddp, cfg.comm_hook)
+        return ddp, ddp.no_sync
+    if cfg.strategy == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        for module in model.modules():  # shard every residual block, then the root
+            if module.__class__.__name__ == "BasicBlock":
+                fully_shard(module)
+        fully_shard(model)
+
+        @contextlib.contextmanager
+        def fsdp_no_sync():
+            model.set_requires_gradient_sync(False)
+            try:
+                yield
+            finally:
+                model.set_requires_gradient_sync(True)
+
+        return model, fsdp_no_sync
+    # allreduce: no wrapper; same start everywhere, gradients summed by allreduce_gradients()
+    for tensor in model.state_dict().values():
+        dist.broadcast(tensor, src=0)
+    return model, contextlib.nullcontext
+
+
+def ddp_static_graph(cfg: TrainConfig) -> bool:
+    return cfg.strategy == "ddp" and cfg.static_graph and cfg.accum_steps == 1
+
+
+def register_comm_hook(ddp: DDP, hook: str) -> None:
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+
+    if hook == "fp16":
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif hook == "bf16":
+        ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
+    elif hook == "powersgd":
+        # rank-1 approximation after 10 uncompressed steps (torch's warm-start advice)
+        state = powersgd.PowerSGDState(
+            process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=10
+        )
+        ddp.register_comm_hook(state, powersgd.powerSGD_hook)
+
+
+def allreduce_gradients(model: torch.nn.Module, world_size: int) -> None:
+    """The hand-written baseline: one flat all-reduce of every gradient after backward."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat /= world_size
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+@torch.no_grad()
+def param_checksum(model: torch.nn.Module) -> str:
+    """sha256 of all parameters (FSDP shards gathered), to prove the ranks agree bit for bit."""
+    h = hashlib.sha256()
+    for p in model.parameters():
+        full = p.full_tensor() if hasattr(p, "full_tensor") else p  # FSDP2 DTensor
+        h.update(full.detach().float().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def sync_buffers(model: torch.nn.Module) -> None:
+    """BN running statistics from rank 0 (DDP does this in every forward; the others do not)."""
+    for buf in model.buffers():
+        dist.broadcast(buf, src=0)

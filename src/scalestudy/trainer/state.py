@@ -1,0 +1,245 @@
+"""A run's progress (`RunState`, what a checkpoint stores of it) and the checkpoint protocol of the
+training loop (`Checkpointing`); checkpoint.py writes and reads the files.
+
+The protocol (train.py describes it for users):
+- start: resume from the newest valid checkpoint of this configuration (rank 0 chooses, every
+  rank loads), or start fresh without one;
+- after every epoch but the last: one all-reduce on which every rank agrees whether to stop (a
+  SIGTERM/SIGUSR1 on any rank) and whether any checkpoint write failed; save every
+  --checkpoint-every epochs, and on a stop;
+- on a stop: wait until the save is complete on every rank, then raise Preempted (exit 75);
+- at the end: remove the run's checkpoints, so a finished run never resumes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple, NoReturn
+
+import torch
+import torch.distributed as dist
+
+from scalestudy import log
+from scalestudy.errors import CheckpointError, Preempted
+from scalestudy.trainer import checkpoint as ckpt
+from scalestudy.trainer.config import TrainConfig
+
+if TYPE_CHECKING:
+    from scalestudy.trainer.measure import Meter
+
+logger = log.get(__name__)
+
+
+@dataclass
+class RunState:
+    """A run's progress: a checkpoint stores `dataclasses.asdict` of it as "progress" (rank 0's),
+    and each rank's window sums once more in "ranks" (the ones it resumes with)."""
+
+    epoch: int = 0  # epochs completed
+    step: int = 0  # optimizer steps completed
+    history: list[dict] = field(default_factory=list)  # the epochs.csv rows so far
+    window_images: int = 0  # images this rank processed in the steady-state window
+    window_time: float = 0.0  # seconds of training steps in the window (no evaluation)
+    window_step_times: list[float] = field(default_factory=list)  # seconds per window step
+    window_data_times: list[float] = field(default_factory=list)  # of which producing the batch
+    train_seconds: float = 0.0  # training time, evaluation excluded (time_to_target's clock)
+    time_to_target: float | None = None
+    loop_time: float = 0.0  # training-loop seconds of earlier segments (Meter.loop_time)
+    checkpoint_stall_s: float = 0.0  # stall of earlier segments
+    resumed_from_epochs: list[int] = field(default_factory=list)
+
+
+class Trainables(NamedTuple):
+    """Everything besides RunState that defines a run's future, saved in every checkpoint."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    generators: dict[str, torch.Generator]  # random state carried across epochs (DataLoader's)
+
+
+def rng_generators(train_loader) -> dict[str, torch.Generator]:
+    """Generators whose state carries across epochs (the DataLoader's; DeviceLoader reseeds)."""
+    gen = getattr(train_loader, "generator", None)
+    return {"dataloader": gen} if isinstance(gen, torch.Generator) else {}
+
+
+def make_checkpointer(cfg: TrainConfig, rank: int, world_size: int) -> ckpt.Checkpointer | None:
+    if not cfg.checkpoint_dir:
+        return None
+    # FSDP saves through torch.distributed.checkpoint, whose collectives run in the background:
+    # give them their own gloo group so they never interleave with training's collectives
+    group = dist.new_group(backend="gloo") if cfg.strategy == "fsdp" else None
+    return ckpt.Checkpointer(
+        cfg.checkpoint_dir,
+        keep=cfg.checkpoint_keep,
+        identity={"config_hash": cfg.config_hash(), "world_size": world_size},
+        rank=rank,
+        async_write=cfg.checkpoint_async,
+        dcp_group=group,
+    )
+
+
+def _sharded_state(model, optimizer) -> dict:
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    return {"model": model_sd, "optimizer": optim_sd}
+
+
+class Checkpointing:
+    """The training loop's side of checkpointing; without --checkpoint-dir every hook does
+    nothing (and resume() starts fresh). Creating it is a collective under FSDP (a gloo group)."""
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        rank: int,
+        world_size: int,
+        device: torch.device,
+        stop: ckpt.StopFlag | None,
+        trainables: Trainables,
+    ) -> None:
+        self.cfg, self.rank, self.device, self.stop = cfg, rank, device, stop
+        self.trainables = trainables
+        self.saver = make_checkpointer(cfg, rank, world_size)
+        persistent = cfg.loader == "dataloader" and cfg.num_workers > 0 and cfg.persistent_workers
+        if self.saver and rank == 0 and persistent:
+            logger.warning(
+                f"WARNING: --loader dataloader with --num-workers {cfg.num_workers} and "
+                "persistent workers: a resumed run is correct but not bit for bit identical to an "
+                "uninterrupted one (the workers' random state is not checkpointed); for an exact "
+                "resume use --num-workers 0 or --no-persistent-workers"
+            )
+
+    @property
+    def stall_s(self) -> float:
+        """Seconds training waited for checkpoint saves, all segments (0 without checkpoints)."""
+        return self.saver.stall_s if self.saver else 0.0
+
+    def resume(self) -> RunState:
+        """Load the newest valid checkpoint of this configuration into the trainables; returns its
+        RunState (a fresh one when there is none). Rank 0 chooses, every rank loads."""
+        saver, rank = self.saver, self.rank
+        if saver is None:
+            return RunState()
+        model, optimizer, scheduler, scaler, generators = self.trainables
+        choice = [None]
+        if rank == 0:
+            found = ckpt.find_latest(saver.directory, saver.identity)
+            choice[0] = str(found[0]) if found else None
+        dist.broadcast_object_list(choice, src=0)
+        if choice[0] is None:
+            return RunState()
+        path = Path(choice[0])
+        saved = ckpt.load_state(path)
+        if self.cfg.strategy == "fsdp":
+            from torch.distributed.checkpoint.state_dict import set_state_dict
+
+            sharded = _sharded_state(model, optimizer)
+            saver.load_sharded(path, sharded)
+            set_state_dict(
+                model,
+                optimizer,
+                model_state_dict=sharded["model"],
+                optim_state_dict=sharded["optimizer"],
+            )
+        else:
+            model.load_state_dict(saved["model"])
+            optimizer.load_state_dict(saved["optimizer"])
+        scheduler.load_state_dict(saved["scheduler"])
+        scaler.load_state_dict(saved["scaler"])
+        mine = saved["ranks"][rank]
+        ckpt.set_rng_state(mine["rng"], generators)
+        state = RunState(**saved["progress"])
+        state.window_images, state.window_time = mine["window_images"], mine["window_time"]
+        state.resumed_from_epochs = [*state.resumed_from_epochs, state.epoch]
+        saver.stall_s = state.checkpoint_stall_s  # the stall of earlier segments carries on
+        if rank == 0:
+            logger.info(f"resuming from {path} (epoch {state.epoch}, step {state.step})")
+        return state
+
+    def after_epoch(self, state: RunState, meter: Meter) -> None:
+        """After epoch `state.epoch` (not the last): save every N epochs, and on a stop signal
+        save, wait for the save on every rank and raise Preempted."""
+        if self.saver is None or state.epoch >= self.cfg.epochs:
+            return
+        stopping = self._agree_on_stop()
+        if stopping and self.stop is not None and self.stop.raised:
+            logger.warning(
+                f"received {self.stop.signame}: checkpointing after epoch {state.epoch} "
+                "and stopping"
+            )
+        every = self.cfg.checkpoint_every
+        if stopping or (every and state.epoch % every == 0):
+            state.loop_time = meter.loop_time(state)
+            state.checkpoint_stall_s = self.saver.stall_s
+            self._save(state, wait=stopping)
+            if stopping:
+                self._stop_after_save(state.epoch)
+
+    def finish(self) -> None:
+        """Training is over: a finished run never resumes, so its checkpoints go (rank 0)."""
+        if self.saver:
+            self.saver.wait()  # a write still in flight ends before its directory is removed
+            if self.rank == 0:
+                ckpt.remove_all(self.saver.directory)
+
+    def _save(self, state: RunState, wait: bool) -> None:
+        """Snapshot everything that defines the run's future and hand it to the saver."""
+        model, optimizer, scheduler, scaler, generators = self.trainables
+        per_rank: list = [None] * dist.get_world_size()
+        mine = {"window_images": state.window_images, "window_time": state.window_time}
+        dist.all_gather_object(per_rank, {"rng": ckpt.rng_state(generators), **mine})
+        fsdp = self.cfg.strategy == "fsdp"
+        snapshot = {
+            "model": None if fsdp else model.state_dict(),
+            "optimizer": None if fsdp else optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "scaler": scaler.state_dict(),
+            "ranks": per_rank,
+            "progress": dataclasses.asdict(state),
+        }
+        sharded = _sharded_state(model, optimizer) if fsdp else None
+        self.saver.save(state.epoch, snapshot, sharded, wait=wait)
+
+    def _agree_on_stop(self) -> bool:
+        """One all-reduce per epoch: did any rank get a stop signal, did any checkpoint write
+        fail? Every rank leaves with the same answer, so all stop (or fail) at the same step."""
+        error = self.saver.poll()
+        flags = torch.tensor(
+            [float(bool(self.stop and self.stop.raised)), float(error is not None)],
+            dtype=torch.float64,
+            device=self.device,
+        )
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        if flags[1].item():
+            if error is not None:
+                raise error
+            raise CheckpointError("a checkpoint write failed on another rank (see its log)")
+        return bool(flags[0].item())
+
+    def _stop_after_save(self, epoch: int) -> NoReturn:
+        """After the stop signal's synchronous save: exit 75 (Preempted) only with the checkpoint
+        complete, and every rank together.
+
+        Only rank 0 writes state.pt: a rank that exited at once would, under srun
+        --kill-on-bad-exit, get the job step killed with rank 0 mid-write. The all-reduce holds
+        every rank until rank 0 joins it after its write is renamed and fsynced (an all-reduce
+        completes on no rank before all have entered it), and it carries whether any rank's
+        write failed: then every rank fails with the error instead of claiming a checkpoint."""
+        error = self.saver.wait()
+        failed = torch.tensor([float(error is not None)], dtype=torch.float64, device=self.device)
+        dist.all_reduce(failed, op=dist.ReduceOp.MAX)
+        if failed.item():
+            if error is not None:
+                raise error
+            raise CheckpointError(
+                f"the checkpoint of epoch {epoch} on stopping failed on another rank (see its log)"
+            )
+        stop = self.stop
+        signame = stop.signame if stop is not None and stop.raised else "another rank's signal"
+        raise Preempted(epoch, signame, self.saver.directory / ckpt.checkpoint_name(epoch))
