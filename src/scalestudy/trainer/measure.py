@@ -108,12 +108,16 @@ class Meter:
         return epoch_time
 
     def loop_time(self, state: RunState) -> float:
-        """state.loop_time plus this segment's loop seconds since the loop started.
-
-        Kept as it was before the refactoring: a checkpoint stores this value in state.loop_time
-        without moving loop_start, so after a checkpoint in this segment the time up to it is
-        counted again by the next checkpoint and by train_time_s."""
+        """Training-loop seconds so far: earlier segments and checkpoints (state.loop_time) plus
+        this segment's seconds since the last bank_loop_time() or the loop's start."""
         return state.loop_time + time.perf_counter() - self.loop_start
+
+    def bank_loop_time(self, state: RunState) -> None:
+        """Move the loop seconds since the last call into state.loop_time (before a checkpoint
+        stores it) and restart the clock, so no second is counted twice."""
+        now = time.perf_counter()
+        state.loop_time += now - self.loop_start
+        self.loop_start = now
 
     def end_loop(self, state: RunState) -> float:
         """The training loop is over: returns train_time_s and stops NVML sampling."""

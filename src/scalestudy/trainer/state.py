@@ -175,7 +175,7 @@ class Checkpointing:
             )
         every = self.cfg.checkpoint_every
         if stopping or (every and state.epoch % every == 0):
-            state.loop_time = meter.loop_time(state)
+            meter.bank_loop_time(state)
             state.checkpoint_stall_s = self.saver.stall_s
             self._save(state, wait=stopping)
             if stopping:
