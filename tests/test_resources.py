@@ -5,6 +5,7 @@ inputs derived from the package's imports, and the local rules."""
 from __future__ import annotations
 
 import ast
+import logging
 import math
 import re
 from pathlib import Path
@@ -13,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
+import snakemake_logger_plugin_scalestudy as logger_plugin
 from scalestudy.errors import PlanError
 from scalestudy.study import plan, profiling, resources
 from scalestudy.study.config import validate
@@ -231,3 +233,37 @@ def test_profiling_glue():
     assert flags[-2] == "--profile-steps" and "--epochs" in flags
     assert profiling.ncu_settings(config["profiling"])["enabled"] == "auto"
     assert profiling.tool_settings(config)["device"] == "cuda"
+
+
+class Settings:
+    dryrun, stdout, quiet = True, False, None
+
+
+def record(rule: str, resources_: dict, level: int = logging.INFO, **extra) -> logging.LogRecord:
+    rec = logging.LogRecord("snakemake", level, "", 0, f"rule {rule}", None, None)
+    rec.__dict__.update(
+        event=logger_plugin.LogEvent.JOB_INFO, rule_name=rule, resources=resources_, **extra
+    )
+    return rec
+
+
+def test_logger_plugin_without_a_registered_plan_counts_local_rules_free(monkeypatch, capsys):
+    """A dry-run with no training job (all runs finished) never evaluates a training runtime:
+    the plan still prints, local rules at 0 node-hours, other jobs at their Slurm request."""
+    monkeypatch.setattr(plan, "_REGISTERED", None)
+    handler = logger_plugin.LogHandler(Settings(), None)
+    handler.handle(record("collect", {"runtime": 60}, wildcards={}))
+    handler.handle(record("profile_capture", {"runtime": 30, "nodes": 2}, wildcards={"run": "x"}))
+    handler.close()
+    text = capsys.readouterr().err
+    assert "no estimate registered" not in text
+    assert re.search(r"^collect\s+-\s+0\s+0\s+0:00:00\s+0\.000", text, re.M), text
+    assert "total: 2 jobs, 1.000 node-hours" in text
+
+
+def test_logger_plugin_prints_nothing_after_an_error(capsys):
+    handler = logger_plugin.LogHandler(Settings(), None)
+    handler.handle(record("collect", {}, wildcards={}))
+    handler.handle(logging.LogRecord("snakemake", logging.ERROR, "", 0, "boom", None, None))
+    handler.close()
+    assert "Node-hour plan" not in capsys.readouterr().err

@@ -63,7 +63,7 @@ class LogHandler(LogHandlerBase):
 
     @property
     def has_filter(self) -> bool:
-        return True  # emit() takes JOB_INFO records only, whatever --quiet says
+        return True  # emit() picks its records (JOB_INFO, errors), whatever --quiet says
 
     @property
     def has_formatter(self) -> bool:
