@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PATH"
 ruff check .
 ruff format --check .
-snakefmt --check Snakefile workflow/rules/*.smk
+snakefmt --check workflow/Snakefile workflow/rules/*.smk
 rc=0
 out=$(snakemake --lint --configfile config/demo.yaml 2>&1) || rc=$?
 echo "$out"

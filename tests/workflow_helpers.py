@@ -14,7 +14,6 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 COPIED = (
-    "Snakefile",
     "workflow",
     "config",
     "containers",

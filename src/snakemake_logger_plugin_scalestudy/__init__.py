@@ -5,8 +5,16 @@ call in this repository) and in the Slurm profiles. It collects the JOB_INFO rec
 logs for every job a dry-run would start (rule, wildcards, resources) and, when Snakemake closes
 its loggers, prints the plan: one row per job with nodes, GPUs, estimated runtime, node-hours and
 GPU-hours, then totals per rule, per family and overall. Finished runs are not in the dry-run, so
-they do not count. The estimates come from scalestudy.study.plan, registered by the Snakefile
-(workflow/rules/common.smk) in this same process at parse time. Real runs print nothing extra.
+they do not count. Real runs, and dry-runs that fail, print nothing extra.
+
+Where the numbers come from: a training job's row is its estimate in the node-hour plan
+(scalestudy.study.plan). The workflow's training rule takes its Slurm `runtime` from
+scalestudy.study.resources.TrainingPlan, which computes the plan (reading the measured runs)
+when Snakemake first evaluates that resource, in this process, and registers it
+(`plan.registered()`); every job's JOB_INFO record carries its evaluated resources, so each
+training job the dry-run lists has an estimate by then. Rules in
+scalestudy.study.resources.LOCAL_RULES run on the submitting host: 0 node-hours. Any other job
+counts its Slurm request (runtime x nodes, GPUs from gres).
 
 Snakemake finds this module by its name (snakemake_logger_plugin_<name>) once the scalestudy
 package is installed (`pip install -e .`, src layout); `snakemake --help` then lists `scalestudy`
@@ -15,6 +23,7 @@ under `--logger`.
 
 from __future__ import annotations
 
+import logging
 import sys
 from logging import LogRecord
 
@@ -41,6 +50,7 @@ class LogHandler(LogHandlerBase):
     def __post_init__(self) -> None:
         self._jobs: list[tuple[str, dict, dict]] = []
         self._printed = False
+        self._failed = False
 
     # The plan is text after Snakemake's own output, not a replacement of it.
     @property
@@ -53,7 +63,7 @@ class LogHandler(LogHandlerBase):
 
     @property
     def has_filter(self) -> bool:
-        return True  # emit() takes JOB_INFO records only, whatever --quiet says
+        return True  # emit() picks its records (JOB_INFO, errors), whatever --quiet says
 
     @property
     def has_formatter(self) -> bool:
@@ -64,6 +74,8 @@ class LogHandler(LogHandlerBase):
         return False
 
     def emit(self, record: LogRecord) -> None:
+        if record.levelno >= logging.ERROR:
+            self._failed = True  # the workflow did not get to a plan: its error says why
         if not self.common_settings.dryrun or getattr(record, "event", None) != LogEvent.JOB_INFO:
             return
         self._jobs.append(
@@ -76,7 +88,7 @@ class LogHandler(LogHandlerBase):
 
     def close(self) -> None:
         try:
-            if self.common_settings.dryrun and not self._printed:
+            if self.common_settings.dryrun and not self._printed and not self._failed:
                 self._printed = True
                 self._print_plan()
         finally:
@@ -85,7 +97,7 @@ class LogHandler(LogHandlerBase):
     def _print_plan(self) -> None:
         stream = sys.stdout if getattr(self.common_settings, "stdout", False) else sys.stderr
         try:
-            from scalestudy.study import plan
+            from scalestudy.study import plan, resources
         except Exception as exc:  # noqa: BLE001 - any import failure gets the same advice
             print(
                 f"scalestudy plan: cannot import scalestudy.study.plan ({exc}): {FIX}", file=stream
@@ -99,14 +111,15 @@ class LogHandler(LogHandlerBase):
                 file=stream,
             )
             return
-        reg = plan.registered()
-        if reg is None and not self._jobs:
-            return  # the workflow stopped before any job (its error says why): no plan to show
-        if reg is None:
+        # the training estimates, registered when Snakemake evaluated the jobs' runtime
+        reg = plan.registered() or plan.Registered({}, {}, resources.is_local_rule)
+        unplanned = [w.get("run") for r, w, _ in self._jobs if r == "train"]
+        if any(run not in reg.estimates for run in unplanned):
             print(
-                "scalestudy plan: no study registered in this snakemake process (not the "
-                "scalestudy Snakefile, or it stopped before workflow/rules/common.smk); node-hours "
-                "are counted from Slurm requests only",
+                "scalestudy plan: no estimate registered for some training jobs (not the "
+                "scalestudy workflow, or its train rule takes no runtime from "
+                "scalestudy.study.resources.TrainingPlan); their node-hours are counted from "
+                "Slurm requests only",
                 file=stream,
             )
         try:
@@ -120,7 +133,5 @@ class LogHandler(LogHandlerBase):
 
 def _order(reg, run: str) -> int:
     """Run-table order for training jobs (the dry-run lists jobs in no useful order)."""
-    if reg is None:
-        return 0
     runs = list(reg.estimates)
     return runs.index(run) if run in runs else len(runs)

@@ -4,7 +4,7 @@
 rule analyze:
     input:
         runs="results/csv/runs.csv",
-        profile=get_profile_kernels,
+        profile=PROFILE_KERNELS,
         code="src/scalestudy/results/analyze.py",
         schema="src/scalestudy/nsight/profiling.py",  # the profile CSVs' columns and categories
     output:
@@ -27,8 +27,8 @@ rule analyze:
     log:
         "logs/analyze/analyze.log",
     params:
-        flags=get_analysis_flags,
-        profile=get_profile_flag,
+        flags=ANALYSIS_FLAGS,
+        profile=PROFILE_FLAG,
         out_dir=subpath(output.scaling, parent=True),
         html_dir=subpath(output.scaling_html, parent=True),
     shell:

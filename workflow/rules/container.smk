@@ -2,7 +2,7 @@
 # the .sif as an input, so a rebuilt image (new recipe or package source) reruns training.
 rule build_container:
     input:
-        get_container_sources,
+        sources=get_container_sources,
     output:
         image=CONTAINER["image"],
     log:

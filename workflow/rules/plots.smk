@@ -18,7 +18,7 @@ rule plot:
     log:
         "logs/plot/{figure}.log",
     params:
-        device=config["hardware"]["device"],
+        device=HARDWARE["device"],
         title=config["study"],
         out=subpath(output.png, parent=True),
     shell:

@@ -6,7 +6,7 @@ rule profile_capture:
     input:
         unpack(get_prepared_data),
         sources=TRAINER_SOURCES,
-        image=get_container_image,
+        image=IMAGE,
     output:
         capture=directory("results/profile/{run}/capture"),
         inventory="results/system/profile/{run}.json",
@@ -16,36 +16,28 @@ rule profile_capture:
         "benchmarks/profile_capture/{run}.tsv"
     threads: get_threads
     resources:
-        nodes=get_nodes,
-        tasks_per_node=get_tasks_per_node,
-        tasks=get_tasks,
-        tasks_per_gpu=0,
-        gres=get_gres,
-        cpus_per_task=config["hardware"]["cpus_per_rank"],
-        mem_mb=get_mem_mb,
-        runtime=config["hardware"]["runtime_min"],
-        mpi=get_mpi,
+        **LAUNCH_RESOURCES,
+        runtime=HARDWARE["runtime_min"],
     params:
+        **LAUNCH_PARAMS,
         flags=get_profile_flags,
-        layout=get_layout,
-        container=get_container_flags,
-        tool=get_profile_tool,
         data_dir=subpath(input.meta, ancestor=2),
+        tool=profiling.tool_settings(config),
     shell:
-        "scalestudy profile capture --run {wildcards.run:q} --tool {params.tool[tool]:q} "
-        "--ranks {params.tool[ranks]:q} --nsys-trace={params.tool[trace]:q} "
-        "--device {params.tool[device]:q} --out {output.capture:q} "
-        "--inventory {output.inventory:q} --mpi={resources.mpi:q} "
-        "--nodes {params.layout[nodes]} --ranks-per-node {params.layout[ranks_per_node]} "
-        "--cpus-per-rank {params.layout[cpus_per_rank]} {params.container:q} -- "
-        "{params.flags:q} --data-dir {params.data_dir:q} > {log:q} 2>&1"
+        launch_shell(
+            "scalestudy profile capture --run {wildcards.run:q} --tool {params.tool[tool]:q} "
+            "--ranks {params.tool[ranks]:q} --nsys-trace={params.tool[trace]:q} "
+            "--device {params.tool[device]:q} --out {output.capture:q} "
+            "--inventory {output.inventory:q}",
+            "> {log:q} 2>&1",
+        )
 
 
 # nsys stats CSVs or torch.profiler ops of one run -> its kernels (by category) and phase ranges.
 rule profile_parse:
     input:
         capture="results/profile/{run}/capture",
-        code="src/scalestudy/nsight/profiling.py",
+        code=NSIGHT_SOURCES,
     output:
         kernels="results/profile/{run}/kernels.csv",
         ranges="results/profile/{run}/ranges.csv",
@@ -62,7 +54,7 @@ rule profile_ncu:
     input:
         unpack(get_prepared_data),
         sources=TRAINER_SOURCES,
-        image=get_container_image,
+        image=IMAGE,
         kernels="results/profile/{run}/kernels.csv",
     output:
         reports=directory("results/profile/{run}/ncu"),
@@ -73,31 +65,22 @@ rule profile_ncu:
         "benchmarks/profile_ncu/{run}.tsv"
     threads: get_threads
     resources:
-        nodes=get_nodes,
-        tasks_per_node=get_tasks_per_node,
-        tasks=get_tasks,
-        tasks_per_gpu=0,
-        gres=get_gres,
-        cpus_per_task=config["hardware"]["cpus_per_rank"],
-        mem_mb=get_mem_mb,
-        runtime=config["hardware"]["runtime_min"],
-        mpi=get_mpi,
+        **LAUNCH_RESOURCES,
+        runtime=HARDWARE["runtime_min"],
     params:
+        **LAUNCH_PARAMS,
         flags=get_profile_flags,
-        layout=get_layout,
-        container=get_container_flags,
-        ncu=get_ncu_settings,
-        device=config["hardware"]["device"],
         data_dir=subpath(input.meta, ancestor=2),
+        ncu=profiling.ncu_settings(PROFILING),
+        device=HARDWARE["device"],
     shell:
-        "scalestudy profile ncu --run {wildcards.run:q} --kernels {input.kernels:q} "
-        "--enabled {params.ncu[enabled]:q} --top-k {params.ncu[top_k]} "
-        "--launch-skip {params.ncu[skip]} --launch-count {params.ncu[count]} "
-        "--device {params.device:q} --out-dir {output.reports:q} --out {output.csv:q} "
-        "--mpi={resources.mpi:q} --nodes {params.layout[nodes]} "
-        "--ranks-per-node {params.layout[ranks_per_node]} "
-        "--cpus-per-rank {params.layout[cpus_per_rank]} {params.container:q} -- "
-        "{params.flags:q} --data-dir {params.data_dir:q} > {log:q} 2>&1"
+        launch_shell(
+            "scalestudy profile ncu --run {wildcards.run:q} --kernels {input.kernels:q} "
+            "--enabled {params.ncu[enabled]:q} --top-k {params.ncu[top_k]} "
+            "--launch-skip {params.ncu[skip]} --launch-count {params.ncu[count]} "
+            "--device {params.device:q} --out-dir {output.reports:q} --out {output.csv:q}",
+            "> {log:q} 2>&1",
+        )
 
 
 # Every profiled run's kernels and ranges -> results/csv (the report's category-share bars).
@@ -119,9 +102,9 @@ rule profile_collect:
 # Every profiled run's Nsight Compute metrics -> results/csv/profile_ncu.csv.
 rule profile_collect_ncu:
     input:
-        expand("results/profile/{run}/ncu.csv", run=PROFILED),
+        ncu=expand("results/profile/{run}/ncu.csv", run=PROFILED),
     output:
-        "results/csv/profile_ncu.csv",
+        ncu="results/csv/profile_ncu.csv",
     log:
         "logs/profile_collect_ncu/collect.log",
     shell:

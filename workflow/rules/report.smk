@@ -6,7 +6,7 @@ rule render_report:
         scaling="results/csv/scaling.csv",
         tables=expand("results/csv/{table}.csv", table=ANALYSIS_TABLES[1:]),
         figures=expand(
-            "results/plots/{figure}.{ext}", figure=get_figures(), ext=("png", "pdf")
+            "results/plots/{figure}.{ext}", figure=FIGURES, ext=("png", "pdf")
         ),
         md_template="workflow/report/study.md.j2",
         tex_template="workflow/report/paper.tex.j2",
@@ -19,7 +19,7 @@ rule render_report:
     log:
         "logs/render_report/render_report.log",
     params:
-        figures=get_figures(),
+        figures=FIGURES,
         csv_dir=subpath(input.scaling, parent=True),
         templates=subpath(input.md_template, parent=True),
         out_dir=subpath(output.md, parent=True),
@@ -33,7 +33,7 @@ rule render_report:
 rule paper_pdf:
     input:
         tex="reports/paper.tex",
-        figures=expand("results/plots/{figure}.pdf", figure=get_figures()),
+        figures=expand("results/plots/{figure}.pdf", figure=FIGURES),
     output:
         pdf=report(
             "reports/paper.pdf", caption="../report/paper.rst", category="Documents"

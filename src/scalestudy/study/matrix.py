@@ -6,13 +6,14 @@ scalestudy matrix --config config/demo.yaml --set dataset=synthetic   # -> resul
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-from scalestudy import vocab
+from scalestudy import log, vocab
 from scalestudy.errors import StudyConfigError
 from scalestudy.study.config import add_config_arguments, load_and_validate
 from scalestudy.study.runs import build_run_table, write_runs_tsv
+
+logger = log.get(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,14 +48,15 @@ def _family_summary(config: dict, rows: list[dict], family: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    log.setup()
     try:
         config = load_and_validate(args.config, overrides=args.set)
     except StudyConfigError as e:
-        print(f"scalestudy matrix: {e}", file=sys.stderr)
+        logger.error(f"scalestudy matrix: {e}")
         return 2
     rows = build_run_table(config)
     write_runs_tsv(rows, args.out)
     for family in vocab.FAMILIES:
-        print(_family_summary(config, rows, family))
-    print(f"{'total':<9} {len(rows):4d} runs -> {Path(args.out)}")
+        logger.info(_family_summary(config, rows, family))
+    logger.info(f"{'total':<9} {len(rows):4d} runs -> {Path(args.out)}")
     return 0

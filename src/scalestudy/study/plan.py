@@ -28,9 +28,10 @@ the same world size (else over all measured runs), with X the run's measured thr
 It absorbs interpreter and torch start-up, data loading, process-group set-up, the slower
 warm-up steps, the communication probe and writing outputs.
 
-Dry-runs: common.smk calls `register(...)` at parse time; the Snakemake logger plugin
-`snakemake_logger_plugin_scalestudy` (same process) reads `registered()` when Snakemake closes
-its loggers and prints `format_table` for the jobs the dry-run would run.
+Dry-runs: the training rule's Slurm `runtime` comes from study.resources.TrainingPlan, which
+calls `register(...)` when Snakemake first evaluates it (not at parse time); the Snakemake logger
+plugin `snakemake_logger_plugin_scalestudy` (same process) reads `registered()` when Snakemake
+closes its loggers and prints `format_table` for the jobs the dry-run would run.
 
     scalestudy plan --config config/config.yaml     # -> reports/plan.md, results/plan.csv
 """
@@ -44,13 +45,14 @@ import hashlib
 import io
 import math
 import statistics
-import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from scalestudy import files, vocab
-from scalestudy.errors import PlanError
+from scalestudy import files, log, vocab
+from scalestudy.errors import PlanError, StudyConfigError
 from scalestudy.study.runs import RUN_COLUMNS, build_run_table, same
+
+logger = log.get(__name__)
 
 RUNS_CSV = "results/csv/runs.csv"
 BENCHMARKS_DIR = "benchmarks/train"
@@ -462,7 +464,7 @@ def format_table(estimates: list[Estimate], note: str = "") -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# registration (parse time -> the logger plugin, same process)
+# registration (the training jobs' runtime -> the logger plugin, same process)
 
 
 @dataclasses.dataclass
@@ -478,8 +480,9 @@ _REGISTERED: Registered | None = None
 def register(
     config: dict, rows: Iterable[dict], measured: list[dict], is_local: Callable[[str], bool]
 ) -> dict[str, Estimate]:
-    """Called by common.smk at parse time: the estimates of every run, kept for the logger
-    plugin. is_local(rule name) -> True for rules that run on the submitting host."""
+    """The estimates of every run, kept for the logger plugin (study.resources.TrainingPlan calls
+    this when Snakemake first asks for a training job's runtime). is_local(rule name) -> True
+    for rules that run on the submitting host."""
     global _REGISTERED
     estimates = {e.run: e for e in estimate_runs(config, rows, measured)}
     _REGISTERED = Registered(config, estimates, is_local)
@@ -702,16 +705,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from scalestudy.study.config import StudyConfigError, load_and_validate
+    from scalestudy.study.config import load_and_validate
 
+    log.setup()
     try:
         config = load_and_validate(args.config, overrides=args.set)
         estimates = write_plan(config, args.out_md, args.out_csv, args.runs_csv, args.benchmarks)
     except (StudyConfigError, PlanError) as e:
-        print(f"scalestudy plan: {e}", file=sys.stderr)
+        logger.error(f"scalestudy plan: {e}")
         return 2
     s, c = totals(estimates)["total"], config["plan"]["contingency"]
-    print(
+    logger.info(
         f"{len(estimates)} runs: {s.node_hours:.2f} node-hours, {s.gpu_hours:.2f} GPU-hours; "
         f"with contingency {c:g}: {s.node_hours * (1 + c):.2f} node-hours, "
         f"{s.gpu_hours * (1 + c):.2f} GPU-hours -> {args.out_md}, {args.out_csv}"

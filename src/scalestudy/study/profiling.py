@@ -7,9 +7,10 @@ Pure functions of the study config and its run table (no torch): the workflow's 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 
 from scalestudy import vocab
-from scalestudy.study.runs import build_run_table
+from scalestudy.study.runs import build_run_table, trainer_args
 
 
 def profiled_runs(config: dict, rows: list[dict]) -> list[dict]:
@@ -61,6 +62,49 @@ def window_flags(row: dict, start_step: int, steps: int) -> dict[str, str]:
         "--warmup-steps": str(min(row["warmup_steps"], start_step)),
         "--comm-probe-steps": "0",
         "--profile-steps": f"{start_step}:{end}",
+    }
+
+
+def ncu_enabled(config: dict) -> bool:
+    """Nsight Compute runs on GPU studies unless profiling.ncu.enabled is false."""
+    return config["profiling"]["ncu"]["enabled"] is not False and (
+        config["hardware"]["device"] == "cuda"
+    )
+
+
+def profile_targets(config: dict, profiled: Iterable) -> list[str]:
+    """The merged profile CSVs of the study (`rule all`); none when no run is profiled."""
+    if not list(profiled):
+        return []
+    targets = ["results/csv/profile_kernels.csv", "results/csv/profile_ranges.csv"]
+    return targets + (["results/csv/profile_ncu.csv"] if ncu_enabled(config) else [])
+
+
+def profile_flags(row: dict, profiling: dict) -> list[str]:
+    """The run's trainer flags, then the window's (argparse: the last value of a flag wins)."""
+    window = window_flags(row, profiling["start_step"], profiling["steps"])
+    return [*trainer_args(row), *(x for kv in window.items() for x in kv)]
+
+
+def tool_settings(config: dict) -> dict:
+    """`scalestudy profile capture` settings: the tool, which ranks, what nsys traces."""
+    prof = config["profiling"]
+    return {
+        "tool": prof["tool"],
+        "ranks": prof["nsys_ranks"],
+        "trace": prof["nsys_trace"],
+        "device": config["hardware"]["device"],
+    }
+
+
+def ncu_settings(profiling: dict) -> dict:
+    """`scalestudy profile ncu` settings (enabled: "true" forces it, "auto" skips without ncu)."""
+    ncu = profiling["ncu"]
+    return {
+        "enabled": "true" if ncu["enabled"] is True else "auto",
+        "top_k": ncu["top_k"],
+        "skip": ncu["launch_skip"],
+        "count": ncu["launch_count"],
     }
 
 

@@ -1,0 +1,274 @@
+"""What the workflow's jobs ask for, as plain functions of the study config and its run table.
+
+No torch and no Snakemake: workflow/rules/common.smk turns these into one-line input, param and
+resource functions, and the tests check them here.
+
+- Slurm resources of a launch: the training job and the two profiling jobs (profile_capture,
+  profile_ncu) start the ranks of one run with `scalestudy launch`, so they ask for the same
+  nodes, tasks, GPUs, CPUs and memory (`launch_resources`).
+- The Slurm time limit of a training job: the node-hour plan's estimate x plan.safety_factor
+  (`TrainingPlan`). The measured runs that calibrate the plan are read when Snakemake first asks
+  for a training job's `runtime` (once per process), never while it parses the workflow.
+- Code inputs: the source files whose change reruns a rule (`trainer_sources`,
+  `container_sources`, `nsight_sources`), found by globbing the package and following its
+  imports, so a new or split module is tracked without a hand-kept list.
+- The rules that run on the submitting host (`LOCAL_RULES`): the `localrules:` of the workflow,
+  and the rules the dry-run node-hour plan counts at 0 node-hours.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from scalestudy.study import plan
+
+# Rules that run on the host that runs snakemake (not as Slurm jobs): cheap steps, and
+# prepare_data because login nodes have the internet access compute nodes often lack. The
+# workflow's `localrules:` directives name the same rules (tests/test_resources.py checks).
+LOCAL_RULES = (
+    "all",
+    "matrix",
+    "prepare_data",
+    "collect",
+    "build_container",
+    "profile_parse",
+    "profile_collect",
+    "profile_collect_ncu",
+    "analyze",
+    "plot",
+    "render_report",
+    "paper_pdf",
+    "plan",
+)
+
+PACKAGE = Path("src") / "scalestudy"
+# what a training job runs: the trainer package and the launcher that starts its ranks
+TRAINER_PACKAGES = ("trainer",)
+TRAINER_MODULES = ("jobs/launch.py",)
+
+
+def is_local_rule(name: str) -> bool:
+    """True for a rule that runs on the submitting host (0 node-hours in the plan)."""
+    return name in LOCAL_RULES
+
+
+# ---------------------------------------------------------------------------------------------
+# Slurm resources of a launch (train, profile_capture, profile_ncu)
+
+
+def launch_layout(row: dict, hardware: dict) -> dict:
+    """How the ranks of a run are placed (a param: a change reruns the run, another experiment)."""
+    return {
+        "nodes": row["nodes"],
+        "ranks_per_node": row["ranks_per_node"],
+        "cpus_per_rank": hardware["cpus_per_rank"],
+    }
+
+
+def slurm_resources(row: dict, hardware: dict) -> dict:
+    """The Slurm request of one launch of a run-table row (runtime aside: each rule sets it).
+
+    tasks_per_node for multi-rank nodes (the Slurm executor wants it > 1), else tasks; gres
+    gpu:N per node on GPUs; mem_mb per node (sbatch --mem); mpi "srun" only for several ranks
+    (the executor refuses MPI jobs of one task: a 1-rank run is a plain job)."""
+    multi = row["ranks_per_node"] > 1
+    return {
+        "nodes": row["nodes"],
+        "tasks_per_node": row["ranks_per_node"] if multi else 0,
+        "tasks": 0 if multi else row["world_size"],
+        "tasks_per_gpu": 0,
+        "gres": f"gpu:{row['ranks_per_node']}" if row["device"] == "cuda" else "",
+        "cpus_per_task": hardware["cpus_per_rank"],
+        "mem_mb": hardware["mem_mb_per_rank"] * row["ranks_per_node"],
+        "mpi": "srun" if row["world_size"] > 1 else "",
+    }
+
+
+def launch_threads(row: dict, hardware: dict) -> int:
+    """Locally: the cores the run occupies, so the local scheduler never oversubscribes."""
+    return row["world_size"] * hardware["cpus_per_rank"]
+
+
+def launch_resources(runs: dict[str, dict], hardware: dict) -> dict[str, Callable]:
+    """`resources: **LAUNCH_RESOURCES, runtime=...` of the launch rules: one function of the
+    job's wildcards per resource of `slurm_resources`."""
+
+    def resource(name: str) -> Callable:
+        def value(wildcards):
+            return slurm_resources(runs[wildcards.run], hardware)[name]
+
+        value.__name__ = f"get_{name}"
+        return value
+
+    names = slurm_resources(next(iter(runs.values())), hardware) if runs else {}
+    return {name: resource(name) for name in names}
+
+
+# ---------------------------------------------------------------------------------------------
+# the node-hour plan: Slurm time limit of training, and the dry-run table
+
+
+class TrainingPlan:
+    """The estimates of every training run of a study (scalestudy.study.plan), computed on first
+    use: then the measured runs (results/csv/runs.csv, benchmarks/train) are read, once, and
+    the estimates are registered for the logger plugin of this process
+    (snakemake_logger_plugin_scalestudy prints them after a dry-run)."""
+
+    def __init__(
+        self,
+        config: dict,
+        rows: Iterable[dict],
+        runs_csv: str | Path = plan.RUNS_CSV,
+        benchmarks_dir: str | Path = plan.BENCHMARKS_DIR,
+    ) -> None:
+        self.config, self.rows = config, list(rows)
+        self.runs_csv, self.benchmarks_dir = runs_csv, benchmarks_dir
+
+    @functools.cached_property
+    def estimates(self) -> dict[str, plan.Estimate]:
+        measured = plan.load_measured(self.runs_csv, self.benchmarks_dir)
+        return plan.register(self.config, self.rows, measured, is_local_rule)
+
+    def runtime(self, wildcards) -> int:
+        """Slurm time limit of a training job, minutes: estimate x safety_factor, floored at
+        hardware.runtime_min."""
+        return self.estimates[wildcards.run].slurm_runtime_min
+
+    def digest(self, wildcards=None) -> str:
+        """The plan's content: changes whenever an estimate does."""
+        return plan.plan_digest(list(self.estimates.values()))
+
+
+# ---------------------------------------------------------------------------------------------
+# code inputs
+
+
+def _module_file(root: Path, module: str) -> Path | None:
+    """src/scalestudy/a/b.py (or a/b/__init__.py) of module scalestudy.a.b, if it exists."""
+    parts = module.split(".")
+    if parts[0] != PACKAGE.name:
+        return None
+    base = root / PACKAGE.parent / Path(*parts)
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def imported_modules(path: Path, root: str | Path = ".") -> set[str]:
+    """The scalestudy modules a source file imports, anywhere in it (lazy imports included):
+    `import scalestudy.a`; `from scalestudy.a import b`: scalestudy.a.b when b is a module
+    (a file under `root`), else scalestudy.a (b is a name defined in it)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.split(".")[0] == PACKAGE.name)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module.split(".")[0] != PACKAGE.name:
+                continue
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                found.add(sub if _module_file(Path(root), sub) else node.module)
+    return found
+
+
+def package_sources(
+    root: str | Path, packages: Iterable[str] = (), modules: Iterable[str] = ()
+) -> list[str]:
+    """Every .py file of the given subpackages of src/scalestudy and the given modules (paths
+    under src/scalestudy), plus every scalestudy module they import, transitively: sorted
+    paths relative to the repository root `root`."""
+    root = Path(root)
+    pending = [p for pkg in packages for p in sorted((root / PACKAGE / pkg).rglob("*.py"))]
+    pending += [root / PACKAGE / m for m in modules]
+    seen: set[Path] = set()
+    while pending:
+        path = pending.pop()
+        if path in seen or "__pycache__" in path.parts:
+            continue
+        seen.add(path)
+        for module in imported_modules(path, root):
+            found = _module_file(root, module)
+            if found is not None and found not in seen:
+                pending.append(found)
+    return sorted(p.relative_to(root).as_posix() for p in seen)
+
+
+def trainer_sources(root: str | Path) -> list[str]:
+    """Files whose change reruns training: the trainer package, the launcher, and the shared
+    modules they import (Snakemake does not track modules a command imports)."""
+    return package_sources(root, TRAINER_PACKAGES, TRAINER_MODULES)
+
+
+def container_sources(root: str | Path, definition: str) -> list[str]:
+    """What goes into the image: its recipe, the package metadata and the trainer's sources."""
+    return [definition, "pyproject.toml", *trainer_sources(root)]
+
+
+def nsight_sources(root: str | Path) -> list[str]:
+    """The profile parsers: every module of src/scalestudy/nsight/."""
+    root = Path(root)
+    return sorted(p.relative_to(root).as_posix() for p in (root / PACKAGE / "nsight").glob("*.py"))
+
+
+# ---------------------------------------------------------------------------------------------
+# arguments of the jobs' commands
+
+
+def prepared_data(config: dict) -> dict[str, str]:
+    """The prepared dataset every launch reads (written once by prepare_data)."""
+    where = f"{config['data_dir']}/{config['dataset']}"
+    return {"data": f"{where}/data.pt", "meta": f"{where}/meta.json"}
+
+
+def prepare_flags(config: dict, dataset: str) -> list:
+    """`scalestudy prepare-data` flags beyond the dataset: the sizes of the synthetic set."""
+    if dataset != "synthetic":
+        return []
+    sizes = config["synthetic"]
+    return ["--num-train", sizes["num_train"], "--num-test", sizes["num_test"]]
+
+
+def container_flags(config: dict) -> list[str]:
+    """`scalestudy launch` flags that run the ranks in the image (none without a container)."""
+    container = config["container"]
+    if not container["enabled"]:
+        return []
+    gpu = ["--gpu"] if config["hardware"]["device"] == "cuda" else []
+    return ["--container", container["image"], *gpu]
+
+
+def checkpoint_dir(config: dict, run: str) -> str:
+    """results/checkpoints/<run>, outside the declared outputs, so the cleanup of a failed or
+    preempted job cannot delete what its retry resumes from; "" turns checkpointing off."""
+    checkpointing = config["checkpointing"]
+    return f"{checkpointing['dir']}/{run}" if checkpointing["enabled"] else ""
+
+
+def train_retries(config: dict, main_process: bool) -> int:
+    """Retries of a training job, counted by the main Snakemake process only. Inside a Slurm job
+    the executor's inner `snakemake --execute` also honours a rule's `retries:` (it overrides the
+    `--retries 0` it is given; snakemake-executor-plugin-slurm issue #284) and would rerun the
+    trainer in the same allocation, whose time limit the USR1 just announced: the preempted run
+    must end its job (exit 75) so the main process resubmits it as a new one."""
+    return config["checkpointing"]["retries"] if main_process else 0
+
+
+def slurm_extra(config: dict) -> str:
+    """USR1 to the ranks (not `B:`, which signals only the batch shell) signal_lead_s seconds
+    before the time limit; --requeue lets Slurm requeue the job after a node failure."""
+    checkpointing = config["checkpointing"]
+    if not checkpointing["enabled"]:
+        return ""
+    return f"--signal=USR1@{checkpointing['signal_lead_s']} --requeue"
+
+
+def analysis_flags(config: dict, configfile: str) -> list[str]:
+    """`scalestudy analyze` flags: the report targets, the node size, the study and its file."""
+    targets = config["report"]["targets"]
+    flags = [f"--{key.replace('_', '-')}={value}" for key, value in targets.items()]
+    flags += [f"--gpus-per-node={config['hardware']['gpus_per_node']}"]
+    return flags + [f"--study={config['study']}", f"--configfile={configfile}"]

@@ -1,0 +1,269 @@
+"""What the workflow's jobs ask for (scalestudy.study.resources): the Slurm request of a launch,
+the training time limit from the plan (computed on first use, not at parse time), the code
+inputs derived from the package's imports, and the local rules."""
+
+from __future__ import annotations
+
+import ast
+import logging
+import math
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+import snakemake_logger_plugin_scalestudy as logger_plugin
+from scalestudy.errors import PlanError
+from scalestudy.study import plan, profiling, resources
+from scalestudy.study.config import validate
+from scalestudy.study.runs import build_run_table
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "src" / "scalestudy"
+
+STUDY = {
+    "dataset": "synthetic",
+    "synthetic": {"num_train": 1200, "num_test": 300},
+    "hardware": {
+        "device": "cuda",
+        "gpus_per_node": 2,
+        "cpus_per_rank": 3,
+        "mem_mb_per_rank": 1000,
+        "runtime_min": 1,
+    },
+    "train": {"epochs": 2, "local_batch": 8, "precision": "fp32"},
+    "repeats": 1,
+    "families": {
+        "strong": {"enabled": True, "gpus": [1, 2, 4], "global_batch": 8},
+        "precision": {"enabled": False},
+    },
+    "plan": {"startup_s": 300, "safety_factor": 2},
+}
+
+
+def study(**hardware) -> dict:
+    config = yaml.safe_load(yaml.safe_dump(STUDY))
+    config["hardware"].update(hardware)
+    return validate(config)
+
+
+def runs(config: dict) -> dict[str, dict]:
+    return {r["run"]: r for r in build_run_table(config)}
+
+
+def wildcards(run: str) -> SimpleNamespace:
+    return SimpleNamespace(run=run)
+
+
+def test_slurm_request_of_one_rank_one_node_and_two_nodes():
+    config = study()
+    table = runs(config)
+    request = {
+        w: resources.slurm_resources(table[f"w{w}_lb{8 // w}_fp32_ddp_bk25_r0"], config["hardware"])
+        for w in (1, 2, 4)
+    }
+    # one rank: a plain job (no MPI), `tasks` (not tasks_per_node), one GPU
+    assert request[1] == {
+        "nodes": 1,
+        "tasks_per_node": 0,
+        "tasks": 1,
+        "tasks_per_gpu": 0,
+        "gres": "gpu:1",
+        "cpus_per_task": 3,
+        "mem_mb": 1000,
+        "mpi": "",
+    }
+    # a full node of 2 ranks: tasks per node, gres and memory per node, srun
+    assert request[2]["tasks_per_node"] == 2 and request[2]["tasks"] == 0
+    assert (request[2]["gres"], request[2]["mem_mb"], request[2]["mpi"]) == ("gpu:2", 2000, "srun")
+    # 4 ranks = 2 nodes x 2
+    assert (request[4]["nodes"], request[4]["tasks_per_node"], request[4]["gres"]) == (
+        2,
+        2,
+        "gpu:2",
+    )
+    row = table["w4_lb2_fp32_ddp_bk25_r0"]
+    assert resources.launch_threads(row, config["hardware"]) == 12
+    assert resources.launch_layout(row, config["hardware"]) == {
+        "nodes": 2,
+        "ranks_per_node": 2,
+        "cpus_per_rank": 3,
+    }
+
+
+def test_cpu_runs_ask_for_no_gpus():
+    config = study(device="cpu")
+    for row in runs(config).values():
+        assert resources.slurm_resources(row, config["hardware"])["gres"] == ""
+
+
+def test_launch_resources_are_functions_of_the_run_wildcard():
+    config = study()
+    table = runs(config)
+    functions = resources.launch_resources(table, config["hardware"])
+    for run, row in table.items():
+        assert {k: f(wildcards(run)) for k, f in functions.items()} == resources.slurm_resources(
+            row, config["hardware"]
+        )
+
+
+def test_training_time_limit_is_the_plan_estimate_times_the_safety_factor(tmp_path, monkeypatch):
+    config = study()
+    rows = build_run_table(config)
+    calls = []
+    real = plan.load_measured
+    monkeypatch.setattr(plan, "load_measured", lambda *a: calls.append(a) or real(*a))
+    training = resources.TrainingPlan(config, rows, tmp_path / "runs.csv", tmp_path / "bench")
+    assert calls == []  # nothing is read when the workflow is parsed
+    expected = {e.run: e for e in plan.estimate_runs(config, rows, measured=[])}
+    for run, e in expected.items():
+        assert training.runtime(wildcards(run)) == max(1, math.ceil(e.runtime_s * 2 / 60))
+    assert len(calls) == 1  # read once, on first use
+    assert training.digest() == plan.plan_digest(list(expected.values()))
+    # registered for the logger plugin of this process, with the workflow's local rules
+    reg = plan.registered()
+    assert reg.estimates == training.estimates and reg.is_local("collect")
+    assert not reg.is_local("train")
+
+
+def test_unreadable_measured_runs_fail_when_the_runtime_is_asked(tmp_path):
+    (tmp_path / "runs.csv").write_text("run,precision\nx,fp32\n")
+    config = study()
+    training = resources.TrainingPlan(config, build_run_table(config), tmp_path / "runs.csv")
+    with pytest.raises(PlanError, match="lacks the columns"):
+        training.runtime(wildcards("w1_lb8_fp32_ddp_bk25_r0"))
+
+
+def scalestudy_imports(path: Path) -> set[str]:
+    """Every scalestudy module a file imports, by its own ast scan (independent of the code)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+    return {n for n in names if n.startswith("scalestudy.")}
+
+
+def module_path(name: str) -> str | None:
+    base = REPO / "src" / Path(*name.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path.relative_to(REPO).as_posix()
+    return None
+
+
+def test_training_code_inputs_are_the_trainer_package_and_everything_it_imports():
+    sources = resources.trainer_sources(REPO)
+    assert sources == sorted(sources)
+    trainer = sorted((PACKAGE / "trainer").glob("*.py"))
+    assert {p.relative_to(REPO).as_posix() for p in trainer} <= set(sources)
+    assert "src/scalestudy/jobs/launch.py" in sources  # the launcher that starts the ranks
+    for shared in ("errors", "vocab", "files"):
+        assert f"src/scalestudy/{shared}.py" in sources
+    # closed under imports: every scalestudy module a listed file imports is listed
+    for source in sources:
+        for name in scalestudy_imports(REPO / source):
+            path = module_path(name)
+            if path is not None and not path.endswith("scalestudy/__init__.py"):
+                assert path in sources, f"{source} imports {name} ({path})"
+    # nothing the training job does not run: results, study, nsight, the CLI
+    assert not [s for s in sources if re.search(r"/(results|study|nsight)/|/cli\.py$", s)]
+
+
+def test_code_inputs_follow_new_modules(tmp_path):
+    """A module split off the trainer (or a new shared one) is tracked without editing a list."""
+    pkg = tmp_path / "src/scalestudy"
+    (pkg / "trainer").mkdir(parents=True)
+    (pkg / "jobs").mkdir()
+    (pkg / "__init__.py").write_text('__version__ = "0"\n')
+    (pkg / "trainer/__init__.py").write_text("")
+    (pkg / "trainer/loaders.py").write_text("from scalestudy import helpers\n")
+    (pkg / "helpers.py").write_text("def f():\n    from scalestudy.deep import g\n")
+    (pkg / "deep.py").write_text("g = 1\n")
+    (pkg / "unused.py").write_text("")
+    (pkg / "jobs/launch.py").write_text("import scalestudy.jobs.container\n")
+    (pkg / "jobs/container.py").write_text("")
+    assert resources.trainer_sources(tmp_path) == [
+        "src/scalestudy/deep.py",
+        "src/scalestudy/helpers.py",
+        "src/scalestudy/jobs/container.py",
+        "src/scalestudy/jobs/launch.py",
+        "src/scalestudy/trainer/__init__.py",
+        "src/scalestudy/trainer/loaders.py",
+    ]
+    assert resources.container_sources(tmp_path, "containers/trainer.def")[:2] == [
+        "containers/trainer.def",
+        "pyproject.toml",
+    ]
+
+
+def test_profile_parse_code_inputs_are_the_nsight_package():
+    expected = sorted(p.relative_to(REPO).as_posix() for p in (PACKAGE / "nsight").glob("*.py"))
+    assert resources.nsight_sources(REPO) == expected and expected
+
+
+def declared_localrules() -> set[str]:
+    """Rule names in the `localrules:` directives of the workflow's files."""
+    names = set()
+    for path in [REPO / "workflow/Snakefile", *sorted((REPO / "workflow/rules").glob("*.smk"))]:
+        for block in re.findall(r"^localrules:\n((?:[ \t]+\w+,?\n)+)", path.read_text(), re.M):
+            names |= set(re.findall(r"\w+", block))
+    return names
+
+
+def test_local_rules_are_the_workflows_localrules():
+    # `all` runs nowhere (no command): Snakemake treats it as local without a directive
+    assert declared_localrules() | {"all"} == set(resources.LOCAL_RULES)
+    assert not resources.is_local_rule("train") and resources.is_local_rule("plan")
+
+
+def test_profiling_glue():
+    config = study()
+    config["profiling"].update(enabled=True, gpus=[1, 2], precisions=["fp32"])
+    rows = build_run_table(config)
+    chosen = profiling.profiled_runs(config, rows)
+    assert profiling.profile_targets(config, chosen)[-1] == "results/csv/profile_ncu.csv"
+    assert profiling.profile_targets(config, []) == []
+    config["profiling"]["ncu"]["enabled"] = False
+    assert len(profiling.profile_targets(config, chosen)) == 2
+    flags = profiling.profile_flags(chosen[0], config["profiling"])
+    assert flags[-2] == "--profile-steps" and "--epochs" in flags
+    assert profiling.ncu_settings(config["profiling"])["enabled"] == "auto"
+    assert profiling.tool_settings(config)["device"] == "cuda"
+
+
+class Settings:
+    dryrun, stdout, quiet = True, False, None
+
+
+def record(rule: str, resources_: dict, level: int = logging.INFO, **extra) -> logging.LogRecord:
+    rec = logging.LogRecord("snakemake", level, "", 0, f"rule {rule}", None, None)
+    rec.__dict__.update(
+        event=logger_plugin.LogEvent.JOB_INFO, rule_name=rule, resources=resources_, **extra
+    )
+    return rec
+
+
+def test_logger_plugin_without_a_registered_plan_counts_local_rules_free(monkeypatch, capsys):
+    """A dry-run with no training job (all runs finished) never evaluates a training runtime:
+    the plan still prints, local rules at 0 node-hours, other jobs at their Slurm request."""
+    monkeypatch.setattr(plan, "_REGISTERED", None)
+    handler = logger_plugin.LogHandler(Settings(), None)
+    handler.handle(record("collect", {"runtime": 60}, wildcards={}))
+    handler.handle(record("profile_capture", {"runtime": 30, "nodes": 2}, wildcards={"run": "x"}))
+    handler.close()
+    text = capsys.readouterr().err
+    assert "no estimate registered" not in text
+    assert re.search(r"^collect\s+-\s+0\s+0\s+0:00:00\s+0\.000", text, re.M), text
+    assert "total: 2 jobs, 1.000 node-hours" in text
+
+
+def test_logger_plugin_prints_nothing_after_an_error(capsys):
+    handler = logger_plugin.LogHandler(Settings(), None)
+    handler.handle(record("collect", {}, wildcards={}))
+    handler.handle(logging.LogRecord("snakemake", logging.ERROR, "", 0, "boom", None, None))
+    handler.close()
+    assert "Node-hour plan" not in capsys.readouterr().err
