@@ -6,7 +6,7 @@ rule analyze:
         runs="results/csv/runs.csv",
         profile=PROFILE_KERNELS,
         code="src/scalestudy/results/analyze.py",
-        schema="src/scalestudy/nsight/profiling.py",  # the profile CSVs' columns and categories
+        schema="src/scalestudy/nsight/schema.py",  # the profile CSVs' columns and categories
     output:
         scaling="results/csv/scaling.csv",
         verdicts="results/csv/verdicts.csv",

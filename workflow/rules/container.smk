@@ -10,5 +10,5 @@ rule build_container:
     params:
         definition=CONTAINER["definition"],
     shell:
-        "python -m scalestudy.jobs.container build {params.definition:q} {output.image:q} "
+        "scalestudy container build {params.definition:q} {output.image:q} "
         "> {log:q} 2>&1"

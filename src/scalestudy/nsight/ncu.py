@@ -52,7 +52,11 @@ def parse_ncu(path: str | Path, run: str, kernel: str | None = None) -> list[dic
     kernel: the kernels CSV name the file's ncu pass was filtered to (`scalestudy profile ncu`
     runs one pass per kernel). Its rows then carry that name, so profile_ncu joins
     profile_kernels exactly whatever ncu's demangler prints; a file with launches of two kernel
-    names is an error (the filter was not specific)."""
+    names is an error (the filter was not specific).
+
+    One function from header to rows on purpose: each metric has its old and new labels and
+    units, and keeping the lookup, the unit conversion and the per-launch mean together is what
+    makes a format change of ncu a one-place edit."""
     path = Path(path)
     header, rows = rows_after_header(
         path, _is_ncu_header, "ncu details", lambda h, c: len(c) >= _ncu_need(h)
