@@ -326,17 +326,14 @@ def test_stand_in_refuses_bad_definition_and_foreign_image(tmp_path):
     assert r.returncode == 2 and "not supported by the stand-in" in r.stderr
 
 
+def build_argv(image) -> list[str]:
+    """`scalestudy container build` of the trainer's definition into `image`."""
+    return [sys.executable, "-m", "scalestudy", "container", "build", str(TRAINER_DEF), str(image)]
+
+
 def test_cli_build_with_stand_in_is_atomic(tmp_path):
     image = tmp_path / "out" / "trainer.sif"
-    argv = [
-        sys.executable,
-        "-m",
-        "scalestudy",
-        "container",
-        "build",
-        str(TRAINER_DEF),
-        str(image),
-    ]
+    argv = build_argv(image)
     r = run([*argv, "--git-commit", "abc"], stand_in_env(), REPO)
     assert r.returncode == 0, r.stderr
     assert "build-arg: GIT_COMMIT=abc" in image.read_text()
@@ -369,15 +366,7 @@ def test_cli_build_without_apptainer_says_what_to_do(tmp_path):
     empty_bin.mkdir()
     env = {"PATH": str(empty_bin), "PYTHONPATH": str(SRC)}
     image = tmp_path / "trainer.sif"
-    argv = [
-        sys.executable,
-        "-m",
-        "scalestudy",
-        "container",
-        "build",
-        str(TRAINER_DEF),
-        str(image),
-    ]
+    argv = build_argv(image)
     r = run(argv, env, REPO)
     assert r.returncode == 2
     assert "Apptainer" in r.stderr and "not on PATH" in r.stderr

@@ -22,35 +22,17 @@ logger = log.get(__name__)
 
 # subcommand -> (module, one-line help)
 SUBCOMMANDS = {
-    "prepare-data": (
-        "scalestudy.trainer.prepare_data",
-        "download (or make) a dataset and convert it once",
-    ),
-    "train": ("scalestudy.trainer.train", "train one configuration (1 process, torchrun or srun)"),
-    "launch": (
-        "scalestudy.jobs.launch",
-        "start the ranks of one run: srun in Slurm, processes locally",
-    ),
+    "prepare-data": ("scalestudy.trainer.prepare_data", "download or make a dataset, once"),
+    "train": ("scalestudy.trainer.train", "train one configuration (1 process, torchrun, srun)"),
+    "launch": ("scalestudy.jobs.launch", "start the ranks of one run (srun, local processes)"),
     "matrix": ("scalestudy.study.matrix", "write the run table of a study config"),
     "collect": ("scalestudy.results.collect", "gather all runs' metrics into results/csv"),
-    "profile": (
-        "scalestudy.jobs.profile",
-        "profiling jobs: capture, parse, ncu, merge (nsys/torch)",
-    ),
-    "container": (
-        "scalestudy.jobs.container",
-        "the trainer's Apptainer image: check its definition, build it, print its digest",
-    ),
+    "profile": ("scalestudy.jobs.profile", "profiling jobs: capture, parse, ncu, merge"),
+    "container": ("scalestudy.jobs.container", "the Apptainer image: check, build, digest"),
     "inventory": ("scalestudy.jobs.inventory", "system inventory of this node/allocation -> JSON"),
     "analyze": ("scalestudy.results.analyze", "scaling, verdicts and resources from results/csv"),
-    "plot": (
-        "scalestudy.results.plot",
-        "one figure of the study (PNG and PDF) from the analysis CSVs",
-    ),
-    "render-report": (
-        "scalestudy.results.render_report",
-        "reports/study.md and paper.tex from the CSVs only",
-    ),
+    "plot": ("scalestudy.results.plot", "one figure of the study (PNG and PDF)"),
+    "render-report": ("scalestudy.results.render_report", "reports/study.md, paper.tex from CSVs"),
     "build-pdf": ("scalestudy.results.build_pdf", "reports/paper.pdf with latexmk, or say why not"),
     "plan": ("scalestudy.study.plan", "node-hours of a study -> reports/plan.md, results/plan.csv"),
 }
