@@ -259,20 +259,23 @@ def test_sigterm_then_restart_matches_an_uninterrupted_run(data_dir, tmp_path):
     flags = ("--checkpoint-dir", str(ckdir), "--checkpoint-every", "2")
     proc = _start(data_dir, out, *flags)
     _wait_for_epochs(out, 1, proc)
-    proc.send_signal(signal.SIGTERM)  # mid epoch 2: checkpoint at its end, exit 75
+    # mid epoch 2: checkpoint at its end, exit 75. Under load the signal can also land between
+    # epoch 1's row in epochs.csv and that epoch's stop agreement: then the run stops after
+    # epoch 1, which is as correct (seen once in a full run on 2 busy cores)
+    proc.send_signal(signal.SIGTERM)
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == ck.PREEMPTED_EXIT, stderr
     assert "received SIGTERM" in stderr and "rerun the same command to resume" in stderr
     assert not (out / "metrics.json").exists()  # not complete, and not reported as such
     stopped_at = [p.name for p in ck.list_checkpoints(ckdir)]
-    assert stopped_at in (["epoch-0002"], ["epoch-0002", "epoch-0003"]), stopped_at
+    assert stopped_at in (["epoch-0001"], ["epoch-0002"], ["epoch-0002", "epoch-0003"]), stopped_at
 
     (out / "epochs.csv").unlink()  # as Snakemake does with a failed job's outputs
     done = train(data_dir, out, *EPOCHS, *flags, nproc=1)
     assert "resuming from" in done.stdout
     _same_epochs(ref, out)
     m = read_metrics(out)
-    assert m["restarts"] == 1 and m["resumed_from_epochs"] in ([2], [3])
+    assert m["restarts"] == 1 and m["resumed_from_epochs"] in ([1], [2], [3])
     assert m["throughput_img_s"] > 0 and m["train_time_s"] > 0
     assert m["config_hash"] == read_metrics(ref)["config_hash"]
     assert not ckdir.exists()  # a finished run leaves no checkpoint to resume
