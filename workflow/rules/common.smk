@@ -7,7 +7,7 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 
 try:
-    from scalestudy import log
+    from scalestudy import log, vocab
     from scalestudy.results import build_pdf as latex
     from scalestudy.results import plot as plots
     from scalestudy.study import config as studyconfig
@@ -40,7 +40,7 @@ ANALYSIS_TABLES = "scaling verdicts resources system targets profile_shares".spl
 
 wildcard_constraints:
     run=r"[A-Za-z0-9_.\-]+",
-    dataset=r"cifar10|mnist|synthetic",
+    dataset="|".join(vocab.DATASETS),
 
 
 # the same rules as scalestudy.study.resources.LOCAL_RULES (tests/test_resources.py checks)
