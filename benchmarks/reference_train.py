@@ -9,7 +9,7 @@ definition, so benchmarks/compare.py can set the two side by side.
     torchrun --nproc-per-node=2 benchmarks/reference_train.py --data-dir results/data \
         --dataset cifar10 --local-batch 128 --epochs 2 --num-workers 4 --out ref.json
 
-Throughput (as in scalestudy/train.py): images of all ranks inside the steady-state window /
+Throughput (as in scalestudy/trainer/train.py): images of all ranks inside the steady-state window /
 the window's wall time. The window starts after --warmup-steps optimizer steps and covers every
 later training step (the device is synchronised at its edges; the gaps between epochs are
 outside it); images are summed over ranks, the window time is the maximum over ranks.

@@ -109,7 +109,7 @@ def ncu_settings(profiling: dict) -> dict:
 
 
 def config_problems(config: dict) -> list[str]:
-    """Checks of the `profiling:` section a schema cannot express (studyconfig calls this)."""
+    """Checks of the `profiling:` section a schema cannot express (study/config.py calls this)."""
     prof = config.get("profiling") or {}
     if not prof.get("enabled"):
         return []
