@@ -199,8 +199,14 @@ def package_sources(
 
 def trainer_sources(root: str | Path) -> list[str]:
     """Files whose change reruns training: the trainer package, the launcher, and the shared
-    modules they import (Snakemake does not track modules a command imports)."""
-    return package_sources(root, TRAINER_PACKAGES, TRAINER_MODULES)
+    modules they import (Snakemake does not track modules a command imports). Computed once per
+    process and root: the training and the container rule both ask for it."""
+    return list(_trainer_sources(Path(root)))
+
+
+@functools.cache
+def _trainer_sources(root: Path) -> tuple[str, ...]:
+    return tuple(package_sources(root, TRAINER_PACKAGES, TRAINER_MODULES))
 
 
 def container_sources(root: str | Path, definition: str) -> list[str]:
