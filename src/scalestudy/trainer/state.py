@@ -46,7 +46,7 @@ class RunState:
     window_data_times: list[float] = field(default_factory=list)  # of which producing the batch
     train_seconds: float = 0.0  # training time, evaluation excluded (time_to_target's clock)
     time_to_target: float | None = None
-    loop_time: float = 0.0  # training-loop seconds of earlier segments (Meter.loop_time)
+    loop_time: float = 0.0  # loop seconds banked so far: earlier segments, checkpoints
     checkpoint_stall_s: float = 0.0  # stall of earlier segments
     resumed_from_epochs: list[int] = field(default_factory=list)
 
