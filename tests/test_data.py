@@ -35,10 +35,10 @@ from scalestudy.trainer import loaders, prepare_data
 CASES = [
     # (n, global_batch, world_size)
     (1000, 100, 4),  # R = 0
-    (1002, 100, 4),  # 0 < R < world_size: joins the last full slice
-    (1010, 100, 4),  # R >= world_size: one extra, smaller step
+    (1002, 100, 4),  # 0 < R < world_size: the tail is dropped
+    (1010, 100, 4),  # R >= world_size: the tail is dropped too
     (1013, 96, 8),  # R = 53
-    (50, 64, 2),  # n < global_batch: a single small step
+    (50, 64, 2),  # n < global_batch: a single small step takes all samples
     (99, 12, 3),  # R = 3 == world_size
     (101, 10, 1),  # single process
 ]
@@ -51,24 +51,52 @@ def test_epoch_batches_partition(n: int, gb: int, ws: int) -> None:
     assert len(steps) == 1, f"unequal step counts {steps}"
     everything = torch.cat([torch.cat(b) for b in per_rank])
     assert everything.dtype == torch.int64
-    assert sorted(everything.tolist()) == list(range(n)), "each sample exactly once per epoch"
-    for step in range(steps.pop()):
-        sizes = [len(per_rank[r][step]) for r in range(ws)]
-        assert min(sizes) >= 1 and max(sizes) - min(sizes) <= 1, sizes
-    # steps agree with the documented rule
+    used = everything.tolist()
+    assert len(set(used)) == len(used), "a sample used twice in one epoch"
     full, rem = divmod(n, gb)
-    assert len(per_rank[0]) == full + (1 if rem >= ws else 0)
+    # the rule: full steps only (the ragged tail is left out), unless there is no full step
+    assert len(used) == (full * gb if full else n)
+    assert len(per_rank[0]) == max(full, 1)
+    # one input shape for every training step of a rank (no new shape inside the window)
+    for r in range(ws):
+        assert len({len(b) for b in per_rank[r]}) == 1, [len(b) for b in per_rank[r]]
 
 
-def test_epoch_batches_remainder_placement() -> None:
-    # R = 2 < world_size = 4: the last (only extra) samples go to ranks 0 and 1 of the last step
-    b = [loaders.epoch_batches(1002, 100, 4, r, seed=0, epoch=0) for r in range(4)]
-    assert [len(x[-1]) for x in b] == [26, 26, 25, 25]
-    assert all(len(x) == 10 for x in b)
-    # R = 10 >= world_size: an 11th step of 10 samples, 3/3/2/2
-    b = [loaders.epoch_batches(1010, 100, 4, r, seed=0, epoch=0) for r in range(4)]
-    assert [len(x[-1]) for x in b] == [3, 3, 2, 2]
-    assert all(len(x) == 11 for x in b)
+def test_epoch_batches_leave_out_a_different_tail_each_epoch() -> None:
+    n, gb, ws = 1010, 100, 2
+    used = [
+        set(
+            torch.cat(
+                [torch.cat(loaders.epoch_batches(n, gb, ws, r, 0, e)) for r in range(ws)]
+            ).tolist()
+        )
+        for e in range(2)
+    ]
+    left_out = [set(range(n)) - u for u in used]
+    assert [len(x) for x in left_out] == [10, 10]
+    assert left_out[0] != left_out[1]
+    assert used[0] | used[1] != used[0]  # epoch 2 trains on samples epoch 1 left out
+
+
+def test_dataloader_drops_the_ragged_training_batch() -> None:
+    x = torch.zeros(1010, 3, 8, 8, dtype=torch.uint8)
+    y = torch.zeros(1010, dtype=torch.int64)
+    common = dict(
+        local_batch=100,
+        world_size=2,
+        rank=0,
+        seed=0,
+        mean=[0, 0, 0],
+        std=[1, 1, 1],
+        num_workers=0,
+        pin_memory=False,
+        persistent_workers=False,
+        prefetch_factor=None,
+    )
+    train, _ = loaders.make_dataloader(x, y, train=True, **common)
+    assert [len(b[1]) for b in train] == [100] * 5  # 505 per rank: the 5 left over are dropped
+    evaluation, _ = loaders.make_dataloader(x, y, train=False, **common)
+    assert sum(len(b[1]) for b in evaluation) == 505  # evaluation keeps every sample
 
 
 def test_epoch_batches_order_depends_on_seed_and_epoch_only() -> None:
@@ -158,7 +186,7 @@ def test_normalize() -> None:
 # ------------------------------------------------------------------------------------------------
 
 
-def test_device_loader_train_covers_epoch() -> None:
+def test_device_loader_train_epoch_is_full_steps() -> None:
     n, ws, lb = 203, 3, 16
     x = torch.randint(0, 256, (n, 3, 32, 32), dtype=torch.uint8)
     y = torch.arange(n)  # label = sample id, so the yielded labels show which samples came
@@ -191,7 +219,10 @@ def test_device_loader_train_covers_epoch() -> None:
         loader.set_epoch(3)
         assert not torch.equal(next(iter(loader))[1], batches[0][1])
     assert len(steps) == 1
-    assert sorted(seen) == list(range(n))
+    # 203 = 4 x 48 + 11: four full global steps; the 11 samples of the ragged tail wait for
+    # another epoch, and nothing is used twice
+    assert len(seen) == len(set(seen)) == 4 * lb * ws
+    assert set(seen) <= set(range(n))
 
 
 def test_device_loader_eval() -> None:
@@ -242,7 +273,7 @@ def test_make_dataloader() -> None:
     sampler.set_epoch(0)
     batches = list(loader)
     assert len(sampler) == 11  # ceil(21 / 2): DistributedSampler pads by repeating a sample
-    assert sum(len(b[1]) for b in batches) == 11
+    assert [len(b[1]) for b in batches] == [4, 4]  # the ragged third batch (3) is dropped
     assert batches[0][0].dtype == torch.float32 and batches[0][0].shape[1:] == (3, 32, 32)
     loader, _ = loaders.make_dataloader(
         x,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import socket
 import subprocess
 
 import pytest
@@ -44,6 +45,16 @@ def test_metrics_has_every_key_and_sane_values(ddp_run):
     assert 0 <= m["comm_exposed_frac"] < 1
     assert m["peak_mem_mb"] > 0
     assert len(m["param_checksums"]) == 2
+    # what was in effect, read back from torch: gloo on CPU, IEEE fp32 (no TF32) for "fp32"
+    assert m["backend"] == "gloo"
+    assert m["matmul_fp32_precision"] == m["cudnn_fp32_precision"] == "ieee"
+    assert m["autocast_dtype"] is None and m["cudnn_benchmark"] is False
+    assert m["gpu_util_ranks"] == 0
+    phases = [m[f"phase_frac_{p}"] for p in ("data", "forward", "backward", "optimizer")]
+    assert all(0 < f < 1 for f in phases) and sum(phases) <= 1 + 1e-9
+    assert m["phase_frac_communication"] == 0.0  # DDP overlaps it inside backward
+    assert m["phase_frac_data"] == pytest.approx(m["data_time_frac"])
+    assert m["phase_time_source"] == "host_clock"
     assert json.dumps(m)  # plain JSON, no NaN
     assert "epoch   2/2" in proc.stdout  # one progress line per epoch, rank 0 only
     assert proc.stdout.count("epoch   1/2") == 1
@@ -83,6 +94,17 @@ def test_strategies_follow_the_ddp_loss_trajectory(ddp_run, data_dir, tmp_path, 
     got = [float(r["train_loss"]) for r in read_epochs(tmp_path)]
     assert got == pytest.approx(ref, rel=1e-3)
     assert len(set(read_metrics(tmp_path)["param_checksums"])) == 1
+
+
+def test_a_ragged_epoch_leaves_its_tail_out_of_the_window(data_dir, tmp_path):
+    """1000 images at global batch 64: the 40 of the ragged tail are left out of each epoch, so
+    every window step is a full global batch (one input shape: no autotuning, no recompile)."""
+    train(data_dir, tmp_path, "--strategy", "fsdp", "--limit-train", "1000")
+    m = read_metrics(tmp_path)
+    assert m["steps_per_epoch"] == 1000 // 64
+    assert m["window_steps"] == 2 * m["steps_per_epoch"] - 2
+    assert m["window_images"] == m["window_steps"] * m["global_batch"]
+    assert len(set(m["param_checksums"])) == 1
 
 
 def test_same_seed_same_world_size_same_losses(ddp_run, data_dir, tmp_path):
@@ -235,6 +257,10 @@ def test_missing_data_names_path_and_command(tmp_path):
         (["--precision", "fp16"], "--precision fp16 needs CUDA"),
         (["--global-batch", "100"], "does not split over world_size 1 x accum_steps 3"),
         (["--lr", "1e6"], "non-finite training loss"),
+        # a GPU study whose job cannot reach CUDA fails, naming the host; never a CPU run
+        (["--device", "cuda"], f"torch.cuda.is_available() is False on {socket.gethostname()}"),
+        (["--backend", "nccl"], "--backend nccl needs CUDA, but this rank runs on cpu"),
+        (["--channels-last", "on"], "--channels-last on needs CUDA"),
     ],
 )
 def test_bad_input_fails_clearly(data_dir, tmp_path, flags, message):
@@ -243,6 +269,8 @@ def test_bad_input_fails_clearly(data_dir, tmp_path, flags, message):
     assert proc.returncode != 0
     assert message in proc.stderr
     assert not (tmp_path / "metrics.json").exists()
+    if "--device" in flags or "--backend" in flags:  # refused before training: one line
+        assert "Traceback" not in proc.stderr and not (tmp_path / "epochs.csv").exists()
 
 
 def test_unknown_choice_lists_the_choices(tmp_path):

@@ -38,6 +38,9 @@ CUDA_ONLY_PRECISIONS = {
 STRATEGIES = ("ddp", "fsdp", "allreduce")  # gradient synchronisation
 COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")  # DDP communication hooks
 DEVICES = ("auto", "cpu", "cuda")
+# torch.distributed backends: auto = NCCL on CUDA, gloo on CPU; gloo on CUDA lets several ranks
+# share one GPU (NCCL refuses two ranks on one device: "Duplicate GPU detected")
+BACKENDS = ("auto", "nccl", "gloo")
 LOADERS = ("device", "dataloader")  # input pipelines
 MODELS = ("resnet18", "cnn")
 SCHEDULES = ("onecycle", "cosine")  # LR schedule after warm-up

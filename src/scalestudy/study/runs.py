@@ -65,9 +65,10 @@ RUN_COLUMNS = (
 
 # Run columns passed to `scalestudy train` as `--<column with dashes>` (the flag rule of
 # config.py, so they are the trainer's own fields), in RUN_COLUMNS order. Not passed: compile and
-# target_acc (added only when set), device and global_batch (the trainer picks the device and
-# derives the global batch from local_batch x world size x accum_steps).
-_NOT_PASSED = frozenset({"compile", "target_acc", "device", "global_batch"})
+# target_acc (added only when set) and global_batch (the trainer derives it from local_batch x
+# world size x accum_steps). The device is passed: a GPU study whose job cannot reach CUDA (no
+# GPUs in the step, a missing --nv, a driver too old for the wheel) must fail, not train on CPU.
+_NOT_PASSED = frozenset({"compile", "target_acc", "global_batch"})
 TRAIN_FLAGS = {
     column: f"--{flag_name(column)}"
     for column in RUN_COLUMNS

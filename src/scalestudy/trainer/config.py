@@ -63,6 +63,9 @@ class TrainConfig:
     static_graph: bool = _f(True, "DDP static_graph (the graph is the same every step)")
     pg_timeout_s: float = _f(600.0, "process-group timeout in seconds: a dead rank fails the job")
     device: str = _f("auto", "auto = CUDA when available, else CPU", vocab.DEVICES)
+    backend: str = _f(
+        "auto", "process-group backend: auto = nccl on CUDA, gloo on CPU", vocab.BACKENDS
+    )
     # optimisation recipe
     local_batch: int = _f(256, "images per rank per micro-step")
     global_batch: int = _f(0, "images per optimizer step over all ranks; 0 = derive from local")

@@ -132,13 +132,13 @@ def _global_slices(n: int, global_batch: int, world_size: int) -> list[tuple[int
             f"need n >= world_size >= 1 and global_batch a multiple of world_size >= world_size; "
             f"got n={n}, global_batch={global_batch}, world_size={world_size}"
         )
-    full, rem = divmod(n, global_batch)
-    bounds = [(i * global_batch, (i + 1) * global_batch) for i in range(full)]
-    if rem >= world_size:
-        bounds.append((full * global_batch, n))  # one smaller final step, >= 1 sample per rank
-    elif rem:
-        bounds[-1] = (bounds[-1][0], n)  # too few for every rank: the last step takes them
-    return bounds
+    full = n // global_batch
+    if full == 0:
+        return [(0, n)]  # fewer samples than one global batch: one step takes them all
+    # The ragged tail (n % global_batch samples) is dropped: a smaller last step is a new input
+    # shape, which re-runs cuDNN autotuning and recompiles under torch.compile (with automatic
+    # dynamic shapes, every later step would then run the slower dynamic-shape graph).
+    return [(i * global_batch, (i + 1) * global_batch) for i in range(full)]
 
 
 def _check_rank(world_size: int, rank: int) -> None:
@@ -153,12 +153,13 @@ def epoch_batches(
 
     Rule: every rank draws the same permutation of range(n) from a torch.Generator seeded with
     `derive_seed("epoch_batches", seed, epoch)`, cuts it into consecutive global slices of
-    `global_batch`, and rank r takes `slice[r::world_size]` of each. With R = n % global_batch:
-    R >= world_size -> one extra, smaller final step; 0 < R < world_size -> the R samples join the
-    last full slice (no rank ever gets an empty batch). So each sample is used exactly once per
-    epoch across ranks, all ranks take the same number of steps, and within a step per-rank batch
-    sizes differ by at most 1. The samples of global step i depend only on (n, global_batch, seed,
-    epoch), not on world_size, so strong-scaling runs see the same global batches.
+    `global_batch`, and rank r takes `slice[r::world_size]` of each. The last n % global_batch
+    samples of the permutation (the ragged tail) are not used in that epoch, so every step has
+    the same shape: each sample is used at most once per epoch, and a different tail is left out
+    each epoch (the permutation changes). Only when n < global_batch does the one step take all
+    n samples (per-rank sizes then differ by at most 1). All ranks take the same number of steps.
+    The samples of global step i depend only on (n, global_batch, seed, epoch), not on
+    world_size, so strong-scaling runs see the same global batches.
 
     ValueError unless n >= world_size, global_batch >= world_size and global_batch %
     world_size == 0.
@@ -337,7 +338,9 @@ def make_dataloader(
     Differences from DeviceLoader, by design of DistributedSampler: with drop_last=False it PADS
     the epoch by repeating samples until n divides by world_size (eval then counts up to
     world_size-1 test samples twice), and it shuffles with its own (seed + epoch) order. Call
-    sampler.set_epoch(epoch) every epoch. Augmentation randomness comes from the worker seeds,
+    sampler.set_epoch(epoch) every epoch. For training the ragged last batch is dropped (as in
+    epoch_batches: one input shape for every step) unless it would be the only batch.
+    Augmentation randomness comes from the worker seeds,
     which derive from the loader's generator seeded from (seed, rank); with num_workers=0 it uses
     the global torch RNG instead. persistent_workers/prefetch_factor are passed only when
     num_workers > 0 (DataLoader rejects them otherwise).
@@ -353,6 +356,7 @@ def make_dataloader(
     sampler = DistributedSampler(
         dataset, num_replicas=world_size, rank=rank, shuffle=train, seed=seed, drop_last=False
     )
+    drop_tail = train and len(sampler) >= local_batch
     extra: dict[str, Any] = {}
     if num_workers > 0:
         extra["persistent_workers"] = persistent_workers
@@ -364,7 +368,7 @@ def make_dataloader(
         sampler=sampler,
         num_workers=num_workers,
         pin_memory=pin_memory,
-        drop_last=False,
+        drop_last=drop_tail,
         generator=torch.Generator().manual_seed(derive_seed("dataloader", seed, rank)),
         **extra,
     )

@@ -28,6 +28,9 @@ from scalestudy.trainer import loaders
 from scalestudy.trainer.config import TrainConfig
 from scalestudy.trainer.measure import Meter, Profiler, comm_probe, environment
 from scalestudy.trainer.models import build_model
+from scalestudy.trainer.numerics import Numerics
+from scalestudy.trainer.numerics import configure as configure_numerics
+from scalestudy.trainer.numerics import in_effect as numerics_in_effect
 from scalestudy.trainer.parallel import (
     allreduce_gradients,
     ddp_static_graph,
@@ -168,14 +171,15 @@ def end_of_epoch(run: Run, state: RunState, epoch: int, sums: tuple, epoch_time:
 @torch.no_grad()
 def evaluate(run: Run) -> tuple[float, float]:
     """Loss and accuracy over the whole test set; each sample counted once across ranks."""
-    model, device = run.model, run.device
+    # under --compile the eager module evaluates (it shares the weights): eval mode and the
+    # evaluation batch shapes would otherwise compile new graphs, logged as recompilations
+    model, device = run.eval_model, run.device
     if run.cfg.strategy != "ddp":
         sync_buffers(model)
     model.eval()
     sums = torch.zeros(3, device=device, dtype=torch.float64)  # loss sum, correct, count
     for x, y in run.eval_loader:
-        if run.channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
+        x, y = run.place(x, y)
         with run.autocast():
             logits = model(x)
         sums[0] += F.cross_entropy(logits.float(), y, reduction="sum").double()
@@ -209,8 +213,8 @@ def finish(
             run.train_loader,
             cfg,
             run.device,
-            run.amp_dtype,
-            run.channels_last,
+            run.place,
+            run.autocast,
             world_size,
         )
 
@@ -222,6 +226,8 @@ def finish(
 
     metrics = {
         **dataclasses.asdict(cfg),
+        "backend": dist.get_backend(),  # in effect: --backend auto resolved
+        **numerics_in_effect(run.numerics),
         "world_size": world_size,
         "launcher": denv.launcher,
         "local_batch": run.local_batch,
@@ -278,14 +284,14 @@ class Run:
     world_size: int
     local_batch: int
     global_batch: int
-    channels_last: bool  # NHWC inputs and weights
-    amp_dtype: torch.dtype | None  # autocast's dtype (fp16/bf16); None: no autocast
+    numerics: Numerics  # autocast dtype, memory format (numerics.py)
     train_loader: Any  # loaders.DeviceLoader or a DataLoader
     sampler: Any  # the DataLoader's DistributedSampler; None with the DeviceLoader
     eval_loader: loaders.DeviceLoader
     micro_steps: int  # micro-batches per epoch
     steps_per_epoch: int  # optimizer steps per epoch
-    model: torch.nn.Module
+    model: torch.nn.Module  # wrapped for the strategy (and compiled under --compile)
+    eval_model: torch.nn.Module  # the same weights, never compiled
     no_sync: Callable  # no_sync(): a context without gradient synchronisation
     recipe: Recipe
 
@@ -297,12 +303,12 @@ class Run:
         if x.device != self.device:
             x = x.to(self.device, non_blocking=True)
             y = y.to(self.device, non_blocking=True)
-        if self.channels_last:
+        if self.numerics.channels_last_inputs:
             x = x.contiguous(memory_format=torch.channels_last)
         return x, y
 
     def autocast(self) -> torch.autocast:
-        dtype = self.amp_dtype
+        dtype = self.numerics.amp_dtype
         return torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None)
 
     def trainables(self) -> Trainables:
@@ -318,12 +324,7 @@ def build(cfg: TrainConfig, denv: sdist.DistEnv, device: torch.device) -> Run:
     rank, world_size = denv.rank, denv.world_size
     cuda = device.type == "cuda"
     local_batch, global_batch = cfg.batches(world_size)
-    channels_last = cfg.channels_last == "on" or (cfg.channels_last == "auto" and cuda)
-    # TF32 only when asked for: "fp32" must mean IEEE fp32 so the precision family compares cleanly
-    torch.backends.cuda.matmul.allow_tf32 = cfg.precision == "tf32"
-    torch.backends.cudnn.allow_tf32 = cfg.precision == "tf32"
-    torch.backends.cudnn.benchmark = cuda
-    amp_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(cfg.precision)
+    numerics = configure_numerics(cfg, device)  # TF32 only for tf32, autocast, NHWC, cuDNN
 
     prepared = loaders.load_prepared(cfg.dataset, cfg.data_dir)
     train_x, train_y = _limit(prepared.train_x, prepared.train_y, cfg.limit_train)
@@ -368,9 +369,10 @@ def build(cfg: TrainConfig, denv: sdist.DistEnv, device: torch.device) -> Run:
         width=cfg.width,
         in_channels=train_x.shape[1],
     ).to(device)
-    if channels_last:
+    if numerics.channels_last_weights:
         model = model.to(memory_format=torch.channels_last)
     model, no_sync = wrap_model(model, cfg, device)
+    eval_model = model
     if cfg.compile:
         model = torch.compile(model)
     # SGD Nesterov, label smoothing, linear LR scaling with warm-up (recipe.py, config.py)
@@ -382,14 +384,14 @@ def build(cfg: TrainConfig, denv: sdist.DistEnv, device: torch.device) -> Run:
         world_size=world_size,
         local_batch=local_batch,
         global_batch=global_batch,
-        channels_last=channels_last,
-        amp_dtype=amp_dtype,
+        numerics=numerics,
         train_loader=train_loader,
         sampler=sampler,
         eval_loader=eval_loader,
         micro_steps=micro_steps,
         steps_per_epoch=steps_per_epoch,
         model=model,
+        eval_model=eval_model,
         no_sync=no_sync,
         recipe=recipe,
     )

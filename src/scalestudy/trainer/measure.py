@@ -80,6 +80,10 @@ class Meter:
         """Opens the window at the first step after warm-up; `seen`: the epoch's images so far."""
         self.in_window = step - self.segment_start >= self.warmup_steps
         if self.in_window and self.window_t0 is None:
+            if step - self.segment_start == self.warmup_steps:
+                # a marker for logs: e.g. TORCH_LOGS=recompiles lines after it are recompilations
+                # inside the window (gpu-check counts them)
+                logger.info(f"steady-state window opens at step {step}")
             device_sync(self.device)  # the window starts on an idle device
             self.window_t0, self.window_seen0 = time.perf_counter(), seen
 
@@ -105,6 +109,9 @@ class Meter:
             if st["in_window"]:
                 state.window_step_times.append(st["total"])
                 state.window_data_times.append(st.get("data", 0.0))
+                for name in PHASES:
+                    seconds = state.window_phase_seconds.get(name, 0.0) + st.get(name, 0.0)
+                    state.window_phase_seconds[name] = seconds
         return epoch_time
 
     def loop_time(self, state: RunState) -> float:
@@ -140,11 +147,11 @@ class Meter:
         dist.all_reduce(peak_mem, op=dist.ReduceOp.MAX)
         hosts: list = [None] * world_size
         dist.all_gather_object(hosts, sdist.hostname())
-        gpu_util = self.gpu_util
-        if gpu_util is not None:
-            utils: list = [None] * world_size
-            dist.all_gather_object(utils, gpu_util)
-            gpu_util = statistics.fmean(u for u in utils if u is not None)
+        # every rank joins the gather, with or without NVML (a rank that skipped it would
+        # leave the others waiting until the process-group timeout)
+        utils: list = [None] * world_size
+        dist.all_gather_object(utils, self.gpu_util)
+        sampled = [u for u in utils if u is not None]
         throughput = images_all.item() / times_max.item()
         step_times = state.window_step_times
         return {
@@ -159,9 +166,15 @@ class Meter:
             "step_time_ms_p50": 1e3 * _quantile(step_times, 0.50),
             "step_time_ms_p95": 1e3 * _quantile(step_times, 0.95),
             "data_time_frac": sum(state.window_data_times) / sum(step_times),
+            **{
+                f"phase_frac_{name}": state.window_phase_seconds.get(name, 0.0) / sum(step_times)
+                for name in PHASES
+            },
+            "phase_time_source": "cuda_events" if device.type == "cuda" else "host_clock",
             "peak_mem_mb": peak_mem.item(),
             "peak_mem_source": "cuda_max_allocated" if device.type == "cuda" else "process_max_rss",
-            "gpu_util_mean": gpu_util,
+            "gpu_util_mean": statistics.fmean(sampled) if sampled else None,
+            "gpu_util_ranks": len(sampled),  # ranks whose NVML samples make up the mean
             "hostnames": sorted(set(hosts)),
         }
 
@@ -177,6 +190,10 @@ def environment(device: torch.device) -> dict:
         "nccl_version": nccl_version() if cuda else None,
         "container_digest": os.environ.get("SCALESTUDY_CONTAINER_DIGEST") or None,
     }
+
+
+# the timed phases of a training step, in the order they run (loop.py's meter.phase names)
+PHASES = ("data", "forward", "backward", "communication", "optimizer")
 
 
 class StepTimer:
@@ -316,23 +333,21 @@ def torch_ops_export(key_averages) -> dict:
     return {"format": "scalestudy-torch-ops-1", "time_unit": "us", "ops": ops}
 
 
-def comm_probe(model, no_sync, loader, cfg, device, amp_dtype, channels_last, world_size):
-    """Exposed communication: 1 - t(fwd+bwd without sync) / t(fwd+bwd with sync); see train.py."""
+def comm_probe(model, no_sync, loader, cfg, device, place, autocast, world_size):
+    """Exposed communication: 1 - t(fwd+bwd without sync) / t(fwd+bwd with sync); see train.py.
+    `place(x, y)` puts a batch on the device in the model's layout; `autocast()` is the run's."""
     model.train()
     saved = [b.detach().clone() for b in model.buffers()]  # BN stats change in train mode
     if cfg.loader == "device":
         loader.set_epoch(0)
     batches = iter(loader)
-    first = next(batches)
-    x, y = (t.to(device) for t in first)
-    if channels_last:
-        x = x.contiguous(memory_format=torch.channels_last)
+    x, y = place(*next(batches))
 
     def one(sync: bool) -> float:
         device_sync(device)
         t0 = time.perf_counter()
         with no_sync() if not sync else contextlib.nullcontext():
-            with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+            with autocast():
                 loss = F.cross_entropy(model(x), y)
             loss.backward()
         if sync and cfg.strategy == "allreduce":
@@ -382,11 +397,32 @@ def nvml_read(pynvml, handle) -> dict:
     }
 
 
+def nvml_handle(pynvml, props):
+    """NVML's handle of the CUDA device whose torch.cuda.get_device_properties are `props`: by
+    UUID (GPU-... or, for a MIG instance, MIG-...), else by PCI bus id. Never by index:
+    CUDA_VISIBLE_DEVICES may list UUIDs or MIG instances, and CUDA's default device order
+    (fastest first) need not be NVML's PCI order, so an index can name another job's GPU."""
+    uuid, errors = str(props.uuid), []
+    for key in (f"GPU-{uuid}", f"MIG-{uuid}"):
+        try:
+            return pynvml.nvmlDeviceGetHandleByUUID(key)
+        except Exception as exc:  # pynvml.NVMLError_NotFound and friends
+            errors.append(f"{key}: {exc}")
+    # NVML's bus id: 8 hex digits of domain, bus, device, function 0 ("00000000:3B:00.0")
+    bus_id = f"{props.pci_domain_id:08X}:{props.pci_bus_id:02X}:{props.pci_device_id:02X}.0"
+    try:
+        return pynvml.nvmlDeviceGetHandleByPciBusId(bus_id)
+    except Exception as exc:
+        errors.append(f"{bus_id}: {exc}")
+    raise LookupError(f"no NVML device matches this CUDA device ({'; '.join(errors)})")
+
+
 class NvmlSampler:
     """This rank's GPU sampled every 0.5 s (GPU_SAMPLE_COLUMNS) during training.
 
     stop() returns the mean utilisation (None without NVML, never a made-up 0) and, given `out`,
-    writes the time series to out/gpu_samples_rank{rank}.csv (time_s: seconds since start()).
+    writes the time series to out/gpu_samples_rank{rank}.csv (time_s: seconds since start();
+    gpu: NVML's index of the device, found by UUID or PCI bus id: nvml_handle).
     `read(handle) -> dict` is nvml_read unless given (tests pass a stand-in: no GPU there).
     """
 
@@ -406,17 +442,15 @@ class NvmlSampler:
         self.physical = self.index
 
     def start(self) -> None:
-        # NVML counts devices physically; map through CUDA_VISIBLE_DEVICES when it is set
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        with contextlib.suppress(ValueError, IndexError):
-            self.physical = int(visible.split(",")[self.index]) if visible else self.index
         handle = None
         if self.read is None:
             try:
                 import pynvml
 
                 pynvml.nvmlInit()
-                handle = pynvml.nvmlDeviceGetHandleByIndex(self.physical)
+                props = torch.cuda.get_device_properties(self.index)
+                handle = nvml_handle(pynvml, props)
+                self.physical = pynvml.nvmlDeviceGetIndex(handle)
                 self.read = functools.partial(nvml_read, pynvml)
             except Exception as exc:  # no NVML: the value stays null, never a made-up 0
                 logger.warning(f"NVML unavailable ({exc}); gpu_util_mean will be null")

@@ -44,6 +44,9 @@ class RunState:
     window_time: float = 0.0  # seconds of training steps in the window (no evaluation)
     window_step_times: list[float] = field(default_factory=list)  # seconds per window step
     window_data_times: list[float] = field(default_factory=list)  # of which producing the batch
+    # seconds per phase (data, forward, ...) summed over the window steps: GPU time between CUDA
+    # events on GPU, host time on CPU (measure.StepTimer)
+    window_phase_seconds: dict[str, float] = field(default_factory=dict)
     train_seconds: float = 0.0  # training time, evaluation excluded (time_to_target's clock)
     time_to_target: float | None = None
     loop_time: float = 0.0  # loop seconds banked so far: earlier segments, checkpoints

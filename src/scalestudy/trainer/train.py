@@ -4,7 +4,9 @@ Launch (the same code on a laptop and on H100 nodes; see dist.py for how a rank 
     scalestudy train --dataset synthetic --width 8 --epochs 2                 # 1 process
     torchrun --nproc-per-node=4 -m scalestudy train --precision bf16 ...       # 1 node, 4 ranks
     srun --nodes=2 --ntasks-per-node=4 python -m scalestudy train ...         # Slurm, 8 ranks
-Backend: NCCL on CUDA, gloo on CPU. Rank 0 writes --out/{metrics.json,epochs.csv} atomically.
+Backend: NCCL on CUDA, gloo on CPU (--backend gloo: several ranks share one GPU). Device: one
+visible GPU is cuda:0 for every rank, else the local rank's GPU; --device cuda never falls back to
+the CPU. Rank 0 writes --out/{metrics.json,epochs.csv} atomically.
 
 Modules: loop.py (the training loop), measure.py (how the numbers below are taken), state.py
 (checkpoint protocol and resume), parallel.py (DDP/FSDP/all-reduce), recipe.py (optimizer, LR
@@ -15,11 +17,19 @@ How the numbers are measured (the analysis relies on these definitions):
 - throughput_img_s: images processed by all ranks in the steady-state window divided by the
   window's wall time. The window starts after `warmup_steps` optimizer steps (compilation, cuDNN
   autotuning, allocator growth) and covers every later training step; evaluation is excluded
-  (the device is synchronised at each edge). Images are summed over ranks; the window time is
-  the maximum over ranks. throughput_img_s_per_rank = throughput_img_s / world_size.
+  (the device is synchronised at each edge). Every training step has the same input shape: the
+  ragged last n % global_batch samples of each epoch's permutation are left out of that epoch
+  (loaders.epoch_batches), so no new shape re-runs cuDNN autotuning or recompiles inside the
+  window. An epoch therefore trains on floor(n / global_batch) x global_batch images. Images
+  are summed over ranks; the window time is the maximum over ranks.
+  throughput_img_s_per_rank = throughput_img_s / world_size.
 - epoch_time_s: median over epochs of the wall time of an epoch's training steps (no evaluation).
 - step_time_ms_p50/p95: rank 0's step times inside the window (CUDA events on GPU).
 - data_time_frac: share of window step time spent producing the batch (index, augment, copy).
+- phase_frac_{data,forward,backward,communication,optimizer}: each phase's share of rank 0's
+  window step time; phase_time_source says the clock: "cuda_events" on GPU (GPU time between
+  events recorded on the stream at the phase's edges, never host enqueue time) or "host_clock"
+  (perf_counter, CPU runs). What is left to 1 is time between the phases.
 - comm_exposed_frac: after training, `comm_probe_steps` forward+backward passes are timed with
   gradient synchronisation and as many without it (DDP no_sync / FSDP without gradient sync /
   no all-reduce); exposed = max(0, 1 - t_nosync / t_sync), the share of a step that communication
@@ -27,7 +37,13 @@ How the numbers are measured (the analysis relies on these definitions):
   statistics are restored, so it cannot change the trained model. At world_size 1 the probe is
   skipped and the value is 0.0 (nothing to synchronise); null when the probe is off.
 - peak_mem_mb: CUDA max_memory_allocated on GPU, the process's peak RSS on CPU (max over ranks).
-- gpu_util_mean: mean NVML utilisation sampled every 0.5 s during training; null without a GPU.
+- gpu_util_mean: mean NVML utilisation sampled every 0.5 s during training, averaged over the
+  gpu_util_ranks ranks that have samples (the device is found by UUID/PCI bus id, not index);
+  null without a GPU or NVML.
+- backend: the process-group backend in effect (--backend auto resolved: nccl on CUDA, gloo on
+  CPU). matmul_fp32_precision / cudnn_fp32_precision: "ieee" or "tf32" as torch reports them
+  after set-up; cudnn_benchmark, autocast_dtype, channels_last_inputs/_weights likewise
+  (numerics.py says why FSDP keeps NCHW weights).
 - time_to_target_s: training time (evaluation excluded) until the end of the first epoch whose
   val_acc reaches --target-acc; null if never reached.
 - train_time_s: wall time of the whole training loop, evaluation included.
@@ -54,10 +70,12 @@ a finished run (changed code) trains from scratch instead of resuming a final ch
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.distributed as dist
 
-from scalestudy import log
+from scalestudy import log, vocab
 from scalestudy.errors import Preempted, TrainingError
 from scalestudy.trainer import checkpoint as ckpt
 from scalestudy.trainer import dist as sdist
@@ -87,9 +105,7 @@ def main(cfg: TrainConfig) -> int:
         stop.install()  # SIGTERM/SIGUSR1: checkpoint at the epoch's end, then exit 75
     try:
         device = pick_device(cfg, denv)
-        sdist.init_process_group(
-            denv, "nccl" if device.type == "cuda" else "gloo", cfg.pg_timeout_s
-        )
+        sdist.init_process_group(denv, pick_backend(cfg, device), cfg.pg_timeout_s)
     except Exception as exc:
         logger.error(f"cannot start: {exc}")
         return 1
@@ -109,19 +125,51 @@ def main(cfg: TrainConfig) -> int:
 
 
 def pick_device(cfg: TrainConfig, denv: sdist.DistEnv) -> torch.device:
+    """The rank's device: --device cuda without CUDA fails (never a silent CPU run); one visible
+    GPU is cuda:0 for every local rank (sites that bind one GPU per task, ranks sharing a GPU
+    over gloo); with several visible GPUs the LOCAL rank picks one."""
     cuda = torch.cuda.is_available()
     if cfg.device == "cuda" and not cuda:
-        raise TrainingError("--device cuda but CUDA is not available on this host")
+        raise TrainingError(no_cuda_message())
     if cfg.device == "cpu" or not cuda:
-        if cfg.precision in ("fp16", "tf32"):
+        if cfg.precision in vocab.CUDA_ONLY_PRECISIONS:
             raise TrainingError(
-                f"--precision {cfg.precision} needs CUDA (none here); use fp32 or bf16 on CPU"
+                f"--precision {cfg.precision} needs CUDA "
+                f"({vocab.CUDA_ONLY_PRECISIONS[cfg.precision]}; none here): use fp32 or bf16 on CPU"
             )
         return torch.device("cpu")
-    if denv.local_rank >= torch.cuda.device_count():
+    count = torch.cuda.device_count()
+    index = 0 if count == 1 else denv.local_rank  # from the LOCAL rank, never the global one
+    if index >= count:
         raise TrainingError(
-            f"local rank {denv.local_rank} but only {torch.cuda.device_count()} "
-            "GPUs visible: one rank per GPU (check --ntasks-per-node / gres)"
+            f"local rank {denv.local_rank} needs GPU {index} but only {count} GPUs are visible "
+            f"on {sdist.hostname()} (CUDA_VISIBLE_DEVICES="
+            f"{os.environ.get('CUDA_VISIBLE_DEVICES')!r}): one rank per GPU, so check "
+            "--ntasks-per-node against the GPUs per node (--gres/--gpus-per-node)"
         )
-    torch.cuda.set_device(denv.local_rank)  # from the LOCAL rank, never the global one
-    return torch.device("cuda", denv.local_rank)
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
+def no_cuda_message() -> str:
+    return (
+        f"--device cuda but torch.cuda.is_available() is False on {sdist.hostname()} "
+        f"(torch {torch.__version__}, built for CUDA {torch.version.cuda}, CUDA_VISIBLE_DEVICES="
+        f"{os.environ.get('CUDA_VISIBLE_DEVICES')!r}): the job step has no GPU (--gres/--gpus), "
+        "the container runs without --nv, or the driver is older than the wheel's CUDA; "
+        "hardware.device: cpu in the study config runs on CPUs instead"
+    )
+
+
+def pick_backend(cfg: TrainConfig, device: torch.device) -> str:
+    """--backend auto: NCCL on CUDA, gloo on CPU. gloo on CUDA stages tensors through the host
+    and lets several ranks share one GPU (NCCL refuses that: "Duplicate GPU detected")."""
+    if cfg.backend == "auto":
+        return "nccl" if device.type == "cuda" else "gloo"
+    if cfg.backend == "nccl" and device.type != "cuda":
+        raise TrainingError(
+            f"--backend nccl needs CUDA, but this rank runs on {device.type} "
+            f"(--device {cfg.device}, torch.cuda.is_available() is {torch.cuda.is_available()}): "
+            "use --backend gloo or auto"
+        )
+    return cfg.backend

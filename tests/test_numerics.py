@@ -1,0 +1,80 @@
+"""The arithmetic of a run (trainer/numerics.py): what is set, what is recorded, and FSDP with
+channels_last (FSDP2 refuses non-contiguous parameters)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from scalestudy.errors import TrainingError
+from scalestudy.trainer import numerics
+from scalestudy.trainer.config import TrainConfig
+from scalestudy.trainer.dist import free_port
+from scalestudy.trainer.models import build_model
+from scalestudy.trainer.parallel import wrap_model
+
+CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
+
+
+@pytest.mark.parametrize(
+    "precision, fp32, amp",
+    [("fp32", "ieee", None), ("tf32", "tf32", None), ("bf16", "ieee", "bfloat16")],
+)
+def test_the_fp32_precision_in_effect_is_recorded(precision, fp32, amp):
+    # the switches are process-wide; CUDA's are settable (and readable) without a GPU
+    num = numerics.configure(TrainConfig(precision=precision), CPU)
+    got = numerics.in_effect(num)
+    assert got["matmul_fp32_precision"] == got["cudnn_fp32_precision"] == fp32
+    assert got["autocast_dtype"] == amp
+    assert torch.backends.cuda.matmul.fp32_precision == fp32  # set, not only reported
+
+
+def test_fp32_switches_tf32_off_whatever_was_set_before():
+    """cuDNN convolutions default to TF32 in torch: "fp32" must say IEEE explicitly."""
+    torch.backends.cudnn.conv.fp32_precision = "tf32"
+    torch.backends.cuda.matmul.fp32_precision = "tf32"
+    got = numerics.in_effect(numerics.configure(TrainConfig(precision="fp32"), CPU))
+    assert got["cudnn_fp32_precision"] == got["matmul_fp32_precision"] == "ieee"
+    assert numerics._resolved("none", "tf32", "none") == "tf32"  # torch's inheritance
+    assert numerics._resolved("none", "none") == "ieee"
+
+
+def test_fsdp_keeps_nchw_weights_under_channels_last():
+    """On CUDA with channels_last, DDP gets NHWC weights and FSDP NCHW weights (with NHWC
+    inputs). The configure() decision is checked for a CUDA device (no GPU needed to decide)."""
+    ddp = numerics.configure(TrainConfig(strategy="ddp", channels_last="on"), CUDA)
+    fsdp = numerics.configure(TrainConfig(strategy="fsdp", channels_last="on"), CUDA)
+    assert ddp.channels_last_inputs and ddp.channels_last_weights
+    assert fsdp.channels_last_inputs and not fsdp.channels_last_weights
+    auto = numerics.configure(TrainConfig(strategy="fsdp"), CUDA)
+    assert auto.channels_last_inputs and not auto.channels_last_weights
+
+
+@pytest.fixture
+def one_rank_group():
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
+    )
+    yield
+    dist.destroy_process_group()
+
+
+def test_fully_shard_accepts_the_fsdp_layout_and_refuses_nhwc_weights(one_rank_group):
+    """The real fully_shard on a 1-rank gloo group: the layout configure() picks for FSDP is
+    accepted and runs forward on NHWC inputs; NHWC weights (the old behaviour) are refused."""
+    cfg = TrainConfig(strategy="fsdp", width=4)
+    model = build_model("resnet18", num_classes=10, width=4, in_channels=3)
+    wrapped, _ = wrap_model(model, cfg, CPU)
+    x = torch.randn(4, 3, 32, 32).contiguous(memory_format=torch.channels_last)
+    assert torch.isfinite(wrapped(x)).all()
+    nhwc = build_model("resnet18", num_classes=10, width=4, in_channels=3)
+    nhwc = nhwc.to(memory_format=torch.channels_last)
+    with pytest.raises(NotImplementedError, match="non-contiguous"):
+        wrap_model(nhwc, cfg, CPU)
+
+
+def test_channels_last_on_cpu_is_refused_with_the_reason():
+    with pytest.raises(TrainingError, match="--channels-last on needs CUDA.*auto or off"):
+        numerics.configure(TrainConfig(channels_last="on"), CPU)
+    assert not numerics.configure(TrainConfig(channels_last="auto"), CPU).channels_last_inputs
