@@ -380,10 +380,17 @@ def test_report_writes_markdown_and_json_with_failures_and_limits(tmp_path):
 
 def test_report_of_all_passing_checks_says_passed(tmp_path):
     checks = [c for c in stand_in_checks() if c.status != FAIL]
+    checks[1].numbers["throughput_img_s"] = float("nan")  # JSON has no NaN: written as "nan"
     doc = report.write_report(tmp_path, {"host": "n", "versions": {"device_count": 2}}, checks)
     assert doc["passed"] is True
     assert (tmp_path / "gpu-check.md").read_text().startswith("# gpu-check on n: PASSED")
     assert not any("one NCCL rank" in item for item in doc["cannot_prove"])  # 2 GPUs
+    assert (
+        json.loads((tmp_path / "gpu-check.json").read_text())["checks"][1]["numbers"][
+            "throughput_img_s"
+        ]
+        == "nan"
+    )
 
 
 def test_fmt_never_prints_a_number_for_nothing():
@@ -466,6 +473,15 @@ def test_runner_kills_the_whole_process_group_at_the_limit(tmp_path):
         pytest.fail(f"the grandchild {child} survived the limit")
     check = report.judge_single("nccl1-ddp-fp32", "fp32", "ddp", run)
     assert "stopped at its limit of 6 s" in check.problems[0]
+
+
+def test_log_tail_keeps_the_reason_above_torchruns_traceback(tmp_path):
+    log = tmp_path / "pair.log"
+    noise = [f"  File torch/distributed/run.py, line {i}" for i in range(60)]
+    log.write_text("\n".join(["+ torchrun ...", "scalestudy: error: bad flag", *noise]) + "\n")
+    text = gpu_check.tail(log).splitlines()
+    assert text[:2] == ["scalestudy: error: bad flag", "[...]"]
+    assert text[-1] == noise[-1] and len(text) == 2 + report.TAIL_LINES
 
 
 def test_runner_starts_nothing_when_the_budget_is_spent(tmp_path, data_dir):

@@ -75,9 +75,10 @@ class Check:
 def verdict(
     name: str, criterion: str, numbers: dict, problems: list[str], runs: Iterable[RunResult] = ()
 ) -> Check:
-    """PASS without problems, else FAIL with the log tails of the runs that went wrong."""
+    """PASS without problems, else FAIL with the log tail of the last run that did not exit 0
+    (of the last run, when they all did)."""
     runs = list(runs)
-    tails = [r.log_tail for r in runs if r.log_tail and (r.rc not in (0, 75) or problems)]
+    shown = ([r for r in runs if r.rc != 0] or runs)[-1:] if problems else []
     return Check(
         name=name,
         status=FAIL if problems else PASS,
@@ -85,7 +86,7 @@ def verdict(
         numbers=numbers,
         problems=problems,
         wall_s=round(sum(r.wall_s for r in runs), 1),
-        log_tail="\n".join(tails[-1:]) if problems else "",
+        log_tail=shown[0].log_tail if shown else "",
     )
 
 
@@ -149,7 +150,7 @@ def judge_versions(info: dict) -> Check:
     return verdict(
         "versions",
         "CUDA is available and torch reports its CUDA runtime, cuDNN and NCCL versions",
-        dict(info),
+        {k: info.get(k) for k in ("device_count", "cuda", "cudnn", "nccl")},
         problems,
     )
 
@@ -517,7 +518,7 @@ def summary(checks: list[Check]) -> dict[str, int]:
 
 def report_json(header: dict, checks: list[Check]) -> dict:
     counts = summary(checks)
-    return {
+    doc = {
         "format": FORMAT,
         **header,
         "passed": counts[FAIL] == 0,
@@ -525,6 +526,19 @@ def report_json(header: dict, checks: list[Check]) -> dict:
         "checks": [asdict(c) for c in checks],
         "cannot_prove": cannot_prove(int(header.get("versions", {}).get("device_count") or 0)),
     }
+    return json_safe(doc)
+
+
+def json_safe(value: Any) -> Any:
+    """NaN and infinity as the strings "nan", "inf": JSON has no such numbers, and a diverged
+    run's loss must not cost the whole report."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
 
 
 def fmt(value: Any) -> str:
