@@ -38,7 +38,23 @@ from torchvision import transforms
 from scalestudy.files import write_json
 from scalestudy.trainer.models import resnet18
 
-AMP_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+AMP_DTYPES = {"fp32": None, "tf32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def set_fp32_precision(precision: str) -> dict:
+    """fp32 is IEEE fp32 and tf32 is TF32, for matmuls and convolutions, as in our trainer
+    (scalestudy/trainer/numerics.py). torch's cuDNN convolutions default to TF32, so a plain
+    script's "fp32" would run TF32 convolutions and beat our IEEE fp32 for a reason that is not
+    the trainer. The fp32_precision API (torch >= 2.9): mixing it with the older allow_tf32 flags
+    makes torch raise when the setting is read. Returns the settings for the result JSON."""
+    mode = "tf32" if precision == "tf32" else "ieee"
+    torch.backends.cuda.matmul.fp32_precision = mode
+    torch.backends.cudnn.conv.fp32_precision = mode
+    return {
+        "matmul_fp32_precision": torch.backends.cuda.matmul.fp32_precision,
+        "cudnn_fp32_precision": torch.backends.cudnn.conv.fp32_precision,
+        "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),  # torch's default: off
+    }
 
 
 class PreparedImages(Dataset):
@@ -152,6 +168,7 @@ def train(args: argparse.Namespace, device: torch.device, backend: str) -> None:
     )
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.epochs)
     amp_dtype = AMP_DTYPES[args.precision]
+    numerics = set_fp32_precision(args.precision)
     scaler = torch.amp.GradScaler(device.type, enabled=args.precision == "fp16")
 
     step, window_images, window_time = 0, 0, 0.0
@@ -209,6 +226,7 @@ def train(args: argparse.Namespace, device: torch.device, backend: str) -> None:
             **{k: getattr(args, k) for k in ("dataset", "width", "epochs", "warmup_steps")},
             **{k: getattr(args, k) for k in ("num_workers", "limit_train", "lr", "seed")},
             "pin_memory": pin_memory,
+            **numerics,
             "backend": backend,
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "torch_version": torch.__version__,

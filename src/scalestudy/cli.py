@@ -30,6 +30,7 @@ SUBCOMMANDS = {
     "profile": ("scalestudy.jobs.profile", "profiling jobs: capture, parse, ncu, merge"),
     "container": ("scalestudy.jobs.container", "the Apptainer image: check, build, digest"),
     "inventory": ("scalestudy.jobs.inventory", "system inventory of this node/allocation -> JSON"),
+    "gpu-check": ("scalestudy.jobs.gpu_check", "prove the GPU paths on this node (8-min budget)"),
     "analyze": ("scalestudy.results.analyze", "scaling, verdicts and resources from results/csv"),
     "plot": ("scalestudy.results.plot", "one figure of the study (PNG and PDF)"),
     "render-report": ("scalestudy.results.render_report", "reports/study.md, paper.tex from CSVs"),

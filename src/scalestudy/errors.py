@@ -85,6 +85,10 @@ class ProfileError(ScalestudyError, RuntimeError):
     """A profiling job that cannot run its tool or finds no output of it."""
 
 
+class GpuCheckError(ScalestudyError, RuntimeError):
+    """`gpu-check` cannot start here: no CUDA GPU, an unusable --out, no data for its runs."""
+
+
 # --- profiler outputs (nsight/)
 class ProfileFormatError(ScalestudyError, ValueError):
     """A profile file that cannot be parsed; the message names the file (and line)."""

@@ -1,0 +1,672 @@
+"""`scalestudy gpu-check --out DIR`: prove the project's GPU paths on one node, in one command.
+
+    PYTHONPATH=src python3 -m scalestudy gpu-check --out gpu-check
+
+Run it on one node of a new cluster before launching a study. It needs a CUDA GPU and torch,
+numpy, pandas, matplotlib, jinja2, pyyaml, jsonschema (and torchvision for the reference
+trainer); no Snakemake, no internet, no installed package. Without CUDA it refuses with one line
+(exit 2) and writes nothing. Otherwise every check runs its own processes
+(`python -m scalestudy train ...`, PYTHONPATH pointing at this source tree), each with a time
+limit, so a crash or a hang is a failed check with its log tail, never a crash of gpu-check:
+
+  versions        device, driver, torch / CUDA / cuDNN / NCCL (this process)
+  nccl1-S-P       one NCCL rank, every strategy S x precision P: finite losses, data learned
+  gloo2-...       two ranks sharing the GPU over gloo: DDP, the flat all-reduce, the comm hooks
+                  fp16 / bf16 / powersgd; identical parameters on both ranks
+  nccl2-ddp       two GPUs over NCCL (skipped with one GPU)
+  compile         --compile, TORCH_LOGS=recompiles: no recompilation after the window opens
+  checkpoint-S    SIGUSR1 -> checkpoint and exit 75 -> the same command resumes (ddp, fsdp/DCP)
+  nvml            NVML samples and gpu_util_mean (of the reference-bf16 run of our trainer)
+  torch-profiler  CUDA kernels -> the kernels CSV, classified (the share left in "other")
+  ncu             Nsight Compute on the top kernels, parsed (skipped where ncu is not installed)
+  reference-P     our trainer vs benchmarks/reference_train.py, bf16 and fp32, width 64, batch 512
+The verdicts are gpu_check_report's pure judges; the criteria are written in the report.
+
+Time: budgeted at 8 minutes on one H100 (not yet measured on a GPU). Synthetic data, runs of
+seconds (width 16 except where the number matters: the profiler, ncu and the reference
+comparison use width 64), up to PARALLEL correctness runs sharing the GPU at once, then the
+timed runs (reference-*, ncu) alone. Every process gets LIMITS_S[kind] seconds, less when less
+of BUDGET_S is left, and is killed with its process group beyond that; each check records its
+wall time.
+
+Writes DIR/gpu-check.md and DIR/gpu-check.json, DIR/fixtures/ (the trimmed torch.profiler
+export and ncu details CSV with provenance.json, a few KB, for tests/fixtures/) and
+DIR/gpu-check-work/ (logs and run outputs; the synthetic data is deleted at the end).
+Exit 0 when no check failed, 1 when one did.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import datetime
+import functools
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+import scalestudy
+from scalestudy import files, log, vocab
+from scalestudy.errors import GpuCheckError, ProfileFormatError
+from scalestudy.jobs import gpu_check_report as report
+from scalestudy.jobs import inventory, launch, profile
+from scalestudy.jobs.gpu_check_report import Check, RunResult
+from scalestudy.nsight import ncu as ncu_parser
+from scalestudy.nsight import schema, torch_ops
+from scalestudy.trainer import checkpoint as ckpt
+
+logger = log.get(__name__)
+
+BUDGET_S = 480.0  # the issue's 8 minutes on one H100, report included
+REPORT_RESERVE_S = 10.0  # kept back from the processes for the report and fixtures
+MIN_START_S = 5.0  # a process is not started with less left than this
+PARALLEL = 4  # correctness runs sharing the GPU at once (16 cores: 4 threads each)
+# seconds one process may take (cold start, cuDNN autotuning, 4 runs sharing the GPU)
+LIMITS_S = {
+    "data": 90,
+    "single": 120,  # one rank, width 16, 3 epochs of 4,096 images
+    "pair": 150,  # two gloo ranks on one GPU
+    "compile": 300,  # inductor compiles forward and backward first
+    "checkpoint": 120,  # each of the two segments
+    "profile": 120,
+    "timed": 150,  # our trainer or the reference, width 64, local batch 512
+    "ncu": 150,  # one kernel under ncu --set full
+    "ncu-import": 60,
+}
+# synthetic data (prepare-data): 32 steps of 512 per epoch for the timed runs; 2,048 test images
+NUM_TRAIN, NUM_TEST = 16384, 2048
+# the correctness runs, seconds each on a GPU. These flags at fp32 on a CPU (2 cores, 2026-11-24)
+# reached val acc 0.967 in 2 min: the synthetic set is learned well above LEARNED_ACC
+SMALL = [
+    *("--dataset", "synthetic", "--width", "16", "--local-batch", "128"),
+    *("--limit-train", "4096", "--limit-test", "1024", "--epochs", "3", "--warmup-steps", "5"),
+    *("--comm-probe-steps", "0", "--pg-timeout-s", "120"),
+]
+# where the number matters (reference comparison): the study's ResNet-18 and local batch, the
+# same flags for both trainers (3 epochs of 32 steps, 86 of them in the window)
+TIMED = {"dataset": "synthetic", "width": 64, "local-batch": 512, "epochs": 3, "warmup-steps": 10}
+# the profiled runs: the study's network, one short epoch
+PROFILED = [
+    *("--dataset", "synthetic", "--width", "64", "--local-batch", "256", "--precision", "bf16"),
+    *("--limit-train", "4096", "--limit-test", "512", "--epochs", "1", "--warmup-steps", "2"),
+    *("--comm-probe-steps", "0"),
+]
+# two ranks sharing the GPU over gloo: (strategy, comm hook); FSDP2 needs reduce-scatter, which
+# gloo lacks, so FSDP is proven on one NCCL rank only
+PAIRS = (("ddp", "none"), ("allreduce", "none"), ("ddp", "fp16"), ("ddp", "bf16"))
+PAIRS += (("ddp", "powersgd"),)
+NCU_TOP_K = 2  # kernels profiled by ncu, one pass each
+CHECKPOINT_EPOCHS = 6  # SIGUSR1 after epoch 1 must land before the last epoch's stop check
+WORK_MARK = ".scalestudy-gpu-check"  # marks a work directory this command may delete
+REFERENCE = Path(scalestudy.__file__).resolve().parents[2] / "benchmarks" / "reference_train.py"
+# launcher variables of an enclosing job must not reach the trainers gpu-check starts: a rank
+# started inside `srun` would take SLURM_NTASKS for its world size and wait for absent peers
+LAUNCHER_VARS = ("SLURM_", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_")
+LAUNCHER_VARS += ("GROUP_", "TORCHELASTIC_", "SCALESTUDY_PROFILER")
+# a line that says why a process failed (the trainer's "[rank r/W host] ... failed", argparse's
+# "error:", a Python exception), not torchrun's own report of the failure
+ERROR_LINE = re.compile(r"error:|failed|Error\b|Exception\b|non-finite|[Tt]imed? ?out")
+
+
+@dataclass
+class Budget:
+    """The deadline every process limit is cut to."""
+
+    deadline: float  # time.monotonic()
+
+    def limit(self, wanted: float) -> float:
+        return max(0.0, min(wanted, self.deadline - time.monotonic()))
+
+
+@dataclass
+class Context:
+    """Where a check's processes run and write (the tests build one on CPU)."""
+
+    work: Path  # DIR/gpu-check-work
+    fixtures: Path  # DIR/fixtures
+    env: dict[str, str]  # the children's environment
+    budget: Budget
+    gpus: list[str] = field(default_factory=lambda: ["0"])  # CUDA_VISIBLE_DEVICES entries
+    device: str = "cuda"  # --device of every trainer (the tests use cpu)
+    small: tuple[str, ...] = tuple(SMALL)  # flags of the correctness runs
+    kernels: list[dict] = field(default_factory=list)  # the profiled kernel rows, for ncu
+    fixture_files: list[str] = field(default_factory=list)
+    commands: dict[str, list[str]] = field(default_factory=dict)  # fixture -> its command
+
+    @property
+    def data_dir(self) -> Path:
+        return self.work / "data"
+
+
+# ---------------------------------------------------------------------------------------------
+# running one process
+
+
+def run_process(
+    argv: list[str],
+    log_path: Path,
+    limit_s: float,
+    env: dict[str, str],
+    poke: Callable[[subprocess.Popen], None] | None = None,
+    stdout: Path | None = None,
+) -> RunResult:
+    """Run argv in its own session with stdout and stderr in log_path (stdout in `stdout` when
+    given); its whole process group is killed after limit_s seconds. `poke(proc)` is called
+    every 0.1 s while it runs (to send a signal)."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    if limit_s < MIN_START_S:
+        log_path.write_text(f"not started ({limit_s:.0f} s left of the budget): {argv}\n")
+        return RunResult(rc=None, limit_s=limit_s, started=False, log_tail=log_path.read_text())
+    t0 = time.monotonic()
+    with open(log_path, "w") as log_file, open(stdout or os.devnull, "w") as out_file:
+        log_file.write("+ " + shlex.join(argv) + "\n")
+        log_file.flush()
+        proc = subprocess.Popen(
+            argv,
+            stdout=out_file if stdout else log_file,
+            stderr=log_file if stdout else subprocess.STDOUT,
+            env=env,
+            start_new_session=True,  # its own process group: a timeout kills torchrun's ranks too
+        )
+        timed_out = _wait(proc, t0 + limit_s, poke)
+    return RunResult(
+        rc=None if timed_out else proc.returncode,
+        wall_s=round(time.monotonic() - t0, 1),
+        limit_s=limit_s,
+        timed_out=timed_out,
+        log_tail=tail(log_path),
+    )
+
+
+def _wait(proc: subprocess.Popen, deadline: float, poke) -> bool:
+    """Wait for proc until the deadline; True when it had to be killed."""
+    timed_out = False
+    while proc.poll() is None:
+        if time.monotonic() > deadline:
+            timed_out = True
+            break
+        if poke:
+            poke(proc)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=0.1)
+    # the group of the process this call started: ranks or workers left behind go with it
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    return timed_out
+
+
+def tail(path: Path, lines: int = report.TAIL_LINES) -> str:
+    """The log's last lines, after its first error lines: torchrun ends a failed run with 40
+    lines of its own traceback, which would hide the rank's one-line reason."""
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    last = "\n".join(text[-lines:])[-4000:]
+    first = [line[:300] for line in text[: -lines or None] if ERROR_LINE.search(line)][:5]
+    return "\n".join([*first, "[...]", last]) if first else last
+
+
+def read_outputs(run: RunResult, out: Path) -> RunResult:
+    """The run's metrics.json and epochs.csv, where it wrote them."""
+    try:
+        run.metrics = json.loads((out / "metrics.json").read_text())
+    except (OSError, ValueError):
+        run.metrics = None
+    try:
+        with (out / "epochs.csv").open() as f:
+            run.epochs = list(csv.DictReader(f))
+    except OSError:
+        run.epochs = []
+    return run
+
+
+def train_argv(ctx: Context, nproc: int, flags: list[str]) -> list[str]:
+    """`scalestudy launch`'s command for nproc ranks on this host (torchrun for 2)."""
+    args = argparse.Namespace(
+        mpi="srun",
+        nodes=1,
+        ranks_per_node=nproc,
+        cpus_per_rank=1,
+        container=None,
+        gpu=False,
+        rank_prefix=None,
+        train_args=[*flags, "--device", ctx.device, "--data-dir", str(ctx.data_dir)],
+    )
+    return launch.build_command(args, ctx.env)
+
+
+def trainer(
+    ctx: Context,
+    name: str,
+    flags: list[str],
+    kind: str,
+    nproc: int = 1,
+    env: dict[str, str] | None = None,
+) -> RunResult:
+    """One trainer run: its output in work/runs/<name>, its log in work/logs/<name>.log."""
+    out = ctx.work / "runs" / name
+    argv = train_argv(ctx, nproc, [*flags, "--out", str(out)])
+    run = run_process(
+        argv, ctx.work / "logs" / f"{name}.log", ctx.budget.limit(LIMITS_S[kind]), env or ctx.env
+    )
+    return read_outputs(run, out)
+
+
+# ---------------------------------------------------------------------------------------------
+# the checks: run the processes, hand the results to the judges
+
+
+def check_single(ctx: Context, strategy: str, precision: str) -> Check:
+    name = f"nccl1-{strategy}-{precision}"
+    flags = [*ctx.small, "--strategy", strategy, "--precision", precision, "--backend", "nccl"]
+    return report.judge_single(name, precision, strategy, trainer(ctx, name, flags, "single"))
+
+
+def pair_name(strategy: str, hook: str) -> str:
+    return f"gloo2-{strategy}" + (f"-hook-{hook}" if hook != "none" else "")
+
+
+def check_pair(ctx: Context, strategy: str, hook: str) -> Check:
+    name = pair_name(strategy, hook)
+    flags = [*ctx.small, "--strategy", strategy, "--comm-hook", hook, "--backend", "gloo"]
+    run = trainer(ctx, name, flags, "pair", nproc=2)
+    return report.judge_pair(name, strategy, hook, run)
+
+
+def check_two_gpus(ctx: Context) -> Check:
+    if len(ctx.gpus) < 2:
+        return report.judge_two_gpus(len(ctx.gpus), None)
+    env = {**ctx.env, "CUDA_VISIBLE_DEVICES": ",".join(ctx.gpus[:2])}
+    flags = [*ctx.small, "--backend", "nccl", "--comm-probe-steps", "3"]
+    run = trainer(ctx, "nccl2-ddp", flags, "pair", nproc=2, env=env)
+    return report.judge_two_gpus(len(ctx.gpus), run)
+
+
+def check_compile(ctx: Context) -> Check:
+    env = {**ctx.env, "TORCH_LOGS": "recompiles"}
+    flags = [*ctx.small, "--compile", "--precision", "bf16", "--epochs", "2"]
+    run = trainer(ctx, "compile", flags, "compile", env=env)
+    log_text = (ctx.work / "logs" / "compile.log").read_text(errors="replace")
+    return report.judge_compile(run, log_text)
+
+
+def check_checkpoint(ctx: Context, strategy: str) -> Check:
+    """SIGUSR1 once epoch 1 is in epochs.csv, then the same command again."""
+    name = f"checkpoint-{strategy}"
+    ckdir, out = ctx.work / "checkpoints" / strategy, ctx.work / "runs" / name
+    flags = [*ctx.small, "--strategy", strategy, "--epochs", str(CHECKPOINT_EPOCHS)]
+    flags += ["--checkpoint-dir", str(ckdir)]
+    flags += ["--checkpoint-every", "0"]  # the only checkpoint is the signal's
+    argv = train_argv(ctx, 1, [*flags, "--out", str(out)])
+    logs = ctx.work / "logs"
+    limit = LIMITS_S["checkpoint"]
+    stop = run_process(
+        argv, logs / f"{name}-stop.log", ctx.budget.limit(limit), ctx.env, _usr1_after_epoch(out)
+    )
+    saved = ckpt.list_checkpoints(ckdir)
+    after_stop = {
+        "checkpoints": [p.name for p in saved],
+        "dcp": bool(saved) and (saved[-1] / "dcp" / ".metadata").is_file(),
+        "metrics_json": (out / "metrics.json").exists(),
+    }
+    resume = run_process(argv, logs / f"{name}-resume.log", ctx.budget.limit(limit), ctx.env)
+    read_outputs(resume, out)
+    return report.judge_checkpoint(strategy, stop, after_stop, resume, CHECKPOINT_EPOCHS)
+
+
+def _usr1_after_epoch(out: Path) -> Callable[[subprocess.Popen], None]:
+    """A poke that sends SIGUSR1 once, when epochs.csv has its first epoch."""
+    sent: list[bool] = []
+
+    def poke(proc: subprocess.Popen) -> None:
+        epochs = out / "epochs.csv"
+        if not sent and epochs.exists() and len(epochs.read_text().splitlines()) >= 2:
+            proc.send_signal(signal.SIGUSR1)
+            sent.append(True)
+
+    return poke
+
+
+def check_profile(ctx: Context) -> Check:
+    """torch.profiler over steps 5..7 on the GPU, parsed by nsight.torch_ops."""
+    env = {**ctx.env, "SCALESTUDY_PROFILER": "torch"}
+    flags = [*PROFILED, "--profile-steps", "5:8"]
+    run = trainer(ctx, "torch-profiler", flags, "profile", env=env)
+    export = ctx.work / "runs" / "torch-profiler" / "profile" / "torch_ops_rank0.json"
+    doc: dict = {}
+    kernels: list[dict] = []
+    try:
+        doc = json.loads(export.read_text())
+        kernels, _ = torch_ops.parse_torch(export, "gpu-check")
+    except (OSError, ValueError, ProfileFormatError) as exc:
+        run.log_tail += f"\n[gpu-check] cannot read {export}: {exc}"
+    if kernels:
+        csv_path = ctx.work / "torch-profiler-kernels.csv"
+        files.write_text(csv_path, schema.csv_text(schema.KERNEL_COLUMNS, kernels))
+        fixture = json.dumps(report.trim_torch_ops(doc), indent=1) + "\n"
+        write_fixture(ctx, "torch_ops_rank0.json", fixture, train_argv(ctx, 1, flags))
+    ctx.kernels = kernels
+    return report.judge_profile(run, doc.get("ops") or [], kernels)
+
+
+def check_ncu(ctx: Context) -> Check:
+    """ncu on the top kernels of the profiled run, one pass each, parsed by nsight.ncu."""
+    ncu = shutil.which("ncu")
+    if ncu is None:
+        return report.judge_ncu(None, [])
+    attempts = [
+        ncu_kernel(ctx, i, kernel)
+        for i, kernel in enumerate(schema.top_kernels(ctx.kernels, NCU_TOP_K))
+    ]
+    return report.judge_ncu(ncu, attempts)
+
+
+def ncu_command(base: Path, kernel: str, cmd: list[str]) -> list[str]:
+    """jobs/profile.py's ncu command, at the clocks the timed runs see: ncu locks them to base
+    by default, so its durations would not match the trainer's."""
+    argv = profile.ncu_command(str(base), kernel, 0, 1, cmd)
+    if "--clock-control" not in argv:
+        argv[1:1] = ["--clock-control", "none"]
+    return argv
+
+
+def ncu_kernel(ctx: Context, i: int, kernel: str) -> dict:
+    """One ncu pass on `kernel` (its first launch in steps 5..6), exported and parsed."""
+    out_dir = ctx.work / "ncu"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    flags = [*PROFILED, "--profile-steps", "5:6", "--out", str(out_dir / "train")]
+    argv = ncu_command(out_dir / f"ncu_k{i}", kernel, train_argv(ctx, 1, flags))
+    attempt = {"kernel": kernel, "argv": argv, "rows": None, "error": None}
+    limit = ctx.budget.limit(LIMITS_S["ncu"])
+    attempt["run"] = run_process(argv, ctx.work / "logs" / f"ncu_k{i}.log", limit, ctx.env)
+    report_file = out_dir / f"ncu_k{i}.ncu-rep"
+    if attempt["run"].rc != 0:
+        return attempt
+    if not report_file.exists():
+        attempt["error"] = f"ncu wrote no {report_file.name}: its kernel filter matched no launch"
+        return attempt
+    details = out_dir / f"ncu_k{i}.csv"
+    imported = run_process(
+        profile.ncu_import_command(str(report_file)),
+        ctx.work / "logs" / f"ncu_k{i}-import.log",
+        ctx.budget.limit(LIMITS_S["ncu-import"]),
+        ctx.env,
+        stdout=details,
+    )
+    if imported.rc != 0:
+        attempt["error"] = f"ncu --import exited {imported.rc}: {imported.log_tail[-300:]}"
+        return attempt
+    try:
+        attempt["rows"] = ncu_parser.parse_ncu(details, "gpu-check", kernel=kernel)
+    except ProfileFormatError as exc:
+        attempt["error"] = f"parse_ncu: {exc}"
+        return attempt
+    if i == 0:
+        write_ncu_fixture(ctx, details, argv)
+    return attempt
+
+
+def write_ncu_fixture(ctx: Context, details: Path, argv: list[str]) -> None:
+    """The trimmed details CSV, if the parser reads the same duration from it as from the whole."""
+    trimmed = report.trim_ncu_csv(details.read_text(errors="replace"))
+    probe = ctx.work / "ncu" / "trimmed-check.csv"
+    files.write_text(probe, trimmed)
+    try:
+        whole, cut = (ncu_parser.parse_ncu(p, "gpu-check") for p in (details, probe))
+    except ProfileFormatError as exc:
+        logger.warning(f"gpu-check: no ncu fixture, the trimmed CSV does not parse: {exc}")
+        return
+    if [r["duration_ns"] for r in whole] == [r["duration_ns"] for r in cut]:
+        write_fixture(ctx, "ncu_details.csv", trimmed, argv)
+
+
+def check_reference(ctx: Context, precision: str) -> tuple[Check, RunResult]:
+    """Our trainer, then the reference, alone on the GPU; returns ours for the NVML check."""
+    timed = [x for key, value in TIMED.items() for x in (f"--{key}", str(value))]
+    timed += ["--precision", precision]
+    flags = [*timed, "--limit-test", "1024", "--comm-probe-steps", "0"]
+    ours = trainer(ctx, f"ours-{precision}", flags, "timed")
+    out = ctx.work / "runs" / f"reference-{precision}.json"
+    workers = max(1, min(8, (os.cpu_count() or 2) // 2))  # half the node's cores, at most 8
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1"]
+    argv += [str(REFERENCE), *timed, "--data-dir", str(ctx.data_dir)]
+    argv += ["--num-workers", str(workers), "--out", str(out)]
+    ref = run_process(
+        argv,
+        ctx.work / "logs" / f"reference-{precision}.log",
+        ctx.budget.limit(LIMITS_S["timed"]),
+        ctx.env,
+    )
+    try:
+        ref.metrics = json.loads(out.read_text())
+    except (OSError, ValueError):
+        ref.metrics = None
+    return report.judge_reference(precision, ours, ref), ours
+
+
+def check_nvml(ctx: Context, ours: RunResult, precision: str = "bf16") -> Check:
+    samples_csv = ctx.work / "runs" / f"ours-{precision}" / "gpu_samples_rank0.csv"
+    try:
+        with samples_csv.open() as f:
+            samples = list(csv.DictReader(f))
+    except OSError:
+        samples = []
+    check = report.judge_nvml(ours, samples)
+    check.wall_s = 0.0  # its run is reference-bf16's, counted there
+    return check
+
+
+def write_fixture(ctx: Context, name: str, text: str, argv: list[str]) -> None:
+    files.write_text(ctx.fixtures / name, text)
+    ctx.fixture_files.append(f"fixtures/{name}")
+    ctx.commands[name] = [str(a) for a in argv]
+
+
+# ---------------------------------------------------------------------------------------------
+# the command
+
+
+def refuse_without_gpu() -> None:
+    """One line and exit 2 (cli.main) on a machine without CUDA; nothing is written."""
+    if not torch.cuda.is_available():
+        raise GpuCheckError(
+            f"no CUDA GPU on {socket.gethostname()} (torch.cuda.is_available() is False, torch "
+            f"{torch.__version__}, built for CUDA {torch.version.cuda}, CUDA_VISIBLE_DEVICES="
+            f"{os.environ.get('CUDA_VISIBLE_DEVICES')!r}): run this on a GPU node"
+        )
+
+
+def prepare_out(out: Path) -> Path:
+    """DIR and a fresh DIR/gpu-check-work; refuses to delete a work directory it did not make."""
+    if out.exists() and not out.is_dir():
+        raise GpuCheckError(f"--out {out} is a file, not a directory")
+    work = out / "gpu-check-work"
+    if work.exists():
+        if not (work / WORK_MARK).exists():
+            raise GpuCheckError(f"{work} was not made by gpu-check: choose another --out")
+        shutil.rmtree(work)
+    shutil.rmtree(out / "fixtures", ignore_errors=True)
+    work.mkdir(parents=True)
+    (work / WORK_MARK).write_text("made by `scalestudy gpu-check`; deleted by its next run\n")
+    return work
+
+
+def child_env(gpu: str) -> dict[str, str]:
+    """This environment without launcher variables, one GPU visible, this source tree first."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_VARS)}
+    src = str(Path(scalestudy.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))
+    env.update(PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES=gpu)
+    return env
+
+
+def visible_gpus() -> list[str]:
+    """CUDA_VISIBLE_DEVICES entries (indices, UUIDs or MIG ids), else 0..count-1."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [e.strip() for e in visible.split(",") if e.strip()]
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def versions(ctx: Context) -> dict:
+    """The device and the software stack; the full inventory goes to work/inventory.json."""
+    inv = inventory.collect()
+    files.write_json(ctx.work / "inventory.json", inv)
+    props = torch.cuda.get_device_properties(0)
+    gpus = inv["gpus"]
+    return {
+        "device_name": props.name,
+        "compute_capability": f"{props.major}.{props.minor}",
+        "memory_gib": round(props.total_memory / 2**30, 1),
+        "sms": props.multi_processor_count,
+        "driver": gpus[0].get("driver_version") if isinstance(gpus, list) and gpus else gpus,
+        "cuda_available": torch.cuda.is_available(),
+        "device_count": torch.cuda.device_count(),
+        "gpu_used": ctx.gpus[0],
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": inv["cudnn"],
+        "nccl": inv["nccl"],
+        "ncu": inv["ncu"].splitlines()[-1] if inv["ncu"] else inv["ncu"],
+        "python": inv["python"],
+    }
+
+
+def prepare_data(ctx: Context) -> RunResult:
+    argv = [sys.executable, "-m", "scalestudy", "prepare-data", "--dataset", "synthetic"]
+    argv += ["--data-dir", str(ctx.data_dir), "--num-train", str(NUM_TRAIN)]
+    argv += ["--num-test", str(NUM_TEST)]
+    log_path = ctx.work / "logs" / "prepare-data.log"
+    return run_process(argv, log_path, ctx.budget.limit(LIMITS_S["data"]), ctx.env)
+
+
+def guarded(name: str, fn: Callable[[], Check]) -> Check:
+    """A bug or an OS error inside a check fails that check, not gpu-check."""
+    t0 = time.monotonic()
+    try:
+        result = fn()
+    except Exception as exc:
+        lines = traceback.format_exc().splitlines()[-12:]
+        result = Check(
+            name=name,
+            status=report.FAIL,
+            criterion="the check ran",
+            problems=[f"gpu-check error: {type(exc).__name__}: {exc}"],
+            log_tail="\n".join(lines),
+        )
+    result.wall_s = result.wall_s or round(time.monotonic() - t0, 1)
+    logger.info(f"gpu-check: {result.name} {result.status} ({result.wall_s:.1f} s)")
+    return result
+
+
+def shared_gpu_checks(ctx: Context) -> dict[str, Callable[[], Check]]:
+    """The correctness checks, run PARALLEL at a time on the shared GPU; longest first."""
+    checks: dict[str, Callable[[], Check]] = {
+        "compile": lambda: check_compile(ctx),
+        "checkpoint-ddp": lambda: check_checkpoint(ctx, "ddp"),
+        "checkpoint-fsdp": lambda: check_checkpoint(ctx, "fsdp"),
+        "torch-profiler": lambda: check_profile(ctx),
+    }
+    for strategy, hook in PAIRS:
+        checks[pair_name(strategy, hook)] = functools.partial(check_pair, ctx, strategy, hook)
+    checks["nccl2-ddp"] = lambda: check_two_gpus(ctx)
+    for strategy in vocab.STRATEGIES:
+        for precision in vocab.PRECISIONS:
+            single = functools.partial(check_single, ctx, strategy, precision)
+            checks[f"nccl1-{strategy}-{precision}"] = single
+    return checks
+
+
+# the report's order: what the node is, correctness, fault tolerance, measurement, speed
+ORDER = ("versions", "nccl1-", "gloo2-", "nccl2-", "compile", "checkpoint-", "nvml", "torch-")
+ORDER += ("ncu", "reference-")
+
+
+def run_checks(ctx: Context, info: dict) -> list[Check]:
+    """Correctness on the shared GPU first, then the timed runs alone (reference-bf16's run of
+    our trainer also gives the NVML check); the report's order is ORDER."""
+    checks = [guarded("versions", lambda: report.judge_versions(info))]
+    with ThreadPoolExecutor(PARALLEL) as pool:
+        futures = [pool.submit(guarded, n, fn) for n, fn in shared_gpu_checks(ctx).items()]
+        checks += [f.result() for f in futures]
+    ours: dict[str, RunResult] = {}
+
+    def reference(precision: str) -> Check:
+        check, ours[precision] = check_reference(ctx, precision)
+        return check
+
+    checks.append(guarded("reference-bf16", lambda: reference("bf16")))
+    unmeasured = RunResult(rc=None, log_tail="reference-bf16 left no run of our trainer")
+    checks.append(guarded("nvml", lambda: check_nvml(ctx, ours.get("bf16", unmeasured))))
+    checks.append(guarded("reference-fp32", lambda: reference("fp32")))
+    checks.append(guarded("ncu", lambda: check_ncu(ctx)))
+    return sorted(checks, key=order)
+
+
+def order(check: Check) -> int:
+    return next(i for i, prefix in enumerate(ORDER) if check.name.startswith(prefix))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--out", required=True, metavar="DIR", help="gpu-check.md/.json, fixtures/, work dir"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    refuse_without_gpu()  # before anything is written
+    t0, started_at = time.monotonic(), datetime.datetime.now(datetime.UTC)
+    out = Path(args.out)
+    work = prepare_out(out)
+    gpus = visible_gpus()
+    ctx = Context(
+        work=work,
+        fixtures=out / "fixtures",
+        env=launch.rank_env(child_env(gpus[0]), max(1, (os.cpu_count() or 4) // PARALLEL)),
+        budget=Budget(t0 + BUDGET_S - REPORT_RESERVE_S),
+        gpus=gpus,
+    )
+    info = versions(ctx)
+    logger.info(f"gpu-check on {info['device_name']} (GPU {gpus[0]}), budget {BUDGET_S:.0f} s")
+    data = prepare_data(ctx)
+    if data.rc != 0:
+        raise GpuCheckError(
+            f"prepare-data failed (exit {data.rc}), see {work / 'logs' / 'prepare-data.log'}"
+        )
+    checks = run_checks(ctx, info)
+    shutil.rmtree(ctx.data_dir, ignore_errors=True)  # 56 MB that one command remakes
+    header = {
+        "host": socket.gethostname(),
+        "started_at": started_at.isoformat(timespec="seconds"),
+        "git_commit": files.git_commit(Path(scalestudy.__file__).parent),
+        "budget_s": BUDGET_S,
+        "wall_s": round(time.monotonic() - t0, 1),
+        "versions": info,
+        "fixtures": sorted(ctx.fixture_files),
+    }
+    if ctx.fixture_files:
+        files.write_json(ctx.fixtures / "provenance.json", {**header, "commands": ctx.commands})
+    doc = report.write_report(out, header, checks)
+    counts = doc["counts"]
+    logger.info(
+        f"gpu-check: {counts['pass']} passed, {counts['fail']} failed, {counts['skipped']} "
+        f"skipped in {header['wall_s']:.0f} s -> {out / 'gpu-check.md'}"
+    )
+    return 0 if doc["passed"] else 1

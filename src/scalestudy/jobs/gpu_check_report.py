@@ -1,0 +1,668 @@
+"""gpu-check's verdicts, report and fixtures: pure functions of measured results.
+
+Each `judge_*` takes what a check measured (a trainer's exit code, metrics.json, epochs.csv rows,
+its log, parsed profiler rows) and returns a `Check`: pass / fail / skipped, the numbers it was
+judged on, the criterion in words and, on failure, the problems and the log tail. They run no
+process and read no file, so the tests feed them stand-in results; jobs/gpu_check.py runs the
+processes and hands their results here. `write_report` writes gpu-check.md and gpu-check.json;
+`trim_torch_ops` and `trim_ncu_csv` cut real profiler output down to fixture size.
+
+"skipped" is only for a check this node cannot run at all (ncu not installed, one GPU for a
+two-GPU check), never for a check that ran and went wrong.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import re
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from scalestudy import files
+from scalestudy.nsight import schema
+
+PASS, FAIL, SKIPPED = "pass", "fail", "skipped"
+FORMAT = "scalestudy-gpu-check-1"
+
+# 10 balanced classes: chance is 0.10. The trainer's own CPU test reaches 0.81 on the synthetic
+# set in five short epochs (tests/test_trainer.py); 0.5 after three epochs of 4,096 images says
+# the run learned, with room for the noise of a short run (gpu_check.SMALL: 0.967 on a CPU).
+LEARNED_ACC = 0.5
+# ResNet-18's GPU time is convolutions, batch norm and element-wise kernels; when more than a
+# quarter of it lands in "other", nsight/classify.py does not know this GPU's kernel names and
+# the study's kernel breakdown would be mostly unexplained.
+MAX_OTHER_SHARE = 0.25
+# our trainer keeps the data on the GPU; the reference decodes PIL images per sample in
+# DataLoader workers. Slower than the reference on the same GPU means something is broken.
+MIN_RATIO = 1.0
+TARGET_RATIO = 3.0  # the Trainer issue's GPU target (docs/benchmarks.md): reported, not judged
+LOSSES = ("train_loss", "val_loss")  # epochs.csv columns that must be finite
+WINDOW_MARKER = "steady-state window opens at step"
+RECOMPILE = "Recompiling function"
+TAIL_LINES = 40
+
+
+@dataclass
+class RunResult:
+    """What one trainer (or reference trainer) process left behind."""
+
+    rc: int | None  # exit status; None: stopped at its limit, or never started
+    wall_s: float = 0.0
+    limit_s: float = 0.0
+    timed_out: bool = False
+    started: bool = True  # False: no time was left in the budget to start it
+    metrics: dict | None = None  # metrics.json (the reference trainer's --out JSON)
+    epochs: list[dict] = field(default_factory=list)  # epochs.csv rows (strings, as read)
+    log_tail: str = ""
+
+
+@dataclass
+class Check:
+    name: str
+    status: str  # PASS, FAIL or SKIPPED
+    criterion: str  # what passing means, in words
+    numbers: dict[str, Any] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    wall_s: float = 0.0  # seconds its processes ran
+    log_tail: str = ""  # the failing process's last lines
+
+
+def verdict(
+    name: str, criterion: str, numbers: dict, problems: list[str], runs: Iterable[RunResult] = ()
+) -> Check:
+    """PASS without problems, else FAIL with the log tail of the last run that did not exit 0
+    (of the last run, when they all did)."""
+    runs = list(runs)
+    shown = ([r for r in runs if r.rc != 0] or runs)[-1:] if problems else []
+    return Check(
+        name=name,
+        status=FAIL if problems else PASS,
+        criterion=criterion,
+        numbers=numbers,
+        problems=problems,
+        wall_s=round(sum(r.wall_s for r in runs), 1),
+        log_tail=shown[0].log_tail if shown else "",
+    )
+
+
+def skipped(name: str, criterion: str, why: str) -> Check:
+    return Check(name=name, status=SKIPPED, criterion=criterion, problems=[why])
+
+
+def run_problems(run: RunResult, what: str = "the run") -> list[str]:
+    """Why a process that should have completed did not (empty: it did)."""
+    if not run.started:
+        return [f"{what} did not start: no time left in gpu-check's budget"]
+    if run.timed_out:
+        return [f"{what} was stopped at its limit of {run.limit_s:.0f} s"]
+    if run.rc is None:
+        return [f"{what} did not finish ({run.log_tail.strip()[-200:] or 'no log'})"]
+    if run.rc != 0:
+        return [f"{what} exited with {run.rc}"]
+    if run.metrics is None:
+        return [f"{what} exited 0 but wrote no metrics"]
+    return []
+
+
+def _finite(value: Any) -> bool:
+    try:
+        return math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return False
+
+
+def loss_problems(epochs: list[dict]) -> list[str]:
+    if not epochs:
+        return ["epochs.csv has no rows"]
+    bad = [r.get("epoch") for r in epochs if not all(_finite(r.get(k)) for k in LOSSES)]
+    return [f"non-finite loss in epoch(s) {bad}"] if bad else []
+
+
+def _expect(metrics: dict, key: str, want: Any, problems: list[str]) -> None:
+    if metrics.get(key) != want:
+        problems.append(f"metrics.json {key} is {metrics.get(key)!r}, expected {want!r}")
+
+
+def _device_type(metrics: dict) -> str | None:
+    device = metrics.get("device")
+    return device.get("type") if isinstance(device, dict) else device
+
+
+# ---------------------------------------------------------------------------------------------
+# the judges
+
+
+def judge_versions(info: dict) -> Check:
+    """info: cuda_available, device_count, device_name, torch, cuda, cudnn, nccl, driver, ..."""
+    problems = []
+    if not info.get("cuda_available"):
+        problems.append("torch.cuda.is_available() is False")
+    if not info.get("device_count"):
+        problems.append("torch sees no CUDA device")
+    for key in ("cuda", "cudnn", "nccl"):
+        if not info.get(key) or str(info[key]).startswith(("absent", "error")):
+            problems.append(f"torch reports no {key} version ({info.get(key)!r})")
+    return verdict(
+        "versions",
+        "CUDA is available and torch reports its CUDA runtime, cuDNN and NCCL versions",
+        {k: info.get(k) for k in ("device_count", "cuda", "cudnn", "nccl")},
+        problems,
+    )
+
+
+def judge_single(name: str, precision: str, strategy: str, run: RunResult) -> Check:
+    """One NCCL rank: finite losses, the synthetic set learned, the arithmetic asked for."""
+    criterion = (
+        f"exit 0 on cuda with backend nccl; finite losses; best val acc >= {LEARNED_ACC} (chance "
+        f"0.1) and the last epoch's train loss below the first; fp32 matmul/conv precision "
+        f"{'tf32' if precision == 'tf32' else 'ieee'}"
+    )
+    problems = run_problems(run)
+    m = run.metrics or {}
+    numbers: dict[str, Any] = {}
+    if not problems:
+        _expect(m, "precision", precision, problems)
+        _expect(m, "strategy", strategy, problems)
+        _expect(m, "backend", "nccl", problems)
+        if _device_type(m) != "cuda":
+            problems.append(f"trained on {_device_type(m)!r}, not cuda")
+        fp32 = "tf32" if precision == "tf32" else "ieee"
+        _expect(m, "matmul_fp32_precision", fp32, problems)
+        _expect(m, "cudnn_fp32_precision", fp32, problems)
+        problems += loss_problems(run.epochs)
+        numbers = learning_numbers(m, run.epochs)
+        problems += learning_problems(numbers)
+    return verdict(name, criterion, numbers, problems, [run])
+
+
+def learning_numbers(metrics: dict, epochs: list[dict]) -> dict:
+    first = files.number(epochs[0].get("train_loss")) if epochs else None
+    last = files.number(epochs[-1].get("train_loss")) if epochs else None
+    return {
+        "epochs": len(epochs),
+        "train_loss_first": first,
+        "train_loss_last": last,
+        "best_val_acc": metrics.get("best_val_acc"),
+        "throughput_img_s": metrics.get("throughput_img_s"),
+    }
+
+
+def learning_problems(numbers: dict) -> list[str]:
+    problems = []
+    best = numbers.get("best_val_acc")
+    if best is None or best < LEARNED_ACC:
+        problems.append(f"best val acc {best} < {LEARNED_ACC}: the synthetic set was not learned")
+    first, last = numbers.get("train_loss_first"), numbers.get("train_loss_last")
+    if first is not None and last is not None and not last < first:
+        problems.append(f"train loss did not fall ({first} -> {last})")
+    return problems
+
+
+def judge_pair(name: str, strategy: str, hook: str, run: RunResult) -> Check:
+    """Two ranks sharing one GPU over gloo: the same parameters on both at the end."""
+    criterion = (
+        "exit 0; 2 ranks on cuda over gloo; both ranks' parameter checksums identical; "
+        "finite losses"
+    )
+    problems = run_problems(run)
+    numbers: dict[str, Any] = {}
+    if not problems:
+        m = run.metrics or {}
+        _expect(m, "world_size", 2, problems)
+        _expect(m, "backend", "gloo", problems)
+        _expect(m, "strategy", strategy, problems)
+        _expect(m, "comm_hook", hook, problems)
+        if _device_type(m) != "cuda":
+            problems.append(f"trained on {_device_type(m)!r}, not cuda")
+        sums = list(m.get("param_checksums") or [])
+        if len(sums) != 2 or len(set(sums)) != 1:
+            problems.append(f"parameter checksums differ or are missing: {sums}")
+        problems += loss_problems(run.epochs)
+        numbers = {
+            "param_checksums": sums,
+            "train_loss_last": learning_numbers(m, run.epochs)["train_loss_last"],
+            "best_val_acc": m.get("best_val_acc"),
+        }
+    return verdict(name, criterion, numbers, problems, [run])
+
+
+def judge_two_gpus(device_count: int, run: RunResult | None) -> Check:
+    name = "nccl2-ddp"
+    criterion = "exit 0; 2 ranks on 2 GPUs over NCCL; identical parameter checksums"
+    if device_count < 2 or run is None:
+        return skipped(name, criterion, f"{device_count} GPU visible: NCCL needs a GPU per rank")
+    problems = run_problems(run)
+    numbers: dict[str, Any] = {}
+    if not problems:
+        m = run.metrics or {}
+        _expect(m, "world_size", 2, problems)
+        _expect(m, "backend", "nccl", problems)
+        sums = list(m.get("param_checksums") or [])
+        if len(sums) != 2 or len(set(sums)) != 1:
+            problems.append(f"parameter checksums differ or are missing: {sums}")
+        problems += loss_problems(run.epochs)
+        numbers = {
+            "param_checksums": sums,
+            "throughput_img_s": m.get("throughput_img_s"),
+            "comm_exposed_frac": m.get("comm_exposed_frac"),
+        }
+    return verdict(name, criterion, numbers, problems, [run])
+
+
+def recompiles_after_marker(log: str) -> tuple[int | None, int, list[str]]:
+    """(the step the window opened at, recompilations before it, the recompilation lines after
+    it) of a merged stdout+stderr log under TORCH_LOGS=recompiles; step None: no marker."""
+    lines = log.splitlines()
+    at = next((i for i, line in enumerate(lines) if WINDOW_MARKER in line), None)
+    if at is None:
+        return None, sum(RECOMPILE in line for line in lines), []
+    step = re.search(re.escape(WINDOW_MARKER) + r" (\d+)", lines[at])
+    before = sum(RECOMPILE in line for line in lines[:at])
+    after = [line.strip() for line in lines[at + 1 :] if RECOMPILE in line]
+    return int(step.group(1)) if step else None, before, after
+
+
+def judge_compile(run: RunResult, log: str) -> Check:
+    criterion = (
+        f"exit 0 under --compile on cuda with TORCH_LOGS=recompiles; the log has "
+        f"'{WINDOW_MARKER} N' and no '{RECOMPILE}' line after it; finite losses"
+    )
+    problems = run_problems(run)
+    step, before, after = recompiles_after_marker(log)
+    numbers: dict[str, Any] = {
+        "window_opens_at_step": step,
+        "recompiles_before_window": before,
+        "recompiles_in_window": len(after),
+    }
+    if not problems:
+        m = run.metrics or {}
+        _expect(m, "compile", True, problems)
+        if _device_type(m) != "cuda":
+            problems.append(f"trained on {_device_type(m)!r}, not cuda")
+        problems += loss_problems(run.epochs)
+        numbers["throughput_img_s"] = m.get("throughput_img_s")
+    if step is None and not any("did not start" in p for p in problems):
+        problems.append(f"no '{WINDOW_MARKER}' line in the log: cannot place recompilations")
+    if after:
+        problems.append(f"{len(after)} recompilation(s) inside the window, first: {after[0]}")
+    return verdict("compile", criterion, numbers, problems, [run])
+
+
+def judge_checkpoint(
+    strategy: str, stop: RunResult, after_stop: dict, resume: RunResult, epochs: int
+) -> Check:
+    """stop: the run signalled with SIGUSR1 after its first epoch; after_stop: what was on disk
+    then (`checkpoints`: names, `dcp`: the newest has DCP shards, `metrics_json`: written);
+    resume: the same command again."""
+    name = f"checkpoint-{strategy}"
+    criterion = (
+        "SIGUSR1 after epoch 1 -> a checkpoint on disk (DCP shards for fsdp), exit 75, no "
+        "metrics.json; the same command resumes to exit 0 with restarts >= 1 and epochs "
+        f"1..{epochs}"
+    )
+    problems = []
+    if not stop.started or stop.timed_out:
+        problems += run_problems(stop, "the stopped run")
+    elif stop.rc != 75:
+        landed = " (the signal landed after the last epoch's stop check?)" if stop.rc == 0 else ""
+        problems.append(f"the signalled run exited {stop.rc}, not 75{landed}")
+    if after_stop.get("metrics_json"):
+        problems.append("the stopped run wrote metrics.json: a stop must not look complete")
+    if not after_stop.get("checkpoints"):
+        problems.append("no checkpoint on disk after the stop")
+    elif strategy == "fsdp" and not after_stop.get("dcp"):
+        problems.append("the fsdp checkpoint has no dcp/.metadata (torch.distributed.checkpoint)")
+    problems += run_problems(resume, "the resumed run")
+    m = resume.metrics or {}
+    done = [r.get("epoch") for r in resume.epochs]
+    if not run_problems(resume):
+        if not (m.get("restarts") or 0) >= 1:
+            problems.append(f"metrics.json restarts is {m.get('restarts')!r}, expected >= 1")
+        if done != [str(e) for e in range(1, epochs + 1)]:
+            problems.append(f"epochs.csv holds epochs {done}, expected 1..{epochs}")
+        problems += loss_problems(resume.epochs)
+    numbers = {
+        "stop_exit": stop.rc,
+        "checkpoints_after_stop": after_stop.get("checkpoints"),
+        "resume_exit": resume.rc,
+        "restarts": m.get("restarts"),
+        "resumed_from_epochs": m.get("resumed_from_epochs"),
+    }
+    return verdict(name, criterion, numbers, problems, [stop, resume])
+
+
+def judge_nvml(run: RunResult, samples: list[dict]) -> Check:
+    """samples: the rows of the run's gpu_samples_rank0.csv."""
+    criterion = "gpu_samples_rank0.csv has samples and metrics.json gpu_util_mean is not null"
+    problems = run_problems(run, "the sampled run")
+    m = run.metrics or {}
+    util = [files.number(s.get("util_pct")) for s in samples]
+    power = [files.number(s.get("power_w")) for s in samples]
+    clock = [files.number(s.get("sm_clock_mhz")) for s in samples]
+    numbers = {
+        "samples": len(samples),
+        "gpu_util_mean": m.get("gpu_util_mean"),
+        "util_pct_max": _max(util),
+        "sm_clock_mhz_max": _max(clock),
+        "power_w_max": _max(power),
+    }
+    if not problems:
+        if not samples:
+            problems.append("no NVML samples (gpu_samples_rank0.csv missing or empty)")
+        if m.get("gpu_util_mean") is None:
+            problems.append("gpu_util_mean is null")
+    return verdict("nvml", criterion, numbers, problems, [run])
+
+
+def _max(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return max(present) if present else None
+
+
+def judge_profile(run: RunResult, ops: list[dict], kernels: list[dict]) -> Check:
+    """ops: the trainer's torch.profiler export (torch_ops_rank0.json "ops"); kernels: its rows
+    after nsight.torch_ops.parse_torch (profile_kernels schema)."""
+    criterion = (
+        "torch.profiler on the GPU recorded CUDA kernels; parsed into the kernels CSV, conv "
+        f"kernels recognised and at most {MAX_OTHER_SHARE:.0%} of kernel time left in 'other'"
+    )
+    problems = run_problems(run)
+    cuda_ops = [
+        op
+        for op in ops
+        if str(op.get("device_type", "")).upper().endswith("CUDA")
+        and (files.number(op.get("self_device_us")) or 0) > 0
+    ]
+    shares: dict[str, float] = {}
+    for row in kernels:
+        category = row["category"]
+        shares[category] = shares.get(category, 0.0) + float(row["share"])
+    other = [r for r in kernels if r["category"] == "other"]
+    numbers = {
+        "cuda_kernels_recorded": len(cuda_ops),
+        "kernel_rows": len(kernels),
+        "share_by_category": {k: round(v, 4) for k, v in sorted(shares.items())},
+        "other_share": round(shares.get("other", 0.0), 4),
+        "top_other": [r["kernel"][:120] for r in other[:3]],
+    }
+    if not cuda_ops:
+        problems.append("no CUDA kernel in the torch.profiler export (CUPTI unavailable?)")
+    if not kernels:
+        problems.append("parse_torch returned no kernel rows")
+    elif not shares.get("conv"):
+        problems.append("no kernel classified as conv: classify.py misses this GPU's conv kernels")
+    if shares.get("other", 0.0) > MAX_OTHER_SHARE:
+        problems.append(
+            f"{shares['other']:.0%} of kernel time is 'other' (> {MAX_OTHER_SHARE:.0%}): "
+            "add the names under top_other to nsight/classify.py"
+        )
+    return verdict("torch-profiler", criterion, numbers, problems, [run])
+
+
+def judge_ncu(ncu: str | None, attempts: list[dict]) -> Check:
+    """attempts: one per kernel, {"kernel", "run": RunResult (the ncu pass), "rows": parsed
+    profile_ncu rows or None, "argv": the ncu command, "error": a parse or setup error}."""
+    name = "ncu"
+    criterion = (
+        "ncu (--clock-control none) profiled each top kernel; its details CSV parsed into a "
+        "profile_ncu row with a duration"
+    )
+    if ncu is None:
+        return skipped(name, criterion, "ncu not installed")
+    problems, numbers, runs = [], {"ncu": ncu, "kernels": []}, []
+    if not attempts:
+        problems.append("no kernel to profile (the torch-profiler check found none)")
+    for a in attempts:
+        label = a["kernel"][:80]
+        runs.append(a["run"])
+        if a.get("error"):
+            problems.append(f"{label}: {a['error']}")
+        elif a["run"].rc != 0 or a["run"].timed_out:
+            problems += run_problems(a["run"], f"ncu on {label}")
+        if "--clock-control" not in a.get("argv", []):
+            problems.append(f"{label}: ncu ran without --clock-control none (base clocks)")
+        rows = a.get("rows") or []
+        if not rows and not a.get("error") and a["run"].rc == 0:
+            problems.append(f"{label}: no profile_ncu row")
+        for row in rows:
+            if not row.get("duration_ns"):
+                problems.append(f"{label}: no duration")
+            numbers["kernels"].append(ncu_numbers(row))
+    return verdict(name, criterion, numbers, problems, runs)
+
+
+def ncu_numbers(row: dict) -> dict:
+    def scaled(key: str, by: float) -> float | None:
+        value = files.number(row.get(key))
+        return None if value is None else round(value / by, 3)
+
+    return {
+        "kernel": str(row.get("kernel"))[:120],
+        "duration_us": scaled("duration_ns", 1e3),
+        "achieved_occupancy_pct": scaled("achieved_occupancy_pct", 1),
+        "sm_throughput_pct": scaled("sm_throughput_pct", 1),
+        "dram_throughput_pct": scaled("dram_throughput_pct", 1),
+        "tflop_per_s": scaled("flop_per_s", 1e12),
+    }
+
+
+def judge_reference(precision: str, ours: RunResult, ref: RunResult) -> Check:
+    """Our trainer and benchmarks/reference_train.py, same GPU, width, local batch, precision."""
+    criterion = (
+        f"both exit 0 on cuda with the same width, local batch and precision; ours / reference "
+        f">= {MIN_RATIO} (the Trainer issue's target {TARGET_RATIO}x is reported, not judged)"
+    )
+    problems = run_problems(ours, "our trainer") + run_problems(ref, "the reference trainer")
+    m, r = ours.metrics or {}, ref.metrics or {}
+    ratio = None
+    if not problems:
+        # the same arithmetic: IEEE fp32 in both at fp32 (reference_train.set_fp32_precision)
+        same = ("width", "local_batch", "precision", "world_size", "cudnn_fp32_precision")
+        for key in same:
+            if m.get(key) != r.get(key):
+                problems.append(f"{key} differs: ours {m.get(key)!r}, reference {r.get(key)!r}")
+        if _device_type(m) != "cuda" or r.get("device") in (None, "cpu"):
+            problems.append(f"not both on cuda: ours {m.get('device')}, ref {r.get('device')}")
+        ratio = m["throughput_img_s"] / r["throughput_img_s"]
+        if ratio < MIN_RATIO:
+            problems.append(f"ours / reference = {ratio:.2f} < {MIN_RATIO}")
+    numbers = {
+        "ours_img_s": m.get("throughput_img_s"),
+        "reference_img_s": r.get("throughput_img_s"),
+        "ratio": None if ratio is None else round(ratio, 3),
+        f"target_{TARGET_RATIO:g}x_met": None if ratio is None else ratio >= TARGET_RATIO,
+        "ours_data_time_frac": m.get("data_time_frac"),
+        "ours_step_time_ms_p50": m.get("step_time_ms_p50"),
+        "ours_gpu_util_mean": m.get("gpu_util_mean"),
+        "reference_num_workers": r.get("num_workers"),
+        "width": m.get("width"),
+        "local_batch": m.get("local_batch"),
+    }
+    return verdict(f"reference-{precision}", criterion, numbers, problems, [ours, ref])
+
+
+# ---------------------------------------------------------------------------------------------
+# the report
+
+
+def cannot_prove(device_count: int) -> list[str]:
+    """What these checks on one node (and, with one GPU, on one GPU) leave unproven."""
+    items = []
+    if device_count < 2:
+        items += [
+            "NCCL collectives between GPUs and their bandwidth (NVLink/PCIe): one NCCL rank "
+            "all-reduces with itself, and two ranks on one GPU must use gloo",
+            "FSDP sharding across GPUs (reduce-scatter and all-gather over NCCL): FSDP ran on "
+            "one rank, with nothing to shard",
+            "DDP comm hooks over NCCL between GPUs: the gloo pair checks their arithmetic and "
+            "that ranks agree, not NCCL's path",
+            "scaling efficiency: every throughput here is one GPU's",
+        ]
+    items += [
+        "multi-node: NCCL over InfiniBand/RoCE, srun across nodes, MASTER_ADDR from the Slurm "
+        "node list, process-group timeouts between nodes",
+        "the study's numbers: each run here is seconds long, without repeats; timings of the "
+        "checks that share the GPU (all but reference-* and ncu) say nothing about speed",
+    ]
+    return items
+
+
+def summary(checks: list[Check]) -> dict[str, int]:
+    return {s: sum(c.status == s for c in checks) for s in (PASS, FAIL, SKIPPED)}
+
+
+def report_json(header: dict, checks: list[Check]) -> dict:
+    counts = summary(checks)
+    doc = {
+        "format": FORMAT,
+        **header,
+        "passed": counts[FAIL] == 0,
+        "counts": counts,
+        "checks": [asdict(c) for c in checks],
+        "cannot_prove": cannot_prove(int(header.get("versions", {}).get("device_count") or 0)),
+    }
+    return json_safe(doc)
+
+
+def json_safe(value: Any) -> Any:
+    """NaN and infinity as the strings "nan", "inf": JSON has no such numbers, and a diverged
+    run's loss must not cost the whole report."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def fmt(value: Any) -> str:
+    """A number as the report prints it; None is 'unmeasured'."""
+    if value is None:
+        return "unmeasured"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return str(value)
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {fmt(v)}" for k, v in value.items())
+    if isinstance(value, list):
+        return "; ".join(fmt(v) for v in value) or "none"
+    return str(value)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def report_markdown(doc: dict) -> str:
+    v = doc.get("versions", {})
+    counts = doc["counts"]
+    verdict_line = "PASSED" if doc["passed"] else "FAILED"
+    lines = [
+        f"# gpu-check on {doc.get('host')}: {verdict_line}",
+        "",
+        f"{counts[PASS]} passed, {counts[FAIL]} failed, {counts[SKIPPED]} skipped in "
+        f"{fmt(doc.get('wall_s'))} s (budget {fmt(doc.get('budget_s'))} s), "
+        f"{doc.get('started_at')}, commit {doc.get('git_commit')}.",
+        "",
+        "## Device and versions",
+        "",
+        "| what | value |",
+        "|---|---|",
+    ]
+    lines += [f"| {k} | {_cell(fmt(val))} |" for k, val in v.items()]
+    lines += ["", "## Checks", "", "| check | status | numbers | criterion | wall s |"]
+    lines.append("|---|---|---|---|---|")
+    for c in doc["checks"]:
+        status = c["status"].upper() if c["status"] == FAIL else c["status"]
+        lines.append(
+            f"| {c['name']} | {status} | {_cell(fmt(c['numbers']) or '-')} | "
+            f"{_cell(c['criterion'])} | {c['wall_s']:.1f} |"
+        )
+    failed = [c for c in doc["checks"] if c["status"] != PASS]
+    if failed:
+        lines += ["", "## Failures and skips", ""]
+    for c in failed:
+        lines += [f"### {c['name']} ({c['status']})", ""]
+        lines += [f"- {p}" for p in c["problems"]]
+        if c["log_tail"]:
+            lines += ["", "```", c["log_tail"].rstrip(), "```"]
+        lines.append("")
+    lines += ["", "## What one GPU cannot prove", ""]
+    lines += [f"- {item}" for item in doc["cannot_prove"]]
+    if doc.get("fixtures"):
+        lines += ["", "## Fixtures (trimmed real output, for tests/fixtures/)", ""]
+        lines += [f"- `{f}`" for f in doc["fixtures"]]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(out_dir: Path, header: dict, checks: list[Check]) -> dict:
+    """gpu-check.json and gpu-check.md in out_dir (atomic); returns the JSON document."""
+    doc = report_json(header, checks)
+    files.write_json(out_dir / "gpu-check.json", doc)
+    files.write_text(out_dir / "gpu-check.md", report_markdown(doc))
+    return doc
+
+
+# ---------------------------------------------------------------------------------------------
+# fixtures: real output cut to a few KB
+
+
+def trim_torch_ops(doc: dict, cuda_top: int = 20, cpu_top: int = 10) -> dict:
+    """A torch_ops_rank<r>.json export cut down: the phase ranges, the `cuda_top` CUDA entries
+    with the most self device time and the `cpu_top` CPU ops with the most self CPU time.
+    parse_torch reads the result like the original."""
+    ops = list(doc.get("ops", []))
+    ranges = [op for op in ops if op.get("name") in schema.RANGES]
+    rest = [op for op in ops if op.get("name") not in schema.RANGES]
+    on_cuda = [op for op in rest if str(op.get("device_type", "")).upper().endswith("CUDA")]
+    on_cpu = [op for op in rest if op not in on_cuda]
+    on_cuda.sort(key=lambda op: -float(op.get("self_device_us") or 0))
+    on_cpu.sort(key=lambda op: -float(op.get("self_cpu_us") or 0))
+    kept = ranges + on_cuda[:cuda_top] + on_cpu[:cpu_top]
+    return {**doc, "ops": kept, "trimmed": f"{len(kept)} of {len(ops)} entries"}
+
+
+_NCU_KEEP = re.compile(
+    r"^(gpu__time_duration\.sum|Duration|sm__warps_active\.avg\.pct_of_peak_sustained_active"
+    r"|Achieved Occupancy|(gpu__)?dram__throughput\.avg\.pct_of_peak_sustained_elapsed"
+    r"|DRAM Throughput|sm__throughput\.avg\.pct_of_peak_sustained_elapsed"
+    r"|Compute \(SM\) (Throughput|\[%\])|SM \[%\]"
+    r"|smsp?__sass_thread_inst_executed_op_[hfd](add|mul|fma)_pred_on\.sum"
+    r"|sm__ops_path_tensor_src_[a-z0-9]+_dst_[a-z0-9]+\.sum)$"
+)
+
+
+def trim_ncu_csv(text: str, preamble: int = 3, rules: int = 2, others: int = 3) -> str:
+    """An `ncu --csv --page details` file cut down, lines kept verbatim: up to `preamble` tool
+    lines before the header, the header, every metric row nsight/ncu.py reads, and a few rule
+    rows and other metric rows, so a test meets what the parser skips too."""
+    lines = text.splitlines()
+    head = next(
+        (i for i, line in enumerate(lines) if '"Metric Name"' in line and '"Kernel Name"' in line),
+        None,
+    )
+    if head is None:
+        return text
+    header = next(csv.reader([lines[head]]))
+    j = header.index("Metric Name")
+    kept = lines[max(0, head - preamble) : head + 1]
+    counts = {"rule": 0, "other": 0}
+    for line in lines[head + 1 :]:
+        cells = next(csv.reader(io.StringIO(line)), [])
+        metric = cells[j].strip() if len(cells) > j else ""
+        if metric and _NCU_KEEP.match(metric):
+            kept.append(line)
+            continue
+        kind = "other" if metric else "rule"
+        if counts[kind] < (others if metric else rules):
+            counts[kind] += 1
+            kept.append(line)
+    return "\n".join(kept) + "\n"

@@ -1,0 +1,523 @@
+"""`scalestudy gpu-check`, on a machine without a GPU: it refuses with one line and writes
+nothing; its judges and report writer run on stand-in results (named `stand_in_*`: what a GPU run
+would leave, which cannot exist here); its process runner and the checkpoint check run real
+processes (the trainer on CPU). The real run of the checks is on a GPU node."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import PYTHON, REPO
+from workflow_helpers import child_env
+
+from scalestudy import vocab
+from scalestudy.errors import GpuCheckError
+from scalestudy.jobs import gpu_check
+from scalestudy.jobs import gpu_check_report as report
+from scalestudy.jobs.gpu_check_report import FAIL, PASS, SKIPPED, Check, RunResult
+from scalestudy.nsight import ncu as ncu_parser
+from scalestudy.nsight import torch_ops
+
+FIX = REPO / "tests" / "fixtures" / "nsight"
+
+
+# ---------------------------------------------------------------------------------------------
+# refusal without a GPU
+
+
+def test_refuses_without_a_gpu_in_one_line_and_writes_nothing(tmp_path):
+    out = tmp_path / "check"
+    # CUDA_VISIBLE_DEVICES="" hides any GPU, so the refusal is tested on GPU machines too
+    proc = subprocess.run(
+        [PYTHON, "-m", "scalestudy", "gpu-check", "--out", str(out)],
+        env=child_env(CUDA_VISIBLE_DEVICES=""),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("scalestudy gpu-check: no CUDA GPU on "), lines[0]
+    assert "torch.cuda.is_available() is False" in lines[0] and "run this on a GPU node" in lines[0]
+    assert proc.stdout == ""
+    assert not any(tmp_path.iterdir())  # DIR not even created
+
+
+def test_an_out_that_is_a_file_or_a_foreign_work_dir_is_refused(tmp_path):
+    a_file = tmp_path / "f"
+    a_file.write_text("x")
+    with pytest.raises(GpuCheckError, match="is a file"):
+        gpu_check.prepare_out(a_file)
+    foreign = tmp_path / "d" / "gpu-check-work"
+    foreign.mkdir(parents=True)
+    (foreign / "keep.txt").write_text("someone's")
+    with pytest.raises(GpuCheckError, match="not made by gpu-check"):
+        gpu_check.prepare_out(tmp_path / "d")
+    assert (foreign / "keep.txt").exists()
+    # its own work dir from an earlier run is replaced
+    mine = gpu_check.prepare_out(tmp_path / "e")
+    (mine / "old.log").write_text("earlier run")
+    assert gpu_check.prepare_out(tmp_path / "e") == mine and not (mine / "old.log").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# stand-in results: what a GPU run leaves behind
+
+
+def stand_in_epochs(losses=(2.3, 1.5, 0.8)) -> list[dict]:
+    return [
+        {"epoch": str(i + 1), "train_loss": str(x), "val_loss": str(x), "val_acc": "0.9"}
+        for i, x in enumerate(losses)
+    ]
+
+
+def stand_in_run(rc=0, epochs=None, **metrics) -> RunResult:
+    m = {
+        "device": {"type": "cuda", "name": "stand-in GPU"},
+        "backend": "nccl",
+        "precision": "bf16",
+        "strategy": "ddp",
+        "comm_hook": "none",
+        "world_size": 1,
+        "matmul_fp32_precision": "ieee",
+        "cudnn_fp32_precision": "ieee",
+        "best_val_acc": 0.93,
+        "throughput_img_s": 20000.0,
+        "param_checksums": ["abc"],
+        "compile": False,
+        "restarts": 0,
+        "gpu_util_mean": 87.5,
+        "width": 64,
+        "local_batch": 512,
+        "data_time_frac": 0.01,
+    }
+    m.update(metrics)
+    return RunResult(
+        rc=rc,
+        wall_s=3.0,
+        limit_s=120,
+        metrics=m if rc == 0 else None,
+        epochs=stand_in_epochs() if epochs is None else epochs,
+        log_tail="" if rc == 0 else "Traceback ...\nRuntimeError: stand-in failure",
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# the judges
+
+
+def test_versions_pass_with_cuda_cudnn_nccl_and_fail_without_nccl():
+    info = {"cuda_available": True, "device_count": 1, "cuda": "13.0", "cudnn": "91200"}
+    assert report.judge_versions({**info, "nccl": "2.27.7"}).status == PASS
+    failed = report.judge_versions({**info, "nccl": "absent"})
+    assert failed.status == FAIL and "nccl" in failed.problems[0]
+
+
+@pytest.mark.parametrize("precision", vocab.PRECISIONS)
+def test_single_rank_passes_when_it_learned_with_the_arithmetic_asked_for(precision):
+    fp32 = "tf32" if precision == "tf32" else "ieee"
+    run = stand_in_run(precision=precision, matmul_fp32_precision=fp32, cudnn_fp32_precision=fp32)
+    check = report.judge_single(f"nccl1-ddp-{precision}", precision, "ddp", run)
+    assert check.status == PASS, check.problems
+    assert check.numbers["best_val_acc"] == 0.93 and check.numbers["train_loss_last"] == 0.8
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        ({"rc": 1}, "exited with 1"),
+        ({"best_val_acc": 0.2}, "not learned"),
+        ({"epochs": stand_in_epochs((2.3, float("nan"), 0.8))}, "non-finite loss"),
+        ({"epochs": stand_in_epochs((2.3, 2.3, 2.4))}, "did not fall"),
+        ({"device": {"type": "cpu", "name": "x86"}}, "not cuda"),
+        ({"backend": "gloo"}, "backend"),
+        ({"cudnn_fp32_precision": "tf32"}, "cudnn_fp32_precision"),
+    ],
+)
+def test_single_rank_fails_and_says_why(change, problem):
+    check = report.judge_single("nccl1-ddp-bf16", "bf16", "ddp", stand_in_run(**change))
+    assert check.status == FAIL
+    assert any(problem in p for p in check.problems), check.problems
+    if change.get("rc"):
+        assert "stand-in failure" in check.log_tail
+
+
+def test_a_run_stopped_at_its_limit_or_never_started_fails():
+    late = RunResult(rc=None, wall_s=120, limit_s=120, timed_out=True, log_tail="step 3")
+    check = report.judge_single("nccl1-fsdp-fp16", "fp16", "fsdp", late)
+    assert check.status == FAIL and "stopped at its limit of 120 s" in check.problems[0]
+    assert check.log_tail == "step 3"
+    never = report.judge_pair("gloo2-ddp", "ddp", "none", RunResult(rc=None, started=False))
+    assert never.status == FAIL and "no time left" in never.problems[0]
+
+
+def test_pair_passes_on_equal_checksums_and_fails_on_different_ones():
+    def pair(sums):
+        return stand_in_run(world_size=2, backend="gloo", param_checksums=sums, comm_hook="fp16")
+
+    assert report.judge_pair("gloo2-ddp-hook-fp16", "ddp", "fp16", pair(["a", "a"])).status == PASS
+    check = report.judge_pair("gloo2-ddp-hook-fp16", "ddp", "fp16", pair(["a", "b"]))
+    assert check.status == FAIL and "checksums differ" in check.problems[0]
+
+
+def test_two_gpu_check_is_skipped_on_one_gpu_and_judged_on_two():
+    assert report.judge_two_gpus(1, None).status == SKIPPED
+    run = stand_in_run(world_size=2, param_checksums=["a", "a"], comm_exposed_frac=0.1)
+    assert report.judge_two_gpus(2, run).status == PASS
+
+
+COMPILE_LOG = """\
+[rank 0/1 node] compiling
+V1124 [0/1] [__recompiles] Recompiling function forward in models.py:40
+[rank 0/1 node] steady-state window opens at step 5
+[rank 0/1 node] epoch   1/2 | train loss 2.1
+"""
+
+
+def test_compile_passes_with_recompilations_only_before_the_window():
+    assert report.recompiles_after_marker(COMPILE_LOG) == (5, 1, [])
+    check = report.judge_compile(stand_in_run(compile=True), COMPILE_LOG)
+    assert check.status == PASS, check.problems
+    assert check.numbers["recompiles_in_window"] == 0
+
+
+def test_compile_fails_on_a_recompilation_in_the_window_or_without_the_marker():
+    late = COMPILE_LOG + "V1124 [0/2] [__recompiles] Recompiling function forward in x.py:9\n"
+    check = report.judge_compile(stand_in_run(compile=True), late)
+    assert check.status == FAIL and "1 recompilation(s) inside the window" in check.problems[0]
+    no_marker = report.judge_compile(stand_in_run(compile=True), "epoch 1\n")
+    assert no_marker.status == FAIL and "steady-state window opens" in no_marker.problems[0]
+
+
+def checkpoint_case(stop_rc=75, restarts=1, dcp=True, metrics_json=False, epochs=6):
+    stop = RunResult(rc=stop_rc, wall_s=4.0, limit_s=120)
+    resume = stand_in_run(restarts=restarts, resumed_from_epochs=[2])
+    resume.epochs = stand_in_epochs([2.0] * epochs)
+    after = {"checkpoints": ["epoch-0002"], "dcp": dcp, "metrics_json": metrics_json}
+    return stop, after, resume
+
+
+def test_checkpoint_passes_on_stop_75_and_a_resume():
+    check = report.judge_checkpoint("fsdp", *checkpoint_case()[:2], checkpoint_case()[2], 6)
+    assert check.status == PASS, check.problems
+    assert check.numbers["stop_exit"] == 75 and check.numbers["restarts"] == 1
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        ({"stop_rc": 0}, "exited 0, not 75"),
+        ({"dcp": False}, "dcp/.metadata"),
+        ({"metrics_json": True}, "must not look complete"),
+        ({"restarts": 0}, "restarts is 0"),
+        ({"epochs": 5}, "expected 1..6"),
+    ],
+)
+def test_checkpoint_fails_and_says_why(change, problem):
+    stop, after, resume = checkpoint_case(**change)
+    check = report.judge_checkpoint("fsdp", stop, after, resume, 6)
+    assert check.status == FAIL and any(problem in p for p in check.problems), check.problems
+
+
+def test_nvml_needs_samples_and_a_mean():
+    samples = [{"util_pct": "91", "power_w": "420.5", "sm_clock_mhz": "1980"}]
+    check = report.judge_nvml(stand_in_run(), samples)
+    assert check.status == PASS and check.numbers["power_w_max"] == 420.5
+    assert report.judge_nvml(stand_in_run(), []).status == FAIL
+    unmeasured = report.judge_nvml(stand_in_run(gpu_util_mean=None), samples)
+    assert unmeasured.status == FAIL and "gpu_util_mean is null" in unmeasured.problems
+
+
+def stand_in_ops(other_us: float = 10.0) -> list[dict]:
+    """A torch_ops export of a GPU window: CUDA kernels (real cuDNN/ATen names) and ranges."""
+    cuda = [
+        ("sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc", 600.0),
+        ("void cudnn::bn_fw_tr_1C11_kernel_NCHW<float, float, int, 512>", 200.0),
+        ("void at::native::vectorized_elementwise_kernel<4, at::native::relu>", 150.0),
+        ("void some_unknown_kernel<7>(float*)", other_us),
+    ]
+    ops = [
+        {"name": n, "count": 3, "self_cpu_us": 0.0, "cpu_total_us": 0.0,
+         "self_device_us": t, "device_type": "CUDA"}
+        for n, t in cuda
+    ]  # fmt: skip
+    ops += [
+        {"name": "forward", "count": 3, "self_cpu_us": 50.0, "cpu_total_us": 900.0,
+         "self_device_us": 0.0, "device_type": "CPU"},
+        {"name": "aten::convolution", "count": 60, "self_cpu_us": 300.0, "cpu_total_us": 800.0,
+         "self_device_us": 0.0, "device_type": "CPU"},
+    ]  # fmt: skip
+    return ops
+
+
+def parsed(tmp_path: Path, ops: list[dict]) -> list[dict]:
+    """The real parser over the stand-in export."""
+    path = tmp_path / "torch_ops_rank0.json"
+    path.write_text(json.dumps({"format": "scalestudy-torch-ops-1", "ops": ops}))
+    return torch_ops.parse_torch(path, "gpu-check")[0]
+
+
+def test_profile_passes_when_kernels_are_classified(tmp_path):
+    ops = stand_in_ops()
+    check = report.judge_profile(stand_in_run(), ops, parsed(tmp_path, ops))
+    assert check.status == PASS, check.problems
+    assert check.numbers["cuda_kernels_recorded"] == 4
+    assert check.numbers["other_share"] == pytest.approx(10 / 960, abs=1e-4)
+    assert check.numbers["top_other"] == ["void some_unknown_kernel<7>(float*)"]
+
+
+def test_profile_fails_when_other_dominates_or_no_cuda_kernel(tmp_path):
+    ops = stand_in_ops(other_us=5000.0)
+    check = report.judge_profile(stand_in_run(), ops, parsed(tmp_path, ops))
+    assert check.status == FAIL and "'other'" in check.problems[0]
+    cpu_only = [op for op in stand_in_ops() if op["device_type"] == "CPU"]
+    check = report.judge_profile(stand_in_run(), cpu_only, parsed(tmp_path, cpu_only))
+    assert check.status == FAIL and "no CUDA kernel" in check.problems[0]
+
+
+def test_ncu_is_skipped_without_ncu_and_judged_on_parsed_rows():
+    assert report.judge_ncu(None, []).status == SKIPPED
+    rows = ncu_parser.parse_ncu(FIX / "ncu-2025.1" / "ncu_k0.csv", "gpu-check")
+    argv = gpu_check.ncu_command(Path("k0"), rows[0]["kernel"], ["python", "t.py"])
+    ok = {"kernel": rows[0]["kernel"], "run": RunResult(rc=0), "rows": rows[:1], "argv": argv}
+    check = report.judge_ncu("/usr/bin/ncu", [ok])
+    assert check.status == PASS, check.problems
+    assert check.numbers["kernels"][0]["duration_us"] == pytest.approx(
+        rows[0]["duration_ns"] / 1e3, rel=1e-3
+    )
+    base_clocks = {**ok, "argv": [a for a in argv if a not in ("--clock-control", "none")]}
+    assert "without --clock-control" in report.judge_ncu("ncu", [base_clocks]).problems[0]
+    no_match = {**ok, "rows": None, "error": "ncu wrote no ncu_k0.ncu-rep"}
+    assert report.judge_ncu("ncu", [no_match]).status == FAIL
+    assert report.judge_ncu("ncu", []).status == FAIL  # no kernel to profile is no proof
+
+
+def test_ncu_command_runs_at_the_timed_runs_clocks():
+    argv = gpu_check.ncu_command(Path("d/ncu_k0"), "ampere_sgemm_128x64_tn", ["python", "t.py"])
+    assert argv[:3] == ["ncu", "--clock-control", "none"] and argv.count("--clock-control") == 1
+    assert argv[-2:] == ["python", "t.py"] and "--profile-from-start" in argv
+
+
+def reference_case(ours_img_s: float, **ref_changes) -> tuple[RunResult, RunResult]:
+    ours = stand_in_run(throughput_img_s=ours_img_s)
+    ref = {"throughput_img_s": 10000.0, "width": 64, "local_batch": 512, "precision": "bf16"}
+    ref |= {"world_size": 1, "device": "NVIDIA H100", "num_workers": 8}
+    ref |= {"cudnn_fp32_precision": "ieee", **ref_changes}
+    return ours, RunResult(rc=0, wall_s=5.0, metrics=ref)
+
+
+def test_reference_passes_when_ours_is_not_slower_and_reports_the_target():
+    check = report.judge_reference("bf16", *reference_case(25000.0))
+    assert check.status == PASS, check.problems
+    assert check.numbers["ratio"] == 2.5 and check.numbers["target_3x_met"] is False
+
+
+@pytest.mark.parametrize(
+    ("ours", "change", "problem"),
+    [
+        (8000.0, {}, "0.80 < 1.0"),
+        (25000.0, {"width": 16}, "width differs"),
+        (25000.0, {"cudnn_fp32_precision": "tf32"}, "cudnn_fp32_precision differs"),
+        (25000.0, {"device": "cpu"}, "not both on cuda"),
+    ],
+)
+def test_reference_fails_and_says_why(ours, change, problem):
+    check = report.judge_reference("bf16", *reference_case(ours, **change))
+    assert check.status == FAIL and any(problem in p for p in check.problems), check.problems
+
+
+# ---------------------------------------------------------------------------------------------
+# the report
+
+
+def stand_in_checks() -> list[Check]:
+    ours, ref = reference_case(25000.0)
+    return [
+        report.judge_versions(
+            {"cuda_available": True, "device_count": 1, "cuda": "13.0", "cudnn": "9", "nccl": "2"}
+        ),
+        report.judge_single("nccl1-ddp-bf16", "bf16", "ddp", stand_in_run()),
+        report.judge_single("nccl1-fsdp-fp16", "fp16", "fsdp", stand_in_run(rc=1)),
+        report.judge_two_gpus(1, None),
+        report.judge_reference("bf16", ours, ref),
+        report.judge_nvml(stand_in_run(gpu_util_mean=None), []),
+    ]
+
+
+def test_report_writes_markdown_and_json_with_failures_and_limits(tmp_path):
+    header = {
+        "host": "gpu-node-1",
+        "started_at": "2026-11-24T10:00:00+00:00",
+        "git_commit": "abc123",
+        "budget_s": 480.0,
+        "wall_s": 301.2,
+        "versions": {"device_name": "NVIDIA H100 80GB HBM3", "device_count": 1, "nccl": "2"},
+        "fixtures": ["fixtures/torch_ops_rank0.json"],
+    }
+    doc = report.write_report(tmp_path, header, stand_in_checks())
+    assert doc["passed"] is False and doc["counts"] == {"pass": 3, "fail": 2, "skipped": 1}
+    assert json.loads((tmp_path / "gpu-check.json").read_text()) == doc
+    md = (tmp_path / "gpu-check.md").read_text()
+    assert md.startswith("# gpu-check on gpu-node-1: FAILED")
+    assert "| nccl1-fsdp-fp16 | FAIL |" in md and "| nccl1-ddp-bf16 | pass |" in md
+    assert "RuntimeError: stand-in failure" in md  # the failing run's log tail
+    assert "### nccl2-ddp (skipped)" in md and "NCCL needs a GPU per rank" in md
+    assert "gpu_util_mean unmeasured" in md  # None is said to be unmeasured
+    assert "NVIDIA H100 80GB HBM3" in md and "budget 480 s" in md
+    section = md.split("## What one GPU cannot prove")[1]
+    assert "NCCL collectives between GPUs" in section and "multi-node" in section
+    assert "`fixtures/torch_ops_rank0.json`" in md
+
+
+def test_report_of_all_passing_checks_says_passed(tmp_path):
+    checks = [c for c in stand_in_checks() if c.status != FAIL]
+    checks[1].numbers["throughput_img_s"] = float("nan")  # JSON has no NaN: written as "nan"
+    doc = report.write_report(tmp_path, {"host": "n", "versions": {"device_count": 2}}, checks)
+    assert doc["passed"] is True
+    assert (tmp_path / "gpu-check.md").read_text().startswith("# gpu-check on n: PASSED")
+    assert not any("one NCCL rank" in item for item in doc["cannot_prove"])  # 2 GPUs
+    assert (
+        json.loads((tmp_path / "gpu-check.json").read_text())["checks"][1]["numbers"][
+            "throughput_img_s"
+        ]
+        == "nan"
+    )
+
+
+def test_fmt_never_prints_a_number_for_nothing():
+    assert report.fmt(None) == "unmeasured"
+    assert report.fmt(25123.4) == "25,123" and report.fmt(0.01234) == "0.01234"
+    assert report.fmt(float("nan")) == "nan" and report.fmt(math.inf) == "inf"
+
+
+# ---------------------------------------------------------------------------------------------
+# fixtures
+
+
+def test_trimmed_torch_export_keeps_what_the_parser_reads(tmp_path):
+    ops = stand_in_ops() + [
+        {"name": f"aten::op{i}", "count": 1, "self_cpu_us": float(i), "cpu_total_us": 1.0,
+         "self_device_us": 0.0, "device_type": "CPU"}
+        for i in range(30)
+    ]  # fmt: skip
+    trimmed = report.trim_torch_ops({"format": "scalestudy-torch-ops-1", "ops": ops}, 2, 3)
+    assert len(trimmed["ops"]) == 1 + 2 + 3 and trimmed["trimmed"] == "6 of 36 entries"
+    names = [op["name"] for op in trimmed["ops"]]
+    assert "forward" in names and names[1].startswith("sm90_xmma_fprop")
+    kernels = parsed(tmp_path, trimmed["ops"])
+    assert [r["category"] for r in kernels] == ["conv", "batchnorm"]
+
+
+@pytest.mark.parametrize("name", ["ncu-2025.1/ncu_k0.csv", "ncu-2022.4/ncu_details.csv"])
+def test_trimmed_ncu_csv_parses_to_the_same_rows(tmp_path, name):
+    text = (FIX / name).read_text()
+    trimmed = report.trim_ncu_csv(text, preamble=1, rules=1, others=0)
+    assert len(trimmed) < len(text)
+    (tmp_path / "cut.csv").write_text(trimmed)
+    whole = ncu_parser.parse_ncu(FIX / name, "r")
+    assert ncu_parser.parse_ncu(tmp_path / "cut.csv", "r") == whole
+
+
+# ---------------------------------------------------------------------------------------------
+# the runner and the real trainer on CPU (the same functions the GPU checks use)
+
+
+def cpu_context(tmp_path: Path, data_dir: Path, budget_s: float = 300) -> gpu_check.Context:
+    work = gpu_check.prepare_out(tmp_path / "out")
+    (work / "data").symlink_to(data_dir)
+    env = child_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), env.get("PYTHONPATH", "")])
+    small = ("--dataset", "synthetic", "--width", "4", "--local-batch", "64")
+    small += ("--limit-train", "256", "--limit-test", "100", "--warmup-steps", "2")
+    small += ("--comm-probe-steps", "0")
+    return gpu_check.Context(
+        work=work,
+        fixtures=tmp_path / "out" / "fixtures",
+        env=env,
+        budget=gpu_check.Budget(time.monotonic() + budget_s),
+        device="cpu",
+        small=small,
+    )
+
+
+def test_runner_kills_the_whole_process_group_at_the_limit(tmp_path):
+    script = (
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen(['sleep', '120'])\n"
+        "print(f'PID:{child.pid}', flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    log = tmp_path / "slow.log"
+    t0 = time.monotonic()
+    run = gpu_check.run_process([sys.executable, "-c", script], log, 6, child_env())
+    assert run.timed_out and run.rc is None and time.monotonic() - t0 < 30
+    lines = log.read_text().splitlines()  # the command, then the script's output
+    child = int(next(line for line in lines if line.startswith("PID:"))[4:])
+    for _ in range(50):  # reaped by init once killed
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(child, signal.SIGKILL)
+        pytest.fail(f"the grandchild {child} survived the limit")
+    check = report.judge_single("nccl1-ddp-fp32", "fp32", "ddp", run)
+    assert "stopped at its limit of 6 s" in check.problems[0]
+
+
+def test_log_tail_keeps_the_reason_above_torchruns_traceback(tmp_path):
+    log = tmp_path / "pair.log"
+    noise = [f"  File torch/distributed/run.py, line {i}" for i in range(60)]
+    log.write_text("\n".join(["+ torchrun ...", "scalestudy: error: bad flag", *noise]) + "\n")
+    text = gpu_check.tail(log).splitlines()
+    assert text[:2] == ["scalestudy: error: bad flag", "[...]"]
+    assert text[-1] == noise[-1] and len(text) == 2 + report.TAIL_LINES
+
+
+def test_runner_starts_nothing_when_the_budget_is_spent(tmp_path, data_dir):
+    ctx = cpu_context(tmp_path, data_dir, budget_s=1)
+    run = gpu_check.trainer(ctx, "late", list(ctx.small), "single")
+    assert not run.started and run.metrics is None
+    assert "no time left" in report.run_problems(run)[0]
+    assert not (ctx.work / "runs" / "late").exists()
+
+
+def test_checkpoint_check_on_the_real_trainer(tmp_path, data_dir):
+    """SIGUSR1 after epoch 1, exit 75, resume: the GPU check's own code, with the trainer on
+    CPU, judged by the GPU check's judge."""
+    ctx = cpu_context(tmp_path, data_dir)
+    check = gpu_check.check_checkpoint(ctx, "ddp")
+    assert check.status == PASS, (check.problems, check.log_tail)
+    assert check.numbers["stop_exit"] == 75 and check.numbers["restarts"] == 1
+    assert check.numbers["checkpoints_after_stop"]
+    log = (ctx.work / "logs" / "checkpoint-ddp-stop.log").read_text()
+    assert log.startswith("+ ") and "--device cpu" in log and "received SIGUSR1" in log
+
+
+def test_every_check_has_a_place_in_the_report(tmp_path):
+    ctx = gpu_check.Context(work=tmp_path, fixtures=tmp_path, env={}, budget=gpu_check.Budget(0))
+    names = list(gpu_check.shared_gpu_checks(ctx))
+    assert len([n for n in names if n.startswith("nccl1-")]) == 12
+    assert len([n for n in names if n.startswith("gloo2-")]) == len(gpu_check.PAIRS) == 5
+    for name in [*names, "versions", "nvml", "ncu", "reference-bf16", "reference-fp32"]:
+        gpu_check.order(Check(name=name, status=PASS, criterion=""))
+
+
+def test_children_get_no_launcher_variables_and_this_source_tree(monkeypatch):
+    monkeypatch.setenv("SLURM_NTASKS", "8")
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("SCALESTUDY_PROFILER", "torch")
+    env = gpu_check.child_env("GPU-1234")
+    assert not {"SLURM_NTASKS", "RANK", "SCALESTUDY_PROFILER"} & set(env)
+    assert env["CUDA_VISIBLE_DEVICES"] == "GPU-1234"
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(REPO / "src")
