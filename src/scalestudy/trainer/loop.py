@@ -243,6 +243,7 @@ def finish(
         "restarts": len(state.resumed_from_epochs),
         "resumed_from_epochs": state.resumed_from_epochs,
         "checkpoint_stall_s": checkpointing.stall_s,
+        "net_interface": sdist.net_interface_over_ranks(world_size),
     }
     checkpointing.finish()  # before metrics.json: a finished run never resumes
     if run.rank == 0:

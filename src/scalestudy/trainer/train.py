@@ -31,6 +31,11 @@ How the numbers are measured (the analysis relies on these definitions):
 - time_to_target_s: training time (evaluation excluded) until the end of the first epoch whose
   val_acc reaches --target-acc; null if never reached.
 - train_time_s: wall time of the whole training loop, evaluation included.
+- net_interface: not a measurement: the network interface gloo and NCCL were pinned to
+  (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME; dist.py), its distinct values over ranks, e.g.
+  ["eth0 (auto)"]: "auto" = the interface routing to MASTER_ADDR, chosen by the trainer; "user" =
+  the variable was set by the user and kept; "GLOO_SOCKET_IFNAME=... , NCCL_SOCKET_IFNAME=..."
+  when the two differ.
 
 Checkpoints and resume (--checkpoint-dir; state.py, checkpoint.py): a run saves every
 --checkpoint-every epochs and, on SIGTERM/SIGUSR1, at the end of the current epoch (all ranks
