@@ -8,7 +8,8 @@ Backend: NCCL on CUDA, gloo on CPU. Rank 0 writes --out/{metrics.json,epochs.csv
 
 Modules: loop.py (the training loop), measure.py (how the numbers below are taken), state.py
 (checkpoint protocol and resume), parallel.py (DDP/FSDP/all-reduce), recipe.py (optimizer, LR
-schedule), loaders.py (input pipelines), checkpoint.py (checkpoint files).
+schedule), loaders.py (input pipelines), checkpoint.py (checkpoint files), progress.py (a hung
+rank is named: every rank logs which rank stopped, and where, when a collective fails).
 
 How the numbers are measured (the analysis relies on these definitions):
 - step: one optimizer step (accum_steps micro-batches on every rank).
@@ -66,6 +67,7 @@ from scalestudy import log
 from scalestudy.errors import Preempted, TrainingError
 from scalestudy.trainer import checkpoint as ckpt
 from scalestudy.trainer import dist as sdist
+from scalestudy.trainer import progress
 from scalestudy.trainer.config import TrainConfig
 from scalestudy.trainer.config import add_arguments as _add_config_arguments
 from scalestudy.trainer.loop import train
@@ -98,6 +100,7 @@ def main(cfg: TrainConfig) -> int:
     except Exception as exc:
         logger.error(f"cannot start: {exc}")
         return 1
+    progress.start(denv, sdist.hostname(), cfg.pg_timeout_s)  # a hung rank is named
     try:
         train(cfg, denv, device, stop)
         return 0
@@ -106,9 +109,11 @@ def main(cfg: TrainConfig) -> int:
         return ckpt.PREEMPTED_EXIT
     except Exception as exc:
         # name the rank: with 64 ranks, "which one failed and why" is the first question
+        progress.explain_failure(exc)  # a failed collective: which rank stopped, and where
         logger.error(f"training failed: {type(exc).__name__}: {exc}")
         raise
     finally:
+        progress.stop()
         if dist.is_initialized():
             dist.destroy_process_group()
 
