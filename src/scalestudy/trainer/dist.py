@@ -1,4 +1,4 @@
-"""Who am I in the job: launcher detection, Slurm host lists, process-group set-up.
+"""Who am I in the job: launcher detection, Slurm host lists, the network interface, process group.
 
 Three ways a rank is started, detected from the environment (pure function `detect`):
 - torchrun (or any env:// launcher): RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
@@ -22,6 +22,9 @@ on one node; on several nodes it means MASTER_ADDR resolves to this host's loopb
 on the master node), so the route to the other hosts of the Slurm node list is taken instead.
 Decided: no guess when that fails too, nor when MASTER_ADDR does not resolve or has no route (the
 process group could not start either): a LaunchError says so and how to set the variables.
+NCCL's InfiniBand traffic does not use this interface (NCCL_IB_HCA picks the HCAs), but on an
+Ethernet-only cluster with a faster NIC than the one routing to MASTER_ADDR, set
+NCCL_SOCKET_IFNAME to it: a user's value is never replaced.
 metrics.json records the result per distinct value over ranks (`net_interface`, train.py).
 """
 
