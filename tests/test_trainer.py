@@ -31,6 +31,7 @@ def test_metrics_has_every_key_and_sane_values(ddp_run):
         assert flag in m
     assert m["world_size"] == 2 and m["nodes"] == 1 and m["ranks_per_node"] == 2
     assert m["launcher"] == "torchrun"
+    assert m["net_interface"] == ["lo (auto)"]  # MASTER_ADDR=localhost routes through lo
     assert m["global_batch"] == 64 and m["local_batch"] == 32
     assert m["device"]["type"] == "cpu"
     assert m["gpu_util_mean"] is None  # no GPU: null, never a made-up 0

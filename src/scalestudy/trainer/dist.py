@@ -1,4 +1,4 @@
-"""Who am I in the job: launcher detection, Slurm host lists, process-group set-up.
+"""Who am I in the job: launcher detection, Slurm host lists, the network interface, process group.
 
 Three ways a rank is started, detected from the environment (pure function `detect`):
 - torchrun (or any env:// launcher): RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
@@ -9,16 +9,37 @@ Three ways a rank is started, detected from the environment (pure function `dete
 - nothing: one process, rank 0 of 1, on 127.0.0.1 with a free port.
 RANK takes precedence over SLURM_PROCID, so one torchrun per node inside an allocation works too.
 The device comes from the LOCAL rank (the global rank is a bug as soon as there are two nodes).
+
+The network interface of gloo and NCCL is pinned before the process group starts (`pin_interfaces`).
+Left alone, gloo binds to the address the host name resolves to: 127.0.1.1 on hosts whose
+/etc/hosts maps the name there (Debian's default), so the other nodes are told to connect to a
+loopback address and the FSDP checkpoint group (gloo) hangs. So, unless the user set
+GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME (a user's value wins and is kept, each on its own), both are
+set to the interface whose address routes to MASTER_ADDR: the kernel's route lookup (connect() of
+a UDP socket sends nothing) gives the local source address, and the interface holding it is
+found with the SIOCGIFADDR ioctl (IPv4) or /proc/net/if_inet6 (IPv6). A loopback route is right
+on one node; on several nodes it means MASTER_ADDR resolves to this host's loopback (the rank
+on the master node), so the route to the other hosts of the Slurm node list is taken instead.
+Decided: no guess when that fails too, nor when MASTER_ADDR does not resolve or has no route (the
+process group could not start either): a LaunchError says so and how to set the variables.
+NCCL's InfiniBand traffic does not use this interface (NCCL_IB_HCA picks the HCAs), but on an
+Ethernet-only cluster with a faster NIC than the one routing to MASTER_ADDR, set
+NCCL_SOCKET_IFNAME to it: a user's value is never replaced.
+metrics.json records the result per distinct value over ranks (`net_interface`, train.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import fcntl
+import ipaddress
 import itertools
 import os
 import re
 import socket
-from collections.abc import Mapping
+import struct
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 
 from scalestudy.errors import LaunchError
@@ -164,9 +185,118 @@ def hostname(env: Mapping[str, str] = os.environ) -> str:
     return env.get("SLURMD_NODENAME") or socket.gethostname()
 
 
+# the variables that choose gloo's and NCCL's socket interface (NCCL_SOCKET_IFNAME also picks
+# NCCL's bootstrap and socket transport; InfiniBand devices are chosen by NCCL_IB_HCA)
+IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+SIOCGIFADDR = 0x8915  # <linux/sockios.h>: get an interface's (primary) IPv4 address
+_pinned: dict[str, str] = {}  # IFNAME_VARS -> "name (auto)" / "name (user)", for metrics.json
+
+
+def route_source(host: str, port: int) -> str:
+    """The local address the kernel would send from to reach `host` (no packet is sent)."""
+    try:
+        family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect(addr)
+            return s.getsockname()[0]
+    except OSError as exc:  # socket.gaierror: unknown name; ENETUNREACH: no route
+        raise LaunchError(
+            f"no route from this host to {host} ({exc}); set {' and '.join(IFNAME_VARS)} to the "
+            "interface the ranks reach each other on"
+        ) from exc
+
+
+def interface_of(address: str) -> str:
+    """The name of the local interface that holds `address` (IPv4 or IPv6)."""
+    ip = ipaddress.ip_address(address.split("%")[0])
+    if ip.version == 4:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            for _, name in socket.if_nameindex():
+                request = struct.pack("256s", name.encode()[:15])  # struct ifreq, IFNAMSIZ 16
+                try:
+                    reply = fcntl.ioctl(s.fileno(), SIOCGIFADDR, request)
+                except OSError:  # no IPv4 address on this interface
+                    continue
+                if socket.inet_ntoa(reply[20:24]) == str(ip):  # ifr_addr.sin_addr
+                    return name
+    else:
+        # /proc/net/if_inet6: address (32 hex digits), index, prefix, scope, flags, name
+        with contextlib.suppress(OSError), open("/proc/net/if_inet6") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) == 6 and int(fields[0], 16) == int(ip):
+                    return fields[5]
+    raise LaunchError(
+        f"no local interface holds {address} (as its primary IPv4 address), the address that "
+        f"routes to MASTER_ADDR; set "
+        f"{' and '.join(IFNAME_VARS)} to the interface the ranks reach each other on"
+    )
+
+
+def job_hosts(env: Mapping[str, str] = os.environ) -> list[str]:
+    """The hosts of this Slurm job step (empty outside Slurm)."""
+    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or ""
+    return expand_nodelist(nodelist) if nodelist else []
+
+
+def peer_interface(denv: DistEnv, env: Mapping[str, str] = os.environ) -> str:
+    """The interface whose address routes to MASTER_ADDR (or, where that is this host's
+    loopback in a job of several nodes, to another host of the job)."""
+    source = route_source(denv.master_addr, denv.master_port)
+    if denv.nodes == 1 or not ipaddress.ip_address(source.split("%")[0]).is_loopback:
+        return interface_of(source)
+    me = {hostname(env), socket.gethostname()}
+    for host in job_hosts(env):
+        if host in me:
+            continue
+        with contextlib.suppress(LaunchError):
+            other = route_source(host, denv.master_port)
+            if not ipaddress.ip_address(other.split("%")[0]).is_loopback:
+                return interface_of(other)
+    raise LaunchError(
+        f"MASTER_ADDR={denv.master_addr} resolves to this host's loopback ({source}) but the job "
+        f"spans {denv.nodes} nodes, and no other host of the job is reachable off loopback: fix "
+        f"the host name in /etc/hosts or set {' and '.join(IFNAME_VARS)}"
+    )
+
+
+def pin_interfaces(denv: DistEnv, env: MutableMapping[str, str] = os.environ) -> dict[str, str]:
+    """Set GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME to the interface towards MASTER_ADDR,
+    keeping a value the user set; returns variable -> "name (auto)" or "value (user)"."""
+    user = {var: env[var] for var in IFNAME_VARS if env.get(var)}
+    chosen = {var: f"{value} (user)" for var, value in user.items()}
+    if len(user) < len(IFNAME_VARS):
+        name = peer_interface(denv, env)
+        for var in IFNAME_VARS:
+            if var not in user:
+                env[var] = name
+                chosen[var] = f"{name} (auto)"
+    return chosen
+
+
+def describe_interfaces(chosen: Mapping[str, str]) -> str:
+    """What metrics.json says of a rank's pinned interface: 'eth0 (auto)' when gloo and NCCL
+    share it, else 'GLOO_SOCKET_IFNAME=eth0 (user), NCCL_SOCKET_IFNAME=ib0 (auto)'."""
+    values = set(chosen.values())
+    if len(values) == 1:
+        return values.pop()
+    return ", ".join(f"{var}={chosen[var]}" for var in IFNAME_VARS if var in chosen)
+
+
+def net_interface_over_ranks(world_size: int) -> list[str]:
+    """The distinct `net_interface` values of all ranks (a collective: every rank calls it)."""
+    import torch.distributed as dist
+
+    values: list = [None] * world_size
+    dist.all_gather_object(values, describe_interfaces(_pinned))
+    return sorted(set(values))
+
+
 def init_process_group(denv: DistEnv, backend: str, timeout_s: float) -> None:
     import torch.distributed as dist
 
+    _pinned.clear()
+    _pinned.update(pin_interfaces(denv))  # before any gloo/NCCL socket exists
     os.environ["MASTER_ADDR"] = denv.master_addr
     os.environ["MASTER_PORT"] = str(denv.master_port)
     dist.init_process_group(

@@ -24,7 +24,7 @@ from scalestudy import files, log
 from scalestudy.errors import TrainingError
 from scalestudy.trainer import checkpoint as ckpt
 from scalestudy.trainer import dist as sdist
-from scalestudy.trainer import loaders
+from scalestudy.trainer import loaders, progress
 from scalestudy.trainer.config import TrainConfig
 from scalestudy.trainer.measure import Meter, Profiler, comm_probe, environment
 from scalestudy.trainer.models import build_model
@@ -133,6 +133,7 @@ def train_epochs(
 def end_of_epoch(run: Run, state: RunState, epoch: int, sums: tuple, epoch_time: float) -> None:
     """Reduce the epoch's sums over ranks, evaluate on the whole test set, record the epoch."""
     cfg, device = run.cfg, run.device
+    progress.at("evaluation")  # the epoch's reduction and the evaluation (hang diagnosis)
     loss_sum, correct, seen = sums
     stats = torch.stack(
         [loss_sum, correct.double(), torch.tensor(float(seen), device=device, dtype=torch.float64)]
@@ -207,6 +208,7 @@ def finish(
         # their difference, noise (30% seen on a CPU), as exposed communication
         comm_exposed = 0.0
     elif cfg.comm_probe_steps:
+        progress.at("comm probe")
         comm_exposed = comm_probe(
             run.model,
             run.no_sync,
@@ -219,11 +221,13 @@ def finish(
         )
 
     # every rank must end with the same weights; a silent divergence would void every number
+    progress.at("final checksum")
     checksums: list = [None] * world_size
     dist.all_gather_object(checksums, param_checksum(run.model))
     if len(set(checksums)) != 1:
         raise TrainingError(f"ranks hold different parameters after training: {checksums}")
 
+    progress.at("metrics")
     metrics = {
         **dataclasses.asdict(cfg),
         "backend": dist.get_backend(),  # in effect: --backend auto resolved
@@ -249,6 +253,7 @@ def finish(
         "restarts": len(state.resumed_from_epochs),
         "resumed_from_epochs": state.resumed_from_epochs,
         "checkpoint_stall_s": checkpointing.stall_s,
+        "net_interface": sdist.net_interface_over_ranks(world_size),
     }
     checkpointing.finish()  # before metrics.json: a finished run never resumes
     if run.rank == 0:

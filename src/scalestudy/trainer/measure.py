@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from scalestudy import files, log
 from scalestudy.trainer import dist as sdist
+from scalestudy.trainer import progress
 from scalestudy.trainer.config import TrainConfig
 from scalestudy.trainer.parallel import allreduce_gradients
 
@@ -78,6 +79,7 @@ class Meter:
 
     def before_step(self, step: int, seen: int) -> None:
         """Opens the window at the first step after warm-up; `seen`: the epoch's images so far."""
+        progress.at_step(step)  # where this rank is, for the hang diagnosis (progress.py)
         self.in_window = step - self.segment_start >= self.warmup_steps
         if self.in_window and self.window_t0 is None:
             if step - self.segment_start == self.warmup_steps:
@@ -92,6 +94,7 @@ class Meter:
 
     def phase(self, name: str):
         """A timed phase of the step (data, forward, backward, communication, optimizer)."""
+        progress.at(name)  # an assignment: the hang diagnosis publishes it off the hot path
         return self.timer.phase(name)
 
     def step_end(self) -> None:

@@ -24,6 +24,7 @@ import torch.distributed as dist
 from scalestudy import log
 from scalestudy.errors import CheckpointError, Preempted
 from scalestudy.trainer import checkpoint as ckpt
+from scalestudy.trainer import progress
 from scalestudy.trainer.config import TrainConfig
 
 if TYPE_CHECKING:
@@ -170,6 +171,7 @@ class Checkpointing:
         save, wait for the save on every rank and raise Preempted."""
         if self.saver is None or state.epoch >= self.cfg.epochs:
             return
+        progress.at("checkpoint")  # the stop agreement and the save (hang diagnosis)
         stopping = self._agree_on_stop()
         if stopping and self.stop is not None and self.stop.raised:
             logger.warning(

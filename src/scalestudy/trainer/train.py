@@ -10,7 +10,8 @@ the CPU. Rank 0 writes --out/{metrics.json,epochs.csv} atomically.
 
 Modules: loop.py (the training loop), measure.py (how the numbers below are taken), state.py
 (checkpoint protocol and resume), parallel.py (DDP/FSDP/all-reduce), recipe.py (optimizer, LR
-schedule), loaders.py (input pipelines), checkpoint.py (checkpoint files).
+schedule), loaders.py (input pipelines), checkpoint.py (checkpoint files), progress.py (a hung
+rank is named: every rank logs which rank stopped, and where, when a collective fails).
 
 How the numbers are measured (the analysis relies on these definitions):
 - step: one optimizer step (accum_steps micro-batches on every rank).
@@ -47,6 +48,11 @@ How the numbers are measured (the analysis relies on these definitions):
 - time_to_target_s: training time (evaluation excluded) until the end of the first epoch whose
   val_acc reaches --target-acc; null if never reached.
 - train_time_s: wall time of the whole training loop, evaluation included.
+- net_interface: not a measurement: the network interface gloo and NCCL were pinned to
+  (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME; dist.py), its distinct values over ranks, e.g.
+  ["eth0 (auto)"]: "auto" = the interface routing to MASTER_ADDR, chosen by the trainer; "user" =
+  the variable was set by the user and kept; "GLOO_SOCKET_IFNAME=... , NCCL_SOCKET_IFNAME=..."
+  when the two differ.
 
 Checkpoints and resume (--checkpoint-dir; state.py, checkpoint.py): a run saves every
 --checkpoint-every epochs and, on SIGTERM/SIGUSR1, at the end of the current epoch (all ranks
@@ -79,6 +85,7 @@ from scalestudy import log, vocab
 from scalestudy.errors import Preempted, TrainingError
 from scalestudy.trainer import checkpoint as ckpt
 from scalestudy.trainer import dist as sdist
+from scalestudy.trainer import progress
 from scalestudy.trainer.config import TrainConfig
 from scalestudy.trainer.config import add_arguments as _add_config_arguments
 from scalestudy.trainer.loop import train
@@ -109,6 +116,7 @@ def main(cfg: TrainConfig) -> int:
     except Exception as exc:
         logger.error(f"cannot start: {exc}")
         return 1
+    progress.start(denv, sdist.hostname(), cfg.pg_timeout_s)  # a hung rank is named
     try:
         train(cfg, denv, device, stop)
         return 0
@@ -117,9 +125,11 @@ def main(cfg: TrainConfig) -> int:
         return ckpt.PREEMPTED_EXIT
     except Exception as exc:
         # name the rank: with 64 ranks, "which one failed and why" is the first question
+        progress.explain_failure(exc)  # a failed collective: which rank stopped, and where
         logger.error(f"training failed: {type(exc).__name__}: {exc}")
         raise
     finally:
+        progress.stop()
         if dist.is_initialized():
             dist.destroy_process_group()
 

@@ -1,0 +1,336 @@
+"""Where each rank is, published for the others, so that a hung rank is named.
+
+Without it a rank stopped by SIGSTOP (or frozen in a kernel, a file system, a driver) makes the
+others fail after the process-group timeout with "Timed out waiting 20000ms for recv", which
+names the rank that waited, not the one that stopped. With it the waiting ranks say
+    hang diagnosis: rank 1 on node2 last reported step 412, forward, 20 s ago, and nothing
+    since: stopped, frozen or dead
+    hang diagnosis: the furthest rank(s) 0,2-7 wait at step 412, backward
+How:
+- Recording is an in-memory assignment on the hot path: `at_step(step)` (Meter.before_step) and
+  `at(phase)` (the step timer's phases data/forward/backward/communication/optimizer, and
+  one-line marks at evaluation, checkpoint, comm probe, final checksum and metrics). No clock is
+  read and the device is never synchronised for it.
+- Publishing happens off the hot path: a daemon thread wakes every PUBLISH_INTERVAL_S (1 s),
+  stamps the wall time at which (step, phase) last changed (so that time has 1 s resolution) and
+  writes this rank's record (rank, host, step, phase, changed_at, published_at; unix seconds) as
+  JSON to the c10d store the process group already has: a public `TCPStore` client on
+  MASTER_ADDR:MASTER_PORT (the torchrun agent's store, or rank 0's under srun), under the prefix
+  KEY_PREFIX (`PrefixStore`). One small `set` per rank per second; nothing while one process.
+- Two kinds of stall, both visible in the records (`diagnose`, a pure function):
+  silent: published_at is older than the silent threshold (5 s, or half of --pg-timeout-s when
+  shorter): the process is stopped (SIGSTOP), frozen with the GIL held, or dead; its position
+  is the last one it published, so it may have got up to PUBLISH_INTERVAL_S further (seen on
+  CPU: reported step 18, forward, while the others waited for it at step 25, backward);
+  behind: the rank still publishes, but its (step, phase) is earlier than the furthest rank's:
+  it is blocked somewhere the others already passed (a collective they did not enter, I/O).
+  When neither is found, all ranks wait in the same place: a collective mismatch or a network
+  problem, not one stopped rank; the line says so and where. Wall times of different hosts are
+  compared, so the clocks are assumed NTP-synchronised (milliseconds, far below 5 s).
+- Where it is printed: `explain_failure` when training raises a collective failure on a rank
+  (gloo raises "Timed out waiting ... for recv" / "Connection closed by peer"): every surviving
+  rank logs one line per stalled rank before the traceback (train.py). NCCL's watchdog aborts
+  the process at the timeout instead of raising, so with any backend but gloo the publishing
+  thread is also a local watchdog: when this rank's own (step, phase) has not changed for
+  WATCHDOG_SHARE (75%) of --pg-timeout-s it logs the same diagnosis once per stall, before NCCL
+  kills the process (75% leaves a margin for the 1 s resolution at timeouts >= 4 s).
+- The store can be unreachable at diagnosis time (under srun it lives in rank 0's process, which
+  may be the stopped one): each store call waits at most STORE_TIMEOUT_S and the line says the
+  store did not answer; the rank's own position is always printed.
+Exit codes (0, 1, 75) and the Preempted path are untouched: this only adds log lines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import threading
+import time
+from collections.abc import Mapping
+
+import torch.distributed as dist
+
+from scalestudy import log
+from scalestudy.errors import ScalestudyError
+from scalestudy.trainer import dist as sdist
+
+logger = log.get(__name__)
+
+PUBLISH_INTERVAL_S = 1.0  # seconds between two records of a rank in the store
+SILENT_AFTER_S = 5.0  # a record older than this: the rank no longer publishes (5 missed ticks)
+WATCHDOG_SHARE = 0.75  # of --pg-timeout-s without progress on this rank: log the diagnosis
+STORE_TIMEOUT_S = 5.0  # the longest a store call may block (a stopped store host)
+KEY_PREFIX = "scalestudy/progress/"
+# where a rank can be, in the order a run passes them for one value of `step` (the index of the
+# optimizer step in progress, or of the last one taken: evaluation comes after that step's
+# optimizer); "start" (build, resume) precedes the first step
+PHASES = (
+    "start",
+    "data",
+    "forward",
+    "backward",
+    "communication",
+    "optimizer",
+    "evaluation",
+    "checkpoint",
+    "comm probe",
+    "final checksum",
+    "metrics",
+)
+STEP_PHASES = PHASES[1:6]  # the Meter's phases: inside an optimizer step
+# the words of a failed collective: gloo raises plain RuntimeErrors with these messages
+COLLECTIVE_FAILURE_WORDS = ("timed out", "connection closed", "connection reset", "broken pipe")
+
+
+class Tracker:
+    """This rank's place in the run; publishes it once started (one per process: `TRACKER`)."""
+
+    def __init__(self) -> None:
+        self.step = -1  # the optimizer step in progress (or last taken); -1 before the first
+        self.where: tuple[int, str] = (-1, "start")  # the hot path assigns only this tuple
+        self.rank, self.world_size, self.host = 0, 1, ""
+        self.silent_after_s = SILENT_AFTER_S
+        self.watchdog_after_s: float | None = None
+        self._store = None
+        self._lock = threading.Lock()  # one store call at a time (thread and main thread)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._changed: tuple[tuple[int, str], float] = (self.where, time.time())
+        self._reported: tuple[int, str] | None = None  # the stall the watchdog reported
+
+    def start(
+        self,
+        store,
+        rank: int,
+        world_size: int,
+        host: str,
+        pg_timeout_s: float,
+        watchdog: bool,
+    ) -> None:
+        """Publish this rank's record every PUBLISH_INTERVAL_S through `store` (a c10d Store)."""
+        self.rank, self.world_size, self.host, self._store = rank, world_size, host, store
+        self.silent_after_s = max(2 * PUBLISH_INTERVAL_S, min(SILENT_AFTER_S, pg_timeout_s / 2))
+        self.watchdog_after_s = WATCHDOG_SHARE * pg_timeout_s if watchdog else None
+        self._stop.clear()
+        self._tick()  # a first record before any collective can wait for it
+        self._thread = threading.Thread(target=self._run, name="progress", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(timeout=STORE_TIMEOUT_S)
+            self._thread = None
+        self._store = None
+
+    def record(self, now: float | None = None) -> dict:
+        """This rank's record as published (changed_at updated to `now` when it moved)."""
+        now = time.time() if now is None else now
+        where = self.where
+        if where != self._changed[0]:
+            self._changed = (where, now)
+        step, phase = where
+        return {
+            "rank": self.rank,
+            "host": self.host,
+            "step": step,
+            "phase": phase,
+            "changed_at": self._changed[1],
+            "published_at": now,
+        }
+
+    def records(self) -> tuple[dict[int, dict | None], str | None]:
+        """Every rank's last record (None: none in the store), this rank's fresh; and the store
+        error that stopped the reading, if any."""
+        found: dict[int, dict | None] = dict.fromkeys(range(self.world_size))
+        found[self.rank] = self.record()
+        for r in range(self.world_size):
+            if r == self.rank:
+                continue
+            try:
+                with self._lock:
+                    if self._store.check([f"rank{r}"]):
+                        found[r] = json.loads(self._store.get(f"rank{r}"))
+            except Exception as exc:  # a stopped store host: say so, keep what was read
+                return found, f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+        return found, None
+
+    def diagnosis(self) -> list[str]:
+        """The lines `diagnose` makes of every rank's record now."""
+        if self._store is None:
+            return []
+        found, error = self.records()
+        lines = diagnose(found, time.time(), self.silent_after_s)
+        if error:
+            lines.append(
+                f"the progress store did not answer ({error}); a rank without a record may not "
+                "have been read (under srun the store lives in rank 0's process)"
+            )
+        return lines
+
+    def _tick(self) -> None:
+        record = self.record()
+        try:
+            with self._lock:
+                self._store.set(f"rank{self.rank}", json.dumps(record))
+        except Exception:  # the store is gone (the run ends) or stopped: the diagnosis says so
+            pass
+        self._watch(record)
+
+    def _watch(self, record: dict) -> None:
+        """Log the diagnosis once per stall when this rank has not moved for a long time."""
+        limit, where = self.watchdog_after_s, (record["step"], record["phase"])
+        stalled = record["published_at"] - record["changed_at"]
+        if limit is None or stalled < limit or self._reported == where:
+            return
+        self._reported = where
+        logger.warning(
+            f"hang diagnosis: this rank has made no progress for {stalled:.0f} s "
+            f"({100 * WATCHDOG_SHARE:.0f}% of --pg-timeout-s; the backend may abort at 100%)"
+        )
+        for line in self.diagnosis():
+            logger.warning(f"hang diagnosis: {line}")
+
+    def _run(self) -> None:
+        while not self._stop.wait(PUBLISH_INTERVAL_S):
+            self._tick()
+
+
+TRACKER = Tracker()
+
+
+def at_step(step: int) -> None:
+    """The optimizer step `step` begins (hot path: one assignment)."""
+    TRACKER.step = step
+
+
+def at(phase: str) -> None:
+    """This rank enters `phase` (one of PHASES; hot path: one tuple assignment)."""
+    TRACKER.where = (TRACKER.step, phase)
+
+
+def start(denv: sdist.DistEnv, host: str, pg_timeout_s: float) -> None:
+    """After init_process_group: publish through the default group's store (not for 1 rank).
+    The watchdog runs with every backend but gloo, which raises instead of aborting. A store
+    that cannot be reached turns the diagnosis off with a warning, never the run."""
+    TRACKER.step, TRACKER.where = -1, (-1, "start")  # a second run in one process starts afresh
+    if denv.world_size == 1:
+        return
+    try:
+        store = dist.TCPStore(
+            denv.master_addr,
+            denv.master_port,
+            is_master=False,
+            timeout=datetime.timedelta(seconds=STORE_TIMEOUT_S),
+            wait_for_workers=False,
+        )
+    except Exception as exc:
+        logger.warning(
+            f"hang diagnosis off: no store at {denv.master_addr}:{denv.master_port}"
+            f" ({type(exc).__name__}: {exc})"
+        )
+        return
+    TRACKER.start(
+        dist.PrefixStore(KEY_PREFIX, store),
+        denv.rank,
+        denv.world_size,
+        host,
+        pg_timeout_s,
+        watchdog=dist.get_backend() != "gloo",
+    )
+
+
+def stop() -> None:
+    TRACKER.stop()
+
+
+def explain_failure(exc: BaseException) -> None:
+    """On a failed collective: one line per stalled rank (every surviving rank logs them)."""
+    if not is_collective_failure(exc):
+        return
+    with contextlib.suppress(Exception):  # the diagnosis must never hide the failure itself
+        for line in TRACKER.diagnosis():
+            logger.error(f"hang diagnosis: {line}")
+
+
+def is_collective_failure(exc: BaseException) -> bool:
+    """A distributed error (DistError), or gloo's plain RuntimeError of a timeout or a closed
+    connection; never one of our own errors (a NaN loss, a bad flag)."""
+    if isinstance(exc, ScalestudyError):
+        return False
+    if isinstance(exc, dist.DistError):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and any(w in text for w in COLLECTIVE_FAILURE_WORDS)
+
+
+# ---------------------------------------------------------------------------------------------
+# the diagnosis: records -> lines (pure)
+
+
+def position(record: Mapping) -> tuple[int, int]:
+    """How far a record is: (step, place of the phase in PHASES); unknown phases come last."""
+    phase = record["phase"]
+    return record["step"], PHASES.index(phase) if phase in PHASES else len(PHASES)
+
+
+def where(record: Mapping) -> str:
+    """'step 412, backward', 'evaluation after step 63', 'start-up (before the first step)'."""
+    step, phase = record["step"], record["phase"]
+    if step < 0:
+        return f"{phase} (before the first step)" if phase != "start" else "start-up"
+    if phase in STEP_PHASES:
+        return f"step {step}, {phase}"
+    return f"{phase} after step {step}"
+
+
+def ranks_text(ranks: list[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] -> '0-2,5,7-8': short even with hundreds of ranks."""
+    parts: list[tuple[int, int]] = []  # (first, last) of each run of consecutive ranks
+    for r in sorted(ranks):
+        if parts and parts[-1][1] == r - 1:
+            parts[-1] = (parts[-1][0], r)
+        else:
+            parts.append((r, r))
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in parts)
+
+
+def diagnose(records: Mapping[int, Mapping | None], now: float, silent_after_s: float) -> list[str]:
+    """One line per stalled rank (silent, behind, or without a record), then one line for the
+    ranks that got furthest; when no rank stands out, one line saying where all of them wait.
+    `records`: rank -> its last published record (None: none); `now`: unix seconds."""
+    known = {r: rec for r, rec in records.items() if rec is not None}
+    if not known:
+        return ["no rank has published its progress"]
+    furthest = max(position(rec) for rec in known.values())
+    silent = sorted(r for r, rec in known.items() if now - rec["published_at"] > silent_after_s)
+    behind = sorted(r for r, rec in known.items() if position(rec) < furthest and r not in silent)
+    lines = [
+        f"rank {r}: no progress record (never started, or not read)"
+        for r in sorted(r for r, rec in records.items() if rec is None)
+    ]
+    for r in silent:
+        rec = known[r]
+        lines.append(
+            f"rank {r} on {rec['host']} last reported {where(rec)}, "
+            f"{now - rec['published_at']:.0f} s ago, and nothing since: stopped, frozen or dead"
+        )
+    for r in behind:
+        rec = known[r]
+        lines.append(
+            f"rank {r} on {rec['host']} is alive but behind: it has been at {where(rec)} for "
+            f"{now - rec['changed_at']:.0f} s"
+        )
+    ahead = sorted(r for r, rec in known.items() if position(rec) == furthest and r not in silent)
+    if not lines:
+        rec = known[ahead[0]]
+        return [
+            f"no rank lags: all {len(ahead)} ranks wait at {where(rec)} (for "
+            f"{now - max(k['changed_at'] for k in known.values()):.0f} s or more): "
+            "a collective mismatch or a network problem, not a stopped rank"
+        ]
+    if ahead:
+        rec = known[ahead[0]]
+        lines.append(f"the furthest rank(s) {ranks_text(ahead)} wait at {where(rec)}")
+    return lines

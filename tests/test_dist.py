@@ -1,0 +1,128 @@
+"""The gloo/NCCL interface is pinned to the route towards MASTER_ADDR (trainer/dist.py)."""
+
+from __future__ import annotations
+
+import fcntl
+import socket
+import struct
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import PYTHON, SMALL, child_env, read_metrics
+
+from scalestudy.errors import LaunchError
+from scalestudy.trainer import dist as sdist
+
+
+def denv(master_addr: str, nodes: int = 1) -> sdist.DistEnv:
+    return sdist.DistEnv(
+        launcher="srun",
+        rank=0,
+        world_size=2 * nodes,
+        local_rank=0,
+        local_world_size=2,
+        node_rank=0,
+        nodes=nodes,
+        master_addr=master_addr,
+        master_port=29500,
+    )
+
+
+def off_loopback_addresses() -> list[tuple[str, str]]:
+    """(interface, IPv4 address) of this host's interfaces other than loopback."""
+    found = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                reply = fcntl.ioctl(
+                    s.fileno(), sdist.SIOCGIFADDR, struct.pack("256s", name[:15].encode())
+                )
+            except OSError:
+                continue
+            address = socket.inet_ntoa(reply[20:24])
+            if not address.startswith("127."):
+                found.append((name, address))
+    return found
+
+
+def test_the_loopback_master_pins_lo_for_both():
+    env: dict[str, str] = {}
+    chosen = sdist.pin_interfaces(denv("127.0.0.1"), env)
+    assert env == {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
+    assert chosen == {"GLOO_SOCKET_IFNAME": "lo (auto)", "NCCL_SOCKET_IFNAME": "lo (auto)"}
+    assert sdist.describe_interfaces(chosen) == "lo (auto)"
+
+
+def test_a_user_set_variable_is_kept():
+    env = {"GLOO_SOCKET_IFNAME": "ib7", "NCCL_SOCKET_IFNAME": "^docker,lo"}
+    # both set: nothing is detected, so even an unknown master is no error
+    chosen = sdist.pin_interfaces(denv("no-such-host.invalid"), env)
+    assert env == {"GLOO_SOCKET_IFNAME": "ib7", "NCCL_SOCKET_IFNAME": "^docker,lo"}
+    assert chosen == {"GLOO_SOCKET_IFNAME": "ib7 (user)", "NCCL_SOCKET_IFNAME": "^docker,lo (user)"}
+    # one set: that one is kept, the other is detected
+    env = {"NCCL_SOCKET_IFNAME": "ib0"}
+    chosen = sdist.pin_interfaces(denv("localhost"), env)
+    assert env == {"NCCL_SOCKET_IFNAME": "ib0", "GLOO_SOCKET_IFNAME": "lo"}
+    assert (
+        sdist.describe_interfaces(chosen)
+        == "GLOO_SOCKET_IFNAME=lo (auto), NCCL_SOCKET_IFNAME=ib0 (user)"
+    )
+
+
+def test_an_unknown_master_is_a_clear_error_and_changes_nothing():
+    env: dict[str, str] = {}
+    with pytest.raises(
+        LaunchError,
+        match=r"no route from this host to no-such-host\.invalid .*"
+        r"set GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME",
+    ):
+        sdist.pin_interfaces(denv("no-such-host.invalid"), env)
+    assert env == {}
+
+
+def test_a_loopback_master_on_several_nodes_is_refused_without_another_host():
+    """127.0.1.1 for the host name on the master node: lo cannot reach the other nodes."""
+    with pytest.raises(
+        LaunchError,
+        match=r"resolves to this host's loopback \(127\.0\.0\.1\) "
+        r"but the job spans 2 nodes",
+    ):
+        sdist.pin_interfaces(denv("127.0.0.1", nodes=2), {})
+
+
+@pytest.mark.skipif(not off_loopback_addresses(), reason="this host has only loopback")
+def test_a_loopback_master_on_several_nodes_takes_the_route_to_another_host():
+    name, address = off_loopback_addresses()[0]
+    env = {"SLURM_JOB_NODELIST": address, "SLURMD_NODENAME": "master-node"}
+    assert sdist.pin_interfaces(denv("127.0.0.1", nodes=2), env)["GLOO_SOCKET_IFNAME"] == (
+        f"{name} (auto)"
+    )
+    assert env["NCCL_SOCKET_IFNAME"] == name
+
+
+@pytest.mark.skipif(not off_loopback_addresses(), reason="this host has only loopback")
+def test_every_address_maps_to_its_interface():
+    for name, address in off_loopback_addresses():
+        assert sdist.interface_of(sdist.route_source(address, 29500)) == name
+
+
+@pytest.mark.skipif(
+    not Path("/proc/net/if_inet6").exists() or "lo" not in Path("/proc/net/if_inet6").read_text(),
+    reason="no IPv6 on loopback",
+)
+def test_an_ipv6_address_maps_to_its_interface():
+    assert sdist.interface_of(sdist.route_source("::1", 29500)) == "lo"
+
+
+def test_metrics_record_a_user_set_interface(data_dir, tmp_path):
+    """One real process: GLOO_SOCKET_IFNAME from the user is kept, NCCL's is chosen."""
+    cmd = [PYTHON, "-m", "scalestudy", "train", *SMALL, "--epochs", "1", "--comm-probe-steps", "0"]
+    cmd += ["--limit-train", "256", "--data-dir", str(data_dir), "--out", str(tmp_path)]
+    proc = subprocess.run(
+        cmd, env=child_env(GLOO_SOCKET_IFNAME="lo"), capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert read_metrics(tmp_path)["net_interface"] == [
+        "GLOO_SOCKET_IFNAME=lo (user), NCCL_SOCKET_IFNAME=lo (auto)"
+    ]

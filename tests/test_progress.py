@@ -1,0 +1,300 @@
+"""A hung rank is named (trainer/progress.py): the diagnosis from records, the tracker through a
+real c10d TCPStore, and two real gloo ranks under torchrun with rank 1 stopped by SIGSTOP."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+from conftest import PYTHON, SMALL, child_env
+
+from scalestudy.errors import TrainingError
+from scalestudy.trainer import progress
+from scalestudy.trainer.progress import Tracker, diagnose, is_collective_failure, ranks_text, where
+
+NOW = 1_800_000_000.0  # unix seconds
+
+
+def rec(rank, host, step, phase, changed_ago, published_ago=0.2) -> dict:
+    return {
+        "rank": rank,
+        "host": host,
+        "step": step,
+        "phase": phase,
+        "changed_at": NOW - changed_ago,
+        "published_at": NOW - published_ago,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# the diagnosis (pure)
+
+
+def test_a_silent_rank_is_named_with_its_host_step_and_phase():
+    """SIGSTOP: the rank stops publishing; the others wait further on, still publishing."""
+    records = {
+        0: rec(0, "node1", 25, "backward", changed_ago=10.5),
+        1: rec(1, "node2", 18, "forward", changed_ago=11.2, published_ago=11.0),
+    }
+    lines = diagnose(records, NOW, silent_after_s=5.0)
+    assert lines == [
+        "rank 1 on node2 last reported step 18, forward, 11 s ago, and nothing since: "
+        "stopped, frozen or dead",
+        "the furthest rank(s) 0 wait at step 25, backward",
+    ]
+
+
+def test_a_rank_blocked_where_the_others_passed_is_behind():
+    """Alive (it publishes) but its step/phase stopped earlier than everyone else's."""
+    records = {r: rec(r, f"n{r}", 410, "backward", changed_ago=9) for r in (0, 1, 3)}
+    records[2] = rec(2, "n2", 410, "data", changed_ago=12)
+    lines = diagnose(records, NOW, silent_after_s=5.0)
+    assert lines == [
+        "rank 2 on n2 is alive but behind: it has been at step 410, data for 12 s",
+        "the furthest rank(s) 0-1,3 wait at step 410, backward",
+    ]
+
+
+def test_all_ranks_waiting_in_the_same_place_is_said_to_be_no_stopped_rank():
+    records = {r: rec(r, "h", 63, "evaluation", changed_ago=8 + r) for r in range(2)}
+    (line,) = diagnose(records, NOW, silent_after_s=5.0)
+    assert line.startswith("no rank lags: all 2 ranks wait at evaluation after step 63 (for 8 s")
+    assert "collective mismatch or a network problem" in line
+
+
+def test_a_rank_without_a_record_is_listed_and_silent_ones_too():
+    records = {0: rec(0, "a", 5, "optimizer", 7), 1: None, 2: rec(2, "c", 5, "data", 9, 8)}
+    lines = diagnose(records, NOW, silent_after_s=5.0)
+    assert lines[0] == "rank 1: no progress record (never started, or not read)"
+    assert lines[1].startswith("rank 2 on c last reported step 5, data, 8 s ago")
+    assert lines[2] == "the furthest rank(s) 0 wait at step 5, optimizer"
+    assert diagnose({0: None}, NOW, 5.0) == ["no rank has published its progress"]
+
+
+def test_phases_are_ordered_as_a_run_passes_them():
+    """evaluation after step k is past step k's optimizer and before step k+1's data."""
+    order = [
+        (7, "start"),
+        (7, "data"),
+        (7, "backward"),
+        (7, "optimizer"),
+        (7, "evaluation"),
+        (7, "checkpoint"),
+        (8, "data"),
+    ]
+    positions = [progress.position({"step": s, "phase": p}) for s, p in order]
+    assert positions == sorted(positions) and len(set(positions)) == len(positions)
+
+
+def test_where_and_ranks_text():
+    assert where({"step": -1, "phase": "start"}) == "start-up"
+    assert where({"step": 12, "phase": "communication"}) == "step 12, communication"
+    assert where({"step": 99, "phase": "final checksum"}) == "final checksum after step 99"
+    assert ranks_text([7, 0, 1, 2, 5, 8]) == "0-2,5,7-8"
+
+
+def test_only_collective_failures_are_diagnosed():
+    gloo = RuntimeError("[unbound_buffer.cc:78] Timed out waiting 10000ms for recv operation")
+    assert is_collective_failure(gloo)
+    assert is_collective_failure(RuntimeError("Connection closed by peer [127.0.0.1]:1234"))
+    assert is_collective_failure(dist.DistBackendError("NCCL error"))
+    assert not is_collective_failure(TrainingError("non-finite training loss (nan)"))
+    assert not is_collective_failure(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+
+
+# ---------------------------------------------------------------------------------------------
+# the tracker through a real TCPStore (two trackers play two ranks of one process)
+
+
+@pytest.fixture
+def stores():
+    """A real c10d TCPStore server and two client connections, as the ranks would have."""
+    timeout = datetime.timedelta(seconds=5)
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timeout)
+
+    def client():
+        store = dist.TCPStore(
+            "127.0.0.1", server.port, is_master=False, wait_for_workers=False, timeout=timeout
+        )
+        return dist.PrefixStore(progress.KEY_PREFIX, store)
+
+    yield client(), client()  # the server lives as long as this fixture
+
+
+@pytest.fixture
+def trackers(stores):
+    made = [Tracker(), Tracker()]
+    yield made
+    for t in made:
+        t.stop()
+
+
+@pytest.fixture
+def warnings_of_progress():
+    """The progress logger's records (its own handler: log.setup elsewhere stops propagation)."""
+    seen: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda r: seen.append(r.getMessage())
+    logger = logging.getLogger("scalestudy.trainer.progress")
+    logger.addHandler(handler)
+    yield seen
+    logger.removeHandler(handler)
+
+
+def test_a_tracker_that_stops_publishing_is_named_by_the_other(stores, trackers):
+    a, b = trackers
+    a.where, b.where = (25, "backward"), (18, "forward")
+    a.start(stores[0], 0, 2, "hostA", pg_timeout_s=4, watchdog=False)  # silent after 2 s
+    b.start(stores[1], 1, 2, "hostB", pg_timeout_s=4, watchdog=False)
+    time.sleep(1.2)  # both published at least twice
+    assert a.records()[0][1]["step"] == 18  # b's record, read from the store
+    b.stop()  # what SIGSTOP does to its publishing
+    time.sleep(a.silent_after_s + 0.5)
+    lines = a.diagnosis()
+    assert re.fullmatch(
+        r"rank 1 on hostB last reported step 18, forward, \d+ s ago, and nothing since: "
+        r"stopped, frozen or dead",
+        lines[0],
+    ), lines
+    assert lines[1] == "the furthest rank(s) 0 wait at step 25, backward"
+
+
+def test_a_live_rank_stuck_behind_is_named_while_it_publishes(stores, trackers):
+    a, b = trackers
+    a.where, b.where = (3, "optimizer"), (3, "data")
+    a.start(stores[0], 0, 2, "hostA", pg_timeout_s=60, watchdog=False)
+    b.start(stores[1], 1, 2, "hostB", pg_timeout_s=60, watchdog=False)
+    time.sleep(1.5)
+    lines = a.diagnosis()
+    assert re.fullmatch(
+        r"rank 1 on hostB is alive but behind: it has been at step 3, data for \d+ s", lines[0]
+    ), lines
+    assert lines[1] == "the furthest rank(s) 0 wait at step 3, optimizer"
+
+
+def test_the_watchdog_reports_once_before_the_timeout(stores, trackers, warnings_of_progress):
+    """NCCL aborts at the timeout without raising: the thread logs first (75% of 2 s)."""
+    a, b = trackers
+    a.where, b.where = (9, "backward"), (9, "forward")
+    b.start(stores[1], 1, 2, "hostB", pg_timeout_s=2, watchdog=False)
+    a.start(stores[0], 0, 2, "hostA", pg_timeout_s=2, watchdog=True)
+    time.sleep(3.5)  # two stall ticks past 1.5 s: still one report
+    head = [w for w in warnings_of_progress if "made no progress" in w]
+    assert len(head) == 1, warnings_of_progress
+    assert "rank 1 on hostB is alive but behind: it has been at step 9, forward" in "\n".join(
+        warnings_of_progress
+    )
+    a.where = (10, "data")  # it moved on: a new stall would be reported again
+    time.sleep(1.2)
+    assert len([w for w in warnings_of_progress if "made no progress" in w]) == 1
+
+
+def test_the_diagnosis_says_when_the_store_is_gone(trackers):
+    """Under srun the store lives in rank 0's process: stopped with it, it cannot answer."""
+    timeout = datetime.timedelta(seconds=1)
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timeout)
+    client = dist.TCPStore(
+        "127.0.0.1", server.port, is_master=False, wait_for_workers=False, timeout=timeout
+    )
+    a = trackers[0]
+    a.where = (4, "forward")
+    a.start(client, 0, 2, "hostA", pg_timeout_s=60, watchdog=False)
+    del server
+    lines = a.diagnosis()
+    assert any(line.startswith("the progress store did not answer") for line in lines), lines
+    assert "rank 1: no progress record (never started, or not read)" in lines
+
+
+# ---------------------------------------------------------------------------------------------
+# the real thing: two gloo ranks under torchrun, rank 1 stopped with SIGSTOP
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (torchrun's workers), from /proc."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            # "pid (comm) state ppid ...": comm may hold spaces, so split after its ')'
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+    return found
+
+
+def rank_of(pid: int) -> str | None:
+    with contextlib.suppress(OSError):
+        for item in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+            if item.startswith(b"RANK="):
+                return item[5:].decode()
+    return None
+
+
+def wait_for(lines: list[str], text: str, timeout_s: float, reader: threading.Thread) -> bool:
+    """Whether `text` appears in `lines` within `timeout_s` (False as soon as output ended)."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        ended = not reader.is_alive()  # read before the lines: no line can come after it
+        if any(text in line for line in lines):
+            return True
+        if ended:
+            return False
+        time.sleep(0.1)
+    return False
+
+
+def test_sigstopped_rank_is_named_by_rank_0(data_dir, tmp_path):
+    """Rank 0 fails after --pg-timeout-s 10 with gloo's 'Timed out waiting ... for recv' and,
+    before the traceback, names rank 1, its host, its step and phase. The stopped process is
+    killed in every case (SIGCONT, SIGKILL), the test passing or not."""
+    cmd = [
+        *(PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"),
+        *("-m", "scalestudy", "train", *SMALL),
+        *("--epochs", "30", "--comm-probe-steps", "0", "--pg-timeout-s", "10"),
+        *("--data-dir", str(data_dir), "--out", str(tmp_path)),
+    ]
+    proc = subprocess.Popen(
+        cmd, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    workers: list[int] = []
+    try:
+        assert wait_for(lines, "epoch   1/30", 120, reader), "".join(lines)  # training is under way
+        workers = children(proc.pid)
+        (rank1,) = [pid for pid in workers if rank_of(pid) == "1"]
+        time.sleep(0.5)  # mid-epoch 2
+        os.kill(rank1, signal.SIGSTOP)
+        assert wait_for(lines, "training failed", 60, reader), "".join(lines)
+    finally:
+        for pid in workers or children(proc.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+                os.kill(pid, signal.SIGKILL)
+        proc.kill()
+        proc.wait(timeout=30)
+        reader.join(timeout=10)
+    out = "".join(lines)
+    named = re.search(
+        r"\[rank 0/2 (\S+)\] hang diagnosis: rank 1 on (\S+) last reported (.+?), \d+ s ago, "
+        "and nothing since: stopped, frozen or dead",
+        out,
+    )
+    assert named, out
+    assert named.group(1) == named.group(2)  # one host: rank 1's is rank 0's
+    # 'step 18, forward' (mid-step) or 'evaluation after step 31': a step number and a phase
+    assert re.search(r"step \d+", named.group(3)), named.group(3)
+    assert any(phase in named.group(3) for phase in progress.PHASES[1:]), named.group(3)
+    assert re.search(r"\[rank 0/2 \S+\] hang diagnosis: the furthest rank\(s\) 0 wait at", out)
+    # the diagnosis comes before rank 0's failure line and its traceback
+    assert out.index("hang diagnosis") < out.index("training failed")
+    assert "Timed out waiting" in out
