@@ -408,6 +408,24 @@ def test_cli_check_compares_with_the_given_torch(tmp_path):
     assert run([*argv, "--torch", "2.14.1+cu130"], env, REPO).returncode == 0
 
 
+def test_cli_check_reads_the_venvs_torch_without_importing_it(tmp_path):
+    """The venv's torch build comes from torch/version.py of the torch this Python would import
+    (here a fake one put first on the path, which would fail if imported)."""
+    fake = tmp_path / "site" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('torch must not be imported')\n")
+    (fake / "version.py").write_text("__version__ = '2.14.1+cu126'\ncuda: str = '12.6'\n")
+    env = {"PYTHONPATH": f"{tmp_path / 'site'}{os.pathsep}{SRC}", "PATH": os.environ["PATH"]}
+    argv = [sys.executable, "-m", "scalestudy", "container", "check", str(TRAINER_DEF)]
+    r = run(argv, env, REPO)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "the image has torch 2.14.1+cu130 but the venv has 2.14.1+cu126" in r.stderr
+    (fake / "version.py").unlink()
+    r = run(argv, env, REPO)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert "cannot read the venv's torch version" in r.stderr
+
+
 def test_unreadable_definition(tmp_path):
     with pytest.raises(DefinitionError, match="cannot read"):
         parse_definition(tmp_path / "nope.def")

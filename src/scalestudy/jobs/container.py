@@ -293,11 +293,17 @@ def venv_torch_build() -> TorchBuild | None:
     if spec is None or not spec.origin:
         return None
     values = {}
-    tree = ast.parse(Path(spec.origin).with_name("version.py").read_text(encoding="utf-8"))
+    version_py = Path(spec.origin).with_name("version.py")
+    try:
+        tree = ast.parse(version_py.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError) as e:
+        raise DefinitionError(f"cannot read the venv's torch version from {version_py}: {e}") from e
     for node in tree.body:
         target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
         if isinstance(target, ast.Name) and isinstance(node.value, ast.Constant):
             values[target.id] = node.value.value
+    if "__version__" not in values:
+        raise DefinitionError(f"{version_py} has no __version__: cannot tell the venv's torch")
     return TorchBuild(str(values["__version__"]).split("+")[0], values.get("cuda"))
 
 
