@@ -1,5 +1,6 @@
-"""The trainer image: definition parser and checks, digest, argv builders, the Apptainer stand-in,
-and the clear error when Apptainer is missing. No real Apptainer is needed (nor used)."""
+"""The trainer image: definition parser and checks (the image's torch build is the venv's, the
+InfiniBand userspace, the profiler provision), digest, argv builders, the Apptainer stand-in, and
+the clear error when Apptainer is missing. No real Apptainer is needed (nor used)."""
 
 from __future__ import annotations
 
@@ -13,26 +14,45 @@ import pytest
 from scalestudy.errors import DefinitionError
 from scalestudy.jobs import container
 from scalestudy.jobs.container import (
+    TorchBuild,
     build_command,
     check_definition,
     exec_prefix,
     image_digest,
     image_pin_problem,
+    image_torch_build,
     parse_definition,
+    parse_torch_version,
     validate_definition,
+    venv_torch_build,
 )
 
 REPO = Path(__file__).resolve().parents[1]
 TRAINER_DEF = REPO / "containers" / "trainer.def"
 STAND_INS = REPO / "tests" / "stand-ins"
 SRC = REPO / "src"
-PINNED_FROM = "From: pytorch/pytorch:2.14.1-cuda12.6-cudnn9-runtime"
+PINNED_FROM = "From: pytorch/pytorch:2.14.1-cuda13.0-cudnn9-runtime"
+# the torch build the shipped definition is made for (requirements.txt's torch, the cu130 wheel);
+# the tests of single checks compare with it, test_shipped_definition_matches_this_venv with the
+# venv that runs them
+CU130 = TorchBuild("2.14.1", "13.0")
+# the smallest definition that passes every check (tests add one fault to it)
+MINIMAL = (
+    "Bootstrap: docker\nFrom: pytorch/pytorch:2.14.1-cuda13.0-cudnn9-runtime\n"
+    "%post\n  apt-get install -y rdma-core libibverbs1 ibverbs-providers\n"
+    "%labels\n  c {{ GIT_COMMIT }}\n  scalestudy.profilers host-bind\n"
+    "%arguments\n  GIT_COMMIT=unknown\n%test\n  python -m scalestudy --help\n"
+)
 
 
-def problems_of(tmp_path: Path, text: str) -> list[str]:
+def problems_of(tmp_path: Path, text: str, venv: TorchBuild | None = CU130) -> list[str]:
     path = tmp_path / "x.def"
     path.write_text(text)
-    return validate_definition(parse_definition(path))
+    return validate_definition(parse_definition(path), venv)
+
+
+def line_of(text: str, needle: str) -> int:
+    return next(i for i, ln in enumerate(text.splitlines(), 1) if needle in ln)
 
 
 def variant(old: str, new: str) -> str:
@@ -69,6 +89,27 @@ def test_shipped_definition_parses_and_validates():
     assert all(src in files for src in ("pyproject.toml", "README.md", "src"))
     assert container.missing_files_sources(defn, REPO) == []
     assert "apptainer exec --nv" in defn.sections["help"]
+    # what NCCL needs for InfiniBand, installed non-interactively, lists cleaned
+    post = defn.sections["post"]
+    assert "DEBIAN_FRONTEND=noninteractive" in post and "rm -rf /var/lib/apt/lists/*" in post
+    assert "apt-get install -y -q --no-install-recommends rdma-core libibverbs1" in post
+    assert "libibverbs" in defn.sections["test"]
+    # the profilers: the host's bound in, none in the image
+    assert defn.labels["scalestudy.profilers"] == "host-bind"
+    assert "nsight" not in container._strip_comment_lines(post).lower()
+    assert defn.labels["scalestudy.base_image"] == defn.header["From"]
+    assert "driver >= 580" in TRAINER_DEF.read_text()
+    assert "cuda12.6" not in TRAINER_DEF.read_text()  # no comment left that justified cu126
+
+
+def test_shipped_definition_matches_this_venv():
+    """The image's torch build is the one of the venv these tests run in (2.14.1+cu130), so
+    numbers from the container and from the venv are comparable."""
+    import torch
+
+    assert str(venv_torch_build()) == torch.__version__
+    assert image_torch_build(parse_definition(TRAINER_DEF)) == venv_torch_build()
+    assert validate_definition(parse_definition(TRAINER_DEF)) == []
 
 
 def test_render_uses_build_arg_then_default():
@@ -104,8 +145,8 @@ def test_missing_bootstrap_and_wrong_order(tmp_path):
 )
 def test_unpinned_base_image(tmp_path, ref, why):
     text = variant(PINNED_FROM, f"From: {ref}")
-    [problem] = problems_of(tmp_path, text)
-    assert "not pinned" in problem and why in problem
+    [problem] = [p for p in problems_of(tmp_path, text) if "not pinned" in p]
+    assert why in problem
     # the message points at the From line
     line = text.splitlines().index(f"From: {ref}") + 1
     assert f"x.def:{line}:" in problem
@@ -144,14 +185,14 @@ def test_test_section_must_import_scalestudy(tmp_path):
     ],
 )
 def test_test_section_import_forms(tmp_path, line):
-    text = "Bootstrap: docker\nFrom: a:1\n%post\n  true\n%labels\n  c {{ GIT_COMMIT }}\n"
-    text += f"%arguments\n  GIT_COMMIT=unknown\n%test\n  {line}\n"
+    text = MINIMAL.replace("python -m scalestudy --help", line)
     assert problems_of(tmp_path, text) == []
 
 
 def test_missing_post_and_labels(tmp_path):
-    problems = problems_of(tmp_path, "Bootstrap: docker\nFrom: a:1\n%test\n  import scalestudy\n")
-    assert sorted(p.split("section ")[1] for p in problems) == [
+    head = "Bootstrap: docker\nFrom: pytorch/pytorch:2.14.1-cuda13.0-cudnn9-runtime\n"
+    problems = problems_of(tmp_path, head + "%test\n  import scalestudy\n")
+    assert sorted(p.split("section ")[1] for p in problems if "section " in p) == [
         "%labels is missing",
         "%post is missing",
     ]
@@ -221,10 +262,168 @@ def test_parser_sections_repeat_comments_and_apps(tmp_path):
 def test_check_definition_lists_every_problem(tmp_path):
     path = tmp_path / "x.def"
     path.write_text("Bootstrap: docker\nFrom: a:latest\n")
-    with pytest.raises(DefinitionError, match=r"4 problem\(s\)") as e:
-        check_definition(path)
-    for part in ("not pinned", "%post is missing", "%test is missing", "%labels is missing"):
+    with pytest.raises(DefinitionError, match=r"6 problem\(s\)") as e:
+        check_definition(path, CU130)
+    for part in (
+        "not pinned",
+        "cannot tell the image's torch build",
+        "%post is missing",
+        "%test is missing",
+        "%labels is missing",
+        "does not say how the profilers reach the image",
+    ):
         assert part in str(e.value)
+
+
+# ------------------------------------------- the image's torch build, IB userspace, profilers
+
+
+@pytest.mark.parametrize(
+    ("text", "build"),
+    [
+        ("2.14.1+cu130", TorchBuild("2.14.1", "13.0")),
+        ("2.14.1+cu126", TorchBuild("2.14.1", "12.6")),
+        ("2.6.0+cu118", TorchBuild("2.6.0", "11.8")),
+        ("2.14.1+cpu", TorchBuild("2.14.1", None)),
+    ],
+)
+def test_torch_versions(text, build):
+    assert parse_torch_version(text) == build and str(build) == text
+
+
+@pytest.mark.parametrize("text", ["2.14.1", "2.14.1+rocm6.2", "cu130", ""])
+def test_torch_version_without_a_build_is_refused(text):
+    with pytest.raises(DefinitionError, match="e.g. '2.14.1\\+cu130'"):
+        parse_torch_version(text)
+
+
+@pytest.mark.parametrize(
+    ("tag", "image", "fix"),
+    [
+        # the cu126 image of the old definition beside the cu130 venv
+        ("2.14.1-cuda12.6-cudnn9-runtime", "2.14.1+cu126", "pytorch/pytorch:2.14.1-cuda13.0"),
+        ("2.13.0-cuda13.0-cudnn9-runtime", "2.13.0+cu130", "pytorch/pytorch:2.14.1-cuda13.0"),
+    ],
+)
+def test_image_torch_build_must_be_the_venvs(tmp_path, tag, image, fix):
+    text = variant(PINNED_FROM, f"From: pytorch/pytorch:{tag}")
+    text = text.replace("2.14.1-cuda13.0-cudnn9-runtime", tag)  # the label says it too
+    [problem] = problems_of(tmp_path, text)
+    assert f"x.def:{line_of(text, 'From: pytorch')}:" in problem
+    assert f"the image has torch {image} but the venv has 2.14.1+cu130" in problem
+    assert fix in problem and "not comparable" in problem
+
+
+def test_venv_without_torch_or_with_a_cpu_build(tmp_path):
+    [problem] = problems_of(tmp_path, MINIMAL, venv=None)
+    assert "has no torch" in problem and "scripts/setup.sh" in problem
+    [problem] = problems_of(tmp_path, MINIMAL, venv=TorchBuild("2.14.1", None))
+    assert "2.14.1+cpu, a CPU build" in problem
+
+
+@pytest.mark.parametrize(
+    "ref",
+    ["ubuntu:24.04", "nvcr.io/nvidia/pytorch:25.01-py3", "pytorch/pytorch@sha256:" + "0" * 64],
+)
+def test_base_image_whose_torch_build_cannot_be_told(tmp_path, ref):
+    text = MINIMAL.replace("pytorch/pytorch:2.14.1-cuda13.0-cudnn9-runtime", ref)
+    [problem] = problems_of(tmp_path, text)
+    assert "x.def:2: cannot tell the image's torch build" in problem
+    assert "scalestudy.base_image" in problem
+
+
+def test_digest_pinned_base_image_reads_the_build_from_the_label(tmp_path):
+    digest = "pytorch/pytorch@sha256:" + "0" * 64
+    text = MINIMAL.replace("pytorch/pytorch:2.14.1-cuda13.0-cudnn9-runtime", digest)
+    label = "  scalestudy.base_image pytorch/pytorch:2.14.1-cuda13.0-cudnn9-runtime\n"
+    text = text.replace("%arguments", label + "%arguments")
+    assert problems_of(tmp_path, text) == []
+    assert image_torch_build(parse_definition(tmp_path / "x.def")) == CU130
+    [problem] = problems_of(tmp_path, text.replace("cuda13.0", "cuda12.6"))
+    assert "the image has torch 2.14.1+cu126" in problem
+
+
+def test_base_image_label_must_say_the_from_tag(tmp_path):
+    text = variant(
+        "scalestudy.base_image pytorch/pytorch:2.14.1-cuda13.0",
+        "scalestudy.base_image pytorch/pytorch:2.14.1-cuda12.6",
+    )
+    [problem] = problems_of(tmp_path, text)
+    assert f"x.def:{line_of(text, '    scalestudy.base_image')}:" in problem
+    assert "label scalestudy.base_image says" in problem and "make them the same" in problem
+
+
+@pytest.mark.parametrize("package", ["rdma-core", "libibverbs1", "ibverbs-providers"])
+def test_post_must_install_the_infiniband_userspace(tmp_path, package):
+    install = "--no-install-recommends rdma-core libibverbs1 ibverbs-providers"
+    text = variant(install, install.replace(f" {package}", ""))
+    [problem] = problems_of(tmp_path, text)
+    assert f"x.def:{line_of(text, '%post')}: %post does not install {package}" in problem
+    assert "TCP sockets" in problem
+    assert "apt-get install -y --no-install-recommends rdma-core libibverbs1" in problem
+
+
+@pytest.mark.parametrize(
+    ("install", "missing"),
+    [
+        ("# apt-get install -y rdma-core libibverbs1 ibverbs-providers", "rdma-core"),  # comment
+        ("apt-get install -y rdma-core libibverbs1-dev ibverbs-providers", "libibverbs1"),
+        ("apt-get install -y rdma-core=50.0-2 libibverbs1=50.0-2 ibverbs-providers=50.0-2", None),
+        # named, but not installed
+        ("dpkg-query -W rdma-core libibverbs1 ibverbs-providers", "rdma-core"),
+        # continuation lines belong to the install command
+        ("apt-get install -y \\\n    rdma-core libibverbs1 \\\n    ibverbs-providers", None),
+    ],
+)
+def test_infiniband_packages_are_words_of_the_script(tmp_path, install, missing):
+    text = MINIMAL.replace("apt-get install -y rdma-core libibverbs1 ibverbs-providers", install)
+    problems = problems_of(tmp_path, text)
+    if missing is None:
+        assert problems == []
+    else:
+        [problem] = problems
+        assert f"does not install {missing}" in problem
+
+
+def test_labels_must_state_the_profiler_provision(tmp_path):
+    text = variant("    scalestudy.profilers host-bind\n", "")
+    [problem] = problems_of(tmp_path, text)
+    assert f"x.def:{line_of(text, '%labels')}: %labels does not say how the profilers" in problem
+    assert "'scalestudy.profilers host-bind'" in problem
+    text = variant("scalestudy.profilers host-bind", "scalestudy.profilers image")
+    [problem] = problems_of(tmp_path, text)
+    assert f"x.def:{line_of(text, '    scalestudy.profilers')}:" in problem
+    assert "'scalestudy.profilers image' is not a provision" in problem
+
+
+def test_cli_check_compares_with_the_given_torch(tmp_path):
+    argv = [sys.executable, "-m", "scalestudy", "container", "check", str(TRAINER_DEF)]
+    env = {"PYTHONPATH": str(SRC), "PATH": os.environ["PATH"]}
+    r = run([*argv, "--torch", "2.14.1+cu126"], env, REPO)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "the image has torch 2.14.1+cu130 but the venv has 2.14.1+cu126" in r.stderr
+    assert "pytorch/pytorch:2.14.1-cuda12.6-cudnn9-runtime" in r.stderr  # the fix
+    r = run([*argv, "--torch", "2.14.1"], env, REPO)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "e.g. '2.14.1+cu130'" in r.stderr
+    assert run([*argv, "--torch", "2.14.1+cu130"], env, REPO).returncode == 0
+
+
+def test_cli_check_reads_the_venvs_torch_without_importing_it(tmp_path):
+    """The venv's torch build comes from torch/version.py of the torch this Python would import
+    (here a fake one put first on the path, which would fail if imported)."""
+    fake = tmp_path / "site" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('torch must not be imported')\n")
+    (fake / "version.py").write_text("__version__ = '2.14.1+cu126'\ncuda: str = '12.6'\n")
+    env = {"PYTHONPATH": f"{tmp_path / 'site'}{os.pathsep}{SRC}", "PATH": os.environ["PATH"]}
+    argv = [sys.executable, "-m", "scalestudy", "container", "check", str(TRAINER_DEF)]
+    r = run(argv, env, REPO)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "the image has torch 2.14.1+cu130 but the venv has 2.14.1+cu126" in r.stderr
+    (fake / "version.py").unlink()
+    r = run(argv, env, REPO)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert "cannot read the venv's torch version" in r.stderr
 
 
 def test_unreadable_definition(tmp_path):
@@ -274,6 +473,9 @@ def test_exec_prefix_argv(tmp_path):
     assert exec_prefix(image, gpu=False) == ["apptainer", "exec", "--env", env, str(image)]
     given = exec_prefix(image, gpu=False, digest="sha256:given")
     assert given[3] == "SCALESTUDY_CONTAINER_DIGEST=sha256:given"
+    bound = exec_prefix(image, gpu=True, binds=["/opt/nsys", "/opt/ncu"])
+    assert bound[:7] == ["apptainer", "exec", "--nv", "--bind", "/opt/nsys", "--bind", "/opt/ncu"]
+    assert bound[-1] == str(image)
 
 
 # ------------------------------------------------------------------------- the stand-in
@@ -324,6 +526,22 @@ def test_stand_in_refuses_bad_definition_and_foreign_image(tmp_path):
 
     r = run(["apptainer", "shell", str(foreign)], env, tmp_path)
     assert r.returncode == 2 and "not supported by the stand-in" in r.stderr
+
+
+def test_stand_in_binds_host_directories_at_their_own_path(tmp_path):
+    env = stand_in_env()
+    image = tmp_path / "trainer.sif"
+    assert run(build_command(TRAINER_DEF, image, "c0ffee"), env, REPO).returncode == 0
+    tools = tmp_path / "nsight"
+    tools.mkdir()
+    code = "import os; print(os.environ['SCALESTUDY_STAND_IN_BINDS'])"
+    argv = [*exec_prefix(image, gpu=True, binds=[str(tools)]), "python", "-c", code]
+    r = run(argv, env, tmp_path)
+    assert r.returncode == 0 and r.stdout.strip() == str(tools.resolve())
+    r = run(["apptainer", "exec", "--bind", f"{tools}:/opt/x", str(image), "true"], env, tmp_path)
+    assert r.returncode != 0 and "only at its own path" in r.stderr
+    r = run(["apptainer", "exec", "-B", str(tmp_path / "gone"), str(image), "true"], env, tmp_path)
+    assert r.returncode != 0 and "is not a directory" in r.stderr
 
 
 def build_argv(image) -> list[str]:

@@ -11,6 +11,7 @@ import argparse
 import csv
 import json
 import logging
+import os
 import re
 import shlex
 import subprocess
@@ -23,7 +24,7 @@ from workflow_helpers import STAND_INS, child_env, copy_repo, planned_jobs, snak
 
 from scalestudy import cli, log
 from scalestudy.errors import ProfileError, ProfileFormatError
-from scalestudy.jobs import launch
+from scalestudy.jobs import container, launch
 from scalestudy.jobs import profile as capture
 from scalestudy.nsight import ncu, nsys, readers, schema, torch_ops
 from scalestudy.nsight.classify import classify
@@ -213,9 +214,37 @@ def test_nsys_new_report_names_two_ranks():
     assert rank1_nccl[0]["total_ns"] == 9_000_000
     r0 = {r["range"]: r for r in ranges if r["rank"] == 0}
     assert set(r0) == {"data", "forward", "backward", "optimizer"}  # NCCL:ncclAllReduce is no phase
-    assert r0["backward"]["total_ns"] == 55_000_000 and r0["backward"]["instances"] == 10
+    # the phases' GPU time: nvtx_gpu_proj_sum's Total Proj Time, not nvtx_sum's host 55 ms
+    assert r0["backward"]["total_ns"] == 62_000_000 and r0["backward"]["instances"] == 10
+    assert {r["time_base"] for r in ranges} == {"gpu_projection"}
     assert sum(r["share"] for r in r0.values()) == pytest.approx(1.0)
+    assert {r["rank"]: r["total_ns"] for r in ranges if r["range"] == "backward"} == {
+        0: 62_000_000,
+        1: 64_000_000,
+    }
     assert all(r["tool"] == "nsys" for r in kernels + ranges)
+
+
+def test_nsys_phases_without_the_gpu_projection_are_host_ranges(tmp_path):
+    """A capture without nvtx_gpu_proj_sum (older nsys, older capture) still parses; its phase
+    times are nvtx_sum's host times and say so, rank by rank."""
+    for f in (FIX / "nsys-2024.5").glob("*.csv"):
+        if f.name != "nsys_rank1_nvtx_gpu_proj_sum.csv":
+            (tmp_path / f.name).write_bytes(f.read_bytes())
+    _, ranges = nsys.parse_nsys(tmp_path, "mixed")
+    bases = {(r["rank"], r["time_base"]) for r in ranges}
+    assert bases == {(0, "gpu_projection"), (1, "host_range")}
+    r1 = {r["range"]: r for r in ranges if r["rank"] == 1}
+    assert r1["backward"]["total_ns"] == 55_000_000  # nvtx_sum's push-to-pop time
+    assert sum(r["share"] for r in r1.values()) == pytest.approx(1.0)
+
+
+def test_nsys_gpu_projection_header_is_recognised():
+    header = (FIX / "nsys-2024.5" / "nsys_rank0_nvtx_gpu_proj_sum.csv").read_text()
+    header = header.splitlines()[2].split(",")
+    assert nsys.nsys_table_kind(header) == "proj"
+    assert "Total Range Time (ns)" in header and "Total GPU Ops" in header
+    assert nsys.nsys_table_kind([h for h in header if h != "Range Instances"]) is None
 
 
 def test_nsys_old_report_names_and_grid_columns():
@@ -224,15 +253,24 @@ def test_nsys_old_report_names_and_grid_columns():
     assert list(cats.values()).count("memcpy") == 1
     assert {r["category"] for r in kernels} == {"conv", "gemm", "nccl", "elementwise", "memcpy"}
     assert {r["range"] for r in ranges} == {"forward", "backward"}
+    assert {r["time_base"] for r in ranges} == {"host_range"}  # no nvtx_gpu_proj_sum there
 
 
-def test_nsys_timeunit_ms_and_domain_prefix():
+def test_nsys_timeunit_ms_and_domain_prefix(tmp_path):
     kernels, ranges = nsys.parse_nsys(FIX / "nsys-2025.1-ms", "ms")
     assert kernels[0]["total_ns"] == 12_500_000 and kernels[0]["category"] == "conv"
     assert kernels[1]["total_ns"] == 4_166_667
+    # "Total Proj Time (ms)" of nvtx_gpu_proj_sum
     assert {r["range"]: r["total_ns"] for r in ranges} == {
-        "forward": 15_000_000,
-        "backward": 25_000_000,
+        "forward": 6_000_000,
+        "backward": 10_250_000,
+    }
+    for name in ("stats_cuda_gpu_kern_sum.csv", "stats_nvtx_sum.csv"):
+        (tmp_path / name).write_bytes((FIX / "nsys-2025.1-ms" / name).read_bytes())
+    _, host = nsys.parse_nsys(tmp_path, "ms")
+    assert {r["range"]: (r["total_ns"], r["time_base"]) for r in host} == {
+        "forward": (15_000_000, "host_range"),
+        "backward": (25_000_000, "host_range"),
     }
 
 
@@ -491,11 +529,23 @@ def test_parse_warns_when_kernels_have_no_phase_ranges(tmp_path, capsys, command
     err = capsys.readouterr().err
     assert "WARNING w2_test: rank(s) 0 have kernels but none of the phase ranges" in err
     assert "data, forward, backward, optimizer, communication" in err and "nvtx_sum" in err
-    # with the ranges there, no warning
+    # host ranges only (no nvtx_gpu_proj_sum): parsed, labelled host_range, and said
+    host = _nsys_capture(
+        tmp_path / "host", "nsys_rank0_cuda_gpu_kern_sum.csv", "nsys_rank0_nvtx_sum.csv"
+    )
+    _, ranges = _parse(host, tmp_path)
+    assert ranges and {r["time_base"] for r in ranges} == {"host_range"}
+    err = capsys.readouterr().err
+    assert "WARNING w2_test: rank(s) 0 have no nvtx_gpu_proj_sum" in err and "not GPU time" in err
+    # with the GPU projection there, no warning
     full = _nsys_capture(
-        tmp_path / "full", "nsys_rank0_cuda_gpu_kern_sum.csv", "nsys_rank0_nvtx_sum.csv"
+        tmp_path / "full",
+        "nsys_rank0_cuda_gpu_kern_sum.csv",
+        "nsys_rank0_nvtx_sum.csv",
+        "nsys_rank0_nvtx_gpu_proj_sum.csv",
     )
     _, ranges = _parse(full, tmp_path)
+    assert {r["time_base"] for r in ranges} == {"gpu_projection"}
     assert ranges and "WARNING" not in capsys.readouterr().err
 
 
@@ -510,57 +560,80 @@ def test_torch_export_malformed_json_names_file_and_line(tmp_path):
         torch_ops.parse_torch(tmp_path, "r")
 
 
-def test_torch_export_on_gpu_counts_device_time_of_kernels(tmp_path):
-    ops = [
-        {
-            "name": "aten::cudnn_convolution",
-            "count": 2,
-            "self_cpu_us": 50,
-            "cpu_total_us": 60,
-            "self_device_us": 0,
-            "device_type": "CPU",
-        },
-        {
-            "name": "sm90_xmma_fprop_implicit_gemm_bf16",
-            "count": 2,
-            "self_cpu_us": 0,
-            "cpu_total_us": 0,
-            "self_device_us": 300,
-            "device_type": "CUDA",
-        },
-        {
-            "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
-            "count": 1,
-            "self_cpu_us": 0,
-            "cpu_total_us": 0,
-            "self_device_us": 100,
-            "device_type": "CUDA",
-        },
-        {
-            "name": "forward",
-            "count": 2,
-            "self_cpu_us": 5,
-            "cpu_total_us": 400,
-            "self_device_us": 0,
-            "device_type": "CPU",
-        },
-    ]
-    (tmp_path / "torch_ops_rank3.json").write_text(json.dumps({"ops": ops}))
+def _op(name, count, device_type, self_cpu=0.0, cpu_total=0.0, self_dev=0.0, **extra):
+    """One entry of the trainer's torch_ops export (trainer/measure.py torch_ops_export)."""
+    return {
+        "name": name,
+        "count": count,
+        "self_cpu_us": self_cpu,
+        "cpu_total_us": cpu_total,
+        "self_device_us": self_dev,
+        "device_type": device_type,
+        **extra,
+    }
+
+
+# what key_averages() gives on a GPU, in the form of torch_ops_export (hand-made: no GPU was
+# available; the shape follows torch.autograd.profiler_util: a record_function range is a CPU
+# entry and, on the device, a CUDA entry flagged is_user_annotation whose time is its GPU span)
+GPU_OPS = [
+    _op("aten::cudnn_convolution", 2, "CPU", 50, 60, device_total_us=300, user_annotation=False),
+    _op("sm90_xmma_fprop_implicit_gemm_bf16", 2, "CUDA", self_dev=300, device_total_us=300),
+    _op("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 1, "CUDA", self_dev=100, device_total_us=100),
+    # the phase: host enqueue time 400 us, GPU span 350 us
+    _op("forward", 2, "CPU", 5, 400, device_total_us=300, user_annotation=True),
+    _op("forward", 2, "CUDA", self_dev=350, device_total_us=350, user_annotation=True),
+    _op("backward", 2, "CPU", 5, 90, device_total_us=100, user_annotation=True),
+    _op("backward", 2, "CUDA", self_dev=150, device_total_us=150, user_annotation=True),
+    # another range on the device (DDP's): it spans kernels counted themselves, so no kernel
+    _op("DistributedDataParallel.forward", 2, "CUDA", self_dev=360, user_annotation=True),
+]
+
+
+def test_torch_export_on_gpu_counts_device_time_of_kernels_and_phases(tmp_path):
+    (tmp_path / "torch_ops_rank3.json").write_text(json.dumps({"ops": GPU_OPS}))
     kernels, ranges = torch_ops.parse_torch(tmp_path, "g")
     assert [(r["kernel"], r["category"], r["total_ns"], r["rank"]) for r in kernels] == [
         ("sm90_xmma_fprop_implicit_gemm_bf16", "conv", 300_000, 3),
         ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "nccl", 100_000, 3),
     ]
+    # the device-side time of each phase, not the host's 400 us / 90 us
     assert ranges == [
         {
             "run": "g",
             "rank": 3,
             "tool": "torch.profiler",
-            "range": "forward",
+            "range": name,
+            "time_base": "gpu_projection",
             "instances": 2,
-            "total_ns": 400_000,
-            "share": 1.0,
+            "total_ns": ns,
+            "share": ns / 500_000,
         }
+        for name, ns in (("forward", 350_000), ("backward", 150_000))
+    ]
+
+
+def test_torch_export_before_the_annotation_flag(tmp_path):
+    """An export of the first format (no user_annotation, no device_total_us) still gives the
+    phases' device time from their CUDA entries."""
+    old = [
+        {k: v for k, v in op.items() if k not in ("user_annotation", "device_total_us")}
+        for op in GPU_OPS[:5]
+    ]
+    (tmp_path / "torch_ops_rank0.json").write_text(json.dumps({"ops": old}))
+    _, ranges = torch_ops.parse_torch(tmp_path, "g")
+    assert [(r["range"], r["time_base"], r["total_ns"]) for r in ranges] == [
+        ("forward", "gpu_projection", 350_000)
+    ]
+
+
+def test_torch_export_without_device_phases_says_host_time(tmp_path):
+    ops = [op for op in GPU_OPS if not (op["device_type"] == "CUDA" and op.get("user_annotation"))]
+    (tmp_path / "torch_ops_rank0.json").write_text(json.dumps({"ops": ops}))
+    _, ranges = torch_ops.parse_torch(tmp_path, "g")
+    assert [(r["range"], r["time_base"], r["total_ns"]) for r in ranges] == [
+        ("forward", "host_range", 400_000),
+        ("backward", "host_range", 90_000),
     ]
 
 
@@ -598,6 +671,31 @@ def test_nsys_commands():
         "nvtxsum",
     ]
     assert new[-1] == "r.nsys-rep" and "csv" in new
+    # the phases' GPU time, asked on its own (an nsys without it keeps the kernel tables)
+    proj = capture.nsys_proj_command("r.nsys-rep", "s/nsys_rank0")
+    assert proj[:4] == ["nsys", "stats", "--report", "nvtx_gpu_proj_sum"]
+    assert proj[-3:] == ["--output", "s/nsys_rank0", "r.nsys-rep"] and "csv" in proj
+    # the profiler given by path (the host's installation, bound into the container)
+    exe = "/opt/nvidia/nsight-systems/2025.1.1/bin/nsys"
+    assert capture.nsys_profile_command("d/x", "cuda", ["python"], exe)[:2] == [exe, "profile"]
+
+
+def test_an_nsys_without_the_gpu_projection_costs_only_the_phase_gpu_times(
+    tmp_path, capsys, command_logging
+):
+    # a stand-in for an nsys whose `stats` does not know nvtx_gpu_proj_sum: it fails
+    fake = tmp_path / "bin" / "nsys"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'ERROR: report nvtx_gpu_proj_sum not found' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}"}
+    assert capture._gpu_projection("r.nsys-rep", str(tmp_path / "s"), (2024, 5), env) is False
+    err = capsys.readouterr().err
+    assert "WARNING no nvtx_gpu_proj_sum for r.nsys-rep (exit 1)" in err
+    assert "time_base host_range" in err and "not GPU time" in err
+    # an nsys of the old report names is not asked at all
+    assert capture._gpu_projection("r.nsys-rep", "s", (2022, 4), env) is False
+    assert "the old report names, not asked" in capsys.readouterr().err
 
 
 MULTI_TENSOR = (
@@ -650,6 +748,7 @@ def test_ncu_command_and_import():
     joined = shlex.join(cmd)
     for part in (
         "--profile-from-start off",
+        "--clock-control none",  # the clocks the timed runs see, not ncu's locked base clocks
         "--set full",
         "--launch-skip 10",
         "--launch-count 3",
@@ -657,6 +756,7 @@ def test_ncu_command_and_import():
     ):
         assert part in joined
     assert cmd[-2:] == ["python", "t.py"]
+    assert cmd.index("--clock-control") < cmd.index("python")  # an ncu option, not the app's
     metrics = cmd[cmd.index("--metrics") + 1].split(",")
     assert f"regex:{ncu.TENSOR_METRIC.pattern}" in metrics
     imp = capture.ncu_import_command("d/ncu_k0.ncu-rep")
@@ -712,6 +812,80 @@ def test_rank_wrapper_profiles_the_chosen_ranks(ranks, env, profiled):
     if profiled:
         assert f"--output=out/nsys_rank{capture.rank_from_env(env)}" in cmd
     assert cmd[-4:] == ["python", "-m", "scalestudy", "train"]
+    args.profiler = "/opt/nvidia/nsight-systems/2025.1.1/bin/nsys"
+    cmd = capture.rank_command(args, env)
+    assert (cmd[0] == args.profiler) is profiled
+
+
+def _install(root: Path, rel: str) -> Path:
+    exe = root / rel
+    exe.parent.mkdir(parents=True, exist_ok=True)
+    exe.write_text("#!/bin/sh\n")
+    return exe
+
+
+def test_profiler_install_is_the_directory_bound_into_the_image(tmp_path):
+    nsys_root = tmp_path / "nvidia" / "nsight-systems" / "2025.1.1"
+    nsys_exe = _install(nsys_root, "bin/nsys")
+    link = tmp_path / "local-bin" / "nsys"  # /usr/local/bin/nsys -> the installation
+    link.parent.mkdir()
+    link.symlink_to(nsys_exe)
+    assert capture.profiler_install(str(link)) == (str(nsys_exe), str(nsys_root))
+    target = _install(nsys_root, "target-linux-x64/nsys")  # some modules put this on PATH
+    assert capture.profiler_install(str(target)) == (str(target), str(nsys_root))
+    ncu_root = tmp_path / "nvidia" / "nsight-compute" / "2025.3.0"
+    assert capture.profiler_install(str(_install(ncu_root, "ncu")))[1] == str(ncu_root)
+    toolkit = tmp_path / "cuda-13.0"  # the toolkit's bin/ncu reaches ../nsight-compute-*/
+    assert capture.profiler_install(str(_install(toolkit, "bin/ncu")))[1] == str(toolkit)
+    with pytest.raises(ProfileError, match="system directory /usr, which cannot be bound"):
+        capture.profiler_install("/usr/bin/nsys")
+
+
+def test_in_the_container_the_profiler_runs_inside_around_the_trainer(tmp_path, monkeypatch):
+    """apptainer exec [--bind install] IMAGE python -m scalestudy profile rank --profiler P ...
+    -- python -m scalestudy train: the profiler is a process of the container, the trainer its
+    child; never nsys around `apptainer exec`."""
+    image = tmp_path / "trainer.sif"
+    image.write_bytes(b"image")
+    exe = _install(tmp_path / "nsight-systems" / "2025.1.1", "bin/nsys")
+    args = _launch_args(1, 1, None)
+    args.container, args.gpu = str(image), True
+    options, binds = capture.wrapper_options(args, str(exe))
+    assert options == {"python": "python", "profiler": str(exe)}
+    assert binds == [str(tmp_path / "nsight-systems" / "2025.1.1")]
+    prefix = capture.rank_prefix(tool="nsys", ranks="all", dir="d", **options)
+    (tmp_path / "srun").write_text("#!/bin/sh\n")  # an srun to find (none is run)
+    (tmp_path / "srun").chmod(0o755)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    # one rank: apptainer first; a node: torchrun --no-python; Slurm: srun, each start the above
+    for nodes, rpn, launcher in (
+        (1, 1, "apptainer"),
+        (1, 2, "torch.distributed.run"),
+        (2, 4, "srun"),
+    ):
+        if launcher == "srun":
+            monkeypatch.setenv("SLURM_JOB_ID", "7")
+            monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+        args.nodes, args.ranks_per_node = nodes, rpn
+        cmd = capture.launch_command(args, prefix, binds)
+        assert launcher in cmd[:3]
+        order = [
+            cmd.index("apptainer"),
+            cmd.index("--bind"),
+            cmd.index(str(image)),
+            cmd.index("rank"),
+            cmd.index("--profiler"),
+            cmd.index("--"),
+            cmd.index("train"),
+        ]
+        assert order == sorted(order), cmd
+        assert cmd[cmd.index("--bind") + 1] == binds[0]
+        assert cmd[cmd.index(str(image)) + 1 : cmd.index(str(image)) + 3] == ["python", "-m"]
+        assert cmd[cmd.index("--") + 1 : cmd.index("train")] == ["python", "-m", "scalestudy"]
+        assert "nsys" not in " ".join(cmd[: cmd.index("apptainer")])  # nothing wraps apptainer
+    # without a container: the host's python and the profiler as found
+    args.container = None
+    assert capture.wrapper_options(args, "/x/nsys") == ({"profiler": "/x/nsys"}, [])
 
 
 def _launch_args(nodes, rpn, prefix):
@@ -783,7 +957,7 @@ def test_bad_profiling_config_names_the_key(override, message):
 
 
 # --- real captures on CPU -----
-def _capture(data_dir, out, *extra, tool="auto", device="cpu", path_extra=None):
+def _capture(data_dir, out, *extra, tool="auto", device="cpu", path_extra=None, launch=()):
     env = child_env()
     if path_extra:
         env["PATH"] = f"{path_extra}:{env['PATH']}"
@@ -811,6 +985,7 @@ def _capture(data_dir, out, *extra, tool="auto", device="cpu", path_extra=None):
         "2",
         "--cpus-per-rank",
         "1",
+        *launch,
         "--",
         "--dataset",
         "synthetic",
@@ -872,6 +1047,12 @@ def test_torch_profiler_capture_of_a_two_rank_run(data_dir, tmp_path):
         )
         phases = {r["range"]: int(r["instances"]) for r in ranges if r["rank"] == rank}
         assert phases == {"data": 3, "forward": 3, "backward": 3, "optimizer": 3}  # steps 2..4
+    # a CPU run's phase times are host times, and say so; the export flags the ranges
+    assert {r["time_base"] for r in ranges} == {"host_range"}
+    export = json.loads((cap / "train" / "profile" / "torch_ops_rank0.json").read_text())
+    forward = [op for op in export["ops"] if op["name"] == "forward"]
+    assert [(op["device_type"], op["user_annotation"]) for op in forward] == [("CPU", True)]
+    assert forward[0]["device_total_us"] == 0 and forward[0]["cpu_total_us"] > 0
     inv = json.loads((tmp_path / "system.json").read_text())
     assert inv["gpus"] == "absent" and inv["torch"] and inv["cpu"]["logical_cpus"] >= 1
     # the profiling job's trainer output stays under the capture directory
@@ -889,12 +1070,50 @@ def test_nsys_path_through_the_stand_in(data_dir, tmp_path):
         "nsys_rank1.nsys-rep",
     ]
     assert "--capture-range=cudaProfilerApi" in (cap / "nsys_rank1.nsys-rep").read_text()
-    assert json.loads((cap / "tool.json").read_text())["nsys_version"] == "2024.5"
+    manifest = json.loads((cap / "tool.json").read_text())
+    assert manifest["nsys_version"] == "2024.5" and manifest["phase_time_base"] == "gpu_projection"
+    assert manifest["in_container"] is False and manifest["binds"] == []
+    assert (cap / "stats" / "nsys_rank1_nvtx_gpu_proj_sum.csv").exists()
     kernels, ranges = _parse(cap, tmp_path)
     assert {r["rank"] for r in kernels} == {"0", "1"} and {r["tool"] for r in kernels} == {"nsys"}
+    assert {r["time_base"] for r in ranges} == {"gpu_projection"}
     # explicit nsys where it is missing: a clear error before any training
     proc = _capture(data_dir, tmp_path / "c2", tool="nsys", device="cuda")
     assert proc.returncode == 2 and "not on PATH" in proc.stderr
+
+
+def test_nsys_in_the_container_through_the_stand_ins(data_dir, tmp_path):
+    """With --container, nsys runs inside the (stand-in) container from the bound host
+    installation, the trainer as its child: `apptainer exec --bind <nsys dir> IMG python -m
+    scalestudy profile rank ... -- python -m scalestudy train`. The nsys stand-in refuses to run
+    "inside" unless its directory was bound, and records the container it ran in."""
+    image = tmp_path / "trainer.sif"
+    env = child_env(PATH=f"{STAND_INS}:{Path(PYTHON).parent}:{os.environ['PATH']}")
+    build = container.build_command(REPO / "containers" / "trainer.def", image, "c0ffee")
+    r = subprocess.run(build, env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    cap = tmp_path / "capture"
+    launch_flags = ("--container", str(image), "--gpu")
+    proc = _capture(
+        data_dir, cap, tool="nsys", device="cuda", path_extra=STAND_INS, launch=launch_flags
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    launched = next(ln for ln in proc.stdout.splitlines() if "torch.distributed.run" in ln)
+    argv = shlex.split(launched.split("+ ", 1)[1])
+    order = [argv.index(w) for w in ("apptainer", "--bind", str(image), "rank", "--", "train")]
+    assert order == sorted(order), argv
+    assert argv[argv.index("--bind") + 1] == str(STAND_INS.resolve())
+    assert argv[argv.index("--profiler") + 1] == str((STAND_INS / "nsys").resolve())
+    for rank in (0, 1):
+        report = (cap / f"nsys_rank{rank}.nsys-rep").read_text()
+        assert f"container: {image.resolve()}" in report
+        assert f"exe: {(STAND_INS / 'nsys').resolve()}" in report
+    # the trainer ran as nsys's child in the container and wrote its outputs
+    assert (cap / "train" / "metrics.json").exists()
+    manifest = json.loads((cap / "tool.json").read_text())
+    assert manifest["in_container"] is True and manifest["binds"] == [str(STAND_INS.resolve())]
+    _, ranges = _parse(cap, tmp_path)
+    assert {r["time_base"] for r in ranges} == {"gpu_projection"}
 
 
 # --- the DAG -----

@@ -1,7 +1,8 @@
 # Profiling: the runs chosen by `profiling:` run again for a short window (--profile-steps) in
 # their own jobs, under nsys on GPUs (torch.profiler where there is no GPU or no nsys, stated in
-# capture/tool.json and the log). Outputs stay under results/profile/, never results/runs/, so
-# profiling overhead never enters the throughput figures of runs.csv.
+# capture/tool.json and the log); with the container, nsys runs inside it around the trainer
+# (the host's installation bound in). Outputs stay under results/profile/, never results/runs/,
+# so profiling overhead never enters the throughput figures of runs.csv.
 rule profile_capture:
     input:
         unpack(get_prepared_data),
@@ -33,7 +34,8 @@ rule profile_capture:
         )
 
 
-# nsys stats CSVs or torch.profiler ops of one run -> its kernels (by category) and phase ranges.
+# nsys stats CSVs or torch.profiler ops of one run -> its kernels (by category) and phase ranges
+# (GPU time where the capture has it, else host time: the time_base column says which).
 rule profile_parse:
     input:
         capture="results/profile/{run}/capture",
@@ -48,8 +50,9 @@ rule profile_parse:
         "--out-kernels {output.kernels:q} --out-ranges {output.ranges:q} > {log:q} 2>&1"
 
 
-# Nsight Compute (--set full) on the run's top-K kernels by time, NCCL excluded: ncu serialises
-# launches and a profiled NCCL kernel would wait forever for its peers. Rank 0 only; GPU only.
+# Nsight Compute (--set full, clocks not locked) on the run's top-K kernels by time, NCCL
+# excluded: ncu serialises launches and a profiled NCCL kernel would wait forever for its peers.
+# Rank 0 only; GPU only.
 rule profile_ncu:
     input:
         unpack(get_prepared_data),

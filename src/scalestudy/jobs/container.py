@@ -9,6 +9,18 @@ would wrap the whole shell, srun included). Instead one rule builds `containers/
     scalestudy container build containers/trainer.def containers/trainer.sif
     scalestudy container digest containers/trainer.sif
 
+The checks of `check` (and of `build`, before it starts), each failure one line naming the
+file:line and the fix (validate_definition):
+  - the header: `Bootstrap:` first, `From:` pinned (a version tag or an @sha256 digest);
+  - the image's torch is the venv's: the pytorch/pytorch tag `<torch>-cuda<x.y>-...` (or the
+    scalestudy.base_image label beside a digest) names the venv's torch release and CUDA build
+    (2.14.1+cu130), so a run in the container and one in the venv measure the same software;
+    `--torch 2.14.1+cu130` compares with another build than this Python's;
+  - %post installs the InfiniBand userspace NCCL needs (rdma-core, libibverbs1,
+    ibverbs-providers), without which NCCL falls back to TCP sockets between nodes;
+  - %labels says how the profilers reach the image (`scalestudy.profilers host-bind`: the host's
+    nsys/ncu bound in by `scalestudy profile`, which runs them inside the container);
+  - %post, %test (importing scalestudy) and %labels (recording the git commit) are there.
 A definition that fails the checks, or Apptainer missing, is one message on stderr and exit 2;
 a failed `apptainer build` exits 1.
 
@@ -19,12 +31,15 @@ the tests (tests/stand-ins/apptainer), which may be started by a Python without 
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import difflib
+import importlib.util
 import os
 import re
 import shutil
 import subprocess
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,7 +92,8 @@ class Definition:
     arguments: dict[str, str]
     #: %labels: label -> value
     labels: dict[str, str] = field(default_factory=dict)
-    #: 1-based line of each header keyword and of each section's (first) `%name` line
+    #: 1-based line of each header keyword, of each section's (first) `%name` line, and of each
+    #: %labels / %arguments name as 'labels.<name>' / 'arguments.<name>'
     lines: dict[str, int] = field(default_factory=dict)
     #: build arguments used as `{{ NAME }}` anywhere in the file -> first line used
     template_vars: dict[str, int] = field(default_factory=dict)
@@ -172,8 +188,8 @@ def parse_definition(path: str | os.PathLike) -> Definition:
             bodies[current].append((no, raw))
 
     sections = {name: "\n".join(t for _, t in body).strip("\n") for name, body in bodies.items()}
-    arguments = _parse_pairs(path, bodies.get("arguments", []), "arguments")
-    labels = _parse_pairs(path, bodies.get("labels", []), "labels")
+    arguments = _parse_pairs(path, bodies.get("arguments", []), "arguments", lines)
+    labels = _parse_pairs(path, bodies.get("labels", []), "labels", lines)
     template_vars: dict[str, int] = {}
     for no, raw in enumerate(text.splitlines(), start=1):
         for m in _TEMPLATE_RE.finditer(raw):
@@ -190,8 +206,11 @@ def parse_definition(path: str | os.PathLike) -> Definition:
     )
 
 
-def _parse_pairs(path: Path, body: list[tuple[int, str]], section: str) -> dict[str, str]:
-    """%arguments lines are `NAME=value`; %labels lines are `name value...`."""
+def _parse_pairs(
+    path: Path, body: list[tuple[int, str]], section: str, lines: dict[str, int]
+) -> dict[str, str]:
+    """%arguments lines are `NAME=value`; %labels lines are `name value...`. The line of each
+    name goes into `lines` as '<section>.<name>' (Definition.where names it in messages)."""
     pairs: dict[str, str] = {}
     for no, raw in body:
         s = raw.strip()
@@ -205,9 +224,11 @@ def _parse_pairs(path: Path, body: list[tuple[int, str]], section: str) -> dict[
             if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
                 value = value[1:-1]
             pairs[m.group(1)] = value
+            lines.setdefault(f"arguments.{m.group(1)}", no)
         else:
             key, _, value = s.partition(" ")
             pairs[key] = value.strip()
+            lines.setdefault(f"labels.{key}", no)
     return pairs
 
 
@@ -227,8 +248,191 @@ def image_pin_problem(ref: str) -> str | None:
     return None
 
 
-def validate_definition(defn: Definition) -> list[str]:
-    """The problems of a trainer definition (empty when it is fine); each names where it is."""
+# --------------------------------------------------------------- the image's torch vs the venv's
+
+
+@dataclass(frozen=True)
+class TorchBuild:
+    """A torch release and the CUDA it was built for (None: a CPU build)."""
+
+    version: str  # "2.14.1"
+    cuda: str | None  # "13.0"
+
+    @property
+    def suffix(self) -> str:
+        """The wheel's local version: 'cu130' for CUDA 13.0, 'cpu' for a CPU build."""
+        return "cu" + self.cuda.replace(".", "") if self.cuda else "cpu"
+
+    def __str__(self) -> str:
+        return f"{self.version}+{self.suffix}"
+
+
+_TORCH_VERSION_RE = re.compile(r"^(\d+\.\d+(?:\.\d+)?)\+(?:cu(\d+)(\d)|cpu)$")
+# pytorch/pytorch's tags: <torch>-cuda<x.y>-cudnn<n>-runtime|devel (Docker Hub)
+_PYTORCH_TAG_RE = re.compile(r"^(\d+\.\d+(?:\.\d+)?)-cuda(\d+\.\d+)-cudnn\d+-(?:runtime|devel)$")
+#: The label naming the base image by tag where From: pins it by digest (the tag says the build).
+BASE_IMAGE_LABEL = "scalestudy.base_image"
+
+
+def parse_torch_version(text: str) -> TorchBuild:
+    """'2.14.1+cu130' -> TorchBuild('2.14.1', '13.0'); '2.14.1+cpu' -> a CPU build."""
+    m = _TORCH_VERSION_RE.match(text.strip())
+    if not m:
+        raise DefinitionError(
+            f"torch build {text!r}: expected a release and its build, e.g. '2.14.1+cu130' or "
+            "'2.14.1+cpu'"
+        )
+    return TorchBuild(m.group(1), f"{m.group(2)}.{m.group(3)}" if m.group(2) else None)
+
+
+def venv_torch_build() -> TorchBuild | None:
+    """The torch of the Python running this (the study's venv), read from torch/version.py
+    (`__version__`, `cuda`) without importing torch: this module also runs in Pythons without
+    it (the Apptainer stand-in). None when torch is not installed there."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.origin:
+        return None
+    values = {}
+    version_py = Path(spec.origin).with_name("version.py")
+    try:
+        tree = ast.parse(version_py.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError) as e:
+        raise DefinitionError(f"cannot read the venv's torch version from {version_py}: {e}") from e
+    for node in tree.body:
+        target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
+        if isinstance(target, ast.Name) and isinstance(node.value, ast.Constant):
+            values[target.id] = node.value.value
+    if "__version__" not in values:
+        raise DefinitionError(f"{version_py} has no __version__: cannot tell the venv's torch")
+    return TorchBuild(str(values["__version__"]).split("+")[0], values.get("cuda"))
+
+
+def image_torch_build(defn: Definition) -> TorchBuild | None:
+    """The torch build of a pytorch/pytorch base image, from the From: tag or, when From: pins a
+    digest, from the scalestudy.base_image label; None when neither names one."""
+    for ref in (defn.render(defn.header.get("From", "")), defn.labels.get(BASE_IMAGE_LABEL, "")):
+        name, _, tag = ref.partition("@")[0].rpartition("/")[2].partition(":")
+        m = _PYTORCH_TAG_RE.match(tag)
+        if name == "pytorch" and m:
+            return TorchBuild(m.group(1), m.group(2))
+    return None
+
+
+def _torch_problems(defn: Definition, venv: TorchBuild | None) -> list[str]:
+    """The image must train with the venv's torch build: same release, same CUDA build, so the
+    numbers of a run in the container and of one in the venv are comparable."""
+    where = defn.where("From")
+    if venv is None:
+        return [
+            f"{where}: cannot compare the image's torch with the venv's: this Python "
+            f"({sys.executable}) has no torch; run the check from the study's venv "
+            "(`bash scripts/setup.sh`, then .venv/bin/scalestudy) or name it with --torch"
+        ]
+    image = image_torch_build(defn)
+    if image is None:
+        return [
+            f"{where}: cannot tell the image's torch build from 'From: {defn.header.get('From')}':"
+            f" use a pytorch/pytorch:<torch>-cuda<x.y>-cudnn9-runtime tag (for a digest, name "
+            f"that tag in the label '{BASE_IMAGE_LABEL}')"
+        ]
+    if venv.cuda is None:
+        return [
+            f"{where}: the venv's torch is {venv}, a CPU build, so no CUDA image matches it: "
+            "install the CUDA build in the venv (requirements.txt, scripts/setup.sh)"
+        ]
+    if image == venv:
+        return []
+    tag = f"pytorch/pytorch:{venv.version}-cuda{venv.cuda}-cudnn9-runtime"
+    return [
+        f"{where}: the image has torch {image} but the venv has {venv}, so container and venv "
+        f"numbers are not comparable: use 'From: {tag}' (and the label {BASE_IMAGE_LABEL}), or "
+        f"install torch {image} in the venv (requirements.txt, scripts/setup.sh)"
+    ]
+
+
+def _base_label_problems(defn: Definition) -> list[str]:
+    """The scalestudy.base_image label, when From: is a tag, must say the same tag."""
+    ref, label = defn.render(defn.header.get("From", "")), defn.labels.get(BASE_IMAGE_LABEL)
+    if label is None or "@" in ref or label == ref:
+        return []
+    return [
+        f"{defn.where('labels.' + BASE_IMAGE_LABEL)}: label {BASE_IMAGE_LABEL} says '{label}' "
+        f"but From: is '{ref}': make them the same (the label is what `apptainer inspect` shows)"
+    ]
+
+
+# ------------------------------------------------------ InfiniBand userspace and the profilers
+
+#: Debian/Ubuntu packages of the InfiniBand/RoCE userspace NCCL's IB transport needs: the verbs
+#: library, the user-space drivers of the adapters (mlx5, ...) and rdma-core's configuration.
+#: `--nv` binds the GPU driver only; without libibverbs in the image NCCL finds no IB device and
+#: falls back to TCP sockets between nodes (NCCL_DEBUG=INFO then says "NET/Socket").
+IB_PACKAGES = ("rdma-core", "libibverbs1", "ibverbs-providers")
+#: The label saying how nsys/ncu reach the image, and the one way `scalestudy profile` provides:
+#: the host's installation bound in at its own path (jobs/profile.py explains why).
+PROFILERS_LABEL = "scalestudy.profilers"
+PROFILERS_HOST_BIND = "host-bind"
+
+
+_APT_INSTALL_RE = re.compile(r"\bapt(?:-get)?\s+(?:\S+\s+)*?install\b")
+
+
+def _apt_installs(script: str) -> str:
+    """The `apt-get install` / `apt install` commands of a %post script (continuation lines
+    joined), where the packages it installs are named."""
+    joined = re.sub(r"\\\n", " ", _strip_comment_lines(script))
+    return "\n".join(ln for ln in joined.splitlines() if _APT_INSTALL_RE.search(ln))
+
+
+def _installs(commands: str, package: str) -> bool:
+    """Whether install commands name `package` as a word (pinned 'pkg=1.2' counts too)."""
+    return re.search(rf"(?<![\w.+-]){re.escape(package)}(?![\w.+-])", commands) is not None
+
+
+def _ib_problems(defn: Definition) -> list[str]:
+    if "post" not in defn.sections:
+        return []  # reported as a missing section
+    commands = _apt_installs(defn.sections["post"])
+    missing = [p for p in IB_PACKAGES if not _installs(commands, p)]
+    if not missing:
+        return []
+    return [
+        f"{defn.where('post')}: %post does not install {', '.join(missing)} (InfiniBand "
+        "userspace: without it NCCL falls back to TCP sockets between nodes); add "
+        f"'apt-get install -y --no-install-recommends {' '.join(IB_PACKAGES)}'"
+    ]
+
+
+def _profiler_problems(defn: Definition) -> list[str]:
+    value = defn.labels.get(PROFILERS_LABEL)
+    if value == PROFILERS_HOST_BIND:
+        return []
+    fix = (
+        f"add the label '{PROFILERS_LABEL} {PROFILERS_HOST_BIND}': `scalestudy profile` binds "
+        "the host's nsys/ncu installation into the container and runs the profiler inside it, "
+        "around the trainer"
+    )
+    if value is None:
+        return [
+            f"{defn.where('labels')}: %labels does not say how the profilers reach the image: {fix}"
+        ]
+    return [
+        f"{defn.where('labels.' + PROFILERS_LABEL)}: '{PROFILERS_LABEL} {value}' is not a "
+        f"provision `scalestudy profile` knows: {fix}"
+    ]
+
+
+def validate_definition(defn: Definition, venv: TorchBuild | None | str = "venv") -> list[str]:
+    """The problems of a trainer definition (empty when it is fine); each names where it is.
+    `venv`: the torch build the image must match; by default the one of this Python's venv."""
+    problems = _header_problems(defn) + _section_problems(defn)
+    if "From" in defn.header:
+        venv_build = venv_torch_build() if venv == "venv" else venv
+        problems += _torch_problems(defn, venv_build) + _base_label_problems(defn)
+    return problems + _ib_problems(defn) + _profiler_problems(defn)
+
+
+def _header_problems(defn: Definition) -> list[str]:
     problems: list[str] = []
     header_keys = list(defn.header)
     bootstrap = defn.header.get("Bootstrap")
@@ -249,6 +453,11 @@ def validate_definition(defn: Definition) -> list[str]:
                 f"{defn.where('From')}: the base image is not pinned: {why}; name a version "
                 "tag or an @sha256 digest so a rebuild gets the same image"
             )
+    return problems
+
+
+def _section_problems(defn: Definition) -> list[str]:
+    problems: list[str] = []
     for name in REQUIRED_SECTIONS:
         if name not in defn.sections:
             problems.append(f"{defn.path}: section %{name} is missing")
@@ -275,10 +484,11 @@ def validate_definition(defn: Definition) -> list[str]:
     return problems
 
 
-def check_definition(path: str | os.PathLike) -> Definition:
-    """Parse and validate; raise DefinitionError listing every problem."""
+def check_definition(path: str | os.PathLike, venv: TorchBuild | None | str = "venv") -> Definition:
+    """Parse and validate (venv: see validate_definition); raise DefinitionError listing every
+    problem."""
     defn = parse_definition(path)
-    problems = validate_definition(defn)
+    problems = validate_definition(defn, venv)
     if problems:
         raise DefinitionError(
             f"{defn.path}: {len(problems)} problem(s):\n" + "\n".join(f"  - {p}" for p in problems)
@@ -318,17 +528,21 @@ def exec_prefix(
     *,
     digest: str | None = None,
     apptainer: str = "apptainer",
+    binds: Sequence[str] = (),
 ) -> list[str]:
     """argv that runs a command inside the image: append the command and its arguments.
 
     The image's digest (computed here unless given) is passed in, so the trainer can record
     exactly which image it ran in. --nv binds the host's NVIDIA driver and devices. The host
     environment (SLURM_*, RANK, MASTER_ADDR, ...) passes through, as Apptainer does by default.
+    `binds`: host directories bound at the same path inside (the profilers' installations,
+    jobs/profile.py), so a host path given to a command means the same file inside.
     """
     return [
         apptainer,
         "exec",
         *(["--nv"] if gpu else []),
+        *(arg for path in binds for arg in ("--bind", str(path))),
         "--env",
         f"{DIGEST_ENV}={digest or image_digest(image)}",
         str(image),
@@ -367,13 +581,15 @@ def build(
     commit: str | None = None,
     context: str | os.PathLike = ".",
     extra_args: Sequence[str] = (),
+    venv: TorchBuild | None | str = "venv",
 ) -> str:
-    """Check the definition, build into a temp file beside `image`, then rename it onto `image`
-    (a reader never sees a half-built image). Returns the new image's digest."""
+    """Check the definition (venv: see validate_definition), build into a temp file beside
+    `image`, then rename it onto `image` (a reader never sees a half-built image). Returns the
+    new image's digest."""
     apptainer = shutil.which("apptainer")
     if apptainer is None:
         raise ApptainerNotFound(INSTALL_HELP)
-    defn = check_definition(definition)
+    defn = check_definition(definition, venv)
     missing = missing_files_sources(defn, context)
     if missing:
         raise DefinitionError(
@@ -404,9 +620,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     p = sub.add_parser("check", help="parse and validate a definition file")
     p.add_argument("definition")
+    _torch_argument(p)
     p = sub.add_parser("build", help="build the image atomically with apptainer build")
     p.add_argument("definition")
     p.add_argument("image")
+    _torch_argument(p)
     p.add_argument("--git-commit", help="recorded in the image (default: git HEAD of --context)")
     p.add_argument(
         "--context", default=".", help="directory %%files paths are relative to (default: .)"
@@ -416,11 +634,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("image")
 
 
+def _torch_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--torch",
+        metavar="VERSION",
+        help="the torch build the image must match, e.g. 2.14.1+cu130 (default: the torch "
+        "installed in this Python, i.e. the study's venv)",
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     # DefinitionError and ApptainerNotFound: one line from cli.main, exit 2
+    venv = parse_torch_version(args.torch) if getattr(args, "torch", None) else "venv"
     try:
         if args.action == "check":
-            defn = check_definition(args.definition)
+            defn = check_definition(args.definition, venv)
             logger.info(f"{defn.path}: ok (From: {defn.header['From']})")
         elif args.action == "build":
             digest = build(
@@ -429,6 +657,7 @@ def run(args: argparse.Namespace) -> int:
                 commit=args.git_commit,
                 context=args.context,
                 extra_args=["--fakeroot"] if args.fakeroot else [],
+                venv=venv,
             )
             print(f"{args.image} {digest}")  # the product: the last line of stdout
         else:

@@ -83,15 +83,17 @@ def build_command(args: argparse.Namespace, env: dict[str, str]) -> list[str]:
     for name in ("nodes", "ranks_per_node", "cpus_per_rank"):
         if getattr(args, name) < 1:
             raise LaunchError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    python = [sys.executable]
+    # a per-rank wrapper (the profiler, jobs/profile.py) goes inside the container, so nsys/ncu
+    # run in the image's namespace with the trainer as their child; wrapped around `apptainer
+    # exec` from outside they may trace nothing
+    prefix = shlex.split(args.rank_prefix) if getattr(args, "rank_prefix", None) else []
+    python = [*prefix, sys.executable]
     if args.container:
         # the image's own python; its digest goes into metrics.json (container_digest)
         from scalestudy.jobs.container import exec_prefix
 
-        python = [*exec_prefix(args.container, gpu=args.gpu), "python"]
-    # a per-rank wrapper (profiler) goes outside the container: nsys/ncu live on the host
-    prefix = shlex.split(args.rank_prefix) if getattr(args, "rank_prefix", None) else []
-    python = [*prefix, *python]
+        binds = getattr(args, "container_binds", ())  # host dirs the wrapper needs inside
+        python = [*exec_prefix(args.container, gpu=args.gpu, binds=binds), *prefix, "python"]
     if args.nodes * args.ranks_per_node == 1:
         # one rank: no launcher at all. In Slurm this is a plain job (the executor refuses MPI
         # jobs of one task) whose shell already runs inside `srun -n1`: a nested srun would wait

@@ -20,22 +20,31 @@ capture: the tool is chosen here, on the compute node, and stated in DIR/tool.js
   (the trainer's --profile-steps A:B opens and closes the range), then
       nsys stats --report cuda_gpu_kern_sum --report cuda_gpu_mem_time_sum --report nvtx_sum \\
           --format csv --output DIR/stats/nsys_rank<r> DIR/nsys_rank<r>.nsys-rep
-  (before 2023.1: gpukernsum, gpumemtimesum, nvtxsum). The trainer's own outputs go to DIR/train/,
-  never to results/runs/, so no profiling overhead reaches the throughput figures.
+  (before 2023.1: gpukernsum, gpumemtimesum, nvtxsum) and, for the phases' GPU time,
+      nsys stats --report nvtx_gpu_proj_sum ... (where this nsys has it; else the phase rows are
+  nvtx_sum's host times, labelled time_base host_range). The trainer's own outputs go to
+  DIR/train/, never to results/runs/, so no profiling overhead reaches the throughput figures.
+In the container (--container IMG): the profiler runs inside the image, around the trainer:
+      apptainer exec --nv --bind <install> IMG python -m scalestudy profile rank \\
+          --profiler <install>/bin/nsys ... -- python -m scalestudy train ...
+  with the host's installation bound at its own path (profiler_install says why the host's);
+  an nsys wrapped around `apptainer exec` from outside may trace nothing.
 ncu: rank 0 only (the other ranks run plain; a profiled NCCL kernel would wait forever for its
   serialised peers, so NCCL kernels are never chosen), one ncu pass per top-K kernel:
-      ncu --profile-from-start off --set full --metrics <FLOP counters> \\
+      ncu --profile-from-start off --clock-control none --set full --metrics <FLOP counters> \\
           --kernel-name-base demangled -k regex:<the whole demangled name> \\
           --launch-skip S' --launch-count C --target-processes all -o DIR/ncu_k<i>
   (S' = S clamped so that C launches remain of the kernel's instances on rank 0 in the nsys
   window), then `ncu -i DIR/ncu_k<i>.ncu-rep --csv --page details --print-units base
   --print-metric-name name` -> DIR/ncu_k<i>.csv, whose rows carry the kernels CSV's name.
+  --clock-control none: the GPU at the clocks the timed runs see (ncu locks them to base by
+  default, so its durations would disagree with the timed runs).
 parse: profiler output -> the profile CSVs (schemas: scalestudy.nsight.schema), from one of
   --capture DIR   a capture directory of `profile capture`: its tool.json says which tool ran
                   and where its output is (nsys stats CSVs, or torch.profiler exports)
   --nsys-stats P  `nsys stats --format csv` output made by hand: one CSV, or a directory of them
-                  (cuda_gpu_kern_sum, cuda_gpu_mem_time_sum, nvtx_sum or the pre-2023.1 names;
-                  recognised by header, rank from `rank<r>` in the file name)
+                  (cuda_gpu_kern_sum, cuda_gpu_mem_time_sum, nvtx_gpu_proj_sum, nvtx_sum or the
+                  pre-2023.1 names; recognised by header, rank from `rank<r>` in the file name)
   --ncu P         `ncu --csv --page details` output: one CSV, or every *.csv of a directory
   The first two write --out-kernels (profile_kernels) and, when given, --out-ranges
   (profile_ranges); --ncu writes --out-ncu (profile_ncu). A file that cannot be parsed is an
@@ -67,6 +76,15 @@ logger = log.get(__name__)
 NSYS_TRACE = "cuda,nvtx,osrt,cudnn,cublas"
 NSYS_REPORTS_NEW = ("cuda_gpu_kern_sum", "cuda_gpu_mem_time_sum", "nvtx_sum")
 NSYS_REPORTS_OLD = ("gpukernsum", "gpumemtimesum", "nvtxsum")
+# The GPU time of the NVTX phase ranges: each range projected onto the GPU (from the start of the
+# first to the end of the last GPU operation launched inside it). nvtx_sum's times are the host's
+# push-to-pop times: how long the CPU took to enqueue a phase, not how long the GPU ran it.
+NSYS_PROJ_REPORT = "nvtx_gpu_proj_sum"
+# Installation roots that cannot be bound into the image: binding them would hide its own system
+# (e.g. an nsys that a distribution package put in /usr/bin).
+SYSTEM_DIRS = frozenset(
+    {"/", "/usr", "/usr/local", "/opt", "/bin", "/sbin", "/lib", "/lib64", "/etc", "/var"}
+)
 # FLOP counters that --set full does not print in the details page: SASS f/h/d add, mul, fma
 # (a fma is 2 FLOP) and the tensor-core paths (nsight.ncu.parse_ncu sums them). Tensor paths: only
 # the per-(source, destination) totals; the src-only totals and the _sparsity_on/_off breakdowns
@@ -116,9 +134,33 @@ def rank_from_env(env: dict[str, str]) -> int:
     return 0
 
 
-def nsys_profile_command(output_base: str, trace: str, cmd: list[str]) -> list[str]:
+def profiler_install(exe: str) -> tuple[str, str]:
+    """(the profiler's real path, its installation directory) for binding the host's nsys/ncu
+    into the image at the same path: .../nsight-systems/<v>/bin/nsys (or target-linux-x64/nsys)
+    -> .../nsight-systems/<v>, .../nsight-compute/<v>/ncu -> .../nsight-compute/<v>,
+    <cuda>/bin/ncu -> <cuda> (the tools reach their parts through paths relative to themselves,
+    so the whole directory goes in and the real path means the same file inside as outside).
+
+    Why the host's and not one installed in the image: nsys and ncu must support the host's
+    driver, and the cluster's profiler module is the one kept in step with it; ncu's access to
+    the GPU performance counters is a host setting in any case; and the image stays small."""
+    real = os.path.realpath(exe)
+    parent = Path(real).parent
+    root = parent.parent if parent.name == "bin" or parent.name.startswith("target-") else parent
+    if str(root) in SYSTEM_DIRS:
+        raise ProfileError(
+            f"{exe} is installed in the system directory {root}, which cannot be bound into the "
+            "container (it would hide the image's own): use a standalone Nsight installation "
+            "(NVIDIA's .run/.deb into /opt/nvidia/..., or the cluster's module)"
+        )
+    return real, str(root)
+
+
+def nsys_profile_command(
+    output_base: str, trace: str, cmd: list[str], exe: str = "nsys"
+) -> list[str]:
     return [
-        "nsys",
+        exe,
         "profile",
         "--capture-range=cudaProfilerApi",
         "--capture-range-end=stop",
@@ -143,6 +185,23 @@ def nsys_stats_command(report: str, output_base: str, version: tuple[int, int] |
     for name in names:
         argv += ["--report", name]
     return [*argv, "--format", "csv", "--force-export=true", "--output", output_base, report]
+
+
+def nsys_proj_command(report: str, output_base: str) -> list[str]:
+    """`nsys stats` of the phases' GPU projection (NSYS_PROJ_REPORT), run after
+    nsys_stats_command (which exported the SQLite file this one reads): on its own, so an nsys
+    without the report costs only the GPU phase times, not the kernel tables."""
+    return [
+        "nsys",
+        "stats",
+        "--report",
+        NSYS_PROJ_REPORT,
+        "--format",
+        "csv",
+        "--output",
+        output_base,
+        report,
+    ]
 
 
 _REGEX_META = set("\\^$.|?*+()[]{}")
@@ -171,12 +230,22 @@ def ncu_kernel_regex(name: str) -> str:
 
 
 def ncu_command(
-    output_base: str, kernel: str, launch_skip: int, launch_count: int, cmd: list[str]
+    output_base: str,
+    kernel: str,
+    launch_skip: int,
+    launch_count: int,
+    cmd: list[str],
+    exe: str = "ncu",
 ) -> list[str]:
     return [
-        "ncu",
+        exe,
         "--profile-from-start",
         "off",
+        # ncu locks the GPU clocks to their base frequency by default (--clock-control base),
+        # for repeatable counters; the timed runs run at the clocks the GPU boosts to, so
+        # durations under locked clocks would disagree with them. none: the clocks as they are.
+        "--clock-control",
+        "none",
         "--set",
         "full",
         "--metrics",
@@ -239,20 +308,29 @@ def rank_command(args: argparse.Namespace, env: dict[str, str]) -> list[str]:
     rank = rank_from_env(env)
     if args.ranks == "0" and rank != 0:
         return cmd
+    exe = getattr(args, "profiler", None) or args.tool
     if args.tool == "nsys":
-        return nsys_profile_command(f"{args.dir}/nsys_rank{rank}", args.trace, cmd)
-    return ncu_command(f"{args.dir}/ncu_k{args.index}", args.kernel, args.skip, args.count, cmd)
+        return nsys_profile_command(f"{args.dir}/nsys_rank{rank}", args.trace, cmd, exe)
+    return ncu_command(
+        f"{args.dir}/ncu_k{args.index}", args.kernel, args.skip, args.count, cmd, exe
+    )
 
 
-def rank_prefix(**options: str) -> str:
-    """The `scalestudy profile rank ... --` prefix for `scalestudy launch --rank-prefix`."""
-    argv = [sys.executable, "-m", "scalestudy", "profile", "rank"]
+def rank_prefix(*, python: str = sys.executable, **options: str) -> str:
+    """The `<python> -m scalestudy profile rank ... --` prefix for `scalestudy launch
+    --rank-prefix`; python is the image's `python` when the ranks run in the container."""
+    argv = [python, "-m", "scalestudy", "profile", "rank"]
     for key, value in options.items():
         argv += [f"--{key}", str(value)]
     return shlex.join([*argv, "--"])
 
 
-def launch_command(args: argparse.Namespace, prefix: str | None) -> list[str]:
+def launch_command(
+    args: argparse.Namespace, prefix: str | None, binds: list[str] | None = None
+) -> list[str]:
+    """The ranks' command: with a container, `apptainer exec [--bind B] IMAGE <prefix> python -m
+    scalestudy train ...` (the profiler inside the image, around the trainer), else
+    `<prefix> python -m scalestudy train ...`."""
     ns = argparse.Namespace(
         mpi=args.mpi,
         nodes=args.nodes,
@@ -261,9 +339,20 @@ def launch_command(args: argparse.Namespace, prefix: str | None) -> list[str]:
         container=args.container,
         gpu=args.gpu,
         rank_prefix=prefix,
+        container_binds=binds or [],
         train_args=list(args.train_args),
     )
     return launch.build_command(ns, dict(os.environ))
+
+
+def wrapper_options(args: argparse.Namespace, exe: str) -> tuple[dict, list[str]]:
+    """(rank_prefix keywords, container binds) that run the profiler `exe` on each rank: in the
+    container (the image's python runs the wrapper, the host's installation bound in at its own
+    path) when there is one, else on the host."""
+    if not args.container:
+        return {"profiler": exe}, []
+    real, root = profiler_install(exe)
+    return {"python": "python", "profiler": real}, [root]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -302,33 +391,66 @@ def capture(args: argparse.Namespace) -> int:
         files.write_json(args.inventory, inventory.collect())
     train_dir = out / "train"
     args.train_args = _train_args(args, train_dir)
-    prefix = None
+    prefix, binds = None, []
     if tool == "nsys":
-        prefix = rank_prefix(tool="nsys", ranks=args.ranks, dir=out, trace=args.nsys_trace)
+        options, binds = wrapper_options(args, shutil.which("nsys"))
+        prefix = rank_prefix(
+            tool="nsys", ranks=args.ranks, dir=out, trace=args.nsys_trace, **options
+        )
     else:
         env["SCALESTUDY_PROFILER"] = "torch"
-    _run(launch_command(args, prefix), env)
+    _run(launch_command(args, prefix, binds), env)
     manifest = {"run": args.run, "tool": tool, "why": why, "ranks": args.ranks}
     if tool == "nsys":
-        reports = sorted(out.glob("nsys_rank*.nsys-rep"))
-        if not reports:
-            raise ProfileError(
-                f"nsys wrote no report in {out}: did the trainer reach --profile-steps "
-                "(cudaProfilerStart)?"
-            )
-        version = nsys_version(
-            subprocess.run(["nsys", "--version"], capture_output=True, text=True).stdout
-        )
-        (out / "stats").mkdir(exist_ok=True)
-        for rep in reports:
-            base = out / "stats" / rep.name.removesuffix(".nsys-rep")
-            _run(nsys_stats_command(str(rep), str(base), version), env)
-        manifest["nsys_version"] = ".".join(map(str, version)) if version else "unknown"
-        manifest["input"] = "stats"
+        manifest.update(nsys_stats(out, env), in_container=bool(args.container), binds=binds)
     else:
         manifest["input"] = "train/profile"
     files.write_json(out / "tool.json", manifest)
     return 0
+
+
+def nsys_stats(out: Path, env: dict[str, str]) -> dict:
+    """`nsys stats` of every rank's report into out/stats (on the host: it reads files only);
+    returns the manifest's nsys entries."""
+    reports = sorted(out.glob("nsys_rank*.nsys-rep"))
+    if not reports:
+        raise ProfileError(
+            f"nsys wrote no report in {out}: did the trainer reach --profile-steps "
+            "(cudaProfilerStart)?"
+        )
+    version = nsys_version(
+        subprocess.run(["nsys", "--version"], capture_output=True, text=True).stdout
+    )
+    (out / "stats").mkdir(exist_ok=True)
+    projected = True
+    for rep in reports:
+        base = str(out / "stats" / rep.name.removesuffix(".nsys-rep"))
+        _run(nsys_stats_command(str(rep), base, version), env)
+        projected = _gpu_projection(str(rep), base, version, env) and projected
+    return {
+        "nsys_version": ".".join(map(str, version)) if version else "unknown",
+        "input": "stats",
+        "phase_time_base": "gpu_projection" if projected else "host_range",
+    }
+
+
+def _gpu_projection(report: str, base: str, version, env: dict[str, str]) -> bool:
+    """The phases' GPU time (NSYS_PROJ_REPORT); False, with a warning, where this nsys cannot
+    give it: the parser then reads nvtx_sum's host times and labels them host_range."""
+    if version is not None and version < (2023, 1):
+        # not asked of an nsys with the pre-2023.1 report names (when it appeared is not recorded)
+        ok, why = False, f"nsys {version[0]}.{version[1]}: the old report names, not asked"
+    else:
+        argv = nsys_proj_command(report, base)
+        logger.info("+ " + shlex.join(argv))
+        code = subprocess.run(argv, env=env).returncode
+        ok, why = code == 0, f"exit {code}"
+    if not ok:
+        logger.warning(
+            f"WARNING no {NSYS_PROJ_REPORT} for {report} ({why}): its phase times will be the "
+            "host's NVTX push/pop times (time_base host_range), not GPU time"
+        )
+    return ok
 
 
 def _capture_input(capture_dir: Path) -> tuple[str, Path, str]:
@@ -380,7 +502,16 @@ def parse(args: argparse.Namespace) -> int:
         logger.warning(
             f"WARNING {args.run}: rank(s) {', '.join(map(str, bare))} have kernels but none of "
             f"the phase ranges {', '.join(schema.RANGES)} in {source} "
-            f"({'nvtx_sum' if tool == 'nsys' else 'record_function entries'}){where}"
+            f"({'nvtx_gpu_proj_sum / nvtx_sum' if tool == 'nsys' else 'record_function entries'})"
+            f"{where}"
+        )
+    host = sorted({r["rank"] for r in ranges if r["time_base"] == schema.HOST_RANGE})
+    if tool == "nsys" and host:
+        # the trainer's GPU phase times are the step timer's CUDA events (metrics.json)
+        logger.warning(
+            f"WARNING {args.run}: rank(s) {', '.join(map(str, host))} have no nvtx_gpu_proj_sum "
+            f"in {source}: their phase times are host NVTX push/pop times (time_base "
+            "host_range), the time to enqueue each phase, not GPU time"
         )
     logger.info(
         f"{args.run}: {len(kernels)} kernel rows, {len(ranges)} range rows (tool {tool}: {why})"
@@ -410,6 +541,7 @@ def ncu(args: argparse.Namespace) -> int:
         raise ProfileError(f"{args.kernels}: no non-NCCL kernel to profile with ncu")
     env = launch.rank_env(dict(os.environ), args.cpus_per_rank)
     train_args = _train_args(args, out_dir / "train")
+    options, binds = wrapper_options(args, ncu_path)
     for i, kernel in enumerate(kernels):
         args.train_args = list(train_args)
         skip = ncu_launch_skip(kernel_rows, kernel, args.launch_skip, args.launch_count)
@@ -427,10 +559,11 @@ def ncu(args: argparse.Namespace) -> int:
             kernel=kernel,
             skip=skip,
             count=args.launch_count,
+            **options,
         )
         report = out_dir / f"ncu_k{i}.ncu-rep"
         report.unlink(missing_ok=True)  # a report of an earlier attempt is no evidence
-        _run(launch_command(args, prefix), env)
+        _run(launch_command(args, prefix, binds), env)
         if not report.exists():
             # ncu writes no report when its filter matched no launch; say which filter
             raise ProfileError(
@@ -533,6 +666,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--kernel", default="")
     p.add_argument("--skip", type=int, default=0)
     p.add_argument("--count", type=int, default=1)
+    p.add_argument("--profiler", default=None, help="the nsys/ncu executable (default: on PATH)")
     p.add_argument("cmd", nargs=argparse.REMAINDER)
     p = sub.add_parser("merge", help="per-run profile CSVs -> one CSV")
     p.add_argument("--schema", choices=("kernels", "ranges", "ncu"), required=True)

@@ -1,8 +1,16 @@
 """Nsight Systems: `nsys stats --format csv` output -> profile_kernels and profile_ranges rows.
 
-Reads cuda_gpu_kern_sum, cuda_gpu_mem_time_sum and nvtx_sum (or the pre-2023.1 gpukernsum,
-gpumemtimesum, nvtxsum: a file is recognised by its header, not its name) of one run, one file or a
-directory of them (rank from `rank<r>` in the file name). Schemas: schema.py.
+Reads cuda_gpu_kern_sum, cuda_gpu_mem_time_sum, nvtx_gpu_proj_sum and nvtx_sum (or the pre-2023.1
+gpukernsum, gpumemtimesum, nvtxsum: a file is recognised by its header, not its name) of one run,
+one file or a directory of them (rank from `rank<r>` in the file name). Schemas: schema.py.
+
+The phase ranges of a rank come from nvtx_gpu_proj_sum when it is there: "Total Proj Time" is the
+GPU time of the range (time_base gpu_projection). nvtx_sum's "Total Time" is the host's push-to-pop
+time, how long the CPU took to enqueue the phase; it is used only where the projection is missing
+(an older capture) and then labelled host_range, never passed off as GPU time. Columns of
+nvtx_gpu_proj_sum (Nsight Systems' stats report documentation; seen in real output of 2025.x):
+Range, Style, Total Proj Time, Total Range Time, Range Instances, Proj Avg/Med/Min/Max/StdDev,
+Total GPU Ops, Avg GPU Ops, Avg Range Lvl, Avg Num Child (times with the `--timeunit` suffix).
 """
 
 from __future__ import annotations
@@ -24,7 +32,9 @@ from scalestudy.nsight.readers import (
 
 def nsys_table_kind(header: list[str]) -> str | None:
     """kern (cuda_gpu_kern_sum / gpukernsum), mem (cuda_gpu_mem_time_sum / gpumemtimesum),
-    nvtx (nvtx_sum / nvtxsum), or None."""
+    nvtx (nvtx_sum / nvtxsum), proj (nvtx_gpu_proj_sum), or None."""
+    if any(h.startswith("Total Proj Time (") for h in header):
+        return "proj" if "Range" in header and "Range Instances" in header else None
     has_time = any(h.startswith("Total Time (") for h in header)
     if not has_time:
         return None
@@ -42,14 +52,17 @@ def _is_nsys_header(cells: list[str]) -> bool:
 
 
 def read_nsys_table(path: str | Path) -> tuple[str, list[dict]]:
-    """One nsys stats CSV -> (kind, [{"name", "instances", "total_ns"}]); see nsys_table_kind."""
+    """One nsys stats CSV -> (kind, [{"name", "instances", "total_ns"}]); see nsys_table_kind.
+    total_ns: "Total Time" (kernels, memory operations, host NVTX ranges) or, of proj,
+    "Total Proj Time" (the ranges' GPU time)."""
     path = Path(path)
     header, rows = rows_after_header(path, _is_nsys_header, "nsys stats")
     kind = nsys_table_kind(header)
-    j_time = col(header, "Total Time (", prefix=True)
-    unit = header[j_time][len("Total Time (") : -1]
-    j_count = col(header, "Instances", "Count")
-    j_name = col(header, {"kern": "Name", "mem": "Operation", "nvtx": "Range"}[kind])
+    time_col = "Total Proj Time (" if kind == "proj" else "Total Time ("
+    j_time = col(header, time_col, prefix=True)
+    unit = header[j_time][len(time_col) : -1]
+    j_count = col(header, "Range Instances" if kind == "proj" else "Instances", "Count")
+    j_name = col(header, {"kern": "Name", "mem": "Operation"}.get(kind, "Range"))
     out = []
     for line, cells in rows:
         if len(cells) > len(header) and all(not c.strip() for c in cells[len(header) :]):
@@ -104,7 +117,7 @@ def nsys_stats_files(input_path: str | Path) -> list[Path]:
 def parse_nsys(input_path: str | Path, run: str) -> tuple[list[dict], list[dict]]:
     """nsys stats CSVs (a file or a directory) -> (profile_kernels rows, profile_ranges rows)."""
     kernels: dict[int, list[dict]] = {}
-    ranges: dict[int, list[dict]] = {}
+    ranges: dict[str, dict[int, list[dict]]] = {"proj": {}, "nvtx": {}}
     kinds: dict[int, set[str]] = {}
     for f in nsys_stats_files(input_path):
         try:
@@ -120,13 +133,25 @@ def parse_nsys(input_path: str | Path, run: str) -> tuple[list[dict], list[dict]
         if kind in ("kern", "mem"):
             kernels.setdefault(rank, []).extend(rows)
         else:
-            ranges.setdefault(rank, []).extend({**r, "name": strip_domain(r["name"])} for r in rows)
+            named = ({**r, "name": strip_domain(r["name"])} for r in rows)
+            ranges[kind].setdefault(rank, []).extend(named)
     for rank, seen in kinds.items():
         if "kern" not in seen:
             raise ProfileFormatError(
                 input_path, None, f"rank {rank}: no kernel summary (cuda_gpu_kern_sum / gpukernsum)"
             )
+    phases, time_base = phase_ranges(ranges["proj"], ranges["nvtx"])
     return (
         schema.kernel_rows(run, "nsys", kernels),
-        schema.range_rows(run, "nsys", ranges),
+        schema.range_rows(run, "nsys", phases, time_base),
     )
+
+
+def phase_ranges(proj: dict[int, list[dict]], host: dict[int, list[dict]]):
+    """(each rank's phase entries, each rank's time base): the GPU projection where the rank
+    has one, else the host ranges, labelled so."""
+    phases = {rank: proj.get(rank) or host.get(rank, []) for rank in proj.keys() | host.keys()}
+    time_base = {
+        rank: schema.GPU_PROJECTION if proj.get(rank) else schema.HOST_RANGE for rank in phases
+    }
+    return phases, time_base

@@ -14,10 +14,20 @@ profile_kernels.csv  run, rank, tool, kernel, category, instances, total_ns, sha
     total_ns   summed duration inside the profiled window, ns
     share      total_ns / sum of total_ns over the same run and rank
     tool       nsys or torch.profiler
-profile_ranges.csv   run, rank, tool, range, instances, total_ns, share
+profile_ranges.csv   run, rank, tool, range, time_base, instances, total_ns, share
     range      one of RANGES (the trainer's NVTX / record_function phases), domain prefix stripped
-    total_ns   summed wall time of that range inside the window, ns (inclusive of nested work)
-    share      total_ns / sum over the RANGES of the same run and rank
+    time_base  what total_ns measures, one of TIME_BASES (one per run and rank):
+               gpu_projection  GPU time: each instance of the range projected onto the GPU, from
+                               the start of the first to the end of the last GPU operation
+                               launched inside it (nsys nvtx_gpu_proj_sum "Total Proj Time";
+                               torch.profiler's device-side user annotation of the range)
+               host_range      the range's push-to-pop time on the CPU thread: on a CPU run the
+                               phase's real time; on a GPU only how long the host took to enqueue
+                               the phase's work (the GPU runs it asynchronously), so never GPU
+                               time (an nsys capture without nvtx_gpu_proj_sum)
+               A phase that launched no GPU work has no gpu_projection row.
+    total_ns   summed time of that range inside the window, ns (inclusive of nested work)
+    share      total_ns / sum over the RANGES of the same run, rank and time base
 profile_ncu.csv      run, kernel, launches, duration_ns, achieved_occupancy_pct,
                      dram_throughput_pct, sm_throughput_pct, flop_per_s, tensor_flop_per_s
     kernel     the profile_kernels name of the kernel (jobs/profile.py filters one kernel per ncu
@@ -59,7 +69,9 @@ CATEGORIES = (
 )
 RANGES = ("data", "forward", "backward", "optimizer", "communication")
 KERNEL_COLUMNS = ("run", "rank", "tool", "kernel", "category", "instances", "total_ns", "share")
-RANGE_COLUMNS = ("run", "rank", "tool", "range", "instances", "total_ns", "share")
+RANGE_COLUMNS = ("run", "rank", "tool", "range", "time_base", "instances", "total_ns", "share")
+GPU_PROJECTION, HOST_RANGE = "gpu_projection", "host_range"
+TIME_BASES = (GPU_PROJECTION, HOST_RANGE)
 NCU_COLUMNS = (
     "run",
     "kernel",
@@ -102,9 +114,15 @@ def kernel_rows(run: str, tool: str, per_rank: dict[int, list[dict]]) -> list[di
     return out
 
 
-def range_rows(run: str, tool: str, per_rank: dict[int, list[dict]]) -> list[dict]:
+def range_rows(
+    run: str, tool: str, per_rank: dict[int, list[dict]], time_base: dict[int, str]
+) -> list[dict]:
+    """Rows of profile_ranges from each rank's phase entries, whose times are of
+    time_base[rank] (one of TIME_BASES)."""
     out = []
     for rank in sorted(per_rank):
+        if time_base[rank] not in TIME_BASES:
+            raise ValueError(f"time base {time_base[rank]!r} is none of {TIME_BASES}")
         sums = {name: [0, 0.0] for name in RANGES}
         for r in per_rank[rank]:
             if r["name"] in sums:
@@ -120,6 +138,7 @@ def range_rows(run: str, tool: str, per_rank: dict[int, list[dict]]) -> list[dic
                         "rank": rank,
                         "tool": tool,
                         "range": name,
+                        "time_base": time_base[rank],
                         "instances": count,
                         "total_ns": round(ns),
                         "share": ns / total if total else 0.0,

@@ -317,12 +317,20 @@ class Profiler:
 
 
 def torch_ops_export(key_averages) -> dict:
-    """The trainer's machine-readable export of prof.key_averages() (parse_torch reads it)."""
+    """The trainer's machine-readable export of prof.key_averages() (nsight/torch_ops.py reads
+    it), times in us. A record_function range (the phases data/forward/backward/communication/
+    optimizer) appears twice on a GPU: a CPU entry (host time: how long the CPU took to enqueue
+    the phase) and a CUDA entry flagged user_annotation, whose device time is the range projected
+    onto the GPU (first to last GPU operation launched inside it): the phases' GPU time. On a CPU
+    only the CPU entry exists, and its host time is the phase's real time."""
     ops = []
     for evt in key_averages:
         self_dev = getattr(evt, "self_device_time_total", None)
         if self_dev is None:
             self_dev = getattr(evt, "self_cuda_time_total", 0)
+        device_total = getattr(evt, "device_time_total", None)
+        if device_total is None:
+            device_total = getattr(evt, "cuda_time_total", 0)
         ops.append(
             {
                 "name": evt.key,
@@ -330,10 +338,12 @@ def torch_ops_export(key_averages) -> dict:
                 "self_cpu_us": float(evt.self_cpu_time_total),
                 "cpu_total_us": float(evt.cpu_time_total),
                 "self_device_us": float(self_dev or 0),
+                "device_total_us": float(device_total or 0),
                 "device_type": str(getattr(evt, "device_type", "CPU")).rsplit(".", 1)[-1],
+                "user_annotation": bool(getattr(evt, "is_user_annotation", False)),
             }
         )
-    return {"format": "scalestudy-torch-ops-1", "time_unit": "us", "ops": ops}
+    return {"format": "scalestudy-torch-ops-2", "time_unit": "us", "ops": ops}
 
 
 def comm_probe(model, no_sync, loader, cfg, device, place, autocast, world_size):
