@@ -202,6 +202,18 @@ def learning_problems(numbers: dict) -> list[str]:
     return problems
 
 
+def two_rank_problems(m: dict, backend: str, run: RunResult, problems: list[str]) -> list:
+    """What a 2-rank run must show (appended to `problems`): 2 ranks over `backend`, identical
+    parameter checksums, finite losses; returns the checksums."""
+    _expect(m, "world_size", 2, problems)
+    _expect(m, "backend", backend, problems)
+    sums = list(m.get("param_checksums") or [])
+    if len(sums) != 2 or len(set(sums)) != 1:
+        problems.append(f"parameter checksums differ or are missing: {sums}")
+    problems += loss_problems(run.epochs)
+    return sums
+
+
 def judge_pair(name: str, strategy: str, hook: str, run: RunResult) -> Check:
     """Two ranks sharing one GPU over gloo: the same parameters on both at the end."""
     criterion = (
@@ -212,16 +224,11 @@ def judge_pair(name: str, strategy: str, hook: str, run: RunResult) -> Check:
     numbers: dict[str, Any] = {}
     if not problems:
         m = run.metrics or {}
-        _expect(m, "world_size", 2, problems)
-        _expect(m, "backend", "gloo", problems)
+        sums = two_rank_problems(m, "gloo", run, problems)
         _expect(m, "strategy", strategy, problems)
         _expect(m, "comm_hook", hook, problems)
         if _device_type(m) != "cuda":
             problems.append(f"trained on {_device_type(m)!r}, not cuda")
-        sums = list(m.get("param_checksums") or [])
-        if len(sums) != 2 or len(set(sums)) != 1:
-            problems.append(f"parameter checksums differ or are missing: {sums}")
-        problems += loss_problems(run.epochs)
         numbers = {
             "param_checksums": sums,
             "train_loss_last": learning_numbers(m, run.epochs)["train_loss_last"],
@@ -239,12 +246,7 @@ def judge_two_gpus(device_count: int, run: RunResult | None) -> Check:
     numbers: dict[str, Any] = {}
     if not problems:
         m = run.metrics or {}
-        _expect(m, "world_size", 2, problems)
-        _expect(m, "backend", "nccl", problems)
-        sums = list(m.get("param_checksums") or [])
-        if len(sums) != 2 or len(set(sums)) != 1:
-            problems.append(f"parameter checksums differ or are missing: {sums}")
-        problems += loss_problems(run.epochs)
+        sums = two_rank_problems(m, "nccl", run, problems)
         numbers = {
             "param_checksums": sums,
             "throughput_img_s": m.get("throughput_img_s"),
