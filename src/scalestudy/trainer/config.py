@@ -21,9 +21,11 @@ from typing import Any
 from scalestudy import vocab
 
 LR_REFERENCE_BATCH = 512  # images; `lr` is quoted for this global batch
-# fields that do not define the experiment: where files go and how the run survives failures
+# fields that do not define the experiment: where files go, how the run survives failures, what
+# it shows while it runs
 NOT_IDENTITY = (
     "out",
+    "tensorboard",
     "data_dir",
     "checkpoint_dir",
     "checkpoint_every",
@@ -87,6 +89,9 @@ class TrainConfig:
         None, "A:B profiles optimizer steps A..B-1 (nsys range / torch.profiler)"
     )
     out: str = _f("results/runs/manual", "output directory (metrics.json, epochs.csv)")
+    tensorboard: bool = _f(
+        True, "TensorBoard scalars per epoch in --out/tensorboard (when tensorboard is installed)"
+    )
     # fault tolerance (checkpoint.py): how a run survives, not what it measures
     checkpoint_dir: str | None = _f(
         None, "checkpoint directory; a restart resumes from its newest valid checkpoint"

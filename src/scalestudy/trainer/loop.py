@@ -39,6 +39,7 @@ from scalestudy.trainer.parallel import (
     wrap_model,
 )
 from scalestudy.trainer.recipe import Recipe, build_recipe
+from scalestudy.trainer.scalars import Scalars
 from scalestudy.trainer.state import Checkpointing, RunState, Trainables, rng_generators
 
 logger = log.get(__name__)
@@ -161,6 +162,7 @@ def end_of_epoch(run: Run, state: RunState, epoch: int, sums: tuple, epoch_time:
         state.time_to_target = state.train_seconds
     if run.rank == 0:
         write_epochs(cfg, state.history)
+        run.scalars.epoch(state.history)  # TensorBoard, flushed each epoch (scalars.py)
         logger.info(
             f"epoch {epoch + 1:>3}/{cfg.epochs} | train loss {train_loss:.4f} "
             f"acc {100 * train_acc:5.2f}% | val loss {val_loss:.4f} acc {100 * val_acc:5.2f}% "
@@ -299,6 +301,7 @@ class Run:
     eval_model: torch.nn.Module  # the same weights, never compiled
     no_sync: Callable  # no_sync(): a context without gradient synchronisation
     recipe: Recipe
+    scalars: Scalars  # TensorBoard scalars per epoch (rank 0)
 
     def set_epoch(self, epoch: int) -> None:
         (self.train_loader if self.sampler is None else self.sampler).set_epoch(epoch)
@@ -399,6 +402,7 @@ def build(cfg: TrainConfig, denv: sdist.DistEnv, device: torch.device) -> Run:
         eval_model=eval_model,
         no_sync=no_sync,
         recipe=recipe,
+        scalars=Scalars(cfg, rank),
     )
 
 

@@ -1,0 +1,120 @@
+"""TensorBoard scalars per epoch, to watch runs live: `tensorboard --logdir results/runs`.
+
+Rank 0 writes `--out/tensorboard/` (so TensorBoard names each run by its run directory) once per
+epoch, from loop.end_of_epoch right after epochs.csv: the rows of epochs.csv as scalars with
+global step = epoch (`TAGS`). That is after the epoch's throughput window closed, and nothing
+here touches the model or the data, so it cannot change a measured number (--tensorboard is in
+config.NOT_IDENTITY). Other ranks write nothing.
+
+tensorboard is an optional dependency (`pip install tensorboard`, or the `tensorboard` extra):
+without it, or with --no-tensorboard, nothing is written; the missing package is said in one
+info line and never fails a run. A failed write (a full disk) warns once and stops the scalars,
+not the training.
+
+Resume: the event files are a function of state.history, like epochs.csv. The first epoch a
+process records writes every row of the history (the checkpoint's epochs and this one) into a
+new directory, which then replaces `--out/tensorboard/` by two renames; later epochs are appended
+and flushed one by one, so a preempted run (exit 75) or a killed one loses nothing it recorded.
+Not `SummaryWriter(purge_step=...)`: that only hides the superseded events (epochs after a killed
+segment's last checkpoint, trained again now) from readers that honour its SessionLog START;
+the stale event files would stay on disk, other readers would show those epochs twice, and a
+deleted `tensorboard/` would not come back. The cost: rewritten rows carry the wall time of the
+rewrite (the history stores no clock), so TensorBoard's "wall" and "relative" axes are true
+within a segment only; the step axis (epoch) is always true.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from scalestudy import log
+from scalestudy.trainer.config import TrainConfig
+
+logger = log.get(__name__)
+
+SUBDIR = "tensorboard"  # under --out
+# epochs.csv column -> TensorBoard tag; losses and accuracies share a chart each (the prefix)
+TAGS = {
+    "train_loss": "loss/train",
+    "val_loss": "loss/val",
+    "train_acc": "acc/train",
+    "val_acc": "acc/val",
+    "lr": "lr",
+    "throughput_img_s": "throughput_img_s",
+    "epoch_time_s": "epoch_time_s",
+}
+HOW_TO_GET = "pip install tensorboard, or pip install 'scalestudy[tensorboard]'"
+
+
+class Scalars:
+    """Rank 0's TensorBoard writer of one run; `epoch(history)` after each epoch's row."""
+
+    def __init__(self, cfg: TrainConfig, rank: int) -> None:
+        self.directory = Path(cfg.out) / SUBDIR
+        self.last_epoch = cfg.epochs
+        self._writer_class = summary_writer_class() if cfg.tensorboard and rank == 0 else None
+        self._writer: Any = None  # open from the first epoch() of this process
+        if self._writer_class is not None:
+            logger.info(f"TensorBoard scalars per epoch -> {self.directory}")
+
+    def epoch(self, history: list[dict]) -> None:
+        """Record the newest row of `history` (all of it on this process's first call), flush,
+        and close after the run's last epoch."""
+        if self._writer_class is None:
+            return
+        try:
+            if self._writer is None:
+                self._writer = self._rewrite(history)
+            else:
+                _add(self._writer, history[-1])
+            self._writer.flush()
+            if history[-1]["epoch"] >= self.last_epoch:
+                self.close()
+        except OSError as exc:
+            logger.warning(
+                f"WARNING: TensorBoard scalars stop after epoch {history[-1]['epoch']}: "
+                f"cannot write {self.directory}: {exc}"
+            )
+            self.close()
+
+    def close(self) -> None:
+        """Nothing more is written (the epochs so far are on disk: each epoch was flushed)."""
+        if self._writer is not None:
+            self._writer.close()
+        self._writer, self._writer_class = None, None
+
+    def _rewrite(self, history: list[dict]) -> Any:
+        """Every row so far into a new directory that replaces the old one; returns a writer
+        appending to it."""
+        fresh = self.directory.with_name(f".{SUBDIR}-new")
+        old = self.directory.with_name(f".{SUBDIR}-old")
+        for leftover in (fresh, old):  # of a process killed mid-swap
+            shutil.rmtree(leftover, ignore_errors=True)
+        writer = self._writer_class(log_dir=str(fresh))
+        for row in history:
+            _add(writer, row)
+        writer.close()
+        if self.directory.exists():
+            os.rename(self.directory, old)
+        os.rename(fresh, self.directory)
+        shutil.rmtree(old, ignore_errors=True)
+        # a second event file in the same directory: TensorBoard reads them in order as one run
+        return self._writer_class(log_dir=str(self.directory))
+
+
+def _add(writer: Any, row: dict) -> None:
+    for column, tag in TAGS.items():
+        writer.add_scalar(tag, row[column], global_step=row["epoch"])
+
+
+def summary_writer_class() -> Any:
+    """torch's SummaryWriter, or None (with one info line) when tensorboard is not installed."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError as exc:  # torch.utils.tensorboard imports the tensorboard package
+        logger.info(f"TensorBoard scalars off: cannot import tensorboard ({exc}); {HOW_TO_GET}")
+        return None
+    return SummaryWriter

@@ -1,0 +1,145 @@
+"""TensorBoard scalars per epoch (trainer/scalars.py): real event files read back with
+TensorBoard's own readers and compared with epochs.csv, on 2 ranks and across a resume; and a
+Python without tensorboard (the stand-in tests/stand-ins/no-tensorboard), where nothing is
+written and one line says how to get it."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+from pathlib import Path
+
+import pytest
+from conftest import REPO, read_epochs, read_metrics, train
+from test_checkpoint import EPOCHS, _start, _wait_for_epochs
+
+from scalestudy.trainer import checkpoint as ck
+from scalestudy.trainer.config import TrainConfig
+from scalestudy.trainer.scalars import TAGS, Scalars
+
+HAVE_TENSORBOARD = importlib.util.find_spec("tensorboard") is not None
+NO_TENSORBOARD = REPO / "tests" / "stand-ins" / "no-tensorboard"
+
+
+@pytest.fixture
+def tensorboard():
+    """Tests of the writing path need the optional package: CI installs it (requirements.txt);
+    elsewhere they are skipped when it is absent."""
+    if not HAVE_TENSORBOARD:
+        message = "tensorboard is not installed (pip install tensorboard)"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+def scalar_events(directory: Path) -> list[tuple[str, int, float]]:
+    """Every scalar event of every event file in `directory`, as written: (tag, step, value)."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    events = []
+    for path in sorted(directory.glob("events.out.tfevents.*")):
+        for event in EventFileLoader(str(path)).Load():
+            for v in event.summary.value:
+                events.append((v.tag, event.step, v.tensor.float_val[0]))
+    return events
+
+
+def assert_scalars_are_the_epochs(out: Path) -> None:
+    """Each tag has one value per epoch of epochs.csv (none twice: counted in the raw files,
+    which a reader's purge of out-of-order steps would hide), equal to the CSV's cell."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    rows = read_epochs(out)
+    directory = out / "tensorboard"
+    raw = scalar_events(directory)
+    assert sorted((tag, step) for tag, step, _ in raw) == sorted(
+        (tag, int(r["epoch"])) for tag in TAGS.values() for r in rows
+    ), raw
+    acc = EventAccumulator(str(directory))
+    acc.Reload()
+    assert sorted(acc.Tags()["scalars"]) == sorted(TAGS.values())
+    for column, tag in TAGS.items():
+        seen = [(e.step, e.value) for e in acc.Scalars(tag)]
+        # the CSV rounds to 6 significant digits (relative error up to 5e-6), the event file
+        # keeps a float32 (6e-8)
+        expected = [(int(r["epoch"]), pytest.approx(float(r[column]), rel=1e-5)) for r in rows]
+        assert seen == expected, tag
+
+
+def _row(epoch: int, value: float) -> dict:
+    return {"epoch": epoch, **{column: value for column in TAGS}}
+
+
+def test_a_restarted_process_rewrites_the_history_without_the_stale_epochs(tmp_path, tensorboard):
+    """A killed segment recorded epochs 1-3 but checkpointed only 2: the restart trains epoch 3
+    again (another value). The event files then hold epochs 1, 2 and the new 3, each once."""
+    cfg = TrainConfig(out=str(tmp_path), epochs=4)
+    killed = Scalars(cfg, rank=0)
+    history = []
+    for epoch in (1, 2, 3):
+        history.append(_row(epoch, float(epoch)))
+        killed.epoch(history)  # flushed: on disk although the writer is never closed
+    assert {step for _, step, _ in scalar_events(tmp_path / "tensorboard")} == {1, 2, 3}
+
+    restarted = Scalars(cfg, rank=0)
+    history = [*history[:2], _row(3, 30.0)]  # the checkpoint's history, then epoch 3 again
+    restarted.epoch(history)
+    history.append(_row(4, 40.0))
+    restarted.epoch(history)  # the last epoch: closes the writer
+    raw = scalar_events(tmp_path / "tensorboard")
+    assert sorted({(step, value) for _, step, value in raw}) == [(1, 1), (2, 2), (3, 30), (4, 40)]
+    assert len(raw) == 4 * len(TAGS)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tensorboard"]  # no swap leftovers
+
+
+@pytest.mark.parametrize("settings", [{"tensorboard": False}, {"rank": 1}])
+def test_off_or_not_rank_0_writes_nothing(tmp_path, settings):
+    cfg = TrainConfig(out=str(tmp_path), epochs=1, tensorboard=settings.get("tensorboard", True))
+    Scalars(cfg, rank=settings.get("rank", 0)).epoch([_row(1, 1.0)])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_tensorboard_is_no_part_of_the_experiment():
+    assert TrainConfig().config_hash() == TrainConfig(tensorboard=False).config_hash()
+
+
+def test_two_ranks_write_the_epochs_once(data_dir, tmp_path, tensorboard):
+    out = tmp_path / "run"
+    done = train(data_dir, out, "--epochs", "3", nproc=2)
+    assert done.stdout.count("TensorBoard scalars per epoch ->") == 1, done.stdout
+    assert_scalars_are_the_epochs(out)
+
+
+def test_a_resumed_run_has_every_epoch_once(data_dir, tmp_path, tensorboard):
+    """SIGTERM mid-run (checkpoint, exit 75), then the same command resumes: the scalars are the
+    final epochs.csv, each epoch once, and rank 0's flushes lost nothing before the stop."""
+    out, ckdir = tmp_path / "run", tmp_path / "ckpt"
+    flags = ("--checkpoint-dir", str(ckdir), "--checkpoint-every", "2")
+    proc = _start(data_dir, out, *flags)
+    _wait_for_epochs(out, 1, proc)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == ck.PREEMPTED_EXIT, stderr
+    stopped = {step for _, step, _ in scalar_events(out / "tensorboard")}
+    assert stopped == {int(r["epoch"]) for r in read_epochs(out)}, stopped
+
+    done = train(data_dir, out, *EPOCHS, *flags, nproc=1)
+    assert "resuming from" in done.stdout
+    assert read_metrics(out)["restarts"] == 1
+    assert [int(r["epoch"]) for r in read_epochs(out)] == [1, 2, 3, 4]
+    assert_scalars_are_the_epochs(out)
+
+
+def test_without_tensorboard_one_line_and_nothing_written(data_dir, tmp_path, monkeypatch):
+    """The stand-in makes `import tensorboard` fail in both ranks: the run completes, rank 0
+    says once how to get it, and no event file or directory is written."""
+    pythonpath = os.pathsep.join(filter(None, [str(NO_TENSORBOARD), os.environ.get("PYTHONPATH")]))
+    monkeypatch.setenv("PYTHONPATH", pythonpath)  # the ranks inherit it (conftest.train)
+    out = tmp_path / "run"
+    done = train(data_dir, out, nproc=2)
+    lines = [line for line in done.stdout.splitlines() if "TensorBoard" in line]
+    assert len(lines) == 1 and "[rank 0/2" in lines[0], done.stdout
+    assert "TensorBoard scalars off" in lines[0] and "pip install tensorboard" in lines[0]
+    assert (out / "metrics.json").is_file()
+    assert sorted(p.name for p in out.iterdir()) == ["epochs.csv", "metrics.json"]
