@@ -4,15 +4,22 @@ Each subcommand lives in its own module, which provides `add_arguments(parser)` 
 modules are imported only when their subcommand runs, so `scalestudy --help` stays fast.
 
 One error path: an expected error (errors.ScalestudyError) that a subcommand does not handle
-becomes one message on stderr, `scalestudy <command>: <message>`, and exit status 2, with no
-traceback; anything else is a bug and keeps its traceback. `Preempted` is the trainer's own
-(exit 75) and passes through.
+becomes one message on stderr, `scalestudy <command>: <message>` (what, where, the command that
+fixes it), and exit status 2, with no traceback; anything else is a bug and keeps its traceback.
+In a training job the message comes from one rank when every rank would say the same (the
+error's `scope`, log.expected_error); ranks that cannot start print `cannot start: ...` and exit
+1. `Preempted` is the trainer's own (exit 75) and passes through.
+
+Debugging: `scalestudy --debug <command> ...` (or SCALESTUDY_DEBUG=1 in the environment) prints
+the traceback of expected errors too, and every rank's copy; --debug sets SCALESTUDY_DEBUG, so
+the ranks started by `scalestudy --debug launch` inherit it.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from scalestudy import log
@@ -41,6 +48,11 @@ SUBCOMMANDS = {
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="scalestudy", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        help=f"tracebacks for expected errors too (sets {log.DEBUG_ENV}=1 for child processes)",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module, help_text) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
@@ -53,6 +65,8 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(argv).parse_args(argv)
+    if args.debug:
+        os.environ[log.DEBUG_ENV] = "1"  # read by log.debug(), here and in every child process
     log.setup()
     module = importlib.import_module(SUBCOMMANDS[args.command][0])
     try:
@@ -62,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     except ScalestudyError as exc:
         # `profile parse`, `container build`: the action of a command with actions is named too
         command = " ".join(filter(None, (args.command, getattr(args, "action", None))))
-        logger.error(f"scalestudy {command}: {exc}")
+        log.expected_error(logger, f"scalestudy {command}: {exc}", exc.scope)
         return 2
 
 

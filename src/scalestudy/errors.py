@@ -15,7 +15,13 @@ from pathlib import Path
 
 
 class ScalestudyError(Exception):
-    """Root of the expected errors: the message is the whole story, printed as one line."""
+    """Root of the expected errors: the message is the whole story, printed as one line.
+
+    `scope` says which ranks of a training job print it (log.expected_error): "rank" (the
+    default: every rank that hits it, e.g. a rank without its GPU), "node" (once per node: local
+    rank 0; the node's file system), "run" (once: rank 0; a pure function of the flags)."""
+
+    scope = "rank"
 
 
 # --- study configuration and planning (study/)
@@ -38,6 +44,13 @@ class PlanError(ScalestudyError, RuntimeError):
 
 
 # --- the trainer (trainer/)
+class TrainConfigError(ScalestudyError, ValueError):
+    """A `scalestudy train` flag value that fails its checks (trainer/config.py); the message
+    names the flag. The same on every rank, so rank 0 alone prints it."""
+
+    scope = "run"
+
+
 class TrainingError(ScalestudyError, RuntimeError):
     """A run that cannot start or must stop: bad device, no steady-state window, NaN loss..."""
 
@@ -47,7 +60,10 @@ class LaunchError(ScalestudyError, RuntimeError):
 
 
 class PreparedDataError(ScalestudyError):
-    """Prepared data is missing, incomplete or does not match its meta.json."""
+    """Prepared data is missing, incomplete or does not match its meta.json. Every node reads its
+    own file system (usually the same shared one), so local rank 0 of each node prints it."""
+
+    scope = "node"
 
 
 class DownloadError(ScalestudyError, RuntimeError):

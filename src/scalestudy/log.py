@@ -3,15 +3,29 @@
 Progress (INFO) goes to stdout and problems (WARNING and above) to stderr, as the plain prints
 did, so logs and tests read the same streams. In a training job every message carries
 `[rank r/W host]` and only rank 0 prints progress: with 64 ranks, 64 copies of "epoch 3/10"
-hide the one warning that matters. Warnings and errors are printed by every rank.
+hide the one warning that matters. Warnings and errors are printed by every rank, except an
+expected error (`expected_error`): it is printed by the ranks its `scope` names (errors.py), once
+per run or per node when every rank would say the same, with no traceback.
+
+`SCALESTUDY_DEBUG=1` (`scalestudy --debug` sets it, so the ranks a launcher starts inherit it)
+shows the traceback of expected errors too, from every rank.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 ROOT = "scalestudy"
+DEBUG_ENV = "SCALESTUDY_DEBUG"
+# (rank, local rank) of this process in a training job, None elsewhere: who prints an error
+_place: tuple[int, int] | None = None
+
+
+def debug() -> bool:
+    """SCALESTUDY_DEBUG is set to anything but empty or 0."""
+    return os.environ.get(DEBUG_ENV, "") not in ("", "0")
 
 
 class _Console(logging.Handler):
@@ -41,11 +55,14 @@ def setup(
     world_size: int | None = None,
     host: str | None = None,
     level: int = logging.INFO,
+    local_rank: int = 0,
 ) -> logging.Logger:
     """Configure the `scalestudy` logger (idempotent: a second call replaces the first).
 
     Without a rank: messages as they are. With one: `[rank r/W host] message`, and INFO only
     from rank 0."""
+    global _place
+    _place = None if rank is None else (rank, local_rank)
     logger = logging.getLogger(ROOT)
     for handler in list(logger.handlers):
         logger.removeHandler(handler)
@@ -67,3 +84,19 @@ def get(name: str) -> logging.Logger:
     if name != ROOT and not name.startswith(ROOT + "."):
         name = f"{ROOT}.{name}"
     return logging.getLogger(name)
+
+
+def reports(scope: str) -> bool:
+    """Whether this process prints an expected error of `scope` (see expected_error)."""
+    rank, local_rank = _place if _place else (0, 0)
+    return {"run": rank == 0, "node": local_rank == 0}.get(scope, True) or debug()
+
+
+def expected_error(logger: logging.Logger, message: str, scope: str = "rank") -> None:
+    """Log an expected error (errors.ScalestudyError) as one line, without a traceback.
+
+    In a training job only the ranks that `scope` names print it: "run" = rank 0, "node" = each
+    node's local rank 0, "rank" = every rank; the others, which hit the same error, are silent.
+    With SCALESTUDY_DEBUG every rank prints it, followed by its traceback."""
+    if reports(scope):
+        logger.error(message, exc_info=debug())

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scalestudy import vocab
+from scalestudy.errors import TrainConfigError
 
 LR_REFERENCE_BATCH = 512  # images; `lr` is quoted for this global batch
 # fields that do not define the experiment: where files go, how the run survives failures, what
@@ -105,11 +106,15 @@ class TrainConfig:
             choices = f.metadata.get("choices")
             value = getattr(self, f.name)
             if choices and value not in choices:
-                raise ValueError(f"--{flag_name(f.name)}: {value!r} is not one of {list(choices)}")
+                raise TrainConfigError(
+                    f"--{flag_name(f.name)}: {value!r} is not one of {list(choices)}"
+                )
         positive = ("width", "local_batch", "accum_steps", "epochs", "prefetch_factor")
         for name in positive:
             if getattr(self, name) < 1:
-                raise ValueError(f"--{flag_name(name)} must be >= 1, got {getattr(self, name)}")
+                raise TrainConfigError(
+                    f"--{flag_name(name)} must be >= 1, got {getattr(self, name)}"
+                )
         non_negative = (
             "limit_train",
             "limit_test",
@@ -124,19 +129,25 @@ class TrainConfig:
         )
         for name in non_negative:
             if getattr(self, name) < 0:
-                raise ValueError(f"--{flag_name(name)} must be >= 0, got {getattr(self, name)}")
+                raise TrainConfigError(
+                    f"--{flag_name(name)} must be >= 0, got {getattr(self, name)}"
+                )
         if self.checkpoint_keep < 1:
-            raise ValueError(f"--checkpoint-keep must be >= 1, got {self.checkpoint_keep}")
+            raise TrainConfigError(f"--checkpoint-keep must be >= 1, got {self.checkpoint_keep}")
         if self.bucket_cap_mb <= 0:
-            raise ValueError(f"--bucket-cap-mb must be > 0 MiB, got {self.bucket_cap_mb}")
+            raise TrainConfigError(f"--bucket-cap-mb must be > 0 MiB, got {self.bucket_cap_mb}")
         if self.pg_timeout_s <= 0:
-            raise ValueError(f"--pg-timeout-s must be > 0 s, got {self.pg_timeout_s}")
+            raise TrainConfigError(f"--pg-timeout-s must be > 0 s, got {self.pg_timeout_s}")
         if not 0 <= self.label_smoothing < 1:
-            raise ValueError(f"--label-smoothing must be in [0, 1), got {self.label_smoothing}")
+            raise TrainConfigError(
+                f"--label-smoothing must be in [0, 1), got {self.label_smoothing}"
+            )
         if self.target_acc is not None and not 0 < self.target_acc <= 1:
-            raise ValueError(f"--target-acc is a fraction in (0, 1], got {self.target_acc}")
+            raise TrainConfigError(f"--target-acc is a fraction in (0, 1], got {self.target_acc}")
         if self.comm_hook != "none" and self.strategy != "ddp":
-            raise ValueError(f"--comm-hook {self.comm_hook} needs --strategy ddp (DDP comm hooks)")
+            raise TrainConfigError(
+                f"--comm-hook {self.comm_hook} needs --strategy ddp (DDP comm hooks)"
+            )
         if self.profile_steps is not None:
             self.profile_window()  # raises on a malformed window
 
@@ -146,7 +157,7 @@ class TrainConfig:
             return None
         a, sep, b = self.profile_steps.partition(":")
         if not (sep and a.isdigit() and b.isdigit() and int(a) < int(b)):
-            raise ValueError(
+            raise TrainConfigError(
                 f"--profile-steps must be A:B with integers 0 <= A < B, got {self.profile_steps!r}"
             )
         return int(a), int(b)
@@ -156,7 +167,7 @@ class TrainConfig:
         if self.global_batch:
             split = world_size * self.accum_steps
             if self.global_batch % split:
-                raise ValueError(
+                raise TrainConfigError(
                     f"--global-batch {self.global_batch} does not split over world_size "
                     f"{world_size} x accum_steps {self.accum_steps} = {split} ranks x micro-steps"
                 )

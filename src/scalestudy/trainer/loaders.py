@@ -72,6 +72,36 @@ def load_prepared(dataset: str, data_dir: str | Path, *, verify: bool = True) ->
 
     verify=True re-hashes data.pt against meta.json (about 0.5 s for CIFAR-10's 184 MB).
     """
+    meta = check_prepared(dataset, data_dir, verify=verify)
+    out_dir = Path(data_dir) / dataset
+    data_path, meta_path = out_dir / "data.pt", out_dir / "meta.json"
+    cmd = prepare_command(dataset, data_dir)
+    try:
+        t = torch.load(data_path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises assorted types (RuntimeError, UnicodeDecodeError, ...)
+        raise PreparedDataError(
+            f"{data_path} cannot be read ({e!r}); recreate: {cmd} --force"
+        ) from e
+    if not isinstance(t, dict):
+        raise PreparedDataError(f"{data_path} holds a {type(t).__name__}, not a dict of tensors")
+    for split in ("train", "test"):
+        x, y = t.get(f"{split}_x"), t.get(f"{split}_y")
+        if (
+            x is None
+            or y is None
+            or x.dtype != torch.uint8
+            or y.dtype != torch.int64
+            or list(x.shape) != meta[f"{split}_shape"]
+            or y.shape != (x.shape[0],)
+        ):
+            raise PreparedDataError(f"{data_path}: {split} tensors do not match {meta_path}")
+    return Prepared(t["train_x"], t["train_y"], t["test_x"], t["test_y"], meta)
+
+
+def check_prepared(dataset: str, data_dir: str | Path, *, verify: bool = True) -> dict:
+    """meta.json of DIR/<dataset> once data.pt and meta.json exist and agree (PreparedDataError
+    naming the file and the `prepare-data` command otherwise). verify=False skips the sha256
+    (the cheap check the trainer makes before its process group starts)."""
     out_dir = Path(data_dir) / dataset
     meta_path, data_path = out_dir / "meta.json", out_dir / "data.pt"
     cmd = prepare_command(dataset, data_dir)
@@ -98,26 +128,7 @@ def load_prepared(dataset: str, data_dir: str | Path, *, verify: bool = True) ->
             f"{data_path} has sha256 {actual} but {meta_path} records {meta.get('sha256')}: "
             f"the file was changed or is incomplete; recreate: {cmd} --force"
         )
-    try:
-        t = torch.load(data_path, map_location="cpu", weights_only=True)
-    except Exception as e:  # torch raises assorted types (RuntimeError, UnicodeDecodeError, ...)
-        raise PreparedDataError(
-            f"{data_path} cannot be read ({e!r}); recreate: {cmd} --force"
-        ) from e
-    if not isinstance(t, dict):
-        raise PreparedDataError(f"{data_path} holds a {type(t).__name__}, not a dict of tensors")
-    for split in ("train", "test"):
-        x, y = t.get(f"{split}_x"), t.get(f"{split}_y")
-        if (
-            x is None
-            or y is None
-            or x.dtype != torch.uint8
-            or y.dtype != torch.int64
-            or list(x.shape) != meta[f"{split}_shape"]
-            or y.shape != (x.shape[0],)
-        ):
-            raise PreparedDataError(f"{data_path}: {split} tensors do not match {meta_path}")
-    return Prepared(t["train_x"], t["train_y"], t["test_x"], t["test_y"], meta)
+    return meta
 
 
 # ---------------------------------------------------------------------------------------------

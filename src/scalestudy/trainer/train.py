@@ -7,6 +7,10 @@ Launch (the same code on a laptop and on H100 nodes; see dist.py for how a rank 
 Backend: NCCL on CUDA, gloo on CPU (--backend gloo: several ranks share one GPU). Device: one
 visible GPU is cuda:0 for every rank, else the local rank's GPU; --device cuda never falls back to
 the CPU. Rank 0 writes --out/{metrics.json,epochs.csv} atomically.
+Exit status: 0 done; 75 stopped on a signal after a checkpoint; 1 cannot start (device,
+rendezvous: one line per rank); 2 an expected error (a bad flag, missing or changed prepared data,
+checked before the rendezvous where possible: one line, from rank 0; cli.py); a bug raises, with
+its traceback on every rank.
 
 Modules: loop.py (the training loop), measure.py (how the numbers below are taken), state.py
 (checkpoint protocol and resume), parallel.py (DDP/FSDP/all-reduce), recipe.py (optimizer, LR
@@ -77,15 +81,16 @@ a finished run (changed code) trains from scratch instead of resuming a final ch
 from __future__ import annotations
 
 import os
+import time
 
 import torch
 import torch.distributed as dist
 
 from scalestudy import log, vocab
-from scalestudy.errors import Preempted, TrainingError
+from scalestudy.errors import Preempted, ScalestudyError, TrainingError
 from scalestudy.trainer import checkpoint as ckpt
 from scalestudy.trainer import dist as sdist
-from scalestudy.trainer import progress
+from scalestudy.trainer import loaders, progress
 from scalestudy.trainer.config import TrainConfig
 from scalestudy.trainer.config import add_arguments as _add_config_arguments
 from scalestudy.trainer.loop import train
@@ -97,16 +102,35 @@ def add_arguments(parser) -> None:
     _add_config_arguments(parser)
 
 
+# seconds a rank that leaves an expected error's line to rank 0 (or its node's local rank 0)
+# waits before it exits: torchrun and srun --kill-on-bad-exit end every rank at the first failed
+# exit, which could kill rank 0 before it prints; start-up skew between ranks is seconds at most
+REPORT_GRACE_S = 10.0
+
+
 def run(args) -> int:
-    return main(TrainConfig.from_args(args))
+    denv = place_logging()  # first: a bad flag below is then printed by rank 0 alone
+    try:
+        return main(TrainConfig.from_args(args), denv)
+    except ScalestudyError as exc:
+        if not log.reports(exc.scope):  # silent here: let the reporting rank print first
+            time.sleep(REPORT_GRACE_S)
+        raise  # cli.main prints it where log.reports(scope) says so, and exits 2
 
 
-def main(cfg: TrainConfig) -> int:
-    """One rank of a run: 0 when it completed, PREEMPTED_EXIT (75) after a stop signal's
-    checkpoint, 1 when it cannot start; a failed run raises (after naming the rank)."""
+def place_logging() -> sdist.DistEnv:
+    """This rank's place; every message carries [rank r/W host], progress only from rank 0."""
     denv = sdist.detect()
-    # every message carries [rank r/W host]; progress only from rank 0
-    log.setup(rank=denv.rank, world_size=denv.world_size, host=sdist.hostname())
+    log.setup(denv.rank, denv.world_size, sdist.hostname(), local_rank=denv.local_rank)
+    return denv
+
+
+def main(cfg: TrainConfig, denv: sdist.DistEnv | None = None) -> int:
+    """One rank of a run: 0 when it completed, PREEMPTED_EXIT (75) after a stop signal's
+    checkpoint, 1 when it cannot start; an expected error (a flag, the prepared data) raises
+    for cli.main's one line (exit 2); a failed run raises (after naming the rank)."""
+    denv = denv or place_logging()
+    preflight(cfg, denv)  # before the rendezvous: no rank waits for a process group
     stop = ckpt.StopFlag()
     if cfg.checkpoint_dir:
         stop.install()  # SIGTERM/SIGUSR1: checkpoint at the epoch's end, then exit 75
@@ -114,7 +138,7 @@ def main(cfg: TrainConfig) -> int:
         device = pick_device(cfg, denv)
         sdist.init_process_group(denv, pick_backend(cfg, device), cfg.pg_timeout_s)
     except Exception as exc:
-        logger.error(f"cannot start: {exc}")
+        logger.error(f"cannot start: {exc}", exc_info=log.debug())
         return 1
     progress.start(denv, sdist.hostname(), cfg.pg_timeout_s)  # a hung rank is named
     try:
@@ -123,6 +147,8 @@ def main(cfg: TrainConfig) -> int:
     except Preempted as exc:
         logger.warning(f"{exc}: rerun the same command to resume")
         return ckpt.PREEMPTED_EXIT
+    except ScalestudyError:
+        raise  # expected (changed data, NaN loss): cli.main prints one line, its scope's ranks
     except Exception as exc:
         # name the rank: with 64 ranks, "which one failed and why" is the first question
         progress.explain_failure(exc)  # a failed collective: which rank stopped, and where
@@ -132,6 +158,14 @@ def main(cfg: TrainConfig) -> int:
         progress.stop()
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def preflight(cfg: TrainConfig, denv: sdist.DistEnv) -> None:
+    """The checks that need no process group, made by every rank before the rendezvous: the
+    batch split over this world size (TrainConfigError) and the prepared data's presence
+    (PreparedDataError; its sha256 is checked when it is loaded)."""
+    cfg.batches(denv.world_size)
+    loaders.check_prepared(cfg.dataset, cfg.data_dir, verify=False)
 
 
 def pick_device(cfg: TrainConfig, denv: sdist.DistEnv) -> torch.device:

@@ -1,0 +1,151 @@
+"""Expected errors are one line on stderr from one rank; bugs keep their traceback (issue 14).
+
+The ranks are two plain processes given torchrun's variables by hand (real gloo process group),
+so what reaches stderr is ours alone; one test goes through `scalestudy launch` (torchrun), whose
+own ChildFailedError block is torchrun's and is left out of the assertion.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import PYTHON
+from workflow_helpers import child_env
+
+from scalestudy import files, log
+
+# a tiny run: the errors below stop it at start-up or at its first step
+FLAGS = ["--dataset", "synthetic", "--width", "4", "--epochs", "1", "--local-batch", "32"]
+FLAGS += ["--warmup-steps", "1", "--comm-probe-steps", "0", "--pg-timeout-s", "60"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def two_ranks(data_dir: Path, out: Path, *flags: str, pre: tuple[str, ...] = (), **env: str):
+    """Run `scalestudy [pre] train` as ranks 0 and 1 of a 2-rank job: [(returncode, stderr)]."""
+    port = str(free_port())
+    procs = []
+    for rank in range(2):
+        rank_env = dict(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2")
+        rank_env.update(LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        cmd = [PYTHON, "-m", "scalestudy", *pre, "train", *FLAGS, *flags]
+        cmd += ["--data-dir", str(data_dir), "--out", str(out)]
+        procs.append(
+            subprocess.Popen(
+                cmd,
+                env=child_env(**rank_env, **env),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    return [(p.wait(timeout=300), p.stderr.read()) for p in procs]
+
+
+@pytest.fixture(scope="module")
+def changed_data(data_dir, tmp_path_factory) -> Path:
+    """The prepared data with one byte of data.pt flipped (meta.json's sha256 no longer fits)."""
+    d = tmp_path_factory.mktemp("changed")
+    shutil.copytree(data_dir / "synthetic", d / "synthetic")
+    path = d / "synthetic" / "data.pt"
+    raw = bytearray(path.read_bytes())
+    raw[-10] ^= 1
+    path.write_bytes(bytes(raw))
+    return d
+
+
+@pytest.mark.parametrize(
+    "case, flags, message",
+    [
+        ("missing", [], "/nonexistent/synthetic/meta.json does not exist"),
+        ("changed", [], "the file was changed or is incomplete; recreate: scalestudy prepare-data"),
+        (
+            "split",
+            ["--global-batch", "100", "--accum-steps", "3"],
+            "--global-batch 100 does not split over world_size 2 x accum_steps 3",
+        ),
+        ("flag", ["--local-batch", "0"], "--local-batch must be >= 1, got 0"),
+    ],
+)
+def test_expected_error_is_one_line_from_rank_0(
+    data_dir, changed_data, tmp_path, case, flags, message
+):
+    source = {"missing": Path("/nonexistent"), "changed": changed_data}.get(case, data_dir)
+    (rc0, err0), (rc1, err1) = two_ranks(source, tmp_path, *flags)
+    assert (rc0, rc1) == (2, 2), (err0, err1)
+    assert err0.count("\n") == 1 and err0.startswith("[rank 0/2 ") and message in err0, err0
+    assert "scalestudy train: " in err0 and "Traceback" not in err0
+    assert err1 == "", err1  # the same error: rank 0 says it once
+    assert not (tmp_path / "metrics.json").exists()
+
+
+def test_debug_shows_the_traceback_of_expected_errors(data_dir, tmp_path):
+    for how in ({"SCALESTUDY_DEBUG": "1"}, {"pre": ("--debug",)}):
+        env = {k: v for k, v in how.items() if k != "pre"}
+        results = two_ranks(data_dir, tmp_path, "--local-batch", "0", pre=how.get("pre", ()), **env)
+        for rank, (rc, err) in enumerate(results):
+            assert rc == 2, err
+            assert f"[rank {rank}/2 " in err and "--local-batch must be >= 1, got 0" in err, err
+            assert "Traceback" in err and "TrainConfigError" in err, err
+
+
+def test_unexpected_error_keeps_traceback_and_names_each_rank(data_dir, tmp_path):
+    """Prepared data whose labels lie outside its classes, with a matching sha256: the checks do
+    not catch it, cross_entropy raises IndexError at the first step: a bug's path."""
+    d = tmp_path / "labels"
+    shutil.copytree(data_dir / "synthetic", d / "synthetic")
+    data = torch.load(d / "synthetic" / "data.pt", weights_only=True)
+    data["train_y"][:] = 99  # synthetic has 10 classes
+    torch.save(data, d / "synthetic" / "data.pt")
+    meta = json.loads((d / "synthetic" / "meta.json").read_text())
+    meta["sha256"] = files.sha256(d / "synthetic" / "data.pt")
+    (d / "synthetic" / "meta.json").write_text(json.dumps(meta))
+    for rank, (rc, err) in enumerate(two_ranks(d, tmp_path / "out")):
+        assert rc == 1, err
+        assert f"[rank {rank}/2 " in err and "training failed: IndexError" in err, err
+        assert "Traceback" in err and "Target 99 is out of bounds" in err, err
+
+
+def test_launch_adds_no_noise_to_an_expected_error(tmp_path):
+    """Through `scalestudy launch` (torchrun): our ranks print one line; torchrun's own
+    ChildFailedError block (lines without our `[rank r/W host]` prefix) is torchrun's."""
+    cmd = [PYTHON, "-m", "scalestudy", "launch", "--ranks-per-node", "2", "--", *FLAGS]
+    cmd += ["--data-dir", str(tmp_path / "nowhere"), "--out", str(tmp_path / "out")]
+    proc = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    ours = [line for line in proc.stderr.splitlines() if line.startswith("[rank ")]
+    assert len(ours) == 1 and ours[0].startswith("[rank 0/2 "), proc.stderr
+    assert "scalestudy prepare-data --dataset synthetic --data-dir" in ours[0]
+    assert proc.stdout.splitlines()[0].startswith("+ ") and len(proc.stdout.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "rank, local_rank, scope, prints",
+    [
+        (0, 0, "run", True),
+        (1, 1, "run", False),
+        (2, 0, "run", False),
+        (2, 0, "node", True),
+        (1, 1, "node", False),
+        (1, 1, "rank", True),
+    ],
+)
+def test_who_reports_an_expected_error(monkeypatch, rank, local_rank, scope, prints):
+    monkeypatch.delenv(log.DEBUG_ENV, raising=False)
+    try:
+        log.setup(rank=rank, world_size=4, local_rank=local_rank)
+        assert log.reports(scope) is prints
+        monkeypatch.setenv(log.DEBUG_ENV, "1")
+        assert log.reports(scope)  # under SCALESTUDY_DEBUG every rank prints
+    finally:
+        log.setup()
