@@ -79,6 +79,28 @@ def _gpu_axis(ax, xs_all, device):
     ax.grid(alpha=0.3)
 
 
+def _family_errorbars(ax, scaling, series, scale: float = 1) -> list[int]:
+    """One error-bar line per (family, column, label) that has data, in the family's style, means
+    and stds times `scale` (100: a percentage); returns the world sizes drawn, for _gpu_axis."""
+    xs_all = []
+    for family, column, label in series:
+        colour, marker = FAMILY_STYLE[family]
+        xs, ys, stds = family_series(scaling, family, column)
+        if not xs:
+            continue
+        xs_all += xs
+        ax.errorbar(
+            xs,
+            [scale * y for y in ys],
+            yerr=[scale * s for s in stds],
+            color=colour,
+            marker=marker,
+            capsize=3,
+            label=label,
+        )
+    return xs_all
+
+
 # --- figures -------------------------------------------------------------------------------------
 def plot_throughput(ax, scaling, device, **_):
     xs_all = []
@@ -103,25 +125,11 @@ def plot_throughput(ax, scaling, device, **_):
 
 
 def plot_efficiency(ax, scaling, device, targets, **_):
-    xs_all = []
-    for family, column, label in (
+    series = (
         ("strong", "strong_efficiency", "strong E_s = N0 T(N0) / (N T(N))"),
         ("weak", "weak_efficiency", "weak E_w = T(N0) / T(N)"),
-    ):
-        colour, marker = FAMILY_STYLE[family]
-        xs, ys, stds = family_series(scaling, family, column)  # stds from {column}_std
-        if not xs:
-            continue
-        xs_all += xs
-        ax.errorbar(
-            xs,
-            [100 * y for y in ys],
-            yerr=[100 * s for s in stds],
-            color=colour,
-            marker=marker,
-            capsize=3,
-            label=label,
-        )
+    )
+    xs_all = _family_errorbars(ax, scaling, series, scale=100)
     if "strong_efficiency" in targets:
         ax.axhline(
             100 * targets["strong_efficiency"],
@@ -143,13 +151,7 @@ def plot_efficiency(ax, scaling, device, targets, **_):
 
 
 def plot_epoch_time(ax, scaling, device, **_):
-    xs_all = []
-    for family, (colour, marker) in FAMILY_STYLE.items():
-        xs, ys, stds = family_series(scaling, family, "epoch_time_s")
-        if not xs:
-            continue
-        xs_all += xs
-        ax.errorbar(xs, ys, yerr=stds, color=colour, marker=marker, capsize=3, label=family)
+    xs_all = _family_errorbars(ax, scaling, [(f, "epoch_time_s", f) for f in FAMILY_STYLE])
     _gpu_axis(ax, xs_all, device)
     ax.set_yscale("log")
     ax.set_ylabel("time per epoch (s, median epoch, training only)")
@@ -157,21 +159,8 @@ def plot_epoch_time(ax, scaling, device, **_):
 
 
 def plot_comm_fraction(ax, scaling, device, **_):
-    xs_all = []
-    for family, (colour, marker) in FAMILY_STYLE.items():
-        xs, ys, stds = family_series(scaling, family, "comm_exposed_frac")
-        if not xs:
-            continue
-        xs_all += xs
-        ax.errorbar(
-            xs,
-            [100 * y for y in ys],
-            yerr=[100 * s for s in stds],
-            color=colour,
-            marker=marker,
-            capsize=3,
-            label=family,
-        )
+    series = [(f, "comm_exposed_frac", f) for f in FAMILY_STYLE]
+    xs_all = _family_errorbars(ax, scaling, series, scale=100)
     _gpu_axis(ax, xs_all, device)
     ax.set_ylim(bottom=0)
     ax.set_ylabel("exposed communication (% of step time)")

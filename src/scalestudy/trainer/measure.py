@@ -111,7 +111,6 @@ class Meter:
         for st in self.timer.collect():
             if st["in_window"]:
                 state.window_step_times.append(st["total"])
-                state.window_data_times.append(st.get("data", 0.0))
                 for name in PHASES:
                     seconds = state.window_phase_seconds.get(name, 0.0) + st.get(name, 0.0)
                     state.window_phase_seconds[name] = seconds
@@ -168,7 +167,7 @@ class Meter:
             "epoch_time_s": statistics.median(r["epoch_time_s"] for r in state.history),
             "step_time_ms_p50": 1e3 * _quantile(step_times, 0.50),
             "step_time_ms_p95": 1e3 * _quantile(step_times, 0.95),
-            "data_time_frac": sum(state.window_data_times) / sum(step_times),
+            "data_time_frac": state.window_phase_seconds.get("data", 0.0) / sum(step_times),
             **{
                 f"phase_frac_{name}": state.window_phase_seconds.get(name, 0.0) / sum(step_times)
                 for name in PHASES

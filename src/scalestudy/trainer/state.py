@@ -44,9 +44,8 @@ class RunState:
     window_images: int = 0  # images this rank processed in the steady-state window
     window_time: float = 0.0  # seconds of training steps in the window (no evaluation)
     window_step_times: list[float] = field(default_factory=list)  # seconds per window step
-    window_data_times: list[float] = field(default_factory=list)  # of which producing the batch
     # seconds per phase (data, forward, ...) summed over the window steps: GPU time between CUDA
-    # events on GPU, host time on CPU (measure.StepTimer)
+    # events on GPU, host time on CPU (measure.StepTimer); "data" gives data_time_frac
     window_phase_seconds: dict[str, float] = field(default_factory=dict)
     train_seconds: float = 0.0  # training time, evaluation excluded (time_to_target's clock)
     time_to_target: float | None = None
