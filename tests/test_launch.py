@@ -1,10 +1,17 @@
-"""`scalestudy launch`: each rank's thread pools are sized to its own cores."""
+"""`scalestudy launch`: each rank's thread pools are sized to its own cores; in a Slurm job
+every rank is a task of a job step (the USR1 warning reaches only those); array tasks refused.
+(The same on the real local cluster: tests/slurm/test_preemption.py, test_jobs_slurm.py.)"""
 
 from __future__ import annotations
 
+import argparse
+import os
 import subprocess
 import sys
 
+import pytest
+
+from scalestudy.errors import LaunchError
 from scalestudy.jobs import launch
 
 # Snakemake's shell exports these with the rule's threads (all ranks' cores together)
@@ -34,3 +41,62 @@ def test_a_launched_rank_sees_its_own_thread_counts(tmp_path):
     assert proc.returncode == 0, proc.stderr
     got = dict(line.split("=", 1) for line in seen.read_text().splitlines() if "=" in line)
     assert {k: got.get(k) for k in launch.THREAD_VARS} == dict.fromkeys(launch.THREAD_VARS, "2")
+
+
+# ------------------------------------------------------------------ where the ranks start
+def _argv(env: dict[str, str], *args: str) -> list[str]:
+    parser = argparse.ArgumentParser()
+    launch.add_arguments(parser)
+    return launch.build_command(parser.parse_args([*args, "--", "--epochs", "1"]), env)
+
+
+def _fake_srun(tmp_path) -> str:
+    """A PATH holding a file named srun: build_command only checks that the launcher exists."""
+    (tmp_path / "srun").write_text("#!/bin/sh\nexit 0\n")
+    (tmp_path / "srun").chmod(0o755)
+    return str(tmp_path)
+
+
+def test_one_rank_in_a_slurm_job_is_a_job_step_so_usr1_reaches_it(tmp_path):
+    # the rule's shell of a 1-rank job: the batch step (no SLURM_STEP_ID), mpi resource ""
+    env = {"SLURM_JOB_ID": "12", "PATH": _fake_srun(tmp_path)}
+    argv = _argv(env, "--mpi=", "--cpus-per-rank", "3")
+    assert argv[:5] == [
+        "srun",
+        "--nodes=1",
+        "--ntasks-per-node=1",
+        "--cpus-per-task=3",
+        "--kill-on-bad-exit=1",
+    ]
+    assert argv[-5:] == ["-m", "scalestudy", "train", "--epochs", "1"]
+
+
+def test_one_rank_already_inside_a_step_or_outside_slurm_starts_directly(tmp_path):
+    path = _fake_srun(tmp_path)
+    for env in ({"SLURM_JOB_ID": "12", "SLURM_STEP_ID": "0", "PATH": path}, {"PATH": path}):
+        assert _argv(env)[1:] == ["-m", "scalestudy", "train", "--epochs", "1"], env
+
+
+def test_a_missing_srun_inside_slurm_is_one_clear_error():
+    with pytest.raises(LaunchError, match="inside Slurm job 12 but 'srun' is not on PATH"):
+        _argv({"SLURM_JOB_ID": "12", "PATH": "/nonexistent"}, "--mpi=")
+
+
+def test_an_array_task_is_refused_with_the_setting_to_change():
+    """A real launch inside what an array task's shell sees: one line, exit 2, nothing run."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "scalestudy", "launch", "--", "--epochs", "1"],
+        env={
+            **os.environ,
+            "SLURM_JOB_ID": "21",
+            "SLURM_ARRAY_JOB_ID": "20",
+            "SLURM_ARRAY_TASK_ID": "2",
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "task 2 of Slurm array job 20" in lines[0], proc.stderr
+    assert "--slurm-array-jobs" in lines[0] and "Traceback" not in proc.stderr

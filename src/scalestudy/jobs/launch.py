@@ -4,8 +4,15 @@ Inside a Slurm allocation (SLURM_JOB_ID is set; Snakemake's slurm executor keeps
 shell) it execs
     <mpi> --nodes=N --ntasks-per-node=K --cpus-per-task=C --kill-on-bad-exit=1 \
         [apptainer exec --nv IMAGE] python -m scalestudy train ...
-one rank per GPU (or per CPU slot), every rank finding its place from SLURM_* (dist.py).
-A run of one rank starts the trainer directly, in Slurm too (see build_command).
+one rank per GPU (or per CPU slot), every rank finding its place from SLURM_* (dist.py), a run of
+one rank too: `sbatch --signal=USR1@lead` (without `B:`) signals the job's steps only, so every
+rank must be a task of a step to get the preemption warning. The workflow's launch rules always
+have an `mpi` resource ("" for one rank), and snakemake-executor-plugin-slurm-jobstep 0.6.1 runs
+a job with that key in the batch shell itself (no `srun -n1` wrapper, which it puts around jobs
+without the key): this launcher's srun is the step. Already inside a step (SLURM_STEP_ID: e.g. a
+rule without the key, or `srun scalestudy launch` by hand) one rank starts directly, since a nested
+srun would wait forever for the CPUs that step holds. Inside an array task it refuses to run: the
+plugin submits every task of an array with the first job's nodes, GPUs and time limit.
 Outside Slurm it runs torchrun on this host (`--standalone`: a free rendezvous port), which only
 works for N = 1; a multi-node run without Slurm is refused with a pointer to the Slurm profile.
 srun is given --cpus-per-task because srun stopped inheriting it from sbatch in Slurm 22.05, and
@@ -76,6 +83,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def refuse_array_task(env: dict[str, str]) -> None:
+    """A LaunchError inside a Slurm array task: snakemake-executor-plugin-slurm's array mode
+    (`slurm-array-jobs`) submits all tasks of an array with the first job's nodes, GPUs and time
+    limit, so every other run would train on a layout that is not its own."""
+    if "SLURM_ARRAY_TASK_ID" in env:
+        raise LaunchError(
+            f"this run was started as task {env['SLURM_ARRAY_TASK_ID']} of Slurm array job "
+            f"{env.get('SLURM_ARRAY_JOB_ID', '?')}, which has the first run's nodes, GPUs and "
+            "time limit: take train, profile_capture, profile_ncu and `all` out of the Slurm "
+            "executor's --slurm-array-jobs (slurm-array-jobs: in the profile)"
+        )
+
+
 def build_command(args: argparse.Namespace, env: dict[str, str]) -> list[str]:
     train_args = list(args.train_args)
     if train_args and train_args[0] == "--":
@@ -94,18 +114,17 @@ def build_command(args: argparse.Namespace, env: dict[str, str]) -> list[str]:
 
         binds = getattr(args, "container_binds", ())  # host dirs the wrapper needs inside
         python = [*exec_prefix(args.container, gpu=args.gpu, binds=binds), *prefix, "python"]
-    if args.nodes * args.ranks_per_node == 1:
-        # one rank: no launcher at all. In Slurm this is a plain job (the executor refuses MPI
-        # jobs of one task) whose shell already runs inside `srun -n1`: a nested srun would wait
-        # forever for the resources that step holds.
+    refuse_array_task(env)
+    one_rank = args.nodes * args.ranks_per_node == 1
+    if one_rank and (not env.get("SLURM_JOB_ID") or env.get("SLURM_STEP_ID")):
+        # one rank outside Slurm, or already a task of a job step (see the module docstring)
         return [*python, "-m", "scalestudy", "train", *train_args]
     if env.get("SLURM_JOB_ID"):
-        if shutil.which(args.mpi, path=env.get("PATH")) is None:
-            raise LaunchError(
-                f"inside Slurm job {env['SLURM_JOB_ID']} but {args.mpi!r} is not on PATH"
-            )
+        mpi = args.mpi or "srun"  # a 1-rank job's `mpi` resource is "" (see the docstring)
+        if shutil.which(mpi, path=env.get("PATH")) is None:
+            raise LaunchError(f"inside Slurm job {env['SLURM_JOB_ID']} but {mpi!r} is not on PATH")
         return [
-            args.mpi,
+            mpi,
             f"--nodes={args.nodes}",
             f"--ntasks-per-node={args.ranks_per_node}",
             f"--cpus-per-task={args.cpus_per_rank}",
