@@ -93,6 +93,35 @@ def test_slurm_request_of_one_rank_one_node_and_two_nodes():
     }
 
 
+def test_slurm_extra_is_the_usr1_warning_and_requeue_is_the_profiles():
+    config = study()
+    lead = config["checkpointing"]["signal_lead_s"]
+    assert resources.slurm_extra(config) == f"--signal=USR1@{lead}"  # not B:USR1, no --requeue
+    config["checkpointing"]["enabled"] = False
+    assert resources.slurm_extra(config) == ""
+    # --requeue through the executor setting, so the executor also leaves NODE_FAIL to Slurm
+    for profile in ("slurm", "local-slurm"):
+        settings = yaml.safe_load((REPO / "profiles" / profile / "config.yaml").read_text())
+        assert settings["slurm-requeue"] is True, profile
+        assert "slurm-array-jobs" not in settings, profile
+
+
+def test_array_jobs_are_refused_for_the_launch_rules_only():
+    def workflow(array_jobs):
+        return SimpleNamespace(executor_settings=SimpleNamespace(array_jobs=array_jobs))
+
+    for setting in ("train", "all", "collect, profile_capture", "prepare_data;profile_ncu"):
+        refusal = resources.array_jobs_refusal(workflow(setting))
+        assert refusal and refusal.startswith(f"slurm-array-jobs={setting!r}"), setting
+        assert "--slurm-array-jobs" in refusal and "\n" not in refusal
+    for setting in (None, "", "collect", "trainer"):
+        assert resources.array_jobs_refusal(workflow(setting)) is None, setting
+    # executors without the setting (local, the in-job jobstep), or none set yet (parse time)
+    assert resources.array_jobs_refusal(SimpleNamespace(executor_settings=object())) is None
+    assert resources.array_jobs_refusal(SimpleNamespace(executor_settings=None)) is None
+    assert resources.array_jobs_refusal(object()) is None
+
+
 def test_cpu_runs_ask_for_no_gpus():
     config = study(device="cpu")
     for row in runs(config).values():

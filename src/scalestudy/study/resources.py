@@ -44,6 +44,9 @@ LOCAL_RULES = (
     "plan",
 )
 
+# Rules that start the ranks of one run with `scalestudy launch` (one Slurm request each)
+LAUNCH_RULES = ("train", "profile_capture", "profile_ncu")
+
 PACKAGE = Path("src") / "scalestudy"
 # what a training job runs: the trainer package and the launcher that starts its ranks
 TRAINER_PACKAGES = ("trainer",)
@@ -72,8 +75,11 @@ def slurm_resources(row: dict, hardware: dict) -> dict:
     """The Slurm request of one launch of a run-table row (runtime aside: each rule sets it).
 
     tasks_per_node for multi-rank nodes (the Slurm executor wants it > 1), else tasks; gres
-    gpu:N per node on GPUs; mem_mb per node (sbatch --mem); mpi "srun" only for several ranks
-    (the executor refuses MPI jobs of one task: a 1-rank run is a plain job)."""
+    gpu:N per node on GPUs; mem_mb per node (sbatch --mem); mpi "srun" for several ranks, ""
+    for one (the executor refuses MPI jobs of one task). The key is there for one rank too: the
+    in-job executor (jobstep 0.6.1) tests its presence, not its value, and then runs the rule's
+    shell without its `srun -n1` wrapper, so `scalestudy launch` can start the rank as a job step
+    that gets the USR1 preemption warning (jobs/launch.py)."""
     multi = row["ranks_per_node"] > 1
     return {
         "nodes": row["nodes"],
@@ -265,11 +271,30 @@ def train_retries(config: dict, main_process: bool) -> int:
 
 def slurm_extra(config: dict) -> str:
     """USR1 to the ranks (not `B:`, which signals only the batch shell) signal_lead_s seconds
-    before the time limit; --requeue lets Slurm requeue the job after a node failure."""
+    before the time limit. --requeue is not here but in the profiles (`slurm-requeue: true`): the
+    executor then also leaves a NODE_FAIL job to Slurm's requeue instead of failing it and
+    submitting a second job that resumes the same checkpoint directory (docs/design.md)."""
     checkpointing = config["checkpointing"]
     if not checkpointing["enabled"]:
         return ""
-    return f"--signal=USR1@{checkpointing['signal_lead_s']} --requeue"
+    return f"--signal=USR1@{checkpointing['signal_lead_s']}"
+
+
+def array_jobs_refusal(workflow) -> str | None:
+    """One line refusing snakemake-executor-plugin-slurm's array mode for the launch rules, else
+    None. The plugin submits every task of an array with the FIRST job's nodes, tasks, GPUs and
+    time limit, wrong for every other run. Snakemake has no public API for executor settings:
+    `workflow.executor_settings` (set before `onstart:`) is read defensively, and an executor
+    without the setting (local, jobstep) is fine. `scalestudy launch` refuses array tasks too."""
+    setting = getattr(getattr(workflow, "executor_settings", None), "array_jobs", None)
+    named = {rule.strip() for rule in str(setting or "").replace(";", ",").split(",")}
+    if not named & {*LAUNCH_RULES, "all"}:
+        return None
+    return (
+        f"slurm-array-jobs={setting!r} would submit training runs as one Slurm array with the "
+        "first run's nodes, GPUs and time limit: take train, profile_capture, profile_ncu and "
+        "`all` out of --slurm-array-jobs (slurm-array-jobs: in the profile)"
+    )
 
 
 def analysis_flags(config: dict, configfile: str) -> list[str]:
