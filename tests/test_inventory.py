@@ -7,6 +7,9 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
+
+from scalestudy.jobs import inventory as inventory_module
 
 PYTHON = sys.executable
 
@@ -60,3 +63,63 @@ def test_the_image_digest_is_the_sha256_of_the_image(tmp_path):
         missing["container_digest"].startswith("error:")
         and "gone.sif" in missing["container_digest"]
     )
+
+
+# ------------------------------------------------------------------ the Slurm job's fields
+FIXTURES = Path(__file__).parent / "fixtures" / "slurm"
+
+
+def test_scontrol_text_gives_the_fields_the_jobstep_strips():
+    """Real `scontrol -d show job` text of the local cluster (tests/fixtures/slurm/README.md)."""
+    one = inventory_module.scontrol_job_fields(
+        (FIXTURES / "scontrol_show_job_1node.txt").read_text()
+    )
+    assert one == {
+        "SLURM_JOB_ID": "4",
+        "SLURM_JOB_NODELIST": "node1",
+        "SLURM_JOB_PARTITION": "debug",
+        "SLURM_NNODES": "1",
+    }  # no GPU fields: that cluster has none (JOB_GRES=(null), GRES= empty)
+    two = inventory_module.scontrol_job_fields(
+        (FIXTURES / "scontrol_show_job_2nodes.txt").read_text()
+    )
+    assert (two["SLURM_JOB_NODELIST"], two["SLURM_NNODES"]) == ("node[1-2]", "2")
+
+
+def test_gpus_come_from_the_first_nodes_gres_detail():
+    # written by hand in the form of `scontrol -d show job`'s per-node detail (no GPU cluster
+    # here): the first node (the batch host) holds GPUs 0-3
+    text = (
+        "JobId=7 NodeList=gpu[01-02] NumNodes=2 JOB_GRES=gpu:a100:8\n"
+        "     Nodes=gpu01 CPU_IDs=0-63 Mem=0 GRES=gpu:a100:4(IDX:0-3)\n"
+        "     Nodes=gpu02 CPU_IDs=0-63 Mem=0 GRES=gpu:a100:4(IDX:0,2,4-5)\n"
+    )
+    fields = inventory_module.scontrol_job_fields(text)
+    assert (fields["SLURM_GPUS_ON_NODE"], fields["SLURM_JOB_GPUS"]) == ("4", "0,1,2,3")
+    assert inventory_module._indices("0,2,4-5") == [0, 2, 4, 5]
+
+
+def test_environment_values_are_kept_and_the_missing_ones_asked_from_scontrol(
+    tmp_path, monkeypatch
+):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    scontrol = bin_dir / "scontrol"  # stand-in: prints the captured text and its arguments
+    scontrol.write_text(
+        f'#!/bin/sh\necho "$@" > {tmp_path / "argv"}\n'
+        f"/bin/cat {FIXTURES / 'scontrol_show_job_2nodes.txt'}\n"
+    )
+    scontrol.chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))  # the probes look tools up on this PATH
+    env = {"SLURM_JOB_ID": "1", "SLURM_JOB_PARTITION": "from-env"}
+    job = inventory_module.slurm_job(env)
+    assert (tmp_path / "argv").read_text().split() == ["-d", "show", "job", "1"]
+    assert job["SLURM_JOB_PARTITION"] == "from-env"  # the environment wins
+    assert (job["SLURM_JOB_NODELIST"], job["SLURM_NNODES"]) == ("node[1-2]", "2")
+    assert job["SLURM_JOB_GPUS"] == job["SLURM_CLUSTER_NAME"] == "absent"
+    # without a job id nothing is asked; a failing scontrol is recorded, not raised
+    assert inventory_module.slurm_job({})["SLURM_JOB_NODELIST"] == "absent"
+    scontrol.write_text("#!/bin/sh\necho 'slurm_load_jobs error: Invalid job id' >&2\nexit 1\n")
+    failed = inventory_module.slurm_job(env)
+    assert failed["scontrol"].startswith("error: exit 1: slurm_load_jobs error")
+    assert failed["SLURM_JOB_NODELIST"] == "absent"

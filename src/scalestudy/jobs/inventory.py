@@ -3,10 +3,11 @@
 GPU model, driver, CUDA, NCCL, torch, `nvidia-smi topo -m`, CPU, network interfaces (with speed
 and InfiniBand devices), Slurm version and job, container digest, hostname, time. Every probe is
 independent and bounded (10 s): a tool that is absent is recorded as "absent", a failing one as
-"error: ...", so the inventory never fails a job. Every training job writes one before its ranks
-start (results/system/<run>.json, rule train: on Slurm, on the first node of the job's
-allocation) and `scalestudy profile capture` one per profiling job
-(results/system/profile/<run>.json).
+"error: ...", so the inventory never fails a job. The Slurm job's node list, partition, node
+count and GPUs come from the environment, else from `scontrol -d show job` (see SLURM_FIELDS).
+Every training job writes one before its ranks start (results/system/<run>.json, rule train: on
+Slurm, on the first node of the job's allocation) and `scalestudy profile capture` one per
+profiling job (results/system/profile/<run>.json).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import contextlib
 import datetime
 import os
 import platform
+import re
 import shutil
 import socket
 import subprocess
@@ -113,16 +115,6 @@ def _network() -> list[dict]:
 def collect(image: str | None = None) -> dict:
     """The inventory of this host and allocation (see the module docstring); `image`: the
     Apptainer image the ranks run in, whose digest is recorded."""
-    slurm_vars = {k: v for k, v in sorted(os.environ.items()) if k.startswith("SLURM_")}
-    keep = (
-        "SLURM_JOB_ID",
-        "SLURM_JOB_NODELIST",
-        "SLURM_JOB_PARTITION",
-        "SLURM_NNODES",
-        "SLURM_GPUS_ON_NODE",
-        "SLURM_JOB_GPUS",
-        "SLURM_CLUSTER_NAME",
-    )
     return {
         "format": "scalestudy-inventory-1",
         "hostname": socket.gethostname(),
@@ -138,10 +130,74 @@ def collect(image: str | None = None) -> dict:
         "cpu": _cpu(),
         "network": _network(),
         "slurm_version": _cmd(["sinfo", "--version"]),
-        "slurm": {k: slurm_vars.get(k, ABSENT) for k in keep},
+        "slurm": slurm_job(dict(os.environ)),
         "container_digest": _digest(image),
         "apptainer": _cmd(["apptainer", "--version"]),
     }
+
+
+# The job's fields, as Slurm names them in a task's environment. The in-job Snakemake executor
+# (snakemake-executor-plugin-slurm-jobstep 0.6.1) strips every SLURM_* variable but the job id,
+# cluster name, submit dir/host and array ids from the rule's shell, so inside the workflow the
+# rest comes from `scontrol -d show job $SLURM_JOB_ID` (slurm_job).
+SLURM_FIELDS = (
+    "SLURM_JOB_ID",
+    "SLURM_JOB_NODELIST",
+    "SLURM_JOB_PARTITION",
+    "SLURM_NNODES",
+    "SLURM_GPUS_ON_NODE",
+    "SLURM_JOB_GPUS",
+    "SLURM_CLUSTER_NAME",
+)
+# `scontrol show job` key of each field (the cluster name is not among them)
+SCONTROL_KEYS = {
+    "SLURM_JOB_ID": "JobId",
+    "SLURM_JOB_NODELIST": "NodeList",
+    "SLURM_JOB_PARTITION": "Partition",
+    "SLURM_NNODES": "NumNodes",
+}
+# `-d` detail of a node's allocation: GRES=gpu[:type]:<count>(IDX:<indices>), e.g.
+# `GRES=gpu:a100:4(IDX:0-3)`; empty on a node without GPUs
+GPU_GRES = re.compile(r"gpu(?::[^:(,\s]+)?:(\d+)\(IDX:([^)]*)\)")
+
+
+def slurm_job(env: dict[str, str]) -> dict[str, str]:
+    """SLURM_FIELDS of this job: the environment's values, the missing ones from `scontrol -d
+    show job` when a job id is known; a field neither has is "absent", and a failing scontrol
+    is recorded under "scontrol"."""
+    found = {k: env.get(k, ABSENT) for k in SLURM_FIELDS}
+    job_id = env.get("SLURM_JOB_ID")
+    if not job_id or ABSENT not in found.values():
+        return found
+    shown = _cmd(["scontrol", "-d", "show", "job", job_id])
+    if shown == ABSENT or shown.startswith("error:"):
+        return {**found, "scontrol": shown}
+    from_slurm = scontrol_job_fields(shown)
+    return {k: v if v != ABSENT else from_slurm.get(k, ABSENT) for k, v in found.items()}
+
+
+def scontrol_job_fields(text: str) -> dict[str, str]:
+    """SLURM_FIELDS from the text of `scontrol -d show job <id>` (one job; multi-line or -o).
+    GPUs are those of the first node's allocation (the batch host, where this runs): their count
+    and indices as SLURM_GPUS_ON_NODE / SLURM_JOB_GPUS write them ("4", "0,1,2,3")."""
+    pairs: dict[str, str] = {}
+    for key, value in re.findall(r"(?:^|\s)([A-Za-z_/:]+)=(\S*)", text):
+        pairs.setdefault(key, value)  # the first: the job's own, then the first node's detail
+    fields = {env: pairs[key] for env, key in SCONTROL_KEYS.items() if pairs.get(key)}
+    gpus = GPU_GRES.search(pairs.get("GRES", ""))
+    if gpus:
+        fields["SLURM_GPUS_ON_NODE"] = gpus.group(1)
+        fields["SLURM_JOB_GPUS"] = ",".join(str(i) for i in _indices(gpus.group(2)))
+    return fields
+
+
+def _indices(spec: str) -> list[int]:
+    """`0-2,5` -> [0, 1, 2, 5]."""
+    out: list[int] = []
+    for part in filter(None, spec.split(",")):
+        first, _, last = part.partition("-")
+        out.extend(range(int(first), int(last or first) + 1))
+    return out
 
 
 def _digest(image: str | None) -> str:
