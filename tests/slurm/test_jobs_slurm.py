@@ -1,0 +1,90 @@
+"""Array jobs on the real local Slurm cluster: refused for training before any job, and by the
+launcher inside an array task.
+
+snakemake-executor-plugin-slurm's `slurm-array-jobs` submits all jobs of a rule as one array
+with the FIRST job's nodes, tasks, GPUs and time limit (its run_array_jobs), wrong for every
+other training run. The workflow refuses the setting in `onstart:` (after the DAG, before any
+job, local ones included); `scalestudy launch` refuses to run in an array task
+(SLURM_ARRAY_TASK_ID), for a workflow started some other way.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from workflow_helpers import BIN, copy_repo, env, write_config  # noqa: E402
+
+pytestmark = pytest.mark.slurm
+
+
+def _two_runs(work: Path) -> None:
+    cfg = yaml.safe_load((work / "config/demo.yaml").read_text())
+    cfg["dataset"] = "synthetic"
+    cfg["synthetic"] = {"num_train": 128, "num_test": 64}
+    cfg["hardware"].update(gpus_per_node=2, mem_mb_per_rank=500, runtime_min=10)
+    cfg["families"] = {
+        "strong": {"enabled": False},
+        "weak": {"enabled": True, "gpus": [1, 2], "local_batch": 32},  # 1 and 2 ranks
+        "precision": {"enabled": False},
+        "bucket": {"enabled": False},
+    }
+    cfg["profiling"] = {"enabled": False}
+    write_config(work / "arrays.yaml", cfg)
+
+
+@pytest.mark.parametrize("setting", ["train", "all"])
+def test_array_jobs_for_training_are_refused_before_any_job(slurm_cluster, tmp_path, setting):
+    cluster = slurm_cluster(2)
+    work = copy_repo(tmp_path / "w")
+    _two_runs(work)
+    before = cluster.run(["squeue", "-h", "-t", "all", "-o", "%i"]).stdout.split()
+    proc = subprocess.run(
+        [str(BIN / "snakemake"), "results/csv/runs.csv", "--profile", "profiles/local-slurm"]
+        + [f"--slurm-array-jobs={setting}", "--configfile", "arrays.yaml"],
+        cwd=work,
+        env=env(SLURM_CONF=cluster.env["SLURM_CONF"]),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-4000:]
+    refusals = [line for line in out.splitlines() if line.startswith("slurm-array-jobs=")]
+    assert refusals == [
+        f"slurm-array-jobs={setting!r} would submit training runs as one Slurm array with the "
+        "first run's nodes, GPUs and time limit: take train, profile_capture, profile_ncu and "
+        "`all` out of --slurm-array-jobs (slurm-array-jobs: in the profile)"
+    ], out[-4000:]
+    # no job at all: nothing submitted, not even the local matrix / prepare_data
+    after = cluster.run(["squeue", "-h", "-t", "all", "-o", "%i"]).stdout.split()
+    assert after == before
+    assert not (work / "results").exists()
+
+
+def test_the_launcher_refuses_to_run_in_an_array_task(slurm_cluster, tmp_path):
+    cluster = slurm_cluster(2)
+    launch = f"{BIN / 'scalestudy'} launch --nodes 1 --ranks-per-node 1 -- --epochs 1"
+    job = cluster.sbatch(
+        "--array=1-2",
+        "-t",
+        "2",
+        "--mem=200",
+        "-o",
+        str(tmp_path / "task-%a.out"),
+        "--wrap",
+        launch,
+    )
+    for task in (1, 2):
+        assert cluster.wait_gone(f"{job}_{task}", timeout=90) == "FAILED"
+        state = cluster.run(["scontrol", "show", "job", f"{job}_{task}"]).stdout
+        assert "ExitCode=2:0" in state, state
+        lines = (tmp_path / f"task-{task}.out").read_text().strip().splitlines()
+        assert len(lines) == 1, lines  # one line, no traceback, no trainer started
+        assert f"task {task} of Slurm array job {job}" in lines[0], lines
+        assert "--slurm-array-jobs" in lines[0], lines
