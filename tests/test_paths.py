@@ -20,7 +20,8 @@ REPO = Path(__file__).resolve().parents[1]
 def test_a_repository_file_is_named_relative_to_the_working_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)
     # from the repository root the text is what the rules always named: no changed input
-    assert paths.repo_file(REPO, "src/scalestudy/results/plot.py") == "src/scalestudy/results/plot.py"
+    code = "src/scalestudy/results/plot.py"
+    assert paths.repo_file(REPO, code) == code
     assert paths.repo_file(REPO, ".") == "."
     study = tmp_path / "a" / "study"
     study.mkdir(parents=True)
