@@ -8,6 +8,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PATH"
+# Lint this checkout's workflow with this checkout's package (src/ first on sys.path), installed
+# or not: a clean clone lints, and Snakemake finds the logger plugin the profile names (it looks
+# for top-level modules snakemake_logger_plugin_* on sys.path).
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 ruff check .
 ruff format --check .
 snakefmt --check workflow/Snakefile workflow/rules/*.smk

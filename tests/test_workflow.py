@@ -8,11 +8,26 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
 
 import pytest
 import yaml
-from workflow_helpers import RUN_IDS, TINY, copy_repo, planned_jobs, snakemake, write_config
+from workflow_helpers import (
+    BIN,
+    REPO,
+    RUN_IDS,
+    TINY,
+    copy_repo,
+    env,
+    planned_jobs,
+    snakemake,
+    write_config,
+)
 
 from scalestudy.results.build_pdf import have_latexmk
 from scalestudy.results.collect import REQUIRED_METRICS
@@ -208,3 +223,109 @@ def test_dry_run_of_the_full_study_plans_every_run(tmp_path):
     work = copy_repo(tmp_path / "full")
     jobs = planned_jobs(snakemake(work, "-n", timeout=300))
     assert jobs["train"] == 75 and jobs["prepare_data"] == 1 and jobs["collect"] == 1
+
+
+# --- where things are: the repository's files from the workflow, the study's in the working dir
+
+
+def one_run_study(path: Path) -> Path:
+    """The tiny study cut to one run (strong scaling, 1 rank), with the container stand-in."""
+    one = yaml.safe_load(yaml.safe_dump(TINY))
+    one["study"] = "elsewhere"
+    one["families"]["strong"]["gpus"] = [1]
+    for family in ("weak", "precision", "bucket"):
+        one["families"][family]["enabled"] = False
+    return write_config(path, one)
+
+
+def test_the_study_runs_in_another_directory(tmp_path):
+    repo = copy_repo(tmp_path / "repo")
+    study = tmp_path / "elsewhere" / "study"
+    study.mkdir(parents=True)
+    config = one_run_study(study / "one.yaml")
+    # from the repository root, outputs in --directory; a relative --configfile is relative to
+    # where snakemake starts, so the study's file is named by its path from here
+    args = ("--directory", str(study), "--configfile", os.path.relpath(config, repo))
+    jobs = planned_jobs(snakemake(repo, *args, "-n", stand_ins=True))
+    assert jobs["train"] == 1 and jobs["build_container"] == 1 and jobs["render_report"] == 1
+    snakemake(repo, *args, "--cores", "2", stand_ins=True, timeout=600)
+    with (study / "results/csv/runs.csv").open() as f:
+        assert [r["run"] for r in csv.DictReader(f)] == ["w1_lb64_fp32_ddp_bk25_r0"]
+    assert (study / "reports/study.md").is_file() and (study / "containers/trainer.sif").is_file()
+    assert (study / "logs/train/w1_lb64_fp32_ddp_bk25_r0.log").is_file()
+    assert not any((repo / d).exists() for d in ("results", "reports", "logs", ".snakemake"))
+    # the reproduce commands (run from the repository root) name the study file outside it
+    assert f"--configfile {config}" in (study / "reports/study.md").read_text()
+    # from the study directory with -s the same paths: nothing to do (and the default profile
+    # is found beside the Snakefile: workflow/profiles)
+    proc = snakemake(
+        study,
+        "-s",
+        str(repo / "workflow/Snakefile"),
+        "--configfile",
+        "one.yaml",
+        "-n",
+        stand_ins=True,
+    )
+    assert planned_jobs(proc) == {}
+    assert "workflow/profiles/default" in proc.stderr
+
+
+def test_another_directory_without_a_study_is_refused_in_one_line(tmp_path):
+    repo = copy_repo(tmp_path / "repo")
+    study = tmp_path / "study"
+    study.mkdir()
+    proc = snakemake(repo, "--directory", str(study), "-n", check=False)
+    assert proc.returncode == 1
+    said = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    refusal = [line for line in said if "--configfile" in line]
+    assert len(refusal) == 1 and "not the repository" in refusal[0]
+    assert str(repo / "config/demo.yaml") in refusal[0]
+    assert "Traceback" not in proc.stderr and "Node-hour plan" not in proc.stderr
+    assert not (study / "results").exists()
+
+
+def python_without_the_package(tmp_path: Path) -> Path:
+    """A Python that sees this venv's packages but not the scalestudy install: a new venv whose
+    .pth file adds this venv's site-packages to sys.path. Python reads .pth files only in site
+    directories, not in directories a .pth adds, so the editable install's
+    __editable__.scalestudy-*.pth is never read."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    purelib = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    Path(purelib, "this-venv.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    return python
+
+
+def test_a_clean_clone_lints_and_without_the_package_says_the_fix(tmp_path):
+    repo = copy_repo(tmp_path / "repo")
+    shutil.copytree(REPO / "scripts", repo / "scripts")
+    python = python_without_the_package(tmp_path)
+    bin_dir = tmp_path / "bin"  # `snakemake` of this venv, run by that Python
+    bin_dir.mkdir()
+    (bin_dir / "snakemake").write_text(f'#!/bin/sh\nexec {python} {BIN / "snakemake"} "$@"\n')
+    (bin_dir / "snakemake").chmod(0o755)
+    clean = env(PATH=os.pathsep.join([str(bin_dir), str(BIN), os.environ["PATH"]]))
+    clean.pop("PYTHONPATH", None)
+    probe = subprocess.run([python, "-c", "import scalestudy"], env=clean, capture_output=True)
+    assert probe.returncode != 0  # the package is really out of reach
+    run = dict(cwd=repo, env=clean, capture_output=True, text=True, timeout=300)
+    # the profile names the logger only where Snakemake finds it: the workflow's own line speaks
+    proc = subprocess.run(["snakemake", "-n", "--configfile", "config/demo.yaml"], **run)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "invalid choice" not in out and "usage:" not in out
+    assert [ln for ln in out.splitlines() if "bash scripts/setup.sh" in ln] == [
+        "scalestudy: cannot import the scalestudy package (No module named 'scalestudy'): run "
+        "`bash scripts/setup.sh` (or `pip install -e .` in this repository), then snakemake "
+        "from that environment"
+    ]
+    # lint.sh lints the clone with the clone's package (src/ on PYTHONPATH), logger included
+    proc = subprocess.run(["bash", "scripts/lint.sh"], **run)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "lint: clean" in proc.stdout

@@ -34,6 +34,7 @@ def copy_repo(dest: Path) -> Path:
             shutil.copytree(
                 src,
                 dest / name,
+                symlinks=True,  # workflow/profiles -> ../profiles stays a link, as in a clone
                 ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "*.sif"),
             )
         else:

@@ -43,6 +43,11 @@ class PlanError(ScalestudyError, RuntimeError):
     """Measured runs or benchmarks that the plan cannot read."""
 
 
+class WorkdirError(ScalestudyError, ValueError):
+    """A working directory (`snakemake --directory`) the study cannot run in as asked; the
+    message names the setting and the fix."""
+
+
 # --- the trainer (trainer/)
 class TrainConfigError(ScalestudyError, ValueError):
     """A `scalestudy train` flag value that fails its checks (trainer/config.py); the message

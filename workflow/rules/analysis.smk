@@ -5,8 +5,8 @@ rule analyze:
     input:
         runs="results/csv/runs.csv",
         profile=PROFILE_KERNELS,
-        code="src/scalestudy/results/analyze.py",
-        schema="src/scalestudy/nsight/schema.py",  # the profile CSVs' columns and categories
+        code=repo_file("src/scalestudy/results/analyze.py"),
+        schema=repo_file("src/scalestudy/nsight/schema.py"),  # the profile CSVs' columns and categories
     output:
         scaling="results/csv/scaling.csv",
         verdicts="results/csv/verdicts.csv",

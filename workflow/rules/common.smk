@@ -1,28 +1,43 @@
 # Config checks, the run table, wildcard constraints and the one-line functions the rules call.
 # The logic lives in the scalestudy package (study/: config, runs, profiling, plan, resources),
 # unit-tested there. Nothing here reads study data or prints while Snakemake parses.
-import os
+import sys
 from pathlib import Path
 
-from snakemake.exceptions import WorkflowError
+from snakemake.logging import logger
+
+
+def stop(message):
+    """Refuse before any job: one line through Snakemake's logger (an error, so the dry-run's
+    node-hour plan prints nothing), exit 1."""
+    logger.error(message)
+    sys.exit(1)
+
 
 try:
     from scalestudy import log, vocab
+    from scalestudy.errors import WorkdirError
     from scalestudy.results import build_pdf as latex
     from scalestudy.results import plot as plots
     from scalestudy.study import config as studyconfig
-    from scalestudy.study import plan, profiling, resources
+    from scalestudy.study import paths, plan, profiling, resources
     from scalestudy.study import runs as matrix
 except ImportError as exc:
-    raise WorkflowError(
-        f"cannot import the scalestudy package ({exc}): run `pip install -e .` in this "
-        "repository (see README.md), then run snakemake from that environment"
+    # the same package provides the logger plugin, which the profile names only when it exists
+    stop(
+        f"scalestudy: cannot import the scalestudy package ({exc}): run `bash scripts/setup.sh` "
+        "(or `pip install -e .` in this repository), then snakemake from that environment"
     )
 
 log.setup()  # scalestudy's messages: progress to stdout, problems to stderr
-config = studyconfig.validate(config)
-RUNS = {row["run"]: row for row in matrix.build_run_table(config)}
+# Paths (study/paths.py): the repository's files from here, the study's in the working directory
 REPO = Path(workflow.basedir).parent
+try:
+    paths.check_workdir(REPO, workflow.overwrite_configfiles)
+except WorkdirError as exc:
+    stop(str(exc))
+config = studyconfig.validate(config, schema=REPO / studyconfig.SCHEMA_RELPATH)
+RUNS = {row["run"]: row for row in matrix.build_run_table(config)}
 DATA_DIR = config["data_dir"]
 CONTAINER = config["container"]
 HARDWARE = config["hardware"]
@@ -33,8 +48,8 @@ PROFILED = {r["run"]: r for r in profiling.profiled_runs(config, list(RUNS.value
 PLAN = resources.TrainingPlan(config, RUNS.values())
 # Code inputs: Snakemake does not track the modules a command imports. Inputs under 1 MB are
 # checksummed, so touching a file without changing it reruns nothing.
-TRAINER_SOURCES = resources.trainer_sources(REPO)
-NSIGHT_SOURCES = resources.nsight_sources(REPO)
+TRAINER_SOURCES = paths.repo_files(REPO, resources.trainer_sources(REPO))
+NSIGHT_SOURCES = paths.repo_files(REPO, resources.nsight_sources(REPO))
 ANALYSIS_TABLES = "scaling verdicts resources system targets profile_shares".split()
 
 
@@ -101,7 +116,13 @@ def get_inventory_flags(wildcards):
 
 
 def get_container_sources(wildcards):
-    return resources.container_sources(REPO, CONTAINER["definition"])
+    sources = resources.container_sources(REPO, CONTAINER["definition"])
+    return paths.repo_files(REPO, sources)
+
+
+def repo_file(path):
+    """A file of the repository (code, template, recipe) as the rules name it (study/paths.py)."""
+    return paths.repo_file(REPO, path)
 
 
 def get_plan_digest(wildcards):
@@ -113,9 +134,8 @@ def get_train_retries():
 
 
 def get_configfile():
-    """The study file to name in the report's reproduce commands (the last --configfile)."""
-    files = list(workflow.overwrite_configfiles) or ["config/config.yaml"]
-    return os.path.relpath(str(files[-1]))
+    """The study file the report's reproduce commands name (run from the repository root)."""
+    return paths.reproduce_configfile(REPO, workflow.overwrite_configfiles)
 
 
 def get_paper_pdf(wildcards):

@@ -1,5 +1,7 @@
 # The Apptainer image every training rank runs in (when container.enabled). Training declares
-# the .sif as an input, so a rebuilt image (new recipe or package source) reruns training.
+# the .sif as an input, so a rebuilt image (new recipe or package source) reruns training. The
+# recipe and the files its %files copy belong to the repository (--context), the image to the
+# study (the working directory).
 rule build_container:
     input:
         sources=get_container_sources,
@@ -8,7 +10,8 @@ rule build_container:
     log:
         "logs/build_container/build.log",
     params:
-        definition=CONTAINER["definition"],
+        definition=repo_file(CONTAINER["definition"]),
+        context=repo_file("."),
     shell:
         "scalestudy container build {params.definition:q} {output.image:q} "
-        "> {log:q} 2>&1"
+        "--context {params.context:q} > {log:q} 2>&1"

@@ -6,7 +6,7 @@ rule plot:
         epochs="results/csv/epochs.csv",
         targets="results/csv/targets.csv",
         shares="results/csv/profile_shares.csv",
-        code="src/scalestudy/results/plot.py",
+        code=repo_file("src/scalestudy/results/plot.py"),
     output:
         png=report(
             "results/plots/{figure}.png",

@@ -8,9 +8,9 @@ rule render_report:
         figures=expand(
             "results/plots/{figure}.{ext}", figure=FIGURES, ext=("png", "pdf")
         ),
-        md_template="workflow/report/study.md.j2",
-        tex_template="workflow/report/paper.tex.j2",
-        code="src/scalestudy/results/render_report.py",
+        md_template=repo_file("workflow/report/study.md.j2"),
+        tex_template=repo_file("workflow/report/paper.tex.j2"),
+        code=repo_file("src/scalestudy/results/render_report.py"),
     output:
         md=report(
             "reports/study.md", caption="../report/study.rst", category="Documents"

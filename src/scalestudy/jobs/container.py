@@ -594,7 +594,7 @@ def build(
     if missing:
         raise DefinitionError(
             f"{defn.where('files')}: %files sources not found in the build directory "
-            f"{Path(context).resolve()}: {', '.join(missing)} (build from the repository root)"
+            f"{Path(context).resolve()}: {', '.join(missing)} (--context: the repository root)"
         )
     target = Path(image).resolve()
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -29,6 +29,9 @@ logger = log.get(__name__)
 TABLES = ("scaling", "verdicts", "resources", "system", "targets", "profile_shares")
 DOCUMENTS = ("study.md", "paper.tex")
 FORMULA_CONSTANTS = frozenset({"1"})
+# the templates of the checkout this package runs from (src/scalestudy/results/ -> the root): a
+# hand-run render-report finds them from any directory; the workflow names its own
+TEMPLATES = Path(__file__).resolve().parents[3] / "workflow" / "report"
 # a number standing alone, with its sign when it has one ("-5.0" and "+5.0" are different claims):
 # not part of an identifier (fp32, w8_lb128, a4paper, 25mm); "n - 1" is the number 1
 NUMBER = re.compile(r"(?<![\w.])[-+]?\d+(?:\.\d+)*(?:e[-+]\d+)?(?!\w)")
@@ -186,7 +189,7 @@ def numbers_backed_by_csvs(text: str, tables: dict[str, list[dict]]) -> list[str
 # --- CLI -----------------------------------------------------------------------------------------
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--csv-dir", default="results/csv")
-    parser.add_argument("--templates", default="workflow/report")
+    parser.add_argument("--templates", default=str(TEMPLATES), help="(default: %(default)s)")
     parser.add_argument("--figures", nargs="*", default=[], help="figure names (results/plots)")
     parser.add_argument(
         "--figure-dir", default="../results/plots", help="figures, relative to the documents"
@@ -199,6 +202,11 @@ def run(args: argparse.Namespace) -> int:
     # an AnalysisError: one line from cli.main, exit 2
     try:
         docs = render(csv_dir, Path(args.templates), args.figures, args.figure_dir)
+    except jinja2.TemplateNotFound as exc:
+        raise AnalysisError(
+            f"--templates {args.templates}: no template {exc.name} there (the report templates "
+            "are workflow/report of the repository)"
+        ) from exc
     except jinja2.TemplateError as exc:
         raise AnalysisError(str(exc)) from exc
     tables = load_tables(csv_dir)

@@ -42,7 +42,8 @@ SCHEMA_RELPATH = Path("workflow") / "schemas" / "config.schema.yaml"
 def schema_path() -> Path:
     """workflow/schemas/config.schema.yaml of the checkout this package runs from (editable
     install), else of the current directory (the workflow runs from the repository root)."""
-    candidates = [Path(__file__).resolve().parents[2] / SCHEMA_RELPATH, Path.cwd() / SCHEMA_RELPATH]
+    # parents[3]: src/scalestudy/study/config.py -> the checkout's root
+    candidates = [Path(__file__).resolve().parents[3] / SCHEMA_RELPATH, Path.cwd() / SCHEMA_RELPATH]
     for candidate in candidates:
         if candidate.is_file():
             return candidate
