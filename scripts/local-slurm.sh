@@ -26,7 +26,7 @@
 #   slurmd's cgroup probing).
 # - A TaskProlog exports GLOO_SOCKET_IFNAME (eth0 with 2 nodes, lo with 1) to every task unless
 #   the job already sets it, so jobs need no cluster-specific environment.
-# - Resources: CPUs=${SCALESTUDY_SLURM_CPUS:-4} and RealMemory=${SCALESTUDY_SLURM_MEM_MB:-4000} per
+# - Resources: CPUs=${SCALESTUDY_SLURM_CPUS:-4} and RealMemory=${SCALESTUDY_SLURM_MEM_MB:-8000} per
 #   node whatever the hardware (SlurmdParameters=config_overrides), select/cons_tres with
 #   CR_Core_Memory and DefMemPerCPU=mem/cpus, so 4 one-CPU ranks fit on each node. No GPUs.
 # - No accounting: use squeue, not sacct, for job status (MinJobAge=3600 keeps finished jobs
@@ -38,7 +38,7 @@ set -euo pipefail
 DIR=${SCALESTUDY_SLURM_DIR:-/tmp/scalestudy-slurm}
 NET=${SCALESTUDY_SLURM_NET:-10.77.77}
 CPUS=${SCALESTUDY_SLURM_CPUS:-4}
-MEM_MB=${SCALESTUDY_SLURM_MEM_MB:-4000}
+MEM_MB=${SCALESTUDY_SLURM_MEM_MB:-8000}
 START_TIMEOUT=${SCALESTUDY_SLURM_TIMEOUT:-60}
 BRIDGE=sslurm0
 NS_PREFIX=sslurm-
