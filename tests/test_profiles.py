@@ -1,0 +1,42 @@
+"""Profiles: the workflow profile (profiles/default) is loaded with every --profile too, and its
+keys win over the --profile's key by key (Snakemake's precedence), so it must hold nothing a
+site profile sets; otherwise profiles/slurm's `latency-wait: 60` silently became 30."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+SITE_PROFILES = ("slurm", "local-slurm")
+# what a site tunes: the shared filesystem's delay, queue size, retries, requests
+SITE_KEYS = {"latency-wait", "jobs", "retries", "default-resources", "set-resources", "executor"}
+
+
+def keys(name: str) -> set[str]:
+    data = yaml.safe_load((REPO / "profiles" / name / "config.yaml").read_text())
+    # YTE's control keys (`?if ...:`, __use_yte__, __definitions__) are not settings
+    flat = set()
+    for key, value in data.items():
+        if key.startswith("?"):
+            flat |= set(value)
+        elif not key.startswith("__"):
+            flat.add(key)
+    return flat
+
+
+def test_the_default_profile_sets_no_site_setting():
+    assert not keys("default") & SITE_KEYS
+
+
+@pytest.mark.parametrize("site", SITE_PROFILES)
+def test_a_site_profile_is_not_overridden_by_the_default_one(site):
+    assert not keys("default") & keys(site), "these keys of profiles/default would win"
+    assert "latency-wait" in keys(site)
+
+
+@pytest.mark.parametrize("site", SITE_PROFILES)
+def test_site_profiles_requeue_through_the_plugin(site):
+    assert "slurm-requeue" in keys(site)
