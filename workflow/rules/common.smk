@@ -1,6 +1,7 @@
 # Config checks, the run table, wildcard constraints and the one-line functions the rules call.
 # The logic lives in the scalestudy package (study/: config, runs, profiling, plan, resources),
 # unit-tested there. Nothing here reads study data or prints while Snakemake parses.
+import os
 import sys
 from pathlib import Path
 
@@ -17,6 +18,7 @@ def stop(message):
 try:
     from scalestudy import log, vocab
     from scalestudy.errors import WorkdirError
+    from scalestudy.jobs import gpu_slots
     from scalestudy.results import build_pdf as latex
     from scalestudy.results import plot as plots
     from scalestudy.study import config as studyconfig

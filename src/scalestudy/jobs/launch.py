@@ -32,6 +32,7 @@ import sys
 
 from scalestudy import log
 from scalestudy.errors import LaunchError
+from scalestudy.jobs import gpu_slots
 
 logger = log.get(__name__)
 
@@ -168,6 +169,16 @@ def build_command(args: argparse.Namespace, env: dict[str, str]) -> list[str]:
     ]
 
 
+def train_device(train_args: list[str]) -> str | None:
+    """The value of the trainer's --device flag, if given."""
+    for i, arg in enumerate(train_args):
+        if arg.startswith("--device="):
+            return arg.split("=", 1)[1]
+        if arg == "--device" and i + 1 < len(train_args):
+            return train_args[i + 1]
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     env = dict(os.environ)
     cmd = build_command(args, env)  # a LaunchError: one line from cli.main, exit 2
@@ -176,4 +187,8 @@ def run(args: argparse.Namespace) -> int:
     logger.info("+ " + shlex.join(cmd))
     if args.dry_run:
         return 0
+    if not env.get("SLURM_JOB_ID") and train_device(args.train_args) == "cuda":
+        # outside Slurm nothing else keeps two runs off one GPU (jobs/gpu_slots.py)
+        slots = gpu_slots.acquire(args.nodes * args.ranks_per_node, env)
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(slots)
     os.execvpe(cmd[0], cmd, env)

@@ -1,0 +1,111 @@
+"""GPU slots of one machine: local GPU runs never share a GPU.
+
+With the local executor (`snakemake` on a GPU workstation, `cores: all`) Snakemake starts as
+many training jobs as there are cores, and every rank would pick cuda:LOCAL_RANK: several runs
+on the same GPUs, each one's throughput a fraction of the truth, without a warning. Slurm gives
+each job its own GPUs; here `scalestudy launch` does, before it execs the ranks:
+
+- the machine's GPUs are the visible ones (CUDA_VISIBLE_DEVICES when set, else every device
+  torch counts), one slot each;
+- a run of W ranks waits until W slots are free, takes them all at once (all or nothing, under
+  one allocation lock, so two runs can never each hold half of what both need), and its ranks
+  see only those GPUs (CUDA_VISIBLE_DEVICES), as in a Slurm job;
+- a slot is an flock(2) on `<lock dir>/gpu-<id>.lock`, held by a file descriptor the trainer
+  inherits through exec: the kernel frees it when the last rank exits, killed or not, so a
+  crashed run never leaves a GPU taken.
+
+The lock directory (SCALESTUDY_GPU_SLOTS_DIR, default /tmp/scalestudy-gpu-slots) is per
+machine, so runs of different Snakemake invocations and studies share the same slots.
+A run wider than the machine is refused before any job (`refusal`, called in the Snakefile's
+onstart) and, started by hand, by `acquire` with the same line.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from pathlib import Path
+
+from scalestudy import log
+from scalestudy.errors import LaunchError
+
+logger = log.get(__name__)
+
+DEFAULT_DIR = "/tmp/scalestudy-gpu-slots"
+POLL_S = 2.0  # between tries while the slots are taken: runs last minutes, a start is seconds
+
+
+def lock_dir(env: dict[str, str]) -> Path:
+    return Path(env.get("SCALESTUDY_GPU_SLOTS_DIR") or DEFAULT_DIR)
+
+
+def visible_gpus(env: dict[str, str]) -> list[str]:
+    """The GPU ids ranks may use: CUDA_VISIBLE_DEVICES's entries (indices, GPU-/MIG- UUIDs)
+    when it is set, else 0..N-1 for the N devices torch counts."""
+    if "CUDA_VISIBLE_DEVICES" in env:
+        return [g.strip() for g in env["CUDA_VISIBLE_DEVICES"].split(",") if g.strip()]
+    import torch  # only for a machine whose GPUs are not listed in the environment
+
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def refusal(world_sizes: list[int], gpus: list[str]) -> str:
+    """One line when a run needs more GPUs than this machine shows, else ""."""
+    widest = max(world_sizes, default=0)
+    if widest <= len(gpus):
+        return ""
+    return (
+        f"a run of this study needs {widest} GPUs on one machine, and this one shows "
+        f"{len(gpus)} (CUDA_VISIBLE_DEVICES={','.join(gpus) or '(none)'}): local GPU runs get "
+        "one GPU per rank and never share; lower the study's world sizes to at most "
+        f"{len(gpus)} (families.*.gpus) or run it on a cluster (`snakemake --profile "
+        "profiles/slurm`)"
+    )
+
+
+def _try_take(directory: Path, gpus: list[str], n: int) -> list[tuple[str, int]]:
+    """Under the allocation lock: n free slots, locked, or none at all."""
+    taken: list[tuple[str, int]] = []
+    for gpu in gpus:
+        fd = os.open(directory / f"gpu-{gpu}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        taken.append((gpu, fd))
+        if len(taken) == n:
+            return taken
+    for _, fd in taken:  # not enough: give back what was taken, all or nothing
+        os.close(fd)
+    return []
+
+
+def acquire(n: int, env: dict[str, str], poll_s: float = POLL_S) -> list[str]:
+    """Wait for n free GPU slots of this machine, lock them for the life of this process and
+    its exec'd successors (inheritable descriptors), and return their ids."""
+    gpus = visible_gpus(env)
+    line = refusal([n], gpus)
+    if line:
+        raise LaunchError(line)
+    directory = lock_dir(env)
+    directory.mkdir(parents=True, exist_ok=True)
+    waited = False
+    while True:
+        guard = os.open(directory / "allocate.lock", os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(guard, fcntl.LOCK_EX)
+            taken = _try_take(directory, gpus, n)
+        finally:
+            os.close(guard)  # closing the descriptor releases the allocation lock
+        if taken:
+            for _, fd in taken:
+                os.set_inheritable(fd, True)  # held by the ranks after exec
+            ids = [gpu for gpu, _ in taken]
+            logger.info(f"GPU slots: {','.join(ids)} of {','.join(gpus)} ({directory})")
+            return ids
+        if not waited:
+            logger.info(f"GPU slots: waiting for {n} of {len(gpus)} GPUs ({directory})")
+            waited = True
+        time.sleep(poll_s)

@@ -1,0 +1,152 @@
+"""Local GPU slots (jobs/gpu_slots.py): real flock(2) locks held by real processes.
+
+No GPU is needed: the machine's GPUs are named by CUDA_VISIBLE_DEVICES, which is what the slots
+are taken from, and the "ranks" are shells started by `scalestudy launch` through --rank-prefix
+that record the environment they were given."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from scalestudy.errors import LaunchError
+from scalestudy.jobs import gpu_slots
+
+HOLD = textwrap.dedent(
+    """
+    import os, sys, time
+    from scalestudy.jobs import gpu_slots
+    env = {**os.environ}
+    ids = gpu_slots.acquire(int(sys.argv[1]), env, poll_s=0.05)
+    print(",".join(ids), flush=True)
+    time.sleep(float(sys.argv[2]))
+    """
+)
+
+
+def slot_env(tmp_path: Path, gpus: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "CUDA_VISIBLE_DEVICES": gpus,
+        "SCALESTUDY_GPU_SLOTS_DIR": str(tmp_path / "slots"),
+    }
+
+
+def hold(env: dict[str, str], n: int, seconds: float) -> subprocess.Popen:
+    """A process that takes n slots, prints them and keeps them for `seconds`."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(n), str(seconds)],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    return proc
+
+
+def test_visible_gpus_are_cuda_visible_devices_entries():
+    assert gpu_slots.visible_gpus({"CUDA_VISIBLE_DEVICES": "2, 3"}) == ["2", "3"]
+    uuid = "GPU-5ad8c3c4-0e5a-4b1e-9f1a-1c2b3d4e5f60"
+    assert gpu_slots.visible_gpus({"CUDA_VISIBLE_DEVICES": uuid}) == [uuid]
+    assert gpu_slots.visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == []
+
+
+def test_a_run_wider_than_the_machine_is_refused_in_one_line():
+    assert gpu_slots.refusal([1, 2, 4], ["0", "1", "2", "3"]) == ""
+    line = gpu_slots.refusal([1, 8], ["0", "1"])
+    assert "\n" not in line
+    assert "needs 8 GPUs" in line and "shows 2" in line and "families.*.gpus" in line
+    with pytest.raises(LaunchError, match="needs 3 GPUs"):
+        gpu_slots.acquire(3, {"CUDA_VISIBLE_DEVICES": "0,1"})
+
+
+def test_two_runs_get_different_gpus_and_a_third_waits_for_one(tmp_path):
+    env = slot_env(tmp_path, "0,1")
+    a, b = hold(env, 1, 3.0), hold(env, 1, 3.0)
+    got = {a.stdout.readline().strip(), b.stdout.readline().strip()}
+    assert got == {"0", "1"}  # never the same GPU twice
+    started = time.monotonic()
+    c = hold(env, 1, 0.0)
+    assert c.stdout.readline().strip() in {"0", "1"}
+    assert time.monotonic() - started > 1.0  # it waited until a or b exited
+    for proc in (a, b, c):
+        assert proc.wait(timeout=30) == 0
+
+
+def test_slots_are_all_or_nothing_and_freed_when_the_holder_dies(tmp_path):
+    env = slot_env(tmp_path, "0,1,2")
+    one = hold(env, 1, 60.0)
+    assert one.stdout.readline().strip() == "0"
+    three = hold(env, 3, 0.0)  # needs every GPU: waits, holding none meanwhile
+    two = hold(env, 2, 0.0)
+    assert set(two.stdout.readline().strip().split(",")) == {"1", "2"}
+    assert two.wait(timeout=30) == 0
+    one.kill()  # a crashed run: the kernel drops its lock
+    one.wait(timeout=30)
+    assert three.stdout.readline().strip() == "0,1,2"
+    assert three.wait(timeout=30) == 0
+
+
+def test_launch_gives_the_ranks_a_free_gpu_and_holds_it_while_they_run(tmp_path):
+    env = slot_env(tmp_path, "3,5")
+    holder = hold(env, 1, 60.0)
+    assert holder.stdout.readline().strip() == "3"
+    seen, probe = tmp_path / "env.txt", tmp_path / "probe.txt"
+    # the "rank" records its environment, then whether slot 5 is taken while it runs (a new
+    # open file description conflicts with the one the rank inherited)
+    script = tmp_path / "probe.py"
+    script.write_text(
+        "import fcntl, os\n"
+        f"fd = os.open({str(tmp_path / 'slots' / 'gpu-5.lock')!r}, os.O_RDWR)\n"
+        "try:\n"
+        "    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
+        "    print('free')\n"
+        "except BlockingIOError:\n"
+        "    print('held')\n"
+    )
+    prefix = f"sh -c 'env > {seen}; {sys.executable} {script} > {probe}' sh"
+    proc = subprocess.run(
+        [sys.executable, "-m", "scalestudy", "launch", "--rank-prefix", prefix]
+        + ["--", "--device", "cuda", "--epochs", "1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    holder.kill()
+    holder.wait(timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    rank_env = dict(line.split("=", 1) for line in seen.read_text().splitlines() if "=" in line)
+    assert rank_env["CUDA_VISIBLE_DEVICES"] == "5"
+    assert probe.read_text().strip() == "held"
+    assert "GPU slots: 5 of 3,5" in proc.stdout + proc.stderr
+    # after the run the slot is free again
+    assert gpu_slots.acquire(2, env) == ["3", "5"]
+
+
+def test_cpu_runs_and_slurm_jobs_take_no_slots(tmp_path):
+    env = slot_env(tmp_path, "0")
+    holder = hold(env, 1, 60.0)
+    assert holder.stdout.readline().strip() == "0"
+    seen = tmp_path / "env.txt"
+    try:
+        for device in ("cpu", None):
+            args = ["--device", device] if device else []
+            proc = subprocess.run(
+                [sys.executable, "-m", "scalestudy", "launch", "--rank-prefix"]
+                + [f"sh -c 'env > {seen}' sh", "--", *args, "--epochs", "1"],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=30,  # would block (the only GPU is taken) if it asked for a slot
+            )
+            assert proc.returncode == 0, proc.stderr
+            assert "CUDA_VISIBLE_DEVICES=0" in seen.read_text()  # left as it was
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
