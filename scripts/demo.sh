@@ -4,10 +4,19 @@
 # Extra arguments go to snakemake, e.g. `--config dataset=synthetic` (offline).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-SCALESTUDY_SKIP_APT=1 bash scripts/setup.sh
+# the venv, and as root TeX for reports/paper.pdf (not the Slurm packages: the demo needs none)
+SCALESTUDY_SKIP_SLURM_APT=1 bash scripts/setup.sh
 export PATH="$PWD/.venv/bin:$PATH"
 snakemake --configfile config/demo.yaml "$@"
 # the self-contained HTML report of the run (figures, tables, documents); not after a dry-run
 if [[ ! " $* " =~ \ (-n|--dry-run|--dryrun)\  ]]; then
     snakemake --configfile config/demo.yaml "$@" --report report.html
+    if [[ -f reports/paper.pdf ]]; then
+        echo "demo: done: reports/study.md, reports/paper.pdf, report.html, results/plots/"
+    else
+        echo "demo: done, without reports/paper.pdf (latexmk is not installed): run" \
+             "\`sudo apt-get install --no-install-recommends latexmk texlive-latex-base" \
+             "texlive-latex-recommended texlive-fonts-recommended lmodern\` (~40 s), then" \
+             "bash scripts/demo.sh again (only the PDF is built)"
+    fi
 fi

@@ -3,12 +3,14 @@
 #   - Debian packages for the local Slurm test cluster (slurm-wlm, munge, iproute2), as root;
 #   - a virtual environment .venv with the pinned packages of requirements.txt and this
 #     package installed editable.
-# Usage: bash scripts/setup.sh            (SCALESTUDY_SKIP_APT=1 skips the Debian packages)
+#   - as root, a lean TeX Live with latexmk for reports/paper.pdf.
+# Usage: bash scripts/setup.sh   (SCALESTUDY_SKIP_APT=1 skips every Debian package;
+#                                 SCALESTUDY_SKIP_SLURM_APT=1 only the Slurm ones: scripts/demo.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 apt_packages=(slurm-wlm munge iproute2 procps)
-if [[ "${SCALESTUDY_SKIP_APT:-0}" != 1 ]]; then
+if [[ "${SCALESTUDY_SKIP_APT:-0}" != 1 && "${SCALESTUDY_SKIP_SLURM_APT:-0}" != 1 ]]; then
     missing=()
     for p in "${apt_packages[@]}"; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
