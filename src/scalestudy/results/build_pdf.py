@@ -18,7 +18,9 @@ from scalestudy import log
 
 logger = log.get(__name__)
 
-TEX_PACKAGES = "latexmk texlive-latex-base texlive-latex-recommended texlive-fonts-recommended lmodern"
+TEX_PACKAGES = (
+    "latexmk texlive-latex-base texlive-latex-recommended texlive-fonts-recommended lmodern"
+)
 MISSING = (
     "latexmk is not installed, so reports/paper.pdf is not built (reports/paper.tex is); "
     f"install TeX with `apt-get install --no-install-recommends {TEX_PACKAGES}` "
