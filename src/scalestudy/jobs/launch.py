@@ -32,7 +32,7 @@ import sys
 
 from scalestudy import log
 from scalestudy.errors import LaunchError
-from scalestudy.jobs import gpu_slots
+from scalestudy.jobs.gpu_slots import acquire as acquire_gpu_slots
 
 logger = log.get(__name__)
 
@@ -189,6 +189,6 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if not env.get("SLURM_JOB_ID") and train_device(args.train_args) == "cuda":
         # outside Slurm nothing else keeps two runs off one GPU (jobs/gpu_slots.py)
-        slots = gpu_slots.acquire(args.nodes * args.ranks_per_node, env)
+        slots = acquire_gpu_slots(args.nodes * args.ranks_per_node, env)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(slots)
     os.execvpe(cmd[0], cmd, env)
