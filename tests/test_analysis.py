@@ -193,6 +193,26 @@ def test_resources_measured_and_projected():
     assert p["node_hours_ideal"] == pytest.approx(2 / 3)
 
 
+def test_resources_energy_kwh_from_measured_joules_per_image():
+    """kWh = sum of energy_j_per_img x epochs x steps_per_epoch x global_batch / 3.6e6, per
+    family and for the study (a run in two families counted once there); null when any run of
+    the family lacks a measured J/img, never a partial sum."""
+    a = run("a", "strong;weak", 4, 64, 1000) | {"epochs": "10", "steps_per_epoch": "195"}
+    b = run("b", "strong", 8, 32, 1000) | {"epochs": "10", "steps_per_epoch": "195"}
+    a["energy_j_per_img"], b["energy_j_per_img"] = "0.5", "0.25"
+    images_a, images_b = 10 * 195 * 4 * 64, 10 * 195 * 8 * 32
+    kwh_a, kwh_b = 0.5 * images_a / 3.6e6, 0.25 * images_b / 3.6e6
+    measured = {r["family"]: r for r in analysis.resources([a, b], 4) if r["kind"] == "measured"}
+    assert measured["strong"]["energy_kwh"] == pytest.approx(kwh_a + kwh_b)
+    assert measured["weak"]["energy_kwh"] == pytest.approx(kwh_a)
+    assert measured["all (each run once)"]["energy_kwh"] == pytest.approx(kwh_a + kwh_b)
+    b["energy_j_per_img"] = ""  # b ran on a GPU without the counter (or on a CPU)
+    measured = {r["family"]: r for r in analysis.resources([a, b], 4) if r["kind"] == "measured"}
+    assert measured["strong"]["energy_kwh"] is None
+    assert measured["weak"]["energy_kwh"] == pytest.approx(kwh_a)  # all of weak's runs measured
+    assert measured["all (each run once)"]["energy_kwh"] is None
+
+
 def test_profile_shares_of_rank_zero_and_bad_category(tmp_path):
     shares = analysis.profile_shares(FIXTURES / "profile_kernels.csv")
     by = {(r["run"], r["category"]): r["share"] for r in shares}

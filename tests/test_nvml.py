@@ -5,14 +5,29 @@ real path (pynvml on a GPU node) is the same NvmlSampler and nvml_read."""
 from __future__ import annotations
 
 import csv
+import functools
+import os
 import time
 from types import SimpleNamespace
 
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
 from scalestudy import log
-from scalestudy.trainer.measure import GPU_SAMPLE_COLUMNS, NvmlSampler, nvml_handle, nvml_read
+from scalestudy.trainer import measure
+from scalestudy.trainer.config import TrainConfig
+from scalestudy.trainer.dist import free_port
+from scalestudy.trainer.measure import (
+    GPU_SAMPLE_COLUMNS,
+    EnergyCounter,
+    NvmlSampler,
+    energy_total,
+    nvml_handle,
+    nvml_read,
+)
+from scalestudy.trainer.state import RunState
 
 
 class StandInNVML:
@@ -35,6 +50,21 @@ class StandInNVML:
 
     def nvmlDeviceGetPowerUsage(self, handle):
         return 612_345  # mW
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle):
+        """mJ since the driver loaded, monotonic: this stand-in's GPU uses 50 J between reads."""
+        self.energy_mj = getattr(self, "energy_mj", 7_000_000) + 50_000
+        return self.energy_mj
+
+
+class StandInNVMLOld(StandInNVML):
+    """A pre-Volta GPU: NVML answers NotSupported for the energy counter."""
+
+    class NVMLError_NotSupported(Exception):
+        pass
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle):
+        raise self.NVMLError_NotSupported("Not Supported")
 
 
 def test_nvml_read_converts_to_the_columns_units():
@@ -137,3 +167,138 @@ def test_nvml_handle_names_what_it_tried_when_nothing_matches():
         nvml_handle(StandInNVMLDevices(), cuda_props("ffffffff-0000", bus=0x99))
     msg = str(e.value)
     assert "GPU-ffffffff-0000" in msg and "MIG-ffffffff-0000" in msg and "00000000:99:00.0" in msg
+
+
+# --- energy: NVML's total-energy counter over the throughput window -------------------------
+
+EPOCHS, STEPS, BATCH = 2, 4, 8  # per rank; the 1 warm-up step is the first of the segment
+
+
+def drive_window(meter, state) -> None:
+    """The training loop's hooks as loop.py calls them, without a model (nothing to train)."""
+    meter.start(state)
+    for _ in range(EPOCHS):
+        meter.epoch_start()
+        for i in range(STEPS):
+            meter.before_step(state.step, seen=i * BATCH)
+            state.step += 1
+        meter.epoch_end(state, seen=STEPS * BATCH)
+
+
+def reduce_energy_over_ranks(tmp_path, gpus: list[str | None]) -> list[dict]:
+    """Real gloo ranks, one per entry of `gpus`: the stand-in GPU's UUID, or None (a CPU rank)."""
+    results = mp.Manager().dict()
+    mp.spawn(
+        _energy_entry,
+        args=(len(gpus), free_port(), gpus, str(tmp_path), results),
+        nprocs=len(gpus),
+    )
+    return [results[r] for r in range(len(gpus))]
+
+
+def _energy_entry(rank, world, port, gpus, out, results):
+    """One rank: its Meter reads its GPU's counter through the NVML stand-in (Meter.start sets
+    the counter from NvmlSampler on a real GPU; here the test sets it)."""
+    state = RunState()
+    os.environ.update(LOCAL_RANK=str(rank), SLURMD_NODENAME="node1")
+    measure.ENERGY_UPDATE_S = 1e-9  # the stand-in's counter changes on every read
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
+    meter = measure.Meter(TrainConfig(out=out, warmup_steps=1), torch.device("cpu"), rank)
+    nvml = StandInNVML()
+    if gpus[rank] is not None:
+        read = functools.partial(nvml.nvmlDeviceGetTotalEnergyConsumption, None)
+        meter.energy = EnergyCounter(read, gpus[rank])
+    drive_window(meter, state)
+    results[rank] = {**meter.reduce_energy(world), "window_images": state.window_images}
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize(
+    ("gpus", "readers"),
+    [(["GPU-same", "GPU-same"], 1), (["GPU-a", "GPU-b"], 2)],
+    ids=["two-ranks-one-gpu", "two-ranks-two-gpus"],
+)
+def test_energy_is_counted_once_per_gpu(tmp_path, gpus, readers):
+    """2 real gloo ranks; each reads its stand-in counter at 2 window opens and 2 epoch ends (50 J
+    between reads: 100 J per reader). Ranks sharing a GPU each see the whole GPU's counter, so
+    it is counted once; on two GPUs both count."""
+    results = reduce_energy_over_ranks(tmp_path, gpus)
+    assert results[0] == results[1]  # every rank gets the same metrics
+    images = 2 * results[0]["window_images"]  # both ranks' window images
+    assert results[0]["window_images"] == (EPOCHS * STEPS - 1) * BATCH
+    expected_j = readers * EPOCHS * 50.0
+    assert results[0]["energy_j"] == pytest.approx(expected_j)
+    assert results[0]["energy_j_per_img"] == pytest.approx(expected_j / images)
+    assert results[0]["energy_source"] == "nvml_total_energy"
+
+
+def test_energy_is_null_on_cpu(tmp_path):
+    """A CPU run has no counter: null with the reason, never an estimate (RAPL is not read)."""
+    (result,) = reduce_energy_over_ranks(tmp_path, [None])
+    assert result["window_images"] == (EPOCHS * STEPS - 1) * BATCH  # the window was there
+    del result["window_images"]
+    assert result == {
+        "energy_j": None,
+        "energy_j_per_img": None,
+        "energy_source": None,
+        "energy_unmeasured": "no GPU",
+    }
+
+
+def test_energy_is_null_when_the_counter_is_not_supported():
+    nvml = StandInNVMLOld()
+    counter = EnergyCounter(lambda: nvml.nvmlDeviceGetTotalEnergyConsumption(None), "GPU-old")
+    counter.open()
+    counter.close(seconds=600.0, images=10_000)
+    result = counter.result()
+    assert result["joules"] is None
+    assert result["reason"] == "NVML energy counter unavailable: Not Supported"
+
+
+def test_one_gpu_without_a_counter_makes_the_total_null():
+    """A partial sum over GPUs would be a guess about the missing one: null instead."""
+    good = {"joules": 100.0, "images": 50, "reason": None, "key": ("n", "GPU-a", 0)}
+    bad = measure.energy_unmeasured("NVML unavailable") | {"key": ("n", "GPU-b", 1)}
+    total = energy_total([good, bad])
+    assert total["energy_j"] is None and total["energy_unmeasured"] == "NVML unavailable"
+
+
+def test_a_window_too_short_for_the_counter_is_refused():
+    """Each read may lag by one update (ENERGY_UPDATE_S): 2 spans of 1 s with 0.1 s updates
+    bound the error at 2 * 2 * 0.1 / 2 = 20% > ENERGY_MAX_ERROR: refused, not reported."""
+    nvml = StandInNVML()
+    counter = EnergyCounter(lambda: nvml.nvmlDeviceGetTotalEnergyConsumption(None), "GPU-a")
+    for _ in range(2):
+        counter.open()
+        counter.close(seconds=1.0, images=100)
+    bound = 2 * 2 * measure.ENERGY_UPDATE_S / 2.0
+    assert bound > measure.ENERGY_MAX_ERROR
+    result = counter.result()
+    assert result["joules"] is None and "window too short" in result["reason"]
+    # the same spans over a long enough window are reported: 50 J per span
+    long_enough = 2 * 2 * measure.ENERGY_UPDATE_S / measure.ENERGY_MAX_ERROR
+    counter.seconds = long_enough
+    assert counter.result()["joules"] == pytest.approx(100.0)
+
+
+def test_a_counter_that_goes_backwards_is_refused():
+    reads = iter([5_000_000, 1_000])  # the driver reloaded between the reads
+    counter = EnergyCounter(lambda: next(reads), "GPU-a")
+    counter.open()
+    counter.close(seconds=600.0, images=100)
+    assert counter.result()["joules"] is None
+
+
+def test_sampler_gives_its_gpus_energy_counter_by_uuid():
+    """On a GPU node NvmlSampler.start() keeps pynvml and the handle; the counter reads that
+    handle's nvmlDeviceGetTotalEnergyConsumption and names the GPU by UUID."""
+    sampler = NvmlSampler(torch.device("cpu"))
+    assert sampler.energy_counter().result()["reason"] == "NVML unavailable"
+    nvml = StandInNVML()
+    sampler.pynvml, sampler.handle, sampler.uuid = nvml, "handle", "1111bbbb"
+    counter = sampler.energy_counter()
+    counter.open()
+    counter.close(seconds=600.0, images=10)
+    assert counter.gpu == "1111bbbb" and counter.result()["joules"] == pytest.approx(50.0)

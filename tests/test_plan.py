@@ -128,6 +128,41 @@ def test_calibration_levels_and_startup():
     assert not any(e.calibrated for e in plan.estimate_runs(config, rows, measured))
 
 
+def test_energy_from_measured_joules_per_image_else_not_measured():
+    """kWh of a run = J/img x epochs x N_train / 3.6e6 with J/img measured at the same precision
+    and world size; a family or study total is null while any of its runs has none."""
+    config = small_config()
+    rows = build_run_table(config)
+    per_img = {run: 0.1 * (i + 1) for i, run in enumerate(HAND)}  # J/img, made up for the test
+    measured = [
+        measured_row(r, 50.0, HAND[r][1], energy_j_per_img=str(j)) for r, j in per_img.items()
+    ]
+    kwh = {r: j * 2 * 1200 / 3.6e6 for r, j in per_img.items()}  # 2 epochs of 1200 images
+
+    # only w1 fp32 measured: the w2/w4 fp32 runs are not guessed from it
+    est = {e.run: e for e in plan.estimate_runs(config, rows, measured[:1])}
+    assert est["w1_lb8_fp32_ddp_bk25_r0"].energy_kwh == pytest.approx(
+        kwh["w1_lb8_fp32_ddp_bk25_r0"]
+    )
+    assert est["w1_lb8_fp32_ddp_bk25_r0"].energy_basis == "run"
+    w4 = est["w4_lb2_fp32_ddp_bk25_r0"]
+    assert w4.energy_kwh is None and w4.energy_basis == "not measured"
+    t = plan.totals(list(est.values()))
+    assert t["total"].energy_kwh is None and t["family"]["precision"].energy_kwh is None
+    md = plan.plan_markdown(config, list(est.values()), [])
+    assert "| **total** | 4 |" in md and md.count("not measured |") == 3  # 2 families + total
+
+    t = plan.totals(plan.estimate_runs(config, rows, measured))  # every run measured
+    assert t["total"].energy_kwh == pytest.approx(sum(kwh.values()))
+    strong = [r for r in HAND if r != "w1_lb8_bf16_ddp_bk25_r0"]
+    assert t["family"]["strong"].energy_kwh == pytest.approx(sum(kwh[r] for r in strong))
+    text = plan.plan_csv_text(plan.estimate_runs(config, rows, measured))
+    csv_rows = {r["run"]: r for r in csv.DictReader(io.StringIO(text))}
+    assert float(csv_rows["w4_lb2_fp32_ddp_bk25_r0"]["energy_kwh"]) == pytest.approx(
+        kwh["w4_lb2_fp32_ddp_bk25_r0"], abs=1e-6
+    )
+
+
 def test_a_run_is_done_only_when_measured_with_this_configuration():
     config = small_config()
     rows = build_run_table(config)

@@ -51,6 +51,9 @@ def test_metrics_has_every_key_and_sane_values(ddp_run):
     assert m["matmul_fp32_precision"] == m["cudnn_fp32_precision"] == "ieee"
     assert m["autocast_dtype"] is None and m["cudnn_benchmark"] is False
     assert m["gpu_util_ranks"] == 0
+    # no GPU energy counter on a CPU: null with the reason, never estimated (RAPL is not read)
+    assert (m["energy_j"], m["energy_j_per_img"], m["energy_source"]) == (None, None, None)
+    assert m["energy_unmeasured"] == "no GPU"
     phases = [m[f"phase_frac_{p}"] for p in ("data", "forward", "backward", "optimizer")]
     assert all(0 < f < 1 for f in phases) and sum(phases) <= 1 + 1e-9
     assert m["phase_frac_communication"] == 0.0  # DDP overlaps it inside backward

@@ -5,7 +5,8 @@ format cells; tests/test_report.py checks that):
 
     scaling.csv    one row per family and configuration (mean / std / n over repeats)
     verdicts.csv   each target of the study (config `report.targets`) with the measured value
-    resources.csv  node-hours and GPU-hours spent per family, and projected at k x the largest scale
+    resources.csv  node-hours and GPU-hours spent per family, projected at k x the largest scale,
+                   and GPU energy in kWh per family and study (measured J/img: resources())
     system.csv     system, software and study facts (key, value)
 
 Definitions (X = throughput_img_s, the steady-state images/s of a run summed over ranks, see
@@ -362,7 +363,28 @@ RESOURCE_COLUMNS = (
     "node_hours",
     "gpu_hours",
     "node_hours_ideal",
+    "energy_kwh",
 )
+J_PER_KWH = 3.6e6
+
+
+def energy_kwh(members: list[dict]) -> float | None:
+    """GPU energy of the runs' training in kWh, from each run's measured J/img (NVML's counter
+    over its steady-state window, train.py) x the images it trained:
+
+        kWh = sum over runs of energy_j_per_img x epochs x steps_per_epoch x global_batch / 3.6e6
+
+    GPUs only (no CPU, network or cooling), training steps only (evaluation and warm-up are
+    charged at the window's rate). None when any run lacks a measured J/img: a partial sum would
+    be a guess about the missing runs."""
+    total = 0.0
+    for r in members:
+        per_img = files.number(r.get("energy_j_per_img"))
+        if per_img is None:
+            return None
+        images = int(r["epochs"]) * int(r["steps_per_epoch"]) * int(r["global_batch"])
+        total += per_img * images
+    return total / J_PER_KWH
 
 
 def resources(runs: list[dict], gpus_per_node: int) -> list[dict]:
@@ -399,6 +421,7 @@ def resources(runs: list[dict], gpus_per_node: int) -> list[dict]:
                 "runs": len(members),
                 "node_hours": node_h,
                 "gpu_hours": gpu_h,
+                "energy_kwh": energy_kwh(members),
             }
         )
     node_h, gpu_h = spent(runs)
@@ -409,6 +432,7 @@ def resources(runs: list[dict], gpus_per_node: int) -> list[dict]:
             "runs": len(runs),
             "node_hours": node_h,
             "gpu_hours": gpu_h,
+            "energy_kwh": energy_kwh(runs),
         }
     )
     for family in vocab.FAMILIES:

@@ -28,6 +28,12 @@ the same world size (else over all measured runs), with X the run's measured thr
 It absorbs interpreter and torch start-up, data loading, process-group set-up, the slower
 warm-up steps, the communication probe and writing outputs.
 
+Energy (GPU, training runs only): a run's kWh = J/img x epochs x N_train / 3.6e6, with J/img the
+mean measured energy_j_per_img (NVML's counter over the window, train.py) of measured runs at
+the first of the levels run, batch, world size (same precision and world size: energy per image
+changes with communication, so it is not carried to other world sizes). Without such a run the
+energy is None ("not measured"): there is no default guess.
+
 study/plan.py sums these estimates into the plan (tables, reports/plan.md, the dry-run table).
 """
 
@@ -53,6 +59,9 @@ BASE_KEY = ("device", "model", "width", "strategy", "loader", "compile", "comm_h
 # ... and in the image size: MNIST's 28x28x1 images cost less than CIFAR-10's (synthetic has
 # CIFAR-10's shape, so offline runs calibrate a CIFAR-10 study)
 LEVELS = ("run", "batch", "world size", "precision")
+# the levels whose measured J/img a run's energy estimate may take (same precision and world size)
+ENERGY_LEVELS = ("run", "batch", "world size")
+J_PER_KWH = 3.6e6
 # numeric columns of results/csv/runs.csv the calibration reads
 MEASURED_NUMBERS = (
     "world_size",
@@ -84,6 +93,8 @@ PLAN_COLUMNS = (
     "slurm_runtime_min",
     "node_hours",
     "gpu_hours",
+    "energy_kwh",
+    "energy_basis",
     "done",
 )
 
@@ -110,6 +121,8 @@ class Estimate:
     startup_s: float = 0.0
     slurm_runtime_min: int = 0
     done: bool = False
+    energy_j_per_img: float | None = None  # measured on comparable runs; None: not measured
+    energy_basis: str = "not measured"
 
     @property
     def node_hours(self) -> float:
@@ -118,6 +131,13 @@ class Estimate:
     @property
     def gpu_hours(self) -> float:
         return self.gpus * self.runtime_s / 3600
+
+    @property
+    def energy_kwh(self) -> float | None:
+        """GPU energy of the run's training: J/img x epochs x N_train / 3.6e6 (None unmeasured)."""
+        if self.energy_j_per_img is None:
+            return None
+        return self.energy_j_per_img * self.epochs * self.train_images / J_PER_KWH
 
     @property
     def calibrated(self) -> bool:
@@ -261,8 +281,12 @@ class Calibration:
         plan = self.config["plan"]
         self._levels: dict[tuple, list[float]] = {}
         self._startup: dict[tuple, list[float]] = {}
+        self._energy: dict[tuple, list[float]] = {}
         for row in self.measured if plan["calibrate"] else []:
             base = _base(row)
+            per_img = as_float(row.get("energy_j_per_img"))
+            for level in ENERGY_LEVELS if per_img is not None else ():
+                self._energy.setdefault((base, level, _level_key(level, row)), []).append(per_img)
             w, nodes = int(float(row["world_size"])), int(float(row["nodes"]))
             per_rank = float(row["throughput_img_s_per_rank"])
             for level in LEVELS:
@@ -283,6 +307,14 @@ class Calibration:
                 return (mean * eta if level == "precision" else mean), level
         return plan["throughput_img_s_per_gpu"][row["precision"]] * eta, "default"
 
+    def energy_per_image(self, row: dict) -> tuple[float | None, str]:
+        """Mean measured J/img at the first level that has one; (None, "not measured") else."""
+        for level in ENERGY_LEVELS:
+            values = self._energy.get((_base(row), level, _level_key(level, row)))
+            if values:
+                return statistics.fmean(values), level
+        return None, "not measured"
+
     def startup(self, row: dict) -> tuple[float, str]:
         for key, basis in (
             ((_base(row), row["world_size"]), "world size"),
@@ -298,6 +330,7 @@ def estimate_run(config: dict, row: dict, calibration: Calibration, done: bool =
     """The Estimate of one run-table row."""
     per_rank, basis = calibration.throughput_per_rank(row)
     startup, startup_basis = calibration.startup(row)
+    per_img, energy_basis = calibration.energy_per_image(row)
     n_train, n_test = dataset_sizes(config, row)
     throughput = per_rank * row["world_size"]
     runtime = compute_seconds(row["epochs"], n_train, n_test, throughput, config["plan"]) + startup
@@ -320,6 +353,8 @@ def estimate_run(config: dict, row: dict, calibration: Calibration, done: bool =
         startup_s=startup,
         slurm_runtime_min=slurm_runtime_min(runtime, config),
         done=done,
+        energy_j_per_img=per_img,
+        energy_basis=energy_basis,
     )
 
 

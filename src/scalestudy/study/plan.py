@@ -48,6 +48,7 @@ class Total:
     jobs: int
     node_hours: float
     gpu_hours: float
+    energy_kwh: float | None = None  # training runs' GPU energy; None when any is unmeasured
 
 
 def _sum(estimates: Iterable[Estimate]) -> Total:
@@ -56,7 +57,19 @@ def _sum(estimates: Iterable[Estimate]) -> Total:
         len(estimates),
         sum(e.node_hours for e in estimates),
         sum(e.gpu_hours for e in estimates),
+        _energy(e for e in estimates if e.rule == "train"),
     )
+
+
+def _energy(estimates: Iterable[Estimate]) -> float | None:
+    """Sum of the runs' estimated kWh; None when any run has no measured J/img to estimate it
+    from (a partial sum would pass for the whole), or when there is no run."""
+    kwh = [e.energy_kwh for e in estimates]
+    return sum(kwh) if kwh and None not in kwh else None
+
+
+def kwh_cell(kwh: float | None) -> str:
+    return "not measured" if kwh is None else f"{kwh:.3g}"
 
 
 def totals(estimates: list[Estimate]) -> dict:
@@ -217,6 +230,7 @@ def plan_csv_text(estimates: list[Estimate]) -> str:
             runtime_s=round(e.runtime_s, 3),
             throughput_img_s=round(e.throughput_img_s, 3),
             startup_s=round(e.startup_s, 3),
+            energy_kwh=None if e.energy_kwh is None else round(e.energy_kwh, 6),
             done=str(e.done).lower(),
         )
         writer.writerow([values[c] for c in PLAN_COLUMNS])
@@ -278,14 +292,19 @@ def plan_markdown(config: dict, estimates: list[Estimate], check: list[dict]) ->
         "",
         "A run shared by several families counts in each family; the total counts it once.",
         "",
+        "GPU energy (kWh, training runs, no contingency) = sum of J/img x epochs x N_train / "
+        "3.6e6, J/img measured (NVML) on runs of the same precision and world size; `not "
+        "measured` when any run of the row has no such measurement.",
+        "",
         "| family | runs | node-hours | GPU-hours | node-hours with contingency | "
-        "GPU-hours with contingency |",
-        "|---|---|---|---|---|---|",
+        "GPU-hours with contingency | GPU energy kWh |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, s in [*t["family"].items(), ("**total**", t["total"])]:
         lines.append(
             f"| {name} | {s.jobs} | {s.node_hours:.2f} | {s.gpu_hours:.2f} | "
-            f"{s.node_hours * (1 + c):.2f} | {s.gpu_hours * (1 + c):.2f} |"
+            f"{s.node_hours * (1 + c):.2f} | {s.gpu_hours * (1 + c):.2f} | "
+            f"{kwh_cell(s.energy_kwh)} |"
         )
     lines += [
         "",

@@ -57,6 +57,8 @@ class Meter:
         self.timer = StepTimer(device)
         cuda = device.type == "cuda"
         self.nvml = NvmlSampler(device, out=Path(cfg.out), rank=rank) if cuda else None
+        # this rank's GPU's energy counter over the window (set in start(); tests set a stand-in)
+        self.energy: EnergyCounter | None = None
         self.segment_start = 0  # the optimizer step this segment started from
         self.loop_start = 0.0
         self.in_window = False  # the current step is inside the window
@@ -71,6 +73,7 @@ class Meter:
         self.loop_start = time.perf_counter()
         if self.nvml:
             self.nvml.start()
+            self.energy = self.energy or self.nvml.energy_counter()
 
     def epoch_start(self) -> None:
         self.window_t0 = None
@@ -88,6 +91,8 @@ class Meter:
                 logger.info(f"steady-state window opens at step {step}")
             device_sync(self.device)  # the window starts on an idle device
             self.window_t0, self.window_seen0 = time.perf_counter(), seen
+            if self.energy:
+                self.energy.open()
 
     def step_start(self) -> None:
         self.timer.start()
@@ -106,8 +111,11 @@ class Meter:
         epoch_time = time.perf_counter() - self.epoch_t0
         state.train_seconds += epoch_time
         if self.window_t0 is not None:
-            state.window_time += time.perf_counter() - self.window_t0
+            window_time = time.perf_counter() - self.window_t0
+            state.window_time += window_time
             state.window_images += seen - self.window_seen0
+            if self.energy:
+                self.energy.close(window_time, seen - self.window_seen0)
         for st in self.timer.collect():
             if st["in_window"]:
                 state.window_step_times.append(st["total"])
@@ -177,8 +185,19 @@ class Meter:
             "peak_mem_source": "cuda_max_allocated" if device.type == "cuda" else "process_max_rss",
             "gpu_util_mean": statistics.fmean(sampled) if sampled else None,
             "gpu_util_ranks": len(sampled),  # ranks whose NVML samples make up the mean
+            **self.reduce_energy(world_size),
             "hostnames": sorted(set(hosts)),
         }
+
+    def reduce_energy(self, world_size: int) -> dict:
+        """energy_j / energy_j_per_img / energy_source over all ranks (every rank calls it): each
+        GPU counted once, by the lowest local rank on it (ranks sharing a GPU each see the whole
+        GPU's counter); null when any GPU's counter is missing or refused, never estimated."""
+        mine = self.energy.result() if self.energy else energy_unmeasured("no GPU")
+        mine["key"] = (sdist.hostname(), mine.pop("gpu", None), sdist.detect().local_rank)
+        everyone: list = [None] * world_size
+        dist.all_gather_object(everyone, mine)
+        return energy_total(everyone)
 
 
 def environment(device: torch.device) -> dict:
@@ -409,6 +428,98 @@ def nvml_read(pynvml, handle) -> dict:
     }
 
 
+# NVML's total-energy counter (nvmlDeviceGetTotalEnergyConsumption: mJ since the driver was last
+# loaded, Volta and newer; NVML API reference / cuda.bindings.nvml docs) is updated coarsely,
+# "approximately every 100 ms" (ml.energy blog, "Thermally Stable Profiling for Accurate GPU
+# Energy Measurement"; Zeus v0.6.1 notes the period can exceed a short window). NVIDIA does not
+# document the period, so this is the best available figure, not a datasheet value.
+ENERGY_UPDATE_S = 0.1
+# A read lags the true count by at most one update, so each epoch's span (two reads) can be off by
+# up to 2 updates' worth of energy: relative error <= 2 * spans * ENERGY_UPDATE_S / window_s.
+# A window whose bound exceeds this is refused (null + reason), never reported.
+ENERGY_MAX_ERROR = 0.02
+
+
+def energy_unmeasured(reason: str) -> dict:
+    return {"joules": None, "images": 0, "reason": reason}
+
+
+class EnergyCounter:
+    """One GPU's NVML energy counter over the throughput window, as read by one rank: read at
+    each epoch's window open and at the epoch's end (the device synchronised both times), the
+    deltas summed. `read_mj()` returns the counter in mJ (nvmlDeviceGetTotalEnergyConsumption);
+    `gpu` names the physical GPU (its UUID), so ranks sharing it are counted once."""
+
+    def __init__(self, read_mj, gpu: str) -> None:
+        self.read_mj, self.gpu = read_mj, gpu
+        self.mj, self.spans, self.seconds, self.images = 0, 0, 0.0, 0
+        self.open_mj: int | None = None
+        self.error: str | None = None
+
+    def _read(self) -> int | None:
+        if self.error is None:
+            try:
+                return int(self.read_mj())
+            except Exception as exc:  # NVMLError_NotSupported (pre-Volta, some vGPUs) and friends
+                self.error = f"NVML energy counter unavailable: {exc}"
+        return None
+
+    def open(self) -> None:
+        self.open_mj = self._read()
+
+    def close(self, seconds: float, images: int) -> None:
+        """The epoch's window span ends: `seconds` and `images` of this rank in the span."""
+        end, start, self.open_mj = self._read(), self.open_mj, None
+        if end is None or start is None:
+            return
+        if end < start:  # the driver reloaded (the counter restarts at 0)
+            self.error = "NVML energy counter went backwards (driver reloaded?)"
+            return
+        self.mj += end - start
+        self.spans, self.seconds, self.images = (
+            self.spans + 1,
+            self.seconds + seconds,
+            self.images + images,
+        )
+
+    def result(self) -> dict:
+        """{"joules", "images", "reason", "gpu"}: joules None (with the reason) when refused."""
+        out = {"gpu": self.gpu}
+        if self.error:
+            return out | energy_unmeasured(self.error)
+        if self.spans == 0:
+            return out | energy_unmeasured("no window span was read")
+        bound = 2 * self.spans * ENERGY_UPDATE_S / self.seconds if self.seconds > 0 else 1.0
+        if bound > ENERGY_MAX_ERROR:
+            reason = (
+                f"window too short for the energy counter: {self.seconds:.1f} s over "
+                f"{self.spans} spans, error bound {bound:.1%} > {ENERGY_MAX_ERROR:.0%}"
+            )
+            return out | energy_unmeasured(reason)
+        return out | {"joules": self.mj / 1e3, "images": self.images, "reason": None}
+
+
+def energy_total(readings: list[dict]) -> dict:
+    """Every rank's EnergyCounter.result() (with "key" = (host, gpu, local_rank)) -> the metrics:
+    energy_j = sum over GPUs of the lowest local rank's joules; energy_j_per_img = energy_j /
+    the images all ranks trained in the counted spans; null when any GPU has no number."""
+    null = {"energy_j": None, "energy_j_per_img": None, "energy_source": None}
+    problems = sorted({r["reason"] for r in readings if r["joules"] is None})
+    if problems:
+        return null | {"energy_unmeasured": "; ".join(problems)}
+    readers: dict = {}
+    for r in sorted(readings, key=lambda r: r["key"][2]):
+        readers.setdefault(r["key"][:2], r)  # (host, gpu) -> its lowest local rank's reading
+    joules = sum(r["joules"] for r in readers.values())
+    images = sum(r["images"] for r in readings)
+    return {
+        "energy_j": joules,
+        "energy_j_per_img": joules / images if images else None,
+        "energy_source": "nvml_total_energy",
+        "energy_unmeasured": None,
+    }
+
+
 def nvml_handle(pynvml, props):
     """NVML's handle of the CUDA device whose torch.cuda.get_device_properties are `props`: by
     UUID (GPU-... or, for a MIG instance, MIG-...), else by PCI bus id. Never by index:
@@ -452,6 +563,7 @@ class NvmlSampler:
         self.stop_event = threading.Event()
         self.thread: threading.Thread | None = None
         self.physical = self.index
+        self.pynvml, self.handle, self.uuid = None, None, ""
 
     def start(self) -> None:
         handle = None
@@ -463,6 +575,7 @@ class NvmlSampler:
                 props = torch.cuda.get_device_properties(self.index)
                 handle = nvml_handle(pynvml, props)
                 self.physical = pynvml.nvmlDeviceGetIndex(handle)
+                self.pynvml, self.handle, self.uuid = pynvml, handle, str(props.uuid)
                 self.read = functools.partial(nvml_read, pynvml)
             except Exception as exc:  # no NVML: the value stays null, never a made-up 0
                 logger.warning(f"NVML unavailable ({exc}); gpu_util_mean will be null")
@@ -488,6 +601,15 @@ class NvmlSampler:
 
         self.thread = threading.Thread(target=loop, daemon=True)
         self.thread.start()
+
+    def energy_counter(self) -> EnergyCounter:
+        """The energy counter of this GPU (a counter without NVML reports why it is null)."""
+        if self.pynvml is None:
+            counter = EnergyCounter(lambda: None, gpu=f"cuda:{self.index}")
+            counter.error = "NVML unavailable"
+            return counter
+        read = functools.partial(self.pynvml.nvmlDeviceGetTotalEnergyConsumption, self.handle)
+        return EnergyCounter(read, gpu=self.uuid)
 
     def stop(self) -> float | None:
         if self.thread is None:

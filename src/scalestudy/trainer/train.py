@@ -45,6 +45,13 @@ How the numbers are measured (the analysis relies on these definitions):
 - gpu_util_mean: mean NVML utilisation sampled every 0.5 s during training, averaged over the
   gpu_util_ranks ranks that have samples (the device is found by UUID/PCI bus id, not index);
   null without a GPU or NVML.
+- energy_j: NVML's total-energy counter (nvmlDeviceGetTotalEnergyConsumption) read at each
+  epoch's window open and end, deltas summed, over the GPUs (each counted once: ranks sharing a
+  GPU see the whole GPU); energy_j_per_img = energy_j / the images of the read spans (all ranks;
+  = window_images unless resumed: only the last segment is read); energy_source
+  "nvml_total_energy". Null, with the reason in energy_unmeasured, on CPU (RAPL is not read),
+  without the counter on any GPU, or when the window is too short for its ~0.1 s update period
+  (measure.ENERGY_MAX_ERROR); never estimated.
 - backend: the process-group backend in effect (--backend auto resolved: nccl on CUDA, gloo on
   CPU). matmul_fp32_precision / cudnn_fp32_precision: "ieee" or "tf32" as torch reports them
   after set-up; cudnn_benchmark, autocast_dtype, channels_last_inputs/_weights likewise
