@@ -102,7 +102,7 @@ def test_launch_gives_the_ranks_a_free_gpu_and_holds_it_while_they_run(tmp_path)
     script = tmp_path / "probe.py"
     script.write_text(
         "import fcntl, os\n"
-        f"fd = os.open({str(tmp_path / 'slots' / 'gpu-5.lock')!r}, os.O_RDWR)\n"
+        f"fd = os.open({str(tmp_path / 'slots' / 'gpu-5.lock')!r}, os.O_RDONLY)\n"
         "try:\n"
         "    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
         "    print('free')\n"
@@ -127,6 +127,28 @@ def test_launch_gives_the_ranks_a_free_gpu_and_holds_it_while_they_run(tmp_path)
     assert "GPU slots: 5 of 3,5" in proc.stdout + proc.stderr
     # after the run the slot is free again
     assert gpu_slots.acquire(2, env) == ["3", "5"]
+
+
+def test_mig_ids_with_slashes_are_slots_too(tmp_path):
+    mig = "MIG-GPU-5ad8c3c4-0e5a-4b1e-9f1a-1c2b3d4e5f60/1/0"
+    assert gpu_slots.acquire(1, slot_env(tmp_path, mig)) == [mig]
+    assert [p.name for p in (tmp_path / "slots").glob("gpu-*")] == [
+        "gpu-MIG-GPU-5ad8c3c4-0e5a-4b1e-9f1a-1c2b3d4e5f60_1_0.lock"
+    ]
+
+
+def test_the_lock_directory_is_shared_like_tmp(tmp_path):
+    env = slot_env(tmp_path, "0")
+    assert gpu_slots.acquire(1, env) == ["0"]
+    assert (tmp_path / "slots").stat().st_mode & 0o7777 == 0o1777
+
+
+def test_an_unusable_lock_directory_is_one_line(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    env = {"CUDA_VISIBLE_DEVICES": "0", "SCALESTUDY_GPU_SLOTS_DIR": str(blocker / "slots")}
+    with pytest.raises(LaunchError, match="SCALESTUDY_GPU_SLOTS_DIR"):
+        gpu_slots.acquire(1, env)
 
 
 def test_cpu_runs_and_slurm_jobs_take_no_slots(tmp_path):

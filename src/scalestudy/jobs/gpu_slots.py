@@ -22,6 +22,7 @@ onstart) and, started by hand, by `acquire` with the same line.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import time
@@ -68,7 +69,9 @@ def _try_take(directory: Path, gpus: list[str], n: int) -> list[tuple[str, int]]
     """Under the allocation lock: n free slots, locked, or none at all."""
     taken: list[tuple[str, int]] = []
     for gpu in gpus:
-        fd = os.open(directory / f"gpu-{gpu}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+        # old-style MIG ids (MIG-GPU-<uuid>/<gi>/<ci>) hold slashes
+        name = f"gpu-{gpu.replace('/', '_')}.lock"
+        fd = os.open(directory / name, os.O_RDONLY | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -90,10 +93,30 @@ def acquire(n: int, env: dict[str, str], poll_s: float = POLL_S) -> list[str]:
     if line:
         raise LaunchError(line)
     directory = lock_dir(env)
-    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        shared_dir(directory)
+        return _wait_for(directory, gpus, n, poll_s)
+    except OSError as exc:  # not writable (another user's), not a directory, read-only, ...
+        raise LaunchError(
+            f"cannot lock GPU slots in {directory} ({exc.strerror}): set "
+            "SCALESTUDY_GPU_SLOTS_DIR to a directory every user of this machine can write"
+        ) from exc
+
+
+def shared_dir(directory: Path) -> None:
+    """The lock directory, made like /tmp (every user may add files, sticky) when this creates
+    it: users of one machine share its GPUs. Lock files are opened read-only (flock needs no
+    write access), so one made by another user can be locked too."""
+    if not directory.is_dir():
+        directory.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(PermissionError):  # made by someone else meanwhile
+            directory.chmod(0o1777)
+
+
+def _wait_for(directory: Path, gpus: list[str], n: int, poll_s: float) -> list[str]:
     waited = False
     while True:
-        guard = os.open(directory / "allocate.lock", os.O_RDWR | os.O_CREAT, 0o666)
+        guard = os.open(directory / "allocate.lock", os.O_RDONLY | os.O_CREAT, 0o644)
         try:
             fcntl.flock(guard, fcntl.LOCK_EX)
             taken = _try_take(directory, gpus, n)
