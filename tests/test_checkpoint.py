@@ -246,6 +246,20 @@ def _wait_for_epochs(out: Path, n: int, proc: subprocess.Popen, timeout: float =
     raise AssertionError(f"no {n} epochs in {csv} after {timeout} s")
 
 
+def _sigterm_after_epoch_1(data_dir: Path, out: Path, ckdir: Path) -> tuple[str, str]:
+    """Start a 1-rank run checkpointing every 2 epochs, SIGTERM it once epoch 1 is written, and
+    return its (stdout, stderr) after it stopped with the preemption exit code (75)."""
+    proc = _start(data_dir, out, "--checkpoint-dir", str(ckdir), "--checkpoint-every", "2")
+    _wait_for_epochs(out, 1, proc)
+    # mid epoch 2: checkpoint at its end, exit 75. Under load the signal can also land between
+    # epoch 1's row in epochs.csv and that epoch's stop agreement: then the run stops after
+    # epoch 1, which is as correct (seen once in a full run on 2 busy cores)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == ck.PREEMPTED_EXIT, stderr
+    return stdout, stderr
+
+
 def _same_epochs(a: Path, b: Path) -> None:
     ra, rb = read_epochs(a), read_epochs(b)
     assert [int(r["epoch"]) for r in rb] == [1, 2, 3, 4]  # none lost, none twice
@@ -257,14 +271,7 @@ def test_sigterm_then_restart_matches_an_uninterrupted_run(data_dir, tmp_path):
     train(data_dir, ref, *EPOCHS, nproc=1)
     out, ckdir = tmp_path / "run", tmp_path / "ckpt"
     flags = ("--checkpoint-dir", str(ckdir), "--checkpoint-every", "2")
-    proc = _start(data_dir, out, *flags)
-    _wait_for_epochs(out, 1, proc)
-    # mid epoch 2: checkpoint at its end, exit 75. Under load the signal can also land between
-    # epoch 1's row in epochs.csv and that epoch's stop agreement: then the run stops after
-    # epoch 1, which is as correct (seen once in a full run on 2 busy cores)
-    proc.send_signal(signal.SIGTERM)
-    stdout, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == ck.PREEMPTED_EXIT, stderr
+    _, stderr = _sigterm_after_epoch_1(data_dir, out, ckdir)
     assert "received SIGTERM" in stderr and "rerun the same command to resume" in stderr
     assert not (out / "metrics.json").exists()  # not complete, and not reported as such
     stopped_at = [p.name for p in ck.list_checkpoints(ckdir)]

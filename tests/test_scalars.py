@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import signal
 from pathlib import Path
 
 import pytest
 from conftest import REPO, read_epochs, read_metrics, train
-from test_checkpoint import EPOCHS, _start, _wait_for_epochs
+from test_checkpoint import EPOCHS, _sigterm_after_epoch_1
 
-from scalestudy.trainer import checkpoint as ck
 from scalestudy.trainer.config import TrainConfig
 from scalestudy.trainer.scalars import TAGS, Scalars
 
@@ -116,11 +114,7 @@ def test_a_resumed_run_has_every_epoch_once(data_dir, tmp_path, tensorboard):
     final epochs.csv, each epoch once, and rank 0's flushes lost nothing before the stop."""
     out, ckdir = tmp_path / "run", tmp_path / "ckpt"
     flags = ("--checkpoint-dir", str(ckdir), "--checkpoint-every", "2")
-    proc = _start(data_dir, out, *flags)
-    _wait_for_epochs(out, 1, proc)
-    proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == ck.PREEMPTED_EXIT, stderr
+    _sigterm_after_epoch_1(data_dir, out, ckdir)
     stopped = {step for _, step, _ in scalar_events(out / "tensorboard")}
     assert stopped == {int(r["epoch"]) for r in read_epochs(out)}, stopped
 
