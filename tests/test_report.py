@@ -160,3 +160,31 @@ def test_reproduce_prints_git_checkout_only_for_one_clean_commit(done, tmp_path,
         assert says in text, name
         assert ("git checkout" in text) == (commit == "0123abc"), name
         assert report.numbers_backed_by_csvs(text, report.load_tables(csv_dir)) == [], name
+
+
+def _csvs_with_energy(done, csv_dir, kwh):
+    """The tiny study's CSVs with every resources row's energy_kwh set to `kwh` ("" = blank)."""
+    csv_dir.mkdir()
+    for name in report.TABLES:
+        (csv_dir / f"{name}.csv").write_text((done / f"results/csv/{name}.csv").read_text())
+    rows = read(csv_dir / "resources.csv")
+    for r in rows:
+        r["energy_kwh"] = kwh
+    with (csv_dir / "resources.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+@pytest.mark.parametrize("kwh", ["0.0421", ""])
+def test_energy_is_shown_from_its_cell_or_said_to_be_unmeasured(done, tmp_path, kwh):
+    """The CPU tiny study measures no energy: blank cells say so; a measured kWh (as a GPU study
+    writes it) gets its column in both documents, the value formatted from the cell."""
+    csv_dir = tmp_path / "csv"
+    _csvs_with_energy(done, csv_dir, kwh)
+    docs = report.render(csv_dir, done / "workflow/report", FIGURES, "../results/plots")
+    for name, text in docs.items():
+        assert ("GPU energy (kWh)" in text) == bool(kwh), name
+        assert ("GPU energy was not measured" in text) == (not kwh), name
+        assert ("0.0421" in text) == bool(kwh), name
+        assert report.numbers_backed_by_csvs(text, report.load_tables(csv_dir)) == [], name
