@@ -99,6 +99,9 @@ def stand_in_run(rc=0, epochs=None, **metrics) -> RunResult:
         "width": 64,
         "local_batch": 512,
         "data_time_frac": 0.01,
+        "energy_j": 4200.0,  # 420 W over the 10 s window
+        "energy_j_per_img": 0.021,
+        "window_time_s": 10.0,
     }
     m.update(metrics)
     return RunResult(
@@ -235,6 +238,18 @@ def test_nvml_needs_samples_and_a_mean():
     assert report.judge_nvml(stand_in_run(), []).status == FAIL
     unmeasured = report.judge_nvml(stand_in_run(gpu_util_mean=None), samples)
     assert unmeasured.status == FAIL and "gpu_util_mean is null" in unmeasured.problems
+
+
+def test_nvml_judges_the_energy_counter():
+    samples = [{"util_pct": "91", "power_w": "420.5", "sm_clock_mhz": "1980"}]
+    ok = report.judge_nvml(stand_in_run(), samples)
+    assert ok.numbers["power_w_from_energy"] == 420.0 and ok.status == PASS
+    none = report.judge_nvml(stand_in_run(energy_j=None, energy_unmeasured="no counter"), samples)
+    assert none.status == FAIL and none.problems == ["energy_j is null (no counter)"]
+    idle = report.judge_nvml(stand_in_run(energy_j=50.0), samples)  # 5 W: the counter stalled
+    assert idle.status == FAIL and "outside 20-1000 W" in idle.problems[0]
+    off = report.judge_nvml(stand_in_run(energy_j=9000.0), samples)  # 900 W vs 420 W sampled
+    assert off.status == FAIL and "2.14x" in off.problems[0]
 
 
 def stand_in_ops(other_us: float = 10.0) -> list[dict]:

@@ -16,7 +16,7 @@ limit, so a crash or a hang is a failed check with its log tail, never a crash o
   nccl2-ddp       two GPUs over NCCL (skipped with one GPU)
   compile         --compile, TORCH_LOGS=recompiles: no recompilation after the window opens
   checkpoint-S    SIGUSR1 -> checkpoint and exit 75 -> the same command resumes (ddp, fsdp/DCP)
-  nvml            NVML samples and gpu_util_mean (of the reference-bf16 run of our trainer)
+  nvml            NVML samples, gpu_util_mean, energy_j (of the reference-bf16 run of our trainer)
   torch-profiler  CUDA kernels -> the kernels CSV, classified (the share left in "other")
   ncu             Nsight Compute on the top kernels, parsed (skipped where ncu is not installed)
   reference-P     our trainer vs benchmarks/reference_train.py, bf16 and fp32, width 64, batch 512

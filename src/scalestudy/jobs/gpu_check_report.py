@@ -337,27 +337,68 @@ def judge_checkpoint(
     return verdict(name, criterion, numbers, problems, [stop, resume])
 
 
+# mean power of one GPU over the throughput window, from NVML's energy counter (W): below the
+# lower bound the counter did not advance (or the window is mistimed); above the upper one no
+# single GPU of our targets draws it (H100/H200 SXM: 700 W board limit, nvidia-smi -q)
+ENERGY_POWER_W = (20.0, 1000.0)
+# energy's mean power vs the mean sampled power_w: the samples also cover evaluation and warm-up
+# (0.5 s apart), the counter only the window, so only a gross disagreement is a failure
+ENERGY_VS_SAMPLES = (0.5, 1.5)
+
+
 def judge_nvml(run: RunResult, samples: list[dict]) -> Check:
-    """samples: the rows of the run's gpu_samples_rank0.csv."""
-    criterion = "gpu_samples_rank0.csv has samples and metrics.json gpu_util_mean is not null"
+    """samples: the rows of the run's gpu_samples_rank0.csv; the run has one GPU."""
+    criterion = (
+        "gpu_samples_rank0.csv has samples, metrics.json gpu_util_mean is not null, and energy_j "
+        "(NVML's total-energy counter over the window) gives a mean power within "
+        f"{ENERGY_POWER_W[0]:.0f}-{ENERGY_POWER_W[1]:.0f} W and within "
+        f"{ENERGY_VS_SAMPLES[0]:g}-{ENERGY_VS_SAMPLES[1]:g}x the mean sampled power"
+    )
     problems = run_problems(run, "the sampled run")
     m = run.metrics or {}
     util = [files.number(s.get("util_pct")) for s in samples]
     power = [files.number(s.get("power_w")) for s in samples]
     clock = [files.number(s.get("sm_clock_mhz")) for s in samples]
+    energy_j, window_s = m.get("energy_j"), m.get("window_time_s")
+    energy_w = energy_j / window_s if energy_j is not None and window_s else None
+    sampled_w = [p for p in power if p is not None]
+    sampled_mean_w = sum(sampled_w) / len(sampled_w) if sampled_w else None
     numbers = {
         "samples": len(samples),
         "gpu_util_mean": m.get("gpu_util_mean"),
         "util_pct_max": _max(util),
         "sm_clock_mhz_max": _max(clock),
         "power_w_max": _max(power),
+        "power_w_mean_sampled": sampled_mean_w,
+        "energy_j": energy_j,
+        "energy_j_per_img": m.get("energy_j_per_img"),
+        "power_w_from_energy": energy_w,
     }
     if not problems:
         if not samples:
             problems.append("no NVML samples (gpu_samples_rank0.csv missing or empty)")
         if m.get("gpu_util_mean") is None:
             problems.append("gpu_util_mean is null")
+        problems += energy_problems(m, energy_w, sampled_mean_w)
     return verdict("nvml", criterion, numbers, problems, [run])
+
+
+def energy_problems(m: dict, energy_w: float | None, sampled_mean_w: float | None) -> list[str]:
+    if m.get("energy_j") is None:
+        return [f"energy_j is null ({m.get('energy_unmeasured') or 'no reason recorded'})"]
+    if energy_w is None:
+        return ["energy_j without a window_time_s: no mean power"]
+    lo, hi = ENERGY_POWER_W
+    if not lo <= energy_w <= hi:
+        return [f"mean power from energy_j {energy_w:.0f} W is outside {lo:.0f}-{hi:.0f} W"]
+    if sampled_mean_w:
+        ratio = energy_w / sampled_mean_w
+        if not ENERGY_VS_SAMPLES[0] <= ratio <= ENERGY_VS_SAMPLES[1]:
+            return [
+                f"mean power from energy_j {energy_w:.0f} W vs {sampled_mean_w:.0f} W sampled "
+                f"({ratio:.2f}x)"
+            ]
+    return []
 
 
 def _max(values: list[float | None]) -> float | None:
