@@ -288,3 +288,18 @@ def test_format_schema_error_shape():
     assert studyconfig.format_schema_error(err) == (
         "config key 'a.b': value 3 is not allowed: one of 1, 2"
     )
+
+
+def test_cpu_scaling_overlay_is_a_valid_study_of_world_sizes_1_to_8():
+    """config/cpu-scaling.yaml is given after the demo; Snakemake merges them key by key."""
+    from snakemake.utils import update_config
+
+    from scalestudy.study.runs import build_run_table
+
+    config = yaml.safe_load(DEMO.read_text())
+    update_config(config, yaml.safe_load((DEMO.parent / "cpu-scaling.yaml").read_text()))
+    cfg = load_and_validate(config, overrides=["dataset=synthetic"])
+    rows = build_run_table(cfg)
+    assert sorted({r["world_size"] for r in rows}) == [1, 2, 4, 8]
+    assert {r["bucket_cap_mb"] for r in rows if r["world_size"] == 4} == {1, 25}
+    assert len(rows) == 8 and all(r["nodes"] == 1 for r in rows)
