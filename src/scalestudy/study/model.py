@@ -18,14 +18,14 @@ _BucketCapacityConfig). DDP fills buckets in the order gradients become ready, s
 are m = ceil(P / B), m - 1 of B bytes and the last, ready last, of the rest r = P - (m-1) B.
 One bucket of x bytes costs (ring all-reduce: 2(N-1) steps, each rank sends 2(N-1)/N of x)
 
-    c(x) = 2(N-1) alpha + s x / beta,    s = 2(N-1)/N,   beta = beta_intra (nodes = 1), else beta_inter
+    c(x) = 2(N-1) alpha + s x / beta,   s = 2(N-1)/N,   beta = beta_intra (1 node), else beta_inter
     t_c  = m 2(N-1) alpha + s P / beta   (all buckets)
 
 Gradients arrive uniformly over t_b, so bucket k is ready at t_b S_k / P (S_k: bytes of buckets
 1..k), and the buckets are reduced one after the other on one stream. The last one finishes at
 max_k (t_b S_k / P + sum_{j>=k} c_j), so the communication that backward does not hide is
 
-    exposed = max_k (t_b S_k / P + sum_{j>=k} c_j) - t_b    (>= c(r): the last bucket is never hidden)
+    exposed = max_k (t_b S_k / P + sum_{j>=k} c_j) - t_b    (>= c(r): the last bucket is exposed)
 
 With equal buckets this is max(c(r), t_c - t_b (1 - min(B, P) / P)): small buckets pay m
 latencies, large ones leave a large last bucket unhidden; that is what gives B an optimum.
@@ -318,7 +318,9 @@ class Fit:
         if isinstance(c, str):
             return Prediction(None, None, None, extrapolated, c)
         pbytes = grad_sync_bytes or self._bytes(precision)
-        pt = Point(precision, local_batch, world_size, nodes, bucket_cap_mb, pbytes, (), (), 0, None, None)
+        pt = Point(
+            precision, local_batch, world_size, nodes, bucket_cap_mb, pbytes, (), (), 0, None, None
+        )
         step, g = model_step(self.theta, c, pt)
         if gap := self._unmeasured(g, nodes):
             return Prediction(None, None, None, extrapolated, gap)
@@ -390,7 +392,9 @@ def _objective(used: list[Point], compute: dict, free: np.ndarray):
         return theta
 
     def res(x):
-        return np.array([model_step(full(x), compute[p.precision], p)[0] / p.step_s - 1 for p in used])
+        return np.array(
+            [model_step(full(x), compute[p.precision], p)[0] / p.step_s - 1 for p in used]
+        )
 
     def jac(x):
         grads = [model_step(full(x), compute[p.precision], p)[1] / p.step_s for p in used]
@@ -457,7 +461,14 @@ def holdout_points(pts: list[Point]) -> list[HoldoutRow]:
             if isinstance(fit, str):
                 out.append(HoldoutRow(family, p, None, f"not predicted: {fit}"))
                 continue
-            pred = fit.predict(p.world_size, p.nodes, p.local_batch, p.precision, p.bucket_cap_mb, p.grad_sync_bytes)
+            pred = fit.predict(
+                p.world_size,
+                p.nodes,
+                p.local_batch,
+                p.precision,
+                p.bucket_cap_mb,
+                p.grad_sync_bytes,
+            )
             out.append(HoldoutRow(family, p, pred, pred.basis))
     return out
 
