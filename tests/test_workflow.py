@@ -35,10 +35,11 @@ from scalestudy.study.runs import RUN_COLUMNS
 
 pytestmark = pytest.mark.workflow
 
-# what follows new runs.csv rows: analysis, the tiny study's 7 figures, the documents, the PDF
+# what follows new runs.csv rows: analysis, the scaling model, the tiny study's 7 figures, the
+# documents, the PDF
 PDF = {"paper_pdf": 1} if have_latexmk() else {}
 REPORT = {"render_report": 1, **PDF}
-DOWNSTREAM = {"analyze": 1, "plot": 7, **REPORT}
+DOWNSTREAM = {"analyze": 1, "model": 1, "plot": 7, **REPORT}
 
 
 @pytest.fixture(scope="module")

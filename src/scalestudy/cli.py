@@ -39,6 +39,7 @@ SUBCOMMANDS = {
     "inventory": ("scalestudy.jobs.inventory", "system inventory of this node/allocation -> JSON"),
     "gpu-check": ("scalestudy.jobs.gpu_check", "prove the GPU paths on this node (8-min budget)"),
     "analyze": ("scalestudy.results.analyze", "scaling, verdicts and resources from results/csv"),
+    "model": ("scalestudy.results.model", "scaling model, held-out errors, bucket advice"),
     "plot": ("scalestudy.results.plot", "one figure of the study (PNG and PDF)"),
     "render-report": ("scalestudy.results.render_report", "reports/study.md, paper.tex from CSVs"),
     "build-pdf": ("scalestudy.results.build_pdf", "reports/paper.pdf with latexmk, or say why not"),

@@ -38,6 +38,7 @@ LOCAL_RULES = (
     "profile_collect",
     "profile_collect_ncu",
     "analyze",
+    "model",
     "plot",
     "render_report",
     "paper_pdf",

@@ -34,6 +34,7 @@ from scalestudy.trainer.numerics import in_effect as numerics_in_effect
 from scalestudy.trainer.parallel import (
     allreduce_gradients,
     ddp_static_graph,
+    grad_sync,
     param_checksum,
     sync_buffers,
     wrap_model,
@@ -240,6 +241,7 @@ def finish(
         "global_batch": run.global_batch,
         "peak_lr": run.recipe.peak_lr,
         "ddp_static_graph": ddp_static_graph(cfg),
+        **grad_sync(run.model, cfg),  # param_count, grad_sync_bytes: the scaling model's P
         "steps_per_epoch": run.steps_per_epoch,
         **meter.reduce(state, world_size),
         "comm_exposed_frac": comm_exposed,

@@ -59,6 +59,23 @@ def ddp_static_graph(cfg: TrainConfig) -> bool:
     return cfg.strategy == "ddp" and cfg.static_graph and cfg.accum_steps == 1
 
 
+def grad_sync(model: torch.nn.Module, cfg: TrainConfig) -> dict:
+    """metrics.json's param_count and grad_sync_bytes (defined in train.py's docstring)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    count = sum(p.numel() for p in params)  # an FSDP2 DTensor's numel is the full tensor's
+    return {"param_count": count, "grad_sync_bytes": _sync_bytes(params, count, cfg)}
+
+
+def _sync_bytes(params: list, count: int, cfg: TrainConfig) -> int | None:
+    if cfg.strategy == "fsdp" or cfg.comm_hook == "powersgd":
+        return None  # reduce-scatter + all-gather / low-rank factors: not one all-reduce of P
+    if cfg.comm_hook in ("fp16", "bf16"):
+        return count * 2  # the hook casts each bucket to 16 bits before its all-reduce
+    # gradients have their parameter's dtype (fp32 under autocast too): DDP's buckets and the
+    # flat all-reduce move them as they are
+    return sum(p.numel() * p.element_size() for p in params)
+
+
 def register_comm_hook(ddp: DDP, hook: str) -> None:
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd

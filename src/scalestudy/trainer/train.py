@@ -41,6 +41,12 @@ How the numbers are measured (the analysis relies on these definitions):
   adds beyond what overlaps with backward. Optimizer steps are not taken in the probe and BN
   statistics are restored, so it cannot change the trained model. At world_size 1 the probe is
   skipped and the value is 0.0 (nothing to synchronise); null when the probe is off.
+- param_count: not a timing: the model's trainable parameters (elements; FSDP: of the full, not
+  the sharded, tensors). grad_sync_bytes: the bytes of gradient that one rank's all-reduce
+  carries per optimizer step, P in the scaling model (study/model.py): ddp and allreduce:
+  the gradients in their dtype (param_count x 4 for fp32 parameters, autocast included);
+  with the fp16/bf16 comm hooks param_count x 2; null for powersgd (low-rank factors) and fsdp
+  (reduce-scatter and all-gather, not one all-reduce of P).
 - peak_mem_mb: CUDA max_memory_allocated on GPU, the process's peak RSS on CPU (max over ranks).
 - gpu_util_mean: mean NVML utilisation sampled every 0.5 s during training, averaged over the
   gpu_util_ranks ranks that have samples (the device is found by UUID/PCI bus id, not index);

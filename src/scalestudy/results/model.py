@@ -1,0 +1,202 @@
+"""`scalestudy model`: results/csv/runs.csv -> results/csv/{model,bucket_advice}.csv.
+
+The scaling model, its held-out validation and the bucket advisor are study/model.py (formulas
+in its docstring); this command writes them as two tidy tables, every number a cell:
+
+model.csv, one row per fact, `kind` says which (blank cells: not applicable or not known):
+    kind          name                        what
+    parameter     alpha_s, beta_intra_Bps,    value, std (1 sigma), unit; note "not identified"
+                  beta_inter_Bps              (no value) when the runs cannot tell it
+    parameter     compute_c0_s,               per precision: C_p(b) = c0 + c1 b from 1-rank runs
+                  compute_c1_s_per_img,       and the backward share of the step
+                  backward_frac
+    parameter     fit_points, fit_dof,        the fit's size and its relative residual sd
+                  fit_residual_rel_sd
+    fit           the configuration's runs    measured (mean step s over n repeats, measured_std)
+                                              vs predicted, lo, hi (95%), rel_error
+    holdout       the family                  its largest world size predicted by a fit without
+                                              it; note "not validated: ..." when it cannot be
+    not_modelled  the run                     note: why (strategy, no grad_sync_bytes, ...)
+    columns: MODEL_COLUMNS. rel_error = predicted / measured - 1.
+
+bucket_advice.csv, one row per multi-rank (world_size, nodes) x bucket-family (precision,
+local_batch): the recommended bucket_cap_mb, its bucket count, the predicted step time there and
+at DDP's default 25 MiB, gain = default / best - 1; or note "not enough data: ..." and blanks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+from scalestudy import files, log
+from scalestudy.results.analyze import cell, read_csv
+from scalestudy.study import model
+
+logger = log.get(__name__)
+
+POINT_COLUMNS = ("precision", "local_batch", "world_size", "nodes", "bucket_cap_mb")
+MODEL_COLUMNS = (
+    "kind",
+    "name",
+    *POINT_COLUMNS,
+    "measured",
+    "measured_std",
+    "n",
+    "predicted",
+    "lo",
+    "hi",
+    "rel_error",
+    "value",
+    "std",
+    "unit",
+    "note",
+)
+ADVICE_COLUMNS = (
+    "world_size",
+    "nodes",
+    "precision",
+    "local_batch",
+    "grad_sync_bytes",
+    "bucket_cap_mb",
+    "buckets",
+    "predicted_step_s",
+    "default_step_s",
+    "gain",
+    "note",
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--runs", default="results/csv/runs.csv")
+    parser.add_argument("--out-dir", default="results/csv", help="where the two CSVs go")
+
+
+def run(args: argparse.Namespace) -> int:
+    rows = read_csv(args.runs, " (one row per run)", "snakemake results/csv/runs.csv")
+    pts, skipped = model.points(rows)  # an AnalysisError: one line, before anything is written
+    fit = model.fit_points(pts)
+    table = model_table(pts, skipped, fit)
+    advice = [vars(a) for a in model.advise(None if isinstance(fit, str) else fit, pts)]
+    out = Path(args.out_dir)
+    files.write_csv(out / "model.csv", MODEL_COLUMNS, table, cell)
+    files.write_csv(out / "bucket_advice.csv", ADVICE_COLUMNS, map(_advice_row, advice), cell)
+    logger.info(f"modelled {len(pts)} configurations ({len(skipped)} runs not) -> {out}")
+    return 0
+
+
+def model_table(pts: list, skipped: list, fit) -> list[dict]:
+    rows = [_param_rows(fit), _compute_rows(pts), _fit_rows(pts, fit), _holdout_rows(pts)]
+    if not isinstance(fit, str):
+        skipped = [*skipped, *fit.skipped]  # configurations without a compute of their precision
+    rows.append([dict(kind="not_modelled", name=run, note=why) for run, why in skipped])
+    return [row for group in rows for row in group]
+
+
+def _point(p) -> dict:
+    return {c: getattr(p, c) for c in POINT_COLUMNS}
+
+
+def _param_rows(fit) -> list[dict]:
+    if isinstance(fit, str):
+        return [dict(kind="parameter", name="fit", note=f"no fit: {fit}")]
+    rows = [_alpha(fit)]
+    for i, where in ((1, "intra"), (2, "inter")):
+        rows += [_inv_beta(fit, i, f"inv_beta_{where}_s_per_B"), _beta(fit, i, f"beta_{where}_Bps")]
+    resid = dict(value=fit.resid_sd, unit="1", note="relative: T_model / T - 1")
+    return [
+        *[dict(kind="parameter", **r) for r in rows],
+        dict(kind="parameter", name="fit_points", value=len(fit.points), unit="configurations"),
+        dict(kind="parameter", name="fit_dof", value=fit.dof, unit="1"),
+        dict(kind="parameter", name="fit_residual_rel_sd", **resid),
+    ]
+
+
+def _std(fit, i: int) -> float | None:
+    return None if math.isnan(fit.std[i]) else float(fit.std[i])
+
+
+def _alpha(fit) -> dict:
+    if not fit.identified[0]:
+        return dict(name="alpha_s", unit="s", note=_unidentified(fit, 0))
+    return dict(name="alpha_s", value=float(fit.theta[0]), std=_std(fit, 0), unit="s")
+
+
+def _inv_beta(fit, i: int, name: str) -> dict:
+    """1/beta as fitted (s per byte): the parameter itself, linear in the model."""
+    if not fit.identified[i]:
+        return dict(name=name, unit="s/B", note=_unidentified(fit, i))
+    return dict(name=name, value=float(fit.theta[i]), std=_std(fit, i), unit="s/B")
+
+
+def _beta(fit, i: int, name: str) -> dict:
+    """beta = 1 / (1/beta), its std by the delta method: std(1/beta) / (1/beta)^2; only when
+    1/beta is resolved from 0 (more than 2 std above it: else beta has no upper bound)."""
+    inv, std = float(fit.theta[i]), _std(fit, i)
+    if not fit.identified[i]:
+        return dict(name=name, unit="B/s", note=_unidentified(fit, i))
+    if inv <= 2 * (std or 0) or inv < 1e-6 * model.SCALE[i]:
+        note = "1/beta is not resolved from 0 (see inv_beta): beta has no upper bound here"
+        return dict(name=name, unit="B/s", note=note)
+    return dict(name=name, value=1 / inv, std=None if std is None else std / inv**2, unit="B/s")
+
+
+def _unidentified(fit, i: int) -> str:
+    if i == 2 and not any(p.nodes > 1 for p in fit.points):
+        return "not identified: no multi-node run"
+    return "not identified: the fitted runs cannot separate it from the other parameters"
+
+
+def _compute_rows(pts: list) -> list[dict]:
+    rows = []
+    for precision, c in model.fit_compute(pts).items():
+        if isinstance(c, str):
+            rows.append(dict(kind="parameter", name="compute", precision=precision, note=c))
+            continue
+        std = [None, None] if c.cov is None else [math.sqrt(max(v, 0)) for v in c.cov.diagonal()]
+        base = dict(kind="parameter", precision=precision)
+        rows += [
+            dict(base, name="compute_c0_s", value=c.c0, std=std[0], unit="s", note=c.note),
+            dict(base, name="compute_c1_s_per_img", value=c.c1, std=std[1], unit="s/img"),
+            dict(base, name="backward_frac", value=c.f_bwd, unit="1", note="mean of 1-rank runs"),
+        ]
+    return rows
+
+
+def _fit_rows(pts: list, fit) -> list[dict]:
+    if isinstance(fit, str):
+        return []
+    rows = []
+    for p in pts:
+        if isinstance(fit.compute.get(p.precision), str):
+            continue
+        pred = fit.predict(
+            p.world_size, p.nodes, p.local_batch, p.precision, p.bucket_cap_mb, p.grad_sync_bytes
+        )
+        rows.append(_compared("fit", ";".join(p.runs), p, pred))
+    return rows
+
+
+def _holdout_rows(pts: list) -> list[dict]:
+    rows = []
+    for h in model.holdout_points(pts):
+        if h.point is None:
+            rows.append(dict(kind="holdout", name=h.family, note=h.note))
+        else:
+            rows.append(dict(_compared("holdout", h.family, h.point, h.prediction), note=h.note))
+    return rows
+
+
+def _compared(kind: str, name: str, p, pred) -> dict:
+    row = dict(kind=kind, name=name, **_point(p), unit="s")
+    row.update(measured=p.step_s, measured_std=p.step_std, n=len(p.runs))
+    if pred is not None and pred.step_s is not None:
+        row.update(predicted=pred.step_s, lo=pred.lo_s, hi=pred.hi_s)
+        row["rel_error"] = pred.step_s / p.step_s - 1 + 0.0  # + 0.0: no "-0.0" cells
+    row["note"] = "" if pred is None else pred.basis
+    return row
+
+
+def _advice_row(a: dict) -> dict:
+    return dict(a, predicted_step_s=a["step_s"])

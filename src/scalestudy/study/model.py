@@ -1,0 +1,537 @@
+"""The scaling model of a DDP step, its held-out validation and the bucket advisor (pure: numpy,
+scipy; no torch).
+
+Input: rows of results/csv/runs.csv. Only strategy ddp runs without gradient accumulation and
+with a measured grad_sync_bytes are modelled; every other run is listed with the reason
+(`points`). A configuration (precision, local batch b, world size N, nodes, bucket_cap_mb, P) is
+one point: its step time T = global_batch / throughput_img_s (s, steady state, train.py) is the
+mean over its repeats, their sample std kept beside it.
+
+Compute, per precision, from the 1-rank points (`fit_compute`):
+    C_p(b) = c0 + c1 * b               bounded least squares (c0, c1 >= 0), relative residuals
+    one local batch only: c0 = 0, c1 = T / b (compute taken proportional to the batch; said so)
+    t_b(b) = f_bwd * C_p(b)            backward time; f_bwd = mean phase_frac_backward of them
+
+Communication: DDP's bucketed ring all-reduce. P = grad_sync_bytes, B = bucket_cap_mb * 2^20
+(DDP's MiB; with bucket_cap_mb given, torch 2.14 caps the first bucket at B too, distributed.py
+_BucketCapacityConfig). DDP fills buckets in the order gradients become ready, so the buckets
+are m = ceil(P / B), m - 1 of B bytes and the last, ready last, of the rest r = P - (m-1) B.
+One bucket of x bytes costs (ring all-reduce: 2(N-1) steps, each rank sends 2(N-1)/N of x)
+
+    c(x) = 2(N-1) alpha + s x / beta,   s = 2(N-1)/N,   beta = beta_intra (1 node), else beta_inter
+    t_c  = m 2(N-1) alpha + s P / beta   (all buckets)
+
+Gradients arrive uniformly over t_b, so bucket k is ready at t_b S_k / P (S_k: bytes of buckets
+1..k), and the buckets are reduced one after the other on one stream. The last one finishes at
+max_k (t_b S_k / P + sum_{j>=k} c_j), so the communication that backward does not hide is
+
+    exposed = max_k (t_b S_k / P + sum_{j>=k} c_j) - t_b    (>= c(r): the last bucket is exposed)
+
+With equal buckets this is max(c(r), t_c - t_b (1 - min(B, P) / P)): small buckets pay m
+latencies, large ones leave a large last bucket unhidden; that is what gives B an optimum.
+The model assumes gradients of equal byte rate over backward and buckets of exactly B bytes
+(DDP closes a bucket at the parameter that crosses B, so real buckets are larger by up to one
+tensor, 9.4 MB for ResNet-18's largest).
+
+    T(N) = C_p(b) + exposed(N, nodes, B, P, t_b(b))
+
+Fit (`fit_points`): alpha, 1/beta_intra, 1/beta_inter (>= 0) to every multi-rank point with
+scipy.optimize.least_squares (bounds; relative residuals T_model / T - 1: step times span
+orders of magnitude and timing noise is proportional). A parameter no point depends on (no
+multi-node run: beta_inter) or that the points cannot separate from another (e.g. alpha and
+beta_intra when every point has one bucket at one N) is not identified: reported without a
+value, never a number. With J the Jacobian of the relative residuals, rank k, n points:
+
+    dof = n - k,   s^2 = sum r^2 / dof,   Cov = s^2 (J^T J)^+
+
+Prediction at a new point (`Fit.predict`): T as above; when its gradient g = dT/dtheta lies in
+the span the fit measured (else "not identified"), a 95% interval by the delta method:
+
+    sd^2 = g^T Cov g + Var C_p(b) + (s T)^2,    T +- t_{0.975, dof} sd
+
+with Var C_p(b) from the compute fit when it has dof > 0. dof <= 0: no interval (None, "not
+enough data"). extrapolated: N or nodes beyond the fitted points'.
+
+Held-out validation (`holdout`): for each family with >= 3 world sizes, fit without that
+family's points at its largest world size and predict them: rel_error = predicted / measured - 1.
+Three, because with the largest left out the fit still needs the family's 1-rank point (compute)
+and a multi-rank one (communication). Families with fewer: "not validated", with the reason.
+
+Bucket advisor (`advise`): at each multi-rank (N, nodes) of the study and each (precision,
+local batch) of the bucket family, the predicted T over CANDIDATE_CAPS_MB and one bucket
+(B >= P); recommended = argmin, gain = T(25 MiB) / T(best) - 1. "not enough data" without a fit
+identifying alpha and the needed beta, or when the bucket sweep has fewer than 2 distinct bucket
+counts m (then no measurement shows a bucket-size effect: a width-8 ResNet-18's P = 0.7 MB is
+one bucket at every cap).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import optimize, stats
+
+from scalestudy import files
+from scalestudy.errors import AnalysisError
+
+MIB = 2**20  # DDP's bucket_cap_mb unit (distributed.py: _MB_TO_BYTES = 1024 * 1024)
+DEFAULT_BUCKET_MB = 25.0  # DDP's default bucket_cap_mb
+CANDIDATE_CAPS_MB = (1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0)
+PARAMS = ("alpha_s", "inv_beta_intra_s_per_B", "inv_beta_inter_s_per_B")
+# the fit's working units: 1 us latency, 1e-10 s/B (10 GB/s), so the solver sees numbers ~1
+SCALE = np.array([1e-6, 1e-10, 1e-10])
+LEVEL = 0.95  # two-sided prediction interval
+RANK_RTOL = 1e-9  # singular values below this share of the largest: a direction not measured
+REQUIRED_COLUMNS = (
+    "run",
+    "strategy",
+    "world_size",
+    "nodes",
+    "local_batch",
+    "global_batch",
+    "precision",
+    "bucket_cap_mb",
+    "throughput_img_s",
+)
+
+
+# --- the measured points ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class Point:
+    """One modelled configuration: mean step time over its repeats (s), their sample std."""
+
+    precision: str
+    local_batch: int
+    world_size: int
+    nodes: int
+    bucket_cap_mb: float
+    grad_sync_bytes: float
+    families: tuple[str, ...]
+    runs: tuple[str, ...]
+    step_s: float
+    step_std: float | None
+    backward_frac: float | None  # mean phase_frac_backward of the repeats
+
+
+def _num(row: dict, column: str) -> float | None:
+    try:
+        return files.number(row.get(column))
+    except ValueError:
+        raise AnalysisError(
+            f"runs.csv: run {row.get('run')!r} has {column} = {row.get(column)!r}, not a number"
+        ) from None
+
+
+def _skip_reason(row: dict) -> str:
+    if row["strategy"] != "ddp":
+        return f"strategy {row['strategy']}: the model is DDP's bucketed all-reduce"
+    if (_num(row, "accum_steps") or 1) != 1:
+        return "gradient accumulation: one all-reduce per several micro-batches is not modelled"
+    if row.get("comm_hook") == "powersgd":
+        return "comm hook powersgd: low-rank factors, not an all-reduce of the gradients"
+    if _num(row, "grad_sync_bytes") is None:
+        return "no grad_sync_bytes (metrics.json from before the trainer recorded it: rerun it)"
+    x = _num(row, "throughput_img_s")
+    if x is None or x <= 0:
+        return f"throughput_img_s is {row.get('throughput_img_s')!r}"
+    return ""
+
+
+def points(rows: list[dict]) -> tuple[list[Point], list[tuple[str, str]]]:
+    """(the modelled configurations, [(run, why not modelled)]) of runs.csv's rows."""
+    if not rows:
+        raise AnalysisError("runs.csv has no runs")
+    missing = [c for c in REQUIRED_COLUMNS if c not in rows[0]]
+    if missing:
+        raise AnalysisError(f"runs.csv has no column {', '.join(missing)}: run `collect` again")
+    groups, skipped = defaultdict(list), []
+    for row in rows:
+        if reason := _skip_reason(row):
+            skipped.append((row["run"], reason))
+            continue
+        key = (row["precision"], *(_num(row, c) for c in ("local_batch", "world_size", "nodes")))
+        groups[(*key, _num(row, "bucket_cap_mb"), _num(row, "grad_sync_bytes"))].append(row)
+    _one_model(rows)
+    return [_point(key, runs) for key, runs in sorted(groups.items())], skipped
+
+
+def _one_model(rows: list[dict]) -> None:
+    kinds = {tuple(r.get(c, "") for c in ("device", "model", "width")) for r in rows}
+    if len(kinds) > 1:
+        raise AnalysisError(
+            f"runs.csv mixes (device, model, width) {sorted(kinds)}: the scaling model fits one"
+        )
+
+
+def _point(key: tuple, runs: list[dict]) -> Point:
+    steps = [_num(r, "global_batch") / _num(r, "throughput_img_s") for r in runs]
+    backward = [v for r in runs if (v := _num(r, "phase_frac_backward")) is not None]
+    families = {f for r in runs for f in (r.get("families") or "").split(";") if f}
+    precision, b, n, nodes, cap, p = key
+    return Point(
+        precision=precision,
+        local_batch=int(b),
+        world_size=int(n),
+        nodes=int(nodes),
+        bucket_cap_mb=cap,
+        grad_sync_bytes=p,
+        families=tuple(sorted(families)),
+        runs=tuple(r["run"] for r in runs),
+        step_s=statistics.fmean(steps),
+        step_std=statistics.stdev(steps) if len(steps) > 1 else None,
+        backward_frac=statistics.fmean(backward) if backward else None,
+    )
+
+
+# --- compute ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Compute:
+    """C_p(b) = c0 + c1 b (s) of one precision, from its 1-rank points."""
+
+    precision: str
+    c0: float
+    c1: float
+    cov: np.ndarray | None  # of (c0, c1), s^2; None without dof
+    dof: int
+    resid_sd: float | None  # relative
+    f_bwd: float
+    batches: tuple[int, ...]
+    note: str
+
+    def time(self, b: float) -> float:
+        return self.c0 + self.c1 * b
+
+    def var(self, b: float) -> float:
+        g = np.array([1.0, b])
+        return 0.0 if self.cov is None else float(g @ self.cov @ g)
+
+
+def fit_compute(pts: list[Point]) -> dict[str, Compute | str]:
+    """precision -> its Compute, or why it has none."""
+    out: dict[str, Compute | str] = {}
+    for precision in sorted({p.precision for p in pts}):
+        ones = [p for p in pts if p.precision == precision and p.world_size == 1]
+        fracs = [p.backward_frac for p in ones if p.backward_frac is not None]
+        if not ones:
+            out[precision] = f"no 1-rank run of precision {precision} to take its compute from"
+        elif not fracs:
+            out[precision] = f"no phase_frac_backward in the 1-rank {precision} runs"
+        else:
+            out[precision] = _linear_compute(precision, ones, statistics.fmean(fracs))
+    return out
+
+
+def _linear_compute(precision: str, ones: list[Point], f_bwd: float) -> Compute:
+    b = np.array([p.local_batch for p in ones], float)
+    t = np.array([p.step_s for p in ones])
+    batches = tuple(sorted({p.local_batch for p in ones}))
+    if len(batches) == 1:
+        note = f"one local batch ({batches[0]}): compute taken proportional to it (c0 = 0)"
+        return Compute(precision, 0.0, float(np.mean(t / b)), None, 0, None, f_bwd, batches, note)
+    a = np.column_stack([1 / t, b / t])  # relative residuals: (c0 + c1 b) / T - 1
+    sol = optimize.lsq_linear(a, np.ones(len(t)), bounds=(0, np.inf))
+    dof = len(t) - 2
+    cov, sd = None, None
+    if dof > 0:
+        s2 = float(np.sum(sol.fun**2)) / dof
+        cov, sd = s2 * np.linalg.pinv(a.T @ a), math.sqrt(s2)
+    c0, c1 = (float(v) for v in sol.x)
+    return Compute(precision, c0, c1, cov, dof, sd, f_bwd, batches, "")
+
+
+# --- communication ---------------------------------------------------------------------------
+def bucket_sizes(p_bytes: float, cap_mb: float) -> np.ndarray:
+    """Bytes of DDP's buckets in the order they are reduced: m - 1 of B, the last the rest."""
+    cap = cap_mb * MIB
+    m = max(1, math.ceil(p_bytes / cap))
+    sizes = np.full(m, cap)
+    sizes[-1] = p_bytes - (m - 1) * cap
+    return sizes
+
+
+def exposed(
+    theta: np.ndarray, n: int, nodes: int, p_bytes: float, cap_mb: float, t_b: float
+) -> tuple[float, np.ndarray]:
+    """(exposed communication in s, its gradient w.r.t. theta = PARAMS) of one step."""
+    grad = np.zeros(3)
+    if n == 1:
+        return 0.0, grad
+    sizes = bucket_sizes(p_bytes, cap_mb)
+    s, steps, beta = 2 * (n - 1) / n, 2 * (n - 1), 1 if nodes == 1 else 2
+    cost = steps * theta[0] + s * sizes * theta[beta]
+    finish = t_b * np.cumsum(sizes) / p_bytes + np.cumsum(cost[::-1])[::-1]
+    k = int(np.argmax(finish))
+    grad[0], grad[beta] = steps * (len(sizes) - k), s * sizes[k:].sum()
+    return float(finish[k] - t_b), grad
+
+
+def model_step(theta: np.ndarray, c: Compute, pt: Point) -> tuple[float, np.ndarray]:
+    """(T in s, dT/dtheta) of a point under parameters theta."""
+    t = c.time(pt.local_batch)
+    e, g = exposed(
+        theta, pt.world_size, pt.nodes, pt.grad_sync_bytes, pt.bucket_cap_mb, c.f_bwd * t
+    )
+    return t + e, g
+
+
+# --- the fit ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Prediction:
+    step_s: float | None  # None: not identified by the fit (basis says why)
+    lo_s: float | None  # 95% prediction interval; None: not enough data
+    hi_s: float | None
+    extrapolated: bool
+    basis: str
+
+
+@dataclass(frozen=True)
+class Fit:
+    compute: dict[str, Compute | str]
+    theta: np.ndarray  # PARAMS in s, s/B
+    std: np.ndarray  # nan where not identified or no dof
+    identified: tuple[bool, bool, bool]
+    cov: np.ndarray | None  # 3 x 3, None without dof
+    null: np.ndarray  # 3 x k: parameter directions the points did not measure
+    dof: int
+    resid_sd: float | None  # relative
+    points: tuple[Point, ...]  # the multi-rank points fitted
+    skipped: tuple[tuple[str, str], ...]  # (point or run, why not fitted)
+
+    def predict(
+        self,
+        world_size: int,
+        nodes: int,
+        local_batch: int,
+        precision: str,
+        bucket_cap_mb: float = DEFAULT_BUCKET_MB,
+        grad_sync_bytes: float | None = None,
+    ) -> Prediction:
+        """Step time of a configuration (s) with its 95% prediction interval."""
+        extrapolated = world_size > max(p.world_size for p in self.points) or nodes > max(
+            p.nodes for p in self.points
+        )
+        c = self.compute.get(precision) or f"no point of precision {precision}"
+        if isinstance(c, str):
+            return Prediction(None, None, None, extrapolated, c)
+        pbytes = grad_sync_bytes or self._bytes(precision)
+        pt = Point(
+            precision, local_batch, world_size, nodes, bucket_cap_mb, pbytes, (), (), 0, None, None
+        )
+        step, g = model_step(self.theta, c, pt)
+        if gap := self._unmeasured(g, nodes):
+            return Prediction(None, None, None, extrapolated, gap)
+        lo, hi = self._interval(step, g, c, local_batch, world_size)
+        basis = f"fit of {len(self.points)} multi-rank configurations, dof {self.dof}"
+        if world_size == 1:
+            basis = f"compute of the 1-rank {precision} runs, local batches {list(c.batches)}"
+        return Prediction(step, lo, hi, extrapolated, basis + (", extrapolated" * extrapolated))
+
+    def _bytes(self, precision: str) -> float:
+        values = [p.grad_sync_bytes for p in self.points if p.precision == precision]
+        values = values or [p.grad_sync_bytes for p in self.points]
+        return Counter(values).most_common(1)[0][0]
+
+    def _unmeasured(self, g: np.ndarray, nodes: int) -> str:
+        gs = g * SCALE
+        if nodes > 1 and not any(p.nodes > 1 for p in self.points):
+            return "not identified: no multi-node run measured beta_inter"
+        if self.null.size and np.linalg.norm(self.null.T @ gs) > 1e-6 * np.linalg.norm(gs):
+            return "not identified: the fitted runs do not separate alpha from beta here"
+        return ""
+
+    def _interval(self, step, g, c: Compute, b, n) -> tuple[float | None, float | None]:
+        if n == 1:  # compute alone
+            dof, var = c.dof, c.var(b) + ((c.resid_sd or 0) * step) ** 2
+        else:
+            dof = self.dof
+            if self.cov is None:
+                return None, None
+            var = float(g @ self.cov @ g) + c.var(b) + (self.resid_sd * step) ** 2
+        if dof <= 0:
+            return None, None
+        half = float(stats.t.ppf(0.5 + LEVEL / 2, dof)) * math.sqrt(var)
+        return max(0.0, step - half), step + half
+
+
+def fit_study(rows: list[dict]) -> Fit | None:
+    """The scaling model of runs.csv's rows, or None when nothing can be fitted."""
+    fit = fit_points(points(rows)[0])
+    return None if isinstance(fit, str) else fit
+
+
+def fit_points(pts: list[Point]) -> Fit | str:
+    """The fit of the points, or why there is none."""
+    compute = fit_compute(pts)
+    multi = [p for p in pts if p.world_size > 1]
+    used = [p for p in multi if isinstance(compute.get(p.precision), Compute)]
+    skipped = tuple((_label(p), compute[p.precision]) for p in multi if p not in used)
+    if not used:
+        return "no multi-rank ddp configuration with a 1-rank run of its precision"
+    free = np.array([True, any(p.nodes == 1 for p in used), any(p.nodes > 1 for p in used)])
+    res, jac = _objective(used, compute, free)
+    best = min(
+        (
+            optimize.least_squares(res, np.full(free.sum(), x0), jac=jac, bounds=(0, np.inf))
+            for x0 in (0.1, 1.0, 10.0, 100.0)  # piecewise linear: a few starts, keep the best
+        ),
+        key=lambda r: r.cost,
+    )
+    theta = np.zeros(3)
+    theta[free] = best.x * SCALE[free]
+    return _uncertainty(compute, theta, free, best.fun, best.jac, used, skipped)
+
+
+def _objective(used: list[Point], compute: dict, free: np.ndarray):
+    def full(x):
+        theta = np.zeros(3)
+        theta[free] = x * SCALE[free]
+        return theta
+
+    def res(x):
+        return np.array(
+            [model_step(full(x), compute[p.precision], p)[0] / p.step_s - 1 for p in used]
+        )
+
+    def jac(x):
+        grads = [model_step(full(x), compute[p.precision], p)[1] / p.step_s for p in used]
+        return np.array(grads)[:, free] * SCALE[free]
+
+    return res, jac
+
+
+def _uncertainty(compute, theta, free, resid, jac, used, skipped) -> Fit:
+    _, sv, vt = np.linalg.svd(jac, full_matrices=True)
+    rank = int(np.sum(sv > RANK_RTOL * sv[0])) if sv.size and sv[0] > 0 else 0
+    null_free = vt[rank:].T  # free x k
+    null = np.zeros((3, null_free.shape[1]))
+    null[free] = null_free
+    identified = tuple(bool(free[i] and np.linalg.norm(null[i]) < 1e-6) for i in range(3))
+    dof = len(used) - rank
+    cov, std, sd = None, np.full(3, np.nan), None
+    if dof > 0:
+        s2 = float(np.sum(resid**2)) / dof
+        cov_free = s2 * np.linalg.pinv(jac.T @ jac) * np.outer(SCALE[free], SCALE[free])
+        cov = np.zeros((3, 3))
+        cov[np.ix_(free, free)] = cov_free
+        std = np.where(identified, np.sqrt(np.clip(np.diag(cov), 0, None)), np.nan)
+        sd = math.sqrt(s2)
+    return Fit(compute, theta, std, identified, cov, null, dof, sd, tuple(used), skipped)
+
+
+def _label(p: Point) -> str:
+    return ";".join(p.runs)
+
+
+# --- held-out validation ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class HoldoutRow:
+    family: str
+    point: Point | None  # None: the family is not validated (note says why)
+    prediction: Prediction | None
+    note: str
+
+    @property
+    def rel_error(self) -> float | None:
+        if self.point is None or self.prediction is None or self.prediction.step_s is None:
+            return None
+        return self.prediction.step_s / self.point.step_s - 1
+
+
+def holdout(rows: list[dict]) -> list[HoldoutRow]:
+    """Each family's largest world size predicted by a fit without it (see the docstring)."""
+    return holdout_points(points(rows)[0])
+
+
+def holdout_points(pts: list[Point]) -> list[HoldoutRow]:
+    out = []
+    for family in sorted({f for p in pts for f in p.families}):
+        sizes = sorted({p.world_size for p in pts if family in p.families})
+        if len(sizes) < 3:
+            listed = ", ".join(map(str, sizes))
+            note = f"not validated: world sizes {listed} (needs >= 3 to leave one out)"
+            out.append(HoldoutRow(family, None, None, note))
+            continue
+        held = [p for p in pts if family in p.families and p.world_size == sizes[-1]]
+        fit = fit_points([p for p in pts if p not in held])
+        for p in held:
+            if isinstance(fit, str):
+                out.append(HoldoutRow(family, p, None, f"not predicted: {fit}"))
+                continue
+            pred = fit.predict(
+                p.world_size,
+                p.nodes,
+                p.local_batch,
+                p.precision,
+                p.bucket_cap_mb,
+                p.grad_sync_bytes,
+            )
+            out.append(HoldoutRow(family, p, pred, pred.basis))
+    return out
+
+
+# --- the bucket advisor ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class Advice:
+    world_size: int | None
+    nodes: int | None
+    precision: str | None
+    local_batch: int | None
+    grad_sync_bytes: float | None
+    bucket_cap_mb: float | None  # recommended; None: not enough data (note)
+    buckets: int | None
+    step_s: float | None  # predicted at the recommended cap
+    default_step_s: float | None  # predicted at 25 MiB
+    gain: float | None  # default_step_s / step_s - 1
+    note: str
+
+
+def advise(fit: Fit | None, pts: list[Point]) -> list[Advice]:
+    """The recommended bucket_cap_mb per multi-rank (world size, nodes) and bucket-family
+    (precision, local batch); rows that say "not enough data" where the data cannot tell."""
+    sweep = [p for p in pts if "bucket" in p.families]
+    combos = sorted({(p.precision, p.local_batch, p.grad_sync_bytes) for p in sweep})
+    sizes = sorted({(p.world_size, p.nodes) for p in pts if p.world_size > 1})
+    if not combos or not sizes:
+        why = "no multi-rank ddp run modelled" if not sizes else "no bucket family modelled"
+        return [Advice(*[None] * 10, note=f"not enough data: {why}")]
+    gap = _sweep_gap(fit, sweep)
+    return [_advice(fit, n, nodes, combo, gap) for n, nodes in sizes for combo in combos]
+
+
+def _sweep_gap(fit: Fit | None, sweep: list[Point]) -> str:
+    if fit is None:
+        return "no scaling fit (model.csv says why)"
+    counts = {len(bucket_sizes(p.grad_sync_bytes, p.bucket_cap_mb)) for p in sweep}
+    if len(counts) < 2:
+        caps = ", ".join(f"{c:g}" for c in sorted({p.bucket_cap_mb for p in sweep}))
+        mb = ", ".join(f"{b / 1e6:.2f}" for b in sorted({p.grad_sync_bytes for p in sweep}))
+        return (
+            f"every bucket_cap_mb of the sweep ({caps} MiB) gives {counts.pop()} bucket(s) of "
+            f"grad_sync_bytes {mb} MB: no measurement shows a bucket-size effect"
+        )
+    if not fit.identified[0]:
+        return "alpha (per-message latency) not identified by the fit"
+    return ""
+
+
+def _advice(fit: Fit | None, n: int, nodes: int, combo: tuple, gap: str) -> Advice:
+    precision, b, pbytes = combo
+    head = (n, nodes, precision, b, pbytes)
+    if not gap and not fit.identified[1 if nodes == 1 else 2]:
+        gap = f"beta_{'intra' if nodes == 1 else 'inter'} not identified by the fit"
+    if gap:
+        return Advice(*head, None, None, None, None, None, note=f"not enough data: {gap}")
+    caps = sorted({*CANDIDATE_CAPS_MB, float(math.ceil(pbytes / MIB))})
+    preds = {cap: fit.predict(n, nodes, b, precision, cap, pbytes) for cap in caps}
+    if any(p.step_s is None for p in preds.values()):
+        why = next(p.basis for p in preds.values() if p.step_s is None)
+        return Advice(*head, None, None, None, None, None, note=f"not enough data: {why}")
+    best = min(caps, key=lambda cap: (preds[cap].step_s, cap))
+    default = preds[DEFAULT_BUCKET_MB].step_s
+    gain = default / preds[best].step_s - 1
+    m = len(bucket_sizes(pbytes, best))
+    return Advice(*head, best, m, preds[best].step_s, default, gain, note=preds[best].basis)

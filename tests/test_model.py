@@ -1,0 +1,297 @@
+"""The scaling model (study/model.py) and its command (results/model.py).
+
+Synthetic step times come from the model itself with known alpha, beta_intra, beta_inter and
+compute (full ResNet-18: P = 44,695,848 B, 4 ranks per node), so the fit must give them back.
+tests/fixtures/demo_runs.csv is results/csv/runs.csv of the CPU demo study (config/demo.yaml,
+6 runs of a width-8 ResNet-18 on synthetic data, 2 CPU cores), copied as it was written: it
+predates grad_sync_bytes, so tests add the width-8 value the trainer records (checked below).
+"""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import read_metrics, train
+from workflow_helpers import REPO, child_env
+
+from scalestudy import cli
+from scalestudy.errors import AnalysisError
+from scalestudy.study import model
+
+P_FULL = 44_695_848  # bytes of fp32 gradients of ResNet-18 (width 64, 10 classes)
+P_WIDTH8 = 705_608  # the same at width 8 (test_grad_sync_bytes_of_the_models)
+TRUE = np.array([50e-6, 1 / 20e9, 1 / 5e9])  # alpha 50 us, 20 GB/s in a node, 5 GB/s across
+COMPUTE = model.Compute("fp32", 5e-3, 1e-4, None, 0, None, 0.6, (), "")  # 5 ms + 0.1 ms/img
+DEMO = REPO / "tests/fixtures/demo_runs.csv"
+
+
+def synthetic_rows(
+    noise=0.0, seed=0, sizes=(1, 2, 4, 8, 16), caps=(1, 5, 25), batches=(32, 64, 128)
+):
+    """runs.csv rows whose step times are the model's at TRUE (times 1 + noise x N(0, 1))."""
+    rng, rows = np.random.default_rng(seed), []
+    for n in sizes:
+        nodes = 1 if n <= 4 else n // 4
+        for b in batches:
+            for cap in caps if n > 1 else (25,):
+                pt = model.Point("fp32", b, n, nodes, cap, P_FULL, (), (), 0, None, None)
+                step = model.model_step(TRUE, COMPUTE, pt)[0] * (1 + noise * rng.standard_normal())
+                rows.append(
+                    _row(
+                        f"w{n}_lb{b}_bk{cap}",
+                        "strong" if cap == 25 else "bucket",
+                        n,
+                        nodes,
+                        b,
+                        cap,
+                        step,
+                    )
+                )
+    return rows
+
+
+def _row(run, families, n, nodes, b, cap, step, strategy="ddp", pbytes=P_FULL):
+    return dict(
+        run=run,
+        families=families,
+        strategy=strategy,
+        world_size=str(n),
+        nodes=str(nodes),
+        local_batch=str(b),
+        global_batch=str(b * n),
+        precision="fp32",
+        bucket_cap_mb=str(cap),
+        comm_hook="none",
+        accum_steps="1",
+        throughput_img_s=str(b * n / step),
+        grad_sync_bytes=str(pbytes),
+        phase_frac_backward="0.6",
+    )
+
+
+def demo_rows(pbytes=P_WIDTH8):
+    with DEMO.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    return [dict(r, grad_sync_bytes=str(pbytes)) for r in rows]
+
+
+def write_rows(path, rows):
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def read(path):
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+# --- the fit ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("noise", [0.0, 0.01])
+def test_fit_recovers_alpha_betas_and_compute(noise):
+    fit = model.fit_study(synthetic_rows(noise))
+    assert fit.identified == (True, True, True)
+    np.testing.assert_allclose(fit.theta, TRUE, rtol=0.05)
+    c = fit.compute["fp32"]
+    np.testing.assert_allclose([c.c0, c.c1, c.f_bwd], [5e-3, 1e-4, 0.6], rtol=0.05)
+    if noise:  # the stated uncertainty covers the truth (3 sigma) and is not absurdly wide
+        assert np.all(np.abs(fit.theta - TRUE) < 3 * fit.std)
+        assert np.all(fit.std < 0.05 * TRUE)
+        assert 0.005 < fit.resid_sd < 0.015
+
+
+def test_prediction_interval_covers_a_new_noisy_point():
+    fit = model.fit_study(synthetic_rows(0.01))
+    pred = fit.predict(32, 8, 64, "fp32", 10)
+    pt = model.Point("fp32", 64, 32, 8, 10, P_FULL, (), (), 0, None, None)
+    truth = model.model_step(TRUE, COMPUTE, pt)[0]
+    assert pred.extrapolated and pred.lo_s < truth < pred.hi_s
+    assert abs(pred.step_s / truth - 1) < 0.03
+
+
+def test_holdout_predicts_each_familys_largest_world_size():
+    rows = model.holdout(synthetic_rows(0.01, seed=1))
+    assert {(h.family, h.point.world_size) for h in rows} == {("strong", 16), ("bucket", 16)}
+    assert len(rows) == 9  # 3 batches x (one strong cap + two bucket caps)
+    assert all(abs(h.rel_error) < 0.05 for h in rows)
+    # 95% intervals: most held-out points inside (all 9 would be chance too), none absurd
+    inside = [h.prediction.lo_s < h.point.step_s < h.prediction.hi_s for h in rows]
+    assert sum(inside) >= 7
+    assert all(h.prediction.hi_s - h.prediction.lo_s < 0.1 * h.point.step_s for h in rows)
+
+
+def test_families_with_two_world_sizes_are_not_validated():
+    rows = model.holdout(synthetic_rows(sizes=(1, 2)))
+    assert rows and all(h.point is None and "not validated" in h.note for h in rows)
+
+
+def test_too_few_points_give_no_interval():
+    # one multi-rank world size, two caps: alpha and 1/beta_intra fitted exactly (dof 0)
+    fit = model.fit_study(synthetic_rows(sizes=(1, 2), caps=(1, 5), batches=(64,)))
+    assert fit.dof == 0 and fit.cov is None and "c0 = 0" in fit.compute["fp32"].note
+    pred = fit.predict(2, 1, 64, "fp32", 25)
+    assert pred.step_s is not None and pred.lo_s is None and pred.hi_s is None
+
+
+def test_what_the_runs_did_not_measure_is_not_identified():
+    fit = model.fit_study(synthetic_rows(sizes=(1, 2, 4), caps=(25,)))
+    assert fit.identified[2] is False  # no multi-node run
+    assert np.isnan(fit.std[2])
+    pred = fit.predict(8, 2, 64, "fp32")
+    assert pred.step_s is None and "beta_inter" in pred.basis
+
+
+def test_one_bucket_at_one_world_size_cannot_separate_alpha_from_beta():
+    # the demo's shape: P < 1 MiB is one bucket at every cap; at N = 2 only 2 alpha + P/beta shows
+    fit = model.fit_study(synthetic_rows(sizes=(1, 2), caps=(25,)))
+    assert fit.identified[:2] == (False, False)
+    assert fit.predict(4, 1, 64, "fp32").step_s is None
+    assert fit.predict(2, 1, 64, "fp32").step_s is not None  # what was measured is predicted
+
+
+def test_exposed_communication_formula_with_equal_buckets():
+    # 4 buckets of 1 MiB, N = 4: check against max(c(B), t_c - t_b (1 - B/P)) by hand
+    theta, t_b = np.array([1e-5, 1e-9, 0.0]), 2e-3
+    cost = 2 * 3 * 1e-5 + 1.5 * model.MIB * 1e-9
+    assert model.exposed(theta, 4, 1, 4 * model.MIB, 1, t_b)[0] == pytest.approx(
+        max(cost, 4 * cost - t_b * 0.75)
+    )
+    assert model.exposed(theta, 1, 1, 4 * model.MIB, 1, t_b)[0] == 0.0
+
+
+# --- the advisor -----------------------------------------------------------------------------
+def test_advisor_picks_the_known_optimum():
+    rows = synthetic_rows()
+    pts = model.points(rows)[0]
+    advice = model.advise(model.fit_points(pts), pts)
+    assert len(advice) == 4 * 3  # world sizes 2, 4, 8, 16 x local batches
+    caps = sorted({*model.CANDIDATE_CAPS_MB, float(np.ceil(P_FULL / model.MIB))})
+    for a in advice:
+        truth = {
+            cap: model.model_step(
+                TRUE,
+                COMPUTE,
+                model.Point(
+                    "fp32", a.local_batch, a.world_size, a.nodes, cap, P_FULL, (), (), 0, None, None
+                ),
+            )[0]
+            for cap in caps
+        }
+        best = min(truth, key=truth.get)
+        assert truth[a.bucket_cap_mb] == pytest.approx(truth[best], rel=1e-6)
+        assert a.gain == pytest.approx(truth[25.0] / truth[best] - 1, abs=1e-6)
+    assert any(a.gain > 0.05 for a in advice)  # the synthetic study has something to gain
+
+
+def test_advisor_says_not_enough_data_when_every_cap_is_one_bucket():
+    pts = model.points(demo_rows())[0]
+    advice = model.advise(model.fit_points(pts), pts)
+    assert {a.world_size for a in advice} == {2, 4}
+    for a in advice:
+        assert a.bucket_cap_mb is None and a.gain is None
+        assert a.note.startswith("not enough data: every bucket_cap_mb of the sweep (1, 25 MiB)")
+
+
+# --- inputs ----------------------------------------------------------------------------------
+def test_runs_the_model_cannot_describe_are_listed_with_the_reason():
+    rows = synthetic_rows(sizes=(1, 2))
+    rows.append(_row("fsdp_run", "strong", 2, 1, 64, 25, 0.01, strategy="fsdp"))
+    rows.append(dict(_row("old_run", "strong", 2, 1, 64, 25, 0.01), grad_sync_bytes=""))
+    skipped = dict(model.points(rows)[1])
+    assert skipped["fsdp_run"].startswith("strategy fsdp")
+    assert "no grad_sync_bytes" in skipped["old_run"]
+
+
+def test_bad_cell_is_one_clear_error():
+    rows = synthetic_rows(sizes=(1, 2))
+    rows[0]["throughput_img_s"] = "fast"
+    with pytest.raises(AnalysisError, match="run 'w1_lb32_bk25' has throughput_img_s = 'fast'"):
+        model.points(rows)
+
+
+def test_grad_sync_bytes_of_the_models():
+    from scalestudy.trainer.config import TrainConfig
+    from scalestudy.trainer.models import build_model
+    from scalestudy.trainer.parallel import grad_sync
+
+    for width, params in ((8, P_WIDTH8 // 4), (64, P_FULL // 4)):
+        net = build_model("resnet18", num_classes=10, width=width, in_channels=3)
+        assert grad_sync(net, TrainConfig(width=width)) == {
+            "param_count": params,
+            "grad_sync_bytes": 4 * params,
+        }
+    assert grad_sync(net, TrainConfig(comm_hook="bf16"))["grad_sync_bytes"] == 2 * params
+    assert grad_sync(net, TrainConfig(strategy="fsdp"))["grad_sync_bytes"] is None
+
+
+def test_metrics_json_records_param_count_and_grad_sync_bytes(data_dir, tmp_path):
+    train(data_dir, tmp_path, "--epochs", "1", "--warmup-steps", "1", nproc=1)
+    m = read_metrics(tmp_path)
+    assert m["param_count"] > 0 and m["grad_sync_bytes"] == 4 * m["param_count"]
+
+
+# --- the command -----------------------------------------------------------------------------
+def test_command_on_the_demo_study(tmp_path):
+    write_rows(tmp_path / "runs.csv", demo_rows())
+    assert (
+        cli.main(["model", "--runs", str(tmp_path / "runs.csv"), "--out-dir", str(tmp_path)]) == 0
+    )
+    rows = read(tmp_path / "model.csv")
+    by = {(r["kind"], r["name"], r["precision"]): r for r in rows}
+    assert float(by[("parameter", "alpha_s", "")]["value"]) > 0
+    assert by[("parameter", "beta_inter_Bps", "")]["note"] == "not identified: no multi-node run"
+    assert "not identified" in by[("holdout", "strong", "fp32")]["note"]  # only N = 2 left
+    assert by[("holdout", "weak", "")]["note"].startswith("not validated: world sizes 1, 2")
+    assert (
+        "no 1-rank run of precision bf16"
+        in by[("not_modelled", "w2_lb16_bf16_ddp_bk25_r0", "")]["note"]
+    )
+    fitted = [r for r in rows if r["kind"] == "fit"]
+    assert len(fitted) == 5 and all(r["predicted"] and r["rel_error"] for r in fitted)
+    advice = read(tmp_path / "bucket_advice.csv")
+    assert len(advice) == 2 and all(r["note"].startswith("not enough data") for r in advice)
+
+
+def test_command_on_a_synthetic_study_writes_held_out_errors_and_advice(tmp_path):
+    write_rows(tmp_path / "runs.csv", synthetic_rows(0.01))
+    assert (
+        cli.main(["model", "--runs", str(tmp_path / "runs.csv"), "--out-dir", str(tmp_path)]) == 0
+    )
+    rows = read(tmp_path / "model.csv")
+    held = [r for r in rows if r["kind"] == "holdout"]
+    assert len(held) == 9 and all(abs(float(r["rel_error"])) < 0.05 for r in held)
+    params = {r["name"]: r for r in rows if r["kind"] == "parameter"}
+    assert float(params["beta_inter_Bps"]["value"]) == pytest.approx(5e9, rel=0.05)
+    advice = read(tmp_path / "bucket_advice.csv")
+    assert all(r["bucket_cap_mb"] and r["gain"] for r in advice)
+
+
+def test_command_refuses_a_bad_runs_csv_in_one_line(tmp_path):
+    rows = [{k: v for k, v in r.items() if k != "throughput_img_s"} for r in demo_rows()]
+    write_rows(tmp_path / "runs.csv", rows)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "scalestudy",
+            "model",
+            "--runs",
+            str(tmp_path / "runs.csv"),
+            "--out-dir",
+            str(tmp_path),
+        ],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "scalestudy model: runs.csv has no column throughput_img_s: run `collect` again"
+    ]
+    assert not (tmp_path / "model.csv").exists()
