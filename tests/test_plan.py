@@ -22,6 +22,7 @@ import snakemake_logger_plugin_scalestudy as logger_plugin
 from scalestudy.errors import PlanError
 from scalestudy.study import plan
 from scalestudy.study.config import StudyConfigError, validate
+from scalestudy.study.estimate import compute_seconds
 from scalestudy.study.runs import build_run_table
 
 # A small GPU study whose plan is computed by hand below: 2 GPUs per node, synthetic data of
@@ -475,3 +476,81 @@ def test_calibrated_estimates_within_25_percent(tiny_study):
     )
     print(f"calibrated vs measured: {report}")
     assert max(abs(r["error"]) for r in check) <= 0.25, report
+
+
+# A CPU study of 1-8 ranks on one node whose 1, 2 and 4-rank runs were "measured" from known
+# compute and communication: one bucket (P < 25 MiB), so a step costs
+#   T = c0 + c1 b + 2(N-1) alpha + 2(N-1)/N P / beta     (study/model.py, one-bucket case)
+MODELLED = {
+    "dataset": "synthetic",
+    "synthetic": {"num_train": 1024, "num_test": 256},
+    "hardware": {"device": "cpu", "gpus_per_node": 8, "runtime_min": 1},
+    "train": {"epochs": 2, "local_batch": 8, "precision": "fp32"},
+    "repeats": 1,
+    "families": {
+        "strong": {"enabled": True, "gpus": [1, 2, 4, 8], "global_batch": 16},
+        "weak": {"enabled": True, "gpus": [1, 2, 4, 8], "local_batch": 8},
+    },
+}
+C0, C1, ALPHA, INV_BETA, P_BYTES = 0.004, 0.002, 0.001, 1e-8, 500_000
+NOISE = {"w2_lb8": 0.01, "w4_lb4": -0.01, "w4_lb8": 0.005}  # relative, deterministic
+
+
+def modelled_step(n: int, b: int) -> float:
+    return C0 + C1 * b + 2 * (n - 1) * ALPHA + 2 * (n - 1) / n * P_BYTES * INV_BETA
+
+
+def modelled_measurements(config: dict) -> list[dict]:
+    out = []
+    for row in build_run_table(config):
+        n, b = row["world_size"], row["local_batch"]
+        if n == 8:
+            continue  # never measured: the plan must price it
+        step = modelled_step(n, b) * (1 + NOISE.get(f"w{n}_lb{b}", 0.0))
+        x = n * b / step
+        out.append(
+            {k: str(v) for k, v in row.items()}
+            | {
+                "throughput_img_s": str(x),
+                "throughput_img_s_per_rank": str(x / n),
+                "grad_sync_bytes": str(P_BYTES),
+                "phase_frac_backward": "0.5",
+                "wall_s": None,
+            }
+        )
+    return out
+
+
+def test_the_scaling_model_prices_an_unmeasured_world_size_with_an_interval(tmp_path):
+    config = validate(yaml.safe_load(yaml.safe_dump(MODELLED)))
+    measured = modelled_measurements(config)
+    est = {e.run: e for e in plan.estimate_runs(config, build_run_table(config), measured)}
+    for run in ("w8_lb2_fp32_ddp_bk25_r0", "w8_lb8_fp32_ddp_bk25_r0"):
+        e = est[run]
+        assert e.throughput_basis == "model, extrapolated" and e.extrapolated, run
+        assert e.runtime_lo_s < e.runtime_s < e.runtime_hi_s, run
+        # the known model's runtime lies in the interval; the 1% noise of three points grows
+        # to a few % at twice the largest measured world size
+        true_x = 8 * e.local_batch / modelled_step(8, e.local_batch)
+        true_s = compute_seconds(2, 1024, 256, true_x, config["plan"]) + e.startup_s
+        assert e.runtime_lo_s < true_s < e.runtime_hi_s, run
+        assert e.runtime_s == pytest.approx(true_s, rel=0.1), run
+    measured_run = est["w4_lb4_fp32_ddp_bk25_r0"]
+    assert measured_run.throughput_basis == "run" and measured_run.runtime_lo_s is None
+    # plan.csv and plan.md carry the interval, the extrapolation and the held-out error
+    csv_path, md_path, runs_csv = tmp_path / "plan.csv", tmp_path / "plan.md", tmp_path / "runs.csv"
+    with runs_csv.open("w", newline="") as f:
+        columns = [c for c in measured[0] if c != "wall_s"]
+        writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(measured)
+    plan.write_plan(config, md_path, csv_path, runs_csv, tmp_path / "no-benchmarks")
+    rows = {r["run"]: r for r in csv.DictReader(csv_path.open())}
+    w8 = rows["w8_lb8_fp32_ddp_bk25_r0"]
+    assert w8["extrapolated"] == "true" and float(w8["runtime_lo_s"]) < float(w8["runtime_hi_s"])
+    assert rows["w2_lb8_fp32_ddp_bk25_r0"]["runtime_lo_s"] == ""
+    md = md_path.read_text()
+    section = md.split("## How good the scaling model is")[1].split("## Runs")[0]
+    held = [line for line in section.splitlines() if line.startswith("| strong | 4 ranks")]
+    assert len(held) == 1 and re.search(r"\| [+-]\d+% \|", held[0]), section
+    assert "| model, extrapolated |" in md

@@ -20,7 +20,14 @@ level that has measurements (mean of the measured throughput_img_s_per_rank):
     1. run        the same configuration (run id without its repeat), e.g. repeats 1, 2 of r0
     2. batch      the same precision, world size and local_batch
     3. world size the same precision and world size
-    4. precision  the same precision at other world sizes, as x_rank / eta(W_measured) * eta(W)
+    4. model      the scaling model (study/model.py) fitted to the measured DDP runs of the
+                  same base: x_rank = local_batch / T_step(W, nodes, local_batch, precision,
+                  bucket_cap_mb), with T_step's 95% prediction interval carried into
+                  runtime_lo_s / runtime_hi_s (runtime at the slow and fast ends of the step
+                  time); "model, extrapolated" beyond the measured world sizes or nodes. Used
+                  only where the fit identifies the parameters the run depends on (a multi-node
+                  run needs a measured multi-node run): the model never guesses a bandwidth
+    5. precision  the same precision at other world sizes, as x_rank / eta(W_measured) * eta(W)
 
 startup_s is calibrated too when Snakemake's job wall times exist (benchmarks/train/<run>.tsv):
 the median of wall_s - epochs * (N_train / X + N_test / (X * eval_speedup)) over measured runs of
@@ -47,7 +54,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from scalestudy import vocab
-from scalestudy.errors import PlanError
+from scalestudy.errors import AnalysisError, PlanError
+from scalestudy.study import model
 from scalestudy.study.runs import RUN_COLUMNS, build_run_table, same
 
 RUNS_CSV = "results/csv/runs.csv"
@@ -58,7 +66,7 @@ PLAN_CSV = "results/plan.csv"
 BASE_KEY = ("device", "model", "width", "strategy", "loader", "compile", "comm_hook", "accum_steps")
 # ... and in the image size: MNIST's 28x28x1 images cost less than CIFAR-10's (synthetic has
 # CIFAR-10's shape, so offline runs calibrate a CIFAR-10 study)
-LEVELS = ("run", "batch", "world size", "precision")
+LEVELS = ("run", "batch", "world size", "model", "precision")
 # the levels whose measured J/img a run's energy estimate may take (same precision and world size)
 ENERGY_LEVELS = ("run", "batch", "world size")
 J_PER_KWH = 3.6e6
@@ -90,6 +98,9 @@ PLAN_COLUMNS = (
     "startup_s",
     "startup_basis",
     "runtime_s",
+    "runtime_lo_s",
+    "runtime_hi_s",
+    "extrapolated",
     "slurm_runtime_min",
     "node_hours",
     "gpu_hours",
@@ -123,6 +134,10 @@ class Estimate:
     done: bool = False
     energy_j_per_img: float | None = None  # measured on comparable runs; None: not measured
     energy_basis: str = "not measured"
+    # the scaling model's 95% prediction interval of runtime_s (basis "model"); None otherwise
+    runtime_lo_s: float | None = None
+    runtime_hi_s: float | None = None
+    extrapolated: bool = False  # a model estimate beyond the measured world sizes or nodes
 
     @property
     def node_hours(self) -> float:
@@ -270,6 +285,14 @@ def _startup_overhead(config: dict, row: dict) -> float | None:
     return row["wall_s"] - compute_seconds(epochs, n_train, n_test, throughput, config["plan"])
 
 
+def fit_measured(rows: list[dict]) -> model.Fit | None:
+    """The scaling model of measured runs (one base), None where it cannot be fitted."""
+    try:
+        return model.fit_study(rows)
+    except AnalysisError as exc:
+        raise PlanError(f"{RUNS_CSV}: {exc}") from None
+
+
 @dataclasses.dataclass
 class Calibration:
     """Measured per-rank throughput and start-up per level, ready to look runs up in."""
@@ -282,6 +305,7 @@ class Calibration:
         self._levels: dict[tuple, list[float]] = {}
         self._startup: dict[tuple, list[float]] = {}
         self._energy: dict[tuple, list[float]] = {}
+        self._fits: dict[tuple, model.Fit | None] = {}  # per base, fitted when first asked
         for row in self.measured if plan["calibrate"] else []:
             base = _base(row)
             per_img = as_float(row.get("energy_j_per_img"))
@@ -301,11 +325,36 @@ class Calibration:
         plan = self.config["plan"]
         eta = efficiency(plan, row["world_size"], row["nodes"])
         for level in LEVELS:
+            if level == "model":
+                if (pred := self.model_step(row)) is not None:
+                    basis = "model, extrapolated" if pred.extrapolated else "model"
+                    return row["local_batch"] / pred.step_s, basis
+                continue
             values = self._levels.get((_base(row), level, _level_key(level, row)))
             if values:
                 mean = statistics.fmean(values)
                 return (mean * eta if level == "precision" else mean), level
         return plan["throughput_img_s_per_gpu"][row["precision"]] * eta, "default"
+
+    def model_step(self, row: dict) -> model.Prediction | None:
+        """The scaling model's step time of the run (fitted to the measured runs of its base),
+        or None where it has none: no fit, or the fit does not identify what the run needs."""
+        fit = self.fit(row)
+        if fit is None or int(row.get("accum_steps", 1)) != 1:
+            return None
+        pred = fit.predict(
+            row["world_size"], row["nodes"], row["local_batch"], row["precision"],
+            float(row["bucket_cap_mb"]),
+        )  # fmt: skip
+        return pred if pred.step_s else None
+
+    def fit(self, row: dict) -> model.Fit | None:
+        base = _base(row)
+        if base not in self._fits:
+            rows = [m for m in self.measured if _base(m) == base]
+            calibrate = rows and self.config["plan"]["calibrate"]
+            self._fits[base] = fit_measured(rows) if calibrate else None
+        return self._fits[base]
 
     def energy_per_image(self, row: dict) -> tuple[float | None, str]:
         """Mean measured J/img at the first level that has one; (None, "not measured") else."""
@@ -334,6 +383,12 @@ def estimate_run(config: dict, row: dict, calibration: Calibration, done: bool =
     n_train, n_test = dataset_sizes(config, row)
     throughput = per_rank * row["world_size"]
     runtime = compute_seconds(row["epochs"], n_train, n_test, throughput, config["plan"]) + startup
+    lo = hi = None
+    if basis.startswith("model") and (pred := calibration.model_step(row)).lo_s is not None:
+        lo, hi = (
+            compute_seconds(row["epochs"], n_train, n_test, x, config["plan"]) + startup
+            for x in (row["global_batch"] / max(pred.lo_s, 1e-12), row["global_batch"] / pred.hi_s)
+        )
     return Estimate(
         rule="train",
         run=row["run"],
@@ -355,6 +410,9 @@ def estimate_run(config: dict, row: dict, calibration: Calibration, done: bool =
         done=done,
         energy_j_per_img=per_img,
         energy_basis=energy_basis,
+        runtime_lo_s=lo,
+        runtime_hi_s=hi,
+        extrapolated=basis == "model, extrapolated",
     )
 
 

@@ -22,7 +22,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from scalestudy import files, log, vocab
-from scalestudy.errors import PlanError, StudyConfigError
+from scalestudy.errors import AnalysisError, PlanError, StudyConfigError
+from scalestudy.study import model
 from scalestudy.study.estimate import (
     BENCHMARKS_DIR,
     PLAN_COLUMNS,
@@ -94,7 +95,9 @@ def _mark(e: Estimate) -> str:
         return e.throughput_basis
     if not e.calibrated:
         return "default"
-    return f"* {e.throughput_basis}" + ("" if e.startup_basis == "default" else " +startup")
+    interval = "" if e.runtime_lo_s is None else f" [{hms(e.runtime_lo_s)}-{hms(e.runtime_hi_s)}]"
+    startup = "" if e.startup_basis == "default" else " +startup"
+    return f"* {e.throughput_basis}{interval}{startup}"
 
 
 def format_table(estimates: list[Estimate], note: str = "") -> str:
@@ -231,6 +234,9 @@ def plan_csv_text(estimates: list[Estimate]) -> str:
             throughput_img_s=round(e.throughput_img_s, 3),
             startup_s=round(e.startup_s, 3),
             energy_kwh=None if e.energy_kwh is None else round(e.energy_kwh, 6),
+            runtime_lo_s=None if e.runtime_lo_s is None else round(e.runtime_lo_s, 3),
+            runtime_hi_s=None if e.runtime_hi_s is None else round(e.runtime_hi_s, 3),
+            extrapolated=str(e.extrapolated).lower(),
             done=str(e.done).lower(),
         )
         writer.writerow([values[c] for c in PLAN_COLUMNS])
@@ -242,7 +248,12 @@ def plan_digest(estimates: list[Estimate]) -> str:
     return hashlib.sha256(plan_csv_text(estimates).encode("utf-8")).hexdigest()[:16]
 
 
-def plan_markdown(config: dict, estimates: list[Estimate], check: list[dict]) -> str:
+def plan_markdown(
+    config: dict,
+    estimates: list[Estimate],
+    check: list[dict],
+    holdout: list[model.HoldoutRow] = (),
+) -> str:
     """The allocation-proposal page: formula, parameters, per family with contingency.
 
     Long because it is the page itself, section after section in reading order; splitting it
@@ -273,8 +284,11 @@ def plan_markdown(config: dict, estimates: list[Estimate], check: list[dict]) ->
         "eta(W) = 1 for one rank, efficiency_intra_node within one node, efficiency_inter_node "
         "across nodes. Calibrated runs (basis other than `default`) take x_rank from measured "
         "runs (results/csv/runs.csv): the same configuration, else the same precision, world size "
-        "and local batch, else the same precision and world size, else the same precision "
-        "rescaled by eta; startup_s then comes from Snakemake's measured job wall times.",
+        "and local batch, else the same precision and world size, else the scaling model "
+        "(basis `model`: x_rank = local_batch / T_step, study/model.py, fitted to the measured "
+        "DDP runs; runtime with its 95% prediction interval; `model, extrapolated` beyond the "
+        "measured world sizes or nodes), else the same precision rescaled by eta; startup_s "
+        "then comes from Snakemake's measured job wall times.",
         "",
         "## Parameters (`plan:` in the study config)",
         "",
@@ -343,19 +357,65 @@ def plan_markdown(config: dict, estimates: list[Estimate], check: list[dict]) ->
             f"{loo_sum:.1f} s ({loo_sum / measured_sum - 1:+.0%}).",
             "",
         ]
+    lines += model_section(holdout)
     lines += [
         "## Runs",
         "",
-        "| run | families | nodes | GPUs | runtime | node-hours | GPU-hours | basis | done |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "Runtime interval: the scaling model's 95% prediction interval (basis `model`); "
+        "`extrapolated`: beyond the measured world sizes or nodes.",
+        "",
+        "| run | families | nodes | GPUs | runtime | interval | node-hours | GPU-hours | basis "
+        "| done |",
+        "|---|---|---|---|---|---|---|---|---|---|",
         *[
             f"| {e.run} | {e.families} | {e.nodes} | {e.gpus} | {hms(e.runtime_s)} | "
-            f"{e.node_hours:.3f} | {e.gpu_hours:.3f} | {_mark(e)} | {'yes' if e.done else ''} |"
+            f"{_interval(e)} | {e.node_hours:.3f} | {e.gpu_hours:.3f} | {e.throughput_basis} | "
+            f"{'yes' if e.done else ''} |"
             for e in estimates
         ],
         "",
     ]
     return "\n".join(lines)
+
+
+def _interval(e: Estimate) -> str:
+    if e.runtime_lo_s is None:
+        return "n/a" if e.throughput_basis.startswith("model") else ""
+    return f"{hms(e.runtime_lo_s)}-{hms(e.runtime_hi_s)}"
+
+
+def model_section(rows: list[model.HoldoutRow]) -> list[str]:
+    """How well the scaling model predicts a world size it was not fitted to (held out)."""
+    lines = [
+        "## How good the scaling model is",
+        "",
+        "For each family with >= 3 world sizes, the model (study/model.py) is fitted without the "
+        "family's largest world size and predicts it: error = predicted / measured step time - 1.",
+        "",
+    ]
+    if not rows:
+        return [*lines, "No measured DDP runs to validate the model on.", ""]
+    lines += [
+        "| family | held out | measured step | predicted | 95% interval | error | note |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if r.point is None:
+            lines.append(f"| {r.family} | | | | | | {r.note} |")
+            continue
+        p, pred = r.point, r.prediction
+        step = pred.step_s if pred else None
+        interval = (
+            f"{pred.lo_s * 1e3:.1f}-{pred.hi_s * 1e3:.1f} ms" if pred and pred.lo_s is not None
+            else "n/a"
+        )  # fmt: skip
+        lines.append(
+            f"| {r.family} | {p.world_size} ranks, local batch {p.local_batch}, {p.precision} | "
+            f"{p.step_s * 1e3:.1f} ms | {'n/a' if step is None else f'{step * 1e3:.1f} ms'} | "
+            f"{interval} | {'n/a' if r.rel_error is None else f'{r.rel_error:+.0%}'} | "
+            f"{r.note or (pred.basis if pred and step is None else '')} |"
+        )
+    return [*lines, ""]
 
 
 def write_plan(
@@ -369,9 +429,19 @@ def write_plan(
     measured = load_measured(runs_csv, benchmarks_dir)
     estimates = estimate_runs(config, build_run_table(config), measured)
     check = calibration_check(config, measured) if config["plan"]["calibrate"] else []
-    files.write_text(out_md, plan_markdown(config, estimates, check))
+    files.write_text(out_md, plan_markdown(config, estimates, check, model_holdout(measured)))
     files.write_text(out_csv, plan_csv_text(estimates))
     return estimates
+
+
+def model_holdout(measured: list[dict]) -> list[model.HoldoutRow]:
+    """The scaling model's held-out validation on the measured runs (none without runs)."""
+    if not measured:
+        return []
+    try:
+        return model.holdout(measured)
+    except AnalysisError as exc:
+        raise PlanError(f"{RUNS_CSV}: {exc}") from None
 
 
 # ---------------------------------------------------------------------------------------------
