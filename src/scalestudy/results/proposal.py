@@ -381,8 +381,9 @@ def _texts(config: dict) -> list[dict]:
         f"{p['production']['runs']} runs at the chosen scale",
         "data": p["data"]
         or "Results (CSV, figures, reports) are written under results/ and reports/ of the study "
-        "directory and kept with the code in git; container images under containers/ are "
-        "rebuilt from their definition and identified by their sha256 digest.",
+        "directory (not in git: archived with the git commit and container digest every run "
+        "records); container images under containers/ are rebuilt from their definition and "
+        "identified by their sha256 digest.",
         "dataset terms": DATA_TERMS[config["dataset"]],
         "container image": config["container"]["image"] if config["container"]["enabled"] else "",
     }
