@@ -17,7 +17,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from workflow_helpers import REPO, child_env
+import yaml
+from workflow_helpers import REPO, child_env, write_config
 
 from scalestudy import cli, files
 from scalestudy.results import build_pdf as latex
@@ -63,7 +64,9 @@ def build(tmp_path: Path, *overrides: str) -> tuple[dict, Path]:
     config = load_and_validate(DEMO, overrides=list(overrides))
     study = tmp_path / "study"
     runs = measured_runs(config)
-    files.write_csv(study / "results/csv/runs.csv", [*RUN_COLUMNS, *runs[0].keys() - set(RUN_COLUMNS)], runs)
+    files.write_csv(
+        study / "results/csv/runs.csv", [*RUN_COLUMNS, *runs[0].keys() - set(RUN_COLUMNS)], runs
+    )
     files.write_csv(study / "results/csv/epochs.csv", ["run", "epoch", "val_acc"], [])
     assert cli.main(
         [
@@ -186,7 +189,9 @@ def test_the_request_recomputes_from_its_own_table(request, which):
     assert total == pytest.approx(subtotal * (1 + fraction), rel=1e-9)
     # the production row is the planner's estimate of `runs` runs at the chosen scale
     w = c[("scale", "chosen")]["world_size"]
-    prod = next(v for (s, i), v in c.items() if s == "request" and i.startswith(f"production at {w} "))
+    prod = next(
+        v for (s, i), v in c.items() if s == "request" and i.startswith(f"production at {w} ")
+    )
     assert prod["runs"] == str(config["proposal"]["production"]["runs"])
 
 
@@ -201,7 +206,9 @@ def test_scaling_study_rows_are_the_planners_estimates(strong):
     planned = sum(e.node_hours for e in estimates)
     c = cells(study)
     asked = sum(
-        float(v["node_hours"]) for (s, i), v in c.items() if s == "request" and i.startswith("scaling study")
+        float(v["node_hours"])
+        for (s, i), v in c.items()
+        if s == "request" and i.startswith("scaling study")
     )
     assert planned <= asked <= planned * 1.01
 
@@ -214,8 +221,13 @@ def test_styles_periods_and_ercap_node_counts(tmp_path):
     assert [c[("period", f"period {i}")]["months"] for i in (1, 2)] == ["6", "6"]
     half = float(c[("total", "request")]["node_hours"]) / 2
     assert float(c[("period", "period 1")]["node_hours"]) == pytest.approx(half)
-    assert "Science case" in docs["proposal.md"] and "Speedup is against the smallest" in docs["proposal.md"]
-    config = load_and_validate(DEMO, overrides=[*STRONG, "proposal.style=ercap", "proposal.period_months=5"])
+    assert (
+        "Science case" in docs["proposal.md"]
+        and "Speedup is against the smallest" in docs["proposal.md"]
+    )
+    config = load_and_validate(
+        DEMO, overrides=[*STRONG, "proposal.style=ercap", "proposal.period_months=5"]
+    )
     docs = write(config, study)
     c = cells(study)
     assert [c[("period", f"period {i}")]["months"] for i in (1, 2, 3)] == ["5", "5", "2"]
@@ -274,3 +286,26 @@ def test_the_pdfs_build(demo):
     log = (study / "reports/slides.log").read_text(errors="replace")
     assert re.search(r"Output written on slides\.pdf \(5 pages", log)
     assert "results/plots/efficiency.pdf" in log
+
+
+# --- in the DAG (the tiny study of tests/conftest.py, run once per session) -----------------------
+@pytest.mark.workflow
+def test_the_workflow_writes_the_proposal_and_a_proposal_change_reruns_only_it(tiny_study):
+    from workflow_helpers import planned_jobs, snakemake
+
+    done = tiny_study
+    for name in ("results/csv/proposal.csv", *(f"reports/{d}" for d in proposal.DOCUMENTS)):
+        assert (done / name).stat().st_size > 0, name
+    if latex.have_latexmk():
+        assert (done / "reports/proposal.pdf").read_bytes()[:4] == b"%PDF"
+    if latex.have_beamer():
+        assert (done / "reports/slides.pdf").read_bytes()[:4] == b"%PDF"
+    text = (done / "reports/proposal.md").read_text()
+    assert "The scaling evidence is thin" in text  # 2 world sizes, one repeat
+    changed = yaml.safe_load((done / "tiny.yaml").read_text())
+    changed["proposal"] = {"style": "ncar", "efficiency_threshold": 0.5}
+    write_config(done / "proposal.yaml", changed)
+    proc = snakemake(done, "--configfile", "proposal.yaml", "-n", stand_ins=True)
+    pdfs = {"proposal_pdf": 1} if latex.have_latexmk() else {}
+    pdfs.update({"slides_pdf": 1} if latex.have_beamer() else {})
+    assert planned_jobs(proc) == {"all": 1, "proposal": 1, **pdfs}

@@ -264,11 +264,46 @@ def totals(rows: list[dict], contingency: float, proposal: dict, style: str) -> 
         _row("total", "subtotal", "node_hours", node_h, "node-hours", src),
         _row("total", "subtotal", "gpu_hours", gpu_h, "GPU-hours", src),
         _row("total", "contingency", "fraction", contingency, "fraction", "proposal.contingency"),
-        _row("total", "contingency", "node_hours", node_h * contingency, "node-hours", "fraction x subtotal"),
-        _row("total", "contingency", "gpu_hours", gpu_h * contingency, "GPU-hours", "fraction x subtotal"),
-        _row("total", "request", "node_hours", node_h * (1 + contingency), "node-hours", "subtotal + contingency"),
-        _row("total", "request", "gpu_hours", gpu_h * (1 + contingency), "GPU-hours", "subtotal + contingency"),
-        _row("total", "request", "energy_kwh", energy, "kWh", "training rows' GPU kWh, no contingency"),
+        _row(
+            "total",
+            "contingency",
+            "node_hours",
+            node_h * contingency,
+            "node-hours",
+            "fraction x subtotal",
+        ),
+        _row(
+            "total",
+            "contingency",
+            "gpu_hours",
+            gpu_h * contingency,
+            "GPU-hours",
+            "fraction x subtotal",
+        ),
+        _row(
+            "total",
+            "request",
+            "node_hours",
+            node_h * (1 + contingency),
+            "node-hours",
+            "subtotal + contingency",
+        ),
+        _row(
+            "total",
+            "request",
+            "gpu_hours",
+            gpu_h * (1 + contingency),
+            "GPU-hours",
+            "subtotal + contingency",
+        ),
+        _row(
+            "total",
+            "request",
+            "energy_kwh",
+            energy,
+            "kWh",
+            "training rows' GPU kWh, no contingency",
+        ),
     ]
     total = node_h * (1 + contingency), gpu_h * (1 + contingency)
     return out + periods(total, proposal, style)
@@ -306,14 +341,35 @@ def proposal_rows(config: dict, scaling: list[dict], measured: list[dict], model
     thin = thin_reasons(points, chosen)
     rows = [
         _row("evidence", "strong family", "world_sizes", len(points), "world sizes", "scaling.csv"),
-        _row("evidence", "strong family", "min_repeats", min(q["n_"] for q in points), "runs", "scaling.csv n"),
+        _row(
+            "evidence",
+            "strong family",
+            "min_repeats",
+            min(q["n_"] for q in points),
+            "runs",
+            "scaling.csv n",
+        ),
         _row("evidence", "bar", "world_sizes", MIN_WORLD_SIZES, "world sizes", "proposal.py"),
         _row("evidence", "bar", "repeats", NEXT_REPEATS, "runs", "proposal.py"),
         *[_row("evidence", "thin", k, "yes" if v else "no") for k, v in thin.items()],
-        _row("scale", "threshold", "strong_efficiency", threshold, "fraction", "proposal.efficiency_threshold"),
+        _row(
+            "scale",
+            "threshold",
+            "strong_efficiency",
+            threshold,
+            "fraction",
+            "proposal.efficiency_threshold",
+        ),
         _row("scale", "chosen", "world_size", chosen["w"], "ranks", "largest E_s >= threshold"),
         _row("scale", "chosen", "nodes", chosen["nodes"], "nodes", "scaling.csv"),
-        _row("scale", "chosen", "gpus_per_node", config["hardware"]["gpus_per_node"], "ranks", "hardware.gpus_per_node"),
+        _row(
+            "scale",
+            "chosen",
+            "gpus_per_node",
+            config["hardware"]["gpus_per_node"],
+            "ranks",
+            "hardware.gpus_per_node",
+        ),
     ]
     if below is not None:
         rows.append(_row("scale", "first below", "world_size", below["w"], "ranks", "scaling.csv"))
@@ -321,7 +377,9 @@ def proposal_rows(config: dict, scaling: list[dict], measured: list[dict], model
     if val is not None:
         rows += [
             _row("model", "holdout", "points", val["points"], "points", "model.csv kind=holdout"),
-            _row("model", "holdout", "max_rel_error", val["max_rel_error"], "fraction", "model.csv"),
+            _row(
+                "model", "holdout", "max_rel_error", val["max_rel_error"], "fraction", "model.csv"
+            ),
         ]
     nxt, new_sizes = next_runs(config, points, chosen, thin, measured)
     for w in new_sizes:
@@ -336,13 +394,17 @@ def proposal_rows(config: dict, scaling: list[dict], measured: list[dict], model
     if p["production"]["runs"]:
         epochs = p["production"]["epochs"] or config["train"]["epochs"]
         c = _strong_config(config, [chosen["w"]], p["production"]["runs"], epochs)
-        rows.append(_row("production", "run", "epochs", epochs, "epochs", "proposal.production.epochs"))
+        rows.append(
+            _row("production", "run", "epochs", epochs, "epochs", "proposal.production.epochs")
+        )
         for _, members in _grouped("production", estimate_runs(c, build_run_table(c), measured)):
             req += request_rows(f"production at {chosen['w']} ranks", members, PLANNER)
     jobs = profiling_jobs(config)
     if jobs:
         for item, members in _grouped("profiling", jobs):
-            req += request_rows(item, members, "hardware.runtime_min per profiling job", train=False)
+            req += request_rows(
+                item, members, "hardware.runtime_min per profiling job", train=False
+            )
     rows += req
     rows += totals(rows, contingency, p, style)
     if style == "ercap":
@@ -358,7 +420,14 @@ def proposal_rows(config: dict, scaling: list[dict], measured: list[dict], model
             _row("ercap", "nodes", "typical", typical, "nodes", "row with the most node-hours"),
         ]
     rows += [
-        _row("time", "allocation", "total_months", p["total_months"], "months", "proposal.total_months"),
+        _row(
+            "time",
+            "allocation",
+            "total_months",
+            p["total_months"],
+            "months",
+            "proposal.total_months",
+        ),
         *_texts(config),
     ]
     return rows
@@ -428,7 +497,9 @@ def render(tables: dict, rows: list[dict], config: dict, templates: Path, figure
     ctx = context(tables, rows, config, figure_dir)
     md, tex = report.environment(templates)
     envs = {"md": md, "tex": tex}
-    return {name: envs[kind].get_template(f"{name}.j2").render(ctx) for name, kind in DOCUMENTS.items()}
+    return {
+        name: envs[kind].get_template(f"{name}.j2").render(ctx) for name, kind in DOCUMENTS.items()
+    }
 
 
 def write_proposal(
