@@ -302,10 +302,16 @@ def test_the_workflow_writes_the_proposal_and_a_proposal_change_reruns_only_it(t
         assert (done / "reports/slides.pdf").read_bytes()[:4] == b"%PDF"
     text = (done / "reports/proposal.md").read_text()
     assert "The scaling evidence is thin" in text  # 2 world sizes, one repeat
-    changed = yaml.safe_load((done / "tiny.yaml").read_text())
+    # the same study file (its name is in the analysis' reproduce command), proposal: changed
+    study = done / "tiny.yaml"
+    original = study.read_text()
+    changed = yaml.safe_load(original)
     changed["proposal"] = {"style": "ncar", "efficiency_threshold": 0.5}
-    write_config(done / "proposal.yaml", changed)
-    proc = snakemake(done, "--configfile", "proposal.yaml", "-n", stand_ins=True)
+    try:
+        write_config(study, changed)
+        proc = snakemake(done, "--configfile", "tiny.yaml", "-n", stand_ins=True)
+    finally:
+        study.write_text(original)
     pdfs = {"proposal_pdf": 1} if latex.have_latexmk() else {}
     pdfs.update({"slides_pdf": 1} if latex.have_beamer() else {})
     assert planned_jobs(proc) == {"all": 1, "proposal": 1, **pdfs}
