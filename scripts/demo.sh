@@ -16,7 +16,7 @@ if [[ ! " $* " =~ \ (-n|--dry-run|--dryrun)\  ]]; then
     else
         echo "demo: done, without reports/paper.pdf (latexmk is not installed): run" \
              "\`sudo apt-get install --no-install-recommends latexmk texlive-latex-base" \
-             "texlive-latex-recommended texlive-fonts-recommended lmodern\` (~40 s), then" \
+             "texlive-latex-recommended texlive-fonts-recommended lmodern texlive-pictures\` (~40 s), then" \
              "bash scripts/demo.sh again (only the PDF is built)"
     fi
 fi

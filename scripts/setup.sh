@@ -29,8 +29,11 @@ fi
 
 # TeX for reports/paper.pdf (latexmk + a lean TeX Live, no recommends: ~40 s, measured on Debian
 # 12); without it the workflow builds everything but the PDF and says so.
-tex_packages=(latexmk texlive-latex-base texlive-latex-recommended texlive-fonts-recommended lmodern)
-if [[ "${SCALESTUDY_SKIP_APT:-0}" != 1 && $(id -u) -eq 0 ]] && ! command -v latexmk >/dev/null; then
+# texlive-pictures: pgf, which beamer needs for reports/slides.pdf
+tex_packages=(latexmk texlive-latex-base texlive-latex-recommended texlive-fonts-recommended lmodern
+    texlive-pictures)
+if [[ "${SCALESTUDY_SKIP_APT:-0}" != 1 && $(id -u) -eq 0 ]] &&
+    ! { command -v latexmk && kpsewhich pgfcore.sty; } >/dev/null; then
     echo "setup: installing ${tex_packages[*]}"
     apt-get update -q
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${tex_packages[@]}"

@@ -29,7 +29,7 @@ from workflow_helpers import (
     write_config,
 )
 
-from scalestudy.results.build_pdf import have_latexmk
+from scalestudy.results.build_pdf import have_beamer, have_latexmk
 from scalestudy.results.collect import REQUIRED_METRICS
 from scalestudy.study.runs import RUN_COLUMNS
 
@@ -39,7 +39,10 @@ pytestmark = pytest.mark.workflow
 # documents, the PDF
 PDF = {"paper_pdf": 1} if have_latexmk() else {}
 REPORT = {"render_report": 1, **PDF}
-DOWNSTREAM = {"analyze": 1, "model": 1, "plot": 7, **REPORT}
+# the proposal (tests/test_proposal.py): its documents, PDFs where TeX builds them
+SLIDES = {"slides_pdf": 1} if have_beamer() else {}
+PROPOSAL = {"proposal": 1, **({"proposal_pdf": 1} if have_latexmk() else {}), **SLIDES}
+DOWNSTREAM = {"analyze": 1, "model": 1, "plot": 7, **REPORT, **PROPOSAL}
 
 
 @pytest.fixture(scope="module")
@@ -99,8 +102,8 @@ def test_touching_without_changing_reruns_nothing(done):
     [
         ("src/scalestudy/results/collect.py", {"collect": 1, **DOWNSTREAM}),
         ("src/scalestudy/results/analyze.py", DOWNSTREAM),
-        ("src/scalestudy/results/plot.py", {"plot": 7, **REPORT}),
-        ("src/scalestudy/results/render_report.py", REPORT),
+        ("src/scalestudy/results/plot.py", {"plot": 7, **REPORT, **SLIDES}),
+        ("src/scalestudy/results/render_report.py", {**REPORT, **PROPOSAL}),
         ("workflow/report/paper.tex.j2", REPORT),
     ],
 )

@@ -44,6 +44,7 @@ SUBCOMMANDS = {
     "render-report": ("scalestudy.results.render_report", "reports/study.md, paper.tex from CSVs"),
     "build-pdf": ("scalestudy.results.build_pdf", "reports/paper.pdf with latexmk, or say why not"),
     "plan": ("scalestudy.study.plan", "node-hours of a study -> reports/plan.md, results/plan.csv"),
+    "proposal": ("scalestudy.results.proposal", "allocation proposal and slides from the CSVs"),
 }
 
 

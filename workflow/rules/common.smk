@@ -1,6 +1,7 @@
 # Config checks, the run table, wildcard constraints and the one-line functions the rules call.
 # The logic lives in the scalestudy package (study/: config, runs, profiling, plan, resources),
 # unit-tested there. Nothing here reads study data or prints while Snakemake parses.
+import json
 import os
 import sys
 from pathlib import Path
@@ -21,6 +22,7 @@ try:
     from scalestudy.jobs import gpu_slots
     from scalestudy.results import build_pdf as latex
     from scalestudy.results import plot as plots
+    from scalestudy.results import proposal as allocation
     from scalestudy.study import config as studyconfig
     from scalestudy.study import paths, plan, profiling, resources
     from scalestudy.study import runs as matrix
@@ -146,6 +148,26 @@ def get_paper_pdf(wildcards):
         return ["reports/paper.pdf"]
     log.get("scalestudy.workflow").warning(f"scalestudy: {latex.MISSING}")
     return []
+
+
+def get_proposal_settings(wildcards):
+    """The config the proposal reads (as JSON: a change reruns the proposal rules only);
+    checkpointing changes no number, so it reruns nothing (as everywhere)."""
+    return json.dumps(
+        {k: v for k, v in config.items() if k != "checkpointing"}, sort_keys=True
+    )
+
+
+def get_proposal_documents(wildcards):
+    """The proposal's documents, their PDFs when TeX can build them; none without strong."""
+    if not config["families"]["strong"]["enabled"]:
+        return []
+    out = ["reports/proposal.md", "reports/proposal.tex", "reports/slides.tex"]
+    if latex.have_latexmk():
+        out.append("reports/proposal.pdf")
+    if latex.have_beamer() and "efficiency" in FIGURES:
+        out.append("reports/slides.pdf")
+    return out
 
 
 # Values of the study the rules use as they are (computed from the config, no I/O)

@@ -19,7 +19,8 @@ from scalestudy import log
 logger = log.get(__name__)
 
 TEX_PACKAGES = (
-    "latexmk texlive-latex-base texlive-latex-recommended texlive-fonts-recommended lmodern"
+    "latexmk texlive-latex-base texlive-latex-recommended texlive-fonts-recommended lmodern "
+    "texlive-pictures"  # pgf, which beamer (reports/slides.pdf) loads
 )
 MISSING = (
     "latexmk is not installed, so reports/paper.pdf is not built (reports/paper.tex is); "
@@ -30,6 +31,14 @@ MISSING = (
 
 def have_latexmk() -> bool:
     return shutil.which("latexmk") is not None
+
+
+def have_beamer() -> bool:
+    """latexmk and pgf (beamer's graphics layer, texlive-pictures) for reports/slides.pdf."""
+    if not have_latexmk() or shutil.which("kpsewhich") is None:
+        return False
+    found = subprocess.run(["kpsewhich", "pgfcore.sty"], capture_output=True, text=True)
+    return bool(found.stdout.strip())
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

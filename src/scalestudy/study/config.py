@@ -300,9 +300,25 @@ def semantic_problems(config: dict) -> list[str]:
         for lb in fam["local_batch"]:
             check_batch("families.bucket.gpus", fam["gpus"], lb)
 
+    problems += proposal_problems(config["proposal"])
     if not problems:  # the profiled runs are chosen from the run table, which needs the above
         problems += config_problems(config)
     return problems
+
+
+def proposal_problems(proposal: dict) -> list[str]:
+    """`proposal:` keys the schema cannot relate: a period longer than the allocation."""
+    period = proposal["period_months"]
+    if period is not None and period > proposal["total_months"]:
+        return [
+            _bad(
+                "proposal.period_months",
+                period,
+                f"at most proposal.total_months ({proposal['total_months']}): a period longer "
+                "than the allocation splits nothing",
+            )
+        ]
+    return []
 
 
 # ---------------------------------------------------------------------------------------------

@@ -43,6 +43,9 @@ LOCAL_RULES = (
     "render_report",
     "paper_pdf",
     "plan",
+    "proposal",
+    "proposal_pdf",
+    "slides_pdf",
 )
 
 # Rules that start the ranks of one run with `scalestudy launch` (one Slurm request each)

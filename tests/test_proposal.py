@@ -1,0 +1,317 @@
+"""The allocation proposal (results/proposal.py): proposal.csv, then proposal.md/.tex and
+slides.tex from CSV cells only, on studies built here: the run table of a real study config, its
+runs given measured numbers (a chosen efficiency per world size), then the real `scalestudy
+analyze` and `scalestudy proposal` (no GPU, no training: the proposal reads CSVs only).
+
+- demo-like: config/demo.yaml (strong 1, 2, 4; one repeat) -> the thin-evidence wording, and
+  the runs that would fix it priced by the planner
+- strong: 1, 2, 4, 8 ranks, 3 repeats, E_s 1, 0.9, 0.8, 0.6 -> chosen 4 (8 is below 0.7)
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from workflow_helpers import REPO, child_env, write_config
+
+from scalestudy import cli, files
+from scalestudy.results import build_pdf as latex
+from scalestudy.results import proposal
+from scalestudy.results import render_report as report
+from scalestudy.study.config import load_and_validate
+from scalestudy.study.runs import RUN_COLUMNS, build_run_table
+
+DEMO = REPO / "config" / "demo.yaml"
+# strong-scaling efficiency of the made-up measurements, per world size
+EFFICIENCY = {1: 1.0, 2: 0.9, 4: 0.8, 8: 0.6}
+PER_RANK = 400.0  # images/s of one rank (the demo measured 475-595 on CPU)
+
+
+def measured_runs(config: dict) -> list[dict]:
+    """Every run of the study with measurements: X = 400 w E(w) (+-1% over repeats)."""
+    out = []
+    for row in build_run_table(config):
+        w = row["world_size"]
+        x = PER_RANK * w * EFFICIENCY.get(w, 0.5) * (1 + 0.01 * (row["repeat"] - 1))
+        images = row["epochs"] * row["limit_train"]
+        out.append(
+            {
+                **row,
+                "throughput_img_s": x,
+                "throughput_img_s_per_rank": x / w,
+                "epoch_time_s": row["limit_train"] / x,
+                "train_time_s": images / x,
+                "final_val_acc": 0.9,
+                "comm_exposed_frac": 0.1,
+                "gpu_util_mean": "",
+                "energy_j_per_img": "",
+                "steps_per_epoch": row["limit_train"] // row["global_batch"],
+                "device_name": "cpu (made-up measurements)",
+                "git_commit": "0123abc",
+            }
+        )
+    return out
+
+
+def build(tmp_path: Path, *overrides: str) -> tuple[dict, Path]:
+    """A study with measurements and its analysis CSVs; returns (config, study dir)."""
+    config = load_and_validate(DEMO, overrides=list(overrides))
+    study = tmp_path / "study"
+    runs = measured_runs(config)
+    files.write_csv(
+        study / "results/csv/runs.csv", [*RUN_COLUMNS, *runs[0].keys() - set(RUN_COLUMNS)], runs
+    )
+    files.write_csv(study / "results/csv/epochs.csv", ["run", "epoch", "val_acc"], [])
+    assert cli.main(
+        [
+            "analyze",
+            "--runs", str(study / "results/csv/runs.csv"),
+            "--out-dir", str(study / "results/csv"),
+            "--html-dir", str(study / "results/tables"),
+            "--gpus-per-node", str(config["hardware"]["gpus_per_node"]),
+            "--study", config["study"],
+        ]
+    ) == 0  # fmt: skip
+    return config, study
+
+
+def write(config: dict, study: Path, model_csv: str = "absent.csv") -> dict[str, str]:
+    proposal.write_proposal(
+        config,
+        study / "results/csv",
+        study / "reports",
+        REPO / "workflow/report",
+        study / model_csv,
+        study / "results/csv/runs.csv",
+        study / "benchmarks/train",
+    )
+    return {name: (study / "reports" / name).read_text() for name in proposal.DOCUMENTS}
+
+
+def read(path: Path) -> list[dict]:
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+def cells(study: Path) -> dict:
+    out: dict = {}
+    for r in read(study / "results/csv/proposal.csv"):
+        out.setdefault((r["section"], r["item"]), {})[r["quantity"]] = r["value"]
+    return out
+
+
+STRONG = ("families.strong.gpus=[1,2,4,8]", "repeats=3")
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    config, study = build(tmp_path_factory.mktemp("demo"))
+    return config, study, write(config, study)
+
+
+@pytest.fixture(scope="module")
+def strong(tmp_path_factory):
+    config, study = build(tmp_path_factory.mktemp("strong"), *STRONG)
+    return config, study, write(config, study)
+
+
+def test_thin_evidence_is_said_and_the_next_runs_are_priced(demo):
+    _, study, docs = demo
+    c = cells(study)
+    assert c[("evidence", "thin")] == {
+        "few_world_sizes": "yes",
+        "no_repeats": "yes",
+        "chosen_unmeasured": "no",
+    }
+    # the next world size is 2 x 4 = 8 ranks (2 nodes of 4), 3 repeats, and the missing repeats
+    assert c[("next", "new world size")]["world_size"] == "8"
+    nxt = c[("request", "next runs (new world sizes), 2 nodes")]
+    assert (nxt["runs"], nxt["nodes"]) == ("3", "2")
+    assert c[("request", "next runs (repeats), 1 node")]["runs"] == "6"  # 3 sizes x 2 repeats
+    for name, text in docs.items():
+        assert "thin" in text.lower(), name
+        assert "The evidence meets the bar" not in text, name
+    assert "only 3 world sizes were measured" in docs["proposal.md"]
+    assert "some points ran 1 time(s) only" in docs["proposal.md"]
+    assert "| next runs (new world sizes), 2 nodes | 3 |" in docs["proposal.md"]
+
+
+def test_strong_evidence_chooses_the_knee(strong):
+    _, study, docs = strong
+    c = cells(study)
+    assert set(c[("evidence", "thin")].values()) == {"no"}
+    # E_s(4) = 0.8 >= 0.7, E_s(8) = 0.6 < 0.7: the production scale is 4 ranks on one node
+    assert c[("scale", "chosen")]["world_size"] == "4"
+    assert c[("scale", "first below")]["world_size"] == "8"
+    assert not any(item.startswith("next runs") for _, item in c)
+    for name in ("proposal.md", "proposal.tex"):
+        text = docs[name]
+        assert "The evidence meets the bar: 4 world sizes, each with at least 3 repeats" in text
+        assert "thin" not in text.lower()
+        assert re.search(r"falls to 60\.\d", text)
+    assert "| production at 4 ranks | 3 |" in docs["proposal.md"]
+
+
+@pytest.mark.parametrize("which", ["demo", "strong"])
+@pytest.mark.parametrize("name", list(proposal.DOCUMENTS))
+def test_every_number_is_a_csv_cell(request, which, name):
+    _, study, docs = request.getfixturevalue(which)
+    tables = report.load_tables(study / "results/csv")
+    tables["proposal"] = read(study / "results/csv/proposal.csv")
+    text = docs[name]
+    assert report.numbers_backed_by_csvs(text, tables) == []
+    total = report.fmt_num(cells(study)[("total", "request")]["node_hours"])
+    assert total in text
+    assert report.numbers_backed_by_csvs(text + " 93.37", tables) == ["93.37"]  # the check bites
+
+
+@pytest.mark.parametrize("which", ["demo", "strong"])
+def test_the_request_recomputes_from_its_own_table(request, which):
+    config, study, _ = request.getfixturevalue(which)
+    c = cells(study)
+    rows = [v for (section, _), v in c.items() if section == "request"]
+    subtotal = 0.0
+    for r in rows:
+        # node-hours = runs x hours per run x nodes, from the printed cells
+        node_h = float(r["runs"]) * float(r["hours_per_run"]) * float(r["nodes"])
+        assert float(r["node_hours"]) == pytest.approx(node_h, rel=1e-9)
+        assert float(r["hours_per_run"]) == float(report.fmt_num(r["hours_per_run"]))
+        subtotal += node_h
+    fraction = float(c[("total", "contingency")]["fraction"])
+    assert fraction == config["plan"]["contingency"]  # proposal.contingency: null -> the plan's
+    total = float(c[("total", "request")]["node_hours"])
+    assert total == pytest.approx(subtotal * (1 + fraction), rel=1e-9)
+    # the production row is the planner's estimate of `runs` runs at the chosen scale
+    w = c[("scale", "chosen")]["world_size"]
+    prod = next(
+        v for (s, i), v in c.items() if s == "request" and i.startswith(f"production at {w} ")
+    )
+    assert prod["runs"] == str(config["proposal"]["production"]["runs"])
+
+
+def test_scaling_study_rows_are_the_planners_estimates(strong):
+    """Summed over the study's rows, hours x runs covers the planner's own total (rounded up)."""
+    from scalestudy.study.estimate import estimate_runs, load_measured
+
+    config, study, _ = strong
+    estimates = estimate_runs(
+        config, build_run_table(config), load_measured(study / "results/csv/runs.csv")
+    )
+    planned = sum(e.node_hours for e in estimates)
+    c = cells(study)
+    asked = sum(
+        float(v["node_hours"])
+        for (s, i), v in c.items()
+        if s == "request" and i.startswith("scaling study")
+    )
+    assert planned <= asked <= planned * 1.01
+
+
+def test_styles_periods_and_ercap_node_counts(tmp_path):
+    config, study = build(tmp_path, *STRONG, "proposal.style=archer2", "proposal.total_months=12")
+    docs = write(config, study)
+    c = cells(study)
+    # archer2: 6-month periods unless period_months is set, each half of the request
+    assert [c[("period", f"period {i}")]["months"] for i in (1, 2)] == ["6", "6"]
+    half = float(c[("total", "request")]["node_hours"]) / 2
+    assert float(c[("period", "period 1")]["node_hours"]) == pytest.approx(half)
+    assert (
+        "Science case" in docs["proposal.md"]
+        and "Speedup is against the smallest" in docs["proposal.md"]
+    )
+    config = load_and_validate(
+        DEMO, overrides=[*STRONG, "proposal.style=ercap", "proposal.period_months=5"]
+    )
+    docs = write(config, study)
+    c = cells(study)
+    assert [c[("period", f"period {i}")]["months"] for i in (1, 2, 3)] == ["5", "5", "2"]
+    assert c[("ercap", "nodes")]["max"] == "2"  # the 8-rank scaling runs, 2 nodes of 4
+    assert "Maximum node count: 2" in docs["proposal.md"]
+
+
+def test_model_holdout_error_is_shown_when_the_model_csv_has_it(tmp_path):
+    config, study = build(tmp_path, *STRONG)
+    (study / "model.csv").write_text(
+        "kind,name,world_size,measured,predicted,rel_error\n"
+        "holdout,strong,8,1920,2016,0.05\nholdout,strong,4,1280,1216,-0.0734\nfit,strong,2,,,\n"
+    )
+    docs = write(config, study, "model.csv")
+    assert "at most 7.3% over 2 held-out point(s)" in docs["proposal.md"]
+    docs = write(config, study)  # absent: said so
+    assert "no held-out validation" in docs["proposal.md"]
+
+
+@pytest.mark.parametrize(
+    "override, says",
+    [
+        ("proposal.style=nersc", "proposal.style"),
+        ("proposal.efficiency_threshold=1.5", "proposal.efficiency_threshold"),
+        ("proposal.period_months=24", "proposal.period_months"),
+        ("proposal.contingency=-0.1", "proposal.contingency"),
+    ],
+)
+def test_a_bad_proposal_value_is_one_clear_line(tmp_path, override, says):
+    proc = subprocess.run(
+        [sys.executable, "-m", "scalestudy", "proposal", "--config", str(DEMO), "--set", override],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=child_env(),
+    )
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0] and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_the_pdfs_build(demo):
+    _, study, _ = demo
+    if not latex.have_latexmk():
+        pytest.skip(latex.MISSING)
+    plots = study / "results/plots"
+    csv_dir = study / "results/csv"
+    assert cli.main(
+        ["plot", "--figure", "efficiency", "--scaling", str(csv_dir / "scaling.csv"),
+         "--targets", str(csv_dir / "targets.csv"), "--epochs", str(csv_dir / "epochs.csv"),
+         "--device", "cpu", "--out", str(plots)]
+    ) == 0  # fmt: skip
+    for name in ("proposal", "slides"):
+        assert cli.main(["build-pdf", str(study / "reports" / f"{name}.tex")]) == 0
+        assert (study / "reports" / f"{name}.pdf").read_bytes()[:4] == b"%PDF"
+    log = (study / "reports/slides.log").read_text(errors="replace")
+    assert re.search(r"Output written on slides\.pdf \(5 pages", log)
+    assert "results/plots/efficiency.pdf" in log
+
+
+# --- in the DAG (the tiny study of tests/conftest.py, run once per session) -----------------------
+@pytest.mark.workflow
+def test_the_workflow_writes_the_proposal_and_a_proposal_change_reruns_only_it(tiny_study):
+    from workflow_helpers import planned_jobs, snakemake
+
+    done = tiny_study
+    for name in ("results/csv/proposal.csv", *(f"reports/{d}" for d in proposal.DOCUMENTS)):
+        assert (done / name).stat().st_size > 0, name
+    if latex.have_latexmk():
+        assert (done / "reports/proposal.pdf").read_bytes()[:4] == b"%PDF"
+    if latex.have_beamer():
+        assert (done / "reports/slides.pdf").read_bytes()[:4] == b"%PDF"
+    text = (done / "reports/proposal.md").read_text()
+    assert "The scaling evidence is thin" in text  # 2 world sizes, one repeat
+    # the same study file (its name is in the analysis' reproduce command), proposal: changed
+    study = done / "tiny.yaml"
+    original = study.read_text()
+    changed = yaml.safe_load(original)
+    changed["proposal"] = {"style": "ncar", "efficiency_threshold": 0.5}
+    try:
+        write_config(study, changed)
+        proc = snakemake(done, "--configfile", "tiny.yaml", "-n", stand_ins=True)
+    finally:
+        study.write_text(original)
+    pdfs = {"proposal_pdf": 1} if latex.have_latexmk() else {}
+    pdfs.update({"slides_pdf": 1} if latex.have_beamer() else {})
+    assert planned_jobs(proc) == {"all": 1, "proposal": 1, **pdfs}

@@ -1,0 +1,79 @@
+# The allocation proposal and the 5-slide pitch (results/proposal.py): results/csv/proposal.csv
+# first (every number computed here, with its formula), then reports/proposal.{md,tex} and
+# reports/slides.tex from CSV cells only. Requested only when the strong family runs: the
+# production scale comes from its efficiencies.
+localrules:
+    proposal,
+    proposal_pdf,
+    slides_pdf,
+
+
+rule proposal:
+    input:
+        scaling="results/csv/scaling.csv",
+        tables=expand("results/csv/{table}.csv", table=ANALYSIS_TABLES[1:]),
+        runs="results/csv/runs.csv",
+        model="results/csv/model.csv",  # the held-out error of the scaling model
+        md_template=repo_file("workflow/report/proposal.md.j2"),
+        tex_templates=[
+            repo_file(f"workflow/report/{name}.j2")
+            for name in ("proposal.tex", "slides.tex")
+        ],
+        code=repo_file("src/scalestudy/results/proposal.py"),
+        # its formats and number check, and the planner that prices the request
+        shared=repo_file("src/scalestudy/results/render_report.py"),
+        planner=repo_file("src/scalestudy/study/estimate.py"),
+    output:
+        csv="results/csv/proposal.csv",
+        md=report(
+            "reports/proposal.md",
+            caption="../report/proposal.rst",
+            category="Documents",
+        ),
+        tex="reports/proposal.tex",
+        slides="reports/slides.tex",
+    log:
+        "logs/proposal/proposal.log",
+    params:
+        settings=get_proposal_settings,
+        csv_dir=subpath(input.scaling, parent=True),
+        out_dir=subpath(output.md, parent=True),
+        templates=subpath(input.md_template, parent=True),
+    run:
+        allocation.write_proposal(
+            config, params.csv_dir, params.out_dir, params.templates
+        )
+        shell("echo 'wrote {output}' > {log:q}")
+
+
+# reports/proposal.pdf and reports/slides.pdf with latexmk (slides: beamer, which needs pgf from
+# texlive-pictures); requested only when TeX can build them.
+rule proposal_pdf:
+    input:
+        tex="reports/proposal.tex",
+    output:
+        pdf=report(
+            "reports/proposal.pdf",
+            caption="../report/proposal.rst",
+            category="Documents",
+        ),
+    log:
+        "logs/proposal_pdf/proposal_pdf.log",
+    shell:
+        "scalestudy build-pdf {input.tex:q} > {log:q} 2>&1"
+
+
+rule slides_pdf:
+    input:
+        tex="reports/slides.tex",
+        figure="results/plots/efficiency.pdf",
+    output:
+        pdf=report(
+            "reports/slides.pdf",
+            caption="../report/slides.rst",
+            category="Documents",
+        ),
+    log:
+        "logs/slides_pdf/slides_pdf.log",
+    shell:
+        "scalestudy build-pdf {input.tex:q} > {log:q} 2>&1"
