@@ -35,10 +35,10 @@ from scalestudy.study.runs import RUN_COLUMNS
 
 pytestmark = pytest.mark.workflow
 
-# what follows new runs.csv rows: analysis, the tiny study's 7 figures, the documents, the PDF
+# what follows new runs.csv rows: analysis, the tiny study's 8 figures, the documents, the PDF
 PDF = {"paper_pdf": 1} if have_latexmk() else {}
 REPORT = {"render_report": 1, **PDF}
-DOWNSTREAM = {"analyze": 1, "plot": 7, **REPORT}
+DOWNSTREAM = {"analyze": 1, "plot": 8, **REPORT}
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +98,7 @@ def test_touching_without_changing_reruns_nothing(done):
     [
         ("src/scalestudy/results/collect.py", {"collect": 1, **DOWNSTREAM}),
         ("src/scalestudy/results/analyze.py", DOWNSTREAM),
-        ("src/scalestudy/results/plot.py", {"plot": 7, **REPORT}),
+        ("src/scalestudy/results/plot.py", {"plot": 8, **REPORT}),
         ("src/scalestudy/results/render_report.py", REPORT),
         ("workflow/report/paper.tex.j2", REPORT),
     ],
