@@ -248,7 +248,38 @@ def test_figures_follow_the_study():
         "accuracy",
     ]
     assert plots.figures(fams, "cuda", True)[-2:] == ["gpu_util", "profile"]
+    # a family at several world sizes has a loss to split: the waterfall is drawn
+    fams["strong"]["gpus"] = [1, 2]
+    assert "waterfall" in plots.figures(fams, "cpu", False)
     assert plots.ideal_throughput([1, 2, 8], [100.0, 150.0, 300.0]) == [100.0, 200.0, 800.0]
+
+
+def test_waterfall_figure_and_its_refusal_without_rows(tmp_path):
+    waterfall = [
+        {
+            "family": "weak",
+            "world_size": "2",
+            "loss_frac": "0.2",
+            "comm_frac": "0.08",
+            "data_frac": "0.024",
+            "imbalance_frac": "",
+            "residual_frac": "0.096",
+        },
+        {
+            "family": "strong",
+            "world_size": "4",
+            "loss_frac": "0.375",
+            "comm_frac": "0.25",
+            "data_frac": "0.025",
+            "imbalance_frac": "0.1125",
+            "residual_frac": "-0.0125",
+        },
+    ]
+    paths = plots.make_figure("waterfall", tmp_path, waterfall=waterfall, device="cpu")
+    assert [p.name for p in paths] == ["waterfall.png", "waterfall.pdf"]
+    assert paths[0].read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(AnalysisError, match="waterfall.csv is empty"):
+        plots.make_figure("waterfall", tmp_path / "none", waterfall=[], device="cpu")
 
 
 def test_profile_figure_from_the_fixture(tmp_path):

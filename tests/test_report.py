@@ -21,6 +21,7 @@ FIGURES = [
     "efficiency",
     "epoch_time",
     "comm_fraction",
+    "waterfall",
     "precision",
     "bucket",
     "accuracy",
@@ -54,6 +55,20 @@ def test_scaling_csv_is_honest_about_one_repeat(done):
     assert "largest world size is 2" in verdicts["strong_efficiency"]["note"]
     assert verdicts["weak_deviation"]["verdict"] in ("pass", "fail")
     assert (done / "results/tables/scaling.html").read_text().count("<tr>") == len(rows) + 1
+
+
+def test_waterfall_parts_sum_to_the_loss_and_the_documents_show_it(done):
+    rows = read(done / "results/csv/waterfall.csv")
+    # strong and weak ran at 1 and 2 ranks: one row each above N0 = 1
+    assert sorted((r["family"], r["world_size"]) for r in rows) == [("strong", "2"), ("weak", "2")]
+    for r in rows:
+        parts = sum(float(r[f"{p}_img_s"]) for p in ("comm", "data", "imbalance", "residual"))
+        assert abs(parts - float(r["loss_img_s"])) < 1e-9, r
+        assert r["note"] == ""  # this trainer records every input of every part
+    study = (done / "reports/study.md").read_text()
+    assert "### Where the efficiency goes" in study and "add up to the loss" in study
+    assert report.fmt_pct(rows[0]["imbalance_frac"]).lstrip("-") in study
+    assert "Where the efficiency goes" in (done / "reports/paper.tex").read_text()
 
 
 def test_every_figure_as_png_and_pdf(done):
@@ -113,6 +128,8 @@ def test_snakemake_report_has_the_categories(done):
     snakemake(done, "--configfile", "tiny.yaml", "--report", "report.html", stand_ins=True)
     html = (done / "report.html").read_text(errors="replace")
     for item in ("Tables", "Figures", "Documents", "throughput.png", "scaling.html", "study.md"):
+        assert item in html, item
+    for item in ("waterfall.png", "waterfall.html", "The efficiency-loss waterfall"):
         assert item in html, item
 
 

@@ -35,14 +35,14 @@ from scalestudy.study.runs import RUN_COLUMNS
 
 pytestmark = pytest.mark.workflow
 
-# what follows new runs.csv rows: analysis, the scaling model, the tiny study's 7 figures, the
+# what follows new runs.csv rows: analysis, the scaling model, the tiny study's 8 figures, the
 # documents, the PDF
 PDF = {"paper_pdf": 1} if have_latexmk() else {}
 REPORT = {"render_report": 1, **PDF}
 # the proposal (tests/test_proposal.py): its documents, PDFs where TeX builds them
 SLIDES = {"slides_pdf": 1} if have_beamer() else {}
 PROPOSAL = {"proposal": 1, **({"proposal_pdf": 1} if have_latexmk() else {}), **SLIDES}
-DOWNSTREAM = {"analyze": 1, "model": 1, "plot": 7, **REPORT, **PROPOSAL}
+DOWNSTREAM = {"analyze": 1, "model": 1, "plot": 8, **REPORT, **PROPOSAL}
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +102,7 @@ def test_touching_without_changing_reruns_nothing(done):
     [
         ("src/scalestudy/results/collect.py", {"collect": 1, **DOWNSTREAM}),
         ("src/scalestudy/results/analyze.py", DOWNSTREAM),
-        ("src/scalestudy/results/plot.py", {"plot": 7, **REPORT, **SLIDES}),
+        ("src/scalestudy/results/plot.py", {"plot": 8, **REPORT, **SLIDES}),
         ("src/scalestudy/results/render_report.py", {**REPORT, **PROPOSAL}),
         ("workflow/report/paper.tex.j2", REPORT),
     ],

@@ -1,5 +1,5 @@
 # Scaling math over the collected runs: mean/std over repeats, efficiencies, Karp-Flatt,
-# precision and bucket effects, verdicts against config `report.targets`, node-/GPU-hours.
+# precision and bucket effects, the efficiency-loss waterfall, verdicts against config `report.targets`, node-/GPU-hours.
 # Every number of the plots and documents is a cell of these CSVs (HTML copies for --report).
 rule analyze:
     input:
@@ -14,6 +14,7 @@ rule analyze:
         system="results/csv/system.csv",
         targets="results/csv/targets.csv",
         shares="results/csv/profile_shares.csv",
+        waterfall="results/csv/waterfall.csv",
         tables=report(
             expand("results/tables/{table}.html", table=ANALYSIS_TABLES[1:]),
             caption="../report/table.rst",

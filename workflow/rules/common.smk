@@ -54,7 +54,9 @@ PLAN = resources.TrainingPlan(config, RUNS.values())
 # checksummed, so touching a file without changing it reruns nothing.
 TRAINER_SOURCES = paths.repo_files(REPO, resources.trainer_sources(REPO))
 NSIGHT_SOURCES = paths.repo_files(REPO, resources.nsight_sources(REPO))
-ANALYSIS_TABLES = "scaling verdicts resources system targets profile_shares".split()
+ANALYSIS_TABLES = (
+    "scaling verdicts resources system targets profile_shares waterfall".split()
+)
 
 
 wildcard_constraints:

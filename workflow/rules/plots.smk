@@ -6,6 +6,7 @@ rule plot:
         epochs="results/csv/epochs.csv",
         targets="results/csv/targets.csv",
         shares="results/csv/profile_shares.csv",
+        waterfall="results/csv/waterfall.csv",
         code=repo_file("src/scalestudy/results/plot.py"),
     output:
         png=report(
@@ -24,5 +25,5 @@ rule plot:
     shell:
         "scalestudy plot --figure {wildcards.figure:q} --scaling {input.scaling:q} "
         "--epochs {input.epochs:q} --targets {input.targets:q} "
-        "--profile-shares {input.shares:q} --device {params.device:q} "
+        "--profile-shares {input.shares:q} --waterfall {input.waterfall:q} --device {params.device:q} "
         "--title={params.title:q} --out {params.out:q} > {log:q} 2>&1"

@@ -8,6 +8,8 @@ format cells; tests/test_report.py checks that):
     resources.csv  node-hours and GPU-hours spent per family, projected at k x the largest scale,
                    and GPU energy in kWh per family and study (measured J/img: resources())
     system.csv     system, software and study facts (key, value)
+    waterfall.csv  the efficiency lost at each world size above a family's smallest, split into
+                   exposed communication, data wait, imbalance between ranks and a residual
 
 Definitions (X = throughput_img_s, the steady-state images/s of a run summed over ranks, see
 train.py; a configuration's value is the mean over its repeats; N0 = the family's smallest
@@ -26,6 +28,31 @@ The weak-scaling time is the step time, not the epoch time: an epoch is one pass
 dataset shared by all ranks, so a weak-scaling epoch shortens as ranks are added. The efficiency
 spread is propagated from the repeats' standard deviations (relative errors added in quadrature).
 std is the sample standard deviation (n - 1); with one repeat it is left blank, never 0.
+
+The efficiency-loss waterfall (waterfall()): for each family and configuration at a world size
+N > N0, against the family's N0 configuration with the same precision and the same global batch
+(strong) or local batch (the other families), with G its global batch, X its mean throughput:
+
+    T = G / X,  X_ideal = X(N0) N / N0,  T_ideal = G / X_ideal,  k = T_ideal / T(N0)
+    total loss (img/s)   L = X_ideal - X = G (T - T_ideal) / (T T_ideal)
+    extra time per step  dT = T - T_ideal = comm + data + imbalance + residual, seconds:
+      comm      = c(N) T(N) - c(N0) T(N0) k         c = comm_exposed_frac (the probe's share)
+      data      = d(N) - d(N0) k                    d = median over ranks of data_time_ms_p50
+      imbalance = s(N) - s(N0) k                    s = max_r busy_r - median_r busy_r
+      residual  = dT - comm - data - imbalance      (compute slowed by sharing the machine or
+                                                     the network; shown, never hidden, may be < 0)
+    each part in img/s = part G / (T T_ideal), so the parts sum to L exactly; as a fraction of
+    X_ideal they sum to loss_frac = L / X_ideal = 1 - efficiency; check = sum of parts - L.
+
+k scales the baseline's own overheads to the ideal step: at perfect scaling every part of the
+step shrinks (strong) or stays (weak) with it, so only overhead beyond that counts as loss.
+busy_r is rank r's median time before its first collective that waits for the other ranks
+(busy_time_ms_p50_by_rank, train.py); the median of an even count of ranks is the lower middle
+one, so with two ranks s is the slowest minus the other. A rank's whole step time cannot show an
+imbalance: the slowest rank paces them all. c is the probe's share of a forward+backward pass
+applied to the whole step, an approximation where data or optimizer time is large. Values per
+configuration are means over its repeats; a part whose input a run lacks (results of an older
+trainer, the probe off) is blank, never 0, and lands in the residual, which the note says.
 """
 
 from __future__ import annotations
@@ -245,6 +272,158 @@ def _add_bucket(rows):
     best = max(r["throughput_img_s_mean"] for r in fam)
     for r in fam:
         r["bucket_rel_throughput"] = r["throughput_img_s_mean"] / best
+
+
+# --- the efficiency-loss waterfall --------------------------------------------------------------
+WATERFALL_PARTS = ("comm", "data", "imbalance", "residual")
+WATERFALL_COLUMNS = (
+    *GROUP_KEYS,
+    "nodes",
+    "global_batch",
+    "baseline_world_size",
+    "n",
+    "x_ideal",
+    "x_measured",
+    "step_time_s",
+    "step_time_ideal_s",
+    "loss_img_s",
+    "loss_frac",
+    *(f"{p}_img_s" for p in WATERFALL_PARTS),
+    *(f"{p}_frac" for p in WATERFALL_PARTS),
+    "check",
+    "note",
+    "runs",
+)
+# the per-run inputs of a part (runs.csv column): a part is blank when a run lacks its input
+PART_INPUTS = {
+    "comm": "comm_exposed_frac",
+    "data": "data_time_ms_p50_by_rank",
+    "imbalance": "busy_time_ms_p50_by_rank",
+}
+
+
+def _per_rank(value) -> list[float] | None:
+    """A per-rank list of runs.csv (collect joins it with ';') -> numbers; None when absent."""
+    values = [files.number(v) for v in str(value or "").split(";") if v not in ("", "None")]
+    return values if values and None not in values else None
+
+
+def step_overheads(row: dict) -> dict:
+    """One run's seconds per step of exposed communication share c, data wait d (the median
+    rank's) and busy spread s (the slowest rank minus the median one); None when not recorded."""
+    data = _per_rank(row.get("data_time_ms_p50_by_rank"))
+    busy = _per_rank(row.get("busy_time_ms_p50_by_rank"))
+    return {
+        "comm": files.number(row.get("comm_exposed_frac")),
+        "data": statistics.median(data) / 1e3 if data else None,  # ms -> s
+        "imbalance": (max(busy) - statistics.median_low(busy)) / 1e3 if busy else None,
+    }
+
+
+def _mean_measured(values: list) -> float | None:
+    """The mean over repeats; None when any repeat lacks it (a partial mean would mislead)."""
+    return None if not values or None in values else statistics.fmean(values)
+
+
+def _waterfall_configs(runs: list[dict]) -> dict[tuple, dict]:
+    """Configuration key (GROUP_KEYS) -> its throughput and overheads, means over repeats."""
+    configs = {}
+    for key, members in group_runs(runs).items():
+        per_run = [run_measures(r) | step_overheads(r) for r in members]
+        configs[key] = {
+            "x": statistics.fmean(p["throughput_img_s"] for p in per_run),
+            "global_batch": int(members[0]["global_batch"]),
+            "nodes": int(members[0]["nodes"]),
+            "n": len(members),
+            "runs": ";".join(sorted(r["run"] for r in members)),
+            **{part: _mean_measured([p[part] for p in per_run]) for part in PART_INPUTS},
+        }
+    return configs
+
+
+def _waterfall_baseline(key: tuple, configs: dict[tuple, dict]) -> tuple | None:
+    """The family's configuration at its smallest world size N0 that this one is compared with:
+    the same precision and global batch (strong) or local batch (the others), the same
+    bucket_cap_mb when one ran; None when there is none, or when this one is at N0."""
+    family, _, local_batch, precision, bucket = key
+    n0 = min(k[1] for k in configs if k[0] == family)
+
+    def same_batch(k: tuple) -> bool:
+        if family == "strong":  # strong scaling keeps the global batch
+            return configs[k]["global_batch"] == configs[key]["global_batch"]
+        return k[2] == local_batch
+
+    candidates = [
+        k
+        for k in sorted(configs, key=_order)
+        if k[:2] == (family, n0) and k[3] == precision and same_batch(k)
+    ]
+    if key[1] == n0 or not candidates:
+        return None
+    return next((k for k in candidates if k[4] == bucket), candidates[0])
+
+
+def waterfall_row(key: tuple, c: dict, base_key: tuple, b: dict) -> dict:
+    """One row of waterfall.csv: configuration c against its baseline b (module docstring)."""
+    n, n0 = key[1], base_key[1]
+    g, x = c["global_batch"], c["x"]
+    x_ideal = b["x"] * n / n0
+    t, t_ideal, t0 = g / x, g / x_ideal, b["global_batch"] / b["x"]
+    k = t_ideal / t0
+    comm_n = None if c["comm"] is None else c["comm"] * t  # the share -> seconds per step
+    comm_n0 = None if b["comm"] is None else b["comm"] * t0
+    seconds = {
+        "comm": _difference(comm_n, comm_n0, k),
+        "data": _difference(c["data"], b["data"], k),
+        "imbalance": _difference(c["imbalance"], b["imbalance"], k),
+    }
+    seconds["residual"] = (t - t_ideal) - sum(v for v in seconds.values() if v is not None)
+    per_second = g / (t * t_ideal)  # img/s lost per second of extra step time
+    row = dict(zip(GROUP_KEYS, key, strict=True)) | {
+        "nodes": c["nodes"],
+        "global_batch": g,
+        "baseline_world_size": n0,
+        "n": c["n"],
+        "x_ideal": x_ideal,
+        "x_measured": x,
+        "step_time_s": t,
+        "step_time_ideal_s": t_ideal,
+        "loss_img_s": x_ideal - x,
+        "loss_frac": (x_ideal - x) / x_ideal,
+        "runs": c["runs"],
+    }
+    for part, value in seconds.items():
+        img_s = None if value is None else value * per_second
+        row[f"{part}_img_s"] = img_s
+        row[f"{part}_frac"] = None if img_s is None else img_s / x_ideal
+    parts = [row[f"{p}_img_s"] for p in WATERFALL_PARTS if row[f"{p}_img_s"] is not None]
+    row["check"] = sum(parts) - row["loss_img_s"]
+    missing = [p for p, v in seconds.items() if v is None]
+    if missing:
+        row["note"] = (
+            f"{', '.join(missing)} not measured (runs without "
+            f"{', '.join(PART_INPUTS[p] for p in missing)}): included in the residual"
+        )
+    return row
+
+
+def _difference(at_n: float | None, at_n0: float | None, k: float) -> float | None:
+    """A part's extra seconds per step: its value at N minus the baseline's scaled by k."""
+    if at_n is None or at_n0 is None:
+        return None
+    return at_n - at_n0 * k
+
+
+def waterfall(runs: list[dict]) -> list[dict]:
+    """The rows of waterfall.csv (module docstring): every configuration above its family's
+    smallest world size that has a baseline there."""
+    configs = _waterfall_configs(runs)
+    rows = []
+    for key in sorted(configs, key=_order):
+        base = _waterfall_baseline(key, configs)
+        if base is not None:
+            rows.append(waterfall_row(key, configs[key], base, configs[base]))
+    return [{c: r.get(c) for c in WATERFALL_COLUMNS} for r in rows]
 
 
 # --- verdicts ------------------------------------------------------------------------------------
@@ -603,6 +782,7 @@ def run(args: argparse.Namespace) -> int:
     system_rows = system_table(runs, study)
     system_rows.append({"section": "reproduce", "key": "configfile", "value": args.configfile})
     profile = profile_shares(args.profile) if args.profile else []
+    waterfall_rows = waterfall(runs)
     out, html_dir = Path(args.out_dir), Path(args.html_dir)
     targets_rows = [{"target": k, "value": v} for k, v in targets.items()]
     tables = [
@@ -612,6 +792,7 @@ def run(args: argparse.Namespace) -> int:
         ("system", "System, software and study", system_rows, ("section", "key", "value")),
         ("targets", "Targets of the study", targets_rows, ("target", "value")),
         ("profile_shares", "Kernel time per category", profile, SHARE_COLUMNS),
+        ("waterfall", "Efficiency-loss waterfall", waterfall_rows, WATERFALL_COLUMNS),
     ]
     for name, title, rows, columns in tables:
         files.write_csv(out / f"{name}.csv", columns, rows, cell)

@@ -1,6 +1,7 @@
 """`scalestudy plot --figure NAME`: one figure of the study (PNG and PDF) from the analysis CSVs.
 
-Every plotted value is a cell of results/csv/scaling.csv (or epochs.csv, profile_shares.csv);
+Every plotted value is a cell of results/csv/scaling.csv (or epochs.csv, profile_shares.csv,
+waterfall.csv);
 nothing is typed in by hand. Error bars are one sample standard deviation over the repeats (none
 drawn when a configuration ran once). Colours: the Okabe-Ito palette, safe for colour-blind
 readers; markers differ too, so the figures also read in greyscale.
@@ -33,6 +34,8 @@ def figures(families: dict, device: str, profiled: bool) -> list[str]:
     out = []
     if enabled & {"strong", "weak"}:
         out += ["throughput", "efficiency", "epoch_time", "comm_fraction"]
+    if any(_several_world_sizes(families[name]) for name in enabled):
+        out.append("waterfall")  # a family above its smallest world size has a loss to split
     if "precision" in enabled:
         out.append("precision")
     if "bucket" in enabled:
@@ -43,6 +46,11 @@ def figures(families: dict, device: str, profiled: bool) -> list[str]:
     if profiled:
         out.append("profile")
     return out
+
+
+def _several_world_sizes(family: dict) -> bool:
+    gpus = family.get("gpus")
+    return isinstance(gpus, list) and len(set(gpus)) > 1
 
 
 # --- data helpers --------------------------------------------------------------------------------
@@ -218,6 +226,57 @@ def plot_bucket(ax, scaling, **_):
     ax.figure.colorbar(image, ax=ax, label="throughput (images/s, all ranks)")
 
 
+# the waterfall's parts, bottom to top, and their colours; the residual is hatched: what the
+# measured causes leave unexplained
+WATERFALL_STYLE = {
+    "comm": ("exposed communication", PALETTE[0], None),
+    "data": ("data wait", PALETTE[1], None),
+    "imbalance": ("imbalance between ranks", PALETTE[2], None),
+    "residual": ("residual (shared machine, network, ...)", "#BBBBBB", "//"),
+}
+
+
+def plot_waterfall(ax, waterfall, device, **_):
+    """Stacked bars per family and world size: each part's share of the ideal throughput in %,
+    positive parts up from 0, negative ones down; a black tick marks the total loss."""
+    if not waterfall:
+        raise AnalysisError("waterfall.csv is empty: no family ran above its smallest world size")
+    unit = "GPUs" if device == "cuda" else "ranks"
+    labels = [f"{r['family']}\n{r['world_size']} {unit}" for r in waterfall]
+    up, down = [0.0] * len(waterfall), [0.0] * len(waterfall)
+    for part, (label, colour, hatch) in WATERFALL_STYLE.items():
+        values = [100 * (number(r[f"{part}_frac"]) or 0.0) for r in waterfall]
+        bottoms = [u if v >= 0 else d for v, u, d in zip(values, up, down, strict=True)]
+        ax.bar(
+            range(len(values)),
+            values,
+            0.6,
+            bottom=bottoms,
+            color=colour,
+            hatch=hatch,
+            edgecolor="black",
+            linewidth=0.4,
+            label=label,
+        )
+        up = [u + max(v, 0.0) for u, v in zip(up, values, strict=True)]
+        down = [d + min(v, 0.0) for d, v in zip(down, values, strict=True)]
+    losses = [100 * number(r["loss_frac"]) for r in waterfall]
+    ax.scatter(
+        range(len(losses)),
+        losses,
+        marker="_",
+        s=300,
+        color="black",
+        zorder=3,
+        label="total loss = sum of the parts",
+    )
+    ax.axhline(0, color="grey", lw=0.8)
+    ax.set_xticks(range(len(labels)), labels, fontsize=7)
+    ax.set_xlim(-1, len(labels))  # a lone bar stays a bar, not the whole axis
+    ax.set_ylabel("throughput lost (% of ideal X(N0) N / N0)")
+    ax.legend(ncols=2, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.18))
+
+
 def accuracy_curves(epochs: list[dict]) -> dict[str, list[tuple[int, float, float]]]:
     """Strong-family configuration -> [(epoch, cumulative training time s, val_acc)], the mean
     over repeats; configurations of other families when the strong family did not run."""
@@ -339,6 +398,7 @@ PLOTTERS = {
     "accuracy": plot_accuracy,
     "gpu_util": plot_gpu_util,
     "profile": plot_profile,
+    "waterfall": plot_waterfall,
 }
 
 
@@ -375,6 +435,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--epochs", default="results/csv/epochs.csv")
     parser.add_argument("--targets", default="results/csv/targets.csv")
     parser.add_argument("--profile-shares", default="", help="profile_shares.csv (optional)")
+    parser.add_argument("--waterfall", default="results/csv/waterfall.csv")
     parser.add_argument("--device", default="cuda", help="cuda or cpu: names the x axis")
     parser.add_argument("--title", default="", help="study name shown above the figure")
     parser.add_argument("--out", default="results/plots", help="directory for NAME.{png,pdf}")
@@ -388,6 +449,7 @@ def run(args: argparse.Namespace) -> int:
         "epochs": read_csv(args.epochs, "", "snakemake results/csv/epochs.csv"),
         "targets": {r["target"]: float(r["value"]) for r in read_csv(args.targets, "", make)},
         "shares": read_csv(args.profile_shares, "", make) if args.profile_shares else [],
+        "waterfall": read_csv(args.waterfall, "", "snakemake results/csv/waterfall.csv"),
         "device": args.device,
     }
     paths = make_figure(args.figure, Path(args.out), args.title, **data)

@@ -1,12 +1,12 @@
 """`scalestudy render-report`: reports/study.md and reports/paper.tex from the analysis CSVs only.
 
 The templates (workflow/report/study.md.j2, paper.tex.j2) receive the rows of scaling.csv,
-verdicts.csv, resources.csv, system.csv, targets.csv and profile_shares.csv and nothing else; every
-number they print goes through one of the FORMATS below. `numbers_backed_by_csvs` is the check
-that each numeric token of a rendered document is some CSV cell under one of those formats
-(tests/test_report.py runs it on the tiny study's documents). The only numbers a document may show
-without a cell are FORMULA_CONSTANTS, the constant 1 of the formulas (E_w = T(N0)/T(N),
-Karp-Flatt's 1/S - 1/p, the n - 1 of the sample std).
+verdicts.csv, resources.csv, system.csv, targets.csv, profile_shares.csv and waterfall.csv and
+nothing else; every number they print goes through one of the FORMATS below.
+`numbers_backed_by_csvs` is the check that each numeric token of a rendered document is some CSV
+cell under one of those formats (tests/test_report.py runs it on the tiny study's documents). The
+only numbers a document may show without a cell are FORMULA_CONSTANTS, the constant 1 of the
+formulas (E_w = T(N0)/T(N), Karp-Flatt's 1/S - 1/p, the n - 1 of the sample std).
 
     scalestudy render-report --csv-dir results/csv --templates workflow/report --out-dir reports
 """
@@ -26,7 +26,15 @@ from scalestudy.results.analyze import read_csv
 
 logger = log.get(__name__)
 
-TABLES = ("scaling", "verdicts", "resources", "system", "targets", "profile_shares")
+TABLES = (
+    "scaling",
+    "verdicts",
+    "resources",
+    "system",
+    "targets",
+    "profile_shares",
+    "waterfall",
+)
 DOCUMENTS = ("study.md", "paper.tex")
 FORMULA_CONSTANTS = frozenset({"1"})
 # the templates of the checkout this package runs from (src/scalestudy/results/ -> the root): a
@@ -120,6 +128,7 @@ def context(tables: dict[str, list[dict]], figures: list[str], figure_dir: str) 
         "measured": [r for r in tables["resources"] if r["kind"] == "measured"],
         "projected": [r for r in tables["resources"] if r["kind"] == "projected"],
         "profile": tables["profile_shares"],
+        "waterfall": tables["waterfall"],
         "gpu_util_measured": any(r["gpu_util_mean_mean"] not in ("", None) for r in scaling),
         "energy_measured": any(r.get("energy_kwh") not in ("", None) for r in tables["resources"]),
         "single_repeat": system.get(("study", "repeats")) == "1",

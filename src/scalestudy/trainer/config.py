@@ -89,6 +89,19 @@ class TrainConfig:
     profile_steps: str | None = _f(
         None, "A:B profiles optimizer steps A..B-1 (nsys range / torch.profiler)"
     )
+    # diagnostics: a known cause of lost efficiency injected on purpose, for the tests of the
+    # efficiency-loss waterfall and for a user checking how a cause shows in it; off by default,
+    # never in a study, recorded in metrics.json under their own names (train.py)
+    diag_slow_rank: str | None = _f(
+        None,
+        "diagnostic, not for measurements: R:MS makes rank R sleep MS ms inside the forward "
+        "phase of every training micro-batch (an imbalance between ranks)",
+    )
+    diag_data_delay_ms: float = _f(
+        0.0,
+        "diagnostic, not for measurements: every rank sleeps this many ms inside the data phase "
+        "of every training micro-batch (a throttled input)",
+    )
     out: str = _f("results/runs/manual", "output directory (metrics.json, epochs.csv)")
     tensorboard: bool = _f(
         True, "TensorBoard scalars per epoch in --out/tensorboard (when tensorboard is installed)"
@@ -126,6 +139,7 @@ class TrainConfig:
             "warmup_epochs",
             "weight_decay",
             "checkpoint_every",
+            "diag_data_delay_ms",
         )
         for name in non_negative:
             if getattr(self, name) < 0:
@@ -150,6 +164,8 @@ class TrainConfig:
             )
         if self.profile_steps is not None:
             self.profile_window()  # raises on a malformed window
+        if self.diag_slow_rank is not None:
+            self.slow_rank()  # raises on a malformed R:MS
 
     def profile_window(self) -> tuple[int, int] | None:
         """--profile-steps A:B -> (A, B), the half-open range of optimizer steps profiled."""
@@ -161,6 +177,22 @@ class TrainConfig:
                 f"--profile-steps must be A:B with integers 0 <= A < B, got {self.profile_steps!r}"
             )
         return int(a), int(b)
+
+    def slow_rank(self) -> tuple[int, float] | None:
+        """--diag-slow-rank R:MS -> (R, MS): the rank that sleeps and its ms per micro-batch."""
+        if self.diag_slow_rank is None:
+            return None
+        r, sep, ms = self.diag_slow_rank.partition(":")
+        try:
+            rank, delay = int(r), float(ms)
+        except ValueError:
+            rank, delay = -1, -1.0
+        if not (sep and rank >= 0 and delay > 0):
+            raise TrainConfigError(
+                "--diag-slow-rank must be R:MS with a rank R >= 0 and MS > 0 milliseconds, "
+                f"got {self.diag_slow_rank!r}"
+            )
+        return rank, delay
 
     def batches(self, world_size: int) -> tuple[int, int]:
         """(local_batch, global_batch) for this world size; a global batch must split evenly."""

@@ -101,11 +101,13 @@ def train_epochs(
             for j in range(group):
                 with meter.phase("data"):
                     x, y = run.place(*next(batches))
+                    meter.diag_delay("data")  # --diag-data-delay-ms (off by default)
                 # accumulate locally; the last micro-batch of the group synchronises gradients
                 with run.no_sync() if j < group - 1 else contextlib.nullcontext():
                     with meter.phase("forward"), run.autocast():
                         logits = model(x)
                         loss = F.cross_entropy(logits, y, label_smoothing=cfg.label_smoothing)
+                        meter.diag_delay("forward")  # --diag-slow-rank (off by default)
                     with meter.phase("backward"):
                         scaler.scale(loss / group).backward()
                 loss_sum += loss.detach().double() * y.numel()

@@ -66,6 +66,10 @@ class Meter:
         self.window_t0: float | None = None  # when the window opened in this epoch
         self.window_seen0 = 0  # the epoch's images before the window opened
         self.gpu_util: float | None = None
+        # the phases a rank runs before its first gradient synchronisation can block it (busy
+        # time: the imbalance between ranks, train.py)
+        self.busy_phases = BUSY_PHASES[cfg.strategy]
+        self.delays = diag_delays(cfg, rank)  # phase -> seconds slept in it (diagnostic flags)
 
     def start(self, state: RunState) -> None:
         """The training loop starts (after any resume); warm-up is excluded again per segment."""
@@ -102,6 +106,11 @@ class Meter:
         progress.at(name)  # an assignment: the hang diagnosis publishes it off the hot path
         return self.timer.phase(name)
 
+    def diag_delay(self, phase: str) -> None:
+        """The diagnostic flags' injected cause (config.py): sleep inside `phase`, if asked."""
+        if phase in self.delays:
+            time.sleep(self.delays[phase])
+
     def step_end(self) -> None:
         self.timer.stop(self.in_window)
 
@@ -119,6 +128,8 @@ class Meter:
         for st in self.timer.collect():
             if st["in_window"]:
                 state.window_step_times.append(st["total"])
+                state.window_busy_times.append(sum(st.get(p, 0.0) for p in self.busy_phases))
+                state.window_data_times.append(st.get("data", 0.0))
                 for name in PHASES:
                     seconds = state.window_phase_seconds.get(name, 0.0) + st.get(name, 0.0)
                     state.window_phase_seconds[name] = seconds
@@ -181,12 +192,31 @@ class Meter:
                 for name in PHASES
             },
             "phase_time_source": "cuda_events" if device.type == "cuda" else "host_clock",
+            **self.reduce_ranks(state, world_size),
             "peak_mem_mb": peak_mem.item(),
             "peak_mem_source": "cuda_max_allocated" if device.type == "cuda" else "process_max_rss",
             "gpu_util_mean": statistics.fmean(sampled) if sampled else None,
             "gpu_util_ranks": len(sampled),  # ranks whose NVML samples make up the mean
             **self.reduce_energy(world_size),
             "hostnames": sorted(set(hosts)),
+        }
+
+    def reduce_ranks(self, state: RunState, world_size: int) -> dict:
+        """Each rank's median window step, busy and data time in ms, in rank order (every rank
+        calls it: one all_gather_object), and which phases made up the busy time."""
+        mine = [
+            _median_ms(state.window_step_times),
+            _median_ms(state.window_busy_times),
+            _median_ms(state.window_data_times),
+        ]
+        everyone: list = [None] * world_size
+        dist.all_gather_object(everyone, mine)
+        step, busy, data = (list(column) for column in zip(*everyone, strict=True))
+        return {
+            "step_time_ms_p50_by_rank": step,
+            "busy_time_ms_p50_by_rank": busy,
+            "data_time_ms_p50_by_rank": data,
+            "busy_phases": "+".join(self.busy_phases),
         }
 
     def reduce_energy(self, world_size: int) -> dict:
@@ -215,6 +245,29 @@ def environment(device: torch.device) -> dict:
 
 # the timed phases of a training step, in the order they run (loop.py's meter.phase names)
 PHASES = ("data", "forward", "backward", "communication", "optimizer")
+# Busy time per strategy: the phases before a rank's first collective that waits for the other
+# ranks, so a fast rank's wait for a slow one is not in them. DDP: its forward only broadcasts
+# rank 0's buffers at its start (and is then local), its backward all-reduces buckets as they
+# fill; FSDP: its forward all-gathers parameters block by block; allreduce: nothing is
+# synchronised before the communication phase. A cause of imbalance after these phases (a
+# rank slow in backward under DDP) is not in the busy time: the waterfall's residual keeps it.
+BUSY_PHASES = {
+    "ddp": ("data", "forward"),
+    "fsdp": ("data",),
+    "allreduce": ("data", "forward", "backward"),
+}
+
+
+def diag_delays(cfg: TrainConfig, rank: int) -> dict[str, float]:
+    """Phase -> seconds this rank sleeps in it per micro-batch (--diag-slow-rank: forward of
+    rank R; --diag-data-delay-ms: data of every rank); empty without the diagnostic flags."""
+    delays = {}
+    slow = cfg.slow_rank()
+    if slow is not None and slow[0] == rank:
+        delays["forward"] = slow[1] / 1e3  # ms -> s
+    if cfg.diag_data_delay_ms:
+        delays["data"] = cfg.diag_data_delay_ms / 1e3
+    return delays
 
 
 class StepTimer:
@@ -659,6 +712,10 @@ def nccl_version() -> str | None:
     except Exception:
         return None
     return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+
+
+def _median_ms(seconds: list[float]) -> float | None:
+    return 1e3 * statistics.median(seconds) if seconds else None
 
 
 def _quantile(values: list[float], q: float) -> float:

@@ -47,11 +47,24 @@ class RunState:
     # seconds per phase (data, forward, ...) summed over the window steps: GPU time between CUDA
     # events on GPU, host time on CPU (measure.StepTimer); "data" gives data_time_frac
     window_phase_seconds: dict[str, float] = field(default_factory=dict)
+    # seconds per window step of this rank's busy phases (measure.BUSY_PHASES) and data phase
+    window_busy_times: list[float] = field(default_factory=list)
+    window_data_times: list[float] = field(default_factory=list)
     train_seconds: float = 0.0  # training time, evaluation excluded (time_to_target's clock)
     time_to_target: float | None = None
     loop_time: float = 0.0  # loop seconds banked so far: earlier segments, checkpoints
     checkpoint_stall_s: float = 0.0  # stall of earlier segments
     resumed_from_epochs: list[int] = field(default_factory=list)
+
+
+# RunState fields that differ between ranks: each rank saves and resumes its own
+PER_RANK = (
+    "window_images",
+    "window_time",
+    "window_step_times",
+    "window_busy_times",
+    "window_data_times",
+)
 
 
 class Trainables(NamedTuple):
@@ -158,7 +171,9 @@ class Checkpointing:
         mine = saved["ranks"][rank]
         ckpt.set_rng_state(mine["rng"], generators)
         state = RunState(**saved["progress"])
-        state.window_images, state.window_time = mine["window_images"], mine["window_time"]
+        for key in PER_RANK:  # this rank's own window sums (older checkpoints: the first two)
+            if key in mine:
+                setattr(state, key, mine[key])
         state.resumed_from_epochs = [*state.resumed_from_epochs, state.epoch]
         saver.stall_s = state.checkpoint_stall_s  # the stall of earlier segments carries on
         if rank == 0:
@@ -196,7 +211,7 @@ class Checkpointing:
         """Snapshot everything that defines the run's future and hand it to the saver."""
         model, optimizer, scheduler, scaler, generators = self.trainables
         per_rank: list = [None] * dist.get_world_size()
-        mine = {"window_images": state.window_images, "window_time": state.window_time}
+        mine = {key: getattr(state, key) for key in PER_RANK}
         dist.all_gather_object(per_rank, {"rng": ckpt.rng_state(generators), **mine})
         fsdp = self.cfg.strategy == "fsdp"
         snapshot = {

@@ -35,6 +35,21 @@ How the numbers are measured (the analysis relies on these definitions):
   window step time; phase_time_source says the clock: "cuda_events" on GPU (GPU time between
   events recorded on the stream at the phase's edges, never host enqueue time) or "host_clock"
   (perf_counter, CPU runs). What is left to 1 is time between the phases.
+- step_time_ms_p50_by_rank, busy_time_ms_p50_by_rank, data_time_ms_p50_by_rank: lists in rank
+  order, each rank's median over its window steps (gathered to rank 0 at the end) of its whole
+  step time, its busy time and its data-phase time. In synchronous data parallelism the slowest
+  rank paces every rank's whole step (the others wait inside the gradient synchronisation), so
+  the step times hardly differ; the busy time is what a rank runs before its first collective
+  that waits for the others: the phases named in busy_phases, per strategy (measure.BUSY_PHASES:
+  ddp "data+forward", fsdp "data", allreduce "data+forward+backward"). Its spread over ranks is
+  the imbalance of the efficiency-loss waterfall (analyze.py); a cause later in the step (a rank
+  slow in DDP's backward) stays in the waterfall's residual.
+- diag_slow_rank, diag_data_delay_ms: diagnostic flags, off (null, 0) in every measurement;
+  recorded so a run with an injected cause is never mistaken for one without. --diag-slow-rank
+  R:MS: rank R sleeps MS ms (host sleep) at the end of the forward phase of every training
+  micro-batch, warm-up included; --diag-data-delay-ms MS: every rank sleeps MS ms inside the data
+  phase of every training micro-batch. Neither sleeps in the communication probe or in the
+  evaluation, so the probe measures the communication alone.
 - comm_exposed_frac: after training, `comm_probe_steps` forward+backward passes are timed with
   gradient synchronisation and as many without it (DDP no_sync / FSDP without gradient sync /
   no all-reduce); exposed = max(0, 1 - t_nosync / t_sync), the share of a step that communication
@@ -100,7 +115,7 @@ import torch
 import torch.distributed as dist
 
 from scalestudy import log, vocab
-from scalestudy.errors import Preempted, ScalestudyError, TrainingError
+from scalestudy.errors import Preempted, ScalestudyError, TrainConfigError, TrainingError
 from scalestudy.trainer import checkpoint as ckpt
 from scalestudy.trainer import dist as sdist
 from scalestudy.trainer import loaders, progress
@@ -175,9 +190,15 @@ def main(cfg: TrainConfig, denv: sdist.DistEnv | None = None) -> int:
 
 def preflight(cfg: TrainConfig, denv: sdist.DistEnv) -> None:
     """The checks that need no process group, made by every rank before the rendezvous: the
-    batch split over this world size (TrainConfigError) and the prepared data's presence
-    (PreparedDataError; its sha256 is checked when it is loaded)."""
+    batch split over this world size and --diag-slow-rank's rank (TrainConfigError), and the
+    prepared data's presence (PreparedDataError; its sha256 is checked when it is loaded)."""
     cfg.batches(denv.world_size)
+    slow = cfg.slow_rank()
+    if slow is not None and slow[0] >= denv.world_size:
+        raise TrainConfigError(
+            f"--diag-slow-rank {cfg.diag_slow_rank}: rank {slow[0]} does not exist at world "
+            f"size {denv.world_size} (ranks 0-{denv.world_size - 1})"
+        )
     loaders.check_prepared(cfg.dataset, cfg.data_dir, verify=False)
 
 

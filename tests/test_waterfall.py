@@ -1,0 +1,211 @@
+"""The efficiency-loss waterfall: its arithmetic on hand-made runs (expected values worked out in
+the comments), and real 2-rank gloo runs on CPU with an injected cause (a slow rank, a throttled
+input) that must land in its own part."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+from conftest import PYTHON, child_env, read_metrics, train
+
+from scalestudy import files
+from scalestudy.errors import TrainConfigError
+from scalestudy.results import analyze
+from scalestudy.results.collect import flatten
+from scalestudy.trainer import dist as sdist
+from scalestudy.trainer.config import TrainConfig
+from scalestudy.trainer.train import preflight
+
+PARTS = analyze.WATERFALL_PARTS
+
+
+def run(
+    run_id, family, world_size, local_batch, throughput, data_ms, busy_ms, comm, precision="fp32"
+):
+    """A runs.csv row as collect writes it (per-rank lists joined with ';')."""
+    return {
+        "run": run_id,
+        "families": family,
+        "world_size": str(world_size),
+        "nodes": "1",
+        "local_batch": str(local_batch),
+        "global_batch": str(world_size * local_batch),
+        "precision": precision,
+        "bucket_cap_mb": "25",
+        "throughput_img_s": str(throughput),
+        "comm_exposed_frac": str(comm),
+        "data_time_ms_p50_by_rank": ";".join(map(str, data_ms)),
+        "busy_time_ms_p50_by_rank": ";".join(map(str, busy_ms)),
+    }
+
+
+def rows_by_family(runs):
+    return {(r["family"], r["world_size"]): r for r in analyze.waterfall(runs)}
+
+
+def test_known_causes_split_exactly():
+    runs = [
+        # weak, local batch 100: T(1) = 100 / 1000 = 0.1 s, d(1) = 5 ms, one rank: s(1) = 0
+        run("w1", "weak", 1, 100, 1000, [5], [50], 0.0),
+        # N = 2: X_ideal = 2000, T_ideal = 0.1, k = 1; X = 1600 -> T = 0.125, dT = 25 ms
+        # comm 0.08 x 125 = 10 ms; data median(7, 9) = 8 - 5 = 3 ms; imbalance 56 - 50 = 6 ms;
+        # residual 25 - 19 = 6 ms; img/s per s = 200 / (0.125 x 0.1) = 16000
+        run("w2", "weak", 2, 100, 1600, [7, 9], [50, 56], 0.08),
+        # strong, global batch 200: T(1) = 0.2 s, d(1) = 10 ms
+        run("s1", "strong", 1, 200, 1000, [10], [100], 0.0),
+        # N = 4: X_ideal = 4000, T_ideal = 0.05, k = 0.25; X = 2500 -> T = 0.08, dT = 30 ms
+        # comm 0.25 x 80 = 20 ms; data median(4, 4, 5, 6) = 4.5 - 10 x 0.25 = 2 ms;
+        # imbalance 30 - 21 (the lower median) = 9 ms; residual 30 - 31 = -1 ms (shown, negative)
+        # img/s per s = 200 / (0.08 x 0.05) = 50000
+        run("s4", "strong", 4, 50, 2500, [4, 4, 5, 6], [20, 21, 22, 30], 0.25),
+    ]
+    rows = rows_by_family(runs)
+    assert set(rows) == {("weak", 2), ("strong", 4)}  # the baselines have no row
+    weak, strong = rows[("weak", 2)], rows[("strong", 4)]
+    assert weak["loss_img_s"] == pytest.approx(400)
+    assert [weak[f"{p}_img_s"] for p in PARTS] == pytest.approx([160, 48, 96, 96])
+    assert weak["loss_frac"] == pytest.approx(0.2)
+    assert [weak[f"{p}_frac"] for p in PARTS] == pytest.approx([0.08, 0.024, 0.048, 0.048])
+    assert strong["loss_img_s"] == pytest.approx(1500)
+    assert [strong[f"{p}_img_s"] for p in PARTS] == pytest.approx([1000, 100, 450, -50])
+    assert (strong["baseline_world_size"], strong["x_ideal"]) == (1, pytest.approx(4000))
+    for row in (weak, strong):
+        assert abs(row["check"]) < 1e-9
+        assert sum(row[f"{p}_img_s"] for p in PARTS) == pytest.approx(row["loss_img_s"], abs=1e-9)
+        assert row["note"] is None
+
+
+def test_parts_sum_to_the_loss_from_the_csv_cells(tmp_path):
+    """What the documents read: the written cells, rounded by analyze.cell, still add up."""
+    runs = [
+        run("w1", "weak", 1, 128, 1234.5678, [3.3], [17.1], 0.0),
+        run("w2", "weak", 2, 128, 2001.25, [3.9, 4.7], [17.5, 23.3], 0.1371),
+        run("w4", "weak", 4, 128, 3333.3333, [4.1, 4.2, 5.0, 7.7], [18, 19, 20, 41.7], 0.291),
+    ]
+    path = tmp_path / "waterfall.csv"
+    files.write_csv(path, analyze.WATERFALL_COLUMNS, analyze.waterfall(runs), analyze.cell)
+    written = analyze.read_csv(path)
+    assert len(written) == 2
+    for row in written:
+        parts = sum(float(row[f"{p}_img_s"]) for p in PARTS)
+        assert abs(parts - float(row["loss_img_s"])) < 1e-9
+        assert abs(float(row["check"])) < 1e-9
+
+
+def test_repeats_are_averaged_and_precision_has_its_own_baseline():
+    runs = [
+        run("w1_fp32", "precision", 1, 100, 1000, [5], [50], 0.0),
+        run("w1_bf16", "precision", 1, 100, 2000, [5], [50], 0.0, precision="bf16"),
+        # two bf16 repeats at N = 2: mean X = 3000 against bf16's ideal 2 x 2000 = 4000
+        run("w2_bf16_r0", "precision", 2, 100, 2800, [5, 5], [50, 50], 0.1, precision="bf16"),
+        run("w2_bf16_r1", "precision", 2, 100, 3200, [5, 5], [50, 50], 0.1, precision="bf16"),
+    ]
+    [row] = analyze.waterfall(runs)
+    assert (row["precision"], row["n"], row["x_ideal"]) == ("bf16", 2, pytest.approx(4000))
+    assert row["x_measured"] == pytest.approx(3000)
+    assert row["runs"] == "w2_bf16_r0;w2_bf16_r1"
+
+
+def test_runs_without_per_rank_times_leave_imbalance_blank_not_zero():
+    old = run("w2", "weak", 2, 100, 1600, [7, 9], [50, 56], 0.08)
+    old["busy_time_ms_p50_by_rank"] = ""  # results of a trainer before the per-rank times
+    del old["data_time_ms_p50_by_rank"]
+    runs = [run("w1", "weak", 1, 100, 1000, [5], [50], 0.0), old]
+    [row] = analyze.waterfall(runs)
+    assert row["imbalance_img_s"] is None and row["data_img_s"] is None
+    assert row["imbalance_frac"] is None
+    # comm (160 img/s, as above) is measured; the rest of the 400 img/s stays in the residual
+    assert row["comm_img_s"] == pytest.approx(160)
+    assert row["residual_img_s"] == pytest.approx(240)
+    assert abs(row["check"]) < 1e-9
+    assert "imbalance" in row["note"] and "busy_time_ms_p50_by_rank" in row["note"]
+
+
+def test_a_family_at_one_world_size_has_no_rows():
+    runs = [run("b1", "bucket", 2, 100, 1000, [5, 5], [50, 50], 0.1)]
+    assert analyze.waterfall(runs) == []
+
+
+# --- the diagnostic flags ------------------------------------------------------------------------
+@pytest.mark.parametrize("value", ["1", "a:40", "1:0", "-1:40", "1:x"])
+def test_a_malformed_slow_rank_is_one_clear_error(value):
+    with pytest.raises(TrainConfigError, match="--diag-slow-rank must be R:MS"):
+        TrainConfig(diag_slow_rank=value)
+
+
+def test_a_slow_rank_beyond_the_world_is_refused_before_the_rendezvous(data_dir):
+    denv = sdist.DistEnv("torchrun", 0, 2, 0, 2, 0, 1, "localhost", 29500)
+    cfg = TrainConfig(dataset="synthetic", data_dir=str(data_dir), diag_slow_rank="2:40")
+    with pytest.raises(TrainConfigError, match="rank 2 does not exist at world size 2"):
+        preflight(cfg, denv)
+    with pytest.raises(TrainConfigError, match="--diag-data-delay-ms must be >= 0"):
+        TrainConfig(diag_data_delay_ms=-5)
+
+
+def test_the_cli_prints_one_line_for_a_bad_slow_rank(data_dir, tmp_path):
+    cmd = [PYTHON, "-m", "scalestudy", "train", "--diag-slow-rank", "1:40"]
+    cmd += ["--dataset", "synthetic", "--data-dir", str(data_dir), "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "rank 1 does not exist at world size 1" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+# --- real runs with an injected cause ------------------------------------------------------------
+@pytest.fixture(scope="module")
+def injected(data_dir, tmp_path_factory):
+    """Weak scaling at local batch 32: 1 rank (the baseline) and 2 ranks with each cause."""
+    outs = {}
+    for name, flags, nproc in (
+        ("w1", (), 1),
+        ("slow", ("--diag-slow-rank", "1:40"), 2),
+        ("throttled", ("--diag-data-delay-ms", "30"), 2),
+    ):
+        outs[name] = tmp_path_factory.mktemp(name)
+        train(data_dir, outs[name], "--limit-test", "64", *flags, nproc=nproc)
+    return {name: read_metrics(out) for name, out in outs.items()}
+
+
+def as_run(name: str, metrics: dict) -> dict:
+    """runs.csv's row of a real run: the run-table columns the analysis groups by, then every
+    metrics.json key as collect flattens it."""
+    return {"run": name, "families": "weak", "bucket_cap_mb": "25"} | flatten(metrics)
+
+
+def largest_part(injected, name):
+    [row] = analyze.waterfall([as_run("w1", injected["w1"]), as_run(name, injected[name])])
+    assert abs(row["check"]) < 1e-9
+    parts = {p: row[f"{p}_img_s"] for p in PARTS}
+    assert None not in parts.values(), row
+    return max(parts, key=parts.get), row
+
+
+def test_real_runs_record_the_flags_and_per_rank_times(injected):
+    slow, throttled = injected["slow"], injected["throttled"]
+    assert (slow["diag_slow_rank"], slow["diag_data_delay_ms"]) == ("1:40", 0.0)
+    assert (throttled["diag_slow_rank"], throttled["diag_data_delay_ms"]) == (None, 30.0)
+    assert injected["w1"]["diag_slow_rank"] is None  # off by default
+    for m in injected.values():
+        for key in ("step_time_ms_p50", "busy_time_ms_p50", "data_time_ms_p50"):
+            assert len(m[f"{key}_by_rank"]) == m["world_size"]
+            assert all(v > 0 for v in m[f"{key}_by_rank"])
+        assert m["busy_phases"] == "data+forward"  # DDP (measure.BUSY_PHASES)
+    # rank 1 sleeps 40 ms per step in its forward phase: its busy time shows it, its whole step
+    # time does not (rank 0 waits for it inside backward)
+    busy = slow["busy_time_ms_p50_by_rank"]
+    assert busy[1] - busy[0] > 30
+    steps = slow["step_time_ms_p50_by_rank"]
+    assert abs(steps[1] - steps[0]) < 10
+    # every rank sleeps 30 ms in its data phase
+    assert min(throttled["data_time_ms_p50_by_rank"]) >= 30
+
+
+def test_a_slow_rank_lands_in_imbalance(injected):
+    part, row = largest_part(injected, "slow")
+    assert part == "imbalance", row
+
+
+def test_a_throttled_input_lands_in_data_wait(injected):
+    part, row = largest_part(injected, "throttled")
+    assert part == "data", row
