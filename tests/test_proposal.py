@@ -162,7 +162,7 @@ def test_strong_evidence_chooses_the_knee(strong):
 @pytest.mark.parametrize("name", list(proposal.DOCUMENTS))
 def test_every_number_is_a_csv_cell(request, which, name):
     _, study, docs = request.getfixturevalue(which)
-    tables = report.load_tables(study / "results/csv")
+    tables = report.load_tables(study / "results/csv", report.ANALYSIS_TABLES)
     tables["proposal"] = read(study / "results/csv/proposal.csv")
     text = docs[name]
     assert report.numbers_backed_by_csvs(text, tables) == []

@@ -5,6 +5,8 @@ rule render_report:
     input:
         scaling="results/csv/scaling.csv",
         tables=expand("results/csv/{table}.csv", table=ANALYSIS_TABLES[1:]),
+        model="results/csv/model.csv",  # and bucket_advice.csv: rule model
+        advice="results/csv/bucket_advice.csv",
         figures=expand(
             "results/plots/{figure}.{ext}", figure=FIGURES, ext=("png", "pdf")
         ),

@@ -11,7 +11,8 @@ model.csv, one row per fact, `kind` says which (blank cells: not applicable or n
                   compute_c1_s_per_img,       and the backward share of the step
                   backward_frac
     parameter     fit_points, fit_dof,        the fit's size and its relative residual sd
-                  fit_residual_rel_sd
+                  fit_residual_rel_sd,        and the level of the lo-hi intervals
+                  interval_level
     fit           the configuration's runs    measured (mean step s over n repeats, measured_std)
                                               vs predicted, lo, hi (95%), rel_error
     holdout       the family                  its largest world size predicted by a fit without
@@ -110,7 +111,9 @@ def _param_rows(fit) -> list[dict]:
         dict(kind="parameter", name="fit_points", value=len(fit.points), unit="configurations"),
         dict(kind="parameter", name="fit_dof", value=fit.dof, unit="1"),
         dict(kind="parameter", name="fit_residual_rel_sd", **resid),
-    ]
+        dict(kind="parameter", name="interval_level", value=model.LEVEL, unit="1",
+             note="two-sided prediction intervals (lo, hi)"),
+    ]  # fmt: skip
 
 
 def _std(fit, i: int) -> float | None:

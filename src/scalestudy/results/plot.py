@@ -449,7 +449,11 @@ def run(args: argparse.Namespace) -> int:
         "epochs": read_csv(args.epochs, "", "snakemake results/csv/epochs.csv"),
         "targets": {r["target"]: float(r["value"]) for r in read_csv(args.targets, "", make)},
         "shares": read_csv(args.profile_shares, "", make) if args.profile_shares else [],
-        "waterfall": read_csv(args.waterfall, "", "snakemake results/csv/waterfall.csv"),
+        "waterfall": (  # read by its own figure only: a hand-run plot needs no waterfall.csv
+            read_csv(args.waterfall, "", "snakemake results/csv/waterfall.csv")
+            if args.figure == "waterfall"
+            else []
+        ),
         "device": args.device,
     }
     paths = make_figure(args.figure, Path(args.out), args.title, **data)

@@ -514,7 +514,7 @@ def write_proposal(
 ) -> list[dict]:
     """proposal.csv first, then the documents from it and the analysis CSVs (honesty checked)."""
     csv_dir = Path(csv_dir)
-    tables = report.load_tables(csv_dir)
+    tables = report.load_tables(csv_dir, report.ANALYSIS_TABLES)  # model.csv: optional, below
     measured = load_measured(runs_csv, benchmarks_dir)
     rows = proposal_rows(config, tables["scaling"], measured, model_csv)
     files.write_csv(csv_dir / "proposal.csv", COLUMNS, rows)

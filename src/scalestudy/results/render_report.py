@@ -1,12 +1,13 @@
 """`scalestudy render-report`: reports/study.md and reports/paper.tex from the analysis CSVs only.
 
 The templates (workflow/report/study.md.j2, paper.tex.j2) receive the rows of scaling.csv,
-verdicts.csv, resources.csv, system.csv, targets.csv, profile_shares.csv and waterfall.csv and
-nothing else; every number they print goes through one of the FORMATS below.
-`numbers_backed_by_csvs` is the check that each numeric token of a rendered document is some CSV
-cell under one of those formats (tests/test_report.py runs it on the tiny study's documents). The
-only numbers a document may show without a cell are FORMULA_CONSTANTS, the constant 1 of the
-formulas (E_w = T(N0)/T(N), Karp-Flatt's 1/S - 1/p, the n - 1 of the sample std).
+verdicts.csv, resources.csv, system.csv, targets.csv, profile_shares.csv, waterfall.csv and the
+scaling model's model.csv and bucket_advice.csv (results/model.py), and nothing else; every number
+they print goes through one of the FORMATS below. `numbers_backed_by_csvs` is the check that each
+numeric token of a rendered document is some CSV cell under one of those formats
+(tests/test_report.py runs it on the tiny study's documents). The only numbers a document may show
+without a cell are FORMULA_CONSTANTS, the constant 1 of the formulas (E_w = T(N0)/T(N), Karp-Flatt's
+1/S - 1/p, the n - 1 of the sample std).
 
     scalestudy render-report --csv-dir results/csv --templates workflow/report --out-dir reports
 """
@@ -26,7 +27,8 @@ from scalestudy.results.analyze import read_csv
 
 logger = log.get(__name__)
 
-TABLES = (
+# analyze's tables, then the scaling model's (results/model.py)
+ANALYSIS_TABLES = (
     "scaling",
     "verdicts",
     "resources",
@@ -35,7 +37,12 @@ TABLES = (
     "profile_shares",
     "waterfall",
 )
+TABLES = (*ANALYSIS_TABLES, "model", "bucket_advice")
 DOCUMENTS = ("study.md", "paper.tex")
+# model.csv's parameters a document shows (the rest, e.g. the inverse bandwidths, stay in the CSV)
+MODEL_PARAMS = ("alpha_s", "beta_intra_Bps", "beta_inter_Bps", "compute_c0_s",
+                "compute_c1_s_per_img", "backward_frac", "fit_points", "fit_dof",
+                "fit_residual_rel_sd")  # fmt: skip
 FORMULA_CONSTANTS = frozenset({"1"})
 # the templates of the checkout this package runs from (src/scalestudy/results/ -> the root): a
 # hand-run render-report finds them from any directory; the workflow names its own
@@ -102,10 +109,10 @@ def tex_escape(value) -> str:
     return _TEX_SPECIAL.sub(lambda m: TEX_SPECIAL[m.group()], str(value))
 
 
-def load_tables(csv_dir: Path) -> dict[str, list[dict]]:
+def load_tables(csv_dir: Path, names: tuple[str, ...] = TABLES) -> dict[str, list[dict]]:
     return {
         name: read_csv(csv_dir / f"{name}.csv", "", f"snakemake {csv_dir}/{name}.csv")
-        for name in TABLES
+        for name in names
     }
 
 
@@ -115,6 +122,7 @@ def context(tables: dict[str, list[dict]], figures: list[str], figure_dir: str) 
     system = {(r["section"], r["key"]): r["value"] for r in tables["system"]}
     families = list(dict.fromkeys(r["family"] for r in scaling))
     commit = system.get(("system", "git commit of the runs"), "not recorded")
+    model_rows = tables.get("model", [])  # the proposal renders without the model's tables
     return {
         "tables": tables,
         "scaling": scaling,
@@ -129,6 +137,15 @@ def context(tables: dict[str, list[dict]], figures: list[str], figure_dir: str) 
         "projected": [r for r in tables["resources"] if r["kind"] == "projected"],
         "profile": tables["profile_shares"],
         "waterfall": tables["waterfall"],
+        # the scaling model (results/model.py): identified parameters, held-out rows, advice
+        "model_params": [
+            r for r in model_rows if r["kind"] == "parameter" and r["name"] in MODEL_PARAMS
+        ],
+        "model_holdout": [r for r in model_rows if r["kind"] == "holdout"],
+        "model_level": next(
+            (r["value"] for r in model_rows if r["name"] == "interval_level"), None
+        ),
+        "bucket_advice": tables.get("bucket_advice", []),
         "gpu_util_measured": any(r["gpu_util_mean_mean"] not in ("", None) for r in scaling),
         "energy_measured": any(r.get("energy_kwh") not in ("", None) for r in tables["resources"]),
         "single_repeat": system.get(("study", "repeats")) == "1",
