@@ -197,6 +197,20 @@ def test_advisor_says_not_enough_data_when_every_cap_is_one_bucket():
         assert a.note.startswith("not enough data: every bucket_cap_mb of the sweep (1, 25 MiB)")
 
 
+def test_advisor_keeps_the_default_when_no_cap_beats_it():
+    # the new demo's sweep (0.25 vs 25 MiB of 0.7 MB) identifies the fit, and every cap >= P
+    # is the same one bucket: recommending 1 MiB "for a 0% gain" would be noise, 25 MiB stays
+    rows = [dict(r, bucket_cap_mb="0.25") if "bk1_" in r["run"] else r for r in demo_rows()]
+    pts = model.points(rows)[0]
+    advice = model.advise(model.fit_points(pts), pts)
+    assert advice and all(a.bucket_cap_mb is not None for a in advice)
+    for a in advice:
+        if a.buckets == 1:
+            assert a.bucket_cap_mb == model.DEFAULT_BUCKET_MB and a.gain == 0.0
+        else:
+            assert a.gain > 0
+
+
 # --- inputs ----------------------------------------------------------------------------------
 def test_runs_the_model_cannot_describe_are_listed_with_the_reason():
     rows = synthetic_rows(sizes=(1, 2))

@@ -57,12 +57,12 @@ family's points at its largest world size and predict them: rel_error = predicte
 Three, because with the largest left out the fit still needs the family's 1-rank point (compute)
 and a multi-rank one (communication). Families with fewer: "not validated", with the reason.
 
-Bucket advisor (`advise`): at each multi-rank (N, nodes) of the study and each (precision,
-local batch) of the bucket family, the predicted T over CANDIDATE_CAPS_MB and one bucket
-(B >= P); recommended = argmin, gain = T(25 MiB) / T(best) - 1. "not enough data" without a fit
-identifying alpha and the needed beta, or when the bucket sweep has fewer than 2 distinct bucket
-counts m (then no measurement shows a bucket-size effect: a width-8 ResNet-18's P = 0.7 MB is
-one bucket at every cap).
+Bucket advisor (`advise`): at each multi-rank (N, nodes) of the study and each (precision, local
+batch) of the bucket family, the predicted T over CANDIDATE_CAPS_MB and one bucket (B >= P);
+recommended = argmin (DDP's default 25 MiB on a tie), gain = T(25 MiB) / T(best) - 1. "not enough
+data" without a fit identifying alpha and the needed beta, or when the bucket sweep has fewer than
+2 distinct bucket counts m (then no measurement shows a bucket-size effect: a width-8 ResNet-18's P
+= 0.7 MB is one bucket at every cap).
 """
 
 from __future__ import annotations
@@ -532,6 +532,8 @@ def _advice(fit: Fit | None, n: int, nodes: int, combo: tuple, gap: str) -> Advi
         return Advice(*head, None, None, None, None, None, note=f"not enough data: {why}")
     best = min(caps, key=lambda cap: (preds[cap].step_s, cap))
     default = preds[DEFAULT_BUCKET_MB].step_s
+    if default <= preds[best].step_s * (1 + 1e-9):  # a tie (e.g. every cap >= P): keep DDP's
+        best = DEFAULT_BUCKET_MB
     gain = default / preds[best].step_s - 1
     m = len(bucket_sizes(pbytes, best))
     return Advice(*head, best, m, preds[best].step_s, default, gain, note=preds[best].basis)
