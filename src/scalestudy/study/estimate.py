@@ -67,6 +67,7 @@ BASE_KEY = ("device", "model", "width", "strategy", "loader", "compile", "comm_h
 # ... and in the image size: MNIST's 28x28x1 images cost less than CIFAR-10's (synthetic has
 # CIFAR-10's shape, so offline runs calibrate a CIFAR-10 study)
 LEVELS = ("run", "batch", "world size", "model", "precision")
+MEASURED_LEVELS = tuple(level for level in LEVELS if level != "model")  # looked up in runs.csv
 # the levels whose measured J/img a run's energy estimate may take (same precision and world size)
 ENERGY_LEVELS = ("run", "batch", "world size")
 J_PER_KWH = 3.6e6
@@ -285,10 +286,11 @@ def _startup_overhead(config: dict, row: dict) -> float | None:
     return row["wall_s"] - compute_seconds(epochs, n_train, n_test, throughput, config["plan"])
 
 
-def fit_measured(rows: list[dict]) -> model.Fit | None:
-    """The scaling model of measured runs (one base), None where it cannot be fitted."""
+def on_measured(fn, rows: list[dict]):
+    """study/model.py's fn (fit_study, holdout) over measured runs.csv rows; a cell it cannot
+    read (AnalysisError) becomes the plan's one-line PlanError naming the file."""
     try:
-        return model.fit_study(rows)
+        return fn(rows)
     except AnalysisError as exc:
         raise PlanError(f"{RUNS_CSV}: {exc}") from None
 
@@ -313,7 +315,7 @@ class Calibration:
                 self._energy.setdefault((base, level, _level_key(level, row)), []).append(per_img)
             w, nodes = int(float(row["world_size"])), int(float(row["nodes"]))
             per_rank = float(row["throughput_img_s_per_rank"])
-            for level in LEVELS:
+            for level in MEASURED_LEVELS:
                 value = per_rank / efficiency(plan, w, nodes) if level == "precision" else per_rank
                 self._levels.setdefault((base, level, _level_key(level, row)), []).append(value)
             overhead = _startup_overhead(self.config, row)
@@ -321,20 +323,21 @@ class Calibration:
                 self._startup.setdefault((base, w), []).append(overhead)
                 self._startup.setdefault((base, None), []).append(overhead)
 
-    def throughput_per_rank(self, row: dict) -> tuple[float, str]:
+    def throughput_per_rank(self, row: dict) -> tuple[float, str, model.Prediction | None]:
+        """(images/s per rank, basis, the model's prediction when the basis is the model)."""
         plan = self.config["plan"]
         eta = efficiency(plan, row["world_size"], row["nodes"])
         for level in LEVELS:
             if level == "model":
                 if (pred := self.model_step(row)) is not None:
                     basis = "model, extrapolated" if pred.extrapolated else "model"
-                    return row["local_batch"] / pred.step_s, basis
+                    return row["local_batch"] / pred.step_s, basis, pred
                 continue
             values = self._levels.get((_base(row), level, _level_key(level, row)))
             if values:
                 mean = statistics.fmean(values)
-                return (mean * eta if level == "precision" else mean), level
-        return plan["throughput_img_s_per_gpu"][row["precision"]] * eta, "default"
+                return (mean * eta if level == "precision" else mean), level, None
+        return plan["throughput_img_s_per_gpu"][row["precision"]] * eta, "default", None
 
     def model_step(self, row: dict) -> model.Prediction | None:
         """The scaling model's step time of the run (fitted to the measured runs of its base),
@@ -353,7 +356,7 @@ class Calibration:
         if base not in self._fits:
             rows = [m for m in self.measured if _base(m) == base]
             calibrate = rows and self.config["plan"]["calibrate"]
-            self._fits[base] = fit_measured(rows) if calibrate else None
+            self._fits[base] = on_measured(model.fit_study, rows) if calibrate else None
         return self._fits[base]
 
     def energy_per_image(self, row: dict) -> tuple[float | None, str]:
@@ -377,14 +380,14 @@ class Calibration:
 
 def estimate_run(config: dict, row: dict, calibration: Calibration, done: bool = False):
     """The Estimate of one run-table row."""
-    per_rank, basis = calibration.throughput_per_rank(row)
+    per_rank, basis, pred = calibration.throughput_per_rank(row)
     startup, startup_basis = calibration.startup(row)
     per_img, energy_basis = calibration.energy_per_image(row)
     n_train, n_test = dataset_sizes(config, row)
     throughput = per_rank * row["world_size"]
     runtime = compute_seconds(row["epochs"], n_train, n_test, throughput, config["plan"]) + startup
     lo = hi = None
-    if basis.startswith("model") and (pred := calibration.model_step(row)).lo_s is not None:
+    if pred is not None and pred.lo_s is not None:
         lo, hi = (
             compute_seconds(row["epochs"], n_train, n_test, x, config["plan"]) + startup
             for x in (row["global_batch"] / max(pred.lo_s, 1e-12), row["global_batch"] / pred.hi_s)

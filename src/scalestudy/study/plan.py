@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from scalestudy import files, log, vocab
-from scalestudy.errors import AnalysisError, PlanError, StudyConfigError
+from scalestudy.errors import PlanError, StudyConfigError
 from scalestudy.study import model
 from scalestudy.study.estimate import (
     BENCHMARKS_DIR,
@@ -35,6 +35,7 @@ from scalestudy.study.estimate import (
     calibration_check,
     estimate_runs,
     load_measured,
+    on_measured,
 )
 from scalestudy.study.runs import build_run_table
 
@@ -436,12 +437,7 @@ def write_plan(
 
 def model_holdout(measured: list[dict]) -> list[model.HoldoutRow]:
     """The scaling model's held-out validation on the measured runs (none without runs)."""
-    if not measured:
-        return []
-    try:
-        return model.holdout(measured)
-    except AnalysisError as exc:
-        raise PlanError(f"{RUNS_CSV}: {exc}") from None
+    return on_measured(model.holdout, measured) if measured else []
 
 
 # ---------------------------------------------------------------------------------------------
