@@ -315,3 +315,11 @@ def test_the_workflow_writes_the_proposal_and_a_proposal_change_reruns_only_it(t
     pdfs = {"proposal_pdf": 1} if latex.have_latexmk() else {}
     pdfs.update({"slides_pdf": 1} if latex.have_beamer() else {})
     assert planned_jobs(proc) == {"all": 1, "proposal": 1, **pdfs}
+
+
+def test_a_next_world_size_must_pass_the_study_checks():
+    """The runs proposed next are runs the study could run: whole nodes, a whole local batch."""
+    config = load_and_validate(DEMO)  # 4 per node, strong global batch 32
+    assert proposal._fits(config, 8)
+    assert not proposal._fits(config, 6)  # 1.5 nodes
+    assert not proposal._fits(config, 64)  # 32 images over 64 ranks

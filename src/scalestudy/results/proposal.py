@@ -37,7 +37,7 @@ from scalestudy.errors import AnalysisError
 from scalestudy.results import render_report as report
 from scalestudy.results.analyze import cell, read_csv
 from scalestudy.study import profiling
-from scalestudy.study.config import add_config_arguments, load_and_validate
+from scalestudy.study.config import add_config_arguments, load_and_validate, semantic_problems
 from scalestudy.study.estimate import BENCHMARKS_DIR, RUNS_CSV, estimate_runs, load_measured
 from scalestudy.study.runs import build_run_table
 
@@ -167,6 +167,7 @@ def _strong_config(config: dict, world_sizes: list[int], repeats: int, epochs=No
     for name in vocab.FAMILIES:
         c["families"][name]["enabled"] = name == "strong"
     c["families"]["strong"]["gpus"] = list(world_sizes)
+    c["profiling"]["enabled"] = False  # training runs only (their profiling is priced apart)
     c["repeats"] = repeats
     if epochs is not None:
         c["train"]["epochs"] = epochs
@@ -174,10 +175,9 @@ def _strong_config(config: dict, world_sizes: list[int], repeats: int, epochs=No
 
 
 def _fits(config: dict, w: int) -> bool:
-    """A strong-scaling run of w ranks exists: whole nodes, a whole local batch."""
-    gpn, accum = config["hardware"]["gpus_per_node"], config["train"]["accum_steps"]
-    gb = config["families"]["strong"]["global_batch"]
-    return (w <= gpn or w % gpn == 0) and gb % (accum * w) == 0 and gb >= accum * w
+    """A strong-scaling run of w ranks exists: the study's own checks (whole nodes, a whole
+    local batch, a global batch the epoch holds) accept it."""
+    return not semantic_problems(_strong_config(config, [w], NEXT_REPEATS))
 
 
 def thin_reasons(points: list[dict], chosen: dict) -> dict[str, bool]:
