@@ -191,6 +191,8 @@ def test_real_runs_record_the_flags_and_per_rank_times(injected):
             assert len(m[f"{key}_by_rank"]) == m["world_size"]
             assert all(v > 0 for v in m[f"{key}_by_rank"])
         assert m["busy_phases"] == "data+forward"  # DDP (measure.BUSY_PHASES)
+        # one definition of a p50: rank 0's entry is step_time_ms_p50 itself
+        assert m["step_time_ms_p50_by_rank"][0] == m["step_time_ms_p50"]
     # rank 1 sleeps 40 ms per step in its forward phase: its busy time shows it, its whole step
     # time does not (rank 0 waits for it inside backward)
     busy = slow["busy_time_ms_p50_by_rank"]
