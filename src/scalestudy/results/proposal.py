@@ -147,14 +147,11 @@ def choose_scale(points: list[dict], threshold: float) -> tuple[dict, dict | Non
     return chosen, below
 
 
-def holdout(path: str | Path) -> dict | None:
+def holdout(model_rows: list[dict]) -> dict | None:
     """{"points", "max_rel_error"} of model.csv's kind=holdout rows; None: no validation."""
-    path = Path(path)
-    if not path.is_file():
-        return None
     errors = [
         abs(x)
-        for r in read_csv(path)
+        for r in model_rows
         if r.get("kind") == "holdout" and (x := files.number(r.get("rel_error"))) is not None
     ]
     return {"points": len(errors), "max_rel_error": max(errors)} if errors else None
@@ -331,7 +328,9 @@ def periods(total: tuple[float, float], proposal: dict, style: str) -> list[dict
 
 
 # --- proposal.csv --------------------------------------------------------------------------------
-def proposal_rows(config: dict, scaling: list[dict], measured: list[dict], model_csv) -> list[dict]:
+def proposal_rows(
+    config: dict, scaling: list[dict], measured: list[dict], model_rows: list[dict]
+) -> list[dict]:
     """Every number of the proposal that no other CSV holds, with its source or formula."""
     p, style = config["proposal"], config["proposal"]["style"]
     threshold = p["efficiency_threshold"]
@@ -373,7 +372,7 @@ def proposal_rows(config: dict, scaling: list[dict], measured: list[dict], model
     ]
     if below is not None:
         rows.append(_row("scale", "first below", "world_size", below["w"], "ranks", "scaling.csv"))
-    val = holdout(model_csv)
+    val = holdout(model_rows)
     if val is not None:
         rows += [
             _row("model", "holdout", "points", val["points"], "points", "model.csv kind=holdout"),
@@ -516,11 +515,11 @@ def write_proposal(
     csv_dir = Path(csv_dir)
     tables = report.load_tables(csv_dir, report.ANALYSIS_TABLES)  # model.csv: optional, below
     measured = load_measured(runs_csv, benchmarks_dir)
-    rows = proposal_rows(config, tables["scaling"], measured, model_csv)
+    if Path(model_csv).is_file():  # optional: without it the text says there is no validation
+        tables["model"] = read_csv(model_csv)
+    rows = proposal_rows(config, tables["scaling"], measured, tables.get("model", []))
     files.write_csv(csv_dir / "proposal.csv", COLUMNS, rows)
     tables["proposal"] = read_csv(csv_dir / "proposal.csv")
-    if Path(model_csv).is_file():
-        tables["model"] = read_csv(model_csv)
     try:
         docs = render(tables, tables["proposal"], config, Path(templates), figure_dir)
     except jinja2.TemplateNotFound as exc:
