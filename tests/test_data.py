@@ -27,6 +27,7 @@ from torchvision.datasets.utils import extract_archive
 from scalestudy import cli
 from scalestudy.errors import ChecksumError, DownloadError, PreparedDataError
 from scalestudy.trainer import loaders, prepare_data
+from scalestudy.trainer.models import build_model
 
 # ------------------------------------------------------------------------------------------------
 # epoch_batches / eval_indices
@@ -251,6 +252,46 @@ def test_device_loader_eval() -> None:
             torch.testing.assert_close(xb, loaders.normalize(x[yb], [0.1], [0.3]))
             seen += yb.tolist()
     assert sorted(seen) == list(range(n))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_device_loader_emits_the_models_dtype_and_layout(dtype, channels_last) -> None:
+    """The fast path's batches: the same images as the float32 NCHW loader, rounded once to the
+    autocast dtype (the very cast autocast makes in the first convolution) and laid out NHWC,
+    so neither Run.place nor the model copies them again."""
+    x = torch.randint(0, 256, (40, 3, 8, 8), dtype=torch.uint8)
+    kw = dict(local_batch=4, world_size=2, rank=1, seed=3, device="cpu", mean=[0.4] * 3,
+              std=[0.2] * 3)  # fmt: skip
+    for train in (True, False):
+        plain = loaders.DeviceLoader(x, torch.arange(40), train=train, **kw)
+        fast = loaders.DeviceLoader(
+            x, torch.arange(40), train=train, dtype=dtype, channels_last=channels_last, **kw
+        )
+        plain.set_epoch(1)
+        fast.set_epoch(1)
+        pairs = list(zip(plain, fast, strict=True))
+        assert pairs
+        for (xa, ya), (xb, yb) in pairs:
+            assert xb.dtype == dtype and xb.shape == xa.shape and torch.equal(ya, yb)
+            assert xb.is_contiguous(memory_format=torch.channels_last) == channels_last
+            assert torch.equal(xb, xa.to(dtype))  # bit for bit: the same rounding
+
+
+def test_bf16_batches_train_exactly_like_autocast_casting_them() -> None:
+    """A bf16 batch from the loader and the float32 batch autocast casts itself give the same
+    gradients, bit for bit (CPU autocast, the run's own recipe of one step)."""
+    torch.manual_seed(0)
+    x32 = torch.randn(8, 3, 16, 16)
+    grads = []
+    for batch in (x32, x32.to(torch.bfloat16)):
+        torch.manual_seed(1)
+        model = build_model("resnet18", num_classes=10, width=4, in_channels=3)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(batch), torch.arange(8) % 10)
+        loss.backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True))
 
 
 def test_make_dataloader() -> None:

@@ -210,7 +210,7 @@ def _parse_flags(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     for flag in TRAIN_FLAGS.values():
         parser.add_argument(flag, required=True)
-    parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--cuda-graphs", action="store_true")
     parser.add_argument("--target-acc", type=float, default=None)
     return parser.parse_args(argv)
 
@@ -224,18 +224,32 @@ def test_trainer_args_round_trip(full):
         assert getattr(args, flag[2:].replace("-", "_")) == str(row[column]), column
     assert args.local_batch == "64" and args.seed == "2" and args.precision == "bf16"
     assert args.target_acc == 0.94
-    assert not args.compile and "--compile" not in argv
+    assert args.compile == "auto"  # the study's default: the trainer compiles on CUDA only
+    assert not args.cuda_graphs and "--cuda-graphs" not in argv
 
 
 def test_trainer_args_conditional_flags(demo):
     row = dict(build_run_table(demo)[0])
     assert row["target_acc"] is None
     assert "--target-acc" not in trainer_args(row)
-    row.update(compile=True, target_acc=0.5)
+    row.update(cuda_graphs=True, target_acc=0.5)
     argv = trainer_args(row)
-    assert "--compile" in argv
+    assert "--cuda-graphs" in argv
     assert argv[argv.index("--target-acc") + 1] == "0.5"
-    assert argv.count("--compile") == 1
+    assert argv.count("--cuda-graphs") == 1
+    assert argv[argv.index("--compile") + 1] == "off"  # the demo's compile: false
+
+
+@pytest.mark.parametrize(("value", "switch"), [("auto", "auto"), (True, "on"), (False, "off")])
+def test_compile_becomes_the_trainers_switch(demo, value, switch):
+    """The study's compile (auto, true, false; YAML reads on/off as booleans) is the trainer's
+    --compile auto|on|off, in the table and on the command line."""
+    config = copy.deepcopy(demo)
+    config["train"]["compile"] = value
+    row = build_run_table(config)[0]
+    assert row["compile"] == switch
+    argv = trainer_args(row)
+    assert argv[argv.index("--compile") + 1] == switch
 
 
 def test_tsv_round_trip(tmp_path, full, demo):

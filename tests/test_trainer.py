@@ -12,6 +12,7 @@ import pytest
 from conftest import PYTHON, child_env, read_epochs, read_metrics, train
 
 from scalestudy.results.collect import REQUIRED_METRICS
+from scalestudy.trainer.models import training_flops_per_image
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +60,19 @@ def test_metrics_has_every_key_and_sane_values(ddp_run):
     assert m["phase_frac_communication"] == 0.0  # DDP overlaps it inside backward
     assert m["phase_frac_data"] == pytest.approx(m["data_time_frac"])
     assert m["phase_time_source"] == "host_clock"
+    # FLOPs counted on the network (width 4 here), the FLOP rate it implies, and no MFU on a CPU:
+    # null with the reason, never a guessed peak (hardware.py)
+    assert m["flops_per_img"] == training_flops_per_image(
+        "resnet18", num_classes=10, width=4, image_shape=(3, 32, 32)
+    )
+    assert m["model_flops_per_s"] == pytest.approx(m["throughput_img_s"] * m["flops_per_img"])
+    assert (m["mfu"], m["peak_flops"], m["peak_flops_source"]) == (None, None, None)
+    assert m["mfu_unmeasured"].startswith("cpu: no published peak")
+    assert len(m["device_names"]) == 1 and m["device_names"][0] == m["device"]["name"]
+    # --compile auto is off on a CPU; nothing compiled, nothing counted
+    assert m["compile"] == "auto" and m["compiled"] is False and m["cuda_graphs"] is False
+    assert m["compile_graphs"] is None and m["compile_graphs_in_window"] is None
+    assert m["host_syncs_in_window"] is None  # --sync-debug is off (and CUDA only)
     assert json.dumps(m)  # plain JSON, no NaN
     assert "epoch   2/2" in proc.stdout  # one progress line per epoch, rank 0 only
     assert proc.stdout.count("epoch   1/2") == 1
@@ -265,6 +279,8 @@ def test_missing_data_names_path_and_command(tmp_path):
         (["--device", "cuda"], f"torch.cuda.is_available() is False on {socket.gethostname()}"),
         (["--backend", "nccl"], "--backend nccl needs CUDA, but this rank runs on cpu"),
         (["--channels-last", "on"], "--channels-last on needs CUDA"),
+        (["--cuda-graphs"], "--cuda-graphs needs CUDA (none here)"),
+        (["--cuda-graphs", "--compile", "off"], "it needs --compile auto or on, not off"),
     ],
 )
 def test_bad_input_fails_clearly(data_dir, tmp_path, flags, message):

@@ -44,3 +44,6 @@ BACKENDS = ("auto", "nccl", "gloo")
 LOADERS = ("device", "dataloader")  # input pipelines
 MODELS = ("resnet18", "cnn")
 SCHEDULES = ("onecycle", "cosine")  # LR schedule after warm-up
+# a switch whose default depends on the device (trainer flags --compile, --channels-last):
+# auto = the fast choice where it is safe (trainer/compiling.py, trainer/numerics.py say where)
+SWITCHES = ("auto", "on", "off")

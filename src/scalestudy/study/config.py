@@ -241,6 +241,17 @@ def semantic_problems(config: dict) -> list[str]:
                     )
                 )
 
+    if train["cuda_graphs"] and (hw["device"] != "cuda" or train["compile"] is False):
+        problems.append(
+            _bad(
+                "train.cuda_graphs",
+                True,
+                "CUDA graphs record torch.compile's graphs on a GPU: they need hardware.device "
+                f"cuda (is {hw['device']!r}) and train.compile auto or true "
+                f"(is {train['compile']!r})",
+            )
+        )
+
     def check_batch(path: str, world_size: int, local_batch: int) -> None:
         global_batch = world_size * local_batch * accum
         if global_batch > n_train:

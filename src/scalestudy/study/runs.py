@@ -48,6 +48,7 @@ RUN_COLUMNS = (
     "loader",
     "num_workers",
     "compile",
+    "cuda_graphs",
     "lr",
     "schedule",
     "warmup_epochs",
@@ -64,11 +65,11 @@ RUN_COLUMNS = (
 )
 
 # Run columns passed to `scalestudy train` as `--<column with dashes>` (the flag rule of
-# config.py, so they are the trainer's own fields), in RUN_COLUMNS order. Not passed: compile and
-# target_acc (added only when set) and global_batch (the trainer derives it from local_batch x
-# world size x accum_steps). The device is passed: a GPU study whose job cannot reach CUDA (no
+# config.py, so they are the trainer's own fields), in RUN_COLUMNS order. Not passed: cuda_graphs
+# and target_acc (added only when set) and global_batch (the trainer derives it from local_batch
+# x world size x accum_steps). The device is passed: a GPU study whose job cannot reach CUDA (no
 # GPUs in the step, a missing --nv, a driver too old for the wheel) must fail, not train on CPU.
-_NOT_PASSED = frozenset({"compile", "target_acc", "global_batch"})
+_NOT_PASSED = frozenset({"cuda_graphs", "target_acc", "global_batch"})
 TRAIN_FLAGS = {
     column: f"--{flag_name(column)}"
     for column in RUN_COLUMNS
@@ -110,7 +111,10 @@ _NUMBER_COLUMNS = frozenset(
     }
 )
 _OPTIONAL_COLUMNS = frozenset({"target_acc"})  # empty cell = null
-_BOOL_COLUMNS = frozenset({"compile"})
+_BOOL_COLUMNS = frozenset({"cuda_graphs"})
+# the study config's compile (auto, true, false: YAML reads on/off as booleans too) -> the
+# trainer's switch --compile auto|on|off, the run table's value
+_SWITCH = {"auto": "auto", True: "on", False: "off"}
 
 
 def run_id(
@@ -173,6 +177,7 @@ def _row(config: dict, world_size: int, local_batch: int, precision: str, bucket
         repeat=repeat,
         seed=train["seed"] + repeat,
         dataset=config["dataset"],
+        compile=_SWITCH[train["compile"]],
     )
     return {name: values[name] for name in RUN_COLUMNS}
 
@@ -226,8 +231,8 @@ def trainer_args(row: dict) -> list[str]:
     argv = []
     for column, flag in TRAIN_FLAGS.items():
         argv += [flag, _arg(row[column])]
-    if row["compile"]:
-        argv.append("--compile")
+    if row["cuda_graphs"]:
+        argv.append("--cuda-graphs")
     if row["target_acc"] is not None:
         argv += ["--target-acc", _arg(row["target_acc"])]
     return argv

@@ -55,10 +55,13 @@ class TrainConfig:
     model: str = _f("resnet18", "network", vocab.MODELS)
     width: int = _f(64, "base channel count (resnet18: 64 -> 11,173,962 parameters)")
     precision: str = _f("fp32", "arithmetic", vocab.PRECISIONS)
-    compile: bool = _f(False, "torch.compile the model")
-    channels_last: str = _f(
-        "auto", "NHWC memory format (auto = on for CUDA)", ("auto", "on", "off")
+    compile: str = _f(
+        "auto", "torch.compile the model (auto = on for CUDA, off on CPU)", vocab.SWITCHES
     )
+    cuda_graphs: bool = _f(
+        False, "CUDA graphs: torch.compile mode reduce-overhead (needs CUDA and --compile)"
+    )
+    channels_last: str = _f("auto", "NHWC memory format (auto = on for CUDA)", vocab.SWITCHES)
     # parallelism
     strategy: str = _f("ddp", "gradient synchronisation", vocab.STRATEGIES)
     bucket_cap_mb: float = _f(25.0, "DDP: MiB of gradients per all-reduce bucket")
@@ -101,6 +104,11 @@ class TrainConfig:
         0.0,
         "diagnostic, not for measurements: every rank sleeps this many ms inside the data phase "
         "of every training micro-batch (a throttled input)",
+    )
+    sync_debug: bool = _f(
+        False,
+        "diagnostic: count the host synchronisations inside the window's steps (CUDA only: "
+        "torch.cuda.set_sync_debug_mode) into metrics.json host_syncs_in_window",
     )
     out: str = _f("results/runs/manual", "output directory (metrics.json, epochs.csv)")
     tensorboard: bool = _f(
@@ -161,6 +169,11 @@ class TrainConfig:
         if self.comm_hook != "none" and self.strategy != "ddp":
             raise TrainConfigError(
                 f"--comm-hook {self.comm_hook} needs --strategy ddp (DDP comm hooks)"
+            )
+        if self.cuda_graphs and self.compile == "off":
+            raise TrainConfigError(
+                "--cuda-graphs records torch.compile's graphs: it needs --compile auto or on, "
+                "not off"
             )
         if self.profile_steps is not None:
             self.profile_window()  # raises on a malformed window
@@ -235,10 +248,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         kind = {"int": int, "float": float}.get(str(f.type).split(" ")[0], str)
         if f.type == "float | None":
             kind = float
+        # a switch alone means on: `--compile` = `--compile on`
+        bare = {"nargs": "?", "const": "on"} if meta.get("choices") == vocab.SWITCHES else {}
         parser.add_argument(
             flag,
             type=kind,
             default=f.default,
             choices=meta.get("choices"),
             help=f"{meta['help']} (default: {f.default})",
+            **bare,
         )

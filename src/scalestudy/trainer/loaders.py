@@ -218,15 +218,26 @@ def _channel_tensor(values: Sequence[float] | torch.Tensor, device: torch.device
 
 
 def normalize(
-    x_u8: torch.Tensor, mean: Sequence[float] | torch.Tensor, std: Sequence[float] | torch.Tensor
+    x_u8: torch.Tensor,
+    mean: Sequence[float] | torch.Tensor,
+    std: Sequence[float] | torch.Tensor,
+    dtype: torch.dtype = torch.float32,
+    channels_last: bool = False,
 ) -> torch.Tensor:
-    """uint8 (B x)C x H x W -> float32 (x/255 - mean) / std; mean/std per channel, 0-1 scale."""
+    """uint8 (B x)C x H x W -> (x/255 - mean) / std; mean/std per channel, 0-1 scale.
+
+    Computed in float32, then rounded once to `dtype` (the run's autocast dtype: exactly the
+    cast autocast would make in the first convolution, so the numbers are the same) and laid out
+    NHWC when `channels_last`: the batch leaves the loader as the model consumes it."""
     m, s = _channel_tensor(mean, x_u8.device), _channel_tensor(std, x_u8.device)
-    return x_u8.to(torch.float32).div_(255).sub_(m).div_(s)
+    x = x_u8.to(torch.float32).div_(255).sub_(m).div_(s)
+    layout = torch.channels_last if channels_last else torch.contiguous_format
+    return x.to(dtype=dtype, memory_format=layout)  # no copy when both already hold
 
 
 class DeviceLoader:
-    """Batches from a uint8 split held on `device`: (x float32 normalized, y int64), on the device.
+    """Batches from a uint8 split held on `device`: (x normalized, y int64), on the device; x in
+    `dtype` (the run's autocast dtype, else float32) and NHWC when `channels_last` (normalize).
 
     train=True: call set_epoch(epoch) before iterating; batches follow epoch_batches(n,
     local_batch * world_size, world_size, rank, seed, epoch) and are augmented with a device
@@ -249,12 +260,15 @@ class DeviceLoader:
         mean: Sequence[float],
         std: Sequence[float],
         eval_batch: int | None = None,
+        dtype: torch.dtype = torch.float32,
+        channels_last: bool = False,
     ) -> None:
         if local_batch < 1:
             raise ValueError(f"local_batch must be >= 1, got {local_batch}")
         self.device = torch.device(device)
         self.local_batch, self.world_size, self.rank = local_batch, world_size, rank
         self.seed, self.train, self.epoch = seed, train, 0
+        self.dtype, self.channels_last = dtype, channels_last
         self.n = len(x_u8)
         if train:
             self._bounds = _global_slices(self.n, local_batch * world_size, world_size)
@@ -290,8 +304,8 @@ class DeviceLoader:
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if not self.train:
             for s in range(0, len(self.x), self.eval_batch):
-                xb = self.x[s : s + self.eval_batch]
-                yield normalize(xb, self.mean, self.std), self.y[s : s + self.eval_batch]
+                xb = self._out(self.x[s : s + self.eval_batch])
+                yield xb, self.y[s : s + self.eval_batch]
             return
         batches = epoch_batches(
             self.n,
@@ -306,8 +320,10 @@ class DeviceLoader:
         gen = torch.Generator(device=self.device)
         gen.manual_seed(derive_seed("augment", self.seed, self.rank, self.epoch))
         for idx in all_idx.split([len(b) for b in batches]):
-            xb = augment(self.x[idx], gen)
-            yield normalize(xb, self.mean, self.std), self.y[idx]
+            yield self._out(augment(self.x[idx], gen)), self.y[idx]
+
+    def _out(self, x_u8: torch.Tensor) -> torch.Tensor:
+        return normalize(x_u8, self.mean, self.std, self.dtype, self.channels_last)
 
 
 # ---------------------------------------------------------------------------------------------

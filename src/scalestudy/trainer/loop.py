@@ -23,11 +23,11 @@ import torch.nn.functional as F
 from scalestudy import files, log
 from scalestudy.errors import TrainingError
 from scalestudy.trainer import checkpoint as ckpt
+from scalestudy.trainer import compiling, loaders, progress
 from scalestudy.trainer import dist as sdist
-from scalestudy.trainer import loaders, progress
 from scalestudy.trainer.config import TrainConfig
-from scalestudy.trainer.measure import Meter, Profiler, comm_probe, environment
-from scalestudy.trainer.models import build_model
+from scalestudy.trainer.measure import Meter, Profiler, comm_probe, efficiency, environment
+from scalestudy.trainer.models import build_model, training_flops_per_image
 from scalestudy.trainer.numerics import Numerics
 from scalestudy.trainer.numerics import configure as configure_numerics
 from scalestudy.trainer.numerics import in_effect as numerics_in_effect
@@ -98,6 +98,7 @@ def train_epochs(
             profiler.before_step(state.step)
             group = min(cfg.accum_steps, run.micro_steps - done)  # a short last group ends an epoch
             meter.step_start()
+            run.begin_step()  # CUDA graphs (--cuda-graphs): a new iteration
             for j in range(group):
                 with meter.phase("data"):
                     x, y = run.place(*next(batches))
@@ -233,6 +234,7 @@ def finish(
         raise TrainingError(f"ranks hold different parameters after training: {checksums}")
 
     progress.at("metrics")
+    measured = meter.reduce(state, world_size)
     metrics = {
         **dataclasses.asdict(cfg),
         "backend": dist.get_backend(),  # in effect: --backend auto resolved
@@ -245,7 +247,16 @@ def finish(
         "ddp_static_graph": ddp_static_graph(cfg),
         **grad_sync(run.model, cfg),  # param_count, grad_sync_bytes: the scaling model's P
         "steps_per_epoch": run.steps_per_epoch,
-        **meter.reduce(state, world_size),
+        **measured,
+        # the FLOP rate and MFU against the device's published peak (hardware.py)
+        **efficiency(
+            measured["throughput_img_s"],
+            run.flops_per_img,
+            run.device.type,
+            measured["device_names"],
+            cfg.precision,
+            world_size,
+        ),
         "comm_exposed_frac": comm_exposed,
         "final_val_acc": state.history[-1]["val_acc"],
         "best_val_acc": max(r["val_acc"] for r in state.history),
@@ -303,6 +314,8 @@ class Run:
     steps_per_epoch: int  # optimizer steps per epoch
     model: torch.nn.Module  # wrapped for the strategy (and compiled under --compile)
     eval_model: torch.nn.Module  # the same weights, never compiled
+    compiled: bool  # --compile in effect (compiling.py)
+    flops_per_img: int  # FLOPs of one training image, forward + backward (models.py)
     no_sync: Callable  # no_sync(): a context without gradient synchronisation
     recipe: Recipe
     scalars: Scalars  # TensorBoard scalars per epoch (rank 0)
@@ -311,13 +324,19 @@ class Run:
         (self.train_loader if self.sampler is None else self.sampler).set_epoch(epoch)
 
     def place(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """A batch on the device, in the model's memory format."""
-        if x.device != self.device:
-            x = x.to(self.device, non_blocking=True)
-            y = y.to(self.device, non_blocking=True)
-        if self.numerics.channels_last_inputs:
-            x = x.contiguous(memory_format=torch.channels_last)
-        return x, y
+        """A batch on the device in the model's input dtype and memory format. The device
+        loader emits its batches so (loaders.normalize): then nothing is copied; the DataLoader's
+        float32 NCHW batches are converted in one copy."""
+        nhwc = self.numerics.channels_last_inputs
+        layout = torch.channels_last if nhwc else torch.contiguous_format
+        dtype = self.numerics.input_dtype
+        x = x.to(self.device, dtype=dtype, memory_format=layout, non_blocking=True)
+        return x, y.to(self.device, non_blocking=True)
+
+    def begin_step(self) -> None:
+        """A training step begins: CUDA graph trees may reuse the previous step's memory."""
+        if self.cfg.cuda_graphs:
+            compiling.mark_step()
 
     def autocast(self) -> torch.autocast:
         dtype = self.numerics.amp_dtype
@@ -346,9 +365,12 @@ def build(cfg: TrainConfig, denv: sdist.DistEnv, device: torch.device) -> Run:
     placement = dict(
         local_batch=local_batch, world_size=world_size, rank=rank, seed=cfg.seed, mean=mean, std=std
     )
+    # the device loader's batches leave it as the model consumes them: in autocast's dtype, NHWC
+    # on CUDA (the DataLoader's are converted by Run.place)
+    layout = dict(dtype=numerics.input_dtype, channels_last=numerics.channels_last_inputs)
     if cfg.loader == "device":
         train_loader = loaders.DeviceLoader(
-            train_x, train_y, train=True, device=device, **placement
+            train_x, train_y, train=True, device=device, **placement, **layout
         )
         micro_steps = train_loader.steps_per_epoch
         sampler = None
@@ -364,7 +386,9 @@ def build(cfg: TrainConfig, denv: sdist.DistEnv, device: torch.device) -> Run:
             **placement,
         )
         micro_steps = len(train_loader)
-    eval_loader = loaders.DeviceLoader(test_x, test_y, train=False, device=device, **placement)
+    eval_loader = loaders.DeviceLoader(
+        test_x, test_y, train=False, device=device, **placement, **layout
+    )
     steps_per_epoch = math.ceil(micro_steps / cfg.accum_steps)
     total_steps = steps_per_epoch * cfg.epochs
     if total_steps <= cfg.warmup_steps:
@@ -385,8 +409,9 @@ def build(cfg: TrainConfig, denv: sdist.DistEnv, device: torch.device) -> Run:
         model = model.to(memory_format=torch.channels_last)
     model, no_sync = wrap_model(model, cfg, device)
     eval_model = model
-    if cfg.compile:
-        model = torch.compile(model)
+    compiled = compiling.compile_on(cfg, device)  # --compile auto: on CUDA (compiling.py)
+    if compiled:
+        model = compiling.compile_model(model, cfg, device)
     # SGD Nesterov, label smoothing, linear LR scaling with warm-up (recipe.py, config.py)
     recipe = build_recipe(model, cfg, device, global_batch, steps_per_epoch, total_steps)
     return Run(
@@ -404,6 +429,13 @@ def build(cfg: TrainConfig, denv: sdist.DistEnv, device: torch.device) -> Run:
         steps_per_epoch=steps_per_epoch,
         model=model,
         eval_model=eval_model,
+        compiled=compiled,
+        flops_per_img=training_flops_per_image(
+            cfg.model,
+            num_classes=prepared.meta["num_classes"],
+            width=cfg.width,
+            image_shape=tuple(train_x.shape[1:]),
+        ),
         no_sync=no_sync,
         recipe=recipe,
         scalars=Scalars(cfg, rank),

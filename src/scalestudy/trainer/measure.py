@@ -17,6 +17,7 @@ import resource
 import statistics
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,9 +25,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from scalestudy import files, log
+from scalestudy import files, hardware, log
+from scalestudy.trainer import compiling, progress
 from scalestudy.trainer import dist as sdist
-from scalestudy.trainer import progress
 from scalestudy.trainer.config import TrainConfig
 from scalestudy.trainer.parallel import allreduce_gradients
 
@@ -70,6 +71,12 @@ class Meter:
         # time: the imbalance between ranks, train.py)
         self.busy_phases = BUSY_PHASES[cfg.strategy]
         self.delays = diag_delays(cfg, rank)  # phase -> seconds slept in it (diagnostic flags)
+        # --compile: dynamo's graph count when the window opened and when the loop ended
+        self.cfg, self.compiled = cfg, compiling.compile_on(cfg, device)
+        self.graphs_at_window: int | None = None
+        self.graphs_at_end: int | None = None
+        # --sync-debug: host synchronisations inside the window's steps (CUDA only)
+        self.syncs = SyncCounter() if cfg.sync_debug and cuda else None
 
     def start(self, state: RunState) -> None:
         """The training loop starts (after any resume); warm-up is excluded again per segment."""
@@ -95,10 +102,14 @@ class Meter:
                 logger.info(f"steady-state window opens at step {step}")
             device_sync(self.device)  # the window starts on an idle device
             self.window_t0, self.window_seen0 = time.perf_counter(), seen
+            if self.compiled and self.graphs_at_window is None:
+                self.graphs_at_window = compiling.graphs()
             if self.energy:
                 self.energy.open()
 
     def step_start(self) -> None:
+        if self.syncs and self.in_window:
+            self.syncs.start()
         self.timer.start()
 
     def phase(self, name: str):
@@ -113,6 +124,8 @@ class Meter:
 
     def step_end(self) -> None:
         self.timer.stop(self.in_window)
+        if self.syncs and self.in_window:
+            self.syncs.stop()
 
     def epoch_end(self, state: RunState, seen: int) -> float:
         """Adds the epoch's times and window sums to `state`; returns the epoch's training time."""
@@ -151,6 +164,8 @@ class Meter:
         """The training loop is over: returns train_time_s and stops NVML sampling."""
         train_time = self.loop_time(state)
         self.gpu_util = self.nvml.stop() if self.nvml else None
+        if self.compiled:
+            self.graphs_at_end = compiling.graphs()
         return train_time
 
     def reduce(self, state: RunState, world_size: int) -> dict:
@@ -166,8 +181,9 @@ class Meter:
         dist.all_reduce(times_max, op=dist.ReduceOp.MAX)  # window: the slowest rank's wall time
         peak_mem = torch.tensor([peak_memory_mb(device)], dtype=torch.float64, device=device)
         dist.all_reduce(peak_mem, op=dist.ReduceOp.MAX)
-        hosts: list = [None] * world_size
-        dist.all_gather_object(hosts, sdist.hostname())
+        places: list = [None] * world_size  # (host, device name) of every rank
+        dist.all_gather_object(places, (sdist.hostname(), device_info(device)["name"]))
+        hosts = [host for host, _ in places]
         # every rank joins the gather, with or without NVML (a rank that skipped it would
         # leave the others waiting until the process-group timeout)
         utils: list = [None] * world_size
@@ -199,6 +215,11 @@ class Meter:
             "gpu_util_ranks": len(sampled),  # ranks whose NVML samples make up the mean
             **self.reduce_energy(world_size),
             "hostnames": sorted(set(hosts)),
+            "device_names": sorted({name for _, name in places}),
+            **compiling.in_effect(
+                self.compiled, self.cfg, self.graphs_at_window, self.graphs_at_end
+            ),
+            "host_syncs_in_window": self.syncs.count if self.syncs else None,
         }
 
     def reduce_ranks(self, state: RunState, world_size: int) -> dict:
@@ -228,6 +249,64 @@ class Meter:
         everyone: list = [None] * world_size
         dist.all_gather_object(everyone, mine)
         return energy_total(everyone)
+
+
+def efficiency(
+    throughput_img_s: float,
+    flops_per_img: int,
+    device_type: str,
+    device_names: list[str],
+    precision: str,
+    world_size: int,
+) -> dict:
+    """metrics.json's FLOP rate and MFU (train.py defines them; hardware.py holds the peaks)."""
+    if len(device_names) == 1:
+        peak = hardware.peak(device_type, device_names[0], precision)
+    else:
+        why = f"the ranks ran on different devices ({'; '.join(device_names)}): no single peak"
+        peak = hardware.Peak(None, None, why)
+    utilisation = None
+    if peak.flops:
+        utilisation = hardware.mfu(throughput_img_s, flops_per_img, peak.flops, world_size)
+    return {
+        "flops_per_img": flops_per_img,
+        "model_flops_per_s": throughput_img_s * flops_per_img,
+        "peak_flops": peak.flops,
+        "peak_flops_source": peak.source,
+        "mfu": utilisation,
+        "mfu_unmeasured": peak.why,
+    }
+
+
+class SyncCounter:
+    """--sync-debug: counts the host synchronisations CUDA ops make between start() and stop()
+    (torch.cuda.set_sync_debug_mode("warn") turns each into a warning, recorded here, every one
+    of them: the "always" filter). A diagnostic: the warnings cost host time, so a run that counts
+    is not a measurement run (the flag is part of the config hash)."""
+
+    MESSAGE = "called a synchronizing CUDA operation"
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._catcher: warnings.catch_warnings | None = None
+        self._records: list | None = None
+
+    def start(self) -> None:
+        self._catcher = warnings.catch_warnings(record=True)
+        self._records = self._catcher.__enter__()
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+
+    def stop(self) -> None:
+        torch.cuda.set_sync_debug_mode("default")
+        if self._catcher is None:
+            return
+        self._catcher.__exit__(None, None, None)
+        syncs = [w for w in self._records or [] if self.MESSAGE in str(w.message)]
+        for w in syncs[:1] if not self.count else []:  # where the first one came from
+            logger.warning(f"host synchronisation inside a step: {w.filename}:{w.lineno}")
+        self.count += len(syncs)
+        self._catcher = self._records = None
 
 
 def environment(device: torch.device) -> dict:

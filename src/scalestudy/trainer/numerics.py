@@ -36,6 +36,12 @@ class Numerics:
     channels_last_inputs: bool  # batches are NHWC
     channels_last_weights: bool  # convolution weights are NHWC (never under FSDP)
 
+    @property
+    def input_dtype(self) -> torch.dtype:
+        """The dtype of the batches the model gets: autocast's (the loader rounds once, as the
+        first convolution would), else float32."""
+        return self.amp_dtype or torch.float32
+
 
 def configure(cfg: TrainConfig, device: torch.device) -> Numerics:
     """Set the process-wide switches for this run; returns what the model and batches use."""

@@ -215,6 +215,8 @@ def pick_device(cfg: TrainConfig, denv: sdist.DistEnv) -> torch.device:
                 f"--precision {cfg.precision} needs CUDA "
                 f"({vocab.CUDA_ONLY_PRECISIONS[cfg.precision]}; none here): use fp32 or bf16 on CPU"
             )
+        if cfg.cuda_graphs:
+            raise TrainingError("--cuda-graphs needs CUDA (none here): drop it on CPU")
         return torch.device("cpu")
     count = torch.cuda.device_count()
     index = 0 if count == 1 else denv.local_rank  # from the LOCAL rank, never the global one

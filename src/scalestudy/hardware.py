@@ -1,0 +1,165 @@
+"""Published dense peak FLOP/s of GPUs per precision: the denominator of MFU, defined once.
+
+    mfu = throughput_img_s x flops_per_img / (peak_flops x world_size)
+
+(train.py defines flops_per_img: the FLOPs of one training image, forward + backward, counted by
+torch.utils.flop_counter on the run's network.) MFU is only as good as its denominator, so:
+- every figure is NVIDIA's own, from the datasheet named in its row, at the boost clock;
+- the figure is the DENSE one. Datasheets quote tensor-core rates "with sparsity" (2:4
+  structured sparsity doubles them, marked *); ResNet-18 training is dense, so the table holds
+  the dense figure (the datasheet's dense column where it prints one, else its sparse figure / 2);
+- "fp32" is IEEE fp32 on the CUDA cores (the study's fp32: numerics.py switches TF32 off), "tf32"
+  the TF32 tensor cores, "bf16"/"fp16" the tensor cores with fp32 accumulation;
+- a precision the GPU has no hardware for (TF32 or BF16 on V100 and T4) has no entry, a GPU that
+  is not in the table has none, a MIG slice has none (its share of the peak is not published),
+  and a CPU has none: their runs get mfu null with the reason, never a borrowed or guessed peak.
+No torch here: the study and the results read this too.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+TFLOPS = 1e12
+
+
+@dataclass(frozen=True)
+class GpuPeaks:
+    model: str  # the GPU model as the datasheet names it
+    pattern: str  # regex searched in the CUDA device name (torch.cuda.get_device_name)
+    tflops: dict[str, float]  # precision -> dense peak, TFLOP/s
+    source: str  # the datasheet
+
+
+# First match wins: the specific names (NVL, GH200, V100S) come before the general ones.
+GPU_PEAKS: tuple[GpuPeaks, ...] = (
+    GpuPeaks(
+        "H100 NVL", r"\bH100 NVL\b",
+        {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5},
+        "NVIDIA H100 Tensor Core GPU datasheet, H100 NVL column (TF32 835*, BF16/FP16 1,671*)",
+    ),
+    GpuPeaks(
+        "H100 PCIe", r"\bH100 PCIe\b",
+        {"fp32": 51.0, "tf32": 378.0, "bf16": 756.5, "fp16": 756.5},
+        "NVIDIA H100 Tensor Core GPU datasheet, H100 PCIe column (TF32 756*, BF16/FP16 1,513*)",
+    ),
+    GpuPeaks(
+        # "NVIDIA H100 80GB HBM3" is how the SXM5 board names itself
+        "H100 SXM", r"\bH100\b.*\b(SXM|HBM3)",
+        {"fp32": 67.0, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5},
+        "NVIDIA H100 Tensor Core GPU datasheet, H100 SXM column (TF32 989*, BF16/FP16 1,979*)",
+    ),
+    GpuPeaks(
+        "GH200", r"\bGH200\b",
+        {"fp32": 67.0, "tf32": 494.0, "bf16": 990.0, "fp16": 990.0},
+        "NVIDIA GH200 Grace Hopper Superchip datasheet (TF32 494, BF16/FP16 990 dense)",
+    ),
+    GpuPeaks(
+        "H200 NVL", r"\bH200 NVL\b",
+        {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5},
+        "NVIDIA H200 Tensor Core GPU datasheet, H200 NVL column (TF32 835*, BF16/FP16 1,671*)",
+    ),
+    GpuPeaks(
+        # the SXM board names itself "NVIDIA H200" (the NVL board says NVL, matched above)
+        "H200 SXM", r"\bH200\b",
+        {"fp32": 67.0, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5},
+        "NVIDIA H200 Tensor Core GPU datasheet, H200 SXM column (TF32 989*, BF16/FP16 1,979*)",
+    ),
+    GpuPeaks(
+        # SXM4 and PCIe, 40 and 80 GB: the same peaks
+        "A100", r"\bA100\b",
+        {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0},
+        "NVIDIA A100 Tensor Core GPU datasheet (TF32 156, BF16/FP16 312 dense)",
+    ),
+    GpuPeaks(
+        "A30", r"\bA30\b",
+        {"fp32": 10.3, "tf32": 82.0, "bf16": 165.0, "fp16": 165.0},
+        "NVIDIA A30 Tensor Core GPU datasheet (TF32 82, BF16/FP16 165 dense)",
+    ),
+    GpuPeaks(
+        "A40", r"\bA40\b",
+        {"fp32": 37.4, "tf32": 74.8, "bf16": 149.7, "fp16": 149.7},
+        "NVIDIA A40 datasheet (TF32 74.8, BF16/FP16 149.7 dense)",
+    ),
+    GpuPeaks(
+        "A10", r"\bA10\b",
+        {"fp32": 31.2, "tf32": 62.5, "bf16": 125.0, "fp16": 125.0},
+        "NVIDIA A10 Tensor Core GPU datasheet (TF32 62.5, BF16/FP16 125 dense)",
+    ),
+    GpuPeaks(
+        "L40S", r"\bL40S\b",
+        {"fp32": 91.6, "tf32": 183.0, "bf16": 362.05, "fp16": 362.05},
+        "NVIDIA L40S datasheet (TF32 183, BF16/FP16 362.05 dense)",
+    ),
+    GpuPeaks(
+        "L40", r"\bL40\b",
+        {"fp32": 90.5, "tf32": 90.5, "bf16": 181.05, "fp16": 181.05},
+        "NVIDIA L40 datasheet (TF32 90.5, BF16/FP16 181.05 dense)",
+    ),
+    GpuPeaks(
+        "L4", r"\bL4\b",
+        {"fp32": 30.3, "tf32": 60.0, "bf16": 121.0, "fp16": 121.0},
+        "NVIDIA L4 Tensor Core GPU datasheet (TF32 120*, BF16/FP16 242*)",
+    ),
+    GpuPeaks(
+        # Volta: no TF32 and no BF16 units
+        "V100S PCIe", r"\bV100S\b",
+        {"fp32": 16.4, "fp16": 130.0},
+        "NVIDIA V100 Tensor Core GPU datasheet, V100S PCIe column",
+    ),
+    GpuPeaks(
+        "V100 SXM2", r"\bV100-SXM[23]\b",
+        {"fp32": 15.7, "fp16": 125.0},
+        "NVIDIA V100 Tensor Core GPU datasheet, V100 SXM2 column",
+    ),
+    GpuPeaks(
+        "V100 PCIe", r"\bV100-PCIE\b",
+        {"fp32": 14.0, "fp16": 112.0},
+        "NVIDIA V100 Tensor Core GPU datasheet, V100 PCIe column",
+    ),
+    GpuPeaks(
+        # Turing: FP16 tensor cores with fp32 accumulation ("mixed precision"), no TF32/BF16
+        "T4", r"\bT4\b",
+        {"fp32": 8.1, "fp16": 65.0},
+        "NVIDIA T4 Tensor Core GPU datasheet (mixed precision FP16/FP32 65)",
+    ),
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Peak:
+    """The peak of one device at one precision, or why there is none."""
+
+    flops: float | None  # FLOP/s of one device; None: not known (see `why`)
+    source: str | None  # the datasheet and column, when known
+    why: str | None = None  # why there is no peak (None when there is)
+
+
+def gpu_peaks(device_name: str) -> GpuPeaks | None:
+    """The table row of a CUDA device name (torch.cuda.get_device_name), or None."""
+    for row in GPU_PEAKS:
+        if re.search(row.pattern, device_name):
+            return row
+    return None
+
+
+def peak(device_type: str, device_name: str | None, precision: str) -> Peak:
+    """The dense peak FLOP/s of one device of this name at this precision (module docstring)."""
+    if device_type != "cuda":
+        return Peak(None, None, f"{device_type}: no published peak FLOP/s in the table")
+    name = device_name or "unnamed GPU"
+    if "MIG" in name:
+        return Peak(None, None, f"{name}: a MIG slice, whose share of the peak is not published")
+    row = gpu_peaks(name)
+    if row is None:
+        return Peak(None, None, f"{name}: not in the table of published peaks (hardware.py)")
+    if precision not in row.tflops:
+        return Peak(None, None, f"{row.model} has no {precision} units (hardware.py)")
+    return Peak(row.tflops[precision] * TFLOPS, f"{row.source}: {precision} dense")
+
+
+def mfu(throughput_img_s: float, flops_per_img: float, peak_flops: float, world_size: int) -> float:
+    """Model FLOPs utilisation: the FLOP rate the network needs at the measured throughput over
+    the peak of the world_size devices that produced it."""
+    return throughput_img_s * flops_per_img / (peak_flops * world_size)

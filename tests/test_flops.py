@@ -1,0 +1,89 @@
+"""FLOPs per training image (models.training_flops_per_image) against an independent count, and
+metrics.json's MFU block (measure.efficiency) for the devices the table knows and does not."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from scalestudy import hardware
+from scalestudy.trainer.measure import efficiency
+from scalestudy.trainer.models import build_model, training_flops_per_image
+
+
+def hand_count(name: str, width: int, shape: tuple[int, int, int]) -> tuple[int, int]:
+    """(forward FLOPs, training FLOPs) of one image from the layers' shapes, by the textbook
+    rule: a convolution costs 2 x C_out x C_in/groups x k_h x k_w x H_out x W_out, a linear
+    layer 2 x in x out; backward computes the input gradient (not for the first layer, whose
+    input is the data) and the weight gradient, each as costly as the forward."""
+    model = build_model(name, num_classes=10, width=width, in_channels=shape[0])
+    costs: list[int] = []
+
+    def hook(module, inputs, output):
+        if isinstance(module, nn.Conv2d):
+            k_h, k_w = module.kernel_size
+            per_out = module.in_channels // module.groups * k_h * k_w
+            costs.append(2 * per_out * output.numel())  # batch of 1: numel = C x H x W
+        else:
+            costs.append(2 * module.in_features * module.out_features)
+
+    for module in model.modules():
+        if isinstance(module, nn.Conv2d | nn.Linear):
+            module.register_forward_hook(hook)
+    with torch.no_grad():
+        model(torch.zeros(1, *shape))
+    forward = sum(costs)
+    return forward, 3 * forward - costs[0]  # costs[0]: the first layer, no input gradient
+
+
+@pytest.mark.parametrize(
+    ("name", "width", "shape"),
+    [("resnet18", 64, (3, 32, 32)), ("resnet18", 8, (3, 32, 32)), ("cnn", 32, (1, 28, 28))],
+)
+def test_counted_flops_match_the_layer_arithmetic(name, width, shape):
+    _, training = hand_count(name, width, shape)
+    assert training_flops_per_image(name, num_classes=10, width=width, image_shape=shape) == (
+        training
+    )
+
+
+def test_cifar_resnet18_is_the_published_workload():
+    """555.4 M multiply-adds per 32x32 image forward (shared/notes/performance-anchors.md):
+    1.111 GFLOP forward, 3.329 GFLOP to train on it."""
+    forward, _ = hand_count("resnet18", 64, (3, 32, 32))
+    assert forward == pytest.approx(2 * 555.4e6, rel=1e-3)
+    counted = training_flops_per_image("resnet18", num_classes=10, width=64, image_shape=(3, 32, 32))
+    assert counted == pytest.approx(3.329e9, rel=1e-3)
+
+
+def test_mfu_on_a_known_gpu():
+    m = efficiency(60_000.0, 3_329_000_000, "cuda", ["NVIDIA H100 80GB HBM3"], "bf16", 1)
+    assert m["peak_flops"] == 989.5e12
+    assert m["mfu"] == pytest.approx(60_000 * 3.329e9 / 989.5e12)
+    assert m["model_flops_per_s"] == pytest.approx(60_000 * 3.329e9)
+    assert "H100 SXM" in m["peak_flops_source"] and m["mfu_unmeasured"] is None
+    # two ranks: the peak of two devices
+    two = efficiency(120_000.0, 3_329_000_000, "cuda", ["NVIDIA H100 80GB HBM3"], "bf16", 2)
+    assert two["mfu"] == pytest.approx(m["mfu"])
+
+
+@pytest.mark.parametrize(
+    ("device_type", "names", "precision", "why"),
+    [
+        ("cpu", ["AMD EPYC"], "fp32", "cpu: no published peak"),
+        ("cuda", ["NVIDIA GeForce RTX 4090"], "bf16", "not in the table"),
+        ("cuda", ["Tesla T4"], "bf16", "T4 has no bf16 units"),
+        ("cuda", ["NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3"], "bf16", "different devices"),
+    ],
+)
+def test_no_mfu_without_a_published_peak(device_type, names, precision, why):
+    m = efficiency(1000.0, 10, device_type, names, precision, len(names))
+    assert m["mfu"] is None and m["peak_flops"] is None and why in m["mfu_unmeasured"]
+    assert m["model_flops_per_s"] == 10_000.0  # the FLOP rate is measured all the same
+
+
+def test_peak_table_is_what_efficiency_uses():
+    row = hardware.gpu_peaks("NVIDIA A100-SXM4-80GB")
+    m = efficiency(1.0, 1, "cuda", ["NVIDIA A100-SXM4-80GB"], "tf32", 1)
+    assert m["peak_flops"] == row.tflops["tf32"] * hardware.TFLOPS
