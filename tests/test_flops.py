@@ -53,7 +53,9 @@ def test_cifar_resnet18_is_the_published_workload():
     1.111 GFLOP forward, 3.329 GFLOP to train on it."""
     forward, _ = hand_count("resnet18", 64, (3, 32, 32))
     assert forward == pytest.approx(2 * 555.4e6, rel=1e-3)
-    counted = training_flops_per_image("resnet18", num_classes=10, width=64, image_shape=(3, 32, 32))
+    counted = training_flops_per_image(
+        "resnet18", num_classes=10, width=64, image_shape=(3, 32, 32)
+    )
     assert counted == pytest.approx(3.329e9, rel=1e-3)
 
 
