@@ -324,3 +324,74 @@ def test_gpu_util_figure_covers_every_family_and_survives_no_data(tmp_path):
     assert plots.gpu_util_series(scaling) == {}
     paths = plots.make_figure("gpu_util", tmp_path / "none", scaling=scaling, device="cuda")
     assert paths[0].read_bytes()[:4] == b"\x89PNG"
+
+
+F_W64 = 3328997376  # FLOPs of one training image of the width-64 ResNet-18 (train.py)
+H100_BF16 = 989.5e12  # hardware.py's dense bf16 peak of an H100 SXM
+
+
+def with_mfu(row, peak=H100_BF16, why=None, source="H100 SXM column: bf16 dense"):
+    """A run as the trainer writes it: its FLOP rate, and its MFU when a peak is known."""
+    x, n = float(row["throughput_img_s"]), int(row["world_size"])
+    return row | {
+        "flops_per_img": str(F_W64),
+        "model_flops_per_s": str(x * F_W64),
+        "peak_flops": "" if peak is None else str(peak),
+        "peak_flops_source": "" if peak is None else source,
+        "mfu": "" if peak is None else str(x * F_W64 / (peak * n)),
+        "mfu_unmeasured": why or "",
+        "compiled": "True",
+    }
+
+
+def test_mfu_and_flop_rate_are_means_over_repeats_and_blank_stays_blank():
+    cpu = "cpu: no published peak FLOP/s in the table"
+    runs = [
+        # 2 GPUs, two repeats at 20000 and 22000 img/s: MFU = X F / (P N)
+        with_mfu(run("w2", "strong", 2, 128, 20000, repeat=0, precision="bf16")),
+        with_mfu(run("w2", "strong", 2, 128, 22000, repeat=1, precision="bf16")),
+        # the same configuration on CPU ranks: no peak in either repeat
+        with_mfu(run("c2", "weak", 2, 128, 100, repeat=0), peak=None, why=cpu),
+        with_mfu(run("c2", "weak", 2, 128, 120, repeat=1), peak=None, why=cpu),
+    ]
+    table = analysis.scaling_table(runs)
+    gpu, cpu_row = row(table, "strong", 2, "bf16"), row(table, "weak", 2)
+    mfus = [x * F_W64 / (H100_BF16 * 2) for x in (20000, 22000)]  # 0.03364, 0.03701
+    assert gpu["mfu_mean"] == pytest.approx(sum(mfus) / 2)
+    assert gpu["mfu_std"] == pytest.approx(abs(mfus[1] - mfus[0]) / math.sqrt(2))
+    assert gpu["model_flops_per_s_mean"] == pytest.approx(21000 * F_W64)
+    # the documents' unit: 21000 x 3.329e9 FLOP/s = 69.9 TFLOP/s, std 2000 x F / 1e12 / sqrt(2)
+    assert gpu["model_tflops_mean"] == pytest.approx(21000 * F_W64 / 1e12)
+    assert gpu["model_tflops_std"] == pytest.approx(2000 * F_W64 / 1e12 / math.sqrt(2))
+    # no repeat has an MFU: blank, never 0; the FLOP rate is still measured on CPU
+    assert cpu_row["mfu_mean"] is None and cpu_row["mfu_std"] is None
+    assert cpu_row["model_tflops_mean"] == pytest.approx(110 * F_W64 / 1e12)
+    assert analysis.cell(cpu_row["mfu_mean"]) == ""
+    # runs of an older trainer have neither column: blank as well
+    old = analysis.scaling_table([run("w1", "strong", 1, 64, 1000)])[0]
+    assert old["mfu_mean"] is None and old["model_tflops_mean"] is None
+    assert {"mfu_mean", "mfu_std", "model_tflops_mean"} <= set(analysis.SCALING_COLUMNS)
+
+
+def test_system_table_says_flops_peak_source_why_no_mfu_and_compile():
+    def system(runs):
+        rows = analysis.system_table(runs, {"name": "t"})
+        return {(r["section"], r["key"]): r["value"] for r in rows}
+
+    cpu = "cpu: no published peak FLOP/s in the table"
+    s = system([with_mfu(run("c1", "strong", 1, 64, 100), peak=None, why=cpu)])
+    assert s[("system", "FLOPs per training image")] == str(F_W64)
+    assert s[("system", "why MFU is not measured")] == cpu
+    assert s[("system", "peak FLOP/s source (MFU)")] == "none: no run has a published peak"
+    assert s[("run settings", "compiled")] == "True"
+    s = system([with_mfu(run("g1", "strong", 1, 64, 1000))])
+    assert s[("system", "peak FLOP/s source (MFU)")] == "H100 SXM column: bf16 dense"
+    assert s[("system", "why MFU is not measured")] == "n/a: every run has an MFU"
+    # a reason is a sentence, not a ';'-joined list: kept whole
+    why = "the ranks ran on different devices (NVIDIA A100; NVIDIA H100): no single peak"
+    s = system([with_mfu(run("m2", "strong", 2, 64, 1000), peak=None, why=why)])
+    assert s[("system", "why MFU is not measured")] == why
+    # an older trainer recorded none of it
+    s = system([run("o1", "strong", 1, 64, 1000)])
+    assert s[("system", "why MFU is not measured")] == "not recorded"
+    assert s[("system", "FLOPs per training image")] == "not recorded"

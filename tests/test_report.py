@@ -4,6 +4,7 @@ paper.pdf with its figures (latexmk; required under CI=true), and `snakemake --r
 
 from __future__ import annotations
 
+import argparse
 import csv
 import os
 import re
@@ -11,7 +12,10 @@ import re
 import pytest
 from workflow_helpers import snakemake
 
+from scalestudy import files
+from scalestudy.results import analyze
 from scalestudy.results import build_pdf as latex
+from scalestudy.results import model as model_csv
 from scalestudy.results import render_report as report
 
 pytestmark = pytest.mark.workflow
@@ -205,3 +209,109 @@ def test_energy_is_shown_from_its_cell_or_said_to_be_unmeasured(done, tmp_path, 
         assert ("GPU energy was not measured" in text) == (not kwh), name
         assert ("0.0421" in text) == bool(kwh), name
         assert report.numbers_backed_by_csvs(text, report.load_tables(csv_dir)) == [], name
+
+
+@pytest.mark.parametrize("name", ["study.md", "paper.tex"])
+def test_mfu_section_on_cpu_says_not_measured_and_why(done, name):
+    """The tiny study ran on CPU ranks: no peak FLOP/s, so the MFU section gives the trainer's
+    reason (system.csv) in words and the model FLOP rate of every configuration, no MFU column."""
+    text = (done / "reports" / name).read_text()
+    system = {r["key"]: r["value"] for r in read(done / "results/csv/system.csv")}
+    why = system["why MFU is not measured"]
+    assert why.startswith("cpu: ")
+    section = text[text.index("Hardware efficiency (MFU)") :]
+    section = section[: section.index("Scaling model")]
+    escape = report.tex_escape if name.endswith(".tex") else str
+    said = f"no run has a published peak FLOP/s to divide by (the trainer's reason: {escape(why)})"
+    assert f"MFU was not measured: {said}" in section
+    assert "MFU (" not in section  # no column of n/a
+    assert escape(system["FLOPs per training image"]) in section
+    scaling = read(done / "results/csv/scaling.csv")
+    assert all(r["mfu_mean"] == "" and float(r["model_tflops_mean"]) > 0 for r in scaling)
+    rates = [report.fmt_num(r["model_tflops_mean"]) for r in scaling]
+    assert all(rate in section for rate in rates)
+    assert section.count("TFLOP/s") == 1
+
+
+def _analyzed(csv_dir, runs):
+    """`scalestudy analyze` on hand-written runs.csv rows, plus an empty scaling model."""
+    files.write_csv(csv_dir / "runs.csv", None, runs)
+    parser = argparse.ArgumentParser()
+    analyze.add_arguments(parser)
+    argv = ["--runs", str(csv_dir / "runs.csv"), "--out-dir", str(csv_dir), "--html-dir",
+            str(csv_dir / "html"), "--gpus-per-node", "4", "--study", "hand",
+            "--configfile", "hand.yaml"]  # fmt: skip
+    assert analyze.run(parser.parse_args(argv)) == 0
+    files.write_csv(csv_dir / "model.csv", model_csv.MODEL_COLUMNS, [])
+    files.write_csv(csv_dir / "bucket_advice.csv", model_csv.ADVICE_COLUMNS, [])
+    return report.load_tables(csv_dir)
+
+
+def _gpu_run(run_id, family, world_size, x, repeat, gpu="NVIDIA H100 80GB HBM3", peak=989.5e12):
+    flops = 3328997376  # one training image of the width-64 network, forward + backward
+    return {
+        "run": f"{run_id}_r{repeat}",
+        "families": family,
+        "world_size": world_size,
+        "nodes": 1,
+        "local_batch": 128,
+        "global_batch": 128 * world_size,
+        "precision": "bf16",
+        "bucket_cap_mb": 25,
+        "repeat": repeat,
+        "throughput_img_s": x,
+        "epoch_time_s": 50000 / x,
+        "final_val_acc": 0.9,
+        "comm_exposed_frac": 0.1,
+        "gpu_util_mean": "",
+        "train_time_s": 600.0,
+        "device": "cuda",
+        "device_type": "cuda",
+        "device_name": gpu,
+        "flops_per_img": flops,
+        "model_flops_per_s": x * flops,
+        "peak_flops": peak,
+        "peak_flops_source": peak and "H100 SXM column: bf16 dense",
+        "mfu": peak and x * flops / (peak * world_size),
+        "mfu_unmeasured": None if peak else "V100 SXM2 has no bf16 units (hardware.py)",
+        "compiled": True,
+    }
+
+
+def test_mfu_section_shows_measured_values_from_their_cells(tmp_path):
+    """GPU runs with a published peak: MFU (%) mean and std per configuration, the FLOP rate in
+    TFLOP/s, every number a cell; a configuration without a peak is n/a with the reason."""
+    runs = [
+        _gpu_run("w1", "strong", 1, 20000, 0),
+        _gpu_run("w1", "strong", 1, 21000, 1),
+        _gpu_run("w2", "strong", 2, 38000, 0),
+        _gpu_run("w2", "strong", 2, 37000, 1),
+    ]
+    tables = _analyzed(tmp_path, runs)
+    docs = report.render(tmp_path, report.TEMPLATES, [], "../results/plots")
+    scaling = tables["scaling"]
+    # 20500 img/s x 3.329e9 FLOP / (989.5e12 FLOP/s x 1) = 6.9 %
+    assert report.fmt_pct(scaling[0]["mfu_mean"]) == "6.9"
+    for name, text in docs.items():
+        section = text[text.index("Hardware efficiency (MFU)") :]
+        section = section[: section.index("Scaling model")]
+        assert "MFU was not measured" not in section, name
+        assert "MFU (" in section and "H100 SXM column: bf16 dense" in section, name
+        sep = " & " if name.endswith(".tex") else " | "
+        for r in scaling:  # TFLOP/s mean, std, MFU (%) mean, std: one row of the table
+            cells = [report.fmt_num(r["model_tflops_mean"]), report.fmt_num(r["model_tflops_std"])]
+            cells += [report.fmt_pct(r["mfu_mean"]), report.fmt_pct(r["mfu_std"])]
+            assert sep.join(cells) in section, (name, cells)
+        assert "n/a: no MFU" not in section, name
+        assert report.numbers_backed_by_csvs(text, tables) == [], name
+        # the check bites on this section too: the FLOP rate divided in the template is no cell
+        tflops = float(scaling[0]["model_flops_per_s_mean"]) / 1e12
+        assert report.numbers_backed_by_csvs(f"{tflops:.3f}", tables) == [f"{tflops:.3f}"], name
+
+    # one configuration on a GPU without bf16 units, so without a peak: n/a there, with why
+    runs += [_gpu_run("v1", "precision", 1, 3000, 0, gpu="Tesla V100-SXM2-32GB", peak=None)]
+    tables = _analyzed(tmp_path, runs)
+    for name, text in report.render(tmp_path, report.TEMPLATES, [], "../results/plots").items():
+        assert "n/a: no MFU for that configuration (V100 SXM2 has no bf16 units" in text, name
+        assert "MFU (" in text and "MFU was not measured" not in text, name
+        assert report.numbers_backed_by_csvs(text, tables) == [], name

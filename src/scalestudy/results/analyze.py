@@ -3,7 +3,8 @@
 Every number the plots and the documents show is a cell of one of these CSVs (the documents only
 format cells; tests/test_report.py checks that):
 
-    scaling.csv    one row per family and configuration (mean / std / n over repeats)
+    scaling.csv    one row per family and configuration (mean / std / n over repeats of MEASURES,
+                   model_tflops = model_flops_per_s / 1e12 for the documents, and the ratios below)
     verdicts.csv   each target of the study (config `report.targets`) with the measured value
     resources.csv  node-hours and GPU-hours spent per family, projected at k x the largest scale,
                    and GPU energy in kWh per family and study (measured J/img: resources())
@@ -23,6 +24,16 @@ world size, 1 in a usual study):
     weak deviation        D(N)   = T(N) / T(N0) - 1
     precision speedup     P      = X(precision) / X(fp32)  at the same world size
     bucket sensitivity    B      = X(cell) / max X over the bucket_cap_mb x local_batch grid
+    model FLOP rate       R      = X F                      FLOP/s (model_flops_per_s)
+    model FLOPs util.     MFU    = X F / (P N)              (mfu)
+
+F = flops_per_img, the FLOPs of one training image, forward + backward, counted by
+torch.utils.flop_counter on the run's network; P = peak_flops, the dense peak FLOP/s of ONE device
+at the run's precision from the published table in hardware.py; N = world_size. Both are each
+run's own (train.py, measure.efficiency()), averaged over repeats here like the other measures.
+A run without a published peak (a CPU, a GPU or precision not in the table) has mfu null and the
+reason in mfu_unmeasured: a configuration where no repeat has an MFU keeps mfu_mean blank, never
+0, and system.csv says why (the distinct mfu_unmeasured of the runs).
 
 The weak-scaling time is the step time, not the epoch time: an epoch is one pass over the fixed
 dataset shared by all ranks, so a weak-scaling epoch shortens as ranks are added. The efficiency
@@ -80,7 +91,10 @@ MEASURES = (
     "comm_exposed_frac",
     "gpu_util_mean",
     "train_time_s",
+    "model_flops_per_s",
+    "mfu",
 )
+TFLOPS = 1e12  # model_tflops_mean / _std: the FLOP rate in the unit the documents print
 GROUP_KEYS = ("family", "world_size", "local_batch", "precision", "bucket_cap_mb")
 SCALING_COLUMNS = (
     *GROUP_KEYS,
@@ -88,6 +102,8 @@ SCALING_COLUMNS = (
     "global_batch",
     "n",
     *(f"{m}_{s}" for m in MEASURES for s in ("mean", "std")),
+    "model_tflops_mean",
+    "model_tflops_std",
     "speedup",
     "strong_efficiency",
     "strong_efficiency_std",
@@ -190,6 +206,9 @@ def scaling_table(runs: list[dict], acc_tolerance: float = 0.01) -> list[dict]:
         for m in MEASURES:
             mean, std, n = mean_std([p[m] for p in per_run])
             row[f"{m}_mean"], row[f"{m}_std"] = mean, std
+        for stat in ("mean", "std"):
+            flops = row[f"model_flops_per_s_{stat}"]
+            row[f"model_tflops_{stat}"] = None if flops is None else flops / TFLOPS
         row["n"] = len(members)
         row["runs"] = ";".join(sorted(r["run"] for r in members))
         rows.append(row)
@@ -650,7 +669,17 @@ SYSTEM_KEYS = (
     ("nccl_version", "NCCL"),
     ("container_digest", "container image"),
     ("git_commit", "git commit of the runs"),
+    ("flops_per_img", "FLOPs per training image"),
+    ("peak_flops_source", "peak FLOP/s source (MFU)"),
+    ("mfu_unmeasured", "why MFU is not measured"),
 )
+# what a SYSTEM_KEYS column says when the runs recorded it but left it blank in every run (a
+# column no run has, from an older trainer, is "not recorded"); these are sentences, not lists
+# that collect joined with ';', so a ';' inside one does not split it
+SYSTEM_BLANK = {
+    "peak_flops_source": "none: no run has a published peak",
+    "mfu_unmeasured": "n/a: every run has an MFU",
+}
 STUDY_KEYS = (
     "dataset",
     "model",
@@ -665,6 +694,7 @@ STUDY_KEYS = (
     "comm_probe_steps",
     "limit_train",
     "limit_test",
+    "compiled",
 )
 
 
@@ -677,17 +707,25 @@ def system_table(runs: list[dict], study: dict) -> list[dict]:
     for column in STUDY_KEYS:
         rows.append({"section": "run settings", "key": column, "value": _distinct(runs, column)})
     for column, label in SYSTEM_KEYS:
-        rows.append({"section": "system", "key": label, "value": _distinct(runs, column)})
+        if column in SYSTEM_BLANK:
+            blank = SYSTEM_BLANK[column] if any(column in r for r in runs) else "not recorded"
+            value = _distinct(runs, column, blank, split=False)
+        else:
+            value = _distinct(runs, column)
+        rows.append({"section": "system", "key": label, "value": value})
     return rows
 
 
-def _distinct(runs, column) -> str:
+def _distinct(runs, column, blank: str = "not recorded", split: bool = True) -> str:
+    """The distinct values of a column over the runs ("; "-joined); a cell is a ';'-joined list
+    (collect) unless split is False; `blank` when no run has a value."""
     values = []
     for r in runs:
-        for v in str(r.get(column) or "").split(";"):
+        text = str(r.get(column) or "")
+        for v in text.split(";") if split else [text]:
             if v not in ("", "None") and v not in values:
                 values.append(v)
-    return "; ".join(values) if values else "not recorded"
+    return "; ".join(values) if values else blank
 
 
 # --- profiling (optional input from the profiling stage) -----------------------------------------

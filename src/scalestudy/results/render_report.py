@@ -147,6 +147,7 @@ def context(tables: dict[str, list[dict]], figures: list[str], figure_dir: str) 
         ),
         "bucket_advice": tables.get("bucket_advice", []),
         "gpu_util_measured": any(r["gpu_util_mean_mean"] not in ("", None) for r in scaling),
+        "mfu_measured": any(r.get("mfu_mean") not in ("", None) for r in scaling),
         "energy_measured": any(r.get("energy_kwh") not in ("", None) for r in tables["resources"]),
         "single_repeat": system.get(("study", "repeats")) == "1",
         # `git checkout` only for one clean commit; "<sha>-dirty", several commits ("a; b") or
