@@ -1,12 +1,24 @@
-"""Our trainer against the plain reference (benchmarks/reference_train.py), same machine, one run.
+"""Our trainer against the plain reference (benchmarks/reference_train.py), side by side, repeated.
 
 Both train the same network (scalestudy.trainer.models.resnet18 at --width), at the same local
 batch, precision, world size and data, launched with torchrun; both measure throughput the same way
-(images of all ranks / wall seconds over the steady-state window after --warmup-steps).
-The ratio ours / reference is what the Trainer issue sets targets for (docs/benchmarks.md).
+(images of all ranks / wall seconds over the steady-state window after --warmup-steps). Each
+trainer runs --repeats times, interleaved ABBA (ours, ref, ref, ours, ours, ref, ...) so a drift of
+the machine (thermals, a neighbour) falls on both alike. Reported: each trainer's median img/s with
+its range (min-max) and spread ((max - min) / median), the ratio of the medians (what the targets
+in docs/benchmarks.md are about) and the range of the paired ratios (run i of ours / run i of the
+reference). Our run's MFU and FLOP rate come from its metrics.json (null on a CPU: no peak).
 
-    python benchmarks/compare.py --data-dir results/data --dataset synthetic --nproc 2 \
-        --width 16 --local-batch 64 --epochs 2 --precision fp32
+    # CPU, the Trainer issue's configuration: 2 gloo ranks, full width, local batch 64, fp32
+    python benchmarks/compare.py --data-dir /tmp/bench --dataset synthetic --nproc 2 \
+        --width 64 --local-batch 64 --epochs 2 --limit-train 1024 --repeats 3
+    # one GPU, bf16, local batch 512 (our defaults: --compile auto = on for CUDA)
+    python benchmarks/compare.py --data-dir /tmp/bench --dataset synthetic --nproc 1 \
+        --width 64 --local-batch 512 --precision bf16 --ref-workers 8 --repeats 3
+    # a flag only for our trainer, e.g. CUDA graphs
+    python benchmarks/compare.py ... --ours-flags=--cuda-graphs   # "=": the value starts with --
+
+The data: `scalestudy prepare-data --dataset synthetic --data-dir /tmp/bench --num-train 16384`.
 """
 
 from __future__ import annotations
@@ -15,6 +27,8 @@ import argparse
 import json
 import os
 import platform
+import shlex
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,7 +47,7 @@ def torchrun(nproc: int) -> list[str]:
     ]
 
 
-def main() -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data-dir", required=True)
     p.add_argument("--dataset", default="cifar10")
@@ -46,10 +60,65 @@ def main() -> int:
     p.add_argument("--limit-train", type=int, default=0)
     p.add_argument("--ref-workers", type=int, default=2, help="DataLoader workers per rank")
     p.add_argument("--threads-per-rank", type=int, default=1, help="OMP_NUM_THREADS (CPU)")
-    p.add_argument("--compile", action="store_true", help="torch.compile our trainer")
+    p.add_argument("--repeats", type=int, default=3, help="runs of each trainer (>= 3: a spread)")
+    p.add_argument(
+        "--ours-flags", default="", help='extra flags of our trainer only, e.g. "--cuda-graphs"'
+    )
     p.add_argument("--json", help="also write the results here")
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    if args.repeats < 1:
+        p.error(f"--repeats must be >= 1, got {args.repeats}")
+    return args
 
+
+def commands(args: argparse.Namespace, ours_out: Path, ref_out: Path) -> dict[str, list[str]]:
+    """The two trainers' command lines, the same flags where both have them."""
+    common = [
+        *("--data-dir", args.data_dir, "--dataset", args.dataset),
+        *("--width", str(args.width), "--local-batch", str(args.local_batch)),
+        *("--epochs", str(args.epochs), "--precision", args.precision),
+        *("--warmup-steps", str(args.warmup_steps), "--limit-train", str(args.limit_train)),
+    ]
+    ours = [*torchrun(args.nproc), "-m", "scalestudy", "train", *common]
+    # evaluation is outside both windows; a short test set and no probe keep the runs short
+    ours += ["--comm-probe-steps", "0", "--limit-test", "512", "--no-tensorboard"]
+    ours += ["--out", str(ours_out), *shlex.split(args.ours_flags)]
+    ref = [*torchrun(args.nproc), str(HERE / "reference_train.py"), *common]
+    ref += ["--num-workers", str(args.ref_workers), "--out", str(ref_out)]
+    return {"ours": ours, "reference": ref}
+
+
+def order(repeats: int) -> list[str]:
+    """ABBA: ours, reference, reference, ours, ours, reference, ..."""
+    pairs = [("ours", "reference"), ("reference", "ours")]
+    return [name for i in range(repeats) for name in pairs[i % 2]]
+
+
+def summary(values: list[float]) -> dict:
+    median = statistics.median(values)
+    return {
+        "median": median,
+        "min": min(values),
+        "max": max(values),
+        "spread": (max(values) - min(values)) / median,
+        "runs": values,
+    }
+
+
+def compare(ours: list[float], ref: list[float]) -> dict:
+    """Medians, ranges, the ratio of the medians and the range of the paired ratios."""
+    paired = [a / b for a, b in zip(ours, ref, strict=True)]
+    return {
+        "ours": summary(ours),
+        "reference": summary(ref),
+        "ratio": statistics.median(ours) / statistics.median(ref),
+        "paired_ratio_min": min(paired),
+        "paired_ratio_max": max(paired),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     meta = Path(args.data_dir) / args.dataset / "meta.json"
     if not meta.exists():
         sys.exit(
@@ -57,78 +126,63 @@ def main() -> int:
             f"--data-dir {args.data_dir}` first"
         )
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads_per_rank), PYTHONUNBUFFERED="1")
-    common = [
-        "--data-dir",
-        args.data_dir,
-        "--dataset",
-        args.dataset,
-        "--width",
-        str(args.width),
-        "--local-batch",
-        str(args.local_batch),
-        "--epochs",
-        str(args.epochs),
-        "--precision",
-        args.precision,
-        "--warmup-steps",
-        str(args.warmup_steps),
-        "--limit-train",
-        str(args.limit_train),
-    ]
+    results: dict[str, list[dict]] = {"ours": [], "reference": []}
     with tempfile.TemporaryDirectory() as tmp:
-        ours_dir, ref_json = Path(tmp) / "ours", Path(tmp) / "reference.json"
-        ours_cmd = [
-            *torchrun(args.nproc),
-            "-m",
-            "scalestudy",
-            "train",
-            *common,
-            "--comm-probe-steps",
-            "0",
-            "--out",
-            str(ours_dir),
-            *(["--compile"] if args.compile else []),
-        ]
-        ref_cmd = [
-            *torchrun(args.nproc),
-            str(HERE / "reference_train.py"),
-            *common,
-            "--num-workers",
-            str(args.ref_workers),
-            "--out",
-            str(ref_json),
-        ]
-        for name, cmd in (("ours", ours_cmd), ("reference", ref_cmd)):
-            print(f"--- {name}: {' '.join(cmd)}", flush=True)
+        for i, name in enumerate(order(args.repeats)):
+            ours_out, ref_out = Path(tmp) / f"ours{i}", Path(tmp) / f"reference{i}.json"
+            cmd = commands(args, ours_out, ref_out)[name]
+            print(f"--- {name} ({i // 2 + 1}/{args.repeats}): {shlex.join(cmd)}", flush=True)
             subprocess.run(cmd, env=env, check=True)
-        ours = json.loads((ours_dir / "metrics.json").read_text())
-        ref = json.loads(ref_json.read_text())
+            out = ours_out / "metrics.json" if name == "ours" else ref_out
+            results[name].append(json.loads(out.read_text()))
 
-    ratio = ours["throughput_img_s"] / ref["throughput_img_s"]
-    result = {
-        "ours_img_s": ours["throughput_img_s"],
-        "reference_img_s": ref["throughput_img_s"],
-        "ratio": ratio,
-        "device": ours["device"],
-        "world_size": args.nproc,
-        "width": args.width,
-        "local_batch": args.local_batch,
-        "precision": args.precision,
-        "epochs": args.epochs,
-        "ours_best_val_acc": ours["best_val_acc"],
-        "torch_version": ours["torch_version"],
-        "python": platform.python_version(),
-        "cpu_count": os.cpu_count(),
-    }
-    print(f"\nours      {result['ours_img_s']:12,.0f} img/s")
-    print(f"reference {result['reference_img_s']:12,.0f} img/s")
-    print(
-        f"ratio     {ratio:12.2f}x  ({args.nproc} ranks, {ours['device']['name']}, "
-        f"width {args.width}, local batch {args.local_batch}, {args.precision})"
+    ours, ref = results["ours"], results["reference"]
+    result = compare([m["throughput_img_s"] for m in ours], [m["throughput_img_s"] for m in ref])
+    last = ours[-1]
+    result.update(
+        device=last["device"],
+        world_size=args.nproc,
+        width=args.width,
+        local_batch=args.local_batch,
+        precision=args.precision,
+        epochs=args.epochs,
+        limit_train=args.limit_train,
+        repeats=args.repeats,
+        ours_flags=args.ours_flags,
+        ours_compiled=last["compiled"],
+        ours_flops_per_img=last["flops_per_img"],
+        ours_mfu=[m["mfu"] for m in ours],
+        ours_mfu_unmeasured=last["mfu_unmeasured"],
+        ours_model_flops_per_s=[m["model_flops_per_s"] for m in ours],
+        ours_best_val_acc=[m["best_val_acc"] for m in ours],
+        reference_final_train_loss=[m["final_train_loss"] for m in ref],
+        reference_num_workers=args.ref_workers,
+        torch_version=last["torch_version"],
+        python=platform.python_version(),
+        cpu_count=os.cpu_count(),
     )
+    print_table(result, args)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     return 0
+
+
+def print_table(r: dict, args: argparse.Namespace) -> None:
+    print(f"\n{'':10} {'median img/s':>14} {'min':>10} {'max':>10} {'spread':>8}")
+    for name in ("ours", "reference"):
+        s = r[name]
+        print(
+            f"{name:10} {s['median']:14,.1f} {s['min']:10,.1f} {s['max']:10,.1f} "
+            f"{100 * s['spread']:7.1f}%"
+        )
+    mfu = [m for m in r["ours_mfu"] if m is not None]
+    mfu_text = f"MFU {100 * statistics.median(mfu):.1f}%" if mfu else r["ours_mfu_unmeasured"]
+    print(
+        f"ratio      {r['ratio']:14.2f}x  (paired runs {r['paired_ratio_min']:.2f}-"
+        f"{r['paired_ratio_max']:.2f}; {args.repeats} runs each, {args.nproc} ranks, "
+        f"{r['device']['name']}, width {args.width}, local batch {args.local_batch}, "
+        f"{args.precision}; ours: {mfu_text})"
+    )
 
 
 if __name__ == "__main__":

@@ -162,6 +162,15 @@ REPO = Path(__file__).resolve().parents[1]
         ),
         ("void at::native::(anonymous namespace)::adaptive_average_pool<float>", "reduce"),
         ("aten::_adaptive_avg_pool2d_backward", "reduce"),
+        # torch.compile's kernels (inductor's names: kind, then the aten ops it fused)
+        ("triton_poi_fused_add_relu_threshold_backward_12", "elementwise"),
+        ("triton_poi_fused__native_batch_norm_legit_functional_relu_3", "batchnorm"),
+        ("triton_red_fused_native_batch_norm_backward_threshold_backward_7", "batchnorm"),
+        ("triton_per_fused_mean_view_21", "reduce"),
+        ("triton_red_fused_sum_4", "reduce"),
+        ("triton_tem_fused_addmm_0", "gemm"),
+        ("triton_poi_fused_convolution_backward_5", "conv"),
+        ("cpp_fused_add_relu_1", "elementwise"),
     ],
 )
 def test_classifier_on_real_names(name, category):

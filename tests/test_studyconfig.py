@@ -272,6 +272,26 @@ def test_fp16_and_tf32_refused_on_cpu():
     load_and_validate(cfg)
 
 
+def test_cuda_graphs_need_a_cuda_study_that_compiles():
+    cfg = minimal()
+    cfg["hardware"]["device"] = "cpu"
+    cfg["train"] = {"cuda_graphs": True}
+    refused(cfg, "config key 'train.cuda_graphs'", "hardware.device cuda (is 'cpu')")
+    cfg["hardware"]["device"] = "cuda"
+    cfg["train"]["compile"] = False
+    refused(cfg, "config key 'train.cuda_graphs'", "train.compile auto or true (is False)")
+    for compile_value in ("auto", True):
+        cfg["train"]["compile"] = compile_value
+        assert load_and_validate(cfg)["train"]["cuda_graphs"] is True
+
+
+def test_compile_is_auto_true_or_false():
+    assert load_and_validate(minimal())["train"]["compile"] == "auto"  # the default
+    cfg = minimal()
+    cfg["train"] = {"compile": "sometimes"}
+    refused(cfg, "config key 'train.compile'", 'value "sometimes"', '"auto", true, false')
+
+
 def test_all_problems_reported_at_once():
     cfg = minimal(strong={"enabled": True, "gpus": [1, 1, 6]})
     with pytest.raises(StudyConfigError) as info:

@@ -14,6 +14,11 @@ import re
 # - DDP's reducer bookkeeping (torch.distributed.ddp.reducer::..., bucket views and unused-parameter
 #   search on the CPU) is no collective and no reduction: "reducer" falls through to other.
 # - pooling (max, average, adaptive average and their gradients) reduces a window: reduce.
+# - kernels torch.compile generated (the default on CUDA): inductor names them by kind and by the
+#   aten ops it fused (triton_poi_fused_add_relu_3, triton_red_fused_native_batch_norm_...;
+#   cpp_fused_... on a CPU): one that fuses a batch norm is batchnorm, a convolution conv
+#   (its convolutions stay cuDNN's), then a pointwise kernel (poi) is elementwise, a reduction
+#   (red, per: persistent reduction) reduce, a template (tem: a generated matmul) gemm.
 
 _CATEGORY_PATTERNS = [
     ("nccl", r"^nccl|^gloo:|^c10d::|allreduce|all_reduce|allgather|all_gather|reduce_scatter"),
@@ -25,7 +30,10 @@ _CATEGORY_PATTERNS = [
         r"|nchwtonhwc|nhwctonchw|dgrad2d|wgrad2d|fprop|(dgrad|wgrad)_(alg\d|engine)|cudnn::gemm::",
     ),
     ("batchnorm", r"bn_fw|bn_bw|batch_norm|batchnorm"),
-    ("gemm", r"gemm|gemv|nvjet|splitkreduce|^aten::(addmm|mm|bmm|matmul|linear)$|cublas"),
+    (
+        "gemm",
+        r"gemm|gemv|nvjet|splitkreduce|^aten::(addmm|mm|bmm|matmul|linear)$|cublas|^triton_tem_",
+    ),
     (
         "optimizer",
         r"multi_tensor_apply|_foreach_|foreach_tensor|fused_sgd|fused_adam|optimizer\.step|sgd\.step",
@@ -33,11 +41,12 @@ _CATEGORY_PATTERNS = [
     (
         "reduce",
         r"reduce(?!r)|max_pool|avg_pool|adaptive_avg|adaptive_average|pool2d|pooling|softmax"
-        r"|nll_loss|cross_entropy|^aten::(sum|mean|argmax|max|amax|norm)$",
+        r"|nll_loss|cross_entropy|^aten::(sum|mean|argmax|max|amax|norm)$|^triton_(red|per)_",
     ),
     (
         "elementwise",
-        r"elementwise|^aten::(add|add_|mul|mul_|div|div_|relu|relu_|threshold_backward|sub|sub_"
+        r"elementwise|^triton_poi_|^cpp_fused_|^aten::(add|add_|mul|mul_|div|div_|relu|relu_"
+        r"|threshold_backward|sub|sub_"
         r"|neg|clamp|clamp_|clamp_min|clamp_min_|clamp_max|clamp_max_|fill_|zero_|zeros|cat|flip"
         r"|where|pad|constant_pad_nd|lerp_|addcmul_"
         r"|addcdiv_|sqrt|rsub|exp|log|log_softmax|_log_softmax|eq|ne|lt|gt|index|index_select"

@@ -62,6 +62,23 @@ How the numbers are measured (the analysis relies on these definitions):
   the gradients in their dtype (param_count x 4 for fp32 parameters, autocast included);
   with the fp16/bf16 comm hooks param_count x 2; null for powersgd (low-rank factors) and fsdp
   (reduce-scatter and all-gather, not one all-reduce of P).
+- flops_per_img: not a timing: the FLOPs of one training image, forward + backward, counted by
+  torch.utils.flop_counter on the run's network (models.training_flops_per_image: convolutions
+  and matrix products, 2 FLOPs per multiply-add; 3,328,997,376 for ResNet-18 at width 64).
+  model_flops_per_s = throughput_img_s x flops_per_img: the FLOP rate the network needed.
+  mfu = model_flops_per_s / (peak_flops x world_size), peak_flops the dense peak of one device
+  at the run's precision from NVIDIA's datasheets (hardware.py, peak_flops_source names the
+  sheet); device_names: the devices of all ranks. mfu and peak_flops are null, with the reason
+  in mfu_unmeasured, on CPUs, MIG slices, GPUs not in the table, precisions a GPU has no units
+  for and ranks on different devices: never a guessed peak.
+- compiled: --compile in effect (auto: on CUDA only; compiling.py). compile_graphs: the graphs
+  dynamo compiled in this process by the end of the training loop; compile_graphs_in_window:
+  those compiled after the steady-state window opened (recompilations inside the measurement:
+  0 when the fast path holds; the last segment's count after a resume); cuda_graph_skips:
+  inductor's graphs that could not run as CUDA graphs (--cuda-graphs only). Null when not
+  compiled.
+- host_syncs_in_window: --sync-debug only (CUDA): the host synchronisations CUDA operations made
+  inside the window's training steps on rank 0 (0 is the fast path); null otherwise.
 - peak_mem_mb: CUDA max_memory_allocated on GPU, the process's peak RSS on CPU (max over ranks).
 - gpu_util_mean: mean NVML utilisation sampled every 0.5 s during training, averaged over the
   gpu_util_ranks ranks that have samples (the device is found by UUID/PCI bus id, not index);

@@ -1,0 +1,62 @@
+"""benchmarks/compare.py: the side-by-side order, the statistics, and one real tiny comparison
+(the measurements themselves live in docs/benchmarks.md, never in a test)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+
+import pytest
+from conftest import PYTHON, REPO, child_env
+
+
+def load_compare():
+    spec = importlib.util.spec_from_file_location("compare", REPO / "benchmarks" / "compare.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+compare = load_compare()
+
+
+def test_runs_are_interleaved_abba():
+    assert compare.order(3) == ["ours", "reference", "reference", "ours", "ours", "reference"]
+    assert compare.order(1) == ["ours", "reference"]
+
+
+def test_medians_spreads_and_ratios():
+    got = compare.compare([110.0, 100.0, 130.0], [100.0, 90.0, 100.0])
+    assert got["ours"]["median"] == 110.0 and got["reference"]["median"] == 100.0
+    assert got["ours"]["spread"] == pytest.approx(30 / 110)
+    assert got["ratio"] == pytest.approx(1.1)
+    assert got["paired_ratio_min"] == pytest.approx(1.1)  # 110/100
+    assert got["paired_ratio_max"] == pytest.approx(1.3)  # 130/100
+
+
+def test_both_trainers_get_the_same_workload():
+    args = compare.parse_args(
+        ["--data-dir", "d", "--width", "8", "--local-batch", "16", "--ours-flags", "--compile on"]
+    )
+    cmds = compare.commands(args, REPO / "o", REPO / "r.json")
+    for flag, value in (("--width", "8"), ("--local-batch", "16"), ("--precision", "fp32")):
+        for cmd in cmds.values():
+            assert cmd[cmd.index(flag) + 1] == value
+    assert cmds["ours"][-2:] == ["--compile", "on"] and "--compile" not in cmds["reference"]
+
+
+def test_a_tiny_comparison_end_to_end(data_dir, tmp_path):
+    """2 gloo ranks, width 2, one repeat: both trainers run, the JSON holds both medians."""
+    out = tmp_path / "compare.json"
+    argv = [PYTHON, str(REPO / "benchmarks" / "compare.py"), "--data-dir", str(data_dir)]
+    argv += ["--dataset", "synthetic", "--nproc", "2", "--width", "2", "--local-batch", "16"]
+    argv += ["--epochs", "1", "--warmup-steps", "2", "--limit-train", "512", "--repeats", "1"]
+    argv += ["--ref-workers", "0", "--json", str(out)]
+    proc = subprocess.run(argv, env=child_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    r = json.loads(out.read_text())
+    assert r["ours"]["median"] > 0 and r["reference"]["median"] > 0
+    assert r["ratio"] == pytest.approx(r["ours"]["median"] / r["reference"]["median"])
+    assert r["ours_mfu"] == [None] and r["ours_mfu_unmeasured"].startswith("cpu:")
+    assert "ratio" in proc.stdout
