@@ -1,7 +1,11 @@
-"""trainer.measure.Meter's accounting of training-loop time across checkpoints (a fake clock)."""
+"""trainer.measure.Meter's accounting of training-loop time across checkpoints (a fake clock), and
+--sync-debug's counter."""
 
 from __future__ import annotations
 
+import warnings
+
+import pytest
 import torch
 
 from scalestudy.trainer import measure
@@ -41,3 +45,24 @@ def test_a_resumed_segment_adds_to_the_checkpointed_time(tmp_path, monkeypatch):
     meter.start(state)
     clock.now += 2.5
     assert meter.end_loop(state) == 7.5
+
+
+def test_sync_counter_counts_every_synchronisation_between_start_and_stop(monkeypatch, caplog):
+    """--sync-debug's plumbing with a stand-in for torch.cuda.set_sync_debug_mode (CUDA only):
+    every sync warning inside start()..stop() counts, the same line twice too (the "always"
+    filter), other warnings and warnings outside do not, and the mode is switched back."""
+    modes = []
+    monkeypatch.setattr(measure.torch.cuda, "set_sync_debug_mode", modes.append)
+    counter = measure.SyncCounter()
+    sync = "called a synchronizing CUDA operation"
+    for _ in range(2):  # two steps
+        counter.start()
+        for _ in range(2):
+            warnings.warn(sync, UserWarning, stacklevel=1)  # the same line twice
+        warnings.warn("something else", UserWarning, stacklevel=1)
+        counter.stop()
+    with pytest.warns(UserWarning):
+        warnings.warn(sync, UserWarning, stacklevel=1)  # outside a step: not counted
+    assert counter.count == 4
+    assert modes == ["warn", "default"] * 2
+    assert "host synchronisation inside a step: " in caplog.text  # where the first one was
