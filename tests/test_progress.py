@@ -107,6 +107,8 @@ def test_only_collective_failures_are_diagnosed():
     gloo = RuntimeError("[unbound_buffer.cc:78] Timed out waiting 10000ms for recv operation")
     assert is_collective_failure(gloo)
     assert is_collective_failure(RuntimeError("Connection closed by peer [127.0.0.1]:1234"))
+    # the same gloo timeout, when the pair gives up first (seen in DDP's buffer broadcast)
+    assert is_collective_failure(RuntimeError("Application timeout caused pair closure"))
     assert is_collective_failure(dist.DistBackendError("NCCL error"))
     assert not is_collective_failure(TrainingError("non-finite training loss (nan)"))
     assert not is_collective_failure(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))

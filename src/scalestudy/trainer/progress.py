@@ -28,8 +28,9 @@ How:
   problem, not one stopped rank; the line says so and where. Wall times of different hosts are
   compared, so the clocks are assumed NTP-synchronised (milliseconds, far below 5 s).
 - Where it is printed: `explain_failure` when training raises a collective failure on a rank
-  (gloo raises "Timed out waiting ... for recv" / "Connection closed by peer"): every surviving
-  rank logs one line per stalled rank before the traceback (train.py). NCCL's watchdog aborts
+  (gloo raises "Timed out waiting ... for recv", "Application timeout caused pair closure" or
+  "Connection closed by peer"): every surviving rank logs one line per stalled rank before the
+  traceback (train.py). NCCL's watchdog aborts
   the process at the timeout instead of raising, so with any backend but gloo the publishing
   thread is also a local watchdog: when this rank's own (step, phase) has not changed for
   WATCHDOG_SHARE (75%) of --pg-timeout-s it logs the same diagnosis once per stall, before NCCL
@@ -79,8 +80,16 @@ PHASES = (
     "metrics",
 )
 STEP_PHASES = PHASES[1:6]  # the Meter's phases: inside an optimizer step
-# the words of a failed collective: gloo raises plain RuntimeErrors with these messages
-COLLECTIVE_FAILURE_WORDS = ("timed out", "connection closed", "connection reset", "broken pipe")
+# the words of a failed collective: gloo raises plain RuntimeErrors with these messages; the
+# same timeout reads "Timed out waiting 10000ms for recv" or, when gloo's pair gives up first,
+# "Application timeout caused pair closure" (seen on a broadcast in DDP's forward, torch 2.14.1)
+COLLECTIVE_FAILURE_WORDS = (
+    "timed out",
+    "timeout caused pair closure",
+    "connection closed",
+    "connection reset",
+    "broken pipe",
+)
 
 
 class Tracker:
