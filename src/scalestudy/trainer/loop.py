@@ -314,7 +314,6 @@ class Run:
     steps_per_epoch: int  # optimizer steps per epoch
     model: torch.nn.Module  # wrapped for the strategy (and compiled under --compile)
     eval_model: torch.nn.Module  # the same weights, never compiled
-    compiled: bool  # --compile in effect (compiling.py)
     flops_per_img: int  # FLOPs of one training image, forward + backward (models.py)
     no_sync: Callable  # no_sync(): a context without gradient synchronisation
     recipe: Recipe
@@ -409,8 +408,7 @@ def build(cfg: TrainConfig, denv: sdist.DistEnv, device: torch.device) -> Run:
         model = model.to(memory_format=torch.channels_last)
     model, no_sync = wrap_model(model, cfg, device)
     eval_model = model
-    compiled = compiling.compile_on(cfg, device)  # --compile auto: on CUDA (compiling.py)
-    if compiled:
+    if compiling.compile_on(cfg, device):  # --compile auto: on CUDA (compiling.py)
         model = compiling.compile_model(model, cfg, device)
     # SGD Nesterov, label smoothing, linear LR scaling with warm-up (recipe.py, config.py)
     recipe = build_recipe(model, cfg, device, global_batch, steps_per_epoch, total_steps)
@@ -429,7 +427,6 @@ def build(cfg: TrainConfig, denv: sdist.DistEnv, device: torch.device) -> Run:
         steps_per_epoch=steps_per_epoch,
         model=model,
         eval_model=eval_model,
-        compiled=compiled,
         flops_per_img=training_flops_per_image(
             cfg.model,
             num_classes=prepared.meta["num_classes"],
