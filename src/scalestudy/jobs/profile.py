@@ -213,20 +213,110 @@ def _regex_literal(text: str) -> str:
     return "".join("\\" + ch if ch in _REGEX_META else ch for ch in text)
 
 
+# the spellings in which ncu's demangler differs from the one of nsys and torch.profiler (seen on
+# an H200, ncu 2025.3.1, torch 2.11: tests/fixtures/gpu/ncu_kernel_names.txt)
+_ANON = "(anonymous namespace)"  # ncu: <unnamed>
+_LAMBDA = re.compile(
+    r"\{lambda\((?:[^()]|\([^()]*\))*\)#(\d+)\}"
+)  # ncu: [lambda(...) (instance N)]
+_NUMBER = re.compile(
+    r"(\d+)[uUlL]*(?=\s*[,>])"
+)  # a literal template argument; ncu: (int)4, (bool)1
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _closing(text: str, at: int) -> int:
+    """The index of the bracket that closes text[at] ('(' or '<'), or -1."""
+    pairs, depth = {"(": ")", "<": ">"}, 0
+    opening, closing = text[at], pairs[text[at]]
+    for i in range(at, len(text)):
+        if text.startswith(_ANON, i) and opening == "<":
+            continue
+        depth += (text[i] == opening) - (text[i] == closing)
+        if depth == 0:
+            return i
+    return -1
+
+
+def _name_regex(text: str) -> str:
+    """The regex of a kernel's name before its parameter list, tolerant of ncu's spellings:
+    every nested parameter list (a lambda's enclosing function) is free, since ncu prints its
+    template parameters (T1) where the others print types."""
+    out, i = [], 0
+    while i < len(text):
+        ch = text[i]
+        lam = _LAMBDA.match(text, i)
+        num = _NUMBER.match(text, i) if i and text[i - 1] in "<, " else None
+        word = _IDENT.match(text, i)
+        if text.startswith(_ANON, i):
+            out.append(r"(\(anonymous namespace\)|<unnamed>)")
+            i += len(_ANON)
+        elif lam:
+            n = lam.group(1)
+            out.append(rf"(\{{lambda\(.*\)#{n}\}}|\[lambda\(.*\) \(instance {n}\)\])")
+            i = lam.end()
+        elif num:
+            out.append(rf"(\([A-Za-z_][A-Za-z0-9_ ]*\))?{num.group(1)}[uUlL]*")
+            i = num.end()
+        elif word and word.group() in ("true", "false") and text[i - 1] in "<, ":
+            out.append(f"({word.group()}|\\(bool\\){int(word.group() == 'true')})")
+            i = word.end()
+        elif word:
+            # ncu prints the return type of a function template named in a template argument
+            # ("void at::native::flip_kernel_impl<...>(...)::[lambda...]"); the others do not
+            starts_argument = i and text[i - 1] in "<, " and text[i - 2 : i] != "::"
+            out.append(("(void\\s+)?" if starts_argument else "") + word.group())
+            i = word.end()
+        elif ch == "(" and _closing(text, i) > 0:
+            out.append(r"\(.*\)")
+            i = _closing(text, i) + 1
+        elif ch == " ":
+            i += 1
+            continue
+        else:
+            out.append(_regex_literal(ch))
+            i += 1
+        out.append(r"\s*")
+    return "".join(out)
+
+
+def ncu_name_base(name: str) -> str:
+    """ncu's --kernel-name-base for a kernels-CSV name: "mangled" for a name the profiler could
+    not demangle (an Itanium symbol, "_ZN17cutlass..."), else "demangled"."""
+    return "mangled" if name.strip().startswith("_Z") else "demangled"
+
+
 def ncu_kernel_regex(name: str) -> str:
     """The ncu --kernel-name filter (with --kernel-name-base demangled) for one kernel of the
-    kernels CSV: its whole demangled name (nsys and torch.profiler report demangled names),
-    anchored, so one template instantiation is profiled and names like
-    'void at::native::(anonymous namespace)::multi_tensor_apply_kernel<...>(...)' still give a
-    filter. Whitespace is free (demanglers differ on 'char *' / 'char*') and the leading 'void '
-    optional (the Itanium demangler prints it for function templates only)."""
+    kernels CSV, whose names are nsys's or torch.profiler's demangled ones. ncu demangles
+    differently (seen on an H200: "<unnamed>" for "(anonymous namespace)", "(int)4" and
+    "(bool)1" for the template arguments "4" and "true", "[lambda(long) (instance 1)]" for
+    "{lambda(long)#1}", its template parameters "const T2 *" in the parameter list), so the
+    filter is the qualified name and template arguments with those spellings allowed, any
+    parameter list, anchored: one template instantiation, not its siblings. Whitespace is free
+    and the leading 'void ' optional."""
     text = " ".join(name.split())
     if text.startswith("void "):
         text = text[5:]
     if not text:
         raise ProfileError(f"kernel name {name!r} is empty: nothing to give ncu --kernel-name")
-    body = r"\s*".join(_regex_literal(word) for word in text.split(" "))
-    return rf"^(void\s+)?{body}$"
+    if ncu_name_base(text) == "mangled":
+        return f"^{_regex_literal(text)}$"
+    # the parameter list: the first '(' at depth 0 after the name (not "(anonymous namespace)")
+    depth, params = 0, None
+    for i, ch in enumerate(text):
+        if text.startswith(_ANON, i):
+            continue
+        if ch == "<" and not text.startswith("<unnamed>", i):
+            depth += 1
+        elif ch == ">" and depth:
+            depth -= 1
+        elif ch == "(" and depth == 0 and i and text[i - 1] != ":":
+            params = i
+            break
+    head = text if params is None else text[:params]
+    tail = "" if params is None else r"\(.*\)"
+    return rf"^(void\s+)?{_name_regex(head)}{tail}$"
 
 
 def ncu_command(
@@ -251,7 +341,7 @@ def ncu_command(
         "--metrics",
         NCU_METRICS,
         "--kernel-name-base",
-        "demangled",
+        ncu_name_base(kernel),
         "--kernel-name",
         f"regex:{ncu_kernel_regex(kernel)}",
         "--launch-skip",
