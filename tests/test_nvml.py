@@ -89,18 +89,37 @@ def test_sampler_writes_the_time_series_and_returns_the_mean(tmp_path):
         read=lambda h: nvml_read(nvml, h),
     )
     sampler.start()
-    time.sleep(0.3)
+    time.sleep(0.15)  # compiling, warm-up: sampled, not in the mean
+    sampler.open_span()
+    time.sleep(0.15)
+    sampler.close_span()
+    time.sleep(0.15)  # evaluation
     mean = sampler.stop()
+    ((start, end),) = sampler.spans
     with (tmp_path / "gpu_samples_rank3.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert tuple(rows[0]) == GPU_SAMPLE_COLUMNS
-    assert len(rows) >= 4
+    assert len(rows) >= 12
     times = [float(r["time_s"]) for r in rows]
     assert times == sorted(times) and times[0] > 0
+    assert times[0] < start < end < times[-1]
     assert {r["rank"] for r in rows} == {"3"}
     assert all(float(r["power_w"]) == pytest.approx(612.345) for r in rows)
-    util = [float(r["util_pct"]) for r in rows]
-    assert mean == pytest.approx(sum(util) / len(util))
+    # the wall clock to the millisecond, not 6 significant digits (10^4 s at 1.8e9 s)
+    unix = [float(r["unix_time_s"]) for r in rows]
+    assert unix == sorted(unix) and abs(unix[0] - time.time()) < 60 and len(set(unix)) == len(unix)
+    inside = [s["util_pct"] for s in sampler.samples if start <= s["time_s"] <= end]
+    assert 2 <= len(inside) < len(rows)
+    assert mean == pytest.approx(sum(inside) / len(inside))
+
+
+def test_utilisation_without_a_window_sample_is_null(tmp_path):
+    """A window shorter than the sampling interval has no sample: null, not the run's mean."""
+    nvml = StandInNVML()
+    sampler = NvmlSampler(torch.device("cpu"), interval_s=0.02, read=lambda h: nvml_read(nvml, h))
+    sampler.start()
+    time.sleep(0.1)
+    assert sampler.stop() is None and len(sampler.samples) >= 2
 
 
 def test_a_failing_query_ends_sampling_not_training(tmp_path, capfd):

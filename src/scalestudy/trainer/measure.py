@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 import platform
 import resource
@@ -106,6 +107,8 @@ class Meter:
                 self.graphs_at_window = compiling.graphs()
             if self.energy:
                 self.energy.open()
+            if self.nvml:
+                self.nvml.open_span()
 
     def step_start(self) -> None:
         if self.syncs and self.in_window:
@@ -138,6 +141,8 @@ class Meter:
             state.window_images += seen - self.window_seen0
             if self.energy:
                 self.energy.close(window_time, seen - self.window_seen0)
+            if self.nvml:
+                self.nvml.close_span()
         for st in self.timer.collect():
             if st["in_window"]:
                 state.window_step_times.append(st["total"])
@@ -675,9 +680,12 @@ def nvml_handle(pynvml, props):
 class NvmlSampler:
     """This rank's GPU sampled every 0.5 s (GPU_SAMPLE_COLUMNS) during training.
 
-    stop() returns the mean utilisation (None without NVML, never a made-up 0) and, given `out`,
-    writes the time series to out/gpu_samples_rank{rank}.csv (time_s: seconds since start();
-    gpu: NVML's index of the device, found by UUID or PCI bus id: nvml_handle).
+    stop() returns the mean utilisation of the samples taken inside the throughput window's
+    spans (open_span() .. close_span(), one per epoch), None without NVML or without a sample in
+    the window, never a made-up 0: the whole run's mean counts compilation and warm-up (on an
+    H200 it read 5.8% for a run that kept the GPU busy in its window). Given `out`, it writes
+    every sample to out/gpu_samples_rank{rank}.csv (time_s: seconds since start(); gpu: NVML's
+    index of the device, found by UUID or PCI bus id: nvml_handle).
     `read(handle) -> dict` is nvml_read unless given (tests pass a stand-in: no GPU there).
     """
 
@@ -696,6 +704,21 @@ class NvmlSampler:
         self.thread: threading.Thread | None = None
         self.physical = self.index
         self.pynvml, self.handle, self.uuid = None, None, ""
+        self.t0: float | None = None  # time.monotonic() at start(): time_s is counted from it
+        self.spans: list[list[float]] = []  # the window's [open, close] in time_s
+
+    def open_span(self) -> None:
+        """The window opens (an epoch's first window step; the device is idle)."""
+        if self.t0 is not None:
+            self.spans.append([time.monotonic() - self.t0, math.inf])
+
+    def close_span(self) -> None:
+        """The epoch's window span ends (the device synchronised)."""
+        if self.spans and self.spans[-1][1] == math.inf:
+            self.spans[-1][1] = time.monotonic() - self.t0
+
+    def in_window(self, time_s: float) -> bool:
+        return any(start <= time_s <= end for start, end in self.spans)
 
     def start(self) -> None:
         handle = None
@@ -712,7 +735,7 @@ class NvmlSampler:
             except Exception as exc:  # no NVML: the value stays null, never a made-up 0
                 logger.warning(f"NVML unavailable ({exc}); gpu_util_mean will be null")
                 return
-        t0 = time.monotonic()
+        t0 = self.t0 = time.monotonic()
 
         def loop() -> None:
             while not self.stop_event.wait(self.interval):
@@ -751,11 +774,16 @@ class NvmlSampler:
         if self.out is not None:
             lines = [",".join(GPU_SAMPLE_COLUMNS)]
             for s in self.samples:
-                lines.append(",".join(f"{s[c]:.6g}" for c in GPU_SAMPLE_COLUMNS))
+                # unix_time_s to the millisecond: 6 significant digits of 1.8e9 s are 10^4 s
+                cells = (
+                    f"{s[c]:.3f}" if c == "unix_time_s" else f"{s[c]:.6g}"
+                    for c in GPU_SAMPLE_COLUMNS
+                )
+                lines.append(",".join(cells))
             files.write_text(
                 Path(self.out) / f"gpu_samples_rank{self.rank}.csv", "\n".join(lines) + "\n"
             )
-        util = [s["util_pct"] for s in self.samples]
+        util = [s["util_pct"] for s in self.samples if self.in_window(s["time_s"])]
         return statistics.fmean(util) if util else None
 
 

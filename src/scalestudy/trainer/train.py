@@ -80,7 +80,8 @@ How the numbers are measured (the analysis relies on these definitions):
 - host_syncs_in_window: --sync-debug only (CUDA): the host synchronisations CUDA operations made
   inside the window's training steps on rank 0 (0 is the fast path); null otherwise.
 - peak_mem_mb: CUDA max_memory_allocated on GPU, the process's peak RSS on CPU (max over ranks).
-- gpu_util_mean: mean NVML utilisation sampled every 0.5 s during training, averaged over the
+- gpu_util_mean: mean NVML utilisation of the samples (every 0.5 s) taken inside the
+  throughput window (null when none is: a window shorter than 0.5 s), averaged over the
   gpu_util_ranks ranks that have samples (the device is found by UUID/PCI bus id, not index);
   null without a GPU or NVML.
 - energy_j: NVML's total-energy counter (nvmlDeviceGetTotalEnergyConsumption) read at each
