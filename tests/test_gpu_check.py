@@ -21,7 +21,7 @@ from workflow_helpers import child_env
 
 from scalestudy import vocab
 from scalestudy.errors import GpuCheckError
-from scalestudy.jobs import gpu_check
+from scalestudy.jobs import energy_probe, gpu_check
 from scalestudy.jobs import gpu_check_report as report
 from scalestudy.jobs.gpu_check_report import FAIL, PASS, SKIPPED, Check, RunResult
 from scalestudy.nsight import ncu as ncu_parser
@@ -52,6 +52,38 @@ def test_refuses_without_a_gpu_in_one_line_and_writes_nothing(tmp_path):
     assert "torch.cuda.is_available() is False" in lines[0] and "run this on a GPU node" in lines[0]
     assert proc.stdout == ""
     assert not any(tmp_path.iterdir())  # DIR not even created
+
+
+def test_only_runs_the_named_checks_and_a_budget_too_small_is_refused(tmp_path, monkeypatch):
+    """--only compile-,ncu reruns what failed (the second GPU call of a session); --budget-s
+    leaves the report its reserve or is refused before anything is written."""
+    ran: list[str] = []
+
+    def fake(name: str):
+        return lambda: ran.append(name) or Check(name=name, status=PASS, criterion="ran")
+
+    shared = ["compile-ddp", "compile-fsdp", "cuda-graphs", "nccl1-ddp-fp32"]
+    monkeypatch.setattr(gpu_check, "shared_gpu_checks", lambda ctx: {n: fake(n) for n in shared})
+    monkeypatch.setattr(
+        gpu_check, "timed_checks", lambda ctx: {n: fake(n) for n in ["ncu", "nvml"]}
+    )
+    ctx = gpu_check.Context(
+        work=tmp_path,
+        fixtures=tmp_path,
+        env={},
+        budget=gpu_check.Budget(0.0),
+        only=("compile-", "ncu"),
+    )
+    checks = gpu_check.run_checks(ctx, {"device_name": "stand-in"})
+    assert sorted(ran) == ["compile-ddp", "compile-fsdp", "ncu"]
+    assert [c.name for c in checks][0] == "versions"
+    assert gpu_check.Context(work=tmp_path, fixtures=tmp_path, env={}, budget=None).wanted("x")
+    parser = argparse.ArgumentParser()
+    gpu_check.add_arguments(parser)
+    args = parser.parse_args(["--out", str(tmp_path / "o"), "--budget-s", "12", "--only", "ncu"])
+    with pytest.raises(GpuCheckError, match="--budget-s 12 leaves no time for a check"):
+        gpu_check.run(args)
+    assert not (tmp_path / "o").exists()
 
 
 def test_an_out_that_is_a_file_or_a_foreign_work_dir_is_refused(tmp_path):
@@ -338,6 +370,23 @@ def test_cuda_graphs_over_gloo_need_two_ranks_with_the_same_parameters():
     assert recompiled.status == FAIL and recompiled.numbers["recompiles_in_window"] == 1
 
 
+def test_cuda_graphs_over_gloo_are_judged_by_the_train_loss_not_val_acc():
+    """On the H200 the two-rank run cut the train loss 2.3658 -> 1.4647 (the eager pairs: to
+    0.56-0.62 of the first epoch's) with val acc 0.117 after its 48 steps: it was learning."""
+    h200 = graphs_run(2, best_val_acc=0.1172, epochs=stand_in_epochs((2.3658, 2.1761, 1.4647)))
+    check = report.judge_cuda_graphs("cuda-graphs-gloo2", 2, h200, GRAPHS_LOG)
+    assert check.status == PASS, check.problems
+    assert check.numbers["train_loss_last"] == pytest.approx(1.4647)
+    assert "at most 0.8x the first" in check.criterion and "best val acc >=" not in check.criterion
+    flat = graphs_run(2, epochs=stand_in_epochs((2.30, 2.20, 2.00)))
+    stuck = report.judge_cuda_graphs("cuda-graphs-gloo2", 2, flat, GRAPHS_LOG)
+    assert stuck.status == FAIL
+    assert any("not at most 0.8x the first epoch's" in p for p in stuck.problems), stuck.problems
+    # one rank still needs the val acc
+    single = graphs_run(1, best_val_acc=0.1172, epochs=stand_in_epochs((2.3658, 2.1761, 1.4647)))
+    assert report.judge_cuda_graphs("cuda-graphs", 1, single, GRAPHS_LOG).status == FAIL
+
+
 SYNC_LOG = (
     "[rank 0/1 node] steady-state window opens at step 5\n"
     "[rank 0/1 node] host synchronisation inside a step: /src/scalestudy/trainer/loop.py:118\n"
@@ -410,25 +459,76 @@ def test_checkpoint_fails_and_says_why(change, problem):
     assert check.status == FAIL and any(problem in p for p in check.problems), check.problems
 
 
+# the energy probe's numbers on the H200 (2026-11-26): jobs/energy_probe.py's docstring
+H200_PROBE = {
+    "reads": 658,
+    "updates": 30,
+    "interval_s_median": 0.1003,
+    "interval_s_min": 0.097,
+    "interval_s_max": 0.103,
+    "power_w_from_counter": 690.4,
+    "power_w_nvml": 695.7,
+}
+
+
 def test_nvml_needs_samples_and_a_mean():
     samples = [{"util_pct": "91", "power_w": "420.5", "sm_clock_mhz": "1980"}]
-    check = report.judge_nvml(stand_in_run(), samples)
+    check = report.judge_nvml(stand_in_run(), samples, H200_PROBE)
     assert check.status == PASS and check.numbers["power_w_max"] == 420.5
-    assert report.judge_nvml(stand_in_run(), []).status == FAIL
-    unmeasured = report.judge_nvml(stand_in_run(gpu_util_mean=None), samples)
+    assert check.numbers["probe_interval_s_median"] == 0.1003
+    assert report.judge_nvml(stand_in_run(), [], H200_PROBE).status == FAIL
+    unmeasured = report.judge_nvml(stand_in_run(gpu_util_mean=None), samples, H200_PROBE)
     assert unmeasured.status == FAIL and "gpu_util_mean is null" in unmeasured.problems
 
 
 def test_nvml_judges_the_energy_counter():
     samples = [{"util_pct": "91", "power_w": "420.5", "sm_clock_mhz": "1980"}]
-    ok = report.judge_nvml(stand_in_run(), samples)
+    ok = report.judge_nvml(stand_in_run(), samples, H200_PROBE)
     assert ok.numbers["power_w_from_energy"] == 420.0 and ok.status == PASS
-    none = report.judge_nvml(stand_in_run(energy_j=None, energy_unmeasured="no counter"), samples)
+    none = report.judge_nvml(
+        stand_in_run(energy_j=None, energy_unmeasured="no counter"), samples, H200_PROBE
+    )
     assert none.status == FAIL and none.problems == ["energy_j is null (no counter)"]
-    idle = report.judge_nvml(stand_in_run(energy_j=50.0), samples)  # 5 W: the counter stalled
+    idle = report.judge_nvml(stand_in_run(energy_j=50.0), samples, H200_PROBE)  # 5 W: stalled
     assert idle.status == FAIL and "outside 20-1000 W" in idle.problems[0]
-    off = report.judge_nvml(stand_in_run(energy_j=9000.0), samples)  # 900 W vs 420 W sampled
+    off = report.judge_nvml(stand_in_run(energy_j=9000.0), samples, H200_PROBE)  # 900 vs 420 W
     assert off.status == FAIL and "2.14x" in off.problems[0]
+
+
+def test_a_window_too_short_for_the_counter_is_no_failure_when_the_probe_proves_it():
+    """gpu-check's epochs last about a second: measure.py refuses energy_j there (the H200 run:
+    1.5 s over 3 spans, bound 40%), which says the counter was read; the probe judges it."""
+    samples = [{"util_pct": "91", "power_w": "420.5", "sm_clock_mhz": "1980"}]
+    why = "window too short for the energy counter: 1.5 s over 3 spans, error bound 40.4% > 2%"
+    short = stand_in_run(energy_j=None, energy_j_per_img=None, energy_unmeasured=why)
+    check = report.judge_nvml(short, samples, H200_PROBE)
+    assert check.status == PASS, check.problems
+    assert check.numbers["energy_j"] is None
+    slow = {**H200_PROBE, "interval_s_median": 0.5}
+    late = report.judge_nvml(short, samples, slow)
+    assert late.status == FAIL and "advances every 0.500 s" in late.problems[0]
+    assert report.judge_nvml(short, samples, None).problems == [
+        "the energy probe printed nothing (see logs/energy-probe.log)"
+    ]
+    stalled = {**H200_PROBE, "updates": 1, "interval_s_median": None}
+    assert "advanced 1 times" in report.judge_nvml(short, samples, stalled).problems[0]
+    wrong = {**H200_PROBE, "power_w_from_counter": 2000.0}
+    assert "outside 20-1000 W" in report.judge_nvml(short, samples, wrong).problems[0]
+
+
+def test_energy_probe_finds_the_update_period_of_a_counter():
+    """A stand-in counter advancing every 0.1 s by 70 J (700 W), polled every 7 ms."""
+    readings = [(t * 0.007, 1_000_000 + 70_000 * int(t * 0.007 / 0.1)) for t in range(430)]
+    out = energy_probe.updates(readings)
+    assert out["updates"] == 30 and out["reads"] == 430
+    assert out["interval_s_median"] == pytest.approx(0.1, abs=0.008)
+    assert out["power_w_from_counter"] == pytest.approx(700.0, rel=0.03)
+    assert energy_probe.updates(readings[:5])["interval_s_median"] is None
+    with pytest.raises(ValueError, match="went backwards"):
+        energy_probe.updates([(0.0, 5), (0.1, 3)])
+    ticks = iter(range(0, 10_000_000, 7))
+    polled = energy_probe.poll(lambda: next(ticks), 0.05)
+    assert len(polled) > 10 and [v for _, v in polled] == sorted(v for _, v in polled)
 
 
 def stand_in_ops(other_us: float = 10.0) -> list[dict]:
@@ -630,7 +730,7 @@ def stand_in_checks() -> list[Check]:
         report.judge_single("nccl1-fsdp-fp16", "fp16", "fsdp", stand_in_run(rc=1)),
         report.judge_two_gpus(1, None),
         report.judge_reference("bf16", ours, ref),
-        report.judge_nvml(stand_in_run(gpu_util_mean=None), []),
+        report.judge_nvml(stand_in_run(gpu_util_mean=None), [], None),
     ]
 
 

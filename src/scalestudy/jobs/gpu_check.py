@@ -20,7 +20,8 @@ limit, so a crash or a hang is a failed check with its log tail, never a crash o
                   the window, learned; cuda-graphs-gloo2: the same with two DDP ranks over gloo
   host-syncs-P    --sync-debug, ddp, bf16 and fp16: no host synchronisation inside a window step
   checkpoint-S    SIGUSR1 -> checkpoint and exit 75 -> the same command resumes (ddp, fsdp/DCP)
-  nvml            NVML samples, gpu_util_mean, energy_j (of the reference-bf16 run of our trainer)
+  nvml            NVML samples, gpu_util_mean, energy_j (of the reference-bf16 run of our trainer);
+                  the energy counter's update period and power under load (jobs/energy_probe.py)
   torch-profiler  CUDA kernels -> the kernels CSV, classified (the share left in "other")
   ncu             Nsight Compute on the top kernels, parsed (skipped where ncu is not installed)
   reference-P     our trainer vs benchmarks/reference_train.py, bf16 and fp32, width 64, batch 512,
@@ -100,6 +101,7 @@ LIMITS_S = {
     "speed": 150,  # one speed-* run: compiling, then seconds of training
     "ncu": 150,  # one kernel under ncu --set full
     "ncu-import": 60,
+    "energy-probe": 60,  # 3 s of polling under a matmul load, after CUDA's start-up
 }
 # synthetic data (prepare-data): 32 steps of 512 per epoch for the timed runs; 2,048 test images
 NUM_TRAIN, NUM_TEST = 16384, 2048
@@ -172,6 +174,10 @@ class Context:
     kernels: list[dict] = field(default_factory=list)  # the profiled kernel rows, for ncu
     fixture_files: list[str] = field(default_factory=list)
     commands: dict[str, list[str]] = field(default_factory=dict)  # fixture -> its command
+    only: tuple[str, ...] = ()  # run only the checks whose names start with one of these
+
+    def wanted(self, name: str) -> bool:
+        return not self.only or name.startswith(self.only)
 
     @property
     def data_dir(self) -> Path:
@@ -568,14 +574,25 @@ def check_speed(ctx: Context, name: str) -> Check:
 
 
 def check_nvml(ctx: Context, ours: RunResult, precision: str = "bf16") -> Check:
+    """The samples and energy_j of reference-bf16's run of our trainer, and the energy probe
+    (jobs/energy_probe.py: the counter's update period and power under a matmul load)."""
     samples_csv = ctx.work / "runs" / f"ours-{precision}" / "gpu_samples_rank0.csv"
     try:
         with samples_csv.open() as f:
             samples = list(csv.DictReader(f))
     except OSError:
         samples = []
-    check = report.judge_nvml(ours, samples)
-    check.wall_s = 0.0  # its run is reference-bf16's, counted there
+    out = ctx.work / "energy-probe.json"
+    argv = [sys.executable, "-m", "scalestudy.jobs.energy_probe", "--seconds", "3"]
+    limit = ctx.budget.limit(LIMITS_S["energy-probe"])
+    log_path = ctx.work / "logs" / "energy-probe.log"
+    probe_run = run_process(argv, log_path, limit, ctx.env, stdout=out)
+    try:
+        probe = json.loads(out.read_text()) if probe_run.rc == 0 else None
+    except (OSError, ValueError):
+        probe = None
+    check = report.judge_nvml(ours, samples, probe)
+    check.wall_s = probe_run.wall_s  # the sampled run is reference-bf16's, counted there
     return check
 
 
@@ -741,10 +758,11 @@ def run_checks(ctx: Context, info: dict) -> list[Check]:
     """Correctness on the shared GPU first, then the timed runs alone (reference-bf16's run of
     our trainer also gives the NVML check); the report's order is ORDER."""
     checks = [guarded("versions", lambda: report.judge_versions(info))]
+    shared = {n: fn for n, fn in shared_gpu_checks(ctx).items() if ctx.wanted(n)}
     with ThreadPoolExecutor(PARALLEL) as pool:
-        futures = [pool.submit(guarded, n, fn) for n, fn in shared_gpu_checks(ctx).items()]
+        futures = [pool.submit(guarded, n, fn) for n, fn in shared.items()]
         checks += [f.result() for f in futures]
-    checks += [guarded(name, fn) for name, fn in timed_checks(ctx).items()]
+    checks += [guarded(n, fn) for n, fn in timed_checks(ctx).items() if ctx.wanted(n)]
     return sorted(checks, key=order)
 
 
@@ -756,9 +774,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--out", required=True, metavar="DIR", help="gpu-check.md/.json, fixtures/, work dir"
     )
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=BUDGET_S,
+        metavar="S",
+        help=f"seconds for the whole command, report included (default {BUDGET_S:.0f})",
+    )
+    parser.add_argument(
+        "--only",
+        default="",
+        metavar="PREFIXES",
+        help="comma-separated check-name prefixes to run (e.g. compile-,speed-); default all. "
+        "nvml needs reference-bf16 in the same run",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.budget_s <= REPORT_RESERVE_S + MIN_START_S:
+        raise GpuCheckError(
+            f"--budget-s {args.budget_s:g} leaves no time for a check: give more than "
+            f"{REPORT_RESERVE_S + MIN_START_S:g} seconds"
+        )
+    only = tuple(p.strip() for p in args.only.split(",") if p.strip())
     refuse_without_gpu()  # before anything is written
     t0, started_at = time.monotonic(), datetime.datetime.now(datetime.UTC)
     out = Path(args.out)
@@ -768,11 +806,12 @@ def run(args: argparse.Namespace) -> int:
         work=work,
         fixtures=out / "fixtures",
         env=launch.rank_env(child_env(gpus[0]), max(1, (os.cpu_count() or 4) // PARALLEL)),
-        budget=Budget(t0 + BUDGET_S - REPORT_RESERVE_S),
+        budget=Budget(t0 + args.budget_s - REPORT_RESERVE_S),
         gpus=gpus,
+        only=only,
     )
     info = versions(ctx)
-    logger.info(f"gpu-check on {info['device_name']} (GPU {gpus[0]}), budget {BUDGET_S:.0f} s")
+    logger.info(f"gpu-check on {info['device_name']} (GPU {gpus[0]}), budget {args.budget_s:.0f} s")
     data = prepare_data(ctx)
     if data.rc != 0:
         raise GpuCheckError(
@@ -784,7 +823,8 @@ def run(args: argparse.Namespace) -> int:
         "host": socket.gethostname(),
         "started_at": started_at.isoformat(timespec="seconds"),
         "git_commit": files.git_commit(Path(scalestudy.__file__).parent),
-        "budget_s": BUDGET_S,
+        "budget_s": args.budget_s,
+        "only": list(only),
         "wall_s": round(time.monotonic() - t0, 1),
         "versions": info,
         "fixtures": sorted(ctx.fixture_files),
