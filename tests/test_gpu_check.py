@@ -580,7 +580,7 @@ def test_profile_fails_when_other_dominates_or_no_cuda_kernel(tmp_path):
 
 def test_ncu_is_skipped_without_ncu_and_judged_on_parsed_rows():
     assert report.judge_ncu(None, []).status == SKIPPED
-    rows = ncu_parser.parse_ncu(FIX / "ncu-2025.1" / "ncu_k0.csv", "gpu-check")
+    rows = ncu_parser.parse_ncu(FIX.parent / "gpu-h200" / "ncu_k0.csv", "gpu-check")  # real
     argv = gpu_check.ncu_command(Path("k0"), rows[0]["kernel"], ["python", "t.py"])
     ok = {"kernel": rows[0]["kernel"], "run": RunResult(rc=0), "rows": rows[:1], "argv": argv}
     check = report.judge_ncu("/usr/bin/ncu", [ok])
@@ -802,7 +802,9 @@ def test_trimmed_torch_export_keeps_what_the_parser_reads(tmp_path):
     assert [r["category"] for r in kernels] == ["conv", "batchnorm"]
 
 
-@pytest.mark.parametrize("name", ["ncu-2025.1/ncu_k0.csv", "ncu-2022.4/ncu_details.csv"])
+@pytest.mark.parametrize(
+    "name", ["../gpu-h200/ncu_k0.csv", "ncu-2025.1/ncu_k0.csv", "ncu-2022.4/ncu_details.csv"]
+)
 def test_trimmed_ncu_csv_parses_to_the_same_rows(tmp_path, name):
     text = (FIX / name).read_text()
     trimmed = report.trim_ncu_csv(text, preamble=1, rules=1, others=0)

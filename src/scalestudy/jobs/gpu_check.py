@@ -31,14 +31,15 @@ limit, so a crash or a hang is a failed check with its log tail, never a crash o
 The verdicts are gpu_check_report's pure judges; the criteria are written in the report. The
 speed targets are reported, never judged: a node is not failed for missing a benchmark target.
 
-Time: budgeted at 8 minutes on one H100 (not yet measured on a GPU). Synthetic data, runs of
+Time: budgeted at 8 minutes (--budget-s); on one H200 (2026-11-26) every check started and the
+whole command took 415 s, the correctness grid about 165 s of it. Synthetic data, runs of
 seconds (width 16 except where the number matters: the profiler, ncu, the reference comparison
 and the speed runs use width 64), up to PARALLEL correctness runs sharing the GPU at once, then
 the timed runs (reference-*, speed-*, ncu) alone. The correctness grid runs eager (SMALL has
 --compile off); the compiled runs (compile-*, cuda-graphs*, host-syncs-*, our trainer in
-reference-* and speed-*) spend most of their seconds compiling, which is unmeasured on a GPU yet
-and may not fit the 8 minutes. Every process gets LIMITS_S[kind] seconds, less when less of
-BUDGET_S is left, and is killed with its process group beyond that; a check whose process finds
+reference-* and speed-*) spend most of their seconds compiling (17-30 s a run on the H200, 36-48 s
+with four compiling at once). `--only PREFIXES` runs some checks (a rerun after a fix). Every
+process gets LIMITS_S[kind] seconds, less when less of the budget is left, and is killed with its process group beyond that; a check whose process finds
 the budget spent fails with "did not start"; each check records its wall time.
 
 Writes DIR/gpu-check.md and DIR/gpu-check.json, DIR/fixtures/ (the trimmed torch.profiler

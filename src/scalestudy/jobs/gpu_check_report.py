@@ -978,7 +978,7 @@ def trim_torch_ops(doc: dict, cuda_top: int = 20, cpu_top: int = 10) -> dict:
 
 _NCU_KEEP = re.compile(
     r"^(gpu__time_duration\.sum|Duration|sm__warps_active\.avg\.pct_of_peak_sustained_active"
-    r"|Achieved Occupancy|(gpu__)?dram__throughput\.avg\.pct_of_peak_sustained_elapsed"
+    r"|Achieved Occupancy|(dram__|gpu__dram_)throughput\.avg\.pct_of_peak_sustained_elapsed"
     r"|DRAM Throughput|sm__throughput\.avg\.pct_of_peak_sustained_elapsed"
     r"|Compute \(SM\) (Throughput|\[%\])|SM \[%\]"
     r"|smsp?__sass_thread_inst_executed_op_[hfd](add|mul|fma)_pred_on\.sum"
