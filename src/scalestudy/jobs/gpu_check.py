@@ -39,8 +39,9 @@ the timed runs (reference-*, speed-*, ncu) alone. The correctness grid runs eage
 --compile off); the compiled runs (compile-*, cuda-graphs*, host-syncs-*, our trainer in
 reference-* and speed-*) spend most of their seconds compiling (17-30 s a run on the H200, 36-48 s
 with four compiling at once). `--only PREFIXES` runs some checks (a rerun after a fix). Every
-process gets LIMITS_S[kind] seconds, less when less of the budget is left, and is killed with its process group beyond that; a check whose process finds
-the budget spent fails with "did not start"; each check records its wall time.
+process gets LIMITS_S[kind] seconds, less when less of the budget is left, and is killed with
+its process group beyond that; a check whose process finds the budget spent fails with "did not
+start"; each check records its wall time.
 
 Writes DIR/gpu-check.md and DIR/gpu-check.json, DIR/fixtures/ (the trimmed torch.profiler
 export and ncu details CSV with provenance.json, a few KB, for tests/fixtures/) and
