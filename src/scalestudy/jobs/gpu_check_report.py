@@ -24,7 +24,7 @@ from typing import Any
 
 from scalestudy import files
 from scalestudy.nsight import schema
-from scalestudy.trainer.measure import ENERGY_UPDATE_S
+from scalestudy.trainer.measure import ENERGY_SHORT_WINDOW, ENERGY_UPDATE_S
 
 PASS, FAIL, SKIPPED = "pass", "fail", "skipped"
 FORMAT = "scalestudy-gpu-check-1"
@@ -545,13 +545,11 @@ def judge_checkpoint(
     return verdict(name, criterion, numbers, problems, [stop, resume])
 
 
+# the counter's update period the probe may show before measure.py's bound is too optimistic
+ENERGY_UPDATE_MAX_S = 1.25 * ENERGY_UPDATE_S
 # mean power of one GPU over the throughput window, from NVML's energy counter (W): below the
 # lower bound the counter did not advance (or the window is mistimed); above the upper one no
 # single GPU of our targets draws it (H100/H200 SXM: 700 W board limit, nvidia-smi -q)
-# the counter's update period the probe may show before measure.py's bound is too optimistic
-ENERGY_UPDATE_MAX_S = 1.25 * ENERGY_UPDATE_S
-# measure.EnergyCounter's reason when the window is too short: the counter was read
-ENERGY_SHORT_WINDOW = "window too short for the energy counter"
 ENERGY_POWER_W = (20.0, 1000.0)
 # energy's mean power vs the mean sampled power_w: the samples also cover evaluation and warm-up
 # (0.5 s apart), the counter only the window, so only a gross disagreement is a failure
@@ -645,7 +643,7 @@ def energy_problems(m: dict, energy_w: float | None, sampled_mean_w: float | Non
     if m.get("energy_j") is None:
         why = m.get("energy_unmeasured") or "no reason recorded"
         if why.startswith(ENERGY_SHORT_WINDOW):
-            return []  # the counter was read; the window's seconds cannot bound its error
+            return []  # the counter was read; the window's spans are too short to bound its error
         return [f"energy_j is null ({why})"]
     if energy_w is None:
         return ["energy_j without a window_time_s: no mean power"]

@@ -214,25 +214,20 @@ def _regex_literal(text: str) -> str:
 
 
 # the spellings in which ncu's demangler differs from the one of nsys and torch.profiler (seen on
-# an H200, ncu 2025.3.1, torch 2.11: tests/fixtures/gpu/ncu_kernel_names.txt)
+# an H200, ncu 2025.3.1, torch 2.11: tests/fixtures/gpu-h200/ncu_kernel_names.txt)
 _ANON = "(anonymous namespace)"  # ncu: <unnamed>
-_LAMBDA = re.compile(
-    r"\{lambda\((?:[^()]|\([^()]*\))*\)#(\d+)\}"
-)  # ncu: [lambda(...) (instance N)]
-_NUMBER = re.compile(
-    r"(\d+)[uUlL]*(?=\s*[,>])"
-)  # a literal template argument; ncu: (int)4, (bool)1
+# {lambda(long)#1}; ncu: [lambda(long) (instance 1)]
+_LAMBDA = re.compile(r"\{lambda\((?:[^()]|\([^()]*\))*\)#(\d+)\}")
+# a literal template argument, 4 or 3ul; ncu: (int)4, (unsigned long)3
+_NUMBER = re.compile(r"(\d+)[uUlL]*(?=\s*[,>])")
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def _closing(text: str, at: int) -> int:
-    """The index of the bracket that closes text[at] ('(' or '<'), or -1."""
-    pairs, depth = {"(": ")", "<": ">"}, 0
-    opening, closing = text[at], pairs[text[at]]
+    """The index of the ')' that closes the '(' at text[at], or -1."""
+    depth = 0
     for i in range(at, len(text)):
-        if text.startswith(_ANON, i) and opening == "<":
-            continue
-        depth += (text[i] == opening) - (text[i] == closing)
+        depth += (text[i] == "(") - (text[i] == ")")
         if depth == 0:
             return i
     return -1

@@ -575,6 +575,8 @@ ENERGY_UPDATE_S = 0.1
 # up to 2 updates' worth of energy: relative error <= 2 * spans * ENERGY_UPDATE_S / window_s.
 # A window whose bound exceeds this is refused (null + reason), never reported.
 ENERGY_MAX_ERROR = 0.02
+# the reason a refused window gives (gpu-check's nvml check tells it from a counter that failed)
+ENERGY_SHORT_WINDOW = "window too short for the energy counter"
 
 
 def energy_unmeasured(reason: str) -> dict:
@@ -629,7 +631,7 @@ class EnergyCounter:
         bound = 2 * self.spans * ENERGY_UPDATE_S / self.seconds if self.seconds > 0 else 1.0
         if bound > ENERGY_MAX_ERROR:
             reason = (
-                f"window too short for the energy counter: {self.seconds:.1f} s over "
+                f"{ENERGY_SHORT_WINDOW}: {self.seconds:.1f} s over "
                 f"{self.spans} spans, error bound {bound:.1%} > {ENERGY_MAX_ERROR:.0%}"
             )
             return out | energy_unmeasured(reason)
