@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import subprocess
 
 import pytest
@@ -60,3 +61,16 @@ def test_a_tiny_comparison_end_to_end(data_dir, tmp_path):
     assert r["ratio"] == pytest.approx(r["ours"]["median"] / r["reference"]["median"])
     assert r["ours_mfu"] == [None] and r["ours_mfu_unmeasured"].startswith("cpu:")
     assert "ratio" in proc.stdout
+
+
+def test_the_ddp_buffer_benchmark_times_both_wrappers():
+    """benchmarks/ddp_buffers.py on 2 gloo ranks, tiny: both step times and their ratio."""
+    argv = [PYTHON, str(REPO / "benchmarks" / "ddp_buffers.py"), "--width", "2", "--batch", "4"]
+    argv += ["--steps", "3", "--repeats", "1"]
+    proc = subprocess.run(argv, env=child_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    medians = re.findall(r"^  (broadcast|ours) +([\d.]+) ms", proc.stdout, re.MULTILINE)
+    assert [name for name, _ in medians] == ["broadcast", "ours"], proc.stdout
+    (ratio,) = re.findall(r"ours / per-step broadcast: ([\d.]+) of the step time", proc.stdout)
+    broadcast, ours = (float(ms) for _, ms in medians)
+    assert float(ratio) == pytest.approx(ours / broadcast, abs=0.002)

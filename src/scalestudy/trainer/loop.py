@@ -181,8 +181,7 @@ def evaluate(run: Run) -> tuple[float, float]:
     # under --compile the eager module evaluates (it shares the weights): eval mode and the
     # evaluation batch shapes would otherwise compile new graphs, logged as recompilations
     model, device = run.eval_model, run.device
-    if run.cfg.strategy != "ddp":
-        sync_buffers(model)
+    sync_buffers(model)  # rank 0's BN statistics on every rank (no strategy syncs them per step)
     model.eval()
     sums = torch.zeros(3, device=device, dtype=torch.float64)  # loss sum, correct, count
     for x, y in run.eval_loader:

@@ -330,11 +330,11 @@ def environment(device: torch.device) -> dict:
 # the timed phases of a training step, in the order they run (loop.py's meter.phase names)
 PHASES = ("data", "forward", "backward", "communication", "optimizer")
 # Busy time per strategy: the phases before a rank's first collective that waits for the other
-# ranks, so a fast rank's wait for a slow one is not in them. DDP: its forward only broadcasts
-# rank 0's buffers at its start (and is then local), its backward all-reduces buckets as they
-# fill; FSDP: its forward all-gathers parameters block by block; allreduce: nothing is
-# synchronised before the communication phase. A cause of imbalance after these phases (a
-# rank slow in backward under DDP) is not in the busy time: the waterfall's residual keeps it.
+# ranks, so a fast rank's wait for a slow one is not in them. DDP: its forward is local (no
+# buffer broadcast: parallel.py), its backward all-reduces buckets as they fill; FSDP: its
+# forward all-gathers parameters block by block; allreduce: nothing is synchronised before the
+# communication phase. A cause of imbalance after these phases (a rank slow in backward under
+# DDP) is not in the busy time: the waterfall's residual keeps it.
 BUSY_PHASES = {
     "ddp": ("data", "forward"),
     "fsdp": ("data",),

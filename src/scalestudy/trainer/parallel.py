@@ -9,12 +9,26 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import inspect
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from scalestudy.trainer.config import TrainConfig
+
+# No broadcast of the BN buffers from rank 0 in every forward: on an H200 that was a collective,
+# a flatten, an unflatten and 60 copies per step (torch.profiler, docs/benchmarks.md). Training
+# never reads the running statistics (train-mode BN normalises with the batch's); evaluation
+# broadcasts them from rank 0 once (sync_buffers), as for the other strategies, so rank 0's
+# statistics, and the evaluation, are what the per-step broadcast gave. torch 2.14 names the
+# switch forward_sync_buffers (broadcast_buffers is deprecated there); torch 2.11 (the GPU node
+# of 2026-11) knows only broadcast_buffers.
+NO_FORWARD_BUFFER_SYNC = (
+    {"forward_sync_buffers": False}
+    if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters
+    else {"broadcast_buffers": False}
+)
 
 
 def wrap_model(model: torch.nn.Module, cfg: TrainConfig, device: torch.device):
@@ -29,6 +43,7 @@ def wrap_model(model: torch.nn.Module, cfg: TrainConfig, device: torch.device):
             # accumulation) the reducer asserts (torch 2.14: "expect_autograd_hooks_"), so the
             # static graph is used only without accumulation (metrics: ddp_static_graph)
             static_graph=ddp_static_graph(cfg),
+            **NO_FORWARD_BUFFER_SYNC,
         )
         register_comm_hook(ddp, cfg.comm_hook)
         return ddp, ddp.no_sync
@@ -115,6 +130,7 @@ def param_checksum(model: torch.nn.Module) -> str:
 
 
 def sync_buffers(model: torch.nn.Module) -> None:
-    """BN running statistics from rank 0 (DDP does this in every forward; the others do not)."""
+    """BN running statistics from rank 0, before each evaluation (every strategy: the ranks'
+    statistics drift apart during the epoch, each from its own batches)."""
     for buf in model.buffers():
         dist.broadcast(buf, src=0)
