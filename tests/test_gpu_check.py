@@ -57,6 +57,9 @@ def test_refuses_without_a_gpu_in_one_line_and_writes_nothing(tmp_path):
 def test_only_runs_the_named_checks_and_a_budget_too_small_is_refused(tmp_path, monkeypatch):
     """--only compile-,ncu reruns what failed (the second GPU call of a session); --budget-s
     leaves the report its reserve or is refused before anything is written."""
+    names = gpu_check.check_names()
+    assert {"ncu", "nvml", "compile-fsdp", "cuda-graphs-gloo2"} <= set(names)
+    assert names[0] == "versions" and names.index("nccl1-ddp-fp32") < names.index("ncu")
     ran: list[str] = []
 
     def fake(name: str):
@@ -83,6 +86,9 @@ def test_only_runs_the_named_checks_and_a_budget_too_small_is_refused(tmp_path, 
     args = parser.parse_args(["--out", str(tmp_path / "o"), "--budget-s", "12", "--only", "ncu"])
     with pytest.raises(GpuCheckError, match="--budget-s 12 leaves no time for a check"):
         gpu_check.run(args)
+    typo = parser.parse_args(["--out", str(tmp_path / "o"), "--only", "ncu,compil-"])
+    with pytest.raises(GpuCheckError, match="compil- starts no check's name; the checks: versions"):
+        gpu_check.run(typo)
     assert not (tmp_path / "o").exists()
 
 

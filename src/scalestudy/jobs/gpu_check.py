@@ -772,6 +772,13 @@ def order(check: Check) -> int:
     return next(i for i, prefix in enumerate(ORDER) if check.name.startswith(prefix))
 
 
+def check_names() -> list[str]:
+    """Every check's name, in the report's order (building the checks runs nothing)."""
+    ctx = Context(work=Path("."), fixtures=Path("."), env={}, budget=Budget(0.0))
+    names = ["versions", *shared_gpu_checks(ctx), *timed_checks(ctx)]
+    return sorted(names, key=lambda n: next(i for i, p in enumerate(ORDER) if n.startswith(p)))
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--out", required=True, metavar="DIR", help="gpu-check.md/.json, fixtures/, work dir"
@@ -799,6 +806,13 @@ def run(args: argparse.Namespace) -> int:
             f"{REPORT_RESERVE_S + MIN_START_S:g} seconds"
         )
     only = tuple(p.strip() for p in args.only.split(",") if p.strip())
+    names = check_names()
+    unknown = [p for p in only if not any(n.startswith(p) for n in names)]
+    if unknown:
+        raise GpuCheckError(
+            f"--only {args.only}: {', '.join(unknown)} starts no check's name; the checks: "
+            + ", ".join(names)
+        )
     refuse_without_gpu()  # before anything is written
     t0, started_at = time.monotonic(), datetime.datetime.now(datetime.UTC)
     out = Path(args.out)
