@@ -74,3 +74,26 @@ def test_the_ddp_buffer_benchmark_times_both_wrappers():
     (ratio,) = re.findall(r"ours / per-step broadcast: ([\d.]+) of the step time", proc.stdout)
     broadcast, ours = (float(ms) for _, ms in medians)
     assert float(ratio) == pytest.approx(ours / broadcast, abs=0.002)
+
+
+def test_the_gpu_node_script_runs_small_on_a_cpu(tmp_path):
+    """benchmarks/gpu_node.sh, the next GPU lease's one command, end to end with tiny sizes:
+    every comparison writes its JSON, except --cuda-graphs, which a CPU refuses (logged, and
+    the script goes on), and the buffer benchmark prints its ratio."""
+    out = tmp_path / "out"
+    sizes = {"WIDTH": "2", "LOCAL_BATCH": "16", "PRECISION": "fp32", "EPOCHS": "1"}
+    sizes |= {"NUM_TRAIN": "512", "REPEATS": "1", "REF_WORKERS": "0", "DEVICE": "cpu"}
+    proc = subprocess.run(
+        ["bash", str(REPO / "benchmarks" / "gpu_node.sh"), str(out)],
+        env=child_env(PYTHON=PYTHON, CUDA_VISIBLE_DEVICES="", **sizes),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    for name in ("compare", "compare-eager"):
+        r = json.loads((out / f"{name}.json").read_text())
+        assert r["ours"]["median"] > 0 and r["reference"]["median"] > 0, name
+    assert "compare-graphs failed" in proc.stdout and not (out / "compare-graphs.json").exists()
+    assert "--cuda-graphs" in (out / "compare-graphs.log").read_text()
+    assert "ours / per-step broadcast:" in (out / "ddp-buffers.txt").read_text()
