@@ -768,15 +768,18 @@ def run_checks(ctx: Context, info: dict) -> list[Check]:
     return sorted(checks, key=order)
 
 
+def name_order(name: str) -> int:
+    return next(i for i, prefix in enumerate(ORDER) if name.startswith(prefix))
+
+
 def order(check: Check) -> int:
-    return next(i for i, prefix in enumerate(ORDER) if check.name.startswith(prefix))
+    return name_order(check.name)
 
 
 def check_names() -> list[str]:
     """Every check's name, in the report's order (building the checks runs nothing)."""
     ctx = Context(work=Path("."), fixtures=Path("."), env={}, budget=Budget(0.0))
-    names = ["versions", *shared_gpu_checks(ctx), *timed_checks(ctx)]
-    return sorted(names, key=lambda n: next(i for i, p in enumerate(ORDER) if n.startswith(p)))
+    return sorted(["versions", *shared_gpu_checks(ctx), *timed_checks(ctx)], key=name_order)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

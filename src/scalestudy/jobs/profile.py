@@ -262,9 +262,9 @@ def _name_regex(text: str) -> str:
             starts_argument = i and text[i - 1] in "<, " and text[i - 2 : i] != "::"
             out.append(("(void\\s+)?" if starts_argument else "") + word.group())
             i = word.end()
-        elif ch == "(" and _closing(text, i) > 0:
+        elif ch == "(" and (end := _closing(text, i)) > 0:
             out.append(r"\(.*\)")
-            i = _closing(text, i) + 1
+            i = end + 1
         elif ch == " ":
             i += 1
             continue
@@ -297,12 +297,11 @@ def ncu_kernel_regex(name: str) -> str:
         raise ProfileError(f"kernel name {name!r} is empty: nothing to give ncu --kernel-name")
     if ncu_name_base(text) == "mangled":
         return f"^{_regex_literal(text)}$"
-    # the parameter list: the first '(' at depth 0 after the name (not "(anonymous namespace)")
+    # the parameter list: the first '(' at depth 0 after the name; "(anonymous namespace)" at
+    # depth 0 starts the name or follows "::"
     depth, params = 0, None
     for i, ch in enumerate(text):
-        if text.startswith(_ANON, i):
-            continue
-        if ch == "<" and not text.startswith("<unnamed>", i):
+        if ch == "<":
             depth += 1
         elif ch == ">" and depth:
             depth -= 1

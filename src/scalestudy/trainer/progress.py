@@ -30,11 +30,11 @@ How:
 - Where it is printed: `explain_failure` when training raises a collective failure on a rank
   (gloo raises "Timed out waiting ... for recv", "Application timeout caused pair closure" or
   "Connection closed by peer"): every surviving rank logs one line per stalled rank before the
-  traceback (train.py). NCCL's watchdog aborts
-  the process at the timeout instead of raising, so with any backend but gloo the publishing
-  thread is also a local watchdog: when this rank's own (step, phase) has not changed for
-  WATCHDOG_SHARE (75%) of --pg-timeout-s it logs the same diagnosis once per stall, before NCCL
-  kills the process (75% leaves a margin for the 1 s resolution at timeouts >= 4 s).
+  traceback (train.py). NCCL's watchdog aborts the process at the timeout instead of raising,
+  so with any backend but gloo the publishing thread is also a local watchdog: when this rank's
+  own (step, phase) has not changed for WATCHDOG_SHARE (75%) of --pg-timeout-s it logs the same
+  diagnosis once per stall, before NCCL kills the process (75% leaves a margin for the 1 s
+  resolution at timeouts >= 4 s).
 - The store can be unreachable at diagnosis time (under srun it lives in rank 0's process, which
   may be the stopped one): each store call waits at most STORE_TIMEOUT_S and the line says the
   store did not answer; the rank's own position is always printed.
