@@ -226,6 +226,31 @@ def test_device_loader_train_epoch_is_full_steps() -> None:
     assert set(seen) <= set(range(n))
 
 
+def test_device_loader_augments_ahead_steps_at_once(monkeypatch) -> None:
+    """The train loader's ~20 augmentation and normalisation operations run once per AHEAD
+    steps (each is a kernel launch on a GPU), and every batch is still its own samples' images:
+    an unaugmented copy of the same loader yields the same labels."""
+    n, lb = 40 * loaders.AHEAD + 7, 2
+    x = torch.randint(0, 256, (n, 3, 8, 8), dtype=torch.uint8)
+    calls = []
+    real = loaders.augment
+    monkeypatch.setattr(loaders, "augment", lambda xb, g: calls.append(len(xb)) or real(xb, g))
+    kw = dict(local_batch=lb, world_size=2, rank=1, seed=0, train=True, device="cpu",
+              mean=[0.5] * 3, std=[0.25] * 3)  # fmt: skip
+    loader = loaders.DeviceLoader(x, torch.arange(n), **kw)
+    batches = list(loader)
+    steps = loader.steps_per_epoch  # (40 x AHEAD + 7) // 4 = 10 x AHEAD + 1
+    assert len(batches) == steps == 10 * loaders.AHEAD + 1
+    assert calls == [loaders.AHEAD * lb] * 10 + [lb]  # 11 groups, the last of one step
+    assert all(xb.shape == (lb, 3, 8, 8) and len(yb) == lb for xb, yb in batches)
+    labels = torch.cat([yb for _, yb in batches])
+    assert len(set(labels.tolist())) == steps * lb  # no sample twice
+    # each image is a crop (maybe flipped) of its label's source image, normalisation undone
+    for xb, yb in batches[:3]:
+        raw = torch.round((xb * 0.25 + 0.5) * 255).to(torch.uint8)
+        assert all(f is not None for f in _match_crop(raw, x[yb]))
+
+
 def test_device_loader_eval() -> None:
     n, ws = 101, 4
     x = torch.randint(0, 256, (n, 1, 28, 28), dtype=torch.uint8)
