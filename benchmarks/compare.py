@@ -15,8 +15,8 @@ reference). Our run's MFU and FLOP rate come from its metrics.json (null on a CP
     # one GPU, bf16, local batch 512 (our defaults: --compile auto = on for CUDA)
     python benchmarks/compare.py --data-dir /tmp/bench --dataset synthetic --nproc 1 \
         --width 64 --local-batch 512 --precision bf16 --ref-workers 8 --repeats 3
-    # a flag only for our trainer, e.g. CUDA graphs
-    python benchmarks/compare.py ... --ours-flags=--cuda-graphs   # "=": the value starts with --
+    # a flag only for our trainer, e.g. without CUDA graphs ("=": the value starts with --)
+    python benchmarks/compare.py ... --ours-flags="--cuda-graphs off"
 
 The data: `scalestudy prepare-data --dataset synthetic --data-dir /tmp/bench --num-train 16384`.
 """
@@ -62,7 +62,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads-per-rank", type=int, default=1, help="OMP_NUM_THREADS (CPU)")
     p.add_argument("--repeats", type=int, default=3, help="runs of each trainer (>= 3: a spread)")
     p.add_argument(
-        "--ours-flags", default="", help='extra flags of our trainer only, e.g. "--cuda-graphs"'
+        "--ours-flags", default="", help='extra flags of our trainer only, e.g. "--compile off"'
     )
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args(argv)

@@ -1,17 +1,21 @@
 #!/bin/bash
-# The trainer-speed benchmarks of one GPU node, in one command of about 6 minutes, for a short
-# lease (docs/benchmarks.md, "Trainer speed"): what the first H200 run left open.
+# The trainer-speed benchmarks of one GPU node, in one command of about 5 minutes, for a short
+# lease (docs/benchmarks.md, "Trainer speed").
 #
 #   bash benchmarks/gpu_node.sh OUT        # on a node with one CUDA GPU; writes OUT/*.json|log|txt
 #
-#   1. compare: ours vs the reference, bf16, local batch 512, 2 interleaved runs each
-#   2. compare-eager: the same with our trainer eager (--compile off): does compiling pay here?
-#   3. compare-graphs: the same with --cuda-graphs: does it remove the host bound at batch 512?
-#   4. ddp-buffers: DDP's per-step buffer broadcast, one NCCL rank (ddp_buffers.py)
-# A failed step is logged and the next one runs. The package runs from this checkout
-# (PYTHONPATH=src): no install, no Snakemake, no internet. The sizes are variables so that a
-# CPU test runs the same script small: WIDTH LOCAL_BATCH PRECISION EPOCHS NUM_TRAIN REPEATS
-# REF_WORKERS DEVICE (cuda or cpu, for ddp_buffers.py; compare.py uses the GPU when there is one).
+#   compare           ours (defaults: compiled, CUDA graphs) vs the reference, bf16, local batch
+#                     512, REPEATS interleaved runs each
+#   compare-nographs  the same with --cuda-graphs off (the compiled path of FSDP, comm hooks and
+#                     gradient accumulation): what the graphs win
+#   compare-eager     the same with --compile off: what compiling wins
+#   ddp-buffers       DDP's per-step buffer broadcast, one NCCL rank (ddp_buffers.py)
+#   anatomy-lb64      the host time of our step per phase at local batch 64 (step_anatomy.py)
+# STEPS picks some of them (default: all, in this order). A failed step is logged and the next
+# one runs. The package runs from this checkout (PYTHONPATH=src): no install, no Snakemake, no
+# internet. The sizes are variables so that a CPU test runs the same script small: WIDTH
+# LOCAL_BATCH PRECISION EPOCHS NUM_TRAIN REPEATS REF_WORKERS DEVICE (cuda or cpu, for
+# ddp_buffers.py and step_anatomy.py; compare.py uses the GPU when there is one).
 set -euo pipefail
 out=${1:?usage: bash benchmarks/gpu_node.sh OUT}
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -21,25 +25,40 @@ trap 'rm -rf "$data"' EXIT
 export PYTHONPATH="$here/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
 width=${WIDTH:-64} batch=${LOCAL_BATCH:-512} precision=${PRECISION:-bf16} epochs=${EPOCHS:-3}
-repeats=${REPEATS:-2} workers=${REF_WORKERS:-8} device=${DEVICE:-cuda}
+repeats=${REPEATS:-3} workers=${REF_WORKERS:-8} device=${DEVICE:-cuda}
+steps=${STEPS:-compare compare-nographs compare-eager ddp-buffers anatomy-lb64}
 
 "$py" -m scalestudy prepare-data --dataset synthetic --data-dir "$data" \
     --num-train "${NUM_TRAIN:-16384}" --num-test 1024 >"$out/prepare-data.log" 2>&1
 common=(--data-dir "$data" --dataset synthetic --nproc 1 --width "$width" --local-batch "$batch"
     --precision "$precision" --epochs "$epochs" --ref-workers "$workers" --repeats "$repeats")
-run() { # name, extra compare.py flags: OUT/<name>.json and .log
+compare() { # name, extra compare.py flags: OUT/<name>.json and .log
     local name=$1
     shift
-    echo "== $name"
     "$py" "$here/benchmarks/compare.py" "${common[@]}" "$@" --json "$out/$name.json" \
         >"$out/$name.log" 2>&1 || echo "$name failed: see $out/$name.log"
     tail -n 4 "$out/$name.log"
 }
-run compare
-run compare-eager --ours-flags="--compile off"
-run compare-graphs --ours-flags=--cuda-graphs
-echo "== ddp-buffers"
-"$py" "$here/benchmarks/ddp_buffers.py" --device "$device" --nproc 1 --width "$width" \
-    --batch "$batch" --steps 30 --repeats "$repeats" >"$out/ddp-buffers.txt" 2>&1 ||
-    echo "ddp-buffers failed: see $out/ddp-buffers.txt"
-tail -n 3 "$out/ddp-buffers.txt"
+for step in $steps; do
+    echo "== $step"
+    case $step in
+    compare) compare compare ;;
+    compare-nographs) compare compare-nographs --ours-flags="--cuda-graphs off" ;;
+    compare-eager) compare compare-eager --ours-flags="--compile off" ;;
+    ddp-buffers)
+        "$py" "$here/benchmarks/ddp_buffers.py" --device "$device" --nproc 1 --width "$width" \
+            --batch "$batch" --steps 30 --repeats "$repeats" >"$out/ddp-buffers.txt" 2>&1 ||
+            echo "ddp-buffers failed: see $out/ddp-buffers.txt"
+        tail -n 3 "$out/ddp-buffers.txt"
+        ;;
+    anatomy-lb64)
+        "$py" "$here/benchmarks/step_anatomy.py" --json "$out/anatomy-lb64.json" -- \
+            --dataset synthetic --data-dir "$data" --width "$width" --local-batch 64 \
+            --precision "$precision" --epochs 2 --warmup-steps 10 --limit-test 1024 \
+            --comm-probe-steps 0 --device "$device" --out "$out/anatomy-lb64-run" \
+            >"$out/anatomy-lb64.log" 2>&1 || echo "anatomy-lb64 failed: see $out/anatomy-lb64.log"
+        grep -A11 '^throughput' "$out/anatomy-lb64.log" || true
+        ;;
+    *) echo "unknown step $step (compare compare-nographs compare-eager ddp-buffers anatomy-lb64)" ;;
+    esac
+done

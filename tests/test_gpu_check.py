@@ -6,6 +6,7 @@ processes (the trainer on CPU). The real run of the checks is on a GPU node."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -16,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import PYTHON, REPO
 from workflow_helpers import child_env
 
@@ -26,6 +28,7 @@ from scalestudy.jobs import gpu_check_report as report
 from scalestudy.jobs.gpu_check_report import FAIL, PASS, SKIPPED, Check, RunResult
 from scalestudy.nsight import ncu as ncu_parser
 from scalestudy.nsight import torch_ops
+from scalestudy.trainer import compiling
 from scalestudy.trainer import config as train_config
 
 FIX = REPO / "tests" / "fixtures" / "nsight"
@@ -80,6 +83,15 @@ def test_only_runs_the_named_checks_and_a_budget_too_small_is_refused(tmp_path, 
     checks = gpu_check.run_checks(ctx, {"device_name": "stand-in"})
     assert sorted(ran) == ["compile-ddp", "compile-fsdp", "ncu"]
     assert [c.name for c in checks][0] == "versions"
+    # nvml reads reference-bf16's run of our trainer: --only nvml runs that first
+    monkeypatch.setattr(
+        gpu_check,
+        "timed_checks",
+        lambda ctx: {n: fake(n) for n in ["reference-bf16", "nvml", "reference-fp32", "ncu"]},
+    )
+    ran.clear()
+    gpu_check.run_checks(dataclasses.replace(ctx, only=("nvml",)), {"device_name": "stand-in"})
+    assert ran == ["reference-bf16", "nvml"]
     assert gpu_check.Context(work=tmp_path, fixtures=tmp_path, env={}, budget=None).wanted("x")
     parser = argparse.ArgumentParser()
     gpu_check.add_arguments(parser)
@@ -137,7 +149,8 @@ def stand_in_run(rc=0, epochs=None, **metrics) -> RunResult:
         "compiled": False,
         "compile_graphs": None,
         "compile_graphs_in_window": None,
-        "cuda_graphs": False,
+        "cuda_graphs": "auto",  # the flag; "cuda_graphs_used": what was in effect
+        "cuda_graphs_used": False,
         "cuda_graph_skips": None,
         "sync_debug": False,
         "host_syncs_in_window": None,
@@ -318,7 +331,7 @@ SKIP_LINE = (
 
 
 def graphs_run(ranks: int = 1, **metrics) -> RunResult:
-    on = {"cuda_graphs": True, "cuda_graph_skips": 0}
+    on = {"cuda_graphs_used": True, "cuda_graph_skips": 0}
     if ranks == 2:
         on |= {"world_size": 2, "backend": "gloo", "param_checksums": ["a", "a"]}
     return compiled_run(**{**on, **metrics})
@@ -337,7 +350,7 @@ def test_cuda_graphs_pass_when_the_graphs_replayed_and_it_learned(name, ranks):
     ("change", "problem"),
     [
         ({"cuda_graph_skips": None}, "cuda_graph_skips is null"),
-        ({"cuda_graphs": False}, "cuda_graphs is False, expected True"),
+        ({"cuda_graphs_used": False}, "cuda_graphs_used is False, expected True"),
         ({"compiled": False}, "the model ran eager"),
         ({"compile_graphs_in_window": 1}, "compile_graphs_in_window is 1"),
         ({"compile_graphs_in_window": None}, "compile_graphs_in_window is null"),
@@ -678,11 +691,11 @@ def test_speed_reports_img_s_mfu_and_the_h100_target_without_judging_it(img_s, m
 
 
 def test_speed_with_cuda_graphs_and_at_tf32_512():
-    graphs = speed_run(cuda_graphs=True, cuda_graph_skips=0)
+    graphs = speed_run(cuda_graphs_used=True, cuda_graph_skips=0)
     check = report.judge_speed("speed-bf16-lb64-graphs", "bf16", 64, True, graphs)
     assert check.status == PASS and check.numbers["cuda_graph_skips"] == 0
     eager_graphs = report.judge_speed("speed-bf16-lb64-graphs", "bf16", 64, True, speed_run())
-    assert eager_graphs.status == FAIL and "cuda_graphs is False" in eager_graphs.problems[0]
+    assert eager_graphs.status == FAIL and "cuda_graphs_used is False" in eager_graphs.problems[0]
     tf32 = speed_run(precision="tf32", local_batch=512, img_s=30000.0)
     check = report.judge_speed("speed-tf32-lb512", "tf32", 512, False, tf32)
     assert check.status == PASS and not any(k.startswith("target") for k in check.numbers)
@@ -944,10 +957,10 @@ def test_the_grid_runs_eager_and_the_fast_path_checks_compile():
         assert flags.count("--compile") == 1  # SMALL's off replaced, not overridden
         cfg = parsed_flags(flags)
         assert (cfg.compile, cfg.strategy, cfg.precision) == ("on", strategy, "bf16")
-        assert (cfg.epochs, cfg.width, cfg.cuda_graphs) == (3, 16, False)
+        assert (cfg.epochs, cfg.width, cfg.cuda_graphs) == (3, 16, "auto")
     one, two = (parsed_flags(gpu_check.cuda_graphs_flags(ctx, n)) for n in (1, 2))
     for cfg in (one, two):
-        assert cfg.compile == "on" and cfg.cuda_graphs and cfg.precision == "bf16"
+        assert cfg.compile == "on" and cfg.cuda_graphs == "on" and cfg.precision == "bf16"
     assert one.backend == "auto" and (two.strategy, two.backend) == ("ddp", "gloo")
     for precision in ("bf16", "fp16"):
         cfg = parsed_flags(gpu_check.host_syncs_flags(ctx, precision))
@@ -962,7 +975,8 @@ def test_the_speed_runs_are_the_trainers_defaults_at_the_targets_shapes():
     for name, (precision, local_batch, graphs, flags) in gpu_check.SPEED.items():
         cfg = parsed_flags(list(flags))
         assert name.startswith(f"speed-{precision}-lb{local_batch}")
-        assert (cfg.precision, cfg.local_batch, cfg.cuda_graphs) == (precision, local_batch, graphs)
+        assert (cfg.precision, cfg.local_batch) == (precision, local_batch)
+        assert compiling.cuda_graphs_on(cfg, torch.device("cuda")) is graphs
         assert cfg.compile == "auto"  # the trainer's default: on for CUDA
         assert (cfg.width, cfg.dataset, cfg.loader) == (64, "synthetic", "device")
         assert cfg.comm_probe_steps == 0 and not cfg.sync_debug
@@ -994,7 +1008,7 @@ def test_the_fast_path_checks_run_their_flags_and_hand_the_log_to_the_judge(tmp_
             return compiled_run(sync_debug=True, host_syncs_in_window=0, precision=precision)
         if name.startswith("speed"):
             precision, local_batch, graphs, _ = gpu_check.SPEED[name]
-            return speed_run(precision=precision, local_batch=local_batch, cuda_graphs=graphs)
+            return speed_run(precision=precision, local_batch=local_batch, cuda_graphs_used=graphs)
         return compiled_run(strategy=name.removeprefix("compile-"))
 
     monkeypatch.setattr(gpu_check, "trainer", trainer)
@@ -1014,8 +1028,8 @@ def test_the_fast_path_checks_run_their_flags_and_hand_the_log_to_the_judge(tmp_
     assert calls["cuda-graphs"]["nproc"] == 1 and "--cuda-graphs" in calls["cuda-graphs"]["flags"]
     assert "--sync-debug" in calls["host-syncs-fp16"]["flags"]
     assert {calls[n]["kind"] for n in gpu_check.SPEED} == {"speed"}
-    assert "--cuda-graphs" in calls["speed-bf16-lb64-graphs"]["flags"]
-    assert "--cuda-graphs" not in calls["speed-bf16-lb64"]["flags"]
+    assert "--cuda-graphs" not in calls["speed-bf16-lb64-graphs"]["flags"]  # the default
+    assert calls["speed-bf16-lb64"]["flags"][-2:] == ["--cuda-graphs", "off"]
     # each check judges its own run's log: a recompilation inside the window fails it
     late = GRAPHS_LOG + "V1124 [0/1] [__recompiles] Recompiling function forward in m.py:3\n"
     logs["compile-fsdp"] = logs["cuda-graphs-gloo2"] = late

@@ -210,7 +210,6 @@ def _parse_flags(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     for flag in TRAIN_FLAGS.values():
         parser.add_argument(flag, required=True)
-    parser.add_argument("--cuda-graphs", action="store_true")
     parser.add_argument("--target-acc", type=float, default=None)
     return parser.parse_args(argv)
 
@@ -225,18 +224,17 @@ def test_trainer_args_round_trip(full):
     assert args.local_batch == "64" and args.seed == "2" and args.precision == "bf16"
     assert args.target_acc == 0.94
     assert args.compile == "auto"  # the study's default: the trainer compiles on CUDA only
-    assert not args.cuda_graphs and "--cuda-graphs" not in argv
+    assert args.cuda_graphs == "auto" and argv.count("--cuda-graphs") == 1
 
 
 def test_trainer_args_conditional_flags(demo):
     row = dict(build_run_table(demo)[0])
     assert row["target_acc"] is None
     assert "--target-acc" not in trainer_args(row)
-    row.update(cuda_graphs=True, target_acc=0.5)
+    row.update(target_acc=0.5)
     argv = trainer_args(row)
-    assert "--cuda-graphs" in argv
     assert argv[argv.index("--target-acc") + 1] == "0.5"
-    assert argv.count("--cuda-graphs") == 1
+    assert argv[argv.index("--cuda-graphs") + 1] == "auto"  # the demo's cuda_graphs: auto
     assert argv[argv.index("--compile") + 1] == "off"  # the demo's compile: false
 
 

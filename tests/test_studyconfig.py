@@ -283,6 +283,13 @@ def test_cuda_graphs_need_a_cuda_study_that_compiles():
     for compile_value in ("auto", True):
         cfg["train"]["compile"] = compile_value
         assert load_and_validate(cfg)["train"]["cuda_graphs"] is True
+    # auto (the default) is a switch the trainer resolves: valid on a CPU and without compiling
+    assert load_and_validate(minimal())["train"]["cuda_graphs"] == "auto"
+    cfg["train"] = {"cuda_graphs": "auto", "compile": False}
+    cfg["hardware"]["device"] = "cpu"
+    load_and_validate(cfg)
+    cfg["train"]["cuda_graphs"] = "sometimes"
+    refused(cfg, "config key 'train.cuda_graphs'", "sometimes")
 
 
 def test_compile_is_auto_true_or_false():

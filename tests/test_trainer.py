@@ -70,7 +70,8 @@ def test_metrics_has_every_key_and_sane_values(ddp_run):
     assert m["mfu_unmeasured"].startswith("cpu: no published peak")
     assert len(m["device_names"]) == 1 and m["device_names"][0] == m["device"]["name"]
     # --compile auto is off on a CPU; nothing compiled, nothing counted
-    assert m["compile"] == "auto" and m["compiled"] is False and m["cuda_graphs"] is False
+    assert m["compile"] == "auto" and m["compiled"] is False
+    assert m["cuda_graphs"] == "auto" and m["cuda_graphs_used"] is False  # CUDA only
     assert m["compile_graphs"] is None and m["compile_graphs_in_window"] is None
     assert m["host_syncs_in_window"] is None  # --sync-debug is off (and CUDA only)
     assert json.dumps(m)  # plain JSON, no NaN
@@ -279,7 +280,7 @@ def test_missing_data_names_path_and_command(tmp_path):
         (["--device", "cuda"], f"torch.cuda.is_available() is False on {socket.gethostname()}"),
         (["--backend", "nccl"], "--backend nccl needs CUDA, but this rank runs on cpu"),
         (["--channels-last", "on"], "--channels-last on needs CUDA"),
-        (["--cuda-graphs"], "--cuda-graphs needs CUDA (none here)"),
+        (["--cuda-graphs"], "--cuda-graphs on needs CUDA (none here)"),
         (["--cuda-graphs", "--compile", "off"], "it needs --compile auto or on, not off"),
     ],
 )

@@ -202,6 +202,7 @@ def fast_path_numbers(m: dict) -> dict[str, Any]:
     """What a compiled run says about its fast path (compiling.py and measure.py define them)."""
     return {
         "compiled": m.get("compiled"),
+        "cuda_graphs_used": m.get("cuda_graphs_used"),
         "compile_graphs": m.get("compile_graphs"),
         "compile_graphs_in_window": m.get("compile_graphs_in_window"),
     }
@@ -419,9 +420,10 @@ def judge_cuda_graphs(name: str, ranks: int, run: RunResult, log: str) -> Check:
     """--cuda-graphs (torch.compile mode reduce-overhead), bf16: one NCCL rank, or two DDP ranks
     sharing the GPU over gloo (ranks 2): the graphs were used, nothing recompiled, it learned."""
     criterion = (
-        "exit 0 on cuda under --cuda-graphs, bf16, TORCH_LOGS=recompiles; metrics.json compiled "
-        "true, cuda_graph_skips 0 (a skip: inductor ran a graph without a CUDA graph) and "
-        "compile_graphs_in_window 0; no recompilation after the window opens; finite losses; "
+        "exit 0 on cuda under --cuda-graphs on, bf16, TORCH_LOGS=recompiles; metrics.json "
+        "compiled and cuda_graphs_used true, cuda_graph_skips 0 (a skip: inductor ran a graph "
+        "without a CUDA graph) and compile_graphs_in_window 0; no recompilation after the window "
+        "opens; finite losses; "
     )
     if ranks == 2:
         criterion += (
@@ -436,7 +438,7 @@ def judge_cuda_graphs(name: str, ranks: int, run: RunResult, log: str) -> Check:
     numbers: dict[str, Any] = {"recompiles_in_window": len(after)}
     if not problems:
         m = run.metrics or {}
-        _expect(m, "cuda_graphs", True, problems)
+        _expect(m, "cuda_graphs_used", True, problems)
         problems += compiled_problems(m)
         problems += cudagraph_skip_problems(m, log)
         if ranks == 2:
@@ -796,7 +798,7 @@ def judge_speed(
     not judged (a benchmark target missed is no broken node)."""
     criterion = (
         f"exit 0 on cuda, {precision}, local batch {local_batch}"
-        + (", --cuda-graphs" if cuda_graphs else "")
+        + (", CUDA graphs" if cuda_graphs else ", no CUDA graphs")
         + ", alone on the GPU; finite losses; compile_graphs_in_window 0 (no compilation inside "
         "the measurement); img/s, MFU and step time reported, the targets reported, not judged"
     )
@@ -805,7 +807,7 @@ def judge_speed(
     if not problems:
         _expect(m, "precision", precision, problems)
         _expect(m, "local_batch", local_batch, problems)
-        _expect(m, "cuda_graphs", cuda_graphs, problems)
+        _expect(m, "cuda_graphs_used", cuda_graphs, problems)
         problems += compiled_problems(m)
         problems += loss_problems(run.epochs)
     numbers = {

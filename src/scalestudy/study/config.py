@@ -241,7 +241,7 @@ def semantic_problems(config: dict) -> list[str]:
                     )
                 )
 
-    if train["cuda_graphs"] and (hw["device"] != "cuda" or train["compile"] is False):
+    if train["cuda_graphs"] is True and (hw["device"] != "cuda" or train["compile"] is False):
         problems.append(
             _bad(
                 "train.cuda_graphs",

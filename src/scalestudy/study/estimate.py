@@ -63,7 +63,17 @@ BENCHMARKS_DIR = "benchmarks/train"
 PLAN_MD = "reports/plan.md"
 PLAN_CSV = "results/plan.csv"
 # measured runs must match the estimated run in these columns to calibrate it at all
-BASE_KEY = ("device", "model", "width", "strategy", "loader", "compile", "comm_hook", "accum_steps")
+BASE_KEY = (
+    "device",
+    "model",
+    "width",
+    "strategy",
+    "loader",
+    "compile",
+    "cuda_graphs",
+    "comm_hook",
+    "accum_steps",
+)
 # ... and in the image size: MNIST's 28x28x1 images cost less than CIFAR-10's (synthetic has
 # CIFAR-10's shape, so offline runs calibrate a CIFAR-10 study)
 LEVELS = ("run", "batch", "world size", "model", "precision")

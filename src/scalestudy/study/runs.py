@@ -65,11 +65,11 @@ RUN_COLUMNS = (
 )
 
 # Run columns passed to `scalestudy train` as `--<column with dashes>` (the flag rule of
-# config.py, so they are the trainer's own fields), in RUN_COLUMNS order. Not passed: cuda_graphs
-# and target_acc (added only when set) and global_batch (the trainer derives it from local_batch
+# config.py, so they are the trainer's own fields), in RUN_COLUMNS order. Not passed: target_acc
+# (added only when set) and global_batch (the trainer derives it from local_batch
 # x world size x accum_steps). The device is passed: a GPU study whose job cannot reach CUDA (no
 # GPUs in the step, a missing --nv, a driver too old for the wheel) must fail, not train on CPU.
-_NOT_PASSED = frozenset({"cuda_graphs", "target_acc", "global_batch"})
+_NOT_PASSED = frozenset({"target_acc", "global_batch"})
 TRAIN_FLAGS = {
     column: f"--{flag_name(column)}"
     for column in RUN_COLUMNS
@@ -111,9 +111,8 @@ _NUMBER_COLUMNS = frozenset(
     }
 )
 _OPTIONAL_COLUMNS = frozenset({"target_acc"})  # empty cell = null
-_BOOL_COLUMNS = frozenset({"cuda_graphs"})
-# the study config's compile (auto, true, false: YAML reads on/off as booleans too) -> the
-# trainer's switch --compile auto|on|off, the run table's value
+# the study config's compile and cuda_graphs (auto, true, false: YAML reads on/off as booleans
+# too) -> the trainer's switches --compile/--cuda-graphs auto|on|off, the run table's values
 _SWITCH = {"auto": "auto", True: "on", False: "off"}
 
 
@@ -178,6 +177,7 @@ def _row(config: dict, world_size: int, local_batch: int, precision: str, bucket
         seed=train["seed"] + repeat,
         dataset=config["dataset"],
         compile=_SWITCH[train["compile"]],
+        cuda_graphs=_SWITCH[train["cuda_graphs"]],
     )
     return {name: values[name] for name in RUN_COLUMNS}
 
@@ -231,8 +231,6 @@ def trainer_args(row: dict) -> list[str]:
     argv = []
     for column, flag in TRAIN_FLAGS.items():
         argv += [flag, _arg(row[column])]
-    if row["cuda_graphs"]:
-        argv.append("--cuda-graphs")
     if row["target_acc"] is not None:
         argv += ["--target-acc", _arg(row["target_acc"])]
     return argv
@@ -262,10 +260,6 @@ def _parse(column: str, text: str) -> Any:
         return int(text)
     if column in _NUMBER_COLUMNS:
         return _number(text)
-    if column in _BOOL_COLUMNS:
-        if text not in ("true", "false"):
-            raise ValueError(f"column {column}: expected true or false, not {text!r}")
-        return text == "true"
     return text
 
 

@@ -11,12 +11,18 @@
   compile new graphs). What the counters say after the loop goes to metrics.json:
   `compile_graphs` (graphs dynamo compiled) and `compile_graphs_in_window` (compiled after the
   steady-state window opened: recompilations inside the measurement, 0 when the fast path holds).
-- `--cuda-graphs` (off unless asked): torch.compile's "reduce-overhead" mode, which records each
-  compiled graph as a CUDA graph and replays it: one launch instead of hundreds, the fix for
-  launch-bound small local batches. Off by default because a scaling study must run the same
-  trainer at every world size and torch's CUDA graphs under DDP (each bucket's all-reduce between
-  graph segments) are not proven on our GPU check yet (docs/benchmarks.md). Where inductor cannot
-  use a graph it runs the code without one and says why; `cuda_graph_skips` counts those.
+- `--cuda-graphs auto` (the default): torch.compile's "reduce-overhead" mode, which records each
+  compiled graph as a CUDA graph and replays it: one launch instead of hundreds. On the H200
+  node the compiled bf16 step at local batch 512 was host-bound (12.1 ms of host time per step
+  for 6.3 ms of kernels): with CUDA graphs it ran at the GPU's pace, 76k instead of 39k img/s
+  (docs/benchmarks.md). auto turns them on where they are proven (`cuda_graphs_on`): a compiled
+  CUDA run with ddp or allreduce, no DDP comm hook and no gradient accumulation. DDP's
+  all-reduces stay outside the graphs (dynamo's DDP optimizer cuts the graph at the buckets and
+  the reducer runs between the replays); a rank that diverged would fail the run's final
+  parameter checksum, a hung one the process-group timeout. Off under FSDP2 (its hooks between
+  the graphs are unproven), with a comm hook (PowerSGD keeps state between steps) and with
+  accumulation (several forwards per step). Where inductor cannot use a graph it runs the code
+  without one and says why; `cuda_graph_skips` counts those.
 The counters are dynamo's (torch._dynamo.utils.counters): read defensively, null when absent.
 """
 
@@ -32,8 +38,22 @@ def compile_on(cfg: TrainConfig, device: torch.device) -> bool:
     return cfg.compile == "on" or (cfg.compile == "auto" and device.type == "cuda")
 
 
+def cuda_graphs_on(cfg: TrainConfig, device: torch.device) -> bool:
+    """Whether this run records CUDA graphs (--cuda-graphs auto: module docstring)."""
+    if cfg.cuda_graphs == "on":
+        return True
+    return (
+        cfg.cuda_graphs == "auto"
+        and compile_on(cfg, device)
+        and device.type == "cuda"
+        and cfg.strategy in ("ddp", "allreduce")
+        and cfg.comm_hook == "none"
+        and cfg.accum_steps == 1
+    )
+
+
 def compile_model(
-    model: torch.nn.Module, cfg: TrainConfig, device: torch.device
+    model: torch.nn.Module, cfg: TrainConfig, device: torch.device, cuda_graphs: bool
 ) -> torch.nn.Module:
     """The compiled model: one static-shape graph; CUDA graphs when asked. On a CPU inductor
     must keep NCHW: its layout optimisation turns convolutions NHWC, and torch's CPU convolution
@@ -43,7 +63,7 @@ def compile_model(
         import torch._inductor.config as inductor_config
 
         inductor_config.layout_optimization = False
-    mode = "reduce-overhead" if cfg.cuda_graphs else None
+    mode = "reduce-overhead" if cuda_graphs else None
     return torch.compile(model, dynamic=False, mode=mode)
 
 
@@ -66,7 +86,7 @@ def graphs() -> int | None:
     return counter("stats", "unique_graphs")
 
 
-def in_effect(compiled: bool, cfg: TrainConfig, at_window: int | None, at_end: int | None) -> dict:
+def in_effect(compiled: bool, cuda_graphs: bool, at_window: int | None, at_end: int | None) -> dict:
     """metrics.json's record of the fast path (module docstring): `at_window`/`at_end` are
     graphs() when the steady-state window opened and when the training loop ended."""
     in_window = None
@@ -76,5 +96,6 @@ def in_effect(compiled: bool, cfg: TrainConfig, at_window: int | None, at_end: i
         "compiled": compiled,
         "compile_graphs": at_end if compiled else None,
         "compile_graphs_in_window": in_window,
-        "cuda_graph_skips": counter("inductor", "cudagraph_skips") if cfg.cuda_graphs else None,
+        "cuda_graphs_used": cuda_graphs,
+        "cuda_graph_skips": counter("inductor", "cudagraph_skips") if cuda_graphs else None,
     }

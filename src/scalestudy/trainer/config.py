@@ -58,8 +58,11 @@ class TrainConfig:
     compile: str = _f(
         "auto", "torch.compile the model (auto = on for CUDA, off on CPU)", vocab.SWITCHES
     )
-    cuda_graphs: bool = _f(
-        False, "CUDA graphs: torch.compile mode reduce-overhead (needs CUDA and --compile)"
+    cuda_graphs: str = _f(
+        "auto",
+        "CUDA graphs: torch.compile mode reduce-overhead (auto = on where it is proven: compiled "
+        "on CUDA, ddp or allreduce, no comm hook, no gradient accumulation)",
+        vocab.SWITCHES,
     )
     channels_last: str = _f("auto", "NHWC memory format (auto = on for CUDA)", vocab.SWITCHES)
     # parallelism
@@ -170,7 +173,7 @@ class TrainConfig:
             raise TrainConfigError(
                 f"--comm-hook {self.comm_hook} needs --strategy ddp (DDP comm hooks)"
             )
-        if self.cuda_graphs and self.compile == "off":
+        if self.cuda_graphs == "on" and self.compile == "off":
             raise TrainConfigError(
                 "--cuda-graphs records torch.compile's graphs: it needs --compile auto or on, "
                 "not off"

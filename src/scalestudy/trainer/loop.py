@@ -98,7 +98,7 @@ def train_epochs(
             profiler.before_step(state.step)
             group = min(cfg.accum_steps, run.micro_steps - done)  # a short last group ends an epoch
             meter.step_start()
-            run.begin_step()  # CUDA graphs (--cuda-graphs): a new iteration
+            run.begin_step()  # CUDA graphs (--cuda-graphs, compiling.py): a new iteration
             for j in range(group):
                 with meter.phase("data"):
                     x, y = run.place(*next(batches))
@@ -313,6 +313,7 @@ class Run:
     steps_per_epoch: int  # optimizer steps per epoch
     model: torch.nn.Module  # wrapped for the strategy (and compiled under --compile)
     eval_model: torch.nn.Module  # the same weights, never compiled
+    cuda_graphs: bool  # the compiled graphs replay as CUDA graphs (compiling.cuda_graphs_on)
     flops_per_img: int  # FLOPs of one training image, forward + backward (models.py)
     no_sync: Callable  # no_sync(): a context without gradient synchronisation
     recipe: Recipe
@@ -333,7 +334,7 @@ class Run:
 
     def begin_step(self) -> None:
         """A training step begins: CUDA graph trees may reuse the previous step's memory."""
-        if self.cfg.cuda_graphs:
+        if self.cuda_graphs:
             compiling.mark_step()
 
     def autocast(self) -> torch.autocast:
@@ -407,8 +408,9 @@ def build(cfg: TrainConfig, denv: sdist.DistEnv, device: torch.device) -> Run:
         model = model.to(memory_format=torch.channels_last)
     model, no_sync = wrap_model(model, cfg, device)
     eval_model = model
+    cuda_graphs = compiling.cuda_graphs_on(cfg, device)  # --cuda-graphs auto: compiling.py
     if compiling.compile_on(cfg, device):  # --compile auto: on CUDA (compiling.py)
-        model = compiling.compile_model(model, cfg, device)
+        model = compiling.compile_model(model, cfg, device, cuda_graphs)
     # SGD Nesterov, label smoothing, linear LR scaling with warm-up (recipe.py, config.py)
     recipe = build_recipe(model, cfg, device, global_batch, steps_per_epoch, total_steps)
     return Run(
@@ -426,6 +428,7 @@ def build(cfg: TrainConfig, denv: sdist.DistEnv, device: torch.device) -> Run:
         steps_per_epoch=steps_per_epoch,
         model=model,
         eval_model=eval_model,
+        cuda_graphs=cuda_graphs,
         flops_per_img=training_flops_per_image(
             cfg.model,
             num_classes=prepared.meta["num_classes"],

@@ -222,7 +222,10 @@ class Meter:
             "hostnames": sorted(set(hosts)),
             "device_names": sorted({name for _, name in places}),
             **compiling.in_effect(
-                self.compiled, self.cfg, self.graphs_at_window, self.graphs_at_end
+                self.compiled,
+                compiling.cuda_graphs_on(self.cfg, device),
+                self.graphs_at_window,
+                self.graphs_at_end,
             ),
             "host_syncs_in_window": self.syncs.count if self.syncs else None,
         }

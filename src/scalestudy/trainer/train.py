@@ -74,9 +74,10 @@ How the numbers are measured (the analysis relies on these definitions):
 - compiled: --compile in effect (auto: on CUDA only; compiling.py). compile_graphs: the graphs
   dynamo compiled in this process by the end of the training loop; compile_graphs_in_window:
   those compiled after the steady-state window opened (recompilations inside the measurement:
-  0 when the fast path holds; the last segment's count after a resume); cuda_graph_skips:
-  inductor's graphs that could not run as CUDA graphs (--cuda-graphs only). Null when not
-  compiled.
+  0 when the fast path holds; the last segment's count after a resume). Null when not
+  compiled. cuda_graphs_used: the compiled graphs replayed as CUDA graphs (--cuda-graphs in
+  effect; auto: compiling.cuda_graphs_on); cuda_graph_skips: inductor's graphs that could not
+  run as CUDA graphs (null without them).
 - host_syncs_in_window: --sync-debug only (CUDA): the host synchronisations CUDA operations made
   inside the window's training steps on rank 0 (0 is the fast path); null otherwise.
 - peak_mem_mb: CUDA max_memory_allocated on GPU, the process's peak RSS on CPU (max over ranks).
@@ -233,8 +234,8 @@ def pick_device(cfg: TrainConfig, denv: sdist.DistEnv) -> torch.device:
                 f"--precision {cfg.precision} needs CUDA "
                 f"({vocab.CUDA_ONLY_PRECISIONS[cfg.precision]}; none here): use fp32 or bf16 on CPU"
             )
-        if cfg.cuda_graphs:
-            raise TrainingError("--cuda-graphs needs CUDA (none here): drop it on CPU")
+        if cfg.cuda_graphs == "on":
+            raise TrainingError("--cuda-graphs on needs CUDA (none here): use auto or off on CPU")
         return torch.device("cpu")
     count = torch.cuda.device_count()
     index = 0 if count == 1 else denv.local_rank  # from the LOCAL rank, never the global one
