@@ -63,6 +63,30 @@ def test_a_tiny_comparison_end_to_end(data_dir, tmp_path):
     assert "ratio" in proc.stdout
 
 
+def test_the_step_anatomy_times_the_real_trainer_per_phase(data_dir, tmp_path):
+    """benchmarks/step_anatomy.py on a CPU, tiny: the real trainer ran (its metrics.json), each
+    kept window step's phases fit inside its host time, the CPU step timer's own clock sits
+    inside the host interval, and the profiled steps are left out of the medians."""
+    out, run = tmp_path / "anatomy.json", tmp_path / "run"
+    argv = [PYTHON, str(REPO / "benchmarks" / "step_anatomy.py"), "--json", str(out)]
+    argv += ["--cprofile-from", "10", "--cprofile-steps", "2", "--", "--dataset", "synthetic"]
+    argv += ["--data-dir", str(data_dir), "--width", "2", "--local-batch", "16", "--epochs", "1"]
+    argv += ["--limit-train", "512", "--warmup-steps", "4", "--comm-probe-steps", "0"]
+    argv += ["--no-tensorboard", "--out", str(run)]
+    proc = subprocess.run(argv, env=child_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    r = json.loads(out.read_text())
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert r["throughput_img_s"] == metrics["throughput_img_s"] > 0
+    host = r["host_ms"]
+    assert host["steps"] == metrics["window_steps"] - 2  # 28 window steps, 2 under cProfile
+    phases = ("data", "forward", "backward", "optimizer")
+    assert all(host[p]["median"] > 0 for p in phases) and host["communication"]["median"] == 0
+    assert host["other"]["p10"] >= 0  # the phases never exceed the step's host time
+    assert 0 < host["device step"]["median"] <= host["host step"]["median"]
+    assert "function calls" in r["cprofile"]  # pstats of the two profiled steps
+
+
 def test_the_ddp_buffer_benchmark_times_both_wrappers():
     """benchmarks/ddp_buffers.py on 2 gloo ranks, tiny: both step times and their ratio."""
     argv = [PYTHON, str(REPO / "benchmarks" / "ddp_buffers.py"), "--width", "2", "--batch", "4"]
