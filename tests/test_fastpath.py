@@ -17,7 +17,11 @@ from __future__ import annotations
 import subprocess
 
 import pytest
+import torch
 from conftest import PYTHON, child_env, read_metrics, train
+
+from scalestudy.trainer import compiling
+from scalestudy.trainer.config import TrainConfig
 
 FLAGS = [
     *("--width", "8", "--epochs", "6", "--local-batch", "32", "--lr", "3.2"),
@@ -54,3 +58,22 @@ def test_compiled_once_and_never_inside_the_window(runs):
     assert compiled["steps_per_epoch"] == 2000 // 32
     eager = runs["off"]
     assert eager["compiled"] is False and eager["compile_graphs"] is None
+
+
+@pytest.mark.parametrize(
+    ("flags", "device", "on"),
+    [
+        ({}, "cuda", True),  # the default on a GPU: compiled, ddp, no hook, no accumulation
+        ({}, "cpu", False),  # --compile auto is off on a CPU, and CUDA graphs need CUDA
+        ({"compile": "off"}, "cuda", False),
+        ({"strategy": "allreduce"}, "cuda", True),
+        ({"strategy": "fsdp"}, "cuda", False),  # FSDP2's hooks between graphs: unproven
+        ({"comm_hook": "powersgd"}, "cuda", False),
+        ({"accum_steps": 2}, "cuda", False),  # several forwards per step
+        ({"cuda_graphs": "off"}, "cuda", False),
+        ({"cuda_graphs": "on", "strategy": "fsdp"}, "cuda", True),  # asked for: the user's call
+    ],
+)
+def test_cuda_graphs_auto_is_on_only_where_proven(flags, device, on):
+    cfg = TrainConfig(**flags)
+    assert compiling.cuda_graphs_on(cfg, torch.device(device)) is on

@@ -243,7 +243,14 @@ def test_pair_passes_on_equal_checksums_and_fails_on_different_ones():
 def test_two_gpu_check_is_skipped_on_one_gpu_and_judged_on_two():
     assert report.judge_two_gpus(1, None).status == SKIPPED
     run = stand_in_run(world_size=2, param_checksums=["a", "a"], comm_exposed_frac=0.1)
-    assert report.judge_two_gpus(2, run).status == PASS
+    check = report.judge_two_gpus(2, run)
+    assert check.status == FAIL
+    assert "metrics.json cuda_graphs_used is False, expected True" in check.problems
+    graphs = stand_in_run(
+        world_size=2, param_checksums=["a", "a"], compiled=True, cuda_graphs_used=True
+    )
+    check = report.judge_two_gpus(2, graphs)
+    assert check.status == PASS and check.numbers["cuda_graphs_used"] is True
 
 
 COMPILE_LOG = """\
@@ -787,8 +794,9 @@ def test_report_of_all_passing_checks_says_passed(tmp_path):
     assert doc["passed"] is True
     assert (tmp_path / "gpu-check.md").read_text().startswith("# gpu-check on n: PASSED")
     assert not any("one NCCL rank" in item for item in doc["cannot_prove"])  # 2 GPUs
-    # nccl2-ddp runs eager: CUDA graphs over NCCL stay unproven with two GPUs too
-    assert any(item.startswith("CUDA graphs") for item in doc["cannot_prove"])
+    # nccl2-ddp ran the default (compiled, CUDA graphs) between the two GPUs
+    assert not any(item.startswith("CUDA graphs") for item in doc["cannot_prove"])
+    assert any(item.startswith("CUDA graphs") for item in report.cannot_prove(1))
     assert (
         json.loads((tmp_path / "gpu-check.json").read_text())["checks"][1]["numbers"][
             "throughput_img_s"

@@ -664,6 +664,7 @@ def test_nsys_commands():
     )
     assert cmd[:2] == ["nsys", "profile"]
     assert "--capture-range=cudaProfilerApi" in cmd and "--capture-range-end=stop" in cmd
+    assert "--cuda-graph-trace=node" in cmd  # CUDA graphs' kernels, one row each
     assert "--output=d/nsys_rank3" in cmd and cmd[-4:] == ["python", "-m", "scalestudy", "train"]
     new = capture.nsys_stats_command(
         "r.nsys-rep",

@@ -330,11 +330,13 @@ def check_pair(ctx: Context, strategy: str, hook: str) -> Check:
 
 
 def check_two_gpus(ctx: Context) -> Check:
+    """Two GPUs over NCCL with the trainer's default path on CUDA (compiled, CUDA graphs between
+    DDP's all-reduces) and the communication probe: what a study's multi-GPU run does."""
     if len(ctx.gpus) < 2:
         return report.judge_two_gpus(len(ctx.gpus), None)
     env = {**ctx.env, "CUDA_VISIBLE_DEVICES": ",".join(ctx.gpus[:2])}
-    flags = [*ctx.small, "--backend", "nccl", "--comm-probe-steps", "3"]
-    run = trainer(ctx, "nccl2-ddp", flags, "pair", nproc=2, env=env)
+    flags = [*with_compile(ctx.small, "auto"), "--backend", "nccl", "--comm-probe-steps", "3"]
+    run = trainer(ctx, "nccl2-ddp", flags, "compile-pair", nproc=2, env=env)
     return report.judge_two_gpus(len(ctx.gpus), run)
 
 

@@ -329,7 +329,10 @@ def judge_pair(name: str, strategy: str, hook: str, run: RunResult) -> Check:
 
 def judge_two_gpus(device_count: int, run: RunResult | None) -> Check:
     name = "nccl2-ddp"
-    criterion = "exit 0; 2 ranks on 2 GPUs over NCCL; identical parameter checksums"
+    criterion = (
+        "exit 0; 2 ranks on 2 GPUs over NCCL with the default path (compiled, CUDA graphs used) "
+        "and the communication probe; identical parameter checksums"
+    )
     if device_count < 2 or run is None:
         return skipped(name, criterion, f"{device_count} GPU visible: NCCL needs a GPU per rank")
     problems = run_problems(run)
@@ -337,8 +340,10 @@ def judge_two_gpus(device_count: int, run: RunResult | None) -> Check:
     if not problems:
         m = run.metrics or {}
         sums = two_rank_problems(m, "nccl", run, problems)
+        _expect(m, "cuda_graphs_used", True, problems)
         numbers = {
             "param_checksums": sums,
+            **fast_path_numbers(m),
             "throughput_img_s": m.get("throughput_img_s"),
             "comm_exposed_frac": m.get("comm_exposed_frac"),
         }
@@ -847,9 +852,15 @@ def cannot_prove(device_count: int) -> list[str]:
         "the study's numbers: each run here is seconds long, without repeats (a speed-* window "
         "is a few seconds after compilation): indicative, not a benchmark; timings of the checks "
         "that share the GPU (all but reference-*, speed-* and ncu) say nothing about speed",
-        "CUDA graphs (and torch.compile) with DDP over NCCL between GPUs: cuda-graphs trains a "
-        "single rank, whose NCCL all-reduce has no peer, and cuda-graphs-gloo2 two ranks sharing "
-        "one GPU over gloo, whose all-reduce is staged through the host; nccl2-ddp runs eager",
+    ]
+    if device_count < 2:
+        items.append(
+            "CUDA graphs (and torch.compile) with DDP over NCCL between GPUs, the trainer's "
+            "default on CUDA: cuda-graphs trains a single rank, whose NCCL all-reduce has no "
+            "peer, and cuda-graphs-gloo2 two ranks sharing one GPU over gloo, whose all-reduce is "
+            "staged through the host; nccl2-ddp, which runs it between two GPUs, was skipped"
+        )
+    items += [
         "the kernel breakdown of a compiled run: torch-profiler and ncu profile an eager run, so "
         "inductor's fused Triton kernels (triton_*) are not classified here (nsight/classify.py "
         "may leave them in 'other')",

@@ -16,7 +16,7 @@ capture: the tool is chosen here, on the compute node, and stated in DIR/tool.js
   there is one: SCALESTUDY_PROFILER=torch). An explicit nsys where nsys or CUDA is missing is an
   error. nsys: every rank (or rank 0) runs under
       nsys profile --capture-range=cudaProfilerApi --capture-range-end=stop \\
-          --trace=<nsys_trace> --output=DIR/nsys_rank<r> ...
+          --trace=<nsys_trace> --cuda-graph-trace=node --output=DIR/nsys_rank<r> ...
   (the trainer's --profile-steps A:B opens and closes the range), then
       nsys stats --report cuda_gpu_kern_sum --report cuda_gpu_mem_time_sum --report nvtx_sum \\
           --format csv --output DIR/stats/nsys_rank<r> DIR/nsys_rank<r>.nsys-rep
@@ -165,6 +165,10 @@ def nsys_profile_command(
         "--capture-range=cudaProfilerApi",
         "--capture-range-end=stop",
         f"--trace={trace}",
+        # kernels inside CUDA graphs one by one (the trainer replays its compiled graphs as CUDA
+        # graphs by default, compiling.py); nsys's default, graph, records each replay as one
+        # item and the kernel tables would lack the step's kernels
+        "--cuda-graph-trace=node",
         "--sample=none",
         "--cpuctxsw=none",
         "--force-overwrite=true",

@@ -223,6 +223,7 @@ def finish(
             run.place,
             run.autocast,
             world_size,
+            run.begin_step,
         )
 
     # every rank must end with the same weights; a silent divergence would void every number

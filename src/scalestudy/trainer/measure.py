@@ -504,9 +504,10 @@ def torch_ops_export(key_averages) -> dict:
     return {"format": "scalestudy-torch-ops-2", "time_unit": "us", "ops": ops}
 
 
-def comm_probe(model, no_sync, loader, cfg, device, place, autocast, world_size):
+def comm_probe(model, no_sync, loader, cfg, device, place, autocast, world_size, begin_step):
     """Exposed communication: 1 - t(fwd+bwd without sync) / t(fwd+bwd with sync); see train.py.
-    `place(x, y)` puts a batch on the device in the model's layout; `autocast()` is the run's."""
+    `place(x, y)` puts a batch on the device in the model's layout; `autocast()` is the run's;
+    `begin_step()` starts each probe step as the training loop starts its steps (CUDA graphs)."""
     model.train()
     saved = [b.detach().clone() for b in model.buffers()]  # BN stats change in train mode
     if cfg.loader == "device":
@@ -517,6 +518,7 @@ def comm_probe(model, no_sync, loader, cfg, device, place, autocast, world_size)
     def one(sync: bool) -> float:
         device_sync(device)
         t0 = time.perf_counter()
+        begin_step()
         with no_sync() if not sync else contextlib.nullcontext():
             with autocast():
                 loss = F.cross_entropy(model(x), y)
