@@ -227,28 +227,31 @@ def test_device_loader_train_epoch_is_full_steps() -> None:
 
 
 def test_device_loader_augments_ahead_steps_at_once(monkeypatch) -> None:
-    """The train loader's ~20 augmentation and normalisation operations run once per AHEAD
-    steps (each is a kernel launch on a GPU), and every batch is still its own samples' images:
-    an unaugmented copy of the same loader yields the same labels."""
-    n, lb = 40 * loaders.AHEAD + 7, 2
+    """The train loader's ~20 crop, flip and normalisation operations run once per AHEAD steps
+    (each is a kernel launch on a GPU), and its batches are bit for bit those of one augment()
+    per step: the same samples, the same random numbers in the same order."""
+    n, lb, ws, rank, seed, epoch = 40 * loaders.AHEAD + 7, 2, 2, 1, 5, 3
     x = torch.randint(0, 256, (n, 3, 8, 8), dtype=torch.uint8)
+    y = torch.arange(n)
     calls = []
-    real = loaders.augment
-    monkeypatch.setattr(loaders, "augment", lambda xb, g: calls.append(len(xb)) or real(xb, g))
-    kw = dict(local_batch=lb, world_size=2, rank=1, seed=0, train=True, device="cpu",
-              mean=[0.5] * 3, std=[0.25] * 3)  # fmt: skip
-    loader = loaders.DeviceLoader(x, torch.arange(n), **kw)
+    real = loaders.crop_flip
+    monkeypatch.setattr(loaders, "crop_flip", lambda xb, *a: calls.append(len(xb)) or real(xb, *a))
+    mean, std = [0.5, 0.4, 0.3], [0.25, 0.2, 0.3]
+    loader = loaders.DeviceLoader(
+        x, y, local_batch=lb, world_size=ws, rank=rank, seed=seed, train=True, device="cpu",
+        mean=mean, std=std,
+    )  # fmt: skip
+    loader.set_epoch(epoch)
     batches = list(loader)
     steps = loader.steps_per_epoch  # (40 x AHEAD + 7) // 4 = 10 x AHEAD + 1
     assert len(batches) == steps == 10 * loaders.AHEAD + 1
     assert calls == [loaders.AHEAD * lb] * 10 + [lb]  # 11 groups, the last of one step
-    assert all(xb.shape == (lb, 3, 8, 8) and len(yb) == lb for xb, yb in batches)
-    labels = torch.cat([yb for _, yb in batches])
-    assert len(set(labels.tolist())) == steps * lb  # no sample twice
-    # each image is a crop (maybe flipped) of its label's source image, normalisation undone
-    for xb, yb in batches[:3]:
-        raw = torch.round((xb * 0.25 + 0.5) * 255).to(torch.uint8)
-        assert all(f is not None for f in _match_crop(raw, x[yb]))
+    # the per-step reference: epoch_batches' samples, augment() once per step
+    gen = torch.Generator().manual_seed(loaders.derive_seed("augment", seed, rank, epoch))
+    plan = loaders.epoch_batches(n, lb * ws, ws, rank, seed, epoch)
+    for (xb, yb), idx in zip(batches, plan, strict=True):
+        assert torch.equal(yb, y[idx])
+        assert torch.equal(xb, loaders.normalize(loaders.augment(x[idx], gen), mean, std))
 
 
 def test_device_loader_eval() -> None:

@@ -200,11 +200,23 @@ def augment(x_u8: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     Batched: pad the batch once, then gather every sample's window with one advanced-indexing op.
     `generator` must be on x_u8's device. Draws offsets (y, x) then flips, in that order.
     """
+    return crop_flip(x_u8, *augment_draws(len(x_u8), generator, x_u8.device))
+
+
+def augment_draws(
+    b: int, generator: torch.Generator, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """augment's random numbers for a batch of b: crop offsets (2 x b x 1), then flips (b x 1)."""
+    off = torch.randint(0, 2 * CROP_PAD + 1, (2, b, 1), generator=generator, device=device)
+    flip = torch.rand(b, 1, generator=generator, device=device) < 0.5
+    return off, flip
+
+
+def crop_flip(x_u8: torch.Tensor, off: torch.Tensor, flip: torch.Tensor) -> torch.Tensor:
+    """Each sample's CROP_PAD-padded window at its offsets, its columns reversed where flipped."""
     b, c, h, w = x_u8.shape
     dev = x_u8.device
     padded = F.pad(x_u8, (CROP_PAD, CROP_PAD, CROP_PAD, CROP_PAD))
-    off = torch.randint(0, 2 * CROP_PAD + 1, (2, b, 1), generator=generator, device=dev)
-    flip = torch.rand(b, 1, generator=generator, device=dev) < 0.5
     rows = off[0] + torch.arange(h, device=dev)  # b x h
     cols = off[1] + torch.arange(w, device=dev)  # b x w
     # flipping the crop = reading its columns backwards
@@ -248,8 +260,8 @@ class DeviceLoader:
 
     train=True: call set_epoch(epoch) before iterating; batches follow epoch_batches(n,
     local_batch * world_size, world_size, rank, seed, epoch) and are augmented with a device
-    generator seeded from (seed, rank, epoch), AHEAD steps at a time (one draw of crop offsets
-    and flips for the AHEAD batches together), so a run is reproducible for a given world size.
+    generator seeded from (seed, rank, epoch), so a run is reproducible for a given world size;
+    AHEAD steps' batches are prepared at once, bit for bit as one augment() call per step.
     train=False: this rank's eval_indices in chunks of eval_batch (default 2 * local_batch), no
     augmentation; only that subset is moved to the device.
     """
@@ -329,13 +341,16 @@ class DeviceLoader:
         gen.manual_seed(derive_seed("augment", self.seed, self.rank, self.epoch))
         sizes = [len(b) for b in batches]
         starts = [0, *itertools.accumulate(sizes)]
-        # AHEAD steps' batches gathered, augmented and normalised at once, then handed out as
-        # views: each of those ~20 small operations is a kernel launch (7 us of host time on the
-        # H200 node), per AHEAD steps instead of per step
+        # AHEAD steps' batches gathered, cropped, flipped and normalised at once, then handed
+        # out as views: each of those ~20 small operations is a kernel launch (7 us of host
+        # time on the H200 node), per AHEAD steps instead of per step. The random numbers are
+        # drawn step by step as augment() draws them, so the batches are bit for bit those of
+        # one augment() per step (training runs are the same as with a per-step loader)
         for first in range(0, len(sizes), AHEAD):
             group = sizes[first : first + AHEAD]
             idx = all_idx[starts[first] : starts[first + len(group)]]
-            xs = self._out(augment(self.x[idx], gen))
+            offs, flips = zip(*(augment_draws(b, gen, self.device) for b in group), strict=True)
+            xs = self._out(crop_flip(self.x[idx], torch.cat(offs, 1), torch.cat(flips)))
             yield from zip(xs.split(group), self.y[idx].split(group), strict=True)
 
     def _out(self, x_u8: torch.Tensor) -> torch.Tensor:
