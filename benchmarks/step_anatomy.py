@@ -56,8 +56,7 @@ class HostStepTimer(measure.StepTimer):
         self.host: dict = {}
         self.last_stop: float | None = None
         self.index = 0  # steps started so far
-        self.window_host: list[dict] = []  # one dict of host seconds per window step
-        self.window_device: list[float] = []
+        self.host_steps: list[dict] = []  # one dict of host seconds per step, warm-up included
         self.profiled = range(cprofile_from, cprofile_from + cprofile_steps)
         self.cprofile = cProfile.Profile() if cprofile_steps else None
 
@@ -87,21 +86,20 @@ class HostStepTimer(measure.StepTimer):
         host["other"] = host["host step"] - sum(host[p] for p in measure.PHASES)
         host["between"] = self.host["between"]
         host["_keep"] = in_window and self.index not in self.profiled
-        host["_in_window"] = in_window
-        self.window_host.append(host)
+        self.host_steps.append(host)
         self.index += 1
 
     def collect(self) -> list[dict[str, float]]:
         steps = super().collect()
-        # the steps collected are the last len(steps) of window_host, in order
-        for st, host in zip(steps, self.window_host[-len(steps) :] if steps else [], strict=True):
+        # the steps collected are the last len(steps) of host_steps, in order
+        for st, host in zip(steps, self.host_steps[-len(steps) :] if steps else [], strict=True):
             host["device step"] = st["total"]
         return steps
 
 
 def summary(timer: HostStepTimer) -> dict:
     """Median, 10th and 90th percentile in ms of each part over the kept window steps."""
-    kept = [h for h in timer.window_host if h["_keep"] and "device step" in h]
+    kept = [h for h in timer.host_steps if h["_keep"] and "device step" in h]
     out: dict = {"steps": len(kept)}
     for part in PARTS:
         values = [1e3 * h[part] for h in kept if h.get(part) is not None]
@@ -215,7 +213,9 @@ def main(argv: list[str] | None = None) -> int:
         "cprofile": profile_text(timers[0]),
     }
     if args.micro:
-        result["micro"] = micro(torch.device(cfg.device if cfg.device != "auto" else "cpu"))
+        # the trainer's device (--device auto: CUDA when there is one, train.pick_device)
+        cuda = cfg.device != "cpu" and torch.cuda.is_available()
+        result["micro"] = micro(torch.device("cuda" if cuda else "cpu"))
     print(
         f"{' '.join(train_flags)}\nthroughput {result['throughput_img_s']:,.0f} img/s, "
         f"MFU {result['mfu']}, {result['host_ms']['steps']} window steps timed on the host"
