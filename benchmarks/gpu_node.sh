@@ -4,8 +4,10 @@
 #
 #   bash benchmarks/gpu_node.sh OUT        # on a node with one CUDA GPU; writes OUT/*.json|log|txt
 #
-#   compare           ours (defaults: compiled, CUDA graphs) vs the reference, bf16, local batch
-#                     512, REPEATS interleaved runs each
+#   compare           ours (defaults: compiled, the whole step one CUDA graph) vs the reference,
+#                     bf16, local batch 512, REPEATS interleaved runs each
+#   compare-compiled-graphs  the same with --cuda-graphs on (torch.compile's graphs, what fp16
+#                     and gloo runs get): what the whole-step graph wins over them
 #   compare-nographs  the same with --cuda-graphs off (the compiled path of FSDP, comm hooks and
 #                     gradient accumulation): what the graphs win
 #   compare-eager     the same with --compile off: what compiling wins
@@ -26,7 +28,7 @@ export PYTHONPATH="$here/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
 width=${WIDTH:-64} batch=${LOCAL_BATCH:-512} precision=${PRECISION:-bf16} epochs=${EPOCHS:-3}
 repeats=${REPEATS:-3} workers=${REF_WORKERS:-8} device=${DEVICE:-cuda}
-steps=${STEPS:-compare compare-nographs compare-eager ddp-buffers anatomy-lb64}
+steps=${STEPS:-compare compare-compiled-graphs compare-nographs compare-eager ddp-buffers anatomy-lb64}
 
 "$py" -m scalestudy prepare-data --dataset synthetic --data-dir "$data" \
     --num-train "${NUM_TRAIN:-16384}" --num-test 1024 >"$out/prepare-data.log" 2>&1
@@ -43,6 +45,7 @@ for step in $steps; do
     echo "== $step"
     case $step in
     compare) compare compare ;;
+    compare-compiled-graphs) compare compare-compiled-graphs --ours-flags="--cuda-graphs on" ;;
     compare-nographs) compare compare-nographs --ours-flags="--cuda-graphs off" ;;
     compare-eager) compare compare-eager --ours-flags="--compile off" ;;
     ddp-buffers)
@@ -59,6 +62,6 @@ for step in $steps; do
             >"$out/anatomy-lb64.log" 2>&1 || echo "anatomy-lb64 failed: see $out/anatomy-lb64.log"
         grep -A11 '^throughput' "$out/anatomy-lb64.log" || true
         ;;
-    *) echo "unknown step $step (compare compare-nographs compare-eager ddp-buffers anatomy-lb64)" ;;
+    *) echo "unknown step $step (compare compare-compiled-graphs compare-nographs compare-eager ddp-buffers anatomy-lb64)" ;;
     esac
 done

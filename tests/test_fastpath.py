@@ -20,7 +20,8 @@ import pytest
 import torch
 from conftest import PYTHON, child_env, read_metrics, train
 
-from scalestudy.trainer import compiling
+from scalestudy.errors import TrainConfigError, TrainingError
+from scalestudy.trainer import compiling, step_graph
 from scalestudy.trainer.config import TrainConfig
 
 FLAGS = [
@@ -61,19 +62,54 @@ def test_compiled_once_and_never_inside_the_window(runs):
 
 
 @pytest.mark.parametrize(
-    ("flags", "device", "on"),
+    ("flags", "device", "mode"),
     [
-        ({}, "cuda", True),  # the default on a GPU: compiled, ddp, no hook, no accumulation
-        ({}, "cpu", False),  # --compile auto is off on a CPU, and CUDA graphs need CUDA
-        ({"compile": "off"}, "cuda", False),
-        ({"strategy": "allreduce"}, "cuda", True),
-        ({"strategy": "fsdp"}, "cuda", False),  # FSDP2's hooks between graphs: unproven
-        ({"comm_hook": "powersgd"}, "cuda", False),
-        ({"accum_steps": 2}, "cuda", False),  # several forwards per step
-        ({"cuda_graphs": "off"}, "cuda", False),
-        ({"cuda_graphs": "on", "strategy": "fsdp"}, "cuda", True),  # asked for: the user's call
+        # the default on a GPU: ddp, no hook, no accumulation, bf16/tf32/fp32 over NCCL
+        ({}, "cuda", "step"),
+        ({}, "cpu", "off"),  # CUDA graphs need CUDA
+        ({"compile": "off"}, "cuda", "step"),  # the whole-step graph holds eager kernels too
+        ({"strategy": "allreduce"}, "cuda", "step"),
+        ({"precision": "fp16"}, "cuda", "compiled"),  # the GradScaler: not in a whole graph
+        ({"precision": "fp16", "compile": "off"}, "cuda", "off"),
+        ({"backend": "gloo"}, "cuda", "compiled"),  # gloo's all-reduce runs on the CPU
+        ({"diag_data_delay_ms": 5.0}, "cuda", "compiled"),  # a host sleep: not in a graph
+        ({"strategy": "fsdp"}, "cuda", "off"),  # FSDP2's hooks between graphs: unproven
+        ({"comm_hook": "powersgd"}, "cuda", "off"),
+        ({"accum_steps": 2}, "cuda", "off"),  # several forwards per step
+        ({"cuda_graphs": "off"}, "cuda", "off"),
+        ({"cuda_graphs": "on", "strategy": "fsdp"}, "cuda", "compiled"),  # asked: the user's call
+        ({"cuda_graphs": "on"}, "cuda", "compiled"),
+        ({"cuda_graphs": "step", "compile": "off"}, "cuda", "step"),
     ],
 )
-def test_cuda_graphs_auto_is_on_only_where_proven(flags, device, on):
+def test_cuda_graphs_auto_picks_the_mode_where_it_is_proven(flags, device, mode):
     cfg = TrainConfig(**flags)
-    assert compiling.cuda_graphs_on(cfg, torch.device(device)) is on
+    assert compiling.graphs_mode(cfg, torch.device(device)) == mode
+    assert compiling.cuda_graphs_on(cfg, torch.device(device)) is (mode != "off")
+
+
+@pytest.mark.parametrize(
+    ("flags", "why"),
+    [
+        ({"precision": "fp16"}, "precision fp16"),
+        ({"accum_steps": 2}, "accum_steps 2"),
+        ({"strategy": "fsdp"}, "strategy fsdp"),
+        ({"comm_hook": "powersgd"}, "comm_hook powersgd"),
+        ({"backend": "gloo"}, "backend gloo"),
+        ({"diag_slow_rank": "1:50"}, "a diagnostic delay"),
+    ],
+)
+def test_cuda_graphs_step_refuses_what_a_whole_step_graph_cannot_hold(flags, why):
+    with pytest.raises(TrainConfigError, match=f"--cuda-graphs step .*not with {why}"):
+        TrainConfig(cuda_graphs="step", **flags)
+
+
+def test_a_run_too_short_for_the_whole_step_graph_gets_the_compiled_graphs():
+    """The whole-step graph needs its 11 eager steps, the capture and a window after them."""
+    cuda, before = torch.device("cuda"), step_graph.STEPS_BEFORE_WINDOW
+    assert compiling.graphs_mode(TrainConfig(), cuda, total_steps=before + 1) == "step"
+    assert compiling.graphs_mode(TrainConfig(), cuda, total_steps=before) == "compiled"
+    eager = TrainConfig(compile="off")
+    assert compiling.graphs_mode(eager, cuda, total_steps=before) == "off"
+    with pytest.raises(TrainingError, match="--cuda-graphs step: 12 optimizer steps leave no"):
+        compiling.graphs_mode(TrainConfig(cuda_graphs="step"), cuda, total_steps=before)

@@ -338,7 +338,7 @@ SKIP_LINE = (
 
 
 def graphs_run(ranks: int = 1, **metrics) -> RunResult:
-    on = {"cuda_graphs_used": True, "cuda_graph_skips": 0}
+    on = {"cuda_graphs_used": True, "cuda_graphs_mode": "compiled", "cuda_graph_skips": 0}
     if ranks == 2:
         on |= {"world_size": 2, "backend": "gloo", "param_checksums": ["a", "a"]}
     return compiled_run(**{**on, **metrics})
@@ -371,6 +371,28 @@ def test_cuda_graphs_fail_and_say_why(change, problem):
     check = report.judge_cuda_graphs("cuda-graphs", 1, graphs_run(**change), GRAPHS_LOG)
     assert check.status == FAIL
     assert any(problem in p for p in check.problems), check.problems
+
+
+def step_run(**metrics) -> RunResult:
+    """A --cuda-graphs step run: the whole step one replay, so no per-phase times."""
+    step = {"cuda_graphs_mode": "step", "cuda_graph_skips": None, "phase_frac_forward": None}
+    return graphs_run(**{**step, **metrics})
+
+
+def test_the_whole_step_graph_passes_on_its_own_terms():
+    check = report.judge_cuda_graphs("cuda-graphs-step", 1, step_run(), GRAPHS_LOG)
+    assert check.status == PASS, check.problems  # no cuda_graph_skips to count in this mode
+    assert check.numbers["cuda_graphs_mode"] == "step" and "--cuda-graphs step" in check.criterion
+    for change, problem in [
+        ({"cuda_graphs_mode": "compiled"}, "cuda_graphs_mode is 'compiled', expected 'step'"),
+        ({"phase_frac_forward": 0.0}, "phase_frac_forward is 0.0, expected None"),
+        ({"best_val_acc": 0.3}, "not learned"),
+    ]:
+        check = report.judge_cuda_graphs("cuda-graphs-step", 1, step_run(**change), GRAPHS_LOG)
+        assert check.status == FAIL and any(problem in p for p in check.problems), check.problems
+    # and the reduce-overhead check refuses a run that used the other kind
+    other = report.judge_cuda_graphs("cuda-graphs", 1, step_run(), GRAPHS_LOG)
+    assert other.status == FAIL
 
 
 def test_a_skipped_cuda_graph_fails_with_inductors_reason():
@@ -927,7 +949,7 @@ def test_every_check_has_a_place_in_the_report(tmp_path):
         f"compile-{s}" for s in vocab.STRATEGIES
     }
     assert names[:2] == ["cuda-graphs-gloo2", "compile-fsdp"]  # the longest, the riskiest first
-    new = ["cuda-graphs", "cuda-graphs-gloo2", "host-syncs-bf16", "host-syncs-fp16"]
+    new = ["cuda-graphs", "cuda-graphs-gloo2", "cuda-graphs-step", "host-syncs-bf16"]
     assert set(new) <= set(names) and "compile" not in names
     timed = list(gpu_check.timed_checks(ctx))
     assert timed == [
@@ -1009,6 +1031,8 @@ def test_the_fast_path_checks_run_their_flags_and_hand_the_log_to_the_judge(tmp_
         calls[name] = {"flags": flags, "kind": kind, "nproc": nproc, "env": env or ctx.env}
         (tmp_path / "logs").mkdir(exist_ok=True)
         (tmp_path / "logs" / f"{name}.log").write_text(logs.get(name, GRAPHS_LOG))
+        if name == "cuda-graphs-step":
+            return step_run()
         if name.startswith("cuda-graphs"):
             return graphs_run(nproc)
         if name.startswith("host-syncs"):
@@ -1034,6 +1058,7 @@ def test_the_fast_path_checks_run_their_flags_and_hand_the_log_to_the_judge(tmp_
     assert calls["cuda-graphs-gloo2"]["nproc"] == 2
     assert calls["cuda-graphs-gloo2"]["kind"] == "compile-pair"
     assert calls["cuda-graphs"]["nproc"] == 1 and "--cuda-graphs" in calls["cuda-graphs"]["flags"]
+    assert calls["cuda-graphs-step"]["flags"][-4:-2] == ["--cuda-graphs", "step"]
     assert "--sync-debug" in calls["host-syncs-fp16"]["flags"]
     assert {calls[n]["kind"] for n in gpu_check.SPEED} == {"speed"}
     assert "--cuda-graphs" not in calls["speed-bf16-lb64-graphs"]["flags"]  # the default

@@ -292,6 +292,22 @@ def test_cuda_graphs_need_a_cuda_study_that_compiles():
     refused(cfg, "config key 'train.cuda_graphs'", "sometimes")
 
 
+def test_a_whole_step_cuda_graph_needs_a_gpu_study_whose_runs_fit_one_graph():
+    cfg = minimal()
+    cfg["hardware"]["device"] = "cpu"
+    cfg["train"] = {"cuda_graphs": "step"}
+    refused(cfg, "config key 'train.cuda_graphs'", "hardware.device cuda (is 'cpu')")
+    cfg["hardware"]["device"] = "cuda"
+    assert load_and_validate(cfg)["train"]["cuda_graphs"] == "step"
+    # every run must fit: a precision family with fp16 does not (its GradScaler)
+    cfg["families"]["precision"] = {"enabled": True, "precisions": ["bf16", "fp16"]}
+    refused(cfg, "config key 'train.cuda_graphs'", "precision fp16", "use auto")
+    cfg["families"]["precision"]["precisions"] = ["bf16", "tf32"]
+    load_and_validate(cfg)
+    cfg["train"]["accum_steps"] = 2
+    refused(cfg, "config key 'train.cuda_graphs'", "accum_steps 2")
+
+
 def test_compile_is_auto_true_or_false():
     assert load_and_validate(minimal())["train"]["compile"] == "auto"  # the default
     cfg = minimal()

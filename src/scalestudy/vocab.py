@@ -47,3 +47,6 @@ SCHEDULES = ("onecycle", "cosine")  # LR schedule after warm-up
 # a switch whose default depends on the device (trainer flags --compile, --channels-last):
 # auto = the fast choice where it is safe (trainer/compiling.py, trainer/numerics.py say where)
 SWITCHES = ("auto", "on", "off")
+# --cuda-graphs: the switches plus step, the whole training step as one CUDA graph (on: the
+# compiled pieces' graphs, torch.compile mode reduce-overhead; trainer/compiling.py)
+CUDA_GRAPHS = (*SWITCHES, "step")

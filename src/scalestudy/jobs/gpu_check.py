@@ -376,11 +376,12 @@ def check_compile(ctx: Context, strategy: str) -> Check:
     return report.judge_compile(strategy, run, log_text(ctx, name))
 
 
-CUDA_GRAPHS = {"cuda-graphs": 1, "cuda-graphs-gloo2": 2}  # check -> ranks sharing the GPU
+# check -> ranks sharing the GPU; cuda-graphs-step: the whole step as one graph (step_graph.py)
+CUDA_GRAPHS = {"cuda-graphs": 1, "cuda-graphs-gloo2": 2, "cuda-graphs-step": 1}
 
 
-def cuda_graphs_flags(ctx: Context, ranks: int) -> list[str]:
-    flags = [*with_compile(ctx.small, "on"), "--cuda-graphs", "on", "--precision", "bf16"]
+def cuda_graphs_flags(ctx: Context, ranks: int, mode: str = "on") -> list[str]:
+    flags = [*with_compile(ctx.small, "on"), "--cuda-graphs", mode, "--precision", "bf16"]
     if ranks == 2:  # two ranks on one GPU: NCCL refuses them, gloo stages through the host
         flags += ["--strategy", "ddp", "--backend", "gloo"]
     return flags
@@ -389,7 +390,7 @@ def cuda_graphs_flags(ctx: Context, ranks: int) -> list[str]:
 def check_cuda_graphs(ctx: Context, name: str) -> Check:
     ranks = CUDA_GRAPHS[name]
     kind = "compile-pair" if ranks == 2 else "compile"
-    flags = cuda_graphs_flags(ctx, ranks)
+    flags = cuda_graphs_flags(ctx, ranks, "step" if name == "cuda-graphs-step" else "on")
     run = trainer(ctx, name, flags, kind, nproc=ranks, env=recompiles_env(ctx))
     return report.judge_cuda_graphs(name, ranks, run, log_text(ctx, name))
 
@@ -719,6 +720,7 @@ def shared_gpu_checks(ctx: Context) -> dict[str, Callable[[], Check]]:
     for strategy in sorted(vocab.STRATEGIES, key=lambda s: s != "fsdp"):
         checks[f"compile-{strategy}"] = functools.partial(check_compile, ctx, strategy)
     checks["cuda-graphs"] = functools.partial(check_cuda_graphs, ctx, "cuda-graphs")
+    checks["cuda-graphs-step"] = functools.partial(check_cuda_graphs, ctx, "cuda-graphs-step")
     for precision in ("bf16", "fp16"):
         checks[f"host-syncs-{precision}"] = functools.partial(check_host_syncs, ctx, precision)
     checks |= {

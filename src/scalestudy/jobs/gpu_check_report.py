@@ -203,6 +203,7 @@ def fast_path_numbers(m: dict) -> dict[str, Any]:
     return {
         "compiled": m.get("compiled"),
         "cuda_graphs_used": m.get("cuda_graphs_used"),
+        "cuda_graphs_mode": m.get("cuda_graphs_mode"),
         "compile_graphs": m.get("compile_graphs"),
         "compile_graphs_in_window": m.get("compile_graphs_in_window"),
     }
@@ -422,13 +423,22 @@ def window_recompile_problems(step: int | None, after: list[str], problems: list
 
 
 def judge_cuda_graphs(name: str, ranks: int, run: RunResult, log: str) -> Check:
-    """--cuda-graphs (torch.compile mode reduce-overhead), bf16: one NCCL rank, or two DDP ranks
-    sharing the GPU over gloo (ranks 2): the graphs were used, nothing recompiled, it learned."""
+    """--cuda-graphs on (torch.compile mode reduce-overhead), bf16: one NCCL rank, or two DDP
+    ranks sharing the GPU over gloo (ranks 2); cuda-graphs-step: --cuda-graphs step, the whole
+    step one graph (step_graph.py), one NCCL rank: the graphs were used, nothing recompiled
+    inside the window, it learned."""
+    step = name == "cuda-graphs-step"
+    mode = "step" if step else "compiled"
     criterion = (
-        "exit 0 on cuda under --cuda-graphs on, bf16, TORCH_LOGS=recompiles; metrics.json "
-        "compiled and cuda_graphs_used true, cuda_graph_skips 0 (a skip: inductor ran a graph "
-        "without a CUDA graph) and compile_graphs_in_window 0; no recompilation after the window "
-        "opens; finite losses; "
+        f"exit 0 on cuda under --cuda-graphs {'step' if step else 'on'}, bf16, "
+        f"TORCH_LOGS=recompiles; metrics.json compiled, cuda_graphs_mode {mode!r}, "
+        + (
+            "phase_frac_forward null (one replay: no per-phase time) "
+            if step
+            else "cuda_graph_skips 0 (a skip: inductor ran a graph without a CUDA graph) "
+        )
+        + "and compile_graphs_in_window 0; no recompilation after the window opens; finite "
+        "losses; "
     )
     if ranks == 2:
         criterion += (
@@ -439,13 +449,17 @@ def judge_cuda_graphs(name: str, ranks: int, run: RunResult, log: str) -> Check:
     else:
         criterion += f"best val acc >= {LEARNED_ACC} and the train loss fell"
     problems = failure_problems(run, log)
-    step, _, after = recompiles_after_marker(log)
+    at, _, after = recompiles_after_marker(log)
     numbers: dict[str, Any] = {"recompiles_in_window": len(after)}
     if not problems:
         m = run.metrics or {}
         _expect(m, "cuda_graphs_used", True, problems)
+        _expect(m, "cuda_graphs_mode", mode, problems)
         problems += compiled_problems(m)
-        problems += cudagraph_skip_problems(m, log)
+        if step:
+            _expect(m, "phase_frac_forward", None, problems)
+        else:
+            problems += cudagraph_skip_problems(m, log)
         if ranks == 2:
             _expect(m, "strategy", "ddp", problems)
             numbers["param_checksums"] = two_rank_problems(m, "gloo", run, problems)
@@ -457,7 +471,7 @@ def judge_cuda_graphs(name: str, ranks: int, run: RunResult, log: str) -> Check:
         if ranks == 2:
             numbers |= {k: learned[k] for k in ("train_loss_first", "train_loss_last")}
         numbers |= {k: learned[k] for k in ("best_val_acc", "throughput_img_s")}
-    problems += window_recompile_problems(step, after, problems)
+    problems += window_recompile_problems(at, after, problems)
     return verdict(name, criterion, numbers, problems, [run])
 
 
@@ -856,7 +870,8 @@ def cannot_prove(device_count: int) -> list[str]:
     if device_count < 2:
         items.append(
             "CUDA graphs (and torch.compile) with DDP over NCCL between GPUs, the trainer's "
-            "default on CUDA: cuda-graphs trains a single rank, whose NCCL all-reduce has no "
+            "default on CUDA (the whole step one graph, NCCL's all-reduces inside it): "
+            "cuda-graphs and cuda-graphs-step train a single rank, whose NCCL all-reduce has no "
             "peer, and cuda-graphs-gloo2 two ranks sharing one GPU over gloo, whose all-reduce is "
             "staged through the host; nccl2-ddp, which runs it between two GPUs, was skipped"
         )

@@ -29,8 +29,9 @@ from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import ValidationError
 
 from scalestudy import vocab
-from scalestudy.errors import StudyConfigError
+from scalestudy.errors import StudyConfigError, TrainConfigError
 from scalestudy.study.profiling import config_problems
+from scalestudy.trainer.config import TrainConfig
 
 SCHEMA_RELPATH = Path("workflow") / "schemas" / "config.schema.yaml"
 
@@ -210,6 +211,35 @@ def _train_size(config: dict) -> tuple[int, str]:
     return size, source
 
 
+def step_graph_problems(config: dict) -> list[str]:
+    """train.cuda_graphs step: a GPU study whose every run's step fits one CUDA graph (the
+    trainer's own rule, TrainConfig.step_graph_misfit, asked for each precision the study runs)."""
+    hw, train, families = config["hardware"], config["train"], config["families"]
+    if hw["device"] != "cuda":
+        why = f"hardware.device cuda (is {hw['device']!r})"
+        return [_bad("train.cuda_graphs", "step", f"the whole-step CUDA graph needs {why}")]
+    precisions = [train["precision"]]
+    if families["precision"]["enabled"]:
+        precisions += families["precision"]["precisions"]
+    problems = []
+    for precision in dict.fromkeys(precisions):
+        flags = {k: train[k] for k in ("strategy", "comm_hook", "accum_steps")}
+        try:
+            misfit = TrainConfig(**flags, precision=precision).step_graph_misfit()
+        except TrainConfigError:
+            continue  # a combination the trainer refuses anyway: the run checks name it
+        if misfit:
+            problems.append(
+                _bad(
+                    "train.cuda_graphs",
+                    "step",
+                    f"a run with {misfit} cannot be one graph; "
+                    "use auto (it picks torch.compile's graphs there) or true",
+                )
+            )
+    return problems
+
+
 def semantic_problems(config: dict) -> list[str]:
     """What the schema cannot check. Disabled families are not checked (they are ignored)."""
     problems: list[str] = []
@@ -251,6 +281,9 @@ def semantic_problems(config: dict) -> list[str]:
                 f"(is {train['compile']!r})",
             )
         )
+
+    if train["cuda_graphs"] == "step":
+        problems += step_graph_problems(config)
 
     def check_batch(path: str, world_size: int, local_batch: int) -> None:
         global_batch = world_size * local_batch * accum

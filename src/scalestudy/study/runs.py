@@ -112,8 +112,8 @@ _NUMBER_COLUMNS = frozenset(
 )
 _OPTIONAL_COLUMNS = frozenset({"target_acc"})  # empty cell = null
 # the study config's compile and cuda_graphs (auto, true, false: YAML reads on/off as booleans
-# too) -> the trainer's switches --compile/--cuda-graphs auto|on|off, the run table's values
-_SWITCH = {"auto": "auto", True: "on", False: "off"}
+# too; cuda_graphs also step) -> the trainer's --compile/--cuda-graphs values, the run table's
+_SWITCH = {"auto": "auto", True: "on", False: "off", "step": "step"}
 
 
 def run_id(

@@ -11,18 +11,29 @@
   compile new graphs). What the counters say after the loop goes to metrics.json:
   `compile_graphs` (graphs dynamo compiled) and `compile_graphs_in_window` (compiled after the
   steady-state window opened: recompilations inside the measurement, 0 when the fast path holds).
-- `--cuda-graphs auto` (the default): torch.compile's "reduce-overhead" mode, which records each
-  compiled graph as a CUDA graph and replays it: one launch instead of hundreds. On the H200
-  node the compiled bf16 step at local batch 512 was host-bound (12.1 ms of host time per step
-  for 6.3 ms of kernels): with CUDA graphs it ran at the GPU's pace, 76k instead of 39k img/s
-  (docs/benchmarks.md). auto turns them on where they are proven (`cuda_graphs_on`): a compiled
-  CUDA run with ddp or allreduce, no DDP comm hook and no gradient accumulation. DDP's
-  all-reduces stay outside the graphs (dynamo's DDP optimizer cuts the graph at the buckets and
-  the reducer runs between the replays); a rank that diverged would fail the run's final
-  parameter checksum, a hung one the process-group timeout. Off under FSDP2 (its hooks between
-  the graphs are unproven), with a comm hook (PowerSGD keeps state between steps) and with
-  accumulation (several forwards per step). Where inductor cannot use a graph it runs the code
-  without one and says why; `cuda_graph_skips` counts those.
+- CUDA graphs, two kinds (`graphs_mode`):
+  - `--cuda-graphs on` ("compiled"): torch.compile's "reduce-overhead" mode records each
+    compiled graph as a CUDA graph and replays it: one launch instead of hundreds. On the H200
+    node the compiled bf16 step at local batch 512 was host-bound (12.1 ms of host time per step
+    for 6.3 ms of kernels): with these graphs it ran at the GPU's pace, 76k instead of 39k img/s.
+    DDP's all-reduces stay outside (dynamo's DDP optimizer cuts the graph at the buckets and the
+    reducer runs between the replays), and so do autograd's and the optimizer's host work: at
+    local batch 64 the step stays host-bound (5.8 ms per step, 10.7k img/s on one H100).
+    Where inductor cannot use a graph it runs the code without one; `cuda_graph_skips` counts.
+  - `--cuda-graphs step`: the whole step (forward, backward with DDP's all-reduces, the
+    optimizer) captured once as one CUDA graph and replayed (step_graph.py): on one H100 29.6k
+    img/s at local batch 64 compiled (24.7k eager) and 69.5k at 512, as fast as "compiled"
+    there (docs/benchmarks.md). It needs NCCL, no fp16, no accumulation, no comm hook, no
+    diagnostic delay (TrainConfig.step_graph_misfit; config.py refuses the rest).
+  `--cuda-graphs auto` (the default) picks step where it fits on CUDA with ddp or allreduce
+  (proven on one H100 over one NCCL rank: the trainer's runs and whole_step_graph.py's check,
+  equal parameters to the eager steps'), else the compiled graphs where the run compiles on CUDA
+  with ddp or allreduce, no comm hook and no accumulation, else none. Across GPUs the graph
+  holds NCCL's all-reduces, which torch documents for DDP (NCCL >= 2.9.6) but which no run of
+  ours has yet proven (gpu-check's nccl2-ddp on a 2-GPU node does); a rank that diverged would
+  fail the run's final parameter checksum, a hung one the process-group timeout. Off under
+  FSDP2 (its hooks between the graphs are unproven), with a comm hook (PowerSGD keeps state
+  between steps) and with accumulation (several forwards per step).
 The counters are dynamo's (torch._dynamo.utils.counters): read defensively, null when absent.
 """
 
@@ -30,6 +41,8 @@ from __future__ import annotations
 
 import torch
 
+from scalestudy.errors import TrainingError
+from scalestudy.trainer import step_graph
 from scalestudy.trainer.config import TrainConfig
 
 
@@ -38,27 +51,52 @@ def compile_on(cfg: TrainConfig, device: torch.device) -> bool:
     return cfg.compile == "on" or (cfg.compile == "auto" and device.type == "cuda")
 
 
-def cuda_graphs_on(cfg: TrainConfig, device: torch.device) -> bool:
-    """Whether this run records CUDA graphs (--cuda-graphs auto: module docstring)."""
-    if cfg.cuda_graphs == "on":
-        return True
-    return (
-        cfg.cuda_graphs == "auto"
-        and compile_on(cfg, device)
-        and device.type == "cuda"
+# auto picks the whole-step graph where it fits (TrainConfig.step_graph_misfit, step_graph.py)
+AUTO_STEP = True
+
+
+def graphs_mode(cfg: TrainConfig, device: torch.device, total_steps: int | None = None) -> str:
+    """The CUDA graphs this run records: "step" (the whole step, step_graph.py), "compiled"
+    (torch.compile's reduce-overhead graphs) or "off" (--cuda-graphs auto: module docstring).
+    `total_steps`, when known: a run too short for the whole-step graph's warm-up and capture
+    and a window after them (step_graph.STEPS_BEFORE_WINDOW) gets, under auto, what it would
+    without it; asked for explicitly, it is an error."""
+    explicit = {"on": "compiled", "off": "off", "step": "step"}
+    short = total_steps is not None and total_steps <= step_graph.STEPS_BEFORE_WINDOW
+    if cfg.cuda_graphs == "step" and short:
+        raise TrainingError(
+            f"--cuda-graphs step: {total_steps} optimizer steps leave no steady-state window "
+            f"after its {step_graph.WARM_STEPS} eager steps and the capture: raise --epochs or "
+            "use more data, or use --cuda-graphs auto"
+        )
+    if cfg.cuda_graphs in explicit:
+        return explicit[cfg.cuda_graphs]
+    if not (
+        device.type == "cuda"
         and cfg.strategy in ("ddp", "allreduce")
         and cfg.comm_hook == "none"
         and cfg.accum_steps == 1
-    )
+    ):
+        return "off"
+    if AUTO_STEP and cfg.step_graph_misfit() is None and not short:
+        return "step"
+    return "compiled" if compile_on(cfg, device) else "off"
+
+
+def cuda_graphs_on(cfg: TrainConfig, device: torch.device) -> bool:
+    """Whether this run records CUDA graphs of either kind (metrics.json: cuda_graphs_used)."""
+    return graphs_mode(cfg, device) != "off"
 
 
 def compile_model(
     model: torch.nn.Module, cfg: TrainConfig, device: torch.device, cuda_graphs: bool
 ) -> torch.nn.Module:
-    """The compiled model: one static-shape graph; CUDA graphs when asked. On a CPU inductor
-    must keep NCHW: its layout optimisation turns convolutions NHWC, and torch's CPU convolution
-    backward crashes in NHWC (a 1x1 stride-2 convolution, ResNet's downsample: SIGSEGV, or a
-    hang inside the compiled backward; torch 2.14.1, x86; numerics.py refuses NHWC on CPU)."""
+    """The compiled model: one static-shape graph; torch.compile's CUDA graphs when asked
+    (`cuda_graphs`: graphs_mode "compiled"; under "step" the step's own graph holds the compiled
+    code). On a CPU inductor must keep NCHW: its layout optimisation turns convolutions NHWC,
+    and torch's CPU convolution backward crashes in NHWC (a 1x1 stride-2 convolution, ResNet's
+    downsample: SIGSEGV, or a hang inside the compiled backward; torch 2.14.1, x86; numerics.py
+    refuses NHWC on CPU)."""
     if device.type == "cpu":
         import torch._inductor.config as inductor_config
 
@@ -86,9 +124,10 @@ def graphs() -> int | None:
     return counter("stats", "unique_graphs")
 
 
-def in_effect(compiled: bool, cuda_graphs: bool, at_window: int | None, at_end: int | None) -> dict:
-    """metrics.json's record of the fast path (module docstring): `at_window`/`at_end` are
-    graphs() when the steady-state window opened and when the training loop ended."""
+def in_effect(compiled: bool, mode: str, at_window: int | None, at_end: int | None) -> dict:
+    """metrics.json's record of the fast path (module docstring): `mode` is graphs_mode's,
+    `at_window`/`at_end` are graphs() when the steady-state window opened and when the training
+    loop ended."""
     in_window = None
     if compiled and at_window is not None and at_end is not None:
         in_window = at_end - at_window
@@ -96,6 +135,7 @@ def in_effect(compiled: bool, cuda_graphs: bool, at_window: int | None, at_end: 
         "compiled": compiled,
         "compile_graphs": at_end if compiled else None,
         "compile_graphs_in_window": in_window,
-        "cuda_graphs_used": cuda_graphs,
-        "cuda_graph_skips": counter("inductor", "cudagraph_skips") if cuda_graphs else None,
+        "cuda_graphs_used": mode != "off",
+        "cuda_graphs_mode": mode,
+        "cuda_graph_skips": counter("inductor", "cudagraph_skips") if mode == "compiled" else None,
     }

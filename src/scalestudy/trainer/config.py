@@ -60,9 +60,10 @@ class TrainConfig:
     )
     cuda_graphs: str = _f(
         "auto",
-        "CUDA graphs: torch.compile mode reduce-overhead (auto = on where it is proven: compiled "
-        "on CUDA, ddp or allreduce, no comm hook, no gradient accumulation)",
-        vocab.SWITCHES,
+        "CUDA graphs: step = the whole training step as one graph (NCCL, not fp16), on = "
+        "torch.compile mode reduce-overhead, auto = step where it fits on CUDA (ddp or allreduce, "
+        "no comm hook, no gradient accumulation), else on when compiled",
+        vocab.CUDA_GRAPHS,
     )
     channels_last: str = _f("auto", "NHWC memory format (auto = on for CUDA)", vocab.SWITCHES)
     # parallelism
@@ -178,10 +179,32 @@ class TrainConfig:
                 "--cuda-graphs records torch.compile's graphs: it needs --compile auto or on, "
                 "not off"
             )
+        if self.cuda_graphs == "step" and (why := self.step_graph_misfit()):
+            raise TrainConfigError(
+                f"--cuda-graphs step records the whole step as one CUDA graph: not with {why}; "
+                "use --cuda-graphs on or auto"
+            )
         if self.profile_steps is not None:
             self.profile_window()  # raises on a malformed window
         if self.diag_slow_rank is not None:
             self.slow_rank()  # raises on a malformed R:MS
+
+    def step_graph_misfit(self) -> str | None:
+        """None when the whole training step can be one CUDA graph (--cuda-graphs step,
+        step_graph.py), else why not: --cuda-graphs step is refused and auto does not pick it."""
+        if self.strategy not in ("ddp", "allreduce"):
+            return f"strategy {self.strategy} (FSDP2's hooks run Python between the layers)"
+        if self.precision == "fp16":
+            return "precision fp16 (the GradScaler's skipped steps are unproven in a graph)"
+        if self.accum_steps != 1:
+            return f"accum_steps {self.accum_steps} (several forwards per optimizer step)"
+        if self.comm_hook != "none":
+            return f"comm_hook {self.comm_hook} (the hook keeps Python state between steps)"
+        if self.backend == "gloo":
+            return "backend gloo (its all-reduce runs on the CPU, outside any CUDA graph)"
+        if self.diag_slow_rank or self.diag_data_delay_ms:
+            return "a diagnostic delay (a sleep on the host, not in a graph)"
+        return None
 
     def profile_window(self) -> tuple[int, int] | None:
         """--profile-steps A:B -> (A, B), the half-open range of optimizer steps profiled."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ from scalestudy.trainer.parallel import (
 from scalestudy.trainer.recipe import Recipe, build_recipe
 from scalestudy.trainer.scalars import Scalars
 from scalestudy.trainer.state import Checkpointing, RunState, Trainables, rng_generators
+from scalestudy.trainer.step_graph import StepGraph
 
 logger = log.get(__name__)
 
@@ -64,7 +66,7 @@ def train(
     it). Raises Preempted after a stop signal's checkpoint."""
     started_at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     run = build(cfg, denv, device)
-    meter = Meter(cfg, device, denv.rank)
+    meter = Meter(cfg, device, denv.rank, run.graphs)
     profiler = Profiler(cfg, device, denv.rank)
     # fault tolerance: resume from the newest valid checkpoint (a fresh start without one)
     checkpointing = Checkpointing(cfg, denv.rank, denv.world_size, device, stop, run.trainables())
@@ -82,8 +84,7 @@ def train_epochs(
     run: Run, state: RunState, meter: Meter, profiler: Profiler, checkpointing: Checkpointing
 ) -> None:
     """The epochs from state.epoch on; each ends with evaluation and a checkpoint decision."""
-    cfg, model, device = run.cfg, run.model, run.device
-    optimizer, scheduler, scaler = run.recipe.optimizer, run.recipe.scheduler, run.recipe.scaler
+    cfg, model, device, scheduler = run.cfg, run.model, run.device, run.recipe.scheduler
     for epoch in range(state.epoch, cfg.epochs):
         run.set_epoch(epoch)
         model.train()
@@ -103,28 +104,12 @@ def train_epochs(
                 with meter.phase("data"):
                     x, y = run.place(*next(batches))
                     meter.diag_delay("data")  # --diag-data-delay-ms (off by default)
-                # accumulate locally; the last micro-batch of the group synchronises gradients
-                with run.no_sync() if j < group - 1 else contextlib.nullcontext():
-                    with meter.phase("forward"), run.autocast():
-                        logits = model(x)
-                        loss = F.cross_entropy(logits, y, label_smoothing=cfg.label_smoothing)
-                        meter.diag_delay("forward")  # --diag-slow-rank (off by default)
-                    with meter.phase("backward"):
-                        scaler.scale(loss / group).backward()
-                loss_sum += loss.detach().double() * y.numel()
-                correct += (logits.detach().argmax(1) == y).sum()
+                # train_step, or its replay as one CUDA graph (--cuda-graphs step)
+                loss, right = run.step(meter, x, y, group=group, last=j == group - 1)
+                loss_sum += loss.double() * y.numel()
+                correct += right
                 seen += y.numel()
-            if cfg.strategy == "allreduce":
-                with meter.phase("communication"):
-                    allreduce_gradients(model, run.world_size)
-            with meter.phase("optimizer"):
-                if cfg.clip_grad:
-                    scaler.unscale_(optimizer)
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad)
-                scaler.step(optimizer)
-                scaler.update()
-                optimizer.zero_grad(set_to_none=True)
-                scheduler.step()
+            scheduler.step()  # on the host, outside any graph: the graph reads the new LR
             meter.step_end()
             profiler.after_step(state.step)
             done += group
@@ -133,6 +118,38 @@ def train_epochs(
         end_of_epoch(run, state, epoch, (loss_sum, correct, seen), epoch_time)
         state.epoch = epoch + 1
         checkpointing.after_epoch(state, meter)  # every N epochs, and on SIGTERM/SIGUSR1
+
+
+def train_step(
+    run: Run, meter, x: torch.Tensor, y: torch.Tensor, group: int = 1, last: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One micro-batch: forward and backward; the group's last one also synchronises the
+    gradients (DDP does it in backward) and steps the optimizer. Returns the loss and the count
+    of correct predictions, on the device (no host sync). Under --cuda-graphs step this is the
+    function captured (meter then times nothing: step_graph.NullMeter)."""
+    cfg, model = run.cfg, run.model
+    optimizer, scaler = run.recipe.optimizer, run.recipe.scaler
+    # accumulate locally; the last micro-batch of the group synchronises gradients
+    with contextlib.nullcontext() if last else run.no_sync():
+        with meter.phase("forward"), run.autocast():
+            logits = model(x)
+            loss = F.cross_entropy(logits, y, label_smoothing=cfg.label_smoothing)
+            meter.diag_delay("forward")  # --diag-slow-rank (off by default)
+        with meter.phase("backward"):
+            scaler.scale(loss / group).backward()
+    if last:
+        if cfg.strategy == "allreduce":
+            with meter.phase("communication"):
+                allreduce_gradients(model, run.world_size)
+        with meter.phase("optimizer"):
+            if cfg.clip_grad:
+                scaler.unscale_(optimizer)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad)
+            scaler.step(optimizer)
+            scaler.update()
+            # a captured step keeps its gradients' memory (the graph writes there): zeroed
+            optimizer.zero_grad(set_to_none=run.graphs != "step")
+    return loss.detach(), (logits.detach().argmax(1) == y).sum()
 
 
 def end_of_epoch(run: Run, state: RunState, epoch: int, sums: tuple, epoch_time: float) -> None:
@@ -314,7 +331,8 @@ class Run:
     steps_per_epoch: int  # optimizer steps per epoch
     model: torch.nn.Module  # wrapped for the strategy (and compiled under --compile)
     eval_model: torch.nn.Module  # the same weights, never compiled
-    cuda_graphs: bool  # the compiled graphs replay as CUDA graphs (compiling.cuda_graphs_on)
+    graphs: str  # CUDA graphs: "step", "compiled" or "off" (compiling.graphs_mode)
+    step: Callable  # step(meter, x, y, group, last): train_step, or its CUDA graph (step_graph.py)
     flops_per_img: int  # FLOPs of one training image, forward + backward (models.py)
     no_sync: Callable  # no_sync(): a context without gradient synchronisation
     recipe: Recipe
@@ -335,7 +353,7 @@ class Run:
 
     def begin_step(self) -> None:
         """A training step begins: CUDA graph trees may reuse the previous step's memory."""
-        if self.cuda_graphs:
+        if self.graphs == "compiled":
             compiling.mark_step()
 
     def autocast(self) -> torch.autocast:
@@ -407,14 +425,17 @@ def build(cfg: TrainConfig, denv: sdist.DistEnv, device: torch.device) -> Run:
     ).to(device)
     if numerics.channels_last_weights:
         model = model.to(memory_format=torch.channels_last)
-    model, no_sync = wrap_model(model, cfg, device)
+    graphs = compiling.graphs_mode(cfg, device, total_steps)  # --cuda-graphs auto: compiling.py
+    side = torch.cuda.Stream(device) if graphs == "step" else None
+    # a step captured with DDP's all-reduces needs DDP built on the capture's side stream
+    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+        model, no_sync = wrap_model(model, cfg, device)
     eval_model = model
-    cuda_graphs = compiling.cuda_graphs_on(cfg, device)  # --cuda-graphs auto: compiling.py
     if compiling.compile_on(cfg, device):  # --compile auto: on CUDA (compiling.py)
-        model = compiling.compile_model(model, cfg, device, cuda_graphs)
+        model = compiling.compile_model(model, cfg, device, graphs == "compiled")
     # SGD Nesterov, label smoothing, linear LR scaling with warm-up (recipe.py, config.py)
     recipe = build_recipe(model, cfg, device, global_batch, steps_per_epoch, total_steps)
-    return Run(
+    run = Run(
         cfg=cfg,
         device=device,
         rank=rank,
@@ -429,7 +450,8 @@ def build(cfg: TrainConfig, denv: sdist.DistEnv, device: torch.device) -> Run:
         steps_per_epoch=steps_per_epoch,
         model=model,
         eval_model=eval_model,
-        cuda_graphs=cuda_graphs,
+        graphs=graphs,
+        step=None,  # below: it needs the run
         flops_per_img=training_flops_per_image(
             cfg.model,
             num_classes=prepared.meta["num_classes"],
@@ -440,6 +462,10 @@ def build(cfg: TrainConfig, denv: sdist.DistEnv, device: torch.device) -> Run:
         recipe=recipe,
         scalars=Scalars(cfg, rank),
     )
+    run.step = functools.partial(train_step, run)
+    if graphs == "step":  # the whole step as one CUDA graph (step_graph.py)
+        run.step = StepGraph(run.step, recipe.optimizer, device, side=side)
+    return run
 
 
 def _limit(x: torch.Tensor, y: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:

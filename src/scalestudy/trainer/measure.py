@@ -27,7 +27,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from scalestudy import files, hardware, log
-from scalestudy.trainer import compiling, progress
+from scalestudy.trainer import compiling, progress, step_graph
 from scalestudy.trainer import dist as sdist
 from scalestudy.trainer.config import TrainConfig
 from scalestudy.trainer.parallel import allreduce_gradients
@@ -54,8 +54,13 @@ class Meter:
     training time goes to train_seconds (train.py defines every number).
     """
 
-    def __init__(self, cfg: TrainConfig, device: torch.device, rank: int) -> None:
+    def __init__(
+        self, cfg: TrainConfig, device: torch.device, rank: int, graphs: str = "off"
+    ) -> None:
+        self.graphs = graphs  # the run's CUDA graphs (loop.Run.graphs: compiling.graphs_mode)
         self.device, self.warmup_steps = device, cfg.warmup_steps
+        if self.graphs == "step":  # the window opens on replays of the captured step
+            self.warmup_steps = max(cfg.warmup_steps, step_graph.STEPS_BEFORE_WINDOW)
         self.timer = StepTimer(device)
         cuda = device.type == "cuda"
         self.nvml = NvmlSampler(device, out=Path(cfg.out), rank=rank) if cuda else None
@@ -146,7 +151,9 @@ class Meter:
         for st in self.timer.collect():
             if st["in_window"]:
                 state.window_step_times.append(st["total"])
-                state.window_busy_times.append(sum(st.get(p, 0.0) for p in self.busy_phases))
+                if self.graphs != "step":  # a replay has no phases to sum (step_graph.py)
+                    busy = sum(st.get(p, 0.0) for p in self.busy_phases)
+                    state.window_busy_times.append(busy)
                 state.window_data_times.append(st.get("data", 0.0))
                 for name in PHASES:
                     seconds = state.window_phase_seconds.get(name, 0.0) + st.get(name, 0.0)
@@ -210,6 +217,8 @@ class Meter:
             "data_time_frac": state.window_phase_seconds.get("data", 0.0) / sum(step_times),
             **{
                 f"phase_frac_{name}": state.window_phase_seconds.get(name, 0.0) / sum(step_times)
+                if name in self.timed_phases
+                else None
                 for name in PHASES
             },
             "phase_time_source": "cuda_events" if device.type == "cuda" else "host_clock",
@@ -223,12 +232,18 @@ class Meter:
             "device_names": sorted({name for _, name in places}),
             **compiling.in_effect(
                 self.compiled,
-                compiling.cuda_graphs_on(self.cfg, device),
+                self.graphs,
                 self.graphs_at_window,
                 self.graphs_at_end,
             ),
             "host_syncs_in_window": self.syncs.count if self.syncs else None,
         }
+
+    @property
+    def timed_phases(self) -> tuple[str, ...]:
+        """The phases this run's steps time: all, or under --cuda-graphs step the data phase
+        only (the rest is one graph replay)."""
+        return ("data",) if self.graphs == "step" else PHASES
 
     def reduce_ranks(self, state: RunState, world_size: int) -> dict:
         """Each rank's median window step, busy and data time in ms, in rank order (every rank

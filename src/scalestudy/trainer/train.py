@@ -34,7 +34,9 @@ How the numbers are measured (the analysis relies on these definitions):
 - phase_frac_{data,forward,backward,communication,optimizer}: each phase's share of rank 0's
   window step time; phase_time_source says the clock: "cuda_events" on GPU (GPU time between
   events recorded on the stream at the phase's edges, never host enqueue time) or "host_clock"
-  (perf_counter, CPU runs). What is left to 1 is time between the phases.
+  (perf_counter, CPU runs). What is left to 1 is time between the phases. Under
+  cuda_graphs_mode "step" the forward, backward, communication and optimizer phases are one
+  graph replay: their fractions are null (never 0) and only data is timed per step.
 - step_time_ms_p50_by_rank, busy_time_ms_p50_by_rank, data_time_ms_p50_by_rank: lists in rank
   order, each rank's median over its window steps (gathered to rank 0 at the end) of its whole
   step time, its busy time and its data-phase time. In synchronous data parallelism the slowest
@@ -43,7 +45,9 @@ How the numbers are measured (the analysis relies on these definitions):
   that waits for the others: the phases named in busy_phases, per strategy (measure.BUSY_PHASES:
   ddp "data+forward", fsdp "data", allreduce "data+forward+backward"). Its spread over ranks is
   the imbalance of the efficiency-loss waterfall (analyze.py); a cause later in the step (a rank
-  slow in DDP's backward) stays in the waterfall's residual.
+  slow in DDP's backward) stays in the waterfall's residual. Null under cuda_graphs_mode
+  "step" (the busy phases are inside the replay): the waterfall then leaves imbalance
+  unmeasured.
 - diag_slow_rank, diag_data_delay_ms: diagnostic flags, off (null, 0) in every measurement;
   recorded so a run with an injected cause is never mistaken for one without. --diag-slow-rank
   R:MS: rank R sleeps MS ms (host sleep) at the end of the forward phase of every training
@@ -75,9 +79,11 @@ How the numbers are measured (the analysis relies on these definitions):
   dynamo compiled in this process by the end of the training loop; compile_graphs_in_window:
   those compiled after the steady-state window opened (recompilations inside the measurement:
   0 when the fast path holds; the last segment's count after a resume). Null when not
-  compiled. cuda_graphs_used: the compiled graphs replayed as CUDA graphs (--cuda-graphs in
-  effect; auto: compiling.cuda_graphs_on); cuda_graph_skips: inductor's graphs that could not
-  run as CUDA graphs (null without them).
+  compiled. cuda_graphs_mode: the CUDA graphs in effect (--cuda-graphs; auto resolved by
+  compiling.graphs_mode): "step" (the whole step one graph, step_graph.py; the window then
+  opens no earlier than step 12, after the 11 eager steps and the capture), "compiled"
+  (torch.compile's graphs) or "off"; cuda_graphs_used: not "off"; cuda_graph_skips:
+  inductor's graphs that could not run as CUDA graphs (null unless "compiled").
 - host_syncs_in_window: --sync-debug only (CUDA): the host synchronisations CUDA operations made
   inside the window's training steps on rank 0 (0 is the fast path); null otherwise.
 - peak_mem_mb: CUDA max_memory_allocated on GPU, the process's peak RSS on CPU (max over ranks).
@@ -234,8 +240,10 @@ def pick_device(cfg: TrainConfig, denv: sdist.DistEnv) -> torch.device:
                 f"--precision {cfg.precision} needs CUDA "
                 f"({vocab.CUDA_ONLY_PRECISIONS[cfg.precision]}; none here): use fp32 or bf16 on CPU"
             )
-        if cfg.cuda_graphs == "on":
-            raise TrainingError("--cuda-graphs on needs CUDA (none here): use auto or off on CPU")
+        if cfg.cuda_graphs in ("on", "step"):
+            raise TrainingError(
+                f"--cuda-graphs {cfg.cuda_graphs} needs CUDA (none here): use auto or off on CPU"
+            )
         return torch.device("cpu")
     count = torch.cuda.device_count()
     index = 0 if count == 1 else denv.local_rank  # from the LOCAL rank, never the global one
