@@ -274,8 +274,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         kind = {"int": int, "float": float}.get(str(f.type).split(" ")[0], str)
         if f.type == "float | None":
             kind = float
-        # a switch alone means on: `--compile` = `--compile on`
-        bare = {"nargs": "?", "const": "on"} if meta.get("choices") == vocab.SWITCHES else {}
+        # a switch alone means on: `--compile` = `--compile on`, `--cuda-graphs` = `... on`
+        switch = meta.get("choices") in (vocab.SWITCHES, vocab.CUDA_GRAPHS)
+        bare = {"nargs": "?", "const": "on"} if switch else {}
         parser.add_argument(
             flag,
             type=kind,

@@ -4,8 +4,9 @@ optimizer step) recorded once as one CUDA graph and replayed every step after.
 Why: torch.compile's CUDA graphs (--cuda-graphs on) replay each compiled piece, but between the
 replays the host still runs autograd, DDP's reducer and the optimizer. At local batch 64 that
 host time is the step's time (4.9 ms per step on one H200, 5.8 ms on one H100: 11-13k img/s);
-captured whole, the host only copies the batch in and replays: 26.4k img/s on one H100, the same
-parameters bit for bit as the eager steps (benchmarks/whole_step_graph.py, docs/benchmarks.md).
+captured whole, the host only copies the batch in and replays: 26.4k img/s on one H100 with eager
+kernels, the same parameters bit for bit as the eager steps (benchmarks/whole_step_graph.py), and
+29.6k in the trainer with compiled ones (docs/benchmarks.md).
 
 How (torch's CUDA graphs notes, "Whole-network capture" and "DDP"):
 - the first WARM_STEPS steps run eagerly on a side stream (DDP rebuilds its buckets after its
@@ -21,9 +22,9 @@ float); gradients are zeroed inside the graph, never freed (set_to_none would fr
 the graph writes to).
 What it needs: CUDA, NCCL (gloo's all-reduce runs on the CPU, outside any graph), the same
 shapes every step (the loaders drop the ragged tail), no host synchronisation inside the step
-(fp16's GradScaler reads found_inf; gradient accumulation runs several forwards per step; a
-comm hook keeps Python state): config.py refuses those combinations, compiling.graphs_mode
-says when auto picks this mode.
+(fp16's GradScaler and its skipped steps are unproven in a graph; gradient accumulation runs
+several forwards per step; a comm hook keeps Python state): config.py refuses those
+combinations, compiling.graphs_mode says when auto picks this mode.
 What it changes in the measurement: the phases forward/backward/communication/optimizer are one
 replay, so only the data phase and the step are timed (measure.Meter: their fractions and the
 busy time are null), and the steady-state window opens after the capture (Meter.warmup_steps).
