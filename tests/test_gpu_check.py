@@ -981,6 +981,7 @@ def parsed_flags(flags: list[str]) -> train_config.TrainConfig:
 def test_the_grid_runs_eager_and_the_fast_path_checks_compile():
     assert parsed_flags(gpu_check.SMALL).compile == "off"
     assert parsed_flags(gpu_check.PROFILED).compile == "off"
+    assert parsed_flags(gpu_check.PROFILED).cuda_graphs == "off"  # profiled as proven: no graph
     ctx = gpu_check.Context(work=Path("w"), fixtures=Path("f"), env={}, budget=gpu_check.Budget(0))
     for strategy in vocab.STRATEGIES:
         flags = gpu_check.compile_flags(ctx, strategy)
