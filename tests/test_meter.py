@@ -8,7 +8,7 @@ import warnings
 import pytest
 import torch
 
-from scalestudy.trainer import measure
+from scalestudy.trainer import measure, step_graph
 from scalestudy.trainer.config import TrainConfig
 from scalestudy.trainer.state import RunState
 
@@ -66,3 +66,31 @@ def test_sync_counter_counts_every_synchronisation_between_start_and_stop(monkey
     assert counter.count == 4
     assert modes == ["warn", "default"] * 2
     assert "host synchronisation inside a step: " in caplog.text  # where the first one was
+
+
+def test_under_the_whole_step_graph_only_data_is_timed_and_the_window_opens_after_the_capture(
+    tmp_path,
+):
+    """--cuda-graphs step: a replay is one step with no phase inside it, so the window's steps
+    add step and data times but no busy time (null, not a sum of absent phases), and the window
+    opens after the eager steps and the capture whatever --warmup-steps says."""
+    cfg = TrainConfig(out=str(tmp_path), warmup_steps=2)
+    step = measure.Meter(cfg, torch.device("cpu"), rank=0, graphs="step")
+    plain = measure.Meter(cfg, torch.device("cpu"), rank=0)
+    assert step.warmup_steps == step_graph.STEPS_BEFORE_WINDOW and plain.warmup_steps == 2
+    assert step.timed_phases == ("data",) and plain.timed_phases == measure.PHASES
+    for meter in (step, plain):
+        state = RunState()
+        meter.start(state)
+        meter.epoch_start()
+        for i in range(step_graph.STEPS_BEFORE_WINDOW + 3):
+            meter.before_step(i, seen=0)
+            meter.step_start()
+            with meter.phase("data"):
+                pass
+            meter.step_end()
+        meter.epoch_end(state, seen=0)
+        meter.end_loop(state)
+        windowed = 3 if meter is step else step_graph.STEPS_BEFORE_WINDOW + 1
+        assert len(state.window_step_times) == len(state.window_data_times) == windowed
+        assert len(state.window_busy_times) == (0 if meter is step else windowed)

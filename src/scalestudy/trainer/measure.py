@@ -151,7 +151,7 @@ class Meter:
         for st in self.timer.collect():
             if st["in_window"]:
                 state.window_step_times.append(st["total"])
-                if self.graphs != "step":  # a replay has no phases to sum (step_graph.py)
+                if set(self.busy_phases) <= set(self.timed_phases):  # not inside a replay
                     busy = sum(st.get(p, 0.0) for p in self.busy_phases)
                     state.window_busy_times.append(busy)
                 state.window_data_times.append(st.get("data", 0.0))
