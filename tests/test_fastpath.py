@@ -73,6 +73,7 @@ def test_compiled_once_and_never_inside_the_window(runs):
         ({"precision": "fp16", "compile": "off"}, "cuda", "off"),
         ({"backend": "gloo"}, "cuda", "compiled"),  # gloo's all-reduce runs on the CPU
         ({"diag_data_delay_ms": 5.0}, "cuda", "compiled"),  # a host sleep: not in a graph
+        ({"profile_steps": "20:30"}, "cuda", "compiled"),  # a replay records no phase ranges
         ({"strategy": "fsdp"}, "cuda", "off"),  # FSDP2's hooks between graphs: unproven
         ({"comm_hook": "powersgd"}, "cuda", "off"),
         ({"accum_steps": 2}, "cuda", "off"),  # several forwards per step
@@ -97,6 +98,7 @@ def test_cuda_graphs_auto_picks_the_mode_where_it_is_proven(flags, device, mode)
         ({"comm_hook": "powersgd"}, "comm_hook powersgd"),
         ({"backend": "gloo"}, "backend gloo"),
         ({"diag_slow_rank": "1:50"}, "a diagnostic delay"),
+        ({"profile_steps": "20:30"}, "a --profile-steps window"),
     ],
 )
 def test_cuda_graphs_step_refuses_what_a_whole_step_graph_cannot_hold(flags, why):

@@ -30,7 +30,7 @@ from scalestudy.nsight import ncu, nsys, readers, schema, torch_ops
 from scalestudy.nsight.classify import classify
 from scalestudy.study import profiling as study_profiling
 from scalestudy.study.config import StudyConfigError, load_and_validate
-from scalestudy.study.runs import build_run_table
+from scalestudy.study.runs import build_run_table, trainer_args
 
 FIX = Path(__file__).parent / "fixtures" / "nsight"
 REPO = Path(__file__).resolve().parents[1]
@@ -949,6 +949,33 @@ def test_default_selection_is_one_gpu_and_one_node_bf16_fp32():
     flags = study_profiling.window_flags(chosen[2], 20, 10)
     assert flags["--profile-steps"] == "20:30" and flags["--limit-train"] == str(31 * 1024)
     assert flags["--comm-probe-steps"] == "0" and flags["--epochs"] == "1"
+
+
+@pytest.mark.parametrize("cuda_graphs", ["step", "auto"])
+def test_a_profiled_run_never_replays_the_whole_step(cuda_graphs):
+    """A replay of the whole-step graph runs none of the loop's host code, so its profile would
+    hold no phase ranges: the profile job of such a run gets torch.compile's graphs instead."""
+    import torch
+
+    from scalestudy.trainer import compiling
+    from scalestudy.trainer.config import TrainConfig, add_arguments
+
+    cfg = load_and_validate(
+        REPO / "config" / "config.yaml",
+        # fp16 cannot be one graph (its GradScaler): a study asking for step runs without it
+        overrides=[f"train.cuda_graphs={cuda_graphs}", "families.precision.precisions=[bf16,fp32]"],
+    )
+    row = study_profiling.profiled_runs(cfg, build_run_table(cfg))[0]
+    assert row["cuda_graphs"] == cuda_graphs
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    train_cfg = TrainConfig.from_args(parser.parse_args(trainer_args(row)))
+    cuda = torch.device("cuda")
+    assert compiling.graphs_mode(train_cfg, cuda) == "step"  # the timed run
+    flags = study_profiling.profile_flags(row, cfg["profiling"])
+    profiled = TrainConfig.from_args(parser.parse_args(flags))
+    assert profiled.profile_window() == (20, 30)
+    assert compiling.graphs_mode(profiled, cuda) == "compiled"  # the same compiled kernels
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,9 @@
 # their own jobs, under nsys on GPUs (torch.profiler where there is no GPU or no nsys, stated in
 # capture/tool.json and the log); with the container, nsys runs inside it around the trainer
 # (the host's installation bound in). Outputs stay under results/profile/, never results/runs/,
-# so profiling overhead never enters the throughput figures of runs.csv.
+# so profiling overhead never enters the throughput figures of runs.csv. A run that replays its
+# whole step as one CUDA graph is profiled under torch.compile's graphs instead (same kernels):
+# a replay records no phase ranges (study/profiling.py).
 rule profile_capture:
     input:
         unpack(get_prepared_data),

@@ -132,8 +132,8 @@ LB64 = [
 # trainer compiled by default: ncu runs this command once per kernel, alone on the GPU, and would
 # compile in every pass (the kernels of a compiled run, inductor's Triton kernels, are therefore
 # not classified here: the report lists it among what gpu-check does not prove). No CUDA graphs,
-# as proven on the H200: auto would capture the whole step after 11 eager steps (step_graph.py),
-# and a profile of its replays (no per-phase ranges) is not proven yet
+# as proven on the H200 (with a profile window auto never picks the whole-step graph, whose
+# replays record no phase ranges: trainer/compiling.py)
 PROFILED = [
     *("--dataset", "synthetic", "--width", "64", "--local-batch", "256", "--precision", "bf16"),
     *("--limit-train", "4096", "--limit-test", "512", "--epochs", "1", "--warmup-steps", "2"),

@@ -52,10 +52,16 @@ def window_flags(row: dict, start_step: int, steps: int) -> dict[str, str]:
     --profile-steps A:B profiles optimizer steps A..B-1; the epoch holds B + 1 steps (the data
     limited to (B + 1) x global batch images), the exposed-communication probe is off, the
     throughput-window warm-up ends before A, and evaluation uses one global batch of images.
+    A run that replays its whole step as one CUDA graph (cuda_graphs step) is profiled under
+    auto, which never picks the whole-step graph with a profile window: a replay runs none of
+    the loop's host code, so none of the phase ranges the breakdown reads would be recorded
+    (trainer/compiling.py); the kernels are the same compiled ones.
     """
     end = start_step + steps
     global_batch = row["global_batch"]
+    graphs = {"--cuda-graphs": "auto"} if row.get("cuda_graphs") == "step" else {}
     return {
+        **graphs,
         "--epochs": "1",
         "--limit-train": str((end + 1) * global_batch),
         "--limit-test": str(global_batch),

@@ -24,7 +24,11 @@
     optimizer) captured once as one CUDA graph and replayed (step_graph.py): on one H100 29.6k
     img/s at local batch 64 compiled (24.7k eager) and 69.5k at 512, as fast as "compiled"
     there (docs/benchmarks.md). It needs NCCL, no fp16, no accumulation, no comm hook, no
-    diagnostic delay (TrainConfig.step_graph_misfit; config.py refuses the rest).
+    diagnostic delay and no --profile-steps window (TrainConfig.step_graph_misfit; config.py
+    refuses the rest): a replay runs none of the loop's host code, so a profile of it would
+    hold the kernels but none of the phase ranges (NVTX, record_function) its breakdown reads.
+    A profiling job of a run that replays the whole step therefore profiles the same compiled
+    kernels under torch.compile's graphs (study/profiling.py).
   `--cuda-graphs auto` (the default) picks step where it fits on CUDA with ddp or allreduce
   (proven on one H100 over one NCCL rank: the trainer's runs and whole_step_graph.py's check,
   equal parameters to the eager steps'), else the compiled graphs where the run compiles on CUDA

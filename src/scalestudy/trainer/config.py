@@ -62,7 +62,7 @@ class TrainConfig:
         "auto",
         "CUDA graphs: step = the whole training step as one graph (NCCL, not fp16), on = "
         "torch.compile mode reduce-overhead, auto = step where it fits on CUDA (ddp or allreduce, "
-        "no comm hook, no gradient accumulation), else on when compiled",
+        "no comm hook, no gradient accumulation, no --profile-steps), else on when compiled",
         vocab.CUDA_GRAPHS,
     )
     channels_last: str = _f("auto", "NHWC memory format (auto = on for CUDA)", vocab.SWITCHES)
@@ -204,6 +204,10 @@ class TrainConfig:
             return "backend gloo (its all-reduce runs on the CPU, outside any CUDA graph)"
         if self.diag_slow_rank or self.diag_data_delay_ms:
             return "a diagnostic delay (a sleep on the host, not in a graph)"
+        if self.profile_steps is not None:
+            # the profile's phase breakdown reads the NVTX/record_function ranges the loop
+            # opens on the host; a replay runs none of that host code
+            return "a --profile-steps window (a graph replay emits no phase ranges)"
         return None
 
     def profile_window(self) -> tuple[int, int] | None:
