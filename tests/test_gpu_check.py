@@ -1007,7 +1007,7 @@ def test_the_speed_runs_are_the_trainers_defaults_at_the_targets_shapes():
         cfg = parsed_flags(list(flags))
         assert name.startswith(f"speed-{precision}-lb{local_batch}")
         assert (cfg.precision, cfg.local_batch) == (precision, local_batch)
-        assert compiling.cuda_graphs_on(cfg, torch.device("cuda")) is graphs
+        assert (compiling.graphs_mode(cfg, torch.device("cuda")) != "off") is graphs
         assert cfg.compile == "auto"  # the trainer's default: on for CUDA
         assert (cfg.width, cfg.dataset, cfg.loader) == (64, "synthetic", "device")
         assert cfg.comm_probe_steps == 0 and not cfg.sync_debug

@@ -87,11 +87,6 @@ def graphs_mode(cfg: TrainConfig, device: torch.device, total_steps: int | None 
     return "compiled" if compile_on(cfg, device) else "off"
 
 
-def cuda_graphs_on(cfg: TrainConfig, device: torch.device) -> bool:
-    """Whether this run records CUDA graphs of either kind (metrics.json: cuda_graphs_used)."""
-    return graphs_mode(cfg, device) != "off"
-
-
 def compile_model(
     model: torch.nn.Module, cfg: TrainConfig, device: torch.device, cuda_graphs: bool
 ) -> torch.nn.Module:

@@ -107,9 +107,7 @@ class StepGraph:
         """Record the step with the batch tensors the replays copy into (the capture runs no
         kernel: the replay after it trains on this step's batch)."""
         self.inputs = (x.clone(), y.clone())
-        if self.cuda:
-            torch.cuda.synchronize(self.device)
-        self.graph = self.graph_type()
+        self.graph = self.graph_type()  # torch.cuda.graph synchronises the device on entry
         with self.tensor_lrs(), self._on_side(), self._recording():
             self.outputs = self.step(NullMeter(), *self.inputs)
 
