@@ -14,6 +14,10 @@ same network, data and optimizer as the trainer, in one process per variant:
     whole-eager      the eager step captured once as one CUDA graph, replayed
     whole-compiled   the compiled step captured once as one CUDA graph, replayed
 
+The whole-* variants wrap the step in the trainer's own StepGraph (trainer/step_graph.py, what
+--cuda-graphs step runs): WARM_STEPS eager steps on a side stream, one capture, then replays,
+the learning rate filled into the graph's tensors before each replay.
+
 and reports images per second (CUDA events over the timed steps), host milliseconds per step
 (how long the host takes to queue a step) and the mean loss over the first and the last tenth
 of the timed steps (the network learns a fixed random labelling of random images, so the loss
@@ -22,9 +26,10 @@ same network from the same seed on the same batches and reports the largest para
 difference (the graph replays the same kernels, so it should be ~0).
 
 The recipe as the trainer's (recipe.py): SGD with Nesterov momentum 0.9, weight decay on
-weights only, fused CUDA kernel; the learning rate is a device tensor (a graph holds the
-tensor's address, so a new value is a fill_, not a new graph). DDP as wrap_model builds it,
-over one NCCL rank unless torchrun starts more.
+weights only, fused kernel; under a graph the learning rate is StepGraph's device tensor (a
+graph holds the tensor's address, so a new value is a fill_, not a new graph). DDP as
+wrap_model builds it, over one NCCL rank unless torchrun starts more. `check` also runs on a
+CPU over gloo with a stand-in for the CUDA graph (tests/test_step_graph.py).
 
     python benchmarks/whole_step_graph.py --local-batch 64 --steps 300 --json OUT.json \
         [--variants eager,compiled-graphs,whole-eager,whole-compiled] [--check 30]
@@ -33,6 +38,7 @@ over one NCCL rank unless torchrun starts more.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -48,9 +54,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from scalestudy.trainer.models import resnet18, training_flops_per_image  # noqa: E402
+from scalestudy.trainer.parallel import NO_FORWARD_BUFFER_SYNC  # noqa: E402
+from scalestudy.trainer.step_graph import WARM_STEPS, StepGraph  # noqa: E402
 
 VARIANTS = ("eager", "compiled", "compiled-graphs", "whole-eager", "whole-compiled")
-DDP_WARMUP = 11  # eager DDP iterations before a capture (torch's CUDA graphs notes, "DDP")
 POOL = 16  # distinct batches on the device, cycled
 
 
@@ -67,7 +74,14 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--check", type=int, default=0, help="steps of the whole-eager check")
     p.add_argument("--timeout", type=float, default=240, help="seconds per variant")
     p.add_argument("--json")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    whole = any(v.startswith("whole") for v in (args.variant or args.variants).split(","))
+    if whole and args.warmup <= WARM_STEPS:
+        p.error(
+            f"--warmup {args.warmup}: the whole-* variants capture after {WARM_STEPS} eager "
+            f"steps, inside the warm-up: use --warmup {WARM_STEPS + 1} or more"
+        )
+    return args
 
 
 def init_dist() -> tuple[int, int, torch.device]:
@@ -92,34 +106,40 @@ def batches(args, device: torch.device, seed: int) -> tuple[torch.Tensor, torch.
     )
     y = (x.flatten(1) @ w).argmax(1)
     dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
-    x = x.to(dtype).contiguous(memory_format=torch.channels_last)
+    x = x.to(dtype).contiguous(memory_format=memory_format(device))
     return x.view(POOL, args.local_batch, 3, 32, 32), y.view(POOL, args.local_batch)
 
 
-class Step:
-    """One network, its DDP wrapper and optimizer; `__call__(x, y)` is one training step."""
+def memory_format(device: torch.device) -> torch.memory_format:
+    """channels_last on a GPU, as the trainer; NCHW on a CPU (torch's CPU convolution backward
+    crashes in NHWC: trainer/numerics.py)."""
+    return torch.channels_last if device.type == "cuda" else torch.contiguous_format
 
-    def __init__(
-        self, args, device, compiled: str | None, side: torch.cuda.Stream, whole: bool = False
-    ):
+
+class Step:
+    """One network, its DDP wrapper and optimizer; `__call__(x, y)` is one training step.
+    `whole`: the step a graph captures (its gradients are zeroed, never freed)."""
+
+    def __init__(self, args, device, compiled: str | None, side, whole: bool = False):
         torch.manual_seed(0)
-        self.whole = whole  # a graph keeps the gradients' memory: zero them, never free them
-        net = resnet18(width=args.width).to(device, memory_format=torch.channels_last)
-        with torch.cuda.stream(side):  # DDP built on a side stream before a capture (torch docs)
+        self.whole = whole
+        self.device = device
+        net = resnet18(width=args.width).to(device, memory_format=memory_format(device))
+        # DDP built on the side stream of the capture (torch's CUDA graphs notes, "DDP")
+        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
             self.model = DDP(
                 net,
-                device_ids=[device.index],
+                device_ids=[device.index] if device.type == "cuda" else None,
                 bucket_cap_mb=args.bucket_cap_mb,
                 gradient_as_bucket_view=True,
                 static_graph=True,
-                broadcast_buffers=False,
+                **NO_FORWARD_BUFFER_SYNC,
             )
         decay = [p for p in net.parameters() if p.ndim > 1]
         no_decay = [p for p in net.parameters() if p.ndim <= 1]
-        self.lr = torch.tensor(0.05, device=device)
         self.opt = torch.optim.SGD(
             [{"params": decay, "weight_decay": 5e-4}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=self.lr,
+            lr=0.05,
             momentum=0.9,
             nesterov=True,
             fused=True,
@@ -130,7 +150,7 @@ class Step:
         self.amp = args.precision == "bf16"
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.amp):
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.amp):
             loss = F.cross_entropy(self.forward(x), y)
         loss.backward()
         self.opt.step()
@@ -138,33 +158,12 @@ class Step:
         return loss.detach()
 
 
-class WholeGraph:
-    """A Step captured as one CUDA graph after DDP_WARMUP eager steps on a side stream;
-    `__call__` copies the batch into the graph's input tensors and replays."""
-
-    def __init__(self, step: Step, x0: torch.Tensor, y0: torch.Tensor, side: torch.cuda.Stream):
-        self.step, self.x, self.y = step, x0.clone(), y0.clone()
-        self.graph: torch.cuda.CUDAGraph | None = None
-        self.side = side
-
-    def warm(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        self.side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(self.side):
-            loss = self.step(x, y)
-        torch.cuda.current_stream().wait_stream(self.side)
-        return loss
-
-    def capture(self) -> None:
-        torch.cuda.synchronize()
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.loss = self.step(self.x, self.y)
-
-    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        self.x.copy_(x, non_blocking=True)
-        self.y.copy_(y, non_blocking=True)
-        self.graph.replay()
-        return self.loss
+def whole_graph(step: Step, side, graph_type=None) -> StepGraph:
+    """The trainer's StepGraph around `step`: `graph(None, x, y)[0]` is the step's loss (eager
+    for the first WARM_STEPS calls, captured on the next, replayed after)."""
+    return StepGraph(
+        lambda meter, x, y: (step(x, y),), step.opt, step.device, side=side, graph_type=graph_type
+    )
 
 
 def run_variant(args) -> dict:
@@ -180,17 +179,15 @@ def run_variant(args) -> dict:
         compiled = "default"
     whole = args.variant.startswith("whole")
     step = Step(args, device, compiled, side, whole)
-    run = WholeGraph(step, xs[0], ys[0], side) if whole else None
+    graph = whole_graph(step, side) if whole else None
     t0 = time.perf_counter()
-    for i in range(args.warmup):
+    for i in range(args.warmup):  # under a graph: WARM_STEPS eager steps, the capture, replays
         if whole:
-            run.warm(xs[i % POOL], ys[i % POOL])
+            graph(None, xs[i % POOL], ys[i % POOL])
         else:
             if compiled == "reduce-overhead":
                 torch.compiler.cudagraph_mark_step_begin()
             step(xs[i % POOL], ys[i % POOL])
-    if whole:
-        run.capture()
     torch.cuda.synchronize()
     warm_s = time.perf_counter() - t0
     losses = torch.zeros(args.steps, device=device)
@@ -200,7 +197,7 @@ def run_variant(args) -> dict:
     for i in range(args.steps):
         x, y = xs[i % POOL], ys[i % POOL]
         if whole:
-            loss = run(x, y)
+            (loss,) = graph(None, x, y)
         else:
             if compiled == "reduce-overhead":
                 torch.compiler.cudagraph_mark_step_begin()
@@ -227,22 +224,20 @@ def run_variant(args) -> dict:
     return result
 
 
-def check(args, device, side, xs, ys) -> dict:
-    """K steps of a fresh eager Step and of a fresh whole-graph Step (warm-up DDP_WARMUP eager
-    steps, then replays) on the same batches: the largest parameter and momentum difference."""
+def check(args, device, side, xs, ys, graph_type=None) -> dict:
+    """K steps of a fresh eager Step and of a fresh Step under the whole-step graph (WARM_STEPS
+    eager steps, the capture, then replays) on the same batches: the largest parameter and
+    momentum difference. `graph_type(step)`: the graph for the graphed step (None: CUDA's; the
+    CPU test passes its stand-in)."""
     plain = Step(args, device, None, side)
     graphed = Step(args, device, None, side, whole=True)
-    whole = WholeGraph(graphed, xs[0], ys[0], side)
+    graph = whole_graph(graphed, side, graph_type and (lambda: graph_type(graphed)))
     for i in range(args.check):
         x, y = xs[i % POOL], ys[i % POOL]
         plain(x, y)
-        if i < DDP_WARMUP:
-            whole.warm(x, y)
-        else:
-            if whole.graph is None:
-                whole.capture()
-            whole(x, y)
-    torch.cuda.synchronize()
+        graph(None, x, y)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
     diffs = [
         (a - b).abs().max().item()
         for a, b in zip(plain.model.parameters(), graphed.model.parameters(), strict=True)
@@ -257,6 +252,7 @@ def check(args, device, side, xs, ys) -> dict:
     scale = max(p.abs().max().item() for p in plain.model.parameters())
     return {
         "steps": args.check,
+        "replays": max(0, args.check - WARM_STEPS),
         "max_param_diff": max(diffs),
         "max_momentum_diff": max(bufs),
         "max_param": scale,

@@ -11,9 +11,13 @@ cuda-graphs-step, benchmarks/whole_step_graph.py --check.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 
+import pytest
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
+from conftest import REPO
 
 from scalestudy.trainer import step_graph
 from scalestudy.trainer.recipe import lr_factor
@@ -169,3 +173,41 @@ def test_a_replay_reads_the_schedulers_learning_rate():
     replayed = range(step_graph.WARM_STEPS, steps)
     assert [round(seen[s], 6) for s in replayed] == [round(expected[s], 6) for s in replayed]
     assert len(set(seen[step_graph.WARM_STEPS :])) > 1  # the schedule moved during the replays
+
+
+class ReplayNothingStandIn(RerunGraphStandIn):
+    """A broken graph (its replays do nothing): what the benchmark's check must catch."""
+
+    def replay(self) -> None:
+        self.replays += 1
+
+
+@pytest.fixture
+def one_rank_group(tmp_path):
+    """A real 1-rank gloo process group in this process: the benchmark's step is a DDP step."""
+    store = tmp_path / "pg-store"
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_the_whole_step_benchmarks_check_runs_the_trainers_step_graph(one_rank_group):
+    """benchmarks/whole_step_graph.py --check on a CPU: its graphed step is StepGraph around its
+    DDP step, and it equals the eager steps (here with the stand-in; on a GPU with CUDA's graph).
+    With a graph whose replays do nothing the check reports the difference."""
+    spec = importlib.util.spec_from_file_location(
+        "whole_step_graph", REPO / "benchmarks" / "whole_step_graph.py"
+    )
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    cpu = torch.device("cpu")
+    args = bench.parse(["--width", "4", "--local-batch", "8", "--precision", "fp32"])
+    args.check = step_graph.WARM_STEPS + 4
+    xs, ys = bench.batches(args, cpu, seed=1)
+    got = bench.check(args, cpu, None, xs, ys, lambda s: RerunGraphStandIn(s.model, s.opt))
+    assert got["replays"] == 4 and got["max_param"] > 0
+    assert got["max_param_diff"] == 0.0 and got["max_momentum_diff"] == 0.0
+    broken = bench.check(args, cpu, None, xs, ys, lambda s: ReplayNothingStandIn(s.model, s.opt))
+    assert broken["max_param_diff"] > 0 and broken["max_momentum_diff"] > 0
+    with pytest.raises(SystemExit):  # the capture would fall inside the timed steps
+        bench.parse(["--warmup", str(step_graph.WARM_STEPS), "--variants", "whole-eager"])
