@@ -626,6 +626,67 @@ def test_profile_fails_when_other_dominates_or_no_cuda_kernel(tmp_path):
     assert check.status == FAIL and "no CUDA kernel" in check.problems[0]
 
 
+def study_profile_ops(triton: bool = True, phases=("forward", "backward", "optimizer")):
+    """A stand-in torch.profiler export of a compiled run: cuDNN's convolutions, inductor's
+    fused kernels, and the phases' device-side ranges."""
+    fused = ["triton_red_fused_native_batch_norm_backward_12", "triton_poi_fused_add_relu_3"]
+    if not triton:  # an eager run's kernels, unknown to classify.py
+        fused = ["void some_unknown_kernel<7>(float*)", "void some_unknown_kernel<8>(float*)"]
+    cuda = [
+        ("sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc", 600.0),
+        (fused[0], 200.0),
+        (fused[1], 150.0),
+    ]
+    ops = [
+        {"name": n, "count": 5, "self_cpu_us": 0.0, "cpu_total_us": 0.0,
+         "self_device_us": t, "device_type": "CUDA"}
+        for n, t in cuda
+    ]  # fmt: skip
+    ops += [
+        {"name": p, "count": 5, "self_cpu_us": 10.0, "cpu_total_us": 40.0,
+         "self_device_us": 300.0, "device_total_us": 300.0, "device_type": "CUDA",
+         "user_annotation": True}
+        for p in phases
+    ]  # fmt: skip
+    return ops
+
+
+def test_the_study_profile_check_needs_compiled_kernels_and_the_phase_ranges(tmp_path):
+    def judge(ops, **metrics):
+        path = tmp_path / "torch_ops_rank0.json"
+        path.write_text(json.dumps({"format": "scalestudy-torch-ops-1", "ops": ops}))
+        kernels, ranges = torch_ops.parse_torch(path, "gpu-check")
+        run = stand_in_run(**{"cuda_graphs_mode": "compiled", **metrics})
+        return report.judge_profile_study(run, kernels, ranges)
+
+    check = judge(study_profile_ops())
+    assert check.status == PASS, check.problems
+    assert check.numbers["triton_kernels"] == 2 and check.numbers["other_share"] == 0.0
+    assert check.numbers["phase_time_base"] == ["gpu_projection"]
+    assert set(check.numbers["phase_share"]) == {"forward", "backward", "optimizer"}
+    # a replay of the whole step: kernels, but no phase range
+    check = judge(study_profile_ops(phases=()), cuda_graphs_mode="step")
+    assert check.status == FAIL
+    assert "cuda_graphs_mode is 'step', expected 'compiled'" in check.problems[0]
+    assert "no phase range forward, backward, optimizer" in check.problems[1]
+    check = judge(study_profile_ops(triton=False))
+    assert check.status == FAIL and "no inductor kernel" in check.problems[0]
+    assert "'other'" in check.problems[1]
+
+
+def test_the_study_profile_check_runs_the_study_profile_jobs_flags():
+    """A study asking for the whole-step graph, the window study/profiling.py adds: compiled,
+    torch.compile's graphs, the window past the compilation, inside the epoch."""
+    cfg = parsed_flags(gpu_check.profile_study_flags())
+    assert cfg.compile == "auto" and cfg.cuda_graphs == "auto"
+    assert compiling.graphs_mode(cfg, torch.device("cuda")) == "compiled"
+    start, end = cfg.profile_window()
+    assert (start, end - start) == gpu_check.PROFILE_STUDY_WINDOW
+    steps = cfg.limit_train // cfg.local_batch
+    assert end < steps and cfg.width == 64
+    assert "torch-profiler-study" in gpu_check.check_names()
+
+
 def test_ncu_is_skipped_without_ncu_and_judged_on_parsed_rows():
     assert report.judge_ncu(None, []).status == SKIPPED
     rows = ncu_parser.parse_ncu(FIX.parent / "gpu-h200" / "ncu_k0.csv", "gpu-check")  # real

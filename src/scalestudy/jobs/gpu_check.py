@@ -23,6 +23,9 @@ limit, so a crash or a hang is a failed check with its log tail, never a crash o
   nvml            NVML samples, gpu_util_mean, energy_j (of the reference-bf16 run of our trainer);
                   the energy counter's update period and power under load (jobs/energy_probe.py)
   torch-profiler  CUDA kernels -> the kernels CSV, classified (the share left in "other")
+  torch-profiler-study  the study's profiling job of a GPU run (compiled, a study asking for the
+                  whole-step graph): torch.compile's graphs in the window, inductor's kernels
+                  classified, the phase ranges recorded
   ncu             Nsight Compute on the top kernels, parsed (skipped where ncu is not installed)
   reference-P     our trainer vs benchmarks/reference_train.py, bf16 and fp32, width 64, batch 512,
                   with our MFU and (H100, bf16) the Trainer issue's 60k / 80k img/s targets
@@ -81,6 +84,7 @@ from scalestudy.jobs import inventory, launch, profile
 from scalestudy.jobs.gpu_check_report import Check, RunResult
 from scalestudy.nsight import ncu as ncu_parser
 from scalestudy.nsight import schema, torch_ops
+from scalestudy.study import profiling as study_profiling
 from scalestudy.trainer import checkpoint as ckpt
 
 logger = log.get(__name__)
@@ -468,6 +472,35 @@ def check_profile(ctx: Context) -> Check:
     return report.judge_profile(run, doc.get("ops") or [], kernels)
 
 
+# the study's profiling job of a GPU run (workflow/rules/profile.smk): the trainer's defaults
+# (compiled) in a study asking for the whole-step graph, then the window study/profiling.py
+# adds (argparse: the last value wins, as in the job), under torch.profiler (nsys is not usable
+# on these nodes). The window opens at the study's default first step, past the compilation.
+PROFILE_STUDY_WINDOW = (20, 5)  # first step, steps
+
+
+def profile_study_flags() -> list[str]:
+    row = {"global_batch": 256, "warmup_steps": 5, "cuda_graphs": "step"}  # PROFILED's batch
+    window = study_profiling.window_flags(row, *PROFILE_STUDY_WINDOW)
+    flags = [*PROFILED, "--compile", "auto", "--cuda-graphs", "step"]
+    return [*flags, *(x for kv in window.items() for x in kv)]
+
+
+def check_profile_study(ctx: Context) -> Check:
+    """The study's profiling job of a compiled GPU run, parsed as profile_parse does."""
+    name = "torch-profiler-study"
+    env = {**ctx.env, "SCALESTUDY_PROFILER": "torch"}
+    run = trainer(ctx, name, profile_study_flags(), "compile", env=env)
+    export = ctx.work / "runs" / name / "profile"
+    kernels: list[dict] = []
+    ranges: list[dict] = []
+    try:
+        kernels, ranges = torch_ops.parse_torch(export, "gpu-check")
+    except (OSError, ValueError, ProfileFormatError) as exc:
+        run.log_tail += f"\n[gpu-check] cannot parse {export}: {exc}"
+    return report.judge_profile_study(run, kernels, ranges)
+
+
 def check_ncu(ctx: Context) -> Check:
     """ncu on the top kernels of the profiled run, one pass each, parsed by nsight.ncu."""
     ncu = shutil.which("ncu")
@@ -729,6 +762,7 @@ def shared_gpu_checks(ctx: Context) -> dict[str, Callable[[], Check]]:
         "checkpoint-ddp": lambda: check_checkpoint(ctx, "ddp"),
         "checkpoint-fsdp": lambda: check_checkpoint(ctx, "fsdp"),
         "torch-profiler": lambda: check_profile(ctx),
+        "torch-profiler-study": lambda: check_profile_study(ctx),
     }
     for strategy, hook in PAIRS:
         checks[pair_name(strategy, hook)] = functools.partial(check_pair, ctx, strategy, hook)

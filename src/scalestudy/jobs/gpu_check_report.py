@@ -716,6 +716,47 @@ def judge_profile(run: RunResult, ops: list[dict], kernels: list[dict]) -> Check
     return verdict("torch-profiler", criterion, numbers, problems, [run])
 
 
+def judge_profile_study(run: RunResult, kernels: list[dict], ranges: list[dict]) -> Check:
+    """The study's profiling job of a compiled GPU run whose study asked for the whole-step
+    graph (gpu_check.profile_study_flags); kernels and ranges: parse_torch's rows."""
+    criterion = (
+        "exit 0 with a profile window; metrics.json cuda_graphs_mode 'compiled' (a window never "
+        "replays the whole step); inductor's kernels (triton_*) recorded, at most "
+        f"{MAX_OTHER_SHARE:.0%} of kernel time left in 'other'; rank 0's phase ranges forward, "
+        "backward and optimizer recorded"
+    )
+    problems = run_problems(run)
+    m = run.metrics or {}
+    if run.metrics is not None:
+        _expect(m, "cuda_graphs_mode", "compiled", problems)
+    shares: dict[str, float] = {}
+    for row in kernels:
+        shares[row["category"]] = shares.get(row["category"], 0.0) + float(row["share"])
+    triton = [r for r in kernels if str(r["kernel"]).startswith("triton_")]
+    phases = {r["range"]: r for r in ranges if int(r["rank"]) == 0}
+    numbers = {
+        "cuda_graphs_mode": m.get("cuda_graphs_mode"),
+        "kernel_rows": len(kernels),
+        "triton_kernels": len(triton),
+        "share_by_category": {k: round(v, 4) for k, v in sorted(shares.items())},
+        "other_share": round(shares.get("other", 0.0), 4),
+        "top_other": [r["kernel"][:120] for r in kernels if r["category"] == "other"][:3],
+        "phase_share": {k: round(float(r["share"]), 4) for k, r in sorted(phases.items())},
+        "phase_time_base": sorted({r["time_base"] for r in phases.values()}),
+    }
+    if not triton:
+        problems.append("no inductor kernel (triton_*) in the profile: the run did not compile?")
+    if shares.get("other", 0.0) > MAX_OTHER_SHARE:
+        problems.append(
+            f"{shares['other']:.0%} of kernel time is 'other' (> {MAX_OTHER_SHARE:.0%}): "
+            "add the names under top_other to nsight/classify.py"
+        )
+    missing = [p for p in ("forward", "backward", "optimizer") if p not in phases]
+    if missing:
+        problems.append(f"no phase range {', '.join(missing)} in the profile of rank 0")
+    return verdict("torch-profiler-study", criterion, numbers, problems, [run])
+
+
 def judge_ncu(ncu: str | None, attempts: list[dict]) -> Check:
     """attempts: one per kernel, {"kernel", "run": RunResult (the ncu pass), "rows": parsed
     profile_ncu rows or None, "argv": the ncu command, "error": a parse or setup error}."""
@@ -876,9 +917,9 @@ def cannot_prove(device_count: int) -> list[str]:
             "staged through the host; nccl2-ddp, which runs it between two GPUs, was skipped"
         )
     items += [
-        "the kernel breakdown of a compiled run: torch-profiler and ncu profile an eager run, so "
-        "inductor's fused Triton kernels (triton_*) are not classified here (nsight/classify.py "
-        "may leave them in 'other')",
+        "Nsight Compute on a compiled run's kernels: ncu profiles an eager run, so inductor's "
+        "fused Triton kernels (triton_*) are measured only by torch.profiler "
+        "(torch-profiler-study)",
     ]
     return items
 
