@@ -134,8 +134,9 @@ LB64 = [
 ]
 # the profiled runs: the study's network, one short epoch. Eager (--compile off), as before the
 # trainer compiled by default: ncu runs this command once per kernel, alone on the GPU, and would
-# compile in every pass (the kernels of a compiled run, inductor's Triton kernels, are therefore
-# not classified here: the report lists it among what gpu-check does not prove). No CUDA graphs,
+# compile in every pass (the kernels of a compiled run, inductor's Triton kernels, are classified
+# by torch-profiler-study, never measured by ncu: the report lists it among what gpu-check does
+# not prove). No CUDA graphs,
 # as proven on the H200 (with a profile window auto never picks the whole-step graph, whose
 # replays record no phase ranges: trainer/compiling.py)
 PROFILED = [

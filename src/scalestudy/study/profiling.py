@@ -55,7 +55,7 @@ def window_flags(row: dict, start_step: int, steps: int) -> dict[str, str]:
     A run that replays its whole step as one CUDA graph (cuda_graphs step) is profiled under
     auto, which never picks the whole-step graph with a profile window: a replay runs none of
     the loop's host code, so none of the phase ranges the breakdown reads would be recorded
-    (trainer/compiling.py); the kernels are the same compiled ones.
+    (trainer/compiling.py); the kernels are the same.
     """
     end = start_step + steps
     global_batch = row["global_batch"]
