@@ -32,7 +32,10 @@ def free_port() -> int:
 
 
 def two_ranks(data_dir: Path, out: Path, *flags: str, pre: tuple[str, ...] = (), **env: str):
-    """Run `scalestudy [pre] train` as ranks 0 and 1 of a 2-rank job: [(returncode, stderr)]."""
+    """Run `scalestudy [pre] train` as ranks 0 and 1 of a 2-rank job: [(returncode, stderr)].
+    No launcher kills a rank here, so the silent rank need not wait for rank 0 to print
+    (SCALESTUDY_REPORT_GRACE_S 0 instead of 10 s: train.report_grace_s)."""
+    env = {"SCALESTUDY_REPORT_GRACE_S": "0", **env}
     port = str(free_port())
     procs = []
     for rank in range(2):
@@ -149,3 +152,17 @@ def test_who_reports_an_expected_error(monkeypatch, rank, local_rank, scope, pri
         assert log.reports(scope)  # under SCALESTUDY_DEBUG every rank prints
     finally:
         log.setup()
+
+
+def test_the_silent_ranks_grace_period_can_be_set(monkeypatch, caplog):
+    from scalestudy.trainer import train
+
+    monkeypatch.delenv("SCALESTUDY_REPORT_GRACE_S", raising=False)
+    assert train.report_grace_s() == train.REPORT_GRACE_S == 10.0
+    monkeypatch.setenv("SCALESTUDY_REPORT_GRACE_S", "2.5")
+    assert train.report_grace_s() == 2.5
+    for bad in ("soon", "-1", "nan", "inf"):
+        monkeypatch.setenv("SCALESTUDY_REPORT_GRACE_S", bad)
+        caplog.clear()
+        assert train.report_grace_s() == 10.0
+        assert f"SCALESTUDY_REPORT_GRACE_S={bad!r} is not a number of seconds" in caplog.text
