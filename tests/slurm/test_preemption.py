@@ -1,8 +1,8 @@
 """Preemption on the real local Slurm cluster: USR1 mid-run, checkpoint, retry, same results;
 and a job that Slurm itself requeues (`scontrol requeue`) finishes once, resumed.
 
-One run (synthetic data, 4 epochs; 2 ranks, and 1 rank) goes through `snakemake --executor
-slurm` up to results/csv/runs.csv (no profiling, analysis, plots or report). Once its first
+One run (synthetic data, 4 epochs; 2 ranks, and 1 rank, as two workflows side by side) goes
+through `snakemake --executor slurm` up to results/csv/runs.csv (no profiling, analysis, plots or report). Once its first
 epoch is written, the job gets `scancel --signal=USR1`: what `sbatch --signal=USR1@<lead>`
 sends before the time limit, to the job steps (the ranks started by srun), not to the batch
 shell. Checkpoints are taken only on a signal (every_epochs: 0), so a run that says restarts == 1
@@ -38,6 +38,7 @@ from its --verbose log); `Requeue=1` alone would prove nothing here, since it is
 
 from __future__ import annotations
 
+import concurrent.futures
 import csv
 import json
 import shlex
@@ -227,15 +228,24 @@ def _usr1_mid_run(cluster, tmp_path: Path, ranks: int) -> None:
     assert system["SLURM_NNODES"] == state["NumNodes"] == "1"
 
 
-def test_usr1_mid_run_of_two_ranks_ends_with_the_unsignalled_results(slurm_cluster, tmp_path):
-    # 2 ranks: srun starts the ranks as the job step's tasks, so USR1 reaches them
-    _usr1_mid_run(slurm_cluster(2), tmp_path, ranks=2)
-
-
-def test_usr1_mid_run_of_one_rank_ends_with_the_unsignalled_results(slurm_cluster, tmp_path):
-    # 1 rank: a job step of its own too (`srun --nodes=1 --ntasks-per-node=1`), not the batch
-    # shell, which USR1 never reaches
-    _usr1_mid_run(slurm_cluster(2), tmp_path, ranks=1)
+def test_usr1_mid_run_of_two_ranks_and_of_one_ends_with_the_unsignalled_results(
+    slurm_cluster, tmp_path
+):
+    """2 ranks: srun starts the ranks as the job step's tasks, so USR1 reaches them. 1 rank: a
+    job step of its own too (`srun --nodes=1 --ntasks-per-node=1`), not the batch shell, which
+    USR1 never reaches. The two workflows run side by side on the cluster (most of each is
+    waiting on Slurm and the executor's status checks); a failure names its rank count."""
+    cluster = slurm_cluster(2)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        futures = {
+            ranks: pool.submit(_usr1_mid_run, cluster, tmp_path / f"ranks{ranks}", ranks)
+            for ranks in (2, 1)
+        }
+    for ranks, future in futures.items():
+        try:
+            future.result()
+        except AssertionError as exc:
+            raise AssertionError(f"the {ranks}-rank run: {exc}") from exc
 
 
 def test_a_job_slurm_requeues_finishes_once_resumed(slurm_cluster, tmp_path):
