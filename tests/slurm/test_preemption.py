@@ -3,14 +3,14 @@ and a job that Slurm itself requeues (`scontrol requeue`) finishes once, resumed
 
 One run (synthetic data, 4 epochs; 2 ranks, and 1 rank, as two workflows side by side) goes
 through `snakemake --executor slurm` up to results/csv/runs.csv (no profiling, analysis, plots
-or report). Once its first epoch is written, the job gets `scancel --signal=USR1`: what
-`sbatch --signal=USR1@<lead>` sends before the time limit, to the job steps (the ranks started
-by srun), not to the batch shell. Checkpoints are taken only on a signal (every_epochs: 0), so a run that says restarts == 1
-proves that the ranks got USR1, agreed, saved, exited 75, and that Snakemake's retry resumed from
-that checkpoint. A 1-rank run gets the warning only because `scalestudy launch` starts its rank
-with srun too: the in-job executor (jobstep 0.6.1) runs a job with an `mpi` resource in the
-batch shell, without its `srun -n1` wrapper (jobs/launch.py), and the trainer it once started
-directly there never saw USR1.
+or report). Once its first epoch is written, the job gets `scancel --signal=USR1`: what `sbatch
+--signal=USR1@<lead>` sends before the time limit, to the job steps (the ranks started by srun),
+not to the batch shell. Checkpoints are taken only on a signal (every_epochs: 0), so a run that
+says restarts == 1 proves that the ranks got USR1, agreed, saved, exited 75, and that
+Snakemake's retry resumed from that checkpoint. A 1-rank run gets the warning only because
+`scalestudy launch` starts its rank with srun too: the in-job executor (jobstep 0.6.1) runs a
+job with an `mpi` resource in the batch shell, without its `srun -n1` wrapper (jobs/launch.py),
+and the trainer it once started directly there never saw USR1.
 
 The unsignalled reference is the trainer command the Slurm job ran (the `+ srun ... scalestudy
 train ...` line `scalestudy launch` writes into the job's log), started again with
