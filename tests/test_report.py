@@ -207,7 +207,8 @@ def test_energy_is_shown_from_its_cell_or_said_to_be_unmeasured(done, tmp_path, 
     for name, text in docs.items():
         assert ("GPU energy (kWh)" in text) == bool(kwh), name
         assert ("GPU energy was not measured" in text) == (not kwh), name
-        assert ("0.0421" in text) == bool(kwh), name
+        if kwh:  # (without it the text may hold 0.0421 as another measured number, by chance)
+            assert "0.0421" in text, name
         assert report.numbers_backed_by_csvs(text, report.load_tables(csv_dir)) == [], name
 
 
