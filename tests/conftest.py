@@ -106,3 +106,14 @@ def tiny_study(tmp_path_factory) -> Path:
     write_config(work / "tiny.yaml", TINY)
     snakemake(work, "--configfile", "tiny.yaml", "--cores", "2", stand_ins=True)
     return work
+
+
+@pytest.fixture
+def one_rank_group(tmp_path):
+    """A real 1-rank gloo process group in this test's process (DDP, FSDP2 and DCP need one)."""
+    import torch.distributed as dist
+
+    store = f"file://{tmp_path / 'pg-store'}"
+    dist.init_process_group("gloo", init_method=store, rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()

@@ -172,17 +172,6 @@ def test_a_failed_background_write_is_raised_by_the_next_save(tiny_fs):
     assert not ck.list_checkpoints(tiny_fs)  # nothing written on top of the failure
 
 
-@pytest.fixture
-def one_rank_group(tmp_path):
-    """A real 1-rank gloo process group in this process: DCP (FSDP's saves) needs one."""
-    import torch.distributed as dist
-
-    store = tmp_path / "pg-store"
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
 @pytest.mark.parametrize("async_write", [True, False])
 def test_sharded_write_errors_name_the_cause(tiny_fs, one_rank_group, async_write):
     """A DCP shard write that fills the disk reports like any other write: path, cause, and the

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from scalestudy.errors import TrainingError
 from scalestudy.trainer import numerics
 from scalestudy.trainer.config import TrainConfig
-from scalestudy.trainer.dist import free_port
 from scalestudy.trainer.models import build_model
 from scalestudy.trainer.parallel import wrap_model
 
@@ -49,15 +47,6 @@ def test_fsdp_keeps_nchw_weights_under_channels_last():
     assert fsdp.channels_last_inputs and not fsdp.channels_last_weights
     auto = numerics.configure(TrainConfig(strategy="fsdp"), CUDA)
     assert auto.channels_last_inputs and not auto.channels_last_weights
-
-
-@pytest.fixture
-def one_rank_group():
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
-    )
-    yield
-    dist.destroy_process_group()
 
 
 def test_fully_shard_accepts_the_fsdp_layout_and_refuses_nhwc_weights(one_rank_group):

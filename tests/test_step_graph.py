@@ -15,7 +15,6 @@ import importlib.util
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from conftest import REPO
 
@@ -180,15 +179,6 @@ class ReplayNothingStandIn(RerunGraphStandIn):
 
     def replay(self) -> None:
         self.replays += 1
-
-
-@pytest.fixture
-def one_rank_group(tmp_path):
-    """A real 1-rank gloo process group in this process: the benchmark's step is a DDP step."""
-    store = tmp_path / "pg-store"
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def test_the_whole_step_benchmarks_check_runs_the_trainers_step_graph(one_rank_group):
