@@ -579,6 +579,15 @@ def test_energy_probe_finds_the_update_period_of_a_counter():
     assert len(polled) > 10 and [v for _, v in polled] == sorted(v for _, v in polled)
 
 
+def cuda_kernel_ops(kernels: list[tuple[str, float]], count: int) -> list[dict]:
+    """torch_ops export entries of CUDA kernels: (name, self device us), `count` launches."""
+    return [
+        {"name": n, "count": count, "self_cpu_us": 0.0, "cpu_total_us": 0.0,
+         "self_device_us": t, "device_type": "CUDA"}
+        for n, t in kernels
+    ]  # fmt: skip
+
+
 def stand_in_ops(other_us: float = 10.0) -> list[dict]:
     """A torch_ops export of a GPU window: CUDA kernels (real cuDNN/ATen names) and ranges."""
     cuda = [
@@ -587,11 +596,7 @@ def stand_in_ops(other_us: float = 10.0) -> list[dict]:
         ("void at::native::vectorized_elementwise_kernel<4, at::native::relu>", 150.0),
         ("void some_unknown_kernel<7>(float*)", other_us),
     ]
-    ops = [
-        {"name": n, "count": 3, "self_cpu_us": 0.0, "cpu_total_us": 0.0,
-         "self_device_us": t, "device_type": "CUDA"}
-        for n, t in cuda
-    ]  # fmt: skip
+    ops = cuda_kernel_ops(cuda, count=3)
     ops += [
         {"name": "forward", "count": 3, "self_cpu_us": 50.0, "cpu_total_us": 900.0,
          "self_device_us": 0.0, "device_type": "CPU"},
@@ -601,11 +606,16 @@ def stand_in_ops(other_us: float = 10.0) -> list[dict]:
     return ops
 
 
-def parsed(tmp_path: Path, ops: list[dict]) -> list[dict]:
-    """The real parser over the stand-in export."""
+def parsed_rows(tmp_path: Path, ops: list[dict]) -> tuple[list[dict], list[dict]]:
+    """The real parser over the stand-in export: (kernel rows, range rows)."""
     path = tmp_path / "torch_ops_rank0.json"
     path.write_text(json.dumps({"format": "scalestudy-torch-ops-1", "ops": ops}))
-    return torch_ops.parse_torch(path, "gpu-check")[0]
+    return torch_ops.parse_torch(path, "gpu-check")
+
+
+def parsed(tmp_path: Path, ops: list[dict]) -> list[dict]:
+    """The kernel rows of the stand-in export."""
+    return parsed_rows(tmp_path, ops)[0]
 
 
 def test_profile_passes_when_kernels_are_classified(tmp_path):
@@ -637,11 +647,7 @@ def study_profile_ops(triton: bool = True, phases=("forward", "backward", "optim
         (fused[0], 200.0),
         (fused[1], 150.0),
     ]
-    ops = [
-        {"name": n, "count": 5, "self_cpu_us": 0.0, "cpu_total_us": 0.0,
-         "self_device_us": t, "device_type": "CUDA"}
-        for n, t in cuda
-    ]  # fmt: skip
+    ops = cuda_kernel_ops(cuda, count=5)
     ops += [
         {"name": p, "count": 5, "self_cpu_us": 10.0, "cpu_total_us": 40.0,
          "self_device_us": 300.0, "device_total_us": 300.0, "device_type": "CUDA",
@@ -653,9 +659,7 @@ def study_profile_ops(triton: bool = True, phases=("forward", "backward", "optim
 
 def test_the_study_profile_check_needs_compiled_kernels_and_the_phase_ranges(tmp_path):
     def judge(ops, **metrics):
-        path = tmp_path / "torch_ops_rank0.json"
-        path.write_text(json.dumps({"format": "scalestudy-torch-ops-1", "ops": ops}))
-        kernels, ranges = torch_ops.parse_torch(path, "gpu-check")
+        kernels, ranges = parsed_rows(tmp_path, ops)
         run = stand_in_run(**{"cuda_graphs_mode": "compiled", **metrics})
         return report.judge_profile_study(run, kernels, ranges)
 

@@ -676,6 +676,32 @@ def _max(values: list[float | None]) -> float | None:
     return max(present) if present else None
 
 
+def kernel_shares(kernels: list[dict]) -> tuple[dict[str, float], dict]:
+    """Kernel time per category (parse_torch's kernel rows, their shares summed) and the numbers
+    both torch.profiler checks report: rows, shares by category, the share left in 'other' and
+    its top names."""
+    shares: dict[str, float] = {}
+    for row in kernels:
+        shares[row["category"]] = shares.get(row["category"], 0.0) + float(row["share"])
+    numbers = {
+        "kernel_rows": len(kernels),
+        "share_by_category": {k: round(v, 4) for k, v in sorted(shares.items())},
+        "other_share": round(shares.get("other", 0.0), 4),
+        "top_other": [r["kernel"][:120] for r in kernels if r["category"] == "other"][:3],
+    }
+    return shares, numbers
+
+
+def other_problems(shares: dict[str, float]) -> list[str]:
+    """More than MAX_OTHER_SHARE of the kernel time unclassified: classify.py needs the names."""
+    if shares.get("other", 0.0) <= MAX_OTHER_SHARE:
+        return []
+    return [
+        f"{shares['other']:.0%} of kernel time is 'other' (> {MAX_OTHER_SHARE:.0%}): "
+        "add the names under top_other to nsight/classify.py"
+    ]
+
+
 def judge_profile(run: RunResult, ops: list[dict], kernels: list[dict]) -> Check:
     """ops: the trainer's torch.profiler export (torch_ops_rank0.json "ops"); kernels: its rows
     after nsight.torch_ops.parse_torch (profile_kernels schema)."""
@@ -690,29 +716,15 @@ def judge_profile(run: RunResult, ops: list[dict], kernels: list[dict]) -> Check
         if str(op.get("device_type", "")).upper().endswith("CUDA")
         and (files.number(op.get("self_device_us")) or 0) > 0
     ]
-    shares: dict[str, float] = {}
-    for row in kernels:
-        category = row["category"]
-        shares[category] = shares.get(category, 0.0) + float(row["share"])
-    other = [r for r in kernels if r["category"] == "other"]
-    numbers = {
-        "cuda_kernels_recorded": len(cuda_ops),
-        "kernel_rows": len(kernels),
-        "share_by_category": {k: round(v, 4) for k, v in sorted(shares.items())},
-        "other_share": round(shares.get("other", 0.0), 4),
-        "top_other": [r["kernel"][:120] for r in other[:3]],
-    }
+    shares, kernel_numbers = kernel_shares(kernels)
+    numbers = {"cuda_kernels_recorded": len(cuda_ops), **kernel_numbers}
     if not cuda_ops:
         problems.append("no CUDA kernel in the torch.profiler export (CUPTI unavailable?)")
     if not kernels:
         problems.append("parse_torch returned no kernel rows")
     elif not shares.get("conv"):
         problems.append("no kernel classified as conv: classify.py misses this GPU's conv kernels")
-    if shares.get("other", 0.0) > MAX_OTHER_SHARE:
-        problems.append(
-            f"{shares['other']:.0%} of kernel time is 'other' (> {MAX_OTHER_SHARE:.0%}): "
-            "add the names under top_other to nsight/classify.py"
-        )
+    problems += other_problems(shares)
     return verdict("torch-profiler", criterion, numbers, problems, [run])
 
 
@@ -729,28 +741,19 @@ def judge_profile_study(run: RunResult, kernels: list[dict], ranges: list[dict])
     m = run.metrics or {}
     if run.metrics is not None:
         _expect(m, "cuda_graphs_mode", "compiled", problems)
-    shares: dict[str, float] = {}
-    for row in kernels:
-        shares[row["category"]] = shares.get(row["category"], 0.0) + float(row["share"])
+    shares, kernel_numbers = kernel_shares(kernels)
     triton = [r for r in kernels if str(r["kernel"]).startswith("triton_")]
     phases = {r["range"]: r for r in ranges if int(r["rank"]) == 0}
     numbers = {
         "cuda_graphs_mode": m.get("cuda_graphs_mode"),
-        "kernel_rows": len(kernels),
+        **kernel_numbers,
         "triton_kernels": len(triton),
-        "share_by_category": {k: round(v, 4) for k, v in sorted(shares.items())},
-        "other_share": round(shares.get("other", 0.0), 4),
-        "top_other": [r["kernel"][:120] for r in kernels if r["category"] == "other"][:3],
         "phase_share": {k: round(float(r["share"]), 4) for k, r in sorted(phases.items())},
         "phase_time_base": sorted({r["time_base"] for r in phases.values()}),
     }
     if not triton:
         problems.append("no inductor kernel (triton_*) in the profile: the run did not compile?")
-    if shares.get("other", 0.0) > MAX_OTHER_SHARE:
-        problems.append(
-            f"{shares['other']:.0%} of kernel time is 'other' (> {MAX_OTHER_SHARE:.0%}): "
-            "add the names under top_other to nsight/classify.py"
-        )
+    problems += other_problems(shares)
     missing = [p for p in ("forward", "backward", "optimizer") if p not in phases]
     if missing:
         problems.append(f"no phase range {', '.join(missing)} in the profile of rank 0")
