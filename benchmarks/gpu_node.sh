@@ -1,6 +1,6 @@
 #!/bin/bash
-# The trainer-speed benchmarks of one GPU node, in one command of about 5 minutes, for a short
-# lease (docs/benchmarks.md, "Trainer speed").
+# The trainer-speed benchmarks of one GPU node in one command (docs/benchmarks.md, "Trainer
+# speed"); for a short lease, STEPS picks some.
 #
 #   bash benchmarks/gpu_node.sh OUT        # on a node with one CUDA GPU; writes OUT/*.json|log|txt
 #
@@ -11,6 +11,13 @@
 #   compare-nographs  the same with --cuda-graphs off (the compiled path of FSDP, comm hooks and
 #                     gradient accumulation): what the graphs win
 #   compare-eager     the same with --compile off: what compiling wins
+#   compare-tf32      ours (defaults) vs the reference in tf32 (TF32 tensor cores for fp32 math)
+#   compare-fp32      the same in fp32 (IEEE: no TF32), the Trainer issue's figures beside bf16
+#   buckets           our trainer alone at local batch 64 for each DDP bucket size in BUCKETS
+#                     (MiB, default 1 5 25) and each --cuda-graphs mode in BUCKET_GRAPHS (default
+#                     auto on off): whether the bucket family's small buckets time torch's host
+#                     overhead (one compiled graph per bucket under --cuda-graphs on) instead of
+#                     the all-reduce; one line per run in OUT/buckets.txt
 #   ddp-buffers       DDP's per-step buffer broadcast, one NCCL rank (ddp_buffers.py)
 #   anatomy-lb64      the host time of our step per phase at local batch 64 (step_anatomy.py)
 # STEPS picks some of them (default: all, in this order). A failed step is logged and the next
@@ -28,7 +35,9 @@ export PYTHONPATH="$here/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
 width=${WIDTH:-64} batch=${LOCAL_BATCH:-512} precision=${PRECISION:-bf16} epochs=${EPOCHS:-3}
 repeats=${REPEATS:-3} workers=${REF_WORKERS:-8} device=${DEVICE:-cuda}
-steps=${STEPS:-compare compare-compiled-graphs compare-nographs compare-eager ddp-buffers anatomy-lb64}
+all="compare compare-compiled-graphs compare-nographs compare-eager compare-tf32 compare-fp32"
+all+=" buckets ddp-buffers anatomy-lb64"
+steps=${STEPS:-$all}
 
 "$py" -m scalestudy prepare-data --dataset synthetic --data-dir "$data" \
     --num-train "${NUM_TRAIN:-16384}" --num-test 1024 >"$out/prepare-data.log" 2>&1
@@ -48,6 +57,27 @@ for step in $steps; do
     compare-compiled-graphs) compare compare-compiled-graphs --ours-flags="--cuda-graphs on" ;;
     compare-nographs) compare compare-nographs --ours-flags="--cuda-graphs off" ;;
     compare-eager) compare compare-eager --ours-flags="--compile off" ;;
+    compare-tf32) compare compare-tf32 --precision tf32 ;; # the last --precision wins
+    compare-fp32) compare compare-fp32 --precision fp32 ;;
+    buckets)
+        for mib in ${BUCKETS:-1 5 25}; do
+            for graphs in ${BUCKET_GRAPHS:-auto on off}; do
+                name=bucket-${mib}mib-graphs-$graphs
+                "$py" -m scalestudy train --dataset synthetic --data-dir "$data" --width "$width" \
+                    --local-batch 64 --precision "$precision" --epochs 2 --warmup-steps 10 \
+                    --limit-test 1024 --comm-probe-steps 0 --device "$device" \
+                    --bucket-cap-mb "$mib" --cuda-graphs "$graphs" --out "$out/$name" \
+                    >"$out/$name.log" 2>&1 || echo "$name failed: see $out/$name.log"
+                "$py" - "$out/$name/metrics.json" "$name" >>"$out/buckets.txt" <<'PY' || true
+import json, sys
+m = json.load(open(sys.argv[1]))
+print(sys.argv[2], f"mode={m['cuda_graphs_mode']}", f"img/s={m['throughput_img_s']:.0f}",
+      f"step_p50_ms={m['step_time_ms_p50']:.2f}", f"mfu={m.get('mfu')}")
+PY
+            done
+        done
+        cat "$out/buckets.txt" 2>/dev/null || true
+        ;;
     ddp-buffers)
         "$py" "$here/benchmarks/ddp_buffers.py" --device "$device" --nproc 1 --width "$width" \
             --batch "$batch" --steps 30 --repeats "$repeats" >"$out/ddp-buffers.txt" 2>&1 ||
@@ -62,6 +92,6 @@ for step in $steps; do
             >"$out/anatomy-lb64.log" 2>&1 || echo "anatomy-lb64 failed: see $out/anatomy-lb64.log"
         grep -A11 '^throughput' "$out/anatomy-lb64.log" || true
         ;;
-    *) echo "unknown step $step (compare compare-compiled-graphs compare-nographs compare-eager ddp-buffers anatomy-lb64)" ;;
+    *) echo "unknown step $step ($all)" ;;
     esac
 done

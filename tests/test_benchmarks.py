@@ -103,12 +103,13 @@ def test_the_ddp_buffer_benchmark_times_both_wrappers():
 def test_the_gpu_node_script_runs_small_on_a_cpu(tmp_path):
     """benchmarks/gpu_node.sh, the next GPU lease's one command, end to end with tiny sizes and
     the steps a CPU runs in seconds: every comparison writes its JSON, a step the script does
-    not know is named and skipped (the next one runs), and the buffer benchmark prints its
-    ratio."""
+    not know is named and skipped (the next one runs), the bucket sweep writes one line per run
+    with the mode that ran, and the buffer benchmark prints its ratio."""
     out = tmp_path / "out"
     sizes = {"WIDTH": "2", "LOCAL_BATCH": "16", "PRECISION": "fp32", "EPOCHS": "1"}
     sizes |= {"NUM_TRAIN": "512", "REPEATS": "1", "REF_WORKERS": "0", "DEVICE": "cpu"}
-    sizes["STEPS"] = "compare compare-nograph compare-nographs ddp-buffers"
+    sizes |= {"BUCKETS": "1 25", "BUCKET_GRAPHS": "off"}
+    sizes["STEPS"] = "compare compare-nograph compare-nographs buckets ddp-buffers"
     proc = subprocess.run(
         ["bash", str(REPO / "benchmarks" / "gpu_node.sh"), str(out)],
         env=child_env(PYTHON=PYTHON, CUDA_VISIBLE_DEVICES="", **sizes),
@@ -120,6 +121,15 @@ def test_the_gpu_node_script_runs_small_on_a_cpu(tmp_path):
     for name in ("compare", "compare-nographs"):
         r = json.loads((out / f"{name}.json").read_text())
         assert r["ours"]["median"] > 0 and r["reference"]["median"] > 0, name
+    buckets = (out / "buckets.txt").read_text().splitlines()
+    assert [line.split()[:2] for line in buckets] == [
+        ["bucket-1mib-graphs-off", "mode=off"],
+        ["bucket-25mib-graphs-off", "mode=off"],
+    ], buckets
+    assert (
+        json.loads((out / "bucket-1mib-graphs-off" / "metrics.json").read_text())["bucket_cap_mb"]
+        == 1.0
+    )
     assert "unknown step compare-nograph " in proc.stdout
     assert "--cuda-graphs off" in (out / "compare-nographs.log").read_text()
     assert "ours / per-step broadcast:" in (out / "ddp-buffers.txt").read_text()
