@@ -242,6 +242,9 @@ EOF
         echo "SlurmUser=root"
         echo "SlurmdUser=root"
         echo "AuthType=auth/munge"
+        # a requeued job waits cred_expire seconds before it may start again (slurm.conf(5),
+        # AuthInfo; default 120 s): 45 s still covers a step's launch on a busy 2-core machine
+        echo "AuthInfo=cred_expire=45"
         echo "CryptoType=crypto/munge"
         echo "MpiDefault=none"
         echo "MailProg=/bin/true"
