@@ -68,7 +68,7 @@ for step in $steps; do
                     --limit-test 1024 --comm-probe-steps 0 --device "$device" \
                     --bucket-cap-mb "$mib" --cuda-graphs "$graphs" --out "$out/$name" \
                     >"$out/$name.log" 2>&1 || echo "$name failed: see $out/$name.log"
-                "$py" - "$out/$name/metrics.json" "$name" >>"$out/buckets.txt" <<'PY' || true
+                "$py" - "$out/$name/metrics.json" "$name" >>"$out/buckets.txt" 2>/dev/null <<'PY' || true
 import json, sys
 m = json.load(open(sys.argv[1]))
 print(sys.argv[2], f"mode={m['cuda_graphs_mode']}", f"img/s={m['throughput_img_s']:.0f}",
