@@ -43,6 +43,10 @@ steps=${STEPS:-$all}
     --num-train "${NUM_TRAIN:-16384}" --num-test 1024 >"$out/prepare-data.log" 2>&1
 common=(--data-dir "$data" --dataset synthetic --nproc 1 --width "$width" --local-batch "$batch"
     --precision "$precision" --epochs "$epochs" --ref-workers "$workers" --repeats "$repeats")
+# `scalestudy train` at local batch 64 (the launch-bound case): anatomy-lb64 and buckets
+lb64=(--dataset synthetic --data-dir "$data" --width "$width" --local-batch 64
+    --precision "$precision" --epochs 2 --warmup-steps 10 --limit-test 1024
+    --comm-probe-steps 0 --device "$device")
 compare() { # name, extra compare.py flags: OUT/<name>.json and .log
     local name=$1
     shift
@@ -63,10 +67,8 @@ for step in $steps; do
         for mib in ${BUCKETS:-1 5 25}; do
             for graphs in ${BUCKET_GRAPHS:-auto on off}; do
                 name=bucket-${mib}mib-graphs-$graphs
-                "$py" -m scalestudy train --dataset synthetic --data-dir "$data" --width "$width" \
-                    --local-batch 64 --precision "$precision" --epochs 2 --warmup-steps 10 \
-                    --limit-test 1024 --comm-probe-steps 0 --device "$device" \
-                    --bucket-cap-mb "$mib" --cuda-graphs "$graphs" --out "$out/$name" \
+                "$py" -m scalestudy train "${lb64[@]}" --bucket-cap-mb "$mib" \
+                    --cuda-graphs "$graphs" --out "$out/$name" \
                     >"$out/$name.log" 2>&1 || echo "$name failed: see $out/$name.log"
                 "$py" - "$out/$name/metrics.json" "$name" >>"$out/buckets.txt" 2>/dev/null <<'PY' || true
 import json, sys
@@ -86,9 +88,7 @@ PY
         ;;
     anatomy-lb64)
         "$py" "$here/benchmarks/step_anatomy.py" --json "$out/anatomy-lb64.json" -- \
-            --dataset synthetic --data-dir "$data" --width "$width" --local-batch 64 \
-            --precision "$precision" --epochs 2 --warmup-steps 10 --limit-test 1024 \
-            --comm-probe-steps 0 --device "$device" --out "$out/anatomy-lb64-run" \
+            "${lb64[@]}" --out "$out/anatomy-lb64-run" \
             >"$out/anatomy-lb64.log" 2>&1 || echo "anatomy-lb64 failed: see $out/anatomy-lb64.log"
         grep -A11 '^throughput' "$out/anatomy-lb64.log" || true
         ;;
