@@ -10,6 +10,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -636,9 +637,9 @@ def test_profile_fails_when_other_dominates_or_no_cuda_kernel(tmp_path):
     assert check.status == FAIL and "no CUDA kernel" in check.problems[0]
 
 
-def study_profile_ops(triton: bool = True, phases=("forward", "backward", "optimizer")):
-    """A stand-in torch.profiler export of a compiled run: cuDNN's convolutions, inductor's
-    fused kernels, and the phases' device-side ranges."""
+def study_profile_ops(triton: bool = True):
+    """A stand-in torch.profiler export of a compiled run: cuDNN's convolutions and inductor's
+    fused kernels (the phases come from the trace beside it: torch_ops.trace_phases)."""
     fused = ["triton_red_fused_native_batch_norm_backward_12", "triton_poi_fused_add_relu_3"]
     if not triton:  # an eager run's kernels, unknown to classify.py
         fused = ["void some_unknown_kernel<7>(float*)", "void some_unknown_kernel<8>(float*)"]
@@ -647,18 +648,17 @@ def study_profile_ops(triton: bool = True, phases=("forward", "backward", "optim
         (fused[0], 200.0),
         (fused[1], 150.0),
     ]
-    ops = cuda_kernel_ops(cuda, count=5)
-    ops += [
-        {"name": p, "count": 5, "self_cpu_us": 10.0, "cpu_total_us": 40.0,
-         "self_device_us": 300.0, "device_total_us": 300.0, "device_type": "CUDA",
-         "user_annotation": True}
-        for p in phases
-    ]  # fmt: skip
-    return ops
+    return cuda_kernel_ops(cuda, count=5)
 
 
 def test_the_study_profile_check_needs_compiled_kernels_and_the_phase_ranges(tmp_path):
-    def judge(ops, **metrics):
+    def judge(ops, trace: bool = True, **metrics):
+        # the phases: the real trace of the H100's profiling job (tests/fixtures/gpu-h100/)
+        beside = tmp_path / "trace_rank0.json"
+        if trace:
+            shutil.copy(FIX.parent / "gpu-h100" / "trace_rank0.json", beside)
+        else:
+            beside.unlink(missing_ok=True)
         kernels, ranges = parsed_rows(tmp_path, ops)
         run = stand_in_run(**{"cuda_graphs_mode": "compiled", **metrics})
         return report.judge_profile_study(run, kernels, ranges)
@@ -667,15 +667,36 @@ def test_the_study_profile_check_needs_compiled_kernels_and_the_phase_ranges(tmp
     assert check.status == PASS, check.problems
     assert check.numbers["triton_kernels"] == 2 and check.numbers["other_share"] == 0.0
     assert check.numbers["phase_time_base"] == ["gpu_projection"]
-    assert set(check.numbers["phase_share"]) == {"forward", "backward", "optimizer"}
-    # a replay of the whole step: kernels, but no phase range
-    check = judge(study_profile_ops(phases=()), cuda_graphs_mode="step")
+    assert set(check.numbers["phase_share"]) == {"data", "forward", "backward", "optimizer"}
+    # a replay of the whole step: kernels, but no phase range (none recorded, no trace)
+    check = judge(study_profile_ops(), trace=False, cuda_graphs_mode="step")
     assert check.status == FAIL
     assert "cuda_graphs_mode is 'step', expected 'compiled'" in check.problems[0]
     assert "no phase range forward, backward, optimizer" in check.problems[1]
     check = judge(study_profile_ops(triton=False))
     assert check.status == FAIL and "no inductor kernel" in check.problems[0]
     assert "'other'" in check.problems[1]
+
+
+def test_the_study_profile_keeps_its_trace_and_export_as_fixtures(tmp_path):
+    """What the next GPU's run commits: the trace cut to one step and the export, which
+    parse_torch reads as it read the originals (here the H100's, already one step)."""
+    real = FIX.parent / "gpu-h100"
+    ctx = gpu_check.Context(
+        work=tmp_path / "w", fixtures=tmp_path / "f", env={}, budget=gpu_check.Budget(0)
+    )
+    gpu_check.keep_profile_fixtures(ctx, "torch-profiler-study", real)
+    kept = tmp_path / "f" / "torch-profiler-study"
+    assert sorted(ctx.fixture_files) == [
+        "fixtures/torch-profiler-study/torch_ops_rank0.json",
+        "fixtures/torch-profiler-study/trace_rank0.json",
+    ]
+    assert torch_ops.parse_torch(kept, "k") == torch_ops.parse_torch(real, "k")
+    assert "--profile-steps" in ctx.commands["torch-profiler-study/trace_rank0.json"]
+    # nothing to keep: a warning, no fixture, no error
+    ctx.fixture_files.clear()
+    gpu_check.keep_profile_fixtures(ctx, "torch-profiler-study", tmp_path / "none")
+    assert ctx.fixture_files == []
 
 
 def test_the_study_profile_check_runs_the_study_profile_jobs_flags():

@@ -24,7 +24,7 @@ from workflow_helpers import STAND_INS, child_env, copy_repo, planned_jobs, snak
 
 from scalestudy import cli, log
 from scalestudy.errors import ProfileError, ProfileFormatError
-from scalestudy.jobs import container, launch
+from scalestudy.jobs import container, gpu_check_report, launch
 from scalestudy.jobs import profile as capture
 from scalestudy.nsight import ncu, nsys, readers, schema, torch_ops
 from scalestudy.nsight.classify import classify
@@ -582,14 +582,15 @@ def _op(name, count, device_type, self_cpu=0.0, cpu_total=0.0, self_dev=0.0, **e
     }
 
 
-# what key_averages() gives on a GPU, in the form of torch_ops_export (hand-made: no GPU was
-# available; the shape follows torch.autograd.profiler_util: a record_function range is a CPU
-# entry and, on the device, a CUDA entry flagged is_user_annotation whose time is its GPU span)
+# what key_averages() gives on a GPU, in the form of torch_ops_export (hand-made, in the shape of
+# the real exports in tests/fixtures/gpu-h100/: a record_function range is a CPU entry and, on
+# the device, a CUDA entry flagged user_annotation)
 GPU_OPS = [
     _op("aten::cudnn_convolution", 2, "CPU", 50, 60, device_total_us=300, user_annotation=False),
     _op("sm90_xmma_fprop_implicit_gemm_bf16", 2, "CUDA", self_dev=300, device_total_us=300),
     _op("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 1, "CUDA", self_dev=100, device_total_us=100),
-    # the phase: host enqueue time 400 us, GPU span 350 us
+    # the phase: host enqueue time 400 us; its device-side entry (kineto's span of the kernels
+    # whose innermost annotation it was) 350 us
     _op("forward", 2, "CPU", 5, 400, device_total_us=300, user_annotation=True),
     _op("forward", 2, "CUDA", self_dev=350, device_total_us=350, user_annotation=True),
     _op("backward", 2, "CPU", 5, 90, device_total_us=100, user_annotation=True),
@@ -599,51 +600,155 @@ GPU_OPS = [
 ]
 
 
-def test_torch_export_on_gpu_counts_device_time_of_kernels_and_phases(tmp_path):
+def test_torch_export_on_gpu_counts_device_time_of_kernels(tmp_path):
     (tmp_path / "torch_ops_rank3.json").write_text(json.dumps({"ops": GPU_OPS}))
     kernels, ranges = torch_ops.parse_torch(tmp_path, "g")
     assert [(r["kernel"], r["category"], r["total_ns"], r["rank"]) for r in kernels] == [
         ("sm90_xmma_fprop_implicit_gemm_bf16", "conv", 300_000, 3),
         ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "nccl", 100_000, 3),
     ]
-    # the device-side time of each phase, not the host's 400 us / 90 us
-    assert ranges == [
-        {
-            "run": "g",
-            "rank": 3,
-            "tool": "torch.profiler",
-            "range": name,
-            "time_base": "gpu_projection",
-            "instances": 2,
-            "total_ns": ns,
-            "share": ns / 500_000,
-        }
-        for name, ns in (("forward", 350_000), ("backward", 150_000))
+    # no trace beside the export: the host's times, labelled as such; never the device-side
+    # entries of the ranges (they miss what nested ranges and other threads launched)
+    assert [(r["range"], r["time_base"], r["total_ns"], r["instances"]) for r in ranges] == [
+        ("forward", "host_range", 400_000, 2),
+        ("backward", "host_range", 90_000, 2),
     ]
 
 
 def test_torch_export_before_the_annotation_flag(tmp_path):
     """An export of the first format (no user_annotation, no device_total_us) still gives the
-    phases' device time from their CUDA entries."""
+    kernels, and the phases' host time."""
     old = [
         {k: v for k, v in op.items() if k not in ("user_annotation", "device_total_us")}
         for op in GPU_OPS[:5]
     ]
     (tmp_path / "torch_ops_rank0.json").write_text(json.dumps({"ops": old}))
-    _, ranges = torch_ops.parse_torch(tmp_path, "g")
+    kernels, ranges = torch_ops.parse_torch(tmp_path, "g")
+    assert [r["kernel"] for r in kernels][:1] == ["sm90_xmma_fprop_implicit_gemm_bf16"]
     assert [(r["range"], r["time_base"], r["total_ns"]) for r in ranges] == [
-        ("forward", "gpu_projection", 350_000)
+        ("forward", "host_range", 400_000)
     ]
 
 
-def test_torch_export_without_device_phases_says_host_time(tmp_path):
-    ops = [op for op in GPU_OPS if not (op["device_type"] == "CUDA" and op.get("user_annotation"))]
-    (tmp_path / "torch_ops_rank0.json").write_text(json.dumps({"ops": ops}))
-    _, ranges = torch_ops.parse_torch(tmp_path, "g")
-    assert [(r["range"], r["time_base"], r["total_ns"]) for r in ranges] == [
-        ("forward", "host_range", 400_000),
-        ("backward", "host_range", 90_000),
+def _x(cat, name, ts, dur, tid=1, corr=None):
+    """One complete event of a chrome trace (torch.profiler's export_chrome_trace), times in us."""
+    e = {"ph": "X", "cat": cat, "name": name, "pid": 7, "tid": tid, "ts": ts, "dur": dur}
+    if corr is not None:
+        e["args"] = {"correlation": corr, "External id": 99}
+    return e
+
+
+# Two steps in the shape of the H100 trace (tests/fixtures/gpu-h100/), hand-made so that every
+# projection is known: the main thread (tid 1) opens the phases; the backward's kernels are
+# launched from autograd's device thread (tid 2); a nested range (DDP's) inside forward; a CUDA
+# graph launch whose two kernels share its correlation id; a memset; a launch outside any phase.
+TRACE_EVENTS = [
+    # step 1
+    _x("user_annotation", "data", 0, 10),
+    _x("user_annotation", "forward", 10, 40),
+    _x("user_annotation", "DistributedDataParallel.forward", 12, 30),
+    _x("cuda_runtime", "cudaGraphLaunch", 15, 2, corr=1),
+    _x("kernel", "triton_poi_fused_0", 100, 20, tid=7, corr=1),
+    _x("kernel", "triton_poi_fused_1", 125, 25, tid=7, corr=1),
+    _x("cuda_runtime", "cudaLaunchKernel", 45, 1, corr=2),  # the loss, outside DDP's range
+    _x("kernel", "nll_loss_forward", 160, 5, tid=7, corr=2),
+    _x("user_annotation", "backward", 50, 100),
+    _x("cuda_runtime", "cudaLaunchKernel", 60, 1, tid=2, corr=3),
+    _x("kernel", "conv_dgrad", 170, 50, tid=7, corr=3),
+    _x("cuda_runtime", "cudaMemsetAsync", 70, 1, tid=2, corr=4),
+    _x("gpu_memset", "Memset (Device)", 230, 2, tid=7, corr=4),
+    _x("user_annotation", "optimizer", 150, 20),
+    _x("user_annotation", "Optimizer.step#SGD.step", 151, 18),
+    _x("cuda_runtime", "cudaLaunchKernel", 155, 1, corr=5),
+    _x("kernel", "multi_tensor_apply_kernel", 240, 10, tid=7, corr=5),
+    _x("cuda_runtime", "cudaLaunchKernel", 175, 1, corr=6),  # between steps: no phase
+    _x("kernel", "lr_fill", 255, 1, tid=7, corr=6),
+    # step 2: the backward launches nothing that reaches the GPU; the optimizer one kernel
+    _x("user_annotation", "data", 300, 10),
+    _x("user_annotation", "forward", 310, 20),
+    _x("cuda_runtime", "cudaGraphLaunch", 315, 2, corr=7),
+    _x("kernel", "triton_poi_fused_0", 400, 30, tid=7, corr=7),
+    _x("user_annotation", "backward", 330, 20),
+    _x("cuda_runtime", "cudaStreamIsCapturing", 335, 1, tid=2, corr=8),  # launches nothing
+    _x("user_annotation", "optimizer", 350, 20),
+    _x("cuda_runtime", "cudaLaunchKernel", 355, 1, corr=9),
+    _x("kernel", "multi_tensor_apply_kernel", 440, 12, tid=7, corr=9),
+    # kineto's own device-side span of a range: not read
+    _x("gpu_user_annotation", "forward", 160, 5, tid=7),
+    {"ph": "M", "name": "process_name", "pid": 7, "args": {"name": "python"}},
+]
+
+
+def test_trace_phases_project_each_range_onto_the_gpu():
+    phases = {
+        p["name"]: (p["instances"], p["total_ns"])
+        for p in torch_ops.trace_phases({"traceEvents": TRACE_EVENTS})
+    }
+    # forward: 100..165 (the graph's kernels and the loss) + 400..430; backward: 170..232
+    # (another thread's launches) + nothing; optimizer: 240..250 + 440..452; data: nothing
+    assert phases == {
+        "data": (2, 0.0),
+        "forward": (2, 95_000.0),
+        "backward": (2, 62_000.0),
+        "optimizer": (2, 22_000.0),
+    }
+    # the bare-list form of a chrome trace reads the same
+    assert torch_ops.trace_phases(TRACE_EVENTS) == torch_ops.trace_phases(
+        {"traceEvents": TRACE_EVENTS}
+    )
+    # a CPU trace (no GPU operation): nothing projected
+    cpu = [e for e in TRACE_EVENTS if e.get("cat") not in torch_ops.GPU_CATEGORIES]
+    assert torch_ops.trace_phases({"traceEvents": cpu}) == []
+
+
+def test_parse_torch_reads_the_trace_beside_the_export(tmp_path):
+    (tmp_path / "torch_ops_rank1.json").write_text(json.dumps({"ops": GPU_OPS}))
+    (tmp_path / "trace_rank1.json").write_text(json.dumps({"traceEvents": TRACE_EVENTS}))
+    kernels, ranges = torch_ops.parse_torch(tmp_path / "torch_ops_rank1.json", "g")
+    assert len(kernels) == 2  # the kernels still come from the export
+    assert [(r["range"], r["time_base"], r["rank"], r["total_ns"]) for r in ranges] == [
+        ("data", "gpu_projection", 1, 0),
+        ("forward", "gpu_projection", 1, 95_000),
+        ("backward", "gpu_projection", 1, 62_000),
+        ("optimizer", "gpu_projection", 1, 22_000),
     ]
+    assert sum(r["share"] for r in ranges) == pytest.approx(1.0)
+    # a CPU run's trace has no GPU operation: the host times, as without a trace
+    cpu = [e for e in TRACE_EVENTS if e.get("cat") not in torch_ops.GPU_CATEGORIES]
+    (tmp_path / "trace_rank1.json").write_text(json.dumps({"traceEvents": cpu}))
+    _, ranges = torch_ops.parse_torch(tmp_path, "g")
+    assert {r["time_base"] for r in ranges} == {"host_range"}
+
+
+@pytest.mark.parametrize(
+    "text, why",
+    [
+        ('{"traceEvents": [', "malformed JSON"),
+        (json.dumps({"traceEvents": [{"ph": "X", "cat": "kernel", "args": {}}]}), "bad event"),
+        (json.dumps("a string"), "not a torch.profiler chrome trace"),
+    ],
+)
+def test_a_broken_trace_is_named(tmp_path, text, why):
+    (tmp_path / "torch_ops_rank0.json").write_text(json.dumps({"ops": GPU_OPS}))
+    (tmp_path / "trace_rank0.json").write_text(text)
+    with pytest.raises(ProfileFormatError, match=rf"trace_rank0\.json.*{why}"):
+        torch_ops.parse_torch(tmp_path, "g")
+
+
+def test_trim_trace_keeps_what_the_projection_reads():
+    doc = {"schemaVersion": 1, "traceEvents": TRACE_EVENTS, "deviceProperties": [{"id": 0}]}
+    one = gpu_check_report.trim_trace(doc, steps=1)
+    assert "deviceProperties" not in one and one["schemaVersion"] == 1
+    # the first step's projections, untouched by the cut
+    assert {p["name"]: p["total_ns"] for p in torch_ops.trace_phases(one)} == {
+        "data": 0.0,
+        "forward": 65_000.0,
+        "backward": 62_000.0,
+        "optimizer": 10_000.0,
+    }
+    assert all(set(e.get("args", {})) <= {"correlation"} for e in one["traceEvents"])
+    both = gpu_check_report.trim_trace(doc, steps=2)
+    assert torch_ops.trace_phases(both) == torch_ops.trace_phases(doc)
 
 
 # --- commands a cluster runs -----

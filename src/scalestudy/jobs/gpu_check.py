@@ -499,7 +499,26 @@ def check_profile_study(ctx: Context) -> Check:
         kernels, ranges = torch_ops.parse_torch(export, "gpu-check")
     except (OSError, ValueError, ProfileFormatError) as exc:
         run.log_tail += f"\n[gpu-check] cannot parse {export}: {exc}"
+    if kernels:
+        keep_profile_fixtures(ctx, name, export)
     return report.judge_profile_study(run, kernels, ranges)
+
+
+def keep_profile_fixtures(ctx: Context, name: str, export: Path) -> None:
+    """The study profile's trace (its phases: torch_ops.trace_phases) cut to one step, and the
+    export beside it, as parse_torch reads them (the first: tests/fixtures/gpu-h100/)."""
+    try:
+        trace = json.loads((export / "trace_rank0.json").read_text())
+        doc = json.loads((export / "torch_ops_rank0.json").read_text())
+    except (OSError, ValueError) as exc:
+        logger.warning(f"gpu-check: {name}: no fixture kept ({exc})")
+        return
+    argv = train_argv(ctx, 1, profile_study_flags())
+    for fixture, content in (
+        ("trace_rank0.json", json.dumps(report.trim_trace(trace), separators=(",", ":"))),
+        ("torch_ops_rank0.json", json.dumps(report.trim_torch_ops(doc), indent=1)),
+    ):
+        write_fixture(ctx, f"{name}/{fixture}", content + "\n", argv)
 
 
 def check_ncu(ctx: Context) -> Check:

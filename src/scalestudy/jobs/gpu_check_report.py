@@ -24,6 +24,7 @@ from typing import Any
 
 from scalestudy import files
 from scalestudy.nsight import schema
+from scalestudy.nsight.torch_ops import GPU_CATEGORIES, LAUNCH_CATEGORIES
 from scalestudy.trainer.measure import ENERGY_SHORT_WINDOW, ENERGY_UPDATE_S
 
 PASS, FAIL, SKIPPED = "pass", "fail", "skipped"
@@ -1044,6 +1045,53 @@ def trim_torch_ops(doc: dict, cuda_top: int = 20, cpu_top: int = 10) -> dict:
     on_cpu.sort(key=lambda op: -float(op.get("self_cpu_us") or 0))
     kept = ranges + on_cuda[:cuda_top] + on_cpu[:cpu_top]
     return {**doc, "ops": kept, "trimmed": f"{len(kept)} of {len(ops)} entries"}
+
+
+def trim_trace(doc: dict, steps: int = 1) -> dict:
+    """A torch.profiler chrome trace (trace_rank<r>.json) cut down to what
+    nsight.torch_ops.trace_phases reads, over the first `steps` steps: the phase ranges (host
+    annotations named in schema.RANGES), the CUDA API calls that launched GPU operations and
+    those operations, each event's args reduced to its correlation id, and kineto's own GPU
+    spans of annotations (gpu_user_annotation: what the export's device-side range entries
+    sum, kept to compare). The steps end at the `steps`-th "optimizer" range (all of them where
+    there are fewer)."""
+    events = [e for e in doc.get("traceEvents", []) if isinstance(e, dict) and e.get("ph") == "X"]
+    phases = sorted(
+        (e for e in events if e.get("cat") == "user_annotation" and e.get("name") in schema.RANGES),
+        key=lambda e: e["ts"],
+    )
+    if not phases:
+        return {**doc, "traceEvents": [], "trimmed": "no phase range"}
+    ends = [e["ts"] + e["dur"] for e in phases if e["name"] == "optimizer"][:steps]
+    begin = phases[0]["ts"]
+    end = ends[-1] if len(ends) == steps else max(e["ts"] + e["dur"] for e in phases)
+
+    def corr(e: dict):
+        return (e.get("args") or {}).get("correlation")
+
+    gpu = [e for e in events if e.get("cat") in GPU_CATEGORIES]
+    launched = {corr(e) for e in gpu}
+    launches = [
+        e
+        for e in events
+        if e.get("cat") in LAUNCH_CATEGORIES and begin <= e["ts"] <= end and corr(e) in launched
+    ]
+    kept_corr = {corr(e) for e in launches}
+    fields = ("ph", "cat", "name", "pid", "tid", "ts", "dur")
+
+    def cut(e: dict) -> dict:
+        return {k: e[k] for k in fields if k in e}
+
+    gpu = [e for e in gpu if corr(e) in kept_corr]
+    gpu_end = max((e["ts"] + e["dur"] for e in gpu), default=end)  # the GPU lags the host
+    spans = [
+        e for e in events if e.get("cat") == "gpu_user_annotation" and begin <= e["ts"] < gpu_end
+    ]
+    out = [cut(e) for e in phases if begin <= e["ts"] <= end]  # no correlation on the host
+    out += [cut(e) for e in spans]
+    out += [{**cut(e), "args": {"correlation": corr(e)}} for e in launches + gpu]
+    head = {k: v for k, v in doc.items() if k in ("schemaVersion", "displayTimeUnit")}
+    return {**head, "traceEvents": out, "trimmed": f"{len(out)} of {len(events)} events"}
 
 
 _NCU_KEEP = re.compile(

@@ -587,10 +587,11 @@ def parse(args: argparse.Namespace) -> int:
         # a warning, not an error: the kernel breakdown stands on its own, and a trainer that
         # records its phases in a form this tool does not see must not cost the kernels
         where = f"; {args.out_ranges} has no rows for them" if args.out_ranges else ""
+        seen = "nvtx_gpu_proj_sum / nvtx_sum" if tool == "nsys" else "record_function ranges"
         logger.warning(
             f"WARNING {args.run}: rank(s) {', '.join(map(str, bare))} have kernels but none of "
             f"the phase ranges {', '.join(schema.RANGES)} in {source} "
-            f"({'nvtx_gpu_proj_sum / nvtx_sum' if tool == 'nsys' else 'record_function entries'})"
+            f"({seen})"
             f"{where}"
         )
     host = sorted({r["rank"] for r in ranges if r["time_base"] == schema.HOST_RANGE})

@@ -3,6 +3,7 @@ profile_kernels and profile_ranges rows (schemas: schema.py)."""
 
 from __future__ import annotations
 
+import bisect
 import json
 from pathlib import Path
 
@@ -20,10 +21,13 @@ def parse_torch(input_path: str | Path, run: str) -> tuple[list[dict], list[dict
     self_device_us) the CUDA-side entries by self device time; on a CPU the ops by self CPU time
     (self time: no double counting of nested ops); the device-side entries of record_function
     ranges (user annotations) are not kernels: their time spans kernels counted themselves.
-    Phase ranges (schema.RANGES, the trainer's record_function ranges): on a GPU their
-    device-side entries, whose time is the range projected onto the GPU (time_base
-    gpu_projection); where there are none (a CPU run), the host entries' inclusive CPU time
-    (host_range: the phase's real time on a CPU, only enqueue time on a GPU).
+    Phase ranges (schema.RANGES, the trainer's record_function ranges): on a GPU each range
+    projected onto the GPU from the chrome trace beside the export (trace_rank{r}.json:
+    trace_phases; time_base gpu_projection); where the trace has no GPU operation (a CPU run) or
+    is missing, the host entries' inclusive CPU time (host_range: the phase's real time on a
+    CPU, only enqueue time on a GPU). The export's own device-side entries of the ranges are not
+    used: they hold only the GPU operations launched directly under them, not under a nested
+    range, nor from another thread (trace_phases).
     """
     p = Path(input_path)
     files = sorted(p.glob("torch_ops_rank*.json")) if p.is_dir() else [p]
@@ -40,7 +44,7 @@ def parse_torch(input_path: str | Path, run: str) -> tuple[list[dict], list[dict
         rank_kernels = _kernels(ops)
         if rank_kernels:
             kernels[rank] = rank_kernels
-        phases, time_base[rank] = _phases(ops)
+        phases, time_base[rank] = _phases(ops, _trace_phases_beside(f))
         if phases:
             ranges[rank] = phases
     return (
@@ -98,17 +102,92 @@ def _kernels(ops: list[dict]) -> list[dict]:
     return out
 
 
-def _phases(ops: list[dict]) -> tuple[list[dict], str]:
-    """(the phase entries, their time base): device-side when there are any, else host."""
-    device = [op for op in ops if op["name"] in schema.RANGES and op["cuda"]]
-    if device:
-        rows = [(op, op["dev_total"]) for op in device]
-        base = schema.GPU_PROJECTION
-    else:
-        host = [op for op in ops if op["name"] in schema.RANGES and not op["cuda"]]
-        rows = [(op, op["cpu_total"]) for op in host]
-        base = schema.HOST_RANGE
+def _trace_phases_beside(f: Path) -> list[dict]:
+    """trace_phases of the chrome trace the trainer wrote with the export f
+    (trace_rank{r}.json beside torch_ops_rank{r}.json); [] when there is none."""
+    trace = f.with_name(f.name.replace("torch_ops_", "trace_", 1))
+    if trace == f or not trace.is_file():
+        return []
+    try:
+        return trace_phases(json.loads(read_text(trace)))
+    except json.JSONDecodeError as exc:
+        raise ProfileFormatError(
+            trace, exc.lineno, f"malformed JSON ({exc.msg}); truncated?"
+        ) from exc
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ProfileFormatError(
+            trace, None, f"not a torch.profiler chrome trace (bad event: {exc!r})"
+        ) from exc
+
+
+def _phases(ops: list[dict], projected: list[dict]) -> tuple[list[dict], str]:
+    """(the phase entries, their time base): the GPU projections when the trace gave any,
+    else the host entries."""
+    if projected:
+        return projected, schema.GPU_PROJECTION
+    host = [op for op in ops if op["name"] in schema.RANGES and not op["cuda"]]
     entries = [
-        {"name": op["name"], "instances": op["count"], "total_ns": us * 1e3} for op, us in rows
+        {"name": op["name"], "instances": op["count"], "total_ns": op["cpu_total"] * 1e3}
+        for op in host
     ]
-    return entries, base
+    return entries, schema.HOST_RANGE
+
+
+# chrome-trace categories (torch.profiler's kineto export): the host's CUDA API calls, which
+# carry the correlation id of what they launched, and the GPU operations
+LAUNCH_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver"})
+GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+
+
+def trace_phases(doc: dict) -> list[dict]:
+    """The trainer's phase ranges in a torch.profiler chrome trace (export_chrome_trace),
+    projected onto the GPU as nsys's nvtx_gpu_proj_sum does: for each instance of a range, the
+    time from the start of the first to the end of the last GPU operation (kernel, memcpy,
+    memset) launched while the range was open; summed over instances. [] when the trace has no
+    GPU operation (a CPU run).
+
+    A GPU operation belongs to a range when the CUDA API call that launched it (same
+    `correlation` id; a CUDA graph's replayed kernels share their cudaGraphLaunch's) started
+    inside the range's host interval, on any thread of the process: autograd's device thread
+    launches the backward's kernels while the main thread waits in backward() (one H100, torch
+    2.11: 79 of 81 launches in the range's time came from another thread). The phases are
+    sequential on the main thread, so a launch falls in one phase at most. Nesting does not
+    matter either, unlike the export's device-side range entries (kineto's
+    gpu_user_annotation), which hold only the operations whose innermost open annotation on
+    their own thread was the range: on the H100 and H200 they missed DDP's forward (nested
+    DistributedDataParallel.forward), most of the backward and the whole optimizer
+    (Optimizer.step#SGD.step). A range with no GPU operation counts its instances, 0 ns."""
+    raw = doc if isinstance(doc, list) else doc.get("traceEvents", [])  # both chrome forms
+    events = [e for e in raw if isinstance(e, dict) and e.get("ph") == "X"]
+    gpu: dict[object, list[tuple[float, float]]] = {}
+    for e in events:
+        if e.get("cat") in GPU_CATEGORIES:
+            corr = (e.get("args") or {}).get("correlation")
+            gpu.setdefault(corr, []).append((float(e["ts"]), float(e["ts"]) + float(e["dur"])))
+    if not gpu:
+        return []
+    launches = sorted(
+        (float(e["ts"]), (e.get("args") or {}).get("correlation"))
+        for e in events
+        if e.get("cat") in LAUNCH_CATEGORIES and (e.get("args") or {}).get("correlation") in gpu
+    )
+    starts = [ts for ts, _ in launches]
+    sums: dict[str, list] = {}
+    for e in events:
+        if e.get("cat") != "user_annotation" or e.get("name") not in schema.RANGES:
+            continue
+        begin, end = float(e["ts"]), float(e["ts"]) + float(e["dur"])
+        ops = [
+            op
+            for _, corr in launches[
+                bisect.bisect_left(starts, begin) : bisect.bisect_right(starts, end)
+            ]
+            for op in gpu[corr]
+        ]
+        entry = sums.setdefault(e["name"], [0, 0.0])
+        entry[0] += 1
+        if ops:
+            entry[1] += (max(b for _, b in ops) - min(a for a, _ in ops)) * 1e3  # us -> ns
+    return [
+        {"name": name, "instances": count, "total_ns": ns} for name, (count, ns) in sums.items()
+    ]

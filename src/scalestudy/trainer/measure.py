@@ -493,9 +493,11 @@ def torch_ops_export(key_averages) -> dict:
     """The trainer's machine-readable export of prof.key_averages() (nsight/torch_ops.py reads
     it), times in us. A record_function range (the phases data/forward/backward/communication/
     optimizer) appears twice on a GPU: a CPU entry (host time: how long the CPU took to enqueue
-    the phase) and a CUDA entry flagged user_annotation, whose device time is the range projected
-    onto the GPU (first to last GPU operation launched inside it): the phases' GPU time. On a CPU
-    only the CPU entry exists, and its host time is the phase's real time."""
+    the phase) and a CUDA entry flagged user_annotation (kineto's span of the GPU operations
+    whose innermost annotation on their own thread was the range: it misses what a nested range
+    or autograd's thread launched, so the parser projects the phases from the chrome trace
+    instead: torch_ops.trace_phases). On a CPU only the CPU entry exists, and its host time is
+    the phase's real time."""
     ops = []
     for evt in key_averages:
         self_dev = getattr(evt, "self_device_time_total", None)
