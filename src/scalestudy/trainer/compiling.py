@@ -18,7 +18,9 @@
     for 6.3 ms of kernels): with these graphs it ran at the GPU's pace, 76k instead of 39k img/s.
     DDP's all-reduces stay outside (dynamo's DDP optimizer cuts the graph at the buckets and the
     reducer runs between the replays), and so do autograd's and the optimizer's host work: at
-    local batch 64 the step stays host-bound (5.8 ms per step, 10.7k img/s on one H100).
+    local batch 64 the step stays host-bound (5.8 ms per step, 10.7k img/s on one H100), and
+    more so the smaller the buckets (1 MiB: 11.6 ms, 5.6k img/s; the whole-step graph 2.2 ms
+    at either size: docs/benchmarks.md, sixth H100 session).
     Where inductor cannot use a graph it runs the code without one; `cuda_graph_skips` counts.
   - `--cuda-graphs step`: the whole step (forward, backward with DDP's all-reduces, the
     optimizer) captured once as one CUDA graph and replayed (step_graph.py): on one H100 29.6k
