@@ -676,6 +676,30 @@ def test_the_study_profile_check_needs_compiled_kernels_and_the_phase_ranges(tmp
     check = judge(study_profile_ops(triton=False))
     assert check.status == FAIL and "no inductor kernel" in check.problems[0]
     assert "'other'" in check.problems[1]
+    # the phases timed on the host only (no trace beside the export): not a projection
+    host_ops = study_profile_ops() + [
+        {"name": p, "count": 5, "self_cpu_us": 10.0, "cpu_total_us": 40.0,
+         "self_device_us": 0.0, "device_type": "CPU", "user_annotation": True}
+        for p in ("forward", "backward", "optimizer")
+    ]  # fmt: skip
+    # the real trace without the optimizer's launches: the range is there, with no GPU time
+    doc = json.loads((FIX.parent / "gpu-h100" / "trace_rank0.json").read_text())
+    opt = next(e for e in doc["traceEvents"] if e["name"] == "optimizer")
+    doc["traceEvents"] = [
+        e
+        for e in doc["traceEvents"]
+        if not (e["cat"] == "cuda_runtime" and opt["ts"] <= e["ts"] <= opt["ts"] + opt["dur"])
+    ]
+    (tmp_path / "trace_rank0.json").write_text(json.dumps(doc))
+    kernels, ranges = parsed_rows(tmp_path, study_profile_ops())
+    check = report.judge_profile_study(stand_in_run(cuda_graphs_mode="compiled"), kernels, ranges)
+    assert check.problems == ["phases optimizer of rank 0 launched nothing on the GPU"]
+    check = judge(host_ops, trace=False)
+    assert check.status == FAIL and check.numbers["phase_time_base"] == ["host_range"]
+    assert check.problems == [
+        "phases backward, forward, optimizer of rank 0 timed on the host (host_range), not "
+        "projected onto the GPU: trace_rank0.json missing, or without GPU operations"
+    ]
 
 
 def test_the_study_profile_keeps_its_trace_and_export_as_fixtures(tmp_path):

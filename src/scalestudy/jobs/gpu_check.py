@@ -25,7 +25,7 @@ limit, so a crash or a hang is a failed check with its log tail, never a crash o
   torch-profiler  CUDA kernels -> the kernels CSV, classified (the share left in "other")
   torch-profiler-study  the study's profiling job of a GPU run (compiled, a study asking for the
                   whole-step graph): torch.compile's graphs in the window, inductor's kernels
-                  classified, the phase ranges recorded
+                  classified, the phase ranges projected onto the GPU from the chrome trace
   ncu             Nsight Compute on the top kernels, parsed (skipped where ncu is not installed)
   reference-P     our trainer vs benchmarks/reference_train.py, bf16 and fp32, width 64, batch 512,
                   with our MFU and (H100, bf16) the Trainer issue's 60k / 80k img/s targets

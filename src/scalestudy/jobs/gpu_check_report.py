@@ -736,7 +736,7 @@ def judge_profile_study(run: RunResult, kernels: list[dict], ranges: list[dict])
         "exit 0 with a profile window; metrics.json cuda_graphs_mode 'compiled' (a window never "
         "replays the whole step); inductor's kernels (triton_*) recorded, at most "
         f"{MAX_OTHER_SHARE:.0%} of kernel time left in 'other'; rank 0's phase ranges forward, "
-        "backward and optimizer recorded"
+        "backward and optimizer projected onto the GPU (from the trace), each with GPU time"
     )
     problems = run_problems(run)
     m = run.metrics or {}
@@ -758,6 +758,19 @@ def judge_profile_study(run: RunResult, kernels: list[dict], ranges: list[dict])
     missing = [p for p in ("forward", "backward", "optimizer") if p not in phases]
     if missing:
         problems.append(f"no phase range {', '.join(missing)} in the profile of rank 0")
+    host = sorted(p for p, r in phases.items() if r["time_base"] != schema.GPU_PROJECTION)
+    if host:
+        problems.append(
+            f"phases {', '.join(host)} of rank 0 timed on the host ({schema.HOST_RANGE}), not "
+            "projected onto the GPU: trace_rank0.json missing, or without GPU operations"
+        )
+    idle = [
+        p
+        for p in ("forward", "backward", "optimizer")
+        if p in phases and p not in host and not float(phases[p]["total_ns"])
+    ]
+    if idle:
+        problems.append(f"phases {', '.join(idle)} of rank 0 launched nothing on the GPU")
     return verdict("torch-profiler-study", criterion, numbers, problems, [run])
 
 
