@@ -1171,6 +1171,25 @@ def _parse(cap, tmp_path):
     return (list(csv.DictReader((tmp_path / n).open())) for n in ("k.csv", "r.csv"))
 
 
+def test_profile_parse_of_a_real_gpu_capture_gives_projected_phases(tmp_path):
+    """`scalestudy profile parse --capture` over the H100's torch.profiler capture (its export
+    and chrome trace, tests/fixtures/gpu-h100/): the profile CSVs the study's plots read, with
+    the phases projected onto the GPU."""
+    cap = tmp_path / "capture"
+    (cap / "train" / "profile").mkdir(parents=True)
+    for name in ("torch_ops_rank0.json", "trace_rank0.json"):
+        (cap / "train" / "profile" / name).write_bytes(
+            (FIX.parent / "gpu-h100" / name).read_bytes()
+        )
+    manifest = {"run": "w1", "tool": "torch", "why": "test", "input": "train/profile"}
+    (cap / "tool.json").write_text(json.dumps(manifest))
+    kernels, ranges = _parse(cap, tmp_path)
+    assert any(r["category"] == "conv" for r in kernels)
+    assert {r["time_base"] for r in ranges} == {"gpu_projection"}
+    ns = {r["range"]: int(r["total_ns"]) for r in ranges}
+    assert ns["backward"] > ns["forward"] > ns["optimizer"] > 0
+
+
 def test_torch_profiler_capture_of_a_two_rank_run(data_dir, tmp_path):
     cap = tmp_path / "capture"
     proc = _capture(data_dir, cap)
