@@ -673,6 +673,8 @@ TRACE_EVENTS = [
     _x("user_annotation", "optimizer", 350, 20),
     _x("cuda_runtime", "cudaLaunchKernel", 355, 1, corr=9),
     _x("kernel", "multi_tensor_apply_kernel", 440, 12, tid=7, corr=9),
+    # a GPU operation without a correlation id: attributed to nothing
+    _x("kernel", "orphan_kernel", 320, 500, tid=7),
     # kineto's own device-side span of a range: not read
     _x("gpu_user_annotation", "forward", 160, 5, tid=7),
     {"ph": "M", "name": "process_name", "pid": 7, "args": {"name": "python"}},
@@ -724,7 +726,10 @@ def test_parse_torch_reads_the_trace_beside_the_export(tmp_path):
     "text, why",
     [
         ('{"traceEvents": [', "malformed JSON"),
-        (json.dumps({"traceEvents": [{"ph": "X", "cat": "kernel", "args": {}}]}), "bad event"),
+        (
+            json.dumps({"traceEvents": [{"ph": "X", "cat": "kernel", "args": {"correlation": 1}}]}),
+            "bad event",
+        ),
         (json.dumps("a string"), "not a torch.profiler chrome trace"),
     ],
 )

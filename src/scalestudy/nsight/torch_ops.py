@@ -76,8 +76,6 @@ def _entry(f: Path, i: int, op) -> dict:
             "self_cpu": float(op["self_cpu_us"]),
             "cpu_total": float(op["cpu_total_us"]),
             "self_dev": self_dev,
-            # a device-side entry's total is its self time (older exports have only the latter)
-            "dev_total": float(op.get("device_total_us", self_dev) or 0),
             "cuda": device_type in ("CUDA", "DEVICETYPE.CUDA"),
             "annotation": bool(op.get("user_annotation", False)),
         }
@@ -150,7 +148,7 @@ def trace_phases(doc: dict) -> list[dict]:
     `correlation` id; a CUDA graph's replayed kernels share their cudaGraphLaunch's) started
     inside the range's host interval, on any thread of the process: autograd's device thread
     launches the backward's kernels while the main thread waits in backward() (one H100, torch
-    2.11: 79 of 81 launches in the range's time came from another thread). The phases are
+    2.11: 79 of the 81 launches inside one backward range). The phases are
     sequential on the main thread, so a launch falls in one phase at most. Nesting does not
     matter either, unlike the export's device-side range entries (kineto's
     gpu_user_annotation), which hold only the operations whose innermost open annotation on
@@ -163,7 +161,8 @@ def trace_phases(doc: dict) -> list[dict]:
     for e in events:
         if e.get("cat") in GPU_CATEGORIES:
             corr = (e.get("args") or {}).get("correlation")
-            gpu.setdefault(corr, []).append((float(e["ts"]), float(e["ts"]) + float(e["dur"])))
+            if corr is not None:  # without one it cannot be attributed to a launch
+                gpu.setdefault(corr, []).append((float(e["ts"]), float(e["ts"]) + float(e["dur"])))
     if not gpu:
         return []
     launches = sorted(
