@@ -211,6 +211,13 @@ def test_resources_energy_kwh_from_measured_joules_per_image():
     assert measured["strong"]["energy_kwh"] is None
     assert measured["weak"]["energy_kwh"] == pytest.approx(kwh_a)  # all of weak's runs measured
     assert measured["all (each run once)"]["energy_kwh"] is None
+    # b's epochs were too short for its training spans, its wall span was measured: that J/img
+    b["energy_wall_j_per_img"] = "0.3"
+    measured = {r["family"]: r for r in analysis.resources([a, b], 4) if r["kind"] == "measured"}
+    assert measured["strong"]["energy_kwh"] == pytest.approx(kwh_a + 0.3 * images_b / 3.6e6)
+    a["energy_wall_j_per_img"] = "9.9"  # the training spans' J/img comes first where measured
+    measured = {r["family"]: r for r in analysis.resources([a, b], 4) if r["kind"] == "measured"}
+    assert measured["weak"]["energy_kwh"] == pytest.approx(kwh_a)
 
 
 def test_profile_shares_of_rank_zero_and_bad_category(tmp_path):

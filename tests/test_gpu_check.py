@@ -171,6 +171,9 @@ def stand_in_run(rc=0, epochs=None, **metrics) -> RunResult:
         "energy_j": 4200.0,  # 420 W over the 10 s window
         "energy_j_per_img": 0.021,
         "window_time_s": 10.0,
+        "energy_wall_j": 4400.0,  # the window's 10 s and an evaluation of 0.5 s at 400 W
+        "energy_wall_s": 10.5,
+        "energy_wall_unmeasured": None,
     }
     m.update(metrics)
     return RunResult(
@@ -552,7 +555,16 @@ def test_a_window_too_short_for_the_counter_is_no_failure_when_the_probe_proves_
     short = stand_in_run(energy_j=None, energy_j_per_img=None, energy_unmeasured=why)
     check = report.judge_nvml(short, samples, H200_PROBE)
     assert check.status == PASS, check.problems
-    assert check.numbers["energy_j"] is None
+    assert check.numbers["energy_j"] is None and check.numbers["energy_wall_j"] == 4400.0
+    # the wall span too short as well: no failure either; null for another reason: a failure
+    wall_why = "window too short for the energy counter: a wall span of 2.1 s, error bound 9.5%"
+    both = stand_in_run(energy_j=None, energy_unmeasured=why, energy_wall_j=None)
+    both.metrics["energy_wall_unmeasured"] = wall_why
+    assert report.judge_nvml(both, samples, H200_PROBE).status == PASS
+    both.metrics["energy_wall_unmeasured"] = "NVML energy counter went backwards"
+    assert report.judge_nvml(both, samples, H200_PROBE).problems == [
+        "energy_wall_j is null (NVML energy counter went backwards)"
+    ]
     slow = {**H200_PROBE, "interval_s_median": 0.5}
     late = report.judge_nvml(short, samples, slow)
     assert late.status == FAIL and "advances every 0.500 s" in late.problems[0]

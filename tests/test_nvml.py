@@ -251,6 +251,12 @@ def test_energy_is_counted_once_per_gpu(tmp_path, gpus, readers):
     assert results[0]["energy_j"] == pytest.approx(expected_j)
     assert results[0]["energy_j_per_img"] == pytest.approx(expected_j / images)
     assert results[0]["energy_source"] == "nvml_total_energy"
+    # the wall span: the first open to the last end, 2 * EPOCHS - 1 reads apart (the reads
+    # between the epochs stand for their evaluations), each GPU once, over the same images
+    wall_j = readers * (2 * EPOCHS - 1) * 50.0
+    assert results[0]["energy_wall_j"] == pytest.approx(wall_j)
+    assert results[0]["energy_wall_j_per_img"] == pytest.approx(wall_j / images)
+    assert results[0]["energy_wall_s"] > 0 and results[0]["energy_wall_unmeasured"] is None
 
 
 def test_energy_is_null_on_cpu(tmp_path):
@@ -263,6 +269,10 @@ def test_energy_is_null_on_cpu(tmp_path):
         "energy_j_per_img": None,
         "energy_source": None,
         "energy_unmeasured": "no GPU",
+        "energy_wall_j": None,
+        "energy_wall_j_per_img": None,
+        "energy_wall_s": None,
+        "energy_wall_unmeasured": "no GPU",
     }
 
 
@@ -300,6 +310,52 @@ def test_a_window_too_short_for_the_counter_is_refused():
     long_enough = 2 * 2 * measure.ENERGY_UPDATE_S / measure.ENERGY_MAX_ERROR
     counter.seconds = long_enough
     assert counter.result()["joules"] == pytest.approx(100.0)
+
+
+class FakeClock:
+    """perf_counter for an EnergyCounter: the test moves it."""
+
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_short_gpu_epochs_are_measured_over_the_wall_span():
+    """30 epochs of 1.7 s training and 0.3 s evaluation (a CIFAR-10 epoch of one GPU): the 30
+    training spans are bound at 2 * 30 * 0.1 / 51 = 12% and refused; the wall span (two reads,
+    59.7 s) at 0.3%, measured: the counter from the first open to the last end."""
+    nvml, clock = StandInNVML(), FakeClock()
+    counter = EnergyCounter(lambda: nvml.nvmlDeviceGetTotalEnergyConsumption(None), "GPU-a", clock)
+    for _ in range(30):
+        counter.open()
+        clock.t += 1.7
+        counter.close(seconds=1.7, images=50_000)
+        clock.t += 0.3  # the evaluation
+    result = counter.result()
+    assert result["joules"] is None and "30 spans, error bound 11.8%" in result["reason"]
+    wall = result["wall"]
+    assert wall["seconds"] == pytest.approx(30 * 2.0 - 0.3)
+    assert wall["joules"] == pytest.approx((2 * 30 - 1) * 50.0)  # 59 reads apart
+    assert wall["reason"] is None
+    total = energy_total([result | {"key": ("n", "GPU-a", 0)}])
+    assert total["energy_j"] is None and "window too short" in total["energy_unmeasured"]
+    assert total["energy_wall_j_per_img"] == pytest.approx(59 * 50.0 / (30 * 50_000))
+    assert total["energy_source"] == "nvml_total_energy"
+
+
+def test_a_wall_span_too_short_for_the_counter_is_refused():
+    nvml, clock = StandInNVML(), FakeClock()
+    counter = EnergyCounter(lambda: nvml.nvmlDeviceGetTotalEnergyConsumption(None), "GPU-a", clock)
+    counter.open()
+    clock.t += 5.0  # 2 * 0.1 / 5 = 4% > 2%
+    counter.close(seconds=5.0, images=100)
+    wall = counter.result()["wall"]
+    assert wall["joules"] is None and wall["seconds"] == pytest.approx(5.0)
+    assert "a wall span of 5.0 s, error bound 4.0% > 2%" in wall["reason"]
+    total = energy_total([counter.result() | {"key": ("n", "GPU-a", 0)}])
+    assert total["energy_wall_j"] is None and total["energy_source"] is None
 
 
 def test_a_counter_that_goes_backwards_is_refused():

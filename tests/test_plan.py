@@ -164,6 +164,23 @@ def test_energy_from_measured_joules_per_image_else_not_measured():
     )
 
 
+def test_energy_of_short_gpu_epochs_comes_from_the_wall_span():
+    """A GPU run whose ~2 s epochs were too short for the training spans (energy_j_per_img
+    empty) but whose wall span was measured: its J/img, said in the basis; at one level the
+    training spans' J/img is preferred and the two are never averaged together."""
+    config = small_config()
+    rows = build_run_table(config)
+    run = "w1_lb8_fp32_ddp_bk25_r0"
+    wall = measured_row(run, 50.0, 1, energy_j_per_img="", energy_wall_j_per_img="0.2")
+    est = {e.run: e for e in plan.estimate_runs(config, rows, [wall])}
+    assert est[run].energy_basis == "run, evaluation included"
+    assert est[run].energy_kwh == pytest.approx(0.2 * 2 * 1200 / 3.6e6)
+    spans = measured_row(run, 50.0, 1, energy_j_per_img="0.1", energy_wall_j_per_img="0.3")
+    est = {e.run: e for e in plan.estimate_runs(config, rows, [wall, spans])}
+    assert est[run].energy_basis == "run"
+    assert est[run].energy_kwh == pytest.approx(0.1 * 2 * 1200 / 3.6e6)
+
+
 def test_a_run_is_done_only_when_measured_with_this_configuration():
     config = small_config()
     rows = build_run_table(config)

@@ -55,6 +55,8 @@ def test_metrics_has_every_key_and_sane_values(ddp_run):
     # no GPU energy counter on a CPU: null with the reason, never estimated (RAPL is not read)
     assert (m["energy_j"], m["energy_j_per_img"], m["energy_source"]) == (None, None, None)
     assert m["energy_unmeasured"] == "no GPU"
+    assert (m["energy_wall_j"], m["energy_wall_j_per_img"], m["energy_wall_s"]) == (None,) * 3
+    assert m["energy_wall_unmeasured"] == "no GPU"
     phases = [m[f"phase_frac_{p}"] for p in ("data", "forward", "backward", "optimizer")]
     assert all(0 < f < 1 for f in phases) and sum(phases) <= 1 + 1e-9
     assert m["phase_frac_communication"] == 0.0  # DDP overlaps it inside backward

@@ -588,7 +588,8 @@ def judge_nvml(run: RunResult, samples: list[dict], probe: dict | None) -> Check
         f"with a power within {ENERGY_POWER_W[0]:.0f}-{ENERGY_POWER_W[1]:.0f} W and "
         f"{ENERGY_VS_SAMPLES[0]:g}-{ENERGY_VS_SAMPLES[1]:g}x nvmlDeviceGetPowerUsage's; the run's "
         "energy_j likewise, or null only because its window is too short for the counter "
-        "(gpu-check's epochs last about a second)"
+        "(gpu-check's epochs last about a second); energy_wall_j measured or null for that "
+        "reason only"
     )
     run_failed = run_problems(run, "the sampled run")
     problems = list(run_failed)
@@ -611,6 +612,9 @@ def judge_nvml(run: RunResult, samples: list[dict], probe: dict | None) -> Check
         "energy_j": energy_j,
         "energy_j_per_img": m.get("energy_j_per_img"),
         "power_w_from_energy": energy_w,
+        # the wall span (evaluations included: its power is not compared with the samples')
+        "energy_wall_j": m.get("energy_wall_j"),
+        "energy_wall_s": m.get("energy_wall_s"),
         "probe_updates": probe.get("updates"),
         "probe_interval_s_median": probe.get("interval_s_median"),
         "probe_power_w_from_counter": probe.get("power_w_from_counter"),
@@ -623,6 +627,9 @@ def judge_nvml(run: RunResult, samples: list[dict], probe: dict | None) -> Check
         if m.get("gpu_util_mean") is None:
             problems.append("gpu_util_mean is null")
         problems += energy_problems(m, energy_w, sampled_mean_w)
+        wall_why = m.get("energy_wall_unmeasured")
+        if m.get("energy_wall_j") is None and not str(wall_why).startswith(ENERGY_SHORT_WINDOW):
+            problems.append(f"energy_wall_j is null ({wall_why or 'no reason recorded'})")
     return verdict("nvml", criterion, numbers, problems, [run])
 
 

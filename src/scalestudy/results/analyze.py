@@ -79,6 +79,7 @@ from pathlib import Path
 from scalestudy import files, log, vocab
 from scalestudy.errors import AnalysisError
 from scalestudy.nsight.schema import CATEGORIES, KERNEL_COLUMNS
+from scalestudy.study import estimate
 
 logger = log.get(__name__)
 
@@ -570,14 +571,16 @@ def energy_kwh(members: list[dict]) -> float | None:
     """GPU energy of the runs' training in kWh, from each run's measured J/img (NVML's counter
     over its steady-state window, train.py) x the images it trained:
 
-        kWh = sum over runs of energy_j_per_img x epochs x steps_per_epoch x global_batch / 3.6e6
+        kWh = sum over runs of J/img x epochs x steps_per_epoch x global_batch / 3.6e6
 
-    GPUs only (no CPU, network or cooling), training steps only (evaluation and warm-up are
-    charged at the window's rate). None when any run lacks a measured J/img: a partial sum would
-    be a guess about the missing runs."""
+    J/img: energy_j_per_img (the training spans) where measured, else energy_wall_j_per_img
+    (the window's wall span, its evaluations included: estimate.measured_energy_per_img).
+    GPUs only (no CPU, network or cooling); warm-up is charged at the window's rate, and
+    evaluation too where only the training spans were measured. None when any run lacks a
+    measured J/img: a partial sum would be a guess about the missing runs."""
     total = 0.0
     for r in members:
-        per_img = files.number(r.get("energy_j_per_img"))
+        per_img, _ = estimate.measured_energy_per_img(r)
         if per_img is None:
             return None
         images = int(r["epochs"]) * int(r["steps_per_epoch"]) * int(r["global_batch"])

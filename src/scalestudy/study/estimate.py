@@ -36,10 +36,12 @@ It absorbs interpreter and torch start-up, data loading, process-group set-up, t
 warm-up steps, the communication probe and writing outputs.
 
 Energy (GPU, training runs only): a run's kWh = J/img x epochs x N_train / 3.6e6, with J/img the
-mean measured energy_j_per_img (NVML's counter over the window, train.py) of measured runs at
-the first of the levels run, batch, world size (same precision and world size: energy per image
-changes with communication, so it is not carried to other world sizes). Without such a run the
-energy is None ("not measured"): there is no default guess.
+mean measured energy_j_per_img (NVML's counter over the window's training spans, train.py) of
+measured runs at the first of the levels run, batch, world size (same precision and world size:
+energy per image changes with communication, so it is not carried to other world sizes); where
+those spans were too short for the counter (GPU epochs of ~2 s), energy_wall_j_per_img (the
+window's wall span, its evaluations included; the basis says "evaluation included"). Without
+such a run the energy is None ("not measured"): there is no default guess.
 
 study/plan.py sums these estimates into the plan (tables, reports/plan.md, the dry-run table).
 """
@@ -81,6 +83,24 @@ MEASURED_LEVELS = tuple(level for level in LEVELS if level != "model")  # looked
 # the levels whose measured J/img a run's energy estimate may take (same precision and world size)
 ENERGY_LEVELS = ("run", "batch", "world size")
 J_PER_KWH = 3.6e6
+# a J/img measured over the window's wall span (metrics.json energy_wall_j_per_img, train.py):
+# its evaluations and checkpoints between epochs included; said in the basis
+WITH_EVALUATION = "evaluation included"
+
+
+def measured_energy_per_img(row: dict) -> tuple[float | None, str | None]:
+    """A measured run's J/img and its scope: energy_j_per_img (the training spans: "training")
+    where measured, else energy_wall_j_per_img (WITH_EVALUATION), else (None, None)."""
+    for key, scope in (
+        ("energy_j_per_img", "training"),
+        ("energy_wall_j_per_img", WITH_EVALUATION),
+    ):
+        value = as_float(row.get(key))
+        if value is not None:
+            return value, scope
+    return None, None
+
+
 # numeric columns of results/csv/runs.csv the calibration reads
 MEASURED_NUMBERS = (
     "world_size",
@@ -320,9 +340,10 @@ class Calibration:
         self._fits: dict[tuple, model.Fit | None] = {}  # per base, fitted when first asked
         for row in self.measured if plan["calibrate"] else []:
             base = _base(row)
-            per_img = as_float(row.get("energy_j_per_img"))
+            per_img, scope = measured_energy_per_img(row)
             for level in ENERGY_LEVELS if per_img is not None else ():
-                self._energy.setdefault((base, level, _level_key(level, row)), []).append(per_img)
+                key = (base, level, _level_key(level, row), scope)
+                self._energy.setdefault(key, []).append(per_img)
             w, nodes = int(float(row["world_size"])), int(float(row["nodes"]))
             per_rank = float(row["throughput_img_s_per_rank"])
             for level in MEASURED_LEVELS:
@@ -370,11 +391,14 @@ class Calibration:
         return self._fits[base]
 
     def energy_per_image(self, row: dict) -> tuple[float | None, str]:
-        """Mean measured J/img at the first level that has one; (None, "not measured") else."""
+        """Mean measured J/img at the first level that has one, the training spans' before the
+        wall spans' at each level (never mixed in one mean); (None, "not measured") else."""
         for level in ENERGY_LEVELS:
-            values = self._energy.get((_base(row), level, _level_key(level, row)))
-            if values:
-                return statistics.fmean(values), level
+            for scope in ("training", WITH_EVALUATION):
+                values = self._energy.get((_base(row), level, _level_key(level, row), scope))
+                if values:
+                    basis = level if scope == "training" else f"{level}, {WITH_EVALUATION}"
+                    return statistics.fmean(values), basis
         return None, "not measured"
 
     def startup(self, row: dict) -> tuple[float, str]:

@@ -308,8 +308,10 @@ def plan_markdown(
         "A run shared by several families counts in each family; the total counts it once.",
         "",
         "GPU energy (kWh, training runs, no contingency) = sum of J/img x epochs x N_train / "
-        "3.6e6, J/img measured (NVML) on runs of the same precision and world size; `not "
-        "measured` when any run of the row has no such measurement.",
+        "3.6e6, J/img measured (NVML) on runs of the same precision and world size (over "
+        "their training spans, else over the window's wall span, evaluations included: the "
+        "run's energy basis says which); `not measured` when any run of the row has no such "
+        "measurement.",
         "",
         "| family | runs | node-hours | GPU-hours | node-hours with contingency | "
         "GPU-hours with contingency | GPU energy kWh |",

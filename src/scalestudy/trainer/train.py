@@ -98,6 +98,14 @@ How the numbers are measured (the analysis relies on these definitions):
   "nvml_total_energy". Null, with the reason in energy_unmeasured, on CPU (RAPL is not read),
   without the counter on any GPU, or when the window is too short for its ~0.1 s update period
   (measure.ENERGY_MAX_ERROR); never estimated.
+- energy_wall_j: the same counter from the window's first read to its last (two reads per GPU),
+  so the evaluations and checkpoints between the window's epochs are in it; energy_wall_s that
+  span's wall time (the longest rank's), energy_wall_j_per_img = energy_wall_j / the same
+  images as energy_j_per_img: the energy a training image costs with its share of evaluation.
+  Null, with the reason in energy_wall_unmeasured, as energy_j, but its error bound is that of
+  one span (2 x 0.1 s / energy_wall_s: 10 s suffice), so it is measured where the ~1.7 s GPU
+  epochs make energy_j's sum of per-epoch spans too coarse. The plan and resources.csv take
+  energy_j_per_img where it is measured, else this one, and say which (energy_basis).
 - backend: the process-group backend in effect (--backend auto resolved: nccl on CUDA, gloo on
   CPU). matmul_fp32_precision / cudnn_fp32_precision: "ieee" or "tf32" as torch reports them
   after set-up; cudnn_benchmark, autocast_dtype, channels_last_inputs/_weights likewise
