@@ -24,7 +24,7 @@ from typing import Any
 
 from scalestudy import files
 from scalestudy.nsight import schema
-from scalestudy.nsight.torch_ops import GPU_CATEGORIES, LAUNCH_CATEGORIES
+from scalestudy.nsight.torch_ops import GPU_CATEGORIES, LAUNCH_CATEGORIES, correlation
 from scalestudy.trainer.measure import ENERGY_SHORT_WINDOW, ENERGY_UPDATE_S
 
 PASS, FAIL, SKIPPED = "pass", "fail", "skipped"
@@ -1086,30 +1086,29 @@ def trim_trace(doc: dict, steps: int = 1) -> dict:
     begin = phases[0]["ts"]
     end = ends[-1] if len(ends) == steps else max(e["ts"] + e["dur"] for e in phases)
 
-    def corr(e: dict):
-        return (e.get("args") or {}).get("correlation")
-
     gpu = [e for e in events if e.get("cat") in GPU_CATEGORIES]
-    launched = {corr(e) for e in gpu}
+    launched = {correlation(e) for e in gpu}
     launches = [
         e
         for e in events
-        if e.get("cat") in LAUNCH_CATEGORIES and begin <= e["ts"] <= end and corr(e) in launched
+        if e.get("cat") in LAUNCH_CATEGORIES
+        and begin <= e["ts"] <= end
+        and correlation(e) in launched
     ]
-    kept_corr = {corr(e) for e in launches}
+    kept_corr = {correlation(e) for e in launches}
     fields = ("ph", "cat", "name", "pid", "tid", "ts", "dur")
 
     def cut(e: dict) -> dict:
         return {k: e[k] for k in fields if k in e}
 
-    gpu = [e for e in gpu if corr(e) in kept_corr]
+    gpu = [e for e in gpu if correlation(e) in kept_corr]
     gpu_end = max((e["ts"] + e["dur"] for e in gpu), default=end)  # the GPU lags the host
     spans = [
         e for e in events if e.get("cat") == "gpu_user_annotation" and begin <= e["ts"] < gpu_end
     ]
     out = [cut(e) for e in phases if begin <= e["ts"] <= end]  # no correlation on the host
     out += [cut(e) for e in spans]
-    out += [{**cut(e), "args": {"correlation": corr(e)}} for e in launches + gpu]
+    out += [{**cut(e), "args": {"correlation": correlation(e)}} for e in launches + gpu]
     head = {k: v for k, v in doc.items() if k in ("schemaVersion", "displayTimeUnit")}
     return {**head, "traceEvents": out, "trimmed": f"{len(out)} of {len(events)} events"}
 

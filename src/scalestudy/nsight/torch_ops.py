@@ -137,6 +137,11 @@ LAUNCH_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver"})
 GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 
 
+def correlation(event: dict):
+    """A trace event's correlation id (its launch's, for a GPU operation), or None."""
+    return (event.get("args") or {}).get("correlation")
+
+
 def trace_phases(doc: dict) -> list[dict]:
     """The trainer's phase ranges in a torch.profiler chrome trace (export_chrome_trace),
     projected onto the GPU as nsys's nvtx_gpu_proj_sum does: for each instance of a range, the
@@ -160,15 +165,15 @@ def trace_phases(doc: dict) -> list[dict]:
     gpu: dict[object, list[tuple[float, float]]] = {}
     for e in events:
         if e.get("cat") in GPU_CATEGORIES:
-            corr = (e.get("args") or {}).get("correlation")
+            corr = correlation(e)
             if corr is not None:  # without one it cannot be attributed to a launch
                 gpu.setdefault(corr, []).append((float(e["ts"]), float(e["ts"]) + float(e["dur"])))
     if not gpu:
         return []
     launches = sorted(
-        (float(e["ts"]), (e.get("args") or {}).get("correlation"))
+        (float(e["ts"]), correlation(e))
         for e in events
-        if e.get("cat") in LAUNCH_CATEGORIES and (e.get("args") or {}).get("correlation") in gpu
+        if e.get("cat") in LAUNCH_CATEGORIES and correlation(e) in gpu
     )
     starts = [ts for ts, _ in launches]
     sums: dict[str, list] = {}

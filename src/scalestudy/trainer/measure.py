@@ -268,9 +268,7 @@ class Meter:
         GPU counted once, by the lowest local rank on it (ranks sharing a GPU each see the whole
         GPU's counter); null when any GPU's counter is missing or refused, never estimated."""
         mine = self.energy.result() if self.energy else energy_unmeasured("no GPU")
-        mine.setdefault(
-            "wall", {"joules": None, "seconds": None, "images": 0, "reason": mine["reason"]}
-        )
+        mine.setdefault("wall", wall_unmeasured(mine["reason"]))
         mine["key"] = (sdist.hostname(), mine.pop("gpu", None), sdist.detect().local_rank)
         everyone: list = [None] * world_size
         dist.all_gather_object(everyone, mine)
@@ -610,6 +608,11 @@ def energy_unmeasured(reason: str) -> dict:
     return {"joules": None, "images": 0, "reason": reason}
 
 
+def wall_unmeasured(reason: str, seconds: float | None = None, images: int = 0) -> dict:
+    """EnergyCounter's wall span, refused or not read (EnergyCounter._wall)."""
+    return {"joules": None, "seconds": seconds, "images": images, "reason": reason}
+
+
 class EnergyCounter:
     """One GPU's NVML energy counter over the throughput window, as read by one rank: read at
     each epoch's window open and at the epoch's end (the device synchronised both times), the
@@ -677,8 +680,7 @@ class EnergyCounter:
     def _wall(self) -> dict:
         """The wall span: two reads, so the error bound is 2 * ENERGY_UPDATE_S / its seconds."""
         if self.error or self.first is None or self.last is None:
-            why = self.error or "no window span was read"
-            return {"joules": None, "seconds": None, "images": 0, "reason": why}
+            return wall_unmeasured(self.error or "no window span was read")
         seconds = self.last[1] - self.first[1]
         bound = 2 * ENERGY_UPDATE_S / seconds if seconds > 0 else 1.0
         if bound > ENERGY_MAX_ERROR:
@@ -686,7 +688,7 @@ class EnergyCounter:
                 f"{ENERGY_SHORT_WINDOW}: a wall span of {seconds:.1f} s, error bound "
                 f"{bound:.1%} > {ENERGY_MAX_ERROR:.0%}"
             )
-            return {"joules": None, "seconds": seconds, "images": self.images, "reason": reason}
+            return wall_unmeasured(reason, seconds, self.images)
         joules = (self.last[0] - self.first[0]) / 1e3
         return {"joules": joules, "seconds": seconds, "images": self.images, "reason": None}
 
@@ -698,43 +700,37 @@ def energy_total(readings: list[dict]) -> dict:
     same for the wall span (energy_wall_j, energy_wall_j_per_img over the same images,
     energy_wall_s the longest rank's span, energy_wall_unmeasured)."""
     readers: dict = {}
-    for r in sorted(readings, key=lambda r: r["key"][2]):
-        readers.setdefault(r["key"][:2], r)  # (host, gpu) -> its lowest local rank's reading
-    images = sum(r["images"] for r in readings)
-    out = {"energy_source": None}
-    problems = sorted({r["reason"] for r in readings if r["joules"] is None})
-    if problems:
-        out |= {
-            "energy_j": None,
-            "energy_j_per_img": None,
-            "energy_unmeasured": "; ".join(problems),
-        }
-    else:
-        joules = sum(r["joules"] for r in readers.values())
-        out |= {
-            "energy_j": joules,
-            "energy_j_per_img": joules / images if images else None,
-            "energy_unmeasured": None,
-        }
-    missing = {"joules": None, "seconds": None, "images": 0, "reason": "no wall span was read"}
-    walls = [r.get("wall") or missing for r in readings]
-    problems = sorted({w["reason"] for w in walls if w["joules"] is None})
+    for i in sorted(range(len(readings)), key=lambda i: readings[i]["key"][2]):
+        readers.setdefault(readings[i]["key"][:2], i)  # (host, gpu) -> its lowest local rank
+    walls = [r.get("wall") or wall_unmeasured("no wall span was read") for r in readings]
     seconds = [w["seconds"] for w in walls if w["seconds"] is not None]
-    out["energy_wall_s"] = max(seconds) if seconds else None
-    if problems:
-        out |= {"energy_wall_j": None, "energy_wall_j_per_img": None}
-        out["energy_wall_unmeasured"] = "; ".join(problems)
-    else:
-        joules = sum(r["wall"]["joules"] for r in readers.values())
-        images = sum(w["images"] for w in walls)  # the spans' images, read even when refused
-        out |= {
-            "energy_wall_j": joules,
-            "energy_wall_j_per_img": joules / images if images else None,
-            "energy_wall_unmeasured": None,
-        }
-    if out["energy_j"] is not None or out["energy_wall_j"] is not None:
-        out["energy_source"] = "nvml_total_energy"
+    out = {
+        **_gpu_sum("energy", readings, readers.values()),
+        **_gpu_sum("energy_wall", walls, readers.values()),
+        "energy_wall_s": max(seconds) if seconds else None,
+    }
+    measured = out["energy_j"] is not None or out["energy_wall_j"] is not None
+    out["energy_source"] = "nvml_total_energy" if measured else None
     return out
+
+
+def _gpu_sum(prefix: str, parts: list[dict], readers) -> dict:
+    """PREFIX_j (the joules of the `readers`' parts: one per GPU), PREFIX_j_per_img (over every
+    rank's images) and PREFIX_unmeasured; null with the reasons when any part is refused."""
+    problems = sorted({p["reason"] for p in parts if p["joules"] is None})
+    if problems:
+        return {
+            f"{prefix}_j": None,
+            f"{prefix}_j_per_img": None,
+            f"{prefix}_unmeasured": "; ".join(problems),
+        }
+    joules = sum(parts[i]["joules"] for i in readers)
+    images = sum(p["images"] for p in parts)  # the wall's: the spans', read even when refused
+    return {
+        f"{prefix}_j": joules,
+        f"{prefix}_j_per_img": joules / images if images else None,
+        f"{prefix}_unmeasured": None,
+    }
 
 
 def nvml_handle(pynvml, props):
