@@ -133,3 +133,57 @@ def test_the_gpu_node_script_runs_small_on_a_cpu(tmp_path):
     assert "unknown step compare-nograph " in proc.stdout
     assert "--cuda-graphs off" in (out / "compare-nographs.log").read_text()
     assert "ours / per-step broadcast:" in (out / "ddp-buffers.txt").read_text()
+
+
+def load_benchmark(name: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_winograd_computes_the_convolution_and_its_gradients():
+    """benchmarks/winograd.py times an algorithm only if it computes F.conv2d: odd sizes (a
+    ragged last tile), both gradients."""
+    import torch
+    import torch.nn.functional as F
+
+    winograd = load_benchmark("winograd")
+    torch.manual_seed(0)
+    x = torch.randn(3, 5, 7, 6, requires_grad=True)
+    weight = torch.randn(4, 5, 3, 3, requires_grad=True)
+    grad_out = torch.randn(3, 4, 7, 6)
+    got = winograd.winograd_conv3x3(x, weight)
+    (gx, gw) = torch.autograd.grad(got, (x, weight), grad_out)
+    want = F.conv2d(x, weight, padding=1)
+    (wx, ww) = torch.autograd.grad(want, (x, weight), grad_out)
+    for a, b in ((got, want), (gx, wx), (gw, ww)):
+        assert a.shape == b.shape
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-4), (a - b).abs().max()
+
+
+def test_the_winograd_benchmark_times_every_stride1_3x3_shape_of_the_network():
+    """benchmarks/winograd.py, tiny and eager: one line per shape of the real network's
+    stride-1 3x3 convolutions (the stem, 4 in stage 1, 3 in each later stage), each checked
+    against F.conv2d, and the per-step totals."""
+    argv = [PYTHON, str(REPO / "benchmarks" / "winograd.py"), "--width", "4", "--batch", "2"]
+    argv += ["--repeats", "1", "--compile", "off"]
+    proc = subprocess.run(argv, env=child_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = re.findall(
+        r"^ +(\d+)->(\d+) +(\d+)x(\d+) +x(\d+): direct ([\d.]+) ms  winograd ([\d.]+) ms"
+        r" \(([\d.]+)x\).*rel\. error ([\d.e+-]+)$",
+        proc.stdout,
+        re.MULTILINE,
+    )
+    shapes = {(int(c), int(k), int(h)): int(n) for c, k, h, _, n, *_ in rows}
+    assert shapes == {(3, 4, 32): 1, (4, 4, 32): 4, (8, 8, 16): 3, (16, 16, 8): 3, (32, 32, 4): 3}
+    for *_, direct, wino, ratio, error in rows:
+        assert float(error) < 1e-5
+        assert float(ratio) == pytest.approx(float(direct) / float(wino), abs=0.02)
+    (direct_total, best_total) = re.findall(
+        r"direct (\d+) ms, the faster of the two per shape (\d+) ms", proc.stdout
+    )[0]
+    assert int(best_total) <= int(direct_total)
+    expected = sum(int(r[4]) * float(r[5]) for r in rows)
+    assert int(direct_total) == pytest.approx(expected, abs=1)
