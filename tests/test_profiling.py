@@ -740,6 +740,21 @@ def test_a_broken_trace_is_named(tmp_path, text, why):
         torch_ops.parse_torch(tmp_path, "g")
 
 
+def test_a_cpu_run_never_reads_its_trace(tmp_path):
+    """A CPU export (no device time) has nothing to project: the trace beside it, megabytes per
+    rank in a study, is not read, so even a broken one does not matter; the host times."""
+    cpu_ops = [op for op in GPU_OPS if op["device_type"] == "CPU"]
+    cpu_ops = [{**op, "self_device_us": 0, "device_total_us": 0} for op in cpu_ops]
+    (tmp_path / "torch_ops_rank0.json").write_text(json.dumps({"ops": cpu_ops}))
+    (tmp_path / "trace_rank0.json").write_text('{"traceEvents": [')
+    kernels, ranges = torch_ops.parse_torch(tmp_path, "c")
+    assert [r["kernel"] for r in kernels] == ["aten::cudnn_convolution"]  # by self CPU time
+    assert [(r["range"], r["time_base"], r["total_ns"]) for r in ranges] == [
+        ("forward", "host_range", 400_000),
+        ("backward", "host_range", 90_000),
+    ]
+
+
 def test_trim_trace_keeps_what_the_projection_reads():
     doc = {"schemaVersion": 1, "traceEvents": TRACE_EVENTS, "deviceProperties": [{"id": 0}]}
     one = gpu_check_report.trim_trace(doc, steps=1)

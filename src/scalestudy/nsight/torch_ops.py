@@ -23,11 +23,12 @@ def parse_torch(input_path: str | Path, run: str) -> tuple[list[dict], list[dict
     ranges (user annotations) are not kernels: their time spans kernels counted themselves.
     Phase ranges (schema.RANGES, the trainer's record_function ranges): on a GPU each range
     projected onto the GPU from the chrome trace beside the export (trace_rank{r}.json:
-    trace_phases; time_base gpu_projection); where the trace has no GPU operation (a CPU run) or
-    is missing, the host entries' inclusive CPU time (host_range: the phase's real time on a
-    CPU, only enqueue time on a GPU). The export's own device-side entries of the ranges are not
-    used: they hold only the GPU operations launched directly under them, not under a nested
-    range, nor from another thread (trace_phases).
+    trace_phases; time_base gpu_projection); where the trace has no GPU operation or is missing,
+    and on a CPU run (no device time in the export: its trace is not read), the host entries'
+    inclusive CPU time (host_range: the phase's real time on a CPU, only enqueue time on a
+    GPU). The export's own device-side entries of the ranges are not used: they hold only the
+    GPU operations launched directly under them, not under a nested range, nor from another
+    thread (trace_phases).
     """
     p = Path(input_path)
     files = sorted(p.glob("torch_ops_rank*.json")) if p.is_dir() else [p]
@@ -41,10 +42,13 @@ def parse_torch(input_path: str | Path, run: str) -> tuple[list[dict], list[dict
     for f in files:
         ops = [_entry(f, i, op) for i, op in enumerate(_ops(f))]
         rank = rank_of(f)
-        rank_kernels = _kernels(ops)
+        on_gpu = any(op["self_dev"] > 0 for op in ops)
+        rank_kernels = _kernels(ops, on_gpu)
         if rank_kernels:
             kernels[rank] = rank_kernels
-        phases, time_base[rank] = _phases(ops, _trace_phases_beside(f))
+        # a CPU run (no device time in the export) has no GPU operation to project: its trace,
+        # a few MB per rank, is not read
+        phases, time_base[rank] = _phases(ops, _trace_phases_beside(f) if on_gpu else [])
         if phases:
             ranges[rank] = phases
     return (
@@ -83,8 +87,7 @@ def _entry(f: Path, i: int, op) -> dict:
         raise ProfileFormatError(f, None, f"op {i}: bad entry {op!r} ({exc})") from exc
 
 
-def _kernels(ops: list[dict]) -> list[dict]:
-    on_gpu = any(op["self_dev"] > 0 for op in ops)
+def _kernels(ops: list[dict], on_gpu: bool) -> list[dict]:
     out = []
     for op in ops:
         name = op["name"]
