@@ -229,9 +229,68 @@ def test_code_inputs_follow_new_modules(tmp_path):
     ]
 
 
-def test_profile_parse_code_inputs_are_the_nsight_package():
-    expected = sorted(p.relative_to(REPO).as_posix() for p in (PACKAGE / "nsight").glob("*.py"))
-    assert resources.nsight_sources(REPO) == expected and expected
+def test_every_rule_reruns_when_code_it_runs_changes():
+    """code_sources: what a rule's command executes, found by following imports from the modules
+    it runs, and nothing else (an edit elsewhere reruns nothing)."""
+    analyze = resources.code_sources(REPO, "results/analyze.py")
+    assert analyze == sorted(analyze)
+    # what the analysis imports, directly or not: the planner that prices the resources table,
+    # the profile CSVs' schema, the shared modules
+    for module in ("results/analyze.py", "study/estimate.py", "nsight/schema.py", "errors.py"):
+        assert f"src/scalestudy/{module}" in analyze
+    # closed under imports (the packages' __init__.py files run no code: below)
+    for source in analyze:
+        for name in scalestudy_imports(REPO / source):
+            path = module_path(name)
+            if path is not None and not path.endswith("/__init__.py"):
+                assert path in analyze, f"{source} imports {name} ({path})"
+    # not the trainer (but its flag vocabulary, trainer/config.py, through study/runs.py), the
+    # jobs, the CLI or the other results modules
+    assert not [
+        s for s in analyze if re.search(r"/trainer/(?!config\.py)|/jobs/|/plot\.py$|/cli\.py$", s)
+    ]
+    assert resources.code_sources(REPO, "results/build_pdf.py") == [
+        "src/scalestudy/log.py",
+        "src/scalestudy/results/build_pdf.py",
+    ]
+    # several modules: the union
+    both = resources.code_sources(REPO, "results/build_pdf.py", "results/collect.py")
+    assert set(both) == set(resources.code_sources(REPO, "results/build_pdf.py")) | set(
+        resources.code_sources(REPO, "results/collect.py")
+    )
+
+
+def test_package_init_files_run_no_code():
+    """code_sources and trainer_sources leave out the packages' __init__.py files (an import of
+    scalestudy.a.b runs scalestudy/a/__init__.py too): sound only while those hold a docstring
+    and nothing else (the top package: also its __version__)."""
+    for path in sorted(PACKAGE.rglob("__init__.py")):
+        body = ast.parse(path.read_text()).body
+        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+            body = body[1:]  # the docstring
+        if path == PACKAGE / "__init__.py":
+            body = [
+                n
+                for n in body
+                if not (
+                    isinstance(n, ast.Assign)
+                    and [t.id for t in n.targets if isinstance(t, ast.Name)] == ["__version__"]
+                )
+            ]
+        assert not body, f"{path.relative_to(REPO)} runs code: list it as a code input"
+
+
+def test_every_rule_that_runs_the_package_has_its_code_as_input():
+    """In the workflow's rule files, every rule whose command runs the package (a `scalestudy`
+    shell command or a `run:` block) names its code: code_of(...) or the trainer's sources."""
+    for path in sorted((REPO / "workflow/rules").glob("*.smk")):
+        for rule in re.split(r"^rule ", path.read_text(), flags=re.MULTILINE)[1:]:
+            name = rule.split(":", 1)[0]
+            runs_package = "scalestudy " in rule or re.search(r"^    run:", rule, re.MULTILINE)
+            if runs_package:
+                assert re.search(r"code_of\(|TRAINER_SOURCES|get_container_sources", rule), (
+                    f"{path.name}: rule {name} runs the package without its code as input"
+                )
 
 
 def declared_localrules() -> set[str]:

@@ -5,8 +5,7 @@ rule analyze:
     input:
         runs="results/csv/runs.csv",
         profile=PROFILE_KERNELS,
-        code=repo_file("src/scalestudy/results/analyze.py"),
-        schema=repo_file("src/scalestudy/nsight/schema.py"),  # the profile CSVs' columns and categories
+        code=code_of("results/analyze.py"),
     output:
         scaling="results/csv/scaling.csv",
         verdicts="results/csv/verdicts.csv",

@@ -5,7 +5,7 @@ rule collect:
         table="results/matrix/runs.tsv",
         metrics=expand("results/runs/{run}/metrics.json", run=RUNS),
         epochs=expand("results/runs/{run}/epochs.csv", run=RUNS),
-        code=repo_file("src/scalestudy/results/collect.py"),
+        code=code_of("results/collect.py"),
     output:
         runs="results/csv/runs.csv",
         epochs="results/csv/epochs.csv",

@@ -53,7 +53,6 @@ PLAN = resources.TrainingPlan(config, RUNS.values())
 # Code inputs: Snakemake does not track the modules a command imports. Inputs under 1 MB are
 # checksummed, so touching a file without changing it reruns nothing.
 TRAINER_SOURCES = paths.repo_files(REPO, resources.trainer_sources(REPO))
-NSIGHT_SOURCES = paths.repo_files(REPO, resources.nsight_sources(REPO))
 ANALYSIS_TABLES = (
     "scaling verdicts resources system targets profile_shares waterfall".split()
 )
@@ -129,6 +128,15 @@ def get_container_sources(wildcards):
 def repo_file(path):
     """A file of the repository (code, template, recipe) as the rules name it (study/paths.py)."""
     return paths.repo_file(REPO, path)
+
+
+def code_of(*modules):
+    """Input function: the modules a job runs (paths under src/scalestudy) and every module
+    they import (study/resources.py code_sources), listed when Snakemake builds the DAG.
+    """
+    return lambda wildcards: paths.repo_files(
+        REPO, resources.code_sources(REPO, *modules)
+    )
 
 
 def get_plan_digest(wildcards):

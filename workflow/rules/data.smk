@@ -2,6 +2,8 @@
 # tensors; training never downloads. Local: login nodes have the internet access, compute nodes
 # often do not.
 rule prepare_data:
+    input:
+        code=code_of("trainer/prepare_data.py"),
     output:
         data=f"{DATA_DIR}/{{dataset}}/data.pt",
         meta=f"{DATA_DIR}/{{dataset}}/meta.json",
@@ -18,6 +20,8 @@ rule prepare_data:
 # The run table, for the analysis and the report. Training does not depend on it, so adding a
 # run rewrites this file without touching the runs that already exist.
 rule matrix:
+    input:
+        code=code_of("study/matrix.py"),
     output:
         table="results/matrix/runs.tsv",
     log:

@@ -8,9 +8,7 @@ localrules:
 rule model:
     input:
         runs="results/csv/runs.csv",
-        code=repo_file("src/scalestudy/results/model.py"),
-        model=repo_file("src/scalestudy/study/model.py"),
-        analyze=repo_file("src/scalestudy/results/analyze.py"),  # read_csv, cell
+        code=code_of("results/model.py"),
     output:
         model="results/csv/model.csv",
         advice="results/csv/bucket_advice.csv",

@@ -6,6 +6,8 @@ localrules:
 
 
 rule plan:
+    input:
+        code=code_of("study/plan.py"),
     output:
         md="reports/plan.md",
         csv="results/plan.csv",

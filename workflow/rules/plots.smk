@@ -7,7 +7,7 @@ rule plot:
         targets="results/csv/targets.csv",
         shares="results/csv/profile_shares.csv",
         waterfall="results/csv/waterfall.csv",
-        code=repo_file("src/scalestudy/results/plot.py"),
+        code=code_of("results/plot.py"),
     output:
         png=report(
             "results/plots/{figure}.png",

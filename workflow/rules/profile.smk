@@ -9,6 +9,7 @@ rule profile_capture:
     input:
         unpack(get_prepared_data),
         sources=TRAINER_SOURCES,
+        code=code_of("jobs/profile.py"),  # the capture command
         image=IMAGE,
     output:
         capture=directory("results/profile/{run}/capture"),
@@ -41,7 +42,7 @@ rule profile_capture:
 rule profile_parse:
     input:
         capture="results/profile/{run}/capture",
-        code=NSIGHT_SOURCES,
+        code=code_of("jobs/profile.py"),
     output:
         kernels="results/profile/{run}/kernels.csv",
         ranges="results/profile/{run}/ranges.csv",
@@ -59,6 +60,7 @@ rule profile_ncu:
     input:
         unpack(get_prepared_data),
         sources=TRAINER_SOURCES,
+        code=code_of("jobs/profile.py"),  # the ncu command
         image=IMAGE,
         kernels="results/profile/{run}/kernels.csv",
     output:
@@ -93,6 +95,7 @@ rule profile_collect:
     input:
         kernels=expand("results/profile/{run}/kernels.csv", run=PROFILED),
         ranges=expand("results/profile/{run}/ranges.csv", run=PROFILED),
+        code=code_of("jobs/profile.py"),
     output:
         kernels="results/csv/profile_kernels.csv",
         ranges="results/csv/profile_ranges.csv",
@@ -108,9 +111,10 @@ rule profile_collect:
 rule profile_collect_ncu:
     input:
         ncu=expand("results/profile/{run}/ncu.csv", run=PROFILED),
+        code=code_of("jobs/profile.py"),
     output:
         ncu="results/csv/profile_ncu.csv",
     log:
         "logs/profile_collect_ncu/collect.log",
     shell:
-        "scalestudy profile merge --schema ncu --out {output:q} {input:q} > {log:q} 2>&1"
+        "scalestudy profile merge --schema ncu --out {output:q} {input.ncu:q} > {log:q} 2>&1"

@@ -19,10 +19,7 @@ rule proposal:
             repo_file(f"workflow/report/{name}.j2")
             for name in ("proposal.tex", "slides.tex")
         ],
-        code=repo_file("src/scalestudy/results/proposal.py"),
-        # its formats and number check, and the planner that prices the request
-        shared=repo_file("src/scalestudy/results/render_report.py"),
-        planner=repo_file("src/scalestudy/study/estimate.py"),
+        code=code_of("results/proposal.py"),
     output:
         csv="results/csv/proposal.csv",
         md=report(
@@ -51,6 +48,7 @@ rule proposal:
 rule proposal_pdf:
     input:
         tex="reports/proposal.tex",
+        code=code_of("results/build_pdf.py"),
     output:
         pdf=report(
             "reports/proposal.pdf",
@@ -66,6 +64,7 @@ rule proposal_pdf:
 rule slides_pdf:
     input:
         tex="reports/slides.tex",
+        code=code_of("results/build_pdf.py"),
         figure="results/plots/efficiency.pdf",
     output:
         pdf=report(

@@ -12,7 +12,7 @@ rule render_report:
         ),
         md_template=repo_file("workflow/report/study.md.j2"),
         tex_template=repo_file("workflow/report/paper.tex.j2"),
-        code=repo_file("src/scalestudy/results/render_report.py"),
+        code=code_of("results/render_report.py"),
     output:
         md=report(
             "reports/study.md", caption="../report/study.rst", category="Documents"
@@ -35,6 +35,7 @@ rule render_report:
 rule paper_pdf:
     input:
         tex="reports/paper.tex",
+        code=code_of("results/build_pdf.py"),
         figures=expand("results/plots/{figure}.pdf", figure=FIGURES),
     output:
         pdf=report(

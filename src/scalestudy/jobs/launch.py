@@ -76,7 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--rank-prefix",
         default=None,
         help="command (one shell-quoted string) every rank runs the trainer under, e.g. the "
-        "profiler wrapper `python -m scalestudy profile rank ... --` (capture.py)",
+        "profiler wrapper `python -m scalestudy profile rank ... --` (jobs/profile.py)",
     )
     parser.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
     parser.add_argument(

@@ -10,8 +10,9 @@ resource functions, and the tests check them here.
   (`TrainingPlan`). The measured runs that calibrate the plan are read when Snakemake first asks
   for a training job's `runtime` (once per process), never while it parses the workflow.
 - Code inputs: the source files whose change reruns a rule (`trainer_sources`,
-  `container_sources`, `nsight_sources`), found by globbing the package and following its
-  imports, so a new or split module is tracked without a hand-kept list.
+  `container_sources`, and `code_sources` for every other rule that runs the package), found by
+  globbing the package and following its imports, so a new or split module is tracked without
+  a hand-kept list.
 - The rules that run on the submitting host (`LOCAL_RULES`): the `localrules:` of the workflow,
   and the rules the dry-run node-hour plan counts at 0 node-hours.
 """
@@ -224,10 +225,17 @@ def container_sources(root: str | Path, definition: str) -> list[str]:
     return [definition, "pyproject.toml", *trainer_sources(root)]
 
 
-def nsight_sources(root: str | Path) -> list[str]:
-    """The profile parsers: every module of src/scalestudy/nsight/."""
-    root = Path(root)
-    return sorted(p.relative_to(root).as_posix() for p in (root / PACKAGE / "nsight").glob("*.py"))
+def code_sources(root: str | Path, *modules: str) -> list[str]:
+    """A rule's code inputs: the modules it runs (paths under src/scalestudy, e.g.
+    "results/analyze.py") and every scalestudy module they import, transitively, so an edit to
+    anything the rule's command executes reruns it, and an edit elsewhere does not. Computed
+    once per process, root and modules."""
+    return list(_code_sources(Path(root), modules))
+
+
+@functools.cache
+def _code_sources(root: Path, modules: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(package_sources(root, (), modules))
 
 
 # ---------------------------------------------------------------------------------------------
