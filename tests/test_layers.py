@@ -10,6 +10,9 @@ inside a function may not cross layers either (that is how the old import cycle 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -102,6 +105,22 @@ def test_the_study_layer_does_not_import_torch(path):
         if name.split(".")[0] in ("torch", "torchvision")
     ]
     assert not heavy, f"study/{path.name} imports {heavy}"
+
+
+def test_what_the_workflow_imports_while_parsing_loads_no_torch():
+    """common.smk's imports (and the logger plugin's, which Snakemake loads first), in a fresh
+    interpreter: torch is seconds to import on a login node and must not be reached through any
+    chain (the test above reads only each study module's own imports)."""
+    common = (PKG.parents[1] / "workflow/rules/common.smk").read_text()
+    block = common[common.index("try:\n") + 5 : common.index("except ImportError")]
+    imports = textwrap.dedent(block)
+    assert "from scalestudy.study import" in imports  # the block was found
+    code = f"import sys\nimport snakemake_logger_plugin_scalestudy\n{imports}\n"
+    code += "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'torchvision')))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.strip() == "[]", out.stdout[:500]
 
 
 def test_the_checker_sees_a_wrong_import(tmp_path, monkeypatch):
