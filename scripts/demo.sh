@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The main job: the CPU demo study end to end (data -> 8 training runs -> results/csv ->
-# analysis, figures, reports/study.md, paper.tex, paper.pdf -> report.html), on this machine.
+# The main job: the CPU demo study end to end (data -> 6 training runs -> results/csv ->
+# analysis, figures, reports/study.md, paper.tex, paper.pdf, the proposal and slides ->
+# report.html), on this machine.
 # Extra arguments go to snakemake, e.g. `--config dataset=synthetic` (offline).
 set -euo pipefail
 cd "$(dirname "$0")/.."

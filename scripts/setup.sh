@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up this machine for the study and its tests (idempotent):
-#   - Debian packages for the local Slurm test cluster (slurm-wlm, munge, iproute2), as root;
+#   - Debian packages for the local Slurm test cluster (slurm-wlm, munge, iproute2, procps), as
+#     root, and python3-venv where the system Python lacks venv's ensurepip;
 #   - a virtual environment .venv with the pinned packages of requirements.txt and this
 #     package installed editable.
 #   - as root, a lean TeX Live with latexmk for reports/paper.pdf.
@@ -42,6 +43,18 @@ fi
 python=${PYTHON:-python3}
 if [[ ! -x .venv/bin/python ]]; then
     "$python" -c 'import sys; assert sys.version_info >= (3, 11), "Python >= 3.11 is needed"'
+    # Debian's and Ubuntu's system Python ship venv's pip bootstrap (ensurepip) separately
+    if ! "$python" -c 'import ensurepip' 2>/dev/null; then
+        if [[ "${SCALESTUDY_SKIP_APT:-0}" != 1 && $(id -u) -eq 0 ]]; then
+            echo "setup: installing python3-venv ($python has no ensurepip)"
+            apt-get update -q
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-venv
+        else
+            echo "setup: $python cannot make a venv (no ensurepip); as root:" \
+                 "apt-get install python3-venv, then rerun bash scripts/setup.sh" >&2
+            exit 1
+        fi
+    fi
     "$python" -m venv .venv
 fi
 stamp=.venv/.scalestudy-requirements

@@ -3,8 +3,8 @@
     PYTHONPATH=src python3 -m scalestudy gpu-check --out gpu-check
 
 Run it on one node of a new cluster before launching a study. It needs a CUDA GPU and torch,
-numpy, pandas, matplotlib, jinja2, pyyaml, jsonschema (and torchvision for the reference
-trainer); no Snakemake, no internet, no installed package. Without CUDA it refuses with one line
+torchvision and numpy (nvidia-ml-py for the nvml check); no Snakemake, no internet, no
+installed package. Without CUDA it refuses with one line
 (exit 2) and writes nothing. Otherwise every check runs its own processes
 (`python -m scalestudy train ...`, PYTHONPATH pointing at this source tree), each with a time
 limit, so a crash or a hang is a failed check with its log tail, never a crash of gpu-check:
