@@ -118,16 +118,23 @@ def nnpack_conv3x3(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return torch._nnpack_spatial_convolution(x, weight, None, [1, 1], [1, 1])
 
 
+def best_ms(run, repeats: int, prepare=tuple) -> float:
+    """The fastest of `repeats` timed calls run(*prepare()) in ms, after one untimed call;
+    prepare's work (fresh autograd leaves) stays out of the time."""
+    best = float("inf")
+    for i in range(repeats + 1):
+        args = prepare()
+        start = time.perf_counter()
+        run(*args)
+        if i:
+            best = min(best, (time.perf_counter() - start) * 1e3)
+    return best
+
+
 def forward_ms(conv, x: torch.Tensor, weight: torch.Tensor, repeats: int) -> float:
     """The fastest of `repeats` forward passes in ms (no autograd), after one untimed pass."""
-    best = float("inf")
     with torch.no_grad():
-        for i in range(repeats + 1):
-            start = time.perf_counter()
-            conv(x, weight)
-            if i:
-                best = min(best, (time.perf_counter() - start) * 1e3)
-    return best
+        return best_ms(lambda: conv(x, weight), repeats)
 
 
 def stride1_3x3_shapes(width: int, batch: int) -> collections.Counter:
@@ -157,16 +164,15 @@ def stride1_3x3_shapes(width: int, batch: int) -> collections.Counter:
 
 def fwd_bwd_ms(conv, x: torch.Tensor, weight: torch.Tensor, repeats: int) -> float:
     """The fastest of `repeats` forward + backward passes in ms, after one untimed pass."""
-    best = float("inf")
-    for i in range(repeats + 1):
-        xi = x.detach().requires_grad_()
-        wi = weight.detach().requires_grad_()
-        start = time.perf_counter()
+
+    def step(xi: torch.Tensor, wi: torch.Tensor) -> None:
         y = conv(xi, wi)
         y.backward(torch.ones_like(y))
-        if i:
-            best = min(best, (time.perf_counter() - start) * 1e3)
-    return best
+
+    def leaves() -> tuple[torch.Tensor, torch.Tensor]:
+        return x.detach().requires_grad_(), weight.detach().requires_grad_()
+
+    return best_ms(step, repeats, leaves)
 
 
 def products_ms(c: int, k: int, h: int, w: int, batch: int, m: int, repeats: int) -> float:
@@ -177,13 +183,10 @@ def products_ms(c: int, k: int, h: int, w: int, batch: int, m: int, repeats: int
     p = batch * -(-h // m) * -(-w // m)
     a2 = (m + 2) ** 2
     v, u, g = torch.randn(a2, p, c), torch.randn(a2, c, k), torch.randn(a2, p, k)
-    best = float("inf")
-    for i in range(repeats + 1):
-        start = time.perf_counter()
-        torch.bmm(v, u), torch.bmm(g, u.transpose(1, 2)), torch.bmm(v.transpose(1, 2), g)
-        if i:
-            best = min(best, (time.perf_counter() - start) * 1e3)
-    return best
+    return best_ms(
+        lambda: (torch.bmm(v, u), torch.bmm(g, u.transpose(1, 2)), torch.bmm(v.transpose(1, 2), g)),
+        repeats,
+    )
 
 
 TILES = (2, 4)  # F(2x2, 3x3) and F(4x4, 3x3)

@@ -12,14 +12,14 @@ import pytest
 from conftest import PYTHON, REPO, child_env
 
 
-def load_compare():
-    spec = importlib.util.spec_from_file_location("compare", REPO / "benchmarks" / "compare.py")
+def load_benchmark(name: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-compare = load_compare()
+compare = load_benchmark("compare")
 
 
 def test_runs_are_interleaved_abba():
@@ -133,13 +133,6 @@ def test_the_gpu_node_script_runs_small_on_a_cpu(tmp_path):
     assert "unknown step compare-nograph " in proc.stdout
     assert "--cuda-graphs off" in (out / "compare-nographs.log").read_text()
     assert "ours / per-step broadcast:" in (out / "ddp-buffers.txt").read_text()
-
-
-def load_benchmark(name: str):
-    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.parametrize("m, tolerance", [(2, 1e-5), (4, 1e-4)])

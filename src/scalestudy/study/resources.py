@@ -212,12 +212,7 @@ def trainer_sources(root: str | Path) -> list[str]:
     """Files whose change reruns training: the trainer package, the launcher, and the shared
     modules they import (Snakemake does not track modules a command imports). Computed once per
     process and root: the training and the container rule both ask for it."""
-    return list(_trainer_sources(Path(root)))
-
-
-@functools.cache
-def _trainer_sources(root: Path) -> tuple[str, ...]:
-    return tuple(package_sources(root, TRAINER_PACKAGES, TRAINER_MODULES))
+    return list(_cached_sources(Path(root), TRAINER_PACKAGES, TRAINER_MODULES))
 
 
 def container_sources(root: str | Path, definition: str) -> list[str]:
@@ -230,12 +225,13 @@ def code_sources(root: str | Path, *modules: str) -> list[str]:
     "results/analyze.py") and every scalestudy module they import, transitively, so an edit to
     anything the rule's command executes reruns it, and an edit elsewhere does not. Computed
     once per process, root and modules."""
-    return list(_code_sources(Path(root), modules))
+    return list(_cached_sources(Path(root), (), modules))
 
 
 @functools.cache
-def _code_sources(root: Path, modules: tuple[str, ...]) -> tuple[str, ...]:
-    return tuple(package_sources(root, (), modules))
+def _cached_sources(root: Path, packages: tuple, modules: tuple) -> tuple[str, ...]:
+    """package_sources, once per process and arguments (each rule asks per job)."""
+    return tuple(package_sources(root, packages, modules))
 
 
 # ---------------------------------------------------------------------------------------------
