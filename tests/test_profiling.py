@@ -14,6 +14,7 @@ import logging
 import os
 import re
 import shlex
+import sqlite3
 import subprocess
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from scalestudy import cli, log
 from scalestudy.errors import ProfileError, ProfileFormatError
 from scalestudy.jobs import container, gpu_check_report, launch
 from scalestudy.jobs import profile as capture
-from scalestudy.nsight import ncu, nsys, readers, schema, torch_ops
+from scalestudy.nsight import ncu, nsys, projection, readers, schema, torch_ops
 from scalestudy.nsight.classify import classify
 from scalestudy.study import profiling as study_profiling
 from scalestudy.study.config import StudyConfigError, load_and_validate
@@ -223,9 +224,10 @@ def test_nsys_new_report_names_two_ranks():
     assert rank1_nccl[0]["total_ns"] == 9_000_000
     r0 = {r["range"]: r for r in ranges if r["rank"] == 0}
     assert set(r0) == {"data", "forward", "backward", "optimizer"}  # NCCL:ncclAllReduce is no phase
-    # the phases' GPU time: nvtx_gpu_proj_sum's Total Proj Time, not nvtx_sum's host 55 ms
+    # no SQLite export here: nvtx_gpu_proj_sum's Total Proj Time (the launches of the range's
+    # own thread), not nvtx_sum's host 55 ms, and labelled so
     assert r0["backward"]["total_ns"] == 62_000_000 and r0["backward"]["instances"] == 10
-    assert {r["time_base"] for r in ranges} == {"gpu_projection"}
+    assert {r["time_base"] for r in ranges} == {"gpu_projection_same_thread"}
     assert sum(r["share"] for r in r0.values()) == pytest.approx(1.0)
     assert {r["rank"]: r["total_ns"] for r in ranges if r["range"] == "backward"} == {
         0: 62_000_000,
@@ -235,14 +237,14 @@ def test_nsys_new_report_names_two_ranks():
 
 
 def test_nsys_phases_without_the_gpu_projection_are_host_ranges(tmp_path):
-    """A capture without nvtx_gpu_proj_sum (older nsys, older capture) still parses; its phase
-    times are nvtx_sum's host times and say so, rank by rank."""
+    """A capture without an export or nvtx_gpu_proj_sum (older nsys, older capture) still
+    parses; its phase times are nvtx_sum's host times and say so, rank by rank."""
     for f in (FIX / "nsys-2024.5").glob("*.csv"):
         if f.name != "nsys_rank1_nvtx_gpu_proj_sum.csv":
             (tmp_path / f.name).write_bytes(f.read_bytes())
     _, ranges = nsys.parse_nsys(tmp_path, "mixed")
     bases = {(r["rank"], r["time_base"]) for r in ranges}
-    assert bases == {(0, "gpu_projection"), (1, "host_range")}
+    assert bases == {(0, "gpu_projection_same_thread"), (1, "host_range")}
     r1 = {r["range"]: r for r in ranges if r["rank"] == 1}
     assert r1["backward"]["total_ns"] == 55_000_000  # nvtx_sum's push-to-pop time
     assert sum(r["share"] for r in r1.values()) == pytest.approx(1.0)
@@ -281,6 +283,164 @@ def test_nsys_timeunit_ms_and_domain_prefix(tmp_path):
         "forward": (15_000_000, "host_range"),
         "backward": (25_000_000, "host_range"),
     }
+
+
+EXPORT_SQL = FIX / "nsys-export" / "nsys_rank0.sql"
+
+
+def write_export(path: Path, sql: str | None = None) -> Path:
+    """A HAND-MADE stand-in of an nsys SQLite export at path, from SQL text (by default the
+    fixture tests/fixtures/nsight/nsys-export/nsys_rank0.sql; no nsys runs here)."""
+    with sqlite3.connect(path) as con:
+        con.executescript(EXPORT_SQL.read_text() if sql is None else sql)
+    con.close()
+    return path
+
+
+def test_the_export_projects_every_threads_launches(tmp_path):
+    db = write_export(tmp_path / "nsys_rank0.sqlite")
+    phases = {p["name"]: (p["instances"], p["total_ns"]) for p in nsys.export_phases(db)}
+    # the fixture's header: two steps; the backward's kernels come from autograd's thread, the
+    # NCCL domain's range is no phase, the step-2 optimizer is named by text
+    assert phases == {
+        "data": (2, 20_000),
+        "forward": (2, 360_000),
+        "backward": (2, 876_000),
+        "optimizer": (2, 40_000),
+    }
+    # beside the stats CSVs: rank 0's phases from its export, rank 1 (none) from
+    # nvtx_gpu_proj_sum, each labelled with what it measures
+    for f in (FIX / "nsys-2024.5").glob("*.csv"):
+        (tmp_path / f.name).write_bytes(f.read_bytes())
+    _, ranges = nsys.parse_nsys(tmp_path, "mixed")
+    bases = {(r["rank"], r["time_base"]) for r in ranges}
+    assert bases == {(0, "gpu_projection"), (1, "gpu_projection_same_thread")}
+    r0 = {r["range"]: r["total_ns"] for r in ranges if r["rank"] == 0}
+    assert r0 == {"data": 20_000, "forward": 360_000, "backward": 876_000, "optimizer": 40_000}
+
+
+def test_an_old_export_and_exports_without_what_is_projected(tmp_path):
+    sql = EXPORT_SQL.read_text()
+    # no textId (names in `text` only) and no globalPid in the GPU tables: still projected
+    old = sql.replace("textId INTEGER REFERENCES StringIds (id), ", "").replace(
+        "globalPid INTEGER, ", ""
+    )
+    old_lines = []
+    for line in old.splitlines():
+        if line.startswith("INSERT INTO NVTX_EVENTS"):
+            # drop the textId value (second to last), naming the range by text instead
+            head, values = line.split("VALUES (", 1)
+            cells = values.rstrip(");").split(", ")
+            names = {"1": "'data'", "2": "'forward'", "3": "'backward'", "4": "'optimizer'"}
+            if cells[9] in names:
+                cells[6] = names[cells[9]]
+            line = f"{head}VALUES ({', '.join(cells[:9] + cells[10:])});"
+        elif line.startswith("INSERT INTO CUPTI_ACTIVITY_KIND_") and "RUNTIME" not in line:
+            head, values = line.split("VALUES (", 1)
+            cells = values.rstrip(");").split(", ")
+            line = f"{head}VALUES ({', '.join(cells[:6] + cells[7:])});"
+        old_lines.append(line)
+    db = write_export(tmp_path / "old.sqlite", "\n".join(old_lines))
+    assert {p["name"]: p["total_ns"] for p in nsys.export_phases(db)}["backward"] == 876_000
+    # no NVTX, or no GPU operation: nothing to project (the parser falls back)
+    bare = write_export(
+        tmp_path / "bare.sqlite",
+        sql.split("INSERT")[0].replace("CREATE TABLE NVTX_EVENTS", "CREATE TABLE OTHER"),
+    )
+    assert nsys.export_phases(bare) == []
+    idle = "\n".join(
+        ln
+        for ln in sql.splitlines()
+        if "KIND_KERNEL VALUES" not in ln
+        and "KIND_MEMCPY VALUES" not in ln
+        and "KIND_MEMSET VALUES" not in ln
+    )
+    assert nsys.export_phases(write_export(tmp_path / "idle.sqlite", idle)) == []
+    # phase ranges of two processes in one report: refused, by name
+    two = sql + (
+        "INSERT INTO NVTX_EVENTS VALUES (1000000000, 1000000100, 59, NULL, NULL, NULL, "
+        f"'forward', {(77 << 24) | 77}, NULL, NULL, 0);\n"
+    )
+    with pytest.raises(ProfileFormatError, match=r"two\.sqlite: phase ranges of 2 processes"):
+        nsys.export_phases(write_export(tmp_path / "two.sqlite", two))
+    # not a SQLite file: one line naming it and what makes it
+    junk = tmp_path / "nsys_rank0.sqlite"
+    junk.write_text("not a database")
+    with pytest.raises(ProfileFormatError, match=r"nsys_rank0\.sqlite: not an nsys SQLite export"):
+        nsys.export_phases(junk)
+
+
+def nsys_export_of_trace(doc: dict, path: Path) -> Path:
+    """A STAND-IN nsys SQLite export of a torch.profiler chrome trace's events (no nsys ran):
+    its record_function phase ranges as NVTX push/pop ranges of their thread, its CUDA API
+    calls and GPU operations as the export's tables, pid and tid packed into globalTid (and the
+    host's pid into the GPU operations' globalPid)."""
+    events = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+    # a GPU operation's pid in the trace is its device; in the export, its host process's
+    host_pid = next(int(e["pid"]) for e in events if e.get("cat") == "user_annotation")
+    # the trace's GPU categories -> the export's table and its columns beyond the shared ones
+    gpu_tables = {
+        "kernel": ("KERNEL", "demangledName, shortName", "20, 20"),
+        "gpu_memcpy": ("MEMCPY", "bytes, copyKind", "0, 0"),
+        "gpu_memset": ("MEMSET", "value, bytes", "0, 0"),
+    }
+    with sqlite3.connect(path) as con:
+        con.executescript(EXPORT_SQL.read_text().split("INSERT")[0])
+        for e in events:
+            corr = (e.get("args") or {}).get("correlation")
+            span = (round(e["ts"] * 1e3), round((e["ts"] + e["dur"]) * 1e3))  # us -> ns
+            gtid = (int(e["pid"]) << 24) | (int(e["tid"]) & 0xFFFFFF)
+            if e.get("cat") == "user_annotation" and e["name"] in schema.RANGES:
+                con.execute(
+                    "INSERT INTO NVTX_EVENTS (start, end, eventType, text, globalTid, domainId) "
+                    "VALUES (?, ?, 59, ?, ?, 0)",
+                    (*span, e["name"], gtid),
+                )
+            elif e.get("cat") in torch_ops.LAUNCH_CATEGORIES and corr is not None:
+                con.execute(
+                    "INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (?, ?, 1, ?, ?, 11, 0, NULL)",
+                    (*span, gtid, corr),
+                )
+            elif e.get("cat") in gpu_tables and corr is not None:
+                table, columns, values = gpu_tables[e["cat"]]
+                con.execute(
+                    f"INSERT INTO CUPTI_ACTIVITY_KIND_{table} (start, end, deviceId, contextId, "
+                    f"streamId, correlationId, globalPid, {columns}) "
+                    f"VALUES (?, ?, 0, 1, 7, ?, ?, {values})",
+                    (*span, corr, host_pid << 24),
+                )
+    con.close()
+    return path
+
+
+def test_the_h100_captures_events_project_alike_through_both_parsers(tmp_path):
+    """The real H100 capture's events (tests/fixtures/gpu-h100/trace_rank0.json) written as an
+    nsys export: the export's projection equals the chrome trace's, and is the GPU time of
+    every thread's launches; one thread's launches alone (nsys's nvtx_gpu_proj_sum) hold almost
+    none of the backward: autograd launched it from its own thread."""
+    doc = json.loads((FIX.parent / "gpu-h100" / "trace_rank0.json").read_text())
+    db = nsys_export_of_trace(doc, tmp_path / "nsys_rank0.sqlite")
+    from_export = {p["name"]: p for p in nsys.export_phases(db)}
+    from_trace = {p["name"]: p for p in torch_ops.trace_phases(doc)}
+    assert from_export.keys() == from_trace.keys() >= {"forward", "backward", "optimizer"}
+    for name, p in from_trace.items():
+        assert from_export[name]["instances"] == p["instances"]
+        assert from_export[name]["total_ns"] == pytest.approx(p["total_ns"], abs=2)
+    # the main thread's launches only
+    events = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+    ops = {}
+    for e in events:
+        if e.get("cat") in torch_ops.GPU_CATEGORIES and torch_ops.correlation(e) is not None:
+            ops.setdefault(torch_ops.correlation(e), []).append((e["ts"], e["ts"] + e["dur"]))
+    backward = [e for e in events if e.get("cat") == "user_annotation" and e["name"] == "backward"]
+    own = [
+        (e["ts"], torch_ops.correlation(e))
+        for e in events
+        if e.get("cat") in torch_ops.LAUNCH_CATEGORIES and e["tid"] == backward[0]["tid"]
+    ]
+    ranges = [(e["name"], e["ts"], e["ts"] + e["dur"]) for e in backward]
+    same_thread_us = projection.project(ranges, own, ops)[0]["total_ns"]
+    assert from_trace["backward"]["total_ns"] > 50 * same_thread_us * 1e3 > 0
 
 
 def test_single_stats_file_is_accepted():
@@ -538,22 +698,30 @@ def test_parse_warns_when_kernels_have_no_phase_ranges(tmp_path, capsys, command
     err = capsys.readouterr().err
     assert "WARNING w2_test: rank(s) 0 have kernels but none of the phase ranges" in err
     assert "data, forward, backward, optimizer, communication" in err and "nvtx_sum" in err
-    # host ranges only (no nvtx_gpu_proj_sum): parsed, labelled host_range, and said
+    # host ranges only (no export, no nvtx_gpu_proj_sum): parsed, labelled host_range, and said
     host = _nsys_capture(
         tmp_path / "host", "nsys_rank0_cuda_gpu_kern_sum.csv", "nsys_rank0_nvtx_sum.csv"
     )
     _, ranges = _parse(host, tmp_path)
     assert ranges and {r["time_base"] for r in ranges} == {"host_range"}
     err = capsys.readouterr().err
-    assert "WARNING w2_test: rank(s) 0 have no nvtx_gpu_proj_sum" in err and "not GPU time" in err
-    # with the GPU projection there, no warning
-    full = _nsys_capture(
-        tmp_path / "full",
+    assert "WARNING w2_test: rank(s) 0 have no SQLite export" in err and "not GPU time" in err
+    assert "nsys export --type sqlite" in err  # the command that mends it
+    # nsys's own projection: GPU time of one thread's launches, labelled and said so
+    proj = _nsys_capture(
+        tmp_path / "proj",
         "nsys_rank0_cuda_gpu_kern_sum.csv",
         "nsys_rank0_nvtx_sum.csv",
         "nsys_rank0_nvtx_gpu_proj_sum.csv",
     )
-    _, ranges = _parse(full, tmp_path)
+    _, ranges = _parse(proj, tmp_path)
+    assert {r["time_base"] for r in ranges} == {"gpu_projection_same_thread"}
+    err = capsys.readouterr().err
+    assert "WARNING w2_test: rank(s) 0 have no SQLite export" in err
+    assert "misses the backward's kernels" in err
+    # with the export there, the GPU projection of every thread, and no warning
+    write_export(proj / "stats" / "nsys_rank0.sqlite")
+    _, ranges = _parse(proj, tmp_path)
     assert {r["time_base"] for r in ranges} == {"gpu_projection"}
     assert ranges and "WARNING" not in capsys.readouterr().err
 
@@ -795,42 +963,24 @@ def test_nsys_commands():
         "r.nsys-rep",
         "s/nsys_rank0",
         capture.nsys_version("NVIDIA Nsight Systems version 2024.5.1.113-245134619542v0"),
+        "s/nsys_rank0.sqlite",
     )
     assert [new[i + 1] for i, a in enumerate(new) if a == "--report"] == list(
         capture.NSYS_REPORTS_NEW
     )
-    old = capture.nsys_stats_command("r.nsys-rep", "s/x", (2022, 4))
+    old = capture.nsys_stats_command("r.nsys-rep", "s/x", (2022, 4), "s/x.sqlite")
     assert [old[i + 1] for i, a in enumerate(old) if a == "--report"] == [
         "gpukernsum",
         "gpumemtimesum",
         "nvtxsum",
     ]
     assert new[-1] == "r.nsys-rep" and "csv" in new
-    # the phases' GPU time, asked on its own (an nsys without it keeps the kernel tables)
-    proj = capture.nsys_proj_command("r.nsys-rep", "s/nsys_rank0")
-    assert proj[:4] == ["nsys", "stats", "--report", "nvtx_gpu_proj_sum"]
-    assert proj[-3:] == ["--output", "s/nsys_rank0", "r.nsys-rep"] and "csv" in proj
+    # the SQLite export the phases' GPU time is read from, where the parser looks for it
+    assert new[new.index("--sqlite") + 1] == "s/nsys_rank0.sqlite" and "--force-export=true" in new
+    assert "nvtx_gpu_proj_sum" not in new + old  # one thread's launches only: not asked
     # the profiler given by path (the host's installation, bound into the container)
     exe = "/opt/nvidia/nsight-systems/2025.1.1/bin/nsys"
     assert capture.nsys_profile_command("d/x", "cuda", ["python"], exe)[:2] == [exe, "profile"]
-
-
-def test_an_nsys_without_the_gpu_projection_costs_only_the_phase_gpu_times(
-    tmp_path, capsys, command_logging
-):
-    # a stand-in for an nsys whose `stats` does not know nvtx_gpu_proj_sum: it fails
-    fake = tmp_path / "bin" / "nsys"
-    fake.parent.mkdir()
-    fake.write_text("#!/bin/sh\necho 'ERROR: report nvtx_gpu_proj_sum not found' >&2\nexit 1\n")
-    fake.chmod(0o755)
-    env = {**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}"}
-    assert capture._gpu_projection("r.nsys-rep", str(tmp_path / "s"), (2024, 5), env) is False
-    err = capsys.readouterr().err
-    assert "WARNING no nvtx_gpu_proj_sum for r.nsys-rep (exit 1)" in err
-    assert "time_base host_range" in err and "not GPU time" in err
-    # an nsys of the old report names is not asked at all
-    assert capture._gpu_projection("r.nsys-rep", "s", (2022, 4), env) is False
-    assert "the old report names, not asked" in capsys.readouterr().err
 
 
 MULTI_TENSOR = (
@@ -1252,12 +1402,14 @@ def test_nsys_path_through_the_stand_in(data_dir, tmp_path):
     ]
     assert "--capture-range=cudaProfilerApi" in (cap / "nsys_rank1.nsys-rep").read_text()
     manifest = json.loads((cap / "tool.json").read_text())
-    assert manifest["nsys_version"] == "2024.5" and manifest["phase_time_base"] == "gpu_projection"
+    assert manifest["nsys_version"] == "2024.5"
     assert manifest["in_container"] is False and manifest["binds"] == []
-    assert (cap / "stats" / "nsys_rank1_nvtx_gpu_proj_sum.csv").exists()
+    assert (cap / "stats" / "nsys_rank1.sqlite").exists()  # the export, beside the tables
     kernels, ranges = _parse(cap, tmp_path)
     assert {r["rank"] for r in kernels} == {"0", "1"} and {r["tool"] for r in kernels} == {"nsys"}
     assert {r["time_base"] for r in ranges} == {"gpu_projection"}
+    # the stand-in's canned export (tests/fixtures/nsight/nsys-export): two steps' backward
+    assert {int(r["total_ns"]) for r in ranges if r["range"] == "backward"} == {876_000}
     # explicit nsys where it is missing: a clear error before any training
     proc = _capture(data_dir, tmp_path / "c2", tool="nsys", device="cuda")
     assert proc.returncode == 2 and "not on PATH" in proc.stderr

@@ -37,8 +37,9 @@ rule profile_capture:
         )
 
 
-# nsys stats CSVs or torch.profiler ops of one run -> its kernels (by category) and phase ranges
-# (GPU time where the capture has it, else host time: the time_base column says which).
+# nsys stats CSVs and SQLite exports, or torch.profiler ops and traces, of one run -> its kernels
+# (by category) and phase ranges (GPU time where the capture has it, else host time: the
+# time_base column says which).
 rule profile_parse:
     input:
         capture="results/profile/{run}/capture",

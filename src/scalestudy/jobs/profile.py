@@ -19,10 +19,12 @@ capture: the tool is chosen here, on the compute node, and stated in DIR/tool.js
           --trace=<nsys_trace> --cuda-graph-trace=node --output=DIR/nsys_rank<r> ...
   (the trainer's --profile-steps A:B opens and closes the range), then
       nsys stats --report cuda_gpu_kern_sum --report cuda_gpu_mem_time_sum --report nvtx_sum \\
-          --format csv --output DIR/stats/nsys_rank<r> DIR/nsys_rank<r>.nsys-rep
-  (before 2023.1: gpukernsum, gpumemtimesum, nvtxsum) and, for the phases' GPU time,
-      nsys stats --report nvtx_gpu_proj_sum ... (where this nsys has it; else the phase rows are
-  nvtx_sum's host times, labelled time_base host_range). The trainer's own outputs go to
+          --format csv --force-export=true --sqlite DIR/stats/nsys_rank<r>.sqlite \\
+          --output DIR/stats/nsys_rank<r> DIR/nsys_rank<r>.nsys-rep
+  (before 2023.1: gpukernsum, gpumemtimesum, nvtxsum). The phases' GPU time is read from that
+  SQLite export (nsight/nsys.py export_phases), not from nsys's nvtx_gpu_proj_sum, which counts
+  only the launches of a range's own thread and so misses most of the backward (autograd
+  launches it from its own thread: nsight/projection.py). The trainer's own outputs go to
   DIR/train/, never to results/runs/, so no profiling overhead reaches the throughput figures.
 In the container (--container IMG): the profiler runs inside the image, around the trainer:
       apptainer exec --nv --bind <install> IMG python -m scalestudy profile rank \\
@@ -45,6 +47,7 @@ parse: profiler output -> the profile CSVs (schemas: scalestudy.nsight.schema), 
   --nsys-stats P  `nsys stats --format csv` output made by hand: one CSV, or a directory of them
                   (cuda_gpu_kern_sum, cuda_gpu_mem_time_sum, nvtx_gpu_proj_sum, nvtx_sum or the
                   pre-2023.1 names; recognised by header, rank from `rank<r>` in the file name)
+                  and the reports' SQLite exports, nsys_rank<r>.sqlite, for the phases' GPU time
   --ncu P         `ncu --csv --page details` output: one CSV, or every *.csv of a directory
   The first two write --out-kernels (profile_kernels) and, when given, --out-ranges
   (profile_ranges); --ncu writes --out-ncu (profile_ncu). A file that cannot be parsed is an
@@ -76,10 +79,6 @@ logger = log.get(__name__)
 NSYS_TRACE = "cuda,nvtx,osrt,cudnn,cublas"
 NSYS_REPORTS_NEW = ("cuda_gpu_kern_sum", "cuda_gpu_mem_time_sum", "nvtx_sum")
 NSYS_REPORTS_OLD = ("gpukernsum", "gpumemtimesum", "nvtxsum")
-# The GPU time of the NVTX phase ranges: each range projected onto the GPU (from the start of the
-# first to the end of the last GPU operation launched inside it). nvtx_sum's times are the host's
-# push-to-pop times: how long the CPU took to enqueue a phase, not how long the GPU ran it.
-NSYS_PROJ_REPORT = "nvtx_gpu_proj_sum"
 # Installation roots that cannot be bound into the image: binding them would hide its own system
 # (e.g. an nsys that a distribution package put in /usr/bin).
 SYSTEM_DIRS = frozenset(
@@ -183,25 +182,22 @@ def nsys_version(text: str) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
-def nsys_stats_command(report: str, output_base: str, version: tuple[int, int] | None) -> list[str]:
+def nsys_stats_command(
+    report: str, output_base: str, version: tuple[int, int] | None, sqlite: str
+) -> list[str]:
+    """`nsys stats` of the kernel and NVTX tables, exporting the report to `sqlite` first: the
+    export is what the phases' GPU time is read from (nsight/nsys.py export_phases)."""
     names = NSYS_REPORTS_OLD if version is not None and version < (2023, 1) else NSYS_REPORTS_NEW
     argv = ["nsys", "stats"]
     for name in names:
         argv += ["--report", name]
-    return [*argv, "--format", "csv", "--force-export=true", "--output", output_base, report]
-
-
-def nsys_proj_command(report: str, output_base: str) -> list[str]:
-    """`nsys stats` of the phases' GPU projection (NSYS_PROJ_REPORT), run after
-    nsys_stats_command (which exported the SQLite file this one reads): on its own, so an nsys
-    without the report costs only the GPU phase times, not the kernel tables."""
     return [
-        "nsys",
-        "stats",
-        "--report",
-        NSYS_PROJ_REPORT,
+        *argv,
         "--format",
         "csv",
+        "--force-export=true",
+        "--sqlite",
+        sqlite,
         "--output",
         output_base,
         report,
@@ -510,35 +506,13 @@ def nsys_stats(out: Path, env: dict[str, str]) -> dict:
         subprocess.run(["nsys", "--version"], capture_output=True, text=True).stdout
     )
     (out / "stats").mkdir(exist_ok=True)
-    projected = True
     for rep in reports:
         base = str(out / "stats" / rep.name.removesuffix(".nsys-rep"))
-        _run(nsys_stats_command(str(rep), base, version), env)
-        projected = _gpu_projection(str(rep), base, version, env) and projected
+        _run(nsys_stats_command(str(rep), base, version, base + ".sqlite"), env)
     return {
         "nsys_version": ".".join(map(str, version)) if version else "unknown",
         "input": "stats",
-        "phase_time_base": "gpu_projection" if projected else "host_range",
     }
-
-
-def _gpu_projection(report: str, base: str, version, env: dict[str, str]) -> bool:
-    """The phases' GPU time (NSYS_PROJ_REPORT); False, with a warning, where this nsys cannot
-    give it: the parser then reads nvtx_sum's host times and labels them host_range."""
-    if version is not None and version < (2023, 1):
-        # not asked of an nsys with the pre-2023.1 report names (when it appeared is not recorded)
-        ok, why = False, f"nsys {version[0]}.{version[1]}: the old report names, not asked"
-    else:
-        argv = nsys_proj_command(report, base)
-        logger.info("+ " + shlex.join(argv))
-        code = subprocess.run(argv, env=env).returncode
-        ok, why = code == 0, f"exit {code}"
-    if not ok:
-        logger.warning(
-            f"WARNING no {NSYS_PROJ_REPORT} for {report} ({why}): its phase times will be the "
-            "host's NVTX push/pop times (time_base host_range), not GPU time"
-        )
-    return ok
 
 
 def _capture_input(capture_dir: Path) -> tuple[str, Path, str]:
@@ -587,25 +561,45 @@ def parse(args: argparse.Namespace) -> int:
         # a warning, not an error: the kernel breakdown stands on its own, and a trainer that
         # records its phases in a form this tool does not see must not cost the kernels
         where = f"; {args.out_ranges} has no rows for them" if args.out_ranges else ""
-        seen = "nvtx_gpu_proj_sum / nvtx_sum" if tool == "nsys" else "record_function ranges"
+        seen = "export / nvtx_gpu_proj_sum / nvtx_sum" if tool == "nsys" else "record_function"
         logger.warning(
             f"WARNING {args.run}: rank(s) {', '.join(map(str, bare))} have kernels but none of "
             f"the phase ranges {', '.join(schema.RANGES)} in {source} "
             f"({seen})"
             f"{where}"
         )
-    host = sorted({r["rank"] for r in ranges if r["time_base"] == schema.HOST_RANGE})
-    if tool == "nsys" and host:
-        # the trainer's GPU phase times are the step timer's CUDA events (metrics.json)
-        logger.warning(
-            f"WARNING {args.run}: rank(s) {', '.join(map(str, host))} have no nvtx_gpu_proj_sum "
-            f"in {source}: their phase times are host NVTX push/pop times (time_base "
-            "host_range), the time to enqueue each phase, not GPU time"
-        )
+    if tool == "nsys":
+        _warn_phase_time_base(args.run, source, ranges)
     logger.info(
         f"{args.run}: {len(kernels)} kernel rows, {len(ranges)} range rows (tool {tool}: {why})"
     )
     return 0
+
+
+def _warn_phase_time_base(run: str, source: Path, ranges: list[dict]) -> None:
+    """Say which ranks' nsys phase times are not the GPU projection of every thread (the
+    trainer's GPU phase times are also in metrics.json: the step timer's CUDA events)."""
+    for base, what in (
+        (
+            schema.GPU_PROJECTION_SAME_THREAD,
+            "nvtx_gpu_proj_sum's GPU time of the launches from each range's own thread (time_base "
+            f"{schema.GPU_PROJECTION_SAME_THREAD}), which misses the backward's kernels autograd "
+            "launches from its own thread",
+        ),
+        (
+            schema.HOST_RANGE,
+            f"host NVTX push/pop times (time_base {schema.HOST_RANGE}), the time to enqueue each "
+            "phase, not GPU time",
+        ),
+    ):
+        ranks = sorted({r["rank"] for r in ranges if r["time_base"] == base})
+        if ranks:
+            logger.warning(
+                f"WARNING {run}: rank(s) {', '.join(map(str, ranks))} have no SQLite export "
+                f"(nsys_rank<r>.sqlite) in {source}: their phase times are {what}; export the "
+                "report with `nsys export --type sqlite --output <dir>/nsys_rank<r>.sqlite "
+                "<report>.nsys-rep`"
+            )
 
 
 def ncu(args: argparse.Namespace) -> int:

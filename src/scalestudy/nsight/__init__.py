@@ -3,7 +3,8 @@
 schema.py     the profile CSV schemas (columns, categories, phase ranges), their rows, CSVs
 classify.py   kernel / op name -> category
 readers.py    numbers with units, the CSV table after a tool's noise lines, rank of a file
-nsys.py       nsys stats CSVs -> kernels and ranges rows
+projection.py the phase ranges projected onto the GPU (launches of every thread)
+nsys.py       nsys stats CSVs and the SQLite export -> kernels and ranges rows
 ncu.py        ncu details CSV -> profile_ncu rows
 torch_ops.py  torch.profiler export -> kernels and ranges rows
 """

@@ -1,24 +1,33 @@
-"""Nsight Systems: `nsys stats --format csv` output -> profile_kernels and profile_ranges rows.
+"""Nsight Systems: `nsys stats --format csv` output and the SQLite export -> profile_kernels and
+profile_ranges rows.
 
-Reads cuda_gpu_kern_sum, cuda_gpu_mem_time_sum, nvtx_gpu_proj_sum and nvtx_sum (or the pre-2023.1
-gpukernsum, gpumemtimesum, nvtxsum: a file is recognised by its header, not its name) of one run,
-one file or a directory of them (rank from `rank<r>` in the file name). Schemas: schema.py.
+Kernels: cuda_gpu_kern_sum and cuda_gpu_mem_time_sum (or the pre-2023.1 gpukernsum,
+gpumemtimesum: a file is recognised by its header, not its name) of one run, one file or a
+directory of them (rank from `rank<r>` in the file name). Schemas: schema.py.
 
-The phase ranges of a rank come from nvtx_gpu_proj_sum when it is there: "Total Proj Time" is the
-GPU time of the range (time_base gpu_projection). nvtx_sum's "Total Time" is the host's push-to-pop
-time, how long the CPU took to enqueue the phase; it is used only where the projection is missing
-(an older capture) and then labelled host_range, never passed off as GPU time. Columns of
-nvtx_gpu_proj_sum (Nsight Systems' stats report documentation; seen in real output of 2025.x):
-Range, Style, Total Proj Time, Total Range Time, Range Instances, Proj Avg/Med/Min/Max/StdDev,
-Total GPU Ops, Avg GPU Ops, Avg Range Lvl, Avg Num Child (times with the `--timeunit` suffix).
+The phase ranges of a rank, the first of these the directory holds for it:
+  nsys_rank<r>.sqlite  the report's SQLite export (`nsys export --type sqlite`, or `nsys stats
+                       --sqlite`): each range projected onto the GPU by projection.project from
+                       the launches of every thread (time_base gpu_projection; export_phases)
+  nvtx_gpu_proj_sum    nsys's own projection, "Total Proj Time": only the GPU work launched from
+                       the range's own thread, which misses what autograd's thread launches,
+                       most of the backward (time_base gpu_projection_same_thread; projection.py)
+  nvtx_sum / nvtxsum   "Total Time", the host's push-to-pop time: how long the CPU took to
+                       enqueue the phase, never GPU time (time_base host_range)
+Columns of nvtx_gpu_proj_sum (Nsight Systems' stats report documentation; seen in real output of
+2025.x): Range, Style, Total Proj Time, Total Range Time, Range Instances, Proj
+Avg/Med/Min/Max/StdDev, Total GPU Ops, Avg GPU Ops, Avg Range Lvl, Avg Num Child (times with the
+`--timeunit` suffix).
 """
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
 from pathlib import Path
 
 from scalestudy.errors import ProfileFormatError
-from scalestudy.nsight import schema
+from scalestudy.nsight import projection, schema
 from scalestudy.nsight.readers import (
     col,
     parse_number,
@@ -115,9 +124,10 @@ def nsys_stats_files(input_path: str | Path) -> list[Path]:
 
 
 def parse_nsys(input_path: str | Path, run: str) -> tuple[list[dict], list[dict]]:
-    """nsys stats CSVs (a file or a directory) -> (profile_kernels rows, profile_ranges rows)."""
+    """nsys stats CSVs (a file or a directory), and the SQLite exports in that directory ->
+    (profile_kernels rows, profile_ranges rows)."""
     kernels: dict[int, list[dict]] = {}
-    ranges: dict[str, dict[int, list[dict]]] = {"proj": {}, "nvtx": {}}
+    ranges: dict[str, dict[int, list[dict]]] = {"export": {}, "proj": {}, "nvtx": {}}
     kinds: dict[int, set[str]] = {}
     for f in nsys_stats_files(input_path):
         try:
@@ -140,18 +150,111 @@ def parse_nsys(input_path: str | Path, run: str) -> tuple[list[dict], list[dict]
             raise ProfileFormatError(
                 input_path, None, f"rank {rank}: no kernel summary (cuda_gpu_kern_sum / gpukernsum)"
             )
-    phases, time_base = phase_ranges(ranges["proj"], ranges["nvtx"])
+    if Path(input_path).is_dir():
+        for f in sorted(Path(input_path).glob("*.sqlite")):
+            phases = export_phases(f)
+            if phases:
+                ranges["export"][rank_of(f)] = phases
+    phases, time_base = phase_ranges(ranges)
     return (
         schema.kernel_rows(run, "nsys", kernels),
         schema.range_rows(run, "nsys", phases, time_base),
     )
 
 
-def phase_ranges(proj: dict[int, list[dict]], host: dict[int, list[dict]]):
-    """(each rank's phase entries, each rank's time base): the GPU projection where the rank
-    has one, else the host ranges, labelled so."""
-    phases = {rank: proj.get(rank) or host.get(rank, []) for rank in proj.keys() | host.keys()}
-    time_base = {
-        rank: schema.GPU_PROJECTION if proj.get(rank) else schema.HOST_RANGE for rank in phases
-    }
+# what each source of phase entries measures, best first (the module docstring)
+PHASE_SOURCES = (
+    ("export", schema.GPU_PROJECTION),
+    ("proj", schema.GPU_PROJECTION_SAME_THREAD),
+    ("nvtx", schema.HOST_RANGE),
+)
+
+
+def phase_ranges(ranges: dict[str, dict[int, list[dict]]]):
+    """(each rank's phase entries, each rank's time base): of the sources a rank has
+    (ranges[source][rank]), the first in PHASE_SOURCES."""
+    phases, time_base = {}, {}
+    for source, base in PHASE_SOURCES:
+        for rank, entries in ranges.get(source, {}).items():
+            if entries and rank not in phases:
+                phases[rank], time_base[rank] = entries, base
     return phases, time_base
+
+
+# The nsys SQLite export (its schema reference in the Nsight Systems user guide; the columns
+# read here are those nsys's own nvtx_gpu_proj_trace report reads). Times are integer ns.
+# NVTX_EVENTS.eventType of the ranges: push/pop 59, start/end 60 (70 and 71: the same, imported
+# from NVTXT files); globalTid packs the process id above bit 24, so masking the thread bits off
+# gives the globalPid the GPU operation tables carry.
+NVTX_RANGE_TYPES = (59, 60, 70, 71)
+GPU_OP_TABLES = (
+    "CUPTI_ACTIVITY_KIND_KERNEL",
+    "CUPTI_ACTIVITY_KIND_MEMCPY",
+    "CUPTI_ACTIVITY_KIND_MEMSET",
+)
+LAUNCH_TABLE = "CUPTI_ACTIVITY_KIND_RUNTIME"  # the CUDA API calls (runtime and driver)
+PID_MASK = 0xFFFFFFFFFF000000
+
+
+def export_phases(path: str | Path) -> list[dict]:
+    """The trainer's phase ranges (schema.RANGES) in one rank's nsys SQLite export, projected
+    onto the GPU by projection.project (launches from any thread of the rank's process);
+    [] when the export has no NVTX range, no CUDA API call or no GPU operation."""
+    path = Path(path)
+    try:
+        con = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True)
+    except sqlite3.Error as exc:
+        raise ProfileFormatError(path, None, f"cannot open the SQLite export ({exc})") from exc
+    try:
+        with contextlib.closing(con):
+            return _export_phases(con, path)
+    except sqlite3.Error as exc:
+        raise ProfileFormatError(
+            path, None, f"not an nsys SQLite export ({exc}); made by `nsys export --type sqlite`"
+        ) from exc
+
+
+def _columns(con: sqlite3.Connection, table: str) -> set[str]:
+    return {row[1] for row in con.execute(f"PRAGMA table_info({table})")}
+
+
+def _export_phases(con: sqlite3.Connection, path: Path) -> list[dict]:
+    tables = {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    op_tables = [t for t in GPU_OP_TABLES if t in tables]
+    if "NVTX_EVENTS" not in tables or LAUNCH_TABLE not in tables or not op_tables:
+        return []
+    # an old export without globalPid in a GPU table: correlation ids alone (one process)
+    by_pid = all("globalPid" in _columns(con, t) for t in op_tables)
+    pid = "globalPid" if by_pid else "0"
+    ops: dict[tuple, list[tuple[float, float]]] = {}
+    for table in op_tables:
+        for start, end, corr, gpid in con.execute(
+            f"SELECT start, end, correlationId, {pid} FROM {table} WHERE end IS NOT NULL"
+        ):
+            ops.setdefault((gpid, corr), []).append((start, end))
+    if not ops:
+        return []
+    named = "textId" in _columns(con, "NVTX_EVENTS") and "StringIds" in tables
+    name = "coalesce(s.value, e.text)" if named else "e.text"
+    join = "LEFT JOIN StringIds AS s ON e.textId = s.id" if named else ""
+    types = ", ".join(map(str, NVTX_RANGE_TYPES))
+    ranges, processes = [], set()
+    for text, start, end, gtid in con.execute(
+        f"SELECT {name}, e.start, e.end, coalesce(e.globalTid, 0) FROM NVTX_EVENTS AS e {join} "
+        f"WHERE e.eventType IN ({types}) AND e.end IS NOT NULL"
+    ):
+        if text is not None and strip_domain(text) in schema.RANGES:
+            ranges.append((strip_domain(text), start, end))
+            processes.add(gtid & PID_MASK if by_pid else 0)
+    if len(processes) > 1:
+        raise ProfileFormatError(
+            path, None, f"phase ranges of {len(processes)} processes: one rank per report expected"
+        )
+    launches = [
+        (start, (gtid & PID_MASK if by_pid else 0, corr))
+        for start, corr, gtid in con.execute(
+            f"SELECT start, correlationId, coalesce(globalTid, 0) FROM {LAUNCH_TABLE}"
+        )
+        if (gtid & PID_MASK if by_pid else 0) in processes
+    ]
+    return projection.project(ranges, launches, ops) if ranges else []

@@ -19,13 +19,19 @@ profile_ranges.csv   run, rank, tool, range, time_base, instances, total_ns, sha
     time_base  what total_ns measures, one of TIME_BASES (one per run and rank):
                gpu_projection  GPU time: each instance of the range projected onto the GPU, from
                                the start of the first to the end of the last GPU operation
-                               launched inside it (nsys nvtx_gpu_proj_sum "Total Proj Time";
-                               torch.profiler's device-side user annotation of the range)
+                               launched inside it from any thread of the process (projection.py;
+                               nsys: from the report's SQLite export; torch.profiler: from the
+                               chrome trace)
+               gpu_projection_same_thread  the same, of the GPU operations launched from the
+                               range's own thread only (nsys nvtx_gpu_proj_sum, read where no
+                               export is at hand): it misses what autograd's thread launches,
+                               most of the backward, so it is less than the phase's GPU time
                host_range      the range's push-to-pop time on the CPU thread: on a CPU run the
                                phase's real time; on a GPU only how long the host took to enqueue
                                the phase's work (the GPU runs it asynchronously), so never GPU
-                               time (an nsys capture without nvtx_gpu_proj_sum)
-               A phase that launched no GPU work has no gpu_projection row.
+                               time (an nsys capture with neither of the above)
+               A phase that launched no GPU work has a gpu_projection row of 0 ns (and no
+               gpu_projection_same_thread row: nvtx_gpu_proj_sum leaves such ranges out).
     total_ns   summed time of that range inside the window, ns (inclusive of nested work)
     share      total_ns / sum over the RANGES of the same run, rank and time base
 profile_ncu.csv      run, kernel, launches, duration_ns, achieved_occupancy_pct,
@@ -71,7 +77,8 @@ RANGES = ("data", "forward", "backward", "optimizer", "communication")
 KERNEL_COLUMNS = ("run", "rank", "tool", "kernel", "category", "instances", "total_ns", "share")
 RANGE_COLUMNS = ("run", "rank", "tool", "range", "time_base", "instances", "total_ns", "share")
 GPU_PROJECTION, HOST_RANGE = "gpu_projection", "host_range"
-TIME_BASES = (GPU_PROJECTION, HOST_RANGE)
+GPU_PROJECTION_SAME_THREAD = "gpu_projection_same_thread"
+TIME_BASES = (GPU_PROJECTION, GPU_PROJECTION_SAME_THREAD, HOST_RANGE)
 NCU_COLUMNS = (
     "run",
     "kernel",

@@ -3,12 +3,11 @@ profile_kernels and profile_ranges rows (schemas: schema.py)."""
 
 from __future__ import annotations
 
-import bisect
 import json
 from pathlib import Path
 
 from scalestudy.errors import ProfileFormatError
-from scalestudy.nsight import schema
+from scalestudy.nsight import projection, schema
 from scalestudy.nsight.readers import rank_of, read_text
 
 
@@ -147,22 +146,15 @@ def correlation(event: dict):
 
 def trace_phases(doc: dict) -> list[dict]:
     """The trainer's phase ranges in a torch.profiler chrome trace (export_chrome_trace),
-    projected onto the GPU as nsys's nvtx_gpu_proj_sum does: for each instance of a range, the
-    time from the start of the first to the end of the last GPU operation (kernel, memcpy,
-    memset) launched while the range was open; summed over instances. [] when the trace has no
-    GPU operation (a CPU run).
+    projected onto the GPU by projection.project: a GPU operation (kernel, memcpy, memset)
+    belongs to a range when the CUDA API call that launched it (same `correlation` id; a CUDA
+    graph's replayed kernels share their cudaGraphLaunch's) started inside the range's host
+    interval, on any thread of the process. [] when the trace has no GPU operation (a CPU run).
 
-    A GPU operation belongs to a range when the CUDA API call that launched it (same
-    `correlation` id; a CUDA graph's replayed kernels share their cudaGraphLaunch's) started
-    inside the range's host interval, on any thread of the process: autograd's device thread
-    launches the backward's kernels while the main thread waits in backward() (one H100, torch
-    2.11: 79 of the 81 launches inside one backward range). The phases are
-    sequential on the main thread, so a launch falls in one phase at most. Nesting does not
-    matter either, unlike the export's device-side range entries (kineto's
-    gpu_user_annotation), which hold only the operations whose innermost open annotation on
-    their own thread was the range: on the H100 and H200 they missed DDP's forward (nested
-    DistributedDataParallel.forward), most of the backward and the whole optimizer
-    (Optimizer.step#SGD.step). A range with no GPU operation counts its instances, 0 ns."""
+    The export's device-side range entries (kineto's gpu_user_annotation) are not used: they
+    hold only the operations whose innermost open annotation on their own thread was the
+    range; on the H100 and H200 they missed DDP's forward (nested DistributedDataParallel.forward),
+    most of the backward and the whole optimizer (Optimizer.step#SGD.step)."""
     raw = doc if isinstance(doc, list) else doc.get("traceEvents", [])  # both chrome forms
     events = [e for e in raw if isinstance(e, dict) and e.get("ph") == "X"]
     gpu: dict[object, list[tuple[float, float]]] = {}
@@ -170,31 +162,16 @@ def trace_phases(doc: dict) -> list[dict]:
         if e.get("cat") in GPU_CATEGORIES:
             corr = correlation(e)
             if corr is not None:  # without one it cannot be attributed to a launch
-                gpu.setdefault(corr, []).append((float(e["ts"]), float(e["ts"]) + float(e["dur"])))
+                start = float(e["ts"]) * 1e3  # us -> ns
+                gpu.setdefault(corr, []).append((start, start + float(e["dur"]) * 1e3))
     if not gpu:
         return []
-    launches = sorted(
-        (float(e["ts"]), correlation(e))
-        for e in events
-        if e.get("cat") in LAUNCH_CATEGORIES and correlation(e) in gpu
-    )
-    starts = [ts for ts, _ in launches]
-    sums: dict[str, list] = {}
-    for e in events:
-        if e.get("cat") != "user_annotation" or e.get("name") not in schema.RANGES:
-            continue
-        begin, end = float(e["ts"]), float(e["ts"]) + float(e["dur"])
-        ops = [
-            op
-            for _, corr in launches[
-                bisect.bisect_left(starts, begin) : bisect.bisect_right(starts, end)
-            ]
-            for op in gpu[corr]
-        ]
-        entry = sums.setdefault(e["name"], [0, 0.0])
-        entry[0] += 1
-        if ops:
-            entry[1] += (max(b for _, b in ops) - min(a for a, _ in ops)) * 1e3  # us -> ns
-    return [
-        {"name": name, "instances": count, "total_ns": ns} for name, (count, ns) in sums.items()
+    launches = [
+        (float(e["ts"]) * 1e3, correlation(e)) for e in events if e.get("cat") in LAUNCH_CATEGORIES
     ]
+    ranges = [
+        (e["name"], float(e["ts"]) * 1e3, (float(e["ts"]) + float(e["dur"])) * 1e3)
+        for e in events
+        if e.get("cat") == "user_annotation" and e.get("name") in schema.RANGES
+    ]
+    return projection.project(ranges, launches, gpu)
