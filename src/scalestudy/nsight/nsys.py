@@ -243,8 +243,8 @@ def _export_phases(con: sqlite3.Connection, path: Path) -> list[dict]:
         f"SELECT {name}, e.start, e.end, coalesce(e.globalTid, 0) FROM NVTX_EVENTS AS e {join} "
         f"WHERE e.eventType IN ({types}) AND e.end IS NOT NULL"
     ):
-        if text is not None and strip_domain(text) in schema.RANGES:
-            ranges.append((strip_domain(text), start, end))
+        if text in schema.RANGES:  # the export keeps the domain apart: no prefix to strip
+            ranges.append((text, start, end))
             processes.add(gtid & PID_MASK if by_pid else 0)
     if len(processes) > 1:
         raise ProfileFormatError(
