@@ -142,6 +142,25 @@ def test_thin_evidence_is_said_and_the_next_runs_are_priced(demo):
     assert "| next runs (new world sizes), 2 nodes | 3 |" in docs["proposal.md"]
 
 
+def test_every_gpu_shape_has_its_own_request_row(tmp_path):
+    """On GPUs, 1, 2 and 4 GPUs all fit one node: each shape keeps its own row (a label shared
+    by two shapes kept only the last one in the documents, whose rows then did not add up to
+    the subtotal)."""
+    config, study = build(tmp_path, *STRONG, "hardware.device=cuda")
+    docs = write(config, study)
+    rows = [r for r in read(study / "results/csv/proposal.csv") if r["section"] == "request"]
+    keys = [(r["item"], r["quantity"]) for r in rows]
+    assert len(keys) == len(set(keys))
+    items = {r["item"] for r in rows}
+    assert {"scaling study, 1 GPU on 1 node", "scaling study, 2 GPUs on 1 node"} <= items
+    assert "scaling study, 8 GPUs on 2 nodes" in items
+    c = cells(study)
+    node_h = sum(float(c[("request", item)]["node_hours"]) for item in items)
+    assert node_h == pytest.approx(float(c[("total", "subtotal")]["node_hours"]), rel=1e-6)
+    for item in items:
+        assert f"| {item} |" in docs["proposal.md"]
+
+
 def test_strong_evidence_chooses_the_knee(strong):
     _, study, docs = strong
     c = cells(study)

@@ -207,13 +207,22 @@ def next_runs(config, points, chosen, thin, measured):
 
 # --- the request ---------------------------------------------------------------------------------
 def _grouped(experiment: str, estimates) -> list[tuple[str, list]]:
-    by_nodes: dict[tuple, list] = defaultdict(list)
+    """One request row per allocation shape (nodes, GPUs), labelled by both: the label is the
+    row's key in proposal.csv and the documents, so two shapes must never share one (1, 2 and
+    4 GPUs all fit one node)."""
+    by_shape: dict[tuple, list] = defaultdict(list)
     for e in estimates:
-        by_nodes[(e.nodes, e.gpus)].append(e)
-    return [
-        (f"{experiment}, {n} node{'s' if n > 1 else ''}", members)
-        for (n, _), members in sorted(by_nodes.items())
-    ]
+        by_shape[(e.nodes, e.gpus)].append(e)
+    return [(_shape(experiment, n, g), members) for (n, g), members in sorted(by_shape.items())]
+
+
+def _shape(experiment: str, nodes: int, gpus: int) -> str:
+    where = f"{nodes} node{'s' if nodes > 1 else ''}"
+    return (
+        f"{experiment}, {gpus} GPU{'s' if gpus > 1 else ''} on {where}"
+        if gpus
+        else (f"{experiment}, {where}")
+    )
 
 
 def request_rows(item: str, members, source: str, train: bool = True) -> list[dict]:
