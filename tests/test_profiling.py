@@ -1326,6 +1326,41 @@ def _capture(data_dir, out, *extra, tool="auto", device="cpu", path_extra=None, 
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
 
 
+def test_ncu_on_a_node_whose_counters_are_admin_only(data_dir, tmp_path):
+    """Where ncu may not read the GPU's performance counters (ERR_NVGPUCTRPERM, the driver's
+    default), `profile ncu` under enabled auto says so and writes an empty profile_ncu CSV
+    instead of failing the job (and with it the study); under enabled true it is an error
+    naming the cause. The ncu is a stand-in printing real ncu's refusal
+    (tests/stand-ins/ncu-refused)."""
+    kernels = tmp_path / "kernels.csv"
+    rows = schema.kernel_rows("w1", "nsys", {0: [{"name": "conv_kernel", "instances": 3,
+                                                  "total_ns": 9000}]})  # fmt: skip
+    kernels.write_text(schema.csv_text(schema.KERNEL_COLUMNS, rows))
+    env = child_env()
+    env["PATH"] = f"{STAND_INS / 'ncu-refused'}:{Path(PYTHON).parent}:{env['PATH']}"
+
+    def ncu(enabled: str, out: Path):
+        cmd = [PYTHON, "-m", "scalestudy", "profile", "ncu", "--run", "w1",
+               "--kernels", str(kernels), "--enabled", enabled, "--top-k", "1",
+               "--out-dir", str(out), "--out", str(out / "ncu.csv"), "--device", "cuda",
+               "--mpi=", "--nodes", "1", "--ranks-per-node", "1", "--cpus-per-rank", "1",
+               "--", "--dataset", "synthetic", "--width", "4", "--local-batch", "16",
+               "--epochs", "1", "--limit-train", "64", "--limit-test", "32",
+               "--comm-probe-steps", "0", "--data-dir", str(data_dir)]  # fmt: skip
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+
+    proc = ncu("auto", tmp_path / "auto")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "WARNING auto: ncu may not read this node's GPU performance counters" in proc.stderr
+    assert "ERR_NVGPUCTRPERM" in proc.stdout  # ncu's own output, in the job's log too
+    assert (tmp_path / "auto" / "ncu.csv").read_text() == ",".join(schema.NCU_COLUMNS) + "\n"
+    manifest = json.loads((tmp_path / "auto" / "tool.json").read_text())
+    assert manifest["tool"] == "none" and "ERR_NVGPUCTRPERM" in manifest["why"]
+    proc = ncu("true", tmp_path / "true")
+    assert proc.returncode != 0 and not (tmp_path / "true" / "ncu.csv").exists()
+    assert "schema.ncu.enabled is true but ncu may not read" in proc.stderr
+
+
 def _parse(cap, tmp_path):
     args = _profile_parse(
         "--capture",

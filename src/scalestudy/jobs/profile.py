@@ -452,6 +452,35 @@ def _run(argv: list[str], env: dict[str, str], stdout=None) -> None:
         )
 
 
+def _run_logged(argv: list[str], env: dict[str, str], log_path: Path) -> tuple[int, str]:
+    """(exit code, output) of argv, its stdout and stderr kept in log_path and then written to
+    this job's stdout (the rule's log) as well."""
+    logger.info("+ " + shlex.join(argv))
+    with log_path.open("w") as f:
+        code = subprocess.run(argv, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
+    output = log_path.read_text(errors="replace")
+    sys.stdout.write(output)
+    sys.stdout.flush()
+    return code, output
+
+
+# What ncu prints when the node lets only administrators read the GPU's performance counters
+# (the NVIDIA driver's default, NVreg_RestrictProfilingToAdminUsers=1): it still runs the
+# program, profiles nothing and writes no report.
+NCU_NO_PERMISSION = "ERR_NVGPUCTRPERM"
+
+
+def ncu_refusal(output: str) -> str | None:
+    """Why ncu could not profile on this node, from its output; None when it says nothing so."""
+    if NCU_NO_PERMISSION in output:
+        return (
+            f"ncu may not read this node's GPU performance counters ({NCU_NO_PERMISSION}: "
+            "administrators only): ask the site to allow them "
+            "(NVreg_RestrictProfilingToAdminUsers=0), or set schema.ncu.enabled: false"
+        )
+    return None
+
+
 def _train_args(args: argparse.Namespace, train_dir: Path) -> list[str]:
     flags = list(args.train_args)
     if flags and flags[0] == "--":
@@ -646,7 +675,22 @@ def ncu(args: argparse.Namespace) -> int:
         )
         report = out_dir / f"ncu_k{i}.ncu-rep"
         report.unlink(missing_ok=True)  # a report of an earlier attempt is no evidence
-        _run(launch_command(args, prefix, binds), env)
+        argv = launch_command(args, prefix, binds)
+        code, output = _run_logged(argv, env, out_dir / f"ncu_k{i}.log")
+        refused = ncu_refusal(output)
+        if refused and not report.exists():
+            if args.enabled == "true":
+                raise ProfileError(f"schema.ncu.enabled is true but {refused}")
+            why = f"auto: {refused}; no Nsight Compute metrics for {args.run}"
+            logger.warning(f"WARNING {why}")
+            files.write_json(out_dir / "tool.json", {"tool": "none", "why": why})
+            files.write_text(args.out, schema.csv_text(schema.NCU_COLUMNS, []))
+            return 0
+        if code != 0:
+            raise ProfileError(
+                f"{argv[0]} {' '.join(argv[1:3])} ... failed with exit {code} "
+                f"(its output: {out_dir / f'ncu_k{i}.log'})"
+            )
         if not report.exists():
             # ncu writes no report when its filter matched no launch; say which filter
             raise ProfileError(
