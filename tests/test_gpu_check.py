@@ -26,6 +26,7 @@ from scalestudy import vocab
 from scalestudy.errors import GpuCheckError
 from scalestudy.jobs import energy_probe, gpu_check
 from scalestudy.jobs import gpu_check_report as report
+from scalestudy.jobs import profile as capture
 from scalestudy.jobs.gpu_check_report import FAIL, PASS, SKIPPED, Check, RunResult
 from scalestudy.nsight import ncu as ncu_parser
 from scalestudy.nsight import torch_ops
@@ -763,6 +764,13 @@ def test_ncu_is_skipped_without_ncu_and_judged_on_parsed_rows():
     no_match = {**ok, "rows": None, "error": "ncu wrote no ncu_k0.ncu-rep"}
     assert report.judge_ncu("ncu", [no_match]).status == FAIL
     assert report.judge_ncu("ncu", []).status == FAIL  # no kernel to profile is no proof
+    # a node whose counters only administrators may read: skipped, saying why (as the study's
+    # ncu jobs skip it), not failed as a filter that matched nothing
+    why = capture.ncu_refusal("==ERROR== ERR_NVGPUCTRPERM - The user does not have permission")
+    refused = {**ok, "rows": None, "run": RunResult(rc=1), "refused": why}
+    check = report.judge_ncu("ncu", [refused])
+    assert check.status == SKIPPED and "ERR_NVGPUCTRPERM" in check.problems[0]
+    assert capture.ncu_refusal("==PROF== Disconnected from process 7") is None
 
 
 def test_ncu_command_runs_at_the_timed_runs_clocks():

@@ -547,8 +547,12 @@ def ncu_kernel(ctx: Context, i: int, kernel: str) -> dict:
     argv = ncu_command(out_dir / f"ncu_k{i}", kernel, train_argv(ctx, 1, flags))
     attempt = {"kernel": kernel, "argv": argv, "rows": None, "error": None}
     limit = ctx.budget.limit(LIMITS_S["ncu"])
-    attempt["run"] = run_process(argv, ctx.work / "logs" / f"ncu_k{i}.log", limit, ctx.env)
+    log_file = ctx.work / "logs" / f"ncu_k{i}.log"
+    attempt["run"] = run_process(argv, log_file, limit, ctx.env)
     report_file = out_dir / f"ncu_k{i}.ncu-rep"
+    if not report_file.exists() and log_file.exists():
+        # a node whose counters only administrators may read: nothing to prove here
+        attempt["refused"] = profile.ncu_refusal(log_file.read_text(errors="replace"))
     if attempt["run"].rc != 0:
         return attempt
     if not report_file.exists():

@@ -783,7 +783,8 @@ def judge_profile_study(run: RunResult, kernels: list[dict], ranges: list[dict])
 
 def judge_ncu(ncu: str | None, attempts: list[dict]) -> Check:
     """attempts: one per kernel, {"kernel", "run": RunResult (the ncu pass), "rows": parsed
-    profile_ncu rows or None, "argv": the ncu command, "error": a parse or setup error}."""
+    profile_ncu rows or None, "argv": the ncu command, "error": a parse or setup error,
+    "refused": why ncu may not profile on this node (profile.ncu_refusal), if it said so}."""
     name = "ncu"
     criterion = (
         "ncu (--clock-control none) profiled each top kernel; its details CSV parsed into a "
@@ -791,6 +792,9 @@ def judge_ncu(ncu: str | None, attempts: list[dict]) -> Check:
     )
     if ncu is None:
         return skipped(name, criterion, "ncu not installed")
+    refused = next((a["refused"] for a in attempts if a.get("refused")), None)
+    if refused:  # the study's ncu jobs skip it too (ncu.enabled auto)
+        return skipped(name, criterion, refused)
     problems, numbers, runs = [], {"ncu": ncu, "kernels": []}, []
     if not attempts:
         problems.append("no kernel to profile (the torch-profiler check found none)")
