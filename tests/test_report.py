@@ -13,7 +13,7 @@ import pytest
 from workflow_helpers import snakemake
 
 from scalestudy import files
-from scalestudy.results import analyze
+from scalestudy.results import analyze, plot
 from scalestudy.results import build_pdf as latex
 from scalestudy.results import model as model_csv
 from scalestudy.results import render_report as report
@@ -316,3 +316,29 @@ def test_mfu_section_shows_measured_values_from_their_cells(tmp_path):
         assert "n/a: no MFU for that configuration (V100 SXM2 has no bf16 units" in text, name
         assert "MFU (" in text and "MFU was not measured" not in text, name
         assert report.numbers_backed_by_csvs(text, tables) == [], name
+
+
+def test_exposed_communication_unmeasured_is_said_and_its_figure_left_out(tmp_path):
+    """train.comm_probe_steps: 0 leaves comm_exposed_frac blank: the figure is still drawn
+    (no crash on the blank means) and the documents say in words it was not measured, without
+    the figure; with the probe on, the figure is in."""
+    runs = [_gpu_run("w1", "strong", 1, 20000, 0), _gpu_run("w2", "strong", 2, 38000, 0)]
+    for r in runs:
+        r["comm_exposed_frac"] = ""
+    tables = _analyzed(tmp_path, runs)
+    assert all(r["comm_exposed_frac_mean"] == "" for r in tables["scaling"])
+    figures = ["throughput", "comm_fraction"]
+    for name in figures:
+        paths = plot.make_figure(name, tmp_path / "plots", scaling=tables["scaling"], device="cuda")
+        assert paths[0].read_bytes()[:4] == b"\x89PNG"
+    docs = report.render(tmp_path, report.TEMPLATES, figures, "../results/plots")
+    for name in ("study.md", "paper.tex"):
+        assert "Exposed communication was not measured" in docs[name], name
+        assert "comm_fraction." not in docs[name] and "throughput." in docs[name], name
+    measured = tmp_path / "measured"
+    _analyzed(
+        measured, [_gpu_run("w1", "strong", 1, 20000, 0), _gpu_run("w2", "strong", 2, 38000, 0)]
+    )
+    docs = report.render(measured, report.TEMPLATES, figures, "../results/plots")
+    assert "comm_fraction.png" in docs["study.md"]
+    assert "Exposed communication was not measured" not in docs["study.md"]

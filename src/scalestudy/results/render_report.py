@@ -147,6 +147,12 @@ def context(tables: dict[str, list[dict]], figures: list[str], figure_dir: str) 
         ),
         "bucket_advice": tables.get("bucket_advice", []),
         "gpu_util_measured": any(r["gpu_util_mean_mean"] not in ("", None) for r in scaling),
+        # the communication probe's share (train.comm_probe_steps; off: blank)
+        "comm_measured": any(
+            r.get("comm_exposed_frac_mean") not in ("", None)
+            for r in scaling
+            if r["family"] in ("strong", "weak")
+        ),
         "mfu_measured": any(r.get("mfu_mean") not in ("", None) for r in scaling),
         "energy_measured": any(r.get("energy_kwh") not in ("", None) for r in tables["resources"]),
         "single_repeat": system.get(("study", "repeats")) == "1",
