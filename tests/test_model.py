@@ -20,6 +20,7 @@ from workflow_helpers import REPO, child_env
 
 from scalestudy import cli
 from scalestudy.errors import AnalysisError
+from scalestudy.results import model as model_csv
 from scalestudy.study import model
 
 P_FULL = 44_695_848  # bytes of fp32 gradients of ResNet-18 (width 64, 10 classes)
@@ -144,6 +145,18 @@ def test_what_the_runs_did_not_measure_is_not_identified():
     assert np.isnan(fit.std[2])
     pred = fit.predict(8, 2, 64, "fp32")
     assert pred.step_s is None and "beta_inter" in pred.basis
+
+
+def test_without_a_single_node_run_beta_intra_is_not_identified():
+    """Multi-node runs only (8 and 16 ranks, 4 per node): beta_intra is held at 0 by the fit,
+    so a run inside one node has no prediction, never one priced at no bandwidth cost."""
+    fit = model.fit_study(synthetic_rows(sizes=(1, 8, 16), caps=(25,)))
+    assert fit.identified[1] is False and fit.identified[2] is True
+    pred = fit.predict(4, 1, 64, "fp32")
+    assert pred.step_s is None and "beta_intra" in pred.basis
+    assert fit.predict(8, 2, 64, "fp32").step_s is not None  # what was measured still predicts
+    assert fit.predict(1, 1, 64, "fp32").step_s is not None  # compute alone needs no beta
+    assert model_csv._unidentified(fit, 1) == "not identified: no single-node multi-rank run"
 
 
 def test_one_bucket_at_one_world_size_cannot_separate_alpha_from_beta():

@@ -148,6 +148,8 @@ def _beta(fit, i: int, name: str) -> dict:
 def _unidentified(fit, i: int) -> str:
     if i == 2 and not any(p.nodes > 1 for p in fit.points):
         return "not identified: no multi-node run"
+    if i == 1 and not any(p.nodes == 1 for p in fit.points):
+        return "not identified: no single-node multi-rank run"
     return "not identified: the fitted runs cannot separate it from the other parameters"
 
 

@@ -339,6 +339,10 @@ class Fit:
         gs = g * SCALE
         if nodes > 1 and not any(p.nodes > 1 for p in self.points):
             return "not identified: no multi-node run measured beta_inter"
+        # beta_intra is fitted only from single-node multi-rank runs (fit_points: held at 0
+        # otherwise, which would price a run inside one node at no bandwidth cost)
+        if g[1] and not any(p.nodes == 1 for p in self.points):
+            return "not identified: no single-node multi-rank run measured beta_intra"
         if self.null.size and np.linalg.norm(self.null.T @ gs) > 1e-6 * np.linalg.norm(gs):
             return "not identified: the fitted runs do not separate alpha from beta here"
         return ""
