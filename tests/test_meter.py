@@ -94,3 +94,16 @@ def test_under_the_whole_step_graph_only_data_is_timed_and_the_window_opens_afte
         windowed = 3 if meter is step else step_graph.STEPS_BEFORE_WINDOW + 1
         assert len(state.window_step_times) == len(state.window_data_times) == windowed
         assert len(state.window_busy_times) == (0 if meter is step else windowed)
+
+
+def test_the_data_wait_per_step_is_the_mean_not_the_median():
+    """The device loader prepares loaders.AHEAD steps' batches in one step's data phase: the
+    median step holds none of that work, the mean holds all of it (the waterfall's data wait)."""
+    state = RunState()
+    state.window_data_times = [0.016] + [0.0] * 15  # 16 ms of data work every 16 steps, in s
+    state.window_step_times = [0.1] * 16
+    times = measure.rank_times(state)
+    assert times["data_time_ms_p50_by_rank"] == 0.0
+    assert times["data_time_ms_mean_by_rank"] == pytest.approx(1.0)
+    assert times["step_time_ms_p50_by_rank"] == pytest.approx(100)
+    assert times["busy_time_ms_p50_by_rank"] is None  # no busy time recorded

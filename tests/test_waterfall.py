@@ -35,7 +35,7 @@ def run(
         "bucket_cap_mb": "25",
         "throughput_img_s": str(throughput),
         "comm_exposed_frac": str(comm),
-        "data_time_ms_p50_by_rank": ";".join(map(str, data_ms)),
+        "data_time_ms_mean_by_rank": ";".join(map(str, data_ms)),
         "busy_time_ms_p50_by_rank": ";".join(map(str, busy_ms)),
     }
 
@@ -110,7 +110,7 @@ def test_repeats_are_averaged_and_precision_has_its_own_baseline():
 def test_runs_without_per_rank_times_leave_imbalance_blank_not_zero():
     old = run("w2", "weak", 2, 100, 1600, [7, 9], [50, 56], 0.08)
     old["busy_time_ms_p50_by_rank"] = ""  # results of a trainer before the per-rank times
-    del old["data_time_ms_p50_by_rank"]
+    del old["data_time_ms_mean_by_rank"]
     runs = [run("w1", "weak", 1, 100, 1000, [5], [50], 0.0), old]
     [row] = analyze.waterfall(runs)
     assert row["imbalance_img_s"] is None and row["data_img_s"] is None
@@ -199,8 +199,12 @@ def test_real_runs_record_the_flags_and_per_rank_times(injected):
     assert busy[1] - busy[0] > 30
     steps = slow["step_time_ms_p50_by_rank"]
     assert abs(steps[1] - steps[0]) < 10
-    # every rank sleeps 30 ms in its data phase
+    # every rank sleeps 30 ms in its data phase: in every step, so in the median and the mean
     assert min(throttled["data_time_ms_p50_by_rank"]) >= 30
+    assert min(throttled["data_time_ms_mean_by_rank"]) >= 30
+    for m in injected.values():
+        means = m["data_time_ms_mean_by_rank"]
+        assert len(means) == m["world_size"] and all(v > 0 for v in means)
 
 
 def test_a_slow_rank_lands_in_imbalance(injected):

@@ -48,7 +48,7 @@ N > N0, against the family's N0 configuration with the same precision and the sa
     total loss (img/s)   L = X_ideal - X = G (T - T_ideal) / (T T_ideal)
     extra time per step  dT = T - T_ideal = comm + data + imbalance + residual, seconds:
       comm      = c(N) T(N) - c(N0) T(N0) k         c = comm_exposed_frac (the probe's share)
-      data      = d(N) - d(N0) k                    d = median over ranks of data_time_ms_p50
+      data      = d(N) - d(N0) k                    d = median over ranks of data_time_ms_mean
       imbalance = s(N) - s(N0) k                    s = max_r busy_r - median_r busy_r
       residual  = dT - comm - data - imbalance      (compute slowed by sharing the machine or
                                                      the network; shown, never hidden, may be < 0)
@@ -317,7 +317,7 @@ WATERFALL_COLUMNS = (
 # the per-run inputs of a part (runs.csv column): a part is blank when a run lacks its input
 PART_INPUTS = {
     "comm": "comm_exposed_frac",
-    "data": "data_time_ms_p50_by_rank",
+    "data": "data_time_ms_mean_by_rank",
     "imbalance": "busy_time_ms_p50_by_rank",
 }
 
@@ -331,7 +331,9 @@ def _per_rank(value) -> list[float] | None:
 def step_overheads(row: dict) -> dict:
     """One run's seconds per step of exposed communication share c, data wait d (the median
     rank's) and busy spread s (the slowest rank minus the median one); None when not recorded."""
-    data = _per_rank(row.get("data_time_ms_p50_by_rank"))
+    # the mean step's data wait, not the median's: the device loader does several steps' data
+    # work in one step (measure.rank_times)
+    data = _per_rank(row.get("data_time_ms_mean_by_rank"))
     busy = _per_rank(row.get("busy_time_ms_p50_by_rank"))
     return {
         "comm": files.number(row.get("comm_exposed_frac")),

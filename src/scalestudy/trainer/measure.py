@@ -246,20 +246,12 @@ class Meter:
         return ("data",) if self.graphs == "step" else PHASES
 
     def reduce_ranks(self, state: RunState, world_size: int) -> dict:
-        """Each rank's median window step, busy and data time in ms, in rank order (every rank
-        calls it: one all_gather_object), and which phases made up the busy time."""
-        mine = [
-            _median_ms(state.window_step_times),
-            _median_ms(state.window_busy_times),
-            _median_ms(state.window_data_times),
-        ]
+        """rank_times of every rank, as lists in rank order (every rank calls it: one
+        all_gather_object), and which phases made up the busy time."""
         everyone: list = [None] * world_size
-        dist.all_gather_object(everyone, mine)
-        step, busy, data = (list(column) for column in zip(*everyone, strict=True))
+        dist.all_gather_object(everyone, rank_times(state))
         return {
-            "step_time_ms_p50_by_rank": step,
-            "busy_time_ms_p50_by_rank": busy,
-            "data_time_ms_p50_by_rank": data,
+            **{key: [mine[key] for mine in everyone] for key in everyone[0]},
             "busy_phases": "+".join(self.busy_phases),
         }
 
@@ -895,6 +887,21 @@ def nccl_version() -> str | None:
     except Exception:
         return None
     return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+
+
+def rank_times(state: RunState) -> dict[str, float | None]:
+    """This rank's entries of the *_by_rank lists, ms: the medians of its window steps' whole,
+    busy and data-phase times, and the mean of the data-phase times. The mean is the data wait
+    per step: the device loader prepares loaders.AHEAD steps' batches inside one step's data
+    phase, so most steps' data phase holds none of that work and the median step shows ~0 (one
+    H100, bf16, local batch 512: a median of 0.0016 ms where the mean is ~0.1 ms)."""
+    data = state.window_data_times
+    return {
+        "step_time_ms_p50_by_rank": _median_ms(state.window_step_times),
+        "busy_time_ms_p50_by_rank": _median_ms(state.window_busy_times),
+        "data_time_ms_p50_by_rank": _median_ms(data),
+        "data_time_ms_mean_by_rank": 1e3 * sum(data) / len(data) if data else None,
+    }
 
 
 def _median_ms(seconds: list[float]) -> float | None:
