@@ -332,3 +332,26 @@ def test_killed_rank_fails_the_job_fast_and_fsdp_resumes_exactly(data_dir, tmp_p
     assert "resuming from" in done.stdout
     _same_epochs(ref, out)
     assert read_metrics(out)["restarts"] == 1
+
+
+def test_a_resume_that_cannot_reach_the_window_says_so_before_training(data_dir, tmp_path):
+    """Each segment warms up anew. A run stopped before its window opened (epoch 1 or 2 of 4
+    steps each, warm-up 10) and resumed with at most 8 steps left can never measure a window
+    step: the resumed run fails at once naming the cause and the fix (it used to train to the
+    end and die dividing by a window of 0 s, writing no metrics)."""
+    out, ckdir = tmp_path / "run", tmp_path / "ckpt"
+    flags = ("--epochs", "3", "--limit-train", "128", "--warmup-steps", "10",
+             "--diag-data-delay-ms", "100", "--checkpoint-dir", str(ckdir),
+             "--checkpoint-every", "1")  # fmt: skip
+    proc = _start(data_dir, out, *flags)
+    _wait_for_epochs(out, 1, proc)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == ck.PREEMPTED_EXIT, stderr
+    (out / "epochs.csv").unlink()
+    proc = _start(data_dir, out, *flags)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode not in (0, ck.PREEMPTED_EXIT), stdout + stderr
+    assert "leave no steady-state window after this segment's warm-up of 10 steps" in stderr
+    assert "lower --warmup-steps" in stderr and "Traceback" not in stderr
+    assert not (out / "metrics.json").exists()

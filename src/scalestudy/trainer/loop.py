@@ -43,7 +43,7 @@ from scalestudy.trainer.parallel import (
 from scalestudy.trainer.recipe import Recipe, build_recipe
 from scalestudy.trainer.scalars import Scalars
 from scalestudy.trainer.state import Checkpointing, RunState, Trainables, rng_generators
-from scalestudy.trainer.step_graph import StepGraph
+from scalestudy.trainer.step_graph import STEPS_BEFORE_WINDOW, StepGraph
 
 logger = log.get(__name__)
 
@@ -73,6 +73,16 @@ def train(
     state = checkpointing.resume()
     if denv.rank == 0 and state.history:
         write_epochs(cfg, state.history)  # the epochs so far
+    left = run.steps_per_epoch * cfg.epochs - state.step
+    if not state.window_step_times and left <= meter.warmup_steps:
+        # every segment warms up anew (a resume recompiles and recaptures): one that cannot
+        # reach the window, after earlier ones that did not either, would measure nothing
+        raise TrainingError(
+            f"{left} optimizer steps left (from step {state.step}) leave no steady-state window "
+            f"after this segment's warm-up of {meter.warmup_steps} steps, and no earlier segment "
+            "reached it: lower --warmup-steps (under --cuda-graphs step the window opens after "
+            f"step {STEPS_BEFORE_WINDOW}), or raise --epochs or use more data"
+        )
     meter.start(state)
     train_epochs(run, state, meter, profiler, checkpointing)
     train_time = meter.end_loop(state)
