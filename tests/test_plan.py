@@ -22,7 +22,7 @@ import snakemake_logger_plugin_scalestudy as logger_plugin
 from scalestudy.errors import PlanError
 from scalestudy.study import plan
 from scalestudy.study.config import StudyConfigError, validate
-from scalestudy.study.estimate import compute_seconds
+from scalestudy.study.estimate import compute_seconds, slurm_runtime_min
 from scalestudy.study.runs import build_run_table
 
 # A small GPU study whose plan is computed by hand below: 2 GPUs per node, synthetic data of
@@ -61,6 +61,19 @@ def small_config() -> dict:
     return validate(yaml.safe_load(yaml.safe_dump(SMALL)))
 
 
+def test_the_time_limit_leaves_the_safety_margin_before_the_usr1_warning():
+    """USR1 comes signal_lead_s before the limit and stops the run at its next epoch's end:
+    the warning must not come before estimate x safety_factor, or every run inside its margin
+    is stopped and resubmitted. Without checkpointing there is no warning and no lead."""
+    config = small_config()
+    config["plan"]["safety_factor"], config["checkpointing"]["signal_lead_s"] = 1.2, 600
+    for runtime_s in (60.0, 1000.0, 1400.0, 7200.0):
+        limit_s = 60 * slurm_runtime_min(runtime_s, config)
+        assert limit_s - 600 >= runtime_s * 1.2, runtime_s
+    config["checkpointing"]["enabled"] = False
+    assert slurm_runtime_min(1400.0, config) == math.ceil(1400 * 1.2 / 60)
+
+
 def test_estimates_and_totals_equal_hand_computed_sums():
     config = small_config()
     estimates = plan.estimate_runs(config, build_run_table(config), measured=[])
@@ -68,8 +81,9 @@ def test_estimates_and_totals_equal_hand_computed_sums():
     for e in estimates:
         assert e.runtime_s == pytest.approx(HAND[e.run][2], rel=1e-12), e.run
         assert e.throughput_basis == "default" and not e.calibrated
-        # Slurm limit: ceil(T * 2 / 60) minutes, at least hardware.runtime_min (1)
-        assert e.slurm_runtime_min == max(1, math.ceil(HAND[e.run][2] * 2 / 60))
+        # Slurm limit: ceil((T * 2 + the USR1 lead) / 60) minutes, at least runtime_min (1)
+        lead = config["checkpointing"]["signal_lead_s"]
+        assert e.slurm_runtime_min == max(1, math.ceil((HAND[e.run][2] * 2 + lead) / 60))
     t = plan.totals(estimates)
     node_s = sum(n * s for n, _, s in HAND.values())  # 36 + 23 + 27.33 + 2 * 23
     gpu_s = sum(g * s for _, g, s in HAND.values())  # 36 + 23 + 2 * 27.33 + 4 * 23
@@ -387,9 +401,11 @@ def test_dry_run_prints_the_plan(fresh, profile):
     for j in train:
         assert j["basis"] == "default"
         assert j["node_hours"] == pytest.approx(expected[j["run"]].node_hours, abs=1e-3)
-    # each training job asks Slurm for its estimate x safety factor (1.5), in minutes
+    # each training job asks Slurm for its estimate x safety factor (1.5) plus the USR1
+    # warning's lead, in minutes
+    lead = config["checkpointing"]["signal_lead_s"]
     limits = slurm_runtimes(proc.stdout + proc.stderr)
-    assert limits == {r: math.ceil(e.runtime_s * 1.5 / 60) for r, e in expected.items()}
+    assert limits == {r: math.ceil((e.runtime_s * 1.5 + lead) / 60) for r, e in expected.items()}
     assert all(minutes > 1 for minutes in limits.values())  # above the floor: really derived
     assert result["total"]["jobs"] == len(result["jobs"])
     assert result["total"]["node_hours"] == pytest.approx(

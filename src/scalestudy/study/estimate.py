@@ -222,8 +222,13 @@ def compute_seconds(epochs: int, n_train: int, n_test: int, throughput: float, p
 
 
 def slurm_runtime_min(runtime_s: float, config: dict) -> int:
-    """Slurm time limit (minutes) of a job estimated at runtime_s: safety factor, then floor."""
-    limit = math.ceil(runtime_s * config["plan"]["safety_factor"] / 60)
+    """Slurm time limit (minutes) of a job estimated at runtime_s: the estimate times the safety
+    factor, plus checkpointing's warning lead (the ranks get USR1 signal_lead_s before the
+    limit and stop at their next epoch's end: without the lead a run within its safety margin
+    would still be stopped and resubmitted), then the floor hardware.runtime_min."""
+    checkpointing = config["checkpointing"]
+    lead = checkpointing["signal_lead_s"] if checkpointing["enabled"] else 0
+    limit = math.ceil((runtime_s * config["plan"]["safety_factor"] + lead) / 60)
     return max(config["hardware"]["runtime_min"], limit)
 
 
