@@ -402,3 +402,17 @@ def test_system_table_says_flops_peak_source_why_no_mfu_and_compile():
     s = system([run("o1", "strong", 1, 64, 1000)])
     assert s[("system", "why MFU is not measured")] == "not recorded"
     assert s[("system", "FLOPs per training image")] == "not recorded"
+
+
+def test_a_measure_some_repeats_lack_is_blank_not_a_mean_of_fewer():
+    """GPU utilisation recorded by one repeat of three: scaling.csv's n says 3, so a mean of the
+    one would pass for all three; it is blank, as the waterfall's parts are."""
+    runs = [run(f"w1_r{i}", "strong", 1, 64, 1000 + i) for i in range(3)]
+    runs[0]["gpu_util_mean"] = "90"
+    [row] = analysis.scaling_table(runs)
+    assert row["n"] == 3 and row["throughput_img_s_mean"] == pytest.approx(1001)
+    assert row["gpu_util_mean_mean"] is None and row["gpu_util_mean_std"] is None
+    for r in runs:
+        r["gpu_util_mean"] = "90"
+    [row] = analysis.scaling_table(runs)
+    assert row["gpu_util_mean_mean"] == pytest.approx(90)

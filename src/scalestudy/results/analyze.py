@@ -33,7 +33,9 @@ at the run's precision from the published table in hardware.py; N = world_size. 
 run's own (train.py, measure.efficiency()), averaged over repeats here like the other measures.
 A run without a published peak (a CPU, a GPU or precision not in the table) has mfu null and the
 reason in mfu_unmeasured: a configuration where no repeat has an MFU keeps mfu_mean blank, never
-0, and system.csv says why (the distinct mfu_unmeasured of the runs).
+0, and system.csv says why (the distinct mfu_unmeasured of the runs). Every measure's mean and std
+are over all n repeats of a configuration: one that some repeat lacks (GPU utilisation of a
+window too short to sample, a probe that was off) is blank, never a mean of fewer.
 
 The weak-scaling time is the step time, not the epoch time: an epoch is one pass over the fixed
 dataset shared by all ranks, so a weak-scaling epoch shortens as ranks are added. The efficiency
@@ -205,7 +207,10 @@ def scaling_table(runs: list[dict], acc_tolerance: float = 0.01) -> list[dict]:
         row["global_batch"] = int(members[0]["global_batch"])
         per_run = [run_measures(r) for r in members]
         for m in MEASURES:
-            mean, std, n = mean_std([p[m] for p in per_run])
+            values = [p[m] for p in per_run]
+            # a measure some repeats lack stays blank: n counts every repeat, and a mean of
+            # fewer would pass for theirs (the waterfall's rule, _mean_measured)
+            mean, std, _ = mean_std(values) if None not in values else (None, None, 0)
             row[f"{m}_mean"], row[f"{m}_std"] = mean, std
         for stat in ("mean", "std"):
             flops = row[f"model_flops_per_s_{stat}"]
