@@ -151,6 +151,14 @@ def test_verdicts_pass_fail_and_not_measured(runs):
     assert "largest world size is 4" in v8["strong_efficiency"]["note"]
     strict = {**targets, "strong_efficiency": 0.8}
     assert analysis.verdicts(table, strict)[0]["verdict"] == "fail"
+    assert v["strong_efficiency"]["description"] == "strong-scaling efficiency E_s at 4 GPUs"
+    # without a 1-rank run E_s is against the smallest world size, and the verdict says so
+    from_two = analysis.scaling_table(
+        [run("w2_lb128", "strong", 2, 128, 1800), run("w4_lb64", "strong", 4, 64, 3300)]
+    )
+    [s2] = [r for r in analysis.verdicts(from_two, targets) if r["target"] == "strong_efficiency"]
+    assert s2["description"] == "strong-scaling efficiency E_s at 4 GPUs against 2 GPUs"
+    assert s2["measured"] == pytest.approx(2 * 3300 / (4 * 1800))  # N0 X(N) / (N X(N0))
 
 
 def test_optimisation_verdict_disqualifies_accuracy_loss_not_gain():

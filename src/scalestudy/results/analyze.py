@@ -474,9 +474,12 @@ def verdicts(scaling: list[dict], targets: dict, unit: str = "GPUs") -> list[dic
     strong = _family(scaling, "strong")
     want = int(targets["strong_efficiency_gpus"])
     at = [r for r in strong if r["world_size"] == want]
+    # E_s is against the family's smallest world size N0: say which when it is not one rank
+    n0 = min((r["world_size"] for r in strong), default=1)
+    against = f" against {n0} {unit}" if n0 != 1 else ""
     row = {
         "target": "strong_efficiency",
-        "description": f"strong-scaling efficiency E_s at {want} {unit}",
+        "description": f"strong-scaling efficiency E_s at {want} {unit}{against}",
         "threshold": targets["strong_efficiency"],
         "world_size": want,
     }
