@@ -77,6 +77,16 @@ def test_one_rank_already_inside_a_step_or_outside_slurm_starts_directly(tmp_pat
         assert _argv(env)[1:] == ["-m", "scalestudy", "train", "--epochs", "1"], env
 
 
+def test_several_ranks_inside_a_step_are_refused_not_left_waiting(tmp_path):
+    """`srun --pty bash`, then snakemake: a nested srun would wait forever for the resources
+    of the enclosing step; one line says so and what to run instead."""
+    env = {"SLURM_JOB_ID": "12", "SLURM_STEP_ID": "0", "PATH": _fake_srun(tmp_path)}
+    with pytest.raises(LaunchError, match="4 ranks, and this shell is already a task of step 0"):
+        _argv(env, "--ranks-per-node", "4")
+    # the batch shell of a job (no step) starts them with srun
+    assert _argv({"SLURM_JOB_ID": "12", "PATH": env["PATH"]}, "--ranks-per-node", "4")[0] == "srun"
+
+
 def test_a_missing_srun_inside_slurm_is_one_clear_error():
     with pytest.raises(LaunchError, match="inside Slurm job 12 but 'srun' is not on PATH"):
         _argv({"SLURM_JOB_ID": "12", "PATH": "/nonexistent"}, "--mpi=")

@@ -10,9 +10,11 @@ rank must be a task of a step to get the preemption warning. The workflow's laun
 have an `mpi` resource ("" for one rank), and snakemake-executor-plugin-slurm-jobstep 0.6.1 runs
 a job with that key in the batch shell itself (no `srun -n1` wrapper, which it puts around jobs
 without the key): this launcher's srun is the step. Already inside a step (SLURM_STEP_ID: e.g. a
-rule without the key, or `srun scalestudy launch` by hand) one rank starts directly, since a nested
-srun would wait forever for the CPUs that step holds. Inside an array task it refuses to run: the
-plugin submits every task of an array with the first job's nodes, GPUs and time limit.
+rule without the key, `srun scalestudy launch` by hand, or snakemake run in `srun --pty bash`)
+one rank starts directly, since a nested srun would wait forever for the CPUs that step holds,
+and more ranks are refused in one line for the same reason. Inside an array task it refuses
+to run: the plugin submits every task of an array with the first job's nodes, GPUs and time
+limit.
 Outside Slurm it runs torchrun on this host (`--standalone`: a free rendezvous port), which only
 works for N = 1; a multi-node run without Slurm is refused with a pointer to the Slurm profile.
 srun is given --cpus-per-task because srun stopped inheriting it from sbatch in Slurm 22.05, and
@@ -120,6 +122,15 @@ def build_command(args: argparse.Namespace, env: dict[str, str]) -> list[str]:
     if one_rank and (not env.get("SLURM_JOB_ID") or env.get("SLURM_STEP_ID")):
         # one rank outside Slurm, or already a task of a job step (see the module docstring)
         return [*python, "-m", "scalestudy", "train", *train_args]
+    if env.get("SLURM_STEP_ID"):
+        # a nested srun waits forever for the CPUs and GPUs the enclosing step holds
+        raise LaunchError(
+            f"this run needs {args.nodes * args.ranks_per_node} ranks, and this shell is already "
+            f"a task of step {env['SLURM_STEP_ID']} of Slurm job {env.get('SLURM_JOB_ID')} "
+            "(e.g. `srun --pty bash`), where starting them with srun would wait forever: run "
+            "snakemake from the login node with the Slurm executor (--profile profiles/slurm), "
+            "or from `salloc`'s own shell"
+        )
     if env.get("SLURM_JOB_ID"):
         mpi = args.mpi or "srun"  # a 1-rank job's `mpi` resource is "" (see the docstring)
         if shutil.which(mpi, path=env.get("PATH")) is None:
