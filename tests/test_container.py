@@ -468,9 +468,9 @@ def test_exec_prefix_argv(tmp_path):
     image = tmp_path / "t.sif"
     image.write_bytes(b"image")
     digest = image_digest(image)
-    env = f"SCALESTUDY_CONTAINER_DIGEST={digest}"
-    assert exec_prefix(image, gpu=True) == ["apptainer", "exec", "--nv", "--env", env, str(image)]
-    assert exec_prefix(image, gpu=False) == ["apptainer", "exec", "--env", env, str(image)]
+    env = ["--env", f"SCALESTUDY_CONTAINER_DIGEST={digest}", "--env", "PYTHONNOUSERSITE=1"]
+    assert exec_prefix(image, gpu=True) == ["apptainer", "exec", "--nv", *env, str(image)]
+    assert exec_prefix(image, gpu=False) == ["apptainer", "exec", *env, str(image)]
     given = exec_prefix(image, gpu=False, digest="sha256:given")
     assert given[3] == "SCALESTUDY_CONTAINER_DIGEST=sha256:given"
     bound = exec_prefix(image, gpu=True, binds=["/opt/nsys", "/opt/ncu"])
@@ -501,6 +501,10 @@ def test_stand_in_builds_and_execs(tmp_path):
     r = run([*exec_prefix(image, gpu=True), "python", "-c", code], env, tmp_path)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == digest
+    # the user's ~/.local site-packages never shadow the image's packages
+    code = "import site, sys; print(site.ENABLE_USER_SITE, site.USER_SITE in sys.path)"
+    r = run([*exec_prefix(image, gpu=True), "python", "-c", code], env, tmp_path)
+    assert r.returncode == 0 and r.stdout.split() == ["False", "False"], r.stdout + r.stderr
 
     # another commit, or a changed definition, gives another image digest
     assert run(build_command(TRAINER_DEF, image, "beef"), env, REPO).returncode == 0

@@ -537,6 +537,9 @@ def exec_prefix(
     environment (SLURM_*, RANK, MASTER_ADDR, ...) passes through, as Apptainer does by default.
     `binds`: host directories bound at the same path inside (the profilers' installations,
     jobs/profile.py), so a host path given to a command means the same file inside.
+    PYTHONNOUSERSITE: Apptainer binds $HOME, and Python puts the user's ~/.local site-packages
+    before the image's own, so a torch the user installed there for the same Python version
+    would silently replace the image's (and its measured numbers with it).
     """
     return [
         apptainer,
@@ -545,6 +548,8 @@ def exec_prefix(
         *(arg for path in binds for arg in ("--bind", str(path))),
         "--env",
         f"{DIGEST_ENV}={digest or image_digest(image)}",
+        "--env",
+        "PYTHONNOUSERSITE=1",
         str(image),
     ]
 
