@@ -424,3 +424,18 @@ def test_a_measure_some_repeats_lack_is_blank_not_a_mean_of_fewer():
         r["gpu_util_mean"] = "90"
     [row] = analysis.scaling_table(runs)
     assert row["gpu_util_mean_mean"] == pytest.approx(90)
+
+
+def test_an_efficiency_against_a_single_repeat_has_no_spread():
+    """The 1-GPU baseline ran once: its spread is unknown, not 0, so the efficiency's std is
+    blank rather than the other side's alone; with repeats on both sides it is propagated."""
+    runs = [
+        run("w1", "strong", 1, 256, 1000),
+        run("w4", "strong", 4, 64, 3000, repeat=0),
+        run("w4", "strong", 4, 64, 3300, repeat=1),
+    ]
+    w4 = row(analysis.scaling_table(runs), "strong", 4)
+    assert w4["strong_efficiency"] is not None and w4["strong_efficiency_std"] is None
+    runs.append(run("w1", "strong", 1, 256, 1100, repeat=1))
+    w4 = row(analysis.scaling_table(runs), "strong", 4)
+    assert w4["strong_efficiency_std"] > 0

@@ -165,10 +165,11 @@ def mean_std(values: list[float | None]) -> tuple[float | None, float | None, in
 
 
 def ratio_std(a: float, sa: float | None, b: float, sb: float | None) -> float | None:
-    """Spread of a/b from the spreads of a and b (relative errors in quadrature)."""
-    if sa is None and sb is None:
+    """Spread of a/b from the spreads of a and b (relative errors in quadrature); None when
+    either side has none (one repeat): its unknown spread is not 0."""
+    if sa is None or sb is None:
         return None
-    rel = math.hypot((sa or 0.0) / a, (sb or 0.0) / b)
+    rel = math.hypot(sa / a, sb / b)
     return abs(a / b) * rel
 
 
