@@ -40,7 +40,8 @@ window too short to sample, a probe that was off) is blank, never a mean of fewe
 The weak-scaling time is the step time, not the epoch time: an epoch is one pass over the fixed
 dataset shared by all ranks, so a weak-scaling epoch shortens as ranks are added. The efficiency
 spread is propagated from the repeats' standard deviations (relative errors added in quadrature).
-std is the sample standard deviation (n - 1); with one repeat it is left blank, never 0.
+std is the sample standard deviation (n - 1); with one repeat it is left blank, never 0, and so is
+the spread of a ratio one of whose sides ran once.
 
 The efficiency-loss waterfall (waterfall()): for each family and configuration at a world size
 N > N0, against the family's N0 configuration with the same precision and the same global batch
