@@ -18,14 +18,17 @@ schedule), loaders.py (input pipelines), checkpoint.py (checkpoint files), progr
 rank is named: every rank logs which rank stopped, and where, when a collective fails).
 
 How the numbers are measured (the analysis relies on these definitions):
-- step: one optimizer step (accum_steps micro-batches on every rank).
+- step: one optimizer step (accum_steps micro-batches on every rank; an epoch's last step may
+  hold fewer, when its micro-batches do not divide by accum_steps).
 - throughput_img_s: images processed by all ranks in the steady-state window divided by the
   window's wall time. The window starts after `warmup_steps` optimizer steps (compilation, cuDNN
   autotuning, allocator growth) and covers every later training step; evaluation is excluded
   (the device is synchronised at each edge). Every training step has the same input shape: the
-  ragged last n % global_batch samples of each epoch's permutation are left out of that epoch
-  (loaders.epoch_batches), so no new shape re-runs cuDNN autotuning or recompiles inside the
-  window. An epoch therefore trains on floor(n / global_batch) x global_batch images. Images
+  ragged last n % (local_batch x world_size) samples of each epoch's permutation are left out
+  of that epoch (loaders.epoch_batches), so no new shape re-runs cuDNN autotuning or recompiles
+  inside the window. An epoch therefore trains on floor(n / (local_batch x world_size)) x
+  local_batch x world_size images (floor(n / global_batch) x global_batch when accum_steps is
+  1; with accumulation the micro-batch, not the global batch, is the unit). Images
   are summed over ranks; the window time is the maximum over ranks.
   throughput_img_s_per_rank = throughput_img_s / world_size.
 - epoch_time_s: median over epochs of the wall time of an epoch's training steps (no evaluation).
