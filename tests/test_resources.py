@@ -138,7 +138,9 @@ def test_launch_resources_are_functions_of_the_run_wildcard():
         )
 
 
-def test_training_time_limit_is_the_plan_estimate_times_the_safety_factor(tmp_path, monkeypatch):
+def test_training_time_limit_is_the_plan_estimate_times_the_safety_factor_plus_the_lead(
+    tmp_path, monkeypatch
+):
     config = study()
     rows = build_run_table(config)
     calls = []
@@ -147,8 +149,9 @@ def test_training_time_limit_is_the_plan_estimate_times_the_safety_factor(tmp_pa
     training = resources.TrainingPlan(config, rows, tmp_path / "runs.csv", tmp_path / "bench")
     assert calls == []  # nothing is read when the workflow is parsed
     expected = {e.run: e for e in plan.estimate_runs(config, rows, measured=[])}
+    lead = config["checkpointing"]["signal_lead_s"]  # USR1 comes that long before the limit
     for run, e in expected.items():
-        assert training.runtime(wildcards(run)) == max(1, math.ceil(e.runtime_s * 2 / 60))
+        assert training.runtime(wildcards(run)) == max(1, math.ceil((e.runtime_s * 2 + lead) / 60))
     assert len(calls) == 1  # read once, on first use
     assert training.digest() == plan.plan_digest(list(expected.values()))
     # registered for the logger plugin of this process, with the workflow's local rules
