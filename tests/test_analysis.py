@@ -81,6 +81,7 @@ def test_mean_std_n_over_repeats_and_blank_std_for_one_repeat():
     assert analysis.mean_std([1000.0, 1200.0]) == (1100.0, pytest.approx(141.42136), 2)
     assert analysis.mean_std([5.0]) == (5.0, None, 1)  # no spread from one run, not 0
     assert analysis.mean_std([None, None]) == (None, None, 0)
+    assert analysis.mean_std([1000.0, None]) == (None, None, 0)  # never a mean of fewer
 
 
 def test_strong_scaling_speedup_efficiency_and_karp_flatt(runs):

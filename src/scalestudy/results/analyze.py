@@ -156,13 +156,13 @@ def run_measures(row: dict) -> dict:
 
 # --- statistics ----------------------------------------------------------------------------------
 def mean_std(values: list[float | None]) -> tuple[float | None, float | None, int]:
-    """(mean, sample std or None when n < 2, n) of the values that were measured."""
-    vals = [v for v in values if v is not None]
-    if not vals:
+    """(mean, sample std or None when n < 2, n) over the repeats; (None, None, 0) when any
+    repeat lacks the value: a mean of fewer would pass for all of them."""
+    if not values or None in values:
         return None, None, 0
-    mean = statistics.fmean(vals)
-    std = statistics.stdev(vals) if len(vals) > 1 else None
-    return mean, std, len(vals)
+    mean = statistics.fmean(values)
+    std = statistics.stdev(values) if len(values) > 1 else None
+    return mean, std, len(values)
 
 
 def ratio_std(a: float, sa: float | None, b: float, sb: float | None) -> float | None:
@@ -209,11 +209,7 @@ def scaling_table(runs: list[dict], acc_tolerance: float = 0.01) -> list[dict]:
         row["global_batch"] = int(members[0]["global_batch"])
         per_run = [run_measures(r) for r in members]
         for m in MEASURES:
-            values = [p[m] for p in per_run]
-            # a measure some repeats lack stays blank: n counts every repeat, and a mean of
-            # fewer would pass for theirs (the waterfall's rule, _mean_measured)
-            mean, std, _ = mean_std(values) if None not in values else (None, None, 0)
-            row[f"{m}_mean"], row[f"{m}_std"] = mean, std
+            row[f"{m}_mean"], row[f"{m}_std"], _ = mean_std([p[m] for p in per_run])
         for stat in ("mean", "std"):
             flops = row[f"model_flops_per_s_{stat}"]
             row[f"model_tflops_{stat}"] = None if flops is None else flops / TFLOPS
@@ -349,11 +345,6 @@ def step_overheads(row: dict) -> dict:
     }
 
 
-def _mean_measured(values: list) -> float | None:
-    """The mean over repeats; None when any repeat lacks it (a partial mean would mislead)."""
-    return None if not values or None in values else statistics.fmean(values)
-
-
 def _waterfall_configs(runs: list[dict]) -> dict[tuple, dict]:
     """Configuration key (GROUP_KEYS) -> its throughput and overheads, means over repeats."""
     configs = {}
@@ -365,7 +356,7 @@ def _waterfall_configs(runs: list[dict]) -> dict[tuple, dict]:
             "nodes": int(members[0]["nodes"]),
             "n": len(members),
             "runs": ";".join(sorted(r["run"] for r in members)),
-            **{part: _mean_measured([p[part] for p in per_run]) for part in PART_INPUTS},
+            **{part: mean_std([p[part] for p in per_run])[0] for part in PART_INPUTS},
         }
     return configs
 
