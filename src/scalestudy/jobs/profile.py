@@ -447,9 +447,11 @@ def _run(argv: list[str], env: dict[str, str], stdout=None) -> None:
     logger.info("+ " + shlex.join(argv))
     proc = subprocess.run(argv, env=env, stdout=stdout)
     if proc.returncode != 0:
-        raise ProfileError(
-            f"{argv[0]} {' '.join(argv[1:3])} ... failed with exit {proc.returncode}"
-        )
+        raise _failed(argv, proc.returncode)
+
+
+def _failed(argv: list[str], code: int, where: str = "") -> ProfileError:
+    return ProfileError(f"{argv[0]} {' '.join(argv[1:3])} ... failed with exit {code}{where}")
 
 
 def _run_logged(argv: list[str], env: dict[str, str], log_path: Path) -> tuple[int, str]:
@@ -644,9 +646,7 @@ def ncu(args: argparse.Namespace) -> int:
             )
         why = f"auto: {missing}, no Nsight Compute metrics for {args.run}"
         logger.info(why)
-        files.write_json(out_dir / "tool.json", {"tool": "none", "why": why})
-        files.write_text(args.out, schema.csv_text(schema.NCU_COLUMNS, []))
-        return 0
+        return _no_ncu(out_dir, args.out, why)
     kernel_rows = schema.read_csv(args.kernels, schema.KERNEL_COLUMNS)
     kernels = schema.top_kernels(kernel_rows, args.top_k)
     if not kernels:
@@ -683,14 +683,9 @@ def ncu(args: argparse.Namespace) -> int:
                 raise ProfileError(f"schema.ncu.enabled is true but {refused}")
             why = f"auto: {refused}; no Nsight Compute metrics for {args.run}"
             logger.warning(f"WARNING {why}")
-            files.write_json(out_dir / "tool.json", {"tool": "none", "why": why})
-            files.write_text(args.out, schema.csv_text(schema.NCU_COLUMNS, []))
-            return 0
+            return _no_ncu(out_dir, args.out, why)
         if code != 0:
-            raise ProfileError(
-                f"{argv[0]} {' '.join(argv[1:3])} ... failed with exit {code} "
-                f"(its output: {out_dir / f'ncu_k{i}.log'})"
-            )
+            raise _failed(argv, code, f" (its output: {out_dir / f'ncu_k{i}.log'})")
         if not report.exists():
             # ncu writes no report when its filter matched no launch; say which filter
             raise ProfileError(
@@ -705,6 +700,13 @@ def ncu(args: argparse.Namespace) -> int:
         rows.extend(ncu_parser.parse_ncu(out_dir / f"ncu_k{i}.csv", args.run, kernel=kernel))
     files.write_json(out_dir / "tool.json", {"tool": "ncu", "why": ncu_path, "kernels": kernels})
     files.write_text(args.out, schema.csv_text(schema.NCU_COLUMNS, rows))
+    return 0
+
+
+def _no_ncu(out_dir: Path, out: str, why: str) -> int:
+    """ncu skipped under enabled auto: the manifest says why, the run's profile_ncu CSV is empty."""
+    files.write_json(out_dir / "tool.json", {"tool": "none", "why": why})
+    files.write_text(out, schema.csv_text(schema.NCU_COLUMNS, []))
     return 0
 
 
