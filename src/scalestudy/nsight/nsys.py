@@ -223,9 +223,10 @@ def _export_phases(con: sqlite3.Connection, path: Path) -> list[dict]:
     op_tables = [t for t in GPU_OP_TABLES if t in tables]
     if "NVTX_EVENTS" not in tables or LAUNCH_TABLE not in tables or not op_tables:
         return []
-    # an old export without globalPid in a GPU table: correlation ids alone (one process)
+    # an old export without globalPid in a GPU table: correlation ids alone (one process),
+    # every thread's process then 0 (mask 0)
     by_pid = all("globalPid" in _columns(con, t) for t in op_tables)
-    pid = "globalPid" if by_pid else "0"
+    pid, mask = ("globalPid", PID_MASK) if by_pid else ("0", 0)
     ops: dict[tuple, list[tuple[float, float]]] = {}
     for table in op_tables:
         for start, end, corr, gpid in con.execute(
@@ -245,16 +246,16 @@ def _export_phases(con: sqlite3.Connection, path: Path) -> list[dict]:
     ):
         if text in schema.RANGES:  # the export keeps the domain apart: no prefix to strip
             ranges.append((text, start, end))
-            processes.add(gtid & PID_MASK if by_pid else 0)
+            processes.add(gtid & mask)
     if len(processes) > 1:
         raise ProfileFormatError(
             path, None, f"phase ranges of {len(processes)} processes: one rank per report expected"
         )
     launches = [
-        (start, (gtid & PID_MASK if by_pid else 0, corr))
+        (start, (gtid & mask, corr))
         for start, corr, gtid in con.execute(
             f"SELECT start, correlationId, coalesce(globalTid, 0) FROM {LAUNCH_TABLE}"
         )
-        if (gtid & PID_MASK if by_pid else 0) in processes
+        if (gtid & mask) in processes
     ]
     return projection.project(ranges, launches, ops) if ranges else []

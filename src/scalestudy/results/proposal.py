@@ -218,11 +218,9 @@ def _grouped(experiment: str, estimates) -> list[tuple[str, list]]:
 
 def _shape(experiment: str, nodes: int, gpus: int) -> str:
     where = f"{nodes} node{'s' if nodes > 1 else ''}"
-    return (
-        f"{experiment}, {gpus} GPU{'s' if gpus > 1 else ''} on {where}"
-        if gpus
-        else (f"{experiment}, {where}")
-    )
+    if not gpus:  # a CPU study: ranks, not GPUs, and the nodes say it all
+        return f"{experiment}, {where}"
+    return f"{experiment}, {gpus} GPU{'s' if gpus > 1 else ''} on {where}"
 
 
 def request_rows(item: str, members, source: str, train: bool = True) -> list[dict]:
