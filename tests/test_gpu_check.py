@@ -27,7 +27,7 @@ from scalestudy.errors import GpuCheckError
 from scalestudy.jobs import energy_probe, gpu_check
 from scalestudy.jobs import gpu_check_report as report
 from scalestudy.jobs import profile as capture
-from scalestudy.jobs.gpu_check_report import FAIL, PASS, SKIPPED, Check, RunResult
+from scalestudy.jobs.gpu_check_report import FAIL, NOT_RUN, PASS, SKIPPED, Check, RunResult
 from scalestudy.nsight import ncu as ncu_parser
 from scalestudy.nsight import torch_ops
 from scalestudy.trainer import compiling
@@ -227,13 +227,28 @@ def test_single_rank_fails_and_says_why(change, problem):
         assert "stand-in failure" in check.log_tail
 
 
-def test_a_run_stopped_at_its_limit_or_never_started_fails():
+def test_a_run_stopped_at_its_own_limit_fails_one_the_budget_stopped_is_not_run():
+    """A run past its own limit is a fault (a hang, a slow path); a run that the end of
+    gpu-check's budget stopped or kept from starting proves nothing either way: "not run"
+    (the first full check on an H100 reported three such checks as failures)."""
     late = RunResult(rc=None, wall_s=120, limit_s=120, timed_out=True, log_tail="step 3")
     check = report.judge_single("nccl1-fsdp-fp16", "fp16", "fsdp", late)
     assert check.status == FAIL and "stopped at its limit of 120 s" in check.problems[0]
     assert check.log_tail == "step 3"
+    cut = dataclasses.replace(late, limit_s=57, budget_cut=True, log_tail="Error in step 3")
+    check = report.judge_single("nccl1-fsdp-fp16", "fp16", "fsdp", cut)
+    assert check.status == NOT_RUN
+    assert check.problems == [f"the run was stopped after 57 s: {report.NO_TIME}"]
     never = report.judge_pair("gloo2-ddp", "ddp", "none", RunResult(rc=None, started=False))
-    assert never.status == FAIL and "no time left" in never.problems[0]
+    assert never.status == NOT_RUN and "did not start: no time left" in never.problems[0]
+    # the reference comparison: our trainer failed, then the budget kept the reference from
+    # starting: the failure is the verdict
+    ours, ref = reference_case(25000.0)
+    not_started = RunResult(rc=None, started=False, budget_cut=True)
+    check = report.judge_reference("bf16", dataclasses.replace(ours, rc=1), not_started)
+    assert check.status == FAIL and len(check.problems) == 2
+    check = report.judge_reference("bf16", cut, not_started)
+    assert check.status == NOT_RUN and len(check.problems) == 2
 
 
 def test_pair_passes_on_equal_checksums_and_fails_on_different_ones():
@@ -923,7 +938,9 @@ def test_report_writes_markdown_and_json_with_failures_and_limits(tmp_path):
         "fixtures": ["fixtures/torch_ops_rank0.json"],
     }
     doc = report.write_report(tmp_path, header, stand_in_checks())
-    assert doc["passed"] is False and doc["counts"] == {"pass": 3, "fail": 2, "skipped": 1}
+    counts = {"pass": 3, "fail": 2, "not run": 0, "skipped": 1}
+    assert doc["passed"] is False and doc["counts"] == counts and doc["not_run"] == []
+    assert gpu_check.exit_code(doc) == 1
     assert json.loads((tmp_path / "gpu-check.json").read_text()) == doc
     md = (tmp_path / "gpu-check.md").read_text()
     assert md.startswith("# gpu-check on gpu-node-1: FAILED")
@@ -955,6 +972,54 @@ def test_report_of_all_passing_checks_says_passed(tmp_path):
         ]
         == "nan"
     )
+
+
+def test_report_with_checks_the_budget_left_out_is_incomplete_and_names_the_rerun(tmp_path):
+    """No check failed, two were not run: INCOMPLETE, exit 3, and the --only command for them;
+    one failure besides makes it FAILED, exit 1."""
+    ours, ref = reference_case(25000.0)
+    never = RunResult(rc=None, started=False, budget_cut=True)
+    checks = [c for c in stand_in_checks() if c.status != FAIL]
+    attempt = {"kernel": "k", "run": never, "argv": ["ncu", "--clock-control", "none"]}
+    checks += [report.judge_reference("fp32", ours, never), report.judge_ncu("ncu", [attempt])]
+    header = {"host": "n", "budget_s": 460.0, "wall_s": 450.3, "versions": {"device_count": 1}}
+    doc = report.write_report(tmp_path, header, checks)
+    assert doc["passed"] is False and doc["not_run"] == ["reference-fp32", "ncu"]
+    assert doc["counts"] == {"pass": 3, "fail": 0, "not run": 2, "skipped": 1}
+    assert gpu_check.exit_code(doc) == gpu_check.EXIT_INCOMPLETE == 3
+    md = (tmp_path / "gpu-check.md").read_text()
+    assert md.startswith("# gpu-check on n: INCOMPLETE")
+    assert "3 passed, 0 failed, 2 not run (the budget ran out), 1 skipped" in md
+    assert "--only reference-fp32,ncu`" in md and "| ncu | not run |" in md
+    assert "### reference-fp32 (not run)" in md
+    assert json.loads((tmp_path / "gpu-check.json").read_text()) == doc
+    doc = report.write_report(tmp_path, header, [*checks, *stand_in_checks()[2:3]])
+    assert gpu_check.exit_code(doc) == 1
+    assert (tmp_path / "gpu-check.md").read_text().startswith("# gpu-check on n: FAILED")
+
+
+def test_a_process_the_budget_cuts_is_marked_so_and_one_past_its_own_limit_is_not(
+    tmp_path, monkeypatch
+):
+    """Budget.limit says whether the budget's deadline or the process's own limit stops it;
+    run_process carries that to the RunResult the judges read."""
+    monkeypatch.setattr(gpu_check, "MIN_START_S", 0.5)  # seconds here, not minutes
+    budget = gpu_check.Budget(time.monotonic() + 2.0)
+    assert budget.limit(1.0) == gpu_check.Limit(1.0, budget_cut=False)
+    cut = budget.limit(60.0)
+    assert cut.budget_cut and 0 < cut.seconds <= 2.0
+    argv = [sys.executable, "-c", "import time; time.sleep(60)"]
+    run = gpu_check.run_process(argv, tmp_path / "cut.log", cut, child_env())
+    assert run.timed_out and run.budget_cut and run.started
+    assert report.judge_single("nccl1-ddp-fp32", "fp32", "ddp", run).status == NOT_RUN
+    spent = gpu_check.Budget(time.monotonic()).limit(60.0)
+    run = gpu_check.run_process(argv, tmp_path / "never.log", spent, child_env())
+    assert not run.started and run.budget_cut and run.rc is None
+    assert "not started" in (tmp_path / "never.log").read_text()
+    own = gpu_check.Budget(time.monotonic() + 60).limit(1.0)
+    run = gpu_check.run_process(argv, tmp_path / "own.log", own, child_env())
+    assert run.timed_out and not run.budget_cut
+    assert report.judge_single("nccl1-ddp-fp32", "fp32", "ddp", run).status == FAIL
 
 
 def test_fmt_never_prints_a_number_for_nothing():
@@ -1024,7 +1089,9 @@ def test_runner_kills_the_whole_process_group_at_the_limit(tmp_path):
     )
     log = tmp_path / "slow.log"
     t0 = time.monotonic()
-    run = gpu_check.run_process([sys.executable, "-c", script], log, 6, child_env())
+    run = gpu_check.run_process(
+        [sys.executable, "-c", script], log, gpu_check.Limit(6), child_env()
+    )
     assert run.timed_out and run.rc is None and time.monotonic() - t0 < 30
     lines = log.read_text().splitlines()  # the command, then the script's output
     child = int(next(line for line in lines if line.startswith("PID:"))[4:])

@@ -37,7 +37,7 @@ SUBCOMMANDS = {
     "profile": ("scalestudy.jobs.profile", "profiling jobs: capture, parse, ncu, merge"),
     "container": ("scalestudy.jobs.container", "the Apptainer image: check, build, digest"),
     "inventory": ("scalestudy.jobs.inventory", "system inventory of this node/allocation -> JSON"),
-    "gpu-check": ("scalestudy.jobs.gpu_check", "prove the GPU paths on this node (8-min budget)"),
+    "gpu-check": ("scalestudy.jobs.gpu_check", "prove the GPU paths on this node (12-min budget)"),
     "analyze": ("scalestudy.results.analyze", "scaling, verdicts and resources from results/csv"),
     "model": ("scalestudy.results.model", "scaling model, held-out errors, bucket advice"),
     "plot": ("scalestudy.results.plot", "one figure of the study (PNG and PDF)"),

@@ -34,8 +34,9 @@ limit, so a crash or a hang is a failed check with its log tail, never a crash o
 The verdicts are gpu_check_report's pure judges; the criteria are written in the report. The
 speed targets are reported, never judged: a node is not failed for missing a benchmark target.
 
-Time: budgeted at 8 minutes (--budget-s); on one H200 (2026-11-26) every check started and the
-whole command took 415 s, the correctness grid about 165 s of it. Synthetic data, runs of
+Time: budgeted at 12 minutes (--budget-s, BUDGET_S); on one H200 (2026-11-26) every check of
+the time started and the whole command took 415 s, the correctness grid about 165 s of it; on
+one H100 (ninth session, more checks) the first 34 took 450 s. Synthetic data, runs of
 seconds (width 16 except where the number matters: the profiler, ncu, the reference comparison
 and the speed runs use width 64), up to PARALLEL correctness runs sharing the GPU at once, then
 the timed runs (reference-*, speed-*, ncu) alone. The correctness grid runs eager (SMALL has
@@ -43,13 +44,15 @@ the timed runs (reference-*, speed-*, ncu) alone. The correctness grid runs eage
 reference-* and speed-*) spend most of their seconds compiling (17-30 s a run on the H200, 36-48 s
 with four compiling at once). `--only PREFIXES` runs some checks (a rerun after a fix). Every
 process gets LIMITS_S[kind] seconds, less when less of the budget is left, and is killed with
-its process group beyond that; a check whose process finds the budget spent fails with "did not
-start"; each check records its wall time.
+its process group beyond that; each check records its wall time. A check stopped by the
+budget's deadline, or never started because none was left, and by nothing else, is "not run":
+not a failure of the node, not proven either; the report names the `--only` command for them.
 
 Writes DIR/gpu-check.md and DIR/gpu-check.json, DIR/fixtures/ (the trimmed torch.profiler
 export and ncu details CSV with provenance.json, a few KB, for tests/fixtures/) and
 DIR/gpu-check-work/ (logs and run outputs; the synthetic data is deleted at the end).
-Exit 0 when no check failed, 1 when one did.
+Exit 0 when every check passed (or was skipped), 1 when one failed, 3 when none failed but the
+budget ran out before some ran.
 """
 
 from __future__ import annotations
@@ -89,7 +92,13 @@ from scalestudy.trainer import checkpoint as ckpt
 
 logger = log.get(__name__)
 
-BUDGET_S = 480.0  # the issue's 8 minutes on one H100, report included
+# seconds for the whole command, report included. The issue asked for 8 minutes on one H100;
+# the checks outgrew it: on one H100 (2026-11-26, ninth session, docs/benchmarks.md) the first
+# 34 took 450 s, then the budget ran out before reference-fp32 (our trainer compiles fp32
+# first: over 57 s), speed-tf32-lb512 (its first epoch, compiling, 33 s) and ncu (two
+# kernels, up to LIMITS_S["ncu"] each where counters are readable). 12 minutes fit them.
+BUDGET_S = 720.0
+EXIT_INCOMPLETE = 3  # no check failed, but the budget ran out before some ran
 REPORT_RESERVE_S = 10.0  # kept back from the processes for the report and fixtures
 MIN_START_S = 5.0  # a process is not started with less left than this
 PARALLEL = 4  # correctness runs sharing the GPU at once (16 cores: 4 threads each)
@@ -162,14 +171,23 @@ LAUNCHER_VARS += ("GROUP_", "TORCHELASTIC_", "SCALESTUDY_PROFILER")
 ERROR_LINE = report.ERROR_LINE  # a line that says why a process failed
 
 
+@dataclass(frozen=True)
+class Limit:
+    """One process's time limit: its own, or what is left of the budget when that is less."""
+
+    seconds: float
+    budget_cut: bool = False  # the budget's deadline, not the process's own limit
+
+
 @dataclass
 class Budget:
     """The deadline every process limit is cut to."""
 
     deadline: float  # time.monotonic()
 
-    def limit(self, wanted: float) -> float:
-        return max(0.0, min(wanted, self.deadline - time.monotonic()))
+    def limit(self, wanted: float) -> Limit:
+        left = self.deadline - time.monotonic()
+        return Limit(max(0.0, min(wanted, left)), budget_cut=left < wanted)
 
 
 @dataclass
@@ -206,18 +224,21 @@ class Context:
 def run_process(
     argv: list[str],
     log_path: Path,
-    limit_s: float,
+    limit: Limit,
     env: dict[str, str],
     poke: Callable[[subprocess.Popen], None] | None = None,
     stdout: Path | None = None,
 ) -> RunResult:
     """Run argv in its own session with stdout and stderr in log_path (stdout in `stdout` when
-    given); its whole process group is killed after limit_s seconds. `poke(proc)` is called
+    given); its whole process group is killed after limit.seconds. `poke(proc)` is called
     every 0.1 s while it runs (to send a signal)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    limit_s = limit.seconds
     if limit_s < MIN_START_S:
         log_path.write_text(f"not started ({limit_s:.0f} s left of the budget): {argv}\n")
-        return RunResult(rc=None, limit_s=limit_s, started=False, log_tail=log_path.read_text())
+        return RunResult(
+            rc=None, limit_s=limit_s, started=False, budget_cut=True, log_tail=log_path.read_text()
+        )
     t0 = time.monotonic()
     with open(log_path, "w") as log_file, open(stdout or os.devnull, "w") as out_file:
         log_file.write("+ " + shlex.join(argv) + "\n")
@@ -235,6 +256,7 @@ def run_process(
         wall_s=round(time.monotonic() - t0, 1),
         limit_s=limit_s,
         timed_out=timed_out,
+        budget_cut=limit.budget_cut,
         log_tail=tail(log_path),
     )
 
@@ -924,7 +946,17 @@ def run(args: argparse.Namespace) -> int:
     doc = report.write_report(out, header, checks)
     counts = doc["counts"]
     logger.info(
-        f"gpu-check: {counts['pass']} passed, {counts['fail']} failed, {counts['skipped']} "
+        f"gpu-check: {counts[report.PASS]} passed, {counts[report.FAIL]} failed, "
+        f"{counts[report.NOT_RUN]} not run (the budget ran out), {counts[report.SKIPPED]} "
         f"skipped in {header['wall_s']:.0f} s -> {out / 'gpu-check.md'}"
     )
-    return 0 if doc["passed"] else 1
+    if doc["not_run"]:
+        logger.info(f"gpu-check: to run the rest: {report.rerun_command(doc)}")
+    return exit_code(doc)
+
+
+def exit_code(doc: dict) -> int:
+    """0 all passed (skips allowed), 1 a check failed, 3 none failed but some did not run."""
+    if doc["passed"]:
+        return 0
+    return 1 if doc["counts"][report.FAIL] else EXIT_INCOMPLETE

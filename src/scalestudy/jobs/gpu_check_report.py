@@ -8,7 +8,9 @@ processes and hands their results here. `write_report` writes gpu-check.md and g
 `trim_torch_ops` and `trim_ncu_csv` cut real profiler output down to fixture size.
 
 "skipped" is only for a check this node cannot run at all (ncu not installed, one GPU for a
-two-GPU check), never for a check that ran and went wrong.
+two-GPU check), never for a check that ran and went wrong. "not run" is a check whose only
+problem is that gpu-check's budget ran out before its processes started or finished: nothing
+about the node, and not proven either (the report names the `--only` command that runs them).
 """
 
 from __future__ import annotations
@@ -27,8 +29,12 @@ from scalestudy.nsight import schema
 from scalestudy.nsight.torch_ops import GPU_CATEGORIES, LAUNCH_CATEGORIES, correlation
 from scalestudy.trainer.measure import ENERGY_SHORT_WINDOW, ENERGY_UPDATE_S
 
-PASS, FAIL, SKIPPED = "pass", "fail", "skipped"
-FORMAT = "scalestudy-gpu-check-1"
+PASS, FAIL, SKIPPED, NOT_RUN = "pass", "fail", "skipped", "not run"
+STATUSES = (PASS, FAIL, NOT_RUN, SKIPPED)
+FORMAT = "scalestudy-gpu-check-2"  # 2: the status "not run" and its count
+# every problem of a process that the budget's deadline, not its own limit, stopped or kept from
+# starting says this; a check with no other problem is NOT_RUN
+NO_TIME = "no time left in gpu-check's budget"
 
 # 10 balanced classes: chance is 0.10. The trainer's own CPU test reaches 0.81 on the synthetic
 # set in five short epochs (tests/test_trainer.py); 0.5 after three epochs of 4,096 images says
@@ -79,6 +85,9 @@ class RunResult:
     limit_s: float = 0.0
     timed_out: bool = False
     started: bool = True  # False: no time was left in the budget to start it
+    # its limit was what was left of the budget, shorter than its own (a timeout is then the
+    # budget's, not the run's)
+    budget_cut: bool = False
     metrics: dict | None = None  # metrics.json (the reference trainer's --out JSON)
     epochs: list[dict] = field(default_factory=list)  # epochs.csv rows (strings, as read)
     log_tail: str = ""
@@ -87,7 +96,7 @@ class RunResult:
 @dataclass
 class Check:
     name: str
-    status: str  # PASS, FAIL or SKIPPED
+    status: str  # PASS, FAIL, NOT_RUN or SKIPPED
     criterion: str  # what passing means, in words
     numbers: dict[str, Any] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
@@ -98,13 +107,16 @@ class Check:
 def verdict(
     name: str, criterion: str, numbers: dict, problems: list[str], runs: Iterable[RunResult] = ()
 ) -> Check:
-    """PASS without problems, else FAIL with the log tail of the last run that did not exit 0
-    (of the last run, when they all did)."""
+    """PASS without problems; NOT_RUN when every problem is the budget's (NO_TIME); else FAIL
+    with the log tail of the last run that did not exit 0 (of the last run, when they all did)."""
     runs = list(runs)
     shown = ([r for r in runs if r.rc != 0] or runs)[-1:] if problems else []
+    status = PASS
+    if problems:
+        status = NOT_RUN if all(NO_TIME in p for p in problems) else FAIL
     return Check(
         name=name,
-        status=FAIL if problems else PASS,
+        status=status,
         criterion=criterion,
         numbers=numbers,
         problems=problems,
@@ -120,7 +132,9 @@ def skipped(name: str, criterion: str, why: str) -> Check:
 def run_problems(run: RunResult, what: str = "the run") -> list[str]:
     """Why a process that should have completed did not (empty: it did)."""
     if not run.started:
-        return [f"{what} did not start: no time left in gpu-check's budget"]
+        return [f"{what} did not start: {NO_TIME}"]
+    if run.timed_out and run.budget_cut:
+        return [f"{what} was stopped after {run.limit_s:.0f} s: {NO_TIME}"]
     if run.timed_out:
         return [f"{what} was stopped at its limit of {run.limit_s:.0f} s"]
     if run.rc is None:
@@ -177,7 +191,7 @@ def failure_problems(run: RunResult, log: str, what: str = "the run") -> list[st
     """run_problems, and for a run that failed, the first line of its log that says why (a
     compiled run's traceback is long: the reason must be in the problems, not only the tail)."""
     problems = run_problems(run, what)
-    if problems and run.started:
+    if problems and run.started and not (run.timed_out and run.budget_cut):
         reason = log_line(log, ERROR_LINE)
         if reason:
             problems.append(f"first error line in the log: {reason}")
@@ -953,7 +967,7 @@ def cannot_prove(device_count: int) -> list[str]:
 
 
 def summary(checks: list[Check]) -> dict[str, int]:
-    return {s: sum(c.status == s for c in checks) for s in (PASS, FAIL, SKIPPED)}
+    return {s: sum(c.status == s for c in checks) for s in STATUSES}
 
 
 def report_json(header: dict, checks: list[Check]) -> dict:
@@ -961,8 +975,9 @@ def report_json(header: dict, checks: list[Check]) -> dict:
     doc = {
         "format": FORMAT,
         **header,
-        "passed": counts[FAIL] == 0,
+        "passed": counts[FAIL] == 0 and counts[NOT_RUN] == 0,
         "counts": counts,
+        "not_run": [c.name for c in checks if c.status == NOT_RUN],
         "checks": [asdict(c) for c in checks],
         "cannot_prove": cannot_prove(int(header.get("versions", {}).get("device_count") or 0)),
     }
@@ -1002,16 +1017,38 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def headline(doc: dict) -> str:
+    """PASSED, FAILED (a check failed), or INCOMPLETE (none failed, the budget ran out first)."""
+    if doc["passed"]:
+        return "PASSED"
+    return "FAILED" if doc["counts"][FAIL] else "INCOMPLETE"
+
+
+def rerun_command(doc: dict) -> str:
+    """The command that runs the checks the budget left out (gpu-check's own flags)."""
+    names = ",".join(doc.get("not_run", []))
+    return f"PYTHONPATH=src python3 -m scalestudy gpu-check --out gpu-check-rest --only {names}"
+
+
 def report_markdown(doc: dict) -> str:
     v = doc.get("versions", {})
     counts = doc["counts"]
-    verdict_line = "PASSED" if doc["passed"] else "FAILED"
+    not_run = f"{counts[NOT_RUN]} not run (the budget ran out), " if counts[NOT_RUN] else ""
     lines = [
-        f"# gpu-check on {doc.get('host')}: {verdict_line}",
+        f"# gpu-check on {doc.get('host')}: {headline(doc)}",
         "",
-        f"{counts[PASS]} passed, {counts[FAIL]} failed, {counts[SKIPPED]} skipped in "
+        f"{counts[PASS]} passed, {counts[FAIL]} failed, {not_run}{counts[SKIPPED]} skipped in "
         f"{fmt(doc.get('wall_s'))} s (budget {fmt(doc.get('budget_s'))} s), "
         f"{doc.get('started_at')}, commit {doc.get('git_commit')}.",
+    ]
+    if counts[NOT_RUN]:
+        lines += [
+            "",
+            f"Not proven: {', '.join(doc['not_run'])}, for lack of time, not for a fault. "
+            f"Run them with `{rerun_command(doc)}` (a --budget-s that fits them; the wall "
+            "seconds below show what the others took).",
+        ]
+    lines += [
         "",
         "## Device and versions",
         "",
@@ -1029,7 +1066,7 @@ def report_markdown(doc: dict) -> str:
         )
     failed = [c for c in doc["checks"] if c["status"] != PASS]
     if failed:
-        lines += ["", "## Failures and skips", ""]
+        lines += ["", "## Failures, skips and checks not run", ""]
     for c in failed:
         lines += [f"### {c['name']} ({c['status']})", ""]
         lines += [f"- {p}" for p in c["problems"]]
