@@ -294,6 +294,12 @@ def test_waterfall_figure_and_its_refusal_without_rows(tmp_path):
     paths = plots.make_figure("waterfall", tmp_path, waterfall=waterfall, device="cpu")
     assert [p.name for p in paths] == ["waterfall.png", "waterfall.pdf"]
     assert paths[0].read_bytes()[:4] == b"\x89PNG"
+    # the weak bar's imbalance was not measured: drawn as nothing, so the bar says so
+    fig, ax = plots._pyplot().subplots()
+    plots.plot_waterfall(ax, waterfall, "cpu")
+    notes = [(t.get_text(), t.xy[0]) for t in ax.texts]
+    assert notes == [("not measured:\nimbalance\n(in residual)", 0)]
+    plots._pyplot().close(fig)
     with pytest.raises(AnalysisError, match="waterfall.csv is empty"):
         plots.make_figure("waterfall", tmp_path / "none", waterfall=[], device="cpu")
 

@@ -277,6 +277,25 @@ def plot_waterfall(ax, waterfall, device, **_):
         zorder=3,
         label="total loss = sum of the parts",
     )
+    # a part left blank (its input not measured) is drawn as nothing and its time sits in the
+    # residual (analyze.waterfall_row): say so on the bar, not only in waterfall.csv's note
+    noted = False
+    for i, r in enumerate(waterfall):
+        missing = [p for p in WATERFALL_STYLE if p != "residual" and number(r[f"{p}_frac"]) is None]
+        if missing:
+            noted = True
+            ax.annotate(
+                "not measured:\n" + "\n".join(missing) + "\n(in residual)",
+                (i, max(up[i], losses[i])),
+                xytext=(0, 3),
+                textcoords="offset points",
+                ha="center",
+                va="bottom",
+                fontsize=6,
+            )
+    if noted:  # room above the tallest bar for its note
+        low, high = ax.get_ylim()
+        ax.set_ylim(low, high + 0.3 * (high - low))
     ax.axhline(0, color="grey", lw=0.8)
     ax.set_xticks(range(len(labels)), labels, fontsize=7)
     ax.set_xlim(-1, len(labels))  # a lone bar stays a bar, not the whole axis
