@@ -10,8 +10,12 @@ The estimate of one training run (seconds), with the `plan:` section of the stud
     node-hours = nodes * T / 3600          GPU-hours = GPUs * T / 3600 (0 on cpu)
     Slurm time limit = max(hardware.runtime_min, ceil(T * safety_factor / 60)) minutes
 
-N_train / N_test: images per epoch (train.limit_train / limit_test when set, else the dataset's
-size); evaluation runs on the whole test set after every epoch, spread over the ranks.
+N_train / N_test: images per epoch. N_test: train.limit_test when set, else the test set's size;
+evaluation runs on all of it after every epoch, spread over the ranks. N_train: the images one
+epoch trains on: of n (train.limit_train when set, else the training set's size) the trainer
+drops the ragged tail, N_train = floor(n / (W x local_batch)) x W x local_batch (one input shape
+for every step: trainer/loaders.py), or n when that is less than one step (16 GPUs x 512 on
+CIFAR-10: 49,152 of 50,000).
 
 Calibration (`Calibration`, when results/csv/runs.csv exists): measured runs of the same device,
 model, width, strategy, loader and compile setting replace the default x_rank, taking the first
@@ -195,7 +199,7 @@ class Estimate:
 
 
 def dataset_sizes(config: dict, row: dict) -> tuple[int, int]:
-    """(training, test) images per epoch of a run."""
+    """(training, test) images per epoch of a run: N_train and N_test of the module docstring."""
     dataset = row["dataset"]
     if dataset == "synthetic":
         n_train, n_test = config["synthetic"]["num_train"], config["synthetic"]["num_test"]
@@ -206,7 +210,15 @@ def dataset_sizes(config: dict, row: dict) -> tuple[int, int]:
         n_train = limit_train
     if 0 < limit_test < n_test:
         n_test = limit_test
-    return n_train, n_test
+    step_images = int(float(row["world_size"])) * int(float(row["local_batch"]))
+    return trained_images(n_train, step_images), n_test
+
+
+def trained_images(n: int, step_images: int) -> int:
+    """Of n training images, those an epoch trains on in steps of step_images (all ranks, one
+    micro-step): the ragged tail is dropped, unless no full step fits (then one step takes all
+    n). The trainer's rule (trainer/loaders.py `_global_slices`); a test holds the two equal."""
+    return n if n < step_images else n // step_images * step_images
 
 
 def efficiency(plan: dict, world_size: int, nodes: int) -> float:
