@@ -89,8 +89,8 @@ class HostStepTimer(measure.StepTimer):
         self.host_steps.append(host)
         self.index += 1
 
-    def collect(self) -> list[dict[str, float]]:
-        steps = super().collect()
+    def collect(self, sync: tuple[str, str] | None = None) -> list[dict]:
+        steps = super().collect(sync)
         # the steps collected are the last len(steps) of host_steps, in order
         for st, host in zip(steps, self.host_steps[-len(steps) :] if steps else [], strict=True):
             host["device step"] = st["total"]

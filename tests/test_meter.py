@@ -88,6 +88,10 @@ def test_under_the_whole_step_graph_only_data_is_timed_and_the_window_opens_afte
             meter.step_start()
             with meter.phase("data"):
                 pass
+            if meter is plain:  # an eager step's phases; a replay has none
+                for name in ("forward", "backward", "optimizer"):
+                    with meter.phase(name):
+                        pass
             meter.step_end()
         meter.epoch_end(state, seen=0)
         meter.end_loop(state)
@@ -107,3 +111,39 @@ def test_the_data_wait_per_step_is_the_mean_not_the_median():
     assert times["data_time_ms_mean_by_rank"] == pytest.approx(1.0)
     assert times["step_time_ms_p50_by_rank"] == pytest.approx(100)
     assert times["busy_time_ms_p50_by_rank"] is None  # no busy time recorded
+
+
+@pytest.mark.parametrize(
+    ("strategy", "busy_ms"),
+    # phases of one step of two micro-batches, ms: data 1, forward 2, backward 30 (no_sync),
+    # data 1, forward 2, backward 5 (synchronising under DDP), [communication 7,] optimizer 3
+    [("ddp", 1 + 2 + 30 + 1 + 2), ("fsdp", 1), ("allreduce", 1 + 2 + 30 + 1 + 2 + 5)],
+)
+def test_busy_time_under_accumulation_ends_at_the_first_synchronising_phase(
+    strategy, busy_ms, tmp_path, monkeypatch
+):
+    """Under gradient accumulation DDP synchronises in the last micro-batch's backward only; the
+    backwards before it (no_sync) are local work that a slow rank is slow in, so they are busy
+    time (they were left out: the waterfall put that imbalance in the residual). FSDP
+    all-gathers in every forward, the first included; allreduce waits in its communication."""
+    clock = Clock()
+    monkeypatch.setattr(measure.time, "perf_counter", clock)
+    cfg = TrainConfig(out=str(tmp_path), strategy=strategy, accum_steps=2, warmup_steps=0)
+    meter = measure.Meter(cfg, torch.device("cpu"), rank=0)
+    state = RunState()
+    meter.start(state)
+    meter.epoch_start()
+    meter.before_step(0, seen=0)
+    meter.step_start()
+    phases = [("data", 1), ("forward", 2), ("backward", 30), ("data", 1), ("forward", 2)]
+    phases += [("backward", 5)] + ([("communication", 7)] if strategy == "allreduce" else [])
+    for name, ms in [*phases, ("optimizer", 3)]:
+        with meter.phase(name):
+            clock.now += ms / 1e3
+    meter.step_end()
+    meter.epoch_end(state, seen=0)
+    assert state.window_busy_times == [pytest.approx(busy_ms / 1e3)]
+    assert state.window_phase_seconds["backward"] == pytest.approx(0.035)
+    labels = {"ddp": "data+forward (and the backward of each micro-batch before the last)"}
+    labels |= {"fsdp": "data", "allreduce": "data+forward+backward"}
+    assert meter.busy_phases == labels[strategy]

@@ -75,7 +75,10 @@ class Meter:
         self.gpu_util: float | None = None
         # the phases a rank runs before its first gradient synchronisation can block it (busy
         # time: the imbalance between ranks, train.py)
-        self.busy_phases = BUSY_PHASES[cfg.strategy]
+        self.sync_phase = SYNC_PHASE[cfg.strategy]
+        self.busy_phases = "+".join(BUSY_PHASES[cfg.strategy])
+        if cfg.strategy == "ddp" and cfg.accum_steps > 1:
+            self.busy_phases += " (and the backward of each micro-batch before the last)"
         self.delays = diag_delays(cfg, rank)  # phase -> seconds slept in it (diagnostic flags)
         # --compile: dynamo's graph count when the window opened and when the loop ended
         self.cfg, self.compiled = cfg, compiling.compile_on(cfg, device)
@@ -148,12 +151,11 @@ class Meter:
                 self.energy.close(window_time, seen - self.window_seen0)
             if self.nvml:
                 self.nvml.close_span()
-        for st in self.timer.collect():
+        for st in self.timer.collect(self.sync_phase):
             if st["in_window"]:
                 state.window_step_times.append(st["total"])
-                if set(self.busy_phases) <= set(self.timed_phases):  # not inside a replay
-                    busy = sum(st.get(p, 0.0) for p in self.busy_phases)
-                    state.window_busy_times.append(busy)
+                if st["busy"] is not None:  # None: the synchronising phase is inside a replay
+                    state.window_busy_times.append(st["busy"])
                 state.window_data_times.append(st.get("data", 0.0))
                 for name in PHASES:
                     seconds = state.window_phase_seconds.get(name, 0.0) + st.get(name, 0.0)
@@ -252,7 +254,7 @@ class Meter:
         dist.all_gather_object(everyone, rank_times(state))
         return {
             **{key: [mine[key] for mine in everyone] for key in everyone[0]},
-            "busy_phases": "+".join(self.busy_phases),
+            "busy_phases": self.busy_phases,
         }
 
     def reduce_energy(self, world_size: int) -> dict:
@@ -340,12 +342,20 @@ def environment(device: torch.device) -> dict:
 
 # the timed phases of a training step, in the order they run (loop.py's meter.phase names)
 PHASES = ("data", "forward", "backward", "communication", "optimizer")
-# Busy time per strategy: the phases before a rank's first collective that waits for the other
-# ranks, so a fast rank's wait for a slow one is not in them. DDP: its forward is local (no
-# buffer broadcast: parallel.py), its backward all-reduces buckets as they fill; FSDP: its
-# forward all-gathers parameters block by block; allreduce: nothing is synchronised before the
-# communication phase. A cause of imbalance after these phases (a rank slow in backward under
-# DDP) is not in the busy time: the waterfall's residual keeps it.
+# Busy time per strategy: the timed phases of a step before a rank's first collective that waits
+# for the other ranks, so a fast rank's wait for a slow one is not in them. SYNC_PHASE: the
+# phase that holds that collective, and which of its marks in a step (several micro-batches
+# under gradient accumulation): DDP all-reduces buckets as its backward fills them, in the last
+# micro-batch's backward only (the others run under no_sync: local); FSDP all-gathers parameters
+# in every forward, the first included; allreduce waits in its communication phase. Its forward
+# is local for DDP (no buffer broadcast: parallel.py). BUSY_PHASES names what that leaves in a
+# step of one micro-batch. A cause of imbalance after these phases (a rank slow in backward
+# under DDP) is not in the busy time: the waterfall's residual keeps it.
+SYNC_PHASE = {
+    "ddp": ("backward", "last"),
+    "fsdp": ("forward", "first"),
+    "allreduce": ("communication", "first"),
+}
 BUSY_PHASES = {
     "ddp": ("data", "forward"),
     "fsdp": ("data",),
@@ -406,8 +416,11 @@ class StepTimer:
         self.current.append(("end", self._now(), None))
         self.steps.append((in_window, self.current))
 
-    def collect(self) -> list[dict[str, float]]:
-        """Seconds per phase and in total for each step since the last call (device synced)."""
+    def collect(self, sync: tuple[str, str] | None = None) -> list[dict]:
+        """Seconds per phase and in total for each step since the last call (device synced),
+        and "busy": the seconds of the phases before the step's synchronising mark, `sync` =
+        (phase, "first" or "last" of its marks in the step: SYNC_PHASE); None when the step
+        has no such mark (or no `sync` was given)."""
 
         def dt(a, b) -> float:
             return a.elapsed_time(b) / 1e3 if self.cuda else b - a
@@ -415,9 +428,14 @@ class StepTimer:
         out = []
         for in_window, marks in self.steps:
             start, end = marks[0][1], marks[-1][1]
-            step = {"total": dt(start, end), "in_window": in_window}
-            for name, a, b in marks[1:-1]:
-                step[name] = step.get(name, 0.0) + dt(a, b)
+            phases = [(name, dt(a, b)) for name, a, b in marks[1:-1]]
+            step: dict = {"total": dt(start, end), "in_window": in_window, "busy": None}
+            for name, seconds in phases:
+                step[name] = step.get(name, 0.0) + seconds
+            at = [i for i, (name, _) in enumerate(phases) if sync and name == sync[0]]
+            if at:
+                before = at[0] if sync[1] == "first" else at[-1]
+                step["busy"] = sum(seconds for _, seconds in phases[:before])
             out.append(step)
         self.steps = []
         return out

@@ -47,7 +47,7 @@ class RunState:
     # seconds per phase (data, forward, ...) summed over the window steps: GPU time between CUDA
     # events on GPU, host time on CPU (measure.StepTimer); "data" gives data_time_frac
     window_phase_seconds: dict[str, float] = field(default_factory=dict)
-    # seconds per window step of this rank's busy phases (measure.BUSY_PHASES) and data phase
+    # seconds per window step of this rank's busy time (measure.SYNC_PHASE) and data phase
     window_busy_times: list[float] = field(default_factory=list)
     window_data_times: list[float] = field(default_factory=list)
     train_seconds: float = 0.0  # training time, evaluation excluded (time_to_target's clock)

@@ -45,8 +45,11 @@ How the numbers are measured (the analysis relies on these definitions):
   step time, its busy time and its data-phase time. In synchronous data parallelism the slowest
   rank paces every rank's whole step (the others wait inside the gradient synchronisation), so
   the step times hardly differ; the busy time is what a rank runs before its first collective
-  that waits for the others: the phases named in busy_phases, per strategy (measure.BUSY_PHASES:
-  ddp "data+forward", fsdp "data", allreduce "data+forward+backward"). Its spread over ranks is
+  that waits for the others: the seconds of the step's phases before its synchronising phase
+  (measure.SYNC_PHASE: DDP's last micro-batch's backward, FSDP's first forward, allreduce's
+  communication); busy_phases names them (measure.BUSY_PHASES: ddp "data+forward", fsdp
+  "data", allreduce "data+forward+backward"; under gradient accumulation DDP's also holds the
+  backward of each micro-batch before the last, run under no_sync). Its spread over ranks is
   the imbalance of the efficiency-loss waterfall (analyze.py); a cause later in the step (a rank
   slow in DDP's backward) stays in the waterfall's residual. Null under cuda_graphs_mode
   "step" (the busy phases are inside the replay): the waterfall then leaves imbalance
