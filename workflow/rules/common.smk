@@ -18,7 +18,7 @@ def stop(message):
 
 try:
     from scalestudy import log, vocab
-    from scalestudy.errors import WorkdirError
+    from scalestudy.errors import StudyConfigError, WorkdirError
     from scalestudy.jobs import gpu_slots
     from scalestudy.results import build_pdf as latex
     from scalestudy.results import plot as plots
@@ -40,7 +40,16 @@ try:
     paths.check_workdir(REPO, workflow.overwrite_configfiles)
 except WorkdirError as exc:
     stop(str(exc))
-config = studyconfig.validate(config, schema=REPO / studyconfig.SCHEMA_RELPATH)
+try:  # every problem of the config, each naming key, value and what is allowed
+    config = studyconfig.validate(
+        config,
+        schema=REPO / studyconfig.SCHEMA_RELPATH,
+        source=" + ".join(
+            ["config/config.yaml", *map(str, workflow.overwrite_configfiles or [])]
+        ),
+    )
+except StudyConfigError as exc:
+    stop(str(exc))
 RUNS = {row["run"]: row for row in matrix.build_run_table(config)}
 DATA_DIR = config["data_dir"]
 CONTAINER = config["container"]
