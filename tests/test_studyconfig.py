@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from scalestudy.study import config as studyconfig
+from scalestudy.study import runs
 from scalestudy.study.config import StudyConfigError, load_and_validate, validate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -346,3 +347,54 @@ def test_cpu_scaling_overlay_is_a_valid_study_of_world_sizes_1_to_8():
     assert sorted({r["world_size"] for r in rows}) == [1, 2, 4, 8]
     assert {r["bucket_cap_mb"] for r in rows if r["world_size"] == 4} == {1, 25}
     assert len(rows) == 8 and all(r["nodes"] == 1 for r in rows)
+
+
+def test_a_flag_combination_the_trainer_refuses_fails_here_not_in_each_job():
+    """The trainer's own checks (TrainConfig) run on every run's flags while validating: a DDP
+    comm hook with FSDP used to pass here and then fail in every training job."""
+    cfg = minimal()
+    cfg["train"] = {"strategy": "fsdp", "comm_hook": "powersgd"}
+    refused(cfg, "runs w1_lb", "`scalestudy train` refuses", "--comm-hook powersgd needs")
+
+
+def test_a_run_too_short_for_its_steady_state_window_is_refused():
+    """A run whose optimizer steps are all warm-up has no window: the trainer refuses it in its
+    job (loop.py); the config check names the key, the limit and the run."""
+    cfg = minimal()
+    cfg["train"] = {"epochs": 1, "warmup_steps": 20}  # CIFAR-10 at 4 x 256: 48 steps: fine
+    load_and_validate(cfg)
+    cfg["families"]["strong"]["global_batch"] = 4096  # 12 steps of 4,096 images
+    refused(
+        cfg,
+        "config key 'train.warmup_steps': value 20 is not allowed: at most 11 here",
+        "takes 12 optimizer steps",
+    )
+
+
+@pytest.mark.parametrize("key", ["data_dir", "checkpointing.dir", "container.image"])
+def test_empty_paths_are_refused(key):
+    """An empty data_dir became `--data-dir /`, an empty checkpoint dir `/<run>`."""
+    refused(
+        minimal(),
+        f"config key '{key}': value \"\" is not allowed: must not be empty",
+        overrides=[f'{key}=""'],
+    )
+
+
+def test_a_number_yaml_reads_as_text_says_how_to_write_it():
+    refused(minimal(), "must be a number (YAML reads 5e-4 as text", overrides=["train.lr=5e-4"])
+
+
+def test_the_bucket_family_needs_ddp():
+    cfg = minimal(bucket={"enabled": True, "gpus": 4})
+    cfg["train"] = {"strategy": "fsdp"}
+    refused(cfg, "config key 'families.bucket.enabled'", "differ in name only")
+
+
+@pytest.mark.parametrize(
+    ("value", "text"), [(25, "25"), (0.5, "0.5"), (1e6, "1000000"), (1.0000001, "1.0000001")]
+)
+def test_run_ids_keep_every_digit_of_the_bucket_size_and_no_exponent(value, text):
+    """`:g` wrote 1e+06 (outside the workflow's run wildcard) and 1.0000001 as 1 (two runs, one
+    id)."""
+    assert runs.run_id(8, 64, "bf16", "ddp", value, 0) == f"w8_lb64_bf16_ddp_bk{text}_r0"

@@ -3,9 +3,9 @@ nested ones included), then check what a schema cannot express.
 
     cfg = load_and_validate("config/demo.yaml", overrides=["dataset=synthetic"])
 
-In the Snakefile Snakemake's own `validate(config, schema)` runs first; `validate(config)` here
-repeats the schema check with better messages and adds the semantic checks. Every error names the
-config key, the bad value and what is allowed:
+The workflow calls `validate(config)` first thing (workflow/rules/common.smk; Snakemake's own
+`validate` is not used: its messages dump the schema). Every error names the config key, the bad
+value and what is allowed:
 
     config key 'families.strong.gpus[2]': value 3 is not allowed: does not fit gpus_per_node 4 ...
 
@@ -31,6 +31,7 @@ from jsonschema.exceptions import ValidationError
 from scalestudy import vocab
 from scalestudy.errors import StudyConfigError, TrainConfigError
 from scalestudy.study.profiling import config_problems
+from scalestudy.study.runs import build_run_table, run_problems
 from scalestudy.trainer.config import TrainConfig
 
 SCHEMA_RELPATH = Path("workflow") / "schemas" / "config.schema.yaml"
@@ -127,7 +128,13 @@ def _allowed(err: ValidationError) -> str:
         return f"only {_fmt(rule)}"
     if kind == "type":
         kinds = [rule] if isinstance(rule, str) else rule
-        return "must be " + " or ".join(_TYPE_WORDS.get(k, k) for k in kinds)
+        allowed = "must be " + " or ".join(_TYPE_WORDS.get(k, k) for k in kinds)
+        if "number" in kinds and isinstance(err.instance, str) and _reads_as_float(err.instance):
+            # PyYAML (YAML 1.1) reads 5e-4 as text: its floats need a dot and a signed exponent
+            allowed += f" (YAML reads {err.instance} as text: write it with a dot, e.g. 5.0e-4)"
+        return allowed
+    if kind == "minLength":
+        return "must not be empty" if rule == 1 else f"at least {rule} characters"
     bounds = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=", "exclusiveMaximum": "<"}
     if kind in bounds:
         return f"must be {bounds[kind]} {_fmt(rule)}"
@@ -136,6 +143,14 @@ def _allowed(err: ValidationError) -> str:
     if kind == "uniqueItems":
         return "no duplicates"
     return err.message
+
+
+def _reads_as_float(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def format_schema_error(err: ValidationError) -> str:
@@ -344,8 +359,20 @@ def semantic_problems(config: dict) -> list[str]:
         for lb in fam["local_batch"]:
             check_batch("families.bucket.gpus", fam["gpus"], lb)
 
+    if fam["enabled"] and train["strategy"] != "ddp":
+        problems.append(
+            _bad(
+                "families.bucket.enabled",
+                True,
+                f"the bucket family sweeps DDP's bucket_cap_mb and train.strategy is "
+                f"{train['strategy']!r} (no buckets): its runs would differ in name only; set "
+                "train.strategy ddp or families.bucket.enabled false",
+            )
+        )
+
     problems += proposal_problems(config["proposal"])
-    if not problems:  # the profiled runs are chosen from the run table, which needs the above
+    if not problems:  # the run table and the profiled runs need the above
+        problems += run_problems(build_run_table(config), n_train, n_train_source)
         problems += config_problems(config)
     return problems
 

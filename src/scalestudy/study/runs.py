@@ -12,8 +12,10 @@ the values the families vary, so a configuration requested by two families runs 
 
 from __future__ import annotations
 
+import argparse
 import csv
 import dataclasses
+import decimal
 import hashlib
 import io
 import math
@@ -21,7 +23,9 @@ import os
 from typing import Any
 
 from scalestudy import vocab
+from scalestudy.errors import TrainConfigError
 from scalestudy.files import atomic_open
+from scalestudy.trainer import config as trainer_config
 from scalestudy.trainer.config import TrainConfig, flag_name
 
 RUN_COLUMNS = (
@@ -120,7 +124,15 @@ def run_id(
     world_size: int, local_batch: int, precision: str, strategy: str, bucket_cap_mb, repeat: int
 ) -> str:
     """The stable id of a run, built only from the values the families vary."""
-    return f"w{world_size}_lb{local_batch}_{precision}_{strategy}_bk{bucket_cap_mb:g}_r{repeat}"
+    bucket = number_text(bucket_cap_mb)
+    return f"w{world_size}_lb{local_batch}_{precision}_{strategy}_bk{bucket}_r{repeat}"
+
+
+def number_text(value: float) -> str:
+    """A number in a run id: every digit it has (1.0000001 is not 1) and no exponent (a `+` is
+    outside the workflow's run wildcard): 25, 0.5, 1000000."""
+    text = format(decimal.Decimal(repr(float(value))), "f")
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 def placement(world_size: int, gpus_per_node: int) -> tuple[int, int]:
@@ -223,6 +235,43 @@ def _arg(value: Any) -> str:
     if isinstance(value, float):
         return repr(value)  # shortest text that reads back as the same float
     return str(value)
+
+
+def run_problems(rows: list[dict], n_train: int, n_train_source: str) -> list[str]:
+    """Each distinct run's `scalestudy train` flags through the trainer's own checks, before any
+    job: a combination TrainConfig refuses (a comm hook without DDP, ...) and a run whose
+    optimizer steps leave no steady-state window after train.warmup_steps (trainer/loop.py)
+    would otherwise fail in every job. n_train: the training images (study/config.py)."""
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    trainer_config.add_arguments(parser)
+    refused: dict[str, list[str]] = {}
+    shortest: tuple[int, dict] | None = None
+    for row in rows:
+        try:
+            cfg = TrainConfig.from_args(parser.parse_args(trainer_args(row)))
+        except (TrainConfigError, argparse.ArgumentError) as exc:
+            refused.setdefault(str(exc), []).append(row["run"])
+            continue
+        micro = max(1, n_train // (row["world_size"] * row["local_batch"]))  # loaders.py
+        steps = math.ceil(micro / row["accum_steps"]) * row["epochs"]
+        if steps <= cfg.warmup_steps and (shortest is None or steps < shortest[0]):
+            shortest = (steps, row)
+    problems = [
+        f"runs {', '.join(runs[:3])}{' ...' if len(runs) > 3 else ''}: `scalestudy train` refuses "
+        f"their flags, which come from the config's train: keys (--comm-hook is "
+        f"train.comm_hook): {why}"
+        for why, runs in refused.items()
+    ]
+    if shortest:
+        steps, row = shortest
+        problems.append(
+            f"config key 'train.warmup_steps': value {row['warmup_steps']} is not allowed: at "
+            f"most {steps - 1} here: run {row['run']} takes {steps} optimizer steps ("
+            f"{row['epochs']} epochs of {n_train} images ({n_train_source}) in global batches "
+            f"of {row['global_batch']}), which leave no steady-state window after the warm-up; "
+            "lower train.warmup_steps or raise train.epochs"
+        )
+    return problems
 
 
 def trainer_args(row: dict) -> list[str]:
