@@ -254,16 +254,20 @@ def test_device_loader_augments_ahead_steps_at_once(monkeypatch) -> None:
         assert torch.equal(xb, loaders.normalize(loaders.augment(x[idx], gen), mean, std))
 
 
-def test_device_loader_eval() -> None:
-    n, ws = 101, 4
+@pytest.mark.parametrize(("n", "ws", "lb"), [(101, 4, 4), (33, 2, 8)])
+def test_device_loader_eval(n, ws, lb) -> None:
+    """Each test sample once over the ranks, and every rank the same number of batches: 33
+    samples over 2 ranks in batches of 16 are 17 + 16, two batches and one, and FSDP's forward
+    (a collective) then hung the rank with two (its partner sat in the final all_reduce); the
+    short shard's last batch is now empty."""
     x = torch.randint(0, 256, (n, 1, 28, 28), dtype=torch.uint8)
     y = torch.arange(n)
-    seen = []
+    seen, counts = [], set()
     for r in range(ws):
         loader = loaders.DeviceLoader(
             x,
             y,
-            local_batch=4,
+            local_batch=lb,
             world_size=ws,
             rank=r,
             seed=0,
@@ -273,13 +277,15 @@ def test_device_loader_eval() -> None:
             std=[0.3],
         )
         batches = list(loader)
-        assert max(len(b[1]) for b in batches) <= 8  # eval_batch defaults to 2 * local_batch
+        assert max(len(b[1]) for b in batches) <= 2 * lb  # eval_batch defaults to 2 x lb
         assert len(batches) == loader.steps_per_epoch
+        counts.add(len(batches))
         assert sum(len(b[1]) for b in batches) == loader.num_samples
         for xb, yb in batches:  # no augmentation: exactly the normalized source images
             torch.testing.assert_close(xb, loaders.normalize(x[yb], [0.1], [0.3]))
             seen += yb.tolist()
     assert sorted(seen) == list(range(n))
+    assert len(counts) == 1
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])

@@ -166,3 +166,23 @@ def test_the_silent_ranks_grace_period_can_be_set(monkeypatch, caplog):
         caplog.clear()
         assert train.report_grace_s() == 10.0
         assert f"SCALESTUDY_REPORT_GRACE_S={bad!r} is not a number of seconds" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("lr", -0.1, "--lr must be > 0, got -0.1"),
+        ("lr", 0.0, "--lr must be > 0, got 0.0"),
+        ("momentum", -0.5, "--momentum must be in [0, 1), got -0.5"),
+        ("momentum", 1.5, "--momentum must be in [0, 1), got 1.5"),
+    ],
+)
+def test_optimizer_flags_out_of_range_are_refused_before_training(flag, value, message):
+    """torch.optim.SGD refused a negative --lr or --momentum only once the model was built, with
+    a traceback (and the scaled lr in it); lr 0 and momentum >= 1 passed silently."""
+    from scalestudy.errors import TrainConfigError
+    from scalestudy.trainer.config import TrainConfig
+
+    with pytest.raises(TrainConfigError) as info:
+        TrainConfig(**{flag: value})
+    assert str(info.value) == message

@@ -164,6 +164,12 @@ class TrainConfig:
             raise TrainConfigError(f"--bucket-cap-mb must be > 0 MiB, got {self.bucket_cap_mb}")
         if self.pg_timeout_s <= 0:
             raise TrainConfigError(f"--pg-timeout-s must be > 0 s, got {self.pg_timeout_s}")
+        # the study schema's bounds (config.schema.yaml): torch.optim.SGD refuses lr < 0 and
+        # momentum < 0 only once the model is built, with a traceback; lr 0 trains nothing
+        if self.lr <= 0:
+            raise TrainConfigError(f"--lr must be > 0, got {self.lr}")
+        if not 0 <= self.momentum < 1:
+            raise TrainConfigError(f"--momentum must be in [0, 1), got {self.momentum}")
         if not 0 <= self.label_smoothing < 1:
             raise TrainConfigError(
                 f"--label-smoothing must be in [0, 1), got {self.label_smoothing}"

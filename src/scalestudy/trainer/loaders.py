@@ -263,7 +263,10 @@ class DeviceLoader:
     generator seeded from (seed, rank, epoch), so a run is reproducible for a given world size;
     AHEAD steps' batches are prepared at once, bit for bit as one augment() call per step.
     train=False: this rank's eval_indices in chunks of eval_batch (default 2 * local_batch), no
-    augmentation; only that subset is moved to the device.
+    augmentation; only that subset is moved to the device. Every rank yields as many chunks as the
+    largest shard (ceil(n / world_size) samples) needs, a shorter shard's last one empty: under
+    FSDP every forward is a collective, and a rank with one chunk more waited forever for the
+    others (which had gone on to the evaluation's all_reduce).
     """
 
     def __init__(
@@ -309,7 +312,7 @@ class DeviceLoader:
     def steps_per_epoch(self) -> int:
         if self.train:
             return len(self._bounds)
-        return math.ceil(len(self.x) / self.eval_batch)
+        return math.ceil(math.ceil(self.n / self.world_size) / self.eval_batch)
 
     def __len__(self) -> int:
         return self.steps_per_epoch
@@ -323,7 +326,8 @@ class DeviceLoader:
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if not self.train:
-            for s in range(0, len(self.x), self.eval_batch):
+            for i in range(self.steps_per_epoch):  # the same count on every rank (docstring)
+                s = i * self.eval_batch
                 xb = self._out(self.x[s : s + self.eval_batch])
                 yield xb, self.y[s : s + self.eval_batch]
             return
