@@ -55,12 +55,17 @@ def test_a_named_study_or_the_repository_root_is_accepted(tmp_path):
     paths.check_workdir(REPO, [], cwd=REPO / "workflow" / "..")  # the same directory
 
 
-def test_reproduce_names_the_study_file_from_the_repository_root(tmp_path):
+def test_reproduce_names_the_study_files_and_overrides_from_the_repository_root(tmp_path):
+    """Every --configfile in order and the --config overrides: the report named only the last
+    file, so the demo (config/demo.yaml + an overlay, dataset=synthetic) reproduced as the
+    paper study with the overlay, on CIFAR-10."""
     assert paths.reproduce_configfile(REPO, []) == "config/config.yaml"
     assert paths.reproduce_configfile(REPO, [REPO / "config/demo.yaml"]) == "config/demo.yaml"
-    outside = tmp_path / "study.yaml"
-    # the last --configfile is the study; one outside the repository stays absolute
-    assert paths.reproduce_configfile(REPO, [REPO / "config/demo.yaml", outside]) == str(outside)
+    outside = tmp_path / "my study.yaml"  # outside the repository: absolute, and quoted
+    got = paths.reproduce_configfile(
+        REPO, [REPO / "config/demo.yaml", outside], {"dataset": "synthetic", "repeats": 2}
+    )
+    assert got == f"config/demo.yaml '{outside}' --config dataset=synthetic repeats=2"
 
 
 def test_messages_show_a_path_the_user_can_type(tmp_path):

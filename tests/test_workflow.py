@@ -175,6 +175,18 @@ def test_changing_a_profile_setting_reruns_nothing(done):
         profile.write_text(original)
 
 
+@pytest.mark.parametrize("change", [{"dir": "results/ckpt2"}, {"enabled": False}])
+def test_changing_where_or_whether_runs_checkpoint_reruns_nothing(done, change):
+    """The checkpoint directory was a param of the training rule, a rerun trigger: moving it
+    (to scratch) or turning checkpoints off reran the whole study (config.yaml: "changing these
+    reruns nothing")."""
+    changed = yaml.safe_load(yaml.safe_dump(TINY))
+    changed["checkpointing"] = {**changed.get("checkpointing", {}), **change}
+    write_config(done / "ckpt.yaml", changed)
+    proc = snakemake(done, "--configfile", "ckpt.yaml", "-n", "-p", stand_ins=True)
+    assert planned_jobs(proc) == {}
+
+
 def test_changing_a_run_flag_reruns_that_run_only(done):
     changed = yaml.safe_load(yaml.safe_dump(TINY))
     changed["families"]["bucket"]["bucket_cap_mb"] = [2, 25]  # bk1 -> bk2: a new run id

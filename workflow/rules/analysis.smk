@@ -26,6 +26,9 @@ rule analyze:
         ),
     log:
         "logs/analyze/analyze.log",
+    resources:
+        # a resource, not a param (a rerun trigger): how the study was named changes no number
+        reproduce=REPRODUCE,
     params:
         flags=ANALYSIS_FLAGS,
         profile=PROFILE_FLAG,
@@ -33,4 +36,5 @@ rule analyze:
         html_dir=subpath(output.scaling_html, parent=True),
     shell:
         "scalestudy analyze --runs {input.runs:q} {params.profile:q} {params.flags:q} "
+        "--configfile={resources.reproduce:q} "
         "--out-dir {params.out_dir:q} --html-dir {params.html_dir:q} > {log:q} 2>&1"

@@ -157,8 +157,12 @@ def get_train_retries():
 
 
 def get_configfile():
-    """The study file the report's reproduce commands name (run from the repository root)."""
-    return paths.reproduce_configfile(REPO, workflow.overwrite_configfiles)
+    """The study files and --config overrides the report's reproduce commands name (run from
+    the repository root). No public API holds the overrides: read defensively."""
+    overrides = getattr(getattr(workflow, "config_settings", None), "config", None)
+    return paths.reproduce_configfile(
+        REPO, workflow.overwrite_configfiles or [], dict(overrides or {})
+    )
 
 
 def get_paper_pdf(wildcards):
@@ -196,7 +200,8 @@ PROFILE_TARGETS = profiling.profile_targets(config, PROFILED)
 PROFILE_KERNELS = PROFILE_TARGETS[:1]  # results/csv/profile_kernels.csv, or none
 PROFILE_FLAG = [f"--profile={path}" for path in PROFILE_KERNELS]
 FIGURES = plots.figures(config["families"], HARDWARE["device"], bool(PROFILED))
-ANALYSIS_FLAGS = resources.analysis_flags(config, get_configfile())
+ANALYSIS_FLAGS = resources.analysis_flags(config)
+REPRODUCE = get_configfile()
 
 
 # The three launch rules (train, profile_capture, profile_ncu) start a run's ranks alike: the

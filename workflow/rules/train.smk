@@ -24,8 +24,9 @@ rule train:
         **LAUNCH_RESOURCES,
         runtime=PLAN.runtime,
         slurm_extra=resources.slurm_extra(config),
-        # resources, not params: params are a rerun trigger, and how often a run checkpoints
-        # does not change what it measures
+        # resources, not params: params are a rerun trigger, and where and how often a run
+        # checkpoints does not change what it measures
+        checkpoint_dir=get_checkpoint_dir,
         checkpoint_every=CHECKPOINTING["every_epochs"],
         checkpoint_keep=CHECKPOINTING["keep"],
     params:
@@ -33,13 +34,12 @@ rule train:
         flags=get_train_flags,
         data_dir=subpath(input.meta, ancestor=2),
         out=subpath(output.metrics, parent=True),
-        checkpoint_dir=get_checkpoint_dir,
         inventory=get_inventory_flags,
     shell:
         launch_shell(
             "scalestudy inventory --out {output.system:q} {params.inventory:q} > {log:q} 2>&1 "
             "&& scalestudy launch",
-            "--out {params.out:q} --checkpoint-dir={params.checkpoint_dir:q} "
+            "--out {params.out:q} --checkpoint-dir={resources.checkpoint_dir:q} "
             "--checkpoint-every {resources.checkpoint_every} "
             "--checkpoint-keep {resources.checkpoint_keep} >> {log:q} 2>&1",
         )

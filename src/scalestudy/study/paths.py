@@ -20,8 +20,10 @@ which nobody should start in another directory by forgetting a flag.
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Iterable, Sequence
+import shlex
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from scalestudy.errors import WorkdirError
@@ -75,10 +77,26 @@ def check_workdir(
     )
 
 
-def reproduce_configfile(repo: str | os.PathLike, configfiles: Sequence[str | os.PathLike]) -> str:
-    """The study file the report's reproduce commands name (they run from the repository root):
-    the last --configfile, else the default; relative to the repository when inside it, else
-    absolute."""
+def reproduce_configfile(
+    repo: str | os.PathLike,
+    configfiles: Sequence[str | os.PathLike],
+    overrides: Mapping[str, object] | None = None,
+) -> str:
+    """What the report's reproduce commands put after `--configfile` (they run from the
+    repository root): every --configfile in order (Snakemake merges them, the last winning), else
+    the default, each relative to the repository when inside it, else absolute; then the
+    `--config` overrides, if any (the demo's dataset=synthetic). Shell-quoted."""
     root = Path(repo).resolve()
-    path = (root / configfiles[-1] if configfiles else root / DEFAULT_CONFIG).resolve()
-    return path.relative_to(root).as_posix() if path.is_relative_to(root) else str(path)
+
+    def shown(path: Path) -> str:
+        path = (root / path).resolve()
+        return path.relative_to(root).as_posix() if path.is_relative_to(root) else str(path)
+
+    args = [shown(Path(f)) for f in configfiles] or [DEFAULT_CONFIG]
+    if overrides:
+        args += ["--config"]
+        args += [
+            f"{key}={value if isinstance(value, str) else json.dumps(value)}"
+            for key, value in overrides.items()
+        ]
+    return shlex.join(args)

@@ -305,9 +305,10 @@ def array_jobs_refusal(workflow) -> str | None:
     )
 
 
-def analysis_flags(config: dict, configfile: str) -> list[str]:
-    """`scalestudy analyze` flags: the report targets, the node size, the study and its file."""
+def analysis_flags(config: dict) -> list[str]:
+    """`scalestudy analyze` flags: the report targets, the node size and the study's name (the
+    reproduce command is the rule's resource: how the study was named changes no number)."""
     targets = config["report"]["targets"]
     flags = [f"--{key.replace('_', '-')}={value}" for key, value in targets.items()]
     flags += [f"--gpus-per-node={config['hardware']['gpus_per_node']}"]
-    return flags + [f"--study={config['study']}", f"--configfile={configfile}"]
+    return flags + [f"--study={config['study']}"]
