@@ -8,6 +8,7 @@ own ChildFailedError block is torchrun's and is left out of the assertion.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -186,3 +187,21 @@ def test_optimizer_flags_out_of_range_are_refused_before_training(flag, value, m
     with pytest.raises(TrainConfigError) as info:
         TrainConfig(**{flag: value})
     assert str(info.value) == message
+
+
+@pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o002, 0o664), (0o077, 0o600)])
+def test_atomic_writes_get_the_mode_of_a_plain_new_file(tmp_path, umask, mode):
+    """mkstemp creates 0600 and the rename kept it: on a shared project directory the group
+    could read none of the CSVs, reports or prepared data. Now 0666 less the umask."""
+    from scalestudy import files
+
+    old = os.umask(umask)
+    files.new_file_mode.cache_clear()
+    try:
+        files.write_text(tmp_path / "a.csv", "x\n")
+        plain = tmp_path / "plain.csv"
+        plain.write_text("x\n")
+    finally:
+        os.umask(old)
+        files.new_file_mode.cache_clear()
+    assert (tmp_path / "a.csv").stat().st_mode & 0o777 == mode == plain.stat().st_mode & 0o777

@@ -36,6 +36,9 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Iter
         with os.fdopen(fd, mode, **kwargs) as f:
             yield f
             f.flush()
+            # mkstemp's 0600 would keep the group out; a filesystem without modes keeps its own
+            with contextlib.suppress(OSError):
+                os.fchmod(f.fileno(), new_file_mode())
             os.fsync(f.fileno())
         os.replace(tmp, target)
     except BaseException:
@@ -47,6 +50,19 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Iter
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+@functools.cache
+def new_file_mode() -> int:
+    """The mode open() gives a new file: 0o666 less the process's umask (read once; Linux says
+    it in /proc/self/status, else it is set and restored)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return 0o666 & ~int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:
