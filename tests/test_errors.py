@@ -205,3 +205,20 @@ def test_atomic_writes_get_the_mode_of_a_plain_new_file(tmp_path, umask, mode):
         os.umask(old)
         files.new_file_mode.cache_clear()
     assert (tmp_path / "a.csv").stat().st_mode & 0o777 == mode == plain.stat().st_mode & 0o777
+
+
+def test_a_run_rules_log_says_what_went_wrong(tmp_path):
+    """The workflow's `run:` rules (matrix, plan, proposal) wrote their log only after success:
+    on an error Snakemake pointed at an empty log file."""
+    from scalestudy import log
+    from scalestudy.errors import AnalysisError
+
+    path = tmp_path / "logs" / "proposal.log"
+    with pytest.raises(AnalysisError), log.rule_log(path, ["reports/proposal.md"]):
+        raise AnalysisError("proposal.md.j2 prints a number that is no CSV cell: 0.93")
+    text = path.read_text()
+    assert text.startswith("AnalysisError: proposal.md.j2 prints a number that is no CSV cell")
+    assert "Traceback" in text
+    with log.rule_log(path, ["a.csv", "b.md"]):
+        pass
+    assert path.read_text() == "wrote a.csv b.md\n"

@@ -13,9 +13,12 @@ shows the traceback of expected errors too, from every rank.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
+import traceback
+from pathlib import Path
 
 ROOT = "scalestudy"
 DEBUG_ENV = "SCALESTUDY_DEBUG"
@@ -100,3 +103,20 @@ def expected_error(logger: logging.Logger, message: str, scope: str = "rank") ->
     With SCALESTUDY_DEBUG every rank prints it, followed by its traceback."""
     if reports(scope):
         logger.error(message, exc_info=debug())
+
+
+@contextlib.contextmanager
+def rule_log(path: str | os.PathLike, outputs):
+    """A Snakemake `run:` rule's `log:` file: "wrote <outputs>" when the block succeeds; on an
+    error, the error's one line and its traceback, then the error goes on (Snakemake then points
+    at a log that says what went wrong, not at an empty file)."""
+    try:
+        yield
+    except BaseException as exc:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(
+            f"{type(exc).__name__}: {exc}\n\n" + "".join(traceback.format_exc()), encoding="utf-8"
+        )
+        raise
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(f"wrote {' '.join(map(str, outputs))}\n", encoding="utf-8")

@@ -18,6 +18,9 @@ def stop(message):
 
 try:
     from scalestudy import log, vocab
+    from scalestudy.log import (
+        rule_log,
+    )  # `log` inside a run: block is the rule's log file
     from scalestudy.errors import StudyConfigError, WorkdirError
     from scalestudy.jobs import gpu_slots
     from scalestudy.results import build_pdf as latex
@@ -51,6 +54,7 @@ try:  # every problem of the config, each naming key, value and what is allowed
 except StudyConfigError as exc:
     stop(str(exc))
 RUNS = {row["run"]: row for row in matrix.build_run_table(config)}
+RUN_ROWS = list(RUNS.values())
 DATA_DIR = config["data_dir"]
 CONTAINER = config["container"]
 HARDWARE = config["hardware"]

@@ -29,5 +29,5 @@ rule matrix:
     params:
         digest=RUN_TABLE_DIGEST,
     run:
-        matrix.write_runs_tsv(list(RUNS.values()), output[0])
-        shell("echo 'wrote {output} ({params.digest})' > {log:q}")
+        with rule_log(log[0], output):
+            matrix.write_runs_tsv(RUN_ROWS, output.table)

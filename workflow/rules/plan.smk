@@ -16,5 +16,5 @@ rule plan:
     params:
         digest=get_plan_digest,
     run:
-        plan.write_plan(config, output.md, output.csv)
-        shell("echo 'wrote {output} (plan {params.digest})' > {log:q}")
+        with rule_log(log[0], output):
+            plan.write_plan(config, output.md, output.csv)

@@ -37,10 +37,10 @@ rule proposal:
         out_dir=subpath(output.md, parent=True),
         templates=subpath(input.md_template, parent=True),
     run:
-        allocation.write_proposal(
-            config, params.csv_dir, params.out_dir, params.templates
-        )
-        shell("echo 'wrote {output}' > {log:q}")
+        with rule_log(log[0], output):
+            allocation.write_proposal(
+                config, params.csv_dir, params.out_dir, params.templates
+            )
 
 
 # reports/proposal.pdf and reports/slides.pdf with latexmk (slides: beamer, which needs pgf from
