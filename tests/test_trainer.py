@@ -101,6 +101,22 @@ def test_epochs_csv(ddp_run):
     assert m["final_val_acc"] == pytest.approx(float(rows[-1]["val_acc"]), rel=1e-5)
 
 
+def test_each_epoch_row_has_the_learning_rate_its_last_step_used(ddp_run):
+    """epochs.csv's lr was read after the epoch's last scheduler step: the next step's (the last
+    epoch of a schedule decaying to 0 showed 0, the warm-up epoch its peak)."""
+    from scalestudy.trainer.recipe import LR_REFERENCE_BATCH, lr_factor
+
+    m, rows = read_metrics(ddp_run[0]), read_epochs(ddp_run[0])
+    spe, epochs = m["steps_per_epoch"], len(rows)
+    warmup = round(m["warmup_epochs"] * spe)
+    peak = m["lr"] * m["global_batch"] / LR_REFERENCE_BATCH
+    for i, row in enumerate(rows):
+        last = (i + 1) * spe - 1  # the epoch's last optimizer step
+        want = peak * lr_factor(last, spe * epochs, warmup, m["schedule"])
+        assert float(row["lr"]) == pytest.approx(want, rel=1e-6), (i, row["lr"], want)
+    assert float(rows[-1]["lr"]) > 0
+
+
 def test_ranks_hold_identical_parameters(ddp_run):
     m = read_metrics(ddp_run[0])
     assert len(set(m["param_checksums"])) == 1

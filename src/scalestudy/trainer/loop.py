@@ -47,6 +47,10 @@ from scalestudy.trainer.step_graph import STEPS_BEFORE_WINDOW, StepGraph
 
 logger = log.get(__name__)
 
+# epochs.csv, one row per epoch. train_loss is the training objective, label smoothing included
+# (its floor at train.label_smoothing 0.1 over 10 classes: 0.50 nats); val_loss is the plain
+# cross-entropy of the test set, so the two are not comparable. lr: the learning rate of the
+# epoch's last optimizer step.
 EPOCH_COLUMNS = (
     "epoch",
     "train_loss",
@@ -119,13 +123,14 @@ def train_epochs(
                 loss_sum += loss.double() * y.numel()
                 correct += right
                 seen += y.numel()
+            lr = scheduler.get_last_lr()[0]  # this step's (the epoch's row: its last step's)
             scheduler.step()  # on the host, outside any graph: the graph reads the new LR
             meter.step_end()
             profiler.after_step(state.step)
             done += group
             state.step += 1
         epoch_time = meter.epoch_end(state, seen)
-        end_of_epoch(run, state, epoch, (loss_sum, correct, seen), epoch_time)
+        end_of_epoch(run, state, epoch, (loss_sum, correct, seen), epoch_time, lr)
         state.epoch = epoch + 1
         checkpointing.after_epoch(state, meter)  # every N epochs, and on SIGTERM/SIGUSR1
 
@@ -162,8 +167,11 @@ def train_step(
     return loss.detach(), (logits.detach().argmax(1) == y).sum()
 
 
-def end_of_epoch(run: Run, state: RunState, epoch: int, sums: tuple, epoch_time: float) -> None:
-    """Reduce the epoch's sums over ranks, evaluate on the whole test set, record the epoch."""
+def end_of_epoch(
+    run: Run, state: RunState, epoch: int, sums: tuple, epoch_time: float, lr: float
+) -> None:
+    """Reduce the epoch's sums over ranks, evaluate on the whole test set, record the epoch (lr:
+    its last optimizer step's learning rate)."""
     cfg, device = run.cfg, run.device
     progress.at("evaluation")  # the epoch's reduction and the evaluation (hang diagnosis)
     loss_sum, correct, seen = sums
@@ -186,7 +194,7 @@ def end_of_epoch(run: Run, state: RunState, epoch: int, sums: tuple, epoch_time:
         "val_acc": val_acc,
         "epoch_time_s": epoch_time,
         "throughput_img_s": stats[2].item() / epoch_time,
-        "lr": run.recipe.optimizer.param_groups[0]["lr"],
+        "lr": lr,  # its last optimizer step's (the optimizer holds the next step's by now)
     }
     state.history.append(row)
     if state.time_to_target is None and cfg.target_acc is not None and val_acc >= cfg.target_acc:
