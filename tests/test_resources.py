@@ -294,7 +294,7 @@ def test_every_rule_that_runs_the_package_has_its_code_as_input():
             name = rule.split(":", 1)[0]
             runs_package = "scalestudy " in rule or re.search(r"^    run:", rule, re.MULTILINE)
             if runs_package:
-                assert re.search(r"code_of\(|TRAINER_SOURCES|get_container_sources", rule), (
+                assert re.search(r"code_of\(|get_trainer_sources|get_container_sources", rule), (
                     f"{path.name}: rule {name} runs the package without its code as input"
                 )
 

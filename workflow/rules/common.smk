@@ -65,7 +65,6 @@ PROFILED = {r["run"]: r for r in profiling.profiled_runs(config, list(RUNS.value
 PLAN = resources.TrainingPlan(config, RUNS.values())
 # Code inputs: Snakemake does not track the modules a command imports. Inputs under 1 MB are
 # checksummed, so touching a file without changing it reruns nothing.
-TRAINER_SOURCES = paths.repo_files(REPO, resources.trainer_sources(REPO))
 ANALYSIS_TABLES = (
     "scaling verdicts resources system targets profile_shares waterfall".split()
 )
@@ -150,6 +149,13 @@ def code_of(*modules):
     return lambda wildcards: paths.repo_files(
         REPO, resources.code_sources(REPO, *modules)
     )
+
+
+def get_trainer_sources(wildcards):
+    """Input function: the trainer's sources and what they import (resources.trainer_sources),
+    found when Snakemake builds the DAG, not when this file is read (once per process).
+    """
+    return paths.repo_files(REPO, resources.trainer_sources(REPO))
 
 
 def get_plan_digest(wildcards):

@@ -8,7 +8,7 @@
 rule profile_capture:
     input:
         unpack(get_prepared_data),
-        sources=TRAINER_SOURCES,
+        sources=get_trainer_sources,
         code=code_of("jobs/profile.py"),  # the capture command
         image=IMAGE,
     output:
@@ -60,7 +60,7 @@ rule profile_parse:
 rule profile_ncu:
     input:
         unpack(get_prepared_data),
-        sources=TRAINER_SOURCES,
+        sources=get_trainer_sources,
         code=code_of("jobs/profile.py"),  # the ncu command
         image=IMAGE,
         kernels="results/profile/{run}/kernels.csv",

@@ -8,7 +8,7 @@
 rule train:
     input:
         unpack(get_prepared_data),
-        sources=TRAINER_SOURCES,
+        sources=get_trainer_sources,
         image=IMAGE,
     output:
         metrics="results/runs/{run}/metrics.json",
