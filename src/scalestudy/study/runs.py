@@ -259,7 +259,7 @@ def run_problems(rows: list[dict], n_train: int, n_train_source: str) -> list[st
     problems = [
         f"runs {', '.join(runs[:3])}{' ...' if len(runs) > 3 else ''}: `scalestudy train` refuses "
         f"their flags, which come from the config's train: keys (--comm-hook is "
-        f"train.comm_hook): {why}"
+        f"train.comm_hook, and so on): {why}"
         for why, runs in refused.items()
     ]
     if shortest:
