@@ -13,6 +13,8 @@ rule proposal:
         scaling="results/csv/scaling.csv",
         tables=expand("results/csv/{table}.csv", table=ANALYSIS_TABLES[1:]),
         runs="results/csv/runs.csv",
+        # Snakemake's job wall times: the plan's start-up calibration (study/estimate.py)
+        wall_times=expand("benchmarks/train/{run}.tsv", run=RUNS),
         model="results/csv/model.csv",  # the held-out error of the scaling model
         md_template=repo_file("workflow/report/proposal.md.j2"),
         tex_templates=[
