@@ -35,7 +35,7 @@ The verdicts are gpu_check_report's pure judges; the criteria are written in the
 speed targets are reported, never judged: a node is not failed for missing a benchmark target.
 
 Time: budgeted at 12 minutes (--budget-s, BUDGET_S); on one H200 (2026-11-26) every check of
-the time started and the whole command took 415 s, the correctness grid about 165 s of it; on
+that time started and the whole command took 415 s, the correctness grid about 165 s of it; on
 one H100 (ninth session, more checks) the first 34 took 450 s. Synthetic data, runs of
 seconds (width 16 except where the number matters: the profiler, ncu, the reference comparison
 and the speed runs use width 64), up to PARALLEL correctness runs sharing the GPU at once, then
@@ -96,7 +96,8 @@ logger = log.get(__name__)
 # the checks outgrew it: on one H100 (2026-11-26, ninth session, docs/benchmarks.md) the first
 # 34 took 450 s, then the budget ran out before reference-fp32 (our trainer compiles fp32
 # first: over 57 s), speed-tf32-lb512 (its first epoch, compiling, 33 s) and ncu (two
-# kernels, up to LIMITS_S["ncu"] each where counters are readable). 12 minutes fit them.
+# kernels, up to LIMITS_S["ncu"] each where counters are readable). 12 minutes should fit
+# them all (not yet measured in one run).
 BUDGET_S = 720.0
 EXIT_INCOMPLETE = 3  # no check failed, but the budget ran out before some ran
 REPORT_RESERVE_S = 10.0  # kept back from the processes for the report and fixtures
