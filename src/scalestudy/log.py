@@ -18,7 +18,8 @@ import logging
 import os
 import sys
 import traceback
-from pathlib import Path
+
+from scalestudy import files
 
 ROOT = "scalestudy"
 DEBUG_ENV = "SCALESTUDY_DEBUG"
@@ -113,10 +114,6 @@ def rule_log(path: str | os.PathLike, outputs):
     try:
         yield
     except BaseException as exc:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(
-            f"{type(exc).__name__}: {exc}\n\n" + "".join(traceback.format_exc()), encoding="utf-8"
-        )
+        files.write_text(path, f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}")
         raise
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(f"wrote {' '.join(map(str, outputs))}\n", encoding="utf-8")
+    files.write_text(path, f"wrote {' '.join(map(str, outputs))}\n")

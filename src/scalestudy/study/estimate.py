@@ -62,7 +62,7 @@ from pathlib import Path
 from scalestudy import vocab
 from scalestudy.errors import AnalysisError, PlanError
 from scalestudy.study import model
-from scalestudy.study.runs import RUN_COLUMNS, build_run_table, same
+from scalestudy.study.runs import RUN_COLUMNS, build_run_table, epoch_micro_steps, same
 
 RUNS_CSV = "results/csv/runs.csv"
 BENCHMARKS_DIR = "benchmarks/train"
@@ -217,8 +217,8 @@ def dataset_sizes(config: dict, row: dict) -> tuple[int, int]:
 def trained_images(n: int, step_images: int) -> int:
     """Of n training images, those an epoch trains on in steps of step_images (all ranks, one
     micro-step): the ragged tail is dropped, unless no full step fits (then one step takes all
-    n). The trainer's rule (trainer/loaders.py `_global_slices`); a test holds the two equal."""
-    return n if n < step_images else n // step_images * step_images
+    n). The trainer's rule (runs.epoch_micro_steps); a test holds it equal to the trainer's."""
+    return n if n < step_images else epoch_micro_steps(n, step_images) * step_images
 
 
 def efficiency(plan: dict, world_size: int, nodes: int) -> float:

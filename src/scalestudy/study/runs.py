@@ -237,6 +237,13 @@ def _arg(value: Any) -> str:
     return str(value)
 
 
+def epoch_micro_steps(n: int, step_images: int) -> int:
+    """Micro-steps of an epoch of n training images in steps of step_images (all ranks): the
+    trainer drops the ragged tail, and when no full step fits one step takes all n (its rule:
+    trainer/loaders.py `_global_slices`)."""
+    return max(1, n // step_images)
+
+
 def run_problems(rows: list[dict], n_train: int, n_train_source: str) -> list[str]:
     """Each distinct run's `scalestudy train` flags through the trainer's own checks, before any
     job: a combination TrainConfig refuses (a comm hook without DDP, ...) and a run whose
@@ -252,7 +259,7 @@ def run_problems(rows: list[dict], n_train: int, n_train_source: str) -> list[st
         except (TrainConfigError, argparse.ArgumentError) as exc:
             refused.setdefault(str(exc), []).append(row["run"])
             continue
-        micro = max(1, n_train // (row["world_size"] * row["local_batch"]))  # loaders.py
+        micro = epoch_micro_steps(n_train, row["world_size"] * row["local_batch"])
         steps = math.ceil(micro / row["accum_steps"]) * row["epochs"]
         if steps <= cfg.warmup_steps and (shortest is None or steps < shortest[0]):
             shortest = (steps, row)
