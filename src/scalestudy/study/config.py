@@ -372,8 +372,9 @@ def semantic_problems(config: dict) -> list[str]:
 
     problems += proposal_problems(config["proposal"])
     if not problems:  # the run table and the profiled runs need the above
-        problems += run_problems(build_run_table(config), n_train, n_train_source)
-        problems += config_problems(config)
+        rows = build_run_table(config)
+        problems += run_problems(rows, n_train, n_train_source)
+        problems += config_problems(config, rows)
     return problems
 
 

@@ -10,7 +10,7 @@ import json
 from collections.abc import Iterable
 
 from scalestudy import vocab
-from scalestudy.study.runs import build_run_table, trainer_args
+from scalestudy.study.runs import trainer_args
 
 
 def profiled_runs(config: dict, rows: list[dict]) -> list[dict]:
@@ -114,8 +114,9 @@ def ncu_settings(profiling: dict) -> dict:
     }
 
 
-def config_problems(config: dict) -> list[str]:
-    """Checks of the `profiling:` section a schema cannot express (study/config.py calls this)."""
+def config_problems(config: dict, rows: list[dict]) -> list[str]:
+    """Checks of the `profiling:` section a schema cannot express (study/config.py calls this
+    with the study's run table, `rows`)."""
     prof = config.get("profiling") or {}
     if not prof.get("enabled"):
         return []
@@ -131,7 +132,6 @@ def config_problems(config: dict) -> list[str]:
             "config key 'profiling.ncu.enabled': value true is not allowed: Nsight Compute needs "
             'a GPU and hardware.device is "cpu"; use auto or false'
         )
-    rows = build_run_table(config)
     problems += window_problems(config, rows)
     if not profiled_runs(config, rows):
         sizes = prof["gpus"] or sorted({1, config["hardware"]["gpus_per_node"]})
