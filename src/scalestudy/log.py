@@ -18,8 +18,7 @@ import logging
 import os
 import sys
 import traceback
-
-from scalestudy import files
+from pathlib import Path
 
 ROOT = "scalestudy"
 DEBUG_ENV = "SCALESTUDY_DEBUG"
@@ -111,9 +110,13 @@ def rule_log(path: str | os.PathLike, outputs):
     """A Snakemake `run:` rule's `log:` file: "wrote <outputs>" when the block succeeds; on an
     error, the error's one line and its traceback, then the error goes on (Snakemake then points
     at a log that says what went wrong, not at an empty file)."""
+    # plain writes, not files.write_text: log.py imports nothing of scalestudy, so every rule
+    # whose command logs does not get files.py as a code input (study/resources.py)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     try:
         yield
     except BaseException as exc:
-        files.write_text(path, f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}")
+        path.write_text(f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}", "utf-8")
         raise
-    files.write_text(path, f"wrote {' '.join(map(str, outputs))}\n")
+    path.write_text(f"wrote {' '.join(map(str, outputs))}\n", "utf-8")
