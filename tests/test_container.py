@@ -5,13 +5,16 @@ the clear error when Apptainer is missing. No real Apptainer is needed (nor used
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from scalestudy.errors import DefinitionError
+from scalestudy.errors import DefinitionError, LaunchError
+from scalestudy.files import git_commit
 from scalestudy.jobs import container
 from scalestudy.jobs.container import (
     TorchBuild,
@@ -41,7 +44,7 @@ MINIMAL = (
     "Bootstrap: docker\nFrom: pytorch/pytorch:2.14.1-cuda13.0-cudnn9-runtime\n"
     "%post\n  apt-get install -y rdma-core libibverbs1 ibverbs-providers\n"
     "%labels\n  c {{ GIT_COMMIT }}\n  scalestudy.profilers host-bind\n"
-    "%arguments\n  GIT_COMMIT=unknown\n%test\n  python -m scalestudy --help\n"
+    "%arguments\n  GIT_COMMIT=unknown\n%test\n  python -c 'import torch'\n"
 )
 
 
@@ -77,17 +80,22 @@ def test_shipped_definition_parses_and_validates():
     assert defn.header["Bootstrap"] == "docker"
     assert list(defn.header)[0] == "Bootstrap"
     assert image_pin_problem(defn.header["From"]) is None
-    assert {"files", "post", "test", "labels", "environment", "help", "arguments"} <= set(
-        defn.sections
-    )
+    assert {"post", "test", "labels", "environment", "help", "arguments"} <= set(defn.sections)
     assert defn.arguments == {"GIT_COMMIT": "unknown"}
     assert defn.labels["scalestudy.git_commit"] == "{{ GIT_COMMIT }}"
-    assert "SCALESTUDY_GIT_COMMIT" in defn.sections["environment"]
+    # the environment, not the code: no copy of the package (the checkout's src/ is bound in
+    # when a rank runs), so no commit of code in the image's environment either
+    assert "files" not in defn.sections
+    assert container.missing_files_sources(defn, REPO) == []
+    assert "SCALESTUDY_GIT_COMMIT" not in defn.sections["environment"]
+    installs = [
+        line
+        for line in container._strip_comment_lines(defn.sections["post"]).splitlines()
+        if "pip install" in line
+    ]
+    assert installs and not any("/opt/scalestudy" in line for line in installs)
     # no pip resolution that could replace the image's torch
     assert "--no-deps" in defn.sections["post"]
-    files = defn.sections["files"]
-    assert all(src in files for src in ("pyproject.toml", "README.md", "src"))
-    assert container.missing_files_sources(defn, REPO) == []
     assert "apptainer exec --nv" in defn.sections["help"]
     # what NCCL needs for InfiniBand, installed non-interactively, lists cleaned
     post = defn.sections["post"]
@@ -166,14 +174,13 @@ def test_missing_test_section(tmp_path):
     assert "section %test is missing" in problem
 
 
-def test_test_section_must_import_scalestudy(tmp_path):
-    text = variant("import torch, torchvision, scalestudy;", "import torch;")
-    text = text.replace("python -m scalestudy --help", "true")
+def test_test_section_must_import_torch(tmp_path):
+    text = variant("import torch, torchvision, numpy, pynvml;", "import numpy;")
     [problem] = problems_of(tmp_path, text)
-    assert "%test does not import scalestudy" in problem
+    assert "%test does not import torch" in problem
     # a commented-out import does not count
-    commented = text.replace("%test\n", "%test\n    # import scalestudy\n")
-    assert any("does not import scalestudy" in p for p in problems_of(tmp_path, commented))
+    commented = text.replace("%test\n", "%test\n    # import torch\n")
+    assert any("does not import torch" in p for p in problems_of(tmp_path, commented))
 
 
 @pytest.mark.parametrize(
@@ -181,12 +188,60 @@ def test_test_section_must_import_scalestudy(tmp_path):
     [
         "python -c 'from scalestudy import cli'",
         "python -m scalestudy --help",
-        "import os, scalestudy",
+        "python -c 'import torch, scalestudy'",
+    ],
+)
+def test_test_section_must_not_import_scalestudy(tmp_path, line):
+    """The package is not in the image (bound in at run time), so a %test that imports it
+    would fail every build: the check says so before the build starts."""
+    text = MINIMAL.replace("python -c 'import torch'", f"python -c 'import torch'\n  {line}")
+    [problem] = problems_of(tmp_path, text)
+    assert "%test imports scalestudy, which is not in the image" in problem
+    assert f"x.def:{line_of(text, '%test')}:" in problem
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "python -c 'from torch import nn'",
+        "python -c 'import os, torch'",
+        "python -c 'import torch.distributed'",
     ],
 )
 def test_test_section_import_forms(tmp_path, line):
-    text = MINIMAL.replace("python -m scalestudy --help", line)
+    text = MINIMAL.replace("python -c 'import torch'", line)
     assert problems_of(tmp_path, text) == []
+
+
+def test_image_test_imports_what_the_code_run_inside_imports():
+    """%test, run at the end of every build, imports each third-party module that the code run
+    inside the image imports (the trainer and its launcher, `profile rank`'s wrapper, the
+    command line): a module missing from the image then fails the build, not the first rank
+    of a study. The list is found from the sources, as the rules' code inputs are."""
+    import ast
+
+    from scalestudy.study import resources
+
+    inside = set(resources.trainer_sources(REPO)) | set(
+        resources.code_sources(REPO, "__main__.py", "cli.py", "jobs/profile.py")
+    )
+    assert "src/scalestudy/nsight/nsys.py" in inside  # the walk reached the wrapper's imports
+    needed = set()
+    for path in inside:
+        for node in ast.walk(ast.parse((REPO / path).read_text())):
+            if isinstance(node, ast.Import):
+                needed |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                needed.add(node.module.split(".")[0])
+    needed -= set(sys.stdlib_module_names) | {"scalestudy", "__future__"}
+    assert {"torch", "torchvision", "numpy", "pynvml"} <= needed
+    test = container._strip_comment_lines(parse_definition(TRAINER_DEF).sections["test"])
+    imported = {
+        name.strip().split(".")[0]
+        for m in re.finditer(r"\bimport ([\w., ]+)", test)
+        for name in m.group(1).split(",")
+    }
+    assert needed <= imported, f"%test of {TRAINER_DEF.name} misses {sorted(needed - imported)}"
 
 
 def test_missing_post_and_labels(tmp_path):
@@ -468,14 +523,51 @@ def test_exec_prefix_argv(tmp_path):
     image = tmp_path / "t.sif"
     image.write_bytes(b"image")
     digest = image_digest(image)
-    env = ["--env", f"SCALESTUDY_CONTAINER_DIGEST={digest}", "--env", "PYTHONNOUSERSITE=1"]
-    assert exec_prefix(image, gpu=True) == ["apptainer", "exec", "--nv", *env, str(image)]
-    assert exec_prefix(image, gpu=False) == ["apptainer", "exec", *env, str(image)]
-    given = exec_prefix(image, gpu=False, digest="sha256:given")
-    assert given[3] == "SCALESTUDY_CONTAINER_DIGEST=sha256:given"
-    bound = exec_prefix(image, gpu=True, binds=["/opt/nsys", "/opt/ncu"])
-    assert bound[:7] == ["apptainer", "exec", "--nv", "--bind", "/opt/nsys", "--bind", "/opt/ncu"]
+    src = tmp_path / "src"  # not a git checkout: no commit to pass
+    src.mkdir()
+    code = ["--bind", f"{src}:{src}:ro"]
+    env = ["--env", f"PYTHONPATH={src}"]
+    env += ["--env", f"SCALESTUDY_CONTAINER_DIGEST={digest}", "--env", "PYTHONNOUSERSITE=1"]
+    gpu = exec_prefix(image, gpu=True, source=src)
+    assert gpu == ["apptainer", "exec", "--nv", *code, *env, str(image)]
+    assert exec_prefix(image, gpu=False, source=src) == [*gpu[:2], *gpu[3:]]
+    given = exec_prefix(image, gpu=False, digest="sha256:given", source=src)
+    assert "SCALESTUDY_CONTAINER_DIGEST=sha256:given" in given
+    bound = exec_prefix(image, gpu=True, binds=["/opt/nsys", "/opt/ncu"], source=src)
+    assert bound[3:9] == [*code, "--bind", "/opt/nsys", "--bind", "/opt/ncu"]
     assert bound[-1] == str(image)
+
+
+def test_exec_prefix_binds_this_checkouts_source_and_its_commit(tmp_path):
+    """By default the ranks run this checkout's src/ (the files the rules track as code
+    inputs), bound read-only, with its commit passed in for metrics.json."""
+    image = tmp_path / "t.sif"
+    image.write_bytes(b"image")
+    argv = exec_prefix(image, gpu=True)
+    assert container.source_dir() == SRC
+    assert argv[argv.index("--bind") + 1] == f"{SRC}:{SRC}:ro"
+    assert f"PYTHONPATH={SRC}" in argv
+    assert f"SCALESTUDY_GIT_COMMIT={git_commit(SRC)}" in argv
+
+
+def test_an_installed_scalestudy_is_not_bound_into_the_image(tmp_path, monkeypatch):
+    """A non-editable install lives in a site-packages, whose torch would shadow the image's
+    once on PYTHONPATH: refused, naming the directory and the fix."""
+    for where in ("lib/python3.12/site-packages", "dist/lib"):
+        package = tmp_path / where / "scalestudy"
+        (package / "jobs").mkdir(parents=True)
+        if package.parent.name != "site-packages":
+            (package.parent / "torch").mkdir()  # the image's torch would be shadowed
+        monkeypatch.setattr(container, "__file__", str(package / "jobs" / "container.py"))
+        with pytest.raises(LaunchError, match=r"pip install -e") as e:
+            container.source_dir()
+        assert str(package.parent) in str(e.value) and "shadow the image's" in str(e.value)
+    # a checkout whose path --bind cannot name
+    package = tmp_path / "a,b" / "src" / "scalestudy"
+    (package / "jobs").mkdir(parents=True)
+    monkeypatch.setattr(container, "__file__", str(package / "jobs" / "container.py"))
+    with pytest.raises(LaunchError, match=r"cannot name a path with ':' or ','"):
+        container.source_dir()
 
 
 # ------------------------------------------------------------------------- the stand-in
@@ -505,6 +597,16 @@ def test_stand_in_builds_and_execs(tmp_path):
     code = "import site, sys; print(site.ENABLE_USER_SITE, site.USER_SITE in sys.path)"
     r = run([*exec_prefix(image, gpu=True), "python", "-c", code], env, tmp_path)
     assert r.returncode == 0 and r.stdout.split() == ["False", "False"], r.stdout + r.stderr
+
+    # the code that runs is the bound source's, ahead of any scalestudy the image's python has
+    # (here the venv's own editable install): a copy of src/ with a marker shows which ran
+    copy = tmp_path / "checkout" / "src"
+    shutil.copytree(SRC / "scalestudy", copy / "scalestudy", ignore=shutil.ignore_patterns("*.pyc"))
+    (copy / "scalestudy" / "marker.py").write_text("HERE = 'the bound copy'\n")
+    code = "import scalestudy.marker as m; print(m.HERE, m.__file__)"
+    r = run([*exec_prefix(image, gpu=True, source=copy), "python", "-c", code], env, tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == f"the bound copy {copy / 'scalestudy' / 'marker.py'}"
 
     # another commit, or a changed definition, gives another image digest
     assert run(build_command(TRAINER_DEF, image, "beef"), env, REPO).returncode == 0
@@ -541,7 +643,8 @@ def test_stand_in_binds_host_directories_at_their_own_path(tmp_path):
     code = "import os; print(os.environ['SCALESTUDY_STAND_IN_BINDS'])"
     argv = [*exec_prefix(image, gpu=True, binds=[str(tools)]), "python", "-c", code]
     r = run(argv, env, tmp_path)
-    assert r.returncode == 0 and r.stdout.strip() == str(tools.resolve())
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == os.pathsep.join([str(SRC), str(tools.resolve())])
     r = run(["apptainer", "exec", "--bind", f"{tools}:/opt/x", str(image), "true"], env, tmp_path)
     assert r.returncode != 0 and "only at its own path" in r.stderr
     r = run(["apptainer", "exec", "-B", str(tmp_path / "gone"), str(image), "true"], env, tmp_path)
@@ -577,10 +680,17 @@ def test_cli_build_with_stand_in_is_atomic(tmp_path):
 
 
 def test_cli_build_from_wrong_directory_names_missing_files(tmp_path):
-    argv = [sys.executable, "-m", "scalestudy", "container", "build", str(TRAINER_DEF), "t.sif"]
+    """A recipe that copies files (a site's own, e.g. a config) is built from the directory
+    they are relative to; from another one the build stops before Apptainer starts."""
+    recipe = tmp_path / "site.def"
+    recipe.write_text(variant("%post\n", "%files\n    pyproject.toml /opt/pyproject.toml\n%post\n"))
+    argv = [sys.executable, "-m", "scalestudy", "container", "build", str(recipe), "t.sif"]
     r = run(argv, stand_in_env(), tmp_path)
     assert r.returncode == 2
     assert "%files sources not found" in r.stderr and "pyproject.toml" in r.stderr
+    assert not (tmp_path / "t.sif").exists()
+    r = run([*argv[:-1], str(tmp_path / "t.sif"), "--context", str(REPO)], stand_in_env(), REPO)
+    assert r.returncode == 0, r.stderr
 
 
 def test_cli_build_without_apptainer_says_what_to_do(tmp_path):

@@ -1164,7 +1164,9 @@ def test_in_the_container_the_profiler_runs_inside_around_the_trainer(tmp_path, 
             cmd.index("train"),
         ]
         assert order == sorted(order), cmd
-        assert cmd[cmd.index("--bind") + 1] == binds[0]
+        bound = [cmd[i + 1] for i, word in enumerate(cmd) if word == "--bind"]
+        code = container.source_dir()  # the checkout's src/, which every rank runs
+        assert bound == [f"{code}:{code}:ro", binds[0]]
         assert cmd[cmd.index(str(image)) + 1 : cmd.index(str(image)) + 3] == ["python", "-m"]
         assert cmd[cmd.index("--") + 1 : cmd.index("train")] == ["python", "-m", "scalestudy"]
         assert "nsys" not in " ".join(cmd[: cmd.index("apptainer")])  # nothing wraps apptainer
@@ -1470,7 +1472,9 @@ def test_nsys_in_the_container_through_the_stand_ins(data_dir, tmp_path):
     argv = shlex.split(launched.split("+ ", 1)[1])
     order = [argv.index(w) for w in ("apptainer", "--bind", str(image), "rank", "--", "train")]
     assert order == sorted(order), argv
-    assert argv[argv.index("--bind") + 1] == str(STAND_INS.resolve())
+    code = container.source_dir()  # the checkout's src/, then the profiler's installation
+    bound = [argv[i + 1] for i, word in enumerate(argv) if word == "--bind"]
+    assert bound == [f"{code}:{code}:ro", str(STAND_INS.resolve())]
     assert argv[argv.index("--profiler") + 1] == str((STAND_INS / "nsys").resolve())
     for rank in (0, 1):
         report = (cap / f"nsys_rank{rank}.nsys-rep").read_text()

@@ -234,10 +234,6 @@ def test_code_inputs_follow_new_modules(tmp_path):
         "src/scalestudy/trainer/__init__.py",
         "src/scalestudy/trainer/loaders.py",
     ]
-    assert resources.container_sources(tmp_path, "containers/trainer.def")[:2] == [
-        "containers/trainer.def",
-        "pyproject.toml",
-    ]
 
 
 def test_every_rule_reruns_when_code_it_runs_changes():
@@ -294,7 +290,7 @@ def test_every_rule_that_runs_the_package_has_its_code_as_input():
             name = rule.split(":", 1)[0]
             runs_package = "scalestudy " in rule or re.search(r"^    run:", rule, re.MULTILINE)
             if runs_package:
-                assert re.search(r"code_of\(|get_trainer_sources|get_container_sources", rule), (
+                assert re.search(r"code_of\(|get_trainer_sources", rule), (
                     f"{path.name}: rule {name} runs the package without its code as input"
                 )
 

@@ -145,7 +145,18 @@ def test_changing_trainer_source_reruns_training(done):
     original = code.read_text()
     try:
         code.write_text(original + "\n# a change to the trainer\n")
-        # the image installs the package, so it is rebuilt, and every run trains again
+        # every run trains again; the image, the environment without the code (the checkout's
+        # src/ is bound in when a rank runs), is not rebuilt
+        assert dry(done) == {"all": 1, "collect": 1, "train": 4, **DOWNSTREAM}
+    finally:
+        code.write_text(original)
+
+
+def test_changing_the_image_build_command_rebuilds_and_retrains(done):
+    code = done / "src/scalestudy/jobs/container.py"
+    original = code.read_text()
+    try:
+        code.write_text(original + "\n# a change to the build command and the exec prefix\n")
         assert dry(done) == {"all": 1, "build_container": 1, "collect": 1, "train": 4, **DOWNSTREAM}
     finally:
         code.write_text(original)

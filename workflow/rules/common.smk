@@ -132,11 +132,6 @@ def get_inventory_flags(wildcards):
     return ["--image", *IMAGE] if IMAGE else []
 
 
-def get_container_sources(wildcards):
-    sources = resources.container_sources(REPO, CONTAINER["definition"])
-    return paths.repo_files(REPO, sources)
-
-
 def repo_file(path):
     """A file of the repository (code, template, recipe) as the rules name it (study/paths.py)."""
     return paths.repo_file(REPO, path)

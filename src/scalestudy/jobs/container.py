@@ -4,6 +4,9 @@ The workflow does not use Snakemake's `container:` directive (it hashes only the
 would wrap the whole shell, srun included). Instead one rule builds `containers/trainer.sif` from
 `containers/trainer.def` and every training job takes the .sif as an input and runs
 `<exec_prefix(sif)> python -m scalestudy train ...`, so a rebuilt image marks training stale.
+The image is the environment only (torch, CUDA, cuDNN, NCCL's InfiniBand userspace): the
+package's code is the checkout's, bound in read-only by exec_prefix, so an edit to it reruns
+what its code inputs say (training for the trainer) and never waits for an image rebuild.
 
     scalestudy container check containers/trainer.def
     scalestudy container build containers/trainer.def containers/trainer.sif
@@ -20,7 +23,8 @@ file:line and the fix (validate_definition):
     ibverbs-providers), without which NCCL falls back to TCP sockets between nodes;
   - %labels says how the profilers reach the image (`scalestudy.profilers host-bind`: the host's
     nsys/ncu bound in by `scalestudy profile`, which runs them inside the container);
-  - %post, %test (importing scalestudy) and %labels (recording the git commit) are there.
+  - %post, %test (importing torch; not scalestudy, which is not in the image) and %labels
+    (recording the git commit of the recipe) are there.
 A definition that fails the checks, or Apptainer missing, is one message on stderr and exit 2;
 a failed `apptainer build` exits 1.
 
@@ -45,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from scalestudy import files, log
-from scalestudy.errors import ApptainerNotFound, DefinitionError
+from scalestudy.errors import ApptainerNotFound, DefinitionError, LaunchError
 from scalestudy.files import git_commit
 
 logger = log.get(__name__)
@@ -54,6 +58,8 @@ logger = log.get(__name__)
 GIT_COMMIT_ARG = "GIT_COMMIT"
 #: Set by exec_prefix inside the container: the sha256 of the .sif the process runs in.
 DIGEST_ENV = "SCALESTUDY_CONTAINER_DIGEST"
+#: Set by exec_prefix inside the container: the commit of the source bound in (files.git_commit).
+COMMIT_ENV = "SCALESTUDY_GIT_COMMIT"
 
 # Sections of the Apptainer definition format (user guide, "Definition Files").
 SECTIONS = frozenset(
@@ -75,6 +81,8 @@ _IMPORTS_SCALESTUDY_RE = re.compile(
     r"\bimport[ \t]+(?:[\w.]+[ \t]*,[ \t]*)*scalestudy\b|\bfrom[ \t]+scalestudy\b"
     r"|-m[ \t]+scalestudy\b"
 )
+# `import torch`, `import numpy, torch`, `from torch import ...`
+_IMPORTS_TORCH_RE = re.compile(r"\bimport[ \t]+(?:[\w.]+[ \t]*,[ \t]*)*torch\b|\bfrom[ \t]+torch\b")
 _DIGEST_RE = re.compile(r"@sha256:[0-9a-f]{64}$")
 
 
@@ -461,12 +469,18 @@ def _section_problems(defn: Definition) -> list[str]:
     for name in REQUIRED_SECTIONS:
         if name not in defn.sections:
             problems.append(f"{defn.path}: section %{name} is missing")
-    if "test" in defn.sections and not _IMPORTS_SCALESTUDY_RE.search(
-        _strip_comment_lines(defn.sections["test"])
-    ):
+    test = _strip_comment_lines(defn.sections.get("test", ""))
+    if "test" in defn.sections and not _IMPORTS_TORCH_RE.search(test):
         problems.append(
-            f"{defn.where('test')}: %test does not import scalestudy (e.g. "
-            'python -c "import torch, scalestudy"), so a broken install would go unnoticed'
+            f"{defn.where('test')}: %test does not import torch (e.g. "
+            'python -c "import torch, torchvision"), so a broken install would go unnoticed'
+        )
+    if _IMPORTS_SCALESTUDY_RE.search(test):
+        problems.append(
+            f"{defn.where('test')}: %test imports scalestudy, which is not in the image (the "
+            "checkout's src/ is bound in when a rank runs: jobs/container.py exec_prefix), so "
+            "the build would fail: import the modules scalestudy needs instead (torch, "
+            "torchvision, numpy, pynvml)"
         )
     for var, line in defn.template_vars.items():
         if var not in defn.arguments:
@@ -529,9 +543,18 @@ def exec_prefix(
     digest: str | None = None,
     apptainer: str = "apptainer",
     binds: Sequence[str] = (),
+    source: str | os.PathLike | None = None,
 ) -> list[str]:
     """argv that runs a command inside the image: append the command and its arguments.
 
+    The image is the software environment (torch, CUDA, the InfiniBand userspace), not the
+    code: scalestudy's source directory (`source`, by default this package's, see
+    source_dir) is bound read-only at its own path and put first on PYTHONPATH, so the ranks
+    run the very files Snakemake tracks as the rules' code inputs. An image holding a copy
+    would go stale whenever a module outside its rebuild trigger changed (the profiler's
+    wrapper, the nsight parsers, cli.py all run inside), and every trainer edit would rebuild
+    it. The code's commit goes in as SCALESTUDY_GIT_COMMIT (the image may have no git), when
+    the source is a git checkout.
     The image's digest (computed here unless given) is passed in, so the trainer can record
     exactly which image it ran in. --nv binds the host's NVIDIA driver and devices. The host
     environment (SLURM_*, RANK, MASTER_ADDR, ...) passes through, as Apptainer does by default.
@@ -541,17 +564,45 @@ def exec_prefix(
     before the image's own, so a torch the user installed there for the same Python version
     would silently replace the image's (and its measured numbers with it).
     """
+    code = Path(source) if source is not None else source_dir()
+    commit = git_commit(code)
     return [
         apptainer,
         "exec",
         *(["--nv"] if gpu else []),
+        "--bind",
+        f"{code}:{code}:ro",
         *(arg for path in binds for arg in ("--bind", str(path))),
+        "--env",
+        f"PYTHONPATH={code}",
+        *(["--env", f"{COMMIT_ENV}={commit}"] if commit != "unknown" else []),
         "--env",
         f"{DIGEST_ENV}={digest or image_digest(image)}",
         "--env",
         "PYTHONNOUSERSITE=1",
         str(image),
     ]
+
+
+def source_dir() -> Path:
+    """The directory holding this scalestudy package (a checkout's src/), which exec_prefix
+    binds into the image. Refused where it would bring other packages with it (an installed,
+    not editable, scalestudy lives in a site-packages, whose torch would shadow the image's),
+    and where Apptainer's --bind could not name it (':' and ',' separate its fields)."""
+    here = Path(__file__).resolve().parents[2]
+    if here.name in ("site-packages", "dist-packages") or (here / "torch").exists():
+        raise LaunchError(
+            f"the container runs scalestudy from its source directory, bound in and put on "
+            f"PYTHONPATH, but this scalestudy is installed in {here}, a directory of installed "
+            "packages whose torch would shadow the image's: install it editable from its "
+            "checkout (`pip install -e <checkout>`; scripts/setup.sh does)"
+        )
+    if ":" in str(here) or "," in str(here):
+        raise LaunchError(
+            f"the container binds scalestudy's source directory {here} into the image, and "
+            "Apptainer's --bind cannot name a path with ':' or ',': move the checkout"
+        )
+    return here
 
 
 # --------------------------------------------------------------------------------------- CLI

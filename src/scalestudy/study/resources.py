@@ -9,10 +9,11 @@ resource functions, and the tests check them here.
 - The Slurm time limit of a training job: the node-hour plan's estimate x plan.safety_factor
   (`TrainingPlan`). The measured runs that calibrate the plan are read when Snakemake first asks
   for a training job's `runtime` (once per process), never while it parses the workflow.
-- Code inputs: the source files whose change reruns a rule (`trainer_sources`,
-  `container_sources`, and `code_sources` for every other rule that runs the package), found by
-  globbing the package and following its imports, so a new or split module is tracked without
-  a hand-kept list.
+- Code inputs: the source files whose change reruns a rule (`trainer_sources`, and
+  `code_sources` for every other rule that runs the package), found by globbing the package and
+  following its imports, so a new or split module is tracked without a hand-kept list. The
+  container image holds none of them (its code is the checkout's, bound in when a rank runs:
+  jobs/container.py), so only its recipe rebuilds it.
 - The rules that run on the submitting host (`LOCAL_RULES`): the `localrules:` of the workflow,
   and the rules the dry-run node-hour plan counts at 0 node-hours.
 """
@@ -211,13 +212,8 @@ def package_sources(
 def trainer_sources(root: str | Path) -> list[str]:
     """Files whose change reruns training: the trainer package, the launcher, and the shared
     modules they import (Snakemake does not track modules a command imports). Computed once per
-    process and root: the training and the container rule both ask for it."""
+    process and root (every training and profiling job asks for it)."""
     return list(_cached_sources(Path(root), TRAINER_PACKAGES, TRAINER_MODULES))
-
-
-def container_sources(root: str | Path, definition: str) -> list[str]:
-    """What goes into the image: its recipe, the package metadata and the trainer's sources."""
-    return [definition, "pyproject.toml", *trainer_sources(root)]
 
 
 def code_sources(root: str | Path, *modules: str) -> list[str]:

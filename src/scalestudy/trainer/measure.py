@@ -892,7 +892,8 @@ def device_info(device: torch.device) -> dict:
 
 
 def git_commit() -> str | None:
-    """The commit of the code that ran: from the container label, else from the source tree."""
+    """The commit of the code that ran: given by the launcher in the container (whose image may
+    have no git: jobs/container.py exec_prefix), else read from the source tree."""
     if os.environ.get("SCALESTUDY_GIT_COMMIT"):
         return os.environ["SCALESTUDY_GIT_COMMIT"]
     sha = files.git_commit(Path(__file__).resolve().parent)
