@@ -185,7 +185,7 @@ def test_every_number_is_a_csv_cell(request, which, name):
     tables["proposal"] = read(study / "results/csv/proposal.csv")
     text = docs[name]
     assert report.numbers_backed_by_csvs(text, tables) == []
-    total = report.fmt_num(cells(study)[("total", "request")]["node_hours"])
+    total = report.fmt_exact(cells(study)[("total", "request")]["node_hours"])
     assert total in text
     assert report.numbers_backed_by_csvs(text + " 93.37", tables) == ["93.37"]  # the check bites
 
@@ -342,3 +342,44 @@ def test_a_next_world_size_must_pass_the_study_checks():
     assert proposal._fits(config, 8)
     assert not proposal._fits(config, 6)  # 1.5 nodes
     assert not proposal._fits(config, 64)  # 32 images over 64 ranks
+
+
+@pytest.mark.parametrize("which", ["demo", "strong"])
+def test_the_printed_request_table_recomputes(request, which):
+    """The table as a reader sees it in proposal.md: every row's runs x hours per run x nodes
+    is its printed node-hours, and the printed rows' sum plus contingency is the printed
+    request (3-digit rounding of the products could not do this, and could round the ask
+    down)."""
+    _, study, docs = request.getfixturevalue(which)
+    text = docs["proposal.md"]
+    table = text[text.index("| experiment | runs | hours per run |") :]
+    table = table[: table.index("\n\n")].splitlines()[2:]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in table]
+    totals = ("subtotal", "**request**")
+    body = [r for r in rows if r[0] not in totals and "contingency" not in r[0]]
+    assert body
+    subtotal = 0.0
+    for r in body:
+        runs, hours, nodes, node_h = (float(x) for x in r[1:5])
+        assert runs * hours * nodes == pytest.approx(node_h, rel=1e-9), r
+        subtotal += node_h
+    [printed_subtotal] = [float(r[4]) for r in rows if r[0] == "subtotal"]
+    [contingency] = [float(r[4]) for r in rows if "contingency" in r[0]]
+    [ask] = [float(r[4].strip("*")) for r in rows if r[0] == "**request**"]
+    assert printed_subtotal == pytest.approx(subtotal, rel=1e-9)
+    assert ask == pytest.approx(printed_subtotal + contingency, rel=1e-9)
+    assert f"**{report.fmt_exact(ask)} node-hours**" in text  # the headline asks the same
+
+
+def test_a_cpu_study_asks_for_node_hours_only(demo):
+    """The demo ran on CPUs: 0 GPUs per run is no "0 GPU-hours" claim; the documents say GPU
+    hours do not apply, and put n/a where a GPU study has its GPU columns."""
+    _, study, docs = demo
+    assert {v["gpus_per_run"] for (s, _), v in cells(study).items() if s == "request"} == {"0"}
+    for name, text in docs.items():
+        assert "0 GPU-hours" not in text, name
+        assert "do not apply" in text, name
+    headline = next(ln for ln in docs["proposal.md"].splitlines() if ln.startswith("Requested on"))
+    assert "node-hours**" in headline and "GPU-hours" not in headline
+    ask = next(ln for ln in docs["proposal.md"].splitlines() if ln.startswith("| **request**"))
+    assert ask.split("|")[7].strip() == "**n/a**"

@@ -16,7 +16,8 @@ Definitions (X = throughput_img_s, the steady-state images/s of a run summed ove
 train.py; a configuration's value is the mean over its repeats; N0 = the family's smallest
 world size, 1 in a usual study):
 
-    step time             T(N)   = global_batch / X(N)      s per optimizer step, steady state
+    step time             T(N)   = global_batch / X(N)      s per optimizer step, steady state;
+                                                            its std T s_X / X (first order)
     strong speedup        S(N)   = T(N0) / T(N)             (fixed global batch, so T ~ epoch time)
     strong efficiency     E_s(N) = N0 T(N0) / (N T(N))      = T(1) / (N T(N)) when N0 = 1
     Karp-Flatt fraction   e(N)   = (1/S - 1/p) / (1 - 1/p)  with p = N / N0 > 1
@@ -154,6 +155,14 @@ def run_measures(row: dict) -> dict:
     return out
 
 
+def step_time(global_batch: int, x_mean: float, x_std: float | None) -> tuple:
+    """(T, its std) of a configuration: T = G / X with X its mean throughput over the repeats
+    (the definition the documents state, so S(N) = X(N) / X(N0) of the printed throughputs, and
+    the waterfall's loss is 1 - E_s), its std to first order T s_X / X; None with one repeat."""
+    t = global_batch / x_mean
+    return t, None if x_std is None else t * x_std / x_mean
+
+
 # --- statistics ----------------------------------------------------------------------------------
 def mean_std(values: list[float | None]) -> tuple[float | None, float | None, int]:
     """(mean, sample std or None when n < 2, n) over the repeats; (None, None, 0) when any
@@ -210,6 +219,9 @@ def scaling_table(runs: list[dict], acc_tolerance: float = 0.01) -> list[dict]:
         per_run = [run_measures(r) for r in members]
         for m in MEASURES:
             row[f"{m}_mean"], row[f"{m}_std"], _ = mean_std([p[m] for p in per_run])
+        row["step_time_s_mean"], row["step_time_s_std"] = step_time(
+            row["global_batch"], row["throughput_img_s_mean"], row["throughput_img_s_std"]
+        )
         for stat in ("mean", "std"):
             flops = row[f"model_flops_per_s_{stat}"]
             row[f"model_tflops_{stat}"] = None if flops is None else flops / TFLOPS
@@ -772,13 +784,15 @@ def profile_shares(path: str | Path) -> list[dict]:
 
 # --- writing -------------------------------------------------------------------------------------
 def cell(value) -> str:
-    """How a value is written to a CSV cell: None -> blank; floats with full precision."""
+    """How a value is written to a CSV cell: None -> blank; floats to 12 significant digits
+    (not decimal places: the model's 1/beta, ~1e-11 s/B on a 100 GB/s link, must not become
+    0.0)."""
     if value is None:
         return ""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float):
-        return repr(round(value, 10))
+        return repr(float(f"{value:.12g}"))
     return str(value)
 
 

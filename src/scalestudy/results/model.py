@@ -63,6 +63,7 @@ ADVICE_COLUMNS = (
     "bucket_cap_mb",
     "buckets",
     "predicted_step_s",
+    "default_bucket_cap_mb",
     "default_step_s",
     "gain",
     "note",
@@ -204,4 +205,5 @@ def _compared(kind: str, name: str, p, pred) -> dict:
 
 
 def _advice_row(a: dict) -> dict:
-    return dict(a, predicted_step_s=a["step_s"])
+    # the default the gain is measured against, a cell so the documents can name it
+    return dict(a, predicted_step_s=a["step_s"], default_bucket_cap_mb=model.DEFAULT_BUCKET_MB)

@@ -12,6 +12,7 @@ readers; markers differ too, so the figures also read in greyscale.
 from __future__ import annotations
 
 import argparse
+import math
 from collections import defaultdict
 from pathlib import Path
 
@@ -59,8 +60,14 @@ def family_series(scaling: list[dict], family: str, column: str):
     rows = sorted((r for r in scaling if r["family"] == family), key=lambda r: int(r["world_size"]))
     xs = [int(r["world_size"]) for r in rows]
     ys = [number(r[f"{column}_mean"] if f"{column}_mean" in r else r[column]) for r in rows]
-    stds = [number(r.get(f"{column}_std")) or 0.0 for r in rows]
+    stds = [_no_bar(number(r.get(f"{column}_std"))) for r in rows]
     return xs, ys, stds
+
+
+def _no_bar(std: float | None) -> float:
+    """An error bar's half-length: NaN where there is no spread (one repeat), which matplotlib
+    draws as nothing; 0 would still draw the caps, a zero spread that was never measured."""
+    return math.nan if std is None else std
 
 
 def ideal_throughput(xs: list[int], ys: list[float]) -> list[float]:
@@ -243,13 +250,24 @@ WATERFALL_STYLE = {
 }
 
 
+def _waterfall_label(r: dict, unit: str) -> str:
+    """A bar's label: the family and world size, and what tells a family's configurations at
+    one world size apart (the precision; the bucket size and local batch)."""
+    label = f"{r['family']}\n{r['world_size']} {unit}"
+    if r["family"] == "precision":
+        return f"{label}\n{r['precision']}"
+    if r["family"] == "bucket":
+        return f"{label}\n{number(r['bucket_cap_mb']):g} MiB, b {r['local_batch']}"
+    return label
+
+
 def plot_waterfall(ax, waterfall, device, **_):
     """Stacked bars per family and world size: each part's share of the ideal throughput in %,
     positive parts up from 0, negative ones down; a black tick marks the total loss."""
     if not waterfall:
         raise AnalysisError("waterfall.csv is empty: no family ran above its smallest world size")
     unit = "GPUs" if device == "cuda" else "ranks"
-    labels = [f"{r['family']}\n{r['world_size']} {unit}" for r in waterfall]
+    labels = [_waterfall_label(r, unit) for r in waterfall]
     up, down = [0.0] * len(waterfall), [0.0] * len(waterfall)
     for part, (label, colour, hatch) in WATERFALL_STYLE.items():
         values = [100 * (number(r[f"{part}_frac"]) or 0.0) for r in waterfall]
@@ -360,7 +378,7 @@ def gpu_util_series(scaling: list[dict]) -> dict[str, list[tuple[int, float, flo
             "precision": f"precision: {r['precision']}",
             "bucket": f"bucket: {r['bucket_cap_mb']} MiB, local batch {r['local_batch']}",
         }.get(r["family"], r["family"])
-        series[label].append((int(r["world_size"]), y, number(r.get("gpu_util_mean_std")) or 0.0))
+        series[label].append((int(r["world_size"]), y, _no_bar(number(r.get("gpu_util_mean_std")))))
     return dict(series)
 
 

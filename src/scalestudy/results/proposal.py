@@ -11,7 +11,8 @@ slides.tex from it plus the analysis CSVs (render_report's formats and its hones
                      runs that would fix it (NEXT_REPEATS repeats each)
     hours per run    the planner's estimate (study/estimate.py, calibrated from results/csv/runs.csv
                      and benchmarks/train/) averaged over a row's runs, rounded UP to 3 significant
-                     digits, so that the printed table recomputes exactly:
+                     digits, so that the printed table (its products and sums printed as the
+                     cells hold them, render_report's `exact`) recomputes exactly:
     node-hours       = runs x hours per run x nodes;   GPU-hours = runs x hours per run x GPUs
     profiling        profiled runs x their Slurm time limit (hardware.runtime_min), per job of
                      profile_capture (and profile_ncu when Nsight Compute runs): requested, not
@@ -495,6 +496,9 @@ def context(tables: dict, rows: list[dict], config: dict, figure_dir: str) -> di
         has_below=("scale", "first below") in v,
         has_production=("production", "run") in v,
         new_sizes=[r["value"] for r in rows if r["section"] == "next"],
+        # GPU-hours and GPU energy apply to a GPU study only: a CPU study's 0 GPUs per run are
+        # shown as n/a, not as a measured "0 GPU-hours"
+        gpu_study=ctx["system"].get(("study", "device")) == "cuda",
     )
     return ctx
 

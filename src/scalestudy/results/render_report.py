@@ -39,8 +39,10 @@ ANALYSIS_TABLES = (
 )
 TABLES = (*ANALYSIS_TABLES, "model", "bucket_advice")
 DOCUMENTS = ("study.md", "paper.tex")
-# model.csv's parameters a document shows (the rest, e.g. the inverse bandwidths, stay in the CSV)
-MODEL_PARAMS = ("alpha_s", "beta_intra_Bps", "beta_inter_Bps", "compute_c0_s",
+# model.csv's parameters a document shows (the rest, e.g. the inverse bandwidths, stay in the CSV);
+# "fit" and "compute" are rows without a value whose note says why there is no fit, or no
+# compute model of a precision
+MODEL_PARAMS = ("fit", "compute", "alpha_s", "beta_intra_Bps", "beta_inter_Bps", "compute_c0_s",
                 "compute_c1_s_per_img", "backward_frac", "fit_points", "fit_dof",
                 "fit_residual_rel_sd")  # fmt: skip
 FORMULA_CONSTANTS = frozenset({"1"})
@@ -86,7 +88,15 @@ def fmt_signed_pct(value) -> str:
     return "n/a" if x is None else f"{100 * x:+.1f}"
 
 
-FORMATS = {"num": fmt_num, "pct": fmt_pct, "spct": fmt_signed_pct}
+def fmt_exact(value) -> str:
+    """The cell's value itself (12 significant digits, as analyze.cell writes it), for numbers
+    a reader recomputes: the proposal's node-hours = runs x hours per run x nodes, and their
+    sums, which `num`'s 3 digits would round (and could round down); blank -> n/a."""
+    x = _float(value)
+    return "n/a" if x is None else f"{x:.12g}"
+
+
+FORMATS = {"num": fmt_num, "pct": fmt_pct, "spct": fmt_signed_pct, "exact": fmt_exact}
 
 
 TEX_SPECIAL = {

@@ -168,7 +168,9 @@ def _one_model(rows: list[dict]) -> None:
 
 
 def _point(key: tuple, runs: list[dict]) -> Point:
-    steps = [_num(r, "global_batch") / _num(r, "throughput_img_s") for r in runs]
+    # T = G / X of the mean throughput, its std T s_X / X: the step time of results/analyze.py
+    xs = [_num(r, "throughput_img_s") for r in runs]
+    x_mean, step_s = statistics.fmean(xs), _num(runs[0], "global_batch") / statistics.fmean(xs)
     backward = [v for r in runs if (v := _num(r, "phase_frac_backward")) is not None]
     families = {f for r in runs for f in (r.get("families") or "").split(";") if f}
     precision, b, n, nodes, cap, p = key
@@ -181,8 +183,8 @@ def _point(key: tuple, runs: list[dict]) -> Point:
         grad_sync_bytes=p,
         families=tuple(sorted(families)),
         runs=tuple(r["run"] for r in runs),
-        step_s=statistics.fmean(steps),
-        step_std=statistics.stdev(steps) if len(steps) > 1 else None,
+        step_s=step_s,
+        step_std=step_s * statistics.stdev(xs) / x_mean if len(xs) > 1 else None,
         backward_frac=statistics.fmean(backward) if backward else None,
     )
 
