@@ -517,3 +517,31 @@ def test_one_repeat_draws_no_error_bar_and_waterfall_bars_name_their_configurati
     labels = [t.get_text() for t in ax.get_xticklabels()]
     assert labels == ["precision\n4 GPUs\nfp32", "precision\n4 GPUs\nbf16"]
     plots._pyplot().close(fig)
+
+
+def test_a_damaged_runs_csv_is_one_line_before_any_table(tmp_path, capsys):
+    """runs.csv without a column the tables group by, or with a word where a number goes, and
+    --gpus-per-node 0: one line naming the file (or flag), exit 2, nothing written."""
+    from scalestudy import cli, files
+
+    good = [run("w1", "strong", 1, 64, 1000.0), run("w2", "strong", 2, 32, 1900.0)]
+    out = tmp_path / "out"
+    cases = {
+        "no-families": ([{k: v for k, v in r.items() if k != "families"} for r in good],
+                        "has no column families: write it again with `scalestudy collect`"),
+        "word": ([good[0], {**good[1], "world_size": "two"}],
+                 "run 'w2_r0' has world_size = 'two', not a number"),
+    }  # fmt: skip
+    for name, (rows, says) in cases.items():
+        path = tmp_path / f"{name}.csv"
+        files.write_csv(path, None, rows)
+        argv = ["analyze", "--runs", str(path), "--out-dir", str(out), "--gpus-per-node", "4"]
+        assert cli.main(argv) == 2, name
+        err = capsys.readouterr().err
+        assert f"scalestudy analyze: {path}" in err and says in err and "Traceback" not in err
+    assert not out.exists()
+    files.write_csv(tmp_path / "good.csv", None, good)
+    argv = ["analyze", "--runs", str(tmp_path / "good.csv"), "--out-dir", str(out)]
+    with pytest.raises(SystemExit):  # argparse: exit 2 with its usage line
+        cli.main([*argv, "--gpus-per-node", "0"])
+    assert "--gpus-per-node: must be >= 1, got 0" in capsys.readouterr().err

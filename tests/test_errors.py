@@ -176,6 +176,9 @@ def test_the_silent_ranks_grace_period_can_be_set(monkeypatch, caplog):
         ("lr", 0.0, "--lr must be > 0, got 0.0"),
         ("momentum", -0.5, "--momentum must be in [0, 1), got -0.5"),
         ("momentum", 1.5, "--momentum must be in [0, 1), got 1.5"),
+        # argparse's float() takes "nan" and "inf": NaN passes every bound, inf most
+        ("lr", float("nan"), "--lr must be a finite number, got nan"),
+        ("bucket_cap_mb", float("inf"), "--bucket-cap-mb must be a finite number, got inf"),
     ],
 )
 def test_optimizer_flags_out_of_range_are_refused_before_training(flag, value, message):
@@ -222,3 +225,32 @@ def test_a_run_rules_log_says_what_went_wrong(tmp_path):
     with log.rule_log(path, ["a.csv", "b.md"]):
         pass
     assert path.read_text() == "wrote a.csv b.md\n"
+
+
+def test_a_path_the_command_cannot_use_is_one_line_naming_it(tmp_path, monkeypatch):
+    """An OSError about a path (here an output path that is a directory) is one line with the
+    path and the cause, exit 2, nothing left behind; --debug adds the traceback. An OSError
+    without a path is a bug and keeps its traceback."""
+    out = tmp_path / "runs.tsv"
+    out.mkdir()
+    argv = [PYTHON, "-m", "scalestudy", "matrix", "--config", "config/demo.yaml", "--out", str(out)]
+    repo = Path(__file__).resolve().parents[1]
+    r = subprocess.run(argv, cwd=repo, env=child_env(), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip() == f"scalestudy matrix: {out}: Is a directory", r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs.tsv"]  # no temporary file left
+    r = subprocess.run(
+        [*argv[:3], "--debug", *argv[3:]], cwd=repo, env=child_env(), capture_output=True,
+        text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 2 and "Traceback" in r.stderr and "IsADirectoryError" in r.stderr
+
+    from scalestudy import cli
+    from scalestudy.study import matrix
+
+    def no_path(args):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(matrix, "run", no_path)
+    with pytest.raises(OSError, match="Input/output error"):
+        cli.main(["matrix", "--config", "config/demo.yaml"])

@@ -295,3 +295,28 @@ def test_cli_writes_table_and_summary(tmp_path, capsys):
     assert {r["dataset"] for r in read_runs_tsv(out)} == {"synthetic"}
     assert main([*argv, "--set", "train.precision=fp16"]) == 2
     assert "train.precision" in capsys.readouterr().err
+
+
+def test_collect_of_a_damaged_run_table_is_one_line_naming_the_line(tmp_path, capsys):
+    """A run table cut short or edited by hand: `scalestudy collect` says which line and how to
+    rebuild it, exit 2, no traceback (it raised ValueError before)."""
+    from scalestudy.cli import main
+    from scalestudy.errors import RunTableError
+
+    out = tmp_path / "runs.tsv"
+    argv = ["matrix", "--config", str(ROOT / "config" / "demo.yaml"), "--out", str(out)]
+    assert main([*argv, "--set", "dataset=synthetic"]) == 0
+    lines = out.read_text().splitlines()
+    cut, bad = tmp_path / "cut.tsv", tmp_path / "bad.tsv"
+    cut.write_text("\n".join([*lines[:2], lines[2][:40]]) + "\n")
+    cells = lines[1].split("\t")
+    cells[RUN_COLUMNS.index("world_size")] = "two"
+    bad.write_text("\n".join([lines[0], "\t".join(cells)]) + "\n")
+    for path, says in ((cut, "line 3: "), (bad, "line 2: world_size is 'two', not a number")):
+        with pytest.raises(RunTableError, match=says):
+            read_runs_tsv(path)
+        capsys.readouterr()
+        assert main(["collect", "--runs", str(path), "--runs-dir", str(tmp_path)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"scalestudy collect: {path}, {says}") and "scalestudy matrix" in err
+        assert "Traceback" not in err

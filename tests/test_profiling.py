@@ -1523,3 +1523,16 @@ def test_profiling_off_or_on_cpu_changes_the_dag(repo_copy):
     write_config(repo_copy / "demo-nsys.yaml", cfg)
     proc = snakemake(repo_copy, "--configfile", "demo-nsys.yaml", "-n", check=False, timeout=300)
     assert proc.returncode != 0 and "profiling.tool" in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize(
+    "manifest", [{"tool": "ncu", "why": "x", "kernels": ["k"]}, {}, [1, 2]], ids=["ncu", "{}", "[]"]
+)
+def test_parse_of_a_directory_that_is_no_capture_is_one_line(tmp_path, manifest):
+    """`profile parse --capture` on profile ncu's directory (its tool.json has no input), or
+    on any other JSON: the manifest's path and what it lacks, not a KeyError."""
+    cap = tmp_path / "ncu"
+    cap.mkdir()
+    (cap / "tool.json").write_text(json.dumps(manifest))
+    with pytest.raises(ProfileFormatError, match=r"tool\.json: has no tool/input/why.*--ncu"):
+        capture._capture_input(cap)

@@ -383,3 +383,24 @@ def test_a_cpu_study_asks_for_node_hours_only(demo):
     assert "node-hours**" in headline and "GPU-hours" not in headline
     ask = next(ln for ln in docs["proposal.md"].splitlines() if ln.startswith("| **request**"))
     assert ask.split("|")[7].strip() == "**n/a**"
+
+
+def test_a_refused_proposal_leaves_no_new_csv_behind(tmp_path):
+    """proposal.csv is written with the documents, after the honesty check of all of them: a
+    refused document leaves neither (the old proposal.csv would otherwise sit beside old
+    documents that do not match it)."""
+    import shutil
+
+    config, study = build(tmp_path)
+    templates = tmp_path / "templates"
+    shutil.copytree(REPO / "workflow/report", templates)
+    with (templates / "slides.tex.j2").open("a") as f:
+        f.write("% a typed number: 77.7\n")
+    from scalestudy.errors import AnalysisError
+
+    with pytest.raises(AnalysisError, match=r"slides.tex shows numbers .*'77.7'"):
+        proposal.write_proposal(config, study / "results/csv", study / "reports", templates,
+                                study / "absent.csv", study / "results/csv/runs.csv",
+                                study / "benchmarks/train")  # fmt: skip
+    assert not (study / "results/csv/proposal.csv").exists()
+    assert not (study / "reports").exists()

@@ -372,3 +372,47 @@ def test_a_study_without_a_25_mib_run_still_renders_and_says_why_there_is_no_mod
     assert "DDP's default of 25 MiB" in study
     [fit] = [r for r in tables["model"] if r["name"] == "fit"]
     assert fit["note"].startswith("no fit: ") and fit["note"] in study
+
+
+def test_a_refused_document_leaves_none_written_and_stale_csvs_are_named(done, tmp_path, capsys):
+    """The honesty check runs on every document before any is written: a number typed into
+    paper.tex leaves no study.md behind either. A CSV older than the templates (without a
+    column they read) is one line naming the CSV directory and the commands that rewrite it."""
+    import shutil
+
+    from scalestudy import cli
+
+    templates = tmp_path / "templates"
+    shutil.copytree(report.TEMPLATES, templates)
+    with (templates / "paper.tex.j2").open("a") as f:
+        f.write("A typed claim: 123.456 img/s.\n")
+    csv_dir = done / "results/csv"
+    out = tmp_path / "reports"
+    argv = ["render-report", "--csv-dir", str(csv_dir), "--out-dir", str(out)]
+    assert cli.main([*argv, "--templates", str(templates)]) == 2
+    assert "paper.tex shows numbers that are in no CSV cell: ['123.456']" in capsys.readouterr().err
+    assert not out.exists()
+
+    old = tmp_path / "old-csv"
+    shutil.copytree(csv_dir, old)
+    new = "default_bucket_cap_mb"  # a column an older `scalestudy model` did not write
+    advice = [{k: v for k, v in r.items() if k != new} for r in read(old / "bucket_advice.csv")]
+    files.write_csv(old / "bucket_advice.csv", None, advice)
+    assert cli.main(["render-report", "--csv-dir", str(old), "--out-dir", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"a CSV in {old} lacks what the templates read" in err and "default_bucket_cap_mb" in err
+    assert "scalestudy model" in err and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_build_pdf_of_a_missing_or_foreign_file_says_so_and_runs_no_latexmk(tmp_path, capsys):
+    """latexmk on a path that does not exist blamed a .log it never wrote; on a .csv it left
+    .aux/.fls/.log files beside it."""
+    from scalestudy import cli
+
+    data = tmp_path / "runs.csv"
+    data.write_text("run\n")
+    for path, why in ((tmp_path / "paper.tex", "does not exist"), (data, "is not a .tex file")):
+        assert cli.main(["build-pdf", str(path)]) == 2
+        assert f"scalestudy build-pdf: {path} {why}" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs.csv"]

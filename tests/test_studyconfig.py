@@ -398,3 +398,23 @@ def test_run_ids_keep_every_digit_of_the_bucket_size_and_no_exponent(value, text
     """`:g` wrote 1e+06 (outside the workflow's run wildcard) and 1.0000001 as 1 (two runs, one
     id)."""
     assert runs.run_id(8, 64, "bf16", "ddp", value, 0) == f"w8_lb64_bf16_ddp_bk{text}_r0"
+
+
+def test_non_finite_numbers_are_refused_before_any_job():
+    """YAML's .nan passes every bound of the schema (a comparison with NaN is never true) and
+    .inf every minimum: both are refused, naming the key, before the run table is built."""
+    message = refused(
+        minimal(),
+        "config key 'train.lr': value NaN is not allowed: a finite number",
+        "config key 'train.bucket_cap_mb': value Infinity is not allowed: a finite number",
+        "config key 'families.bucket.bucket_cap_mb[1]': value -Infinity",
+        overrides=["train.lr=.nan", "train.bucket_cap_mb=.inf", "families.bucket.gpus=[2]",
+                   "families.bucket.bucket_cap_mb=[1, -.inf]"],
+    )  # fmt: skip
+    assert "Traceback" not in message
+
+
+def test_a_config_that_is_not_utf8_names_the_byte_and_the_fix(tmp_path):
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("study: café\n".encode("latin-1"))
+    refused(path, str(path), "byte 10 is not UTF-8 text", "save the file as UTF-8")

@@ -5,7 +5,9 @@ modules are imported only when their subcommand runs, so `scalestudy --help` sta
 
 One error path: an expected error (errors.ScalestudyError) that a subcommand does not handle
 becomes one message on stderr, `scalestudy <command>: <message>` (what, where, the command that
-fixes it), and exit status 2, with no traceback; anything else is a bug and keeps its traceback.
+fixes it), and exit status 2, with no traceback; so does an OSError that names a path (an output
+path that is a directory, an unreadable input: `scalestudy <command>: <path>: <cause>`);
+anything else is a bug and keeps its traceback.
 In a training job the message comes from one rank when every rank would say the same (the
 error's `scope`, log.expected_error); ranks that cannot start print `cannot start: ...` and exit
 1. `Preempted` is the trainer's own (exit 75) and passes through.
@@ -76,10 +78,22 @@ def main(argv: list[str] | None = None) -> int:
     except Preempted:
         raise
     except ScalestudyError as exc:
-        # `profile parse`, `container build`: the action of a command with actions is named too
-        command = " ".join(filter(None, (args.command, getattr(args, "action", None))))
-        log.expected_error(logger, f"scalestudy {command}: {exc}", exc.scope)
+        log.expected_error(logger, f"scalestudy {_command(args)}: {exc}", exc.scope)
         return 2
+    except OSError as exc:
+        if exc.filename is None:  # not about a path the user gave: a bug, with its traceback
+            raise
+        # a path that cannot be read or written (a directory where a file goes, a file where a
+        # directory goes, no permission, a full disk): the path and the cause say what to fix
+        # an atomic write's rename names its temporary file first: the target is the second
+        where = exc.filename if exc.filename2 is None else exc.filename2
+        log.expected_error(logger, f"scalestudy {_command(args)}: {where}: {exc.strerror}")
+        return 2
+
+
+def _command(args: argparse.Namespace) -> str:
+    """`profile parse`, `container build`: the action of a command with actions is named too."""
+    return " ".join(filter(None, (args.command, getattr(args, "action", None))))
 
 
 if __name__ == "__main__":

@@ -39,6 +39,10 @@ class StudyConfigError(ScalestudyError, ValueError):
         super().__init__(message)
 
 
+class RunTableError(ScalestudyError, ValueError):
+    """A run table (results/matrix/runs.tsv) that `scalestudy matrix` did not write as it is."""
+
+
 class PlanError(ScalestudyError, RuntimeError):
     """Measured runs or benchmarks that the plan cannot read."""
 

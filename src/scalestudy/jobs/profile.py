@@ -555,6 +555,14 @@ def _capture_input(capture_dir: Path) -> tuple[str, Path, str]:
         raise ProfileFormatError(
             manifest_path, None, f"unreadable ({exc}); made by `scalestudy profile capture`"
         ) from exc
+    keys = ("tool", "input", "why")
+    if not isinstance(manifest, dict) or not all(k in manifest for k in keys):
+        raise ProfileFormatError(
+            manifest_path,
+            None,
+            f"has no {'/'.join(keys)}: not a capture's manifest (written "
+            "by `scalestudy profile capture`; profile ncu's directory is parsed with --ncu)",
+        )
     return manifest["tool"], capture_dir / manifest["input"], manifest["why"]
 
 

@@ -818,12 +818,45 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", default="", help="profile_kernels.csv (optional)")
     parser.add_argument("--out-dir", default="results/csv", help="where the CSVs go")
     parser.add_argument("--html-dir", default="results/tables", help="HTML copies of the tables")
-    parser.add_argument("--gpus-per-node", type=int, required=True, help="hardware.gpus_per_node")
+    parser.add_argument(
+        "--gpus-per-node", type=_positive, required=True, help="hardware.gpus_per_node (>= 1)"
+    )
     parser.add_argument("--study", default="", help="study name (config `study`)")
     parser.add_argument("--configfile", default="", help="the study's config file (reproduce)")
     for key, value in DEFAULT_TARGETS.items():
         flag = "--" + key.replace("_", "-")
         parser.add_argument(flag, type=type(value), default=value, help=f"target (default {value})")
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+# what every row of runs.csv needs (collect.py writes them) and which of them are numbers
+RUNS_KEYS = ("run", "families", "precision")
+RUNS_NUMBERS = ("world_size", "nodes", "local_batch", "global_batch", "bucket_cap_mb",
+                "throughput_img_s")  # fmt: skip
+
+
+def check_runs(runs: list[dict], path: str) -> None:
+    """runs.csv as `scalestudy collect` writes it: the columns the tables group and divide by,
+    those numeric; else one AnalysisError naming the file, the run, the column and the fix."""
+    fix = "write it again with `scalestudy collect` (snakemake results/csv/runs.csv)"
+    missing = [c for c in (*RUNS_KEYS, *RUNS_NUMBERS) if c not in runs[0]]
+    if missing:
+        raise AnalysisError(f"{path} has no column {', '.join(missing)}: {fix}")
+    for row in runs:
+        for column in RUNS_NUMBERS:
+            try:
+                files.number(row[column])
+            except ValueError:
+                value = row[column]
+                raise AnalysisError(
+                    f"{path}: run {row['run']!r} has {column} = {value!r}, not a number: {fix}"
+                ) from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -832,6 +865,7 @@ def run(args: argparse.Namespace) -> int:
     runs = read_csv(args.runs, " (one row per run)", "snakemake results/csv/runs.csv")
     if not runs:
         raise AnalysisError(f"{args.runs} has no runs")
+    check_runs(runs, args.runs)
     scaling = scaling_table(runs, targets["accuracy_tolerance"])
     study = {"name": args.study, "device": _distinct(runs, "device")}
     unit = "GPUs" if study["device"] == "cuda" else "CPU ranks"

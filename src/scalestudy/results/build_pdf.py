@@ -46,10 +46,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    tex = Path(args.tex)
+    if tex.suffix != ".tex" or not tex.is_file():  # latexmk would blame a log it never wrote
+        why = "is not a .tex file" if tex.suffix != ".tex" else "does not exist"
+        logger.error(
+            f"scalestudy build-pdf: {tex} {why}: give a document `scalestudy render-report` or "
+            "`scalestudy proposal` wrote (reports/paper.tex, proposal.tex, slides.tex)"
+        )
+        return 2
     if not have_latexmk():
         logger.error(f"scalestudy build-pdf: {MISSING}")
         return 1
-    tex = Path(args.tex)
     # -cd: figure paths in the .tex are relative to its directory; nonstopmode + halt: a TeX
     # error fails the job instead of waiting for input
     cmd = ["latexmk", "-pdf", "-cd", "-interaction=nonstopmode", "-halt-on-error", str(tex)]

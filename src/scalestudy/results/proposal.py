@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import argparse
 import copy
+import csv
+import io
 import math
 from collections import defaultdict
 from pathlib import Path
@@ -522,24 +524,26 @@ def write_proposal(
     benchmarks_dir: str | Path = BENCHMARKS_DIR,
     figure_dir: str = "../results/plots",
 ) -> list[dict]:
-    """proposal.csv first, then the documents from it and the analysis CSVs (honesty checked)."""
+    """proposal.csv's cells, the documents from them and the analysis CSVs (honesty checked),
+    then all of it written: a failure leaves no new proposal.csv beside old documents."""
     csv_dir = Path(csv_dir)
     tables = report.load_tables(csv_dir, report.ANALYSIS_TABLES)  # model.csv: optional, below
     measured = load_measured(runs_csv, benchmarks_dir)
     if Path(model_csv).is_file():  # optional: without it the text says there is no validation
         tables["model"] = read_csv(model_csv)
     rows = proposal_rows(config, tables["scaling"], measured, tables.get("model", []))
-    files.write_csv(csv_dir / "proposal.csv", COLUMNS, rows)
-    tables["proposal"] = read_csv(csv_dir / "proposal.csv")
+    text = files.csv_text(COLUMNS, rows)
+    tables["proposal"] = list(csv.DictReader(io.StringIO(text)))  # the cells as written
     try:
         docs = render(tables, tables["proposal"], config, Path(templates), figure_dir)
     except jinja2.TemplateNotFound as exc:
         raise AnalysisError(f"--templates {templates}: no template {exc.name} there") from exc
-    for name, text in docs.items():
-        unbacked = report.numbers_backed_by_csvs(text, tables)
-        if unbacked:
-            raise AnalysisError(f"{name} shows numbers that are in no CSV cell: {unbacked}")
-        files.write_text(Path(out_dir) / name, text)
+    except jinja2.UndefinedError as exc:
+        raise report.stale_csvs(csv_dir, exc) from exc
+    report.check_numbers(docs, tables)
+    files.write_text(csv_dir / "proposal.csv", text)
+    for name, doc in docs.items():
+        files.write_text(Path(out_dir) / name, doc)
         logger.info(f"wrote {Path(out_dir) / name}")
     return rows
 

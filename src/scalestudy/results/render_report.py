@@ -251,9 +251,19 @@ def run(args: argparse.Namespace) -> int:
             f"--templates {args.templates}: no template {exc.name} there (the report templates "
             "are workflow/report of the repository)"
         ) from exc
+    except jinja2.UndefinedError as exc:
+        raise stale_csvs(csv_dir, exc) from exc
     except jinja2.TemplateError as exc:
         raise AnalysisError(str(exc)) from exc
-    tables = load_tables(csv_dir)
+    check_numbers(docs, load_tables(csv_dir))
+    for name, text in docs.items():  # only once every document passed: none is left half-new
+        files.write_text(Path(args.out_dir) / name, text)
+        logger.info(f"wrote {Path(args.out_dir) / name}")
+    return 0
+
+
+def check_numbers(docs: dict[str, str], tables: dict[str, list[dict]]) -> None:
+    """The honesty check of every document, before any is written."""
     for name, text in docs.items():
         unbacked = numbers_backed_by_csvs(text, tables)
         if unbacked:  # a number typed into a template instead of read from a CSV
@@ -261,6 +271,13 @@ def run(args: argparse.Namespace) -> int:
                 f"{name} shows numbers that are in no CSV cell: {unbacked}; put them in a CSV "
                 "of `scalestudy analyze`"
             )
-        files.write_text(Path(args.out_dir) / name, text)
-        logger.info(f"wrote {Path(args.out_dir) / name}")
-    return 0
+
+
+def stale_csvs(csv_dir: Path, exc: jinja2.UndefinedError) -> AnalysisError:
+    """A template read a column or row the CSVs lack: CSVs older than the templates, or not
+    written by scalestudy."""
+    return AnalysisError(
+        f"a CSV in {csv_dir} lacks what the templates read ({exc}): it is older than this "
+        "version's templates, or not written by scalestudy; write them again with `scalestudy "
+        "analyze` and `scalestudy model` (snakemake reruns both after an update)"
+    )

@@ -173,6 +173,19 @@ def format_schema_error(err: ValidationError) -> str:
     return _bad(path or "<top level>", err.instance, _allowed(err))
 
 
+def _non_finite(value: Any, path: str = "") -> list[str]:
+    """YAML's .nan and .inf, wherever they are: every bound of the schema holds for NaN (each
+    comparison with it is false, so `exclusiveMinimum: 0` never fails) and inf passes every
+    minimum, so they would reach the jobs (a NaN learning rate, a bucket of inf MiB)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return [_bad(path or "<top level>", value, "a finite number")]
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in _non_finite(v, f"{path}.{k}" if path else k)]
+    if isinstance(value, list):
+        return [p for i, v in enumerate(value) for p in _non_finite(v, f"{path}[{i}]")]
+    return []
+
+
 def _schema_problems(config: dict, schema: dict) -> list[str]:
     problems: list[str] = []
     for err in _Validator(schema).iter_errors(config):
@@ -408,7 +421,7 @@ def validate(config: dict, *, schema: str | os.PathLike | None = None, source=No
             _bad("<top level>", config, "must be a mapping (key: value)"), source=source
         )
     loaded = _load_schema(str(schema_path() if schema is None else Path(schema).resolve()))
-    problems = _schema_problems(config, loaded)
+    problems = _non_finite(config) + _schema_problems(config, loaded)
     if not problems:
         problems = semantic_problems(config)
     if problems:
@@ -450,6 +463,10 @@ def load_yaml(path: str | os.PathLike) -> dict:
             data = yaml.load(f, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
     except OSError as e:
         raise StudyConfigError(f"cannot read {path}: {e.strerror or e}") from e
+    except UnicodeDecodeError as e:  # e.g. a file saved as Latin-1
+        raise StudyConfigError(
+            f"{path}: byte {e.start} is not UTF-8 text ({e.reason}): save the file as UTF-8"
+        ) from e
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
         where = f"{path}, line {mark.line + 1}, column {mark.column + 1}" if mark else str(path)

@@ -23,7 +23,7 @@ import os
 from typing import Any
 
 from scalestudy import vocab
-from scalestudy.errors import TrainConfigError
+from scalestudy.errors import RunTableError, TrainConfigError
 from scalestudy.files import atomic_open
 from scalestudy.trainer import config as trainer_config
 from scalestudy.trainer.config import TrainConfig, flag_name
@@ -341,21 +341,38 @@ def write_runs_tsv(rows: list[dict], path: str | os.PathLike) -> None:
 
 
 def read_runs_tsv(path: str | os.PathLike) -> list[dict]:
-    """Read a table written by write_runs_tsv back into rows with the same types."""
-    with open(path, encoding="utf-8", newline="") as f:
-        reader = csv.reader(f, delimiter="\t")
-        header = next(reader, None)
-        if header is None or tuple(header) != RUN_COLUMNS:
-            raise ValueError(
-                f"{path}: header is not matrix.RUN_COLUMNS (written by another version?); "
-                "rebuild it with `scalestudy matrix`"
-            )
-        rows = []
-        for line, cells in enumerate(reader, start=2):
-            if len(cells) != len(RUN_COLUMNS):
-                raise ValueError(f"{path}, line {line}: {len(cells)} cells, not {len(RUN_COLUMNS)}")
-            rows.append({c: _parse(c, text) for c, text in zip(RUN_COLUMNS, cells, strict=True)})
+    """Read a table written by write_runs_tsv back into rows with the same types; a table it
+    did not write (another version's, cut short, edited by hand) is a RunTableError naming the
+    file, the line and the fix."""
+    fix = "rebuild it with `scalestudy matrix` (snakemake results/matrix/runs.tsv)"
+    try:
+        with open(path, encoding="utf-8", newline="") as f:
+            reader = csv.reader(f, delimiter="\t")
+            header = next(reader, None)
+            if header is None or tuple(header) != RUN_COLUMNS:
+                raise RunTableError(
+                    f"{path}: header is not matrix.RUN_COLUMNS (written by another version?); {fix}"
+                )
+            rows = [_parse_row(path, line, cells, fix) for line, cells in enumerate(reader, 2)]
+    except UnicodeDecodeError as e:
+        raise RunTableError(f"{path}: not UTF-8 text (byte {e.start}); {fix}") from e
     return rows
+
+
+def _parse_row(path, line: int, cells: list[str], fix: str) -> dict:
+    if len(cells) != len(RUN_COLUMNS):
+        raise RunTableError(
+            f"{path}, line {line}: {len(cells)} cells, not {len(RUN_COLUMNS)}; {fix}"
+        )
+    row = {}
+    for column, text in zip(RUN_COLUMNS, cells, strict=True):
+        try:
+            row[column] = _parse(column, text)
+        except ValueError as e:
+            raise RunTableError(
+                f"{path}, line {line}: {column} is {text!r}, not a number; {fix}"
+            ) from e
+    return row
 
 
 def same(table_value, metric_value) -> bool:

@@ -15,6 +15,7 @@ import argparse
 import dataclasses
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -130,6 +131,11 @@ class TrainConfig:
         for f in dataclasses.fields(self):
             choices = f.metadata.get("choices")
             value = getattr(self, f.name)
+            # argparse's float() takes "nan" and "inf", and no bound below fails for NaN
+            if isinstance(value, float) and not math.isfinite(value):
+                raise TrainConfigError(
+                    f"--{flag_name(f.name)} must be a finite number, got {value}"
+                )
             if choices and value not in choices:
                 raise TrainConfigError(
                     f"--{flag_name(f.name)}: {value!r} is not one of {list(choices)}"
