@@ -4,6 +4,7 @@ whose expected values are computed by hand in the comments."""
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -545,3 +546,26 @@ def test_a_damaged_runs_csv_is_one_line_before_any_table(tmp_path, capsys):
     with pytest.raises(SystemExit):  # argparse: exit 2 with its usage line
         cli.main([*argv, "--gpus-per-node", "0"])
     assert "--gpus-per-node: must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_collect_refuses_metrics_that_are_no_object_and_epochs_with_ragged_rows(tmp_path):
+    """A metrics.json holding null or a list (it raised TypeError, or called every key
+    missing), and an epochs.csv row with more cells than its header (collected silently under
+    a blank column name): one CollectError each, naming the file and the fix."""
+    from scalestudy.errors import CollectError
+    from scalestudy.results import collect
+
+    path = tmp_path / "metrics.json"
+    for text, shown in (("null", "null"), ("[1, 2]", "[1, 2]")):
+        path.write_text(text)
+        with pytest.raises(CollectError, match=rf"holds {re.escape(shown)}, not the trainer's"):
+            collect.load_metrics(path)
+    epochs = tmp_path / "epochs.csv"
+    epochs.write_text("epoch,train_loss\n1,2.0\n2,1.5,9,9\n")
+    with pytest.raises(CollectError, match=r"epochs\.csv, line 3: 2 columns in the header"):
+        collect.load_epochs(epochs)
+    epochs.write_text("epoch,train_loss\n1,2.0\n2\n")  # a row cut short
+    with pytest.raises(CollectError, match=r"line 3"):
+        collect.load_epochs(epochs)
+    epochs.write_text("epoch,train_loss\n1,2.0\n2,1.5\n")
+    assert [r["epoch"] for r in collect.load_epochs(epochs)] == ["1", "2"]

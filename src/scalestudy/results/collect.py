@@ -117,6 +117,11 @@ def load_metrics(path: Path) -> dict:
         raise CollectError(
             f"{path} is not valid JSON ({exc}); delete it and rerun the run"
         ) from exc
+    if not isinstance(metrics, dict):
+        raise CollectError(
+            f"{path} holds {json.dumps(metrics)[:40]}, not the trainer's object of metrics; "
+            "delete it and rerun the run"
+        )
     missing = [k for k in REQUIRED_METRICS if k not in metrics]
     if missing:
         raise CollectError(f"{path} is incomplete, missing {missing}; delete it and rerun the run")
@@ -127,9 +132,16 @@ def load_epochs(path: Path) -> list[dict]:
     if not path.exists():
         raise CollectError(f"missing {path}: run `snakemake {path.parent / 'metrics.json'}` first")
     with path.open(newline="") as f:
-        rows = list(csv.DictReader(f))
+        reader = csv.DictReader(f)
+        rows = list(reader)
     if not rows:
         raise CollectError(f"{path} has no epochs; delete the run directory and rerun it")
+    for line, row in enumerate(rows, start=2):  # DictReader files extra cells under None
+        if None in row or None in row.values():
+            raise CollectError(
+                f"{path}, line {line}: {len(reader.fieldnames)} columns in the header but another "
+                "count of cells here; delete the run directory and rerun it"
+            )
     return rows
 
 
