@@ -232,6 +232,9 @@ def test_runs_the_model_cannot_describe_are_listed_with_the_reason():
     skipped = dict(model.points(rows)[1])
     assert skipped["fsdp_run"].startswith("strategy fsdp")
     assert "no grad_sync_bytes" in skipped["old_run"]
+    # a blank global batch (T = G / X) is a reason too, not a TypeError in the division
+    rows.append(dict(_row("no_batch", "strong", 2, 1, 64, 25, 0.01), global_batch=""))
+    assert dict(model.points(rows)[1])["no_batch"] == "global_batch is ''"
 
 
 def test_bad_cell_is_one_clear_error():

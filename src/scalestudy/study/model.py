@@ -135,9 +135,10 @@ def _skip_reason(row: dict) -> str:
         return "comm hook powersgd: low-rank factors, not an all-reduce of the gradients"
     if _num(row, "grad_sync_bytes") is None:
         return "no grad_sync_bytes (metrics.json from before the trainer recorded it: rerun it)"
-    x = _num(row, "throughput_img_s")
-    if x is None or x <= 0:
-        return f"throughput_img_s is {row.get('throughput_img_s')!r}"
+    for column in ("throughput_img_s", "global_batch"):  # T = global_batch / throughput
+        value = _num(row, column)
+        if value is None or value <= 0:
+            return f"{column} is {row.get(column)!r}"
     return ""
 
 
