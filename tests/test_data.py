@@ -616,3 +616,14 @@ def test_no_network_is_a_clear_error(tmp_path: Path) -> None:
     assert not isinstance(e.value, ChecksumError)
     assert "cifar-10-python.tar.gz" in str(e.value) and "--mirror" in str(e.value)
     assert os.listdir(tmp_path / "cifar10") in (["raw"], [])
+
+
+def test_a_meta_json_that_is_no_object_is_refused_and_prepared_again(tmp_path: Path) -> None:
+    """meta.json holding a list (valid JSON, not prepare-data's object): the trainer names it
+    and the fix instead of an AttributeError, and prepare-data makes the set again."""
+    out = prepare_data.prepare("synthetic", tmp_path, num_train=50, num_test=20, seed=0)
+    (out / "meta.json").write_text("[]")
+    with pytest.raises(PreparedDataError, match=r"meta\.json holds \[\], not prepare-data's"):
+        loaders.load_prepared("synthetic", tmp_path, verify=False)
+    prepare_data.prepare("synthetic", tmp_path, num_train=50, num_test=20, seed=0)
+    loaders.load_prepared("synthetic", tmp_path)

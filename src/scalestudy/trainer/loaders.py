@@ -118,6 +118,11 @@ def check_prepared(dataset: str, data_dir: str | Path, *, verify: bool = True) -
         raise PreparedDataError(
             f"{meta_path} is not valid JSON ({e}); recreate: {cmd} --force"
         ) from e
+    if not isinstance(meta, dict):
+        raise PreparedDataError(
+            f"{meta_path} holds {json.dumps(meta)[:40]}, not prepare-data's object; recreate: "
+            f"{cmd} --force"
+        )
     if meta.get("dataset") != dataset or meta.get("format_version") != FORMAT_VERSION:
         raise PreparedDataError(
             f"{meta_path} describes dataset {meta.get('dataset')!r} format "

@@ -263,6 +263,8 @@ def _is_current(out_dir: Path, dataset: str, params: dict[str, Any]) -> bool:
         meta = json.loads(meta_path.read_text())
     except (OSError, ValueError):
         return False
+    if not isinstance(meta, dict):  # not prepare-data's: made again
+        return False
     same = meta.get("format_version") == FORMAT_VERSION and meta.get("dataset") == dataset
     same = same and all(meta.get(key) == value for key, value in params.items())
     return same and meta.get("sha256") == files.sha256(data_path)
