@@ -532,6 +532,8 @@ def test_a_damaged_runs_csv_is_one_line_before_any_table(tmp_path, capsys):
                         "has no column families: write it again with `scalestudy collect`"),
         "word": ([good[0], {**good[1], "world_size": "two"}],
                  "run 'w2_r0' has world_size = 'two', not a number"),
+        "blank": ([{**good[0], "global_batch": ""}, good[1]],
+                  "run 'w1_r0' has global_batch = '', not a number"),
     }  # fmt: skip
     for name, (rows, says) in cases.items():
         path = tmp_path / f"{name}.csv"

@@ -851,12 +851,14 @@ def check_runs(runs: list[dict], path: str) -> None:
     for row in runs:
         for column in RUNS_NUMBERS:
             try:
-                files.number(row[column])
+                ok = files.number(row[column]) is not None  # blank: no number either
             except ValueError:
+                ok = False
+            if not ok:
                 value = row[column]
                 raise AnalysisError(
                     f"{path}: run {row['run']!r} has {column} = {value!r}, not a number: {fix}"
-                ) from None
+                )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -171,7 +171,8 @@ def _one_model(rows: list[dict]) -> None:
 def _point(key: tuple, runs: list[dict]) -> Point:
     # T = G / X of the mean throughput, its std T s_X / X: the step time of results/analyze.py
     xs = [_num(r, "throughput_img_s") for r in runs]
-    x_mean, step_s = statistics.fmean(xs), _num(runs[0], "global_batch") / statistics.fmean(xs)
+    x_mean = statistics.fmean(xs)
+    step_s = _num(runs[0], "global_batch") / x_mean
     backward = [v for r in runs if (v := _num(r, "phase_frac_backward")) is not None]
     families = {f for r in runs for f in (r.get("families") or "").split(";") if f}
     precision, b, n, nodes, cap, p = key
