@@ -6,6 +6,7 @@ tests/stand-ins so the image is a real DAG node), then one dry-run per change a 
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
@@ -50,6 +51,17 @@ PDFS = {**PDF, **{k: v for k, v in PROPOSAL.items() if k.endswith("_pdf")}}
 @pytest.fixture(scope="module")
 def done(tiny_study):
     return tiny_study
+
+
+@contextlib.contextmanager
+def appended(path: Path, text: str):
+    """`path` with `text` appended for the duration of the block, then as it was."""
+    original = path.read_text()
+    try:
+        path.write_text(original + text)
+        yield
+    finally:
+        path.write_text(original)
 
 
 def dry(work, *args, **kw):
@@ -115,13 +127,8 @@ def test_touching_without_changing_reruns_nothing(done):
     ],
 )
 def test_editing_aggregation_plotting_or_report_code_reruns_only_those_rules(done, path, expected):
-    code = done / path
-    original = code.read_text()
-    try:
-        code.write_text(original + "\n")
+    with appended(done / path, "\n"):
         assert dry(done) == ({"all": 1, **expected} if expected else {})
-    finally:
-        code.write_text(original)
 
 
 def test_adding_a_gpu_count_adds_only_that_run(done, tmp_path):
@@ -140,50 +147,29 @@ def test_adding_a_bucket_value_adds_only_those_runs(done):
     assert jobs == {"all": 1, "collect": 1, "matrix": 1, "train": 1, **DOWNSTREAM}
 
 
-def test_changing_trainer_source_reruns_training(done):
-    code = done / "src/scalestudy/trainer/train.py"
-    original = code.read_text()
-    try:
-        code.write_text(original + "\n# a change to the trainer\n")
+@pytest.mark.parametrize(
+    "path, rebuild",
+    [
         # every run trains again; the image, the environment without the code (the checkout's
         # src/ is bound in when a rank runs), is not rebuilt
-        assert dry(done) == {"all": 1, "collect": 1, "train": 4, **DOWNSTREAM}
-    finally:
-        code.write_text(original)
-
-
-def test_changing_the_image_build_command_rebuilds_and_retrains(done):
-    code = done / "src/scalestudy/jobs/container.py"
-    original = code.read_text()
-    try:
-        code.write_text(original + "\n# a change to the build command and the exec prefix\n")
-        assert dry(done) == {"all": 1, "build_container": 1, "collect": 1, "train": 4, **DOWNSTREAM}
-    finally:
-        code.write_text(original)
-
-
-def test_changing_the_container_recipe_rebuilds_and_retrains(done):
-    recipe = done / "containers/trainer.def"
-    original = recipe.read_text()
-    try:
-        recipe.write_text(original + "\n# a change to the recipe\n")
-        assert dry(done) == {"all": 1, "build_container": 1, "collect": 1, "train": 4, **DOWNSTREAM}
-    finally:
-        recipe.write_text(original)
+        ("src/scalestudy/trainer/train.py", {}),
+        # the build command and the exec prefix; the recipe itself
+        ("src/scalestudy/jobs/container.py", {"build_container": 1}),
+        ("containers/trainer.def", {"build_container": 1}),
+    ],
+)
+def test_changing_the_trainer_or_the_image_retrains_and_rebuilds_only_for_the_image(
+    done, path, rebuild
+):
+    with appended(done / path, "\n# a change\n"):
+        assert dry(done) == {"all": 1, **rebuild, "collect": 1, "train": 4, **DOWNSTREAM}
 
 
 def test_changing_a_profile_setting_reruns_nothing(done):
-    profile = done / "profiles/default/config.yaml"
-    original = profile.read_text()
-    try:
-        profile.write_text(
-            original + "latency-wait: 7\nset-resources:\n  train:\n"
-            "    runtime: 99\n    mem_mb: 1234\n"
-        )
+    settings = "latency-wait: 7\nset-resources:\n  train:\n    runtime: 99\n    mem_mb: 1234\n"
+    with appended(done / "profiles/default/config.yaml", settings):
         assert dry(done) == {}
         assert dry(done, "--profile", "profiles/slurm") == {}
-    finally:
-        profile.write_text(original)
 
 
 @pytest.mark.parametrize("change", [{"dir": "results/ckpt2"}, {"enabled": False}])
