@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 from contextlib import redirect_stderr
+from pathlib import Path
 
 import pytest
 import yaml
@@ -245,6 +246,30 @@ def test_measured_runs_are_read_with_wall_times_and_damage_is_refused(tmp_path):
         plan.load_measured(runs_csv, bench)
 
 
+@pytest.mark.parametrize("flag", ["--runs-csv", "--benchmarks"])
+def test_a_measured_path_given_but_missing_is_refused_not_ignored(tmp_path, capsys, flag):
+    # a typo here once gave an uncalibrated plan that looked calibrated
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    plan.add_arguments(parser)
+    repo = Path(__file__).resolve().parents[1]
+    out_md, out_csv = tmp_path / "plan.md", tmp_path / "plan.csv"
+    common = ["--config", str(repo / "config/demo.yaml"), "--out-md", str(out_md)]
+    common += ["--out-csv", str(out_csv)]
+    typo = tmp_path / "result/csv/runs.csv"
+    assert plan.run(parser.parse_args([*common, flag, str(typo)])) == 2
+    kind = "file" if flag == "--runs-csv" else "directory"
+    err = capsys.readouterr().err
+    assert f"{flag} {typo}: no such {kind}" in err and len(err.strip().splitlines()) == 1
+    assert not out_md.exists() and not out_csv.exists()
+    # an existing one is read: an empty runs.csv / benchmarks dir gives the uncalibrated plan
+    exists = tmp_path / ("runs.csv" if flag == "--runs-csv" else "bench")
+    exists.touch() if flag == "--runs-csv" else exists.mkdir()
+    assert plan.run(parser.parse_args([*common, flag, str(exists)])) == 0
+    assert out_csv.is_file()
+
+
 def test_unknown_and_local_rules_are_harmless():
     config = small_config()
     estimates = plan.register(config, build_run_table(config), [], lambda name: name == "collect")
@@ -438,13 +463,12 @@ def test_plan_target_and_cli_write_the_export(fresh, tmp_path):
             "plan",
             "--config",
             str(fresh / "config/config.yaml"),
-            "--runs-csv",
-            str(tmp_path / "none.csv"),
             "--out-md",
             str(out_md),
             "--out-csv",
             str(out_csv),
         ],
+        cwd=tmp_path,  # no results/csv/runs.csv here: the uncalibrated plan
         env=env(),
         capture_output=True,
         text=True,

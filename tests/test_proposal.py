@@ -404,3 +404,18 @@ def test_a_refused_proposal_leaves_no_new_csv_behind(tmp_path):
                                 study / "benchmarks/train")  # fmt: skip
     assert not (study / "results/csv/proposal.csv").exists()
     assert not (study / "reports").exists()
+
+
+@pytest.mark.parametrize("flag", ["--runs-csv", "--model-csv", "--benchmarks"])
+def test_a_measured_input_given_but_missing_is_refused_not_ignored(demo, tmp_path, capsys, flag):
+    # a typo here once gave an uncalibrated proposal, or one without the model's validation
+    _, study, _ = demo
+    out = tmp_path / "reports"
+    argv = ["proposal", "--config", str(DEMO), "--csv-dir", str(study / "results/csv")]
+    argv += ["--out-dir", str(out), "--runs-csv", str(study / "results/csv/runs.csv")]
+    typo = str(tmp_path / "result/csv/typo")
+    assert cli.main([*argv, flag, typo]) == 2
+    err = capsys.readouterr().err
+    assert f"{flag} {typo}: no such" in err and len(err.strip().splitlines()) == 1, err
+    assert not out.exists()
+    assert cli.main(argv) == 0 and (out / "proposal.md").is_file()

@@ -41,7 +41,15 @@ from scalestudy.results import render_report as report
 from scalestudy.results.analyze import cell, read_csv
 from scalestudy.study import profiling
 from scalestudy.study.config import add_config_arguments, load_and_validate, semantic_problems
-from scalestudy.study.estimate import BENCHMARKS_DIR, RUNS_CSV, estimate_runs, load_measured
+from scalestudy.study.estimate import (
+    BENCHMARKS_DIR,
+    RUNS_CSV,
+    add_measured_arguments,
+    estimate_runs,
+    given_path,
+    load_measured,
+    measured_paths,
+)
 from scalestudy.study.runs import build_run_table
 
 logger = log.get(__name__)
@@ -552,9 +560,10 @@ def write_proposal(
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser)
     parser.add_argument("--csv-dir", default="results/csv", help="analysis CSVs (%(default)s)")
-    parser.add_argument("--model-csv", default=MODEL_CSV, help="optional (%(default)s)")
-    parser.add_argument("--runs-csv", default=RUNS_CSV, help="measured runs (%(default)s)")
-    parser.add_argument("--benchmarks", default=BENCHMARKS_DIR, help="%(default)s")
+    parser.add_argument(
+        "--model-csv", default=None, help=f"the scaling model's (default {MODEL_CSV}, if it exists)"
+    )
+    add_measured_arguments(parser)
     parser.add_argument("--templates", default=str(report.TEMPLATES), help="%(default)s")
     parser.add_argument("--figure-dir", default="../results/plots", help="relative to --out-dir")
     parser.add_argument("--out-dir", default="reports")
@@ -563,14 +572,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     # a StudyConfigError, PlanError or AnalysisError: one line from cli.main, exit 2
     config = load_and_validate(args.config, overrides=args.set)
+    runs_csv, benchmarks = measured_paths(args.runs_csv, args.benchmarks)
     write_proposal(
         config,
         args.csv_dir,
         args.out_dir,
         args.templates,
-        args.model_csv,
-        args.runs_csv,
-        args.benchmarks,
+        given_path(args.model_csv, "--model-csv", MODEL_CSV),
+        runs_csv,
+        benchmarks,
         args.figure_dir,
     )
     return 0

@@ -288,6 +288,42 @@ def read_wall_seconds(path: Path) -> float | None:
     return as_float(rows[0].get("s")) if rows else None
 
 
+def add_measured_arguments(parser) -> None:
+    """--runs-csv and --benchmarks of the commands that calibrate with measured runs."""
+    # None: the study's own files, read when they exist (a study before its first run has
+    # none). A path typed here must exist: a typo would otherwise give an uncalibrated
+    # estimate that looks like a calibrated one.
+    parser.add_argument(
+        "--runs-csv", default=None, help=f"measured runs (default {RUNS_CSV}, if it exists)"
+    )
+    parser.add_argument(
+        "--benchmarks",
+        default=None,
+        help=f"Snakemake's job benchmarks (default {BENCHMARKS_DIR}, if it exists)",
+    )
+
+
+def given_path(value: str | None, flag: str, default: str | Path, directory: bool = False) -> Path:
+    """The path typed for `flag`, refused when it does not exist; `default` when none was typed."""
+    if value is None:
+        return Path(default)
+    path = Path(value)
+    if not (path.is_dir() if directory else path.is_file()):
+        raise PlanError(
+            f"{flag} {value}: no such {'directory' if directory else 'file'}; give an existing "
+            f"one, or leave {flag} out to read the study's own ({default}, where it exists)"
+        )
+    return path
+
+
+def measured_paths(runs_csv: str | None, benchmarks: str | None) -> tuple[Path, Path]:
+    """(runs.csv, benchmarks dir) from add_measured_arguments' values."""
+    return (
+        given_path(runs_csv, "--runs-csv", RUNS_CSV),
+        given_path(benchmarks, "--benchmarks", BENCHMARKS_DIR, directory=True),
+    )
+
+
 def load_measured(
     runs_csv: str | Path = RUNS_CSV, benchmarks_dir: str | Path = BENCHMARKS_DIR
 ) -> list[dict]:

@@ -31,10 +31,12 @@ from scalestudy.study.estimate import (
     PLAN_MD,
     RUNS_CSV,
     Estimate,
+    add_measured_arguments,
     as_float,
     calibration_check,
     estimate_runs,
     load_measured,
+    measured_paths,
     on_measured,
 )
 from scalestudy.study.runs import build_run_table
@@ -450,10 +452,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from scalestudy.study.config import add_config_arguments
 
     add_config_arguments(parser)
-    parser.add_argument("--runs-csv", default=RUNS_CSV, help="measured runs (%(default)s)")
-    parser.add_argument(
-        "--benchmarks", default=BENCHMARKS_DIR, help="Snakemake job benchmarks (%(default)s)"
-    )
+    add_measured_arguments(parser)
     parser.add_argument("--out-md", default=PLAN_MD, help="%(default)s")
     parser.add_argument("--out-csv", default=PLAN_CSV, help="%(default)s")
 
@@ -464,7 +463,8 @@ def run(args: argparse.Namespace) -> int:
     log.setup()
     try:
         config = load_and_validate(args.config, overrides=args.set)
-        estimates = write_plan(config, args.out_md, args.out_csv, args.runs_csv, args.benchmarks)
+        runs_csv, benchmarks = measured_paths(args.runs_csv, args.benchmarks)
+        estimates = write_plan(config, args.out_md, args.out_csv, runs_csv, benchmarks)
     except (StudyConfigError, PlanError) as e:
         logger.error(f"scalestudy plan: {e}")
         return 2
