@@ -306,6 +306,34 @@ def test_waterfall_figure_and_its_refusal_without_rows(tmp_path):
         plots.make_figure("waterfall", tmp_path / "none", waterfall=[], device="cpu")
 
 
+@pytest.mark.parametrize("figure", ["throughput", "efficiency", "epoch_time"])
+def test_a_scaling_figure_without_scaling_rows_is_refused_not_drawn_empty(tmp_path, capsys, figure):
+    from scalestudy import cli
+
+    (tmp_path / "scaling.csv").touch()  # a hand-made, empty scaling.csv
+    (tmp_path / "targets.csv").write_text("target,value\n")
+    argv = ["plot", "--figure", figure, "--device", "cpu", "--out", str(tmp_path / "plots")]
+    argv += ["--scaling", str(tmp_path / "scaling.csv"), "--targets", str(tmp_path / "targets.csv")]
+    argv += ["--epochs", str(tmp_path / "targets.csv")]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "scaling.csv has no strong or weak rows" in err[0], err
+    assert not (tmp_path / "plots").exists()
+    # a precision-only table has no strong or weak rows either; with one, the figure is drawn
+    rows = [run("w1_bf16", "precision", 1, 64, 2000, precision="bf16")]
+    scaling = [
+        {k: "" if v is None else str(v) for k, v in r.items()} for r in analysis.scaling_table(rows)
+    ]
+    data = {"scaling": scaling, "targets": {}, "device": "cpu"}
+    with pytest.raises(AnalysisError, match="no strong or weak rows"):
+        plots.make_figure(figure, tmp_path / "plots", **data)
+    rows = [run("w1", "strong", 1, 64, 1000), run("w2", "strong", 2, 64, 1800)]
+    data["scaling"] = [
+        {k: "" if v is None else str(v) for k, v in r.items()} for r in analysis.scaling_table(rows)
+    ]
+    assert plots.make_figure(figure, tmp_path / "plots", **data)[0].stat().st_size > 0
+
+
 def test_profile_figure_from_the_fixture(tmp_path):
     shares = [
         {k: str(v) for k, v in r.items()}

@@ -75,6 +75,16 @@ def ideal_throughput(xs: list[int], ys: list[float]) -> list[float]:
     return [ys[0] * x / xs[0] for x in xs]
 
 
+def _drawn(xs_all: list[int], what: str) -> list[int]:
+    """xs_all, refused when empty: a figure with empty axes would pass for a result."""
+    if not xs_all:
+        raise AnalysisError(
+            f"scaling.csv has no strong or weak rows with {what}: nothing to draw (run "
+            "`snakemake results/csv/scaling.csv` with family strong or weak enabled)"
+        )
+    return xs_all
+
+
 def _pyplot():
     import matplotlib
 
@@ -136,7 +146,7 @@ def plot_throughput(ax, scaling, device, **_):
             lw=1,
             label=f"{family}: ideal X(N0) N / N0",
         )
-    _gpu_axis(ax, xs_all, device)
+    _gpu_axis(ax, _drawn(xs_all, "a throughput"), device)
     ax.set_yscale("log")
     ax.set_ylabel("throughput (images/s, all ranks)")
     ax.legend()
@@ -147,7 +157,7 @@ def plot_efficiency(ax, scaling, device, targets, **_):
         ("strong", "strong_efficiency", "strong E_s = N0 T(N0) / (N T(N))"),
         ("weak", "weak_efficiency", "weak E_w = T(N0) / T(N)"),
     )
-    xs_all = _family_errorbars(ax, scaling, series, scale=100)
+    xs_all = _drawn(_family_errorbars(ax, scaling, series, scale=100), "an efficiency")
     if "strong_efficiency" in targets:
         ax.axhline(
             100 * targets["strong_efficiency"],
@@ -170,7 +180,7 @@ def plot_efficiency(ax, scaling, device, targets, **_):
 
 def plot_epoch_time(ax, scaling, device, **_):
     xs_all = _family_errorbars(ax, scaling, [(f, "epoch_time_s", f) for f in FAMILY_STYLE])
-    _gpu_axis(ax, xs_all, device)
+    _gpu_axis(ax, _drawn(xs_all, "an epoch time"), device)
     ax.set_yscale("log")
     ax.set_ylabel("time per epoch (s, median epoch, training only)")
     ax.legend()
