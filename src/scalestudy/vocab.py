@@ -50,3 +50,9 @@ SWITCHES = ("auto", "on", "off")
 # --cuda-graphs: the switches plus step, the whole training step as one CUDA graph (on: the
 # compiled pieces' graphs, torch.compile mode reduce-overhead; trainer/compiling.py)
 CUDA_GRAPHS = (*SWITCHES, "step")
+
+# Environment variables jobs/container.py's exec_prefix sets inside the container, read by the
+# trainer (metrics.json) and jobs/inventory.py: the sha256 of the .sif the process runs in, and
+# the commit of the source bound in (the image may have no git).
+CONTAINER_DIGEST_ENV = "SCALESTUDY_CONTAINER_DIGEST"
+GIT_COMMIT_ENV = "SCALESTUDY_GIT_COMMIT"

@@ -48,7 +48,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from scalestudy import files, log
+from scalestudy import files, log, vocab
 from scalestudy.errors import ApptainerNotFound, DefinitionError, LaunchError
 from scalestudy.files import git_commit
 
@@ -56,10 +56,9 @@ logger = log.get(__name__)
 
 #: The build argument that carries the git commit into %labels and %environment.
 GIT_COMMIT_ARG = "GIT_COMMIT"
-#: Set by exec_prefix inside the container: the sha256 of the .sif the process runs in.
-DIGEST_ENV = "SCALESTUDY_CONTAINER_DIGEST"
-#: Set by exec_prefix inside the container: the commit of the source bound in (files.git_commit).
-COMMIT_ENV = "SCALESTUDY_GIT_COMMIT"
+#: Set by exec_prefix inside the container (vocab.py): the sha256 of the .sif the process runs
+#: in, and the commit of the source bound in (files.git_commit).
+DIGEST_ENV, COMMIT_ENV = vocab.CONTAINER_DIGEST_ENV, vocab.GIT_COMMIT_ENV
 
 # Sections of the Apptainer definition format (user guide, "Definition Files").
 SECTIONS = frozenset(

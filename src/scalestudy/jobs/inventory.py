@@ -23,7 +23,7 @@ import socket
 import subprocess
 from pathlib import Path
 
-from scalestudy import files, log
+from scalestudy import files, log, vocab
 
 logger = log.get(__name__)
 
@@ -209,7 +209,7 @@ def _digest(image: str | None) -> str:
             return image_digest(image)
         except OSError as exc:
             return f"error: {exc}"
-    return os.environ.get("SCALESTUDY_CONTAINER_DIGEST") or ABSENT
+    return os.environ.get(vocab.CONTAINER_DIGEST_ENV) or ABSENT
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

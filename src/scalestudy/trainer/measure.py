@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from scalestudy import files, hardware, log
+from scalestudy import files, hardware, log, vocab
 from scalestudy.trainer import compiling, progress, step_graph
 from scalestudy.trainer import dist as sdist
 from scalestudy.trainer.config import TrainConfig
@@ -336,7 +336,7 @@ def environment(device: torch.device) -> dict:
         "torch_version": torch.__version__,
         "cuda_version": torch.version.cuda if cuda else None,
         "nccl_version": nccl_version() if cuda else None,
-        "container_digest": os.environ.get("SCALESTUDY_CONTAINER_DIGEST") or None,
+        "container_digest": os.environ.get(vocab.CONTAINER_DIGEST_ENV) or None,
     }
 
 
@@ -894,8 +894,8 @@ def device_info(device: torch.device) -> dict:
 def git_commit() -> str | None:
     """The commit of the code that ran: given by the launcher in the container (whose image may
     have no git: jobs/container.py exec_prefix), else read from the source tree."""
-    if os.environ.get("SCALESTUDY_GIT_COMMIT"):
-        return os.environ["SCALESTUDY_GIT_COMMIT"]
+    if os.environ.get(vocab.GIT_COMMIT_ENV):
+        return os.environ[vocab.GIT_COMMIT_ENV]
     sha = files.git_commit(Path(__file__).resolve().parent)
     return None if sha == "unknown" else sha
 
