@@ -365,6 +365,25 @@ def test_make_dataloader() -> None:
     torch.testing.assert_close(xb, loaders.normalize(x[yb], [0.5] * 3, [0.5] * 3))
 
 
+def test_dataloader_ranks_augment_independently_and_reproducibly() -> None:
+    # one image 8 times: the batches of two ranks differ only by their crops and flips
+    x = torch.randint(0, 256, (1, 3, 32, 32), dtype=torch.uint8).repeat(8, 1, 1, 1)
+    kw = dict(world_size=2, seed=0, mean=[0.5] * 3, std=[0.5] * 3, num_workers=0)
+    kw |= dict(local_batch=4, train=True, pin_memory=False, persistent_workers=False)
+
+    def first_batch(rank: int) -> torch.Tensor:
+        torch.manual_seed(0)  # the trainer's shared draw of the initial weights
+        loaders.seed_rank_draws(0, rank)
+        loader, sampler = loaders.make_dataloader(
+            x, torch.zeros(8, dtype=torch.long), rank=rank, prefetch_factor=None, **kw
+        )
+        sampler.set_epoch(0)
+        return next(iter(loader))[0]
+
+    assert torch.equal(first_batch(0), first_batch(0))  # reproducible per rank
+    assert not torch.equal(first_batch(0), first_batch(1))  # not the same crops on every rank
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_device_loader_cuda() -> None:
     x = torch.randint(0, 256, (64, 3, 32, 32), dtype=torch.uint8)

@@ -38,6 +38,14 @@ def derive_seed(*parts: object) -> int:
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
+def seed_rank_draws(seed: int, rank: int) -> None:
+    """Give this rank its own stream of the global torch RNG. Called once the weights, drawn
+    the same on every rank from `seed`, exist: make_dataloader with num_workers=0 augments
+    with the global RNG, and the same stream on every rank would crop and flip every rank's
+    i-th image of a step alike."""
+    torch.manual_seed(derive_seed("rank draws", seed, rank))
+
+
 def prepare_command(dataset: str, data_dir: str | Path) -> str:
     return f"scalestudy prepare-data --dataset {dataset} --data-dir {data_dir}"
 
@@ -407,9 +415,9 @@ def make_dataloader(
     world_size-1 test samples twice), and it shuffles with its own (seed + epoch) order. Call
     sampler.set_epoch(epoch) every epoch. For training the ragged last batch is dropped (as in
     epoch_batches: one input shape for every step) unless it would be the only batch.
-    Augmentation randomness comes from the worker seeds,
-    which derive from the loader's generator seeded from (seed, rank); with num_workers=0 it uses
-    the global torch RNG instead. persistent_workers/prefetch_factor are passed only when
+    Augmentation randomness comes from the worker seeds, which derive from the loader's
+    generator seeded from (seed, rank); with num_workers=0 it uses the global torch RNG instead,
+    seeded per rank by seed_rank_draws. persistent_workers/prefetch_factor are passed only when
     num_workers > 0 (DataLoader rejects them otherwise).
     """
     from torchvision.transforms import v2

@@ -443,6 +443,7 @@ def build(cfg: TrainConfig, denv: sdist.DistEnv, device: torch.device) -> Run:
     ).to(device)
     if numerics.channels_last_weights:
         model = model.to(memory_format=torch.channels_last)
+    loaders.seed_rank_draws(cfg.seed, rank)  # from here on, each rank's own random draws
     graphs = compiling.graphs_mode(cfg, device, total_steps)  # --cuda-graphs auto: compiling.py
     side = torch.cuda.Stream(device) if graphs == "step" else None
     # a step captured with DDP's all-reduces needs DDP built on the capture's side stream
