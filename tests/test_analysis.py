@@ -334,6 +334,16 @@ def test_a_scaling_figure_without_scaling_rows_is_refused_not_drawn_empty(tmp_pa
     assert plots.make_figure(figure, tmp_path / "plots", **data)[0].stat().st_size > 0
 
 
+def test_a_damaged_targets_csv_is_one_clear_error(tmp_path):
+    path = tmp_path / "targets.csv"
+    path.write_text("target,value\nstrong_efficiency,0.8\nstrong_efficiency_gpus,8\n")
+    assert plots.read_targets(path) == {"strong_efficiency": 0.8, "strong_efficiency_gpus": 8}
+    for damaged in ("target,value\nstrong_efficiency,\n", "name,value\nstrong_efficiency,0.8\n"):
+        path.write_text(damaged)
+        with pytest.raises(AnalysisError, match="targets.csv: a row without a target name"):
+            plots.read_targets(path)
+
+
 def test_profile_figure_from_the_fixture(tmp_path):
     shares = [
         {k: str(v) for k, v in r.items()}

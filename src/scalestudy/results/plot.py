@@ -495,13 +495,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="results/plots", help="directory for NAME.{png,pdf}")
 
 
+def read_targets(path: str | Path) -> dict[str, float]:
+    """targets.csv (analyze.py) as {target: value}; a damaged one is one line, not a KeyError."""
+    out = {}
+    for r in read_csv(path, "", "snakemake results/csv/targets.csv"):
+        value = number(r.get("value"))
+        if not r.get("target") or value is None:
+            raise AnalysisError(
+                f"{path}: a row without a target name and a numeric value ({r}); delete it and "
+                "run `snakemake results/csv/targets.csv` to write it again"
+            )
+        out[r["target"]] = value
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     make = "snakemake results/csv/scaling.csv"
     # an AnalysisError: one line from cli.main, exit 2
     data = {
         "scaling": read_csv(args.scaling, "", make),
         "epochs": read_csv(args.epochs, "", "snakemake results/csv/epochs.csv"),
-        "targets": {r["target"]: float(r["value"]) for r in read_csv(args.targets, "", make)},
+        "targets": read_targets(args.targets),
         "shares": read_csv(args.profile_shares, "", make) if args.profile_shares else [],
         "waterfall": (  # read by its own figure only: a hand-run plot needs no waterfall.csv
             read_csv(args.waterfall, "", "snakemake results/csv/waterfall.csv")
