@@ -569,9 +569,23 @@ def test_a_damaged_runs_csv_is_one_line_before_any_table(tmp_path, capsys):
         "no-families": ([{k: v for k, v in r.items() if k != "families"} for r in good],
                         "has no column families: write it again with `scalestudy collect`"),
         "word": ([good[0], {**good[1], "world_size": "two"}],
-                 "run 'w2_r0' has world_size = 'two', not a number"),
+                 "run 'w2_r0' has world_size = 'two', not a whole number >= 1"),
         "blank": ([{**good[0], "global_batch": ""}, good[1]],
-                  "run 'w1_r0' has global_batch = '', not a number"),
+                  "run 'w1_r0' has global_batch = '', not a whole number >= 1"),
+        "fraction": ([{**good[0], "local_batch": "1.5"}, good[1]],
+                     "run 'w1_r0' has local_batch = '1.5', not a whole number >= 1"),
+        "zero-nodes": ([good[0], {**good[1], "nodes": "0"}],
+                       "run 'w2_r0' has nodes = '0', not a whole number >= 1"),
+        "repeat": ([{**good[0], "repeat": "first"}, good[1]],
+                   "run 'w1_r0' has repeat = 'first', not a whole number >= 0"),
+        "infinite": ([good[0], {**good[1], "throughput_img_s": "inf"}],
+                     "run 'w2_r0' has throughput_img_s = 'inf', not a number > 0"),
+        "time": ([{**good[0], "train_time_s": ""}, good[1]],
+                 "run 'w1_r0' has train_time_s = '', not a number"),
+        "accuracy": ([{**good[0], "final_val_acc": "high"}, good[1]],
+                     "run 'w1_r0' has final_val_acc = 'high', not a number"),
+        # a second row of one run would pass for a second repeat of its cell
+        "twice": ([good[0], good[1], good[1]], "run 'w2_r0' has two rows"),
     }  # fmt: skip
     for name, (rows, says) in cases.items():
         path = tmp_path / f"{name}.csv"
@@ -586,6 +600,34 @@ def test_a_damaged_runs_csv_is_one_line_before_any_table(tmp_path, capsys):
     with pytest.raises(SystemExit):  # argparse: exit 2 with its usage line
         cli.main([*argv, "--gpus-per-node", "0"])
     assert "--gpus-per-node: must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_inputs_that_are_not_utf8_text_are_one_line_naming_the_file(tmp_path, capsys):
+    """A CSV or JSON saved as Latin-1 (or any binary file) was a UnicodeDecodeError traceback."""
+    from scalestudy import cli
+    from scalestudy.errors import CollectError, PlanError
+    from scalestudy.results import collect
+    from scalestudy.study import estimate
+
+    latin = tmp_path / "latin1.csv"
+    latin.write_bytes("run,families\nw1_r0,strong caf\xe9\n".encode("latin-1"))
+    says = f"{latin}: byte 29 is not UTF-8 text"  # the offset of the \xe9
+    argv = ["analyze", "--runs", str(latin), "--out-dir", str(tmp_path / "out")]
+    assert cli.main([*argv, "--gpus-per-node", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0] and "snakemake results/csv/runs.csv" in err[0], err
+    # saved by a spreadsheet, with a byte-order mark: read as the same table
+    marked = tmp_path / "marked.csv"
+    marked.write_bytes(b"\xef\xbb\xbfrun,families\nw1_r0,strong\n")
+    assert analysis.read_csv(marked) == [{"run": "w1_r0", "families": "strong"}]
+    for read, error in [
+        (estimate.load_measured, PlanError),
+        (lambda p: estimate.read_wall_seconds(p), PlanError),
+        (collect.load_epochs, CollectError),
+        (collect.load_metrics, CollectError),
+    ]:
+        with pytest.raises(error, match=re.escape(says)):
+            read(latin)
 
 
 def test_collect_refuses_metrics_that_are_no_object_and_epochs_with_ragged_rows(tmp_path):

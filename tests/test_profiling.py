@@ -1536,3 +1536,22 @@ def test_parse_of_a_directory_that_is_no_capture_is_one_line(tmp_path, manifest)
     (cap / "tool.json").write_text(json.dumps(manifest))
     with pytest.raises(ProfileFormatError, match=r"tool\.json: has no tool/input/why.*--ncu"):
         capture._capture_input(cap)
+
+
+@pytest.mark.parametrize(
+    "manifest, says",
+    [
+        ({"tool": "nsyss", "input": "stats", "why": "x"}, "has tool 'nsyss' and input 'stats'"),
+        ({"tool": "torch", "input": 3, "why": "x"}, "has tool 'torch' and input 3"),
+        (b'{"tool": "torch\xe9"}', "unreadable"),  # Latin-1, not UTF-8
+    ],
+    ids=["tool-typo", "input-number", "not-utf8"],
+)
+def test_a_damaged_capture_manifest_is_one_line(tmp_path, manifest, says):
+    """A typo in tool.json's tool was once parsed as a torch capture; a number as its input
+    or bytes that are not UTF-8 were a traceback."""
+    (tmp_path / "tool.json").write_bytes(
+        manifest if isinstance(manifest, bytes) else json.dumps(manifest).encode()
+    )
+    with pytest.raises(ProfileFormatError, match=re.escape(says)):
+        capture._capture_input(tmp_path)

@@ -120,6 +120,30 @@ def number(value: Any) -> float | None:
     return float(text)
 
 
+def _not_text(path: str | os.PathLike, exc: UnicodeDecodeError, error: type, fix: str):
+    return error(f"{path}: byte {exc.start} is not UTF-8 text ({exc.reason}): {fix}")
+
+
+def read_text(path: str | os.PathLike, error: type[Exception], fix: str) -> str:
+    """A text file (JSON, ...) the tool wrote; one that is not UTF-8 raises `error`, one line
+    naming the file, the byte and `fix` (the command that writes it again)."""
+    try:
+        text = Path(path).read_bytes().decode("utf-8")  # as written: no newline translation
+    except UnicodeDecodeError as exc:
+        raise _not_text(path, exc, error, fix) from exc
+    return text.removeprefix("\ufeff")  # the byte-order mark a spreadsheet may save
+
+
+def read_csv_rows(
+    path: str | os.PathLike, error: type[Exception], fix: str, delimiter: str = ","
+) -> list[dict]:
+    """The rows of a CSV (TSV) file as dicts; not UTF-8: `error`, as read_text."""
+    # decoded whole (the tool's CSVs are small): the byte a decode error names is then the
+    # file's own offset, not one within a read chunk
+    text = read_text(path, error, fix)
+    return list(csv.DictReader(io.StringIO(text, newline=""), delimiter=delimiter))
+
+
 def sha256(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     """Hex sha256 of a file, read in 1 MiB pieces (data sets and images are GBs)."""
     h = hashlib.sha256()

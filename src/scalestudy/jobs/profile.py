@@ -551,7 +551,7 @@ def _capture_input(capture_dir: Path) -> tuple[str, Path, str]:
     manifest_path = capture_dir / "tool.json"
     try:
         manifest = json.loads(manifest_path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ProfileFormatError(
             manifest_path, None, f"unreadable ({exc}); made by `scalestudy profile capture`"
         ) from exc
@@ -563,7 +563,15 @@ def _capture_input(capture_dir: Path) -> tuple[str, Path, str]:
             f"has no {'/'.join(keys)}: not a capture's manifest (written "
             "by `scalestudy profile capture`; profile ncu's directory is parsed with --ncu)",
         )
-    return manifest["tool"], capture_dir / manifest["input"], manifest["why"]
+    tool, source = manifest["tool"], manifest["input"]
+    if tool not in ("nsys", "torch") or not isinstance(source, str):
+        raise ProfileFormatError(
+            manifest_path,
+            None,
+            f"has tool {tool!r} and input {source!r}: a capture's manifest names tool nsys or "
+            "torch and its input directory; capture again with `scalestudy profile capture`",
+        )
+    return tool, capture_dir / source, manifest["why"]
 
 
 def parse(args: argparse.Namespace) -> int:

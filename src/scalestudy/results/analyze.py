@@ -73,7 +73,6 @@ trainer, the probe off) is blank, never 0, and lands in the residual, which the 
 from __future__ import annotations
 
 import argparse
-import csv
 import html
 import math
 import statistics
@@ -139,8 +138,7 @@ def read_csv(path: str | Path, what: str = "", make: str = "snakemake") -> list[
     path = Path(path)
     if not path.exists():
         raise AnalysisError(f"missing {path}{what}: run `{make}` first")
-    with path.open(newline="") as f:
-        return list(csv.DictReader(f))
+    return files.read_csv_rows(path, AnalysisError, f"delete it and run `{make}`")
 
 
 def run_measures(row: dict) -> dict:
@@ -837,27 +835,45 @@ def _positive(text: str) -> int:
 
 # what every row of runs.csv needs (collect.py writes them) and which of them are numbers
 RUNS_KEYS = ("run", "families", "precision")
-RUNS_NUMBERS = ("world_size", "nodes", "local_batch", "global_batch", "bucket_cap_mb",
-                "throughput_img_s")  # fmt: skip
+RUNS_COUNTS = ("world_size", "nodes", "local_batch", "global_batch")  # integers >= 1
+RUNS_NUMBERS = (*RUNS_COUNTS, "repeat", "bucket_cap_mb", "throughput_img_s", "train_time_s")
+# measured where the run measured them, else blank ("not measured"): a number or blank
+RUNS_OPTIONAL = tuple(m for m in MEASURES if m not in RUNS_NUMBERS and m != "step_time_s")
 
 
 def check_runs(runs: list[dict], path: str) -> None:
-    """runs.csv as `scalestudy collect` writes it: the columns the tables group and divide by,
-    those numeric; else one AnalysisError naming the file, the run, the column and the fix."""
+    """runs.csv as `scalestudy collect` writes it: one row per run; the columns the tables
+    group, count and divide by, those finite numbers (counts whole and >= 1, throughput > 0);
+    the measurements a number or blank. Else one AnalysisError naming the file, the run, the
+    column and the fix."""
     fix = "write it again with `scalestudy collect` (snakemake results/csv/runs.csv)"
     missing = [c for c in (*RUNS_KEYS, *RUNS_NUMBERS) if c not in runs[0]]
     if missing:
         raise AnalysisError(f"{path} has no column {', '.join(missing)}: {fix}")
+    seen = set()
     for row in runs:
-        for column in RUNS_NUMBERS:
+        if row["run"] in seen:  # a second row would count as a second repeat of its cell
+            raise AnalysisError(f"{path}: run {row['run']!r} has two rows: {fix}")
+        seen.add(row["run"])
+        for column in (*RUNS_NUMBERS, *RUNS_OPTIONAL):
+            value = row.get(column)
             try:
-                ok = files.number(row[column]) is not None  # blank: no number either
+                x = files.number(value)
             except ValueError:
-                ok = False
+                x = math.nan  # not a number
+            if column in RUNS_OPTIONAL and x is None:
+                continue  # not measured
+            if column in RUNS_COUNTS:
+                what, ok = "a whole number >= 1", x is not None and x >= 1 and x == int(x)
+            elif column == "repeat":
+                what, ok = "a whole number >= 0", x is not None and x >= 0 and x == int(x)
+            elif column == "throughput_img_s":
+                what, ok = "a number > 0", x is not None and math.isfinite(x) and x > 0
+            else:
+                what, ok = "a number", x is not None and math.isfinite(x)
             if not ok:
-                value = row[column]
                 raise AnalysisError(
-                    f"{path}: run {row['run']!r} has {column} = {value!r}, not a number: {fix}"
+                    f"{path}: run {row['run']!r} has {column} = {value!r}, not {what}: {fix}"
                 )
 
 

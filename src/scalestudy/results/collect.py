@@ -13,7 +13,6 @@ file and the command that produces it, never a silent blank row.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 from pathlib import Path
 
@@ -112,7 +111,7 @@ def load_metrics(path: Path) -> dict:
     if not path.exists():
         raise CollectError(f"missing {path}: run `snakemake {path}` (or the whole study) first")
     try:
-        metrics = json.loads(path.read_text())
+        metrics = json.loads(files.read_text(path, CollectError, "delete it and rerun the run"))
     except json.JSONDecodeError as exc:
         raise CollectError(
             f"{path} is not valid JSON ({exc}); delete it and rerun the run"
@@ -131,15 +130,14 @@ def load_metrics(path: Path) -> dict:
 def load_epochs(path: Path) -> list[dict]:
     if not path.exists():
         raise CollectError(f"missing {path}: run `snakemake {path.parent / 'metrics.json'}` first")
-    with path.open(newline="") as f:
-        reader = csv.DictReader(f)
-        rows = list(reader)
+    rows = files.read_csv_rows(path, CollectError, "delete the run directory and rerun it")
     if not rows:
         raise CollectError(f"{path} has no epochs; delete the run directory and rerun it")
+    header = [k for k in rows[0] if k is not None]
     for line, row in enumerate(rows, start=2):  # DictReader files extra cells under None
         if None in row or None in row.values():
             raise CollectError(
-                f"{path}, line {line}: {len(reader.fieldnames)} columns in the header but another "
+                f"{path}, line {line}: {len(header)} columns in the header but another "
                 "count of cells here; delete the run directory and rerun it"
             )
     return rows

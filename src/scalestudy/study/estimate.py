@@ -52,14 +52,13 @@ study/plan.py sums these estimates into the plan (tables, reports/plan.md, the d
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import math
 import statistics
 from collections.abc import Iterable
 from pathlib import Path
 
-from scalestudy import vocab
+from scalestudy import files, vocab
 from scalestudy.errors import AnalysisError, PlanError
 from scalestudy.study import model
 from scalestudy.study.runs import RUN_COLUMNS, build_run_table, epoch_micro_steps, same
@@ -280,11 +279,10 @@ def _level_key(level: str, row: dict) -> tuple:
 
 def read_wall_seconds(path: Path) -> float | None:
     """Snakemake's benchmark file of a job: the `s` column of its first row (None if absent)."""
-    try:
-        with path.open(newline="") as f:
-            rows = list(csv.DictReader(f, delimiter="\t"))
-    except FileNotFoundError:
+    if not path.is_file():
         return None
+    fix = "delete it: Snakemake writes it again with the job"
+    rows = files.read_csv_rows(path, PlanError, fix, delimiter="\t")
     return as_float(rows[0].get("s")) if rows else None
 
 
@@ -332,9 +330,8 @@ def load_measured(
     path = Path(runs_csv)
     if not path.is_file():
         return []
-    with path.open(newline="") as f:
-        rows = list(csv.DictReader(f))
     fix = "delete it: the collect rule of `snakemake` writes it again from results/runs"
+    rows = files.read_csv_rows(path, PlanError, fix)
     needed = {"run", "precision", "dataset", *BASE_KEY, *MEASURED_NUMBERS}
     if rows and not needed <= set(rows[0]):
         raise PlanError(
