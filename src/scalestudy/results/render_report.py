@@ -127,7 +127,25 @@ def load_tables(csv_dir: Path, names: tuple[str, ...] = TABLES) -> dict[str, lis
 
 
 def context(tables: dict[str, list[dict]], figures: list[str], figure_dir: str) -> dict:
-    """What the templates see: the CSV rows, grouped for convenience, and the figure names."""
+    """What the templates see: the CSV rows, grouped for convenience, and the figure names.
+    scaling.csv and system.csv without rows, or a CSV without a column grouped here, are
+    refused: the documents would say a family was not part of the study, or fail mid-way."""
+    for name in ("scaling", "system"):
+        if not tables[name]:
+            raise AnalysisError(
+                f"{name}.csv has no rows: `scalestudy analyze` writes rows for every study "
+                "that ran; write it again (snakemake results/csv/scaling.csv)"
+            )
+    try:
+        return _context(tables, figures, figure_dir)
+    except KeyError as exc:
+        raise AnalysisError(
+            f"a CSV lacks the column {exc}: it is older than this version, or not written by "
+            "scalestudy; write them again with `scalestudy analyze` and `scalestudy model`"
+        ) from exc
+
+
+def _context(tables: dict[str, list[dict]], figures: list[str], figure_dir: str) -> dict:
     scaling = tables["scaling"]
     system = {(r["section"], r["key"]): r["value"] for r in tables["system"]}
     families = list(dict.fromkeys(r["family"] for r in scaling))
@@ -242,8 +260,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from scalestudy.results.plot import PLOTTERS
+
     csv_dir = Path(args.csv_dir)
     # an AnalysisError: one line from cli.main, exit 2
+    unknown = [f for f in args.figures if f not in PLOTTERS]
+    if unknown:
+        raise AnalysisError(f"--figures: unknown {unknown}; known: {', '.join(PLOTTERS)}")
     try:
         docs = render(csv_dir, Path(args.templates), args.figures, args.figure_dir)
     except jinja2.TemplateNotFound as exc:
