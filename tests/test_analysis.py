@@ -334,6 +334,26 @@ def test_a_scaling_figure_without_scaling_rows_is_refused_not_drawn_empty(tmp_pa
     assert plots.make_figure(figure, tmp_path / "plots", **data)[0].stat().st_size > 0
 
 
+def test_the_accuracy_figure_refuses_empty_or_damaged_epochs(tmp_path, capsys):
+    from scalestudy import cli
+
+    epoch = {"run": "w1_r0", "families": "strong", "world_size": "1", "local_batch": "32",
+             "precision": "fp32", "bucket_cap_mb": "25", "repeat": "0", "epoch": "1",
+             "epoch_time_s": "2.5", "val_acc": "0.5"}  # fmt: skip
+    assert plots.accuracy_curves([epoch]) == {"1 ranks, local batch 32, fp32": [(1, 2.5, 0.5)]}
+    for epochs, says in [
+        ([], "epochs.csv has no epochs"),  # once: a figure with empty axes
+        ([{k: v for k, v in epoch.items() if k != "val_acc"}], "has no column 'val_acc'"),
+        ([{**epoch, "val_acc": "high"}], "a cell that is not a number"),
+    ]:
+        with pytest.raises(AnalysisError, match=says):
+            plots.make_figure("accuracy", tmp_path / "none", epochs=epochs)
+    assert not (tmp_path / "none").exists()
+    with pytest.raises(SystemExit):  # argparse: a typo names the choices, exit 2
+        cli.main(["plot", "--figure", "throughput", "--device", "gpu"])
+    assert "--device: invalid choice: 'gpu'" in capsys.readouterr().err
+
+
 def test_a_damaged_targets_csv_is_one_clear_error(tmp_path):
     path = tmp_path / "targets.csv"
     path.write_text("target,value\nstrong_efficiency,0.8\nstrong_efficiency_gpus,8\n")

@@ -334,6 +334,18 @@ def plot_waterfall(ax, waterfall, device, **_):
 def accuracy_curves(epochs: list[dict]) -> dict[str, list[tuple[int, float, float]]]:
     """Strong-family configuration -> [(epoch, cumulative training time s, val_acc)], the mean
     over repeats; configurations of other families when the strong family did not run."""
+    fix = "write it again: snakemake results/csv/epochs.csv"
+    if not epochs:
+        raise AnalysisError(f"epochs.csv has no epochs: nothing to draw; {fix}")
+    try:
+        return _accuracy_curves(epochs)
+    except KeyError as exc:
+        raise AnalysisError(f"epochs.csv has no column {exc}: not from `collect`; {fix}") from exc
+    except ValueError as exc:
+        raise AnalysisError(f"epochs.csv has a cell that is not a number ({exc}); {fix}") from exc
+
+
+def _accuracy_curves(epochs: list[dict]) -> dict[str, list[tuple[int, float, float]]]:
     pick = [e for e in epochs if "strong" in e["families"].split(";")] or epochs
     sums: dict[tuple, list] = defaultdict(list)
     for e in pick:
@@ -490,7 +502,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--targets", default="results/csv/targets.csv")
     parser.add_argument("--profile-shares", default="", help="profile_shares.csv (optional)")
     parser.add_argument("--waterfall", default="results/csv/waterfall.csv")
-    parser.add_argument("--device", default="cuda", help="cuda or cpu: names the x axis")
+    parser.add_argument(
+        "--device", default="cuda", choices=("cuda", "cpu"), help="names the x axis"
+    )
     parser.add_argument("--title", default="", help="study name shown above the figure")
     parser.add_argument("--out", default="results/plots", help="directory for NAME.{png,pdf}")
 
