@@ -620,6 +620,22 @@ def test_a_damaged_runs_csv_is_one_line_before_any_table(tmp_path, capsys):
     with pytest.raises(SystemExit):  # argparse: exit 2 with its usage line
         cli.main([*argv, "--gpus-per-node", "0"])
     assert "--gpus-per-node: must be >= 1, got 0" in capsys.readouterr().err
+    # the targets' flags keep the config schema's ranges (once: "E_s at -2 CPU ranks")
+    argv += ["--gpus-per-node", "4"]
+    for flag, value, says in [
+        ("--strong-efficiency", "nan", "must be in (0, 1], got 'nan'"),
+        ("--strong-efficiency", "0", "must be in (0, 1], got '0'"),
+        ("--strong-efficiency", "5", "must be in (0, 1], got '5'"),
+        ("--strong-efficiency-gpus", "-2", "must be a whole number >= 2, got '-2'"),
+        ("--strong-efficiency-gpus", "2.5", "must be a whole number >= 2, got '2.5'"),
+        ("--accuracy-tolerance", "inf", "must be a number >= 0, got 'inf'"),
+        ("--weak-deviation", "-0.1", "must be a number >= 0, got '-0.1'"),
+    ]:
+        with pytest.raises(SystemExit):
+            cli.main([*argv, flag, value])
+        assert f"{flag}: {says}" in capsys.readouterr().err
+    assert not out.exists()
+    assert cli.main([*argv, "--strong-efficiency", "1", "--strong-efficiency-gpus", "2"]) == 0
 
 
 def test_inputs_that_are_not_utf8_text_are_one_line_naming_the_file(tmp_path, capsys):

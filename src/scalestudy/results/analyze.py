@@ -823,7 +823,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--configfile", default="", help="the study's config file (reproduce)")
     for key, value in DEFAULT_TARGETS.items():
         flag = "--" + key.replace("_", "-")
-        parser.add_argument(flag, type=type(value), default=value, help=f"target (default {value})")
+        parser.add_argument(flag, type=_target(key), default=value, help=f"default {value}")
+
+
+# the ranges of the config schema's report.targets (workflow/schemas/config.schema.yaml)
+TARGET_RANGES = {
+    "strong_efficiency": (0.0, 1.0, "in (0, 1]"),
+    "strong_efficiency_gpus": (2, math.inf, "a whole number >= 2"),
+    "weak_deviation": (0.0, math.inf, "a number >= 0"),
+    "optimisation_speedup": (0.0, math.inf, "a number >= 0"),
+    "accuracy_tolerance": (0.0, math.inf, "a number >= 0"),
+}
+
+
+def _target(key: str):
+    """argparse type of a target flag: a finite number in the schema's range."""
+    low, high, what = TARGET_RANGES[key]
+    kind = type(DEFAULT_TARGETS[key])
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
+        in_range = low < value <= high if key == "strong_efficiency" else low <= value <= high
+        if not (math.isfinite(value) and in_range):
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
+        return value
+
+    parse.__name__ = key  # argparse names the type in its messages
+    return parse
 
 
 def _positive(text: str) -> int:
