@@ -322,6 +322,16 @@ def test_command_refuses_a_bad_runs_csv_in_one_line(tmp_path):
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        "scalestudy model: runs.csv has no column throughput_img_s: run `collect` again"
+        f"scalestudy model: {tmp_path / 'runs.csv'} has no column throughput_img_s: write it "
+        "again with `scalestudy collect` (snakemake results/csv/runs.csv)"
     ]
+    assert not (tmp_path / "model.csv").exists()
+    # a fraction of a rank was once cut to a whole one, an infinite throughput an SVD error
+    for column, value in [("world_size", "1.5"), ("throughput_img_s", "inf")]:
+        rows = demo_rows()
+        rows[1][column] = value
+        write_rows(tmp_path / "runs.csv", rows)
+        argv = ["model", "--runs", str(tmp_path / "runs.csv"), "--out-dir", str(tmp_path)]
+        with pytest.raises(AnalysisError, match=f"has {column} = '{value}', not a"):
+            model_csv.run(cli.build_parser(argv).parse_args(argv))
     assert not (tmp_path / "model.csv").exists()

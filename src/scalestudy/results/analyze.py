@@ -870,27 +870,33 @@ RUNS_NUMBERS = (*RUNS_COUNTS, "repeat", "bucket_cap_mb", "throughput_img_s", "tr
 RUNS_OPTIONAL = tuple(m for m in MEASURES if m not in RUNS_NUMBERS and m != "step_time_s")
 
 
-def check_runs(runs: list[dict], path: str) -> None:
+def check_runs(
+    runs: list[dict],
+    path: str,
+    keys: tuple[str, ...] = RUNS_KEYS,
+    numbers: tuple[str, ...] = RUNS_NUMBERS,
+    optional: tuple[str, ...] = RUNS_OPTIONAL,
+) -> None:
     """runs.csv as `scalestudy collect` writes it: one row per run; the columns the tables
-    group, count and divide by, those finite numbers (counts whole and >= 1, throughput > 0);
-    the measurements a number or blank. Else one AnalysisError naming the file, the run, the
-    column and the fix."""
+    group, count and divide by (`keys`, `numbers`), those finite numbers (counts whole and
+    >= 1, throughput > 0); the measurements (`optional`) a number or blank. Else one
+    AnalysisError naming the file, the run, the column and the fix."""
     fix = "write it again with `scalestudy collect` (snakemake results/csv/runs.csv)"
-    missing = [c for c in (*RUNS_KEYS, *RUNS_NUMBERS) if c not in runs[0]]
+    missing = [c for c in ("run", *keys, *numbers) if c not in runs[0]]
     if missing:
-        raise AnalysisError(f"{path} has no column {', '.join(missing)}: {fix}")
+        raise AnalysisError(f"{path} has no column {', '.join(dict.fromkeys(missing))}: {fix}")
     seen = set()
     for row in runs:
         if row["run"] in seen:  # a second row would count as a second repeat of its cell
             raise AnalysisError(f"{path}: run {row['run']!r} has two rows: {fix}")
         seen.add(row["run"])
-        for column in (*RUNS_NUMBERS, *RUNS_OPTIONAL):
+        for column in (*numbers, *(c for c in optional if c in row)):
             value = row.get(column)
             try:
                 x = files.number(value)
             except ValueError:
                 x = math.nan  # not a number
-            if column in RUNS_OPTIONAL and x is None:
+            if column in optional and x is None:
                 continue  # not measured
             if column in RUNS_COUNTS:
                 what, ok = "a whole number >= 1", x is not None and x >= 1 and x == int(x)

@@ -32,7 +32,7 @@ import math
 from pathlib import Path
 
 from scalestudy import files, log
-from scalestudy.results.analyze import cell, read_csv
+from scalestudy.results.analyze import RUNS_COUNTS, cell, check_runs, read_csv
 from scalestudy.study import model
 
 logger = log.get(__name__)
@@ -77,6 +77,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     rows = read_csv(args.runs, " (one row per run)", "snakemake results/csv/runs.csv")
+    if rows:  # none: model.points says so; damage names this file, not a truncated fit
+        check_runs(rows, args.runs, keys=(), numbers=(*RUNS_COUNTS, "throughput_img_s"))
     pts, skipped = model.points(rows)  # an AnalysisError: one line, before anything is written
     fit = model.fit_points(pts)
     table = model_table(pts, skipped, fit)
