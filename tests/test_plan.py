@@ -237,13 +237,21 @@ def test_measured_runs_are_read_with_wall_times_and_damage_is_refused(tmp_path):
     measured = plan.load_measured(runs_csv, bench)
     # the bf16 row has no throughput (no steady-state window): it calibrates nothing
     assert [(m["run"], m["wall_s"]) for m in measured] == [("w1_lb8_fp32_ddp_bk25_r0", 56.0)]
-    rows[0]["throughput_img_s"] = ""
-    write(rows)
-    with pytest.raises(
-        PlanError,
-        match=r"runs.csv, run 'w1_lb8_fp32_ddp_bk25_r0': throughput_img_s is '', not a number",
-    ):
-        plan.load_measured(runs_csv, bench)
+    good = dict(rows[0])
+    for column, value, what in [
+        ("throughput_img_s", "", "a finite number"),
+        ("throughput_img_s", "inf", "a finite number"),
+        ("world_size", "1.5", "a whole number >= 1"),  # once: calibrated as 1 rank
+        ("nodes", "0", "a whole number >= 1"),
+        ("limit_train", "-1", "a whole number >= 0"),
+    ]:
+        rows[0] = {**good, column: value}
+        write(rows)
+        with pytest.raises(
+            PlanError,
+            match=rf"runs.csv, run 'w1_lb8_fp32_ddp_bk25_r0': {column} is '{value}', not {what}",
+        ):
+            plan.load_measured(runs_csv, bench)
 
 
 @pytest.mark.parametrize("flag", ["--runs-csv", "--benchmarks"])

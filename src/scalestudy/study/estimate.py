@@ -341,9 +341,15 @@ def load_measured(
     measured = []
     for row in rows:
         for column in MEASURED_NUMBERS:
-            if as_float(row[column]) is None:
+            x = as_float(row[column])
+            # counts whole (>= 1; the limits >= 0, 0 = all), throughputs finite
+            least = 0 if column.startswith("limit_") else 1
+            whole = not column.startswith("throughput")
+            what = f"a whole number >= {least}" if whole else "a finite number"
+            ok = x is not None and math.isfinite(x) and (not whole or (x >= least and x == int(x)))
+            if not ok:
                 raise PlanError(
-                    f"{path}, run {row['run']!r}: {column} is {row[column]!r}, not a number; {fix}"
+                    f"{path}, run {row['run']!r}: {column} is {row[column]!r}, not {what}; {fix}"
                 )
         if row["dataset"] not in vocab.DATASETS:
             raise PlanError(
