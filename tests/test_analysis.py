@@ -358,7 +358,11 @@ def test_a_damaged_targets_csv_is_one_clear_error(tmp_path):
     path = tmp_path / "targets.csv"
     path.write_text("target,value\nstrong_efficiency,0.8\nstrong_efficiency_gpus,8\n")
     assert plots.read_targets(path) == {"strong_efficiency": 0.8, "strong_efficiency_gpus": 8}
-    for damaged in ("target,value\nstrong_efficiency,\n", "name,value\nstrong_efficiency,0.8\n"):
+    for damaged in (
+        "target,value\nstrong_efficiency,\n",
+        "target,value\nstrong_efficiency,high\n",
+        "name,value\nstrong_efficiency,0.8\n",
+    ):
         path.write_text(damaged)
         with pytest.raises(AnalysisError, match="targets.csv: a row without a target name"):
             plots.read_targets(path)
@@ -594,6 +598,8 @@ def test_a_damaged_runs_csv_is_one_line_before_any_table(tmp_path, capsys):
                   "run 'w1_r0' has global_batch = '', not a whole number >= 1"),
         "fraction": ([{**good[0], "local_batch": "1.5"}, good[1]],
                      "run 'w1_r0' has local_batch = '1.5', not a whole number >= 1"),
+        "infinite-ranks": ([good[0], {**good[1], "world_size": "inf"}],
+                           "run 'w2_r0' has world_size = 'inf', not a whole number >= 1"),
         "zero-nodes": ([good[0], {**good[1], "nodes": "0"}],
                        "run 'w2_r0' has nodes = '0', not a whole number >= 1"),
         "repeat": ([{**good[0], "repeat": "first"}, good[1]],

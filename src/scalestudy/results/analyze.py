@@ -898,14 +898,15 @@ def check_runs(
                 x = math.nan  # not a number
             if column in optional and x is None:
                 continue  # not measured
+            finite = x is not None and math.isfinite(x)
             if column in RUNS_COUNTS:
-                what, ok = "a whole number >= 1", x is not None and x >= 1 and x == int(x)
+                what, ok = "a whole number >= 1", finite and x >= 1 and x == int(x)
             elif column == "repeat":
-                what, ok = "a whole number >= 0", x is not None and x >= 0 and x == int(x)
+                what, ok = "a whole number >= 0", finite and x >= 0 and x == int(x)
             elif column == "throughput_img_s":
-                what, ok = "a number > 0", x is not None and math.isfinite(x) and x > 0
+                what, ok = "a number > 0", finite and x > 0
             else:
-                what, ok = "a number", x is not None and math.isfinite(x)
+                what, ok = "a number", finite
             if not ok:
                 raise AnalysisError(
                     f"{path}: run {row['run']!r} has {column} = {value!r}, not {what}: {fix}"

@@ -513,7 +513,10 @@ def read_targets(path: str | Path) -> dict[str, float]:
     """targets.csv (analyze.py) as {target: value}; a damaged one is one line, not a KeyError."""
     out = {}
     for r in read_csv(path, "", "snakemake results/csv/targets.csv"):
-        value = number(r.get("value"))
+        try:
+            value = number(r.get("value"))
+        except ValueError:
+            value = None  # a word: no number either
         if not r.get("target") or value is None:
             raise AnalysisError(
                 f"{path}: a row without a target name and a numeric value ({r}); delete it and "

@@ -134,7 +134,7 @@ def context(tables: dict[str, list[dict]], figures: list[str], figure_dir: str) 
         if not tables[name]:
             raise AnalysisError(
                 f"{name}.csv has no rows: `scalestudy analyze` writes rows for every study "
-                "that ran; write it again (snakemake results/csv/scaling.csv)"
+                f"that ran; write it again (snakemake results/csv/{name}.csv)"
             )
     try:
         return _context(tables, figures, figure_dir)
