@@ -17,6 +17,13 @@ from scalestudy.results import render_report as report
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
+def scaling_rows(runs: list[dict]) -> list[dict]:
+    """analysis.scaling_table(runs) as plot reads it from scaling.csv: every cell a string."""
+    return [
+        {k: "" if v is None else str(v) for k, v in r.items()} for r in analysis.scaling_table(runs)
+    ]
+
+
 def run(
     run_id,
     families,
@@ -321,16 +328,12 @@ def test_a_scaling_figure_without_scaling_rows_is_refused_not_drawn_empty(tmp_pa
     assert not (tmp_path / "plots").exists()
     # a precision-only table has no strong or weak rows either; with one, the figure is drawn
     rows = [run("w1_bf16", "precision", 1, 64, 2000, precision="bf16")]
-    scaling = [
-        {k: "" if v is None else str(v) for k, v in r.items()} for r in analysis.scaling_table(rows)
-    ]
+    scaling = scaling_rows(rows)
     data = {"scaling": scaling, "targets": {}, "device": "cpu"}
     with pytest.raises(AnalysisError, match="no strong or weak rows"):
         plots.make_figure(figure, tmp_path / "plots", **data)
     rows = [run("w1", "strong", 1, 64, 1000), run("w2", "strong", 2, 64, 1800)]
-    data["scaling"] = [
-        {k: "" if v is None else str(v) for k, v in r.items()} for r in analysis.scaling_table(rows)
-    ]
+    data["scaling"] = scaling_rows(rows)
     assert plots.make_figure(figure, tmp_path / "plots", **data)[0].stat().st_size > 0
 
 
@@ -396,9 +399,7 @@ def test_gpu_util_figure_covers_every_family_and_survives_no_data(tmp_path):
         run("w1_bf16", "precision", 1, 64, 2000, precision="bf16"),
     ]
     runs[0]["gpu_util_mean"], runs[1]["gpu_util_mean"] = "91.5", "88.0"
-    scaling = [
-        {k: "" if v is None else str(v) for k, v in r.items()} for r in analysis.scaling_table(runs)
-    ]
+    scaling = scaling_rows(runs)
     series = plots.gpu_util_series(scaling)
     assert {k: [p[:2] for p in v] for k, v in series.items()} == {
         "precision: bf16": [(1, 88.0)],
@@ -558,9 +559,7 @@ def test_one_repeat_draws_no_error_bar_and_waterfall_bars_name_their_configurati
         run("w1", "strong", 1, 64, 1100.0, repeat=1),
         run("w2", "strong", 2, 32, 1900.0, repeat=0),
     ]
-    scaling = [
-        {k: "" if v is None else str(v) for k, v in r.items()} for r in analysis.scaling_table(runs)
-    ]
+    scaling = scaling_rows(runs)
     fig, ax = plots._pyplot().subplots()
     plots.plot_throughput(ax, scaling, "cpu")
     [bars] = [c for c in ax.containers if hasattr(c, "has_yerr") and c.has_yerr]

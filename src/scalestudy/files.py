@@ -120,6 +120,12 @@ def number(value: Any) -> float | None:
     return float(text)
 
 
+def is_count(x: float | None, least: int = 1) -> bool:
+    """x (a cell read by `number`) is a finite whole number >= least: a count of ranks, nodes,
+    images or a repeat index."""
+    return x is not None and math.isfinite(x) and x >= least and x == int(x)
+
+
 def _not_text(path: str | os.PathLike, exc: UnicodeDecodeError, error: type, fix: str):
     return error(f"{path}: byte {exc.start} is not UTF-8 text ({exc.reason}): {fix}")
 

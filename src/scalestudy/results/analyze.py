@@ -900,9 +900,9 @@ def check_runs(
                 continue  # not measured
             finite = x is not None and math.isfinite(x)
             if column in RUNS_COUNTS:
-                what, ok = "a whole number >= 1", finite and x >= 1 and x == int(x)
+                what, ok = "a whole number >= 1", files.is_count(x, 1)
             elif column == "repeat":
-                what, ok = "a whole number >= 0", finite and x >= 0 and x == int(x)
+                what, ok = "a whole number >= 0", files.is_count(x, 0)
             elif column == "throughput_img_s":
                 what, ok = "a number > 0", finite and x > 0
             else:

@@ -343,10 +343,11 @@ def load_measured(
         for column in MEASURED_NUMBERS:
             x = as_float(row[column])
             # counts whole (>= 1; the limits >= 0, 0 = all), throughputs finite
-            least = 0 if column.startswith("limit_") else 1
-            whole = not column.startswith("throughput")
-            what = f"a whole number >= {least}" if whole else "a finite number"
-            ok = x is not None and math.isfinite(x) and (not whole or (x >= least and x == int(x)))
+            if column.startswith("throughput"):
+                what, ok = "a finite number", x is not None and math.isfinite(x)
+            else:
+                least = 0 if column.startswith("limit_") else 1
+                what, ok = f"a whole number >= {least}", files.is_count(x, least)
             if not ok:
                 raise PlanError(
                     f"{path}, run {row['run']!r}: {column} is {row[column]!r}, not {what}; {fix}"
