@@ -445,3 +445,18 @@ def test_damaged_tables_are_one_line_and_write_nothing(done, tmp_path, capsys, d
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and says in err[0], err
     assert not out.exists()
+
+
+def test_an_unknown_figure_is_refused_by_name_before_the_tables_are_read(tmp_path, capsys):
+    """--figures throughputt reached the templates' caption table and was blamed on the CSVs
+    ("a CSV ... lacks what the templates read")."""
+    from scalestudy import cli
+
+    out = tmp_path / "reports"
+    argv = ["render-report", "--csv-dir", str(tmp_path / "none"), "--out-dir", str(out)]
+    with pytest.raises(SystemExit) as exc:
+        cli.main([*argv, "--figures", "throughput", "throughputt"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "invalid choice: 'throughputt'" in err and "efficiency" in err
+    assert "lacks what the templates read" not in err and not out.exists()

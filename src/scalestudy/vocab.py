@@ -50,6 +50,21 @@ SWITCHES = ("auto", "on", "off")
 # --cuda-graphs: the switches plus step, the whole training step as one CUDA graph (on: the
 # compiled pieces' graphs, torch.compile mode reduce-overhead; trainer/compiling.py)
 CUDA_GRAPHS = (*SWITCHES, "step")
+# figures of `scalestudy plot` (results/plots/<name>.{png,pdf}); order = order in the report.
+# render-report's --figures takes only these: a misspelt name would reach the templates' caption
+# table and be blamed on the CSVs.
+FIGURES = (
+    "throughput",
+    "efficiency",
+    "epoch_time",
+    "comm_fraction",
+    "waterfall",
+    "precision",
+    "bucket",
+    "accuracy",
+    "gpu_util",
+    "profile",
+)
 
 # Environment variables jobs/container.py's exec_prefix sets inside the container, read by the
 # trainer (metrics.json) and jobs/inventory.py: the sha256 of the .sif the process runs in, and

@@ -16,7 +16,7 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
-from scalestudy import log
+from scalestudy import log, vocab
 from scalestudy.errors import AnalysisError
 from scalestudy.files import number
 from scalestudy.results.analyze import PROFILE_CATEGORIES, read_csv
@@ -454,17 +454,18 @@ def plot_profile(ax, shares, **_):
     ax.legend(ncols=3, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.15))
 
 
+# one per name of vocab.FIGURES, in its order (tests/test_vocabulary.py)
 PLOTTERS = {
     "throughput": plot_throughput,
     "efficiency": plot_efficiency,
     "epoch_time": plot_epoch_time,
     "comm_fraction": plot_comm_fraction,
+    "waterfall": plot_waterfall,
     "precision": plot_precision,
     "bucket": plot_bucket,
     "accuracy": plot_accuracy,
     "gpu_util": plot_gpu_util,
     "profile": plot_profile,
-    "waterfall": plot_waterfall,
 }
 
 
@@ -496,7 +497,7 @@ def make_figure(name: str, out_dir: Path, title: str = "", **data) -> list[Path]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--figure", required=True, choices=list(PLOTTERS))
+    parser.add_argument("--figure", required=True, choices=vocab.FIGURES)
     parser.add_argument("--scaling", default="results/csv/scaling.csv")
     parser.add_argument("--epochs", default="results/csv/epochs.csv")
     parser.add_argument("--targets", default="results/csv/targets.csv")

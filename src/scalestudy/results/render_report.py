@@ -251,7 +251,14 @@ def numbers_backed_by_csvs(text: str, tables: dict[str, list[dict]]) -> list[str
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--csv-dir", default="results/csv")
     parser.add_argument("--templates", default=str(TEMPLATES), help="(default: %(default)s)")
-    parser.add_argument("--figures", nargs="*", default=[], help="figure names (results/plots)")
+    parser.add_argument(
+        "--figures",
+        nargs="*",
+        default=[],
+        choices=vocab.FIGURES,
+        metavar="FIGURE",
+        help=f"figures of results/plots to show, of: {', '.join(vocab.FIGURES)}",
+    )
     parser.add_argument(
         "--figure-dir", default="../results/plots", help="figures, relative to the documents"
     )
