@@ -307,16 +307,24 @@ def test_collect_of_a_damaged_run_table_is_one_line_naming_the_line(tmp_path, ca
     argv = ["matrix", "--config", str(ROOT / "config" / "demo.yaml"), "--out", str(out)]
     assert main([*argv, "--set", "dataset=synthetic"]) == 0
     lines = out.read_text().splitlines()
-    cut, bad = tmp_path / "cut.tsv", tmp_path / "bad.tsv"
+    cut, bad, bare = tmp_path / "cut.tsv", tmp_path / "bad.tsv", tmp_path / "bare.tsv"
     cut.write_text("\n".join([*lines[:2], lines[2][:40]]) + "\n")
     cells = lines[1].split("\t")
     cells[RUN_COLUMNS.index("world_size")] = "two"
     bad.write_text("\n".join([lines[0], "\t".join(cells)]) + "\n")
-    for path, says in ((cut, "line 3: "), (bad, "line 2: world_size is 'two', not a number")):
+    bare.write_text(lines[0] + "\n")  # collect wrote an empty runs.csv and epochs.csv from it
+    for path, says in (
+        (cut, "line 3: "),
+        (bad, "line 2: world_size is 'two', not a number"),
+        (bare, "a header and no runs"),
+    ):
         with pytest.raises(RunTableError, match=says):
             read_runs_tsv(path)
         capsys.readouterr()
-        assert main(["collect", "--runs", str(path), "--runs-dir", str(tmp_path)]) == 2
+        csv = tmp_path / "results"
+        outs = ["--out-runs", str(csv / "runs.csv"), "--out-epochs", str(csv / "epochs.csv")]
+        assert main(["collect", "--runs", str(path), "--runs-dir", str(tmp_path), *outs]) == 2
         err = capsys.readouterr().err
-        assert err.startswith(f"scalestudy collect: {path}, {says}") and "scalestudy matrix" in err
+        assert err.startswith(f"scalestudy collect: {path}") and says in err, err
+        assert "scalestudy matrix" in err and not csv.exists()
         assert "Traceback" not in err
