@@ -518,6 +518,36 @@ def test_cli_parse_nsys_writes_both_schemas(tmp_path):
     assert tuple(r[0]) == schema.RANGE_COLUMNS and len(r) == 8
 
 
+def test_merge_joins_runs_and_refuses_a_run_given_twice(tmp_path, capsys):
+    """`profile merge` of the same run's CSV twice (or a copy of it) doubled its rows, and with
+    them every kernel share and sum of the analysis."""
+    from scalestudy import cli
+
+    made = []
+    for run in ("w1", "w2"):
+        args = _profile_parse(
+            *("--nsys-stats", str(FIX / "nsys-2024.5"), "--run", run),
+            *("--out-kernels", str(tmp_path / f"{run}.csv")),
+            *("--out-ranges", str(tmp_path / f"{run}-ranges.csv")),
+        )
+        assert capture.parse(args) == 0
+        made.append(tmp_path / f"{run}.csv")
+    out = tmp_path / "all.csv"
+    argv = ["profile", "merge", "--schema", "kernels", "--out", str(out)]
+    assert cli.main([*argv, *map(str, made)]) == 0
+    merged = list(csv.DictReader(out.open()))
+    assert [r["run"] for r in merged] == ["w1"] * 25 + ["w2"] * 25
+    copy = tmp_path / "copy.csv"
+    copy.write_bytes(made[1].read_bytes())
+    for twice in ([made[0], made[0]], [*made, copy]):
+        out.unlink(missing_ok=True)
+        assert cli.main([*argv, *map(str, twice)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"{twice[-1]}: run " in err[0], err
+        assert f"is also in {twice[-2]}; merge each run's CSV once" in err[0]
+        assert not out.exists()
+
+
 def test_cli_parse_ncu_writes_the_ncu_schema(tmp_path):
     out = tmp_path / "n.csv"
     args = _profile_parse("--ncu", str(FIX / "ncu-2022.4"), "--run", "old", "--out-ncu", str(out))

@@ -204,8 +204,18 @@ def read_csv(path: str | Path, columns: tuple[str, ...]) -> list[dict]:
 
 
 def merge_csvs(paths: Iterable[str | Path], columns: tuple[str, ...]) -> str:
-    """Concatenate per-run CSVs of one schema (header checked) into one CSV text."""
+    """Concatenate per-run CSVs of one schema (header checked) into one CSV text. A run in two
+    of them (a file given twice, or copied under another name) is refused: its rows would count
+    twice in every share and sum of the analysis."""
     rows: list[dict] = []
+    came_from: dict[str, Path] = {}  # run -> the input that held it
     for p in paths:
-        rows.extend(read_csv(p, columns))
+        new = read_csv(p, columns)
+        for run in dict.fromkeys(r["run"] for r in new):
+            if run in came_from:
+                raise ProfileFormatError(
+                    p, None, f"run {run!r} is also in {came_from[run]}; merge each run's CSV once"
+                )
+            came_from[run] = Path(p)
+        rows.extend(new)
     return csv_text(columns, rows)
