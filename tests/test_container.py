@@ -142,6 +142,20 @@ def test_missing_bootstrap_and_wrong_order(tmp_path):
     assert any("must be the first header line" in p for p in problems)
 
 
+def test_an_unknown_bootstrap_agent_is_named_with_the_closest_one(tmp_path):
+    """'Bootstrap: dockr' passed `container check` and failed only when Apptainer started."""
+    text = variant("Bootstrap: docker", "Bootstrap: dockr")
+    [problem] = problems_of(tmp_path, text)
+    assert f"{tmp_path / 'x.def'}:{line_of(text, 'Bootstrap:')}: 'Bootstrap: dockr'" in problem
+    assert "is no Apptainer bootstrap agent (did you mean 'docker'?)" in problem
+    for agent in ("docker", "localimage", "oci-archive", "dnf", "Docker"):
+        assert not [
+            p
+            for p in problems_of(tmp_path, variant("Bootstrap: docker", f"Bootstrap: {agent}"))
+            if "bootstrap agent" in p
+        ], agent
+
+
 @pytest.mark.parametrize(
     ("ref", "why"),
     [

@@ -70,6 +70,14 @@ APP_SECTIONS = frozenset(
     {"appinstall", "apphelp", "apprun", "applabels", "appenv", "appfiles", "apptest", "appstart"}
 )
 REQUIRED_SECTIONS = ("post", "test", "labels")
+# Bootstrap agents of Apptainer's definition format (user guide, "Definition Files": preferred
+# and other agents, and the appendix's dnf alias of yum): a misspelt one ('dockr') fails only
+# when `apptainer build` starts, on the build node.
+BOOTSTRAP_AGENTS = (
+    *("library", "docker", "shub", "oras", "scratch", "localimage", "yum", "dnf"),
+    *("debootstrap", "oci", "oci-archive", "docker-daemon", "docker-archive"),
+    *("arch", "busybox", "zypper"),
+)
 
 _HEADER_RE = re.compile(r"^([A-Za-z][A-Za-z0-9_-]*)\s*:\s*(.*?)\s*$")
 _SECTION_RE = re.compile(r"^%(\S+)(?:[ \t]+(.*?))?\s*$")
@@ -447,6 +455,13 @@ def _header_problems(defn: Definition) -> list[str]:
         problems.append(f"{defn.path}: header: 'Bootstrap:' is missing (e.g. 'Bootstrap: docker')")
     elif header_keys[0] != "Bootstrap":
         problems.append(f"{defn.where('Bootstrap')}: 'Bootstrap:' must be the first header line")
+    if bootstrap is not None and bootstrap.lower() not in BOOTSTRAP_AGENTS:
+        close = difflib.get_close_matches(bootstrap.lower(), BOOTSTRAP_AGENTS, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        problems.append(
+            f"{defn.where('Bootstrap')}: 'Bootstrap: {bootstrap}' is no Apptainer bootstrap "
+            f"agent{hint}; known: {', '.join(BOOTSTRAP_AGENTS)}"
+        )
     ref = defn.header.get("From")
     if ref is None:
         problems.append(
