@@ -254,6 +254,24 @@ def test_measured_runs_are_read_with_wall_times_and_damage_is_refused(tmp_path):
             plan.load_measured(runs_csv, bench)
 
 
+def test_a_model_error_names_the_runs_csv_it_came_from(tmp_path):
+    """The scaling model's complaint about a measured row named results/csv/runs.csv even when
+    the rows came from another file (--runs-csv)."""
+    other = tmp_path / "other-runs.csv"
+    row = measured_row("w1_lb8_fp32_ddp_bk25_r0", 50.0, 1, grad_sync_bytes="many")
+    with other.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=[k for k in row if k != "wall_s"])
+        writer.writeheader()
+        writer.writerow({k: v for k, v in row.items() if k != "wall_s"})
+    measured = plan.load_measured(other, tmp_path)
+    with pytest.raises(PlanError) as exc:
+        plan.model_holdout(measured)
+    assert str(exc.value) == (
+        f"{other}: runs.csv: run 'w1_lb8_fp32_ddp_bk25_r0' has grad_sync_bytes = 'many', not a "
+        "number"
+    )
+
+
 @pytest.mark.parametrize("flag", ["--runs-csv", "--benchmarks"])
 def test_a_measured_path_given_but_missing_is_refused_not_ignored(tmp_path, capsys, flag):
     # a typo here once gave an uncalibrated plan that looked calibrated

@@ -65,6 +65,7 @@ from scalestudy.study.runs import RUN_COLUMNS, build_run_table, epoch_micro_step
 
 RUNS_CSV = "results/csv/runs.csv"
 BENCHMARKS_DIR = "benchmarks/train"
+SOURCE = "source_csv"  # key load_measured adds to each row: the runs.csv it was read from
 PLAN_MD = "reports/plan.md"
 PLAN_CSV = "results/plan.csv"
 # measured runs must match the estimated run in these columns to calibrate it at all
@@ -326,7 +327,8 @@ def load_measured(
     runs_csv: str | Path = RUNS_CSV, benchmarks_dir: str | Path = BENCHMARKS_DIR
 ) -> list[dict]:
     """Rows of results/csv/runs.csv (none if it does not exist) with `wall_s` added from
-    benchmarks/train/<run>.tsv (None when there is no benchmark file)."""
+    benchmarks/train/<run>.tsv (None when there is no benchmark file) and SOURCE, the file
+    read (for on_measured's messages)."""
     path = Path(runs_csv)
     if not path.is_file():
         return []
@@ -358,7 +360,8 @@ def load_measured(
             )
         if float(row["throughput_img_s_per_rank"]) <= 0:
             continue  # a run without a steady-state window calibrates nothing
-        row = dict(row, wall_s=read_wall_seconds(Path(benchmarks_dir) / f"{row['run']}.tsv"))
+        wall_s = read_wall_seconds(Path(benchmarks_dir) / f"{row['run']}.tsv")
+        row = dict(row, wall_s=wall_s, **{SOURCE: str(path)})
         measured.append(row)
     return measured
 
@@ -375,11 +378,13 @@ def _startup_overhead(config: dict, row: dict) -> float | None:
 
 def on_measured(fn, rows: list[dict]):
     """study/model.py's fn (fit_study, holdout) over measured runs.csv rows; a cell it cannot
-    read (AnalysisError) becomes the plan's one-line PlanError naming the file."""
+    read (AnalysisError) becomes the plan's one-line PlanError naming the file the rows came
+    from (--runs-csv, not always the study's own)."""
     try:
         return fn(rows)
     except AnalysisError as exc:
-        raise PlanError(f"{RUNS_CSV}: {exc}") from None
+        source = rows[0].get(SOURCE, RUNS_CSV) if rows else RUNS_CSV
+        raise PlanError(f"{source}: {exc}") from None
 
 
 @dataclasses.dataclass
