@@ -122,6 +122,32 @@ def test_array_jobs_are_refused_for_the_launch_rules_only():
     assert resources.array_jobs_refusal(object()) is None
 
 
+def test_a_gpu_type_is_asked_for_as_typed_gres_on_every_node():
+    """hardware.gpu_type: on a partition of mixed GPU models an untyped gpu:N could measure one
+    study's runs on different GPUs."""
+    config = study(gpu_type="h100")
+    table = runs(config)
+    gres = {
+        r: resources.slurm_resources(row, config["hardware"])["gres"] for r, row in table.items()
+    }
+    assert gres["w1_lb8_fp32_ddp_bk25_r0"] == "gpu:h100:1"
+    assert gres["w4_lb2_fp32_ddp_bk25_r0"] == "gpu:h100:2"  # per node, 2 nodes x 2
+    assert set(gres.values()) == {"gpu:h100:1", "gpu:h100:2"}
+    # the Slurm executor's own check of --gres (set_gres_string) accepts what is asked for
+    from snakemake_executor_plugin_slurm.utils import set_gres_string
+
+    for typed in (gres["w4_lb2_fp32_ddp_bk25_r0"], resources.gres("cuda", "a100_80g.sxm", 4)):
+        job = SimpleNamespace(resources=_Resources(gres=typed))
+        assert set_gres_string(job) == f" --gres={typed}"
+
+
+class _Resources(dict):
+    """job.resources as the executor reads it: .get(name) and attribute access."""
+
+    def __getattr__(self, name):
+        return self[name]
+
+
 def test_cpu_runs_ask_for_no_gpus():
     config = study(device="cpu")
     for row in runs(config).values():

@@ -273,6 +273,18 @@ def test_fp16_and_tf32_refused_on_cpu():
     load_and_validate(cfg)
 
 
+def test_a_gpu_type_is_a_gres_word_on_a_cuda_study():
+    cfg = minimal()
+    cfg["hardware"]["gpu_type"] = "a100 80g"
+    refused(cfg, "config key 'hardware.gpu_type'", 'value "a100 80g"', "must match the pattern")
+    cfg["hardware"]["gpu_type"] = "h100"
+    assert load_and_validate(cfg)["hardware"]["gpu_type"] == "h100"
+    cfg["hardware"]["device"] = "cpu"
+    refused(cfg, "config key 'hardware.gpu_type'", 'hardware.device is "cpu"', 'leave it ""')
+    del cfg["hardware"]["gpu_type"]
+    assert load_and_validate(cfg)["hardware"]["gpu_type"] == ""
+
+
 def test_cuda_graphs_need_a_cuda_study_that_compiles():
     cfg = minimal()
     cfg["hardware"]["device"] = "cpu"

@@ -138,6 +138,8 @@ def _allowed(err: ValidationError) -> str:
     bounds = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=", "exclusiveMaximum": "<"}
     if kind in bounds:
         return f"must be {bounds[kind]} {_fmt(rule)}"
+    if kind == "pattern":
+        return f"must match the pattern {rule}"
     if kind == "minItems":
         return f"at least {rule} item(s)"
     if kind == "uniqueItems":
@@ -281,6 +283,11 @@ def semantic_problems(config: dict) -> list[str]:
             f"for at least one of {', '.join(vocab.FAMILIES)}"
         )
 
+    if hw["device"] == "cpu" and hw["gpu_type"]:
+        problems.append(
+            _bad("hardware.gpu_type", hw["gpu_type"], 'a GPU model, and hardware.device is "cpu"')
+            + '; leave it "" on cpu'
+        )
     if hw["device"] == "cpu":
         precisions = [("train.precision", train["precision"])]
         if families["precision"]["enabled"]:

@@ -81,22 +81,31 @@ def slurm_resources(row: dict, hardware: dict) -> dict:
     """The Slurm request of one launch of a run-table row (runtime aside: each rule sets it).
 
     tasks_per_node for multi-rank nodes (the Slurm executor wants it > 1), else tasks; gres
-    gpu:N per node on GPUs; mem_mb per node (sbatch --mem); mpi "srun" for several ranks, ""
-    for one (the executor refuses MPI jobs of one task). The key is there for one rank too: the
-    in-job executor (jobstep 0.6.1) tests its presence, not its value, and then runs the rule's
-    shell without its `srun -n1` wrapper, so `scalestudy launch` can start the rank as a job step
-    that gets the USR1 preemption warning (jobs/launch.py)."""
+    gpu:N (gpu:<hardware.gpu_type>:N where typed) per node on GPUs; mem_mb per node (sbatch
+    --mem); mpi "srun" for several ranks, "" for one (the executor refuses MPI jobs of one
+    task). The key is there for one rank too: the in-job executor (jobstep 0.6.1) tests its
+    presence, not its value, and then runs the rule's shell without its `srun -n1` wrapper, so
+    `scalestudy launch` can start the rank as a job step that gets the USR1 preemption warning
+    (jobs/launch.py)."""
     multi = row["ranks_per_node"] > 1
     return {
         "nodes": row["nodes"],
         "tasks_per_node": row["ranks_per_node"] if multi else 0,
         "tasks": 0 if multi else row["world_size"],
         "tasks_per_gpu": 0,
-        "gres": f"gpu:{row['ranks_per_node']}" if row["device"] == "cuda" else "",
+        "gres": gres(row["device"], hardware.get("gpu_type", ""), row["ranks_per_node"]),
         "cpus_per_task": hardware["cpus_per_rank"],
         "mem_mb": hardware["mem_mb_per_rank"] * row["ranks_per_node"],
         "mpi": "srun" if row["world_size"] > 1 else "",
     }
+
+
+def gres(device: str, gpu_type: str, gpus: int) -> str:
+    """sbatch --gres of a node: gpu:<N>, typed gpu:<type>:<N> where hardware.gpu_type names the
+    model (Slurm's gres.conf Type); none on CPUs."""
+    if device != "cuda":
+        return ""
+    return f"gpu:{gpu_type}:{gpus}" if gpu_type else f"gpu:{gpus}"
 
 
 def launch_threads(row: dict, hardware: dict) -> int:
