@@ -149,7 +149,8 @@ class _Resources(dict):
 
 
 def test_cpu_runs_ask_for_no_gpus():
-    config = study(device="cpu")
+    # a GPU type too: config/demo.yaml (cpu) is given over a config.yaml that may set one
+    config = study(device="cpu", gpu_type="h100")
     for row in runs(config).values():
         assert resources.slurm_resources(row, config["hardware"])["gres"] == ""
 
@@ -289,9 +290,10 @@ def test_every_rule_reruns_when_code_it_runs_changes():
 
 
 def test_package_init_files_run_no_code():
-    """code_sources and trainer_sources leave out the packages' __init__.py files (an import of
-    scalestudy.a.b runs scalestudy/a/__init__.py too): sound only while those hold a docstring
-    and nothing else (the top package: also its __version__)."""
+    """code_sources and trainer_sources follow imports, not the __init__.py files an import of
+    scalestudy.a.b also runs (only trainer/__init__.py is an input: training takes the whole
+    trainer package): sound only while those hold a docstring and nothing else (the top
+    package: also its __version__)."""
     for path in sorted(PACKAGE.rglob("__init__.py")):
         body = ast.parse(path.read_text()).body
         if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):

@@ -44,7 +44,7 @@ SUBCOMMANDS = {
     "model": ("scalestudy.results.model", "scaling model, held-out errors, bucket advice"),
     "plot": ("scalestudy.results.plot", "one figure of the study (PNG and PDF)"),
     "render-report": ("scalestudy.results.render_report", "reports/study.md, paper.tex from CSVs"),
-    "build-pdf": ("scalestudy.results.build_pdf", "reports/paper.pdf with latexmk, or say why not"),
+    "build-pdf": ("scalestudy.results.build_pdf", "a report's .tex -> .pdf (latexmk), or why not"),
     "plan": ("scalestudy.study.plan", "node-hours of a study -> reports/plan.md, results/plan.csv"),
     "proposal": ("scalestudy.results.proposal", "allocation proposal and slides from the CSVs"),
 }

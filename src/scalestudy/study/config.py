@@ -283,11 +283,6 @@ def semantic_problems(config: dict) -> list[str]:
             f"for at least one of {', '.join(vocab.FAMILIES)}"
         )
 
-    if hw["device"] == "cpu" and hw["gpu_type"]:
-        problems.append(
-            _bad("hardware.gpu_type", hw["gpu_type"], 'a GPU model, and hardware.device is "cpu"')
-            + '; leave it "" on cpu'
-        )
     if hw["device"] == "cpu":
         precisions = [("train.precision", train["precision"])]
         if families["precision"]["enabled"]:

@@ -8,7 +8,8 @@ The estimate of one training run (seconds), with the `plan:` section of the stud
     eta(W) = 1 (W = 1), efficiency_intra_node (one node), efficiency_inter_node (several nodes)
 
     node-hours = nodes * T / 3600          GPU-hours = GPUs * T / 3600 (0 on cpu)
-    Slurm time limit = max(hardware.runtime_min, ceil(T * safety_factor / 60)) minutes
+    Slurm time limit = max(hardware.runtime_min, ceil((T * safety_factor + lead) / 60)) minutes
+    lead = checkpointing.signal_lead_s (0 with checkpointing off): USR1 comes that long before
 
 N_train / N_test: images per epoch. N_test: train.limit_test when set, else the test set's size;
 evaluation runs on all of it after every epoch, spread over the ranks. N_train: the images one
