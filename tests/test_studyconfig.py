@@ -279,6 +279,9 @@ def test_a_gpu_type_is_a_gres_word_on_a_cuda_study():
     refused(cfg, "config key 'hardware.gpu_type'", 'value "a100 80g"', "must match the pattern")
     cfg["hardware"]["gpu_type"] = "h100"
     assert load_and_validate(cfg)["hardware"]["gpu_type"] == "h100"
+    cfg["hardware"]["device"] = "cpu"  # config/demo.yaml given over a config.yaml that sets one
+    load_and_validate(cfg)
+    cfg["hardware"]["device"] = "cuda"
     del cfg["hardware"]["gpu_type"]
     assert load_and_validate(cfg)["hardware"]["gpu_type"] == ""
 
