@@ -130,25 +130,6 @@ def test_checkpoint_settings_are_not_experiment_identity():
     assert base.config_hash() != TrainConfig(lr=0.1).config_hash()
 
 
-@pytest.fixture
-def tiny_fs(tmp_path):
-    """A real 1 MiB tmpfs: writes beyond it fail with ENOSPC, remounted read-only with EROFS."""
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    proc = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
-        capture_output=True,
-        text=True,
-    )
-    if proc.returncode != 0:
-        message = f"cannot mount a tmpfs (needs root): {proc.stderr.strip()}"
-        if IN_CI:
-            pytest.fail(message)
-        pytest.skip(message)
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], check=False)
-
-
 def test_disk_full_gives_a_clear_error_and_keeps_earlier_checkpoints(tiny_fs):
     saver = _saver(tiny_fs, keep=1)
     saver.save(1, _state(1000))  # 4 kB: fits
@@ -277,15 +258,40 @@ def test_sigterm_then_restart_matches_an_uninterrupted_run(data_dir, tmp_path):
     assert not ckdir.exists()  # a finished run leaves no checkpoint to resume
 
 
+def test_a_failed_metrics_write_keeps_the_checkpoints_for_the_rerun(data_dir, tmp_path):
+    """The checkpoints went before metrics.json was written: a run whose last write failed
+    (disk full, quota; here a directory in metrics.json's place, made mid-run after the
+    trainer's own check) had lost all its training. Now the rerun resumes from the last one."""
+    out, ckdir = tmp_path / "run", tmp_path / "ckpt"
+    flags = ("--checkpoint-dir", str(ckdir), "--checkpoint-every", "1")
+    proc = _start(data_dir, out, *flags)
+    _wait_for_epochs(out, 1, proc)
+    (out / "metrics.json" / "in-the-way").mkdir(parents=True)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode not in (0, ck.PREEMPTED_EXIT), stderr[-3000:]
+    assert "metrics.json" in stderr and "Traceback" not in stderr, stderr[-3000:]
+    kept = [p.name for p in ck.list_checkpoints(ckdir)]
+    assert kept and kept[-1] == "epoch-0003", kept  # epochs 1-3 (the last is never saved)
+
+    (out / "metrics.json" / "in-the-way").rmdir()
+    (out / "metrics.json").rmdir()
+    done = train(data_dir, out, *EPOCHS, *flags, nproc=1)
+    assert "resuming from" in done.stdout
+    m = read_metrics(out)
+    assert m["restarts"] == 1 and m["resumed_from_epochs"] == [3]
+    assert not ckdir.exists()  # finished: its checkpoints go, after metrics.json
+
+
 def test_a_failed_save_on_stop_fails_every_rank_instead_of_exiting_75(data_dir, tmp_path, tiny_fs):
     """SIGTERM to both ranks with the checkpoint directory read-only: rank 0's stop save fails.
     No rank may exit 75 (that claims a checkpoint): rank 1, which writes nothing, waits for
-    rank 0's result and fails with it."""
-    subprocess.run(["mount", "-o", "remount,ro", str(tiny_fs)], check=True)
+    rank 0's result and fails with it. Read-only from the run's first epoch on: at start the
+    trainer refuses a directory it cannot write (train.check_output_dirs)."""
     out = tmp_path / "run"
     flags = ("--checkpoint-dir", str(tiny_fs / "ckpt"), "--checkpoint-every", "0")
     proc = _start(data_dir, out, *flags, nproc=2)
     _wait_for_epochs(out, 1, proc)
+    subprocess.run(["mount", "-o", "remount,ro", str(tiny_fs)], check=True)
     for pid in _worker_pids(proc.pid).values():  # as Slurm signals every task
         os.kill(pid, signal.SIGTERM)
     _, stderr = proc.communicate(timeout=120)

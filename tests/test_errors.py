@@ -93,6 +93,28 @@ def test_expected_error_is_one_line_from_rank_0(
     assert not (tmp_path / "metrics.json").exists()
 
 
+@pytest.mark.parametrize("case", ["out-file", "metrics-dir", "checkpoint-under-file"])
+def test_an_output_the_run_cannot_write_is_refused_before_training(data_dir, tmp_path, case):
+    """--out naming a file, or a directory where metrics.json goes, failed only after training
+    (and --checkpoint-dir at the first save), as two lines: the run was lost."""
+    afile = tmp_path / "afile"
+    afile.write_text("not a directory\n")
+    out, flags = tmp_path / "run", []
+    if case == "out-file":
+        out, says = afile, f"--out {afile} is a file, not a directory"
+    elif case == "metrics-dir":
+        (out / "metrics.json").mkdir(parents=True)
+        says = f"--out {out}: metrics.json there is a directory"
+    else:
+        flags = ["--checkpoint-dir", str(afile / "ckpt")]
+        says = f"--checkpoint-dir {afile / 'ckpt'} cannot be made: {afile} is a file"
+    (rc0, err0), (rc1, err1) = two_ranks(data_dir, out, *flags)
+    assert (rc0, rc1) == (2, 2), (err0, err1)
+    assert err0.count("\n") == 1 and says in err0 and "Traceback" not in err0, err0
+    assert err1 == "", err1
+    assert not list(tmp_path.rglob("epochs.csv"))  # no epoch was trained
+
+
 def test_debug_shows_the_traceback_of_expected_errors(data_dir, tmp_path):
     for how in ({"SCALESTUDY_DEBUG": "1"}, {"pre": ("--debug",)}):
         env = {k: v for k, v in how.items() if k != "pre"}
@@ -167,6 +189,18 @@ def test_the_silent_ranks_grace_period_can_be_set(monkeypatch, caplog):
         caplog.clear()
         assert train.report_grace_s() == 10.0
         assert f"SCALESTUDY_REPORT_GRACE_S={bad!r} is not a number of seconds" in caplog.text
+
+
+@pytest.mark.parametrize("flag", ["out", "data_dir"])
+def test_an_empty_directory_flag_is_refused(flag):
+    """--out '' wrote metrics.json into the current directory; --data-dir '' read ./<dataset>."""
+    from scalestudy.errors import TrainConfigError
+    from scalestudy.trainer.config import TrainConfig
+
+    for empty in ("", "  "):
+        with pytest.raises(TrainConfigError) as info:
+            TrainConfig(**{flag: empty})
+        assert str(info.value) == f"--{flag.replace('_', '-')} must not be empty"
 
 
 @pytest.mark.parametrize(

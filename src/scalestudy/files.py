@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import errno
 import functools
 import hashlib
 import io
 import json
 import math
 import os
+import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -106,6 +108,36 @@ def write_csv(
 ) -> None:
     """csv_text(columns, rows, cell), written atomically."""
     write_text(path, csv_text(columns, rows, cell))
+
+
+def output_dir_problem(path: str | os.PathLike) -> str | None:
+    """Why files cannot be written into directory `path` (made where missing), or None: a file
+    in its place or on its way, or the nearest existing directory not writable. Checked before
+    work whose results would be lost at the first write."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        return "is a file, not a directory"
+    existing = path
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"cannot be made: {existing} is a file"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"cannot be written: no permission to write in {existing}"
+    return None
+
+
+def write_failure(exc: BaseException, directory: str | os.PathLike) -> str:
+    """A failed write's cause in plain words: a full disk (also when torch.save reports it as
+    "enforce fail at inline_container.cc"), no permission, or the error itself."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"no space left on the device ({exc.strerror})"
+    if isinstance(exc, OSError) and exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return f"no permission to write ({exc.strerror})"
+    with contextlib.suppress(OSError):
+        if shutil.disk_usage(directory).free == 0:
+            return "no space left on the device"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def number(value: Any) -> float | None:

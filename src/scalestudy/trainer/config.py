@@ -164,6 +164,9 @@ class TrainConfig:
                 raise TrainConfigError(
                     f"--{flag_name(name)} must be >= 0, got {getattr(self, name)}"
                 )
+        for name in ("out", "data_dir"):  # "" would be the current directory, silently
+            if not getattr(self, name).strip():
+                raise TrainConfigError(f"--{flag_name(name)} must not be empty")
         if self.checkpoint_keep < 1:
             raise TrainConfigError(f"--checkpoint-keep must be >= 1, got {self.checkpoint_keep}")
         if self.bucket_cap_mb <= 0:

@@ -307,10 +307,13 @@ def finish(
         "checkpoint_stall_s": checkpointing.stall_s,
         "net_interface": sdist.net_interface_over_ranks(world_size),
     }
-    checkpointing.finish()  # before metrics.json: a finished run never resumes
     if run.rank == 0:
-        # metrics.json last: its presence means the run completed
+        # metrics.json last of the outputs: its presence means the run completed. Then the
+        # checkpoints go (a finished run never resumes); a failed write keeps them, so the
+        # rerun resumes from the last one instead of training from the start.
         files.write_json(Path(cfg.out) / "metrics.json", metrics)
+    checkpointing.finish()
+    if run.rank == 0:
         logger.info(
             f"done: {metrics['throughput_img_s']:,.0f} img/s over {world_size} ranks "
             f"({metrics['throughput_img_s_per_rank']:,.0f} per rank), best val acc "

@@ -8,7 +8,8 @@ The protocol (train.py describes it for users):
   SIGTERM/SIGUSR1 on any rank) and whether any checkpoint write failed; save every
   --checkpoint-every epochs, and on a stop;
 - on a stop: wait until the save is complete on every rank, then raise Preempted (exit 75);
-- at the end: remove the run's checkpoints, so a finished run never resumes.
+- at the end, after metrics.json: remove the run's checkpoints, so a finished run never
+  resumes (a failed metrics.json write keeps them for the rerun).
 """
 
 from __future__ import annotations

@@ -144,19 +144,21 @@ A resumed run's numbers are accounted over its segments:
   window times and step times are summed over segments.
 - restarts / resumed_from_epochs: how often and after which epoch the run resumed.
 - checkpoint_stall_s: seconds rank 0's training waited for checkpoint saves (all segments).
-Once training is over, the checkpoints are deleted before metrics.json is written, so a rerun of
-a finished run (changed code) trains from scratch instead of resuming a final checkpoint.
+Once metrics.json is written, the checkpoints are deleted, so a rerun of a finished run (changed
+code) trains from scratch instead of resuming a final checkpoint; a failed metrics.json write
+(disk full, quota) keeps them, and the rerun resumes from the last one.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from scalestudy import log, vocab
+from scalestudy import files, log, vocab
 from scalestudy.errors import Preempted, ScalestudyError, TrainConfigError, TrainingError
 from scalestudy.trainer import checkpoint as ckpt
 from scalestudy.trainer import dist as sdist
@@ -254,8 +256,10 @@ def main(cfg: TrainConfig, denv: sdist.DistEnv | None = None) -> int:
 
 def preflight(cfg: TrainConfig, denv: sdist.DistEnv) -> None:
     """The checks that need no process group, made by every rank before the rendezvous: the
-    batch split over this world size and --diag-slow-rank's rank (TrainConfigError), and the
-    prepared data's presence (PreparedDataError; its sha256 is checked when it is loaded)."""
+    batch split over this world size and --diag-slow-rank's rank (TrainConfigError), the output
+    and checkpoint directories (a run that cannot write them would lose its training at the
+    first write), and the prepared data's presence (PreparedDataError; its sha256 is checked
+    when it is loaded)."""
     cfg.batches(denv.world_size)
     slow = cfg.slow_rank()
     if slow is not None and slow[0] >= denv.world_size:
@@ -263,7 +267,21 @@ def preflight(cfg: TrainConfig, denv: sdist.DistEnv) -> None:
             f"--diag-slow-rank {cfg.diag_slow_rank}: rank {slow[0]} does not exist at world "
             f"size {denv.world_size} (ranks 0-{denv.world_size - 1})"
         )
+    check_output_dirs(cfg)
     loaders.check_prepared(cfg.dataset, cfg.data_dir, verify=False)
+
+
+def check_output_dirs(cfg: TrainConfig) -> None:
+    """--out (epochs.csv, metrics.json, tensorboard/) and --checkpoint-dir can be written."""
+    dirs = {"--out": cfg.out, "--checkpoint-dir": cfg.checkpoint_dir}
+    for flag, directory in dirs.items():
+        if directory and (why := files.output_dir_problem(directory)):
+            raise TrainConfigError(f"{flag} {directory} {why}; give a directory this job can write")
+    for name in ("epochs.csv", "metrics.json"):
+        if (Path(cfg.out) / name).is_dir():
+            raise TrainConfigError(
+                f"--out {cfg.out}: {name} there is a directory; remove it or give another --out"
+            )
 
 
 def pick_device(cfg: TrainConfig, denv: sdist.DistEnv) -> torch.device:
