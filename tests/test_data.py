@@ -646,3 +646,65 @@ def test_a_meta_json_that_is_no_object_is_refused_and_prepared_again(tmp_path: P
         loaders.load_prepared("synthetic", tmp_path, verify=False)
     prepare_data.prepare("synthetic", tmp_path, num_train=50, num_test=20, seed=0)
     loaders.load_prepared("synthetic", tmp_path)
+
+
+def test_a_hand_edited_meta_json_names_what_the_trainer_reads(tmp_path: Path) -> None:
+    """A meta.json without "mean", or with "num_classes": "ten", was a KeyError or TypeError
+    traceback once the model was built."""
+    out = prepare_data.prepare("synthetic", tmp_path, num_train=50, num_test=20, seed=0)
+    good = json.loads((out / "meta.json").read_text())
+    for edit, says in (
+        ({"mean": None}, "mean is not a list of numbers"),
+        ({"num_classes": "ten"}, "num_classes is not a whole number"),
+        ({"std": [], "num_classes": 0}, "num_classes is not a whole number, std is not a list"),
+    ):
+        meta = {k: v for k, v in {**good, **edit}.items() if v is not None}
+        (out / "meta.json").write_text(json.dumps(meta))
+        with pytest.raises(PreparedDataError) as e:
+            loaders.check_prepared("synthetic", tmp_path, verify=False)
+        assert str(e.value).startswith(f"{out / 'meta.json'}: ") and says in str(e.value)
+        assert "scalestudy prepare-data" in str(e.value) and "--force" in str(e.value)
+
+
+def test_a_data_dir_one_level_too_deep_names_the_one_to_give(tmp_path: Path) -> None:
+    """--data-dir results/data/synthetic (the dataset itself) suggested preparing it again
+    there, a nested copy (for cifar10 a second download)."""
+    out = prepare_data.prepare("synthetic", tmp_path, num_train=50, num_test=20, seed=0)
+    with pytest.raises(PreparedDataError) as e:
+        loaders.check_prepared("synthetic", out, verify=False)
+    assert f"{out / 'meta.json'} does" in str(e.value)
+    assert str(e.value).endswith(
+        f"--data-dir takes the directory given to prepare-data, here {tmp_path}"
+    )
+
+
+def test_a_full_disk_is_one_line_and_leaves_no_partial_file(tiny_fs, capsys) -> None:
+    """torch.save on a full filesystem raised "enforce fail at inline_container.cc" as a
+    traceback (a real 1 MiB tmpfs; 1000 synthetic images are 3 MB)."""
+    argv = ["prepare-data", "--dataset", "synthetic", "--data-dir", str(tiny_fs)]
+    assert cli.main([*argv, "--num-train", "1000", "--num-test", "10"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in err[0], err
+    assert f"cannot write {tiny_fs / 'synthetic' / 'data.pt'}: no space left" in err[0], err
+    assert "--data-dir" in err[0]
+    assert sorted(p.name for p in (tiny_fs / "synthetic").iterdir()) == []  # no temp file
+
+
+def test_a_file_mirror_and_a_mirror_that_is_no_url(tmp_path: Path, capsys) -> None:
+    """--mirror file://DIR with a file there: torchvision's AttributeError traceback and a 0-byte
+    archive left behind; --mirror notaurl: "unknown url type", naming neither flag nor fix."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "cifar-10-python.tar.gz").write_bytes(b"not the archive" * 50)
+    out = tmp_path / "data"
+    argv = ["prepare-data", "--dataset", "cifar10", "--data-dir", str(out), "--mirror"]
+    for mirror, says in (
+        (f"file://{site}", f"{site / 'cifar-10-python.tar.gz'}: md5 mismatch"),
+        (f"file://{tmp_path / 'nowhere'}", "does not exist: check --mirror"),
+        ("notaurl", "--mirror 'notaurl' is not a URL: give one starting with http://"),
+    ):
+        assert cli.main([*argv, mirror]) == 1, mirror
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and says in err[0] and "Traceback" not in err[0], err
+        raw = out / "cifar10" / "raw"
+        assert not raw.exists() or not list(raw.iterdir()), list(raw.iterdir())

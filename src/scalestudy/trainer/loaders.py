@@ -115,6 +115,12 @@ def check_prepared(dataset: str, data_dir: str | Path, *, verify: bool = True) -
     meta_path, data_path = out_dir / "meta.json", out_dir / "data.pt"
     cmd = prepare_command(dataset, data_dir)
     for path in (meta_path, data_path):
+        if not path.is_file() and (Path(data_dir) / "meta.json").is_file():
+            # --data-dir names the prepared dataset itself, not the directory above it
+            raise PreparedDataError(
+                f"{path} does not exist, but {Path(data_dir) / 'meta.json'} does: --data-dir "
+                f"takes the directory given to prepare-data, here {Path(data_dir).parent}"
+            )
         if not path.is_file():
             raise PreparedDataError(
                 f"{path} does not exist: {dataset} is not prepared (or preparation did not "
@@ -137,12 +143,29 @@ def check_prepared(dataset: str, data_dir: str | Path, *, verify: bool = True) -
             f"{meta.get('format_version')!r}, expected {dataset!r} format {FORMAT_VERSION}; "
             f"recreate: {cmd} --force"
         )
+    numbers = "a list of numbers"
+    shapes = {"num_classes": "a whole number", "mean": numbers, "std": numbers}
+    wrong = [key for key in shapes if not _meta_value_ok(key, meta.get(key))]
+    if wrong:  # what the trainer reads of it (an edit by hand: a KeyError or TypeError later)
+        raise PreparedDataError(
+            f"{meta_path}: {', '.join(f'{k} is not {shapes[k]}' for k in wrong)}; recreate: "
+            f"{cmd} --force"
+        )
     if verify and (actual := files.sha256(data_path)) != meta.get("sha256"):
         raise PreparedDataError(
             f"{data_path} has sha256 {actual} but {meta_path} records {meta.get('sha256')}: "
             f"the file was changed or is incomplete; recreate: {cmd} --force"
         )
     return meta
+
+
+def _meta_value_ok(key: str, value) -> bool:
+    if key == "num_classes":
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+    numbers = isinstance(value, list) and value
+    return bool(numbers) and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in value
+    )
 
 
 # ---------------------------------------------------------------------------------------------

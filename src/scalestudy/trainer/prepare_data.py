@@ -12,7 +12,10 @@ import gzip
 import json
 import math
 import pickle
+import shutil
 import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -22,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from scalestudy import files, log, vocab
-from scalestudy.errors import ChecksumError, DownloadError
+from scalestudy.errors import ChecksumError, DownloadError, PreparedDataError
 from scalestudy.files import atomic_open, write_json
 from scalestudy.trainer.loaders import CROP_PAD, FORMAT_VERSION, derive_seed
 
@@ -63,6 +66,8 @@ def _download(base_url: str, filename: str, md5: str, raw_dir: Path) -> Path:
 
     url = base_url.rstrip("/") + "/" + filename
     path = raw_dir / filename
+    if url.startswith("file://"):  # torchvision's download_url fails on file:// with a traceback
+        return _copy_local(url, path, md5)
     try:
         download_url(url, str(raw_dir), filename, md5)
     except RuntimeError as e:  # torchvision: "File not found or corrupted." on an md5 mismatch
@@ -78,6 +83,25 @@ def _download(base_url: str, filename: str, md5: str, raw_dir: Path) -> Path:
             f"could not download {url} to {path}: {e}. Without internet, place the file there "
             f"yourself (md5 {md5}) or pass --mirror URL."
         ) from e
+    return path
+
+
+def _copy_local(url: str, path: Path, md5: str) -> Path:
+    """A --mirror file://DIR: copy DIR/<file> to `path` (atomically), then check its md5."""
+    from torchvision.datasets.utils import calculate_md5
+
+    source = Path(urllib.request.url2pathname(urllib.parse.urlparse(url).path))
+    if not source.is_file():
+        raise DownloadError(f"{source} (from {url}) does not exist: check --mirror")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_open(path, "wb") as out, source.open("rb") as src:
+        shutil.copyfileobj(src, out)
+    if (actual := calculate_md5(path)) != md5:
+        path.unlink()
+        raise ChecksumError(
+            f"{source}: md5 mismatch: expected {md5}, got {actual}; not the official file "
+            "(wrong --mirror?)"
+        )
     return path
 
 
@@ -325,8 +349,21 @@ def prepare(
     # meta.json marks completion: drop it before replacing data.pt (only now, so a failed
     # download leaves an existing preparation usable)
     meta_path.unlink(missing_ok=True)
-    with atomic_open(data_path, "wb") as f:
-        torch.save(tensors, f)
+
+    def unwritten(e: BaseException) -> PreparedDataError:
+        return PreparedDataError(
+            f"cannot write {data_path}: {files.write_failure(e, out_dir)}; free space there or "
+            "give another --data-dir"
+        )
+
+    try:
+        with atomic_open(data_path, "wb") as f:
+            try:
+                torch.save(tensors, f)
+            except RuntimeError as e:  # a full disk: "enforce fail at inline_container.cc"
+                raise unwritten(e) from e  # judged while the partial file still fills it
+    except OSError as e:
+        raise unwritten(e) from e
     mean, std = _channel_stats(tensors["train_x"])
     meta = {
         "format_version": FORMAT_VERSION,
@@ -363,6 +400,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     log.setup()  # progress to stdout, the error to stderr
+    schemes = ("http://", "https://", "file://")
+    if args.mirror is not None and not args.mirror.startswith(schemes):
+        logger.error(
+            f"scalestudy prepare-data: error: --mirror {args.mirror!r} is not a URL: give one "
+            f"starting with {', '.join(schemes)}"
+        )
+        return 1
     try:
         prepare(
             args.dataset,
@@ -373,7 +417,7 @@ def run(args: argparse.Namespace) -> int:
             mirror=args.mirror,
             force=args.force,
         )
-    except (DownloadError, ValueError) as e:
+    except (DownloadError, PreparedDataError, ValueError) as e:
         logger.error(f"scalestudy prepare-data: error: {e}")
         return 1
     return 0
