@@ -110,3 +110,46 @@ def test_an_array_task_is_refused_with_the_setting_to_change():
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "task 2 of Slurm array job 20" in lines[0], proc.stderr
     assert "--slurm-array-jobs" in lines[0] and "Traceback" not in proc.stderr
+
+
+def _launch(*argv: str, path: str = "/usr/bin:/bin") -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "scalestudy", "launch", *argv],
+        env={**{k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}, "PATH": path},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        # with 2 local ranks, each rank's line was buried under torchrun's failure report
+        (["--ranks-per-node", "2", "--", "--epochs", "0"], "--epochs must be >= 1, got 0"),
+        (
+            ["--ranks-per-node", "2", "--", "--learning-rate", "3"],
+            "the trainer's flags after --: unrecognized arguments: --learning-rate 3",
+        ),
+        (["--", "--precision", "fp8"], "argument --precision: invalid choice: 'fp8'"),
+        # a traceback (ValueError: No closing quotation)
+        (["--rank-prefix", 'echo "unclosed', "--", "--epochs", "1"], "No closing quotation"),
+    ],
+)
+def test_bad_trainer_flags_are_one_line_before_any_rank_starts(argv, says):
+    proc = _launch(*argv)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0] and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_a_container_without_apptainer_on_path_says_so(tmp_path):
+    """os.exec's "b'/bin/apptainer': No such file or directory" named neither the program nor
+    the fix."""
+    image = tmp_path / "trainer.sif"
+    image.write_bytes(b"an image")
+    proc = _launch("--container", str(image), "--", "--epochs", "1")
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "apptainer is not on PATH" in lines[-1], proc.stderr
+    assert "module load apptainer" in lines[-1]

@@ -35,6 +35,8 @@ import sys
 from scalestudy import log
 from scalestudy.errors import LaunchError
 from scalestudy.jobs.gpu_slots import acquire as acquire_gpu_slots
+from scalestudy.trainer.config import TrainConfig
+from scalestudy.trainer.config import add_arguments as add_train_arguments
 
 logger = log.get(__name__)
 
@@ -99,6 +101,28 @@ def refuse_array_task(env: dict[str, str]) -> None:
         )
 
 
+def rank_prefix(text: str | None) -> list[str]:
+    """--rank-prefix as argv (a LaunchError where the shell quoting is broken)."""
+    try:
+        return shlex.split(text) if text else []
+    except ValueError as exc:  # "No closing quotation"
+        raise LaunchError(f"--rank-prefix {text!r}: {exc} (one shell-quoted string)") from None
+
+
+class _TrainFlags(argparse.ArgumentParser):
+    def error(self, message: str):
+        raise LaunchError(f"the trainer's flags after --: {message} (scalestudy train --help)")
+
+
+def check_train_args(train_args: list[str]) -> None:
+    """The trainer's own flag checks (trainer/config.py) before any rank starts: with several
+    local ranks a bad flag was each rank's one line under torchrun's 40-line failure report."""
+    parser = _TrainFlags(prog="scalestudy train", add_help=False)
+    add_train_arguments(parser)
+    args = train_args[1:] if train_args[:1] == ["--"] else train_args
+    TrainConfig.from_args(parser.parse_args(args))  # a TrainConfigError: one line, exit 2
+
+
 def build_command(args: argparse.Namespace, env: dict[str, str]) -> list[str]:
     train_args = list(args.train_args)
     if train_args and train_args[0] == "--":
@@ -109,7 +133,7 @@ def build_command(args: argparse.Namespace, env: dict[str, str]) -> list[str]:
     # a per-rank wrapper (the profiler, jobs/profile.py) goes inside the container, so nsys/ncu
     # run in the image's namespace with the trainer as their child; wrapped around `apptainer
     # exec` from outside they may trace nothing
-    prefix = shlex.split(args.rank_prefix) if getattr(args, "rank_prefix", None) else []
+    prefix = rank_prefix(getattr(args, "rank_prefix", None))
     python = [*prefix, sys.executable]
     if args.container:
         # the image's own python; its digest goes into metrics.json (container_digest)
@@ -193,11 +217,17 @@ def train_device(train_args: list[str]) -> str | None:
 def run(args: argparse.Namespace) -> int:
     env = dict(os.environ)
     cmd = build_command(args, env)  # a LaunchError: one line from cli.main, exit 2
+    check_train_args(list(args.train_args))
     # intra-op threads per rank = the cores Slurm (or the config) gave it
     env = rank_env(env, args.cpus_per_rank)
     logger.info("+ " + shlex.join(cmd))
     if args.dry_run:
         return 0
+    needed = [cmd[0], *(["apptainer"] if args.container else [])]
+    for program in needed:  # else os.exec's "No such file or directory", or each rank's
+        if shutil.which(program, path=env.get("PATH")) is None:
+            why = " (--container runs each rank in the image: `module load apptainer`)"
+            raise LaunchError(f"{program} is not on PATH{why if program == 'apptainer' else ''}")
     if not env.get("SLURM_JOB_ID") and train_device(args.train_args) == "cuda":
         # outside Slurm nothing else keeps two runs off one GPU (jobs/gpu_slots.py)
         slots = acquire_gpu_slots(args.nodes * args.ranks_per_node, env)
