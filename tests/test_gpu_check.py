@@ -100,6 +100,10 @@ def test_only_runs_the_named_checks_and_a_budget_too_small_is_refused(tmp_path, 
     args = parser.parse_args(["--out", str(tmp_path / "o"), "--budget-s", "12", "--only", "ncu"])
     with pytest.raises(GpuCheckError, match="--budget-s 12 leaves no time for a check"):
         gpu_check.run(args)
+    for endless in ("nan", "inf"):  # NaN passed the bound and gave every check its full time
+        args = parser.parse_args(["--out", str(tmp_path / "o"), "--budget-s", endless])
+        with pytest.raises(GpuCheckError, match=f"--budget-s must be a finite number .* {endless}"):
+            gpu_check.run(args)
     typo = parser.parse_args(["--out", str(tmp_path / "o"), "--only", "ncu,compil-"])
     with pytest.raises(GpuCheckError, match="compil- starts no check's name; the checks: versions"):
         gpu_check.run(typo)
@@ -117,10 +121,19 @@ def test_an_out_that_is_a_file_or_a_foreign_work_dir_is_refused(tmp_path):
     with pytest.raises(GpuCheckError, match="not made by gpu-check"):
         gpu_check.prepare_out(tmp_path / "d")
     assert (foreign / "keep.txt").exists()
-    # its own work dir from an earlier run is replaced
+    # a fixtures directory it did not make (--out tests/) is kept: it was emptied unasked
+    theirs = tmp_path / "t" / "fixtures"
+    theirs.mkdir(parents=True)
+    (theirs / "precious.csv").write_text("a real capture\n")
+    with pytest.raises(GpuCheckError, match=rf"{theirs} was not made by gpu-check"):
+        gpu_check.prepare_out(tmp_path / "t")
+    assert (theirs / "precious.csv").exists() and not (tmp_path / "t" / "gpu-check-work").exists()
+    # its own work dir and fixtures from an earlier run are replaced
     mine = gpu_check.prepare_out(tmp_path / "e")
     (mine / "old.log").write_text("earlier run")
+    (tmp_path / "e" / "fixtures" / "old.csv").write_text("earlier run")
     assert gpu_check.prepare_out(tmp_path / "e") == mine and not (mine / "old.log").exists()
+    assert not (tmp_path / "e" / "fixtures" / "old.csv").exists()
 
 
 # ---------------------------------------------------------------------------------------------

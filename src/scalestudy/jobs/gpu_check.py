@@ -63,6 +63,7 @@ import csv
 import datetime
 import functools
 import json
+import math
 import os
 import shlex
 import shutil
@@ -711,18 +712,24 @@ def refuse_without_gpu() -> None:
 
 
 def prepare_out(out: Path) -> Path:
-    """DIR and a fresh DIR/gpu-check-work; refuses to delete a work directory it did not make."""
+    """DIR with a fresh DIR/gpu-check-work and DIR/fixtures; refuses to delete either where
+    gpu-check did not make it (--out tests/ would otherwise empty tests/fixtures)."""
     if out.exists() and not out.is_dir():
         raise GpuCheckError(f"--out {out} is a file, not a directory")
-    work = out / "gpu-check-work"
-    if work.exists():
-        if not (work / WORK_MARK).exists():
-            raise GpuCheckError(f"{work} was not made by gpu-check: choose another --out")
-        shutil.rmtree(work)
-    shutil.rmtree(out / "fixtures", ignore_errors=True)
-    work.mkdir(parents=True)
-    (work / WORK_MARK).write_text("made by `scalestudy gpu-check`; deleted by its next run\n")
-    return work
+    made = [out / "gpu-check-work", out / "fixtures"]
+    for directory in made:
+        if directory.exists() and not (directory / WORK_MARK).exists():
+            raise GpuCheckError(
+                f"{directory} was not made by gpu-check, which would delete it: choose another "
+                "--out"
+            )
+    for directory in made:
+        shutil.rmtree(directory, ignore_errors=True)
+        directory.mkdir(parents=True)
+        (directory / WORK_MARK).write_text(
+            "made by `scalestudy gpu-check`; deleted by its next run\n"
+        )
+    return made[0]
 
 
 def child_env(gpu: str) -> dict[str, str]:
@@ -897,6 +904,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not math.isfinite(args.budget_s):  # NaN passes every bound: no check would be cut
+        raise GpuCheckError(f"--budget-s must be a finite number of seconds, got {args.budget_s}")
     if args.budget_s <= REPORT_RESERVE_S + MIN_START_S:
         raise GpuCheckError(
             f"--budget-s {args.budget_s:g} leaves no time for a check: give more than "
