@@ -541,6 +541,7 @@ def test_merge_joins_runs_and_refuses_a_run_given_twice(tmp_path, capsys):
     copy.write_bytes(made[1].read_bytes())
     for twice in ([made[0], made[0]], [*made, copy]):
         out.unlink(missing_ok=True)
+        capsys.readouterr()  # the parse's warnings (no SQLite export) when logging is set up
         assert cli.main([*argv, *map(str, twice)]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and f"{twice[-1]}: run " in err[0], err
