@@ -127,17 +127,28 @@ def output_dir_problem(path: str | os.PathLike) -> str | None:
     return None
 
 
-def write_failure(exc: BaseException, directory: str | os.PathLike) -> str:
-    """A failed write's cause in plain words: a full disk (also when torch.save reports it as
-    "enforce fail at inline_container.cc"), no permission, or the error itself."""
+def write_cause(exc: BaseException) -> str:
+    """A failed write's error in plain words: a full disk, no permission, or the error itself."""
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return f"no space left on the device ({exc.strerror})"
+        return f"no space left on the device ({exc})"
     if isinstance(exc, OSError) and exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        return f"no permission to write ({exc.strerror})"
-    with contextlib.suppress(OSError):
-        if shutil.disk_usage(directory).free == 0:
-            return "no space left on the device"
+        return f"no permission to write ({exc})"
     return f"{type(exc).__name__}: {exc}"
+
+
+def write_failure(
+    exc: BaseException, directory: str | os.PathLike, cause: str | None = None
+) -> str:
+    """write_cause (or the given `cause`), called a full disk where the error is no OSError and
+    `directory` has no space left: torch.save reports ENOSPC as "enforce fail at
+    inline_container.cc: unexpected pos", and DCP loses the OSError when it gathers the ranks'
+    errors. Judge it while the partial file is still there."""
+    cause = cause or write_cause(exc)
+    if not isinstance(exc, OSError):
+        with contextlib.suppress(OSError):
+            if shutil.disk_usage(directory).free == 0:
+                return f"no space left on the device ({cause})"
+    return cause
 
 
 def number(value: Any) -> float | None:

@@ -119,14 +119,18 @@ def check_train_args(train_args: list[str]) -> None:
     local ranks a bad flag was each rank's one line under torchrun's 40-line failure report."""
     parser = _TrainFlags(prog="scalestudy train", add_help=False)
     add_train_arguments(parser)
-    args = train_args[1:] if train_args[:1] == ["--"] else train_args
-    TrainConfig.from_args(parser.parse_args(args))  # a TrainConfigError: one line, exit 2
+    TrainConfig.from_args(
+        parser.parse_args(trainer_flags(train_args))
+    )  # a TrainConfigError: one line, exit 2
+
+
+def trainer_flags(train_args: list[str]) -> list[str]:
+    """The flags after launch's own: argparse's REMAINDER keeps the `--` that separates them."""
+    return train_args[1:] if train_args[:1] == ["--"] else list(train_args)
 
 
 def build_command(args: argparse.Namespace, env: dict[str, str]) -> list[str]:
-    train_args = list(args.train_args)
-    if train_args and train_args[0] == "--":
-        train_args = train_args[1:]
+    train_args = trainer_flags(args.train_args)
     for name in ("nodes", "ranks_per_node", "cpus_per_rank"):
         if getattr(args, name) < 1:
             raise LaunchError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
@@ -217,7 +221,7 @@ def train_device(train_args: list[str]) -> str | None:
 def run(args: argparse.Namespace) -> int:
     env = dict(os.environ)
     cmd = build_command(args, env)  # a LaunchError: one line from cli.main, exit 2
-    check_train_args(list(args.train_args))
+    check_train_args(args.train_args)
     # intra-op threads per rank = the cores Slurm (or the config) gave it
     env = rank_env(env, args.cpus_per_rank)
     logger.info("+ " + shlex.join(cmd))

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import errno
 import io
 import json
 import os
@@ -48,7 +47,7 @@ import torch
 
 from scalestudy import log
 from scalestudy.errors import CheckpointError
-from scalestudy.files import sha256
+from scalestudy.files import sha256, write_cause, write_failure
 
 logger = log.get(__name__)
 
@@ -81,24 +80,14 @@ def _describe(exc: BaseException) -> str:
     if isinstance(failures, dict) and failures:
         rank, (first, _) = min(failures.items(), key=lambda item: item[0])
         return f"rank {rank}: {_describe(first)}"
-    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-        return f"no space left on the device ({exc})"
-    if isinstance(exc, OSError) and exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        return f"no permission to write ({exc})"
-    return f"{type(exc).__name__}: {exc}"
+    return write_cause(exc)
 
 
 def _write_error(directory: Path, epoch: int, exc: BaseException) -> CheckpointError:
     """The error of a failed save: the path, the cause in plain words, and what is left."""
-    cause = _describe(exc)
-    if not isinstance(exc, OSError):
-        # DCP writes shards with torch.save, which reports ENOSPC as "enforce fail at
-        # inline_container.cc: unexpected pos"; the OSError is lost when DCP gathers the ranks'
-        # errors, so a full filesystem is recognised by its free space (the partial directory
-        # is still there)
-        with contextlib.suppress(OSError):
-            if shutil.disk_usage(directory).free == 0:
-                cause = f"no space left on the device ({cause})"
+    # a full filesystem behind torch.save's or DCP's error: judged by its free space while the
+    # partial directory is still there
+    cause = write_failure(exc, directory, _describe(exc))
     kept = [p.name for p in list_checkpoints(directory)]
     return CheckpointError(
         f"cannot write checkpoint {directory / checkpoint_name(epoch)}: {cause}; "
