@@ -1,6 +1,6 @@
-"""The parsers and the ncu filter on real captures from an H200 (tests/fixtures/gpu-h200/, where
-each file's command and versions are written down): what ncu, torch.profiler and our classifier
-see on a GPU, not what we imagined they would."""
+"""The parsers and the ncu filter on real captures from an H200 and H100s (tests/fixtures/gpu-h200/,
+gpu-h100*/, where each file's command and versions are written down): what ncu, torch.profiler
+and our classifier see on a GPU, not what we imagined they would."""
 
 from __future__ import annotations
 
@@ -96,12 +96,26 @@ def csv_metric(path: Path, metric: str) -> float:
     return float(cell.replace(",", ""))
 
 
-def test_parse_ncu_reads_a_real_details_page():
-    """ncu 2025.3.1 on the H200: `--csv --page details --print-units base --print-metric-name
-    name` of one batch-norm launch (rule rows, estimated-speedup columns and all)."""
-    path = H200 / "ncu_k0.csv"
-    kernel = schema.top_kernels(kernel_rows(), 1)[0]
-    (row,) = ncu.parse_ncu(path, "h200", kernel=kernel)
+def top_kernels(capture: str) -> list[str]:
+    """The kernels gpu-check gave ncu, by torch.profiler's spelling: the top two of the eager
+    bf16 run's kernels CSV (H200) or of its trimmed export (H100, parsed here)."""
+    if capture == "gpu-h200":
+        return schema.top_kernels(kernel_rows(), 2)
+    export = H200.parent / capture / "torch_ops_rank0.json"
+    return schema.top_kernels(torch_ops.parse_torch(export, "h100")[0], 2)
+
+
+@pytest.mark.parametrize(
+    "capture, index",
+    [("gpu-h200", 0), ("gpu-h100-ncu", 0), ("gpu-h100-ncu", 1)],
+)
+def test_parse_ncu_reads_a_real_details_page(capture, index, tmp_path):
+    """ncu 2025.3.1 on the H200 and the H100: `--csv --page details --print-units base
+    --print-metric-name name` of one batch-norm launch (rule rows, estimated-speedup columns
+    and all), joined to torch.profiler's name of the kernel gpu-check asked ncu for."""
+    path = H200.parent / capture / f"ncu_k{index}.csv"
+    kernel = top_kernels(capture)[index]
+    (row,) = ncu.parse_ncu(path, capture, kernel=kernel)
     assert row["kernel"] == kernel  # the kernels CSV's spelling, for the join
     assert row["duration_ns"] == pytest.approx(csv_metric(path, "gpu__time_duration.sum"))
     occupancy = "sm__warps_active.avg.pct_of_peak_sustained_active"
@@ -111,12 +125,9 @@ def test_parse_ncu_reads_a_real_details_page():
     assert row["flop_per_s"] > 0  # fp32 FMAs of the statistics (SASS counters)
     assert row["tensor_flop_per_s"] == 0  # a batch norm uses no tensor core
     # gpu-check's trimmed fixture parses to the same numbers
-    trimmed = H200.parent / "tmp-ncu-trimmed.csv"
-    try:
-        trimmed.write_text(report.trim_ncu_csv(path.read_text()))
-        (cut,) = ncu.parse_ncu(trimmed, "h200", kernel=kernel)
-    finally:
-        trimmed.unlink(missing_ok=True)
+    trimmed = tmp_path / "ncu-trimmed.csv"
+    trimmed.write_text(report.trim_ncu_csv(path.read_text()))
+    (cut,) = ncu.parse_ncu(trimmed, capture, kernel=kernel)
     assert cut["duration_ns"] == row["duration_ns"] and cut["flop_per_s"] == row["flop_per_s"]
 
 

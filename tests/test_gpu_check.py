@@ -70,7 +70,8 @@ def test_only_runs_the_named_checks_and_a_budget_too_small_is_refused(tmp_path, 
     def fake(name: str):
         return lambda: ran.append(name) or Check(name=name, status=PASS, criterion="ran")
 
-    shared = ["compile-ddp", "compile-fsdp", "cuda-graphs", "nccl1-ddp-fp32"]
+    shared = ["compile-ddp", "compile-fsdp", "cuda-graphs", "nccl1-ddp-fp32", "torch-profiler"]
+    shared += ["torch-profiler-study"]
     monkeypatch.setattr(gpu_check, "shared_gpu_checks", lambda ctx: {n: fake(n) for n in shared})
     monkeypatch.setattr(
         gpu_check, "timed_checks", lambda ctx: {n: fake(n) for n in ["ncu", "nvml"]}
@@ -83,7 +84,8 @@ def test_only_runs_the_named_checks_and_a_budget_too_small_is_refused(tmp_path, 
         only=("compile-", "ncu"),
     )
     checks = gpu_check.run_checks(ctx, {"device_name": "stand-in"})
-    assert sorted(ran) == ["compile-ddp", "compile-fsdp", "ncu"]
+    # ncu profiles the kernels torch-profiler found: --only ncu runs that first (not the study's)
+    assert sorted(ran) == ["compile-ddp", "compile-fsdp", "ncu", "torch-profiler"]
     assert [c.name for c in checks][0] == "versions"
     # nvml reads reference-bf16's run of our trainer: --only nvml runs that first
     monkeypatch.setattr(

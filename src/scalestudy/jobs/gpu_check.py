@@ -97,8 +97,9 @@ logger = log.get(__name__)
 # the checks outgrew it: on one H100 (2026-11-26, ninth session, docs/benchmarks.md) the first
 # 34 took 450 s, then the budget ran out before reference-fp32 (our trainer compiles fp32
 # first: over 57 s), speed-tf32-lb512 (its first epoch, compiling, 33 s) and ncu (two
-# kernels, up to LIMITS_S["ncu"] each where counters are readable). 12 minutes should fit
-# them all (not yet measured in one run).
+# kernels, up to LIMITS_S["ncu"] each where counters are readable). On one H100 of the
+# thirteenth session (2026-11-27) those three took 104, 63 and 57 s in calls of their own:
+# with the 450 s about 675 s, so 12 minutes fit them all (not yet measured in one run).
 BUDGET_S = 720.0
 EXIT_INCOMPLETE = 3  # no check failed, but the budget ran out before some ran
 REPORT_RESERVE_S = 10.0  # kept back from the processes for the report and fixtures
@@ -161,8 +162,10 @@ PAIRS = (("ddp", "none"), ("allreduce", "none"), ("ddp", "fp16"), ("ddp", "bf16"
 PAIRS += (("ddp", "powersgd"),)
 NCU_TOP_K = 2  # kernels profiled by ncu, one pass each
 # check -> the check whose run it reads: `--only nvml` runs reference-bf16 first (without it
-# the H200's rerun of 2026-11-26 judged no run)
-NEEDS = {"nvml": "reference-bf16"}
+# the H200's rerun of 2026-11-26 judged no run), `--only ncu` torch-profiler, whose kernels it
+# profiles (without it an H100's `--only reference-fp32,speed-tf32,ncu` of 2026-11-27 failed
+# ncu with "no kernel to profile")
+NEEDS = {"nvml": "reference-bf16", "ncu": "torch-profiler"}
 CHECKPOINT_EPOCHS = 6  # SIGUSR1 after epoch 1 must land before the last epoch's stop check
 WORK_MARK = ".scalestudy-gpu-check"  # marks a work directory this command may delete
 REFERENCE = Path(scalestudy.__file__).resolve().parents[2] / "benchmarks" / "reference_train.py"
@@ -899,7 +902,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="",
         metavar="PREFIXES",
         help="comma-separated check-name prefixes to run (e.g. compile-,speed-); default all. "
-        "nvml needs reference-bf16 in the same run",
+        + "; ".join(f"{c} also runs {n}, whose run it reads" for c, n in NEEDS.items()),
     )
 
 
