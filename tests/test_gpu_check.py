@@ -608,6 +608,18 @@ def test_a_window_too_short_for_the_counter_is_no_failure_when_the_probe_proves_
     assert "outside 20-1000 W" in report.judge_nvml(short, samples, wrong).problems[0]
 
 
+def test_energy_probe_without_a_gpu_is_one_line(tmp_path):
+    """Run by hand on a machine without CUDA it said so in pynvml's traceback (no GPU visible:
+    tested on GPU machines too)."""
+    argv = [PYTHON, "-m", "scalestudy.jobs.energy_probe", "--seconds", "0.1"]
+    env = child_env(CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.splitlines() == [
+        "energy_probe: no CUDA GPU here (torch.cuda.is_available() is False): run it on a GPU node"
+    ]
+
+
 def test_energy_probe_finds_the_update_period_of_a_counter():
     """A stand-in counter advancing every 0.1 s by 70 J (700 W), polled every 7 ms."""
     readings = [(t * 0.007, 1_000_000 + 70_000 * int(t * 0.007 / 0.1)) for t in range(430)]

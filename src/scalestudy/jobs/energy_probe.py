@@ -16,10 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Callable
 
+from scalestudy.errors import GpuCheckError
 from scalestudy.trainer.measure import nvml_handle
 
 
@@ -59,7 +61,14 @@ def probe(seconds: float) -> dict:
     import pynvml
     import torch
 
-    pynvml.nvmlInit()
+    if not torch.cuda.is_available():
+        raise GpuCheckError(
+            "no CUDA GPU here (torch.cuda.is_available() is False): run it on a GPU node"
+        )
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        raise GpuCheckError(f"NVML cannot start ({exc}): is the NVIDIA driver loaded?") from exc
     handle = nvml_handle(pynvml, torch.cuda.get_device_properties(0))
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     stop = threading.Event()
@@ -84,7 +93,11 @@ def probe(seconds: float) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=3.0, help="polling time (default 3)")
-    print(json.dumps(probe(parser.parse_args().seconds)))
+    try:
+        print(json.dumps(probe(parser.parse_args().seconds)))
+    except GpuCheckError as exc:  # one line, as the CLI's expected errors
+        print(f"energy_probe: {exc}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":
