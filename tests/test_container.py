@@ -685,6 +685,13 @@ def test_cli_build_with_stand_in_is_atomic(tmp_path):
         REPO,
     )
     assert r.stdout.strip() == image_digest(image)
+    gone = tmp_path / "gone.sif"  # was `[Errno 2] ...: '<path>'` and exit 1
+    argv = [sys.executable, "-m", "scalestudy", "container", "digest", str(gone)]
+    r = run(argv, {"PYTHONPATH": str(SRC)}, REPO)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.splitlines() == [
+        f"scalestudy container digest: {gone}: No such file or directory"
+    ]
     r = run(
         [sys.executable, "-m", "scalestudy", "container", "check", str(TRAINER_DEF)],
         {"PYTHONPATH": str(SRC)},

@@ -738,6 +738,8 @@ def run(args: argparse.Namespace) -> int:
         )
         return 1
     except OSError as e:
+        if e.filename is not None:  # a path given (an image that is not there): cli.main's
+            raise  # one line, `path: cause`, exit 2, as every command's
         logger.error(f"scalestudy container {args.action}: {e}")
         return 1
     return 0
