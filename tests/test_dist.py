@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import re
 import socket
 import struct
 import subprocess
@@ -126,3 +127,49 @@ def test_metrics_record_a_user_set_interface(data_dir, tmp_path):
     assert read_metrics(tmp_path)["net_interface"] == [
         "GLOO_SOCKET_IFNAME=lo (user), NCCL_SOCKET_IFNAME=lo (auto)"
     ]
+
+
+@pytest.mark.parametrize(
+    "env, named",
+    [
+        ({"RANK": "2", "WORLD_SIZE": "2"}, "RANK='2', WORLD_SIZE='2': want 0 <= RANK < WORLD_SIZE"),
+        ({"RANK": "-1", "WORLD_SIZE": "2"}, "RANK='-1', WORLD_SIZE='2'"),
+        ({"RANK": "0", "WORLD_SIZE": "0"}, "RANK='0', WORLD_SIZE='0'"),
+        (
+            {"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "2"},
+            "LOCAL_RANK='2', LOCAL_WORLD_SIZE='2': want 0 <= LOCAL_RANK < LOCAL_WORLD_SIZE",
+        ),
+        (
+            {"SLURM_PROCID": "3", "SLURM_NTASKS": "3", "SLURM_JOB_ID": "7"},
+            "SLURM_PROCID='3', SLURM_NTASKS='3': want 0 <= SLURM_PROCID < SLURM_NTASKS",
+        ),
+        (
+            {
+                "SLURM_PROCID": "1",
+                "SLURM_NTASKS": "4",
+                "SLURM_JOB_ID": "7",
+                "SLURM_LOCALID": "2",
+                "SLURM_TASKS_PER_NODE": "2(x2)",
+            },
+            "SLURM_LOCALID='2', SLURM_TASKS_PER_NODE='2(x2)'",
+        ),
+    ],
+)
+def test_a_rank_outside_its_world_is_refused_at_once(env, named):
+    """RANK=2 of WORLD_SIZE=2 waited at the rendezvous for the process-group timeout (10
+    minutes by default) before failing."""
+    with pytest.raises(LaunchError, match=re.escape(named)):
+        sdist.detect(env)
+    ok = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}
+    assert sdist.detect(ok).rank == 1 and sdist.detect(ok).local_rank == 1
+
+
+def test_a_rank_outside_its_world_is_one_line_before_any_rendezvous(data_dir, tmp_path):
+    argv = [PYTHON, "-m", "scalestudy", "train", *SMALL, "--data-dir", str(data_dir)]
+    argv += ["--out", str(tmp_path / "run")]
+    env = child_env(RANK="2", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT="1")
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith("scalestudy train: RANK='2', WORLD_SIZE='2': want 0 <= RANK"), line
+    assert not (tmp_path / "run").exists()

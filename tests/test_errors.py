@@ -213,6 +213,9 @@ def test_an_empty_directory_flag_is_refused(flag):
         # argparse's float() takes "nan" and "inf": NaN passes every bound, inf most
         ("lr", float("nan"), "--lr must be a finite number, got nan"),
         ("bucket_cap_mb", float("inf"), "--bucket-cap-mb must be a finite number, got inf"),
+        # past 2**63 - 1 torch.manual_seed overflowed with a traceback; < 0 the study refuses
+        ("seed", 2**63, f"--seed must be in [0, 2**63 - 1], got {2**63}"),
+        ("seed", -1, "--seed must be in [0, 2**63 - 1], got -1"),
     ],
 )
 def test_optimizer_flags_out_of_range_are_refused_before_training(flag, value, message):

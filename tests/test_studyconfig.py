@@ -175,6 +175,7 @@ def test_wrong_type():
         ("families.strong.global_batch", -8, ">= 1"),
         ("train.target_acc", 1.5, "<= 1"),
         ("train.bucket_cap_mb", 0, "> 0"),
+        ("train.seed", 2**62, "<= 4611686018427387903"),  # seed + repeat: torch's 63 bits
     ],
 )
 def test_zero_and_negative_counts(key, value, rule):

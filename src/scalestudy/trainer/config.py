@@ -23,6 +23,7 @@ from scalestudy import vocab
 from scalestudy.errors import TrainConfigError
 
 LR_REFERENCE_BATCH = 512  # images; `lr` is quoted for this global batch
+SEED_MAX = 2**63 - 1  # torch.manual_seed takes a signed 64-bit integer
 # fields that do not define the experiment: where files go, how the run survives failures, what
 # it shows while it runs
 NOT_IDENTITY = (
@@ -167,6 +168,8 @@ class TrainConfig:
         for name in ("out", "data_dir"):  # "" would be the current directory, silently
             if not getattr(self, name).strip():
                 raise TrainConfigError(f"--{flag_name(name)} must not be empty")
+        if not 0 <= self.seed <= SEED_MAX:  # torch.manual_seed overflowed past it, traceback
+            raise TrainConfigError(f"--seed must be in [0, 2**63 - 1], got {self.seed}")
         if self.checkpoint_keep < 1:
             raise TrainConfigError(f"--checkpoint-keep must be >= 1, got {self.checkpoint_keep}")
         if self.bucket_cap_mb <= 0:

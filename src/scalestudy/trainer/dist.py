@@ -119,22 +119,45 @@ def _int(env: Mapping[str, str], key: str) -> int:
         raise LaunchError(f"environment variable {key}={env.get(key)!r} is not an integer") from exc
 
 
+def _in_range(env: Mapping[str, str], d: DistEnv, names: tuple[str, str, str, str]) -> DistEnv:
+    """`d` when its rank is one of world_size and its local rank one of the node's, else a
+    LaunchError naming the variables: a rank outside the world waited for peers that never come
+    until the process-group timeout (10 minutes by default)."""
+    rank, world, local, local_world = names
+    for index, size, i, n in (
+        (d.rank, d.world_size, rank, world),
+        (d.local_rank, d.local_world_size, local, local_world),
+    ):
+        if size < 1 or not 0 <= index < size:
+            shown = ", ".join(f"{k}={env.get(k)!r}" for k in (i, n) if k in env)
+            raise LaunchError(
+                f"{shown}: want 0 <= {i} < {n} (the launcher's environment is inconsistent; "
+                f"start the ranks with torchrun, srun or scalestudy launch)"
+            )
+    return d
+
+
 def detect(env: Mapping[str, str] = os.environ) -> DistEnv:
     job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
     if "RANK" in env and "WORLD_SIZE" in env:
         world_size = _int(env, "WORLD_SIZE")
         local_world = _int(env, "LOCAL_WORLD_SIZE") if "LOCAL_WORLD_SIZE" in env else world_size
-        return DistEnv(
-            launcher="torchrun",
-            rank=_int(env, "RANK"),
-            world_size=world_size,
-            local_rank=_int(env, "LOCAL_RANK") if "LOCAL_RANK" in env else 0,
-            local_world_size=local_world,
-            node_rank=_int(env, "GROUP_RANK") if "GROUP_RANK" in env else 0,
-            nodes=_int(env, "GROUP_WORLD_SIZE") if "GROUP_WORLD_SIZE" in env else 1,
-            master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
-            master_port=_int(env, "MASTER_PORT") if "MASTER_PORT" in env else 29500,
-            slurm_job_id=job_id,
+        names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+        return _in_range(
+            env,
+            DistEnv(
+                launcher="torchrun",
+                rank=_int(env, "RANK"),
+                world_size=world_size,
+                local_rank=_int(env, "LOCAL_RANK") if "LOCAL_RANK" in env else 0,
+                local_world_size=local_world,
+                node_rank=_int(env, "GROUP_RANK") if "GROUP_RANK" in env else 0,
+                nodes=_int(env, "GROUP_WORLD_SIZE") if "GROUP_WORLD_SIZE" in env else 1,
+                master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+                master_port=_int(env, "MASTER_PORT") if "MASTER_PORT" in env else 29500,
+                slurm_job_id=job_id,
+            ),
+            names,
         )
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
         node_rank = _int(env, "SLURM_NODEID") if "SLURM_NODEID" in env else 0
@@ -147,17 +170,22 @@ def detect(env: Mapping[str, str] = os.environ) -> DistEnv:
             port = PORT_BASE + int(job_id) % PORT_SPAN
         else:
             raise LaunchError("srun launch without SLURM_JOB_ID or MASTER_PORT: cannot pick a port")
-        return DistEnv(
-            launcher="srun",
-            rank=_int(env, "SLURM_PROCID"),
-            world_size=_int(env, "SLURM_NTASKS"),
-            local_rank=_int(env, "SLURM_LOCALID") if "SLURM_LOCALID" in env else 0,
-            local_world_size=per_node[min(node_rank, len(per_node) - 1)],
-            node_rank=node_rank,
-            nodes=len(per_node),
-            master_addr=env.get("MASTER_ADDR", hosts[0]),
-            master_port=port,
-            slurm_job_id=job_id,
+        names = ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_TASKS_PER_NODE")
+        return _in_range(
+            env,
+            DistEnv(
+                launcher="srun",
+                rank=_int(env, "SLURM_PROCID"),
+                world_size=_int(env, "SLURM_NTASKS"),
+                local_rank=_int(env, "SLURM_LOCALID") if "SLURM_LOCALID" in env else 0,
+                local_world_size=per_node[min(node_rank, len(per_node) - 1)],
+                node_rank=node_rank,
+                nodes=len(per_node),
+                master_addr=env.get("MASTER_ADDR", hosts[0]),
+                master_port=port,
+                slurm_job_id=job_id,
+            ),
+            names,
         )
     return DistEnv(
         launcher="none",
