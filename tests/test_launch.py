@@ -153,3 +153,24 @@ def test_a_container_without_apptainer_on_path_says_so(tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "apptainer is not on PATH" in lines[-1], proc.stderr
     assert "module load apptainer" in lines[-1]
+
+
+def test_gpu_and_container_go_together(tmp_path):
+    """--gpu without --container was ignored (the run was in no container), and a cuda run in
+    a container without --gpu failed at each rank's start: torch saw no GPU without --nv."""
+    parser = argparse.ArgumentParser()
+    launch.add_arguments(parser)
+    image = str(tmp_path / "trainer.sif")
+    (tmp_path / "trainer.sif").write_bytes(b"an image")  # its digest goes to the ranks
+
+    def command(*argv: str) -> list[str]:
+        return launch.build_command(parser.parse_args(list(argv)), {"PATH": "/bin"})
+
+    with pytest.raises(LaunchError, match="--gpu passes --nv to apptainer: it needs --container"):
+        command("--gpu", "--", "--device", "cuda")
+    with pytest.raises(LaunchError, match="--device cuda in a container needs --gpu"):
+        command("--container", image, "--", "--device=cuda")
+    argv = command("--container", image, "--gpu", "--", "--device", "cuda")
+    assert argv[:2] == ["apptainer", "exec"] and "--nv" in argv[: argv.index(image)]
+    argv = command("--container", image, "--", "--device", "cpu")
+    assert "--nv" not in argv and image in argv

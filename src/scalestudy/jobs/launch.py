@@ -73,9 +73,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--container",
         default=None,
-        help="Apptainer image: run each rank in `apptainer exec --nv IMAGE`",
+        help="Apptainer image: run each rank in `apptainer exec IMAGE` (--nv with --gpu)",
     )
-    parser.add_argument("--gpu", action="store_true", help="pass --nv to apptainer")
+    parser.add_argument(
+        "--gpu",
+        action="store_true",
+        help="with --container: pass --nv to apptainer (the host's NVIDIA driver and GPUs "
+        "inside the image; a --device cuda run in a container needs it)",
+    )
     parser.add_argument(
         "--rank-prefix",
         default=None,
@@ -138,13 +143,21 @@ def build_command(args: argparse.Namespace, env: dict[str, str]) -> list[str]:
     # run in the image's namespace with the trainer as their child; wrapped around `apptainer
     # exec` from outside they may trace nothing
     prefix = rank_prefix(getattr(args, "rank_prefix", None))
+    gpu = getattr(args, "gpu", False)
+    if gpu and not args.container:  # it was ignored: the run was not in a container at all
+        raise LaunchError("--gpu passes --nv to apptainer: it needs --container IMAGE")
+    if args.container and not gpu and train_device(train_args) == "cuda":
+        # each rank then failed at start-up: torch.cuda.is_available() is False without --nv
+        raise LaunchError(
+            "--device cuda in a container needs --gpu (apptainer --nv: the GPUs inside)"
+        )
     python = [*prefix, sys.executable]
     if args.container:
         # the image's own python; its digest goes into metrics.json (container_digest)
         from scalestudy.jobs.container import exec_prefix
 
         binds = getattr(args, "container_binds", ())  # host dirs the wrapper needs inside
-        python = [*exec_prefix(args.container, gpu=args.gpu, binds=binds), *prefix, "python"]
+        python = [*exec_prefix(args.container, gpu=gpu, binds=binds), *prefix, "python"]
     refuse_array_task(env)
     one_rank = args.nodes * args.ranks_per_node == 1
     if one_rank and (not env.get("SLURM_JOB_ID") or env.get("SLURM_STEP_ID")):
