@@ -174,3 +174,22 @@ def test_gpu_and_container_go_together(tmp_path):
     assert argv[:2] == ["apptainer", "exec"] and "--nv" in argv[: argv.index(image)]
     argv = command("--container", image, "--", "--device", "cpu")
     assert "--nv" not in argv and image in argv
+
+
+def test_trainer_flags_without_the_separator_name_it():
+    """`launch --epochs 1` said only argparse's "unrecognized arguments: --epochs"."""
+    proc = _launch("--epochs", "1")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.splitlines()[-1] == (
+        "scalestudy: error: unrecognized arguments: --epochs (the trainer's flags go after "
+        "`--`: scalestudy launch ... -- --epochs 1)"
+    )
+    # a command that starts no trainer keeps argparse's message alone
+    plan = subprocess.run(
+        [sys.executable, "-m", "scalestudy", "matrix", "--bogus"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert plan.returncode == 2
+    assert plan.stderr.splitlines()[-1] == "scalestudy: error: unrecognized arguments: --bogus"

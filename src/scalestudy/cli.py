@@ -68,7 +68,14 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser(argv).parse_args(argv)
+    parser = build_parser(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # argparse's own message, and for the commands that start the trainer its cause
+        hint = ""
+        if hasattr(args, "train_args"):
+            hint = f" (the trainer's flags go after `--`: scalestudy {_command(args)} ... -- "
+            hint += "--epochs 1)"
+        parser.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
     if args.debug:
         os.environ[log.DEBUG_ENV] = "1"  # read by log.debug(), here and in every child process
     log.setup()
