@@ -143,22 +143,19 @@ def detect(env: Mapping[str, str] = os.environ) -> DistEnv:
         world_size = _int(env, "WORLD_SIZE")
         local_world = _int(env, "LOCAL_WORLD_SIZE") if "LOCAL_WORLD_SIZE" in env else world_size
         names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
-        return _in_range(
-            env,
-            DistEnv(
-                launcher="torchrun",
-                rank=_int(env, "RANK"),
-                world_size=world_size,
-                local_rank=_int(env, "LOCAL_RANK") if "LOCAL_RANK" in env else 0,
-                local_world_size=local_world,
-                node_rank=_int(env, "GROUP_RANK") if "GROUP_RANK" in env else 0,
-                nodes=_int(env, "GROUP_WORLD_SIZE") if "GROUP_WORLD_SIZE" in env else 1,
-                master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
-                master_port=_int(env, "MASTER_PORT") if "MASTER_PORT" in env else 29500,
-                slurm_job_id=job_id,
-            ),
-            names,
+        d = DistEnv(
+            launcher="torchrun",
+            rank=_int(env, "RANK"),
+            world_size=world_size,
+            local_rank=_int(env, "LOCAL_RANK") if "LOCAL_RANK" in env else 0,
+            local_world_size=local_world,
+            node_rank=_int(env, "GROUP_RANK") if "GROUP_RANK" in env else 0,
+            nodes=_int(env, "GROUP_WORLD_SIZE") if "GROUP_WORLD_SIZE" in env else 1,
+            master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+            master_port=_int(env, "MASTER_PORT") if "MASTER_PORT" in env else 29500,
+            slurm_job_id=job_id,
         )
+        return _in_range(env, d, names)
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
         node_rank = _int(env, "SLURM_NODEID") if "SLURM_NODEID" in env else 0
         per_node = tasks_per_node(env.get("SLURM_TASKS_PER_NODE", env["SLURM_NTASKS"]))
@@ -171,22 +168,19 @@ def detect(env: Mapping[str, str] = os.environ) -> DistEnv:
         else:
             raise LaunchError("srun launch without SLURM_JOB_ID or MASTER_PORT: cannot pick a port")
         names = ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_TASKS_PER_NODE")
-        return _in_range(
-            env,
-            DistEnv(
-                launcher="srun",
-                rank=_int(env, "SLURM_PROCID"),
-                world_size=_int(env, "SLURM_NTASKS"),
-                local_rank=_int(env, "SLURM_LOCALID") if "SLURM_LOCALID" in env else 0,
-                local_world_size=per_node[min(node_rank, len(per_node) - 1)],
-                node_rank=node_rank,
-                nodes=len(per_node),
-                master_addr=env.get("MASTER_ADDR", hosts[0]),
-                master_port=port,
-                slurm_job_id=job_id,
-            ),
-            names,
+        d = DistEnv(
+            launcher="srun",
+            rank=_int(env, "SLURM_PROCID"),
+            world_size=_int(env, "SLURM_NTASKS"),
+            local_rank=_int(env, "SLURM_LOCALID") if "SLURM_LOCALID" in env else 0,
+            local_world_size=per_node[min(node_rank, len(per_node) - 1)],
+            node_rank=node_rank,
+            nodes=len(per_node),
+            master_addr=env.get("MASTER_ADDR", hosts[0]),
+            master_port=port,
+            slurm_job_id=job_id,
         )
+        return _in_range(env, d, names)
     return DistEnv(
         launcher="none",
         rank=0,
