@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -419,3 +420,39 @@ def test_a_measured_input_given_but_missing_is_refused_not_ignored(demo, tmp_pat
     assert f"{flag} {typo}: no such" in err and len(err.strip().splitlines()) == 1, err
     assert not out.exists()
     assert cli.main(argv) == 0 and (out / "proposal.md").is_file()
+
+
+def test_the_request_says_whether_the_planner_was_calibrated(demo, tmp_path):
+    """Without the measured runs (a runs.csv not found is read as none) every source cell said
+    "calibrated from results/csv/runs.csv", and the text "calibrated from the measured runs",
+    over hours that were the planner's defaults."""
+    config, study, docs = demo
+    runs_csv = study / "results/csv/runs.csv"
+    c = cells(study)
+    calibration = c[("planner", "calibration")]
+    assert int(calibration["runs_calibrated"]) > 0 and int(calibration["runs_priced"]) > 0
+    sources = {r["source"] for r in read(study / "results/csv/proposal.csv")}
+    assert f"study/estimate.py planner, calibrated from {runs_csv}" in sources
+    assert "not calibrated" not in docs["proposal.md"]
+
+    other = tmp_path / "study"
+    shutil.copytree(study / "results/csv", other / "results/csv")
+    proposal.write_proposal(
+        config,
+        other / "results/csv",
+        other / "reports",
+        REPO / "workflow/report",
+        other / "absent.csv",
+        other / "no-runs.csv",  # not there: no measured runs
+        other / "benchmarks/train",
+    )
+    rows = read(other / "results/csv/proposal.csv")
+    planned = [r for r in rows if r["section"] == "request" and "planner" in r["source"]]
+    assert planned and {r["source"] for r in planned} == {
+        "study/estimate.py planner, not calibrated: no measured runs were read (its defaults)"
+    }
+    assert cells(other)[("planner", "calibration")]["runs_calibrated"] == "0"
+    md = (other / "reports/proposal.md").read_text()
+    assert "**not calibrated**: no measured run matches these runs" in md
+    assert "calibrated from the measured runs" not in md
+    assert "\\textbf{not calibrated}" in (other / "reports/proposal.tex").read_text()

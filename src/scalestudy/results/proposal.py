@@ -10,7 +10,9 @@ slides.tex from it plus the analysis CSVs (render_report's formats and its hones
                      or no measured run at the chosen scale: the documents say so and price the
                      runs that would fix it (NEXT_REPEATS repeats each)
     hours per run    the planner's estimate (study/estimate.py, calibrated from results/csv/runs.csv
-                     and benchmarks/train/) averaged over a row's runs, rounded UP to 3 significant
+                     and benchmarks/train/ where a measured run matches, its defaults where none
+                     does: each source cell and the text say which, planner_source) averaged
+                     over a row's runs, rounded UP to 3 significant
                      digits, so that the printed table (its products and sums printed as the
                      cells hold them, render_report's `exact`) recomputes exactly:
     node-hours       = runs x hours per run x nodes;   GPU-hours = runs x hours per run x GPUs
@@ -44,6 +46,7 @@ from scalestudy.study.config import add_config_arguments, load_and_validate, sem
 from scalestudy.study.estimate import (
     BENCHMARKS_DIR,
     RUNS_CSV,
+    SOURCE,
     add_measured_arguments,
     estimate_runs,
     given_path,
@@ -60,7 +63,7 @@ MIN_WORLD_SIZES = 4  # a knee needs points on both sides of it
 MIN_REPEATS = 2  # one run gives no spread
 NEXT_REPEATS = 3  # the runs named to fix thin evidence repeat this often
 MODEL_CSV = "results/csv/model.csv"
-PLANNER = "study/estimate.py planner, calibrated from results/csv/runs.csv"
+PLANNER = "study/estimate.py planner"
 # where a dataset comes from and on what terms (what its publisher states; nothing is inferred)
 DATA_TERMS = {
     "cifar10": "CIFAR-10 (Krizhevsky 2009, www.cs.toronto.edu/~kriz/cifar.html): no licence is "
@@ -234,6 +237,20 @@ def _shape(experiment: str, nodes: int, gpus: int) -> str:
     return f"{experiment}, {gpus} GPU{'s' if gpus > 1 else ''} on {where}"
 
 
+def planner_source(members, where: str | None) -> str:
+    """The source cell of estimates: calibrated from the measured runs only where they are (a
+    proposal without a runs.csv, or whose runs match none of the config's, is priced by the
+    planner's defaults, and says so)."""
+    calibrated = sum(e.calibrated for e in members)
+    if where is None:
+        return f"{PLANNER}, not calibrated: no measured runs were read (its defaults)"
+    if calibrated == len(members):
+        return f"{PLANNER}, calibrated from {where}"
+    if calibrated == 0:
+        return f"{PLANNER}, not calibrated: no run of {where} matches (its defaults)"
+    return f"{PLANNER}, calibrated from {where} for {calibrated} of {len(members)} runs"
+
+
 def request_rows(item: str, members, source: str, train: bool = True) -> list[dict]:
     """One row of the request table: runs x hours per run x nodes = node-hours (and GPUs)."""
     runs, nodes, gpus = len(members), members[0].nodes, members[0].gpus
@@ -402,12 +419,16 @@ def proposal_rows(
     for w in new_sizes:
         rows.append(_row("next", "new world size", "world_size", w, "ranks", "2 x the largest"))
     req: list[dict] = []
+    priced: list = []  # every training estimate of the request, for the calibration rows
+    where = measured[0].get(SOURCE, RUNS_CSV) if measured else None
     study = estimate_runs(config, build_run_table(config), measured)
     for item, members in _grouped("scaling study", study):
-        req += request_rows(item, members, PLANNER)
+        req += request_rows(item, members, planner_source(members, where))
+        priced += members
     for what, estimates in nxt.items():
         for item, members in _grouped(f"next runs ({what})", estimates):
-            req += request_rows(item, members, PLANNER)
+            req += request_rows(item, members, planner_source(members, where))
+            priced += members
     if p["production"]["runs"]:
         epochs = p["production"]["epochs"] or config["train"]["epochs"]
         c = _strong_config(config, [chosen["w"]], p["production"]["runs"], epochs)
@@ -415,7 +436,13 @@ def proposal_rows(
             _row("production", "run", "epochs", epochs, "epochs", "proposal.production.epochs")
         )
         for _, members in _grouped("production", estimate_runs(c, build_run_table(c), measured)):
-            req += request_rows(f"production at {chosen['w']} ranks", members, PLANNER)
+            item = f"production at {chosen['w']} ranks"
+            req += request_rows(item, members, planner_source(members, where))
+            priced += members
+    calibrated = sum(e.calibrated for e in priced)
+    src = planner_source(priced, where)
+    rows.append(_row("planner", "calibration", "runs_priced", len(priced), "runs", src))
+    rows.append(_row("planner", "calibration", "runs_calibrated", calibrated, "runs", src))
     jobs = profiling_jobs(config)
     if jobs:
         for item, members in _grouped("profiling", jobs):
@@ -484,6 +511,11 @@ def _lookup(rows: list[dict]) -> dict:
     return out
 
 
+def _calibration(cells: dict) -> str:
+    calibrated, priced = int(cells["runs_calibrated"]), int(cells["runs_priced"])
+    return "all" if calibrated == priced else "none" if calibrated == 0 else "some"
+
+
 def context(tables: dict, rows: list[dict], config: dict, figure_dir: str) -> dict:
     ctx = report.context(tables, [], figure_dir)
     v = _lookup(rows)
@@ -505,6 +537,8 @@ def context(tables: dict, rows: list[dict], config: dict, figure_dir: str) -> di
         has_holdout=("model", "holdout") in v,
         has_below=("scale", "first below") in v,
         has_production=("production", "run") in v,
+        # "all", "none" or "some" of the priced runs calibrated from the measured ones
+        calibration=_calibration(v[("planner", "calibration")]),
         new_sizes=[r["value"] for r in rows if r["section"] == "next"],
         # GPU-hours and GPU energy apply to a GPU study only: a CPU study's 0 GPUs per run are
         # shown as n/a, not as a measured "0 GPU-hours"
