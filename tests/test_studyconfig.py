@@ -176,6 +176,11 @@ def test_wrong_type():
         ("train.target_acc", 1.5, "<= 1"),
         ("train.bucket_cap_mb", 0, "> 0"),
         ("train.seed", 2**62, "<= 4611686018427387903"),  # seed + repeat: torch's 63 bits
+        # fractions written as percentages: 20 asked for a 21x allocation, 1 accepted any accuracy
+        ("plan.contingency", 20, "<= 1 (a fraction: 0.2 = 20%)"),
+        ("proposal.contingency", 20, "<= 1 (a fraction: 0.2 = 20%)"),
+        ("report.targets.accuracy_tolerance", 1, "< 1 (a fraction"),
+        ("report.targets.weak_deviation", 10, "<= 1 (a fraction"),
     ],
 )
 def test_zero_and_negative_counts(key, value, rule):
@@ -396,7 +401,13 @@ def test_empty_paths_are_refused(key):
 
 
 def test_a_number_yaml_reads_as_text_says_how_to_write_it():
-    refused(minimal(), "must be a number (YAML reads 5e-4 as text", overrides=["train.lr=5e-4"])
+    refused(
+        minimal(),
+        "must be a number (YAML reads 5e-4 as text: write 0.0005",
+        overrides=["train.lr=5e-4"],
+    )
+    # it has a dot already (PyYAML wants a signed exponent too): the hint said "with a dot"
+    refused(minimal(), "(YAML reads 1.0e4 as text: write 10000.0,", overrides=["train.lr=1.0e4"])
 
 
 def test_the_bucket_family_needs_ddp():

@@ -131,13 +131,18 @@ def _allowed(err: ValidationError) -> str:
         allowed = "must be " + " or ".join(_TYPE_WORDS.get(k, k) for k in kinds)
         if "number" in kinds and isinstance(err.instance, str) and _reads_as_float(err.instance):
             # PyYAML (YAML 1.1) reads 5e-4 as text: its floats need a dot and a signed exponent
-            allowed += f" (YAML reads {err.instance} as text: write it with a dot, e.g. 5.0e-4)"
+            allowed += (
+                f" (YAML reads {err.instance} as text: write {float(err.instance)!r}, or with a "
+                "dot and a signed exponent, e.g. 5.0e-4)"
+            )
         return allowed
     if kind == "minLength":
         return "must not be empty" if rule == 1 else f"at least {rule} characters"
     bounds = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=", "exclusiveMaximum": "<"}
     if kind in bounds:
-        return f"must be {bounds[kind]} {_fmt(rule)}"
+        # the fractions' bound: 20 meant as 20% asked for a 21x allocation request
+        fraction = kind in ("maximum", "exclusiveMaximum") and rule == 1
+        return f"must be {bounds[kind]} {_fmt(rule)}" + (" (a fraction: 0.2 = 20%)" * fraction)
     if kind == "pattern":
         return f"must match the pattern {rule}"
     if kind == "minItems":
