@@ -611,6 +611,9 @@ def test_a_damaged_runs_csv_is_one_line_before_any_table(tmp_path, capsys):
                      "run 'w1_r0' has final_val_acc = 'high', not a number"),
         # a second row of one run would pass for a second repeat of its cell
         "twice": ([good[0], good[1], good[1]], "run 'w2_r0' has two rows"),
+        # an inf J/img reached resources.csv as an inf kWh, then the report as an OverflowError
+        "energy": ([{**good[0], "energy_j_per_img": "inf"}, good[1]],
+                   "run 'w1_r0' has energy_j_per_img = 'inf', not a number"),
     }  # fmt: skip
     for name, (rows, says) in cases.items():
         path = tmp_path / f"{name}.csv"

@@ -868,6 +868,9 @@ RUNS_COUNTS = ("world_size", "nodes", "local_batch", "global_batch")  # integers
 RUNS_NUMBERS = (*RUNS_COUNTS, "repeat", "bucket_cap_mb", "throughput_img_s", "train_time_s")
 # measured where the run measured them, else blank ("not measured"): a number or blank
 RUNS_OPTIONAL = tuple(m for m in MEASURES if m not in RUNS_NUMBERS and m != "step_time_s")
+# the J/img resources.csv multiplies into kWh (an inf there reached the report as an
+# OverflowError in its number formatting)
+RUNS_OPTIONAL += ("energy_j_per_img", "energy_wall_j_per_img")
 
 
 def check_runs(
