@@ -452,3 +452,24 @@ def test_an_unknown_figure_is_refused_by_name_before_the_tables_are_read(tmp_pat
     err = capsys.readouterr().err
     assert "invalid choice: 'throughputt'" in err and "efficiency" in err
     assert "lacks what the templates read" not in err and not out.exists()
+
+
+def test_figures_that_are_not_there_are_refused_before_a_document_is_written(
+    done, tmp_path, capsys
+):
+    """With an --out-dir other than reports/ the documents linked to ../results/plots/*.png that
+    did not exist, and paper.tex then failed in latexmk's 90 lines."""
+    from scalestudy import cli
+
+    out = tmp_path / "elsewhere"
+    argv = ["render-report", "--csv-dir", str(done / "results/csv"), "--out-dir", str(out)]
+    assert cli.main([*argv, "--figures", "throughput"]) == 2
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    missing = tmp_path / "elsewhere/../results/plots/throughput.png"
+    assert err.startswith(f"scalestudy render-report: --figures: {missing}, "), err
+    assert "make them with `scalestudy plot --figure NAME`" in err and not out.exists()
+    # the same figures given where they are: the documents are written
+    plots = done / "results/plots"
+    code = cli.main([*argv, "--figures", "throughput", "--figure-dir", str(plots)])
+    assert code == 0, capsys.readouterr().err
+    assert f"{plots}/throughput.png" in (out / "study.md").read_text()

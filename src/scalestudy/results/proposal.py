@@ -582,7 +582,7 @@ def write_proposal(
         raise AnalysisError(f"--templates {templates}: no template {exc.name} there") from exc
     except jinja2.UndefinedError as exc:
         raise report.stale_csvs(csv_dir, exc) from exc
-    report.check_numbers(docs, tables)
+    report.check_numbers(docs, tables, (figure_dir,))
     files.write_text(csv_dir / "proposal.csv", text)
     for name, doc in docs.items():
         files.write_text(Path(out_dir) / name, doc)

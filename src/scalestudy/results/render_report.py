@@ -265,6 +265,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out-dir", default="reports")
 
 
+def missing_figures(out_dir: Path, figure_dir: str, figures: list[str]) -> list[str]:
+    """The figure files the documents would link to and that are not there: study.md shows
+    <figure_dir>/<name>.png and paper.tex includes .pdf, both relative to the documents."""
+    where = out_dir / figure_dir
+    wanted = [where / f"{name}.{ext}" for name in figures for ext in ("png", "pdf")]
+    return [str(p) for p in wanted if not p.is_file()]
+
+
 def run(args: argparse.Namespace) -> int:
     csv_dir = Path(args.csv_dir)
     # an AnalysisError: one line from cli.main, exit 2
@@ -279,16 +287,28 @@ def run(args: argparse.Namespace) -> int:
         raise stale_csvs(csv_dir, exc) from exc
     except jinja2.TemplateError as exc:
         raise AnalysisError(str(exc)) from exc
-    check_numbers(docs, load_tables(csv_dir))
+    check_numbers(docs, load_tables(csv_dir), (args.figure_dir,))
+    missing = missing_figures(Path(args.out_dir), args.figure_dir, args.figures)
+    if missing:  # the documents would link to nothing, and paper.tex would not build
+        raise AnalysisError(
+            f"--figures: {', '.join(missing)} not found (--figure-dir {args.figure_dir} is "
+            f"relative to --out-dir {args.out_dir}): make them with `scalestudy plot --figure "
+            "NAME` (snakemake results/plots/NAME.png), or give the --figure-dir that holds them"
+        )
     for name, text in docs.items():  # only once every document passed: none is left half-new
         files.write_text(Path(args.out_dir) / name, text)
         logger.info(f"wrote {Path(args.out_dir) / name}")
     return 0
 
 
-def check_numbers(docs: dict[str, str], tables: dict[str, list[dict]]) -> None:
-    """The honesty check of every document, before any is written."""
+def check_numbers(
+    docs: dict[str, str], tables: dict[str, list[dict]], paths: tuple[str, ...] = ()
+) -> None:
+    """The honesty check of every document, before any is written. `paths` (the --figure-dir
+    the documents link into) are no claims: their digits (/scratch/u123) are not checked."""
     for name, text in docs.items():
+        for path in filter(None, paths):
+            text = text.replace(path, "")
         unbacked = numbers_backed_by_csvs(text, tables)
         if unbacked:  # a number typed into a template instead of read from a CSV
             raise AnalysisError(
