@@ -9,6 +9,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import yaml
 
 from scalestudy import vocab
 from scalestudy.study import runs
@@ -328,3 +329,32 @@ def test_collect_of_a_damaged_run_table_is_one_line_naming_the_line(tmp_path, ca
         assert err.startswith(f"scalestudy collect: {path}") and says in err, err
         assert "scalestudy matrix" in err and not csv.exists()
         assert "Traceback" not in err
+
+
+def test_config_files_layer_as_the_workflow_layers_them(tmp_path, capsys):
+    """`matrix --config config/cpu-scaling.yaml` said "no family is enabled" while `snakemake
+    --configfile` of the same file planned its runs (over config/config.yaml); a second --config
+    was dropped. Now config/config.yaml, then each file in order, then --set."""
+    from scalestudy.cli import main
+
+    out = tmp_path / "runs.tsv"
+    demo, overlay = str(ROOT / "config" / "demo.yaml"), str(ROOT / "config" / "cpu-scaling.yaml")
+    # alone, over config.yaml's 20 warm-up steps, its runs are too short: the workflow's error
+    assert main(["matrix", "--config", overlay, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"config/config.yaml + {overlay}: config key 'train.warmup_steps'" in err, err
+    # demo then the overlay (its documented use): the overlay's keys win, the demo's stay
+    assert main(["matrix", "--config", demo, "--config", overlay, "--out", str(out)]) == 0
+    layered = read_runs_tsv(out)
+    assert {r["world_size"] for r in layered if "strong" in r["families"]} == {1, 2, 4, 8}
+    assert {r["epochs"] for r in layered} == {2}
+    demo_alone = yaml.safe_load(Path(demo).read_text())
+    assert {r["width"] for r in layered} == {16}  # the overlay's width
+    assert {r["limit_train"] for r in layered} == {512}
+    assert {r["local_batch"] for r in layered if "weak" in r["families"]} == {8}
+    assert demo_alone["train"]["width"] != 16
+    # a broken file among them is named
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("train:\n  epochs: [1\n")
+    assert main(["matrix", "--config", demo, "--config", str(broken), "--out", str(out)]) == 2
+    assert f"{broken}, line" in capsys.readouterr().err

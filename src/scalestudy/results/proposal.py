@@ -42,7 +42,7 @@ from scalestudy.errors import AnalysisError
 from scalestudy.results import render_report as report
 from scalestudy.results.analyze import cell, read_csv
 from scalestudy.study import profiling
-from scalestudy.study.config import add_config_arguments, load_and_validate, semantic_problems
+from scalestudy.study.config import add_config_arguments, load_layers, semantic_problems
 from scalestudy.study.estimate import (
     BENCHMARKS_DIR,
     RUNS_CSV,
@@ -605,7 +605,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # a StudyConfigError, PlanError or AnalysisError: one line from cli.main, exit 2
-    config = load_and_validate(args.config, overrides=args.set)
+    config = load_layers(args.config, overrides=args.set)
     runs_csv, benchmarks = measured_paths(args.runs_csv, args.benchmarks)
     write_proposal(
         config,

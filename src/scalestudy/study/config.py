@@ -554,10 +554,39 @@ def load_and_validate(
     return validate(config, source=source)
 
 
+def default_config_path() -> Path:
+    """config/config.yaml of the checkout: the workflow's `configfile:`, under every
+    --configfile (workflow/Snakefile)."""
+    return Path(__file__).resolve().parents[3] / "config" / "config.yaml"
+
+
+def load_layers(paths: Iterable[str | os.PathLike] | None, overrides=None) -> dict:
+    """The study config as the workflow sees it, validated: config/config.yaml of the
+    checkout, then each file of `paths` merged over it in order (as Snakemake merges
+    --configfile files over the Snakefile's configfile), then `overrides`. A file that is
+    config/config.yaml itself is read once."""
+    base = default_config_path()
+    given = [Path(p) for p in paths or []]
+    layers = [p for p in given if p.resolve() != base] if base.is_file() else given
+    config = load_yaml(base) if base.is_file() else {}
+    for path in layers:
+        _merge(config, load_yaml(path))
+    if overrides:
+        apply_overrides(config, overrides)
+    # named as the workflow names it (common.smk): "config/config.yaml + FILE ..."
+    source = " + ".join(str(p) for p in ([base] if base.is_file() else []) + layers)
+    return validate(config, source=source or None)
+
+
 def add_config_arguments(parser) -> None:
-    """--config and --set of the subcommands that read a study config (matrix, plan)."""
+    """--config and --set of the subcommands that read a study config (matrix, plan,
+    proposal): the files are layered as the workflow layers them (load_layers)."""
     parser.add_argument(
-        "--config", default="config/config.yaml", help="study config YAML (%(default)s)"
+        "--config",
+        action="append",
+        metavar="FILE",
+        help="study config YAML, merged over config/config.yaml as `snakemake --configfile "
+        "FILE` merges it; repeatable, later files win (default: config/config.yaml alone)",
     )
     parser.add_argument(
         "--set",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from scalestudy import log, vocab
 from scalestudy.errors import StudyConfigError
-from scalestudy.study.config import add_config_arguments, load_and_validate
+from scalestudy.study.config import add_config_arguments, load_layers
 from scalestudy.study.runs import build_run_table, write_runs_tsv
 
 logger = log.get(__name__)
@@ -50,7 +50,7 @@ def _family_summary(config: dict, rows: list[dict], family: str) -> str:
 def run(args: argparse.Namespace) -> int:
     log.setup()
     try:
-        config = load_and_validate(args.config, overrides=args.set)
+        config = load_layers(args.config, overrides=args.set)
     except StudyConfigError as e:
         logger.error(f"scalestudy matrix: {e}")
         return 2

@@ -458,11 +458,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from scalestudy.study.config import load_and_validate
+    from scalestudy.study.config import load_layers
 
     log.setup()
     try:
-        config = load_and_validate(args.config, overrides=args.set)
+        config = load_layers(args.config, overrides=args.set)
         runs_csv, benchmarks = measured_paths(args.runs_csv, args.benchmarks)
         estimates = write_plan(config, args.out_md, args.out_csv, runs_csv, benchmarks)
     except (StudyConfigError, PlanError) as e:
