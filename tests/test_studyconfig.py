@@ -390,6 +390,21 @@ def test_a_run_too_short_for_its_steady_state_window_is_refused():
     )
 
 
+@pytest.mark.parametrize(
+    ("key", "value", "says"),
+    [
+        ("data_dir", "~/data", "no ~ or $VARIABLE: nothing expands them (a directory named '~'"),
+        ("checkpointing.dir", "$SCRATCH/ckpt", "a directory named '$SCRATCH' would be made"),
+        ("container.image", "${HOME}/t.sif", "no ~ or $VARIABLE"),
+        ("data_dir", "data {x}", "no { or }: Snakemake reads them as wildcards"),
+    ],
+)
+def test_paths_no_shell_would_expand_are_refused(key, value, says):
+    """They were used literally: `prepare-data --data-dir '~/data'` made ./~/data."""
+    refused(minimal(), f"config key '{key}': value \"{value}\" is not allowed: ", says,
+            overrides=[f"{key}={value}"])  # fmt: skip
+
+
 @pytest.mark.parametrize("key", ["data_dir", "checkpointing.dir", "container.image"])
 def test_empty_paths_are_refused(key):
     """An empty data_dir became `--data-dir /`, an empty checkpoint dir `/<run>`."""

@@ -275,9 +275,33 @@ def step_graph_problems(config: dict) -> list[str]:
     return problems
 
 
+# the config's paths: no shell expands them (a config string reaches a command quoted) and
+# Snakemake reads {braces} in a file name as wildcards
+PATH_KEYS = ("data_dir", "checkpointing.dir", "container.image", "container.definition")
+
+
+def path_problems(config: dict) -> list[str]:
+    """`~/data` made a directory named `~` in the working directory, `$SCRATCH/ckpt` one named
+    `$SCRATCH`; `data {x}` failed in Snakemake with a wildcard error."""
+    problems = []
+    for key in PATH_KEYS:
+        node = config
+        for part in key.split("."):
+            node = node[part]
+        if node.startswith("~") or "$" in node:
+            problems.append(
+                _bad(key, node, "no ~ or $VARIABLE: nothing expands them (a directory named "
+                     f"{node.split('/')[0]!r} would be made); write the path out, e.g. "
+                     "/scratch/me/data, or relative to the working directory")
+            )  # fmt: skip
+        elif "{" in node or "}" in node:
+            problems.append(_bad(key, node, "no { or }: Snakemake reads them as wildcards"))
+    return problems
+
+
 def semantic_problems(config: dict) -> list[str]:
     """What the schema cannot check. Disabled families are not checked (they are ignored)."""
-    problems: list[str] = []
+    problems: list[str] = path_problems(config)
     hw, train, families = config["hardware"], config["train"], config["families"]
     gpn, accum = hw["gpus_per_node"], train["accum_steps"]
     n_train, n_train_source = _train_size(config)
