@@ -325,7 +325,8 @@ def test_a_whole_step_cuda_graph_needs_a_gpu_study_whose_runs_fit_one_graph():
     cfg["families"]["precision"]["precisions"] = ["bf16", "tf32"]
     load_and_validate(cfg)
     cfg["train"]["accum_steps"] = 2
-    refused(cfg, "config key 'train.cuda_graphs'", "accum_steps 2")
+    message = refused(cfg, "config key 'train.cuda_graphs'", "accum_steps 2")
+    assert message.count("accum_steps 2") == 1, message  # once, not once per precision
 
 
 def test_compile_is_auto_true_or_false():

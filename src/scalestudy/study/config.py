@@ -455,8 +455,8 @@ def validate(config: dict, *, schema: str | os.PathLike | None = None, source=No
     problems = _non_finite(config) + _schema_problems(config, loaded)
     if not problems:
         problems = semantic_problems(config)
-    if problems:
-        raise StudyConfigError(problems, source=source)
+    if problems:  # each once: a misfit shared by several precisions was listed per precision
+        raise StudyConfigError(list(dict.fromkeys(problems)), source=source)
     return config
 
 
