@@ -574,6 +574,25 @@ def test_one_repeat_draws_no_error_bar_and_waterfall_bars_name_their_configurati
          "imbalance_frac": "0.05", "residual_frac": "0.05"}
         for p in ("fp32", "bf16")
     ]  # fmt: skip
+    # a precision family without its fp32 baseline: said in the figure, no empty bar axes
+    no_base = [
+        {
+            "family": "precision",
+            "world_size": "2",
+            "precision": "bf16",
+            "precision_speedup": "",
+            "acc_diff_vs_fp32": "",
+            "acc_within_tolerance": "",
+        }
+    ]
+    fig, ax = plots._pyplot().subplots()
+    plots.plot_precision(ax, no_base, "cpu")
+    assert not ax.containers and not ax.axison
+    assert [t.get_text() for t in ax.texts] == [
+        "no precision has an fp32 baseline at its world size"
+    ]
+    plots._pyplot().close(fig)
+
     fig, ax = plots._pyplot().subplots()
     plots.plot_waterfall(ax, waterfall, "cuda")
     labels = [t.get_text() for t in ax.get_xticklabels()]

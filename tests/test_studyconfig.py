@@ -312,6 +312,16 @@ def test_cuda_graphs_need_a_cuda_study_that_compiles():
     refused(cfg, "config key 'train.cuda_graphs'", "sometimes")
 
 
+def test_the_precision_family_needs_its_fp32_baseline():
+    """Without fp32 analyze claimed no speedup and the precision figure was drawn empty."""
+    cfg = minimal(precision={"enabled": True, "gpus": [1], "precisions": ["bf16"]})
+    refused(
+        cfg, "config key 'families.precision.precisions': value [\"bf16\"]", "must include fp32"
+    )
+    cfg["families"]["precision"]["precisions"] = ["bf16", "fp32"]
+    load_and_validate(cfg)
+
+
 def test_a_whole_step_cuda_graph_needs_a_gpu_study_whose_runs_fit_one_graph():
     cfg = minimal()
     cfg["hardware"]["device"] = "cpu"
@@ -322,7 +332,7 @@ def test_a_whole_step_cuda_graph_needs_a_gpu_study_whose_runs_fit_one_graph():
     # every run must fit: a precision family with fp16 does not (its GradScaler)
     cfg["families"]["precision"] = {"enabled": True, "precisions": ["bf16", "fp16"]}
     refused(cfg, "config key 'train.cuda_graphs'", "precision fp16", "use auto")
-    cfg["families"]["precision"]["precisions"] = ["bf16", "tf32"]
+    cfg["families"]["precision"]["precisions"] = ["fp32", "bf16", "tf32"]
     load_and_validate(cfg)
     cfg["train"]["accum_steps"] = 2
     message = refused(cfg, "config key 'train.cuda_graphs'", "accum_steps 2")

@@ -203,6 +203,12 @@ def plot_precision(ax, scaling, device, **_):
     rows = [r for r in scaling if r["family"] == "precision"]
     if not rows:
         raise AnalysisError("scaling.csv has no precision rows (family precision did not run)")
+    if all(number(r["precision_speedup"]) is None for r in rows):
+        # no fp32 run at any of the family's world sizes (the config check refuses such a
+        # family now): say it in the figure, not with empty axes beside a line at 1.0
+        ax.text(0.5, 0.5, "no precision has an fp32 baseline at its world size", ha="center")
+        ax.set_axis_off()
+        return
     worlds = sorted({int(r["world_size"]) for r in rows})
     precisions = list(dict.fromkeys(r["precision"] for r in rows))
     width = 0.8 / len(worlds)

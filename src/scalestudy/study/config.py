@@ -312,6 +312,18 @@ def semantic_problems(config: dict) -> list[str]:
             f"for at least one of {', '.join(vocab.FAMILIES)}"
         )
 
+    compared = families["precision"]
+    if compared["enabled"] and "fp32" not in compared["precisions"]:
+        # analyze's speedups and accuracy differences are against the family's own fp32 runs
+        problems.append(
+            _bad(
+                "families.precision.precisions",
+                compared["precisions"],
+                "must include fp32: each precision's speedup and accuracy difference is against "
+                "the family's fp32 run at the same world size (without one the figure is empty)",
+            )
+        )
+
     if hw["device"] == "cpu":
         precisions = [("train.precision", train["precision"])]
         if families["precision"]["enabled"]:
