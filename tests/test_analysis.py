@@ -714,3 +714,31 @@ def test_collect_refuses_metrics_that_are_no_object_and_epochs_with_ragged_rows(
         collect.load_epochs(epochs)
     epochs.write_text("epoch,train_loss\n1,2.0\n2,1.5\n")
     assert [r["epoch"] for r in collect.load_epochs(epochs)] == ["1", "2"]
+
+
+def test_outputs_that_cannot_be_written_leave_every_table_as_it_was(tmp_path, capsys):
+    """--html-dir naming a file: scaling.csv was rewritten, then the HTML failed ("File
+    exists"), leaving one new table beside the other old ones. Now every output is checked
+    first (files.output_problems), as model, collect, render-report and proposal do."""
+    from scalestudy import cli, files
+
+    runs = tmp_path / "runs.csv"
+    files.write_csv(
+        runs, None, [run("w1", "strong", 1, 64, 1000.0), run("w2", "strong", 2, 32, 1900.0)]
+    )
+    out = tmp_path / "csv"
+    out.mkdir()
+    (out / "scaling.csv").write_text("old\n")
+    html = tmp_path / "tables"
+    html.write_text("a file\n")
+    argv = ["analyze", "--runs", str(runs), "--out-dir", str(out), "--html-dir", str(html)]
+    assert cli.main([*argv, "--gpus-per-node", "4"]) == 2
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert err == f"scalestudy analyze: nothing written: {html}: is a file, not a directory"
+    assert [p.name for p in out.iterdir()] == ["scaling.csv"]
+    assert (out / "scaling.csv").read_text() == "old\n"
+    (out / "model.csv").mkdir()  # a directory where a file goes
+    assert files.output_problems([out / "model.csv", out / "bucket_advice.csv"]) == [
+        f"{out / 'model.csv'}: is a directory, not a file"
+    ]
+    assert files.output_problems([tmp_path / "new" / "deeper" / "x.csv"]) == []

@@ -456,3 +456,21 @@ def test_the_request_says_whether_the_planner_was_calibrated(demo, tmp_path):
     assert "**not calibrated**: no measured run matches these runs" in md
     assert "calibrated from the measured runs" not in md
     assert "\\textbf{not calibrated}" in (other / "reports/proposal.tex").read_text()
+
+
+def test_an_output_that_cannot_be_written_leaves_every_old_file_as_it_was(demo, tmp_path, capsys):
+    """--out-dir naming a file: proposal.csv was rewritten, then the documents failed ("File
+    exists"), so a new proposal.csv stood beside the old documents."""
+    _, study, _ = demo
+    csv_dir = tmp_path / "csv"
+    shutil.copytree(study / "results/csv", csv_dir)
+    before = (csv_dir / "proposal.csv").read_bytes()
+    (csv_dir / "proposal.csv").write_text("old\n")
+    a_file = tmp_path / "reports"
+    a_file.write_text("not a directory\n")
+    argv = ["proposal", "--config", str(DEMO), "--csv-dir", str(csv_dir), "--out-dir", str(a_file)]
+    argv += ["--runs-csv", str(study / "results/csv/runs.csv")]
+    assert cli.main(argv) == 2
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert err == f"scalestudy proposal: nothing written: {a_file}: is a file, not a directory"
+    assert (csv_dir / "proposal.csv").read_text() == "old\n" and before != b"old\n"

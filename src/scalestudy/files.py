@@ -127,6 +127,19 @@ def output_dir_problem(path: str | os.PathLike) -> str | None:
     return None
 
 
+def output_problems(paths: Iterable[str | os.PathLike]) -> list[str]:
+    """Why the files `paths` cannot be written ([] = they can): a directory where a file goes,
+    or output_dir_problem of its directory. A command that writes several files checks them
+    all first, so that a failure leaves no new file beside old ones."""
+    problems = []
+    for path in map(Path, paths):
+        if path.is_dir():
+            problems.append(f"{path}: is a directory, not a file")
+        elif why := output_dir_problem(path.parent):
+            problems.append(f"{path.parent}: {why}")
+    return list(dict.fromkeys(problems))
+
+
 def write_cause(exc: BaseException) -> str:
     """A failed write's error in plain words: a full disk, no permission, or the error itself."""
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):

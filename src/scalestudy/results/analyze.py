@@ -943,6 +943,9 @@ def run(args: argparse.Namespace) -> int:
         ("profile_shares", "Kernel time per category", profile, SHARE_COLUMNS),
         ("waterfall", "Efficiency-loss waterfall", waterfall_rows, WATERFALL_COLUMNS),
     ]
+    paths = [out / f"{t[0]}.csv" for t in tables] + [html_dir / f"{t[0]}.html" for t in tables]
+    if problems := files.output_problems(paths):  # one table new beside old ones otherwise
+        raise AnalysisError(f"nothing written: {'; '.join(problems)}")
     for name, title, rows, columns in tables:
         files.write_csv(out / f"{name}.csv", columns, rows, cell)
         write_html(html_dir / f"{name}.html", title, rows, columns)

@@ -32,6 +32,7 @@ import math
 from pathlib import Path
 
 from scalestudy import files, log
+from scalestudy.errors import AnalysisError
 from scalestudy.results.analyze import RUNS_COUNTS, cell, check_runs, read_csv
 from scalestudy.study import model
 
@@ -84,6 +85,8 @@ def run(args: argparse.Namespace) -> int:
     table = model_table(pts, skipped, fit)
     advice = [vars(a) for a in model.advise(None if isinstance(fit, str) else fit, pts)]
     out = Path(args.out_dir)
+    if problems := files.output_problems([out / "model.csv", out / "bucket_advice.csv"]):
+        raise AnalysisError(f"nothing written: {'; '.join(problems)}")
     files.write_csv(out / "model.csv", MODEL_COLUMNS, table, cell)
     files.write_csv(out / "bucket_advice.csv", ADVICE_COLUMNS, map(_advice_row, advice), cell)
     logger.info(f"modelled {len(pts)} configurations ({len(skipped)} runs not) -> {out}")
