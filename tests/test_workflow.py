@@ -358,3 +358,23 @@ def test_a_clean_clone_lints_and_without_the_package_says_the_fix(tmp_path):
     proc = subprocess.run(["bash", "scripts/lint.sh"], **run)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "lint: clean" in proc.stdout
+
+
+def test_a_config_file_that_is_not_clean_yaml_names_its_file_and_line(tmp_path):
+    """A key given twice in a --configfile was dropped silently (its first block lost), and a
+    tab in config/config.yaml gave Snakemake's "Config file is not valid JSON or YAML"."""
+    work = copy_repo(tmp_path / "wf")
+    (work / "dup.yaml").write_text("train:\n  width: 16\nrepeats: 1\ntrain:\n  epochs: 5\n")
+    proc = snakemake(work, "--configfile", "config/demo.yaml", "dup.yaml", "-n", check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Traceback" not in out
+    assert "dup.yaml, line 4, column 1: malformed YAML: duplicate key 'train'" in out, out[-3000:]
+    default = work / "config/config.yaml"
+    lines = default.read_text().splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("  epochs:"))
+    lines[at] = "\t" + lines[at].lstrip()
+    default.write_text("\n".join(lines) + "\n")
+    proc = snakemake(work, "-n", check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Traceback" not in out
+    assert f"config.yaml, line {at + 1}, column 1: malformed YAML" in out, out[-3000:]

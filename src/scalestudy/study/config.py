@@ -590,6 +590,15 @@ def load_and_validate(
     return validate(config, source=source)
 
 
+def check_files(paths: Iterable[str | os.PathLike]) -> None:
+    """Each config file read as load_yaml reads it: malformed YAML, a key given twice, a top
+    level that is no mapping, each a StudyConfigError naming the file (and line). The workflow
+    calls it before its `configfile:` directive, whose own messages name neither, and which
+    keeps the last of two equal keys silently."""
+    for path in paths:
+        load_yaml(path)
+
+
 def default_config_path() -> Path:
     """config/config.yaml of the checkout: the workflow's `configfile:`, under every
     --configfile (workflow/Snakefile)."""
