@@ -630,6 +630,12 @@ def test_a_damaged_runs_csv_is_one_line_before_any_table(tmp_path, capsys):
                      "run 'w1_r0' has final_val_acc = 'high', not a number"),
         # a second row of one run would pass for a second repeat of its cell
         "twice": ([good[0], good[1], good[1]], "run 'w2_r0' has two rows"),
+        # a float column re-saved by a spreadsheet or pandas: passed, then int() raised
+        "float-ranks": ([good[0], {**good[1], "world_size": "2.0"}],
+                        "run 'w2_r0' has world_size = '2.0', not a whole number >= 1"),
+        # a family not of the vocabulary: a ValueError in the tables' sort
+        "family": ([{**good[0], "families": "Strong"}, good[1]],
+                   "run 'w1_r0' has families = 'Strong', whose 'Strong' is none of strong"),
         # an inf J/img reached resources.csv as an inf kWh, then the report as an OverflowError
         "energy": ([{**good[0], "energy_j_per_img": "inf"}, good[1]],
                    "run 'w1_r0' has energy_j_per_img = 'inf', not a number"),

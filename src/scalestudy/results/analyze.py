@@ -893,6 +893,14 @@ def check_runs(
         if row["run"] in seen:  # a second row would count as a second repeat of its cell
             raise AnalysisError(f"{path}: run {row['run']!r} has two rows: {fix}")
         seen.add(row["run"])
+        if "families" in keys:  # each a family of the study's vocabulary (tables sort by it)
+            named = filter(None, str(row["families"]).split(";"))
+            unknown = [f for f in named if f not in vocab.FAMILIES]
+            if unknown:
+                raise AnalysisError(
+                    f"{path}: run {row['run']!r} has families = {row['families']!r}, whose "
+                    f"{', '.join(map(repr, unknown))} is none of {', '.join(vocab.FAMILIES)}: {fix}"
+                )
         for column in (*numbers, *(c for c in optional if c in row)):
             value = row.get(column)
             try:
@@ -902,10 +910,13 @@ def check_runs(
             if column in optional and x is None:
                 continue  # not measured
             finite = x is not None and math.isfinite(x)
+            # counts as collect writes them, digits only: "2.0" (a re-saved float column)
+            # passed as a count here and failed int() later with a traceback
+            digits = str(value).strip().isdigit()
             if column in RUNS_COUNTS:
-                what, ok = "a whole number >= 1", files.is_count(x, 1)
+                what, ok = "a whole number >= 1", files.is_count(x, 1) and digits
             elif column == "repeat":
-                what, ok = "a whole number >= 0", files.is_count(x, 0)
+                what, ok = "a whole number >= 0", files.is_count(x, 0) and digits
             elif column == "throughput_img_s":
                 what, ok = "a number > 0", finite and x > 0
             else:
