@@ -473,3 +473,28 @@ def test_figures_that_are_not_there_are_refused_before_a_document_is_written(
     code = cli.main([*argv, "--figures", "throughput", "--figure-dir", str(plots)])
     assert code == 0, capsys.readouterr().err
     assert f"{plots}/throughput.png" in (out / "study.md").read_text()
+
+
+def test_a_tex_error_is_one_line_with_its_line_and_log(tmp_path, capsys):
+    """A study name with a character pdfLaTeX cannot set failed in latexmk's ~90 lines."""
+    from scalestudy import cli
+
+    log_text = "This is pdfTeX\n! LaTeX Error: Unicode character ≥ (U+2265)\n\nl.12 ResNet ≥\n"
+    assert latex.first_tex_error(log_text) == "LaTeX Error: Unicode character ≥ (U+2265) (line 12)"
+    assert latex.first_tex_error("no error here\n") is None
+    if not latex.have_latexmk():
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI must have TeX: scripts/setup.sh installs latexmk as root")
+        pytest.skip(latex.MISSING)
+    tex = tmp_path / "paper.tex"
+    tex.write_text(
+        "\\documentclass{article}\n\\begin{document}\n\\undefinedmacro\n\\end{document}\n"
+    )
+    assert cli.main(["build-pdf", str(tex)]) == 1
+    out = capsys.readouterr()
+    (line,) = out.err.strip().splitlines()
+    assert line == (
+        f"scalestudy build-pdf: latexmk failed on {tex}: Undefined control sequence. (line 3); "
+        f"the whole log: {tmp_path / 'paper.log'}"
+    )
+    assert out.out == ""

@@ -9,6 +9,7 @@ when latexmk is there (workflow/rules/report.smk), and says so when it is not.
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import subprocess
 import sys
@@ -41,6 +42,20 @@ def have_beamer() -> bool:
     return bool(found.stdout.strip())
 
 
+def first_tex_error(log_text: str) -> str | None:
+    """TeX's first error in a .log: its `! message` and the `l.NN` line it names, e.g.
+    "LaTeX Error: Unicode character ≥ (U+2265) not set up for use with LaTeX (line 12)"."""
+    lines = log_text.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("! "):
+            message = line[2:].strip()
+            for after in lines[i + 1 : i + 20]:
+                if m := re.match(r"l\.(\d+)\b", after):
+                    return f"{message} (line {m.group(1)})"
+            return message
+    return None
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("tex", help="the .tex file; the PDF is written beside it")
 
@@ -61,12 +76,17 @@ def run(args: argparse.Namespace) -> int:
     # error fails the job instead of waiting for input
     cmd = ["latexmk", "-pdf", "-cd", "-interaction=nonstopmode", "-halt-on-error", str(tex)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
-    sys.stdout.write(proc.stdout[-4000:])  # latexmk's own output, passed on as it is
-    if proc.returncode != 0:
+    if proc.returncode != 0:  # one line: TeX's first error, not latexmk's 90 lines
+        log_file = tex.with_suffix(".log")
+        try:
+            first = first_tex_error(log_file.read_text(errors="replace"))
+        except OSError:
+            first = None
+        why = first or (proc.stderr.strip().splitlines() or ["no error in its log"])[-1]
         logger.error(
-            f"scalestudy build-pdf: latexmk failed ({proc.returncode}); see "
-            f"{tex.with_suffix('.log')}\n{proc.stderr[-2000:]}"
+            f"scalestudy build-pdf: latexmk failed on {tex}: {why}; the whole log: {log_file}"
         )
         return 1
+    sys.stdout.write(proc.stdout[-4000:])  # latexmk's own output, passed on as it is
     logger.info(f"wrote {tex.with_suffix('.pdf')}")
     return 0
