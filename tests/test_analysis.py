@@ -337,6 +337,22 @@ def test_a_scaling_figure_without_scaling_rows_is_refused_not_drawn_empty(tmp_pa
     assert plots.make_figure(figure, tmp_path / "plots", **data)[0].stat().st_size > 0
 
 
+def test_a_figure_reads_only_its_own_inputs(tmp_path, capsys):
+    """`plot --figure throughput` refused to draw without epochs.csv and targets.csv, which
+    only the accuracy and efficiency figures read."""
+    from scalestudy import cli, files
+
+    rows = [run("w1", "strong", 1, 64, 1000), run("w2", "strong", 2, 64, 1800)]
+    files.write_csv(tmp_path / "scaling.csv", None, scaling_rows(rows))
+    argv = ["plot", "--figure", "throughput", "--device", "cpu", "--out", str(tmp_path / "p")]
+    argv += ["--scaling", str(tmp_path / "scaling.csv"), "--epochs", str(tmp_path / "no.csv")]
+    assert cli.main([*argv, "--targets", str(tmp_path / "no.csv")]) == 0, capsys.readouterr().err
+    assert (tmp_path / "p/throughput.png").stat().st_size > 0
+    argv[2] = "efficiency"  # the figure that draws the targets still needs them
+    assert cli.main([*argv, "--targets", str(tmp_path / "no.csv")]) == 2
+    assert "no.csv" in capsys.readouterr().err
+
+
 def test_the_accuracy_figure_refuses_empty_or_damaged_epochs(tmp_path, capsys):
     from scalestudy import cli
 

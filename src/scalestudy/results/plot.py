@@ -536,10 +536,16 @@ def read_targets(path: str | Path) -> dict[str, float]:
 def run(args: argparse.Namespace) -> int:
     make = "snakemake results/csv/scaling.csv"
     # an AnalysisError: one line from cli.main, exit 2
+    # each input read by the figures that draw it: a hand-run plot of one figure needs only its
+    # own (epochs.csv: accuracy; targets.csv: efficiency's target lines)
     data = {
         "scaling": read_csv(args.scaling, "", make),
-        "epochs": read_csv(args.epochs, "", "snakemake results/csv/epochs.csv"),
-        "targets": read_targets(args.targets),
+        "epochs": (
+            read_csv(args.epochs, "", "snakemake results/csv/epochs.csv")
+            if args.figure == "accuracy"
+            else []
+        ),
+        "targets": read_targets(args.targets) if args.figure == "efficiency" else {},
         "shares": read_csv(args.profile_shares, "", make) if args.profile_shares else [],
         "waterfall": (  # read by its own figure only: a hand-run plot needs no waterfall.csv
             read_csv(args.waterfall, "", "snakemake results/csv/waterfall.csv")
