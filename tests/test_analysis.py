@@ -3,6 +3,7 @@ whose expected values are computed by hand in the comments."""
 
 from __future__ import annotations
 
+import csv
 import math
 import re
 from pathlib import Path
@@ -759,6 +760,14 @@ def test_outputs_that_cannot_be_written_leave_every_table_as_it_was(tmp_path, ca
     assert err == f"scalestudy analyze: nothing written: {html}: is a file, not a directory"
     assert [p.name for p in out.iterdir()] == ["scaling.csv"]
     assert (out / "scaling.csv").read_text() == "old\n"
+    # written, without --study: the documents' title names no empty study ("Scaling study: ")
+    html.unlink()
+    assert cli.main([*argv, "--gpus-per-node", "4"]) == 0
+    with (out / "system.csv").open() as f:
+        name = [
+            r["value"] for r in csv.DictReader(f) if (r["section"], r["key"]) == ("study", "name")
+        ]
+    assert name == ["unnamed"]
     (out / "model.csv").mkdir()  # a directory where a file goes
     assert files.output_problems([out / "model.csv", out / "bucket_advice.csv"]) == [
         f"{out / 'model.csv'}: is a directory, not a file"

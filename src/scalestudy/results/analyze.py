@@ -819,7 +819,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--gpus-per-node", type=_positive, required=True, help="hardware.gpus_per_node (>= 1)"
     )
-    parser.add_argument("--study", default="", help="study name (config `study`)")
+    parser.add_argument(
+        "--study",
+        default="unnamed",
+        help="study name (config `study`; the documents' title; default %(default)s)",
+    )
     parser.add_argument("--configfile", default="", help="the study's config file (reproduce)")
     for key, value in DEFAULT_TARGETS.items():
         flag = "--" + key.replace("_", "-")
