@@ -498,3 +498,26 @@ def test_a_tex_error_is_one_line_with_its_line_and_log(tmp_path, capsys):
         f"the whole log: {tmp_path / 'paper.log'}"
     )
     assert out.out == ""
+
+
+def test_symbols_pdflatex_cannot_read_are_set_as_math(tmp_path):
+    """A study named "ResNet ≥ 8 GPUs" made a paper.tex that pdfLaTeX refused ("Unicode
+    character ≥ (U+2265) not set up for use with LaTeX")."""
+    from scalestudy import cli
+
+    text = report.tex_escape("ResNet ≥ 8 GPUs, ≤ 2 μs − 1 ≈ 3 → ok, 50% & Zürich")
+    assert text == (
+        "ResNet \\ensuremath{\\geq} 8 GPUs, \\ensuremath{\\leq} 2 \\ensuremath{\\mu}s "
+        "\\ensuremath{-} 1 \\ensuremath{\\approx} 3 \\ensuremath{\\rightarrow} ok, 50\\% \\& Zürich"
+    )
+    if not latex.have_latexmk():
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI must have TeX: scripts/setup.sh installs latexmk as root")
+        pytest.skip(latex.MISSING)
+    tex = tmp_path / "paper.tex"  # the paper's font set-up (workflow/report/paper.tex.j2)
+    tex.write_text(
+        "\\documentclass{article}\n\\usepackage{amsmath}\n\\usepackage{lmodern}\n"
+        f"\\usepackage[T1]{{fontenc}}\n\\begin{{document}}\n{text}\n\\end{{document}}\n"
+    )
+    assert cli.main(["build-pdf", str(tex)]) == 0
+    assert (tmp_path / "paper.pdf").read_bytes()[:4] == b"%PDF"

@@ -110,6 +110,14 @@ TEX_SPECIAL = {
     "}": r"\}",
     "~": r"\textasciitilde{}",
     "^": r"\textasciicircum{}",
+    # symbols a study name or proposal text may hold that pdfLaTeX's UTF-8 input does not set
+    # ("Unicode character ... not set up for use with LaTeX"): as math
+    "≥": r"\ensuremath{\geq}",
+    "≤": r"\ensuremath{\leq}",
+    "≈": r"\ensuremath{\approx}",
+    "−": r"\ensuremath{-}",
+    "→": r"\ensuremath{\rightarrow}",
+    "μ": r"\ensuremath{\mu}",
 }
 _TEX_SPECIAL = re.compile("|".join(re.escape(c) for c in TEX_SPECIAL))
 
