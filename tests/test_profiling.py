@@ -14,6 +14,7 @@ import logging
 import os
 import re
 import shlex
+import shutil
 import sqlite3
 import subprocess
 from pathlib import Path
@@ -1586,3 +1587,28 @@ def test_a_damaged_capture_manifest_is_one_line(tmp_path, manifest, says):
     )
     with pytest.raises(ProfileFormatError, match=re.escape(says)):
         capture._capture_input(tmp_path)
+
+
+def test_a_stats_directory_with_other_reports_is_read_and_a_second_table_refused(tmp_path):
+    """`nsys stats` with its default reports also writes cuda_api_sum, osrt_sum, and SKIPPED
+    files: they failed the parse ("no nsys stats header found"). A copy of a kernel summary
+    was counted twice (instances 400 for 200)."""
+    shutil.copytree(FIX / "nsys-2024.5", tmp_path / "stats")
+    stats = tmp_path / "stats"
+    (stats / "nsys_rank0_cuda_api_sum.csv").write_text(
+        "Time (%),Total Time (ns),Num Calls,Avg (ns),Med (ns),Min (ns),Max (ns),StdDev (ns),Name\n"
+        "90.0,1000,10,100.0,100.0,90,110,5.0,cudaLaunchKernel\n"
+    )
+    (stats / "nsys_rank0_openmp_sum.csv").write_text(
+        "SKIPPED: nsys_rank0.sqlite does not contain OpenMP event data.\n"
+    )
+    assert nsys.parse_nsys(stats, "r") == nsys.parse_nsys(FIX / "nsys-2024.5", "r")
+    copy = stats / "nsys_rank0_cuda_gpu_kern_sum (copy).csv"
+    shutil.copy(stats / "nsys_rank0_cuda_gpu_kern_sum.csv", copy)
+    with pytest.raises(ProfileFormatError, match=r"rank 0 has a second kernel summary table"):
+        nsys.parse_nsys(stats, "r")
+    copy.unlink()
+    # a table of a report read here that is broken is still an error, not left out
+    (stats / "nsys_rank1_cuda_gpu_kern_sum.csv").write_text("Time (%),garbage\n")
+    with pytest.raises(ProfileFormatError, match="nsys_rank1_cuda_gpu_kern_sum.csv"):
+        nsys.parse_nsys(stats, "r")

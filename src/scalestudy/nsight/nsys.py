@@ -123,12 +123,22 @@ def nsys_stats_files(input_path: str | Path) -> list[Path]:
     return [p]
 
 
+# the nsys stats reports read here, by the names nsys gives their CSVs (<output>_<report>.csv);
+# a directory may hold others (`nsys stats` writes cuda_api_sum, osrt_sum, ... by default)
+READ_REPORTS = ("cuda_gpu_kern_sum", "gpukernsum", "cuda_gpu_mem_time_sum", "gpumemtimesum")
+READ_REPORTS += ("nvtx_sum", "nvtxsum", "nvtx_gpu_proj_sum")
+KIND_NAMES = {"kern": "kernel summary", "mem": "memory-operation summary", "nvtx": "NVTX range"}
+KIND_NAMES["proj"] = "NVTX GPU projection"
+
+
 def parse_nsys(input_path: str | Path, run: str) -> tuple[list[dict], list[dict]]:
     """nsys stats CSVs (a file or a directory), and the SQLite exports in that directory ->
-    (profile_kernels rows, profile_ranges rows)."""
+    (profile_kernels rows, profile_ranges rows). Of a directory, a CSV named after another
+    report and of no table read here is left out; a second table of one kind for one rank
+    (a copy, or an old nsys's names beside a new one's) is refused: it would count twice."""
     kernels: dict[int, list[dict]] = {}
     ranges: dict[str, dict[int, list[dict]]] = {"export": {}, "proj": {}, "nvtx": {}}
-    kinds: dict[int, set[str]] = {}
+    kinds: dict[int, dict[str, Path]] = {}
     for f in nsys_stats_files(input_path):
         try:
             kind, rows = read_nsys_table(f)
@@ -137,9 +147,16 @@ def parse_nsys(input_path: str | Path, run: str) -> tuple[list[dict], list[dict]
             # no NVTX range: no ranges (`scalestudy profile parse` warns), not a broken capture
             if "nvtx" in f.name.lower() and skipped_line(read_text(f).splitlines()):
                 continue
+            if not any(report in f.name for report in READ_REPORTS):
+                continue  # another report (cuda_api_sum, osrt_sum, ...): not read here
             raise
         rank = rank_of(f)
-        kinds.setdefault(rank, set()).add(kind)
+        first = kinds.setdefault(rank, {}).setdefault(kind, f)
+        if first != f:
+            raise ProfileFormatError(
+                f, None, f"rank {rank} has a second {KIND_NAMES[kind]} table, the first being "
+                f"{first}: keep one (both would be counted)"
+            )  # fmt: skip
         if kind in ("kern", "mem"):
             kernels.setdefault(rank, []).extend(rows)
         else:
