@@ -1612,3 +1612,42 @@ def test_a_stats_directory_with_other_reports_is_read_and_a_second_table_refused
     (stats / "nsys_rank1_cuda_gpu_kern_sum.csv").write_text("Time (%),garbage\n")
     with pytest.raises(ProfileFormatError, match="nsys_rank1_cuda_gpu_kern_sum.csv"):
         nsys.parse_nsys(stats, "r")
+
+
+def test_a_capture_that_profiled_nothing_fails_and_an_earlier_capture_is_cleared(
+    data_dir, tmp_path
+):
+    """A --profile-steps window past the run's last step exited 0 with a tool.json pointing at
+    nothing; a second capture into one --out kept the first one's rank reports, parsed with
+    its own (--ranks 0 after all: rank 1 of the earlier capture)."""
+    cap = tmp_path / "capture"
+    (cap / "stats").mkdir(parents=True)
+    (cap / "stats" / "nsys_rank1_cuda_gpu_kern_sum.csv").write_text("old\n")
+    (cap / "nsys_rank1.nsys-rep").write_text("old\n")
+    (cap / "tool.json").write_text('{"tool": "nsys"}\n')
+    (cap / "notes.txt").write_text("the user's own\n")
+    proc = _capture(data_dir, cap, "--profile-steps", "100:200", tool="torch")
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "torch.profiler wrote no torch_ops_rank*.json in" in proc.stderr.splitlines()[-1]
+    assert "did the trainer reach --profile-steps" in proc.stderr.splitlines()[-1]
+    assert sorted(p.name for p in cap.iterdir()) == ["notes.txt", "train"]
+
+
+def test_profile_outputs_and_ncu_numbers_are_checked_before_anything_runs(tmp_path, capsys):
+    from scalestudy import cli
+
+    kernels, ranges = tmp_path / "k.csv", tmp_path / "ranges"
+    ranges.mkdir()  # a directory where --out-ranges goes: k.csv was written, then it failed
+    argv = ["profile", "parse", "--nsys-stats", str(FIX / "nsys-2024.5"), "--run", "r"]
+    assert cli.main([*argv, "--out-kernels", str(kernels), "--out-ranges", str(ranges)]) == 2
+    assert f"nothing written: {ranges}: is a directory" in capsys.readouterr().err
+    assert not kernels.exists()
+    bad = [("--top-k", "-1", "must be >= 1, got -1"), ("--launch-count", "0", "must be >= 1"),
+           ("--launch-skip", "x", "must be a whole number, got 'x'")]  # fmt: skip
+    for flag, value, says in bad:
+        with pytest.raises(SystemExit):  # argparse's exit 2, before ncu's first pass
+            cli.main(["profile", "ncu", "--kernels", str(kernels), flag, value,
+                      "--out-dir", str(tmp_path / "n"), "--out", str(tmp_path / "n.csv"),
+                      "--run", "r", "--device", "cuda", "--", "--epochs", "1"])  # fmt: skip
+        assert says in capsys.readouterr().err
+    assert not (tmp_path / "n").exists()

@@ -483,6 +483,35 @@ def ncu_refusal(output: str) -> str | None:
     return None
 
 
+def _whole(least: int):
+    """argparse type: an integer >= least (`--top-k -1` profiled all kernels but the last)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be >= {least}, got {value}")
+        return value
+
+    return parse
+
+
+# what a capture writes into --out: an earlier capture's are removed first, so that a rank it
+# profiled and this one did not (--ranks 0 after all) is not parsed with this capture's
+CAPTURED = ("tool.json", "nsys_rank*.nsys-rep", "stats", "train/profile")
+
+
+def _clear_earlier_capture(out: Path) -> None:
+    for pattern in CAPTURED:
+        for old in out.glob(pattern):
+            if old.is_dir() and not old.is_symlink():
+                shutil.rmtree(old)
+            else:
+                old.unlink()
+
+
 def _train_args(args: argparse.Namespace, train_dir: Path) -> list[str]:
     flags = list(args.train_args)
     if flags and flags[0] == "--":
@@ -492,7 +521,10 @@ def _train_args(args: argparse.Namespace, train_dir: Path) -> list[str]:
 
 def capture(args: argparse.Namespace) -> int:
     out = Path(args.out)
+    if why := files.output_dir_problem(out):  # "File exists" from mkdir otherwise
+        raise ProfileError(f"--out {out} {why}")
     out.mkdir(parents=True, exist_ok=True)
+    _clear_earlier_capture(out)
     tool, why = choose_tool(args.tool, args.device, shutil.which("nsys"))
     logger.info(f"profile {args.run}: tool {tool} ({why})")
     env = launch.rank_env(dict(os.environ), args.cpus_per_rank)
@@ -520,6 +552,13 @@ def capture(args: argparse.Namespace) -> int:
         manifest.update(nsys_stats(out, env), in_container=bool(args.container), binds=binds)
     else:
         manifest["input"] = "train/profile"
+        if not any((train_dir / "profile").glob("torch_ops_rank*.json")):
+            # the trainer ran, but its profile window never opened: parse found nothing later
+            raise ProfileError(
+                f"torch.profiler wrote no torch_ops_rank*.json in {train_dir / 'profile'}: did "
+                "the trainer reach --profile-steps (a window past the run's last step, or none "
+                "given)?"
+            )
     files.write_json(out / "tool.json", manifest)
     return 0
 
@@ -600,6 +639,9 @@ def parse(args: argparse.Namespace) -> int:
         kernels, ranges = nsys.parse_nsys(source, args.run)
     else:
         kernels, ranges = torch_ops.parse_torch(source, args.run)
+    outputs = [args.out_kernels, *([args.out_ranges] if args.out_ranges else [])]
+    if problems := files.output_problems(outputs):  # else a new kernels CSV beside old ranges
+        raise ProfileError(f"nothing written: {'; '.join(problems)}")
     files.write_text(args.out_kernels, schema.csv_text(schema.KERNEL_COLUMNS, kernels))
     if args.out_ranges:
         files.write_text(args.out_ranges, schema.csv_text(schema.RANGE_COLUMNS, ranges))
@@ -796,9 +838,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p = sub.add_parser("ncu", help="Nsight Compute on the top-K kernels of a run")
     p.add_argument("--kernels", required=True, help="the run's kernels CSV (profile parse)")
     p.add_argument("--enabled", choices=("auto", "true"), default="auto")
-    p.add_argument("--top-k", type=int, default=5)
-    p.add_argument("--launch-skip", type=int, default=0)
-    p.add_argument("--launch-count", type=int, default=1)
+    # checked before anything starts: each kernel is a whole training run under ncu
+    p.add_argument("--top-k", type=_whole(1), default=5, help="kernels to profile (>= 1)")
+    p.add_argument("--launch-skip", type=_whole(0), default=0)
+    p.add_argument("--launch-count", type=_whole(1), default=1)
     p.add_argument("--out-dir", required=True)
     p.add_argument("--out", required=True, help="the run's profile_ncu CSV")
     _layout(p)
