@@ -673,14 +673,22 @@ def test_ncu_rows_carry_the_kernels_csv_name(tmp_path):
         ncu.parse_ncu(two, "r", kernel="a")
 
 
-def test_complete_files_without_final_newline_are_accepted(tmp_path):
+def test_a_file_without_its_final_newline_is_truncated(tmp_path):
+    """nsys and ncu end every line with a newline. A file cut inside the last row's unquoted
+    name was read as whole (complete files without the newline were accepted), its kernel
+    counted under a shorter name: 0.6 and 0.4 shares instead of 0.30 and 0.20."""
     rows = [("0", "k", "Duration", "nsecond", "2000"), ("0", "k", "SM [%]", "%", "50")]
     f = _ncu_csv(tmp_path / "ncu.csv", rows, final_newline=False)
-    assert ncu.parse_ncu(f, "r")[0]["sm_throughput_pct"] == pytest.approx(50)
-    src = FIX / "nsys-2024.5" / "nsys_rank0_cuda_gpu_kern_sum.csv"
+    with pytest.raises(ProfileFormatError, match=r"ncu\.csv, line 3: truncated row"):
+        ncu.parse_ncu(f, "r")
+    src = (FIX / "nsys-2024.5" / "nsys_rank0_cuda_gpu_kern_sum.csv").read_text()
     cut = tmp_path / "nsys_rank0_cuda_gpu_kern_sum.csv"
-    cut.write_text(src.read_text().rstrip("\n"))
-    assert nsys.read_nsys_table(cut) == nsys.read_nsys_table(src)
+    for text in (src.rstrip("\n"), src[:700]):  # whole but for the newline; inside a name
+        cut.write_text(text)
+        with pytest.raises(ProfileFormatError, match=r"kern_sum\.csv, line \d+: truncated row"):
+            nsys.read_nsys_table(cut)
+    cut.write_text(src)
+    assert nsys.read_nsys_table(cut) == nsys.read_nsys_table(FIX / "nsys-2024.5" / cut.name)
 
 
 def test_a_file_cut_inside_a_quoted_name_is_truncated(tmp_path):

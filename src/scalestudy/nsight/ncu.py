@@ -58,9 +58,7 @@ def parse_ncu(path: str | Path, run: str, kernel: str | None = None) -> list[dic
     units, and keeping the lookup, the unit conversion and the per-launch mean together is what
     makes a format change of ncu a one-place edit."""
     path = Path(path)
-    header, rows = rows_after_header(
-        path, _is_ncu_header, "ncu details", lambda h, c: len(c) >= _ncu_need(h)
-    )
+    header, rows = rows_after_header(path, _is_ncu_header, "ncu details")
     j_id = col(header, "ID")
     j_kernel = col(header, "Kernel Name")
     j_name, j_unit, j_value = (

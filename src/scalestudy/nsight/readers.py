@@ -79,22 +79,18 @@ def read_text(path: Path) -> str:
         raise ProfileFormatError(path, None, f"cannot read: {exc.strerror or exc}") from exc
 
 
-def _full_width(header: list[str], cells: list[str]) -> bool:
-    return len(cells) >= len(header)
-
-
 def skipped_line(lines: list[str]) -> str | None:
     """The tool's `SKIPPED: ...` line (nsys stats: the report has no data of that kind)."""
     return next((ln.strip() for ln in lines if ln.strip().upper().startswith("SKIPPED")), None)
 
 
 def rows_after_header(
-    path: Path, is_header, what: str, row_complete=_full_width
+    path: Path, is_header, what: str
 ) -> tuple[list[str], list[tuple[int, list[str]]]]:
     """(header, [(line number, cells), ...]) of the first CSV table whose header is_header()
-    accepts; lines before it (tool noise) are skipped. Blank lines end nothing (skipped).
-    row_complete(header, cells) says whether a row has all the cells its kind needs (ncu metric
-    rows stop after Metric Value); it judges the last row of a file with no final newline."""
+    accepts; lines before it (tool noise) are skipped. Blank lines end nothing (skipped). A
+    table without a newline at the end of the file is a truncated one (nsys and ncu end every
+    line with one): an error naming its last row."""
     text = read_text(path)
     lines = text.splitlines()
     for i, line in enumerate(lines):
@@ -120,16 +116,14 @@ def rows_after_header(
                     path, i + 1 + reader.line_num, f"malformed CSV ({exc}); truncated file?"
                 ) from exc
             if text and not text.endswith("\n") and rows:
-                # the file may have been cut mid-write. Python's csv reader accepts an open
-                # quote at the end of the data, so a cut inside a quoted name (names with
-                # commas are quoted, ncu quotes every cell) leaves an odd number of quotes;
-                # a cut between cells leaves fewer cells than the row's kind has
-                last_line, last = rows[-1]
+                # the file was cut mid-write: nsys and ncu end every line with a newline. A
+                # cut inside the last, unquoted cell (a kernel's name) leaves a row that
+                # looks whole, with a shorter name that is counted as another kernel
+                last_line = rows[-1][0]
                 raw = "\n".join(body[last_start:])
-                if raw.count('"') % 2 or not row_complete(header, last):
-                    raise ProfileFormatError(
-                        path, last_line, f"truncated row (no newline at end of file): {raw[:200]}"
-                    )
+                raise ProfileFormatError(
+                    path, last_line, f"truncated row (no newline at end of file): {raw[:200]}"
+                )
             return header, [(n, c) for n, c in rows if any(x.strip() for x in c)]
     skipped = skipped_line(lines)
     hint = f" (the tool said: {skipped})" if skipped else ""
