@@ -689,6 +689,10 @@ def test_a_file_without_its_final_newline_is_truncated(tmp_path):
             nsys.read_nsys_table(cut)
     cut.write_text(src)
     assert nsys.read_nsys_table(cut) == nsys.read_nsys_table(FIX / "nsys-2024.5" / cut.name)
+    # cut right after the header: that rank's kernels were left out without a word
+    cut.write_text(src[: src.index("\n", src.index("Time (%)")) + 1])
+    with pytest.raises(ProfileFormatError, match="a kernel summary with a header and no rows"):
+        nsys.read_nsys_table(cut)
 
 
 def test_a_file_cut_inside_a_quoted_name_is_truncated(tmp_path):

@@ -91,6 +91,11 @@ def read_nsys_table(path: str | Path) -> tuple[str, list[dict]]:
         if not name:
             raise ProfileFormatError(path, line, "empty name")
         out.append({"name": name, "instances": int(count), "total_ns": total})
+    if kind == "kern" and not out:  # the rank's kernels would be missing without a word
+        raise ProfileFormatError(
+            path, None, "a kernel summary with a header and no rows: truncated? (nsys stats "
+            "writes SKIPPED where a report holds no kernels)"
+        )  # fmt: skip
     return kind, out
 
 
