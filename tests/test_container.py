@@ -700,6 +700,19 @@ def test_cli_build_with_stand_in_is_atomic(tmp_path):
     assert r.returncode == 0 and "ok" in r.stdout
 
 
+def test_cli_build_into_a_directory_is_refused_before_apptainer_runs(tmp_path):
+    """The whole build ran, then the rename failed: "Is a directory"."""
+    image = tmp_path / "images"
+    image.mkdir()
+    r = run(build_argv(image), stand_in_env(), REPO)
+    assert r.returncode == 2 and "apptainer" not in r.stdout
+    assert r.stderr.splitlines() == [
+        f"scalestudy container build: image {image}: is a directory, not a file: give the .sif "
+        "file to write"
+    ]
+    assert list(image.iterdir()) == []
+
+
 def test_cli_build_from_wrong_directory_names_missing_files(tmp_path):
     """A recipe that copies files (a site's own, e.g. a config) is built from the directory
     they are relative to; from another one the build stops before Apptainer starts."""

@@ -1663,3 +1663,15 @@ def test_profile_outputs_and_ncu_numbers_are_checked_before_anything_runs(tmp_pa
                       "--run", "r", "--device", "cuda", "--", "--epochs", "1"])  # fmt: skip
         assert says in capsys.readouterr().err
     assert not (tmp_path / "n").exists()
+
+
+def test_a_profiler_missing_where_a_rank_runs_is_one_line(tmp_path, capsys):
+    """`profile rank` exec'd a profiler that was not there: FileNotFoundError's traceback."""
+    from scalestudy import cli
+
+    argv = ["profile", "rank", "--tool", "nsys", "--dir", str(tmp_path)]
+    argv += ["--profiler", str(tmp_path / "no-nsys"), "--", "true"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == f"scalestudy profile rank: {tmp_path / 'no-nsys'} is not on PATH here " \
+                  "(inside the container, if any)"  # fmt: skip

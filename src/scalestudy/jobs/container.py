@@ -666,6 +666,8 @@ def build(
             f"{defn.where('files')}: %files sources not found in the build directory "
             f"{Path(context).resolve()}: {', '.join(missing)} (--context: the repository root)"
         )
+    if problems := files.output_problems([image]):  # found after the whole build otherwise
+        raise DefinitionError(f"image {problems[0]}: give the .sif file to write")
     target = Path(image).resolve()
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp.sif")

@@ -771,6 +771,8 @@ def _no_ncu(out_dir: Path, out: str, why: str) -> int:
 def rank(args: argparse.Namespace) -> int:
     cmd = rank_command(args, dict(os.environ))
     logger.info(f"+ [rank {rank_from_env(dict(os.environ))}] " + shlex.join(cmd))
+    if shutil.which(cmd[0]) is None:  # os.execvp's FileNotFoundError, a traceback per rank
+        raise ProfileError(f"{cmd[0]} is not on PATH here (inside the container, if any)")
     os.execvp(cmd[0], cmd)
 
 
