@@ -9,6 +9,7 @@ rename it over the target, then fsync the directory so the rename itself survive
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import csv
 import errno
@@ -140,6 +141,13 @@ def output_problems(paths: Iterable[str | os.PathLike]) -> list[str]:
     return list(dict.fromkeys(problems))
 
 
+def check_outputs(paths: Iterable[str | os.PathLike], error: type[Exception]) -> None:
+    """`error("nothing written: ...")` naming output_problems of `paths`, before the first
+    write of a command that writes several files."""
+    if problems := output_problems(paths):
+        raise error(f"nothing written: {'; '.join(problems)}")
+
+
 def write_cause(exc: BaseException) -> str:
     """A failed write's error in plain words: a full disk, no permission, or the error itself."""
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -180,6 +188,21 @@ def is_count(x: float | None, least: int = 1) -> bool:
     """x (a cell read by `number`) is a finite whole number >= least: a count of ranks, nodes,
     images or a repeat index."""
     return x is not None and math.isfinite(x) and x >= least and x == int(x)
+
+
+def whole_number(least: int) -> Callable[[str], int]:
+    """argparse type: an integer >= least, else argparse's one line naming the flag."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be >= {least}, got {value}")
+        return value
+
+    return parse
 
 
 def _not_text(path: str | os.PathLike, exc: UnicodeDecodeError, error: type, fix: str):

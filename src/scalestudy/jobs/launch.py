@@ -143,10 +143,9 @@ def build_command(args: argparse.Namespace, env: dict[str, str]) -> list[str]:
     # run in the image's namespace with the trainer as their child; wrapped around `apptainer
     # exec` from outside they may trace nothing
     prefix = rank_prefix(getattr(args, "rank_prefix", None))
-    gpu = getattr(args, "gpu", False)
-    if gpu and not args.container:  # it was ignored: the run was not in a container at all
+    if args.gpu and not args.container:  # it was ignored: the run was not in a container at all
         raise LaunchError("--gpu passes --nv to apptainer: it needs --container IMAGE")
-    if args.container and not gpu and train_device(train_args) == "cuda":
+    if args.container and not args.gpu and train_device(train_args) == "cuda":
         # each rank then failed at start-up: torch.cuda.is_available() is False without --nv
         raise LaunchError(
             "--device cuda in a container needs --gpu (apptainer --nv: the GPUs inside)"
@@ -157,7 +156,7 @@ def build_command(args: argparse.Namespace, env: dict[str, str]) -> list[str]:
         from scalestudy.jobs.container import exec_prefix
 
         binds = getattr(args, "container_binds", ())  # host dirs the wrapper needs inside
-        python = [*exec_prefix(args.container, gpu=gpu, binds=binds), *prefix, "python"]
+        python = [*exec_prefix(args.container, gpu=args.gpu, binds=binds), *prefix, "python"]
     refuse_array_task(env)
     one_rank = args.nodes * args.ranks_per_node == 1
     if one_rank and (not env.get("SLURM_JOB_ID") or env.get("SLURM_STEP_ID")):

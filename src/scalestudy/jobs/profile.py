@@ -483,21 +483,6 @@ def ncu_refusal(output: str) -> str | None:
     return None
 
 
-def _whole(least: int):
-    """argparse type: an integer >= least (`--top-k -1` profiled all kernels but the last)."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
-        if value < least:
-            raise argparse.ArgumentTypeError(f"must be >= {least}, got {value}")
-        return value
-
-    return parse
-
-
 # what a capture writes into --out: an earlier capture's are removed first, so that a rank it
 # profiled and this one did not (--ranks 0 after all) is not parsed with this capture's
 CAPTURED = ("tool.json", "nsys_rank*.nsys-rep", "stats", "train/profile")
@@ -513,10 +498,7 @@ def _clear_earlier_capture(out: Path) -> None:
 
 
 def _train_args(args: argparse.Namespace, train_dir: Path) -> list[str]:
-    flags = list(args.train_args)
-    if flags and flags[0] == "--":
-        flags = flags[1:]
-    return [*flags, "--out", str(train_dir)]
+    return [*launch.trainer_flags(args.train_args), "--out", str(train_dir)]
 
 
 def capture(args: argparse.Namespace) -> int:
@@ -640,8 +622,7 @@ def parse(args: argparse.Namespace) -> int:
     else:
         kernels, ranges = torch_ops.parse_torch(source, args.run)
     outputs = [args.out_kernels, *([args.out_ranges] if args.out_ranges else [])]
-    if problems := files.output_problems(outputs):  # else a new kernels CSV beside old ranges
-        raise ProfileError(f"nothing written: {'; '.join(problems)}")
+    files.check_outputs(outputs, ProfileError)  # else a new kernels CSV beside old ranges
     files.write_text(args.out_kernels, schema.csv_text(schema.KERNEL_COLUMNS, kernels))
     if args.out_ranges:
         files.write_text(args.out_ranges, schema.csv_text(schema.RANGE_COLUMNS, ranges))
@@ -841,9 +822,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--kernels", required=True, help="the run's kernels CSV (profile parse)")
     p.add_argument("--enabled", choices=("auto", "true"), default="auto")
     # checked before anything starts: each kernel is a whole training run under ncu
-    p.add_argument("--top-k", type=_whole(1), default=5, help="kernels to profile (>= 1)")
-    p.add_argument("--launch-skip", type=_whole(0), default=0)
-    p.add_argument("--launch-count", type=_whole(1), default=1)
+    p.add_argument(
+        "--top-k", type=files.whole_number(1), default=5, help="kernels to profile (>= 1)"
+    )
+    p.add_argument("--launch-skip", type=files.whole_number(0), default=0)
+    p.add_argument("--launch-count", type=files.whole_number(1), default=1)
     p.add_argument("--out-dir", required=True)
     p.add_argument("--out", required=True, help="the run's profile_ncu CSV")
     _layout(p)

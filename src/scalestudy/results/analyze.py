@@ -817,7 +817,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out-dir", default="results/csv", help="where the CSVs go")
     parser.add_argument("--html-dir", default="results/tables", help="HTML copies of the tables")
     parser.add_argument(
-        "--gpus-per-node", type=_positive, required=True, help="hardware.gpus_per_node (>= 1)"
+        "--gpus-per-node",
+        type=files.whole_number(1),
+        required=True,
+        help="hardware.gpus_per_node (>= 1)",
     )
     parser.add_argument(
         "--study",
@@ -857,13 +860,6 @@ def _target(key: str):
 
     parse.__name__ = key  # argparse names the type in its messages
     return parse
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 # what every row of runs.csv needs (collect.py writes them) and which of them are numbers
@@ -959,8 +955,7 @@ def run(args: argparse.Namespace) -> int:
         ("waterfall", "Efficiency-loss waterfall", waterfall_rows, WATERFALL_COLUMNS),
     ]
     paths = [out / f"{t[0]}.csv" for t in tables] + [html_dir / f"{t[0]}.html" for t in tables]
-    if problems := files.output_problems(paths):  # one table new beside old ones otherwise
-        raise AnalysisError(f"nothing written: {'; '.join(problems)}")
+    files.check_outputs(paths, AnalysisError)  # one table new beside old ones otherwise
     for name, title, rows, columns in tables:
         files.write_csv(out / f"{name}.csv", columns, rows, cell)
         write_html(html_dir / f"{name}.html", title, rows, columns)

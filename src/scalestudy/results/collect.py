@@ -78,8 +78,7 @@ def run(args: argparse.Namespace) -> int:
     # a CollectError: one line from cli.main, exit 2
     runs_rows, epoch_rows = collect(read_runs_tsv(args.runs), Path(args.runs_dir))
     # columns in first-seen order: the run-table columns first, then the metrics keys
-    if problems := files.output_problems([args.out_runs, args.out_epochs]):
-        raise CollectError(f"nothing written: {'; '.join(problems)}")
+    files.check_outputs([args.out_runs, args.out_epochs], CollectError)
     files.write_csv(args.out_runs, None, runs_rows)
     files.write_csv(args.out_epochs, None, epoch_rows)
     logger.info(

@@ -85,8 +85,7 @@ def run(args: argparse.Namespace) -> int:
     table = model_table(pts, skipped, fit)
     advice = [vars(a) for a in model.advise(None if isinstance(fit, str) else fit, pts)]
     out = Path(args.out_dir)
-    if problems := files.output_problems([out / "model.csv", out / "bucket_advice.csv"]):
-        raise AnalysisError(f"nothing written: {'; '.join(problems)}")
+    files.check_outputs([out / "model.csv", out / "bucket_advice.csv"], AnalysisError)
     files.write_csv(out / "model.csv", MODEL_COLUMNS, table, cell)
     files.write_csv(out / "bucket_advice.csv", ADVICE_COLUMNS, map(_advice_row, advice), cell)
     logger.info(f"modelled {len(pts)} configurations ({len(skipped)} runs not) -> {out}")

@@ -584,8 +584,7 @@ def write_proposal(
         raise report.stale_csvs(csv_dir, exc) from exc
     report.check_numbers(docs, tables, (figure_dir,))
     outputs = [csv_dir / "proposal.csv", *(Path(out_dir) / name for name in docs)]
-    if problems := files.output_problems(outputs):  # else a new proposal.csv beside old docs
-        raise AnalysisError(f"nothing written: {'; '.join(problems)}")
+    files.check_outputs(outputs, AnalysisError)  # else a new proposal.csv beside old docs
     files.write_text(csv_dir / "proposal.csv", text)
     for name, doc in docs.items():
         files.write_text(Path(out_dir) / name, doc)

@@ -303,8 +303,7 @@ def run(args: argparse.Namespace) -> int:
             f"relative to --out-dir {args.out_dir}): make them with `scalestudy plot --figure "
             "NAME` (snakemake results/plots/NAME.png), or give the --figure-dir that holds them"
         )
-    if problems := files.output_problems(Path(args.out_dir) / name for name in docs):
-        raise AnalysisError(f"nothing written: {'; '.join(problems)}")
+    files.check_outputs((Path(args.out_dir) / name for name in docs), AnalysisError)
     for name, text in docs.items():  # only once every document passed: none is left half-new
         files.write_text(Path(args.out_dir) / name, text)
         logger.info(f"wrote {Path(args.out_dir) / name}")
