@@ -436,6 +436,29 @@ def test_a_number_yaml_reads_as_text_says_how_to_write_it():
     refused(minimal(), "(YAML reads 1.0e4 as text: write 10000.0,", overrides=["train.lr=1.0e4"])
 
 
+@pytest.mark.parametrize(
+    ("override", "says"),
+    [
+        (
+            {"train": {"epochs": "3"}},
+            "'train.epochs': value \"3\" is not allowed: must be an integer",
+        ),
+        ({"train": {"lr": "0.1"}}, "'train.lr': value \"0.1\" is not allowed: must be a number"),
+        ({"checkpointing": {"enabled": "true"}}, "'checkpointing.enabled': value \"true\" is not"),
+    ],
+)
+def test_a_value_given_as_text_says_where_text_comes_from(override, says):
+    """snakemake --config 'train={epochs: 3}' gives epochs "3" (YAML's BaseLoader): the error
+    said only 'must be an integer' of a value the user wrote as an integer."""
+    refused(minimal(), says, "(it is text: quoted in a YAML file, or nested in snakemake --config",
+            "write it unquoted in a --configfile)", overrides=override)  # fmt: skip
+
+
+def test_text_that_is_no_value_of_the_type_gets_no_text_hint():
+    message = refused(minimal(), "'train.epochs'", overrides={"train": {"epochs": "three"}})
+    assert "it is text" not in message
+
+
 def test_the_bucket_family_needs_ddp():
     cfg = minimal(bucket={"enabled": True, "gpus": 4})
     cfg["train"] = {"strategy": "fsdp"}

@@ -129,11 +129,19 @@ def _allowed(err: ValidationError) -> str:
     if kind == "type":
         kinds = [rule] if isinstance(rule, str) else rule
         allowed = "must be " + " or ".join(_TYPE_WORDS.get(k, k) for k in kinds)
-        if "number" in kinds and isinstance(err.instance, str) and _reads_as_float(err.instance):
+        text = err.instance if isinstance(err.instance, str) else None
+        if text is not None and "number" in kinds and _yaml_keeps_as_text(text):
             # PyYAML (YAML 1.1) reads 5e-4 as text: its floats need a dot and a signed exponent
             allowed += (
                 f" (YAML reads {err.instance} as text: write {float(err.instance)!r}, or with a "
                 "dot and a signed exponent, e.g. 5.0e-4)"
+            )
+        elif text is not None and _reads_as(kinds, text):
+            # snakemake --config 'train={epochs: 3}' parses the mapping with YAML's BaseLoader,
+            # which keeps every scalar as text (and `train.epochs=3` is refused by Snakemake)
+            allowed += (
+                " (it is text: quoted in a YAML file, or nested in snakemake --config, which "
+                "reads nested values as text; write it unquoted in a --configfile)"
             )
         return allowed
     if kind == "minLength":
@@ -150,6 +158,22 @@ def _allowed(err: ValidationError) -> str:
     if kind == "uniqueItems":
         return "no duplicates"
     return err.message
+
+
+def _reads_as(kinds: list[str], text: str) -> bool:
+    """Whether text spells a value of one of the JSON schema types (an int, a float, a bool)."""
+    number = "number" in kinds and _reads_as_float(text)
+    integer = "integer" in kinds and text.strip().lstrip("+-").isdigit()
+    boolean = "boolean" in kinds and text.strip().lower() in ("true", "false")
+    return number or integer or boolean
+
+
+def _yaml_keeps_as_text(text: str) -> bool:
+    """A float that PyYAML, unquoted, would still read as text (5e-4, 1.0e4)."""
+    try:
+        return _reads_as_float(text) and isinstance(yaml.safe_load(text), str)
+    except yaml.YAMLError:
+        return False
 
 
 def _reads_as_float(text: str) -> bool:
