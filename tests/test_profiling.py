@@ -1469,6 +1469,50 @@ def test_torch_profiler_capture_of_a_two_rank_run(data_dir, tmp_path):
     assert inv["gpus"] == "absent" and inv["torch"] and inv["cpu"]["logical_cpus"] >= 1
     # the profiling job's trainer output stays under the capture directory
     assert (cap / "train" / "metrics.json").exists()
+    # a rank's export lost after the capture: it was parsed without that rank's kernels
+    manifest = json.loads((cap / "tool.json").read_text())
+    assert (manifest["world_size"], manifest["ranks"]) == (2, "all")
+    (cap / "train" / "profile" / "torch_ops_rank1.json").unlink()
+    (tmp_path / "k.csv").unlink()
+    (tmp_path / "r.csv").unlink()
+    with pytest.raises(ProfileFormatError, match=r"no kernels of rank\(s\) 1, which the capture"):
+        _parse(cap, tmp_path)
+    assert not (tmp_path / "k.csv").exists()
+
+
+@pytest.mark.parametrize(
+    ("manifest", "ranks"),
+    [
+        ({"tool": "torch", "ranks": "all", "world_size": 3}, [0, 1, 2]),
+        ({"tool": "torch", "ranks": "0", "world_size": 2}, [0, 1]),  # torch.profiler: every rank
+        ({"tool": "nsys", "ranks": "0", "world_size": 4}, [0]),
+        ({"tool": "nsys", "ranks": "all", "world_size": 2}, [0, 1]),
+        ({"tool": "nsys", "ranks": "all"}, []),  # a capture from before world_size was recorded
+        ({"tool": "torch", "ranks": "all", "world_size": True}, []),
+    ],
+)
+def test_the_ranks_a_capture_profiled(manifest, ranks):
+    assert capture.expected_ranks(manifest) == ranks
+    assert capture.missing_ranks(manifest, {0}) == ranks[1:]
+
+
+def test_a_capture_missing_a_ranks_profile_fails(tmp_path, monkeypatch):
+    """A rank that wrote no profile (it died, or wrote elsewhere) gave a capture whose kernel
+    sums silently left it out. STAND-IN for the launch: it writes rank 0's export only."""
+
+    def launch_writing_rank0_only(argv, env):
+        profile_dir = tmp_path / "cap" / "train" / "profile"
+        profile_dir.mkdir(parents=True)
+        (profile_dir / "torch_ops_rank0.json").write_text("{}")
+
+    monkeypatch.setattr(capture, "_run", launch_writing_rank0_only)
+    words = ["profile", "capture", "--run", "r", "--tool", "torch", "--device", "cpu", "--out",
+             str(tmp_path / "cap"), "--mpi=", "--nodes", "1", "--ranks-per-node", "2", "--",
+             "--epochs", "1"]  # fmt: skip
+    args = cli.build_parser(words).parse_args(words)
+    with pytest.raises(ProfileError, match=r"no profile of rank\(s\) 1 of 2 \(torch\)"):
+        capture.capture(args)
+    assert not (tmp_path / "cap" / "tool.json").exists()
 
 
 def test_nsys_path_through_the_stand_in(data_dir, tmp_path):

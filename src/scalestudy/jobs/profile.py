@@ -26,6 +26,8 @@ capture: the tool is chosen here, on the compute node, and stated in DIR/tool.js
   only the launches of a range's own thread and so misses most of the backward (autograd
   launches it from its own thread: nsight/projection.py). The trainer's own outputs go to
   DIR/train/, never to results/runs/, so no profiling overhead reaches the throughput figures.
+  tool.json also records the world size and --ranks: a capture (and a later parse) that lacks
+  a profiled rank's output fails, rather than sum over the ranks that are there.
 In the container (--container IMG): the profiler runs inside the image, around the trainer:
       apptainer exec --nv --bind <install> IMG python -m scalestudy profile rank \\
           --profiler <install>/bin/nsys ... -- python -m scalestudy train ...
@@ -529,20 +531,53 @@ def capture(args: argparse.Namespace) -> int:
     else:
         env["SCALESTUDY_PROFILER"] = "torch"
     _run(launch_command(args, prefix, binds), env)
-    manifest = {"run": args.run, "tool": tool, "why": why, "ranks": args.ranks}
+    world_size = args.nodes * args.ranks_per_node
+    manifest = {
+        "run": args.run,
+        "tool": tool,
+        "why": why,
+        "ranks": args.ranks,
+        "world_size": world_size,
+    }
     if tool == "nsys":
         manifest.update(nsys_stats(out, env), in_container=bool(args.container), binds=binds)
+        made = list(out.glob("nsys_rank*.nsys-rep"))
     else:
         manifest["input"] = "train/profile"
-        if not any((train_dir / "profile").glob("torch_ops_rank*.json")):
+        made = list((train_dir / "profile").glob("torch_ops_rank*.json"))
+        if not made:
             # the trainer ran, but its profile window never opened: parse found nothing later
             raise ProfileError(
                 f"torch.profiler wrote no torch_ops_rank*.json in {train_dir / 'profile'}: did "
                 "the trainer reach --profile-steps (a window past the run's last step, or none "
                 "given)?"
             )
+    found = {int(m[1]) for f in made if (m := re.search(r"_rank(\d+)\.", f.name))}
+    if missing := missing_ranks(manifest, found):
+        # a rank that died or wrote nowhere: its kernels would be missing from every sum
+        raise ProfileError(
+            f"{out}: no profile of rank(s) {', '.join(map(str, missing))} of {world_size} "
+            f"({tool}): see the ranks' output above; capture again"
+        )
     files.write_json(out / "tool.json", manifest)
     return 0
+
+
+def missing_ranks(manifest: dict, found: set[int]) -> list[int]:
+    """The ranks a capture's tool.json says were profiled that are not in `found`."""
+    return sorted(set(expected_ranks(manifest)) - found)
+
+
+def expected_ranks(manifest: dict) -> list[int]:
+    """The ranks a capture profiled, from its tool.json: every rank, or rank 0 for nsys with
+    --ranks 0 (torch.profiler always profiles every rank); [] for a manifest from before
+    world_size was recorded (nothing to check)."""
+    world_size = manifest.get("world_size")
+    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
+        return []
+    if manifest.get("tool") == "nsys" and manifest.get("ranks") == "0":
+        return [0]
+    return list(range(world_size))
 
 
 def nsys_stats(out: Path, env: dict[str, str]) -> dict:
@@ -567,8 +602,9 @@ def nsys_stats(out: Path, env: dict[str, str]) -> dict:
     }
 
 
-def _capture_input(capture_dir: Path) -> tuple[str, Path, str]:
-    """(tool, its output, why that tool) of a capture directory, from its tool.json."""
+def _capture_input(capture_dir: Path) -> tuple[str, Path, str, dict]:
+    """(tool, its output, why that tool, tool.json) of a capture directory, from its
+    tool.json."""
     manifest_path = capture_dir / "tool.json"
     try:
         manifest = json.loads(manifest_path.read_text())
@@ -592,7 +628,7 @@ def _capture_input(capture_dir: Path) -> tuple[str, Path, str]:
             f"has tool {tool!r} and input {source!r}: a capture's manifest names tool nsys or "
             "torch and its input directory; capture again with `scalestudy profile capture`",
         )
-    return tool, capture_dir / source, manifest["why"]
+    return tool, capture_dir / source, manifest["why"], manifest
 
 
 def parse(args: argparse.Namespace) -> int:
@@ -613,14 +649,24 @@ def parse(args: argparse.Namespace) -> int:
             f"--{'capture' if args.capture else 'nsys-stats'} writes --out-kernels "
             "(and --out-ranges), not --out-ncu"
         )
+    manifest: dict = {}  # --nsys-stats: no manifest, no ranks to expect
     if args.capture:
-        tool, source, why = _capture_input(Path(args.capture))
+        tool, source, why, manifest = _capture_input(Path(args.capture))
     else:
         tool, source, why = "nsys", Path(args.nsys_stats), f"stats {args.nsys_stats}"
     if tool == "nsys":
         kernels, ranges = nsys.parse_nsys(source, args.run)
     else:
         kernels, ranges = torch_ops.parse_torch(source, args.run)
+    if missing := missing_ranks(manifest, {int(r["rank"]) for r in kernels}):
+        # the capture had them: a file lost since would leave those ranks out of every sum
+        raise ProfileFormatError(
+            source,
+            None,
+            f"no kernels of rank(s) {', '.join(map(str, missing))}, which the capture profiled "
+            f"(tool.json: world size {manifest['world_size']}, ranks {manifest['ranks']}); "
+            "capture again with `scalestudy profile capture`",
+        )
     outputs = [args.out_kernels, *([args.out_ranges] if args.out_ranges else [])]
     files.check_outputs(outputs, ProfileError)  # else a new kernels CSV beside old ranges
     files.write_text(args.out_kernels, schema.csv_text(schema.KERNEL_COLUMNS, kernels))
