@@ -653,6 +653,21 @@ def test_ncu_duration_in_an_unknown_unit_names_file_and_line(tmp_path):
         ncu.parse_ncu(f, "r")
 
 
+def test_an_ncu_duration_without_a_unit_is_an_error(tmp_path):
+    """With the unit column under another name (or empty) a duration was read as ns: 67.9 us
+    as 67.9 ns, 1000x off."""
+    f = tmp_path / "ncu.csv"
+    f.write_text(
+        '"ID","Kernel Name","Metric Name","Units","Metric Value"\n'
+        '"0","k","gpu__time_duration.sum","usecond","67.9"\n'
+    )
+    with pytest.raises(ProfileFormatError, match=r"ncu\.csv, line 2: Duration 67\.9 has no unit"):
+        ncu.parse_ncu(f, "r")
+    f = _ncu_csv(tmp_path / "empty-unit.csv", [("0", "k", "Duration", "", "2000")])
+    with pytest.raises(ProfileFormatError, match="--print-units base"):
+        ncu.parse_ncu(f, "r")
+
+
 def test_ncu_rows_carry_the_kernels_csv_name(tmp_path):
     # ncu's demangler may spell the name differently from nsys: the pass's target name wins
     f = _ncu_csv(

@@ -111,8 +111,16 @@ def parse_ncu(path: str | Path, run: str, kernel: str | None = None) -> list[dic
             raise ProfileFormatError(
                 path, None, f"launch {launch_id} ({name}): no Duration / gpu__time_duration.sum"
             )
+        if not dur[1]:
+            # read as ns it was 1000x off for a file whose unit column ncu named otherwise
+            raise ProfileFormatError(
+                path,
+                dur[2],
+                f"Duration {dur[0]:g} has no unit (no 'Metric Unit' column, none in the value); "
+                "export with `ncu -i R --csv --page details --print-units base`",
+            )
         try:
-            duration_ns = to_ns(dur[0], dur[1] or "ns")
+            duration_ns = to_ns(dur[0], dur[1])
         except ValueError as exc:  # e.g. "cycle": a duration ncu did not give in time units
             raise ProfileFormatError(path, dur[2], f"Duration: {exc}") from exc
         flop = tensor = None
