@@ -327,7 +327,10 @@ def test_command_refuses_a_bad_runs_csv_in_one_line(tmp_path):
     ]
     assert not (tmp_path / "model.csv").exists()
     # a fraction of a rank was once cut to a whole one, an infinite throughput an SVD error
-    for column, value in [("world_size", "1.5"), ("throughput_img_s", "inf")]:
+    # an infinite or negative P or bucket size failed inside scipy's fit, with its traceback
+    bad = [("world_size", "1.5"), ("throughput_img_s", "inf"), ("grad_sync_bytes", "inf"),
+           ("grad_sync_bytes", "-4"), ("bucket_cap_mb", "inf"), ("bucket_cap_mb", "0")]  # fmt: skip
+    for column, value in bad:
         rows = demo_rows()
         rows[1][column] = value
         write_rows(tmp_path / "runs.csv", rows)

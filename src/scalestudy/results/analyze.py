@@ -866,6 +866,8 @@ def _target(key: str):
 RUNS_KEYS = ("run", "families", "precision")
 RUNS_COUNTS = ("world_size", "nodes", "local_batch", "global_batch")  # integers >= 1
 RUNS_NUMBERS = (*RUNS_COUNTS, "repeat", "bucket_cap_mb", "throughput_img_s", "train_time_s")
+# divided by, or a size the scaling model fits (an inf or a negative one failed inside scipy)
+RUNS_POSITIVE = ("throughput_img_s", "bucket_cap_mb", "grad_sync_bytes")
 # measured where the run measured them, else blank ("not measured"): a number or blank
 RUNS_OPTIONAL = tuple(m for m in MEASURES if m not in RUNS_NUMBERS and m != "step_time_s")
 # the J/img resources.csv multiplies into kWh (an inf there reached the report as an
@@ -917,7 +919,7 @@ def check_runs(
                 what, ok = "a whole number >= 1", files.is_count(x, 1) and digits
             elif column == "repeat":
                 what, ok = "a whole number >= 0", files.is_count(x, 0) and digits
-            elif column == "throughput_img_s":
+            elif column in RUNS_POSITIVE:
                 what, ok = "a number > 0", finite and x > 0
             else:
                 what, ok = "a number", finite
