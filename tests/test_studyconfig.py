@@ -454,6 +454,12 @@ def test_a_value_given_as_text_says_where_text_comes_from(override, says):
             "write it unquoted in a --configfile)", overrides=override)  # fmt: skip
 
 
+def test_a_worker_count_no_node_has_cores_for_is_refused():
+    refused(minimal(), "config key 'train.num_workers': value 100000 is not allowed: must be <= 64",
+            overrides=["train.num_workers=100000"])  # fmt: skip
+    load_and_validate(minimal(), overrides=["train.num_workers=64"])
+
+
 def test_text_that_is_no_value_of_the_type_gets_no_text_hint():
     message = refused(minimal(), "'train.epochs'", overrides={"train": {"epochs": "three"}})
     assert "it is text" not in message
