@@ -15,6 +15,16 @@ REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's hook reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """scripts/test.sh runs the tests in 2 processes (pytest-xdist, --dist loadgroup): the
+    tests of the one local Slurm cluster all go to one of them, which starts, resizes and stops
+    it as a single session does."""
+    for item in items:
+        if item.get_closest_marker("slurm"):
+            item.add_marker(pytest.mark.xdist_group("slurm"))
+
+
 @pytest.fixture(scope="session")
 def data_dir(tmp_path_factory) -> Path:
     """A learnable synthetic dataset, made once per session by the real CLI."""
