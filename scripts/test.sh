@@ -8,4 +8,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export PATH="$PWD/.venv/bin:$PATH"
-exec python -m pytest -ra --durations=30 -n 2 --dist loadgroup "$@"
+exec python -m pytest -ra --durations=30 -n 2 "$@"

@@ -15,14 +15,19 @@ REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's hook reads the groups
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """scripts/test.sh runs the tests in 2 processes (pytest-xdist, --dist loadgroup): the
-    tests of the one local Slurm cluster all go to one of them, which starts, resizes and stops
-    it as a single session does."""
-    for item in items:
-        if item.get_closest_marker("slurm"):
-            item.add_marker(pytest.mark.xdist_group("slurm"))
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: absent under -p no:xdist
+def pytest_xdist_make_scheduler(config, log):
+    """scripts/test.sh runs the tests in 2 processes (pytest-xdist): the tests of the one local
+    Slurm cluster (tests/slurm/) all go to one of them, which starts, resizes and stops it as a
+    single session does; every other test is scheduled alone. (`--dist loadgroup` would do it
+    with markers, but its xdist 3.8 sets a node id that pytest 9 no longer reads.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SlurmTestsTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "tests/slurm/" if nodeid.startswith("tests/slurm/") else nodeid
+
+    return SlurmTestsTogether(config, log)
 
 
 @pytest.fixture(scope="session")
