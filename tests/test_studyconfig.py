@@ -463,6 +463,10 @@ def test_a_worker_count_no_node_has_cores_for_is_refused():
 def test_text_that_is_no_value_of_the_type_gets_no_text_hint():
     message = refused(minimal(), "'train.epochs'", overrides={"train": {"epochs": "three"}})
     assert "it is text" not in message
+    # YAML reads nan unquoted as text too: the hints told to write it unquoted ("write nan")
+    message = refused(minimal(), "'train.lr': value \"nan\" is not allowed: must be a number",
+                      overrides={"train": {"lr": "nan"}})  # fmt: skip
+    assert "(it is text" not in message and "YAML reads" not in message
 
 
 def test_the_bucket_family_needs_ddp():

@@ -177,11 +177,11 @@ def _yaml_keeps_as_text(text: str) -> bool:
 
 
 def _reads_as_float(text: str) -> bool:
+    """A finite float ("nan" and "inf" are text to YAML too: no hint to write them so)."""
     try:
-        float(text)
+        return math.isfinite(float(text))
     except ValueError:
         return False
-    return True
 
 
 def format_schema_error(err: ValidationError) -> str:
