@@ -15,21 +15,6 @@ REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 
 
-@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: absent under -p no:xdist
-def pytest_xdist_make_scheduler(config, log):
-    """scripts/test.sh runs the tests in 2 processes (pytest-xdist): the tests of the one local
-    Slurm cluster (tests/slurm/) all go to one of them, which starts, resizes and stops it as a
-    single session does; every other test is scheduled alone. (`--dist loadgroup` would do it
-    with markers, but its xdist 3.8 sets a node id that pytest 9 no longer reads.)"""
-    from xdist.scheduler import LoadScopeScheduling
-
-    class SlurmTestsTogether(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return "tests/slurm/" if nodeid.startswith("tests/slurm/") else nodeid
-
-    return SlurmTestsTogether(config, log)
-
-
 @pytest.fixture(scope="session")
 def data_dir(tmp_path_factory) -> Path:
     """A learnable synthetic dataset, made once per session by the real CLI."""
