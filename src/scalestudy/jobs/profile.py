@@ -74,7 +74,7 @@ from scalestudy import files, log
 from scalestudy.errors import ProfileError, ProfileFormatError
 from scalestudy.jobs import launch
 from scalestudy.nsight import ncu as ncu_parser
-from scalestudy.nsight import nsys, schema, torch_ops
+from scalestudy.nsight import nsys, readers, schema, torch_ops
 
 logger = log.get(__name__)
 
@@ -552,8 +552,7 @@ def capture(args: argparse.Namespace) -> int:
                 "the trainer reach --profile-steps (a window past the run's last step, or none "
                 "given)?"
             )
-    found = {int(m[1]) for f in made if (m := re.search(r"_rank(\d+)\.", f.name))}
-    if missing := missing_ranks(manifest, found):
+    if missing := missing_ranks(manifest, {readers.rank_of(f) for f in made}):
         # a rank that died or wrote nowhere: its kernels would be missing from every sum
         raise ProfileError(
             f"{out}: no profile of rank(s) {', '.join(map(str, missing))} of {world_size} "
