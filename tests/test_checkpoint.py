@@ -130,6 +130,33 @@ def test_checkpoint_settings_are_not_experiment_identity():
     assert base.config_hash() != TrainConfig(lr=0.1).config_hash()
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [["--checkpoint-every", "5"], ["--checkpoint-every", "1"], ["--checkpoint-keep", "3"]],
+)
+def test_checkpoint_flags_without_a_directory_are_refused(argv):
+    """`scalestudy train --checkpoint-every 5` without --checkpoint-dir wrote no checkpoint and
+    said nothing: the flag was silently ignored (an explicit 1 as much as a 5)."""
+    import argparse
+
+    from scalestudy.errors import TrainConfigError
+    from scalestudy.trainer.config import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    with pytest.raises(TrainConfigError) as info:
+        TrainConfig.from_args(parser.parse_args(argv))
+    assert (
+        str(info.value)
+        == f"{argv[0]} {argv[1]} needs --checkpoint-dir: without it no checkpoint is written"
+    )
+    # with a directory, and without either flag, the defaults hold: every epoch, keep 2
+    cfg = TrainConfig.from_args(parser.parse_args(["--checkpoint-dir", "/x"]))
+    assert (cfg.checkpoint_every, cfg.checkpoint_keep) == (1, 2)
+    ok = TrainConfig.from_args(parser.parse_args([*argv, "--checkpoint-dir", "/x"]))
+    assert getattr(ok, argv[0][2:].replace("-", "_")) == int(argv[1])
+
+
 def test_disk_full_gives_a_clear_error_and_keeps_earlier_checkpoints(tiny_fs):
     saver = _saver(tiny_fs, keep=1)
     saver.save(1, _state(1000))  # 4 kB: fits

@@ -22,6 +22,8 @@ from typing import Any
 from scalestudy import vocab
 from scalestudy.errors import TrainConfigError
 
+# --checkpoint-every and --checkpoint-keep where --checkpoint-dir is given and they are not
+CHECKPOINT_DEFAULTS = {"checkpoint_every": 1, "checkpoint_keep": 2}
 LR_REFERENCE_BATCH = 512  # images; `lr` is quoted for this global batch
 SEED_MAX = 2**63 - 1  # torch.manual_seed takes a signed 64-bit integer
 # fields that do not define the experiment: where files go, how the run survives failures, what
@@ -37,8 +39,10 @@ NOT_IDENTITY = (
 )
 
 
-def _f(default: Any, help: str, choices: tuple | None = None) -> Any:
-    return field(default=default, metadata={"help": help, "choices": choices})
+def _f(default: Any, help: str, choices: tuple | None = None, shown: Any = None) -> Any:
+    """A field; `shown` is the default --help prints when it is not `default` itself."""
+    shown = default if shown is None else shown
+    return field(default=default, metadata={"help": help, "choices": choices, "shown": shown})
 
 
 @dataclass(kw_only=True)
@@ -124,11 +128,29 @@ class TrainConfig:
     checkpoint_dir: str | None = _f(
         None, "checkpoint directory; a restart resumes from its newest valid checkpoint"
     )
-    checkpoint_every: int = _f(1, "epochs between checkpoints (0 = only on SIGTERM/SIGUSR1)")
-    checkpoint_keep: int = _f(2, "newest checkpoints kept")
+    # None = not given: 1 and 2 with --checkpoint-dir; given without it, refused (no default
+    # that a user could type is silently ignored)
+    checkpoint_every: int | None = _f(
+        None,
+        "epochs between checkpoints, with --checkpoint-dir (0 = only on SIGTERM/SIGUSR1)",
+        shown=f"{CHECKPOINT_DEFAULTS['checkpoint_every']} with --checkpoint-dir",
+    )
+    checkpoint_keep: int | None = _f(
+        None,
+        "newest checkpoints kept, with --checkpoint-dir",
+        shown=f"{CHECKPOINT_DEFAULTS['checkpoint_keep']} with --checkpoint-dir",
+    )
     checkpoint_async: bool = _f(True, "write checkpoints in a background thread")
 
     def __post_init__(self) -> None:
+        for name, default in CHECKPOINT_DEFAULTS.items():
+            if not self.checkpoint_dir and getattr(self, name) is not None:
+                raise TrainConfigError(
+                    f"--{flag_name(name)} {getattr(self, name)} needs --checkpoint-dir: without "
+                    "it no checkpoint is written"
+                )
+            if self.checkpoint_dir and getattr(self, name) is None:
+                setattr(self, name, default)
         for f in dataclasses.fields(self):
             choices = f.metadata.get("choices")
             value = getattr(self, f.name)
@@ -157,7 +179,6 @@ class TrainConfig:
             "clip_grad",
             "warmup_epochs",
             "weight_decay",
-            "checkpoint_every",
             "diag_data_delay_ms",
         )
         for name in non_negative:
@@ -170,7 +191,9 @@ class TrainConfig:
                 raise TrainConfigError(f"--{flag_name(name)} must not be empty")
         if not 0 <= self.seed <= SEED_MAX:  # torch.manual_seed overflowed past it, traceback
             raise TrainConfigError(f"--seed must be in [0, 2**63 - 1], got {self.seed}")
-        if self.checkpoint_keep < 1:
+        if (self.checkpoint_every or 0) < 0:
+            raise TrainConfigError(f"--checkpoint-every must be >= 0, got {self.checkpoint_every}")
+        if self.checkpoint_keep is not None and self.checkpoint_keep < 1:
             raise TrainConfigError(f"--checkpoint-keep must be >= 1, got {self.checkpoint_keep}")
         if self.bucket_cap_mb <= 0:
             raise TrainConfigError(f"--bucket-cap-mb must be > 0 MiB, got {self.bucket_cap_mb}")
@@ -304,6 +327,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             type=kind,
             default=f.default,
             choices=meta.get("choices"),
-            help=f"{meta['help']} (default: {f.default})",
+            help=f"{meta['help']} (default: {meta['shown']})",
             **bare,
         )
