@@ -9,7 +9,7 @@ import socket
 import subprocess
 
 import pytest
-from conftest import PYTHON, child_env, read_epochs, read_metrics, train
+from conftest import PYTHON, SMALL, child_env, read_epochs, read_metrics, train
 
 from scalestudy.results.collect import REQUIRED_METRICS
 from scalestudy.trainer.models import training_flops_per_image
@@ -345,3 +345,37 @@ def test_profile_steps_on_cpu_saves_torch_profiler_output(data_dir, tmp_path):
     trace = json.loads((tmp_path / "profile" / "trace_rank0.json").read_text())
     assert any(e.get("name") == "forward" for e in trace["traceEvents"])
     assert os.path.exists(tmp_path / "metrics.json")
+
+
+# what runs `scalestudy train` in this process, then lists this process's threads by name
+_THREADS_AFTER_RUN = """
+import gc, json, os, sys
+from scalestudy import cli
+gc.disable()  # only what reference counting frees counts: no collection may hide a cycle
+code = cli.main(sys.argv[1:])
+task = f"/proc/{os.getpid()}/task"
+print("THREADS", json.dumps([open(f"{task}/{t}/comm").read().strip() for t in os.listdir(task)]))
+sys.exit(code)
+"""
+
+
+def test_a_finished_run_frees_its_process_group_before_the_interpreter_exits(data_dir, tmp_path):
+    """The run held itself in a reference cycle (Run.step, a partial of train_step over the
+    run), so its model, DDP and with them gloo's process group, whose threads go only with it,
+    outlived destroy_process_group until a later garbage collection, or the interpreter's
+    finalization at exit: C++ teardown while Python is half gone (on a GPU: the device's data
+    and graphs held as long). Now `train` returning frees them."""
+    argv = ["train", *SMALL, "--epochs", "1", "--limit-train", "192", "--limit-test", "32"]
+    argv += ["--data-dir", str(data_dir), "--out", str(tmp_path / "out")]
+    proc = subprocess.run(
+        [PYTHON, "-c", _THREADS_AFTER_RUN, *argv],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (line,) = [x for x in proc.stdout.splitlines() if x.startswith("THREADS ")]
+    threads = json.loads(line.removeprefix("THREADS "))
+    assert threads, proc.stdout
+    assert not [t for t in threads if "gloo" in t], threads

@@ -12,6 +12,7 @@ import dataclasses
 import datetime
 import functools
 import math
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -484,7 +485,10 @@ def build(cfg: TrainConfig, denv: sdist.DistEnv, device: torch.device) -> Run:
         recipe=recipe,
         scalars=Scalars(cfg, rank),
     )
-    run.step = functools.partial(train_step, run)
+    # over a proxy: the run holding a step that holds the run would be a reference cycle, and
+    # the model, DDP, gloo's process group (its threads) and the device's data would then live
+    # on after train() until a garbage collection, or until the interpreter's teardown at exit
+    run.step = functools.partial(train_step, weakref.proxy(run))
     if graphs == "step":  # the whole step as one CUDA graph (step_graph.py)
         run.step = StepGraph(run.step, recipe.optimizer, device, side=side)
     return run
