@@ -500,6 +500,36 @@ def test_a_tex_error_is_one_line_with_its_line_and_log(tmp_path, capsys):
     assert out.out == ""
 
 
+def test_characters_pdflatex_cannot_set_become_a_question_mark_and_a_warning(tmp_path, caplog):
+    """A study named in Cyrillic (or with CJK, an emoji) made a paper.tex that pdfLaTeX refused
+    ("Unicode character М (U+041C) not set up for use with LaTeX"): the study's last step
+    failed. Now each such character is "?" in the LaTeX documents, one warning names them, and
+    the Markdown keeps them; every character the fonts do set is kept."""
+    from scalestudy import cli
+
+    name = "Масштаб 🚀 扩展: Zürich, Łódź, Ærøskøbing, “quoted” – € ≥ 2"
+    md, tex = report.environment(report.TEMPLATES)
+    text = tex.from_string("<< name|e >>").render(name=name)
+    assert text == ("??????? ? ??: Zürich, Łódź, Ærøskøbing, “quoted” – € \\ensuremath{\\geq} 2")
+    assert md.from_string("{{ name }}").render(name=name) == name
+    with caplog.at_level("WARNING"):
+        report.warn_unsettable(tex, ["paper.tex"])
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert warning.startswith("paper.tex: pdfLaTeX cannot set 9 distinct characters (")
+    assert all(c in warning for c in "Масштб🚀扩展"), warning
+    assert not any(c in warning for c in "üŁæ“–€≥"), warning
+    if not latex.have_latexmk():
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI must have TeX: scripts/setup.sh installs latexmk as root")
+        pytest.skip(latex.MISSING)
+    doc = tmp_path / "paper.tex"  # the paper's font set-up (workflow/report/paper.tex.j2)
+    doc.write_text(
+        "\\documentclass{article}\n\\usepackage{amsmath}\n\\usepackage{lmodern}\n"
+        f"\\usepackage[T1]{{fontenc}}\n\\begin{{document}}\n{text}\n\\end{{document}}\n"
+    )
+    assert cli.main(["build-pdf", str(doc)]) == 0
+
+
 def test_symbols_pdflatex_cannot_read_are_set_as_math(tmp_path):
     """A study named "ResNet ≥ 8 GPUs" made a paper.tex that pdfLaTeX refused ("Unicode
     character ≥ (U+2265) not set up for use with LaTeX")."""

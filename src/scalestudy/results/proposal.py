@@ -551,9 +551,11 @@ def render(tables: dict, rows: list[dict], config: dict, templates: Path, figure
     ctx = context(tables, rows, config, figure_dir)
     md, tex = report.environment(templates)
     envs = {"md": md, "tex": tex}
-    return {
+    docs = {
         name: envs[kind].get_template(f"{name}.j2").render(ctx) for name, kind in DOCUMENTS.items()
     }
+    report.warn_unsettable(tex, [name for name, kind in DOCUMENTS.items() if kind == "tex"])
+    return docs
 
 
 def write_proposal(

@@ -15,6 +15,7 @@ without a cell are FORMULA_CONSTANTS, the constant 1 of the formulas (E_w = T(N0
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import re
 from pathlib import Path
@@ -119,12 +120,64 @@ TEX_SPECIAL = {
     "→": r"\ensuremath{\rightarrow}",
     "μ": r"\ensuremath{\mu}",
 }
-_TEX_SPECIAL = re.compile("|".join(re.escape(c) for c in TEX_SPECIAL))
+# TeX's special characters and every non-ASCII character (kept, mapped or replaced: tex_escape)
+_TEX_ESCAPED = re.compile("|".join([*(re.escape(c) for c in TEX_SPECIAL), "[^\\x00-\\x7f]"]))
 
 
-def tex_escape(value) -> str:
-    """Text for LaTeX: one pass, so the braces of \\textbackslash{} are not escaped again."""
-    return _TEX_SPECIAL.sub(lambda m: TEX_SPECIAL[m.group()], str(value))
+# The non-ASCII characters pdfLaTeX sets with the documents' fonts (T1 with lmodern, and the
+# TS1/OMS symbols LaTeX's UTF-8 input switches to): every \\DeclareUnicodeCharacter of the LaTeX
+# kernel's t1enc.dfu, ts1enc.dfu, ot1enc.dfu, omsenc.dfu and utf8.def (TeX Live 2022), as
+# (first, last) code points; all of them build with the templates' preamble (checked by hand
+# with pdfTeX 1.40.24). Any other character (Cyrillic, Greek, CJK, emoji) stops pdfLaTeX with
+# "Unicode character ... not set up for use with LaTeX".
+PDFLATEX_RANGES = (
+    (0x00A0, 0x0125), (0x0128, 0x0137), (0x0139, 0x013E), (0x0141, 0x0148), (0x014A, 0x0165),
+    (0x0168, 0x017E), (0x0192, 0x0192), (0x01C4, 0x01D4), (0x01E2, 0x01E3), (0x01E6, 0x01EB),
+    (0x01F0, 0x01F0), (0x01F4, 0x01F5), (0x0218, 0x021B), (0x0232, 0x0233), (0x0237, 0x0237),
+    (0x02C6, 0x02C7), (0x02D8, 0x02D9), (0x02DB, 0x02DD), (0x0E3F, 0x0E3F), (0x1E02, 0x1E03),
+    (0x1E0D, 0x1E0D), (0x1E1E, 0x1E21), (0x1E25, 0x1E25), (0x1E30, 0x1E31), (0x1E37, 0x1E37),
+    (0x1E43, 0x1E43), (0x1E45, 0x1E45), (0x1E47, 0x1E47), (0x1E5B, 0x1E5B), (0x1E63, 0x1E63),
+    (0x1E6D, 0x1E6D), (0x1E8E, 0x1E91), (0x1E9E, 0x1E9E), (0x1EF2, 0x1EF3), (0x2010, 0x2016),
+    (0x2018, 0x201A), (0x201C, 0x201E), (0x2020, 0x2022), (0x2026, 0x2026), (0x2030, 0x2031),
+    (0x2039, 0x203B), (0x203D, 0x203D), (0x2044, 0x2044), (0x204E, 0x204E), (0x2052, 0x2052),
+    (0x20A1, 0x20A1), (0x20A4, 0x20A4), (0x20A6, 0x20A6), (0x20A9, 0x20A9), (0x20AB, 0x20AC),
+    (0x20B1, 0x20B1), (0x2103, 0x2103), (0x2116, 0x2117), (0x211E, 0x211E), (0x2120, 0x2120),
+    (0x2122, 0x2122), (0x2126, 0x2127), (0x212E, 0x212E), (0x2190, 0x2193), (0x2329, 0x232A),
+    (0x2422, 0x2423), (0x25E6, 0x25E6), (0x25EF, 0x25EF), (0x266A, 0x266A), (0x27E8, 0x27E9),
+    (0x3008, 0x3009), (0xFB00, 0xFB06),
+)  # fmt: skip
+PDFLATEX_CHARS = frozenset(
+    chr(c) for first, last in PDFLATEX_RANGES for c in range(first, last + 1)
+)
+UNSETTABLE = "?"  # what such a character becomes in the LaTeX documents (the Markdown keeps it)
+
+
+def tex_escape(value, unset: set[str] | None = None) -> str:
+    """Text for LaTeX: one pass, so the braces of \\textbackslash{} are not escaped again; a
+    character pdfLaTeX cannot set becomes UNSETTABLE (and is added to `unset`)."""
+
+    def one(m: re.Match) -> str:
+        c = m.group()
+        if c in TEX_SPECIAL:
+            return TEX_SPECIAL[c]
+        if c in PDFLATEX_CHARS:
+            return c
+        if unset is not None:
+            unset.add(c)
+        return UNSETTABLE
+
+    return _TEX_ESCAPED.sub(one, str(value))
+
+
+def warn_unsettable(tex: jinja2.Environment, documents: list[str]) -> None:
+    """One warning naming the characters the LaTeX environment's `e` filter replaced so far."""
+    chars = sorted(tex.unsettable)
+    if chars:
+        logger.warning(
+            f"{', '.join(documents)}: pdfLaTeX cannot set {len(chars)} distinct characters "
+            f"({' '.join(chars[:20])}{' ...' if len(chars) > 20 else ''}), e.g. of the study "
+            f"name: each is {UNSETTABLE} in the PDF; the Markdown keeps them"
+        )
 
 
 def load_tables(csv_dir: Path, names: tuple[str, ...] = TABLES) -> dict[str, list[dict]]:
@@ -223,7 +276,9 @@ def environment(templates: Path) -> tuple[jinja2.Environment, jinja2.Environment
     )
     for env in (md, tex):
         env.filters.update(FORMATS)
-    tex.filters["e"] = tex_escape
+    # what the filter replaced, for warn_unsettable once the documents are rendered
+    tex.unsettable = set()
+    tex.filters["e"] = functools.partial(tex_escape, unset=tex.unsettable)
     return md, tex
 
 
@@ -232,7 +287,9 @@ def render(csv_dir: Path, templates: Path, figures: list[str], figure_dir: str) 
     # the templates first: a wrong --templates is named before the tables are judged
     study, paper = md.get_template("study.md.j2"), tex.get_template("paper.tex.j2")
     ctx = context(load_tables(csv_dir), figures, figure_dir)
-    return {"study.md": study.render(ctx), "paper.tex": paper.render(ctx)}
+    docs = {"study.md": study.render(ctx), "paper.tex": paper.render(ctx)}
+    warn_unsettable(tex, ["paper.tex"])
+    return docs
 
 
 # --- the honesty check ---------------------------------------------------------------------------
