@@ -500,13 +500,29 @@ def test_a_tex_error_is_one_line_with_its_line_and_log(tmp_path, capsys):
     assert out.out == ""
 
 
+def _build_with_the_papers_fonts(tmp_path, text: str) -> None:
+    """`text` in a document with the paper's font set-up (workflow/report/paper.tex.j2), built
+    by `scalestudy build-pdf` (latexmk, pdfLaTeX)."""
+    from scalestudy import cli
+
+    if not latex.have_latexmk():
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI must have TeX: scripts/setup.sh installs latexmk as root")
+        pytest.skip(latex.MISSING)
+    doc = tmp_path / "paper.tex"
+    doc.write_text(
+        "\\documentclass{article}\n\\usepackage{amsmath}\n\\usepackage{lmodern}\n"
+        f"\\usepackage[T1]{{fontenc}}\n\\begin{{document}}\n{text}\n\\end{{document}}\n"
+    )
+    assert cli.main(["build-pdf", str(doc)]) == 0
+    assert (tmp_path / "paper.pdf").read_bytes()[:4] == b"%PDF"
+
+
 def test_characters_pdflatex_cannot_set_become_a_question_mark_and_a_warning(tmp_path, caplog):
     """A study named in Cyrillic (or with CJK, an emoji) made a paper.tex that pdfLaTeX refused
     ("Unicode character М (U+041C) not set up for use with LaTeX"): the study's last step
     failed. Now each such character is "?" in the LaTeX documents, one warning names them, and
     the Markdown keeps them; every character the fonts do set is kept."""
-    from scalestudy import cli
-
     name = "Масштаб 🚀 扩展: Zürich, Łódź, Ærøskøbing, “quoted” – € ≥ 2"
     md, tex = report.environment(report.TEMPLATES)
     text = tex.from_string("<< name|e >>").render(name=name)
@@ -518,36 +534,15 @@ def test_characters_pdflatex_cannot_set_become_a_question_mark_and_a_warning(tmp
     assert warning.startswith("paper.tex: pdfLaTeX cannot set 9 distinct characters (")
     assert all(c in warning for c in "Масштб🚀扩展"), warning
     assert not any(c in warning for c in "üŁæ“–€≥"), warning
-    if not latex.have_latexmk():
-        if os.environ.get("CI") == "true":
-            pytest.fail("CI must have TeX: scripts/setup.sh installs latexmk as root")
-        pytest.skip(latex.MISSING)
-    doc = tmp_path / "paper.tex"  # the paper's font set-up (workflow/report/paper.tex.j2)
-    doc.write_text(
-        "\\documentclass{article}\n\\usepackage{amsmath}\n\\usepackage{lmodern}\n"
-        f"\\usepackage[T1]{{fontenc}}\n\\begin{{document}}\n{text}\n\\end{{document}}\n"
-    )
-    assert cli.main(["build-pdf", str(doc)]) == 0
+    _build_with_the_papers_fonts(tmp_path, text)
 
 
 def test_symbols_pdflatex_cannot_read_are_set_as_math(tmp_path):
     """A study named "ResNet ≥ 8 GPUs" made a paper.tex that pdfLaTeX refused ("Unicode
     character ≥ (U+2265) not set up for use with LaTeX")."""
-    from scalestudy import cli
-
     text = report.tex_escape("ResNet ≥ 8 GPUs, ≤ 2 μs − 1 ≈ 3 → ok, 50% & Zürich")
     assert text == (
         "ResNet \\ensuremath{\\geq} 8 GPUs, \\ensuremath{\\leq} 2 \\ensuremath{\\mu}s "
         "\\ensuremath{-} 1 \\ensuremath{\\approx} 3 \\ensuremath{\\rightarrow} ok, 50\\% \\& Zürich"
     )
-    if not latex.have_latexmk():
-        if os.environ.get("CI") == "true":
-            pytest.fail("CI must have TeX: scripts/setup.sh installs latexmk as root")
-        pytest.skip(latex.MISSING)
-    tex = tmp_path / "paper.tex"  # the paper's font set-up (workflow/report/paper.tex.j2)
-    tex.write_text(
-        "\\documentclass{article}\n\\usepackage{amsmath}\n\\usepackage{lmodern}\n"
-        f"\\usepackage[T1]{{fontenc}}\n\\begin{{document}}\n{text}\n\\end{{document}}\n"
-    )
-    assert cli.main(["build-pdf", str(tex)]) == 0
-    assert (tmp_path / "paper.pdf").read_bytes()[:4] == b"%PDF"
+    _build_with_the_papers_fonts(tmp_path, text)
