@@ -175,8 +175,9 @@ def warn_unsettable(tex: jinja2.Environment, documents: list[str]) -> None:
     if chars:
         logger.warning(
             f"{', '.join(documents)}: pdfLaTeX cannot set {len(chars)} distinct characters "
-            f"({' '.join(chars[:20])}{' ...' if len(chars) > 20 else ''}), e.g. of the study "
-            f"name: each is {UNSETTABLE} in the PDF; the Markdown keeps them"
+            f"({' '.join(chars[:20])}{' ...' if len(chars) > 20 else ''}) of the study's text "
+            f"(its name, the proposal's words): each is {UNSETTABLE} in the PDF; the Markdown "
+            "keeps them"
         )
 
 
