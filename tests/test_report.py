@@ -528,13 +528,22 @@ def test_characters_pdflatex_cannot_set_become_a_question_mark_and_a_warning(tmp
     text = tex.from_string("<< name|e >>").render(name=name)
     assert text == ("??????? ? ??: Zürich, Łódź, Ærøskøbing, “quoted” – € \\ensuremath{\\geq} 2")
     assert md.from_string("{{ name }}").render(name=name) == name
+    # inside verbatim (the paper's reproduce commands) TeX's specials are literal: only `?`
+    command = f"snakemake --config 'study={name}' 50% & _"
+    verbatim = tex.from_string("<< command|v >>").render(command=command)
+    assert verbatim == (
+        "snakemake --config 'study=??????? ? ??: Zürich, Łódź, Ærøskøbing, “quoted” – € ? 2' "
+        "50% & _"
+    )
     with caplog.at_level("WARNING"):
         report.warn_unsettable(tex, ["paper.tex"])
     (warning,) = [r.getMessage() for r in caplog.records]
-    assert warning.startswith("paper.tex: pdfLaTeX cannot set 9 distinct characters (")
-    assert all(c in warning for c in "Масштб🚀扩展"), warning
-    assert not any(c in warning for c in "üŁæ“–€≥"), warning
-    _build_with_the_papers_fonts(tmp_path, text)
+    assert warning.startswith("paper.tex: pdfLaTeX cannot set 10 distinct characters (")
+    assert all(c in warning for c in "Масштб🚀扩展≥"), warning
+    assert not any(c in warning for c in "üŁæ“–€"), warning
+    _build_with_the_papers_fonts(
+        tmp_path, f"{text}\n\\begin{{verbatim}}\n{verbatim}\n\\end{{verbatim}}"
+    )
 
 
 def test_symbols_pdflatex_cannot_read_are_set_as_math(tmp_path):

@@ -75,7 +75,9 @@ def run(args: argparse.Namespace) -> int:
     # -cd: figure paths in the .tex are relative to its directory; nonstopmode + halt: a TeX
     # error fails the job instead of waiting for input
     cmd = ["latexmk", "-pdf", "-cd", "-interaction=nonstopmode", "-halt-on-error", str(tex)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    # errors="replace": an overfull-box warning prints the line in its font's 8-bit encoding
+    # (T1 bytes for "Zürich", not UTF-8), which strict decoding turned into a traceback
+    proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
     if proc.returncode != 0:  # one line: TeX's first error, not latexmk's 90 lines
         log_file = tex.with_suffix(".log")
         try:

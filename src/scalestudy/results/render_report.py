@@ -121,7 +121,8 @@ TEX_SPECIAL = {
     "μ": r"\ensuremath{\mu}",
 }
 # TeX's special characters and every non-ASCII character (kept, mapped or replaced: tex_escape)
-_TEX_ESCAPED = re.compile("|".join([*(re.escape(c) for c in TEX_SPECIAL), "[^\\x00-\\x7f]"]))
+_NON_ASCII = re.compile("[^\\x00-\\x7f]")
+_TEX_ESCAPED = re.compile("|".join([*(re.escape(c) for c in TEX_SPECIAL), _NON_ASCII.pattern]))
 
 
 # The non-ASCII characters pdfLaTeX sets with the documents' fonts (T1 with lmodern, and the
@@ -152,25 +153,34 @@ PDFLATEX_CHARS = frozenset(
 UNSETTABLE = "?"  # what such a character becomes in the LaTeX documents (the Markdown keeps it)
 
 
+def _settable(c: str, unset: set[str] | None) -> str:
+    """A non-ASCII character itself where pdfLaTeX sets it, else UNSETTABLE (noted in unset)."""
+    if c in PDFLATEX_CHARS:
+        return c
+    if unset is not None:
+        unset.add(c)
+    return UNSETTABLE
+
+
 def tex_escape(value, unset: set[str] | None = None) -> str:
-    """Text for LaTeX: one pass, so the braces of \\textbackslash{} are not escaped again; a
-    character pdfLaTeX cannot set becomes UNSETTABLE (and is added to `unset`)."""
+    """Text for LaTeX (the `e` filter): one pass, so the braces of \\textbackslash{} are not
+    escaped again; a character pdfLaTeX cannot set becomes UNSETTABLE (and is added to `unset`)."""
 
     def one(m: re.Match) -> str:
         c = m.group()
-        if c in TEX_SPECIAL:
-            return TEX_SPECIAL[c]
-        if c in PDFLATEX_CHARS:
-            return c
-        if unset is not None:
-            unset.add(c)
-        return UNSETTABLE
+        return TEX_SPECIAL[c] if c in TEX_SPECIAL else _settable(c, unset)
 
     return _TEX_ESCAPED.sub(one, str(value))
 
 
+def tex_verbatim(value, unset: set[str] | None = None) -> str:
+    """Text for a verbatim block (the `v` filter): as written, since TeX's special characters
+    are literal there, but a character pdfLaTeX cannot set becomes UNSETTABLE as in tex_escape."""
+    return _NON_ASCII.sub(lambda m: _settable(m.group(), unset), str(value))
+
+
 def warn_unsettable(tex: jinja2.Environment, documents: list[str]) -> None:
-    """One warning naming the characters the LaTeX environment's `e` filter replaced so far."""
+    """One warning naming the characters the LaTeX environment's filters replaced so far."""
     chars = sorted(tex.unsettable)
     if chars:
         logger.warning(
@@ -277,9 +287,10 @@ def environment(templates: Path) -> tuple[jinja2.Environment, jinja2.Environment
     )
     for env in (md, tex):
         env.filters.update(FORMATS)
-    # what the filter replaced, for warn_unsettable once the documents are rendered
+    # what the filters replaced, for warn_unsettable once the documents are rendered
     tex.unsettable = set()
     tex.filters["e"] = functools.partial(tex_escape, unset=tex.unsettable)
+    tex.filters["v"] = functools.partial(tex_verbatim, unset=tex.unsettable)
     return md, tex
 
 
