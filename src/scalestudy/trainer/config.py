@@ -179,10 +179,11 @@ class TrainConfig:
             "clip_grad",
             "warmup_epochs",
             "weight_decay",
+            "checkpoint_every",  # None: not given (no --checkpoint-dir)
             "diag_data_delay_ms",
         )
         for name in non_negative:
-            if getattr(self, name) < 0:
+            if (getattr(self, name) or 0) < 0:
                 raise TrainConfigError(
                     f"--{flag_name(name)} must be >= 0, got {getattr(self, name)}"
                 )
@@ -191,8 +192,6 @@ class TrainConfig:
                 raise TrainConfigError(f"--{flag_name(name)} must not be empty")
         if not 0 <= self.seed <= SEED_MAX:  # torch.manual_seed overflowed past it, traceback
             raise TrainConfigError(f"--seed must be in [0, 2**63 - 1], got {self.seed}")
-        if (self.checkpoint_every or 0) < 0:
-            raise TrainConfigError(f"--checkpoint-every must be >= 0, got {self.checkpoint_every}")
         if self.checkpoint_keep is not None and self.checkpoint_keep < 1:
             raise TrainConfigError(f"--checkpoint-keep must be >= 1, got {self.checkpoint_keep}")
         if self.bucket_cap_mb <= 0:
