@@ -59,6 +59,46 @@ def test_cifar_resnet18_is_the_published_workload():
     assert counted == pytest.approx(3.329e9, rel=1e-3)
 
 
+@pytest.mark.parametrize("width", [64, 8])
+def test_the_network_is_torchvisions_resnet18_block_for_block(monkeypatch, width):
+    """models.BasicBlock is written out (torchvision's import costs every rank seconds): the same
+    seed gives bit-equal weights and outputs to the network built from torchvision's own
+    BasicBlock, and at width 64 the state_dict is torchvision's resnet18's, stem aside."""
+    import torchvision
+    from torchvision.models.resnet import BasicBlock as TorchvisionBlock
+
+    from scalestudy.trainer import models
+
+    def build(block):
+        monkeypatch.setattr(models, "BasicBlock", block)
+        torch.manual_seed(0)
+        return models.resnet18(num_classes=10, width=width)
+
+    ours, theirs = build(models.BasicBlock), build(TorchvisionBlock)
+    assert isinstance(theirs.layer1[0], TorchvisionBlock)  # the patch took
+    assert not isinstance(ours.layer1[0], TorchvisionBlock)
+    mine, reference = ours.state_dict(), theirs.state_dict()
+    assert list(mine) == list(reference)
+    assert all(torch.equal(mine[k], reference[k]) for k in mine)
+    x = torch.randn(4, 3, 32, 32)
+    outputs = []
+    for model in (ours, theirs):
+        y = model(x)
+        y.square().sum().backward()
+        outputs.append((y, [p.grad for p in model.parameters()]))
+    (y1, g1), (y2, g2) = outputs
+    assert torch.equal(y1, y2) and all(torch.equal(a, b) for a, b in zip(g1, g2, strict=True))
+    if width == 64:
+        tv = torchvision.models.resnet18(num_classes=10).state_dict()
+        assert {k: v.shape for k, v in tv.items() if k != "conv1.weight"} == {
+            k: v.shape for k, v in mine.items() if k != "conv1.weight"
+        }
+        assert (tv["conv1.weight"].shape, mine["conv1.weight"].shape) == (
+            (64, 3, 7, 7),
+            (64, 3, 3, 3),  # the CIFAR stem
+        )
+
+
 def test_mfu_on_a_known_gpu():
     m = efficiency(60_000.0, 3_329_000_000, "cuda", ["NVIDIA H100 80GB HBM3"], "bf16", 1)
     assert m["peak_flops"] == 989.5e12

@@ -123,6 +123,18 @@ def test_what_the_workflow_imports_while_parsing_loads_no_torch():
     assert out.stdout.strip() == "[]", out.stdout[:500]
 
 
+def test_a_rank_starts_without_torchvision():
+    """`scalestudy train` imports no torchvision (its package imports torch._dynamo through
+    torchvision.ops: ~2.7 s of each rank's start, and of every refusal before training, on 2
+    cores); only the DataLoader path's transforms and prepare-data's download need it, lazily."""
+    code = "import sys, scalestudy.trainer.train\n"
+    code += "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torchvision'))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.strip() == "[]", out.stdout[:500]
+
+
 def test_the_checker_sees_a_wrong_import(tmp_path, monkeypatch):
     """The test above can fail: a trainer module importing results is caught, at any depth."""
     fake = tmp_path / "scalestudy"

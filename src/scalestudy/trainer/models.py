@@ -6,9 +6,14 @@ network CIFAR ResNet-18 results are quoted for (11,173,962 parameters at width 6
 torchvision's ImageNet stem (7x7 stride 2 + max-pool) shrinks a 32x32 image to 8x8 before layer1, is
 ~15x cheaper and reaches far lower accuracy, so it would not measure the usual workload.
 
-The network is assembled from torchvision's own `BasicBlock` with torchvision's attribute names
-(conv1, bn1, layer1..layer4, fc), so at width 64 its state_dict matches torchvision's resnet18 with
-the stem replaced; `width` scales every stage (W, 2W, 4W, 8W) so CPU tests train in seconds.
+The network has torchvision's structure and attribute names (conv1, bn1, layer1..layer4, fc; in
+each block conv1, bn1, relu, conv2, bn2, downsample), built in torchvision's order and initialised
+as torchvision does, so at width 64 its state_dict matches torchvision's resnet18 with the stem
+replaced, and a seed gives the same weights (tests/test_trainer.py checks both against
+torchvision). `BasicBlock` is written here rather than imported: `import torchvision` imports
+torch._dynamo through torchvision.ops, ~2.7 s of every rank's start-up on a 2-core machine
+(`python -X importtime`), for one small class. `width` scales every stage (W, 2W, 4W, 8W) so CPU
+tests train in seconds.
 
 `cnn`: a small MNIST-sized network (two conv layers, one hidden linear layer).
 
@@ -22,9 +27,32 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
-from torchvision.models.resnet import BasicBlock
 
 MODELS = ("resnet18", "cnn")
+
+
+class BasicBlock(nn.Module):
+    """ResNet's basic block: two 3x3 convolutions with batch norm, the input (or its 1x1
+    projection, `downsample`, where the shape changes) added before the last ReLU. Modules are
+    created in torchvision's order, so the RNG draws of their default initialisation match."""
+
+    def __init__(
+        self, inplanes: int, planes: int, stride: int = 1, downsample: nn.Module | None = None
+    ) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(inplanes, planes, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.relu = nn.ReLU(inplace=True)
+        self.conv2 = nn.Conv2d(planes, planes, 3, stride=1, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.downsample = downsample
+        self.stride = stride
+
+    def forward(self, x):
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        out += x if self.downsample is None else self.downsample(x)
+        return self.relu(out)
 
 
 class CifarResNet18(nn.Module):
