@@ -107,16 +107,19 @@ def test_the_study_layer_does_not_import_torch(path):
     assert not heavy, f"study/{path.name} imports {heavy}"
 
 
-def test_what_the_workflow_imports_while_parsing_loads_no_torch():
+def test_what_the_workflow_imports_while_parsing_loads_no_torch_or_scipy():
     """common.smk's imports (and the logger plugin's, which Snakemake loads first), in a fresh
     interpreter: torch is seconds to import on a login node and must not be reached through any
-    chain (the test above reads only each study module's own imports)."""
+    chain (the test above reads only each study module's own imports); nor scipy, 1.2 s of
+    every snakemake call and of each Slurm job's inner one (study/model.py imports it where it
+    fits)."""
     common = (PKG.parents[1] / "workflow/rules/common.smk").read_text()
     block = common[common.index("try:\n") + 5 : common.index("except ImportError")]
     imports = textwrap.dedent(block)
     assert "from scalestudy.study import" in imports  # the block was found
     code = f"import sys\nimport snakemake_logger_plugin_scalestudy\n{imports}\n"
-    code += "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'torchvision')))"
+    heavy = ("torch", "torchvision", "scipy")
+    code += f"print(sorted(m for m in sys.modules if m.split('.')[0] in {heavy}))"
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
     )

@@ -73,10 +73,14 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import optimize, stats
 
 from scalestudy import files
 from scalestudy.errors import AnalysisError
+
+# scipy is imported inside the three functions that fit, not here: every snakemake call imports
+# this module while it parses the workflow (common.smk -> study.plan), each Slurm job's inner
+# snakemake too, and scipy.optimize + scipy.stats take 1.2 s of that on 2 cores (python -X
+# importtime), for a fit that only the plan's calibration, analyze and model ever run.
 
 MIB = 2**20  # DDP's bucket_cap_mb unit (distributed.py: _MB_TO_BYTES = 1024 * 1024)
 DEFAULT_BUCKET_MB = 25.0  # DDP's default bucket_cap_mb
@@ -236,6 +240,8 @@ def _linear_compute(precision: str, ones: list[Point], f_bwd: float) -> Compute:
     if len(batches) == 1:
         note = f"one local batch ({batches[0]}): compute taken proportional to it (c0 = 0)"
         return Compute(precision, 0.0, float(np.mean(t / b)), None, 0, None, f_bwd, batches, note)
+    from scipy import optimize  # inside: see the note on scipy at the top
+
     a = np.column_stack([1 / t, b / t])  # relative residuals: (c0 + c1 b) / T - 1
     sol = optimize.lsq_linear(a, np.ones(len(t)), bounds=(0, np.inf))
     dof = len(t) - 2
@@ -361,6 +367,8 @@ class Fit:
             var = float(g @ self.cov @ g) + c.var(b) + (self.resid_sd * step) ** 2
         if dof <= 0:
             return None, None
+        from scipy import stats  # inside: see the note on scipy at the top
+
         half = float(stats.t.ppf(0.5 + LEVEL / 2, dof)) * math.sqrt(var)
         return max(0.0, step - half), step + half
 
@@ -381,6 +389,8 @@ def fit_points(pts: list[Point]) -> Fit | str:
         return "no multi-rank ddp configuration with a 1-rank run of its precision"
     free = np.array([True, any(p.nodes == 1 for p in used), any(p.nodes > 1 for p in used)])
     res, jac = _objective(used, compute, free)
+    from scipy import optimize  # inside: see the note on scipy at the top
+
     best = min(
         (
             optimize.least_squares(res, np.full(free.sum(), x0), jac=jac, bounds=(0, np.inf))
