@@ -128,8 +128,8 @@ def test_what_the_workflow_imports_while_parsing_loads_no_torch_or_scipy():
 
 def test_a_rank_starts_without_torchvision():
     """`scalestudy train` imports no torchvision (its package imports torch._dynamo through
-    torchvision.ops: ~2.7 s of each rank's start, and of every refusal before training, on 2
-    cores); only the DataLoader path's transforms and prepare-data's download need it, lazily."""
+    torchvision.ops: 2.7 s on 2 cores before a bad flag can be refused); only the DataLoader
+    path's transforms and prepare-data's download need it, lazily."""
     code = "import sys, scalestudy.trainer.train\n"
     code += "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torchvision'))"
     out = subprocess.run(

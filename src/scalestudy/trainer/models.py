@@ -11,9 +11,10 @@ each block conv1, bn1, relu, conv2, bn2, downsample), built in torchvision's ord
 as torchvision does, so at width 64 its state_dict matches torchvision's resnet18 with the stem
 replaced, and a seed gives the same weights (tests/test_trainer.py checks both against
 torchvision). `BasicBlock` is written here rather than imported: `import torchvision` imports
-torch._dynamo through torchvision.ops, ~2.7 s of every rank's start-up on a 2-core machine
-(`python -X importtime`), for one small class. `width` scales every stage (W, 2W, 4W, 8W) so CPU
-tests train in seconds.
+torch._dynamo through torchvision.ops, 2.7 s of the trainer's import on a 2-core machine (`python
+-X importtime`), paid before a bad flag could be refused. A DDP rank imports torch._dynamo later
+anyway (DDP's constructor reads its config), so training itself saves only torchvision's own
+~0.2 s. `width` scales every stage (W, 2W, 4W, 8W) so CPU tests train in seconds.
 
 `cnn`: a small MNIST-sized network (two conv layers, one hidden linear layer).
 
