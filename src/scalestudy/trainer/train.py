@@ -230,7 +230,9 @@ def main(cfg: TrainConfig, denv: sdist.DistEnv | None = None) -> int:
         stop.install()  # SIGTERM/SIGUSR1: checkpoint at the epoch's end, then exit 75
     try:
         device = pick_device(cfg, denv)
-        sdist.init_process_group(denv, pick_backend(cfg, device), cfg.pg_timeout_s)
+        backend = pick_backend(cfg, device)
+        preload_dynamo()
+        sdist.init_process_group(denv, backend, cfg.pg_timeout_s)
     except Exception as exc:
         logger.error(f"cannot start: {exc}", exc_info=log.debug())
         return 1
@@ -252,6 +254,19 @@ def main(cfg: TrainConfig, denv: sdist.DistEnv | None = None) -> int:
         progress.stop()
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def preload_dynamo() -> None:
+    """Import torch._dynamo before the process group exists and before any run is on the stack.
+    DDP's constructor (and torch.compile) import it on first use, and imported there it kept
+    the run alive past train() twice over (torch 2.14.1, tests/test_trainer.py):
+    - imported after init_process_group, something it sets up holds the default group: gloo's
+      threads and the TCPStore outlived destroy_process_group, even a gc.collect();
+    - torch.fx.wrap, run by that import, keeps its callers' frames in a reference cycle (its
+      frame holds itself), and with them `loop.build`'s and `loop.train`'s locals: the run, its
+      model, DDP.
+    After the checks, so a refused flag does not wait for it (2 s on 2 cores)."""
+    import torch._dynamo  # noqa: F401
 
 
 def preflight(cfg: TrainConfig, denv: sdist.DistEnv) -> None:
