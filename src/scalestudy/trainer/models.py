@@ -9,7 +9,7 @@ torchvision's ImageNet stem (7x7 stride 2 + max-pool) shrinks a 32x32 image to 8
 The network has torchvision's structure and attribute names (conv1, bn1, layer1..layer4, fc; in
 each block conv1, bn1, relu, conv2, bn2, downsample), built in torchvision's order and initialised
 as torchvision does, so at width 64 its state_dict matches torchvision's resnet18 with the stem
-replaced, and a seed gives the same weights (tests/test_trainer.py checks both against
+replaced, and a seed gives the same weights (tests/test_flops.py checks both against
 torchvision). `BasicBlock` is written here rather than imported: `import torchvision` imports
 torch._dynamo through torchvision.ops, 2.7 s of the trainer's import on a 2-core machine (`python
 -X importtime`), paid before a bad flag could be refused. A DDP rank imports torch._dynamo later
