@@ -107,6 +107,16 @@ def test_the_study_layer_does_not_import_torch(path):
     assert not heavy, f"study/{path.name} imports {heavy}"
 
 
+def loaded(code: str, packages: tuple[str, ...]) -> list[str]:
+    """The modules of `packages` that running `code` in a fresh interpreter has imported."""
+    code += f"\nprint(sorted(m for m in sys.modules if m.split('.')[0] in {packages}))"
+    code = "import sys\n" + code
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    return ast.literal_eval(out.stdout.strip().splitlines()[-1])
+
+
 def test_what_the_workflow_imports_while_parsing_loads_no_torch_or_scipy():
     """common.smk's imports (and the logger plugin's, which Snakemake loads first), in a fresh
     interpreter: torch is seconds to import on a login node and must not be reached through any
@@ -117,25 +127,15 @@ def test_what_the_workflow_imports_while_parsing_loads_no_torch_or_scipy():
     block = common[common.index("try:\n") + 5 : common.index("except ImportError")]
     imports = textwrap.dedent(block)
     assert "from scalestudy.study import" in imports  # the block was found
-    code = f"import sys\nimport snakemake_logger_plugin_scalestudy\n{imports}\n"
-    heavy = ("torch", "torchvision", "scipy")
-    code += f"print(sorted(m for m in sys.modules if m.split('.')[0] in {heavy}))"
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
-    )
-    assert out.stdout.strip() == "[]", out.stdout[:500]
+    code = f"import snakemake_logger_plugin_scalestudy\n{imports}\n"
+    assert loaded(code, ("torch", "torchvision", "scipy")) == []
 
 
 def test_a_rank_starts_without_torchvision():
     """`scalestudy train` imports no torchvision (its package imports torch._dynamo through
     torchvision.ops: 2.7 s on 2 cores before a bad flag can be refused); only the DataLoader
     path's transforms and prepare-data's download need it, lazily."""
-    code = "import sys, scalestudy.trainer.train\n"
-    code += "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torchvision'))"
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
-    )
-    assert out.stdout.strip() == "[]", out.stdout[:500]
+    assert loaded("import scalestudy.trainer.train\n", ("torchvision",)) == []
 
 
 def test_the_checker_sees_a_wrong_import(tmp_path, monkeypatch):

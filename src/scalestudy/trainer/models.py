@@ -47,7 +47,6 @@ class BasicBlock(nn.Module):
         self.conv2 = nn.Conv2d(planes, planes, 3, stride=1, padding=1, bias=False)
         self.bn2 = nn.BatchNorm2d(planes)
         self.downsample = downsample
-        self.stride = stride
 
     def forward(self, x):
         out = self.relu(self.bn1(self.conv1(x)))
