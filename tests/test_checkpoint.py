@@ -132,11 +132,18 @@ def test_checkpoint_settings_are_not_experiment_identity():
 
 @pytest.mark.parametrize(
     "argv",
-    [["--checkpoint-every", "5"], ["--checkpoint-every", "1"], ["--checkpoint-keep", "3"]],
+    [
+        ["--checkpoint-every", "5"],
+        ["--checkpoint-every", "1"],
+        ["--checkpoint-keep", "3"],
+        ["--no-checkpoint-async"],
+        ["--checkpoint-async"],
+    ],
 )
 def test_checkpoint_flags_without_a_directory_are_refused(argv):
     """`scalestudy train --checkpoint-every 5` without --checkpoint-dir wrote no checkpoint and
-    said nothing: the flag was silently ignored (an explicit 1 as much as a 5)."""
+    said nothing: the flag was silently ignored (an explicit 1 as much as a 5, and
+    --no-checkpoint-async as much as --checkpoint-async)."""
     import argparse
 
     from scalestudy.errors import TrainConfigError
@@ -148,13 +155,19 @@ def test_checkpoint_flags_without_a_directory_are_refused(argv):
         TrainConfig.from_args(parser.parse_args(argv))
     assert (
         str(info.value)
-        == f"{argv[0]} {argv[1]} needs --checkpoint-dir: without it no checkpoint is written"
+        == f"{' '.join(argv)} needs --checkpoint-dir: without it no checkpoint is written"
     )
-    # with a directory, and without either flag, the defaults hold: every epoch, keep 2
+    # with a directory, and without any of the flags, the defaults hold: every epoch, keep 2,
+    # written in the background
     cfg = TrainConfig.from_args(parser.parse_args(["--checkpoint-dir", "/x"]))
-    assert (cfg.checkpoint_every, cfg.checkpoint_keep) == (1, 2)
+    assert (cfg.checkpoint_every, cfg.checkpoint_keep, cfg.checkpoint_async) == (1, 2, True)
     ok = TrainConfig.from_args(parser.parse_args([*argv, "--checkpoint-dir", "/x"]))
-    assert getattr(ok, argv[0][2:].replace("-", "_")) == int(argv[1])
+    name = argv[0].removeprefix("--no-").removeprefix("--").replace("-", "_")
+    assert getattr(ok, name) == (int(argv[1]) if argv[1:] else not argv[0].startswith("--no-"))
+    # and without the directory, none of them is set: metrics.json records null, not a default
+    # that did nothing
+    bare = TrainConfig.from_args(parser.parse_args([]))
+    assert (bare.checkpoint_every, bare.checkpoint_keep, bare.checkpoint_async) == (None,) * 3
 
 
 def test_disk_full_gives_a_clear_error_and_keeps_earlier_checkpoints(tiny_fs):

@@ -22,8 +22,9 @@ from typing import Any
 from scalestudy import vocab
 from scalestudy.errors import TrainConfigError
 
-# --checkpoint-every and --checkpoint-keep where --checkpoint-dir is given and they are not
-CHECKPOINT_DEFAULTS = {"checkpoint_every": 1, "checkpoint_keep": 2}
+# --checkpoint-every, --checkpoint-keep and --checkpoint-async where --checkpoint-dir is given and
+# they are not
+CHECKPOINT_DEFAULTS = {"checkpoint_every": 1, "checkpoint_keep": 2, "checkpoint_async": True}
 LR_REFERENCE_BATCH = 512  # images; `lr` is quoted for this global batch
 SEED_MAX = 2**63 - 1  # torch.manual_seed takes a signed 64-bit integer
 # fields that do not define the experiment: where files go, how the run survives failures, what
@@ -140,14 +141,24 @@ class TrainConfig:
         "newest checkpoints kept, with --checkpoint-dir",
         shown=f"{CHECKPOINT_DEFAULTS['checkpoint_keep']} with --checkpoint-dir",
     )
-    checkpoint_async: bool = _f(True, "write checkpoints in a background thread")
+    checkpoint_async: bool | None = _f(
+        None,
+        "write checkpoints in a background thread, with --checkpoint-dir",
+        shown="on with --checkpoint-dir",
+    )
 
     def __post_init__(self) -> None:
         for name, default in CHECKPOINT_DEFAULTS.items():
-            if not self.checkpoint_dir and getattr(self, name) is not None:
+            given = getattr(self, name)
+            if not self.checkpoint_dir and given is not None:
+                # a switch is named as typed: --checkpoint-async or --no-checkpoint-async
+                typed = (
+                    f"--{'' if given else 'no-'}{flag_name(name)}"
+                    if isinstance(given, bool)
+                    else f"--{flag_name(name)} {given}"
+                )
                 raise TrainConfigError(
-                    f"--{flag_name(name)} {getattr(self, name)} needs --checkpoint-dir: without "
-                    "it no checkpoint is written"
+                    f"{typed} needs --checkpoint-dir: without it no checkpoint is written"
                 )
             if self.checkpoint_dir and getattr(self, name) is None:
                 setattr(self, name, default)
@@ -310,9 +321,14 @@ def flag_name(name: str) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     for f in dataclasses.fields(TrainConfig):
         flag, meta = f"--{flag_name(f.name)}", f.metadata
-        if isinstance(f.default, bool):
+        if isinstance(f.default, bool) or f.type == "bool | None":
+            # argparse adds "(default: True)" itself, but not for a default of None
+            shown = "" if isinstance(f.default, bool) else f" (default: {meta['shown']})"
             parser.add_argument(
-                flag, action=argparse.BooleanOptionalAction, default=f.default, help=meta["help"]
+                flag,
+                action=argparse.BooleanOptionalAction,
+                default=f.default,
+                help=meta["help"] + shown,
             )
             continue
         kind = {"int": int, "float": float}.get(str(f.type).split(" ")[0], str)
