@@ -727,6 +727,25 @@ def test_cli_build_from_wrong_directory_names_missing_files(tmp_path):
     assert r.returncode == 0, r.stderr
 
 
+def test_cli_check_names_missing_files_as_build_would(tmp_path):
+    """`container check` passed a recipe whose %files sources were not in the build directory;
+    only `build` found them missing. Its --context is build's."""
+    recipe = tmp_path / "site.def"
+    recipe.write_text(variant("%post\n", "%files\n    pyproject.toml /opt/pyproject.toml\n%post\n"))
+    argv = [sys.executable, "-m", "scalestudy", "container", "check", str(recipe)]
+    env = {"PYTHONPATH": str(SRC), "PATH": os.environ["PATH"]}
+    r = run(argv, env, tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    line = recipe.read_text().splitlines().index("%files") + 1
+    assert r.stderr.splitlines() == [
+        f"scalestudy container check: {recipe}:{line}: %files "
+        f"sources not found in the build directory {tmp_path.resolve()}: pyproject.toml "
+        "(--context: the repository root)"
+    ]
+    assert run([*argv, "--context", str(REPO)], env, tmp_path).returncode == 0
+    assert run(argv, env, REPO).returncode == 0
+
+
 def test_cli_build_without_apptainer_says_what_to_do(tmp_path):
     empty_bin = tmp_path / "bin"
     empty_bin.mkdir()

@@ -24,7 +24,8 @@ file:line and the fix (validate_definition):
   - %labels says how the profilers reach the image (`scalestudy.profilers host-bind`: the host's
     nsys/ncu bound in by `scalestudy profile`, which runs them inside the container);
   - %post, %test (importing torch; not scalestudy, which is not in the image) and %labels
-    (recording the git commit of the recipe) are there.
+    (recording the git commit of the recipe) are there;
+  - the %files sources exist in the build directory (`--context`, default: the current one).
 A definition that fails the checks, or Apptainer missing, is one message on stderr and exit 2;
 a failed `apptainer build` exits 1.
 
@@ -644,6 +645,17 @@ def missing_files_sources(defn: Definition, context: str | os.PathLike) -> list[
     return missing
 
 
+def check_files(defn: Definition, context: str | os.PathLike) -> Definition:
+    """Raise DefinitionError naming the %files sources missing from the build directory
+    `context` (the build would copy nothing and fail after pulling the base image)."""
+    if missing := missing_files_sources(defn, context):
+        raise DefinitionError(
+            f"{defn.where('files')}: %files sources not found in the build directory "
+            f"{Path(context).resolve()}: {', '.join(missing)} (--context: the repository root)"
+        )
+    return defn
+
+
 def build(
     definition: str | os.PathLike,
     image: str | os.PathLike,
@@ -659,13 +671,7 @@ def build(
     apptainer = shutil.which("apptainer")
     if apptainer is None:
         raise ApptainerNotFound(INSTALL_HELP)
-    defn = check_definition(definition, venv)
-    missing = missing_files_sources(defn, context)
-    if missing:
-        raise DefinitionError(
-            f"{defn.where('files')}: %files sources not found in the build directory "
-            f"{Path(context).resolve()}: {', '.join(missing)} (--context: the repository root)"
-        )
+    check_files(check_definition(definition, venv), context)
     if problems := files.output_problems([image]):  # found after the whole build otherwise
         raise DefinitionError(f"image {problems[0]}: give the .sif file to write")
     target = Path(image).resolve()
@@ -693,17 +699,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p = sub.add_parser("check", help="parse and validate a definition file")
     p.add_argument("definition")
     _torch_argument(p)
+    _context_argument(p)
     p = sub.add_parser("build", help="build the image atomically with apptainer build")
     p.add_argument("definition")
     p.add_argument("image")
     _torch_argument(p)
     p.add_argument("--git-commit", help="recorded in the image (default: git HEAD of --context)")
-    p.add_argument(
-        "--context", default=".", help="directory %%files paths are relative to (default: .)"
-    )
+    _context_argument(p)
     p.add_argument("--fakeroot", action="store_true", help="pass --fakeroot to apptainer build")
     p = sub.add_parser("digest", help="print the sha256 digest of an image file")
     p.add_argument("image")
+
+
+def _context_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--context", default=".", help="directory %%files paths are relative to (default: .)"
+    )
 
 
 def _torch_argument(p: argparse.ArgumentParser) -> None:
@@ -720,7 +731,9 @@ def run(args: argparse.Namespace) -> int:
     venv = parse_torch_version(args.torch) if getattr(args, "torch", None) else "venv"
     try:
         if args.action == "check":
-            defn = check_definition(args.definition, venv)
+            # what `build` would refuse, refused here too: a check that passes means the build
+            # gets as far as Apptainer
+            defn = check_files(check_definition(args.definition, venv), args.context)
             logger.info(f"{defn.path}: ok (From: {defn.header['From']})")
         elif args.action == "build":
             digest = build(
