@@ -8,6 +8,7 @@ import argparse
 import csv
 import os
 import re
+import shutil
 
 import pytest
 from workflow_helpers import snakemake
@@ -473,6 +474,45 @@ def test_figures_that_are_not_there_are_refused_before_a_document_is_written(
     code = cli.main([*argv, "--figures", "throughput", "--figure-dir", str(plots)])
     assert code == 0, capsys.readouterr().err
     assert f"{plots}/throughput.png" in (out / "study.md").read_text()
+
+
+@pytest.mark.parametrize("figure_dir", ["../plots 2026", "../100%", "../#1", "C:\\plots"])
+def test_a_figure_dir_the_documents_cannot_link_to_is_refused(done, tmp_path, capsys, figure_dir):
+    """--figure-dir '../100%' was written into paper.tex's \\includegraphics as typed: LaTeX read
+    the rest of the line as a comment and latexmk failed; with a space study.md's image link was
+    plain text."""
+    from scalestudy import cli
+
+    out = tmp_path / "reports"
+    argv = ["render-report", "--csv-dir", str(done / "results/csv"), "--out-dir", str(out)]
+    assert cli.main([*argv, "--figures", "throughput", "--figure-dir", figure_dir]) == 2
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert err.startswith(f"scalestudy render-report: --figure-dir {figure_dir!r} has "), err
+    assert "give a path without them" in err and not out.exists()
+
+
+@pytest.mark.parametrize("name", ["a%b", "a#b", "a{b", "a\\b", "ü_&~$^"])
+def test_the_figure_dirs_refused_are_those_pdflatex_cannot_include_from(done, tmp_path, name):
+    """figure_dir_problem against pdfLaTeX itself: a directory it refuses fails to build with
+    the paper's \\includegraphics, one it allows builds (spaces: refused for study.md)."""
+    from scalestudy import cli
+    from scalestudy.results.render_report import figure_dir_problem
+
+    if not latex.have_latexmk():
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI must have TeX: scripts/setup.sh installs latexmk as root")
+        pytest.skip(latex.MISSING)
+    figures = tmp_path / name
+    figures.mkdir()
+    shutil.copy(done / "results/plots/throughput.pdf", figures)
+    doc = tmp_path / "docs" / "paper.tex"
+    doc.parent.mkdir()
+    doc.write_text(
+        "\\documentclass{article}\n\\usepackage{graphicx}\n\\begin{document}\n"
+        f"\\includegraphics[width=\\linewidth]{{../{name}/throughput.pdf}}\n\\end{{document}}\n"
+    )
+    built = cli.main(["build-pdf", str(doc)]) == 0 and (doc.parent / "paper.pdf").is_file()
+    assert built == (figure_dir_problem(f"../{name}") is None)
 
 
 def test_a_tex_error_is_one_line_with_its_line_and_log(tmp_path, capsys):

@@ -198,10 +198,32 @@ def load_tables(csv_dir: Path, names: tuple[str, ...] = TABLES) -> dict[str, lis
     }
 
 
+# characters a --figure-dir cannot hold: paper.tex and slides.tex give it to \includegraphics
+# as typed, where % starts a comment and # { } \ are TeX's syntax (pdfLaTeX fails on each;
+# spaces, _ & ~ $ ^ and UTF-8 letters build), and study.md links to it, where a space ends the
+# link (CommonMark: `![c](a b/f.png)` is text, not an image)
+FIGURE_DIR_UNSAFE = re.compile(r"[%#{}\\\s]")
+
+
+def figure_dir_problem(figure_dir: str) -> str | None:
+    """Why the documents could not link to figures in `figure_dir`, or None."""
+    bad = sorted(set(FIGURE_DIR_UNSAFE.findall(figure_dir)))
+    if not bad:
+        return None
+    return (
+        f"--figure-dir {figure_dir!r} has {' '.join(map(repr, bad))}, which paper.tex's "
+        "\\includegraphics (% # { } \\) or study.md's image links (spaces) cannot take: give a "
+        "path without them (a symbolic link to the figures will do)"
+    )
+
+
 def context(tables: dict[str, list[dict]], figures: list[str], figure_dir: str) -> dict:
     """What the templates see: the CSV rows, grouped for convenience, and the figure names.
     scaling.csv and system.csv without rows, or a CSV without a column grouped here, are
-    refused: the documents would say a family was not part of the study, or fail mid-way."""
+    refused: the documents would say a family was not part of the study, or fail mid-way. So is
+    a figure directory the documents could not link to (figure_dir_problem)."""
+    if why := figure_dir_problem(figure_dir):
+        raise AnalysisError(why)
     for name in ("scaling", "system"):
         if not tables[name]:
             raise AnalysisError(
