@@ -540,8 +540,8 @@ def capture(args: argparse.Namespace) -> int:
         "world_size": world_size,
     }
     if tool == "nsys":
-        manifest.update(nsys_stats(out, env), in_container=bool(args.container), binds=binds)
-        made = list(out.glob("nsys_rank*.nsys-rep"))
+        made, entries = nsys_stats(out, env)
+        manifest.update(entries, in_container=bool(args.container), binds=binds)
     else:
         manifest["input"] = "train/profile"
         made = list((train_dir / "profile").glob("torch_ops_rank*.json"))
@@ -579,9 +579,9 @@ def expected_ranks(manifest: dict) -> list[int]:
     return list(range(world_size))
 
 
-def nsys_stats(out: Path, env: dict[str, str]) -> dict:
+def nsys_stats(out: Path, env: dict[str, str]) -> tuple[list[Path], dict]:
     """`nsys stats` of every rank's report into out/stats (on the host: it reads files only);
-    returns the manifest's nsys entries."""
+    returns the reports and the manifest's nsys entries."""
     reports = sorted(out.glob("nsys_rank*.nsys-rep"))
     if not reports:
         raise ProfileError(
@@ -595,7 +595,7 @@ def nsys_stats(out: Path, env: dict[str, str]) -> dict:
     for rep in reports:
         base = str(out / "stats" / rep.name.removesuffix(".nsys-rep"))
         _run(nsys_stats_command(str(rep), base, version, base + ".sqlite"), env)
-    return {
+    return reports, {
         "nsys_version": ".".join(map(str, version)) if version else "unknown",
         "input": "stats",
     }
