@@ -170,6 +170,26 @@ def test_checkpoint_flags_without_a_directory_are_refused(argv):
     assert (bare.checkpoint_every, bare.checkpoint_keep, bare.checkpoint_async) == (None,) * 3
 
 
+def test_an_empty_checkpoint_dir_turns_checkpointing_off_and_drops_its_settings():
+    """`--checkpoint-dir=` is how a caller (the workflow with checkpointing.enabled false) says
+    "none": the every/keep/async it passes along are checked, then recorded as not in use."""
+    import argparse
+
+    from scalestudy.errors import TrainConfigError
+    from scalestudy.trainer.config import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    argv = ["--checkpoint-dir=", "--checkpoint-every", "1", "--checkpoint-keep", "2"]
+    cfg = TrainConfig.from_args(parser.parse_args([*argv, "--no-checkpoint-async"]))
+    assert cfg.checkpoint_dir == ""
+    assert (cfg.checkpoint_every, cfg.checkpoint_keep, cfg.checkpoint_async) == (None,) * 3
+    with pytest.raises(TrainConfigError, match="--checkpoint-keep must be >= 1, got 0"):
+        TrainConfig.from_args(parser.parse_args([*argv, "--checkpoint-keep", "0"]))
+    with pytest.raises(TrainConfigError, match=r"--checkpoint-dir ' ' is blank: give a dir"):
+        TrainConfig.from_args(parser.parse_args(["--checkpoint-dir", " "]))
+
+
 def test_disk_full_gives_a_clear_error_and_keeps_earlier_checkpoints(tiny_fs):
     saver = _saver(tiny_fs, keep=1)
     saver.save(1, _state(1000))  # 4 kB: fits

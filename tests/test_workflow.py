@@ -10,6 +10,7 @@ import contextlib
 import csv
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -182,6 +183,27 @@ def test_changing_where_or_whether_runs_checkpoint_reruns_nothing(done, change):
     write_config(done / "ckpt.yaml", changed)
     proc = snakemake(done, "--configfile", "ckpt.yaml", "-n", "-p", stand_ins=True)
     assert planned_jobs(proc) == {}
+
+
+def test_a_study_without_checkpointing_starts_its_training(done):
+    """With `checkpointing.enabled: false` the train rule passed `--checkpoint-dir=` and its
+    every/keep settings all the same, and the trainer's check (`--checkpoint-every 1 needs
+    --checkpoint-dir`) refused every training job before a rank started."""
+    from scalestudy.jobs import launch
+
+    changed = yaml.safe_load(yaml.safe_dump(TINY))
+    changed["checkpointing"] = {**changed.get("checkpointing", {}), "enabled": False}
+    write_config(done / "nockpt.yaml", changed)
+    proc = snakemake(
+        done, "--configfile", "nockpt.yaml", "-n", "-p", "--forcerun", "train", stand_ins=True
+    )
+    launches = [ln for ln in proc.stdout.splitlines() if "scalestudy launch " in ln]
+    assert len(launches) == planned_jobs(proc)["train"] > 0
+    for line in launches:
+        argv = shlex.split(line.split("scalestudy launch ", 1)[1])
+        flags = argv[argv.index("--") + 1 : argv.index(">>")]
+        assert "--checkpoint-dir=" in flags  # the rule's: checkpointing off
+        launch.check_train_args(flags)  # what `scalestudy launch` runs first: no refusal
 
 
 def test_changing_a_run_flag_reruns_that_run_only(done):

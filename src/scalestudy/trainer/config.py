@@ -126,8 +126,12 @@ class TrainConfig:
         True, "TensorBoard scalars per epoch in --out/tensorboard (when tensorboard is installed)"
     )
     # fault tolerance (checkpoint.py): how a run survives, not what it measures
+    # '' = checkpointing turned off by the caller: the workflow with `checkpointing.enabled:
+    # false` passes --checkpoint-dir= and its every/keep settings all the same
     checkpoint_dir: str | None = _f(
-        None, "checkpoint directory; a restart resumes from its newest valid checkpoint"
+        None,
+        "checkpoint directory; a restart resumes from its newest valid checkpoint ('' = none, "
+        "and the other --checkpoint-* flags are then checked and dropped)",
     )
     # None = not given: 1 and 2 with --checkpoint-dir; given without it, refused (no default
     # that a user could type is silently ignored)
@@ -150,7 +154,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         for name, default in CHECKPOINT_DEFAULTS.items():
             given = getattr(self, name)
-            if not self.checkpoint_dir and given is not None:
+            if self.checkpoint_dir is None and given is not None:
                 # a switch is named as typed: --checkpoint-async or --no-checkpoint-async
                 typed = (
                     f"--{'' if given else 'no-'}{flag_name(name)}"
@@ -201,6 +205,11 @@ class TrainConfig:
         for name in ("out", "data_dir"):  # "" would be the current directory, silently
             if not getattr(self, name).strip():
                 raise TrainConfigError(f"--{flag_name(name)} must not be empty")
+        if self.checkpoint_dir and not self.checkpoint_dir.strip():  # a directory named "  "
+            raise TrainConfigError(
+                f"--checkpoint-dir {self.checkpoint_dir!r} is blank: give a directory, or '' "
+                "for no checkpoints"
+            )
         if not 0 <= self.seed <= SEED_MAX:  # torch.manual_seed overflowed past it, traceback
             raise TrainConfigError(f"--seed must be in [0, 2**63 - 1], got {self.seed}")
         if self.checkpoint_keep is not None and self.checkpoint_keep < 1:
@@ -239,6 +248,9 @@ class TrainConfig:
             self.profile_window()  # raises on a malformed window
         if self.diag_slow_rank is not None:
             self.slow_rank()  # raises on a malformed R:MS
+        if self.checkpoint_dir == "":  # off, said so: checked above, recorded as not in use
+            for name in CHECKPOINT_DEFAULTS:
+                setattr(self, name, None)
 
     def step_graph_misfit(self) -> str | None:
         """None when the whole training step can be one CUDA graph (--cuda-graphs step,
