@@ -3,6 +3,7 @@ read-only failures (a tmpfs), and exact resume of the real trainer after SIGTERM
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -15,9 +16,9 @@ import torch
 from conftest import PYTHON, SMALL, read_epochs, read_metrics, train
 from workflow_helpers import child_env
 
-from scalestudy.errors import CheckpointError
+from scalestudy.errors import CheckpointError, TrainConfigError
 from scalestudy.trainer import checkpoint as ck
-from scalestudy.trainer.config import TrainConfig
+from scalestudy.trainer.config import TrainConfig, add_arguments
 
 IDENTITY = {"config_hash": "abc", "world_size": 1}
 IN_CI = os.environ.get("CI", "").lower() == "true"
@@ -130,6 +131,13 @@ def test_checkpoint_settings_are_not_experiment_identity():
     assert base.config_hash() != TrainConfig(lr=0.1).config_hash()
 
 
+def _parsed(argv: list[str]) -> TrainConfig:
+    """The TrainConfig of `scalestudy train`'s flags, parsed by the command's own parser."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return TrainConfig.from_args(parser.parse_args(argv))
+
+
 @pytest.mark.parametrize(
     "argv",
     [
@@ -144,50 +152,36 @@ def test_checkpoint_flags_without_a_directory_are_refused(argv):
     """`scalestudy train --checkpoint-every 5` without --checkpoint-dir wrote no checkpoint and
     said nothing: the flag was silently ignored (an explicit 1 as much as a 5, and
     --no-checkpoint-async as much as --checkpoint-async)."""
-    import argparse
-
-    from scalestudy.errors import TrainConfigError
-    from scalestudy.trainer.config import add_arguments
-
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
     with pytest.raises(TrainConfigError) as info:
-        TrainConfig.from_args(parser.parse_args(argv))
+        _parsed(argv)
     assert (
         str(info.value)
         == f"{' '.join(argv)} needs --checkpoint-dir: without it no checkpoint is written"
     )
     # with a directory, and without any of the flags, the defaults hold: every epoch, keep 2,
     # written in the background
-    cfg = TrainConfig.from_args(parser.parse_args(["--checkpoint-dir", "/x"]))
+    cfg = _parsed(["--checkpoint-dir", "/x"])
     assert (cfg.checkpoint_every, cfg.checkpoint_keep, cfg.checkpoint_async) == (1, 2, True)
-    ok = TrainConfig.from_args(parser.parse_args([*argv, "--checkpoint-dir", "/x"]))
+    ok = _parsed([*argv, "--checkpoint-dir", "/x"])
     name = argv[0].removeprefix("--no-").removeprefix("--").replace("-", "_")
     assert getattr(ok, name) == (int(argv[1]) if argv[1:] else not argv[0].startswith("--no-"))
     # and without the directory, none of them is set: metrics.json records null, not a default
     # that did nothing
-    bare = TrainConfig.from_args(parser.parse_args([]))
+    bare = _parsed([])
     assert (bare.checkpoint_every, bare.checkpoint_keep, bare.checkpoint_async) == (None,) * 3
 
 
 def test_an_empty_checkpoint_dir_turns_checkpointing_off_and_drops_its_settings():
     """`--checkpoint-dir=` is how a caller (the workflow with checkpointing.enabled false) says
     "none": the every/keep/async it passes along are checked, then recorded as not in use."""
-    import argparse
-
-    from scalestudy.errors import TrainConfigError
-    from scalestudy.trainer.config import add_arguments
-
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
     argv = ["--checkpoint-dir=", "--checkpoint-every", "1", "--checkpoint-keep", "2"]
-    cfg = TrainConfig.from_args(parser.parse_args([*argv, "--no-checkpoint-async"]))
+    cfg = _parsed([*argv, "--no-checkpoint-async"])
     assert cfg.checkpoint_dir == ""
     assert (cfg.checkpoint_every, cfg.checkpoint_keep, cfg.checkpoint_async) == (None,) * 3
     with pytest.raises(TrainConfigError, match="--checkpoint-keep must be >= 1, got 0"):
-        TrainConfig.from_args(parser.parse_args([*argv, "--checkpoint-keep", "0"]))
+        _parsed([*argv, "--checkpoint-keep", "0"])
     with pytest.raises(TrainConfigError, match=r"--checkpoint-dir ' ' is blank: give a dir"):
-        TrainConfig.from_args(parser.parse_args(["--checkpoint-dir", " "]))
+        _parsed(["--checkpoint-dir", " "])
 
 
 def test_disk_full_gives_a_clear_error_and_keeps_earlier_checkpoints(tiny_fs):

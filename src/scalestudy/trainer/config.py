@@ -164,7 +164,7 @@ class TrainConfig:
                 raise TrainConfigError(
                     f"{typed} needs --checkpoint-dir: without it no checkpoint is written"
                 )
-            if self.checkpoint_dir and getattr(self, name) is None:
+            if self.checkpoint_dir and given is None:
                 setattr(self, name, default)
         for f in dataclasses.fields(self):
             choices = f.metadata.get("choices")
