@@ -152,20 +152,7 @@ class TrainConfig:
     )
 
     def __post_init__(self) -> None:
-        for name, default in CHECKPOINT_DEFAULTS.items():
-            given = getattr(self, name)
-            if self.checkpoint_dir is None and given is not None:
-                # a switch is named as typed: --checkpoint-async or --no-checkpoint-async
-                typed = (
-                    f"--{'' if given else 'no-'}{flag_name(name)}"
-                    if isinstance(given, bool)
-                    else f"--{flag_name(name)} {given}"
-                )
-                raise TrainConfigError(
-                    f"{typed} needs --checkpoint-dir: without it no checkpoint is written"
-                )
-            if self.checkpoint_dir and given is None:
-                setattr(self, name, default)
+        self._checkpoint_defaults()
         for f in dataclasses.fields(self):
             choices = f.metadata.get("choices")
             value = getattr(self, f.name)
@@ -251,6 +238,26 @@ class TrainConfig:
         if self.checkpoint_dir == "":  # off, said so: checked above, recorded as not in use
             for name in CHECKPOINT_DEFAULTS:
                 setattr(self, name, None)
+
+    def _checkpoint_defaults(self) -> None:
+        """--checkpoint-every/-keep/-async: refused without --checkpoint-dir (a setting that
+        would do nothing), CHECKPOINT_DEFAULTS where a directory is given and they are not.
+        With --checkpoint-dir= ('' = off) they stay as given until checked, then are dropped
+        (__post_init__'s end)."""
+        for name, default in CHECKPOINT_DEFAULTS.items():
+            given = getattr(self, name)
+            if self.checkpoint_dir is None and given is not None:
+                # a switch is named as typed: --checkpoint-async or --no-checkpoint-async
+                typed = (
+                    f"--{'' if given else 'no-'}{flag_name(name)}"
+                    if isinstance(given, bool)
+                    else f"--{flag_name(name)} {given}"
+                )
+                raise TrainConfigError(
+                    f"{typed} needs --checkpoint-dir: without it no checkpoint is written"
+                )
+            if self.checkpoint_dir and given is None:
+                setattr(self, name, default)
 
     def step_graph_misfit(self) -> str | None:
         """None when the whole training step can be one CUDA graph (--cuda-graphs step,
