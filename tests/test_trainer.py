@@ -201,7 +201,8 @@ def test_bf16_runs_on_cpu(data_dir, tmp_path):
             "--num-workers",
             "0",
         ],
-        ["--comm-hook", "powersgd", "--global-batch", "64"],
+        # the vocabulary's other network (no other test trains it)
+        ["--comm-hook", "powersgd", "--global-batch", "64", "--model", "cnn", "--width", "8"],
     ],
 )
 def test_other_recipes_and_hooks_run_in_sync(data_dir, tmp_path, flags):
@@ -209,6 +210,12 @@ def test_other_recipes_and_hooks_run_in_sync(data_dir, tmp_path, flags):
     m = read_metrics(tmp_path)
     assert len(set(m["param_checksums"])) == 1
     assert m["comm_hook"] == flags[1]
+    if "--model" in flags:
+        assert m["model"] == "cnn" and m["width"] == 8
+        assert m["flops_per_img"] == training_flops_per_image(
+            "cnn", num_classes=10, width=8, image_shape=(3, 32, 32)
+        )
+        assert all(math.isfinite(float(r["train_loss"])) for r in read_epochs(tmp_path))
     if "--accum-steps" in flags:
         assert m["global_batch"] == 32 * 2 * 2  # local x world x accumulated micro-steps
         assert m["loader"] == "dataloader"

@@ -128,3 +128,12 @@ def test_figures_are_the_vocabulary_in_the_plotters_the_study_and_the_captions()
         assert sorted(re.findall(r'^\s*"(\w+)":', block, re.M)) == sorted(vocab.FIGURES), template
     rst = (report / "figure.rst").read_text()  # snakemake --report's caption of each figure
     assert sorted(re.findall(r'if f == "(\w+)"', rst)) == sorted(vocab.FIGURES)
+
+
+@pytest.mark.parametrize(
+    "key, names", [("tool", vocab.PROFILERS), ("nsys_ranks", vocab.NSYS_RANKS)]
+)
+def test_the_profiling_enums_are_the_vocabulary(key, names):
+    """profiling.tool and profiling.nsys_ranks reach `scalestudy profile capture` as --tool and
+    --ranks, whose choices are these names (jobs/profile.py)."""
+    assert schema_enum(SCHEMA["properties"]["profiling"]["properties"][key]) == list(names)

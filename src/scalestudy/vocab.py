@@ -44,6 +44,11 @@ BACKENDS = ("auto", "nccl", "gloo")
 LOADERS = ("device", "dataloader")  # input pipelines
 MODELS = ("resnet18", "cnn")
 SCHEDULES = ("onecycle", "cosine")  # LR schedule after warm-up
+# profiling.tool: the capture's timeline tool (auto = nsys on CUDA with nsys on PATH, else
+# torch.profiler; jobs/profile.py choose_tool)
+PROFILERS = ("auto", "nsys", "torch")
+# profiling.nsys_ranks: the ranks that write an nsys report (0: rank 0 only, a smaller capture)
+NSYS_RANKS = ("all", "0")
 # a switch whose default depends on the device (trainer flags --compile, --channels-last):
 # auto = the fast choice where it is safe (trainer/compiling.py, trainer/numerics.py say where)
 SWITCHES = ("auto", "on", "off")

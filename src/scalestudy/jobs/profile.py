@@ -70,7 +70,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from scalestudy import files, log
+from scalestudy import files, log, vocab
 from scalestudy.errors import ProfileError, ProfileFormatError
 from scalestudy.jobs import launch
 from scalestudy.nsight import ncu as ncu_parser
@@ -831,8 +831,8 @@ def _layout(p: argparse.ArgumentParser) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", required=True)
     p = sub.add_parser("capture", help="run the profiled window of one run")
-    p.add_argument("--tool", choices=("auto", "nsys", "torch"), default="auto")
-    p.add_argument("--ranks", choices=("all", "0"), default="all", help="nsys reports of ranks")
+    p.add_argument("--tool", choices=vocab.PROFILERS, default="auto")
+    p.add_argument("--ranks", choices=vocab.NSYS_RANKS, default="all", help="nsys reports of ranks")
     p.add_argument("--nsys-trace", default=NSYS_TRACE, help="nsys --trace (%(default)s)")
     p.add_argument("--out", required=True, help="capture directory")
     p.add_argument("--inventory", default=None, help="also write the system inventory here")
@@ -877,7 +877,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _layout(p)
     p = sub.add_parser("rank", help="per-rank wrapper (started by scalestudy launch)")
     p.add_argument("--tool", choices=("nsys", "ncu"), required=True)
-    p.add_argument("--ranks", choices=("all", "0"), default="all")
+    p.add_argument("--ranks", choices=vocab.NSYS_RANKS, default="all")
     p.add_argument("--dir", required=True)
     p.add_argument("--trace", default=NSYS_TRACE)
     p.add_argument("--index", type=int, default=0)

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-MODELS = ("resnet18", "cnn")
+from scalestudy import vocab
 
 
 class BasicBlock(nn.Module):
@@ -121,7 +121,7 @@ def build_model(name: str, *, num_classes: int, width: int, in_channels: int) ->
         return resnet18(num_classes=num_classes, width=width, in_channels=in_channels)
     if name == "cnn":
         return cnn(num_classes=num_classes, width=width, in_channels=in_channels)
-    raise ValueError(f"model must be one of {MODELS}, got {name!r}")
+    raise ValueError(f"model must be one of {vocab.MODELS}, got {name!r}")
 
 
 # images of the counting batch: any size gives the same per-image count (every counted op is
