@@ -1197,9 +1197,7 @@ def test_every_check_has_a_place_in_the_report(tmp_path):
 def parsed_flags(flags: list[str]) -> train_config.TrainConfig:
     """What `scalestudy train` makes of a check's flags (the last of a repeated flag wins), with
     the config's own checks (e.g. --cuda-graphs needs compile auto or on)."""
-    parser = argparse.ArgumentParser()
-    train_config.add_arguments(parser)
-    return train_config.TrainConfig.from_args(parser.parse_args(flags))
+    return train_config.TrainConfig.from_argv(flags)
 
 
 def test_the_grid_runs_eager_and_the_fast_path_checks_compile():

@@ -33,10 +33,9 @@ import shutil
 import sys
 
 from scalestudy import log
-from scalestudy.errors import LaunchError
+from scalestudy.errors import LaunchError, TrainConfigError
 from scalestudy.jobs.gpu_slots import acquire as acquire_gpu_slots
 from scalestudy.trainer.config import TrainConfig
-from scalestudy.trainer.config import add_arguments as add_train_arguments
 
 logger = log.get(__name__)
 
@@ -114,19 +113,13 @@ def rank_prefix(text: str | None) -> list[str]:
         raise LaunchError(f"--rank-prefix {text!r}: {exc} (one shell-quoted string)") from None
 
 
-class _TrainFlags(argparse.ArgumentParser):
-    def error(self, message: str):
-        raise LaunchError(f"the trainer's flags after --: {message} (scalestudy train --help)")
-
-
 def check_train_args(train_args: list[str]) -> None:
     """The trainer's own flag checks (trainer/config.py) before any rank starts: with several
     local ranks a bad flag was each rank's one line under torchrun's 40-line failure report."""
-    parser = _TrainFlags(prog="scalestudy train", add_help=False)
-    add_train_arguments(parser)
-    TrainConfig.from_args(
-        parser.parse_args(trainer_flags(train_args))
-    )  # a TrainConfigError: one line, exit 2
+    try:
+        TrainConfig.from_argv(trainer_flags(train_args))
+    except TrainConfigError as exc:  # one line, exit 2
+        raise LaunchError(f"the trainer's flags after --: {exc}") from None
 
 
 def trainer_flags(train_args: list[str]) -> list[str]:

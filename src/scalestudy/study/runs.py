@@ -12,7 +12,6 @@ the values the families vary, so a configuration requested by two families runs 
 
 from __future__ import annotations
 
-import argparse
 import csv
 import dataclasses
 import decimal
@@ -25,7 +24,6 @@ from typing import Any
 from scalestudy import vocab
 from scalestudy.errors import RunTableError, TrainConfigError
 from scalestudy.files import atomic_open
-from scalestudy.trainer import config as trainer_config
 from scalestudy.trainer.config import TrainConfig, flag_name
 
 RUN_COLUMNS = (
@@ -249,14 +247,12 @@ def run_problems(rows: list[dict], n_train: int, n_train_source: str) -> list[st
     job: a combination TrainConfig refuses (a comm hook without DDP, ...) and a run whose
     optimizer steps leave no steady-state window after train.warmup_steps (trainer/loop.py)
     would otherwise fail in every job. n_train: the training images (study/config.py)."""
-    parser = argparse.ArgumentParser(exit_on_error=False)
-    trainer_config.add_arguments(parser)
     refused: dict[str, list[str]] = {}
     shortest: tuple[int, dict] | None = None
     for row in rows:
         try:
-            cfg = TrainConfig.from_args(parser.parse_args(trainer_args(row)))
-        except (TrainConfigError, argparse.ArgumentError) as exc:
+            cfg = TrainConfig.from_argv(trainer_args(row))
+        except TrainConfigError as exc:
             refused.setdefault(str(exc), []).append(row["run"])
             continue
         micro = epoch_micro_steps(n_train, row["world_size"] * row["local_batch"])

@@ -330,6 +330,23 @@ class TrainConfig:
     def from_args(cls, args: argparse.Namespace) -> TrainConfig:
         return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
 
+    @classmethod
+    def from_argv(cls, argv: list[str]) -> TrainConfig:
+        """What `scalestudy train` makes of its flags (argv; the last of a repeated flag wins),
+        checked as it checks them, before any process starts: `scalestudy launch` and the
+        study's run table use it. An unknown flag or value (argparse's refusal) and a failed
+        check are both a TrainConfigError, one line that names the flag."""
+        parser = _RefusingParser(prog="scalestudy train", add_help=False)
+        add_arguments(parser)
+        return cls.from_args(parser.parse_args(argv))
+
+
+class _RefusingParser(argparse.ArgumentParser):
+    """argparse's refusals raised, not printed with the usage and exit 2."""
+
+    def error(self, message: str):
+        raise TrainConfigError(f"{message} (scalestudy train --help)")
+
 
 def flag_name(name: str) -> str:
     """The `scalestudy train` flag of a TrainConfig field (no leading dashes): local_batch ->
