@@ -47,6 +47,7 @@ def test_metrics_has_every_key_and_sane_values(ddp_run):
     assert 0 <= m["comm_exposed_frac"] < 1
     assert m["peak_mem_mb"] > 0
     assert len(m["param_checksums"]) == 2
+    assert m["time_to_target_s"] is None  # no --target-acc: null, not the whole run's time
     # what was in effect, read back from torch: gloo on CPU, IEEE fp32 (no TF32) for "fp32"
     assert m["backend"] == "gloo"
     assert m["matmul_fp32_precision"] == m["cudnn_fp32_precision"] == "ieee"
@@ -157,12 +158,19 @@ def test_same_seed_same_world_size_same_losses(ddp_run, data_dir, tmp_path):
 def test_synthetic_data_is_learned_far_above_chance(data_dir, tmp_path):
     """One process (no launcher): 10 classes, chance is 10%; five short epochs reach > 60%
     (80.7% measured at width 8, lr 2.0 for a global batch of 512 -> peak 0.125 at 32)."""
-    train(data_dir, tmp_path, "--epochs", "5", "--width", "8", "--lr", "2.0", nproc=1)
+    flags = ("--epochs", "5", "--width", "8", "--lr", "2.0", "--target-acc", "0.3")
+    train(data_dir, tmp_path, *flags, nproc=1)
     m = read_metrics(tmp_path)
     assert m["launcher"] == "none" and m["world_size"] == 1
     assert m["comm_exposed_frac"] == 0.0  # 1 rank: nothing to synchronise, the probe is skipped
     assert m["peak_lr"] == pytest.approx(2.0 * 32 / 512)
     assert m["best_val_acc"] > 0.6, m["best_val_acc"]
+    # time to accuracy: the training time (no evaluation) of the epochs up to the first one
+    # that reached --target-acc (train.py)
+    rows = read_epochs(tmp_path)
+    first = next(i for i, r in enumerate(rows) if float(r["val_acc"]) >= 0.3)
+    upto = sum(float(r["epoch_time_s"]) for r in rows[: first + 1])
+    assert m["time_to_target_s"] == pytest.approx(upto, rel=1e-5)
 
 
 def test_bf16_runs_on_cpu(data_dir, tmp_path):
