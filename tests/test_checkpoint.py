@@ -34,8 +34,11 @@ def _saver(d: Path, keep: int = 2, async_write: bool = True, identity=IDENTITY) 
 
 def test_keeps_the_newest_k_and_resumes_the_newest(tmp_path):
     saver = _saver(tmp_path)
+    stalls = []
     for epoch in (1, 2, 3):
         saver.save(epoch, _state(10, float(epoch)))
+        stalls.append(saver.stall_s)  # metrics.json's checkpoint_stall_s: the sum over saves
+    assert 0 < stalls[0] < stalls[1] < stalls[2]
     assert saver.wait() is None
     assert [p.name for p in ck.list_checkpoints(tmp_path)] == ["epoch-0002", "epoch-0003"]
     path, manifest = ck.find_latest(tmp_path, IDENTITY)
@@ -333,6 +336,9 @@ def test_a_failed_metrics_write_keeps_the_checkpoints_for_the_rerun(data_dir, tm
     assert "resuming from" in done.stdout
     m = read_metrics(out)
     assert m["restarts"] == 1 and m["resumed_from_epochs"] == [3]
+    # the resumed segment saved nothing (epoch 4 is the last): its stall is the first
+    # segment's, carried in the checkpoint (saves after epochs 1 and 2; state.py)
+    assert m["checkpoint_stall_s"] > 0
     assert not ckdir.exists()  # finished: its checkpoints go, after metrics.json
 
 

@@ -48,6 +48,7 @@ def test_metrics_has_every_key_and_sane_values(ddp_run):
     assert m["peak_mem_mb"] > 0
     assert len(m["param_checksums"]) == 2
     assert m["time_to_target_s"] is None  # no --target-acc: null, not the whole run's time
+    assert m["checkpoint_stall_s"] == 0.0  # no --checkpoint-dir: no save to wait for
     # what was in effect, read back from torch: gloo on CPU, IEEE fp32 (no TF32) for "fp32"
     assert m["backend"] == "gloo"
     assert m["matmul_fp32_precision"] == m["cudnn_fp32_precision"] == "ieee"
