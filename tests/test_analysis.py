@@ -162,6 +162,12 @@ def test_verdicts_pass_fail_and_not_measured(runs):
     assert "largest world size is 4" in v8["strong_efficiency"]["note"]
     strict = {**targets, "strong_efficiency": 0.8}
     assert analysis.verdicts(table, strict)[0]["verdict"] == "fail"
+    # verdicts.csv's threshold: the config's report.targets value each verdict was held to
+    assert analysis.verdicts(table, strict)[0]["threshold"] == 0.8
+    assert [v[t]["threshold"] for t in ("weak_deviation", "optimisation_speedup")] == [
+        targets["weak_deviation"],
+        targets["optimisation_speedup"],
+    ]
     assert v["strong_efficiency"]["description"] == "strong-scaling efficiency E_s at 4 GPUs"
     # without a 1-rank run E_s is against the smallest world size, and the verdict says so
     from_two = analysis.scaling_table(

@@ -198,6 +198,10 @@ def test_advisor_picks_the_known_optimum():
         best = min(truth, key=truth.get)
         assert truth[a.bucket_cap_mb] == pytest.approx(truth[best], rel=1e-6)
         assert a.gain == pytest.approx(truth[25.0] / truth[best] - 1, abs=1e-6)
+        # bucket_advice.csv's predicted_step_s and default_step_s: the fit's steps at the
+        # recommended cap and at DDP's 25 MiB (the fit recovers the true parameters here)
+        assert a.step_s == pytest.approx(truth[a.bucket_cap_mb], rel=1e-6)
+        assert a.default_step_s == pytest.approx(truth[25.0], rel=1e-6)
     assert any(a.gain > 0.05 for a in advice)  # the synthetic study has something to gain
 
 
@@ -295,10 +299,16 @@ def test_command_on_a_synthetic_study_writes_held_out_errors_and_advice(tmp_path
     rows = read(tmp_path / "model.csv")
     held = [r for r in rows if r["kind"] == "holdout"]
     assert len(held) == 9 and all(abs(float(r["rel_error"])) < 0.05 for r in held)
+    # each prediction with its 95% interval around it (lo, hi: model.csv's own cells)
+    assert all(float(r["lo"]) < float(r["predicted"]) < float(r["hi"]) for r in held)
     params = {r["name"]: r for r in rows if r["kind"] == "parameter"}
     assert float(params["beta_inter_Bps"]["value"]) == pytest.approx(5e9, rel=0.05)
     advice = read(tmp_path / "bucket_advice.csv")
     assert all(r["bucket_cap_mb"] and r["gain"] for r in advice)
+    # the gain is the two predicted steps' ratio (cells: 12 significant digits, analyze.cell)
+    for r in advice:
+        ratio = float(r["default_step_s"]) / float(r["predicted_step_s"]) - 1
+        assert float(r["gain"]) == pytest.approx(ratio, rel=1e-9, abs=1e-9)
 
 
 def test_command_refuses_a_bad_runs_csv_in_one_line(tmp_path):

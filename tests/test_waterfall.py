@@ -70,6 +70,9 @@ def test_known_causes_split_exactly():
     assert strong["loss_img_s"] == pytest.approx(1500)
     assert [strong[f"{p}_img_s"] for p in PARTS] == pytest.approx([1000, 100, 450, -50])
     assert (strong["baseline_world_size"], strong["x_ideal"]) == (1, pytest.approx(4000))
+    # the step times of the comments above: T = global batch / X, T_ideal = global batch / X_ideal
+    assert (weak["step_time_s"], weak["step_time_ideal_s"]) == pytest.approx((0.125, 0.1))
+    assert (strong["step_time_s"], strong["step_time_ideal_s"]) == pytest.approx((0.08, 0.05))
     for row in (weak, strong):
         assert abs(row["check"]) < 1e-9
         assert sum(row[f"{p}_img_s"] for p in PARTS) == pytest.approx(row["loss_img_s"], abs=1e-9)
