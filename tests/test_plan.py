@@ -505,6 +505,13 @@ def test_plan_target_and_cli_write_the_export(fresh, tmp_path):
         paper = list(csv.DictReader(f))
     nh = sum(float(r["node_hours"]) for r in paper)
     assert len(paper) == 75
+    # what each run's runtime and energy count: CIFAR-10's 50,000 training images less the
+    # ragged tail the trainer drops at that step size, and its 10,000 test images
+    for r in paper:
+        step = int(r["world_size"]) * int(r["local_batch"])
+        assert int(r["train_images"]) == estimate.trained_images(50000, step), r["run"]
+        assert int(r["test_images"]) == 10000
+    assert {r["train_images"] for r in paper} >= {"49920", "49152"}  # 1 x 256; 16 x 256
     assert f"{nh:.2f} node-hours" in cli.stdout and f"{nh * 1.2:.2f} node-hours" in cli.stdout
 
 
