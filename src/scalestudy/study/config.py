@@ -324,18 +324,30 @@ def path_problems(config: dict) -> list[str]:
 
 
 def semantic_problems(config: dict) -> list[str]:
-    """What the schema cannot check. Disabled families are not checked (they are ignored)."""
-    problems: list[str] = path_problems(config)
-    hw, train, families = config["hardware"], config["train"], config["families"]
-    gpn, accum = hw["gpus_per_node"], train["accum_steps"]
-    n_train, n_train_source = _train_size(config)
+    """What the schema cannot check, section by section; disabled families are not checked
+    (they are ignored). The run table's own checks need all of these to pass first."""
+    problems = [
+        *path_problems(config),
+        *_family_choice_problems(config["families"]),
+        *_device_problems(config),
+        *_batch_problems(config),
+        *proposal_problems(config["proposal"]),
+    ]
+    if not problems:
+        rows = build_run_table(config)
+        problems += run_problems(rows, *_train_size(config))
+        problems += config_problems(config, rows)
+    return problems
 
+
+def _family_choice_problems(families: dict) -> list[str]:
+    """At least one family, and the precision family compares against fp32."""
+    problems = []
     if not any(families[name]["enabled"] for name in vocab.FAMILIES):
         problems.append(
             "config key 'families': no family is enabled: set families.<name>.enabled: true "
             f"for at least one of {', '.join(vocab.FAMILIES)}"
         )
-
     compared = families["precision"]
     if compared["enabled"] and "fp32" not in compared["precisions"]:
         # analyze's speedups and accuracy differences are against the family's own fp32 runs
@@ -347,7 +359,14 @@ def semantic_problems(config: dict) -> list[str]:
                 "the family's fp32 run at the same world size (without one the figure is empty)",
             )
         )
+    return problems
 
+
+def _device_problems(config: dict) -> list[str]:
+    """What hardware.device rules out: CUDA-only precisions on a CPU, CUDA graphs without CUDA
+    or without torch.compile, and the whole-step graph's own conditions."""
+    problems = []
+    hw, train, families = config["hardware"], config["train"], config["families"]
     if hw["device"] == "cpu":
         precisions = [("train.precision", train["precision"])]
         if families["precision"]["enabled"]:
@@ -365,7 +384,6 @@ def semantic_problems(config: dict) -> list[str]:
                         "on cpu use fp32 or bf16",
                     )
                 )
-
     if train["cuda_graphs"] is True and (hw["device"] != "cuda" or train["compile"] is False):
         problems.append(
             _bad(
@@ -376,9 +394,19 @@ def semantic_problems(config: dict) -> list[str]:
                 f"(is {train['compile']!r})",
             )
         )
-
     if train["cuda_graphs"] == "step":
         problems += step_graph_problems(config)
+    return problems
+
+
+def _batch_problems(config: dict) -> list[str]:
+    """Each enabled family's sweeps (not empty, no repeats; world sizes that fit the nodes)
+    and batches: a strong global batch that splits into whole local batches, and no global
+    batch larger than the training set; the bucket family needs DDP's buckets."""
+    problems: list[str] = []
+    train, families = config["train"], config["families"]
+    gpn, accum = config["hardware"]["gpus_per_node"], train["accum_steps"]
+    n_train, n_train_source = _train_size(config)
 
     def check_batch(path: str, world_size: int, local_batch: int) -> None:
         global_batch = world_size * local_batch * accum
@@ -438,23 +466,16 @@ def semantic_problems(config: dict) -> list[str]:
         _check_list(problems, "families.bucket.local_batch", fam["local_batch"])
         for lb in fam["local_batch"]:
             check_batch("families.bucket.gpus", fam["gpus"], lb)
-
-    if fam["enabled"] and train["strategy"] != "ddp":
-        problems.append(
-            _bad(
-                "families.bucket.enabled",
-                True,
-                f"the bucket family sweeps DDP's bucket_cap_mb and train.strategy is "
-                f"{train['strategy']!r} (no buckets): its runs would differ in name only; set "
-                "train.strategy ddp or families.bucket.enabled false",
+        if train["strategy"] != "ddp":
+            problems.append(
+                _bad(
+                    "families.bucket.enabled",
+                    True,
+                    f"the bucket family sweeps DDP's bucket_cap_mb and train.strategy is "
+                    f"{train['strategy']!r} (no buckets): its runs would differ in name only; "
+                    "set train.strategy ddp or families.bucket.enabled false",
+                )
             )
-        )
-
-    problems += proposal_problems(config["proposal"])
-    if not problems:  # the run table and the profiled runs need the above
-        rows = build_run_table(config)
-        problems += run_problems(rows, n_train, n_train_source)
-        problems += config_problems(config, rows)
     return problems
 
 
