@@ -360,6 +360,34 @@ def test_a_figure_reads_only_its_own_inputs(tmp_path, capsys):
     assert "no.csv" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("figure, table", [("throughput", "scaling"), ("waterfall", "waterfall")])
+def test_a_table_without_a_column_the_figures_read_is_one_line(tmp_path, capsys, figure, table):
+    """A scaling.csv (or waterfall.csv) of an older version, or edited, lacking a column:
+    `plot` ended in a KeyError traceback mid-figure."""
+    from scalestudy import cli, files
+
+    runs = [run("w1", "strong", 1, 64, 1000), run("w2", "strong", 2, 64, 1800)]
+    # a waterfall row with every column (the values do not matter: the columns are checked
+    # before any is read)
+    tables = {
+        "scaling": scaling_rows(runs),
+        "waterfall": [dict.fromkeys(analysis.WATERFALL_COLUMNS, "1")],
+    }
+    for name, rows in tables.items():
+        if name == table:  # the stale one: without its family column
+            rows = [{k: v for k, v in r.items() if k != "family"} for r in rows]
+        files.write_csv(tmp_path / f"{name}.csv", None, rows)
+    argv = ["plot", "--figure", figure, "--device", "cpu", "--out", str(tmp_path / "p")]
+    argv += ["--scaling", str(tmp_path / "scaling.csv")]
+    argv += ["--waterfall", str(tmp_path / "waterfall.csv")]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    stale = tmp_path / f"{table}.csv"
+    assert len(err) == 1 and f"{stale} has no column family: it is older" in err[0], err
+    assert err[0].endswith(f"delete it and run `snakemake results/csv/{table}.csv`")
+    assert not (tmp_path / "p").exists()
+
+
 def test_the_accuracy_figure_refuses_empty_or_damaged_epochs(tmp_path, capsys):
     from scalestudy import cli
 
