@@ -474,3 +474,22 @@ def test_an_output_that_cannot_be_written_leaves_every_old_file_as_it_was(demo, 
     (err,) = capsys.readouterr().err.strip().splitlines()
     assert err == f"scalestudy proposal: nothing written: {a_file}: is a file, not a directory"
     assert (csv_dir / "proposal.csv").read_text() == "old\n" and before != b"old\n"
+
+
+def test_an_older_scaling_csv_is_one_line_not_a_traceback(demo, tmp_path, capsys):
+    """A scaling.csv without a column (an older version's, or edited by hand): the proposal
+    ended in a KeyError traceback (render-report's own: tests/test_report.py)."""
+    import shutil
+
+    _, study, _ = demo
+    csv_dir = tmp_path / "csv"
+    shutil.copytree(study / "results/csv", csv_dir)
+    rows = read(csv_dir / "scaling.csv")
+    files.write_csv(csv_dir / "scaling.csv", [c for c in rows[0] if c != "nodes"], rows)
+    argv = ["proposal", "--config", str(DEMO), "--csv-dir", str(csv_dir)]
+    argv += ["--out-dir", str(tmp_path / "reports"), "--runs-csv", str(csv_dir / "runs.csv")]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{csv_dir / 'scaling.csv'} has no column nodes:" in err[0], err
+    assert err[0].endswith(f"delete it and run `snakemake {csv_dir}/scaling.csv`")
+    assert not (tmp_path / "reports").exists()

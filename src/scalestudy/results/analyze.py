@@ -141,6 +141,21 @@ def read_csv(path: str | Path, what: str = "", make: str = "snakemake") -> list[
     return files.read_csv_rows(path, AnalysisError, f"delete it and run `{make}`")
 
 
+def read_table(path: str | Path, columns: tuple[str, ...], make: str) -> list[dict]:
+    """One of the CSVs this module writes (its `columns`: TABLE_COLUMNS), refused in one line
+    when a row lacks one of them: written by an older version, or edited by hand. Figures and
+    documents read them by name, and a missing one was a KeyError traceback mid-way."""
+    rows = read_csv(path, "", make)
+    missing = [c for c in columns if rows and c not in rows[0]]
+    if missing:
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        raise AnalysisError(
+            f"{path} has no column {', '.join(missing[:3])}{more}: it is older than this "
+            f"version of scalestudy, or not written by it; delete it and run `{make}`"
+        )
+    return rows
+
+
 def run_measures(row: dict) -> dict:
     """The per-run measurements of MEASURES (step_time_s derived: global_batch / throughput)."""
     out = {m: files.number(row.get(m)) for m in MEASURES if m != "step_time_s"}
@@ -746,6 +761,14 @@ def _distinct(runs, column, blank: str = "not recorded", split: bool = True) -> 
 
 # --- profiling (optional input from the profiling stage) -----------------------------------------
 SHARE_COLUMNS = ("run", "tool", "rank", "category", "total_ns", "share")
+# the tables of results/csv this module writes, by name, and their columns (read_table)
+TABLE_COLUMNS = {
+    "scaling": SCALING_COLUMNS,
+    "verdicts": VERDICT_COLUMNS,
+    "resources": RESOURCE_COLUMNS,
+    "profile_shares": SHARE_COLUMNS,
+    "waterfall": WATERFALL_COLUMNS,
+}
 
 
 def profile_shares(path: str | Path) -> list[dict]:

@@ -19,8 +19,7 @@ from pathlib import Path
 from scalestudy import log, vocab
 from scalestudy.errors import AnalysisError
 from scalestudy.files import number
-from scalestudy.results import analyze
-from scalestudy.results.analyze import PROFILE_CATEGORIES, read_csv
+from scalestudy.results.analyze import PROFILE_CATEGORIES, TABLE_COLUMNS, read_csv, read_table
 
 logger = log.get(__name__)
 
@@ -534,27 +533,13 @@ def read_targets(path: str | Path) -> dict[str, float]:
     return out
 
 
-def read_table(path: str | Path, columns: tuple[str, ...], make: str) -> list[dict]:
-    """One of `scalestudy analyze`'s CSVs, refused in one line when it lacks a column the
-    figures read (written by an older version, or edited): a KeyError mid-figure before."""
-    rows = read_csv(path, "", make)
-    missing = [c for c in columns if rows and c not in rows[0]]
-    if missing:
-        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
-        raise AnalysisError(
-            f"{path} has no column {', '.join(missing[:3])}{more}: it is older than this "
-            f"version of scalestudy, or not written by it; delete it and run `{make}`"
-        )
-    return rows
-
-
 def run(args: argparse.Namespace) -> int:
     make = "snakemake results/csv/scaling.csv"  # analyze writes profile_shares.csv beside it
     # an AnalysisError: one line from cli.main, exit 2
     # each input read by the figures that draw it: a hand-run plot of one figure needs only its
     # own (epochs.csv: accuracy; targets.csv: efficiency's target lines)
     data = {
-        "scaling": read_table(args.scaling, analyze.SCALING_COLUMNS, make),
+        "scaling": read_table(args.scaling, TABLE_COLUMNS["scaling"], make),
         "epochs": (
             read_csv(args.epochs, "", "snakemake results/csv/epochs.csv")
             if args.figure == "accuracy"
@@ -562,13 +547,13 @@ def run(args: argparse.Namespace) -> int:
         ),
         "targets": read_targets(args.targets) if args.figure == "efficiency" else {},
         "shares": (
-            read_table(args.profile_shares, analyze.SHARE_COLUMNS, make)
+            read_table(args.profile_shares, TABLE_COLUMNS["profile_shares"], make)
             if args.profile_shares
             else []
         ),
         "waterfall": (  # read by its own figure only: a hand-run plot needs no waterfall.csv
             read_table(
-                args.waterfall, analyze.WATERFALL_COLUMNS, "snakemake results/csv/waterfall.csv"
+                args.waterfall, TABLE_COLUMNS["waterfall"], "snakemake results/csv/waterfall.csv"
             )
             if args.figure == "waterfall"
             else []

@@ -24,7 +24,7 @@ import jinja2
 
 from scalestudy import files, log, vocab
 from scalestudy.errors import AnalysisError
-from scalestudy.results.analyze import read_csv
+from scalestudy.results.analyze import TABLE_COLUMNS, read_table
 
 logger = log.get(__name__)
 
@@ -192,8 +192,13 @@ def warn_unsettable(tex: jinja2.Environment, documents: list[str]) -> None:
 
 
 def load_tables(csv_dir: Path, names: tuple[str, ...] = TABLES) -> dict[str, list[dict]]:
+    """csv_dir's tables by name; analyze's with every column it writes (read_table)."""
     return {
-        name: read_csv(csv_dir / f"{name}.csv", "", f"snakemake {csv_dir}/{name}.csv")
+        name: read_table(
+            csv_dir / f"{name}.csv",
+            TABLE_COLUMNS.get(name, ()),
+            f"snakemake {csv_dir}/{name}.csv",
+        )
         for name in names
     }
 
