@@ -388,6 +388,40 @@ def test_a_table_without_a_column_the_figures_read_is_one_line(tmp_path, capsys,
     assert not (tmp_path / "p").exists()
 
 
+@pytest.mark.parametrize(
+    "column, value, says",
+    [
+        ("world_size", "two", "world_size = 'two' is not a whole number or blank"),
+        ("world_size", "2.0", "world_size = '2.0' is not a whole number or blank"),  # re-saved
+        ("throughput_img_s_mean", "fast", "throughput_img_s_mean = 'fast' is not a number"),
+        ("throughput_img_s_mean", "", "throughput_img_s_mean is blank, and `scalestudy analyze`"),
+        ("family", " ", "family is blank, and `scalestudy analyze` always fills it"),
+    ],
+)
+def test_a_cell_the_figures_cannot_read_is_one_line(tmp_path, capsys, column, value, says):
+    """Cells of an edited scaling.csv that `plot` and the proposal once read with int() and
+    float() (a ValueError traceback) or added up (a TypeError): refused with the file and line;
+    a cell a measurement may leave blank (a std over one repeat) stays allowed."""
+    from scalestudy import cli, files
+
+    runs = [run("w1", "strong", 1, 64, 1000), run("w2", "strong", 2, 64, 1800)]
+    rows = scaling_rows(runs)
+    assert rows[1]["strong_efficiency_std"] == ""  # one repeat: no spread, a blank cell
+    path = tmp_path / "scaling.csv"
+    files.write_csv(path, None, rows)
+    with path.open() as f:
+        assert analysis.read_table(path, "scaling", "make") == list(csv.DictReader(f))
+    files.write_csv(path, None, [rows[0], {**rows[1], column: value}])
+    with pytest.raises(AnalysisError) as exc:
+        analysis.read_table(path, "scaling", "make")
+    assert str(exc.value).startswith(f"{path}, line 3: {says}"), exc.value
+    argv = ["plot", "--figure", "throughput", "--device", "cpu", "--out", str(tmp_path / "p")]
+    assert cli.main([*argv, "--scaling", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0] and "Traceback" not in err[0], err
+    assert not (tmp_path / "p").exists()
+
+
 def test_the_accuracy_figure_refuses_empty_or_damaged_epochs(tmp_path, capsys):
     from scalestudy import cli
 

@@ -141,18 +141,43 @@ def read_csv(path: str | Path, what: str = "", make: str = "snakemake") -> list[
     return files.read_csv_rows(path, AnalysisError, f"delete it and run `{make}`")
 
 
-def read_table(path: str | Path, columns: tuple[str, ...], make: str) -> list[dict]:
-    """One of the CSVs this module writes (its `columns`: TABLE_COLUMNS), refused in one line
-    when a row lacks one of them: written by an older version, or edited by hand. Figures and
-    documents read them by name, and a missing one was a KeyError traceback mid-way."""
+def read_table(path: str | Path, table: str, make: str) -> list[dict]:
+    """One of the CSVs this module writes (`table`, a key of TABLE_COLUMNS), refused in one
+    line when it lacks a column or a cell is not what the figures and documents read: a
+    number or blank outside TABLE_TEXT's columns, digits in COUNT_COLUMNS, no blank in
+    TABLE_FILLED's. A CSV of an older version, or edited by hand, ended in a KeyError,
+    ValueError or TypeError traceback."""
     rows = read_csv(path, "", make)
-    missing = [c for c in columns if rows and c not in rows[0]]
+    fix = f"delete it and run `{make}`"
+    missing = [c for c in TABLE_COLUMNS[table] if rows and c not in rows[0]]
     if missing:
         more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
         raise AnalysisError(
             f"{path} has no column {', '.join(missing[:3])}{more}: it is older than this "
-            f"version of scalestudy, or not written by it; delete it and run `{make}`"
+            f"version of scalestudy, or not written by it; {fix}"
         )
+    numbers = [c for c in TABLE_COLUMNS[table] if c not in TABLE_TEXT[table]]
+    for i, row in enumerate(rows, start=2):  # line 1 is the header
+        for column in numbers:
+            value = row[column]
+            try:
+                x = files.number(value)
+            except ValueError:
+                x = math.nan
+            whole = column not in COUNT_COLUMNS or x is None or str(value).strip().isdigit()
+            if (x is not None and math.isnan(x)) or not whole:
+                kind = "a whole number" if column in COUNT_COLUMNS else "a number"
+                raise AnalysisError(
+                    f"{path}, line {i}: {column} = {value!r} is not {kind} or blank: not "
+                    f"written by scalestudy; {fix}"
+                )
+        for column in TABLE_FILLED[table]:
+            value = row[column]
+            if files.number(value) is None if column in numbers else not str(value).strip():
+                raise AnalysisError(
+                    f"{path}, line {i}: {column} is blank, and `scalestudy analyze` always "
+                    f"fills it: not written by scalestudy; {fix}"
+                )
     return rows
 
 
@@ -769,6 +794,29 @@ TABLE_COLUMNS = {
     "profile_shares": SHARE_COLUMNS,
     "waterfall": WATERFALL_COLUMNS,
 }
+# their columns of words (names, notes, true/false); every other cell is a number or blank
+TABLE_TEXT = {
+    "scaling": ("family", "precision", "acc_within_tolerance", "runs"),
+    "verdicts": ("target", "description", "verdict", "note"),
+    "resources": ("kind", "family"),
+    "profile_shares": ("run", "tool", "category"),
+    "waterfall": ("family", "precision", "note", "runs"),
+}
+# their cells that are never blank: from runs.csv's required columns (RUNS_KEYS, RUNS_NUMBERS)
+_CONFIGURATION = (*GROUP_KEYS, "nodes", "global_batch", "n")
+TABLE_FILLED = {
+    "scaling": (*_CONFIGURATION, "throughput_img_s_mean", "step_time_s_mean", "runs"),
+    "verdicts": ("target", "verdict"),
+    "resources": ("kind",),
+    "profile_shares": SHARE_COLUMNS,
+    "waterfall": (
+        *_CONFIGURATION,
+        *("baseline_world_size", "x_ideal", "x_measured", "step_time_s", "step_time_ideal_s"),
+        *("loss_img_s", "loss_frac", "runs"),
+    ),
+}
+# columns read with int(): digits only (a re-saved "2.0" passed as a number and failed there)
+COUNT_COLUMNS = ("world_size", "local_batch", "nodes", "global_batch", "n", "baseline_world_size")
 
 
 def profile_shares(path: str | Path) -> list[dict]:

@@ -19,7 +19,7 @@ from pathlib import Path
 from scalestudy import log, vocab
 from scalestudy.errors import AnalysisError
 from scalestudy.files import number
-from scalestudy.results.analyze import PROFILE_CATEGORIES, TABLE_COLUMNS, read_csv, read_table
+from scalestudy.results.analyze import PROFILE_CATEGORIES, read_csv, read_table
 
 logger = log.get(__name__)
 
@@ -539,7 +539,7 @@ def run(args: argparse.Namespace) -> int:
     # each input read by the figures that draw it: a hand-run plot of one figure needs only its
     # own (epochs.csv: accuracy; targets.csv: efficiency's target lines)
     data = {
-        "scaling": read_table(args.scaling, TABLE_COLUMNS["scaling"], make),
+        "scaling": read_table(args.scaling, "scaling", make),
         "epochs": (
             read_csv(args.epochs, "", "snakemake results/csv/epochs.csv")
             if args.figure == "accuracy"
@@ -547,14 +547,10 @@ def run(args: argparse.Namespace) -> int:
         ),
         "targets": read_targets(args.targets) if args.figure == "efficiency" else {},
         "shares": (
-            read_table(args.profile_shares, TABLE_COLUMNS["profile_shares"], make)
-            if args.profile_shares
-            else []
+            read_table(args.profile_shares, "profile_shares", make) if args.profile_shares else []
         ),
         "waterfall": (  # read by its own figure only: a hand-run plot needs no waterfall.csv
-            read_table(
-                args.waterfall, TABLE_COLUMNS["waterfall"], "snakemake results/csv/waterfall.csv"
-            )
+            read_table(args.waterfall, "waterfall", "snakemake results/csv/waterfall.csv")
             if args.figure == "waterfall"
             else []
         ),

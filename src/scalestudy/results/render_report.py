@@ -24,7 +24,7 @@ import jinja2
 
 from scalestudy import files, log, vocab
 from scalestudy.errors import AnalysisError
-from scalestudy.results.analyze import TABLE_COLUMNS, read_table
+from scalestudy.results.analyze import TABLE_COLUMNS, read_csv, read_table
 
 logger = log.get(__name__)
 
@@ -192,15 +192,15 @@ def warn_unsettable(tex: jinja2.Environment, documents: list[str]) -> None:
 
 
 def load_tables(csv_dir: Path, names: tuple[str, ...] = TABLES) -> dict[str, list[dict]]:
-    """csv_dir's tables by name; analyze's with every column it writes (read_table)."""
-    return {
-        name: read_table(
-            csv_dir / f"{name}.csv",
-            TABLE_COLUMNS.get(name, ()),
-            f"snakemake {csv_dir}/{name}.csv",
-        )
-        for name in names
-    }
+    """csv_dir's tables by name; analyze's checked as it writes them (read_table)."""
+    tables = {}
+    for name in names:
+        path, make = csv_dir / f"{name}.csv", f"snakemake {csv_dir}/{name}.csv"
+        if name in TABLE_COLUMNS:
+            tables[name] = read_table(path, name, make)
+        else:  # system.csv (its columns are the inventory's), targets.csv, the model's: as read
+            tables[name] = read_csv(path, "", make)
+    return tables
 
 
 # characters a --figure-dir cannot hold: paper.tex and slides.tex give it to \includegraphics
