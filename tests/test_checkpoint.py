@@ -3,7 +3,6 @@ read-only failures (a tmpfs), and exact resume of the real trainer after SIGTERM
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -18,7 +17,7 @@ from workflow_helpers import child_env
 
 from scalestudy.errors import CheckpointError, TrainConfigError
 from scalestudy.trainer import checkpoint as ck
-from scalestudy.trainer.config import TrainConfig, add_arguments
+from scalestudy.trainer.config import TrainConfig
 
 IDENTITY = {"config_hash": "abc", "world_size": 1}
 IN_CI = os.environ.get("CI", "").lower() == "true"
@@ -134,13 +133,6 @@ def test_checkpoint_settings_are_not_experiment_identity():
     assert base.config_hash() != TrainConfig(lr=0.1).config_hash()
 
 
-def _parsed(argv: list[str]) -> TrainConfig:
-    """The TrainConfig of `scalestudy train`'s flags, parsed by the command's own parser."""
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    return TrainConfig.from_args(parser.parse_args(argv))
-
-
 @pytest.mark.parametrize(
     "argv",
     [
@@ -156,21 +148,21 @@ def test_checkpoint_flags_without_a_directory_are_refused(argv):
     said nothing: the flag was silently ignored (an explicit 1 as much as a 5, and
     --no-checkpoint-async as much as --checkpoint-async)."""
     with pytest.raises(TrainConfigError) as info:
-        _parsed(argv)
+        TrainConfig.from_argv(argv)
     assert (
         str(info.value)
         == f"{' '.join(argv)} needs --checkpoint-dir: without it no checkpoint is written"
     )
     # with a directory, and without any of the flags, the defaults hold: every epoch, keep 2,
     # written in the background
-    cfg = _parsed(["--checkpoint-dir", "/x"])
+    cfg = TrainConfig.from_argv(["--checkpoint-dir", "/x"])
     assert (cfg.checkpoint_every, cfg.checkpoint_keep, cfg.checkpoint_async) == (1, 2, True)
-    ok = _parsed([*argv, "--checkpoint-dir", "/x"])
+    ok = TrainConfig.from_argv([*argv, "--checkpoint-dir", "/x"])
     name = argv[0].removeprefix("--no-").removeprefix("--").replace("-", "_")
     assert getattr(ok, name) == (int(argv[1]) if argv[1:] else not argv[0].startswith("--no-"))
     # and without the directory, none of them is set: metrics.json records null, not a default
     # that did nothing
-    bare = _parsed([])
+    bare = TrainConfig.from_argv([])
     assert (bare.checkpoint_every, bare.checkpoint_keep, bare.checkpoint_async) == (None,) * 3
 
 
@@ -178,13 +170,13 @@ def test_an_empty_checkpoint_dir_turns_checkpointing_off_and_drops_its_settings(
     """`--checkpoint-dir=` is how a caller (the workflow with checkpointing.enabled false) says
     "none": the every/keep/async it passes along are checked, then recorded as not in use."""
     argv = ["--checkpoint-dir=", "--checkpoint-every", "1", "--checkpoint-keep", "2"]
-    cfg = _parsed([*argv, "--no-checkpoint-async"])
+    cfg = TrainConfig.from_argv([*argv, "--no-checkpoint-async"])
     assert cfg.checkpoint_dir == ""
     assert (cfg.checkpoint_every, cfg.checkpoint_keep, cfg.checkpoint_async) == (None,) * 3
     with pytest.raises(TrainConfigError, match="--checkpoint-keep must be >= 1, got 0"):
-        _parsed([*argv, "--checkpoint-keep", "0"])
+        TrainConfig.from_argv([*argv, "--checkpoint-keep", "0"])
     with pytest.raises(TrainConfigError, match=r"--checkpoint-dir ' ' is blank: give a dir"):
-        _parsed(["--checkpoint-dir", " "])
+        TrainConfig.from_argv(["--checkpoint-dir", " "])
 
 
 def test_disk_full_gives_a_clear_error_and_keeps_earlier_checkpoints(tiny_fs):
