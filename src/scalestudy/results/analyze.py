@@ -141,6 +141,14 @@ def read_csv(path: str | Path, what: str = "", make: str = "snakemake") -> list[
     return files.read_csv_rows(path, AnalysisError, f"delete it and run `{make}`")
 
 
+def _number_or_nan(value) -> float | None:
+    """A cell as files.number reads it (blank: None), NaN where it is not a number at all."""
+    try:
+        return files.number(value)
+    except ValueError:
+        return math.nan
+
+
 def read_table(path: str | Path, table: str, make: str) -> list[dict]:
     """One of the CSVs this module writes (`table`, a key of TABLE_COLUMNS), refused in one
     line when it lacks a column or a cell is not what the figures and documents read: a
@@ -160,10 +168,7 @@ def read_table(path: str | Path, table: str, make: str) -> list[dict]:
     for i, row in enumerate(rows, start=2):  # line 1 is the header
         for column in numbers:
             value = row[column]
-            try:
-                x = files.number(value)
-            except ValueError:
-                x = math.nan
+            x = _number_or_nan(value)
             whole = column not in COUNT_COLUMNS or x is None or str(value).strip().isdigit()
             if (x is not None and math.isnan(x)) or not whole:
                 kind = "a whole number" if column in COUNT_COLUMNS else "a number"
@@ -815,8 +820,6 @@ TABLE_FILLED = {
         *("loss_img_s", "loss_frac", "runs"),
     ),
 }
-# columns read with int(): digits only (a re-saved "2.0" passed as a number and failed there)
-COUNT_COLUMNS = ("world_size", "local_batch", "nodes", "global_batch", "n", "baseline_world_size")
 
 
 def profile_shares(path: str | Path) -> list[dict]:
@@ -936,6 +939,9 @@ def _target(key: str):
 # what every row of runs.csv needs (collect.py writes them) and which of them are numbers
 RUNS_KEYS = ("run", "families", "precision")
 RUNS_COUNTS = ("world_size", "nodes", "local_batch", "global_batch")  # integers >= 1
+# the counts of analyze's tables (read_table), read with int(): digits only (a re-saved "2.0"
+# passed as a number and failed there)
+COUNT_COLUMNS = (*RUNS_COUNTS, "n", "baseline_world_size")
 RUNS_NUMBERS = (*RUNS_COUNTS, "repeat", "bucket_cap_mb", "throughput_img_s", "train_time_s")
 # divided by, or a size the scaling model fits (an inf or a negative one failed inside scipy)
 RUNS_POSITIVE = ("throughput_img_s", "bucket_cap_mb", "grad_sync_bytes")
@@ -976,10 +982,7 @@ def check_runs(
                 )
         for column in (*numbers, *(c for c in optional if c in row)):
             value = row.get(column)
-            try:
-                x = files.number(value)
-            except ValueError:
-                x = math.nan  # not a number
+            x = _number_or_nan(value)
             if column in optional and x is None:
                 continue  # not measured
             finite = x is not None and math.isfinite(x)
