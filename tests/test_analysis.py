@@ -724,6 +724,13 @@ def test_a_damaged_runs_csv_is_one_line_before_any_table(tmp_path, capsys):
         # an inf J/img reached resources.csv as an inf kWh, then the report as an OverflowError
         "energy": ([{**good[0], "energy_j_per_img": "inf"}, good[1]],
                    "run 'w1_r0' has energy_j_per_img = 'inf', not a number"),
+        # the waterfall's per-rank lists (collect joins a list with ';'): a ValueError traceback
+        "per-rank": ([good[0], {**good[1], "busy_time_ms_p50_by_rank": "12.5;abc"}],
+                     "run 'w2_r0' has busy_time_ms_p50_by_rank = '12.5;abc', not numbers >= 0"),
+        "per-rank-word": ([good[0], {**good[1], "data_time_ms_mean_by_rank": "abc"}],
+                          "run 'w2_r0' has data_time_ms_mean_by_rank = 'abc', not numbers >= 0"),
+        "per-rank-negative": ([{**good[0], "data_time_ms_mean_by_rank": "-3.0"}, good[1]],
+                              "run 'w1_r0' has data_time_ms_mean_by_rank = '-3.0', not numbers"),
     }  # fmt: skip
     for name, (rows, says) in cases.items():
         path = tmp_path / f"{name}.csv"

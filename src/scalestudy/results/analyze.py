@@ -950,6 +950,9 @@ RUNS_OPTIONAL = tuple(m for m in MEASURES if m not in RUNS_NUMBERS and m != "ste
 # the J/img resources.csv multiplies into kWh (an inf there reached the report as an
 # OverflowError in its number formatting)
 RUNS_OPTIONAL += ("energy_j_per_img", "energy_wall_j_per_img")
+# the waterfall's per-rank lists (milliseconds; collect joins a list with ';'): each element a
+# number >= 0, or None where a rank did not measure it (a word there was a ValueError traceback)
+RUNS_PER_RANK = tuple(c for c in PART_INPUTS.values() if c.endswith("_by_rank"))
 
 
 def check_runs(
@@ -958,11 +961,13 @@ def check_runs(
     keys: tuple[str, ...] = RUNS_KEYS,
     numbers: tuple[str, ...] = RUNS_NUMBERS,
     optional: tuple[str, ...] = RUNS_OPTIONAL,
+    per_rank: tuple[str, ...] = RUNS_PER_RANK,
 ) -> None:
     """runs.csv as `scalestudy collect` writes it: one row per run; the columns the tables
     group, count and divide by (`keys`, `numbers`), those finite numbers (counts whole and
-    >= 1, throughput > 0); the measurements (`optional`) a number or blank. Else one
-    AnalysisError naming the file, the run, the column and the fix."""
+    >= 1, throughput > 0); the measurements (`optional`) a number or blank, the per-rank
+    lists (`per_rank`) numbers >= 0 joined by ';'. Else one AnalysisError naming the file, the
+    run, the column and the fix."""
     fix = "write it again with `scalestudy collect` (snakemake results/csv/runs.csv)"
     missing = [c for c in ("run", *keys, *numbers) if c not in runs[0]]
     if missing:
@@ -1000,6 +1005,14 @@ def check_runs(
             if not ok:
                 raise AnalysisError(
                     f"{path}: run {row['run']!r} has {column} = {value!r}, not {what}: {fix}"
+                )
+        for column in (c for c in per_rank if c in row):
+            value = row[column]
+            ranks = [_number_or_nan(v) for v in str(value or "").split(";") if v != "None"]
+            if not all(x is None or (math.isfinite(x) and x >= 0) for x in ranks):
+                raise AnalysisError(
+                    f"{path}: run {row['run']!r} has {column} = {value!r}, not numbers >= 0 "
+                    f"joined by ';' (one per rank): {fix}"
                 )
 
 
