@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from scalestudy import files, vocab
 from scalestudy.errors import AnalysisError
 from scalestudy.results import analyze as analysis
 from scalestudy.results import plot as plots
@@ -804,14 +805,52 @@ def test_collect_refuses_metrics_that_are_no_object_and_epochs_with_ragged_rows(
         with pytest.raises(CollectError, match=rf"holds {re.escape(shown)}, not the trainer's"):
             collect.load_metrics(path)
     epochs = tmp_path / "epochs.csv"
-    epochs.write_text("epoch,train_loss\n1,2.0\n2,1.5,9,9\n")
-    with pytest.raises(CollectError, match=r"epochs\.csv, line 3: 2 columns in the header"):
+    header = ",".join(vocab.EPOCH_COLUMNS)
+    row1, row2 = "1,2.0,0.3,1.9,0.35,8.1,250.5,0.08", "2,1.4,0.54,0.61,0.83,6.7,305.4,0.04"
+    epochs.write_text(f"{header}\n{row1}\n{row2},9,9\n")
+    with pytest.raises(CollectError, match=r"epochs\.csv, line 3: 8 columns in the header"):
         collect.load_epochs(epochs)
-    epochs.write_text("epoch,train_loss\n1,2.0\n2\n")  # a row cut short
+    epochs.write_text(f"{header}\n{row1}\n2\n")  # a row cut short
     with pytest.raises(CollectError, match=r"line 3"):
         collect.load_epochs(epochs)
-    epochs.write_text("epoch,train_loss\n1,2.0\n2,1.5\n")
+    epochs.write_text(f"{header}\n{row1}\n{row2}\n")
     assert [r["epoch"] for r in collect.load_epochs(epochs)] == ["1", "2"]
+
+
+def test_collect_refuses_an_epochs_csv_the_trainer_did_not_write(tmp_path):
+    """A run's epochs.csv edited by hand or cut: collect copied it into results/csv/epochs.csv,
+    and the accuracy figure drew a -1 as -100% or refused a word naming results/csv/epochs.csv,
+    which collect then wrote again from the same run file. Now collect names the run's file,
+    the line, the column and the fix."""
+    from scalestudy.errors import CollectError
+    from scalestudy.results import collect
+
+    epochs = tmp_path / "epochs.csv"
+    good = [dict(zip(vocab.EPOCH_COLUMNS, r.split(","), strict=True)) for r in (
+        "1,2.0,0.3,1.9,0.35,8.1,250.5,0.08", "2,1.4,0.54,0.61,0.83,6.7,305.4,0.04")]  # fmt: skip
+    cases = [
+        ({"val_acc": "abc"}, 1, "val_acc is 'abc', not a fraction in [0, 1]"),
+        ({"val_acc": "-1"}, 1, "val_acc is '-1', not a fraction in [0, 1]"),
+        ({"train_acc": "83"}, 0, "train_acc is '83', not a fraction in [0, 1]"),
+        ({"epoch_time_s": ""}, 1, "epoch_time_s is '', not a finite number"),
+        ({"train_loss": "inf"}, 0, "train_loss is 'inf', not a finite number"),
+        ({"lr": "nan"}, 1, "lr is 'nan', not a finite number"),
+        ({"epoch": "1"}, 1, "epoch is '1', not 2 (the row's place)"),
+        ({"epoch": "x"}, 0, "epoch is 'x', not 1 (the row's place)"),
+    ]
+    for change, index, says in cases:
+        rows = [dict(r, **change) if i == index else r for i, r in enumerate(good)]
+        files.write_csv(epochs, None, rows)
+        with pytest.raises(CollectError) as info:
+            collect.load_epochs(epochs)
+        assert str(info.value) == (
+            f"{epochs}, line {index + 2}: {says}; delete the run directory and rerun it"
+        )
+    files.write_csv(epochs, None, [{k: v for k, v in r.items() if k != "val_acc"} for r in good])
+    with pytest.raises(CollectError, match="has no column val_acc: not the trainer's"):
+        collect.load_epochs(epochs)
+    files.write_csv(epochs, None, good)
+    assert collect.load_epochs(epochs) == good
 
 
 def test_outputs_that_cannot_be_written_leave_every_table_as_it_was(tmp_path, capsys):

@@ -70,6 +70,18 @@ FIGURES = (
     "gpu_util",
     "profile",
 )
+# the columns of a run's epochs.csv, one row per epoch (trainer/loop.py writes it and says what
+# each holds; collect refuses a run's file that lacks one or has a cell that is not a number)
+EPOCH_COLUMNS = (
+    "epoch",
+    "train_loss",
+    "train_acc",
+    "val_loss",
+    "val_acc",
+    "epoch_time_s",
+    "throughput_img_s",
+    "lr",
+)
 
 # Environment variables jobs/container.py's exec_prefix sets inside the container, read by the
 # trainer (metrics.json) and jobs/inventory.py: the sha256 of the .sif the process runs in, and

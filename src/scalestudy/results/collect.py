@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
-from scalestudy import files, log
+from scalestudy import files, log, vocab
 from scalestudy.errors import CollectError
 from scalestudy.study.runs import RUN_COLUMNS, read_runs_tsv, same
 
@@ -131,16 +132,39 @@ def load_metrics(path: Path) -> dict:
 def load_epochs(path: Path) -> list[dict]:
     if not path.exists():
         raise CollectError(f"missing {path}: run `snakemake {path.parent / 'metrics.json'}` first")
-    rows = files.read_csv_rows(path, CollectError, "delete the run directory and rerun it")
+    fix = "delete the run directory and rerun it"
+    rows = files.read_csv_rows(path, CollectError, fix)
     if not rows:
-        raise CollectError(f"{path} has no epochs; delete the run directory and rerun it")
+        raise CollectError(f"{path} has no epochs; {fix}")
     header = [k for k in rows[0] if k is not None]
+    missing = [c for c in vocab.EPOCH_COLUMNS if c not in header]
+    if missing:
+        raise CollectError(f"{path} has no column {', '.join(missing)}: not the trainer's; {fix}")
     for line, row in enumerate(rows, start=2):  # DictReader files extra cells under None
         if None in row or None in row.values():
             raise CollectError(
                 f"{path}, line {line}: {len(header)} columns in the header but another "
-                "count of cells here; delete the run directory and rerun it"
+                f"count of cells here; {fix}"
             )
+        # the trainer's rows: epochs 1, 2, ... once each (a resume rewrites the file from the
+        # checkpoint's history), every cell a finite number, accuracies fractions. A damaged cell
+        # was collected as it was and refused only by the accuracy figure, which then named
+        # results/csv/epochs.csv, a file that collect writes again from this one unchanged.
+        for column in vocab.EPOCH_COLUMNS:
+            try:
+                x = files.number(row[column])
+            except ValueError:
+                x = None
+            if column == "epoch":
+                what, ok = f"{line - 1} (the row's place)", x == line - 1
+            elif column.endswith("_acc"):
+                what, ok = "a fraction in [0, 1]", x is not None and 0 <= x <= 1
+            else:
+                what, ok = "a finite number", x is not None and math.isfinite(x)
+            if not ok:
+                raise CollectError(
+                    f"{path}, line {line}: {column} is {row[column]!r}, not {what}; {fix}"
+                )
     return rows
 
 

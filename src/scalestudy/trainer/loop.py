@@ -45,23 +45,14 @@ from scalestudy.trainer.recipe import Recipe, build_recipe
 from scalestudy.trainer.scalars import Scalars
 from scalestudy.trainer.state import Checkpointing, RunState, Trainables, rng_generators
 from scalestudy.trainer.step_graph import STEPS_BEFORE_WINDOW, StepGraph
+from scalestudy.vocab import EPOCH_COLUMNS
 
 logger = log.get(__name__)
 
-# epochs.csv, one row per epoch. train_loss is the training objective, label smoothing included
-# (its floor at train.label_smoothing 0.1 over 10 classes: 0.50 nats); val_loss is the plain
-# cross-entropy of the test set, so the two are not comparable. lr: the learning rate of the
-# epoch's last optimizer step.
-EPOCH_COLUMNS = (
-    "epoch",
-    "train_loss",
-    "train_acc",
-    "val_loss",
-    "val_acc",
-    "epoch_time_s",
-    "throughput_img_s",
-    "lr",
-)
+# epochs.csv, one row per epoch (vocab.EPOCH_COLUMNS). train_loss is the training objective,
+# label smoothing included (its floor at train.label_smoothing 0.1 over 10 classes: 0.50 nats);
+# val_loss is the plain cross-entropy of the test set, so the two are not comparable. lr: the
+# learning rate of the epoch's last optimizer step.
 
 
 def train(
