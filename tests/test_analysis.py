@@ -713,7 +713,7 @@ def test_a_damaged_runs_csv_is_one_line_before_any_table(tmp_path, capsys):
         "time": ([{**good[0], "train_time_s": ""}, good[1]],
                  "run 'w1_r0' has train_time_s = '', not a number"),
         "accuracy": ([{**good[0], "final_val_acc": "high"}, good[1]],
-                     "run 'w1_r0' has final_val_acc = 'high', not a number"),
+                     "run 'w1_r0' has final_val_acc = 'high', not a fraction in [0, 1]"),
         # a second row of one run would pass for a second repeat of its cell
         "twice": ([good[0], good[1], good[1]], "run 'w2_r0' has two rows"),
         # a float column re-saved by a spreadsheet or pandas: passed, then int() raised
@@ -732,6 +732,15 @@ def test_a_damaged_runs_csv_is_one_line_before_any_table(tmp_path, capsys):
                           "run 'w2_r0' has data_time_ms_mean_by_rank = 'abc', not numbers >= 0"),
         "per-rank-negative": ([{**good[0], "data_time_ms_mean_by_rank": "-3.0"}, good[1]],
                               "run 'w1_r0' has data_time_ms_mean_by_rank = '-3.0', not numbers"),
+        # out of range: the report printed a final accuracy of -100.0 %
+        "accuracy-range": ([good[0], {**good[1], "final_val_acc": "-1"}],
+                           "run 'w2_r0' has final_val_acc = '-1', not a fraction in [0, 1]"),
+        "comm-range": ([{**good[0], "comm_exposed_frac": "1.5"}, good[1]],
+                       "run 'w1_r0' has comm_exposed_frac = '1.5', not a fraction in [0, 1]"),
+        "utilisation": ([{**good[0], "gpu_util_mean": "140"}, good[1]],
+                        "run 'w1_r0' has gpu_util_mean = '140', not a percentage in [0, 100]"),
+        "negative-time": ([good[0], {**good[1], "train_time_s": "-60"}],
+                          "run 'w2_r0' has train_time_s = '-60', not a number > 0"),
     }  # fmt: skip
     for name, (rows, says) in cases.items():
         path = tmp_path / f"{name}.csv"

@@ -944,7 +944,11 @@ RUNS_COUNTS = ("world_size", "nodes", "local_batch", "global_batch")  # integers
 COUNT_COLUMNS = (*RUNS_COUNTS, "n", "baseline_world_size")
 RUNS_NUMBERS = (*RUNS_COUNTS, "repeat", "bucket_cap_mb", "throughput_img_s", "train_time_s")
 # divided by, or a size the scaling model fits (an inf or a negative one failed inside scipy)
-RUNS_POSITIVE = ("throughput_img_s", "bucket_cap_mb", "grad_sync_bytes")
+RUNS_POSITIVE = ("throughput_img_s", "bucket_cap_mb", "grad_sync_bytes", "train_time_s")
+# measured fractions, and NVML's utilisation in percent: out of range, the report printed them
+# as they were (a final accuracy of -100.0 %)
+RUNS_FRACTIONS = ("final_val_acc", "comm_exposed_frac", "mfu")
+RUNS_PERCENT = ("gpu_util_mean",)
 # measured where the run measured them, else blank ("not measured"): a number or blank
 RUNS_OPTIONAL = tuple(m for m in MEASURES if m not in RUNS_NUMBERS and m != "step_time_s")
 # the J/img resources.csv multiplies into kWh (an inf there reached the report as an
@@ -1000,6 +1004,10 @@ def check_runs(
                 what, ok = "a whole number >= 0", files.is_count(x, 0) and digits
             elif column in RUNS_POSITIVE:
                 what, ok = "a number > 0", finite and x > 0
+            elif column in RUNS_FRACTIONS:
+                what, ok = "a fraction in [0, 1]", finite and 0 <= x <= 1
+            elif column in RUNS_PERCENT:
+                what, ok = "a percentage in [0, 100]", finite and 0 <= x <= 100
             else:
                 what, ok = "a number", finite
             if not ok:
