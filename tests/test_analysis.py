@@ -741,6 +741,10 @@ def test_a_damaged_runs_csv_is_one_line_before_any_table(tmp_path, capsys):
                         "run 'w1_r0' has gpu_util_mean = '140', not a percentage in [0, 100]"),
         "negative-time": ([good[0], {**good[1], "train_time_s": "-60"}],
                           "run 'w2_r0' has train_time_s = '-60', not a number > 0"),
+        "negative-energy": ([good[0], {**good[1], "energy_j_per_img": "-0.5"}],
+                            "run 'w2_r0' has energy_j_per_img = '-0.5', not a number > 0"),
+        "zero-epoch": ([{**good[0], "epoch_time_s": "0"}, good[1]],
+                       "run 'w1_r0' has epoch_time_s = '0', not a number > 0"),
     }  # fmt: skip
     for name, (rows, says) in cases.items():
         path = tmp_path / f"{name}.csv"
@@ -841,9 +845,12 @@ def test_collect_refuses_an_epochs_csv_the_trainer_did_not_write(tmp_path):
         ({"val_acc": "abc"}, 1, "val_acc is 'abc', not a fraction in [0, 1]"),
         ({"val_acc": "-1"}, 1, "val_acc is '-1', not a fraction in [0, 1]"),
         ({"train_acc": "83"}, 0, "train_acc is '83', not a fraction in [0, 1]"),
-        ({"epoch_time_s": ""}, 1, "epoch_time_s is '', not a finite number"),
-        ({"train_loss": "inf"}, 0, "train_loss is 'inf', not a finite number"),
-        ({"lr": "nan"}, 1, "lr is 'nan', not a finite number"),
+        ({"epoch_time_s": ""}, 1, "epoch_time_s is '', not a number > 0"),
+        ({"epoch_time_s": "-1"}, 0, "epoch_time_s is '-1', not a number > 0"),
+        ({"throughput_img_s": "0"}, 1, "throughput_img_s is '0', not a number > 0"),
+        ({"train_loss": "inf"}, 0, "train_loss is 'inf', not a number >= 0"),
+        ({"val_loss": "-1"}, 1, "val_loss is '-1', not a number >= 0"),
+        ({"lr": "nan"}, 1, "lr is 'nan', not a number >= 0"),
         ({"epoch": "1"}, 1, "epoch is '1', not 2 (the row's place)"),
         ({"epoch": "x"}, 0, "epoch is 'x', not 1 (the row's place)"),
     ]

@@ -945,6 +945,9 @@ COUNT_COLUMNS = (*RUNS_COUNTS, "n", "baseline_world_size")
 RUNS_NUMBERS = (*RUNS_COUNTS, "repeat", "bucket_cap_mb", "throughput_img_s", "train_time_s")
 # divided by, or a size the scaling model fits (an inf or a negative one failed inside scipy)
 RUNS_POSITIVE = ("throughput_img_s", "bucket_cap_mb", "grad_sync_bytes", "train_time_s")
+# ... and measured rates, times and energies, which no run has at 0 or below (a negative J/img
+# reached resources.csv and the proposal as negative kWh)
+RUNS_POSITIVE += ("epoch_time_s", "model_flops_per_s", "energy_j_per_img", "energy_wall_j_per_img")
 # measured fractions, and NVML's utilisation in percent: out of range, the report printed them
 # as they were (a final accuracy of -100.0 %)
 RUNS_FRACTIONS = ("final_val_acc", "comm_exposed_frac", "mfu")
