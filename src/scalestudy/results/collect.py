@@ -147,7 +147,8 @@ def load_epochs(path: Path) -> list[dict]:
                 f"count of cells here; {fix}"
             )
         # the trainer's rows: epochs 1, 2, ... once each (a resume rewrites the file from the
-        # checkpoint's history), every cell a finite number, accuracies fractions. A damaged cell
+        # checkpoint's history), accuracies fractions, times and rates > 0, losses and the learning
+        # rate >= 0 (cross-entropy, label smoothing included, is never negative). A damaged cell
         # was collected as it was and refused only by the accuracy figure, which then named
         # results/csv/epochs.csv, a file that collect writes again from this one unchanged.
         for column in vocab.EPOCH_COLUMNS:
@@ -159,8 +160,10 @@ def load_epochs(path: Path) -> list[dict]:
                 what, ok = f"{line - 1} (the row's place)", x == line - 1
             elif column.endswith("_acc"):
                 what, ok = "a fraction in [0, 1]", x is not None and 0 <= x <= 1
+            elif column in ("epoch_time_s", "throughput_img_s"):
+                what, ok = "a number > 0", x is not None and math.isfinite(x) and x > 0
             else:
-                what, ok = "a finite number", x is not None and math.isfinite(x)
+                what, ok = "a number >= 0", x is not None and math.isfinite(x) and x >= 0
             if not ok:
                 raise CollectError(
                     f"{path}, line {line}: {column} is {row[column]!r}, not {what}; {fix}"
