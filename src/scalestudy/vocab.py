@@ -71,7 +71,7 @@ FIGURES = (
     "profile",
 )
 # the columns of a run's epochs.csv, one row per epoch (trainer/loop.py writes it and says what
-# each holds; collect refuses a run's file that lacks one or has a cell that is not a number)
+# each holds; collect refuses a run's file that lacks one or has a cell out of its range)
 EPOCH_COLUMNS = (
     "epoch",
     "train_loss",

@@ -971,10 +971,11 @@ def check_runs(
     per_rank: tuple[str, ...] = RUNS_PER_RANK,
 ) -> None:
     """runs.csv as `scalestudy collect` writes it: one row per run; the columns the tables
-    group, count and divide by (`keys`, `numbers`), those finite numbers (counts whole and
-    >= 1, throughput > 0); the measurements (`optional`) a number or blank, the per-rank
-    lists (`per_rank`) numbers >= 0 joined by ';'. Else one AnalysisError naming the file, the
-    run, the column and the fix."""
+    group, count and divide by (`keys`, `numbers`), those finite numbers; the measurements
+    (`optional`) a number or blank; each in its range (counts whole and >= 1, RUNS_POSITIVE
+    > 0, RUNS_FRACTIONS in [0, 1], RUNS_PERCENT in [0, 100]); the per-rank lists (`per_rank`)
+    numbers >= 0 joined by ';'. Else one AnalysisError naming the file, the run, the column and
+    the fix."""
     fix = "write it again with `scalestudy collect` (snakemake results/csv/runs.csv)"
     missing = [c for c in ("run", *keys, *numbers) if c not in runs[0]]
     if missing:
