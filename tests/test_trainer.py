@@ -11,6 +11,8 @@ import subprocess
 import pytest
 from conftest import PYTHON, SMALL, child_env, read_epochs, read_metrics, train
 
+from scalestudy import vocab
+from scalestudy.results import collect
 from scalestudy.results.collect import REQUIRED_METRICS
 from scalestudy.trainer.models import training_flops_per_image
 
@@ -87,18 +89,10 @@ def test_epochs_csv(ddp_run):
     out, _ = ddp_run
     rows = read_epochs(out)
     assert [int(r["epoch"]) for r in rows] == [1, 2]
-    assert list(rows[0]) == [
-        "epoch",
-        "train_loss",
-        "train_acc",
-        "val_loss",
-        "val_acc",
-        "epoch_time_s",
-        "throughput_img_s",
-        "lr",
-    ]
+    assert tuple(rows[0]) == vocab.EPOCH_COLUMNS
     for r in rows:
         assert all(math.isfinite(float(v)) for v in r.values())
+    assert collect.load_epochs(out / "epochs.csv") == rows  # what collect accepts
     m = read_metrics(out)
     assert m["final_val_acc"] == pytest.approx(float(rows[-1]["val_acc"]), rel=1e-5)
 
