@@ -13,7 +13,6 @@ from conftest import PYTHON, SMALL, child_env, read_epochs, read_metrics, train
 
 from scalestudy import vocab
 from scalestudy.results import collect
-from scalestudy.results.collect import REQUIRED_METRICS
 from scalestudy.trainer.models import training_flops_per_image
 
 
@@ -27,7 +26,7 @@ def ddp_run(data_dir, tmp_path_factory):
 def test_metrics_has_every_key_and_sane_values(ddp_run):
     out, proc = ddp_run
     m = read_metrics(out)
-    missing = [k for k in REQUIRED_METRICS if k not in m]
+    missing = [k for k in collect.REQUIRED_METRICS if k not in m]
     assert not missing, missing
     # every flag is recorded too
     for flag in ("strategy", "bucket_cap_mb", "precision", "local_batch", "seed", "lr"):
