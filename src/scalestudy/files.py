@@ -184,6 +184,15 @@ def number(value: Any) -> float | None:
     return float(text)
 
 
+def number_or_nan(value: Any) -> float | None:
+    """A cell as `number` reads it (blank: None), NaN where it is not a number at all, so that
+    a range check refuses it like any other value out of range."""
+    try:
+        return number(value)
+    except ValueError:
+        return math.nan
+
+
 def is_count(x: float | None, least: int = 1) -> bool:
     """x (a cell read by `number`) is a finite whole number >= least: a count of ranks, nodes,
     images or a repeat index."""

@@ -141,14 +141,6 @@ def read_csv(path: str | Path, what: str = "", make: str = "snakemake") -> list[
     return files.read_csv_rows(path, AnalysisError, f"delete it and run `{make}`")
 
 
-def _number_or_nan(value) -> float | None:
-    """A cell as files.number reads it (blank: None), NaN where it is not a number at all."""
-    try:
-        return files.number(value)
-    except ValueError:
-        return math.nan
-
-
 def read_table(path: str | Path, table: str, make: str) -> list[dict]:
     """One of the CSVs this module writes (`table`, a key of TABLE_COLUMNS), refused in one
     line when it lacks a column or a cell is not what the figures and documents read: a
@@ -168,7 +160,7 @@ def read_table(path: str | Path, table: str, make: str) -> list[dict]:
     for i, row in enumerate(rows, start=2):  # line 1 is the header
         for column in numbers:
             value = row[column]
-            x = _number_or_nan(value)
+            x = files.number_or_nan(value)
             whole = column not in COUNT_COLUMNS or x is None or str(value).strip().isdigit()
             if (x is not None and math.isnan(x)) or not whole:
                 kind = "a whole number" if column in COUNT_COLUMNS else "a number"
@@ -995,7 +987,7 @@ def check_runs(
                 )
         for column in (*numbers, *(c for c in optional if c in row)):
             value = row.get(column)
-            x = _number_or_nan(value)
+            x = files.number_or_nan(value)
             if column in optional and x is None:
                 continue  # not measured
             finite = x is not None and math.isfinite(x)
@@ -1020,7 +1012,7 @@ def check_runs(
                 )
         for column in (c for c in per_rank if c in row):
             value = row[column]
-            ranks = [_number_or_nan(v) for v in str(value or "").split(";") if v != "None"]
+            ranks = [files.number_or_nan(v) for v in str(value or "").split(";") if v != "None"]
             if not all(x is None or (math.isfinite(x) and x >= 0) for x in ranks):
                 raise AnalysisError(
                     f"{path}: run {row['run']!r} has {column} = {value!r}, not numbers >= 0 "

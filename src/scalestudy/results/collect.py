@@ -152,10 +152,7 @@ def load_epochs(path: Path) -> list[dict]:
         # was collected as it was and refused only by the accuracy figure, which then named
         # results/csv/epochs.csv, a file that collect writes again from this one unchanged.
         for column in vocab.EPOCH_COLUMNS:
-            try:
-                x = files.number(row[column])
-            except ValueError:
-                x = None
+            x = files.number_or_nan(row[column])  # a word: NaN, which every range refuses
             if column == "epoch":
                 what, ok = f"{line - 1} (the row's place)", x == line - 1
             elif column.endswith("_acc"):
