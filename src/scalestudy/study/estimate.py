@@ -280,12 +280,23 @@ def _level_key(level: str, row: dict) -> tuple:
 
 
 def read_wall_seconds(path: Path) -> float | None:
-    """Snakemake's benchmark file of a job: the `s` column of its first row (None if absent)."""
+    """Snakemake's benchmark file of a job: the `s` column of its first row (None if absent).
+
+    A row whose `s` is missing, no number, negative or infinite is refused: it would give
+    the run a start-up overhead (wall_s minus the compute time) that no job had."""
     if not path.is_file():
         return None
     fix = "delete it: Snakemake writes it again with the job"
     rows = files.read_csv_rows(path, PlanError, fix, delimiter="\t")
-    return as_float(rows[0].get("s")) if rows else None
+    if not rows:
+        return None
+    seconds = as_float(rows[0].get("s"))
+    if seconds is None or not math.isfinite(seconds) or seconds < 0:
+        raise PlanError(
+            f"{path}: the wall time `s` is {rows[0].get('s')!r}, not a number of seconds >= 0; "
+            f"{fix}"
+        )
+    return seconds
 
 
 def add_measured_arguments(parser) -> None:
