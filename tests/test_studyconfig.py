@@ -416,9 +416,10 @@ def test_paths_no_shell_would_expand_are_refused(key, value, says):
             overrides=[f"{key}={value}"])  # fmt: skip
 
 
-@pytest.mark.parametrize("key", ["data_dir", "checkpointing.dir", "container.image"])
+@pytest.mark.parametrize("key", ["data_dir", "checkpointing.dir", "container.image", "study"])
 def test_empty_paths_are_refused(key):
-    """An empty data_dir became `--data-dir /`, an empty checkpoint dir `/<run>`."""
+    """An empty data_dir became `--data-dir /`, an empty checkpoint dir `/<run>`; an empty
+    study name the report's title `Scaling study ****` (workflow/report/workflow.rst)."""
     refused(
         minimal(),
         f"config key '{key}': value \"\" is not allowed: must not be empty",
@@ -502,3 +503,33 @@ def test_a_config_that_is_not_utf8_names_the_byte_and_the_fix(tmp_path):
     path = tmp_path / "latin1.yaml"
     path.write_bytes("study: café\n".encode("latin-1"))
     refused(path, str(path), "byte 10 is not UTF-8 text", "save the file as UTF-8")
+
+
+def test_a_study_of_more_runs_than_the_limit_is_refused_before_any_row_is_built(monkeypatch):
+    """repeats: 1000000000 (a typo) was built row by row: Snakemake ran out of memory while it
+    parsed the workflow. Now the runs are counted first and the key is named."""
+    for path in (FULL, DEMO, ROOT / "config" / "cpu-scaling.yaml"):
+        layers = [DEMO, path] if path.name == "cpu-scaling.yaml" else [path]
+        cfg = studyconfig.load_layers(layers)
+        assert runs.run_count(cfg) == len(runs.build_run_table(cfg)) > 0, path
+    cfg = minimal(
+        strong={"enabled": True, "gpus": [1, 2, 4]},
+        precision={"enabled": True, "gpus": [1, 4], "precisions": ["fp32", "bf16"]},
+    )  # 7 requests; strong's fp32 run at 4 GPUs (local batch 256) is precision's too: 6 runs
+    cfg["hardware"]["device"] = "cuda"
+    cfg["repeats"] = 2
+    rows = runs.build_run_table(validated := load_and_validate(cfg))
+    assert len(rows) == runs.run_count(validated) == 12
+    built = []
+    monkeypatch.setattr(studyconfig, "build_run_table", lambda c: built.append(c) or [])
+    cfg["repeats"] = 10**9
+    refused(
+        cfg,
+        "config key 'repeats': value 1000000000 is not allowed: the study would have "
+        "6,000,000,000 training runs (one Slurm job each; 6 configurations x 1,000,000,000 "
+        "repeats), at most 10,000",
+    )
+    assert built == []
+    cfg["repeats"] = studyconfig.MAX_RUNS // 6  # at the limit: built and checked as before
+    load_and_validate(cfg)
+    assert len(built) == 1

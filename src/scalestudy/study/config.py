@@ -31,7 +31,7 @@ from jsonschema.exceptions import ValidationError
 from scalestudy import vocab
 from scalestudy.errors import StudyConfigError, TrainConfigError
 from scalestudy.study.profiling import config_problems
-from scalestudy.study.runs import build_run_table, run_problems
+from scalestudy.study.runs import build_run_table, run_count, run_problems
 from scalestudy.trainer.config import TrainConfig
 
 SCHEMA_RELPATH = Path("workflow") / "schemas" / "config.schema.yaml"
@@ -301,6 +301,10 @@ def step_graph_problems(config: dict) -> list[str]:
 
 # the config's paths: no shell expands them (a config string reaches a command quoted) and
 # Snakemake reads {braces} in a file name as wildcards
+# The most training runs a study may have. A guard against a typo, not a model of a cluster:
+# each run is one Slurm job, and Snakemake builds the DAG of all of them at every invocation.
+# Slurm's default MaxJobCount, the jobs slurmctld holds at once, is 10,000 too (slurm.conf(5)).
+MAX_RUNS = 10_000
 PATH_KEYS = ("data_dir", "checkpointing.dir", "container.image", "container.definition")
 
 
@@ -333,6 +337,17 @@ def semantic_problems(config: dict) -> list[str]:
         *_batch_problems(config),
         *proposal_problems(config["proposal"]),
     ]
+    if not problems and (runs := run_count(config)) > MAX_RUNS:
+        # built row by row, 10**9 repeats ran Snakemake out of memory while it parsed
+        problems.append(
+            _bad(
+                "repeats",
+                config["repeats"],
+                f"the study would have {runs:,} training runs (one Slurm job each; "
+                f"{runs // config['repeats']:,} configurations x {config['repeats']:,} repeats), "
+                f"at most {MAX_RUNS:,}: fewer repeats or sweep values",
+            )
+        )
     if not problems:
         rows = build_run_table(config)
         problems += run_problems(rows, *_train_size(config))

@@ -203,6 +203,13 @@ def _sort_key(row: dict):
     )
 
 
+def run_count(config: dict) -> int:
+    """How many rows build_run_table returns, counted without building them: the distinct
+    requested configurations (families merged) times the repeats."""
+    distinct = {(w, lb, p, bk) for _, w, lb, p, bk in _requests(config)}
+    return len(distinct) * config["repeats"]
+
+
 def build_run_table(config: dict) -> list[dict]:
     """Rows (dicts keyed by RUN_COLUMNS) of a validated config, defaults filled. Pure: no I/O.
 
