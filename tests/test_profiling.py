@@ -1322,11 +1322,26 @@ def test_a_profiled_run_never_replays_the_whole_step(cuda_graphs):
         (["profiling.gpus=[3]"], "profiling.gpus"),
         (["profiling.start_step=500"], "profiling.start_step"),
         (["profiling.tool=perf"], "profiling.tool"),
+        # what nsys would refuse, or a capture profile parse cannot read (no kernels or phases)
+        (["profiling.nsys_trace=abc"], 'profiling.nsys_trace\': value "abc"'),
+        (['profiling.nsys_trace=""'], 'profiling.nsys_trace\': value ""'),
+        (["profiling.nsys_trace=cuda, nvtx"], "comma-separated without spaces"),
+        (["profiling.nsys_trace=cuda,osrt"], "and nvtx (the trainer's phase ranges)"),
+        (["profiling.nsys_trace=nvtx,cudnn", "profiling.tool=auto"], "with cuda (the kernels"),
     ],
 )
 def test_bad_profiling_config_names_the_key(override, message):
-    with pytest.raises(StudyConfigError, match=message.replace(".", r"\.")):
+    with pytest.raises(StudyConfigError, match=re.escape(message)):
         load_and_validate(REPO / "config" / "demo.yaml", overrides=["dataset=synthetic", *override])
+
+
+def test_an_nsys_trace_with_cuda_and_nvtx_is_accepted_and_unread_by_the_torch_profiler():
+    demo = REPO / "config" / "demo.yaml"
+    for trace in ("cuda,nvtx", "nvtx,cuda-hw,cuda,python-gil"):
+        overrides = ["dataset=synthetic", f"profiling.nsys_trace={trace}"]
+        assert load_and_validate(demo, overrides=overrides)["profiling"]["nsys_trace"] == trace
+    overrides = ["dataset=synthetic", "profiling.tool=torch", "profiling.nsys_trace=abc"]
+    assert load_and_validate(demo, overrides=overrides)["profiling"]["nsys_trace"] == "abc"
 
 
 # --- real captures on CPU -----

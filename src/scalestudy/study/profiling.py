@@ -7,6 +7,7 @@ Pure functions of the study config and its run table (no torch): the workflow's 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 
 from scalestudy import vocab
@@ -132,6 +133,7 @@ def config_problems(config: dict, rows: list[dict]) -> list[str]:
             "config key 'profiling.ncu.enabled': value true is not allowed: Nsight Compute needs "
             'a GPU and hardware.device is "cpu"; use auto or false'
         )
+    problems += nsys_trace_problems(prof)
     problems += window_problems(config, rows)
     if not profiled_runs(config, rows):
         sizes = prof["gpus"] or sorted({1, config["hardware"]["gpus_per_node"]})
@@ -142,6 +144,30 @@ def config_problems(config: dict, rows: list[dict]) -> list[str]:
             "the families run, or set profiling.enabled: false"
         )
     return problems
+
+
+# what `scalestudy profile parse` reads of an nsys capture: the kernels (traced with cuda) and
+# the trainer's phase ranges (nvtx); without them a GPU capture job runs and its parse fails
+NSYS_TRACE_NEEDS = ("cuda", "nvtx")
+_NSYS_TRACE_WORD = re.compile(r"[a-z0-9][a-z0-9-]*")  # cuda, osrt, cuda-hw, python-gil
+
+
+def nsys_trace_problems(prof: dict) -> list[str]:
+    """profiling.nsys_trace (nsys profile --trace): comma-separated API words, with cuda and
+    nvtx; not read when profiling.tool is torch."""
+    text = prof["nsys_trace"]
+    words = text.split(",")
+    if prof["tool"] == "torch" or (
+        all(_NSYS_TRACE_WORD.fullmatch(w) for w in words)
+        and all(need in words for need in NSYS_TRACE_NEEDS)
+    ):
+        return []
+    return [
+        f"config key 'profiling.nsys_trace': value {json.dumps(text)} is not allowed: nsys "
+        "--trace APIs, comma-separated without spaces, with cuda (the kernels `scalestudy "
+        "profile parse` reads) and nvtx (the trainer's phase ranges), e.g. "
+        '"cuda,nvtx,osrt,cudnn,cublas"'
+    ]
 
 
 def window_problems(config: dict, rows: list[dict]) -> list[str]:
