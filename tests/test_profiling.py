@@ -967,6 +967,56 @@ def test_a_broken_trace_is_named(tmp_path, text, why):
         torch_ops.parse_torch(tmp_path, "g")
 
 
+@pytest.mark.parametrize(
+    "field, value, why",
+    [
+        ("count", float("inf"), "count is inf, not a whole number >= 1"),  # was a traceback
+        ("count", -1, "count is -1, not a whole number >= 1"),  # a row of -1 instances
+        ("count", 2.5, "count is 2.5, not a whole number >= 1"),  # read as 2
+        ("count", True, "count is True"),  # read as 1
+        ("self_device_us", -1, "self_device_us is -1, not a finite number >= 0"),
+        ("self_device_us", float("inf"), "self_device_us is inf"),  # round(inf): a traceback
+        ("self_device_us", [], "self_device_us is []"),  # read as 0
+        ("cpu_total_us", float("nan"), "cpu_total_us is nan"),  # round(nan): a traceback
+        ("user_annotation", "no", "user_annotation is 'no', not true or false"),  # read as true
+    ],
+)
+def test_an_export_entry_the_trainer_cannot_have_written_is_named(tmp_path, field, value, why):
+    """Each value became a wrong profile CSV row (a negative share or count) or a traceback."""
+    ops = [dict(op) for op in GPU_OPS]
+    ops[1][field] = value  # the bf16 kernel
+    (tmp_path / "torch_ops_rank0.json").write_text(json.dumps({"ops": ops}))
+    with pytest.raises(ProfileFormatError, match=re.escape(why)) as info:
+        torch_ops.parse_torch(tmp_path, "g")
+    assert "op 1: bad entry" in str(info.value) and str(info.value).endswith(torch_ops.RECAPTURE)
+    (tmp_path / "torch_ops_rank0.json").write_text(json.dumps({"ops": 1}))
+    with pytest.raises(ProfileFormatError, match="'ops' is 1, not a list"):
+        torch_ops.parse_torch(tmp_path, "g")  # was a TypeError traceback
+
+
+@pytest.mark.parametrize(
+    "cat, field, value",
+    [
+        ("kernel", "dur", float("nan")),  # was a traceback
+        ("kernel", "dur", -3.0),  # a negative projected phase time
+        ("cuda_runtime", "ts", float("inf")),
+        ("user_annotation", "dur", "abc"),
+    ],
+)
+def test_a_trace_event_without_a_finite_time_is_named(tmp_path, cat, field, value):
+    events = [dict(e) for e in TRACE_EVENTS]
+    event = next(e for e in events if e.get("cat") == cat and e.get("ph") == "X")
+    event[field] = value
+    (tmp_path / "torch_ops_rank0.json").write_text(json.dumps({"ops": GPU_OPS}))
+    (tmp_path / "trace_rank0.json").write_text(json.dumps({"traceEvents": events}))
+    with pytest.raises(ProfileFormatError, match=rf"bad event: '.*': {field} is {value!r}"):
+        torch_ops.parse_torch(tmp_path, "g")
+    # a trace without its event list was read as one without GPU operations (host times)
+    (tmp_path / "trace_rank0.json").write_text(json.dumps({"schemaVersion": 1}))
+    with pytest.raises(ProfileFormatError, match="traceEvents is None, not a list of events"):
+        torch_ops.parse_torch(tmp_path, "g")
+
+
 def test_a_cpu_run_never_reads_its_trace(tmp_path):
     """A CPU export (no device time) has nothing to project: the trace beside it, megabytes per
     rank in a study, is not read, so even a broken one does not matter; the host times."""

@@ -4,11 +4,15 @@ profile_kernels and profile_ranges rows (schemas: schema.py)."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from scalestudy.errors import ProfileFormatError
 from scalestudy.nsight import projection, schema
 from scalestudy.nsight.readers import rank_of, read_text
+
+
+RECAPTURE = "capture again with `scalestudy profile capture`"
 
 
 def parse_torch(input_path: str | Path, run: str) -> tuple[list[dict], list[dict]]:
@@ -63,27 +67,46 @@ def _ops(f: Path) -> list:
         raise ProfileFormatError(f, exc.lineno, f"malformed JSON ({exc.msg}); truncated?") from exc
     except (KeyError, TypeError) as exc:
         raise ProfileFormatError(f, None, "no 'ops' list (not a torch_ops export)") from exc
+    if not isinstance(ops, list):
+        raise ProfileFormatError(f, None, f"'ops' is {ops!r}, not a list (not a torch_ops export)")
     if not ops:
         raise ProfileFormatError(f, None, "no profiled ops: the window recorded nothing")
     return ops
 
 
+def measured(value, what: str, least: float | None = 0, whole: bool = False) -> float:
+    """A time or count of a profiler file: a finite JSON number, >= least unless least is None
+    (whole: an integer), else ValueError. A negative, infinite or NaN time became a negative
+    share or a traceback (round(nan)) in the profile CSVs; true counted as 1."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if not (ok and (least is None or value >= least) and (not whole or value == int(value))):
+        kind = "a whole number" if whole else "a finite number"
+        raise ValueError(
+            f"{what} is {value!r}, not {kind}{'' if least is None else f' >= {least}'}"
+        )
+    return value
+
+
 def _entry(f: Path, i: int, op) -> dict:
     """One export entry, checked; times in us."""
     try:
-        self_dev = float(op.get("self_device_us") or 0)
+        self_dev = op.get("self_device_us")
         device_type = str(op.get("device_type") or "").upper()
+        annotation = op.get("user_annotation", False)
+        if not isinstance(annotation, bool):
+            raise ValueError(f"user_annotation is {annotation!r}, not true or false")
         return {
             "name": str(op["name"]),
-            "count": int(op["count"]),
-            "self_cpu": float(op["self_cpu_us"]),
-            "cpu_total": float(op["cpu_total_us"]),
-            "self_dev": self_dev,
+            "count": int(measured(op["count"], "count", least=1, whole=True)),
+            "self_cpu": float(measured(op["self_cpu_us"], "self_cpu_us")),
+            "cpu_total": float(measured(op["cpu_total_us"], "cpu_total_us")),
+            # absent (None) from the entries of older exports that ran no device code
+            "self_dev": 0.0 if self_dev is None else float(measured(self_dev, "self_device_us")),
             "cuda": device_type in ("CUDA", "DEVICETYPE.CUDA"),
-            "annotation": bool(op.get("user_annotation", False)),
+            "annotation": annotation,
         }
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise ProfileFormatError(f, None, f"op {i}: bad entry {op!r} ({exc})") from exc
+        raise ProfileFormatError(f, None, f"op {i}: bad entry {op!r} ({exc}); {RECAPTURE}") from exc
 
 
 def _kernels(ops: list[dict], on_gpu: bool) -> list[dict]:
@@ -116,7 +139,7 @@ def _trace_phases_beside(f: Path) -> list[dict]:
         ) from exc
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ProfileFormatError(
-            trace, None, f"not a torch.profiler chrome trace (bad event: {exc!r})"
+            trace, None, f"not a torch.profiler chrome trace (bad event: {exc}); {RECAPTURE}"
         ) from exc
 
 
@@ -155,8 +178,14 @@ def trace_phases(doc: dict) -> list[dict]:
     hold only the operations whose innermost open annotation on their own thread was the
     range; on the H100 and H200 they missed DDP's forward (nested DistributedDataParallel.forward),
     most of the backward and the whole optimizer (Optimizer.step#SGD.step)."""
-    raw = doc if isinstance(doc, list) else doc.get("traceEvents", [])  # both chrome forms
+    raw = doc if isinstance(doc, list) else doc.get("traceEvents")  # both chrome forms
+    if not isinstance(raw, list):
+        raise ValueError(f"traceEvents is {raw!r}, not a list of events")
     events = [e for e in raw if isinstance(e, dict) and e.get("ph") == "X"]
+    for e in events:  # complete events: a start and a duration, in us
+        if e.get("cat") in GPU_CATEGORIES | LAUNCH_CATEGORIES or e.get("cat") == "user_annotation":
+            measured(e.get("ts"), f"{e.get('name')!r}: ts", least=None)
+            measured(e.get("dur"), f"{e.get('name')!r}: dur")
     gpu: dict[object, list[tuple[float, float]]] = {}
     for e in events:
         if e.get("cat") in GPU_CATEGORIES:
