@@ -11,7 +11,6 @@ from scalestudy.errors import ProfileFormatError
 from scalestudy.nsight import projection, schema
 from scalestudy.nsight.readers import rank_of, read_text
 
-
 RECAPTURE = "capture again with `scalestudy profile capture`"
 
 
