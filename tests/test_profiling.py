@@ -668,6 +668,29 @@ def test_an_ncu_duration_without_a_unit_is_an_error(tmp_path):
         ncu.parse_ncu(f, "r")
 
 
+@pytest.mark.parametrize(
+    "metric, value, says",
+    [
+        ("gpu__time_duration.sum", "-5", "not a finite number > 0"),  # a negative duration
+        ("gpu__time_duration.sum", "0", "not a finite number > 0"),  # a rate of None
+        ("gpu__time_duration.sum", "1e400", "not a finite number > 0"),  # float: inf
+        ("sm__warps_active.avg.pct_of_peak_sustained_active", "-5", ">= 0"),
+        ("sm__ops_path_tensor_src_bf16_dst_fp32.sum", "-5", ">= 0"),  # negative FLOP/s
+        ("smsp__sass_thread_inst_executed_op_ffma_pred_on.sum", "1e400", ">= 0"),  # inf FLOP/s
+    ],
+)
+def test_an_ncu_value_no_kernel_can_have_is_named(tmp_path, metric, value, says):
+    rows = [("0", "k", "gpu__time_duration.sum", "nsecond", "2000")]
+    rows += [("0", "k", "sm__warps_active.avg.pct_of_peak_sustained_active", "%", "42.5")]
+    assert ncu.parse_ncu(_ncu_csv(tmp_path / "good.csv", rows), "r")[0]["duration_ns"] == 2000
+    rows = [r for r in rows if r[2] != metric] + [("0", "k", metric, "nsecond", value)]
+    with pytest.raises(ProfileFormatError, match=rf"line \d: {re.escape(metric)}: '{value}' is"):
+        ncu.parse_ncu(_ncu_csv(tmp_path / "ncu.csv", rows), "r")
+    # a metric the parser does not read keeps whatever value ncu gave it
+    rows = rows[:-1] + [("0", "k", metric, "nsecond", "2000"), ("0", "k", "other", "", "-5")]
+    assert ncu.parse_ncu(_ncu_csv(tmp_path / "other.csv", rows), "r")
+
+
 def test_ncu_rows_carry_the_kernels_csv_name(tmp_path):
     # ncu's demangler may spell the name differently from nsys: the pass's target name wins
     f = _ncu_csv(

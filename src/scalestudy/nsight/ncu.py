@@ -7,6 +7,7 @@ rows, trailing commas, labels that changed between versions and metric names ins
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -34,6 +35,10 @@ _SASS = re.compile(r"^smsp?__sass_thread_inst_executed_op_([hfd])(add|mul|fma)_p
 # (sm__ops_path_tensor_src_fp16.sum) and the _sparsity_on/_off breakdowns count the same
 # operations again. jobs/profile.py requests exactly these.
 TENSOR_METRIC = re.compile(r"^sm__ops_path_tensor_src_[a-z0-9]+_dst_[a-z0-9]+\.sum$")
+
+
+_NCU_NAMED = frozenset((*_NCU_DURATION, *_NCU_OCCUPANCY, *_NCU_DRAM, *_NCU_SM))
+REPROFILE = "not as ncu writes it: profile again with `scalestudy profile ncu`"
 
 
 def _is_ncu_header(cells: list[str]) -> bool:
@@ -79,12 +84,20 @@ def parse_ncu(path: str | Path, run: str, kernel: str | None = None) -> list[dic
         raw = cells[j_value].strip()
         unit = cells[j_unit].strip() if j_unit is not None else ""
         key = (cells[j_id] if j_id is not None else "", cells[j_kernel].strip())
+        used = metric in _NCU_NAMED or bool(_SASS.match(metric) or TENSOR_METRIC.match(metric))
         try:
             value, suffix = parse_number(raw)
         except ValueError:
-            if metric in (*_NCU_DURATION, *_NCU_OCCUPANCY, *_NCU_DRAM, *_NCU_SM):
+            if used:
                 raise ProfileFormatError(path, line, f"{metric}: {raw!r} is not a number") from None
             continue  # text-valued metrics (e.g. "Cache Control") are not needed
+        # a negative or overflowing (1e400) value became a negative or infinite duration, rate
+        # or percentage in profile_ncu.csv; a kernel of 0 ns a rate of None
+        least = "> 0" if metric in _NCU_DURATION else ">= 0"
+        if used and not (math.isfinite(value) and (value > 0 if least == "> 0" else value >= 0)):
+            raise ProfileFormatError(
+                path, line, f"{metric}: {raw!r} is not a finite number {least}; {REPROFILE}"
+            )
         launches.setdefault(key, {})[metric] = (value, unit or suffix, line)
     if not launches:
         raise ProfileFormatError(path, None, "no metric rows (did ncu profile any kernel?)")
