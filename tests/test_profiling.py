@@ -449,6 +449,35 @@ def test_single_stats_file_is_accepted():
     assert {r["rank"] for r in kernels} == {1} and len(kernels) == 11
 
 
+@pytest.mark.parametrize(
+    "report, column, value, says",
+    [
+        ("cuda_gpu_kern_sum", "Total Time (ns)", "-5", "is not a finite time >= 0"),
+        ("cuda_gpu_kern_sum", "Total Time (ns)", "1e400", "is not a finite time >= 0"),
+        ("cuda_gpu_kern_sum", "Instances", "0", "is not a whole number >= 1"),
+        ("cuda_gpu_kern_sum", "Instances", "2.5", "is not a whole number >= 1"),  # read as 2
+        ("nvtx_gpu_proj_sum", "Total Proj Time (ns)", "-5", "is not a finite time >= 0"),
+        ("nvtx_gpu_proj_sum", "Range Instances", "1e400", "is not a whole number >= 1"),
+    ],
+)
+def test_an_nsys_stats_cell_no_capture_can_have_is_named(tmp_path, report, column, value, says):
+    """A negative time or count was a negative share or count in the profile CSVs; 1e400 (inf)
+    a traceback."""
+    path = tmp_path / f"nsys_rank0_{report}.csv"
+    rows = list(csv.reader((FIX / "nsys-2024.5" / path.name).read_text().splitlines()))
+    top = next(i for i, row in enumerate(rows) if column in row)  # lines above: nsys's notices
+    rows[top + 1][rows[top].index(column)] = value
+    with path.open("w", newline="") as f:
+        csv.writer(f).writerows(rows)
+    line = top + 2
+    with pytest.raises(
+        ProfileFormatError, match=rf"{path.name}, line {line}: {re.escape(column)} "
+    ):
+        nsys.read_nsys_table(path)
+    with pytest.raises(ProfileFormatError, match=re.escape(f"{value!r} {says}")):
+        nsys.read_nsys_table(path)
+
+
 def test_truncated_nsys_file_names_file_and_line(tmp_path):
     bad = FIX / "broken" / "nsys_rank0_cuda_gpu_kern_sum.csv"
     with pytest.raises(ProfileFormatError, match=r"nsys_rank0_cuda_gpu_kern_sum\.csv, line 10"):

@@ -23,6 +23,7 @@ Avg/Med/Min/Max/StdDev, Total GPU Ops, Avg GPU Ops, Avg Range Lvl, Avg Num Child
 from __future__ import annotations
 
 import contextlib
+import math
 import sqlite3
 from pathlib import Path
 
@@ -87,6 +88,16 @@ def read_nsys_table(path: str | Path) -> tuple[str, list[dict]]:
             count = parse_number(cells[j_count])[0]
         except ValueError as exc:
             raise ProfileFormatError(path, line, str(exc)) from exc
+        # a negative time or count became a negative share or count in the profile CSVs, an
+        # overflowing one (1e400: inf) a traceback
+        if not (math.isfinite(total) and total >= 0):
+            raise ProfileFormatError(
+                path, line, f"{header[j_time]} {cells[j_time]!r} is not a finite time >= 0"
+            )
+        if not (math.isfinite(count) and count >= 1 and count == int(count)):
+            raise ProfileFormatError(
+                path, line, f"{header[j_count]} {cells[j_count]!r} is not a whole number >= 1"
+            )
         name = cells[j_name].strip()
         if not name:
             raise ProfileFormatError(path, line, "empty name")
