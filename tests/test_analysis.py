@@ -256,8 +256,24 @@ def test_profile_shares_of_rank_zero_and_bad_category(tmp_path):
     bad = tmp_path / "p.csv"
     text = (FIXTURES / "profile_kernels.csv").read_text().replace(",memcpy,", ",copies,")
     bad.write_text(text)
-    with pytest.raises(AnalysisError, match="unknown category 'copies'"):
+    with pytest.raises(AnalysisError, match=r"p\.csv, line \d+: category 'copies' .* is not one"):
         analysis.profile_shares(bad)
+    # edited cells were a ValueError traceback (words) or a negative share
+    good = (FIXTURES / "profile_kernels.csv").read_text().splitlines()
+    header, first = good[0].split(","), good[1].split(",")
+    for column, value, why in [
+        ("rank", "abc", "not a whole number >= 0"),
+        ("total_ns", "", "blank, and this column is always filled"),
+        ("total_ns", "-5", "not a finite number >= 0"),
+        ("total_ns", "inf", "not a finite number >= 0"),
+        ("share", "1.5", "not a number in [0, 1]"),
+    ]:
+        row = dict(zip(header, first, strict=True)) | {column: value}
+        bad.write_text("\n".join([good[0], ",".join(row.values()), *good[2:]]) + "\n")
+        with pytest.raises(
+            AnalysisError, match=rf"line 2: {column} '{value}' .* is {re.escape(why)}; delete"
+        ):
+            analysis.profile_shares(bad)
 
 
 def test_missing_input_names_the_file_and_command(tmp_path):

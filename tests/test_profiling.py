@@ -579,6 +579,41 @@ def test_merge_joins_runs_and_refuses_a_run_given_twice(tmp_path, capsys):
         assert not out.exists()
 
 
+@pytest.mark.parametrize(
+    "columns, column, value, why",
+    [
+        (schema.KERNEL_COLUMNS, "total_ns", "abc", "not a finite number >= 0"),
+        (schema.KERNEL_COLUMNS, "total_ns", "-5", "not a finite number >= 0"),  # a share < 0
+        (schema.KERNEL_COLUMNS, "rank", "1.5", "not a whole number >= 0"),
+        (schema.KERNEL_COLUMNS, "instances", "", "blank, and this column is always filled"),
+        (schema.KERNEL_COLUMNS, "category", "copies", "not one of conv, batchnorm"),
+        (schema.RANGE_COLUMNS, "time_base", "gpu", "not one of gpu_projection"),
+        (schema.RANGE_COLUMNS, "share", "2", "not a number in [0, 1]"),
+        (schema.NCU_COLUMNS, "duration_ns", "inf", "not a finite number >= 0"),
+        (schema.NCU_COLUMNS, "launches", "0", "not a whole number >= 1"),
+    ],
+)
+def test_a_profile_csv_cell_the_parser_cannot_have_written_is_refused(
+    tmp_path, columns, column, value, why
+):
+    """A per-run kernels.csv edited by hand was merged as it was, and `scalestudy analyze`
+    then ended in a ValueError traceback (a word) or drew a negative share."""
+    good = {
+        "run": "w1", "rank": "0", "tool": "nsys", "kernel": "k", "category": "conv",
+        "range": "forward", "time_base": "gpu_projection", "instances": "3",
+        "total_ns": "1000", "share": "1", "launches": "3", "duration_ns": "2000",
+    }  # fmt: skip
+    row = {c: good.get(c, "") for c in columns}  # the ncu rates: blank where ncu gave none
+    path = tmp_path / "w1.csv"
+    path.write_text(schema.csv_text(columns, [row]))
+    assert schema.read_csv(path, columns) == [row]
+    path.write_text(schema.csv_text(columns, [row | {column: value}]))
+    with pytest.raises(ProfileFormatError, match=rf"w1\.csv, line 2: {column} '{value}' is"):
+        schema.read_csv(path, columns)
+    with pytest.raises(ProfileFormatError, match=re.escape(why)):
+        schema.merge_csvs([path], columns)
+
+
 def test_cli_parse_ncu_writes_the_ncu_schema(tmp_path):
     out = tmp_path / "n.csv"
     args = _profile_parse("--ncu", str(FIX / "ncu-2022.4"), "--run", "old", "--out-ncu", str(out))

@@ -596,3 +596,12 @@ def test_symbols_pdflatex_cannot_read_are_set_as_math(tmp_path):
         "\\ensuremath{-} 1 \\ensuremath{\\approx} 3 \\ensuremath{\\rightarrow} ok, 50\\% \\& Zürich"
     )
     _build_with_the_papers_fonts(tmp_path, text)
+
+
+def test_a_cell_reading_as_infinity_is_no_number_of_a_document():
+    """A text cell "inf" (a run or tool so named) or an infinite number read as float('inf'):
+    fmt_num's int(x) raised OverflowError in the honesty check of every render."""
+    tables = {"profile_shares": [{"run": "inf", "tool": "-Infinity", "share": "0.25"}]}
+    allowed = report.allowed_numbers(tables)
+    assert "25.0" in allowed and "0.25" in allowed  # the share, raw and as a percentage
+    assert [f("inf") for f in report.FORMATS.values()] == ["n/a"] * len(report.FORMATS)

@@ -185,8 +185,43 @@ def csv_text(columns: tuple[str, ...], rows: Iterable[dict]) -> str:
     return files.csv_text(columns, rows, cell)
 
 
+# what each cell of the profile CSVs holds (kernel_rows, range_rows, ncu.parse_ncu): a word of
+# a vocabulary, a whole number >= its least, a number in [least, most] (blank only where
+# OPTIONAL); anything else is a file this module did not write
+WORDS = {"category": CATEGORIES, "range": RANGES, "time_base": TIME_BASES}
+WHOLE = {"rank": 0, "instances": 1, "launches": 1}
+BOUNDS = {"total_ns": (0, math.inf), "share": (0, 1), "duration_ns": (0, math.inf)}
+OPTIONAL = NCU_COLUMNS[4:]  # None where ncu gave no value (a kernel without tensor paths)
+BOUNDS.update({c: (0, math.inf) for c in OPTIONAL})
+
+
+def cell_problem(column: str, text: str) -> str | None:
+    """Why `text` cannot be a cell of `column` in a profile CSV (None when it can)."""
+    if column in WORDS:
+        allowed = WORDS[column]
+        return None if text in allowed else f"not one of {', '.join(allowed)}"
+    if column not in WHOLE and column not in BOUNDS:
+        return None  # run, tool, kernel: names
+    x = files.number_or_nan(text)
+    if x is None:
+        return None if column in OPTIONAL else "blank, and this column is always filled"
+    if column in WHOLE:
+        return (
+            None if files.is_count(x, WHOLE[column]) else f"not a whole number >= {WHOLE[column]}"
+        )
+    least, most = BOUNDS[column]
+    if not (math.isfinite(x) and least <= x <= most):
+        return (
+            f"not a number in [{least}, {most}]"
+            if most < math.inf
+            else f"not a finite number >= {least}"
+        )
+    return None
+
+
 def read_csv(path: str | Path, columns: tuple[str, ...]) -> list[dict]:
-    """A CSV this module wrote; its header must be `columns`."""
+    """A CSV this module wrote; its header must be `columns`, its cells as cell_problem
+    allows (an edited cell became a traceback or a negative share in `scalestudy analyze`)."""
     path = Path(path)
     text = read_text(path)
     reader = csv.reader(io.StringIO(text))
@@ -199,7 +234,16 @@ def read_csv(path: str | Path, columns: tuple[str, ...]) -> list[dict]:
             raise ProfileFormatError(
                 path, reader.line_num, f"{len(cells)} cells, not {len(columns)}"
             )
-        rows.append(dict(zip(columns, cells, strict=True)))
+        row = dict(zip(columns, cells, strict=True))
+        for column, text in row.items():
+            if why := cell_problem(column, text):
+                raise ProfileFormatError(
+                    path,
+                    reader.line_num,
+                    f"{column} {text!r} is {why}: not written by `scalestudy profile`; delete "
+                    "it and run snakemake again (it parses the capture again)",
+                )
+        rows.append(row)
     return rows
 
 

@@ -81,7 +81,7 @@ from pathlib import Path
 
 from scalestudy import files, log, vocab
 from scalestudy.errors import AnalysisError
-from scalestudy.nsight.schema import CATEGORIES, KERNEL_COLUMNS
+from scalestudy.nsight.schema import CATEGORIES, KERNEL_COLUMNS, cell_problem
 from scalestudy.study import estimate
 
 logger = log.get(__name__)
@@ -824,12 +824,15 @@ def profile_shares(path: str | Path) -> list[dict]:
             raise AnalysisError(f"{path} lacks the columns {missing}; expected {PROFILE_COLUMNS}")
     totals: dict[tuple, float] = defaultdict(float)
     first_rank: dict[tuple, int] = {}
-    for r in rows:
-        if r["category"] not in PROFILE_CATEGORIES:
-            raise AnalysisError(
-                f"{path}: unknown category {r['category']!r} (kernel {r['kernel']!r}); "
-                f"allowed: {', '.join(PROFILE_CATEGORIES)}"
-            )
+    for line, r in enumerate(rows, start=2):  # line 1 is the header
+        for column in PROFILE_COLUMNS:
+            # the per-run CSVs are checked when merged; this one, edited since, was a ValueError
+            # traceback (a word as rank or total_ns) or a negative share
+            if why := cell_problem(column, r[column]):
+                raise AnalysisError(
+                    f"{path}, line {line}: {column} {r[column]!r} (kernel {r['kernel']!r}) is "
+                    f"{why}; delete it and run `snakemake {path}`"
+                )
         key = (r["run"], r["tool"])
         first_rank[key] = min(first_rank.get(key, int(r["rank"])), int(r["rank"]))
     for r in rows:

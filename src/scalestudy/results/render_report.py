@@ -56,11 +56,13 @@ NUMBER = re.compile(r"(?<![\w.])[-+]?\d+(?:\.\d+)*(?:e[-+]\d+)?(?!\w)")
 
 
 def _float(value) -> float | None:
+    """A cell as a finite float; None for a blank, a word, NaN or infinity (inf was an
+    OverflowError in fmt_num's int(x))."""
     try:
         x = float(value)
     except (TypeError, ValueError):
         return None
-    return None if math.isnan(x) else x
+    return x if math.isfinite(x) else None
 
 
 def fmt_num(value) -> str:
