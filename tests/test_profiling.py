@@ -587,6 +587,7 @@ def test_merge_joins_runs_and_refuses_a_run_given_twice(tmp_path, capsys):
         (schema.KERNEL_COLUMNS, "rank", "1.5", "not a whole number >= 0"),
         (schema.KERNEL_COLUMNS, "instances", "", "blank, and this column is always filled"),
         (schema.KERNEL_COLUMNS, "category", "copies", "not one of conv, batchnorm"),
+        (schema.KERNEL_COLUMNS, "run", " ", "blank"),  # refused by the plot, naming analyze
         (schema.RANGE_COLUMNS, "time_base", "gpu", "not one of gpu_projection"),
         (schema.RANGE_COLUMNS, "share", "2", "not a number in [0, 1]"),
         (schema.NCU_COLUMNS, "duration_ns", "inf", "not a finite number >= 0"),

@@ -200,8 +200,8 @@ def cell_problem(column: str, text: str) -> str | None:
     if column in WORDS:
         allowed = WORDS[column]
         return None if text in allowed else f"not one of {', '.join(allowed)}"
-    if column not in WHOLE and column not in BOUNDS:
-        return None  # run, tool, kernel: names
+    if column not in WHOLE and column not in BOUNDS:  # run, tool, kernel: names
+        return None if text.strip() else "blank, and this column is always filled"
     x = files.number_or_nan(text)
     if x is None:
         return None if column in OPTIONAL else "blank, and this column is always filled"
