@@ -364,6 +364,15 @@ def test_an_old_export_and_exports_without_what_is_projected(tmp_path):
     )
     with pytest.raises(ProfileFormatError, match=r"two\.sqlite: phase ranges of 2 processes"):
         nsys.export_phases(write_export(tmp_path / "two.sqlite", two))
+    # a GPU operation or a phase that ends before it starts: a negative time in the phase's sum
+    for row, bad, table in [
+        ("(1000080000, 1000150000, 0, 1, 7, 2,", "(1000080000, 1000070000, 0, 1, 7, 2,", "KERNEL"),
+        ("(1000000000, 1000050000, 59,", "(1000000000, 'late', 59,", "NVTX_EVENTS (data)"),
+    ]:
+        assert row in sql
+        db = write_export(tmp_path / f"{table[:6]}.sqlite", sql.replace(row, bad, 1))
+        with pytest.raises(ProfileFormatError, match=rf"{re.escape(table)}: a row from 1000"):
+            nsys.export_phases(db)
     # not a SQLite file: one line naming it and what makes it
     junk = tmp_path / "nsys_rank0.sqlite"
     junk.write_text("not a database")

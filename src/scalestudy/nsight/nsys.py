@@ -251,6 +251,16 @@ def _columns(con: sqlite3.Connection, table: str) -> set[str]:
     return {row[1] for row in con.execute(f"PRAGMA table_info({table})")}
 
 
+def _check_span(path: Path, table: str, start, end) -> None:
+    """A row's start and end (ns): integers, the end not before the start; else the projection
+    summed a negative or meaningless time into the phase."""
+    if not (isinstance(start, int) and isinstance(end, int) and end >= start):
+        raise ProfileFormatError(
+            path, None, f"{table}: a row from {start!r} to {end!r} ns, not an interval; export "
+            "the report again with `nsys export --type sqlite`"
+        )  # fmt: skip
+
+
 def _export_phases(con: sqlite3.Connection, path: Path) -> list[dict]:
     tables = {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     op_tables = [t for t in GPU_OP_TABLES if t in tables]
@@ -265,6 +275,7 @@ def _export_phases(con: sqlite3.Connection, path: Path) -> list[dict]:
         for start, end, corr, gpid in con.execute(
             f"SELECT start, end, correlationId, {pid} FROM {table} WHERE end IS NOT NULL"
         ):
+            _check_span(path, table, start, end)
             ops.setdefault((gpid, corr), []).append((start, end))
     if not ops:
         return []
@@ -278,6 +289,7 @@ def _export_phases(con: sqlite3.Connection, path: Path) -> list[dict]:
         f"WHERE e.eventType IN ({types}) AND e.end IS NOT NULL"
     ):
         if text in schema.RANGES:  # the export keeps the domain apart: no prefix to strip
+            _check_span(path, f"NVTX_EVENTS ({text})", start, end)
             ranges.append((text, start, end))
             processes.add(gtid & mask)
     if len(processes) > 1:
