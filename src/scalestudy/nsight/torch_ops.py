@@ -159,6 +159,8 @@ def _phases(ops: list[dict], projected: list[dict]) -> tuple[list[dict], str]:
 # carry the correlation id of what they launched, and the GPU operations
 LAUNCH_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver"})
 GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+# the events trace_phases reads a start and a duration of: GPU operations, launches, ranges
+TIMED_CATEGORIES = GPU_CATEGORIES | LAUNCH_CATEGORIES | {"user_annotation"}
 
 
 def correlation(event: dict):
@@ -182,7 +184,7 @@ def trace_phases(doc: dict) -> list[dict]:
         raise ValueError(f"traceEvents is {raw!r}, not a list of events")
     events = [e for e in raw if isinstance(e, dict) and e.get("ph") == "X"]
     for e in events:  # complete events: a start and a duration, in us
-        if e.get("cat") in GPU_CATEGORIES | LAUNCH_CATEGORIES or e.get("cat") == "user_annotation":
+        if e.get("cat") in TIMED_CATEGORIES:
             measured(e.get("ts"), f"{e.get('name')!r}: ts", least=None)
             measured(e.get("dur"), f"{e.get('name')!r}: dur")
     gpu: dict[object, list[tuple[float, float]]] = {}

@@ -299,12 +299,12 @@ def step_graph_problems(config: dict) -> list[str]:
     return problems
 
 
-# the config's paths: no shell expands them (a config string reaches a command quoted) and
-# Snakemake reads {braces} in a file name as wildcards
 # The most training runs a study may have. A guard against a typo, not a model of a cluster:
 # each run is one Slurm job, and Snakemake builds the DAG of all of them at every invocation.
 # Slurm's default MaxJobCount, the jobs slurmctld holds at once, is 10,000 too (slurm.conf(5)).
 MAX_RUNS = 10_000
+# the config's paths: no shell expands them (a config string reaches a command quoted) and
+# Snakemake reads {braces} in a file name as wildcards
 PATH_KEYS = ("data_dir", "checkpointing.dir", "container.image", "container.definition")
 
 

@@ -147,7 +147,8 @@ def config_problems(config: dict, rows: list[dict]) -> list[str]:
 
 
 # what `scalestudy profile parse` reads of an nsys capture: the kernels (traced with cuda) and
-# the trainer's phase ranges (nvtx); without them a GPU capture job runs and its parse fails
+# the trainer's phase ranges (nvtx); without cuda the parse of the GPU job's capture fails (no
+# kernels), without nvtx the report has no phase breakdown
 NSYS_TRACE_NEEDS = ("cuda", "nvtx")
 _NSYS_TRACE_WORD = re.compile(r"[a-z0-9][a-z0-9-]*")  # cuda, osrt, cuda-hw, python-gil
 
