@@ -93,8 +93,9 @@ def parse_ncu(path: str | Path, run: str, kernel: str | None = None) -> list[dic
             continue  # text-valued metrics (e.g. "Cache Control") are not needed
         # a negative or overflowing (1e400) value became a negative or infinite duration, rate
         # or percentage in profile_ncu.csv; a kernel of 0 ns a rate of None
-        least = "> 0" if metric in _NCU_DURATION else ">= 0"
-        if used and not (math.isfinite(value) and (value > 0 if least == "> 0" else value >= 0)):
+        positive = metric in _NCU_DURATION
+        if used and not (math.isfinite(value) and (value > 0 if positive else value >= 0)):
+            least = "> 0" if positive else ">= 0"
             raise ProfileFormatError(
                 path, line, f"{metric}: {raw!r} is not a finite number {least}; {REPROFILE}"
             )

@@ -27,6 +27,7 @@ import math
 import sqlite3
 from pathlib import Path
 
+from scalestudy import files
 from scalestudy.errors import ProfileFormatError
 from scalestudy.nsight import projection, schema
 from scalestudy.nsight.readers import (
@@ -94,7 +95,7 @@ def read_nsys_table(path: str | Path) -> tuple[str, list[dict]]:
             raise ProfileFormatError(
                 path, line, f"{header[j_time]} {cells[j_time]!r} is not a finite time >= 0"
             )
-        if not (math.isfinite(count) and count >= 1 and count == int(count)):
+        if not files.is_count(count, 1):
             raise ProfileFormatError(
                 path, line, f"{header[j_count]} {cells[j_count]!r} is not a whole number >= 1"
             )
@@ -124,8 +125,8 @@ def nsys_stats_files(input_path: str | Path) -> list[Path]:
     """A stats CSV, or every *.csv under a report directory (sorted)."""
     p = Path(input_path)
     if p.is_dir():
-        files = sorted(p.glob("*.csv"))
-        if not files:
+        found = sorted(p.glob("*.csv"))
+        if not found:
             raise ProfileFormatError(
                 p,
                 None,
@@ -133,7 +134,7 @@ def nsys_stats_files(input_path: str | Path) -> list[Path]:
                 "--report cuda_gpu_mem_time_sum --report nvtx_sum --format csv --output "
                 "<dir>/nsys_rank<r> <report>.nsys-rep` (or `scalestudy profile capture`)",
             )
-        return files
+        return found
     if not p.exists():
         raise ProfileFormatError(p, None, "no such file (made by `scalestudy profile capture`)")
     return [p]
