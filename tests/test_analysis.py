@@ -263,10 +263,11 @@ def test_profile_shares_of_rank_zero_and_bad_category(tmp_path):
     header, first = good[0].split(","), good[1].split(",")
     for column, value, why in [
         ("rank", "abc", "not a whole number >= 0"),
+        ("rank", "0.0", "not a whole number >= 0"),  # re-saved: was int()'s ValueError
         ("total_ns", "", "blank, and this column is always filled"),
-        ("total_ns", "-5", "not a finite number >= 0"),
-        ("total_ns", "inf", "not a finite number >= 0"),
-        ("share", "1.5", "not a number in [0, 1]"),
+        ("total_ns", "-5", "not a number >= 0"),
+        ("total_ns", "inf", "not a number >= 0"),
+        ("share", "1.5", "not a fraction in [0, 1]"),
     ]:
         row = dict(zip(header, first, strict=True)) | {column: value}
         bad.write_text("\n".join([good[0], ",".join(row.values()), *good[2:]]) + "\n")
@@ -869,6 +870,7 @@ def test_collect_refuses_an_epochs_csv_the_trainer_did_not_write(tmp_path):
         ({"lr": "nan"}, 1, "lr is 'nan', not a number >= 0"),
         ({"epoch": "1"}, 1, "epoch is '1', not 2 (the row's place)"),
         ({"epoch": "x"}, 0, "epoch is 'x', not 1 (the row's place)"),
+        ({"epoch": "2.0"}, 1, "epoch is '2.0', not 2 (the row's place)"),  # the trainer's int
     ]
     for change, index, says in cases:
         rows = [dict(r, **change) if i == index else r for i, r in enumerate(good)]

@@ -252,6 +252,7 @@ def test_measured_runs_are_read_with_wall_times_and_damage_is_refused(tmp_path):
         ("throughput_img_s", "", "a finite number"),
         ("throughput_img_s", "inf", "a finite number"),
         ("world_size", "1.5", "a whole number >= 1"),  # once: calibrated as 1 rank
+        ("world_size", "2.0", "a whole number >= 1"),  # collect writes digits
         ("nodes", "0", "a whole number >= 1"),
         ("limit_train", "-1", "a whole number >= 0"),
     ]:

@@ -591,15 +591,18 @@ def test_merge_joins_runs_and_refuses_a_run_given_twice(tmp_path, capsys):
 @pytest.mark.parametrize(
     "columns, column, value, why",
     [
-        (schema.KERNEL_COLUMNS, "total_ns", "abc", "not a finite number >= 0"),
-        (schema.KERNEL_COLUMNS, "total_ns", "-5", "not a finite number >= 0"),  # a share < 0
+        (schema.KERNEL_COLUMNS, "total_ns", "abc", "not a number >= 0"),
+        (schema.KERNEL_COLUMNS, "total_ns", "-5", "not a number >= 0"),  # a share < 0
         (schema.KERNEL_COLUMNS, "rank", "1.5", "not a whole number >= 0"),
+        # re-saved as floats: the ncu job's int() of them was a ValueError traceback
+        (schema.KERNEL_COLUMNS, "instances", "3.0", "not a whole number >= 1"),
+        (schema.KERNEL_COLUMNS, "rank", "0.0", "not a whole number >= 0"),
         (schema.KERNEL_COLUMNS, "instances", "", "blank, and this column is always filled"),
         (schema.KERNEL_COLUMNS, "category", "copies", "not one of conv, batchnorm"),
         (schema.KERNEL_COLUMNS, "run", " ", "blank"),  # refused by the plot, naming analyze
         (schema.RANGE_COLUMNS, "time_base", "gpu", "not one of gpu_projection"),
-        (schema.RANGE_COLUMNS, "share", "2", "not a number in [0, 1]"),
-        (schema.NCU_COLUMNS, "duration_ns", "inf", "not a finite number >= 0"),
+        (schema.RANGE_COLUMNS, "share", "2", "not a fraction in [0, 1]"),
+        (schema.NCU_COLUMNS, "duration_ns", "inf", "not a number >= 0"),
         (schema.NCU_COLUMNS, "launches", "0", "not a whole number >= 1"),
     ],
 )

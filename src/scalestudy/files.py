@@ -23,6 +23,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -197,6 +198,50 @@ def is_count(x: float | None, least: int = 1) -> bool:
     """x (a cell read by `number`) is a finite whole number >= least: a count of ranks, nodes,
     images or a repeat index."""
     return x is not None and math.isfinite(x) and x >= least and x == int(x)
+
+
+@dataclass(frozen=True)
+class Cell:
+    """What a column of a CSV that scalestudy writes holds, for the readers that check a file
+    before they compute from it (collect's epochs.csv, analyze's runs.csv, the plan's runs.csv,
+    the profile CSVs). `holds(text)` is False for a cell the writer never writes, and each
+    reader names the file, row, column, the cell, `what` and its fix. A word is NaN here,
+    which every range refuses; infinity is outside every range."""
+
+    what: str  # how a message says it: "a whole number >= 1"
+    least: float = -math.inf
+    most: float = math.inf
+    above: bool = False  # > least, not >= (a time or rate that something is divided by)
+    whole: bool = False  # digits only: a re-saved "2.0" passes is_count, then fails int()
+    blank: bool = False  # blank allowed: not measured
+
+    def holds(self, text: Any) -> bool:
+        x = number_or_nan(text)
+        if x is None:
+            return self.blank
+        if self.whole:
+            return is_count(x, int(self.least)) and str(text).strip().isdecimal()
+        return (
+            math.isfinite(x)
+            and (x > self.least if self.above else x >= self.least)
+            and (x <= self.most)
+        )
+
+    def or_blank(self) -> Cell:
+        """The same, or blank where the run did not measure it."""
+        return replace(self, blank=True)
+
+
+def count(least: int) -> Cell:
+    """A count of ranks, nodes, images or instances (least 1), or an index (least 0)."""
+    return Cell(f"a whole number >= {least}", least, whole=True)
+
+
+NUMBER = Cell("a finite number")
+POSITIVE = Cell("a number > 0", 0, above=True)  # a time or rate divided by
+NON_NEGATIVE = Cell("a number >= 0", 0)  # a time summed, a loss, a learning rate
+FRACTION = Cell("a fraction in [0, 1]", 0, 1)  # an accuracy, a share
+PERCENT = Cell("a percentage in [0, 100]", 0, 100)  # NVML's utilisation
 
 
 def whole_number(least: int) -> Callable[[str], int]:

@@ -186,13 +186,19 @@ def csv_text(columns: tuple[str, ...], rows: Iterable[dict]) -> str:
 
 
 # what each cell of the profile CSVs holds (kernel_rows, range_rows, ncu.parse_ncu): a word of
-# a vocabulary, a whole number >= its least, a number in [least, most] (blank only where
-# OPTIONAL); anything else is a file this module did not write
+# a vocabulary (WORDS), a number as CELLS says (blank only in ncu's optional metrics), or else a
+# name (run, tool, kernel, never blank); anything else is a file this module did not write
 WORDS = {"category": CATEGORIES, "range": RANGES, "time_base": TIME_BASES}
-WHOLE = {"rank": 0, "instances": 1, "launches": 1}
-BOUNDS = {"total_ns": (0, math.inf), "share": (0, 1), "duration_ns": (0, math.inf)}
-OPTIONAL = NCU_COLUMNS[4:]  # None where ncu gave no value (a kernel without tensor paths)
-BOUNDS.update({c: (0, math.inf) for c in OPTIONAL})
+CELLS = {
+    "rank": files.count(0),
+    "instances": files.count(1),
+    "launches": files.count(1),
+    "total_ns": files.NON_NEGATIVE,
+    "share": files.FRACTION,
+    "duration_ns": files.NON_NEGATIVE,
+    # None where ncu gave no value (a kernel without tensor paths)
+    **{c: files.NON_NEGATIVE.or_blank() for c in NCU_COLUMNS[4:]},
+}
 
 
 def cell_problem(column: str, text: str) -> str | None:
@@ -200,23 +206,12 @@ def cell_problem(column: str, text: str) -> str | None:
     if column in WORDS:
         allowed = WORDS[column]
         return None if text in allowed else f"not one of {', '.join(allowed)}"
-    if column not in WHOLE and column not in BOUNDS:  # run, tool, kernel: names
+    rule = CELLS.get(column)
+    if rule is None:  # a name
         return None if text.strip() else "blank, and this column is always filled"
-    x = files.number_or_nan(text)
-    if x is None:
-        return None if column in OPTIONAL else "blank, and this column is always filled"
-    if column in WHOLE:
-        return (
-            None if files.is_count(x, WHOLE[column]) else f"not a whole number >= {WHOLE[column]}"
-        )
-    least, most = BOUNDS[column]
-    if not (math.isfinite(x) and least <= x <= most):
-        return (
-            f"not a number in [{least}, {most}]"
-            if most < math.inf
-            else f"not a finite number >= {least}"
-        )
-    return None
+    if rule.holds(text):
+        return None
+    return "blank, and this column is always filled" if not text.strip() else f"not {rule.what}"
 
 
 def read_csv(path: str | Path, columns: tuple[str, ...]) -> list[dict]:

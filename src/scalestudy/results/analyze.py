@@ -955,6 +955,16 @@ RUNS_OPTIONAL += ("energy_j_per_img", "energy_wall_j_per_img")
 # the waterfall's per-rank lists (milliseconds; collect joins a list with ';'): each element a
 # number >= 0, or None where a rank did not measure it (a word there was a ValueError traceback)
 RUNS_PER_RANK = tuple(c for c in PART_INPUTS.values() if c.endswith("_by_rank"))
+# what each checked column holds (files.NUMBER, a finite number, where it is not named here);
+# counts as collect writes them, digits only: a re-saved "2.0" passed as a count and failed
+# int() later with a traceback
+RUNS_CELLS = {
+    **{c: files.count(1) for c in RUNS_COUNTS},
+    "repeat": files.count(0),
+    **{c: files.POSITIVE for c in RUNS_POSITIVE},
+    **{c: files.FRACTION for c in RUNS_FRACTIONS},
+    **{c: files.PERCENT for c in RUNS_PERCENT},
+}
 
 
 def check_runs(
@@ -967,10 +977,10 @@ def check_runs(
 ) -> None:
     """runs.csv as `scalestudy collect` writes it: one row per run; the columns the tables
     group, count and divide by (`keys`, `numbers`), those finite numbers; the measurements
-    (`optional`) a number or blank; each in its range (counts whole and >= 1, RUNS_POSITIVE
-    > 0, RUNS_FRACTIONS in [0, 1], RUNS_PERCENT in [0, 100]); the per-rank lists (`per_rank`)
-    numbers >= 0 joined by ';'. Else one AnalysisError naming the file, the run, the column and
-    the fix."""
+    (`optional`) a number or blank; each as RUNS_CELLS says (counts whole and >= 1,
+    RUNS_POSITIVE > 0, RUNS_FRACTIONS in [0, 1], RUNS_PERCENT in [0, 100]); the per-rank lists
+    (`per_rank`) numbers >= 0 joined by ';'. Else one AnalysisError naming the file, the run,
+    the column and the fix."""
     fix = "write it again with `scalestudy collect` (snakemake results/csv/runs.csv)"
     missing = [c for c in ("run", *keys, *numbers) if c not in runs[0]]
     if missing:
@@ -989,34 +999,18 @@ def check_runs(
                     f"{', '.join(map(repr, unknown))} is none of {', '.join(vocab.FAMILIES)}: {fix}"
                 )
         for column in (*numbers, *(c for c in optional if c in row)):
-            value = row.get(column)
-            x = files.number_or_nan(value)
-            if column in optional and x is None:
-                continue  # not measured
-            finite = x is not None and math.isfinite(x)
-            # counts as collect writes them, digits only: "2.0" (a re-saved float column)
-            # passed as a count here and failed int() later with a traceback
-            digits = str(value).strip().isdigit()
-            if column in RUNS_COUNTS:
-                what, ok = "a whole number >= 1", files.is_count(x, 1) and digits
-            elif column == "repeat":
-                what, ok = "a whole number >= 0", files.is_count(x, 0) and digits
-            elif column in RUNS_POSITIVE:
-                what, ok = "a number > 0", finite and x > 0
-            elif column in RUNS_FRACTIONS:
-                what, ok = "a fraction in [0, 1]", finite and 0 <= x <= 1
-            elif column in RUNS_PERCENT:
-                what, ok = "a percentage in [0, 100]", finite and 0 <= x <= 100
-            else:
-                what, ok = "a number", finite
-            if not ok:
+            rule = RUNS_CELLS.get(column, files.NUMBER)
+            if column in optional:
+                rule = rule.or_blank()  # not measured
+            if not rule.holds(row.get(column)):
                 raise AnalysisError(
-                    f"{path}: run {row['run']!r} has {column} = {value!r}, not {what}: {fix}"
+                    f"{path}: run {row['run']!r} has {column} = {row.get(column)!r}, not "
+                    f"{rule.what}: {fix}"
                 )
         for column in (c for c in per_rank if c in row):
             value = row[column]
-            ranks = [files.number_or_nan(v) for v in str(value or "").split(";") if v != "None"]
-            if not all(x is None or (math.isfinite(x) and x >= 0) for x in ranks):
+            ranks = [v for v in str(value or "").split(";") if v != "None"]
+            if not all(files.NON_NEGATIVE.or_blank().holds(v) for v in ranks):
                 raise AnalysisError(
                     f"{path}: run {row['run']!r} has {column} = {value!r}, not numbers >= 0 "
                     f"joined by ';' (one per rank): {fix}"

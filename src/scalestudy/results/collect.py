@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from pathlib import Path
 
 from scalestudy import files, log, vocab
@@ -129,6 +128,17 @@ def load_metrics(path: Path) -> dict:
     return metrics
 
 
+def epoch_cell(column: str) -> files.Cell:
+    """What a column of the trainer's epochs.csv holds: accuracies fractions, times and rates
+    > 0, losses and the learning rate >= 0 (cross-entropy, label smoothing included, is never
+    negative)."""
+    if column.endswith("_acc"):
+        return files.FRACTION
+    if column in ("epoch_time_s", "throughput_img_s"):
+        return files.POSITIVE
+    return files.NON_NEGATIVE
+
+
 def load_epochs(path: Path) -> list[dict]:
     if not path.exists():
         raise CollectError(f"missing {path}: run `snakemake {path.parent / 'metrics.json'}` first")
@@ -147,23 +157,17 @@ def load_epochs(path: Path) -> list[dict]:
                 f"count of cells here; {fix}"
             )
         # the trainer's rows: epochs 1, 2, ... once each (a resume rewrites the file from the
-        # checkpoint's history), accuracies fractions, times and rates > 0, losses and the learning
-        # rate >= 0 (cross-entropy, label smoothing included, is never negative). A damaged cell
-        # was collected as it was and refused only by the accuracy figure, which then named
+        # checkpoint's history), the other columns as epoch_cell says. A damaged cell was
+        # collected as it was and refused only by the accuracy figure, which then named
         # results/csv/epochs.csv, a file that collect writes again from this one unchanged.
         for column in vocab.EPOCH_COLUMNS:
-            x = files.number_or_nan(row[column])  # a word: NaN, which every range refuses
             if column == "epoch":
-                what, ok = f"{line - 1} (the row's place)", x == line - 1
-            elif column.endswith("_acc"):
-                what, ok = "a fraction in [0, 1]", x is not None and 0 <= x <= 1
-            elif column in ("epoch_time_s", "throughput_img_s"):
-                what, ok = "a number > 0", x is not None and math.isfinite(x) and x > 0
+                rule = files.Cell(f"{line - 1} (the row's place)", line - 1, line - 1, whole=True)
             else:
-                what, ok = "a number >= 0", x is not None and math.isfinite(x) and x >= 0
-            if not ok:
+                rule = epoch_cell(column)
+            if not rule.holds(row[column]):
                 raise CollectError(
-                    f"{path}, line {line}: {column} is {row[column]!r}, not {what}; {fix}"
+                    f"{path}, line {line}: {column} is {row[column]!r}, not {rule.what}; {fix}"
                 )
     return rows
 

@@ -355,16 +355,15 @@ def load_measured(
     measured = []
     for row in rows:
         for column in MEASURED_NUMBERS:
-            x = as_float(row[column])
             # counts whole (>= 1; the limits >= 0, 0 = all), throughputs finite
             if column.startswith("throughput"):
-                what, ok = "a finite number", x is not None and math.isfinite(x)
+                rule = files.NUMBER
             else:
-                least = 0 if column.startswith("limit_") else 1
-                what, ok = f"a whole number >= {least}", files.is_count(x, least)
-            if not ok:
+                rule = files.count(0 if column.startswith("limit_") else 1)
+            if not rule.holds(row[column]):
                 raise PlanError(
-                    f"{path}, run {row['run']!r}: {column} is {row[column]!r}, not {what}; {fix}"
+                    f"{path}, run {row['run']!r}: {column} is {row[column]!r}, not {rule.what}; "
+                    f"{fix}"
                 )
         if row["dataset"] not in vocab.DATASETS:
             raise PlanError(
