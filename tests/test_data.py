@@ -486,6 +486,26 @@ def test_cli_synthetic_end_to_end(tmp_path: Path) -> None:
     assert (tmp_path / "synthetic" / "data.pt").stat().st_mtime_ns == mtime
 
 
+def test_a_synthetic_set_larger_than_memory_is_one_line(tmp_path: Path) -> None:
+    """10**7 images (29 GB) in a process limited to 4 GB of address space (a small node, or a
+    job's limit): torch's allocator failure was a traceback; nothing is written."""
+    import resource
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (4 * 2**30, 4 * 2**30))
+
+    cmd = [sys.executable, "-m", "scalestudy", "prepare-data", "--dataset", "synthetic"]
+    cmd += ["--data-dir", str(tmp_path), "--num-train", str(10**7), "--num-test", "10"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=limit, timeout=300)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "scalestudy prepare-data: error: synthetic: 10,000,000 train images need 29,374 MB of "
+        "memory, more than this process could allocate; prepare fewer (--num-train / "
+        "--num-test, the config's synthetic.num_train / num_test)"
+    ]
+    assert not (tmp_path / "synthetic" / "data.pt").exists()
+
+
 def test_cli_rejects_synthetic_flags_for_real_data(tmp_path: Path, capsys) -> None:
     argv = ["prepare-data", "--dataset", "cifar10", "--data-dir", str(tmp_path), "--num-train", "9"]
     rc = cli.main(argv)

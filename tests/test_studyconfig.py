@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from scalestudy import vocab
 from scalestudy.study import config as studyconfig
 from scalestudy.study import runs
 from scalestudy.study.config import StudyConfigError, load_and_validate, validate
@@ -533,3 +534,27 @@ def test_a_study_of_more_runs_than_the_limit_is_refused_before_any_row_is_built(
     cfg["repeats"] = studyconfig.MAX_RUNS // 6  # at the limit: built and checked as before
     load_and_validate(cfg)
     assert len(built) == 1
+
+
+def test_a_dataset_larger_than_a_ranks_memory_is_refused_before_any_job():
+    """Every rank loads data.pt whole: synthetic.num_train 10**7 (31 GB) against the demo's
+    1,500 MB per rank was a study whose every training job Slurm would kill for memory, and
+    prepare-data, which holds the set in memory too, a traceback where it could not."""
+    cfg = minimal()
+    cfg["dataset"], cfg["synthetic"] = "synthetic", {"num_train": 10**7}
+    cfg["hardware"]["mem_mb_per_rank"] = 1500
+    refused(
+        cfg,
+        "config key 'hardware.mem_mb_per_rank': value 1500 is not allowed: at least the "
+        "synthetic set that every rank loads whole: 10,010,000 images x 3,080 bytes = "
+        "29,403 MB, and torch and the model on top; raise it; or fewer images "
+        "(synthetic.num_train 10,000,000, num_test 10,000)",
+    )
+    cfg["hardware"]["mem_mb_per_rank"] = 29403  # the set fits (nothing else would)
+    load_and_validate(cfg)
+    cfg["dataset"], cfg["hardware"]["mem_mb_per_rank"] = "cifar10", 100  # 60,000 x 3,080 bytes
+    message = refused(cfg, "the cifar10 set that every rank loads whole: 60,000 images", "177 MB")
+    assert "synthetic.num_train" not in message
+    cfg["hardware"]["mem_mb_per_rank"] = 177
+    load_and_validate(cfg)
+    assert vocab.DATASETS["mnist"].image_bytes == 28 * 28 + 8

@@ -17,6 +17,12 @@ class Dataset:
     shape: str  # H x W x C of one image
     classes: int
 
+    @property
+    def image_bytes(self) -> int:
+        """Bytes of one image in the prepared data.pt: uint8 pixels and an int64 label."""
+        h, w, c = map(int, self.shape.split("x"))
+        return h * w * c + 8
+
 
 # Sizes of the published splits (CIFAR-10: Krizhevsky 2009; MNIST: LeCun et al. 1998). The
 # synthetic set's sizes are the defaults of `scalestudy prepare-data --dataset synthetic`

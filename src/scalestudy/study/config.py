@@ -335,6 +335,7 @@ def semantic_problems(config: dict) -> list[str]:
         *_family_choice_problems(config["families"]),
         *_device_problems(config),
         *_batch_problems(config),
+        *memory_problems(config),
         *proposal_problems(config["proposal"]),
     ]
     if not problems and (runs := run_count(config)) > MAX_RUNS:
@@ -353,6 +354,35 @@ def semantic_problems(config: dict) -> list[str]:
         problems += run_problems(rows, *_train_size(config))
         problems += config_problems(config, rows)
     return problems
+
+
+def memory_problems(config: dict) -> list[str]:
+    """Every rank loads the prepared data.pt whole (trainer/loaders.py, torch.load), train and
+    test splits, whatever train.limit_train says: a set larger than hardware.mem_mb_per_rank
+    is a training job that Slurm kills for memory (the job's --mem is mem_mb_per_rank x ranks
+    per node, in Slurm's MB of 2**20 bytes), every one of them, after its wait in the queue.
+    A necessary bound, not a sufficient one: torch, the model and the batches come on top
+    (the demo's ranks peak at 0.96 GB with 3,048 synthetic images: config/demo.yaml)."""
+    dataset, mem_mb = config["dataset"], config["hardware"]["mem_mb_per_rank"]
+    if dataset == "synthetic":
+        n_train, n_test = config["synthetic"]["num_train"], config["synthetic"]["num_test"]
+        lower = f"; or fewer images (synthetic.num_train {n_train:,}, num_test {n_test:,})"
+    else:
+        n_train, n_test = vocab.DATASETS[dataset].train, vocab.DATASETS[dataset].test
+        lower = ""
+    images = n_train + n_test
+    need_mb = images * vocab.DATASETS[dataset].image_bytes / 2**20
+    if need_mb <= mem_mb:
+        return []
+    return [
+        _bad(
+            "hardware.mem_mb_per_rank",
+            mem_mb,
+            f"at least the {dataset} set that every rank loads whole: {images:,} images x "
+            f"{vocab.DATASETS[dataset].image_bytes:,} bytes = {math.ceil(need_mb):,} MB, and "
+            f"torch and the model on top; raise it{lower}",
+        )
+    ]
 
 
 def _family_choice_problems(families: dict) -> list[str]:

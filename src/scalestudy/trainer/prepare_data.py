@@ -233,8 +233,16 @@ def make_synthetic(
 
     def split(n: int, tag: str) -> tuple[torch.Tensor, torch.Tensor]:
         gs = torch.Generator().manual_seed(derive_seed("synthetic", tag, seed))
-        y = (torch.arange(n) % k)[torch.randperm(n, generator=gs)]
-        x = torch.empty(n, c, size, size, dtype=torch.uint8)
+        try:
+            y = (torch.arange(n) % k)[torch.randperm(n, generator=gs)]
+            x = torch.empty(n, c, size, size, dtype=torch.uint8)
+        except RuntimeError as e:  # "DefaultCPUAllocator: can't allocate memory": a traceback
+            mb = n * vocab.DATASETS["synthetic"].image_bytes / 2**20
+            raise PreparedDataError(
+                f"synthetic: {n:,} {tag} images need {math.ceil(mb):,} MB of memory, more than "
+                "this process could allocate; prepare fewer (--num-train / --num-test, the "
+                "config's synthetic.num_train / num_test)"
+            ) from e
         ar, ch = torch.arange(size), torch.arange(c)
         for s in range(0, n, 8192):  # chunks of 8192 images bound memory (~100 MB of float32)
             yb = y[s : s + 8192]
