@@ -921,3 +921,49 @@ def test_outputs_that_cannot_be_written_leave_every_table_as_it_was(tmp_path, ca
         f"{out / 'model.csv'}: is a directory, not a file"
     ]
     assert files.output_problems([tmp_path / "new" / "deeper" / "x.csv"]) == []
+
+
+def test_collect_refuses_a_measurement_analyze_would_refuse_naming_the_runs_file(tmp_path):
+    """A run's metrics.json with a final accuracy of 1.5 (or a word in a per-rank list) was
+    collected into runs.csv, where analyze refused it with the fix "write it again with
+    `scalestudy collect`", which wrote the same value again. Now collect refuses it, naming the
+    run's metrics.json and the fix that removes the value: rerun the run."""
+    from scalestudy.cli import main
+    from scalestudy.errors import CollectError
+    from scalestudy.results import collect
+    from scalestudy.study.runs import read_runs_tsv
+
+    table = tmp_path / "runs.tsv"
+    demo = Path(__file__).parents[1] / "config" / "demo.yaml"
+    argv = ["matrix", "--config", str(demo), "--out", str(table)]
+    assert main([*argv, "--set", "dataset=synthetic"]) == 0
+    row = read_runs_tsv(table)[0]
+    run_dir = tmp_path / "runs" / row["run"]
+    run_dir.mkdir(parents=True)
+    epochs = [dict.fromkeys(vocab.EPOCH_COLUMNS, "0.5") | {"epoch": str(e)} for e in (1, 2)]
+    files.write_csv(run_dir / "epochs.csv", None, epochs)
+    good = dict.fromkeys(collect.REQUIRED_METRICS, None) | {
+        **{k: int(row[k]) for k in ("world_size", "nodes", "ranks_per_node", "global_batch")},
+        "seed": int(row["seed"]),
+        "device": {"type": "cpu", "name": "x86_64"},
+        **{"throughput_img_s": 900.0, "throughput_img_s_per_rank": 450.0, "epoch_time_s": 2.5},
+        **{"final_val_acc": 0.9, "comm_exposed_frac": 0.1, "train_time_s": 12.0},
+        "busy_time_ms_p50_by_rank": [10.5, 11.0],
+    }
+    metrics = run_dir / "metrics.json"
+    files.write_json(metrics, good)
+    assert collect.collect([row], tmp_path / "runs")[0][0]["final_val_acc"] == 0.9
+    for change, says in [
+        ({"final_val_acc": 1.5}, "final_val_acc is 1.5, not a fraction in [0, 1]"),
+        ({"throughput_img_s": -900.0}, "throughput_img_s is -900.0, not a number > 0"),
+        ({"gpu_util_mean": "high"}, "gpu_util_mean is 'high', not a percentage in [0, 100]"),
+        (
+            {"busy_time_ms_p50_by_rank": [10.5, "slow"]},
+            "busy_time_ms_p50_by_rank is '10.5;slow', not numbers >= 0 joined by ';'",
+        ),
+    ]:
+        files.write_json(metrics, good | change)
+        with pytest.raises(CollectError) as info:
+            collect.collect([row], tmp_path / "runs")
+        assert str(info.value).startswith(f"{metrics}: {says}"), info.value
+        assert str(info.value).endswith(f"delete {run_dir} and rerun it")

@@ -116,13 +116,15 @@ def test_touching_without_changing_reruns_nothing(done):
     "path, expected",
     [
         ("src/scalestudy/results/collect.py", {"collect": 1, **DOWNSTREAM}),
-        ("src/scalestudy/results/analyze.py", DOWNSTREAM),
+        # collect checks a run's measurements with analyze's rules (run_row_problem)
+        ("src/scalestudy/results/analyze.py", {"collect": 1, **DOWNSTREAM}),
         ("src/scalestudy/results/plot.py", {"plot": 8, **REPORT, **SLIDES}),
         ("src/scalestudy/results/render_report.py", {**REPORT, **PROPOSAL}),
         ("workflow/report/paper.tex.j2", REPORT),
-        # imported, not run by name: the planner prices the analysis's resources table; the run
-        # table's module is read by the matrix, the collection and the analysis
-        ("src/scalestudy/study/estimate.py", DOWNSTREAM),
+        # imported, not run by name: the planner prices the analysis's resources table (and
+        # collect imports the analysis); the run table's module is read by the matrix, the
+        # collection and the analysis
+        ("src/scalestudy/study/estimate.py", {"collect": 1, **DOWNSTREAM}),
         ("src/scalestudy/study/runs.py", {"matrix": 1, "collect": 1, **DOWNSTREAM}),
         ("src/scalestudy/results/build_pdf.py", PDFS),
     ],

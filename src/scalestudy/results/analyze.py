@@ -998,23 +998,34 @@ def check_runs(
                     f"{path}: run {row['run']!r} has families = {row['families']!r}, whose "
                     f"{', '.join(map(repr, unknown))} is none of {', '.join(vocab.FAMILIES)}: {fix}"
                 )
-        for column in (*numbers, *(c for c in optional if c in row)):
-            rule = RUNS_CELLS.get(column, files.NUMBER)
-            if column in optional:
-                rule = rule.or_blank()  # not measured
-            if not rule.holds(row.get(column)):
-                raise AnalysisError(
-                    f"{path}: run {row['run']!r} has {column} = {row.get(column)!r}, not "
-                    f"{rule.what}: {fix}"
-                )
-        for column in (c for c in per_rank if c in row):
-            value = row[column]
-            ranks = [v for v in str(value or "").split(";") if v != "None"]
-            if not all(files.NON_NEGATIVE.or_blank().holds(v) for v in ranks):
-                raise AnalysisError(
-                    f"{path}: run {row['run']!r} has {column} = {value!r}, not numbers >= 0 "
-                    f"joined by ';' (one per rank): {fix}"
-                )
+        if bad := run_row_problem(row, numbers, optional, per_rank):
+            column, what = bad
+            raise AnalysisError(
+                f"{path}: run {row['run']!r} has {column} = {row[column]!r}, not {what}: {fix}"
+            )
+
+
+def run_row_problem(
+    row: dict,
+    numbers: tuple[str, ...] = RUNS_NUMBERS,
+    optional: tuple[str, ...] = RUNS_OPTIONAL,
+    per_rank: tuple[str, ...] = RUNS_PER_RANK,
+) -> tuple[str, str] | None:
+    """(column, what it must be) of the first of the row's cells that breaks RUNS_CELLS (the
+    `optional` ones may be blank; the `per_rank` lists numbers >= 0 joined by ';'), else None.
+    Only the columns the row has: check_runs makes sure runs.csv has them all, collect checks a
+    run's metrics.json with it before its values reach runs.csv."""
+    for column in (c for c in (*numbers, *optional) if c in row):
+        rule = RUNS_CELLS.get(column, files.NUMBER)
+        if column in optional:
+            rule = rule.or_blank()  # not measured
+        if not rule.holds(row[column]):
+            return column, rule.what
+    for column in (c for c in per_rank if c in row):
+        ranks = [v for v in str(row[column] or "").split(";") if v != "None"]
+        if not all(files.NON_NEGATIVE.or_blank().holds(v) for v in ranks):
+            return column, "numbers >= 0 joined by ';' (one per rank)"
+    return None
 
 
 def run(args: argparse.Namespace) -> int:

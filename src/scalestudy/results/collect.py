@@ -18,6 +18,7 @@ from pathlib import Path
 
 from scalestudy import files, log, vocab
 from scalestudy.errors import CollectError
+from scalestudy.results import analyze
 from scalestudy.study.runs import RUN_COLUMNS, read_runs_tsv, same
 
 logger = log.get(__name__)
@@ -102,6 +103,15 @@ def collect(table: list[dict], runs_dir: Path) -> tuple[list[dict], list[dict]]:
                     f"delete {run_dir} and rerun it"
                 )
             merged.setdefault(key, value)
+        # the measurements analyze reads, checked as analyze checks runs.csv, here where the
+        # fix is to rerun the run: refused in runs.csv, the value came back with every collect
+        measured = {k: v for k, v in merged.items() if k not in row}
+        if bad := analyze.run_row_problem(measured):
+            column, what = bad
+            raise CollectError(
+                f"{run_dir / 'metrics.json'}: {column} is {measured[column]!r}, not {what}: not "
+                f"the trainer's; delete {run_dir} and rerun it"
+            )
         runs_rows.append(merged)
         for epoch in load_epochs(run_dir / "epochs.csv"):
             epoch_rows.append({**{c: row[c] for c in EPOCH_ID_COLUMNS}, **epoch})
