@@ -762,6 +762,10 @@ def test_a_damaged_runs_csv_is_one_line_before_any_table(tmp_path, capsys):
                             "run 'w2_r0' has energy_j_per_img = '-0.5', not a number > 0"),
         "zero-epoch": ([{**good[0], "epoch_time_s": "0"}, good[1]],
                        "run 'w1_r0' has epoch_time_s = '0', not a number > 0"),
+        # the images a run's measured energy is multiplied by: int() raised on a re-saved float
+        "energy-steps": ([{**good[0], "energy_j_per_img": "0.5", "epochs": "3",
+                           "steps_per_epoch": "195.0"}, good[1]],
+                         "run 'w1_r0' has steps_per_epoch = '195.0', not a whole number >= 1"),
     }  # fmt: skip
     for name, (rows, says) in cases.items():
         path = tmp_path / f"{name}.csv"

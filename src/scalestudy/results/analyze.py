@@ -952,6 +952,9 @@ RUNS_OPTIONAL = tuple(m for m in MEASURES if m not in RUNS_NUMBERS and m != "ste
 # the J/img resources.csv multiplies into kWh (an inf there reached the report as an
 # OverflowError in its number formatting)
 RUNS_OPTIONAL += ("energy_j_per_img", "energy_wall_j_per_img")
+# ... and the counts energy_kwh multiplies with int() where a run measured its energy (a
+# re-saved "195.0" was a ValueError traceback); blank in a runs.csv of an older trainer
+RUNS_OPTIONAL += ("epochs", "steps_per_epoch")
 # the waterfall's per-rank lists (milliseconds; collect joins a list with ';'): each element a
 # number >= 0, or None where a rank did not measure it (a word there was a ValueError traceback)
 RUNS_PER_RANK = tuple(c for c in PART_INPUTS.values() if c.endswith("_by_rank"))
@@ -959,7 +962,7 @@ RUNS_PER_RANK = tuple(c for c in PART_INPUTS.values() if c.endswith("_by_rank"))
 # counts as collect writes them, digits only: a re-saved "2.0" passed as a count and failed
 # int() later with a traceback
 RUNS_CELLS = {
-    **{c: files.count(1) for c in RUNS_COUNTS},
+    **{c: files.count(1) for c in (*RUNS_COUNTS, "epochs", "steps_per_epoch")},
     "repeat": files.count(0),
     **{c: files.POSITIVE for c in RUNS_POSITIVE},
     **{c: files.FRACTION for c in RUNS_FRACTIONS},
