@@ -23,6 +23,11 @@ class Dataset:
         h, w, c = map(int, self.shape.split("x"))
         return h * w * c + 8
 
+    def megabytes(self, images: int) -> int:
+        """MB (Slurm's and torch's: 2**20 bytes) that `images` of the prepared set take, rounded
+        up: what every rank holds in memory (trainer/loaders.py loads data.pt whole)."""
+        return -(-images * self.image_bytes // 2**20)
+
 
 # Sizes of the published splits (CIFAR-10: Krizhevsky 2009; MNIST: LeCun et al. 1998). The
 # synthetic set's sizes are the defaults of `scalestudy prepare-data --dataset synthetic`

@@ -958,6 +958,7 @@ RUNS_OPTIONAL += ("epochs", "steps_per_epoch")
 # the waterfall's per-rank lists (milliseconds; collect joins a list with ';'): each element a
 # number >= 0, or None where a rank did not measure it (a word there was a ValueError traceback)
 RUNS_PER_RANK = tuple(c for c in PART_INPUTS.values() if c.endswith("_by_rank"))
+RANK_CELL = files.NON_NEGATIVE.or_blank()  # one element of such a list
 # what each checked column holds (files.NUMBER, a finite number, where it is not named here);
 # counts as collect writes them, digits only: a re-saved "2.0" passed as a count and failed
 # int() later with a traceback
@@ -1026,7 +1027,7 @@ def run_row_problem(
             return column, rule.what
     for column in (c for c in per_rank if c in row):
         ranks = [v for v in str(row[column] or "").split(";") if v != "None"]
-        if not all(files.NON_NEGATIVE.or_blank().holds(v) for v in ranks):
+        if not all(RANK_CELL.holds(v) for v in ranks):
             return column, "numbers >= 0 joined by ';' (one per rank)"
     return None
 

@@ -370,17 +370,16 @@ def memory_problems(config: dict) -> list[str]:
     else:
         n_train, n_test = vocab.DATASETS[dataset].train, vocab.DATASETS[dataset].test
         lower = ""
-    images = n_train + n_test
-    need_mb = images * vocab.DATASETS[dataset].image_bytes / 2**20
-    if need_mb <= mem_mb:
+    images, data = n_train + n_test, vocab.DATASETS[dataset]
+    if data.megabytes(images) <= mem_mb:
         return []
     return [
         _bad(
             "hardware.mem_mb_per_rank",
             mem_mb,
             f"at least the {dataset} set that every rank loads whole: {images:,} images x "
-            f"{vocab.DATASETS[dataset].image_bytes:,} bytes = {math.ceil(need_mb):,} MB, and "
-            f"torch and the model on top; raise it{lower}",
+            f"{data.image_bytes:,} bytes = {data.megabytes(images):,} MB, and torch and the "
+            f"model on top; raise it{lower}",
         )
     ]
 

@@ -290,13 +290,12 @@ def read_wall_seconds(path: Path) -> float | None:
     rows = files.read_csv_rows(path, PlanError, fix, delimiter="\t")
     if not rows:
         return None
-    seconds = as_float(rows[0].get("s"))
-    if seconds is None or not math.isfinite(seconds) or seconds < 0:
+    seconds = rows[0].get("s")
+    if not files.NON_NEGATIVE.holds(seconds):
         raise PlanError(
-            f"{path}: the wall time `s` is {rows[0].get('s')!r}, not a number of seconds >= 0; "
-            f"{fix}"
+            f"{path}: the wall time `s` is {seconds!r}, not a number of seconds >= 0; {fix}"
         )
-    return seconds
+    return float(seconds)
 
 
 def add_measured_arguments(parser) -> None:

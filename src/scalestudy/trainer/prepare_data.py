@@ -237,9 +237,9 @@ def make_synthetic(
             y = (torch.arange(n) % k)[torch.randperm(n, generator=gs)]
             x = torch.empty(n, c, size, size, dtype=torch.uint8)
         except RuntimeError as e:  # "DefaultCPUAllocator: can't allocate memory": a traceback
-            mb = n * vocab.DATASETS["synthetic"].image_bytes / 2**20
+            mb = vocab.DATASETS["synthetic"].megabytes(n)
             raise PreparedDataError(
-                f"synthetic: {n:,} {tag} images need {math.ceil(mb):,} MB of memory, more than "
+                f"synthetic: {n:,} {tag} images need {mb:,} MB of memory, more than "
                 "this process could allocate; prepare fewer (--num-train / --num-test, the "
                 "config's synthetic.num_train / num_test)"
             ) from e
