@@ -411,7 +411,8 @@ def test_a_table_without_a_column_the_figures_read_is_one_line(tmp_path, capsys,
     [
         ("world_size", "two", "world_size = 'two' is not a whole number or blank"),
         ("world_size", "2.0", "world_size = '2.0' is not a whole number or blank"),  # re-saved
-        ("throughput_img_s_mean", "fast", "throughput_img_s_mean = 'fast' is not a number"),
+        ("throughput_img_s_mean", "fast", "throughput_img_s_mean = 'fast' is not a finite number"),
+        ("speedup", "inf", "speedup = 'inf' is not a finite number or blank"),  # drawn nowhere
         ("throughput_img_s_mean", "", "throughput_img_s_mean is blank, and `scalestudy analyze`"),
         ("family", " ", "family is blank, and `scalestudy analyze` always fills it"),
     ],

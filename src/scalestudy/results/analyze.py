@@ -141,6 +141,12 @@ def read_csv(path: str | Path, what: str = "", make: str = "snakemake") -> list[
     return files.read_csv_rows(path, AnalysisError, f"delete it and run `{make}`")
 
 
+# a cell of analyze's tables (read_table): the ratios and means it writes are finite (an inf,
+# edited in, was drawn nowhere: matplotlib leaves the point out, and the report showed a blank)
+TABLE_NUMBER = files.NUMBER.or_blank()
+TABLE_COUNT = files.Cell("a whole number", 0, whole=True, blank=True)  # int() reads it
+
+
 def read_table(path: str | Path, table: str, make: str) -> list[dict]:
     """One of the CSVs this module writes (`table`, a key of TABLE_COLUMNS), refused in one
     line when it lacks a column or a cell is not what the figures and documents read: a
@@ -160,12 +166,10 @@ def read_table(path: str | Path, table: str, make: str) -> list[dict]:
     for i, row in enumerate(rows, start=2):  # line 1 is the header
         for column in numbers:
             value = row[column]
-            x = files.number_or_nan(value)
-            whole = column not in COUNT_COLUMNS or x is None or str(value).strip().isdigit()
-            if (x is not None and math.isnan(x)) or not whole:
-                kind = "a whole number" if column in COUNT_COLUMNS else "a number"
+            rule = TABLE_COUNT if column in COUNT_COLUMNS else TABLE_NUMBER
+            if not rule.holds(value):
                 raise AnalysisError(
-                    f"{path}, line {i}: {column} = {value!r} is not {kind} or blank: not "
+                    f"{path}, line {i}: {column} = {value!r} is not {rule.what} or blank: not "
                     f"written by scalestudy; {fix}"
                 )
         for column in TABLE_FILLED[table]:
