@@ -384,42 +384,12 @@ def build(cfg: TrainConfig, denv: sdist.DistEnv, device: torch.device) -> Run:
     """Data (the whole uint8 split on the device; the trainer never downloads), the model
     (identical initialisation on every rank, wrapped for the strategy) and the recipe."""
     rank, world_size = denv.rank, denv.world_size
-    cuda = device.type == "cuda"
     local_batch, global_batch = cfg.batches(world_size)
     numerics = configure_numerics(cfg, device)  # TF32 only for tf32, autocast, NHWC, cuDNN
 
     prepared = loaders.load_prepared(cfg.dataset, cfg.data_dir)
-    train_x, train_y = _limit(prepared.train_x, prepared.train_y, cfg.limit_train)
-    test_x, test_y = _limit(prepared.test_x, prepared.test_y, cfg.limit_test)
-    mean, std = prepared.meta["mean"], prepared.meta["std"]
-    # what both input pipelines and the evaluation loader share: this rank's place and the data
-    placement = dict(
-        local_batch=local_batch, world_size=world_size, rank=rank, seed=cfg.seed, mean=mean, std=std
-    )
-    # the device loader's batches leave it as the model consumes them: in autocast's dtype, NHWC
-    # on CUDA (the DataLoader's are converted by Run.place)
-    layout = dict(dtype=numerics.input_dtype, channels_last=numerics.channels_last_inputs)
-    if cfg.loader == "device":
-        train_loader = loaders.DeviceLoader(
-            train_x, train_y, train=True, device=device, **placement, **layout
-        )
-        micro_steps = train_loader.steps_per_epoch
-        sampler = None
-    else:
-        train_loader, sampler = loaders.make_dataloader(
-            train_x,
-            train_y,
-            train=True,
-            num_workers=cfg.num_workers,
-            pin_memory=cfg.pin_memory and cuda,
-            persistent_workers=cfg.persistent_workers,
-            prefetch_factor=cfg.prefetch_factor,
-            **placement,
-        )
-        micro_steps = len(train_loader)
-    eval_loader = loaders.DeviceLoader(
-        test_x, test_y, train=False, device=device, **placement, **layout
-    )
+    loaded = build_loaders(cfg, prepared, numerics, device, rank, world_size)
+    train_loader, sampler, eval_loader, micro_steps = loaded  # --limit-train/--limit-test
     steps_per_epoch = math.ceil(micro_steps / cfg.accum_steps)
     total_steps = steps_per_epoch * cfg.epochs
     if total_steps <= cfg.warmup_steps:
@@ -434,7 +404,7 @@ def build(cfg: TrainConfig, denv: sdist.DistEnv, device: torch.device) -> Run:
         cfg.model,
         num_classes=prepared.meta["num_classes"],
         width=cfg.width,
-        in_channels=train_x.shape[1],
+        in_channels=prepared.train_x.shape[1],
     ).to(device)
     if numerics.channels_last_weights:
         model = model.to(memory_format=torch.channels_last)
@@ -470,7 +440,7 @@ def build(cfg: TrainConfig, denv: sdist.DistEnv, device: torch.device) -> Run:
             cfg.model,
             num_classes=prepared.meta["num_classes"],
             width=cfg.width,
-            image_shape=tuple(train_x.shape[1:]),
+            image_shape=tuple(prepared.train_x.shape[1:]),
         ),
         no_sync=no_sync,
         recipe=recipe,
@@ -483,6 +453,51 @@ def build(cfg: TrainConfig, denv: sdist.DistEnv, device: torch.device) -> Run:
     if graphs == "step":  # the whole step as one CUDA graph (step_graph.py)
         run.step = StepGraph(run.step, recipe.optimizer, device, side=side)
     return run
+
+
+def build_loaders(
+    cfg: TrainConfig,
+    prepared: loaders.Prepared,
+    numerics: Numerics,
+    device: torch.device,
+    rank: int,
+    world_size: int,
+) -> tuple[Any, Any, loaders.DeviceLoader, int]:
+    """This rank's training loader and its DistributedSampler (a DataLoader's; None with the
+    device loader), the evaluation loader (the device loader) and the training micro-batches
+    per epoch, over the first --limit-train and --limit-test images."""
+    train_x, train_y = _limit(prepared.train_x, prepared.train_y, cfg.limit_train)
+    test_x, test_y = _limit(prepared.test_x, prepared.test_y, cfg.limit_test)
+    local_batch, _ = cfg.batches(world_size)
+    mean, std = prepared.meta["mean"], prepared.meta["std"]
+    # what both input pipelines and the evaluation loader share: this rank's place and the data
+    placement = dict(
+        local_batch=local_batch, world_size=world_size, rank=rank, seed=cfg.seed, mean=mean, std=std
+    )
+    # the device loader's batches leave it as the model consumes them: in autocast's dtype, NHWC
+    # on CUDA (the DataLoader's are converted by Run.place)
+    layout = dict(dtype=numerics.input_dtype, channels_last=numerics.channels_last_inputs)
+    if cfg.loader == "device":
+        train_loader = loaders.DeviceLoader(
+            train_x, train_y, train=True, device=device, **placement, **layout
+        )
+        sampler, micro_steps = None, train_loader.steps_per_epoch
+    else:
+        train_loader, sampler = loaders.make_dataloader(
+            train_x,
+            train_y,
+            train=True,
+            num_workers=cfg.num_workers,
+            pin_memory=cfg.pin_memory and device.type == "cuda",
+            persistent_workers=cfg.persistent_workers,
+            prefetch_factor=cfg.prefetch_factor,
+            **placement,
+        )
+        micro_steps = len(train_loader)
+    eval_loader = loaders.DeviceLoader(
+        test_x, test_y, train=False, device=device, **placement, **layout
+    )
+    return train_loader, sampler, eval_loader, micro_steps
 
 
 def _limit(x: torch.Tensor, y: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
