@@ -49,12 +49,14 @@ SMALL = {
         "contingency": 0.5,
     },
 }
-# T = epochs * (N_train / X + N_test / (3 X)) + 10, X = images/s of the whole run
+# T = epochs * (N_train / X + N_test / (3 X)) + N_probe / X + 10, X = images/s of the whole run,
+# N_probe = 2 * (10 + 1) * W * local_batch = 176 images of the probe's passes (train.
+# comm_probe_steps' default 10, W x local_batch = 8), none on one rank
 HAND = {  # run: (nodes, GPUs, seconds)
     "w1_lb8_fp32_ddp_bk25_r0": (1, 1, 2 * (1200 / 100 + 300 / 300) + 10),  # X = 100: 36 s
     "w1_lb8_bf16_ddp_bk25_r0": (1, 1, 2 * (1200 / 200 + 300 / 600) + 10),  # X = 200: 23 s
-    "w2_lb4_fp32_ddp_bk25_r0": (1, 2, 2 * (1200 / 150 + 300 / 450) + 10),  # X = 100*0.75*2
-    "w4_lb2_fp32_ddp_bk25_r0": (2, 4, 2 * (1200 / 200 + 300 / 600) + 10),  # X = 100*0.5*4
+    "w2_lb4_fp32_ddp_bk25_r0": (1, 2, 2 * (1200 / 150 + 300 / 450) + 176 / 150 + 10),  # X = 150
+    "w4_lb2_fp32_ddp_bk25_r0": (2, 4, 2 * (1200 / 200 + 300 / 600) + 176 / 200 + 10),  # X = 200
 }
 
 
@@ -134,7 +136,8 @@ def test_calibration_levels_and_startup():
     # other world sizes of fp32: the measured rate / eta(1) * eta(W); startup from all runs
     w4 = est["w4_lb2_fp32_ddp_bk25_r0"]
     assert w4.throughput_basis == "precision" and w4.startup_basis == "all"
-    assert w4.runtime_s == pytest.approx(2 * (1200 / 100 + 300 / 300) + 4)  # X = 50*0.5*4
+    # X = 50*0.5*4, and the probe's 176 images (HAND)
+    assert w4.runtime_s == pytest.approx(2 * (1200 / 100 + 300 / 300) + 176 / 100 + 4)
     # bf16 was never measured: default throughput, calibrated startup only
     bf16 = est["w1_lb8_bf16_ddp_bk25_r0"]
     assert bf16.throughput_basis == "default" and bf16.startup_basis == "world size"
@@ -142,6 +145,39 @@ def test_calibration_levels_and_startup():
     # calibrate: false ignores measurements
     config["plan"]["calibrate"] = False
     assert not any(e.calibrated for e in plan.estimate_runs(config, rows, measured))
+
+
+def test_the_communication_probe_is_priced_and_left_out_of_the_calibrated_startup():
+    """The exposed-communication probe runs after training: a warm-up and comm_probe_steps
+    forward-backward passes with gradient sync, as many without, each of W x local_batch
+    images, at about the training steps' rate (trainer/measure.comm_probe); one rank skips it.
+    The estimate left it to startup_s, so a probe of 10**9 steps (a typo) kept the plan and
+    the time limit of 0 steps, and the job was killed at its limit after training. A measured
+    job's wall time less its probe is its start-up."""
+    config = small_config()
+    config["train"]["comm_probe_steps"] = 10**9
+    huge = {e.run: e for e in plan.estimate_runs(config, build_run_table(config), measured=[])}
+    config["train"]["comm_probe_steps"] = 0
+    off = {e.run: e for e in plan.estimate_runs(config, build_run_table(config), measured=[])}
+    for run, (_, gpus, _) in HAND.items():
+        images = 0 if gpus == 1 else 2 * (10**9 + 1) * 8  # W x local_batch = 8 in every run
+        assert huge[run].probe_images == images and off[run].probe_images == 0, run
+        extra = images / huge[run].throughput_img_s
+        assert huge[run].runtime_s == pytest.approx(off[run].runtime_s + extra, rel=1e-12), run
+    # the time limit holds the probe: 2 * 10**9 passes at 150 img/s x 8 images, over a year
+    assert huge["w2_lb4_fp32_ddp_bk25_r0"].slurm_runtime_min > 2 * 10**9 * 8 / 150 / 60
+    assert (
+        huge["w1_lb8_fp32_ddp_bk25_r0"].slurm_runtime_min
+        == off["w1_lb8_fp32_ddp_bk25_r0"].slurm_runtime_min
+    )
+    # calibration: a 2-rank job at 60 img/s that took 2 * (1200/60 + 300/180) + 176/60 + 5 s
+    config["train"]["comm_probe_steps"] = 10
+    wall = 2 * (1200 / 60 + 300 / 180) + 176 / 60 + 5
+    measured = [measured_row("w2_lb4_fp32_ddp_bk25_r0", 30.0, 2, wall_s=wall)]
+    rows = build_run_table(config)
+    w2 = {e.run: e for e in plan.estimate_runs(config, rows, measured)}["w2_lb4_fp32_ddp_bk25_r0"]
+    assert w2.startup_basis == "world size" and w2.startup_s == pytest.approx(5.0)
+    assert w2.runtime_s == pytest.approx(wall)
 
 
 def test_energy_from_measured_joules_per_image_else_not_measured():
@@ -633,7 +669,9 @@ def test_the_scaling_model_prices_an_unmeasured_world_size_with_an_interval(tmp_
         # the known model's runtime lies in the interval; the 1% noise of three points grows
         # to a few % at twice the largest measured world size
         true_x = 8 * e.local_batch / modelled_step(8, e.local_batch)
-        true_s = compute_seconds(2, 1024, 256, true_x, config["plan"]) + e.startup_s
+        probe = e.probe_images  # 2 x (10 + 1) x W x local_batch: the probe at the same rate
+        assert probe == 2 * 11 * 8 * e.local_batch
+        true_s = compute_seconds(2, 1024, 256, true_x, config["plan"], probe) + e.startup_s
         assert e.runtime_lo_s < true_s < e.runtime_hi_s, run
         assert e.runtime_s == pytest.approx(true_s, rel=0.1), run
     measured_run = est["w4_lb4_fp32_ddp_bk25_r0"]

@@ -2,8 +2,9 @@
 
 The estimate of one training run (seconds), with the `plan:` section of the study config:
 
-    T = epochs * (N_train / X + N_test / (X * eval_speedup)) + startup_s
+    T = epochs * (N_train / X + N_test / (X * eval_speedup)) + N_probe / X + startup_s
     X = x_rank * W                         images/s of the whole run (all W ranks)
+    N_probe = 2 * (comm_probe_steps + 1) * W * local_batch   (0 for one rank or no probe)
     x_rank = throughput_img_s_per_gpu[precision] * eta(W)    (default)
     eta(W) = 1 (W = 1), efficiency_intra_node (one node), efficiency_inter_node (several nodes)
 
@@ -16,7 +17,14 @@ evaluation runs on all of it after every epoch, spread over the ranks. N_train: 
 epoch trains on: of n (train.limit_train when set, else the training set's size) the trainer
 drops the ragged tail, N_train = floor(n / (W x local_batch)) x W x local_batch (one input shape
 for every step: trainer/loaders.py), or n when that is less than one step (16 GPUs x 512 on
-CIFAR-10: 49,152 of 50,000).
+CIFAR-10: 49,152 of 50,000). N_probe: the images of the exposed-communication probe after
+training (trainer/measure.comm_probe): a warm-up pass and comm_probe_steps passes, forward and
+backward of one local batch on every rank, with gradient sync and then without; one rank skips
+it (trainer/loop.finish). Timed at X, about the rate of the training steps it repeats (without
+the optimizer, and half of them without communication): the default config's 10 steps are 22
+passes beside a weak 16-GPU run's 360 training steps (12 per epoch x 30 epochs), 6% more, and a
+typo of 10**9 steps is a plan and a time limit that say so, not a job killed at its limit after
+its training.
 
 Calibration (`Calibration`, when results/csv/runs.csv exists): measured runs of the same device,
 model, width, strategy, loader and compile setting replace the default x_rank, taking the first
@@ -35,10 +43,10 @@ level that has measurements (mean of the measured throughput_img_s_per_rank):
     5. precision  the same precision at other world sizes, as x_rank / eta(W_measured) * eta(W)
 
 startup_s is calibrated too when Snakemake's job wall times exist (benchmarks/train/<run>.tsv):
-the median of wall_s - epochs * (N_train / X + N_test / (X * eval_speedup)) over measured runs of
-the same world size (else over all measured runs), with X the run's measured throughput_img_s.
-It absorbs interpreter and torch start-up, data loading, process-group set-up, the slower
-warm-up steps, the communication probe and writing outputs.
+the median of wall_s - epochs * (N_train / X + N_test / (X * eval_speedup)) - N_probe / X over
+measured runs of the same world size (else over all measured runs), with X the run's measured
+throughput_img_s. It absorbs interpreter and torch start-up, data loading, process-group set-up,
+the slower warm-up steps and writing outputs.
 
 Energy (GPU, training runs only): a run's kWh = J/img x epochs x N_train / 3.6e6, with J/img the
 mean measured energy_j_per_img (NVML's counter over the window's training spans, train.py) of
@@ -114,9 +122,12 @@ MEASURED_NUMBERS = (
     "epochs",
     "limit_train",
     "limit_test",
+    "comm_probe_steps",
     "throughput_img_s",
     "throughput_img_s_per_rank",
 )
+# of MEASURED_NUMBERS, the counts that may be 0 (the limits: 0 = all; the probe: 0 = off)
+MEASURED_ZERO = ("limit_train", "limit_test", "comm_probe_steps")
 
 PLAN_COLUMNS = (
     "run",
@@ -129,6 +140,7 @@ PLAN_COLUMNS = (
     "epochs",
     "train_images",
     "test_images",
+    "probe_images",
     "throughput_img_s",
     "throughput_basis",
     "startup_s",
@@ -164,6 +176,7 @@ class Estimate:
     epochs: int = 0
     train_images: int = 0
     test_images: int = 0
+    probe_images: int = 0  # N_probe: the communication probe's passes after training
     throughput_img_s: float = 0.0
     startup_s: float = 0.0
     slurm_runtime_min: int = 0
@@ -229,9 +242,20 @@ def efficiency(plan: dict, world_size: int, nodes: int) -> float:
     return plan["efficiency_intra_node"] if nodes <= 1 else plan["efficiency_inter_node"]
 
 
-def compute_seconds(epochs: int, n_train: int, n_test: int, throughput: float, plan: dict):
-    """Training plus per-epoch evaluation time at `throughput` images/s (all ranks)."""
-    return epochs * (n_train / throughput + n_test / (throughput * plan["eval_speedup"]))
+def compute_seconds(
+    epochs: int, n_train: int, n_test: int, throughput: float, plan: dict, n_probe: int = 0
+):
+    """Training plus per-epoch evaluation time at `throughput` images/s (all ranks), plus the
+    communication probe's n_probe images after training."""
+    evaluation = n_test / (throughput * plan["eval_speedup"])
+    return epochs * (n_train / throughput + evaluation) + n_probe / throughput
+
+
+def probe_images(world_size: int, local_batch: int, comm_probe_steps: int) -> int:
+    """N_probe of the module docstring: 2 x (steps + 1) passes of W x local_batch images."""
+    if world_size <= 1:
+        return 0  # one rank synchronises nothing: trainer/loop.finish skips the probe
+    return 2 * (comm_probe_steps + 1) * world_size * local_batch if comm_probe_steps else 0
 
 
 def slurm_runtime_min(runtime_s: float, config: dict) -> int:
@@ -358,7 +382,7 @@ def load_measured(
             if column.startswith("throughput"):
                 rule = files.NUMBER
             else:
-                rule = files.count(0 if column.startswith("limit_") else 1)
+                rule = files.count(0 if column in MEASURED_ZERO else 1)
             if not rule.holds(row[column]):
                 raise PlanError(
                     f"{path}, run {row['run']!r}: {column} is {row[column]!r}, not {rule.what}; "
@@ -383,7 +407,11 @@ def _startup_overhead(config: dict, row: dict) -> float | None:
     n_train, n_test = dataset_sizes(config, row)
     throughput = float(row["throughput_img_s"])
     epochs = int(float(row["epochs"]))
-    return row["wall_s"] - compute_seconds(epochs, n_train, n_test, throughput, config["plan"])
+    n_probe = probe_images(
+        *(int(row[k]) for k in ("world_size", "local_batch", "comm_probe_steps"))
+    )
+    compute = compute_seconds(epochs, n_train, n_test, throughput, config["plan"], n_probe)
+    return row["wall_s"] - compute
 
 
 def on_measured(fn, rows: list[dict]):
@@ -490,12 +518,17 @@ def estimate_run(config: dict, row: dict, calibration: Calibration, done: bool =
     startup, startup_basis = calibration.startup(row)
     per_img, energy_basis = calibration.energy_per_image(row)
     n_train, n_test = dataset_sizes(config, row)
+    n_probe = probe_images(row["world_size"], row["local_batch"], row["comm_probe_steps"])
     throughput = per_rank * row["world_size"]
-    runtime = compute_seconds(row["epochs"], n_train, n_test, throughput, config["plan"]) + startup
+
+    def seconds(x: float) -> float:  # T of the module docstring at x images/s
+        return compute_seconds(row["epochs"], n_train, n_test, x, config["plan"], n_probe) + startup
+
+    runtime = seconds(throughput)
     lo = hi = None
     if pred is not None and pred.lo_s is not None:
         lo, hi = (
-            compute_seconds(row["epochs"], n_train, n_test, x, config["plan"]) + startup
+            seconds(x)
             for x in (row["global_batch"] / max(pred.lo_s, 1e-12), row["global_batch"] / pred.hi_s)
         )
     return Estimate(
@@ -513,6 +546,7 @@ def estimate_run(config: dict, row: dict, calibration: Calibration, done: bool =
         epochs=row["epochs"],
         train_images=n_train,
         test_images=n_test,
+        probe_images=n_probe,
         throughput_img_s=throughput,
         startup_s=startup,
         slurm_runtime_min=slurm_runtime_min(runtime, config),

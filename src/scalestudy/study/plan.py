@@ -279,11 +279,14 @@ def plan_markdown(
         "For a run of W ranks on `nodes` nodes, `epochs` epochs of N_train training images, with "
         "evaluation on N_test images after each epoch:",
         "",
-        "    T = epochs * (N_train / X + N_test / (X * eval_speedup)) + startup_s",
+        "    T = epochs * (N_train / X + N_test / (X * eval_speedup)) + N_probe / X + startup_s",
         "    X = x_rank * W,   x_rank = throughput_img_s_per_gpu[precision] * eta(W)",
+        "    N_probe = 2 * (comm_probe_steps + 1) * W * local_batch   (0 for one rank)",
         "    node-hours = sum over runs of nodes * T / 3600,   GPU-hours = sum of GPUs * T / 3600",
         f"    request = node-hours * (1 + contingency),   contingency = {c:g}",
         "",
+        "N_probe: the images of the exposed-communication probe after training (a warm-up and "
+        "train.comm_probe_steps forward-backward passes with gradient sync, as many without). "
         "eta(W) = 1 for one rank, efficiency_intra_node within one node, efficiency_inter_node "
         "across nodes. Calibrated runs (basis other than `default`) take x_rank from measured "
         "runs (results/csv/runs.csv): the same configuration, else the same precision, world size "
