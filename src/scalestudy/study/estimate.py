@@ -20,11 +20,12 @@ for every step: trainer/loaders.py), or n when that is less than one step (16 GP
 CIFAR-10: 49,152 of 50,000). N_probe: the images of the exposed-communication probe after
 training (trainer/measure.comm_probe): a warm-up pass and comm_probe_steps passes, forward and
 backward of one local batch on every rank, with gradient sync and then without; one rank skips
-it (trainer/loop.finish). Timed at X, about the rate of the training steps it repeats (without
-the optimizer, and half of them without communication): the default config's 10 steps are 22
-passes beside a weak 16-GPU run's 360 training steps (12 per epoch x 30 epochs), 6% more, and a
-typo of 10**9 steps is a plan and a time limit that say so, not a job killed at its limit after
-its training.
+it (trainer/loop.finish). Timed at X, about the rate of the training steps it repeats, a little
+high (no optimizer, half of the passes without communication): on 2 CPU ranks 100 probe steps
+added 11.9-12.5 s to a job, N_probe / X said 12.5-13.8 s (docs/benchmarks.md). The default
+config's 10 steps are 22 passes beside a weak 16-GPU run's 360 training steps (12 per epoch x
+30 epochs), 6% more; a typo of 10**9 steps is a plan and a time limit that say so, not a job
+killed at its limit after its training.
 
 Calibration (`Calibration`, when results/csv/runs.csv exists): measured runs of the same device,
 model, width, strategy, loader and compile setting replace the default x_rank, taking the first
