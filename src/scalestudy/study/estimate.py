@@ -254,9 +254,9 @@ def compute_seconds(
 
 def probe_images(world_size: int, local_batch: int, comm_probe_steps: int) -> int:
     """N_probe of the module docstring: 2 x (steps + 1) passes of W x local_batch images."""
-    if world_size <= 1:
-        return 0  # one rank synchronises nothing: trainer/loop.finish skips the probe
-    return 2 * (comm_probe_steps + 1) * world_size * local_batch if comm_probe_steps else 0
+    if world_size <= 1 or not comm_probe_steps:
+        return 0  # off, or one rank, which synchronises nothing: trainer/loop.finish skips it
+    return 2 * (comm_probe_steps + 1) * world_size * local_batch
 
 
 def slurm_runtime_min(runtime_s: float, config: dict) -> int:

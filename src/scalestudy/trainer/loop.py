@@ -388,7 +388,7 @@ def build(cfg: TrainConfig, denv: sdist.DistEnv, device: torch.device) -> Run:
     numerics = configure_numerics(cfg, device)  # TF32 only for tf32, autocast, NHWC, cuDNN
 
     prepared = loaders.load_prepared(cfg.dataset, cfg.data_dir)
-    loaded = build_loaders(cfg, prepared, numerics, device, rank, world_size)
+    loaded = build_loaders(cfg, prepared, numerics, device, rank, world_size, local_batch)
     train_loader, sampler, eval_loader, micro_steps = loaded  # --limit-train/--limit-test
     steps_per_epoch = math.ceil(micro_steps / cfg.accum_steps)
     total_steps = steps_per_epoch * cfg.epochs
@@ -462,13 +462,13 @@ def build_loaders(
     device: torch.device,
     rank: int,
     world_size: int,
+    local_batch: int,
 ) -> tuple[Any, Any, loaders.DeviceLoader, int]:
     """This rank's training loader and its DistributedSampler (a DataLoader's; None with the
     device loader), the evaluation loader (the device loader) and the training micro-batches
     per epoch, over the first --limit-train and --limit-test images."""
     train_x, train_y = _limit(prepared.train_x, prepared.train_y, cfg.limit_train)
     test_x, test_y = _limit(prepared.test_x, prepared.test_y, cfg.limit_test)
-    local_batch, _ = cfg.batches(world_size)
     mean, std = prepared.meta["mean"], prepared.meta["std"]
     # what both input pipelines and the evaluation loader share: this rank's place and the data
     placement = dict(
