@@ -3,9 +3,10 @@ compiles once, and it learns what eager learns.
 
 One rank, ResNet-18 at width 8, the demo's recipe (global batch 32, lr 3.2 at 512, half an
 epoch of warm-up, onecycle to 0) for 6 epochs of 2,048 synthetic images, evaluated on 1,000:
-both runs end on the plateau (eager 99.6% and compiled 99.9% measured on 2026-11-25), where
-the compiled arithmetic's different rounding (gradients agree to ~1e-5 relative after one step)
-cannot move the final accuracy by a percentage point. A shorter recipe that ends mid-climb
+both runs end on the plateau (eager 99.6% and compiled 99.9% measured on 2026-11-25; 99.0% and
+100.0%, 10 images apart, in a CI run of 2026-12-01 on an AVX-512 machine), where the compiled
+arithmetic's different rounding (gradients agree to ~1e-5 relative after one step) moves the
+final accuracy by a percentage point at most. A shorter recipe that ends mid-climb
 (1,000 images, 8 epochs, lr 2.0) differed by 3.3 points: there the runs had not converged, and
 any rounding difference shows. The training set is cut to 2,000 images: 62 steps of 32 and a
 ragged tail of 16 left out per epoch, which must not recompile. The compiled run costs ~40 s
@@ -30,13 +31,14 @@ FLAGS = [
     *("--warmup-epochs", "0.5", "--limit-train", "2000"),
     *("--comm-probe-steps", "0", "--no-tensorboard"),
 ]
+TEST_IMAGES = 1000  # the evaluation set: 1 percentage point is 10 of its images
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     data = tmp_path_factory.mktemp("fastpath-data")
     prepare = [PYTHON, "-m", "scalestudy", "prepare-data", "--dataset", "synthetic"]
-    prepare += ["--data-dir", str(data), "--num-train", "2048", "--num-test", "1000"]
+    prepare += ["--data-dir", str(data), "--num-train", "2048", "--num-test", str(TEST_IMAGES)]
     subprocess.run(prepare, check=True, env=child_env(), capture_output=True, timeout=300)
     paths = {switch: tmp_path_factory.mktemp(f"compile-{switch}") for switch in ("off", "on")}
 
@@ -52,7 +54,10 @@ def runs(tmp_path_factory):
 def test_compiled_run_learns_what_eager_learns(runs):
     eager, compiled = runs["off"], runs["on"]
     assert eager["final_val_acc"] > 0.95 and compiled["final_val_acc"] > 0.95
-    assert abs(compiled["final_val_acc"] - eager["final_val_acc"]) <= 0.01
+    # in images, not as a difference of two fractions: 1.0 - 0.99 is 0.010000000000000009 in
+    # floating point, and a run 10 images apart (1 point, within the target) failed on it
+    right = {name: round(m["final_val_acc"] * TEST_IMAGES) for name, m in runs.items()}
+    assert abs(right["on"] - right["off"]) <= TEST_IMAGES // 100, right
 
 
 def test_compiled_once_and_never_inside_the_window(runs):
