@@ -588,6 +588,42 @@ def test_merge_joins_runs_and_refuses_a_run_given_twice(tmp_path, capsys):
         assert not out.exists()
 
 
+def test_merge_refuses_a_csv_that_holds_another_runs_rows(tmp_path, capsys):
+    """A per-run CSV copied into another run's directory (results/profile/w2/kernels.csv holding
+    w1's rows, or two runs' files swapped) was merged under the run its rows name: the report
+    then showed one configuration's kernels as another's. The workflow names the run of each
+    input (`--run`, in input order), and a row of any other run is refused."""
+    from scalestudy import cli
+
+    made = {}
+    for run in ("w1", "w2"):
+        args = _profile_parse(
+            *("--nsys-stats", str(FIX / "nsys-2024.5"), "--run", run),
+            *("--out-kernels", str(tmp_path / f"{run}.csv")),
+        )
+        assert capture.parse(args) == 0
+        made[run] = tmp_path / f"{run}.csv"
+    out = tmp_path / "all.csv"
+    argv = ["profile", "merge", "--schema", "kernels", "--out", str(out)]
+    named = ["--run", "w1", "--run", "w2"]
+    assert cli.main([*argv, *named, str(made["w1"]), str(made["w2"])]) == 0
+    assert [r["run"] for r in csv.DictReader(out.open())] == ["w1"] * 25 + ["w2"] * 25
+    for inputs in ([made["w2"], made["w1"]], [made["w1"], made["w1"]]):  # swapped; a copy
+        out.unlink(missing_ok=True)
+        capsys.readouterr()
+        assert cli.main([*argv, *named, *map(str, inputs)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        wrong = inputs[0] if inputs[0] != made["w1"] else inputs[1]
+        got = "w2" if wrong == made["w2"] else "w1"
+        assert len(err) == 1 and f"{wrong}: rows of run {got!r}, but it is run " in err[0], err
+        assert "delete it and run snakemake again" in err[0]
+        assert not out.exists()
+    # one --run per input, or none (a hand merge)
+    assert cli.main([*argv, "--run", "w1", str(made["w1"]), str(made["w2"])]) == 2
+    assert "2 inputs but 1 --run" in capsys.readouterr().err
+    assert cli.main([*argv, str(made["w2"]), str(made["w1"])]) == 0
+
+
 @pytest.mark.parametrize(
     "columns, column, value, why",
     [
@@ -1775,6 +1811,14 @@ def test_gpu_study_plans_nsys_and_ncu_jobs_apart_from_training(repo_copy):
     )
     assert "scalestudy profile ncu --run w1_lb256_fp32_ddp_bk25_r0" in out
     assert "--top-k 5 --launch-skip 10 --launch-count 3" in out
+    # each merge names the run of each per-run CSV, in the order of its inputs
+    merges = [ln.strip() for ln in out.splitlines() if "scalestudy profile merge" in ln]
+    for schema_name in ("kernels", "ranges", "ncu"):
+        line = next(ln for ln in merges if f"--schema {schema_name} " in ln)
+        argv = shlex.split(line.split(f"--schema {schema_name} ", 1)[1].split(" && ")[0])
+        runs = [argv[i + 1] for i, word in enumerate(argv) if word == "--run"]
+        inputs = [w for w in argv if w.startswith("results/profile/")]
+        assert len(runs) == 4 and [Path(w).parent.name for w in inputs] == runs, line
 
 
 def test_profiling_off_or_on_cpu_changes_the_dag(repo_copy):

@@ -102,10 +102,12 @@ rule profile_collect:
         ranges="results/csv/profile_ranges.csv",
     log:
         "logs/profile_collect/collect.log",
+    params:
+        runs=profiling.merge_flags(PROFILED),  # the run of each input, in the same order
     shell:
-        "(scalestudy profile merge --schema kernels --out {output.kernels:q} {input.kernels:q} "
-        "&& scalestudy profile merge --schema ranges --out {output.ranges:q} {input.ranges:q}) "
-        "> {log:q} 2>&1"
+        "(scalestudy profile merge --schema kernels --out {output.kernels:q} {params.runs:q} "
+        "{input.kernels:q} && scalestudy profile merge --schema ranges --out {output.ranges:q} "
+        "{params.runs:q} {input.ranges:q}) > {log:q} 2>&1"
 
 
 # Every profiled run's Nsight Compute metrics -> results/csv/profile_ncu.csv.
@@ -117,5 +119,8 @@ rule profile_collect_ncu:
         ncu="results/csv/profile_ncu.csv",
     log:
         "logs/profile_collect_ncu/collect.log",
+    params:
+        runs=profiling.merge_flags(PROFILED),
     shell:
-        "scalestudy profile merge --schema ncu --out {output:q} {input.ncu:q} > {log:q} 2>&1"
+        "scalestudy profile merge --schema ncu --out {output:q} {params.runs:q} {input.ncu:q} "
+        "> {log:q} 2>&1"

@@ -9,7 +9,7 @@
     scalestudy profile ncu --run R --kernels K.csv --top-k 5 --launch-skip S --launch-count C \\
         --out-dir results/profile/R/ncu --out N.csv --enabled auto|true ... -- <train flags>
     scalestudy profile rank --tool nsys|ncu --ranks all|0 --dir DIR [...] -- CMD...
-    scalestudy profile merge --schema kernels|ranges|ncu --out X.csv IN.csv...
+    scalestudy profile merge --schema kernels|ranges|ncu --out X.csv [--run R]... IN.csv...
 
 capture: the tool is chosen here, on the compute node, and stated in DIR/tool.json and the log:
   auto -> nsys when the run is on CUDA and `nsys` is on PATH, else torch.profiler (on the GPU when
@@ -808,7 +808,7 @@ def merge(args: argparse.Namespace) -> int:
         "ranges": schema.RANGE_COLUMNS,
         "ncu": schema.NCU_COLUMNS,
     }[args.schema]
-    files.write_text(args.out, schema.merge_csvs(args.inputs, columns))
+    files.write_text(args.out, schema.merge_csvs(args.inputs, columns, args.runs))
     return 0
 
 
@@ -889,6 +889,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p = sub.add_parser("merge", help="per-run profile CSVs -> one CSV")
     p.add_argument("--schema", choices=("kernels", "ranges", "ncu"), required=True)
     p.add_argument("--out", required=True)
+    p.add_argument(
+        "--run",
+        action="append",
+        dest="runs",
+        help="the run of each input, in input order (one per input): a row of another run is "
+        "refused",
+    )
     p.add_argument("inputs", nargs="*")
 
 

@@ -54,7 +54,7 @@ from __future__ import annotations
 import csv
 import io
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from scalestudy import files
@@ -242,15 +242,33 @@ def read_csv(path: str | Path, columns: tuple[str, ...]) -> list[dict]:
     return rows
 
 
-def merge_csvs(paths: Iterable[str | Path], columns: tuple[str, ...]) -> str:
+def merge_csvs(
+    paths: Sequence[str | Path], columns: tuple[str, ...], runs: Sequence[str] | None = None
+) -> str:
     """Concatenate per-run CSVs of one schema (header checked) into one CSV text. A run in two
     of them (a file given twice, or copied under another name) is refused: its rows would count
-    twice in every share and sum of the analysis."""
+    twice in every share and sum of the analysis. `runs`, when given, is the run each input
+    belongs to (the workflow's results/profile/<run>/): a row of another run is refused, else a
+    CSV copied into another run's directory showed one configuration's kernels as another's."""
+    if runs is not None and len(runs) != len(paths):
+        raise ProfileFormatError(
+            paths[0] if paths else "profile merge",
+            None,
+            f"{len(paths)} inputs but {len(runs)} --run: name the run of each input, in order",
+        )
     rows: list[dict] = []
     came_from: dict[str, Path] = {}  # run -> the input that held it
-    for p in paths:
+    for i, p in enumerate(paths):
         new = read_csv(p, columns)
         for run in dict.fromkeys(r["run"] for r in new):
+            if runs is not None and run != runs[i]:
+                raise ProfileFormatError(
+                    p,
+                    None,
+                    f"rows of run {run!r}, but it is run {runs[i]!r}'s CSV, copied from another "
+                    "run; delete it and run snakemake again (it remakes it from this run's "
+                    "capture)",
+                )
             if run in came_from:
                 raise ProfileFormatError(
                     p, None, f"run {run!r} is also in {came_from[run]}; merge each run's CSV once"

@@ -87,6 +87,12 @@ def profile_targets(config: dict, profiled: Iterable) -> list[str]:
     return targets + (["results/csv/profile_ncu.csv"] if ncu_enabled(config) else [])
 
 
+def merge_flags(profiled: Iterable[str]) -> list[str]:
+    """`scalestudy profile merge`'s --run of each input, in the order of the rule's expand()
+    over the same runs: a per-run CSV holding another run's rows is refused."""
+    return [x for run in profiled for x in ("--run", run)]
+
+
 def profile_flags(row: dict, profiling: dict) -> list[str]:
     """The run's trainer flags, then the window's (argparse: the last value of a flag wins)."""
     window = window_flags(row, profiling["start_step"], profiling["steps"])
