@@ -784,9 +784,9 @@ def test_an_ncu_duration_without_a_unit_is_an_error(tmp_path):
 @pytest.mark.parametrize(
     "metric, value, says",
     [
-        ("gpu__time_duration.sum", "-5", "not a finite number > 0"),  # a negative duration
-        ("gpu__time_duration.sum", "0", "not a finite number > 0"),  # a rate of None
-        ("gpu__time_duration.sum", "1e400", "not a finite number > 0"),  # float: inf
+        ("gpu__time_duration.sum", "-5", "not a number > 0"),  # a negative duration
+        ("gpu__time_duration.sum", "0", "not a number > 0"),  # a rate of None
+        ("gpu__time_duration.sum", "1e400", "not a number > 0"),  # float: inf
         ("sm__warps_active.avg.pct_of_peak_sustained_active", "-5", ">= 0"),
         ("sm__ops_path_tensor_src_bf16_dst_fp32.sum", "-5", ">= 0"),  # negative FLOP/s
         ("smsp__sass_thread_inst_executed_op_ffma_pred_on.sum", "1e400", ">= 0"),  # inf FLOP/s

@@ -7,10 +7,10 @@ rows, trailing commas, labels that changed between versions and metric names ins
 
 from __future__ import annotations
 
-import math
 import re
 from pathlib import Path
 
+from scalestudy import files
 from scalestudy.errors import ProfileFormatError
 from scalestudy.nsight import schema
 from scalestudy.nsight.readers import col, parse_number, rows_after_header, to_ns
@@ -93,11 +93,10 @@ def parse_ncu(path: str | Path, run: str, kernel: str | None = None) -> list[dic
             continue  # text-valued metrics (e.g. "Cache Control") are not needed
         # a negative or overflowing (1e400) value became a negative or infinite duration, rate
         # or percentage in profile_ncu.csv; a kernel of 0 ns a rate of None
-        positive = metric in _NCU_DURATION
-        if used and not (math.isfinite(value) and (value > 0 if positive else value >= 0)):
-            least = "> 0" if positive else ">= 0"
+        cell = files.POSITIVE if metric in _NCU_DURATION else files.NON_NEGATIVE
+        if used and not cell.holds(value):
             raise ProfileFormatError(
-                path, line, f"{metric}: {raw!r} is not a finite number {least}; {REPROFILE}"
+                path, line, f"{metric}: {raw!r} is not {cell.what}; {REPROFILE}"
             )
         launches.setdefault(key, {})[metric] = (value, unit or suffix, line)
     if not launches:
