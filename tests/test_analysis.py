@@ -590,6 +590,24 @@ def test_system_table_says_flops_peak_source_why_no_mfu_and_compile():
     assert s[("system", "FLOPs per training image")] == "not recorded"
 
 
+def test_system_table_says_cuda_and_nccl_were_not_used_by_cpu_runs():
+    """The trainer records no CUDA or NCCL version on a CPU (measure.py), and the report said
+    "not recorded" for them, as for a value a GPU run failed to record."""
+
+    def system(runs):
+        rows = analysis.system_table(runs, {"name": "t"})
+        return {r["key"]: r["value"] for r in rows if r["section"] == "system"}
+
+    cpu = [run(f"c{n}", "strong", n, 64, 100) | {"device_type": "cpu"} for n in (1, 2)]
+    s = system(cpu)
+    assert s["CUDA"] == s["NCCL"] == "n/a: every run ran on cpu"
+    assert s["container image"] == "not recorded"  # not a device's: unchanged
+    gpu = run("g1", "strong", 1, 64, 1000) | {"device_type": "cuda"}
+    assert system([gpu])["CUDA"] == "not recorded"  # a GPU run without it
+    s = system([gpu | {"cuda_version": "13.0", "nccl_version": "2.28.9"}, *cpu])
+    assert (s["CUDA"], s["NCCL"]) == ("13.0", "2.28.9")
+
+
 def test_a_measure_some_repeats_lack_is_blank_not_a_mean_of_fewer():
     """GPU utilisation recorded by one repeat of three: scaling.csv's n says 3, so a mean of the
     one would pass for all three; it is blank, as the waterfall's parts are."""

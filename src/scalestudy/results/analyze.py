@@ -737,6 +737,8 @@ SYSTEM_BLANK = {
     "peak_flops_source": "none: no run has a published peak",
     "mfu_unmeasured": "n/a: every run has an MFU",
 }
+# the trainer records these only on CUDA (trainer/measure.py): blank in a CPU run is not a gap
+CUDA_ONLY = ("cuda_version", "nccl_version")
 STUDY_KEYS = (
     "dataset",
     "model",
@@ -767,6 +769,8 @@ def system_table(runs: list[dict], study: dict) -> list[dict]:
         if column in SYSTEM_BLANK:
             blank = SYSTEM_BLANK[column] if any(column in r for r in runs) else "not recorded"
             value = _distinct(runs, column, blank, split=False)
+        elif column in CUDA_ONLY and runs and all(r.get("device_type") == "cpu" for r in runs):
+            value = "n/a: every run ran on cpu"
         else:
             value = _distinct(runs, column)
         rows.append({"section": "system", "key": label, "value": value})
