@@ -608,13 +608,14 @@ def test_merge_refuses_a_csv_that_holds_another_runs_rows(tmp_path, capsys):
     named = ["--run", "w1", "--run", "w2"]
     assert cli.main([*argv, *named, str(made["w1"]), str(made["w2"])]) == 0
     assert [r["run"] for r in csv.DictReader(out.open())] == ["w1"] * 25 + ["w2"] * 25
-    for inputs in ([made["w2"], made["w1"]], [made["w1"], made["w1"]]):  # swapped; a copy
+    # (the inputs, the one refused, the run its rows name)
+    swapped = ([made["w2"], made["w1"]], made["w2"], "w2")
+    copied = ([made["w1"], made["w1"]], made["w1"], "w1")  # w1's CSV as w2's
+    for inputs, wrong, got in (swapped, copied):
         out.unlink(missing_ok=True)
         capsys.readouterr()
         assert cli.main([*argv, *named, *map(str, inputs)]) == 2
         err = capsys.readouterr().err.strip().splitlines()
-        wrong = inputs[0] if inputs[0] != made["w1"] else inputs[1]
-        got = "w2" if wrong == made["w2"] else "w1"
         assert len(err) == 1 and f"{wrong}: rows of run {got!r}, but it is run " in err[0], err
         assert "delete it and run snakemake again" in err[0]
         assert not out.exists()
