@@ -179,6 +179,23 @@ def test_verdicts_pass_fail_and_not_measured(runs):
     assert s2["measured"] == pytest.approx(2 * 3300 / (4 * 1800))  # N0 X(N) / (N X(N0))
 
 
+def test_an_accuracy_change_of_exactly_the_tolerance_is_within_it():
+    # 0.926 - 0.916 is -0.010000000000000009 in floating point: a test set's accuracies are
+    # multiples of 1/limit_test, so a change of exactly the tolerance is common, not a fluke
+    for fp32, bf16, within in ((0.926, 0.916, True), (0.926, 0.915, False), (0.5, 0.51, True)):
+        table = analysis.scaling_table(
+            [
+                run("w1_fp32", "precision", 1, 64, 1000, acc=fp32),
+                run("w1_bf16", "precision", 1, 64, 1500, precision="bf16", acc=bf16),
+            ],
+            acc_tolerance=0.01,
+        )
+        assert row(table, "precision", 1, "bf16")["acc_within_tolerance"] is within, (fp32, bf16)
+        v = {r["target"]: r for r in analysis.verdicts(table, analysis.DEFAULT_TARGETS)}
+        # bf16 is the candidate unless it lost more than the tolerance: 1500 / 1000 - 1
+        assert v["optimisation_speedup"]["measured"] == (pytest.approx(0.5) if within else None)
+
+
 def test_optimisation_verdict_disqualifies_accuracy_loss_not_gain():
     base = [run("w1_fp32", "precision", 1, 64, 1000, acc=0.80)]
     # bf16 slower but 3 points better: flagged outside the two-sided tolerance, still a candidate
