@@ -125,6 +125,20 @@ def test_runs_without_per_rank_times_leave_imbalance_blank_not_zero():
     assert "imbalance" in row["note"] and "busy_time_ms_p50_by_rank" in row["note"]
 
 
+def test_a_per_rank_list_with_a_rank_missing_is_blank_not_a_summary_of_fewer_ranks():
+    # rank 1 recorded no times: the median and the slowest of the other ranks would be a guess
+    # about it (with both ranks, as above: data 3 ms, imbalance 6 ms of the 25 ms loss)
+    gap = run("w2", "weak", 2, 100, 1600, [7, 9], [50, 56], 0.08)
+    gap["data_time_ms_mean_by_rank"] = "7.0;None"
+    gap["busy_time_ms_p50_by_rank"] = "None;56.0"
+    runs = [run("w1", "weak", 1, 100, 1000, [5], [50], 0.0), gap]
+    [row] = analyze.waterfall(runs)
+    assert row["data_img_s"] is None and row["imbalance_img_s"] is None
+    assert row["comm_img_s"] == pytest.approx(160)
+    assert row["residual_img_s"] == pytest.approx(240)  # the 400 img/s loss less comm's 160
+    assert "data_time_ms_mean_by_rank" in row["note"] and "busy_time_ms_p50_by_rank" in row["note"]
+
+
 def test_a_family_at_one_world_size_has_no_rows():
     runs = [run("b1", "bucket", 2, 100, 1000, [5, 5], [50, 50], 0.1)]
     assert analyze.waterfall(runs) == []

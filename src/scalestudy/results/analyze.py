@@ -379,9 +379,11 @@ PART_INPUTS = {
 
 
 def _per_rank(value) -> list[float] | None:
-    """A per-rank list of runs.csv (collect joins it with ';') -> numbers; None when absent."""
-    values = [files.number(v) for v in str(value or "").split(";") if v not in ("", "None")]
-    return values if values and None not in values else None
+    """A per-rank list of runs.csv (collect joins it with ';') -> numbers; None when absent, or
+    when any rank did not measure it: a median or maximum of fewer ranks would be a guess about
+    the missing ones (as mean_std: never a summary of fewer)."""
+    values = [files.number(v) for v in str(value or "").split(";")]
+    return values if None not in values else None
 
 
 def step_overheads(row: dict) -> dict:
