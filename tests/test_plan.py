@@ -273,9 +273,10 @@ def test_measured_runs_are_read_with_wall_times_and_damage_is_refused(tmp_path):
     measured = plan.load_measured(runs_csv, bench)
     # the bf16 row has no throughput (no steady-state window): it calibrates nothing
     assert [(m["run"], m["wall_s"]) for m in measured] == [("w1_lb8_fp32_ddp_bk25_r0", 56.0)]
-    # a wall time no job had (it became a negative start-up overhead in the calibration)
+    # a wall time no job had (it became a negative start-up overhead in the calibration; 0 s
+    # was a ZeroDivisionError traceback in the calibration check's ratio of estimate to it)
     tsv = bench / "w1_lb8_fp32_ddp_bk25_r0.tsv"
-    for value in ("-56.0", "abc", "inf", "nan"):
+    for value in ("-56.0", "abc", "inf", "nan", "0", "0.0"):
         tsv.write_text(f"s\th:m:s\tmax_rss\n{value}\t0:00:56\t1\n")
         with pytest.raises(PlanError, match=rf"{tsv}: the wall time `s` is '{value}', not a"):
             plan.load_measured(runs_csv, bench)

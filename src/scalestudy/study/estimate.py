@@ -307,8 +307,9 @@ def _level_key(level: str, row: dict) -> tuple:
 def read_wall_seconds(path: Path) -> float | None:
     """Snakemake's benchmark file of a job: the `s` column of its first row (None if absent).
 
-    A row whose `s` is missing, no number, negative or infinite is refused: it would give
-    the run a start-up overhead (wall_s minus the compute time) that no job had."""
+    A row whose `s` is missing, no number, not above 0 or infinite is refused: it would give
+    the run a start-up overhead (wall_s minus the compute time) that no job had, and the plan's
+    calibration check divides by it."""
     if not path.is_file():
         return None
     fix = "delete it: Snakemake writes it again with the job"
@@ -316,9 +317,9 @@ def read_wall_seconds(path: Path) -> float | None:
     if not rows:
         return None
     seconds = rows[0].get("s")
-    if not files.NON_NEGATIVE.holds(seconds):
+    if not files.POSITIVE.holds(seconds):
         raise PlanError(
-            f"{path}: the wall time `s` is {seconds!r}, not a number of seconds >= 0; {fix}"
+            f"{path}: the wall time `s` is {seconds!r}, not a number of seconds > 0; {fix}"
         )
     return float(seconds)
 
