@@ -370,6 +370,14 @@ def test_the_printed_request_table_recomputes(request, which):
     assert printed_subtotal == pytest.approx(subtotal, rel=1e-9)
     assert ask == pytest.approx(printed_subtotal + contingency, rel=1e-9)
     assert f"**{report.fmt_exact(ask)} node-hours**" in text  # the headline asks the same
+    # the thin-evidence section's table of the runs to add prints the same rows, as exactly
+    if "| runs to add |" in text:
+        added = text[text.index("| runs to add |") :]
+        added = added[: added.index("\n\n")].splitlines()[2:]
+        request_rows = {r[0]: r[1:5] for r in body}
+        for line in added:
+            item, *numbers = (c.strip() for c in line.strip("|").split("|"))
+            assert numbers == request_rows[item], (item, numbers, request_rows[item])
 
 
 def test_a_cpu_study_asks_for_node_hours_only(demo):
