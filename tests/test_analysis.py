@@ -263,6 +263,29 @@ def test_resources_energy_kwh_from_measured_joules_per_image():
     assert measured["weak"]["energy_kwh"] == pytest.approx(kwh_a)
 
 
+def test_energy_counts_the_images_trained_not_steps_x_global_batch_under_accumulation():
+    """With gradient accumulation an epoch's last group may be short: 31 micro-steps of 32
+    images in groups of 4 are 8 optimizer steps, 992 images, not 8 x 128 = 1024."""
+    r = run("a", "strong", 2, 16, 1000) | {"epochs": "3", "steps_per_epoch": "8"}
+    r |= {"global_batch": "128", "accum_steps": "4", "energy_j_per_img": "3600"}
+    r["train_images_per_epoch"] = "992"  # the trainer's count
+    [measured] = [
+        x for x in analysis.resources([r], 4) if x["kind"] == "measured" and x["family"] == "strong"
+    ]
+    assert measured["energy_kwh"] == pytest.approx(3 * 992 * 3600 / 3.6e6)  # 2.976 kWh
+    # a runs.csv of a trainer before the count: exact without accumulation, None with it
+    del r["train_images_per_epoch"]
+    [measured] = [
+        x for x in analysis.resources([r], 4) if x["kind"] == "measured" and x["family"] == "strong"
+    ]
+    assert measured["energy_kwh"] is None
+    r["accum_steps"], r["global_batch"] = "1", "32"
+    [measured] = [
+        x for x in analysis.resources([r], 4) if x["kind"] == "measured" and x["family"] == "strong"
+    ]
+    assert measured["energy_kwh"] == pytest.approx(3 * 8 * 32 * 3600 / 3.6e6)
+
+
 def test_profile_shares_of_rank_zero_and_bad_category(tmp_path):
     shares = analysis.profile_shares(FIXTURES / "profile_kernels.csv")
     by = {(r["run"], r["category"]): r["share"] for r in shares}

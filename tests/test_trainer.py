@@ -205,6 +205,9 @@ def test_bf16_runs_on_cpu(data_dir, tmp_path):
             "bf16",
             "--accum-steps",
             "2",
+            # 480 images a rank: 15 micro-batches of 32, so the epoch's last group is short
+            "--limit-train",
+            "960",
             "--clip-grad",
             "1.0",
             "--schedule",
@@ -231,6 +234,9 @@ def test_other_recipes_and_hooks_run_in_sync(data_dir, tmp_path, flags):
         assert all(math.isfinite(float(r["train_loss"])) for r in read_epochs(tmp_path))
     if "--accum-steps" in flags:
         assert m["global_batch"] == 32 * 2 * 2  # local x world x accumulated micro-steps
+        # 8 optimizer steps (7 groups of 2 and 1 of 1) of 64 images each micro-step: 960
+        # images, not steps x global batch = 1024
+        assert (m["steps_per_epoch"], m["train_images_per_epoch"]) == (8, 960)
         assert m["loader"] == "dataloader"
         assert m["ddp_static_graph"] is False  # incompatible with no_sync accumulation
 

@@ -629,7 +629,11 @@ def energy_kwh(members: list[dict]) -> float | None:
     """GPU energy of the runs' training in kWh, from each run's measured J/img (NVML's counter
     over its steady-state window, train.py) x the images it trained:
 
-        kWh = sum over runs of J/img x epochs x steps_per_epoch x global_batch / 3.6e6
+        kWh = sum over runs of J/img x epochs x train_images_per_epoch / 3.6e6
+
+    train_images_per_epoch: the trainer's count (all ranks). A runs.csv of an older trainer
+    lacks it: then steps_per_epoch x global_batch, which equals it without gradient
+    accumulation; with it, a short last group trains fewer images, so such a run's is None.
 
     J/img: energy_j_per_img (the training spans) where measured, else energy_wall_j_per_img
     (the window's wall span, its evaluations included: estimate.measured_energy_per_img).
@@ -641,8 +645,13 @@ def energy_kwh(members: list[dict]) -> float | None:
         per_img, _ = estimate.measured_energy_per_img(r)
         if per_img is None:
             return None
-        images = int(r["epochs"]) * int(r["steps_per_epoch"]) * int(r["global_batch"])
-        total += per_img * images
+        if r.get("train_images_per_epoch") not in (None, ""):
+            per_epoch = int(r["train_images_per_epoch"])
+        elif int(r.get("accum_steps") or 1) == 1:
+            per_epoch = int(r["steps_per_epoch"]) * int(r["global_batch"])
+        else:
+            return None
+        total += per_img * int(r["epochs"]) * per_epoch
     return total / J_PER_KWH
 
 
@@ -966,7 +975,8 @@ RUNS_OPTIONAL = tuple(m for m in MEASURES if m not in RUNS_NUMBERS and m != "ste
 RUNS_OPTIONAL += ("energy_j_per_img", "energy_wall_j_per_img")
 # ... and the counts energy_kwh multiplies with int() where a run measured its energy (a
 # re-saved "195.0" was a ValueError traceback); blank in a runs.csv of an older trainer
-RUNS_OPTIONAL += ("epochs", "steps_per_epoch")
+ENERGY_COUNTS = ("epochs", "steps_per_epoch", "train_images_per_epoch", "accum_steps")
+RUNS_OPTIONAL += ENERGY_COUNTS
 # the waterfall's per-rank lists (milliseconds; collect joins a list with ';'): each element a
 # number >= 0, or None where a rank did not measure it (a word there was a ValueError traceback)
 RUNS_PER_RANK = tuple(c for c in PART_INPUTS.values() if c.endswith("_by_rank"))
@@ -975,7 +985,7 @@ RANK_CELL = files.NON_NEGATIVE.or_blank()  # one element of such a list
 # counts as collect writes them, digits only: a re-saved "2.0" passed as a count and failed
 # int() later with a traceback
 RUNS_CELLS = {
-    **{c: files.count(1) for c in (*RUNS_COUNTS, "epochs", "steps_per_epoch")},
+    **{c: files.count(1) for c in (*RUNS_COUNTS, *ENERGY_COUNTS)},
     "repeat": files.count(0),
     **{c: files.POSITIVE for c in RUNS_POSITIVE},
     **{c: files.FRACTION for c in RUNS_FRACTIONS},

@@ -172,6 +172,7 @@ def end_of_epoch(
     )
     dist.all_reduce(stats)
     train_loss, train_acc = (stats[0] / stats[2]).item(), (stats[1] / stats[2]).item()
+    state.epoch_images = round(stats[2].item())
     if not math.isfinite(train_loss):
         raise TrainingError(
             f"non-finite training loss ({train_loss}) in epoch {epoch + 1}: "
@@ -185,7 +186,7 @@ def end_of_epoch(
         "val_loss": val_loss,
         "val_acc": val_acc,
         "epoch_time_s": epoch_time,
-        "throughput_img_s": stats[2].item() / epoch_time,
+        "throughput_img_s": state.epoch_images / epoch_time,
         "lr": lr,  # its last optimizer step's (the optimizer holds the next step's by now)
     }
     state.history.append(row)
@@ -274,6 +275,8 @@ def finish(
         "ddp_static_graph": ddp_static_graph(cfg),
         **grad_sync(run.model, cfg),  # param_count, grad_sync_bytes: the scaling model's P
         "steps_per_epoch": run.steps_per_epoch,
+        # counted, not steps x global batch: a short last accumulation group trains fewer
+        "train_images_per_epoch": state.epoch_images,
         **measured,
         # the FLOP rate and MFU against the device's published peak (hardware.py)
         **efficiency(

@@ -41,6 +41,9 @@ class RunState:
 
     epoch: int = 0  # epochs completed
     step: int = 0  # optimizer steps completed
+    # images an epoch trains, all ranks: every epoch's count is the same (fixed batches, the
+    # ragged tail dropped), and every segment trains at least one epoch to count it again
+    epoch_images: int = 0
     history: list[dict] = field(default_factory=list)  # the epochs.csv rows so far
     window_images: int = 0  # images this rank processed in the steady-state window
     window_time: float = 0.0  # seconds of training steps in the window (no evaluation)
