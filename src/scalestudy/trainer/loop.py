@@ -414,9 +414,16 @@ def build(cfg: TrainConfig, denv: sdist.DistEnv, device: torch.device) -> Run:
     loaders.seed_rank_draws(cfg.seed, rank)  # from here on, each rank's own random draws
     graphs = compiling.graphs_mode(cfg, device, total_steps)  # --cuda-graphs auto: compiling.py
     side = torch.cuda.Stream(device) if graphs == "step" else None
-    # a step captured with DDP's all-reduces needs DDP built on the capture's side stream
+    # a step captured with DDP's all-reduces needs DDP built on the capture's side stream. A
+    # new stream does not wait for the default one (torch's CUDA semantics: the user orders
+    # them), so its broadcast of rank 0's weights waits for the copies and the channels_last
+    # conversion queued above, and the default stream for the broadcast
+    if side is not None:
+        side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
         model, no_sync = wrap_model(model, cfg, device)
+    if side is not None:
+        torch.cuda.current_stream(device).wait_stream(side)
     eval_model = model
     if compiling.compile_on(cfg, device):  # --compile auto: on CUDA (compiling.py)
         model = compiling.compile_model(model, cfg, device, graphs == "compiled")
