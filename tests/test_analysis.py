@@ -1030,3 +1030,26 @@ def test_collect_refuses_a_measurement_analyze_would_refuse_naming_the_runs_file
             collect.collect([row], tmp_path / "runs")
         assert str(info.value).startswith(f"{metrics}: {says}"), info.value
         assert str(info.value).endswith(f"delete {run_dir} and rerun it")
+
+
+def test_a_table_cut_short_is_one_line_not_a_report_of_fewer_families(tmp_path, capsys):
+    """A scaling.csv cut off mid-row (a full disk, a copy interrupted): the short row's missing
+    cells were read as None and passed as filled, and the report said the families of the lost
+    cells had not run. Every CSV reader refuses a row whose cells do not match its header."""
+    from scalestudy import cli, files
+
+    runs = [run("w1", "strong", 1, 64, 1000), run("w2", "strong", 2, 64, 1800)]
+    path = tmp_path / "scaling.csv"
+    files.write_csv(path, None, scaling_rows(runs))
+    text = path.read_text()
+    path.write_text(text[: text.rindex("\n", 0, len(text) - 1) + 12])  # line 3, 11 characters
+    with pytest.raises(AnalysisError) as exc:
+        analysis.read_table(path, "scaling", "make")
+    header = len(text.splitlines()[0].split(","))
+    assert str(exc.value).startswith(f"{path}, line 3: {header} columns in the header but "), exc
+    assert str(exc.value).endswith("delete it and run `make`")
+    argv = ["plot", "--figure", "throughput", "--device", "cpu", "--out", str(tmp_path / "p")]
+    assert cli.main([*argv, "--scaling", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{path}, line 3: " in err[0], err
+    assert not (tmp_path / "p").exists()

@@ -276,11 +276,25 @@ def read_text(path: str | os.PathLike, error: type[Exception], fix: str) -> str:
 def read_csv_rows(
     path: str | os.PathLike, error: type[Exception], fix: str, delimiter: str = ","
 ) -> list[dict]:
-    """The rows of a CSV (TSV) file as dicts; not UTF-8: `error`, as read_text."""
+    """The rows of a CSV (TSV) file as dicts; not UTF-8: `error`, as read_text. A row with
+    more or fewer cells than the header is `error` too: csv.DictReader would file the extra
+    cells under None and fill the missing ones with None, which a reader took for values (a
+    file cut off mid-row, by a full disk or an interrupted copy, passed as complete)."""
     # decoded whole (the tool's CSVs are small): the byte a decode error names is then the
     # file's own offset, not one within a read chunk
     text = read_text(path, error, fix)
-    return list(csv.DictReader(io.StringIO(text, newline=""), delimiter=delimiter))
+    lines = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
+    header, rows = next(lines, []), []
+    for cells in lines:
+        if not cells:  # a blank line, skipped (as csv.DictReader does)
+            continue
+        if len(cells) != len(header):
+            raise error(
+                f"{path}, line {lines.line_num}: {len(header)} columns in the header but "
+                f"{len(cells)} cells here; {fix}"
+            )
+        rows.append(dict(zip(header, cells, strict=True)))
+    return rows
 
 
 def sha256(path: str | os.PathLike, chunk: int = 1 << 20) -> str:

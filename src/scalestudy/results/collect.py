@@ -156,16 +156,10 @@ def load_epochs(path: Path) -> list[dict]:
     rows = files.read_csv_rows(path, CollectError, fix)
     if not rows:
         raise CollectError(f"{path} has no epochs; {fix}")
-    header = [k for k in rows[0] if k is not None]
-    missing = [c for c in vocab.EPOCH_COLUMNS if c not in header]
+    missing = [c for c in vocab.EPOCH_COLUMNS if c not in rows[0]]
     if missing:
         raise CollectError(f"{path} has no column {', '.join(missing)}: not the trainer's; {fix}")
-    for line, row in enumerate(rows, start=2):  # DictReader files extra cells under None
-        if None in row or None in row.values():
-            raise CollectError(
-                f"{path}, line {line}: {len(header)} columns in the header but another "
-                f"count of cells here; {fix}"
-            )
+    for line, row in enumerate(rows, start=2):  # read_csv_rows refused a row of other length
         # the trainer's rows: epochs 1, 2, ... once each (a resume rewrites the file from the
         # checkpoint's history), the other columns as epoch_cell says. A damaged cell was
         # collected as it was and refused only by the accuracy figure, which then named
