@@ -447,6 +447,9 @@ def test_a_number_yaml_reads_as_text_says_how_to_write_it():
         ),
         ({"train": {"lr": "0.1"}}, "'train.lr': value \"0.1\" is not allowed: must be a number"),
         ({"checkpointing": {"enabled": "true"}}, "'checkpointing.enabled': value \"true\" is not"),
+        # a choice of words and booleans, and null: the hint was given for numbers and booleans
+        ({"train": {"compile": "false"}}, "'train.compile': value \"false\" is not allowed: one"),
+        ({"train": {"target_acc": "null"}}, "'train.target_acc': value \"null\" is not allowed"),
     ],
 )
 def test_a_value_given_as_text_says_where_text_comes_from(override, says):
@@ -464,6 +467,9 @@ def test_a_worker_count_no_node_has_cores_for_is_refused():
 
 def test_text_that_is_no_value_of_the_type_gets_no_text_hint():
     message = refused(minimal(), "'train.epochs'", overrides={"train": {"epochs": "three"}})
+    assert "it is text" not in message
+    # "1" is no choice of train.compile (auto, true, false), though 1 == True in Python
+    message = refused(minimal(), "'train.compile'", overrides={"train": {"compile": "1"}})
     assert "it is text" not in message
     # YAML reads nan unquoted as text too: the hints told to write it unquoted ("write nan")
     message = refused(minimal(), "'train.lr': value \"nan\" is not allowed: must be a number",

@@ -120,10 +120,21 @@ def _bad(path: str, value: Any, allowed: str) -> str:
     return f"config key '{path}': value {_fmt(value)} is not allowed: {allowed}"
 
 
+# snakemake --config 'train={epochs: 3}' parses the mapping with YAML's BaseLoader, which keeps
+# every scalar as text (and `train.epochs=3` is refused by Snakemake)
+_TEXT_HINT = (
+    " (it is text: quoted in a YAML file, or nested in snakemake --config, which reads nested "
+    "values as text; write it unquoted in a --configfile)"
+)
+
+
 def _allowed(err: ValidationError) -> str:
     kind, rule = err.validator, err.validator_value
     if kind == "enum":
-        return "one of " + ", ".join(_fmt(v) for v in rule)
+        allowed = "one of " + ", ".join(_fmt(v) for v in rule)
+        if isinstance(err.instance, str) and _spells_a_choice(err.instance, rule):
+            allowed += _TEXT_HINT
+        return allowed
     if kind == "const":
         return f"only {_fmt(rule)}"
     if kind == "type":
@@ -137,12 +148,7 @@ def _allowed(err: ValidationError) -> str:
                 "dot and a signed exponent, e.g. 5.0e-4)"
             )
         elif text is not None and _reads_as(kinds, text):
-            # snakemake --config 'train={epochs: 3}' parses the mapping with YAML's BaseLoader,
-            # which keeps every scalar as text (and `train.epochs=3` is refused by Snakemake)
-            allowed += (
-                " (it is text: quoted in a YAML file, or nested in snakemake --config, which "
-                "reads nested values as text; write it unquoted in a --configfile)"
-            )
+            allowed += _TEXT_HINT
         return allowed
     if kind == "minLength":
         return "must not be empty" if rule == 1 else f"at least {rule} characters"
@@ -161,11 +167,23 @@ def _allowed(err: ValidationError) -> str:
 
 
 def _reads_as(kinds: list[str], text: str) -> bool:
-    """Whether text spells a value of one of the JSON schema types (an int, a float, a bool)."""
+    """Whether text spells a value of one of the JSON schema types (an int, a float, a bool,
+    null)."""
     number = "number" in kinds and _reads_as_float(text)
     integer = "integer" in kinds and text.strip().lstrip("+-").isdigit()
     boolean = "boolean" in kinds and text.strip().lower() in ("true", "false")
-    return number or integer or boolean
+    null = "null" in kinds and text.strip().lower() in ("null", "~")
+    return number or integer or boolean or null
+
+
+def _spells_a_choice(text: str, choices: list) -> bool:
+    """Whether text, read as YAML, is one of the choices that are not text (true of [auto,
+    true, false]); the type must match too: 1 == True in Python, but 1 is no choice there."""
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return False
+    return any(type(c) is type(value) and c == value for c in choices if not isinstance(c, str))
 
 
 def _yaml_keeps_as_text(text: str) -> bool:
