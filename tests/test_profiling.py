@@ -1507,6 +1507,12 @@ def test_a_profiled_run_never_replays_the_whole_step(cuda_graphs):
         (["profiling.tool=nsys"], "profiling.tool"),
         (["profiling.ncu.enabled=true"], "profiling.ncu.enabled"),
         (["profiling.gpus=[3]"], "profiling.gpus"),
+        # as the families' lists: [] is no "null" (1 and a node), a value is listed once, and
+        # an empty precisions list is named itself (profiling.gpus was blamed for it)
+        (["profiling.gpus=[]"], "'profiling.gpus': value [] is not allowed: at least 1 item"),
+        (["profiling.gpus=[1,1]"], "'profiling.gpus': value [1, 1] is not allowed: no duplic"),
+        (["profiling.precisions=[]"], "'profiling.precisions': value [] is not allowed: at least"),
+        (["profiling.precisions=[fp32,fp32]"], '\'profiling.precisions\': value ["fp32", "fp32'),
         (["profiling.start_step=500"], "profiling.start_step"),
         (["profiling.tool=perf"], "profiling.tool"),
         # what nsys would refuse, or a capture profile parse cannot read (no kernels or phases)
