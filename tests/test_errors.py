@@ -291,3 +291,26 @@ def test_a_path_the_command_cannot_use_is_one_line_naming_it(tmp_path, monkeypat
     monkeypatch.setattr(matrix, "run", no_path)
     with pytest.raises(OSError, match="Input/output error"):
         cli.main(["matrix", "--config", "config/demo.yaml"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["analyze", "--gpus-per-node", "0"], "scalestudy analyze: error: argument --gpus-per"),
+        (["plot", "--figure", "nope"], "scalestudy plot: error: argument --figure: invalid choice"),
+        (["profile", "parse"], "scalestudy profile parse: error: the following arguments are"),
+        (["analyze", "--gpus-per-node", "1", "--no-such"], "scalestudy: error: unrecognized argu"),
+        (["no-such-command"], "scalestudy: error: argument COMMAND: invalid choice"),
+    ],
+)
+def test_a_bad_command_line_is_one_line_not_the_usage_block(capsys, argv, says):
+    """argparse printed its usage block (10 lines for analyze) above the one line that says
+    what is wrong; the line now ends with where the usage is."""
+    from scalestudy import cli
+
+    with pytest.raises(SystemExit) as info:
+        cli.main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(says), err
+    assert err[0].endswith("--help` shows the usage"), err

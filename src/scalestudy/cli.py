@@ -50,8 +50,17 @@ SUBCOMMANDS = {
 }
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser with a one-line error: what is wrong and where the usage is, without
+    the usage block above it (10 lines for `analyze`). The subcommands' parsers, and theirs,
+    are of this class too (add_subparsers makes them of its parser's class)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}; `{self.prog} --help` shows the usage\n")
+
+
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="scalestudy", description=__doc__.splitlines()[0])
+    parser = Parser(prog="scalestudy", description=__doc__.splitlines()[0])
     parser.add_argument(
         "--debug",
         action="store_true",
