@@ -1053,3 +1053,17 @@ def test_a_table_cut_short_is_one_line_not_a_report_of_fewer_families(tmp_path, 
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"{path}, line 3: " in err[0], err
     assert not (tmp_path / "p").exists()
+
+
+def test_a_runs_csv_without_runs_names_the_command_that_writes_it(tmp_path, capsys):
+    from scalestudy import cli
+
+    path = tmp_path / "runs.csv"
+    path.write_text("run,families,precision\n")
+    argv = ["analyze", "--runs", str(path), "--out-dir", str(tmp_path / "out")]
+    assert cli.main([*argv, "--gpus-per-node", "1"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"scalestudy analyze: {path} has no runs: write it again with `scalestudy collect` "
+        "(snakemake results/csv/runs.csv)"
+    ]
+    assert not (tmp_path / "out").exists()

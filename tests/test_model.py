@@ -336,6 +336,20 @@ def test_command_refuses_a_bad_runs_csv_in_one_line(tmp_path):
         "again with `scalestudy collect` (snakemake results/csv/runs.csv)"
     ]
     assert not (tmp_path / "model.csv").exists()
+    # an empty runs.csv, and one without a column only the model reads: both said "runs.csv"
+    # of a file given as e.csv, and the empty one named no command
+    path = tmp_path / "e.csv"
+    argv = ["model", "--runs", str(path), "--out-dir", str(tmp_path)]
+    fix = "write it again with `scalestudy collect` (snakemake results/csv/runs.csv)"
+    path.write_text("run,world_size\n")
+    with pytest.raises(AnalysisError) as info:
+        model_csv.run(cli.build_parser(argv).parse_args(argv))
+    assert str(info.value) == f"{path} has no runs: {fix}"
+    for column in ("precision", "strategy"):
+        write_rows(path, [{k: v for k, v in r.items() if k != column} for r in demo_rows()])
+        with pytest.raises(AnalysisError) as info:
+            model_csv.run(cli.build_parser(argv).parse_args(argv))
+        assert str(info.value) == f"{path} has no column {column}: {fix}"
     # a fraction of a rank was once cut to a whole one, an infinite throughput an SVD error
     # an infinite or negative P or bucket size failed inside scipy's fit, with its traceback
     bad = [("world_size", "1.5"), ("throughput_img_s", "inf"), ("grad_sync_bytes", "inf"),

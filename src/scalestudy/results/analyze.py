@@ -993,6 +993,9 @@ RUNS_CELLS = {
 }
 
 
+RUNS_FIX = "write it again with `scalestudy collect` (snakemake results/csv/runs.csv)"
+
+
 def check_runs(
     runs: list[dict],
     path: str,
@@ -1007,7 +1010,7 @@ def check_runs(
     RUNS_POSITIVE > 0, RUNS_FRACTIONS in [0, 1], RUNS_PERCENT in [0, 100]); the per-rank lists
     (`per_rank`) numbers >= 0 joined by ';'. Else one AnalysisError naming the file, the run,
     the column and the fix."""
-    fix = "write it again with `scalestudy collect` (snakemake results/csv/runs.csv)"
+    fix = RUNS_FIX
     missing = [c for c in ("run", *keys, *numbers) if c not in runs[0]]
     if missing:
         raise AnalysisError(f"{path} has no column {', '.join(dict.fromkeys(missing))}: {fix}")
@@ -1059,7 +1062,7 @@ def run(args: argparse.Namespace) -> int:
     # an AnalysisError: one line from cli.main, exit 2, before any table is written
     runs = read_csv(args.runs, " (one row per run)", "snakemake results/csv/runs.csv")
     if not runs:
-        raise AnalysisError(f"{args.runs} has no runs")
+        raise AnalysisError(f"{args.runs} has no runs: {RUNS_FIX}")
     check_runs(runs, args.runs)
     scaling = scaling_table(runs, targets["accuracy_tolerance"])
     study = {"name": args.study, "device": _distinct(runs, "device")}

@@ -33,7 +33,14 @@ from pathlib import Path
 
 from scalestudy import files, log
 from scalestudy.errors import AnalysisError
-from scalestudy.results.analyze import RUNS_COUNTS, RUNS_OPTIONAL, cell, check_runs, read_csv
+from scalestudy.results.analyze import (
+    RUNS_COUNTS,
+    RUNS_FIX,
+    RUNS_OPTIONAL,
+    cell,
+    check_runs,
+    read_csv,
+)
 from scalestudy.study import model
 
 logger = log.get(__name__)
@@ -78,10 +85,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     rows = read_csv(args.runs, " (one row per run)", "snakemake results/csv/runs.csv")
-    if rows:  # none: model.points says so; damage names this file, not a truncated fit
-        numbers = (*RUNS_COUNTS, "throughput_img_s", "bucket_cap_mb")
-        optional = (*RUNS_OPTIONAL, "grad_sync_bytes")  # blank: the run is not modelled
-        check_runs(rows, args.runs, keys=(), numbers=numbers, optional=optional)
+    if not rows:
+        raise AnalysisError(f"{args.runs} has no runs: {RUNS_FIX}")
+    # damage names this file, not a truncated fit
+    numbers = (*RUNS_COUNTS, "throughput_img_s", "bucket_cap_mb")
+    optional = (*RUNS_OPTIONAL, "grad_sync_bytes")  # blank: the run is not modelled
+    check_runs(rows, args.runs, ("strategy", "precision"), numbers, optional)
     pts, skipped = model.points(rows)  # an AnalysisError: one line, before anything is written
     fit = model.fit_points(pts)
     table = model_table(pts, skipped, fit)
