@@ -531,6 +531,18 @@ def test_missing_kernel_summary_is_an_error(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ProfileFormatError, match="nsys stats"):
         nsys.parse_nsys(tmp_path / "empty", "r")
+    # a directory of other reports only, and a file named outright that is no table read here
+    # (empty, or another CSV): each gave 0 kernel rows, exit 0, and a header-only kernels CSV
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "nsys_rank0_cuda_api_sum.csv").write_text("Time (%),Total Time (ns),Name\n1,2,x\n")
+    with pytest.raises(ProfileFormatError, match="no kernel summary"):
+        nsys.parse_nsys(other, "r")
+    (tmp_path / "e.csv").write_text("")
+    (tmp_path / "f.csv").write_text("a,b\n1,2\n")
+    for named in (tmp_path / "e.csv", tmp_path / "f.csv", other / "nsys_rank0_cuda_api_sum.csv"):
+        with pytest.raises(ProfileFormatError, match=re.escape(str(named))):
+            nsys.parse_nsys(named, "r")
 
 
 def _profile_parse(*argv: str) -> argparse.Namespace:
@@ -586,6 +598,12 @@ def test_merge_joins_runs_and_refuses_a_run_given_twice(tmp_path, capsys):
         assert len(err) == 1 and f"{twice[-1]}: run " in err[0], err
         assert f"is also in {twice[-2]}; merge each run's CSV once" in err[0]
         assert not out.exists()
+    # no input at all: a header-only CSV, exit 0, was a profile of no run
+    with pytest.raises(SystemExit):
+        cli.main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "the following arguments are required: inputs" in err[0], err
+    assert not out.exists()
 
 
 def test_merge_refuses_a_csv_that_holds_another_runs_rows(tmp_path, capsys):

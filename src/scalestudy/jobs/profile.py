@@ -896,7 +896,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the run of each input, in input order (one per input): a row of another run is "
         "refused",
     )
-    p.add_argument("inputs", nargs="*")
+    p.add_argument("inputs", nargs="+")
 
 
 def run(args: argparse.Namespace) -> int:

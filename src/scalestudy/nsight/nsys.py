@@ -151,11 +151,13 @@ KIND_NAMES["proj"] = "NVTX GPU projection"
 def parse_nsys(input_path: str | Path, run: str) -> tuple[list[dict], list[dict]]:
     """nsys stats CSVs (a file or a directory), and the SQLite exports in that directory ->
     (profile_kernels rows, profile_ranges rows). Of a directory, a CSV named after another
-    report and of no table read here is left out; a second table of one kind for one rank
-    (a copy, or an old nsys's names beside a new one's) is refused: it would count twice."""
+    report and of no table read here is left out (a file given outright is refused), and no
+    kernel summary at all is refused; a second table of one kind for one rank (a copy, or an
+    old nsys's names beside a new one's) is refused: it would count twice."""
     kernels: dict[int, list[dict]] = {}
     ranges: dict[str, dict[int, list[dict]]] = {"export": {}, "proj": {}, "nvtx": {}}
     kinds: dict[int, dict[str, Path]] = {}
+    given_file = Path(input_path).is_file()  # a file given outright must be a table read here
     for f in nsys_stats_files(input_path):
         try:
             kind, rows = read_nsys_table(f)
@@ -164,7 +166,7 @@ def parse_nsys(input_path: str | Path, run: str) -> tuple[list[dict], list[dict]
             # no NVTX range: no ranges (`scalestudy profile parse` warns), not a broken capture
             if "nvtx" in f.name.lower() and skipped_line(read_text(f).splitlines()):
                 continue
-            if not any(report in f.name for report in READ_REPORTS):
+            if not given_file and not any(report in f.name for report in READ_REPORTS):
                 continue  # another report (cuda_api_sum, osrt_sum, ...): not read here
             raise
         rank = rank_of(f)
@@ -179,6 +181,10 @@ def parse_nsys(input_path: str | Path, run: str) -> tuple[list[dict], list[dict]
         else:
             named = ({**r, "name": strip_domain(r["name"])} for r in rows)
             ranges[kind].setdefault(rank, []).extend(named)
+    if not kinds:  # only other reports, or a skipped NVTX table: 0 kernels is no profile
+        raise ProfileFormatError(
+            input_path, None, "no kernel summary (cuda_gpu_kern_sum / gpukernsum) in it"
+        )
     for rank, seen in kinds.items():
         if "kern" not in seen:
             raise ProfileFormatError(
