@@ -175,7 +175,13 @@ def test_wrong_type():
         ("families.strong.gpus", [1, 0], ">= 1"),
         ("families.strong.global_batch", -8, ">= 1"),
         ("train.target_acc", 1.5, "<= 1"),
-        ("train.bucket_cap_mb", 0, "> 0"),
+        ("train.bucket_cap_mb", 0, ">= 0.001"),
+        # the run id holds every digit of a bucket size: 1.0e+300 MiB was an id of 324
+        # characters, longer than a file name may be, in every job's output path
+        ("train.bucket_cap_mb", "1.0e+300", "<= 1000000"),
+        ("families.bucket.bucket_cap_mb", "[1.0e-300]", ">= 0.001"),
+        # gloo refused 10**13 s as an invalid timeout, in every training job, after the queue
+        ("train.pg_timeout_s", 10**13, "<= 604800"),
         ("train.seed", 2**62, "<= 4611686018427387903"),  # seed + repeat: torch's 63 bits
         # fractions written as percentages: 20 asked for a 21x allocation, 1 accepted any accuracy
         ("plan.contingency", 20, "<= 1 (a fraction: 0.2 = 20%)"),
