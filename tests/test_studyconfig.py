@@ -415,9 +415,13 @@ def test_a_run_too_short_for_its_steady_state_window_is_refused():
         ("checkpointing.dir", "$SCRATCH/ckpt", "a directory named '$SCRATCH' would be made"),
         ("container.image", "${HOME}/t.sif", "no ~ or $VARIABLE"),
         ("data_dir", "data {x}", "no { or }: Snakemake reads them as wildcards"),
+        # `--data-dir -x`: argparse took the path for an option, in the job ("expected one
+        # argument", and its usage)
+        ("data_dir", "-x", "no leading -: a command reads it as an option; write ./-x"),
+        ("container.image", "-t.sif", "write ./-t.sif"),
     ],
 )
-def test_paths_no_shell_would_expand_are_refused(key, value, says):
+def test_paths_a_shell_or_a_command_would_misread_are_refused(key, value, says):
     """They were used literally: `prepare-data --data-dir '~/data'` made ./~/data."""
     refused(minimal(), f"config key '{key}': value \"{value}\" is not allowed: ", says,
             overrides=[f"{key}={value}"])  # fmt: skip

@@ -328,7 +328,8 @@ PATH_KEYS = ("data_dir", "checkpointing.dir", "container.image", "container.defi
 
 def path_problems(config: dict) -> list[str]:
     """`~/data` made a directory named `~` in the working directory, `$SCRATCH/ckpt` one named
-    `$SCRATCH`; `data {x}` failed in Snakemake with a wildcard error."""
+    `$SCRATCH`; `data {x}` failed in Snakemake with a wildcard error, `-x` in the job's
+    argparse."""
     problems = []
     for key in PATH_KEYS:
         node = config
@@ -342,6 +343,10 @@ def path_problems(config: dict) -> list[str]:
             )  # fmt: skip
         elif "{" in node or "}" in node:
             problems.append(_bad(key, node, "no { or }: Snakemake reads them as wildcards"))
+        elif node.startswith("-"):
+            problems.append(
+                _bad(key, node, f"no leading -: a command reads it as an option; write ./{node}")
+            )
     return problems
 
 
