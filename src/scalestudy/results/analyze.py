@@ -973,8 +973,8 @@ RUNS_OPTIONAL = tuple(m for m in MEASURES if m not in RUNS_NUMBERS and m != "ste
 # the J/img resources.csv multiplies into kWh (an inf there reached the report as an
 # OverflowError in its number formatting)
 RUNS_OPTIONAL += ("energy_j_per_img", "energy_wall_j_per_img")
-# ... and the counts energy_kwh multiplies with int() where a run measured its energy (a
-# re-saved "195.0" was a ValueError traceback); blank in a runs.csv of an older trainer
+# ... and the counts energy_kwh reads with int() where a run measured its energy (a re-saved
+# "195.0" was a ValueError traceback); blank in a runs.csv of an older trainer
 ENERGY_COUNTS = ("epochs", "steps_per_epoch", "train_images_per_epoch", "accum_steps")
 RUNS_OPTIONAL += ENERGY_COUNTS
 # the waterfall's per-rank lists (milliseconds; collect joins a list with ';'): each element a
