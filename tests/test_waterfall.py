@@ -139,6 +139,24 @@ def test_a_per_rank_list_with_a_rank_missing_is_blank_not_a_summary_of_fewer_ran
     assert "data_time_ms_mean_by_rank" in row["note"] and "busy_time_ms_p50_by_rank" in row["note"]
 
 
+def test_accumulating_runs_leave_comm_blank_not_counted_once_per_micro_batch():
+    # the probe's share is of one synchronised micro-batch pass: with 4 passes per step, only
+    # the last synchronising, 0.08 x T would count the exposed all-reduce about 4 times
+    runs = [run("w1", "weak", 1, 100, 1000, [5], [50], 0.0), run("w2", "weak", 2, 100, 1600,
+            [7, 9], [50, 56], 0.08)]  # fmt: skip
+    for r in runs:
+        r["accum_steps"] = "4"
+    [row] = analyze.waterfall(runs)
+    assert row["comm_img_s"] is None
+    # data (48) and imbalance (96) as without accumulation; the rest of the 400 img/s remains
+    assert (row["data_img_s"], row["imbalance_img_s"]) == (pytest.approx(48), pytest.approx(96))
+    assert row["residual_img_s"] == pytest.approx(256)
+    assert row["note"] == (
+        "comm not measured (gradient accumulation: comm_exposed_frac is of one micro-batch "
+        "pass, not a step): included in the residual"
+    )
+
+
 def test_a_family_at_one_world_size_has_no_rows():
     runs = [run("b1", "bucket", 2, 100, 1000, [5, 5], [50, 50], 0.1)]
     assert analyze.waterfall(runs) == []

@@ -67,7 +67,9 @@ one, so with two ranks s is the slowest minus the other. A rank's whole step tim
 imbalance: the slowest rank paces them all. c is the probe's share of a forward+backward pass
 applied to the whole step, an approximation where data or optimizer time is large. Values per
 configuration are means over its repeats; a part whose input a run lacks (results of an older
-trainer, the probe off) is blank, never 0, and lands in the residual, which the note says.
+trainer, the probe off) is blank, never 0, and lands in the residual, which the note says. So
+does comm under gradient accumulation: the probe's pass is one micro-batch, and of a step's k
+passes only the last synchronises, so c T would count the exposed all-reduce about k times.
 """
 
 from __future__ import annotations
@@ -394,10 +396,17 @@ def step_overheads(row: dict) -> dict:
     data = _per_rank(row.get("data_time_ms_mean_by_rank"))
     busy = _per_rank(row.get("busy_time_ms_p50_by_rank"))
     return {
-        "comm": files.number(row.get("comm_exposed_frac")),
+        # the probe's share is of one synchronised micro-batch pass (trainer/train.py): of a
+        # step of k accumulated passes, only the last synchronises, so c x T would count it k x
+        "comm": None if _accumulates(row) else files.number(row.get("comm_exposed_frac")),
         "data": statistics.median(data) / 1e3 if data else None,  # ms -> s
         "imbalance": (max(busy) - statistics.median_low(busy)) / 1e3 if busy else None,
     }
+
+
+def _accumulates(row: dict) -> bool:
+    """Whether a run accumulated gradients over several micro-batches per optimizer step."""
+    return int(row.get("accum_steps") or 1) > 1
 
 
 def _waterfall_configs(runs: list[dict]) -> dict[tuple, dict]:
@@ -411,6 +420,7 @@ def _waterfall_configs(runs: list[dict]) -> dict[tuple, dict]:
             "nodes": int(members[0]["nodes"]),
             "n": len(members),
             "runs": ";".join(sorted(r["run"] for r in members)),
+            "accumulates": any(_accumulates(r) for r in members),
             **{part: mean_std([p[part] for p in per_run])[0] for part in PART_INPUTS},
         }
     return configs
@@ -475,9 +485,13 @@ def waterfall_row(key: tuple, c: dict, base_key: tuple, b: dict) -> dict:
     row["check"] = sum(parts) - row["loss_img_s"]
     missing = [p for p, v in seconds.items() if v is None]
     if missing:
+        accumulated = "comm" in missing and (c["accumulates"] or b["accumulates"])
+        without = [PART_INPUTS[p] for p in missing if not (p == "comm" and accumulated)]
+        why = [f"runs without {', '.join(without)}"] * bool(without) + [
+            "gradient accumulation: comm_exposed_frac is of one micro-batch pass, not a step"
+        ] * accumulated
         row["note"] = (
-            f"{', '.join(missing)} not measured (runs without "
-            f"{', '.join(PART_INPUTS[p] for p in missing)}): included in the residual"
+            f"{', '.join(missing)} not measured ({'; '.join(why)}): included in the residual"
         )
     return row
 
