@@ -78,7 +78,11 @@ def test_under_the_whole_step_graph_only_data_is_timed_and_the_window_opens_afte
     step = measure.Meter(cfg, torch.device("cpu"), rank=0, graphs="step")
     plain = measure.Meter(cfg, torch.device("cpu"), rank=0)
     assert step.warmup_steps == step_graph.STEPS_BEFORE_WINDOW and plain.warmup_steps == 2
-    assert step.timed_phases == ("data",) and plain.timed_phases == measure.PHASES
+    # only the allreduce strategy has a communication phase of its own (DDP: inside backward)
+    allreduce = TrainConfig(out=str(tmp_path), strategy="allreduce")
+    assert measure.Meter(allreduce, torch.device("cpu"), rank=0).timed_phases == measure.PHASES
+    assert step.timed_phases == ("data",)
+    assert plain.timed_phases == tuple(p for p in measure.PHASES if p != "communication")
     for meter in (step, plain):
         state = RunState()
         meter.start(state)

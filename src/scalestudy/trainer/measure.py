@@ -58,6 +58,7 @@ class Meter:
         self, cfg: TrainConfig, device: torch.device, rank: int, graphs: str = "off"
     ) -> None:
         self.graphs = graphs  # the run's CUDA graphs (loop.Run.graphs: compiling.graphs_mode)
+        self.strategy = cfg.strategy
         self.device, self.warmup_steps = device, cfg.warmup_steps
         if self.graphs == "step":  # the window opens on replays of the captured step
             self.warmup_steps = max(cfg.warmup_steps, step_graph.STEPS_BEFORE_WINDOW)
@@ -243,9 +244,13 @@ class Meter:
 
     @property
     def timed_phases(self) -> tuple[str, ...]:
-        """The phases this run's steps time: all, or under --cuda-graphs step the data phase
-        only (the rest is one graph replay)."""
-        return ("data",) if self.graphs == "step" else PHASES
+        """The phases this run's steps time: all but communication, which is a phase of its
+        own under the allreduce strategy only (DDP and FSDP communicate inside backward and
+        forward: its fraction is null there, not a measured 0); under --cuda-graphs step the
+        data phase only (the rest is one graph replay)."""
+        if self.graphs == "step":
+            return ("data",)
+        return tuple(p for p in PHASES if p != "communication" or self.strategy == "allreduce")
 
     def reduce_ranks(self, state: RunState, world_size: int) -> dict:
         """rank_times of every rank, as lists in rank order (every rank calls it: one

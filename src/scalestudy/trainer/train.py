@@ -37,7 +37,9 @@ How the numbers are measured (the analysis relies on these definitions):
 - phase_frac_{data,forward,backward,communication,optimizer}: each phase's share of rank 0's
   window step time; phase_time_source says the clock: "cuda_events" on GPU (GPU time between
   events recorded on the stream at the phase's edges, never host enqueue time) or "host_clock"
-  (perf_counter, CPU runs). What is left to 1 is time between the phases. Under
+  (perf_counter, CPU runs). What is left to 1 is time between the phases. Communication is a
+  phase of its own under --strategy allreduce only: DDP and FSDP communicate inside backward
+  (and FSDP's forward), so its fraction is null there, never a measured 0. Under
   cuda_graphs_mode "step" the forward, backward, communication and optimizer phases are one
   graph replay: their fractions are null (never 0) and only data is timed per step.
 - step_time_ms_p50_by_rank, busy_time_ms_p50_by_rank, data_time_ms_p50_by_rank: lists in rank
@@ -97,7 +99,8 @@ How the numbers are measured (the analysis relies on these definitions):
   inductor's graphs that could not run as CUDA graphs (null unless "compiled").
 - host_syncs_in_window: --sync-debug only (CUDA): the host synchronisations CUDA operations made
   inside the window's training steps on rank 0 (0 is the fast path); null otherwise.
-- peak_mem_mb: CUDA max_memory_allocated on GPU, the process's peak RSS on CPU (max over ranks).
+- peak_mem_mb: CUDA max_memory_allocated on GPU, the process's peak RSS on CPU (max over ranks),
+  in MiB (2**20 bytes, Slurm's MB).
 - gpu_util_mean: mean NVML utilisation of the samples (every 0.5 s) taken inside the
   throughput window (null when none is: a window shorter than 0.5 s), averaged over the
   gpu_util_ranks ranks that have samples (the device is found by UUID/PCI bus id, not index);
@@ -139,13 +142,19 @@ states, optimizer, schedule, scaler), except with --loader dataloader and persis
 processes (--num-workers > 0): their random state lives in the workers and is not checkpointed,
 so such a run resumes correctly but not bit for bit (a warning says so at start-up).
 A resumed run's numbers are accounted over its segments:
-- train_time_s and time_to_target_s: the sum over segments of the loop time up to each segment's
-  last checkpoint (time lost after it is not counted: that work is redone and counted then);
-  start-up, checkpoint loading and the restart itself are excluded.
+- train_time_s: the sum over segments of the loop time up to each segment's last checkpoint
+  (time lost after it is not counted: that work is redone and counted then); start-up,
+  checkpoint loading and the restart itself are excluded. time_to_target_s likewise, of the
+  training time (evaluation excluded).
 - the throughput window: each segment excludes its own first `warmup_steps` steps; images,
   window times and step times are summed over segments.
 - restarts / resumed_from_epochs: how often and after which epoch the run resumed.
-- checkpoint_stall_s: seconds rank 0's training waited for checkpoint saves (all segments).
+- checkpoint_stall_s: seconds rank 0's training waited for checkpoint saves, all segments, but
+  for each stopped segment's final save: the checkpoint holding the value is that save.
+- gpu_util_mean and host_syncs_in_window: of the last segment's window only (as energy_j).
+With --checkpoint-dir, saves are written by a background thread on rank 0 by default, during
+the next epoch's window steps, where its CPU and I/O share the machine with training;
+--no-checkpoint-async makes each save wait, outside the window (checkpoint_stall_s holds it).
 Once metrics.json is written, the checkpoints are deleted, so a rerun of a finished run (changed
 code) trains from scratch instead of resuming a final checkpoint; a failed metrics.json write
 (disk full, quota) keeps them, and the rerun resumes from the last one.
