@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import statistics
 import warnings
 
 import pytest
@@ -151,3 +152,13 @@ def test_busy_time_under_accumulation_ends_at_the_first_synchronising_phase(
     labels = {"ddp": "data+forward (and the backward of each micro-batch before the last)"}
     labels |= {"fsdp": "data", "allreduce": "data+forward+backward"}
     assert meter.busy_phases == labels[strategy]
+
+
+def test_the_step_time_quantiles_are_linear_between_ranks_and_p50_is_the_median():
+    """round() rounds half to even: the p50 of 4 step times was the 3rd, of 6 the 3rd."""
+    for n in (1, 2, 4, 5, 6, 8, 21):
+        times = [0.01 * (i + 1) for i in range(n)]
+        assert measure._quantile(times[::-1], 0.50) == pytest.approx(statistics.median(times))
+    times = [float(i) for i in range(20)]  # p95 of 0..19: 0.95 x 19 = 18.05
+    assert measure._quantile(times, 0.95) == pytest.approx(18.05)
+    assert measure._quantile([3.0], 0.95) == 3.0
