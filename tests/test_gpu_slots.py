@@ -6,6 +6,7 @@ that record the environment they were given."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
@@ -172,3 +173,54 @@ def test_cpu_runs_and_slurm_jobs_take_no_slots(tmp_path):
     finally:
         holder.kill()
         holder.wait(timeout=30)
+
+
+@pytest.mark.parametrize("action", ["capture", "ncu"])
+def test_profiling_jobs_take_gpu_slots_as_launch_does(tmp_path, monkeypatch, action):
+    """`profile capture` and `profile ncu` started their ranks without a slot, beside training
+    jobs that do not wait for them: on a workstation they profiled on a timed run's GPU. The
+    ranks' command is replaced by a record of what they would get, and whether slot 5 is held
+    while they run (a new open file description conflicts with the command's)."""
+    from scalestudy import cli
+    from scalestudy.jobs import profile
+
+    env = slot_env(tmp_path, "3,5")
+    for key in ("CUDA_VISIBLE_DEVICES", "SCALESTUDY_GPU_SLOTS_DIR"):
+        monkeypatch.setenv(key, env[key])
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    holder = hold(env, 1, 60.0)  # a training run holds GPU 3
+    assert holder.stdout.readline().strip() == "3"
+    seen: dict = {}
+
+    class Started(Exception):
+        pass
+
+    def ranks(argv, env, *_, **__):
+        fd = os.open(tmp_path / "slots" / "gpu-5.lock", os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            seen["gpu 5"] = "free"
+        except BlockingIOError:
+            seen["gpu 5"] = "held"
+        finally:
+            os.close(fd)
+        seen["CUDA_VISIBLE_DEVICES"] = env["CUDA_VISIBLE_DEVICES"]
+        raise Started
+
+    monkeypatch.setattr(profile, "_run", ranks)
+    monkeypatch.setattr(profile, "_run_logged", ranks)
+    monkeypatch.setattr(profile.shutil, "which", lambda name, *_, **__: f"/opt/bin/{name}")
+    if action == "capture":
+        argv = ["profile", "capture", "--tool", "torch", "--out", str(tmp_path / "cap")]
+    else:
+        kernels = Path(__file__).parent / "fixtures" / "profile_kernels.csv"
+        argv = ["profile", "ncu", "--kernels", str(kernels), "--out-dir", str(tmp_path / "n")]
+        argv += ["--out", str(tmp_path / "n.csv")]
+    argv += ["--run", "r", "--device", "cuda", "--", "--device", "cuda", "--epochs", "1"]
+    try:
+        with pytest.raises(Started):
+            getattr(profile, action)(cli.build_parser(argv).parse_args(argv))
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+    assert seen == {"gpu 5": "held", "CUDA_VISIBLE_DEVICES": "5"}

@@ -237,8 +237,15 @@ def run(args: argparse.Namespace) -> int:
         if shutil.which(program, path=env.get("PATH")) is None:
             why = " (--container runs each rank in the image: `module load apptainer`)"
             raise LaunchError(f"{program} is not on PATH{why if program == 'apptainer' else ''}")
-    if not env.get("SLURM_JOB_ID") and train_device(args.train_args) == "cuda":
-        # outside Slurm nothing else keeps two runs off one GPU (jobs/gpu_slots.py)
-        slots = acquire_gpu_slots(args.nodes * args.ranks_per_node, env)
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(slots)
+    hold_local_gpus(env, args.nodes * args.ranks_per_node, args.train_args)
     os.execvpe(cmd[0], cmd, env)
+
+
+def hold_local_gpus(env: dict[str, str], ranks: int, train_args: list[str]) -> None:
+    """Outside Slurm, a CUDA run's ranks get `ranks` GPU slots of this machine, held by this
+    process and what it execs or starts until it ends, and named in env's CUDA_VISIBLE_DEVICES:
+    nothing else keeps two runs off one GPU (jobs/gpu_slots.py). Every command that starts
+    ranks takes them: `launch`, and the profiling jobs, which run beside training jobs (a
+    profile on a timed run's GPU slowed both). A Slurm job's GPUs are Slurm's."""
+    if not env.get("SLURM_JOB_ID") and train_device(train_args) == "cuda":
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(acquire_gpu_slots(ranks, env))

@@ -530,6 +530,7 @@ def capture(args: argparse.Namespace) -> int:
         )
     else:
         env["SCALESTUDY_PROFILER"] = "torch"
+    launch.hold_local_gpus(env, args.nodes * args.ranks_per_node, args.train_args)
     _run(launch_command(args, prefix, binds), env)
     world_size = args.nodes * args.ranks_per_node
     manifest = {
@@ -737,6 +738,7 @@ def ncu(args: argparse.Namespace) -> int:
         raise ProfileError(f"{args.kernels}: no non-NCCL kernel to profile with ncu")
     env = launch.rank_env(dict(os.environ), args.cpus_per_rank)
     train_args = _train_args(args, out_dir / "train")
+    launch.hold_local_gpus(env, args.nodes * args.ranks_per_node, train_args)
     options, binds = wrapper_options(args, ncu_path)
     for i, kernel in enumerate(kernels):
         args.train_args = list(train_args)
