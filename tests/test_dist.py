@@ -173,3 +173,28 @@ def test_a_rank_outside_its_world_is_one_line_before_any_rendezvous(data_dir, tm
     (line,) = proc.stderr.splitlines()
     assert line.startswith("scalestudy train: RANK='2', WORLD_SIZE='2': want 0 <= RANK"), line
     assert not (tmp_path / "run").exists()
+
+
+def test_each_srun_step_of_a_job_has_its_own_port_and_one_rank_a_free_one():
+    """Runs started in one allocation (snakemake's local executor inside salloc) share the job
+    id: every one of their process groups bound the port of the job id, and all but the first
+    failed with EADDRINUSE. A step's ranks share SLURM_STEP_ID, so they still meet."""
+    srun = {"SLURM_NTASKS": "2", "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "node1"}
+
+    def port(**env) -> int:
+        return sdist.detect({**srun, "SLURM_PROCID": "0", **env}).master_port
+
+    steps = {port(SLURM_STEP_ID=str(step)) for step in range(50)}
+    assert len(steps) == 50 and all(sdist.PORT_BASE <= p < 32768 for p in steps)
+    assert (
+        port(SLURM_STEP_ID="3")
+        == sdist.detect({**srun, "SLURM_PROCID": "1", "SLURM_STEP_ID": "3"}).master_port
+    )  # the step's other rank
+    assert port(SLURM_STEP_ID="3", MASTER_PORT="23456") == 23456  # a user's port is kept
+    # one rank meets no peer: a free port, not the job's (srun --pty bash: every run is step 0)
+    one = {**srun, "SLURM_NTASKS": "1", "SLURM_TASKS_PER_NODE": "1", "SLURM_STEP_ID": "0"}
+    first, second = (sdist.detect({**one, "SLURM_PROCID": "0"}) for _ in range(2))
+    with socket.socket() as s:  # the first run holds its port: the second must get another
+        s.bind(("127.0.0.1", first.master_port))
+        assert sdist.detect({**one, "SLURM_PROCID": "0"}).master_port != first.master_port
+    assert second.master_port >= 1024
