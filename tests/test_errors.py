@@ -262,6 +262,17 @@ def test_a_run_rules_log_says_what_went_wrong(tmp_path):
     with log.rule_log(path, ["a.csv", "b.md"]):
         pass
     assert path.read_text() == "wrote a.csv b.md\n"
+    # a warning of the block went to Snakemake's console only: the log said just "wrote"
+    with log.rule_log(path, ["reports/proposal.pdf"]):
+        log.get("results.render_report").warning("WARNING pdfLaTeX cannot set 2 characters")
+        log.get("results.proposal").info("an info line stays on the console")
+    assert path.read_text() == (
+        "WARNING pdfLaTeX cannot set 2 characters\nwrote reports/proposal.pdf\n"
+    )
+    with pytest.raises(AnalysisError), log.rule_log(path, ["reports/proposal.md"]):
+        log.get("results.proposal").warning("WARNING first this")
+        raise AnalysisError("then this")
+    assert path.read_text().startswith("WARNING first this\nAnalysisError: then this\n")
 
 
 def test_a_path_the_command_cannot_use_is_one_line_naming_it(tmp_path, monkeypatch):

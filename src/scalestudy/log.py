@@ -107,16 +107,36 @@ def expected_error(logger: logging.Logger, message: str, scope: str = "rank") ->
 
 @contextlib.contextmanager
 def rule_log(path: str | os.PathLike, outputs):
-    """A Snakemake `run:` rule's `log:` file: "wrote <outputs>" when the block succeeds; on an
-    error, the error's one line and its traceback, then the error goes on (Snakemake then points
-    at a log that says what went wrong, not at an empty file)."""
+    """A Snakemake `run:` rule's `log:` file: the block's warnings (the `scalestudy` loggers'),
+    then "wrote <outputs>" when it succeeds; on an error, the error's one line and its
+    traceback, then the error goes on (Snakemake then points at a log that says what went
+    wrong, not at an empty file, nor at "wrote" when a PDF lost characters)."""
     # plain writes, not files.write_text: log.py imports nothing of scalestudy, so every rule
     # whose command logs does not get files.py as a code input (study/resources.py)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    warnings = _Collect(logging.WARNING)
+    logging.getLogger(ROOT).addHandler(warnings)
     try:
         yield
     except BaseException as exc:
-        path.write_text(f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}", "utf-8")
+        text = f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}"
+        path.write_text(warnings.text() + text, "utf-8")
         raise
-    path.write_text(f"wrote {' '.join(map(str, outputs))}\n", "utf-8")
+    finally:
+        logging.getLogger(ROOT).removeHandler(warnings)
+    path.write_text(f"{warnings.text()}wrote {' '.join(map(str, outputs))}\n", "utf-8")
+
+
+class _Collect(logging.Handler):
+    """The messages of the records it is given, one per line."""
+
+    def __init__(self, level: int) -> None:
+        super().__init__(level)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+    def text(self) -> str:
+        return "".join(f"{line}\n" for line in self.lines)
