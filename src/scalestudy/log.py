@@ -115,17 +115,17 @@ def rule_log(path: str | os.PathLike, outputs):
     # whose command logs does not get files.py as a code input (study/resources.py)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    warnings = _Collect(logging.WARNING)
-    logging.getLogger(ROOT).addHandler(warnings)
+    warned = _Collect(logging.WARNING)
+    logging.getLogger(ROOT).addHandler(warned)
     try:
         yield
     except BaseException as exc:
         text = f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}"
-        path.write_text(warnings.text() + text, "utf-8")
+        path.write_text(warned.text() + text, "utf-8")
         raise
     finally:
-        logging.getLogger(ROOT).removeHandler(warnings)
-    path.write_text(f"{warnings.text()}wrote {' '.join(map(str, outputs))}\n", "utf-8")
+        logging.getLogger(ROOT).removeHandler(warned)
+    path.write_text(f"{warned.text()}wrote {' '.join(map(str, outputs))}\n", "utf-8")
 
 
 class _Collect(logging.Handler):
