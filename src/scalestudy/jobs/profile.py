@@ -530,9 +530,9 @@ def capture(args: argparse.Namespace) -> int:
         )
     else:
         env["SCALESTUDY_PROFILER"] = "torch"
-    launch.hold_local_gpus(env, args.nodes * args.ranks_per_node, args.train_args)
-    _run(launch_command(args, prefix, binds), env)
     world_size = args.nodes * args.ranks_per_node
+    launch.hold_local_gpus(env, world_size, args.train_args)
+    _run(launch_command(args, prefix, binds), env)
     manifest = {
         "run": args.run,
         "tool": tool,

@@ -661,7 +661,7 @@ def energy_kwh(members: list[dict]) -> float | None:
             return None
         if r.get("train_images_per_epoch") not in (None, ""):
             per_epoch = int(r["train_images_per_epoch"])
-        elif int(r.get("accum_steps") or 1) == 1:
+        elif not _accumulates(r):
             per_epoch = int(r["steps_per_epoch"]) * int(r["global_batch"])
         else:
             return None

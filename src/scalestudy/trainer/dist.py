@@ -163,14 +163,14 @@ def detect(env: Mapping[str, str] = os.environ) -> DistEnv:
         per_node = tasks_per_node(env.get("SLURM_TASKS_PER_NODE", env["SLURM_NTASKS"]))
         nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or ""
         hosts = expand_nodelist(nodelist) if nodelist else ["127.0.0.1"]
-        step = env.get("SLURM_STEP_ID", "")
-        step = int(step) if step.isdigit() else 0  # numeric in every step Slurm starts
+        step = env.get("SLURM_STEP_ID", "")  # numeric in every step Slurm starts
         if "MASTER_PORT" in env:
             port = _int(env, "MASTER_PORT")
         elif _int(env, "SLURM_NTASKS") == 1:
             port = free_port()  # no peer to meet; every run in `srun --pty bash` is one step
         elif job_id and job_id.isdigit():
-            port = PORT_BASE + (int(job_id) + PORT_STEP * step) % PORT_SPAN
+            step_id = int(step) if step.isdigit() else 0
+            port = PORT_BASE + (int(job_id) + PORT_STEP * step_id) % PORT_SPAN
         else:
             raise LaunchError("srun launch without SLURM_JOB_ID or MASTER_PORT: cannot pick a port")
         names = ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_TASKS_PER_NODE")

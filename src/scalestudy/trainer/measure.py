@@ -58,7 +58,6 @@ class Meter:
         self, cfg: TrainConfig, device: torch.device, rank: int, graphs: str = "off"
     ) -> None:
         self.graphs = graphs  # the run's CUDA graphs (loop.Run.graphs: compiling.graphs_mode)
-        self.strategy = cfg.strategy
         self.device, self.warmup_steps = device, cfg.warmup_steps
         if self.graphs == "step":  # the window opens on replays of the captured step
             self.warmup_steps = max(cfg.warmup_steps, step_graph.STEPS_BEFORE_WINDOW)
@@ -250,7 +249,7 @@ class Meter:
         data phase only (the rest is one graph replay)."""
         if self.graphs == "step":
             return ("data",)
-        return tuple(p for p in PHASES if p != "communication" or self.strategy == "allreduce")
+        return tuple(p for p in PHASES if p != "communication" or self.cfg.strategy == "allreduce")
 
     def reduce_ranks(self, state: RunState, world_size: int) -> dict:
         """rank_times of every rank, as lists in rank order (every rank calls it: one
