@@ -75,6 +75,20 @@ def test_the_filter_tells_instantiations_apart():
     assert all("BFloat16" not in h for h in matches(float_add, names))
 
 
+def test_every_cudnn_kernel_of_the_h200_is_conv_and_no_fused_batch_norm_is():
+    """cuDNN's kernels (its bundled CUTLASS/XMMA, `_5x_cudnn`) in both processes' spellings are
+    conv, and every inductor kernel that fuses a batch norm is batchnorm, whatever else it fused
+    (convolution_backward's pointwise tail was 9.4 % of the compiled step, counted as conv)."""
+    names = {r["kernel"] for r in kernel_rows()} | set(ncu_names())
+    cudnn = [n for n in names if "_5x_cudnn" in n and not n.startswith("_Z")]
+    assert len(cudnn) > 20
+    assert {n: classify.classify(n) for n in cudnn if classify.classify(n) != "conv"} == {}
+    rows = torch_ops.parse_torch(H200 / "torch_ops_compiled_bf16.json", "h200")[0]
+    fused = [r for r in rows if r["kernel"].startswith("triton_") and "batch_norm" in r["kernel"]]
+    assert any("convolution_backward" in r["kernel"] for r in fused)
+    assert {r["category"] for r in fused} == {"batchnorm"}
+
+
 def test_a_name_the_profiler_left_mangled_is_filtered_mangled():
     mangled = next(r["kernel"] for r in kernel_rows() if r["kernel"].startswith("_Z"))
     assert profile.ncu_name_base(mangled) == "mangled"

@@ -173,6 +173,36 @@ REPO = Path(__file__).resolve().parents[1]
         ("triton_tem_fused_addmm_0", "gemm"),
         ("triton_poi_fused_convolution_backward_5", "conv"),
         ("cpp_fused_add_relu_1", "elementwise"),
+        # a pointwise kernel fusing a batch norm's backward with convolution_backward's
+        # pointwise tail (H200, compiled bf16): no convolution in it
+        (
+            "triton_poi_fused__native_batch_norm_legit_functional_convolution_backward_native_"
+            "batch_norm_backward_threshold_backward_13",
+            "batchnorm",
+        ),
+        # cuDNN's bundled CUTLASS (H200, eager bf16): a dgrad, the split-K step of a conv
+        (
+            "void cutlass__5x_cudnn::Kernel<cutlass_tensorop_bf16_s16816dgrad_optimized_bf16_"
+            "256x64_32x4_nhwc_align8>(T1::Params)",
+            "conv",
+        ),
+        (
+            "void cutlass__5x_cudnn::Kernel<cutlass__5x_cudnn::reduction::kernel::ReduceSplitK<"
+            "cutlass__5x_cudnn::MatrixShape<4, 256>, cutlass__5x_cudnn::epilogue::thread::"
+            "LinearCombination<float, 4, float, float>, cutlass__5x_cudnn::reduction::thread::"
+            "ReduceAdd<float, float, 4>>>(cutlass__5x_cudnn::reduction::kernel::ReduceSplitK<"
+            "cutlass__5x_cudnn::MatrixShape<4, 256>>::Params)",
+            "conv",
+        ),
+        # cuDNN's padding of NHWC inputs; "reduced_divisor" in its parameters is no reduction
+        (
+            "void nhwcAddPaddingKernel<__nv_bfloat16, __nv_bfloat16, float, true, "
+            "(cudnnKernelDataType_t)0>(int, int, int, int, int, int, int, int, __nv_bfloat16 "
+            "const*, __nv_bfloat16*, int, int, cudnn::reduced_divisor, int)",
+            "conv",
+        ),
+        ("void my_kernel<float>(float*, cudnn::reduced_divisor, int)", "other"),
+        ("void (anonymous namespace)::softmax_warp_forward<float>(float*, int)", "reduce"),
     ],
 )
 def test_classifier_on_real_names(name, category):

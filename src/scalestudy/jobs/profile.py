@@ -74,7 +74,7 @@ from scalestudy import files, log, vocab
 from scalestudy.errors import ProfileError, ProfileFormatError
 from scalestudy.jobs import launch
 from scalestudy.nsight import ncu as ncu_parser
-from scalestudy.nsight import nsys, readers, schema, torch_ops
+from scalestudy.nsight import classify, nsys, readers, schema, torch_ops
 
 logger = log.get(__name__)
 
@@ -299,17 +299,7 @@ def ncu_kernel_regex(name: str) -> str:
         raise ProfileError(f"kernel name {name!r} is empty: nothing to give ncu --kernel-name")
     if ncu_name_base(text) == "mangled":
         return f"^{_regex_literal(text)}$"
-    # the parameter list: the first '(' at depth 0 after the name; "(anonymous namespace)" at
-    # depth 0 starts the name or follows "::"
-    depth, params = 0, None
-    for i, ch in enumerate(text):
-        if ch == "<":
-            depth += 1
-        elif ch == ">" and depth:
-            depth -= 1
-        elif ch == "(" and depth == 0 and i and text[i - 1] != ":":
-            params = i
-            break
+    params = classify.parameter_list(text)
     head = text if params is None else text[:params]
     tail = "" if params is None else r"\(.*\)"
     return rf"^(void\s+)?{_name_regex(head)}{tail}$"
