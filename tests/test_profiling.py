@@ -1678,6 +1678,62 @@ def test_ncu_on_a_node_whose_counters_are_admin_only(data_dir, tmp_path):
     assert "schema.ncu.enabled is true but ncu may not read" in proc.stderr
 
 
+def test_ncu_leaves_out_a_kernel_its_process_never_launched(data_dir, tmp_path):
+    """ncu's process autotunes cuDNN afresh and may choose other engines than the capture did
+    (two of an H200's top 10 never launched under ncu): such a kernel is left out with a
+    warning and named in tool.json, the others are profiled, and the job succeeds. The top K
+    are rank 0's, the rank ncu profiles. The ncu is a stand-in that "launches" the names in
+    NCU_STAND_IN_LAUNCHED (tests/stand-ins/ncu-cudnn-autotune)."""
+    kernels = tmp_path / "kernels.csv"
+    fprop = "sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc_tilesize256x64x32"
+    bn = "void at::native::batch_norm_collect_statistics_channels_last_kernel<float>(float *)"
+    only_rank1 = "void at::native::only_rank1_kernel<float>(float *)"
+    rows = schema.kernel_rows("w1", "nsys", {
+        0: [{"name": fprop, "instances": 3, "total_ns": 9000},
+            {"name": bn, "instances": 3, "total_ns": 5000}],
+        1: [{"name": only_rank1, "instances": 3, "total_ns": 10**9}],
+    })  # fmt: skip
+    kernels.write_text(schema.csv_text(schema.KERNEL_COLUMNS, rows))
+    launched = tmp_path / "launched.txt"
+    env = child_env(NCU_STAND_IN_LAUNCHED=str(launched))
+    env["PATH"] = f"{STAND_INS / 'ncu-cudnn-autotune'}:{Path(PYTHON).parent}:{env['PATH']}"
+
+    def ncu(enabled: str, out: Path):
+        cmd = [PYTHON, "-m", "scalestudy", "profile", "ncu", "--run", "w1",
+               "--kernels", str(kernels), "--enabled", enabled, "--top-k", "2",
+               "--out-dir", str(out), "--out", str(out / "ncu.csv"), "--device", "cuda",
+               "--mpi=", "--nodes", "1", "--ranks-per-node", "1", "--cpus-per-rank", "1",
+               "--", "--dataset", "synthetic", "--width", "4", "--local-batch", "16",
+               "--epochs", "1", "--limit-train", "64", "--limit-test", "16",
+               "--warmup-steps", "1", "--comm-probe-steps", "0",
+               "--data-dir", str(data_dir)]  # fmt: skip
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+
+    # ncu's process launched the batch norm (in ncu's spelling) but another conv engine
+    launched.write_text(
+        "void at::native::batch_norm_collect_statistics_channels_last_kernel<float>(float *)\n"
+        "sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc_tilesize128x64x64\n"
+    )
+    proc = ncu("true", tmp_path / "some")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"ncu k0 profiled nothing: no launch of {fprop!r}" in proc.stderr
+    manifest = json.loads((tmp_path / "some" / "tool.json").read_text())
+    assert manifest["kernels"] == [bn] and manifest["not_launched"] == [fprop]
+    got = list(csv.DictReader((tmp_path / "some" / "ncu.csv").open()))
+    assert got and {r["kernel"] for r in got} == {bn}
+    # nothing launched: auto says so and writes an empty CSV, true fails
+    launched.write_text("void another_kernel<float>(float *)\n")
+    proc = ncu("auto", tmp_path / "none")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "none of the top 2 kernels" in proc.stderr
+    assert (tmp_path / "none" / "ncu.csv").read_text() == ",".join(schema.NCU_COLUMNS) + "\n"
+    manifest = json.loads((tmp_path / "none" / "tool.json").read_text())
+    assert manifest["tool"] == "none" and manifest["not_launched"] == [fprop, bn]
+    proc = ncu("true", tmp_path / "fail")
+    assert proc.returncode == 2 and not (tmp_path / "fail" / "ncu.csv").exists()
+    assert "schema.ncu.enabled is true but none of the top 2" in proc.stderr.splitlines()[-1]
+
+
 def _parse(cap, tmp_path):
     args = _profile_parse(
         "--capture",

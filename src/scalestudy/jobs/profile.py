@@ -42,7 +42,12 @@ ncu: rank 0 only (the other ranks run plain; a profiled NCCL kernel would wait f
   window), then `ncu -i DIR/ncu_k<i>.ncu-rep --csv --page details --print-units base
   --print-metric-name name` -> DIR/ncu_k<i>.csv, whose rows carry the kernels CSV's name.
   --clock-control none: the GPU at the clocks the timed runs see (ncu locks them to base by
-  default, so its durations would disagree with the timed runs).
+  default, so its durations would disagree with the timed runs). The top K are rank 0's (the
+  rank ncu profiles). ncu's process autotunes cuDNN afresh (cudnn.benchmark), so it may choose
+  other convolution engines than the capture did (two of an H200's top 10 never launched under
+  ncu): a kernel whose filter matched no launch is left out with a warning and named in
+  tool.json's `not_launched`; none profiled at all is an error under enabled true and an empty
+  CSV (tool.json says why) under auto.
 parse: profiler output -> the profile CSVs (schemas: scalestudy.nsight.schema), from one of
   --capture DIR   a capture directory of `profile capture`: its tool.json says which tool ran
                   and where its output is (nsys stats CSVs, or torch.profiler exports)
@@ -723,13 +728,17 @@ def ncu(args: argparse.Namespace) -> int:
         logger.info(why)
         return _no_ncu(out_dir, args.out, why)
     kernel_rows = schema.read_csv(args.kernels, schema.KERNEL_COLUMNS)
-    kernels = schema.top_kernels(kernel_rows, args.top_k)
+    # rank 0's top kernels: the rank ncu profiles (each rank autotunes its own cuDNN engines)
+    kernels = schema.top_kernels(
+        [r for r in kernel_rows if str(r["rank"]) == "0"] or kernel_rows, args.top_k
+    )
     if not kernels:
         raise ProfileError(f"{args.kernels}: no non-NCCL kernel to profile with ncu")
     env = launch.rank_env(dict(os.environ), args.cpus_per_rank)
     train_args = _train_args(args, out_dir / "train")
     launch.hold_local_gpus(env, args.nodes * args.ranks_per_node, train_args)
     options, binds = wrapper_options(args, ncu_path)
+    profiled, not_launched = [], []
     for i, kernel in enumerate(kernels):
         args.train_args = list(train_args)
         skip = ncu_launch_skip(kernel_rows, kernel, args.launch_skip, args.launch_count)
@@ -762,26 +771,45 @@ def ncu(args: argparse.Namespace) -> int:
             return _no_ncu(out_dir, args.out, why)
         if code != 0:
             raise _failed(argv, code, f" (its output: {out_dir / f'ncu_k{i}.log'})")
+        (out_dir / f"ncu_k{i}.csv").unlink(missing_ok=True)
         if not report.exists():
-            # ncu writes no report when its filter matched no launch; say which filter
-            raise ProfileError(
-                f"ncu wrote no {report}: no launch of {kernel!r} matched --kernel-name "
-                f"regex:{ncu_kernel_regex(kernel)} (--launch-skip {skip}) on rank 0"
+            # ncu writes no report when its filter matched no launch: this process's cuDNN
+            # autotuning chose other engines than the capture's (or the skip was too large)
+            logger.warning(
+                f"WARNING {args.run}: ncu k{i} profiled nothing: no launch of {kernel[:120]!r} "
+                f"matched --kernel-name regex:{ncu_kernel_regex(kernel)} (--launch-skip {skip}) "
+                "on rank 0 (cudnn.benchmark may have chosen another engine in ncu's process); "
+                "left out of the ncu metrics"
             )
+            not_launched.append(kernel)
+            continue
         with (out_dir / f"ncu_k{i}.csv").open("w") as f:
             _run(ncu_import_command(str(report)), env, stdout=f)
+        profiled.append((i, kernel))
+    if not profiled:
+        why = (
+            f"none of the top {len(kernels)} kernels of {args.kernels} launched on rank 0 "
+            "under ncu (see the WARNING lines above)"
+        )
+        if args.enabled == "true":
+            raise ProfileError(f"schema.ncu.enabled is true but {why}")
+        logger.warning(f"WARNING auto: {why}; no Nsight Compute metrics for {args.run}")
+        return _no_ncu(out_dir, args.out, f"auto: {why}", not_launched)
     rows = []
-    for i, kernel in enumerate(kernels):
+    for i, kernel in profiled:
         # the kernels CSV's name, not ncu's spelling of it: profile_ncu joins profile_kernels
         rows.extend(ncu_parser.parse_ncu(out_dir / f"ncu_k{i}.csv", args.run, kernel=kernel))
-    files.write_json(out_dir / "tool.json", {"tool": "ncu", "why": ncu_path, "kernels": kernels})
+    manifest = {"tool": "ncu", "why": ncu_path, "kernels": [k for _, k in profiled]}
+    files.write_json(out_dir / "tool.json", {**manifest, "not_launched": not_launched})
     files.write_text(args.out, schema.csv_text(schema.NCU_COLUMNS, rows))
     return 0
 
 
-def _no_ncu(out_dir: Path, out: str, why: str) -> int:
+def _no_ncu(out_dir: Path, out: str, why: str, not_launched: list[str] = ()) -> int:
     """ncu skipped under enabled auto: the manifest says why, the run's profile_ncu CSV is empty."""
-    files.write_json(out_dir / "tool.json", {"tool": "none", "why": why})
+    files.write_json(
+        out_dir / "tool.json", {"tool": "none", "why": why, "not_launched": list(not_launched)}
+    )
     files.write_text(out, schema.csv_text(schema.NCU_COLUMNS, []))
     return 0
 
