@@ -76,17 +76,36 @@ def test_only_runs_the_named_checks_and_a_budget_too_small_is_refused(tmp_path, 
     monkeypatch.setattr(
         gpu_check, "timed_checks", lambda ctx: {n: fake(n) for n in ["ncu", "nvml"]}
     )
+    reports: list[list[str]] = []
     ctx = gpu_check.Context(
         work=tmp_path,
         fixtures=tmp_path,
         env={},
         budget=gpu_check.Budget(0.0),
-        only=("compile-", "ncu"),
+        only=gpu_check.select_only("compile-,ncu", gpu_check.check_names()),
+        progress=lambda done: reports.append([c.name for c in done]),
     )
     checks = gpu_check.run_checks(ctx, {"device_name": "stand-in"})
     # ncu profiles the kernels torch-profiler found: --only ncu runs that first (not the study's)
     assert sorted(ran) == ["compile-ddp", "compile-fsdp", "ncu", "torch-profiler"]
     assert [c.name for c in checks][0] == "versions"
+    # the report is written again after each check: a killed gpu-check leaves the ones done
+    assert [len(r) for r in reports] == [2, 3, 4, 5] and sorted(reports[-1]) == sorted(
+        c.name for c in checks
+    )
+    # a whole name is that check alone: the rerun of a budget-cut cuda-graphs must not rerun
+    # cuda-graphs-gloo2 (nor `torch-profiler` the study's profile)
+    names = [*gpu_check.check_names(), "cuda-graphs-gloo2"]
+    assert gpu_check.select_only("cuda-graphs,torch-profiler", names) == (
+        "cuda-graphs",
+        "torch-profiler",
+    )
+    assert gpu_check.select_only("cuda-,torch-", names) == (
+        "cuda-graphs",
+        "cuda-graphs-gloo2",
+        "torch-profiler",
+        "torch-profiler-study",
+    )
     # nvml reads reference-bf16's run of our trainer: --only nvml runs that first
     monkeypatch.setattr(
         gpu_check,
@@ -94,7 +113,9 @@ def test_only_runs_the_named_checks_and_a_budget_too_small_is_refused(tmp_path, 
         lambda ctx: {n: fake(n) for n in ["reference-bf16", "nvml", "reference-fp32", "ncu"]},
     )
     ran.clear()
-    gpu_check.run_checks(dataclasses.replace(ctx, only=("nvml",)), {"device_name": "stand-in"})
+    gpu_check.run_checks(
+        dataclasses.replace(ctx, only=("nvml",), progress=None), {"device_name": "stand-in"}
+    )
     assert ran == ["reference-bf16", "nvml"]
     assert gpu_check.Context(work=tmp_path, fixtures=tmp_path, env={}, budget=None).wanted("x")
     parser = argparse.ArgumentParser()
@@ -107,7 +128,7 @@ def test_only_runs_the_named_checks_and_a_budget_too_small_is_refused(tmp_path, 
         with pytest.raises(GpuCheckError, match=f"--budget-s must be a finite number .* {endless}"):
             gpu_check.run(args)
     typo = parser.parse_args(["--out", str(tmp_path / "o"), "--only", "ncu,compil-"])
-    with pytest.raises(GpuCheckError, match="compil- starts no check's name; the checks: versions"):
+    with pytest.raises(GpuCheckError, match="compil- is no check.s name and starts none"):
         gpu_check.run(typo)
     assert not (tmp_path / "o").exists()
 
@@ -264,6 +285,41 @@ def test_a_run_stopped_at_its_own_limit_fails_one_the_budget_stopped_is_not_run(
     assert check.status == FAIL and len(check.problems) == 2
     check = report.judge_reference("bf16", cut, not_started)
     assert check.status == NOT_RUN and len(check.problems) == 2
+
+
+@pytest.mark.parametrize("cut", ["never started", "stopped by the deadline"])
+def test_every_judge_calls_a_check_the_budget_cut_not_run_not_failed(cut):
+    """What a cut run left (no checkpoint, no kernel, no window line, no probe output) is no
+    finding: every judge makes such a check "not run", so gpu-check exits 3 (INCOMPLETE) and
+    its rerun command names it, instead of FAILED. Before, six judges added those consequences
+    as problems of their own."""
+    run = (
+        RunResult(rc=None, started=False, budget_cut=True)
+        if cut == "never started"
+        else RunResult(rc=None, wall_s=40, limit_s=40, timed_out=True, budget_cut=True)
+    )
+    ok = stand_in_run()
+    checks = [
+        report.judge_compile("ddp", run, ""),
+        report.judge_cuda_graphs("cuda-graphs", 1, run, ""),
+        report.judge_cuda_graphs("cuda-graphs-gloo2", 2, run, ""),
+        report.judge_host_syncs("bf16", run, ""),
+        report.judge_checkpoint("ddp", run, {}, run, 6),
+        report.judge_checkpoint("fsdp", run, {}, run, 6),
+        report.judge_nvml(run, [], None, run),
+        report.judge_profile(run, [], []),
+        report.judge_profile_study(run, [], []),
+        report.judge_ncu("ncu", [], "; ".join(report.run_problems(run, "the torch-profiler run"))),
+    ]
+    assert {c.name: c.status for c in checks if c.status != NOT_RUN} == {}
+    for c in checks:
+        assert c.problems and all(report.NO_TIME in p for p in c.problems), (c.name, c.problems)
+    # a stopped run that did stop but left no checkpoint is still a failure
+    done = dataclasses.replace(ok, rc=75)
+    check = report.judge_checkpoint("ddp", done, {}, run, 6)
+    assert check.status == FAIL and "no checkpoint on disk after the stop" in check.problems
+    # and the probe that ran and printed nothing is one
+    assert report.judge_nvml(ok, [], None, ok).status == FAIL
 
 
 def test_pair_passes_on_equal_checksums_and_fails_on_different_ones():
@@ -1017,12 +1073,69 @@ def test_report_with_checks_the_budget_left_out_is_incomplete_and_names_the_reru
     md = (tmp_path / "gpu-check.md").read_text()
     assert md.startswith("# gpu-check on n: INCOMPLETE")
     assert "3 passed, 0 failed, 2 not run (the budget ran out), 1 skipped" in md
-    assert "--only reference-fp32,ncu`" in md and "| ncu | not run |" in md
+    assert "--budget-s 460 --only reference-fp32,ncu`" in md and "| ncu | not run |" in md
     assert "### reference-fp32 (not run)" in md
     assert json.loads((tmp_path / "gpu-check.json").read_text()) == doc
     doc = report.write_report(tmp_path, header, [*checks, *stand_in_checks()[2:3]])
     assert gpu_check.exit_code(doc) == 1
     assert (tmp_path / "gpu-check.md").read_text().startswith("# gpu-check on n: FAILED")
+
+
+def test_a_report_written_while_checks_are_pending_says_unfinished(tmp_path):
+    """The report after each check: were gpu-check killed (a wrapper's time limit), what it
+    leaves says which checks were done and which were still to come, and passes nothing."""
+    checks = [c for c in stand_in_checks() if c.status == PASS]
+    header = {"host": "n", "budget_s": 540.0, "wall_s": 99.0, "versions": {"device_count": 1}}
+    doc = report.write_report(tmp_path, {**header, "pending": ["ncu", "speed-tf32-lb512"]}, checks)
+    assert doc["passed"] is False and gpu_check.exit_code(doc) == gpu_check.EXIT_INCOMPLETE
+    md = (tmp_path / "gpu-check.md").read_text()
+    assert md.startswith("# gpu-check on n: UNFINISHED")
+    assert "not judged yet: ncu, speed-tf32-lb512." in md
+    doc = report.write_report(tmp_path, header, checks)
+    assert doc["passed"] is True and "pending" not in doc
+    assert "UNFINISHED" not in (tmp_path / "gpu-check.md").read_text()
+
+
+def test_sigterm_kills_the_checks_processes_and_exits(tmp_path):
+    """A check's processes run in sessions of their own, which a signal to gpu-check does not
+    reach: on SIGTERM (the device tool's time limit) gpu-check kills them before it exits, so
+    no trainer is left holding the GPU."""
+    script = tmp_path / "runner.py"
+    pid_file = tmp_path / "child.pid"
+    script.write_text(
+        "import signal, sys\n"
+        "from pathlib import Path\n"
+        "from scalestudy.jobs import gpu_check\n"
+        "signal.signal(signal.SIGTERM, gpu_check.stop_children)\n"
+        'child = \'import os, sys, time; open(sys.argv[1], "w").write(str(os.getpid())); '
+        "time.sleep(120)'\n"
+        "argv = [sys.executable, '-c', child, sys.argv[2]]\n"
+        "gpu_check.run_process(argv, Path(sys.argv[1]), gpu_check.Limit(120.0), {})\n"
+    )
+    proc = subprocess.Popen(
+        [PYTHON, str(script), str(tmp_path / "child.log"), str(pid_file)], env=child_env(),
+        text=True,
+        stderr=subprocess.PIPE,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.1)
+    child = int(pid_file.read_text())
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+    assert "stopped by signal 15" in proc.stderr.read()
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{child}").exists() and "Z" not in _state(child):
+        assert time.monotonic() < deadline, "the check's process outlived gpu-check"
+        time.sleep(0.1)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except OSError:
+        return "Z"
 
 
 def test_a_process_the_budget_cuts_is_marked_so_and_one_past_its_own_limit_is_not(

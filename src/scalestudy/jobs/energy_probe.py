@@ -24,6 +24,8 @@ from collections.abc import Callable
 from scalestudy.errors import GpuCheckError
 from scalestudy.trainer.measure import nvml_handle
 
+LOAD_S = 1.5  # seconds of load before the first power reading (NVML's 1 s mean, and a margin)
+
 
 def updates(readings: list[tuple[float, int]]) -> dict:
     """(seconds, counter mJ) polled in time order -> the counter's updates: their median, min and
@@ -81,7 +83,11 @@ def probe(seconds: float) -> dict:
 
     worker = threading.Thread(target=load, daemon=True)
     worker.start()
-    time.sleep(0.5)  # the clocks up, the first products queued
+    # nvmlDeviceGetPowerUsage is the mean over the last second on Ampere (but GA100) and newer
+    # GPUs (NVML's API reference): read after 0.5 s of load it was half idle, 523 W in
+    # gpu-check's runs on an H200 and H100s against the counter's 691-698 W. After LOAD_S it is
+    # power under load.
+    time.sleep(LOAD_S)
     power = [pynvml.nvmlDeviceGetPowerUsage(handle) / 1e3]
     readings = poll(lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(handle), seconds)
     power.append(pynvml.nvmlDeviceGetPowerUsage(handle) / 1e3)

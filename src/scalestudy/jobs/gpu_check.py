@@ -42,14 +42,17 @@ and the speed runs use width 64), up to PARALLEL correctness runs sharing the GP
 the timed runs (reference-*, speed-*, ncu) alone. The correctness grid runs eager (SMALL has
 --compile off); the compiled runs (compile-*, cuda-graphs*, host-syncs-*, our trainer in
 reference-* and speed-*) spend most of their seconds compiling (17-30 s a run on the H200, 36-48 s
-with four compiling at once). `--only PREFIXES` runs some checks (a rerun after a fix). Every
+with four compiling at once). `--only NAMES` runs some checks (a rerun after a fix): a check's
+whole name runs it alone, another entry the checks whose names start with it. Every
 process gets LIMITS_S[kind] seconds, less when less of the budget is left, and is killed with
 its process group beyond that; each check records its wall time. A check stopped by the
 budget's deadline, or never started because none was left, and by nothing else, is "not run":
 not a failure of the node, not proven either; the report names the `--only` command for them.
 
-Writes DIR/gpu-check.md and DIR/gpu-check.json, DIR/fixtures/ (the trimmed torch.profiler
-export and ncu details CSV with provenance.json, a few KB, for tests/fixtures/) and
+Writes DIR/gpu-check.md and DIR/gpu-check.json (again after each check, marked UNFINISHED with
+the checks still pending: what a killed gpu-check leaves; SIGTERM or SIGINT kills the checks'
+process groups, which their own sessions keep from the signal), DIR/fixtures/ (the trimmed
+torch.profiler export and ncu details CSV with provenance.json, a few KB, for tests/fixtures/) and
 DIR/gpu-check-work/ (logs and run outputs; the synthetic data is deleted at the end).
 Exit 0 when every check passed (or was skipped), 1 when one failed, 3 when none failed but the
 budget ran out before some ran.
@@ -74,7 +77,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -99,7 +102,10 @@ logger = log.get(__name__)
 # first: over 57 s), speed-tf32-lb512 (its first epoch, compiling, 33 s) and ncu (two
 # kernels, up to LIMITS_S["ncu"] each where counters are readable). On one H100 of the
 # thirteenth session (2026-11-27) those three took 104, 63 and 57 s in calls of their own:
-# with the 450 s about 675 s, so 12 minutes fit them all (not yet measured in one run).
+# with the 450 s about 675 s; on one H200 (2026-11-26) the whole command took 415 s. Where a
+# command may run less (a 600 s limit per command: give --budget-s 540, as Python's start and
+# torch's import come before the budget's clock), the report written after each check stays,
+# and a SIGTERM (the wrapper's timeout) kills the checks' processes, which would hold the GPU.
 BUDGET_S = 720.0
 EXIT_INCOMPLETE = 3  # no check failed, but the budget ran out before some ran
 REPORT_RESERVE_S = 10.0  # kept back from the processes for the report and fixtures
@@ -207,15 +213,17 @@ class Context:
     device: str = "cuda"  # --device of every trainer (the tests use cpu)
     small: tuple[str, ...] = tuple(SMALL)  # flags of the correctness runs
     kernels: list[dict] = field(default_factory=list)  # the profiled kernel rows, for ncu
+    kernels_why: str = "the torch-profiler check found none"  # why there are none
     fixture_files: list[str] = field(default_factory=list)
     commands: dict[str, list[str]] = field(default_factory=dict)  # fixture -> its command
-    only: tuple[str, ...] = ()  # run only the checks whose names start with one of these
+    only: tuple[str, ...] = ()  # run only these checks (select_only: --only's names)
+    progress: Callable[[list[Check]], None] | None = None  # called with the checks done so far
 
     def wanted(self, name: str) -> bool:
         """Selected by --only, or the run a selected check reads (NEEDS)."""
-        if not self.only or name.startswith(self.only):
+        if not self.only or name in self.only:
             return True
-        return any(name == need and check.startswith(self.only) for check, need in NEEDS.items())
+        return any(name == need and check in self.only for check, need in NEEDS.items())
 
     @property
     def data_dir(self) -> Path:
@@ -224,6 +232,20 @@ class Context:
 
 # ---------------------------------------------------------------------------------------------
 # running one process
+
+# the process groups running now: a SIGTERM kills them (each runs in its own session, so the
+# signal that stops gpu-check would not reach them, and they would hold the GPU)
+_LIVE: set[int] = set()
+
+
+def stop_children(signum: int, _frame) -> None:
+    """SIGTERM / SIGINT: kill every check's process group and exit; the report written after the
+    last finished check stays (gpu-check.md says which checks were pending)."""
+    for pid in list(_LIVE):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+    logger.error(f"gpu-check: stopped by signal {signum}; the report holds the checks done")
+    os._exit(128 + signum)
 
 
 def run_process(
@@ -255,7 +277,11 @@ def run_process(
             env=env,
             start_new_session=True,  # its own process group: a timeout kills torchrun's ranks too
         )
-        timed_out = _wait(proc, t0 + limit_s, poke)
+        _LIVE.add(proc.pid)
+        try:
+            timed_out = _wait(proc, t0 + limit_s, poke)
+        finally:
+            _LIVE.discard(proc.pid)
     return RunResult(
         rc=None if timed_out else proc.returncode,
         wall_s=round(time.monotonic() - t0, 1),
@@ -497,6 +523,9 @@ def check_profile(ctx: Context) -> Check:
         fixture = json.dumps(report.trim_torch_ops(doc), indent=1) + "\n"
         write_fixture(ctx, "torch_ops_rank0.json", fixture, train_argv(ctx, 1, flags))
     ctx.kernels = kernels
+    ctx.kernels_why = "; ".join(report.run_problems(run, "the torch-profiler run")) or (
+        "the torch-profiler check found none"
+    )
     return report.judge_profile(run, doc.get("ops") or [], kernels)
 
 
@@ -557,7 +586,7 @@ def check_ncu(ctx: Context) -> Check:
         ncu_kernel(ctx, i, kernel)
         for i, kernel in enumerate(schema.top_kernels(ctx.kernels, NCU_TOP_K))
     ]
-    return report.judge_ncu(ncu, attempts)
+    return report.judge_ncu(ncu, attempts, ctx.kernels_why)
 
 
 def ncu_command(base: Path, kernel: str, cmd: list[str]) -> list[str]:
@@ -689,7 +718,7 @@ def check_nvml(ctx: Context, ours: RunResult, precision: str = "bf16") -> Check:
         probe = json.loads(out.read_text()) if probe_run.rc == 0 else None
     except (OSError, ValueError):
         probe = None
-    check = report.judge_nvml(ours, samples, probe)
+    check = report.judge_nvml(ours, samples, probe, probe_run)
     check.wall_s = probe_run.wall_s  # the sampled run is reference-bf16's, counted there
     return check
 
@@ -864,11 +893,17 @@ def run_checks(ctx: Context, info: dict) -> list[Check]:
     """Correctness on the shared GPU first, then the timed runs alone (reference-bf16's run of
     our trainer also gives the NVML check); the report's order is ORDER."""
     checks = [guarded("versions", lambda: report.judge_versions(info))]
+    done = ctx.progress or (lambda _checks: None)
     shared = {n: fn for n, fn in shared_gpu_checks(ctx).items() if ctx.wanted(n)}
     with ThreadPoolExecutor(PARALLEL) as pool:
         futures = [pool.submit(guarded, n, fn) for n, fn in shared.items()]
-        checks += [f.result() for f in futures]
-    checks += [guarded(n, fn) for n, fn in timed_checks(ctx).items() if ctx.wanted(n)]
+        for future in as_completed(futures):
+            checks.append(future.result())
+            done(checks)
+    for n, fn in timed_checks(ctx).items():
+        if ctx.wanted(n):
+            checks.append(guarded(n, fn))
+            done(checks)
     return sorted(checks, key=order)
 
 
@@ -901,7 +936,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--only",
         default="",
         metavar="PREFIXES",
-        help="comma-separated check-name prefixes to run (e.g. compile-,speed-); default all. "
+        help="comma-separated check names or name prefixes to run (e.g. compile-,speed-: a "
+        "whole name runs that check alone); default all. "
         + "; ".join(f"{c} also runs {n}, whose run it reads" for c, n in NEEDS.items()),
     )
 
@@ -914,14 +950,8 @@ def run(args: argparse.Namespace) -> int:
             f"--budget-s {args.budget_s:g} leaves no time for a check: give more than "
             f"{REPORT_RESERVE_S + MIN_START_S:g} seconds"
         )
-    only = tuple(p.strip() for p in args.only.split(",") if p.strip())
     names = check_names()
-    unknown = [p for p in only if not any(n.startswith(p) for n in names)]
-    if unknown:
-        raise GpuCheckError(
-            f"--only {args.only}: {', '.join(unknown)} starts no check's name; the checks: "
-            + ", ".join(names)
-        )
+    only = select_only(args.only, names)
     refuse_without_gpu()  # before anything is written
     t0, started_at = time.monotonic(), datetime.datetime.now(datetime.UTC)
     out = Path(args.out)
@@ -937,6 +967,31 @@ def run(args: argparse.Namespace) -> int:
     )
     info = versions(ctx)
     logger.info(f"gpu-check on {info['device_name']} (GPU {gpus[0]}), budget {args.budget_s:.0f} s")
+    commit = files.git_commit(Path(scalestudy.__file__).parent)
+
+    def header(pending: list[str] = ()) -> dict:
+        return {
+            "host": socket.gethostname(),
+            "started_at": started_at.isoformat(timespec="seconds"),
+            "git_commit": commit,
+            "budget_s": args.budget_s,
+            "only": list(only),
+            "wall_s": round(time.monotonic() - t0, 1),
+            "versions": info,
+            "fixtures": sorted(ctx.fixture_files),
+            **({"pending": list(pending)} if pending else {}),
+        }
+
+    def progress(done: list[Check]) -> None:
+        """The report so far, after each check: what a killed gpu-check leaves."""
+        names_done = {c.name for c in done}
+        pending = [n for n in names if ctx.wanted(n) and n not in names_done]
+        report.write_report(out, header(pending), sorted(done, key=order))
+
+    ctx.progress = progress
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, stop_children)
+    progress([])  # an earlier run's report in DIR must not pass for this one's
     data = prepare_data(ctx)
     if data.rc != 0:
         raise GpuCheckError(
@@ -944,16 +999,7 @@ def run(args: argparse.Namespace) -> int:
         )
     checks = run_checks(ctx, info)
     shutil.rmtree(ctx.data_dir, ignore_errors=True)  # 56 MB that one command remakes
-    header = {
-        "host": socket.gethostname(),
-        "started_at": started_at.isoformat(timespec="seconds"),
-        "git_commit": files.git_commit(Path(scalestudy.__file__).parent),
-        "budget_s": args.budget_s,
-        "only": list(only),
-        "wall_s": round(time.monotonic() - t0, 1),
-        "versions": info,
-        "fixtures": sorted(ctx.fixture_files),
-    }
+    header = header()
     if ctx.fixture_files:
         files.write_json(ctx.fixtures / "provenance.json", {**header, "commands": ctx.commands})
     doc = report.write_report(out, header, checks)
@@ -966,6 +1012,22 @@ def run(args: argparse.Namespace) -> int:
     if doc["not_run"]:
         logger.info(f"gpu-check: to run the rest: {report.rerun_command(doc)}")
     return exit_code(doc)
+
+
+def select_only(text: str, names: list[str]) -> tuple[str, ...]:
+    """--only's checks: an entry that is a check's whole name selects that check alone (the
+    report's rerun command lists the names the budget left out: `cuda-graphs` must not rerun
+    cuda-graphs-gloo2 too), any other entry every check whose name starts with it."""
+    only: list[str] = []
+    for entry in (p.strip() for p in text.split(",") if p.strip()):
+        chosen = [entry] if entry in names else [n for n in names if n.startswith(entry)]
+        if not chosen:
+            raise GpuCheckError(
+                f"--only {text}: {entry} is no check's name and starts none; the checks: "
+                + ", ".join(names)
+            )
+        only += [n for n in chosen if n not in only]
+    return tuple(only)
 
 
 def exit_code(doc: dict) -> int:

@@ -129,6 +129,13 @@ def skipped(name: str, criterion: str, why: str) -> Check:
     return Check(name=name, status=SKIPPED, criterion=criterion, problems=[why])
 
 
+def was_cut(run: RunResult) -> bool:
+    """The budget, not the run, ended it: it never started, or the deadline stopped it. What
+    such a run left (no checkpoint, no kernels, no log line) is no finding: a judge says only
+    run_problems of it, so the check is "not run", not failed."""
+    return not run.started or (run.timed_out and run.budget_cut)
+
+
 def run_problems(run: RunResult, what: str = "the run") -> list[str]:
     """Why a process that should have completed did not (empty: it did)."""
     if not run.started:
@@ -430,7 +437,7 @@ def compiled_problems(m: dict, allow_uncounted: bool = False) -> list[str]:
 def window_recompile_problems(step: int | None, after: list[str], problems: list[str]) -> list:
     """The log's verdict (recompiles_after_marker) on the recompilations inside the window."""
     found = []
-    if step is None and not any("did not start" in p for p in problems):
+    if step is None and not any(NO_TIME in p for p in problems):
         found.append(f"no '{WINDOW_MARKER}' line in the log: cannot place recompilations")
     if after:
         found.append(f"{len(after)} recompilation(s) inside the window, first: {after[0]}")
@@ -558,7 +565,9 @@ def judge_checkpoint(
         problems.append(f"the signalled run exited {stop.rc}, not 75{landed}")
     if after_stop.get("metrics_json"):
         problems.append("the stopped run wrote metrics.json: a stop must not look complete")
-    if not after_stop.get("checkpoints"):
+    if was_cut(stop):
+        pass  # no checkpoint to expect from a run the budget stopped or never started
+    elif not after_stop.get("checkpoints"):
         problems.append("no checkpoint on disk after the stop")
     elif strategy == "fsdp" and not after_stop.get("dcp"):
         problems.append("the fsdp checkpoint has no dcp/.metadata (torch.distributed.checkpoint)")
@@ -592,9 +601,12 @@ ENERGY_POWER_W = (20.0, 1000.0)
 ENERGY_VS_SAMPLES = (0.5, 1.5)
 
 
-def judge_nvml(run: RunResult, samples: list[dict], probe: dict | None) -> Check:
+def judge_nvml(
+    run: RunResult, samples: list[dict], probe: dict | None, probe_run: RunResult | None = None
+) -> Check:
     """samples: the rows of the run's gpu_samples_rank0.csv (the run has one GPU); probe: the
-    JSON of jobs/energy_probe.py on this GPU (None when it did not run or printed nothing)."""
+    JSON of jobs/energy_probe.py on this GPU (None when it did not run or printed nothing);
+    probe_run: the probe's process."""
     criterion = (
         "gpu_samples_rank0.csv has samples and metrics.json gpu_util_mean is not null; the energy "
         "probe saw NVML's total-energy counter advance every <= "
@@ -634,7 +646,10 @@ def judge_nvml(run: RunResult, samples: list[dict], probe: dict | None) -> Check
         "probe_power_w_from_counter": probe.get("power_w_from_counter"),
         "probe_power_w_nvml": probe.get("power_w_nvml"),
     }
-    problems += probe_problems(probe)
+    if probe_run is not None and was_cut(probe_run):
+        problems += run_problems(probe_run, "the energy probe")
+    else:
+        problems += probe_problems(probe)
     if not run_failed:
         if not samples:
             problems.append("no NVML samples (gpu_samples_rank0.csv missing or empty)")
@@ -732,6 +747,8 @@ def judge_profile(run: RunResult, ops: list[dict], kernels: list[dict]) -> Check
         f"kernels recognised and at most {MAX_OTHER_SHARE:.0%} of kernel time left in 'other'"
     )
     problems = run_problems(run)
+    if was_cut(run):
+        return verdict("torch-profiler", criterion, {}, problems, [run])
     cuda_ops = [
         op
         for op in ops
@@ -760,6 +777,8 @@ def judge_profile_study(run: RunResult, kernels: list[dict], ranges: list[dict])
         "backward and optimizer projected onto the GPU (from the trace), each with GPU time"
     )
     problems = run_problems(run)
+    if was_cut(run):
+        return verdict("torch-profiler-study", criterion, {}, problems, [run])
     m = run.metrics or {}
     if run.metrics is not None:
         _expect(m, "cuda_graphs_mode", "compiled", problems)
@@ -795,10 +814,14 @@ def judge_profile_study(run: RunResult, kernels: list[dict], ranges: list[dict])
     return verdict("torch-profiler-study", criterion, numbers, problems, [run])
 
 
-def judge_ncu(ncu: str | None, attempts: list[dict]) -> Check:
+def judge_ncu(
+    ncu: str | None, attempts: list[dict], no_kernels: str = "the torch-profiler check found none"
+) -> Check:
     """attempts: one per kernel, {"kernel", "run": RunResult (the ncu pass), "rows": parsed
     profile_ncu rows or None, "argv": the ncu command, "error": a parse or setup error,
-    "refused": why ncu may not profile on this node (profile.ncu_refusal), if it said so}."""
+    "refused": why ncu may not profile on this node (profile.ncu_refusal), if it said so};
+    no_kernels: why there is no attempt (the torch-profiler run's problems, NO_TIME when the
+    budget cut it)."""
     name = "ncu"
     criterion = (
         "ncu (--clock-control none) profiled each top kernel; its details CSV parsed into a "
@@ -811,7 +834,7 @@ def judge_ncu(ncu: str | None, attempts: list[dict]) -> Check:
         return skipped(name, criterion, refused)
     problems, numbers, runs = [], {"ncu": ncu, "kernels": []}, []
     if not attempts:
-        problems.append("no kernel to profile (the torch-profiler check found none)")
+        problems.append(f"no kernel to profile ({no_kernels})")
     for a in attempts:
         label = a["kernel"][:80]
         runs.append(a["run"])
@@ -975,7 +998,7 @@ def report_json(header: dict, checks: list[Check]) -> dict:
     doc = {
         "format": FORMAT,
         **header,
-        "passed": counts[FAIL] == 0 and counts[NOT_RUN] == 0,
+        "passed": counts[FAIL] == 0 and counts[NOT_RUN] == 0 and not header.get("pending"),
         "counts": counts,
         "not_run": [c.name for c in checks if c.status == NOT_RUN],
         "checks": [asdict(c) for c in checks],
@@ -1018,16 +1041,24 @@ def _cell(text: str) -> str:
 
 
 def headline(doc: dict) -> str:
-    """PASSED, FAILED (a check failed), or INCOMPLETE (none failed, the budget ran out first)."""
+    """PASSED, FAILED (a check failed), INCOMPLETE (none failed, the budget ran out first), or
+    UNFINISHED (written while checks were pending: gpu-check was still running, or killed)."""
+    if doc.get("pending") and not doc["counts"][FAIL]:
+        return "UNFINISHED"
     if doc["passed"]:
         return "PASSED"
     return "FAILED" if doc["counts"][FAIL] else "INCOMPLETE"
 
 
 def rerun_command(doc: dict) -> str:
-    """The command that runs the checks the budget left out (gpu-check's own flags)."""
+    """The command that runs the checks the budget left out (gpu-check's own flags; the same
+    budget, not the default)."""
     names = ",".join(doc.get("not_run", []))
-    return f"PYTHONPATH=src python3 -m scalestudy gpu-check --out gpu-check-rest --only {names}"
+    budget = f" --budget-s {doc['budget_s']:g}" if doc.get("budget_s") else ""
+    return (
+        f"PYTHONPATH=src python3 -m scalestudy gpu-check --out gpu-check-rest{budget} "
+        f"--only {names}"
+    )
 
 
 def report_markdown(doc: dict) -> str:
@@ -1041,6 +1072,12 @@ def report_markdown(doc: dict) -> str:
         f"{fmt(doc.get('wall_s'))} s (budget {fmt(doc.get('budget_s'))} s), "
         f"{doc.get('started_at')}, commit {doc.get('git_commit')}.",
     ]
+    if doc.get("pending"):
+        lines += [
+            "",
+            f"Unfinished: written while gpu-check was still running (or before it was killed); "
+            f"not judged yet: {', '.join(doc['pending'])}.",
+        ]
     if counts[NOT_RUN]:
         lines += [
             "",

@@ -78,8 +78,8 @@ from pathlib import Path
 from scalestudy import files, log, vocab
 from scalestudy.errors import ProfileError, ProfileFormatError
 from scalestudy.jobs import launch
-from scalestudy.nsight import ncu as ncu_parser
 from scalestudy.nsight import classify, nsys, readers, schema, torch_ops
+from scalestudy.nsight import ncu as ncu_parser
 
 logger = log.get(__name__)
 
