@@ -253,6 +253,37 @@ def test_styles_periods_and_ercap_node_counts(tmp_path):
     assert [c[("period", f"period {i}")]["months"] for i in (1, 2, 3)] == ["5", "5", "2"]
     assert c[("ercap", "nodes")]["max"] == "2"  # the 8-rank scaling runs, 2 nodes of 4
     assert "Maximum node count: 2" in docs["proposal.md"]
+    # the periods and the slides' total print the request's cells exactly, as its table does:
+    # rounded, the periods need not add up to it and the slides' total was below it
+    exact = report.fmt_exact(c[("period", "period 1")]["node_hours"])
+    assert exact != report.fmt_num(c[("period", "period 1")]["node_hours"])
+    for name in ("proposal.md", "proposal.tex", "slides.tex"):
+        assert f"{exact} node-hours" in docs[name] or f" {exact} " in docs[name], name
+
+
+@pytest.mark.parametrize("which", ["thin", "strong"])
+def test_no_production_is_promised_when_none_is_requested(tmp_path, which):
+    """proposal.production.runs 0: the request has no production row, and no document says
+    "production at N" or "then production"; the scale the evidence chose is still named, and
+    every number is still a CSV cell."""
+    overrides = ("proposal.production.runs=0",) + (STRONG if which == "strong" else ())
+    config, study = build(tmp_path, *overrides)
+    docs = write(config, study)
+    assert ("production", "run") not in cells(study)
+    for name, text in docs.items():
+        flat = " ".join(text.split())
+        for claim in ("production at", "then production", "Production run:", "Production:"):
+            assert claim not in flat, (name, claim)
+        assert "run the production training" not in flat, name
+    assert (
+        "no production run requested (proposal.production.runs); the chosen scale:"
+        in (docs["proposal.md"])
+    )
+    assert "No production run is requested" in docs["proposal.tex"]
+    tables = report.load_tables(study / "results/csv", report.ANALYSIS_TABLES)
+    tables["proposal"] = read(study / "results/csv/proposal.csv")
+    for name, text in docs.items():
+        assert report.numbers_backed_by_csvs(text, tables) == [], name
 
 
 def test_model_holdout_error_is_shown_when_the_model_csv_has_it(tmp_path):

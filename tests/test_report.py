@@ -14,6 +14,7 @@ import pytest
 from workflow_helpers import snakemake
 
 from scalestudy import files, vocab
+from scalestudy.errors import AnalysisError
 from scalestudy.results import analyze, plot
 from scalestudy.results import build_pdf as latex
 from scalestudy.results import model as model_csv
@@ -156,6 +157,8 @@ def test_every_markdown_table_has_as_many_cells_as_its_header(done):
         ("0123abc", "git checkout 0123abc\n"),
         ("0123abc-dirty", "uncommitted changes on top of git commit"),
         ("0123abc; 4567def", "different git commits"),
+        # the last of several commits dirty: still several commits, not one with changes
+        ("0123abc; 4567def-dirty", "different git commits"),
         ("not recorded", "was not recorded"),
     ],
 )
@@ -475,6 +478,29 @@ def test_figures_that_are_not_there_are_refused_before_a_document_is_written(
     code = cli.main([*argv, "--figures", "throughput", "--figure-dir", str(plots)])
     assert code == 0, capsys.readouterr().err
     assert f"{plots}/throughput.png" in (out / "study.md").read_text()
+
+
+def test_the_figure_dir_is_left_out_of_the_honesty_check_and_nothing_else(done, tmp_path):
+    """The figure references' digits are no claims, but only they are skipped: a --figure-dir
+    of "." took every decimal point out of the documents (5.31 became 531) and failed honest
+    ones; a number typed into the text still fails."""
+    from scalestudy import cli
+
+    out = tmp_path / "out"
+    (out).mkdir()
+    for ext in ("png", "pdf"):
+        (out / f"throughput.{ext}").write_bytes(
+            (done / f"results/plots/throughput.{ext}").read_bytes()
+        )
+    argv = ["render-report", "--csv-dir", str(done / "results/csv"), "--out-dir", str(out)]
+    assert cli.main([*argv, "--figures", "throughput", "--figure-dir", "."]) == 0
+    study = (out / "study.md").read_text()
+    assert "](./throughput.png)" in study and re.search(r"\d\.\d", study)
+    tables = report.load_tables(done / "results/csv")
+    docs = {"study.md": study + " 1234.5"}
+    with pytest.raises(AnalysisError, match=r"\['1234.5'\]"):
+        report.check_numbers(docs, tables, (".",))
+    report.check_numbers({"study.md": study}, tables, (".",))
 
 
 @pytest.mark.parametrize("figure_dir", ["../plots 2026", "../100%", "../#1", "C:\\plots"])

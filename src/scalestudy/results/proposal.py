@@ -487,8 +487,8 @@ def _texts(config: dict) -> list[dict]:
         "machine": p["machine"] or "the target system",
         "objectives": p["objectives"]
         or f"Measure and use the data-parallel scaling of {train['model']} training with PyTorch "
-        f"DDP on {config['dataset']}: find the largest scale that stays efficient and run the "
-        "production training there.",
+        f"DDP on {config['dataset']}: find the largest scale that stays efficient"
+        + (" and run the production training there." if p["production"]["runs"] else "."),
         "production": p["production"]["description"]
         or f"{train['model']} on {config['dataset']}, {epochs} epochs, "
         f"{p['production']['runs']} runs at the chosen scale",
