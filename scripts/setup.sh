@@ -41,8 +41,11 @@ if [[ "${SCALESTUDY_SKIP_APT:-0}" != 1 && $(id -u) -eq 0 ]] &&
 fi
 
 python=${PYTHON:-python3}
-if [[ ! -x .venv/bin/python ]]; then
-    "$python" -c 'import sys; assert sys.version_info >= (3, 11), "Python >= 3.11 is needed"'
+# a venv whose pip never got installed (ensurepip failed or was interrupted) is made again
+if [[ ! -x .venv/bin/python ]] || ! .venv/bin/python -m pip --version >/dev/null 2>&1; then
+    "$python" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else
+        f"setup: Python >= 3.11 is needed, {sys.executable} is {sys.version.split()[0]}: "
+        "set PYTHON=/path/to/python3.11 and rerun bash scripts/setup.sh")'
     # Debian's and Ubuntu's system Python ship venv's pip bootstrap (ensurepip) separately
     if ! "$python" -c 'import ensurepip' 2>/dev/null; then
         if [[ "${SCALESTUDY_SKIP_APT:-0}" != 1 && $(id -u) -eq 0 ]]; then
@@ -55,7 +58,7 @@ if [[ ! -x .venv/bin/python ]]; then
             exit 1
         fi
     fi
-    "$python" -m venv .venv
+    "$python" -m venv --clear .venv
 fi
 stamp=.venv/.scalestudy-requirements
 if ! cmp -s requirements.txt "$stamp"; then
@@ -63,5 +66,7 @@ if ! cmp -s requirements.txt "$stamp"; then
     .venv/bin/python -m pip install -q -r requirements.txt
     cp requirements.txt "$stamp"
 fi
-.venv/bin/python -m pip install -q --no-deps -e .
-echo "setup: ready (.venv: $(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'))"
+# no build isolation: the venv's pinned setuptools builds it, so a second run needs no index
+.venv/bin/python -m pip install -q --no-deps --no-build-isolation -e .
+torch_version=$(.venv/bin/python -c 'import torch; print("torch", torch.__version__)')
+echo "setup: ready (.venv: $torch_version)"
