@@ -533,6 +533,21 @@ def test_build_command_argv():
     assert argv[:3] == ["/opt/bin/apptainer", "build", "--fakeroot"]
 
 
+def test_the_build_signature_follows_the_build_command_only(monkeypatch):
+    """The rule's rebuild trigger: the build command's shape, not the module's text."""
+    from scalestudy.jobs import container
+
+    before = container.build_signature()
+    assert before == "apptainer build --force --build-arg GIT_COMMIT=GIT_COMMIT IMAGE DEFINITION"
+    real = container.build_command
+    monkeypatch.setattr(
+        container, "build_command", lambda *a, **k: [*real(*a, **k)[:2], "--fix-perms"]
+    )
+    assert container.build_signature() != before
+    smk = (REPO / "workflow/rules/container.smk").read_text()
+    assert "build=apptainer.build_signature()" in smk and "code_of(" not in smk
+
+
 def test_exec_prefix_argv(tmp_path):
     image = tmp_path / "t.sif"
     image.write_bytes(b"image")

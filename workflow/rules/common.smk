@@ -22,6 +22,7 @@ try:
         rule_log,
     )  # `log` inside a run: block is the rule's log file
     from scalestudy.errors import StudyConfigError, WorkdirError
+    from scalestudy.jobs import container as apptainer
     from scalestudy.jobs import gpu_slots
     from scalestudy.results import build_pdf as latex
     from scalestudy.results import plot as plots

@@ -42,6 +42,7 @@ import difflib
 import importlib.util
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -549,6 +550,15 @@ def build_command(
         str(image),
         str(definition),
     ]
+
+
+def build_signature() -> str:
+    """The build command's shape (its paths and commit as placeholders): the workflow's
+    build_container rule has it as a param, so an edit to how the image is built rebuilds it, and
+    no other edit does. The rule had this module and all it imports (files.py, log.py, ...) as
+    code inputs: an edit to a log message rebuilt the image on the login node, with a fresh
+    pull of its base and fresh packages, a new environment for no change of recipe."""
+    return shlex.join(build_command("DEFINITION", "IMAGE", "GIT_COMMIT"))
 
 
 def exec_prefix(
