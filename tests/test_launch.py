@@ -176,6 +176,39 @@ def test_gpu_and_container_go_together(tmp_path):
     assert "--nv" not in argv and image in argv
 
 
+def test_the_trainers_directories_outside_the_working_directory_are_bound_in(tmp_path, monkeypatch):
+    """Apptainer binds only $HOME, the working directory and /tmp: an absolute --data-dir or
+    --checkpoint-dir on /scratch (what config/README.md advises) was not inside the image, and
+    every rank found no data. Each is bound at its own path (its nearest existing directory:
+    the trainer makes the checkpoint directory); one under the working directory is not."""
+    parser = argparse.ArgumentParser()
+    launch.add_arguments(parser)
+    work, scratch = tmp_path / "study", tmp_path / "scratch"
+    (work / "results/data").mkdir(parents=True)
+    (scratch / "data/cifar10").mkdir(parents=True)
+    (scratch / "ckpt").mkdir()
+    image = work / "trainer.sif"
+    image.write_bytes(b"an image")
+    monkeypatch.chdir(work)
+
+    def binds(*flags: str) -> list[str]:
+        argv = launch.build_command(
+            parser.parse_args(["--container", str(image), "--", "--device", "cpu", *flags]),
+            {"PATH": "/bin"},
+        )
+        return [argv[i + 1] for i, a in enumerate(argv[: argv.index(str(image))]) if a == "--bind"]
+
+    got = binds(
+        "--data-dir", str(scratch / "data/cifar10"),
+        "--checkpoint-dir", str(scratch / "ckpt/run-1"),
+        f"--out={work / 'results/runs/run-1'}",
+    )  # fmt: skip
+    assert got[1:] == [str(scratch / "data/cifar10"), str(scratch / "ckpt")]  # [0]: src/
+    assert binds("--data-dir", "results/data") == got[:1]  # relative: the working directory
+    with pytest.raises(LaunchError, match="none of its directories exists"):
+        binds("--checkpoint-dir", "/no-such-top-level-dir/ckpt")
+
+
 def test_trainer_flags_without_the_separator_name_it():
     """`launch --epochs 1` said only argparse's "unrecognized arguments: --epochs"."""
     proc = _launch("--epochs", "1")

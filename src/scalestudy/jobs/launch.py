@@ -31,6 +31,7 @@ import os
 import shlex
 import shutil
 import sys
+from pathlib import Path
 
 from scalestudy import log
 from scalestudy.errors import LaunchError, TrainConfigError
@@ -148,7 +149,10 @@ def build_command(args: argparse.Namespace, env: dict[str, str]) -> list[str]:
         # the image's own python; its digest goes into metrics.json (container_digest)
         from scalestudy.jobs.container import exec_prefix
 
-        binds = getattr(args, "container_binds", ())  # host dirs the wrapper needs inside
+        binds = [  # host dirs the wrapper needs inside, and the trainer's own
+            *getattr(args, "container_binds", ()),
+            *container_path_binds(train_args, Path.cwd()),
+        ]
         python = [*exec_prefix(args.container, gpu=args.gpu, binds=binds), *prefix, "python"]
     refuse_array_task(env)
     one_rank = args.nodes * args.ranks_per_node == 1
@@ -213,14 +217,53 @@ def build_command(args: argparse.Namespace, env: dict[str, str]) -> list[str]:
     ]
 
 
-def train_device(train_args: list[str]) -> str | None:
-    """The value of the trainer's --device flag, if given."""
+def flag_values(train_args: list[str], flag: str) -> list[str]:
+    """Every value given to one of the trainer's flags (`--flag V` or `--flag=V`), in order."""
+    values = []
     for i, arg in enumerate(train_args):
-        if arg.startswith("--device="):
-            return arg.split("=", 1)[1]
-        if arg == "--device" and i + 1 < len(train_args):
-            return train_args[i + 1]
-    return None
+        if arg.startswith(f"{flag}="):
+            values.append(arg.split("=", 1)[1])
+        elif arg == flag and i + 1 < len(train_args):
+            values.append(train_args[i + 1])
+    return values
+
+
+def train_device(train_args: list[str]) -> str | None:
+    """The value of the trainer's --device flag, if given (the last one: argparse's)."""
+    return (flag_values(train_args, "--device") or [None])[-1]
+
+
+# the trainer's directories, which a rank in the container must see at the host's path
+PATH_FLAGS = ("--data-dir", "--checkpoint-dir", "--out")
+
+
+def container_path_binds(train_args: list[str], cwd: Path) -> list[str]:
+    """Host directories to bind into the container at their own path: for each absolute path
+    of PATH_FLAGS outside the working directory, its nearest existing directory (the trainer
+    makes its checkpoint and output directories). Apptainer binds only $HOME, the working
+    directory and /tmp by default; a cluster's /scratch, where config/README.md tells users to
+    put data and checkpoints, is inside the image only where the site binds it, and without it
+    every rank found no data or could not write its checkpoints."""
+    binds: list[str] = []
+    for flag in PATH_FLAGS:
+        for value in flag_values(train_args, flag):
+            path = Path(os.path.normpath(value)) if value else None
+            if path is None or not path.is_absolute() or path.is_relative_to(cwd):
+                continue
+            there = next(p for p in (path, *path.parents) if p.is_dir())
+            if there == Path("/"):
+                raise LaunchError(
+                    f"{flag} {value}: none of its directories exists, so there is nothing to "
+                    "bind into the container: make the directory first (or check the path)"
+                )
+            if ":" in str(there) or "," in str(there):
+                raise LaunchError(
+                    f"{flag} {value}: Apptainer's --bind cannot name {there} (':' and ',' "
+                    "separate its fields): choose a directory without them"
+                )
+            if str(there) not in binds:
+                binds.append(str(there))
+    return binds
 
 
 def run(args: argparse.Namespace) -> int:
