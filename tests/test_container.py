@@ -110,6 +110,14 @@ def test_shipped_definition_parses_and_validates():
     assert "cuda12.6" not in TRAINER_DEF.read_text()  # no comment left that justified cu126
 
 
+def test_shipped_definition_lets_apt_download_in_a_rootless_build():
+    """apt's download sandbox (its _apt user) fails in Apptainer's root-mapped rootless build
+    (setgroups refused): the recipe turns it off before the first apt-get."""
+    post = (REPO / "containers/trainer.def").read_text().split("%post", 1)[1]
+    assert 'APT::Sandbox::User "root";' in post
+    assert post.index("APT::Sandbox::User") < post.index("\n    apt-get update")
+
+
 def test_shipped_definition_matches_this_venv():
     """The image's torch build is the one of the venv these tests run in (2.14.1+cu130), so
     numbers from the container and from the venv are comparable."""
