@@ -17,6 +17,7 @@ import shlex
 import shutil
 import sqlite3
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -1732,6 +1733,17 @@ def test_ncu_leaves_out_a_kernel_its_process_never_launched(data_dir, tmp_path):
     proc = ncu("true", tmp_path / "fail")
     assert proc.returncode == 2 and not (tmp_path / "fail" / "ncu.csv").exists()
     assert "schema.ncu.enabled is true but none of the top 2" in proc.stderr.splitlines()[-1]
+
+
+def test_a_hung_post_processing_tool_is_stopped_with_one_line(tmp_path):
+    """`nsys stats` and `ncu --import` ran without a time limit: a hung one held a job outside
+    Slurm forever. Beyond their limit they are stopped, and the error names the command."""
+    argv = [PYTHON, "-c", "import time; time.sleep(30)"]
+    t0 = time.monotonic()
+    with pytest.raises(ProfileError, match=r"-c import time; .* did not finish in 0.5 s"):
+        capture._run(argv, child_env(), timeout=0.5)
+    assert time.monotonic() - t0 < 10
+    capture._run([PYTHON, "-c", "pass"], child_env(), timeout=30)  # in time: no error
 
 
 def _parse(cap, tmp_path):

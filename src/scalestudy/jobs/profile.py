@@ -440,9 +440,22 @@ def wrapper_options(args: argparse.Namespace, exe: str) -> tuple[dict, list[str]
 # running
 
 
-def _run(argv: list[str], env: dict[str, str], stdout=None) -> None:
+# seconds a tool's post-processing may take (`nsys stats` with its SQLite export of one rank's
+# report, `ncu --import` of one kernel's): minutes for a large report; beyond this it hangs, and
+# outside Slurm (no job time limit) it would hold the job forever
+TOOL_TIMEOUT_S = 1800
+VERSION_TIMEOUT_S = 60  # `nsys --version`
+
+
+def _run(argv: list[str], env: dict[str, str], stdout=None, timeout: float | None = None) -> None:
+    """argv to its end (`timeout` seconds at most, when given: a ProfileError beyond)."""
     logger.info("+ " + shlex.join(argv))
-    proc = subprocess.run(argv, env=env, stdout=stdout)
+    try:
+        proc = subprocess.run(argv, env=env, stdout=stdout, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise ProfileError(
+            f"{argv[0]} {' '.join(argv[1:3])} ... did not finish in {timeout:g} s: stopped"
+        ) from None
     if proc.returncode != 0:
         raise _failed(argv, proc.returncode)
 
@@ -584,13 +597,21 @@ def nsys_stats(out: Path, env: dict[str, str]) -> tuple[list[Path], dict]:
             f"nsys wrote no report in {out}: did the trainer reach --profile-steps "
             "(cudaProfilerStart)?"
         )
-    version = nsys_version(
-        subprocess.run(["nsys", "--version"], capture_output=True, text=True).stdout
-    )
+    try:
+        printed = subprocess.run(
+            ["nsys", "--version"], capture_output=True, text=True, timeout=VERSION_TIMEOUT_S
+        ).stdout
+    except subprocess.TimeoutExpired:
+        printed = ""  # the version is unknown: the report names of the newest nsys are tried
+    version = nsys_version(printed)
     (out / "stats").mkdir(exist_ok=True)
     for rep in reports:
         base = str(out / "stats" / rep.name.removesuffix(".nsys-rep"))
-        _run(nsys_stats_command(str(rep), base, version, base + ".sqlite"), env)
+        _run(
+            nsys_stats_command(str(rep), base, version, base + ".sqlite"),
+            env,
+            timeout=TOOL_TIMEOUT_S,
+        )
     return reports, {
         "nsys_version": ".".join(map(str, version)) if version else "unknown",
         "input": "stats",
@@ -784,7 +805,7 @@ def ncu(args: argparse.Namespace) -> int:
             not_launched.append(kernel)
             continue
         with (out_dir / f"ncu_k{i}.csv").open("w") as f:
-            _run(ncu_import_command(str(report)), env, stdout=f)
+            _run(ncu_import_command(str(report)), env, stdout=f, timeout=TOOL_TIMEOUT_S)
         profiled.append((i, kernel))
     if not profiled:
         why = (
