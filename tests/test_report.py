@@ -180,6 +180,26 @@ def test_reproduce_prints_git_checkout_only_for_one_clean_commit(done, tmp_path,
         assert report.numbers_backed_by_csvs(text, report.load_tables(csv_dir)) == [], name
 
 
+def test_a_model_without_a_fit_is_said_and_not_blamed_on_the_families(done, tmp_path):
+    """model.csv with only its "no fit" row: the paper said the model was "fitted to the
+    multi-rank runs" and both documents blamed the missing held-out check on the families,
+    though the strong family ran three world sizes."""
+    csv_dir = tmp_path / "csv"
+    csv_dir.mkdir()
+    for name in report.TABLES:
+        (csv_dir / f"{name}.csv").write_text((done / f"results/csv/{name}.csv").read_text())
+    why = "no fit: no multi-rank ddp configuration with a 1-rank run of its precision"
+    row = {"kind": "parameter", "name": "fit", "note": why}
+    files.write_csv(csv_dir / "model.csv", model_csv.MODEL_COLUMNS, [row])
+    docs = report.render(csv_dir, done / "workflow/report", FIGURES, "../results/plots")
+    flat = {name: " ".join(text.split()) for name, text in docs.items()}
+    assert f"This study's runs give the model no fit ({why})." in flat["paper.tex"]
+    assert f"the model has no fit to hold a world size out of ({why})" in flat["study.md"]
+    for name, text in flat.items():
+        assert "no scaling family whose runs the model could hold out" not in text, name
+        assert report.numbers_backed_by_csvs(text, report.load_tables(csv_dir)) == [], name
+
+
 def _csvs_with_energy(done, csv_dir, kwh):
     """The tiny study's CSVs with every resources row's energy_kwh set to `kwh` ("" = blank)."""
     csv_dir.mkdir()

@@ -271,6 +271,11 @@ def _context(tables: dict[str, list[dict]], figures: list[str], figure_dir: str)
             r for r in model_rows if r["kind"] == "parameter" and r["name"] in MODEL_PARAMS
         ],
         "model_holdout": [r for r in model_rows if r["kind"] == "holdout"],
+        # why the model has no fit at all ("no fit: ..."), None when it has one
+        "model_no_fit": next(
+            (r["note"] for r in model_rows if r["kind"] == "parameter" and r["name"] == "fit"),
+            None,
+        ),
         "model_level": next(
             (r["value"] for r in model_rows if r["name"] == "interval_level"), None
         ),
