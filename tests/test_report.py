@@ -200,6 +200,23 @@ def test_a_model_without_a_fit_is_said_and_not_blamed_on_the_families(done, tmp_
         assert report.numbers_backed_by_csvs(text, report.load_tables(csv_dir)) == [], name
 
 
+def test_the_paper_points_to_the_profiling_figure_only_when_it_shows_it(done, tmp_path):
+    """With kernel shares but without --figures profile, the paper said they "are shown in the
+    profiling figure", which it did not include."""
+    csv_dir = tmp_path / "csv"
+    csv_dir.mkdir()
+    for name in report.TABLES:
+        (csv_dir / f"{name}.csv").write_text((done / f"results/csv/{name}.csv").read_text())
+    row = {"run": "w1", "tool": "torch.profiler", "rank": "0", "category": "conv",
+           "total_ns": "1000", "share": "0.5"}  # fmt: skip
+    files.write_csv(csv_dir / "profile_shares.csv", analyze.TABLE_COLUMNS["profile_shares"], [row])
+    for figures, shown in ((FIGURES, False), ([*FIGURES, "profile"], True)):
+        paper = report.render(csv_dir, done / "workflow/report", figures, "../results/plots")
+        text = " ".join(paper["paper.tex"].split())
+        assert ("shown in the profiling figure" in text) == shown
+        assert ("their figure is not included in this document" in text) == (not shown)
+
+
 def _csvs_with_energy(done, csv_dir, kwh):
     """The tiny study's CSVs with every resources row's energy_kwh set to `kwh` ("" = blank)."""
     csv_dir.mkdir()

@@ -547,8 +547,18 @@ def context(tables: dict, rows: list[dict], config: dict, figure_dir: str) -> di
     return ctx
 
 
-def render(tables: dict, rows: list[dict], config: dict, templates: Path, figure_dir: str):
+def render(
+    tables: dict,
+    rows: list[dict],
+    config: dict,
+    templates: Path,
+    figure_dir: str,
+    figure_missing: bool = False,
+):
+    """The documents; figure_missing: the slides' figure is not there (the slide says so, and
+    pdfLaTeX does not fail on it)."""
     ctx = context(tables, rows, config, figure_dir)
+    ctx["figure_missing"] = figure_missing
     md, tex = report.environment(templates)
     envs = {"md": md, "tex": tex}
     docs = {
@@ -578,8 +588,15 @@ def write_proposal(
     rows = proposal_rows(config, tables["scaling"], measured, tables.get("model", []))
     text = files.csv_text(COLUMNS, rows)
     tables["proposal"] = list(csv.DictReader(io.StringIO(text)))  # the cells as written
+    missing = [
+        m
+        for m in report.missing_figures(Path(out_dir), figure_dir, ["efficiency"])
+        if m.endswith("pdf")
+    ]
     try:
-        docs = render(tables, tables["proposal"], config, Path(templates), figure_dir)
+        docs = render(
+            tables, tables["proposal"], config, Path(templates), figure_dir, bool(missing)
+        )
     except jinja2.TemplateNotFound as exc:
         raise AnalysisError(f"--templates {templates}: no template {exc.name} there") from exc
     except jinja2.UndefinedError as exc:
@@ -591,6 +608,11 @@ def write_proposal(
     for name, doc in docs.items():
         files.write_text(Path(out_dir) / name, doc)
         logger.info(f"wrote {Path(out_dir) / name}")
+    if missing:
+        logger.warning(
+            f"WARNING slides.tex: {', '.join(missing)} not found: the slide says so instead of "
+            "showing it (make it with `scalestudy plot --figure efficiency`)"
+        )
     return rows
 
 
