@@ -286,6 +286,21 @@ def test_no_production_is_promised_when_none_is_requested(tmp_path, which):
         assert report.numbers_backed_by_csvs(text, tables) == [], name
 
 
+def test_a_count_of_one_reads_singular_and_the_baselines_efficiency_is_no_measurement(tmp_path):
+    """A threshold no larger scale meets chooses the smallest: the documents said "1 ranks",
+    "1 node(s)" and "measured E_s 100.0%", which is 1 by definition at the baseline."""
+    config, study = build(tmp_path, "proposal.efficiency_threshold=0.999")
+    docs = write(config, study)
+    assert cells(study)[("scale", "chosen")]["world_size"] == "1"
+    for name, text in docs.items():
+        flat = " ".join(text.split())
+        assert not re.search(r"\b1\W{0,9} ?(ranks|GPUs|nodes)\b|node\(s\)", flat), name
+        assert "measured E_s 100" not in flat and "measured $E_s$ << " not in flat, name
+    md = " ".join(docs["proposal.md"].split())
+    assert "**1 rank** on 1 node" in md and "E_s 100.0% by definition" in md
+    assert "production at 1 rank" in docs["proposal.md"]  # the request row's label
+
+
 def test_model_holdout_error_is_shown_when_the_model_csv_has_it(tmp_path):
     config, study = build(tmp_path, *STRONG)
     (study / "model.csv").write_text(

@@ -435,8 +435,11 @@ def proposal_rows(
         rows.append(
             _row("production", "run", "epochs", epochs, "epochs", "proposal.production.epochs")
         )
-        for _, members in _grouped("production", estimate_runs(c, build_run_table(c), measured)):
-            item = f"production at {chosen['w']} ranks"
+        production = estimate_runs(c, build_run_table(c), measured)
+        for shape, members in _grouped("production", production):
+            # a GPU study: "production, 2 GPUs on 1 node", as the other rows; a CPU one its ranks
+            ranks = f"{chosen['w']} {report.plural('ranks', chosen['w'])}"
+            item = shape if members[0].gpus else f"production at {ranks}"
             req += request_rows(item, members, planner_source(members, where))
             priced += members
     calibrated = sum(e.calibrated for e in priced)

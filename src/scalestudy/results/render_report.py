@@ -100,6 +100,13 @@ def fmt_exact(value) -> str:
 
 
 FORMATS = {"num": fmt_num, "pct": fmt_pct, "spct": fmt_signed_pct, "exact": fmt_exact}
+# the singular of the units the documents count ("1 GPUs", "1 ranks" read wrong)
+SINGULAR = {"GPUs": "GPU", "ranks": "rank", "nodes": "node", "runs": "run"}
+
+
+def plural(unit: str, count) -> str:
+    """`unit` as it reads after `count`: "GPUs" after 2, "GPU" after 1 (a cell or a number)."""
+    return SINGULAR.get(unit, unit) if _float(count) == 1 else unit
 
 
 TEX_SPECIAL = {
@@ -321,6 +328,7 @@ def environment(templates: Path) -> tuple[jinja2.Environment, jinja2.Environment
     )
     for env in (md, tex):
         env.filters.update(FORMATS)
+        env.filters["plural"] = plural
     # what the filters replaced, for warn_unsettable once the documents are rendered
     tex.unsettable = set()
     tex.filters["e"] = functools.partial(tex_escape, unset=tex.unsettable)
