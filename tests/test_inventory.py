@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from scalestudy.jobs import inventory as inventory_module
 
 PYTHON = sys.executable
@@ -97,6 +99,24 @@ def test_gpus_come_from_the_first_nodes_gres_detail():
     fields = inventory_module.scontrol_job_fields(text)
     assert (fields["SLURM_GPUS_ON_NODE"], fields["SLURM_JOB_GPUS"]) == ("4", "0,1,2,3")
     assert inventory_module._indices("0,2,4-5") == [0, 2, 4, 5]
+
+
+@pytest.mark.parametrize(
+    "detail, count, ids",
+    [
+        ("GRES=gpu(IDX:5)", "1", "5"),  # older Slurm: no count
+        ("GRES_IDX=gpu(IDX:1-4)", "4", "1,2,3,4"),  # older Slurm's key
+        ("GRES=gpu:2(IDX:0-1)", "2", "0,1"),  # a count, no type
+        ("GRES=gpu:a100(IDX:0,3)", "2", "0,3"),  # a type, no count
+        ("GRES=gpu:a100:1(IDX:N/A)", "1", "N/A"),  # not a list: recorded as written
+    ],
+)
+def test_gpus_of_every_gres_form_or_none_is_a_traceback(detail, count, ids):
+    """The count-less forms of older Slurm gave no GPU fields, and an index list that is no list
+    of numbers was a ValueError traceback in the job's inventory (and so no training)."""
+    text = f"JobId=7 NodeList=gpu01 NumNodes=1\n     Nodes=gpu01 CPU_IDs=0-63 Mem=0 {detail}\n"
+    fields = inventory_module.scontrol_job_fields(text)
+    assert (fields.get("SLURM_GPUS_ON_NODE"), fields.get("SLURM_JOB_GPUS")) == (count, ids)
 
 
 def test_environment_values_are_kept_and_the_missing_ones_asked_from_scontrol(

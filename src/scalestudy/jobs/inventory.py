@@ -157,8 +157,9 @@ SCONTROL_KEYS = {
     "SLURM_NNODES": "NumNodes",
 }
 # `-d` detail of a node's allocation: GRES=gpu[:type]:<count>(IDX:<indices>), e.g.
-# `GRES=gpu:a100:4(IDX:0-3)`; empty on a node without GPUs
-GPU_GRES = re.compile(r"gpu(?::[^:(,\s]+)?:(\d+)\(IDX:([^)]*)\)")
+# `GRES=gpu:a100:4(IDX:0-3)`; older Slurm wrote no count (`GRES=gpu(IDX:5)`, or the key
+# GRES_IDX); empty on a node without GPUs
+GPU_GRES = re.compile(r"gpu(?::([^:(,\s]+))?(?::(\d+))?\(IDX:([^)]*)\)")
 
 
 def slurm_job(env: dict[str, str]) -> dict[str, str]:
@@ -184,19 +185,30 @@ def scontrol_job_fields(text: str) -> dict[str, str]:
     for key, value in re.findall(r"(?:^|\s)([A-Za-z_/:]+)=(\S*)", text):
         pairs.setdefault(key, value)  # the first: the job's own, then the first node's detail
     fields = {env: pairs[key] for env, key in SCONTROL_KEYS.items() if pairs.get(key)}
-    gpus = GPU_GRES.search(pairs.get("GRES", ""))
+    gpus = GPU_GRES.search(pairs.get("GRES") or pairs.get("GRES_IDX") or "")
     if gpus:
-        fields["SLURM_GPUS_ON_NODE"] = gpus.group(1)
-        fields["SLURM_JOB_GPUS"] = ",".join(str(i) for i in _indices(gpus.group(2)))
+        kind, count, spec = gpus.groups()
+        if count is None and kind and kind.isdigit():  # gpu:4(IDX:...): the count, no type
+            count = kind
+        indices = _indices(spec)
+        if count is None and indices is not None:
+            count = str(len(indices))
+        if count is not None:
+            fields["SLURM_GPUS_ON_NODE"] = count
+        # as Slurm wrote them where they are no list of numbers (recorded, not guessed)
+        fields["SLURM_JOB_GPUS"] = spec if indices is None else ",".join(map(str, indices))
     return fields
 
 
-def _indices(spec: str) -> list[int]:
-    """`0-2,5` -> [0, 1, 2, 5]."""
+def _indices(spec: str) -> list[int] | None:
+    """`0-2,5` -> [0, 1, 2, 5]; None for text that is no such list (`N/A`)."""
     out: list[int] = []
-    for part in filter(None, spec.split(",")):
-        first, _, last = part.partition("-")
-        out.extend(range(int(first), int(last or first) + 1))
+    try:
+        for part in filter(None, spec.split(",")):
+            first, _, last = part.partition("-")
+            out.extend(range(int(first), int(last or first) + 1))
+    except ValueError:
+        return None
     return out
 
 
