@@ -9,8 +9,15 @@ cd "$(dirname "$0")/.."
 SCALESTUDY_SKIP_SLURM_APT=1 bash scripts/setup.sh
 export PATH="$PWD/.venv/bin:$PATH"
 snakemake --configfile config/demo.yaml "$@"
-# the self-contained HTML report of the run (figures, tables, documents); not after a dry-run
-if [[ ! " $* " =~ \ (-n|--dry-run|--dryrun)\  ]]; then
+# the self-contained HTML report of the run (figures, tables, documents); not after a call that
+# runs nothing: a dry-run (-n, also in a cluster of short flags such as -np), --lint, --unlock
+runs_nothing=0
+for arg in "$@"; do
+    if [[ "$arg" =~ ^-[A-Za-z]*n[A-Za-z]*$ || "$arg" =~ ^--(dry-?run|lint|unlock|list)(=|$) ]]; then
+        runs_nothing=1
+    fi
+done
+if [[ $runs_nothing == 0 ]]; then
     snakemake --configfile config/demo.yaml "$@" --report report.html
     if [[ -f reports/paper.pdf ]]; then
         echo "demo: done: reports/study.md, reports/paper.pdf, report.html, results/plots/"
