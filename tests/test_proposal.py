@@ -311,6 +311,16 @@ def test_model_holdout_error_is_shown_when_the_model_csv_has_it(tmp_path):
     assert "at most 7.3% over 2 held-out point(s)" in docs["proposal.md"]
     docs = write(config, study)  # absent: said so
     assert "no held-out validation" in docs["proposal.md"]
+    # by hand, from another directory: --csv-dir's model.csv, not the working directory's
+    csv_dir = tmp_path / "elsewhere"
+    shutil.copytree(study / "results/csv", csv_dir)
+    (csv_dir / "model.csv").write_bytes((study / "model.csv").read_bytes())
+    out = tmp_path / "docs"
+    argv = ["proposal", "--config", str(DEMO), *(a for s in STRONG for a in ("--set", s))]
+    argv += ["--csv-dir", str(csv_dir), "--out-dir", str(out)]
+    argv += ["--runs-csv", str(study / "results/csv/runs.csv")]
+    assert cli.main(argv) == 0
+    assert "at most 7.3% over 2 held-out point(s)" in (out / "proposal.md").read_text()
 
 
 @pytest.mark.parametrize(

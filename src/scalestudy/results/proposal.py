@@ -624,7 +624,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser)
     parser.add_argument("--csv-dir", default="results/csv", help="analysis CSVs (%(default)s)")
     parser.add_argument(
-        "--model-csv", default=None, help=f"the scaling model's (default {MODEL_CSV}, if it exists)"
+        "--model-csv",
+        default=None,
+        help="the scaling model's (default: model.csv of --csv-dir, if it exists)",
     )
     add_measured_arguments(parser)
     parser.add_argument("--templates", default=str(report.TEMPLATES), help="%(default)s")
@@ -641,7 +643,9 @@ def run(args: argparse.Namespace) -> int:
         args.csv_dir,
         args.out_dir,
         args.templates,
-        given_path(args.model_csv, "--model-csv", MODEL_CSV),
+        # the analysis CSVs' own model.csv, not the working directory's: a --csv-dir elsewhere
+        # silently read results/csv/model.csv, or none
+        given_path(args.model_csv, "--model-csv", Path(args.csv_dir) / "model.csv"),
         runs_csv,
         benchmarks,
         args.figure_dir,
