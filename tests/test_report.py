@@ -217,6 +217,18 @@ def test_the_paper_points_to_the_profiling_figure_only_when_it_shows_it(done, tm
         assert ("their figure is not included in this document" in text) == (not shown)
 
 
+def test_the_papers_verdicts_say_which_way_the_threshold_points(done):
+    """The paper's verdict table printed "10.0 & 5.2 & pass" with no sign that the weak
+    deviation must stay below its threshold and the efficiencies above theirs."""
+    csv_dir = done / "results/csv"
+    verdicts = report.load_tables(csv_dir)["verdicts"]
+    assert {v["target"] for v in verdicts} >= {"weak_deviation"}
+    paper = report.render(csv_dir, done / "workflow/report", FIGURES, "../results/plots")
+    for v in verdicts:
+        sign = "$\\le$" if v["target"] == "weak_deviation" else "$\\ge$"
+        assert f"& {sign} {report.fmt_pct(v['threshold'])} &" in paper["paper.tex"], v
+
+
 def _csvs_with_energy(done, csv_dir, kwh):
     """The tiny study's CSVs with every resources row's energy_kwh set to `kwh` ("" = blank)."""
     csv_dir.mkdir()
