@@ -365,6 +365,10 @@ def test_the_pdfs_build(demo):
     for name in ("proposal", "slides"):
         assert cli.main(["build-pdf", str(study / "reports" / f"{name}.tex")]) == 0
         assert (study / "reports" / f"{name}.pdf").read_bytes()[:4] == b"%PDF"
+    # the readiness table's digest and commit wrap in their column (440 pt too wide before)
+    log = (study / "reports/proposal.log").read_text(errors="replace")
+    wide = re.findall(r"Overfull \\hbox \(([\d.]+)pt too wide\) in \w+ at lines (\S+)", log)
+    assert [w for w in wide if float(w[0]) > 1.0] == [], wide
     log = (study / "reports/slides.log").read_text(errors="replace")
     assert re.search(r"Output written on slides\.pdf \(5 pages", log)
     assert "results/plots/efficiency.pdf" in log

@@ -121,6 +121,11 @@ def test_paper_pdf_renders_with_its_figures(done):
     assert re.search(r"Output written on paper\.pdf \(\d+ pages", log)
     for figure in FIGURES:  # pdfTeX logs every graphic it embedded
         assert f"results/plots/{figure}.pdf" in log, figure
+    # nothing runs off the page: the system table's commit and image digest in \texttt never
+    # broke (130 pt too wide here; 440 pt with 8 hosts), nor did the reproduce paragraph's
+    # commit; their column wraps now (render_report.tex_breakable)
+    wide = re.findall(r"Overfull \\hbox \(([\d.]+)pt too wide\) in \w+ at lines (\S+)", log)
+    assert [w for w in wide if float(w[0]) > 1.0] == [], wide
 
 
 def test_snakemake_report_has_the_categories(done):
@@ -660,6 +665,19 @@ def test_characters_pdflatex_cannot_set_become_a_question_mark_and_a_warning(tmp
     _build_with_the_papers_fonts(
         tmp_path, f"{text}\n\\begin{{verbatim}}\n{verbatim}\n\\end{{verbatim}}"
     )
+
+
+def test_a_long_value_may_break_and_its_digits_are_still_checked():
+    """tex_breakable lets a \\texttt value break after separators and every 8 characters of a
+    run; the honesty check reads past the breaks, so a number split by one is still one token."""
+    text = report.tex_breakable("gpu001;gpu002 sha256:0123456789abcdef 12345678901 a_b")
+    assert text.count(report.BREAK) >= 5 and "a\\_" in text
+    assert text.replace(report.BREAK, "") == report.tex_escape(
+        "gpu001;gpu002 sha256:0123456789abcdef 12345678901 a_b"
+    )
+    tables = {"t": [{"v": "12345678901"}]}
+    assert report.numbers_backed_by_csvs(text, tables) == []
+    assert report.numbers_backed_by_csvs(text, {"t": []}) == ["12345678901"]
 
 
 def test_symbols_pdflatex_cannot_read_are_set_as_math(tmp_path):

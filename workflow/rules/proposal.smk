@@ -16,6 +16,7 @@ rule proposal:
         # Snakemake's job wall times: the plan's start-up calibration (study/estimate.py)
         wall_times=expand("benchmarks/train/{run}.tsv", run=RUNS),
         model="results/csv/model.csv",  # the held-out error of the scaling model
+        figure="results/plots/efficiency.pdf",  # the slides show it
         md_template=repo_file("workflow/report/proposal.md.j2"),
         tex_templates=[
             repo_file(f"workflow/report/{name}.j2")
