@@ -950,6 +950,24 @@ def test_collect_refuses_an_epochs_csv_the_trainer_did_not_write(tmp_path):
     assert collect.load_epochs(epochs) == good
 
 
+def test_collect_refuses_an_epochs_csv_that_is_not_the_runs_whole_history():
+    """A cut epochs.csv (2 of 3 epochs) or another run's was collected with its metrics.json,
+    and the accuracy figure averaged its epochs over fewer repeats, its clock running back."""
+    from scalestudy.results import collect
+
+    rows = [dict(zip(vocab.EPOCH_COLUMNS, r.split(","), strict=True)) for r in (
+        "1,2.0,0.3,1.9,0.35,8.1,250.5,0.08", "2,1.4,0.54,0.61,0.83,6.7,305.4,0.04")]  # fmt: skip
+    metrics = {"epochs": 2, "final_val_acc": 0.830000004}
+    assert collect.history_problem(rows, metrics) is None
+    assert collect.history_problem(rows[:1], metrics) == (
+        "1 epoch rows, and metrics.json's run trained 2 epochs"
+    )
+    other = [rows[0], {**rows[1], "val_acc": "0.91"}]
+    assert collect.history_problem(other, metrics) == (
+        "its last val_acc is 0.91, and metrics.json's final_val_acc 0.83"
+    )
+
+
 def test_outputs_that_cannot_be_written_leave_every_table_as_it_was(tmp_path, capsys):
     """--html-dir naming a file: scaling.csv was rewritten, then the HTML failed ("File
     exists"), leaving one new table beside the other old ones. Now every output is checked
@@ -1003,7 +1021,9 @@ def test_collect_refuses_a_measurement_analyze_would_refuse_naming_the_runs_file
     row = read_runs_tsv(table)[0]
     run_dir = tmp_path / "runs" / row["run"]
     run_dir.mkdir(parents=True)
-    epochs = [dict.fromkeys(vocab.EPOCH_COLUMNS, "0.5") | {"epoch": str(e)} for e in (1, 2)]
+    n = int(row["epochs"])
+    epochs = [dict.fromkeys(vocab.EPOCH_COLUMNS, "0.5") | {"epoch": str(e)} for e in range(1, n)]
+    epochs.append(dict.fromkeys(vocab.EPOCH_COLUMNS, "0.9") | {"epoch": str(n)})
     files.write_csv(run_dir / "epochs.csv", None, epochs)
     good = dict.fromkeys(collect.REQUIRED_METRICS, None) | {
         **{k: int(row[k]) for k in ("world_size", "nodes", "ranks_per_node", "global_batch")},
@@ -1016,6 +1036,11 @@ def test_collect_refuses_a_measurement_analyze_would_refuse_naming_the_runs_file
     metrics = run_dir / "metrics.json"
     files.write_json(metrics, good)
     assert collect.collect([row], tmp_path / "runs")[0][0]["final_val_acc"] == 0.9
+    # an epochs.csv cut short is not the run's history (history_problem)
+    files.write_csv(run_dir / "epochs.csv", None, epochs[:-1])
+    with pytest.raises(CollectError, match=f"{n - 1} epoch rows, and metrics.json's run trained"):
+        collect.collect([row], tmp_path / "runs")
+    files.write_csv(run_dir / "epochs.csv", None, epochs)
     for change, says in [
         ({"final_val_acc": 1.5}, "final_val_acc is 1.5, not a fraction in [0, 1]"),
         ({"throughput_img_s": -900.0}, "throughput_img_s is -900.0, not a number > 0"),

@@ -113,9 +113,31 @@ def collect(table: list[dict], runs_dir: Path) -> tuple[list[dict], list[dict]]:
                 f"the trainer's; delete {run_dir} and rerun it"
             )
         runs_rows.append(merged)
-        for epoch in load_epochs(run_dir / "epochs.csv"):
+        epochs = load_epochs(run_dir / "epochs.csv")
+        if problem := history_problem(epochs, merged):
+            raise CollectError(
+                f"{run_dir / 'epochs.csv'}: {problem}: not this run's whole history; delete "
+                f"{run_dir} and rerun it"
+            )
+        for epoch in epochs:
             epoch_rows.append({**{c: row[c] for c in EPOCH_ID_COLUMNS}, **epoch})
     return runs_rows, epoch_rows
+
+
+def history_problem(epochs: list[dict], metrics: dict) -> str | None:
+    """Why a run's epochs.csv is not the history its metrics.json ends: the trainer writes
+    every epoch (no early stop; a resume rewrites the file from the checkpoint's history), and
+    its last val_acc is metrics.json's final_val_acc (6 significant digits). A cut file, or
+    another run's, was collected, and the accuracy figure averaged epochs over fewer repeats,
+    its clock running backwards."""
+    want = files.number(metrics.get("epochs"))
+    if want is not None and len(epochs) != want:
+        return f"{len(epochs)} epoch rows, and metrics.json's run trained {want:g} epochs"
+    final = files.number(metrics.get("final_val_acc"))
+    last = files.number(epochs[-1].get("val_acc")) if epochs else None
+    if final is not None and last is not None and f"{final:.6g}" != f"{last:.6g}":
+        return f"its last val_acc is {last:.6g}, and metrics.json's final_val_acc {final:.6g}"
+    return None
 
 
 def load_metrics(path: Path) -> dict:
