@@ -180,7 +180,13 @@ def test_training_time_limit_is_the_plan_estimate_times_the_safety_factor_plus_t
     for run, e in expected.items():
         assert training.runtime(wildcards(run)) == max(1, math.ceil((e.runtime_s * 2 + lead) / 60))
     assert len(calls) == 1  # read once, on first use
-    assert training.digest() == plan.plan_digest(list(expected.values()))
+    assert training.digest() == plan.plan_digest(list(expected.values()), training.config)
+    # what plan.md prints beside the estimates changes it too (a new contingency left the
+    # page at the old one)
+    changed = {**training.config, "plan": {**training.config["plan"], "contingency": 0.5}}
+    assert plan.plan_digest(list(expected.values()), changed) != training.digest()
+    renamed = {**training.config, "study": "renamed"}
+    assert plan.plan_digest(list(expected.values()), renamed) != training.digest()
     # registered for the logger plugin of this process, with the workflow's local rules
     reg = plan.registered()
     assert reg.estimates == training.estimates and reg.is_local("collect")
@@ -312,12 +318,16 @@ def test_package_init_files_run_no_code():
 
 def test_every_rule_that_runs_the_package_has_its_code_as_input():
     """In the workflow's rule files, every rule whose command runs the package (a `scalestudy`
-    shell command or a `run:` block) names its code: code_of(...) or the trainer's sources."""
+    shell command or a `run:` block) names its code: code_of(...) or the trainer's sources.
+    The one exception is the container image, the environment without the code: what of the
+    package shapes it is the build command, its param (container.build_signature)."""
     for path in sorted((REPO / "workflow/rules").glob("*.smk")):
         for rule in re.split(r"^rule ", path.read_text(), flags=re.MULTILINE)[1:]:
             name = rule.split(":", 1)[0]
             runs_package = "scalestudy " in rule or re.search(r"^    run:", rule, re.MULTILINE)
-            if runs_package:
+            if name == "build_container":
+                assert "build=apptainer.build_signature()" in rule
+            elif runs_package:
                 assert re.search(r"code_of\(|get_trainer_sources", rule), (
                     f"{path.name}: rule {name} runs the package without its code as input"
                 )

@@ -18,6 +18,7 @@ import csv
 import dataclasses
 import hashlib
 import io
+import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -246,9 +247,14 @@ def plan_csv_text(estimates: list[Estimate]) -> str:
     return out.getvalue()
 
 
-def plan_digest(estimates: list[Estimate]) -> str:
-    """sha256 (16 hex digits) of plan_csv_text: changes whenever an estimate does."""
-    return hashlib.sha256(plan_csv_text(estimates).encode("utf-8")).hexdigest()[:16]
+def plan_digest(estimates: list[Estimate], config: dict | None = None) -> str:
+    """sha256 (16 hex digits) of plan_csv_text and of what else reports/plan.md prints from the
+    config (the study's name, repeats, hardware and `plan:`: its contingency is in no
+    estimate): changes whenever either does, so the plan rule reruns (a new contingency left
+    plan.md at the old one)."""
+    shown = {k: config.get(k) for k in ("study", "repeats", "hardware", "plan")} if config else {}
+    text = plan_csv_text(estimates) + json.dumps(shown, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
 def plan_markdown(

@@ -161,7 +161,7 @@ class TrainingPlan:
 
     def digest(self, wildcards=None) -> str:
         """The plan's content: changes whenever an estimate does."""
-        return plan.plan_digest(list(self.estimates.values()))
+        return plan.plan_digest(list(self.estimates.values()), self.config)
 
 
 # ---------------------------------------------------------------------------------------------
