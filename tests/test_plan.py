@@ -292,6 +292,12 @@ def test_measured_runs_are_read_with_wall_times_and_damage_is_refused(tmp_path):
         ("world_size", "2.0", "a whole number >= 1"),  # collect writes digits
         ("nodes", "0", "a whole number >= 1"),
         ("limit_train", "-1", "a whole number >= 0"),
+        # what the calibration divides by and multiplies with: a ZeroDivisionError traceback
+        # (also in `snakemake -n`), a silent 244 s estimate, a nan kWh
+        ("throughput_img_s", "0", "a number > 0"),
+        ("throughput_img_s", "-50", "a number > 0"),
+        ("energy_j_per_img", "inf", "a number > 0"),
+        ("energy_wall_j_per_img", "-1", "a number > 0"),
     ]:
         rows[0] = {**good, column: value}
         write(rows)
@@ -300,6 +306,8 @@ def test_measured_runs_are_read_with_wall_times_and_damage_is_refused(tmp_path):
             match=rf"runs.csv, run 'w1_lb8_fp32_ddp_bk25_r0': {column} is '{value}', not {what}",
         ):
             plan.load_measured(runs_csv, bench)
+    # a "nan" cell is blank (files.number): not measured, never a nan kWh
+    assert plan.as_float("nan") is None and plan.as_float("-inf") is None
 
 
 def test_a_model_error_names_the_runs_csv_it_came_from(tmp_path):

@@ -275,11 +275,13 @@ def slurm_runtime_min(runtime_s: float, config: dict) -> int:
 
 
 def as_float(value) -> float | None:
-    """A measured value as a float; None when it is missing or not a number."""
+    """A measured value as a float; None when it is missing or not a number (NaN, which a CSV
+    cell "nan" reads as blank, and infinity: a nan J/img gave plan.csv a nan kWh)."""
     try:
-        return float(value)
+        x = float(value)
     except (TypeError, ValueError):
         return None
+    return x if math.isfinite(x) else None
 
 
 def _text(value) -> str:
@@ -396,6 +398,18 @@ def load_measured(
             )
         if float(row["throughput_img_s_per_rank"]) <= 0:
             continue  # a run without a steady-state window calibrates nothing
+        # what the calibration divides by, and the J/img it multiplies: a 0 was a
+        # ZeroDivisionError traceback (in `snakemake -n` too), a -50 or a nan a silent estimate
+        for column, rule in (
+            ("throughput_img_s", files.POSITIVE),
+            ("energy_j_per_img", files.POSITIVE.or_blank()),
+            ("energy_wall_j_per_img", files.POSITIVE.or_blank()),
+        ):
+            if column in row and not rule.holds(row[column]):
+                raise PlanError(
+                    f"{path}, run {row['run']!r}: {column} is {row[column]!r}, not {rule.what}; "
+                    f"{fix}"
+                )
         wall_s = read_wall_seconds(Path(benchmarks_dir) / f"{row['run']}.tsv")
         row = dict(row, wall_s=wall_s, **{SOURCE: str(path)})
         measured.append(row)
