@@ -147,6 +147,45 @@ def test_calibration_levels_and_startup():
     assert not any(e.calibrated for e in plan.estimate_runs(config, rows, measured))
 
 
+def test_the_calibration_check_judges_only_runs_it_can_and_leaves_out_their_repeats():
+    """The check set a run measured under another configuration (epochs changed since) against
+    today's estimate of its id (-48 % for a perfect calibration); a resumed run's wall time is
+    one attempt's (its negative start-up lowered every estimate of its world size); and
+    leave-one-out kept the run's own repeats, so it measured noise between repeats."""
+    config = {**small_config(), "repeats": 2}
+    run, twin = "w1_lb8_fp32_ddp_bk25_r0", "w1_lb8_fp32_ddp_bk25_r1"
+    table = {r["run"]: r for r in build_run_table(config)}
+    measured = [
+        {**{k: str(v) for k, v in table[r].items()}, "throughput_img_s_per_rank": "50.0",
+         "throughput_img_s": "50.0", "wall_s": 56.0}
+        for r in (run, twin)
+    ]  # fmt: skip
+    check = {r["run"]: r for r in plan.calibration_check(config, measured)}
+    assert check[run]["error"] == pytest.approx(0.0)
+    # without its twin, leave-one-out has only the precision level: not the run's own numbers
+    assert check[run]["loo_basis"] != "run" and check[twin]["loo_basis"] != "run"
+    # measured with 4 epochs, today's config trains 2: not this configuration's run
+    other = [{**measured_row(run, 50.0, 1, wall_s=108.0), "epochs": "4"}]
+    assert plan.calibration_check(small_config(), other) == []
+    # resumed after a preemption: its wall time calibrates no start-up and is not checked
+    intact = measured_row(run, 50.0, 1, wall_s=56.0, restarts="0")
+    cut = measured_row("w1_lb8_bf16_ddp_bk25_r0", 100.0, 1, wall_s=21.0, restarts="1")
+    rows = build_run_table(small_config())
+    est = {e.run: e for e in plan.estimate_runs(small_config(), rows, [intact, cut])}
+    assert est[run].runtime_s == pytest.approx(56.0)  # start-up 4 s, not lowered by the cut run
+    assert [r["run"] for r in plan.calibration_check(small_config(), [intact, cut])] == [run]
+
+
+def test_a_measurement_within_one_node_does_not_price_the_same_world_size_across_two():
+    """The run, batch and world-size levels ignored the node count: 4 ranks measured within one
+    node priced 4 ranks over two nodes at the intra-node rate (320 img/s, basis run)."""
+    config = small_config()  # 2 GPUs per node: 4 ranks span 2 nodes
+    one_node = measured_row("w4_lb2_fp32_ddp_bk25_r0", 80.0, 4, nodes="1", wall_s=None)
+    est = {e.run: e for e in plan.estimate_runs(config, build_run_table(config), [one_node])}
+    w4 = est["w4_lb2_fp32_ddp_bk25_r0"]
+    assert w4.nodes == 2 and w4.throughput_basis not in ("run", "batch", "world size")
+
+
 def test_the_communication_probe_is_priced_and_left_out_of_the_calibrated_startup():
     """The exposed-communication probe runs after training: a warm-up and comm_probe_steps
     forward-backward passes with gradient sync, as many without, each of W x local_batch

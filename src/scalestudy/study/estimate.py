@@ -296,14 +296,24 @@ def _base(row: dict) -> tuple:
 
 
 def _level_key(level: str, row: dict) -> tuple:
+    """What a measured row and a run must share at `level`. The node count is part of every
+    level but precision's (which rescales by eta(W, nodes)): W ranks within one node and W
+    across two are different runs (gpus_per_node changed, or --runs-csv from another cluster)."""
     w, lb, p = int(float(row["world_size"])), int(float(row["local_batch"])), row["precision"]
+    nodes = int(float(row["nodes"]))
     if level == "run":
-        return (row["run"].rsplit("_r", 1)[0],)
+        return (row["run"].rsplit("_r", 1)[0], nodes)
     if level == "batch":
-        return (p, w, lb)
+        return (p, w, lb, nodes)
     if level == "world size":
-        return (p, w)
+        return (p, w, nodes)
     return (p,)
+
+
+def resumed(row: dict) -> bool:
+    """The run was resumed from a checkpoint: Snakemake's wall time (benchmarks/train) is its
+    last attempt's, which trained only the epochs after the checkpoint."""
+    return (as_float(row.get("restarts")) or 0) > 0
 
 
 def read_wall_seconds(path: Path) -> float | None:
@@ -417,8 +427,10 @@ def load_measured(
 
 
 def _startup_overhead(config: dict, row: dict) -> float | None:
-    """wall_s minus the modelled compute time at the run's own measured throughput."""
-    if row.get("wall_s") is None:
+    """wall_s minus the modelled compute time at the run's own measured throughput; None for a
+    resumed run, whose wall time is its last attempt's (all its epochs subtracted, a negative
+    start-up lowered every estimate and Slurm limit of its world size)."""
+    if row.get("wall_s") is None or resumed(row):
         return None
     n_train, n_test = dataset_sizes(config, row)
     throughput = float(row["throughput_img_s"])
@@ -592,18 +604,23 @@ def is_done(row: dict, measured: dict | None) -> bool:
 
 
 def calibration_check(config: dict, measured: list[dict]) -> list[dict]:
-    """Each measured run with a wall time, estimated two ways against Snakemake's measured job
-    wall time: calibrated on all measured runs (what the plan says a repeat of it costs), and
-    leave-one-out, from the *other* measured runs only (how well the model predicts a run it
-    has not seen). error = estimate / measured - 1."""
+    """Each measured run with a wall time, made with this configuration (is_done) and not
+    resumed (its wall time would be one attempt's), estimated two ways against Snakemake's
+    measured job wall time: calibrated on all measured runs (what the plan says a repeat of it
+    costs), and leave-one-out, from the measured runs of the *other* configurations only, its
+    own repeats left out too (how well the plan predicts a configuration it has not measured).
+    error = estimate / measured - 1."""
     rows = {r["run"]: r for r in build_run_table(config)}
     everything = Calibration(config, measured)
     out = []
     for m in measured:
         if m.get("wall_s") is None or m["run"] not in rows:
             continue
+        if not is_done(rows[m["run"]], m) or resumed(m):
+            continue
         est = estimate_run(config, rows[m["run"]], everything)
-        others = Calibration(config, [o for o in measured if o["run"] != m["run"]])
+        mine = _level_key("run", m)
+        others = Calibration(config, [o for o in measured if _level_key("run", o) != mine])
         loo = estimate_run(config, rows[m["run"]], others)
         out.append(
             {

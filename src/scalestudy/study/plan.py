@@ -296,7 +296,8 @@ def plan_markdown(
         "eta(W) = 1 for one rank, efficiency_intra_node within one node, efficiency_inter_node "
         "across nodes. Calibrated runs (basis other than `default`) take x_rank from measured "
         "runs (results/csv/runs.csv): the same configuration, else the same precision, world size "
-        "and local batch, else the same precision and world size, else the scaling model "
+        "and local batch, else the same precision and world size (each on as many nodes), else "
+        "the scaling model "
         "(basis `model`: x_rank = local_batch / T_step, study/model.py, fitted to the measured "
         "DDP runs; runtime with its 95% prediction interval; `model, extrapolated` beyond the "
         "measured world sizes or nodes), else the same precision rescaled by eta; startup_s "
@@ -353,8 +354,10 @@ def plan_markdown(
             "",
             "Each finished run against Snakemake's measured job wall time "
             "(benchmarks/train/<run>.tsv): estimated with the calibration from all finished runs "
-            "(what a repeat of it is planned at), and leave-one-out, from the other finished "
-            "runs only (basis: the calibration level used).",
+            "(what a repeat of it is planned at), and leave-one-out, from the finished runs of "
+            "the other configurations only, its own repeats left out too (basis: the "
+            "calibration level used). Runs measured under another configuration and resumed "
+            "runs (their wall time is one attempt's) are not checked.",
             "",
             "| run | measured | calibrated estimate | error | leave-one-out | error | basis |",
             "|---|---|---|---|---|---|---|",
