@@ -248,6 +248,34 @@ def test_bad_cell_is_one_clear_error():
         model.points(rows)
 
 
+@pytest.mark.parametrize("value", ["inf", "1e308", "-3", "1.5"])
+def test_a_backward_share_out_of_range_is_one_clear_error(value):
+    """phase_frac_backward was never checked: inf failed inside scipy with a traceback, -3 gave
+    a nonsense fit (backward_frac -1.2) with exit 0."""
+    rows = synthetic_rows(sizes=(1, 2))
+    rows[0]["phase_frac_backward"] = value
+    with pytest.raises(
+        AnalysisError, match=rf"has phase_frac_backward = '{value}', not a fraction"
+    ):
+        model.points(rows)
+
+
+def test_no_interval_where_compute_was_never_measured_at_that_batch():
+    """One 1-rank local batch: compute is taken proportional to it (c0 = 0), with no variance.
+    At another batch the prediction carries that guess's bias, and its "95 %" interval of the
+    other terms alone missed the truth (at 4x the batch: 0.0418 s [0.0401, 0.0434], true
+    0.0304 s). Now it has no interval, says why, and is extrapolated outside the batches."""
+    rows = synthetic_rows(sizes=(1, 2, 4, 8), batches=(32,))
+    fit = model.fit_points(model.points(rows)[0])
+    assert not isinstance(fit, str)
+    (b,) = fit.compute["fp32"].batches
+    at = fit.predict(4, 1, b, "fp32")
+    assert at.lo_s is not None and not at.extrapolated
+    away = fit.predict(4, 1, 4 * b, "fp32")
+    assert away.step_s and away.lo_s is None and away.hi_s is None and away.extrapolated
+    assert "its error unknown: no interval" in away.basis
+
+
 def test_grad_sync_bytes_of_the_models():
     from scalestudy.trainer.config import TrainConfig
     from scalestudy.trainer.models import build_model

@@ -710,17 +710,23 @@ def test_the_scaling_model_prices_an_unmeasured_world_size_with_an_interval(tmp_
     config = validate(yaml.safe_load(yaml.safe_dump(MODELLED)))
     measured = modelled_measurements(config)
     est = {e.run: e for e in plan.estimate_runs(config, build_run_table(config), measured)}
+    # local batch 2 is below the 1-rank runs' 8 and 16, whose compute line has no dof left:
+    # its error there is unknown, so no interval (a falsely tight one missed the truth)
+    lb2 = est["w8_lb2_fp32_ddp_bk25_r0"]
+    assert lb2.throughput_basis == "model, extrapolated" and lb2.runtime_lo_s is None
     for run in ("w8_lb2_fp32_ddp_bk25_r0", "w8_lb8_fp32_ddp_bk25_r0"):
         e = est[run]
         assert e.throughput_basis == "model, extrapolated" and e.extrapolated, run
-        assert e.runtime_lo_s < e.runtime_s < e.runtime_hi_s, run
+        if e.runtime_lo_s is not None:
+            assert e.runtime_lo_s < e.runtime_s < e.runtime_hi_s, run
         # the known model's runtime lies in the interval; the 1% noise of three points grows
         # to a few % at twice the largest measured world size
         true_x = 8 * e.local_batch / modelled_step(8, e.local_batch)
         probe = e.probe_images  # 2 x (10 + 1) x W x local_batch: the probe at the same rate
         assert probe == 2 * 11 * 8 * e.local_batch
         true_s = compute_seconds(2, 1024, 256, true_x, config["plan"], probe) + e.startup_s
-        assert e.runtime_lo_s < true_s < e.runtime_hi_s, run
+        if e.runtime_lo_s is not None:
+            assert e.runtime_lo_s < true_s < e.runtime_hi_s, run
         assert e.runtime_s == pytest.approx(true_s, rel=0.1), run
     measured_run = est["w4_lb4_fp32_ddp_bk25_r0"]
     assert measured_run.throughput_basis == "run" and measured_run.runtime_lo_s is None

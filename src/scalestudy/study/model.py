@@ -130,6 +130,18 @@ def _num(row: dict, column: str) -> float | None:
         ) from None
 
 
+def _fraction(row: dict, column: str) -> float | None:
+    """A share of the step in [0, 1], or None where not measured: an inf failed inside scipy
+    with a traceback, a -3 gave a nonsense fit silently."""
+    x = _num(row, column)
+    if x is not None and not 0 <= x <= 1:
+        raise AnalysisError(
+            f"runs.csv: run {row.get('run')!r} has {column} = {row.get(column)!r}, not a "
+            "fraction in [0, 1]: write it again with `scalestudy collect`"
+        )
+    return x
+
+
 def _skip_reason(row: dict) -> str:
     if row["strategy"] != "ddp":
         return f"strategy {row['strategy']}: the model is DDP's bucketed all-reduce"
@@ -177,7 +189,7 @@ def _point(key: tuple, runs: list[dict]) -> Point:
     xs = [_num(r, "throughput_img_s") for r in runs]
     x_mean = statistics.fmean(xs)
     step_s = _num(runs[0], "global_batch") / x_mean
-    backward = [v for r in runs if (v := _num(r, "phase_frac_backward")) is not None]
+    backward = [v for r in runs if (v := _fraction(r, "phase_frac_backward")) is not None]
     families = {f for r in runs for f in (r.get("families") or "").split(";") if f}
     precision, b, n, nodes, cap, p = key
     return Point(
@@ -327,6 +339,8 @@ class Fit:
         c = self.compute.get(precision) or f"no point of precision {precision}"
         if isinstance(c, str):
             return Prediction(None, None, None, extrapolated, c)
+        # beyond the local batches the 1-rank runs measured, C(b) is extrapolated too
+        extrapolated = extrapolated or not min(c.batches) <= local_batch <= max(c.batches)
         pbytes = grad_sync_bytes or self._bytes(precision)
         pt = Point(
             precision, local_batch, world_size, nodes, bucket_cap_mb, pbytes, (), (), 0, None, None
@@ -336,6 +350,11 @@ class Fit:
             return Prediction(None, None, None, extrapolated, gap)
         lo, hi = self._interval(step, g, c, local_batch, world_size)
         basis = f"fit of {len(self.points)} multi-rank configurations, dof {self.dof}"
+        if c.cov is None and local_batch not in c.batches:
+            basis += (
+                f"; compute at local batch {local_batch} taken proportional to the 1-rank "
+                f"runs' {list(c.batches)}, its error unknown: no interval"
+            )
         if world_size == 1:
             basis = f"compute of the 1-rank {precision} runs, local batches {list(c.batches)}"
         return Prediction(step, lo, hi, extrapolated, basis + (", extrapolated" * extrapolated))
@@ -358,6 +377,11 @@ class Fit:
         return ""
 
     def _interval(self, step, g, c: Compute, b, n) -> tuple[float | None, float | None]:
+        if c.cov is None and b not in c.batches:
+            # C(b) has no variance to add (one 1-rank batch, or no dof): away from the batches
+            # measured its error is unknown, and an interval of the other terms alone was
+            # falsely tight (the truth outside a "95 %" interval at 4x the batch)
+            return None, None
         if n == 1:  # compute alone
             dof, var = c.dof, c.var(b) + ((c.resid_sd or 0) * step) ** 2
         else:
