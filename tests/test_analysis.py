@@ -559,6 +559,61 @@ def test_gpu_util_figure_covers_every_family_and_survives_no_data(tmp_path):
     assert paths[0].read_bytes()[:4] == b"\x89PNG"
 
 
+class RecordingAxes:
+    """Stand-in of a matplotlib Axes that records what the figure code asks it to draw."""
+
+    def __init__(self):
+        self.calls = []
+
+    def errorbar(self, xs, ys, yerr=None, **kw):
+        self.calls.append({"xs": list(xs), "ys": list(ys), "yerr": list(yerr), **kw})
+
+
+def test_a_missing_point_breaks_the_line_and_the_baseline_has_no_error_bar():
+    """A world size whose mean is blank was dropped and its neighbours joined, as if measured
+    between them; the baseline's efficiency (1 by definition, std 0.0) got a bar of zero with
+    caps, a spread never measured."""
+    scaling = [
+        {"family": "strong", "world_size": "1", "x_mean": "10", "x_std": "0"},
+        {"family": "strong", "world_size": "2", "x_mean": "", "x_std": ""},
+        {"family": "strong", "world_size": "4", "x_mean": "30", "x_std": "2"},
+    ]
+    ax = RecordingAxes()
+    assert plots._family_errorbars(ax, scaling, [("strong", "x", "strong")]) == [1, 4]
+    (call,) = ax.calls
+    assert call["xs"] == [1, 2, 4] and call["ys"][0] == 10 and math.isnan(call["ys"][1])
+    assert math.isnan(call["yerr"][0]) and call["yerr"][2] == 2
+
+
+def test_every_gpu_util_series_has_its_own_style_and_the_targets_come_in_pairs(tmp_path):
+    """The fallback styles counted strong and weak too: the 9th series was drawn exactly as
+    strong. And a targets.csv with strong_efficiency but not its world size was a KeyError."""
+    styles = []
+
+    class Axes(RecordingAxes):
+        def errorbar(self, xs, ys, yerr=None, **kw):
+            styles.append((kw["color"], kw["marker"]))
+
+        def __getattr__(self, name):
+            return lambda *a, **k: None
+
+    scaling = [{"family": "strong", "world_size": "1", "gpu_util_mean_mean": "90",
+                "precision": "fp32", "bucket_cap_mb": "25", "local_batch": "8"},
+               {"family": "weak", "world_size": "1", "gpu_util_mean_mean": "90",
+                "precision": "fp32", "bucket_cap_mb": "25", "local_batch": "8"}]  # fmt: skip
+    scaling += [
+        {"family": "bucket", "world_size": "1", "gpu_util_mean_mean": "80", "precision": "fp32",
+         "bucket_cap_mb": str(cap), "local_batch": str(b)}
+        for cap in (1, 5, 25, 100) for b in (8, 16, 32, 64)
+    ]  # fmt: skip
+    plots.plot_gpu_util(Axes(), scaling, "cuda")
+    assert len(styles) == 18 and len(set(styles)) == 18
+    path = tmp_path / "targets.csv"
+    path.write_text("target,value\nstrong_efficiency,0.7\n")
+    with pytest.raises(AnalysisError, match="strong_efficiency and strong_efficiency_gpus come"):
+        plots.read_targets(path)
+
+
 F_W64 = 3328997376  # FLOPs of one training image of the width-64 ResNet-18 (train.py)
 H100_BF16 = 989.5e12  # hardware.py's dense bf16 peak of an H100 SXM
 

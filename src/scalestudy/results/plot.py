@@ -3,8 +3,10 @@
 Every plotted value is a cell of results/csv/scaling.csv (or epochs.csv, profile_shares.csv,
 waterfall.csv);
 nothing is typed in by hand. Error bars are one sample standard deviation over the repeats (none
-drawn when a configuration ran once). Colours: the Okabe-Ito palette, safe for colour-blind
-readers; markers differ too, so the figures also read in greyscale.
+drawn when a configuration ran once; of an efficiency, analyze's first-order propagation, none at
+the baseline). A world size without a measurement breaks its line. Colours: the Okabe-Ito
+palette, safe for colour-blind readers; markers differ too, so the figures also read in
+greyscale.
 
     scalestudy plot --figure throughput --scaling results/csv/scaling.csv --out results/plots
 """
@@ -111,16 +113,17 @@ def _family_errorbars(ax, scaling, series, scale: float = 1) -> list[int]:
     for family, column, label in series:
         colour, marker = FAMILY_STYLE[family]
         xs, ys, stds = family_series(scaling, family, column)
-        # a world size whose mean is blank (not measured) has no point, not a point at 0
-        kept = [(x, y, s) for x, y, s in zip(xs, ys, stds, strict=True) if y is not None]
-        if not kept:
+        if all(y is None for y in ys):
             continue
-        xs, ys, stds = (list(v) for v in zip(*kept, strict=True))
-        xs_all += xs
+        # a world size whose mean is blank (not measured) has no point, not a point at 0, and
+        # the line breaks there (NaN) instead of bridging it as if it had been measured
+        xs_all += [x for x, y in zip(xs, ys, strict=True) if y is not None]
         ax.errorbar(
             xs,
-            [scale * y for y in ys],
-            yerr=[scale * s for s in stds],
+            [math.nan if y is None else scale * y for y in ys],
+            # a spread of exactly 0 is the baseline's ratio to itself (analyze._std_vs_base):
+            # by definition, so no bar, as where there is no spread
+            yerr=[math.nan if s == 0 else scale * s for s in stds],
             color=colour,
             marker=marker,
             capsize=3,
@@ -195,7 +198,9 @@ def plot_comm_fraction(ax, scaling, device, **_):
         return
     _gpu_axis(ax, xs_all, device)
     ax.set_ylim(bottom=0)
-    ax.set_ylabel("exposed communication (% of step time)")
+    # the probe's share (train.py): of one forward-backward pass, with and without gradient
+    # sync; under gradient accumulation of one micro-batch pass, not of a step
+    ax.set_ylabel("exposed communication (% of a forward-backward pass)")
     ax.legend()
 
 
@@ -416,10 +421,12 @@ def plot_gpu_util(ax, scaling, device, **_):
         ax.text(0.5, 0.5, "no run recorded GPU utilisation (NVML)", ha="center", va="center")
         ax.set_axis_off()
         return
-    for i, (label, points) in enumerate(series.items()):
-        # strong and weak series are labelled by their family alone
-        fallback = (PALETTE[i % len(PALETTE)], MARKERS[i % len(MARKERS)])
-        colour, marker = FAMILY_STYLE.get(label, fallback)
+    # strong and weak series are labelled by their family alone and keep its style; the others
+    # take the styles no family has (the 9th series was drawn exactly as strong)
+    free = [(c, m) for m in MARKERS for c in PALETTE if (c, m) not in FAMILY_STYLE.values()]
+    others = iter(free * (1 + len(series) // len(free)))
+    for label, points in series.items():
+        colour, marker = FAMILY_STYLE.get(label) or next(others)
         ax.errorbar(
             [p[0] for p in points],
             [p[1] for p in points],
@@ -530,6 +537,12 @@ def read_targets(path: str | Path) -> dict[str, float]:
                 "run `snakemake results/csv/targets.csv` to write it again"
             )
         out[r["target"]] = value
+    if ("strong_efficiency" in out) != ("strong_efficiency_gpus" in out):
+        raise AnalysisError(
+            f"{path}: strong_efficiency and strong_efficiency_gpus come together (a target "
+            "line is drawn at a world size); run `snakemake results/csv/targets.csv` to write "
+            "it again"
+        )
     return out
 
 
