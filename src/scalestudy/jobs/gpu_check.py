@@ -969,7 +969,7 @@ def run(args: argparse.Namespace) -> int:
     logger.info(f"gpu-check on {info['device_name']} (GPU {gpus[0]}), budget {args.budget_s:.0f} s")
     commit = files.git_commit(Path(scalestudy.__file__).parent)
 
-    def header(pending: list[str] = ()) -> dict:
+    def make_header(pending: list[str] = ()) -> dict:
         return {
             "host": socket.gethostname(),
             "started_at": started_at.isoformat(timespec="seconds"),
@@ -986,7 +986,7 @@ def run(args: argparse.Namespace) -> int:
         """The report so far, after each check: what a killed gpu-check leaves."""
         names_done = {c.name for c in done}
         pending = [n for n in names if ctx.wanted(n) and n not in names_done]
-        report.write_report(out, header(pending), sorted(done, key=order))
+        report.write_report(out, make_header(pending), sorted(done, key=order))
 
     ctx.progress = progress
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -999,7 +999,7 @@ def run(args: argparse.Namespace) -> int:
         )
     checks = run_checks(ctx, info)
     shutil.rmtree(ctx.data_dir, ignore_errors=True)  # 56 MB that one command remakes
-    header = header()
+    header = make_header()
     if ctx.fixture_files:
         files.write_json(ctx.fixtures / "provenance.json", {**header, "commands": ctx.commands})
     doc = report.write_report(out, header, checks)
