@@ -1644,6 +1644,19 @@ def _capture(data_dir, out, *extra, tool="auto", device="cpu", path_extra=None, 
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
 
 
+def _profile_ncu(kernels: Path, enabled: str, top_k: int, out: Path, env: dict, data_dir: Path):
+    """`scalestudy profile ncu` of one short CPU run (the ncu on PATH is a stand-in)."""
+    cmd = [PYTHON, "-m", "scalestudy", "profile", "ncu", "--run", "w1",
+           "--kernels", str(kernels), "--enabled", enabled, "--top-k", str(top_k),
+           "--out-dir", str(out), "--out", str(out / "ncu.csv"), "--device", "cuda",
+           "--mpi=", "--nodes", "1", "--ranks-per-node", "1", "--cpus-per-rank", "1",
+           "--", "--dataset", "synthetic", "--width", "4", "--local-batch", "16",
+           "--epochs", "1", "--limit-train", "64", "--limit-test", "16",
+           "--warmup-steps", "1", "--comm-probe-steps", "0",
+           "--data-dir", str(data_dir)]  # fmt: skip
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+
+
 def test_ncu_on_a_node_whose_counters_are_admin_only(data_dir, tmp_path):
     """Where ncu may not read the GPU's performance counters (ERR_NVGPUCTRPERM, the driver's
     default), `profile ncu` under enabled auto says so and writes an empty profile_ncu CSV
@@ -1658,14 +1671,7 @@ def test_ncu_on_a_node_whose_counters_are_admin_only(data_dir, tmp_path):
     env["PATH"] = f"{STAND_INS / 'ncu-refused'}:{Path(PYTHON).parent}:{env['PATH']}"
 
     def ncu(enabled: str, out: Path):
-        cmd = [PYTHON, "-m", "scalestudy", "profile", "ncu", "--run", "w1",
-               "--kernels", str(kernels), "--enabled", enabled, "--top-k", "1",
-               "--out-dir", str(out), "--out", str(out / "ncu.csv"), "--device", "cuda",
-               "--mpi=", "--nodes", "1", "--ranks-per-node", "1", "--cpus-per-rank", "1",
-               "--", "--dataset", "synthetic", "--width", "4", "--local-batch", "16",
-               "--epochs", "1", "--limit-train", "64", "--limit-test", "32",
-               "--comm-probe-steps", "0", "--data-dir", str(data_dir)]  # fmt: skip
-        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        return _profile_ncu(kernels, enabled, 1, out, env, data_dir)
 
     proc = ncu("auto", tmp_path / "auto")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -1700,15 +1706,7 @@ def test_ncu_leaves_out_a_kernel_its_process_never_launched(data_dir, tmp_path):
     env["PATH"] = f"{STAND_INS / 'ncu-cudnn-autotune'}:{Path(PYTHON).parent}:{env['PATH']}"
 
     def ncu(enabled: str, out: Path):
-        cmd = [PYTHON, "-m", "scalestudy", "profile", "ncu", "--run", "w1",
-               "--kernels", str(kernels), "--enabled", enabled, "--top-k", "2",
-               "--out-dir", str(out), "--out", str(out / "ncu.csv"), "--device", "cuda",
-               "--mpi=", "--nodes", "1", "--ranks-per-node", "1", "--cpus-per-rank", "1",
-               "--", "--dataset", "synthetic", "--width", "4", "--local-batch", "16",
-               "--epochs", "1", "--limit-train", "64", "--limit-test", "16",
-               "--warmup-steps", "1", "--comm-probe-steps", "0",
-               "--data-dir", str(data_dir)]  # fmt: skip
-        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        return _profile_ncu(kernels, enabled, 2, out, env, data_dir)
 
     # ncu's process launched the batch norm (in ncu's spelling) but another conv engine
     launched.write_text(
