@@ -213,7 +213,7 @@ class Context:
     device: str = "cuda"  # --device of every trainer (the tests use cpu)
     small: tuple[str, ...] = tuple(SMALL)  # flags of the correctness runs
     kernels: list[dict] = field(default_factory=list)  # the profiled kernel rows, for ncu
-    kernels_why: str = "the torch-profiler check found none"  # why there are none
+    kernels_why: str = report.NO_KERNELS  # why there are none
     fixture_files: list[str] = field(default_factory=list)
     commands: dict[str, list[str]] = field(default_factory=dict)  # fixture -> its command
     only: tuple[str, ...] = ()  # run only these checks (select_only: --only's names)
@@ -523,8 +523,8 @@ def check_profile(ctx: Context) -> Check:
         fixture = json.dumps(report.trim_torch_ops(doc), indent=1) + "\n"
         write_fixture(ctx, "torch_ops_rank0.json", fixture, train_argv(ctx, 1, flags))
     ctx.kernels = kernels
-    ctx.kernels_why = "; ".join(report.run_problems(run, "the torch-profiler run")) or (
-        "the torch-profiler check found none"
+    ctx.kernels_why = (
+        "; ".join(report.run_problems(run, "the torch-profiler run")) or report.NO_KERNELS
     )
     return report.judge_profile(run, doc.get("ops") or [], kernels)
 

@@ -814,9 +814,11 @@ def judge_profile_study(run: RunResult, kernels: list[dict], ranges: list[dict])
     return verdict("torch-profiler-study", criterion, numbers, problems, [run])
 
 
-def judge_ncu(
-    ncu: str | None, attempts: list[dict], no_kernels: str = "the torch-profiler check found none"
-) -> Check:
+# why ncu has no kernel to profile when the torch-profiler run gave no reason of its own
+NO_KERNELS = "the torch-profiler check found none"
+
+
+def judge_ncu(ncu: str | None, attempts: list[dict], no_kernels: str = NO_KERNELS) -> Check:
     """attempts: one per kernel, {"kernel", "run": RunResult (the ncu pass), "rows": parsed
     profile_ncu rows or None, "argv": the ncu command, "error": a parse or setup error,
     "refused": why ncu may not profile on this node (profile.ncu_refusal), if it said so};

@@ -134,10 +134,10 @@ def _fraction(row: dict, column: str) -> float | None:
     """A share of the step in [0, 1], or None where not measured: an inf failed inside scipy
     with a traceback, a -3 gave a nonsense fit silently."""
     x = _num(row, column)
-    if x is not None and not 0 <= x <= 1:
+    if x is not None and not files.FRACTION.holds(x):
         raise AnalysisError(
-            f"runs.csv: run {row.get('run')!r} has {column} = {row.get(column)!r}, not a "
-            "fraction in [0, 1]: write it again with `scalestudy collect`"
+            f"runs.csv: run {row.get('run')!r} has {column} = {row.get(column)!r}, not "
+            f"{files.FRACTION.what}: write it again with `scalestudy collect`"
         )
     return x
 
