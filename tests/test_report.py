@@ -137,9 +137,10 @@ def test_snakemake_report_has_the_categories(done):
         assert item in html, item
 
 
-def test_every_markdown_table_has_as_many_cells_as_its_header(done):
-    """A separator or row with a cell too many or too few renders as a broken table."""
-    lines = (done / "reports/study.md").read_text().splitlines()
+def _cells_per_row_agree(text: str) -> int:
+    """Assert each Markdown table's separator and rows have its header's cells (a '|' escaped
+    as '\\|' is text in its cell); return how many tables there are."""
+    lines = text.splitlines()
     tables = 0
     for i, line in enumerate(lines):
         if not line.startswith("|---"):
@@ -151,9 +152,31 @@ def test_every_markdown_table_has_as_many_cells_as_its_header(done):
         for row in lines[i + 1 :]:
             if not row.startswith("|"):
                 break
-            # cells hold no literal '|' (run ids, numbers, words)
-            assert row.count("|") == width, (lines[i - 1], row)
-    assert tables >= 5
+            assert len(re.findall(r"(?<!\\)\|", row)) == width, (lines[i - 1], row)
+    return tables
+
+
+def test_every_markdown_table_has_as_many_cells_as_its_header(done):
+    """A separator or row with a cell too many or too few renders as a broken table."""
+    assert _cells_per_row_agree((done / "reports/study.md").read_text()) >= 5
+
+
+def test_a_pipe_or_line_break_in_a_config_value_stays_in_its_cell(done, tmp_path):
+    """A study named "a|b" split the system table's row into four cells; a line break in a
+    value ended the row."""
+    csv_dir = tmp_path / "csv"
+    csv_dir.mkdir()
+    for name in report.TABLES:
+        text = (done / f"results/csv/{name}.csv").read_text()
+        (csv_dir / f"{name}.csv").write_text(text)
+    rows = read(csv_dir / "system.csv")
+    for row in rows:
+        if (row["section"], row["key"]) == ("study", "name"):
+            row["value"] = "left|right\nnext line"
+    files.write_csv(csv_dir / "system.csv", list(rows[0]), rows)
+    text = report.render(csv_dir, done / "workflow/report", FIGURES, "../results/plots")["study.md"]
+    assert "| study | name | left\\|right next line |" in text
+    assert _cells_per_row_agree(text) >= 5
 
 
 @pytest.mark.parametrize(

@@ -109,6 +109,13 @@ def plural(unit: str, count) -> str:
     return SINGULAR.get(unit, unit) if _float(count) == 1 else unit
 
 
+def md_cell(value) -> str:
+    """Free text (a config value, a note) as one Markdown table cell: GitHub's tables end a cell
+    at every '|' not escaped, in a code span too, and a row at a line break (a study named
+    "a|b" split the system table's row into four cells)."""
+    return " ".join(str(value).splitlines()).replace("|", r"\|")
+
+
 TEX_SPECIAL = {
     "\\": r"\textbackslash{}",
     "&": r"\&",
@@ -349,6 +356,7 @@ def environment(templates: Path) -> tuple[jinja2.Environment, jinja2.Environment
     for env in (md, tex):
         env.filters.update(FORMATS)
         env.filters["plural"] = plural
+    md.filters["cell"] = md_cell
     # what the filters replaced, for warn_unsettable once the documents are rendered
     tex.unsettable = set()
     tex.filters["e"] = functools.partial(tex_escape, unset=tex.unsettable)
