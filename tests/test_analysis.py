@@ -216,6 +216,75 @@ def test_optimisation_verdict_disqualifies_accuracy_loss_not_gain():
     assert "lost accuracy beyond the tolerance: bf16 at 1" in v["optimisation_speedup"]["note"]
 
 
+def test_the_strong_target_at_the_baseline_world_size_is_not_measured():
+    """E_s(N0) = 1 by definition: a strong family of one world size, or a target at (or below)
+    its smallest, passed at 100 % with no scaling measured."""
+    one = analysis.scaling_table([run("w8_lb32", "strong", 8, 32, 500)])
+    three = analysis.scaling_table(
+        [run(f"w{n}", "strong", n, 512 // n, 1000 + 100 * n) for n in (2, 4, 8)]
+    )
+    for table, want in ((one, 8), (three, 2), (three, 1)):
+        targets = {**analysis.DEFAULT_TARGETS, "strong_efficiency_gpus": want}
+        v = analysis.verdicts(table, targets)[0]
+        assert (v["verdict"], v["measured"]) == ("not measured", None), want
+        assert "E_s = 1 there by definition" in v["note"], want
+    v = analysis.verdicts(three, {**analysis.DEFAULT_TARGETS, "strong_efficiency_gpus": 4})[0]
+    assert v["measured"] == pytest.approx(2 * 1400 / (4 * 1200))  # N0 X(N) / (N X(N0))
+
+
+def test_a_value_on_its_threshold_is_judged_as_its_cell_writes_it():
+    """1.2 / 1.0 - 1 is 0.19999999999999996, 1.1 - 1 is 0.10000000000000009: written (and
+    printed, and read by the proposal) as 0.2 and 0.1, and each failed a threshold equal to it."""
+    runs = [
+        run("s1", "strong", 1, 256, 850),
+        run("s4", "strong", 4, 64, 2380),  # E_s = 2380 / (4 x 850) = 0.7 up to binary rounding
+        run("w1", "weak", 1, 64, 1100),
+        run("w4", "weak", 4, 64, 4000),  # D = (256 / 4000) / (64 / 1100) - 1 = 0.1
+        run("p32", "precision", 1, 64, 1000),
+        run("p16", "precision", 1, 64, 1200, precision="bf16"),  # 0.2 faster
+    ]
+    targets = {**analysis.DEFAULT_TARGETS, "strong_efficiency_gpus": 4, "strong_efficiency": 0.7,
+               "weak_deviation": 0.1, "optimisation_speedup": 0.2}  # fmt: skip
+    for v in analysis.verdicts(analysis.scaling_table(runs), targets):
+        assert v["measured"] != v["threshold"], v["target"]  # not equal as computed ...
+        assert float(analysis.cell(v["measured"])) == v["threshold"], v["target"]  # as written
+        assert v["verdict"] == "pass", v["target"]
+
+
+def test_a_precision_whose_accuracy_was_not_measured_qualifies_no_speedup():
+    """A blank final_val_acc (not measured) left acc_within_tolerance None, which the old check
+    (`is False`) counted as kept: "pass" under a description promising the accuracy held."""
+    fp32 = run("p32", "precision", 1, 64, 1000, acc=0.93)
+    bf16 = run("b16", "precision", 1, 64, 1500, precision="bf16", acc="")
+    fp16 = run("f16", "precision", 1, 64, 1800, precision="fp16", acc=0.80)
+    for runs, verdict, note in (
+        ([fp32, bf16], "not measured", "accuracy not measured: bf16 at 1"),
+        ([fp32, bf16, fp16], "not measured",
+         "lost accuracy beyond the tolerance: fp16 at 1; accuracy not measured: bf16 at 1"),
+        ([fp32, bf16, {**fp16, "final_val_acc": "0.93"}], "pass",
+         "best: fp16; accuracy not measured: bf16 at 1"),
+    ):  # fmt: skip
+        v = analysis.verdicts(analysis.scaling_table(runs), analysis.DEFAULT_TARGETS)[2]
+        assert (v["verdict"], v["note"]) == (verdict, note)
+
+
+def test_not_measured_verdicts_say_why():
+    """The weak family that did not run "needed two or more world sizes"; a precision family
+    that did not run, or ran no fp32, lacked "an accuracy within the tolerance"."""
+    strong = [run("s1", "strong", 1, 256, 1000), run("s4", "strong", 4, 64, 3000)]
+    no_fp32 = [run("b", "precision", 1, 64, 1500, precision="bf16"),
+               run("h", "precision", 1, 64, 1600, precision="fp16")]  # fmt: skip
+    one_weak = [run("w1", "weak", 2, 64, 1000)]
+    notes = {}
+    for name, runs in (("strong", strong), ("no_fp32", no_fp32), ("one_weak", one_weak)):
+        v = analysis.verdicts(analysis.scaling_table(runs), analysis.DEFAULT_TARGETS)
+        assert {r["verdict"] for r in v[1:]} == {"not measured"}, name
+        notes[name] = (v[1]["note"], v[2]["note"])
+    assert notes["strong"] == ("the weak family did not run", "the precision family did not run")
+    assert notes["no_fp32"][1] == "the precision family ran no fp32 baseline"
+    assert notes["one_weak"][0] == "the weak family ran one world size (2); D needs two or more"
+
+
 def test_resources_measured_and_projected():
     runs = [
         run("a", "strong;weak", 4, 64, 1000, train_time=1800, nodes=1),

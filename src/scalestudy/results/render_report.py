@@ -3,10 +3,11 @@
 The templates (workflow/report/study.md.j2, paper.tex.j2) receive the rows of scaling.csv,
 verdicts.csv, resources.csv, system.csv, targets.csv, profile_shares.csv, waterfall.csv and the
 scaling model's model.csv and bucket_advice.csv (results/model.py), and nothing else; every number
-they print goes through one of the FORMATS below. `numbers_backed_by_csvs` is the check that each
-numeric token of a rendered document is some CSV cell under one of those formats
-(tests/test_report.py runs it on the tiny study's documents). The only numbers a document may show
-without a cell are FORMULA_CONSTANTS, the constant 1 of the formulas (E_w = T(N0)/T(N), Karp-Flatt's
+they print goes through one of the FORMATS below, or fmt_pct_apart (a percentage with the decimals
+that tell it from its threshold). `numbers_backed_by_csvs` is the check that each numeric token of
+a rendered document is some CSV cell under one of those formats (tests/test_report.py runs it on
+the tiny study's documents). The only numbers a document may show without a cell are
+FORMULA_CONSTANTS, the constant 1 of the formulas (E_w = T(N0)/T(N), Karp-Flatt's
 1/S - 1/p, the n - 1 of the sample std).
 
     scalestudy render-report --csv-dir results/csv --templates workflow/report --out-dir reports
@@ -100,6 +101,25 @@ def fmt_exact(value) -> str:
 
 
 FORMATS = {"num": fmt_num, "pct": fmt_pct, "spct": fmt_signed_pct, "exact": fmt_exact}
+# the most decimals fmt_pct_apart gives a percentage (a cell has 12 significant digits)
+APART_DECIMALS = 10
+
+
+def fmt_pct_apart(value, other, signed: bool = False) -> str:
+    """A fraction as a percentage with one decimal, or as many more as it takes to print it
+    apart from `other` (a threshold, a tolerance: compared by magnitude), unless the two cells
+    are equal: E_s = 0.6996 printed "70.0" next to ">= 70.0" and "fail". blank -> n/a."""
+    x, o = _float(value), _float(other)
+    if x is None:
+        return "n/a"
+    sign = "+" if signed else ""
+    for k in range(1, APART_DECIMALS + 1):
+        text = f"{100 * x:{sign}.{k}f}"
+        if o is None or abs(x) == abs(o) or f"{100 * abs(x):.{k}f}" != f"{100 * abs(o):.{k}f}":
+            break
+    return text
+
+
 # the singular of the units the documents count ("1 GPUs", "1 ranks" read wrong)
 SINGULAR = {"GPUs": "GPU", "ranks": "rank", "nodes": "node", "runs": "run"}
 
@@ -356,6 +376,8 @@ def environment(templates: Path) -> tuple[jinja2.Environment, jinja2.Environment
     for env in (md, tex):
         env.filters.update(FORMATS)
         env.filters["plural"] = plural
+        env.filters["pct_apart"] = fmt_pct_apart
+        env.filters["spct_apart"] = functools.partial(fmt_pct_apart, signed=True)
     md.filters["cell"] = md_cell
     # what the filters replaced, for warn_unsettable once the documents are rendered
     tex.unsettable = set()
@@ -377,15 +399,19 @@ def render(csv_dir: Path, templates: Path, figures: list[str], figure_dir: str) 
 
 # --- the honesty check ---------------------------------------------------------------------------
 def allowed_numbers(tables: dict[str, list[dict]]) -> set[str]:
-    """Every numeric token any CSV cell yields, raw or under any of FORMATS."""
+    """Every numeric token any CSV cell yields, raw or under any of FORMATS, or as a
+    percentage with the decimals fmt_pct_apart may give it."""
     allowed = set(FORMULA_CONSTANTS)
     for rows in tables.values():
         for row in rows:
             for value in row.values():
                 allowed.update(NUMBER.findall(str(value)))
-                if _float(value) is not None:
+                x = _float(value)
+                if x is not None:
                     for f in FORMATS.values():
                         allowed.update(NUMBER.findall(f(value)))
+                    for k in range(2, APART_DECIMALS + 1):
+                        allowed.update((f"{100 * x:.{k}f}", f"{100 * x:+.{k}f}"))
     return allowed
 
 
