@@ -303,10 +303,10 @@ def test_cuda_graphs_need_a_cuda_study_that_compiles():
     cfg = minimal()
     cfg["hardware"]["device"] = "cpu"
     cfg["train"] = {"cuda_graphs": True}
-    refused(cfg, "config key 'train.cuda_graphs'", "hardware.device cuda (is 'cpu')")
+    refused(cfg, "config key 'train.cuda_graphs'", 'hardware.device cuda (is "cpu")')
     cfg["hardware"]["device"] = "cuda"
     cfg["train"]["compile"] = False
-    refused(cfg, "config key 'train.cuda_graphs'", "train.compile auto or true (is False)")
+    refused(cfg, "config key 'train.cuda_graphs'", "train.compile auto or true (is false)")
     for compile_value in ("auto", True):
         cfg["train"]["compile"] = compile_value
         assert load_and_validate(cfg)["train"]["cuda_graphs"] is True
@@ -333,7 +333,7 @@ def test_a_whole_step_cuda_graph_needs_a_gpu_study_whose_runs_fit_one_graph():
     cfg = minimal()
     cfg["hardware"]["device"] = "cpu"
     cfg["train"] = {"cuda_graphs": "step"}
-    refused(cfg, "config key 'train.cuda_graphs'", "hardware.device cuda (is 'cpu')")
+    refused(cfg, "config key 'train.cuda_graphs'", 'hardware.device cuda (is "cpu")')
     cfg["hardware"]["device"] = "cuda"
     assert load_and_validate(cfg)["train"]["cuda_graphs"] == "step"
     # every run must fit: a precision family with fp16 does not (its GradScaler)
@@ -448,6 +448,19 @@ def test_a_number_yaml_reads_as_text_says_how_to_write_it():
     refused(minimal(), "(YAML reads 1.0e4 as text: write 10000.0,", overrides=["train.lr=1.0e4"])
 
 
+def test_a_value_yaml_reads_as_a_date_or_a_number_says_to_quote_it():
+    """`study: 2024-05-01` was "value datetime.date(2024, 5, 1) ... must be a string";
+    `profiling.nsys_ranks: 0` two lines, one of which listed "0" as allowed."""
+    message = refused(minimal(), "config key 'study': value 2024-05-01 is not allowed: must be a "
+                      'string (YAML reads 2024-05-01 as a date: write it quoted, "2024-05-01")',
+                      overrides=["study=2024-05-01"])  # fmt: skip
+    assert "datetime" not in message
+    message = refused(minimal(), "config key 'profiling.nsys_ranks': value 0 is not allowed: one "
+                      'of "all", "0" (YAML reads 0 as a number: write it quoted, "0")',
+                      overrides=["profiling.nsys_ranks=0"])  # fmt: skip
+    assert message.count("profiling.nsys_ranks") == 1, message
+
+
 @pytest.mark.parametrize(
     ("override", "says"),
     [
@@ -485,6 +498,36 @@ def test_text_that_is_no_value_of_the_type_gets_no_text_hint():
     message = refused(minimal(), "'train.lr': value \"nan\" is not allowed: must be a number",
                       overrides={"train": {"lr": "nan"}})  # fmt: skip
     assert "(it is text" not in message and "YAML reads" not in message
+
+
+@pytest.mark.parametrize("key", ["data_dir", "checkpointing.dir", "container.image", "study"])
+def test_blank_paths_and_names_are_refused(key):
+    """A blank value passed the schema's minLength: prepare_data made a directory named " ",
+    then every training job failed (--data-dir must not be empty) and was retried."""
+    refused(
+        minimal(),
+        f"config key '{key}': value \" \" is not allowed: must not be blank",
+        overrides=[f'{key}=" "'],
+    )
+
+
+@pytest.mark.parametrize("key", ["data_dir", "checkpointing.dir"])
+def test_a_path_apptainer_cannot_bind_is_refused_when_the_container_is_on(key):
+    """jobs/launch.py binds an absolute data or checkpoint directory into the image, and
+    refused every launch of one with ':' or ',' (Apptainer's --bind field separators)."""
+    for value in ("/scratch/st,data", "/scratch/a:b"):
+        on = [f"{key}={value}", "container.enabled=true"]
+        refused(minimal(), f"config key '{key}'", "Apptainer's --bind", overrides=on)
+        load_and_validate(minimal(), overrides=on[:1])  # no container: nothing is bound
+    load_and_validate(minimal(), overrides=[f"{key}=st,data", "container.enabled=true"])
+
+
+def test_the_bucket_family_needs_two_ranks():
+    """One rank synchronises nothing: a 1-rank bucket family reported a 2.2x "bucket effect"
+    with 0 % exposed communication, which was noise."""
+    refused(minimal(bucket={"enabled": True, "gpus": 1}), "config key 'families.bucket.gpus'",
+            "at least 2: one rank synchronises no gradients")  # fmt: skip
+    load_and_validate(minimal(bucket={"enabled": True, "gpus": 2}))
 
 
 def test_the_bucket_family_needs_ddp():

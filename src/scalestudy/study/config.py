@@ -15,6 +15,7 @@ All problems are reported at once (one `StudyConfigError`, one line each).
 from __future__ import annotations
 
 import copy
+import datetime
 import difflib
 import functools
 import json
@@ -112,7 +113,8 @@ def _fmt(value: Any) -> str:
     try:
         text = json.dumps(value)
     except (TypeError, ValueError):
-        text = repr(value)
+        # a YAML date or timestamp as the user wrote it, not datetime.date(2024, 5, 1)
+        text = value.isoformat() if isinstance(value, datetime.date) else repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
 
 
@@ -134,6 +136,10 @@ def _allowed(err: ValidationError) -> str:
         allowed = "one of " + ", ".join(_fmt(v) for v in rule)
         if isinstance(err.instance, str) and _spells_a_choice(err.instance, rule):
             allowed += _TEXT_HINT
+        elif _quoted_choice(err):
+            allowed += (
+                f' (YAML reads {err.instance} as a number: write it quoted, "{err.instance}")'
+            )
         return allowed
     if kind == "const":
         return f"only {_fmt(rule)}"
@@ -141,7 +147,11 @@ def _allowed(err: ValidationError) -> str:
         kinds = [rule] if isinstance(rule, str) else rule
         allowed = "must be " + " or ".join(_TYPE_WORDS.get(k, k) for k in kinds)
         text = err.instance if isinstance(err.instance, str) else None
-        if text is not None and "number" in kinds and _yaml_keeps_as_text(text):
+        if isinstance(err.instance, datetime.date) and "string" in kinds:
+            # `study: 2024-05-01` is a date to YAML (it was shown as datetime.date(2024, 5, 1))
+            day = err.instance.isoformat()
+            allowed += f' (YAML reads {day} as a date: write it quoted, "{day}")'
+        elif text is not None and "number" in kinds and _yaml_keeps_as_text(text):
             # PyYAML (YAML 1.1) reads 5e-4 as text: its floats need a dot and a signed exponent
             allowed += (
                 f" (YAML reads {err.instance} as text: write {float(err.instance)!r}, or with a "
@@ -235,9 +245,25 @@ def _non_finite(value: Any, path: str = "") -> list[str]:
     return []
 
 
+def _quoted_choice(err: ValidationError) -> bool:
+    """An enum of text choices given a number that spells one (`nsys_ranks: 0`, YAML's int)."""
+    rule, value = err.validator_value, err.instance
+    return (
+        err.validator == "enum"
+        and isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and str(value) in [c for c in rule if isinstance(c, str)]
+    )
+
+
 def _schema_problems(config: dict, schema: dict) -> list[str]:
     problems: list[str] = []
-    for err in _Validator(schema).iter_errors(config):
+    errors = list(_Validator(schema).iter_errors(config))
+    # a choice written unquoted: one line saying to quote it, not "must be a string" as well
+    quoted = {tuple(e.absolute_path) for e in errors if _quoted_choice(e)}
+    for err in errors:
+        if err.validator == "type" and tuple(err.absolute_path) in quoted:
+            continue
         for line in format_schema_error(err).splitlines():
             if line not in problems:
                 problems.append(line)
@@ -293,7 +319,7 @@ def step_graph_problems(config: dict) -> list[str]:
     trainer's own rule, TrainConfig.step_graph_misfit, asked for each precision the study runs)."""
     hw, train, families = config["hardware"], config["train"], config["families"]
     if hw["device"] != "cuda":
-        why = f"hardware.device cuda (is {hw['device']!r})"
+        why = f"hardware.device cuda (is {_fmt(hw['device'])})"
         return [_bad("train.cuda_graphs", "step", f"the whole-step CUDA graph needs {why}")]
     precisions = [train["precision"]]
     if families["precision"]["enabled"]:
@@ -331,11 +357,17 @@ def path_problems(config: dict) -> list[str]:
     `$SCRATCH`; `data {x}` failed in Snakemake with a wildcard error, `-x` in the job's
     argparse."""
     problems = []
+    if not config["study"].strip():  # the schema's minLength passed " ", an empty title
+        problems.append(_bad("study", config["study"], "must not be blank"))
     for key in PATH_KEYS:
         node = config
         for part in key.split("."):
             node = node[part]
-        if node.startswith("~") or "$" in node:
+        if not node.strip():
+            # " " passed minLength: prepare_data made a directory named " ", then every
+            # training job failed (--data-dir must not be empty) and was retried
+            problems.append(_bad(key, node, "must not be blank"))
+        elif node.startswith("~") or "$" in node:
             problems.append(
                 _bad(key, node, "no ~ or $VARIABLE: nothing expands them (a directory named "
                      f"{node.split('/')[0]!r} would be made); write the path out, e.g. "
@@ -347,7 +379,22 @@ def path_problems(config: dict) -> list[str]:
             problems.append(
                 _bad(key, node, f"no leading -: a command reads it as an option; write ./{node}")
             )
+        elif key in CONTAINER_BOUND and config["container"]["enabled"] and _unbindable(node):
+            # jobs/launch.py binds such a directory into the image, and refused every launch
+            problems.append(
+                _bad(key, node, "no ':' or ',' in an absolute path while container.enabled: "
+                     "Apptainer's --bind, which brings it into the image, separates its fields "
+                     "with them; choose a directory without them")
+            )  # fmt: skip
     return problems
+
+
+# the paths jobs/launch.py binds into the container (absolute ones outside the working directory)
+CONTAINER_BOUND = ("data_dir", "checkpointing.dir")
+
+
+def _unbindable(path: str) -> bool:
+    return path.startswith("/") and (":" in path or "," in path)
 
 
 def semantic_problems(config: dict) -> list[str]:
@@ -457,8 +504,8 @@ def _device_problems(config: dict) -> list[str]:
                 "train.cuda_graphs",
                 True,
                 "CUDA graphs record torch.compile's graphs on a GPU: they need hardware.device "
-                f"cuda (is {hw['device']!r}) and train.compile auto or true "
-                f"(is {train['compile']!r})",
+                f"cuda (is {_fmt(hw['device'])}) and train.compile auto or true "
+                f"(is {_fmt(train['compile'])})",
             )
         )
     if train["cuda_graphs"] == "step":
@@ -528,6 +575,16 @@ def _batch_problems(config: dict) -> list[str]:
 
     fam = families["bucket"]
     if fam["enabled"]:
+        if fam["gpus"] < 2:
+            # one rank all-reduces nothing: the "bucket effect" it reported was noise
+            problems.append(
+                _bad(
+                    "families.bucket.gpus",
+                    fam["gpus"],
+                    "at least 2: one rank synchronises no gradients, so its runs would differ "
+                    "in bucket_cap_mb in name only",
+                )
+            )
         _check_fits(problems, "families.bucket.gpus", fam["gpus"], gpn)
         _check_list(problems, "families.bucket.bucket_cap_mb", fam["bucket_cap_mb"])
         _check_list(problems, "families.bucket.local_batch", fam["local_batch"])
@@ -539,7 +596,7 @@ def _batch_problems(config: dict) -> list[str]:
                     "families.bucket.enabled",
                     True,
                     f"the bucket family sweeps DDP's bucket_cap_mb and train.strategy is "
-                    f"{train['strategy']!r} (no buckets): its runs would differ in name only; "
+                    f"{_fmt(train['strategy'])} (no buckets): its runs would differ in name only; "
                     "set train.strategy ddp or families.bucket.enabled false",
                 )
             )
