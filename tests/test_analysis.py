@@ -445,6 +445,10 @@ def test_waterfall_figure_and_its_refusal_without_rows(tmp_path):
     plots._pyplot().close(fig)
     with pytest.raises(AnalysisError, match="waterfall.csv is empty"):
         plots.make_figure("waterfall", tmp_path / "none", waterfall=[], device="cpu")
+    # a study's name is text, not mathtext: "cost $x^$" was a ParseSyntaxException traceback in
+    # the plot job, after every training run, and "$5 vs $10" was set as italic math
+    for title in ("cost $x^$ sweep", "$5 vs $10"):
+        plots.make_figure("waterfall", tmp_path / "t", title, waterfall=waterfall, device="cpu")
 
 
 @pytest.mark.parametrize("figure", ["throughput", "efficiency", "epoch_time"])
@@ -971,8 +975,11 @@ def test_a_damaged_runs_csv_is_one_line_before_any_table(tmp_path, capsys):
         ("--strong-efficiency", "5", "must be in (0, 1], got '5'"),
         ("--strong-efficiency-gpus", "-2", "must be a whole number >= 2, got '-2'"),
         ("--strong-efficiency-gpus", "2.5", "must be a whole number >= 2, got '2.5'"),
-        ("--accuracy-tolerance", "inf", "must be a number >= 0, got 'inf'"),
-        ("--weak-deviation", "-0.1", "must be a number >= 0, got '-0.1'"),
+        ("--accuracy-tolerance", "inf", "must be in [0, 1), got 'inf'"),
+        ("--weak-deviation", "-0.1", "must be in [0, 1], got '-0.1'"),
+        # the schema's upper bounds too (a tolerance of 1 accepts any accuracy)
+        ("--accuracy-tolerance", "1", "must be in [0, 1), got '1'"),
+        ("--weak-deviation", "1.5", "must be in [0, 1], got '1.5'"),
     ]:
         with pytest.raises(SystemExit):
             cli.main([*argv, flag, value])

@@ -296,6 +296,10 @@ def test_cli_writes_table_and_summary(tmp_path, capsys):
     assert {r["dataset"] for r in read_runs_tsv(out)} == {"synthetic"}
     assert main([*argv, "--set", "train.precision=fp16"]) == 2
     assert "train.precision" in capsys.readouterr().err
+    # the summary spells bucket sizes as the run ids do (`:g` wrote 1e+06 and 1.0000001 as 1)
+    sweep = "families.bucket.bucket_cap_mb=[1000000, 1.0000001, 1]"
+    assert main([*argv, "--set", "dataset=synthetic", "--set", sweep]) == 0
+    assert "bucket_cap_mb 1000000,1.0000001,1 x local_batch" in capsys.readouterr().out
 
 
 def test_collect_of_a_damaged_run_table_is_one_line_naming_the_line(tmp_path, capsys):

@@ -969,19 +969,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(flag, type=_target(key), default=value, help=f"default {value}")
 
 
-# the ranges of the config schema's report.targets (workflow/schemas/config.schema.yaml)
+# the ranges of the config schema's report.targets (workflow/schemas/config.schema.yaml), each
+# as (the test, what it reads as)
 TARGET_RANGES = {
-    "strong_efficiency": (0.0, 1.0, "in (0, 1]"),
-    "strong_efficiency_gpus": (2, math.inf, "a whole number >= 2"),
-    "weak_deviation": (0.0, math.inf, "a number >= 0"),
-    "optimisation_speedup": (0.0, math.inf, "a number >= 0"),
-    "accuracy_tolerance": (0.0, math.inf, "a number >= 0"),
+    "strong_efficiency": (lambda x: 0 < x <= 1, "in (0, 1]"),
+    "strong_efficiency_gpus": (lambda x: x >= 2, "a whole number >= 2"),
+    "weak_deviation": (lambda x: 0 <= x <= 1, "in [0, 1]"),
+    "optimisation_speedup": (lambda x: x >= 0, "a number >= 0"),
+    "accuracy_tolerance": (lambda x: 0 <= x < 1, "in [0, 1)"),
 }
 
 
 def _target(key: str):
     """argparse type of a target flag: a finite number in the schema's range."""
-    low, high, what = TARGET_RANGES[key]
+    in_range, what = TARGET_RANGES[key]
     kind = type(DEFAULT_TARGETS[key])
 
     def parse(text: str):
@@ -989,8 +990,7 @@ def _target(key: str):
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
-        in_range = low < value <= high if key == "strong_efficiency" else low <= value <= high
-        if not (math.isfinite(value) and in_range):
+        if not (math.isfinite(value) and in_range(value)):
             raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
         return value
 

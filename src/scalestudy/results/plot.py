@@ -494,7 +494,7 @@ def make_figure(name: str, out_dir: Path, title: str = "", **data) -> list[Path]
     try:
         PLOTTERS[name](ax, **data)
         if title:
-            fig.suptitle(title, fontsize=9)
+            fig.suptitle(title, fontsize=9, parse_math=False)  # a study name, not mathtext
         fig.tight_layout()
         out_dir.mkdir(parents=True, exist_ok=True)
         paths = []

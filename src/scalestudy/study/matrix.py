@@ -11,7 +11,7 @@ from pathlib import Path
 from scalestudy import log, vocab
 from scalestudy.errors import StudyConfigError
 from scalestudy.study.config import add_config_arguments, load_layers
-from scalestudy.study.runs import build_run_table, write_runs_tsv
+from scalestudy.study.runs import build_run_table, number_text, write_runs_tsv
 
 logger = log.get(__name__)
 
@@ -31,7 +31,7 @@ def _family_summary(config: dict, rows: list[dict], family: str) -> str:
     shared = sum(1 for r in mine if ";" in r["families"])
     if family == "bucket":
         sweep = (
-            f"bucket_cap_mb {','.join(f'{b:g}' for b in fam['bucket_cap_mb'])} x local_batch "
+            f"bucket_cap_mb {','.join(map(number_text, fam['bucket_cap_mb']))} x local_batch "
             f"{','.join(map(str, fam['local_batch']))} at world size {fam['gpus']}"
         )
     else:
