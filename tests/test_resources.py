@@ -122,6 +122,19 @@ def test_array_jobs_are_refused_for_the_launch_rules_only():
     assert resources.array_jobs_refusal(object()) is None
 
 
+def test_a_run_wider_than_a_node_is_refused_where_no_slurm_allocation_can_start_it():
+    runs = {
+        "w2_lb32": {"world_size": 2, "nodes": 1, "ranks_per_node": 2},
+        "w4_lb16": {"world_size": 4, "nodes": 2, "ranks_per_node": 2},
+    }
+    refusal = resources.multi_node_refusal(runs, True, {})
+    assert refusal.startswith("1 run(s) need more than one node (e.g. w4_lb16: world size 4 on 2 ")
+    assert "--executor slurm" in refusal and "\n" not in refusal
+    assert resources.multi_node_refusal(runs, False, {}) is None  # submitted to Slurm
+    assert resources.multi_node_refusal(runs, True, {"SLURM_JOB_ID": "7"}) is None  # in salloc
+    assert resources.multi_node_refusal({"w2_lb32": runs["w2_lb32"]}, True, {}) is None
+
+
 def test_a_gpu_type_is_asked_for_as_typed_gres_on_every_node():
     """hardware.gpu_type: on a partition of mixed GPU models an untyped gpu:N could measure one
     study's runs on different GPUs."""

@@ -279,6 +279,30 @@ def test_gpu_study_on_a_machine_without_cuda_stops_at_once(tmp_path):
     shutil.rmtree(work)
 
 
+def test_a_multi_node_study_run_locally_outside_slurm_stops_at_once(tmp_path, monkeypatch):
+    """The local executor cannot start a run wider than one node: each such run failed in its
+    job ("there is no Slurm allocation here"), three times with its retries."""
+    work = copy_repo(tmp_path / "wide")
+    wide = yaml.safe_load(yaml.safe_dump(TINY))
+    wide["families"]["strong"]["gpus"] = [1, 4]  # 4 ranks: 2 nodes of hardware.gpus_per_node 2
+    write_config(work / "wide.yaml", wide)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    proc = snakemake(work, "--configfile", "wide.yaml", "--cores", "1", check=False,
+                     stand_ins=True, timeout=300)  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "need more than one node (e.g. w4_" in out and "--executor slurm" in out, out[-2000:]
+    assert not (work / "results" / "runs").exists()  # no job ran
+    shutil.rmtree(work)
+
+
+def test_a_study_name_with_braces_is_text_not_a_wildcard(done):
+    """`study: "resnet18 {v2}"` passed the config's checks, then Snakemake stopped with a
+    WildcardError in analyze's params that named no config key."""
+    jobs = dry(done, "--config", "study=tiny {v2}")
+    assert jobs["analyze"] == 1 and jobs["plot"] == 8, jobs
+
+
 def test_dry_run_of_the_full_study_plans_every_run(tmp_path):
     work = copy_repo(tmp_path / "full")
     jobs = planned_jobs(snakemake(work, "-n", timeout=300))

@@ -30,7 +30,8 @@ rule analyze:
         # a resource, not a param (a rerun trigger): how the study was named changes no number
         reproduce=REPRODUCE,
     params:
-        flags=ANALYSIS_FLAGS,
+        # a function: they hold the study's name, whose {braces} Snakemake would expand
+        flags=lambda wildcards: ANALYSIS_FLAGS,
         profile=PROFILE_FLAG,
         out_dir=subpath(output.scaling, parent=True),
         html_dir=subpath(output.scaling_html, parent=True),

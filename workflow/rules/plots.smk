@@ -20,7 +20,8 @@ rule plot:
         "logs/plot/{figure}.log",
     params:
         device=HARDWARE["device"],
-        title=config["study"],
+        # a function: Snakemake would read {braces} in the study's name as wildcards
+        title=lambda wildcards: config["study"],
         out=subpath(output.png, parent=True),
     shell:
         "scalestudy plot --figure {wildcards.figure:q} --scaling {input.scaling:q} "

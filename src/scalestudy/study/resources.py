@@ -311,6 +311,25 @@ def array_jobs_refusal(workflow) -> str | None:
     )
 
 
+def multi_node_refusal(runs: dict[str, dict], local_exec: bool, env) -> str | None:
+    """Why a run wider than one node cannot start here, or None. The local executor starts a
+    training job on this host, where `scalestudy launch` reaches other nodes only through srun
+    inside a Slurm allocation: outside one, every such run failed in its job, and was retried."""
+    if not local_exec or "SLURM_JOB_ID" in env:
+        return None
+    wide = [(run, row) for run, row in runs.items() if int(row["nodes"]) > 1]
+    if not wide:
+        return None
+    run, row = wide[0]
+    return (
+        f"{len(wide)} run(s) need more than one node (e.g. {run}: world size "
+        f"{row['world_size']} on {row['nodes']} nodes of hardware.gpus_per_node "
+        f"{row['ranks_per_node']}), and this local run has no Slurm allocation to reach them: "
+        "submit with `snakemake --executor slurm`, run inside `salloc`, or keep every world size "
+        "within one node"
+    )
+
+
 def analysis_flags(config: dict) -> list[str]:
     """`scalestudy analyze` flags: the report targets, the node size and the study's name (the
     reproduce command is the rule's resource: how the study was named changes no number)."""
