@@ -4,6 +4,7 @@ read-only failures (a tmpfs), and exact resume of the real trainer after SIGTERM
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -413,3 +414,17 @@ def test_a_resume_that_cannot_reach_the_window_says_so_before_training(data_dir,
     assert "leave no steady-state window after this segment's warm-up of 10 steps" in stderr
     assert "lower --warmup-steps" in stderr and "Traceback" not in stderr
     assert not (out / "metrics.json").exists()
+
+
+@pytest.mark.parametrize(("hook", "warned"), [("powersgd", True), ("none", False)])
+def test_a_checkpointed_powersgd_run_warns_that_its_resume_is_not_exact(
+    tmp_path, caplog, hook, warned
+):
+    """PowerSGD's state (error feedback, warm-start factors, step count) is not checkpointed:
+    a resumed run restarted it silently while train.py promised a bit-for-bit resume."""
+    from scalestudy.trainer.state import Checkpointing
+
+    cfg = TrainConfig(out=str(tmp_path), checkpoint_dir=str(tmp_path / "ck"), comm_hook=hook)
+    with caplog.at_level(logging.WARNING, logger="scalestudy"):
+        Checkpointing(cfg, 0, 1, torch.device("cpu"), None, None)
+    assert ("--comm-hook powersgd: a resumed run is not bit for bit" in caplog.text) == warned

@@ -79,6 +79,9 @@ def test_under_the_whole_step_graph_only_data_is_timed_and_the_window_opens_afte
     step = measure.Meter(cfg, torch.device("cpu"), rank=0, graphs="step")
     plain = measure.Meter(cfg, torch.device("cpu"), rank=0)
     assert step.warmup_steps == step_graph.STEPS_BEFORE_WINDOW and plain.warmup_steps == 2
+    # PowerSGD all-reduces uncompressed for its first steps, in every segment: not in the window
+    powersgd = TrainConfig(out=str(tmp_path), warmup_steps=2, comm_hook="powersgd")
+    assert measure.Meter(powersgd, torch.device("cpu"), rank=0).warmup_steps == 10
     # only the allreduce strategy has a communication phase of its own (DDP: inside backward)
     allreduce = TrainConfig(out=str(tmp_path), strategy="allreduce")
     assert measure.Meter(allreduce, torch.device("cpu"), rank=0).timed_phases == measure.PHASES

@@ -30,7 +30,7 @@ from scalestudy import files, hardware, log, vocab
 from scalestudy.trainer import compiling, progress, step_graph
 from scalestudy.trainer import dist as sdist
 from scalestudy.trainer.config import TrainConfig
-from scalestudy.trainer.parallel import allreduce_gradients
+from scalestudy.trainer.parallel import POWERSGD_START_ITER, allreduce_gradients
 
 if TYPE_CHECKING:
     from scalestudy.trainer.state import RunState
@@ -61,6 +61,8 @@ class Meter:
         self.device, self.warmup_steps = device, cfg.warmup_steps
         if self.graphs == "step":  # the window opens on replays of the captured step
             self.warmup_steps = max(cfg.warmup_steps, step_graph.STEPS_BEFORE_WINDOW)
+        if cfg.comm_hook == "powersgd":  # ... and on compressed steps: every segment warms up
+            self.warmup_steps = max(self.warmup_steps, POWERSGD_START_ITER)
         self.timer = StepTimer(device)
         cuda = device.type == "cuda"
         self.nvml = NvmlSampler(device, out=Path(cfg.out), rank=rank) if cuda else None

@@ -91,6 +91,13 @@ def _sync_bytes(params: list, count: int, cfg: TrainConfig) -> int | None:
     return sum(p.numel() * p.element_size() for p in params)
 
 
+# PowerSGD's uncompressed steps before it compresses (torch's warm-start advice). Its state (this
+# step count, the error feedback, the warm-start factors) is not checkpointed: every segment of a
+# resumed run starts it anew, and each segment's throughput window opens after these steps
+# (measure.Meter), which would otherwise time plain all-reduces as PowerSGD's.
+POWERSGD_START_ITER = 10
+
+
 def register_comm_hook(ddp: DDP, hook: str) -> None:
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
@@ -100,9 +107,11 @@ def register_comm_hook(ddp: DDP, hook: str) -> None:
     elif hook == "bf16":
         ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
     elif hook == "powersgd":
-        # rank-1 approximation after 10 uncompressed steps (torch's warm-start advice)
+        # rank-1 approximation after POWERSGD_START_ITER uncompressed steps
         state = powersgd.PowerSGDState(
-            process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=10
+            process_group=None,
+            matrix_approximation_rank=1,
+            start_powerSGD_iter=POWERSGD_START_ITER,
         )
         ddp.register_comm_hook(state, powersgd.powerSGD_hook)
 

@@ -27,6 +27,7 @@ from scalestudy.errors import CheckpointError, Preempted
 from scalestudy.trainer import checkpoint as ckpt
 from scalestudy.trainer import progress
 from scalestudy.trainer.config import TrainConfig
+from scalestudy.trainer.parallel import POWERSGD_START_ITER
 
 if TYPE_CHECKING:
     from scalestudy.trainer.measure import Meter
@@ -133,6 +134,15 @@ class Checkpointing:
                 "persistent workers: a resumed run is correct but not bit for bit identical to an "
                 "uninterrupted one (the workers' random state is not checkpointed); for an exact "
                 "resume use --num-workers 0 or --no-persistent-workers"
+            )
+        if self.saver and rank == 0 and cfg.comm_hook == "powersgd":
+            # its per-rank error feedback is a whole gradient per rank: too big to gather into
+            # rank 0's checkpoint at scale, so it is not saved
+            logger.warning(
+                "WARNING: --comm-hook powersgd: a resumed run is not bit for bit identical to an "
+                "uninterrupted one: PowerSGD's state (its step count, error feedback and "
+                "warm-start factors) is not checkpointed, so each segment starts it anew with "
+                f"{POWERSGD_START_ITER} uncompressed steps"
             )
 
     @property

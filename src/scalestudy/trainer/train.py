@@ -140,14 +140,17 @@ rank, exits with 75 (checkpoint.PREEMPTED_EXIT; a failed save fails the run inst
 command resumes from the newest valid checkpoint and continues bit for bit (same data order, RNG
 states, optimizer, schedule, scaler), except with --loader dataloader and persistent worker
 processes (--num-workers > 0): their random state lives in the workers and is not checkpointed,
-so such a run resumes correctly but not bit for bit (a warning says so at start-up).
+so such a run resumes correctly but not bit for bit (a warning says so at start-up); and with
+--comm-hook powersgd, whose state (error feedback, warm-start factors, step count) is not
+checkpointed either: each segment starts PowerSGD anew (a warning says so too).
 A resumed run's numbers are accounted over its segments:
 - train_time_s: the sum over segments of the loop time up to each segment's last checkpoint
   (time lost after it is not counted: that work is redone and counted then); start-up,
   checkpoint loading and the restart itself are excluded. time_to_target_s likewise, of the
   training time (evaluation excluded).
-- the throughput window: each segment excludes its own first `warmup_steps` steps; images,
-  window times and step times are summed over segments.
+- the throughput window: each segment excludes its own first `warmup_steps` steps (at least
+  PowerSGD's uncompressed steps under --comm-hook powersgd, and the capture under --cuda-graphs
+  step); images, window times and step times are summed over segments.
 - restarts / resumed_from_epochs: how often and after which epoch the run resumed.
 - checkpoint_stall_s: seconds rank 0's training waited for checkpoint saves, all segments, but
   for each stopped segment's final save: the checkpoint holding the value is that save.
