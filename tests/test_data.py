@@ -10,6 +10,7 @@ import io
 import json
 import os
 import pickle
+import shlex
 import socket
 import subprocess
 import sys
@@ -696,6 +697,23 @@ def test_a_data_dir_one_level_too_deep_names_the_one_to_give(tmp_path: Path) -> 
     assert str(e.value).endswith(
         f"--data-dir takes the directory given to prepare-data, here {tmp_path}"
     )
+
+
+def test_the_suggested_command_quotes_a_data_dir_with_a_space(tmp_path: Path) -> None:
+    """--data-dir "my data" was printed bare: pasted into a shell, the command got two
+    arguments, "my" and "data"."""
+    data_dir = tmp_path / "my data"
+    with pytest.raises(PreparedDataError) as e:
+        loaders.check_prepared("synthetic", data_dir, verify=False)
+    argv = shlex.split(str(e.value).split("Create it with: ")[1])
+    assert argv == [
+        "scalestudy",
+        "prepare-data",
+        "--dataset",
+        "synthetic",
+        "--data-dir",
+        str(data_dir),
+    ]
 
 
 def test_a_full_disk_is_one_line_and_leaves_no_partial_file(tiny_fs, capsys) -> None:

@@ -16,6 +16,7 @@ import hashlib
 import itertools
 import json
 import math
+import shlex
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,7 +48,10 @@ def seed_rank_draws(seed: int, rank: int) -> None:
 
 
 def prepare_command(dataset: str, data_dir: str | Path) -> str:
-    return f"scalestudy prepare-data --dataset {dataset} --data-dir {data_dir}"
+    """The `prepare-data` command that makes DIR/<dataset>, shell-quoted: it is pasted into a
+    shell, where a --data-dir with a space was two arguments."""
+    argv = ["scalestudy", "prepare-data", "--dataset", dataset, "--data-dir", str(data_dir)]
+    return shlex.join(argv)
 
 
 # ---------------------------------------------------------------------------------------------
