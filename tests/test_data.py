@@ -699,6 +699,23 @@ def test_a_data_dir_one_level_too_deep_names_the_one_to_give(tmp_path: Path) -> 
     )
 
 
+def test_the_recreate_command_makes_the_same_synthetic_set(tmp_path: Path) -> None:
+    """A changed data.pt of a 50/20 seed-7 synthetic set: the suggested "recreate: ... --force"
+    carried neither sizes nor seed, and following it made the default 50000/10000 seed-0 set."""
+    out = prepare_data.prepare("synthetic", tmp_path, num_train=50, num_test=20, seed=7)
+    tensors = torch.load(out / "data.pt", weights_only=True)
+    tensors["train_y"][0] = (tensors["train_y"][0] + 1) % 10
+    torch.save(tensors, out / "data.pt")
+    with pytest.raises(PreparedDataError) as e:
+        loaders.load_prepared("synthetic", tmp_path)
+    cmd = str(e.value).split("recreate: ")[1]
+    assert "--num-train 50 --num-test 20 --seed 7 --force" in cmd
+    assert cli.main(shlex.split(cmd)[1:]) == 0  # what a user pastes
+    meta = json.loads((out / "meta.json").read_text())
+    assert (meta["num_train"], meta["num_test"], meta["seed"]) == (50, 20, 7)
+    loaders.load_prepared("synthetic", tmp_path)
+
+
 def test_the_suggested_command_quotes_a_data_dir_with_a_space(tmp_path: Path) -> None:
     """--data-dir "my data" was printed bare: pasted into a shell, the command got two
     arguments, "my" and "data"."""

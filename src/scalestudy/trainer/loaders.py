@@ -47,10 +47,17 @@ def seed_rank_draws(seed: int, rank: int) -> None:
     torch.manual_seed(derive_seed("rank draws", seed, rank))
 
 
-def prepare_command(dataset: str, data_dir: str | Path) -> str:
+def prepare_command(dataset: str, data_dir: str | Path, meta: Any = None) -> str:
     """The `prepare-data` command that makes DIR/<dataset>, shell-quoted: it is pasted into a
-    shell, where a --data-dir with a space was two arguments."""
+    shell, where a --data-dir with a space was two arguments. Given the meta.json read there,
+    a synthetic set's --num-train/--num-test/--seed come with it: without them the command
+    made the default set (50000/10000, seed 0), not the one prepared there."""
     argv = ["scalestudy", "prepare-data", "--dataset", dataset, "--data-dir", str(data_dir)]
+    if dataset == "synthetic" and isinstance(meta, dict) and meta.get("dataset") == dataset:
+        for key in ("num_train", "num_test", "seed"):
+            value = meta.get(key)
+            if isinstance(value, int) and not isinstance(value, bool):
+                argv += [f"--{key.replace('_', '-')}", str(value)]
     return shlex.join(argv)
 
 
@@ -88,7 +95,7 @@ def load_prepared(dataset: str, data_dir: str | Path, *, verify: bool = True) ->
     meta = check_prepared(dataset, data_dir, verify=verify)
     out_dir = Path(data_dir) / dataset
     data_path, meta_path = out_dir / "data.pt", out_dir / "meta.json"
-    cmd = prepare_command(dataset, data_dir)
+    cmd = prepare_command(dataset, data_dir, meta)
     try:
         t = torch.load(data_path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises assorted types (RuntimeError, UnicodeDecodeError, ...)
@@ -141,6 +148,7 @@ def check_prepared(dataset: str, data_dir: str | Path, *, verify: bool = True) -
             f"{meta_path} holds {json.dumps(meta)[:40]}, not prepare-data's object; recreate: "
             f"{cmd} --force"
         )
+    cmd = prepare_command(dataset, data_dir, meta)  # a synthetic set's sizes and seed
     if meta.get("dataset") != dataset or meta.get("format_version") != FORMAT_VERSION:
         raise PreparedDataError(
             f"{meta_path} describes dataset {meta.get('dataset')!r} format "
