@@ -687,6 +687,36 @@ def test_a_hand_edited_meta_json_names_what_the_trainer_reads(tmp_path: Path) ->
         assert "scalestudy prepare-data" in str(e.value) and "--force" in str(e.value)
 
 
+@pytest.mark.parametrize(
+    ("edit", "says"),
+    [
+        ({"train_shape": None}, "train_shape is not a list of 4 whole numbers"),
+        ({"test_shape": [16, 3, 32]}, "test_shape is not a list of 4 whole numbers"),
+        ({"mean": [0.5, 0.5]}, "mean has 2 values and std 3, but the images have 3 channels"),
+        ({"std": [0.25]}, "mean has 3 values and std 1, but the images have 3 channels"),
+        ({"std": [0.25, 0.0, 0.25]}, "std is not a list of numbers > 0"),
+        ({"num_classes": 5}, "train labels span 0..9, but"),
+    ],
+)
+def test_a_meta_json_the_data_cannot_follow_is_one_line(tmp_path: Path, edit, says) -> None:
+    """What the trainer does with meta.json, checked before it does it: no train_shape was a
+    KeyError, a mean of 2 values for 3 channels a RuntimeError in normalize, num_classes below
+    the labels an IndexError at the first step; a single std normalised every channel alike
+    and a std of 0 made NaN inputs, both accepted."""
+    out = prepare_data.prepare("synthetic", tmp_path, num_train=64, num_test=16, seed=0)
+    good = json.loads((out / "meta.json").read_text())
+    meta = {k: v for k, v in {**good, **edit}.items() if v is not None}
+    (out / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(PreparedDataError) as e:
+        loaders.load_prepared("synthetic", tmp_path)
+    msg = str(e.value)
+    assert says in msg and "\n" not in msg
+    assert msg.endswith(
+        f"recreate: scalestudy prepare-data --dataset synthetic --data-dir {tmp_path} "
+        "--num-train 64 --num-test 16 --seed 0 --force"
+    )
+
+
 def test_a_data_dir_one_level_too_deep_names_the_one_to_give(tmp_path: Path) -> None:
     """--data-dir results/data/synthetic (the dataset itself) suggested preparing it again
     there, a nested copy (for cifar10 a second download)."""

@@ -103,7 +103,10 @@ def load_prepared(dataset: str, data_dir: str | Path, *, verify: bool = True) ->
             f"{data_path} cannot be read ({e!r}); recreate: {cmd} --force"
         ) from e
     if not isinstance(t, dict):
-        raise PreparedDataError(f"{data_path} holds a {type(t).__name__}, not a dict of tensors")
+        raise PreparedDataError(
+            f"{data_path} holds a {type(t).__name__}, not a dict of tensors; recreate: "
+            f"{cmd} --force"
+        )
     for split in ("train", "test"):
         x, y = t.get(f"{split}_x"), t.get(f"{split}_y")
         if (
@@ -114,7 +117,17 @@ def load_prepared(dataset: str, data_dir: str | Path, *, verify: bool = True) ->
             or list(x.shape) != meta[f"{split}_shape"]
             or y.shape != (x.shape[0],)
         ):
-            raise PreparedDataError(f"{data_path}: {split} tensors do not match {meta_path}")
+            raise PreparedDataError(
+                f"{data_path}: {split} tensors do not match {meta_path}; recreate: {cmd} --force"
+            )
+        # a label outside 0..num_classes-1 was an IndexError ("Target 7 is out of bounds") at
+        # the first training step
+        k = meta["num_classes"]
+        if y.numel() and not (int(y.min()) >= 0 and int(y.max()) < k):
+            raise PreparedDataError(
+                f"{data_path}: {split} labels span {int(y.min())}..{int(y.max())}, but "
+                f"{meta_path} has num_classes {k} (labels 0..{k - 1}); recreate: {cmd} --force"
+            )
     return Prepared(t["train_x"], t["train_y"], t["test_x"], t["test_y"], meta)
 
 
@@ -155,13 +168,27 @@ def check_prepared(dataset: str, data_dir: str | Path, *, verify: bool = True) -
             f"{meta.get('format_version')!r}, expected {dataset!r} format {FORMAT_VERSION}; "
             f"recreate: {cmd} --force"
         )
-    numbers = "a list of numbers"
-    shapes = {"num_classes": "a whole number", "mean": numbers, "std": numbers}
+    shape = "a list of 4 whole numbers >= 1"
+    shapes = {
+        "num_classes": "a whole number",
+        "mean": "a list of numbers",
+        "std": "a list of numbers > 0",  # a 0 divides to inf/NaN inputs
+        "train_shape": shape,
+        "test_shape": shape,
+    }
     wrong = [key for key in shapes if not _meta_value_ok(key, meta.get(key))]
     if wrong:  # what the trainer reads of it (an edit by hand: a KeyError or TypeError later)
         raise PreparedDataError(
             f"{meta_path}: {', '.join(f'{k} is not {shapes[k]}' for k in wrong)}; recreate: "
             f"{cmd} --force"
+        )
+    channels = meta["train_shape"][1]
+    if not len(meta["mean"]) == len(meta["std"]) == channels:
+        # normalize broadcasts them over the channels: a RuntimeError for 2 of 3, and a single
+        # value silently normalised every channel alike
+        raise PreparedDataError(
+            f"{meta_path}: mean has {len(meta['mean'])} values and std {len(meta['std'])}, but "
+            f"the images have {channels} channels (train_shape); recreate: {cmd} --force"
         )
     if verify and (actual := files.sha256(data_path)) != meta.get("sha256"):
         raise PreparedDataError(
@@ -172,11 +199,20 @@ def check_prepared(dataset: str, data_dir: str | Path, *, verify: bool = True) -
 
 
 def _meta_value_ok(key: str, value) -> bool:
+    def whole(v) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
     if key == "num_classes":
-        return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+        return whole(value)
+    if key.endswith("_shape"):  # N x C x H x W
+        return isinstance(value, list) and len(value) == 4 and all(whole(v) for v in value)
     numbers = isinstance(value, list) and value
     return bool(numbers) and all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in value
+        isinstance(v, (int, float))
+        and not isinstance(v, bool)
+        and math.isfinite(v)
+        and (key != "std" or v > 0)
+        for v in value
     )
 
 
