@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gzip
 import hashlib
@@ -26,9 +27,12 @@ import torch.nn.functional as F
 from torchvision.datasets.utils import extract_archive
 
 from scalestudy import cli
-from scalestudy.errors import ChecksumError, DownloadError, PreparedDataError
+from scalestudy.errors import ChecksumError, DownloadError, PreparedDataError, TrainConfigError
+from scalestudy.trainer import dist as sdist
 from scalestudy.trainer import loaders, prepare_data
+from scalestudy.trainer.config import TrainConfig
 from scalestudy.trainer.models import build_model
+from scalestudy.trainer.train import preflight
 
 # ------------------------------------------------------------------------------------------------
 # epoch_batches / eval_indices
@@ -511,6 +515,28 @@ def test_cli_rejects_synthetic_flags_for_real_data(tmp_path: Path, capsys) -> No
     argv = ["prepare-data", "--dataset", "cifar10", "--data-dir", str(tmp_path), "--num-train", "9"]
     rc = cli.main(argv)
     assert rc == 1 and "synthetic" in capsys.readouterr().err
+
+
+def test_fewer_training_images_than_ranks_is_refused_before_the_rendezvous(tmp_path: Path) -> None:
+    """--limit-train 1 on 2 ranks was a ValueError traceback on every rank once the loaders
+    were built (epoch_batches needs a sample per rank); now one TrainConfigError, before any
+    process group, that names the flag, the world size and the fix."""
+    data_dir = tmp_path / "data"
+    prepare_data.prepare("synthetic", data_dir, num_train=50, num_test=20, seed=0)
+    denv = sdist.DistEnv("torchrun", 0, 2, 0, 2, 0, 1, "localhost", 29500)
+    cfg = TrainConfig(dataset="synthetic", data_dir=str(data_dir), out=str(tmp_path / "out"))
+    with pytest.raises(TrainConfigError) as e:
+        preflight(dataclasses.replace(cfg, limit_train=1), denv)
+    assert str(e.value) == (
+        "--limit-train 1 leaves fewer training images than the 2 ranks, each of which needs "
+        "one: give --limit-train 2 or more (0 = all 50)"
+    )
+    preflight(dataclasses.replace(cfg, limit_train=2), denv)
+    # a prepared set smaller than the world: --limit-train is not what to change
+    prepare_data.prepare("synthetic", data_dir, num_train=1, num_test=20, seed=0)
+    for limit in (0, 5):
+        with pytest.raises(TrainConfigError, match="has 1 training images, fewer than the 2 r"):
+            preflight(dataclasses.replace(cfg, limit_train=limit), denv)
 
 
 # ------------------------------------------------------------------------------------------------

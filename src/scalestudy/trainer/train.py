@@ -287,8 +287,8 @@ def preflight(cfg: TrainConfig, denv: sdist.DistEnv) -> None:
     """The checks that need no process group, made by every rank before the rendezvous: the
     batch split over this world size and --diag-slow-rank's rank (TrainConfigError), the output
     and checkpoint directories (a run that cannot write them would lose its training at the
-    first write), and the prepared data's presence (PreparedDataError; its sha256 is checked
-    when it is loaded)."""
+    first write), the prepared data's presence (PreparedDataError; its sha256 is checked
+    when it is loaded) and a training image for every rank (TrainConfigError)."""
     cfg.batches(denv.world_size)
     slow = cfg.slow_rank()
     if slow is not None and slow[0] >= denv.world_size:
@@ -297,7 +297,22 @@ def preflight(cfg: TrainConfig, denv: sdist.DistEnv) -> None:
             f"size {denv.world_size} (ranks 0-{denv.world_size - 1})"
         )
     check_output_dirs(cfg)
-    loaders.check_prepared(cfg.dataset, cfg.data_dir, verify=False)
+    meta = loaders.check_prepared(cfg.dataset, cfg.data_dir, verify=False)
+    # every rank takes a sample of each step (loaders.epoch_batches): fewer images than ranks
+    # was a ValueError traceback on every rank once the loaders were built
+    available = meta["train_shape"][0]
+    if min(cfg.limit_train or available, available) < denv.world_size:
+        if cfg.limit_train and cfg.limit_train < available:
+            raise TrainConfigError(
+                f"--limit-train {cfg.limit_train} leaves fewer training images than the "
+                f"{denv.world_size} ranks, each of which needs one: give --limit-train "
+                f"{denv.world_size} or more (0 = all {available})"
+            )
+        raise TrainConfigError(
+            f"{cfg.dataset} in --data-dir {cfg.data_dir} has {available} training images, fewer "
+            f"than the {denv.world_size} ranks, each of which needs one: prepare more "
+            "(prepare-data --num-train) or run fewer ranks"
+        )
 
 
 def check_output_dirs(cfg: TrainConfig) -> None:
