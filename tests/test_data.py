@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import functools
 import gzip
 import hashlib
@@ -799,6 +800,24 @@ def test_a_full_disk_is_one_line_and_leaves_no_partial_file(tiny_fs, capsys) -> 
     assert f"cannot write {tiny_fs / 'synthetic' / 'data.pt'}: no space left" in err[0], err
     assert "--data-dir" in err[0]
     assert sorted(p.name for p in (tiny_fs / "synthetic").iterdir()) == []  # no temp file
+
+
+def test_a_failed_write_leaves_the_old_preparation_usable(tmp_path: Path, monkeypatch) -> None:
+    """prepare-data removed meta.json before writing the new data.pt: when that write failed
+    (a full disk), the old, intact preparation was gone with it ("not prepared")."""
+    out = prepare_data.prepare("synthetic", tmp_path, num_train=50, num_test=20, seed=0)
+    real = prepare_data.atomic_open
+
+    def full_disk(path, *args, **kwargs):
+        if Path(path).name == "data.pt":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(prepare_data, "atomic_open", full_disk)
+    with pytest.raises(PreparedDataError, match="cannot write .*data.pt: .*No space left"):
+        prepare_data.prepare("synthetic", tmp_path, num_train=60, num_test=20, seed=1)
+    assert loaders.load_prepared("synthetic", tmp_path).meta["seed"] == 0  # the old set, whole
+    assert json.loads((out / "meta.json").read_text())["num_train"] == 50
 
 
 def test_a_file_mirror_and_a_mirror_that_is_no_url(tmp_path: Path, capsys) -> None:

@@ -354,10 +354,6 @@ def prepare(
         tensors, classes = convert_mnist(raw_dir)
         source = " ".join(sorted(used))
 
-    # meta.json marks completion: drop it before replacing data.pt (only now, so a failed
-    # download leaves an existing preparation usable)
-    meta_path.unlink(missing_ok=True)
-
     def unwritten(e: BaseException) -> PreparedDataError:
         return PreparedDataError(
             f"cannot write {data_path}: {files.write_failure(e, out_dir)}; free space there or "
@@ -372,6 +368,10 @@ def prepare(
                 raise unwritten(e) from e  # judged while the partial file still fills it
     except OSError as e:
         raise unwritten(e) from e
+    # meta.json marks completion: drop the old one only now that the new data.pt is in place
+    # (atomic_open replaced it), so a failed download or write (a full disk) leaves an existing
+    # preparation usable; until the new meta.json is written, the pair is incomplete
+    meta_path.unlink(missing_ok=True)
     mean, std = _channel_stats(tensors["train_x"])
     meta = {
         "format_version": FORMAT_VERSION,
