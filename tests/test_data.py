@@ -106,6 +106,31 @@ def test_dataloader_drops_the_ragged_training_batch() -> None:
     assert sum(len(b[1]) for b in evaluation) == 505  # evaluation keeps every sample
 
 
+@pytest.mark.parametrize(("n", "ws", "lb"), [(1023, 4, 128), (15, 4, 2), (7, 4, 4)])
+def test_dataloader_takes_the_device_loaders_steps_without_repeats(n, ws, lb) -> None:
+    """DistributedSampler's padding (drop_last=False) repeated samples for training: 1023
+    images on 4 ranks of 128 were padded to 1024, two steps with sample 824 twice, where the
+    device loader takes one step of 512 (train.py's floor(n / global_batch) x global_batch)."""
+    x = torch.zeros(n, 3, 4, 4, dtype=torch.uint8)
+    y = torch.arange(n)  # label = sample id
+    kw = dict(local_batch=lb, world_size=ws, seed=0, mean=[0] * 3, std=[1] * 3, train=True)
+    device = loaders.DeviceLoader(x, y, rank=0, device="cpu", **kw)
+    seen, steps = [], set()
+    for rank in range(ws):
+        loader, sampler = loaders.make_dataloader(
+            x, y, rank=rank, num_workers=0, pin_memory=False, persistent_workers=False,
+            prefetch_factor=None, **kw,
+        )  # fmt: skip
+        sampler.set_epoch(0)
+        batches = list(loader)
+        steps.add(len(batches))
+        seen += [i for _, yb in batches for i in yb.tolist()]
+    assert steps == {device.steps_per_epoch}
+    assert len(seen) == len(set(seen)), "a sample twice in one epoch"
+    if n >= lb * ws:  # full steps: the very images per epoch of the device loader
+        assert len(seen) == n // (lb * ws) * lb * ws
+
+
 def test_epoch_batches_order_depends_on_seed_and_epoch_only() -> None:
     a = loaders.epoch_batches(500, 50, 2, 1, seed=7, epoch=4)
     b = loaders.epoch_batches(500, 50, 2, 1, seed=7, epoch=4)
@@ -353,7 +378,7 @@ def test_make_dataloader() -> None:
     )
     sampler.set_epoch(0)
     batches = list(loader)
-    assert len(sampler) == 11  # ceil(21 / 2): DistributedSampler pads by repeating a sample
+    assert len(sampler) == 10  # 21 // 2: training leaves a sample out rather than repeat one
     assert [len(b[1]) for b in batches] == [4, 4]  # the ragged third batch (3) is dropped
     assert batches[0][0].dtype == torch.float32 and batches[0][0].shape[1:] == (3, 32, 32)
     loader, _ = loaders.make_dataloader(

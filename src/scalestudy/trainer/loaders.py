@@ -481,11 +481,14 @@ def make_dataloader(
 ) -> tuple[DataLoader, DistributedSampler]:
     """DataLoader + DistributedSampler with per-sample torchvision.transforms.v2 (CPU workers).
 
-    Differences from DeviceLoader, by design of DistributedSampler: with drop_last=False it PADS
-    the epoch by repeating samples until n divides by world_size (eval then counts up to
-    world_size-1 test samples twice), and it shuffles with its own (seed + epoch) order. Call
-    sampler.set_epoch(epoch) every epoch. For training the ragged last batch is dropped (as in
-    epoch_batches: one input shape for every step) unless it would be the only batch.
+    Differences from DeviceLoader, by design of DistributedSampler: it shuffles with its own
+    (seed + epoch) order, and for evaluation (drop_last=False) it PADS the epoch by repeating
+    samples until n divides by world_size (eval then counts up to world_size-1 test samples
+    twice; the trainer evaluates with the DeviceLoader). For training it drops the last
+    n % world_size samples of its order instead (drop_last=True), and the DataLoader the ragged
+    last batch (as in epoch_batches: one input shape for every step) unless it would be the only
+    batch: each sample at most once per epoch, and floor(n / (local_batch x world_size)) steps
+    as the device loader takes. Call sampler.set_epoch(epoch) every epoch.
     Augmentation randomness comes from the worker seeds, which derive from the loader's
     generator seeded from (seed, rank); with num_workers=0 it uses the global torch RNG instead,
     seeded per rank by seed_rank_draws. persistent_workers/prefetch_factor are passed only when
@@ -499,8 +502,10 @@ def make_dataloader(
         [*steps, v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(mean), list(std))]
     )
     dataset = _TensorImages(x_u8, y, transform)
+    # training pads nothing: a repeated sample was trained on twice in an epoch, and 1023
+    # images on 4 ranks of 128 padded to 1024, two steps where the device loader takes one
     sampler = DistributedSampler(
-        dataset, num_replicas=world_size, rank=rank, shuffle=train, seed=seed, drop_last=False
+        dataset, num_replicas=world_size, rank=rank, shuffle=train, seed=seed, drop_last=train
     )
     drop_tail = train and len(sampler) >= local_batch
     extra: dict[str, Any] = {}
