@@ -710,6 +710,24 @@ def test_no_network_is_a_clear_error(tmp_path: Path) -> None:
     assert os.listdir(tmp_path / "cifar10") in (["raw"], [])
 
 
+def test_mnist_mirrors_that_all_fail_are_one_line(tmp_path: Path, monkeypatch, capsys) -> None:
+    """Each mirror's error was joined with a newline, the advice repeated after each: one line
+    now, each mirror named, the advice once."""
+    ports = []
+    for _ in range(2):  # stand-ins for the official mirrors: loopback ports nobody listens on
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            ports.append(sock.getsockname()[1])
+    monkeypatch.setattr(
+        prepare_data, "MNIST_MIRRORS", tuple(f"http://127.0.0.1:{p}/" for p in ports)
+    )
+    assert cli.main(["prepare-data", "--dataset", "mnist", "--data-dir", str(tmp_path)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert all(f"http://127.0.0.1:{p}/train-images-idx3-ubyte.gz" in err[0] for p in ports)
+    assert err[0].count("Without internet") == 1 and err[0].endswith("or pass --mirror URL.")
+
+
 def test_a_meta_json_that_is_no_object_is_refused_and_prepared_again(tmp_path: Path) -> None:
     """meta.json holding a list (valid JSON, not prepare-data's object): the trainer names it
     and the fix instead of an AttributeError, and prepare-data makes the set again."""

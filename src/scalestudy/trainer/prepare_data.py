@@ -79,11 +79,13 @@ def _download(base_url: str, filename: str, md5: str, raw_dir: Path) -> Path:
             ) from e
         raise DownloadError(f"downloading {url} to {path} failed: {e}") from e
     except (urllib.error.URLError, OSError) as e:
-        raise DownloadError(
-            f"could not download {url} to {path}: {e}. Without internet, place the file there "
-            f"yourself (md5 {md5}) or pass --mirror URL."
-        ) from e
+        raise DownloadError(f"could not download {url} to {path}: {e}. {_offline(md5)}") from e
     return path
+
+
+def _offline(md5: str) -> str:
+    """The advice that ends a failed download's message (once, however many mirrors failed)."""
+    return f"Without internet, place the file there yourself (md5 {md5}) or pass --mirror URL."
 
 
 def _copy_local(url: str, path: Path, md5: str) -> Path:
@@ -106,7 +108,8 @@ def _copy_local(url: str, path: Path, md5: str) -> Path:
 
 
 def _download_any(mirrors: Sequence[str], filename: str, md5: str, raw_dir: Path) -> str:
-    """Try each mirror in turn; returns the one that worked."""
+    """Try each mirror in turn; returns the one that worked. When none does, one line (an
+    expected error is one line) with each mirror's failure, then the advice once."""
     errors: list[DownloadError] = []
     for mirror in mirrors:
         try:
@@ -114,8 +117,13 @@ def _download_any(mirrors: Sequence[str], filename: str, md5: str, raw_dir: Path
             return mirror
         except DownloadError as e:
             errors.append(e)
+    if len(errors) == 1:
+        raise errors[0]
     kind = ChecksumError if any(isinstance(e, ChecksumError) for e in errors) else DownloadError
-    raise kind("\n".join(str(e) for e in errors))
+    advice = f". {_offline(md5)}"
+    failures = "; ".join(str(e).removesuffix(advice) for e in errors)
+    tail = advice if any(str(e).endswith(advice) for e in errors) else ""
+    raise kind(f"every mirror failed: {failures}{tail}") from errors[-1]
 
 
 def _unpickle(path: Path) -> dict:
