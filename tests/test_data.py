@@ -543,6 +543,18 @@ def test_cli_rejects_synthetic_flags_for_real_data(tmp_path: Path, capsys) -> No
     assert rc == 1 and "synthetic" in capsys.readouterr().err
 
 
+def test_cli_rejects_a_mirror_for_synthetic_data(tmp_path: Path, capsys) -> None:
+    """--mirror was silently ignored for --dataset synthetic (--seed for cifar10 is refused)."""
+    argv = ["prepare-data", "--dataset", "synthetic", "--data-dir", str(tmp_path)]
+    argv += ["--num-train", "10", "--num-test", "10", "--mirror", "https://example.org/"]
+    assert cli.main(argv) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "scalestudy prepare-data: error: --mirror applies only to --dataset cifar10 and mnist "
+        "(synthetic is generated, not downloaded)"
+    ]
+    assert not (tmp_path / "synthetic").exists()
+
+
 def test_fewer_training_images_than_ranks_is_refused_before_the_rendezvous(tmp_path: Path) -> None:
     """--limit-train 1 on 2 ranks was a ValueError traceback on every rank once the loaders
     were built (epoch_batches needs a sample per rank); now one TrainConfigError, before any

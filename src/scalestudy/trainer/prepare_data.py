@@ -326,6 +326,11 @@ def prepare(
     out_dir = Path(data_dir) / dataset
     params: dict[str, Any] = {}
     if dataset == "synthetic":
+        if mirror is not None:  # refused like --seed for cifar10, not silently ignored
+            raise ValueError(
+                "--mirror applies only to --dataset cifar10 and mnist (synthetic is generated, "
+                "not downloaded)"
+            )
         given = {"num_train": num_train, "num_test": num_test, "seed": seed}
         params = {k: SYNTHETIC_DEFAULTS[k] if v is None else v for k, v in given.items()}
     elif any(v is not None for v in (num_train, num_test, seed)):
