@@ -7,7 +7,6 @@ own ChildFailedError block is torchrun's and is left out of the assertion.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import socket
@@ -15,7 +14,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import torch
 from conftest import PYTHON
 from workflow_helpers import child_env
 
@@ -126,20 +124,23 @@ def test_debug_shows_the_traceback_of_expected_errors(data_dir, tmp_path):
 
 
 def test_unexpected_error_keeps_traceback_and_names_each_rank(data_dir, tmp_path):
-    """Prepared data whose labels lie outside its classes, with a matching sha256: the checks do
-    not catch it, cross_entropy raises IndexError at the first step: a bug's path."""
-    d = tmp_path / "labels"
-    shutil.copytree(data_dir / "synthetic", d / "synthetic")
-    data = torch.load(d / "synthetic" / "data.pt", weights_only=True)
-    data["train_y"][:] = 99  # synthetic has 10 classes
-    torch.save(data, d / "synthetic" / "data.pt")
-    meta = json.loads((d / "synthetic" / "meta.json").read_text())
-    meta["sha256"] = files.sha256(d / "synthetic" / "data.pt")
-    (d / "synthetic" / "meta.json").write_text(json.dumps(meta))
-    for rank, (rc, err) in enumerate(two_ranks(d, tmp_path / "out")):
+    """A bug's path: an exception no check expects, raised by the loss of the first forward pass
+    (a sitecustomize on PYTHONPATH replaces F.cross_entropy; bad labels, which this test once
+    used, are now an expected error of load_prepared)."""
+    bug = tmp_path / "bug"
+    bug.mkdir()
+    (bug / "sitecustomize.py").write_text(
+        "import torch.nn.functional as F\n\n\n"
+        "class InjectedBug(Exception):\n    pass\n\n\n"
+        "def cross_entropy(*args, **kwargs):\n"
+        "    raise InjectedBug('the loss is broken (tests/test_errors.py)')\n\n\n"
+        "F.cross_entropy = cross_entropy\n"
+    )
+    path = os.pathsep.join(p for p in (str(bug), os.environ.get("PYTHONPATH", "")) if p)
+    for rank, (rc, err) in enumerate(two_ranks(data_dir, tmp_path / "out", PYTHONPATH=path)):
         assert rc == 1, err
-        assert f"[rank {rank}/2 " in err and "training failed: IndexError" in err, err
-        assert "Traceback" in err and "Target 99 is out of bounds" in err, err
+        assert f"[rank {rank}/2 " in err and "training failed: InjectedBug" in err, err
+        assert "Traceback" in err and "the loss is broken" in err, err
 
 
 def test_launch_adds_no_noise_to_an_expected_error(tmp_path):
@@ -233,7 +234,6 @@ def test_optimizer_flags_out_of_range_are_refused_before_training(flag, value, m
 def test_atomic_writes_get_the_mode_of_a_plain_new_file(tmp_path, umask, mode):
     """mkstemp creates 0600 and the rename kept it: on a shared project directory the group
     could read none of the CSVs, reports or prepared data. Now 0666 less the umask."""
-    from scalestudy import files
 
     old = os.umask(umask)
     files.new_file_mode.cache_clear()
