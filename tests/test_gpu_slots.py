@@ -144,6 +144,18 @@ def test_the_lock_directory_is_shared_like_tmp(tmp_path):
     assert (tmp_path / "slots").stat().st_mode & 0o7777 == 0o1777
 
 
+def test_lock_files_are_readable_by_every_user_under_any_umask(tmp_path):
+    """Under umask 077 the lock files were 0600: every other user of the machine got EACCES
+    ("cannot lock GPU slots"), and could not delete them from the sticky directory."""
+    old = os.umask(0o077)
+    try:
+        assert gpu_slots.acquire(1, slot_env(tmp_path, "0")) == ["0"]
+    finally:
+        os.umask(old)
+    for name in ("gpu-0.lock", "allocate.lock"):
+        assert (tmp_path / "slots" / name).stat().st_mode & 0o777 == 0o644, name
+
+
 def test_an_unusable_lock_directory_is_one_line(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")

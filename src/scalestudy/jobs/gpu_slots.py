@@ -71,7 +71,7 @@ def _try_take(directory: Path, gpus: list[str], n: int) -> list[tuple[str, int]]
     for gpu in gpus:
         # old-style MIG ids (MIG-GPU-<uuid>/<gi>/<ci>) hold slashes
         name = f"gpu-{gpu.replace('/', '_')}.lock"
-        fd = os.open(directory / name, os.O_RDONLY | os.O_CREAT, 0o644)
+        fd = _open_lock(directory / name)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -113,10 +113,20 @@ def shared_dir(directory: Path) -> None:
             directory.chmod(0o1777)
 
 
+def _open_lock(path: Path) -> int:
+    """A lock file opened read-only, made readable by every user whatever the umask: under
+    umask 077 it was 0600, and every other user got EACCES ("cannot lock GPU slots") for good,
+    since the sticky directory keeps them from deleting it."""
+    fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)
+    with contextlib.suppress(PermissionError):  # only its owner may; another user's is theirs
+        os.fchmod(fd, 0o644)
+    return fd
+
+
 def _wait_for(directory: Path, gpus: list[str], n: int, poll_s: float) -> list[str]:
     waited = False
     while True:
-        guard = os.open(directory / "allocate.lock", os.O_RDONLY | os.O_CREAT, 0o644)
+        guard = _open_lock(directory / "allocate.lock")
         try:
             fcntl.flock(guard, fcntl.LOCK_EX)
             taken = _try_take(directory, gpus, n)
