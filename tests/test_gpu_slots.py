@@ -57,6 +57,32 @@ def test_visible_gpus_are_cuda_visible_devices_entries():
     assert gpu_slots.visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == []
 
 
+UUID = "GPU-5ad8c3c4-0e5a-4b1e-9f1a-1c2b3d4e5f60"
+MIG = "MIG-5ad8c3c4-0e5a-4b1e-9f1a-1c2b3d4e5f61"
+
+
+@pytest.mark.parametrize(
+    ("value", "gpus"),
+    [
+        ("-1", []),  # the usual "no GPU"
+        ("NoDevFiles", []),
+        ("0,-1,1", ["0"]),  # CUDA stops at the first invalid entry
+        ("1,,2", ["1"]),
+        ("2,x,3", ["2"]),
+        ("0,0", []),  # a repeated device: CUDA shows none
+        ("1,01", []),
+        ("01,2gpu", ["1", "2"]),  # read as strtoul: one GPU, one slot name
+        (f"{UUID},{MIG}", [UUID]),  # the first entry says the kind
+        (f"{UUID},{UUID}", []),
+        (f"{MIG},0", [MIG]),
+    ],
+)
+def test_visible_gpus_are_what_cuda_makes_of_cuda_visible_devices(value, gpus):
+    """Each entry was one GPU: '-1' and 'NoDevFiles' counted one, '0,-1,1' three, and '0,0'
+    two, on which a 2-rank run waited forever for the second slot."""
+    assert gpu_slots.visible_gpus({"CUDA_VISIBLE_DEVICES": value}) == gpus
+
+
 def test_a_run_wider_than_the_machine_is_refused_in_one_line():
     assert gpu_slots.refusal([1, 2, 4], ["0", "1", "2", "3"]) == ""
     line = gpu_slots.refusal([1, 8], ["0", "1"])

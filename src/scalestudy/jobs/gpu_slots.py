@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import time
 from pathlib import Path
 
@@ -42,13 +43,39 @@ def lock_dir(env: dict[str, str]) -> Path:
 
 
 def visible_gpus(env: dict[str, str]) -> list[str]:
-    """The GPU ids ranks may use: CUDA_VISIBLE_DEVICES's entries (indices, GPU-/MIG- UUIDs)
-    when it is set, else 0..N-1 for the N devices torch counts."""
+    """The GPU ids ranks may use: CUDA_VISIBLE_DEVICES's entries as CUDA reads them
+    (cuda_visible) when it is set, else 0..N-1 for the N devices torch counts."""
     if "CUDA_VISIBLE_DEVICES" in env:
-        return [g.strip() for g in env["CUDA_VISIBLE_DEVICES"].split(",") if g.strip()]
+        return cuda_visible(env["CUDA_VISIBLE_DEVICES"])
     import torch  # only for a machine whose GPUs are not listed in the environment
 
     return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def cuda_visible(text: str) -> list[str]:
+    """The devices CUDA shows for CUDA_VISIBLE_DEVICES=text: indices, or GPU-/MIG- UUIDs (the
+    first entry says which), up to the first entry that is not one, and none at all when one
+    is repeated. Each entry taken as written had '-1' and 'NoDevFiles' (no GPU) count as one
+    GPU, '0,-1,1' (GPU 0 only) as three, and '0,0' (none) as two: a run then waited forever
+    for slots, or took a slot of a GPU its ranks cannot see. Indices are read as strtoul does
+    ('01' and '1gpu' are 1), so one GPU is one slot however it is written."""
+    entries = [entry.strip() for entry in text.split(",")]
+    uuids = entries[0][:4] if entries[0][:4] in ("GPU-", "MIG-") else ""
+    ids: list[str] = []
+    for entry in entries:
+        if uuids:
+            if not entry.startswith(uuids):
+                break
+            gpu = entry
+        else:
+            digits = re.match(r"[+-]?\d+", entry)
+            if digits is None or int(digits.group()) < 0:
+                break
+            gpu = str(int(digits.group()))
+        if gpu in ids:
+            return []
+        ids.append(gpu)
+    return ids
 
 
 def refusal(world_sizes: list[int], gpus: list[str]) -> str:
