@@ -196,21 +196,40 @@ def test_cpu_runs_and_slurm_jobs_take_no_slots(tmp_path):
     assert holder.stdout.readline().strip() == "0"
     seen = tmp_path / "env.txt"
     try:
-        for device in ("cpu", None):
+        # --device auto (the default) on a machine without a GPU is a CPU run too
+        for device, visible in (("cpu", "0"), (None, "-1")):
             args = ["--device", device] if device else []
             proc = subprocess.run(
                 [sys.executable, "-m", "scalestudy", "launch", "--rank-prefix"]
                 + [f"sh -c 'env > {seen}' sh", "--", *args, "--epochs", "1"],
-                env=env,
+                env={**env, "CUDA_VISIBLE_DEVICES": visible},
                 capture_output=True,
                 text=True,
                 timeout=30,  # would block (the only GPU is taken) if it asked for a slot
             )
             assert proc.returncode == 0, proc.stderr
-            assert "CUDA_VISIBLE_DEVICES=0" in seen.read_text()  # left as it was
+            assert f"CUDA_VISIBLE_DEVICES={visible}\n" in seen.read_text()  # left as it was
     finally:
         holder.kill()
         holder.wait(timeout=30)
+
+
+@pytest.mark.parametrize("device", [["--dev", "cuda"], ["--device", "auto"], [], ["--device=cuda"]])
+def test_every_spelling_of_a_cuda_run_takes_a_slot(tmp_path, device):
+    """Only `--device cuda` and `--device=cuda` took a slot: the trainer also reads `--dev cuda`
+    (argparse's abbreviations) and trains on the GPU with --device auto, its default, so such
+    runs shared GPUs. The rank records the CUDA_VISIBLE_DEVICES it was given."""
+    seen = tmp_path / "env.txt"
+    proc = subprocess.run(
+        [sys.executable, "-m", "scalestudy", "launch", "--rank-prefix"]
+        + [f"sh -c 'env > {seen}' sh", "--", *device, "--epochs", "1"],
+        env=slot_env(tmp_path, "3,5"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "CUDA_VISIBLE_DEVICES=3\n" in seen.read_text()  # one slot, not both GPUs
 
 
 @pytest.mark.parametrize("action", ["capture", "ncu"])

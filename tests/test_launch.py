@@ -148,7 +148,8 @@ def test_a_container_without_apptainer_on_path_says_so(tmp_path):
     the fix."""
     image = tmp_path / "trainer.sif"
     image.write_bytes(b"an image")
-    proc = _launch("--container", str(image), "--", "--epochs", "1")
+    # --device cpu: a GPU machine refuses --device auto in a container without --gpu first
+    proc = _launch("--container", str(image), "--", "--device", "cpu", "--epochs", "1")
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "apptainer is not on PATH" in lines[-1], proc.stderr
@@ -174,6 +175,32 @@ def test_gpu_and_container_go_together(tmp_path):
     assert argv[:2] == ["apptainer", "exec"] and "--nv" in argv[: argv.index(image)]
     argv = command("--container", image, "--", "--device", "cpu")
     assert "--nv" not in argv and image in argv
+
+
+def test_a_cuda_run_in_a_container_is_found_as_the_trainer_reads_its_flags(tmp_path):
+    """Only `--device cuda` and `--device=cuda` were found: `--dev cuda` (argparse takes an
+    abbreviation) and --device auto on a GPU machine ran without --nv, and `--data-d /scratch/x`
+    was not bound into the image."""
+    parser = argparse.ArgumentParser()
+    launch.add_arguments(parser)
+    image = str(tmp_path / "trainer.sif")
+    (tmp_path / "trainer.sif").write_bytes(b"an image")
+    gpu_machine = {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "0"}
+
+    def command(*argv: str, env=gpu_machine) -> list[str]:
+        return launch.build_command(parser.parse_args(["--container", image, *argv]), env)
+
+    with pytest.raises(LaunchError, match="--device cuda in a container needs --gpu"):
+        command("--", "--dev", "cuda")
+    for auto in (["--device", "auto"], []):
+        with pytest.raises(LaunchError, match="--device auto in a container needs --gpu.*cpu"):
+            command("--", *auto)
+    assert "--nv" not in command("--", env={"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "-1"})
+    scratch = tmp_path / "scratch"
+    (scratch / "data").mkdir(parents=True)
+    argv = command("--gpu", "--", "--dev", "cuda", "--data-d", str(scratch / "data"))
+    bound = [argv[i + 1] for i, a in enumerate(argv[: argv.index(image)]) if a == "--bind"]
+    assert str(scratch / "data") in bound
 
 
 def test_the_trainers_directories_outside_the_working_directory_are_bound_in(tmp_path, monkeypatch):

@@ -36,7 +36,8 @@ from pathlib import Path
 from scalestudy import log
 from scalestudy.errors import LaunchError, TrainConfigError
 from scalestudy.jobs.gpu_slots import acquire as acquire_gpu_slots
-from scalestudy.trainer.config import TrainConfig
+from scalestudy.jobs.gpu_slots import visible_gpus
+from scalestudy.trainer.config import TrainConfig, flag_name
 
 logger = log.get(__name__)
 
@@ -114,11 +115,13 @@ def rank_prefix(text: str | None) -> list[str]:
         raise LaunchError(f"--rank-prefix {text!r}: {exc} (one shell-quoted string)") from None
 
 
-def check_train_args(train_args: list[str]) -> None:
+def check_train_args(train_args: list[str]) -> TrainConfig:
     """The trainer's own flag checks (trainer/config.py) before any rank starts: with several
-    local ranks a bad flag was each rank's one line under torchrun's 40-line failure report."""
+    local ranks a bad flag was each rank's one line under torchrun's 40-line failure report.
+    The flags as the trainer reads them, which is how launch reads them too: its parser also
+    takes `--dev cuda` and `--data-d DIR`, which a look for `--device` missed."""
     try:
-        TrainConfig.from_argv(trainer_flags(train_args))
+        return TrainConfig.from_argv(trainer_flags(train_args))
     except TrainConfigError as exc:  # one line, exit 2
         raise LaunchError(f"the trainer's flags after --: {exc}") from None
 
@@ -139,10 +142,13 @@ def build_command(args: argparse.Namespace, env: dict[str, str]) -> list[str]:
     prefix = rank_prefix(getattr(args, "rank_prefix", None))
     if args.gpu and not args.container:  # it was ignored: the run was not in a container at all
         raise LaunchError("--gpu passes --nv to apptainer: it needs --container IMAGE")
-    if args.container and not args.gpu and train_device(train_args) == "cuda":
-        # each rank then failed at start-up: torch.cuda.is_available() is False without --nv
+    config = check_train_args(args.train_args)  # as the trainer reads them
+    if args.container and not args.gpu and train_device(config, env) == "cuda":
+        # each rank then failed at start-up (torch.cuda.is_available() is False without --nv),
+        # or with --device auto trained on the CPU of a GPU machine
         raise LaunchError(
-            "--device cuda in a container needs --gpu (apptainer --nv: the GPUs inside)"
+            f"--device {config.device} in a container needs --gpu (apptainer --nv: the GPUs "
+            f"inside){'' if config.device == 'cuda' else ', or --device cpu'}"
         )
     python = [*prefix, sys.executable]
     if args.container:
@@ -151,7 +157,7 @@ def build_command(args: argparse.Namespace, env: dict[str, str]) -> list[str]:
 
         binds = [  # host dirs the wrapper needs inside, and the trainer's own
             *getattr(args, "container_binds", ()),
-            *container_path_binds(train_args, Path.cwd()),
+            *container_path_binds(config, Path.cwd()),
         ]
         python = [*exec_prefix(args.container, gpu=args.gpu, binds=binds), *prefix, "python"]
     refuse_array_task(env)
@@ -217,27 +223,20 @@ def build_command(args: argparse.Namespace, env: dict[str, str]) -> list[str]:
     ]
 
 
-def flag_values(train_args: list[str], flag: str) -> list[str]:
-    """Every value given to one of the trainer's flags (`--flag V` or `--flag=V`), in order."""
-    values = []
-    for i, arg in enumerate(train_args):
-        if arg.startswith(f"{flag}="):
-            values.append(arg.split("=", 1)[1])
-        elif arg == flag and i + 1 < len(train_args):
-            values.append(train_args[i + 1])
-    return values
+def train_device(config: TrainConfig, env: dict[str, str]) -> str:
+    """The device the ranks train on: --device, where auto (the default) is cuda when this
+    machine shows a GPU, as the trainer decides it (torch.cuda.is_available())."""
+    if config.device != "auto":
+        return config.device
+    return "cuda" if visible_gpus(env) else "cpu"
 
 
-def train_device(train_args: list[str]) -> str | None:
-    """The value of the trainer's --device flag, if given (the last one: argparse's)."""
-    return (flag_values(train_args, "--device") or [None])[-1]
+# the trainer's directories (TrainConfig fields), which a rank in the container must see at the
+# host's path
+PATH_FLAGS = ("data_dir", "checkpoint_dir", "out")
 
 
-# the trainer's directories, which a rank in the container must see at the host's path
-PATH_FLAGS = ("--data-dir", "--checkpoint-dir", "--out")
-
-
-def container_path_binds(train_args: list[str], cwd: Path) -> list[str]:
+def container_path_binds(config: TrainConfig, cwd: Path) -> list[str]:
     """Host directories to bind into the container at their own path: for each absolute path
     of PATH_FLAGS outside the working directory, its nearest existing directory (the trainer
     makes its checkpoint and output directories). Apptainer binds only $HOME, the working
@@ -245,31 +244,31 @@ def container_path_binds(train_args: list[str], cwd: Path) -> list[str]:
     put data and checkpoints, is inside the image only where the site binds it, and without it
     every rank found no data or could not write its checkpoints."""
     binds: list[str] = []
-    for flag in PATH_FLAGS:
-        for value in flag_values(train_args, flag):
-            path = Path(os.path.normpath(value)) if value else None
-            if path is None or not path.is_absolute() or path.is_relative_to(cwd):
-                continue
-            there = next(p for p in (path, *path.parents) if p.is_dir())
-            if there == Path("/"):
-                raise LaunchError(
-                    f"{flag} {value}: none of its directories exists, so there is nothing to "
-                    "bind into the container: make the directory first (or check the path)"
-                )
-            if ":" in str(there) or "," in str(there):
-                raise LaunchError(
-                    f"{flag} {value}: Apptainer's --bind cannot name {there} (':' and ',' "
-                    "separate its fields): choose a directory without them"
-                )
-            if str(there) not in binds:
-                binds.append(str(there))
+    for name in PATH_FLAGS:
+        flag, value = f"--{flag_name(name)}", getattr(config, name)
+        path = Path(os.path.normpath(value)) if value else None
+        if path is None or not path.is_absolute() or path.is_relative_to(cwd):
+            continue
+        there = next(p for p in (path, *path.parents) if p.is_dir())
+        if there == Path("/"):
+            raise LaunchError(
+                f"{flag} {value}: none of its directories exists, so there is nothing to "
+                "bind into the container: make the directory first (or check the path)"
+            )
+        if ":" in str(there) or "," in str(there):
+            raise LaunchError(
+                f"{flag} {value}: Apptainer's --bind cannot name {there} (':' and ',' "
+                "separate its fields): choose a directory without them"
+            )
+        if str(there) not in binds:
+            binds.append(str(there))
     return binds
 
 
 def run(args: argparse.Namespace) -> int:
     env = dict(os.environ)
-    cmd = build_command(args, env)  # a LaunchError: one line from cli.main, exit 2
-    check_train_args(args.train_args)
+    # a LaunchError (the trainer's flags checked too): one line from cli.main, exit 2
+    cmd = build_command(args, env)
     # intra-op threads per rank = the cores Slurm (or the config) gave it
     env = rank_env(env, args.cpus_per_rank)
     logger.info("+ " + shlex.join(cmd))
@@ -285,10 +284,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def hold_local_gpus(env: dict[str, str], ranks: int, train_args: list[str]) -> None:
-    """Outside Slurm, a CUDA run's ranks get `ranks` GPU slots of this machine, held by this
-    process and what it execs or starts until it ends, and named in env's CUDA_VISIBLE_DEVICES:
-    nothing else keeps two runs off one GPU (jobs/gpu_slots.py). Every command that starts
-    ranks takes them: `launch`, and the profiling jobs, which run beside training jobs (a
-    profile on a timed run's GPU slowed both). A Slurm job's GPUs are Slurm's."""
-    if not env.get("SLURM_JOB_ID") and train_device(train_args) == "cuda":
+    """Outside Slurm, a CUDA run's ranks (train_device: --device auto too, the default, where
+    the machine shows a GPU) get `ranks` GPU slots of this machine, held by this process and
+    what it execs or starts until it ends, and named in env's CUDA_VISIBLE_DEVICES: nothing
+    else keeps two runs off one GPU (jobs/gpu_slots.py). Every command that starts ranks takes
+    them: `launch`, and the profiling jobs, which run beside training jobs (a profile on a
+    timed run's GPU slowed both). A Slurm job's GPUs are Slurm's."""
+    if not env.get("SLURM_JOB_ID") and train_device(check_train_args(train_args), env) == "cuda":
         env["CUDA_VISIBLE_DEVICES"] = ",".join(acquire_gpu_slots(ranks, env))
