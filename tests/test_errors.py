@@ -247,6 +247,29 @@ def test_atomic_writes_get_the_mode_of_a_plain_new_file(tmp_path, umask, mode):
     assert (tmp_path / "a.csv").stat().st_mode & 0o777 == mode == plain.stat().st_mode & 0o777
 
 
+def test_an_atomic_write_names_its_target_and_takes_any_valid_name(tmp_path, monkeypatch):
+    """A failed write named the random temp file ("/sys/.runs.tsv.qsfcp9yw.tmp: Permission
+    denied"), and the temp name's 14 more characters made a valid 247-255 character name
+    "File name too long"."""
+    for length in (241, 255):
+        files.write_text(tmp_path / ("a" * length), "x\n")
+        assert (tmp_path / ("a" * length)).read_text() == "x\n"
+    assert sorted(len(p.name) for p in tmp_path.iterdir()) == [241, 255]  # no temp file left
+
+    real_open = os.open
+
+    def refused(file, *args, **kwargs):  # the kernel's answer in a directory it may not write
+        if str(file).endswith(".tmp"):
+            raise PermissionError(13, "Permission denied", file)
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", refused)
+    with pytest.raises(PermissionError) as info:
+        files.write_text(tmp_path / "runs.tsv", "x\n")
+    assert (info.value.filename, info.value.filename2) == (str(tmp_path / "runs.tsv"), None)
+    assert str(info.value) == f"[Errno 13] Permission denied: '{tmp_path / 'runs.tsv'}'"
+
+
 def test_a_run_rules_log_says_what_went_wrong(tmp_path):
     """The workflow's `run:` rules (matrix, plan, proposal) wrote their log only after success:
     on an error Snakemake pointed at an empty log file."""

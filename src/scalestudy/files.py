@@ -27,6 +27,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
+# bytes of the target's name kept in its temp file's name, which adds 14 characters: a target
+# name near NAME_MAX (255 bytes) was "File name too long" though the target could be written
+TEMP_STEM_BYTES = 200
+
 
 @contextlib.contextmanager
 def atomic_open(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Iterator[IO]:
@@ -35,7 +39,13 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Iter
         raise ValueError(f"atomic_open: mode must be 'w' or 'wb', not {mode!r}")
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    stem = target.name
+    while len(os.fsencode(stem)) > TEMP_STEM_BYTES:
+        stem = stem[:-1]
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{stem}.", suffix=".tmp", dir=target.parent)
+    except OSError as exc:  # it named the random temp file, which the user never heard of
+        raise OSError(exc.errno, exc.strerror, str(target)) from None
     try:
         with os.fdopen(fd, mode, **kwargs) as f:
             yield f
