@@ -247,6 +247,26 @@ def test_atomic_writes_get_the_mode_of_a_plain_new_file(tmp_path, umask, mode):
     assert (tmp_path / "a.csv").stat().st_mode & 0o777 == mode == plain.stat().st_mode & 0o777
 
 
+def test_an_atomic_rewrite_keeps_the_files_mode_and_its_symlink(tmp_path):
+    """A rewrite made a file kept 0600 on purpose 0644 (the umask's), and replaced a symlinked
+    output with a regular file, leaving the file it pointed to as it was."""
+    private = tmp_path / "token.json"
+    private.write_text("old\n")
+    private.chmod(0o600)
+    files.write_text(private, "new\n")
+    assert (private.read_text(), private.stat().st_mode & 0o777) == ("new\n", 0o600)
+
+    (tmp_path / "store").mkdir()
+    real = tmp_path / "store" / "runs.tsv"
+    real.write_text("old\n")
+    link = tmp_path / "runs.tsv"
+    link.symlink_to("store/runs.tsv")  # relative, into another directory
+    files.write_text(link, "new\n")
+    assert link.is_symlink() and os.readlink(link) == "store/runs.tsv"
+    assert real.read_text() == "new\n"
+    assert sorted(p.name for p in (tmp_path / "store").iterdir()) == ["runs.tsv"]  # no temp
+
+
 def test_an_atomic_write_names_its_target_and_takes_any_valid_name(tmp_path, monkeypatch):
     """A failed write named the random temp file ("/sys/.runs.tsv.qsfcp9yw.tmp: Permission
     denied"), and the temp name's 14 more characters made a valid 247-255 character name

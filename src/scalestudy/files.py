@@ -5,6 +5,8 @@ Atomic writes: a reader sees the old file or the complete new one, never a half-
 
 Write to a temporary file in the same directory (same filesystem, so rename is atomic), fsync it,
 rename it over the target, then fsync the directory so the rename itself survives a crash.
+A symlinked target stays a link (the file it points to is replaced), and an existing file keeps
+its mode.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import json
 import math
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -37,22 +40,28 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Iter
     """Open a temp file beside `path`; on success it replaces `path`, on error it is removed."""
     if mode not in ("w", "wb"):
         raise ValueError(f"atomic_open: mode must be 'w' or 'wb', not {mode!r}")
-    target = Path(path)
+    # a rename over a symlink replaced the link with a regular file, and the file it pointed to
+    # kept the old contents: the file is written where the link points
+    target = Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
+    try:  # a rewrite reset a file made 0600 on purpose to the umask's mode
+        keep = stat.S_IMODE(os.stat(target).st_mode)
+    except OSError:  # a new file
+        keep = new_file_mode()
     stem = target.name
     while len(os.fsencode(stem)) > TEMP_STEM_BYTES:
         stem = stem[:-1]
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{stem}.", suffix=".tmp", dir=target.parent)
     except OSError as exc:  # it named the random temp file, which the user never heard of
-        raise OSError(exc.errno, exc.strerror, str(target)) from None
+        raise OSError(exc.errno, exc.strerror, os.fspath(path)) from None
     try:
         with os.fdopen(fd, mode, **kwargs) as f:
             yield f
             f.flush()
             # mkstemp's 0600 would keep the group out; a filesystem without modes keeps its own
             with contextlib.suppress(OSError):
-                os.fchmod(f.fileno(), new_file_mode())
+                os.fchmod(f.fileno(), keep)
             os.fsync(f.fileno())
         os.replace(tmp, target)
     except BaseException:
