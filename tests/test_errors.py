@@ -178,6 +178,37 @@ def test_who_reports_an_expected_error(monkeypatch, rank, local_rank, scope, pri
         log.setup()
 
 
+@pytest.mark.parametrize("buffered", [True, False])
+def test_progress_to_a_closed_pipe_is_dropped_without_a_traceback(buffered):
+    """With stdout piped to a reader that is gone (`| head -0`) every message printed a
+    '--- Logging error ---' traceback on stderr; a warning still reaches stderr, and the
+    interpreter's last flush says nothing either."""
+    env = child_env()
+    if buffered:  # as in a shell's pipe; child_env makes the output unbuffered
+        del env["PYTHONUNBUFFERED"]
+    script = (
+        "from scalestudy import log\n"
+        "logger = log.setup()\n"
+        "for i in range(3):\n"
+        "    logger.info(f'epoch {i}')\n"
+        "logger.warning('still heard')\n"
+    )
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first line
+    try:
+        proc = subprocess.run(
+            [PYTHON, "-c", script],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            env=env,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        os.close(write)
+    assert (proc.returncode, proc.stderr) == (0, "still heard\n"), proc.stderr
+
+
 def test_the_silent_ranks_grace_period_can_be_set(monkeypatch, caplog):
     from scalestudy.trainer import train
 

@@ -40,7 +40,17 @@ class _Console(logging.Handler):
         try:
             stream.write(self.format(record) + "\n")
             stream.flush()
-        except Exception:  # a closed pipe must not end training
+        except BrokenPipeError:
+            # its reader is gone (`| head`): handleError printed a "--- Logging error ---"
+            # traceback for every later message. The stream now writes to /dev/null, as Python's
+            # docs advise (signal, "Note on SIGPIPE"), so its buffer flushes at exit too
+            with contextlib.suppress(OSError, ValueError):  # no descriptor: nothing to point
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                try:
+                    os.dup2(devnull, stream.fileno())
+                finally:
+                    os.close(devnull)
+        except Exception:  # nor may any other failed write end training
             self.handleError(record)
 
 
