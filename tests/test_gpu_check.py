@@ -676,6 +676,62 @@ def test_energy_probe_without_a_gpu_is_one_line(tmp_path):
     ]
 
 
+# the probe on a GPU whose NVML fails: a stand-in pynvml module, and torch's CUDA calls answered
+# on the CPU (the load thread multiplies CPU matrices), then the probe's own main()
+STAND_IN_PROBE = """
+import sys, types, torch
+stand_in_pynvml = types.ModuleType("pynvml")
+class NVMLError(Exception): pass
+class NVMLError_NotSupported(NVMLError): pass
+class NVMLError_NotFound(NVMLError): pass
+def not_found(key): raise NVMLError_NotFound("Not Found")
+def not_supported(handle): raise NVMLError_NotSupported("Not Supported")
+stand_in_pynvml.NVMLError = NVMLError
+stand_in_pynvml.nvmlInit = lambda: None
+stand_in_pynvml.nvmlDeviceGetHandleByUUID = (
+    not_found if sys.argv[1] == "no-device" else lambda key: "handle"
+)
+stand_in_pynvml.nvmlDeviceGetHandleByPciBusId = not_found
+stand_in_pynvml.nvmlDeviceGetPowerUsage = lambda handle: 250_000
+stand_in_pynvml.nvmlDeviceGetTotalEnergyConsumption = not_supported
+sys.modules["pynvml"] = stand_in_pynvml
+torch.cuda.is_available = lambda: True
+torch.cuda.get_device_properties = lambda i: types.SimpleNamespace(
+    uuid="ffff0000", pci_domain_id=0, pci_bus_id=0x3B, pci_device_id=0
+)
+torch.cuda.synchronize = lambda: None
+cpu_randn = torch.randn
+torch.randn = lambda *shape, device=None, dtype=None: cpu_randn(64, 64)
+from scalestudy.jobs import energy_probe
+energy_probe.LOAD_S = 0.0
+sys.argv = ["energy_probe", "--seconds", "0.2"]
+energy_probe.main()
+"""
+
+
+@pytest.mark.parametrize(
+    ("case", "says"),
+    [
+        ("no-counter", "NVML cannot read this GPU's power or total-energy counter (Not Supp"),
+        ("no-device", "no NVML device matches this CUDA device (GPU-ffff0000: Not Found; "),
+    ],
+)
+def test_energy_probe_on_a_gpu_nvml_cannot_read_is_one_line(case, says):
+    """A pre-Volta GPU (no energy counter: NVMLError_NotSupported) or one NVML does not list
+    (nvml_handle's LookupError) was a traceback, and the load thread, never stopped, aborted
+    the interpreter at exit (rc 134, "terminate called without an active exception")."""
+    proc = subprocess.run(
+        [PYTHON, "-c", STAND_IN_PROBE, case],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (proc.returncode, proc.stdout) == (2, ""), proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"energy_probe: {says}"), proc.stderr
+
+
 def test_energy_probe_finds_the_update_period_of_a_counter():
     """A stand-in counter advancing every 0.1 s by 70 J (700 W), polled every 7 ms."""
     readings = [(t * 0.007, 1_000_000 + 70_000 * int(t * 0.007 / 0.1)) for t in range(430)]

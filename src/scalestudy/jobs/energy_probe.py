@@ -71,7 +71,13 @@ def probe(seconds: float) -> dict:
         pynvml.nvmlInit()
     except pynvml.NVMLError as exc:
         raise GpuCheckError(f"NVML cannot start ({exc}): is the NVIDIA driver loaded?") from exc
-    handle = nvml_handle(pynvml, torch.cuda.get_device_properties(0))
+    try:
+        handle = nvml_handle(pynvml, torch.cuda.get_device_properties(0))
+    except LookupError as exc:  # one line, as the other refusals: it was a traceback
+        raise GpuCheckError(
+            f"{exc}: NVML does not show the GPU that CUDA uses here (a container or VM that "
+            "hides it from NVML?)"
+        ) from exc
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     stop = threading.Event()
 
@@ -83,16 +89,24 @@ def probe(seconds: float) -> dict:
 
     worker = threading.Thread(target=load, daemon=True)
     worker.start()
-    # nvmlDeviceGetPowerUsage is the mean over the last second on Ampere (but GA100) and newer
-    # GPUs (NVML's API reference): read after 0.5 s of load it was half idle, 523 W in
-    # gpu-check's runs on an H200 and H100s against the counter's 691-698 W. After LOAD_S it is
-    # power under load.
-    time.sleep(LOAD_S)
-    power = [pynvml.nvmlDeviceGetPowerUsage(handle) / 1e3]
-    readings = poll(lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(handle), seconds)
-    power.append(pynvml.nvmlDeviceGetPowerUsage(handle) / 1e3)
-    stop.set()
-    worker.join()
+    try:
+        # nvmlDeviceGetPowerUsage is the mean over the last second on Ampere (but GA100) and
+        # newer GPUs (NVML's API reference): read after 0.5 s of load it was half idle, 523 W in
+        # gpu-check's runs on an H200 and H100s against the counter's 691-698 W. After LOAD_S it
+        # is power under load.
+        time.sleep(LOAD_S)
+        power = [pynvml.nvmlDeviceGetPowerUsage(handle) / 1e3]
+        readings = poll(lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(handle), seconds)
+        power.append(pynvml.nvmlDeviceGetPowerUsage(handle) / 1e3)
+    except pynvml.NVMLError as exc:  # NotSupported: a traceback, then an abort (rc 134)
+        raise GpuCheckError(
+            f"NVML cannot read this GPU's power or total-energy counter ({exc}): pre-Volta GPUs "
+            "and some vGPUs have no counter, and energy_j is then not measured"
+        ) from exc
+    finally:
+        # the load thread still running CUDA work when the interpreter exits aborts it
+        stop.set()
+        worker.join()
     return {**updates(readings), "power_w_nvml": statistics.fmean(power), "seconds": seconds}
 
 
