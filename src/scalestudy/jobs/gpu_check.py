@@ -87,7 +87,7 @@ import scalestudy
 from scalestudy import files, log, vocab
 from scalestudy.errors import GpuCheckError, ProfileFormatError
 from scalestudy.jobs import gpu_check_report as report
-from scalestudy.jobs import inventory, launch, profile
+from scalestudy.jobs import gpu_slots, inventory, launch, profile
 from scalestudy.jobs.gpu_check_report import Check, RunResult
 from scalestudy.nsight import ncu as ncu_parser
 from scalestudy.nsight import schema, torch_ops
@@ -773,14 +773,6 @@ def child_env(gpu: str) -> dict[str, str]:
     return env
 
 
-def visible_gpus() -> list[str]:
-    """CUDA_VISIBLE_DEVICES entries (indices, UUIDs or MIG ids), else 0..count-1."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        return [e.strip() for e in visible.split(",") if e.strip()]
-    return [str(i) for i in range(torch.cuda.device_count())]
-
-
 def versions(ctx: Context) -> dict:
     """The device and the software stack; the full inventory goes to work/inventory.json."""
     inv = inventory.collect()
@@ -956,7 +948,7 @@ def run(args: argparse.Namespace) -> int:
     t0, started_at = time.monotonic(), datetime.datetime.now(datetime.UTC)
     out = Path(args.out)
     work = prepare_out(out)
-    gpus = visible_gpus()
+    gpus = gpu_slots.visible_gpus(dict(os.environ))  # as CUDA reads CUDA_VISIBLE_DEVICES
     ctx = Context(
         work=work,
         fixtures=out / "fixtures",
