@@ -129,10 +129,18 @@ def test_a_run_wider_than_a_node_is_refused_where_no_slurm_allocation_can_start_
     }
     refusal = resources.multi_node_refusal(runs, True, {})
     assert refusal.startswith("1 run(s) need more than one node (e.g. w4_lb16: world size 4 on 2 ")
-    assert "--executor slurm" in refusal and "\n" not in refusal
+    assert "--profile profiles/slurm" in refusal and "\n" not in refusal
     assert resources.multi_node_refusal(runs, False, {}) is None  # submitted to Slurm
     assert resources.multi_node_refusal(runs, True, {"SLURM_JOB_ID": "7"}) is None  # in salloc
     assert resources.multi_node_refusal({"w2_lb32": runs["w2_lb32"]}, True, {}) is None
+
+
+def test_the_machine_checks_apply_to_targets_that_may_launch_a_run():
+    assert resources.targets_launch(None) and resources.targets_launch([])  # `all`
+    assert not resources.targets_launch(["plan"])
+    assert not resources.targets_launch(["./reports/plan.md", "results/plan.csv", "matrix"])
+    assert resources.targets_launch(["plan", "reports/study.md"])
+    assert resources.targets_launch(["results/runs/w1_lb32_fp32_ddp_bk25_r0/metrics.json"])
 
 
 def test_a_gpu_type_is_asked_for_as_typed_gres_on_every_node():

@@ -274,8 +274,11 @@ def test_gpu_study_on_a_machine_without_cuda_stops_at_once(tmp_path):
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
-    assert "config/demo.yaml" in out and "--executor slurm" in out
+    assert "config/demo.yaml" in out and "--profile profiles/slurm" in out
     assert not (work / "results" / "runs").exists()  # no job ran
+    # ... but the node-hour plan for the proposal needs no GPU: it was refused the same way
+    proc = snakemake(work, "--cores", "1", "plan", "--config", "dataset=synthetic", timeout=300)
+    assert (work / "reports" / "plan.md").is_file() and not (work / "results" / "runs").exists()
     shutil.rmtree(work)
 
 
@@ -291,7 +294,7 @@ def test_a_multi_node_study_run_locally_outside_slurm_stops_at_once(tmp_path, mo
                      stand_ins=True, timeout=300)  # fmt: skip
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
-    assert "need more than one node (e.g. w4_" in out and "--executor slurm" in out, out[-2000:]
+    assert "need more than one node (e.g. w4_" in out and "profiles/slurm" in out, out[-2000:]
     assert not (work / "results" / "runs").exists()  # no job ran
     shutil.rmtree(work)
 

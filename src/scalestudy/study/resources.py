@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -53,6 +54,24 @@ LOCAL_RULES = (
 
 # Rules that start the ranks of one run with `scalestudy launch` (one Slurm request each)
 LAUNCH_RULES = ("train", "profile_capture", "profile_ncu")
+# Targets that need no launch rule, by rule name or output: `snakemake plan` on a login node or a
+# laptop, for an allocation proposal, asks nothing of the machine's GPUs or nodes
+NO_LAUNCH_TARGETS = (
+    "plan",
+    "reports/plan.md",
+    "results/plan.csv",
+    "matrix",
+    "results/matrix/runs.tsv",
+)
+
+
+def targets_launch(targets) -> bool:
+    """Whether the targets given to snakemake (none: the `all` rule) may start a launch rule's
+    job: the onstart checks of this machine (CUDA, GPUs, nodes) apply only then; they refused
+    `snakemake plan` of the GPU study on a machine without CUDA."""
+    given = {os.path.normpath(str(t)) for t in targets or ()}
+    return not given or not given <= set(NO_LAUNCH_TARGETS)
+
 
 PACKAGE = Path("src") / "scalestudy"
 # what a training job runs: the trainer package and the launcher that starts its ranks
@@ -325,8 +344,8 @@ def multi_node_refusal(runs: dict[str, dict], local_exec: bool, env) -> str | No
         f"{len(wide)} run(s) need more than one node (e.g. {run}: world size "
         f"{row['world_size']} on {row['nodes']} nodes of hardware.gpus_per_node "
         f"{row['ranks_per_node']}), and this local run has no Slurm allocation to reach them: "
-        "submit with `snakemake --executor slurm`, run inside `salloc`, or keep every world size "
-        "within one node"
+        "submit with `snakemake --profile profiles/slurm`, run inside `salloc`, or keep every "
+        "world size within one node"
     )
 
 
