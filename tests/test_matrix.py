@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -75,6 +76,11 @@ def test_run_id_format(full):
     row = rows["w8_lb128_bf16_ddp_bk25_r0"]
     assert (row["world_size"], row["local_batch"], row["bucket_cap_mb"]) == (8, 128, 25)
     assert runs.run_id(2, 64, "fp16", "ddp", 2.5, 1) == "w2_lb64_fp16_ddp_bk2.5_r1"
+    # the workflow's {run} wildcard: every id the table makes, and no other name
+    for run in [*rows, runs.run_id(2, 64, "fp16", "allreduce", 0.25, 1)]:
+        assert re.fullmatch(runs.RUN_ID_PATTERN, run), run
+    for name in ("bogus", "w2_lb64_fp64_ddp_bk25_r0", "w2_lb64_fp16_ddp_bk1e+06_r0", "w2_lb64"):
+        assert not re.fullmatch(runs.RUN_ID_PATTERN, name), name
 
 
 def test_dedup_across_families(full):

@@ -72,8 +72,9 @@ ANALYSIS_TABLES = (
 
 
 wildcard_constraints:
-    run=r"[A-Za-z0-9_.\-]+",
+    run=matrix.RUN_ID_PATTERN,
     dataset="|".join(vocab.DATASETS),
+    figure="|".join(vocab.FIGURES),
 
 
 # the same rules as scalestudy.study.resources.LOCAL_RULES (tests/test_resources.py checks)

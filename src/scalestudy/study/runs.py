@@ -118,6 +118,14 @@ _OPTIONAL_COLUMNS = frozenset({"target_acc"})  # empty cell = null
 _SWITCH = {"auto": "auto", True: "on", False: "off", "step": "step"}
 
 
+# every id run_id makes, and nothing else: the workflow's {run} wildcard, so a mistyped target
+# (results/runs/bogus/metrics.json) has no rule to make it instead of a KeyError traceback
+RUN_ID_PATTERN = (
+    rf"w\d+_lb\d+_(?:{'|'.join(vocab.PRECISIONS)})_(?:{'|'.join(vocab.STRATEGIES)})"
+    r"_bk\d+(?:\.\d+)?_r\d+"
+)
+
+
 def run_id(
     world_size: int, local_batch: int, precision: str, strategy: str, bucket_cap_mb, repeat: int
 ) -> str:
