@@ -55,8 +55,12 @@ def test_readme_demo_on_slurm_spans_two_nodes(slurm_cluster, tiny_study, tmp_pat
     cluster = slurm_cluster(2)
     work = copy_repo(tmp_path / "wf")
     _, args = readme_commands()
+    # a --config value reaches each job as the user wrote it: inside sbatch's --wrap="..." the
+    # submitting shell ran its $(...) and `...` (profiles: slurm-pass-command-as-script)
+    args += ["study=demo $(touch injected-dollar) `touch injected-backtick`"]
     proc = snakemake(work, *args, timeout=1500, extra_env={"SLURM_CONF": cluster.env["SLURM_CONF"]})
     assert "slurm" in proc.stdout + proc.stderr
+    assert not list(work.glob("injected-*")) and not list(Path.cwd().glob("injected-*"))
 
     demo = yaml.safe_load((work / "config/demo.yaml").read_text())
     runs = read_csv(work / "results/csv/runs.csv")
