@@ -134,6 +134,12 @@ def test_checkpoint_settings_are_not_experiment_identity():
     assert base.config_hash() != TrainConfig(lr=0.1).config_hash()
 
 
+def test_the_process_group_timeout_is_not_experiment_identity():
+    """--pg-timeout-s is how a run survives a hung rank, not what it measures: a rerun with a
+    longer timeout started afresh and deleted the checkpoints it should have resumed."""
+    assert TrainConfig().config_hash() == TrainConfig(pg_timeout_s=1200).config_hash()
+
+
 @pytest.mark.parametrize(
     "argv",
     [

@@ -28,12 +28,14 @@ from scalestudy.errors import TrainConfigError
 CHECKPOINT_DEFAULTS = {"checkpoint_every": 1, "checkpoint_keep": 2, "checkpoint_async": True}
 LR_REFERENCE_BATCH = 512  # images; `lr` is quoted for this global batch
 SEED_MAX = 2**63 - 1  # torch.manual_seed takes a signed 64-bit integer
-# fields that do not define the experiment: where files go, how the run survives failures, what
-# it shows while it runs
+# fields that do not define the experiment: where files go, how the run survives failures (the
+# checkpoints, the process-group timeout: raising it for a rerun must not discard the rerun's
+# checkpoints), what it shows while it runs
 NOT_IDENTITY = (
     "out",
     "tensorboard",
     "data_dir",
+    "pg_timeout_s",
     "checkpoint_dir",
     "checkpoint_every",
     "checkpoint_keep",
