@@ -134,6 +134,16 @@ def test_checkpoint_settings_are_not_experiment_identity():
     assert base.config_hash() != TrainConfig(lr=0.1).config_hash()
 
 
+def test_an_ignored_local_batch_is_not_experiment_identity():
+    """With --global-batch the local batch is derived from it and --local-batch ignored: the
+    same training had a hash per --local-batch value, and its resume was refused."""
+    a = TrainConfig(global_batch=512, local_batch=256)
+    assert a.batches(1) == TrainConfig(global_batch=512, local_batch=64).batches(1)
+    assert a.config_hash() == TrainConfig(global_batch=512, local_batch=64).config_hash()
+    # without --global-batch it is the experiment's batch
+    assert TrainConfig(local_batch=256).config_hash() != TrainConfig(local_batch=64).config_hash()
+
+
 def test_the_process_group_timeout_is_not_experiment_identity():
     """--pg-timeout-s is how a run survives a hung rank, not what it measures: a rerun with a
     longer timeout started afresh and deleted the checkpoints it should have resumed."""

@@ -327,6 +327,9 @@ class TrainConfig:
         d = dataclasses.asdict(self)
         for key in NOT_IDENTITY:
             d.pop(key)
+        # --global-batch makes --local-batch ignored (batches): hashed, it gave one run two hashes
+        if self.global_batch:
+            d.pop("local_batch")
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
     @classmethod
