@@ -12,7 +12,9 @@ import pytest
 from conftest import PYTHON, SMALL, child_env, read_epochs, read_metrics, train
 
 from scalestudy import vocab
+from scalestudy.errors import TrainConfigError
 from scalestudy.results import collect
+from scalestudy.trainer.config import TrainConfig
 from scalestudy.trainer.models import training_flops_per_image
 
 
@@ -340,6 +342,43 @@ def test_bad_input_fails_clearly(data_dir, tmp_path, flags, message):
     assert not (tmp_path / "metrics.json").exists()
     if "--device" in flags or "--backend" in flags:  # refused before training: one line
         assert "Traceback" not in proc.stderr and not (tmp_path / "epochs.csv").exists()
+
+
+PG_TIMEOUT = "--pg-timeout-s must be in [1, 604800] s (a week), got"
+BUCKET = "--bucket-cap-mb must be in [0.001, 1000000] MiB (1 KiB to 1 TiB), got"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--pg-timeout-s", "1e13"], f"{PG_TIMEOUT} 10000000000000.0"),
+        (["--pg-timeout-s", "1e14"], f"{PG_TIMEOUT} 100000000000000.0"),
+        (["--pg-timeout-s", "0.0004"], f"{PG_TIMEOUT} 0.0004"),
+        (["--pg-timeout-s", "604800"], None),  # None: accepted (the bounds themselves)
+        (["--pg-timeout-s", "1"], None),
+        (["--bucket-cap-mb", "1e30"], f"{BUCKET} 1e+30"),
+        (["--bucket-cap-mb", "0.0001"], f"{BUCKET} 0.0001"),
+        (["--bucket-cap-mb", "1000000"], None),
+        (["--diag-slow-rank", "0:inf"],
+         "--diag-slow-rank must be R:MS with a rank R >= 0 and 0 < MS <= 3600000 milliseconds "
+         "(an hour), got '0:inf'"),
+        (["--diag-slow-rank", "0:3600000"], None),
+        (["--diag-data-delay-ms", "1e300"],
+         "--diag-data-delay-ms must be in [0, 3600000] ms (an hour), got 1e+300"),
+        (["--diag-data-delay-ms", "3600000"], None),
+    ],
+)  # fmt: skip
+def test_numbers_past_their_bounds_are_refused_in_one_line(argv, message):
+    """Each was accepted and failed later: gloo's "Invalid timeout", a timedelta overflow or a
+    rendezvous timed out at once (--pg-timeout-s), DDP's TypeError (--bucket-cap-mb),
+    time.sleep's OverflowError in the first step (the diagnostic delays). The study schema's
+    bounds (config.schema.yaml) hold for the bare command line too."""
+    if message is None:
+        TrainConfig.from_argv(argv)
+        return
+    with pytest.raises(TrainConfigError) as info:
+        TrainConfig.from_argv(argv)
+    assert str(info.value) == message
 
 
 def test_unknown_choice_lists_the_choices(tmp_path):

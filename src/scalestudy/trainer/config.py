@@ -28,6 +28,15 @@ from scalestudy.errors import TrainConfigError
 CHECKPOINT_DEFAULTS = {"checkpoint_every": 1, "checkpoint_keep": 2, "checkpoint_async": True}
 LR_REFERENCE_BATCH = 512  # images; `lr` is quoted for this global batch
 SEED_MAX = 2**63 - 1  # torch.manual_seed takes a signed 64-bit integer
+# the study schema's bounds (workflow/schemas/config.schema.yaml), so a flag past them is one
+# line naming it, not a cryptic failure at the rendezvous or a traceback in DDP: gloo refused
+# --pg-timeout-s 1e13 ("Invalid timeout"), timedelta overflowed at 1e14, 0.0004 s timed out the
+# rendezvous itself; DDP's Reducer refused --bucket-cap-mb 1e30 (TypeError)
+PG_TIMEOUT_S = (1, 604_800)  # a week
+BUCKET_CAP_MB = (0.001, 1_000_000)  # 1 KiB to 1 TiB
+# a diagnostic sleep per micro-batch: an hour is past any use; inf or 1e300 ms overflowed
+# time.sleep in the first step
+DIAG_DELAY_MAX_MS = 3_600_000
 # fields that do not define the experiment: where files go, how the run survives failures (the
 # checkpoints, the process-group timeout: raising it for a rerun must not discard the rerun's
 # checkpoints), what it shows while it runs
@@ -204,10 +213,21 @@ class TrainConfig:
             raise TrainConfigError(f"--seed must be in [0, 2**63 - 1], got {self.seed}")
         if self.checkpoint_keep is not None and self.checkpoint_keep < 1:
             raise TrainConfigError(f"--checkpoint-keep must be >= 1, got {self.checkpoint_keep}")
-        if self.bucket_cap_mb <= 0:
-            raise TrainConfigError(f"--bucket-cap-mb must be > 0 MiB, got {self.bucket_cap_mb}")
-        if self.pg_timeout_s <= 0:
-            raise TrainConfigError(f"--pg-timeout-s must be > 0 s, got {self.pg_timeout_s}")
+        if not BUCKET_CAP_MB[0] <= self.bucket_cap_mb <= BUCKET_CAP_MB[1]:
+            raise TrainConfigError(
+                f"--bucket-cap-mb must be in [{BUCKET_CAP_MB[0]}, {BUCKET_CAP_MB[1]}] MiB "
+                f"(1 KiB to 1 TiB), got {self.bucket_cap_mb}"
+            )
+        if not PG_TIMEOUT_S[0] <= self.pg_timeout_s <= PG_TIMEOUT_S[1]:
+            raise TrainConfigError(
+                f"--pg-timeout-s must be in [{PG_TIMEOUT_S[0]}, {PG_TIMEOUT_S[1]}] s (a week), "
+                f"got {self.pg_timeout_s}"
+            )
+        if self.diag_data_delay_ms > DIAG_DELAY_MAX_MS:  # >= 0 and finite: checked above
+            raise TrainConfigError(
+                f"--diag-data-delay-ms must be in [0, {DIAG_DELAY_MAX_MS}] ms (an hour), got "
+                f"{self.diag_data_delay_ms}"
+            )
         # the study schema's bounds (config.schema.yaml): torch.optim.SGD refuses lr < 0 and
         # momentum < 0 only once the model is built, with a traceback; lr 0 trains nothing
         if self.lr <= 0:
@@ -303,10 +323,10 @@ class TrainConfig:
             rank, delay = int(r), float(ms)
         except ValueError:
             rank, delay = -1, -1.0
-        if not (sep and rank >= 0 and delay > 0):
+        if not (sep and rank >= 0 and 0 < delay <= DIAG_DELAY_MAX_MS):  # NaN fails it too
             raise TrainConfigError(
-                "--diag-slow-rank must be R:MS with a rank R >= 0 and MS > 0 milliseconds, "
-                f"got {self.diag_slow_rank!r}"
+                "--diag-slow-rank must be R:MS with a rank R >= 0 and 0 < MS <= "
+                f"{DIAG_DELAY_MAX_MS} milliseconds (an hour), got {self.diag_slow_rank!r}"
             )
         return rank, delay
 
