@@ -444,3 +444,28 @@ def test_a_checkpointed_powersgd_run_warns_that_its_resume_is_not_exact(
     with caplog.at_level(logging.WARNING, logger="scalestudy"):
         Checkpointing(cfg, 0, 1, torch.device("cpu"), None, None)
     assert ("--comm-hook powersgd: a resumed run is not bit for bit" in caplog.text) == warned
+
+
+def test_the_fsdp_checkpoint_group_times_out_after_pg_timeout_s(
+    tmp_path, monkeypatch, one_rank_group
+):
+    """FSDP's checkpoint collectives run in a gloo group of their own, created without a
+    timeout: a hung save waited torch's default 30 minutes, not --pg-timeout-s."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from scalestudy.trainer import state
+
+    created = []
+    real = dist.new_group
+
+    def new_group(*args, **kwargs):
+        created.append(kwargs)
+        return real(*args, **kwargs)  # a real group: torch takes the arguments
+
+    monkeypatch.setattr(state.dist, "new_group", new_group)
+    cfg = TrainConfig(strategy="fsdp", pg_timeout_s=7, checkpoint_dir=str(tmp_path / "ck"))
+    saver = state.make_checkpointer(cfg, 0, 1)
+    assert saver.dcp_group is not None
+    assert [c.get("timeout") for c in created] == [datetime.timedelta(seconds=7)]

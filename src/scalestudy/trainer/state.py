@@ -15,6 +15,7 @@ The protocol (train.py describes it for users):
 from __future__ import annotations
 
 import dataclasses
+import datetime
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, NoReturn
@@ -92,8 +93,12 @@ def make_checkpointer(cfg: TrainConfig, rank: int, world_size: int) -> ckpt.Chec
     if not cfg.checkpoint_dir:
         return None
     # FSDP saves through torch.distributed.checkpoint, whose collectives run in the background:
-    # give them their own gloo group so they never interleave with training's collectives
-    group = dist.new_group(backend="gloo") if cfg.strategy == "fsdp" else None
+    # give them their own gloo group so they never interleave with training's collectives. Its
+    # timeout is --pg-timeout-s, as the default group's: without one it was torch's 30 minutes
+    group = None
+    if cfg.strategy == "fsdp":
+        timeout = datetime.timedelta(seconds=cfg.pg_timeout_s)
+        group = dist.new_group(backend="gloo", timeout=timeout)
     return ckpt.Checkpointer(
         cfg.checkpoint_dir,
         keep=cfg.checkpoint_keep,
