@@ -175,6 +175,26 @@ def test_a_rank_outside_its_world_is_one_line_before_any_rendezvous(data_dir, tm
     assert not (tmp_path / "run").exists()
 
 
+def test_an_env_launcher_without_group_variables_counts_its_nodes():
+    """A launcher that sets only RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and MASTER_*
+    (not torchrun's GROUP_RANK/GROUP_WORLD_SIZE) made every job one node, node 0: on several
+    nodes a loopback MASTER_ADDR route then pinned gloo and NCCL to lo."""
+    env = {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4"}
+    env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+    d = sdist.detect(env)
+    assert (d.nodes, d.node_rank) == (2, 1)
+    # a last node holding fewer ranks: 10 ranks, 4 per node, is 3 nodes
+    assert sdist.detect({**env, "WORLD_SIZE": "10", "RANK": "9"}).nodes == 3
+    # torchrun's own variables win where set; one node without LOCAL_WORLD_SIZE
+    grouped = sdist.detect({**env, "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1"})
+    assert (grouped.nodes, grouped.node_rank) == (1, 0)
+    bare = sdist.detect({"RANK": "1", "WORLD_SIZE": "2"})
+    assert (bare.nodes, bare.node_rank) == (1, 0)
+    # so the loopback route of a 2-node job is not taken for the interface of both nodes
+    with pytest.raises(LaunchError, match="resolves to this host's loopback"):
+        sdist.peer_interface(d, {})
+
+
 def test_each_srun_step_of_a_job_has_its_own_port_and_one_rank_a_free_one():
     """Runs started in one allocation (snakemake's local executor inside salloc) share the job
     id: every one of their process groups bound the port of the job id, and all but the first

@@ -2,7 +2,8 @@
 
 Three ways a rank is started, detected from the environment (pure function `detect`):
 - torchrun (or any env:// launcher): RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
-  MASTER_ADDR/PORT.
+  MASTER_ADDR/PORT; the node from GROUP_RANK/GROUP_WORLD_SIZE (torchrun's), else from
+  LOCAL_WORLD_SIZE with the ranks placed node by node.
 - srun: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID, SLURM_TASKS_PER_NODE,
   SLURM_JOB_NODELIST. MASTER_ADDR = first host of the node list, MASTER_PORT derived from the job
   id (job-unique, so two jobs sharing a node do not collide), unless MASTER_ADDR/PORT are set.
@@ -142,17 +143,26 @@ def _in_range(env: Mapping[str, str], d: DistEnv, names: tuple[str, str, str, st
 def detect(env: Mapping[str, str] = os.environ) -> DistEnv:
     job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
     if "RANK" in env and "WORLD_SIZE" in env:
-        world_size = _int(env, "WORLD_SIZE")
+        rank, world_size = _int(env, "RANK"), _int(env, "WORLD_SIZE")
         local_world = _int(env, "LOCAL_WORLD_SIZE") if "LOCAL_WORLD_SIZE" in env else world_size
+        # an env:// launcher without torchrun's GROUP_* (a site's own, an mpirun wrapper): the
+        # nodes follow from LOCAL_WORLD_SIZE, ranks placed node by node (torchrun's and srun's
+        # block order). Taken as 1 node, a multi-node job pinned gloo and NCCL to loopback
+        # (peer_interface). max(1, ...): a LOCAL_WORLD_SIZE of 0 is refused by _in_range
+        per_node = max(1, local_world)
         names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
         d = DistEnv(
             launcher="torchrun",
-            rank=_int(env, "RANK"),
+            rank=rank,
             world_size=world_size,
             local_rank=_int(env, "LOCAL_RANK") if "LOCAL_RANK" in env else 0,
             local_world_size=local_world,
-            node_rank=_int(env, "GROUP_RANK") if "GROUP_RANK" in env else 0,
-            nodes=_int(env, "GROUP_WORLD_SIZE") if "GROUP_WORLD_SIZE" in env else 1,
+            node_rank=_int(env, "GROUP_RANK") if "GROUP_RANK" in env else rank // per_node,
+            nodes=(
+                _int(env, "GROUP_WORLD_SIZE")
+                if "GROUP_WORLD_SIZE" in env
+                else -(-world_size // per_node)  # ceil: a last node may hold fewer ranks
+            ),
             master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
             master_port=_int(env, "MASTER_PORT") if "MASTER_PORT" in env else 29500,
             slurm_job_id=job_id,
