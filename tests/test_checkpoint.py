@@ -123,6 +123,11 @@ def test_checkpoint_of_another_configuration_is_never_resumed(tmp_path):
     _saver(tmp_path, async_write=False, identity=other).save(1, _state(10))
     assert ck.find_latest(tmp_path, IDENTITY, warn=warnings.append) is None
     assert ck.find_latest(tmp_path, other)[1]["config_hash"] == "different"
+    # a manifest without a key of the run's identity (written before data_sha256 joined it) is
+    # another identity too: it could hold other data
+    newer = {**other, "data_sha256": "abc"}
+    assert ck.find_latest(tmp_path, newer, warn=warnings.append) is None
+    assert "'data_sha256': None" in warnings[-1]
 
 
 def test_checkpoint_settings_are_not_experiment_identity():
@@ -324,6 +329,35 @@ def test_sigterm_then_restart_matches_an_uninterrupted_run(data_dir, tmp_path):
     assert not ckdir.exists()  # a finished run leaves no checkpoint to resume
 
 
+def test_a_checkpoint_of_other_prepared_data_is_not_resumed(data_dir, tmp_path):
+    """--data-dir is not in config_hash (where the data is, not what), and nothing else of the
+    data was in the checkpoint's identity: the same command with a --data-dir of another
+    prepared set resumed the checkpoint, trained on data it was not started on and reported
+    one run. Its sha256 is in the identity now: the run starts fresh, saying why."""
+    other = tmp_path / "other-data"  # as many images as data_dir's, so as many steps: only
+    subprocess.run(  # the data tells them apart
+        [PYTHON, "-m", "scalestudy", "prepare-data", "--dataset", "synthetic", "--data-dir",
+         str(other), "--num-train", "1024", "--num-test", "300", "--seed", "1"],
+        check=True, env=child_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    out, ckdir = tmp_path / "run", tmp_path / "ckpt"
+    flags = ("--checkpoint-dir", str(ckdir), "--checkpoint-every", "1")
+    proc = _start(data_dir, out, *flags)
+    _wait_for_epochs(out, 1, proc)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == ck.PREEMPTED_EXIT, stderr
+    assert ck.list_checkpoints(ckdir)
+
+    (out / "epochs.csv").unlink()
+    done = train(other, out, *EPOCHS, *flags, nproc=1)
+    assert "resuming from" not in done.stdout
+    assert "not resuming" in done.stderr and "another configuration" in done.stderr
+    m = read_metrics(out)
+    assert m["restarts"] == 0 and m["resumed_from_epochs"] == []
+    assert [int(r["epoch"]) for r in read_epochs(out)] == [1, 2, 3, 4]
+
+
 def test_a_failed_metrics_write_keeps_the_checkpoints_for_the_rerun(data_dir, tmp_path):
     """The checkpoints went before metrics.json was written: a run whose last write failed
     (disk full, quota; here a directory in metrics.json's place, made mid-run after the
@@ -442,7 +476,7 @@ def test_a_checkpointed_powersgd_run_warns_that_its_resume_is_not_exact(
 
     cfg = TrainConfig(out=str(tmp_path), checkpoint_dir=str(tmp_path / "ck"), comm_hook=hook)
     with caplog.at_level(logging.WARNING, logger="scalestudy"):
-        Checkpointing(cfg, 0, 1, torch.device("cpu"), None, None)
+        Checkpointing(cfg, 0, 1, torch.device("cpu"), None, None, "data-sha256")
     assert ("--comm-hook powersgd: a resumed run is not bit for bit" in caplog.text) == warned
 
 
@@ -466,6 +500,6 @@ def test_the_fsdp_checkpoint_group_times_out_after_pg_timeout_s(
 
     monkeypatch.setattr(state.dist, "new_group", new_group)
     cfg = TrainConfig(strategy="fsdp", pg_timeout_s=7, checkpoint_dir=str(tmp_path / "ck"))
-    saver = state.make_checkpointer(cfg, 0, 1)
+    saver = state.make_checkpointer(cfg, 0, 1, "data-sha256")
     assert saver.dcp_group is not None
     assert [c.get("timeout") for c in created] == [datetime.timedelta(seconds=7)]

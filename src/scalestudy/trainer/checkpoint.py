@@ -15,9 +15,10 @@ deleted (and any numbered above the one just written: left by a run this one sup
 failed write (disk full, read-only filesystem) leaves every earlier checkpoint intact.
 
 Resuming (`find_latest`) takes the newest checkpoint whose manifest and checksums verify and whose
-identity (config_hash + world size) matches the run; a corrupted or truncated one is skipped with
-a warning naming the file, one from another configuration is never resumed (warning; the run
-starts fresh and removes it at its first save).
+identity (config_hash, world size and the prepared data's sha256: state.make_checkpointer)
+matches the run; a corrupted or truncated one is skipped with a warning naming the file, one from
+another configuration is never resumed (warning; the run starts fresh and removes it at its first
+save).
 
 Asynchronous saving: `Checkpointer.save` copies the state off the device (and clones CPU tensors,
 which training keeps mutating) and returns; a background thread writes it. The stall training
@@ -192,7 +193,7 @@ def prune(directory: str | os.PathLike, keep: int, identity: dict, saved: int) -
             removed.append(path)
             continue
         manifest = _read_manifest(path, quiet=True)
-        if manifest is not None and _identity(manifest) != identity:
+        if manifest is not None and _identity(manifest, identity) != identity:
             removed.append(path)
         else:
             mine.append(path)  # oldest first, ending with `saved`
@@ -218,8 +219,11 @@ def remove_all(directory: str | os.PathLike) -> None:
 # reading
 
 
-def _identity(manifest: dict) -> dict:
-    return {"config_hash": manifest.get("config_hash"), "world_size": manifest.get("world_size")}
+def _identity(manifest: dict, identity: dict) -> dict:
+    """The manifest's values of the run identity's keys. A manifest written before a key joined
+    the identity (data_sha256) lacks it: another identity, never resumed, removed at the first
+    save; a checkpoint of other data could not be told apart."""
+    return {key: manifest.get(key) for key in identity}
 
 
 def _read_manifest(path: Path, quiet: bool = False) -> dict | None:
@@ -277,10 +281,10 @@ def find_latest(
         except CheckpointError as exc:
             warn(f"skipping corrupted checkpoint: {exc}; trying the previous one")
             continue
-        if _identity(manifest) != identity:
+        if (theirs := _identity(manifest, identity)) != identity:
             warn(
                 f"not resuming {path}: it belongs to another configuration "
-                f"({_identity(manifest)}, this run is {identity}); starting fresh, it will be "
+                f"({theirs}, this run is {identity}); starting fresh, it will be "
                 "removed at this run's first checkpoint"
             )
             return None

@@ -65,7 +65,9 @@ def train(
     meter = Meter(cfg, device, denv.rank, run.graphs)
     profiler = Profiler(cfg, device, denv.rank)
     # fault tolerance: resume from the newest valid checkpoint (a fresh start without one)
-    checkpointing = Checkpointing(cfg, denv.rank, denv.world_size, device, stop, run.trainables())
+    checkpointing = Checkpointing(
+        cfg, denv.rank, denv.world_size, device, stop, run.trainables(), run.data_sha256
+    )
     state = checkpointing.resume()
     if denv.rank == 0 and state.history:
         write_epochs(cfg, state.history)  # the epochs so far
@@ -343,6 +345,7 @@ class Run:
     train_loader: Any  # loaders.DeviceLoader or a DataLoader
     sampler: Any  # the DataLoader's DistributedSampler; None with the DeviceLoader
     eval_loader: loaders.DeviceLoader
+    data_sha256: str  # the prepared data's (meta.json's, verified): part of checkpoint identity
     micro_steps: int  # micro-batches per epoch
     steps_per_epoch: int  # optimizer steps per epoch
     model: torch.nn.Module  # wrapped for the strategy (and compiled under --compile)
@@ -440,6 +443,7 @@ def build(cfg: TrainConfig, denv: sdist.DistEnv, device: torch.device) -> Run:
         train_loader=train_loader,
         sampler=sampler,
         eval_loader=eval_loader,
+        data_sha256=prepared.meta["sha256"],
         micro_steps=micro_steps,
         steps_per_epoch=steps_per_epoch,
         model=model,

@@ -89,7 +89,13 @@ def rng_generators(train_loader) -> dict[str, torch.Generator]:
     return {"dataloader": gen} if isinstance(gen, torch.Generator) else {}
 
 
-def make_checkpointer(cfg: TrainConfig, rank: int, world_size: int) -> ckpt.Checkpointer | None:
+def make_checkpointer(
+    cfg: TrainConfig, rank: int, world_size: int, data_sha256: str
+) -> ckpt.Checkpointer | None:
+    """The run's Checkpointer (None without --checkpoint-dir). Its identity is what a resumed
+    run must share: the configuration, the world size and the prepared data (data_sha256,
+    meta.json's, verified at loading): --data-dir is not in config_hash (where files are), so
+    another directory holding other data resumed, its schedule set for other steps per epoch."""
     if not cfg.checkpoint_dir:
         return None
     # FSDP saves through torch.distributed.checkpoint, whose collectives run in the background:
@@ -102,7 +108,11 @@ def make_checkpointer(cfg: TrainConfig, rank: int, world_size: int) -> ckpt.Chec
     return ckpt.Checkpointer(
         cfg.checkpoint_dir,
         keep=cfg.checkpoint_keep,
-        identity={"config_hash": cfg.config_hash(), "world_size": world_size},
+        identity={
+            "config_hash": cfg.config_hash(),
+            "world_size": world_size,
+            "data_sha256": data_sha256,
+        },
         rank=rank,
         async_write=cfg.checkpoint_async,
         dcp_group=group,
@@ -128,10 +138,11 @@ class Checkpointing:
         device: torch.device,
         stop: ckpt.StopFlag | None,
         trainables: Trainables,
+        data_sha256: str,
     ) -> None:
         self.cfg, self.rank, self.device, self.stop = cfg, rank, device, stop
         self.trainables = trainables
-        self.saver = make_checkpointer(cfg, rank, world_size)
+        self.saver = make_checkpointer(cfg, rank, world_size, data_sha256)
         persistent = cfg.loader == "dataloader" and cfg.num_workers > 0 and cfg.persistent_workers
         if self.saver and rank == 0 and persistent:
             logger.warning(

@@ -137,12 +137,14 @@ Checkpoints and resume (--checkpoint-dir; state.py, checkpoint.py): a run saves 
 --checkpoint-every epochs and, on SIGTERM/SIGUSR1, at the end of the current epoch (all ranks
 agree on the stop with one all-reduce per epoch), then, once the checkpoint is complete on every
 rank, exits with 75 (checkpoint.PREEMPTED_EXIT; a failed save fails the run instead). The same
-command resumes from the newest valid checkpoint and continues bit for bit (same data order, RNG
-states, optimizer, schedule, scaler), except with --loader dataloader and persistent worker
-processes (--num-workers > 0): their random state lives in the workers and is not checkpointed,
-so such a run resumes correctly but not bit for bit (a warning says so at start-up); and with
---comm-hook powersgd, whose state (error feedback, warm-start factors, step count) is not
-checkpointed either: each segment starts PowerSGD anew (a warning says so too).
+command resumes from the newest valid checkpoint of the same configuration (config_hash), world
+size and prepared data (its sha256: another --data-dir holding other data starts fresh, with a
+warning) and continues bit for bit (same data order, RNG states, optimizer, schedule, scaler),
+except with --loader dataloader and persistent worker processes (--num-workers > 0): their
+random state lives in the workers and is not checkpointed, so such a run resumes correctly but
+not bit for bit (a warning says so at start-up); and with --comm-hook powersgd, whose state
+(error feedback, warm-start factors, step count) is not checkpointed either: each segment starts
+PowerSGD anew (a warning says so too).
 A resumed run's numbers are accounted over its segments:
 - train_time_s: the sum over segments of the loop time up to each segment's last checkpoint
   (time lost after it is not counted: that work is redone and counted then); start-up,
