@@ -51,6 +51,8 @@ def test_metrics_has_every_key_and_sane_values(ddp_run):
     assert m["peak_mem_mb"] > 0
     assert len(m["param_checksums"]) == 2
     assert m["time_to_target_s"] is None  # no --target-acc: null, not the whole run's time
+    # a warm-up of 1 of the 2 epochs: the LR reaches its peak and decays, nothing to warn of
+    assert m["lr_max_reached"] == m["peak_lr"] and "does not decay" not in proc.stderr
     assert m["checkpoint_stall_s"] == 0.0  # no --checkpoint-dir: no save to wait for
     # what was in effect, read back from torch: gloo on CPU, IEEE fp32 (no TF32) for "fp32"
     assert m["backend"] == "gloo"
@@ -179,6 +181,25 @@ def test_synthetic_data_is_learned_far_above_chance(data_dir, tmp_path):
     assert m["label_smoothing"] == smoothing
     assert min(float(r["train_loss"]) for r in rows) >= floor - 1e-6, (floor, rows)
     assert float(rows[-1]["val_loss"]) < floor, (floor, rows[-1])
+
+
+def test_a_warm_up_longer_than_the_run_is_warned_of_and_its_highest_lr_recorded(data_dir, tmp_path):
+    """--warmup-epochs >= --epochs was silent: the LR rose through the whole run, never decayed
+    and never reached peak_lr, which metrics.json reported as the run's. Not refused (the tests'
+    and the tiny study's 1-epoch runs warm up for 1 epoch): a warning, and lr_max_reached."""
+    flags = ("--epochs", "1", "--warmup-epochs", "2", "--limit-train", "256")
+    proc = train(data_dir, tmp_path, *flags, nproc=1)  # 8 steps, warm-up 16
+    m = read_metrics(tmp_path)
+    assert m["peak_lr"] == pytest.approx(0.4 * 32 / 512)
+    assert m["lr_max_reached"] == pytest.approx(m["peak_lr"] / 2)
+    assert float(read_epochs(tmp_path)[-1]["lr"]) == pytest.approx(m["lr_max_reached"], rel=1e-5)
+    warned = [line for line in proc.stderr.splitlines() if "does not decay" in line]
+    assert len(warned) == 1 and "--warmup-epochs 2 warms the learning rate up for 16" in warned[0]
+    assert "never reaches its peak peak_lr 0.025 (at most 0.0125)" in warned[0]
+    # a warm-up exactly as long as the run reaches the peak at its last step, and never decays
+    from scalestudy.trainer.loop import lr_max_reached
+
+    assert lr_max_reached(TrainConfig(epochs=1, warmup_epochs=1), 0.4, 8, 8, 1) == 0.4
 
 
 def test_bf16_runs_on_cpu(data_dir, tmp_path):

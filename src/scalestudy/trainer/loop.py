@@ -274,6 +274,7 @@ def finish(
         "local_batch": run.local_batch,
         "global_batch": run.global_batch,
         "peak_lr": run.recipe.peak_lr,
+        "lr_max_reached": run.lr_max_reached,
         "ddp_static_graph": ddp_static_graph(cfg),
         **grad_sync(run.model, cfg),  # param_count, grad_sync_bytes: the scaling model's P
         "steps_per_epoch": run.steps_per_epoch,
@@ -348,6 +349,7 @@ class Run:
     data_sha256: str  # the prepared data's (meta.json's, verified): part of checkpoint identity
     micro_steps: int  # micro-batches per epoch
     steps_per_epoch: int  # optimizer steps per epoch
+    lr_max_reached: float  # the schedule's highest LR: peak_lr unless the warm-up outlasts the run
     model: torch.nn.Module  # wrapped for the strategy (and compiled under --compile)
     eval_model: torch.nn.Module  # the same weights, never compiled
     graphs: str  # CUDA graphs: "step", "compiled" or "off" (compiling.graphs_mode)
@@ -432,6 +434,7 @@ def build(cfg: TrainConfig, denv: sdist.DistEnv, device: torch.device) -> Run:
         model = compiling.compile_model(model, cfg, device, graphs == "compiled")
     # SGD Nesterov, label smoothing, linear LR scaling with warm-up (recipe.py, config.py)
     recipe = build_recipe(model, cfg, device, global_batch, steps_per_epoch, total_steps)
+    lr_max = lr_max_reached(cfg, recipe.peak_lr, steps_per_epoch, total_steps, rank)
     run = Run(
         cfg=cfg,
         device=device,
@@ -446,6 +449,7 @@ def build(cfg: TrainConfig, denv: sdist.DistEnv, device: torch.device) -> Run:
         data_sha256=prepared.meta["sha256"],
         micro_steps=micro_steps,
         steps_per_epoch=steps_per_epoch,
+        lr_max_reached=lr_max,
         model=model,
         eval_model=eval_model,
         graphs=graphs,
@@ -467,6 +471,33 @@ def build(cfg: TrainConfig, denv: sdist.DistEnv, device: torch.device) -> Run:
     if graphs == "step":  # the whole step as one CUDA graph (step_graph.py)
         run.step = StepGraph(run.step, recipe.optimizer, device, side=side)
     return run
+
+
+def lr_max_reached(
+    cfg: TrainConfig, peak_lr: float, steps_per_epoch: int, total_steps: int, rank: int
+) -> float:
+    """The highest learning rate the schedule reaches in the run's steps. The warm-up is
+    linear over round(warmup_epochs x steps_per_epoch) steps (recipe.lr_factor): one as long
+    as the run, or longer, never lets the LR decay, and one longer never reaches peak_lr,
+    which metrics.json reports. Not refused (a 1-epoch run with the default warm-up of 1 epoch
+    is the tests' and the tiny study's): rank 0 warns at start, metrics.json records this."""
+    warmup = round(cfg.warmup_epochs * steps_per_epoch)  # as recipe.build_recipe counts it
+    if warmup < total_steps:
+        return peak_lr
+    reached = peak_lr * (total_steps / warmup)  # the last step's, as LambdaLR computes it
+    if rank == 0:
+        never = (
+            f"never reaches its peak peak_lr {peak_lr:.4g} (at most {reached:.4g})"
+            if warmup > total_steps
+            else f"reaches its peak peak_lr {peak_lr:.4g} only at the last step"
+        )
+        logger.warning(
+            f"WARNING: --warmup-epochs {cfg.warmup_epochs:g} warms the learning rate up for "
+            f"{warmup} steps, and --epochs {cfg.epochs} trains {total_steps}: it {never} and "
+            "does not decay (metrics.json lr_max_reached); give fewer warm-up epochs than "
+            "--epochs for the whole schedule"
+        )
+    return reached
 
 
 def build_loaders(

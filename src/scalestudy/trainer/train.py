@@ -124,6 +124,10 @@ How the numbers are measured (the analysis relies on these definitions):
   CPU). matmul_fp32_precision / cudnn_fp32_precision: "ieee" or "tf32" as torch reports them
   after set-up; cudnn_benchmark, autocast_dtype, channels_last_inputs/_weights likewise
   (numerics.py says why FSDP keeps NCHW weights).
+- lr_max_reached: not a timing: the highest learning rate the schedule reaches, peak_lr unless
+  the warm-up (--warmup-epochs) is at least as long as the run: then the LR rises through the
+  whole run and never decays, ending below peak_lr when the warm-up is longer (lr_max_reached =
+  peak_lr x run steps / warm-up steps), and rank 0 warns at start.
 - time_to_target_s: training time (evaluation excluded) until the end of the first epoch whose
   val_acc reaches --target-acc; null if never reached.
 - train_time_s: wall time of the whole training loop, evaluation included.
