@@ -79,3 +79,42 @@ def test_backend(backend, device, expected):
 def test_nccl_without_cuda_is_one_clear_error():
     with pytest.raises(TrainingError, match="--backend nccl needs CUDA.*use --backend gloo"):
         pick_backend(TrainConfig(backend="nccl"), torch.device("cpu"))
+
+
+# what torch raises at DDP's first collective when two ranks share a GPU (torch's DistBackendError
+# carries NCCL's ncclInvalidUsage and its "Last error:" line; NCCL 2.18-2.21 as reported)
+NCCL_REFUSAL = (
+    "NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1333, invalid usage "
+    "(run with NCCL_DEBUG=WARN for details), NCCL version 2.21.5\n"
+    "ncclInvalidUsage: This usually reflects invalid usage of NCCL library.\n"
+    "Last error:\n"
+    "Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 1000"
+)
+
+
+@pytest.mark.parametrize("backend", ["auto", "nccl"])
+def test_ranks_sharing_one_gpu_over_nccl_is_one_line_naming_gloo(monkeypatch, backend):
+    """One visible GPU and several local ranks is a GPU bound to each task (NCCL works) or one
+    GPU they share, which --backend auto also sent to NCCL: its refusal was a traceback on
+    every rank, inside DDP. Now one line naming --backend gloo. Here every rank's set-up is
+    a stand-in (no GPU, no process group) and the training raises NCCL's refusal."""
+    from scalestudy.trainer import train as train_mod
+
+    StandInCuda(visible=1).install(monkeypatch)
+    monkeypatch.setattr(train_mod, "preflight", lambda cfg, denv: None)
+    monkeypatch.setattr(train_mod, "preload_dynamo", lambda: None)
+    picked = []
+    monkeypatch.setattr(train_mod.sdist, "init_process_group", lambda d, b, t: picked.append(b))
+    monkeypatch.setattr(train_mod.progress, "start", lambda *args: None)
+
+    def ddp_refused(*args):
+        raise torch.distributed.DistBackendError(NCCL_REFUSAL)
+
+    monkeypatch.setattr(train_mod, "train", ddp_refused)
+    with pytest.raises(TrainingError) as e:
+        train_mod.main(TrainConfig(backend=backend), rank(1, local_world_size=2))
+    assert picked == ["nccl"]
+    message = str(e.value)
+    assert "\n" not in message and "run them over --backend gloo" in message
+    assert message.startswith(f"--backend {backend}")
+    assert "(Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 1000)" in message

@@ -4,9 +4,10 @@ Launch (the same code on a laptop and on H100 nodes; see dist.py for how a rank 
     scalestudy train --dataset synthetic --width 8 --epochs 2                 # 1 process
     torchrun --nproc-per-node=4 -m scalestudy train --precision bf16 ...       # 1 node, 4 ranks
     srun --nodes=2 --ntasks-per-node=4 python -m scalestudy train ...         # Slurm, 8 ranks
-Backend: NCCL on CUDA, gloo on CPU (--backend gloo: several ranks share one GPU). Device: one
-visible GPU is cuda:0 for every rank, else the local rank's GPU; --device cuda never falls back to
-the CPU. Rank 0 writes --out/{metrics.json,epochs.csv} atomically.
+Backend: NCCL on CUDA, gloo on CPU (--backend gloo: several ranks share one GPU, which NCCL
+refuses: one line says so). Device: one visible GPU is cuda:0 for every rank, else the local
+rank's GPU; --device cuda never falls back to the CPU. Rank 0 writes
+--out/{metrics.json,epochs.csv} atomically.
 Exit status: 0 done; 75 stopped on a signal after a checkpoint; 1 cannot start (device,
 rendezvous: one line per rank); 2 an expected error (a bad flag, missing or changed prepared data,
 checked before the rendezvous where possible: one line, from rank 0; cli.py); a bug raises, with
@@ -201,6 +202,9 @@ def add_arguments(parser) -> None:
 # whose ranks no launcher kills, lower it).
 REPORT_GRACE_S = 10.0
 REPORT_GRACE_ENV = "SCALESTUDY_REPORT_GRACE_S"
+# NCCL's refusal of two ranks on one GPU, in the DistBackendError torch raises at the first
+# collective (DDP's parameter check): ncclInvalidUsage's "Last error:" line
+NCCL_SHARED_GPU = "Duplicate GPU detected"
 
 
 def report_grace_s() -> float:
@@ -266,6 +270,11 @@ def main(cfg: TrainConfig, denv: sdist.DistEnv | None = None) -> int:
     except ScalestudyError:
         raise  # expected (changed data, NaN loss): cli.main prints one line, its scope's ranks
     except Exception as exc:
+        if NCCL_SHARED_GPU in str(exc):
+            # one visible GPU for several local ranks is either one GPU per task (each rank's
+            # cuda:0 its own: NCCL works) or one GPU they share, which only NCCL itself tells
+            # apart: its refusal, a traceback on every rank, is one line naming the fix
+            raise TrainingError(shared_gpu_message(cfg, exc)) from exc
         # name the rank: with 64 ranks, "which one failed and why" is the first question
         progress.explain_failure(exc)  # a failed collective: which rank stopped, and where
         logger.error(f"training failed: {type(exc).__name__}: {exc}")
@@ -377,7 +386,8 @@ def no_cuda_message() -> str:
 
 def pick_backend(cfg: TrainConfig, device: torch.device) -> str:
     """--backend auto: NCCL on CUDA, gloo on CPU. gloo on CUDA stages tensors through the host
-    and lets several ranks share one GPU (NCCL refuses that: "Duplicate GPU detected")."""
+    and lets several ranks share one GPU (NCCL refuses that: "Duplicate GPU detected", at the
+    first collective; main makes it shared_gpu_message's line)."""
     if cfg.backend == "auto":
         return "nccl" if device.type == "cuda" else "gloo"
     if cfg.backend == "nccl" and device.type != "cuda":
@@ -387,3 +397,15 @@ def pick_backend(cfg: TrainConfig, device: torch.device) -> str:
             "use --backend gloo or auto"
         )
     return cfg.backend
+
+
+def shared_gpu_message(cfg: TrainConfig, exc: BaseException) -> str:
+    """NCCL's refusal of ranks sharing a GPU (NCCL_SHARED_GPU in `exc`), as one line: what
+    NCCL said, and the two ways out."""
+    said = next(line for line in str(exc).splitlines() if NCCL_SHARED_GPU in line).strip()
+    backend = "--backend auto (nccl on CUDA)" if cfg.backend == "auto" else "--backend nccl"
+    return (
+        f"{backend}: NCCL refuses several ranks on one GPU ({said}): run them over "
+        "--backend gloo, or give each rank a GPU of its own (as many visible GPUs as ranks "
+        "per node, or one bound to each task)"
+    )
