@@ -60,11 +60,12 @@ def measured_runs(config: dict) -> list[dict]:
     return out
 
 
-def build(tmp_path: Path, *overrides: str) -> tuple[dict, Path]:
-    """A study with measurements and its analysis CSVs; returns (config, study dir)."""
+def build(tmp_path: Path, *overrides: str, missing=lambda row: False) -> tuple[dict, Path]:
+    """A study with measurements and its analysis CSVs; returns (config, study dir). `missing`:
+    the runs of the run table that have no measurement (not run yet, or failed)."""
     config = load_and_validate(DEMO, overrides=list(overrides))
     study = tmp_path / "study"
-    runs = measured_runs(config)
+    runs = [r for r in measured_runs(config) if not missing(r)]
     files.write_csv(
         study / "results/csv/runs.csv", [*RUN_COLUMNS, *runs[0].keys() - set(RUN_COLUMNS)], runs
     )
@@ -141,6 +142,39 @@ def test_thin_evidence_is_said_and_the_next_runs_are_priced(demo):
     assert "only 3 world sizes were measured" in docs["proposal.md"]
     assert "some points ran 1 time(s) only" in docs["proposal.md"]
     assert "| next runs (new world sizes), 2 nodes | 3 |" in docs["proposal.md"]
+
+
+def request_runs(study: Path, prefix: str) -> int:
+    """The runs of the request rows whose label starts with `prefix`."""
+    return sum(
+        int(v["runs"])
+        for (s, i), v in cells(study).items()
+        if s == "request" and i.startswith(prefix)
+    )
+
+
+@pytest.mark.parametrize("missing", ["world size", "repeats"])
+def test_a_run_of_the_study_not_measured_yet_is_priced_once(tmp_path, missing):
+    """A run of the study's own table without a measurement (not run yet, or failed) is priced
+    in its "scaling study" rows: the next runs priced it again (the configured 8 ranks as a
+    "new" world size, 3 runs beside the study's 1; the failed repeats as "next runs
+    (repeats)")."""
+    if missing == "world size":  # strong 1, 2, 4, 8 configured, one repeat; 8 not run yet
+        overrides, gone = ("families.strong.gpus=[1,2,4,8]",), lambda r: r["world_size"] == 8
+    else:  # 3 repeats; 2 of the 2-rank strong run failed
+        overrides = STRONG
+        gone = lambda r: r["world_size"] == 2 and "strong" in r["families"] and r["repeat"] > 0  # noqa: E731
+    config, study = build(tmp_path, *overrides, missing=gone)
+    docs = write(config, study)
+    c = cells(study)
+    assert not [k for k in c if k[0] == "next"]  # 8 ranks is configured: no new world size
+    assert request_runs(study, "next runs (new world sizes)") == 0
+    assert request_runs(study, "scaling study") == len(build_run_table(config))
+    if missing == "world size":  # the repeats still to add: r1, r2 of 1, 2, 4 and 8 ranks
+        assert request_runs(study, "next runs (repeats)") == 8
+    else:  # the failed repeats are the study's own runs: nothing to add
+        assert request_runs(study, "next runs") == 0
+    assert "new world sizes: 8" not in docs["proposal.md"]
 
 
 def test_every_gpu_shape_has_its_own_request_row(tmp_path):

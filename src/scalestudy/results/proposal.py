@@ -8,7 +8,8 @@ slides.tex from it plus the analysis CSVs (render_report's formats and its hones
                      measured w <= W (the efficiency "stays above" it); E_s from scaling.csv
     thin evidence    fewer than MIN_WORLD_SIZES strong world sizes, a point with n < MIN_REPEATS,
                      or no measured run at the chosen scale: the documents say so and price the
-                     runs that would fix it (NEXT_REPEATS repeats each)
+                     runs that would fix it (NEXT_REPEATS repeats each) that the study's own run
+                     table does not hold (those are priced in its rows, once)
     hours per run    the planner's estimate (study/estimate.py, calibrated from results/csv/runs.csv
                      and benchmarks/train/ where a measured run matches, its defaults where none
                      does: each source cell and the text say which, planner_source) averaged
@@ -199,10 +200,14 @@ def thin_reasons(points: list[dict], chosen: dict) -> dict[str, bool]:
     }
 
 
-def next_runs(config, points, chosen, thin, measured):
-    """{what: [Estimate]} of the runs that would make thin evidence strong (not yet done)."""
-    sizes = [p["w"] for p in points]
-    new = [] if chosen["n_"] else [chosen["w"]]
+def next_runs(config, points, chosen, thin, measured, table):
+    """{what: [Estimate]} of the runs that would make thin evidence strong: not yet done, and
+    not runs of the study's own run table (`table`), which its "scaling study" rows price
+    already (a strong size configured but not measured yet was priced there and again here)."""
+    planned = {r["world_size"] for r in table if "strong" in r["families"].split(";")}
+    # a configured strong size is covered: the study runs it, so it is no new world size
+    sizes = sorted({p["w"] for p in points} | planned)
+    new = [] if chosen["n_"] or chosen["w"] in planned else [chosen["w"]]
     w = max(sizes)
     while thin["few_world_sizes"] and len(sizes) + len(new) < MIN_WORLD_SIZES:
         w *= 2
@@ -216,6 +221,8 @@ def next_runs(config, points, chosen, thin, measured):
     if thin["no_repeats"]:
         c = _strong_config(config, sizes, NEXT_REPEATS)
         out["repeats"] = [e for e in estimate_runs(c, build_run_table(c), measured) if not e.done]
+    study = {r["run"] for r in table}
+    out = {k: [e for e in v if e.run not in study] for k, v in out.items()}
     return {k: v for k, v in out.items() if v}, new
 
 
@@ -415,13 +422,14 @@ def proposal_rows(
                 "model", "holdout", "max_rel_error", val["max_rel_error"], "fraction", "model.csv"
             ),
         ]
-    nxt, new_sizes = next_runs(config, points, chosen, thin, measured)
+    table = build_run_table(config)
+    nxt, new_sizes = next_runs(config, points, chosen, thin, measured, table)
     for w in new_sizes:
         rows.append(_row("next", "new world size", "world_size", w, "ranks", "2 x the largest"))
     req: list[dict] = []
     priced: list = []  # every training estimate of the request, for the calibration rows
     where = measured[0].get(SOURCE, RUNS_CSV) if measured else None
-    study = estimate_runs(config, build_run_table(config), measured)
+    study = estimate_runs(config, table, measured)
     for item, members in _grouped("scaling study", study):
         req += request_rows(item, members, planner_source(members, where))
         priced += members
