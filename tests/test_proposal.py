@@ -132,7 +132,7 @@ def test_thin_evidence_is_said_and_the_next_runs_are_priced(demo):
         "chosen_unmeasured": "no",
     }
     # the next world size is 2 x 4 = 8 ranks (2 nodes of 4), 3 repeats, and the missing repeats
-    assert c[("next", "new world size")]["world_size"] == "8"
+    assert c[("next", "new world size 8")]["world_size"] == "8"
     nxt = c[("request", "next runs (new world sizes), 2 nodes")]
     assert (nxt["runs"], nxt["nodes"]) == ("3", "2")
     assert c[("request", "next runs (repeats), 1 node")]["runs"] == "6"  # 3 sizes x 2 repeats
@@ -175,6 +175,20 @@ def test_a_run_of_the_study_not_measured_yet_is_priced_once(tmp_path, missing):
     else:  # the failed repeats are the study's own runs: nothing to add
         assert request_runs(study, "next runs") == 0
     assert "new world sizes: 8" not in docs["proposal.md"]
+
+
+def test_each_new_world_size_is_its_own_cell(tmp_path):
+    """One strong size measured: 8, 16 and 32 ranks are new, and proposal.csv had three rows
+    keyed (next, new world size, world_size), so a lookup by key saw only the last."""
+    config, study = build(tmp_path, "families.strong.gpus=[4]", "repeats=3")
+    docs = write(config, study)
+    rows = read(study / "results/csv/proposal.csv")
+    keys = [(r["section"], r["item"], r["quantity"]) for r in rows]
+    assert len(keys) == len(set(keys))
+    c = cells(study)
+    sizes = [c[("next", f"new world size {w}")]["world_size"] for w in (8, 16, 32)]
+    assert sizes == ["8", "16", "32"]
+    assert "new world sizes: 8, 16, 32)" in docs["proposal.md"]
 
 
 def test_every_gpu_shape_has_its_own_request_row(tmp_path):

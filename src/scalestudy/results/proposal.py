@@ -424,8 +424,10 @@ def proposal_rows(
         ]
     table = build_run_table(config)
     nxt, new_sizes = next_runs(config, points, chosen, thin, measured, table)
-    for w in new_sizes:
-        rows.append(_row("next", "new world size", "world_size", w, "ranks", "2 x the largest"))
+    for w in new_sizes:  # one item each: (section, item, quantity) keys one cell
+        rows.append(
+            _row("next", f"new world size {w}", "world_size", w, "ranks", "2 x the largest")
+        )
     req: list[dict] = []
     priced: list = []  # every training estimate of the request, for the calibration rows
     where = measured[0].get(SOURCE, RUNS_CSV) if measured else None
