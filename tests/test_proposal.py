@@ -191,6 +191,39 @@ def test_each_new_world_size_is_its_own_cell(tmp_path):
     assert "new world sizes: 8, 16, 32)" in docs["proposal.md"]
 
 
+def test_thin_evidence_with_no_run_to_add_does_not_say_the_next_runs_are_asked_for(tmp_path):
+    """Strong 1, 2, 4 ranks at a global batch of 4, 3 repeats: no other world size fits, and
+    every repeat ran, so no next run is priced; the documents said the next runs "are part of
+    the request" and "are in the ask" all the same."""
+    config, study = build(tmp_path, "families.strong.global_batch=4", "repeats=3")
+    docs = write(config, study)
+    c = cells(study)
+    assert c[("evidence", "thin")]["few_world_sizes"] == "yes"
+    assert not any(i.startswith("next runs") for s, i in c if s == "request")
+    for name, text in docs.items():
+        flat = " ".join(text.split())
+        for claim in ("runs are part of the request", "next runs are in the ask", "First: the"):
+            assert claim not in flat, (name, claim)
+        assert "until the runs named" not in flat, name
+    md = " ".join(docs["proposal.md"].split())
+    assert "no other world size" in md and "No run to add is part of the request." in md
+    assert "no run to add could be priced" in docs["slides.tex"]
+
+
+def test_a_smaller_world_size_is_a_next_run_when_no_larger_one_fits(tmp_path):
+    """Strong 8, 16, 32 ranks at a global batch of 32: 64 ranks would get half an image each,
+    so 4 ranks (half the smallest) is the world size to add; none was priced."""
+    config, study = build(tmp_path, "families.strong.gpus=[8,16,32]", "repeats=3")
+    docs = write(config, study)
+    rows = [r for r in read(study / "results/csv/proposal.csv") if r["section"] == "next"]
+    assert [(r["item"], r["value"], r["source"]) for r in rows] == [
+        ("new world size 4", "4", "half the smallest")
+    ]
+    assert request_runs(study, "next runs (new world sizes), 1 node") == 3
+    assert "new world sizes: 4)" in docs["proposal.md"]
+    assert "These runs are part of the request below." in docs["proposal.md"]
+
+
 def test_every_gpu_shape_has_its_own_request_row(tmp_path):
     """On GPUs, 1, 2 and 4 GPUs all fit one node: each shape keeps its own row (a label shared
     by two shapes kept only the last one in the documents, whose rows then did not add up to

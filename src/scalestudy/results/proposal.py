@@ -8,8 +8,9 @@ slides.tex from it plus the analysis CSVs (render_report's formats and its hones
                      measured w <= W (the efficiency "stays above" it); E_s from scaling.csv
     thin evidence    fewer than MIN_WORLD_SIZES strong world sizes, a point with n < MIN_REPEATS,
                      or no measured run at the chosen scale: the documents say so and price the
-                     runs that would fix it (NEXT_REPEATS repeats each) that the study's own run
-                     table does not hold (those are priced in its rows, once)
+                     runs that would fix it (NEXT_REPEATS repeats each; new world sizes double
+                     the largest, else halve the smallest) that the study's own run table does
+                     not hold (those are priced in its rows, once), or that there are none
     hours per run    the planner's estimate (study/estimate.py, calibrated from results/csv/runs.csv
                      and benchmarks/train/ where a measured run matches, its defaults where none
                      does: each source cell and the text say which, planner_source) averaged
@@ -214,6 +215,13 @@ def next_runs(config, points, chosen, thin, measured, table):
         if not _fits(config, w):
             break  # the global batch or the node size admits no larger strong-scaling run
         new.append(w)
+    w = min(sizes)  # a smaller world size is a point of the curve too (32 images on 32 ranks)
+    while thin["few_world_sizes"] and len(sizes) + len(new) < MIN_WORLD_SIZES and w > 1:
+        w //= 2
+        if not _fits(config, w):
+            break
+        new.append(w)
+    new.sort()
     out = {}
     if new:
         c = _strong_config(config, new, NEXT_REPEATS)
@@ -223,7 +231,7 @@ def next_runs(config, points, chosen, thin, measured, table):
         out["repeats"] = [e for e in estimate_runs(c, build_run_table(c), measured) if not e.done]
     study = {r["run"] for r in table}
     out = {k: [e for e in v if e.run not in study] for k, v in out.items()}
-    return {k: v for k, v in out.items() if v}, new
+    return {k: v for k, v in out.items() if v}, new, len(sizes) + len(new)
 
 
 # --- the request ---------------------------------------------------------------------------------
@@ -423,15 +431,34 @@ def proposal_rows(
             ),
         ]
     table = build_run_table(config)
-    nxt, new_sizes = next_runs(config, points, chosen, thin, measured, table)
+    nxt, new_sizes, planned = next_runs(config, points, chosen, thin, measured, table)
     for w in new_sizes:  # one item each: (section, item, quantity) keys one cell
-        rows.append(
-            _row("next", f"new world size {w}", "world_size", w, "ranks", "2 x the largest")
-        )
+        how = "2 x the largest" if w > points[-1]["w"] else "half the smallest"
+        rows.append(_row("next", f"new world size {w}", "world_size", w, "ranks", how))
     req: list[dict] = []
     priced: list = []  # every training estimate of the request, for the calibration rows
     where = measured[0].get(SOURCE, RUNS_CSV) if measured else None
     study = estimate_runs(config, table, measured)
+    # what the documents say of thin evidence the next runs cannot fix: fewer world sizes than
+    # the bar even with the new ones, or gaps that the study's own runs not measured yet fill
+    rows += [
+        _row(
+            "evidence",
+            "planned",
+            "world_sizes",
+            planned,
+            "world sizes",
+            "measured, configured (families.strong.gpus) and new",
+        ),
+        _row(
+            "evidence",
+            "study",
+            "runs_not_measured",
+            sum(not e.done for e in study),
+            "runs",
+            "the run table's runs without a measurement in runs.csv",
+        ),
+    ]
     for item, members in _grouped("scaling study", study):
         req += request_rows(item, members, planner_source(members, where))
         priced += members
@@ -550,6 +577,11 @@ def context(tables: dict, rows: list[dict], config: dict, figure_dir: str) -> di
         has_holdout=("model", "holdout") in v,
         has_below=("scale", "first below") in v,
         has_production=("production", "run") in v,
+        # thin evidence: runs of the study not measured yet, in its own request rows; fewer
+        # world sizes than the bar even with the new ones (none fits the global batch)
+        pending=int(v[("evidence", "study")]["runs_not_measured"]),
+        short=int(v[("evidence", "planned")]["world_sizes"])
+        < int(v[("evidence", "bar")]["world_sizes"]),
         # "all", "none" or "some" of the priced runs calibrated from the measured ones
         calibration=_calibration(v[("planner", "calibration")]),
         new_sizes=[r["value"] for r in rows if r["section"] == "next"],
