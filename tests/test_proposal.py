@@ -224,6 +224,24 @@ def test_a_smaller_world_size_is_a_next_run_when_no_larger_one_fits(tmp_path):
     assert "These runs are part of the request below." in docs["proposal.md"]
 
 
+@pytest.mark.parametrize("where", ["next runs", "the study's own runs"])
+def test_a_larger_scale_in_the_request_is_not_said_to_be_unasked(demo, tmp_path, where):
+    """E_s stays above the threshold up to the largest size measured (4 ranks): the documents
+    said a larger scale "is not asked for" while the request priced 8 ranks, as next runs (the
+    demo) or as the study's own runs not measured yet (8 configured, not run)."""
+    if where == "next runs":
+        _, study, docs = demo
+    else:
+        overrides = ("families.strong.gpus=[1,2,4,8]",)
+        config, study = build(tmp_path, *overrides, missing=lambda r: r["world_size"] == 8)
+        docs = write(config, study)
+    assert ("scale", "first below") not in cells(study)
+    for name in ("proposal.md", "proposal.tex"):
+        flat = " ".join(docs[name].split())
+        assert "not asked for" not in flat, name
+        assert f"the request prices runs at 8 ranks ({where}" in flat, name
+
+
 def test_every_gpu_shape_has_its_own_request_row(tmp_path):
     """On GPUs, 1, 2 and 4 GPUs all fit one node: each shape keeps its own row (a label shared
     by two shapes kept only the last one in the documents, whose rows then did not add up to

@@ -435,6 +435,20 @@ def proposal_rows(
     for w in new_sizes:  # one item each: (section, item, quantity) keys one cell
         how = "2 x the largest" if w > points[-1]["w"] else "half the smallest"
         rows.append(_row("next", f"new world size {w}", "world_size", w, "ranks", how))
+    # strong sizes of the study not measured yet: asked for in its own rows (the documents
+    # said a scale beyond the measured ones "is not asked for")
+    configured = {r["world_size"] for r in table if "strong" in r["families"].split(";")}
+    for w in sorted(configured - {q["w"] for q in points}):
+        rows.append(
+            _row(
+                "evidence",
+                f"configured world size {w}",
+                "world_size",
+                w,
+                "ranks",
+                "families.strong.gpus, not measured yet: in the scaling study's rows",
+            )
+        )
     req: list[dict] = []
     priced: list = []  # every training estimate of the request, for the calibration rows
     where = measured[0].get(SOURCE, RUNS_CSV) if measured else None
@@ -562,10 +576,17 @@ def context(tables: dict, rows: list[dict], config: dict, figure_dir: str) -> di
     items = lambda s: list(dict.fromkeys(r["item"] for r in rows if r["section"] == s))  # noqa: E731
     style = config["proposal"]["style"]
     thin = {k: v[("evidence", "thin")][k] == "yes" for k in v[("evidence", "thin")]}
+    strong = [r for r in tables["scaling"] if r["family"] == "strong"]
+    new_sizes = [r["value"] for r in rows if r["section"] == "next"]
+    asked = [(w, "next runs") for w in new_sizes] + [
+        (r["value"], "the study's own runs, not measured yet")
+        for r in rows
+        if r["item"].startswith("configured world size")
+    ]
     ctx.update(
         P=v,
         text={k[1]: q["text"] for k, q in v.items() if k[0] == "text"},
-        strong=[r for r in tables["scaling"] if r["family"] == "strong"],
+        strong=strong,
         request_items=items("request"),
         next_items=[i for i in items("request") if i.startswith("next runs")],
         periods=items("period"),
@@ -584,7 +605,12 @@ def context(tables: dict, rows: list[dict], config: dict, figure_dir: str) -> di
         < int(v[("evidence", "bar")]["world_sizes"]),
         # "all", "none" or "some" of the priced runs calibrated from the measured ones
         calibration=_calibration(v[("planner", "calibration")]),
-        new_sizes=[r["value"] for r in rows if r["section"] == "next"],
+        new_sizes=new_sizes,
+        # world sizes beyond the largest measured that the request prices, and where
+        larger=sorted(
+            ((w, how) for w, how in asked if int(w) > max(int(r["world_size"]) for r in strong)),
+            key=lambda x: int(x[0]),
+        ),
         # GPU-hours and GPU energy apply to a GPU study only: a CPU study's 0 GPUs per run are
         # shown as n/a, not as a measured "0 GPU-hours"
         gpu_study=ctx["system"].get(("study", "device")) == "cuda",
