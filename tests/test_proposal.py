@@ -360,6 +360,42 @@ def test_styles_periods_and_ercap_node_counts(tmp_path):
         assert f"{exact} node-hours" in docs[name] or f" {exact} " in docs[name], name
 
 
+def md_table(text: str, head: str) -> list[list[str]]:
+    """The body rows of the Markdown table whose header starts with `head`, cell by cell."""
+    table = text[text.index(head) :]
+    lines = table[: table.index("\n\n")].splitlines()[2:]
+    return [[c.strip().strip("*") for c in line.strip("|").split("|")] for line in lines]
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ("proposal.contingency=0.0833333333333",),  # 1/12: its product has more digits
+        ("proposal.total_months=7", "proposal.period_months=2"),  # 2/7 of the request
+    ],
+)
+def test_the_printed_contingency_and_periods_add_up_to_the_printed_request(tmp_path, overrides):
+    """Summed as printed, to the last digit: subtotal + contingency was more than the request
+    (each a float rounded to 12 digits: 0.45064 + 0.0375533333333 > 0.488193333333), and the
+    periods, each rounded on its own, less than it."""
+    from decimal import Decimal
+
+    config, study = build(tmp_path, *STRONG, *overrides)
+    docs = write(config, study)
+    c = cells(study)
+    rows = {r[0]: Decimal(r[4]) for r in md_table(docs["proposal.md"], "| experiment | runs |")}
+    [contingency] = [v for k, v in rows.items() if k.startswith("contingency")]
+    assert rows["subtotal"] + contingency == rows["request"]
+    fraction = Decimal(c[("total", "contingency")]["fraction"])
+    assert contingency >= rows["subtotal"] * fraction  # rounded up, never below its share
+    if "proposal.period_months=2" in overrides:
+        periods = md_table(docs["proposal.md"], "| period | months |")
+        assert [p[1] for p in periods] == ["2", "2", "2", "1"]
+        assert sum(Decimal(p[2]) for p in periods) == rows["request"]
+        timeline = re.findall(r"months\): ([\d.]+) node-hours", docs["slides.tex"])
+        assert sum(Decimal(x) for x in timeline) == rows["request"]
+
+
 @pytest.mark.parametrize("which", ["thin", "strong"])
 def test_no_production_is_promised_when_none_is_requested(tmp_path, which):
     """proposal.production.runs 0: the request has no production row, and no document says

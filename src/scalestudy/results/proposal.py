@@ -21,7 +21,9 @@ slides.tex from it plus the analysis CSVs (render_report's formats and its hones
     profiling        profiled runs x their Slurm time limit (hardware.runtime_min), per job of
                      profile_capture (and profile_ncu when Nsight Compute runs): requested, not
                      estimated
-    request          = sum of the rows + contingency x that sum; periods share it by months
+    request          = sum of the rows + contingency x that sum (rounded up), in Decimal from
+                     the cells; periods share it by months, the last one the rest: the printed
+                     cells add up exactly
     energy           the planner's GPU kWh of the training rows (measured J/img), else unmeasured
 
     scalestudy proposal --config config/demo.yaml --csv-dir results/csv --out-dir reports
@@ -35,6 +37,7 @@ import csv
 import io
 import math
 from collections import defaultdict
+from decimal import ROUND_CEILING, Context, Decimal
 from pathlib import Path
 
 import jinja2
@@ -115,6 +118,7 @@ STYLES = {
 }
 NOT_ESTIMATED = "not estimated"  # profiling jobs' energy: no J/img of a profiled window
 ARCHER2_PERIOD_MONTHS = 6  # ARCHER2 allocations are reported per 6-month period
+CELL_DIGITS = 12  # significant digits of a float cell (analyze.cell) and of render_report's exact
 
 
 def _row(section, item, quantity, value, unit="", source=""):
@@ -300,10 +304,34 @@ def profiling_jobs(config: dict) -> list[_Job]:
     return [_Job(r["nodes"], r["gpus"], seconds) for r in runs for _ in range(jobs_per_run)]
 
 
+def _decimal(x: Decimal) -> str:
+    """A Decimal as a cell: fixed point, no trailing zeros (str() gives 0E-12 and 1.2E+2)."""
+    return format(x.normalize(), "f")
+
+
+def ceil_cell(x: Decimal, total: Decimal) -> Decimal:
+    """x rounded up at the last of the CELL_DIGITS significant digits a cell of `total`'s size
+    holds: a part of a printed sum that adds up to it exactly, never below x."""
+    if total <= 0:
+        return x
+    q = Decimal(1).scaleb(total.adjusted() - CELL_DIGITS + 1)
+    return (x / q).to_integral_value(ROUND_CEILING) * q
+
+
 def totals(rows: list[dict], contingency: float, proposal: dict, style: str) -> list[dict]:
+    """Subtotal, contingency and request from the printed cells, in Decimal: the printed
+    subtotal is the sum of the printed rows and the request the printed subtotal plus the
+    printed contingency (rounded up; with floats, 0.0833 of a subtotal printed a request below
+    its parts)."""
     req = [r for r in rows if r["section"] == "request"]
-    node_h = sum(float(r["value"]) for r in req if r["quantity"] == "node_hours")
-    gpu_h = sum(float(r["value"]) for r in req if r["quantity"] == "gpu_hours")
+    fraction = Decimal(cell(contingency))
+    sub = {
+        q: sum((Decimal(r["value"]) for r in req if r["quantity"] == q), Decimal(0))
+        for q in ("node_hours", "gpu_hours")
+    }
+    cont = {q: ceil_cell(x * fraction, x * (1 + fraction)) for q, x in sub.items()}
+    total = {q: sub[q] + cont[q] for q in sub}
+    node_h, gpu_h = (_decimal(sub[q]) for q in sub)
     kwh = [r["value"] for r in req if r["quantity"] == "energy_kwh" and r["value"] != NOT_ESTIMATED]
     energy = "not measured" if "not measured" in kwh else sum(float(x) for x in kwh)
     src = "sum of the request rows"
@@ -315,23 +343,23 @@ def totals(rows: list[dict], contingency: float, proposal: dict, style: str) -> 
             "total",
             "contingency",
             "node_hours",
-            node_h * contingency,
+            _decimal(cont["node_hours"]),
             "node-hours",
-            "fraction x subtotal",
+            "fraction x subtotal, rounded up",
         ),
         _row(
             "total",
             "contingency",
             "gpu_hours",
-            gpu_h * contingency,
+            _decimal(cont["gpu_hours"]),
             "GPU-hours",
-            "fraction x subtotal",
+            "fraction x subtotal, rounded up",
         ),
         _row(
             "total",
             "request",
             "node_hours",
-            node_h * (1 + contingency),
+            _decimal(total["node_hours"]),
             "node-hours",
             "subtotal + contingency",
         ),
@@ -339,7 +367,7 @@ def totals(rows: list[dict], contingency: float, proposal: dict, style: str) -> 
             "total",
             "request",
             "gpu_hours",
-            gpu_h * (1 + contingency),
+            _decimal(total["gpu_hours"]),
             "GPU-hours",
             "subtotal + contingency",
         ),
@@ -352,26 +380,36 @@ def totals(rows: list[dict], contingency: float, proposal: dict, style: str) -> 
             "training rows' GPU kWh, no contingency",
         ),
     ]
-    total = node_h * (1 + contingency), gpu_h * (1 + contingency)
-    return out + periods(total, proposal, style)
+    return out + periods((total["node_hours"], total["gpu_hours"]), proposal, style)
 
 
-def periods(total: tuple[float, float], proposal: dict, style: str) -> list[dict]:
+def periods(total: tuple[Decimal, Decimal], proposal: dict, style: str) -> list[dict]:
+    """The request by period: months / total_months of it each, to a cell's digits, and the
+    last one the rest, so that the printed periods add up to the printed request (each rounded
+    on its own, they did not, and could fall short of it)."""
     months = proposal["period_months"]
     if months is None and style == "archer2":
         months = min(ARCHER2_PERIOD_MONTHS, proposal["total_months"])
     if months is None:
         return []
     total_months, out, start = proposal["total_months"], [], 0
-    src = "request x months / total_months"
-    for i in range(math.ceil(total_months / months)):
+    count = math.ceil(total_months / months)
+    given = [Decimal(0), Decimal(0)]
+    digits = Context(prec=CELL_DIGITS)
+    for i in range(count):
         m = min(months, total_months - start)
-        share = m / total_months
+        if i < count - 1:
+            src = "request x months / total_months"
+            shares = [digits.create_decimal(t * m / total_months) for t in total]
+        else:
+            src = "request - the earlier periods"
+            shares = [t - g for t, g in zip(total, given, strict=True)]
+        given = [g + x for g, x in zip(given, shares, strict=True)]
         item = f"period {i + 1}"
         out += [
             _row("period", item, "months", m, "months", "proposal.period_months"),
-            _row("period", item, "node_hours", total[0] * share, "node-hours", src),
-            _row("period", item, "gpu_hours", total[1] * share, "GPU-hours", src),
+            _row("period", item, "node_hours", _decimal(shares[0]), "node-hours", src),
+            _row("period", item, "gpu_hours", _decimal(shares[1]), "GPU-hours", src),
         ]
         start += m
     return out
