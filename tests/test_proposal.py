@@ -277,6 +277,26 @@ def test_strong_evidence_chooses_the_knee(strong):
     assert "| production at 4 ranks | 3 |" in docs["proposal.md"]
 
 
+def test_an_efficiency_near_the_threshold_is_printed_apart_from_it(tmp_path, monkeypatch):
+    """E_s 0.6996 against 0.7 printed "falls to 70.0%, below the threshold" of "at least
+    70.0%"; the chosen scale's 0.70004 the same 70.0%: each has the digits that tell it apart
+    (render_report.fmt_pct_apart, as the paper's verdicts)."""
+    monkeypatch.setitem(EFFICIENCY, 4, 0.70004)
+    monkeypatch.setitem(EFFICIENCY, 8, 0.6996)
+    config, study = build(tmp_path, *STRONG)
+    docs = write(config, study)
+    c = cells(study)
+    assert c[("scale", "chosen")]["world_size"] == "4"
+    assert c[("scale", "first below")]["world_size"] == "8"
+    md, tex, slides = (" ".join(docs[n].split()) for n in proposal.DOCUMENTS)
+    assert "E_s of at least 70.0%" in md and "falls to 69.96%, below the threshold" in md
+    assert "measured E_s 70.004% (n = 3)" in md and "| 69.96% |" in md
+    assert "falls to 69.96\\,\\%" in tex and "measured $E_s$ 70.004\\,\\%" in tex
+    assert "$E_s$ = 70.004\\,\\%" in slides
+    for text in (md, tex, slides):
+        assert not re.search(r"(E_s\$?|falls to|=) 70\.0\b", text)
+
+
 @pytest.mark.parametrize("which", ["demo", "strong"])
 @pytest.mark.parametrize("name", list(proposal.DOCUMENTS))
 def test_every_number_is_a_csv_cell(request, which, name):
