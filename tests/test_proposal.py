@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import sys
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -297,6 +298,40 @@ def test_an_efficiency_near_the_threshold_is_printed_apart_from_it(tmp_path, mon
         assert not re.search(r"(E_s\$?|falls to|=) 70\.0\b", text)
 
 
+@pytest.mark.parametrize("epochs", [None, 300])
+def test_the_printed_energy_rows_add_up_to_the_printed_total(tmp_path, monkeypatch, epochs):
+    """GPU kWh per request row printed to 3 digits (0.000557, ...) summed to 0.002285, not the
+    printed total 0.00229; they print as their cells now, and the rows' cells have the digits
+    of the total's (each to 12 digits of its own, their sum had 13, and a production row 100 x
+    the others more)."""
+    measured = measured_runs
+
+    def with_energy(config):  # J/img measured, a little higher on more GPUs
+        return [
+            dict(
+                r,
+                energy_j_per_img=0.0537 * (1 + 0.013 * r["world_size"]) ** 0.5,
+                device_name="H100",
+            )
+            for r in measured(config)
+        ]
+
+    monkeypatch.setattr(sys.modules[__name__], "measured_runs", with_energy)
+    more = () if epochs is None else (f"proposal.production.epochs={epochs}",)
+    config, study = build(tmp_path, *STRONG, "hardware.device=cuda", *more)
+    docs = write(config, study)
+    table = md_table(docs["proposal.md"], "| experiment | runs |")
+    kwh = [Decimal(r[7]) for r in table[:-3] if r[7] != "not estimated"]
+    [total] = [Decimal(r[7]) for r in table if r[0] == "request"]
+    assert len(kwh) == 5 and sum(kwh) == total
+    for name in ("proposal.tex", "slides.tex"):
+        assert f" {report.fmt_exact(total)}" in docs[name], name
+    tables = report.load_tables(study / "results/csv", report.ANALYSIS_TABLES)
+    tables["proposal"] = read(study / "results/csv/proposal.csv")
+    for name, text in docs.items():
+        assert report.numbers_backed_by_csvs(text, tables) == [], name
+
+
 @pytest.mark.parametrize("which", ["demo", "strong"])
 @pytest.mark.parametrize("name", list(proposal.DOCUMENTS))
 def test_every_number_is_a_csv_cell(request, which, name):
@@ -398,8 +433,6 @@ def test_the_printed_contingency_and_periods_add_up_to_the_printed_request(tmp_p
     """Summed as printed, to the last digit: subtotal + contingency was more than the request
     (each a float rounded to 12 digits: 0.45064 + 0.0375533333333 > 0.488193333333), and the
     periods, each rounded on its own, less than it."""
-    from decimal import Decimal
-
     config, study = build(tmp_path, *STRONG, *overrides)
     docs = write(config, study)
     c = cells(study)

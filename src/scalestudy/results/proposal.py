@@ -24,7 +24,8 @@ slides.tex from it plus the analysis CSVs (render_report's formats and its hones
     request          = sum of the rows + contingency x that sum (rounded up), in Decimal from
                      the cells; periods share it by months, the last one the rest: the printed
                      cells add up exactly
-    energy           the planner's GPU kWh of the training rows (measured J/img), else unmeasured
+    energy           the planner's GPU kWh of the training rows (measured J/img), else unmeasured;
+                     each row's cell to the digits of their total's, which is their sum
 
     scalestudy proposal --config config/demo.yaml --csv-dir results/csv --out-dir reports
 """
@@ -309,13 +310,33 @@ def _decimal(x: Decimal) -> str:
     return format(x.normalize(), "f")
 
 
+def quantum(total: Decimal) -> Decimal:
+    """The last of the CELL_DIGITS significant digits a cell of `total`'s size holds."""
+    return Decimal(1).scaleb(total.adjusted() - CELL_DIGITS + 1)
+
+
 def ceil_cell(x: Decimal, total: Decimal) -> Decimal:
-    """x rounded up at the last of the CELL_DIGITS significant digits a cell of `total`'s size
-    holds: a part of a printed sum that adds up to it exactly, never below x."""
+    """x rounded up at quantum(total): a part of a printed sum that adds up to it exactly,
+    never below x."""
     if total <= 0:
         return x
-    q = Decimal(1).scaleb(total.adjusted() - CELL_DIGITS + 1)
+    q = quantum(total)
     return (x / q).to_integral_value(ROUND_CEILING) * q
+
+
+def energy_cells(req: list[dict]) -> None:
+    """The training rows' kWh cells rounded at the quantum of their total, in place: the printed
+    rows add up to the printed total (each to 12 digits of its own, 0.000553450730515 +
+    0.000835486009313 + ... needed 13 digits, and the total's cell was rounded)."""
+    kwh = [
+        r
+        for r in req
+        if r["quantity"] == "energy_kwh" and r["value"] not in (NOT_ESTIMATED, "not measured")
+    ]
+    total = sum((Decimal(r["value"]) for r in kwh), Decimal(0))
+    if total > 0:
+        for r in kwh:
+            r["value"] = _decimal(Decimal(r["value"]).quantize(quantum(total)))
 
 
 def totals(rows: list[dict], contingency: float, proposal: dict, style: str) -> list[dict]:
@@ -333,7 +354,9 @@ def totals(rows: list[dict], contingency: float, proposal: dict, style: str) -> 
     total = {q: sub[q] + cont[q] for q in sub}
     node_h, gpu_h = (_decimal(sub[q]) for q in sub)
     kwh = [r["value"] for r in req if r["quantity"] == "energy_kwh" and r["value"] != NOT_ESTIMATED]
-    energy = "not measured" if "not measured" in kwh else sum(float(x) for x in kwh)
+    energy = (
+        "not measured" if "not measured" in kwh else _decimal(sum(map(Decimal, kwh), Decimal(0)))
+    )
     src = "sum of the request rows"
     out = [
         _row("total", "subtotal", "node_hours", node_h, "node-hours", src),
@@ -541,6 +564,7 @@ def proposal_rows(
             req += request_rows(
                 item, members, "hardware.runtime_min per profiling job", train=False
             )
+    energy_cells(req)
     rows += req
     rows += totals(rows, contingency, p, style)
     if style == "ercap":
