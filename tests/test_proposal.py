@@ -723,6 +723,34 @@ def test_the_request_says_whether_the_planner_was_calibrated(demo, tmp_path):
     assert "\\textbf{not calibrated}" in (other / "reports/proposal.tex").read_text()
 
 
+def test_plan_calibrate_false_is_named_as_the_reason(tmp_path, monkeypatch):
+    """plan.calibrate false: the planner reads no measured run, yet the source cells said "no
+    run of runs.csv matches" and the text "no measured run matches these runs"; the energy of
+    runs with a measured J/img read "not measured"."""
+    measured = measured_runs
+
+    def with_energy(config):
+        return [dict(r, energy_j_per_img=0.05, device_name="H100") for r in measured(config)]
+
+    monkeypatch.setattr(sys.modules[__name__], "measured_runs", with_energy)
+    config, study = build(tmp_path, *STRONG, "hardware.device=cuda", "plan.calibrate=false")
+    docs = write(config, study)
+    rows = read(study / "results/csv/proposal.csv")
+    planned = {r["source"] for r in rows if "planner" in r["source"]}
+    assert planned == {
+        "study/estimate.py planner, not calibrated: plan.calibrate is false (its defaults)"
+    }
+    c = cells(study)
+    assert c[("total", "request")]["energy_kwh"] == "not used (plan.calibrate false)"
+    md = " ".join(docs["proposal.md"].split())
+    assert "**not calibrated**: plan.calibrate is false, so they are" in md
+    assert "no measured run matches" not in md
+    energy = {r[7] for r in md_table(docs["proposal.md"], "| experiment | runs |") if r[7]}
+    assert energy == {"not used (plan.calibrate false)", "not estimated"}  # profiling's
+    assert "\\textbf{not calibrated}: plan.calibrate is false" in docs["proposal.tex"]
+    assert "GPU energy: not used (plan.calibrate false)." in docs["slides.tex"]
+
+
 def test_an_output_that_cannot_be_written_leaves_every_old_file_as_it_was(demo, tmp_path, capsys):
     """--out-dir naming a file: proposal.csv was rewritten, then the documents failed ("File
     exists"), so a new proposal.csv stood beside the old documents."""

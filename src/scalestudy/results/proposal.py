@@ -13,7 +13,8 @@ slides.tex from it plus the analysis CSVs (render_report's formats and its hones
                      not hold (those are priced in its rows, once), or that there are none
     hours per run    the planner's estimate (study/estimate.py, calibrated from results/csv/runs.csv
                      and benchmarks/train/ where a measured run matches, its defaults where none
-                     does: each source cell and the text say which, planner_source) averaged
+                     does or plan.calibrate is false: each source cell and the text say which,
+                     planner_source) averaged
                      over a row's runs, rounded UP to 3 significant
                      digits, so that the printed table (its products and sums printed as the
                      cells hold them, render_report's `exact`) recomputes exactly:
@@ -24,7 +25,8 @@ slides.tex from it plus the analysis CSVs (render_report's formats and its hones
     request          = sum of the rows + contingency x that sum (rounded up), in Decimal from
                      the cells; periods share it by months, the last one the rest: the printed
                      cells add up exactly
-    energy           the planner's GPU kWh of the training rows (measured J/img), else unmeasured;
+    energy           the planner's GPU kWh of the training rows (measured J/img), else unmeasured
+                     ("not used" with plan.calibrate false: the planner reads no measured run);
                      each row's cell to the digits of their total's, which is their sum
 
     scalestudy proposal --config config/demo.yaml --csv-dir results/csv --out-dir reports
@@ -118,6 +120,9 @@ STYLES = {
     ],
 }
 NOT_ESTIMATED = "not estimated"  # profiling jobs' energy: no J/img of a profiled window
+NOT_MEASURED = "not measured"  # no measured run of the same precision and world size has J/img
+NOT_USED = "not used (plan.calibrate false)"  # the planner reads no measured J/img then
+ENERGY_WORDS = (NOT_ESTIMATED, NOT_MEASURED, NOT_USED)  # an energy cell that is no number
 ARCHER2_PERIOD_MONTHS = 6  # ARCHER2 allocations are reported per 6-month period
 CELL_DIGITS = 12  # significant digits of a float cell (analyze.cell) and of render_report's exact
 
@@ -257,13 +262,15 @@ def _shape(experiment: str, nodes: int, gpus: int) -> str:
     return f"{experiment}, {gpus} GPU{'s' if gpus > 1 else ''} on {where}"
 
 
-def planner_source(members, where: str | None) -> str:
+def planner_source(members, where: str | None, calibrate: bool = True) -> str:
     """The source cell of estimates: calibrated from the measured runs only where they are (a
-    proposal without a runs.csv, or whose runs match none of the config's, is priced by the
-    planner's defaults, and says so)."""
+    proposal without a runs.csv, or whose runs match none of the config's, or with
+    plan.calibrate false, is priced by the planner's defaults, and says which)."""
     calibrated = sum(e.calibrated for e in members)
     if where is None:
         return f"{PLANNER}, not calibrated: no measured runs were read (its defaults)"
+    if not calibrate:  # the runs were read, and match: "no run matches" was not the reason
+        return f"{PLANNER}, not calibrated: plan.calibrate is false (its defaults)"
     if calibrated == len(members):
         return f"{PLANNER}, calibrated from {where}"
     if calibrated == 0:
@@ -271,12 +278,13 @@ def planner_source(members, where: str | None) -> str:
     return f"{PLANNER}, calibrated from {where} for {calibrated} of {len(members)} runs"
 
 
-def request_rows(item: str, members, source: str, train: bool = True) -> list[dict]:
+def request_rows(item: str, members, source: str, train: bool = True, calibrate: bool = True):
     """One row of the request table: runs x hours per run x nodes = node-hours (and GPUs)."""
     runs, nodes, gpus = len(members), members[0].nodes, members[0].gpus
     hours = ceil3(sum(e.runtime_s for e in members) / runs / 3600)
     kwh = [e.energy_kwh for e in members]
-    energy = sum(kwh) if None not in kwh else "not measured"
+    # plan.calibrate false: the planner reads no measured run, its J/img neither
+    energy = sum(kwh) if None not in kwh else NOT_MEASURED if calibrate else NOT_USED
     values = {
         "runs": (runs, "runs"),
         "hours_per_run": (hours, "h"),
@@ -328,11 +336,7 @@ def energy_cells(req: list[dict]) -> None:
     """The training rows' kWh cells rounded at the quantum of their total, in place: the printed
     rows add up to the printed total (each to 12 digits of its own, 0.000553450730515 +
     0.000835486009313 + ... needed 13 digits, and the total's cell was rounded)."""
-    kwh = [
-        r
-        for r in req
-        if r["quantity"] == "energy_kwh" and r["value"] not in (NOT_ESTIMATED, "not measured")
-    ]
+    kwh = [r for r in req if r["quantity"] == "energy_kwh" and r["value"] not in ENERGY_WORDS]
     total = sum((Decimal(r["value"]) for r in kwh), Decimal(0))
     if total > 0:
         for r in kwh:
@@ -354,9 +358,8 @@ def totals(rows: list[dict], contingency: float, proposal: dict, style: str) -> 
     total = {q: sub[q] + cont[q] for q in sub}
     node_h, gpu_h = (_decimal(sub[q]) for q in sub)
     kwh = [r["value"] for r in req if r["quantity"] == "energy_kwh" and r["value"] != NOT_ESTIMATED]
-    energy = (
-        "not measured" if "not measured" in kwh else _decimal(sum(map(Decimal, kwh), Decimal(0)))
-    )
+    words = [x for x in kwh if x in ENERGY_WORDS]  # a training row without kWh: no total
+    energy = words[0] if words else _decimal(sum(map(Decimal, kwh), Decimal(0)))
     src = "sum of the request rows"
     out = [
         _row("total", "subtotal", "node_hours", node_h, "node-hours", src),
@@ -513,6 +516,13 @@ def proposal_rows(
     req: list[dict] = []
     priced: list = []  # every training estimate of the request, for the calibration rows
     where = measured[0].get(SOURCE, RUNS_CSV) if measured else None
+    calibrate = config["plan"]["calibrate"]
+
+    def planner_rows(item, members):  # a request row of the planner's, its source cell says how
+        return request_rows(
+            item, members, planner_source(members, where, calibrate), True, calibrate
+        )
+
     study = estimate_runs(config, table, measured)
     # what the documents say of thin evidence the next runs cannot fix: fewer world sizes than
     # the bar even with the new ones, or gaps that the study's own runs not measured yet fill
@@ -535,11 +545,11 @@ def proposal_rows(
         ),
     ]
     for item, members in _grouped("scaling study", study):
-        req += request_rows(item, members, planner_source(members, where))
+        req += planner_rows(item, members)
         priced += members
     for what, estimates in nxt.items():
         for item, members in _grouped(f"next runs ({what})", estimates):
-            req += request_rows(item, members, planner_source(members, where))
+            req += planner_rows(item, members)
             priced += members
     if p["production"]["runs"]:
         epochs = p["production"]["epochs"] or config["train"]["epochs"]
@@ -552,10 +562,10 @@ def proposal_rows(
             # a GPU study: "production, 2 GPUs on 1 node", as the other rows; a CPU one its ranks
             ranks = f"{chosen['w']} {report.plural('ranks', chosen['w'])}"
             item = shape if members[0].gpus else f"production at {ranks}"
-            req += request_rows(item, members, planner_source(members, where))
+            req += planner_rows(item, members)
             priced += members
     calibrated = sum(e.calibrated for e in priced)
-    src = planner_source(priced, where)
+    src = planner_source(priced, where, calibrate)
     rows.append(_row("planner", "calibration", "runs_priced", len(priced), "runs", src))
     rows.append(_row("planner", "calibration", "runs_calibrated", calibrated, "runs", src))
     jobs = profiling_jobs(config)
@@ -667,6 +677,8 @@ def context(tables: dict, rows: list[dict], config: dict, figure_dir: str) -> di
         < int(v[("evidence", "bar")]["world_sizes"]),
         # "all", "none" or "some" of the priced runs calibrated from the measured ones
         calibration=_calibration(v[("planner", "calibration")]),
+        calibrate=config["plan"]["calibrate"],  # false: "none", and the reason
+        energy_words=ENERGY_WORDS,  # energy cells the documents print as words
         new_sizes=new_sizes,
         # world sizes beyond the largest measured that the request prices, and where
         larger=sorted(
