@@ -751,6 +751,24 @@ def test_plan_calibrate_false_is_named_as_the_reason(tmp_path, monkeypatch):
     assert "GPU energy: not used (plan.calibrate false)." in docs["slides.tex"]
 
 
+@pytest.mark.parametrize("given", [False, True])
+def test_a_source_cell_names_the_key_its_value_is_from(tmp_path, given):
+    """proposal.contingency and proposal.production.epochs null take plan.contingency and
+    train.epochs: the source cells named the proposal's keys all the same."""
+    overrides = ("proposal.contingency=0.1", "proposal.production.epochs=7") if given else ()
+    config, study = build(tmp_path, *STRONG, "plan.contingency=0.35", *overrides)
+    write(config, study)
+    rows = read(study / "results/csv/proposal.csv")
+    source = {(r["section"], r["item"], r["quantity"]): (r["value"], r["source"]) for r in rows}
+    if given:
+        assert source[("total", "contingency", "fraction")] == ("0.1", "proposal.contingency")
+        assert source[("production", "run", "epochs")] == ("7", "proposal.production.epochs")
+    else:
+        assert source[("total", "contingency", "fraction")] == ("0.35", "plan.contingency")
+        epochs = str(config["train"]["epochs"])
+        assert source[("production", "run", "epochs")] == (epochs, "train.epochs")
+
+
 def test_an_output_that_cannot_be_written_leaves_every_old_file_as_it_was(demo, tmp_path, capsys):
     """--out-dir naming a file: proposal.csv was rewritten, then the documents failed ("File
     exists"), so a new proposal.csv stood beside the old documents."""

@@ -343,11 +343,13 @@ def energy_cells(req: list[dict]) -> None:
             r["value"] = _decimal(Decimal(r["value"]).quantize(quantum(total)))
 
 
-def totals(rows: list[dict], contingency: float, proposal: dict, style: str) -> list[dict]:
+def totals(
+    rows: list[dict], contingency: float, proposal: dict, style: str, key: str
+) -> list[dict]:
     """Subtotal, contingency and request from the printed cells, in Decimal: the printed
     subtotal is the sum of the printed rows and the request the printed subtotal plus the
     printed contingency (rounded up; with floats, 0.0833 of a subtotal printed a request below
-    its parts)."""
+    its parts). `key`: the config key the contingency fraction is from."""
     req = [r for r in rows if r["section"] == "request"]
     fraction = Decimal(cell(contingency))
     sub = {
@@ -364,7 +366,7 @@ def totals(rows: list[dict], contingency: float, proposal: dict, style: str) -> 
     out = [
         _row("total", "subtotal", "node_hours", node_h, "node-hours", src),
         _row("total", "subtotal", "gpu_hours", gpu_h, "GPU-hours", src),
-        _row("total", "contingency", "fraction", contingency, "fraction", "proposal.contingency"),
+        _row("total", "contingency", "fraction", contingency, "fraction", key),
         _row(
             "total",
             "contingency",
@@ -448,7 +450,12 @@ def proposal_rows(
     """Every number of the proposal that no other CSV holds, with its source or formula."""
     p, style = config["proposal"], config["proposal"]["style"]
     threshold = p["efficiency_threshold"]
-    contingency = config["plan"]["contingency"] if p["contingency"] is None else p["contingency"]
+    # the value and the key it is from (the source cells named proposal.contingency for null)
+    contingency, contingency_key = (
+        (config["plan"]["contingency"], "plan.contingency")
+        if p["contingency"] is None
+        else (p["contingency"], "proposal.contingency")
+    )
     points = strong_points(scaling)
     chosen, below = choose_scale(points, threshold)
     thin = thin_reasons(points, chosen)
@@ -553,10 +560,9 @@ def proposal_rows(
             priced += members
     if p["production"]["runs"]:
         epochs = p["production"]["epochs"] or config["train"]["epochs"]
+        key = "proposal.production.epochs" if p["production"]["epochs"] else "train.epochs"
         c = _strong_config(config, [chosen["w"]], p["production"]["runs"], epochs)
-        rows.append(
-            _row("production", "run", "epochs", epochs, "epochs", "proposal.production.epochs")
-        )
+        rows.append(_row("production", "run", "epochs", epochs, "epochs", key))
         production = estimate_runs(c, build_run_table(c), measured)
         for shape, members in _grouped("production", production):
             # a GPU study: "production, 2 GPUs on 1 node", as the other rows; a CPU one its ranks
@@ -576,7 +582,7 @@ def proposal_rows(
             )
     energy_cells(req)
     rows += req
-    rows += totals(rows, contingency, p, style)
+    rows += totals(rows, contingency, p, style, contingency_key)
     if style == "ercap":
         nodes = [int(r["value"]) for r in req if r["quantity"] == "nodes"]
         node_h = defaultdict(float)
