@@ -10,6 +10,7 @@ import logging
 import math
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 from contextlib import redirect_stderr
@@ -661,6 +662,32 @@ def test_calibrated_estimates_within_25_percent(tiny_study):
     )
     print(f"calibrated vs measured: {report}")
     assert max(abs(r["error"]) for r in check) <= 0.25, report
+    # The 25% above is nearly circular: start-up is calibrated as wall_s minus the compute part,
+    # so a compute part of 0 (or any wrong one) moves into the start-up and the estimate still
+    # lands near wall_s. The compute part is checked apart, by hand. Not against wall seconds:
+    # a 4-step run on a shared 2-core machine is mostly start-up and warm-up, so no wall-clock
+    # tolerance both holds there and bites; against the formula at each run's own measured
+    # throughput X (runs.csv), which the calibration uses at its "run" level (repeats 1).
+    # Every run trains N_train = 256 images (4 or 8 full steps of 256), evaluates N_test = 64 at
+    # eval_speedup 3 (config/config.yaml), one epoch; the 2-rank runs' probe passes
+    # N_probe = 2 (comm_probe_steps 1 + 1) x 2 ranks x 32 = 256 images, 1 rank none:
+    #   compute = (256 + 64 / 3 + N_probe) / X = 277.33.. / X (1 rank), 533.33.. / X (2 ranks)
+    assert config["plan"]["eval_speedup"] == 3 and config["train"]["comm_probe_steps"] == 1
+    images = {1: 256 + 64 / 3, 2: 256 + 64 / 3 + 256}
+    compute = {
+        m["run"]: images[int(m["world_size"])] / float(m["throughput_img_s"]) for m in measured
+    }
+    calibration = estimate.Calibration(config, measured)
+    rows = {r["run"]: r for r in build_run_table(config)}
+    for m in measured:
+        est = estimate.estimate_run(config, rows[m["run"]], calibration)
+        assert est.throughput_basis == "run" and est.startup_basis == "world size"
+        assert est.throughput_img_s == pytest.approx(float(m["throughput_img_s"]), rel=1e-9)
+        assert est.runtime_s - est.startup_s == pytest.approx(compute[m["run"]], rel=1e-9)
+        # start-up: the median over the runs of its world size of wall_s - compute (>= 0)
+        same_w = [o for o in measured if o["world_size"] == m["world_size"]]
+        startup = statistics.median(o["wall_s"] - compute[o["run"]] for o in same_w)
+        assert est.startup_s == pytest.approx(max(0.0, startup), rel=1e-9)
 
 
 # A CPU study of 1-8 ranks on one node whose 1, 2 and 4-rank runs were "measured" from known
