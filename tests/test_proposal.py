@@ -10,6 +10,7 @@ analyze` and `scalestudy proposal` (no GPU, no training: the proposal reads CSVs
 
 from __future__ import annotations
 
+import copy
 import csv
 import os
 import re
@@ -368,6 +369,27 @@ def test_the_request_recomputes_from_its_own_table(request, which):
         v for (s, i), v in c.items() if s == "request" and i.startswith(f"production at {w} ")
     )
     assert prod["runs"] == str(config["proposal"]["production"]["runs"])
+    # ... priced by the planner at that scale: the study config reduced, here by hand, to
+    # `runs` strong-scaling repeats at w (no profiling, production epochs: train.epochs while
+    # proposal.production.epochs is null), as test_scaling_study_rows_are_the_planners_estimates
+    # holds the study rows to the planner's estimates
+    from scalestudy.study.estimate import estimate_runs, load_measured
+
+    runs = config["proposal"]["production"]["runs"]
+    assert config["proposal"]["production"]["epochs"] is None
+    alone = copy.deepcopy(config)
+    for family in alone["families"].values():
+        family["enabled"] = False
+    alone["families"]["strong"].update(enabled=True, gpus=[int(w)])
+    alone["profiling"]["enabled"], alone["repeats"] = False, runs
+    estimates = estimate_runs(
+        alone, build_run_table(alone), load_measured(study / "results/csv/runs.csv")
+    )
+    assert len(estimates) == runs and {e.world_size for e in estimates} == {int(w)}
+    hours = sum(e.runtime_s for e in estimates) / runs / 3600  # rounded up to 3 digits
+    assert hours <= float(prod["hours_per_run"]) <= hours * 1.01
+    assert prod["nodes"] == str(estimates[0].nodes)
+    assert estimates[0].nodes == -(-int(w) // config["hardware"]["gpus_per_node"])  # whole nodes
 
 
 def test_scaling_study_rows_are_the_planners_estimates(strong):
