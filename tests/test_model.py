@@ -177,6 +177,33 @@ def test_exposed_communication_formula_with_equal_buckets():
     assert model.exposed(theta, 1, 1, 4 * model.MIB, 1, t_b)[0] == 0.0
 
 
+@pytest.mark.parametrize(
+    ("t_b", "want", "grad"),
+    [
+        # P = 1.5 MiB at a 1 MiB cap: buckets of 1 MiB (ready at t_b / 1.5), then the 0.5 MiB
+        # rest (ready at t_b). N = 2, one node: s = 2 (N-1) / N = 1, 2 (N-1) = 2 latencies;
+        #   c(1 MiB)   = 2 x 1e-5 + 1,048,576 x 1e-9 = 1.068576e-3 s
+        #   c(0.5 MiB) = 2 x 1e-5 +   524,288 x 1e-9 = 0.544288e-3 s
+        # t_b = 6 ms: bucket 1 done at 4 + 1.068576 + 0.544288 = 5.612864 ms, the rest at
+        # 6 + 0.544288 = 6.544288 ms (the later): exposed 0.544288 ms, the rest's cost alone;
+        # d/dalpha = 2 (one bucket), d/d(1/beta_intra) = s x 524,288 B
+        (6e-3, 0.544288e-3, [2, 524_288, 0]),
+        # t_b = 1.5 ms: bucket 1 done at 1 + 1.612864 = 2.612864 ms, the rest at 1.5 +
+        # 0.544288 = 2.044288 ms: exposed 2.612864 - 1.5 = 1.112864 ms, both buckets' costs
+        # after the first is ready; d/dalpha = 4, d/d(1/beta_intra) = 1,572,864 B
+        (1.5e-3, 1.112864e-3, [4, 1_572_864, 0]),
+    ],
+)
+def test_exposed_communication_with_a_smaller_last_bucket(t_b, want, grad):
+    """DDP's last bucket holds the rest (its gradients are ready last): with the rest first the
+    first case exposes the full bucket's 1.068576 ms, the second 1.068576 ms too."""
+    theta = np.array([1e-5, 1e-9, 0.0])
+    np.testing.assert_array_equal(model.bucket_sizes(1.5 * model.MIB, 1), [2**20, 2**19])
+    exposed, gradient = model.exposed(theta, 2, 1, 1.5 * model.MIB, 1, t_b)
+    assert exposed == pytest.approx(want, rel=1e-9)
+    np.testing.assert_allclose(gradient, grad, rtol=1e-12)
+
+
 # --- the advisor -----------------------------------------------------------------------------
 def test_advisor_picks_the_known_optimum():
     rows = synthetic_rows()
