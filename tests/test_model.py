@@ -229,7 +229,16 @@ def test_advisor_picks_the_known_optimum():
         # recommended cap and at DDP's 25 MiB (the fit recovers the true parameters here)
         assert a.step_s == pytest.approx(truth[a.bucket_cap_mb], rel=1e-6)
         assert a.default_step_s == pytest.approx(truth[25.0], rel=1e-6)
+        # buckets at the recommended cap, ceil(P / cap) of P = 44,695,848 B = 42.6 MiB:
+        # 1 MiB -> 43, 2 -> 22, 5 -> 9 (8.5), 10 -> 5 (4.3), 25 -> 2 (1.7), >= 50 -> 1
+        assert a.buckets == {1.0: 43, 2.0: 22, 5.0: 9, 10.0: 5, 25.0: 2}.get(a.bucket_cap_mb, 1)
+        if a.bucket_cap_mb == model.DEFAULT_BUCKET_MB:
+            assert a.gain == 0.0  # DDP's default kept: nothing gained against itself
+        else:
+            assert a.gain > 0  # another cap only where it beats the default
     assert any(a.gain > 0.05 for a in advice)  # the synthetic study has something to gain
+    # both outcomes occur (2 and 4 ranks: smaller caps; 16 ranks on 4 nodes: the default)
+    assert {a.bucket_cap_mb == model.DEFAULT_BUCKET_MB for a in advice} == {True, False}
 
 
 def test_advisor_says_not_enough_data_when_every_cap_is_one_bucket():
@@ -247,12 +256,13 @@ def test_advisor_keeps_the_default_when_no_cap_beats_it():
     rows = [dict(r, bucket_cap_mb="0.25") if "bk1_" in r["run"] else r for r in demo_rows()]
     pts = model.points(rows)[0]
     advice = model.advise(model.fit_points(pts), pts)
-    assert advice and all(a.bucket_cap_mb is not None for a in advice)
-    for a in advice:
-        if a.buckets == 1:
-            assert a.bucket_cap_mb == model.DEFAULT_BUCKET_MB and a.gain == 0.0
-        else:
-            assert a.gain > 0
+    # every candidate cap (>= 1 MiB = 1,048,576 B) holds P = 705,608 B in one bucket, so every
+    # prediction is the same: one row per world size, each DDP's 25 MiB, one bucket, gain 0
+    # (a cap that beats the default: test_advisor_picks_the_known_optimum)
+    assert [(a.world_size, a.bucket_cap_mb, a.buckets, a.gain) for a in advice] == [
+        (2, model.DEFAULT_BUCKET_MB, 1, 0.0),
+        (4, model.DEFAULT_BUCKET_MB, 1, 0.0),
+    ]
 
 
 # --- inputs ----------------------------------------------------------------------------------
