@@ -796,13 +796,39 @@ def test_an_efficiency_against_a_single_repeat_has_no_spread():
     runs = [
         run("w1", "strong", 1, 256, 1000),
         run("w4", "strong", 4, 64, 3000, repeat=0),
-        run("w4", "strong", 4, 64, 3300, repeat=1),
+        run("w4", "strong", 4, 64, 3600, repeat=1),
+        run("v1", "weak", 1, 64, 500),
+        run("v2", "weak", 2, 64, 900, repeat=0),
+        run("v2", "weak", 2, 64, 1000, repeat=1),
     ]
-    w4 = row(analysis.scaling_table(runs), "strong", 4)
+    table = analysis.scaling_table(runs)
+    w4, v2 = row(table, "strong", 4), row(table, "weak", 2)
     assert w4["strong_efficiency"] is not None and w4["strong_efficiency_std"] is None
+    assert v2["weak_efficiency"] is not None and v2["weak_efficiency_std"] is None
+    # the baselines against themselves: 1 by definition, and no spread (blank with n = 1)
+    assert row(table, "strong", 1)["strong_efficiency_std"] is None
+    assert row(table, "weak", 1)["weak_efficiency_std"] is None
     runs.append(run("w1", "strong", 1, 256, 1100, repeat=1))
-    w4 = row(analysis.scaling_table(runs), "strong", 4)
-    assert w4["strong_efficiency_std"] > 0
+    runs.append(run("v1", "weak", 1, 64, 550, repeat=1))
+    table = analysis.scaling_table(runs)
+    w4, v2 = row(table, "strong", 4), row(table, "weak", 2)
+    # by hand: two repeats x, x + d have the sample std d / sqrt(2), and T = G / X carries X's
+    # relative spread, so s/T = (d / sqrt 2) / mean X:
+    #   strong 1 rank: X 1000, 1100 -> 1050, s0/T0 = 70.711 / 1050 = 0.0673435
+    #   strong 4 ranks: X 3000, 3600 -> 3300, s/T = 424.26 / 3300 = 0.1285649
+    #   E_s = T0 / (4 T) = (256 / 1050) / (4 x 256 / 3300) = 3300 / 4200 = 0.7857143
+    #   std = (T0 / T) hypot(s0/T0, s/T) x N0 / N = E_s x 0.1451339 = 0.1140344
+    assert w4["strong_efficiency"] == pytest.approx(0.7857143, rel=1e-6)
+    assert w4["strong_efficiency_std"] == pytest.approx(0.1140344, rel=1e-6)
+    #   weak 1 rank: X 500, 550 -> 525, s0/T0 = 35.355 / 525 = 0.0673435
+    #   weak 2 ranks: X 900, 1000 -> 950, s/T = 70.711 / 950 = 0.0744323
+    #   E_w = T0 / T = (64 / 525) / (128 / 950) = 950 / 1050 = 0.9047619
+    #   std = E_w x hypot(0.0673435, 0.0744323) = E_w x 0.1003758 = 0.0908163
+    assert v2["weak_efficiency"] == pytest.approx(0.9047619, rel=1e-6)
+    assert v2["weak_efficiency_std"] == pytest.approx(0.0908163, rel=1e-6)
+    # the baselines: a ratio to themselves, 0.0 with repeats (not their own spread twice)
+    assert row(table, "strong", 1)["strong_efficiency_std"] == 0.0
+    assert row(table, "weak", 1)["weak_efficiency_std"] == 0.0
 
 
 @pytest.mark.parametrize(
