@@ -303,6 +303,12 @@ def test_resources_measured_and_projected():
     assert (p["world_size"], p["nodes"]) == (32, 8)
     assert p["node_hours"] == pytest.approx(8 / 3)
     assert p["node_hours_ideal"] == pytest.approx(2 / 3)
+    assert p["gpu_hours"] == pytest.approx(32 / 3)  # 32 GPUs x 1/3 h = 10.667 GPU-h
+    # weak's largest run is a (4 GPUs, 0.5 h): at 4 x 4 = 16 GPUs = 4 nodes, 2 node-h and
+    # 8 GPU-h without speedup, 0.5 node-h ideal
+    p = proj[("weak", 4)]
+    assert (p["world_size"], p["nodes"], p["runs"]) == (16, 4, 1)
+    assert (p["node_hours"], p["gpu_hours"], p["node_hours_ideal"]) == pytest.approx((2, 8, 0.5))
 
 
 def test_resources_energy_kwh_from_measured_joules_per_image():
