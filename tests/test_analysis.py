@@ -638,17 +638,17 @@ def test_gpu_util_figure_covers_every_family_and_survives_no_data(tmp_path):
     assert paths[0].read_bytes()[:4] == b"\x89PNG"
 
 
-class RecordingAxes:
-    """Stand-in of a matplotlib Axes that records what the figure code asks it to draw."""
+@pytest.fixture
+def axes():
+    """A real matplotlib Axes (Agg, as make_figure draws), closed after the test: what it drew
+    is read back from it, and a call it would refuse fails the test."""
+    plt = plots._pyplot()
+    fig, ax = plt.subplots()
+    yield ax
+    plt.close(fig)
 
-    def __init__(self):
-        self.calls = []
 
-    def errorbar(self, xs, ys, yerr=None, **kw):
-        self.calls.append({"xs": list(xs), "ys": list(ys), "yerr": list(yerr), **kw})
-
-
-def test_a_missing_point_breaks_the_line_and_the_baseline_has_no_error_bar():
+def test_a_missing_point_breaks_the_line_and_the_baseline_has_no_error_bar(axes):
     """A world size whose mean is blank was dropped and its neighbours joined, as if measured
     between them; the baseline's efficiency (1 by definition, std 0.0) got a bar of zero with
     caps, a spread never measured."""
@@ -657,25 +657,21 @@ def test_a_missing_point_breaks_the_line_and_the_baseline_has_no_error_bar():
         {"family": "strong", "world_size": "2", "x_mean": "", "x_std": ""},
         {"family": "strong", "world_size": "4", "x_mean": "30", "x_std": "2"},
     ]
-    ax = RecordingAxes()
-    assert plots._family_errorbars(ax, scaling, [("strong", "x", "strong")]) == [1, 4]
-    (call,) = ax.calls
-    assert call["xs"] == [1, 2, 4] and call["ys"][0] == 10 and math.isnan(call["ys"][1])
-    assert math.isnan(call["yerr"][0]) and call["yerr"][2] == 2
+    assert plots._family_errorbars(axes, scaling, [("strong", "x", "strong")]) == [1, 4]
+    (drawn,) = axes.containers
+    line, caps, (bars,) = drawn.lines
+    assert drawn.get_label() == "strong" and list(line.get_xdata()) == [1, 2, 4]
+    ys = list(line.get_ydata())
+    assert ys[0] == 10 and math.isnan(ys[1]) and ys[2] == 30  # NaN: the line breaks there
+    # one error bar, 30 +- 2 at 4 ranks: none at the baseline (std 0) nor the missing point
+    assert [seg.tolist() for seg in bars.get_segments() if len(seg)] == [[[4, 28], [4, 32]]]
+    for cap, y in zip(caps, (28, 32), strict=True):  # and caps only there
+        assert [(x, v) for x, v in cap.get_xydata().tolist() if not math.isnan(v)] == [(4, y)]
 
 
-def test_every_gpu_util_series_has_its_own_style_and_the_targets_come_in_pairs(tmp_path):
+def test_every_gpu_util_series_has_its_own_style_and_the_targets_come_in_pairs(tmp_path, axes):
     """The fallback styles counted strong and weak too: the 9th series was drawn exactly as
     strong. And a targets.csv with strong_efficiency but not its world size was a KeyError."""
-    styles = []
-
-    class Axes(RecordingAxes):
-        def errorbar(self, xs, ys, yerr=None, **kw):
-            styles.append((kw["color"], kw["marker"]))
-
-        def __getattr__(self, name):
-            return lambda *a, **k: None
-
     scaling = [{"family": "strong", "world_size": "1", "gpu_util_mean_mean": "90",
                 "precision": "fp32", "bucket_cap_mb": "25", "local_batch": "8"},
                {"family": "weak", "world_size": "1", "gpu_util_mean_mean": "90",
@@ -685,8 +681,14 @@ def test_every_gpu_util_series_has_its_own_style_and_the_targets_come_in_pairs(t
          "bucket_cap_mb": str(cap), "local_batch": str(b)}
         for cap in (1, 5, 25, 100) for b in (8, 16, 32, 64)
     ]  # fmt: skip
-    plots.plot_gpu_util(Axes(), scaling, "cuda")
-    assert len(styles) == 18 and len(set(styles)) == 18
+    plots.plot_gpu_util(axes, scaling, "cuda")
+    lines = {c.get_label(): c.lines[0] for c in axes.containers}  # each series' data line
+    styles = {label: (line.get_color(), line.get_marker()) for label, line in lines.items()}
+    assert len(styles) == 18 and len(set(styles.values())) == 18
+    # strong and weak keep their families' style; no other series takes one of theirs
+    families = {styles.pop("strong"), styles.pop("weak")}
+    assert families == set(plots.FAMILY_STYLE.values()) and not families & set(styles.values())
+    assert axes.get_ylim() == (0, 100)  # a percentage
     path = tmp_path / "targets.csv"
     path.write_text("target,value\nstrong_efficiency,0.7\n")
     with pytest.raises(AnalysisError, match="strong_efficiency and strong_efficiency_gpus come"):
