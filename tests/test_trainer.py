@@ -124,6 +124,34 @@ def test_each_epoch_row_has_the_learning_rate_its_last_step_used(ddp_run):
         want = peak * lr_factor(last, spe * epochs, warmup, m["schedule"])
         assert float(row["lr"]) == pytest.approx(want, rel=1e-6), (i, row["lr"], want)
     assert float(rows[-1]["lr"]) > 0
+    # by hand: 1024 images over 2 ranks x 32 = 16 steps an epoch, 2 epochs = 32 steps, warm-up
+    # 1 epoch = 16 steps (onecycle); epoch 1's last step 15 is the warm-up's last, (15 + 1) / 16
+    # = 1; epoch 2's last step 31 is (31 - 16) / 16 = 15/16 into the decay: 1 - 15/16 = 1/16
+    assert (spe, epochs, warmup, m["schedule"]) == (16, 2, 16, "onecycle")
+    assert [float(r["lr"]) / peak for r in rows] == pytest.approx([1.0, 1 / 16], rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("schedule", "after_warmup"),
+    [
+        # 24 steps, 4 of warm-up: progress = (step - 4) / 20 at steps 4, 9, 14, 19, 24, 30
+        ("onecycle", [1.0, 0.75, 0.5, 0.25, 0.0, 0.0]),  # 1 - progress, at least 0
+        # 0.5 (1 + cos(pi progress)), progress at most 1: cos(pi/4) = 0.70710678
+        ("cosine", [1.0, 0.85355339, 0.5, 0.14644661, 0.0, 0.0]),
+    ],
+)
+def test_the_lr_factor_by_hand(schedule, after_warmup):
+    """recipe.lr_factor against literal values: linear warm-up (step + 1) / warmup to 1, then
+    the decay at its start, a quarter, the middle, three quarters, the end and past it."""
+    from scalestudy.trainer.recipe import lr_factor
+
+    warm = [lr_factor(step, 24, 4, schedule) for step in range(4)]
+    assert warm == pytest.approx([0.25, 0.5, 0.75, 1.0], abs=1e-12)
+    decay = [lr_factor(step, 24, 4, schedule) for step in (4, 9, 14, 19, 24, 30)]
+    assert decay == pytest.approx(after_warmup, abs=1e-8)
+    # no warm-up: the decay starts at step 0 (progress 0 -> 1, 10 -> 0.5 of 20 steps)
+    assert lr_factor(0, 20, 0, schedule) == pytest.approx(1.0)
+    assert lr_factor(10, 20, 0, schedule) == pytest.approx(0.5)
 
 
 def test_ranks_hold_identical_parameters(ddp_run):
