@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
+import re
 import socket
 import subprocess
 
 import pytest
+import torch
 from conftest import PYTHON, SMALL, child_env, read_epochs, read_metrics, train
 
 from scalestudy import vocab
@@ -157,6 +160,50 @@ def test_the_lr_factor_by_hand(schedule, after_warmup):
 def test_ranks_hold_identical_parameters(ddp_run):
     m = read_metrics(ddp_run[0])
     assert len(set(m["param_checksums"])) == 1
+
+
+def test_the_param_checksum_tells_parameters_apart():
+    """Equal checksums across ranks prove equal weights only if the checksum sees the values:
+    one element 1 ulp apart, or two elements swapped, gives another checksum."""
+    from scalestudy.trainer.models import build_model
+    from scalestudy.trainer.parallel import param_checksum
+
+    torch.manual_seed(0)
+    net = build_model("resnet18", num_classes=10, width=4, in_channels=3)
+    twin = copy.deepcopy(net)
+    same = param_checksum(net)
+    assert re.fullmatch("[0-9a-f]{16}", same) and param_checksum(twin) == same
+    # the last element of the largest parameter (every byte counts, not a prefix)
+    big = max(twin.parameters(), key=lambda p: p.numel()).view(-1)
+    with torch.no_grad():
+        kept = big[-1].clone()
+        big[-1] = torch.nextafter(kept, torch.tensor(math.inf))
+        assert big[-1] != kept  # 1 ulp up
+    assert param_checksum(twin) != same
+    with torch.no_grad():
+        big[-1] = kept
+        assert param_checksum(twin) == same  # restored
+        weight = list(twin.parameters())[-2].view(-1)  # the classifier's, 32 x 10
+        assert weight[-1] != weight[-2]
+        weight[[-2, -1]] = weight[[-1, -2]].clone()  # the same values, elsewhere
+    assert param_checksum(twin) != same
+
+
+def test_the_param_checksum_of_fsdp_shards_is_the_full_models(one_rank_group):
+    """Under FSDP2 every parameter is a DTensor shard: the checksum gathers them
+    (full_tensor), so it is the unsharded model's. One rank: the gather is local; two ranks'
+    shards agree in test_strategies_follow_the_ddp_loss_trajectory[fsdp]."""
+    from torch.distributed.tensor import DTensor
+
+    from scalestudy.trainer.models import build_model
+    from scalestudy.trainer.parallel import param_checksum, wrap_model
+
+    torch.manual_seed(0)
+    net = build_model("resnet18", num_classes=10, width=4, in_channels=3)
+    plain = param_checksum(copy.deepcopy(net))
+    sharded, _ = wrap_model(net, TrainConfig(strategy="fsdp", width=4), torch.device("cpu"))
+    assert all(isinstance(p, DTensor) for p in sharded.parameters())
+    assert param_checksum(sharded) == plain
 
 
 @pytest.mark.parametrize("strategy", ["allreduce", "fsdp"])
