@@ -52,12 +52,15 @@ def test_metrics_has_every_key_and_sane_values(ddp_run):
     # the window is the slowest rank's wall time inside its training loop, not a sum over ranks
     # (which would be ~2x the window, longer than the loop itself)
     assert 0 < m["window_time_s"] <= m["train_time_s"]
+    # the window's images are summed over the ranks: every window step, a global batch (images
+    # of one rank would be half)
+    assert m["window_images"] == m["window_steps"] * m["global_batch"]
     # ... and its throughput is about global_batch / the median step (0.996 of it measured):
     # the step times are measured apart (each rank's own steps, not the window's edges; the
     # window's mean step is above the median where a loaded machine slows some), so a loose
-    # factor. A window time summed over the 2 ranks, or images of one rank, give half or less.
+    # factor, a sanity check: the exact checks are the two above
     per_step = m["global_batch"] / (m["step_time_ms_p50"] / 1e3)
-    assert 0.6 <= m["throughput_img_s"] / per_step <= 1.5, (m["throughput_img_s"], per_step)
+    assert 0.3 <= m["throughput_img_s"] / per_step <= 1.5, (m["throughput_img_s"], per_step)
     assert 0 < m["step_time_ms_p50"] <= m["step_time_ms_p95"]
     assert 0 <= m["data_time_frac"] < 1
     assert 0 <= m["comm_exposed_frac"] < 1
