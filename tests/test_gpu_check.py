@@ -693,7 +693,11 @@ stand_in_pynvml.nvmlDeviceGetHandleByUUID = (
 )
 stand_in_pynvml.nvmlDeviceGetHandleByPciBusId = not_found
 stand_in_pynvml.nvmlDeviceGetPowerUsage = lambda handle: 250_000
-stand_in_pynvml.nvmlDeviceGetTotalEnergyConsumption = not_supported
+# "backwards": a counter that falls (a GPU reset or a driver reload during the probe)
+falling = iter(range(10**9, 0, -1000))
+stand_in_pynvml.nvmlDeviceGetTotalEnergyConsumption = (
+    (lambda handle: next(falling)) if sys.argv[1] == "backwards" else not_supported
+)
 sys.modules["pynvml"] = stand_in_pynvml
 torch.cuda.is_available = lambda: True
 torch.cuda.get_device_properties = lambda i: types.SimpleNamespace(
@@ -714,6 +718,7 @@ energy_probe.main()
     [
         ("no-counter", "NVML cannot read this GPU's power or total-energy counter (Not Supp"),
         ("no-device", "no NVML device matches this CUDA device (GPU-ffff0000: Not Found; "),
+        ("backwards", "the energy counter went backwards (1000000000 -> 999999000 mJ): "),
     ],
 )
 def test_energy_probe_on_a_gpu_nvml_cannot_read_is_one_line(case, says):

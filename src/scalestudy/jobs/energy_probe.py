@@ -107,7 +107,14 @@ def probe(seconds: float) -> dict:
         # the load thread still running CUDA work when the interpreter exits aborts it
         stop.set()
         worker.join()
-    return {**updates(readings), "power_w_nvml": statistics.fmean(power), "seconds": seconds}
+    try:
+        counter = updates(readings)
+    except ValueError as exc:  # a traceback before: a fault of the GPU, not of the probe
+        raise GpuCheckError(
+            f"{exc}: a GPU reset or a driver reload during the probe? Rerun it; where it "
+            "recurs, the counter cannot measure energy on this GPU"
+        ) from exc
+    return {**counter, "power_w_nvml": statistics.fmean(power), "seconds": seconds}
 
 
 def main() -> None:
