@@ -75,6 +75,17 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Iter
         os.close(dir_fd)
 
 
+# Apptainer's --bind separates a spec's fields (src:dest:options) with ':' and its specs with ',':
+# a path holding either cannot be bound (the launcher, the image's source directory and the study
+# config all refuse one)
+BIND_SEPARATORS = (":", ",")
+
+
+def unbindable(path: str | os.PathLike) -> bool:
+    """Whether Apptainer's --bind cannot name `path` (BIND_SEPARATORS)."""
+    return any(sep in os.fspath(path) for sep in BIND_SEPARATORS)
+
+
 @functools.cache
 def new_file_mode() -> int:
     """The mode open() gives a new file: 0o666 less the process's umask (read once; Linux says

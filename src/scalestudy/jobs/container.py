@@ -622,7 +622,7 @@ def source_dir() -> Path:
             "packages whose torch would shadow the image's: install it editable from its "
             "checkout (`pip install -e <checkout>`; scripts/setup.sh does)"
         )
-    if ":" in str(here) or "," in str(here):
+    if files.unbindable(here):
         raise LaunchError(
             f"the container binds scalestudy's source directory {here} into the image, and "
             "Apptainer's --bind cannot name a path with ':' or ',': move the checkout"

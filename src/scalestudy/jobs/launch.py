@@ -33,7 +33,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from scalestudy import log
+from scalestudy import files, log
 from scalestudy.errors import LaunchError, TrainConfigError
 from scalestudy.jobs.gpu_slots import acquire as acquire_gpu_slots
 from scalestudy.jobs.gpu_slots import visible_gpus
@@ -255,7 +255,7 @@ def container_path_binds(config: TrainConfig, cwd: Path) -> list[str]:
                 f"{flag} {value}: none of its directories exists, so there is nothing to "
                 "bind into the container: make the directory first (or check the path)"
             )
-        if ":" in str(there) or "," in str(there):
+        if files.unbindable(there):
             raise LaunchError(
                 f"{flag} {value}: Apptainer's --bind cannot name {there} (':' and ',' "
                 "separate its fields): choose a directory without them"

@@ -29,7 +29,7 @@ import yaml
 from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import ValidationError
 
-from scalestudy import vocab
+from scalestudy import files, vocab
 from scalestudy.errors import StudyConfigError, TrainConfigError
 from scalestudy.study.profiling import config_problems
 from scalestudy.study.runs import build_run_table, run_count, run_problems
@@ -394,7 +394,7 @@ CONTAINER_BOUND = ("data_dir", "checkpointing.dir")
 
 
 def _unbindable(path: str) -> bool:
-    return path.startswith("/") and (":" in path or "," in path)
+    return path.startswith("/") and files.unbindable(path)
 
 
 def semantic_problems(config: dict) -> list[str]:
