@@ -41,7 +41,7 @@ from scalestudy.trainer.parallel import (
     sync_buffers,
     wrap_model,
 )
-from scalestudy.trainer.recipe import Recipe, build_recipe
+from scalestudy.trainer.recipe import Recipe, build_recipe, lr_factor, warmup_steps
 from scalestudy.trainer.scalars import Scalars
 from scalestudy.trainer.state import Checkpointing, RunState, Trainables, rng_generators
 from scalestudy.trainer.step_graph import STEPS_BEFORE_WINDOW, StepGraph
@@ -481,10 +481,11 @@ def lr_max_reached(
     as the run, or longer, never lets the LR decay, and one longer never reaches peak_lr,
     which metrics.json reports. Not refused (a 1-epoch run with the default warm-up of 1 epoch
     is the tests' and the tiny study's): rank 0 warns at start, metrics.json records this."""
-    warmup = round(cfg.warmup_epochs * steps_per_epoch)  # as recipe.build_recipe counts it
+    warmup = warmup_steps(cfg, steps_per_epoch)
     if warmup < total_steps:
         return peak_lr
-    reached = peak_lr * (total_steps / warmup)  # the last step's, as LambdaLR computes it
+    # still warming up at the last step: its LR is the highest
+    reached = peak_lr * lr_factor(total_steps - 1, total_steps, warmup, cfg.schedule)
     if rank == 0:
         never = (
             f"never reaches its peak peak_lr {peak_lr:.4g} (at most {reached:.4g})"

@@ -43,7 +43,7 @@ def build_recipe(
         nesterov=cfg.momentum > 0,
         fused=fused_sgd(cfg, device),
     )
-    warmup = round(cfg.warmup_epochs * steps_per_epoch)
+    warmup = warmup_steps(cfg, steps_per_epoch)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(step, total_steps, warmup, cfg.schedule)
     )
@@ -59,6 +59,11 @@ def fused_sgd(cfg: TrainConfig, device: torch.device) -> bool:
     (and, with fp16, that host sync). Not on CPU, where the foreach path is what the tests
     verify bit for bit."""
     return device.type == "cuda" and cfg.strategy != "fsdp"
+
+
+def warmup_steps(cfg: TrainConfig, steps_per_epoch: int) -> int:
+    """Optimizer steps of the linear warm-up: --warmup-epochs of the run's epochs."""
+    return round(cfg.warmup_epochs * steps_per_epoch)
 
 
 def lr_factor(step: int, total: int, warmup: int, schedule: str) -> float:
