@@ -27,7 +27,8 @@ slides.tex from it plus the analysis CSVs (render_report's formats and its hones
                      cells add up exactly
     energy           the planner's GPU kWh of the training rows (measured J/img), else unmeasured
                      ("not used" with plan.calibrate false: the planner reads no measured run);
-                     each row's cell to the digits of their total's, which is their sum
+                     each row's sum rounded UP to 3 significant digits, like hours (the
+                     J/img it is from is measured to no more), the total their exact sum
 
     scalestudy proposal --config config/demo.yaml --csv-dir results/csv --out-dir reports
 """
@@ -132,7 +133,8 @@ def _row(section, item, quantity, value, unit="", source=""):
 
 
 def ceil3(x: float) -> float:
-    """x rounded up to 3 significant digits (hours asked for, never fewer than estimated)."""
+    """x rounded up to 3 significant digits (hours and kWh asked for, never fewer than
+    estimated)."""
     if x <= 0:
         return 0.0
     d = 2 - math.floor(math.log10(x))
@@ -284,7 +286,7 @@ def request_rows(item: str, members, source: str, train: bool = True, calibrate:
     hours = ceil3(sum(e.runtime_s for e in members) / runs / 3600)
     kwh = [e.energy_kwh for e in members]
     # plan.calibrate false: the planner reads no measured run, its J/img neither
-    energy = sum(kwh) if None not in kwh else NOT_MEASURED if calibrate else NOT_USED
+    energy = ceil3(sum(kwh)) if None not in kwh else NOT_MEASURED if calibrate else NOT_USED
     values = {
         "runs": (runs, "runs"),
         "hours_per_run": (hours, "h"),
@@ -330,17 +332,6 @@ def ceil_cell(x: Decimal, total: Decimal) -> Decimal:
         return x
     q = quantum(total)
     return (x / q).to_integral_value(ROUND_CEILING) * q
-
-
-def energy_cells(req: list[dict]) -> None:
-    """The training rows' kWh cells rounded at the quantum of their total, in place: the printed
-    rows add up to the printed total (each to 12 digits of its own, 0.000553450730515 +
-    0.000835486009313 + ... needed 13 digits, and the total's cell was rounded)."""
-    kwh = [r for r in req if r["quantity"] == "energy_kwh" and r["value"] not in ENERGY_WORDS]
-    total = sum((Decimal(r["value"]) for r in kwh), Decimal(0))
-    if total > 0:
-        for r in kwh:
-            r["value"] = _decimal(Decimal(r["value"]).quantize(quantum(total)))
 
 
 def totals(
@@ -580,7 +571,6 @@ def proposal_rows(
             req += request_rows(
                 item, members, "hardware.runtime_min per profiling job", train=False
             )
-    energy_cells(req)
     rows += req
     rows += totals(rows, contingency, p, style, contingency_key)
     if style == "ercap":
