@@ -5,7 +5,7 @@ the proposal computes that no other CSV holds; then reports/proposal.md, proposa
 slides.tex from it plus the analysis CSVs (render_report's formats and its honesty check).
 
     chosen scale     the largest strong-scaling world size W with E_s(w) >= threshold for every
-                     measured w <= W (the efficiency "stays above" it); E_s from scaling.csv
+                     measured w <= W (the efficiency "stays at or above" it); E_s from scaling.csv
     thin evidence    fewer than MIN_WORLD_SIZES strong world sizes, a point with n < MIN_REPEATS,
                      or no measured run at the chosen scale: the documents say so and price the
                      runs that would fix it (NEXT_REPEATS repeats each; new world sizes double
