@@ -127,12 +127,11 @@ def test_a_run_wider_than_a_node_is_refused_where_no_slurm_allocation_can_start_
         "w2_lb32": {"world_size": 2, "nodes": 1, "ranks_per_node": 2},
         "w4_lb16": {"world_size": 4, "nodes": 2, "ranks_per_node": 2},
     }
-    refusal = resources.multi_node_refusal(runs, True, {})
+    refusal = resources.multi_node_refusal(runs, {})
     assert refusal.startswith("1 run(s) need more than one node (e.g. w4_lb16: world size 4 on 2 ")
     assert "--profile profiles/slurm" in refusal and "\n" not in refusal
-    assert resources.multi_node_refusal(runs, False, {}) is None  # submitted to Slurm
-    assert resources.multi_node_refusal(runs, True, {"SLURM_JOB_ID": "7"}) is None  # in salloc
-    assert resources.multi_node_refusal({"w2_lb32": runs["w2_lb32"]}, True, {}) is None
+    assert resources.multi_node_refusal(runs, {"SLURM_JOB_ID": "7"}) is None  # in salloc
+    assert resources.multi_node_refusal({"w2_lb32": runs["w2_lb32"]}, {}) is None
 
 
 def test_the_machine_checks_apply_to_targets_that_may_launch_a_run():

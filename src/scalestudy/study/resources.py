@@ -330,11 +330,12 @@ def array_jobs_refusal(workflow) -> str | None:
     )
 
 
-def multi_node_refusal(runs: dict[str, dict], local_exec: bool, env) -> str | None:
-    """Why a run wider than one node cannot start here, or None. The local executor starts a
-    training job on this host, where `scalestudy launch` reaches other nodes only through srun
-    inside a Slurm allocation: outside one, every such run failed in its job, and was retried."""
-    if not local_exec or "SLURM_JOB_ID" in env:
+def multi_node_refusal(runs: dict[str, dict], env) -> str | None:
+    """Why a run wider than one node cannot start here, or None; asked by the Snakefile's
+    onstart of the local executor only. It starts a training job on this host, where
+    `scalestudy launch` reaches other nodes only through srun inside a Slurm allocation:
+    outside one, every such run failed in its job, and was retried."""
+    if "SLURM_JOB_ID" in env:
         return None
     wide = [(run, row) for run, row in runs.items() if int(row["nodes"]) > 1]
     if not wide:
