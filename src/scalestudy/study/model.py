@@ -47,9 +47,10 @@ value, never a number. With J the Jacobian of the relative residuals, rank k, n 
 Prediction at a new point (`Fit.predict`): T as above; when its gradient g = dT/dtheta lies in
 the span the fit measured (else "not identified"), a 95% interval by the delta method:
 
-    sd^2 = g^T Cov g + Var C_p(b) + (s T)^2,    T +- t_{0.975, dof} sd
+    sd^2 = g^T Cov g + (dT/dC)^2 Var C_p(b) + (s T)^2,    T +- t_{0.975, dof} sd
 
-with Var C_p(b) from the compute fit when it has dof > 0. dof <= 0: no interval (None, "not
+with Var C_p(b) from the compute fit when it has dof > 0, and dT/dC = 1 - f_bwd (1 - S_k / P)
+(k: the bucket whose finish is the latest; T depends on C directly and through t_b). dof <= 0: no interval (None, "not
 enough data"). extrapolated: N or nodes beyond the fitted points'.
 
 Held-out validation (`holdout`): for each family with >= 3 world sizes, fit without that
@@ -277,27 +278,30 @@ def bucket_sizes(p_bytes: float, cap_mb: float) -> np.ndarray:
 
 def exposed(
     theta: np.ndarray, n: int, nodes: int, p_bytes: float, cap_mb: float, t_b: float
-) -> tuple[float, np.ndarray]:
-    """(exposed communication in s, its gradient w.r.t. theta = PARAMS) of one step."""
+) -> tuple[float, np.ndarray, float]:
+    """(exposed communication in s, its gradient w.r.t. theta = PARAMS, its derivative w.r.t.
+    t_b) of one step: with bucket k's finish the latest, d exposed / d t_b = S_k / P - 1 (a
+    longer backward hides more of the buckets after k)."""
     grad = np.zeros(3)
     if n == 1:
-        return 0.0, grad
+        return 0.0, grad, 0.0
     sizes = bucket_sizes(p_bytes, cap_mb)
     s, steps, beta = 2 * (n - 1) / n, 2 * (n - 1), 1 if nodes == 1 else 2
     cost = steps * theta[0] + s * sizes * theta[beta]
     finish = t_b * np.cumsum(sizes) / p_bytes + np.cumsum(cost[::-1])[::-1]
     k = int(np.argmax(finish))
     grad[0], grad[beta] = steps * (len(sizes) - k), s * sizes[k:].sum()
-    return float(finish[k] - t_b), grad
+    return float(finish[k] - t_b), grad, float(sizes[: k + 1].sum() / p_bytes - 1)
 
 
-def model_step(theta: np.ndarray, c: Compute, pt: Point) -> tuple[float, np.ndarray]:
-    """(T in s, dT/dtheta) of a point under parameters theta."""
+def model_step(theta: np.ndarray, c: Compute, pt: Point) -> tuple[float, np.ndarray, float]:
+    """(T in s, dT/dtheta, dT/dC) of a point under parameters theta. T depends on the compute
+    time C twice, as C and through t_b = f_bwd C: dT/dC = 1 + f_bwd d exposed / d t_b."""
     t = c.time(pt.local_batch)
-    e, g = exposed(
+    e, g, de_dtb = exposed(
         theta, pt.world_size, pt.nodes, pt.grad_sync_bytes, pt.bucket_cap_mb, c.f_bwd * t
     )
-    return t + e, g
+    return t + e, g, 1 + c.f_bwd * de_dtb
 
 
 # --- the fit ---------------------------------------------------------------------------------
@@ -345,10 +349,10 @@ class Fit:
         pt = Point(
             precision, local_batch, world_size, nodes, bucket_cap_mb, pbytes, (), (), 0, None, None
         )
-        step, g = model_step(self.theta, c, pt)
+        step, g, dt_dc = model_step(self.theta, c, pt)
         if gap := self._unmeasured(g, nodes):
             return Prediction(None, None, None, extrapolated, gap)
-        lo, hi = self._interval(step, g, c, local_batch, world_size)
+        lo, hi = self._interval(step, g, dt_dc, c, local_batch, world_size)
         basis = f"fit of {len(self.points)} multi-rank configurations, dof {self.dof}"
         if c.cov is None and local_batch not in c.batches:
             basis += (
@@ -376,7 +380,7 @@ class Fit:
             return "not identified: the fitted runs do not separate alpha from beta here"
         return ""
 
-    def _interval(self, step, g, c: Compute, b, n) -> tuple[float | None, float | None]:
+    def _interval(self, step, g, dt_dc, c: Compute, b, n) -> tuple[float | None, float | None]:
         if c.cov is None and b not in c.batches:
             # C(b) has no variance to add (one 1-rank batch, or no dof): away from the batches
             # measured its error is unknown, and an interval of the other terms alone was
@@ -388,7 +392,7 @@ class Fit:
             dof = self.dof
             if self.cov is None:
                 return None, None
-            var = float(g @ self.cov @ g) + c.var(b) + (self.resid_sd * step) ** 2
+            var = float(g @ self.cov @ g) + dt_dc**2 * c.var(b) + (self.resid_sd * step) ** 2
         if dof <= 0:
             return None, None
         from scipy import stats  # inside: see the note on scipy at the top
