@@ -152,6 +152,23 @@ def test_holdout_predicts_each_familys_largest_world_size():
     assert all(h.prediction.hi_s - h.prediction.lo_s < 0.1 * h.point.step_s for h in rows)
 
 
+def test_the_held_out_world_size_is_out_of_the_fit_for_every_family():
+    """Strong and bucket runs share their world sizes: holding out only the strong family's
+    points at 16 ranks left the bucket family's runs at 16 in the fit, so the "held-out" world
+    size was measured after all (with half the bandwidth at 16, the error read half the real
+    one)."""
+    rows = synthetic_rows(0.01, seed=1)
+    pts = model.points(rows)[0]
+    without = model.fit_points([p for p in pts if p.world_size != 16])
+    for h in model.holdout_points(pts):
+        p = h.point
+        want = without.predict(
+            16, p.nodes, p.local_batch, "fp32", p.bucket_cap_mb, p.grad_sync_bytes
+        )
+        assert (h.prediction.step_s, h.prediction.hi_s) == (want.step_s, want.hi_s)
+        assert h.prediction.extrapolated
+
+
 def test_families_with_two_world_sizes_are_not_validated():
     rows = model.holdout(synthetic_rows(sizes=(1, 2)))
     assert rows and all(h.point is None and "not validated" in h.note for h in rows)

@@ -16,7 +16,8 @@ model.csv, one row per fact, `kind` says which (blank cells: not applicable or n
     fit           the configuration's runs    measured (mean step s over n repeats, measured_std)
                                               vs predicted, lo, hi (95%), rel_error
     holdout       the family                  its largest world size predicted by a fit without
-                                              it; note "not validated: ..." when it cannot be
+                                              any run there; note "not validated: ..." when it
+                                              cannot be
     not_modelled  the run                     note: why (strategy, no grad_sync_bytes, ...)
     columns: MODEL_COLUMNS. rel_error = predicted / measured - 1.
 

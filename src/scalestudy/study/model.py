@@ -53,8 +53,9 @@ with Var C_p(b) from the compute fit when it has dof > 0, and dT/dC = 1 - f_bwd 
 (k: the bucket whose finish is the latest; T depends on C directly and through t_b). dof <= 0: no interval (None, "not
 enough data"). extrapolated: N or nodes beyond the fitted points'.
 
-Held-out validation (`holdout`): for each family with >= 3 world sizes, fit without that
-family's points at its largest world size and predict them: rel_error = predicted / measured - 1.
+Held-out validation (`holdout`): for each family with >= 3 world sizes, fit without every point
+at its largest world size (any family's: another family's run there would measure it for the
+fit) and predict the family's points there: rel_error = predicted / measured - 1.
 Three, because with the largest left out the fit still needs the family's 1-rank point (compute)
 and a multi-rank one (communication). Families with fewer: "not validated", with the reason.
 
@@ -502,7 +503,7 @@ def holdout_points(pts: list[Point]) -> list[HoldoutRow]:
             out.append(HoldoutRow(family, None, None, note))
             continue
         held = [p for p in pts if family in p.families and p.world_size == sizes[-1]]
-        fit = fit_points([p for p in pts if p not in held])
+        fit = fit_points([p for p in pts if p.world_size != sizes[-1]])
         for p in held:
             if isinstance(fit, str):
                 out.append(HoldoutRow(family, p, None, f"not predicted: {fit}"))
