@@ -16,13 +16,14 @@ import sys
 from contextlib import redirect_stderr
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 from workflow_helpers import RUN_IDS, TINY, copy_repo, env, snakemake, write_config
 
 import snakemake_logger_plugin_scalestudy as logger_plugin
 from scalestudy.errors import PlanError
-from scalestudy.study import estimate, plan
+from scalestudy.study import estimate, model, plan
 from scalestudy.study.config import StudyConfigError, validate
 from scalestudy.study.estimate import compute_seconds, slurm_runtime_min
 from scalestudy.study.runs import build_run_table
@@ -693,6 +694,8 @@ def test_calibrated_estimates_within_25_percent(tiny_study):
 # A CPU study of 1-8 ranks on one node whose 1, 2 and 4-rank runs were "measured" from known
 # compute and communication: one bucket (P < 25 MiB), so a step costs
 #   T = c0 + c1 b + 2(N-1) alpha + 2(N-1)/N P / beta     (study/model.py, one-bucket case)
+# and two of 0.25 MiB in the bucket family (the model's exposure of them), which separates alpha
+# from beta at 2 ranks: the held-out check of 4 ranks fits without any 4-rank run
 MODELLED = {
     "dataset": "synthetic",
     "synthetic": {"num_train": 1024, "num_test": 256},
@@ -702,13 +705,18 @@ MODELLED = {
     "families": {
         "strong": {"enabled": True, "gpus": [1, 2, 4, 8], "global_batch": 16},
         "weak": {"enabled": True, "gpus": [1, 2, 4, 8], "local_batch": 8},
+        "bucket": {"enabled": True, "gpus": 2, "bucket_cap_mb": [0.25, 25], "local_batch": [8]},
     },
 }
 C0, C1, ALPHA, INV_BETA, P_BYTES = 0.004, 0.002, 0.001, 1e-8, 500_000
 NOISE = {"w2_lb8": 0.01, "w4_lb4": -0.01, "w4_lb8": 0.005}  # relative, deterministic
 
 
-def modelled_step(n: int, b: int) -> float:
+def modelled_step(n: int, b: int, cap_mb: float = 25) -> float:
+    if cap_mb * 2**20 < P_BYTES:  # backward (half the step's compute) hides the first bucket
+        compute = C0 + C1 * b
+        theta = np.array([ALPHA, INV_BETA, 0.0])
+        return compute + model.exposed(theta, n, 1, P_BYTES, cap_mb, 0.5 * compute)[0]
     return C0 + C1 * b + 2 * (n - 1) * ALPHA + 2 * (n - 1) / n * P_BYTES * INV_BETA
 
 
@@ -718,7 +726,8 @@ def modelled_measurements(config: dict) -> list[dict]:
         n, b = row["world_size"], row["local_batch"]
         if n == 8:
             continue  # never measured: the plan must price it
-        step = modelled_step(n, b) * (1 + NOISE.get(f"w{n}_lb{b}", 0.0))
+        noise = NOISE.get(f"w{n}_lb{b}", 0.0) if row["bucket_cap_mb"] == 25 else 0.0
+        step = modelled_step(n, b, row["bucket_cap_mb"]) * (1 + noise)
         x = n * b / step
         out.append(
             {k: str(v) for k, v in row.items()}

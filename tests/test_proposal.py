@@ -334,7 +334,7 @@ def test_the_printed_energy_rows_add_up_to_the_printed_total(tmp_path, monkeypat
     Est = type("Est", (), {"nodes": 1, "gpus": 2, "runtime_s": 600.0})
     members = [Est(), Est()]
     members[0].energy_kwh, members[1].energy_kwh = 0.000276725, 0.00027672536
-    [energy] = [r for r in proposal.request_rows("x", members, "s") if "kWh" == r["unit"]]
+    [energy] = [r for r in proposal.request_rows("x", members, "s") if r["unit"] == "kWh"]
     assert energy["value"] == "0.000554"
     for name in ("proposal.tex", "slides.tex"):
         assert f" {report.fmt_exact(total)}" in docs[name], name

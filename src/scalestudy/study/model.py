@@ -50,8 +50,9 @@ the span the fit measured (else "not identified"), a 95% interval by the delta m
     sd^2 = g^T Cov g + (dT/dC)^2 Var C_p(b) + (s T)^2,    T +- t_{0.975, dof} sd
 
 with Var C_p(b) from the compute fit when it has dof > 0, and dT/dC = 1 - f_bwd (1 - S_k / P)
-(k: the bucket whose finish is the latest; T depends on C directly and through t_b). dof <= 0: no interval (None, "not
-enough data"). extrapolated: N or nodes beyond the fitted points'.
+(k: the bucket whose finish is the latest; T depends on C directly and through t_b).
+dof <= 0: no interval (None, "not enough data"). extrapolated: N or nodes beyond the fitted
+points'.
 
 Held-out validation (`holdout`): for each family with >= 3 world sizes, fit without every point
 at its largest world size (any family's: another family's run there would measure it for the

@@ -406,8 +406,9 @@ def model_section(rows: list[model.HoldoutRow]) -> list[str]:
     lines = [
         "## How good the scaling model is",
         "",
-        "For each family with >= 3 world sizes, the model (study/model.py) is fitted without the "
-        "family's largest world size and predicts it: error = predicted / measured step time - 1.",
+        "For each family with >= 3 world sizes, the model (study/model.py) is fitted without any "
+        "run at the family's largest world size (of any family) and predicts it: error = "
+        "predicted / measured step time - 1.",
         "",
     ]
     if not rows:
