@@ -40,3 +40,10 @@ def test_a_site_profile_is_not_overridden_by_the_default_one(site):
 @pytest.mark.parametrize("site", SITE_PROFILES)
 def test_site_profiles_requeue_through_the_plugin(site):
     assert "slurm-requeue" in keys(site)
+
+
+def test_every_slurm_submission_passes_the_command_as_a_script():
+    """`--executor slurm -j 20` (README) loads no site profile: with the setting only there, the
+    plugin put the job's command in sbatch --wrap="...", where the submitting shell ran a
+    --config value's $(...). The workflow profile is loaded with every call."""
+    assert "slurm-pass-command-as-script" in keys("default")
