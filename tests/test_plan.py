@@ -285,6 +285,32 @@ def test_a_run_is_done_only_when_measured_with_this_configuration():
         assert not any(e.done for e in plan.estimate_runs(config, rows, other)), column
 
 
+def test_a_measured_run_is_taken_apart_with_the_images_it_trained_on():
+    """synthetic.num_train and num_test are in no run-table column: after a change, a run
+    measured on the old sizes was still done, and its wall time was taken apart with the new
+    sizes (120 images: a start-up of 47 s instead of 4 s; 12,000: a start-up below 0, cut to 0).
+    The trainer's counts in runs.csv say what it trained and evaluated on."""
+    run = "w1_lb8_fp32_ddp_bk25_r0"
+    # 50 img/s on 1200 training and 300 test images: 2 * (1200/50 + 300/150) + 4 s start-up
+    counted = dict(train_images_per_epoch="1200", test_images_per_epoch="300")
+    measured = [measured_row(run, 50.0, 1, wall_s=56.0, **counted)]
+    for n_train, n_test in ((1200, 300), (120, 300), (12000, 300), (1200, 30)):
+        config = small_config()
+        config["synthetic"] |= {"num_train": n_train, "num_test": n_test}
+        est = {e.run: e for e in plan.estimate_runs(config, build_run_table(config), measured)}
+        same = est[run]
+        assert same.done == ((n_train, n_test) == (1200, 300)), (n_train, n_test)
+        for e in (same, est["w2_lb4_fp32_ddp_bk25_r0"]):  # its world size's and all runs'
+            assert e.startup_basis != "default" and e.startup_s == pytest.approx(4.0), e.run
+        assert same.throughput_basis == "run"  # its images/s still price the run
+        assert same.runtime_s == pytest.approx(2 * (n_train / 50 + n_test / 150) + 4)
+    # a runs.csv of an older trainer has no counts: the study's sizes, as before
+    config = small_config()
+    old = [measured_row(run, 50.0, 1, wall_s=56.0)]
+    (e,) = [e for e in plan.estimate_runs(config, build_run_table(config), old) if e.run == run]
+    assert e.done and e.startup_s == pytest.approx(4.0)
+
+
 def test_mnist_runs_do_not_calibrate_a_cifar_shaped_study():
     config = small_config()
     rows = build_run_table(config)
@@ -339,6 +365,9 @@ def test_measured_runs_are_read_with_wall_times_and_damage_is_refused(tmp_path):
         ("throughput_img_s", "-50", "a number > 0"),
         ("energy_j_per_img", "inf", "a number > 0"),
         ("energy_wall_j_per_img", "-1", "a number > 0"),
+        # the images per epoch the start-up is taken apart with (blank: an older trainer's)
+        ("train_images_per_epoch", "0", "a whole number >= 1"),
+        ("test_images_per_epoch", "64.5", "a whole number >= 1"),
     ]:
         rows[0] = {**good, column: value}
         write(rows)
@@ -674,6 +703,8 @@ def test_calibrated_estimates_within_25_percent(tiny_study):
     # N_probe = 2 (comm_probe_steps 1 + 1) x 2 ranks x 32 = 256 images, 1 rank none:
     #   compute = (256 + 64 / 3 + N_probe) / X = 277.33.. / X (1 rank), 533.33.. / X (2 ranks)
     assert config["plan"]["eval_speedup"] == 3 and config["train"]["comm_probe_steps"] == 1
+    for m in measured:  # the trainer's counts, which the start-up takes the run apart with
+        assert (m["train_images_per_epoch"], m["test_images_per_epoch"]) == ("256", "64")
     images = {1: 256 + 64 / 3, 2: 256 + 64 / 3 + 256}
     compute = {
         m["run"]: images[int(m["world_size"])] / float(m["throughput_img_s"]) for m in measured
@@ -787,22 +818,38 @@ def test_the_scaling_model_prices_an_unmeasured_world_size_with_an_interval(tmp_
 
 @pytest.mark.parametrize(
     ("n", "world_size", "local_batch"),
-    [(50000, 16, 512), (50000, 2, 64), (1200, 4, 2), (1000, 4, 512), (257, 1, 256)],
+    [(50000, 16, 512), (50000, 2, 64), (1200, 4, 2), (1000, 4, 512), (257, 1, 256), (257, 2, 256)],
 )
 def test_the_plan_counts_the_images_an_epoch_trains_on_as_the_trainer_does(
     n, world_size, local_batch
 ):
     """The trainer drops each epoch's ragged tail (one input shape per step); the plan's runtime
     and energy count the same images: 16 GPUs x 512 on CIFAR-10 train 49,152 of 50,000 an epoch
-    (the plan counted 50,000: 1.7% more energy than the run spends)."""
-    from scalestudy.trainer.loaders import _global_slices
+    (the plan counted 50,000: 1.7% more energy than the run spends). Its DataLoader path too,
+    whose sampler splits an epoch of less than one step evenly over the ranks (257 images on 2
+    ranks: 256 trained, the plan said 257, so such a run was never done)."""
+    import torch
+
+    from scalestudy.trainer.loaders import _global_slices, make_dataloader
 
     step = world_size * local_batch
     trained = sum(b - a for a, b in _global_slices(n, step, world_size))
     assert estimate.trained_images(n, step) == trained
-    row = {"dataset": "synthetic", "limit_train": "0", "limit_test": "0"}
+    row = {"dataset": "synthetic", "limit_train": "0", "limit_test": "0", "loader": "device"}
     row |= {"world_size": str(world_size), "local_batch": str(local_batch)}
     config = {"synthetic": {"num_train": n, "num_test": 100}}
     assert estimate.dataset_sizes(config, row) == (trained, 100)
     if (n, world_size, local_batch) == (50000, 16, 512):
         assert trained == 49152
+    if n > 2000:
+        return  # the DataLoader's count below reads every image: the small cases only
+    images = torch.zeros(n, 3, 2, 2, dtype=torch.uint8), torch.zeros(n, dtype=torch.long)
+    loaded = 0
+    for rank in range(world_size):
+        loader, _ = make_dataloader(
+            *images, local_batch=local_batch, world_size=world_size, rank=rank, seed=0,
+            train=True, mean=[0.0] * 3, std=[1.0] * 3, num_workers=0, pin_memory=False,
+            persistent_workers=False, prefetch_factor=None,
+        )  # fmt: skip
+        loaded += sum(len(y) for _, y in loader)
+    assert estimate.dataset_sizes(config, row | {"loader": "dataloader"}) == (loaded, 100)

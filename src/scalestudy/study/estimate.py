@@ -16,8 +16,9 @@ N_train / N_test: images per epoch. N_test: train.limit_test when set, else the 
 evaluation runs on all of it after every epoch, spread over the ranks. N_train: the images one
 epoch trains on: of n (train.limit_train when set, else the training set's size) the trainer
 drops the ragged tail, N_train = floor(n / (W x local_batch)) x W x local_batch (one input shape
-for every step: trainer/loaders.py), or n when that is less than one step (16 GPUs x 512 on
-CIFAR-10: 49,152 of 50,000). N_probe: the images of the exposed-communication probe after
+for every step: trainer/loaders.py), or n when that is less than one step (with
+train.loader dataloader floor(n / W) x W: its DistributedSampler splits n evenly) (16 GPUs x 512
+on CIFAR-10: 49,152 of 50,000). N_probe: the images of the exposed-communication probe after
 training (trainer/measure.comm_probe): a warm-up pass and comm_probe_steps passes, forward and
 backward of one local batch on every rank, with gradient sync and then without; one rank skips
 it (trainer/loop.finish). Timed at X, about the rate of the training steps it repeats, a little
@@ -46,8 +47,14 @@ level that has measurements (mean of the measured throughput_img_s_per_rank):
 startup_s is calibrated too when Snakemake's job wall times exist (benchmarks/train/<run>.tsv):
 the median of wall_s - epochs * (N_train / X + N_test / (X * eval_speedup)) - N_probe / X over
 measured runs of the same world size (else over all measured runs), with X the run's measured
-throughput_img_s. It absorbs interpreter and torch start-up, data loading, process-group set-up,
+throughput_img_s and N_train, N_test the images it trained and evaluated on per epoch, the
+trainer's counts in runs.csv (train_images_per_epoch, test_images_per_epoch: the study's
+synthetic.num_train may have changed since; a runs.csv of an older trainer without them: the
+study's sizes). It absorbs interpreter and torch start-up, data loading, process-group set-up,
 the slower warm-up steps and writing outputs.
+
+A run is done (`is_done`) when runs.csv has it measured with this configuration: its run-table
+columns, and the images per epoch it trained and evaluated on (where recorded), as the study's.
 
 Energy (GPU, training runs only): a run's kWh = J/img x epochs x N_train / 3.6e6, with J/img the
 mean measured energy_j_per_img (NVML's counter over the window's training spans, train.py) of
@@ -129,6 +136,9 @@ MEASURED_NUMBERS = (
 )
 # of MEASURED_NUMBERS, the counts that may be 0 (the limits: 0 = all; the probe: 0 = off)
 MEASURED_ZERO = ("limit_train", "limit_test", "comm_probe_steps")
+# the trainer's counts of the images a measured run trained and evaluated on per epoch (N_train,
+# N_test); blank or absent in a runs.csv of an older trainer
+MEASURED_IMAGES = ("train_images_per_epoch", "test_images_per_epoch")
 
 PLAN_COLUMNS = (
     "run",
@@ -225,8 +235,25 @@ def dataset_sizes(config: dict, row: dict) -> tuple[int, int]:
         n_train = limit_train
     if 0 < limit_test < n_test:
         n_test = limit_test
-    step_images = int(float(row["world_size"])) * int(float(row["local_batch"]))
+    world_size = int(float(row["world_size"]))
+    step_images = world_size * int(float(row["local_batch"]))
+    if row.get("loader") == "dataloader" and n_train < step_images:
+        # one step of all n: DistributedSampler (drop_last) gives each rank floor(n / W)
+        return n_train - n_train % world_size, n_test
     return trained_images(n_train, step_images), n_test
+
+
+def measured_images(config: dict, row: dict) -> tuple[int, int]:
+    """(training, test) images per epoch a measured runs.csv row trained and evaluated on: the
+    trainer's counts (MEASURED_IMAGES), each where recorded, else the study's dataset_sizes (a
+    runs.csv of an older trainer). Not the study's: synthetic.num_train or num_test may have
+    changed since the run (its wall time then taken apart with the new size gave it a start-up
+    of 47 s instead of 4 s, or of 0)."""
+    planned = dataset_sizes(config, row)
+    return tuple(  # type: ignore[return-value]
+        int(row[k]) if files.count(1).holds(row.get(k)) else n
+        for k, n in zip(MEASURED_IMAGES, planned, strict=True)
+    )
 
 
 def trained_images(n: int, step_images: int) -> int:
@@ -414,6 +441,7 @@ def load_measured(
             ("throughput_img_s", files.POSITIVE),
             ("energy_j_per_img", files.POSITIVE.or_blank()),
             ("energy_wall_j_per_img", files.POSITIVE.or_blank()),
+            *((column, files.count(1).or_blank()) for column in MEASURED_IMAGES),
         ):
             if column in row and not rule.holds(row[column]):
                 raise PlanError(
@@ -432,7 +460,7 @@ def _startup_overhead(config: dict, row: dict) -> float | None:
     start-up lowered every estimate and Slurm limit of its world size)."""
     if row.get("wall_s") is None or resumed(row):
         return None
-    n_train, n_test = dataset_sizes(config, row)
+    n_train, n_test = measured_images(config, row)
     throughput = float(row["throughput_img_s"])
     epochs = int(float(row["epochs"]))
     n_probe = probe_images(
@@ -591,16 +619,23 @@ def estimate_runs(config: dict, rows: Iterable[dict], measured: list[dict]) -> l
     """Estimates of every run-table row, in table order; `done`: the run has a measurement."""
     calibration = Calibration(config, measured)
     finished = {m["run"]: m for m in measured}
-    return [estimate_run(config, r, calibration, is_done(r, finished.get(r["run"]))) for r in rows]
+    return [
+        estimate_run(config, r, calibration, is_done(config, r, finished.get(r["run"])))
+        for r in rows
+    ]
 
 
-def is_done(row: dict, measured: dict | None) -> bool:
+def is_done(config: dict, row: dict, measured: dict | None) -> bool:
     """The run has a measurement made with this configuration: the same run id is not enough
-    (run ids leave out dataset, epochs, lr, ...; a changed config reruns it under the same id)."""
+    (run ids leave out dataset, epochs, lr, ...; a changed config reruns it under the same id),
+    nor are the run-table columns (synthetic.num_train and num_test are in none: the images per
+    epoch it trained and evaluated on must be the study's, where runs.csv records them)."""
     if measured is None:
         return False
     columns = [c for c in RUN_COLUMNS if c not in ("run", "families") and c in measured]
-    return all(same(measured[c], row[c]) for c in columns)
+    if not all(same(measured[c], row[c]) for c in columns):
+        return False
+    return measured_images(config, measured) == dataset_sizes(config, row)
 
 
 def calibration_check(config: dict, measured: list[dict]) -> list[dict]:
@@ -616,7 +651,7 @@ def calibration_check(config: dict, measured: list[dict]) -> list[dict]:
     for m in measured:
         if m.get("wall_s") is None or m["run"] not in rows:
             continue
-        if not is_done(rows[m["run"]], m) or resumed(m):
+        if not is_done(config, rows[m["run"]], m) or resumed(m):
             continue
         est = estimate_run(config, rows[m["run"]], everything)
         mine = _level_key("run", m)

@@ -280,6 +280,8 @@ def finish(
         "steps_per_epoch": run.steps_per_epoch,
         # counted, not steps x global batch: a short last accumulation group trains fewer
         "train_images_per_epoch": state.epoch_images,
+        # evaluated after every epoch: the whole (limited) test set; the plan's N_test
+        "test_images_per_epoch": run.eval_loader.n,
         **measured,
         # the FLOP rate and MFU against the device's published peak (hardware.py)
         **efficiency(
