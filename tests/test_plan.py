@@ -311,6 +311,45 @@ def test_a_measured_run_is_taken_apart_with_the_images_it_trained_on():
     assert e.done and e.startup_s == pytest.approx(4.0)
 
 
+def test_threads_per_rank_and_dataloader_workers_must_match_to_calibrate_or_be_done():
+    """hardware.cpus_per_rank (each rank's intra-op threads: 454 vs 590 img/s at 1 vs 2 on a
+    CPU, docs/benchmarks.md) and, with loader dataloader, train.num_workers set a run's speed:
+    a run measured under another setting priced the new one at its rate (basis run) and, for
+    the threads, still counted as done."""
+    run, w2 = "w1_lb8_fp32_ddp_bk25_r0", "w2_lb4_fp32_ddp_bk25_r0"
+
+    def estimates(config, measured):
+        return {e.run: e for e in plan.estimate_runs(config, build_run_table(config), measured)}
+
+    config = small_config()
+    threads = config["hardware"]["cpus_per_rank"]
+    measured = [measured_row(run, 50.0, 1, wall_s=56.0, threads_per_rank=str(threads))]
+    est = estimates(config, measured)
+    assert est[run].done and est[run].throughput_basis == "run"
+    assert est[run].startup_basis == "world size"
+    config["hardware"]["cpus_per_rank"] = threads + 1
+    est = estimates(config, measured)
+    assert not est[run].done and not any(e.calibrated for e in est.values())
+    # a runs.csv of an older trainer does not say: its runs count, as before
+    older = [measured_row(run, 50.0, 1, wall_s=56.0)]
+    assert estimates(config, older)[run].done
+
+    # the DataLoader's worker processes: another count calibrates nothing
+    for loader, workers, basis in (("dataloader", 4, "default"), ("device", 4, "run")):
+        config = small_config()
+        config["train"] |= {"loader": loader, "num_workers": 0}
+        table = {r["run"]: r for r in build_run_table(config)}
+        at_zero = [{**{k: str(v) for k, v in table[r].items()}, "throughput_img_s_per_rank": "50",
+                    "throughput_img_s": str(50 * table[r]["world_size"]), "wall_s": None}
+                   for r in (run, w2)]  # fmt: skip
+        assert estimates(config, at_zero)[run].throughput_basis == "run"
+        config["train"]["num_workers"] = workers
+        est = estimates(config, at_zero)
+        assert not est[run].done  # num_workers is a run-table column
+        assert est[run].throughput_basis == basis, loader  # the device loader has no workers
+        assert est[w2].throughput_basis == basis, loader  # at no level
+
+
 def test_mnist_runs_do_not_calibrate_a_cifar_shaped_study():
     config = small_config()
     rows = build_run_table(config)
@@ -368,6 +407,7 @@ def test_measured_runs_are_read_with_wall_times_and_damage_is_refused(tmp_path):
         # the images per epoch the start-up is taken apart with (blank: an older trainer's)
         ("train_images_per_epoch", "0", "a whole number >= 1"),
         ("test_images_per_epoch", "64.5", "a whole number >= 1"),
+        ("threads_per_rank", "0", "a whole number >= 1"),
     ]:
         rows[0] = {**good, column: value}
         write(rows)
@@ -705,6 +745,8 @@ def test_calibrated_estimates_within_25_percent(tiny_study):
     assert config["plan"]["eval_speedup"] == 3 and config["train"]["comm_probe_steps"] == 1
     for m in measured:  # the trainer's counts, which the start-up takes the run apart with
         assert (m["train_images_per_epoch"], m["test_images_per_epoch"]) == ("256", "64")
+        # and its threads per rank, which must be the study's for the run to calibrate
+        assert m["threads_per_rank"] == str(config["hardware"]["cpus_per_rank"]) == "1"
     images = {1: 256 + 64 / 3, 2: 256 + 64 / 3 + 256}
     compute = {
         m["run"]: images[int(m["world_size"])] / float(m["throughput_img_s"]) for m in measured

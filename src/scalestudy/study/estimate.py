@@ -29,8 +29,10 @@ config's 10 steps are 22 passes beside a weak 16-GPU run's 360 training steps (1
 killed at its limit after its training.
 
 Calibration (`Calibration`, when results/csv/runs.csv exists): measured runs of the same device,
-model, width, strategy, loader and compile setting replace the default x_rank, taking the first
-level that has measurements (mean of the measured throughput_img_s_per_rank):
+model, width, strategy, loader (and num_workers with loader dataloader), compile setting and
+threads per rank (hardware.cpus_per_rank: metrics.json's threads_per_rank, where recorded)
+replace the default x_rank, taking the first level that has measurements (mean of the measured
+throughput_img_s_per_rank):
 
     1. run        the same configuration (run id without its repeat), e.g. repeats 1, 2 of r0
     2. batch      the same precision, world size and local_batch
@@ -54,7 +56,8 @@ study's sizes). It absorbs interpreter and torch start-up, data loading, process
 the slower warm-up steps and writing outputs.
 
 A run is done (`is_done`) when runs.csv has it measured with this configuration: its run-table
-columns, and the images per epoch it trained and evaluated on (where recorded), as the study's.
+columns, the images per epoch it trained and evaluated on and its threads per rank (each where
+recorded), as the study's. A run measured with other threads per rank calibrates nothing.
 
 Energy (GPU, training runs only): a run's kWh = J/img x epochs x N_train / 3.6e6, with J/img the
 mean measured energy_j_per_img (NVML's counter over the window's training spans, train.py) of
@@ -98,7 +101,8 @@ BASE_KEY = (
     "accum_steps",
 )
 # ... and in the image size: MNIST's 28x28x1 images cost less than CIFAR-10's (synthetic has
-# CIFAR-10's shape, so offline runs calibrate a CIFAR-10 study)
+# CIFAR-10's shape, so offline runs calibrate a CIFAR-10 study), and with loader dataloader in
+# num_workers (`_base`); the threads per rank must be the study's (`same_threads`)
 LEVELS = ("run", "batch", "world size", "model", "precision")
 MEASURED_LEVELS = tuple(level for level in LEVELS if level != "model")  # looked up in runs.csv
 # the levels whose measured J/img a run's energy estimate may take (same precision and world size)
@@ -319,7 +323,19 @@ def _base(row: dict) -> tuple:
     shape = (
         vocab.DATASETS[row["dataset"]].shape if row.get("dataset") in vocab.DATASETS else "32x32x3"
     )
-    return (*(_text(row.get(k)) for k in BASE_KEY), shape)
+    # the DataLoader's worker processes feed its ranks (the device loader has none)
+    workers = _text(row.get("num_workers")) if _text(row.get("loader")) == "dataloader" else ""
+    return (*(_text(row.get(k)) for k in BASE_KEY), shape, workers)
+
+
+def same_threads(config: dict, measured: dict) -> bool:
+    """A measured run ran with the study's threads per rank (hardware.cpus_per_rank; the
+    launch sets each rank's intra-op threads to it): 454 vs 590 img/s at 1 vs 2 on a CPU
+    (docs/benchmarks.md). True where runs.csv does not record them (an older trainer's)."""
+    threads = measured.get("threads_per_rank")
+    if not files.count(1).holds(threads):
+        return True
+    return int(threads) == config["hardware"]["cpus_per_rank"]
 
 
 def _level_key(level: str, row: dict) -> tuple:
@@ -442,6 +458,7 @@ def load_measured(
             ("energy_j_per_img", files.POSITIVE.or_blank()),
             ("energy_wall_j_per_img", files.POSITIVE.or_blank()),
             *((column, files.count(1).or_blank()) for column in MEASURED_IMAGES),
+            ("threads_per_rank", files.count(1).or_blank()),
         ):
             if column in row and not rule.holds(row[column]):
                 raise PlanError(
@@ -490,6 +507,8 @@ class Calibration:
 
     def __post_init__(self) -> None:
         plan = self.config["plan"]
+        # a run measured with other threads per rank says nothing about this study's speed
+        self.measured = [m for m in self.measured if same_threads(self.config, m)]
         self._levels: dict[tuple, list[float]] = {}
         self._startup: dict[tuple, list[float]] = {}
         self._energy: dict[tuple, list[float]] = {}
@@ -628,12 +647,13 @@ def estimate_runs(config: dict, rows: Iterable[dict], measured: list[dict]) -> l
 def is_done(config: dict, row: dict, measured: dict | None) -> bool:
     """The run has a measurement made with this configuration: the same run id is not enough
     (run ids leave out dataset, epochs, lr, ...; a changed config reruns it under the same id),
-    nor are the run-table columns (synthetic.num_train and num_test are in none: the images per
-    epoch it trained and evaluated on must be the study's, where runs.csv records them)."""
+    nor are the run-table columns (synthetic.num_train and num_test and hardware.cpus_per_rank
+    are in none: the images per epoch it trained and evaluated on and its threads per rank
+    must be the study's, where runs.csv records them)."""
     if measured is None:
         return False
     columns = [c for c in RUN_COLUMNS if c not in ("run", "families") and c in measured]
-    if not all(same(measured[c], row[c]) for c in columns):
+    if not all(same(measured[c], row[c]) for c in columns) or not same_threads(config, measured):
         return False
     return measured_images(config, measured) == dataset_sizes(config, row)
 

@@ -282,6 +282,9 @@ def finish(
         "train_images_per_epoch": state.epoch_images,
         # evaluated after every epoch: the whole (limited) test set; the plan's N_test
         "test_images_per_epoch": run.eval_loader.n,
+        # each rank's intra-op threads (launch: hardware.cpus_per_rank); they set a CPU rank's
+        # speed, and the plan calibrates a run only from runs of the same count
+        "threads_per_rank": torch.get_num_threads(),
         **measured,
         # the FLOP rate and MFU against the device's published peak (hardware.py)
         **efficiency(
