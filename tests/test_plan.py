@@ -858,6 +858,50 @@ def test_the_scaling_model_prices_an_unmeasured_world_size_with_an_interval(tmp_
     assert "| model, extrapolated |" in md
 
 
+def test_the_time_limit_of_a_modelled_run_is_above_its_intervals_upper_end():
+    """A GPU study's 8-GPU runs priced by the scaling model from 1-4 GPU runs 3-5% off the
+    model: the interval is wide, and the limit (point estimate x safety factor + lead: 600 s)
+    was below the plan's own upper end of 1472 s, the USR1 warning at 300 s."""
+    config = validate(
+        yaml.safe_load(yaml.safe_dump(MODELLED))
+        | {
+            "synthetic": {"num_train": 50000, "num_test": 10000},
+            "hardware": {"device": "cuda", "gpus_per_node": 8, "runtime_min": 1},
+            "train": {"epochs": 30, "local_batch": 64, "precision": "fp32"},
+            "families": {
+                "strong": {"enabled": True, "gpus": [1, 2, 4, 8], "global_batch": 256},
+                "weak": {"enabled": True, "gpus": [1, 2, 4, 8], "local_batch": 64},
+            },
+        }
+    )
+    noise = {(2, 64): 0.05, (4, 64): -0.05, (4, 32): 0.03}
+    params = 44_700_000  # ResNet-18's gradient bytes
+    measured = []
+    for row in build_run_table(config):
+        n, b = row["world_size"], row["local_batch"]
+        if n == 8:
+            continue  # priced by the model
+        step = 0.004 + 0.0004 * b + 2 * (n - 1) * 0.0002 + 2 * (n - 1) / n * params * 1e-10
+        x = n * b / (step * (1 + noise.get((n, b), 0.0)))
+        measured.append(
+            {k: str(v) for k, v in row.items()}
+            | {"throughput_img_s": str(x), "throughput_img_s_per_rank": str(x / n),
+               "grad_sync_bytes": str(params), "phase_frac_backward": "0.5", "wall_s": None}
+        )  # fmt: skip
+    est = plan.estimate_runs(config, build_run_table(config), measured)
+    lead, factor = config["checkpointing"]["signal_lead_s"], config["plan"]["safety_factor"]
+    wide = [e for e in est if e.runtime_hi_s is not None]
+    assert wide and all(e.runtime_hi_s * factor > e.runtime_s * factor + lead for e in wide)
+    for e in est:
+        slowest = e.runtime_s if e.runtime_hi_s is None else e.runtime_hi_s
+        # the safety margin and the USR1 lead above the slowest the plan expects
+        assert 60 * e.slurm_runtime_min - lead >= slowest * factor, e.run
+        assert e.slurm_runtime_min == max(1, math.ceil((slowest * factor + lead) / 60)), e.run
+    rows = {r["run"]: r for r in csv.DictReader(io.StringIO(plan.plan_csv_text(est)))}
+    for e in wide:  # plan.csv's limit is the one the job asks for (resources.TrainingPlan)
+        assert int(rows[e.run]["slurm_runtime_min"]) * 60 >= float(rows[e.run]["runtime_hi_s"])
+
+
 @pytest.mark.parametrize(
     ("n", "world_size", "local_batch"),
     [(50000, 16, 512), (50000, 2, 64), (1200, 4, 2), (1000, 4, 512), (257, 1, 256), (257, 2, 256)],

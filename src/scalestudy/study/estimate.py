@@ -9,7 +9,8 @@ The estimate of one training run (seconds), with the `plan:` section of the stud
     eta(W) = 1 (W = 1), efficiency_intra_node (one node), efficiency_inter_node (several nodes)
 
     node-hours = nodes * T / 3600          GPU-hours = GPUs * T / 3600 (0 on cpu)
-    Slurm time limit = max(hardware.runtime_min, ceil((T * safety_factor + lead) / 60)) minutes
+    Slurm time limit = max(hardware.runtime_min, ceil((T_max * safety_factor + lead) / 60)) minutes
+    T_max = max(T, runtime_hi_s) where the scaling model gives an interval (below), else T
     lead = checkpointing.signal_lead_s (0 with checkpointing off): USR1 comes that long before
 
 N_train / N_test: images per epoch. N_test: train.limit_test when set, else the test set's size;
@@ -41,7 +42,8 @@ throughput_img_s_per_rank):
                   same base: x_rank = local_batch / T_step(W, nodes, local_batch, precision,
                   bucket_cap_mb), with T_step's 95% prediction interval carried into
                   runtime_lo_s / runtime_hi_s (runtime at the slow and fast ends of the step
-                  time); "model, extrapolated" beyond the measured world sizes or nodes. Used
+                  time; the Slurm time limit takes runtime_hi_s, T_max above); "model,
+                  extrapolated" beyond the measured world sizes or nodes. Used
                   only where the fit identifies the parameters the run depends on (a multi-node
                   run needs a measured multi-node run): the model never guesses a bandwidth
     5. precision  the same precision at other world sizes, as x_rank / eta(W_measured) * eta(W)
@@ -624,7 +626,8 @@ def estimate_run(config: dict, row: dict, calibration: Calibration, done: bool =
         probe_images=n_probe,
         throughput_img_s=throughput,
         startup_s=startup,
-        slurm_runtime_min=slurm_runtime_min(runtime, config),
+        # the plan's own 95% upper end where it has one: the limit at T alone was below it
+        slurm_runtime_min=slurm_runtime_min(max(runtime, hi or runtime), config),
         done=done,
         energy_j_per_img=per_img,
         energy_basis=energy_basis,

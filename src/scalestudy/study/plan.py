@@ -379,7 +379,10 @@ def plan_markdown(
         "## Runs",
         "",
         "Runtime interval: the scaling model's 95% prediction interval (basis `model`); "
-        "`extrapolated`: beyond the measured world sizes or nodes.",
+        "`extrapolated`: beyond the measured world sizes or nodes. A run's Slurm time limit "
+        "(results/plan.csv, slurm_runtime_min) is its runtime, or the interval's upper end where "
+        "there is one, x safety_factor plus checkpointing.signal_lead_s (checkpointing on), at "
+        "least hardware.runtime_min.",
         "",
         "| run | families | nodes | GPUs | runtime | interval | node-hours | GPU-hours | basis "
         "| done |",
