@@ -23,6 +23,7 @@ from workflow_helpers import RUN_IDS, TINY, copy_repo, env, snakemake, write_con
 
 import snakemake_logger_plugin_scalestudy as logger_plugin
 from scalestudy.errors import PlanError
+from scalestudy.results import proposal
 from scalestudy.study import estimate, model, plan
 from scalestudy.study.config import StudyConfigError, validate
 from scalestudy.study.estimate import compute_seconds, slurm_runtime_min
@@ -254,6 +255,16 @@ def test_energy_from_measured_joules_per_image_else_not_measured():
     assert float(csv_rows["w4_lb2_fp32_ddp_bk25_r0"]["energy_kwh"]) == pytest.approx(
         kwh["w4_lb2_fp32_ddp_bk25_r0"], abs=1e-6
     )
+
+    # plan.calibrate false: the plan reads no measured run, so every run's J/img is unused,
+    # not unmeasured (runs.csv holds it for each); the proposal's words
+    config["plan"]["calibrate"] = False
+    est = plan.estimate_runs(config, rows, measured)
+    assert {(e.energy_kwh, e.energy_basis) for e in est} == {(None, proposal.NOT_USED)}
+    md = plan.plan_markdown(config, est, [])
+    assert "not measured |" not in md and md.count(f"| {proposal.NOT_USED} |") == 3
+    text = plan.plan_csv_text(est)
+    assert {r["energy_basis"] for r in csv.DictReader(io.StringIO(text))} == {proposal.NOT_USED}
 
 
 def test_energy_of_short_gpu_epochs_comes_from_the_wall_span():

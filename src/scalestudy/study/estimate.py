@@ -67,7 +67,8 @@ measured runs at the first of the levels run, batch, world size (same precision 
 energy per image changes with communication, so it is not carried to other world sizes); where
 those spans were too short for the counter (GPU epochs of ~2 s), energy_wall_j_per_img (the
 window's wall span, its evaluations included; the basis says "evaluation included"). Without
-such a run the energy is None ("not measured"): there is no default guess.
+such a run the energy is None ("not measured"): there is no default guess. With
+plan.calibrate false the plan reads no measured run: None, "not used (plan.calibrate false)".
 
 study/plan.py sums these estimates into the plan (tables, reports/plan.md, the dry-run table).
 """
@@ -113,6 +114,10 @@ J_PER_KWH = 3.6e6
 # a J/img measured over the window's wall span (metrics.json energy_wall_j_per_img, train.py):
 # its evaluations and checkpoints between epochs included; said in the basis
 WITH_EVALUATION = "evaluation included"
+# the energy basis of a run without a J/img: no comparable run measured one, or the plan reads
+# none (plan.calibrate false; results/proposal.py says the same)
+NOT_MEASURED = "not measured"
+NOT_USED = "not used (plan.calibrate false)"
 
 
 def measured_energy_per_img(row: dict) -> tuple[float | None, str | None]:
@@ -199,7 +204,7 @@ class Estimate:
     slurm_runtime_min: int = 0
     done: bool = False
     energy_j_per_img: float | None = None  # measured on comparable runs; None: not measured
-    energy_basis: str = "not measured"
+    energy_basis: str = NOT_MEASURED  # or NOT_USED
     # the scaling model's 95% prediction interval of runtime_s (basis "model"); None otherwise
     runtime_lo_s: float | None = None
     runtime_hi_s: float | None = None
@@ -569,14 +574,17 @@ class Calibration:
 
     def energy_per_image(self, row: dict) -> tuple[float | None, str]:
         """Mean measured J/img at the first level that has one, the training spans' before the
-        wall spans' at each level (never mixed in one mean); (None, "not measured") else."""
+        wall spans' at each level (never mixed in one mean); (None, NOT_MEASURED) else, and
+        (None, NOT_USED) with plan.calibrate false (no measured run read, measured or not)."""
+        if not self.config["plan"]["calibrate"]:
+            return None, NOT_USED
         for level in ENERGY_LEVELS:
             for scope in ("training", WITH_EVALUATION):
                 values = self._energy.get((_base(row), level, _level_key(level, row), scope))
                 if values:
                     basis = level if scope == "training" else f"{level}, {WITH_EVALUATION}"
                     return statistics.fmean(values), basis
-        return None, "not measured"
+        return None, NOT_MEASURED
 
     def startup(self, row: dict) -> tuple[float, str]:
         for key, basis in (

@@ -27,6 +27,8 @@ from scalestudy.errors import PlanError, StudyConfigError
 from scalestudy.study import model
 from scalestudy.study.estimate import (
     BENCHMARKS_DIR,
+    NOT_MEASURED,
+    NOT_USED,
     PLAN_COLUMNS,
     PLAN_CSV,
     PLAN_MD,
@@ -73,8 +75,11 @@ def _energy(estimates: Iterable[Estimate]) -> float | None:
     return sum(kwh) if kwh and None not in kwh else None
 
 
-def kwh_cell(kwh: float | None) -> str:
-    return "not measured" if kwh is None else f"{kwh:.3g}"
+def kwh_cell(kwh: float | None, calibrate: bool = True) -> str:
+    """A kWh total; without one, why: no measured J/img, or none read (plan.calibrate false)."""
+    if kwh is None:
+        return NOT_MEASURED if calibrate else NOT_USED
+    return f"{kwh:.3g}"
 
 
 def totals(estimates: list[Estimate]) -> dict:
@@ -323,7 +328,7 @@ def plan_markdown(
         "3.6e6, J/img measured (NVML) on runs of the same precision and world size (over "
         "their training spans, else over the window's wall span, evaluations included: the "
         "run's energy basis says which); `not measured` when any run of the row has no such "
-        "measurement.",
+        "measurement; `not used (plan.calibrate false)` when the plan reads no measured run.",
         "",
         "| family | runs | node-hours | GPU-hours | node-hours with contingency | "
         "GPU-hours with contingency | GPU energy kWh |",
@@ -333,7 +338,7 @@ def plan_markdown(
         lines.append(
             f"| {name} | {s.jobs} | {s.node_hours:.2f} | {s.gpu_hours:.2f} | "
             f"{s.node_hours * (1 + c):.2f} | {s.gpu_hours * (1 + c):.2f} | "
-            f"{kwh_cell(s.energy_kwh)} |"
+            f"{kwh_cell(s.energy_kwh, plan['calibrate'])} |"
         )
     lines += [
         "",
