@@ -145,6 +145,17 @@ def test_calibration_levels_and_startup():
     bf16 = est["w1_lb8_bf16_ddp_bk25_r0"]
     assert bf16.throughput_basis == "default" and bf16.startup_basis == "world size"
     assert bf16.calibrated and bf16.runtime_s == pytest.approx(2 * (1200 / 200 + 300 / 600) + 4)
+    # plan.md counts as its text defines: basis other than `default` (fp32 at 1, 2, 4 GPUs),
+    # and apart bf16, calibrated in start-up only and marked `default +startup` (4 of 4 were
+    # "calibrated estimates" while the Runs table read `default` for bf16)
+    md = plan.plan_markdown(config, list(est.values()), [])
+    assert (
+        "Calibrated estimates: 3 of 4 in throughput (basis other than `default`), 1 more in "
+        "start-up only (basis `default +startup`)."
+    ) in md
+    runs = md.split("## Runs")[1]
+    assert "| run +startup |" in runs and runs.count("| precision +startup |") == 2
+    assert "| default +startup |" in runs and "| default |" not in runs
     # calibrate: false ignores measurements
     config["plan"]["calibrate"] = False
     assert not any(e.calibrated for e in plan.estimate_runs(config, rows, measured))

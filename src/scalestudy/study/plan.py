@@ -275,6 +275,8 @@ def plan_markdown(
     plan, t = config["plan"], totals(estimates)
     c = plan["contingency"]
     remaining = _sum(e for e in estimates if not e.done)
+    throughput = sum(e.throughput_basis != "default" for e in estimates)
+    startup_only = sum(e.calibrated for e in estimates) - throughput
     x = plan["throughput_img_s_per_gpu"]
     unit = "GPU" if config["hardware"]["device"] == "cuda" else "rank (CPU process)"
     lines = [
@@ -305,8 +307,9 @@ def plan_markdown(
         "the scaling model "
         "(basis `model`: x_rank = local_batch / T_step, study/model.py, fitted to the measured "
         "DDP runs; runtime with its 95% prediction interval; `model, extrapolated` beyond the "
-        "measured world sizes or nodes), else the same precision rescaled by eta; startup_s "
-        "then comes from Snakemake's measured job wall times.",
+        "measured world sizes or nodes), else the same precision rescaled by eta. startup_s "
+        "comes from Snakemake's measured job wall times wherever there are some, for a run of "
+        "basis `default` too (`+startup` in the Runs table).",
         "",
         "## Parameters (`plan:` in the study config)",
         "",
@@ -345,7 +348,8 @@ def plan_markdown(
         f"Not yet run: {remaining.jobs} runs, {remaining.node_hours:.2f} node-hours, "
         f"{remaining.gpu_hours:.2f} GPU-hours ({remaining.node_hours * (1 + c):.2f} / "
         f"{remaining.gpu_hours * (1 + c):.2f} with contingency).",
-        f"Calibrated estimates: {sum(e.calibrated for e in estimates)} of {len(estimates)}.",
+        f"Calibrated estimates: {throughput} of {len(estimates)} in throughput (basis other "
+        f"than `default`), {startup_only} more in start-up only (basis `default +startup`).",
         "",
     ]
     if check:
@@ -384,7 +388,8 @@ def plan_markdown(
         "## Runs",
         "",
         "Runtime interval: the scaling model's 95% prediction interval (basis `model`); "
-        "`extrapolated`: beyond the measured world sizes or nodes. A run's Slurm time limit "
+        "`extrapolated`: beyond the measured world sizes or nodes. Basis: where x_rank came "
+        "from; `+startup`: startup_s from measured job wall times. A run's Slurm time limit "
         "(results/plan.csv, slurm_runtime_min) is its runtime, or the interval's upper end where "
         "there is one, x safety_factor plus checkpointing.signal_lead_s (checkpointing on), at "
         "least hardware.runtime_min.",
@@ -394,13 +399,18 @@ def plan_markdown(
         "|---|---|---|---|---|---|---|---|---|---|",
         *[
             f"| {e.run} | {e.families} | {e.nodes} | {e.gpus} | {hms(e.runtime_s)} | "
-            f"{_interval(e)} | {e.node_hours:.3f} | {e.gpu_hours:.3f} | {e.throughput_basis} | "
+            f"{_interval(e)} | {e.node_hours:.3f} | {e.gpu_hours:.3f} | {_basis(e)} | "
             f"{'yes' if e.done else ''} |"
             for e in estimates
         ],
         "",
     ]
     return "\n".join(lines)
+
+
+def _basis(e: Estimate) -> str:
+    """The Runs table's basis: the throughput's, `+startup` where startup_s is measured."""
+    return e.throughput_basis + ("" if e.startup_basis == "default" else " +startup")
 
 
 def _interval(e: Estimate) -> str:
