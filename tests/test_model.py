@@ -328,6 +328,64 @@ def test_bad_cell_is_one_clear_error():
         model.points(rows)
 
 
+BAD_MODELLED_CELLS = [
+    ("bucket_cap_mb", "0", "a number > 0"),
+    ("bucket_cap_mb", "inf", "a number > 0"),
+    ("bucket_cap_mb", "", "a number > 0"),
+    ("grad_sync_bytes", "inf", "a number > 0"),
+    ("grad_sync_bytes", "-4", "a number > 0"),
+    ("throughput_img_s", "inf", "a number > 0"),
+    ("throughput_img_s", "0", "a number > 0"),
+    ("global_batch", "-64", "a whole number >= 1"),
+    ("world_size", "1.5", "a whole number >= 1"),
+    ("nodes", "0", "a whole number >= 1"),
+    ("local_batch", "inf", "a whole number >= 1"),
+]
+
+
+@pytest.mark.parametrize(("column", "value", "what"), BAD_MODELLED_CELLS)
+def test_a_modelled_runs_impossible_cell_is_one_clear_error(column, value, what):
+    """model.points checked only that a cell was a number: a bucket cap of 0 was a
+    ZeroDivisionError, an inf one a ValueError inside scipy, an inf grad_sync_bytes an
+    OverflowError, a negative one a silent fit, a throughput of 0 a run quietly left out."""
+    rows = synthetic_rows(sizes=(1, 2))
+    rows[3][column] = value
+    want = (
+        f"runs.csv: run {rows[3]['run']!r} has {column} = {value!r}, not {what}: write it "
+        "again with `scalestudy collect` (snakemake results/csv/runs.csv)"
+    )
+    with pytest.raises(AnalysisError) as info:
+        model.points(rows)
+    assert str(info.value) == want
+    # a run the model does not describe is listed, not checked: its cells are no input
+    rows[3]["strategy"] = "fsdp"
+    assert dict(model.points(rows)[1])[rows[3]["run"]].startswith("strategy fsdp")
+
+
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [("bucket_cap_mb", "0"), ("bucket_cap_mb", "inf"), ("grad_sync_bytes", "inf")],
+)
+def test_plan_on_a_runs_csv_with_an_impossible_cell_says_one_line(tmp_path, capsys, column, value):
+    """`scalestudy plan --runs-csv` (and `snakemake -n`'s calibration) reads runs.csv through
+    model.points without `scalestudy model`'s check_runs: these cells were tracebacks there."""
+    rows = [dict(r, cuda_graphs="off", compile="off") for r in demo_rows()]
+    run = rows[2]["run"]  # a multi-rank ddp run
+    assert rows[2]["strategy"] == "ddp" and int(rows[2]["world_size"]) > 1
+    rows[2][column] = value
+    write_rows(tmp_path / "runs.csv", rows)
+    argv = ["plan", "--config", str(REPO / "config/demo.yaml"), "--runs-csv"]
+    argv += [str(tmp_path / "runs.csv"), "--out-md", str(tmp_path / "p.md")]
+    assert cli.main([*argv, "--out-csv", str(tmp_path / "p.csv")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"scalestudy plan: {tmp_path / 'runs.csv'}: runs.csv: run {run!r} has {column} = "
+        f"{value!r}, not a number > 0: write it again with `scalestudy collect` "
+        "(snakemake results/csv/runs.csv)"
+    ]
+    assert not (tmp_path / "p.md").exists()
+
+
 @pytest.mark.parametrize("value", ["inf", "1e308", "-3", "1.5"])
 def test_a_backward_share_out_of_range_is_one_clear_error(value):
     """phase_frac_backward was never checked: inf failed inside scipy with a traceback, -3 gave

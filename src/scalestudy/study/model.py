@@ -3,9 +3,11 @@ scipy; no torch).
 
 Input: rows of results/csv/runs.csv. Only strategy ddp runs without gradient accumulation and
 with a measured grad_sync_bytes are modelled; every other run is listed with the reason
-(`points`). A configuration (precision, local batch b, world size N, nodes, bucket_cap_mb, P) is
-one point: its step time T = global_batch / throughput_img_s (s, steady state, train.py) is the
-mean over its repeats, their sample std kept beside it.
+(`points`), and a modelled run's cell that collect cannot have written (MODELLED_CELLS: a bucket
+cap of 0, an infinite grad_sync_bytes) is refused in one line. A configuration (precision,
+local batch b, world size N, nodes, bucket_cap_mb, P) is one point: its step time
+T = global_batch / throughput_img_s (s, steady state, train.py) is the mean over its repeats,
+their sample std kept beside it.
 
 Compute, per precision, from the 1-rank points (`fit_compute`):
     C_p(b) = c0 + c1 * b               bounded least squares (c0, c1 >= 0), relative residuals
@@ -104,6 +106,16 @@ REQUIRED_COLUMNS = (
     "bucket_cap_mb",
     "throughput_img_s",
 )
+# what a modelled run's point is computed from, checked as `scalestudy model` checks runs.csv
+# (results/analyze.py RUNS_CELLS: counts digits only, >= 1; sizes and rates finite, > 0). The
+# plan's --runs-csv reaches the model without that check: a bucket_cap_mb of 0 was a
+# ZeroDivisionError, an inf one a ValueError inside scipy, an inf grad_sync_bytes an
+# OverflowError, a negative one a silent fit.
+MODELLED_CELLS = {
+    **{c: files.count(1) for c in ("world_size", "nodes", "local_batch", "global_batch")},
+    **{c: files.POSITIVE for c in ("bucket_cap_mb", "grad_sync_bytes", "throughput_img_s")},
+}
+FIX = "write it again with `scalestudy collect` (snakemake results/csv/runs.csv)"
 
 
 # --- the measured points ---------------------------------------------------------------------
@@ -140,9 +152,20 @@ def _fraction(row: dict, column: str) -> float | None:
     if x is not None and not files.FRACTION.holds(x):
         raise AnalysisError(
             f"runs.csv: run {row.get('run')!r} has {column} = {row.get(column)!r}, not "
-            f"{files.FRACTION.what}: write it again with `scalestudy collect`"
+            f"{files.FRACTION.what}: {FIX}"
         )
     return x
+
+
+def _check_modelled(row: dict) -> None:
+    """A modelled run's MODELLED_CELLS, else one AnalysisError naming the run, the column, the
+    cell, what it must be and the fix."""
+    for column, rule in MODELLED_CELLS.items():
+        if not rule.holds(row.get(column)):
+            raise AnalysisError(
+                f"runs.csv: run {row.get('run')!r} has {column} = {row.get(column)!r}, not "
+                f"{rule.what}: {FIX}"
+            )
 
 
 def _skip_reason(row: dict) -> str:
@@ -155,14 +178,15 @@ def _skip_reason(row: dict) -> str:
     if _num(row, "grad_sync_bytes") is None:
         return "no grad_sync_bytes (metrics.json from before the trainer recorded it: rerun it)"
     for column in ("throughput_img_s", "global_batch"):  # T = global_batch / throughput
-        value = _num(row, column)
-        if value is None or value <= 0:
+        if _num(row, column) is None:  # not measured; a bad value: _check_modelled refuses it
             return f"{column} is {row.get(column)!r}"
     return ""
 
 
 def points(rows: list[dict]) -> tuple[list[Point], list[tuple[str, str]]]:
-    """(the modelled configurations, [(run, why not modelled)]) of runs.csv's rows."""
+    """(the modelled configurations, [(run, why not modelled)]) of runs.csv's rows; a modelled
+    run's cell that breaks MODELLED_CELLS is an AnalysisError (the one reader of both
+    `scalestudy model` and the plan's calibration)."""
     if not rows:
         raise AnalysisError("runs.csv has no runs")
     missing = [c for c in REQUIRED_COLUMNS if c not in rows[0]]
@@ -173,6 +197,7 @@ def points(rows: list[dict]) -> tuple[list[Point], list[tuple[str, str]]]:
         if reason := _skip_reason(row):
             skipped.append((row["run"], reason))
             continue
+        _check_modelled(row)
         key = (row["precision"], *(_num(row, c) for c in ("local_batch", "world_size", "nodes")))
         groups[(*key, _num(row, "bucket_cap_mb"), _num(row, "grad_sync_bytes"))].append(row)
     _one_model(rows)
