@@ -18,7 +18,7 @@ import pytest
 from conftest import read_metrics, train
 from workflow_helpers import REPO, child_env
 
-from scalestudy import cli
+from scalestudy import cli, files
 from scalestudy.errors import AnalysisError
 from scalestudy.results import model as model_csv
 from scalestudy.study import model
@@ -275,6 +275,10 @@ def test_advisor_picks_the_known_optimum():
         # buckets at the recommended cap, ceil(P / cap) of P = 44,695,848 B = 42.6 MiB:
         # 1 MiB -> 43, 2 -> 22, 5 -> 9 (8.5), 10 -> 5 (4.3), 25 -> 2 (1.7), >= 50 -> 1
         assert a.buckets == {1.0: 43, 2.0: 22, 5.0: 9, 10.0: 5, 25.0: 2}.get(a.bucket_cap_mb, 1)
+        # the runs measured 1, 5 and 25 MiB (43, 9 and 2 buckets: the bucket family 1 and 5,
+        # the strong one 25) at every world size, the bucket family at each: only a
+        # recommendation of one bucket (a cap >= P) lies outside what they measured
+        assert a.extrapolated is (a.buckets < 2)
         if a.bucket_cap_mb == model.DEFAULT_BUCKET_MB:
             assert a.gain == 0.0  # DDP's default kept: nothing gained against itself
         else:
@@ -282,6 +286,96 @@ def test_advisor_picks_the_known_optimum():
     assert any(a.gain > 0.05 for a in advice)  # the synthetic study has something to gain
     # both outcomes occur (2 and 4 ranks: smaller caps; 16 ranks on 4 nodes: the default)
     assert {a.bucket_cap_mb == model.DEFAULT_BUCKET_MB for a in advice} == {True, False}
+
+
+def _step(n, nodes, b, cap):
+    pt = model.Point("fp32", b, n, nodes, cap, P_FULL, (), (), 0, None, None)
+    return model.model_step(TRUE, COMPUTE, pt)[0]
+
+
+def narrow_sweep_rows():
+    """Strong runs at 25 MiB on 1-16 ranks; the bucket sweep only 5 and 25 MiB (9 and 2
+    buckets of P_FULL) at 8 ranks on 2 nodes: the audit's study."""
+    rows = synthetic_rows(caps=(25,), batches=(64, 256))
+    for r in rows:
+        if r["world_size"] == "8":
+            r["families"] = "bucket;strong"
+    rows += [_row(f"w8_lb{b}_bk5", "bucket", 8, 2, b, 5, _step(8, 2, b, 5)) for b in (64, 256)]
+    return rows
+
+
+def test_advice_outside_the_bucket_sweep_is_marked_extrapolated():
+    """The advisor recommended 1 MiB (43 buckets) at 2 and 4 ranks from a sweep of 9 and 2
+    buckets at 8 ranks only, its note just "fit of 10 multi-rank configurations, dof 7"."""
+    pts = model.points(narrow_sweep_rows())[0]
+    sweep = [p for p in pts if "bucket" in p.families]
+    assert {(p.world_size, p.nodes, p.bucket_cap_mb) for p in sweep} == {(8, 2, 5.0), (8, 2, 25.0)}
+    # 44,695,848 B = 42.6 MiB: 5 MiB -> 9 buckets, 25 MiB -> 2
+    lo, hi = np.ceil(P_FULL / (25 * model.MIB)), np.ceil(P_FULL / (5 * model.MIB))
+    assert (lo, hi) == (2, 9)
+    advice = model.advise(model.fit_points(pts), pts)
+    assert len(advice) == 4 * 2 and all(a.bucket_cap_mb for a in advice)
+    for a in advice:
+        outside = not lo <= a.buckets <= hi
+        elsewhere = (a.world_size, a.nodes) != (8, 2)
+        assert a.extrapolated is (outside or elsewhere), a
+        said = f"{a.buckets} buckets, outside the 2 to 9 buckets the runs measured"
+        assert (said in a.note) is outside
+        where = "1 node" if a.nodes == 1 else f"{a.nodes} nodes"
+        said = f"no bucket-sweep run at {a.world_size} ranks on {where}"
+        assert (said in a.note) is elsewhere
+        assert ("extrapolated" in a.note) is a.extrapolated
+    # the audit's case: 43 buckets at 2 ranks, now said to be beyond the sweep
+    assert any(a.world_size == 2 and a.buckets == 43 and a.extrapolated for a in advice)
+    assert {a.extrapolated for a in advice if a.world_size == 8} == {False}
+
+
+def _analyzed_runs(rows):
+    """runs.csv rows with the columns `scalestudy analyze` reads too (a GPU study)."""
+    extra = dict(repeat="0", epoch_time_s="50", final_val_acc="0.9", comm_exposed_frac="0.1",
+                 gpu_util_mean="", train_time_s="600", device="cuda", device_type="cuda",
+                 device_name="NVIDIA H100 80GB HBM3", compiled="True")  # fmt: skip
+    return [dict(r, **extra) for r in rows]
+
+
+def test_study_md_shows_which_advice_is_extrapolated(tmp_path, capsys):
+    """bucket_advice.csv's extrapolated cell (true / false) and its note reach study.md's
+    advice table as yes / no (through the honesty check); a CSV without the column is one line
+    naming the fix."""
+    import argparse
+
+    from scalestudy.results import analyze
+
+    write_rows(tmp_path / "runs.csv", _analyzed_runs(narrow_sweep_rows()))
+    parser = argparse.ArgumentParser()
+    analyze.add_arguments(parser)
+    argv = ["--runs", str(tmp_path / "runs.csv"), "--out-dir", str(tmp_path), "--html-dir",
+            str(tmp_path / "html"), "--gpus-per-node", "4", "--study", "s", "--configfile",
+            "s.yaml"]  # fmt: skip
+    assert analyze.run(parser.parse_args(argv)) == 0
+    argv = ["model", "--runs", str(tmp_path / "runs.csv"), "--out-dir", str(tmp_path)]
+    assert cli.main(argv) == 0
+    advice = read(tmp_path / "bucket_advice.csv")
+    assert {r["extrapolated"] for r in advice} == {"true", "false"}
+    render = ["render-report", "--csv-dir", str(tmp_path), "--out-dir", str(tmp_path / "reports")]
+    assert cli.main(render) == 0
+    study = (tmp_path / "reports/study.md").read_text()
+    table = study[study.index("Bucket advice:") :].split("\n\n")[1].splitlines()
+    assert table[0].split(" | ")[-2:] == ["extrapolated", "note |"]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in table[2:]]
+    assert len(rows) == len(advice)
+    for r, cells in zip(advice, rows, strict=True):
+        assert cells[0] == r["world_size"] and cells[1] == r["nodes"]
+        assert cells[-2] == {"true": "yes", "false": "no"}[r["extrapolated"]]
+        assert cells[-1] == r["note"]
+    # an older bucket_advice.csv without the column: render-report names the command
+    capsys.readouterr()
+    old = [{k: v for k, v in r.items() if k != "extrapolated"} for r in advice]
+    files.write_csv(tmp_path / "bucket_advice.csv", None, old)
+    assert cli.main(render) == 2
+    err = capsys.readouterr().err
+    assert "lacks what the templates read" in err and "extrapolated" in err
+    assert "scalestudy model" in err and "Traceback" not in err
 
 
 def test_advisor_says_not_enough_data_when_every_cap_is_one_bucket():
@@ -455,6 +549,7 @@ def test_command_on_the_demo_study(tmp_path):
     assert len(fitted) == 5 and all(r["predicted"] and r["rel_error"] for r in fitted)
     advice = read(tmp_path / "bucket_advice.csv")
     assert len(advice) == 2 and all(r["note"].startswith("not enough data") for r in advice)
+    assert all(r["extrapolated"] == "" for r in advice)  # no recommendation, nothing to mark
 
 
 def test_command_on_a_synthetic_study_writes_held_out_errors_and_advice(tmp_path):
@@ -471,6 +566,8 @@ def test_command_on_a_synthetic_study_writes_held_out_errors_and_advice(tmp_path
     assert float(params["beta_inter_Bps"]["value"]) == pytest.approx(5e9, rel=0.05)
     advice = read(tmp_path / "bucket_advice.csv")
     assert all(r["bucket_cap_mb"] and r["gain"] for r in advice)
+    # true where the recommendation is one bucket: the runs measured 2 to 43 at every size
+    assert all(r["extrapolated"] == str(r["buckets"] == "1").lower() for r in advice)
     # the gain is the two predicted steps' ratio (cells: 12 significant digits, analyze.cell)
     for r in advice:
         ratio = float(r["default_step_s"]) / float(r["predicted_step_s"]) - 1

@@ -23,7 +23,9 @@ model.csv, one row per fact, `kind` says which (blank cells: not applicable or n
 
 bucket_advice.csv, one row per multi-rank (world_size, nodes) x bucket-family (precision,
 local_batch): the recommended bucket_cap_mb, its bucket count, the predicted step time there and
-at DDP's default 25 MiB, gain = default / best - 1; or note "not enough data: ..." and blanks.
+at DDP's default 25 MiB, gain = default / best - 1, extrapolated (true / false: the recommended
+bucket count is outside those the runs measured, or the bucket sweep has no run at that
+world_size and nodes; the note says which); or note "not enough data: ..." and blanks.
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ ADVICE_COLUMNS = (
     "default_bucket_cap_mb",
     "default_step_s",
     "gain",
+    "extrapolated",
     "note",
 )
 

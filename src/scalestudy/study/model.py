@@ -64,10 +64,14 @@ and a multi-rank one (communication). Families with fewer: "not validated", with
 
 Bucket advisor (`advise`): at each multi-rank (N, nodes) of the study and each (precision, local
 batch) of the bucket family, the predicted T over CANDIDATE_CAPS_MB and one bucket (B >= P);
-recommended = argmin (DDP's default 25 MiB on a tie), gain = T(25 MiB) / T(best) - 1. "not enough
-data" without a fit identifying alpha and the needed beta, or when the bucket sweep has fewer than
-2 distinct bucket counts m (then no measurement shows a bucket-size effect: a width-8 ResNet-18's P
-= 0.7 MB is one bucket at every cap).
+recommended = argmin (DDP's default 25 MiB on a tie), gain = T(25 MiB) / T(best) - 1;
+extrapolated (the note says why) where the recommendation rests on what no run of that
+(precision, local batch) measured: its bucket count m outside the range of m of the multi-rank
+runs (any family), no bucket-sweep run at that (N, nodes), or the prediction itself
+extrapolated. "not enough data" without
+a fit identifying alpha and the needed beta, or when the bucket sweep has fewer than 2 distinct
+bucket counts m (then no measurement shows a bucket-size effect: a width-8 ResNet-18's P = 0.7
+MB is one bucket at every cap).
 """
 
 from __future__ import annotations
@@ -560,19 +564,26 @@ class Advice:
     default_step_s: float | None  # predicted at 25 MiB
     gain: float | None  # default_step_s / step_s - 1
     note: str
+    # the recommendation rests on what the sweep never measured (note says what); None: no
+    # recommendation
+    extrapolated: bool | None = None
 
 
 def advise(fit: Fit | None, pts: list[Point]) -> list[Advice]:
     """The recommended bucket_cap_mb per multi-rank (world size, nodes) and bucket-family
     (precision, local batch); rows that say "not enough data" where the data cannot tell."""
     sweep = [p for p in pts if "bucket" in p.families]
-    combos = sorted({(p.precision, p.local_batch, p.grad_sync_bytes) for p in sweep})
+    combos = sorted({_combo(p) for p in sweep})
     sizes = sorted({(p.world_size, p.nodes) for p in pts if p.world_size > 1})
     if not combos or not sizes:
         why = "no multi-rank ddp run modelled" if not sizes else "no bucket family modelled"
         return [Advice(*[None] * 10, note=f"not enough data: {why}")]
     gap = _sweep_gap(fit, sweep)
-    return [_advice(fit, n, nodes, combo, gap) for n, nodes in sizes for combo in combos]
+    return [_advice(fit, n, nodes, combo, gap, pts) for n, nodes in sizes for combo in combos]
+
+
+def _combo(p: Point) -> tuple:
+    return p.precision, p.local_batch, p.grad_sync_bytes
 
 
 def _sweep_gap(fit: Fit | None, sweep: list[Point]) -> str:
@@ -591,7 +602,7 @@ def _sweep_gap(fit: Fit | None, sweep: list[Point]) -> str:
     return ""
 
 
-def _advice(fit: Fit | None, n: int, nodes: int, combo: tuple, gap: str) -> Advice:
+def _advice(fit: Fit | None, n: int, nodes: int, combo: tuple, gap: str, pts: list) -> Advice:
     precision, b, pbytes = combo
     head = (n, nodes, precision, b, pbytes)
     if not gap and not fit.identified[1 if nodes == 1 else 2]:
@@ -609,4 +620,28 @@ def _advice(fit: Fit | None, n: int, nodes: int, combo: tuple, gap: str) -> Advi
         best = DEFAULT_BUCKET_MB
     gain = default / preds[best].step_s - 1
     m = len(bucket_sizes(pbytes, best))
-    return Advice(*head, best, m, preds[best].step_s, default, gain, note=preds[best].basis)
+    pred = preds[best]
+    why = _unmeasured_advice(m, n, nodes, [p for p in pts if _combo(p) == combo])
+    if pred.extrapolated:  # its basis ends ", extrapolated": said once, with the others
+        why.append("world size, nodes or local batch beyond the fitted runs")
+    note = pred.basis.removesuffix(", extrapolated")
+    note += f"; extrapolated: {'; '.join(why)}" if why else ""
+    return Advice(*head, best, m, pred.step_s, default, gain, note, bool(why))
+
+
+def _unmeasured_advice(m: int, n: int, nodes: int, same: list[Point]) -> list[str]:
+    """What of a recommendation of m buckets at (n, nodes) no run measured, `same` the points
+    of its (precision, local batch, P): a bucket count outside the range of its multi-rank
+    runs' (any family's: a strong run at 25 MiB measured its bucket count too), where the
+    model carries its latency-bandwidth trade-off beyond them; a world size and node count
+    where the bucket sweep ran no cap, so nothing there showed the cap's effect."""
+    multi = [p for p in same if p.world_size > 1]
+    counts = sorted({len(bucket_sizes(p.grad_sync_bytes, p.bucket_cap_mb)) for p in multi})
+    why = []
+    if not counts[0] <= m <= counts[-1]:
+        span = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]} to {counts[-1]}"
+        why.append(f"{m} buckets, outside the {span} buckets the runs measured")
+    if (n, nodes) not in {(p.world_size, p.nodes) for p in multi if "bucket" in p.families}:
+        where = f"{nodes} node" + "s" * (nodes != 1)
+        why.append(f"no bucket-sweep run at {n} ranks on {where}")
+    return why
