@@ -2,7 +2,8 @@
 # processes (scalestudy launch), after a system inventory of the job's allocation. Trainer
 # sources and the image are inputs, so changing them reruns training; the flags and the rank
 # layout are params, so changing them does too. The Slurm time limit is the node-hour plan's
-# estimate x plan.safety_factor plus the USR1 lead (study/estimate.py). Checkpoints go to results/checkpoints/{run}/ (not an output); a
+# estimate (its 95% upper end where the scaling model prices it) x plan.safety_factor plus the
+# USR1 lead (study/estimate.py). Checkpoints go to results/checkpoints/{run}/ (not an output); a
 # failed or preempted job (SIGUSR1 before the time limit: exit 75 after a checkpoint) is retried
 # and resumes there.
 rule train:

@@ -6,10 +6,11 @@ resource functions, and the tests check them here.
 - Slurm resources of a launch: the training job and the two profiling jobs (profile_capture,
   profile_ncu) start the ranks of one run with `scalestudy launch`, so they ask for the same
   nodes, tasks, GPUs, CPUs and memory (`launch_resources`).
-- The Slurm time limit of a training job: the node-hour plan's estimate x plan.safety_factor
-  plus the USR1 lead (`TrainingPlan`; the formula: study/estimate.py). The measured runs that
-  calibrate the plan are read when Snakemake first asks for a training job's `runtime` (once
-  per process), never while it parses the workflow.
+- The Slurm time limit of a training job: the node-hour plan's estimate (its 95% upper end where
+  the scaling model prices it) x plan.safety_factor plus the USR1 lead (`TrainingPlan`; the
+  formula: study/estimate.py). The measured runs that calibrate the plan are read when
+  Snakemake first asks for a training job's `runtime` (once per process), never while it
+  parses the workflow.
 - Code inputs: the source files whose change reruns a rule (`trainer_sources`, and
   `code_sources` for every other rule that runs the package), found by globbing the package and
   following its imports, so a new or split module is tracked without a hand-kept list. The
@@ -174,8 +175,9 @@ class TrainingPlan:
         return plan.register(self.config, self.rows, measured, is_local_rule)
 
     def runtime(self, wildcards) -> int:
-        """Slurm time limit of a training job, minutes: estimate x safety_factor plus the USR1
-        lead, floored at hardware.runtime_min (estimate.slurm_runtime_min)."""
+        """Slurm time limit of a training job, minutes: estimate (its 95% upper end where the
+        scaling model prices it) x safety_factor plus the USR1 lead, floored at
+        hardware.runtime_min (estimate.slurm_runtime_min)."""
         return self.estimates[wildcards.run].slurm_runtime_min
 
     def digest(self, wildcards=None) -> str:
