@@ -118,6 +118,8 @@ hosts_remove() {
 hosts_add() { # lines "ip name"...
     hosts_remove
     local line
+    # a last line without its newline would have ours glued to it (and removed with it)
+    if [[ -s /etc/hosts && -n $(tail -c1 /etc/hosts) ]]; then echo >>/etc/hosts; fi
     for line in "$@"; do
         printf '%s %s\n' "$line" "$HOSTS_MARK" >>/etc/hosts
     done
@@ -142,8 +144,11 @@ net_down() {
 
 net_up() { # nodes
     local n=$1 i ns
-    # refuse a subnet that the machine already uses (we only talk to addresses we create)
-    if ip -o -4 addr show | grep -v " $BRIDGE " | grep -q " inet ${NET//./\\.}\."; then
+    # refuse a subnet that the machine already uses (we only talk to addresses we create); the
+    # listing first: `grep -q` ending a pipeline early failed it under pipefail (SIGPIPE)
+    local addrs
+    addrs=$(ip -o -4 addr show | grep -v " $BRIDGE " || true)
+    if grep -q " inet ${NET//./\\.}\." <<<"$addrs"; then
         die "subnet ${NET}.0/24 is already used on this machine; set SCALESTUDY_SLURM_NET=a.b.c"
     fi
     ip link add "$BRIDGE" type bridge
@@ -496,6 +501,8 @@ main() {
         *) die "unknown argument: $1" ;;
         esac
     done
+    # before `restart` stops the running cluster (cmd_start checks it too)
+    [[ $nodes == 1 || $nodes == 2 ]] || die "--nodes must be 1 or 2 (got $nodes)"
     case $cmd in
     start) cmd_start "$nodes" ;;
     restart)
@@ -516,4 +523,7 @@ main() {
     esac
 }
 
-main "$@"
+# sourced (tests/test_scripts.py calls its functions): define, run nothing
+if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
+    main "$@"
+fi

@@ -1,0 +1,115 @@
+"""The shell scripts' own logic: scripts/demo.sh's test for a call that runs no job, and
+scripts/local-slurm.sh's edits of /etc/hosts, its subnet check and its argument check (the
+functions, sourced: each script runs its main only when executed)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import pytest
+from workflow_helpers import REPO
+
+DEMO = REPO / "scripts" / "demo.sh"
+LOCAL_SLURM = REPO / "scripts" / "local-slurm.sh"
+
+
+def bash(script: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", "-c", script, "bash", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["-n"],
+        ["-np", "--config", "dataset=synthetic"],
+        ["--dry-run"],
+        ["--dag"],
+        ["--rulegraph"],
+        ["--summary"],
+        ["-S"],
+        ["-l"],
+        ["--list-target-rules"],
+        ["--lc", "code"],
+        ["--version"],
+        ["--lint"],
+        ["--unlock"],
+    ],
+)
+def test_the_demo_makes_no_report_after_a_call_that_runs_no_job(args):
+    """After `--dag`, `--summary`, `-l`, `--version` the report failed on outputs never made
+    (or "demo: done" was printed): only -n, --lint, --unlock and --list were known."""
+    assert bash(f'source {DEMO}; runs_nothing "$@"', *args).returncode == 0, args
+
+
+@pytest.mark.parametrize(
+    "args",
+    [[], ["--config", "dataset=synthetic"], ["-j2", "-p"], ["--cores", "2"], ["-F"], ["-k"]],
+)
+def test_the_demo_reports_after_a_call_that_runs_jobs(args):
+    assert bash(f'source {DEMO}; runs_nothing "$@"', *args).returncode == 1, args
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("unshare"), reason="a private /etc/hosts needs root"
+)
+def test_local_slurm_adds_its_hosts_lines_after_a_last_line_without_newline(tmp_path):
+    """`start` glued its line to a last line without a newline (node1 then resolved to the other
+    host's address), and `stop` removed that host's entry with it. /etc/hosts here is a copy,
+    bind-mounted in a private mount namespace."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.1 localhost\n10.0.0.5 fileserver")
+    script = f"""
+        mount --bind {hosts} /etc/hosts
+        source {LOCAL_SLURM}
+        hosts_add "10.77.77.2 node1"
+        cp /etc/hosts {tmp_path}/after-start
+        hosts_remove
+        cp /etc/hosts {tmp_path}/after-stop
+    """
+    done = subprocess.run(["unshare", "-m", "bash", "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    started = (tmp_path / "after-start").read_text().splitlines()
+    assert started[:2] == ["127.0.0.1 localhost", "10.0.0.5 fileserver"]
+    assert started[2].startswith("10.77.77.2 node1 ")
+    assert (tmp_path / "after-stop").read_text().splitlines() == started[:2]
+
+
+def test_local_slurm_sees_its_subnet_in_use_among_many_addresses():
+    """`ip ... | grep -v | grep -q` under pipefail: with ~40 addresses grep -q ended the
+    pipeline early, grep -v died of SIGPIPE, and the subnet in use counted as free about half
+    the time. `ip` is a shell function here that lists 400 addresses, one in 10.77.77.0/24."""
+    script = f"""
+        source {LOCAL_SLURM}
+        ip() {{
+            if [[ "$*" == "-o -4 addr show" ]]; then
+                for i in $(seq 1 400); do
+                    echo "$i: eth$i    inet 192.168.$((i % 250)).$((i % 200 + 1))/24 scope global"
+                done
+                echo "401: eth1    inet 10.77.77.5/24 brd 10.77.77.255 scope global eth1"
+            else
+                echo "ip $*" >&2
+            fi
+        }}
+        net_up 2
+    """
+    for _ in range(20):
+        done = bash(script)
+        assert done.returncode != 0 and "already used on this machine" in done.stderr
+        assert "ip link add" not in done.stderr
+
+
+def test_local_slurm_restart_refuses_a_bad_node_count_before_stopping():
+    """`restart --nodes 3` stopped the running cluster, then refused the node count."""
+    script = f"""
+        source {LOCAL_SLURM}
+        cmd_stop() {{ echo STOPPED; }}
+        cmd_start() {{ echo STARTED; }}
+        main restart --nodes 3
+    """
+    done = bash(script)
+    assert done.returncode != 0 and "--nodes must be 1 or 2 (got 3)" in done.stderr
+    assert "STOPPED" not in done.stdout
