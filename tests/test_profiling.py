@@ -551,6 +551,36 @@ def test_skipped_report_is_an_error_that_quotes_the_tool():
         nsys.read_nsys_table(FIX / "broken" / "skipped_cuda_gpu_kern_sum.csv")
 
 
+def test_a_skipped_memory_table_is_an_empty_one_and_a_skipped_kernel_summary_an_error(tmp_path):
+    """A window without memcpy or memset: nsys stats writes SKIPPED for cuda_gpu_mem_time_sum
+    (as for nvtx_sum without ranges). It killed the whole parse, kernels included, although a
+    missing memory table was accepted."""
+    stats = tmp_path / "stats"
+    shutil.copytree(FIX / "nsys-2024.5", stats)
+    without_mem = nsys.parse_nsys(stats, "r")  # rank 1 has no memory table at all
+    for report, data in (
+        ("cuda_gpu_mem_time_sum", "GPU memory data"),
+        ("nvtx_gpu_proj_sum", "NVTX data"),
+    ):
+        (stats / f"nsys_rank1_{report}.csv").write_text(
+            f"Processing [nsys_rank1.sqlite] with [/opt/nvidia/nsight-systems/2024.5.1/"
+            f"host-linux-x64/reports/{report}.py]... \n"
+            f"SKIPPED: nsys_rank1.sqlite does not contain {data}.\n"
+        )
+        kernels, ranges = nsys.parse_nsys(stats, "r")
+        assert [r for r in kernels if r["rank"] == 1] == [
+            r for r in without_mem[0] if r["rank"] == 1
+        ]
+        assert {r["rank"] for r in ranges} == {0, 1}
+    # rank 1's memory table skipped, rank 0's read: its memcpy rows are still there
+    assert any(r["category"] == "memcpy" and r["rank"] == 0 for r in kernels)
+    (stats / "nsys_rank1_cuda_gpu_kern_sum.csv").write_bytes(
+        (FIX / "broken" / "skipped_cuda_gpu_kern_sum.csv").read_bytes()
+    )
+    with pytest.raises(ProfileFormatError, match="does not contain CUDA kernel data"):
+        nsys.parse_nsys(stats, "r")
+
+
 def test_missing_kernel_summary_is_an_error(tmp_path):
     (tmp_path / "nsys_rank0_nvtx_sum.csv").write_bytes(
         (FIX / "nsys-2024.5/nsys_rank0_nvtx_sum.csv").read_bytes()

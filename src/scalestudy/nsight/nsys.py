@@ -144,16 +144,26 @@ def nsys_stats_files(input_path: str | Path) -> list[Path]:
 # a directory may hold others (`nsys stats` writes cuda_api_sum, osrt_sum, ... by default)
 READ_REPORTS = ("cuda_gpu_kern_sum", "gpukernsum", "cuda_gpu_mem_time_sum", "gpumemtimesum")
 READ_REPORTS += ("nvtx_sum", "nvtxsum", "nvtx_gpu_proj_sum")
+# the reports whose SKIPPED file is an empty table: all read here but the kernel summary
+SKIPPABLE_REPORTS = ("cuda_gpu_mem_time_sum", "gpumemtimesum", "nvtx_sum", "nvtxsum")
+SKIPPABLE_REPORTS += ("nvtx_gpu_proj_sum",)
 KIND_NAMES = {"kern": "kernel summary", "mem": "memory-operation summary", "nvtx": "NVTX range"}
 KIND_NAMES["proj"] = "NVTX GPU projection"
+
+
+def _names(f: Path, reports: tuple[str, ...]) -> bool:
+    """Whether the CSV f is named after one of `reports` (nsys stats: <output>_<report>.csv)."""
+    return any(report in f.name.lower() for report in reports)
 
 
 def parse_nsys(input_path: str | Path, run: str) -> tuple[list[dict], list[dict]]:
     """nsys stats CSVs (a file or a directory), and the SQLite exports in that directory ->
     (profile_kernels rows, profile_ranges rows). Of a directory, a CSV named after another
-    report and of no table read here is left out (a file given outright is refused), and no
-    kernel summary at all is refused; a second table of one kind for one rank (a copy, or an
-    old nsys's names beside a new one's) is refused: it would count twice."""
+    report and of no table read here is left out (a file given outright is refused), a memory
+    or NVTX table that nsys stats SKIPPED (no such data in the window) is an empty one, and no
+    kernel summary at all, or a skipped one, is refused; a second table of one kind for one
+    rank (a copy, or an old nsys's names beside a new one's) is refused: it would count
+    twice."""
     kernels: dict[int, list[dict]] = {}
     ranges: dict[str, dict[int, list[dict]]] = {"export": {}, "proj": {}, "nvtx": {}}
     kinds: dict[int, dict[str, Path]] = {}
@@ -163,10 +173,12 @@ def parse_nsys(input_path: str | Path, run: str) -> tuple[list[dict], list[dict]
             kind, rows = read_nsys_table(f)
         except ProfileFormatError:
             # nsys stats says "SKIPPED: ... does not contain NVTX data" when the window recorded
-            # no NVTX range: no ranges (`scalestudy profile parse` warns), not a broken capture
-            if "nvtx" in f.name.lower() and skipped_line(read_text(f).splitlines()):
+            # no NVTX range (no ranges: `scalestudy profile parse` warns), "... GPU memory data"
+            # when it made no memcpy or memset: that table is empty, as if its file were
+            # missing, not a broken capture. A skipped kernel summary stays an error (no kernels)
+            if _names(f, SKIPPABLE_REPORTS) and skipped_line(read_text(f).splitlines()):
                 continue
-            if not given_file and not any(report in f.name for report in READ_REPORTS):
+            if not given_file and not _names(f, READ_REPORTS):
                 continue  # another report (cuda_api_sum, osrt_sum, ...): not read here
             raise
         rank = rank_of(f)
