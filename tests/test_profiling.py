@@ -1030,8 +1030,22 @@ def _op(name, count, device_type, self_cpu=0.0, cpu_total=0.0, self_dev=0.0, **e
 # the device, a CUDA entry flagged user_annotation)
 GPU_OPS = [
     _op("aten::cudnn_convolution", 2, "CPU", 50, 60, device_total_us=300, user_annotation=False),
-    _op("sm90_xmma_fprop_implicit_gemm_bf16", 2, "CUDA", self_dev=300, device_total_us=300),
-    _op("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 1, "CUDA", self_dev=100, device_total_us=100),
+    _op(
+        "sm90_xmma_fprop_implicit_gemm_bf16",
+        2,
+        "CUDA",
+        self_dev=300,
+        device_total_us=300,
+        user_annotation=False,
+    ),
+    _op(
+        "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
+        1,
+        "CUDA",
+        self_dev=100,
+        device_total_us=100,
+        user_annotation=False,
+    ),
     # the phase: host enqueue time 400 us; its device-side entry (kineto's span of the kernels
     # whose innermost annotation it was) 350 us
     _op("forward", 2, "CPU", 5, 400, device_total_us=300, user_annotation=True),
@@ -1039,7 +1053,14 @@ GPU_OPS = [
     _op("backward", 2, "CPU", 5, 90, device_total_us=100, user_annotation=True),
     _op("backward", 2, "CUDA", self_dev=150, device_total_us=150, user_annotation=True),
     # another range on the device (DDP's): it spans kernels counted themselves, so no kernel
-    _op("DistributedDataParallel.forward", 2, "CUDA", self_dev=360, user_annotation=True),
+    _op(
+        "DistributedDataParallel.forward",
+        2,
+        "CUDA",
+        self_dev=360,
+        device_total_us=360,
+        user_annotation=True,
+    ),
 ]
 
 
@@ -1058,18 +1079,43 @@ def test_torch_export_on_gpu_counts_device_time_of_kernels(tmp_path):
     ]
 
 
-def test_torch_export_before_the_annotation_flag(tmp_path):
-    """An export of the first format (no user_annotation, no device_total_us) still gives the
-    kernels, and the phases' host time."""
-    old = [
-        {k: v for k, v in op.items() if k not in ("user_annotation", "device_total_us")}
-        for op in GPU_OPS[:5]
-    ]
-    (tmp_path / "torch_ops_rank0.json").write_text(json.dumps({"ops": old}))
+def _format_1(ops: list[dict]) -> dict:
+    """An export of the first format: no user_annotation, no device_total_us."""
+    old = ("user_annotation", "device_total_us")
+    ops = [{k: v for k, v in op.items() if k not in old} for op in ops]
+    return {"format": "scalestudy-torch-ops-1", "time_unit": "us", "ops": ops}
+
+
+def test_a_gpu_export_before_the_annotation_flag_is_refused(tmp_path):
+    """On a GPU, the first format's device-side spans of DDP's and the optimizer's ranges could
+    not be told from kernels: the real H100 export so written gave 21.3 ms of "kernels" for
+    12.3 ms. Refused in one line; read where no CUDA entry but a phase range (known by name) has
+    a CPU twin, and on a CPU (no device-side entries)."""
+    real = json.loads((FIX.parent / "gpu-h100" / "torch_ops_rank0.json").read_text())
+    f = tmp_path / "torch_ops_rank0.json"
+    f.write_text(json.dumps(_format_1(real["ops"])))
+    with pytest.raises(ProfileFormatError, match="without user_annotation flags") as err:
+        torch_ops.parse_torch(tmp_path, "g")
+    message = str(err.value)
+    assert str(f) in message and "scalestudy profile capture" in message and "\n" not in message
+    assert "'Optimizer.step#SGD.step'" in message or "'DistributedDataParallel.forward'" in message
+    # the phase ranges' device-side entries are known by name: the kernels, the host times
+    f.write_text(json.dumps(_format_1(GPU_OPS[:5])))
     kernels, ranges = torch_ops.parse_torch(tmp_path, "g")
-    assert [r["kernel"] for r in kernels][:1] == ["sm90_xmma_fprop_implicit_gemm_bf16"]
+    assert [r["kernel"] for r in kernels] == [
+        "sm90_xmma_fprop_implicit_gemm_bf16",
+        "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
+    ]
     assert [(r["range"], r["time_base"], r["total_ns"]) for r in ranges] == [
         ("forward", "host_range", 400_000)
+    ]
+    cpu_ops = [{**op, "self_device_us": 0} for op in GPU_OPS if op["device_type"] == "CPU"]
+    f.write_text(json.dumps(_format_1(cpu_ops)))
+    kernels, ranges = torch_ops.parse_torch(tmp_path, "c")
+    assert [r["kernel"] for r in kernels] == ["aten::cudnn_convolution"]
+    assert [(r["range"], r["time_base"], r["total_ns"]) for r in ranges] == [
+        ("forward", "host_range", 400_000),
+        ("backward", "host_range", 90_000),
     ]
 
 

@@ -19,7 +19,12 @@ def parse_torch(input_path: str | Path, run: str) -> tuple[list[dict], list[dict
 
     Each JSON holds {"ops": [{"name", "count", "self_cpu_us", "cpu_total_us", "self_device_us",
     "device_total_us", "device_type", "user_annotation"}]} (trainer/measure.py,
-    torch_ops_export; the last two keys are missing from older exports). Kernels: on a GPU (any
+    torch_ops_export). The first format (scalestudy-torch-ops-1) had no device_total_us and no
+    user_annotation: it is read on a CPU; on a GPU it is refused where a CUDA entry other than a
+    phase range has a CPU entry of its name, for then it is kineto's device-side span of a range
+    (DistributedDataParallel.forward, Optimizer.step#SGD.step), which was counted as a kernel
+    (the kernels it spans twice), or a compiled run's Triton kernel (its launcher records a CPU
+    entry of its name), and only the flag tells them apart. Kernels: on a GPU (any
     self_device_us) the CUDA-side entries by self device time; on a CPU the ops by self CPU time
     (self time: no double counting of nested ops); the device-side entries of record_function
     ranges (user annotations) are not kernels: their time spans kernels counted themselves.
@@ -45,6 +50,13 @@ def parse_torch(input_path: str | Path, run: str) -> tuple[list[dict], list[dict
         ops = [_entry(f, i, op) for i, op in enumerate(_ops(f))]
         rank = rank_of(f)
         on_gpu = any(op["self_dev"] > 0 for op in ops)
+        if on_gpu and (twin := _unflagged_twin(ops)):
+            raise ProfileFormatError(
+                f, None, f"a GPU export without user_annotation flags (format "
+                f"scalestudy-torch-ops-1) whose CUDA entry {twin!r} has a CPU entry of its name: "
+                f"a range's device-side span or a kernel, which only the flag tells; "
+                f"{RECAPTURE} (this version writes the flags)"
+            )  # fmt: skip
         rank_kernels = _kernels(ops, on_gpu)
         if rank_kernels:
             kernels[rank] = rank_kernels
@@ -103,9 +115,22 @@ def _entry(f: Path, i: int, op) -> dict:
             "self_dev": 0.0 if self_dev is None else float(measured(self_dev, "self_device_us")),
             "cuda": device_type in ("CUDA", "DEVICETYPE.CUDA"),
             "annotation": annotation,
+            "flagged": "user_annotation" in op,  # absent from format 1
         }
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ProfileFormatError(f, None, f"op {i}: bad entry {op!r} ({exc}); {RECAPTURE}") from exc
+
+
+def _unflagged_twin(ops: list[dict]) -> str | None:
+    """The first CUDA entry without a user_annotation flag (format 1) that has a CPU entry of its
+    name, else None. Such a twin is kineto's device-side span of a record_function range (made
+    from the CPU range) or a compiled kernel (Triton's launcher records a CPU entry of the
+    kernel's name): without the flag they cannot be told apart. A CUDA entry without a CPU twin
+    is a kernel; the phase ranges (schema.RANGES) are known by their names."""
+    cpu = {op["name"] for op in ops if not op["cuda"]} - set(schema.RANGES)  # known by name
+    return next(
+        (op["name"] for op in ops if op["cuda"] and not op["flagged"] and op["name"] in cpu), None
+    )
 
 
 def _kernels(ops: list[dict], on_gpu: bool) -> list[dict]:
