@@ -1279,9 +1279,10 @@ def test_a_trace_event_without_a_finite_time_is_named(tmp_path, cat, field, valu
         torch_ops.parse_torch(tmp_path, "g")
 
 
-def test_a_cpu_run_never_reads_its_trace(tmp_path):
+def test_a_cpu_run_without_collectives_never_reads_its_trace(tmp_path):
     """A CPU export (no device time) has nothing to project: the trace beside it, megabytes per
-    rank in a study, is not read, so even a broken one does not matter; the host times."""
+    rank in a study, is not read without a collective, so even a broken one does not matter;
+    the host times."""
     cpu_ops = [op for op in GPU_OPS if op["device_type"] == "CPU"]
     cpu_ops = [{**op, "self_device_us": 0, "device_total_us": 0} for op in cpu_ops]
     (tmp_path / "torch_ops_rank0.json").write_text(json.dumps({"ops": cpu_ops}))
@@ -1292,6 +1293,73 @@ def test_a_cpu_run_never_reads_its_trace(tmp_path):
         ("forward", "host_range", 400_000),
         ("backward", "host_range", 90_000),
     ]
+
+
+# One gloo all-gather of a real 2-rank FSDP capture on a CPU (torch 2.14, trainer --strategy
+# fsdp; times in us, shifted to 0): c10d records the collective on gloo's thread (tid 2) as a
+# user annotation whose export entry has no self time, only its inclusive time; gloo ran ATen ops
+# inside it there (the output copies), which the export counts by their own self time. The main
+# thread (tid 1) computed and enqueued meanwhile.
+GLOO_SPAN = (0.0, 221.581)
+GLOO_TRACE = [
+    _x("user_annotation", "forward", -50.0, 400.0),
+    _x("cpu_op", "c10d::_allgather_base_", -10.0, 12.0),
+    _x("cpu_op", "aten::convolution_backward", 5.0, 300.0),  # overlaps, another thread
+    _x("user_annotation", "gloo:all_gather", *GLOO_SPAN, tid=2),
+    _x("cpu_op", "aten::view", 3.185, 1.803, tid=2),
+    _x("cpu_op", "aten::empty", 6.470, 1.382, tid=2),
+    _x("cpu_op", "aten::select", 201.841, 3.696, tid=2),
+    _x("cpu_op", "aten::as_strided", 203.975, 0.58, tid=2),  # inside the select
+    _x("cpu_op", "aten::copy_", 206.098, 2.413, tid=2),
+    _x("cpu_op", "aten::select", 209.072, 1.022, tid=2),
+    _x("cpu_op", "aten::as_strided", 209.473, 0.22, tid=2),
+    _x("cpu_op", "aten::copy_", 210.284, 0.681, tid=2),
+    _x("cpu_op", "aten::add_", 230.0, 4.0, tid=2),  # after the collective
+]
+GLOO_OPS = [
+    _op("forward", 1, "CPU", 88.0, 400.0, user_annotation=True),
+    _op("c10d::_allgather_base_", 1, "CPU", 12.0, 12.0, user_annotation=False),
+    _op("aten::convolution_backward", 1, "CPU", 300.0, 300.0, user_annotation=False),
+    _op("gloo:all_gather", 1, "CPU", 0.0, 221.581, user_annotation=True),
+    _op("aten::view", 1, "CPU", 1.803, 1.803, user_annotation=False),
+    _op("aten::empty", 1, "CPU", 1.382, 1.382, user_annotation=False),
+    _op("aten::select", 2, "CPU", 3.918, 4.718, user_annotation=False),
+    _op("aten::as_strided", 2, "CPU", 0.8, 0.8, user_annotation=False),
+    _op("aten::copy_", 2, "CPU", 3.094, 3.094, user_annotation=False),
+    _op("aten::add_", 1, "CPU", 4.0, 4.0, user_annotation=False),
+]
+
+
+def test_a_cpu_collective_counts_its_time_on_gloos_thread_once(tmp_path):
+    """A CPU run's gloo collective has no self time in the export: it was dropped, and the
+    "nccl" category held only the c10d call's enqueue time, 1 process or 2. Now it counts its
+    time on gloo's thread less the ops it ran there, which count by their own self time: every
+    microsecond of both threads once."""
+    export = tmp_path / "torch_ops_rank0.json"
+    export.write_text(json.dumps({"ops": GLOO_OPS}))
+    (tmp_path / "trace_rank0.json").write_text(json.dumps({"traceEvents": GLOO_TRACE}))
+    kernels, _ = torch_ops.parse_torch(tmp_path, "c")
+    rows = {r["kernel"]: r for r in kernels}
+    # the ops gloo ran inside, each instant once (as_strided inside its select)
+    nested = 1.803 + 1.382 + 3.696 + 2.413 + 1.022 + 0.681
+    gloo = rows["gloo:all_gather"]
+    assert gloo["category"] == "nccl" and gloo["instances"] == 1
+    assert gloo["total_ns"] == round((GLOO_SPAN[1] - nested) * 1e3)
+    # both threads' busy time, once: the main thread's ops and gloo's whole span plus the add_
+    main = 12.0 + 300.0
+    assert sum(r["total_ns"] for r in kernels) == pytest.approx((main + GLOO_SPAN[1] + 4.0) * 1e3)
+    assert sum(r["share"] for r in kernels if r["category"] == "nccl") == pytest.approx(
+        (12.0 + GLOO_SPAN[1] - nested) / (main + GLOO_SPAN[1] + 4.0)
+    )
+    # without the trace: the collective's whole time (its nested ops then count twice)
+    (tmp_path / "trace_rank0.json").unlink()
+    kernels, _ = torch_ops.parse_torch(tmp_path, "c")
+    assert {r["kernel"]: r["total_ns"] for r in kernels}["gloo:all_gather"] == 221_581
+    # an export of the first format (no user_annotation flag): the collective is known by name
+    unflagged = [{k: v for k, v in op.items() if k != "user_annotation"} for op in GLOO_OPS]
+    export.write_text(json.dumps({"ops": unflagged}))
+    kernels, _ = torch_ops.parse_torch(tmp_path, "c")
+    assert {r["kernel"]: r["total_ns"] for r in kernels}["gloo:all_gather"] == 221_581
 
 
 def test_trim_trace_keeps_what_the_projection_reads():
@@ -1872,6 +1940,14 @@ def test_torch_profiler_capture_of_a_two_rank_run(data_dir, tmp_path):
         )
         phases = {r["range"]: int(r["instances"]) for r in ranges if r["rank"] == rank}
         assert phases == {"data": 3, "forward": 3, "backward": 3, "optimizer": 3}  # steps 2..4
+    # each rank's all-reduce: its time on gloo's thread, as long as its spans in the trace (DDP's
+    # flat buckets: gloo runs no op inside them), not only the c10d call's enqueue time
+    for rank in ("0", "1"):
+        trace = json.loads((cap / "train" / "profile" / f"trace_rank{rank}.json").read_text())
+        spans = [e["dur"] for e in trace["traceEvents"] if e.get("name") == "gloo:all_reduce"]
+        (gloo,) = [r for r in kernels if r["rank"] == rank and r["kernel"] == "gloo:all_reduce"]
+        assert gloo["category"] == "nccl" and int(gloo["instances"]) == len(spans) == 3
+        assert int(gloo["total_ns"]) == pytest.approx(sum(spans) * 1e3, rel=1e-3)
     # a CPU run's phase times are host times, and say so; the export flags the ranges
     assert {r["time_base"] for r in ranges} == {"host_range"}
     export = json.loads((cap / "train" / "profile" / "torch_ops_rank0.json").read_text())

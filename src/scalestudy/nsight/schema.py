@@ -7,9 +7,11 @@ are integers in nanoseconds, shares fractions in [0, 1]):
 profile_kernels.csv  run, rank, tool, kernel, category, instances, total_ns, share
     kernel     GPU kernel name (nsys: cuda_gpu_kern_sum Name; memcpy/memset rows from
                cuda_gpu_mem_time_sum Operation) or torch.profiler op name (CPU self time, or
-               CUDA kernel self device time when torch.profiler ran on a GPU)
+               CUDA kernel self device time when torch.profiler ran on a GPU; a CPU run's
+               collectives, gloo:all_reduce ...: their time on gloo's thread, torch_ops.py)
     category   one of CATEGORIES (classify()); nccl = collective communication: NCCL kernels on a
-               GPU, gloo/nccl collectives recorded by torch.profiler on a CPU
+               GPU; on a CPU the gloo collectives' time on gloo's thread and the host time of
+               the c10d calls that start them (c10d::allreduce_, ...)
     instances  launches (kernels), operations (memcpy) or calls (torch ops) inside the window
     total_ns   summed duration inside the profiled window, ns
     share      total_ns / sum of total_ns over the same run and rank

@@ -3,6 +3,7 @@ profile_kernels and profile_ranges rows (schemas: schema.py)."""
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 from pathlib import Path
@@ -26,16 +27,22 @@ def parse_torch(input_path: str | Path, run: str) -> tuple[list[dict], list[dict
     (the kernels it spans twice), or a compiled run's Triton kernel (its launcher records a CPU
     entry of its name), and only the flag tells them apart. Kernels: on a GPU (any
     self_device_us) the CUDA-side entries by self device time; on a CPU the ops by self CPU time
-    (self time: no double counting of nested ops); the device-side entries of record_function
-    ranges (user annotations) are not kernels: their time spans kernels counted themselves.
+    (self time: no double counting of nested ops), summed over every thread as a GPU's kernels
+    over its streams, and each collective (gloo:all_reduce, ...: is_collective) by its time on
+    gloo's thread, less the ops it ran there (nested_in_collectives, from the trace beside the
+    export; without one its whole time). The main thread's wait for DDP's all-reduce is self
+    time of the backward range and is not counted: the collective's own time is its
+    communication.
+    The device-side entries of record_function ranges (user annotations) are not kernels: their
+    time spans kernels counted themselves.
     Phase ranges (schema.RANGES, the trainer's record_function ranges): on a GPU each range
     projected onto the GPU from the chrome trace beside the export (trace_rank{r}.json:
     trace_phases; time_base gpu_projection); where the trace has no GPU operation or is missing,
-    and on a CPU run (no device time in the export: its trace is not read), the host entries'
-    inclusive CPU time (host_range: the phase's real time on a CPU, only enqueue time on a
-    GPU). The export's own device-side entries of the ranges are not used: they hold only the
-    GPU operations launched directly under them, not under a nested range, nor from another
-    thread (trace_phases).
+    and on a CPU run (no device time in the export: its trace is read only for its
+    collectives), the host entries' inclusive CPU time (host_range: the phase's real time on a
+    CPU, only enqueue time on a GPU). The export's own device-side entries of the ranges are not
+    used: they hold only the GPU operations launched directly under them, not under a nested
+    range, nor from another thread (trace_phases).
     """
     p = Path(input_path)
     files = sorted(p.glob("torch_ops_rank*.json")) if p.is_dir() else [p]
@@ -57,12 +64,16 @@ def parse_torch(input_path: str | Path, run: str) -> tuple[list[dict], list[dict
                 f"a range's device-side span or a kernel, which only the flag tells; "
                 f"{RECAPTURE} (this version writes the flags)"
             )  # fmt: skip
-        rank_kernels = _kernels(ops, on_gpu)
+        # a CPU run's collectives: their time on gloo's thread, less the ops they ran there
+        nested = {}
+        if not on_gpu and any(is_collective(op["name"]) and op["cpu_total"] for op in ops):
+            nested = _trace_beside(f, nested_in_collectives) or {}
+        rank_kernels = _kernels(ops, on_gpu, nested)
         if rank_kernels:
             kernels[rank] = rank_kernels
         # a CPU run (no device time in the export) has no GPU operation to project: its trace,
-        # a few MB per rank, is not read
-        phases, time_base[rank] = _phases(ops, _trace_phases_beside(f) if on_gpu else [])
+        # a few MB per rank, is read only for its collectives
+        phases, time_base[rank] = _phases(ops, _trace_beside(f, trace_phases) if on_gpu else [])
         if phases:
             ranges[rank] = phases
     return (
@@ -133,7 +144,16 @@ def _unflagged_twin(ops: list[dict]) -> str | None:
     )
 
 
-def _kernels(ops: list[dict], on_gpu: bool) -> list[dict]:
+def is_collective(name: str) -> bool:
+    """A collective's record in torch.profiler: c10d names it by backend and operation
+    (gloo:all_reduce, gloo:broadcast, gloo:all_gather, nccl:all_reduce, ...)."""
+    return name.startswith(COLLECTIVE_PREFIXES)
+
+
+def _kernels(ops: list[dict], on_gpu: bool, nested: dict[str, float]) -> list[dict]:
+    """Each op's time (us -> ns): on a GPU a CUDA kernel's self device time; on a CPU an op's
+    self CPU time, and a collective's inclusive time less nested[name], the time of the ops it
+    ran inside on its own thread (counted by their own self time)."""
     out = []
     for op in ops:
         name = op["name"]
@@ -143,20 +163,27 @@ def _kernels(ops: list[dict], on_gpu: bool) -> list[dict]:
             continue
         if on_gpu and not op["cuda"]:
             continue  # on a GPU the CUDA kernels carry the time; their CPU launchers do not
-        t = op["self_dev"] if on_gpu else op["self_cpu"]
+        if on_gpu:
+            t = op["self_dev"]
+        elif is_collective(name):
+            # c10d's record of a collective (on gloo's thread, an async record): key_averages
+            # gives it no self time and links no op to it (torch 2.14)
+            t = max(op["cpu_total"] - nested.get(name, 0.0), 0.0)
+        else:
+            t = op["self_cpu"]
         if t > 0:
             out.append({"name": name, "instances": op["count"], "total_ns": t * 1e3})
     return out
 
 
-def _trace_phases_beside(f: Path) -> list[dict]:
-    """trace_phases of the chrome trace the trainer wrote with the export f
-    (trace_rank{r}.json beside torch_ops_rank{r}.json); [] when there is none."""
+def _trace_beside(f: Path, read):
+    """read(doc) of the chrome trace the trainer wrote with the export f (trace_rank{r}.json
+    beside torch_ops_rank{r}.json); [] when there is none."""
     trace = f.with_name(f.name.replace("torch_ops_", "trace_", 1))
     if trace == f or not trace.is_file():
         return []
     try:
-        return trace_phases(json.loads(read_text(trace)))
+        return read(json.loads(read_text(trace)))
     except json.JSONDecodeError as exc:
         raise ProfileFormatError(
             trace, exc.lineno, f"malformed JSON ({exc.msg}); truncated?"
@@ -180,6 +207,9 @@ def _phases(ops: list[dict], projected: list[dict]) -> tuple[list[dict], str]:
     return entries, schema.HOST_RANGE
 
 
+# the prefixes of c10d's records of a collective (is_collective)
+COLLECTIVE_PREFIXES = ("gloo:", "nccl:")
+NS_US = 1e-3  # 1 ns in us, the chrome trace's unit
 # chrome-trace categories (torch.profiler's kineto export): the host's CUDA API calls, which
 # carry the correlation id of what they launched, and the GPU operations
 LAUNCH_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver"})
@@ -193,6 +223,59 @@ def correlation(event: dict):
     return (event.get("args") or {}).get("correlation")
 
 
+def _complete_events(doc) -> list[dict]:
+    """The complete events ("ph": "X") of a chrome trace, in either of its forms."""
+    raw = doc if isinstance(doc, list) else doc.get("traceEvents")  # both chrome forms
+    if not isinstance(raw, list):
+        raise ValueError(f"traceEvents is {raw!r}, not a list of events")
+    return [e for e in raw if isinstance(e, dict) and e.get("ph") == "X"]
+
+
+def union_length(intervals: list[tuple[float, float]]) -> float:
+    """The length of the union of (start, end) intervals: nested ops' time, each instant once."""
+    total, reach = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b > reach:
+            total += b - max(a, reach)
+            reach = b
+    return total
+
+
+def nested_in_collectives(doc) -> dict[str, float]:
+    """Per collective name (is_collective), the time in us of the ops (cpu_op, user_annotation)
+    inside its spans on the span's own thread, each instant once: on a CPU gloo runs a
+    collective on its own thread, and some run ATen ops there (FSDP's all-gather copies its
+    output, its reduce-scatter divides: about 1 % of their time in a 2-rank CPU capture, torch
+    2.14), which the export counts by their own self time. Ops of other threads that ran
+    meanwhile (the main thread's compute, its wait) are not inside."""
+    events = [e for e in _complete_events(doc) if e.get("cat") in ("cpu_op", "user_annotation")]
+    for e in events:
+        measured(e.get("ts"), f"{e.get('name')!r}: ts", least=None)
+        measured(e.get("dur"), f"{e.get('name')!r}: dur")
+    threads: dict[tuple, list[tuple[float, float]]] = {}
+    spans = []
+    for e in events:
+        start, end = float(e["ts"]), float(e["ts"]) + float(e["dur"])
+        if is_collective(str(e.get("name"))):
+            spans.append((str(e["name"]), (e.get("pid"), e.get("tid")), start, end))
+        else:
+            threads.setdefault((e.get("pid"), e.get("tid")), []).append((start, end))
+    for intervals in threads.values():
+        intervals.sort()
+    out: dict[str, float] = {}
+    for name, thread, start, end in spans:
+        intervals = threads.get(thread, [])
+        inside = []
+        # the trace rounds ts and dur apart: a nested op may end a nanosecond past its span
+        for a, b in intervals[bisect.bisect_left(intervals, (start - NS_US,)) :]:
+            if a > end:
+                break
+            if b <= end + NS_US:
+                inside.append((max(a, start), min(b, end)))
+        out[name] = out.get(name, 0.0) + union_length(inside)
+    return out
+
+
 def trace_phases(doc: dict) -> list[dict]:
     """The trainer's phase ranges in a torch.profiler chrome trace (export_chrome_trace),
     projected onto the GPU by projection.project: a GPU operation (kernel, memcpy, memset)
@@ -204,10 +287,7 @@ def trace_phases(doc: dict) -> list[dict]:
     hold only the operations whose innermost open annotation on their own thread was the
     range; on the H100 and H200 they missed DDP's forward (nested DistributedDataParallel.forward),
     most of the backward and the whole optimizer (Optimizer.step#SGD.step)."""
-    raw = doc if isinstance(doc, list) else doc.get("traceEvents")  # both chrome forms
-    if not isinstance(raw, list):
-        raise ValueError(f"traceEvents is {raw!r}, not a list of events")
-    events = [e for e in raw if isinstance(e, dict) and e.get("ph") == "X"]
+    events = _complete_events(doc)
     for e in events:  # complete events: a start and a duration, in us
         if e.get("cat") in TIMED_CATEGORIES:
             measured(e.get("ts"), f"{e.get('name')!r}: ts", least=None)
