@@ -174,6 +174,18 @@ REPO = Path(__file__).resolve().parents[1]
         ("triton_tem_fused_addmm_0", "gemm"),
         ("triton_poi_fused_convolution_backward_5", "conv"),
         ("cpp_fused_add_relu_1", "elementwise"),
+        # a CPU's compiled graph: its call (the fused kernels' time), and the kernels' names
+        # under torch._inductor.config.cpp.enable_kernel_profile (torch 2.14, a small CNN)
+        (
+            "## Call CompiledFxGraph fdaoup6hr56abgm2jbuxjnwdqx4wvaokkuf47vaowhd474learm2 ##",
+            "compiled",
+        ),
+        (
+            "graph_0_cpp_fused_convolution_backward_native_batch_norm_backward_threshold_backward_1",
+            "batchnorm",
+        ),
+        ("graph_0_cpp_fused__native_batch_norm_legit_functional_copy__relu_1", "batchnorm"),
+        ("graph_0_cpp_fused_add_copy__0", "elementwise"),
         # a pointwise kernel fusing a batch norm's backward with convolution_backward's
         # pointwise tail (H200, compiled bf16): no convolution in it
         (
@@ -1293,6 +1305,30 @@ def test_a_cpu_run_without_collectives_never_reads_its_trace(tmp_path):
         ("forward", "host_range", 400_000),
         ("backward", "host_range", 90_000),
     ]
+
+
+def test_a_compiled_cpu_run_keeps_its_graphs_time():
+    """A compiled run on a CPU (tests/fixtures/cpu-compiled/, the trainer's export): inductor's
+    fused C++ kernels are no profiler events; their time, the self time of `## Call
+    CompiledFxGraph <hash> ##`, was dropped with the profiler's markers (18 % of the window's
+    op time here). Every op's self time is a row now, the graphs' as category compiled."""
+    fixture = FIX.parent / "cpu-compiled" / "torch_ops_rank0.json"
+    ops = json.loads(fixture.read_text())["ops"]
+    kernels, ranges = torch_ops.parse_torch(fixture, "c")
+    graphs = [r for r in kernels if r["kernel"].startswith("## Call CompiledFxGraph")]
+    assert len(graphs) == 2 and {r["category"] for r in graphs} == {"compiled"}  # fwd, bwd
+    # every op's self time once: all entries but the phase ranges (their self time is the
+    # host's between ops; no profiler marker here), the one rank's gloo all-reduce (no trace
+    # beside the fixture) by its whole time
+    counted = [op for op in ops if op["name"] not in schema.RANGES]
+    assert not any(op["name"].startswith("ProfilerStep") for op in counted)
+    us = sum(
+        op["cpu_total_us" if op["name"] == "gloo:all_reduce" else "self_cpu_us"] for op in counted
+    )
+    assert sum(r["total_ns"] for r in kernels) == pytest.approx(us * 1e3, abs=len(counted))
+    compiled_share = sum(r["share"] for r in graphs)
+    assert 0.1 < compiled_share < 0.3
+    assert {r["time_base"] for r in ranges} == {"host_range"}
 
 
 # One gloo all-gather of a real 2-rank FSDP capture on a CPU (torch 2.14, trainer --strategy

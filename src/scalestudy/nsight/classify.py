@@ -22,6 +22,11 @@ import re
 #   batch-norm rule comes before the convolution patterns: a pointwise kernel fusing
 #   native_batch_norm_backward with the pointwise tail of convolution_backward computes no
 #   convolution (9.4 % of the H200's compiled bf16 step, tests/fixtures/gpu-h200/).
+#   With torch._inductor.config.cpp.enable_kernel_profile on when it compiled, inductor names a
+#   CPU kernel graph_<n>_cpp_fused_... (torch 2.14): the graph_<n>_ prefix is dropped first.
+# - compiled: `## Call CompiledFxGraph <hash> ##`, the call of a graph torch.compile made, whose
+#   self time on a CPU is its fused C++ kernels' (no profiler events of their own by default):
+#   the graph's time, not broken down (torch_ops.py counts it; GPU kernels are their own rows).
 # - cuDNN's bundled CUTLASS and XMMA kernels (namespaces and names with `_5x_cudnn`: implicit-GEMM
 #   fprop/dgrad/wgrad, their split-K reduction ReduceSplitK) and its layout helpers
 #   (nchwToNhwc, nhwcAddPaddingKernel) are conv: PyTorch calls cuDNN for convolutions only.
@@ -29,6 +34,7 @@ import re
 #   kernel's parameters made it a reduction.
 
 _CATEGORY_PATTERNS = [
+    ("compiled", r"^## call compiledfxgraph "),
     ("nccl", r"^nccl|^gloo:|^c10d::|allreduce|all_reduce|allgather|all_gather|reduce_scatter"),
     ("memcpy", r"memcpy|memset|^aten::copy_$|^aten::_to_copy$"),
     ("batchnorm", r"^(triton_|cpp_fused_)\w*batch_norm"),
@@ -64,6 +70,8 @@ _CATEGORY_PATTERNS = [
     ),
 ]
 _COMPILED = [(cat, re.compile(pat, re.IGNORECASE)) for cat, pat in _CATEGORY_PATTERNS]
+# inductor's kernel profiling prefixes its CPU kernels' names with their graph
+_GRAPH_PREFIX = re.compile(r"^graph_\d+_(?=cpp_)", re.IGNORECASE)
 
 
 def parameter_list(text: str) -> int | None:
@@ -82,10 +90,11 @@ def parameter_list(text: str) -> int | None:
 
 def classify(name: str) -> str:
     """Category (CATEGORIES) of a kernel or op name, from the name and its template arguments:
-    a leading `void ` and the parameter list are ignored."""
+    a leading `void `, inductor's `graph_<n>_` and the parameter list are ignored."""
     text = name.strip()
     if text.lower().startswith("void "):
         text = text[5:].lstrip()
+    text = _GRAPH_PREFIX.sub("", text)
     text = text[: parameter_list(text)]
     for category, pattern in _COMPILED:
         if pattern.search(text):

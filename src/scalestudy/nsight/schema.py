@@ -11,7 +11,9 @@ profile_kernels.csv  run, rank, tool, kernel, category, instances, total_ns, sha
                collectives, gloo:all_reduce ...: their time on gloo's thread, torch_ops.py)
     category   one of CATEGORIES (classify()); nccl = collective communication: NCCL kernels on a
                GPU; on a CPU the gloo collectives' time on gloo's thread and the host time of
-               the c10d calls that start them (c10d::allreduce_, ...)
+               the c10d calls that start them (c10d::allreduce_, ...); compiled = a graph
+               torch.compile made on a CPU, not broken down into its fused C++ kernels (the
+               self time of `## Call CompiledFxGraph <hash> ##`: torch_ops.py)
     instances  launches (kernels), operations (memcpy) or calls (torch ops) inside the window
     total_ns   summed duration inside the profiled window, ns
     share      total_ns / sum of total_ns over the same run and rank
@@ -73,6 +75,7 @@ CATEGORIES = (
     "optimizer",
     "nccl",
     "memcpy",
+    "compiled",
     "other",
 )
 RANGES = ("data", "forward", "backward", "optimizer", "communication")
