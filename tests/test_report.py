@@ -255,7 +255,8 @@ def test_the_papers_verdicts_say_which_way_the_threshold_points(done):
     paper = report.render(csv_dir, done / "workflow/report", FIGURES, "../results/plots")
     for v in verdicts:
         sign = "$\\le$" if v["target"] == "weak_deviation" else "$\\ge$"
-        assert f"& {sign} {report.fmt_pct(v['threshold'])} &" in paper["paper.tex"], v
+        threshold = report.fmt_pct_bar(v["threshold"], v["measured"])
+        assert f"& {sign} {threshold} &" in paper["paper.tex"], v
 
 
 def test_a_verdicts_value_is_printed_apart_from_its_threshold(done, tmp_path):
@@ -276,12 +277,13 @@ def test_a_verdicts_value_is_printed_apart_from_its_threshold(done, tmp_path):
     files.write_csv(csv_dir / "verdicts.csv", list(rows[0]), rows)
     docs = report.render(csv_dir, done / "workflow/report", FIGURES, "../results/plots")
     md = docs["study.md"]
-    assert "| >= 70.0% | 4 | 69.96% | **fail** |" in md
+    # the threshold with at least the measured value's decimals (fmt_pct_bar)
+    assert "| >= 70.00% | 4 | 69.96% | **fail** |" in md
     assert "| <= 10.0% | 4 | 10.0% | **pass** |" in md
     assert "| >= 20.0% | 1 | 25.0% | **pass** |" in md
     paper = " ".join(docs["paper.tex"].split())
     # the strong row's description names its world size: no "(4 ranks)" after it
-    assert re.search(r"E\\_s at [^&(]*& \$\\ge\$ 70\.0 & 69\.96 & \\textbf\{fail\}", paper)
+    assert re.search(r"E\\_s at [^&(]*& \$\\ge\$ 70\.00 & 69\.96 & \\textbf\{fail\}", paper)
     assert re.search(r"tolerance\) \(1 (rank|GPU)\) & \$\\ge\$ 20\.0 & 25\.0 &", paper)
     for name, text in docs.items():
         assert report.numbers_backed_by_csvs(text, report.load_tables(csv_dir)) == [], name
@@ -296,6 +298,50 @@ def test_a_percentage_is_printed_with_the_decimals_that_tell_it_from_another():
     assert report.fmt_pct_apart(-0.0096, 0.01, signed=True) == "-0.96"
     assert report.fmt_pct_apart("", 0.01) == "n/a"
     assert report.fmt_pct_apart(0.5, "") == "50.0"
+    # a threshold or tolerance: every decimal it has, and at least those of the value beside it
+    bar = report.fmt_pct_bar
+    assert [bar(0.8425), bar("0.0125"), bar(0.7), bar(0.1, 0.1), bar("", 0.5)] == [
+        "84.25", "1.25", "70.0", "10.0", "n/a"]  # fmt: skip
+    assert [bar(0.8425, 0.842429690452), bar(0.7, 0.6996), bar(0.7, 0.81), bar(0.7, "")] == [
+        "84.25", "70.00", "70.0", "70.0"]  # fmt: skip
+
+
+def test_a_threshold_or_tolerance_is_printed_with_every_decimal_it_has(done, tmp_path):
+    """A threshold of 0.8425 was printed ">= 84.2%" beside a measured 84.24% and "fail", and a
+    tolerance of 0.0125 "1.2 percentage points" above a difference of -1.24 "within" it: fmt_pct
+    rounded the bar to one decimal, while the value judged against it got as many as it needed."""
+    csv_dir = tmp_path / "csv"
+    csv_dir.mkdir()
+    for name in report.TABLES:
+        (csv_dir / f"{name}.csv").write_text((done / f"results/csv/{name}.csv").read_text())
+    threshold, measured, tolerance = "0.8425", "0.842429690452", "0.0125"
+    rows = read(csv_dir / "verdicts.csv")
+    for row in rows:
+        if row["target"] == "strong_efficiency":
+            row.update(threshold=threshold, world_size="2", measured=measured, verdict="fail")
+    files.write_csv(csv_dir / "verdicts.csv", list(rows[0]), rows)
+    targets = read(csv_dir / "targets.csv")
+    for row in targets:
+        if row["target"] == "accuracy_tolerance":
+            row["value"] = tolerance
+    files.write_csv(csv_dir / "targets.csv", list(targets[0]), targets)
+    docs = report.render(csv_dir, done / "workflow/report", FIGURES, "../results/plots")
+    rows = {
+        "study.md": r"\| >= ([\d.]+)% \| 2 \| ([\d.]+)% \| \*\*fail\*\*",
+        "paper.tex": r"E\\_s at [^&]*& \$\\ge\$ ([\d.]+) & ([\d.]+) & \\textbf\{fail\}",
+    }
+    for name, text in docs.items():
+        flat = " ".join(text.split())
+        bar, value = re.search(rows[name], flat).groups()
+        # the bar as it is, not rounded onto the failed value's side of it
+        assert float(bar) == pytest.approx(100 * float(threshold), abs=1e-9), (name, bar)
+        assert float(value) < float(bar)
+        assert len(bar.partition(".")[2]) >= len(value.partition(".")[2]), (name, bar, value)
+        said = re.search(
+            r"by more than ([\d.]+) percentage points|tolerance of ([\d.]+) perc", flat
+        )
+        assert float(said.group(1) or said.group(2)) == pytest.approx(100 * float(tolerance))
+        assert report.numbers_backed_by_csvs(text, report.load_tables(csv_dir)) == [], name
 
 
 def _csvs_with_energy(done, csv_dir, kwh):

@@ -3,12 +3,12 @@
 The templates (workflow/report/study.md.j2, paper.tex.j2) receive the rows of scaling.csv,
 verdicts.csv, resources.csv, system.csv, targets.csv, profile_shares.csv, waterfall.csv and the
 scaling model's model.csv and bucket_advice.csv (results/model.py), and nothing else; every number
-they print goes through one of the FORMATS below, or fmt_pct_apart (a percentage with the decimals
-that tell it from its threshold). `numbers_backed_by_csvs` is the check that each numeric token of
-a rendered document is some CSV cell under one of those formats (tests/test_report.py runs it on
-the tiny study's documents). The only numbers a document may show without a cell are
-FORMULA_CONSTANTS, the constant 1 of the formulas (E_w = T(N0)/T(N), Karp-Flatt's
-1/S - 1/p, the n - 1 of the sample std).
+they print goes through one of the FORMATS below, fmt_pct_apart (a percentage with the decimals
+that tell it from its threshold) or fmt_pct_bar (a threshold or tolerance with all its decimals).
+`numbers_backed_by_csvs` is the check that each numeric token of a rendered document is some CSV
+cell under one of those formats (tests/test_report.py runs it on the tiny study's documents). The
+only numbers a document may show without a cell are FORMULA_CONSTANTS, the constant 1 of the
+formulas (E_w = T(N0)/T(N), Karp-Flatt's 1/S - 1/p, the n - 1 of the sample std).
 
     scalestudy render-report --csv-dir results/csv --templates workflow/report --out-dir reports
 """
@@ -118,6 +118,25 @@ def fmt_pct_apart(value, other, signed: bool = False) -> str:
         if o is None or abs(x) == abs(o) or f"{100 * abs(x):.{k}f}" != f"{100 * abs(o):.{k}f}":
             break
     return text
+
+
+def _decimals(text: str) -> int:
+    """How many decimals a number printed as `text` has."""
+    return len(text.partition(".")[2])
+
+
+def fmt_pct_bar(value, beside=None) -> str:
+    """A threshold or tolerance (a fraction) as a percentage with every decimal it has (at least
+    one, at most APART_DECIMALS), and at least as many as fmt_pct_apart gives `beside`, the value
+    judged against it: a threshold of 0.8425 printed ">= 84.2" beside a measured 84.24 and "fail",
+    a tolerance of 0.0125 "1.2 percentage points" beside a difference of -1.24 within it. Now
+    84.25 and 1.25; a threshold of 0.7 beside a measured 69.96 is 70.00. blank -> n/a."""
+    x = _float(value)
+    if x is None:
+        return "n/a"
+    own = _decimals(f"{100 * x:.{APART_DECIMALS}f}".rstrip("0"))
+    shown = 0 if _float(beside) is None else _decimals(fmt_pct_apart(beside, value))
+    return f"{100 * x:.{max(1, own, shown)}f}"
 
 
 # the singular of the units the documents count ("1 GPUs", "1 ranks" read wrong)
@@ -378,6 +397,7 @@ def environment(templates: Path) -> tuple[jinja2.Environment, jinja2.Environment
         env.filters["plural"] = plural
         env.filters["pct_apart"] = fmt_pct_apart
         env.filters["spct_apart"] = functools.partial(fmt_pct_apart, signed=True)
+        env.filters["pct_bar"] = fmt_pct_bar
     md.filters["cell"] = md_cell
     # what the filters replaced, for warn_unsettable once the documents are rendered
     tex.unsettable = set()
