@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import itertools
 import os
 import re
 import shutil
@@ -532,6 +533,55 @@ def test_a_study_without_a_25_mib_run_still_renders_and_says_why_there_is_no_mod
     assert "DDP's default of 25 MiB" in study
     [fit] = [r for r in tables["model"] if r["name"] == "fit"]
     assert fit["note"].startswith("no fit: ") and fit["note"] in study
+
+
+def _holdout_table(name: str, text: str) -> list[list[str]]:
+    """The cells of each row of a document's held-out table."""
+    lines = text.splitlines()
+    md = name == "study.md"
+    header = "| family |" if md else "family &"
+    start = next(i for i, s in enumerate(lines) if s.startswith(header) and "predicted" in s)
+    body = lines[start + 2 :]  # after the Markdown separator or \\midrule
+    if md:
+        rows = itertools.takewhile(lambda s: s.startswith("|"), body)
+        return [[c.strip() for c in row.strip("|").split(" | ")] for row in rows]
+    rows = itertools.takewhile(lambda s: s != "\\bottomrule", body)
+    return [[c.strip() for c in row.removesuffix("\\\\").split(" & ")] for row in rows]
+
+
+def test_the_held_out_rows_of_one_family_are_told_apart(tmp_path):
+    """A precision family at three world sizes has one held-out row per precision (and local
+    batch) at its largest; a bucket family one per bucket size. The held-out tables showed
+    family, world size and (study.md only) the local batch: fp32, bf16 and fp16 were three rows
+    alike but for their numbers."""
+    from test_model import DEMO, synthetic_rows  # runs whose step times are the model's
+
+    with DEMO.open() as f:
+        base = next(csv.DictReader(f))
+    runs = []
+    for precision, speed in (("fp32", 1.0), ("bf16", 2.0), ("fp16", 2.1)):
+        for r in synthetic_rows(0.01, len(runs), sizes=(1, 2, 4), caps=(25,), batches=(32, 64)):
+            x = float(r["throughput_img_s"]) * speed
+            run_id = f"{r['run']}_{precision}_r0"
+            given = {"run": run_id, "families": "precision", "precision": precision}
+            runs.append({**base, **r, **given, "repeat": "0", "throughput_img_s": str(x)})
+    for r in synthetic_rows(0.01, 9, sizes=(1, 2, 4), caps=(1, 5, 25), batches=(64,)):
+        runs.append({**base, **r, "run": f"{r['run']}_bk_r0", "families": "bucket", "repeat": "0"})
+    tables = _modelled(tmp_path, runs)
+    held = [r for r in tables["model"] if r["kind"] == "holdout"]
+    assert {r["name"] for r in held} == {"precision", "bucket"}
+    assert len(held) == 3 * 2 + 3  # at 4 ranks: 3 precisions x 2 local batches; 3 bucket sizes
+    shown = {
+        (r["name"], r["world_size"], r["precision"], r["local_batch"],
+         report.fmt_num(r["bucket_cap_mb"]))
+        for r in held
+    }  # fmt: skip
+    docs = report.render(tmp_path, report.TEMPLATES, [], "../results/plots")
+    for name, text in docs.items():
+        rows = _holdout_table(name, text)
+        # each row names its configuration, and no two rows name the same one
+        assert len(rows) == len(held) and {tuple(r[:5]) for r in rows} == shown, (name, rows)
+        assert report.numbers_backed_by_csvs(text, tables) == [], name
 
 
 def test_a_refused_document_leaves_none_written_and_stale_csvs_are_named(done, tmp_path, capsys):
