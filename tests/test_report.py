@@ -827,6 +827,31 @@ def test_characters_pdflatex_cannot_set_become_a_question_mark_and_a_warning(tmp
     )
 
 
+@pytest.mark.parametrize("name", ["эксперимент7", "実験7", "run 5μs"])
+def test_a_digit_a_replaced_character_leaves_alone_is_still_a_cells(done, tmp_path, name):
+    """A study named "эксперимент7" is "???????????7" in paper.tex (pdfLaTeX cannot set the
+    letters): the 7, part of a word in the cell, stood alone there, and the honesty check refused
+    the study's documents as showing a number in no CSV cell. The check reads the cells as the
+    LaTeX filters print them; a number typed into the text is still caught."""
+    from scalestudy import cli
+
+    csv_dir = tmp_path / "csv"
+    shutil.copytree(done / "results/csv", csv_dir)
+    rows = read(csv_dir / "system.csv")
+    for row in rows:
+        if (row["section"], row["key"]) == ("study", "name"):
+            row["value"] = name
+    files.write_csv(csv_dir / "system.csv", list(rows[0]), rows)
+    out = tmp_path / "reports"
+    argv = ["render-report", "--csv-dir", str(csv_dir), "--out-dir", str(out)]
+    assert cli.main(argv) == 0
+    paper = (out / "paper.tex").read_text()
+    assert report.tex_escape(name) in paper and name not in paper
+    tables = report.load_tables(csv_dir)
+    assert report.numbers_backed_by_csvs(paper, tables) == []
+    assert report.numbers_backed_by_csvs(paper + " 93.37", tables) == ["93.37"]
+
+
 def test_a_long_value_may_break_and_its_digits_are_still_checked():
     """tex_breakable lets a \\texttt value break after separators and every 8 characters of a
     run; the honesty check reads past the breaks, so a number split by one is still one token."""

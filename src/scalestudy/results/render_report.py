@@ -418,14 +418,23 @@ def render(csv_dir: Path, templates: Path, figures: list[str], figure_dir: str) 
 
 
 # --- the honesty check ---------------------------------------------------------------------------
+# the LaTeX documents' forms of a text cell (the e, b and v filters): a character they replace
+# can leave a digit standing alone that was part of a word in the cell (a study "эксперимент7" is
+# "???7" in paper.tex, "5μs" is "5\ensuremath{\mu}s")
+TEX_FORMS = (tex_escape, tex_breakable, tex_verbatim)
+
+
 def allowed_numbers(tables: dict[str, list[dict]]) -> set[str]:
-    """Every numeric token any CSV cell yields, raw or under any of FORMATS, or as a
-    percentage with the decimals fmt_pct_apart may give it."""
+    """Every numeric token any CSV cell yields, raw, as the LaTeX documents print its text
+    (TEX_FORMS, read past tex_breakable's breaks as numbers_backed_by_csvs does), under any of
+    FORMATS, or as a percentage with the decimals fmt_pct_apart and fmt_pct_bar may give it."""
     allowed = set(FORMULA_CONSTANTS)
     for rows in tables.values():
         for row in rows:
             for value in row.values():
                 allowed.update(NUMBER.findall(str(value)))
+                for form in TEX_FORMS:
+                    allowed.update(NUMBER.findall(form(value).replace(BREAK, "")))
                 x = _float(value)
                 if x is not None:
                     for f in FORMATS.values():
