@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import csv
 import itertools
+import math
 import os
 import re
 import shutil
@@ -128,6 +129,72 @@ def test_paper_pdf_renders_with_its_figures(done):
     # commit; their column wraps now (render_report.tex_breakable)
     wide = re.findall(r"Overfull \\hbox \(([\d.]+)pt too wide\) in \w+ at lines (\S+)", log)
     assert [w for w in wide if float(w[0]) > 1.0] == [], wide
+
+
+def _large_study(csv_dir):
+    """A study of 64 configurations (scaling.csv rows): strong and weak at 1 to 128 GPUs, four
+    precisions at each, a 4 x 4 bucket grid at 8; analysed and modelled into csv_dir."""
+    from test_model import DEMO
+
+    with DEMO.open() as f:
+        base = next(csv.DictReader(f))
+    runs = {}
+
+    def add(family, n, lb, precision="bf16", cap=25.0):
+        run_id = f"w{n}_lb{lb}_{precision}_ddp_bk{cap:g}_r0"
+        x = 3000.0 * n * 0.9 ** math.log2(n) * (1 + 0.001 * lb)
+        row = runs.setdefault(run_id, {**base, "run": run_id, "families": "", "world_size": n,
+            "gpus": n, "nodes": max(1, n // 4), "local_batch": lb, "global_batch": lb * n,
+            "precision": precision, "bucket_cap_mb": cap, "throughput_img_s": x,
+            "epoch_time_s": 50000 / x, "train_time_s": 30 * 50000 / x, "repeat": 0})  # fmt: skip
+        row["families"] = ";".join(filter(None, (row["families"], family)))
+
+    for n in (1, 2, 4, 8, 16, 32, 64, 128):
+        add("strong", n, 1024 // n if n <= 64 else 16)
+        add("weak", n, 256)
+        for precision in ("fp32", "tf32", "fp16", "bf16"):
+            add("precision", n, 256, precision)
+    for cap in (1.0, 5.0, 25.0, 100.0):
+        for lb in (32, 64, 128, 256):
+            add("bucket", 8, lb, cap=cap)
+    return _modelled(csv_dir, list(runs.values()))
+
+
+def test_a_large_studys_tables_break_across_pages(tmp_path):
+    """The paper set each table as one tabular, which never breaks: with 64 configurations the
+    Configuration and MFU tables ran past the bottom of the page (pdfTeX's "Overfull \\vbox"),
+    their last rows missing from the PDF, and build-pdf succeeded. The tables of the study's
+    rows are longtables now, which continue on the next page."""
+    from scalestudy import cli
+
+    tables = _large_study(tmp_path / "csv")
+    assert len(tables["scaling"]) == 64
+    out = tmp_path / "reports"
+    assert (
+        cli.main(["render-report", "--csv-dir", str(tmp_path / "csv"), "--out-dir", str(out)]) == 0
+    )
+    paper = (out / "paper.tex").read_text()
+    for section, ends in (
+        ("Configuration", "\\section{Results}"),
+        ("Hardware efficiency", "\\subsection"),
+    ):
+        body = paper[paper.index(section) :]
+        body = body[: body.index(ends, 1)]
+        # one longtable, with a row per configuration
+        assert body.count("\\begin{longtable}") == 1 and "\\begin{tabular}" not in body, section
+        rows = [line for line in body.splitlines() if line.startswith(("strong &", "weak &",
+                "precision &", "bucket &"))]  # fmt: skip
+        assert len(rows) == len(tables["scaling"]), section
+    if not latex.have_latexmk():
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI must have TeX: scripts/setup.sh installs latexmk as root")
+        pytest.skip(latex.MISSING)
+    assert cli.main(["build-pdf", str(out / "paper.tex")]) == 0
+    log = (out / "paper.log").read_text(errors="replace")
+    pages = int(re.search(r"Output written on paper\.pdf \((\d+) pages", log).group(1))
+    assert pages > 1
+    # a page whose body is taller than the text block: rows past its bottom margin, or its edge
+    assert re.findall(r"Overfull \\vbox \(([\d.]+)pt too high\)", log) == []
 
 
 def test_snakemake_report_has_the_categories(done):
@@ -541,11 +608,13 @@ def _holdout_table(name: str, text: str) -> list[list[str]]:
     md = name == "study.md"
     header = "| family |" if md else "family &"
     start = next(i for i, s in enumerate(lines) if s.startswith(header) and "predicted" in s)
-    body = lines[start + 2 :]  # after the Markdown separator or \\midrule
-    if md:
-        rows = itertools.takewhile(lambda s: s.startswith("|"), body)
+    body = lines[start + 1 :]
+    if md:  # after the separator
+        rows = itertools.takewhile(lambda s: s.startswith("|"), body[1:])
         return [[c.strip() for c in row.strip("|").split(" | ")] for row in rows]
-    rows = itertools.takewhile(lambda s: s != "\\bottomrule", body)
+    # up to the end of the table, without its rules (\midrule, \endhead, ...)
+    rows = itertools.takewhile(lambda s: not s.startswith("\\end{"), body)
+    rows = [row for row in rows if not row.startswith("\\")]
     return [[c.strip() for c in row.removesuffix("\\\\").split(" & ")] for row in rows]
 
 
