@@ -11,6 +11,7 @@ import math
 import os
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 from workflow_helpers import snakemake
@@ -651,6 +652,32 @@ def test_the_held_out_rows_of_one_family_are_told_apart(tmp_path):
         # each row names its configuration, and no two rows name the same one
         assert len(rows) == len(held) and {tuple(r[:5]) for r in rows} == shown, (name, rows)
         assert report.numbers_backed_by_csvs(text, tables) == [], name
+
+
+def test_a_hand_run_profile_figure_reads_the_studys_kernel_shares(tmp_path, monkeypatch, capsys):
+    """`scalestudy plot --figure profile` in a study whose results/csv/profile_shares.csv has
+    rows said "profiling was not captured": --profile-shares defaulted to "", read as no rows,
+    while every other input defaults to its results/csv path. Now it does too, and a study
+    without the file is told which path is missing."""
+    from scalestudy import cli
+
+    fixtures = Path(__file__).parent / "fixtures"
+    monkeypatch.chdir(tmp_path)
+    argv = ["analyze", "--runs", str(fixtures / "demo_runs.csv"), "--gpus-per-node", "1"]
+    assert cli.main([*argv, "--profile", str(fixtures / "profile_kernels.csv")]) == 0
+    shares = read(tmp_path / "results/csv/profile_shares.csv")
+    assert shares and all(0 <= float(r["share"]) <= 1 for r in shares)
+    capsys.readouterr()
+    plot = ["plot", "--figure", "profile", "--device", "cpu"]
+    assert cli.main(plot) == 0, capsys.readouterr().err
+    assert (tmp_path / "results/plots/profile.png").read_bytes()[:4] == b"\x89PNG"
+    (tmp_path / "results/csv/profile_shares.csv").unlink()
+    assert cli.main(plot) == 2
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert "missing results/csv/profile_shares.csv" in err, err
+    assert "snakemake results/csv/profile_shares.csv" in err, err
+    # a figure that does not draw the shares still needs no file of them
+    assert cli.main(["plot", "--figure", "throughput", "--device", "cpu"]) == 0
 
 
 def test_a_refused_document_leaves_none_written_and_stale_csvs_are_named(done, tmp_path, capsys):

@@ -514,7 +514,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scaling", default="results/csv/scaling.csv")
     parser.add_argument("--epochs", default="results/csv/epochs.csv")
     parser.add_argument("--targets", default="results/csv/targets.csv")
-    parser.add_argument("--profile-shares", default="", help="profile_shares.csv (optional)")
+    parser.add_argument(
+        "--profile-shares",
+        default="results/csv/profile_shares.csv",
+        help="kernel-time shares, read by --figure profile only",
+    )
     parser.add_argument("--waterfall", default="results/csv/waterfall.csv")
     parser.add_argument(
         "--device", default="cuda", choices=("cuda", "cpu"), help="names the x axis"
@@ -547,7 +551,8 @@ def read_targets(path: str | Path) -> dict[str, float]:
 
 
 def run(args: argparse.Namespace) -> int:
-    make = "snakemake results/csv/scaling.csv"  # analyze writes profile_shares.csv beside it
+    make = "snakemake results/csv/scaling.csv"
+    make_shares = "snakemake results/csv/profile_shares.csv"  # analyze writes it, empty or not
     # an AnalysisError: one line from cli.main, exit 2
     # each input read by the figures that draw it: a hand-run plot of one figure needs only its
     # own (epochs.csv: accuracy; targets.csv: efficiency's target lines)
@@ -559,8 +564,10 @@ def run(args: argparse.Namespace) -> int:
             else []
         ),
         "targets": read_targets(args.targets) if args.figure == "efficiency" else {},
-        "shares": (
-            read_table(args.profile_shares, "profile_shares", make) if args.profile_shares else []
+        "shares": (  # read by its own figure only, from its results/csv path by default
+            read_table(args.profile_shares, "profile_shares", make_shares)
+            if args.figure == "profile"
+            else []
         ),
         "waterfall": (  # read by its own figure only: a hand-run plot needs no waterfall.csv
             read_table(args.waterfall, "waterfall", "snakemake results/csv/waterfall.csv")
