@@ -877,6 +877,26 @@ def test_a_tex_error_is_one_line_with_its_line_and_log(tmp_path, capsys):
     assert out.out == ""
 
 
+def test_a_failed_build_leaves_no_pdf_of_an_earlier_one(tmp_path, capsys):
+    """TeX stopping before its first page (a package this TeX lacks) failed build-pdf but left
+    the previous paper.pdf beside the new paper.tex: the old document, looking built."""
+    from scalestudy import cli
+
+    if not latex.have_latexmk():
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI must have TeX: scripts/setup.sh installs latexmk as root")
+        pytest.skip(latex.MISSING)
+    tex, pdf = tmp_path / "paper.tex", tmp_path / "paper.pdf"
+    body = "\\begin{document}\nFirst version.\n\\end{document}\n"
+    tex.write_text("\\documentclass{article}\n" + body)
+    assert cli.main(["build-pdf", str(tex)]) == 0
+    assert pdf.read_bytes()[:4] == b"%PDF"
+    tex.write_text("\\documentclass{article}\n\\usepackage{notinstalledpkg}\n" + body)
+    assert cli.main(["build-pdf", str(tex)]) == 1
+    assert "notinstalledpkg.sty' not found" in capsys.readouterr().err
+    assert not pdf.exists()
+
+
 def _build_with_the_papers_fonts(tmp_path, text: str) -> None:
     """`text` in a document with the paper's font set-up (workflow/report/paper.tex.j2), built
     by `scalestudy build-pdf` (latexmk, pdfLaTeX)."""

@@ -1,7 +1,8 @@
 """`scalestudy build-pdf`: reports/paper.tex -> reports/paper.pdf with latexmk (pdfLaTeX).
 
 Without latexmk on PATH it fails with the packages to install; the workflow asks for the PDF only
-when latexmk is there (workflow/rules/report.smk), and says so when it is not.
+when latexmk is there (workflow/rules/report.smk), and says so when it is not. A build removes
+the PDF of an earlier one first: a failed build leaves none, never an old one beside the new .tex.
 
     scalestudy build-pdf reports/paper.tex
 """
@@ -72,6 +73,10 @@ def run(args: argparse.Namespace) -> int:
     if not have_latexmk():
         logger.error(f"scalestudy build-pdf: {MISSING}")
         return 1
+    # the PDF of an earlier build goes first: TeX stopping before its first page (a missing
+    # package, an error in the title) left the old document beside the new .tex, and a failed
+    # build looked like a finished one to anyone opening the PDF
+    tex.with_suffix(".pdf").unlink(missing_ok=True)
     # -cd: figure paths in the .tex are relative to its directory; nonstopmode + halt: a TeX
     # error fails the job instead of waiting for input
     cmd = ["latexmk", "-pdf", "-cd", "-interaction=nonstopmode", "-halt-on-error", str(tex)]
