@@ -813,11 +813,13 @@ def test_the_figure_dir_is_left_out_of_the_honesty_check_and_nothing_else(done, 
     report.check_numbers({"study.md": study}, tables, (".",))
 
 
-@pytest.mark.parametrize("figure_dir", ["../plots 2026", "../100%", "../#1", "C:\\plots"])
+@pytest.mark.parametrize(
+    "figure_dir", ["../plots 2026", "../100%", "../#1", "C:\\plots", '../fig"s']
+)
 def test_a_figure_dir_the_documents_cannot_link_to_is_refused(done, tmp_path, capsys, figure_dir):
     """--figure-dir '../100%' was written into paper.tex's \\includegraphics as typed: LaTeX read
-    the rest of the line as a comment and latexmk failed; with a space study.md's image link was
-    plain text."""
+    the rest of the line as a comment and latexmk failed (with a '"' graphicx's parser of file
+    names did); with a space study.md's image link was plain text."""
     from scalestudy import cli
 
     out = tmp_path / "reports"
@@ -828,7 +830,7 @@ def test_a_figure_dir_the_documents_cannot_link_to_is_refused(done, tmp_path, ca
     assert "give a path without them" in err and not out.exists()
 
 
-@pytest.mark.parametrize("name", ["a%b", "a#b", "a{b", "a\\b", "ü_&~$^"])
+@pytest.mark.parametrize("name", ["a%b", "a#b", "a{b", "a\\b", 'a"b', "ü_&~$^"])
 def test_the_figure_dirs_refused_are_those_pdflatex_cannot_include_from(done, tmp_path, name):
     """figure_dir_problem against pdfLaTeX itself: a directory it refuses fails to build with
     the paper's \\includegraphics, one it allows builds (spaces: refused for study.md)."""

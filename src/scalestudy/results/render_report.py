@@ -279,10 +279,11 @@ def load_tables(csv_dir: Path, names: tuple[str, ...] = TABLES) -> dict[str, lis
 
 
 # characters a --figure-dir cannot hold: paper.tex and slides.tex give it to \includegraphics
-# as typed, where % starts a comment and # { } \ are TeX's syntax (pdfLaTeX fails on each;
-# spaces, _ & ~ $ ^ and UTF-8 letters build), and study.md links to it, where a space ends the
-# link (CommonMark: `![c](a b/f.png)` is text, not an image)
-FIGURE_DIR_UNSAFE = re.compile(r"[%#{}\\\s]")
+# as typed, where % starts a comment, # { } \ are TeX's syntax and " trips graphicx's parser of
+# file names ("Use of ... doesn't match its definition") (pdfLaTeX fails on each; spaces,
+# _ & ~ $ ^ and UTF-8 letters build), and study.md links to it, where a space ends the link
+# (CommonMark: `![c](a b/f.png)` is text, not an image)
+FIGURE_DIR_UNSAFE = re.compile(r'[%#{}\\"\s]')
 
 
 def figure_dir_problem(figure_dir: str) -> str | None:
@@ -292,7 +293,7 @@ def figure_dir_problem(figure_dir: str) -> str | None:
         return None
     return (
         f"--figure-dir {figure_dir!r} has {' '.join(map(repr, bad))}, which paper.tex's "
-        "\\includegraphics (% # { } \\) or study.md's image links (spaces) cannot take: give a "
+        "\\includegraphics (% # { } \\ \") or study.md's image links (spaces) cannot take: give a "
         "path without them (a symbolic link to the figures will do)"
     )
 
