@@ -848,3 +848,18 @@ def test_an_older_scaling_csv_is_one_line_not_a_traceback(demo, tmp_path, capsys
     assert len(err) == 1 and f"{csv_dir / 'scaling.csv'} has no column nodes:" in err[0], err
     assert err[0].endswith(f"delete it and run `snakemake {csv_dir}/scaling.csv`")
     assert not (tmp_path / "reports").exists()
+
+
+def test_the_threshold_and_contingency_print_every_decimal_they_have(tmp_path):
+    """E_s of at least 84.2% (threshold 0.8425) beside a measured E_s judged against 84.25, and a
+    contingency of 8.3% (0.0833) beside node-hours computed with 8.33%: a reader recomputing
+    the request from the printed fraction missed it."""
+    overrides = ("proposal.efficiency_threshold=0.8425", "proposal.contingency=0.0833")
+    config, study = build(tmp_path, *STRONG, *overrides)
+    docs = write(config, study)
+    assert "E_s of at least 84.25% (proposal.efficiency_threshold)" in docs["proposal.md"]
+    assert "| contingency (8.33%) |" in docs["proposal.md"]
+    assert "$E_s$ of at least 84.25\\,\\%" in docs["proposal.tex"]
+    assert "contingency (8.33\\,\\%)" in docs["proposal.tex"]
+    assert "efficiency of at least 84.25\\,\\%" in docs["slides.tex"]
+    assert "contingency (8.33\\,\\%)" in docs["slides.tex"]
