@@ -217,6 +217,57 @@ def test_the_diagnosis_says_when_the_store_is_gone(trackers):
     assert "rank 1: no progress record (never started, or not read)" in lines
 
 
+@pytest.fixture
+def store_process():
+    """A real TCPStore server in a child process (under srun rank 0's process hosts it), which
+    the test may stop; it is killed in every case (SIGCONT, SIGKILL)."""
+    code = (
+        "import time, torch.distributed as d\n"
+        "s = d.TCPStore('127.0.0.1', 0, is_master=True, wait_for_workers=False)\n"
+        "print(s.port, flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    proc = subprocess.Popen([PYTHON, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        yield proc, int(proc.stdout.readline())
+    finally:
+        for sig in (signal.SIGCONT, signal.SIGKILL):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, sig)
+        proc.wait(timeout=30)
+
+
+def test_the_diagnosis_returns_when_the_store_host_is_stopped(store_process, trackers, monkeypatch):
+    """A store call against a SIGSTOPped store host never returns (whatever the client's
+    timeout): the diagnosis still returns within STORE_TIMEOUT_S, says the store did not answer,
+    and a second one (the lock still held by the stuck read) returns too. The wait (longer than
+    the silent threshold here) never makes this rank's own record look silent."""
+    monkeypatch.setattr(progress, "STORE_TIMEOUT_S", 2.5)
+    proc, port = store_process
+    timeout = datetime.timedelta(seconds=1)
+    client = dist.TCPStore(
+        "127.0.0.1", port, is_master=False, wait_for_workers=False, timeout=timeout
+    )
+    a = trackers[0]
+    a.where = (4, "forward")
+    a.start(dist.PrefixStore(progress.KEY_PREFIX, client), 0, 2, "hostA", 4, watchdog=False)
+    assert a.silent_after_s < progress.STORE_TIMEOUT_S
+    os.kill(proc.pid, signal.SIGSTOP)
+    for _ in range(2):
+        got: list[list[str]] = []
+        worker = threading.Thread(target=lambda got=got: got.append(a.diagnosis()), daemon=True)
+        t0 = time.monotonic()
+        worker.start()
+        worker.join(timeout=10)
+        assert not worker.is_alive(), "the diagnosis blocked on the stopped store host"
+        assert time.monotonic() - t0 < 2.5 + 2  # the store's wait and the lines
+        (lines,) = got
+        assert lines[0] == "rank 1: no progress record (never started, or not read)"
+        assert lines[1] == "the furthest rank(s) 0 wait at step 4, forward"
+        assert lines[2].startswith("the progress store did not answer (no answer within 2.5 s)")
+        assert len(lines) == 3, lines
+
+
 # ---------------------------------------------------------------------------------------------
 # the real thing: two gloo ranks under torchrun, rank 1 stopped with SIGSTOP
 

@@ -36,8 +36,10 @@ How:
   diagnosis once per stall, before NCCL kills the process (75% leaves a margin for the 1 s
   resolution at timeouts >= 4 s).
 - The store can be unreachable at diagnosis time (under srun it lives in rank 0's process, which
-  may be the stopped one): each store call waits at most STORE_TIMEOUT_S and the line says the
-  store did not answer; the rank's own position is always printed.
+  may be the stopped one; a store call against a stopped host never returns, whatever the
+  client's timeout): the reads run in a daemon thread that the diagnosis waits for at most
+  STORE_TIMEOUT_S, and the line says the store did not answer; the rank's own position is
+  always printed.
 Exit codes (0, 1, 75) and the Preempted path are untouched: this only adds log lines.
 """
 
@@ -61,7 +63,7 @@ logger = log.get(__name__)
 PUBLISH_INTERVAL_S = 1.0  # seconds between two records of a rank in the store
 SILENT_AFTER_S = 5.0  # a record older than this: the rank no longer publishes (5 missed ticks)
 WATCHDOG_SHARE = 0.75  # of --pg-timeout-s without progress on this rank: log the diagnosis
-STORE_TIMEOUT_S = 5.0  # the longest a store call may block (a stopped store host)
+STORE_TIMEOUT_S = 5.0  # the longest the diagnosis waits for the store (a stopped store host)
 KEY_PREFIX = "scalestudy/progress/"
 # where a rank can be, in the order a run passes them for one value of `step` (the index of the
 # optimizer step in progress, or of the last one taken: evaluation comes after that step's
@@ -151,22 +153,38 @@ class Tracker:
 
     def records(self) -> tuple[dict[int, dict | None], str | None]:
         """Every rank's last record (None: none in the store), this rank's fresh; and the store
-        error that stopped the reading, if any."""
-        found: dict[int, dict | None] = dict.fromkeys(range(self.world_size))
-        found[self.rank] = self.record()
-        for r in range(self.world_size):
-            if r == self.rank:
-                continue
+        error that stopped the reading, if any. Returns within STORE_TIMEOUT_S: the reads run in
+        a daemon thread, because a store call against a stopped store host (SIGSTOP, a frozen
+        node) blocks for as long as it is stopped, whatever the client's timeout (torch 2.14.1)."""
+        read: dict[int, dict] = {}  # filled by the worker, which may outlive this call
+        failure: list[str] = []
+        silent = f"no answer within {STORE_TIMEOUT_S:g} s"
+
+        def work() -> None:
+            if not self._lock.acquire(timeout=STORE_TIMEOUT_S):  # an earlier call is stuck
+                failure.append(silent)
+                return
             try:
-                with self._lock:
-                    if self._store.check([f"rank{r}"]):
-                        found[r] = json.loads(self._store.get(f"rank{r}"))
-            except Exception as exc:  # a stopped store host: say so, keep what was read
-                return found, f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
-        return found, None
+                for r in range(self.world_size):
+                    if r != self.rank and self._store.check([f"rank{r}"]):
+                        read[r] = json.loads(self._store.get(f"rank{r}"))
+            except Exception as exc:  # a store that is gone: say so, keep what was read
+                failure.append(f"{type(exc).__name__}: {str(exc).splitlines()[0]}")
+            finally:
+                self._lock.release()
+
+        worker = threading.Thread(target=work, name="progress-read", daemon=True)
+        worker.start()
+        worker.join(STORE_TIMEOUT_S)
+        found: dict[int, dict | None] = dict.fromkeys(range(self.world_size))
+        found.update(read.copy())
+        found[self.rank] = self.record()  # after the wait: never silent for the time it took
+        if worker.is_alive():
+            return found, silent
+        return found, failure[0] if failure else None
 
     def diagnosis(self) -> list[str]:
-        """The lines `diagnose` makes of every rank's record now."""
+        """The lines `diagnose` makes of every rank's record now (within STORE_TIMEOUT_S)."""
         if self._store is None:
             return []
         found, error = self.records()
@@ -174,17 +192,21 @@ class Tracker:
         if error:
             lines.append(
                 f"the progress store did not answer ({error}); a rank without a record may not "
-                "have been read (under srun the store lives in rank 0's process)"
+                "have been read (the store is on rank 0's host: under srun it lives in rank 0's "
+                "process, which may be the stopped one)"
             )
         return lines
 
     def _tick(self) -> None:
         record = self.record()
-        try:
-            with self._lock:
+        # skipped while another store call is stuck (a stopped store host): the watchdog still runs
+        if self._lock.acquire(timeout=PUBLISH_INTERVAL_S):
+            try:
                 self._store.set(f"rank{self.rank}", json.dumps(record))
-        except Exception:  # the store is gone (the run ends) or stopped: the diagnosis says so
-            pass
+            except Exception:  # the store is gone (the run ends): the diagnosis says so
+                pass
+            finally:
+                self._lock.release()
         self._watch(record)
 
     def _watch(self, record: dict) -> None:
