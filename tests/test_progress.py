@@ -201,6 +201,24 @@ def test_the_watchdog_reports_once_before_the_timeout(stores, trackers, warnings
     assert len([w for w in warnings_of_progress if "made no progress" in w]) == 1
 
 
+def test_the_stall_clock_starts_with_the_run(stores, trackers, warnings_of_progress):
+    """The tracker is made at import; the rendezvous after it (here 1.6 s of a 2 s timeout) and
+    an earlier run's stall that the watchdog reported are not this run's stall."""
+    a, b = trackers
+    b.start(stores[1], 1, 2, "hostB", pg_timeout_s=60, watchdog=False)
+    time.sleep(1.6)  # the imports and the rendezvous: longer than the watchdog's 1.5 s
+    started = time.time()
+    a.start(stores[0], 0, 2, "hostA", pg_timeout_s=2, watchdog=True)
+    assert a.record()["changed_at"] >= started
+    assert not [w for w in warnings_of_progress if "made no progress" in w]
+    time.sleep(2.2)  # the run's own stall at start-up: reported once
+    assert len([w for w in warnings_of_progress if "made no progress" in w]) == 1
+    a.stop()
+    a.start(stores[0], 0, 2, "hostA", pg_timeout_s=2, watchdog=True)  # a second run, same place
+    time.sleep(2.2)
+    assert len([w for w in warnings_of_progress if "made no progress" in w]) == 2
+
+
 def test_the_diagnosis_says_when_the_store_is_gone(trackers):
     """Under srun the store lives in rank 0's process: stopped with it, it cannot answer."""
     timeout = datetime.timedelta(seconds=1)

@@ -123,6 +123,8 @@ class Tracker:
         self.rank, self.world_size, self.host, self._store = rank, world_size, host, store
         self.silent_after_s = max(2 * PUBLISH_INTERVAL_S, min(SILENT_AFTER_S, pg_timeout_s / 2))
         self.watchdog_after_s = WATCHDOG_SHARE * pg_timeout_s if watchdog else None
+        # the run starts now: neither the rendezvous before it nor an earlier run is a stall
+        self._changed, self._reported = (self.where, time.time()), None
         self._stop.clear()
         self._tick()  # a first record before any collective can wait for it
         self._thread = threading.Thread(target=self._run, name="progress", daemon=True)
