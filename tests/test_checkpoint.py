@@ -405,6 +405,48 @@ def test_a_failed_save_on_stop_fails_every_rank_instead_of_exiting_75(data_dir, 
     assert not (out / "metrics.json").exists()
 
 
+# one rank of the test below: rank 0's background write of the epoch-1 checkpoint outlasts an
+# epoch, then fails as a full disk does (the CheckpointError write_checkpoint raises)
+SLOW_THEN_FULL = """
+import os, sys, time
+from scalestudy.errors import CheckpointError
+from scalestudy.trainer import checkpoint
+if os.environ["RANK"] == "0":
+    real, calls = checkpoint.write_checkpoint, []
+    def slow_then_full(directory, epoch, *args, **kwargs):
+        calls.append(epoch)
+        if len(calls) == 1:
+            time.sleep(3)
+            raise CheckpointError(f"{directory}: No space left on device (injected)")
+        return real(directory, epoch, *args, **kwargs)
+    checkpoint.write_checkpoint = slow_then_full
+from scalestudy.cli import main
+sys.exit(main())
+"""
+
+
+def test_a_background_write_failing_after_the_agreement_fails_every_rank(data_dir, tmp_path):
+    """Epoch 1's write is still in flight at epoch 2's stop agreement, then fails: it was raised
+    by rank 0 alone inside the next save, and rank 1 trained on into a closed connection (a
+    traceback, a wrong hang diagnosis). Now the agreement before a save waits for the write in
+    flight: both ranks fail with the agreed CheckpointError, one line each, at the same point."""
+    rank = tmp_path / "slow_then_full.py"
+    rank.write_text(SLOW_THEN_FULL)
+    out = tmp_path / "run"
+    flags = ("--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "1")
+    cmd = [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    cmd += [str(rank), "train", *SMALL, *EPOCHS, *flags]
+    cmd += ["--data-dir", str(data_dir), "--out", str(out)]
+    proc = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=300)
+    err = proc.stderr
+    assert proc.returncode not in (0, ck.PREEMPTED_EXIT), err[-3000:]
+    assert "[rank 0/2 " in err and "No space left on device (injected)" in err, err[-3000:]
+    assert "a checkpoint write failed on another rank (see its log)" in err, err[-3000:]
+    assert "[rank1]: Traceback" not in err and "hang diagnosis" not in err, err[-3000:]
+    assert "training failed" not in err, err[-3000:]
+    assert len(read_epochs(out)) == 2  # both stopped after epoch 2, where the save was due
+
+
 def _worker_pids(launcher_pid: int) -> dict[int, int]:
     """RANK -> pid of torchrun's worker processes."""
     out = {}

@@ -6,7 +6,9 @@ The protocol (train.py describes it for users):
   rank loads), or start fresh without one;
 - after every epoch but the last: one all-reduce on which every rank agrees whether to stop (a
   SIGTERM/SIGUSR1 on any rank) and whether any checkpoint write failed; save every
-  --checkpoint-every epochs, and on a stop;
+  --checkpoint-every epochs, and on a stop. Before a save the background write still in flight
+  is waited for (in that all-reduce when the save is due by the schedule, in one more on a stop
+  between scheduled saves), so a failed write fails every rank at the same point;
 - on a stop: wait until the save is complete on every rank, then raise Preempted (exit 75);
 - at the end, after metrics.json: remove the run's checkpoints, so a finished run never
   resumes (a failed metrics.json write keeps them for the rerun).
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, NoReturn
@@ -212,18 +215,23 @@ class Checkpointing:
 
     def after_epoch(self, state: RunState, meter: Meter) -> None:
         """After epoch `state.epoch` (not the last): save every N epochs, and on a stop signal
-        save, wait for the save on every rank and raise Preempted."""
+        save, wait for the save on every rank and raise Preempted. Before a save, the write in
+        flight has ended on every rank and all know whether it failed: save() would raise its
+        error on the rank that wrote it alone, the others training on into a dead collective."""
         if self.saver is None or state.epoch >= self.cfg.epochs:
             return
+        every = self.cfg.checkpoint_every
+        due = bool(every and state.epoch % every == 0)
         progress.at("checkpoint")  # the stop agreement and the save (hang diagnosis)
-        stopping = self._agree_on_stop()
+        stopping = self._agree_on_stop(wait=due)
         if stopping and self.stop is not None and self.stop.raised:
             logger.warning(
                 f"received {self.stop.signame}: checkpointing after epoch {state.epoch} "
                 "and stopping"
             )
-        every = self.cfg.checkpoint_every
-        if stopping or (every and state.epoch % every == 0):
+        if stopping and not due:
+            self._agree_on_write("an earlier checkpoint write failed on another rank")
+        if stopping or due:
             meter.bank_loop_time(state)
             state.checkpoint_stall_s = self.saver.stall_s
             self._save(state, wait=stopping)
@@ -255,21 +263,34 @@ class Checkpointing:
         sharded = _sharded_state(model, optimizer) if fsdp else None
         self.saver.save(state.epoch, snapshot, sharded, wait=wait)
 
-    def _agree_on_stop(self) -> bool:
+    def _agree_on_stop(self, wait: bool) -> bool:
         """One all-reduce per epoch: did any rank get a stop signal, did any checkpoint write
-        fail? Every rank leaves with the same answer, so all stop (or fail) at the same step."""
-        error = self.saver.poll()
+        fail (`wait`: the one in flight waited for first)? Every rank leaves with the same
+        answer, so all stop (or fail) at the same step."""
+        error = self._wait_for_write() if wait else self.saver.poll()
         flags = torch.tensor(
             [float(bool(self.stop and self.stop.raised)), float(error is not None)],
             dtype=torch.float64,
             device=self.device,
         )
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        if flags[1].item():
-            if error is not None:
-                raise error
-            raise CheckpointError("a checkpoint write failed on another rank (see its log)")
+        _raise_agreed(error, flags[1], "a checkpoint write failed on another rank (see its log)")
         return bool(flags[0].item())
+
+    def _agree_on_write(self, elsewhere: str) -> None:
+        """Wait for the write in flight; every rank raises when any rank's failed (this rank's
+        error, or `elsewhere`)."""
+        error = self._wait_for_write()
+        failed = torch.tensor([float(error is not None)], dtype=torch.float64, device=self.device)
+        dist.all_reduce(failed, op=dist.ReduceOp.MAX)
+        _raise_agreed(error, failed[0], f"{elsewhere} (see its log)")
+
+    def _wait_for_write(self) -> BaseException | None:
+        """The write in flight ended (its error, or None); training's wait counts as a stall."""
+        t0 = time.perf_counter()
+        error = self.saver.wait()
+        self.saver.stall_s += time.perf_counter() - t0
+        return error
 
     def _stop_after_save(self, epoch: int) -> NoReturn:
         """After the stop signal's synchronous save: exit 75 (Preempted) only with the checkpoint
@@ -280,15 +301,16 @@ class Checkpointing:
         every rank until rank 0 joins it after its write is renamed and fsynced (an all-reduce
         completes on no rank before all have entered it), and it carries whether any rank's
         write failed: then every rank fails with the error instead of claiming a checkpoint."""
-        error = self.saver.wait()
-        failed = torch.tensor([float(error is not None)], dtype=torch.float64, device=self.device)
-        dist.all_reduce(failed, op=dist.ReduceOp.MAX)
-        if failed.item():
-            if error is not None:
-                raise error
-            raise CheckpointError(
-                f"the checkpoint of epoch {epoch} on stopping failed on another rank (see its log)"
-            )
+        self._agree_on_write(f"the checkpoint of epoch {epoch} on stopping failed on another rank")
         stop = self.stop
         signame = stop.signame if stop is not None and stop.raised else "another rank's signal"
         raise Preempted(epoch, signame, self.saver.directory / ckpt.checkpoint_name(epoch))
+
+
+def _raise_agreed(error: BaseException | None, failed: torch.Tensor, elsewhere: str) -> None:
+    """Raise this rank's write error, or `elsewhere` when only another rank's write failed
+    (`failed`: the all-reduced flag)."""
+    if failed.item():
+        if error is not None:
+            raise error
+        raise CheckpointError(elsewhere)
