@@ -81,6 +81,24 @@ def test_a_rank_without_a_record_is_listed_and_silent_ones_too():
     assert diagnose({0: None}, NOW, 5.0) == ["no rank has published its progress"]
 
 
+def test_a_rank_gone_across_a_closed_connection_is_never_alive():
+    """Killed: its last record is fresher than the silent threshold, and it may even be ahead
+    of the survivor; read twice across the failure, it is named as ended, and the survivors
+    are judged among themselves."""
+    records = {
+        0: rec(0, "a", 25, "backward", changed_ago=2.5),
+        1: rec(1, "b", 25, "optimizer", changed_ago=3.0, published_ago=2.8),
+        2: rec(2, "c", 24, "data", changed_ago=2.6),
+    }
+    lines = diagnose(records, NOW, silent_after_s=5.0, gone={1})
+    assert lines == [
+        "rank 1 on b last reported step 25, optimizer, 3 s ago, and nothing since its "
+        "connection closed: exited, killed or stopped",
+        "rank 2 on c is alive but behind: it has been at step 24, data for 3 s",
+        "the furthest rank(s) 0 wait at step 25, backward",
+    ]
+
+
 def test_phases_are_ordered_as_a_run_passes_them():
     """evaluation after step k is past step k's optimizer and before step k+1's data."""
     order = [
@@ -235,6 +253,32 @@ def test_the_diagnosis_says_when_the_store_is_gone(trackers):
     assert "rank 1: no progress record (never started, or not read)" in lines
 
 
+def test_a_rank_whose_connection_closed_is_named_as_ended(
+    stores, trackers, warnings_of_progress, monkeypatch
+):
+    """SIGKILL, exit: gloo raises 'Connection reset by peer' at once, with the rank's record
+    under a second old, so it looked alive but behind. explain_failure reads the records
+    again after RECHECK_AFTER_S: the rank that published nothing in between has ended."""
+    a, b = trackers
+    a.where, b.where = (25, "backward"), (18, "forward")
+    a.start(stores[0], 0, 2, "hostA", pg_timeout_s=60, watchdog=False)
+    b.start(stores[1], 1, 2, "hostB", pg_timeout_s=60, watchdog=False)
+    time.sleep(1.2)
+    b.stop()  # killed: it publishes no more
+    monkeypatch.setattr(progress, "TRACKER", a)
+    reset = RuntimeError("[pair.cc:545] Read error [127.0.0.1]:50055: Connection reset by peer")
+    t0 = time.monotonic()
+    progress.explain_failure(reset)
+    assert time.monotonic() - t0 >= progress.RECHECK_AFTER_S
+    said = [w for w in warnings_of_progress if w.startswith("hang diagnosis: ")]
+    assert re.fullmatch(
+        r"hang diagnosis: rank 1 on hostB last reported step 18, forward, \d+ s ago, and "
+        r"nothing since its connection closed: exited, killed or stopped",
+        said[0],
+    ), said
+    assert said[1:] == ["hang diagnosis: the furthest rank(s) 0 wait at step 25, backward"]
+
+
 @pytest.fixture
 def store_process():
     """A real TCPStore server in a child process (under srun rank 0's process hosts it), which
@@ -366,6 +410,7 @@ def test_sigstopped_rank_is_named_by_rank_0(data_dir, tmp_path):
     assert re.search(r"step \d+", named.group(3)), named.group(3)
     assert any(phase in named.group(3) for phase in progress.PHASES[1:]), named.group(3)
     assert re.search(r"\[rank 0/2 \S+\] hang diagnosis: the furthest rank\(s\) 0 wait at", out)
-    # the diagnosis comes before rank 0's failure line and its traceback
-    assert out.index("hang diagnosis") < out.index("training failed")
+    # the diagnosis comes after rank 0's failure line (which a launcher that ends the ranks
+    # while the diagnosis waits for the store cannot cut off) and before its traceback
+    assert out.index("training failed") < out.index("hang diagnosis") < out.index("Traceback")
     assert "Timed out waiting" in out

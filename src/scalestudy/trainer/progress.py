@@ -17,19 +17,24 @@ How:
   JSON to the c10d store the process group already has: a public `TCPStore` client on
   MASTER_ADDR:MASTER_PORT (the torchrun agent's store, or rank 0's under srun), under the prefix
   KEY_PREFIX (`PrefixStore`). One small `set` per rank per second; nothing while one process.
-- Two kinds of stall, both visible in the records (`diagnose`, a pure function):
+- Three kinds of stall, visible in the records (`diagnose`, a pure function):
+  ended: on a closed connection (a peer's process exited or was killed) the records are read
+  twice, RECHECK_AFTER_S (2 s) apart: a rank whose record did not change in between is named
+  as exited, killed or stopped, however fresh its record (less than 1 s old at the failure);
   silent: published_at is older than the silent threshold (5 s, or half of --pg-timeout-s when
   shorter): the process is stopped (SIGSTOP), frozen with the GIL held, or dead; its position
   is the last one it published, so it may have got up to PUBLISH_INTERVAL_S further (seen on
   CPU: reported step 18, forward, while the others waited for it at step 25, backward);
-  behind: the rank still publishes, but its (step, phase) is earlier than the furthest rank's:
-  it is blocked somewhere the others already passed (a collective they did not enter, I/O).
-  When neither is found, all ranks wait in the same place: a collective mismatch or a network
+  behind: the rank still publishes, but its (step, phase) is earlier than the furthest live
+  rank's: it is blocked somewhere the others already passed (a collective they did not enter,
+  I/O).
+  When none is found, all ranks wait in the same place: a collective mismatch or a network
   problem, not one stopped rank; the line says so and where. Wall times of different hosts are
   compared, so the clocks are assumed NTP-synchronised (milliseconds, far below 5 s).
 - Where it is printed: `explain_failure` when training raises a collective failure on a rank
   (gloo raises "Timed out waiting ... for recv", "Application timeout caused pair closure" or
-  "Connection closed by peer"): every surviving rank logs one line per stalled rank before the
+  "Connection closed by peer"): every surviving rank logs one line per stalled rank after its
+  failure line (which a launcher ending the ranks meanwhile cannot cut off) and before the
   traceback (train.py). NCCL's watchdog aborts the process at the timeout instead of raising,
   so with any backend but gloo the publishing thread is also a local watchdog: when this rank's
   own (step, phase) has not changed for WATCHDOG_SHARE (75%) of --pg-timeout-s it logs the same
@@ -50,7 +55,7 @@ import datetime
 import json
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 import torch.distributed as dist
 
@@ -92,6 +97,11 @@ COLLECTIVE_FAILURE_WORDS = (
     "connection reset",
     "broken pipe",
 )
+# of those, a peer's process that ended (exited, killed, its node gone): its last record is
+# less than PUBLISH_INTERVAL_S old at the failure, so the diagnosis reads the records twice,
+# RECHECK_AFTER_S apart, and names the rank that published nothing in between
+CLOSED_CONNECTION_WORDS = ("connection closed", "connection reset", "broken pipe")
+RECHECK_AFTER_S = 2 * PUBLISH_INTERVAL_S
 
 
 class Tracker:
@@ -185,12 +195,23 @@ class Tracker:
             return found, silent
         return found, failure[0] if failure else None
 
-    def diagnosis(self) -> list[str]:
-        """The lines `diagnose` makes of every rank's record now (within STORE_TIMEOUT_S)."""
+    def diagnosis(self, recheck_after_s: float = 0.0) -> list[str]:
+        """The lines `diagnose` makes of every rank's record now (within STORE_TIMEOUT_S).
+        `recheck_after_s` > 0 (a closed connection): read the records again after that long; a
+        rank whose record did not change in between has ended (`diagnose`'s `gone`)."""
         if self._store is None:
             return []
         found, error = self.records()
-        lines = diagnose(found, time.time(), self.silent_after_s)
+        gone: set[int] = set()
+        if recheck_after_s > 0 and error is None:
+            time.sleep(recheck_after_s)
+            first, (found, error) = found, self.records()
+            gone = {
+                r
+                for r, rec in found.items()
+                if r != self.rank and rec is not None and rec == first[r]
+            }
+        lines = diagnose(found, time.time(), self.silent_after_s, gone)
         if error:
             lines.append(
                 f"the progress store did not answer ({error}); a rank without a record may not "
@@ -282,8 +303,9 @@ def explain_failure(exc: BaseException) -> None:
     """On a failed collective: one line per stalled rank (every surviving rank logs them)."""
     if not is_collective_failure(exc):
         return
+    closed = any(w in str(exc).lower() for w in CLOSED_CONNECTION_WORDS)
     with contextlib.suppress(Exception):  # the diagnosis must never hide the failure itself
-        for line in TRACKER.diagnosis():
+        for line in TRACKER.diagnosis(RECHECK_AFTER_S if closed else 0.0):
             logger.error(f"hang diagnosis: {line}")
 
 
@@ -329,20 +351,40 @@ def ranks_text(ranks: list[int]) -> str:
     return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in parts)
 
 
-def diagnose(records: Mapping[int, Mapping | None], now: float, silent_after_s: float) -> list[str]:
-    """One line per stalled rank (silent, behind, or without a record), then one line for the
-    ranks that got furthest; when no rank stands out, one line saying where all of them wait.
-    `records`: rank -> its last published record (None: none); `now`: unix seconds."""
+def diagnose(
+    records: Mapping[int, Mapping | None],
+    now: float,
+    silent_after_s: float,
+    gone: Collection[int] = (),
+) -> list[str]:
+    """One line per stalled rank (gone, silent, behind, or without a record), then one line for
+    the ranks that got furthest; when no rank stands out, one line saying where all of them
+    wait. `records`: rank -> its last published record (None: none); `now`: unix seconds;
+    `gone`: ranks whose record did not change across a closed connection (Tracker.diagnosis),
+    ended however fresh their record. Behind and furthest are judged among the live ranks."""
     known = {r: rec for r, rec in records.items() if rec is not None}
     if not known:
         return ["no rank has published its progress"]
-    furthest = max(position(rec) for rec in known.values())
-    silent = sorted(r for r, rec in known.items() if now - rec["published_at"] > silent_after_s)
-    behind = sorted(r for r, rec in known.items() if position(rec) < furthest and r not in silent)
+    ended = sorted(r for r in known if r in gone)
+    silent = sorted(
+        r
+        for r, rec in known.items()
+        if now - rec["published_at"] > silent_after_s and r not in gone
+    )
+    live = {r: rec for r, rec in known.items() if r not in silent and r not in ended}
+    furthest = max(position(rec) for rec in (live or known).values())
+    behind = sorted(r for r, rec in live.items() if position(rec) < furthest)
     lines = [
         f"rank {r}: no progress record (never started, or not read)"
         for r in sorted(r for r, rec in records.items() if rec is None)
     ]
+    for r in ended:
+        rec = known[r]
+        lines.append(
+            f"rank {r} on {rec['host']} last reported {where(rec)}, "
+            f"{now - rec['published_at']:.0f} s ago, and nothing since its connection closed: "
+            "exited, killed or stopped"
+        )
     for r in silent:
         rec = known[r]
         lines.append(
@@ -355,7 +397,7 @@ def diagnose(records: Mapping[int, Mapping | None], now: float, silent_after_s: 
             f"rank {r} on {rec['host']} is alive but behind: it has been at {where(rec)} for "
             f"{now - rec['changed_at']:.0f} s"
         )
-    ahead = sorted(r for r, rec in known.items() if position(rec) == furthest and r not in silent)
+    ahead = sorted(r for r, rec in live.items() if position(rec) == furthest)
     if not lines:
         rec = known[ahead[0]]
         return [

@@ -276,8 +276,8 @@ def main(cfg: TrainConfig, denv: sdist.DistEnv | None = None) -> int:
             # apart: its refusal, a traceback on every rank, is one line naming the fix
             raise TrainingError(shared_gpu_message(cfg, exc)) from exc
         # name the rank: with 64 ranks, "which one failed and why" is the first question
+        logger.error(f"training failed: {type(exc).__name__}: {exc}")  # first: never lost
         progress.explain_failure(exc)  # a failed collective: which rank stopped, and where
-        logger.error(f"training failed: {type(exc).__name__}: {exc}")
         raise
     finally:
         progress.stop()
