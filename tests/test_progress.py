@@ -99,6 +99,20 @@ def test_a_rank_gone_across_a_closed_connection_is_never_alive():
     ]
 
 
+def test_a_rank_stuck_in_an_earlier_micro_batch_is_the_one_behind():
+    """--accum-steps 2: rank 1 is stuck at the end of micro-batch 1's backward, rank 0 went on
+    to micro-batch 2 and waits in its collective. Without the micro-batch in the position,
+    backward > forward named rank 0 (FSDP), or equal places said no rank lags (DDP)."""
+    stuck = rec(1, "b", 20, "backward", changed_ago=12) | {"micro": 0, "micros": 2}
+    for phase in ("forward", "backward"):  # FSDP's all-gather, DDP's all-reduce
+        waiting = rec(0, "a", 20, phase, changed_ago=11) | {"micro": 1, "micros": 2}
+        assert diagnose({0: waiting, 1: stuck}, NOW, silent_after_s=5.0) == [
+            "rank 1 on b is alive but behind: it has been at step 20 (micro-batch 1/2), "
+            "backward for 12 s",
+            f"the furthest rank(s) 0 wait at step 20 (micro-batch 2/2), {phase}",
+        ]
+
+
 def test_phases_are_ordered_as_a_run_passes_them():
     """evaluation after step k is past step k's optimizer and before step k+1's data."""
     order = [
@@ -112,11 +126,35 @@ def test_phases_are_ordered_as_a_run_passes_them():
     ]
     positions = [progress.position({"step": s, "phase": p}) for s, p in order]
     assert positions == sorted(positions) and len(set(positions)) == len(positions)
+    # with accumulation: each micro-batch's phases, then the step's end, then the next step
+    micro = [(7, 0, "data"), (7, 0, "backward"), (7, 1, "data"), (7, 1, "optimizer")]
+    records = [{"step": s, "micro": j, "micros": 2, "phase": p} for s, j, p in micro]
+    records += [{"step": 7, "micro": 1, "micros": 2, "phase": "evaluation"}]
+    records += [{"step": 8, "micro": 0, "micros": 2, "phase": "data"}]
+    positions = [progress.position(r) for r in records]
+    assert positions == sorted(positions) and len(set(positions)) == len(positions)
+
+
+def test_the_hooks_record_the_micro_batch(monkeypatch):
+    monkeypatch.setattr(progress, "TRACKER", Tracker())
+    progress.at_step(20)
+    progress.at_micro(1, 2)
+    progress.at("forward")
+    assert where(progress.TRACKER.record()) == "step 20 (micro-batch 2/2), forward"
+    progress.at_step(21)  # a step without accumulation, or before its first micro-batch
+    progress.at("data")
+    assert where(progress.TRACKER.record()) == "step 21, data"
 
 
 def test_where_and_ranks_text():
     assert where({"step": -1, "phase": "start"}) == "start-up"
     assert where({"step": 12, "phase": "communication"}) == "step 12, communication"
+    assert where({"step": 9, "micro": 2, "micros": 4, "phase": "data"}) == (
+        "step 9 (micro-batch 3/4), data"
+    )
+    # after the step: the micro-batch is not part of the place
+    evaluation = {"step": 9, "micro": 3, "micros": 4, "phase": "evaluation"}
+    assert where(evaluation) == "evaluation after step 9"
     assert where({"step": 99, "phase": "final checksum"}) == "final checksum after step 99"
     assert ranks_text([7, 0, 1, 2, 5, 8]) == "0-2,5,7-8"
 
@@ -173,7 +211,7 @@ def warnings_of_progress():
 
 def test_a_tracker_that_stops_publishing_is_named_by_the_other(stores, trackers):
     a, b = trackers
-    a.where, b.where = (25, "backward"), (18, "forward")
+    a.where, b.where = (25, 0, 1, "backward"), (18, 0, 1, "forward")
     a.start(stores[0], 0, 2, "hostA", pg_timeout_s=4, watchdog=False)  # silent after 2 s
     b.start(stores[1], 1, 2, "hostB", pg_timeout_s=4, watchdog=False)
     time.sleep(1.2)  # both published at least twice
@@ -191,7 +229,7 @@ def test_a_tracker_that_stops_publishing_is_named_by_the_other(stores, trackers)
 
 def test_a_live_rank_stuck_behind_is_named_while_it_publishes(stores, trackers):
     a, b = trackers
-    a.where, b.where = (3, "optimizer"), (3, "data")
+    a.where, b.where = (3, 0, 1, "optimizer"), (3, 0, 1, "data")
     a.start(stores[0], 0, 2, "hostA", pg_timeout_s=60, watchdog=False)
     b.start(stores[1], 1, 2, "hostB", pg_timeout_s=60, watchdog=False)
     time.sleep(1.5)
@@ -205,7 +243,7 @@ def test_a_live_rank_stuck_behind_is_named_while_it_publishes(stores, trackers):
 def test_the_watchdog_reports_once_before_the_timeout(stores, trackers, warnings_of_progress):
     """NCCL aborts at the timeout without raising: the thread logs first (75% of 2 s)."""
     a, b = trackers
-    a.where, b.where = (9, "backward"), (9, "forward")
+    a.where, b.where = (9, 0, 1, "backward"), (9, 0, 1, "forward")
     b.start(stores[1], 1, 2, "hostB", pg_timeout_s=2, watchdog=False)
     a.start(stores[0], 0, 2, "hostA", pg_timeout_s=2, watchdog=True)
     time.sleep(3.5)  # two stall ticks past 1.5 s: still one report
@@ -214,7 +252,7 @@ def test_the_watchdog_reports_once_before_the_timeout(stores, trackers, warnings
     assert "rank 1 on hostB is alive but behind: it has been at step 9, forward" in "\n".join(
         warnings_of_progress
     )
-    a.where = (10, "data")  # it moved on: a new stall would be reported again
+    a.where = (10, 0, 1, "data")  # it moved on: a new stall would be reported again
     time.sleep(1.2)
     assert len([w for w in warnings_of_progress if "made no progress" in w]) == 1
 
@@ -245,7 +283,7 @@ def test_the_diagnosis_says_when_the_store_is_gone(trackers):
         "127.0.0.1", server.port, is_master=False, wait_for_workers=False, timeout=timeout
     )
     a = trackers[0]
-    a.where = (4, "forward")
+    a.where = (4, 0, 1, "forward")
     a.start(client, 0, 2, "hostA", pg_timeout_s=60, watchdog=False)
     del server
     lines = a.diagnosis()
@@ -260,7 +298,7 @@ def test_a_rank_whose_connection_closed_is_named_as_ended(
     under a second old, so it looked alive but behind. explain_failure reads the records
     again after RECHECK_AFTER_S: the rank that published nothing in between has ended."""
     a, b = trackers
-    a.where, b.where = (25, "backward"), (18, "forward")
+    a.where, b.where = (25, 0, 1, "backward"), (18, 0, 1, "forward")
     a.start(stores[0], 0, 2, "hostA", pg_timeout_s=60, watchdog=False)
     b.start(stores[1], 1, 2, "hostB", pg_timeout_s=60, watchdog=False)
     time.sleep(1.2)
@@ -311,7 +349,7 @@ def test_the_diagnosis_returns_when_the_store_host_is_stopped(store_process, tra
         "127.0.0.1", port, is_master=False, wait_for_workers=False, timeout=timeout
     )
     a = trackers[0]
-    a.where = (4, "forward")
+    a.where = (4, 0, 1, "forward")
     a.start(dist.PrefixStore(progress.KEY_PREFIX, client), 0, 2, "hostA", 4, watchdog=False)
     assert a.silent_after_s < progress.STORE_TIMEOUT_S
     os.kill(proc.pid, signal.SIGSTOP)
@@ -414,3 +452,41 @@ def test_sigstopped_rank_is_named_by_rank_0(data_dir, tmp_path):
     # while the diagnosis waits for the store cannot cut off) and before its traceback
     assert out.index("training failed") < out.index("hang diagnosis") < out.index("Traceback")
     assert "Timed out waiting" in out
+
+
+# one rank of the test below: at step 20 rank 1 blocks (alive, the GIL released) at the end of
+# the first micro-batch's backward of its accumulation group
+STUCK_IN_MICRO_BATCH_1 = """
+import os, sys, time
+from scalestudy.trainer import loop, progress
+real = loop.train_step
+def train_step(run, meter, x, y, group=1, last=True):
+    out = real(run, meter, x, y, group=group, last=last)
+    if os.environ["RANK"] == "1" and not last and progress.TRACKER.step == 20:
+        time.sleep(60)
+    return out
+loop.train_step = train_step
+from scalestudy.cli import main
+sys.exit(main())
+"""
+
+
+def test_a_rank_stuck_in_a_micro_batch_is_named_with_it(data_dir, tmp_path):
+    """DDP with --accum-steps 2: rank 1 is stuck in micro-batch 1's backward (no_sync: local),
+    rank 0 went on to micro-batch 2's backward and waits in its all-reduce. Rank 0 names rank 1
+    and the micro-batch (it used to say no rank lagged: both were at 'step 20, backward')."""
+    rank = tmp_path / "stuck_rank.py"
+    rank.write_text(STUCK_IN_MICRO_BATCH_1)
+    cmd = [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    cmd += [str(rank), "train", *SMALL, "--global-batch", "128", "--accum-steps", "2"]
+    cmd += ["--epochs", "4", "--comm-probe-steps", "0", "--pg-timeout-s", "10"]
+    cmd += ["--data-dir", str(data_dir), "--out", str(tmp_path / "run")]
+    proc = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=180)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-3000:]
+    assert re.search(
+        r"\[rank 0/2 \S+\] hang diagnosis: rank 1 on \S+ is alive but behind: it has been at "
+        r"step 20 \(micro-batch 1/2\), backward for \d+ s",
+        out,
+    ), out[-3000:]
+    assert "the furthest rank(s) 0 wait at step 20 (micro-batch 2/2), backward" in out, out[-3000:]

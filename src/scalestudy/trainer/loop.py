@@ -109,6 +109,7 @@ def train_epochs(
             meter.step_start()
             run.begin_step()  # CUDA graphs (--cuda-graphs, compiling.py): a new iteration
             for j in range(group):
+                progress.at_micro(j, group)  # the micro-batch (hang diagnosis)
                 with meter.phase("data"):
                     x, y = run.place(*next(batches))
                     meter.diag_delay("data")  # --diag-data-delay-ms (off by default)

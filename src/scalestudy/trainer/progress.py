@@ -7,13 +7,15 @@ names the rank that waited, not the one that stopped. With it the waiting ranks 
     since: stopped, frozen or dead
     hang diagnosis: the furthest rank(s) 0,2-7 wait at step 412, backward
 How:
-- Recording is an in-memory assignment on the hot path: `at_step(step)` (Meter.before_step) and
-  `at(phase)` (the step timer's phases data/forward/backward/communication/optimizer, and
+- Recording is an in-memory assignment on the hot path: `at_step(step)` (Meter.before_step),
+  `at_micro(j, group)` (the micro-batch j of the step's `group` under --accum-steps: the loop)
+  and `at(phase)` (the step timer's phases data/forward/backward/communication/optimizer, and
   one-line marks at evaluation, checkpoint, comm probe, final checksum and metrics). No clock is
   read and the device is never synchronised for it.
 - Publishing happens off the hot path: a daemon thread wakes every PUBLISH_INTERVAL_S (1 s),
-  stamps the wall time at which (step, phase) last changed (so that time has 1 s resolution) and
-  writes this rank's record (rank, host, step, phase, changed_at, published_at; unix seconds) as
+  stamps the wall time at which its place last changed (so that time has 1 s resolution) and
+  writes this rank's record (rank, host, step, micro, micros, phase, changed_at, published_at;
+  micro: the 0-based micro-batch of `micros` in the step; unix seconds) as
   JSON to the c10d store the process group already has: a public `TCPStore` client on
   MASTER_ADDR:MASTER_PORT (the torchrun agent's store, or rank 0's under srun), under the prefix
   KEY_PREFIX (`PrefixStore`). One small `set` per rank per second; nothing while one process.
@@ -25,9 +27,9 @@ How:
   shorter): the process is stopped (SIGSTOP), frozen with the GIL held, or dead; its position
   is the last one it published, so it may have got up to PUBLISH_INTERVAL_S further (seen on
   CPU: reported step 18, forward, while the others waited for it at step 25, backward);
-  behind: the rank still publishes, but its (step, phase) is earlier than the furthest live
-  rank's: it is blocked somewhere the others already passed (a collective they did not enter,
-  I/O).
+  behind: the rank still publishes, but its (step, micro-batch, phase) is earlier than the
+  furthest live rank's: it is blocked somewhere the others already passed (a collective they
+  did not enter, I/O).
   When none is found, all ranks wait in the same place: a collective mismatch or a network
   problem, not one stopped rank; the line says so and where. Wall times of different hosts are
   compared, so the clocks are assumed NTP-synchronised (milliseconds, far below 5 s).
@@ -37,9 +39,9 @@ How:
   failure line (which a launcher ending the ranks meanwhile cannot cut off) and before the
   traceback (train.py). NCCL's watchdog aborts the process at the timeout instead of raising,
   so with any backend but gloo the publishing thread is also a local watchdog: when this rank's
-  own (step, phase) has not changed for WATCHDOG_SHARE (75%) of --pg-timeout-s it logs the same
-  diagnosis once per stall, before NCCL kills the process (75% leaves a margin for the 1 s
-  resolution at timeouts >= 4 s).
+  own place (step, micro-batch, phase) has not changed for WATCHDOG_SHARE (75%) of
+  --pg-timeout-s it logs the same diagnosis once per stall, before NCCL kills the process (75%
+  leaves a margin for the 1 s resolution at timeouts >= 4 s).
 - The store can be unreachable at diagnosis time (under srun it lives in rank 0's process, which
   may be the stopped one; a store call against a stopped host never returns, whatever the
   client's timeout): the reads run in a daemon thread that the diagnosis waits for at most
@@ -53,6 +55,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import json
+import sys
 import threading
 import time
 from collections.abc import Collection, Mapping
@@ -109,7 +112,9 @@ class Tracker:
 
     def __init__(self) -> None:
         self.step = -1  # the optimizer step in progress (or last taken); -1 before the first
-        self.where: tuple[int, str] = (-1, "start")  # the hot path assigns only this tuple
+        self.micro = (0, 1)  # (micro-batch j, of `group`) of the step; (0, 1) without accumulation
+        # (step, j, group, phase): the hot path assigns only this tuple
+        self.where: tuple[int, int, int, str] = (-1, 0, 1, "start")
         self.rank, self.world_size, self.host = 0, 1, ""
         self.silent_after_s = SILENT_AFTER_S
         self.watchdog_after_s: float | None = None
@@ -117,8 +122,8 @@ class Tracker:
         self._lock = threading.Lock()  # one store call at a time (thread and main thread)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._changed: tuple[tuple[int, str], float] = (self.where, time.time())
-        self._reported: tuple[int, str] | None = None  # the stall the watchdog reported
+        self._changed: tuple[tuple[int, int, int, str], float] = (self.where, time.time())
+        self._reported: tuple[int, int, int, str] | None = None  # the stall the watchdog reported
 
     def start(
         self,
@@ -153,11 +158,13 @@ class Tracker:
         where = self.where
         if where != self._changed[0]:
             self._changed = (where, now)
-        step, phase = where
+        step, micro, micros, phase = where
         return {
             "rank": self.rank,
             "host": self.host,
             "step": step,
+            "micro": micro,
+            "micros": micros,
             "phase": phase,
             "changed_at": self._changed[1],
             "published_at": now,
@@ -234,7 +241,8 @@ class Tracker:
 
     def _watch(self, record: dict) -> None:
         """Log the diagnosis once per stall when this rank has not moved for a long time."""
-        limit, where = self.watchdog_after_s, (record["step"], record["phase"])
+        limit = self.watchdog_after_s
+        where = (record["step"], record["micro"], record["micros"], record["phase"])
         stalled = record["published_at"] - record["changed_at"]
         if limit is None or stalled < limit or self._reported == where:
             return
@@ -255,20 +263,26 @@ TRACKER = Tracker()
 
 
 def at_step(step: int) -> None:
-    """The optimizer step `step` begins (hot path: one assignment)."""
-    TRACKER.step = step
+    """The optimizer step `step` begins (hot path: two assignments)."""
+    TRACKER.step, TRACKER.micro = step, (0, 1)
+
+
+def at_micro(j: int, group: int) -> None:
+    """Micro-batch j (0-based) of the step's `group` begins (--accum-steps; hot path)."""
+    TRACKER.micro = (j, group)
 
 
 def at(phase: str) -> None:
     """This rank enters `phase` (one of PHASES; hot path: one tuple assignment)."""
-    TRACKER.where = (TRACKER.step, phase)
+    TRACKER.where = (TRACKER.step, *TRACKER.micro, phase)
 
 
 def start(denv: sdist.DistEnv, host: str, pg_timeout_s: float) -> None:
     """After init_process_group: publish through the default group's store (not for 1 rank).
     The watchdog runs with every backend but gloo, which raises instead of aborting. A store
     that cannot be reached turns the diagnosis off with a warning, never the run."""
-    TRACKER.step, TRACKER.where = -1, (-1, "start")  # a second run in one process starts afresh
+    # a second run in one process starts afresh
+    TRACKER.step, TRACKER.micro, TRACKER.where = -1, (0, 1), (-1, 0, 1, "start")
     if denv.world_size == 1:
         return
     try:
@@ -324,18 +338,27 @@ def is_collective_failure(exc: BaseException) -> bool:
 # the diagnosis: records -> lines (pure)
 
 
-def position(record: Mapping) -> tuple[int, int]:
-    """How far a record is: (step, place of the phase in PHASES); unknown phases come last."""
+def position(record: Mapping) -> tuple[int, int, int]:
+    """How far a record is: (step, micro-batch, place of the phase in PHASES); "start" counts
+    as before a step's first micro-batch, the phases after its optimizer as after its last, and
+    unknown phases come last."""
     phase = record["phase"]
-    return record["step"], PHASES.index(phase) if phase in PHASES else len(PHASES)
+    place = PHASES.index(phase) if phase in PHASES else len(PHASES)
+    if phase in STEP_PHASES:
+        return record["step"], record.get("micro", 0), place
+    return record["step"], -1 if phase == "start" else sys.maxsize, place
 
 
 def where(record: Mapping) -> str:
-    """'step 412, backward', 'evaluation after step 63', 'start-up (before the first step)'."""
+    """'step 412, backward', 'step 20 (micro-batch 1/2), forward' (--accum-steps), 'evaluation
+    after step 63', 'start-up (before the first step)'."""
     step, phase = record["step"], record["phase"]
     if step < 0:
         return f"{phase} (before the first step)" if phase != "start" else "start-up"
     if phase in STEP_PHASES:
+        micros = record.get("micros", 1)
+        if micros > 1:
+            return f"step {step} (micro-batch {record.get('micro', 0) + 1}/{micros}), {phase}"
         return f"step {step}, {phase}"
     return f"{phase} after step {step}"
 
