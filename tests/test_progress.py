@@ -121,10 +121,18 @@ def test_phases_are_ordered_as_a_run_passes_them():
         (7, "backward"),
         (7, "optimizer"),
         (7, "evaluation"),
-        (7, "checkpoint"),
+        (7, "checkpoint write"),
+        (7, "stop agreement"),
+        (7, "checkpoint agreement"),
         (8, "data"),
     ]
     positions = [progress.position({"step": s, "phase": p}) for s, p in order]
+    assert positions == sorted(positions) and len(set(positions)) == len(positions)
+    # start-up: each rank's own work before the collective that waits for it
+    start = ["start", "data load", "model broadcast", "model set-up", "checkpoint search"]
+    start += ["checkpoint choice", "checkpoint load"]
+    positions = [progress.position({"step": -1, "phase": p}) for p in start]
+    positions.append(progress.position({"step": 0, "phase": "data"}))
     assert positions == sorted(positions) and len(set(positions)) == len(positions)
     # with accumulation: each micro-batch's phases, then the step's end, then the next step
     micro = [(7, 0, "data"), (7, 0, "backward"), (7, 1, "data"), (7, 1, "optimizer")]
@@ -490,3 +498,70 @@ def test_a_rank_stuck_in_a_micro_batch_is_named_with_it(data_dir, tmp_path):
         out,
     ), out[-3000:]
     assert "the furthest rank(s) 0 wait at step 20 (micro-batch 2/2), backward" in out, out[-3000:]
+
+
+# the ranks of the tests below: one rank blocks (alive, the GIL released) in its own I/O
+STUCK_IN_DATA_LOAD = """
+import os, sys, time
+from scalestudy.trainer import loaders
+if os.environ["RANK"] == "1":
+    real = loaders.load_prepared
+    def slow(*args, **kwargs):
+        time.sleep(60)
+        return real(*args, **kwargs)
+    loaders.load_prepared = slow
+from scalestudy.cli import main
+sys.exit(main())
+"""
+STUCK_IN_CHECKPOINT_WRITE = """
+import os, sys, time
+from scalestudy.trainer import checkpoint
+if os.environ["RANK"] == "0":
+    real = checkpoint.write_checkpoint
+    def slow(*args, **kwargs):
+        time.sleep(60)
+        return real(*args, **kwargs)
+    checkpoint.write_checkpoint = slow
+from scalestudy.cli import main
+sys.exit(main())
+"""
+
+
+def run_rank(script: str, data_dir: Path, tmp_path: Path, *flags: str) -> str:
+    """Two gloo ranks of `script` (a wrapper of the CLI) under torchrun, with a 10 s timeout;
+    the output of the run, which must fail."""
+    rank = tmp_path / "rank.py"
+    rank.write_text(script)
+    cmd = [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    cmd += [str(rank), "train", *SMALL, *flags, "--comm-probe-steps", "0", "--pg-timeout-s", "10"]
+    cmd += ["--data-dir", str(data_dir), "--out", str(tmp_path / "run")]
+    proc = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=180)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-3000:]
+    return out
+
+
+def test_a_rank_stuck_loading_its_data_is_named_at_start_up(data_dir, tmp_path):
+    """Rank 1's read of the prepared data hangs; rank 0 waits in DDP's broadcast of its weights.
+    Both were at 'start-up': no rank lagged. Now rank 1 is behind, at its data load."""
+    out = run_rank(STUCK_IN_DATA_LOAD, data_dir, tmp_path)
+    assert re.search(
+        r"\[rank 0/2 \S+\] hang diagnosis: rank 1 on \S+ is alive but behind: it has been at "
+        r"data load \(before the first step\) for \d+ s",
+        out,
+    ), out[-3000:]
+    assert "the furthest rank(s) 0 wait at model broadcast (before the first step)" in out
+
+
+def test_a_rank_stuck_in_its_checkpoint_write_is_named(data_dir, tmp_path):
+    """Rank 0's background write of epoch 1's checkpoint hangs; at epoch 2's save it waits for
+    it while rank 1 waits in the stop agreement. Both were at 'checkpoint': no rank lagged."""
+    flags = ("--epochs", "4", "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "1")
+    out = run_rank(STUCK_IN_CHECKPOINT_WRITE, data_dir, tmp_path, *flags)
+    named = re.search(
+        r"\[rank 1/2 \S+\] hang diagnosis: rank 0 on \S+ is alive but behind: it has been at "
+        r"checkpoint write after step (\d+) for \d+ s",
+        out,
+    )
+    assert named, out[-3000:]
+    assert f"the furthest rank(s) 1 wait at stop agreement after step {named.group(1)}" in out

@@ -401,6 +401,7 @@ def build(cfg: TrainConfig, denv: sdist.DistEnv, device: torch.device) -> Run:
     local_batch, global_batch = cfg.batches(world_size)
     numerics = configure_numerics(cfg, device)  # TF32 only for tf32, autocast, NHWC, cuDNN
 
+    progress.at("data load")  # this rank's own work up to wrap_model's collective
     prepared = loaders.load_prepared(cfg.dataset, cfg.data_dir)
     loaded = build_loaders(cfg, prepared, numerics, device, rank, world_size, local_batch)
     train_loader, sampler, eval_loader, micro_steps = loaded  # --limit-train/--limit-test
@@ -431,10 +432,12 @@ def build(cfg: TrainConfig, denv: sdist.DistEnv, device: torch.device) -> Run:
     # conversion queued above, and the default stream for the broadcast
     if side is not None:
         side.wait_stream(torch.cuda.current_stream(device))
+    progress.at("model broadcast")  # DDP's broadcast of rank 0's weights (hang diagnosis)
     with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
         model, no_sync = wrap_model(model, cfg, device)
     if side is not None:
         torch.cuda.current_stream(device).wait_stream(side)
+    progress.at("model set-up")  # this rank's own work again
     eval_model = model
     if compiling.compile_on(cfg, device):  # --compile auto: on CUDA (compiling.py)
         model = compiling.compile_model(model, cfg, device, graphs == "compiled")

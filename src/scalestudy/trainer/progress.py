@@ -10,8 +10,8 @@ How:
 - Recording is an in-memory assignment on the hot path: `at_step(step)` (Meter.before_step),
   `at_micro(j, group)` (the micro-batch j of the step's `group` under --accum-steps: the loop)
   and `at(phase)` (the step timer's phases data/forward/backward/communication/optimizer, and
-  one-line marks at evaluation, checkpoint, comm probe, final checksum and metrics). No clock is
-  read and the device is never synchronised for it.
+  one-line marks at start-up, evaluation, the checkpoint's steps, comm probe, final checksum
+  and metrics: PHASES). No clock is read and the device is never synchronised for it.
 - Publishing happens off the hot path: a daemon thread wakes every PUBLISH_INTERVAL_S (1 s),
   stamps the wall time at which its place last changed (so that time has 1 s resolution) and
   writes this rank's record (rank, host, step, micro, micros, phase, changed_at, published_at;
@@ -75,21 +75,30 @@ STORE_TIMEOUT_S = 5.0  # the longest the diagnosis waits for the store (a stoppe
 KEY_PREFIX = "scalestudy/progress/"
 # where a rank can be, in the order a run passes them for one value of `step` (the index of the
 # optimizer step in progress, or of the last one taken: evaluation comes after that step's
-# optimizer); "start" (build, resume) precedes the first step
-PHASES = (
-    "start",
-    "data",
-    "forward",
-    "backward",
-    "communication",
-    "optimizer",
-    "evaluation",
-    "checkpoint",
+# optimizer); the start-up's phases (step -1) precede the first step. A rank's own work (I/O,
+# compute) has a phase of its own ahead of the collective that waits for it, so a rank stuck in
+# it is behind the others waiting in that collective (a phase may recur: "checkpoint write" is
+# the wait for the write in flight before the stop agreement, and the save after it)
+START_PHASES = (
+    "start",  # the process group is up
+    "data load",  # the prepared data read, the loaders and the model built (this rank's)
+    "model broadcast",  # the strategy's wrapper: DDP broadcasts rank 0's weights
+    "model set-up",  # optimizer, FLOP count, TensorBoard (this rank's)
+    "checkpoint search",  # rank 0 finds and verifies the newest checkpoint (--checkpoint-dir)
+    "checkpoint choice",  # rank 0's choice broadcast
+    "checkpoint load",  # this rank loads it
+)
+STEP_PHASES = ("data", "forward", "backward", "communication", "optimizer")  # the Meter's
+AFTER_STEP_PHASES = (
+    "evaluation",  # the epoch's reduction, the evaluation, rank 0's epochs.csv
+    "checkpoint write",  # this rank waits for the write in flight, or copies and writes a save
+    "stop agreement",  # the all-reduce on a stop signal and failed writes
+    "checkpoint agreement",  # the collectives of a save (ranks' random state, its result)
     "comm probe",
     "final checksum",
     "metrics",
 )
-STEP_PHASES = PHASES[1:6]  # the Meter's phases: inside an optimizer step
+PHASES = START_PHASES + STEP_PHASES + AFTER_STEP_PHASES
 # the words of a failed collective: gloo raises plain RuntimeErrors with these messages; the
 # same timeout reads "Timed out waiting 10000ms for recv" or, when gloo's pair gives up first,
 # "Application timeout caused pair closure" (seen on a broadcast in DDP's forward, torch 2.14.1)

@@ -177,13 +177,16 @@ class Checkpointing:
             return RunState()
         model, optimizer, scheduler, scaler, generators = self.trainables
         choice = [None]
+        progress.at("checkpoint search")  # rank 0's I/O (hang diagnosis)
         if rank == 0:
             found = ckpt.find_latest(saver.directory, saver.identity)
             choice[0] = str(found[0]) if found else None
+        progress.at("checkpoint choice")
         dist.broadcast_object_list(choice, src=0)
         if choice[0] is None:
             return RunState()
         path = Path(choice[0])
+        progress.at("checkpoint load")  # every rank's I/O (FSDP: DCP's collectives too)
         saved = ckpt.load_state(path)
         if self.cfg.strategy == "fsdp":
             from torch.distributed.checkpoint.state_dict import set_state_dict
@@ -222,7 +225,6 @@ class Checkpointing:
             return
         every = self.cfg.checkpoint_every
         due = bool(every and state.epoch % every == 0)
-        progress.at("checkpoint")  # the stop agreement and the save (hang diagnosis)
         stopping = self._agree_on_stop(wait=due)
         if stopping and self.stop is not None and self.stop.raised:
             logger.warning(
@@ -250,6 +252,7 @@ class Checkpointing:
         model, optimizer, scheduler, scaler, generators = self.trainables
         per_rank: list = [None] * dist.get_world_size()
         mine = {key: getattr(state, key) for key in PER_RANK}
+        progress.at("checkpoint agreement")  # hang diagnosis: the collectives of a save
         dist.all_gather_object(per_rank, {"rng": ckpt.rng_state(generators), **mine})
         fsdp = self.cfg.strategy == "fsdp"
         snapshot = {
@@ -261,6 +264,7 @@ class Checkpointing:
             "progress": dataclasses.asdict(state),
         }
         sharded = _sharded_state(model, optimizer) if fsdp else None
+        progress.at("checkpoint write")  # the copy (and the write, on a stop: this rank's I/O)
         self.saver.save(state.epoch, snapshot, sharded, wait=wait)
 
     def _agree_on_stop(self, wait: bool) -> bool:
@@ -268,6 +272,7 @@ class Checkpointing:
         fail (`wait`: the one in flight waited for first)? Every rank leaves with the same
         answer, so all stop (or fail) at the same step."""
         error = self._wait_for_write() if wait else self.saver.poll()
+        progress.at("stop agreement")  # hang diagnosis: a rank still writing is behind
         flags = torch.tensor(
             [float(bool(self.stop and self.stop.raised)), float(error is not None)],
             dtype=torch.float64,
@@ -281,12 +286,14 @@ class Checkpointing:
         """Wait for the write in flight; every rank raises when any rank's failed (this rank's
         error, or `elsewhere`)."""
         error = self._wait_for_write()
+        progress.at("checkpoint agreement")  # hang diagnosis: a rank still writing is behind
         failed = torch.tensor([float(error is not None)], dtype=torch.float64, device=self.device)
         dist.all_reduce(failed, op=dist.ReduceOp.MAX)
         _raise_agreed(error, failed[0], f"{elsewhere} (see its log)")
 
     def _wait_for_write(self) -> BaseException | None:
         """The write in flight ended (its error, or None); training's wait counts as a stall."""
+        progress.at("checkpoint write")  # this rank's I/O (hang diagnosis)
         t0 = time.perf_counter()
         error = self.saver.wait()
         self.saver.stall_s += time.perf_counter() - t0
