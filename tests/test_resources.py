@@ -86,6 +86,12 @@ def test_slurm_request_of_one_rank_one_node_and_two_nodes():
     )
     row = table["w4_lb2_fp32_ddp_bk25_r0"]
     assert resources.launch_threads(row, config["hardware"]) == 12
+    # locally a CPU run takes every core (one timed run at a time); a GPU run its own cores
+    cpu = dict(config["hardware"], device="cpu")
+    assert resources.launch_threads(row, cpu, local_cores=32) == 32
+    assert resources.launch_threads(row, cpu, local_cores=8) == 12  # never fewer than its own
+    assert resources.launch_threads(row, cpu, local_cores=None) == 12  # submitted to Slurm
+    assert resources.launch_threads(row, dict(cpu, device="cuda"), local_cores=32) == 12
     assert resources.launch_layout(row, config["hardware"]) == {
         "nodes": 2,
         "ranks_per_node": 2,

@@ -110,7 +110,9 @@ def get_layout(wildcards):
 
 
 def get_threads(wildcards):
-    return resources.launch_threads(get_run(wildcards), HARDWARE)
+    # a timed CPU run takes every core of a local run (one at a time): see launch_threads
+    local_cores = workflow.cores if workflow.local_exec else None
+    return resources.launch_threads(get_run(wildcards), HARDWARE, local_cores)
 
 
 def get_prepared_data(wildcards):
