@@ -179,6 +179,31 @@ def test_verdicts_pass_fail_and_not_measured(runs):
     assert s2["measured"] == pytest.approx(2 * 3300 / (4 * 1800))  # N0 X(N) / (N X(N0))
 
 
+def test_a_superlinear_result_is_flagged_with_what_to_check():
+    """The CPU demo's 1-rank baselines ran beside another job: E_s 106% and a weak deviation of
+    -52% passed with an empty note, and the proposal chose its scale on them."""
+    table = analysis.scaling_table(
+        [
+            run("s1", "strong", 1, 64, 1000),
+            run("s2", "strong", 2, 32, 2200),  # E_s 1.10
+            run("w1", "weak", 1, 32, 500),
+            run("w2", "weak", 2, 32, 1600),  # D = 500 / 800 - 1 = -0.375
+        ]
+    )
+    targets = {**analysis.DEFAULT_TARGETS, "strong_efficiency_gpus": 2}
+    v = {r["target"]: r for r in analysis.verdicts(table, targets)}
+    assert v["strong_efficiency"]["verdict"] == "pass"  # judged as measured; the note warns
+    assert v["strong_efficiency"]["note"].startswith("superlinear, E_s above 1: ")
+    assert "check first that the baseline's runs were not slowed" in v["strong_efficiency"]["note"]
+    assert v["weak_deviation"]["note"].startswith("superlinear, a step shorter than the baseline's")
+    # within SUPERLINEAR_MARGIN of ideal: timing noise, no note
+    near = analysis.scaling_table(
+        [run("s1", "strong", 1, 64, 1000), run("s2", "strong", 2, 32, 2080)]
+    )
+    [s] = [r for r in analysis.verdicts(near, targets) if r["target"] == "strong_efficiency"]
+    assert s["measured"] == pytest.approx(1.04) and not s["note"]
+
+
 def test_an_accuracy_change_of_exactly_the_tolerance_is_within_it():
     # 0.926 - 0.916 is -0.010000000000000009 in floating point: a test set's accuracies are
     # multiples of 1/limit_test, so a change of exactly the tolerance is common, not a fluke

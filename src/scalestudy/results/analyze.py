@@ -557,6 +557,8 @@ def verdicts(scaling: list[dict], targets: dict, unit: str = "GPUs") -> list[dic
     elif at:
         row["measured"] = at[0]["strong_efficiency"]
         row["verdict"] = "pass" if _as_written(row["measured"]) >= row["threshold"] else "fail"
+        if _as_written(row["measured"]) > 1 + SUPERLINEAR_MARGIN:
+            row["note"] = _superlinear("E_s above 1", unit)
     elif strong:
         largest = max(strong, key=lambda r: r["world_size"])
         row["verdict"] = "not measured"
@@ -579,6 +581,8 @@ def verdicts(scaling: list[dict], targets: dict, unit: str = "GPUs") -> list[dic
         row["world_size"] = largest["world_size"]
         row["measured"] = largest["weak_deviation"]
         row["verdict"] = "pass" if _as_written(row["measured"]) <= row["threshold"] else "fail"
+        if _as_written(row["measured"]) < -SUPERLINEAR_MARGIN:
+            row["note"] = _superlinear("a step shorter than the baseline's", unit)
     else:
         row["verdict"] = "not measured"
         row["note"] = (
@@ -589,6 +593,21 @@ def verdicts(scaling: list[dict], targets: dict, unit: str = "GPUs") -> list[dic
     out.append(row)
     out.append(_optimisation_verdict(scaling, targets))
     return [{c: r.get(c) for c in VERDICT_COLUMNS} for r in out]
+
+
+# how far past ideal scaling (E_s = 1, D = 0) a result is flagged as superlinear: timing noise
+# of a few % is not, a baseline that ran slow is (the CPU demo, its 1-rank runs beside another
+# job: E_s 106%, D -52%)
+SUPERLINEAR_MARGIN = 0.05
+
+
+def _superlinear(what: str, unit: str) -> str:
+    return (
+        f"superlinear, {what}: a larger world size can be faster per image (each rank's share "
+        "fits a cache), but check first that the baseline's runs were not slowed (another job "
+        f"beside them, a cold start; their epochs.csv), since a slow baseline flatters the "
+        f"larger {unit}"
+    )
 
 
 def _as_written(value: float) -> float:
