@@ -127,6 +127,29 @@ def measured_row(run: str, per_rank: float, world_size: int, **extra) -> dict:
     return out
 
 
+def test_the_precision_level_rescales_the_nearest_measured_world_size():
+    """fp32 measured at 1 GPU (100 img/s per GPU) and 2 GPUs (30 per GPU, a third of it): the
+    4-GPU run was priced from their mean rescaled by eta, (100 / 1 + 30 / 0.75) / 2 x 0.5 =
+    35 img/s per GPU, above what 2 GPUs measured; the nearest measured world size, 2, gives
+    30 / 0.75 x 0.5 = 20."""
+    config = small_config()
+    measured = [
+        measured_row("w1_lb8_fp32_ddp_bk25_r0", 100.0, 1),
+        measured_row("w2_lb4_fp32_ddp_bk25_r0", 30.0, 2),
+    ]
+    est = {e.run: e for e in plan.estimate_runs(config, build_run_table(config), measured)}
+    w4 = est["w4_lb2_fp32_ddp_bk25_r0"]
+    assert w4.throughput_basis == "precision"
+    assert w4.throughput_img_s == pytest.approx(4 * 30 / 0.75 * 0.5)
+    # a tie in log2 W (1 and 4 around 2) takes the larger: 2 GPUs priced from 4
+    four = [measured_row("w1_lb8_fp32_ddp_bk25_r0", 100.0, 1)]
+    four.append(measured_row("w4_lb2_fp32_ddp_bk25_r0", 10.0, 4))
+    est = {e.run: e for e in plan.estimate_runs(config, build_run_table(config), four)}
+    w2 = est["w2_lb4_fp32_ddp_bk25_r0"]
+    assert w2.throughput_basis == "precision"
+    assert w2.throughput_img_s == pytest.approx(2 * 10 / 0.5 * 0.75)
+
+
 def test_calibration_levels_and_startup():
     config = small_config()
     rows = build_run_table(config)

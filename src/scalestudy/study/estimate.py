@@ -46,7 +46,10 @@ throughput_img_s_per_rank):
                   extrapolated" beyond the measured world sizes or nodes. Used
                   only where the fit identifies the parameters the run depends on (a multi-node
                   run needs a measured multi-node run): the model never guesses a bandwidth
-    5. precision  the same precision at other world sizes, as x_rank / eta(W_measured) * eta(W)
+    5. precision  the same precision at the measured world size nearest W (in log2 W, the
+                  larger on a tie), as x_rank / eta(W_measured) * eta(W): a mean over every
+                  measured world size let eta's guess stand in for the scaling the runs
+                  measured (the CPU demo priced 8 ranks at 5.7 x its 4-rank throughput)
 
 startup_s is calibrated too when Snakemake's job wall times exist (benchmarks/train/<run>.tsv):
 the median of wall_s - epochs * (N_train / X + N_test / (X * eval_speedup)) - N_probe / X over
@@ -516,7 +519,8 @@ class Calibration:
         plan = self.config["plan"]
         # a run measured with other threads per rank says nothing about this study's speed
         self.measured = [m for m in self.measured if same_threads(self.config, m)]
-        self._levels: dict[tuple, list[float]] = {}
+        # (base, level, key) -> measured world size -> per-rank images/s (precision's: / eta)
+        self._levels: dict[tuple, dict[int, list[float]]] = {}
         self._startup: dict[tuple, list[float]] = {}
         self._energy: dict[tuple, list[float]] = {}
         self._fits: dict[tuple, model.Fit | None] = {}  # per base, fitted when first asked
@@ -530,7 +534,8 @@ class Calibration:
             per_rank = float(row["throughput_img_s_per_rank"])
             for level in MEASURED_LEVELS:
                 value = per_rank / efficiency(plan, w, nodes) if level == "precision" else per_rank
-                self._levels.setdefault((base, level, _level_key(level, row)), []).append(value)
+                key = (base, level, _level_key(level, row))
+                self._levels.setdefault(key, {}).setdefault(w, []).append(value)
             overhead = _startup_overhead(self.config, row)
             if overhead is not None:
                 self._startup.setdefault((base, w), []).append(overhead)
@@ -546,9 +551,11 @@ class Calibration:
                     basis = "model, extrapolated" if pred.extrapolated else "model"
                     return row["local_batch"] / pred.step_s, basis, pred
                 continue
-            values = self._levels.get((_base(row), level, _level_key(level, row)))
-            if values:
-                mean = statistics.fmean(values)
+            sizes = self._levels.get((_base(row), level, _level_key(level, row)))
+            if sizes:
+                w = row["world_size"]  # the other levels hold one world size, W itself
+                nearest = min(sizes, key=lambda m: (abs(math.log2(m / w)), -m))
+                mean = statistics.fmean(sizes[nearest])
                 return (mean * eta if level == "precision" else mean), level, None
         return plan["throughput_img_s_per_gpu"][row["precision"]] * eta, "default", None
 

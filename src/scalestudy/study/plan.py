@@ -307,7 +307,8 @@ def plan_markdown(
         "the scaling model "
         "(basis `model`: x_rank = local_batch / T_step, study/model.py, fitted to the measured "
         "DDP runs; runtime with its 95% prediction interval; `model, extrapolated` beyond the "
-        "measured world sizes or nodes), else the same precision rescaled by eta. startup_s "
+        "measured world sizes or nodes), else the same precision at the nearest measured "
+        "world size, rescaled by eta. startup_s "
         "comes from Snakemake's measured job wall times wherever there are some, for a run of "
         "basis `default` too (`+startup` in the Runs table).",
         "",
