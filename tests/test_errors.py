@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import stat
 import subprocess
 from pathlib import Path
 
@@ -319,6 +320,50 @@ def test_an_atomic_write_names_its_target_and_takes_any_valid_name(tmp_path, mon
         files.write_text(tmp_path / "runs.tsv", "x\n")
     assert (info.value.filename, info.value.filename2) == (str(tmp_path / "runs.tsv"), None)
     assert str(info.value) == f"[Errno 13] Permission denied: '{tmp_path / 'runs.tsv'}'"
+
+
+def test_an_atomic_write_to_a_pipe_writes_into_the_pipe(tmp_path):
+    """atomic_open renamed its temp file over any target: a named pipe given as the output was
+    replaced by a regular file, and what listened on the pipe got nothing."""
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    reader = os.open(pipe, os.O_RDONLY | os.O_NONBLOCK)  # a reader, so the writer's open returns
+    try:
+        files.write_text(pipe, "through the pipe\n")
+        got = os.read(reader, 1 << 16)
+    finally:
+        os.close(reader)
+    assert got == b"through the pipe\n"
+    assert stat.S_ISFIFO(os.lstat(pipe).st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]  # no temp file left
+
+
+def test_an_output_that_is_a_device_stays_the_device(tmp_path):
+    """`--out /dev/null` as root replaced /dev/null with a regular file holding the table (every
+    later program's output then went into it); as another user it failed with "Permission
+    denied", where a plain open() works. Here a private null device made with mknod, and a
+    symlink to it."""
+    null = tmp_path / "null"
+    try:
+        os.mknod(null, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    except OSError as exc:
+        pytest.skip(f"cannot make a device node (needs root): {exc}")
+    (tmp_path / "link").symlink_to("null")
+    repo = Path(__file__).resolve().parents[1]
+    for out in (null, tmp_path / "link"):
+        argv = [PYTHON, "-m", "scalestudy", "matrix", "--config", "config/demo.yaml"]
+        r = subprocess.run(
+            [*argv, "--out", str(out)], cwd=repo, env=child_env(), capture_output=True,
+            text=True, timeout=120,
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        assert stat.S_ISCHR(os.lstat(null).st_mode), out
+        assert os.lstat(null).st_rdev == os.makedev(1, 3)
+        assert (tmp_path / "link").is_symlink()
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "null"]  # no temp file
+    with open(null, "w") as f:  # still the null device: what is written there is gone
+        f.write("hello\n")
+    assert null.read_text() == ""
 
 
 def test_a_run_rules_log_says_what_went_wrong(tmp_path):

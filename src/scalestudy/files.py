@@ -6,7 +6,8 @@ Atomic writes: a reader sees the old file or the complete new one, never a half-
 Write to a temporary file in the same directory (same filesystem, so rename is atomic), fsync it,
 rename it over the target, then fsync the directory so the rename itself survives a crash.
 A symlinked target stays a link (the file it points to is replaced), and an existing file keeps
-its mode.
+its mode. A target that is no regular file (a device such as /dev/null, a named pipe) is written
+in place, as open() would: a rename replaced it with a regular file.
 """
 
 from __future__ import annotations
@@ -37,12 +38,23 @@ TEMP_STEM_BYTES = 200
 
 @contextlib.contextmanager
 def atomic_open(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Iterator[IO]:
-    """Open a temp file beside `path`; on success it replaces `path`, on error it is removed."""
+    """Open a temp file beside `path`; on success it replaces `path`, on error it is removed.
+    A target that exists and is no regular file or directory is opened and written in place."""
     if mode not in ("w", "wb"):
         raise ValueError(f"atomic_open: mode must be 'w' or 'wb', not {mode!r}")
     # a rename over a symlink replaced the link with a regular file, and the file it pointed to
     # kept the old contents: the file is written where the link points
     target = Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
+    try:
+        kind = os.stat(target).st_mode
+    except OSError:  # a new file
+        kind = None
+    if kind is not None and not (stat.S_ISREG(kind) or stat.S_ISDIR(kind)):
+        # a device or FIFO (--out /dev/null): a rename put a regular file in its place (as
+        # root, /dev/null itself), so it is written as open() would; it has nothing to fsync
+        with open(target, mode, **kwargs) as f:
+            yield f
+        return
     target.parent.mkdir(parents=True, exist_ok=True)
     try:  # a rewrite reset a file made 0600 on purpose to the umask's mode
         keep = stat.S_IMODE(os.stat(target).st_mode)
