@@ -7,6 +7,7 @@ own ChildFailedError block is torchrun's and is left out of the assertion.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -364,6 +365,30 @@ def test_an_output_that_is_a_device_stays_the_device(tmp_path):
     with open(null, "w") as f:  # still the null device: what is written there is gone
         f.write("hello\n")
     assert null.read_text() == ""
+
+
+def test_a_full_disk_is_one_line_naming_the_file(tiny_fs, tmp_path):
+    """A write to a full disk raised ENOSPC naming no file, which cli.main takes for a bug: a
+    traceback and exit 1, not its one line. A real full tmpfs (the temp file's write fails),
+    and a private /dev/full made with mknod (written in place, as a device is)."""
+    with open(tiny_fs / "filler", "wb") as f, contextlib.suppress(OSError):
+        while True:
+            f.write(b"\0" * (1 << 16))
+            f.flush()
+    outs = [tiny_fs / "runs.tsv"]
+    with contextlib.suppress(OSError):
+        os.mknod(tmp_path / "full", stat.S_IFCHR | 0o666, os.makedev(1, 7))
+        outs.append(tmp_path / "full")
+    repo = Path(__file__).resolve().parents[1]
+    for out in outs:
+        argv = [PYTHON, "-m", "scalestudy", "matrix", "--config", "config/demo.yaml"]
+        r = subprocess.run(
+            [*argv, "--out", str(out)], cwd=repo, env=child_env(), capture_output=True,
+            text=True, timeout=120,
+        )  # fmt: skip
+        assert r.returncode == 2, r.stderr
+        assert r.stderr.strip() == f"scalestudy matrix: {out}: No space left on device"
+    assert sorted(p.name for p in tiny_fs.iterdir()) == ["filler"]  # no temp file left
 
 
 def test_a_run_rules_log_says_what_went_wrong(tmp_path):

@@ -36,10 +36,25 @@ from typing import IO, Any
 TEMP_STEM_BYTES = 200
 
 
+# a write that fails for want of room raises an OSError naming no file, which cli.main takes for
+# a bug (a traceback); none of these comes from reading, so one raised inside the `with` block is
+# the block's write into the file
+WRITE_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def _named(exc: OSError, path: str | os.PathLike) -> OSError:
+    """`exc`, or where it names no file the same error naming `path` (its one line then says
+    which file could not be written)."""
+    if exc.filename is not None or exc.errno is None:
+        return exc
+    return OSError(exc.errno, exc.strerror, os.fspath(path))
+
+
 @contextlib.contextmanager
 def atomic_open(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Iterator[IO]:
     """Open a temp file beside `path`; on success it replaces `path`, on error it is removed.
-    A target that exists and is no regular file or directory is opened and written in place."""
+    A target that exists and is no regular file or directory is opened and written in place.
+    A failed write (a full disk) raises an OSError that names `path`."""
     if mode not in ("w", "wb"):
         raise ValueError(f"atomic_open: mode must be 'w' or 'wb', not {mode!r}")
     # a rename over a symlink replaced the link with a regular file, and the file it pointed to
@@ -52,8 +67,15 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Iter
     if kind is not None and not (stat.S_ISREG(kind) or stat.S_ISDIR(kind)):
         # a device or FIFO (--out /dev/null): a rename put a regular file in its place (as
         # root, /dev/null itself), so it is written as open() would; it has nothing to fsync
-        with open(target, mode, **kwargs) as f:
-            yield f
+        written = False
+        try:
+            with open(target, mode, **kwargs) as f:
+                yield f
+                written = True
+        except OSError as exc:
+            if written or exc.errno in WRITE_FULL:
+                raise _named(exc, path) from exc
+            raise
         return
     target.parent.mkdir(parents=True, exist_ok=True)
     try:  # a rewrite reset a file made 0600 on purpose to the umask's mode
@@ -67,18 +89,22 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Iter
         fd, tmp = tempfile.mkstemp(prefix=f".{stem}.", suffix=".tmp", dir=target.parent)
     except OSError as exc:  # it named the random temp file, which the user never heard of
         raise OSError(exc.errno, exc.strerror, os.fspath(path)) from None
+    written = False  # True once the caller's block is done: what fails then is this file's write
     try:
         with os.fdopen(fd, mode, **kwargs) as f:
             yield f
+            written = True
             f.flush()
             # mkstemp's 0600 would keep the group out; a filesystem without modes keeps its own
             with contextlib.suppress(OSError):
                 os.fchmod(f.fileno(), keep)
             os.fsync(f.fileno())
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(exc, OSError) and (written or exc.errno in WRITE_FULL):
+            raise _named(exc, path) from exc
         raise
     dir_fd = os.open(target.parent, os.O_RDONLY)
     try:
