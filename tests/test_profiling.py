@@ -2254,3 +2254,45 @@ def test_a_profiler_missing_where_a_rank_runs_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err == f"scalestudy profile rank: {tmp_path / 'no-nsys'} is not on PATH here " \
                   "(inside the container, if any)"  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--ranks-per-node", "0", "--", "--epochs", "1"], "--ranks-per-node: must be >= 1, got 0"),
+        (["--cpus-per-rank", "x", "--", "--epochs", "1"], "must be a whole number, got 'x'"),
+        (["--", "--lr", "-1"], "the trainer's flags after --: "),
+        (["--gpu", "--", "--epochs", "1"], "--gpu passes --nv to apptainer: it needs --container"),
+    ],
+    ids=["layout-count", "not-a-number", "trainer-flag", "gpu-without-container"],
+)
+def test_a_bad_capture_command_leaves_the_earlier_capture(
+    tmp_path, capsys, monkeypatch, flags, says
+):
+    """`profile capture` removed the earlier capture in --out (and wrote --inventory) before it
+    checked its layout counts and the trainer's flags: a typo destroyed the previous capture.
+    Now the one line comes first, and --out and the inventory are left as they were."""
+    cap = tmp_path / "cap"
+    (cap / "stats").mkdir(parents=True)
+    (cap / "train" / "profile").mkdir(parents=True)
+    (cap / "tool.json").write_text('{"run": "r1", "tool": "torch", "input": "train/profile"}\n')
+    (cap / "train" / "profile" / "torch_ops_rank0.json").write_text("{}\n")
+    (cap / "stats" / "nsys_rank0_cuda_gpu_kern_sum.csv").write_text("old\n")
+    before = {p: p.read_bytes() for p in cap.rglob("*") if p.is_file()}
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+
+    def no_ranks(*_, **__):
+        raise AssertionError("the ranks were started")
+
+    monkeypatch.setattr(capture, "_run", no_ranks)
+    argv = ["profile", "capture", "--run", "r1", "--tool", "torch", "--device", "cpu"]
+    argv += ["--out", str(cap), "--inventory", str(tmp_path / "inv.json"), "--mpi=", *flags]
+    try:
+        code = cli.main(argv)
+    except SystemExit as exc:  # argparse's own one line
+        code = exc.code
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0], err
+    assert {p: p.read_bytes() for p in cap.rglob("*") if p.is_file()} == before
+    assert not (tmp_path / "inv.json").exists()

@@ -515,19 +515,7 @@ def capture(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if why := files.output_dir_problem(out):  # "File exists" from mkdir otherwise
         raise ProfileError(f"--out {out} {why}")
-    out.mkdir(parents=True, exist_ok=True)
-    _clear_earlier_capture(out)
     tool, why = choose_tool(args.tool, args.device, shutil.which("nsys"))
-    logger.info(f"profile {args.run}: tool {tool} ({why})")
-    env = launch.rank_env(dict(os.environ), args.cpus_per_rank)
-    if args.inventory:
-        from scalestudy.jobs import inventory
-
-        if args.container:
-            from scalestudy.jobs.container import DIGEST_ENV, image_digest
-
-            os.environ.setdefault(DIGEST_ENV, image_digest(args.container))
-        files.write_json(args.inventory, inventory.collect())
     train_dir = out / "train"
     args.train_args = _train_args(args, train_dir)
     prefix, binds = None, []
@@ -536,11 +524,26 @@ def capture(args: argparse.Namespace) -> int:
         prefix = rank_prefix(
             tool="nsys", ranks=args.ranks, dir=out, trace=args.nsys_trace, **options
         )
-    else:
+    # the layout and the trainer's flags are checked (the ranks' command built) before the
+    # earlier capture is removed or the inventory written: a typo cost the earlier capture
+    command = launch_command(args, prefix, binds)
+    logger.info(f"profile {args.run}: tool {tool} ({why})")
+    out.mkdir(parents=True, exist_ok=True)
+    _clear_earlier_capture(out)
+    env = launch.rank_env(dict(os.environ), args.cpus_per_rank)
+    if tool != "nsys":
         env["SCALESTUDY_PROFILER"] = "torch"
+    if args.inventory:
+        from scalestudy.jobs import inventory
+
+        if args.container:
+            from scalestudy.jobs.container import DIGEST_ENV, image_digest
+
+            os.environ.setdefault(DIGEST_ENV, image_digest(args.container))
+        files.write_json(args.inventory, inventory.collect())
     world_size = args.nodes * args.ranks_per_node
     launch.hold_local_gpus(env, world_size, args.train_args)
-    _run(launch_command(args, prefix, binds), env)
+    _run(command, env)
     manifest = {
         "run": args.run,
         "tool": tool,
@@ -861,9 +864,10 @@ def _layout(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run", required=True, help="run id (a row of the run table)")
     p.add_argument("--device", choices=("cuda", "cpu"), required=True, help="hardware.device")
     p.add_argument("--mpi", default="srun", help="launcher inside Slurm (srun)")
-    p.add_argument("--nodes", type=int, default=1)
-    p.add_argument("--ranks-per-node", type=int, default=1)
-    p.add_argument("--cpus-per-rank", type=int, default=1)
+    # argparse's one line before anything starts (capture clears its --out, ncu runs for hours)
+    p.add_argument("--nodes", type=files.whole_number(1), default=1)
+    p.add_argument("--ranks-per-node", type=files.whole_number(1), default=1)
+    p.add_argument("--cpus-per-rank", type=files.whole_number(1), default=1)
     p.add_argument("--container", default=None, help="Apptainer image (scalestudy launch)")
     p.add_argument("--gpu", action="store_true", help="apptainer --nv")
     p.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then `scalestudy train` flags")
