@@ -3,8 +3,10 @@ whose expected values are computed by hand in the comments."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import math
+import os
 import re
 from pathlib import Path
 
@@ -504,6 +506,60 @@ def test_a_scaling_figure_without_scaling_rows_is_refused_not_drawn_empty(tmp_pa
     rows = [run("w1", "strong", 1, 64, 1000), run("w2", "strong", 2, 64, 1800)]
     data["scaling"] = scaling_rows(rows)
     assert plots.make_figure(figure, tmp_path / "plots", **data)[0].stat().st_size > 0
+
+
+def _plot_argv(tmp_path: Path) -> list[str]:
+    """`plot --figure throughput` of a small strong-scaling table (--out to be added)."""
+    rows = [run("w1", "strong", 1, 64, 1000), run("w2", "strong", 2, 64, 1800)]
+    files.write_csv(tmp_path / "scaling.csv", None, scaling_rows(rows))
+    return ["plot", "--figure", "throughput", "--device", "cpu", "--scaling",
+            str(tmp_path / "scaling.csv")]  # fmt: skip
+
+
+def test_a_directory_where_the_pdf_goes_leaves_the_old_figure(tmp_path, capsys):
+    """The PNG was renamed into place before the PDF was written: a directory in the PDF's
+    place left a new PNG beside it, and a traceback. Now one line, nothing new, no temp file."""
+    from scalestudy import cli
+
+    out = tmp_path / "plots"
+    (out / "throughput.pdf").mkdir(parents=True)
+    (out / "throughput.png").write_text("OLD\n")
+    assert cli.main([*_plot_argv(tmp_path), "--out", str(out)]) == 2
+    assert (out / "throughput.png").read_text() == "OLD\n"
+    assert sorted(p.name for p in out.iterdir()) == ["throughput.pdf", "throughput.png"]
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{out / 'throughput.pdf'}: is a directory" in err[0], err
+
+
+def test_a_full_disk_between_the_png_and_the_pdf_leaves_the_old_pair(tiny_fs, tmp_path, capsys):
+    """A real tmpfs with room for the new PNG but not the PDF: the new PNG stood beside the old
+    PDF, a partial temp file was left, and the PDF backend's clean-up raised an AttributeError
+    (a traceback) over the OSError. Now one line naming the PDF, the old pair, no temp file."""
+    from scalestudy import cli
+
+    argv = _plot_argv(tmp_path)
+    assert cli.main([*argv, "--out", str(tmp_path / "probe")]) == 0
+    png = (tmp_path / "probe" / "throughput.png").stat().st_size
+    assert (tmp_path / "probe" / "throughput.pdf").stat().st_size > 4096  # more than is left
+    for name in ("throughput.png", "throughput.pdf"):
+        (tiny_fs / name).write_text("OLD\n")
+    filler = tiny_fs / "filler"
+    with open(filler, "wb", buffering=0) as f, contextlib.suppress(OSError):
+        while True:
+            f.write(b"\0" * 4096)
+    os.truncate(filler, filler.stat().st_size - (math.ceil(png / 4096) + 1) * 4096)
+    capsys.readouterr()
+    assert cli.main([*argv, "--out", str(tiny_fs)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"scalestudy plot: {tiny_fs / 'throughput.pdf'}: No space left on device"]
+    assert [(tiny_fs / n).read_text() for n in ("throughput.png", "throughput.pdf")] == [
+        "OLD\n"
+    ] * 2
+    assert sorted(p.name for p in tiny_fs.iterdir()) == [
+        "filler",
+        "throughput.pdf",
+        "throughput.png",
+    ]
 
 
 def test_a_figure_reads_only_its_own_inputs(tmp_path, capsys):

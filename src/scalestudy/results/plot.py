@@ -20,7 +20,7 @@ from pathlib import Path
 
 from scalestudy import log, vocab
 from scalestudy.errors import AnalysisError
-from scalestudy.files import number
+from scalestudy.files import check_outputs, number
 from scalestudy.results.analyze import PROFILE_CATEGORIES, read_csv, read_table
 
 logger = log.get(__name__)
@@ -483,9 +483,12 @@ PLOTTERS = {
 
 
 def make_figure(name: str, out_dir: Path, title: str = "", **data) -> list[Path]:
-    """Draw figure `name` and write out_dir/name.{png,pdf}."""
+    """Draw figure `name` and write out_dir/name.{png,pdf}: both or neither (an OSError names
+    the figure that could not be written)."""
     if name not in PLOTTERS:
         raise AnalysisError(f"unknown figure {name!r}; known: {', '.join(PLOTTERS)}")
+    paths = [out_dir / f"{name}.{ext}" for ext in ("png", "pdf")]
+    check_outputs(paths, AnalysisError)  # a directory in the PDF's place: no new PNG beside it
     plt = _pyplot()
     if name == "accuracy":
         fig, ax = plt.subplots(1, 2, figsize=(9, 3.6), sharey=True)
@@ -497,16 +500,42 @@ def make_figure(name: str, out_dir: Path, title: str = "", **data) -> list[Path]
             fig.suptitle(title, fontsize=9, parse_math=False)  # a study name, not mathtext
         fig.tight_layout()
         out_dir.mkdir(parents=True, exist_ok=True)
-        paths = []
-        for ext in ("png", "pdf"):
-            # savefig to a temp name, then rename: an interrupted job leaves no half figure
-            path, tmp = out_dir / f"{name}.{ext}", out_dir / f".{name}.tmp.{ext}"
-            fig.savefig(tmp, metadata={"CreationDate": None} if ext == "pdf" else None)
-            tmp.replace(path)
-            paths.append(path)
+        _save_both(fig, paths)
         return paths
     finally:
         plt.close(fig)
+
+
+def _os_error(exc: BaseException | None) -> OSError | None:
+    """The OSError (with an errno) that `exc` is or was raised while handling, else None."""
+    while exc is not None:
+        if isinstance(exc, OSError) and exc.errno is not None:
+            return exc
+        exc = exc.__context__
+    return None
+
+
+def _save_both(fig, paths: list[Path]) -> None:
+    """savefig to a temp name beside each path, then rename them all: an interrupted job or a
+    full disk leaves no half figure and no new PNG beside an old PDF, and no temp file."""
+    temps = [path.with_name(f".{path.stem}.tmp{path.suffix}") for path in paths]
+    try:
+        for path, tmp in zip(paths, temps, strict=True):
+            try:
+                pdf = path.suffix == ".pdf"  # no creation date: the same figure, the same bytes
+                fig.savefig(tmp, metadata={"CreationDate": None} if pdf else None)
+            except Exception as exc:
+                # a full disk names no file (or the temp one), and the PDF backend's clean-up
+                # then fails on its half-written stream: the AttributeError hides the OSError
+                cause = _os_error(exc)
+                if cause is None:
+                    raise
+                raise OSError(cause.errno, cause.strerror, str(path)) from exc
+        for path, tmp in zip(paths, temps, strict=True):
+            tmp.replace(path)
+    finally:
+        for tmp in temps:
+            tmp.unlink(missing_ok=True)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
