@@ -55,6 +55,21 @@ def test_a_failing_tool_is_recorded_as_an_error_not_a_crash(tmp_path):
     assert "Driver/library mismatch" in info["gpus"]
 
 
+def test_a_tool_that_prints_bytes_that_are_not_utf8_is_recorded_not_a_crash(tmp_path):
+    """A probed tool printing a Latin-1 byte (lscpu's "Intel(R)" as 0xAE, scontrol's WorkDir in
+    a Latin-1 named directory) was a UnicodeDecodeError traceback: no inventory, a failed job."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    lscpu = bin_dir / "lscpu"
+    lscpu.write_bytes(b"#!/bin/sh\nprintf 'Model name: Intel\\256 Xeon\\n'\n")
+    lscpu.chmod(0o755)
+    assert (
+        subprocess.run([str(lscpu)], capture_output=True).stdout == b"Model name: Intel\xae Xeon\n"
+    )
+    info = inventory(tmp_path, path=str(bin_dir))
+    assert info["cpu"]["lscpu"] == "Model name: Intel\ufffd Xeon"
+
+
 def test_the_image_digest_is_the_sha256_of_the_image(tmp_path):
     image = tmp_path / "trainer.sif"
     image.write_bytes(b"not really an image, but bytes to hash" * 1000)

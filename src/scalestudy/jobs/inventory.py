@@ -35,7 +35,11 @@ def _cmd(argv: list[str], timeout: float = 10.0) -> str:
     if shutil.which(argv[0]) is None:
         return ABSENT
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        # a tool may print bytes that are not UTF-8 (a Latin-1 directory in scontrol's WorkDir,
+        # a vendor's (R) in lscpu): a strict decode raised UnicodeDecodeError out of the job
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, errors="replace", timeout=timeout
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"error: {exc}"
     if proc.returncode != 0:
