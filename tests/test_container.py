@@ -769,6 +769,28 @@ def test_cli_check_names_missing_files_as_build_would(tmp_path):
     assert run(argv, env, REPO).returncode == 0
 
 
+@pytest.mark.parametrize("action", ["check", "build"])
+@pytest.mark.parametrize("kind", ["missing", "a file"])
+def test_a_context_that_is_no_directory_is_one_line(tmp_path, action, kind):
+    """`container check` passed a --context that is missing or a file when the recipe has no
+    %files, and `container build` then failed in subprocess.run(cwd=context), after the check
+    said the build would get as far as Apptainer. Now both refuse it in one line."""
+    context = tmp_path / "ctx"
+    if kind == "a file":
+        context.write_text("not a directory\n")
+    argv = [sys.executable, "-m", "scalestudy", "container", action, str(TRAINER_DEF)]
+    if action == "build":
+        argv.append(str(tmp_path / "t.sif"))
+    r = run([*argv, "--context", str(context)], stand_in_env(), REPO)
+    assert r.returncode == 2, r.stderr
+    why = "does not exist" if kind == "missing" else "is not a directory"
+    assert r.stderr.splitlines() == [
+        f"scalestudy container {action}: --context {context}: {why}: give the build "
+        "directory the %files paths are relative to (the repository root)"
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ([] if kind == "missing" else ["ctx"])
+
+
 def test_cli_build_without_apptainer_says_what_to_do(tmp_path):
     empty_bin = tmp_path / "bin"
     empty_bin.mkdir()

@@ -25,7 +25,8 @@ file:line and the fix (validate_definition):
     nsys/ncu bound in by `scalestudy profile`, which runs them inside the container);
   - %post, %test (importing torch; not scalestudy, which is not in the image) and %labels
     (recording the git commit of the recipe) are there;
-  - the %files sources exist in the build directory (`--context`, default: the current one).
+  - the build directory (`--context`, default: the current one) is a directory, and the %files
+    sources exist in it.
 A definition that fails the checks, or Apptainer missing, is one message on stderr and exit 2;
 a failed `apptainer build` exits 1.
 
@@ -657,7 +658,14 @@ def missing_files_sources(defn: Definition, context: str | os.PathLike) -> list[
 
 def check_files(defn: Definition, context: str | os.PathLike) -> Definition:
     """Raise DefinitionError naming the %files sources missing from the build directory
-    `context` (the build would copy nothing and fail after pulling the base image)."""
+    `context` (the build would copy nothing and fail after pulling the base image), or a
+    `context` that is no directory (the build runs in it: even a recipe without %files fails)."""
+    if not Path(context).is_dir():
+        why = "is not a directory" if Path(context).exists() else "does not exist"
+        raise DefinitionError(
+            f"--context {context}: {why}: give the build directory the %files paths are "
+            "relative to (the repository root)"
+        )
     if missing := missing_files_sources(defn, context):
         raise DefinitionError(
             f"{defn.where('files')}: %files sources not found in the build directory "
