@@ -555,6 +555,25 @@ def test_cli_rejects_a_mirror_for_synthetic_data(tmp_path: Path, capsys) -> None
     assert not (tmp_path / "synthetic").exists()
 
 
+@pytest.mark.parametrize("blank", ["", "  "])
+def test_a_blank_data_dir_is_refused_as_train_refuses_it(
+    tmp_path: Path, monkeypatch, capsys, blank
+):
+    """`prepare-data --data-dir ''` wrote <cwd>/<dataset>/ and exited 0, while train refuses
+    that --data-dir: the data was made where no run could read it. Now train's own message."""
+    from scalestudy.errors import TrainConfigError
+    from scalestudy.trainer.config import TrainConfig
+
+    with pytest.raises(TrainConfigError) as refused:
+        TrainConfig(data_dir=blank)
+    monkeypatch.chdir(tmp_path)
+    argv = ["prepare-data", "--dataset", "synthetic", "--data-dir", blank]
+    assert cli.main([*argv, "--num-train", "10", "--num-test", "10"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"scalestudy prepare-data: error: {refused.value}"]
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_fewer_training_images_than_ranks_is_refused_before_the_rendezvous(tmp_path: Path) -> None:
     """--limit-train 1 on 2 ranks was a ValueError traceback on every rank once the loaders
     were built (epoch_batches needs a sample per rank); now one TrainConfigError, before any

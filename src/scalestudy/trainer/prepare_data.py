@@ -323,6 +323,8 @@ def prepare(
     """Create DIR/<dataset>/{data.pt,meta.json} (no-op when present and intact); returns the dir."""
     if dataset not in DATASETS:
         raise ValueError(f"unknown dataset {dataset!r}; choose from {', '.join(DATASETS)}")
+    if not str(data_dir).strip():  # "" is the current directory, which train refuses alike
+        raise ValueError("--data-dir must not be empty")
     out_dir = Path(data_dir) / dataset
     params: dict[str, Any] = {}
     if dataset == "synthetic":
