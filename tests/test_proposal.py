@@ -63,12 +63,15 @@ def measured_runs(config: dict) -> list[dict]:
     return out
 
 
-def build(tmp_path: Path, *overrides: str, missing=lambda row: False) -> tuple[dict, Path]:
+def build(
+    tmp_path: Path, *overrides: str, missing=lambda row: False, digest: str = ""
+) -> tuple[dict, Path]:
     """A study with measurements and its analysis CSVs; returns (config, study dir). `missing`:
-    the runs of the run table that have no measurement (not run yet, or failed)."""
+    the runs of the run table that have no measurement (not run yet, or failed); `digest`: the
+    container image digest every run recorded (blank: none, as outside the container)."""
     config = load_and_validate(DEMO, overrides=list(overrides))
     study = tmp_path / "study"
-    runs = [r for r in measured_runs(config) if not missing(r)]
+    runs = [{**r, "container_digest": digest} for r in measured_runs(config) if not missing(r)]
     files.write_csv(
         study / "results/csv/runs.csv", [*RUN_COLUMNS, *runs[0].keys() - set(RUN_COLUMNS)], runs
     )
@@ -693,6 +696,35 @@ def test_a_cpu_study_asks_for_node_hours_only(demo):
     assert "node-hours**" in headline and "GPU-hours" not in headline
     ask = next(ln for ln in docs["proposal.md"].splitlines() if ln.startswith("| **request**"))
     assert ask.split("|")[7].strip() == "**n/a**"
+
+
+def test_no_container_digest_is_claimed_when_the_runs_recorded_none(demo, tmp_path):
+    """The demo runs without the container (container.enabled: false; runs.csv container_digest
+    blank): the documents said it was "archived with the git commit and container digest every
+    run records" and the slides "from container to this slide". They say the runs ran without
+    one; a study whose runs recorded a digest names it."""
+    _, study, docs = demo
+    assert read(study / "results/csv/runs.csv")[0]["container_digest"] == ""
+    for name, text in docs.items():
+        flat = " ".join(text.split())
+        assert "container digest" not in flat, name
+        assert "from container to" not in flat, name
+        assert "ran without" in flat and "container.enabled: false" in flat, name
+    digest = "sha256:" + "ab12" * 16
+    config, study = build(tmp_path, "container.enabled=true", digest=digest)
+    docs = write(config, study)
+    for name, text in docs.items():
+        flat = " ".join(text.replace(report.BREAK, "").split())
+        assert "ran without" not in flat, name
+        if name != "slides.tex":
+            assert digest in flat, name
+    assert "from the container image the runs recorded" in docs["slides.tex"]
+    # enabled, yet no run recorded a digest: said so, not a digest
+    config, study = build(tmp_path / "none", "container.enabled=true")
+    docs = write(config, study)
+    for name, text in docs.items():
+        flat = " ".join(text.split())
+        assert "no run recorded" in flat.lower() and "ran without" not in flat, name
 
 
 def test_a_refused_proposal_leaves_no_new_csv_behind(tmp_path):

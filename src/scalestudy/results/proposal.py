@@ -614,11 +614,17 @@ def _texts(config: dict) -> list[dict]:
         "production": p["production"]["description"]
         or f"{train['model']} on {config['dataset']}, {epochs} epochs, "
         f"{p['production']['runs']} runs at the chosen scale",
+        # no container digest claimed here: the documents say what the runs recorded (a study
+        # with container.enabled false records none: system.csv "not recorded")
         "data": p["data"]
         or "Results (CSV, figures, reports) are written under results/ and reports/ of the study "
-        "directory (not in git: archived with the git commit and container digest every run "
-        "records); container images under containers/ are rebuilt from their definition and "
-        "identified by their sha256 digest.",
+        "directory (not in git: archived with the git commit each run records)"
+        + (
+            "; container images under containers/ are rebuilt from their definition and "
+            "identified by their sha256 digest."
+            if config["container"]["enabled"]
+            else "."
+        ),
         "dataset terms": DATA_TERMS[config["dataset"]],
         "container image": config["container"]["image"] if config["container"]["enabled"] else "",
     }
