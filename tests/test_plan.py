@@ -115,6 +115,52 @@ def test_cpu_runs_cost_node_hours_but_no_gpu_hours():
     assert all(e.gpus == 0 and e.gpu_hours == 0 and e.node_hours > 0 for e in estimates)
 
 
+def _md_rows(md: str, section: str) -> list[list[str]]:
+    """The cells of each body row of the first table under `## section` of plan.md."""
+    lines = md.split(f"## {section}")[1].splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("|"))
+    rows = [ln for ln in lines[start + 2 :]]
+    rows = rows[: next((i for i, ln in enumerate(rows) if not ln.startswith("|")), len(rows))]
+    return [[c.strip() for c in ln.strip("|").split("|")] for ln in rows]
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_plan_md_reads_its_counts_right_and_gives_a_cpu_study_no_gpu_numbers(device):
+    """plan.md said "(1 repeats)" and, on a CPU study, "GPUs 0" and "GPU-hours 0.00" for runs
+    that use no GPU, while the proposal says n/a: a CPU study's GPU columns are n/a, a GPU
+    study's the estimates' numbers, and a count of one reads singular."""
+    config = validate(
+        {**yaml.safe_load(yaml.safe_dump(SMALL)), "hardware": {"device": device}, "repeats": 1}
+    )
+    estimates = plan.estimate_runs(config, build_run_table(config), measured=[])
+    md = plan.plan_markdown(config, estimates, [])
+    head = md.splitlines()[2]
+    assert f"{len(estimates)} training runs (1 repeat), device {device}" in head, head
+    assert "repeats)" not in head
+    runs = _md_rows(md, "Runs")
+    families = _md_rows(md, "Per family")
+    assert len(runs) == len(estimates) and families[-1][0] == "**total**"
+    remaining = next(ln for ln in md.splitlines() if ln.startswith("Not yet run:"))
+    if device == "cpu":
+        assert all(e.gpus == 0 for e in estimates)
+        assert {(r[3], r[7]) for r in runs} == {("n/a", "n/a")}  # GPUs, GPU-hours
+        assert {(r[3], r[5], r[6]) for r in families} == {("n/a", "n/a", "n/a")}
+        assert "GPU-hours" not in remaining and "0.00 GPU" not in md
+        assert "A CPU study uses no GPUs" in head
+    else:
+        by_run = {e.run: e for e in estimates}
+        assert [(r[3], r[7]) for r in runs] == [
+            (str(by_run[r[0]].gpus), f"{by_run[r[0]].gpu_hours:.3f}") for r in runs
+        ]
+        total = plan.totals(estimates)["total"]
+        assert families[-1][3] == f"{total.gpu_hours:.2f}"
+        assert f"{total.gpu_hours:.2f} GPU-hours" in remaining
+        assert "CPU study" not in md
+    config["repeats"] = 2
+    md = plan.plan_markdown(config, plan.estimate_runs(config, build_run_table(config), []), [])
+    assert "(2 repeats)" in md.splitlines()[2]
+
+
 def measured_row(run: str, per_rank: float, world_size: int, **extra) -> dict:
     row = next(r for r in build_run_table(small_config()) if r["run"] == run)
     out = {k: str(v) for k, v in row.items()}

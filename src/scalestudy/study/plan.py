@@ -262,6 +262,11 @@ def plan_digest(estimates: list[Estimate], config: dict | None = None) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
+def _count(n: int, unit: str) -> str:
+    """ "1 repeat", "2 repeats": a count with its unit as it reads ("1 repeats" read wrong)."""
+    return f"{n} {unit}" if n != 1 else f"{n} {unit.removesuffix('s')}"
+
+
 def plan_markdown(
     config: dict,
     estimates: list[Estimate],
@@ -278,14 +283,20 @@ def plan_markdown(
     throughput = sum(e.throughput_basis != "default" for e in estimates)
     startup_only = sum(e.calibrated for e in estimates) - throughput
     x = plan["throughput_img_s_per_gpu"]
-    unit = "GPU" if config["hardware"]["device"] == "cuda" else "rank (CPU process)"
+    gpu = config["hardware"]["device"] == "cuda"
+    unit = "GPU" if gpu else "rank (CPU process)"
+    # a CPU study's runs use no GPU: its GPUs and GPU-hours are n/a, not a counted 0 (as in the
+    # proposal), and so is GPU energy, which no CPU run can measure
+    na = "n/a"
     lines = [
         f"# Node-hour plan: {config['study']}",
         "",
-        f"{len(estimates)} training runs ({config['repeats']} repeats), device "
-        f"{config['hardware']['device']}, {config['hardware']['gpus_per_node']} ranks per node. "
+        f"{_count(len(estimates), 'training runs')} ({_count(config['repeats'], 'repeats')}), "
+        f"device {config['hardware']['device']}, "
+        f"{_count(config['hardware']['gpus_per_node'], 'ranks')} per node. "
         "Written by `scalestudy plan` (src/scalestudy/study/plan.py); the same estimates set each "
-        "training job's Slurm time limit and are printed by `snakemake --dry-run`.",
+        "training job's Slurm time limit and are printed by `snakemake --dry-run`."
+        + ("" if gpu else " A CPU study uses no GPUs: its GPUs, GPU-hours and GPU energy are n/a."),
         "",
         "## Formula",
         "",
@@ -340,15 +351,19 @@ def plan_markdown(
     ]
     for name, s in [*t["family"].items(), ("**total**", t["total"])]:
         lines.append(
-            f"| {name} | {s.jobs} | {s.node_hours:.2f} | {s.gpu_hours:.2f} | "
-            f"{s.node_hours * (1 + c):.2f} | {s.gpu_hours * (1 + c):.2f} | "
-            f"{kwh_cell(s.energy_kwh, plan['calibrate'])} |"
+            f"| {name} | {s.jobs} | {s.node_hours:.2f} | {f'{s.gpu_hours:.2f}' if gpu else na} | "
+            f"{s.node_hours * (1 + c):.2f} | {f'{s.gpu_hours * (1 + c):.2f}' if gpu else na} | "
+            f"{kwh_cell(s.energy_kwh, plan['calibrate']) if gpu else na} |"
         )
     lines += [
         "",
-        f"Not yet run: {remaining.jobs} runs, {remaining.node_hours:.2f} node-hours, "
-        f"{remaining.gpu_hours:.2f} GPU-hours ({remaining.node_hours * (1 + c):.2f} / "
-        f"{remaining.gpu_hours * (1 + c):.2f} with contingency).",
+        f"Not yet run: {_count(remaining.jobs, 'runs')}, {remaining.node_hours:.2f} node-hours"
+        + (
+            f", {remaining.gpu_hours:.2f} GPU-hours ({remaining.node_hours * (1 + c):.2f} / "
+            f"{remaining.gpu_hours * (1 + c):.2f} with contingency)."
+            if gpu
+            else f" ({remaining.node_hours * (1 + c):.2f} with contingency)."
+        ),
         f"Calibrated estimates: {throughput} of {len(estimates)} in throughput (basis other "
         f"than `default`), {startup_only} more in start-up only (basis `default +startup`).",
         "",
@@ -378,10 +393,10 @@ def plan_markdown(
                 for r in check
             ],
             "",
-            f"Largest error over {len(check)} runs: {worst:.0%} calibrated, {worst_loo:.0%} "
-            f"leave-one-out. Sum over these runs: measured {measured_sum:.1f} s, calibrated "
-            f"{estimate_sum:.1f} s ({estimate_sum / measured_sum - 1:+.0%}), leave-one-out "
-            f"{loo_sum:.1f} s ({loo_sum / measured_sum - 1:+.0%}).",
+            f"Largest error over {_count(len(check), 'runs')}: {worst:.0%} calibrated, "
+            f"{worst_loo:.0%} leave-one-out. Sum over these runs: measured {measured_sum:.1f} s, "
+            f"calibrated {estimate_sum:.1f} s ({estimate_sum / measured_sum - 1:+.0%}), "
+            f"leave-one-out {loo_sum:.1f} s ({loo_sum / measured_sum - 1:+.0%}).",
             "",
         ]
     lines += model_section(holdout)
@@ -399,8 +414,9 @@ def plan_markdown(
         "| done |",
         "|---|---|---|---|---|---|---|---|---|---|",
         *[
-            f"| {e.run} | {e.families} | {e.nodes} | {e.gpus} | {hms(e.runtime_s)} | "
-            f"{_interval(e)} | {e.node_hours:.3f} | {e.gpu_hours:.3f} | {_basis(e)} | "
+            f"| {e.run} | {e.families} | {e.nodes} | {e.gpus if gpu else na} | "
+            f"{hms(e.runtime_s)} | {_interval(e)} | {e.node_hours:.3f} | "
+            f"{f'{e.gpu_hours:.3f}' if gpu else na} | {_basis(e)} | "
             f"{'yes' if e.done else ''} |"
             for e in estimates
         ],
