@@ -685,6 +685,28 @@ def test_profile_figure_from_the_fixture(tmp_path):
     assert paths[0].read_bytes()[:4] == b"\x89PNG" and paths[1].read_bytes()[:4] == b"%PDF"
 
 
+def test_the_profile_figure_of_a_cpu_study_says_op_time_and_gloo_collectives():
+    """A CPU study's profile is torch.profiler's op times, its collectives gloo's (category
+    nccl): the figure's axis said "share of kernel time" and its legend "nccl". A GPU study's
+    keeps kernel time and nccl."""
+    shares = [
+        {"run": "w2", "tool": "torch.profiler", "rank": "0", "category": category, "share": share}
+        for category, share in (("conv", "0.5"), ("nccl", "0.142"))
+    ]
+    plt = plots._pyplot()
+    for device, timed, collectives in (
+        ("cpu", "op", "collectives (gloo)"),
+        ("cuda", "kernel", "nccl"),
+    ):
+        fig, ax = plt.subplots()
+        plots.plot_profile(ax, shares, device=device)
+        labels = ax.get_legend_handles_labels()[1]
+        assert "conv" in labels and collectives in labels, (device, labels)
+        assert ("nccl" in labels) == (device == "cuda"), (device, labels)
+        assert ax.get_xlabel() == f"share of {timed} time (%, rank 0)"
+        plt.close(fig)
+
+
 def test_formats_and_the_honesty_check():
     assert report.fmt_num("1234.5678") == "1235"
     assert report.fmt_num("0.0123456") == "0.0123"

@@ -1001,3 +1001,73 @@ def test_a_cell_reading_as_infinity_is_no_number_of_a_document():
     allowed = report.allowed_numbers(tables)
     assert "25.0" in allowed and "0.25" in allowed  # the share, raw and as a percentage
     assert [f("inf") for f in report.FORMATS.values()] == ["n/a"] * len(report.FORMATS)
+
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def _demo_study(csv_dir, runs=None, shares=()):
+    """The CPU demo's real runs (tests/fixtures/demo_runs.csv: gloo, one repeat, 1-rank runs in
+    strong and weak) through `scalestudy analyze` into csv_dir, or those `runs` picks of them;
+    `shares`: its profile_shares.csv rows."""
+    with (FIXTURES / "demo_runs.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    _analyzed(csv_dir, [r for r in rows if runs is None or runs(r)])
+    if shares:
+        columns = analyze.TABLE_COLUMNS["profile_shares"]
+        files.write_csv(csv_dir / "profile_shares.csv", columns, list(shares))
+    return report.load_tables(csv_dir)
+
+
+def _md_table(text: str, header: str) -> list[list[str]]:
+    """The cells of each body row of the study.md table whose header line starts with `header`."""
+    lines = text.splitlines()
+    start = next(i for i, s in enumerate(lines) if s.startswith(header))
+    rows = itertools.takewhile(lambda s: s.startswith("|"), lines[start + 2 :])
+    return [[c.strip() for c in row.strip("|").split(" | ")] for row in rows]
+
+
+def _shares(tool: str) -> list[dict]:
+    """A profile's shares of rank 0: half convolution, 14.2% collectives (category nccl)."""
+    return [
+        {"run": "w2_lb16_fp32_ddp_bk25_r0", "tool": tool, "rank": "0", "category": category,
+         "total_ns": ns, "share": share}
+        for category, ns, share in (("conv", "30000000", "0.5"), ("nccl", "9230000", "0.142"))
+    ]  # fmt: skip
+
+
+def test_a_cpu_profile_says_op_time_and_gloo_collectives_a_gpu_profile_kernel_time(tmp_path):
+    """A CPU study's profile is torch.profiler's op times, its collectives gloo's: study.md said
+    "Share of kernel time" and listed them as `nccl`, the paper "kernel-time shares". A GPU
+    study's profile stays kernel time, and NCCL's kernels nccl."""
+    figures = ["profile"]
+    tables = _demo_study(tmp_path / "cpu", shares=_shares("torch.profiler"))
+    docs = report.render(tmp_path / "cpu", report.TEMPLATES, figures, "../results/plots")
+    study, paper = docs["study.md"], " ".join(docs["paper.tex"].split())
+    assert "Share of op time per category (rank 0)" in study
+    assert ["w2_lb16_fp32_ddp_bk25_r0", "torch.profiler", "collectives (gloo)", "14.2"] in (
+        _md_table(study, "| run | tool | category |")
+    )
+    assert "*Share of op time per category, rank 0.*" in study
+    assert "The op-time shares per category are shown" in paper
+    assert "\\caption{Share of op time per category.}" in paper
+    for name, text in docs.items():
+        assert "kernel time" not in text and "kernel-time" not in text, name
+        assert "| nccl |" not in text, name
+        assert report.numbers_backed_by_csvs(text, tables) == [], name
+
+    runs = [_gpu_run("w1", "strong", 1, 20000, 0), _gpu_run("w2", "strong", 2, 38000, 0)]
+    _analyzed(tmp_path / "gpu", runs)
+    files.write_csv(
+        tmp_path / "gpu/profile_shares.csv",
+        analyze.TABLE_COLUMNS["profile_shares"],
+        _shares("nsys"),
+    )
+    docs = report.render(tmp_path / "gpu", report.TEMPLATES, figures, "../results/plots")
+    study = docs["study.md"]
+    assert "Share of kernel time per category (rank 0)" in study
+    assert ["w2_lb16_fp32_ddp_bk25_r0", "nsys", "nccl", "14.2"] in (
+        _md_table(study, "| run | tool | category |")
+    )
+    assert "The kernel-time shares per category" in docs["paper.tex"]
+    assert "gloo" not in study and "op time" not in study

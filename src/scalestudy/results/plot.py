@@ -442,7 +442,13 @@ def plot_gpu_util(ax, scaling, device, **_):
     ax.legend(fontsize=7)
 
 
-def plot_profile(ax, shares, **_):
+def profile_label(category: str, device: str) -> str:
+    """A category as the documents name it: on a CPU the collectives are gloo's (torch.profiler's
+    op times), not NCCL kernels, though they share the category `nccl` (nsight/classify.py)."""
+    return "collectives (gloo)" if category == "nccl" and device != "cuda" else category
+
+
+def plot_profile(ax, shares, device="cuda", **_):
     if not shares:
         raise AnalysisError("profile_shares.csv is empty: profiling was not captured")
     keys = list(dict.fromkeys((r["run"], r["tool"]) for r in shares))
@@ -458,11 +464,13 @@ def plot_profile(ax, shares, **_):
             left=bottom,
             color=PALETTE[c % len(PALETTE)],
             hatch="//" if c >= len(PALETTE) else None,
-            label=cat,
+            label=profile_label(cat, device),
         )
         bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
     ax.set_yticks(range(len(keys)), [f"{run} ({tool})" for run, tool in keys], fontsize=7)
-    ax.set_xlabel("share of kernel time (%, rank 0)")
+    # a CPU study's torch.profiler times ops on the host, not GPU kernels
+    timed = "kernel" if device == "cuda" else "op"
+    ax.set_xlabel(f"share of {timed} time (%, rank 0)")
     ax.set_xlim(0, 100)
     ax.legend(ncols=3, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.15))
 
