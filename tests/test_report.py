@@ -1071,3 +1071,16 @@ def test_a_cpu_profile_says_op_time_and_gloo_collectives_a_gpu_profile_kernel_ti
     )
     assert "The kernel-time shares per category" in docs["paper.tex"]
     assert "gloo" not in study and "op time" not in study
+
+
+def test_each_document_names_the_command_that_wrote_its_model_table(tmp_path):
+    """The paper's last line said every number was written by `scalestudy analyze`, but its
+    scaling-model table is model.csv of `scalestudy model`; both documents name both now."""
+    _demo_study(tmp_path)
+    docs = report.render(tmp_path, report.TEMPLATES, [], "../results/plots")
+    for name, text in docs.items():
+        flat = " ".join(text.split())
+        closing = flat[flat.index("Every number in this ") :]
+        for command in ("scalestudy analyze", "scalestudy model"):
+            assert command in closing.replace("\\texttt{", "`").replace("}", "`"), (name, command)
+        assert "model.csv" in closing or "{model,bucket_advice}.csv" in closing, name
