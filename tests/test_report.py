@@ -1084,3 +1084,26 @@ def test_each_document_names_the_command_that_wrote_its_model_table(tmp_path):
         for command in ("scalestudy analyze", "scalestudy model"):
             assert command in closing.replace("\\texttt{", "`").replace("}", "`"), (name, command)
         assert "model.csv" in closing or "{model,bucket_advice}.csv" in closing, name
+
+
+def test_exposed_communication_is_a_share_of_the_same_thing_in_the_method_and_the_figure(
+    tmp_path,
+):
+    """The probe times forward-backward passes with and without gradient sync (measure.py
+    comm_probe), no optimizer step: study.md's Method called the result "the share of a step",
+    while the figure's caption and axis say "of a forward-backward pass"."""
+    tables = _demo_study(tmp_path)
+    docs = report.render(tmp_path, report.TEMPLATES, ["comm_fraction"], "../results/plots")
+    study = docs["study.md"]
+    method = next(ln for ln in study.splitlines() if ln.startswith("- Exposed communication:"))
+    caption = next(ln for ln in study.splitlines() if ln.startswith("*Share of a forward-back"))
+    assert "share of a forward-backward pass" in method, method
+    assert "Share of a forward-backward pass" in caption
+    fig, ax = plot._pyplot().subplots()
+    plot.plot_comm_fraction(ax, tables["scaling"], "cpu")
+    assert "% of a forward-backward pass" in ax.get_ylabel()
+    plot._pyplot().close(fig)
+    steps = {r["value"] for r in tables["system"] if r["key"] == "comm_probe_steps"}
+    assert f"times {steps.pop()} forward-backward passes" in method, method
+    for name, text in docs.items():
+        assert "share of a step" not in " ".join(text.split()), name
