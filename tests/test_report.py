@@ -1107,3 +1107,35 @@ def test_exposed_communication_is_a_share_of_the_same_thing_in_the_method_and_th
     assert f"times {steps.pop()} forward-backward passes" in method, method
     for name, text in docs.items():
         assert "share of a step" not in " ".join(text.split()), name
+
+
+def test_the_run_wall_time_and_the_cumulative_training_time_have_different_names(tmp_path):
+    """ "training wall time" meant train_time_s, evaluation included, in the resources section
+    and the epochs' summed training time, evaluation excluded, on the accuracy figure. Each has
+    its own name now, in the documents and on the figure's axis."""
+    _demo_study(tmp_path)
+    docs = report.render(tmp_path, report.TEMPLATES, ["accuracy"], "../results/plots")
+    study = docs["study.md"]
+    spent = next(ln for ln in study.splitlines() if ln.startswith("Spent, from"))
+    assert "run wall time t" in spent and "train_time_s" in spent
+    assert "evaluation included" in spent
+    caption = next(ln for ln in study.splitlines() if ln.startswith("*Validation accuracy"))
+    assert "cumulative training time" in caption and "without evaluation" in caption
+    paper = " ".join(docs["paper.tex"].split())
+    assert "the measured run wall time in hours (the whole training loop, evaluation included)" in (
+        paper
+    )
+    assert "cumulative training time (the epochs' training steps, evaluation excluded)" in paper
+    for name, text in docs.items():
+        assert "training wall time" not in " ".join(text.split()), name
+    epochs = [
+        {"run": "w1_r0", "families": "strong", "world_size": "1", "local_batch": "32",
+         "precision": "fp32", "bucket_cap_mb": "25", "repeat": "0", "epoch": str(e),
+         "epoch_time_s": "2.5", "val_acc": "0.5"}
+        for e in (1, 2)
+    ]  # fmt: skip
+    fig, axes = plot._pyplot().subplots(1, 2)
+    plot.plot_accuracy(axes, epochs)
+    assert axes[1].get_xlabel().startswith("cumulative training time (s")
+    assert "evaluation excluded" in axes[1].get_xlabel()
+    plot._pyplot().close(fig)

@@ -391,7 +391,9 @@ def plot_accuracy(axes, epochs, **_):
         ax_epoch.plot([p[0] for p in points], [100 * p[2] for p in points], label=label, **style)
         ax_time.plot([p[1] for p in points], [100 * p[2] for p in points], label=label, **style)
     ax_epoch.set_xlabel("epoch")
-    ax_time.set_xlabel("training wall time (s, evaluation excluded)")
+    # the epochs' training time summed, evaluation excluded: not the resources' run wall time
+    # (train_time_s, evaluation included)
+    ax_time.set_xlabel("cumulative training time (s, sum of epochs, evaluation excluded)")
     for ax in axes:
         ax.set_ylabel("validation accuracy (%)")
         ax.grid(alpha=0.3)
