@@ -647,7 +647,13 @@ def test_the_accuracy_figure_refuses_empty_or_damaged_epochs(tmp_path, capsys):
     epoch = {"run": "w1_r0", "families": "strong", "world_size": "1", "local_batch": "32",
              "precision": "fp32", "bucket_cap_mb": "25", "repeat": "0", "epoch": "1",
              "epoch_time_s": "2.5", "val_acc": "0.5"}  # fmt: skip
-    assert plots.accuracy_curves([epoch]) == {"1 ranks, local batch 32, fp32": [(1, 2.5, 0.5)]}
+    # a count of one reads singular: the legend said "1 ranks, local batch 32"
+    assert plots.accuracy_curves([epoch]) == {"1 rank, local batch 32, fp32": [(1, 2.5, 0.5)]}
+    two = {**epoch, "run": "w2_r0", "world_size": "2", "local_batch": "16"}
+    assert list(plots.accuracy_curves([epoch, two])) == [
+        "1 rank, local batch 32, fp32",
+        "2 ranks, local batch 16, fp32",
+    ]
     for epochs, says in [
         ([], "epochs.csv has no epochs"),  # once: a figure with empty axes
         ([{k: v for k, v in epoch.items() if k != "val_acc"}], "has no column 'val_acc'"),
