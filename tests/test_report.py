@@ -1139,3 +1139,18 @@ def test_the_run_wall_time_and_the_cumulative_training_time_have_different_names
     assert axes[1].get_xlabel().startswith("cumulative training time (s")
     assert "evaluation excluded" in axes[1].get_xlabel()
     plot._pyplot().close(fig)
+
+
+def test_the_words_about_a_missing_spread_name_what_the_tables_print(tmp_path):
+    """One repeat: study.md said "std is blank" while its tables print n/a in every std column."""
+    _demo_study(tmp_path)
+    study = report.render(tmp_path, report.TEMPLATES, [], "../results/plots")["study.md"]
+    strong = _md_table(study, "| ranks (CPU processes) | throughput (img/s) | std |")
+    shown = {row[2] for row in strong}  # the throughput's std, one repeat each
+    assert shown == {report.fmt_num("")}, shown
+    lines = study.splitlines()
+    once = next(ln for ln in lines if ln.startswith("Each configuration ran once"))
+    assert f"(std is {shown.pop()})" in once, once
+    repeats = next(ln for ln in lines if ln.startswith("- Repeats:"))
+    assert "n/a when n = 1" in repeats, repeats
+    assert "blank" not in once and "blank" not in repeats
