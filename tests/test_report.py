@@ -1154,3 +1154,48 @@ def test_the_words_about_a_missing_spread_name_what_the_tables_print(tmp_path):
     repeats = next(ln for ln in lines if ln.startswith("- Repeats:"))
     assert "n/a when n = 1" in repeats, repeats
     assert "blank" not in once and "blank" not in repeats
+
+
+def test_a_one_rank_runs_exposed_communication_is_no_measurement_in_tables_or_figure(tmp_path):
+    """One rank synchronises nothing: the trainer writes 0.0 without probing (loop.py), and
+    study.md printed it as "0.0" in the exposed-communication column and the figure drew a point
+    at 0 like the measured ones. The tables say what it is, the figure leaves it out and its
+    captions say so; the multi-rank runs' values are printed and drawn as before."""
+    tables = _demo_study(tmp_path)
+    scaling = tables["scaling"]
+    one = [r for r in scaling if r["family"] in ("strong", "weak") and r["world_size"] == "1"]
+    assert one and {r["comm_exposed_frac_mean"] for r in one} == {"0.0"}  # the trainer's 0.0
+    docs = report.render(tmp_path, report.TEMPLATES, ["comm_fraction"], "../results/plots")
+    study = docs["study.md"]
+    for family in ("strong", "weak"):
+        section = study[study.index(f"### {family.capitalize()} scaling") :]
+        rows = {r[0]: r for r in _md_table(section, "| ranks (CPU processes) | throughput")}
+        assert rows["1"][-2] == "0 (1 rank: nothing to synchronise, not measured)", rows["1"]
+        for r in scaling:
+            if r["family"] == family and r["world_size"] != "1":
+                assert rows[r["world_size"]][-2] == report.fmt_pct(r["comm_exposed_frac_mean"])
+    assert "comm_fraction.png" in study
+    assert (
+        "*Share of a forward-backward pass spent in exposed (not overlapped) gradient "
+        "communication; 1-rank runs left out: one rank synchronises nothing.*" in study
+    )
+    assert "1-rank runs left out" in docs["paper.tex"]
+    for name, text in docs.items():
+        assert report.numbers_backed_by_csvs(text, tables) == [], name
+
+    fig, ax = plot._pyplot().subplots()
+    plot.plot_comm_fraction(ax, scaling, "cpu")
+    drawn = {int(x) for line in ax.get_lines() for x in line.get_xdata()}
+    assert 1 not in drawn and {2, 4} <= drawn, drawn
+    assert ax.get_title() == "1-rank runs left out: one rank synchronises nothing"
+    plot._pyplot().close(fig)
+
+    # strong and weak at one rank only: nothing to draw, said in words, no figure
+    _demo_study(tmp_path / "one", runs=lambda r: r["world_size"] == "1")
+    docs = report.render(tmp_path / "one", report.TEMPLATES, ["comm_fraction"], "../plots")
+    for name, text in docs.items():
+        assert "comm_fraction." not in text, name
+        assert (
+            "Exposed communication has no figure: the strong and weak runs have one rank "
+            "each" in " ".join(text.split())
+        ), name
