@@ -67,13 +67,13 @@ How the numbers are measured (the analysis relies on these definitions):
   phase of every training micro-batch. Neither sleeps in the communication probe or in the
   evaluation, so the probe measures the communication alone.
 - comm_exposed_frac: after training, `comm_probe_steps` forward+backward passes are timed with
-  gradient synchronisation and as many without it (DDP no_sync / FSDP without gradient sync /
-  no all-reduce); exposed = max(0, 1 - t_nosync / t_sync), the share of a step that communication
-  adds beyond what overlaps with backward. Optimizer steps are not taken in the probe and BN
-  statistics are restored, so it cannot change the trained model. At world_size 1 the probe is
-  skipped and the value is 0.0 (nothing to synchronise); null when the probe is off. Under
-  --accum-steps k the passes are single micro-batches too: the share of one synchronised pass,
-  not of a step of k (the analysis leaves such a run's communication part blank).
+  gradient synchronisation and as many without it (DDP no_sync / FSDP without gradient sync / no
+  all-reduce); exposed = max(0, 1 - t_nosync / t_sync), the share of a forward-backward pass that
+  communication adds beyond what overlaps with backward. Optimizer steps are not taken in the probe
+  and BN statistics are restored, so it cannot change the trained model. At world_size 1 the probe
+  is skipped and the value is 0.0 (nothing to synchronise); null when the probe is off. Under
+  --accum-steps k the passes are single micro-batches too: the share of one synchronised pass, not
+  of a step of k (the analysis leaves such a run's communication part blank).
 - param_count: not a timing: the model's trainable parameters (elements; FSDP: of the full, not
   the sharded, tensors). grad_sync_bytes: the bytes of gradient that one rank's all-reduce
   carries per optimizer step, P in the scaling model (study/model.py): ddp and allreduce:
