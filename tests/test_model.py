@@ -253,7 +253,11 @@ def test_advisor_picks_the_known_optimum():
     pts = model.points(rows)[0]
     advice = model.advise(model.fit_points(pts), pts)
     assert len(advice) == 4 * 3  # world sizes 2, 4, 8, 16 x local batches
-    caps = sorted({*model.CANDIDATE_CAPS_MB, float(np.ceil(P_FULL / model.MIB))})
+    # the runs measured 1, 5 and 25 MiB: 43, 9 and 2 buckets of P_FULL; the candidates hold
+    # those caps, the fixed ones, and a cap for every bucket count from 1 to 43
+    caps = model.candidate_caps(P_FULL, [1.0, 5.0, 25.0])
+    assert {1.0, 5.0, 25.0, *model.CANDIDATE_CAPS_MB} <= set(caps)
+    assert {int(np.ceil(P_FULL / (c * model.MIB))) for c in caps} == set(range(1, 44))
     for a in advice:
         truth = {
             cap: model.model_step(
@@ -272,9 +276,8 @@ def test_advisor_picks_the_known_optimum():
         # recommended cap and at DDP's 25 MiB (the fit recovers the true parameters here)
         assert a.step_s == pytest.approx(truth[a.bucket_cap_mb], rel=1e-6)
         assert a.default_step_s == pytest.approx(truth[25.0], rel=1e-6)
-        # buckets at the recommended cap, ceil(P / cap) of P = 44,695,848 B = 42.6 MiB:
-        # 1 MiB -> 43, 2 -> 22, 5 -> 9 (8.5), 10 -> 5 (4.3), 25 -> 2 (1.7), >= 50 -> 1
-        assert a.buckets == {1.0: 43, 2.0: 22, 5.0: 9, 10.0: 5, 25.0: 2}.get(a.bucket_cap_mb, 1)
+        # buckets at the recommended cap: ceil(P / cap) of P = 44,695,848 B = 42.6 MiB
+        assert a.buckets == int(np.ceil(P_FULL / (a.bucket_cap_mb * model.MIB)))
         # the runs measured 1, 5 and 25 MiB (43, 9 and 2 buckets: the bucket family 1 and 5,
         # the strong one 25) at every world size, the bucket family at each: only a
         # recommendation of one bucket (a cap >= P) lies outside what they measured
@@ -284,8 +287,71 @@ def test_advisor_picks_the_known_optimum():
         else:
             assert a.gain > 0  # another cap only where it beats the default
     assert any(a.gain > 0.05 for a in advice)  # the synthetic study has something to gain
-    # both outcomes occur (2 and 4 ranks: smaller caps; 16 ranks on 4 nodes: the default)
-    assert {a.bucket_cap_mb == model.DEFAULT_BUCKET_MB for a in advice} == {True, False}
+    # more ranks pay more latencies per bucket: at each local batch the recommended cap at 16
+    # ranks on 4 nodes is larger than at 2 (1 to 1.6 MiB there, 14 to 21 MiB here)
+    cap = {(a.world_size, a.local_batch): a.bucket_cap_mb for a in advice}
+    assert all(cap[(16, b)] > 5 * cap[(2, b)] for b in (32, 64, 128))
+
+
+def test_advisor_can_recommend_the_cap_the_sweep_measured_fastest():
+    """The demo's shape: P = 0.67 MiB (width 8), a sweep of 0.25 and 25 MiB at 2 ranks. Every
+    candidate cap (1 to 100 MiB, ceil(P / MiB)) was one bucket, so the advisor always tied and
+    kept 25 MiB, while the sweep measured 0.25 MiB (3 buckets: the first two hidden behind
+    backward) faster. Step times from the model at a slow link (alpha 50 us, 1 GB/s)."""
+    true = np.array([50e-6, 1e-9, 0.0])
+
+    def row(run, families, n, b, cap):
+        pt = model.Point("fp32", b, n, 1, cap, P_WIDTH8, (), (), 0, None, None)
+        step = model.model_step(true, COMPUTE, pt)[0]
+        return _row(run, families, n, 1, b, cap, step, pbytes=P_WIDTH8)
+
+    rows = [row(f"w{n}_lb{b}", "strong", n, b, 25) for n in (1, 2, 4) for b in (32, 64)]
+    rows += [row(f"w2_lb{b}_bk0.25", "bucket", 2, b, 0.25) for b in (32, 64)]
+    for r in rows:
+        if r["world_size"] == "2":
+            r["families"] = "bucket;strong" if r["bucket_cap_mb"] == "25" else "bucket"
+    measured = {(r["local_batch"], r["bucket_cap_mb"]): r for r in rows if r["world_size"] == "2"}
+    for b in ("32", "64"):  # the sweep itself: 0.25 MiB faster than 25 MiB
+        x = {cap: float(measured[(b, cap)]["throughput_img_s"]) for cap in ("0.25", "25")}
+        assert x["0.25"] > 1.02 * x["25"]
+    pts = model.points(rows)[0]
+    fit = model.fit_points(pts)
+    assert fit.identified[:2] == (True, True)
+    advice = model.advise(fit, pts)
+    assert {(a.world_size, a.local_batch) for a in advice} == {(2, 32), (2, 64), (4, 32), (4, 64)}
+    for a in advice:
+        # a cap of more than one bucket (below P), a real gain over DDP's default
+        assert a.bucket_cap_mb < P_WIDTH8 / model.MIB and a.buckets > 1 and a.gain > 0.02, a
+        # the fastest of the advisor's candidates by the true model, at least as fast as the
+        # 0.25 MiB the sweep measured
+        truth = {c: _true_step(true, a.world_size, a.local_batch, c) for c in
+                 model.candidate_caps(P_WIDTH8, [0.25, 25.0])}  # fmt: skip
+        assert truth[a.bucket_cap_mb] == pytest.approx(min(truth.values()), rel=1e-6)
+        assert truth[a.bucket_cap_mb] <= truth[0.25] < truth[25.0]
+        # 2 or 3 buckets: inside the 1 to 3 the runs measured; only 4 ranks had no sweep run
+        assert a.extrapolated is (a.world_size == 4), a
+        assert ("no bucket-sweep run at 4 ranks on 1 node" in a.note) is (a.world_size == 4)
+
+
+def _true_step(theta, n, b, cap, pbytes=P_WIDTH8):
+    pt = model.Point("fp32", b, n, 1, cap, pbytes, (), (), 0, None, None)
+    return model.model_step(theta, COMPUTE, pt)[0]
+
+
+def test_candidate_caps_hold_a_cap_for_every_bucket_count_up_to_the_largest_measured():
+    """Each bucket count from 1 to the largest measured has a cap of its own (P / m rounded
+    up), so the advisor sees every count the runs bracket."""
+    caps = model.candidate_caps(P_WIDTH8, [0.25, 25.0])
+    counts = {c: int(np.ceil(P_WIDTH8 / (c * model.MIB))) for c in caps}
+    assert 0.25 in caps and 25.0 in caps and set(counts.values()) == {1, 2, 3}
+    # P / 2 = 352,804 B = 0.33646 MiB -> 0.337; P / 3 -> 0.225 (3 significant digits)
+    assert {c for c, m in counts.items() if m == 2} == {0.337}
+    assert 0.225 in caps and counts[0.225] == 3
+    # a sweep of many buckets: every count up to MAX_BUCKET_COUNTS, then spread over the rest
+    many = model.candidate_caps(P_FULL, [0.01])  # 4,263 buckets
+    counts = {int(np.ceil(P_FULL / (c * model.MIB))) for c in many}
+    assert max(counts) == int(np.ceil(P_FULL / (0.01 * model.MIB))) == 4263
+    assert len(many) < 2 * model.MAX_BUCKET_COUNTS
 
 
 def _step(n, nodes, b, cap):
@@ -388,14 +454,14 @@ def test_advisor_says_not_enough_data_when_every_cap_is_one_bucket():
 
 
 def test_advisor_keeps_the_default_when_no_cap_beats_it():
-    # the new demo's sweep (0.25 vs 25 MiB of 0.7 MB) identifies the fit, and every cap >= P
-    # is the same one bucket: recommending 1 MiB "for a 0% gain" would be noise, 25 MiB stays
+    # a sweep of 0.25 vs 25 MiB of 0.7 MB identifies the fit; here 0.25 MiB (3 buckets) ran
+    # slower, the fit prices each bucket a latency, and every cap >= P is the same fastest one
+    # bucket: recommending 1 MiB "for a 0% gain" would be noise, 25 MiB stays
     rows = [dict(r, bucket_cap_mb="0.25") if "bk1_" in r["run"] else r for r in demo_rows()]
     pts = model.points(rows)[0]
     advice = model.advise(model.fit_points(pts), pts)
-    # every candidate cap (>= 1 MiB = 1,048,576 B) holds P = 705,608 B in one bucket, so every
-    # prediction is the same: one row per world size, each DDP's 25 MiB, one bucket, gain 0
-    # (a cap that beats the default: test_advisor_picks_the_known_optimum)
+    # one row per world size, each DDP's 25 MiB, one bucket, gain 0 (a cap that beats the
+    # default: test_advisor_picks_the_known_optimum, ..._the_sweep_measured_fastest)
     assert [(a.world_size, a.bucket_cap_mb, a.buckets, a.gain) for a in advice] == [
         (2, model.DEFAULT_BUCKET_MB, 1, 0.0),
         (4, model.DEFAULT_BUCKET_MB, 1, 0.0),

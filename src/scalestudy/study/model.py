@@ -63,8 +63,13 @@ Three, because with the largest left out the fit still needs the family's 1-rank
 and a multi-rank one (communication). Families with fewer: "not validated", with the reason.
 
 Bucket advisor (`advise`): at each multi-rank (N, nodes) of the study and each (precision, local
-batch) of the bucket family, the predicted T over CANDIDATE_CAPS_MB and one bucket (B >= P);
-recommended = argmin (DDP's default 25 MiB on a tie), gain = T(25 MiB) / T(best) - 1;
+batch) of the bucket family, the predicted T over the candidate caps (`candidate_caps`):
+CANDIDATE_CAPS_MB, one bucket (B >= P), every cap a multi-rank run of that (precision, local
+batch, P) measured, and for each bucket count m from 1 to the largest those runs measured the
+cap of m equal buckets (P / m, rounded up to 3 significant digits where that keeps m); without
+the last two, a P below 1 MiB (the CPU demo's 0.67 MiB) was one bucket at every candidate and
+the advisor could never recommend the 0.25 MiB its own sweep measured fastest.
+Recommended = argmin (DDP's default 25 MiB on a tie), gain = T(25 MiB) / T(best) - 1;
 extrapolated (the note says why) where the recommendation rests on what no run of that
 (precision, local batch) measured: its bucket count m outside the range of m of the multi-rank
 runs (any family), no bucket-sweep run at that (N, nodes), or the prediction itself
@@ -94,6 +99,9 @@ from scalestudy.errors import AnalysisError
 MIB = 2**20  # DDP's bucket_cap_mb unit (distributed.py: _MB_TO_BYTES = 1024 * 1024)
 DEFAULT_BUCKET_MB = 25.0  # DDP's default bucket_cap_mb
 CANDIDATE_CAPS_MB = (1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0)
+# the advisor's equal-bucket caps: every bucket count up to this many, beyond it this many
+# counts spread geometrically (a 0.01 MiB sweep of 44 MB would be 4,263 predictions per row)
+MAX_BUCKET_COUNTS = 256
 PARAMS = ("alpha_s", "inv_beta_intra_s_per_B", "inv_beta_inter_s_per_B")
 # the fit's working units: 1 us latency, 1e-10 s/B (10 GB/s), so the solver sees numbers ~1
 SCALE = np.array([1e-6, 1e-10, 1e-10])
@@ -609,7 +617,9 @@ def _advice(fit: Fit | None, n: int, nodes: int, combo: tuple, gap: str, pts: li
         gap = f"beta_{'intra' if nodes == 1 else 'inter'} not identified by the fit"
     if gap:
         return Advice(*head, None, None, None, None, None, note=f"not enough data: {gap}")
-    caps = sorted({*CANDIDATE_CAPS_MB, float(math.ceil(pbytes / MIB))})
+    caps = candidate_caps(
+        pbytes, [p.bucket_cap_mb for p in pts if _combo(p) == combo and p.world_size > 1]
+    )
     preds = {cap: fit.predict(n, nodes, b, precision, cap, pbytes) for cap in caps}
     if any(p.step_s is None for p in preds.values()):
         why = next(p.basis for p in preds.values() if p.step_s is None)
@@ -627,6 +637,35 @@ def _advice(fit: Fit | None, n: int, nodes: int, combo: tuple, gap: str, pts: li
     note = pred.basis.removesuffix(", extrapolated")
     note += f"; extrapolated: {'; '.join(why)}" if why else ""
     return Advice(*head, best, m, pred.step_s, default, gain, note, bool(why))
+
+
+def candidate_caps(p_bytes: float, measured_caps: list[float]) -> list[float]:
+    """The bucket caps (MiB) the advisor compares for gradients of p_bytes, `measured_caps` the
+    caps the multi-rank runs of that (precision, local batch, P) measured: CANDIDATE_CAPS_MB,
+    one bucket (ceil(P / MiB)), the measured caps, and one cap per bucket count m from 1 to the
+    largest those runs measured (`equal_buckets_cap`)."""
+    caps = {*CANDIDATE_CAPS_MB, float(math.ceil(p_bytes / MIB)), *map(float, measured_caps)}
+    top = max((len(bucket_sizes(p_bytes, c)) for c in measured_caps), default=1)
+    counts = (
+        range(1, top + 1)
+        if top <= MAX_BUCKET_COUNTS
+        else {round(float(m)) for m in np.geomspace(1, top, MAX_BUCKET_COUNTS)}
+    )
+    caps.update(c for m in counts if (c := equal_buckets_cap(p_bytes, m)) is not None)
+    return sorted(caps)
+
+
+def equal_buckets_cap(p_bytes: float, m: int) -> float | None:
+    """A cap (MiB) giving m buckets of about P / m each: P / m rounded up to 3 significant
+    digits (a cap one can type), more where the rounding would give m - 1; None when no
+    rounding to 12 digits keeps m (m beyond P's bytes)."""
+    exact = p_bytes / m / MIB
+    for digits in (3, 6, 9, 12):
+        e = math.floor(math.log10(exact)) - digits + 1
+        cap = round(math.ceil(exact / 10**e) * 10**e, max(0, -e))
+        if len(bucket_sizes(p_bytes, cap)) == m:
+            return float(cap)
+    return None
 
 
 def _unmeasured_advice(m: int, n: int, nodes: int, same: list[Point]) -> list[str]:
