@@ -618,6 +618,28 @@ def test_command_on_the_demo_study(tmp_path):
     assert all(r["extrapolated"] == "" for r in advice)  # no recommendation, nothing to mark
 
 
+DEMO_FASTER = REPO / "tests/fixtures/demo_runs_multi_rank_faster.csv"
+
+
+def test_a_latency_not_resolved_from_zero_says_so(tmp_path):
+    """The CPU demo's fit (tests/fixtures/demo_runs_multi_rank_faster.csv: its 2-rank steps
+    are shorter than the 1-rank compute) pinned alpha at its bound 0: model.csv and study.md
+    printed alpha_s 1.93e-18 s (std 0.0248 s) with no note, while beta's row applied the
+    2-sigma rule. A resolved alpha (the synthetic study's) has no note."""
+    for rows, resolved in ((read(DEMO_FASTER), False), (synthetic_rows(0.01), True)):
+        write_rows(tmp_path / "runs.csv", rows)
+        argv = ["model", "--runs", str(tmp_path / "runs.csv"), "--out-dir", str(tmp_path)]
+        assert cli.main(argv) == 0
+        params = {r["name"]: r for r in read(tmp_path / "model.csv") if r["kind"] == "parameter"}
+        alpha, inv_beta = params["alpha_s"], params["inv_beta_intra_s_per_B"]
+        for row in (alpha, inv_beta):
+            value, std = float(row["value"]), float(row["std"])
+            assert (value > 2 * std) is resolved, row  # the rule, on the cells themselves
+            assert row["note"].startswith("not resolved from 0") is not resolved, row
+        assert ("no per-message latency" in alpha["note"]) is not resolved
+        assert (params["beta_intra_Bps"]["value"] != "") is resolved
+
+
 def test_command_on_a_synthetic_study_writes_held_out_errors_and_advice(tmp_path):
     write_rows(tmp_path / "runs.csv", synthetic_rows(0.01))
     assert (

@@ -6,7 +6,10 @@ in its docstring); this command writes them as two tidy tables, every number a c
 model.csv, one row per fact, `kind` says which (blank cells: not applicable or not known):
     kind          name                        what
     parameter     alpha_s, beta_intra_Bps,    value, std (1 sigma), unit; note "not identified"
-                  beta_inter_Bps              (no value) when the runs cannot tell it
+                  beta_inter_Bps              (no value) when the runs cannot tell it; "not
+                  (inv_beta_*_s_per_B)        resolved from 0" when alpha or 1/beta is within
+                                              2 std of 0 (beta then has no value: no upper
+                                              bound)
     parameter     compute_c0_s,               per precision: C_p(b) = c0 + c1 b from 1-rank runs
                   compute_c1_s_per_img,       and the backward share of the step
                   backward_frac
@@ -141,28 +144,42 @@ def _std(fit, i: int) -> float | None:
 
 
 def _alpha(fit) -> dict:
+    """alpha as fitted, its value and std; the note says when it is not resolved from 0 (the
+    demo's fit pinned it at its bound: 1.9e-18 s, std 0.025 s, printed with no word)."""
     if not fit.identified[0]:
         return dict(name="alpha_s", unit="s", note=_unidentified(fit, 0))
-    return dict(name="alpha_s", value=float(fit.theta[0]), std=_std(fit, 0), unit="s")
+    note = UNRESOLVED + ": the runs show no per-message latency" if _unresolved(fit, 0) else ""
+    return dict(name="alpha_s", value=float(fit.theta[0]), std=_std(fit, 0), unit="s", note=note)
 
 
 def _inv_beta(fit, i: int, name: str) -> dict:
     """1/beta as fitted (s per byte): the parameter itself, linear in the model."""
     if not fit.identified[i]:
         return dict(name=name, unit="s/B", note=_unidentified(fit, i))
-    return dict(name=name, value=float(fit.theta[i]), std=_std(fit, i), unit="s/B")
+    note = UNRESOLVED + ": the runs show no bandwidth cost" if _unresolved(fit, i) else ""
+    return dict(name=name, value=float(fit.theta[i]), std=_std(fit, i), unit="s/B", note=note)
 
 
 def _beta(fit, i: int, name: str) -> dict:
     """beta = 1 / (1/beta), its std by the delta method: std(1/beta) / (1/beta)^2; only when
-    1/beta is resolved from 0 (more than 2 std above it: else beta has no upper bound)."""
+    1/beta is resolved from 0 (else beta has no upper bound)."""
     inv, std = float(fit.theta[i]), _std(fit, i)
     if not fit.identified[i]:
         return dict(name=name, unit="B/s", note=_unidentified(fit, i))
-    if inv <= 2 * (std or 0) or inv < 1e-6 * model.SCALE[i]:
+    if _unresolved(fit, i):
         note = "1/beta is not resolved from 0 (see inv_beta): beta has no upper bound here"
         return dict(name=name, unit="B/s", note=note)
     return dict(name=name, value=1 / inv, std=None if std is None else std / inv**2, unit="B/s")
+
+
+UNRESOLVED = "not resolved from 0 (within 2 std of it, or at the bound 0 of the fit)"
+
+
+def _unresolved(fit, i: int) -> bool:
+    """Parameter i is not resolved from 0: at most 2 std above it, or below a millionth of
+    its working unit (model.SCALE: 1 us, 1e-10 s/B) where no std says how far from 0."""
+    value = float(fit.theta[i])
+    return value <= 2 * (_std(fit, i) or 0) or value < 1e-6 * model.SCALE[i]
 
 
 def _unidentified(fit, i: int) -> str:
