@@ -16,6 +16,11 @@ model.csv, one row per fact, `kind` says which (blank cells: not applicable or n
     parameter     fit_points, fit_dof,        the fit's size and its relative residual sd
                   fit_residual_rel_sd,        and the level of the lo-hi intervals
                   interval_level
+    parameter     fit_below_compute           the multi-rank configurations measured shorter
+                                              than their 1-rank compute C(b) beyond noise
+                                              (study/model.py below_compute); > 0: the note
+                                              says the model cannot describe these runs, the
+                                              held-out notes "no validation", no advice
     fit           the configuration's runs    measured (mean step s over n repeats, measured_std)
                                               vs predicted, lo, hi (95%), rel_error
     holdout       the family                  its largest world size predicted by a fit without
@@ -134,6 +139,8 @@ def _param_rows(fit) -> list[dict]:
         dict(kind="parameter", name="fit_points", value=len(fit.points), unit="configurations"),
         dict(kind="parameter", name="fit_dof", value=fit.dof, unit="1"),
         dict(kind="parameter", name="fit_residual_rel_sd", **resid),
+        dict(kind="parameter", name="fit_below_compute", value=len(fit.below_compute),
+             unit="configurations", note=fit.misfit),
         dict(kind="parameter", name="interval_level", value=model.LEVEL, unit="1",
              note="two-sided prediction intervals (lo, hi)"),
     ]  # fmt: skip
@@ -216,7 +223,11 @@ def _fit_rows(pts: list, fit) -> list[dict]:
         pred = fit.predict(
             p.world_size, p.nodes, p.local_batch, p.precision, p.bucket_cap_mb, p.grad_sync_bytes
         )
-        rows.append(_compared("fit", ";".join(p.runs), p, pred))
+        row = _compared("fit", ";".join(p.runs), p, pred)
+        for q, cb in fit.below_compute:
+            if q == p:
+                row["note"] += f"; shorter than the 1-rank compute C({p.local_batch}) = {cb:.3g} s"
+        rows.append(row)
     return rows
 
 
