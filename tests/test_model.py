@@ -444,6 +444,92 @@ def test_study_md_shows_which_advice_is_extrapolated(tmp_path, capsys):
     assert "scalestudy model" in err and "Traceback" not in err
 
 
+def _documents(csv_dir, rows, gpus_per_node="4"):
+    """analyze, model and render-report on runs.csv rows: (study.md, paper.tex), model.csv."""
+    import argparse
+
+    from scalestudy.results import analyze
+    from scalestudy.results import render_report as report
+
+    write_rows(csv_dir / "runs.csv", rows)
+    parser = argparse.ArgumentParser()
+    analyze.add_arguments(parser)
+    argv = ["--runs", str(csv_dir / "runs.csv"), "--out-dir", str(csv_dir), "--html-dir",
+            str(csv_dir / "html"), "--gpus-per-node", gpus_per_node, "--study", "s",
+            "--configfile", "s.yaml"]  # fmt: skip
+    assert analyze.run(parser.parse_args(argv)) == 0
+    argv = ["model", "--runs", str(csv_dir / "runs.csv"), "--out-dir", str(csv_dir)]
+    assert cli.main(argv) == 0
+    render = ["render-report", "--csv-dir", str(csv_dir), "--out-dir", str(csv_dir / "reports")]
+    assert cli.main(render) == 0  # the honesty check passed: every number a CSV cell
+    docs = {n: " ".join((csv_dir / "reports" / n).read_text().split()) for n in report.DOCUMENTS}
+    return docs, read(csv_dir / "model.csv")
+
+
+def test_documents_say_when_the_held_out_error_is_no_validation(tmp_path):
+    """study.md and paper.tex said "Read the error as how far the plan's prices ... can be
+    trusted" of the demo's -6.4%, from a fit 172% off in sample (fit_residual_rel_sd 1.72, not
+    beside it) that ignored communication. Now both print the fit's residual sd beside the
+    held-out error and, when the model cannot describe the runs, say its errors are no
+    validation; a fit that describes its runs keeps the sentence on the plan's prices."""
+    from scalestudy.results import render_report as report
+
+    for rows, describes in (
+        (read(DEMO_FASTER), False),
+        (_analyzed_runs(synthetic_rows(0.01, sizes=(1, 2, 4), caps=(1, 25))), True),
+    ):
+        csv_dir = tmp_path / str(describes)
+        csv_dir.mkdir()
+        docs, table = _documents(csv_dir, rows, "4" if describes else "2")
+        params = {r["name"]: r for r in table if r["kind"] == "parameter"}
+        sd = report.fmt_pct(params["fit_residual_rel_sd"]["value"])
+        assert (float(sd) > 100) is not describes  # 171.9% for the demo
+        below = params["fit_below_compute"]
+        assert (below["value"] == "0") is describes
+        study, paper = docs["study.md"], docs["paper.tex"]
+        said = "The fit's relative residual sd over the runs it was fitted to: "
+        assert f"{said}{sd}%." in study and f"{said}{sd}\\%." in paper
+        no = "The model cannot describe these runs, so the held-out errors below are no validation:"
+        assert (f"**{no}** {below['note']}" in study) is not describes
+        assert (f"\\textbf{{{no}}} {report.tex_escape(below['note'])}" in paper) is not describes
+        assert ("Read the error as how far the plan's prices" in study) is describes
+
+
+def test_the_proposal_does_not_present_the_held_out_error_as_validation(tmp_path):
+    """proposal.md said "held-out error: at most 6.4% over 1 held-out point(s)" of the demo,
+    whose model ignored communication (its 2-rank steps shorter than the 1-rank compute): no
+    word of the fit's 172% residual sd, "at most" of one point. Now the proposal prints the
+    residual sd beside the error, says "at its one held-out point", and with the model unable
+    to describe the runs that the error is no validation. A model that describes its runs
+    keeps the claim (with "at most" over several points: test_proposal)."""
+    from test_proposal import STRONG, build, write
+
+    config, study = build(tmp_path, *STRONG)
+    for rows, describes in (
+        (read(DEMO_FASTER), False),
+        (synthetic_rows(0.01, sizes=(1, 2, 4), caps=(1, 25), batches=(64,)), True),
+    ):
+        write_rows(tmp_path / "runs.csv", rows)
+        argv = ["model", "--runs", str(tmp_path / "runs.csv"), "--out-dir", str(study)]
+        assert cli.main(argv) == 0
+        params = {r["name"]: r for r in read(study / "model.csv") if r["kind"] == "parameter"}
+        held = [r for r in read(study / "model.csv") if r["kind"] == "holdout" and r["rel_error"]]
+        assert len(held) == 1  # strong at 4 ranks (the synthetic bucket family: 2, 4 only)
+        docs = write(config, study, "model.csv")  # the honesty check of every document passed
+        md, tex = (" ".join(docs[n].split()) for n in ("proposal.md", "proposal.tex"))
+        error = f"{abs(float(held[0]['rel_error'])) * 100:.1f}"
+        sd = f"{float(params['fit_residual_rel_sd']['value']) * 100:.1f}"
+        one = f"{error}% (in magnitude) at its one held-out point, against a relative residual "
+        one += f"sd of {sd}% over the runs it was fitted to"
+        assert one in md and one.replace("%", "\\%") in tex
+        for text in (md, tex):
+            assert "at most" not in text and "held-out point(s)" not in text
+            assert ("cannot describe this study's runs" in text) is not describes
+            assert ("is no validation, and no prediction beyond" in text) is not describes
+        if not describes:
+            assert "2 multi-rank configurations measured shorter than the compute" in md
+
+
 def test_advisor_says_not_enough_data_when_every_cap_is_one_bucket():
     pts = model.points(demo_rows())[0]
     advice = model.advise(model.fit_points(pts), pts)

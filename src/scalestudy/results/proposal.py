@@ -176,13 +176,32 @@ def choose_scale(points: list[dict], threshold: float) -> tuple[dict, dict | Non
 
 
 def holdout(model_rows: list[dict]) -> dict | None:
-    """{"points", "max_rel_error"} of model.csv's kind=holdout rows; None: no validation."""
+    """{"points", "max_rel_error", "residual_rel_sd", "below_compute"} of model.csv: its
+    kind=holdout rows' errors, and the fit's relative residual sd and count of multi-rank
+    configurations shorter than their 1-rank compute (None where model.csv has no such row:
+    one older than the check); None: no held-out error at all. The documents print the
+    residual sd beside the error (one held-out point matching says little of a fit 172% off
+    in sample) and, with below_compute > 0, that the model cannot describe the runs."""
     errors = [
         abs(x)
         for r in model_rows
         if r.get("kind") == "holdout" and (x := files.number(r.get("rel_error"))) is not None
     ]
-    return {"points": len(errors), "max_rel_error": max(errors)} if errors else None
+    if not errors:
+        return None
+    names = ("fit_residual_rel_sd", "fit_below_compute")
+    fit = {
+        r["name"]: files.number(r.get("value"))
+        for r in model_rows
+        if r.get("kind") == "parameter" and r.get("name") in names
+    }
+    below = fit.get("fit_below_compute")
+    return {
+        "points": len(errors),
+        "max_rel_error": max(errors),
+        "residual_rel_sd": fit.get("fit_residual_rel_sd"),
+        "below_compute": None if below is None else int(below),
+    }
 
 
 def _strong_config(config: dict, world_sizes: list[int], repeats: int, epochs=None) -> dict:
@@ -492,6 +511,15 @@ def proposal_rows(
                 "model", "holdout", "max_rel_error", val["max_rel_error"], "fraction", "model.csv"
             ),
         ]
+        fit = (
+            ("residual_rel_sd", "fraction", "fit_residual_rel_sd"),
+            ("below_compute", "configurations", "fit_below_compute"),
+        )
+        for quantity, unit, name in fit:
+            if val[quantity] is not None:
+                rows.append(
+                    _row("model", "fit", quantity, val[quantity], unit, f"model.csv {name}")
+                )
     table = build_run_table(config)
     nxt, new_sizes, planned = next_runs(config, points, chosen, thin, measured, table)
     for w in new_sizes:  # one item each: (section, item, quantity) keys one cell
