@@ -660,6 +660,23 @@ def test_no_interval_where_compute_was_never_measured_at_that_batch():
     assert "its error unknown: no interval" in away.basis
 
 
+def test_compute_from_two_batches_is_not_called_proportional():
+    """With 1-rank runs at two local batches C(b) = c0 + c1 b is the line through them (the
+    demo: c0 = 0.054 s); the held-out note said compute at local batch 8 was "taken
+    proportional to the 1-rank runs' [16, 32]", which is the one-batch case."""
+    fit = model.fit_points(model.points(read(DEMO_FASTER))[0])
+    c = fit.compute["fp32"]
+    assert c.batches == (16, 32) and c.c0 > 0 and c.cov is None  # two points, no dof
+    basis = fit.predict(2, 1, 8, "fp32").basis
+    assert "compute at local batch 8 from the line through the 1-rank runs' [16, 32]" in basis
+    assert "proportional" not in basis
+    one = model.fit_points(model.points(synthetic_rows(sizes=(1, 2), batches=(32,)))[0])
+    assert (
+        "local batch 64 taken proportional to the 1-rank runs' [32]"
+        in one.predict(2, 1, 64, "fp32").basis
+    )
+
+
 def test_grad_sync_bytes_of_the_models():
     from scalestudy.trainer.config import TrainConfig
     from scalestudy.trainer.models import build_model

@@ -425,9 +425,11 @@ class Fit:
         lo, hi = self._interval(step, g, dt_dc, c, local_batch, world_size)
         basis = f"fit of {len(self.points)} multi-rank configurations, dof {self.dof}"
         if c.cov is None and local_batch not in c.batches:
+            # one batch: C = c1 b; two: the line through both (c0 + c1 b, no residual left)
+            how = "taken proportional to" if len(c.batches) == 1 else "from the line through"
             basis += (
-                f"; compute at local batch {local_batch} taken proportional to the 1-rank "
-                f"runs' {list(c.batches)}, its error unknown: no interval"
+                f"; compute at local batch {local_batch} {how} the 1-rank runs' "
+                f"{list(c.batches)}, its error unknown: no interval"
             )
         if world_size == 1:
             basis = f"compute of the 1-rank {precision} runs, local batches {list(c.batches)}"
