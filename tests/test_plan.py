@@ -993,6 +993,25 @@ def test_the_time_limit_of_a_modelled_run_is_above_its_intervals_upper_end():
         assert int(rows[e.run]["slurm_runtime_min"]) * 60 >= float(rows[e.run]["runtime_hi_s"])
 
 
+def test_a_fit_that_cannot_describe_its_runs_prices_nothing():
+    """Multi-rank steps measured at a third of the 1-rank compute (a slowed baseline): the fit
+    pins alpha and beta at 0 and says it cannot describe the runs (Fit.misfit); the plan priced
+    the 8-rank runs from it anyway."""
+    config = validate(yaml.safe_load(yaml.safe_dump(MODELLED)))
+    measured = []
+    for row in modelled_measurements(config):
+        if int(row["world_size"]) > 1:
+            x = float(row["throughput_img_s"]) * 3
+            row = dict(row, throughput_img_s=str(x))
+            row["throughput_img_s_per_rank"] = str(x / int(row["world_size"]))
+        measured.append(row)
+    fit = model.fit_study(measured)
+    assert fit is not None and fit.misfit
+    est = {e.run: e for e in plan.estimate_runs(config, build_run_table(config), measured)}
+    for run in ("w8_lb2_fp32_ddp_bk25_r0", "w8_lb8_fp32_ddp_bk25_r0"):
+        assert not est[run].throughput_basis.startswith("model"), run
+
+
 @pytest.mark.parametrize(
     ("n", "world_size", "local_batch"),
     [(50000, 16, 512), (50000, 2, 64), (1200, 4, 2), (1000, 4, 512), (257, 1, 256), (257, 2, 256)],

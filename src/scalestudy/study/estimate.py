@@ -45,7 +45,8 @@ throughput_img_s_per_rank):
                   time; the Slurm time limit takes runtime_hi_s, T_max above); "model,
                   extrapolated" beyond the measured world sizes or nodes. Used
                   only where the fit identifies the parameters the run depends on (a multi-node
-                  run needs a measured multi-node run): the model never guesses a bandwidth
+                  run needs a measured multi-node run): the model never guesses a bandwidth;
+                  and not where it cannot describe its runs (Fit.misfit)
     5. precision  the same precision at the measured world size nearest W (in log2 W, the
                   larger on a tie), as x_rank / eta(W_measured) * eta(W): a mean over every
                   measured world size let eta's guess stand in for the scaling the runs
@@ -563,7 +564,9 @@ class Calibration:
         """The scaling model's step time of the run (fitted to the measured runs of its base),
         or None where it has none: no fit, or the fit does not identify what the run needs."""
         fit = self.fit(row)
-        if fit is None or int(row.get("accum_steps", 1)) != 1:
+        # a fit that cannot describe its runs (multi-rank steps shorter than the 1-rank
+        # compute: study/model.py, Fit.misfit) prices nothing
+        if fit is None or fit.misfit or int(row.get("accum_steps", 1)) != 1:
             return None
         pred = fit.predict(
             row["world_size"], row["nodes"], row["local_batch"], row["precision"],
