@@ -126,6 +126,22 @@ def test_growing_a_sweep_only_adds_rows(override):
         assert set(row["families"].split(";")) <= set(new[run]["families"].split(";")), run
 
 
+def test_a_run_has_one_flag_text_whichever_family_asks_for_it(tmp_path):
+    """train.bucket_cap_mb 25 and the bucket family's 25.0 are one run: its flags read
+    `--bucket-cap-mb 25` while strong also asked for it and `25.0` with the bucket family
+    alone, so Snakemake saw its params change and reran the finished run."""
+    every = table(ROOT / "config" / "demo.yaml", "families.bucket.bucket_cap_mb=[0.25, 25.0]")
+    alone = table(
+        ROOT / "config" / "demo.yaml",
+        "families.bucket.bucket_cap_mb=[0.25, 25.0]",
+        *(f"families.{f}.enabled=false" for f in ("strong", "weak", "precision")),
+    )
+    run = "w2_lb16_fp32_ddp_bk25_r0"
+    assert by_id(every)[run]["families"] != by_id(alone)[run]["families"]
+    assert runs.trainer_args(by_id(every)[run]) == runs.trainer_args(by_id(alone)[run])
+    assert "--bucket-cap-mb" in runs.trainer_args(by_id(alone)[run])
+
+
 def test_added_world_size_is_shared_when_it_matches(full):
     # strong at 32 GPUs adds one run per repeat; nothing else changes
     rows = table(ROOT / "config" / "config.yaml", "families.strong.gpus=[1, 2, 4, 8, 16, 32]")

@@ -5,7 +5,7 @@ precision, bucket) are values in the table, not branches in the rules. A run is 
 the values the families vary, so a configuration requested by two families runs once (its
 `families` column lists both) and adding a GPU count or a bucket size never renames a run:
 
-    w{world_size}_lb{local_batch}_{precision}_{strategy}_bk{bucket_cap_mb:g}_r{repeat}
+    w{world_size}_lb{local_batch}_{precision}_{strategy}_bk{number_text(bucket_cap_mb)}_r{repeat}
 
     scalestudy matrix --config config/demo.yaml --set dataset=synthetic   # -> results/matrix/
 """
@@ -190,7 +190,7 @@ def _row(config: dict, world_size: int, local_batch: int, precision: str, bucket
         local_batch=local_batch,
         global_batch=world_size * local_batch * train["accum_steps"],
         precision=precision,
-        bucket_cap_mb=bucket,
+        bucket_cap_mb=one_form(bucket),
         repeat=repeat,
         seed=train["seed"] + repeat,
         dataset=config["dataset"],
@@ -240,6 +240,14 @@ def build_run_table(config: dict) -> list[dict]:
         rows.append(row)
     rows.sort(key=_sort_key)
     return rows
+
+
+def one_form(x: float) -> int | float:
+    """A number in one form whichever way the config wrote it: 25 for 25 and 25.0. A run of
+    train.bucket_cap_mb 25 that the bucket family also asked for as 25.0 was one run (one id)
+    whose flag read `--bucket-cap-mb 25` or `25.0` by which family asked for it: Snakemake saw
+    its params change and reran the finished run."""
+    return int(x) if float(x).is_integer() else float(x)
 
 
 def _arg(value: Any) -> str:
