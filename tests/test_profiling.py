@@ -1750,6 +1750,9 @@ def test_a_profiled_run_never_replays_the_whole_step(cuda_graphs):
         (["profiling.nsys_trace=cuda, nvtx"], "comma-separated without spaces"),
         (["profiling.nsys_trace=cuda,osrt"], "and nvtx (the trainer's phase ranges)"),
         (["profiling.nsys_trace=nvtx,cudnn", "profiling.tool=auto"], "with cuda (the kernels"),
+        # powersgd's uncompressed steps: every profiling job of the demo was refused by the
+        # trainer (an epoch of 7 steps, a warm-up of 10) after the config passed
+        (["train.comm_hook=powersgd"], "'profiling.start_step': value 3 is not allowed with"),
     ],
 )
 def test_bad_profiling_config_names_the_key(override, message):

@@ -408,6 +408,23 @@ def test_a_run_too_short_for_its_steady_state_window_is_refused():
     )
 
 
+def test_a_powersgd_run_too_short_for_its_uncompressed_steps_is_refused():
+    """The trainer's window opens after PowerSGD's 10 uncompressed steps, whatever
+    train.warmup_steps says: 6 optimizer steps passed the check (warmup_steps 2) and every
+    training job was refused."""
+    cfg = minimal()
+    cfg["train"] = {"epochs": 1, "warmup_steps": 2, "limit_train": 1024}
+    cfg["families"]["strong"] = {"enabled": True, "gpus": [2], "global_batch": 128}
+    load_and_validate(cfg)  # 8 steps: enough for a warm-up of 2
+    cfg["train"]["comm_hook"] = "powersgd"
+    refused(
+        cfg,
+        "config key 'train.comm_hook': value powersgd is not allowed here",
+        "takes 8 optimizer steps",
+        "after its 10 uncompressed steps",
+    )
+
+
 @pytest.mark.parametrize(
     ("key", "value", "says"),
     [

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 
 from scalestudy import vocab
 from scalestudy.study.runs import trainer_args
+from scalestudy.trainer.config import POWERSGD_START_ITER
 
 
 def profiled_runs(config: dict, rows: list[dict]) -> list[dict]:
@@ -186,6 +187,14 @@ def window_problems(config: dict, rows: list[dict]) -> list[str]:
     else:
         n_train, source = vocab.DATASETS[config["dataset"]].train, f"the {config['dataset']} set"
     problems = []
+    if config["train"]["comm_hook"] == "powersgd" and prof["start_step"] < POWERSGD_START_ITER:
+        # the trainer's throughput window opens after them too: a profile epoch of fewer
+        # steps is refused in every profiling job
+        problems.append(
+            f"config key 'profiling.start_step': value {prof['start_step']} is not allowed with "
+            f"train.comm_hook powersgd: at least {POWERSGD_START_ITER}, PowerSGD's uncompressed "
+            "steps (a window before them profiles plain all-reduces)"
+        )
     for row in profiled_runs(config, rows):
         need = (prof["start_step"] + prof["steps"] + 1) * row["global_batch"]
         if need > n_train:

@@ -280,8 +280,9 @@ def run_problems(rows: list[dict], n_train: int, n_train_source: str) -> list[st
             continue
         micro = epoch_micro_steps(n_train, row["world_size"] * row["local_batch"])
         steps = math.ceil(micro / row["accum_steps"]) * row["epochs"]
-        if steps <= cfg.warmup_steps and (shortest is None or steps < shortest[0]):
-            shortest = (steps, row)
+        # the Meter's warm-up: powersgd's uncompressed steps too (TrainConfig)
+        if steps <= cfg.window_warmup_steps() and (shortest is None or steps < shortest[0]):
+            shortest = (steps, cfg.window_warmup_steps(), row)
     problems = [
         f"runs {', '.join(runs[:3])}{' ...' if len(runs) > 3 else ''}: `scalestudy train` refuses "
         f"their flags, which come from the config's train: keys (--comm-hook is "
@@ -289,14 +290,23 @@ def run_problems(rows: list[dict], n_train: int, n_train_source: str) -> list[st
         for why, runs in refused.items()
     ]
     if shortest:
-        steps, row = shortest
-        problems.append(
-            f"config key 'train.warmup_steps': value {row['warmup_steps']} is not allowed: at "
-            f"most {steps - 1} here: run {row['run']} takes {steps} optimizer steps ("
-            f"{row['epochs']} epochs of {n_train} images ({n_train_source}) in global batches "
-            f"of {row['global_batch']}), which leave no steady-state window after the warm-up; "
-            "lower train.warmup_steps or raise train.epochs"
-        )
+        steps, warm, row = shortest
+        if warm > row["warmup_steps"]:  # powersgd: its uncompressed steps, not warmup_steps
+            problems.append(
+                f"config key 'train.comm_hook': value powersgd is not allowed here: run "
+                f"{row['run']} takes {steps} optimizer steps ({row['epochs']} epochs of "
+                f"{n_train} images ({n_train_source}) in global batches of "
+                f"{row['global_batch']}), and PowerSGD's throughput window opens after its "
+                f"{warm} uncompressed steps; raise train.epochs or use more data"
+            )
+        else:
+            problems.append(
+                f"config key 'train.warmup_steps': value {row['warmup_steps']} is not allowed: "
+                f"at most {steps - 1} here: run {row['run']} takes {steps} optimizer steps ("
+                f"{row['epochs']} epochs of {n_train} images ({n_train_source}) in global "
+                f"batches of {row['global_batch']}), which leave no steady-state window after "
+                "the warm-up; lower train.warmup_steps or raise train.epochs"
+            )
     return problems
 
 

@@ -27,6 +27,12 @@ from scalestudy.errors import TrainConfigError
 # they are not
 CHECKPOINT_DEFAULTS = {"checkpoint_every": 1, "checkpoint_keep": 2, "checkpoint_async": True}
 LR_REFERENCE_BATCH = 512  # images; `lr` is quoted for this global batch
+# PowerSGD's uncompressed steps before it compresses (torch's warm-start advice). Its state (this
+# step count, the error feedback, the warm-start factors) is not checkpointed: every segment of a
+# resumed run starts it anew, and each segment's throughput window opens after these steps
+# (measure.Meter, window_warmup_steps), which would otherwise time plain all-reduces as
+# PowerSGD's. Here, torch-free, so that the study checks a config against it before any job.
+POWERSGD_START_ITER = 10
 SEED_MAX = 2**63 - 1  # torch.manual_seed takes a signed 64-bit integer
 # the study schema's bounds (workflow/schemas/config.schema.yaml), so a flag past them is one
 # line naming it, not a cryptic failure at the rendezvous or a traceback in DDP: gloo refused
@@ -302,6 +308,14 @@ class TrainConfig:
             # opens on the host; a replay runs none of that host code
             return "a --profile-steps window (a graph replay emits no phase ranges)"
         return None
+
+    def window_warmup_steps(self) -> int:
+        """Optimizer steps before a segment's throughput window opens: --warmup-steps, at least
+        POWERSGD_START_ITER under --comm-hook powersgd (under --cuda-graphs step the Meter
+        waits for the captured step too: step_graph.STEPS_BEFORE_WINDOW, known on CUDA only)."""
+        if self.comm_hook == "powersgd":
+            return max(self.warmup_steps, POWERSGD_START_ITER)
+        return self.warmup_steps
 
     def profile_window(self) -> tuple[int, int] | None:
         """--profile-steps A:B -> (A, B), the half-open range of optimizer steps profiled."""

@@ -30,7 +30,7 @@ from scalestudy import files, hardware, log, vocab
 from scalestudy.trainer import compiling, progress, step_graph
 from scalestudy.trainer import dist as sdist
 from scalestudy.trainer.config import TrainConfig
-from scalestudy.trainer.parallel import POWERSGD_START_ITER, allreduce_gradients
+from scalestudy.trainer.parallel import allreduce_gradients
 
 if TYPE_CHECKING:
     from scalestudy.trainer.state import RunState
@@ -58,11 +58,11 @@ class Meter:
         self, cfg: TrainConfig, device: torch.device, rank: int, graphs: str = "off"
     ) -> None:
         self.graphs = graphs  # the run's CUDA graphs (loop.Run.graphs: compiling.graphs_mode)
-        self.device, self.warmup_steps = device, cfg.warmup_steps
-        if self.graphs == "step":  # the window opens on replays of the captured step
-            self.warmup_steps = max(cfg.warmup_steps, step_graph.STEPS_BEFORE_WINDOW)
-        if cfg.comm_hook == "powersgd":  # ... and on compressed steps: every segment warms up
-            self.warmup_steps = max(self.warmup_steps, POWERSGD_START_ITER)
+        # on compressed steps under powersgd (every segment warms up), and on replays of the
+        # captured step under --cuda-graphs step
+        self.device, self.warmup_steps = device, cfg.window_warmup_steps()
+        if self.graphs == "step":
+            self.warmup_steps = max(self.warmup_steps, step_graph.STEPS_BEFORE_WINDOW)
         self.timer = StepTimer(device)
         cuda = device.type == "cuda"
         self.nvml = NvmlSampler(device, out=Path(cfg.out), rank=rank) if cuda else None

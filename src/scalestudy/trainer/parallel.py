@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from scalestudy.trainer.config import TrainConfig
+from scalestudy.trainer.config import POWERSGD_START_ITER, TrainConfig
 
 # No broadcast of the BN buffers from rank 0 in every forward: on an H200 that was a collective,
 # a flatten, an unflatten and 60 copies per step (torch.profiler, docs/benchmarks.md). Training
@@ -91,11 +91,7 @@ def _sync_bytes(params: list, count: int, cfg: TrainConfig) -> int | None:
     return sum(p.numel() * p.element_size() for p in params)
 
 
-# PowerSGD's uncompressed steps before it compresses (torch's warm-start advice). Its state (this
-# step count, the error feedback, the warm-start factors) is not checkpointed: every segment of a
-# resumed run starts it anew, and each segment's throughput window opens after these steps
-# (measure.Meter), which would otherwise time plain all-reduces as PowerSGD's.
-POWERSGD_START_ITER = 10
+# PowerSGD's uncompressed steps before it compresses: trainer/config.py (the study checks it too)
 
 
 def register_comm_hook(ddp: DDP, hook: str) -> None:

@@ -30,8 +30,7 @@ from scalestudy import log
 from scalestudy.errors import CheckpointError, Preempted
 from scalestudy.trainer import checkpoint as ckpt
 from scalestudy.trainer import progress
-from scalestudy.trainer.config import TrainConfig
-from scalestudy.trainer.parallel import POWERSGD_START_ITER
+from scalestudy.trainer.config import POWERSGD_START_ITER, TrainConfig
 
 if TYPE_CHECKING:
     from scalestudy.trainer.measure import Meter
