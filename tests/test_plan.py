@@ -643,16 +643,17 @@ def parse_plan(text: str) -> dict:
                 rule=rule,
                 run=run,
                 nodes=int(nodes),
-                gpus=int(gpus),
+                gpus=None if gpus == "n/a" else int(gpus),  # n/a: a CPU study
                 runtime=runtime,
                 node_hours=float(nh),
-                gpu_hours=float(gh),
+                gpu_hours=None if gh == "n/a" else float(gh),
                 basis=basis,
             )
         )
-    m = re.search(r"^total: (\d+) jobs, ([\d.]+) node-hours, ([\d.]+) GPU-hours", block, re.M)
+    m = re.search(r"^total: (\d+) jobs, ([\d.]+) node-hours, ([\d.]+|n/a) GPU-hours", block, re.M)
     assert m, block
-    total = dict(jobs=int(m.group(1)), node_hours=float(m.group(2)), gpu_hours=float(m.group(3)))
+    gh = None if m.group(3) == "n/a" else float(m.group(3))
+    total = dict(jobs=int(m.group(1)), node_hours=float(m.group(2)), gpu_hours=gh)
     return {"jobs": jobs, "total": total, "text": block}
 
 
@@ -719,7 +720,10 @@ def test_dry_run_prints_the_plan(fresh, profile):
     assert result["total"]["node_hours"] == pytest.approx(
         sum(j["node_hours"] for j in result["jobs"]), abs=2e-3
     )
-    assert result["total"]["gpu_hours"] == 0  # a CPU study
+    # a CPU study: n/a, as plan.md and the proposal say, not a counted 0
+    assert result["total"]["gpu_hours"] is None
+    assert all(j["gpus"] is None and j["gpu_hours"] is None for j in result["jobs"])
+    assert "0.000 GPU-hours" not in result["text"]
     local = [j for j in result["jobs"] if j["rule"] != "train"]
     assert local and all(j["node_hours"] == 0 for j in local)
     assert config["hardware"]["device"] == "cpu"

@@ -110,8 +110,18 @@ def _mark(e: Estimate) -> str:
 
 
 def format_table(estimates: list[Estimate], note: str = "") -> str:
-    """The dry-run table: one row per job, then totals per rule, per family and overall."""
+    """The dry-run table: one row per job, then totals per rule, per family and overall. A CPU
+    study (no job on a GPU) prints n/a for GPUs and GPU-hours, as plan.md and the proposal do,
+    not a counted 0."""
     t = totals(estimates)
+    gpu = any(e.gpus for e in estimates)
+
+    def gpus(n: int, width: int) -> str:
+        return f"{n:{width}d}" if gpu else f"{'n/a':>{width}}"
+
+    def gpu_h(x: float, width: int, unit: str = "") -> str:
+        return f"{x:{width}.3f}{unit}" if gpu else f"{'n/a':>{width}}{unit}"
+
     width = max([len(e.run) for e in estimates] + [3])
     rwidth = max([len(e.rule) for e in estimates] + [4])
     lines = [
@@ -124,27 +134,28 @@ def format_table(estimates: list[Estimate], note: str = "") -> str:
     ]
     for e in estimates:
         lines.append(
-            f"{e.rule:<{rwidth}}  {e.run:<{width}}  {e.nodes:5d}  {e.gpus:4d}  "
-            f"{hms(e.runtime_s):>8}  {e.node_hours:10.3f}  {e.gpu_hours:9.3f}  {_mark(e)}"
+            f"{e.rule:<{rwidth}}  {e.run:<{width}}  {e.nodes:5d}  {gpus(e.gpus, 4)}  "
+            f"{hms(e.runtime_s):>8}  {e.node_hours:10.3f}  {gpu_h(e.gpu_hours, 9)}  {_mark(e)}"
         )
     lines.append("per rule:")
     for name, s in t["rule"].items():
         lines.append(
             f"  {name:<14} {s.jobs:4d} jobs  {s.node_hours:10.3f} node-hours  "
-            f"{s.gpu_hours:10.3f} GPU-hours"
+            f"{gpu_h(s.gpu_hours, 10, ' GPU-hours')}"
         )
     if t["family"]:
         lines.append("per family (a run shared by several families counts in each):")
         for name, s in t["family"].items():
             lines.append(
                 f"  {name:<14} {s.jobs:4d} runs  {s.node_hours:10.3f} node-hours  "
-                f"{s.gpu_hours:10.3f} GPU-hours"
+                f"{gpu_h(s.gpu_hours, 10, ' GPU-hours')}"
             )
     s = t["total"]
     calibrated = sum(1 for e in estimates if e.rule == "train" and e.calibrated)
     trains = sum(1 for e in estimates if e.rule == "train")
     lines.append(
-        f"total: {s.jobs} jobs, {s.node_hours:.3f} node-hours, {s.gpu_hours:.3f} GPU-hours "
+        f"total: {s.jobs} jobs, {s.node_hours:.3f} node-hours, "
+        f"{f'{s.gpu_hours:.3f}' if gpu else 'n/a'} GPU-hours "
         f"({calibrated} of {trains} training estimates calibrated)"
     )
     if note:
@@ -517,9 +528,12 @@ def run(args: argparse.Namespace) -> int:
         logger.error(f"scalestudy plan: {e}")
         return 2
     s, c = totals(estimates)["total"], config["plan"]["contingency"]
+    gpu = config["hardware"]["device"] == "cuda"  # a CPU study: no GPU-hours (n/a), not 0
     logger.info(
-        f"{len(estimates)} runs: {s.node_hours:.2f} node-hours, {s.gpu_hours:.2f} GPU-hours; "
-        f"with contingency {c:g}: {s.node_hours * (1 + c):.2f} node-hours, "
-        f"{s.gpu_hours * (1 + c):.2f} GPU-hours -> {args.out_md}, {args.out_csv}"
+        f"{len(estimates)} runs: {s.node_hours:.2f} node-hours"
+        + (f", {s.gpu_hours:.2f} GPU-hours" if gpu else "")
+        + f"; with contingency {c:g}: {s.node_hours * (1 + c):.2f} node-hours"
+        + (f", {s.gpu_hours * (1 + c):.2f} GPU-hours" if gpu else " (a CPU study: no GPU-hours)")
+        + f" -> {args.out_md}, {args.out_csv}"
     )
     return 0
