@@ -399,7 +399,9 @@ def step_overheads(row: dict) -> dict:
         # the probe's share is of one synchronised micro-batch pass (trainer/train.py): of a
         # step of k accumulated passes, only the last synchronises, so c x T would count it k x
         "comm": None if _accumulates(row) else files.number(row.get("comm_exposed_frac")),
-        "data": statistics.median(data) / 1e3 if data else None,  # ms -> s
+        # the lower middle one, as for s: a slow rank's extra data wait is in its busy time,
+        # so in s; the plain median of two ranks counted half of it again here
+        "data": statistics.median_low(data) / 1e3 if data else None,  # ms -> s
         "imbalance": (max(busy) - statistics.median_low(busy)) / 1e3 if busy else None,
     }
 
