@@ -1329,6 +1329,11 @@ def test_collect_refuses_a_measurement_analyze_would_refuse_naming_the_runs_file
             collect.collect([row], tmp_path / "runs")
         assert str(info.value).startswith(f"{metrics}: {says}"), info.value
         assert str(info.value).endswith(f"delete {run_dir} and rerun it")
+    # a CPU run's results under a GPU study's run id (ids name no device): runs.csv said
+    # device cuda, device_type cpu, and the analysis counted CPU ranks as GPUs
+    files.write_json(metrics, good | {"device": {"type": "cuda", "name": "NVIDIA H100"}})
+    with pytest.raises(CollectError, match="device is 'cpu' in the run table but 'cuda' in"):
+        collect.collect([row], tmp_path / "runs")
 
 
 def test_a_table_cut_short_is_one_line_not_a_report_of_fewer_families(tmp_path, capsys):

@@ -4,7 +4,8 @@ results/csv/runs.csv   one row per run: the run-table columns, then every metric
                        (device -> device_type, device_name; lists joined with ';').
 results/csv/epochs.csv one row per run and epoch: run, the identifying run columns, the epoch row.
 
-A key present in both the run table and metrics.json must agree: a disagreement means the result
+A key present in both the run table and metrics.json must agree (the run table's device with
+metrics.json's device type): a disagreement means the result
 on disk came from another configuration (a stale or hand-copied run) and is refused, naming the
 run, the key and both values. A run without a complete metrics.json is an error that names the
 file and the command that produces it, never a silent blank row.
@@ -95,7 +96,10 @@ def collect(table: list[dict], runs_dir: Path) -> tuple[list[dict], list[dict]]:
         run_dir = runs_dir / row["run"]
         metrics = load_metrics(run_dir / "metrics.json")
         merged = dict(row)
-        for key, value in flatten(metrics).items():
+        flat = flatten(metrics)
+        # metrics.json's device is a dict (type, name): the run table's device is its type
+        shared = {**flat, **({"device": flat["device_type"]} if "device_type" in flat else {})}
+        for key, value in shared.items():
             if key in merged and not same(merged[key], value):
                 raise CollectError(
                     f"run {row['run']}: {key} is {merged[key]!r} in the run table but {value!r} in "
