@@ -365,6 +365,19 @@ def test_resources_energy_kwh_from_measured_joules_per_image():
     assert measured["weak"]["energy_kwh"] == pytest.approx(kwh_a)
 
 
+@pytest.mark.parametrize("blank", ["", "nan", "None"])
+def test_a_blank_count_beside_a_measured_energy_is_no_kwh_not_a_traceback(blank):
+    """check_runs takes a blank count (blank, nan, None: not recorded); energy_kwh and the
+    accumulation test then called int() on it: a ValueError traceback from analyze."""
+    r = run("a", "strong", 2, 16, 1000) | {"epochs": "3", "energy_j_per_img": "2.5"}
+    r |= {"steps_per_epoch": blank, "accum_steps": blank}
+    [measured] = [
+        x for x in analysis.resources([r], 4) if x["kind"] == "measured" and x["family"] == "strong"
+    ]
+    assert measured["energy_kwh"] is None
+    assert analysis.step_overheads(r)["comm"] is not None  # accum_steps not recorded: 1
+
+
 def test_energy_counts_the_images_trained_not_steps_x_global_batch_under_accumulation():
     """With gradient accumulation an epoch's last group may be short: 31 micro-steps of 32
     images in groups of 4 are 8 optimizer steps, 992 images, not 8 x 128 = 1024."""

@@ -408,7 +408,7 @@ def step_overheads(row: dict) -> dict:
 
 def _accumulates(row: dict) -> bool:
     """Whether a run accumulated gradients over several micro-batches per optimizer step."""
-    return int(row.get("accum_steps") or 1) > 1
+    return (files.number(row.get("accum_steps")) or 1) > 1  # blank, None, nan: not recorded
 
 
 def _waterfall_configs(runs: list[dict]) -> dict[tuple, dict]:
@@ -712,13 +712,14 @@ def energy_kwh(members: list[dict]) -> float | None:
         per_img, _ = estimate.measured_energy_per_img(r)
         if per_img is None:
             return None
-        if r.get("train_images_per_epoch") not in (None, ""):
-            per_epoch = int(r["train_images_per_epoch"])
-        elif not _accumulates(r):
-            per_epoch = int(r["steps_per_epoch"]) * int(r["global_batch"])
-        else:
+        # a count check_runs took as blank (blank, None, nan: not measured) prices nothing
+        images, epochs = files.number(r.get("train_images_per_epoch")), files.number(r["epochs"])
+        if images is None and not _accumulates(r):
+            steps, batch = files.number(r.get("steps_per_epoch")), files.number(r["global_batch"])
+            images = None if steps is None or batch is None else steps * batch
+        if images is None or epochs is None:
             return None
-        total += per_img * int(r["epochs"]) * per_epoch
+        total += per_img * epochs * images
     return total / J_PER_KWH
 
 
