@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from conftest import PYTHON
-from workflow_helpers import child_env
+from workflow_helpers import REPO, child_env
 
 from scalestudy import files, log
 
@@ -339,6 +339,14 @@ def test_an_atomic_write_to_a_pipe_writes_into_the_pipe(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]  # no temp file left
 
 
+def matrix_to(out: Path) -> subprocess.CompletedProcess:
+    """`scalestudy matrix` of the demo study, its run table written to `out`."""
+    argv = [PYTHON, "-m", "scalestudy", "matrix", "--config", "config/demo.yaml", "--out", str(out)]
+    return subprocess.run(
+        argv, cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=120
+    )
+
+
 def test_an_output_that_is_a_device_stays_the_device(tmp_path):
     """`--out /dev/null` as root replaced /dev/null with a regular file holding the table (every
     later program's output then went into it); as another user it failed with "Permission
@@ -350,13 +358,8 @@ def test_an_output_that_is_a_device_stays_the_device(tmp_path):
     except OSError as exc:
         pytest.skip(f"cannot make a device node (needs root): {exc}")
     (tmp_path / "link").symlink_to("null")
-    repo = Path(__file__).resolve().parents[1]
     for out in (null, tmp_path / "link"):
-        argv = [PYTHON, "-m", "scalestudy", "matrix", "--config", "config/demo.yaml"]
-        r = subprocess.run(
-            [*argv, "--out", str(out)], cwd=repo, env=child_env(), capture_output=True,
-            text=True, timeout=120,
-        )  # fmt: skip
+        r = matrix_to(out)
         assert r.returncode == 0, r.stderr
         assert stat.S_ISCHR(os.lstat(null).st_mode), out
         assert os.lstat(null).st_rdev == os.makedev(1, 3)
@@ -379,13 +382,8 @@ def test_a_full_disk_is_one_line_naming_the_file(tiny_fs, tmp_path):
     with contextlib.suppress(OSError):
         os.mknod(tmp_path / "full", stat.S_IFCHR | 0o666, os.makedev(1, 7))
         outs.append(tmp_path / "full")
-    repo = Path(__file__).resolve().parents[1]
     for out in outs:
-        argv = [PYTHON, "-m", "scalestudy", "matrix", "--config", "config/demo.yaml"]
-        r = subprocess.run(
-            [*argv, "--out", str(out)], cwd=repo, env=child_env(), capture_output=True,
-            text=True, timeout=120,
-        )  # fmt: skip
+        r = matrix_to(out)
         assert r.returncode == 2, r.stderr
         assert r.stderr.strip() == f"scalestudy matrix: {out}: No space left on device"
     assert sorted(p.name for p in tiny_fs.iterdir()) == ["filler"]  # no temp file left
@@ -426,8 +424,8 @@ def test_a_path_the_command_cannot_use_is_one_line_naming_it(tmp_path, monkeypat
     out = tmp_path / "runs.tsv"
     out.mkdir()
     argv = [PYTHON, "-m", "scalestudy", "matrix", "--config", "config/demo.yaml", "--out", str(out)]
-    repo = Path(__file__).resolve().parents[1]
-    r = subprocess.run(argv, cwd=repo, env=child_env(), capture_output=True, text=True, timeout=120)
+    repo = REPO
+    r = matrix_to(out)
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip() == f"scalestudy matrix: {out}: Is a directory", r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["runs.tsv"]  # no temporary file left

@@ -501,30 +501,24 @@ def test_a_rank_stuck_in_a_micro_batch_is_named_with_it(data_dir, tmp_path):
 
 
 # the ranks of the tests below: one rank blocks (alive, the GIL released) in its own I/O
-STUCK_IN_DATA_LOAD = """
+def stuck_in(module: str, function: str, rank: int) -> str:
+    """A rank's script: `rank` sleeps 60 s before scalestudy.trainer.<module>.<function>."""
+    return f"""
 import os, sys, time
-from scalestudy.trainer import loaders
-if os.environ["RANK"] == "1":
-    real = loaders.load_prepared
+from scalestudy.trainer import {module}
+if os.environ["RANK"] == "{rank}":
+    real = {module}.{function}
     def slow(*args, **kwargs):
         time.sleep(60)
         return real(*args, **kwargs)
-    loaders.load_prepared = slow
+    {module}.{function} = slow
 from scalestudy.cli import main
 sys.exit(main())
 """
-STUCK_IN_CHECKPOINT_WRITE = """
-import os, sys, time
-from scalestudy.trainer import checkpoint
-if os.environ["RANK"] == "0":
-    real = checkpoint.write_checkpoint
-    def slow(*args, **kwargs):
-        time.sleep(60)
-        return real(*args, **kwargs)
-    checkpoint.write_checkpoint = slow
-from scalestudy.cli import main
-sys.exit(main())
-"""
+
+
+STUCK_IN_DATA_LOAD = stuck_in("loaders", "load_prepared", 1)
+STUCK_IN_CHECKPOINT_WRITE = stuck_in("checkpoint", "write_checkpoint", 0)
 
 
 def run_rank(script: str, data_dir: Path, tmp_path: Path, *flags: str) -> str:
