@@ -574,6 +574,12 @@ def test_unknown_and_local_rules_are_harmless():
     assert (odd.nodes, odd.runtime_s) == (1, 0.0)
     text = plan.format_table([train, prof, odd])
     assert "total: 3 jobs" in text and "node-hours" in text
+    # a GPU study whose dry-run holds only jobs without GPUs counts them 0; a CPU study n/a
+    local = plan.job_estimate(None, "collect", None, {"runtime": 10})
+    assert re.search(r"^total: 1 jobs, [\d.]+ node-hours, 0\.000 GPU-hours", plan.format_table(
+        [local], gpu=True), re.M)  # fmt: skip
+    assert "n/a GPU-hours" in plan.format_table([local], gpu=False)
+    assert "n/a GPU-hours" in plan.format_table([local])  # no job on a GPU
 
 
 def test_bad_plan_config_names_the_key():

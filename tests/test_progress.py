@@ -435,7 +435,8 @@ def test_sigstopped_rank_is_named_by_rank_0(data_dir, tmp_path):
         (rank1,) = [pid for pid in workers if rank_of(pid) == "1"]
         time.sleep(0.5)  # mid-epoch 2
         os.kill(rank1, signal.SIGSTOP)
-        assert wait_for(lines, "training failed", 60, reader), "".join(lines)
+        # the diagnosis follows the failure line: killing the ranks at that line cut it off
+        assert wait_for(lines, "hang diagnosis: the furthest rank(s)", 60, reader), "".join(lines)
     finally:
         for pid in workers or children(proc.pid):
             with contextlib.suppress(ProcessLookupError):

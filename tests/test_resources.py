@@ -411,8 +411,9 @@ def test_logger_plugin_without_a_registered_plan_counts_local_rules_free(monkeyp
     handler.close()
     text = capsys.readouterr().err
     assert "no estimate registered" not in text
-    assert re.search(r"^collect\s+-\s+0\s+0\s+0:00:00\s+0\.000", text, re.M), text
-    assert "total: 2 jobs, 1.000 node-hours" in text
+    # no registered study, no job on a GPU: GPUs and GPU-hours n/a (a CPU study's, or unknown)
+    assert re.search(r"^collect\s+-\s+0\s+n/a\s+0:00:00\s+0\.000\s+n/a", text, re.M), text
+    assert "total: 2 jobs, 1.000 node-hours, n/a GPU-hours" in text
 
 
 def test_logger_plugin_prints_nothing_after_an_error(capsys):

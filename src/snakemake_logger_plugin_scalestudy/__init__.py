@@ -125,7 +125,10 @@ class LogHandler(LogHandlerBase):
         try:
             estimates = [plan.job_estimate(reg, *job) for job in self._jobs]
             estimates.sort(key=lambda e: (e.rule != "train", e.rule, _order(reg, e.run)))
-            stream.write(plan.format_table(estimates))
+            # a registered study says whether it is on GPUs; without one the jobs' GPUs do
+            hardware = reg.config.get("hardware") or {}
+            gpu = hardware["device"] == "cuda" if "device" in hardware else None
+            stream.write(plan.format_table(estimates, gpu=gpu))
         except Exception as exc:  # noqa: BLE001 - the plan must never break a dry-run
             print(f"scalestudy plan: could not compute the plan ({exc!r}): {FIX}", file=stream)
         stream.flush()

@@ -109,12 +109,13 @@ def _mark(e: Estimate) -> str:
     return f"* {e.throughput_basis}{interval}{startup}"
 
 
-def format_table(estimates: list[Estimate], note: str = "") -> str:
+def format_table(estimates: list[Estimate], note: str = "", gpu: bool | None = None) -> str:
     """The dry-run table: one row per job, then totals per rule, per family and overall. A CPU
     study (no job on a GPU) prints n/a for GPUs and GPU-hours, as plan.md and the proposal do,
-    not a counted 0."""
+    not a counted 0. `gpu`: whether the study is on GPUs (None: whether any job has GPUs; a GPU
+    study's dry-run of its local rules alone has none, and prints 0)."""
     t = totals(estimates)
-    gpu = any(e.gpus for e in estimates)
+    gpu = any(e.gpus for e in estimates) if gpu is None else gpu
 
     def gpus(n: int, width: int) -> str:
         return f"{n:{width}d}" if gpu else f"{'n/a':>{width}}"
