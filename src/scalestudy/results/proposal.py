@@ -54,6 +54,8 @@ from scalestudy.study import profiling
 from scalestudy.study.config import add_config_arguments, load_layers, semantic_problems
 from scalestudy.study.estimate import (
     BENCHMARKS_DIR,
+    NOT_MEASURED,
+    NOT_USED,
     RUNS_CSV,
     SOURCE,
     add_measured_arguments,
@@ -121,8 +123,8 @@ STYLES = {
     ],
 }
 NOT_ESTIMATED = "not estimated"  # profiling jobs' energy: no J/img of a profiled window
-NOT_MEASURED = "not measured"  # no measured run of the same precision and world size has J/img
-NOT_USED = "not used (plan.calibrate false)"  # the planner reads no measured J/img then
+# NOT_MEASURED (no measured run of the same precision and world size has J/img) and NOT_USED
+# (plan.calibrate false: the planner reads no measured J/img): the planner's words, estimate.py
 ENERGY_WORDS = (NOT_ESTIMATED, NOT_MEASURED, NOT_USED)  # an energy cell that is no number
 ARCHER2_PERIOD_MONTHS = 6  # ARCHER2 allocations are reported per 6-month period
 CELL_DIGITS = 12  # significant digits of a float cell (analyze.cell) and of render_report's exact
