@@ -99,3 +99,21 @@ EPOCH_COLUMNS = (
 # the commit of the source bound in (the image may have no git).
 CONTAINER_DIGEST_ENV = "SCALESTUDY_CONTAINER_DIGEST"
 GIT_COMMIT_ENV = "SCALESTUDY_GIT_COMMIT"
+
+
+# The counted units the documents, the plan and the figures write, singular after a count of 1
+# ("1 ranks" and "(1 repeats)" read wrong): one rule for render_report's `plural` filter,
+# plan.md and the figures' legends.
+SINGULAR = {
+    "GPUs": "GPU",
+    "ranks": "rank",
+    "nodes": "node",
+    "runs": "run",
+    "training runs": "training run",
+    "repeats": "repeat",
+}
+
+
+def plural(unit: str, count: float) -> str:
+    """`unit` as it reads after `count`: "GPUs" after 2, "GPU" after 1."""
+    return SINGULAR.get(unit, unit) if count == 1 else unit

@@ -381,7 +381,7 @@ def _accuracy_curves(epochs: list[dict]) -> dict[str, list[tuple[int, float, flo
                 clock += float(e["epoch_time_s"])
                 per_epoch[int(e["epoch"])].append((clock, float(e["val_acc"])))
         w, lb, p, bk = key
-        label = f"{w} {'rank' if w == 1 else 'ranks'}, local batch {lb}, {p}"
+        label = f"{w} {vocab.plural('ranks', w)}, local batch {lb}, {p}"
         if len({k[3] for k in sums}) > 1:  # bucket runs differ only in bucket_cap_mb
             label += f", bucket {bk} MiB"
         curves[label] = [

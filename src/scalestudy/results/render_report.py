@@ -140,12 +140,9 @@ def fmt_pct_bar(value, beside=None) -> str:
 
 
 # the singular of the units the documents count ("1 GPUs", "1 ranks" read wrong)
-SINGULAR = {"GPUs": "GPU", "ranks": "rank", "nodes": "node", "runs": "run"}
-
-
 def plural(unit: str, count) -> str:
-    """`unit` as it reads after `count`: "GPUs" after 2, "GPU" after 1 (a cell or a number)."""
-    return SINGULAR.get(unit, unit) if _float(count) == 1 else unit
+    """`unit` as it reads after `count`, a cell or a number (vocab.plural)."""
+    return vocab.plural(unit, _float(count))
 
 
 def md_cell(value) -> str:

@@ -275,8 +275,8 @@ def plan_digest(estimates: list[Estimate], config: dict | None = None) -> str:
 
 
 def _count(n: int, unit: str) -> str:
-    """ "1 repeat", "2 repeats": a count with its unit as it reads ("1 repeats" read wrong)."""
-    return f"{n} {unit}" if n != 1 else f"{n} {unit.removesuffix('s')}"
+    """ "1 repeat", "2 repeats": a count with its unit as it reads (vocab.plural)."""
+    return f"{n} {vocab.plural(unit, n)}"
 
 
 def plan_markdown(
