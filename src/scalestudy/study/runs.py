@@ -280,9 +280,9 @@ def run_problems(rows: list[dict], n_train: int, n_train_source: str) -> list[st
             continue
         micro = epoch_micro_steps(n_train, row["world_size"] * row["local_batch"])
         steps = math.ceil(micro / row["accum_steps"]) * row["epochs"]
-        # the Meter's warm-up: powersgd's uncompressed steps too (TrainConfig)
-        if steps <= cfg.window_warmup_steps() and (shortest is None or steps < shortest[0]):
-            shortest = (steps, cfg.window_warmup_steps(), row)
+        warm = cfg.window_warmup_steps()  # the Meter's: powersgd's uncompressed steps too
+        if steps <= warm and (shortest is None or steps < shortest[0]):
+            shortest = (steps, warm, row)
     problems = [
         f"runs {', '.join(runs[:3])}{' ...' if len(runs) > 3 else ''}: `scalestudy train` refuses "
         f"their flags, which come from the config's train: keys (--comm-hook is "
