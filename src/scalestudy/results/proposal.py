@@ -206,6 +206,25 @@ def holdout(model_rows: list[dict]) -> dict | None:
     }
 
 
+def holdout_rows(val: dict | None) -> list[dict]:
+    """proposal.csv's rows of `holdout(...)`: the held-out points and largest error, and the
+    fit's residual sd and count below the compute where model.csv has them; none without."""
+    if val is None:
+        return []
+    rows = [
+        _row("model", "holdout", "points", val["points"], "points", "model.csv kind=holdout"),
+        _row("model", "holdout", "max_rel_error", val["max_rel_error"], "fraction", "model.csv"),
+    ]
+    fit = (
+        ("residual_rel_sd", "fraction", "fit_residual_rel_sd"),
+        ("below_compute", "configurations", "fit_below_compute"),
+    )
+    for quantity, unit, name in fit:
+        if val[quantity] is not None:
+            rows.append(_row("model", "fit", quantity, val[quantity], unit, f"model.csv {name}"))
+    return rows
+
+
 def _strong_config(config: dict, world_sizes: list[int], repeats: int, epochs=None) -> dict:
     """The study config reduced to strong-scaling runs at these world sizes (the planner prices
     them exactly as it prices the study's own runs)."""
@@ -505,23 +524,7 @@ def proposal_rows(
     ]
     if below is not None:
         rows.append(_row("scale", "first below", "world_size", below["w"], "ranks", "scaling.csv"))
-    val = holdout(model_rows)
-    if val is not None:
-        rows += [
-            _row("model", "holdout", "points", val["points"], "points", "model.csv kind=holdout"),
-            _row(
-                "model", "holdout", "max_rel_error", val["max_rel_error"], "fraction", "model.csv"
-            ),
-        ]
-        fit = (
-            ("residual_rel_sd", "fraction", "fit_residual_rel_sd"),
-            ("below_compute", "configurations", "fit_below_compute"),
-        )
-        for quantity, unit, name in fit:
-            if val[quantity] is not None:
-                rows.append(
-                    _row("model", "fit", quantity, val[quantity], unit, f"model.csv {name}")
-                )
+    rows += holdout_rows(holdout(model_rows))
     table = build_run_table(config)
     nxt, new_sizes, planned = next_runs(config, points, chosen, thin, measured, table)
     for w in new_sizes:  # one item each: (section, item, quantity) keys one cell
