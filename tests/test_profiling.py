@@ -1979,14 +1979,21 @@ def test_torch_profiler_capture_of_a_two_rank_run(data_dir, tmp_path):
         )
         phases = {r["range"]: int(r["instances"]) for r in ranges if r["rank"] == rank}
         assert phases == {"data": 3, "forward": 3, "backward": 3, "optimizer": 3}  # steps 2..4
-    # each rank's all-reduce: its time on gloo's thread, as long as its spans in the trace (DDP's
-    # flat buckets: gloo runs no op inside them), not only the c10d call's enqueue time
+    # each rank's all-reduce: its time on gloo's thread (the export's inclusive time; DDP's flat
+    # buckets: gloo runs no op inside them, the trace says), not only the c10d call's enqueue
+    # time. The export's time, not the trace's spans: on a loaded machine they differed (18.3 ms
+    # against 21.2 ms of spans on rank 0, torch 2.14.1), two records of one span
     for rank in ("0", "1"):
-        trace = json.loads((cap / "train" / "profile" / f"trace_rank{rank}.json").read_text())
+        profile = cap / "train" / "profile"
+        trace = json.loads((profile / f"trace_rank{rank}.json").read_text())
         spans = [e["dur"] for e in trace["traceEvents"] if e.get("name") == "gloo:all_reduce"]
+        assert torch_ops.nested_in_collectives(trace)["gloo:all_reduce"] == 0
+        ops = json.loads((profile / f"torch_ops_rank{rank}.json").read_text())["ops"]
+        (total,) = [o["cpu_total_us"] for o in ops if o["name"] == "gloo:all_reduce"]
+        (enqueue,) = [o["cpu_total_us"] for o in ops if o["name"] == "c10d::allreduce_"]
         (gloo,) = [r for r in kernels if r["rank"] == rank and r["kernel"] == "gloo:all_reduce"]
         assert gloo["category"] == "nccl" and int(gloo["instances"]) == len(spans) == 3
-        assert int(gloo["total_ns"]) == pytest.approx(sum(spans) * 1e3, rel=1e-3)
+        assert int(gloo["total_ns"]) == pytest.approx(total * 1e3, rel=1e-6) and total > enqueue
     # a CPU run's phase times are host times, and say so; the export flags the ranges
     assert {r["time_base"] for r in ranges} == {"host_range"}
     export = json.loads((cap / "train" / "profile" / "torch_ops_rank0.json").read_text())
