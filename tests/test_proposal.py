@@ -532,7 +532,8 @@ def test_model_holdout_error_is_shown_when_the_model_csv_has_it(tmp_path):
         "holdout,strong,8,1920,2016,0.05\nholdout,strong,4,1280,1216,-0.0734\nfit,strong,2,,,\n"
     )
     docs = write(config, study, "model.csv")
-    assert "at most 7.3% over 2 held-out point(s)" in docs["proposal.md"]
+    assert "at most 7.3% over 2 held-out points" in docs["proposal.md"]  # was "point(s)"
+    assert "at most 7.3\\% over 2 held-out points" in " ".join(docs["proposal.tex"].split())
     docs = write(config, study)  # absent: said so
     assert "no held-out validation" in docs["proposal.md"]
     # by hand, from another directory: --csv-dir's model.csv, not the working directory's
@@ -544,7 +545,7 @@ def test_model_holdout_error_is_shown_when_the_model_csv_has_it(tmp_path):
     argv += ["--csv-dir", str(csv_dir), "--out-dir", str(out)]
     argv += ["--runs-csv", str(study / "results/csv/runs.csv")]
     assert cli.main(argv) == 0
-    assert "at most 7.3% over 2 held-out point(s)" in (out / "proposal.md").read_text()
+    assert "at most 7.3% over 2 held-out points" in (out / "proposal.md").read_text()
 
 
 @pytest.mark.parametrize(
