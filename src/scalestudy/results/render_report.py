@@ -46,7 +46,7 @@ DOCUMENTS = ("study.md", "paper.tex")
 # compute model of a precision
 MODEL_PARAMS = ("fit", "compute", "alpha_s", "beta_intra_Bps", "beta_inter_Bps", "compute_c0_s",
                 "compute_c1_s_per_img", "backward_frac", "fit_points", "fit_dof",
-                "fit_residual_rel_sd")  # fmt: skip
+                "fit_residual_rel_sd", "fit_below_compute")  # fmt: skip
 FORMULA_CONSTANTS = frozenset({"1"})
 # the templates of the checkout this package runs from (src/scalestudy/results/ -> the root): a
 # hand-run render-report finds them from any directory; the workflow names its own
