@@ -70,6 +70,22 @@ def test_a_tool_that_prints_bytes_that_are_not_utf8_is_recorded_not_a_crash(tmp_
     assert info["cpu"]["lscpu"] == "Model name: Intel\ufffd Xeon"
 
 
+def test_kernel_files_that_are_not_utf8_are_recorded_not_a_crash(tmp_path, monkeypatch):
+    """/proc/cpuinfo and /sys/class/net were read strictly: a Latin-1 byte in the CPU's model
+    name or a device's field was a UnicodeDecodeError (not the OSError caught), a failed job."""
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_bytes(b"processor\t: 0\nmodel name\t: Intel\xae Xeon\n")
+    net = tmp_path / "net"
+    (net / "eth0").mkdir(parents=True)
+    (net / "eth0" / "operstate").write_bytes(b"up\xff\n")
+    monkeypatch.setattr(inventory_module, "CPUINFO", cpuinfo)
+    monkeypatch.setattr(inventory_module, "SYS_NET", net)
+    monkeypatch.setattr(inventory_module, "SYS_IB", tmp_path / "no-infiniband")
+    assert inventory_module._cpu()["model"] == "Intel\ufffd Xeon"
+    (eth0,) = inventory_module._network()
+    assert eth0["operstate"] == "up\ufffd" and eth0["mtu"] == inventory_module.ABSENT
+
+
 def test_the_image_digest_is_the_sha256_of_the_image(tmp_path):
     image = tmp_path / "trainer.sif"
     image.write_bytes(b"not really an image, but bytes to hash" * 1000)

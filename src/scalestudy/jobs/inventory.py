@@ -28,6 +28,10 @@ from scalestudy import files, log, vocab
 logger = log.get(__name__)
 
 ABSENT = "absent"
+# where the CPU's model and the network devices are read (tests point them elsewhere)
+CPUINFO = Path("/proc/cpuinfo")
+SYS_NET = Path("/sys/class/net")
+SYS_IB = Path("/sys/class/infiniband")
 
 
 def _cmd(argv: list[str], timeout: float = 10.0) -> str:
@@ -81,10 +85,16 @@ def _torch() -> dict:
     return info
 
 
+def _read(path: Path) -> str:
+    """A kernel file's text; a byte that is not UTF-8 (a vendor string, a device name) becomes
+    U+FFFD instead of a UnicodeDecodeError that failed the job, as the tools' output does."""
+    return path.read_text(errors="replace")
+
+
 def _cpu() -> dict:
     info = {"machine": platform.machine(), "logical_cpus": os.cpu_count()}
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
+        for line in _read(CPUINFO).splitlines():
             if line.startswith("model name"):
                 info["model"] = line.split(":", 1)[1].strip()
                 break
@@ -97,21 +107,21 @@ def _cpu() -> dict:
 
 def _network() -> list[dict]:
     out = []
-    base = Path("/sys/class/net")
+    base = SYS_NET
     for dev in sorted(base.iterdir()) if base.is_dir() else []:
         entry = {"name": dev.name}
         for key in ("operstate", "speed", "mtu", "address"):
             try:
-                entry[key] = (dev / key).read_text().strip()
+                entry[key] = _read(dev / key).strip()
             except OSError:
                 entry[key] = ABSENT
         out.append(entry)
-    ib = Path("/sys/class/infiniband")
+    ib = SYS_IB
     for dev in sorted(ib.iterdir()) if ib.is_dir() else []:
         entry = {"name": dev.name, "type": "infiniband"}
         for port in sorted((dev / "ports").glob("*")):
             with contextlib.suppress(OSError):
-                entry[f"port{port.name}_rate"] = (port / "rate").read_text().strip()
+                entry[f"port{port.name}_rate"] = _read(port / "rate").strip()
         out.append(entry)
     return out
 
