@@ -814,12 +814,14 @@ def test_the_figure_dir_is_left_out_of_the_honesty_check_and_nothing_else(done, 
 
 
 @pytest.mark.parametrize(
-    "figure_dir", ["../plots 2026", "../100%", "../#1", "C:\\plots", '../fig"s']
+    "figure_dir",
+    ["../plots 2026", "../100%", "../#1", "C:\\plots", '../fig"s', "../a(b", "../a)b(", "<x"],
 )
 def test_a_figure_dir_the_documents_cannot_link_to_is_refused(done, tmp_path, capsys, figure_dir):
     """--figure-dir '../100%' was written into paper.tex's \\includegraphics as typed: LaTeX read
     the rest of the line as a comment and latexmk failed (with a '"' graphicx's parser of file
-    names did); with a space study.md's image link was plain text."""
+    names did); with a space, an unbalanced parenthesis or a leading < (CommonMark's
+    destination rules) study.md's image link was plain text or broken."""
     from scalestudy import cli
 
     out = tmp_path / "reports"
@@ -828,6 +830,13 @@ def test_a_figure_dir_the_documents_cannot_link_to_is_refused(done, tmp_path, ca
     (err,) = capsys.readouterr().err.strip().splitlines()
     assert err.startswith(f"scalestudy render-report: --figure-dir {figure_dir!r} has "), err
     assert "give a path without them" in err and not out.exists()
+
+
+def test_balanced_parentheses_in_a_figure_dir_are_allowed():
+    from scalestudy.results.render_report import figure_dir_problem
+
+    assert figure_dir_problem("../plots (2026)") is not None  # the spaces
+    assert figure_dir_problem("../plots(2026)/x") is None  # CommonMark: a balanced pair
 
 
 @pytest.mark.parametrize("name", ["a%b", "a#b", "a{b", "a\\b", 'a"b', "ü_&~$^"])

@@ -279,20 +279,40 @@ def load_tables(csv_dir: Path, names: tuple[str, ...] = TABLES) -> dict[str, lis
 # as typed, where % starts a comment, # { } \ are TeX's syntax and " trips graphicx's parser of
 # file names ("Use of ... doesn't match its definition") (pdfLaTeX fails on each; spaces,
 # _ & ~ $ ^ and UTF-8 letters build), and study.md links to it, where a space ends the link
-# (CommonMark: `![c](a b/f.png)` is text, not an image)
+# (CommonMark: `![c](a b/f.png)` is text, not an image), as do an unbalanced parenthesis and a
+# leading < (a destination "includes parentheses only if ... part of a balanced pair"; <...> is
+# the bracketed form)
 FIGURE_DIR_UNSAFE = re.compile(r'[%#{}\\"\s]')
+
+
+def _parentheses_balanced(text: str) -> bool:
+    depth = 0
+    for c in text:
+        depth += {"(": 1, ")": -1}.get(c, 0)
+        if depth < 0:
+            return False
+    return depth == 0
 
 
 def figure_dir_problem(figure_dir: str) -> str | None:
     """Why the documents could not link to figures in `figure_dir`, or None."""
     bad = sorted(set(FIGURE_DIR_UNSAFE.findall(figure_dir)))
+    if not _parentheses_balanced(figure_dir):
+        bad.append("unbalanced parentheses")
+    if figure_dir.startswith("<"):
+        bad.append("a leading '<'")
     if not bad:
         return None
     return (
-        f"--figure-dir {figure_dir!r} has {' '.join(map(repr, bad))}, which paper.tex's "
-        "\\includegraphics (% # { } \\ \") or study.md's image links (spaces) cannot take: give a "
-        "path without them (a symbolic link to the figures will do)"
+        f"--figure-dir {figure_dir!r} has {', '.join(map(_named, bad))}, which paper.tex's "
+        "\\includegraphics (% # { } \\ \") or study.md's image links (spaces, unbalanced "
+        "parentheses, a leading <) cannot take: give a path without them (a symbolic link to the "
+        "figures will do)"
     )
+
+
+def _named(bad: str) -> str:
+    return repr(bad) if len(bad) == 1 else bad
 
 
 def context(tables: dict[str, list[dict]], figures: list[str], figure_dir: str) -> dict:
