@@ -939,6 +939,72 @@ def test_ncu_command_runs_at_the_timed_runs_clocks():
     assert argv[-2:] == ["python", "t.py"] and "--profile-from-start" in argv
 
 
+# a stand-in ncu: the profiling pass writes its report at once; `--import` prints a details
+# header, sleeps, or fails, as STAND_IN_IMPORT says
+STAND_IN_NCU = """#!/bin/sh
+case " $* " in *" --import "*)
+  case "$STAND_IN_IMPORT" in
+    hang) sleep 60;;
+    fail) echo "==ERROR== cannot read the report" >&2; exit 1;;
+  esac
+  echo '"ID","Kernel Name","Metric Name"'; exit 0;;
+esac
+while [ $# -gt 0 ]; do [ "$1" = --export ] && base=$2; shift; done
+: > "$base.ncu-rep"; exit 0
+"""
+
+
+class BudgetAfterFirst(gpu_check.Budget):
+    """The budget's clock as ncu_kernel meets it: the ncu pass gets its whole limit, then only
+    `left` seconds remain for `ncu --import` (0: none, so it is not started)."""
+
+    def __init__(self, left: float):
+        super().__init__(deadline=0.0)
+        self.calls, self.left = 0, left
+
+    def limit(self, wanted: float) -> gpu_check.Limit:
+        self.calls += 1
+        if self.calls == 1:
+            return gpu_check.Limit(wanted)
+        return gpu_check.Limit(min(wanted, self.left), budget_cut=self.left < wanted)
+
+
+@pytest.mark.parametrize(
+    ("import_", "left", "status", "says"),
+    [
+        ("ok", 0.0, NOT_RUN, f"ncu --import did not start: {report.NO_TIME}"),
+        ("hang", 2.0, NOT_RUN, f"ncu --import was stopped after 2 s: {report.NO_TIME}"),
+        ("fail", 60.0, FAIL, "ncu --import exited with 1: "),
+    ],
+)
+def test_an_ncu_import_the_budget_cut_is_not_run_and_a_failed_one_fails(
+    tmp_path, monkeypatch, import_, left, status, says
+):
+    """The ncu pass finished, then the budget ran out before `ncu --import` started (or
+    stopped it): the error said "ncu --import exited None: not started ...", without the budget's
+    marker, so the check failed and gpu-check exited 1 (FAILED) instead of 3 (INCOMPLETE)."""
+    monkeypatch.setattr(gpu_check, "MIN_START_S", 1.0)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ncu").write_text(STAND_IN_NCU)
+    (bin_dir / "ncu").chmod(0o755)
+    env = {**child_env(), "PATH": f"{bin_dir}:{os.environ['PATH']}", "STAND_IN_IMPORT": import_}
+    ctx = gpu_check.Context(
+        work=gpu_check.prepare_out(tmp_path / "out"),
+        fixtures=tmp_path / "out" / "fixtures",
+        env=env,
+        budget=BudgetAfterFirst(left),
+        device="cpu",
+    )
+    attempt = gpu_check.ncu_kernel(ctx, 0, "sm90_xmma_fprop_kernel")
+    assert attempt["run"].rc == 0 and attempt["rows"] is None  # the pass ran, the import not
+    check = report.judge_ncu(str(bin_dir / "ncu"), [attempt])
+    assert check.status == status, check.problems
+    assert len(check.problems) == 1 and says in check.problems[0], check.problems
+    if status == FAIL:  # ncu's own reason comes with it
+        assert "cannot read the report" in check.problems[0]
+
+
 def reference_case(ours_img_s: float, **ref_changes) -> tuple[RunResult, RunResult]:
     ours = stand_in_run(throughput_img_s=ours_img_s)
     ref = {"throughput_img_s": 10000.0, "width": 64, "local_batch": 512, "precision": "bf16"}

@@ -622,8 +622,12 @@ def ncu_kernel(ctx: Context, i: int, kernel: str) -> dict:
         ctx.env,
         stdout=details,
     )
+    if report.was_cut(imported):  # the budget's, not ncu's: NO_TIME makes the check "not run"
+        attempt["error"] = "; ".join(report.run_problems(imported, "ncu --import"))
+        return attempt
     if imported.rc != 0:
-        attempt["error"] = f"ncu --import exited {imported.rc}: {imported.log_tail[-300:]}"
+        why = "; ".join(report.run_problems(imported, "ncu --import"))
+        attempt["error"] = f"{why}: {imported.log_tail[-300:]}"
         return attempt
     try:
         attempt["rows"] = ncu_parser.parse_ncu(details, "gpu-check", kernel=kernel)
