@@ -133,6 +133,44 @@ def test_only_runs_the_named_checks_and_a_budget_too_small_is_refused(tmp_path, 
     assert not (tmp_path / "o").exists()
 
 
+def test_a_budget_the_setup_used_up_before_prepare_data_is_one_line(tmp_path, monkeypatch, request):
+    """An accepted --budget-s (16 s: 6 s for the processes) whose setup (the inventory and
+    torch's CUDA start; nvidia-smi on a GPU node: a sleep here) left too little to start
+    prepare-data ended "prepare-data failed (exit None)": a fault, for what is a budget too
+    small. The CUDA refusal and the device's properties are stood in (no GPU here)."""
+    # run() installs its SIGTERM/SIGINT handlers (stop_children): pytest's come back after
+    handlers = {n: signal.getsignal(n) for n in (signal.SIGTERM, signal.SIGINT)}
+    request.addfinalizer(lambda: [signal.signal(n, h) for n, h in handlers.items()])
+    monkeypatch.setattr(gpu_check, "refuse_without_gpu", lambda: None)
+    monkeypatch.setattr(gpu_check.gpu_slots, "visible_gpus", lambda env: ["0"])
+
+    def versions(ctx):
+        time.sleep(1.5)  # 4.5 s or less left: under MIN_START_S
+        return {"device_name": "stand-in", "device_count": 1}
+
+    monkeypatch.setattr(gpu_check, "versions", versions)
+    parser = argparse.ArgumentParser()
+    gpu_check.add_arguments(parser)
+    args = parser.parse_args(["--out", str(tmp_path / "o"), "--budget-s", "16"])
+    with pytest.raises(GpuCheckError) as caught:
+        gpu_check.run(args)
+    line = str(caught.value)
+    assert "\n" not in line and "exit None" not in line, line
+    assert line.startswith("--budget-s 16: the budget ran out before prepare-data: "), line
+    assert line.endswith("give a larger --budget-s (default 720)"), line
+    assert "not started" in (tmp_path / "o/gpu-check-work/logs/prepare-data.log").read_text()
+    # stopped by the deadline while it ran: the same, not a failure of prepare-data
+    cut = RunResult(rc=None, limit_s=3.2, timed_out=True, budget_cut=True)
+    monkeypatch.setattr(gpu_check, "prepare_data", lambda ctx: cut)
+    with pytest.raises(GpuCheckError, match=r"ran out while prepare-data ran \(stopped after 3 s"):
+        gpu_check.run(args)
+    # and its own failure is still one
+    failed = RunResult(rc=1)
+    monkeypatch.setattr(gpu_check, "prepare_data", lambda ctx: failed)
+    with pytest.raises(GpuCheckError, match=r"prepare-data failed \(exit 1\), see "):
+        gpu_check.run(args)
+
+
 def test_an_out_that_is_a_file_or_a_foreign_work_dir_is_refused(tmp_path):
     a_file = tmp_path / "f"
     a_file.write_text("x")

@@ -55,7 +55,8 @@ process groups, which their own sessions keep from the signal), DIR/fixtures/ (t
 torch.profiler export and ncu details CSV with provenance.json, a few KB, for tests/fixtures/) and
 DIR/gpu-check-work/ (logs and run outputs; the synthetic data is deleted at the end).
 Exit 0 when every check passed (or was skipped), 1 when one failed, 3 when none failed but the
-budget ran out before some ran.
+budget ran out before some ran. A --budget-s that runs out before the synthetic data is made
+(the setup, `inventory` and torch's CUDA start, counts against it) is one line, exit 2.
 """
 
 from __future__ import annotations
@@ -988,7 +989,20 @@ def run(args: argparse.Namespace) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, stop_children)
     progress([])  # an earlier run's report in DIR must not pass for this one's
+    setup_s = time.monotonic() - t0  # the inventory (nvidia-smi, ncu --version), torch's CUDA
     data = prepare_data(ctx)
+    if report.was_cut(data):  # a fault of no one: the budget is too small for this node's setup
+        when = (
+            f"before prepare-data: {data.limit_s:.1f} s left after {setup_s:.1f} s of setup and "
+            f"the {REPORT_RESERVE_S:g} s kept for the report, and no process starts with less "
+            f"than {MIN_START_S:g} s"
+            if not data.started
+            else f"while prepare-data ran (stopped after {data.limit_s:.0f} s)"
+        )
+        raise GpuCheckError(
+            f"--budget-s {args.budget_s:g}: the budget ran out {when}: give a larger --budget-s "
+            f"(default {BUDGET_S:.0f})"
+        )
     if data.rc != 0:
         raise GpuCheckError(
             f"prepare-data failed (exit {data.rc}), see {work / 'logs' / 'prepare-data.log'}"
