@@ -207,7 +207,8 @@ def test_the_trainers_directories_outside_the_working_directory_are_bound_in(tmp
     """Apptainer binds only $HOME, the working directory and /tmp: an absolute --data-dir or
     --checkpoint-dir on /scratch (what config/README.md advises) was not inside the image, and
     every rank found no data. Each is bound at its own path (its nearest existing directory:
-    the trainer makes the checkpoint directory); one under the working directory is not."""
+    the trainer makes the checkpoint directory), a relative one that leaves the working
+    directory too; one under the working directory is not."""
     parser = argparse.ArgumentParser()
     launch.add_arguments(parser)
     work, scratch = tmp_path / "study", tmp_path / "scratch"
@@ -231,7 +232,14 @@ def test_the_trainers_directories_outside_the_working_directory_are_bound_in(tmp
         f"--out={work / 'results/runs/run-1'}",
     )  # fmt: skip
     assert got[1:] == [str(scratch / "data/cifar10"), str(scratch / "ckpt")]  # [0]: src/
-    assert binds("--data-dir", "results/data") == got[:1]  # relative: the working directory
+    assert binds("--data-dir", "results/data") == got[:1]  # inside the working directory
+    assert binds("--data-dir", "./results/../results/data") == got[:1]
+    # relative and leaving the working directory (a study's `data_dir: ../scratch/data`): the
+    # ranks start in the bound working directory, so it is the host's work/../scratch/data
+    # inside the image too; it was skipped, as only absolute paths were looked at
+    rel = binds("--data-dir", "../scratch/data/cifar10", "--checkpoint-dir=../scratch/ckpt/r1")
+    assert rel == got
+    assert binds("--out", "results/../../scratch/new/run-1") == [*got[:1], str(scratch)]
     with pytest.raises(LaunchError, match="none of its directories exists"):
         binds("--checkpoint-dir", "/no-such-top-level-dir/ckpt")
 

@@ -530,9 +530,10 @@ def test_blank_paths_and_names_are_refused(key):
 
 @pytest.mark.parametrize("key", ["data_dir", "checkpointing.dir"])
 def test_a_path_apptainer_cannot_bind_is_refused_when_the_container_is_on(key):
-    """jobs/launch.py binds an absolute data or checkpoint directory into the image, and
-    refused every launch of one with ':' or ',' (Apptainer's --bind field separators)."""
-    for value in ("/scratch/st,data", "/scratch/a:b"):
+    """jobs/launch.py binds a data or checkpoint directory outside the working directory into
+    the image (absolute, or relative and leaving it), and refused every launch of one with ':'
+    or ',' (Apptainer's --bind field separators)."""
+    for value in ("/scratch/st,data", "/scratch/a:b", "../shared/st,data"):
         on = [f"{key}={value}", "container.enabled=true"]
         refused(minimal(), f"config key '{key}'", "Apptainer's --bind", overrides=on)
         load_and_validate(minimal(), overrides=on[:1])  # no container: nothing is bound

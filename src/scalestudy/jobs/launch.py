@@ -237,17 +237,23 @@ PATH_FLAGS = ("data_dir", "checkpoint_dir", "out")
 
 
 def container_path_binds(config: TrainConfig, cwd: Path) -> list[str]:
-    """Host directories to bind into the container at their own path: for each absolute path
-    of PATH_FLAGS outside the working directory, its nearest existing directory (the trainer
+    """Host directories to bind into the container at their own path: for each path of
+    PATH_FLAGS outside the working directory `cwd`, its nearest existing directory (the trainer
     makes its checkpoint and output directories). Apptainer binds only $HOME, the working
     directory and /tmp by default; a cluster's /scratch, where config/README.md tells users to
     put data and checkpoints, is inside the image only where the site binds it, and without it
-    every rank found no data or could not write its checkpoints."""
+    every rank found no data or could not write its checkpoints.
+    A relative path is taken against `cwd` first: Apptainer binds the working directory at its
+    own path and starts the ranks in it, so inside the image `../shared/data` is the host's
+    `cwd/../shared/data`, which is outside cwd and needs its bind as an absolute path does (it
+    was skipped: only absolute paths were looked at)."""
     binds: list[str] = []
     for name in PATH_FLAGS:
         flag, value = f"--{flag_name(name)}", getattr(config, name)
-        path = Path(os.path.normpath(value)) if value else None
-        if path is None or not path.is_absolute() or path.is_relative_to(cwd):
+        if not value:
+            continue
+        path = Path(os.path.normpath(cwd / value))  # an absolute value stays itself
+        if path.is_relative_to(cwd):
             continue
         there = next(p for p in (path, *path.parents) if p.is_dir())
         if there == Path("/"):

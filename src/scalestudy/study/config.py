@@ -382,19 +382,21 @@ def path_problems(config: dict) -> list[str]:
         elif key in CONTAINER_BOUND and config["container"]["enabled"] and _unbindable(node):
             # jobs/launch.py binds such a directory into the image, and refused every launch
             problems.append(
-                _bad(key, node, "no ':' or ',' in an absolute path while container.enabled: "
-                     "Apptainer's --bind, which brings it into the image, separates its fields "
-                     "with them; choose a directory without them")
+                _bad(key, node, "no ':' or ',' in a path outside the working directory while "
+                     "container.enabled: Apptainer's --bind, which brings it into the image, "
+                     "separates its fields with them; choose a directory without them")
             )  # fmt: skip
     return problems
 
 
-# the paths jobs/launch.py binds into the container (absolute ones outside the working directory)
+# the paths jobs/launch.py binds into the container (those outside the working directory:
+# absolute, or relative ones that leave it, `../shared/data`)
 CONTAINER_BOUND = ("data_dir", "checkpointing.dir")
 
 
 def _unbindable(path: str) -> bool:
-    return path.startswith("/") and files.unbindable(path)
+    path = os.path.normpath(path)
+    return (os.path.isabs(path) or path.split(os.sep)[0] == os.pardir) and files.unbindable(path)
 
 
 def semantic_problems(config: dict) -> list[str]:
