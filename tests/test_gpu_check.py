@@ -702,6 +702,45 @@ def test_a_window_too_short_for_the_counter_is_no_failure_when_the_probe_proves_
     assert "outside 20-1000 W" in report.judge_nvml(short, samples, wrong).problems[0]
 
 
+def test_the_energy_probes_refusal_reaches_the_report(tmp_path):
+    """The probe refused in one line and exited 2 (here: no GPU visible; on a GPU node NVML's
+    NotSupported, a pre-Volta GPU, a vGPU), and the check said "the energy probe printed
+    nothing" beside the log tail of the trainer run, which had passed: the reason never
+    reached gpu-check.md. The nvml check's own code runs the real probe; the sampled run of
+    our trainer is a stand-in (a GPU run)."""
+    work = gpu_check.prepare_out(tmp_path / "out")
+    (work / "runs/ours-bf16").mkdir(parents=True)
+    (work / "runs/ours-bf16/gpu_samples_rank0.csv").write_text(
+        "util_pct,power_w,sm_clock_mhz\n91,420.5,1980\n"
+    )
+    env = {**child_env(CUDA_VISIBLE_DEVICES=""), "PYTHONPATH": str(REPO / "src")}
+    ctx = gpu_check.Context(
+        work=work,
+        fixtures=tmp_path / "out/fixtures",
+        env=env,
+        budget=gpu_check.Budget(time.monotonic() + 120),
+    )
+    ours = stand_in_run()
+    ours.log_tail = "epoch 3 | 20,000 img/s"
+    check = gpu_check.check_nvml(ctx, ours)
+    reason = "energy_probe: no CUDA GPU here (torch.cuda.is_available() is False)"
+    assert check.status == FAIL and check.problems[0] == "the energy probe exited with 2"
+    assert check.problems[1].startswith(f"its reason: {reason}"), check.problems
+    assert not any("printed nothing" in p for p in check.problems)
+    assert reason in check.log_tail and "20,000 img/s" not in check.log_tail
+    report.write_report(tmp_path / "out", {"host": "n", "versions": {"device_count": 1}}, [check])
+    assert reason in (tmp_path / "out/gpu-check.md").read_text()
+    # the sampled run failed as well: its tail is shown, the probe's reason is still said
+    crashed = stand_in_run(rc=1)
+    failed_probe = RunResult(rc=2, log_tail=f"+ probe\n{reason}: run it on a GPU node")
+    both = report.judge_nvml(crashed, [], None, failed_probe)
+    assert both.log_tail == crashed.log_tail and any(reason in p for p in both.problems)
+    # a probe that crashed without its one line: the first error line of its traceback
+    traceback = "+ probe\nTraceback (most recent call last):\nRuntimeError: CUDA error: busy"
+    crash = report.judge_nvml(ours, [], None, RunResult(rc=1, log_tail=traceback))
+    assert "its reason: RuntimeError: CUDA error: busy" in crash.problems
+
+
 def test_energy_probe_without_a_gpu_is_one_line(tmp_path):
     """Run by hand on a machine without CUDA it said so in pynvml's traceback (no GPU visible:
     tested on GPU machines too)."""

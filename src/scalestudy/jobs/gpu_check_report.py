@@ -606,7 +606,8 @@ def judge_nvml(
 ) -> Check:
     """samples: the rows of the run's gpu_samples_rank0.csv (the run has one GPU); probe: the
     JSON of jobs/energy_probe.py on this GPU (None when it did not run or printed nothing);
-    probe_run: the probe's process."""
+    probe_run: the probe's process (where it failed, its problems and reason are the check's,
+    not "printed nothing", and its log tail is shown unless the sampled run failed too)."""
     criterion = (
         "gpu_samples_rank0.csv has samples and metrics.json gpu_util_mean is not null; the energy "
         "probe saw NVML's total-energy counter advance every <= "
@@ -646,8 +647,9 @@ def judge_nvml(
         "probe_power_w_from_counter": probe.get("power_w_from_counter"),
         "probe_power_w_nvml": probe.get("power_w_nvml"),
     }
-    if probe_run is not None and was_cut(probe_run):
-        problems += run_problems(probe_run, "the energy probe")
+    probe_failed = probe_run is not None and (was_cut(probe_run) or probe_run.rc != 0)
+    if probe_failed:
+        problems += probe_run_problems(probe_run)
     else:
         problems += probe_problems(probe)
     if not run_failed:
@@ -659,7 +661,24 @@ def judge_nvml(
         wall_why = m.get("energy_wall_unmeasured")
         if m.get("energy_wall_j") is None and not str(wall_why).startswith(ENERGY_SHORT_WINDOW):
             problems.append(f"energy_wall_j is null ({wall_why or 'no reason recorded'})")
-    return verdict("nvml", criterion, numbers, problems, [run])
+    # the log tail shown: the sampled run's where it failed, else the failed probe's
+    runs = [probe_run, run] if probe_failed else [run]
+    return verdict("nvml", criterion, numbers, problems, runs)
+
+
+# the energy probe's own one-line refusal (energy_probe.main), else a line that says why
+PROBE_REASON = re.compile(rf"^energy_probe: |{ERROR_LINE.pattern}")
+
+
+def probe_run_problems(probe_run: RunResult) -> list[str]:
+    """Why the energy probe's process gave no result: run_problems, and the line of its log
+    that says why (its one-line refusal: no GPU, NVML's NotSupported, a counter that went
+    backwards), unless the budget cut it."""
+    problems = run_problems(probe_run, "the energy probe")
+    if not was_cut(probe_run):
+        reason = log_line(probe_run.log_tail, PROBE_REASON)
+        problems.append(f"its reason: {reason}" if reason else "its log says no reason")
+    return problems
 
 
 def probe_problems(probe: dict) -> list[str]:
