@@ -84,12 +84,56 @@ def test_visible_gpus_are_what_cuda_makes_of_cuda_visible_devices(value, gpus):
 
 
 def test_a_run_wider_than_the_machine_is_refused_in_one_line():
-    assert gpu_slots.refusal([1, 2, 4], ["0", "1", "2", "3"]) == ""
-    line = gpu_slots.refusal([1, 8], ["0", "1"])
+    four = {"CUDA_VISIBLE_DEVICES": "0,1,2,3"}
+    assert gpu_slots.refusal([1, 2, 4], ["0", "1", "2", "3"], four) == ""
+    line = gpu_slots.refusal([1, 8], ["0", "1"], {"CUDA_VISIBLE_DEVICES": "0,1"})
     assert "\n" not in line
     assert "needs 8 GPUs" in line and "shows 2" in line and "families.*.gpus" in line
+    assert "(CUDA_VISIBLE_DEVICES='0,1')" in line
+    # the variable unset: the GPUs are those torch counts, and the line says so
+    line = gpu_slots.refusal([2], ["0"], {})
+    assert "needs 2 GPUs" in line and "(CUDA_VISIBLE_DEVICES is unset and torch counts 1)" in line
     with pytest.raises(LaunchError, match="needs 3 GPUs"):
         gpu_slots.acquire(3, {"CUDA_VISIBLE_DEVICES": "0,1"})
+
+
+@pytest.mark.parametrize(
+    ("env", "said"),
+    [
+        ({}, "CUDA_VISIBLE_DEVICES is unset and torch counts 0"),
+        ({"CUDA_VISIBLE_DEVICES": ""}, "CUDA_VISIBLE_DEVICES=''"),
+        ({"CUDA_VISIBLE_DEVICES": "-1"}, "CUDA_VISIBLE_DEVICES='-1'"),
+    ],
+)
+def test_no_gpu_at_all_is_said_so_not_lower_the_world_sizes_to_zero(env, said):
+    """`launch -- --device cuda` on a machine showing no GPU said "a run of this study needs 1
+    GPUs ... shows 0 (CUDA_VISIBLE_DEVICES=(none)) ... lower the study's world sizes to at most
+    0", with the variable unset."""
+    line = gpu_slots.refusal([1], [], env)
+    assert line == (
+        f"no CUDA GPU is visible on this machine ({said}), and a cuda run of 1 rank needs 1 GPU: "
+        "use --device cpu (a study: hardware.device cpu), or run it on a GPU node"
+    )
+    assert "2 ranks needs 2 GPUs" in gpu_slots.refusal([1, 2], [], env)
+
+
+def test_a_cuda_launch_without_a_visible_gpu_is_that_one_line(tmp_path):
+    """By hand, as the audit found it: the rank is never started."""
+    env = {**slot_env(tmp_path, "-1"), "PATH": os.environ["PATH"]}
+    env.pop("SLURM_JOB_ID", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "scalestudy", "launch", "--", "--device", "cuda", "--epochs", "1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == [
+        "scalestudy launch: no CUDA GPU is visible on this machine (CUDA_VISIBLE_DEVICES='-1'), "
+        "and a cuda run of 1 rank needs 1 GPU: use --device cpu (a study: hardware.device cpu), "
+        "or run it on a GPU node"
+    ]
 
 
 def test_two_runs_get_different_gpus_and_a_third_waits_for_one(tmp_path):

@@ -27,9 +27,10 @@ import fcntl
 import os
 import re
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
-from scalestudy import log
+from scalestudy import log, vocab
 from scalestudy.errors import LaunchError
 
 logger = log.get(__name__)
@@ -78,17 +79,32 @@ def cuda_visible(text: str) -> list[str]:
     return ids
 
 
-def refusal(world_sizes: list[int], gpus: list[str]) -> str:
-    """One line when a run needs more GPUs than this machine shows, else ""."""
+def visible_setting(env: Mapping[str, str], gpus: list[str]) -> str:
+    """How the GPUs `gpus` (visible_gpus(env)) came to be visible, as a message says it: the
+    variable as it is set, or unset and what torch counts."""
+    if "CUDA_VISIBLE_DEVICES" not in env:
+        return f"CUDA_VISIBLE_DEVICES is unset and torch counts {len(gpus)}"
+    return f"CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']!r}"
+
+
+def refusal(world_sizes: list[int], gpus: list[str], env: Mapping[str, str]) -> str:
+    """One line when a run needs more GPUs than this machine shows (`gpus`: visible_gpus(env)),
+    else "". With none visible it says so, not "lower the world sizes to at most 0"."""
     widest = max(world_sizes, default=0)
     if widest <= len(gpus):
         return ""
+    setting = visible_setting(env, gpus)
+    if not gpus:
+        return (
+            f"no CUDA GPU is visible on this machine ({setting}), and a cuda run of {widest} "
+            f"{vocab.plural('ranks', widest)} needs {widest} {vocab.plural('GPUs', widest)}: "
+            "use --device cpu (a study: hardware.device cpu), or run it on a GPU node"
+        )
     return (
-        f"a run of this study needs {widest} GPUs on one machine, and this one shows "
-        f"{len(gpus)} (CUDA_VISIBLE_DEVICES={','.join(gpus) or '(none)'}): local GPU runs get "
-        "one GPU per rank and never share; lower the study's world sizes to at most "
-        f"{len(gpus)} (families.*.gpus) or run it on a cluster (`snakemake --profile "
-        "profiles/slurm`)"
+        f"a run of this study needs {widest} {vocab.plural('GPUs', widest)} on one machine, "
+        f"and this one shows {len(gpus)} ({setting}): local GPU runs get one GPU per rank and "
+        f"never share; lower the study's world sizes to at most {len(gpus)} (families.*.gpus) "
+        "or run it on a cluster (`snakemake --profile profiles/slurm`)"
     )
 
 
@@ -116,7 +132,7 @@ def acquire(n: int, env: dict[str, str], poll_s: float = POLL_S) -> list[str]:
     """Wait for n free GPU slots of this machine, lock them for the life of this process and
     its exec'd successors (inheritable descriptors), and return their ids."""
     gpus = visible_gpus(env)
-    line = refusal([n], gpus)
+    line = refusal([n], gpus, env)
     if line:
         raise LaunchError(line)
     directory = lock_dir(env)
