@@ -1243,8 +1243,16 @@ def test_report_writes_markdown_and_json_with_failures_and_limits(tmp_path):
     assert "`fixtures/torch_ops_rank0.json`" in md
 
 
+def two_gpu_pass() -> Check:
+    graphs = stand_in_run(
+        world_size=2, param_checksums=["a", "a"], compiled=True, cuda_graphs_used=True
+    )
+    return report.judge_two_gpus(2, graphs)
+
+
 def test_report_of_all_passing_checks_says_passed(tmp_path):
-    checks = [c for c in stand_in_checks() if c.status != FAIL]
+    checks = [c for c in stand_in_checks() if c.status != FAIL and c.name != "nccl2-ddp"]
+    checks.append(two_gpu_pass())
     checks[1].numbers["throughput_img_s"] = float("nan")  # JSON has no NaN: written as "nan"
     doc = report.write_report(tmp_path, {"host": "n", "versions": {"device_count": 2}}, checks)
     assert doc["passed"] is True
@@ -1259,6 +1267,53 @@ def test_report_of_all_passing_checks_says_passed(tmp_path):
         ]
         == "nan"
     )
+
+
+@pytest.mark.parametrize(
+    ("two_gpus", "why"),
+    [
+        ("pass", None),
+        ("not run", "was not run (the budget)"),
+        ("fail", "failed"),
+        (None, "was not among the checks run (--only)"),
+    ],
+)
+def test_two_gpus_prove_only_what_nccl2_ddp_ran_and_only_when_it_passed(tmp_path, two_gpus, why):
+    """On a 2-GPU node the list dropped FSDP across GPUs, the comm hooks over NCCL and scaling
+    efficiency, though nccl2-ddp trains plain DDP (no hook) for seconds beside the other
+    checks, and dropped NCCL and CUDA graphs between GPUs even when nccl2-ddp did not run
+    (the budget, --only) or failed."""
+    flags = [*gpu_check.with_compile(gpu_check.SMALL, "auto"), "--backend", "nccl"]
+    cfg = parsed_flags(flags)  # what check_two_gpus trains
+    assert (cfg.strategy, cfg.comm_hook, cfg.cuda_graphs) == ("ddp", "none", "auto")
+    assert [n for n in gpu_check.check_names() if n.startswith("nccl2")] == ["nccl2-ddp"]
+    checks = {
+        "pass": two_gpu_pass(),
+        "not run": report.judge_two_gpus(2, RunResult(rc=None, started=False, budget_cut=True)),
+        "fail": report.judge_two_gpus(2, stand_in_run(rc=1)),
+        None: None,
+    }
+    check = checks[two_gpus]
+    assert check is None or check.status == two_gpus
+    header = {"host": "n", "budget_s": 540, "versions": {"device_count": 2}}
+    items = report.write_report(tmp_path, header, [check] if check else [])["cannot_prove"]
+    for kept in ("FSDP sharding across GPUs", "DDP comm hooks over NCCL", "scaling efficiency"):
+        assert any(item.startswith(kept) for item in items), (kept, items)
+    assert any("nccl2-ddp trains without a hook" in item for item in items)
+    assert not any("every throughput here is one GPU's" in item for item in items)
+    nccl = [i for i in items if i.startswith("NCCL collectives between GPUs")]
+    graphs = [i for i in items if i.startswith("CUDA graphs (and torch.compile) with DDP")]
+    if why is None:  # proven: only NCCL's bandwidth stays
+        assert nccl == [] and graphs == []
+        assert any(i.startswith("NCCL's bandwidth between GPUs") for i in items)
+    else:
+        assert len(nccl) == len(graphs) == 1, items
+        assert nccl[0].endswith(f"nccl2-ddp, which runs DDP's all-reduce between two GPUs, {why}")
+        assert graphs[0].endswith(f"nccl2-ddp, which runs it between two GPUs, {why}")
+    # one GPU: all of them, nccl2-ddp skipped
+    one = report.cannot_prove(1, SKIPPED)
+    assert sum(i.startswith(("NCCL collectives", "CUDA graphs (and")) for i in one) == 2
+    assert "scaling efficiency: every throughput here is one GPU's" in one
 
 
 def test_report_with_checks_the_budget_left_out_is_incomplete_and_names_the_rerun(tmp_path):

@@ -975,33 +975,60 @@ def judge_speed(
 # the report
 
 
-def cannot_prove(device_count: int) -> list[str]:
-    """What these checks on one node (and, with one GPU, on one GPU) leave unproven."""
-    items = []
+def cannot_prove(device_count: int, two_gpus: str | None = None) -> list[str]:
+    """What these checks on one node leave unproven. two_gpus: nccl2-ddp's status (None: not
+    among the checks, --only). nccl2-ddp trains plain DDP (no comm hook) over NCCL between two
+    GPUs, compiled with CUDA graphs, inside the correctness grid: its pass proves NCCL's
+    collectives between GPUs and the CUDA graphs over them, never FSDP across GPUs, a hook
+    over NCCL, NCCL's bandwidth or a speed, so those stay listed whatever the GPU count."""
+    proven = device_count >= 2 and two_gpus == PASS
     if device_count < 2:
-        items += [
+        nccl2 = "was skipped (one GPU)"
+    elif two_gpus is None:
+        nccl2 = "was not among the checks run (--only)"
+    else:
+        nccl2 = {NOT_RUN: "was not run (the budget)", SKIPPED: "was skipped"}.get(
+            two_gpus, "failed"
+        )
+    items = []
+    if not proven:
+        items.append(
             "NCCL collectives between GPUs and their bandwidth (NVLink/PCIe): one NCCL rank "
-            "all-reduces with itself, and two ranks on one GPU must use gloo",
-            "FSDP sharding across GPUs (reduce-scatter and all-gather over NCCL): FSDP ran on "
-            "one rank, with nothing to shard",
-            "DDP comm hooks over NCCL between GPUs: the gloo pair checks their arithmetic and "
-            "that ranks agree, not NCCL's path",
-            "scaling efficiency: every throughput here is one GPU's",
-        ]
+            "all-reduces with itself, and two ranks on one GPU must use gloo; nccl2-ddp, which "
+            f"runs DDP's all-reduce between two GPUs, {nccl2}"
+        )
+    else:
+        items.append(
+            "NCCL's bandwidth between GPUs (NVLink/PCIe): nccl2-ddp proves DDP's all-reduce "
+            "between two GPUs, in seconds of training that share them with other checks, and "
+            "measures no bandwidth"
+        )
     items += [
+        "FSDP sharding across GPUs (reduce-scatter and all-gather over NCCL): FSDP ran on "
+        "one rank, with nothing to shard",
+        "DDP comm hooks over NCCL between GPUs: the gloo pair checks their arithmetic and "
+        "that ranks agree, not NCCL's path"
+        + ("; nccl2-ddp trains without a hook" if device_count >= 2 else ""),
+        "scaling efficiency: "
+        + (
+            "every throughput here is one GPU's"
+            if device_count < 2
+            else "the one two-GPU run (nccl2-ddp) is seconds long and shares its GPUs with "
+            "the other correctness checks, so its throughput says nothing about speed"
+        ),
         "multi-node: NCCL over InfiniBand/RoCE, srun across nodes, MASTER_ADDR from the Slurm "
         "node list, process-group timeouts between nodes",
         "the study's numbers: each run here is seconds long, without repeats (a speed-* window "
         "is a few seconds after compilation): indicative, not a benchmark; timings of the checks "
         "that share the GPU (all but reference-*, speed-* and ncu) say nothing about speed",
     ]
-    if device_count < 2:
+    if not proven:
         items.append(
             "CUDA graphs (and torch.compile) with DDP over NCCL between GPUs, the trainer's "
             "default on CUDA (the whole step one graph, NCCL's all-reduces inside it): "
             "cuda-graphs and cuda-graphs-step train a single rank, whose NCCL all-reduce has no "
             "peer, and cuda-graphs-gloo2 two ranks sharing one GPU over gloo, whose all-reduce is "
-            "staged through the host; nccl2-ddp, which runs it between two GPUs, was skipped"
+            f"staged through the host; nccl2-ddp, which runs it between two GPUs, {nccl2}"
         )
     items += [
         "Nsight Compute on a compiled run's kernels: ncu profiles an eager run, so inductor's "
@@ -1024,7 +1051,10 @@ def report_json(header: dict, checks: list[Check]) -> dict:
         "counts": counts,
         "not_run": [c.name for c in checks if c.status == NOT_RUN],
         "checks": [asdict(c) for c in checks],
-        "cannot_prove": cannot_prove(int(header.get("versions", {}).get("device_count") or 0)),
+        "cannot_prove": cannot_prove(
+            int(header.get("versions", {}).get("device_count") or 0),
+            next((c.status for c in checks if c.name == "nccl2-ddp"), None),
+        ),
     }
     return json_safe(doc)
 
