@@ -143,6 +143,22 @@ def test_bad_trainer_flags_are_one_line_before_any_rank_starts(argv, says):
     assert len(lines) == 1 and says in lines[0] and "Traceback" not in proc.stderr, proc.stderr
 
 
+@pytest.mark.parametrize("ranks", ["1", "2"])
+def test_a_rank_prefix_program_not_on_path_is_one_line_for_any_rank_count(ranks):
+    """Checked only as the command's first word, so for one rank: with two local ranks
+    torchrun starts the prefix (`--no-python`), and its absence was torchrun's 63-line
+    traceback, exit 1, naming no fix. Nothing is started (no GPU is taken: --device cpu)."""
+    proc = _launch(
+        "--ranks-per-node", ranks, "--rank-prefix", "no-such-wrapper --flag", "--",
+        "--device", "cpu", "--epochs", "1",
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == [
+        "scalestudy launch: no-such-wrapper is not on PATH (the program of --rank-prefix "
+        "'no-such-wrapper --flag')"
+    ]
+
+
 def test_a_container_without_apptainer_on_path_says_so(tmp_path):
     """os.exec's "b'/bin/apptainer': No such file or directory" named neither the program nor
     the fix."""

@@ -280,11 +280,19 @@ def run(args: argparse.Namespace) -> int:
     logger.info("+ " + shlex.join(cmd))
     if args.dry_run:
         return 0
-    needed = [cmd[0], *(["apptainer"] if args.container else [])]
+    # the --rank-prefix program too: with 2+ local ranks it is torchrun's to start (cmd[0] is
+    # python), and its absence was torchrun's 60-line traceback. In the container the image's
+    # PATH finds it, which cannot be looked at from here.
+    prefix = [] if args.container else rank_prefix(args.rank_prefix)[:1]
+    needed = [*prefix, cmd[0], *(["apptainer"] if args.container else [])]
     for program in needed:  # else os.exec's "No such file or directory", or each rank's
         if shutil.which(program, path=env.get("PATH")) is None:
-            why = " (--container runs each rank in the image: `module load apptainer`)"
-            raise LaunchError(f"{program} is not on PATH{why if program == 'apptainer' else ''}")
+            why = ""
+            if program in prefix:
+                why = f" (the program of --rank-prefix {args.rank_prefix!r})"
+            elif program == "apptainer":
+                why = " (--container runs each rank in the image: `module load apptainer`)"
+            raise LaunchError(f"{program} is not on PATH{why}")
     hold_local_gpus(env, args.nodes * args.ranks_per_node, args.train_args)
     os.execvpe(cmd[0], cmd, env)
 
