@@ -200,7 +200,7 @@ def test_training_time_limit_is_the_plan_estimate_times_the_safety_factor_plus_t
     real = plan.load_measured
     monkeypatch.setattr(plan, "load_measured", lambda *a: calls.append(a) or real(*a))
     training = resources.TrainingPlan(config, rows, tmp_path / "runs.csv", tmp_path / "bench")
-    assert calls == []  # nothing is read when the workflow is parsed
+    assert calls == []  # nothing is read until asked (common.smk asks once: refusal())
     expected = {e.run: e for e in plan.estimate_runs(config, rows, measured=[])}
     lead = config["checkpointing"]["signal_lead_s"]  # USR1 comes that long before the limit
     for run, e in expected.items():
@@ -225,6 +225,11 @@ def test_unreadable_measured_runs_fail_when_the_runtime_is_asked(tmp_path):
     training = resources.TrainingPlan(config, build_run_table(config), tmp_path / "runs.csv")
     with pytest.raises(PlanError, match="lacks the columns"):
         training.runtime(wildcards("w1_lb8_fp32_ddp_bk25_r0"))
+    # what common.smk asks while parsing: the same refusal, as the one line it stops with
+    refusal = training.refusal()
+    assert "runs.csv lacks the columns" in refusal and "\n" not in refusal
+    good = resources.TrainingPlan(config, build_run_table(config), tmp_path / "absent.csv")
+    assert good.refusal() is None and good.estimates  # no measured runs: the defaults price
 
 
 def scalestudy_imports(path: Path) -> set[str]:

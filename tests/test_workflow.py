@@ -449,3 +449,47 @@ def test_a_config_file_that_is_not_clean_yaml_names_its_file_and_line(tmp_path):
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0 and "Traceback" not in out
     assert f"config.yaml, line {at + 1}, column 1: malformed YAML" in out, out[-3000:]
+
+
+def zero_throughput(runs_csv: Path) -> str:
+    """The demo's real runs.csv with its first run's throughput_img_s 0 (the plan divides by it)."""
+    with (REPO / "tests/fixtures/demo_runs.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert float(rows[0]["throughput_img_s_per_rank"]) > 0  # a run that calibrates
+    rows[0]["throughput_img_s"] = "0"
+    with runs_csv.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    return rows[0]["run"]
+
+
+@pytest.mark.parametrize(
+    "measured, args",
+    [
+        (zero_throughput, ("-n",)),  # the dry-run
+        (lambda p: p.write_text("run,precision\nx,fp32\n"), ("plan", "--cores", "1")),  # old
+    ],
+    ids=["throughput-0-dry-run", "old-columns-plan"],
+)
+def test_measured_runs_the_plan_refuses_stop_the_workflow_in_one_line(tmp_path, measured, args):
+    """A results/csv/runs.csv the plan refuses was Snakemake's InputFunctionException (a
+    traceback, the wildcards of an unrelated run) on every dry-run and `snakemake plan`, raised
+    where the train rule's runtime was evaluated; `scalestudy plan` said it in one line."""
+    work = copy_repo(tmp_path / "wf")
+    write_config(work / "tiny.yaml", TINY)
+    (work / "results/csv").mkdir(parents=True)
+    measured(work / "results/csv/runs.csv")
+    proc = snakemake(work, *args, "--configfile", "tiny.yaml", stand_ins=True, check=False)
+    out = proc.stdout + proc.stderr
+    cli = subprocess.run(
+        [str(BIN / "scalestudy"), "plan", "--config", "tiny.yaml"],
+        cwd=work, env=env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    said = cli.stderr.strip().splitlines()
+    assert cli.returncode == 2 and len(said) == 1 and "results/csv/runs.csv" in said[0], said
+    assert proc.returncode == 1, out[-3000:]
+    assert [line for line in out.splitlines() if "runs.csv" in line] == said, out[-3000:]
+    for noise in ("Traceback", "InputFunctionException", "Wildcards", "Node-hour plan"):
+        assert noise not in out, out[-3000:]
+    assert not (work / "reports/plan.md").exists() and not (work / "results/runs").exists()

@@ -10,7 +10,7 @@ they do not count. Real runs, and dry-runs that fail, print nothing extra.
 Where the numbers come from: a training job's row is its estimate in the node-hour plan
 (scalestudy.study.plan). The workflow's training rule takes its Slurm `runtime` from
 scalestudy.study.resources.TrainingPlan, which computes the plan (reading the measured runs)
-when Snakemake first evaluates that resource, in this process, and registers it
+in this process, while common.smk is parsed (`PLAN.refusal()`), and registers it
 (`plan.registered()`); every job's JOB_INFO record carries its evaluated resources, so each
 training job the dry-run lists has an estimate by then. Rules in
 scalestudy.study.resources.LOCAL_RULES run on the submitting host: 0 node-hours. Any other job

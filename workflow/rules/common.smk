@@ -1,6 +1,7 @@
 # Config checks, the run table, wildcard constraints and the one-line functions the rules call.
 # The logic lives in the scalestudy package (study/: config, runs, profiling, plan, resources),
-# unit-tested there. Nothing here reads study data or prints while Snakemake parses.
+# unit-tested there. Nothing here prints while Snakemake parses, nor reads study data but the
+# measured runs of the plan (see PLAN below).
 import json
 import os
 import sys
@@ -62,8 +63,19 @@ HARDWARE = config["hardware"]
 CHECKPOINTING = config["checkpointing"]
 PROFILING = config["profiling"]
 PROFILED = {r["run"]: r for r in profiling.profiled_runs(config, list(RUNS.values()))}
-# the node-hour plan: estimates computed when Snakemake first asks for a training job's runtime
+# the node-hour plan: estimates computed on first use (the training jobs' runtime, the plan
+# rule's digest), reading the measured runs (results/csv/runs.csv, benchmarks/train)
 PLAN = resources.TrainingPlan(config, RUNS.values())
+# The one read of study data while parsing: the main process computes the plan here, so a
+# measured file it refuses (a throughput of 0, a runs.csv of an older collect) stops in one
+# line before any job. Left to `runtime`, the refusal came wrapped in Snakemake's
+# InputFunctionException (a traceback and another run's wildcards) on every dry-run; an input
+# function cannot stop in one line (Snakemake wraps SystemExit too). Jobs' inner snakemake
+# (Slurm) compute it on first use, as before.
+if workflow.is_main_process:
+    refusal = PLAN.refusal()
+    if refusal:
+        stop(f"scalestudy plan: {refusal}")
 # Code inputs: Snakemake does not track the modules a command imports. Inputs under 1 MB are
 # checksummed, so touching a file without changing it reruns nothing.
 ANALYSIS_TABLES = (

@@ -4,7 +4,8 @@ The estimate of each run and its calibration: study/estimate.py (formula in its 
 This module sums them per rule, family and study, prints the dry-run table and writes the plan.
 
 Dry-runs: the training rule's Slurm `runtime` comes from study.resources.TrainingPlan, which
-calls `register(...)` when Snakemake first evaluates it (not at parse time); the Snakemake logger
+calls `register(...)` on first use (in the main process when common.smk is parsed: its
+`refusal()`, so a refused measured file stops in one line before any job); the Snakemake logger
 plugin `snakemake_logger_plugin_scalestudy` (same process) reads `registered()` when Snakemake
 closes its loggers and prints `format_table` for the jobs the dry-run would run.
 
@@ -182,8 +183,8 @@ def register(
     config: dict, rows: Iterable[dict], measured: list[dict], is_local: Callable[[str], bool]
 ) -> dict[str, Estimate]:
     """The estimates of every run, kept for the logger plugin (study.resources.TrainingPlan calls
-    this when Snakemake first asks for a training job's runtime). is_local(rule name) -> True
-    for rules that run on the submitting host."""
+    this on first use: common.smk's `PLAN.refusal()` in the main process, else a training job's
+    runtime). is_local(rule name) -> True for rules that run on the submitting host."""
     global _REGISTERED
     estimates = {e.run: e for e in estimate_runs(config, rows, measured)}
     _REGISTERED = Registered(config, estimates, is_local)

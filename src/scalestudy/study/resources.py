@@ -8,9 +8,10 @@ resource functions, and the tests check them here.
   nodes, tasks, GPUs, CPUs and memory (`launch_resources`).
 - The Slurm time limit of a training job: the node-hour plan's estimate (its 95% upper end where
   the scaling model prices it) x plan.safety_factor plus the USR1 lead (`TrainingPlan`; the
-  formula: study/estimate.py). The measured runs that calibrate the plan are read when
-  Snakemake first asks for a training job's `runtime` (once per process), never while it
-  parses the workflow.
+  formula: study/estimate.py). The measured runs that calibrate the plan are read on first
+  use, once per process: in the main Snakemake process while common.smk is parsed
+  (`TrainingPlan.refusal`: a measured file the plan refuses stops the workflow in one line
+  before any job), in a job's inner snakemake when it asks for the job's `runtime`.
 - Code inputs: the source files whose change reruns a rule (`trainer_sources`, and
   `code_sources` for every other rule that runs the package), found by globbing the package and
   following its imports, so a new or split module is tracked without a hand-kept list. The
@@ -28,6 +29,7 @@ import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from scalestudy.errors import PlanError
 from scalestudy.study import plan
 
 # Rules that run on the host that runs snakemake (not as Slurm jobs): cheap steps, and
@@ -163,9 +165,9 @@ def launch_resources(runs: dict[str, dict], hardware: dict) -> dict[str, Callabl
 
 class TrainingPlan:
     """The estimates of every training run of a study (scalestudy.study.plan), computed on first
-    use: then the measured runs (results/csv/runs.csv, benchmarks/train) are read, once, and
-    the estimates are registered for the logger plugin of this process
-    (snakemake_logger_plugin_scalestudy prints them after a dry-run)."""
+    use (`refusal`, `runtime` or `digest`): then the measured runs (results/csv/runs.csv,
+    benchmarks/train) are read, once, and the estimates are registered for the logger plugin of
+    this process (snakemake_logger_plugin_scalestudy prints them after a dry-run)."""
 
     def __init__(
         self,
@@ -181,6 +183,17 @@ class TrainingPlan:
     def estimates(self) -> dict[str, plan.Estimate]:
         measured = plan.load_measured(self.runs_csv, self.benchmarks_dir)
         return plan.register(self.config, self.rows, measured, is_local_rule)
+
+    def refusal(self) -> str | None:
+        """The plan's refusal of the measured runs (PlanError's one line, e.g. a runs.csv row
+        with throughput 0), None when the estimates compute. common.smk asks before any job:
+        raised inside `runtime` or `digest`, Snakemake wraps any error (SystemExit too) in an
+        InputFunctionException with a traceback and another run's wildcards."""
+        try:
+            self.estimates  # noqa: B018 - computed (and cached) for its refusal
+        except PlanError as exc:
+            return str(exc)
+        return None
 
     def runtime(self, wildcards) -> int:
         """Slurm time limit of a training job, minutes: estimate (its 95% upper end where the
