@@ -23,8 +23,8 @@ import torch
 from conftest import PYTHON, child_env, read_metrics, train
 
 from scalestudy.errors import TrainConfigError, TrainingError
-from scalestudy.trainer import compiling, step_graph
-from scalestudy.trainer.config import TrainConfig
+from scalestudy.trainer import compiling
+from scalestudy.trainer.config import STEPS_BEFORE_WINDOW, TrainConfig
 
 FLAGS = [
     *("--width", "8", "--epochs", "6", "--local-batch", "32", "--lr", "3.2"),
@@ -116,7 +116,7 @@ def test_cuda_graphs_step_refuses_what_a_whole_step_graph_cannot_hold(flags, why
 
 def test_a_run_too_short_for_the_whole_step_graph_gets_the_compiled_graphs():
     """The whole-step graph needs its 11 eager steps, the capture and a window after them."""
-    cuda, before = torch.device("cuda"), step_graph.STEPS_BEFORE_WINDOW
+    cuda, before = torch.device("cuda"), STEPS_BEFORE_WINDOW
     assert compiling.graphs_mode(TrainConfig(), cuda, total_steps=before + 1) == "step"
     assert compiling.graphs_mode(TrainConfig(), cuda, total_steps=before) == "compiled"
     eager = TrainConfig(compile="off")

@@ -9,8 +9,8 @@ import warnings
 import pytest
 import torch
 
-from scalestudy.trainer import measure, step_graph
-from scalestudy.trainer.config import TrainConfig
+from scalestudy.trainer import measure
+from scalestudy.trainer.config import STEPS_BEFORE_WINDOW, TrainConfig
 from scalestudy.trainer.state import RunState
 
 
@@ -78,7 +78,7 @@ def test_under_the_whole_step_graph_only_data_is_timed_and_the_window_opens_afte
     cfg = TrainConfig(out=str(tmp_path), warmup_steps=2)
     step = measure.Meter(cfg, torch.device("cpu"), rank=0, graphs="step")
     plain = measure.Meter(cfg, torch.device("cpu"), rank=0)
-    assert step.warmup_steps == step_graph.STEPS_BEFORE_WINDOW and plain.warmup_steps == 2
+    assert step.warmup_steps == STEPS_BEFORE_WINDOW and plain.warmup_steps == 2
     # PowerSGD all-reduces uncompressed for its first steps, in every segment: not in the window
     powersgd = TrainConfig(out=str(tmp_path), warmup_steps=2, comm_hook="powersgd")
     assert measure.Meter(powersgd, torch.device("cpu"), rank=0).warmup_steps == 10
@@ -91,7 +91,7 @@ def test_under_the_whole_step_graph_only_data_is_timed_and_the_window_opens_afte
         state = RunState()
         meter.start(state)
         meter.epoch_start()
-        for i in range(step_graph.STEPS_BEFORE_WINDOW + 3):
+        for i in range(STEPS_BEFORE_WINDOW + 3):
             meter.before_step(i, seen=0)
             meter.step_start()
             with meter.phase("data"):
@@ -103,7 +103,7 @@ def test_under_the_whole_step_graph_only_data_is_timed_and_the_window_opens_afte
             meter.step_end()
         meter.epoch_end(state, seen=0)
         meter.end_loop(state)
-        windowed = 3 if meter is step else step_graph.STEPS_BEFORE_WINDOW + 1
+        windowed = 3 if meter is step else STEPS_BEFORE_WINDOW + 1
         assert len(state.window_step_times) == len(state.window_data_times) == windowed
         assert len(state.window_busy_times) == (0 if meter is step else windowed)
 

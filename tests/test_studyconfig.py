@@ -13,6 +13,7 @@ from scalestudy import vocab
 from scalestudy.study import config as studyconfig
 from scalestudy.study import runs
 from scalestudy.study.config import StudyConfigError, load_and_validate, validate
+from scalestudy.trainer.config import STEP_GRAPH_WARM_STEPS, STEPS_BEFORE_WINDOW
 
 ROOT = Path(__file__).resolve().parents[1]
 FULL = ROOT / "config" / "config.yaml"
@@ -423,6 +424,31 @@ def test_a_powersgd_run_too_short_for_its_uncompressed_steps_is_refused():
         "takes 8 optimizer steps",
         "after its 10 uncompressed steps",
     )
+
+
+def test_a_run_too_short_for_the_whole_step_graph_is_refused_and_auto_is_not():
+    """Under train.cuda_graphs step the trainer refuses a run of <= STEPS_BEFORE_WINDOW optimizer
+    steps (its eager steps and the capture leave no window: compiling.graphs_mode); such a study
+    passed this check and every training job failed. auto leaves the graph out of a run that
+    short (the trainer's own test: test_fastpath.py), so it stays valid."""
+    cfg = minimal()
+    cfg["hardware"]["device"] = "cuda"
+    cfg["train"] = {"epochs": 1, "warmup_steps": 3, "precision": "bf16"}
+    cfg["families"]["strong"] = {"enabled": True, "gpus": [2], "global_batch": 128}
+    # limit_train in whole global batches: exactly as many optimizer steps
+    cfg["train"]["limit_train"] = 128 * STEPS_BEFORE_WINDOW
+    load_and_validate(cfg)  # auto (the default): enough steps for a warm-up of 3
+    cfg["train"]["cuda_graphs"] = "step"
+    refused(
+        cfg,
+        "config key 'train.cuda_graphs': value step is not allowed here: run w2_lb64_bf16",
+        f"takes {STEPS_BEFORE_WINDOW} optimizer steps",
+        f"needs more than {STEPS_BEFORE_WINDOW} ({STEP_GRAPH_WARM_STEPS} eager steps and the "
+        "capture) before its throughput window",
+        "or use auto",
+    )
+    cfg["train"]["limit_train"] = 128 * (STEPS_BEFORE_WINDOW + 1)  # one step of window
+    load_and_validate(cfg)
 
 
 @pytest.mark.parametrize(

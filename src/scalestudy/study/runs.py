@@ -24,7 +24,12 @@ from typing import Any
 from scalestudy import vocab
 from scalestudy.errors import RunTableError, TrainConfigError
 from scalestudy.files import atomic_open
-from scalestudy.trainer.config import TrainConfig, flag_name
+from scalestudy.trainer.config import (
+    STEP_GRAPH_WARM_STEPS,
+    STEPS_BEFORE_WINDOW,
+    TrainConfig,
+    flag_name,
+)
 
 RUN_COLUMNS = (
     "run",
@@ -268,10 +273,13 @@ def epoch_micro_steps(n: int, step_images: int) -> int:
 def run_problems(rows: list[dict], n_train: int, n_train_source: str) -> list[str]:
     """Each distinct run's `scalestudy train` flags through the trainer's own checks, before any
     job: a combination TrainConfig refuses (a comm hook without DDP, ...) and a run whose
-    optimizer steps leave no steady-state window after train.warmup_steps (trainer/loop.py)
-    would otherwise fail in every job. n_train: the training images (study/config.py)."""
+    optimizer steps leave no steady-state window after train.warmup_steps (trainer/loop.py), or
+    after the whole-step graph's eager steps and capture under cuda_graphs step (the trainer's
+    compiling.graphs_mode; auto leaves the graph out of a run that short), would otherwise fail
+    in every job. n_train: the training images (study/config.py)."""
     refused: dict[str, list[str]] = {}
     shortest: tuple[int, dict] | None = None
+    graph_short: tuple[int, dict] | None = None  # the shortest `step` run without a window
     for row in rows:
         try:
             cfg = TrainConfig.from_argv(trainer_args(row))
@@ -283,6 +291,9 @@ def run_problems(rows: list[dict], n_train: int, n_train_source: str) -> list[st
         warm = cfg.window_warmup_steps()  # the Meter's: powersgd's uncompressed steps too
         if steps <= warm and (shortest is None or steps < shortest[0]):
             shortest = (steps, warm, row)
+        graph_fails = row["cuda_graphs"] == "step" and steps <= STEPS_BEFORE_WINDOW
+        if graph_fails and (graph_short is None or steps < graph_short[0]):
+            graph_short = (steps, row)
     problems = [
         f"runs {', '.join(runs[:3])}{' ...' if len(runs) > 3 else ''}: `scalestudy train` refuses "
         f"their flags, which come from the config's train: keys (--comm-hook is "
@@ -307,6 +318,16 @@ def run_problems(rows: list[dict], n_train: int, n_train_source: str) -> list[st
                 f"batches of {row['global_batch']}), which leave no steady-state window after "
                 "the warm-up; lower train.warmup_steps or raise train.epochs"
             )
+    if graph_short:
+        steps, row = graph_short
+        problems.append(
+            f"config key 'train.cuda_graphs': value step is not allowed here: run {row['run']} "
+            f"takes {steps} optimizer steps ({row['epochs']} epochs of {n_train} images "
+            f"({n_train_source}) in global batches of {row['global_batch']}), and the whole-step "
+            f"graph needs more than {STEPS_BEFORE_WINDOW} ({STEP_GRAPH_WARM_STEPS} eager steps "
+            "and the capture) before its throughput window; raise train.epochs or use more "
+            "data, or use auto (it leaves the whole-step graph out of a run this short)"
+        )
     return problems
 
 

@@ -48,8 +48,7 @@ from __future__ import annotations
 import torch
 
 from scalestudy.errors import TrainingError
-from scalestudy.trainer import step_graph
-from scalestudy.trainer.config import TrainConfig
+from scalestudy.trainer.config import STEP_GRAPH_WARM_STEPS, STEPS_BEFORE_WINDOW, TrainConfig
 
 
 def compile_on(cfg: TrainConfig, device: torch.device) -> bool:
@@ -65,14 +64,15 @@ def graphs_mode(cfg: TrainConfig, device: torch.device, total_steps: int | None 
     """The CUDA graphs this run records: "step" (the whole step, step_graph.py), "compiled"
     (torch.compile's reduce-overhead graphs) or "off" (--cuda-graphs auto: module docstring).
     `total_steps`, when known: a run too short for the whole-step graph's warm-up and capture
-    and a window after them (step_graph.STEPS_BEFORE_WINDOW) gets, under auto, what it would
-    without it; asked for explicitly, it is an error."""
+    and a window after them (STEPS_BEFORE_WINDOW, trainer/config.py) gets, under auto, what it
+    would without it; asked for explicitly, it is an error (study/runs.py run_problems refuses
+    such a study before any job)."""
     explicit = {"on": "compiled", "off": "off", "step": "step"}
-    short = total_steps is not None and total_steps <= step_graph.STEPS_BEFORE_WINDOW
+    short = total_steps is not None and total_steps <= STEPS_BEFORE_WINDOW
     if cfg.cuda_graphs == "step" and short:
         raise TrainingError(
             f"--cuda-graphs step: {total_steps} optimizer steps leave no steady-state window "
-            f"after its {step_graph.WARM_STEPS} eager steps and the capture: raise --epochs or "
+            f"after its {STEP_GRAPH_WARM_STEPS} eager steps and the capture: raise --epochs or "
             "use more data, or use --cuda-graphs auto"
         )
     if cfg.cuda_graphs in explicit:

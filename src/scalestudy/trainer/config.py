@@ -33,6 +33,13 @@ LR_REFERENCE_BATCH = 512  # images; `lr` is quoted for this global batch
 # (measure.Meter, window_warmup_steps), which would otherwise time plain all-reduces as
 # PowerSGD's. Here, torch-free, so that the study checks a config against it before any job.
 POWERSGD_START_ITER = 10
+# --cuda-graphs step (step_graph.py): the eager steps before the capture (DDP rebuilds its buckets
+# after its first iteration and must have run 11 before a capture: torch's CUDA graphs notes,
+# "Usage with DistributedDataParallel"), and the optimizer steps before the throughput window can
+# open: those and the capture's step. Here, torch-free, so that the study checks a config against
+# it before any job (study/runs.py run_problems), as the trainer does (compiling.graphs_mode).
+STEP_GRAPH_WARM_STEPS = 11
+STEPS_BEFORE_WINDOW = STEP_GRAPH_WARM_STEPS + 1
 SEED_MAX = 2**63 - 1  # torch.manual_seed takes a signed 64-bit integer
 # the study schema's bounds (workflow/schemas/config.schema.yaml), so a flag past them is one
 # line naming it, not a cryptic failure at the rendezvous or a traceback in DDP: gloo refused
@@ -312,7 +319,7 @@ class TrainConfig:
     def window_warmup_steps(self) -> int:
         """Optimizer steps before a segment's throughput window opens: --warmup-steps, at least
         POWERSGD_START_ITER under --comm-hook powersgd (under --cuda-graphs step the Meter
-        waits for the captured step too: step_graph.STEPS_BEFORE_WINDOW, known on CUDA only)."""
+        waits for the captured step too: STEPS_BEFORE_WINDOW, known on CUDA only)."""
         if self.comm_hook == "powersgd":
             return max(self.warmup_steps, POWERSGD_START_ITER)
         return self.warmup_steps

@@ -27,7 +27,7 @@ from scalestudy.errors import TrainingError
 from scalestudy.trainer import checkpoint as ckpt
 from scalestudy.trainer import compiling, loaders, progress
 from scalestudy.trainer import dist as sdist
-from scalestudy.trainer.config import TrainConfig
+from scalestudy.trainer.config import STEPS_BEFORE_WINDOW, TrainConfig
 from scalestudy.trainer.measure import Meter, Profiler, comm_probe, efficiency, environment
 from scalestudy.trainer.models import build_model, training_flops_per_image
 from scalestudy.trainer.numerics import Numerics
@@ -44,7 +44,7 @@ from scalestudy.trainer.parallel import (
 from scalestudy.trainer.recipe import Recipe, build_recipe, lr_factor, warmup_steps
 from scalestudy.trainer.scalars import Scalars
 from scalestudy.trainer.state import Checkpointing, RunState, Trainables, rng_generators
-from scalestudy.trainer.step_graph import STEPS_BEFORE_WINDOW, StepGraph
+from scalestudy.trainer.step_graph import StepGraph
 from scalestudy.vocab import EPOCH_COLUMNS
 
 logger = log.get(__name__)

@@ -27,9 +27,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from scalestudy import files, hardware, log, vocab
-from scalestudy.trainer import compiling, progress, step_graph
+from scalestudy.trainer import compiling, progress
 from scalestudy.trainer import dist as sdist
-from scalestudy.trainer.config import TrainConfig
+from scalestudy.trainer.config import STEPS_BEFORE_WINDOW, TrainConfig
 from scalestudy.trainer.parallel import allreduce_gradients
 
 if TYPE_CHECKING:
@@ -62,7 +62,7 @@ class Meter:
         # captured step under --cuda-graphs step
         self.device, self.warmup_steps = device, cfg.window_warmup_steps()
         if self.graphs == "step":
-            self.warmup_steps = max(self.warmup_steps, step_graph.STEPS_BEFORE_WINDOW)
+            self.warmup_steps = max(self.warmup_steps, STEPS_BEFORE_WINDOW)
         self.timer = StepTimer(device)
         cuda = device.type == "cuda"
         self.nvml = NvmlSampler(device, out=Path(cfg.out), rank=rank) if cuda else None

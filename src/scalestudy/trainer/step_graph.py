@@ -37,10 +37,9 @@ from collections.abc import Callable
 
 import torch
 
-# eager steps before the capture: DDP's rebuilt buckets and its 11 warm-up iterations (torch's
-# CUDA graphs notes, "Usage with DistributedDataParallel")
-WARM_STEPS = 11
-STEPS_BEFORE_WINDOW = WARM_STEPS + 1  # the eager steps and the capture's step
+# eager steps before the capture: DDP's rebuilt buckets and its 11 warm-up iterations (defined
+# torch-free in trainer/config.py with STEPS_BEFORE_WINDOW, for the study's checks)
+from scalestudy.trainer.config import STEP_GRAPH_WARM_STEPS as WARM_STEPS
 
 
 class NullMeter:
