@@ -5,9 +5,9 @@ nested ones included), then check what a schema cannot express.
 
 The workflow calls `validate(config)` first thing (workflow/rules/common.smk; Snakemake's own
 `validate` is not used: its messages dump the schema). Every error names the config key, the bad
-value and what is allowed:
+value and what is allowed, e.g. of strong scaling on gpus [1, 2, 6] with gpus_per_node 4:
 
-    config key 'families.strong.gpus[2]': value 3 is not allowed: does not fit gpus_per_node 4 ...
+    config key 'families.strong.gpus[2]': value 6 is not allowed: does not fit gpus_per_node 4: ...
 
 All problems are reported at once (one `StudyConfigError`, one line each).
 """
