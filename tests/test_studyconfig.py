@@ -134,6 +134,39 @@ def test_duplicate_yaml_key_refused(tmp_path):
     refused(path, str(path), "line 4", "duplicate key 'train'", "line 1")
 
 
+def test_yaml_merge_keys_load_as_safe_load_does(tmp_path):
+    """`<<: *anchor` was refused as "could not determine a constructor for the tag ...merge",
+    though PyYAML's safe_load and Snakemake's configfile loader take it. A key a merge brings
+    and the mapping gives too is no duplicate (the mapping's own wins); one the mapping gives
+    twice still is, beside a merge as well."""
+    text = (
+        "base: &base {enabled: true, gpus: [1, 2], local_batch: 16}\n"
+        "families:\n"
+        "  weak: &scan {<<: *base, gpus: [1, 4]}\n"  # flattened by `bucket` before it is built
+        "  bucket:\n"
+        "    <<: *scan\n"
+        "    gpus: 2\n"
+        "    bucket_cap_mb: [1, 25]\n"
+        "  strong: {<<: [*scan, {gpus: 8, epochs: 3}], local_batch: 32}\n"
+    )
+    path = tmp_path / "merge.yaml"
+    path.write_text(text)
+    loaded = studyconfig.load_yaml(path)
+    assert loaded == yaml.safe_load(text)
+    assert loaded["families"]["bucket"] == {
+        "enabled": True,
+        "gpus": 2,
+        "local_batch": 16,
+        "bucket_cap_mb": [1, 25],
+    }
+    assert loaded["families"]["strong"]["local_batch"] == 32
+    twice = "    bucket_cap_mb: [1, 25]\n"
+    path.write_text(text.replace(twice, twice + "    bucket_cap_mb: [5]\n"))
+    refused(path, str(path), "line 8", "duplicate key 'bucket_cap_mb'", "line 7")
+    path.write_text(text.replace("gpus: [1, 4]}", "gpus: [1, 4], gpus: [2]}"))
+    refused(path, str(path), "line 3", "duplicate key 'gpus'", "line 3")
+
+
 def test_missing_file_refused(tmp_path):
     refused(tmp_path / "nope.yaml", "nope.yaml")
 

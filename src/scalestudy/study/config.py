@@ -643,31 +643,43 @@ def validate(config: dict, *, schema: str | os.PathLike | None = None, source=No
     return config
 
 
+_MERGE_TAG = "tag:yaml.org,2002:merge"  # `<<`
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last silently)."""
+    """SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last silently).
 
+    Merge keys (`<<: *anchor`) are YAML's own and stay PyYAML's (`flatten_mapping`): a key that a
+    merge brings and the mapping also gives is no duplicate, the mapping's own value wins. Only the
+    keys a mapping writes itself are compared, once per mapping: flattening puts the merged keys in
+    front of them, and a merge source may be flattened before its own construction.
+    """
 
-def _construct_unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep=False):
-    seen: dict[Any, int] = {}
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        try:
-            if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None,
-                    None,
-                    f"duplicate key {key!r} (first given on line {seen[key] + 1})",
-                    key_node.start_mark,
-                )
-            seen[key] = key_node.start_mark.line
-        except TypeError:  # an unhashable key; SafeLoader reports it itself
-            pass
-    return loader.construct_mapping(node, deep=deep)
+    def __init__(self, stream):
+        super().__init__(stream)
+        self._checked: set[int] = set()  # id() of the mapping nodes whose own keys were compared
 
-
-_UniqueKeyLoader.add_constructor(
-    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping
-)
+    def flatten_mapping(self, node: yaml.MappingNode) -> None:
+        if id(node) in self._checked:  # flattened already: the merged keys are in front now
+            super().flatten_mapping(node)
+            return
+        self._checked.add(id(node))
+        own = [key_node for key_node, _ in node.value if key_node.tag != _MERGE_TAG]
+        super().flatten_mapping(node)  # also retags a `=` key as a string
+        seen: dict[Any, int] = {}
+        for key_node in own:
+            key = self.construct_object(key_node)
+            try:
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None,
+                        None,
+                        f"duplicate key {key!r} (first given on line {seen[key] + 1})",
+                        key_node.start_mark,
+                    )
+                seen[key] = key_node.start_mark.line
+            except TypeError:  # an unhashable key; SafeLoader reports it itself
+                pass
 
 
 def load_yaml(path: str | os.PathLike) -> dict:
