@@ -1323,6 +1323,13 @@ def test_collect_refuses_a_measurement_analyze_would_refuse_naming_the_runs_file
     metrics = run_dir / "metrics.json"
     files.write_json(metrics, good)
     assert collect.collect([row], tmp_path / "runs")[0][0]["final_val_acc"] == 0.9
+    # how long a hung collective may wait is no part of a run (TrainConfig.NOT_IDENTITY): one
+    # measured before train.pg_timeout_s was raised (120 s in the demo) was refused as "from
+    # another configuration"; runs.csv records the run's own
+    assert row.get("pg_timeout_s", 120) == 120
+    files.write_json(metrics, good | {"pg_timeout_s": 1800.0})
+    assert collect.collect([row], tmp_path / "runs")[0][0]["pg_timeout_s"] == 1800.0
+    files.write_json(metrics, good)
     # an epochs.csv cut short is not the run's history (history_problem)
     files.write_csv(run_dir / "epochs.csv", None, epochs[:-1])
     with pytest.raises(CollectError, match=f"{n - 1} epoch rows, and metrics.json's run trained"):

@@ -195,6 +195,31 @@ def test_changing_where_or_whether_runs_checkpoint_reruns_nothing(done, change):
     assert planned_jobs(proc) == {}
 
 
+def test_raising_the_process_group_timeout_reruns_nothing_and_reaches_the_trainer(done):
+    """train.pg_timeout_s was a run flag, a param of the launch rules: raising it after a hung
+    collective timed out reran every finished run ("Params have changed"), though it does not
+    define a run (TrainConfig.NOT_IDENTITY). Now a resource, as checkpointing's flags."""
+    from scalestudy.jobs import launch
+
+    changed = yaml.safe_load(yaml.safe_dump(TINY))
+    changed["train"]["pg_timeout_s"] = 1800
+    write_config(done / "timeout.yaml", changed)
+    assert TINY["train"]["pg_timeout_s"] != 1800
+    proc = snakemake(done, "--configfile", "timeout.yaml", "-n", stand_ins=True)
+    assert planned_jobs(proc) == {}, proc.stdout[:4000]
+    proc = snakemake(
+        done, "--configfile", "timeout.yaml", "-n", "-p", "--forcerun", "train", stand_ins=True
+    )
+    launches = [ln for ln in proc.stdout.splitlines() if "scalestudy launch " in ln]
+    assert len(launches) == planned_jobs(proc)["train"] > 0
+    for line in launches:
+        argv = shlex.split(line.split("scalestudy launch ", 1)[1])
+        flags = argv[argv.index("--") + 1 : argv.index(">>")]
+        assert flags.count("--pg-timeout-s") == 1, flags
+        # what `scalestudy launch` checks first, as the trainer reads the flags
+        assert launch.check_train_args(flags).pg_timeout_s == 1800
+
+
 def test_a_study_without_checkpointing_starts_its_training(done):
     """With `checkpointing.enabled: false` the train rule passed `--checkpoint-dir=` and its
     every/keep settings all the same, and the trainer's check (`--checkpoint-every 1 needs

@@ -196,10 +196,13 @@ def get_paper_pdf(wildcards):
 
 def get_proposal_settings(wildcards):
     """The config the proposal reads (as JSON: a change reruns the proposal rules only);
-    checkpointing changes no number, so it reruns nothing (as everywhere)."""
-    return json.dumps(
-        {k: v for k, v in config.items() if k != "checkpointing"}, sort_keys=True
-    )
+    checkpointing and train.pg_timeout_s change no number, so they rerun nothing (as
+    everywhere)."""
+    settings = {k: v for k, v in config.items() if k != "checkpointing"}
+    settings["train"] = {
+        k: v for k, v in config["train"].items() if k != "pg_timeout_s"
+    }
+    return json.dumps(settings, sort_keys=True)
 
 
 def get_proposal_documents(wildcards):
@@ -227,13 +230,18 @@ REPRODUCE = get_configfile()
 
 # The three launch rules (train, profile_capture, profile_ncu) start a run's ranks alike: the
 # same Slurm request (each adds its runtime), params and `scalestudy launch` arguments.
-LAUNCH_RESOURCES = resources.launch_resources(RUNS, HARDWARE)
+LAUNCH_RESOURCES = {
+    **resources.launch_resources(RUNS, HARDWARE),
+    # a resource, not a param (a rerun trigger), as checkpointing's: how long a hung collective
+    # may wait does not change what a run measures (trainer/config.py NOT_IDENTITY)
+    "pg_timeout_s": config["train"]["pg_timeout_s"],
+}
 LAUNCH_PARAMS = {"layout": get_layout, "container": get_container_flags}
 LAUNCH_ARGS = (
     "--mpi={resources.mpi:q} --nodes {params.layout[nodes]} "
     "--ranks-per-node {params.layout[ranks_per_node]} "
     "--cpus-per-rank {params.layout[cpus_per_rank]} {params.container:q} -- "
-    "{params.flags:q} --data-dir {params.data_dir:q}"
+    "{params.flags:q} --pg-timeout-s {resources.pg_timeout_s} --data-dir {params.data_dir:q}"
 )
 
 

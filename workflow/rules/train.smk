@@ -1,7 +1,8 @@
 # One training run = one job: its ranks start through srun on Slurm (one per GPU) or as local
 # processes (scalestudy launch), after a system inventory of the job's allocation. Trainer
 # sources and the image are inputs, so changing them reruns training; the flags and the rank
-# layout are params, so changing them does too. The Slurm time limit is the node-hour plan's
+# layout are params, so changing them does too (not --pg-timeout-s and the checkpointing flags:
+# resources, they do not change what a run measures). The Slurm time limit is the node-hour plan's
 # estimate (its 95% upper end where the scaling model prices it) x plan.safety_factor plus the
 # USR1 lead (study/estimate.py). Checkpoints go to results/checkpoints/{run}/ (not an output); a
 # failed or preempted job (SIGUSR1 before the time limit: exit 75 after a checkpoint) is retried

@@ -68,8 +68,11 @@ RUN_COLUMNS = (
     "comm_probe_steps",
     "limit_train",
     "limit_test",
-    "pg_timeout_s",
 )
+# train.pg_timeout_s is no column: how long a hung collective may wait does not define a run
+# (TrainConfig.NOT_IDENTITY), so the workflow passes --pg-timeout-s as a resource of the launch
+# rules, as checkpointing's flags: a column is a param (a rerun trigger), part of runs.tsv and
+# of collect's check of metrics.json, and raising it after a timeout reran every finished run.
 
 # Run columns passed to `scalestudy train` as `--<column with dashes>` (the flag rule of
 # config.py, so they are the trainer's own fields), in RUN_COLUMNS order. Not passed: target_acc
@@ -102,7 +105,6 @@ _INT_COLUMNS = frozenset(
         "comm_probe_steps",
         "limit_train",
         "limit_test",
-        "pg_timeout_s",
     }
 )
 _NUMBER_COLUMNS = frozenset(
@@ -332,8 +334,8 @@ def run_problems(rows: list[dict], n_train: int, n_train_source: str) -> list[st
 
 
 def trainer_args(row: dict) -> list[str]:
-    """The `scalestudy train` flags of a row as an argv list (--data-dir and --out come from the
-    workflow)."""
+    """The `scalestudy train` flags of a row as an argv list (--data-dir, --out, --pg-timeout-s
+    and the checkpointing flags come from the workflow)."""
     argv = []
     for column, flag in TRAIN_FLAGS.items():
         argv += [flag, _arg(row[column])]
