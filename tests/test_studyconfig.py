@@ -636,6 +636,52 @@ def test_non_finite_numbers_are_refused_before_any_job():
     assert "Traceback" not in message
 
 
+def test_config_files_are_layered_in_the_order_given_as_snakemake_layers_them():
+    """load_layers dropped config/config.yaml wherever it stood in the list: with it given
+    after the demo, `scalestudy matrix` saw the demo (6 runs) and snakemake the paper study
+    (75). Snakemake merges every --configfile in order, then all of them over the Snakefile's
+    configfile (snakemake.utils.update_config, its own merge); only a leading config/config.yaml
+    is the base again, which changes nothing."""
+    from snakemake.utils import update_config
+
+    def snakemakes(*paths):
+        given: dict = {}
+        for path in paths:
+            update_config(given, yaml.safe_load(path.read_text()))
+        config = yaml.safe_load(FULL.read_text())
+        update_config(config, given)
+        return validate(config)
+
+    for layers in ([DEMO, FULL], [FULL, DEMO], [FULL, FULL, DEMO], [DEMO, FULL, DEMO]):
+        assert studyconfig.load_layers(layers) == snakemakes(*layers), layers
+    assert len(runs.build_run_table(studyconfig.load_layers([DEMO, FULL]))) == 75
+    assert len(runs.build_run_table(studyconfig.load_layers([FULL, DEMO]))) == 6
+    with pytest.raises(StudyConfigError) as info:  # the base read once where it leads
+        studyconfig.load_layers([FULL, DEMO], overrides=["repeats=0"])
+    assert f"invalid study config {FULL} + {DEMO}: " in str(info.value)
+
+
+def test_a_config_built_without_config_yaml_under_it_is_refused():
+    """--replace-workflow-config drops config/config.yaml from Snakemake's layers, while the
+    report's reproduce command and the CLI merge the files over it: another study. Known by its
+    effect (a key of config/config.yaml missing); where the files give every key again the
+    two builds are one study and it passes."""
+    base = yaml.safe_load(FULL.read_text())
+    merged = yaml.safe_load(FULL.read_text())
+    merged["train"].update(epochs=3, extra_key=1)
+    studyconfig.check_layered(merged, FULL)  # merged over it: every key there
+    replaced = copy.deepcopy(base)
+    del replaced["train"]["pg_timeout_s"]
+    with pytest.raises(StudyConfigError) as info:
+        studyconfig.check_layered(replaced, FULL)
+    message = str(info.value)
+    assert f"config key 'train.pg_timeout_s' of {FULL} is missing from the study's" in message
+    assert "drop --replace-workflow-config" in message and "\n" not in message
+    replaced["profiling"] = None  # a mapping set to null by a file: the schema's to refuse
+    replaced["train"]["pg_timeout_s"] = 60
+    studyconfig.check_layered(replaced, FULL)
+
+
 def test_a_config_that_is_not_utf8_names_the_byte_and_the_fix(tmp_path):
     path = tmp_path / "latin1.yaml"
     path.write_bytes("study: café\n".encode("latin-1"))

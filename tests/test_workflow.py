@@ -350,6 +350,40 @@ def test_dry_run_of_the_full_study_plans_every_run(tmp_path):
     assert jobs["train"] == 75 and jobs["prepare_data"] == 1 and jobs["collect"] == 1
 
 
+def test_the_cli_and_the_reproduce_command_see_the_study_snakemake_runs(tmp_path):
+    """`scalestudy matrix --config config/demo.yaml --config config/config.yaml` dropped
+    config/config.yaml (the demo's 6 runs) where snakemake with the same --configfile list
+    plans the paper study's 75; and under --replace-workflow-config, which drops
+    config/config.yaml from Snakemake's layers, the report's reproduce command named another
+    study than the one that ran. Now the CLI layers as Snakemake does, and the flag is refused
+    where it changes the study."""
+    from scalestudy.cli import main
+    from scalestudy.study.runs import read_runs_tsv
+
+    work = copy_repo(tmp_path / "wf")
+    files = ["config/demo.yaml", "config/config.yaml"]
+    jobs = planned_jobs(snakemake(work, "-n", "--configfile", *files, timeout=300))
+    table = tmp_path / "runs.tsv"
+    # the checkout's files: the package's config/config.yaml is the checkout's, not the copy's
+    argv = ["matrix", "--config", str(REPO / files[0]), "--config", str(REPO / files[1])]
+    assert main([*argv, "--out", str(table)]) == 0
+    assert jobs["train"] == len(read_runs_tsv(table)) == 75
+    demo = yaml.safe_load((work / files[0]).read_text())
+    part = {k: demo[k] for k in ("study", "hardware", "train", "families")}
+    write_config(work / "part.yaml", part)
+    proc = snakemake(
+        work, "-n", "--replace-workflow-config", "--configfile", "part.yaml", check=False
+    )
+    said = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "replace-workflow" in ln]
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert len(said) == 1 and said[0].startswith("invalid study config: config key "), said
+    assert "drop --replace-workflow-config" in said[0]
+    # every key given again (config/config.yaml first): one study with or without the flag
+    again = ["--configfile", "config/config.yaml", "config/demo.yaml"]
+    replaced = snakemake(work, "-n", "--replace-workflow-config", *again, timeout=300)
+    assert planned_jobs(replaced) == planned_jobs(snakemake(work, "-n", *again, timeout=300))
+
+
 # --- where things are: the repository's files from the workflow, the study's in the working dir
 
 

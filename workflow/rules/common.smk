@@ -46,6 +46,7 @@ try:
 except WorkdirError as exc:
     stop(str(exc))
 try:  # every problem of the config, each naming key, value and what is allowed
+    studyconfig.check_layered(config, REPO / "config" / "config.yaml")
     config = studyconfig.validate(
         config,
         schema=REPO / studyconfig.SCHEMA_RELPATH,

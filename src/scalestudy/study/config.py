@@ -791,11 +791,13 @@ def default_config_path() -> Path:
 def load_layers(paths: Iterable[str | os.PathLike] | None, overrides=None) -> dict:
     """The study config as the workflow sees it, validated: config/config.yaml of the
     checkout, then each file of `paths` merged over it in order (as Snakemake merges
-    --configfile files over the Snakefile's configfile), then `overrides`. A file that is
-    config/config.yaml itself is read once."""
+    --configfile files over the Snakefile's configfile), then `overrides`. config/config.yaml
+    given first is read once (merged over itself it changes nothing); given after another file
+    it is merged there, as Snakemake does: its values win over that file's."""
     base = default_config_path()
-    given = [Path(p) for p in paths or []]
-    layers = [p for p in given if p.resolve() != base] if base.is_file() else given
+    layers = [Path(p) for p in paths or []]
+    while base.is_file() and layers and layers[0].resolve() == base:
+        del layers[0]
     config = load_yaml(base) if base.is_file() else {}
     for path in layers:
         _merge(config, load_yaml(path))
@@ -804,6 +806,34 @@ def load_layers(paths: Iterable[str | os.PathLike] | None, overrides=None) -> di
     # named as the workflow names it (common.smk): "config/config.yaml + FILE ..."
     source = " + ".join(str(p) for p in ([base] if base.is_file() else []) + layers)
     return validate(config, source=source or None)
+
+
+def check_layered(config: Mapping, base_path: str | os.PathLike) -> None:
+    """Refuse a config that Snakemake did not build by merging the --configfile files and
+    --config over `base_path` (config/config.yaml), as load_layers builds it: the report's
+    reproduce command and `scalestudy matrix/plan/proposal --config` would name another study.
+    `--replace-workflow-config` does that, and the Snakefile has no documented way to ask for
+    the flag, so it is known by its effect: merging never drops a key of a mapping, so a key of
+    config/config.yaml missing where both hold a mapping was dropped with the file. Where the
+    files give every key again the two builds are one study, and nothing is refused."""
+
+    def missing(config: Mapping, base: Mapping, where: str) -> str | None:
+        for key, value in base.items():
+            if key not in config:
+                return f"{where}{key}"
+            both = isinstance(value, Mapping) and isinstance(config[key], Mapping)
+            if both and (found := missing(config[key], value, f"{where}{key}.")):
+                return found
+        return None
+
+    if key := missing(config, load_yaml(base_path), ""):
+        raise StudyConfigError(
+            f"config key '{key}' of {base_path} is missing from the study's config "
+            "(--replace-workflow-config drops that file), but the report's reproduce command "
+            "and `scalestudy matrix/plan/proposal --config` merge the --configfile files over "
+            "it, as snakemake does without the flag: drop --replace-workflow-config (command "
+            "line or profile) and set in your --configfile the values that should differ"
+        )
 
 
 def add_config_arguments(parser) -> None:
