@@ -545,3 +545,54 @@ def test_the_fsdp_checkpoint_group_times_out_after_pg_timeout_s(
     saver = state.make_checkpointer(cfg, 0, 1, "data-sha256")
     assert saver.dcp_group is not None
     assert [c.get("timeout") for c in created] == [datetime.timedelta(seconds=7)]
+
+
+# one rank of the test below: rank 0's checkpoint write sleeps SLOW_SAVE_S first (a slow
+# filesystem); every rank appends its window seconds of each epoch to WINDOW_LOG.rank<r>
+SLOW_SAVE = """
+import os, sys, time
+from scalestudy.trainer import checkpoint, measure
+real_end, real_write = measure.Meter.epoch_end, checkpoint.write_checkpoint
+def epoch_end(self, state, seen):
+    before = state.window_time
+    seconds = real_end(self, state, seen)
+    with open(os.environ["WINDOW_LOG"] + ".rank" + os.environ["RANK"], "a") as f:
+        f.write(f"{state.window_time - before} ")
+    return seconds
+def slow_write(*args, **kwargs):
+    time.sleep(float(os.environ["SLOW_SAVE_S"]))
+    return real_write(*args, **kwargs)
+measure.Meter.epoch_end, checkpoint.write_checkpoint = epoch_end, slow_write
+from scalestudy.cli import main
+sys.exit(main())
+"""
+
+
+def test_a_synchronous_save_stays_out_of_every_ranks_window(data_dir, tmp_path):
+    """--no-checkpoint-async makes the save wait outside the window, but only rank 0 writes: the
+    other ranks went on into the next epoch, opened its window and waited for rank 0 inside their
+    first step's all-reduce, so the save was counted in their window time (and throughput_img_s
+    divides by the longest window over ranks). Now every rank waits for rank 0's end of the
+    epoch before the next window opens: a 1.5 s write is in rank 0's checkpoint_stall_s, and in
+    no rank's window."""
+    delay = 1.5
+    rank = tmp_path / "slow_save.py"
+    rank.write_text(SLOW_SAVE)
+    out, log = tmp_path / "run", tmp_path / "window"
+    flags = ["--epochs", "3", "--limit-train", "256", "--limit-test", "100", "--comm-probe-steps"]
+    flags += ["0", "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "1"]
+    cmd = [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    cmd += [str(rank), "train", *SMALL, *flags, "--no-checkpoint-async"]
+    cmd += ["--data-dir", str(data_dir), "--out", str(out)]
+    env = child_env(SLOW_SAVE_S=str(delay), WINDOW_LOG=str(log))
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    m = read_metrics(out)
+    assert m["checkpoint_stall_s"] >= 2 * delay  # the saves after epochs 1 and 2, on rank 0
+    windows = [[float(s) for s in Path(f"{log}.rank{r}").read_text().split()] for r in (0, 1)]
+    assert all(len(w) == 3 for w in windows), windows
+    # in lockstep the ranks' windows of an epoch are equally long; the save made rank 1's
+    # epochs 2 and 3 each `delay` longer than rank 0's
+    for epoch, (mine, other) in enumerate(zip(*windows, strict=True), start=1):
+        assert abs(other - mine) < delay / 2, (epoch, windows)
+    assert m["window_time_s"] < sum(windows[0]) + delay / 2, (m["window_time_s"], windows)

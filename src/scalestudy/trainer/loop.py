@@ -128,6 +128,7 @@ def train_epochs(
         end_of_epoch(run, state, epoch, (loss_sum, correct, seen), epoch_time, lr)
         state.epoch = epoch + 1
         checkpointing.after_epoch(state, meter)  # every N epochs, and on SIGTERM/SIGUSR1
+        meter.join_ranks()  # rank 0's writes above stay out of every rank's next window
 
 
 def train_step(

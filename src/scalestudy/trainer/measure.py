@@ -51,7 +51,8 @@ class Meter:
     `warmup_steps` steps (on a synchronised device) and stays open to the end of training. At each
     epoch's end, the window's wall time and images in that epoch are added to the RunState's
     window sums and the phase times of the window's steps to its step-time lists; the epoch's
-    training time goes to train_seconds (train.py defines every number).
+    training time goes to train_seconds (train.py defines every number). Between epochs every
+    rank waits for the others (join_ranks), so rank 0's writes stay out of every window.
     """
 
     def __init__(
@@ -163,6 +164,18 @@ class Meter:
                     seconds = state.window_phase_seconds.get(name, 0.0) + st.get(name, 0.0)
                     state.window_phase_seconds[name] = seconds
         return epoch_time
+
+    def join_ranks(self) -> None:
+        """Between epochs, outside the window: every rank waits until all have ended the epoch.
+        Rank 0 alone writes epochs.csv, TensorBoard and the checkpoints (the copy before a
+        background write, the whole --no-checkpoint-async write); a rank that went on opened its
+        next window at once and waited for rank 0 inside its first step's collective, so that
+        work was counted in its window time (the window is the longest rank's). One small
+        all-reduce per epoch; the host waits for it here (NCCL's returns at once)."""
+        progress.at("epoch end")  # hang diagnosis: a rank still writing is behind
+        joined = torch.ones(1, device=self.device)
+        dist.all_reduce(joined)
+        joined.item()
 
     def loop_time(self, state: RunState) -> float:
         """Training-loop seconds so far: earlier segments and checkpoints (state.loop_time) plus

@@ -24,13 +24,16 @@ How the numbers are measured (the analysis relies on these definitions):
 - throughput_img_s: images processed by all ranks in the steady-state window divided by the
   window's wall time. The window starts after `warmup_steps` optimizer steps (compilation, cuDNN
   autotuning, allocator growth) and covers every later training step; evaluation is excluded
-  (the device is synchronised at each edge). Every training step has the same input shape: the
-  ragged last n % (local_batch x world_size) samples of each epoch's permutation are left out
-  of that epoch (loaders.epoch_batches), so no new shape re-runs cuDNN autotuning or recompiles
-  inside the window. An epoch therefore trains on floor(n / (local_batch x world_size)) x
-  local_batch x world_size images (floor(n / global_batch) x global_batch when accum_steps is
-  1; with accumulation the micro-batch, not the global batch, is the unit). Images
-  are summed over ranks; the window time is the maximum over ranks.
+  (the device is synchronised at each edge), and so is what rank 0 alone does at an epoch's
+  end (epochs.csv, TensorBoard, a checkpoint's copy or synchronous write): every rank waits for
+  it before its next epoch (measure.Meter.join_ranks), not inside its next window's first
+  step. Every training step has the same input shape: the ragged last n % (local_batch x
+  world_size) samples of each epoch's permutation are left out of that epoch
+  (loaders.epoch_batches), so no new shape re-runs cuDNN autotuning or recompiles inside the
+  window. An epoch therefore trains on floor(n / (local_batch x world_size)) x local_batch x
+  world_size images (floor(n / global_batch) x global_batch when accum_steps is 1; with
+  accumulation the micro-batch, not the global batch, is the unit). Images are summed over
+  ranks; the window time is the maximum over ranks.
   throughput_img_s_per_rank = throughput_img_s / world_size.
 - epoch_time_s: median over epochs of the wall time of an epoch's training steps (no evaluation).
 - step_time_ms_p50/p95: rank 0's step times inside the window (CUDA events on GPU).
@@ -164,7 +167,8 @@ A resumed run's numbers are accounted over its segments:
 - gpu_util_mean and host_syncs_in_window: of the last segment's window only (as energy_j).
 With --checkpoint-dir, saves are written by a background thread on rank 0 by default, during
 the next epoch's window steps, where its CPU and I/O share the machine with training;
---no-checkpoint-async makes each save wait, outside the window (checkpoint_stall_s holds it).
+--no-checkpoint-async makes each save wait, outside every rank's window (the others wait for
+rank 0's write between the epochs; checkpoint_stall_s holds rank 0's wait).
 Once metrics.json is written, the checkpoints are deleted, so a rerun of a finished run (changed
 code) trains from scratch instead of resuming a final checkpoint; a failed metrics.json write
 (disk full, quota) keeps them, and the rerun resumes from the last one.
