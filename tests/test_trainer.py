@@ -622,3 +622,49 @@ def test_a_finished_run_frees_its_process_group_before_the_interpreter_exits(dat
     threads = json.loads(line.removeprefix("THREADS "))
     assert threads, proc.stdout
     assert not [t for t in threads if "gloo" in t], threads
+
+
+def test_a_run_too_short_for_powersgds_warm_up_names_it_not_warmup_steps(data_dir, tmp_path):
+    """--comm-hook powersgd opens the window after its 10 uncompressed steps, whatever
+    --warmup-steps says: a run of 8 steps was told to "lower --warmup-steps" (already 0)."""
+    flags = ("--comm-hook", "powersgd", "--warmup-steps", "0", "--limit-train", "128")
+    proc = train(data_dir, tmp_path, *flags, nproc=1, check=False)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert (
+        "8 optimizer steps left (from step 0) leave no steady-state window after this "
+        "segment's warm-up of 10 steps (--comm-hook powersgd's first 10 steps are "
+        "uncompressed; --warmup-steps 0 is not the cause" in proc.stderr
+    ), proc.stderr[-3000:]
+    assert proc.stderr.rstrip().endswith(": raise --epochs or use more data"), proc.stderr[-3000:]
+    assert "lower --warmup-steps" not in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(("flags", "graphs", "cause"), [
+    ({"warmup_steps": 5}, "off", None),
+    ({"warmup_steps": 5, "cuda_graphs": "step"}, "step",
+     "(--cuda-graphs step runs 11 eager steps and the capture before the window opens; "
+     "--warmup-steps 5 is not the cause"),
+    ({"warmup_steps": 2}, "step",
+     "(--cuda-graphs auto (here the whole step as one CUDA graph) runs 11 eager steps and the "
+     "capture before the window opens; --warmup-steps 2 is not the cause"),
+    ({"warmup_steps": 20, "cuda_graphs": "step"}, "step", None),
+])  # fmt: skip
+def test_a_segment_too_short_for_its_window_names_what_set_the_warm_up(flags, graphs, cause):
+    """The warm-up is the Meter's (a real one): the flag's, or the captured step's 12 steps on
+    the GPU path; only where the flag set it does lowering it help."""
+    from scalestudy.trainer.loop import no_window_message
+    from scalestudy.trainer.measure import Meter
+
+    cfg = TrainConfig(**flags)
+    warmup = Meter(cfg, torch.device("cpu"), rank=0, graphs=graphs).warmup_steps
+    message = no_window_message(cfg, graphs, 4, warmup - 1, warmup)
+    assert message.startswith(
+        f"{warmup - 1} optimizer steps left (from step 4) leave no steady-state window after "
+        f"this segment's warm-up of {warmup} steps"
+    )
+    if cause is None:  # the flag's own warm-up
+        assert warmup == cfg.warmup_steps
+        assert message.endswith(": lower --warmup-steps, raise --epochs or use more data")
+    else:
+        assert cause in message and "lower --warmup-steps" not in message
+        assert message.endswith(": raise --epochs or use more data")

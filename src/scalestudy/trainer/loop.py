@@ -27,7 +27,7 @@ from scalestudy.errors import TrainingError
 from scalestudy.trainer import checkpoint as ckpt
 from scalestudy.trainer import compiling, loaders, progress
 from scalestudy.trainer import dist as sdist
-from scalestudy.trainer.config import STEPS_BEFORE_WINDOW, TrainConfig
+from scalestudy.trainer.config import STEP_GRAPH_WARM_STEPS, STEPS_BEFORE_WINDOW, TrainConfig
 from scalestudy.trainer.measure import Meter, Profiler, comm_probe, efficiency, environment
 from scalestudy.trainer.models import build_model, training_flops_per_image
 from scalestudy.trainer.numerics import Numerics
@@ -76,16 +76,40 @@ def train(
         # every segment warms up anew (a resume recompiles and recaptures): one that cannot
         # reach the window, after earlier ones that did not either, would measure nothing
         raise TrainingError(
-            f"{left} optimizer steps left (from step {state.step}) leave no steady-state window "
-            f"after this segment's warm-up of {meter.warmup_steps} steps, and no earlier segment "
-            "reached it: lower --warmup-steps (under --cuda-graphs step the window opens after "
-            f"step {STEPS_BEFORE_WINDOW}), or raise --epochs or use more data"
+            no_window_message(cfg, run.graphs, state.step, left, meter.warmup_steps)
         )
     meter.start(state)
     train_epochs(run, state, meter, profiler, checkpointing)
     train_time = meter.end_loop(state)
     profiler.close()
     return finish(run, denv, state, meter, checkpointing, train_time, started_at)
+
+
+def no_window_message(cfg: TrainConfig, graphs: str, step: int, left: int, warmup: int) -> str:
+    """A segment whose `left` optimizer steps (from `step`) cannot reach the window after its
+    `warmup` steps (Meter.warmup_steps): lowering --warmup-steps helps only when the flag set
+    that warm-up, not PowerSGD's uncompressed steps or the captured step's eager ones."""
+    head = (
+        f"{left} optimizer steps left (from step {step}) leave no steady-state window after "
+        f"this segment's warm-up of {warmup} steps"
+    )
+    tail = "and no earlier segment reached it"
+    if warmup <= cfg.warmup_steps:  # the flag's own warm-up
+        return f"{head}, {tail}: lower --warmup-steps, raise --epochs or use more data"
+    if graphs == "step" and warmup == STEPS_BEFORE_WINDOW:
+        flag = f"--cuda-graphs {cfg.cuda_graphs}"
+        if cfg.cuda_graphs != "step":
+            flag += " (here the whole step as one CUDA graph)"
+        cause = (
+            f"{flag} runs {STEP_GRAPH_WARM_STEPS} eager steps and the capture before the "
+            "window opens"
+        )
+    else:
+        cause = f"--comm-hook powersgd's first {warmup} steps are uncompressed"
+    return (
+        f"{head} ({cause}; --warmup-steps {cfg.warmup_steps} is not the cause, and lowering it "
+        f"cannot help), {tail}: raise --epochs or use more data"
+    )
 
 
 def train_epochs(
