@@ -864,6 +864,28 @@ def test_mfu_and_flop_rate_are_means_over_repeats_and_blank_stays_blank():
     assert {"mfu_mean", "mfu_std", "model_tflops_mean"} <= set(analysis.SCALING_COLUMNS)
 
 
+def test_system_table_says_the_warm_up_each_window_left_out_or_at_least_the_flag():
+    """metrics.json's window_warmup_steps (the report's "the window starts after N warm-up
+    steps") is the Meter's: a run of an older trainer recorded only the flag, which the
+    window's warm-up is at least."""
+
+    def warmup(*cells):
+        runs = [run(f"w{i}", "strong", 1, 64, 100) | cell for i, cell in enumerate(cells)]
+        rows = analysis.system_table(runs, {"name": "t"})
+        return {(r["section"], r["key"]): r["value"] for r in rows}[
+            ("run settings", "window_warmup_steps")
+        ]
+
+    powersgd = {"warmup_steps": "2", "window_warmup_steps": "10"}
+    assert warmup(powersgd) == "10"
+    assert warmup({"warmup_steps": "0", "window_warmup_steps": "0"}) == "0"
+    older = {"warmup_steps": "20"}  # no such column
+    assert warmup(older) == "at least 20"
+    assert warmup({**older, "window_warmup_steps": ""}) == "at least 20"  # a blank cell
+    assert warmup(powersgd, older, powersgd) == "10; at least 20"
+    assert warmup({}) == "not recorded"
+
+
 def test_system_table_says_flops_peak_source_why_no_mfu_and_compile():
     def system(runs):
         rows = analysis.system_table(runs, {"name": "t"})
@@ -1329,6 +1351,11 @@ def test_collect_refuses_a_measurement_analyze_would_refuse_naming_the_runs_file
     assert row.get("pg_timeout_s", 120) == 120
     files.write_json(metrics, good | {"pg_timeout_s": 1800.0})
     assert collect.collect([row], tmp_path / "runs")[0][0]["pg_timeout_s"] == 1800.0
+    # the warm-up the window left out reaches runs.csv; an older trainer's metrics.json without
+    # it (`good`) is collected all the same
+    assert "window_warmup_steps" not in good
+    files.write_json(metrics, good | {"window_warmup_steps": 10})
+    assert collect.collect([row], tmp_path / "runs")[0][0]["window_warmup_steps"] == 10
     files.write_json(metrics, good)
     # an epochs.csv cut short is not the run's history (history_problem)
     files.write_csv(run_dir / "epochs.csv", None, epochs[:-1])
@@ -1339,6 +1366,7 @@ def test_collect_refuses_a_measurement_analyze_would_refuse_naming_the_runs_file
         ({"final_val_acc": 1.5}, "final_val_acc is 1.5, not a fraction in [0, 1]"),
         ({"throughput_img_s": -900.0}, "throughput_img_s is -900.0, not a number > 0"),
         ({"gpu_util_mean": "high"}, "gpu_util_mean is 'high', not a percentage in [0, 100]"),
+        ({"window_warmup_steps": 2.5}, "window_warmup_steps is 2.5, not a whole number >= 0"),
         (
             {"busy_time_ms_p50_by_rank": [10.5, "slow"]},
             "busy_time_ms_p50_by_rank is '10.5;slow', not numbers >= 0 joined by ';'",

@@ -1208,3 +1208,30 @@ def test_a_one_rank_runs_exposed_communication_is_no_measurement_in_tables_or_fi
             "Exposed communication has no figure: the strong and weak runs have one rank "
             "each" in " ".join(text.split())
         ), name
+
+
+@pytest.mark.parametrize(
+    ("recorded", "says"),
+    [
+        (None, "at least 3"),  # the demo's runs, of a trainer that recorded the flag alone
+        ("10", "10"),  # PowerSGD's uncompressed steps: the window waited for them, not for 3
+    ],
+)
+def test_the_method_names_the_warm_up_the_window_left_out(tmp_path, recorded, says):
+    """The documents printed --warmup-steps as the steps before the window, which under
+    --comm-hook powersgd (10) or the whole-step CUDA graph (12) opens later: they print
+    metrics.json's window_warmup_steps (a runs.csv cell), and for runs without it what is
+    known, "at least" the flag; both pass the honesty check."""
+
+    def runs(row):
+        if recorded is not None:
+            row["window_warmup_steps"] = recorded
+        return True
+
+    tables = _demo_study(tmp_path, runs)
+    docs = report.render(tmp_path, report.TEMPLATES, [], "../results/plots")
+    report.check_numbers(docs, tables)
+    study = next(ln for ln in docs["study.md"].splitlines() if "Throughput X(N)" in ln)
+    assert f"window that starts after {says} warm-up optimizer steps (excluded:" in study
+    paper = " ".join(docs["paper.tex"].split())
+    assert f"window that starts after {says} warm-up optimizer steps (the configured" in paper

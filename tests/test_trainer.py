@@ -49,6 +49,7 @@ def test_metrics_has_every_key_and_sane_values(ddp_run):
     # window accounting: images over both ranks / window seconds
     assert m["window_images"] == pytest.approx(m["throughput_img_s"] * m["window_time_s"])
     assert m["window_steps"] == 2 * m["steps_per_epoch"] - 2  # all steps after 2 warm-up steps
+    assert m["window_warmup_steps"] == m["warmup_steps"] == 2  # the flag's, nothing longer
     # the window is the slowest rank's wall time inside its training loop, not a sum over ranks
     # (which would be ~2x the window, longer than the loop itself)
     assert 0 < m["window_time_s"] <= m["train_time_s"]
@@ -408,6 +409,10 @@ def test_other_recipes_and_hooks_run_in_sync(data_dir, tmp_path, flags):
     assert m["comm_hook"] == flags[1]
     if "--model" in flags:
         assert m["model"] == "cnn" and m["width"] == 8
+        # the window waits for PowerSGD's 10 uncompressed steps, not --warmup-steps 1, and
+        # metrics.json says so (the report printed the flag as the window's warm-up)
+        assert m["warmup_steps"] == 1 and m["window_warmup_steps"] == 10
+        assert m["window_steps"] == m["steps_per_epoch"] - 10
         assert m["flops_per_img"] == training_flops_per_image(
             "cnn", num_classes=10, width=8, image_shape=(3, 32, 32)
         )

@@ -831,6 +831,7 @@ STUDY_KEYS = (
     "schedule",
     "warmup_epochs",
     "warmup_steps",
+    "window_warmup_steps",  # the report's "the window starts after N warm-up steps"
     "comm_probe_steps",
     "limit_train",
     "limit_test",
@@ -845,7 +846,8 @@ def system_table(runs: list[dict], study: dict) -> list[dict]:
     repeats = {int(r["repeat"]) for r in runs}
     rows.append({"section": "study", "key": "repeats", "value": len(repeats)})
     for column in STUDY_KEYS:
-        rows.append({"section": "run settings", "key": column, "value": _distinct(runs, column)})
+        value = window_warmup(runs) if column == "window_warmup_steps" else _distinct(runs, column)
+        rows.append({"section": "run settings", "key": column, "value": value})
     for column, label in SYSTEM_KEYS:
         if column in SYSTEM_BLANK:
             blank = SYSTEM_BLANK[column] if any(column in r for r in runs) else "not recorded"
@@ -856,6 +858,26 @@ def system_table(runs: list[dict], study: dict) -> list[dict]:
             value = _distinct(runs, column)
         rows.append({"section": "system", "key": label, "value": value})
     return rows
+
+
+def window_warmup(runs: list[dict]) -> str:
+    """The optimizer steps the runs' windows left out (metrics.json window_warmup_steps: the
+    flag warmup_steps, or more under PowerSGD or the whole-step CUDA graph), their distinct
+    values; a run of an older trainer recorded the flag alone: "at least" the flag."""
+    values = []
+    for r in runs:
+        value = _cell_text(r.get("window_warmup_steps"))
+        if not value and (flag := _cell_text(r.get("warmup_steps"))):
+            value = f"at least {flag}"
+        if value and value not in values:
+            values.append(value)
+    return "; ".join(values) if values else "not recorded"
+
+
+def _cell_text(value) -> str:
+    """A runs.csv cell as text, "" for a blank one (None, "", "None")."""
+    text = "" if value is None else str(value)
+    return "" if text == "None" else text
 
 
 def _distinct(runs, column, blank: str = "not recorded", split: bool = True) -> str:
@@ -1045,6 +1067,9 @@ RUNS_OPTIONAL += ("energy_j_per_img", "energy_wall_j_per_img")
 # "195.0" was a ValueError traceback); blank in a runs.csv of an older trainer
 ENERGY_COUNTS = ("epochs", "steps_per_epoch", "train_images_per_epoch", "accum_steps")
 RUNS_OPTIONAL += ENERGY_COUNTS
+# the warm-up the window left out, which the report prints (system_table); blank in a runs.csv
+# of an older trainer, which recorded only the flag warmup_steps
+RUNS_OPTIONAL += ("window_warmup_steps",)
 # the waterfall's per-rank lists (milliseconds; collect joins a list with ';'): each element a
 # number >= 0, or None where a rank did not measure it (a word there was a ValueError traceback)
 RUNS_PER_RANK = tuple(c for c in PART_INPUTS.values() if c.endswith("_by_rank"))
@@ -1055,6 +1080,7 @@ RANK_CELL = files.NON_NEGATIVE.or_blank()  # one element of such a list
 RUNS_CELLS = {
     **{c: files.count(1) for c in (*RUNS_COUNTS, *ENERGY_COUNTS)},
     "repeat": files.count(0),
+    "window_warmup_steps": files.count(0),
     **{c: files.POSITIVE for c in RUNS_POSITIVE},
     **{c: files.FRACTION for c in RUNS_FRACTIONS},
     **{c: files.PERCENT for c in RUNS_PERCENT},

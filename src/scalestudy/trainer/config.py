@@ -123,7 +123,12 @@ class TrainConfig:
     seed: int = _f(0, "seed of initialisation, data order and augmentation")
     target_acc: float | None = _f(None, "validation accuracy (0-1) for time_to_target_s")
     # measurement
-    warmup_steps: int = _f(5, "optimizer steps excluded from the throughput window")
+    warmup_steps: int = _f(
+        5,
+        "optimizer steps excluded from the throughput window (at least "
+        f"{POWERSGD_START_ITER} under --comm-hook powersgd, 12 under the whole-step CUDA "
+        "graph: metrics.json window_warmup_steps)",
+    )
     comm_probe_steps: int = _f(5, "steps per arm of the exposed-communication probe (0 = off)")
     profile_steps: str | None = _f(
         None, "A:B profiles optimizer steps A..B-1 (nsys range / torch.profiler)"

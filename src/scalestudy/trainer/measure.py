@@ -226,6 +226,9 @@ class Meter:
             "throughput_img_s": throughput,
             "throughput_img_s_per_rank": throughput / world_size,
             "window_steps": len(step_times),
+            # the steps each segment's window left out: --warmup-steps, or more (PowerSGD's
+            # uncompressed steps, the captured step's eager ones)
+            "window_warmup_steps": self.warmup_steps,
             "window_images": int(images_all.item()),
             "window_time_s": times_max.item(),
             "epoch_time_s": statistics.median(r["epoch_time_s"] for r in state.history),

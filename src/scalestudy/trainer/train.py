@@ -35,6 +35,10 @@ How the numbers are measured (the analysis relies on these definitions):
   accumulation the micro-batch, not the global batch, is the unit). Images are summed over
   ranks; the window time is the maximum over ranks.
   throughput_img_s_per_rank = throughput_img_s / world_size.
+- window_warmup_steps: the optimizer steps the window leaves out at the start of each segment
+  (measure.Meter.warmup_steps): --warmup-steps (metrics.json warmup_steps), but at least
+  PowerSGD's 10 uncompressed steps under --comm-hook powersgd and 12 (the captured step's 11
+  eager steps and its capture) under cuda_graphs_mode "step". window_steps: the steps inside it.
 - epoch_time_s: median over epochs of the wall time of an epoch's training steps (no evaluation).
 - step_time_ms_p50/p95: rank 0's step times inside the window (CUDA events on GPU).
 - data_time_frac: share of window step time spent producing the batch (index, augment, copy).
