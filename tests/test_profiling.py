@@ -2219,8 +2219,9 @@ def test_a_capture_that_profiled_nothing_fails_and_an_earlier_capture_is_cleared
     data_dir, tmp_path
 ):
     """A --profile-steps window past the run's last step exited 0 with a tool.json pointing at
-    nothing; a second capture into one --out kept the first one's rank reports, parsed with
-    its own (--ranks 0 after all: rank 1 of the earlier capture)."""
+    nothing (now the trainer refuses it, in one line naming the window and the run's steps,
+    and the capture fails); a second capture into one --out kept the first one's rank
+    reports, parsed with its own (--ranks 0 after all: rank 1 of the earlier capture)."""
     cap = tmp_path / "capture"
     (cap / "stats").mkdir(parents=True)
     (cap / "stats" / "nsys_rank1_cuda_gpu_kern_sum.csv").write_text("old\n")
@@ -2229,9 +2230,11 @@ def test_a_capture_that_profiled_nothing_fails_and_an_earlier_capture_is_cleared
     (cap / "notes.txt").write_text("the user's own\n")
     proc = _capture(data_dir, cap, "--profile-steps", "100:200", tool="torch")
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert "torch.profiler wrote no torch_ops_rank*.json in" in proc.stderr.splitlines()[-1]
-    assert "did the trainer reach --profile-steps" in proc.stderr.splitlines()[-1]
-    assert sorted(p.name for p in cap.iterdir()) == ["notes.txt", "train"]
+    refused = "--profile-steps 100:200 profiles optimizer steps 100 to 199, but this run takes 6"
+    assert refused in proc.stderr, proc.stderr[-2000:]
+    assert "failed with exit" in proc.stderr.splitlines()[-1]
+    # the earlier capture is gone, the user's file kept; the refused trainer wrote nothing
+    assert sorted(p.name for p in cap.iterdir()) == ["notes.txt"]
 
 
 def test_profile_outputs_and_ncu_numbers_are_checked_before_anything_runs(tmp_path, capsys):

@@ -595,6 +595,34 @@ def test_profile_steps_on_cpu_saves_torch_profiler_output(data_dir, tmp_path):
     assert os.path.exists(tmp_path / "metrics.json")
 
 
+@pytest.mark.parametrize("window", ["100:102", "6:20"])
+def test_a_profile_window_outside_the_runs_steps_is_refused_in_one_line(data_dir, tmp_path, window):
+    """A window past the last of the run's 8 optimizer steps exited 0, profiled nothing and
+    recorded the window in metrics.json as profiled; one across it (6:20) profiled 2 steps of
+    14. Both silently: now the run is refused before training, naming the flag, its value and
+    the run's steps."""
+    flags = ("--profile-steps", window, "--limit-train", "128")
+    proc = train(data_dir, tmp_path, *flags, nproc=1, check=False)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    a, b = map(int, window.split(":"))
+    assert proc.stderr.splitlines()[-1].endswith(
+        f"scalestudy train: --profile-steps {window} profiles optimizer steps {a} to {b - 1}, but "
+        "this run takes 8 (2 epochs x 4: steps 0 to 7): give A:B with B <= 8, or raise --epochs "
+        "or use more data"
+    ), proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "metrics.json").exists() and not (tmp_path / "profile").exists()
+
+
+def test_a_profile_window_may_end_with_the_runs_last_step():
+    from scalestudy.trainer.loop import check_profile_window
+
+    check_profile_window(TrainConfig(profile_steps="6:8", epochs=2), 4, 8)  # steps 6 and 7
+    check_profile_window(TrainConfig(epochs=2), 4, 8)  # no window
+    with pytest.raises(TrainConfigError, match="--profile-steps 6:9 profiles optimizer steps 6"):
+        check_profile_window(TrainConfig(profile_steps="6:9", epochs=2), 4, 8)
+
+
 # what runs `scalestudy train` in this process, then lists this process's threads by name
 _THREADS_AFTER_RUN = """
 import gc, json, os, sys

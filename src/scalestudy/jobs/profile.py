@@ -561,8 +561,8 @@ def capture(args: argparse.Namespace) -> int:
             # the trainer ran, but its profile window never opened: parse found nothing later
             raise ProfileError(
                 f"torch.profiler wrote no torch_ops_rank*.json in {train_dir / 'profile'}: did "
-                "the trainer reach --profile-steps (a window past the run's last step, or none "
-                "given)?"
+                "the trainer reach --profile-steps (none given? a window past the run's last step "
+                "it refuses before training)?"
             )
     if missing := missing_ranks(manifest, {readers.rank_of(f) for f in made}):
         # a rank that died or wrote nowhere: its kernels would be missing from every sum

@@ -131,7 +131,9 @@ class TrainConfig:
     )
     comm_probe_steps: int = _f(5, "steps per arm of the exposed-communication probe (0 = off)")
     profile_steps: str | None = _f(
-        None, "A:B profiles optimizer steps A..B-1 (nsys range / torch.profiler)"
+        None,
+        "A:B profiles optimizer steps A..B-1 (nsys range / torch.profiler); B at most the run's "
+        "optimizer steps",
     )
     # diagnostics: a known cause of lost efficiency injected on purpose, for the tests of the
     # efficiency-loss waterfall and for a user checking how a cause shows in it; off by default,

@@ -23,7 +23,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from scalestudy import files, log
-from scalestudy.errors import TrainingError
+from scalestudy.errors import TrainConfigError, TrainingError
 from scalestudy.trainer import checkpoint as ckpt
 from scalestudy.trainer import compiling, loaders, progress
 from scalestudy.trainer import dist as sdist
@@ -438,6 +438,7 @@ def build(cfg: TrainConfig, denv: sdist.DistEnv, device: torch.device) -> Run:
             f"steady-state window after --warmup-steps {cfg.warmup_steps}: "
             "lower --warmup-steps, raise --epochs or use more data"
         )
+    check_profile_window(cfg, steps_per_epoch, total_steps)
 
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
     model = build_model(
@@ -505,6 +506,21 @@ def build(cfg: TrainConfig, denv: sdist.DistEnv, device: torch.device) -> Run:
     if graphs == "step":  # the whole step as one CUDA graph (step_graph.py)
         run.step = StepGraph(run.step, recipe.optimizer, device, side=side)
     return run
+
+
+def check_profile_window(cfg: TrainConfig, steps_per_epoch: int, total_steps: int) -> None:
+    """--profile-steps A:B must lie inside the run's optimizer steps 0..total_steps-1: past the
+    last one the profiler never opened (exit 0, no profile, metrics.json naming the window), and
+    a window across it profiled fewer steps than asked, both silently."""
+    window = cfg.profile_window()
+    if window is None or window[1] <= total_steps:
+        return
+    raise TrainConfigError(
+        f"--profile-steps {cfg.profile_steps} profiles optimizer steps {window[0]} to "
+        f"{window[1] - 1}, but this run takes {total_steps} ({cfg.epochs} epochs x "
+        f"{steps_per_epoch}: steps 0 to {total_steps - 1}): give A:B with B <= {total_steps}, "
+        "or raise --epochs or use more data"
+    )
 
 
 def lr_max_reached(

@@ -464,7 +464,8 @@ class StepTimer:
 
 
 class Profiler:
-    """--profile-steps A:B profiles optimizer steps A..B-1.
+    """--profile-steps A:B profiles optimizer steps A..B-1 (a window past the run's last step is
+    refused before training: loop.check_profile_window).
 
     On a GPU: cudaProfilerStart/Stop around the window, the capture range of `nsys profile
     --capture-range=cudaProfilerApi` and `ncu --profile-from-start off`. On a CPU, or on a GPU when
