@@ -11,8 +11,9 @@ definition, so benchmarks/compare.py can set the two side by side.
 
 Throughput (as in scalestudy/trainer/train.py): images of all ranks inside the steady-state window /
 the window's wall time. The window starts after --warmup-steps optimizer steps and covers every
-later training step (the device is synchronised at its edges; the gaps between epochs are
-outside it); images are summed over ranks, the window time is the maximum over ranks.
+later training step, its batch's loading included (the device is synchronised at its edges; the
+gaps between epochs, the DataLoader workers' start-up among them, are outside it); images are
+summed over ranks, the window time is the maximum over ranks.
 """
 
 from __future__ import annotations
@@ -177,10 +178,15 @@ def train(args: argparse.Namespace, device: torch.device, backend: str) -> None:
         model.train()
         loss_sum = torch.zeros((), device=device)  # kept on the device: no sync per step
         seen, window_start = 0, None
-        for images, targets in loader:
+        # the workers start here, outside the window (as ours: loop.py takes iter() before the
+        # epoch's first step); each batch is fetched inside its step, so a timed step's loading
+        # (the first one's too, and what the workers load meanwhile) is inside the window
+        batches = iter(loader)
+        for _ in range(len(loader)):
             if step >= args.warmup_steps and window_start is None:
                 sync(device)  # the window starts on an idle device
                 window_start, images_before = time.perf_counter(), seen
+            images, targets = next(batches)
             images = images.to(device, non_blocking=pin_memory)
             targets = targets.to(device, non_blocking=pin_memory)
             with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
@@ -196,6 +202,7 @@ def train(args: argparse.Namespace, device: torch.device, backend: str) -> None:
         if window_start is not None:
             window_time += time.perf_counter() - window_start
             window_images += seen - images_before
+        del batches  # its workers stop here, outside the window
         scheduler.step()
         stats = torch.stack([loss_sum.double(), torch.tensor(float(seen), device=device).double()])
         dist.all_reduce(stats)

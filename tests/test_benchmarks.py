@@ -7,6 +7,9 @@ import importlib.util
 import json
 import re
 import subprocess
+import sys
+import time
+import types
 
 import pytest
 from conftest import PYTHON, REPO, child_env
@@ -61,6 +64,80 @@ def test_a_tiny_comparison_end_to_end(data_dir, tmp_path):
     assert r["ratio"] == pytest.approx(r["ours"]["median"] / r["reference"]["median"])
     assert r["ours_mfu"] == [None] and r["ours_mfu_unmeasured"].startswith("cpu:")
     assert "ratio" in proc.stdout
+
+
+def run_reference(monkeypatch, data_dir, out, seconds_per_image, *flags, clock=None):
+    """reference_train.train in this process (a 1-rank gloo group is open) on the synthetic data,
+    each image's loading slowed by `seconds_per_image`: slept, or (with `clock`, a one-item list
+    of seconds that the reference's timer then reads) added to that clock, so that the window
+    measures nothing but the loading it holds. Returns its result JSON."""
+    import torch
+
+    ref = load_benchmark("reference_train")
+    load = ref.PreparedImages.__getitem__
+
+    def slow(self, i):
+        if clock is None:
+            time.sleep(seconds_per_image)
+        else:
+            clock[0] += seconds_per_image
+        return load(self, i)
+
+    monkeypatch.setattr(ref.PreparedImages, "__getitem__", slow)  # forked workers inherit it
+    if clock is not None:
+        monkeypatch.setattr(ref, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    argv = ["reference_train.py", "--data-dir", str(data_dir), "--dataset", "synthetic"]
+    argv += ["--width", "2", "--limit-train", "64", "--out", str(out), *flags]
+    monkeypatch.setattr(sys, "argv", argv)
+    ref.train(ref.parse_args(), torch.device("cpu"), "gloo")
+    return json.loads(out.read_text())
+
+
+def test_the_reference_window_holds_its_timed_steps_loading(
+    data_dir, tmp_path, monkeypatch, one_rank_group
+):
+    """As in our loop, each timed step's batch is loaded inside the window, the first timed step
+    of each epoch too (the reference once fetched it before opening the window). Loading alone
+    advances the clock: the window is exactly the timed batches' loading."""
+    per_image, batch = 0.01, 8
+    clock = [0.0]
+    flags = ("--local-batch", str(batch), "--epochs", "2", "--warmup-steps", "2")
+    r = run_reference(
+        monkeypatch,
+        data_dir,
+        tmp_path / "ref.json",
+        per_image,
+        *flags,
+        "--num-workers",
+        "0",
+        clock=clock,
+    )
+    assert r["steps_timed"] == 2 * 64 // batch - 2  # a window in each epoch
+    assert r["window_time_s"] == pytest.approx(r["steps_timed"] * batch * per_image)
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+def test_the_reference_never_reports_more_than_its_loader_delivers(
+    data_dir, tmp_path, monkeypatch, one_rank_group
+):
+    """With DataLoader workers, whose loading is slowed to a known ceiling of img/s, the reported
+    throughput stays under that ceiling: the window opened before the epoch's first batch (and
+    the batches the other workers loaded meanwhile) arrived. Real sleeps: a busy machine only
+    lowers the throughput, never the ceiling. The window is the second epoch, whole."""
+    per_image, batch, workers = 0.025, 8, 4
+    flags = ("--local-batch", str(batch), "--epochs", "2", "--warmup-steps", str(64 // batch))
+    r = run_reference(
+        monkeypatch,
+        data_dir,
+        tmp_path / "ref.json",
+        per_image,
+        *flags,
+        "--num-workers",
+        str(workers),
+    )
+    assert r["steps_timed"] == 64 // batch
+    ceiling = workers / per_image  # img/s: each worker loads one image per `per_image` seconds
+    assert r["throughput_img_s"] <= 1.02 * ceiling, (r["throughput_img_s"], ceiling)
 
 
 def test_the_step_anatomy_times_the_real_trainer_per_phase(data_dir, tmp_path):
