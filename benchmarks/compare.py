@@ -34,6 +34,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from scalestudy import files
+from scalestudy.cli import Parser
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -48,7 +51,7 @@ def torchrun(nproc: int) -> list[str]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = Parser(prog="compare.py", description=__doc__.splitlines()[0])
     p.add_argument("--data-dir", required=True)
     p.add_argument("--dataset", default="cifar10")
     p.add_argument("--nproc", type=int, default=2, help="ranks (GPUs, or CPU processes)")
@@ -68,6 +71,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.repeats < 1:
         p.error(f"--repeats must be >= 1, got {args.repeats}")
+    try:  # before the first run, not after the last
+        files.check_outputs([args.json] if args.json else [], ValueError)
+    except ValueError as exc:
+        p.error(f"--json: {exc}")
     return args
 
 
@@ -162,9 +169,18 @@ def main(argv: list[str] | None = None) -> int:
         cpu_count=os.cpu_count(),
     )
     print_table(result, args)
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-    return 0
+    return 0 if write_result(args.json, result) else 1
+
+
+def write_result(path: str | None, result: dict) -> bool:
+    """--json, atomically (a failed write keeps the file that was there); one line if it fails."""
+    if path:
+        try:
+            files.write_json(path, result)  # the trainers' JSON is strict: no NaN to write
+        except OSError as exc:
+            print(f"compare.py: --json {path}: {files.write_cause(exc)}", file=sys.stderr)
+            return False
+    return True
 
 
 def print_table(r: dict, args: argparse.Namespace) -> None:

@@ -40,6 +40,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from scalestudy import files  # noqa: E402
+from scalestudy.cli import Parser  # noqa: E402
 from scalestudy.trainer import measure  # noqa: E402
 from scalestudy.trainer import train as trainer  # noqa: E402
 from scalestudy.trainer.config import TrainConfig  # noqa: E402
@@ -177,12 +179,17 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     if "--" in argv:
         cut = argv.index("--")
         argv, train_flags = argv[:cut], argv[cut + 1 :]
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = Parser(prog="step_anatomy.py", description=__doc__.splitlines()[0])
     p.add_argument("--json", help="write the results here too")
     p.add_argument("--cprofile-from", type=int, default=-1, help="first profiled step (0-based)")
     p.add_argument("--cprofile-steps", type=int, default=0, help="steps under cProfile (0: none)")
     p.add_argument("--micro", action="store_true", help="also time single CUDA operations")
-    return p.parse_args(argv), train_flags
+    args = p.parse_args(argv)
+    try:  # before the training, not after it
+        files.check_outputs([args.json] if args.json else [], ValueError)
+    except ValueError as exc:
+        p.error(f"--json: {exc}")
+    return args, train_flags
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -229,8 +236,8 @@ def main(argv: list[str] | None = None) -> int:
         print(result["cprofile"])
     if args.micro:
         print(json.dumps(result["micro"], indent=1))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    if args.json:  # atomically; every number here is finite (metrics.json is strict JSON)
+        files.write_json(args.json, result)
     return 0
 
 

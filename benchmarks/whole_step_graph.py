@@ -53,6 +53,8 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from scalestudy import files  # noqa: E402
+from scalestudy.cli import Parser  # noqa: E402
 from scalestudy.trainer.models import resnet18, training_flops_per_image  # noqa: E402
 from scalestudy.trainer.parallel import NO_FORWARD_BUFFER_SYNC  # noqa: E402
 from scalestudy.trainer.step_graph import WARM_STEPS, StepGraph  # noqa: E402
@@ -62,7 +64,7 @@ POOL = 16  # distinct batches on the device, cycled
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = Parser(prog="whole_step_graph.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--variant", help=argparse.SUPPRESS)  # one variant, in this process
     p.add_argument("--local-batch", type=int, default=64)
@@ -81,6 +83,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
             f"--warmup {args.warmup}: the whole-* variants capture after {WARM_STEPS} eager "
             f"steps, inside the warm-up: use --warmup {WARM_STEPS + 1} or more"
         )
+    try:  # before the first variant, not after the last
+        files.check_outputs([args.json] if args.json and not args.variant else [], ValueError)
+    except ValueError as exc:
+        p.error(f"--json: {exc}")
     return args
 
 
@@ -307,10 +313,9 @@ def main(argv: list[str] | None = None) -> int:
             )
         else:
             print(f"{r['variant']:<16} failed (rc {r['rc']})")
-    if args.json:
-        Path(args.json).write_text(
-            json.dumps({"args": vars(args), "rows": rows, "torch": torch.__version__}, indent=1)
-        )
+    if args.json:  # atomically; a diverged variant's NaN loss is kept (write_json refuses NaN)
+        result = {"args": vars(args), "rows": rows, "torch": torch.__version__}
+        files.write_text(args.json, json.dumps(result, indent=1) + "\n")
     return 0 if all("img_s" in r for r in rows) else 1
 
 

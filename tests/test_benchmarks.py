@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import types
+from pathlib import Path
 
 import pytest
 from conftest import PYTHON, REPO, child_env
@@ -48,6 +49,102 @@ def test_both_trainers_get_the_same_workload():
         for cmd in cmds.values():
             assert cmd[cmd.index(flag) + 1] == value
     assert cmds["ours"][-2:] == ["--compile", "on"] and "--compile" not in cmds["reference"]
+
+
+class FakeRuns:
+    """compare.py's `subprocess` with a `run` that writes what each trainer writes (the keys
+    compare.py reads; ours N img/s in its run N, the reference half of it), or exits `fail[i]`
+    in the i-th run of the session instead."""
+
+    def __init__(self, fail: dict[int, int] | None = None):
+        self.fail, self.calls = fail or {}, []
+
+    def run(self, cmd, **kwargs):
+        self.calls.append(cmd)
+        rc = self.fail.get(len(self.calls) - 1, 0)
+        out = Path(cmd[cmd.index("--out") + 1])
+        n = len(self.calls)
+        if rc == 0 and "reference_train.py" in " ".join(cmd):
+            out.write_text(json.dumps({"throughput_img_s": n / 2, "final_train_loss": 2.3}))
+        elif rc == 0:
+            out.mkdir(parents=True)
+            metrics = {"throughput_img_s": float(n), "device": {"name": "cpu", "type": "cpu"}}
+            metrics |= {"compiled": False, "flops_per_img": 1, "mfu": None, "best_val_acc": 0.1}
+            metrics |= {"mfu_unmeasured": "cpu: no peak", "model_flops_per_s": float(n)}
+            (out / "metrics.json").write_text(json.dumps(metrics | {"torch_version": "t"}))
+        if rc and kwargs.get("check"):
+            raise subprocess.CalledProcessError(rc, cmd)
+        return subprocess.CompletedProcess(cmd, rc)
+
+
+def test_compare_refuses_an_unwritable_json_before_the_first_run(
+    data_dir, tmp_path, monkeypatch, capsys
+):
+    runs = FakeRuns()
+    monkeypatch.setattr(compare, "subprocess", runs)
+    (tmp_path / "file").write_text("")
+    json_path = tmp_path / "file" / "compare.json"  # its directory is a file
+    with pytest.raises(SystemExit) as exit_:
+        compare.main(
+            ["--data-dir", str(data_dir), "--dataset", "synthetic", "--json", str(json_path)]
+        )
+    assert exit_.value.code == 2 and runs.calls == []
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "--json" in err and "is a file" in err, err
+
+
+def test_step_anatomy_and_the_graph_benchmark_refuse_an_unwritable_json_first(
+    tmp_path, monkeypatch, capsys
+):
+    """Their --json is checked before the training (the variants), not after it."""
+    anatomy, graphs = load_benchmark("step_anatomy"), load_benchmark("whole_step_graph")
+    started = []  # trainings and variants started
+    monkeypatch.setattr(anatomy.trainer, "main", lambda cfg: started.append(cfg) or 1)
+    variant = types.SimpleNamespace(
+        run=lambda cmd, **kw: started.append(cmd) or subprocess.CompletedProcess(cmd, 1, "", ""),
+        TimeoutExpired=subprocess.TimeoutExpired,
+    )
+    monkeypatch.setattr(graphs, "subprocess", variant)
+    (tmp_path / "file").write_text("")
+    json_path = str(tmp_path / "file" / "out.json")  # its directory is a file
+    for main in (
+        lambda: anatomy.main(["--json", json_path, "--", "--out", str(tmp_path / "run")]),
+        lambda: graphs.main(["--json", json_path, "--variants", "eager"]),
+    ):
+        with pytest.raises(SystemExit) as exit_:
+            main()
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and len(err.splitlines()) == 1 and "is a file" in err, err
+    assert started == []
+
+
+WRITE_FAILS = """
+import importlib.util, resource, sys
+sys.path.insert(0, sys.argv[1] + "/tests")
+from test_benchmarks import FakeRuns, compare
+compare.subprocess = FakeRuns()
+table = compare.print_table
+def table_then_a_full_disk(*a):  # the --json write that follows fails after 1 KiB
+    table(*a)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1024, resource.RLIM_INFINITY))
+compare.print_table = table_then_a_full_disk
+argv = ["--data-dir", sys.argv[2], "--dataset", "synthetic", "--repeats", "3"]
+sys.exit(compare.main([*argv, "--json", sys.argv[3]]))
+"""
+
+
+def test_a_failed_json_write_keeps_the_previous_file(data_dir, tmp_path):
+    """--json is written atomically: a write that fails part way (a file-size limit, as a full
+    disk) leaves the previous result as it was, and says so in one line."""
+    path = tmp_path / "compare.json"
+    previous = json.dumps({"previous": "result", "pad": "x" * 900}) + "\n"
+    path.write_text(previous)
+    argv = [PYTHON, "-c", WRITE_FAILS, str(REPO), str(data_dir), str(path)]
+    proc = subprocess.run(argv, env=child_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert path.read_text() == previous
+    assert proc.stderr.splitlines() == [proc.stderr.strip()] and str(path) in proc.stderr
+    assert "ratio" in proc.stdout  # the results are the printed table
 
 
 def test_a_tiny_comparison_end_to_end(data_dir, tmp_path):
