@@ -8,6 +8,8 @@ the machine (thermals, a neighbour) falls on both alike. Reported: each trainer'
 its range (min-max) and spread ((max - min) / median), the ratio of the medians (what the targets
 in docs/benchmarks.md are about) and the range of the paired ratios (run i of ours / run i of the
 reference). Our run's MFU and FLOP rate come from its metrics.json (null on a CPU: no peak).
+A failed run ends the comparison in one line (the run, its exit code); --json then holds the runs
+that finished, marked "partial", and the exit code is 1.
 
     # CPU, the Trainer issue's configuration: 2 gloo ranks, full width, local batch 64, fp32
     python benchmarks/compare.py --data-dir /tmp/bench --dataset synthetic --nproc 2 \
@@ -36,6 +38,8 @@ from pathlib import Path
 
 from scalestudy import files
 from scalestudy.cli import Parser
+from scalestudy.errors import TrainConfigError
+from scalestudy.trainer.config import TrainConfig
 
 HERE = Path(__file__).resolve().parent
 
@@ -71,6 +75,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.repeats < 1:
         p.error(f"--repeats must be >= 1, got {args.repeats}")
+    try:
+        args.ours_argv = shlex.split(args.ours_flags)
+    except ValueError as exc:  # an unbalanced quote
+        p.error(f"--ours-flags {args.ours_flags!r}: {exc}")
+    try:  # what our trainer would refuse in its first run (flag and value checks, no torch)
+        TrainConfig.from_argv(ours_train_flags(args, Path("ours")))
+    except TrainConfigError as exc:
+        p.error(f"our trainer's flags: {exc}")
     try:  # before the first run, not after the last
         files.check_outputs([args.json] if args.json else [], ValueError)
     except ValueError as exc:
@@ -78,19 +90,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def commands(args: argparse.Namespace, ours_out: Path, ref_out: Path) -> dict[str, list[str]]:
-    """The two trainers' command lines, the same flags where both have them."""
-    common = [
+def common_flags(args: argparse.Namespace) -> list[str]:
+    """The flags both trainers get, with the same values."""
+    return [
         *("--data-dir", args.data_dir, "--dataset", args.dataset),
         *("--width", str(args.width), "--local-batch", str(args.local_batch)),
         *("--epochs", str(args.epochs), "--precision", args.precision),
         *("--warmup-steps", str(args.warmup_steps), "--limit-train", str(args.limit_train)),
     ]
-    ours = [*torchrun(args.nproc), "-m", "scalestudy", "train", *common]
+
+
+def ours_train_flags(args: argparse.Namespace, ours_out: Path) -> list[str]:
+    """`scalestudy train`'s flags: the common ones, then ours only, then --ours-flags."""
     # evaluation is outside both windows; a short test set and no probe keep the runs short
-    ours += ["--comm-probe-steps", "0", "--limit-test", "512", "--no-tensorboard"]
-    ours += ["--out", str(ours_out), *shlex.split(args.ours_flags)]
-    ref = [*torchrun(args.nproc), str(HERE / "reference_train.py"), *common]
+    ours = [*common_flags(args), "--comm-probe-steps", "0", "--limit-test", "512"]
+    return [*ours, "--no-tensorboard", "--out", str(ours_out), *args.ours_argv]
+
+
+def commands(args: argparse.Namespace, ours_out: Path, ref_out: Path) -> dict[str, list[str]]:
+    """The two trainers' command lines, the same flags where both have them."""
+    ours = [*torchrun(args.nproc), "-m", "scalestudy", "train", *ours_train_flags(args, ours_out)]
+    ref = [*torchrun(args.nproc), str(HERE / "reference_train.py"), *common_flags(args)]
     ref += ["--num-workers", str(args.ref_workers), "--out", str(ref_out)]
     return {"ours": ours, "reference": ref}
 
@@ -113,14 +133,16 @@ def summary(values: list[float]) -> dict:
 
 
 def compare(ours: list[float], ref: list[float]) -> dict:
-    """Medians, ranges, the ratio of the medians and the range of the paired ratios."""
-    paired = [a / b for a, b in zip(ours, ref, strict=True)]
+    """Medians, ranges, the ratio of the medians and the range of the paired ratios (run i of
+    each; None where a trainer has no run: the runs that finished before one failed)."""
+    paired = [a / b for a, b in zip(ours, ref, strict=False)]  # the pairs complete so far
+    both = bool(ours and ref)
     return {
-        "ours": summary(ours),
-        "reference": summary(ref),
-        "ratio": statistics.median(ours) / statistics.median(ref),
-        "paired_ratio_min": min(paired),
-        "paired_ratio_max": max(paired),
+        "ours": summary(ours) if ours else None,
+        "reference": summary(ref) if ref else None,
+        "ratio": statistics.median(ours) / statistics.median(ref) if both else None,
+        "paired_ratio_min": min(paired) if paired else None,
+        "paired_ratio_max": max(paired) if paired else None,
     }
 
 
@@ -134,18 +156,44 @@ def main(argv: list[str] | None = None) -> int:
         )
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads_per_rank), PYTHONUNBUFFERED="1")
     results: dict[str, list[dict]] = {"ours": [], "reference": []}
+    failed = None  # (run, exit code): the runs stop at a failed one, those that finished are kept
     with tempfile.TemporaryDirectory() as tmp:
         for i, name in enumerate(order(args.repeats)):
             ours_out, ref_out = Path(tmp) / f"ours{i}", Path(tmp) / f"reference{i}.json"
             cmd = commands(args, ours_out, ref_out)[name]
             print(f"--- {name} ({i // 2 + 1}/{args.repeats}): {shlex.join(cmd)}", flush=True)
-            subprocess.run(cmd, env=env, check=True)
+            rc = subprocess.run(cmd, env=env).returncode
             out = ours_out / "metrics.json" if name == "ours" else ref_out
+            if rc != 0 or not out.exists():
+                failed = (f"{name} run {i // 2 + 1}/{args.repeats}", rc)
+                break
             results[name].append(json.loads(out.read_text()))
 
-    ours, ref = results["ours"], results["reference"]
+    result = summarize(args, results["ours"], results["reference"])
+    result.update(partial=failed is not None, failed_run=None, failed_exit_code=None)
+    if failed:
+        result.update(failed_run=failed[0], failed_exit_code=failed[1])
+    if result["ratio"] is not None:
+        print_table(result, args)
+    written = write_result(args.json, result)
+    if failed:
+        done = len(results["ours"]) + len(results["reference"])
+        why = f"exit code {failed[1]}" if failed[1] else f"exit code 0 but no {out.name}"
+        kept = f", written to {args.json} (partial)" if args.json and written else ""
+        print(
+            f"compare.py: {failed[0]} failed ({why}); {done} runs had finished{kept}",
+            file=sys.stderr,
+        )
+        return 1
+    return 0 if written else 1
+
+
+def summarize(args: argparse.Namespace, ours: list[dict], ref: list[dict]) -> dict:
+    """The result JSON: compare() of the two trainers' throughputs (the runs that finished), the
+    configuration, our runs' MFU (null where ours has no finished run)."""
     result = compare([m["throughput_img_s"] for m in ours], [m["throughput_img_s"] for m in ref])
-    last = ours[-1]
+    keys = ("device", "compiled", "flops_per_img", "mfu_unmeasured", "torch_version")
+    last = ours[-1] if ours else dict.fromkeys(keys)
     result.update(
         device=last["device"],
         world_size=args.nproc,
@@ -168,8 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         python=platform.python_version(),
         cpu_count=os.cpu_count(),
     )
-    print_table(result, args)
-    return 0 if write_result(args.json, result) else 1
+    return result
 
 
 def write_result(path: str | None, result: dict) -> bool:
@@ -192,10 +239,12 @@ def print_table(r: dict, args: argparse.Namespace) -> None:
             f"{100 * s['spread']:7.1f}%"
         )
     mfu = [m for m in r["ours_mfu"] if m is not None]
+    n = (len(r["ours"]["runs"]), len(r["reference"]["runs"]))
+    runs = f"{n[0]} runs each" if n[0] == n[1] else f"{n[0]} and {n[1]} runs"
     mfu_text = f"MFU {100 * statistics.median(mfu):.1f}%" if mfu else r["ours_mfu_unmeasured"]
     print(
         f"ratio      {r['ratio']:14.2f}x  (paired runs {r['paired_ratio_min']:.2f}-"
-        f"{r['paired_ratio_max']:.2f}; {args.repeats} runs each, {args.nproc} ranks, "
+        f"{r['paired_ratio_max']:.2f}; {runs}, {args.nproc} ranks, "
         f"{r['device']['name']}, width {args.width}, local batch {args.local_batch}, "
         f"{args.precision}; ours: {mfu_text})"
     )

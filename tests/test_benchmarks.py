@@ -147,6 +147,50 @@ def test_a_failed_json_write_keeps_the_previous_file(data_dir, tmp_path):
     assert "ratio" in proc.stdout  # the results are the printed table
 
 
+@pytest.mark.parametrize("fail", [3, 0])
+def test_a_failed_run_keeps_the_runs_that_finished(data_dir, tmp_path, monkeypatch, capsys, fail):
+    """A run that fails (here the last of 2 x 2, or the first) ends the comparison in one line
+    naming it and its exit code; the runs that finished are in --json, marked partial."""
+    runs = FakeRuns(fail={fail: 3})
+    monkeypatch.setattr(compare, "subprocess", runs)
+    out = tmp_path / "compare.json"
+    argv = ["--data-dir", str(data_dir), "--dataset", "synthetic", "--repeats", "2"]
+    assert compare.main([*argv, "--json", str(out)]) == 1
+    assert len(runs.calls) == fail + 1  # no run after the failed one
+    err = capsys.readouterr().err
+    failed = "ours run 2/2" if fail == 3 else "ours run 1/2"
+    assert err.splitlines() == [err.strip()] and f"{failed} failed (exit code 3)" in err, err
+    r = json.loads(out.read_text())
+    assert r["partial"] is True and r["failed_run"] == failed and r["failed_exit_code"] == 3
+    if fail == 3:  # ours 1 img/s in the 1st run, the reference 1 and 1.5 in the 2nd and 3rd
+        assert r["ours"]["runs"] == [1.0] and r["reference"]["runs"] == [1.0, 1.5]
+        assert r["ratio"] == pytest.approx(1 / 1.25) and r["paired_ratio_min"] == 1.0
+    else:
+        assert r["ours"] is None and r["reference"] is None and r["ratio"] is None
+
+
+@pytest.mark.parametrize(
+    "flags, says",
+    [
+        ('--cuda-graphs "off', "No closing quotation"),  # shlex
+        ("--compile maybe", "argument --compile: invalid choice: 'maybe'"),  # our trainer's
+        ("--no-such-flag", "unrecognized arguments: --no-such-flag"),
+    ],
+)
+def test_bad_ours_flags_are_refused_in_one_line_before_any_run(
+    data_dir, monkeypatch, capsys, flags, says
+):
+    runs = FakeRuns()
+    monkeypatch.setattr(compare, "subprocess", runs)
+    with pytest.raises(SystemExit) as exit_:
+        compare.main(
+            ["--data-dir", str(data_dir), "--dataset", "synthetic", f"--ours-flags={flags}"]
+        )
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and runs.calls == []
+    assert err.splitlines() == [err.strip()] and says in err, err
+
+
 def test_a_tiny_comparison_end_to_end(data_dir, tmp_path):
     """2 gloo ranks, width 2, one repeat: both trainers run, the JSON holds both medians."""
     out = tmp_path / "compare.json"
