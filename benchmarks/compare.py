@@ -17,7 +17,8 @@ that finished, marked "partial", and the exit code is 1.
     # one GPU, bf16, local batch 512 (our defaults: --compile auto = on for CUDA)
     python benchmarks/compare.py --data-dir /tmp/bench --dataset synthetic --nproc 1 \
         --width 64 --local-batch 512 --precision bf16 --ref-workers 8 --repeats 3
-    # a flag only for our trainer, e.g. without CUDA graphs ("=": the value starts with --)
+    # a flag only for our trainer, e.g. without CUDA graphs ("=": the value starts with --);
+    # one compare.py gives both trainers (--precision, --local-batch, ...) is refused
     python benchmarks/compare.py ... --ours-flags="--cuda-graphs off"
 
 The data: `scalestudy prepare-data --dataset synthetic --data-dir /tmp/bench --num-train 16384`.
@@ -26,6 +27,7 @@ The data: `scalestudy prepare-data --dataset synthetic --data-dir /tmp/bench --n
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -39,9 +41,18 @@ from pathlib import Path
 from scalestudy import files
 from scalestudy.cli import Parser
 from scalestudy.errors import TrainConfigError
+from scalestudy.trainer import config as train_config
 from scalestudy.trainer.config import TrainConfig
 
 HERE = Path(__file__).resolve().parent
+# flags of our trainer that --ours-flags must not give besides those compare.py gives both
+# trainers (argparse keeps the last: ours would run another workload than the reference and the
+# result JSON says): why not
+NOT_OURS_ONLY = {
+    "global_batch": "it overrides the local batch: use --local-batch",
+    "model": "the reference trains resnet18 only",
+    "out": "compare.py gives each run its own",
+}
 
 
 def torchrun(nproc: int) -> list[str]:
@@ -83,6 +94,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         TrainConfig.from_argv(ours_train_flags(args, Path("ours")))
     except TrainConfigError as exc:
         p.error(f"our trainer's flags: {exc}")
+    if overrides := overriding(args):
+        p.error(f"--ours-flags {args.ours_flags!r} may not set {'; '.join(overrides)}")
     try:  # before the first run, not after the last
         files.check_outputs([args.json] if args.json else [], ValueError)
     except ValueError as exc:
@@ -97,6 +110,29 @@ def common_flags(args: argparse.Namespace) -> list[str]:
         *("--width", str(args.width), "--local-batch", str(args.local_batch)),
         *("--epochs", str(args.epochs), "--precision", args.precision),
         *("--warmup-steps", str(args.warmup_steps), "--limit-train", str(args.limit_train)),
+    ]
+
+
+class _Refusing(argparse.ArgumentParser):
+    def error(self, message: str):
+        raise ValueError(message)
+
+
+def overriding(args: argparse.Namespace) -> list[str]:
+    """The flags of --ours-flags that compare.py gives both trainers (or NOT_OURS_ONLY), each
+    with what to do instead; the names as argparse reads them (`--prec` is --precision)."""
+    parser = _Refusing(add_help=False)
+    train_config.add_arguments(parser)
+    unset = object()  # argparse leaves a value in the namespace alone unless the flag is given
+    given = argparse.Namespace(**{f.name: unset for f in dataclasses.fields(TrainConfig)})
+    parser.parse_known_args(args.ours_argv, namespace=given)
+    shared = [flag[2:].replace("-", "_") for flag in common_flags(args)[::2]]
+    why = {name: f"use compare.py's --{train_config.flag_name(name)}" for name in shared}
+    why |= NOT_OURS_ONLY
+    return [
+        f"--{train_config.flag_name(name)} ({why[name]})"
+        for name in why
+        if getattr(given, name) is not unset
     ]
 
 

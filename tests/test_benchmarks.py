@@ -51,6 +51,26 @@ def test_both_trainers_get_the_same_workload():
     assert cmds["ours"][-2:] == ["--compile", "on"] and "--compile" not in cmds["reference"]
 
 
+@pytest.mark.parametrize(
+    "flags, named, instead",
+    [
+        ("--precision bf16", "--precision", "use compare.py's --precision"),
+        ("--compile on --local-b=128", "--local-batch", "use compare.py's --local-batch"),
+        ("--global-batch 64", "--global-batch", "it overrides the local batch: use --local-batch"),
+        ("--out elsewhere", "--out", "compare.py gives each run its own"),
+    ],
+)
+def test_ours_flags_may_not_change_what_both_trainers_run(capsys, flags, named, instead):
+    """argparse keeps a flag's last value: --ours-flags naming a flag compare.py gives both
+    trainers would have ours run another workload than the reference, while the result JSON
+    reports compare.py's value. Refused in one line that names the flag (abbreviated too)."""
+    with pytest.raises(SystemExit) as exit_:
+        compare.parse_args(["--data-dir", "d", "--local-batch", "512", f"--ours-flags={flags}"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.splitlines() == [err.strip()], err
+    assert f"may not set {named} ({instead})" in err, err
+
+
 class FakeRuns:
     """compare.py's `subprocess` with a `run` that writes what each trainer writes (the keys
     compare.py reads; ours N img/s in its run N, the reference half of it), or exits `fail[i]`
