@@ -17,11 +17,13 @@
 #                     (MiB, default 1 5 25) and each --cuda-graphs mode in BUCKET_GRAPHS (default
 #                     auto on off): whether the bucket family's small buckets time torch's host
 #                     overhead (one compiled graph per bucket under --cuda-graphs on) instead of
-#                     the all-reduce; one line per run in OUT/buckets.txt
+#                     the all-reduce; one line per finished run in OUT/buckets.txt (emptied
+#                     when the step starts)
 #   ddp-buffers       DDP's per-step buffer broadcast, one NCCL rank (ddp_buffers.py)
 #   anatomy-lb64      the host time of our step per phase at local batch 64 (step_anatomy.py)
 # STEPS picks some of them (default: all, in this order). A failed step is logged and the next
-# one runs. The package runs from this checkout (PYTHONPATH=src): no install, no Snakemake, no
+# one runs; a failed data preparation ends the script in one line (its log: OUT/prepare-data.log).
+# The package runs from this checkout (PYTHONPATH=src): no install, no Snakemake, no
 # internet. The sizes are variables so that a CPU test runs the same script small: WIDTH
 # LOCAL_BATCH PRECISION EPOCHS NUM_TRAIN REPEATS REF_WORKERS DEVICE (cuda or cpu, for
 # ddp_buffers.py and step_anatomy.py; compare.py uses the GPU when there is one).
@@ -39,8 +41,14 @@ all="compare compare-compiled-graphs compare-nographs compare-eager compare-tf32
 all+=" buckets ddp-buffers anatomy-lb64"
 steps=${STEPS:-$all}
 
+rc=0
 "$py" -m scalestudy prepare-data --dataset synthetic --data-dir "$data" \
-    --num-train "${NUM_TRAIN:-16384}" --num-test 1024 >"$out/prepare-data.log" 2>&1
+    --num-train "${NUM_TRAIN:-16384}" --num-test 1024 >"$out/prepare-data.log" 2>&1 || rc=$?
+if [ "$rc" != 0 ]; then
+    echo "prepare-data failed (exit $rc): $(tail -n 1 "$out/prepare-data.log"); see" \
+        "$out/prepare-data.log" >&2
+    exit "$rc"
+fi
 common=(--data-dir "$data" --dataset synthetic --nproc 1 --width "$width" --local-batch "$batch"
     --precision "$precision" --epochs "$epochs" --ref-workers "$workers" --repeats "$repeats")
 # `scalestudy train` at local batch 64 (the launch-bound case): anatomy-lb64 and buckets
@@ -54,6 +62,14 @@ compare() { # name, extra compare.py flags: OUT/<name>.json and .log
         >"$out/$name.log" 2>&1 || echo "$name failed: see $out/$name.log"
     tail -n 4 "$out/$name.log"
 }
+bucket_line() { # name: the line of buckets.txt from OUT/<name>/metrics.json
+    "$py" - "$out/$1/metrics.json" "$1" <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1]))
+print(sys.argv[2], f"mode={m['cuda_graphs_mode']}", f"img/s={m['throughput_img_s']:.0f}",
+      f"step_p50_ms={m['step_time_ms_p50']:.2f}", f"mfu={m.get('mfu')}")
+PY
+}
 for step in $steps; do
     echo "== $step"
     case $step in
@@ -64,18 +80,18 @@ for step in $steps; do
     compare-tf32) compare compare-tf32 --precision tf32 ;; # the last --precision wins
     compare-fp32) compare compare-fp32 --precision fp32 ;;
     buckets)
+        : >"$out/buckets.txt" # this sweep's lines only, never a rerun's predecessors
         for mib in ${BUCKETS:-1 5 25}; do
             for graphs in ${BUCKET_GRAPHS:-auto on off}; do
                 name=bucket-${mib}mib-graphs-$graphs
-                "$py" -m scalestudy train "${lb64[@]}" --bucket-cap-mb "$mib" \
-                    --cuda-graphs "$graphs" --out "$out/$name" \
-                    >"$out/$name.log" 2>&1 || echo "$name failed: see $out/$name.log"
-                "$py" - "$out/$name/metrics.json" "$name" >>"$out/buckets.txt" 2>/dev/null <<'PY' || true
-import json, sys
-m = json.load(open(sys.argv[1]))
-print(sys.argv[2], f"mode={m['cuda_graphs_mode']}", f"img/s={m['throughput_img_s']:.0f}",
-      f"step_p50_ms={m['step_time_ms_p50']:.2f}", f"mfu={m.get('mfu')}")
-PY
+                rm -f "$out/$name/metrics.json" # a failed rerun must not report the last run
+                if ! "$py" -m scalestudy train "${lb64[@]}" --bucket-cap-mb "$mib" \
+                    --cuda-graphs "$graphs" --out "$out/$name" >"$out/$name.log" 2>&1; then
+                    echo "$name failed: see $out/$name.log"
+                    continue
+                fi
+                bucket_line "$name" >>"$out/buckets.txt" ||
+                    echo "$name: no line in buckets.txt, its metrics.json unread (above)"
             done
         done
         cat "$out/buckets.txt" 2>/dev/null || true

@@ -374,6 +374,47 @@ def test_the_gpu_node_script_runs_small_on_a_cpu(tmp_path):
     assert "ours / per-step broadcast:" in (out / "ddp-buffers.txt").read_text()
 
 
+def test_a_failed_bucket_rerun_reports_no_line_of_the_run_before(tmp_path):
+    """gpu_node.sh's bucket sweep rerun into the OUT of an earlier sweep: a run that fails now
+    (here a precision the trainer refuses) gets no line in buckets.txt, neither from the earlier
+    run's metrics.json nor from the earlier buckets.txt."""
+    out, name = tmp_path / "out", "bucket-1mib-graphs-off"
+    (out / name).mkdir(parents=True)  # what the earlier sweep left
+    earlier = {"cuda_graphs_mode": "off", "throughput_img_s": 999.0, "step_time_ms_p50": 1.0}
+    (out / name / "metrics.json").write_text(json.dumps(earlier))
+    (out / "buckets.txt").write_text(f"{name} mode=off img/s=999 step_p50_ms=1.00 mfu=None\n")
+    sizes = {"WIDTH": "2", "NUM_TRAIN": "64", "DEVICE": "cpu", "PRECISION": "fp8"}
+    sizes |= {"STEPS": "buckets", "BUCKETS": "1", "BUCKET_GRAPHS": "off"}
+    proc = subprocess.run(
+        ["bash", str(REPO / "benchmarks" / "gpu_node.sh"), str(out)],
+        env=child_env(PYTHON=PYTHON, CUDA_VISIBLE_DEVICES="", **sizes),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert f"{name} failed: see {out / name}.log" in proc.stdout
+    assert "fp8" in (out / f"{name}.log").read_text()  # the trainer's refusal
+    assert (out / "buckets.txt").read_text() == ""
+    assert not (out / name / "metrics.json").exists()
+
+
+def test_gpu_node_says_where_a_failed_data_preparation_is_logged(tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        ["bash", str(REPO / "benchmarks" / "gpu_node.sh"), str(out)],
+        env=child_env(PYTHON=PYTHON, NUM_TRAIN="16k", STEPS="compare"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    log = out / "prepare-data.log"
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+    assert proc.stderr.splitlines() == [proc.stderr.strip()], proc.stderr
+    assert proc.stderr.startswith("prepare-data failed (exit 2): ") and str(log) in proc.stderr
+    assert log.read_text().splitlines()[-1] in proc.stderr  # its cause
+
+
 @pytest.mark.parametrize("m, tolerance", [(2, 1e-5), (4, 1e-4)])
 def test_winograd_computes_the_convolution_and_its_gradients(m, tolerance):
     """benchmarks/winograd.py times an algorithm only if it computes F.conv2d: odd sizes (a
