@@ -127,9 +127,10 @@ def train(args: argparse.Namespace, device: torch.device, backend: str) -> None:
     x, y = data["train_x"], data["train_y"]
     if args.limit_train:
         x, y = x[: args.limit_train], y[: args.limit_train]
+    size = tuple(x.shape[2:])  # the data's own (28 x 28 for mnist), as ours crops
     transform = transforms.Compose(
         [
-            transforms.RandomCrop(32, padding=4),
+            transforms.RandomCrop(size, padding=4),
             transforms.RandomHorizontalFlip(),
             transforms.ToTensor(),
             transforms.Normalize(meta["mean"], meta["std"]),

@@ -254,6 +254,35 @@ def run_reference(monkeypatch, data_dir, out, seconds_per_image, *flags, clock=N
     return json.loads(out.read_text())
 
 
+def test_the_reference_crops_to_the_datas_own_size(tmp_path, monkeypatch, one_rank_group):
+    """28 x 28 images (mnist's size) reach the reference's network as 28 x 28, as they reach
+    ours (loaders.crop_flip keeps the data's size), not padded and cropped to 32 x 32."""
+    import torch
+
+    root = tmp_path / "data" / "mnist"
+    root.mkdir(parents=True)
+    g = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (64, 1, 28, 28), dtype=torch.uint8, generator=g)
+    labels = torch.randint(0, 10, (64,), generator=g)
+    torch.save({"train_x": images, "train_y": labels}, root / "data.pt")
+    (root / "meta.json").write_text(json.dumps({"mean": [0.13], "std": [0.31]}))
+    ref = load_benchmark("reference_train")
+    shapes = set()
+    build = ref.resnet18
+
+    def recording(**kwargs):
+        model = build(**kwargs)
+        model.register_forward_pre_hook(lambda m, args: shapes.add(tuple(args[0].shape[1:])))
+        return model
+
+    monkeypatch.setattr(ref, "resnet18", recording)
+    argv = ["reference_train.py", "--data-dir", str(tmp_path / "data"), "--dataset", "mnist"]
+    argv += ["--width", "2", "--local-batch", "16", "--warmup-steps", "1", "--num-workers", "0"]
+    monkeypatch.setattr(sys, "argv", [*argv, "--out", str(tmp_path / "ref.json")])
+    ref.train(ref.parse_args(), torch.device("cpu"), "gloo")
+    assert shapes == {(1, 28, 28)}
+
+
 def test_the_reference_window_holds_its_timed_steps_loading(
     data_dir, tmp_path, monkeypatch, one_rank_group
 ):
