@@ -6,18 +6,18 @@ SGD momentum buffers, on the device given (cpu or cuda).
 
     python benchmarks/checkpoint_stall.py --device cpu --repeats 5 --dir /tmp/ckpt-bench
 
-Prints mean and standard deviation of the stall (s) and the checkpoint size (MB).
+Prints mean and standard deviation (from 2 repeats) of the stall (s) and the checkpoint size (MB).
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import tempfile
 import time
 
 import torch
 
+from scalestudy.cli import Parser
 from scalestudy.trainer import checkpoint as ck
 from scalestudy.trainer.models import build_model
 
@@ -53,19 +53,22 @@ def measure(st: dict, directory: str, async_write: bool, repeats: int) -> list[f
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(prog="checkpoint_stall.py", description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=5, help="saves per mode (sd from 2)")
     parser.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error(f"--repeats must be >= 1, got {args.repeats}")
     st = state(args.device)
     with tempfile.TemporaryDirectory(dir=args.dir) as d:
         for mode, async_write in (("sync", False), ("async", True)):
             stalls = measure(st, f"{d}/{mode}", async_write, args.repeats)
             size = sum(f.stat().st_size for f in ck.list_checkpoints(f"{d}/{mode}")[-1].iterdir())
+            sd = f" sd={statistics.stdev(stalls):.4f}" if len(stalls) > 1 else ""  # one run: none
             print(
-                f"{mode:5s} device={args.device} stall_s mean={statistics.fmean(stalls):.4f} "
-                f"sd={statistics.stdev(stalls):.4f} n={len(stalls)} size_mb={size / 1e6:.1f}"
+                f"{mode:5s} device={args.device} stall_s mean={statistics.fmean(stalls):.4f}{sd} "
+                f"n={len(stalls)} size_mb={size / 1e6:.1f}"
             )
     print(f"torch {torch.__version__}")
 

@@ -42,6 +42,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from scalestudy import files  # noqa: E402
 from scalestudy.cli import Parser  # noqa: E402
+from scalestudy.errors import ScalestudyError  # noqa: E402
 from scalestudy.trainer import measure  # noqa: E402
 from scalestudy.trainer import train as trainer  # noqa: E402
 from scalestudy.trainer.config import TrainConfig  # noqa: E402
@@ -194,9 +195,18 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
 
 def main(argv: list[str] | None = None) -> int:
     args, train_flags = parse_args(argv)
-    tp = argparse.ArgumentParser(prog="scalestudy train")
+    tp = Parser(prog="scalestudy train")  # `-- --help`: the trainer's flags
     trainer.add_arguments(tp)
-    cfg = TrainConfig.from_args(tp.parse_args(train_flags))
+    try:  # an expected error (a flag's value, the data) is one line, as `scalestudy train` says it
+        cfg = TrainConfig.from_args(tp.parse_args(train_flags))
+        return anatomy(args, train_flags, cfg)
+    except ScalestudyError as exc:
+        print(f"step_anatomy.py: {exc}", file=sys.stderr)
+        return 2
+
+
+def anatomy(args: argparse.Namespace, train_flags: list[str], cfg: TrainConfig) -> int:
+    """Train with the host step timer; print (and write) the host time per part."""
     timers: list[HostStepTimer] = []
 
     def make_timer(device: torch.device) -> HostStepTimer:

@@ -354,6 +354,41 @@ def test_the_step_anatomy_times_the_real_trainer_per_phase(data_dir, tmp_path):
     assert "function calls" in r["cprofile"]  # pstats of the two profiled steps
 
 
+@pytest.mark.parametrize(
+    "flags, says",
+    [
+        (["--local-batch", "-1"], "--local-batch must be >= 1, got -1"),  # TrainConfig's check
+        (["--data-dir", "no-such-dir"], "synthetic is not prepared"),  # the trainer's preflight
+    ],
+)
+def test_step_anatomy_says_an_expected_error_in_one_line(tmp_path, flags, says):
+    argv = [PYTHON, str(REPO / "benchmarks" / "step_anatomy.py"), "--", "--dataset", "synthetic"]
+    argv += ["--out", str(tmp_path / "run"), *flags]
+    proc = subprocess.run(argv, env=child_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    (line,) = proc.stderr.splitlines()  # one line, no traceback
+    assert line.startswith("step_anatomy.py: ") and says in line, line
+
+
+def test_checkpoint_stall_measures_a_single_save_per_mode(tmp_path, monkeypatch, capsys):
+    """--repeats 1: each mode's mean stall without a standard deviation (none of one run), not
+    a StatisticsError after the saves; --repeats 0 is refused."""
+    stall = load_benchmark("checkpoint_stall")
+    build = stall.build_model
+    monkeypatch.setattr(stall, "build_model", lambda name, **kw: build(name, **kw | {"width": 2}))
+    monkeypatch.setattr(stall.time, "sleep", lambda s: None)  # "training would go on here"
+    argv = ["checkpoint_stall.py", "--device", "cpu", "--dir", str(tmp_path)]
+    monkeypatch.setattr(sys, "argv", [*argv, "--repeats", "1"])
+    stall.main()
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines[:2]] == ["sync", "async"], lines
+    assert all("n=1 " in line and "mean=" in line and "sd=" not in line for line in lines[:2])
+    monkeypatch.setattr(sys, "argv", [*argv, "--repeats", "0"])
+    with pytest.raises(SystemExit) as exit_:
+        stall.main()
+    assert exit_.value.code == 2 and "--repeats must be >= 1" in capsys.readouterr().err
+
+
 def test_the_ddp_buffer_benchmark_times_both_wrappers():
     """benchmarks/ddp_buffers.py on 2 gloo ranks, tiny: both step times and their ratio."""
     argv = [PYTHON, str(REPO / "benchmarks" / "ddp_buffers.py"), "--width", "2", "--batch", "4"]
