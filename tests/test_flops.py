@@ -3,11 +3,18 @@ metrics.json's MFU block (measure.efficiency) for the devices the table knows an
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 from torch import nn
 
 from scalestudy import hardware
+from scalestudy.trainer import measure
+from scalestudy.trainer.config import TrainConfig
+from scalestudy.trainer.dist import free_port
 from scalestudy.trainer.measure import efficiency
 from scalestudy.trainer.models import build_model, training_flops_per_image
 
@@ -108,6 +115,39 @@ def test_mfu_on_a_known_gpu():
     # two ranks: the peak of two devices
     two = efficiency(120_000.0, 3_329_000_000, "cuda", ["NVIDIA H100 80GB HBM3"], "bf16", 2)
     assert two["mfu"] == pytest.approx(m["mfu"])
+
+
+def _gpus_entry(rank, world, port, gpus, out, results):
+    """One gloo rank whose device is the stand-in GPU gpus[rank] (a CUDA UUID; None: a CPU)."""
+    os.environ.update(LOCAL_RANK=str(rank), SLURMD_NODENAME="node1")
+    measure.gpu_identity = lambda device: gpus[rank]  # no GPU here: its UUID stands in
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
+    meter = measure.Meter(TrainConfig(out=out), torch.device("cpu"), rank)
+    results[rank] = meter.reduce_gpus(world)
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize(
+    ("gpus", "counted"),
+    [(["GPU-same", "GPU-same"], 1), (["GPU-a", "GPU-b"], 2), ([None, None], None)],
+    ids=["two-ranks-one-gpu", "two-ranks-two-gpus", "cpu"],
+)
+def test_mfu_divides_by_the_gpus_the_ranks_ran_on(tmp_path, gpus, counted):
+    """2 real gloo ranks: ranks sharing one GPU (--backend gloo, one visible GPU) count it
+    once, as the energy counter does, so the shared GPU's MFU is what one rank on it alone
+    would get at the same img/s, not half of it (world_size peaks)."""
+    results = mp.Manager().dict()
+    mp.spawn(_gpus_entry, args=(2, free_port(), gpus, str(tmp_path), results), nprocs=2)
+    assert results[0] == results[1] == {"mfu_gpus": counted}
+    if counted is None:
+        return
+    name, flops = "NVIDIA H100 80GB HBM3", 3_328_997_376
+    m = efficiency(60_000.0, flops, "cuda", [name], "bf16", results[0]["mfu_gpus"])
+    assert m["mfu"] == pytest.approx(60_000.0 * flops / (counted * 989.5e12))
+    alone = efficiency(60_000.0, flops, "cuda", [name], "bf16", 1)
+    assert (m["mfu"] == pytest.approx(alone["mfu"])) is (counted == 1)
 
 
 @pytest.mark.parametrize(

@@ -95,6 +95,7 @@ def test_metrics_has_every_key_and_sane_values(ddp_run):
     assert m["model_flops_per_s"] == pytest.approx(m["throughput_img_s"] * m["flops_per_img"])
     assert (m["mfu"], m["peak_flops"], m["peak_flops_source"]) == (None, None, None)
     assert m["mfu_unmeasured"].startswith("cpu: no published peak")
+    assert m["mfu_gpus"] is None  # no GPU to count
     assert len(m["device_names"]) == 1 and m["device_names"][0] == m["device"]["name"]
     # --compile auto is off on a CPU; nothing compiled, nothing counted
     assert m["compile"] == "auto" and m["compiled"] is False

@@ -1,9 +1,11 @@
 """Published dense peak FLOP/s of GPUs per precision: the denominator of MFU, defined once.
 
-    mfu = throughput_img_s x flops_per_img / (peak_flops x world_size)
+    mfu = throughput_img_s x flops_per_img / (peak_flops x gpus)
 
 (train.py defines flops_per_img: the FLOPs of one training image, forward + backward, counted by
-torch.utils.flop_counter on the run's network.) MFU is only as good as its denominator, so:
+torch.utils.flop_counter on the run's network; gpus, metrics.json's mfu_gpus, the distinct
+physical GPUs the ranks ran on: world_size, unless ranks shared a GPU over gloo.) MFU is only
+as good as its denominator, so:
 - every figure is NVIDIA's own, from the datasheet named in its row, at the boost clock;
 - the figure is the DENSE one. Datasheets quote tensor-core rates "with sparsity" (2:4
   structured sparsity doubles them, marked *); ResNet-18 training is dense, so the table holds
@@ -159,7 +161,8 @@ def peak(device_type: str, device_name: str | None, precision: str) -> Peak:
     return Peak(row.tflops[precision] * TFLOPS, f"{row.source}: {precision} dense")
 
 
-def mfu(throughput_img_s: float, flops_per_img: float, peak_flops: float, world_size: int) -> float:
+def mfu(throughput_img_s: float, flops_per_img: float, peak_flops: float, gpus: int) -> float:
     """Model FLOPs utilisation: the FLOP rate the network needs at the measured throughput over
-    the peak of the world_size devices that produced it."""
-    return throughput_img_s * flops_per_img / (peak_flops * world_size)
+    the peak of the `gpus` devices that produced it (the distinct GPUs: ranks sharing one count
+    it once)."""
+    return throughput_img_s * flops_per_img / (peak_flops * gpus)

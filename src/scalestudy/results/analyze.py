@@ -30,7 +30,8 @@ world size, 1 in a usual study):
 
 F = flops_per_img, the FLOPs of one training image, forward + backward, counted by
 torch.utils.flop_counter on the run's network; P = peak_flops, the dense peak FLOP/s of ONE device
-at the run's precision from the published table in hardware.py; N = world_size. Both are each
+at the run's precision from the published table in hardware.py; N = mfu_gpus, the distinct
+GPUs the run's ranks ran on (world_size, unless ranks shared a GPU over gloo). Both are each
 run's own (train.py, measure.efficiency()), averaged over repeats here like the other measures.
 A run without a published peak (a CPU, a GPU or precision not in the table) has mfu null and the
 reason in mfu_unmeasured: a configuration where no repeat has an MFU keeps mfu_mean blank, never

@@ -319,7 +319,7 @@ def finish(
             run.device.type,
             measured["device_names"],
             cfg.precision,
-            world_size,
+            measured["mfu_gpus"],
         ),
         "comm_exposed_frac": comm_exposed,
         "final_val_acc": state.history[-1]["val_acc"],

@@ -248,6 +248,7 @@ class Meter:
             "gpu_util_mean": statistics.fmean(sampled) if sampled else None,
             "gpu_util_ranks": len(sampled),  # ranks whose NVML samples make up the mean
             **self.reduce_energy(world_size),
+            **self.reduce_gpus(world_size),
             "hostnames": sorted(set(hosts)),
             "device_names": sorted({name for _, name in places}),
             **compiling.in_effect(
@@ -279,6 +280,20 @@ class Meter:
             "busy_phases": self.busy_phases,
         }
 
+    def reduce_gpus(self, world_size: int) -> dict:
+        """mfu_gpus: the distinct physical GPUs the ranks ran on, the N of mfu = X F / (P N)
+        (every rank calls it). A GPU is its host and CUDA UUID (gpu_identity), as reduce_energy
+        counts GPUs: ranks sharing one GPU over gloo (one visible GPU puts every local rank on
+        cuda:0, train.pick_device) count it once, so their MFU is the one GPU's, not world_size
+        peaks' (that understated it world_size / GPUs times). Counting the GPUs rather than
+        refusing MFU to shared ones: the shared GPU's utilisation is as well defined as a lone
+        rank's, and the count is the same gather a refusal would need. Null on a CPU."""
+        everyone: list = [None] * world_size
+        dist.all_gather_object(everyone, (sdist.hostname(), gpu_identity(self.device)))
+        if any(gpu is None for _, gpu in everyone):
+            return {"mfu_gpus": None}
+        return {"mfu_gpus": len(set(everyone))}
+
     def reduce_energy(self, world_size: int) -> dict:
         """energy_j / energy_j_per_img / energy_source over all ranks (every rank calls it): each
         GPU counted once, by the lowest local rank on it (ranks sharing a GPU each see the whole
@@ -297,17 +312,21 @@ def efficiency(
     device_type: str,
     device_names: list[str],
     precision: str,
-    world_size: int,
+    gpus: int | None,
 ) -> dict:
-    """metrics.json's FLOP rate and MFU (train.py defines them; hardware.py holds the peaks)."""
+    """metrics.json's FLOP rate and MFU (train.py defines them; hardware.py holds the peaks):
+    `gpus` the distinct GPUs the ranks ran on (Meter.reduce_gpus: mfu_gpus), whose peaks the
+    MFU divides by; None on a CPU, which has no peak."""
     if len(device_names) == 1:
         peak = hardware.peak(device_type, device_names[0], precision)
     else:
         why = f"the ranks ran on different devices ({'; '.join(device_names)}): no single peak"
         peak = hardware.Peak(None, None, why)
+    if peak.flops and not gpus:
+        peak = hardware.Peak(None, None, "the GPUs the ranks ran on were not counted")
     utilisation = None
     if peak.flops:
-        utilisation = hardware.mfu(throughput_img_s, flops_per_img, peak.flops, world_size)
+        utilisation = hardware.mfu(throughput_img_s, flops_per_img, peak.flops, gpus)
     return {
         "flops_per_img": flops_per_img,
         "model_flops_per_s": throughput_img_s * flops_per_img,
@@ -900,6 +919,15 @@ def peak_memory_mb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB -> MiB
+
+
+def gpu_identity(device: torch.device) -> str | None:
+    """The physical GPU of this rank's device: its CUDA UUID (what NvmlSampler finds it by in
+    NVML and reduce_energy keys its counter by), never its index, which names another GPU under
+    another CUDA_VISIBLE_DEVICES; None on a CPU."""
+    if device.type != "cuda":
+        return None
+    return str(torch.cuda.get_device_properties(device).uuid)
 
 
 def device_info(device: torch.device) -> dict:

@@ -91,11 +91,13 @@ How the numbers are measured (the analysis relies on these definitions):
   torch.utils.flop_counter on the run's network (models.training_flops_per_image: convolutions
   and matrix products, 2 FLOPs per multiply-add; 3,328,997,376 for ResNet-18 at width 64).
   model_flops_per_s = throughput_img_s x flops_per_img: the FLOP rate the network needed.
-  mfu = model_flops_per_s / (peak_flops x world_size), peak_flops the dense peak of one device
+  mfu = model_flops_per_s / (peak_flops x mfu_gpus), peak_flops the dense peak of one device
   at the run's precision from NVIDIA's datasheets (hardware.py, peak_flops_source names the
-  sheet); device_names: the devices of all ranks. mfu and peak_flops are null, with the reason
-  in mfu_unmeasured, on CPUs, MIG slices, GPUs not in the table, precisions a GPU has no units
-  for and ranks on different devices: never a guessed peak.
+  sheet); mfu_gpus: the distinct physical GPUs the ranks ran on (host + CUDA UUID,
+  measure.Meter.reduce_gpus): world_size with one GPU per rank, 1 for ranks sharing one GPU
+  over gloo, null on CPU; device_names: the devices of all ranks. mfu and peak_flops are
+  null, with the reason in mfu_unmeasured, on CPUs, MIG slices, GPUs not in the table,
+  precisions a GPU has no units for and ranks on different devices: never a guessed peak.
 - compiled: --compile in effect (auto: on CUDA only; compiling.py). compile_graphs: the graphs
   dynamo compiled in this process by the end of the training loop; compile_graphs_in_window:
   those compiled after the steady-state window opened (recompilations inside the measurement:
