@@ -156,13 +156,39 @@ def test_mfu_divides_by_the_gpus_the_ranks_ran_on(tmp_path, gpus, counted):
         ("cpu", ["AMD EPYC"], "fp32", "cpu: no published peak"),
         ("cuda", ["NVIDIA GeForce RTX 4090"], "bf16", "not in the table"),
         ("cuda", ["Tesla T4"], "bf16", "T4 has no bf16 units"),
-        ("cuda", ["NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3"], "bf16", "different devices"),
+        (
+            "cuda",
+            ["NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3"],
+            "bf16",
+            "(NVIDIA A100-SXM4-80GB 312 TFLOP/s; NVIDIA H100 80GB HBM3 989.5 TFLOP/s at bf16)",
+        ),
+        ("cuda", ["NVIDIA A100-SXM4-80GB", "NVIDIA GeForce RTX 4090"], "bf16", "not in the table"),
     ],
 )
 def test_no_mfu_without_a_published_peak(device_type, names, precision, why):
     m = efficiency(1000.0, 10, device_type, names, precision, len(names))
     assert m["mfu"] is None and m["peak_flops"] is None and why in m["mfu_unmeasured"]
     assert m["model_flops_per_s"] == 10_000.0  # the FLOP rate is measured all the same
+
+
+@pytest.mark.parametrize(
+    ("names", "precision", "models"),
+    [
+        (["NVIDIA A100-SXM4-40GB", "NVIDIA A100-SXM4-80GB"], "bf16", {"A100"}),
+        (["NVIDIA H100 80GB HBM3", "NVIDIA H200"], "bf16", {"H100 SXM", "H200 SXM"}),
+    ],
+)
+def test_ranks_on_devices_of_one_peak_have_an_mfu(names, precision, models):
+    """Names that differ but whose table figure is the same (A100 40 and 80 GB: one row; the
+    H100 and H200 SXM datasheets: the same bf16 figure) share that peak: an MFU, not null."""
+    rows = [hardware.gpu_peaks(name) for name in names]
+    assert {row.model for row in rows} == models
+    assert len({row.tflops[precision] for row in rows}) == 1  # the premise: one figure
+    mixed = efficiency(40_000.0, 3_329_000_000, "cuda", names, precision, 8)
+    first = efficiency(40_000.0, 3_329_000_000, "cuda", names[:1], precision, 8)
+    assert mixed["mfu_unmeasured"] is None and mixed["mfu"] == pytest.approx(first["mfu"])
+    assert mixed["peak_flops"] == rows[0].tflops[precision] * hardware.TFLOPS
+    assert all(row.source in mixed["peak_flops_source"] for row in rows)
 
 
 def test_peak_table_is_what_efficiency_uses():

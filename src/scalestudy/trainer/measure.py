@@ -316,12 +316,20 @@ def efficiency(
 ) -> dict:
     """metrics.json's FLOP rate and MFU (train.py defines them; hardware.py holds the peaks):
     `gpus` the distinct GPUs the ranks ran on (Meter.reduce_gpus: mfu_gpus), whose peaks the
-    MFU divides by; None on a CPU, which has no peak."""
-    if len(device_names) == 1:
-        peak = hardware.peak(device_type, device_names[0], precision)
-    else:
-        why = f"the ranks ran on different devices ({'; '.join(device_names)}): no single peak"
+    MFU divides by; None on a CPU, which has no peak. Ranks on devices of different names
+    (device_names) have one peak when the table gives each the same figure (A100-SXM4-40GB and
+    -80GB: one row); only where the figures differ is there no single peak, and no MFU."""
+    peaks = {name: hardware.peak(device_type, name, precision) for name in device_names}
+    unknown = sorted({p.why for p in peaks.values() if p.flops is None})
+    figures = {p.flops for p in peaks.values()}
+    if unknown:
+        peak = hardware.Peak(None, None, "; ".join(unknown))
+    elif len(figures) > 1:
+        each = "; ".join(f"{n} {p.flops / hardware.TFLOPS:g} TFLOP/s" for n, p in peaks.items())
+        why = f"the ranks ran on different devices ({each} at {precision}): no single peak"
         peak = hardware.Peak(None, None, why)
+    else:
+        peak = hardware.Peak(figures.pop(), "; ".join(sorted({p.source for p in peaks.values()})))
     if peak.flops and not gpus:
         peak = hardware.Peak(None, None, "the GPUs the ranks ran on were not counted")
     utilisation = None

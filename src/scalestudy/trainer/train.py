@@ -97,7 +97,9 @@ How the numbers are measured (the analysis relies on these definitions):
   measure.Meter.reduce_gpus): world_size with one GPU per rank, 1 for ranks sharing one GPU
   over gloo, null on CPU; device_names: the devices of all ranks. mfu and peak_flops are
   null, with the reason in mfu_unmeasured, on CPUs, MIG slices, GPUs not in the table,
-  precisions a GPU has no units for and ranks on different devices: never a guessed peak.
+  precisions a GPU has no units for and ranks on devices of different peaks (devices whose
+  names differ but whose table figure is the same, A100 40 and 80 GB, share it): never a
+  guessed peak.
 - compiled: --compile in effect (auto: on CUDA only; compiling.py). compile_graphs: the graphs
   dynamo compiled in this process by the end of the training loop; compile_graphs_in_window:
   those compiled after the steady-state window opened (recompilations inside the measurement:
