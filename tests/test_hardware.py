@@ -43,10 +43,20 @@ def test_device_names_find_their_row(name, model):
 
 
 @pytest.mark.parametrize(
-    "name", ["NVIDIA H100", "NVIDIA A10G", "NVIDIA GeForce RTX 4090", "NVIDIA B200", ""]
+    "name",
+    [
+        "NVIDIA H100",
+        "NVIDIA A10G",
+        "NVIDIA GeForce RTX 4090",
+        "NVIDIA B200",
+        "Tesla V100-SXM3-32GB",  # DGX-2
+        "Tesla V100-SXM3-32GB-H",  # DGX-2H
+        "",
+    ],
 )
 def test_names_not_in_the_table_have_no_row(name):
-    """An H100 that does not say its form factor, a cousin (A10G), an unlisted GPU: no row."""
+    """An H100 that does not say its form factor, a cousin (A10G), an unlisted GPU, a board the
+    datasheet has no column for (V100 SXM3: never the SXM2 column's figure): no row."""
     assert hardware.gpu_peaks(name) is None
     got = hardware.peak("cuda", name, "bf16")
     assert got.flops is None and got.source is None

@@ -111,7 +111,9 @@ GPU_PEAKS: tuple[GpuPeaks, ...] = (
         "NVIDIA V100 Tensor Core GPU datasheet, V100S PCIe column",
     ),
     GpuPeaks(
-        "V100 SXM2", r"\bV100-SXM[23]\b",
+        # SXM2 only: the datasheet has no column for the SXM3 boards of the DGX-2/-2H
+        # ("Tesla V100-SXM3-32GB[-H]"): not in the table, never a borrowed figure
+        "V100 SXM2", r"\bV100-SXM2\b",
         {"fp32": 15.7, "fp16": 125.0},
         "NVIDIA V100 Tensor Core GPU datasheet, V100 SXM2 column",
     ),
