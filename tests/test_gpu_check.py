@@ -1124,6 +1124,45 @@ def test_reference_on_an_h100_reports_mfu_and_the_img_s_targets(img_s, target, s
     assert n["ours_compile_graphs_in_window"] == 0
 
 
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("NVIDIA H100 80GB HBM3 MIG 1g.10gb", "NVIDIA H100 80GB HBM3 MIG 1g.10gb is a MIG slice"),
+        ("NVIDIA H100 PCIe", "NVIDIA H100 PCIe is hardware.py's H100 PCIe"),
+        ("NVIDIA H100 NVL", "NVIDIA H100 NVL is hardware.py's H100 NVL"),
+        ("NVIDIA H200", "NVIDIA H200 is hardware.py's H200 SXM"),
+        ("NVIDIA H100", "NVIDIA H100 is not in hardware.py's table"),
+    ],
+)
+def test_speed_targets_apply_to_one_whole_h100_sxm_only(tmp_path, name, why):
+    """The issue's img/s targets were set for one whole H100 SXM (60k img/s bf16: MFU ~20% of its
+    peak); a name that merely contains "H100" (a MIG slice, the PCIe and NVL boards, with 76% and
+    84% of that peak) gets "n/a" and the reason, in gpu-check.md too, never met or not met."""
+    device = {"type": "cuda", "name": name}
+    _, ref = reference_case(90000.0)
+    ours = compiled_run(throughput_img_s=90000.0, device=device)
+    check = report.judge_reference("bf16", ours, ref, 512)
+    speed = report.judge_speed("speed-bf16-lb64", "bf16", 64, False, speed_run(device=device))
+    assert check.status == speed.status == PASS, (check.problems, speed.problems)
+    n = check.numbers
+    assert (n["target_60k_met"], n["stretch_80k_met"], speed.numbers["target_25k_met"]) == (
+        "n/a",
+        "n/a",
+        "n/a",
+    )
+    reason = f"set for one whole H100 SXM; {why}"
+    assert n["targets_not_applicable"] == speed.numbers["targets_not_applicable"] == reason
+    report.write_report(tmp_path, {"host": "n", "versions": {"device_count": 1}}, [check])
+    md = (tmp_path / "gpu-check.md").read_text()
+    assert f"target_60k_met n/a, stretch_80k_met n/a, targets_not_applicable {reason}" in md
+    # the same speeds on one whole H100 SXM are judged: met
+    on_sxm = report.judge_reference(
+        "bf16", compiled_run(throughput_img_s=90000.0, device=H100), ref, 512
+    )
+    assert on_sxm.numbers["stretch_80k_met"] is True
+    assert "targets_not_applicable" not in on_sxm.numbers
+
+
 def test_reference_targets_are_bf16_at_512_only_and_unmeasured_without_a_run():
     ours, ref = reference_case(65000.0, precision="fp32")
     ours.metrics |= {"device": H100, "precision": "fp32"}

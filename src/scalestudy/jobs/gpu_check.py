@@ -28,9 +28,10 @@ limit, so a crash or a hang is a failed check with its log tail, never a crash o
                   classified, the phase ranges projected onto the GPU from the chrome trace
   ncu             Nsight Compute on the top kernels, parsed (skipped where ncu is not installed)
   reference-P     our trainer vs benchmarks/reference_train.py, bf16 and fp32, width 64, batch 512,
-                  with our MFU and (H100, bf16) the Trainer issue's 60k / 80k img/s targets
+                  with our MFU and (one whole H100 SXM, bf16) the issue's 60k / 80k img/s targets
   speed-...       our trainer alone, the fast path timed: bf16 at local batch 64 without and with
-                  CUDA graphs (the 25k img/s target on an H100), tf32 at 512; img/s, MFU, step time
+                  CUDA graphs (the 25k img/s target on an H100 SXM), tf32 at 512; img/s, MFU,
+                  step time
 The verdicts are gpu_check_report's pure judges; the criteria are written in the report. The
 speed targets are reported, never judged: a node is not failed for missing a benchmark target.
 

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scalestudy import files
+from scalestudy import files, hardware
 from scalestudy.nsight import schema
 from scalestudy.nsight.torch_ops import GPU_CATEGORIES, LAUNCH_CATEGORIES, correlation
 from scalestudy.trainer.measure import ENERGY_SHORT_WINDOW, ENERGY_UPDATE_S
@@ -54,10 +54,12 @@ MAX_OTHER_SHARE = 0.25
 MIN_RATIO = 1.0
 TARGET_RATIO = 3.0  # the Trainer issue's GPU target (docs/benchmarks.md): reported, not judged
 # the Trainer issue's speed targets ("Trainer speed near the hardware limit", docs/benchmarks.md)
-# on one H100, GPU-resident synthetic data, per (precision, local batch): img/s. Benchmark
-# targets: reported (met or not, "n/a" on another GPU), never judged: a node is not failed for
-# missing one
-TARGET_DEVICE = "H100"  # searched in the CUDA device name
+# on one whole H100 SXM, GPU-resident synthetic data, per (precision, local batch): img/s.
+# Benchmark targets: reported (met or not, "n/a" with the reason on another GPU), never judged:
+# a node is not failed for missing one
+# the targets' GPU: hardware.py's row of the device name (the PCIe and NVL boards have 76% and
+# 84% of its bf16 peak, a MIG slice a share of it: their own rows or none, so "n/a")
+TARGET_MODEL = "H100 SXM"
 SPEED_TARGETS = {
     ("bf16", 512): {"target_60k_met": 60000.0, "stretch_80k_met": 80000.0},  # MFU ~20%
     ("bf16", 64): {"target_25k_met": 25000.0},  # launch overhead gone
@@ -205,18 +207,36 @@ def failure_problems(run: RunResult, log: str, what: str = "the run") -> list[st
     return problems
 
 
+def not_target_device(metrics: dict) -> str | None:
+    """Why the speed targets do not apply to the run's device, or None when it is one whole
+    H100 SXM: hardware.py's table resolves its name to TARGET_MODEL's row and it is no MIG
+    slice (a name merely containing "H100" is not enough)."""
+    name = _device_name(metrics)
+    if _device_type(metrics) != "cuda":
+        return f"set for one whole {TARGET_MODEL}; the run was on {name or 'no GPU'}"
+    if "MIG" in name:
+        return f"set for one whole {TARGET_MODEL}; {name} is a MIG slice"
+    row = hardware.gpu_peaks(name)
+    if row is None or row.model != TARGET_MODEL:
+        model = f"hardware.py's {row.model}" if row else "not in hardware.py's table"
+        return f"set for one whole {TARGET_MODEL}; {name or 'an unnamed GPU'} is {model}"
+    return None
+
+
 def targets_met(precision: str, local_batch: int | None, metrics: dict) -> dict[str, Any]:
     """The Trainer issue's speed targets for this precision and local batch (SPEED_TARGETS):
-    each met (bool) on an H100, "n/a" on another device, None when the run has no throughput.
-    Empty where the issue sets no target."""
+    each met (bool) on one whole H100 SXM, "n/a" on another device (targets_not_applicable
+    says why), None when the run has no throughput. Empty where the issue sets no target."""
     img_s = files.number(metrics.get("throughput_img_s"))
-    on_target_device = TARGET_DEVICE in _device_name(metrics)
+    elsewhere = not_target_device(metrics)
     met: dict[str, Any] = {}
     for key, floor in SPEED_TARGETS.get((precision, local_batch), {}).items():
         if img_s is None:
             met[key] = None
         else:
-            met[key] = img_s >= floor if on_target_device else "n/a"
+            met[key] = "n/a" if elsewhere else img_s >= floor
+    if elsewhere and "n/a" in met.values():
+        met["targets_not_applicable"] = elsewhere
     return met
 
 
@@ -898,8 +918,8 @@ def judge_reference(
     width, local batch, precision; local_batch: the one both were asked for (the targets')."""
     criterion = (
         f"both exit 0 on cuda with the same width, local batch and precision; ours / reference "
-        f">= {MIN_RATIO} (the Trainer issue's target {TARGET_RATIO}x, and on an H100 its img/s "
-        "targets, are reported, not judged)"
+        f">= {MIN_RATIO} (the Trainer issue's target {TARGET_RATIO}x, and on one whole H100 SXM "
+        "its img/s targets, are reported, not judged)"
     )
     problems = run_problems(ours, "our trainer") + run_problems(ref, "the reference trainer")
     m, r = ours.metrics or {}, ref.metrics or {}
@@ -941,8 +961,8 @@ def judge_speed(
     name: str, precision: str, local_batch: int, cuda_graphs: bool, run: RunResult
 ) -> Check:
     """One timed run of our trainer alone on the GPU (defaults: compiled on CUDA): it must run
-    the fast path cleanly; its speed is reported, with the Trainer issue's targets on an H100,
-    not judged (a benchmark target missed is no broken node)."""
+    the fast path cleanly; its speed is reported, with the Trainer issue's targets on one whole
+    H100 SXM (not_target_device), not judged (a benchmark target missed is no broken node)."""
     criterion = (
         f"exit 0 on cuda, {precision}, local batch {local_batch}"
         + (", CUDA graphs" if cuda_graphs else ", no CUDA graphs")
