@@ -292,16 +292,8 @@ def test_the_reference_window_holds_its_timed_steps_loading(
     per_image, batch = 0.01, 8
     clock = [0.0]
     flags = ("--local-batch", str(batch), "--epochs", "2", "--warmup-steps", "2")
-    r = run_reference(
-        monkeypatch,
-        data_dir,
-        tmp_path / "ref.json",
-        per_image,
-        *flags,
-        "--num-workers",
-        "0",
-        clock=clock,
-    )
+    flags += ("--num-workers", "0")
+    r = run_reference(monkeypatch, data_dir, tmp_path / "ref.json", per_image, *flags, clock=clock)
     assert r["steps_timed"] == 2 * 64 // batch - 2  # a window in each epoch
     assert r["window_time_s"] == pytest.approx(r["steps_timed"] * batch * per_image)
 
@@ -316,15 +308,8 @@ def test_the_reference_never_reports_more_than_its_loader_delivers(
     lowers the throughput, never the ceiling. The window is the second epoch, whole."""
     per_image, batch, workers = 0.025, 8, 4
     flags = ("--local-batch", str(batch), "--epochs", "2", "--warmup-steps", str(64 // batch))
-    r = run_reference(
-        monkeypatch,
-        data_dir,
-        tmp_path / "ref.json",
-        per_image,
-        *flags,
-        "--num-workers",
-        str(workers),
-    )
+    flags += ("--num-workers", str(workers))
+    r = run_reference(monkeypatch, data_dir, tmp_path / "ref.json", per_image, *flags)
     assert r["steps_timed"] == 64 // batch
     ceiling = workers / per_image  # img/s: each worker loads one image per `per_image` seconds
     assert r["throughput_img_s"] <= 1.02 * ceiling, (r["throughput_img_s"], ceiling)
@@ -402,6 +387,17 @@ def test_the_ddp_buffer_benchmark_times_both_wrappers():
     assert float(ratio) == pytest.approx(ours / broadcast, abs=0.002)
 
 
+def gpu_node(out: Path, timeout: int, **env: str) -> subprocess.CompletedProcess:
+    """benchmarks/gpu_node.sh OUT with `env` over the test's environment (no GPU visible)."""
+    return subprocess.run(
+        ["bash", str(REPO / "benchmarks" / "gpu_node.sh"), str(out)],
+        env=child_env(PYTHON=PYTHON, **env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def test_the_gpu_node_script_runs_small_on_a_cpu(tmp_path):
     """benchmarks/gpu_node.sh, the next GPU lease's one command, end to end with tiny sizes and
     the steps a CPU runs in seconds: a comparison writes its JSON with its step's flags, a step
@@ -414,13 +410,7 @@ def test_the_gpu_node_script_runs_small_on_a_cpu(tmp_path):
     # one comparison: compare.py itself is test_a_tiny_comparison_end_to_end's; here the script
     # passes a step's flags (`compare` is the same call without them)
     sizes["STEPS"] = "compare-nograph compare-nographs buckets ddp-buffers"
-    proc = subprocess.run(
-        ["bash", str(REPO / "benchmarks" / "gpu_node.sh"), str(out)],
-        env=child_env(PYTHON=PYTHON, CUDA_VISIBLE_DEVICES="", **sizes),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    proc = gpu_node(out, 600, CUDA_VISIBLE_DEVICES="", **sizes)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     r = json.loads((out / "compare-nographs.json").read_text())
     assert r["ours"]["median"] > 0 and r["reference"]["median"] > 0
@@ -449,13 +439,7 @@ def test_a_failed_bucket_rerun_reports_no_line_of_the_run_before(tmp_path):
     (out / "buckets.txt").write_text(f"{name} mode=off img/s=999 step_p50_ms=1.00 mfu=None\n")
     sizes = {"WIDTH": "2", "NUM_TRAIN": "64", "DEVICE": "cpu", "PRECISION": "fp8"}
     sizes |= {"STEPS": "buckets", "BUCKETS": "1", "BUCKET_GRAPHS": "off"}
-    proc = subprocess.run(
-        ["bash", str(REPO / "benchmarks" / "gpu_node.sh"), str(out)],
-        env=child_env(PYTHON=PYTHON, CUDA_VISIBLE_DEVICES="", **sizes),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = gpu_node(out, 300, CUDA_VISIBLE_DEVICES="", **sizes)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert f"{name} failed: see {out / name}.log" in proc.stdout
     assert "fp8" in (out / f"{name}.log").read_text()  # the trainer's refusal
@@ -465,13 +449,7 @@ def test_a_failed_bucket_rerun_reports_no_line_of_the_run_before(tmp_path):
 
 def test_gpu_node_says_where_a_failed_data_preparation_is_logged(tmp_path):
     out = tmp_path / "out"
-    proc = subprocess.run(
-        ["bash", str(REPO / "benchmarks" / "gpu_node.sh"), str(out)],
-        env=child_env(PYTHON=PYTHON, NUM_TRAIN="16k", STEPS="compare"),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = gpu_node(out, 300, NUM_TRAIN="16k", STEPS="compare")
     log = out / "prepare-data.log"
     assert proc.returncode == 2 and proc.stdout == "", proc.stdout
     assert proc.stderr.splitlines() == [proc.stderr.strip()], proc.stderr

@@ -183,6 +183,15 @@ def test_changing_a_profile_setting_reruns_nothing(done):
         assert dry(done, "--profile", "profiles/slurm") == {}
 
 
+def launch_flags(proc: subprocess.CompletedProcess) -> list[list[str]]:
+    """The trainer flags of each `scalestudy launch` a `snakemake -n -p` printed (after `--`, up
+    to the log's `>>`), one per planned training job."""
+    launches = [ln for ln in proc.stdout.splitlines() if "scalestudy launch " in ln]
+    assert len(launches) == planned_jobs(proc)["train"] > 0
+    argvs = [shlex.split(line.split("scalestudy launch ", 1)[1]) for line in launches]
+    return [argv[argv.index("--") + 1 : argv.index(">>")] for argv in argvs]
+
+
 @pytest.mark.parametrize("change", [{"dir": "results/ckpt2"}, {"enabled": False}])
 def test_changing_where_or_whether_runs_checkpoint_reruns_nothing(done, change):
     """The checkpoint directory was a param of the training rule, a rerun trigger: moving it
@@ -210,11 +219,7 @@ def test_raising_the_process_group_timeout_reruns_nothing_and_reaches_the_traine
     proc = snakemake(
         done, "--configfile", "timeout.yaml", "-n", "-p", "--forcerun", "train", stand_ins=True
     )
-    launches = [ln for ln in proc.stdout.splitlines() if "scalestudy launch " in ln]
-    assert len(launches) == planned_jobs(proc)["train"] > 0
-    for line in launches:
-        argv = shlex.split(line.split("scalestudy launch ", 1)[1])
-        flags = argv[argv.index("--") + 1 : argv.index(">>")]
+    for flags in launch_flags(proc):
         assert flags.count("--pg-timeout-s") == 1, flags
         # what `scalestudy launch` checks first, as the trainer reads the flags
         assert launch.check_train_args(flags).pg_timeout_s == 1800
@@ -232,11 +237,7 @@ def test_a_study_without_checkpointing_starts_its_training(done):
     proc = snakemake(
         done, "--configfile", "nockpt.yaml", "-n", "-p", "--forcerun", "train", stand_ins=True
     )
-    launches = [ln for ln in proc.stdout.splitlines() if "scalestudy launch " in ln]
-    assert len(launches) == planned_jobs(proc)["train"] > 0
-    for line in launches:
-        argv = shlex.split(line.split("scalestudy launch ", 1)[1])
-        flags = argv[argv.index("--") + 1 : argv.index(">>")]
+    for flags in launch_flags(proc):
         assert "--checkpoint-dir=" in flags  # the rule's: checkpointing off
         launch.check_train_args(flags)  # what `scalestudy launch` runs first: no refusal
 
