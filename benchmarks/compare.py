@@ -27,7 +27,6 @@ The data: `scalestudy prepare-data --dataset synthetic --data-dir /tmp/bench --n
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import platform
@@ -113,27 +112,14 @@ def common_flags(args: argparse.Namespace) -> list[str]:
     ]
 
 
-class _Refusing(argparse.ArgumentParser):
-    def error(self, message: str):
-        raise ValueError(message)
-
-
 def overriding(args: argparse.Namespace) -> list[str]:
     """The flags of --ours-flags that compare.py gives both trainers (or NOT_OURS_ONLY), each
     with what to do instead; the names as argparse reads them (`--prec` is --precision)."""
-    parser = _Refusing(add_help=False)
-    train_config.add_arguments(parser)
-    unset = object()  # argparse leaves a value in the namespace alone unless the flag is given
-    given = argparse.Namespace(**{f.name: unset for f in dataclasses.fields(TrainConfig)})
-    parser.parse_known_args(args.ours_argv, namespace=given)
+    given = train_config.given_fields(args.ours_argv)
     shared = [flag[2:].replace("-", "_") for flag in common_flags(args)[::2]]
     why = {name: f"use compare.py's --{train_config.flag_name(name)}" for name in shared}
     why |= NOT_OURS_ONLY
-    return [
-        f"--{train_config.flag_name(name)} ({why[name]})"
-        for name in why
-        if getattr(given, name) is not unset
-    ]
+    return [f"--{train_config.flag_name(name)} ({why[name]})" for name in why if name in given]
 
 
 def ours_train_flags(args: argparse.Namespace, ours_out: Path) -> list[str]:

@@ -393,6 +393,17 @@ class TrainConfig:
         return cls.from_args(_refusing_parser().parse_args(argv))
 
 
+def given_fields(argv: list[str]) -> set[str]:
+    """The TrainConfig fields that `argv` sets, as `scalestudy train` reads its flags (an
+    abbreviated one too: `--prec` is --precision); argv is checked by from_argv first. argparse
+    leaves a value already in the namespace alone unless its flag is given."""
+    unset = object()
+    names = [f.name for f in dataclasses.fields(TrainConfig)]
+    given = argparse.Namespace(**dict.fromkeys(names, unset))
+    _refusing_parser().parse_known_args(argv, namespace=given)
+    return {name for name in names if getattr(given, name) is not unset}
+
+
 class _RefusingParser(argparse.ArgumentParser):
     """argparse's refusals raised, not printed with the usage and exit 2."""
 
