@@ -120,6 +120,9 @@ def main() -> None:
 
 
 def train(args: argparse.Namespace, device: torch.device, backend: str) -> None:
+    """The whole reference run, data to metrics JSON. One long function on purpose: the
+    reference is the plain script a user would write (DataLoader, DDP, a loop), read top to
+    bottom beside our trainer, not a second framework."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
     root = Path(args.data_dir) / args.dataset
     data = torch.load(root / "data.pt")
