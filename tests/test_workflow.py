@@ -176,6 +176,25 @@ def test_changing_the_trainer_or_the_image_retrains_and_rebuilds_only_for_the_im
         assert jobs == {"all": 1, **rebuild, "collect": 1, "train": 4, **DOWNSTREAM}
 
 
+def test_touching_the_finished_runs_keeps_them_after_a_trainer_change(done, tmp_path):
+    """README "What reruns": a new trainer retrains every finished run once, unless the user,
+    knowing the change cannot move a number, marks them current with `--touch --until train`:
+    then nothing follows (the touched files' contents are those the later rules read), and a run
+    that never finished still trains."""
+    work = tmp_path / "study"
+    shutil.copytree(done, work, symlinks=True)  # mtimes and Snakemake's records kept
+    with (work / "src/scalestudy/trainer/train.py").open("a") as f:
+        f.write("\n# a change\n")
+    assert dry(work)["train"] == 4
+    # one run never finished (no metrics.json), so nothing after training ran either
+    (work / "results/runs" / min(RUN_IDS) / "metrics.json").unlink()
+    shutil.rmtree(work / "results/csv")
+    snakemake(work, "--configfile", "tiny.yaml", "--touch", "--until", "train", "--cores", "1",
+              stand_ins=True)  # fmt: skip
+    assert dry(work) == {"all": 1, "train": 1, "collect": 1, **DOWNSTREAM}
+    assert not (work / "results/runs" / min(RUN_IDS) / "metrics.json").exists()
+
+
 def test_changing_a_profile_setting_reruns_nothing(done):
     settings = "latency-wait: 7\nset-resources:\n  train:\n    runtime: 99\n    mem_mb: 1234\n"
     with appended(done / "profiles/default/config.yaml", settings):
