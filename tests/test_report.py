@@ -908,6 +908,85 @@ def test_a_failed_build_leaves_no_pdf_of_an_earlier_one(tmp_path, capsys):
     assert not pdf.exists()
 
 
+def test_the_users_latexmkrc_cannot_move_the_pdf(tmp_path, monkeypatch, capsys):
+    """latexmk read ~/.latexmkrc: with `$out_dir = 'build';` (a common personal setting) the PDF
+    went to reports/build/, build-pdf still said "wrote reports/paper.pdf" and exited 0, and on a
+    TeX error it named a reports/paper.log that did not exist and latexmk's last line."""
+    from scalestudy import cli
+
+    if not latex.have_latexmk():
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI must have TeX: scripts/setup.sh installs latexmk as root")
+        pytest.skip(latex.MISSING)
+    home = tmp_path / "home"
+    (home / ".config/latexmk").mkdir(parents=True)
+    for rc in (home / ".latexmkrc", home / ".config/latexmk/latexmkrc"):
+        rc.write_text("$out_dir = 'build';\n")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    docs = tmp_path / "reports"
+    docs.mkdir()
+    tex, pdf = docs / "paper.tex", docs / "paper.pdf"
+    tex.write_text("\\documentclass{article}\n\\begin{document}\nHello.\n\\end{document}\n")
+    assert cli.main(["build-pdf", str(tex)]) == 0, capsys.readouterr().err
+    assert pdf.read_bytes()[:4] == b"%PDF" and not (docs / "build").exists()
+    capsys.readouterr()
+    tex.write_text(
+        "\\documentclass{article}\n\\begin{document}\n\\undefinedmacro\n\\end{document}\n"
+    )
+    assert cli.main(["build-pdf", str(tex)]) == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == (
+        f"scalestudy build-pdf: latexmk failed on {tex}: Undefined control sequence. (line 3); "
+        f"the whole log: {docs / 'paper.log'}"
+    )
+
+
+def _fake_latexmk(tmp_path, monkeypatch, exit_code: int, says: str) -> None:
+    """A `latexmk` first on PATH that writes nothing, prints `says` and exits with `exit_code`."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "latexmk"
+    fake.write_text(f"#!/bin/sh\necho '{says}' >&2\nexit {exit_code}\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+
+def test_a_latexmk_that_exits_0_without_the_pdf_fails_in_one_line(tmp_path, monkeypatch, capsys):
+    """build-pdf trusted latexmk's exit status and logged "wrote reports/paper.pdf" for a PDF
+    that was not there (the workflow's paper_pdf then failed on a missing output)."""
+    from scalestudy import cli
+
+    _fake_latexmk(tmp_path, monkeypatch, 0, "Latexmk: All targets are up-to-date")
+    tex = tmp_path / "paper.tex"
+    tex.write_text("\\documentclass{article}\n\\begin{document}\nHello.\n\\end{document}\n")
+    assert cli.main(["build-pdf", str(tex)]) == 1
+    out = capsys.readouterr()
+    (line,) = out.err.strip().splitlines()
+    pdf = tmp_path / "paper.pdf"
+    assert line.startswith(
+        f"scalestudy build-pdf: latexmk exited 0 on {tex} but {pdf} is not there"
+    ), line
+    assert "latexmk -norc -pdf -cd" in line and f"wrote {pdf}" not in out.out + out.err
+
+
+def test_a_failure_without_a_log_names_no_log(tmp_path, monkeypatch, capsys):
+    """A latexmk that failed before TeX ran was reported with "the whole log: paper.log", a file
+    that was never written."""
+    from scalestudy import cli
+
+    _fake_latexmk(tmp_path, monkeypatch, 1, "Latexmk: Could not find file")
+    tex = tmp_path / "paper.tex"
+    tex.write_text("\\documentclass{article}\n\\begin{document}\nHello.\n\\end{document}\n")
+    assert cli.main(["build-pdf", str(tex)]) == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(
+        f"scalestudy build-pdf: latexmk failed on {tex}: Latexmk: Could not find file; "
+    ), line
+    assert "paper.log" not in line and not (tmp_path / "paper.log").exists()
+    assert "latexmk -norc -pdf -cd" in line
+
+
 def _build_with_the_papers_fonts(tmp_path, text: str) -> None:
     """`text` in a document with the paper's font set-up (workflow/report/paper.tex.j2), built
     by `scalestudy build-pdf` (latexmk, pdfLaTeX)."""

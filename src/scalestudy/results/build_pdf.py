@@ -3,6 +3,8 @@
 Without latexmk on PATH it fails with the packages to install; the workflow asks for the PDF only
 when latexmk is there (workflow/rules/report.smk), and says so when it is not. A build removes
 the PDF of an earlier one first: a failed build leaves none, never an old one beside the new .tex.
+latexmk runs with -norc (no ~/.latexmkrc: a personal $out_dir moved the PDF), and a build that
+exits 0 without the PDF beside the .tex fails too.
 
     scalestudy build-pdf reports/paper.tex
 """
@@ -76,24 +78,40 @@ def run(args: argparse.Namespace) -> int:
     # the PDF of an earlier build goes first: TeX stopping before its first page (a missing
     # package, an error in the title) left the old document beside the new .tex, and a failed
     # build looked like a finished one to anyone opening the PDF
-    tex.with_suffix(".pdf").unlink(missing_ok=True)
-    # -cd: figure paths in the .tex are relative to its directory; nonstopmode + halt: a TeX
-    # error fails the job instead of waiting for input
-    cmd = ["latexmk", "-pdf", "-cd", "-interaction=nonstopmode", "-halt-on-error", str(tex)]
+    pdf = tex.with_suffix(".pdf")
+    pdf.unlink(missing_ok=True)
+    # -norc: no ~/.latexmkrc, $XDG_CONFIG_HOME/latexmk/latexmkrc, ./latexmkrc or system rc file.
+    # A personal `$out_dir = 'build';` sent the PDF and the log to reports/build/ (build-pdf
+    # still said "wrote reports/paper.pdf"), and any rc setting ($jobname, a previewer,
+    # continuous mode) can move, rename or never finish what the workflow names as its output;
+    # -outdir would undo only the first. This build needs nothing an rc file gives: everything
+    # it asks for is below. -cd: figure paths in the .tex are relative to its directory;
+    # nonstopmode + halt: a TeX error fails the job instead of waiting for input
+    cmd = ["latexmk", "-norc", "-pdf", "-cd", "-interaction=nonstopmode", "-halt-on-error"]
+    by_hand = f"`{' '.join(cmd[:4])} {tex}`"
     # errors="replace": an overfull-box warning prints the line in its font's 8-bit encoding
     # (T1 bytes for "Zürich", not UTF-8), which strict decoding turned into a traceback
-    proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
+    proc = subprocess.run([*cmd, str(tex)], capture_output=True, text=True, errors="replace")
     if proc.returncode != 0:  # one line: TeX's first error, not latexmk's 90 lines
         log_file = tex.with_suffix(".log")
         try:
             first = first_tex_error(log_file.read_text(errors="replace"))
-        except OSError:
+        except OSError:  # latexmk stopped before TeX wrote one
             first = None
         why = first or (proc.stderr.strip().splitlines() or ["no error in its log"])[-1]
+        more = (
+            f"the whole log: {log_file}"
+            if log_file.is_file()
+            else f"TeX wrote no log; run {by_hand} for latexmk's whole output"
+        )
+        logger.error(f"scalestudy build-pdf: latexmk failed on {tex}: {why}; {more}")
+        return 1
+    if not pdf.is_file():  # the exit status alone once reported a PDF that was not there
         logger.error(
-            f"scalestudy build-pdf: latexmk failed on {tex}: {why}; the whole log: {log_file}"
+            f"scalestudy build-pdf: latexmk exited 0 on {tex} but {pdf} is not there (it wrote "
+            f"its output elsewhere or none); run {by_hand} and read where it writes"
         )
         return 1
     sys.stdout.write(proc.stdout[-4000:])  # latexmk's own output, passed on as it is
-    logger.info(f"wrote {tex.with_suffix('.pdf')}")
+    logger.info(f"wrote {pdf}")
     return 0
