@@ -888,6 +888,88 @@ def test_a_tex_error_is_one_line_with_its_line_and_log(tmp_path, capsys):
     assert out.out == ""
 
 
+# excerpts of pdfTeX's logs (TeX Live 2022, max_print_line 79), from `! ` to the `l.NN` line
+HELP = (
+    "\nSee the LaTeX manual or LaTeX Companion for explanation.\n"
+    "Type  H <return>  for immediate help.\n ...  \n  \n"
+)
+TEX_LOGS = {
+    # \MessageBreak in a LaTeX error: the rest is indented
+    "unicode": (
+        "! LaTeX Error: Unicode character ≥ (U+2265)\n"
+        "               not set up for use with LaTeX.\n"
+        + HELP
+        + "l.5 ResNet ≥\n               8 \n",
+        "LaTeX Error: Unicode character ≥ (U+2265) not set up for use with LaTeX. (line 5)",
+    ),
+    # a message longer than 79 columns: TeX breaks it mid-word
+    "long-path": (
+        "! Package pdftex.def Error: File `/scratch/project_1234567/alice/scaling-studie\n"
+        "s/resnet18-cifar10-h200/results/plots/efficiency.pdf' not found: using draft se\n"
+        "tting.\n" + HELP + "l.4 ...-cifar10-h200/results/plots/efficiency.pdf}\n",
+        "Package pdftex.def Error: File `/scratch/project_1234567/alice/scaling-studies/"
+        "resnet18-cifar10-h200/results/plots/efficiency.pdf' not found: using draft setting."
+        " (line 4)",
+    ),
+    # \MessageBreak in a package's error: the rest starts with (package)
+    "package": (
+        "! Package mypkg Error: The bucket size is not a number\n"
+        "(mypkg)                give it in MiB.\n" + HELP + "l.4 ...a number\\MessageBreak give "
+        "it in MiB}{help}\n",
+        "Package mypkg Error: The bucket size is not a number give it in MiB. (line 4)",
+    ),
+    # TeX's own errors: the lines after the message are where it happened, not the message
+    "context": (
+        "! Undefined control sequence.\n<argument> A \\foo \n                  title\n"
+        "l.3 \\section{A \\foo title}\n",
+        "Undefined control sequence. (line 3)",
+    ),
+    "inserted": (
+        "! Missing $ inserted.\n<inserted text> \n                $\nl.3 x^\n      2 \n",
+        "Missing $ inserted. (line 3)",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", TEX_LOGS)
+def test_a_tex_error_is_the_whole_message_over_its_lines(case):
+    """first_tex_error kept the first physical line only: "LaTeX Error: Unicode character ≥
+    (U+2265)" without "not set up for use with LaTeX", a path cut at "scaling-studie"."""
+    log_text, message = TEX_LOGS[case]
+    assert latex.first_tex_error("This is pdfTeX, Version 3.141592653\n" + log_text) == message
+
+
+def test_a_character_the_79_column_break_splits_is_joined_again(tmp_path, capsys):
+    """TeX breaks the log at 79 bytes, so a UTF-8 character can end one line and begin the next
+    (the bytes of this log are pdfTeX's); build-pdf reads the log so that it is joined again."""
+    from scalestudy import cli
+
+    head = b"! Package pdftex.def Error: File `/scratch/" + b"a" * 35
+    assert len(head) == 78
+    raw = head + b"\xc3\n\xbcber/plots/efficiency.pdf' not found: using draft setting.\n\nl.4 x\n"
+    message = (
+        f"Package pdftex.def Error: File `/scratch/{'a' * 35}über/plots/efficiency.pdf' "
+        "not found: using draft setting. (line 4)"
+    )
+    assert latex.first_tex_error(raw.decode("utf-8", "surrogateescape")) == message
+    if not latex.have_latexmk():
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI must have TeX: scripts/setup.sh installs latexmk as root")
+        pytest.skip(latex.MISSING)
+    tex = tmp_path / "paper.tex"
+    # the same error from pdfTeX: a path whose ü straddles the log's 79th byte
+    tex.write_text(
+        "\\documentclass{article}\n\\usepackage{graphicx}\n\\begin{document}\n"
+        f"\\includegraphics{{/scratch/{'a' * 35}über/plots/efficiency.pdf}}\n\\end{{document}}\n"
+    )
+    assert cli.main(["build-pdf", str(tex)]) == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == (
+        f"scalestudy build-pdf: latexmk failed on {tex}: {message}; "
+        f"the whole log: {tmp_path / 'paper.log'}"
+    )
+
+
 def test_a_failed_build_leaves_no_pdf_of_an_earlier_one(tmp_path, capsys):
     """TeX stopping before its first page (a package this TeX lacks) failed build-pdf but left
     the previous paper.pdf beside the new paper.tex: the old document, looking built."""

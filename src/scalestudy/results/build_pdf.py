@@ -45,18 +45,48 @@ def have_beamer() -> bool:
     return bool(found.stdout.strip())
 
 
+MAX_PRINT_LINE = 79  # TeX Live's texmf.cnf: the log breaks a longer line after this many bytes
+
+
 def first_tex_error(log_text: str) -> str | None:
-    """TeX's first error in a .log: its `! message` and the `l.NN` line it names, e.g.
-    "LaTeX Error: Unicode character ≥ (U+2265) not set up for use with LaTeX (line 12)"."""
+    """TeX's first error in a .log: its whole `! message` and the `l.NN` line it names, e.g.
+    "LaTeX Error: Unicode character ≥ (U+2265) not set up for use with LaTeX. (line 12)".
+
+    The message goes on over the lines that follow it, up to the blank line, the `l.NN` line or
+    TeX's context (`<argument> ...`) that ends it: a line of 79 bytes is TeX's break, joined to
+    the next as it is; an indented line, or one starting `(pkg)` in a `Package pkg Error`, is
+    LaTeX's \\MessageBreak, joined with a space. TeX counts bytes, so read the log with
+    errors="surrogateescape": a character the break split in two is then joined again."""
     lines = log_text.splitlines()
     for i, line in enumerate(lines):
-        if line.startswith("! "):
-            message = line[2:].strip()
-            for after in lines[i + 1 : i + 20]:
-                if m := re.match(r"l\.(\d+)\b", after):
-                    return f"{message} (line {m.group(1)})"
-            return message
+        if not line.startswith("! "):
+            continue
+        text, width = line[2:], _bytes(line)
+        owner = re.match(r"(?:Package|Class) (\S+) Error: ", text)
+        label = f"({owner.group(1)})" if owner else None
+        end = i + 1
+        for after in lines[i + 1 :]:
+            if not after.strip() or re.match(r"l\.\d+\b|<[^<>]*>", after):
+                break
+            if width == MAX_PRINT_LINE:  # TeX's break, perhaps mid-word: nothing to add
+                text += after
+            elif after.startswith(" ") or (label and after.startswith(label)):
+                rest = after.removeprefix(label) if label else after
+                text = f"{text.rstrip()} {rest.strip()}"
+            else:  # not the message (TeX's context of a macro, say)
+                break
+            width, end = _bytes(after), end + 1
+        message = text.strip().encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+        for after in lines[end : end + 20]:
+            if m := re.match(r"l\.(\d+)\b", after):
+                return f"{message} (line {m.group(1)})"
+        return message
     return None
+
+
+def _bytes(line: str) -> int:
+    """The width TeX gave a log line: its bytes, as they were read (surrogateescape)."""
+    return len(line.encode("utf-8", "surrogateescape"))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -95,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
     if proc.returncode != 0:  # one line: TeX's first error, not latexmk's 90 lines
         log_file = tex.with_suffix(".log")
         try:
-            first = first_tex_error(log_file.read_text(errors="replace"))
+            first = first_tex_error(log_file.read_text(errors="surrogateescape"))
         except OSError:  # latexmk stopped before TeX wrote one
             first = None
         why = first or (proc.stderr.strip().splitlines() or ["no error in its log"])[-1]
