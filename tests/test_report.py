@@ -1396,3 +1396,79 @@ def test_the_method_names_the_warm_up_the_window_left_out(tmp_path, recorded, sa
     assert f"window that starts after {says} warm-up optimizer steps (excluded:" in study
     paper = " ".join(docs["paper.tex"].split())
     assert f"window that starts after {says} warm-up optimizer steps (the configured" in paper
+
+
+def _paper_rows(section: str) -> list[list[str]]:
+    """The cells of each body row of the first longtable in `section` of paper.tex."""
+    body = section[section.index("\\endfoot") : section.index("\\end{longtable}")]
+    return [line.removesuffix(" \\\\").split(" & ") for line in body.splitlines()[1:] if line]
+
+
+def test_the_papers_waterfall_says_what_n_a_means_and_why_a_part_is_not_measured(tmp_path):
+    """paper.tex printed n/a for a waterfall part the runs did not measure without saying what
+    n/a means or why, where study.md has both (its note column). Strong ran with gradient
+    accumulation (comm blank by design) and per-rank times, weak as the demo recorded it (no
+    per-rank times: data and imbalance blank): each row with a blank part carries the letter of
+    its waterfall.csv note, printed once under the table; a row without a note has no letter."""
+
+    def runs(row):
+        if "strong" in row["families"].split(";"):
+            row["accum_steps"] = "2"
+            for column in ("data_time_ms_mean_by_rank", "busy_time_ms_p50_by_rank"):
+                row[column] = ";".join(["1.0"] * int(row["world_size"]))
+        return True
+
+    tables = _demo_study(tmp_path, runs)
+    waterfall = tables["waterfall"]
+    notes = list(dict.fromkeys(r["note"] for r in waterfall if r["note"]))
+    assert len(notes) == 2 and "gradient accumulation" in notes[0], notes
+    paper = report.render(tmp_path, report.TEMPLATES, [], "../results/plots")["paper.tex"]
+    section = paper[paper.index("\\subsection{Where the efficiency goes}") :]
+    section = section[: section.index("\\subsection{Scaling model}")]
+    assert "n/a: not measured by the runs, so inside the residual" in " ".join(section.split())
+    rows = _paper_rows(section)
+    assert len(rows) == len(waterfall)
+    footnotes = dict(re.findall(r"\\noindent \$\^\{\\mathrm\{(\w)\}\}\$ (.*)\.\\par", section))
+    assert list(footnotes.values()) == [report.tex_escape(n) for n in notes], footnotes
+    for row, cells in zip(waterfall, rows, strict=True):
+        letter = re.fullmatch(r"(\w+)(?:\$\^\{\\mathrm\{(\w)\}\}\$)?", cells[0]).groups()
+        assert letter[0] == row["family"]
+        assert ("n/a" in cells) == bool(row["note"]), (row, cells)
+        if row["note"]:
+            assert footnotes[letter[1]] == report.tex_escape(row["note"]), (row, cells)
+        else:
+            assert letter[1] is None, cells
+    assert report.numbers_backed_by_csvs(paper, tables) == []
+
+    # every part measured: no n/a, no letters, no sentence about them
+    def measured(row):
+        for column in ("data_time_ms_mean_by_rank", "busy_time_ms_p50_by_rank"):
+            row[column] = ";".join(["1.0"] * int(row["world_size"]))
+        return True
+
+    tables = _demo_study(tmp_path / "all", measured)
+    assert tables["waterfall"] and not any(r["note"] for r in tables["waterfall"])
+    paper = report.render(tmp_path / "all", report.TEMPLATES, [], "../plots")["paper.tex"]
+    section = paper[paper.index("\\subsection{Where the efficiency goes}") :]
+    section = section[: section.index("\\subsection{Scaling model}")]
+    assert "n/a" not in section and "\\mathrm" not in section and "\\noindent" not in section
+
+
+def test_the_papers_energy_column_says_what_n_a_means(tmp_path):
+    """A family without measured energy printed n/a in paper.tex's energy column, unexplained
+    (study.md: "n/a: some run of the family has no measured energy"); said only where a cell
+    is blank."""
+    tables = _demo_study(tmp_path)
+    rows = tables["resources"]
+    for blank in (True, False):  # the other families' energy blank, or every family's measured
+        for r in rows:
+            if r["kind"] == "measured":
+                r["energy_kwh"] = "0.0421" if r["family"] == "strong" or not blank else ""
+        files.write_csv(tmp_path / "resources.csv", list(rows[0]), rows)
+        paper = report.render(tmp_path, report.TEMPLATES, [], "../plots")["paper.tex"]
+        section = paper[paper.index("\\section{Resource justification}") :]
+        section = section[: section.index("\\medskip")]
+        shown = [cells[-1] for cells in _paper_rows(section)]
+        said = "n/a: some run of the family has no measured energy." in section
+        assert ("n/a" in shown) == said == blank, (blank, shown)
+        assert report.numbers_backed_by_csvs(paper, report.load_tables(tmp_path)) == []
