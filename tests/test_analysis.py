@@ -791,6 +791,31 @@ def test_a_missing_point_breaks_the_line_and_the_baseline_has_no_error_bar(axes)
         assert [(x, v) for x, v in cap.get_xydata().tolist() if not math.isnan(v)] == [(4, y)]
 
 
+def test_a_world_size_without_gpu_utilisation_breaks_its_line(axes):
+    """NVML records no utilisation for a window under 0.5 s (train.py): that world size was
+    dropped from its series and the line drawn straight across it, as if measured there (the
+    docstring and the caption: "a line breaks where a world size has no measurement"). Its mean
+    is NaN, as in the other line figures, so the line breaks; its tick goes with it, as theirs
+    does; a series that recorded nothing at all is still left out."""
+    runs = [run("w1", "strong", 1, 256, 1000), run("w2", "strong", 2, 128, 1900),
+            run("w4", "strong", 4, 64, 3600), run("u2", "weak", 2, 64, 1900)]  # fmt: skip
+    for r, util in zip(runs, ("95.0", "", "80.0", ""), strict=True):
+        r["gpu_util_mean"] = util
+    scaling = scaling_rows(runs)
+    series = plots.gpu_util_series(scaling)
+    assert list(series) == ["strong"]  # weak recorded nothing: no series, no legend entry
+    assert [p[0] for p in series["strong"]] == [1, 2, 4]
+    ys = [p[1] for p in series["strong"]]
+    assert ys[0] == 95.0 and math.isnan(ys[1]) and ys[2] == 80.0
+    plots.plot_gpu_util(axes, scaling, "cuda")
+    (drawn,) = axes.containers
+    line = drawn.lines[0]
+    assert list(line.get_xdata()) == [1, 2, 4]
+    drawn_ys = list(line.get_ydata())
+    assert drawn_ys[0] == 95.0 and math.isnan(drawn_ys[1]) and drawn_ys[2] == 80.0
+    assert [t.get_text() for t in axes.get_xticklabels()] == ["1", "4"]
+
+
 def test_every_gpu_util_series_has_its_own_style_and_the_targets_come_in_pairs(tmp_path, axes):
     """The fallback styles counted strong and weak too: the 9th series was drawn exactly as
     strong. And a targets.csv with strong_efficiency but not its world size was a KeyError."""

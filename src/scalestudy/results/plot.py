@@ -408,20 +408,21 @@ def plot_accuracy(axes, epochs, **_):
 
 
 def gpu_util_series(scaling: list[dict]) -> dict[str, list[tuple[int, float, float]]]:
-    """Label -> [(world size, mean %, std %)] of every family's rows that recorded NVML
-    utilisation: one series per family, per precision or per bucket x local batch cell."""
+    """Label -> [(world size, mean %, std %)] of every family's rows: one series per family, per
+    precision or per bucket x local batch cell. A row without NVML utilisation (a window under
+    0.5 s: train.py) has mean NaN, so its line breaks there instead of bridging it; a series
+    none of whose rows recorded it is left out (no series at all: nothing was measured)."""
     series: dict[str, list] = defaultdict(list)
     for r in sorted(scaling, key=lambda r: int(r["world_size"])):
         y = number(r.get("gpu_util_mean_mean"))
-        if y is None:
-            continue
         # what tells a family's runs at one world size apart (strong, weak: only the world size)
         label = {
             "precision": f"precision: {r['precision']}",
             "bucket": f"bucket: {r['bucket_cap_mb']} MiB, local batch {r['local_batch']}",
         }.get(r["family"], r["family"])
-        series[label].append((int(r["world_size"]), y, _no_bar(number(r.get("gpu_util_mean_std")))))
-    return dict(series)
+        std = _no_bar(number(r.get("gpu_util_mean_std")))
+        series[label].append((int(r["world_size"]), math.nan if y is None else y, std))
+    return {k: v for k, v in series.items() if not all(math.isnan(p[1]) for p in v)}
 
 
 def plot_gpu_util(ax, scaling, device, **_):
@@ -445,7 +446,9 @@ def plot_gpu_util(ax, scaling, device, **_):
             capsize=3,
             label=label,
         )
-    _gpu_axis(ax, [p[0] for points in series.values() for p in points], device)
+    # ticks at the measured world sizes only, as _family_errorbars gives them
+    measured = [p[0] for points in series.values() for p in points if not math.isnan(p[1])]
+    _gpu_axis(ax, measured, device)
     ax.set_ylim(0, 100)
     ax.set_ylabel("mean GPU utilisation (%, NVML)")
     ax.legend(fontsize=7)
