@@ -816,6 +816,18 @@ def test_a_world_size_without_gpu_utilisation_breaks_its_line(axes):
     assert [t.get_text() for t in axes.get_xticklabels()] == ["1", "4"]
 
 
+@pytest.mark.parametrize(("device", "one", "two"), [("cuda", "1 GPU", "2 GPUs"),
+                                                    ("cpu", "1 rank", "2 ranks")])  # fmt: skip
+def test_the_precision_legend_counts_its_world_sizes_in_words(axes, device, one, two):
+    """The precision family's default gpus is [1]: its legend read "1 GPUs" (vocab.plural,
+    as the other figures use it, gives the singular after 1)."""
+    runs = [run("p1", "precision", 1, 256, 1000), run("b1", "precision", 1, 256, 1800,
+            precision="bf16"), run("p2", "precision", 2, 128, 1900), run("b2", "precision", 2,
+            128, 3400, precision="bf16")]  # fmt: skip
+    plots.plot_precision(axes, scaling_rows(runs), device)
+    assert [t.get_text() for t in axes.get_legend().get_texts()] == [one, two]
+
+
 def test_every_gpu_util_series_has_its_own_style_and_the_targets_come_in_pairs(tmp_path, axes):
     """The fallback styles counted strong and weak too: the 9th series was drawn exactly as
     strong. And a targets.csv with strong_efficiency but not its world size was a KeyError."""

@@ -237,7 +237,9 @@ def plot_precision(ax, scaling, device, **_):
             diff = number(r["acc_diff_vs_fp32"])
             flag = "" if r["acc_within_tolerance"] != "false" else " (!)"
             labels.append("" if diff is None else f"{100 * diff:+.1f} pp{flag}")
-        bars = ax.bar(xs, ys, width, color=PALETTE[i % len(PALETTE)], label=f"{w} {unit}")
+        bars = ax.bar(
+            xs, ys, width, color=PALETTE[i % len(PALETTE)], label=f"{w} {vocab.plural(unit, w)}"
+        )
         ax.bar_label(bars, labels, fontsize=7, padding=2)
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set_xticks(range(len(precisions)), precisions)
