@@ -544,6 +544,29 @@ def test_a_directory_where_the_pdf_goes_leaves_the_old_figure(tmp_path, capsys):
     assert len(err) == 1 and f"{out / 'throughput.pdf'}: is a directory" in err[0], err
 
 
+def test_a_symlinked_figure_stays_a_link_and_its_file_gets_the_new_figure(tmp_path):
+    """The temp files were renamed over the figure paths: a symlinked figure (into a shared
+    directory) became a regular file and the file it pointed to kept the old figure. They are
+    written where the links point, as files.atomic_open writes (the links stay, no temp file),
+    in the figure path's format (the PDF's link points to a name without a suffix)."""
+    shared, out = tmp_path / "paper_figures", tmp_path / "plots"
+    shared.mkdir()
+    out.mkdir()
+    names = {"throughput.png": "throughput.png", "throughput.pdf": "figure-3"}
+    for name, target in names.items():
+        (shared / target).write_text("OLD\n")
+        (out / name).symlink_to(f"../paper_figures/{target}")
+    rows = [run("w1", "strong", 1, 64, 1000), run("w2", "strong", 2, 64, 1800)]
+    paths = plots.make_figure("throughput", out, scaling=scaling_rows(rows), device="cpu")
+    assert paths == [out / "throughput.png", out / "throughput.pdf"]
+    for path, magic in zip(paths, (b"\x89PNG", b"%PDF"), strict=True):
+        target = names[path.name]
+        assert path.is_symlink() and os.readlink(path) == f"../paper_figures/{target}"
+        assert (shared / target).read_bytes()[:4] == magic, path
+    assert sorted(p.name for p in shared.iterdir()) == sorted(names.values())
+    assert sorted(p.name for p in out.iterdir()) == sorted(names)
+
+
 def test_a_full_disk_between_the_png_and_the_pdf_leaves_the_old_pair(tiny_fs, tmp_path, capsys):
     """A real tmpfs with room for the new PNG but not the PDF: the new PNG stood beside the old
     PDF, a partial temp file was left, and the PDF backend's clean-up raised an AttributeError

@@ -50,6 +50,13 @@ def _named(exc: OSError, path: str | os.PathLike) -> OSError:
     return OSError(exc.errno, exc.strerror, os.fspath(path))
 
 
+def write_target(path: str | os.PathLike) -> Path:
+    """The file a write to `path` replaces: where `path` points if it is a symlink (a rename
+    over the link replaced it with a regular file, and the file it pointed to kept the old
+    contents), else `path`. A temp file renamed onto it goes beside it (the same filesystem)."""
+    return Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
+
+
 @contextlib.contextmanager
 def atomic_open(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Iterator[IO]:
     """Open a temp file beside `path`; on success it replaces `path`, on error it is removed.
@@ -57,9 +64,7 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Iter
     A failed write (a full disk) raises an OSError that names `path`."""
     if mode not in ("w", "wb"):
         raise ValueError(f"atomic_open: mode must be 'w' or 'wb', not {mode!r}")
-    # a rename over a symlink replaced the link with a regular file, and the file it pointed to
-    # kept the old contents: the file is written where the link points
-    target = Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
+    target = write_target(path)  # a symlink stays, the file it points to is replaced
     try:
         kind = os.stat(target).st_mode
     except OSError:  # a new file

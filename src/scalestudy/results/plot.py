@@ -20,7 +20,7 @@ from pathlib import Path
 
 from scalestudy import log, vocab
 from scalestudy.errors import AnalysisError
-from scalestudy.files import check_outputs, number
+from scalestudy.files import check_outputs, number, write_target
 from scalestudy.results.analyze import PROFILE_CATEGORIES, read_csv, read_table
 
 logger = log.get(__name__)
@@ -539,13 +539,18 @@ def _os_error(exc: BaseException | None) -> OSError | None:
 
 def _save_both(fig, paths: list[Path]) -> None:
     """savefig to a temp name beside each path, then rename them all: an interrupted job or a
-    full disk leaves no half figure and no new PNG beside an old PDF, and no temp file."""
-    temps = [path.with_name(f".{path.stem}.tmp{path.suffix}") for path in paths]
+    full disk leaves no half figure and no new PNG beside an old PDF, and no temp file. A
+    symlinked path stays a link and the file it points to gets the figure, as in
+    files.atomic_open."""
+    targets = [write_target(path) for path in paths]
+    temps = [target.with_name(f".{target.stem}.tmp{target.suffix}") for target in targets]
     try:
         for path, tmp in zip(paths, temps, strict=True):
             try:
                 pdf = path.suffix == ".pdf"  # no creation date: the same figure, the same bytes
-                fig.savefig(tmp, metadata={"CreationDate": None} if pdf else None)
+                metadata = {"CreationDate": None} if pdf else None
+                # the figure path's format: a link may point to a name with another suffix
+                fig.savefig(tmp, format=path.suffix[1:], metadata=metadata)
             except Exception as exc:
                 # a full disk names no file (or the temp one), and the PDF backend's clean-up
                 # then fails on its half-written stream: the AttributeError hides the OSError
@@ -553,8 +558,8 @@ def _save_both(fig, paths: list[Path]) -> None:
                 if cause is None:
                     raise
                 raise OSError(cause.errno, cause.strerror, str(path)) from exc
-        for path, tmp in zip(paths, temps, strict=True):
-            tmp.replace(path)
+        for target, tmp in zip(targets, temps, strict=True):
+            tmp.replace(target)
     finally:
         for tmp in temps:
             tmp.unlink(missing_ok=True)
