@@ -10,6 +10,7 @@ predates grad_sync_bytes, so tests add the width-8 value the trainer records (ch
 from __future__ import annotations
 
 import csv
+import json
 import subprocess
 import sys
 
@@ -18,9 +19,10 @@ import pytest
 from conftest import read_metrics, train
 from workflow_helpers import REPO, child_env
 
-from scalestudy import cli, files
+from scalestudy import cli, files, vocab
 from scalestudy.errors import AnalysisError
 from scalestudy.results import model as model_csv
+from scalestudy.results.collect import flatten
 from scalestudy.study import model
 
 P_FULL = 44_695_848  # bytes of fp32 gradients of ResNet-18 (width 64, 10 classes)
@@ -644,6 +646,107 @@ def test_a_backward_share_out_of_range_is_one_clear_error(value):
         AnalysisError, match=rf"has phase_frac_backward = '{value}', not a fraction"
     ):
         model.points(rows)
+
+
+# --- the backward share f_bwd ------------------------------------------------------------------
+H100_RUNS = REPO / "docs/gpu-runs"
+
+
+def _h100_row(path: str, run: str, **cells) -> dict:
+    """A runs.csv row of a real H100 run (its metrics.json as `collect` flattens it), `cells`
+    replaced."""
+    metrics = json.loads((H100_RUNS / path).read_text())
+    row = {**flatten(metrics), "device": metrics["device"]["type"]}
+    return {**row, "run": run, "families": "precision", **cells}
+
+
+def test_runs_captured_whole_give_the_model_another_precisions_backward_share(tmp_path):
+    """Under cuda_graphs auto on CUDA the bf16, tf32 and fp32 runs are whole-step graphs
+    (cuda_graphs_mode step), whose phase_frac_backward is null: the 1-rank tf32 and fp32 runs
+    of the H100 (docs/gpu-runs) gave no compute, so the paper's GPU study had no fit, no
+    held-out error, no advice. Now they take f_bwd from the 1-rank runs of the closest
+    precision that timed it (tf32 -> fp32 -> bf16: here the H100's eager bf16 run), say so, and
+    the fit recovers the communication of multi-rank tf32 steps made with that share."""
+    bf16 = _h100_row("2026-11-26-h100-speed/train-o64e.metrics.json", "w1_lb64_bf16_r0")
+    tf32 = _h100_row("2026-11-27-h100-gpu-check/speed-tf32-lb512.metrics.json", "w1_tf32_r0")
+    fp32 = _h100_row("2026-11-27-h100-gpu-check/ours-fp32.metrics.json", "w1_fp32_r0")
+    for row in (tf32, fp32):
+        assert row["cuda_graphs_mode"] == "step" and row["phase_frac_backward"] is None
+    f_bwd = bf16["phase_frac_backward"]  # 0.52, measured with cuda_graphs off
+    assert bf16["cuda_graphs_mode"] == "off" and 0.5 < f_bwd < 0.6
+    # multi-rank tf32 steps: the model's, from the real 1-rank tf32 step and bf16's share
+    b = tf32["local_batch"]
+    compute = model.Compute("tf32", 0.0, 1 / tf32["throughput_img_s"], None, 0, None, f_bwd, (), "")
+    rows = [bf16, tf32, fp32]
+    for n, nodes in ((2, 1), (4, 1), (8, 2), (16, 4)):
+        for cap in (1, 5, 25):
+            pt = model.Point("tf32", b, n, nodes, cap, P_FULL, (), (), 0, None, None)
+            step = model.model_step(TRUE, compute, pt)[0]
+            cells = dict(world_size=n, nodes=nodes, global_batch=n * b, bucket_cap_mb=cap)
+            run = f"w{n}_bk{cap}_tf32_r0"
+            rows.append(_h100_row("2026-11-27-h100-gpu-check/speed-tf32-lb512.metrics.json",
+                                  run, **cells, throughput_img_s=n * b / step))  # fmt: skip
+    files.write_csv(tmp_path / "runs.csv", None, rows)
+
+    fit = model.fit_study(read(tmp_path / "runs.csv"))
+    assert fit is not None and fit.identified == (True, True, True)
+    np.testing.assert_allclose(fit.theta, TRUE, rtol=1e-4)
+    for precision in ("tf32", "fp32"):
+        c = fit.compute[precision]
+        assert c.f_bwd == pytest.approx(f_bwd) and c.f_bwd_from == "bf16"
+        assert c.note.endswith(
+            f"f_bwd from the 1-rank bf16 runs: the 1-rank {precision} runs ran as whole-step "
+            "CUDA graphs (cuda_graphs_mode step), which time no phases"
+        )
+    assert fit.compute["bf16"].f_bwd_from == "" and "f_bwd" not in fit.compute["bf16"].note
+
+    argv = ["model", "--runs", str(tmp_path / "runs.csv"), "--out-dir", str(tmp_path)]
+    assert cli.main(argv) == 0
+    out = read(tmp_path / "model.csv")
+    by = {(r["name"], r["precision"]): r for r in out if r["kind"] == "parameter"}
+    assert float(by[("backward_frac", "tf32")]["value"]) == pytest.approx(f_bwd)
+    assert by[("backward_frac", "tf32")]["note"].startswith("mean of the 1-rank bf16 runs")
+    assert "cuda_graphs_mode step" in by[("compute_c0_s", "tf32")]["note"]
+    assert by[("backward_frac", "bf16")]["note"] == "mean of 1-rank runs"
+    fitted = [r for r in out if r["kind"] == "fit" and r["world_size"] != "1"]
+    assert len(fitted) == 12 and all(abs(float(r["rel_error"])) < 1e-6 for r in fitted)
+    assert not [r for r in out if r["kind"] == "not_modelled"]
+
+
+def _no_backward(precision: str, mode: str | None, sizes=(1, 2, 4)) -> list[dict]:
+    """synthetic_rows of `precision` without phase_frac_backward, cuda_graphs_mode `mode`."""
+    rows = synthetic_rows(sizes=sizes, caps=(25,), batches=(32, 64))
+    return [
+        dict(r, run=f"{precision}_{r['run']}", precision=precision, phase_frac_backward="",
+             **({"cuda_graphs_mode": mode} if mode else {}))
+        for r in rows
+    ]  # fmt: skip
+
+
+def test_the_backward_share_comes_from_the_closest_precision_that_has_it():
+    """bf16 takes fp16's share, tf32 fp32's (the same operand width first, F_BWD_DONORS),
+    though the other precision's runs have one too; a precision's own share comes first."""
+    shares = {"fp16": "0.5", "fp32": "0.7"}
+    rows = [r for p in ("bf16", "tf32") for r in _no_backward(p, "step")]
+    rows += [dict(r, phase_frac_backward=shares[r["precision"]]) for p in shares
+             for r in _no_backward(p, "compiled")]  # fmt: skip
+    compute = model.fit_compute(model.points(rows)[0])
+    got = {p: (c.f_bwd, c.f_bwd_from) for p, c in compute.items()}
+    assert got == {"bf16": (0.5, "fp16"), "fp16": (0.5, ""), "fp32": (0.7, ""),
+                   "tf32": (0.7, "fp32")}  # fmt: skip
+    # without fp16, bf16 goes on to tf32 (no share of its own), then fp32
+    rows = [r for r in rows if r["precision"] != "fp16"]
+    assert model.fit_compute(model.points(rows)[0])["bf16"].f_bwd_from == "fp32"
+    # with no share in any precision's 1-rank runs there is no compute, and the reason says why
+    # and how to get one
+    alone = model.fit_compute(model.points(_no_backward("bf16", "step"))[0])["bf16"]
+    assert "(they ran as whole-step CUDA graphs (cuda_graphs_mode step)" in alone
+    fix = "run one 1-rank configuration with cuda_graphs off (train.cuda_graphs: false) or in fp16"
+    assert alone.endswith(f"{fix} to give the model its backward share")
+    # the order is a fixed preference over every other precision of the vocabulary
+    assert set(model.F_BWD_DONORS) == set(vocab.PRECISIONS)
+    for precision, donors in model.F_BWD_DONORS.items():
+        assert sorted(donors) == sorted(set(vocab.PRECISIONS) - {precision})
 
 
 def test_no_interval_where_compute_was_never_measured_at_that_batch():

@@ -11,8 +11,10 @@ model.csv, one row per fact, `kind` says which (blank cells: not applicable or n
                                               2 std of 0 (beta then has no value: no upper
                                               bound)
     parameter     compute_c0_s,               per precision: C_p(b) = c0 + c1 b from 1-rank runs
-                  compute_c1_s_per_img,       and the backward share of the step
-                  backward_frac
+                  compute_c1_s_per_img,       and the backward share of the step, another
+                  backward_frac               precision's where its own 1-rank runs timed none
+                                              (whole-step CUDA graphs: backward_frac's note
+                                              says whose, compute_c0_s's why)
     parameter     fit_points, fit_dof,        the fit's size and its relative residual sd
                   fit_residual_rel_sd,        and the level of the lo-hi intervals
                   interval_level
@@ -208,9 +210,17 @@ def _compute_rows(pts: list) -> list[dict]:
         rows += [
             dict(base, name="compute_c0_s", value=c.c0, std=std[0], unit="s", note=c.note),
             dict(base, name="compute_c1_s_per_img", value=c.c1, std=std[1], unit="s/img"),
-            dict(base, name="backward_frac", value=c.f_bwd, unit="1", note="mean of 1-rank runs"),
+            dict(base, name="backward_frac", value=c.f_bwd, unit="1", note=_backward_note(c)),
         ]
     return rows
+
+
+def _backward_note(c) -> str:
+    """Whose 1-rank runs f_bwd is the mean of: its own, or another precision's
+    (study/model.py F_BWD_DONORS; the compute_c0_s row's note says why)."""
+    if c.f_bwd_from:
+        return f"mean of the 1-rank {c.f_bwd_from} runs (compute_c0_s says why)"
+    return "mean of 1-rank runs"
 
 
 def _fit_rows(pts: list, fit) -> list[dict]:

@@ -12,7 +12,21 @@ their sample std kept beside it.
 Compute, per precision, from the 1-rank points (`fit_compute`):
     C_p(b) = c0 + c1 * b               bounded least squares (c0, c1 >= 0), relative residuals
     one local batch only: c0 = 0, c1 = T / b (compute taken proportional to the batch; said so)
-    t_b(b) = f_bwd * C_p(b)            backward time; f_bwd = mean phase_frac_backward of them
+    t_b(b) = f_bwd * C_p(b)            backward time; f_bwd = mean phase_frac_backward of them,
+                                       else of another precision's 1-rank runs (F_BWD_DONORS)
+
+f_bwd, the backward's share of the step, is measured only where the trainer times its phases:
+under cuda_graphs_mode "step" (the whole step one CUDA graph, which cuda_graphs auto picks on
+CUDA for DDP in bf16, tf32 and fp32, not in fp16: trainer/compiling.py graphs_mode)
+phase_frac_backward is null (trainer/train.py), so of the paper's GPU study (config/config.yaml)
+only the fp16 runs measure it. A precision whose 1-rank runs have none takes the mean of the
+1-rank runs of the closest precision that has one, in the fixed order of F_BWD_DONORS (the same
+operand width first), and its Compute's note says so (model.csv: the note of its compute_c0_s
+row). The share is set by the network more than by the arithmetic (a convolution's backward
+computes two gradients, about twice its forward's work, in every precision; the H100's bf16
+1-rank runs that timed their phases measured 0.52-0.56, docs/gpu-runs), so a borrowed share is
+close, not exact. With none in any precision's 1-rank runs the precision has no compute, and
+the reason says to run one 1-rank configuration with cuda_graphs off, or in fp16.
 
 Communication: DDP's bucketed ring all-reduce. P = grad_sync_bytes, B = bucket_cap_mb * 2^20
 (DDP's MiB; with bucket_cap_mb given, torch 2.14 caps the first bucket at B too, distributed.py
@@ -146,6 +160,18 @@ MODELLED_CELLS = {
     **{c: files.POSITIVE for c in ("bucket_cap_mb", "grad_sync_bytes", "throughput_img_s")},
 }
 FIX = "write it again with `scalestudy collect` (snakemake results/csv/runs.csv)"
+# where a precision's 1-rank runs recorded no phase_frac_backward (cuda_graphs_mode step times
+# no phases), the precisions whose 1-rank runs lend it theirs, closest first: the same operand
+# width first (the same bytes per layer, so the same balance of memory-bound batch norm and
+# elementwise work against the convolutions: bf16 <-> fp16, tf32 <-> fp32); then, for the 16-bit
+# ones, tf32 (tensor cores, like them) before fp32; for the 32-bit ones bf16 (no GradScaler,
+# like them) before fp16, whose GradScaler adds its unscale and inf check to every step
+F_BWD_DONORS = {
+    "bf16": ("fp16", "tf32", "fp32"),
+    "fp16": ("bf16", "tf32", "fp32"),
+    "tf32": ("fp32", "bf16", "fp16"),
+    "fp32": ("tf32", "bf16", "fp16"),
+}
 
 
 # --- the measured points ---------------------------------------------------------------------
@@ -164,6 +190,7 @@ class Point:
     step_s: float
     step_std: float | None
     backward_frac: float | None  # mean phase_frac_backward of the repeats
+    graphs_modes: tuple[str, ...] = ()  # the repeats' cuda_graphs_mode (runs.csv), where given
 
 
 def _num(row: dict, column: str) -> float | None:
@@ -262,6 +289,7 @@ def _point(key: tuple, runs: list[dict]) -> Point:
         step_s=step_s,
         step_std=step_s * statistics.stdev(xs) / x_mean if len(xs) > 1 else None,
         backward_frac=statistics.fmean(backward) if backward else None,
+        graphs_modes=tuple(sorted({m for r in runs if (m := r.get("cuda_graphs_mode"))})),
     )
 
 
@@ -279,6 +307,7 @@ class Compute:
     f_bwd: float
     batches: tuple[int, ...]
     note: str
+    f_bwd_from: str = ""  # the precision whose 1-rank runs gave f_bwd ("": its own; note: why)
 
     def time(self, b: float) -> float:
         return self.c0 + self.c1 * b
@@ -289,27 +318,61 @@ class Compute:
 
 
 def fit_compute(pts: list[Point]) -> dict[str, Compute | str]:
-    """precision -> its Compute, or why it has none."""
+    """precision -> its Compute, or why it has none. f_bwd: the mean phase_frac_backward of its
+    1-rank runs, else of the 1-rank runs of the first precision of F_BWD_DONORS[precision]
+    that has one (the note says so), else none."""
+    ones, fracs = defaultdict(list), defaultdict(list)
+    for p in pts:
+        if p.world_size == 1:
+            ones[p.precision].append(p)
+            if p.backward_frac is not None:
+                fracs[p.precision].append(p.backward_frac)
     out: dict[str, Compute | str] = {}
     for precision in sorted({p.precision for p in pts}):
-        ones = [p for p in pts if p.precision == precision and p.world_size == 1]
-        fracs = [p.backward_frac for p in ones if p.backward_frac is not None]
-        if not ones:
+        if not ones[precision]:
             out[precision] = f"no 1-rank run of precision {precision} to take its compute from"
-        elif not fracs:
-            out[precision] = f"no phase_frac_backward in the 1-rank {precision} runs"
-        else:
-            out[precision] = _linear_compute(precision, ones, statistics.fmean(fracs))
+            continue
+        if fracs[precision]:
+            f_bwd = statistics.fmean(fracs[precision])
+            out[precision] = _linear_compute(precision, ones[precision], f_bwd)
+            continue
+        untimed = _untimed(ones[precision])
+        donor = next((d for d in F_BWD_DONORS.get(precision, ()) if fracs[d]), None)
+        if donor is None:
+            out[precision] = (
+                f"no phase_frac_backward in the 1-rank {precision} runs (they {untimed}) nor in "
+                "a 1-rank run of another precision to take it from: run one 1-rank configuration "
+                "with cuda_graphs off (train.cuda_graphs: false) or in fp16 to give the model "
+                "its backward share"
+            )
+            continue
+        f_bwd = statistics.fmean(fracs[donor])
+        why = f"the 1-rank {precision} runs {untimed}"
+        out[precision] = _linear_compute(precision, ones[precision], f_bwd, donor, why)
     return out
 
 
-def _linear_compute(precision: str, ones: list[Point], f_bwd: float) -> Compute:
+def _untimed(ones: list[Point]) -> str:
+    """Why 1-rank runs have no phase_frac_backward, as far as runs.csv says."""
+    if {m for p in ones for m in p.graphs_modes} == {"step"}:
+        return "ran as whole-step CUDA graphs (cuda_graphs_mode step), which time no phases"
+    return "recorded none"
+
+
+def _linear_compute(
+    precision: str, ones: list[Point], f_bwd: float, donor: str = "", why: str = ""
+) -> Compute:
+    """The Compute of a precision's 1-rank points; `donor` the precision whose 1-rank runs gave
+    f_bwd ("": its own), `why` its own have none."""
     b = np.array([p.local_batch for p in ones], float)
     t = np.array([p.step_s for p in ones])
     batches = tuple(sorted({p.local_batch for p in ones}))
+    f_note = f"f_bwd from the 1-rank {donor} runs: {why}" if donor else ""
     if len(batches) == 1:
         note = f"one local batch ({batches[0]}): compute taken proportional to it (c0 = 0)"
-        return Compute(precision, 0.0, float(np.mean(t / b)), None, 0, None, f_bwd, batches, note)
+        note = "; ".join(filter(None, (note, f_note)))
+        c1 = float(np.mean(t / b))
+        return Compute(precision, 0.0, c1, None, 0, None, f_bwd, batches, note, donor)
     from scipy import optimize  # inside: see the note on scipy at the top
 
     a = np.column_stack([1 / t, b / t])  # relative residuals: (c0 + c1 b) / T - 1
@@ -320,7 +383,7 @@ def _linear_compute(precision: str, ones: list[Point], f_bwd: float) -> Compute:
         s2 = float(np.sum(sol.fun**2)) / dof
         cov, sd = s2 * np.linalg.pinv(a.T @ a), math.sqrt(s2)
     c0, c1 = (float(v) for v in sol.x)
-    return Compute(precision, c0, c1, cov, dof, sd, f_bwd, batches, "")
+    return Compute(precision, c0, c1, cov, dof, sd, f_bwd, batches, f_note, donor)
 
 
 # --- communication ---------------------------------------------------------------------------
