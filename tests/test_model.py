@@ -749,6 +749,50 @@ def test_the_backward_share_comes_from_the_closest_precision_that_has_it():
         assert sorted(donors) == sorted(set(vocab.PRECISIONS) - {precision})
 
 
+@pytest.mark.parametrize(
+    "mode, why",
+    [
+        ("step", "they ran as whole-step CUDA graphs (cuda_graphs_mode step), which time no "
+                 "phases"),
+        (None, "they recorded none"),
+    ],
+)  # fmt: skip
+def test_no_backward_share_in_any_precision_is_said_with_the_fix(tmp_path, capsys, mode, why):
+    """With no phase_frac_backward in any 1-rank run, model.csv's "no fit" row blamed a missing
+    1-rank run ("no multi-rank ddp configuration with a 1-rank run of its precision") though
+    the runs were there, the log said "modelled 19 configurations (0 runs not)" and model.csv
+    had no not_modelled row. Now each says the real cause and how to get the share."""
+    rows = _no_backward("bf16", mode)
+    reason = (
+        f"no phase_frac_backward in the 1-rank bf16 runs ({why}) nor in a 1-rank run of "
+        "another precision to take it from: run one 1-rank configuration with cuda_graphs off "
+        "(train.cuda_graphs: false) or in fp16 to give the model its backward share"
+    )
+    assert model.fit_points(model.points(rows)[0]) == reason
+    write_rows(tmp_path / "runs.csv", rows)
+    argv = ["model", "--runs", str(tmp_path / "runs.csv"), "--out-dir", str(tmp_path)]
+    capsys.readouterr()
+    assert cli.main(argv) == 0
+    logged = capsys.readouterr()
+    configurations = len({(r["world_size"], r["local_batch"]) for r in rows})  # 6
+    assert f"modelled 0 configurations (0 runs and {configurations} configurations not" in (
+        logged.out
+    )
+    assert f"no scaling fit: {reason}" in logged.err
+    out = read(tmp_path / "model.csv")
+    by = {(r["kind"], r["name"]): r for r in out}
+    assert by[("parameter", "fit")]["note"] == f"no fit: {reason}"
+    not_modelled = [r for r in out if r["kind"] == "not_modelled"]
+    assert sorted(r["name"] for r in not_modelled) == sorted(r["run"] for r in rows)
+    assert all(r["note"] == reason for r in not_modelled)
+
+
+def test_a_fit_without_multi_rank_runs_says_so():
+    assert model.fit_points(model.points(synthetic_rows(sizes=(1,)))[0]) == (
+        "no multi-rank ddp configuration"
+    )
+
+
 def test_no_interval_where_compute_was_never_measured_at_that_batch():
     """One 1-rank local batch: compute is taken proportional to it (c0 = 0), with no variance.
     At another batch the prediction carries that guess's bias, and its "95 %" interval of the

@@ -28,7 +28,10 @@ model.csv, one row per fact, `kind` says which (blank cells: not applicable or n
     holdout       the family                  its largest world size predicted by a fit without
                                               any run there; note "not validated: ..." when it
                                               cannot be
-    not_modelled  the run                     note: why (strategy, no grad_sync_bytes, ...)
+    not_modelled  the run, or the             note: why (strategy, no grad_sync_bytes, ..., or
+                  configuration's runs        no compute of its precision: the 1-rank runs'
+                                              reason, e.g. no phase_frac_backward); the log
+                                              line counts them
     columns: MODEL_COLUMNS. rel_error = predicted / measured - 1.
 
 bucket_advice.csv, one row per multi-rank (world_size, nodes) x bucket-family (precision,
@@ -107,21 +110,29 @@ def run(args: argparse.Namespace) -> int:
     check_runs(rows, args.runs, ("strategy", "precision"), numbers, optional)
     pts, skipped = model.points(rows)  # an AnalysisError: one line, before anything is written
     fit = model.fit_points(pts)
-    table = model_table(pts, skipped, fit)
+    # configurations without a compute of their precision: no fit row, a not_modelled one
+    unmodelled = model.without_compute(pts, model.fit_compute(pts))
+    table = model_table(pts, [*skipped, *unmodelled], fit)
     advice = [vars(a) for a in model.advise(None if isinstance(fit, str) else fit, pts)]
     out = Path(args.out_dir)
     files.check_outputs([out / "model.csv", out / "bucket_advice.csv"], AnalysisError)
     files.write_csv(out / "model.csv", MODEL_COLUMNS, table, cell)
     files.write_csv(out / "bucket_advice.csv", ADVICE_COLUMNS, map(_advice_row, advice), cell)
-    logger.info(f"modelled {len(pts)} configurations ({len(skipped)} runs not) -> {out}")
+    logger.info(
+        f"modelled {len(pts) - len(unmodelled)} configurations ({len(skipped)} runs and "
+        f"{len(unmodelled)} configurations not: model.csv's not_modelled rows say why) -> {out}"
+    )
+    if isinstance(fit, str):
+        logger.warning(f"no scaling fit: {fit}")
     return 0
 
 
-def model_table(pts: list, skipped: list, fit) -> list[dict]:
+def model_table(pts: list, not_modelled: list, fit) -> list[dict]:
+    """model.csv's rows; `not_modelled`: (run or configuration, why), the runs model.points
+    skipped and the configurations without a compute of their precision (1-rank ones too,
+    with or without a fit: model.without_compute)."""
     rows = [_param_rows(fit), _compute_rows(pts), _fit_rows(pts, fit), _holdout_rows(pts)]
-    if not isinstance(fit, str):
-        skipped = [*skipped, *fit.skipped]  # configurations without a compute of their precision
-    rows.append([dict(kind="not_modelled", name=run, note=why) for run, why in skipped])
+    rows.append([dict(kind="not_modelled", name=run, note=why) for run, why in not_modelled])
     return [row for group in rows for row in group]
 
 

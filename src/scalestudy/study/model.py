@@ -547,9 +547,11 @@ def fit_points(pts: list[Point]) -> Fit | str:
     compute = fit_compute(pts)
     multi = [p for p in pts if p.world_size > 1]
     used = [p for p in multi if isinstance(compute.get(p.precision), Compute)]
-    skipped = tuple((_label(p), compute[p.precision]) for p in multi if p not in used)
-    if not used:
-        return "no multi-rank ddp configuration with a 1-rank run of its precision"
+    skipped = tuple(without_compute(multi, compute))
+    if not multi:
+        return "no multi-rank ddp configuration"
+    if not used:  # why each precision of the multi-rank points has no compute
+        return "; ".join(dict.fromkeys(why for _, why in skipped))
     free = np.array([True, any(p.nodes == 1 for p in used), any(p.nodes > 1 for p in used)])
     res, jac = _objective(used, compute, free)
     from scipy import optimize  # inside: see the note on scipy at the top
@@ -565,6 +567,12 @@ def fit_points(pts: list[Point]) -> Fit | str:
     theta[free] = best.x * SCALE[free]
     fit = _uncertainty(compute, theta, free, best.fun, best.jac, used, skipped)
     return dataclasses.replace(fit, below_compute=tuple(below_compute(compute, used)))
+
+
+def without_compute(pts: list[Point], compute: dict) -> list[tuple[str, str]]:
+    """(configuration, why) of the points whose precision has no Compute (`fit_compute`'s
+    reason): the fit leaves them out and model.csv has no row of theirs but this."""
+    return [(_label(p), c) for p in pts if isinstance(c := compute.get(p.precision), str)]
 
 
 def _shorter(p: Point, cb: float) -> str:
