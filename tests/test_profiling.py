@@ -618,6 +618,50 @@ def test_missing_kernel_summary_is_an_error(tmp_path):
             nsys.parse_nsys(named, "r")
 
 
+GPU_SUM_HEADER = (
+    "Time (%),Total Time (ns),Instances,Avg (ns),Med (ns),Min (ns),Max (ns),StdDev (ns),"
+    "Category,Operation"
+)
+
+
+def write_gpu_sum(path: Path, stats: Path) -> None:
+    """A HAND-MADE `nsys stats --report cuda_gpu_sum` table (columns from the Nsight Systems
+    Analysis Guide; no capture): the kernel and memory summaries' rows in stats, in one table."""
+    rows = [GPU_SUM_HEADER.split(",")]
+    for name, category in (("cuda_gpu_kern_sum", "CUDA_KERNEL"), ("mem_time_sum", "MEMORY_OPER")):
+        table = list(csv.reader(next(stats.glob(f"*_{name}.csv")).read_text().splitlines()))
+        top = next(i for i, row in enumerate(table) if row[:1] == ["Time (%)"])
+        rows += [row[:8] + [category, row[-1]] for row in table[top + 1 :]]
+    with path.open("w", newline="") as f:
+        csv.writer(f, lineterminator="\n").writerows(rows)
+
+
+def test_the_combined_gpu_summary_is_left_out_or_refused_by_name(tmp_path):
+    """cuda_gpu_sum / cuda_api_gpu_sum hold kernels and memory operations in one table (a
+    Category column): read as a memory summary, its kernel rows were added to the kernel
+    summary's (every kernel counted twice), or it was blamed as a second memory summary."""
+    stats = tmp_path / "stats"
+    stats.mkdir()
+    for f in (FIX / "nsys-2024.5").glob("nsys_rank0_*.csv"):
+        (stats / f.name).write_bytes(f.read_bytes())
+    alone = nsys.parse_nsys(stats, "r")
+    assert nsys.nsys_table_kind(GPU_SUM_HEADER.split(",")) is None
+    for report in ("cuda_gpu_sum", "cuda_api_gpu_sum"):
+        write_gpu_sum(stats / f"nsys_rank0_{report}.csv", stats)
+    # beside the kernel and memory summaries: another report, left out
+    assert nsys.parse_nsys(stats, "r") == alone
+    # where it would be the only source of kernels: refused in one line naming it
+    given = stats / "nsys_rank0_cuda_gpu_sum.csv"
+    for where in (given, stats):
+        if where == stats:
+            (stats / "nsys_rank0_cuda_gpu_kern_sum.csv").unlink()
+        with pytest.raises(ProfileFormatError) as err:
+            nsys.parse_nsys(where, "r")
+        message = str(err.value)
+        assert "\n" not in message and "cuda_gpu_sum" in message and "cuda_gpu_kern_sum" in message
+        assert "Category" in message
+
+
 def _profile_parse(*argv: str) -> argparse.Namespace:
     """The arguments of `scalestudy profile parse ARGV...`, as the CLI parses them."""
     words = ["profile", "parse", *argv]

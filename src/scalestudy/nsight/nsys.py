@@ -3,7 +3,10 @@ profile_ranges rows.
 
 Kernels: cuda_gpu_kern_sum and cuda_gpu_mem_time_sum (or the pre-2023.1 gpukernsum,
 gpumemtimesum: a file is recognised by its header, not its name) of one run, one file or a
-directory of them (rank from `rank<r>` in the file name). Schemas: schema.py.
+directory of them (rank from `rank<r>` in the file name). Schemas: schema.py. Not read:
+cuda_gpu_sum / cuda_api_gpu_sum, kernels and memory operations in one table (a Category
+column), the time of those two summaries again; where it would be the only source of kernels
+it is refused by name.
 
 The phase ranges of a rank, the first of these the directory holds for it:
   nsys_rank<r>.sqlite  the report's SQLite export (`nsys export --type sqlite`, or `nsys stats
@@ -43,7 +46,10 @@ from scalestudy.nsight.readers import (
 
 def nsys_table_kind(header: list[str]) -> str | None:
     """kern (cuda_gpu_kern_sum / gpukernsum), mem (cuda_gpu_mem_time_sum / gpumemtimesum),
-    nvtx (nvtx_sum / nvtxsum), proj (nvtx_gpu_proj_sum), or None."""
+    nvtx (nvtx_sum / nvtxsum), proj (nvtx_gpu_proj_sum), or None (another report; among them
+    the combined summaries, is_combined_summary)."""
+    if "Category" in header:  # cuda_gpu_sum / cuda_api_gpu_sum: its kernels would count twice
+        return None
     if any(h.startswith("Total Proj Time (") for h in header):
         return "proj" if "Range" in header and "Range Instances" in header else None
     has_time = any(h.startswith("Total Time (") for h in header)
@@ -58,8 +64,32 @@ def nsys_table_kind(header: list[str]) -> str | None:
     return None
 
 
+def is_combined_summary(header: list[str]) -> bool:
+    """Whether header is that of cuda_gpu_sum / cuda_api_gpu_sum: kernels and memory
+    operations in one table, told apart by a Category column (the Nsight Systems Analysis
+    Guide); the same time as the kernel and memory summaries, so never read beside them."""
+    has_time = any(h.startswith("Total Time (") for h in header)
+    return has_time and "Category" in header and "Operation" in header
+
+
 def _is_nsys_header(cells: list[str]) -> bool:
     return nsys_table_kind(cells) is not None
+
+
+# how to make the tables read here (an error's fixing command)
+MAKE_STATS = (
+    "make them with `nsys stats --report cuda_gpu_kern_sum --report cuda_gpu_mem_time_sum "
+    "--report nvtx_sum --format csv --output <dir>/nsys_rank<r> <report>.nsys-rep` (or "
+    "`scalestudy profile capture`)"
+)
+COMBINED = (
+    "nsys stats' cuda_gpu_sum / cuda_api_gpu_sum (kernels and memory operations in one table, "
+    "a Category column) is not read; the summaries read here: "
+)
+
+
+class CombinedSummaryError(ProfileFormatError):
+    """A cuda_gpu_sum / cuda_api_gpu_sum table where a table read here was expected."""
 
 
 def read_nsys_table(path: str | Path) -> tuple[str, list[dict]]:
@@ -67,7 +97,11 @@ def read_nsys_table(path: str | Path) -> tuple[str, list[dict]]:
     total_ns: "Total Time" (kernels, memory operations, host NVTX ranges) or, of proj,
     "Total Proj Time" (the ranges' GPU time)."""
     path = Path(path)
-    header, rows = rows_after_header(path, _is_nsys_header, "nsys stats")
+    header, rows = rows_after_header(
+        path, lambda cells: _is_nsys_header(cells) or is_combined_summary(cells), "nsys stats"
+    )
+    if is_combined_summary(header):
+        raise CombinedSummaryError(path, None, COMBINED + MAKE_STATS)
     kind = nsys_table_kind(header)
     time_col = "Total Proj Time (" if kind == "proj" else "Total Time ("
     j_time = col(header, time_col, prefix=True)
@@ -127,13 +161,7 @@ def nsys_stats_files(input_path: str | Path) -> list[Path]:
     if p.is_dir():
         found = sorted(p.glob("*.csv"))
         if not found:
-            raise ProfileFormatError(
-                p,
-                None,
-                "no nsys stats CSV here; make them with `nsys stats --report cuda_gpu_kern_sum "
-                "--report cuda_gpu_mem_time_sum --report nvtx_sum --format csv --output "
-                "<dir>/nsys_rank<r> <report>.nsys-rep` (or `scalestudy profile capture`)",
-            )
+            raise ProfileFormatError(p, None, f"no nsys stats CSV here; {MAKE_STATS}")
         return found
     if not p.exists():
         raise ProfileFormatError(p, None, "no such file (made by `scalestudy profile capture`)")
@@ -161,17 +189,18 @@ def parse_nsys(input_path: str | Path, run: str) -> tuple[list[dict], list[dict]
     (profile_kernels rows, profile_ranges rows). Of a directory, a CSV named after another
     report and of no table read here is left out (a file given outright is refused), a memory
     or NVTX table that nsys stats SKIPPED (no such data in the window) is an empty one, and no
-    kernel summary at all, or a skipped one, is refused; a second table of one kind for one
-    rank (a copy, or an old nsys's names beside a new one's) is refused: it would count
-    twice."""
+    kernel summary at all, or a skipped one, is refused (naming a combined cuda_gpu_sum left
+    out); a second table of one kind for one rank (a copy, or an old nsys's names beside a new
+    one's) is refused: it would count twice."""
     kernels: dict[int, list[dict]] = {}
     ranges: dict[str, dict[int, list[dict]]] = {"export": {}, "proj": {}, "nvtx": {}}
     kinds: dict[int, dict[str, Path]] = {}
     given_file = Path(input_path).is_file()  # a file given outright must be a table read here
+    combined: list[Path] = []  # cuda_gpu_sum / cuda_api_gpu_sum left out
     for f in nsys_stats_files(input_path):
         try:
             kind, rows = read_nsys_table(f)
-        except ProfileFormatError:
+        except ProfileFormatError as exc:
             # nsys stats says "SKIPPED: ... does not contain NVTX data" when the window recorded
             # no NVTX range (no ranges: `scalestudy profile parse` warns), "... GPU memory data"
             # when it made no memcpy or memset: that table is empty, as if its file were
@@ -179,6 +208,8 @@ def parse_nsys(input_path: str | Path, run: str) -> tuple[list[dict], list[dict]
             if _names(f, SKIPPABLE_REPORTS) and skipped_line(read_text(f).splitlines()):
                 continue
             if not given_file and not _names(f, READ_REPORTS):
+                if isinstance(exc, CombinedSummaryError):
+                    combined.append(f)
                 continue  # another report (cuda_api_sum, osrt_sum, ...): not read here
             raise
         rank = rank_of(f)
@@ -193,15 +224,15 @@ def parse_nsys(input_path: str | Path, run: str) -> tuple[list[dict], list[dict]
         else:
             named = ({**r, "name": strip_domain(r["name"])} for r in rows)
             ranges[kind].setdefault(rank, []).extend(named)
-    if not kinds:  # only other reports, or a skipped NVTX table: 0 kernels is no profile
+    # only other reports, or a skipped NVTX table: 0 kernels is no profile
+    missing = [f"rank {rank}: " for rank, seen in kinds.items() if "kern" not in seen]
+    if not kinds or missing:
+        where = (missing or [""])[0]
+        # a combined summary left out: the kernels are there, in a table not read
+        also = f"; {combined[0].name}: {COMBINED}{MAKE_STATS}" if combined else ""
         raise ProfileFormatError(
-            input_path, None, "no kernel summary (cuda_gpu_kern_sum / gpukernsum) in it"
+            input_path, None, f"{where}no kernel summary (cuda_gpu_kern_sum / gpukernsum){also}"
         )
-    for rank, seen in kinds.items():
-        if "kern" not in seen:
-            raise ProfileFormatError(
-                input_path, None, f"rank {rank}: no kernel summary (cuda_gpu_kern_sum / gpukernsum)"
-            )
     if Path(input_path).is_dir():
         for f in sorted(Path(input_path).glob("*.sqlite")):
             phases = export_phases(f)
