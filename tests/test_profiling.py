@@ -311,6 +311,27 @@ def test_nsys_old_report_names_and_grid_columns():
     assert {r["time_base"] for r in ranges} == {"host_range"}  # no nvtx_gpu_proj_sum there
 
 
+def test_nsys_2021_memory_summary_counts_operations():
+    """nsys 2021.x's gpumemtimesum (the report the capture asks an nsys before 2023.1 for)
+    names its count column Operations: the whole parse failed with "no nsys stats header
+    found". Fixture nsys-2021-handmade: HAND-MADE from that documented header, not a capture."""
+    stats = FIX / "nsys-2021-handmade"
+    mem = stats / "nsys_rank0_gpumemtimesum.csv"
+    header = mem.read_text().splitlines()[0].split(",")
+    assert "Operations" in header and "Count" not in header and "Instances" not in header
+    assert nsys.nsys_table_kind(header) == "mem"
+    with mem.open(newline="") as f:
+        want = {
+            r["Operation"]: (int(r["Operations"]), float(r["Total Time (ns)"]))
+            for r in csv.DictReader(f)
+        }
+    kernels, ranges = nsys.parse_nsys(stats, "r2021")
+    got = {
+        r["kernel"]: (r["instances"], r["total_ns"]) for r in kernels if r["category"] == "memcpy"
+    }
+    assert got == want and len(kernels) == len(want) + 3 and ranges == []
+
+
 def test_nsys_timeunit_ms_and_domain_prefix(tmp_path):
     kernels, ranges = nsys.parse_nsys(FIX / "nsys-2025.1-ms", "ms")
     assert kernels[0]["total_ns"] == 12_500_000 and kernels[0]["category"] == "conv"

@@ -2,11 +2,11 @@
 profile_ranges rows.
 
 Kernels: cuda_gpu_kern_sum and cuda_gpu_mem_time_sum (or the pre-2023.1 gpukernsum,
-gpumemtimesum: a file is recognised by its header, not its name) of one run, one file or a
-directory of them (rank from `rank<r>` in the file name). Schemas: schema.py. Not read:
-cuda_gpu_sum / cuda_api_gpu_sum, kernels and memory operations in one table (a Category
-column), the time of those two summaries again; where it would be the only source of kernels
-it is refused by name.
+gpumemtimesum, whose 2021.x count column is Operations: a file is recognised by its header, not
+its name) of one run, one file or a directory of them (rank from `rank<r>` in the file name).
+Schemas: schema.py. Not read: cuda_gpu_sum / cuda_api_gpu_sum, kernels and memory operations
+in one table (a Category column), the time of those two summaries again; where it would be the
+only source of kernels it is refused by name.
 
 The phase ranges of a rank, the first of these the directory holds for it:
   nsys_rank<r>.sqlite  the report's SQLite export (`nsys export --type sqlite`, or `nsys stats
@@ -57,7 +57,8 @@ def nsys_table_kind(header: list[str]) -> str | None:
         return None
     if "Instances" in header and "Name" in header:
         return "kern"
-    if "Operation" in header and ("Count" in header or "Instances" in header):
+    # the count of a memory summary: Count (2022+), Operations (2021.x's gpumemtimesum)
+    if "Operation" in header and any(c in header for c in ("Count", "Instances", "Operations")):
         return "mem"
     if "Range" in header and ("Instances" in header or "Count" in header):
         return "nvtx"
@@ -106,7 +107,9 @@ def read_nsys_table(path: str | Path) -> tuple[str, list[dict]]:
     time_col = "Total Proj Time (" if kind == "proj" else "Total Time ("
     j_time = col(header, time_col, prefix=True)
     unit = header[j_time][len(time_col) : -1]
-    j_count = col(header, "Range Instances" if kind == "proj" else "Instances", "Count")
+    j_count = col(
+        header, "Range Instances" if kind == "proj" else "Instances", "Count", "Operations"
+    )
     j_name = col(header, {"kern": "Name", "mem": "Operation"}.get(kind, "Range"))
     out = []
     for line, cells in rows:
