@@ -223,6 +223,32 @@ def test_classifier_on_real_names(name, category):
 
 
 @pytest.mark.parametrize(
+    "name",
+    [
+        # NCCL's kernels as Itanium symbols (nsys `cuda_gpu_kern_sum:mangled`, or a name the
+        # profiler could not demangle: jobs/profile.ncu_name_base expects them), mangled by hand
+        # from NCCL 2.19+'s ncclDevKernel_*(ncclDevKernelArgsStorage<4096ul>) and older NCCL's
+        # ncclKernel_*(ncclWorkElem); the prefix is the name's length
+        "_Z43ncclDevKernel_ReduceScatter_Sum_f32_RING_LL24ncclDevKernelArgsStorageILm4096EE",
+        "_Z31ncclDevKernel_Broadcast_RING_LL24ncclDevKernelArgsStorageILm4096EE",
+        "_Z21ncclDevKernel_Generic24ncclDevKernelArgsStorageILm4096EE",
+        "_Z39ncclKernel_Broadcast_RING_LL_Sum_int8_t12ncclWorkElem",
+    ],
+)
+def test_a_mangled_nccl_kernel_is_nccl_and_never_a_top_kernel(name):
+    """The NCCL rule was anchored (^nccl): mangled, these were reduce or other, and top_kernels
+    handed them to ncu, which serialises launches (a profiled NCCL kernel waits for its peers
+    forever)."""
+    assert classify(name) == "nccl"
+    conv = "sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc_tilesize128x128x64"
+    rows = [
+        {"kernel": name, "category": classify(name), "total_ns": 9e6},
+        {"kernel": conv, "category": classify(conv), "total_ns": 3e6},
+    ]
+    assert schema.top_kernels(rows, 2) == [conv]
+
+
+@pytest.mark.parametrize(
     "text, value, unit",
     [
         ("1,234.5", 1234.5, ""),

@@ -30,12 +30,20 @@ import re
 # - cuDNN's bundled CUTLASS and XMMA kernels (namespaces and names with `_5x_cudnn`: implicit-GEMM
 #   fprop/dgrad/wgrad, their split-K reduction ReduceSplitK) and its layout helpers
 #   (nchwToNhwc, nhwcAddPaddingKernel) are conv: PyTorch calls cuDNN for convolutions only.
+# - NCCL's kernels (ncclDevKernel_*, older ncclKernel_*) are nccl wherever the name holds them:
+#   as an Itanium symbol (`_Z43ncclDevKernel_ReduceScatter_...`, nsys's :mangled names or one
+#   the profiler could not demangle) they start with _Z<length>, and as reduce or other
+#   schema.top_kernels would hand one to ncu, whose serialised launch waits for its peers.
 # - only the name is read, not its parameter list: "cudnn::reduced_divisor" among a layout
 #   kernel's parameters made it a reduction.
 
 _CATEGORY_PATTERNS = [
     ("compiled", r"^## call compiledfxgraph "),
-    ("nccl", r"^nccl|^gloo:|^c10d::|allreduce|all_reduce|allgather|all_gather|reduce_scatter"),
+    (
+        "nccl",
+        r"^nccl|nccl(dev)?kernel|^gloo:|^c10d::|allreduce|all_reduce|allgather|all_gather"
+        r"|reduce_scatter",
+    ),
     ("memcpy", r"memcpy|memset|^aten::copy_$|^aten::_to_copy$"),
     ("batchnorm", r"^(triton_|cpp_fused_)\w*batch_norm"),
     (
