@@ -354,6 +354,8 @@ def test_collect_of_a_damaged_run_table_is_one_line_naming_the_line(tmp_path, ca
         err = capsys.readouterr().err
         assert err.startswith(f"scalestudy collect: {path}") and says in err, err
         assert "scalestudy matrix" in err and not csv.exists()
+        # Snakemake keeps a damaged table (params unchanged): the fix forces the rule
+        assert "snakemake --forcerun=matrix" in err and f"--out {path}`" in err
         assert "Traceback" not in err
 
 
@@ -384,3 +386,65 @@ def test_config_files_layer_as_the_workflow_layers_them(tmp_path, capsys):
     broken.write_text("train:\n  epochs: [1\n")
     assert main(["matrix", "--config", demo, "--config", str(broken), "--out", str(out)]) == 2
     assert f"{broken}, line" in capsys.readouterr().err
+
+
+def test_cli_without_out_previews_and_leaves_the_workflows_table_alone(tmp_path, monkeypatch):
+    """`scalestudy matrix` wrote results/matrix/runs.tsv by default, the output of the
+    workflow's rule `matrix`: a preview of the paper study after a demo run replaced the demo's
+    table, Snakemake (file newer, params unchanged) kept it, and collect asked for the paper's
+    runs. Now the table goes to stdout, the summary to stderr, and no file is written."""
+    import contextlib
+    import io
+
+    from scalestudy.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    table = tmp_path / "results" / "matrix" / "runs.tsv"
+    demo_rows = build_run_table(load_and_validate(ROOT / "config" / "demo.yaml"))
+    write_runs_tsv(demo_rows, table)  # what snakemake --configfile config/demo.yaml wrote
+    before = table.read_bytes()
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        assert main(["matrix", "--config", str(ROOT / "config" / "config.yaml")]) == 0
+    assert table.read_bytes() == before
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == [
+        "results",
+        "results/matrix",
+        "results/matrix/runs.tsv",
+    ]
+    preview = tmp_path / "preview.tsv"
+    preview.write_text(out.getvalue())
+    paper = build_run_table(load_and_validate(ROOT / "config" / "config.yaml"))
+    assert read_runs_tsv(preview) == paper and len(paper) != len(demo_rows)
+    summary = err.getvalue().splitlines()
+    assert [line.split()[0] for line in summary] == [*vocab.FAMILIES, "total"]
+    assert f"{len(paper)} runs" in summary[-1]
+
+
+def test_cli_preview_into_a_closed_pipe_is_quiet(tmp_path):
+    """`scalestudy matrix --config ... | head -1`: the reader gone, the write of the table is
+    no error (no traceback, no "Exception ignored" at exit)."""
+    import os
+    import subprocess
+    import sys
+
+    argv = [
+        sys.executable,
+        "-m",
+        "scalestudy",
+        "matrix",
+        "--config",
+        str(ROOT / "config/demo.yaml"),
+    ]
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader left before the first byte
+    try:
+        proc = subprocess.run(
+            argv, cwd=tmp_path, stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120,
+        )  # fmt: skip
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr
+    assert proc.stderr.splitlines()[-1].startswith("total")
+    assert not list(tmp_path.iterdir())  # a preview writes no file

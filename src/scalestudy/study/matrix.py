@@ -1,17 +1,27 @@
-"""`scalestudy matrix`: write the run table of a study config (study/runs.py builds it).
+"""`scalestudy matrix`: the run table of a study config (study/runs.py builds it).
 
-scalestudy matrix --config config/demo.yaml --set dataset=synthetic   # -> results/matrix/
+scalestudy matrix --config config/demo.yaml --set dataset=synthetic   # table -> stdout
+scalestudy matrix --config config/demo.yaml --out runs.tsv            # table -> runs.tsv
+
+Without --out the table goes to stdout and the summary per family to stderr: a preview writes
+no file. Its default was results/matrix/runs.tsv, the output of the workflow's rule `matrix`
+(which writes it itself, workflow/rules/data.smk): a preview of another study replaced it, and
+Snakemake, seeing the file newer and its params unchanged, kept it, so collect gathered the other
+study's runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import sys
 from pathlib import Path
 
 from scalestudy import log, vocab
 from scalestudy.errors import StudyConfigError
 from scalestudy.study.config import add_config_arguments, load_layers
-from scalestudy.study.runs import build_run_table, number_text, write_runs_tsv
+from scalestudy.study.runs import build_run_table, number_text, runs_tsv_text, write_runs_tsv
 
 logger = log.get(__name__)
 
@@ -19,7 +29,9 @@ logger = log.get(__name__)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser)
     parser.add_argument(
-        "--out", default="results/matrix/runs.tsv", help="run table to write (%(default)s)"
+        "--out",
+        help="run table to write (default: to stdout, the summary to stderr; the workflow's "
+        "results/matrix/runs.tsv is snakemake's to write)",
     )
 
 
@@ -55,8 +67,27 @@ def run(args: argparse.Namespace) -> int:
         logger.error(f"scalestudy matrix: {e}")
         return 2
     rows = build_run_table(config)
+    summary = [_family_summary(config, rows, family) for family in vocab.FAMILIES]
+    if args.out is None:
+        _print_table(runs_tsv_text(rows))
+        for line in [*summary, f"{'total':<9} {len(rows):4d} runs (the table: stdout)"]:
+            print(line, file=sys.stderr)
+        return 0
     write_runs_tsv(rows, args.out)
-    for family in vocab.FAMILIES:
-        logger.info(_family_summary(config, rows, family))
+    for line in summary:
+        logger.info(line)
     logger.info(f"{'total':<9} {len(rows):4d} runs -> {Path(args.out)}")
     return 0
+
+
+def _print_table(text: str) -> None:
+    """The table to stdout; a reader gone early (`| head`) is no error: stdout then writes to
+    /dev/null (Python's advice, signal module, "Note on SIGPIPE"), so the exit flush is quiet."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)

@@ -7,7 +7,7 @@ the values the families vary, so a configuration requested by two families runs 
 
     w{world_size}_lb{local_batch}_{precision}_{strategy}_bk{number_text(bucket_cap_mb)}_r{repeat}
 
-    scalestudy matrix --config config/demo.yaml --set dataset=synthetic   # -> results/matrix/
+    scalestudy matrix --config config/demo.yaml --set dataset=synthetic   # the table -> stdout
 """
 
 from __future__ import annotations
@@ -396,7 +396,11 @@ def read_runs_tsv(path: str | os.PathLike) -> list[dict]:
     """Read a table written by write_runs_tsv back into rows with the same types; a table it
     did not write (another version's, cut short, edited by hand) is a RunTableError naming the
     file, the line and the fix."""
-    fix = "rebuild it with `scalestudy matrix` (snakemake results/matrix/runs.tsv)"
+    # the workflow's table: Snakemake sees a damaged file as up to date (params unchanged)
+    fix = (
+        "rebuild it: `snakemake --forcerun=matrix results/matrix/runs.tsv` (with the study's "
+        f"--configfile), or `scalestudy matrix --config FILE --out {path}`"
+    )
     try:
         with open(path, encoding="utf-8", newline="") as f:
             reader = csv.reader(f, delimiter="\t")
