@@ -370,6 +370,29 @@ def test_dry_run_of_the_full_study_plans_every_run(tmp_path):
     assert jobs["train"] == 75 and jobs["prepare_data"] == 1 and jobs["collect"] == 1
 
 
+def test_a_target_of_a_run_the_study_does_not_have_is_no_traceback(tmp_path):
+    """A well-formed run id that is not the study's (the paper study's, asked for under the
+    demo, as collect's fix named it once a preview had replaced the demo's run table) matched
+    {run} and reached get_run: a KeyError traceback. Now {run} is the study's ids only, and
+    Snakemake says it has no rule for the file; the study's own run still plans its training."""
+    from scalestudy.study.config import load_layers
+    from scalestudy.study.runs import build_run_table
+
+    demo = {r["run"] for r in build_run_table(load_layers([REPO / "config/demo.yaml"]))}
+    paper = {r["run"] for r in build_run_table(load_layers([REPO / "config/config.yaml"]))}
+    foreign, own = sorted(paper - demo)[0], sorted(demo)[0]
+    work = copy_repo(tmp_path / "wf")
+    target = f"results/runs/{foreign}/metrics.json"
+    proc = snakemake(work, target, "-n", "--configfile=config/demo.yaml", check=False)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "KeyError" not in text and "Traceback" not in text, text[-3000:]
+    assert f"No rule to produce {target}" in text, text[-3000:]
+    proc = snakemake(
+        work, f"results/runs/{own}/metrics.json", "-n", "--configfile=config/demo.yaml"
+    )
+    assert planned_jobs(proc)["train"] == 1
+
+
 def test_the_cli_and_the_reproduce_command_see_the_study_snakemake_runs(tmp_path):
     """`scalestudy matrix --config config/demo.yaml --config config/config.yaml` dropped
     config/config.yaml (the demo's 6 runs) where snakemake with the same --configfile list

@@ -85,7 +85,7 @@ ANALYSIS_TABLES = (
 
 
 wildcard_constraints:
-    run=matrix.RUN_ID_PATTERN,
+    run=matrix.run_wildcard(RUNS),
     dataset="|".join(vocab.DATASETS),
     figure="|".join(vocab.FIGURES),
 

@@ -19,6 +19,7 @@ import hashlib
 import io
 import math
 import os
+import re
 from typing import Any
 
 from scalestudy import vocab
@@ -125,12 +126,20 @@ _OPTIONAL_COLUMNS = frozenset({"target_acc"})  # empty cell = null
 _SWITCH = {"auto": "auto", True: "on", False: "off", "step": "step"}
 
 
-# every id run_id makes, and nothing else: the workflow's {run} wildcard, so a mistyped target
-# (results/runs/bogus/metrics.json) has no rule to make it instead of a KeyError traceback
+# every id run_id makes, and nothing else: the shape of a run id
 RUN_ID_PATTERN = (
     rf"w\d+_lb\d+_(?:{'|'.join(vocab.PRECISIONS)})_(?:{'|'.join(vocab.STRATEGIES)})"
     r"_bk\d+(?:\.\d+)?_r\d+"
 )
+
+
+def run_wildcard(run_ids) -> str:
+    """The workflow's {run} wildcard: exactly the study's run ids, so a target of a run the
+    study does not have, mistyped (results/runs/bogus/metrics.json) or well-formed but another
+    study's, has no rule to make it (Snakemake's MissingRuleException) instead of reaching
+    get_run, whose KeyError Snakemake printed as a traceback. Python's re tries the alternatives
+    in turn: matching one path against 10,000 ids (config.MAX_RUNS) took 0.09 ms."""
+    return "|".join(re.escape(run) for run in run_ids)
 
 
 def run_id(
