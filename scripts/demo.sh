@@ -2,8 +2,32 @@
 # The main job: the CPU demo study end to end (data -> 6 training runs -> results/csv ->
 # analysis, figures, reports/study.md, paper.tex, paper.pdf, the proposal and slides ->
 # report.html), on this machine.
-# Extra arguments go to snakemake, e.g. `--config dataset=synthetic` (offline).
+# Extra arguments go to snakemake, e.g. `--config dataset=synthetic` (offline), a target, or
+# `--configfile more.yaml` (layered after config/demo.yaml: its keys win).
 set -euo pipefail
+
+# snakemake's arguments (DEMO_ARGS) from the demo's: the user's, with every --configfile /
+# --configfiles file of theirs moved into one `--configfile config/demo.yaml THEIRS...` at the
+# end. The option takes several values, so `--configfile config/demo.yaml "$@"` read a target
+# given first as a config file; and a second --configfile replaces the first, so theirs made
+# the demo the paper's GPU study. A value is taken as argparse takes it: `--configfile=F` is
+# one, `--configfile F G` every argument up to the next option.
+demo_args() {
+    local files=(config/demo.yaml) rest=() arg taking=0
+    for arg in "$@"; do
+        if ((taking)) && [[ "$arg" != -* ]]; then
+            files+=("$arg")
+            continue
+        fi
+        taking=0
+        case "$arg" in
+            --configfile | --configfiles) taking=1 ;;
+            --configfile=* | --configfiles=*) files+=("${arg#*=}") ;;
+            *) rest+=("$arg") ;;
+        esac
+    done
+    DEMO_ARGS=("${rest[@]}" --configfile "${files[@]}")
+}
 
 # Whether snakemake's arguments make a call that runs no job: a dry-run (-n, also in a cluster of
 # short flags such as -np), a listing, a graph, a summary, --lint, --unlock, --help, --version.
@@ -24,12 +48,13 @@ main() {
     # the venv, and as root TeX for reports/paper.pdf (not the Slurm packages: the demo needs none)
     SCALESTUDY_SKIP_SLURM_APT=1 bash scripts/setup.sh
     export PATH="$PWD/.venv/bin:$PATH"
-    snakemake --configfile config/demo.yaml "$@"
+    demo_args "$@"
+    snakemake "${DEMO_ARGS[@]}"
     if runs_nothing "$@"; then
         return 0
     fi
     # the self-contained HTML report of the run (figures, tables, documents)
-    snakemake --configfile config/demo.yaml "$@" --report report.html
+    snakemake "${DEMO_ARGS[@]}" --report report.html
     if [[ -f reports/paper.pdf ]]; then
         echo "demo: done: reports/study.md, reports/paper.pdf, report.html, results/plots/"
     elif ! command -v latexmk > /dev/null; then
@@ -43,7 +68,7 @@ main() {
     fi
 }
 
-# sourced (tests/test_scripts.py reads runs_nothing): define, run nothing
+# sourced (tests/test_scripts.py reads runs_nothing, demo_args): define, run nothing
 if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
     main "$@"
 fi

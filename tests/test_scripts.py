@@ -9,7 +9,7 @@ import shutil
 import subprocess
 
 import pytest
-from workflow_helpers import REPO
+from workflow_helpers import BIN, REPO, copy_repo, env, planned_jobs, write_config
 
 DEMO = REPO / "scripts" / "demo.sh"
 LOCAL_SLURM = REPO / "scripts" / "local-slurm.sh"
@@ -51,6 +51,67 @@ def test_the_demo_makes_no_report_after_a_call_that_runs_no_job(args):
 )
 def test_the_demo_reports_after_a_call_that_runs_jobs(args):
     assert bash(f'source {DEMO}; runs_nothing "$@"', *args).returncode == 1, args
+
+
+def demo_snakemake_args(*args: str):
+    """What snakemake's own parser makes of the command line demo.sh builds from `args`."""
+    from snakemake.cli import get_argument_parser
+
+    proc = bash(f'source {DEMO}; demo_args "$@"; printf "%s\\0" "${{DEMO_ARGS[@]}}"', *args)
+    assert proc.returncode == 0, proc.stderr
+    return get_argument_parser().parse_args(proc.stdout.split("\0")[:-1])
+
+
+@pytest.mark.parametrize(
+    ("args", "files", "targets"),
+    [
+        ([], [], set()),
+        (["results/csv/runs.csv", "-n"], [], {"results/csv/runs.csv"}),
+        (["-n", "--configfile", "more.yaml"], ["more.yaml"], set()),
+        (["--configfile", "a.yaml", "b.yaml", "-n", "all"], ["a.yaml", "b.yaml"], {"all"}),
+        (
+            ["--configfiles=a.yaml", "plot", "--configfile=b.yaml", "--config", "repeats=1"],
+            ["a.yaml", "b.yaml"],
+            {"plot"},
+        ),
+    ],
+)
+def test_the_demo_layers_the_users_config_files_after_its_own(args, files, targets):
+    """demo.sh ran `snakemake --configfile config/demo.yaml "$@"`: --configfile takes several
+    values, so a target given first was read as a config file (FileNotFoundError), and a
+    --configfile of the user's replaced config/demo.yaml (the demo became the paper's GPU
+    study). Now the demo's file comes first, then the user's, and targets stay targets."""
+    parsed = demo_snakemake_args(*args)
+    assert [str(f) for f in parsed.configfile] == ["config/demo.yaml", *files]
+    assert set(parsed.targets) == targets
+    assert parsed.dryrun == ("-n" in args)
+    if "--config" in args:
+        assert parsed.config == ["repeats=1"]
+
+
+def test_the_demo_with_a_target_and_a_config_file_plans_the_demo(tmp_path):
+    """The real demo.sh (its set-up a no-op, this venv as .venv), dry-runs only: a target given
+    first, and a --configfile of the user's layered over the demo's 6 runs."""
+    work = copy_repo(tmp_path / "repo")
+    shutil.copytree(REPO / "scripts", work / "scripts")
+    (work / "scripts" / "setup.sh").write_text("#!/usr/bin/env bash\nexit 0\n")
+    (work / ".venv").symlink_to(BIN.parent)
+    write_config(work / "more-epochs.yaml", {"train": {"epochs": 4}})
+
+    def demo(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["bash", "scripts/demo.sh", *args], cwd=work, env=env(), capture_output=True,
+            text=True, timeout=300,
+        )  # fmt: skip
+
+    proc = demo("results/csv/runs.csv", "-n")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    jobs = planned_jobs(proc)  # the target's jobs only: nothing after collect
+    assert jobs["train"] == 6 and jobs["collect"] == 1 and "analyze" not in jobs, jobs
+    proc = demo("-n", "--configfile", "more-epochs.yaml")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert planned_jobs(proc)["train"] == 6  # the demo's runs, not the paper study's 75
+    assert "--epochs 4" in proc.stdout and "--epochs 3" not in proc.stdout
 
 
 @pytest.mark.skipif(
