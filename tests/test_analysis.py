@@ -1298,7 +1298,7 @@ def test_collect_refuses_an_epochs_csv_the_trainer_did_not_write(tmp_path):
         ({"epoch_time_s": "-1"}, 0, "epoch_time_s is '-1', not a number > 0"),
         ({"throughput_img_s": "0"}, 1, "throughput_img_s is '0', not a number > 0"),
         ({"train_loss": "inf"}, 0, "train_loss is 'inf', not a number >= 0"),
-        ({"val_loss": "-1"}, 1, "val_loss is '-1', not a number >= 0"),
+        ({"val_loss": "-1"}, 1, f"val_loss is '-1', not {collect.VAL_LOSS.what}"),
         ({"lr": "nan"}, 1, "lr is 'nan', not a number >= 0"),
         ({"epoch": "1"}, 1, "epoch is '1', not 2 (the row's place)"),
         ({"epoch": "x"}, 0, "epoch is 'x', not 1 (the row's place)"),
@@ -1317,6 +1317,63 @@ def test_collect_refuses_an_epochs_csv_the_trainer_did_not_write(tmp_path):
         collect.load_epochs(epochs)
     files.write_csv(epochs, None, good)
     assert collect.load_epochs(epochs) == good
+
+
+def test_collect_takes_the_non_finite_val_loss_the_trainer_writes(tmp_path):
+    """A run that finished (exit 0) whose evaluation overflowed (fp16 logits): the trainer
+    stops on a non-finite train_loss only, and its own writer puts 'nan' or 'inf' in val_loss.
+    collect refused the run as "not the trainer's; delete ... and rerun it", and a seeded rerun
+    writes the same. Now collect takes it, the accuracy figure (the one reader of epochs.csv,
+    which never reads val_loss) draws the run, and what the trainer cannot write is refused."""
+    import types
+
+    from scalestudy.cli import main
+    from scalestudy.errors import CollectError
+    from scalestudy.results import collect
+    from scalestudy.study.runs import read_runs_tsv
+    from scalestudy.trainer import loop  # the trainer's writer of epochs.csv
+
+    table = tmp_path / "runs.tsv"
+    demo = Path(__file__).parents[1] / "config" / "demo.yaml"
+    assert main(["matrix", "--config", str(demo), "--out", str(table)]) == 0
+    row = read_runs_tsv(table)[0]
+    run_dir = tmp_path / "runs" / row["run"]
+    run_dir.mkdir(parents=True)
+    n = int(row["epochs"])
+    assert n >= 2
+    history = [
+        dict(epoch=e, train_loss=1.0, train_acc=0.5, val_loss=1.1, val_acc=0.5 + e / 100,
+             epoch_time_s=2.0, throughput_img_s=1000.0, lr=0.1)
+        for e in range(1, n + 1)
+    ]  # fmt: skip
+    history[0]["val_loss"], history[-1]["val_loss"] = math.inf, math.nan
+    loop.write_epochs(types.SimpleNamespace(out=str(run_dir)), history)
+    metrics = dict.fromkeys(collect.REQUIRED_METRICS, None) | {
+        **{k: int(row[k]) for k in ("world_size", "nodes", "ranks_per_node", "global_batch")},
+        "seed": int(row["seed"]),
+        "device": {"type": "cpu", "name": "x86_64"},
+        **{"throughput_img_s": 900.0, "throughput_img_s_per_rank": 450.0, "epoch_time_s": 2.0},
+        **{"final_val_acc": history[-1]["val_acc"], "train_time_s": 12.0},
+    }
+    files.write_json(run_dir / "metrics.json", metrics)
+    _, epochs = collect.collect([row], tmp_path / "runs")
+    assert [r["val_loss"] for r in epochs] == ["inf", *["1.1"] * (n - 2), "nan"]
+    ((label, points),) = plots.accuracy_curves(epochs).items()
+    assert [(e, a) for e, _, a in points] == [(e, 0.5 + e / 100) for e in range(1, n + 1)]
+    # what the trainer never writes: a negative loss, -inf (cross-entropy is >= 0), a word, a
+    # blank; and a non-finite train_loss (the trainer stops on it: loop.end_of_epoch)
+    good = collect.load_epochs(run_dir / "epochs.csv")
+    for column, bad in [("val_loss", v) for v in ("-1", "-inf", "abc", "")] + [
+        ("train_loss", "nan")
+    ]:
+        files.write_csv(run_dir / "epochs.csv", None, [{**good[0], column: bad}, *good[1:]])
+        rule = collect.epoch_cell(column)
+        with pytest.raises(CollectError) as info:
+            collect.collect([row], tmp_path / "runs")
+        assert str(info.value) == (
+            f"{run_dir / 'epochs.csv'}, line 2: {column} is {bad!r}, not {rule.what}; "
+            "delete the run directory and rerun it"
+        )
 
 
 def test_collect_refuses_an_epochs_csv_that_is_not_the_runs_whole_history():

@@ -19,6 +19,12 @@ from scalestudy import files
         (files.FRACTION, ["0", "0.5", "1"], ["1.0001", "-0.1", "83", ""]),
         (files.PERCENT, ["0", "99.5", "100"], ["100.5", "-1", ""]),
         (files.NON_NEGATIVE.or_blank(), ["", " ", "None", "nan", "2"], ["-2", "x", "inf"]),
+        # words: the texts a writer writes for a value that is no number (collect.VAL_LOSS)
+        (
+            files.Cell("a loss, or nan or inf", 0, words=("nan", "inf")),
+            ["0", "1.1", "nan", "inf", " nan "],
+            ["-1", "-inf", "NaN", "None", "", "x"],
+        ),
     ],
 )
 def test_a_cell_rule_holds_what_the_writer_writes_and_nothing_else(rule, holds, refused):

@@ -279,7 +279,8 @@ class Cell:
     before they compute from it (collect's epochs.csv, analyze's runs.csv, the plan's runs.csv,
     the profile CSVs). `holds(text)` is False for a cell the writer never writes, and each
     reader names the file, row, column, the cell, `what` and its fix. A word is NaN here,
-    which every range refuses; infinity is outside every range."""
+    which every range refuses; infinity is outside every range; `words` are the exceptions,
+    texts the writer does write for a value that is no number (the trainer's "nan")."""
 
     what: str  # how a message says it: "a whole number >= 1"
     least: float = -math.inf
@@ -287,8 +288,11 @@ class Cell:
     above: bool = False  # > least, not >= (a time or rate that something is divided by)
     whole: bool = False  # digits only: a re-saved "2.0" passes is_count, then fails int()
     blank: bool = False  # blank allowed: not measured
+    words: tuple[str, ...] = ()  # texts allowed besides the numbers ("nan", "inf")
 
     def holds(self, text: Any) -> bool:
+        if isinstance(text, str) and text.strip() in self.words:
+            return True
         x = number_or_nan(text)
         if x is None:
             return self.blank

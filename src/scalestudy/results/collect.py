@@ -164,14 +164,26 @@ def load_metrics(path: Path) -> dict:
     return metrics
 
 
+# val_loss of an evaluation that overflowed (fp16 logits, or weights that diverged in the
+# epoch's last steps): the trainer stops on a non-finite train_loss only (loop.end_of_epoch),
+# so a run that finished may record its val_loss as f"{x:.6g}" writes NaN or +infinity, and a
+# seeded rerun records the same. Cross-entropy is never negative: "-inf" is not the trainer's.
+VAL_LOSS = files.Cell(
+    "a number >= 0, or nan or inf (an evaluation that overflowed)", 0, words=("nan", "inf")
+)
+
+
 def epoch_cell(column: str) -> files.Cell:
     """What a column of the trainer's epochs.csv holds: accuracies fractions, times and rates
     > 0, losses and the learning rate >= 0 (cross-entropy, label smoothing included, is never
-    negative)."""
+    negative); val_loss also "nan" or "inf" (VAL_LOSS: the trainer writes it; no reader of
+    epochs.csv computes with val_loss)."""
     if column.endswith("_acc"):
         return files.FRACTION
     if column in ("epoch_time_s", "throughput_img_s"):
         return files.POSITIVE
+    if column == "val_loss":
+        return VAL_LOSS
     return files.NON_NEGATIVE
 
 
