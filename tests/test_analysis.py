@@ -1303,6 +1303,9 @@ def test_collect_refuses_an_epochs_csv_the_trainer_did_not_write(tmp_path):
         ({"epoch": "1"}, 1, "epoch is '1', not 2 (the row's place)"),
         ({"epoch": "x"}, 0, "epoch is 'x', not 1 (the row's place)"),
         ({"epoch": "2.0"}, 1, "epoch is '2.0', not 2 (the row's place)"),  # the trainer's int
+        # an epoch twice or one skipped (1, 3): the rule's most was never checked
+        ({"epoch": "3"}, 1, "epoch is '3', not 2 (the row's place)"),
+        ({"epoch": "2"}, 0, "epoch is '2', not 1 (the row's place)"),
     ]
     for change, index, says in cases:
         rows = [dict(r, **change) if i == index else r for i, r in enumerate(good)]

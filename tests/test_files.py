@@ -13,6 +13,8 @@ from scalestudy import files
     [
         (files.count(1), ["1", " 12 ", 3], ["0", "-1", "1.5", "2.0", "1e3", "inf", "", "x"]),
         (files.count(0), ["0", "7"], ["-0", "0.0", "-1", "", "None"]),
+        # a whole number in a range: collect's epoch number, the row's place (2, once)
+        (files.Cell("2", 2, 2, whole=True), ["2", " 2 "], ["1", "3", "7", "2.0", ""]),
         (files.NUMBER, ["-3.5", "0", "1e300"], ["inf", "-inf", "nan?", "x", ""]),
         (files.POSITIVE, ["1e-9", "250.5"], ["0", "-0.0", "-1", "inf", ""]),
         (files.NON_NEGATIVE, ["0", "0.0", "5"], ["-1e-9", "inf", "1e400", "abc", ""]),

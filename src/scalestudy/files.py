@@ -297,7 +297,9 @@ class Cell:
         if x is None:
             return self.blank
         if self.whole:
-            return is_count(x, int(self.least)) and str(text).strip().isdecimal()
+            # most too: collect's epoch number is its row's place (least = most), and a rule
+            # without it took any later epoch, a duplicated or skipped one
+            return is_count(x, int(self.least)) and x <= self.most and str(text).strip().isdecimal()
         return (
             math.isfinite(x)
             and (x > self.least if self.above else x >= self.least)
