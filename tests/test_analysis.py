@@ -988,6 +988,40 @@ def test_system_table_says_cuda_and_nccl_were_not_used_by_cpu_runs():
     assert (s["CUDA"], s["NCCL"]) == ("13.0", "2.28.9")
 
 
+def test_system_table_names_every_ranks_device_not_rank_0s_alone():
+    """A 2-node run on a mixed partition (hardware.gpu_type "", the default): rank 0 on an A100,
+    ranks 4-7 on H100s. system.csv's device was metrics.json's device.name, rank 0's GPU only,
+    and the paper, slides and proposal said the runs ran on the A100 alone. It is now every
+    rank's device_names over all runs; a run of a trainer that did not record them, its
+    device_name."""
+    from scalestudy.results import collect
+
+    def measured(name, metrics):  # a runs.csv row as collect writes it from metrics.json
+        flat = collect.flatten(metrics)
+        return run(name, "strong", 8, 128, 50000, nodes=2) | {
+            k: "" if v is None else str(v) for k, v in flat.items()
+        }
+
+    a100, h100, l4 = "NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3", "NVIDIA L4"
+    mixed = measured(
+        "w8",
+        {"device": {"type": "cuda", "name": a100}, "device_names": [a100, h100]},
+    )
+    assert mixed["device_name"] == a100 and mixed["device_names"] == f"{a100};{h100}"
+    older = measured("old", {"device": {"type": "cuda", "name": l4}})  # no device_names
+    assert "device_names" not in older
+
+    def device(runs):
+        rows = analysis.system_table(runs, {"name": "t"})
+        (value,) = [r["value"] for r in rows if (r["section"], r["key"]) == ("system", "device")]
+        return value
+
+    assert device([mixed]) == f"{a100}; {h100}"
+    assert device([older, mixed]) == f"{l4}; {a100}; {h100}"
+    assert device([older]) == l4
+    assert device([run("none", "strong", 1, 64, 1000)]) == "not recorded"
+
+
 def test_a_measure_some_repeats_lack_is_blank_not_a_mean_of_fewer():
     """GPU utilisation recorded by one repeat of three: scaling.csv's n says 3, so a mean of the
     one would pass for all three; it is blank, as the waterfall's parts are."""

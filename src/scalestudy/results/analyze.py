@@ -801,7 +801,7 @@ def resources(runs: list[dict], gpus_per_node: int) -> list[dict]:
 # --- system and software -------------------------------------------------------------------------
 SYSTEM_KEYS = (
     ("device_type", "device type"),
-    ("device_name", "device"),
+    ("device_names", "device"),  # every rank's (device_rows): device_name is rank 0's alone
     ("hostnames", "hosts"),
     ("torch_version", "PyTorch"),
     ("cuda_version", "CUDA"),
@@ -855,6 +855,8 @@ def system_table(runs: list[dict], study: dict) -> list[dict]:
             value = _distinct(runs, column, blank, split=False)
         elif column in CUDA_ONLY and runs and all(r.get("device_type") == "cpu" for r in runs):
             value = "n/a: every run ran on cpu"
+        elif column == "device_names":
+            value = _distinct(device_rows(runs), column)
         else:
             value = _distinct(runs, column)
         rows.append({"section": "system", "key": label, "value": value})
@@ -873,6 +875,16 @@ def window_warmup(runs: list[dict]) -> str:
         if value and value not in values:
             values.append(value)
     return "; ".join(values) if values else "not recorded"
+
+
+def device_rows(runs: list[dict]) -> list[dict]:
+    """Each run's devices as {"device_names": ...}: every rank's (metrics.json device_names,
+    measure.py; ';'-joined by collect), else rank 0's device_name, from a trainer that did not
+    record them. rank 0's alone called a run on a mixed partition (A100 + H100) an A100 run."""
+    return [
+        {"device_names": _cell_text(r.get("device_names")) or _cell_text(r.get("device_name"))}
+        for r in runs
+    ]
 
 
 def _cell_text(value) -> str:
