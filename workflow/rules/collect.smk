@@ -1,5 +1,6 @@
 # Every run's metrics.json and epochs.csv -> results/csv (one row per run; per run and epoch).
-# Later stages (profiling, plots, report, planning) read these CSVs.
+# Read by the rules analyze, model, proposal (runs.csv) and plot (epochs.csv); the plan
+# calibrates from runs.csv where it exists (common.smk).
 rule collect:
     input:
         table="results/matrix/runs.tsv",

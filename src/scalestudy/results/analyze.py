@@ -1,4 +1,4 @@
-"""`scalestudy analyze`: results/csv/runs.csv (+ epochs.csv) -> the study's derived tables.
+"""`scalestudy analyze`: results/csv/runs.csv (+ profile_kernels.csv) -> the derived tables.
 
 Every number the plots and the documents show is a cell of one of these CSVs (the documents only
 format cells; tests/test_report.py checks that):
