@@ -28,7 +28,9 @@ from scalestudy import cli, files
 from scalestudy.results import build_pdf as latex
 from scalestudy.results import proposal
 from scalestudy.results import render_report as report
+from scalestudy.study import plan
 from scalestudy.study.config import load_and_validate
+from scalestudy.study.estimate import estimate_runs, load_measured
 from scalestudy.study.runs import RUN_COLUMNS, build_run_table
 
 DEMO = REPO / "config" / "demo.yaml"
@@ -798,6 +800,45 @@ def test_the_request_says_whether_the_planner_was_calibrated(demo, tmp_path):
     assert "**not calibrated**: no measured run matches these runs" in md
     assert "calibrated from the measured runs" not in md
     assert "\\textbf{not calibrated}" in (other / "reports/proposal.tex").read_text()
+
+
+def test_a_run_calibrated_in_start_up_only_is_counted_apart_as_plan_md_counts_it(tmp_path):
+    """bf16 never measured: its throughput is the planner's default, only its start-up came from
+    the measured job wall times. The proposal counted it "calibrated from the measured runs"
+    (18 of 18 runs) while plan.md said "5 of 6 in throughput, 1 more in start-up only"."""
+    config, study = build(tmp_path, missing=lambda r: r["precision"] == "bf16")
+    bench = study / "benchmarks/train"  # Snakemake's job wall times of the measured runs
+    bench.mkdir(parents=True)
+    for r in read(study / "results/csv/runs.csv"):
+        (bench / f"{r['run']}.tsv").write_text("s\th:m:s\n30.0\t0:00:30\n")
+    docs = write(config, study)
+    measured = load_measured(study / "results/csv/runs.csv", bench)
+    own = estimate_runs(config, build_run_table(config), measured)
+    said = re.search(
+        r"Calibrated estimates: (\d+) of (\d+) in throughput .*?, (\d+) more in start-up only",
+        plan.plan_markdown(config, own, []),
+    )
+    throughput, runs, startup = map(int, said.groups())
+    assert startup == 1 and throughput == runs - 1  # the case at hand: bf16
+    # the study's own rows say what plan.md says of the same runs
+    rows = read(study / "results/csv/proposal.csv")
+    own_rows = [
+        r for r in rows if r["item"].startswith("scaling study") and r["quantity"] == "runs"
+    ]
+    assert sum(int(r["value"]) for r in own_rows) == runs
+    sources = " ".join(r["source"] for r in own_rows)
+    assert f"in throughput for {throughput} of {runs} runs, 1 more in start-up only" in sources
+    # the totals: the start-up-only run counted apart, never as calibrated
+    calibration = cells(study)[("planner", "calibration")]
+    priced = int(calibration["runs_priced"])
+    assert calibration["runs_startup_only"] == "1"
+    assert calibration["runs_calibrated"] == str(priced - 1)
+    for name in ("proposal.md", "proposal.tex"):
+        text = " ".join(docs[name].split())
+        assert f"in throughput for {priced - 1} of the {priced} runs, 1 more in start-up only" in (
+            text
+        ), name
+        assert "calibrated from the measured runs)" not in text, name
 
 
 def test_plan_calibrate_false_is_named_as_the_reason(tmp_path, monkeypatch):

@@ -14,8 +14,9 @@ slides.tex from it plus the analysis CSVs (render_report's formats and its hones
     hours per run    the planner's estimate (study/estimate.py, calibrated from results/csv/runs.csv
                      and benchmarks/train/ where a measured run matches, its defaults where none
                      does or plan.calibrate is false: each source cell and the text say which,
-                     planner_source) averaged
-                     over a row's runs, rounded UP to 3 significant
+                     planner_source; counted as plan.md counts, calibrated in throughput, and
+                     apart those with the default throughput and a measured start-up, "in
+                     start-up only") averaged over a row's runs, rounded UP to 3 significant
                      digits, so that the printed table (its products and sums printed as the
                      cells hold them, render_report's `exact`) recomputes exactly:
     node-hours       = runs x hours per run x nodes;   GPU-hours = runs x hours per run x GPUs
@@ -127,6 +128,9 @@ NOT_ESTIMATED = "not estimated"  # profiling jobs' energy: no J/img of a profile
 # (plan.calibrate false: the planner reads no measured J/img): the planner's words, estimate.py
 ENERGY_WORDS = (NOT_ESTIMATED, NOT_MEASURED, NOT_USED)  # an energy cell that is no number
 ARCHER2_PERIOD_MONTHS = 6  # ARCHER2 allocations are reported per 6-month period
+# proposal.csv's (planner, calibration) counts of the priced runs, disjoint: calibrated in
+# throughput, and in start-up only (the planner's default throughput)
+CALIBRATION_PARTS = ("runs_calibrated", "runs_startup_only")
 CELL_DIGITS = 12  # significant digits of a float cell (analyze.cell) and of render_report's exact
 
 
@@ -307,17 +311,25 @@ def _shape(experiment: str, nodes: int, gpus: int) -> str:
 def planner_source(members, where: str | None, calibrate: bool = True) -> str:
     """The source cell of estimates: calibrated from the measured runs only where they are (a
     proposal without a runs.csv, or whose runs match none of the config's, or with
-    plan.calibrate false, is priced by the planner's defaults, and says which)."""
-    calibrated = sum(e.calibrated for e in members)
+    plan.calibrate false, is priced by the planner's defaults, and says which). Counted as
+    plan.md counts: calibrated in throughput (basis other than `default`); a run with the
+    default throughput and only its start-up from the measured wall times apart, "in start-up
+    only" (it was once counted calibrated: 18 of 18 runs where plan.md said 5 of 6)."""
+    calibrated = sum(e.throughput_calibrated for e in members)
+    startup = sum(e.startup_only for e in members)
+    more = f", {startup} more in start-up only" if startup else ""
     if where is None:
         return f"{PLANNER}, not calibrated: no measured runs were read (its defaults)"
     if not calibrate:  # the runs were read, and match: "no run matches" was not the reason
         return f"{PLANNER}, not calibrated: plan.calibrate is false (its defaults)"
     if calibrated == len(members):
         return f"{PLANNER}, calibrated from {where}"
-    if calibrated == 0:
+    if calibrated == 0 and not startup:
         return f"{PLANNER}, not calibrated: no run of {where} matches (its defaults)"
-    return f"{PLANNER}, calibrated from {where} for {calibrated} of {len(members)} runs"
+    return (
+        f"{PLANNER}, calibrated from {where} in throughput for {calibrated} of "
+        f"{len(members)} runs{more}"
+    )
 
 
 def request_rows(item: str, members, source: str, train: bool = True, calibrate: bool = True):
@@ -594,10 +606,14 @@ def proposal_rows(
             item = shape if members[0].gpus else f"production at {ranks}"
             req += planner_rows(item, members)
             priced += members
-    calibrated = sum(e.calibrated for e in priced)
+    # as plan.md counts: calibrated in throughput; the default throughput with a measured
+    # start-up apart (the documents say "N more in start-up only")
+    calibrated = sum(e.throughput_calibrated for e in priced)
+    startup = sum(e.startup_only for e in priced)
     src = planner_source(priced, where, calibrate)
     rows.append(_row("planner", "calibration", "runs_priced", len(priced), "runs", src))
     rows.append(_row("planner", "calibration", "runs_calibrated", calibrated, "runs", src))
+    rows.append(_row("planner", "calibration", "runs_startup_only", startup, "runs", src))
     jobs = profiling_jobs(config)
     if jobs:
         for item, members in _grouped("profiling", jobs):
@@ -673,6 +689,8 @@ def _lookup(rows: list[dict]) -> dict:
 
 
 def _calibration(cells: dict) -> str:
+    """ "all", "none" or "some" of the priced runs calibrated in throughput (a run calibrated
+    in start-up only is not: the documents name those apart)."""
     calibrated, priced = int(cells["runs_calibrated"]), int(cells["runs_priced"])
     return "all" if calibrated == priced else "none" if calibrated == 0 else "some"
 
@@ -710,8 +728,12 @@ def context(tables: dict, rows: list[dict], config: dict, figure_dir: str) -> di
         pending=int(v[("evidence", "study")]["runs_not_measured"]),
         short=int(v[("evidence", "planned")]["world_sizes"])
         < int(v[("evidence", "bar")]["world_sizes"]),
-        # "all", "none" or "some" of the priced runs calibrated from the measured ones
+        # "all", "none" or "some" of the priced runs calibrated (in throughput) from the
+        # measured ones; those calibrated in start-up only, and whether any run is neither
         calibration=_calibration(v[("planner", "calibration")]),
+        startup_only=v[("planner", "calibration")]["runs_startup_only"],
+        uncalibrated=sum(int(v[("planner", "calibration")][k]) for k in CALIBRATION_PARTS)
+        < int(v[("planner", "calibration")]["runs_priced"]),
         calibrate=config["plan"]["calibrate"],  # false: "none", and the reason
         energy_words=ENERGY_WORDS,  # energy cells the documents print as words
         new_sizes=new_sizes,

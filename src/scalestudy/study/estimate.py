@@ -231,7 +231,21 @@ class Estimate:
 
     @property
     def calibrated(self) -> bool:
-        return self.throughput_basis != "default" or self.startup_basis != "default"
+        """Any part of it from measured runs: its throughput, or only its start-up (plan.py's
+        `*` mark, `default +startup` saying which). Not a count of calibrated estimates: those
+        count `throughput_calibrated` and, apart, `startup_only` (plan.md, the proposal)."""
+        return self.throughput_calibrated or self.startup_basis != "default"
+
+    @property
+    def throughput_calibrated(self) -> bool:
+        """Its throughput from measured runs (basis other than `default`): what plan.md and the
+        proposal count as a calibrated estimate."""
+        return self.throughput_basis != "default"
+
+    @property
+    def startup_only(self) -> bool:
+        """The planner's default throughput, only the start-up from measured job wall times."""
+        return self.calibrated and not self.throughput_calibrated
 
 
 # ---------------------------------------------------------------------------------------------
