@@ -196,6 +196,25 @@ def test_the_precision_level_rescales_the_nearest_measured_world_size():
     assert w2.throughput_img_s == pytest.approx(2 * 10 / 0.5 * 0.75)
 
 
+def test_the_dry_run_table_counts_calibrated_estimates_as_plan_md_does():
+    """bf16 never measured, its start-up calibrated only: the dry-run table's total said "4 of
+    4 training estimates calibrated" where plan.md says 3 of 4 in throughput, 1 more in
+    start-up only."""
+    config = small_config()
+    measured = [measured_row("w1_lb8_fp32_ddp_bk25_r0", 50.0, 1, wall_s=56.0)]
+    est = plan.estimate_runs(config, build_run_table(config), measured)
+    said = re.search(
+        r"Calibrated estimates: (\d+) of (\d+) in throughput .*?, (\d+) more in start-up only",
+        plan.plan_markdown(config, est, []),
+    )
+    throughput, runs, startup = said.groups()
+    assert startup != "0"  # the case at hand
+    assert (
+        f"({throughput} of {runs} training estimates calibrated in throughput, {startup} more "
+        "in start-up only)"
+    ) in plan.format_table(est)
+
+
 def test_calibration_levels_and_startup():
     config = small_config()
     rows = build_run_table(config)

@@ -153,12 +153,15 @@ def format_table(estimates: list[Estimate], note: str = "", gpu: bool | None = N
                 f"{gpu_h(s.gpu_hours, 10, ' GPU-hours')}"
             )
     s = t["total"]
-    calibrated = sum(1 for e in estimates if e.rule == "train" and e.calibrated)
-    trains = sum(1 for e in estimates if e.rule == "train")
+    # counted as plan.md counts: in throughput, and apart in start-up only (`default +startup`)
+    train = [e for e in estimates if e.rule == "train"]
+    calibrated = sum(e.throughput_calibrated for e in train)
+    startup = sum(e.startup_only for e in train)
     lines.append(
         f"total: {s.jobs} jobs, {s.node_hours:.3f} node-hours, "
         f"{f'{s.gpu_hours:.3f}' if gpu else 'n/a'} GPU-hours "
-        f"({calibrated} of {trains} training estimates calibrated)"
+        f"({calibrated} of {len(train)} training estimates calibrated in throughput, {startup} "
+        "more in start-up only)"
     )
     if note:
         lines.append(note)
@@ -293,8 +296,8 @@ def plan_markdown(
     plan, t = config["plan"], totals(estimates)
     c = plan["contingency"]
     remaining = _sum(e for e in estimates if not e.done)
-    throughput = sum(e.throughput_basis != "default" for e in estimates)
-    startup_only = sum(e.calibrated for e in estimates) - throughput
+    throughput = sum(e.throughput_calibrated for e in estimates)
+    startup_only = sum(e.startup_only for e in estimates)
     x = plan["throughput_img_s_per_gpu"]
     gpu = config["hardware"]["device"] == "cuda"
     unit = "GPU" if gpu else "rank (CPU process)"
