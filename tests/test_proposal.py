@@ -550,6 +550,51 @@ def test_model_holdout_error_is_shown_when_the_model_csv_has_it(tmp_path):
     assert "at most 7.3% over 2 held-out points" in (out / "proposal.md").read_text()
 
 
+def test_rows_priced_by_an_unvalidated_model_are_named_and_the_cause_is_said(tmp_path, monkeypatch):
+    """Strong at 1, 2 and 8 ranks (8 = 2 nodes of 4), 3 repeats: 16 ranks on 4 nodes is a new
+    world size, priced by the scaling model's extrapolation, and no held-out row of model.csv
+    validates it (leaving 8 out leaves no multi-node run). The documents said "no held-out
+    validation (results/csv/model.csv absent or without held-out rows): no prediction beyond
+    the measured points is claimed": model.csv was there, with held-out rows, and a request
+    row rested on the model's prediction beyond the measured points."""
+    measured = measured_runs
+
+    def modelled(config):  # what the scaling model needs of a run
+        return [dict(r, grad_sync_bytes=705608, phase_frac_backward=0.6) for r in measured(config)]
+
+    monkeypatch.setattr(sys.modules[__name__], "measured_runs", modelled)
+    config, study = build(tmp_path, "families.strong.gpus=[1,2,8]", "repeats=3")
+    csv_dir = study / "results/csv"
+    assert cli.main(["model", "--runs", str(csv_dir / "runs.csv"), "--out-dir", str(csv_dir)]) == 0
+    held = [r for r in read(csv_dir / "model.csv") if r["kind"] == "holdout"]
+    assert held and not any(r["rel_error"] for r in held)  # none could be validated
+    docs = write(config, study, "results/csv/model.csv")
+    item = "next runs (new world sizes), 4 nodes"
+    c = cells(study)
+    assert c[("request", item)]["basis"] == "model, extrapolated"  # the planner's, carried
+    assert c[("model", "validation")]["held_out_rows"] == str(len(held))
+    md, tex = (" ".join(docs[n].split()) for n in ("proposal.md", "proposal.tex"))
+    assert "absent or without held-out rows" not in md
+    assert (
+        f"none of the {len(held)} held-out rows of results/csv/model.csv could be validated" in md
+    )
+    assert f"none of the {len(held)} held-out rows of \\texttt{{results/csv/model.csv}}" in tex
+    strong = next(r["note"] for r in held if r["name"] == "strong")
+    assert f"strong family: {strong}" in md
+    # the row resting on the unvalidated model is named, with its basis, where the model's
+    # validation is said and beside the request
+    named = f'"{item}" (model, extrapolated)'
+    assert md.count(named) == 2, md
+    assert "rest on the scaling model's unvalidated prediction" in md
+    assert tex.count(f"``{item}'' (model, extrapolated)") == 2
+    assert "no prediction beyond the measured points is claimed" not in md + tex
+    assert item in docs["slides.tex"] and "not validated" in docs["slides.tex"]
+    # model.csv absent: the cause is said so, and the row is still named
+    md = " ".join(write(config, study)["proposal.md"].split())
+    assert "no held-out validation (results/csv/model.csv is absent)" in md
+    assert md.count(named) == 2
+
+
 @pytest.mark.parametrize(
     "override, says",
     [

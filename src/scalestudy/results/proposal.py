@@ -20,6 +20,11 @@ slides.tex from it plus the analysis CSVs (render_report's formats and its hones
                      digits, so that the printed table (its products and sums printed as the
                      cells hold them, render_report's `exact`) recomputes exactly:
     node-hours       = runs x hours per run x nodes;   GPU-hours = runs x hours per run x GPUs
+    basis            a planner row's throughput bases (estimate.py's words, "; "-joined): the
+                     documents name the rows the scaling model prices ("model", "model,
+                     extrapolated") and say whether a held-out point validates it, or why not
+                     (model.csv absent, without held-out rows, or none of them validated:
+                     validation_rows)
     profiling        profiled runs x their Slurm time limit (hardware.runtime_min), per job of
                      profile_capture (and profile_ncu when Nsight Compute runs): requested, not
                      estimated
@@ -76,6 +81,8 @@ MIN_REPEATS = 2  # one run gives no spread
 NEXT_REPEATS = 3  # the runs named to fix thin evidence repeat this often
 MODEL_CSV = "results/csv/model.csv"
 PLANNER = "study/estimate.py planner"
+BASIS_SOURCE = "study/estimate.py throughput_basis of its runs"  # a request row's bases
+MODEL_BASES = ("model", "model, extrapolated")  # the planner's bases of the scaling model
 # where a dataset comes from and on what terms (what its publisher states; nothing is inferred)
 DATA_TERMS = {
     "cifar10": "CIFAR-10 (Krizhevsky 2009, www.cs.toronto.edu/~kriz/cifar.html): no licence is "
@@ -227,6 +234,30 @@ def holdout_rows(val: dict | None) -> list[dict]:
         if val[quantity] is not None:
             rows.append(_row("model", "fit", quantity, val[quantity], unit, f"model.csv {name}"))
     return rows
+
+
+def validation_rows(model_rows: list[dict] | None) -> list[dict]:
+    """proposal.csv's rows of why the model may have no held-out validation: none where
+    model.csv is absent (None); else its count of held-out rows (0: none), and the strong
+    family's note where its held-out row has no error (model.csv says why it could not be
+    validated, e.g. "not identified: no multi-node run measured beta_inter"). The documents
+    said "absent or without held-out rows" where model.csv held rows none of which was
+    validated."""
+    if model_rows is None:
+        return []
+    held = [r for r in model_rows if r.get("kind") == "holdout"]
+    src = "model.csv kind=holdout"
+    rows = [_row("model", "validation", "held_out_rows", len(held), "rows", src)]
+    for r in held:
+        if r.get("name") == "strong" and files.number(r.get("rel_error")) is None and r["note"]:
+            rows.append(_row("model", "validation", "strong_note", r["note"], "", f"{src} note"))
+    return rows
+
+
+def bases(members) -> str:
+    """The planner's throughput bases of a request row's runs, each once in order, "; "-joined
+    (one is "model, extrapolated"): the documents name the rows the scaling model prices."""
+    return "; ".join(dict.fromkeys(e.throughput_basis for e in members))
 
 
 def _strong_config(config: dict, world_sizes: list[int], repeats: int, epochs=None) -> dict:
@@ -488,9 +519,10 @@ def periods(total: tuple[Decimal, Decimal], proposal: dict, style: str) -> list[
 
 # --- proposal.csv --------------------------------------------------------------------------------
 def proposal_rows(
-    config: dict, scaling: list[dict], measured: list[dict], model_rows: list[dict]
+    config: dict, scaling: list[dict], measured: list[dict], model_rows: list[dict] | None
 ) -> list[dict]:
-    """Every number of the proposal that no other CSV holds, with its source or formula."""
+    """Every number of the proposal that no other CSV holds, with its source or formula.
+    model_rows: model.csv's, None where it is absent."""
     p, style = config["proposal"], config["proposal"]["style"]
     threshold = p["efficiency_threshold"]
     # the value and the key it is from (the source cells named proposal.contingency for null)
@@ -536,7 +568,8 @@ def proposal_rows(
     ]
     if below is not None:
         rows.append(_row("scale", "first below", "world_size", below["w"], "ranks", "scaling.csv"))
-    rows += holdout_rows(holdout(model_rows))
+    rows += holdout_rows(holdout(model_rows or []))
+    rows += validation_rows(model_rows)
     table = build_run_table(config)
     nxt, new_sizes, planned = next_runs(config, points, chosen, thin, measured, table)
     for w in new_sizes:  # one item each: (section, item, quantity) keys one cell
@@ -562,9 +595,9 @@ def proposal_rows(
     calibrate = config["plan"]["calibrate"]
 
     def planner_rows(item, members):  # a request row of the planner's, its source cell says how
-        return request_rows(
-            item, members, planner_source(members, where, calibrate), True, calibrate
-        )
+        basis = _row("request", item, "basis", bases(members), "", BASIS_SOURCE)
+        source = planner_source(members, where, calibrate)
+        return [*request_rows(item, members, source, True, calibrate), basis]
 
     study = estimate_runs(config, table, measured)
     # what the documents say of thin evidence the next runs cannot fix: fewer world sizes than
@@ -703,6 +736,11 @@ def context(tables: dict, rows: list[dict], config: dict, figure_dir: str) -> di
     thin = {k: v[("evidence", "thin")][k] == "yes" for k in v[("evidence", "thin")]}
     strong = [r for r in tables["scaling"] if r["family"] == "strong"]
     new_sizes = [r["value"] for r in rows if r["section"] == "next"]
+    has_holdout = ("model", "holdout") in v
+    held_out = v.get(("model", "validation"), {}).get("held_out_rows")  # None: no model.csv
+    validation = (
+        "absent" if held_out is None else "no rows" if held_out == "0" else "none validated"
+    )
     asked = [(w, "next runs") for w in new_sizes] + [
         (r["value"], "the study's own runs, not measured yet")
         for r in rows
@@ -720,7 +758,18 @@ def context(tables: dict, rows: list[dict], config: dict, figure_dir: str) -> di
         style=style,
         sections=STYLES[style],
         figure="efficiency",
-        has_holdout=("model", "holdout") in v,
+        has_holdout=has_holdout,
+        # the scaling model validated: held-out errors, and no configuration below the compute
+        # (else its error "is no validation")
+        model_validated=has_holdout and v[("model", "fit")].get("below_compute") in (None, "0"),
+        # why it has none: model.csv "absent", "no rows" held out, or "none validated"
+        validation=validation,
+        # the request rows (item, bases) the scaling model prices: the documents name them
+        model_items=[
+            (i, v[("request", i)]["basis"])
+            for i in items("request")
+            if set(v[("request", i)].get("basis", "").split("; ")) & set(MODEL_BASES)
+        ],
         has_below=("scale", "first below") in v,
         has_production=("production", "run") in v,
         # thin evidence: runs of the study not measured yet, in its own request rows; fewer
@@ -787,7 +836,8 @@ def write_proposal(
     measured = load_measured(runs_csv, benchmarks_dir)
     if Path(model_csv).is_file():  # optional: without it the text says there is no validation
         tables["model"] = read_csv(model_csv)
-    rows = proposal_rows(config, tables["scaling"], measured, tables.get("model", []))
+    # None: model.csv absent (the documents say so, apart from one without held-out rows)
+    rows = proposal_rows(config, tables["scaling"], measured, tables.get("model"))
     text = files.csv_text(COLUMNS, rows)
     tables["proposal"] = list(csv.DictReader(io.StringIO(text)))  # the cells as written
     missing = [
