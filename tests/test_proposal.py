@@ -185,6 +185,26 @@ def test_a_run_of_the_study_not_measured_yet_is_priced_once(tmp_path, missing):
     assert "new world sizes: 8" not in docs["proposal.md"]
 
 
+def test_the_repeats_per_configuration_are_those_the_evidence_table_counts(tmp_path):
+    """3 repeats configured, 2 of the 2-rank strong run failed: the documents said "3 repeat(s)
+    per configuration" (the distinct repeat indices of all runs) beside an evidence table with
+    n = 1 at 2 ranks. They say the fewest and most repeats a measured configuration has."""
+    gone = lambda r: r["world_size"] == 2 and "strong" in r["families"] and r["repeat"] > 0  # noqa: E731
+    config, study = build(tmp_path, *STRONG, missing=gone)
+    n = [int(r["n"]) for r in read(study / "results/csv/scaling.csv")]
+    assert (min(n), max(n)) == (1, 3)  # the case at hand
+    docs = write(config, study)
+    for name, text in docs.items():
+        text = " ".join(text.split())
+        assert "1 to 3 repeats per configuration" in text, name
+        assert "3 repeat(s) per configuration" not in text, name
+    # every configuration repeated alike: one count, singular after 1
+    config, study = build(tmp_path / "once")
+    assert {r["n"] for r in read(study / "results/csv/scaling.csv")} == {"1"}
+    for name, text in write(config, study).items():
+        assert "1 repeat per configuration" in " ".join(text.split()), name
+
+
 def test_each_new_world_size_is_its_own_cell(tmp_path):
     """One strong size measured: 8, 16 and 32 ranks are new, and proposal.csv had three rows
     keyed (next, new world size, world_size), so a lookup by key saw only the last."""

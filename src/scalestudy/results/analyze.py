@@ -8,7 +8,10 @@ format cells; tests/test_report.py checks that):
     verdicts.csv   each target of the study (config `report.targets`) with the measured value
     resources.csv  node-hours and GPU-hours spent per family, projected at k x the largest scale,
                    and GPU energy in kWh per family and study (measured J/img: resources())
-    system.csv     system, software and study facts (key, value)
+    system.csv     system, software and study facts (key, value); study repeats: the distinct
+                   repeat indices of the runs, repeats_min / repeats_max: the fewest and most
+                   measured repeats of a configuration (scaling.csv's n; a failed repeat is
+                   none), what "repeats per configuration" may say
     waterfall.csv  the efficiency lost at each world size above a family's smallest, split into
                    exposed communication, data wait, imbalance between ranks and a residual
 
@@ -846,6 +849,10 @@ def system_table(runs: list[dict], study: dict) -> list[dict]:
     rows.append({"section": "study", "key": "runs", "value": len(runs)})
     repeats = {int(r["repeat"]) for r in runs}
     rows.append({"section": "study", "key": "repeats", "value": len(repeats)})
+    # per configuration (scaling.csv's n): "3 repeats" above while a failed pair left n = 1
+    per_configuration = [len(members) for members in group_runs(runs).values()] or [0]
+    rows.append({"section": "study", "key": "repeats_min", "value": min(per_configuration)})
+    rows.append({"section": "study", "key": "repeats_max", "value": max(per_configuration)})
     for column in STUDY_KEYS:
         value = window_warmup(runs) if column == "window_warmup_steps" else _distinct(runs, column)
         rows.append({"section": "run settings", "key": column, "value": value})
