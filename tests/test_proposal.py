@@ -194,6 +194,7 @@ def test_the_repeats_per_configuration_are_those_the_evidence_table_counts(tmp_p
     n = [int(r["n"]) for r in read(study / "results/csv/scaling.csv")]
     assert (min(n), max(n)) == (1, 3)  # the case at hand
     docs = write(config, study)
+    docs.update(report_documents(study))  # study.md and paper.tex say it alike
     for name, text in docs.items():
         text = " ".join(text.split())
         assert "1 to 3 repeats per configuration" in text, name
@@ -201,8 +202,16 @@ def test_the_repeats_per_configuration_are_those_the_evidence_table_counts(tmp_p
     # every configuration repeated alike: one count, singular after 1
     config, study = build(tmp_path / "once")
     assert {r["n"] for r in read(study / "results/csv/scaling.csv")} == {"1"}
-    for name, text in write(config, study).items():
+    for name, text in {**write(config, study), **report_documents(study)}.items():
         assert "1 repeat per configuration" in " ".join(text.split()), name
+
+
+def report_documents(study: Path) -> dict[str, str]:
+    """study.md and paper.tex of the study's analysis CSVs (and its model.csv), as
+    render-report fills them."""
+    csv_dir = study / "results/csv"
+    assert cli.main(["model", "--runs", str(csv_dir / "runs.csv"), "--out-dir", str(csv_dir)]) == 0
+    return report.render(study / "results/csv", REPO / "workflow/report", [], "plots")
 
 
 def test_each_new_world_size_is_its_own_cell(tmp_path):

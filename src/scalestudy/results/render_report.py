@@ -380,7 +380,8 @@ def _context(tables: dict[str, list[dict]], figures: list[str], figure_dir: str)
         ),
         "mfu_measured": any(r.get("mfu_mean") not in ("", None) for r in scaling),
         "energy_measured": any(r.get("energy_kwh") not in ("", None) for r in tables["resources"]),
-        "single_repeat": system.get(("study", "repeats")) == "1",
+        # every configuration measured once (analyze's repeats_max: scaling.csv's largest n)
+        "single_repeat": system.get(("study", "repeats_max")) == "1",
         # `git checkout` only for one clean commit; "<sha>-dirty", several commits ("a; b") or
         # "not recorded" are stated instead of printed as a command that would not reproduce
         "commit": commit,
