@@ -427,3 +427,18 @@ def test_logger_plugin_prints_nothing_after_an_error(capsys):
     handler.handle(logging.LogRecord("snakemake", logging.ERROR, "", 0, "boom", None, None))
     handler.close()
     assert "Node-hour plan" not in capsys.readouterr().err
+
+
+def test_the_proposal_asks_for_a_finished_runs_job_benchmark_only_where_it_exists(tmp_path):
+    """A job benchmark is an output of training: asked for a finished run without one (deleted,
+    or results copied from elsewhere), Snakemake trained the run again to build the proposal,
+    which reads the benchmarks that exist, as `scalestudy plan` does."""
+    bench, metrics = str(tmp_path / "bench/{run}.tsv"), str(tmp_path / "runs/{run}/metrics.json")
+    for run, files in {"done": (bench, metrics), "no_tsv": (metrics,), "new": ()}.items():
+        for pattern in files:
+            path = Path(pattern.format(run=run))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.touch()
+    wanted = resources.optional_benchmarks(["done", "no_tsv", "new"], bench, metrics)
+    # a run still to train is waited for (its benchmark comes with it)
+    assert wanted == [bench.format(run="done"), bench.format(run="new")]

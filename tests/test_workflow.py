@@ -195,6 +195,24 @@ def test_touching_the_finished_runs_keeps_them_after_a_trainer_change(done, tmp_
     assert not (work / "results/runs" / min(RUN_IDS) / "metrics.json").exists()
 
 
+def test_a_finished_run_without_its_job_benchmark_is_not_trained_again(done, tmp_path):
+    """The proposal calibrates from the training jobs' benchmarks where they exist (as `scalestudy
+    plan` does); it took every run's as an input, so where the proposal was to be rebuilt (a
+    setting changed, reports/ not copied), a finished run whose benchmarks/train file was
+    deleted (or never copied with its results) was trained again first, its metrics.json
+    replaced. Now only the proposal reruns, and once: its calibration's inputs changed."""
+    tsv = done / "benchmarks/train" / f"{min(RUN_IDS)}.tsv"
+    aside = tmp_path / tsv.name
+    tsv.rename(aside)  # mtime kept: the study is as it was once it is back
+    try:
+        rebuilt = dry(done, "--forcerun", "proposal")
+        plain = dry(done)
+    finally:
+        aside.rename(tsv)
+    assert rebuilt == {"all": 1, **PROPOSAL}, rebuilt
+    assert plain == {"all": 1, **PROPOSAL}, plain
+
+
 def test_changing_a_profile_setting_reruns_nothing(done):
     settings = "latency-wait: 7\nset-resources:\n  train:\n    runtime: 99\n    mem_mb: 1234\n"
     with appended(done / "profiles/default/config.yaml", settings):

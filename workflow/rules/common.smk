@@ -170,6 +170,15 @@ def get_trainer_sources(wildcards):
     return paths.repo_files(REPO, resources.trainer_sources(REPO))
 
 
+def get_wall_times(wildcards):
+    """Input function: the training jobs' benchmarks the proposal calibrates from, a finished
+    run's only where it exists (resources.optional_benchmarks): never a retrain for it.
+    """
+    return resources.optional_benchmarks(
+        RUNS, rules.train.benchmark, rules.train.output.metrics
+    )
+
+
 def get_plan_digest(wildcards):
     return PLAN.digest()
 

@@ -373,6 +373,24 @@ def multi_node_refusal(runs: dict[str, dict], env) -> str | None:
     )
 
 
+def optional_benchmarks(
+    runs: Iterable[str], benchmark: str, output: str, exists: Callable[[str], bool] = os.path.exists
+) -> list[str]:
+    """The job benchmarks (`benchmark`: train's pattern, benchmarks/train/{run}.tsv) a rule that
+    reads them where they exist (the proposal's start-up calibration, as `scalestudy plan`
+    does: study/estimate.py) names as inputs: a run's where the file exists (a new timing reruns
+    the rule) or where the run's `output` (its metrics.json) does not (it is to train, and the
+    rule must wait for its timing). A benchmark file is an output of training: asked for every
+    run, a finished run whose file was deleted or never copied was trained again (its
+    metrics.json replaced) to build a document that does without it."""
+    wanted = []
+    for run in runs:
+        path = benchmark.format(run=run)
+        if exists(path) or not exists(output.format(run=run)):
+            wanted.append(path)
+    return wanted
+
+
 def analysis_flags(config: dict) -> list[str]:
     """`scalestudy analyze` flags: the report targets, the node size and the study's name (the
     reproduce command is the rule's resource: how the study was named changes no number)."""
