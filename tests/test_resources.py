@@ -140,12 +140,40 @@ def test_a_run_wider_than_a_node_is_refused_where_no_slurm_allocation_can_start_
     assert resources.multi_node_refusal({"w2_lb32": runs["w2_lb32"]}, {}) is None
 
 
-def test_the_machine_checks_apply_to_targets_that_may_launch_a_run():
-    assert resources.targets_launch(None) and resources.targets_launch([])  # `all`
-    assert not resources.targets_launch(["plan"])
-    assert not resources.targets_launch(["./reports/plan.md", "results/plan.csv", "matrix"])
-    assert resources.targets_launch(["plan", "reports/study.md"])
-    assert resources.targets_launch(["results/runs/w1_lb32_fp32_ddp_bk25_r0/metrics.json"])
+def test_the_machine_checks_judge_the_runs_the_targets_may_launch(tmp_path):
+    """The Snakefile's onstart (local executor) judged every run of the study: a target of one
+    1-rank run was refused because another spanned two nodes, and the re-analysis of a finished
+    GPU study on a machine without CUDA too. It judges the runs the targets need whose launch
+    outputs are missing."""
+    runs = {run: {"run": run} for run in ("w1_lb32_r0", "w2_lb32_r0", "w4_lb16_r0")}
+    done = {"w1_lb32_r0", "w2_lb32_r0"}
+    for run in done:
+        (tmp_path / run).mkdir()
+        (tmp_path / run / "metrics.json").touch()
+    (tmp_path / "w2_lb32_r0" / "capture").mkdir()  # a directory output
+
+    def outputs(run):
+        extra = ["capture"] if run == "w2_lb32_r0" else []
+        return [str(tmp_path / run / name) for name in ("metrics.json", *extra)]
+
+    def launching(targets):
+        return sorted(resources.launching_runs(runs, targets, outputs))
+
+    assert launching(None) == launching([]) == launching(["results/csv/scaling.csv"])
+    assert launching(None) == ["w4_lb16_r0"]  # `all`: the unfinished run
+    assert launching(["plan", "./reports/plan.md", "results/plan.csv", "matrix"]) == []
+    # a target of one finished run, or of its profile, launches nothing; of another, that run
+    assert launching(["results/runs/w1_lb32_r0/metrics.json"]) == []
+    assert launching(["results/profile/w2_lb32_r0/kernels.csv", "plan"]) == []
+    assert launching(["benchmarks/train/w4_lb16_r0.tsv"]) == ["w4_lb16_r0"]
+    # an output missing: the run may launch (here its profiling job)
+    (tmp_path / "w2_lb32_r0" / "capture").rmdir()
+    assert launching(["results/system/profile/w2_lb32_r0.json"]) == ["w2_lb32_r0"]
+    # every finished: a re-analysis launches nothing
+    (tmp_path / "w2_lb32_r0" / "capture").mkdir()
+    (tmp_path / "w4_lb16_r0").mkdir()
+    (tmp_path / "w4_lb16_r0" / "metrics.json").touch()
+    assert launching(None) == launching(["reports/study.md"]) == []
 
 
 def test_a_gpu_type_is_asked_for_as_typed_gres_on_every_node():

@@ -363,6 +363,51 @@ def test_a_multi_node_study_run_locally_outside_slurm_stops_at_once(tmp_path, mo
     shutil.rmtree(work)
 
 
+def test_the_local_checks_judge_only_the_runs_the_targets_start(done, tmp_path):
+    """onstart's refusals of what no local job can do judged the whole study: a finished GPU
+    study re-analysed on a machine without CUDA (no launch job at all) was refused, and so was
+    a target of one 1-rank run because another run spans two nodes. The same refusals stand
+    where a run that needs them is to start."""
+    work = tmp_path / "study"
+    shutil.copytree(done, work, symlinks=True)  # mtimes and Snakemake's records kept
+    # the finished study as a GPU study (measured on another machine's GPUs: the runs' flags
+    # as recorded there, so mtimes only), its analysis redone here, where no GPU is seen
+    gpu = yaml.safe_load(yaml.safe_dump(TINY))
+    gpu["hardware"]["device"] = "cuda"
+    write_config(work / "gpu.yaml", gpu)
+    scaling = work / "results/csv/scaling.csv"
+    scaling.unlink()
+    args = ("--configfile", "gpu.yaml", "--rerun-triggers", "mtime", "--cores", "1")
+    no_gpu = {"CUDA_VISIBLE_DEVICES": ""}
+    snakemake(work, "results/csv/scaling.csv", *args, stand_ins=True, extra_env=no_gpu,
+              timeout=300)  # fmt: skip
+    assert scaling.is_file()
+    # ... but not where a run is to train
+    run = min(RUN_IDS)  # one rank
+    metrics = work / "results/runs" / run / "metrics.json"
+    metrics.unlink()
+    target = str(metrics.relative_to(work))
+    proc = snakemake(work, target, *args, stand_ins=True, extra_env=no_gpu, check=False,
+                     timeout=300)  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "has no CUDA device" in out, out[-2000:]
+    assert not metrics.exists()  # no job ran
+    # a CPU study one of whose runs spans two nodes: that 1-rank run alone trains here ...
+    wide = yaml.safe_load(yaml.safe_dump(TINY))
+    wide["families"]["strong"]["gpus"] = [1, 2, 4]  # 4 ranks: 2 nodes of gpus_per_node 2
+    write_config(work / "wide.yaml", wide)
+    snakemake(work, target, "--configfile", "wide.yaml", "--cores", "1", stand_ins=True,
+              timeout=300)  # fmt: skip
+    assert metrics.is_file()
+    # ... and the study, whose 2-node run is to start, is refused before any job
+    proc = snakemake(work, "--configfile", "wide.yaml", "--cores", "1", stand_ins=True,
+                     check=False, timeout=300)  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "1 run(s) need more than one node (e.g. w4_" in out, out[-2000:]
+    assert not list(work.glob("results/runs/w4_*")) and not list(work.glob("logs/train/w4_*"))
+    shutil.rmtree(work)
+
+
 def test_a_study_name_with_braces_is_text_not_a_wildcard(done):
     """`study: "resnet18 {v2}"` passed the config's checks, then Snakemake stopped with a
     WildcardError in analyze's params that named no config key."""

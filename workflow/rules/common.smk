@@ -179,6 +179,17 @@ def get_wall_times(wildcards):
     )
 
 
+def get_launch_outputs(run):
+    """The files of a run's launch jobs the study asks for: training's, and the profiling jobs'
+    where the run is profiled (onstart: a run with one missing may launch)."""
+    launches = [rules.train]
+    if run in PROFILED:
+        launches.append(rules.profile_capture)
+        if profiling.ncu_enabled(config):
+            launches.append(rules.profile_ncu)
+    return [path.format(run=run) for rule in launches for path in rule.output]
+
+
 def get_plan_digest(wildcards):
     return PLAN.digest()
 

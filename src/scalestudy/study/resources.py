@@ -68,12 +68,40 @@ NO_LAUNCH_TARGETS = (
 )
 
 
-def targets_launch(targets) -> bool:
-    """Whether the targets given to snakemake (none: the `all` rule) may start a launch rule's
-    job: the onstart checks of this machine (CUDA, GPUs, nodes) apply only then; they refused
-    `snakemake plan` of the GPU study on a machine without CUDA."""
-    given = {os.path.normpath(str(t)) for t in targets or ()}
-    return not given or not given <= set(NO_LAUNCH_TARGETS)
+def launching_runs(
+    runs: dict[str, dict],
+    targets,
+    outputs: Callable[[str], Iterable[str]],
+    exists: Callable[[str], bool] = os.path.exists,
+) -> dict[str, dict]:
+    """The runs of `runs` whose launch jobs (LAUNCH_RULES) the targets given to snakemake may
+    start: the runs the Snakefile's onstart judges under the local executor (CUDA, nodes, GPU
+    slots). Judging every run of the study refused a target of one 1-rank run because another
+    spanned two nodes, and the re-analysis of a finished GPU study on a machine without CUDA.
+
+    - the runs the targets need: for a target that is one run's file (the run id a directory
+      or the file's stem: results/runs/<run>/metrics.json, results/profile/<run>/...,
+      benchmarks/train/<run>.tsv) that run; none for NO_LAUNCH_TARGETS; every run for any
+      other target and for none (`all`);
+    - of those, the runs with a launch output missing (`outputs(run)`: the files of the run's
+      launch jobs the study asks for): a finished run starts no launch job.
+
+    Snakemake has no public API for the jobs it will start, so a finished run it starts again
+    (its code or flags changed, or forced with -R) is not judged here: `scalestudy launch` in
+    its job refuses the same runs in one line (jobs/launch.py: a multi-node run outside Slurm;
+    jobs/gpu_slots.py: a CUDA run wider than the visible GPUs, none visible included)."""
+    needed: set[str] = set()
+    for target in targets or ("all",):
+        path = os.path.normpath(str(target))
+        if path in NO_LAUNCH_TARGETS:
+            continue
+        named = {*Path(path).parts, Path(path).stem} & set(runs)
+        needed |= named if len(named) == 1 else set(runs)
+    return {
+        run: row
+        for run, row in runs.items()
+        if run in needed and not all(exists(str(path)) for path in outputs(run))
+    }
 
 
 PACKAGE = Path("src") / "scalestudy"
