@@ -29,6 +29,14 @@ pytestmark = pytest.mark.workflow
 FIGURES = [f for f in vocab.FIGURES if f not in ("gpu_util", "profile")]
 
 
+def need_latexmk() -> None:
+    """Skip a test that builds a PDF where TeX is absent; fail it under CI, which has TeX."""
+    if not latex.have_latexmk():
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI must have TeX: scripts/setup.sh installs latexmk as root")
+        pytest.skip(latex.MISSING)
+
+
 @pytest.fixture(scope="module")
 def done(tiny_study):
     return tiny_study
@@ -116,10 +124,7 @@ def test_documents_state_what_did_not_run_and_hold_no_placeholder(done, name):
 
 
 def test_paper_pdf_renders_with_its_figures(done):
-    if not latex.have_latexmk():
-        if os.environ.get("CI") == "true":
-            pytest.fail("CI must have TeX: scripts/setup.sh installs latexmk as root")
-        pytest.skip(latex.MISSING)
+    need_latexmk()
     assert (done / "reports/paper.pdf").read_bytes()[:4] == b"%PDF"
     log = (done / "reports/paper.log").read_text(errors="replace")
     assert re.search(r"Output written on paper\.pdf \(\d+ pages", log)
@@ -186,10 +191,7 @@ def test_a_large_studys_tables_break_across_pages(tmp_path):
         rows = [line for line in body.splitlines() if line.startswith(("strong &", "weak &",
                 "precision &", "bucket &"))]  # fmt: skip
         assert len(rows) == len(tables["scaling"]), section
-    if not latex.have_latexmk():
-        if os.environ.get("CI") == "true":
-            pytest.fail("CI must have TeX: scripts/setup.sh installs latexmk as root")
-        pytest.skip(latex.MISSING)
+    need_latexmk()
     assert cli.main(["build-pdf", str(out / "paper.tex")]) == 0
     log = (out / "paper.log").read_text(errors="replace")
     pages = int(re.search(r"Output written on paper\.pdf \((\d+) pages", log).group(1))
@@ -846,10 +848,7 @@ def test_the_figure_dirs_refused_are_those_pdflatex_cannot_include_from(done, tm
     from scalestudy import cli
     from scalestudy.results.render_report import figure_dir_problem
 
-    if not latex.have_latexmk():
-        if os.environ.get("CI") == "true":
-            pytest.fail("CI must have TeX: scripts/setup.sh installs latexmk as root")
-        pytest.skip(latex.MISSING)
+    need_latexmk()
     figures = tmp_path / name
     figures.mkdir()
     shutil.copy(done / "results/plots/throughput.pdf", figures)
@@ -870,10 +869,7 @@ def test_a_tex_error_is_one_line_with_its_line_and_log(tmp_path, capsys):
     log_text = "This is pdfTeX\n! LaTeX Error: Unicode character ≥ (U+2265)\n\nl.12 ResNet ≥\n"
     assert latex.first_tex_error(log_text) == "LaTeX Error: Unicode character ≥ (U+2265) (line 12)"
     assert latex.first_tex_error("no error here\n") is None
-    if not latex.have_latexmk():
-        if os.environ.get("CI") == "true":
-            pytest.fail("CI must have TeX: scripts/setup.sh installs latexmk as root")
-        pytest.skip(latex.MISSING)
+    need_latexmk()
     tex = tmp_path / "paper.tex"
     tex.write_text(
         "\\documentclass{article}\n\\begin{document}\n\\undefinedmacro\n\\end{document}\n"
@@ -952,10 +948,7 @@ def test_a_character_the_79_column_break_splits_is_joined_again(tmp_path, capsys
         "not found: using draft setting. (line 4)"
     )
     assert latex.first_tex_error(raw.decode("utf-8", "surrogateescape")) == message
-    if not latex.have_latexmk():
-        if os.environ.get("CI") == "true":
-            pytest.fail("CI must have TeX: scripts/setup.sh installs latexmk as root")
-        pytest.skip(latex.MISSING)
+    need_latexmk()
     tex = tmp_path / "paper.tex"
     # the same error from pdfTeX: a path whose ü straddles the log's 79th byte
     tex.write_text(
@@ -975,10 +968,7 @@ def test_a_failed_build_leaves_no_pdf_of_an_earlier_one(tmp_path, capsys):
     the previous paper.pdf beside the new paper.tex: the old document, looking built."""
     from scalestudy import cli
 
-    if not latex.have_latexmk():
-        if os.environ.get("CI") == "true":
-            pytest.fail("CI must have TeX: scripts/setup.sh installs latexmk as root")
-        pytest.skip(latex.MISSING)
+    need_latexmk()
     tex, pdf = tmp_path / "paper.tex", tmp_path / "paper.pdf"
     body = "\\begin{document}\nFirst version.\n\\end{document}\n"
     tex.write_text("\\documentclass{article}\n" + body)
@@ -996,10 +986,7 @@ def test_the_users_latexmkrc_cannot_move_the_pdf(tmp_path, monkeypatch, capsys):
     TeX error it named a reports/paper.log that did not exist and latexmk's last line."""
     from scalestudy import cli
 
-    if not latex.have_latexmk():
-        if os.environ.get("CI") == "true":
-            pytest.fail("CI must have TeX: scripts/setup.sh installs latexmk as root")
-        pytest.skip(latex.MISSING)
+    need_latexmk()
     home = tmp_path / "home"
     (home / ".config/latexmk").mkdir(parents=True)
     for rc in (home / ".latexmkrc", home / ".config/latexmk/latexmkrc"):
@@ -1074,10 +1061,7 @@ def _build_with_the_papers_fonts(tmp_path, text: str) -> None:
     by `scalestudy build-pdf` (latexmk, pdfLaTeX)."""
     from scalestudy import cli
 
-    if not latex.have_latexmk():
-        if os.environ.get("CI") == "true":
-            pytest.fail("CI must have TeX: scripts/setup.sh installs latexmk as root")
-        pytest.skip(latex.MISSING)
+    need_latexmk()
     doc = tmp_path / "paper.tex"
     doc.write_text(
         "\\documentclass{article}\n\\usepackage{amsmath}\n\\usepackage{lmodern}\n"
