@@ -1517,6 +1517,59 @@ def test_tool_choice_auto_and_explicit():
         capture.choose_tool("nsys", "cpu", "/opt/nsys")
 
 
+CONFIG_SCHEMA = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
+# dotted words of the profiling messages that are no config key (the tool, by its module name)
+NOT_CONFIG_KEYS = {"torch.profiler"}
+
+
+def _config_key(path: str) -> dict | None:
+    """The schema of study config key `path` (profiling.ncu.enabled), None where there is none."""
+    node = CONFIG_SCHEMA
+    for part in path.split("."):
+        node = node.get("properties", {}).get(part)
+        if node is None:
+            return None
+    return node
+
+
+def test_profiling_messages_name_real_config_keys(tmp_path, capsys):
+    """The errors and tool.json's `why` of `profile capture` and `profile ncu` name the study
+    config key a user changes; a module split rewrote them to `schema.tool` and
+    `schema.ncu.enabled`, keys no study has (`--config schema.tool=torch` is refused). Every
+    dotted key they name must be a key of workflow/schemas/config.schema.yaml, and every value
+    they state or offer for it one that key allows."""
+    messages = [
+        capture.choose_tool(*a)[1]
+        for a in [("torch", "cuda", None), ("nsys", "cuda", "/opt/nsys"), ("auto", "cpu", None),
+                  ("auto", "cuda", None), ("auto", "cuda", "/opt/nsys")]
+    ]  # fmt: skip
+    for a in [("nsys", "cpu", "/opt/nsys"), ("nsys", "cuda", None)]:
+        with pytest.raises(ProfileError) as exc:
+            capture.choose_tool(*a)
+        messages.append(str(exc.value))
+    messages.append(capture.ncu_refusal("==ERROR== ERR_NVGPUCTRPERM - no permission"))
+    # the command's own line where ncu cannot run at all (no GPU): before anything runs
+    argv = ["profile", "ncu", "--run", "r", "--kernels", str(tmp_path / "k.csv"),
+            "--enabled", "true", "--out-dir", str(tmp_path / "n"), "--out",
+            str(tmp_path / "n.csv"), "--device", "cpu", "--", "--epochs", "1"]  # fmt: skip
+    assert cli.main(argv) == 2
+    messages.append(capsys.readouterr().err.strip().splitlines()[-1])
+    key = r"[a-z_]{2,}(?:\.[a-z_]{2,})+"
+    named = set()
+    for message in messages:
+        for word in set(re.findall(rf"\b{key}\b", message)) - NOT_CONFIG_KEYS:
+            assert _config_key(word) is not None, f"{word!r} is no study config key: {message}"
+            named.add(word)
+        # "KEY is VALUE", "KEY: VALUE", "use KEY VALUE or VALUE"
+        offered = re.findall(rf"\b({key})(?: is|:) ([a-z]+)\b", message)
+        for word, first, second in re.findall(rf"use ({key}) ([a-z]+)(?: or ([a-z]+))?", message):
+            offered += [(word, first), *([(word, second)] if second else [])]
+        for word, value in offered:
+            allowed = {str(v).lower() for v in _config_key(word)["enum"]}
+            assert value in allowed, f"{word} {value!r} is not allowed ({allowed}): {message}"
+    assert {"profiling.tool", "profiling.ncu.enabled", "hardware.device"} <= named
+
+
 def test_nsys_commands():
     cmd = capture.nsys_profile_command(
         "d/nsys_rank3", "cuda,nvtx", ["python", "-m", "scalestudy", "train"]
@@ -1956,7 +2009,7 @@ def test_ncu_on_a_node_whose_counters_are_admin_only(data_dir, tmp_path):
     assert manifest["tool"] == "none" and "ERR_NVGPUCTRPERM" in manifest["why"]
     proc = ncu("true", tmp_path / "true")
     assert proc.returncode != 0 and not (tmp_path / "true" / "ncu.csv").exists()
-    assert "schema.ncu.enabled is true but ncu may not read" in proc.stderr
+    assert "profiling.ncu.enabled is true but ncu may not read" in proc.stderr
 
 
 def test_ncu_leaves_out_a_kernel_its_process_never_launched(data_dir, tmp_path):
@@ -2004,7 +2057,7 @@ def test_ncu_leaves_out_a_kernel_its_process_never_launched(data_dir, tmp_path):
     assert manifest["tool"] == "none" and manifest["not_launched"] == [fprop, bn]
     proc = ncu("true", tmp_path / "fail")
     assert proc.returncode == 2 and not (tmp_path / "fail" / "ncu.csv").exists()
-    assert "schema.ncu.enabled is true but none of the top 2" in proc.stderr.splitlines()[-1]
+    assert "profiling.ncu.enabled is true but none of the top 2" in proc.stderr.splitlines()[-1]
 
 
 def test_a_hung_post_processing_tool_is_stopped_with_one_line(tmp_path):

@@ -110,22 +110,28 @@ NCU_METRICS = ",".join(
 # pure command construction (unit-tested; the cluster runs exactly these)
 
 
+# the study config keys (workflow/schemas/config.schema.yaml) the profiling jobs' flags come from:
+# their messages name these, the keys a user sets (tests check each resolves in the schema)
+TOOL_KEY = "profiling.tool"
+NCU_KEY = "profiling.ncu.enabled"
+
+
 def choose_tool(requested: str, device: str, nsys_path: str | None) -> tuple[str, str]:
     """(tool, why): nsys or torch. Explicit nsys without nsys or without CUDA is an error."""
     if requested == "torch":
-        return "torch", "schema.tool is torch"
+        return "torch", f"{TOOL_KEY} is torch"
     if requested == "nsys":
         if device != "cuda":
             raise ProfileError(
-                "schema.tool is nsys but this study runs on CPU (hardware.device: cpu); "
-                "Nsight Systems profiles GPUs: use schema.tool auto or torch"
+                f"{TOOL_KEY} is nsys but this study runs on CPU (hardware.device: cpu); "
+                f"Nsight Systems profiles GPUs: use {TOOL_KEY} auto or torch"
             )
         if nsys_path is None:
             raise ProfileError(
-                "schema.tool is nsys but `nsys` is not on PATH on this node: load the Nsight "
-                "Systems module (e.g. `module load nsight-systems`) or use schema.tool auto"
+                f"{TOOL_KEY} is nsys but `nsys` is not on PATH on this node: load the Nsight "
+                f"Systems module (e.g. `module load nsight-systems`) or use {TOOL_KEY} auto"
             )
-        return "nsys", f"schema.tool is nsys ({nsys_path})"
+        return "nsys", f"{TOOL_KEY} is nsys ({nsys_path})"
     if device != "cuda":
         return "torch", "auto: no GPU (hardware.device: cpu), torch.profiler over the same window"
     if nsys_path is None:
@@ -488,7 +494,7 @@ def ncu_refusal(output: str) -> str | None:
         return (
             f"ncu may not read this node's GPU performance counters ({NCU_NO_PERMISSION}: "
             "administrators only): ask the site to allow them "
-            "(NVreg_RestrictProfilingToAdminUsers=0), or set schema.ncu.enabled: false"
+            f"(NVreg_RestrictProfilingToAdminUsers=0), or set {NCU_KEY}: false"
         )
     return None
 
@@ -744,9 +750,9 @@ def ncu(args: argparse.Namespace) -> int:
     if args.device != "cuda" or ncu_path is None:
         missing = "no GPU (hardware.device: cpu)" if args.device != "cuda" else "`ncu` not on PATH"
         if args.enabled == "true":
-            raise ProfileError(
-                f"schema.ncu.enabled is true but {missing}: load Nsight Compute "
-                "(e.g. `module load nsight-compute`) or set schema.ncu.enabled: auto"
+            raise ncu_required(
+                f"{missing}: load Nsight Compute (e.g. `module load nsight-compute`) or set "
+                f"{NCU_KEY}: auto"
             )
         why = f"auto: {missing}, no Nsight Compute metrics for {args.run}"
         logger.info(why)
@@ -789,7 +795,7 @@ def ncu(args: argparse.Namespace) -> int:
         refused = ncu_refusal(output)
         if refused and not report.exists():
             if args.enabled == "true":
-                raise ProfileError(f"schema.ncu.enabled is true but {refused}")
+                raise ncu_required(refused)
             why = f"auto: {refused}; no Nsight Compute metrics for {args.run}"
             logger.warning(f"WARNING {why}")
             return _no_ncu(out_dir, args.out, why)
@@ -816,7 +822,7 @@ def ncu(args: argparse.Namespace) -> int:
             "under ncu (see the WARNING lines above)"
         )
         if args.enabled == "true":
-            raise ProfileError(f"schema.ncu.enabled is true but {why}")
+            raise ncu_required(why)
         logger.warning(f"WARNING auto: {why}; no Nsight Compute metrics for {args.run}")
         return _no_ncu(out_dir, args.out, f"auto: {why}", not_launched)
     rows = []
@@ -827,6 +833,12 @@ def ncu(args: argparse.Namespace) -> int:
     files.write_json(out_dir / "tool.json", {**manifest, "not_launched": not_launched})
     files.write_text(args.out, schema.csv_text(schema.NCU_COLUMNS, rows))
     return 0
+
+
+def ncu_required(why: str) -> ProfileError:
+    """The error of `profile ncu --enabled true` (the study's profiling.ncu.enabled: true) where
+    ncu cannot profile; under auto the same `why` skips ncu instead."""
+    return ProfileError(f"{NCU_KEY} is true but {why}")
 
 
 def _no_ncu(out_dir: Path, out: str, why: str, not_launched: list[str] = ()) -> int:
