@@ -2401,6 +2401,42 @@ def test_profile_outputs_and_ncu_numbers_are_checked_before_anything_runs(tmp_pa
     assert not (tmp_path / "n").exists()
 
 
+def test_ncu_checks_its_outputs_before_the_first_pass(tmp_path, capsys, monkeypatch):
+    """`profile ncu` ran every ncu pass (each a whole training run under ncu: hours on a
+    cluster) before it found --out unwritable, then failed with an unclear line beside a
+    tool.json naming the kernels it had profiled. Its outputs (--out, --out-dir's tool.json) are
+    checked first: one line naming the path, no pass, nothing written."""
+    kernels = tmp_path / "kernels.csv"
+    rows = schema.kernel_rows("w1", "nsys", {0: [{"name": "conv_kernel", "instances": 3,
+                                                  "total_ns": 9000}]})  # fmt: skip
+    kernels.write_text(schema.csv_text(schema.KERNEL_COLUMNS, rows))
+    monkeypatch.setenv("PATH", f"{STAND_INS / 'ncu-cudnn-autotune'}:{os.environ['PATH']}")
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+
+    def no_pass(*_, **__):
+        raise AssertionError("an ncu pass ran")
+
+    monkeypatch.setattr(capture, "_run_logged", no_pass)
+    blocker, a_dir = tmp_path / "blocker", tmp_path / "a_dir"
+    blocker.write_text("")
+    a_dir.mkdir()
+    cases = [
+        (tmp_path / "n1", blocker / "ncu.csv", f"{blocker}: is a file, not a directory"),
+        (tmp_path / "n2", a_dir, f"{a_dir}: is a directory, not a file"),
+        (blocker / "ncu", tmp_path / "ncu.csv", f"{blocker / 'ncu'}: cannot be made: {blocker}"),
+    ]
+    for enabled in ("true", "auto"):
+        for out_dir, out, says in cases:
+            argv = ["profile", "ncu", "--run", "w1", "--kernels", str(kernels),
+                    "--enabled", enabled, "--top-k", "1", "--out-dir", str(out_dir),
+                    "--out", str(out), "--device", "cuda", "--mpi=", "--",
+                    "--epochs", "1"]  # fmt: skip
+            assert cli.main(argv) == 2
+            err = capsys.readouterr().err.strip().splitlines()
+            assert len(err) == 1 and f"nothing written: {says}" in err[0], err
+            assert not out_dir.exists() and not (tmp_path / "ncu.csv").exists()
+
+
 def test_a_profiler_missing_where_a_rank_runs_is_one_line(tmp_path, capsys):
     """`profile rank` exec'd a profiler that was not there: FileNotFoundError's traceback."""
     from scalestudy import cli

@@ -745,6 +745,9 @@ def _warn_phase_time_base(run: str, source: Path, ranges: list[dict]) -> None:
 
 def ncu(args: argparse.Namespace) -> int:
     out_dir = Path(args.out_dir)
+    # before the first pass (each a whole training run under ncu): an --out found unwritable
+    # after them cost hours and left a tool.json naming kernels whose CSV was never written
+    files.check_outputs([args.out, out_dir / "tool.json"], ProfileError)
     out_dir.mkdir(parents=True, exist_ok=True)
     ncu_path = shutil.which("ncu")
     if args.device != "cuda" or ncu_path is None:
