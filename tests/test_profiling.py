@@ -2465,7 +2465,32 @@ def test_a_bad_capture_command_leaves_the_earlier_capture(
     """`profile capture` removed the earlier capture in --out (and wrote --inventory) before it
     checked its layout counts and the trainer's flags: a typo destroyed the previous capture.
     Now the one line comes first, and --out and the inventory are left as they were."""
+    _refused_capture_leaves_the_earlier_one(
+        tmp_path, capsys, monkeypatch, tmp_path / "inv.json", flags, says
+    )
+    assert not (tmp_path / "inv.json").exists()
+
+
+def test_an_unwritable_inventory_leaves_the_earlier_capture(tmp_path, capsys, monkeypatch):
+    """--out was checked before the earlier capture was cleared, --inventory not: a bad
+    inventory path cleared the earlier capture, then failed at the inventory's write."""
+    blocker = tmp_path / "blocker"
+    blocker.write_text("")
+    for inventory, says in [
+        (blocker / "inv.json", f"--inventory {blocker / 'inv.json'}: {blocker}: is a file"),
+        (tmp_path, f"--inventory {tmp_path}: {tmp_path}: is a directory, not a file"),
+    ]:
+        flags = ["--", "--epochs", "1"]
+        _refused_capture_leaves_the_earlier_one(
+            tmp_path, capsys, monkeypatch, inventory, flags, says
+        )
+
+
+def _refused_capture_leaves_the_earlier_one(tmp_path, capsys, monkeypatch, inventory, flags, says):
+    """`profile capture` into a --out that holds an earlier capture, refused in one line that
+    says `says`: nothing started, the earlier capture's files as they were."""
     cap = tmp_path / "cap"
+    shutil.rmtree(cap, ignore_errors=True)
     (cap / "stats").mkdir(parents=True)
     (cap / "train" / "profile").mkdir(parents=True)
     (cap / "tool.json").write_text('{"run": "r1", "tool": "torch", "input": "train/profile"}\n')
@@ -2479,13 +2504,12 @@ def test_a_bad_capture_command_leaves_the_earlier_capture(
 
     monkeypatch.setattr(capture, "_run", no_ranks)
     argv = ["profile", "capture", "--run", "r1", "--tool", "torch", "--device", "cpu"]
-    argv += ["--out", str(cap), "--inventory", str(tmp_path / "inv.json"), "--mpi=", *flags]
+    argv += ["--out", str(cap), "--inventory", str(inventory), "--mpi=", *flags]
     try:
         code = cli.main(argv)
     except SystemExit as exc:  # argparse's own one line
         code = exc.code
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and says in err[0], err
     assert {p: p.read_bytes() for p in cap.rglob("*") if p.is_file()} == before
-    assert not (tmp_path / "inv.json").exists()
+    assert len(err) == 1 and says in err[0], err

@@ -521,6 +521,9 @@ def capture(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if why := files.output_dir_problem(out):  # "File exists" from mkdir otherwise
         raise ProfileError(f"--out {out} {why}")
+    # the inventory too, before the earlier capture is cleared: a bad path cost that capture
+    if args.inventory and (problems := files.output_problems([args.inventory])):
+        raise ProfileError(f"--inventory {args.inventory}: {'; '.join(problems)}")
     tool, why = choose_tool(args.tool, args.device, shutil.which("nsys"))
     train_dir = out / "train"
     args.train_args = _train_args(args, train_dir)
