@@ -2437,6 +2437,91 @@ def test_ncu_checks_its_outputs_before_the_first_pass(tmp_path, capsys, monkeypa
             assert not out_dir.exists() and not (tmp_path / "ncu.csv").exists()
 
 
+def test_ncu_clears_an_earlier_runs_results_and_writes_each_import_whole(
+    tmp_path, capsys, monkeypatch
+):
+    """`profile ncu` never cleared its --out-dir: after a rerun with a smaller top_k (or one
+    skipped under auto) the earlier run's ncu_k<i>.csv lay beside a tool.json that does not
+    list them, and `profile parse --ncu DIR` (every *.csv of the directory) read them as this
+    run's kernels; and an `ncu --import` that failed half-way left a half-written ncu_k<i>.csv.
+    Now the earlier run's files (tool.json, ncu_k<i>.{csv,ncu-rep,log}) are removed once the
+    command's checks have passed (the user's own files kept), and each import is written whole
+    or not at all. The ncu passes (a training run each) are faked: the fake writes each pass's
+    log and the report the stand-in ncu would (tests/stand-ins/ncu-cudnn-autotune), whose
+    `ncu --import` then runs for real."""
+    a = "void at::native::batch_norm_collect_statistics_channels_last_kernel<float>(float *)"
+    b = "void at::native::batch_norm_backward_kernel<float>(float *)"
+    kernels = tmp_path / "kernels.csv"
+    launched = [{"name": a, "instances": 3, "total_ns": 9000},
+                {"name": b, "instances": 3, "total_ns": 5000}]  # fmt: skip
+    rows = schema.kernel_rows("w1", "nsys", {0: launched})
+    kernels.write_text(schema.csv_text(schema.KERNEL_COLUMNS, rows))
+    monkeypatch.setenv("PATH", f"{STAND_INS / 'ncu-cudnn-autotune'}:{os.environ['PATH']}")
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    canned = REPO / "tests" / "fixtures" / "gpu-h200" / "ncu_k0.csv"
+
+    def ncu_pass(argv, env, log_path):  # what the stand-in's pass leaves: its log, a report
+        log_path.write_text("ncu pass\n")
+        shutil.copyfile(canned, log_path.with_suffix(".ncu-rep"))
+        return 0, ""
+
+    monkeypatch.setattr(capture, "_run_logged", ncu_pass)
+    out_dir, out = tmp_path / "ncu", tmp_path / "ncu.csv"
+
+    def earlier_run():  # an earlier run of both kernels, and a file of the user's
+        shutil.rmtree(out_dir, ignore_errors=True)
+        out_dir.mkdir()
+        for i in (0, 1):
+            shutil.copyfile(REPO / "tests" / "fixtures" / "gpu-h100-ncu" / f"ncu_k{i}.csv",
+                            out_dir / f"ncu_k{i}.csv")  # fmt: skip
+            (out_dir / f"ncu_k{i}.ncu-rep").write_text("earlier\n")
+            (out_dir / f"ncu_k{i}.log").write_text("earlier\n")
+        (out_dir / "tool.json").write_text(json.dumps({"tool": "ncu", "kernels": [a, b]}))
+        (out_dir / "notes.txt").write_text("the user's own\n")
+        return {p.name: p.read_bytes() for p in out_dir.iterdir()}
+
+    def profile_ncu(*flags, device="cuda"):
+        argv = ["profile", "ncu", "--run", "w1", "--kernels", str(kernels), *flags,
+                "--out-dir", str(out_dir), "--out", str(out), "--device", device,
+                "--mpi=", "--", "--epochs", "1"]  # fmt: skip
+        return cli.main(argv)
+
+    def parse_dir():
+        code = cli.main(["profile", "parse", "--ncu", str(out_dir), "--run", "w1",
+                         "--out-ncu", str(tmp_path / "parsed.csv")])  # fmt: skip
+        return code, list(csv.DictReader((tmp_path / "parsed.csv").open())) if code == 0 else []
+
+    # a rerun with top_k 1: only its kernel's files, and parse of the directory reads only it
+    earlier_run()
+    assert profile_ncu("--enabled", "auto", "--top-k", "1") == 0
+    names = sorted(p.name for p in out_dir.iterdir())
+    assert names == ["ncu_k0.csv", "ncu_k0.log", "ncu_k0.ncu-rep", "notes.txt", "tool.json"]
+    assert json.loads((out_dir / "tool.json").read_text())["kernels"] == [a]
+    job = list(csv.DictReader(out.open()))
+    code, parsed = parse_dir()
+    assert code == 0 and len(parsed) == len(job) == 1
+    assert (out_dir / "ncu_k0.csv").read_bytes() == canned.read_bytes()
+    # ncu skipped under auto (no GPU): tool.json says why, no earlier kernel is left to parse
+    earlier_run()
+    assert profile_ncu("--enabled", "auto", device="cpu") == 0
+    assert sorted(p.name for p in out_dir.iterdir()) == ["notes.txt", "tool.json"]
+    assert json.loads((out_dir / "tool.json").read_text())["tool"] == "none"
+    assert parse_dir()[0] == 2
+    capsys.readouterr()
+    # refused before anything ran (enabled true without a GPU): the earlier run is left
+    before = earlier_run()
+    assert profile_ncu("--enabled", "true", device="cpu") == 2
+    assert {p.name: p.read_bytes() for p in out_dir.iterdir()} == before
+    # an import that fails half-way (here: prints half the report, exits 1) writes no CSV
+    earlier_run()
+    half = [PYTHON, "-c", "import sys; sys.stdout.write(open(sys.argv[1]).read()[:400]); "
+            "sys.exit(1)"]  # fmt: skip
+    monkeypatch.setattr(capture, "ncu_import_command", lambda report: [*half, report])
+    assert profile_ncu("--enabled", "true", "--top-k", "1") == 2
+    assert "failed with exit 1" in capsys.readouterr().err.strip().splitlines()[-1]
+    assert not any(p.name.startswith(("ncu_k0.csv", ".ncu_k0.csv")) for p in out_dir.iterdir())
+
+
 def test_a_profiler_missing_where_a_rank_runs_is_one_line(tmp_path, capsys):
     """`profile rank` exec'd a profiler that was not there: FileNotFoundError's traceback."""
     from scalestudy import cli

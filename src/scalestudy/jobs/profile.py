@@ -40,7 +40,11 @@ ncu: rank 0 only (the other ranks run plain; a profiled NCCL kernel would wait f
           --launch-skip S' --launch-count C --target-processes all -o DIR/ncu_k<i>
   (S' = S clamped so that C launches remain of the kernel's instances on rank 0 in the nsys
   window), then `ncu -i DIR/ncu_k<i>.ncu-rep --csv --page details --print-units base
-  --print-metric-name name` -> DIR/ncu_k<i>.csv, whose rows carry the kernels CSV's name.
+  --print-metric-name name` -> DIR/ncu_k<i>.csv (whole or not at all), whose rows carry the
+  kernels CSV's name. --out and DIR are checked before the first pass; an earlier run's
+  tool.json and ncu_k<i>.{csv,ncu-rep,log} in DIR are removed after the command's checks
+  (every pass's command built), the user's own files kept, so `parse --ncu DIR` reads only
+  this run's kernels (none where ncu is skipped).
   --clock-control none: the GPU at the clocks the timed runs see (ncu locks them to base by
   default, so its durations would disagree with the timed runs). The top K are rank 0's (the
   rank ncu profiles). ncu's process autotunes cuDNN afresh (cudnn.benchmark), so it may choose
@@ -513,6 +517,18 @@ def _clear_earlier_capture(out: Path) -> None:
                 old.unlink()
 
 
+# what `profile ncu` writes into --out-dir: an earlier run's are removed first, so that a kernel
+# it profiled and this run did not (a smaller top_k, ncu skipped) is not parsed as this run's
+# (`profile parse --ncu DIR` reads every *.csv of the directory)
+NCU_MADE = re.compile(r"tool\.json|ncu_k\d+\.(csv|ncu-rep|log)")
+
+
+def _clear_earlier_ncu(out_dir: Path) -> None:
+    for old in out_dir.iterdir():
+        if NCU_MADE.fullmatch(old.name) and not old.is_dir():
+            old.unlink()
+
+
 def _train_args(args: argparse.Namespace, train_dir: Path) -> list[str]:
     return [*launch.trainer_flags(args.train_args), "--out", str(train_dir)]
 
@@ -762,6 +778,7 @@ def ncu(args: argparse.Namespace) -> int:
             )
         why = f"auto: {missing}, no Nsight Compute metrics for {args.run}"
         logger.info(why)
+        _clear_earlier_ncu(out_dir)
         return _no_ncu(out_dir, args.out, why)
     kernel_rows = schema.read_csv(args.kernels, schema.KERNEL_COLUMNS)
     # rank 0's top kernels: the rank ncu profiles (each rank autotunes its own cuDNN engines)
@@ -774,9 +791,9 @@ def ncu(args: argparse.Namespace) -> int:
     train_args = _train_args(args, out_dir / "train")
     launch.hold_local_gpus(env, args.nodes * args.ranks_per_node, train_args)
     options, binds = wrapper_options(args, ncu_path)
-    profiled, not_launched = [], []
-    for i, kernel in enumerate(kernels):
-        args.train_args = list(train_args)
+    args.train_args = list(train_args)
+    passes = []  # (index, kernel, --launch-skip, the ranks' command): all built, every check
+    for i, kernel in enumerate(kernels):  # made, before the earlier run's results are removed
         skip = ncu_launch_skip(kernel_rows, kernel, args.launch_skip, args.launch_count)
         if skip != args.launch_skip:
             logger.info(
@@ -794,9 +811,11 @@ def ncu(args: argparse.Namespace) -> int:
             count=args.launch_count,
             **options,
         )
+        passes.append((i, kernel, skip, launch_command(args, prefix, binds)))
+    _clear_earlier_ncu(out_dir)
+    profiled, not_launched = [], []
+    for i, kernel, skip, argv in passes:
         report = out_dir / f"ncu_k{i}.ncu-rep"
-        report.unlink(missing_ok=True)  # a report of an earlier attempt is no evidence
-        argv = launch_command(args, prefix, binds)
         code, output = _run_logged(argv, env, out_dir / f"ncu_k{i}.log")
         refused = ncu_refusal(output)
         if refused and not report.exists():
@@ -807,7 +826,6 @@ def ncu(args: argparse.Namespace) -> int:
             return _no_ncu(out_dir, args.out, why)
         if code != 0:
             raise _failed(argv, code, f" (its output: {out_dir / f'ncu_k{i}.log'})")
-        (out_dir / f"ncu_k{i}.csv").unlink(missing_ok=True)
         if not report.exists():
             # ncu writes no report when its filter matched no launch: this process's cuDNN
             # autotuning chose other engines than the capture's (or the skip was too large)
@@ -819,7 +837,8 @@ def ncu(args: argparse.Namespace) -> int:
             )
             not_launched.append(kernel)
             continue
-        with (out_dir / f"ncu_k{i}.csv").open("w") as f:
+        # whole or not at all: a failed or stopped import left a half-written CSV
+        with files.atomic_open(out_dir / f"ncu_k{i}.csv") as f:
             _run(ncu_import_command(str(report)), env, stdout=f, timeout=TOOL_TIMEOUT_S)
         profiled.append((i, kernel))
     if not profiled:
