@@ -437,6 +437,9 @@ def test_sigstopped_rank_is_named_by_rank_0(data_dir, tmp_path):
         os.kill(rank1, signal.SIGSTOP)
         # the diagnosis follows the failure line: killing the ranks at that line cut it off
         assert wait_for(lines, "hang diagnosis: the furthest rank(s)", 60, reader), "".join(lines)
+        # and for the traceback after it, asserted on below: killed at the diagnosis line, the
+        # ranks' output sometimes ended before their traceback (a failed CI run)
+        wait_for(lines, "Traceback", 60, reader)
     finally:
         for pid in workers or children(proc.pid):
             with contextlib.suppress(ProcessLookupError):
