@@ -145,6 +145,14 @@ def plural(unit: str, count) -> str:
     return vocab.plural(unit, _float(count))
 
 
+def repeats_range(fewest, most) -> str:
+    """system.csv's repeats_min and repeats_max as the documents say them before "per
+    configuration": "3 repeats", "1 repeat", or "1 to 3 repeats" where they differ."""
+    if fewest == most:
+        return f"{fmt_num(fewest)} {plural('repeats', fewest)}"
+    return f"{fmt_num(fewest)} to {fmt_num(most)} repeats"
+
+
 def md_cell(value) -> str:
     """Free text (a config value, a note) as one Markdown table cell: GitHub's tables end a cell
     at every '|' not escaped, in a code span too, and a row at a line break (a study named
@@ -414,6 +422,7 @@ def environment(templates: Path) -> tuple[jinja2.Environment, jinja2.Environment
     for env in (md, tex):
         env.filters.update(FORMATS)
         env.filters["plural"] = plural
+        env.globals["repeats_range"] = repeats_range
         env.filters["pct_apart"] = fmt_pct_apart
         env.filters["spct_apart"] = functools.partial(fmt_pct_apart, signed=True)
         env.filters["pct_bar"] = fmt_pct_bar
