@@ -109,10 +109,11 @@ def run(args: argparse.Namespace) -> int:
     optional = (*RUNS_OPTIONAL, "grad_sync_bytes")  # blank: the run is not modelled
     check_runs(rows, args.runs, ("strategy", "precision"), numbers, optional)
     pts, skipped = model.points(rows)  # an AnalysisError: one line, before anything is written
-    fit = model.fit_points(pts)
+    compute = model.fit_compute(pts)  # once: the fit, its rows and the left-out list read it
+    fit = model.fit_points(pts, compute)
     # configurations without a compute of their precision: no fit row, a not_modelled one
-    unmodelled = model.without_compute(pts, model.fit_compute(pts))
-    table = model_table(pts, [*skipped, *unmodelled], fit)
+    unmodelled = model.without_compute(pts, compute)
+    table = model_table(pts, [*skipped, *unmodelled], fit, compute)
     advice = [vars(a) for a in model.advise(None if isinstance(fit, str) else fit, pts)]
     out = Path(args.out_dir)
     files.check_outputs([out / "model.csv", out / "bucket_advice.csv"], AnalysisError)
@@ -127,11 +128,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def model_table(pts: list, not_modelled: list, fit) -> list[dict]:
+def model_table(pts: list, not_modelled: list, fit, compute: dict) -> list[dict]:
     """model.csv's rows; `not_modelled`: (run or configuration, why), the runs model.points
     skipped and the configurations without a compute of their precision (1-rank ones too,
-    with or without a fit: model.without_compute)."""
-    rows = [_param_rows(fit), _compute_rows(pts), _fit_rows(pts, fit), _holdout_rows(pts)]
+    with or without a fit: model.without_compute); `compute`: model.fit_compute(pts)."""
+    rows = [_param_rows(fit), _compute_rows(compute), _fit_rows(pts, fit), _holdout_rows(pts)]
     rows.append([dict(kind="not_modelled", name=run, note=why) for run, why in not_modelled])
     return [row for group in rows for row in group]
 
@@ -210,9 +211,10 @@ def _unidentified(fit, i: int) -> str:
     return "not identified: the fitted runs cannot separate it from the other parameters"
 
 
-def _compute_rows(pts: list) -> list[dict]:
+def _compute_rows(compute: dict) -> list[dict]:
+    """model.csv's compute rows of model.fit_compute's result (precision -> Compute or why)."""
     rows = []
-    for precision, c in model.fit_compute(pts).items():
+    for precision, c in compute.items():
         if isinstance(c, str):
             rows.append(dict(kind="parameter", name="compute", precision=precision, note=c))
             continue

@@ -542,9 +542,10 @@ def fit_study(rows: list[dict]) -> Fit | None:
     return None if isinstance(fit, str) else fit
 
 
-def fit_points(pts: list[Point]) -> Fit | str:
-    """The fit of the points, or why there is none."""
-    compute = fit_compute(pts)
+def fit_points(pts: list[Point], compute: dict | None = None) -> Fit | str:
+    """The fit of the points, or why there is none; `compute`: fit_compute(pts) where the caller
+    has it already."""
+    compute = fit_compute(pts) if compute is None else compute
     multi = [p for p in pts if p.world_size > 1]
     used = [p for p in multi if isinstance(compute.get(p.precision), Compute)]
     skipped = tuple(without_compute(multi, compute))
