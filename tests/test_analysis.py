@@ -363,6 +363,18 @@ def test_resources_energy_kwh_from_measured_joules_per_image():
     a["energy_wall_j_per_img"] = "9.9"  # the training spans' J/img comes first where measured
     measured = {r["family"]: r for r in analysis.resources([a, b], 4) if r["kind"] == "measured"}
     assert measured["weak"]["energy_kwh"] == pytest.approx(kwh_a)
+    # the sum says which J/img it took: both kinds in strong, the training spans' alone in weak
+    assert measured["strong"]["energy_basis"] == "mixed: 1 training, 1 evaluation included"
+    assert measured["weak"]["energy_basis"] == "training"
+    b["energy_j_per_img"] = "0.25"
+    measured = {r["family"]: r for r in analysis.resources([a, b], 4) if r["kind"] == "measured"}
+    assert measured["strong"]["energy_basis"] == "training"
+    a["energy_j_per_img"] = b["energy_j_per_img"] = ""
+    measured = {r["family"]: r for r in analysis.resources([a, b], 4) if r["kind"] == "measured"}
+    assert measured["strong"]["energy_basis"] == "evaluation included"
+    a["energy_wall_j_per_img"] = ""  # a has no J/img: no kWh, so no basis
+    measured = {r["family"]: r for r in analysis.resources([a, b], 4) if r["kind"] == "measured"}
+    assert measured["strong"]["energy_kwh"] is None and measured["strong"]["energy_basis"] is None
 
 
 @pytest.mark.parametrize("blank", ["", "nan", "None"])

@@ -415,14 +415,15 @@ def test_a_threshold_or_tolerance_is_printed_with_every_decimal_it_has(done, tmp
         assert report.numbers_backed_by_csvs(text, report.load_tables(csv_dir)) == [], name
 
 
-def _csvs_with_energy(done, csv_dir, kwh):
-    """The tiny study's CSVs with every resources row's energy_kwh set to `kwh` ("" = blank)."""
+def _csvs_with_energy(done, csv_dir, kwh, basis=""):
+    """The tiny study's CSVs with every resources row's energy_kwh set to `kwh` ("" = blank)
+    and its energy_basis to `basis`."""
     csv_dir.mkdir()
     for name in report.TABLES:
         (csv_dir / f"{name}.csv").write_text((done / f"results/csv/{name}.csv").read_text())
     rows = read(csv_dir / "resources.csv")
     for r in rows:
-        r["energy_kwh"] = kwh
+        r["energy_kwh"], r["energy_basis"] = kwh, basis
     with (csv_dir / "resources.csv").open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
@@ -432,13 +433,16 @@ def _csvs_with_energy(done, csv_dir, kwh):
 @pytest.mark.parametrize("kwh", ["0.0421", ""])
 def test_energy_is_shown_from_its_cell_or_said_to_be_unmeasured(done, tmp_path, kwh):
     """The CPU tiny study measures no energy: blank cells say so; a measured kWh (as a GPU study
-    writes it) gets its column in both documents, the value formatted from the cell."""
+    writes it) gets its column in both documents, the value formatted from the cell, and a sum
+    of both kinds of J/img says so (resources.csv energy_basis), not only the rule."""
     csv_dir = tmp_path / "csv"
-    _csvs_with_energy(done, csv_dir, kwh)
+    mixed = "mixed: 3 training, 1 evaluation included"
+    _csvs_with_energy(done, csv_dir, kwh, mixed if kwh else "")
     docs = report.render(csv_dir, done / "workflow/report", FIGURES, "../results/plots")
     for name, text in docs.items():
         assert ("GPU energy (kWh)" in text) == bool(kwh), name
         assert ("GPU energy was not measured" in text) == (not kwh), name
+        assert (mixed in " ".join(text.split())) == bool(kwh), name
         if kwh:  # (without it the text may hold 0.0421 as another measured number, by chance)
             assert "0.0421" in text, name
         assert report.numbers_backed_by_csvs(text, report.load_tables(csv_dir)) == [], name

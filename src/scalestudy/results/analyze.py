@@ -692,6 +692,7 @@ RESOURCE_COLUMNS = (
     "gpu_hours",
     "node_hours_ideal",
     "energy_kwh",
+    "energy_basis",
 )
 J_PER_KWH = 3.6e6
 
@@ -725,6 +726,19 @@ def energy_kwh(members: list[dict]) -> float | None:
             return None
         total += per_img * epochs * images
     return total / J_PER_KWH
+
+
+def energy_basis(members: list[dict]) -> str | None:
+    """Which J/img energy_kwh summed: "training" (every run's training spans), "evaluation
+    included" (every run's wall span), or both counted, e.g. "mixed: 3 training, 1 evaluation
+    included"; None where energy_kwh is None (a run lacks a measured J/img)."""
+    scopes = [estimate.measured_energy_per_img(r)[1] for r in members]
+    if energy_kwh(members) is None:
+        return None
+    kinds = [k for k in ("training", estimate.WITH_EVALUATION) if k in scopes]
+    if len(kinds) == 1:
+        return kinds[0]
+    return "mixed: " + ", ".join(f"{scopes.count(k)} {k}" for k in kinds)
 
 
 def resources(runs: list[dict], gpus_per_node: int) -> list[dict]:
@@ -762,6 +776,7 @@ def resources(runs: list[dict], gpus_per_node: int) -> list[dict]:
                 "node_hours": node_h,
                 "gpu_hours": gpu_h,
                 "energy_kwh": energy_kwh(members),
+                "energy_basis": energy_basis(members),
             }
         )
     node_h, gpu_h = spent(runs)
@@ -773,6 +788,7 @@ def resources(runs: list[dict], gpus_per_node: int) -> list[dict]:
             "node_hours": node_h,
             "gpu_hours": gpu_h,
             "energy_kwh": energy_kwh(runs),
+            "energy_basis": energy_basis(runs),
         }
     )
     for family in vocab.FAMILIES:
@@ -926,7 +942,7 @@ TABLE_COLUMNS = {
 TABLE_TEXT = {
     "scaling": ("family", "precision", "acc_within_tolerance", "runs"),
     "verdicts": ("target", "description", "verdict", "note"),
-    "resources": ("kind", "family"),
+    "resources": ("kind", "family", "energy_basis"),
     "profile_shares": ("run", "tool", "category"),
     "waterfall": ("family", "precision", "note", "runs"),
 }

@@ -132,8 +132,8 @@ How the numbers are measured (the analysis relies on these definitions):
   one span (2 x 0.1 s / energy_wall_s: 10 s suffice), so it is measured where the ~1.7 s GPU
   epochs make energy_j's sum of per-epoch spans too coarse. The plan and resources.csv take
   energy_j_per_img where it is measured, else this one; results/plan.csv says which for each
-  run (energy_basis); resources.csv's energy_kwh does not: it may sum both kinds, and the
-  reports state the rule.
+  run (energy_basis); resources.csv's energy_kwh may sum both kinds, and its energy_basis
+  says which ("mixed: 3 training, 1 evaluation included").
 - backend: the process-group backend in effect (--backend auto resolved: nccl on CUDA, gloo on
   CPU). matmul_fp32_precision / cudnn_fp32_precision: "ieee" or "tf32" as torch reports them
   after set-up; cudnn_benchmark, autocast_dtype, channels_last_inputs/_weights likewise
