@@ -182,6 +182,14 @@ def test_too_few_points_give_no_interval():
     assert fit.dof == 0 and fit.cov is None and "c0 = 0" in fit.compute["fp32"].note
     pred = fit.predict(2, 1, 64, "fp32", 25)
     assert pred.step_s is not None and pred.lo_s is None and pred.hi_s is None
+    # and it says why, for plan.md (a bare n/a beside a time limit on the point alone)
+    assert pred.no_interval == (
+        "the fit of 2 multi-rank configurations has no degree of freedom left (dof 0): "
+        "measure another multi-rank configuration"
+    )
+    one = fit.predict(1, 1, 64, "fp32")  # the compute line of one batch, no dof either
+    assert one.step_s is not None and one.lo_s is None and "dof 0" in one.no_interval
+    assert "1-rank runs' compute line (local batches [64])" in one.no_interval
 
 
 def test_what_the_runs_did_not_measure_is_not_identified():

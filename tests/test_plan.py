@@ -943,6 +943,7 @@ def test_the_scaling_model_prices_an_unmeasured_world_size_with_an_interval(tmp_
     # its error there is unknown, so no interval (a falsely tight one missed the truth)
     lb2 = est["w8_lb2_fp32_ddp_bk25_r0"]
     assert lb2.throughput_basis == "model, extrapolated" and lb2.runtime_lo_s is None
+    assert "local batch 2 comes from the 1-rank runs' batches [8, 16]" in lb2.interval_note
     for run in ("w8_lb2_fp32_ddp_bk25_r0", "w8_lb8_fp32_ddp_bk25_r0"):
         e = est[run]
         assert e.throughput_basis == "model, extrapolated" and e.extrapolated, run
@@ -971,7 +972,12 @@ def test_the_scaling_model_prices_an_unmeasured_world_size_with_an_interval(tmp_
     w8 = rows["w8_lb8_fp32_ddp_bk25_r0"]
     assert w8["extrapolated"] == "true" and float(w8["runtime_lo_s"]) < float(w8["runtime_hi_s"])
     assert rows["w2_lb8_fp32_ddp_bk25_r0"]["runtime_lo_s"] == ""
+    # a model-priced run without an interval says why, in plan.csv and plan.md
+    assert w8["interval_note"] == "" and rows["w2_lb8_fp32_ddp_bk25_r0"]["interval_note"] == ""
+    lb2_note = rows["w8_lb2_fp32_ddp_bk25_r0"]["interval_note"]
+    assert lb2_note == lb2.interval_note and "its error is unknown" in lb2_note
     md = md_path.read_text()
+    assert f"- w8_lb2_fp32_ddp_bk25_r0: {lb2_note}." in md
     section = md.split("## How good the scaling model is")[1].split("## Runs")[0]
     held = [line for line in section.splitlines() if line.startswith("| strong | 4 ranks")]
     assert len(held) == 1 and re.search(r"\| [+-]\d+% \|", held[0]), section

@@ -174,6 +174,7 @@ PLAN_COLUMNS = (
     "runtime_s",
     "runtime_lo_s",
     "runtime_hi_s",
+    "interval_note",
     "extrapolated",
     "slurm_runtime_min",
     "node_hours",
@@ -212,6 +213,7 @@ class Estimate:
     # the scaling model's 95% prediction interval of runtime_s (basis "model"); None otherwise
     runtime_lo_s: float | None = None
     runtime_hi_s: float | None = None
+    interval_note: str = ""  # why a model estimate has no interval (model.Prediction.no_interval)
     extrapolated: bool = False  # a model estimate beyond the measured world sizes or nodes
 
     @property
@@ -665,6 +667,7 @@ def estimate_run(config: dict, row: dict, calibration: Calibration, done: bool =
         energy_basis=energy_basis,
         runtime_lo_s=lo,
         runtime_hi_s=hi,
+        interval_note="" if pred is None else pred.no_interval,
         extrapolated=basis == "model, extrapolated",
     )
 

@@ -432,6 +432,9 @@ class Prediction:
     hi_s: float | None
     extrapolated: bool
     basis: str
+    # why there is no interval where step_s is given ('' where there is one): the fit's
+    # degrees of freedom, or a compute away from the 1-rank runs' batches with unknown error
+    no_interval: str = ""
 
 
 @dataclass(frozen=True)
@@ -485,7 +488,7 @@ class Fit:
         step, g, dt_dc = model_step(self.theta, c, pt)
         if gap := self._unmeasured(g, nodes):
             return Prediction(None, None, None, extrapolated, gap)
-        lo, hi = self._interval(step, g, dt_dc, c, local_batch, world_size)
+        lo, hi, no_interval = self._interval(step, g, dt_dc, c, local_batch, world_size)
         basis = f"fit of {len(self.points)} multi-rank configurations, dof {self.dof}"
         if c.cov is None and local_batch not in c.batches:
             # one batch: C = c1 b; two: the line through both (c0 + c1 b, no residual left)
@@ -496,7 +499,8 @@ class Fit:
             )
         if world_size == 1:
             basis = f"compute of the 1-rank {precision} runs, local batches {list(c.batches)}"
-        return Prediction(step, lo, hi, extrapolated, basis + (", extrapolated" * extrapolated))
+        basis += ", extrapolated" * extrapolated
+        return Prediction(step, lo, hi, extrapolated, basis, no_interval)
 
     def _bytes(self, precision: str) -> float:
         values = [p.grad_sync_bytes for p in self.points if p.precision == precision]
@@ -515,25 +519,37 @@ class Fit:
             return "not identified: the fitted runs do not separate alpha from beta here"
         return ""
 
-    def _interval(self, step, g, dt_dc, c: Compute, b, n) -> tuple[float | None, float | None]:
+    def _interval(self, step, g, dt_dc, c: Compute, b, n) -> tuple[float | None, float | None, str]:
+        """(lo, hi, '') or (None, None, why there is no interval)."""
         if c.cov is None and b not in c.batches:
             # C(b) has no variance to add (one 1-rank batch, or no dof): away from the batches
             # measured its error is unknown, and an interval of the other terms alone was
             # falsely tight (the truth outside a "95 %" interval at 4x the batch)
-            return None, None
+            return (
+                None,
+                None,
+                (
+                    f"the compute at local batch {b} comes from the 1-rank runs' batches "
+                    f"{list(c.batches)} with no degree of freedom left: its error is unknown"
+                ),
+            )
         if n == 1:  # compute alone
             dof, var = c.dof, c.var(b) + ((c.resid_sd or 0) * step) ** 2
+            what = f"the 1-rank runs' compute line (local batches {list(c.batches)})"
+            more = "a 1-rank run at another local batch"
         else:
-            dof = self.dof
+            dof, what = self.dof, f"the fit of {len(self.points)} multi-rank configurations"
+            more = "another multi-rank configuration"
             if self.cov is None:
-                return None, None
-            var = float(g @ self.cov @ g) + dt_dc**2 * c.var(b) + (self.resid_sd * step) ** 2
+                dof = min(dof, 0)
+            else:
+                var = float(g @ self.cov @ g) + dt_dc**2 * c.var(b) + (self.resid_sd * step) ** 2
         if dof <= 0:
-            return None, None
+            return None, None, f"{what} has no degree of freedom left (dof {dof}): measure {more}"
         from scipy import stats  # inside: see the note on scipy at the top
 
         half = float(stats.t.ppf(0.5 + LEVEL / 2, dof)) * math.sqrt(var)
-        return max(0.0, step - half), step + half
+        return max(0.0, step - half), step + half, ""
 
 
 def fit_study(rows: list[dict]) -> Fit | None:

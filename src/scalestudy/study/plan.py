@@ -437,8 +437,27 @@ def plan_markdown(
             for e in estimates
         ],
         "",
+        *_no_interval(estimates),
     ]
     return "\n".join(lines)
+
+
+def _no_interval(estimates: list[Estimate]) -> list[str]:
+    """Why the model-priced runs marked n/a in the interval column have none (plan.csv
+    interval_note): their time limit rests on the point estimate alone."""
+    why: dict[str, list[str]] = {}
+    for e in estimates:
+        if e.interval_note:
+            why.setdefault(e.interval_note, []).append(e.run)
+    if not why:
+        return []
+    return [
+        "Interval n/a: the scaling model prices these runs without a 95% interval, so their "
+        "Slurm time limit rests on the runtime alone (results/plan.csv, interval_note):",
+        "",
+        *[f"- {', '.join(runs)}: {note}." for note, runs in why.items()],
+        "",
+    ]
 
 
 def _basis(e: Estimate) -> str:
