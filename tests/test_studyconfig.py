@@ -524,6 +524,22 @@ def test_a_number_yaml_reads_as_text_says_how_to_write_it():
     refused(minimal(), "(YAML reads 1.0e4 as text: write 10000.0,", overrides=["train.lr=1.0e4"])
 
 
+@pytest.mark.parametrize(
+    ("key", "text", "spelling"),
+    [("train.weight_decay", "1e-5", "1.0e-05"), ("train.lr", "1e+300", "1.0e+300")],
+)
+def test_the_spelling_the_hint_proposes_is_a_number_to_yaml(key, text, spelling):
+    """The hint printed Python's repr, "write 1e-05" and "write 1e+300": YAML 1.1 reads those
+    as text too, so following it was refused again."""
+    message = refused(minimal(), f"(YAML reads {text} as text: write {spelling},",
+                      overrides=[f"{key}={text}"])  # fmt: skip
+    proposed = message.split(" as text: write ", 1)[1].split(",", 1)[0]
+    assert yaml.safe_load(proposed) == float(text)
+    section, name = key.split(".")
+    config = load_and_validate(minimal(), overrides=[f"{key}={proposed}"])
+    assert config[section][name] == float(text)
+
+
 def test_a_value_yaml_reads_as_a_date_or_a_number_says_to_quote_it():
     """`study: 2024-05-01` was "value datetime.date(2024, 5, 1) ... must be a string";
     `profiling.nsys_ranks: 0` two lines, one of which listed "0" as allowed."""

@@ -154,8 +154,8 @@ def _allowed(err: ValidationError) -> str:
         elif text is not None and "number" in kinds and _yaml_keeps_as_text(text):
             # PyYAML (YAML 1.1) reads 5e-4 as text: its floats need a dot and a signed exponent
             allowed += (
-                f" (YAML reads {err.instance} as text: write {float(err.instance)!r}, or with a "
-                "dot and a signed exponent, e.g. 5.0e-4)"
+                f" (YAML reads {err.instance} as text: write {_yaml_float(float(err.instance))}, "
+                "or with a dot and a signed exponent, e.g. 5.0e-4)"
             )
         elif text is not None and _reads_as(kinds, text):
             allowed += _TEXT_HINT
@@ -202,6 +202,23 @@ def _yaml_keeps_as_text(text: str) -> bool:
         return _reads_as_float(text) and isinstance(yaml.safe_load(text), str)
     except yaml.YAMLError:
         return False
+
+
+def _yaml_float(x: float) -> str:
+    """A spelling of the finite float x that yaml.safe_load reads back as x: Python's repr
+    where PyYAML takes it (0.0005, 1.5e-05), else its mantissa with a dot (1e-05 and 1e+300,
+    text to YAML 1.1, as 1.0e-05 and 1.0e+300: the hint said "write 1e-05")."""
+    text = repr(x)
+    mantissa, e, exponent = text.partition("e")
+    dotted = f"{mantissa}.0e{exponent}" if e and "." not in mantissa else text
+    for spelling in (text, dotted, f"{x:.17e}"):  # .17e: a dot, a signed exponent, every digit
+        try:
+            value = yaml.safe_load(spelling)
+        except yaml.YAMLError:
+            continue
+        if isinstance(value, float) and value == x:
+            return spelling
+    raise ValueError(f"no YAML spelling of {x!r}")  # a non-finite x: the callers pass none
 
 
 def _reads_as_float(text: str) -> bool:
