@@ -611,6 +611,67 @@ def test_bad_plan_config_names_the_key():
     assert "plan.throughput_img_s_per_gpu.bf16" in message and "efficency_intra_node" in message
 
 
+@pytest.mark.parametrize(
+    ("key", "value", "bound"),
+    [
+        ("plan.startup_s", 1.0e308, "<= 86400"),
+        ("plan.safety_factor", 1.0e300, "<= 100"),
+        ("train.epochs", 10**310, "<= 100000"),
+    ],
+    ids=["startup_s", "safety_factor", "epochs"],
+)
+def test_an_absurd_plan_value_is_refused_by_the_config_check(key, value, bound):
+    """They passed the config check, then the plan (and Snakemake's parse of the workflow)
+    stopped in an OverflowError traceback: inf seconds to Slurm minutes, a 311-digit epochs
+    to a float. At the bound the plan still computes."""
+    section, name = key.split(".")
+    bad = yaml.safe_load(yaml.safe_dump(SMALL))
+    bad[section][name] = value
+    with pytest.raises(StudyConfigError, match=re.escape(f"config key '{key}'")) as info:
+        validate(bad)
+    assert f"must be {bound}" in str(info.value)
+    bad[section][name] = float(bound.split()[1]) if section == "plan" else int(bound.split()[1])
+    config = validate(bad)
+    assert all(
+        math.isfinite(e.runtime_s) and e.slurm_runtime_min > 0
+        for e in plan.estimate_runs(config, build_run_table(config), measured=[])
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "names"),
+    [
+        ({"throughput_img_s_per_gpu": {"fp32": 1e-310}}, "plan.throughput_img_s_per_gpu.fp32"),
+        ({"eval_speedup": 1e-310}, "plan.eval_speedup (1e-310)"),
+        ({"comm_probe_steps": 10**310}, "train.comm_probe_steps (a 311-digit number)"),
+    ],
+    ids=["throughput", "eval_speedup", "comm_probe_steps"],
+)
+def test_an_estimate_that_overflows_is_one_line_naming_the_keys(change, names):
+    """Values no schema bound refuses (a throughput of 1e-310 images/s is above 0; a probe of
+    10**9 steps is a plan that says so) overflowed the estimate: an OverflowError traceback."""
+    config = small_config()
+    if "comm_probe_steps" in change:
+        config["train"].update(change)
+    else:
+        for k, v in change.items():
+            config["plan"][k] = {**config["plan"][k], **v} if isinstance(v, dict) else v
+    with pytest.raises(PlanError) as info:
+        plan.estimate_runs(config, build_run_table(config), measured=[])
+    message = str(info.value)
+    assert "runtime estimate overflows" in message and names in message, message
+    assert (
+        "\n" not in message and "plan.startup_s (10)" in message and "train.epochs (2)" in message
+    )
+
+
+def test_an_overflow_from_a_measured_throughput_names_the_measured_runs():
+    config = small_config()
+    measured = [measured_row("w1_lb8_fp32_ddp_bk25_r0", 1e-310, 1)]
+    with pytest.raises(PlanError, match=r"run w1_lb8_fp32_ddp_bk25_r0: .* measured runs .*\(run:"):
+        plan.estimate_runs(config, build_run_table(config), measured)
+
+
 class FakeSettings:
     def __init__(self, dryrun: bool):
         self.dryrun, self.stdout, self.quiet = dryrun, False, None

@@ -13,6 +13,9 @@ The estimate of one training run (seconds), with the `plan:` section of the stud
     T_max = max(T, runtime_hi_s) where the scaling model gives an interval (below), else T
     lead = checkpointing.signal_lead_s (0 with checkpointing off): USR1 comes that long before
 
+T or the time limit beyond any float (X = 1e-310 images/s, a probe of 10**310 steps) is a PlanError
+naming the keys above, not an OverflowError.
+
 N_train / N_test: images per epoch. N_test: train.limit_test when set, else the test set's size;
 evaluation runs on all of it after every epoch, spread over the ranks. N_train: the images one
 epoch trains on: of n (train.limit_train when set, else the training set's size) the trainer
@@ -635,13 +638,23 @@ def estimate_run(config: dict, row: dict, calibration: Calibration, done: bool =
     def seconds(x: float) -> float:  # T of the module docstring at x images/s
         return compute_seconds(row["epochs"], n_train, n_test, x, config["plan"], n_probe) + startup
 
-    runtime = seconds(throughput)
-    lo = hi = None
-    if pred is not None and pred.lo_s is not None:
-        lo, hi = (
-            seconds(x)
-            for x in (row["global_batch"] / max(pred.lo_s, 1e-12), row["global_batch"] / pred.hi_s)
-        )
+    try:
+        runtime = seconds(throughput)
+        lo = hi = None
+        if pred is not None and pred.lo_s is not None:
+            lo, hi = (
+                seconds(x)
+                for x in (
+                    row["global_batch"] / max(pred.lo_s, 1e-12),
+                    row["global_batch"] / pred.hi_s,
+                )
+            )
+        # the plan's own 95% upper end where it has one: the limit at T alone was below it
+        limit = slurm_runtime_min(max(runtime, hi or runtime), config)
+    except OverflowError:  # a 311-digit train.epochs in float arithmetic, ceil(inf) minutes
+        raise _overflow(config, row, throughput, basis, (startup, startup_basis)) from None
+    if not all(math.isfinite(t) for t in (runtime, lo or 0, hi or 0)):
+        raise _overflow(config, row, throughput, basis, (startup, startup_basis))
     return Estimate(
         rule="train",
         run=row["run"],
@@ -660,8 +673,7 @@ def estimate_run(config: dict, row: dict, calibration: Calibration, done: bool =
         probe_images=n_probe,
         throughput_img_s=throughput,
         startup_s=startup,
-        # the plan's own 95% upper end where it has one: the limit at T alone was below it
-        slurm_runtime_min=slurm_runtime_min(max(runtime, hi or runtime), config),
+        slurm_runtime_min=limit,
         done=done,
         energy_j_per_img=per_img,
         energy_basis=energy_basis,
@@ -669,6 +681,32 @@ def estimate_run(config: dict, row: dict, calibration: Calibration, done: bool =
         runtime_hi_s=hi,
         interval_note="" if pred is None else pred.no_interval,
         extrapolated=basis == "model, extrapolated",
+    )
+
+
+def _overflow(config: dict, row: dict, throughput: float, basis: str, startup: tuple[float, str]):
+    """The PlanError of a run whose runtime estimate or Slurm time limit is no finite number
+    (it was an OverflowError traceback from the plan and from Snakemake's parse): the keys the
+    estimate is made of, with their values, and where X came from."""
+
+    def short(value) -> str:  # a 311-digit epochs is not printed whole
+        text = f"{value:g}" if isinstance(value, float) else str(value)
+        return text if len(text) <= 12 else f"a {len(text)}-digit number"
+
+    plan, train = config["plan"], config["train"]
+    if basis == "default":
+        source = f"plan.throughput_img_s_per_gpu.{row['precision']}"
+    else:
+        source = f"the measured runs it is calibrated from ({basis}: {RUNS_CSV} or --runs-csv)"
+    seconds, startup_basis = startup
+    name = "plan.startup_s" if startup_basis == "default" else f"start-up ({startup_basis})"
+    return PlanError(
+        f"run {row['run']}: its runtime estimate overflows (no finite number of seconds or "
+        f"Slurm minutes at X = {throughput:g} images/s): check train.epochs "
+        f"({short(row['epochs'])}), train.comm_probe_steps ({short(train['comm_probe_steps'])}),"
+        f" {name} ({short(float(seconds))}), plan.eval_speedup "
+        f"({short(float(plan['eval_speedup']))}), plan.safety_factor "
+        f"({short(float(plan['safety_factor']))}) and X's {source}"
     )
 
 
