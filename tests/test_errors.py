@@ -339,6 +339,37 @@ def test_an_atomic_write_to_a_pipe_writes_into_the_pipe(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]  # no temp file left
 
 
+def write_to_descriptor(target: str, stdout) -> subprocess.CompletedProcess:
+    """A process that prints a line, writes `target` with files.write_text, prints another."""
+    code = (
+        "from scalestudy import files; print('before'); "
+        f"files.write_text({target!r}, 'written\\n'); print('after')"
+    )
+    return subprocess.run(
+        [PYTHON, "-c", code], env=child_env(), stdout=stdout, stderr=subprocess.PIPE, timeout=60
+    )
+
+
+@pytest.mark.parametrize("target", ["/dev/stdout", "/dev/fd/1"])
+def test_an_atomic_write_to_stdout_goes_through_the_pipe_or_the_redirected_file(tmp_path, target):
+    """`scalestudy plan --out-md /dev/stdout | cat` failed: its realpath on a pipe,
+    /proc/<pid>/fd/pipe:[N], names no file ("No such file or directory"). Redirected to a file,
+    the file was replaced by a rename (what was printed before and after went to the unlinked
+    one); a plain open() would truncate it and the later lines write over the start."""
+    r = write_to_descriptor(target, subprocess.PIPE)
+    assert (r.returncode, r.stdout, r.stderr) == (0, b"before\nwritten\nafter\n", b"")
+    out = tmp_path / "out.txt"
+    for mode, prior in (("w", b""), ("a", b"prior\n")):  # `> out.txt` and `>> out.txt`
+        out.write_bytes(prior)
+        inode = out.stat().st_ino
+        with open(out, mode) as stdout:
+            r = write_to_descriptor(target, stdout)
+        assert (r.returncode, r.stderr) == (0, b"")
+        assert out.read_bytes() == prior + b"before\nwritten\nafter\n", mode
+        assert out.stat().st_ino == inode  # written through, not replaced
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]  # no temp file left
+
+
 def matrix_to(out: Path) -> subprocess.CompletedProcess:
     """`scalestudy matrix` of the demo study, its run table written to `out`."""
     argv = [PYTHON, "-m", "scalestudy", "matrix", "--config", "config/demo.yaml", "--out", str(out)]

@@ -6,8 +6,9 @@ Atomic writes: a reader sees the old file or the complete new one, never a half-
 Write to a temporary file in the same directory (same filesystem, so rename is atomic), fsync it,
 rename it over the target, then fsync the directory so the rename itself survives a crash.
 A symlinked target stays a link (the file it points to is replaced), and an existing file keeps
-its mode. A target that is no regular file (a device such as /dev/null, a named pipe) is written
-in place, as open() would: a rename replaced it with a regular file.
+its mode. A target that is no regular file (a device such as /dev/null, a named pipe), or one
+reached through a file descriptor's link (/dev/stdout, /dev/fd/N), is written in place, as open()
+would: a rename replaced it with a regular file, or the file a shell redirected stdout to.
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ import io
 import json
 import math
 import os
+import re
 import shutil
 import stat
 import subprocess
+import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -50,31 +53,84 @@ def _named(exc: OSError, path: str | os.PathLike) -> OSError:
     return OSError(exc.errno, exc.strerror, os.fspath(path))
 
 
+# the directory of a process's file-descriptor links: /dev/fd, and /dev/stdout's /proc/self/fd
+_FD_DIR = re.compile(r"/proc/(\d+)(?:/task/\d+)?/fd")
+
+
+def _descriptor_link(path: str | os.PathLike) -> tuple[bool, int | None]:
+    """Whether `path` is, or its symlinks lead through, a file descriptor's link under
+    /proc/<pid>/fd (/dev/stdout -> /proc/self/fd/1), which names what the descriptor has open:
+    a pipe (its link, pipe:[N], names no file) or the file a shell redirected to; and the
+    number of that descriptor when it is this process's (None: another process's, or none)."""
+    hop = os.path.abspath(path)
+    for _ in range(40):  # the kernel's limit of links followed (ELOOP)
+        where = os.path.realpath(os.path.dirname(hop))
+        if match := _FD_DIR.fullmatch(where):
+            name = os.path.basename(hop)
+            own = int(match[1]) == os.getpid() and name.isdigit()
+            return True, int(name) if own else None
+        if not os.path.islink(hop):
+            return False, None
+        hop = os.path.join(where, os.readlink(hop))
+    return False, None
+
+
+def written_in_place(path: str | os.PathLike) -> bool:
+    """Whether a write to `path` goes into what it names, not into a file renamed onto it:
+    `path` (followed through its links) exists and is no regular file or directory (a device
+    such as /dev/null, a FIFO), or it leads through a file descriptor's link (/dev/stdout: a
+    pipe, whose realpath /proc/<pid>/fd/pipe:[N] does not exist, or the file stdout was
+    redirected to, written through rather than replaced)."""
+    try:
+        kind = os.stat(path).st_mode  # the path as given: /dev/stdout's pipe, not its realpath
+    except OSError:  # a new file, or a link to one
+        return _descriptor_link(path)[0]
+    return not (stat.S_ISREG(kind) or stat.S_ISDIR(kind)) or _descriptor_link(path)[0]
+
+
+@contextlib.contextmanager
+def _open_in_place(path: str | os.PathLike, mode: str, **kwargs: Any) -> Iterator[IO]:
+    """`path` opened as it is. One of this process's descriptors (/dev/stdout, /dev/fd/N) is
+    written through a duplicate of it, as a shell's `> /dev/stdout` does: open() gave a file
+    stdout was redirected to a second offset at 0 (truncated), and the command's own lines to
+    stdout then wrote over the start of what was written there."""
+    fd = _descriptor_link(path)[1]
+    if fd is None:
+        with open(path, mode, **kwargs) as f:
+            yield f
+        return
+    for stream in (sys.stdout, sys.stderr):  # what the command printed before comes first
+        with contextlib.suppress(AttributeError, OSError, ValueError):
+            stream.flush()
+    with open(os.dup(fd), mode, **kwargs) as f:  # closes the duplicate, not fd
+        yield f
+
+
 def write_target(path: str | os.PathLike) -> Path:
     """The file a write to `path` replaces: where `path` points if it is a symlink (a rename
     over the link replaced it with a regular file, and the file it pointed to kept the old
-    contents), else `path`. A temp file renamed onto it goes beside it (the same filesystem)."""
-    return Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
+    contents), else `path`; `path` itself where it is written in place (written_in_place). A
+    temp file renamed onto it goes beside it (the same filesystem)."""
+    if os.path.islink(path) and not written_in_place(path):
+        return Path(os.path.realpath(path))
+    return Path(path)
 
 
 @contextlib.contextmanager
 def atomic_open(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Iterator[IO]:
     """Open a temp file beside `path`; on success it replaces `path`, on error it is removed.
-    A target that exists and is no regular file or directory is opened and written in place.
-    A failed write (a full disk) raises an OSError that names `path`."""
+    A target that exists and is no regular file or directory, or is reached through a file
+    descriptor's link (/dev/stdout), is written in place (written_in_place). A failed write (a
+    full disk) raises an OSError that names `path`."""
     if mode not in ("w", "wb"):
         raise ValueError(f"atomic_open: mode must be 'w' or 'wb', not {mode!r}")
-    target = write_target(path)  # a symlink stays, the file it points to is replaced
-    try:
-        kind = os.stat(target).st_mode
-    except OSError:  # a new file
-        kind = None
-    if kind is not None and not (stat.S_ISREG(kind) or stat.S_ISDIR(kind)):
+    if written_in_place(path):
         # a device or FIFO (--out /dev/null): a rename put a regular file in its place (as
-        # root, /dev/null itself), so it is written as open() would; it has nothing to fsync
+        # root, /dev/null itself), so it is written as open() would; it has nothing to fsync.
+        # The path as given: /dev/stdout on a pipe resolves to a name that does not exist
         written = False
         try:
-            with open(target, mode, **kwargs) as f:
+            with _open_in_place(path, mode, **kwargs) as f:
                 yield f
                 written = True
         except OSError as exc:
@@ -82,6 +138,7 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Iter
                 raise _named(exc, path) from exc
             raise
         return
+    target = write_target(path)  # a symlink stays, the file it points to is replaced
     target.parent.mkdir(parents=True, exist_ok=True)
     try:  # a rewrite reset a file made 0600 on purpose to the umask's mode
         keep = stat.S_IMODE(os.stat(target).st_mode)
