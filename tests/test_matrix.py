@@ -23,6 +23,7 @@ from scalestudy.study.runs import (
     trainer_args,
     write_runs_tsv,
 )
+from scalestudy.trainer.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -140,6 +141,34 @@ def test_a_run_has_one_flag_text_whichever_family_asks_for_it(tmp_path):
     assert by_id(every)[run]["families"] != by_id(alone)[run]["families"]
     assert runs.trainer_args(by_id(every)[run]) == runs.trainer_args(by_id(alone)[run])
     assert "--bucket-cap-mb" in runs.trainer_args(by_id(alone)[run])
+
+
+@pytest.mark.parametrize(
+    ("key", "whole"),
+    [("lr", 1), ("warmup_epochs", 1), ("clip_grad", 0), ("momentum", 0), ("label_smoothing", 0),
+     ("weight_decay", 0), ("target_acc", 1)],
+)  # fmt: skip
+def test_a_float_written_as_a_whole_number_or_with_a_dot_is_one_flag_text(key, whole):
+    """train.warmup_epochs 1 and 1.0 gave `--warmup-epochs 1` and `1.0` (only bucket_cap_mb
+    had one form): Snakemake saw every training job's params change and reran every finished
+    run, though the trainer reads both as the float 1.0 (the same config_hash)."""
+    demo = ROOT / "config" / "demo.yaml"
+    as_int, as_float = (table(demo, f"train.{key}={v}") for v in (whole, f"{whole}.0"))
+    assert runs.table_digest(as_int) == runs.table_digest(as_float)
+    for a, b in zip(as_int, as_float, strict=True):
+        assert a == b and trainer_args(a) == trainer_args(b)
+        argv = trainer_args(a)
+        assert argv[argv.index(f"--{key.replace('_', '-')}") + 1] == str(whole)
+        parsed = TrainConfig.from_argv(argv)  # the trainer reads "1" as the float 1.0
+        assert getattr(parsed, key) == float(whole) and isinstance(getattr(parsed, key), float)
+
+
+def test_one_form_keeps_an_integer_only_where_a_float_holds_it():
+    """1.0e+20 and 10**20 are one number too; 1e300 as an integer was a 301-digit flag."""
+    assert runs.one_form(25.0) == 25 and isinstance(runs.one_form(25.0), int)
+    assert runs.one_form(10**20) == runs.one_form(1.0e20) == 1.0e20
+    assert isinstance(runs.one_form(10**20), float) and runs.one_form(0.25) == 0.25
+    assert runs.one_form(10**400) == 10**400  # no float: left to the trainer's check
 
 
 def test_added_world_size_is_shared_when_it_matches(full):

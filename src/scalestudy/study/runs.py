@@ -108,6 +108,8 @@ _INT_COLUMNS = frozenset(
         "limit_test",
     }
 )
+# ... and the numbers the trainer reads as floats: each in one form (one_form) in the table,
+# its flags and runs.tsv, whether the config wrote 1 or 1.0
 _NUMBER_COLUMNS = frozenset(
     {
         "bucket_cap_mb",
@@ -213,6 +215,9 @@ def _row(config: dict, world_size: int, local_batch: int, precision: str, bucket
         compile=_SWITCH[train["compile"]],
         cuda_graphs=_SWITCH[train["cuda_graphs"]],
     )
+    for name in _NUMBER_COLUMNS:  # train.lr 1 or 1.0: one flag text, one runs.tsv cell
+        if values[name] is not None:
+            values[name] = one_form(values[name])
     return {name: values[name] for name in RUN_COLUMNS}
 
 
@@ -259,11 +264,18 @@ def build_run_table(config: dict) -> list[dict]:
 
 
 def one_form(x: float) -> int | float:
-    """A number in one form whichever way the config wrote it: 25 for 25 and 25.0. A run of
+    """A number in one form whichever way the config wrote it: 25 for 25 and 25.0, 1e+20 for
+    10**20 and 1.0e+20 (an integer only below 2**53, where a float holds every one). A run of
     train.bucket_cap_mb 25 that the bucket family also asked for as 25.0 was one run (one id)
     whose flag read `--bucket-cap-mb 25` or `25.0` by which family asked for it: Snakemake saw
-    its params change and reran the finished run."""
-    return int(x) if float(x).is_integer() else float(x)
+    its params change and reran the finished run; train.warmup_epochs 1 rewritten as 1.0 (or
+    lr, clip_grad, ...: every number column, _NUMBER_COLUMNS) reran every run, though the
+    trainer, which reads them as floats, ran the same experiment (the same config_hash)."""
+    try:
+        value = float(x)
+    except OverflowError:  # an integer past every float: the trainer's check refuses its flag
+        return x
+    return int(value) if value.is_integer() and abs(value) < 2**53 else value
 
 
 def _arg(value: Any) -> str:
