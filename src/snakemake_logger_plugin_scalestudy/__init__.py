@@ -1,11 +1,13 @@
 """Snakemake logger plugin `scalestudy`: the node-hour plan after `snakemake --dry-run`.
 
-Turned on by `logger: [scalestudy]` in profiles/default/config.yaml (loaded by every snakemake
-call in this repository) and in the Slurm profiles. It collects the JOB_INFO record Snakemake
-logs for every job a dry-run would start (rule, wildcards, resources) and, when Snakemake closes
-its loggers, prints the plan: one row per job with nodes, GPUs, estimated runtime, node-hours and
-GPU-hours, then totals per rule, per family and overall. Finished runs are not in the dry-run, so
-they do not count. Real runs, and dry-runs that fail, print nothing extra.
+Turned on by `logger: [scalestudy]` in profiles/default/config.yaml alone (where Snakemake finds
+the plugin): Snakemake loads that workflow profile with every call in this repository, under
+`--profile profiles/slurm` or profiles/local-slurm too, so the Slurm profiles do not name it. It
+collects the JOB_INFO record Snakemake logs for every job a dry-run would start (rule,
+wildcards, resources) and, when Snakemake closes its loggers, prints the plan: one row per job
+with nodes, GPUs, estimated runtime, node-hours and GPU-hours, then totals per rule, per family
+and overall. Finished runs are not in the dry-run, so they do not count. Real runs, and dry-runs
+that fail, print nothing extra.
 
 Where the numbers come from: a training job's row is its estimate in the node-hour plan
 (scalestudy.study.plan). The workflow's training rule takes its Slurm `runtime` from
