@@ -8,11 +8,13 @@ import argparse
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from scalestudy.errors import LaunchError
 from scalestudy.jobs import launch
+from scalestudy.trainer.config import TrainConfig
 
 # Snakemake's shell exports these with the rule's threads (all ranks' cores together)
 SNAKEMAKE_THREADS = dict.fromkeys(launch.THREAD_VARS, "4")
@@ -258,6 +260,35 @@ def test_the_trainers_directories_outside_the_working_directory_are_bound_in(tmp
     assert binds("--out", "results/../../scratch/new/run-1") == [*got[:1], str(scratch)]
     with pytest.raises(LaunchError, match="none of its directories exists"):
         binds("--checkpoint-dir", "/no-such-top-level-dir/ckpt")
+
+
+def test_a_symlink_out_of_the_working_directory_binds_its_target(tmp_path, monkeypatch):
+    """`results/data -> /scratch/me/data` was judged by the path as written (inside the working
+    directory) and got no bind, though inside the image the link still points at /scratch,
+    which only a bind brings in. The real path decides and is bound (its nearest existing
+    directory for a checkpoint directory the trainer has yet to make); a link that stays
+    inside, and a working directory reached through a link, need none."""
+    work, scratch = tmp_path / "study", tmp_path / "scratch"
+    (work / "results/runs").mkdir(parents=True)
+    (scratch / "data").mkdir(parents=True)
+    (scratch / "ckpt").mkdir()
+    (work / "results/data").symlink_to(scratch / "data")
+    (work / "ckpt").symlink_to(scratch / "ckpt")
+    (work / "out").symlink_to(work / "results/runs")  # a link that stays inside
+    (tmp_path / "link-to-study").symlink_to(work)
+
+    def binds(cwd: Path, *flags: str) -> list[str]:
+        # the default --data-dir is results/data: inside unless a flag names another
+        argv = ["--device", "cpu", "--data-dir", "results/runs", *flags]
+        return launch.container_path_binds(TrainConfig.from_argv(argv), cwd)
+
+    assert binds(work, "--data-dir", "results/data") == [str(scratch / "data")]
+    assert binds(work, "--checkpoint-dir", "ckpt/run-1") == [str(scratch / "ckpt")]
+    assert binds(work, "--out", "out/run-1") == []
+    assert binds(tmp_path / "link-to-study", "--data-dir", "results/runs") == []
+    assert binds(tmp_path / "link-to-study", "--data-dir", "results/data") == [
+        str(scratch / "data")
+    ]
 
 
 def test_trainer_flags_without_the_separator_name_it():

@@ -246,14 +246,20 @@ def container_path_binds(config: TrainConfig, cwd: Path) -> list[str]:
     A relative path is taken against `cwd` first: Apptainer binds the working directory at its
     own path and starts the ranks in it, so inside the image `../shared/data` is the host's
     `cwd/../shared/data`, which is outside cwd and needs its bind as an absolute path does (it
-    was skipped: only absolute paths were looked at)."""
+    was skipped: only absolute paths were looked at).
+    "Outside" is judged by the real path (os.path.realpath, symlinks resolved, of the path and
+    of `cwd`): inside the image a symlink still points where it does on the host, so
+    `results/data -> /scratch/me/data` needs /scratch/me/data bound (it was judged by the path
+    as written, inside cwd, and got no bind). The real path is what is bound."""
     binds: list[str] = []
+    home = Path(os.path.realpath(cwd))
     for name in PATH_FLAGS:
         flag, value = f"--{flag_name(name)}", getattr(config, name)
         if not value:
             continue
-        path = Path(os.path.normpath(cwd / value))  # an absolute value stays itself
-        if path.is_relative_to(cwd):
+        # an absolute value stays itself; realpath resolves the symlinks of the part that exists
+        path = Path(os.path.realpath(cwd / value))
+        if path.is_relative_to(home):
             continue
         there = next(p for p in (path, *path.parents) if p.is_dir())
         if there == Path("/"):
