@@ -325,3 +325,22 @@ def test_profiling_jobs_take_gpu_slots_as_launch_does(tmp_path, monkeypatch, act
         holder.kill()
         holder.wait(timeout=30)
     assert seen == {"gpu 5": "held", "CUDA_VISIBLE_DEVICES": "5"}
+
+
+def test_onstart_does_not_judge_this_host_inside_a_slurm_allocation(monkeypatch):
+    """The Snakefile's onstart refused, inside salloc, what `scalestudy launch` starts there with
+    srun on the allocation's nodes: a GPU study from salloc's shell on a host without CUDA, and
+    a 2-node run wider than this host's 4 GPUs. Outside an allocation both stand."""
+    import torch
+
+    sizes, four, demo = [1, 8], {"CUDA_VISIBLE_DEVICES": "0,1,2,3"}, "config/demo.yaml"
+    for cuda in (False, True):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda cuda=cuda: cuda)
+        assert gpu_slots.host_refusal(sizes, "cuda", {**four, "SLURM_JOB_ID": "4242"}, demo) == ""
+        assert gpu_slots.host_refusal(sizes, "cpu", four, demo) == ""
+        line = gpu_slots.host_refusal(sizes, "cuda", four, demo)
+        if cuda:
+            assert line == gpu_slots.refusal(sizes, ["0", "1", "2", "3"], four) != ""
+        else:
+            assert "has no CUDA device" in line and "--configfile config/demo.yaml" in line
+    assert gpu_slots.host_refusal([4], "cuda", four, demo) == ""  # fits (torch: a GPU)

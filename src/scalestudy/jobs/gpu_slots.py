@@ -16,8 +16,8 @@ each job its own GPUs; here `scalestudy launch` does, before it execs the ranks:
 
 The lock directory (SCALESTUDY_GPU_SLOTS_DIR, default /tmp/scalestudy-gpu-slots) is per
 machine, so runs of different Snakemake invocations and studies share the same slots.
-A run wider than the machine is refused before any job (`refusal`, called in the Snakefile's
-onstart) and, started by hand, by `acquire` with the same line.
+A run wider than the machine is refused before any job (`refusal`, through `host_refusal` in
+the Snakefile's onstart) and, started by hand, by `acquire` with the same line.
 """
 
 from __future__ import annotations
@@ -106,6 +106,29 @@ def refusal(world_sizes: list[int], gpus: list[str], env: Mapping[str, str]) -> 
         f"never share; lower the study's world sizes to at most {len(gpus)} (families.*.gpus) "
         "or run it on a cluster (`snakemake --profile profiles/slurm`)"
     )
+
+
+def host_refusal(world_sizes: list[int], device: str, env: Mapping[str, str], demo: str) -> str:
+    """The Snakefile's onstart (local executor): one line when this host cannot run the GPU
+    runs whose launch jobs the targets may start (`world_sizes`; `device`: hardware.device),
+    else "": a cuda study on a host without CUDA (`demo`: the CPU demo study's config, as the
+    user would type it), a run wider than the GPUs it shows (`refusal`).
+    Inside a Slurm allocation (SLURM_JOB_ID set) this host is not judged: `scalestudy launch`
+    srun's the ranks onto the allocation's nodes, whose GPUs are Slurm's (as in
+    launch.hold_local_gpus). salloc's shell stays on the submit host, often without a GPU, and a
+    2-node allocation's run is wider than one node: both were refused here, though the launch
+    the refusal told the user to run inside salloc would have started them."""
+    if device != "cuda" or env.get("SLURM_JOB_ID"):
+        return ""
+    import torch  # only for a GPU study run here (the workflow imports this module at parse)
+
+    if not torch.cuda.is_available():
+        return (
+            "This study asks for GPUs (hardware.device: cuda) but this machine has no CUDA "
+            f"device. Run the CPU demo study instead: `snakemake --configfile {demo}`, or submit "
+            "to a cluster: `snakemake --profile profiles/slurm`."
+        )
+    return refusal(world_sizes, visible_gpus(env), env)
 
 
 def _try_take(directory: Path, gpus: list[str], n: int) -> list[tuple[str, int]]:
