@@ -344,3 +344,98 @@ def test_onstart_does_not_judge_this_host_inside_a_slurm_allocation(monkeypatch)
         else:
             assert "has no CUDA device" in line and "--configfile config/demo.yaml" in line
     assert gpu_slots.host_refusal([4], "cuda", four, demo) == ""  # fits (torch: a GPU)
+
+
+LAUNCHER = textwrap.dedent(
+    """
+    import os, subprocess, sys, time
+    from pathlib import Path
+    from scalestudy.jobs import launch
+    env = dict(os.environ)
+    launch.hold_local_gpus(env, 2, ["--device", "cuda"])
+    # a rank as torchrun starts one: no descriptor inherited (close_fds); rank 1 of 2, whose
+    # refused --data-dir keeps it alive for the report grace, holding what train.run took
+    rank_env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+                "SCALESTUDY_REPORT_GRACE_S": "60"}
+    rank = subprocess.Popen([sys.executable, "-m", "scalestudy", "train", *sys.argv[1:]],
+                            env={**env, **rank_env}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)  # our pipes would outlive us
+    slots = {str(p) for p in Path(env["SCALESTUDY_GPU_SLOTS_DIR"]).glob("gpu-*.lock")}
+
+    def opened():
+        try:
+            return {os.readlink(fd) for fd in Path(f"/proc/{rank.pid}/fd").iterdir()}
+        except OSError:  # a descriptor closed meanwhile
+            return set()
+
+    end = time.monotonic() + 20
+    while time.monotonic() < end and rank.poll() is None and not slots <= opened():
+        time.sleep(0.05)  # until the rank holds both slots
+    print(rank.pid, flush=True)
+    os._exit(0)  # the launcher (torchrun) killed; its rank trains on
+    """
+)
+
+
+def test_the_ranks_hold_the_slots_when_the_launcher_is_gone(tmp_path):
+    """With 2+ local ranks launch execs torchrun, whose ranks inherit no descriptor: the slots
+    were held by torchrun alone, so killing it freed the GPUs its ranks still trained on. Each
+    rank now holds them too (a shared lock on the files SCALESTUDY_GPU_SLOT_LOCKS names)."""
+    env = slot_env(tmp_path, "0,1")
+    env.pop("SLURM_JOB_ID", None)
+    flags = ["--device", "cpu", "--data-dir", str(tmp_path / "no-data"), "--out", str(tmp_path)]
+    proc = subprocess.run(
+        [sys.executable, "-c", LAUNCHER, *flags],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    rank = int(proc.stdout.split()[-1])
+    slots = [tmp_path / "slots" / f"gpu-{gpu}.lock" for gpu in ("0", "1")]
+
+    def free() -> list[bool]:
+        result = []
+        for path in slots:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # what a second run tries
+                result.append(True)
+            except BlockingIOError:
+                result.append(False)
+            finally:
+                os.close(fd)
+        return result
+
+    try:
+        assert Path(f"/proc/{rank}").exists()
+        assert free() == [False, False]  # the launcher is gone, its rank holds both
+    finally:
+        os.kill(rank, 9)
+    end = time.monotonic() + 10
+    while any(not f for f in free()) and time.monotonic() < end:
+        time.sleep(0.05)
+    assert free() == [True, True]  # the last holder gone: the kernel freed them
+
+
+def test_a_slot_the_rank_cannot_hold_is_one_line_not_fatal(tmp_path):
+    """files.hold_shared_locks (each rank, at start): a slot another run holds exclusively, or
+    a lock file not there (a container without the lock directory), is a line each."""
+    from scalestudy import files
+
+    taken, held, gone = (tmp_path / n for n in ("taken.lock", "held.lock", "gone.lock"))
+    taken.write_text("")
+    held.write_text("")
+    other = os.open(taken, os.O_RDONLY)
+    fcntl.flock(other, fcntl.LOCK_EX)
+    try:
+        problems = files.hold_shared_locks(os.pathsep.join(map(str, (taken, held, gone))))
+    finally:
+        os.close(other)
+    assert problems == [f"{taken}: locked by another run", f"{gone}: No such file or directory"]
+    fd = os.open(held, os.O_RDONLY)
+    with pytest.raises(BlockingIOError):  # held by this process until it exits
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.close(fd)
+    assert files.hold_shared_locks("") == []

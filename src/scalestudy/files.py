@@ -1,5 +1,5 @@
 """Files and provenance shared by every layer: atomic writes, CSV text and cells, sha256 of a
-file, the git commit.
+file, the git commit, a shared lock held until the process exits.
 
 Atomic writes: a reader sees the old file or the complete new one, never a half-written one.
 
@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import csv
 import errno
+import fcntl
 import functools
 import hashlib
 import io
@@ -179,6 +180,35 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Iter
 # a path holding either cannot be bound (the launcher, the image's source directory and the study
 # config all refuse one)
 BIND_SEPARATORS = (":", ",")
+
+
+# shared flock(2) descriptors this process holds until it exits (hold_shared_locks)
+_HELD_LOCKS: list[int] = []
+
+
+def hold_shared_locks(paths: str) -> list[str]:
+    """Take a shared flock(2) on each existing file of `paths` (os.pathsep between them) and hold
+    it until this process exits, killed or not: a rank's hold on its GPU slots
+    (jobs/gpu_slots.py), whose exclusive lock no other run can then take. One line for each file
+    that could not be held (an exclusive lock on it: another run took the GPU after the launcher
+    ended; not there: a container without the lock directory), and none is fatal: the launcher
+    holds the slots too while it lives."""
+    problems = []
+    for path in filter(None, paths.split(os.pathsep)):
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError as exc:
+            problems.append(f"{path}: {exc.strerror}")
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            taken = isinstance(exc, BlockingIOError)
+            problems.append(f"{path}: {'locked by another run' if taken else exc.strerror}")
+            continue
+        _HELD_LOCKS.append(fd)  # never closed: the kernel releases it when the process ends
+    return problems
 
 
 def unbindable(path: str | os.PathLike) -> bool:

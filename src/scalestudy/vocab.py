@@ -99,6 +99,10 @@ EPOCH_COLUMNS = (
 # the commit of the source bound in (the image may have no git).
 CONTAINER_DIGEST_ENV = "SCALESTUDY_CONTAINER_DIGEST"
 GIT_COMMIT_ENV = "SCALESTUDY_GIT_COMMIT"
+# The GPU slot lock files (os.pathsep between them) a local GPU launch holds (jobs/gpu_slots.py),
+# which each rank holds too (files.hold_shared_locks, from trainer/train.py): torchrun's ranks
+# inherit no descriptor of it.
+GPU_SLOT_LOCKS_ENV = "SCALESTUDY_GPU_SLOT_LOCKS"
 
 
 # The counted units the documents, the plan and the figures write, singular after a count of 1

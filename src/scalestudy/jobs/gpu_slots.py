@@ -10,9 +10,13 @@ each job its own GPUs; here `scalestudy launch` does, before it execs the ranks:
 - a run of W ranks waits until W slots are free, takes them all at once (all or nothing, under
   one allocation lock, so two runs can never each hold half of what both need), and its ranks
   see only those GPUs (CUDA_VISIBLE_DEVICES), as in a Slurm job;
-- a slot is an flock(2) on `<lock dir>/gpu-<id>.lock`, held by a file descriptor the trainer
-  inherits through exec: the kernel frees it when the last rank exits, killed or not, so a
-  crashed run never leaves a GPU taken.
+- a slot is an flock(2) on `<lock dir>/gpu-<id>.lock`: taken exclusively (no other holder),
+  then held shared by the launching process (its descriptor inherited through exec: the
+  trainer of one rank, torchrun for more) and by each rank, which takes its own shared lock at
+  start on the files named in SCALESTUDY_GPU_SLOT_LOCKS (files.hold_shared_locks): torchrun's
+  ranks inherit no descriptor of it. An acquirer's exclusive lock fails while any holder
+  lives, so the kernel frees a slot when the last of them exits, killed or not: a crashed run
+  never leaves a GPU taken, and a killed launcher does not free its ranks' GPUs.
 
 The lock directory (SCALESTUDY_GPU_SLOTS_DIR, default /tmp/scalestudy-gpu-slots) is per
 machine, so runs of different Snakemake invocations and studies share the same slots.
@@ -131,13 +135,22 @@ def host_refusal(world_sizes: list[int], device: str, env: Mapping[str, str], de
     return refusal(world_sizes, visible_gpus(env), env)
 
 
+def slot_file(directory: Path, gpu: str) -> Path:
+    # old-style MIG ids (MIG-GPU-<uuid>/<gi>/<ci>) hold slashes
+    return directory / f"gpu-{gpu.replace('/', '_')}.lock"
+
+
+def held_files(env: dict[str, str], gpus: list[str]) -> str:
+    """The value of SCALESTUDY_GPU_SLOT_LOCKS for the slots `gpus` acquire took: their lock files,
+    absolute (a rank may start elsewhere), os.pathsep between them."""
+    return os.pathsep.join(str(slot_file(lock_dir(env).absolute(), gpu)) for gpu in gpus)
+
+
 def _try_take(directory: Path, gpus: list[str], n: int) -> list[tuple[str, int]]:
     """Under the allocation lock: n free slots, locked, or none at all."""
     taken: list[tuple[str, int]] = []
     for gpu in gpus:
-        # old-style MIG ids (MIG-GPU-<uuid>/<gi>/<ci>) hold slashes
-        name = f"gpu-{gpu.replace('/', '_')}.lock"
-        fd = _open_lock(directory / name)
+        fd = _open_lock(slot_file(directory, gpu))
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -153,7 +166,8 @@ def _try_take(directory: Path, gpus: list[str], n: int) -> list[tuple[str, int]]
 
 def acquire(n: int, env: dict[str, str], poll_s: float = POLL_S) -> list[str]:
     """Wait for n free GPU slots of this machine, lock them for the life of this process and
-    its exec'd successors (inheritable descriptors), and return their ids."""
+    its exec'd successors (inheritable descriptors, shared locks: the ranks add theirs, see the
+    module's docstring), and return their ids."""
     gpus = visible_gpus(env)
     line = refusal([n], gpus, env)
     if line:
@@ -196,11 +210,17 @@ def _wait_for(directory: Path, gpus: list[str], n: int, poll_s: float) -> list[s
         try:
             fcntl.flock(guard, fcntl.LOCK_EX)
             taken = _try_take(directory, gpus, n)
+            if taken:
+                for _, fd in taken:
+                    # shared, so each rank can hold the slot too (files.hold_shared_locks);
+                    # under the allocation lock: the conversion is not atomic, and every
+                    # acquirer tries its exclusive locks only under this one
+                    fcntl.flock(fd, fcntl.LOCK_SH)
         finally:
             os.close(guard)  # closing the descriptor releases the allocation lock
         if taken:
             for _, fd in taken:
-                os.set_inheritable(fd, True)  # held by the ranks after exec
+                os.set_inheritable(fd, True)  # held by the trainer or torchrun after exec
             ids = [gpu for gpu, _ in taken]
             logger.info(f"GPU slots: {','.join(ids)} of {','.join(gpus)} ({directory})")
             return ids

@@ -33,9 +33,10 @@ import shutil
 import sys
 from pathlib import Path
 
-from scalestudy import files, log
+from scalestudy import files, log, vocab
 from scalestudy.errors import LaunchError, TrainConfigError
 from scalestudy.jobs.gpu_slots import acquire as acquire_gpu_slots
+from scalestudy.jobs.gpu_slots import held_files as gpu_slot_files
 from scalestudy.jobs.gpu_slots import visible_gpus
 from scalestudy.trainer.config import TrainConfig, flag_name
 
@@ -309,6 +310,11 @@ def hold_local_gpus(env: dict[str, str], ranks: int, train_args: list[str]) -> N
     what it execs or starts until it ends, and named in env's CUDA_VISIBLE_DEVICES: nothing
     else keeps two runs off one GPU (jobs/gpu_slots.py). Every command that starts ranks takes
     them: `launch`, and the profiling jobs, which run beside training jobs (a profile on a
-    timed run's GPU slowed both). A Slurm job's GPUs are Slurm's."""
+    timed run's GPU slowed both). Each rank holds them too: env's SCALESTUDY_GPU_SLOT_LOCKS
+    names the lock files (torchrun's ranks inherit no descriptor). A Slurm job's GPUs are
+    Slurm's."""
+    env.pop(vocab.GPU_SLOT_LOCKS_ENV, None)  # none held here: a caller's is not ours
     if not env.get("SLURM_JOB_ID") and train_device(check_train_args(train_args), env) == "cuda":
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(acquire_gpu_slots(ranks, env))
+        gpus = acquire_gpu_slots(ranks, env)
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+        env[vocab.GPU_SLOT_LOCKS_ENV] = gpu_slot_files(env, gpus)

@@ -188,6 +188,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -242,12 +243,21 @@ def report_grace_s() -> float:
 
 def run(args) -> int:
     denv = place_logging()  # first: a bad flag below is then printed by rank 0 alone
+    hold_gpu_slots(os.environ)
     try:
         return main(TrainConfig.from_args(args), denv)
     except ScalestudyError as exc:
         if not log.reports(exc.scope):  # silent here: let the reporting rank print first
             time.sleep(report_grace_s())
         raise  # cli.main prints it where log.reports(scope) says so, and exits 2
+
+
+def hold_gpu_slots(env: Mapping[str, str]) -> None:
+    """This rank holds its local launch's GPU slots (jobs/gpu_slots.py) until it exits: a
+    shared lock on each file SCALESTUDY_GPU_SLOT_LOCKS names. torchrun's ranks inherit no
+    descriptor of the launcher's: killed, it freed the GPUs its ranks still trained on."""
+    for problem in files.hold_shared_locks(env.get(vocab.GPU_SLOT_LOCKS_ENV, "")):
+        logger.warning(f"WARNING GPU slot not held by this rank: {problem}")
 
 
 def place_logging() -> sdist.DistEnv:
