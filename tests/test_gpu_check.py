@@ -696,6 +696,20 @@ def test_a_window_too_short_for_the_counter_is_no_failure_when_the_probe_proves_
     assert report.judge_nvml(short, samples, None).problems == [
         "the energy probe printed nothing (see logs/energy-probe.log)"
     ]
+    # the median alone was judged: a counter at 0.1 s that stalls for a second passed, though
+    # measure.py's bound assumes a read lags by at most one update
+    stall = {**H200_PROBE, "interval_s_max": 1.0}
+    check = report.judge_nvml(short, samples, stall)
+    assert check.status == FAIL and check.problems == [
+        "the energy counter stalled: its longest interval is 1.000 s (median 0.100 s), more "
+        "than 0.125 s: measure.ENERGY_UPDATE_S (0.1 s) understates energy_j's error on this GPU"
+    ]
+    assert (check.numbers["probe_interval_s_min"], check.numbers["probe_interval_s_max"]) == (
+        0.097,
+        1.0,
+    )
+    edge = {**H200_PROBE, "interval_s_max": report.ENERGY_UPDATE_MAX_S}
+    assert report.judge_nvml(short, samples, edge).status == PASS
     stalled = {**H200_PROBE, "updates": 1, "interval_s_median": None}
     assert "advanced 1 times" in report.judge_nvml(short, samples, stalled).problems[0]
     wrong = {**H200_PROBE, "power_w_from_counter": 2000.0}

@@ -631,7 +631,8 @@ def judge_nvml(
     criterion = (
         "gpu_samples_rank0.csv has samples and metrics.json gpu_util_mean is not null; the energy "
         "probe saw NVML's total-energy counter advance every <= "
-        f"{ENERGY_UPDATE_MAX_S:g} s (measure.py's error bound assumes {ENERGY_UPDATE_S:g} s) "
+        f"{ENERGY_UPDATE_MAX_S:g} s, its median and longest interval alike (measure.py's error "
+        f"bound assumes {ENERGY_UPDATE_S:g} s) "
         f"with a power within {ENERGY_POWER_W[0]:.0f}-{ENERGY_POWER_W[1]:.0f} W and "
         f"{ENERGY_VS_SAMPLES[0]:g}-{ENERGY_VS_SAMPLES[1]:g}x nvmlDeviceGetPowerUsage's; the run's "
         "energy_j likewise, or null only because its window is too short for the counter "
@@ -664,6 +665,8 @@ def judge_nvml(
         "energy_wall_s": m.get("energy_wall_s"),
         "probe_updates": probe.get("updates"),
         "probe_interval_s_median": probe.get("interval_s_median"),
+        "probe_interval_s_min": probe.get("interval_s_min"),
+        "probe_interval_s_max": probe.get("interval_s_max"),
         "probe_power_w_from_counter": probe.get("power_w_from_counter"),
         "probe_power_w_nvml": probe.get("power_w_nvml"),
     }
@@ -708,11 +711,22 @@ def probe_problems(probe: dict) -> list[str]:
     if interval is None or (probe.get("updates") or 0) < 5:
         return [f"the energy counter advanced {probe.get('updates')} times in the probe"]
     problems = []
+    # every interval, not the median alone: measure.py's bound assumes a read lags the true
+    # count by at most one update, which one stall breaks (its window's edge may fall in it)
+    longest = probe.get("interval_s_max")
     if interval > ENERGY_UPDATE_MAX_S:
         problems.append(
             f"the energy counter advances every {interval:.3f} s (median), more than "
             f"{ENERGY_UPDATE_MAX_S:g} s: measure.ENERGY_UPDATE_S ({ENERGY_UPDATE_S:g} s) "
             "understates energy_j's error on this GPU"
+        )
+    elif longest is None:
+        problems.append("the energy probe gave no longest interval (interval_s_max)")
+    elif longest > ENERGY_UPDATE_MAX_S:
+        problems.append(
+            f"the energy counter stalled: its longest interval is {longest:.3f} s (median "
+            f"{interval:.3f} s), more than {ENERGY_UPDATE_MAX_S:g} s: measure.ENERGY_UPDATE_S "
+            f"({ENERGY_UPDATE_S:g} s) understates energy_j's error on this GPU"
         )
     problems += power_problems(
         "the probe's counter", probe.get("power_w_from_counter"), probe.get("power_w_nvml")
