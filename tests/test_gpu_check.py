@@ -1323,15 +1323,22 @@ def test_report_of_all_passing_checks_says_passed(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("two_gpus", "why"),
+    ("two_gpus", "why", "run"),
     [
-        ("pass", None),
-        ("not run", "was not run (the budget)"),
-        ("fail", "failed"),
-        (None, "was not among the checks run (--only)"),
+        ("pass", None, {}),
+        ("not run", "was not run (the budget)", {}),
+        ("fail", "failed", {}),
+        (None, "was not among the checks run (--only)", {"only": ["versions", "nvml"]}),
+        # the report written after each check: nccl2-ddp still to come, no --only given (it
+        # said "was not among the checks run (--only)")
+        (None, "is not judged yet (pending)", {"only": [], "pending": ["nccl2-ddp", "ncu"]}),
+        (None, "is not judged yet (pending)", {"only": ["nccl2-ddp"], "pending": ["nccl2-ddp"]}),
+        (None, "has no result", {"only": []}),
     ],
 )
-def test_two_gpus_prove_only_what_nccl2_ddp_ran_and_only_when_it_passed(tmp_path, two_gpus, why):
+def test_two_gpus_prove_only_what_nccl2_ddp_ran_and_only_when_it_passed(
+    tmp_path, two_gpus, why, run
+):
     """On a 2-GPU node the list dropped FSDP across GPUs, the comm hooks over NCCL and scaling
     efficiency, though nccl2-ddp trains plain DDP (no hook) for seconds beside the other
     checks, and dropped NCCL and CUDA graphs between GPUs even when nccl2-ddp did not run
@@ -1348,7 +1355,7 @@ def test_two_gpus_prove_only_what_nccl2_ddp_ran_and_only_when_it_passed(tmp_path
     }
     check = checks[two_gpus]
     assert check is None or check.status == two_gpus
-    header = {"host": "n", "budget_s": 540, "versions": {"device_count": 2}}
+    header = {"host": "n", "budget_s": 540, "versions": {"device_count": 2}, **run}
     items = report.write_report(tmp_path, header, [check] if check else [])["cannot_prove"]
     for kept in ("FSDP sharding across GPUs", "DDP comm hooks over NCCL", "scaling efficiency"):
         assert any(item.startswith(kept) for item in items), (kept, items)

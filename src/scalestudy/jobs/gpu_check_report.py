@@ -19,7 +19,7 @@ import csv
 import io
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -370,8 +370,11 @@ def judge_pair(name: str, strategy: str, hook: str, run: RunResult) -> Check:
     return verdict(name, criterion, numbers, problems, [run])
 
 
+NCCL2 = "nccl2-ddp"  # the one check that trains between two GPUs
+
+
 def judge_two_gpus(device_count: int, run: RunResult | None) -> Check:
-    name = "nccl2-ddp"
+    name = NCCL2
     criterion = (
         "exit 0; 2 ranks on 2 GPUs over NCCL with the default path (compiled, CUDA graphs used) "
         "and the communication probe; identical parameter checksums"
@@ -1009,17 +1012,28 @@ def judge_speed(
 # the report
 
 
-def cannot_prove(device_count: int, two_gpus: str | None = None) -> list[str]:
-    """What these checks on one node leave unproven. two_gpus: nccl2-ddp's status (None: not
-    among the checks, --only). nccl2-ddp trains plain DDP (no comm hook) over NCCL between two
-    GPUs, compiled with CUDA graphs, inside the correctness grid: its pass proves NCCL's
-    collectives between GPUs and the CUDA graphs over them, never FSDP across GPUs, a hook
-    over NCCL, NCCL's bandwidth or a speed, so those stay listed whatever the GPU count."""
+def cannot_prove(
+    device_count: int,
+    two_gpus: str | None = None,
+    pending: Sequence[str] = (),
+    only: Sequence[str] = (),
+) -> list[str]:
+    """What these checks on one node leave unproven. two_gpus: nccl2-ddp's status (None: no result:
+    still `pending`, or left out by --only's `only`; an UNFINISHED report said "not among the
+    checks run (--only)" of a pending nccl2-ddp, with no --only). nccl2-ddp trains plain DDP (no
+    comm hook) over NCCL between two GPUs, compiled with CUDA graphs, inside the correctness
+    grid: its pass proves NCCL's collectives between GPUs and the CUDA graphs over them, never
+    FSDP across GPUs, a hook over NCCL, NCCL's bandwidth or a speed, so those stay listed
+    whatever the GPU count."""
     proven = device_count >= 2 and two_gpus == PASS
     if device_count < 2:
         nccl2 = "was skipped (one GPU)"
-    elif two_gpus is None:
+    elif two_gpus is None and NCCL2 in pending:
+        nccl2 = "is not judged yet (pending)"
+    elif two_gpus is None and only and NCCL2 not in only:
         nccl2 = "was not among the checks run (--only)"
+    elif two_gpus is None:
+        nccl2 = "has no result"
     else:
         nccl2 = {NOT_RUN: "was not run (the budget)", SKIPPED: "was skipped"}.get(
             two_gpus, "failed"
@@ -1087,7 +1101,9 @@ def report_json(header: dict, checks: list[Check]) -> dict:
         "checks": [asdict(c) for c in checks],
         "cannot_prove": cannot_prove(
             int(header.get("versions", {}).get("device_count") or 0),
-            next((c.status for c in checks if c.name == "nccl2-ddp"), None),
+            next((c.status for c in checks if c.name == NCCL2), None),
+            header.get("pending") or (),
+            header.get("only") or (),
         ),
     }
     return json_safe(doc)
