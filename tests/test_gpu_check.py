@@ -30,7 +30,7 @@ from scalestudy.jobs import profile as capture
 from scalestudy.jobs.gpu_check_report import FAIL, NOT_RUN, PASS, SKIPPED, Check, RunResult
 from scalestudy.nsight import ncu as ncu_parser
 from scalestudy.nsight import torch_ops
-from scalestudy.trainer import compiling
+from scalestudy.trainer import compiling, measure
 from scalestudy.trainer import config as train_config
 
 FIX = REPO / "tests" / "fixtures" / "nsight"
@@ -965,7 +965,7 @@ def test_the_study_profile_check_needs_compiled_kernels_and_the_phase_ranges(tmp
     ]
 
 
-def test_the_study_profile_keeps_its_trace_and_export_as_fixtures(tmp_path):
+def test_the_study_profile_keeps_its_trace_and_export_as_fixtures(tmp_path, monkeypatch):
     """What the next GPU's run commits: the trace cut to one step and the export, which
     parse_torch reads as it read the originals (here the H100's, already one step)."""
     real = FIX.parent / "gpu-h100"
@@ -979,7 +979,20 @@ def test_the_study_profile_keeps_its_trace_and_export_as_fixtures(tmp_path):
         "fixtures/torch-profiler-study/trace_rank0.json",
     ]
     assert torch_ops.parse_torch(kept, "k") == torch_ops.parse_torch(real, "k")
-    assert "--profile-steps" in ctx.commands["torch-profiler-study/trace_rank0.json"]
+    # the command provenance.json records reproduces the fixture: the environment it ran in
+    # (SCALESTUDY_PROFILER=torch: without it the trainer brackets the window for nsys on a GPU
+    # and writes no export) and its --out, where the export lands; both were left out
+    command = ctx.commands["torch-profiler-study/trace_rank0.json"]
+    assert command == ctx.commands["torch-profiler-study/torch_ops_rank0.json"]
+    assert command[:2] == ["env", "SCALESTUDY_PROFILER=torch"]
+    assert command[2:] == gpu_check.trainer_argv(
+        ctx, "torch-profiler-study", gpu_check.profile_study_flags()
+    )
+    for assignment in command[1:2]:
+        monkeypatch.setenv(*assignment.split("=", 1))
+    cfg = parsed_flags(command[command.index("train") + 1 :])
+    assert not measure.Profiler(cfg, torch.device("cuda"), 0).cuda_api  # torch.profiler
+    assert Path(cfg.out) == tmp_path / "w" / "runs" / "torch-profiler-study"
     # nothing to keep: a warning, no fixture, no error
     ctx.fixture_files.clear()
     gpu_check.keep_profile_fixtures(ctx, "torch-profiler-study", tmp_path / "none")

@@ -353,6 +353,28 @@ def train_argv(ctx: Context, nproc: int, flags: list[str]) -> list[str]:
     return launch.build_command(args, ctx.env)
 
 
+def trainer_argv(ctx: Context, name: str, flags: list[str], nproc: int = 1) -> list[str]:
+    """trainer()'s command: its --out is work/runs/<name>."""
+    return train_argv(ctx, nproc, [*flags, "--out", str(ctx.work / "runs" / name)])
+
+
+def recorded_command(
+    ctx: Context, name: str, flags: list[str], env: dict[str, str], nproc: int = 1
+) -> list[str]:
+    """trainer(ctx, name, flags, ..., env={**ctx.env, **env})'s command as provenance.json keeps
+    it, runnable as it stands: `env K=V ...` for what it adds to the environment, then the whole
+    argv, --out included. It was the argv without either: for a torch.profiler fixture that
+    command, on a GPU, brackets the window for nsys (no SCALESTUDY_PROFILER=torch) and writes
+    no export."""
+    argv = trainer_argv(ctx, name, flags, nproc)
+    return ["env", *(f"{k}={v}" for k, v in env.items()), *argv] if env else argv
+
+
+# the environment of a torch.profiler run on a GPU (trainer/measure.py Profiler), as
+# `scalestudy profile capture` sets it where nsys is missing
+TORCH_PROFILER_ENV = {"SCALESTUDY_PROFILER": "torch"}
+
+
 def trainer(
     ctx: Context,
     name: str,
@@ -363,7 +385,7 @@ def trainer(
 ) -> RunResult:
     """One trainer run: its output in work/runs/<name>, its log in work/logs/<name>.log."""
     out = ctx.work / "runs" / name
-    argv = train_argv(ctx, nproc, [*flags, "--out", str(out)])
+    argv = trainer_argv(ctx, name, flags, nproc)
     run = run_process(
         argv, ctx.work / "logs" / f"{name}.log", ctx.budget.limit(LIMITS_S[kind]), env or ctx.env
     )
@@ -508,7 +530,7 @@ def _usr1_after_epoch(out: Path) -> Callable[[subprocess.Popen], None]:
 
 def check_profile(ctx: Context) -> Check:
     """torch.profiler over steps 5..7 on the GPU, parsed by nsight.torch_ops."""
-    env = {**ctx.env, "SCALESTUDY_PROFILER": "torch"}
+    env = {**ctx.env, **TORCH_PROFILER_ENV}
     flags = [*PROFILED, "--profile-steps", "5:8"]
     run = trainer(ctx, "torch-profiler", flags, "profile", env=env)
     export = ctx.work / "runs" / "torch-profiler" / "profile" / "torch_ops_rank0.json"
@@ -523,7 +545,8 @@ def check_profile(ctx: Context) -> Check:
         csv_path = ctx.work / "torch-profiler-kernels.csv"
         files.write_text(csv_path, schema.csv_text(schema.KERNEL_COLUMNS, kernels))
         fixture = json.dumps(report.trim_torch_ops(doc), indent=1) + "\n"
-        write_fixture(ctx, "torch_ops_rank0.json", fixture, train_argv(ctx, 1, flags))
+        command = recorded_command(ctx, "torch-profiler", flags, TORCH_PROFILER_ENV)
+        write_fixture(ctx, "torch_ops_rank0.json", fixture, command)
     ctx.kernels = kernels
     ctx.kernels_why = (
         "; ".join(report.run_problems(run, "the torch-profiler run")) or report.NO_KERNELS
@@ -548,7 +571,7 @@ def profile_study_flags() -> list[str]:
 def check_profile_study(ctx: Context) -> Check:
     """The study's profiling job of a compiled GPU run, parsed as profile_parse does."""
     name = "torch-profiler-study"
-    env = {**ctx.env, "SCALESTUDY_PROFILER": "torch"}
+    env = {**ctx.env, **TORCH_PROFILER_ENV}
     run = trainer(ctx, name, profile_study_flags(), "compile", env=env)
     export = ctx.work / "runs" / name / "profile"
     kernels: list[dict] = []
@@ -571,7 +594,7 @@ def keep_profile_fixtures(ctx: Context, name: str, export: Path) -> None:
     except (OSError, ValueError) as exc:
         logger.warning(f"gpu-check: {name}: no fixture kept ({exc})")
         return
-    argv = train_argv(ctx, 1, profile_study_flags())
+    argv = recorded_command(ctx, name, profile_study_flags(), TORCH_PROFILER_ENV)
     for fixture, content in (
         ("trace_rank0.json", json.dumps(report.trim_trace(trace), separators=(",", ":"))),
         ("torch_ops_rank0.json", json.dumps(report.trim_torch_ops(doc), indent=1)),
