@@ -140,6 +140,14 @@ def test_gpus_come_from_the_first_nodes_gres_detail():
         ("GRES=gpu:2(IDX:0-1)", "2", "0,1"),  # a count, no type
         ("GRES=gpu:a100(IDX:0,3)", "2", "0,3"),  # a type, no count
         ("GRES=gpu:a100:1(IDX:N/A)", "1", "N/A"),  # not a list: recorded as written
+        # an all-digit type without a count was read as the count: 3090 GPUs
+        ("GRES=gpu:3090(IDX:0,3)", "2", "0,3"),
+        ("GRES=gpu:4(IDX:N/A)", "4", "N/A"),  # no list: a bare number is the count
+        # two GPU types on the node: only the first entry was read (4, "0,1,2,3")
+        ("GRES=gpu:a100:4(IDX:0-3),gpu:v100:2(IDX:4-5)", "6", "0,1,2,3,4,5"),
+        ("GRES=gpu:a100:2(IDX:0-1),gpu:v100:1(IDX:N/A)", "3", "0,1,N/A"),
+        ("GRES=gpu:a100:2(IDX:0-1),gpu:v100(IDX:N/A)", None, "0,1,N/A"),  # how many: unknown
+        ("GRES=nvme:1(IDX:0),gpu:a100:2(IDX:0-1)", "2", "0,1"),  # other kinds: not GPUs
     ],
 )
 def test_gpus_of_every_gres_form_or_none_is_a_traceback(detail, count, ids):

@@ -171,9 +171,10 @@ SCONTROL_KEYS = {
     "SLURM_NNODES": "NumNodes",
 }
 # `-d` detail of a node's allocation: GRES=gpu[:type]:<count>(IDX:<indices>), e.g.
-# `GRES=gpu:a100:4(IDX:0-3)`; older Slurm wrote no count (`GRES=gpu(IDX:5)`, or the key
-# GRES_IDX); empty on a node without GPUs
-GPU_GRES = re.compile(r"gpu(?::([^:(,\s]+))?(?::(\d+))?\(IDX:([^)]*)\)")
+# `GRES=gpu:a100:4(IDX:0-3)`, one entry per GPU type, comma-separated
+# (`gpu:a100:4(IDX:0-3),gpu:v100:2(IDX:4-5)`); older Slurm wrote no count (`GRES=gpu(IDX:5)`,
+# `gpu:3090(IDX:0,3)`: a type, or the key GRES_IDX); empty on a node without GPUs
+GPU_GRES = re.compile(r"(?:^|,)gpu(?::([^:(,\s]+))?(?::(\d+))?\(IDX:([^)]*)\)")
 
 
 def slurm_job(env: dict[str, str]) -> dict[str, str]:
@@ -193,24 +194,32 @@ def slurm_job(env: dict[str, str]) -> dict[str, str]:
 
 def scontrol_job_fields(text: str) -> dict[str, str]:
     """SLURM_FIELDS from the text of `scontrol -d show job <id>` (one job; multi-line or -o).
-    GPUs are those of the first node's allocation (the batch host, where this runs): their count
-    and indices as SLURM_GPUS_ON_NODE / SLURM_JOB_GPUS write them ("4", "0,1,2,3")."""
+    GPUs are those of the first node's allocation (the batch host, where this runs), every gpu
+    entry of its GRES summed: their count and indices as SLURM_GPUS_ON_NODE / SLURM_JOB_GPUS
+    write them ("4", "0,1,2,3"). The count is that of the indices where they are a list of
+    numbers (`gpu:3090(IDX:0,3)` is 2 GPUs of type 3090, not 3090 GPUs), else the one written.
+    Only the first entry was read: `gpu:a100:4(IDX:0-3),gpu:v100:2(IDX:4-5)` gave 4 GPUs."""
     pairs: dict[str, str] = {}
     for key, value in re.findall(r"(?:^|\s)([A-Za-z_/:]+)=(\S*)", text):
         pairs.setdefault(key, value)  # the first: the job's own, then the first node's detail
     fields = {env: pairs[key] for env, key in SCONTROL_KEYS.items() if pairs.get(key)}
-    gpus = GPU_GRES.search(pairs.get("GRES") or pairs.get("GRES_IDX") or "")
-    if gpus:
-        kind, count, spec = gpus.groups()
-        if count is None and kind and kind.isdigit():  # gpu:4(IDX:...): the count, no type
-            count = kind
+    entries = GPU_GRES.findall(pairs.get("GRES") or pairs.get("GRES_IDX") or "")
+    counts: list[int | None] = []
+    ids: list[str] = []
+    for kind, count, spec in entries:
         indices = _indices(spec)
-        if count is None and indices is not None:
-            count = str(len(indices))
-        if count is not None:
-            fields["SLURM_GPUS_ON_NODE"] = count
+        if indices is not None:
+            counts.append(len(indices))
+        elif count:
+            counts.append(int(count))
+        else:  # gpu:4(IDX:N/A): a count without a type, else nothing says how many
+            counts.append(int(kind) if kind.isdigit() else None)
         # as Slurm wrote them where they are no list of numbers (recorded, not guessed)
-        fields["SLURM_JOB_GPUS"] = spec if indices is None else ",".join(map(str, indices))
+        ids.append(spec if indices is None else ",".join(map(str, indices)))
+    if entries:
+        if None not in counts:
+            fields["SLURM_GPUS_ON_NODE"] = str(sum(counts))
+        fields["SLURM_JOB_GPUS"] = ",".join(filter(None, ids))
     return fields
 
 
