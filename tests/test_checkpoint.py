@@ -3,6 +3,7 @@ read-only failures (a tmpfs), and exact resume of the real trainer after SIGTERM
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -596,3 +597,76 @@ def test_a_synchronous_save_stays_out_of_every_ranks_window(data_dir, tmp_path):
     for epoch, (mine, other) in enumerate(zip(*windows, strict=True), start=1):
         assert abs(other - mine) < delay / 2, (epoch, windows)
     assert m["window_time_s"] < sum(windows[0]) + delay / 2, (m["window_time_s"], windows)
+
+
+def _checkpointing(tmp_path: Path):
+    """The loop's Checkpointing of a tiny model (one rank, CPU, synchronous saves)."""
+    from scalestudy.trainer.state import Checkpointing, Trainables
+
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    trainables = Trainables(model, optimizer, scheduler, torch.amp.GradScaler("cpu"), {})
+    cfg = TrainConfig(
+        out=str(tmp_path / "out"), checkpoint_dir=str(tmp_path / "ck"), checkpoint_async=False
+    )
+    return Checkpointing(cfg, 0, 1, torch.device("cpu"), None, trainables, "data-sha256")
+
+
+def test_a_checkpoint_of_other_code_or_torch_is_not_resumed(tmp_path, monkeypatch, one_rank_group):
+    """A preempted run rerun after a trainer edit resumed the old code's checkpoint silently:
+    metrics.json then gave the last segment's git_commit for epochs the old code trained.
+    The commit and torch's version are in the identity now: the run starts fresh, naming both
+    values; an unknown commit (no git checkout, a container without the launcher's) on either
+    side is not a difference."""
+    from scalestudy.trainer import measure
+    from scalestudy.trainer import state as st
+
+    warnings: list[str] = []
+    monkeypatch.setattr(ck, "_warn", warnings.append)  # find_latest's, whatever logging's set-up
+    old, new = "a" * 40, "b" * 40
+    monkeypatch.setattr(measure, "git_commit", lambda: old)
+    _checkpointing(tmp_path)._save(st.RunState(epoch=1, step=5), wait=True)
+    assert _checkpointing(tmp_path).resume().epoch == 1  # the same code resumes
+
+    monkeypatch.setattr(measure, "git_commit", lambda: new)
+    assert _checkpointing(tmp_path).resume().epoch == 0
+    assert "not resuming" in warnings[-1] and old in warnings[-1] and new in warnings[-1]
+
+    monkeypatch.setattr(measure, "git_commit", lambda: None)  # this code's commit unknown
+    assert _checkpointing(tmp_path).resume().epoch == 1
+
+    monkeypatch.setattr(measure, "git_commit", lambda: old)
+    monkeypatch.setattr(torch, "__version__", "0.0.1")
+    assert _checkpointing(tmp_path).resume().epoch == 0
+    assert "'torch_version': '0.0.1'" in warnings[-1] and "git_commit" not in warnings[-1]
+
+
+def test_a_checkpoint_of_another_run_state_starts_fresh_with_a_warning(
+    tmp_path, monkeypatch, one_rank_group
+):
+    """A checkpoint whose progress has other fields than this code's RunState (one renamed,
+    the commit unknown on one side or a dirty tree on both) failed the resume with a TypeError
+    traceback from RunState(**progress). RunState's fields are in the identity: not resumed,
+    the warning names the fields that differ, the run starts fresh."""
+    from scalestudy.trainer import state as st
+
+    ours = _checkpointing(tmp_path)
+    progress = dataclasses.asdict(st.RunState(epoch=1, step=5))
+    progress["stall_seconds"] = progress.pop("checkpoint_stall_s")  # the older code's name
+    fields = sorted(progress)
+    older = {**ours.saver.identity, "run_state_fields": fields}
+    snapshot = {
+        "model": ours.trainables.model.state_dict(),
+        "optimizer": ours.trainables.optimizer.state_dict(),
+        "scheduler": ours.trainables.scheduler.state_dict(),
+        "scaler": ours.trainables.scaler.state_dict(),
+        "ranks": [{"rng": ck.rng_state()}],
+        "progress": progress,
+    }
+    _saver(ours.saver.directory, async_write=False, identity=older).save(1, snapshot)
+    warnings: list[str] = []
+    monkeypatch.setattr(ck, "_warn", warnings.append)
+    assert ours.resume() == st.RunState()
+    assert "not resuming" in warnings[0], warnings
+    assert "['stall_seconds']" in warnings[0] and "['checkpoint_stall_s']" in warnings[0]

@@ -15,10 +15,11 @@ deleted (and any numbered above the one just written: left by a run this one sup
 failed write (disk full, read-only filesystem) leaves every earlier checkpoint intact.
 
 Resuming (`find_latest`) takes the newest checkpoint whose manifest and checksums verify and whose
-identity (config_hash, world size and the prepared data's sha256: state.make_checkpointer)
-matches the run; a corrupted or truncated one is skipped with a warning naming the file, one from
-another configuration is never resumed (warning; the run starts fresh and removes it at its first
-save).
+identity (config_hash, world size, the prepared data's sha256, the code's git commit, torch's
+version and RunState's fields: state.make_checkpointer) matches the run; a corrupted or truncated
+one is skipped with a warning naming the file, one from another configuration, code or torch is
+never resumed (a warning names the keys that differ, both values; the run starts fresh and
+removes it at its first save).
 
 Asynchronous saving: `Checkpointer.save` copies the state off the device (and clones CPU tensors,
 which training keeps mutating) and returns; a background thread writes it. The stall training
@@ -193,7 +194,7 @@ def prune(directory: str | os.PathLike, keep: int, identity: dict, saved: int) -
             removed.append(path)
             continue
         manifest = _read_manifest(path, quiet=True)
-        if manifest is not None and _identity(manifest, identity) != identity:
+        if manifest is not None and _differences(manifest, identity):
             removed.append(path)
         else:
             mine.append(path)  # oldest first, ending with `saved`
@@ -219,11 +220,32 @@ def remove_all(directory: str | os.PathLike) -> None:
 # reading
 
 
-def _identity(manifest: dict, identity: dict) -> dict:
-    """The manifest's values of the run identity's keys. A manifest written before a key joined
-    the identity (data_sha256) lacks it: another identity, never resumed, removed at the first
-    save; a checkpoint of other data could not be told apart."""
-    return {key: manifest.get(key) for key in identity}
+#: identity keys whose value may be unknown (None): the git commit of code run outside a git
+#: checkout, in a container without the launcher's commit (measure.git_commit). Such a key is
+#: compared only where both sides know it; None is written, so the key is never missing
+MAY_BE_UNKNOWN = ("git_commit",)
+
+
+def _differences(manifest: dict, identity: dict) -> dict[str, tuple[Any, Any]]:
+    """The identity keys on which a checkpoint's manifest and this run differ: key -> (the
+    checkpoint's value, this run's); empty when the checkpoint is this run's. A manifest written
+    before a key joined the identity (data_sha256, git_commit, ...) lacks it: another identity
+    (None), never resumed, removed at the first save; a checkpoint of other data or code could
+    not be told apart. Of a list (RunState's fields) each side keeps the items the other lacks."""
+    differ = {}
+    for key, mine in identity.items():
+        theirs = manifest.get(key)
+        if key in manifest and key in MAY_BE_UNKNOWN and (theirs is None or mine is None):
+            continue
+        if key in manifest and theirs == mine:
+            continue
+        if isinstance(theirs, list) and isinstance(mine, list):
+            theirs, mine = (
+                [x for x in theirs if x not in mine],
+                [x for x in mine if x not in theirs],
+            )
+        differ[key] = (theirs, mine)
+    return differ
 
 
 def _read_manifest(path: Path, quiet: bool = False) -> dict | None:
@@ -281,10 +303,12 @@ def find_latest(
         except CheckpointError as exc:
             warn(f"skipping corrupted checkpoint: {exc}; trying the previous one")
             continue
-        if (theirs := _identity(manifest, identity)) != identity:
+        if differ := _differences(manifest, identity):
+            theirs = {key: value for key, (value, _) in differ.items()}
+            mine = {key: value for key, (_, value) in differ.items()}
             warn(
-                f"not resuming {path}: it belongs to another configuration "
-                f"({theirs}, this run is {identity}); starting fresh, it will be "
+                f"not resuming {path}: it belongs to another configuration or code "
+                f"({theirs}, this run is {mine}); starting fresh, it will be "
                 "removed at this run's first checkpoint"
             )
             return None

@@ -2,8 +2,8 @@
 training loop (`Checkpointing`); checkpoint.py writes and reads the files.
 
 The protocol (train.py describes it for users):
-- start: resume from the newest valid checkpoint of this configuration (rank 0 chooses, every
-  rank loads), or start fresh without one;
+- start: resume from the newest valid checkpoint of this configuration, data and code (rank 0
+  chooses, every rank loads), or start fresh without one;
 - after every epoch but the last: one all-reduce on which every rank agrees whether to stop (a
   SIGTERM/SIGUSR1 on any rank) and whether any checkpoint write failed; save every
   --checkpoint-every epochs, and on a stop. Before a save the background write still in flight
@@ -29,7 +29,7 @@ import torch.distributed as dist
 from scalestudy import log
 from scalestudy.errors import CheckpointError, Preempted
 from scalestudy.trainer import checkpoint as ckpt
-from scalestudy.trainer import progress
+from scalestudy.trainer import measure, progress
 from scalestudy.trainer.config import POWERSGD_START_ITER, TrainConfig
 
 if TYPE_CHECKING:
@@ -97,7 +97,11 @@ def make_checkpointer(
     """The run's Checkpointer (None without --checkpoint-dir). Its identity is what a resumed
     run must share: the configuration, the world size and the prepared data (data_sha256,
     meta.json's, verified at loading): --data-dir is not in config_hash (where files are), so
-    another directory holding other data resumed, its schedule set for other steps per epoch."""
+    another directory holding other data resumed, its schedule set for other steps per epoch.
+    And the code: the git commit (metrics.json's, one for every segment; compared only where
+    both sides know it, checkpoint.MAY_BE_UNKNOWN; uncommitted edits are '<sha>-dirty' whatever
+    they are), torch's version and the fields of RunState (a checkpoint whose progress this
+    code cannot read): a rerun after a code change resumed the old code's epochs silently."""
     if not cfg.checkpoint_dir:
         return None
     # FSDP saves through torch.distributed.checkpoint, whose collectives run in the background:
@@ -114,6 +118,9 @@ def make_checkpointer(
             "config_hash": cfg.config_hash(),
             "world_size": world_size,
             "data_sha256": data_sha256,
+            "git_commit": measure.git_commit(),
+            "torch_version": torch.__version__,
+            "run_state_fields": sorted(f.name for f in dataclasses.fields(RunState)),
         },
         rank=rank,
         async_write=cfg.checkpoint_async,

@@ -156,13 +156,15 @@ Checkpoints and resume (--checkpoint-dir; state.py, checkpoint.py): a run saves 
 agree on the stop with one all-reduce per epoch), then, once the checkpoint is complete on every
 rank, exits with 75 (checkpoint.PREEMPTED_EXIT; a failed save fails the run instead). The same
 command resumes from the newest valid checkpoint of the same configuration (config_hash), world
-size and prepared data (its sha256: another --data-dir holding other data starts fresh, with a
-warning) and continues bit for bit (same data order, RNG states, optimizer, schedule, scaler),
-except with --loader dataloader and persistent worker processes (--num-workers > 0): their
-random state lives in the workers and is not checkpointed, so such a run resumes correctly but
-not bit for bit (a warning says so at start-up); and with --comm-hook powersgd, whose state
-(error feedback, warm-start factors, step count) is not checkpointed either: each segment starts
-PowerSGD anew (a warning says so too).
+size, prepared data (its sha256: another --data-dir holding other data starts fresh, with a
+warning) and code (the git commit where both the checkpoint and the run know it, torch's
+version, RunState's fields: a rerun after a code change starts fresh, with a warning naming
+both values, so git_commit and torch_version hold for every segment) and continues bit for bit
+(same data order, RNG states, optimizer, schedule, scaler), except with --loader dataloader and
+persistent worker processes (--num-workers > 0): their random state lives in the workers and is
+not checkpointed, so such a run resumes correctly but not bit for bit (a warning says so at
+start-up); and with --comm-hook powersgd, whose state (error feedback, warm-start factors, step
+count) is not checkpointed either: each segment starts PowerSGD anew (a warning says so too).
 A resumed run's numbers are accounted over its segments:
 - train_time_s: the sum over segments of the loop time up to each segment's last checkpoint
   (time lost after it is not counted: that work is redone and counted then); start-up,
