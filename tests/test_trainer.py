@@ -10,6 +10,7 @@ import os
 import re
 import socket
 import subprocess
+import time
 
 import pytest
 import torch
@@ -594,6 +595,45 @@ def test_profile_steps_on_cpu_saves_torch_profiler_output(data_dir, tmp_path):
     trace = json.loads((tmp_path / "profile" / "trace_rank0.json").read_text())
     assert any(e.get("name") == "forward" for e in trace["traceEvents"])
     assert os.path.exists(tmp_path / "metrics.json")
+
+
+def test_the_profilers_export_stays_out_of_the_throughput_window(
+    data_dir, tmp_path, monkeypatch, one_rank_group
+):
+    """--profile-steps: torch.profiler's export (key_averages, the table, the chrome trace: on
+    CPU as long as the profiled steps) ran right after step B-1, inside the steady-state window,
+    so window_time_s held it (45% of a small run's window) and throughput_img_s halved. Here
+    one rank in this process, its export slowed by 1 s: the window holds its steps, not that.
+    """
+    from scalestudy.trainer import dist as sdist
+    from scalestudy.trainer import loop, measure
+
+    slow_s, exported, step_sums = 1.0, [], []
+    real_export, real_epoch_end = measure.torch_ops_export, measure.Meter.epoch_end
+
+    def slow_export(averages):
+        time.sleep(slow_s)
+        exported.append(True)
+        return real_export(averages)
+
+    def epoch_end(self, state, seen):
+        epoch_time = real_epoch_end(self, state, seen)
+        step_sums.append(sum(state.window_step_times))
+        return epoch_time
+
+    monkeypatch.setattr(measure, "torch_ops_export", slow_export)
+    monkeypatch.setattr(measure.Meter, "epoch_end", epoch_end)
+    cfg = TrainConfig(
+        dataset="synthetic", data_dir=str(data_dir), width=4, epochs=1, local_batch=32,
+        warmup_steps=2, comm_probe_steps=0, limit_train=256, tensorboard=False,
+        profile_steps="4:6", out=str(tmp_path),
+    )  # fmt: skip
+    denv = sdist.DistEnv("none", 0, 1, 0, 1, 0, 1, "127.0.0.1", 0)
+    m = loop.train(cfg, denv, torch.device("cpu"))
+    assert exported and (tmp_path / "profile" / "torch_ops_rank0.json").exists()
+    assert m["window_steps"] == 8 - 2
+    # the window is its steps and the loop's bookkeeping between them, far below the export
+    assert m["window_time_s"] - step_sums[-1] < slow_s / 2, (m["window_time_s"], step_sums)
 
 
 @pytest.mark.parametrize("window", ["100:102", "6:20"])

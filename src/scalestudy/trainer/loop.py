@@ -149,6 +149,7 @@ def train_epochs(
             done += group
             state.step += 1
         epoch_time = meter.epoch_end(state, seen)
+        profiler.export()  # torch.profiler's files, once the window's time is taken
         end_of_epoch(run, state, epoch, (loss_sum, correct, seen), epoch_time, lr)
         state.epoch = epoch + 1
         checkpointing.after_epoch(state, meter)  # every N epochs, and on SIGTERM/SIGUSR1

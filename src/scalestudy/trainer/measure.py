@@ -498,8 +498,10 @@ class Profiler:
     --capture-range=cudaProfilerApi` and `ncu --profile-from-start off`. On a CPU, or on a GPU when
     SCALESTUDY_PROFILER=torch (set by `scalestudy profile capture` where nsys is missing):
     torch.profiler over the window, saved in --out/profile/ as torch_ops_rank{r}.json (key_averages,
-    machine-readable: profiling.parse_torch), torch_ops_rank{r}.txt (the table) and
-    trace_rank{r}.json (chrome trace).
+    machine-readable: nsight/torch_ops.parse_torch), torch_ops_rank{r}.txt (the table) and
+    trace_rank{r}.json (chrome trace). The range stops after step B-1 (after_step); its files
+    are written after that epoch's throughput window (export), so the steady-state numbers hold
+    the profiler's recording, start and stop, but not its export.
     """
 
     def __init__(self, cfg: TrainConfig, device: torch.device, rank: int) -> None:
@@ -525,9 +527,10 @@ class Profiler:
 
     def after_step(self, step: int) -> None:
         if self.window and step == self.window[1] - 1:
-            self.close()
+            self.stop()
 
-    def close(self) -> None:
+    def stop(self) -> None:
+        """End the profiled range (after its last step; the files wait for export())."""
         if not self.window:
             return
         device_sync(self.device)
@@ -535,19 +538,29 @@ class Profiler:
             torch.cuda.profiler.stop()
         elif self.prof is not None:
             self.prof.__exit__(None, None, None)
-            self.dir.mkdir(parents=True, exist_ok=True)
-            averages = self.prof.key_averages()
-            files.write_json(
-                self.dir / f"torch_ops_rank{self.rank}.json", torch_ops_export(averages)
-            )
-            table = averages.table(sort_by="self_cpu_time_total", row_limit=50)
-            files.write_text(self.dir / f"torch_ops_rank{self.rank}.txt", table + "\n")
-            trace = self.dir / f"trace_rank{self.rank}.json"
-            tmp = trace.with_suffix(".json.tmp")
-            self.prof.export_chrome_trace(str(tmp))
-            os.replace(tmp, trace)
-            self.prof = None
         self.window = None
+
+    def export(self) -> None:
+        """Write a stopped torch.profiler range's files; the loop calls it after the epoch's
+        meter.epoch_end, so the export (key_averages: about as long as the profiled steps
+        themselves) stays out of the throughput window: inside it, it halved throughput_img_s."""
+        if self.prof is None or self.window:
+            return
+        self.dir.mkdir(parents=True, exist_ok=True)
+        averages = self.prof.key_averages()
+        files.write_json(self.dir / f"torch_ops_rank{self.rank}.json", torch_ops_export(averages))
+        table = averages.table(sort_by="self_cpu_time_total", row_limit=50)
+        files.write_text(self.dir / f"torch_ops_rank{self.rank}.txt", table + "\n")
+        trace = self.dir / f"trace_rank{self.rank}.json"
+        tmp = trace.with_suffix(".json.tmp")
+        self.prof.export_chrome_trace(str(tmp))
+        os.replace(tmp, trace)
+        self.prof = None
+
+    def close(self) -> None:
+        """Training is over: stop a range still open and write its files."""
+        self.stop()
+        self.export()
 
 
 def torch_ops_export(key_averages) -> dict:

@@ -33,7 +33,9 @@ How the numbers are measured (the analysis relies on these definitions):
   window. An epoch therefore trains on floor(n / (local_batch x world_size)) x local_batch x
   world_size images (floor(n / global_batch) x global_batch when accum_steps is 1; with
   accumulation the micro-batch, not the global batch, is the unit). Images are summed over
-  ranks; the window time is the maximum over ranks.
+  ranks; the window time is the maximum over ranks. Under --profile-steps the profiled steps
+  are window steps, with the profiler's recording, start and stop; its export (torch.profiler's
+  files, measure.Profiler.export) is written after the epoch's window, outside it.
   throughput_img_s_per_rank = throughput_img_s / world_size.
 - window_warmup_steps: the optimizer steps the window leaves out at the start of each segment
   (measure.Meter.warmup_steps): --warmup-steps (metrics.json warmup_steps), but at least
