@@ -262,7 +262,8 @@ def finish(
     started_at: str,
 ) -> dict:
     """After training: the communication probe, the check that every rank holds the same
-    weights, the metrics over ranks; rank 0 removes the checkpoints, then writes metrics.json."""
+    weights, the metrics over ranks; rank 0 writes metrics.json, then the checkpoints go (a
+    failed metrics.json write keeps them: the rerun resumes from the last one)."""
     cfg, world_size = run.cfg, run.world_size
     comm_exposed = None
     if cfg.comm_probe_steps and world_size == 1:
