@@ -616,30 +616,53 @@ def _checkpointing(tmp_path: Path):
 def test_a_checkpoint_of_other_code_or_torch_is_not_resumed(tmp_path, monkeypatch, one_rank_group):
     """A preempted run rerun after a trainer edit resumed the old code's checkpoint silently:
     metrics.json then gave the last segment's git_commit for epochs the old code trained.
-    The commit and torch's version are in the identity now: the run starts fresh, naming both
-    values; an unknown commit (no git checkout, a container without the launcher's) on either
-    side is not a difference."""
+    The trainer source's sha256 and torch's version are in the identity now: the run starts
+    fresh, naming both values."""
     from scalestudy.trainer import measure
     from scalestudy.trainer import state as st
 
     warnings: list[str] = []
     monkeypatch.setattr(ck, "_warn", warnings.append)  # find_latest's, whatever logging's set-up
-    old, new = "a" * 40, "b" * 40
-    monkeypatch.setattr(measure, "git_commit", lambda: old)
+    old, new = "a" * 64, "b" * 64
+    monkeypatch.setattr(measure, "code_sha256", lambda: old)
     _checkpointing(tmp_path)._save(st.RunState(epoch=1, step=5), wait=True)
     assert _checkpointing(tmp_path).resume().epoch == 1  # the same code resumes
 
-    monkeypatch.setattr(measure, "git_commit", lambda: new)
+    monkeypatch.setattr(measure, "code_sha256", lambda: new)
     assert _checkpointing(tmp_path).resume().epoch == 0
     assert "not resuming" in warnings[-1] and old in warnings[-1] and new in warnings[-1]
 
-    monkeypatch.setattr(measure, "git_commit", lambda: None)  # this code's commit unknown
-    assert _checkpointing(tmp_path).resume().epoch == 1
-
-    monkeypatch.setattr(measure, "git_commit", lambda: old)
+    monkeypatch.setattr(measure, "code_sha256", lambda: old)
     monkeypatch.setattr(torch, "__version__", "0.0.1")
     assert _checkpointing(tmp_path).resume().epoch == 0
-    assert "'torch_version': '0.0.1'" in warnings[-1] and "git_commit" not in warnings[-1]
+    assert "'torch_version': '0.0.1'" in warnings[-1] and "code_sha256" not in warnings[-1]
+
+
+def test_the_code_digest_follows_the_trainer_source_not_the_checkout(tmp_path):
+    """code_sha256 hashes the package's top level and trainer/ as imported: a copy of the
+    package elsewhere (a container's, outside any git checkout) has the same digest, and an
+    edit of one trainer file changes it (a commit of docs or config.yaml would not)."""
+    import shutil
+
+    from scalestudy.trainer import measure
+
+    package = Path(measure.__file__).resolve().parent.parent
+    for name in ("same", "edited"):
+        shutil.copytree(
+            package, tmp_path / name / "scalestudy", ignore=shutil.ignore_patterns("__pycache__")
+        )
+    loop = tmp_path / "edited/scalestudy/trainer/loop.py"
+    loop.write_text(loop.read_text() + "\n# an edit\n")
+    code = "from scalestudy.trainer import measure; print(measure.code_sha256())"
+    digests = {
+        name: subprocess.run(
+            [PYTHON, "-c", code], env={**os.environ, "PYTHONPATH": str(tmp_path / name)},
+            capture_output=True, text=True, check=True, cwd=tmp_path,
+        ).stdout.strip()
+        for name in ("same", "edited")
+    }  # fmt: skip
+    assert digests["same"] == measure.code_sha256() != digests["edited"]
+    assert len(digests["edited"]) == 64
 
 
 def test_a_checkpoint_of_another_run_state_starts_fresh_with_a_warning(

@@ -15,7 +15,7 @@ deleted (and any numbered above the one just written: left by a run this one sup
 failed write (disk full, read-only filesystem) leaves every earlier checkpoint intact.
 
 Resuming (`find_latest`) takes the newest checkpoint whose manifest and checksums verify and whose
-identity (config_hash, world size, the prepared data's sha256, the code's git commit, torch's
+identity (config_hash, world size, the prepared data's sha256, the trainer code's sha256, torch's
 version and RunState's fields: state.make_checkpointer) matches the run; a corrupted or truncated
 one is skipped with a warning naming the file, one from another configuration, code or torch is
 never resumed (a warning names the keys that differ, both values; the run starts fresh and
@@ -220,23 +220,15 @@ def remove_all(directory: str | os.PathLike) -> None:
 # reading
 
 
-#: identity keys whose value may be unknown (None): the git commit of code run outside a git
-#: checkout, in a container without the launcher's commit (measure.git_commit). Such a key is
-#: compared only where both sides know it; None is written, so the key is never missing
-MAY_BE_UNKNOWN = ("git_commit",)
-
-
 def _differences(manifest: dict, identity: dict) -> dict[str, tuple[Any, Any]]:
     """The identity keys on which a checkpoint's manifest and this run differ: key -> (the
     checkpoint's value, this run's); empty when the checkpoint is this run's. A manifest written
-    before a key joined the identity (data_sha256, git_commit, ...) lacks it: another identity
+    before a key joined the identity (data_sha256, code_sha256, ...) lacks it: another identity
     (None), never resumed, removed at the first save; a checkpoint of other data or code could
     not be told apart. Of a list (RunState's fields) each side keeps the items the other lacks."""
     differ = {}
     for key, mine in identity.items():
         theirs = manifest.get(key)
-        if key in manifest and key in MAY_BE_UNKNOWN and (theirs is None or mine is None):
-            continue
         if key in manifest and theirs == mine:
             continue
         if isinstance(theirs, list) and isinstance(mine, list):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import math
 import os
 import platform
@@ -970,6 +971,20 @@ def git_commit() -> str | None:
         return os.environ[vocab.GIT_COMMIT_ENV]
     sha = files.git_commit(Path(__file__).resolve().parent)
     return None if sha == "unknown" else sha
+
+
+@functools.cache
+def code_sha256() -> str:
+    """sha256 of the trainer's source as this process imported it: every .py file of
+    scalestudy/trainer/ and of the package's top level (the shared vocabulary, errors, files,
+    log and hardware it imports), each as its path below the package and its bytes, in path
+    order. The code that can change a measured number, whatever the git checkout around it."""
+    package = Path(__file__).resolve().parent.parent
+    digest = hashlib.sha256()
+    for path in sorted([*package.glob("*.py"), *package.glob("trainer/**/*.py")]):
+        digest.update(path.relative_to(package).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()
 
 
 def nccl_version() -> str | None:

@@ -98,10 +98,11 @@ def make_checkpointer(
     run must share: the configuration, the world size and the prepared data (data_sha256,
     meta.json's, verified at loading): --data-dir is not in config_hash (where files are), so
     another directory holding other data resumed, its schedule set for other steps per epoch.
-    And the code: the git commit (metrics.json's, one for every segment; compared only where
-    both sides know it, checkpoint.MAY_BE_UNKNOWN; uncommitted edits are '<sha>-dirty' whatever
-    they are), torch's version and the fields of RunState (a checkpoint whose progress this
-    code cannot read): a rerun after a code change resumed the old code's epochs silently."""
+    And the code: the sha256 of the trainer's source (measure.code_sha256: the files that can
+    change a measured number, known in or out of git and a container; not the git commit,
+    which a commit of docs or an edit of config.yaml changes too), torch's version and the
+    fields of RunState (a checkpoint whose progress this code cannot read): a rerun after a
+    trainer change resumed the old code's epochs silently."""
     if not cfg.checkpoint_dir:
         return None
     # FSDP saves through torch.distributed.checkpoint, whose collectives run in the background:
@@ -118,7 +119,7 @@ def make_checkpointer(
             "config_hash": cfg.config_hash(),
             "world_size": world_size,
             "data_sha256": data_sha256,
-            "git_commit": measure.git_commit(),
+            "code_sha256": measure.code_sha256(),
             "torch_version": torch.__version__,
             "run_state_fields": sorted(f.name for f in dataclasses.fields(RunState)),
         },

@@ -159,9 +159,9 @@ agree on the stop with one all-reduce per epoch), then, once the checkpoint is c
 rank, exits with 75 (checkpoint.PREEMPTED_EXIT; a failed save fails the run instead). The same
 command resumes from the newest valid checkpoint of the same configuration (config_hash), world
 size, prepared data (its sha256: another --data-dir holding other data starts fresh, with a
-warning) and code (the git commit where both the checkpoint and the run know it, torch's
-version, RunState's fields: a rerun after a code change starts fresh, with a warning naming
-both values, so git_commit and torch_version hold for every segment) and continues bit for bit
+warning) and code (the sha256 of the trainer's source, measure.code_sha256, torch's version,
+RunState's fields: a rerun after a trainer change starts fresh, with a warning naming both
+values, so the code and torch_version hold for every segment) and continues bit for bit
 (same data order, RNG states, optimizer, schedule, scaler), except with --loader dataloader and
 persistent worker processes (--num-workers > 0): their random state lives in the workers and is
 not checkpointed, so such a run resumes correctly but not bit for bit (a warning says so at
