@@ -296,8 +296,9 @@ def test_trainer_flags_without_the_separator_name_it():
     proc = _launch("--epochs", "1")
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.splitlines()[-1] == (
-        "scalestudy: error: unrecognized arguments: --epochs (the trainer's flags go after "
-        "`--`: scalestudy launch ... -- --epochs 1); `scalestudy --help` shows the usage"
+        "scalestudy launch: error: unrecognized arguments: --epochs (the trainer's flags go "
+        "after `--`: scalestudy launch ... -- --epochs 1); `scalestudy launch --help` shows the "
+        "usage"
     )
     # a command that starts no trainer keeps argparse's message alone
     plan = subprocess.run(
@@ -308,5 +309,6 @@ def test_trainer_flags_without_the_separator_name_it():
     )
     assert plan.returncode == 2
     assert plan.stderr.splitlines() == [
-        "scalestudy: error: unrecognized arguments: --bogus; `scalestudy --help` shows the usage"
+        "scalestudy matrix: error: unrecognized arguments: --bogus; `scalestudy matrix --help` "
+        "shows the usage"
     ]

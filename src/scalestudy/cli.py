@@ -53,14 +53,18 @@ SUBCOMMANDS = {
 class Parser(argparse.ArgumentParser):
     """argparse's parser with a one-line error: what is wrong and where the usage is, without
     the usage block above it (10 lines for `analyze`). The subcommands' parsers, and theirs,
-    are of this class too (add_subparsers makes them of its parser's class)."""
+    are of this class too (add_subparsers makes them of its parser's class); `commands`: the
+    top parser's subcommand parsers by name."""
+
+    commands: dict[str, argparse.ArgumentParser]
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message}; `{self.prog} --help` shows the usage\n")
 
 
-def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+def build_parser(argv: list[str]) -> Parser:
     parser = Parser(prog="scalestudy", description=__doc__.splitlines()[0])
+    parser.commands = {}
     parser.add_argument(
         "--debug",
         action="store_true",
@@ -68,7 +72,7 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module, help_text) in SUBCOMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
+        p = parser.commands[name] = sub.add_parser(name, help=help_text, description=help_text)
         # only the chosen subcommand's module is imported (torch is slow to import)
         if name in argv:
             importlib.import_module(module).add_arguments(p)
@@ -84,7 +88,9 @@ def main(argv: list[str] | None = None) -> int:
         if hasattr(args, "train_args"):
             hint = f" (the trainer's flags go after `--`: scalestudy {_command(args)} ... -- "
             hint += "--epochs 1)"
-        parser.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
+        # the subcommand's parser: its --help lists the flags (`scalestudy --help` only the
+        # commands)
+        parser.commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}{hint}")
     if args.debug:
         os.environ[log.DEBUG_ENV] = "1"  # read by log.debug(), here and in every child process
     log.setup()
