@@ -137,3 +137,29 @@ def test_the_profiling_enums_are_the_vocabulary(key, names):
     """profiling.tool and profiling.nsys_ranks reach `scalestudy profile capture` as --tool and
     --ranks, whose choices are these names (jobs/profile.py)."""
     assert schema_enum(SCHEMA["properties"]["profiling"]["properties"][key]) == list(names)
+
+
+def test_every_trainer_flag_shows_its_default_in_help():
+    """`scalestudy train --help` gave no default for its on/off flags (--static-graph,
+    --pin-memory, ...): a comment said argparse adds "(default: True)" itself, which Python
+    3.11.7's BooleanOptionalAction does not. Every flag's help names its default."""
+    import argparse
+
+    from scalestudy.trainer.config import add_arguments, flag_name
+
+    helps = {}
+
+    class Recording(argparse.ArgumentParser):
+        def add_argument(self, flag, **kwargs):
+            helps[flag] = kwargs.get("help", "")
+            return super().add_argument(flag, **kwargs)
+
+    add_arguments(Recording(add_help=False))
+    missing = [
+        f.name
+        for f in dataclasses.fields(TrainConfig)
+        if "(default: " not in helps[f"--{flag_name(f.name)}"]
+    ]
+    assert missing == []
+    assert helps["--static-graph"].endswith("(default: on)")
+    assert helps["--sync-debug"].endswith("(default: off)")

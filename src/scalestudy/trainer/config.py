@@ -94,7 +94,9 @@ class TrainConfig:
         "auto",
         "CUDA graphs: step = the whole training step as one graph (NCCL, not fp16), on = "
         "torch.compile mode reduce-overhead, auto = step where it fits on CUDA (ddp or allreduce, "
-        "no comm hook, no gradient accumulation, no --profile-steps), else on when compiled",
+        "no comm hook, no gradient accumulation, no --profile-steps), else on when compiled if "
+        "the step could take a graph but not the whole-step one (fp16, gloo, --profile-steps, a "
+        "run too short), off otherwise (fsdp, a comm hook, accumulation, CPU)",
         vocab.CUDA_GRAPHS,
     )
     channels_last: str = _f("auto", "NHWC memory format (auto = on for CUDA)", vocab.SWITCHES)
@@ -430,8 +432,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for f in dataclasses.fields(TrainConfig):
         flag, meta = f"--{flag_name(f.name)}", f.metadata
         if isinstance(f.default, bool) or f.type == "bool | None":
-            # argparse adds "(default: True)" itself, but not for a default of None
-            shown = "" if isinstance(f.default, bool) else f" (default: {meta['shown']})"
+            # argparse (3.11.7+) adds no "(default: ...)" to a BooleanOptionalAction: on/off here
+            if isinstance(f.default, bool):
+                shown = f" (default: {'on' if f.default else 'off'})"
+            else:
+                shown = f" (default: {meta['shown']})"
             parser.add_argument(
                 flag,
                 action=argparse.BooleanOptionalAction,
