@@ -693,3 +693,35 @@ def test_a_checkpoint_of_another_run_state_starts_fresh_with_a_warning(
     assert ours.resume() == st.RunState()
     assert "not resuming" in warnings[0], warnings
     assert "['stall_seconds']" in warnings[0] and "['checkpoint_stall_s']" in warnings[0]
+
+
+def test_a_checkpoint_of_an_edited_meta_json_is_not_resumed(tmp_path, monkeypatch, one_rank_group):
+    """The data identity was data.pt's sha256 alone: a meta.json whose mean and std were edited
+    (valid values; data.pt untouched) resumed the checkpoint, its epochs normalised with other
+    constants, reported as one run. The identity is loaders.data_sha256 now: what the run reads
+    of meta.json is in it, what it does not read (the source) is not."""
+    from scalestudy.trainer import dist as sdist
+    from scalestudy.trainer import loop, prepare_data
+    from scalestudy.trainer import state as st
+
+    out = prepare_data.prepare("synthetic", tmp_path / "data", num_train=64, num_test=16, seed=0)
+    cfg = TrainConfig(
+        dataset="synthetic", data_dir=str(tmp_path / "data"), model="cnn", width=4, epochs=1,
+        local_batch=16, warmup_steps=1, comm_probe_steps=0, tensorboard=False,
+        out=str(tmp_path / "out"), checkpoint_dir=str(tmp_path / "ck"), checkpoint_async=False,
+    )  # fmt: skip
+    denv = sdist.DistEnv("none", 0, 1, 0, 1, 0, 1, "127.0.0.1", 0)
+    warnings: list[str] = []
+    monkeypatch.setattr(ck, "_warn", warnings.append)
+
+    def checkpointing():
+        run = loop.build(cfg, denv, torch.device("cpu"))
+        return st.Checkpointing(cfg, 0, 1, run.device, None, run.trainables(), run.data_sha256)
+
+    checkpointing()._save(st.RunState(epoch=1, step=4), wait=True)
+    meta = json.loads((out / "meta.json").read_text())
+    (out / "meta.json").write_text(json.dumps({**meta, "source": "moved"}))
+    assert checkpointing().resume().epoch == 1  # nothing the run reads changed
+    (out / "meta.json").write_text(json.dumps({**meta, "mean": [0.0] * 3, "std": [1.0] * 3}))
+    assert checkpointing().resume().epoch == 0
+    assert "not resuming" in warnings[-1] and "data_sha256" in warnings[-1], warnings

@@ -818,6 +818,25 @@ def test_a_meta_json_the_data_cannot_follow_is_one_line(tmp_path: Path, edit, sa
     )
 
 
+@pytest.mark.parametrize(
+    "edit", [{"mean": [0.0] * 3, "std": [1.0] * 3}, {"std": [0.25] * 3}, {"num_classes": 12}]
+)
+def test_a_meta_json_edited_in_what_the_trainer_reads_is_prepared_again(tmp_path, edit):
+    """prepare-data checked meta.json's format, parameters and data.pt's sha256 only: a mean,
+    std or num_classes edited to other valid values (every input, the model's outputs) was
+    "prepared and intact; nothing to do", and every run trained with the edit. Now the stats
+    are recomputed from data.pt and the set is made again."""
+    out = prepare_data.prepare("synthetic", tmp_path, num_train=64, num_test=16, seed=0)
+    good = json.loads((out / "meta.json").read_text())
+    mtime = (out / "data.pt").stat().st_mtime_ns
+    prepare_data.prepare("synthetic", tmp_path, num_train=64, num_test=16, seed=0)
+    assert (out / "data.pt").stat().st_mtime_ns == mtime  # the untouched set is left alone
+    (out / "meta.json").write_text(json.dumps({**good, **edit}))
+    loaders.load_prepared("synthetic", tmp_path)  # a meta.json the trainer accepts
+    prepare_data.prepare("synthetic", tmp_path, num_train=64, num_test=16, seed=0)
+    assert json.loads((out / "meta.json").read_text()) == good  # made again
+
+
 def test_a_data_dir_one_level_too_deep_names_the_one_to_give(tmp_path: Path) -> None:
     """--data-dir results/data/synthetic (the dataset itself) suggested preparing it again
     there, a nested copy (for cifar10 a second download)."""

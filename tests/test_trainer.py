@@ -11,6 +11,7 @@ import re
 import socket
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from conftest import PYTHON, SMALL, child_env, read_epochs, read_metrics, train
 from scalestudy import vocab
 from scalestudy.errors import TrainConfigError
 from scalestudy.results import collect
+from scalestudy.trainer import loaders
 from scalestudy.trainer.config import TrainConfig
 from scalestudy.trainer.models import training_flops_per_image
 
@@ -72,6 +74,9 @@ def test_metrics_has_every_key_and_sane_values(ddp_run):
     # a warm-up of 1 of the 2 epochs: the LR reaches its peak and decays, nothing to warn of
     assert m["lr_max_reached"] == m["peak_lr"] and "does not decay" not in proc.stderr
     assert m["checkpoint_stall_s"] == 0.0  # no --checkpoint-dir: no save to wait for
+    # the data as the run read it: data.pt's sha256 with meta.json's mean, std, ... (none before)
+    meta = json.loads((Path(m["data_dir"]) / "synthetic" / "meta.json").read_text())
+    assert m["data_sha256"] == loaders.data_sha256(meta) != meta["sha256"]
     # what was in effect, read back from torch: gloo on CPU, IEEE fp32 (no TF32) for "fp32"
     assert m["backend"] == "gloo"
     assert m["matmul_fp32_precision"] == m["cudnn_fp32_precision"] == "ieee"

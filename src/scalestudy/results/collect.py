@@ -53,6 +53,7 @@ REQUIRED_METRICS = (
     "container_digest",
     "seed",
     "config_hash",
+    "data_sha256",
     "started_at",
     "restarts",
     "resumed_from_epochs",

@@ -15,7 +15,7 @@ deleted (and any numbered above the one just written: left by a run this one sup
 failed write (disk full, read-only filesystem) leaves every earlier checkpoint intact.
 
 Resuming (`find_latest`) takes the newest checkpoint whose manifest and checksums verify and whose
-identity (config_hash, world size, the prepared data's sha256, the trainer code's sha256, torch's
+identity (config_hash, world size, the prepared data's digest, the trainer code's sha256, torch's
 version and RunState's fields: state.make_checkpointer) matches the run; a corrupted or truncated
 one is skipped with a warning naming the file, one from another configuration, code or torch is
 never resumed (a warning names the keys that differ, both values; the run starts fresh and

@@ -65,6 +65,24 @@ def prepare_command(dataset: str, data_dir: str | Path, meta: Any = None) -> str
 # Loading
 # ---------------------------------------------------------------------------------------------
 
+# What the trainer reads of meta.json (check_prepared, load_prepared, loop.build and
+# build_loaders): data.pt's sha256 (verified against the file), the number of classes (the
+# model's outputs), each channel's mean and std (they normalise every input) and the split
+# shapes (checked against data.pt). The rest (classes' names, source, a synthetic set's sizes
+# and seed) changes no number of a run.
+DIGEST_KEYS = ("sha256", "num_classes", "mean", "std", "train_shape", "test_shape")
+
+
+def data_sha256(meta: dict[str, Any]) -> str:
+    """The identity of the data as the trainer sees it: the sha256 of DIGEST_KEYS's values in
+    canonical JSON (sorted keys, mean/std as floats: 0 and 0.0 normalise alike). data.pt's own
+    sha256 alone left meta.json out, so an edited mean or std, which sets every input the model
+    sees, resumed a checkpoint and reported one run. Of a meta.json check_prepared accepted."""
+    seen = {key: meta[key] for key in DIGEST_KEYS}
+    seen["mean"], seen["std"] = ([float(v) for v in meta[k]] for k in ("mean", "std"))
+    canonical = json.dumps(seen, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
 
 @dataclass
 class Prepared:

@@ -331,6 +331,7 @@ def finish(
         **environment(run.device),
         "slurm_job_id": denv.slurm_job_id,
         "config_hash": cfg.config_hash(),
+        "data_sha256": run.data_sha256,  # the data as this run read it (loaders.data_sha256)
         "param_checksums": checksums,
         "started_at": started_at,
         "restarts": len(state.resumed_from_epochs),
@@ -379,7 +380,8 @@ class Run:
     train_loader: Any  # loaders.DeviceLoader or a DataLoader
     sampler: Any  # the DataLoader's DistributedSampler; None with the DeviceLoader
     eval_loader: loaders.DeviceLoader
-    data_sha256: str  # the prepared data's (meta.json's, verified): part of checkpoint identity
+    data_sha256: str  # loaders.data_sha256: data.pt + what of meta.json the run reads; checkpoint
+    # identity and metrics.json
     micro_steps: int  # micro-batches per epoch
     steps_per_epoch: int  # optimizer steps per epoch
     lr_max_reached: float  # the schedule's highest LR: peak_lr unless the warm-up outlasts the run
@@ -483,7 +485,7 @@ def build(cfg: TrainConfig, denv: sdist.DistEnv, device: torch.device) -> Run:
         train_loader=train_loader,
         sampler=sampler,
         eval_loader=eval_loader,
-        data_sha256=prepared.meta["sha256"],
+        data_sha256=loaders.data_sha256(prepared.meta),
         micro_steps=micro_steps,
         steps_per_epoch=steps_per_epoch,
         lr_max_reached=lr_max,

@@ -96,8 +96,10 @@ def make_checkpointer(
 ) -> ckpt.Checkpointer | None:
     """The run's Checkpointer (None without --checkpoint-dir). Its identity is what a resumed
     run must share: the configuration, the world size and the prepared data (data_sha256,
-    meta.json's, verified at loading): --data-dir is not in config_hash (where files are), so
-    another directory holding other data resumed, its schedule set for other steps per epoch.
+    loaders.data_sha256: data.pt's sha256, verified at loading, and the meta.json values the
+    run reads, its mean and std among them): --data-dir is not in config_hash (where files
+    are), so another directory holding other data resumed, its schedule set for other steps
+    per epoch, and an edited meta.json resumed under other normalisation constants.
     And the code: the sha256 of the trainer's source (measure.code_sha256: the files that can
     change a measured number, known in or out of git and a container; not the git commit,
     which a commit of docs or an edit of config.yaml changes too), torch's version and the

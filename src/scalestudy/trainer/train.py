@@ -147,6 +147,11 @@ How the numbers are measured (the analysis relies on these definitions):
 - time_to_target_s: training time (evaluation excluded) until the end of the first epoch whose
   val_acc reaches --target-acc; null if never reached.
 - train_time_s: wall time of the whole training loop, evaluation included.
+- data_sha256: not a measurement: the prepared data as the run read it (loaders.data_sha256):
+  the sha256 of data.pt's sha256 (meta.json's, checked against the file) and meta.json's
+  num_classes, mean, std, train_shape and test_shape, in canonical JSON; not data.pt's own
+  sha256 (meta.json's "sha256"). The same value is in the checkpoint identity, so every segment
+  of a resumed run read the same data; data_dir says where it was.
 - net_interface: not a measurement: the network interface gloo and NCCL were pinned to
   (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME; dist.py), its distinct values over ranks, e.g.
   ["eth0 (auto)"]: "auto" = the interface routing to MASTER_ADDR, chosen by the trainer; "user" =
@@ -158,12 +163,12 @@ Checkpoints and resume (--checkpoint-dir; state.py, checkpoint.py): a run saves 
 agree on the stop with one all-reduce per epoch), then, once the checkpoint is complete on every
 rank, exits with 75 (checkpoint.PREEMPTED_EXIT; a failed save fails the run instead). The same
 command resumes from the newest valid checkpoint of the same configuration (config_hash), world
-size, prepared data (its sha256: another --data-dir holding other data starts fresh, with a
-warning) and code (the sha256 of the trainer's source, measure.code_sha256, torch's version,
-RunState's fields: a rerun after a trainer change starts fresh, with a warning naming both
-values, so the code and torch_version hold for every segment) and continues bit for bit
-(same data order, RNG states, optimizer, schedule, scaler), except with --loader dataloader and
-persistent worker processes (--num-workers > 0): their random state lives in the workers and is
+size, prepared data (data_sha256: another --data-dir holding other data, or an edited meta.json,
+starts fresh, with a warning) and code (the sha256 of the trainer's source, measure.code_sha256,
+torch's version, RunState's fields: a rerun after a trainer change starts fresh, with a warning
+naming both values, so the code and torch_version hold for every segment) and continues bit for
+bit (same data order, RNG states, optimizer, schedule, scaler), except with --loader dataloader
+and persistent worker processes (--num-workers > 0): their random state lives in the workers and is
 not checkpointed, so such a run resumes correctly but not bit for bit (a warning says so at
 start-up); and with --comm-hook powersgd, whose state (error feedback, warm-start factors, step
 count) is not checkpointed either: each segment starts PowerSGD anew (a warning says so too).
