@@ -3,9 +3,11 @@ cuDNN autotuning, set in one place and recorded as they were in effect (metrics.
 
 - fp32 means IEEE fp32 everywhere and tf32 means TF32 for matmuls and convolutions, so the
   precision family compares the two cleanly. cuDNN convolutions default to TF32 in torch
-  (`torch.backends.cudnn.fp32_precision` is "tf32" out of the box), so "fp32" must switch it
-  off explicitly. Set through the `fp32_precision` API (torch >= 2.9); the older `allow_tf32`
-  flags are deprecated, and mixing the two APIs makes torch raise when the setting is read.
+  (`torch.backends.cudnn.conv.fp32_precision` is "tf32" out of the box; its parents
+  `torch.backends.cudnn.fp32_precision` and `torch.backends.fp32_precision` are "none"), so
+  "fp32" must switch it off explicitly. Set through the `fp32_precision` API (torch >= 2.9);
+  the older `allow_tf32` flags are deprecated, and mixing the two APIs makes torch raise when
+  the setting is read.
 - bf16/fp16 run under autocast; their fp32 leftovers (BN statistics, the loss) follow the fp32
   setting above, i.e. IEEE.
 - channels_last (NHWC) is the fast layout for convolutions on tensor cores. FSDP2's
