@@ -1405,8 +1405,10 @@ def test_collect_takes_the_non_finite_val_loss_the_trainer_writes(tmp_path):
         **{"final_val_acc": history[-1]["val_acc"], "train_time_s": 12.0},
     }
     files.write_json(run_dir / "metrics.json", metrics)
-    _, epochs = collect.collect([row], tmp_path / "runs")
+    runs, epochs = collect.collect([row], tmp_path / "runs")
     assert [r["val_loss"] for r in epochs] == ["inf", *["1.1"] * (n - 2), "nan"]
+    # a run of a trainer before data_sha256 (metrics.json without it) is collected, not refused
+    assert "data_sha256" not in metrics and len(runs) == 1
     ((label, points),) = plots.accuracy_curves(epochs).items()
     assert [(e, a) for e, _, a in points] == [(e, 0.5 + e / 100) for e in range(1, n + 1)]
     # what the trainer never writes: a negative loss, -inf (cross-entropy is >= 0), a word, a
