@@ -115,8 +115,17 @@ def summary(timer: HostStepTimer) -> dict:
 
 
 def profile_text(timer: HostStepTimer, top: int = 40) -> str | None:
+    """pstats of the profiled steps by their own time; a one-line note instead when none of
+    them ran (a --cprofile-from past the run's last step: the profile holds no data, and
+    pstats would raise after the whole training)."""
     if not timer.cprofile:
         return None
+    first, stop = timer.profiled.start, timer.profiled.stop
+    if min(stop, timer.index) <= first:
+        return (
+            f"cProfile: no step profiled: --cprofile-from {first} is past the run's last step "
+            f"({timer.index - 1}; steps count from 0)"
+        )
     buf = io.StringIO()
     stats = pstats.Stats(timer.cprofile, stream=buf)
     stats.sort_stats("tottime").print_stats(top)
@@ -186,6 +195,13 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     p.add_argument("--cprofile-steps", type=int, default=0, help="steps under cProfile (0: none)")
     p.add_argument("--micro", action="store_true", help="also time single CUDA operations")
     args = p.parse_args(argv)
+    if args.cprofile_steps < 0:
+        p.error(f"--cprofile-steps must be >= 0 (0: no profile), got {args.cprofile_steps}")
+    if args.cprofile_steps and args.cprofile_from < 0:  # the default -1: no step is profiled
+        p.error(
+            f"--cprofile-steps {args.cprofile_steps} needs --cprofile-from, the first profiled "
+            f"step (>= 0), got {args.cprofile_from}: e.g. --cprofile-from 60"
+        )
     try:  # before the training, not after it
         files.check_outputs([args.json] if args.json else [], ValueError)
     except ValueError as exc:

@@ -342,6 +342,62 @@ def test_the_step_anatomy_times_the_real_trainer_per_phase(data_dir, tmp_path):
 @pytest.mark.parametrize(
     "flags, says",
     [
+        (["--cprofile-steps", "3"], "--cprofile-steps 3 needs --cprofile-from"),  # default -1
+        (["--cprofile-from", "-2", "--cprofile-steps", "3"], "(>= 0), got -2"),
+        (["--cprofile-from", "4", "--cprofile-steps", "-1"], "--cprofile-steps must be >= 0"),
+    ],
+)
+def test_step_anatomy_refuses_a_cprofile_window_without_a_first_step(capsys, flags, says):
+    """A profile that would never be enabled is refused before the training, in one line (it
+    trained in full, then pstats raised on the empty profile: no table, no --json)."""
+    anatomy = load_benchmark("step_anatomy")
+    with pytest.raises(SystemExit) as exit_:
+        anatomy.parse_args([*flags, "--", "--out", "run"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.splitlines() == [err.strip()] and says in err, err
+
+
+@pytest.mark.parametrize("first, says", [(100, "no step profiled"), (5, "function calls")])
+def test_step_anatomy_reports_a_cprofile_window_past_the_last_step(
+    tmp_path, monkeypatch, capsys, first, says
+):
+    """--cprofile-from past the run's last step (8 steps here, by a stand-in trainer that drives
+    the host step timer as the loop does): the table and --json as always, the profile a
+    one-line note; a window inside the run: pstats of its steps."""
+    import torch
+
+    anatomy = load_benchmark("step_anatomy")
+    monkeypatch.setattr(anatomy.measure, "StepTimer", anatomy.measure.StepTimer)  # main sets it
+
+    def train(cfg):
+        timer = anatomy.measure.StepTimer(torch.device("cpu"))  # anatomy's HostStepTimer
+        for i in range(8):
+            timer.start()
+            with timer.phase("forward"):
+                sum(range(1000))
+            timer.stop(in_window=i >= 2)
+        timer.collect()
+        Path(cfg.out).mkdir(parents=True)
+        (Path(cfg.out) / "metrics.json").write_text('{"throughput_img_s": 1.0, "local_batch": 2}')
+        return 0
+
+    monkeypatch.setattr(anatomy.trainer, "main", train)
+    out = tmp_path / "anatomy.json"
+    argv = ["--json", str(out), "--cprofile-from", str(first), "--cprofile-steps", "2"]
+    assert anatomy.main([*argv, "--", "--out", str(tmp_path / "run")]) == 0
+    r = json.loads(out.read_text())
+    assert says in r["cprofile"] and "median ms" in capsys.readouterr().out
+    if first == 100:
+        assert r["cprofile"].splitlines() == [r["cprofile"]], r["cprofile"]
+        assert "--cprofile-from 100 is past the run's last step (7;" in r["cprofile"]
+        assert r["host_ms"]["steps"] == 6  # every window step kept: none was profiled
+    else:
+        assert r["host_ms"]["steps"] == 4  # steps 5 and 6 profiled, left out
+
+
+@pytest.mark.parametrize(
+    "flags, says",
+    [
         (["--local-batch", "-1"], "--local-batch must be >= 1, got -1"),  # TrainConfig's check
         (["--data-dir", "no-such-dir"], "synthetic is not prepared"),  # the trainer's preflight
     ],
