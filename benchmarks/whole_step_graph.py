@@ -65,7 +65,9 @@ POOL = 16  # distinct batches on the device, cycled
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = Parser(prog="whole_step_graph.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument(
+        "--variants", default=",".join(VARIANTS), help="comma-separated, of: %(default)s"
+    )
     p.add_argument("--variant", help=argparse.SUPPRESS)  # one variant, in this process
     p.add_argument("--local-batch", type=int, default=64)
     p.add_argument("--width", type=int, default=64)
@@ -77,6 +79,15 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=240, help="seconds per variant")
     p.add_argument("--json")
     args = p.parse_args(argv)
+    # a misspelt name ran the eager step (whole-eager's for whole*) under its own label
+    unknown = [v for v in args.variants.split(",") if v not in VARIANTS]
+    if args.variant is not None and args.variant not in VARIANTS:  # main's, one per process
+        unknown.append(args.variant)
+    if unknown:
+        p.error(
+            f"unknown variant(s) {', '.join(map(repr, unknown))}: --variants takes some of "
+            f"{','.join(VARIANTS)}"
+        )
     whole = any(v.startswith("whole") for v in (args.variant or args.variants).split(","))
     if whole and args.warmup <= WARM_STEPS:
         p.error(

@@ -138,6 +138,28 @@ def test_step_anatomy_and_the_graph_benchmark_refuse_an_unwritable_json_first(
     assert started == []
 
 
+@pytest.mark.parametrize(
+    "flags, unknown",
+    [
+        (["--variants", "eager,compiled-graph"], "'compiled-graph'"),  # compiled-graphs
+        (["--variants", "whole_compiled"], "'whole_compiled'"),  # ran whole-eager
+        (["--variants", "eager,"], "''"),
+        (["--variant", "whole-compile"], "'whole-compile'"),  # main's, per process
+    ],
+)
+def test_the_graph_benchmark_refuses_an_unknown_variant(capsys, flags, unknown):
+    """A misspelt variant ran the eager step (the whole-eager one for whole*) under its own
+    label: refused in one line naming it and the variants, before any variant runs."""
+    graphs = load_benchmark("whole_step_graph")
+    with pytest.raises(SystemExit) as exit_:
+        graphs.parse(flags)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.splitlines() == [err.strip()], err
+    assert f"unknown variant(s) {unknown}:" in err and ",".join(graphs.VARIANTS) in err, err
+    for variant in graphs.VARIANTS:  # each known one is accepted, alone and as --variant
+        assert graphs.parse(["--variants", variant, "--variant", variant]).variant == variant
+
+
 WRITE_FAILS = """
 import importlib.util, resource, sys
 sys.path.insert(0, sys.argv[1] + "/tests")
