@@ -21,8 +21,9 @@
 #                     when the step starts)
 #   ddp-buffers       DDP's per-step buffer broadcast, one NCCL rank (ddp_buffers.py)
 #   anatomy-lb64      the host time of our step per phase at local batch 64 (step_anatomy.py)
-# STEPS picks some of them (default: all, in this order). A failed step is logged and the next
-# one runs; a failed data preparation ends the script in one line (its log: OUT/prepare-data.log).
+# STEPS picks some of them (default: all, in this order). A failed step is logged, leaves no
+# result of an earlier session in OUT, and the next one runs; a failed data preparation ends the
+# script in one line (its log: OUT/prepare-data.log).
 # The package runs from this checkout (PYTHONPATH=src): no install, no Snakemake, no
 # internet. The sizes are variables so that a CPU test runs the same script small: WIDTH
 # LOCAL_BATCH PRECISION EPOCHS NUM_TRAIN REPEATS REF_WORKERS DEVICE (cuda or cpu, for
@@ -58,6 +59,7 @@ lb64=(--dataset synthetic --data-dir "$data" --width "$width" --local-batch 64
 compare() { # name, extra compare.py flags: OUT/<name>.json and .log
     local name=$1
     shift
+    rm -f "$out/$name.json" # a failed rerun must not leave the last session's result
     "$py" "$here/benchmarks/compare.py" "${common[@]}" "$@" --json "$out/$name.json" \
         >"$out/$name.log" 2>&1 || echo "$name failed: see $out/$name.log"
     tail -n 4 "$out/$name.log"
@@ -103,6 +105,7 @@ for step in $steps; do
         tail -n 3 "$out/ddp-buffers.txt"
         ;;
     anatomy-lb64)
+        rm -f "$out/anatomy-lb64.json" # as compare's: a failed rerun leaves no earlier result
         "$py" "$here/benchmarks/step_anatomy.py" --json "$out/anatomy-lb64.json" -- \
             "${lb64[@]}" --out "$out/anatomy-lb64-run" \
             >"$out/anatomy-lb64.log" 2>&1 || echo "anatomy-lb64 failed: see $out/anatomy-lb64.log"

@@ -525,6 +525,24 @@ def test_a_failed_bucket_rerun_reports_no_line_of_the_run_before(tmp_path):
     assert not (out / name / "metrics.json").exists()
 
 
+def test_a_failed_compare_or_anatomy_rerun_leaves_no_json_of_the_run_before(tmp_path):
+    """gpu_node.sh rerun into the OUT of an earlier session: a comparison or anatomy-lb64 that
+    fails now (here a precision both refuse) leaves the earlier session's OUT/<step>.json no
+    more than the bucket sweep leaves its metrics.json: no result beside a log of a failure."""
+    out = tmp_path / "out"
+    out.mkdir()
+    steps = ("compare", "compare-eager", "anatomy-lb64")
+    for step in steps:  # what the earlier session wrote
+        (out / f"{step}.json").write_text('{"ratio": 3.23, "throughput_img_s": 12967.0}\n')
+    sizes = {"WIDTH": "2", "NUM_TRAIN": "64", "DEVICE": "cpu", "PRECISION": "fp8"}
+    proc = gpu_node(out, 300, CUDA_VISIBLE_DEVICES="", STEPS=" ".join(steps), **sizes)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    for step in steps:
+        assert f"{step} failed: see {out / step}.log" in proc.stdout, proc.stdout
+        assert "fp8" in (out / f"{step}.log").read_text()  # the refusal
+        assert not (out / f"{step}.json").exists()
+
+
 def test_gpu_node_says_where_a_failed_data_preparation_is_logged(tmp_path):
     out = tmp_path / "out"
     proc = gpu_node(out, 300, NUM_TRAIN="16k", STEPS="compare")
