@@ -83,8 +83,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args(argv)
-    if args.repeats < 1:
-        p.error(f"--repeats must be >= 1, got {args.repeats}")
+    # before the first run: --ref-workers -1 failed in the reference's first run, after ours
+    for flag, least in (("repeats", 1), ("nproc", 1), ("ref_workers", 0), ("threads_per_rank", 1)):
+        if getattr(args, flag) < least:
+            p.error(f"--{flag.replace('_', '-')} must be >= {least}, got {getattr(args, flag)}")
     try:
         args.ours_argv = shlex.split(args.ours_flags)
     except ValueError as exc:  # an unbalanced quote

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from scalestudy.cli import Parser  # noqa: E402
 from scalestudy.trainer.config import TrainConfig  # noqa: E402
 from scalestudy.trainer.dist import free_port  # noqa: E402
 from scalestudy.trainer.models import build_model  # noqa: E402
@@ -93,8 +94,8 @@ def entry(rank: int, world: int, port: int, args: argparse.Namespace, results) -
     dist.destroy_process_group()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = Parser(prog="ddp_buffers.py", description=__doc__.splitlines()[0])
     parser.add_argument("--nproc", type=int, default=2, help="ranks (default 2; one per GPU)")
     parser.add_argument(
         "--device", choices=("cpu", "cuda"), default="cpu", help="cpu: gloo; cuda: NCCL"
@@ -103,7 +104,16 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8, help="images per rank (default 8)")
     parser.add_argument("--steps", type=int, default=40, help="timed steps per run (default 40)")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each (default 3)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    # in one line before the ranks start (--steps 0 was a StatisticsError in every rank)
+    for flag in ("nproc", "width", "batch", "steps", "repeats"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag} must be >= 1, got {getattr(args, flag)}")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
     results = mp.Manager().dict()
     mp.spawn(entry, args=(args.nproc, free_port(), args, results), nprocs=args.nproc)
     rank0 = results[0]  # every rank times the same synchronised steps

@@ -36,6 +36,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from torchvision import transforms
 
+from scalestudy.cli import Parser
 from scalestudy.files import write_json
 from scalestudy.trainer.models import resnet18
 
@@ -75,8 +76,8 @@ class PreparedImages(Dataset):
         return self.transform(Image.fromarray(self.data[i])), self.targets[i]
 
 
-def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = Parser(prog="reference_train.py", description=__doc__.splitlines()[0])
     p.add_argument("--data-dir", required=True, help="holds <dataset>/data.pt and meta.json")
     p.add_argument("--dataset", default="cifar10")
     p.add_argument("--local-batch", type=int, default=128, help="images per rank per step")
@@ -90,7 +91,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--weight-decay", type=float, default=5e-4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True, help="JSON file written by rank 0")
-    return p.parse_args()
+    args = p.parse_args(argv)
+    # in one line before the data is read (--local-batch 0 was DataLoader's traceback)
+    at_least = {"local_batch": 1, "epochs": 1, "width": 1, "num_workers": 0, "warmup_steps": 0}
+    for flag, least in (*at_least.items(), ("limit_train", 0)):  # None or 0: every image
+        if (getattr(args, flag) or 0) < least:
+            p.error(f"--{flag.replace('_', '-')} must be >= {least}, got {getattr(args, flag)}")
+    return args
 
 
 def sync(device: torch.device) -> None:

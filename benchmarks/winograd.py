@@ -36,6 +36,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from scalestudy.cli import Parser  # noqa: E402
 from scalestudy.trainer.models import build_model  # noqa: E402
 
 # F(m x m, 3x3): Y = A^T [(G g G^T) * (B^T d B)] A for an (m+2) x (m+2) input tile d and the
@@ -192,8 +193,8 @@ def products_ms(c: int, k: int, h: int, w: int, batch: int, m: int, repeats: int
 TILES = (2, 4)  # F(2x2, 3x3) and F(4x4, 3x3)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = Parser(prog="winograd.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--width", type=int, default=64)
     parser.add_argument("--batch", type=int, default=64, help="images per rank (local batch)")
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads (1 per rank)")
@@ -205,6 +206,14 @@ def main(argv: list[str] | None = None) -> int:
         help="also time the Winograd convolutions under torch.compile",
     )
     args = parser.parse_args(argv)
+    for flag in ("width", "batch", "threads", "repeats"):  # --repeats 0 printed inf and nan
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag} must be >= 1, got {getattr(args, flag)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     # one compiled graph per shape and tile size (10 for the network), all of one function:

@@ -71,6 +71,34 @@ def test_ours_flags_may_not_change_what_both_trainers_run(capsys, flags, named, 
     assert f"may not set {named} ({instead})" in err, err
 
 
+@pytest.mark.parametrize(
+    "script, flag, least",
+    [
+        *(("compare", f, 1) for f in ("--nproc", "--threads-per-rank")),
+        ("compare", "--ref-workers", 0),
+        *(("reference_train", f, 1) for f in ("--local-batch", "--epochs", "--width")),
+        *(("reference_train", f, 0) for f in ("--num-workers", "--warmup-steps", "--limit-train")),
+        *(("ddp_buffers", f, 1) for f in ("--nproc", "--width", "--batch", "--steps", "--repeats")),
+        *(("winograd", f, 1) for f in ("--width", "--batch", "--threads", "--repeats")),
+    ],
+)
+def test_benchmark_counts_out_of_range_are_refused_in_one_line(capsys, script, flag, least):
+    """One below the least value is refused by the script's parser in one line; it was a
+    traceback after some work (the reference's first run after all of ours, a StatisticsError
+    in every rank) or, for winograd.py --repeats 0, inf and nan and exit 0. The least is
+    accepted."""
+    required = {"compare": ["--data-dir", "d"], "reference_train": ["--data-dir", "d"]}
+    required["reference_train"] += ["--out", "r.json"]
+    parse_args = load_benchmark(script).parse_args
+    with pytest.raises(SystemExit) as exit_:
+        parse_args([*required.get(script, []), flag, str(least - 1)])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.splitlines() == [err.strip()], err
+    assert err.startswith(f"{script}.py: error: {flag} must be >= {least}, got {least - 1};")
+    args = parse_args([*required.get(script, []), flag, str(least)])
+    assert getattr(args, flag[2:].replace("-", "_")) == least
+
+
 class FakeRuns:
     """compare.py's `subprocess` with a `run` that writes what each trainer writes (the keys
     compare.py reads; ours N img/s in its run N, the reference half of it), or exits `fail[i]`
