@@ -7,6 +7,9 @@ loading, process-group set-up, the exposed-communication probe and writing outpu
 and submission are not in it (see docs/benchmarks.md for the end-to-end comparison).
 
     python benchmarks/overhead.py [WORKDIR]
+
+A finished run without its benchmarks/train/<run>.tsv (deleted or never copied: the workflow
+allows it, resources.optional_benchmarks) is left out, and the count of them said.
 """
 
 from __future__ import annotations
@@ -24,12 +27,19 @@ def main() -> int:
         sys.exit(f"missing {runs_csv}: run the study first (bash scripts/demo.sh)")
     with runs_csv.open() as f:
         runs = list(csv.DictReader(f))
-    rows = []
+    timed = work / "benchmarks/train"
+    rows, untimed = [], []
     for r in runs:
-        bench = work / "benchmarks/train" / f"{r['run']}.tsv"
+        bench = timed / f"{r['run']}.tsv"
+        if not bench.exists():
+            untimed.append(r["run"])
+            continue
         with bench.open() as f:
             job_s = float(next(csv.DictReader(f, delimiter="\t"))["s"])
         rows.append((r["run"], job_s, float(r["train_time_s"]), job_s - float(r["train_time_s"])))
+    if not rows:
+        why = f"none of its {len(runs)} runs has {timed}/<run>.tsv" if runs else "no runs yet"
+        sys.exit(f"{runs_csv}: {why}: no job time to compare (bash scripts/demo.sh runs a study)")
     print(f"{'run':32} {'job_s':>8} {'train_s':>8} {'overhead_s':>10}")
     for run, job_s, train_s, over in rows:
         print(f"{run:32} {job_s:8.1f} {train_s:8.1f} {over:10.1f}")
@@ -38,6 +48,8 @@ def main() -> int:
         f"overhead per job: median {statistics.median(overheads):.1f} s, "
         f"min {min(overheads):.1f} s, max {max(overheads):.1f} s over {len(rows)} jobs"
     )
+    if untimed:
+        print(f"{len(untimed)} of {len(runs)} runs left out, no {timed}/<run>.tsv: {untimed}")
     return 0
 
 

@@ -493,6 +493,33 @@ def test_the_ddp_buffer_benchmark_times_both_wrappers():
     assert float(ratio) == pytest.approx(ours / broadcast, abs=0.002)
 
 
+def test_overhead_leaves_out_runs_without_a_snakemake_benchmark(tmp_path, monkeypatch, capsys):
+    """benchmarks/overhead.py on a study where a finished run has no benchmarks/train/<run>.tsv
+    (the workflow allows it: resources.optional_benchmarks): the others' overhead and the count
+    left out; with no timed run (or no run yet) one line and exit, no traceback."""
+    overhead = load_benchmark("overhead")
+    monkeypatch.setattr(sys, "argv", ["overhead.py", str(tmp_path)])
+    (tmp_path / "results/csv").mkdir(parents=True)
+    (tmp_path / "benchmarks/train").mkdir(parents=True)
+    runs_csv = tmp_path / "results/csv/runs.csv"
+    runs_csv.write_text("run,train_time_s\nw1_a,10.0\nw2_b,12.0\nw4_c,20.0\n")
+    for run, job_s in (("w1_a", 15.5), ("w4_c", 21.5)):
+        (tmp_path / "benchmarks/train" / f"{run}.tsv").write_text(f"s\th:m:s\n{job_s}\t0:00:15\n")
+    assert overhead.main() == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^w1_a +15\.5 +10\.0 +5\.5$", out, re.M) and "w2_b " not in out, out
+    assert "median 3.5 s, min 1.5 s, max 5.5 s over 2 jobs" in out, out
+    assert f"1 of 3 runs left out, no {tmp_path}/benchmarks/train/<run>.tsv: ['w2_b']" in out
+    for run in ("w1_a", "w4_c"):
+        (tmp_path / "benchmarks/train" / f"{run}.tsv").unlink()
+    for rows, why in (("w1_a,10.0\n", "none of its 1 runs has"), ("", "no runs yet")):
+        runs_csv.write_text("run,train_time_s\n" + rows)
+        with pytest.raises(SystemExit) as exit_:
+            overhead.main()
+        message = str(exit_.value.code)  # sys.exit(message): stderr, exit 1
+        assert message.splitlines() == [message] and f"{runs_csv}: {why}" in message, message
+
+
 def gpu_node(out: Path, timeout: int, **env: str) -> subprocess.CompletedProcess:
     """benchmarks/gpu_node.sh OUT with `env` over the test's environment (no GPU visible)."""
     return subprocess.run(
