@@ -109,8 +109,11 @@ def summary(timer: HostStepTimer) -> dict:
         if not values:
             out[part] = None
             continue
-        q = statistics.quantiles(values, n=10) if len(values) >= 2 else [values[0]] * 9
-        out[part] = {"median": statistics.median(values), "p10": q[0], "p90": q[-1]}
+        # the trainer's quantiles (metrics.json's step_time_ms_p95): linear between the nearest
+        # ranks, never outside the values; statistics.quantiles' default extrapolated below
+        # the least and above the greatest of fewer than 9 (a negative p10 of [1, 5, 9] ms)
+        p10, p90 = (measure._quantile(values, q) for q in (0.10, 0.90))
+        out[part] = {"median": statistics.median(values), "p10": p10, "p90": p90}
     return out
 
 

@@ -390,6 +390,29 @@ def test_the_step_anatomy_times_the_real_trainer_per_phase(data_dir, tmp_path):
 
 
 @pytest.mark.parametrize(
+    "ms", [[1.0, 5.0, 9.0], [4.0], [2.0, 8.0], [0.5, 7.0, 1.0, 3.0, 9.5, 2.0, 6.0, 4.0, 8.0, 5.0]]
+)
+def test_step_anatomy_percentiles_are_the_trainers(ms):
+    """p10 and p90 of the kept window steps as metrics.json's step-time quantiles (numpy's
+    default, linear between the nearest ranks): inside the values, never extrapolated past
+    them (statistics.quantiles' default gave p10 = -1.4 ms for steps of 1, 5 and 9 ms)."""
+    import numpy as np
+
+    anatomy = load_benchmark("step_anatomy")
+    host = []
+    for s in (v / 1e3 for v in ms):
+        step = dict.fromkeys(anatomy.PARTS, s) | {"_keep": True}
+        host.append(step)
+    got = anatomy.summary(types.SimpleNamespace(host_steps=host))
+    assert got["steps"] == len(ms)
+    for part in anatomy.PARTS:
+        want_p10, want_p90 = np.percentile(ms, [10, 90])
+        assert got[part]["p10"] == pytest.approx(want_p10)
+        assert got[part]["p90"] == pytest.approx(want_p90)
+        assert min(ms) <= got[part]["p10"] <= got[part]["median"] <= got[part]["p90"] <= max(ms)
+
+
+@pytest.mark.parametrize(
     "flags, says",
     [
         (["--cprofile-steps", "3"], "--cprofile-steps 3 needs --cprofile-from"),  # default -1
