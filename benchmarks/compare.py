@@ -11,9 +11,10 @@ reference). Our run's MFU and FLOP rate come from its metrics.json (null on a CP
 A failed run ends the comparison in one line (the run, its exit code); --json then holds the runs
 that finished, marked "partial", and the exit code is 1.
 
-    # CPU, the Trainer issue's configuration: 2 gloo ranks, full width, local batch 64, fp32
+    # CPU, the Trainer issue's configuration (docs/benchmarks.md): 2 gloo ranks, local batch 64
     python benchmarks/compare.py --data-dir /tmp/bench --dataset synthetic --nproc 2 \
-        --width 64 --local-batch 64 --epochs 2 --limit-train 1024 --repeats 3
+        --width 64 --local-batch 64 --epochs 2 --limit-train 1024 --warmup-steps 5 \
+        --ref-workers 1 --repeats 3
     # one GPU, bf16, local batch 512 (our defaults: --compile auto = on for CUDA)
     python benchmarks/compare.py --data-dir /tmp/bench --dataset synthetic --nproc 1 \
         --width 64 --local-batch 512 --precision bf16 --ref-workers 8 --repeats 3
