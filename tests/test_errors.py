@@ -79,6 +79,8 @@ def changed_data(data_dir, tmp_path_factory) -> Path:
             "--global-batch 100 does not split over world_size 2 x accum_steps 3",
         ),
         ("flag", ["--local-batch", "0"], "--local-batch must be >= 1, got 0"),
+        # a TrainingError every rank finds alike (here the step count): once, not once a rank
+        ("window", ["--warmup-steps", "100"], "leave no steady-state window after --warmup-steps"),
     ],
 )
 def test_expected_error_is_one_line_from_rank_0(
@@ -223,6 +225,35 @@ def test_the_silent_ranks_grace_period_can_be_set(monkeypatch, caplog):
         caplog.clear()
         assert train.report_grace_s() == 10.0
         assert f"SCALESTUDY_REPORT_GRACE_S={bad!r} is not a number of seconds" in caplog.text
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_stop_on_a_signal_is_said_by_rank_0_alone(monkeypatch, capsys, tmp_path, rank):
+    """SIGUSR1/SIGTERM reach every task, every rank stops after the same epoch and raises
+    Preempted: its "stopped on ... rerun the same command" line came once per rank."""
+    from scalestudy.errors import Preempted
+    from scalestudy.trainer import checkpoint, train
+    from scalestudy.trainer import dist as sdist
+    from scalestudy.trainer.config import TrainConfig
+
+    def stopped(*_):
+        raise Preempted(3, "SIGUSR1", tmp_path / "epoch-0003")
+
+    for name in ("preflight", "pick_device", "pick_backend", "preload_dynamo"):
+        monkeypatch.setattr(train, name, lambda *a: None)
+    monkeypatch.setattr(train.sdist, "init_process_group", lambda *a: None)
+    monkeypatch.setattr(train.progress, "start", lambda *a: None)
+    monkeypatch.setattr(train, "train", stopped)
+    monkeypatch.delenv(log.DEBUG_ENV, raising=False)
+    denv = sdist.DistEnv("torchrun", rank, 2, rank, 2, 0, 1, "127.0.0.1", 29500)
+    try:
+        log.setup(rank=rank, world_size=2, local_rank=rank)
+        assert train.main(TrainConfig(out=str(tmp_path)), denv) == checkpoint.PREEMPTED_EXIT
+    finally:
+        log.setup()
+    err = capsys.readouterr().err
+    said = "stopped on SIGUSR1 after epoch 3; checkpoint"
+    assert err.count(said) == (1 if rank == 0 else 0), err
 
 
 @pytest.mark.parametrize("flag", ["out", "data_dir"])

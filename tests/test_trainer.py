@@ -703,6 +703,25 @@ def test_a_finished_run_frees_its_process_group_before_the_interpreter_exits(dat
     assert not [t for t in threads if "gloo" in t], threads
 
 
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_a_non_finite_loss_is_said_once_and_blames_fp16_only_in_fp16(one_rank_group, precision):
+    """The loss is all-reduced: every rank raised the same line (scope "rank"), and an fp32 run
+    was told to "use bf16/fp32 instead of fp16"."""
+    from types import SimpleNamespace
+
+    from scalestudy.errors import TrainingError
+    from scalestudy.trainer import loop
+
+    cfg = TrainConfig(precision=precision)
+    run = SimpleNamespace(cfg=cfg, device=torch.device("cpu"), recipe=SimpleNamespace(peak_lr=0.4))
+    sums = (torch.tensor(float("nan"), dtype=torch.float64), torch.tensor(3), 8)
+    with pytest.raises(TrainingError) as caught:
+        loop.end_of_epoch(run, SimpleNamespace(), 0, sums, 1.0, 0.4)
+    assert caught.value.scope == "run"  # rank 0 alone prints it (log.reports)
+    assert str(caught.value).startswith("non-finite training loss (nan) in epoch 1: lower --lr")
+    assert ("instead of fp16" in str(caught.value)) is (precision == "fp16"), caught.value
+
+
 def test_a_run_too_short_for_powersgds_warm_up_names_it_not_warmup_steps(data_dir, tmp_path):
     """--comm-hook powersgd opens the window after its 10 uncompressed steps, whatever
     --warmup-steps says: a run of 8 steps was told to "lower --warmup-steps" (already 0)."""

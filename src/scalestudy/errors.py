@@ -61,7 +61,13 @@ class TrainConfigError(ScalestudyError, ValueError):
 
 
 class TrainingError(ScalestudyError, RuntimeError):
-    """A run that cannot start or must stop: bad device, no steady-state window, NaN loss..."""
+    """A run that cannot start or must stop: bad device, no steady-state window, NaN loss...
+    `scope` "run" for a fact every rank finds alike (an all-reduced loss, the step count):
+    rank 0 alone prints it; the default "rank" for one rank's own (its device)."""
+
+    def __init__(self, message: str, scope: str = "rank") -> None:
+        super().__init__(message)
+        self.scope = scope
 
 
 class LaunchError(ScalestudyError, RuntimeError):

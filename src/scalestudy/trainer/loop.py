@@ -75,8 +75,8 @@ def train(
     if not state.window_step_times and left <= meter.warmup_steps:
         # every segment warms up anew (a resume recompiles and recaptures): one that cannot
         # reach the window, after earlier ones that did not either, would measure nothing
-        raise TrainingError(
-            no_window_message(cfg, run.graphs, state.step, left, meter.warmup_steps)
+        raise TrainingError(  # the same resumed step on every rank
+            no_window_message(cfg, run.graphs, state.step, left, meter.warmup_steps), scope="run"
         )
     meter.start(state)
     train_epochs(run, state, meter, profiler, checkpointing)
@@ -203,9 +203,12 @@ def end_of_epoch(
     train_loss, train_acc = (stats[0] / stats[2]).item(), (stats[1] / stats[2]).item()
     state.epoch_images = round(stats[2].item())
     if not math.isfinite(train_loss):
+        # all-reduced: the same on every rank, so rank 0 alone says it
+        fp16 = " or use bf16/fp32 instead of fp16" if cfg.precision == "fp16" else ""
         raise TrainingError(
             f"non-finite training loss ({train_loss}) in epoch {epoch + 1}: "
-            f"lower --lr (peak {run.recipe.peak_lr:g}) or use bf16/fp32 instead of fp16"
+            f"lower --lr (peak {run.recipe.peak_lr:g}){fp16}",
+            scope="run",
         )
     val_loss, val_acc = evaluate(run)
     row = {
@@ -289,7 +292,9 @@ def finish(
     checksums: list = [None] * world_size
     dist.all_gather_object(checksums, param_checksum(run.model))
     if len(set(checksums)) != 1:
-        raise TrainingError(f"ranks hold different parameters after training: {checksums}")
+        raise TrainingError(  # all-gathered: every rank holds the same list
+            f"ranks hold different parameters after training: {checksums}", scope="run"
+        )
 
     progress.at("metrics")
     measured = meter.reduce(state, world_size)
@@ -440,7 +445,8 @@ def build(cfg: TrainConfig, denv: sdist.DistEnv, device: torch.device) -> Run:
         raise TrainingError(
             f"{total_steps} optimizer steps ({cfg.epochs} epochs x {steps_per_epoch}) leave no "
             f"steady-state window after --warmup-steps {cfg.warmup_steps}: "
-            "lower --warmup-steps, raise --epochs or use more data"
+            "lower --warmup-steps, raise --epochs or use more data",
+            scope="run",  # the same step count on every rank
         )
     check_profile_window(cfg, steps_per_epoch, total_steps)
 

@@ -298,7 +298,8 @@ def main(cfg: TrainConfig, denv: sdist.DistEnv | None = None) -> int:
         train(cfg, denv, device, stop)
         return 0
     except Preempted as exc:
-        logger.warning(f"{exc}: rerun the same command to resume")
+        if log.reports("run"):  # every rank stopped alike: rank 0 says it once
+            logger.warning(f"{exc}: rerun the same command to resume")
         return ckpt.PREEMPTED_EXIT
     except ScalestudyError:
         raise  # expected (changed data, NaN loss): cli.main prints one line, its scope's ranks
