@@ -140,7 +140,7 @@ def test_metrics_record_a_user_set_interface(data_dir, tmp_path):
             "LOCAL_RANK='2', LOCAL_WORLD_SIZE='2': want 0 <= LOCAL_RANK < LOCAL_WORLD_SIZE",
         ),
         (
-            {"SLURM_PROCID": "3", "SLURM_NTASKS": "3", "SLURM_JOB_ID": "7"},
+            {"SLURM_PROCID": "3", "SLURM_NTASKS": "3", "SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0"},
             "SLURM_PROCID='3', SLURM_NTASKS='3': want 0 <= SLURM_PROCID < SLURM_NTASKS",
         ),
         (
@@ -148,6 +148,7 @@ def test_metrics_record_a_user_set_interface(data_dir, tmp_path):
                 "SLURM_PROCID": "1",
                 "SLURM_NTASKS": "4",
                 "SLURM_JOB_ID": "7",
+                "SLURM_STEP_ID": "0",
                 "SLURM_LOCALID": "2",
                 "SLURM_TASKS_PER_NODE": "2(x2)",
             },
@@ -218,3 +219,25 @@ def test_each_srun_step_of_a_job_has_its_own_port_and_one_rank_a_free_one():
         s.bind(("127.0.0.1", first.master_port))
         assert sdist.detect({**one, "SLURM_PROCID": "0"}).master_port != first.master_port
     assert second.master_port >= 1024
+
+
+def test_the_batch_shell_of_a_multi_task_job_is_not_rank_0():
+    """`sbatch -n 4` running the trainer in its script: the batch shell has SLURM_PROCID=0 and
+    SLURM_NTASKS=4 but no SLURM_STEP_ID; taken for rank 0 of 4 it waited out the process-group
+    timeout for three ranks nobody started. A task of a step, or a lone task, still runs."""
+    batch = {"SLURM_JOB_ID": "200505", "SLURM_PROCID": "0", "SLURM_LOCALID": "0"}
+    batch |= {"SLURM_NODEID": "0", "SLURM_NTASKS": "4", "SLURM_TASKS_PER_NODE": "4"}
+    batch |= {"SLURM_JOB_NODELIST": "localhost"}
+    with pytest.raises(LaunchError) as caught:
+        sdist.detect(batch)
+    assert str(caught.value) == (
+        "this is the batch shell of Slurm job 200505, not a task of an srun step "
+        "(SLURM_NTASKS=4, no SLURM_STEP_ID): start the ranks with srun or scalestudy launch"
+    )
+    step = sdist.detect({**batch, "SLURM_STEP_ID": "0"})
+    assert (step.launcher, step.rank, step.world_size) == ("srun", 0, 4)
+    lone = {**batch, "SLURM_NTASKS": "1", "SLURM_TASKS_PER_NODE": "1"}  # `sbatch -n 1`'s shell
+    assert sdist.detect(lone).world_size == 1
+    # torchrun inside an srun step (or inside the batch shell): RANK wins over SLURM_*
+    torchrun = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}
+    assert sdist.detect({**batch, **torchrun}).launcher == "torchrun"

@@ -444,6 +444,7 @@ def test_srun_environment_starts_a_real_process_group(data_dir, tmp_path):
             SLURM_NODEID="0",
             SLURM_TASKS_PER_NODE="2",
             SLURM_JOB_ID="4242",
+            SLURM_STEP_ID="0",
             SLURM_JOB_NODELIST="localhost",
             MASTER_ADDR="127.0.0.1",
         )

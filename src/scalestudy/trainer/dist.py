@@ -5,7 +5,9 @@ Three ways a rank is started, detected from the environment (pure function `dete
   MASTER_ADDR/PORT; the node from GROUP_RANK/GROUP_WORLD_SIZE (torchrun's), else from
   LOCAL_WORLD_SIZE with the ranks placed node by node.
 - srun: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID, SLURM_TASKS_PER_NODE,
-  SLURM_JOB_NODELIST. MASTER_ADDR = first host of the node list, MASTER_PORT derived from the job
+  SLURM_JOB_NODELIST, and SLURM_STEP_ID when there is more than one task: a multi-task job's
+  batch shell has SLURM_PROCID and SLURM_NTASKS too, but no step, and is refused (LaunchError).
+  MASTER_ADDR = first host of the node list, MASTER_PORT derived from the job
   id (job-unique, so two jobs sharing a node do not collide), unless MASTER_ADDR/PORT are set.
 - nothing: one process, rank 0 of 1, on 127.0.0.1 with a free port.
 RANK takes precedence over SLURM_PROCID, so one torchrun per node inside an allocation works too.
@@ -174,6 +176,15 @@ def detect(env: Mapping[str, str] = os.environ) -> DistEnv:
         nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or ""
         hosts = expand_nodelist(nodelist) if nodelist else ["127.0.0.1"]
         step = env.get("SLURM_STEP_ID", "")  # numeric in every step Slurm starts
+        if _int(env, "SLURM_NTASKS") > 1 and not step.isdigit():
+            # sbatch -n 4's batch shell has SLURM_PROCID=0 and SLURM_NTASKS=4 but is no task of
+            # a step (jobs/launch.py: "the batch step"): as rank 0 of 4 it waited out the whole
+            # process-group timeout for ranks nobody started
+            raise LaunchError(
+                f"this is the batch shell of Slurm job {job_id}, not a task of an srun step "
+                f"(SLURM_NTASKS={env['SLURM_NTASKS']}, no SLURM_STEP_ID): start the ranks with "
+                "srun or scalestudy launch"
+            )
         if "MASTER_PORT" in env:
             port = _int(env, "MASTER_PORT")
         elif _int(env, "SLURM_NTASKS") == 1:
