@@ -117,6 +117,29 @@ def test_an_output_the_run_cannot_write_is_refused_before_training(data_dir, tmp
     assert not list(tmp_path.rglob("epochs.csv"))  # no epoch was trained
 
 
+def test_an_output_dir_problem_is_said_by_each_node(tmp_path, monkeypatch):
+    """--out is judged on each node's own file system (node-local scratch, a relative path): a
+    node where it is a file said nothing when rank 0 alone reported it (scope "run"), and rank
+    0, whose own --out was fine, waited out the process-group timeout at the rendezvous."""
+    from scalestudy.errors import TrainConfigError
+    from scalestudy.trainer import train
+    from scalestudy.trainer.config import TrainConfig
+
+    afile = tmp_path / "run"
+    afile.write_text("not a directory\n")
+    with pytest.raises(TrainConfigError) as caught:
+        train.check_output_dirs(TrainConfig(out=str(afile)))
+    assert str(caught.value).startswith(f"--out {afile} is a file, not a directory")
+    monkeypatch.delenv(log.DEBUG_ENV, raising=False)
+    try:
+        log.setup(rank=1, world_size=2, local_rank=0)  # rank 1, alone on the second node
+        assert log.reports(caught.value.scope)
+        log.setup(rank=1, world_size=2, local_rank=1)  # its node's rank 0 says it
+        assert not log.reports(caught.value.scope)
+    finally:
+        log.setup()
+
+
 def test_debug_shows_the_traceback_of_expected_errors(data_dir, tmp_path):
     for how in ({"SCALESTUDY_DEBUG": "1"}, {"pre": ("--debug",)}):
         env = {k: v for k, v in how.items() if k != "pre"}

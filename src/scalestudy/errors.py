@@ -60,6 +60,14 @@ class TrainConfigError(ScalestudyError, ValueError):
     scope = "run"
 
 
+class OutputDirError(TrainConfigError):
+    """--out or --checkpoint-dir cannot be written here. Each node judges its own file system
+    (a node-local scratch, a relative path in each rank's working directory), so local rank 0
+    of each node prints it: a node where it fails alone is heard, not just rank 0's."""
+
+    scope = "node"
+
+
 class TrainingError(ScalestudyError, RuntimeError):
     """A run that cannot start or must stop: bad device, no steady-state window, NaN loss...
     `scope` "run" for a fact every rank finds alike (an all-reduced loss, the step count):

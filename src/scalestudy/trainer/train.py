@@ -204,7 +204,13 @@ import torch
 import torch.distributed as dist
 
 from scalestudy import files, log, vocab
-from scalestudy.errors import Preempted, ScalestudyError, TrainConfigError, TrainingError
+from scalestudy.errors import (
+    OutputDirError,
+    Preempted,
+    ScalestudyError,
+    TrainConfigError,
+    TrainingError,
+)
 from scalestudy.trainer import checkpoint as ckpt
 from scalestudy.trainer import dist as sdist
 from scalestudy.trainer import loaders, progress
@@ -365,14 +371,15 @@ def preflight(cfg: TrainConfig, denv: sdist.DistEnv) -> None:
 
 
 def check_output_dirs(cfg: TrainConfig) -> None:
-    """--out (epochs.csv, metrics.json, tensorboard/) and --checkpoint-dir can be written."""
+    """--out (epochs.csv, metrics.json, tensorboard/) and --checkpoint-dir can be written; an
+    OutputDirError (scope "node": each node's file system is its own) when not."""
     dirs = {"--out": cfg.out, "--checkpoint-dir": cfg.checkpoint_dir}
     for flag, directory in dirs.items():
         if directory and (why := files.output_dir_problem(directory)):
-            raise TrainConfigError(f"{flag} {directory} {why}; give a directory this job can write")
+            raise OutputDirError(f"{flag} {directory} {why}; give a directory this job can write")
     for name in ("epochs.csv", "metrics.json"):
         if (Path(cfg.out) / name).is_dir():
-            raise TrainConfigError(
+            raise OutputDirError(
                 f"--out {cfg.out}: {name} there is a directory; remove it or give another --out"
             )
 
