@@ -79,6 +79,12 @@ def test_a_rank_without_a_record_is_listed_and_silent_ones_too():
     assert lines[1].startswith("rank 2 on c last reported step 5, data, 8 s ago")
     assert lines[2] == "the furthest rank(s) 0 wait at step 5, optimizer"
     assert diagnose({0: None}, NOW, 5.0) == ["no rank has published its progress"]
+    # several: one line, however many ranks (it was one line per rank)
+    many = {0: None, 1: None, 2: None, 3: rec(3, "d", 5, "optimizer", 7), 5: None}
+    assert diagnose(many, NOW, 5.0) == [
+        "ranks 0-2,5: no progress record (never started, or not read)",
+        "the furthest rank(s) 3 wait at step 5, optimizer",
+    ]
 
 
 def test_a_rank_gone_across_a_closed_connection_is_never_alive():
@@ -293,10 +299,25 @@ def test_the_diagnosis_says_when_the_store_is_gone(trackers):
     a = trackers[0]
     a.where = (4, 0, 1, "forward")
     a.start(client, 0, 2, "hostA", pg_timeout_s=60, watchdog=False)
+    # under srun rank 3 of 4 reads rank 0's store (store_in_rank_0): rank 0 ended with it
+    under_srun = dist.TCPStore(
+        "127.0.0.1", server.port, is_master=False, wait_for_workers=False, timeout=timeout
+    )
+    b = trackers[1]
+    b.where = (4, 0, 1, "backward")
+    b.start(under_srun, 3, 4, "hostD", pg_timeout_s=60, watchdog=False, store_in_rank_0=True)
     del server
     lines = a.diagnosis()
     assert any(line.startswith("the progress store did not answer") for line in lines), lines
     assert "rank 1: no progress record (never started, or not read)" in lines
+    lines = b.diagnosis()
+    assert len(lines) == 2 and lines[1] == "the furthest rank(s) 3 wait at step 4, backward"
+    assert re.fullmatch(
+        r"ranks 0-2: no progress record \(not read: the progress store did not answer \(.+\); "
+        r"it lives in rank 0's process \(srun\), so rank 0 \(the store host\) exited, was "
+        r"killed or is stopped\)",
+        lines[0],
+    ), lines
 
 
 def test_a_rank_whose_connection_closed_is_named_as_ended(

@@ -126,6 +126,7 @@ class Tracker:
         # (step, j, group, phase): the hot path assigns only this tuple
         self.where: tuple[int, int, int, str] = (-1, 0, 1, "start")
         self.rank, self.world_size, self.host = 0, 1, ""
+        self.store_in_rank_0 = False  # srun: the store lives in rank 0's process (dist.py)
         self.silent_after_s = SILENT_AFTER_S
         self.watchdog_after_s: float | None = None
         self._store = None
@@ -143,9 +144,13 @@ class Tracker:
         host: str,
         pg_timeout_s: float,
         watchdog: bool,
+        store_in_rank_0: bool = False,
     ) -> None:
-        """Publish this rank's record every PUBLISH_INTERVAL_S through `store` (a c10d Store)."""
+        """Publish this rank's record every PUBLISH_INTERVAL_S through `store` (a c10d Store);
+        `store_in_rank_0`: the store is served by rank 0's own process (srun, not torchrun's
+        agent), so a store that stops answering means rank 0 ended or stopped."""
         self.rank, self.world_size, self.host, self._store = rank, world_size, host, store
+        self.store_in_rank_0 = store_in_rank_0
         self.silent_after_s = max(2 * PUBLISH_INTERVAL_S, min(SILENT_AFTER_S, pg_timeout_s / 2))
         self.watchdog_after_s = WATCHDOG_SHARE * pg_timeout_s if watchdog else None
         # the run starts now: neither the rendezvous before it nor an earlier run is a stall
@@ -228,6 +233,14 @@ class Tracker:
                 for r, rec in found.items()
                 if r != self.rank and rec is not None and rec == first[r]
             }
+        if error and self.store_in_rank_0 and self.rank != 0:
+            # the store host is rank 0 itself: one line for it and every rank left unread, not
+            # "no progress record" for each live peer from each survivor (W^2 lines)
+            unread = (
+                f"the progress store did not answer ({error}); it lives in rank 0's process "
+                "(srun), so rank 0 (the store host) exited, was killed or is stopped"
+            )
+            return diagnose(found, time.time(), self.silent_after_s, gone, unread)
         lines = diagnose(found, time.time(), self.silent_after_s, gone)
         if error:
             lines.append(
@@ -316,6 +329,7 @@ def start(denv: sdist.DistEnv, host: str, pg_timeout_s: float) -> None:
         host,
         pg_timeout_s,
         watchdog=dist.get_backend() != "gloo",
+        store_in_rank_0=denv.launcher == "srun",  # torchrun's store is its agent's
     )
 
 
@@ -389,12 +403,15 @@ def diagnose(
     now: float,
     silent_after_s: float,
     gone: Collection[int] = (),
+    unread: str | None = None,
 ) -> list[str]:
     """One line per stalled rank (gone, silent, behind, or without a record), then one line for
     the ranks that got furthest; when no rank stands out, one line saying where all of them
     wait. `records`: rank -> its last published record (None: none); `now`: unix seconds;
     `gone`: ranks whose record did not change across a closed connection (Tracker.diagnosis),
-    ended however fresh their record. Behind and furthest are judged among the live ranks."""
+    ended however fresh their record; `unread`: why the ranks without a record were not read
+    (the store failed), said on their one line. Behind and furthest are judged among the live
+    ranks."""
     known = {r: rec for r, rec in records.items() if rec is not None}
     if not known:
         return ["no rank has published its progress"]
@@ -407,10 +424,12 @@ def diagnose(
     live = {r: rec for r, rec in known.items() if r not in silent and r not in ended}
     furthest = max(position(rec) for rec in (live or known).values())
     behind = sorted(r for r, rec in live.items() if position(rec) < furthest)
-    lines = [
-        f"rank {r}: no progress record (never started, or not read)"
-        for r in sorted(r for r, rec in records.items() if rec is None)
-    ]
+    missing = sorted(r for r, rec in records.items() if rec is None)
+    lines = []
+    if missing:  # one line however many: with 64 ranks, not 63 lines of the same
+        who = f"rank{'s' if len(missing) > 1 else ''} {ranks_text(missing)}"
+        why = f"not read: {unread}" if unread else "never started, or not read"
+        lines.append(f"{who}: no progress record ({why})")
     for r in ended:
         rec = known[r]
         lines.append(
