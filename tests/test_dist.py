@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import re
 import socket
@@ -241,3 +242,33 @@ def test_the_batch_shell_of_a_multi_task_job_is_not_rank_0():
     # torchrun inside an srun step (or inside the batch shell): RANK wins over SLURM_*
     torchrun = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}
     assert sdist.detect({**batch, **torchrun}).launcher == "torchrun"
+
+
+def test_a_derived_port_in_use_is_one_line_naming_it_and_the_override(monkeypatch):
+    """The srun port (job id + 7919 x step id, modulo 20000) is not unique across jobs: job 4242
+    step 1 and job 12161 step 0 get the same; the second to start on a shared first node failed
+    with torch's DistNetworkError (EADDRINUSE)."""
+    env = {"SLURM_NTASKS": "2", "SLURM_TASKS_PER_NODE": "2", "SLURM_JOB_NODELIST": "localhost"}
+    env |= {"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0"}
+    a = sdist.detect({**env, "SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "1"})
+    b = sdist.detect({**env, "SLURM_JOB_ID": "12161", "SLURM_STEP_ID": "0"})
+    assert a.master_port == b.master_port and a.port_derived and b.port_derived
+    assert not sdist.detect(
+        {**env, "SLURM_JOB_ID": "1", "SLURM_STEP_ID": "0", "MASTER_PORT": "23456"}
+    ).port_derived
+    for name in sdist.IFNAME_VARS + ("MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.setenv(name, "")  # init_process_group sets them: restored after the test
+        monkeypatch.delenv(name)
+    with socket.socket() as taken:  # another job's store on the port
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        b = dataclasses.replace(b, master_addr="127.0.0.1", master_port=port)
+        with pytest.raises(LaunchError) as caught:
+            sdist.init_process_group(b, "gloo", 5)
+    assert str(caught.value) == (
+        f"MASTER_PORT {port} on 127.0.0.1 is already in use (EADDRINUSE), the port derived from "
+        "Slurm job 12161 and its step id (12000 + (job + 7919 x step) % 20000; not unique across "
+        "jobs): set MASTER_PORT to a free port for this run (the same on every rank), e.g. "
+        "`export MASTER_PORT=$((20000 + RANDOM % 10000))` before srun"
+    )

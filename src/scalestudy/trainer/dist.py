@@ -7,8 +7,12 @@ Three ways a rank is started, detected from the environment (pure function `dete
 - srun: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID, SLURM_TASKS_PER_NODE,
   SLURM_JOB_NODELIST, and SLURM_STEP_ID when there is more than one task: a multi-task job's
   batch shell has SLURM_PROCID and SLURM_NTASKS too, but no step, and is refused (LaunchError).
-  MASTER_ADDR = first host of the node list, MASTER_PORT derived from the job
-  id (job-unique, so two jobs sharing a node do not collide), unless MASTER_ADDR/PORT are set.
+  MASTER_ADDR = first host of the node list, MASTER_PORT derived from the job and step ids
+  (PORT_BASE below), unless MASTER_ADDR/PORT are set. The derived port tells apart the steps of
+  one job, not jobs: two jobs whose ids differ by a multiple of PORT_SPAN (or whose ids and steps
+  fall together otherwise, e.g. job 4242 step 1 and job 12161 step 0) get the same port, and the
+  second to share the first node then fails its rendezvous with EADDRINUSE, said in one line
+  naming the port and the MASTER_PORT override (init_process_group).
 - nothing: one process, rank 0 of 1, on 127.0.0.1 with a free port.
 RANK takes precedence over SLURM_PROCID, so one torchrun per node inside an allocation works too.
 The device comes from the LOCAL rank (the global rank is a bug as soon as there are two nodes).
@@ -66,6 +70,7 @@ class DistEnv:
     master_addr: str
     master_port: int
     slurm_job_id: str | None = None
+    port_derived: bool = False  # MASTER_PORT derived from the Slurm job and step ids (srun)
 
 
 def expand_nodelist(nodelist: str) -> list[str]:
@@ -206,6 +211,7 @@ def detect(env: Mapping[str, str] = os.environ) -> DistEnv:
             master_addr=env.get("MASTER_ADDR", hosts[0]),
             master_port=port,
             slurm_job_id=job_id,
+            port_derived="MASTER_PORT" not in env and _int(env, "SLURM_NTASKS") > 1,
         )
         return _in_range(env, d, names)
     return DistEnv(
@@ -348,10 +354,33 @@ def init_process_group(denv: DistEnv, backend: str, timeout_s: float) -> None:
     _pinned.update(pin_interfaces(denv))  # before any gloo/NCCL socket exists
     os.environ["MASTER_ADDR"] = denv.master_addr
     os.environ["MASTER_PORT"] = str(denv.master_port)
-    dist.init_process_group(
-        backend=backend,
-        init_method="env://",
-        rank=denv.rank,
-        world_size=denv.world_size,
-        timeout=datetime.timedelta(seconds=timeout_s),
+    try:
+        dist.init_process_group(
+            backend=backend,
+            init_method="env://",
+            rank=denv.rank,
+            world_size=denv.world_size,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
+    except dist.DistError as exc:
+        if "EADDRINUSE" not in str(exc):
+            raise
+        raise LaunchError(port_in_use_message(denv)) from exc
+
+
+def port_in_use_message(denv: DistEnv) -> str:
+    """The rendezvous port is taken on MASTER_ADDR (rank 0's host): another process, often
+    another job's run whose derived port is the same (module docstring)."""
+    port = denv.master_port
+    if denv.port_derived:
+        origin = (
+            f"the port derived from Slurm job {denv.slurm_job_id} and its step id "
+            f"({PORT_BASE} + (job + {PORT_STEP} x step) % {PORT_SPAN}; not unique across jobs)"
+        )
+    else:
+        origin = "MASTER_PORT"
+    return (
+        f"MASTER_PORT {port} on {denv.master_addr} is already in use (EADDRINUSE), {origin}: "
+        "set MASTER_PORT to a free port for this run (the same on every rank), e.g. "
+        "`export MASTER_PORT=$((20000 + RANDOM % 10000))` before srun"
     )
