@@ -344,6 +344,13 @@ def test_onstart_does_not_judge_this_host_inside_a_slurm_allocation(monkeypatch)
         else:
             assert "has no CUDA device" in line and "--configfile config/demo.yaml" in line
     assert gpu_slots.host_refusal([4], "cuda", four, demo) == ""  # fits (torch: a GPU)
+    # a run wider than one node outside an allocation: refused, after the missing CUDA (a
+    # laptop's user running the paper study was told about Slurm, not about the CPU demo)
+    wide = "1 run(s) need more than one node"
+    assert gpu_slots.host_refusal(sizes, "cpu", four, demo, wide) == wide
+    assert gpu_slots.host_refusal(sizes, "cuda", four, demo, wide) == wide  # CUDA: True
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert "has no CUDA device" in gpu_slots.host_refusal(sizes, "cuda", four, demo, wide)
 
 
 LAUNCHER = textwrap.dedent(

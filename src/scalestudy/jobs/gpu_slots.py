@@ -112,18 +112,22 @@ def refusal(world_sizes: list[int], gpus: list[str], env: Mapping[str, str]) -> 
     )
 
 
-def host_refusal(world_sizes: list[int], device: str, env: Mapping[str, str], demo: str) -> str:
-    """The Snakefile's onstart (local executor): one line when this host cannot run the GPU
-    runs whose launch jobs the targets may start (`world_sizes`; `device`: hardware.device),
-    else "": a cuda study on a host without CUDA (`demo`: the CPU demo study's config, as the
-    user would type it), a run wider than the GPUs it shows (`refusal`).
+def host_refusal(
+    world_sizes: list[int], device: str, env: Mapping[str, str], demo: str, multi_node: str = ""
+) -> str:
+    """The Snakefile's onstart (local executor): one line when this host cannot run the runs
+    whose launch jobs the targets may start (`world_sizes`; `device`: hardware.device), else "",
+    in this order: a cuda study on a host without CUDA (`demo`: the CPU demo study's config, as
+    the user would type it: a laptop's user needs that advice first, not the Slurm one), then
+    `multi_node` (resources.multi_node_refusal: a run wider than one node outside an
+    allocation), then a run wider than the GPUs this host shows (`refusal`).
     Inside a Slurm allocation (SLURM_JOB_ID set) this host is not judged: `scalestudy launch`
     srun's the ranks onto the allocation's nodes, whose GPUs are Slurm's (as in
     launch.hold_local_gpus). salloc's shell stays on the submit host, often without a GPU, and a
     2-node allocation's run is wider than one node: both were refused here, though the launch
     the refusal told the user to run inside salloc would have started them."""
     if device != "cuda" or env.get("SLURM_JOB_ID"):
-        return ""
+        return multi_node
     import torch  # only for a GPU study run here (the workflow imports this module at parse)
 
     if not torch.cuda.is_available():
@@ -132,7 +136,7 @@ def host_refusal(world_sizes: list[int], device: str, env: Mapping[str, str], de
             f"device. Run the CPU demo study instead: `snakemake --configfile {demo}`, or submit "
             "to a cluster: `snakemake --profile profiles/slurm`."
         )
-    return refusal(world_sizes, visible_gpus(env), env)
+    return multi_node or refusal(world_sizes, visible_gpus(env), env)
 
 
 def slot_file(directory: Path, gpu: str) -> Path:
