@@ -553,3 +553,34 @@ def test_a_bad_command_line_is_one_line_not_the_usage_block(capsys, argv, says):
     assert len(err) == 1 and err[0].startswith(says), err
     # the help that lists the flags: the subcommand's (`scalestudy --help` lists the commands)
     assert err[0].endswith(f"`{says.partition(':')[0]} --help` shows the usage"), err
+
+
+def test_what_a_nodes_hardware_or_the_run_refuses_is_said_once_per_node_or_run(monkeypatch):
+    """The refusals every rank of a node finds alike (no CUDA, a CUDA-only precision or graph
+    mode, NCCL on a CPU, NHWC on a CPU) had scope "rank": one copy per rank, 8 per node. Their
+    scope is "node" now (its local rank 0 says it), and the --cuda-graphs step refusal of a run
+    too short for the graph, the same on every rank, is "run"."""
+    import torch
+
+    from scalestudy.errors import TrainingError
+    from scalestudy.trainer import compiling, numerics, train
+    from scalestudy.trainer import dist as sdist
+    from scalestudy.trainer.config import TrainConfig
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    denv = sdist.DistEnv("torchrun", 1, 2, 1, 2, 0, 1, "127.0.0.1", 29500)
+    cpu = torch.device("cpu")
+    refusals = [
+        lambda: train.pick_device(TrainConfig(device="cuda"), denv),
+        lambda: train.pick_device(TrainConfig(device="cpu", precision="fp16"), denv),
+        lambda: train.pick_device(TrainConfig(device="cpu", cuda_graphs="step"), denv),
+        lambda: train.pick_backend(TrainConfig(backend="nccl"), cpu),
+        lambda: numerics.configure(TrainConfig(channels_last="on"), cpu),
+    ]
+    for refuse in refusals:
+        with pytest.raises(TrainingError) as info:
+            refuse()
+        assert info.value.scope == "node", info.value
+    with pytest.raises(TrainingError, match="--cuda-graphs step") as info:
+        compiling.graphs_mode(TrainConfig(cuda_graphs="step"), cpu, total_steps=1)
+    assert info.value.scope == "run"

@@ -73,7 +73,8 @@ def graphs_mode(cfg: TrainConfig, device: torch.device, total_steps: int | None 
         raise TrainingError(
             f"--cuda-graphs step: {total_steps} optimizer steps leave no steady-state window "
             f"after its {STEP_GRAPH_WARM_STEPS} eager steps and the capture: raise --epochs or "
-            "use more data, or use --cuda-graphs auto"
+            "use more data, or use --cuda-graphs auto",
+            scope="run",  # the same step count on every rank
         )
     if cfg.cuda_graphs in explicit:
         return explicit[cfg.cuda_graphs]

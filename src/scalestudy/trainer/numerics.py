@@ -56,7 +56,8 @@ def configure(cfg: TrainConfig, device: torch.device) -> Numerics:
         raise TrainingError(
             "--channels-last on needs CUDA: NHWC training crashes torch's CPU convolution "
             "backward (SIGSEGV / 'double free or corruption', reproduced with torch 2.14.1 on "
-            "x86 with DDP and FSDP); use --channels-last auto or off on CPU"
+            "x86 with DDP and FSDP); use --channels-last auto or off on CPU",
+            scope="node",  # the node's device: its local rank 0 says it
         )
     channels_last = cfg.channels_last == "on" or (cfg.channels_last == "auto" and cuda)
     return Numerics(

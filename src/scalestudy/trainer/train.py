@@ -388,18 +388,22 @@ def pick_device(cfg: TrainConfig, denv: sdist.DistEnv) -> torch.device:
     """The rank's device: --device cuda without CUDA fails (never a silent CPU run); one visible
     GPU is cuda:0 for every local rank (sites that bind one GPU per task, ranks sharing a GPU
     over gloo); with several visible GPUs the LOCAL rank picks one."""
+    # what a node's hardware cannot do, every rank of the node finds: its local rank 0 says it
     cuda = torch.cuda.is_available()
     if cfg.device == "cuda" and not cuda:
-        raise TrainingError(no_cuda_message())
+        raise TrainingError(no_cuda_message(), scope="node")
     if cfg.device == "cpu" or not cuda:
         if cfg.precision in vocab.CUDA_ONLY_PRECISIONS:
             raise TrainingError(
                 f"--precision {cfg.precision} needs CUDA "
-                f"({vocab.CUDA_ONLY_PRECISIONS[cfg.precision]}; none here): use fp32 or bf16 on CPU"
+                f"({vocab.CUDA_ONLY_PRECISIONS[cfg.precision]}; none here): use fp32 or bf16 "
+                "on CPU",
+                scope="node",
             )
         if cfg.cuda_graphs in ("on", "step"):
             raise TrainingError(
-                f"--cuda-graphs {cfg.cuda_graphs} needs CUDA (none here): use auto or off on CPU"
+                f"--cuda-graphs {cfg.cuda_graphs} needs CUDA (none here): use auto or off on CPU",
+                scope="node",
             )
         return torch.device("cpu")
     count = torch.cuda.device_count()
@@ -435,7 +439,8 @@ def pick_backend(cfg: TrainConfig, device: torch.device) -> str:
         raise TrainingError(
             f"--backend nccl needs CUDA, but this rank runs on {device.type} "
             f"(--device {cfg.device}, torch.cuda.is_available() is {torch.cuda.is_available()}): "
-            "use --backend gloo or auto"
+            "use --backend gloo or auto",
+            scope="node",
         )
     return cfg.backend
 
