@@ -3,7 +3,8 @@
 # analysis, figures, reports/study.md, paper.tex, paper.pdf, the proposal and slides ->
 # report.html), on this machine.
 # Extra arguments go to snakemake, e.g. `--config dataset=synthetic` (offline), a target, or
-# `--configfile more.yaml` (layered after config/demo.yaml: its keys win).
+# `--configfile more.yaml` (layered after config/demo.yaml: its keys win; a relative path is
+# where you run the script, see demo_args).
 set -euo pipefail
 
 # snakemake's arguments (DEMO_ARGS) from the demo's: the user's, with every --configfile /
@@ -12,21 +13,46 @@ set -euo pipefail
 # given first as a config file; and a second --configfile replaces the first, so theirs made
 # the demo the paper's GPU study. A value is taken as argparse takes it: `--configfile=F` is
 # one, `--configfile F G` every argument up to the next option.
+# Their relative paths are the caller's: each config file, and the --directory value (`--directory
+# D`, `--directory=D`, `-d D`, `-dD`), is made absolute against $PWD, as snakemake run here would
+# read it (main calls this before it changes to the repository root). Options must be spelled
+# in full (`--configf`, which snakemake takes for --configfile, is passed on as it is); other
+# paths (targets, --report, --profile) are snakemake's: relative to the repository root or D.
 demo_args() {
-    local files=(config/demo.yaml) rest=() arg taking=0
+    local files=(config/demo.yaml) rest=() arg taking=0 directory=0
     for arg in "$@"; do
+        if ((directory)); then
+            directory=0
+            rest+=("$(from_caller "$arg")")
+            continue
+        fi
         if ((taking)) && [[ "$arg" != -* ]]; then
-            files+=("$arg")
+            files+=("$(from_caller "$arg")")
             continue
         fi
         taking=0
         case "$arg" in
             --configfile | --configfiles) taking=1 ;;
-            --configfile=* | --configfiles=*) files+=("${arg#*=}") ;;
+            --configfile=* | --configfiles=*) files+=("$(from_caller "${arg#*=}")") ;;
+            --directory | -d)
+                directory=1
+                rest+=("$arg")
+                ;;
+            --directory=*) rest+=("--directory=$(from_caller "${arg#*=}")") ;;
+            -d?*) rest+=("-d$(from_caller "${arg#-d}")") ;;
             *) rest+=("$arg") ;;
         esac
     done
     DEMO_ARGS=("${rest[@]}" --configfile "${files[@]}")
+}
+
+# A path of the caller's as it is when absolute (or empty), else under $PWD.
+from_caller() {
+    if [[ -z "$1" || "$1" == /* ]]; then
+        printf '%s\n' "$1"
+    else
+        printf '%s\n' "$PWD/$1"
+    fi
 }
 
 # Whether snakemake's arguments make a call that runs no job: a dry-run (-n, also in a cluster of
@@ -44,11 +70,11 @@ runs_nothing() {
 }
 
 main() {
+    demo_args "$@" # the caller's relative paths, before the cd
     cd "$(dirname "${BASH_SOURCE[0]}")/.."
     # the venv, and as root TeX for reports/paper.pdf (not the Slurm packages: the demo needs none)
     SCALESTUDY_SKIP_SLURM_APT=1 bash scripts/setup.sh
     export PATH="$PWD/.venv/bin:$PATH"
-    demo_args "$@"
     snakemake "${DEMO_ARGS[@]}"
     if runs_nothing "$@"; then
         return 0

@@ -53,11 +53,15 @@ def test_the_demo_reports_after_a_call_that_runs_jobs(args):
     assert bash(f'source {DEMO}; runs_nothing "$@"', *args).returncode == 1, args
 
 
-def demo_snakemake_args(*args: str):
-    """What snakemake's own parser makes of the command line demo.sh builds from `args`."""
+def demo_snakemake_args(*args: str, cwd=None):
+    """What snakemake's own parser makes of the command line demo.sh builds from `args` (its
+    caller in `cwd`)."""
     from snakemake.cli import get_argument_parser
 
-    proc = bash(f'source {DEMO}; demo_args "$@"; printf "%s\\0" "${{DEMO_ARGS[@]}}"', *args)
+    proc = subprocess.run(
+        ["bash", "-c", f'source {DEMO}; demo_args "$@"; printf "%s\\0" "${{DEMO_ARGS[@]}}"',
+         "bash", *args], cwd=cwd, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     return get_argument_parser().parse_args(proc.stdout.split("\0")[:-1])
 
@@ -76,17 +80,45 @@ def demo_snakemake_args(*args: str):
         ),
     ],
 )
-def test_the_demo_layers_the_users_config_files_after_its_own(args, files, targets):
+def test_the_demo_layers_the_users_config_files_after_its_own(args, files, targets, tmp_path):
     """demo.sh ran `snakemake --configfile config/demo.yaml "$@"`: --configfile takes several
     values, so a target given first was read as a config file (FileNotFoundError), and a
     --configfile of the user's replaced config/demo.yaml (the demo became the paper's GPU
-    study). Now the demo's file comes first, then the user's, and targets stay targets."""
-    parsed = demo_snakemake_args(*args)
-    assert [str(f) for f in parsed.configfile] == ["config/demo.yaml", *files]
+    study). Now the demo's file comes first, then the user's (where the caller is: demo.sh runs
+    snakemake from the repository root), and targets stay targets."""
+    parsed = demo_snakemake_args(*args, cwd=tmp_path)
+    assert [str(f) for f in parsed.configfile] == [
+        "config/demo.yaml",
+        *(str(tmp_path / f) for f in files),
+    ]
     assert set(parsed.targets) == targets
     assert parsed.dryrun == ("-n" in args)
     if "--config" in args:
         assert parsed.config == ["repeats=1"]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["-n", "--directory", "out"],
+        ["--directory=out", "-n"],
+        ["-d", "out", "--configfile", "a.yaml"],
+        ["-dout"],
+    ],
+)
+def test_the_demo_finds_the_callers_relative_paths_where_the_caller_is(args, tmp_path):
+    """demo.sh changes to the repository root before snakemake runs: a relative --configfile
+    (or --directory) of a caller elsewhere was looked up in the repository root. Now they are
+    made absolute where the caller is, as snakemake run there reads them; absolute ones stay."""
+    parsed = demo_snakemake_args(*args, cwd=tmp_path)
+    assert parsed.directory == tmp_path / "out"
+    theirs = [str(tmp_path / "a.yaml")] if "a.yaml" in args else []
+    assert [str(f) for f in parsed.configfile] == ["config/demo.yaml", *theirs]
+    parsed = demo_snakemake_args(
+        "--directory", "/abs/out", "--configfile=/abs/a.yaml", cwd=tmp_path
+    )
+    assert str(parsed.directory) == "/abs/out"
+    assert [str(f) for f in parsed.configfile] == ["config/demo.yaml", "/abs/a.yaml"]
 
 
 def test_the_demo_with_a_target_and_a_config_file_plans_the_demo(tmp_path):
@@ -112,6 +144,24 @@ def test_the_demo_with_a_target_and_a_config_file_plans_the_demo(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert planned_jobs(proc)["train"] == 6  # the demo's runs, not the paper study's 75
     assert "--epochs 4" in proc.stdout and "--epochs 3" not in proc.stdout
+    # the same file where the user is, the script called by its path (a FileNotFoundError
+    # traceback: the path was read in the repository root), in both forms of the option
+    user = tmp_path / "user"
+    user.mkdir()
+    (work / "more-epochs.yaml").rename(user / "more-epochs.yaml")
+    write_config(user / "more-width.yaml", {"train": {"width": 4}})
+    for args in (
+        ["-n", "--configfile", "more-epochs.yaml", "more-width.yaml"],
+        ["-n", "--configfile=more-epochs.yaml", "--configfile=more-width.yaml"],
+    ):
+        proc = subprocess.run(
+            ["bash", str(work / "scripts" / "demo.sh"), *args], cwd=user, env=env(),
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert planned_jobs(proc)["train"] == 6
+        assert "--epochs 4" in proc.stdout and "--epochs 3" not in proc.stdout
+        assert "--width 4" in proc.stdout and "--width 8" not in proc.stdout
 
 
 @pytest.mark.skipif(
