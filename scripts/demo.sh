@@ -58,10 +58,13 @@ from_caller() {
 # Whether snakemake's arguments make a call that runs no job: a dry-run (-n, also in a cluster of
 # short flags such as -np), a listing, a graph, a summary, --lint, --unlock, --help, --version.
 # The report after it would fail on outputs that were never made.
+# A cluster counts only up to its first short option that takes a value: argparse reads the rest
+# as that value (-Rtrain is --forcerun train, -eslurm --executor slurm). Before it stand the
+# no-value flags, snakemake 9's -a -F -f -k -p -t and the no-job ones, -n -l -S -D -h -v.
 runs_nothing() {
     local arg
     for arg in "$@"; do
-        if [[ "$arg" =~ ^-[A-Za-z]*[nlSDhv][A-Za-z]*$ ||
+        if [[ "$arg" =~ ^-[aFfkpt]*[nlSDhv] ||
             "$arg" =~ ^--(dry-?run|lint|unlock|list[a-z-]*|lt|lc|li|lp|lu|dag|rulegraph|filegraph|d3dag|summary|detailed-summary|help|version|cleanup-metadata|cleanup-shadow|delete-all-output|delete-temp-output|containerize|print-compilation|export-cwl|archive|generate-unit-tests)(=|$) ]]; then
             return 0
         fi

@@ -53,6 +53,53 @@ def test_the_demo_reports_after_a_call_that_runs_jobs(args):
     assert bash(f'source {DEMO}; runs_nothing "$@"', *args).returncode == 1, args
 
 
+def snakemake_runs_nothing(arg: str) -> bool:
+    """Whether snakemake's own parser reads `arg` as a call that runs no job."""
+    from snakemake.cli import get_argument_parser
+
+    try:
+        ns = get_argument_parser().parse_args([arg])
+    except SystemExit as exc:  # --help, --version
+        assert exc.code == 0, arg
+        return True
+    return bool(ns.dryrun or ns.list_rules or ns.summary or ns.detailed_summary)
+
+
+@pytest.mark.parametrize(
+    "arg",
+    # a short option that takes a value, its value attached (and holding n/l/S/D/h/v) ...
+    ["-Rtrain", "-Ucollect", "-Rplot", "-eslurm", "-Panalyze", "-Olint", "-dlogs", "-pRplot"]
+    # ... and no-value flags before a no-job one, whose value after it does not matter
+    + ["-pn", "-Fl", "-kS", "-tD", "-fv", "-ah", "-nRtrain", "-pnUplot"],
+)
+def test_the_demo_reads_a_cluster_of_short_flags_as_snakemake_does(arg, capsys):
+    """-Rtrain (--forcerun train), -eslurm, -Ucollect were taken for dry-runs (an n, l, S, D, h
+    or v anywhere in the cluster): the demo trained, then skipped report.html and its line."""
+    expected = snakemake_runs_nothing(arg)
+    capsys.readouterr()  # the help or version text
+    assert (bash(f'source {DEMO}; runs_nothing "$@"', arg).returncode == 0) == expected, arg
+
+
+def test_the_demo_knows_snakemakes_short_options(capsys):
+    """Every short option of snakemake's parser: one that takes a value, with a value of
+    letters that are no-job flags of their own, runs jobs; a no-value flag followed by -n's
+    letter is read as snakemake reads it (a flag the demo did not know would hide the -n)."""
+    from snakemake.cli import get_argument_parser
+
+    shorts = {
+        opt: action.nargs != 0
+        for action in get_argument_parser()._actions
+        for opt in action.option_strings
+        if len(opt) == 2
+    }
+    assert shorts["-R"] and shorts["-e"] and not shorts["-p"], shorts
+    for opt, takes_value in shorts.items():
+        arg = f"{opt}nlSDhv" if takes_value else f"{opt}n"
+        expected = False if takes_value else snakemake_runs_nothing(arg)
+        capsys.readouterr()
+        assert (bash(f'source {DEMO}; runs_nothing "$@"', arg).returncode == 0) == expected, arg
+
+
 def demo_snakemake_args(*args: str, cwd=None):
     """What snakemake's own parser makes of the command line demo.sh builds from `args` (its
     caller in `cwd`)."""
