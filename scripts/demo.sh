@@ -18,12 +18,16 @@ set -euo pipefail
 # read it (main calls this before it changes to the repository root). Options must be spelled
 # in full (`--configf`, which snakemake takes for --configfile, is passed on as it is); other
 # paths (targets, --report, --profile) are snakemake's: relative to the repository root or D.
+# DEMO_DIR: where the study's outputs go, D made absolute (the last one, as argparse keeps it), or
+# empty for the repository root.
 demo_args() {
     local files=(config/demo.yaml) rest=() arg taking=0 directory=0
+    DEMO_DIR=
     for arg in "$@"; do
         if ((directory)); then
             directory=0
-            rest+=("$(from_caller "$arg")")
+            DEMO_DIR=$(from_caller "$arg")
+            rest+=("$DEMO_DIR")
             continue
         fi
         if ((taking)) && [[ "$arg" != -* ]]; then
@@ -38,8 +42,14 @@ demo_args() {
                 directory=1
                 rest+=("$arg")
                 ;;
-            --directory=*) rest+=("--directory=$(from_caller "${arg#*=}")") ;;
-            -d?*) rest+=("-d$(from_caller "${arg#-d}")") ;;
+            --directory=*)
+                DEMO_DIR=$(from_caller "${arg#*=}")
+                rest+=("--directory=$DEMO_DIR")
+                ;;
+            -d?*)
+                DEMO_DIR=$(from_caller "${arg#-d}")
+                rest+=("-d$DEMO_DIR")
+                ;;
             *) rest+=("$arg") ;;
         esac
     done
@@ -82,18 +92,21 @@ main() {
     if runs_nothing "$@"; then
         return 0
     fi
-    # the self-contained HTML report of the run (figures, tables, documents)
+    # the self-contained HTML report of the run (figures, tables, documents), in the working
+    # directory as the study's outputs: the repository root, or --directory's
     snakemake "${DEMO_ARGS[@]}" --report report.html
-    if [[ -f reports/paper.pdf ]]; then
-        echo "demo: done: reports/study.md, reports/paper.pdf, report.html, results/plots/"
+    local out=${DEMO_DIR:+$DEMO_DIR/}
+    if [[ -f ${out}reports/paper.pdf ]]; then
+        echo "demo: done: ${out}reports/study.md, ${out}reports/paper.pdf, ${out}report.html," \
+            "${out}results/plots/"
     elif ! command -v latexmk > /dev/null; then
         echo "demo: done, without reports/paper.pdf (latexmk is not installed): run" \
             "\`sudo apt-get install --no-install-recommends latexmk texlive-latex-base" \
             "texlive-latex-recommended texlive-fonts-recommended lmodern texlive-pictures\` (~40 s), then" \
-            "bash scripts/demo.sh again (only the PDF is built)"
+            "bash scripts/demo.sh again, with the same arguments (only the PDF is built)"
     else
-        echo "demo: done: reports/study.md, report.html, results/plots/; reports/paper.pdf was" \
-            "not asked for by these targets"
+        echo "demo: done: ${out}reports/study.md, ${out}report.html, ${out}results/plots/;" \
+            "reports/paper.pdf was not asked for by these targets"
     fi
 }
 

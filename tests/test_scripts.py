@@ -211,6 +211,60 @@ def test_the_demo_with_a_target_and_a_config_file_plans_the_demo(tmp_path):
         assert "--width 4" in proc.stdout and "--width 8" not in proc.stdout
 
 
+# snakemake's stand-in for a demo that trains nothing: as snakemake, it changes to --directory
+# (relative to where it starts, made if missing); a run writes reports/paper.pdf there, a
+# --report call the report
+SNAKEMAKE_STAND_IN = """#!/usr/bin/env bash
+d=. report=
+while (($#)); do
+    case $1 in
+        --directory | -d) d=$2; shift ;;
+        --directory=*) d=${1#*=} ;;
+        -d?*) d=${1#-d} ;;
+        --report) report=$2; shift ;;
+    esac
+    shift
+done
+mkdir -p "$d" && cd "$d"
+if [[ -n $report ]]; then
+    echo html > "$report"
+else
+    mkdir -p reports && echo pdf > reports/paper.pdf
+fi
+"""
+
+
+@pytest.mark.parametrize("where", ["root", "elsewhere"])
+@pytest.mark.parametrize("form", [["--directory", "{D}"], ["--directory={D}"], ["-d{D}"], []])
+def test_the_demo_ends_with_the_files_where_snakemake_wrote_them(tmp_path, where, form):
+    """With --directory D (the Snakefile's "the demo with its outputs in D") the last line
+    looked for reports/paper.pdf in the repository root: it said latexmk was missing, or that
+    no target asked for the PDF, of a study whose PDF was in D. Now it checks and names D's
+    files; without --directory, the repository root's, as before."""
+    work = tmp_path / "repo"
+    shutil.copytree(REPO / "scripts", work / "scripts")
+    (work / "scripts" / "setup.sh").write_text("#!/usr/bin/env bash\nexit 0\n")
+    (work / ".venv" / "bin").mkdir(parents=True)
+    (work / ".venv" / "bin" / "snakemake").write_text(SNAKEMAKE_STAND_IN)
+    (work / ".venv" / "bin" / "snakemake").chmod(0o755)
+    caller = work if where == "root" else tmp_path / "user"
+    caller.mkdir(exist_ok=True)
+    # an absolute D from the root, a relative one (the caller's) from elsewhere
+    d = str(tmp_path / "study") if where == "root" else "study"
+    out = (caller / d) if form else work
+    proc = subprocess.run(
+        ["bash", str(work / "scripts" / "demo.sh"), *(a.format(D=d) for a in form)],
+        cwd=caller, env=env(), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert (out / "reports" / "paper.pdf").is_file() and (out / "report.html").is_file()
+    shown = f"{out}/" if form else ""
+    assert proc.stdout.splitlines()[-1] == (
+        f"demo: done: {shown}reports/study.md, {shown}reports/paper.pdf, {shown}report.html, "
+        f"{shown}results/plots/"
+    )
+
+
 @pytest.mark.skipif(
     os.geteuid() != 0 or not shutil.which("unshare"), reason="a private /etc/hosts needs root"
 )
