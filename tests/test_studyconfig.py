@@ -674,7 +674,46 @@ def test_config_files_are_layered_in_the_order_given_as_snakemake_layers_them():
     assert len(runs.build_run_table(studyconfig.load_layers([FULL, DEMO]))) == 6
     with pytest.raises(StudyConfigError) as info:  # the base read once where it leads
         studyconfig.load_layers([FULL, DEMO], overrides=["repeats=0"])
-    assert f"invalid study config {FULL} + {DEMO}: " in str(info.value)
+    assert f"invalid study config {FULL} + {DEMO} + --set repeats=0: " in str(info.value)
+
+
+def test_an_override_of_set_is_named_after_the_files():
+    """`scalestudy matrix --set dataset=cifar100` said "invalid study config
+    .../config/config.yaml: ...", a file that holds a good value."""
+    for overrides in (["dataset=cifar100", "repeats=2"], {"dataset": "cifar100", "repeats": 2}):
+        with pytest.raises(StudyConfigError) as info:
+            studyconfig.load_layers([DEMO], overrides=overrides)
+        said = f"invalid study config {FULL} + {DEMO} + --set dataset=cifar100 repeats=2: "
+        assert str(info.value).startswith(said), str(info.value)
+
+
+def test_the_config_overrides_are_found_by_comparing_with_the_files():
+    """Snakemake's --config overrides, which no public API holds, are the values of the
+    config it built (snakemake.utils.update_config, its own merge) that its files do not give:
+    a changed value, a new key, a changed type; not an override equal to the file's value."""
+    from snakemake.utils import update_config
+
+    layers = studyconfig.check_files([FULL, DEMO])
+    overrides = {
+        "dataset": "cifar100",  # a bad value
+        "train": {"epochs": 9, "width": layers[1]["train"]["width"]},  # one changed, one not
+        "repeats": layers[1]["repeats"],  # the demo's own value: changes nothing
+        "profiling": {"enabled": 1},  # 1, not True
+        "extra": {"a": [1, 2]},  # a key no file has
+    }
+    config = copy.deepcopy(layers[0])
+    for layer in (layers[1], overrides):
+        update_config(config, copy.deepcopy(layer))
+    assert layers[1]["profiling"]["enabled"] is True
+    assert studyconfig.config_overrides(config, layers) == [
+        "dataset=cifar100",
+        "train.epochs=9",
+        "profiling.enabled=1",
+        "extra.a=[1, 2]",
+    ]
+    assert studyconfig.config_overrides(studyconfig.load_yaml(FULL), layers[:1]) == []
+    assert studyconfig.layers_source(["a.yaml"], ["k=v"]) == "a.yaml + --config k=v"
+    assert studyconfig.layers_source([], []) is None
 
 
 def test_a_config_built_without_config_yaml_under_it_is_refused():

@@ -312,6 +312,40 @@ def test_bad_config_fails_before_any_job(done, tmp_path, override, message):
     assert message in one_line_refusal(proc)
 
 
+@pytest.mark.parametrize(
+    "args, source",
+    [  # the bad value in an override; then in the file, the override equal to the file's value
+        (["--config", "dataset=imagenet"], "config/config.yaml + --config dataset=imagenet"),
+        (
+            [
+                "--configfile",
+                "tiny.yaml",
+                "--config",
+                "dataset=imagenet",
+                "train={precision: bf16}",
+            ],
+            "config/config.yaml + {work}/tiny.yaml + --config dataset=imagenet "
+            "train.precision=bf16",
+        ),
+        (
+            ["--configfile", "bad.yaml", "--config", "repeats=1"],
+            "config/config.yaml + {work}/bad.yaml",
+        ),
+    ],
+)
+def test_a_bad_override_is_named_not_blamed_on_a_file(tmp_path, args, source):
+    """`snakemake --config dataset=imagenet` was "invalid study config config/config.yaml:
+    ...", a file that holds a good value. The --config values the files do not give are named
+    after the files (found by comparing with the files: no public API holds them)."""
+    work = copy_repo(tmp_path / "repo")
+    write_config(work / "tiny.yaml", TINY)
+    write_config(work / "bad.yaml", {**TINY, "dataset": "imagenet"})
+    proc = snakemake(work, *args, "-n", check=False)
+    out = one_line_refusal(proc)
+    said = f"invalid study config {source.format(work=work)}: config key 'dataset': "
+    assert said in out, out[-3000:]
+
+
 def test_gpu_count_that_does_not_fit_the_nodes_is_refused(done):
     bad = yaml.safe_load(yaml.safe_dump(TINY))
     bad["hardware"]["gpus_per_node"] = 3

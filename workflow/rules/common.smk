@@ -47,12 +47,14 @@ except WorkdirError as exc:
     stop(str(exc))
 try:  # every problem of the config, each naming key, value and what is allowed
     studyconfig.check_layered(config, REPO / "config" / "config.yaml")
+    # named by the files, then the --config values they do not give (a bad override is not
+    # blamed on a file): config_files.smk read the files already
+    source = studyconfig.layers_source(
+        ["config/config.yaml", *map(str, workflow.overwrite_configfiles or [])],
+        studyconfig.config_overrides(config, CONFIG_LAYERS),
+    )
     config = studyconfig.validate(
-        config,
-        schema=REPO / studyconfig.SCHEMA_RELPATH,
-        source=" + ".join(
-            ["config/config.yaml", *map(str, workflow.overwrite_configfiles or [])]
-        ),
+        config, schema=REPO / studyconfig.SCHEMA_RELPATH, source=source
     )
 except StudyConfigError as exc:
     stop(str(exc))

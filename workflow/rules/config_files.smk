@@ -2,7 +2,8 @@
 # is one line naming the file and line (Snakemake says "Config file is not valid JSON or YAML"
 # of config/config.yaml, and keeps the last of two equal keys of any file silently). A
 # --configfile file that is not YAML at all fails in Snakemake before this runs. What the files
-# say is checked in common.smk.
+# say is checked in common.smk; what they hold (CONFIG_LAYERS, in order) tells common.smk which
+# values of `config` came from --config.
 import sys
 from pathlib import Path
 
@@ -13,9 +14,10 @@ try:
     from scalestudy.study.config import check_files
 except ImportError:  # common.smk says how to install the package
     check_files = None
+CONFIG_LAYERS = []
 if check_files is not None:
     try:
-        check_files(
+        CONFIG_LAYERS = check_files(
             [
                 Path(workflow.basedir).parent / "config" / "config.yaml",
                 *(workflow.overwrite_configfiles or []),

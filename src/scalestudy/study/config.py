@@ -790,13 +790,13 @@ def load_and_validate(
     return validate(config, source=source)
 
 
-def check_files(paths: Iterable[str | os.PathLike]) -> None:
+def check_files(paths: Iterable[str | os.PathLike]) -> list[dict]:
     """Each config file read as load_yaml reads it: malformed YAML, a key given twice, a top
     level that is no mapping, each a StudyConfigError naming the file (and line). The workflow
     calls it before its `configfile:` directive, whose own messages name neither, and which
-    keeps the last of two equal keys silently."""
-    for path in paths:
-        load_yaml(path)
+    keeps the last of two equal keys silently. Returns what the files hold, in order (the
+    workflow finds the --config overrides by them: `config_overrides`)."""
+    return [load_yaml(path) for path in paths]
 
 
 def default_config_path() -> Path:
@@ -820,9 +820,65 @@ def load_layers(paths: Iterable[str | os.PathLike] | None, overrides=None) -> di
         _merge(config, load_yaml(path))
     if overrides:
         apply_overrides(config, overrides)
-    # named as the workflow names it (common.smk): "config/config.yaml + FILE ..."
-    source = " + ".join(str(p) for p in ([base] if base.is_file() else []) + layers)
-    return validate(config, source=source or None)
+    # named as the workflow names it (common.smk): "config/config.yaml + FILE ... + --set K=V"
+    if isinstance(overrides, Mapping):
+        given = [_shown_override(key, value) for key, value in _leaves(overrides)]
+    else:
+        given = [str(item) for item in overrides or []]
+    source = layers_source(([base] if base.is_file() else []) + layers, given, "--set")
+    return validate(config, source=source)
+
+
+def layers_source(
+    files: Iterable[str | os.PathLike], overrides: Iterable[str] = (), flag: str = "--config"
+) -> str | None:
+    """A layered study config as its error messages name it: the files in the order merged,
+    then the command line's overrides, e.g. "config/config.yaml + demo.yaml + --config
+    dataset=cifar100" (a bad value of an override is not blamed on a file that holds a good
+    one). None when there is neither."""
+    parts = [str(f) for f in files]
+    overrides = list(overrides)
+    if overrides:
+        parts.append(" ".join([flag, *overrides]))
+    return " + ".join(parts) or None
+
+
+def config_overrides(config: Mapping, layers: Iterable[Mapping]) -> list[str]:
+    """The values of `config` that its config files do not give: Snakemake's --config
+    overrides, known by their effect (no public API holds them). `layers` is what the files
+    hold (check_files), merged in order as Snakemake merges them; each value of `config` they
+    lack or give otherwise is "dotted.key=VALUE" (a string as it is, else JSON). An override
+    equal to the files' value is not listed: it changes nothing. Call it before validate,
+    which fills the defaults in."""
+    merged: dict = {}
+    for layer in layers:
+        _merge(merged, layer)
+    return [_shown_override(key, value) for key, value in _leaves(config, merged)]
+
+
+_ABSENT = object()
+
+
+def _leaves(config: Mapping, given: Mapping | None = None, where: str = "") -> list[tuple]:
+    """(dotted key, value) of each value of `config` (into its mappings) that `given` lacks or
+    holds otherwise (True is not 1, 1 is not 1.0); every one without `given`."""
+    given = given if isinstance(given, Mapping) else {}
+    found = []
+    for key, value in config.items():
+        there = given.get(key, _ABSENT)
+        if isinstance(value, Mapping) and value:
+            found += _leaves(value, there if isinstance(there, Mapping) else {}, f"{where}{key}.")
+        elif there is _ABSENT or _canonical(value) != _canonical(there):
+            found.append((f"{where}{key}", value))
+    return found
+
+
+def _canonical(value) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def _shown_override(key: str, value) -> str:
+    return f"{key}={value if isinstance(value, str) else _canonical(value)}"
 
 
 def check_layered(config: Mapping, base_path: str | os.PathLike) -> None:
