@@ -730,6 +730,21 @@ def test_build_pdf_of_a_missing_or_foreign_file_says_so_and_runs_no_latexmk(tmp_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["runs.csv"]
 
 
+def test_build_pdf_without_latexmk_names_the_document_it_was_given(tmp_path, monkeypatch, capsys):
+    """Without latexmk, build-pdf of slides.tex (or proposal.tex) said "reports/paper.pdf is not
+    built (reports/paper.tex is)": the one line pointed at another document."""
+    from scalestudy import cli
+
+    monkeypatch.setenv("PATH", str(tmp_path / "no-tex"))  # no latexmk on it
+    for name in ("slides", "proposal"):
+        tex = tmp_path / f"{name}.tex"
+        tex.write_text("\\documentclass{article}\\begin{document}x\\end{document}\n")
+        assert cli.main(["build-pdf", str(tex)]) == 1
+        (err,) = capsys.readouterr().err.strip().splitlines()
+        assert f"latexmk is not installed, so {tmp_path / name}.pdf is not built ({tex} is)" in err
+        assert "paper.pdf" not in err and "paper.tex" not in err, err
+
+
 @pytest.mark.parametrize(
     "damage, says",
     [

@@ -1,10 +1,11 @@
-"""`scalestudy build-pdf`: reports/paper.tex -> reports/paper.pdf with latexmk (pdfLaTeX).
+"""`scalestudy build-pdf`: a document's .tex (reports/paper.tex, proposal.tex, slides.tex) -> its
+PDF beside it, with latexmk (pdfLaTeX).
 
-Without latexmk on PATH it fails with the packages to install; the workflow asks for the PDF only
-when latexmk is there (workflow/rules/report.smk), and says so when it is not. A build removes
-the PDF of an earlier one first: a failed build leaves none, never an old one beside the new .tex.
-latexmk runs with -norc (no ~/.latexmkrc: a personal $out_dir moved the PDF), and a build that
-exits 0 without the PDF beside the .tex fails too.
+Without latexmk on PATH it fails with the packages to install, naming the document given; the
+workflow asks for the PDF only when latexmk is there (workflow/rules/report.smk), and says so when
+it is not. A build removes the PDF of an earlier one first: a failed build leaves none, never an
+old one beside the new .tex. latexmk runs with -norc (no ~/.latexmkrc: a personal $out_dir moved
+the PDF), and a build that exits 0 without the PDF beside the .tex fails too.
 
     scalestudy build-pdf reports/paper.tex
 """
@@ -26,11 +27,19 @@ TEX_PACKAGES = (
     "latexmk texlive-latex-base texlive-latex-recommended texlive-fonts-recommended lmodern "
     "texlive-pictures"  # pgf, which beamer (reports/slides.pdf) loads
 )
-MISSING = (
-    "latexmk is not installed, so reports/paper.pdf is not built (reports/paper.tex is); "
-    f"install TeX with `apt-get install --no-install-recommends {TEX_PACKAGES}` "
-    "(scripts/setup.sh does this as root)"
-)
+
+
+def missing(tex: str | Path) -> str:
+    """Why `tex`'s PDF is not built without latexmk, and what to install: the document given,
+    not always the paper (build-pdf of slides.tex named reports/paper.pdf)."""
+    return (
+        f"latexmk is not installed, so {Path(tex).with_suffix('.pdf')} is not built ({tex} is); "
+        f"install TeX with `apt-get install --no-install-recommends {TEX_PACKAGES}` "
+        "(scripts/setup.sh does this as root)"
+    )
+
+
+MISSING = missing("reports/paper.tex")  # the workflow's paper.pdf, skipped without latexmk
 
 
 def have_latexmk() -> bool:
@@ -103,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     if not have_latexmk():
-        logger.error(f"scalestudy build-pdf: {MISSING}")
+        logger.error(f"scalestudy build-pdf: {missing(tex)}")
         return 1
     # the PDF of an earlier build goes first: TeX stopping before its first page (a missing
     # package, an error in the title) left the old document beside the new .tex, and a failed
