@@ -150,6 +150,25 @@ def test_bucket_sensitivity_relative_to_the_best_cell():
     assert [r["bucket_rel_throughput"] for r in table] == pytest.approx([0.75, 1000 / 1200, 1.0])
 
 
+def test_a_bucket_cell_without_a_run_is_said_to_be_unmeasured_not_nan():
+    """The grid 1, 25 MiB x local batch 64, 128 without the (1 MiB, 128) run (failed, or not run
+    yet): the heat map labelled that cell "nan", as if NaN had been measured. It is left blank
+    and labelled "not measured"; the measured cells keep their throughput."""
+    runs = [
+        run("a", "bucket", 8, 64, 900, bucket=1),
+        run("b", "bucket", 8, 64, 1000, bucket=25),
+        run("c", "bucket", 8, 128, 1200, bucket=25),
+    ]
+    plt = plots._pyplot()
+    fig, ax = plt.subplots()
+    plots.plot_bucket(ax, scaling_rows(runs))
+    # imshow's origin is lower left: (x, y) = (bucket index, local-batch index)
+    labels = {tuple(round(c) for c in t.get_position()): t.get_text() for t in ax.texts}
+    plt.close(fig)
+    assert labels == {(0, 0): "900", (1, 0): "1000", (1, 1): "1200", (0, 1): "not\nmeasured"}
+    assert not any("nan" in text.lower() for text in labels.values()), labels
+
+
 def test_verdicts_pass_fail_and_not_measured(runs):
     table = analysis.scaling_table(runs)
     targets = {**analysis.DEFAULT_TARGETS, "strong_efficiency_gpus": 4}

@@ -4,9 +4,9 @@ Every plotted value is a cell of results/csv/scaling.csv (or epochs.csv, profile
 waterfall.csv);
 nothing is typed in by hand. Error bars are one sample standard deviation over the repeats (none
 drawn when a configuration ran once; of an efficiency, analyze's first-order propagation, none at
-the baseline). A world size without a measurement breaks its line. Colours: the Okabe-Ito
-palette, safe for colour-blind readers; markers differ too, so the figures also read in
-greyscale.
+the baseline). A world size without a measurement breaks its line; a cell of the bucket heat map
+without one is left blank and labelled "not measured". Colours: the Okabe-Ito palette, safe for
+colour-blind readers; markers differ too, so the figures also read in greyscale.
 
     scalestudy plot --figure throughput --scaling results/csv/scaling.csv --out results/plots
 """
@@ -254,15 +254,21 @@ def plot_bucket(ax, scaling, **_):
         raise AnalysisError("scaling.csv has no bucket rows (family bucket did not run)")
     buckets = sorted({float(r["bucket_cap_mb"]) for r in rows})
     batches = sorted({int(r["local_batch"]) for r in rows})
-    grid = [[float("nan")] * len(buckets) for _ in batches]
+    # NaN: a cell of the grid without a measurement (its run failed or has not run yet)
+    grid = [[math.nan] * len(buckets) for _ in batches]
     for r in rows:
+        x = number(r["throughput_img_s_mean"])
         grid[batches.index(int(r["local_batch"]))][buckets.index(float(r["bucket_cap_mb"]))] = (
-            number(r["throughput_img_s_mean"])
+            math.nan if x is None else x
         )
     image = ax.imshow(grid, cmap="cividis", aspect="auto", origin="lower")
     for i, row in enumerate(grid):
         for j, value in enumerate(row):
-            ax.text(j, i, f"{value:.0f}", ha="center", va="center", color="white", fontsize=8)
+            # imshow leaves a NaN cell blank (white): said in words there, never "nan"
+            text, colour = (
+                ("not\nmeasured", "black") if math.isnan(value) else (f"{value:.0f}", "white")
+            )
+            ax.text(j, i, text, ha="center", va="center", color=colour, fontsize=8)
     ax.set_xticks(range(len(buckets)), [f"{b:g}" for b in buckets])
     ax.set_yticks(range(len(batches)), [str(b) for b in batches])
     ax.set_xlabel("bucket_cap_mb (MiB per all-reduce bucket)")
