@@ -300,6 +300,34 @@ def test_every_gpu_shape_has_its_own_request_row(tmp_path):
         assert f"| {item} |" in docs["proposal.md"]
 
 
+@pytest.mark.parametrize("repeats", [1, 2])
+def test_the_repeats_bar_in_proposal_csv_is_the_one_the_evidence_is_judged_against(
+    tmp_path, repeats
+):
+    """proposal.csv's ("evidence", "bar", "repeats") held the repeats of the next runs (3),
+    while the evidence was judged against 2: a study with 2 repeats per point "met the bar"
+    beside a cell stating a bar of 3. The cell is the bar applied; the next runs' repeats have
+    their own cell, and the runs priced to fix thin evidence repeat that often."""
+    config, study = build(tmp_path, "families.strong.gpus=[1,2,4,8]", f"repeats={repeats}")
+    docs = write(config, study)
+    c = cells(study)
+    has = int(c[("evidence", "strong family")]["min_repeats"])
+    bar = int(c[("evidence", "bar")]["repeats"])
+    assert has == repeats
+    assert (c[("evidence", "thin")]["no_repeats"] == "yes") == (has < bar), (has, bar)
+    if has < bar:  # thin: the bar is said, and the next runs bring each point to their repeats
+        nxt = int(c[("evidence", "runs to add")]["repeats"])
+        assert nxt >= bar
+        assert request_runs(study, "next runs (repeats)") == 4 * (nxt - has)
+        for name in ("proposal.md", "proposal.tex"):
+            text = " ".join(docs[name].split())
+            assert f"(the bar: {bar} or more runs per point)" in text, name
+            assert f"priced by the planner (each {nxt} repeats" in text, name
+    else:
+        md = " ".join(docs["proposal.md"].split())
+        assert f"4 world sizes, each with at least {has} repeats" in md
+
+
 def test_strong_evidence_chooses_the_knee(strong):
     _, study, docs = strong
     c = cells(study)
