@@ -342,6 +342,10 @@ def test_strong_evidence_chooses_the_knee(strong):
         assert "thin" not in text.lower()
         assert re.search(r"falls to 60\.\d", text)
     assert "| production at 4 ranks | 3 |" in docs["proposal.md"]
+    # a measured scale, not the baseline: the slides give its E_s with its n
+    slides = " ".join(docs["slides.tex"].split())
+    assert "Chosen: 4 ranks (1 node), $E_s$ = 80.0\\,\\% ($n$ = 3)" in slides
+    assert "by definition" not in slides
 
 
 def test_an_efficiency_near_the_threshold_is_printed_apart_from_it(tmp_path, monkeypatch):
@@ -571,7 +575,8 @@ def test_no_production_is_promised_when_none_is_requested(tmp_path, which):
 
 def test_a_count_of_one_reads_singular_and_the_baselines_efficiency_is_no_measurement(tmp_path):
     """A threshold no larger scale meets chooses the smallest: the documents said "1 ranks",
-    "1 node(s)" and "measured E_s 100.0%", which is 1 by definition at the baseline."""
+    "1 node(s)" and "measured E_s 100.0%", which is 1 by definition at the baseline; the slides
+    gave it as the scaling result with its n ("$E_s$ = 100.0 % ($n$ = 1)")."""
     config, study = build(tmp_path, "proposal.efficiency_threshold=0.999")
     docs = write(config, study)
     assert cells(study)[("scale", "chosen")]["world_size"] == "1"
@@ -582,6 +587,9 @@ def test_a_count_of_one_reads_singular_and_the_baselines_efficiency_is_no_measur
     md = " ".join(docs["proposal.md"].split())
     assert "**1 rank** on 1 node" in md and "E_s 100.0% by definition" in md
     assert "production at 1 rank" in docs["proposal.md"]  # the request row's label
+    slides = " ".join(docs["slides.tex"].split())
+    assert "Chosen: 1 rank (1 node), $E_s$ = 100.0\\,\\% by definition (the baseline)" in slides
+    assert not re.search(r"\$E_s\$ = [\d.]+\\,\\% \(\$n\$", slides)
 
 
 def test_model_holdout_error_is_shown_when_the_model_csv_has_it(tmp_path):
