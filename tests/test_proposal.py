@@ -698,7 +698,9 @@ def test_the_pdfs_build(demo):
     config, study, docs = demo
     if not tex_here(beamer=True):
         pytest.skip(latex.MISSING)
-    assert "The figure efficiency.pdf is not in ../results/plots" in docs["slides.tex"]
+    assert "The figure ../results/plots/efficiency.pdf (relative to the slides) is not there" in (
+        " ".join(docs["slides.tex"].split())
+    )
     assert "includegraphics" not in docs["slides.tex"]
     assert cli.main(["build-pdf", str(study / "reports" / "slides.tex")]) == 0
     plots = study / "results/plots"
@@ -838,6 +840,31 @@ def test_no_container_digest_is_claimed_when_the_runs_recorded_none(demo, tmp_pa
     for name, text in docs.items():
         flat = " ".join(text.split())
         assert "no run recorded" in flat.lower() and "ran without" not in flat, name
+
+
+@pytest.mark.parametrize("figure_dir", ["../runs/2024/plots", "../runs&2024/plots"])
+def test_a_figure_dir_holding_a_number_is_no_claim_of_the_slides(tmp_path, figure_dir):
+    """--figure-dir ../runs/2024/plots before the efficiency figure is drawn: the slide said
+    "not in ../runs/2024/plots", a form of the directory the honesty check did not exempt, and
+    the whole proposal was refused for its 2024. The slide names the figure's path, exempt as
+    typed and as TeX prints it (& is \\& there); the directory's digits anywhere else are still
+    a claim the check refuses."""
+    from scalestudy.errors import AnalysisError
+
+    config, study = build(tmp_path)
+    csv_dir, out = study / "results/csv", study / "reports"
+    templates, model, benchmarks = REPO / "workflow/report", study / "absent.csv", study / "bench"
+    proposal.write_proposal(
+        config, csv_dir, out, templates, model, csv_dir / "runs.csv", benchmarks, figure_dir
+    )
+    slides = " ".join((out / "slides.tex").read_text().split())
+    path = report.tex_escape(f"{figure_dir}/efficiency.pdf")
+    assert f"The figure {path} (relative to the slides) is not there" in slides
+    report.check_numbers({"slides.tex": f"The figure {path} is not there."}, {}, (figure_dir,))
+    for where in (figure_dir, report.tex_escape(figure_dir), f"{figure_dir}/notes.txt"):
+        text = f"The figure {path} is not there; see {where}."
+        with pytest.raises(AnalysisError, match=r"\['2024'\]"):
+            report.check_numbers({"slides.tex": text}, {}, (figure_dir,))
 
 
 def test_a_refused_proposal_leaves_no_new_csv_behind(tmp_path):

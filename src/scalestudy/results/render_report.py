@@ -540,11 +540,14 @@ def check_numbers(
 ) -> None:
     """The honesty check of every document, before any is written. `paths` (the --figure-dir
     the documents link into) are no claims: the digits of a figure's reference
-    (/scratch/u123/efficiency.png) are not checked, and only those (a --figure-dir of "." must
-    not take every decimal point out of the document)."""
+    (/scratch/u123/efficiency.png), as typed (a link, \\includegraphics) or as the LaTeX
+    documents print it in a sentence (tex_escape: ../a&2024 is ../a\\&2024 there), are not
+    checked, and only those (a --figure-dir of "." must not take every decimal point out of the
+    document)."""
     for name, text in docs.items():
         for path in filter(None, paths):
-            text = re.sub(re.escape(path) + r"/[\w.-]+\.(?:png|pdf)", "", text)
+            for form in dict.fromkeys((path, tex_escape(path))):
+                text = re.sub(re.escape(form) + r"/(?:\\_|[\w.-])+\.(?:png|pdf)", "", text)
         unbacked = numbers_backed_by_csvs(text, tables)
         if unbacked:  # a number typed into a template instead of read from a CSV
             raise AnalysisError(
