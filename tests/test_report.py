@@ -1282,6 +1282,26 @@ def test_exposed_communication_is_a_share_of_the_same_thing_in_the_method_and_th
         assert "share of a step" not in " ".join(text.split()), name
 
 
+def test_exposed_communication_with_the_probe_off_is_said_to_be_unmeasured_in_the_method(
+    tmp_path,
+):
+    """train.comm_probe_steps: 0 (off): study.md's Method still said a probe "times 0
+    forward-backward passes" and that the 1-rank runs' value "is zero by definition, marked in
+    the tables", while every cell of the column, the 1-rank runs' too, prints n/a."""
+    with (FIXTURES / "demo_runs.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    for r in rows:  # what the trainer writes with the probe off (loop.py): no value
+        r.update(comm_probe_steps="0", comm_exposed_frac="")
+    tables = _analyzed(tmp_path, rows)
+    study = report.render(tmp_path, report.TEMPLATES, ["comm_fraction"], "../plots")["study.md"]
+    method = next(ln for ln in study.splitlines() if ln.startswith("- Exposed communication:"))
+    assert "not measured, the probe was off (train.comm_probe_steps: 0)" in method, method
+    assert "times 0" not in method and "zero by definition" not in method, method
+    strong = _md_table(study, "| ranks (CPU processes) | throughput")
+    assert [r[0] for r in strong][0] == "1" and {r[-2] for r in strong} == {"n/a"}, strong
+    assert report.numbers_backed_by_csvs(study, tables) == []
+
+
 def test_the_run_wall_time_and_the_cumulative_training_time_have_different_names(tmp_path):
     """ "training wall time" meant train_time_s, evaluation included, in the resources section
     and the epochs' summed training time, evaluation excluded, on the accuracy figure. Each has
