@@ -790,6 +790,15 @@ def test_formats_and_the_honesty_check():
     assert report.numbers_backed_by_csvs("E_s = 93.3% at 8 GPUs", tables) == ["93.3"]
 
 
+def test_the_strategy_cell_is_named_by_the_vocabulary():
+    """system.csv's strategy cell holds the runs' distinct strategies ("; "-joined), or "not
+    recorded": each is named as vocab.STRATEGY_NAMES names it, an unknown value as it is."""
+    names = vocab.STRATEGY_NAMES
+    assert report.strategy_name("fsdp") == names["fsdp"]
+    assert report.strategy_name("ddp; allreduce") == f"{names['ddp']} and {names['allreduce']}"
+    assert report.strategy_name("not recorded") == "train.strategy not recorded"
+
+
 def test_gpu_util_figure_covers_every_family_and_survives_no_data(tmp_path):
     """A precision-only GPU study has utilisation only in the precision family; a study where
     NVML recorded nothing still gets its figure file (the documents leave it out, in words)."""

@@ -206,6 +206,31 @@ def test_the_repeats_per_configuration_are_those_the_evidence_table_counts(tmp_p
         assert "1 repeat per configuration" in " ".join(text.split()), name
 
 
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "allreduce"])
+def test_every_document_names_the_strategy_the_runs_recorded(tmp_path, strategy):
+    """train.strategy fsdp or allreduce, which system.csv records: study.md, paper.tex,
+    proposal.md/.tex, slides.tex and the proposal's default objectives all said "PyTorch DDP".
+    Each names system.csv's strategy by vocab.STRATEGY_NAMES, and no other strategy."""
+    from scalestudy import vocab
+
+    # the bucket family sweeps DDP's buckets: a study of another strategy has none
+    config, study = build(tmp_path, f"train.strategy={strategy}", "families.bucket.enabled=false")
+    docs = {**write(config, study), **report_documents(study)}
+    system = {(r["section"], r["key"]): r["value"] for r in read(study / "results/csv/system.csv")}
+    recorded = system[("run settings", "strategy")]
+    assert recorded == strategy  # the case at hand: what the runs recorded
+    name = vocab.STRATEGY_NAMES[recorded]
+    others = [n for s, n in vocab.STRATEGY_NAMES.items() if s != recorded]
+    others += ["PyTorch DDP", "DistributedDataParallel"] if strategy != "ddp" else []
+    for doc, text in docs.items():
+        flat = " ".join(text.split())
+        said = report.tex_escape(name) if doc.endswith(".tex") else name
+        assert said in flat, (doc, said)
+        for other in others:
+            assert other not in flat and report.tex_escape(other) not in flat, (doc, other)
+    assert name in cells(study)[("text", "objectives")]["text"]
+
+
 def report_documents(study: Path) -> dict[str, str]:
     """study.md and paper.tex of the study's analysis CSVs (and its model.csv), as
     render-report fills them."""

@@ -163,3 +163,10 @@ def test_every_trainer_flag_shows_its_default_in_help():
     assert missing == []
     assert helps["--static-graph"].endswith("(default: on)")
     assert helps["--sync-debug"].endswith("(default: off)")
+
+
+def test_every_strategy_has_one_name_in_the_documents():
+    """The documents name the runs' strategy by vocab.STRATEGY_NAMES (render_report's
+    `strategy` filter): every strategy the trainer accepts, and only those."""
+    assert tuple(vocab.STRATEGY_NAMES) == vocab.STRATEGIES
+    assert len(set(vocab.STRATEGY_NAMES.values())) == len(vocab.STRATEGIES)

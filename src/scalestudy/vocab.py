@@ -1,4 +1,5 @@
-"""The study's vocabulary, defined once: datasets, families, precisions, strategies, ...
+"""The study's vocabulary, defined once: datasets, families, precisions, strategies (and their
+names in the documents), ...
 
 Every module that names one of these imports it from here; the JSON schema of the study config
 (workflow/schemas/config.schema.yaml) repeats them as enums, and tests/test_vocabulary.py checks
@@ -47,6 +48,13 @@ CUDA_ONLY_PRECISIONS = {
     "tf32": "TF32 is a tensor-core mode of NVIDIA GPUs",
 }
 STRATEGIES = ("ddp", "fsdp", "allreduce")  # gradient synchronisation
+# each strategy as the documents name it (render_report's `strategy` filter of system.csv's
+# "run settings" cell, the proposal's default objectives); trainer/parallel.py implements them
+STRATEGY_NAMES = {
+    "ddp": "PyTorch DDP (DistributedDataParallel)",
+    "fsdp": "PyTorch FSDP2 (fully_shard)",
+    "allreduce": "a hand-written all-reduce of the gradients after backward (torch.distributed)",
+}
 COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")  # DDP communication hooks
 DEVICES = ("auto", "cpu", "cuda")
 # torch.distributed backends: auto = NCCL on CUDA, gloo on CPU; gloo on CUDA lets several ranks

@@ -693,8 +693,9 @@ def _texts(config: dict) -> list[dict]:
         "pi": p["pi"],
         "machine": p["machine"] or "the target system",
         "objectives": p["objectives"]
-        or f"Measure and use the data-parallel scaling of {train['model']} training with PyTorch "
-        f"DDP on {config['dataset']}: find the largest scale that stays efficient"
+        or f"Measure and use the data-parallel scaling of {train['model']} training with "
+        f"{vocab.STRATEGY_NAMES[train['strategy']]} on {config['dataset']}: find the largest "
+        "scale that stays efficient"
         + (" and run the production training there." if p["production"]["runs"] else "."),
         "production": p["production"]["description"]
         or f"{train['model']} on {config['dataset']}, {epochs} epochs, "

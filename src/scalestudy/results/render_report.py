@@ -5,6 +5,7 @@ verdicts.csv, resources.csv, system.csv, targets.csv, profile_shares.csv, waterf
 scaling model's model.csv and bucket_advice.csv (results/model.py), and nothing else; every number
 they print goes through one of the FORMATS below, fmt_pct_apart (a percentage with the decimals
 that tell it from its threshold) or fmt_pct_bar (a threshold or tolerance with all its decimals).
+The `strategy` filter names the runs' strategy (system.csv) as vocab.STRATEGY_NAMES does.
 `numbers_backed_by_csvs` is the check that each numeric token of a rendered document is some CSV
 cell under one of those formats (tests/test_report.py runs it on the tiny study's documents). The
 only numbers a document may show without a cell are FORMULA_CONSTANTS, the constant 1 of the
@@ -143,6 +144,16 @@ def fmt_pct_bar(value, beside=None) -> str:
 def plural(unit: str, count) -> str:
     """`unit` as it reads after `count`, a cell or a number (vocab.plural)."""
     return vocab.plural(unit, _float(count))
+
+
+def strategy_name(value) -> str:
+    """system.csv's ("run settings", "strategy") cell, the runs' distinct strategies
+    ("; "-joined), as the documents name it (the `strategy` filter): vocab.STRATEGY_NAMES of
+    each, joined by "and"; a value outside the vocabulary as it is ("train.strategy not
+    recorded"). Every document called an FSDP or all-reduce study "PyTorch DDP"."""
+    return " and ".join(
+        vocab.STRATEGY_NAMES.get(v, f"train.strategy {v}") for v in str(value).split("; ")
+    )
 
 
 def repeats_range(fewest, most) -> str:
@@ -422,6 +433,7 @@ def environment(templates: Path) -> tuple[jinja2.Environment, jinja2.Environment
     for env in (md, tex):
         env.filters.update(FORMATS)
         env.filters["plural"] = plural
+        env.filters["strategy"] = strategy_name
         env.globals["repeats_range"] = repeats_range
         env.filters["pct_apart"] = fmt_pct_apart
         env.filters["spct_apart"] = functools.partial(fmt_pct_apart, signed=True)
