@@ -1904,6 +1904,35 @@ def test_bad_profiling_config_names_the_key(override, message):
         load_and_validate(REPO / "config" / "demo.yaml", overrides=["dataset=synthetic", *override])
 
 
+def test_profiled_pairs_matching_no_run_name_the_key_to_change():
+    """profiling.gpus was blamed whenever no run had the chosen world sizes and precisions, its
+    default null too, when only profiling.precisions was changed: the key that selects no run is
+    named, with what the study has to pick from."""
+    paper = REPO / "config" / "config.yaml"
+    no_fp16 = ["families.precision.enabled=false"]  # no fp16 run left in the paper study
+    for gpus in ([], ["profiling.gpus=[1,8]"]):  # null (1 and a node: [1, 4]), and set
+        with pytest.raises(StudyConfigError) as caught:
+            load_and_validate(paper, overrides=[*no_fp16, *gpus, "profiling.precisions=[fp16]"])
+        message = str(caught.value)
+        assert "config key 'profiling.precisions': value [\"fp16\"] is not allowed" in message
+        assert "profiling.gpus'" not in message and "\n" not in message
+        # what the runs of those world sizes have (the paper's strong and weak families: bf16)
+        assert 'have precision in ["bf16"]' in message, message
+    # world sizes no run has: profiling.gpus, with the world sizes the study runs
+    with pytest.raises(StudyConfigError) as caught:
+        load_and_validate(paper, overrides=["profiling.gpus=[3]", "profiling.precisions=[fp16]"])
+    message = str(caught.value)
+    assert "config key 'profiling.gpus': value [3] is not allowed" in message
+    assert "profiling.precisions'" not in message and "world sizes are [1, 2, 4, 8, 16]" in message
+    # null's world sizes (1 and a node of 4) that no run has: null is named, and what it means
+    only = ["families.strong.gpus=[2,8]", "families.weak.enabled=false", *no_fp16]
+    with pytest.raises(StudyConfigError) as caught:
+        load_and_validate(paper, overrides=[*only, "families.bucket.enabled=false"])
+    message = str(caught.value)
+    assert "config key 'profiling.gpus': value null is not allowed" in message
+    assert "(null: 1 and hardware.gpus_per_node); its world sizes are [2, 8]" in message
+
+
 def test_an_nsys_trace_with_cuda_and_nvtx_is_accepted_and_unread_by_the_torch_profiler():
     demo = REPO / "config" / "demo.yaml"
     for trace in ("cuda,nvtx", "nvtx,cuda-hw,cuda,python-gil"):

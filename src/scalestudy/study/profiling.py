@@ -143,14 +143,32 @@ def config_problems(config: dict, rows: list[dict]) -> list[str]:
     problems += nsys_trace_problems(prof)
     problems += window_problems(config, rows)
     if not profiled_runs(config, rows):
-        sizes = prof["gpus"] or sorted({1, config["hardware"]["gpus_per_node"]})
-        problems.append(
-            f"config key 'profiling.gpus': value {json.dumps(prof['gpus'])} is not allowed: no "
-            f"run of the study has world size in {sizes} and precision in "
-            f"{prof['precisions']} (profiling.precisions); pick world sizes and precisions "
-            "the families run, or set profiling.enabled: false"
-        )
+        problems.append(selection_problem(config, rows))
     return problems
+
+
+def selection_problem(config: dict, rows: list[dict]) -> str:
+    """Why no run is profiled, naming the key that selects none: profiling.gpus where no run has
+    its world sizes (null: 1 and one full node), else profiling.precisions, which no run of those
+    world sizes has; each with what the study's runs have."""
+    prof = config["profiling"]
+    sizes = prof["gpus"] or sorted({1, config["hardware"]["gpus_per_node"]})
+    sized = [r for r in rows if r["world_size"] in sizes]
+    null = " null: 1 and hardware.gpus_per_node" if prof["gpus"] is None else ""
+    fix = "pick from them, or set profiling.enabled: false"
+    if not sized:
+        have = sorted({r["world_size"] for r in rows})
+        return (
+            f"config key 'profiling.gpus': value {json.dumps(prof['gpus'])} is not allowed: no "
+            f"run of the study has world size in {sizes}{f' ({null.strip()})' if null else ''}; "
+            f"its world sizes are {have}: {fix}"
+        )
+    have = sorted({r["precision"] for r in sized})
+    return (
+        f"config key 'profiling.precisions': value {json.dumps(prof['precisions'])} is not "
+        f"allowed: no run of the study with world size in {sizes} (profiling.gpus{null}) has "
+        f"one of them; those runs have precision in {json.dumps(have)}: {fix}"
+    )
 
 
 # what `scalestudy profile parse` reads of an nsys capture: the kernels (traced with cuda) and
