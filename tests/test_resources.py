@@ -8,6 +8,7 @@ import ast
 import logging
 import math
 import re
+import textwrap
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -390,6 +391,48 @@ def test_every_rule_that_runs_the_package_has_its_code_as_input():
                 assert re.search(r"code_of\(|get_trainer_sources", rule), (
                     f"{path.name}: rule {name} runs the package without its code as input"
                 )
+
+
+def workflow_imports() -> dict[str, str]:
+    """The names common.smk imports from the package -> the module file each runs (a path under
+    src/scalestudy): `from scalestudy.study import runs as matrix` -> study/runs.py,
+    `from scalestudy.log import rule_log` -> log.py."""
+    smk = (REPO / "workflow/rules/common.smk").read_text()
+    block = smk.split("\ntry:\n", 1)[1].split("\nexcept ImportError", 1)[0]
+    names = {}
+    for node in ast.walk(ast.parse(textwrap.dedent(block))):
+        if isinstance(node, ast.ImportFrom) and node.module.split(".")[0] == "scalestudy":
+            for alias in node.names:
+                base = Path(*node.module.split(".")[1:])
+                module = base / f"{alias.name}.py"
+                if not (PACKAGE / module).is_file():  # a name defined in the module
+                    module = base.with_suffix(".py") if base.parts else Path("__init__.py")
+                names[alias.asname or alias.name] = module.as_posix()
+    return names
+
+
+def test_a_run_block_rule_has_the_code_its_block_executes_as_input():
+    """A `run:` rule's code inputs are the modules its block calls (through common.smk's imports)
+    and what they import, nothing else: the matrix rule had the preview command's module
+    (study/matrix.py, which its block never runs) as code, so an edit to the `scalestudy matrix`
+    summary reran matrix and, through runs.tsv, collect and everything after it."""
+    imports = workflow_imports()
+    assert imports["matrix"] == "study/runs.py" and imports["rule_log"] == "log.py"
+    checked = set()
+    for path in sorted((REPO / "workflow/rules").glob("*.smk")):
+        for rule in re.split(r"^rule ", path.read_text(), flags=re.MULTILINE)[1:]:
+            name = rule.split(":", 1)[0]
+            if not re.search(r"^    run:", rule, re.MULTILINE):
+                continue
+            block = re.split(r"^    run:\n", rule, flags=re.MULTILINE)[1]
+            called = {imports[n] for n in re.findall(r"\b(\w+)[.(]", block) if n in imports}
+            declared = re.search(r"code=code_of\(([^)]*)\)", rule).group(1)
+            modules = re.findall(r'"([^"]+)"', declared)
+            assert called and set(resources.code_sources(REPO, *modules)) == set(
+                resources.code_sources(REPO, *called)
+            ), f"{path.name}: rule {name}'s code_of({declared}) is not what its run: executes"
+            checked.add(name)
+    assert checked == {"matrix", "plan", "proposal"}
 
 
 def declared_localrules() -> set[str]:

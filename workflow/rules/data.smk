@@ -18,10 +18,12 @@ rule prepare_data:
 
 
 # The run table, for the analysis and the report. Training does not depend on it, so adding a
-# run rewrites this file without touching the runs that already exist.
+# run rewrites this file without touching the runs that already exist. Its code is what the run:
+# block executes (study/runs.py, `matrix` in common.smk, and log.py), not the `scalestudy
+# matrix` preview command of study/matrix.py; the table's content is the digest param.
 rule matrix:
     input:
-        code=code_of("study/matrix.py"),
+        code=code_of("study/runs.py", "log.py"),
     output:
         table="results/matrix/runs.tsv",
     log:
