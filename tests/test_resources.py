@@ -177,6 +177,66 @@ def test_the_machine_checks_judge_the_runs_the_targets_may_launch(tmp_path):
     assert launching(None) == launching(["reports/study.md"]) == []
 
 
+def test_the_dataset_image_and_profile_targets_need_only_the_runs_they_start(tmp_path):
+    """A target that is no run's file was judged as needing every unfinished run: the dataset,
+    the container image and the merged profile CSVs of a study with a 2-node run were refused
+    for that run, which none of them starts. The dataset and the image need none, the merged
+    profile CSVs the profiled runs; an unknown target still needs them all."""
+    config = study()  # strong 1, 2, 4 ranks on nodes of 2: w4 spans two nodes
+    config["profiling"].update(enabled=True, gpus=[1, 2], precisions=["fp32"])
+    table = runs(config)
+    profiled = [row["run"] for row in profiling.profiled_runs(config, list(table.values()))]
+    wide = {run for run, row in table.items() if row["nodes"] > 1}
+    assert wide and profiled and not wide & set(profiled)
+
+    def rule(*output, log):
+        return SimpleNamespace(output=list(output), log=[log])
+
+    rules = SimpleNamespace(  # the rules' patterns, as the Snakefile's `rules` gives them
+        prepare_data=rule(
+            "data/{dataset}/data.pt",
+            "data/{dataset}/meta.json",
+            log="logs/prepare_data/{dataset}.log",
+        ),
+        build_container=rule("containers/trainer.sif", log="logs/build_container/build.log"),
+        profile_collect=rule(
+            "results/csv/profile_kernels.csv",
+            "results/csv/profile_ranges.csv",
+            log="logs/profile_collect/collect.log",
+        ),
+        profile_collect_ncu=rule(
+            "results/csv/profile_ncu.csv", log="logs/profile_collect_ncu/collect.log"
+        ),
+    )
+    needs = resources.target_needs(rules, profiled)
+
+    def launching(*targets):
+        found = resources.launching_runs(
+            table, targets, lambda run: [str(tmp_path / run / "metrics.json")], needs=needs
+        )
+        return sorted(found)
+
+    for target in ("data/synthetic/data.pt", "./data/cifar10/meta.json",
+                   "logs/prepare_data/mnist.log", "containers/trainer.sif",
+                   "build_container", "logs/build_container/build.log"):  # fmt: skip
+        assert launching(target) == [], target
+    for target in ("results/csv/profile_kernels.csv", "results/csv/profile_ncu.csv",
+                   "profile_collect", "profile_collect_ncu"):  # fmt: skip
+        assert launching(target) == sorted(profiled), target
+    # the machine checks then see no 2-node run
+    targets = ["containers/trainer.sif", "results/csv/profile_ranges.csv"]
+    found = resources.launching_runs(table, targets, lambda run: [str(tmp_path / run)], needs=needs)
+    assert resources.multi_node_refusal(found, {}) is None
+    # with one run's file: that run too; an unknown target (collect's): every run
+    run = min(wide)
+    assert launching("data/synthetic/data.pt", f"results/runs/{run}/metrics.json") == [run]
+    assert launching("results/csv/runs.csv") == launching() == sorted(table)
+    # a finished profiled run starts nothing
+    (tmp_path / profiled[0]).mkdir()
+    (tmp_path / profiled[0] / "metrics.json").touch()
+    assert launching("profile_collect") == sorted(profiled[1:])
+
+
 def test_a_gpu_type_is_asked_for_as_typed_gres_on_every_node():
     """hardware.gpu_type: on a partition of mixed GPU models an untyped gpu:N could measure one
     study's runs on different GPUs."""

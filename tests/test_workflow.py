@@ -445,6 +445,46 @@ def test_the_local_checks_judge_only_the_runs_the_targets_start(done, tmp_path):
     shutil.rmtree(work)
 
 
+def test_the_dataset_image_and_profile_targets_are_judged_by_the_runs_they_start(
+    tmp_path, monkeypatch
+):
+    """onstart judged every run for a target that is no run's file: the dataset, the container
+    image and the merged profile CSVs were refused because of a 2-node run none of them starts
+    (and, in a GPU study, on a machine without CUDA). The dataset and the image need no run, the
+    profile CSVs the profiled runs only; another target still judges every run."""
+    work = copy_repo(tmp_path / "targets")
+    wide = yaml.safe_load(yaml.safe_dump(TINY))
+    wide["families"]["strong"]["gpus"] = [1, 2, 4]  # 4 ranks: 2 nodes of gpus_per_node 2
+    wide["profiling"] = {"enabled": True, "gpus": [1], "precisions": ["fp32"], "tool": "torch",
+                         "start_step": 2, "steps": 2}  # fmt: skip
+    write_config(work / "wide.yaml", wide)
+    gpu = yaml.safe_load(yaml.safe_dump(wide))
+    gpu["hardware"]["device"] = "cuda"
+    write_config(work / "gpu.yaml", gpu)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    no_gpu = {"CUDA_VISIBLE_DEVICES": ""}
+
+    def run(config, target):
+        return snakemake(work, target, "--configfile", config, "--cores", "2", stand_ins=True,
+                         extra_env=no_gpu, check=False, timeout=300)  # fmt: skip
+
+    data = "results/data/synthetic/data.pt"
+    for config, target in (("gpu.yaml", data), ("wide.yaml", "containers/trainer.sif"),
+                           ("wide.yaml", "results/csv/profile_kernels.csv")):  # fmt: skip
+        proc = run(config, target)
+        assert proc.returncode == 0, (target, (proc.stdout + proc.stderr)[-3000:])
+        assert (work / target).is_file()
+    profiled = {p.name for p in (work / "results/profile").iterdir()}
+    assert profiled == {"w1_lb32_fp32_ddp_bk25_r0"}  # the profiled run only
+    assert not (work / "results/runs").exists()  # no training job ran
+    # a target that needs every run (collect) is still refused before any job
+    proc = run("wide.yaml", "results/csv/runs.csv")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "1 run(s) need more than one node (e.g. w4_" in out, out[-2000:]
+    assert not (work / "results/runs").exists()
+    shutil.rmtree(work)
+
+
 def test_a_study_name_with_braces_is_text_not_a_wildcard(done):
     """`study: "resnet18 {v2}"` passed the config's checks, then Snakemake stopped with a
     WildcardError in analyze's params that named no config key."""

@@ -19,6 +19,8 @@ resource functions, and the tests check them here.
   jobs/container.py), so only its recipe rebuilds it.
 - The rules that run on the submitting host (`LOCAL_RULES`): the `localrules:` of the workflow,
   and the rules the dry-run node-hour plan counts at 0 node-hours.
+- The runs whose launch jobs the targets given to snakemake may start (`launching_runs`, with
+  `target_needs`): the runs the Snakefile's onstart judges under the local executor.
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ from __future__ import annotations
 import ast
 import functools
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
+from scalestudy import vocab
 from scalestudy.errors import PlanError
 from scalestudy.study import plan
 
@@ -68,21 +71,52 @@ NO_LAUNCH_TARGETS = (
 )
 
 
+# Rules that start no launch job, whose targets need no run (the dataset, the image) or the
+# profiled runs only (the merged profile CSVs read the profiled runs' profiles): `target_needs`
+NO_RUN_RULES = ("prepare_data", "build_container")
+PROFILED_RULES = ("profile_collect", "profile_collect_ncu")
+
+
+def target_needs(
+    rules, profiled: Iterable[str], datasets: Iterable[str] = tuple(vocab.DATASETS)
+) -> dict[str, frozenset[str]]:
+    """The runs each target of NO_RUN_RULES (none) and PROFILED_RULES (`profiled`) needs, by
+    every name snakemake may be given for it: the rule's name and each file the rule writes
+    (outputs and log; prepare_data's for every dataset of its {dataset} wildcard), normalised.
+    `rules`: the workflow's `rules` (each with .output and .log patterns)."""
+    datasets = tuple(datasets)
+    needs: dict[str, frozenset[str]] = {}
+    for names, runs in ((NO_RUN_RULES, frozenset()), (PROFILED_RULES, frozenset(profiled))):
+        for name in names:
+            rule = getattr(rules, name)
+            needs[name] = runs
+            for pattern in (*rule.output, *rule.log):
+                for dataset in datasets:
+                    needs[os.path.normpath(str(pattern).format(dataset=dataset))] = runs
+    return needs
+
+
 def launching_runs(
     runs: dict[str, dict],
     targets,
     outputs: Callable[[str], Iterable[str]],
     exists: Callable[[str], bool] = os.path.exists,
+    needs: Mapping[str, Iterable[str]] | None = None,
 ) -> dict[str, dict]:
     """The runs of `runs` whose launch jobs (LAUNCH_RULES) the targets given to snakemake may
     start: the runs the Snakefile's onstart judges under the local executor (CUDA, nodes, GPU
     slots). Judging every run of the study refused a target of one 1-rank run because another
-    spanned two nodes, and the re-analysis of a finished GPU study on a machine without CUDA.
+    spanned two nodes, and the re-analysis of a finished GPU study on a machine without CUDA;
+    judging every run for any other target refused the dataset, the container image and the
+    merged profile CSVs because of a 2-node run none of them starts.
 
-    - the runs the targets need: for a target that is one run's file (the run id a directory
-      or the file's stem: results/runs/<run>/metrics.json, results/profile/<run>/...,
-      benchmarks/train/<run>.tsv) that run; none for NO_LAUNCH_TARGETS; every run for any
-      other target and for none (`all`);
+    - the runs the targets need: none for NO_LAUNCH_TARGETS; for a target of `needs` (its
+      normalised path or rule name -> the runs it needs: `target_needs`, the dataset's and
+      the image's none, the merged profile CSVs' the profiled runs) those; for a target that
+      is one run's file (the run id a directory or the file's stem:
+      results/runs/<run>/metrics.json, results/profile/<run>/..., benchmarks/train/<run>.tsv)
+      that run; every run for any other target (unknown: it may need them all) and for none
+      (`all`);
     - of those, the runs with a launch output missing (`outputs(run)`: the files of the run's
       launch jobs the study asks for): a finished run starts no launch job.
 
@@ -94,6 +128,9 @@ def launching_runs(
     for target in targets or ("all",):
         path = os.path.normpath(str(target))
         if path in NO_LAUNCH_TARGETS:
+            continue
+        if needs and path in needs:
+            needed |= set(needs[path])
             continue
         named = {*Path(path).parts, Path(path).stem} & set(runs)
         needed |= named if len(named) == 1 else set(runs)
