@@ -117,6 +117,29 @@ def test_prediction_interval_covers_a_new_noisy_point():
     assert abs(pred.step_s / truth - 1) < 0.03
 
 
+@pytest.mark.parametrize(
+    "n, nodes, beyond",
+    [
+        (2, 1, False), (3, 1, False), (4, 1, False),  # inside one node, as measured
+        (8, 2, False), (12, 3, False), (16, 4, False), (8, 4, False),  # <= 4 ranks per node
+        (8, 1, True),  # one node, wider than the single-node rings measured (2 and 4)
+        (16, 2, True),  # 16 ranks measured, but 4 per node: 8 per node never ran
+        (32, 8, True),  # more ranks across nodes than any multi-node run
+    ],
+)  # fmt: skip
+def test_a_prediction_beyond_its_link_or_ranks_per_node_is_extrapolated(n, nodes, beyond):
+    """Runs measured on 4-GPU nodes (1, 2, 4 ranks in one node; 8 and 16 on 2 and 4 nodes) and
+    priced again for 8-GPU nodes: 8 ranks inside one node is a single-node ring twice as wide
+    as any measured (beta_intra fitted from 2 and 4 ranks only), 16 ranks on 2 nodes puts 8
+    ranks on a node, which no run did. Both were plain predictions (extrapolated False): world
+    size and nodes were compared with the maxima over all fitted points, separately."""
+    fit = model.fit_study(synthetic_rows(0.01))
+    assert {(p.world_size, p.nodes) for p in fit.points} == {(2, 1), (4, 1), (8, 2), (16, 4)}
+    pred = fit.predict(n, nodes, 64, "fp32", 25)
+    assert pred.step_s is not None and pred.extrapolated is beyond
+    assert pred.basis.endswith(", extrapolated") is beyond
+
+
 @pytest.mark.parametrize("n, nodes, b, cap", [(4, 1, 256, 1.0), (2, 1, 32, 1.0), (8, 2, 256, 25.0)])
 def test_the_interval_is_the_delta_method_with_the_slope_of_t_in_compute(n, nodes, b, cap):
     """T depends on the compute time C as C and through t_b = f_bwd C (backward hides the

@@ -1089,6 +1089,58 @@ def test_the_time_limit_of_a_modelled_run_is_above_its_intervals_upper_end():
         assert int(rows[e.run]["slurm_runtime_min"]) * 60 >= float(rows[e.run]["runtime_hi_s"])
 
 
+def test_a_study_priced_again_for_wider_nodes_marks_the_new_placements_extrapolated():
+    """A study of 1-16 GPUs measured on 4-GPU nodes (8 and 16 on 2 and 4 nodes), planned again
+    for 8-GPU nodes: its 8-GPU runs now sit in one node (a ring twice as wide as any measured
+    in one node) and its 16-GPU runs put 8 ranks on each of 2 nodes (4 was the most measured).
+    No measured level matches (the node count is part of each: _level_key), so the model
+    prices them, and plan.csv called them basis "model", extrapolated false."""
+    study = {
+        "dataset": "synthetic",
+        "synthetic": {"num_train": 8192, "num_test": 256},
+        "hardware": {"device": "cuda", "gpus_per_node": 4, "runtime_min": 1},
+        "train": {"epochs": 2, "local_batch": 32, "precision": "fp32"},
+        "repeats": 1,
+        "families": {
+            "strong": {"enabled": True, "gpus": [1, 2, 4, 8, 16], "global_batch": 512},
+            "weak": {"enabled": True, "gpus": [1, 2, 4, 8, 16], "local_batch": 32},
+            "bucket": {
+                "enabled": True,
+                "gpus": 4,
+                "bucket_cap_mb": [1, 5, 25],
+                "local_batch": [32],
+            },
+        },
+    }
+    theta, params = np.array([50e-6, 1 / 20e9, 1 / 5e9]), 44_695_848
+    compute = model.Compute("fp32", 5e-3, 1e-4, None, 0, None, 0.6, (), "")
+    rng = np.random.default_rng(0)
+    measured = []
+    for r in build_run_table(validate(yaml.safe_load(yaml.safe_dump(study)))):
+        n, nodes, b = r["world_size"], r["nodes"], r["local_batch"]
+        pt = model.Point("fp32", b, n, nodes, r["bucket_cap_mb"], params, (), (), 0, None, None)
+        x = n * b / (model.model_step(theta, compute, pt)[0] * (1 + 0.01 * rng.standard_normal()))
+        measured.append(
+            {k: str(v) for k, v in r.items()}
+            | {"throughput_img_s": str(x), "throughput_img_s_per_rank": str(x / n),
+               "grad_sync_bytes": str(params), "phase_frac_backward": "0.6", "wall_s": None}
+        )  # fmt: skip
+    assert {(int(m["world_size"]), int(m["nodes"])) for m in measured} == {
+        (1, 1), (2, 1), (4, 1), (8, 2), (16, 4)
+    }  # fmt: skip
+    study["hardware"]["gpus_per_node"] = 8
+    config = validate(yaml.safe_load(yaml.safe_dump(study)))
+    est = plan.estimate_runs(config, build_run_table(config), measured)
+    wide = [e for e in est if e.world_size >= 8]
+    assert {(e.world_size, e.nodes) for e in wide} == {(8, 1), (16, 2)}
+    for e in wide:
+        assert e.throughput_basis == "model, extrapolated" and e.extrapolated, e.run
+    # the placements measured as before are measured levels, not the model
+    assert {e.throughput_basis for e in est if e.world_size <= 4} == {"run"}
+    rows = list(csv.DictReader(io.StringIO(plan.plan_csv_text(est))))
+    assert {r["extrapolated"] for r in rows if int(r["world_size"]) >= 8} == {"true"}
+
+
 def test_a_fit_that_cannot_describe_its_runs_prices_nothing():
     """Multi-rank steps measured at a third of the 1-rank compute (a slowed baseline): the fit
     pins alpha and beta at 0 and says it cannot describe the runs (Fit.misfit); the plan priced

@@ -371,7 +371,9 @@ def same_threads(config: dict, measured: dict) -> bool:
 def _level_key(level: str, row: dict) -> tuple:
     """What a measured row and a run must share at `level`. The node count is part of every
     level but precision's (which rescales by eta(W, nodes)): W ranks within one node and W
-    across two are different runs (gpus_per_node changed, or --runs-csv from another cluster)."""
+    across two are different runs (gpus_per_node changed, or --runs-csv from another cluster):
+    the model prices such a run, extrapolated where no fitted run had its ranks per node or
+    its width on its kind of link (model.Fit.beyond_fitted)."""
     w, lb, p = int(float(row["world_size"])), int(float(row["local_batch"])), row["precision"]
     nodes = int(float(row["nodes"]))
     if level == "run":

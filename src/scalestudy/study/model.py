@@ -77,8 +77,11 @@ the span the fit measured (else "not identified"), a 95% interval by the delta m
 
 with Var C_p(b) from the compute fit when it has dof > 0, and dT/dC = 1 - f_bwd (1 - S_k / P)
 (k: the bucket whose finish is the latest; T depends on C directly and through t_b).
-dof <= 0: no interval (None, "not enough data"). extrapolated: N or nodes beyond the fitted
-points'.
+dof <= 0: no interval (None, "not enough data"). extrapolated (`Fit.beyond_fitted`): N above
+the largest fitted N with the same kind of link (one node, or several: beta_intra and beta_inter
+are fitted from different runs), more ranks per node than any fitted run had (a study measured
+on 4-GPU nodes priced again for 8-GPU nodes), or a local batch outside the 1-rank runs' (C_p(b)
+is extrapolated itself there).
 
 Held-out validation (`holdout`): for each family with >= 3 world sizes, fit without every point
 at its largest world size (any family's: another family's run there would measure it for the
@@ -472,14 +475,13 @@ class Fit:
         bucket_cap_mb: float = DEFAULT_BUCKET_MB,
         grad_sync_bytes: float | None = None,
     ) -> Prediction:
-        """Step time of a configuration (s) with its 95% prediction interval."""
-        extrapolated = world_size > max(p.world_size for p in self.points) or nodes > max(
-            p.nodes for p in self.points
-        )
+        """Step time of a configuration (s) with its 95% prediction interval; extrapolated
+        where it lies beyond the fitted runs (`beyond_fitted`) or its local batch outside the
+        1-rank runs' batches (C(b) is extrapolated there itself)."""
+        extrapolated = self.beyond_fitted(world_size, nodes)
         c = self.compute.get(precision) or f"no point of precision {precision}"
         if isinstance(c, str):
             return Prediction(None, None, None, extrapolated, c)
-        # beyond the local batches the 1-rank runs measured, C(b) is extrapolated too
         extrapolated = extrapolated or not min(c.batches) <= local_batch <= max(c.batches)
         pbytes = grad_sync_bytes or self._bytes(precision)
         pt = Point(
@@ -501,6 +503,25 @@ class Fit:
             basis = f"compute of the 1-rank {precision} runs, local batches {list(c.batches)}"
         basis += ", extrapolated" * extrapolated
         return Prediction(step, lo, hi, extrapolated, basis, no_interval)
+
+    def beyond_fitted(self, world_size: int, nodes: int) -> bool:
+        """Whether a multi-rank placement is beyond the fitted runs: a world size above the
+        largest fitted with the same kind of link (one node: beta_intra; several: beta_inter),
+        or more ranks per node than any fitted run had. Comparing world size and nodes with
+        the maxima over all fitted points, each alone, missed a study measured on 4-GPU nodes
+        and priced again for 8-GPU nodes (estimate.py _level_key): 8 ranks inside one node (a
+        ring twice as wide as any single-node one measured) and 16 ranks on 2 nodes (8 per
+        node, never run) were plain predictions."""
+        if world_size == 1:  # compute alone: its local batch decides (predict)
+            return False
+        one_node = nodes == 1
+        same_link = [p.world_size for p in self.points if (p.nodes == 1) == one_node]
+        per_node = max(_ranks_per_node(p.world_size, p.nodes) for p in self.points)
+        return (
+            not same_link
+            or world_size > max(same_link)
+            or _ranks_per_node(world_size, nodes) > per_node
+        )
 
     def _bytes(self, precision: str) -> float:
         values = [p.grad_sync_bytes for p in self.points if p.precision == precision]
@@ -653,6 +674,11 @@ def _uncertainty(compute, theta, free, resid, jac, used, skipped) -> Fit:
     return Fit(compute, theta, std, identified, cov, null, dof, sd, tuple(used), skipped)
 
 
+def _ranks_per_node(world_size: int, nodes: int) -> int:
+    """The most ranks on one node (study/runs.py placement: whole nodes, so W / nodes)."""
+    return math.ceil(world_size / nodes)
+
+
 def _label(p: Point) -> str:
     return ";".join(p.runs)
 
@@ -793,7 +819,7 @@ def _advice(fit: Fit | None, n: int, nodes: int, combo: tuple, gap: str, pts: li
     pred = preds[best]
     why = _unmeasured_advice(m, n, nodes, [p for p in pts if _combo(p) == combo])
     if pred.extrapolated:  # its basis ends ", extrapolated": said once, with the others
-        why.append("world size, nodes or local batch beyond the fitted runs")
+        why.append("world size on its link, ranks per node or local batch beyond the fitted runs")
     note = pred.basis.removesuffix(", extrapolated")
     note += f"; extrapolated: {'; '.join(why)}" if why else ""
     return Advice(*head, best, m, pred.step_s, default, gain, note, bool(why))
