@@ -46,10 +46,12 @@ throughput_img_s_per_rank):
                   bucket_cap_mb), with T_step's 95% prediction interval carried into
                   runtime_lo_s / runtime_hi_s (runtime at the slow and fast ends of the step
                   time; the Slurm time limit takes runtime_hi_s, T_max above); "model,
-                  extrapolated" beyond the measured world sizes or nodes. Used
-                  only where the fit identifies the parameters the run depends on (a multi-node
-                  run needs a measured multi-node run): the model never guesses a bandwidth;
-                  and not where it cannot describe its runs (Fit.misfit)
+                  extrapolated" beyond the measured runs (model.EXTRAPOLATED: a world size
+                  above the largest measured on its kind of link, one node or several, more
+                  ranks per node than any measured run, or a local batch outside the 1-rank
+                  runs'). Used only where the fit identifies the parameters the run depends
+                  on (a multi-node run needs a measured multi-node run): the model never
+                  guesses a bandwidth; and not where it cannot describe its runs (Fit.misfit)
     5. precision  the same precision at the measured world size nearest W (in log2 W, the
                   larger on a tie), as x_rank / eta(W_measured) * eta(W): a mean over every
                   measured world size let eta's guess stand in for the scaling the runs
@@ -217,7 +219,9 @@ class Estimate:
     runtime_lo_s: float | None = None
     runtime_hi_s: float | None = None
     interval_note: str = ""  # why a model estimate has no interval (model.Prediction.no_interval)
-    extrapolated: bool = False  # a model estimate beyond the measured world sizes or nodes
+    # a model estimate beyond the measured runs (model.EXTRAPOLATED: world size on its kind of
+    # link, ranks per node, or a local batch outside the 1-rank runs')
+    extrapolated: bool = False
 
     @property
     def node_hours(self) -> float:

@@ -100,7 +100,7 @@ Recommended = argmin (DDP's default 25 MiB on a tie), gain = T(25 MiB) / T(best)
 extrapolated (the note says why) where the recommendation rests on what no run of that
 (precision, local batch) measured: its bucket count m outside the range of m of the multi-rank
 runs (any family), no bucket-sweep run at that (N, nodes), or the prediction itself
-extrapolated. "not enough data" without
+extrapolated (above). "not enough data" without
 a fit identifying alpha and the needed beta, when the model cannot describe the runs
 (`Fit.misfit`), or when the bucket sweep has fewer than 2 distinct bucket counts m (then no
 measurement shows a bucket-size effect: a sweep of 1 and 25 MiB of a width-8 ResNet-18's
@@ -135,6 +135,12 @@ PARAMS = ("alpha_s", "inv_beta_intra_s_per_B", "inv_beta_inter_s_per_B")
 # the fit's working units: 1 us latency, 1e-10 s/B (10 GB/s), so the solver sees numbers ~1
 SCALE = np.array([1e-6, 1e-10, 1e-10])
 LEVEL = 0.95  # two-sided prediction interval
+# what a prediction's `extrapolated` means (Fit.predict, Fit.beyond_fitted), as plan.md says it
+EXTRAPOLATED = (
+    "beyond the measured runs: a world size above the largest measured on its kind of link "
+    "(one node, or several), more ranks per node than any measured run, or a local batch "
+    "outside the 1-rank runs'"
+)
 RANK_RTOL = 1e-9  # singular values below this share of the largest: a direction not measured
 # a multi-rank step more than this share shorter than its 1-rank compute C(b) is beyond the noise
 # of one unrepeated run (below_compute: 2 sd where repeats and the compute fit measure more)

@@ -333,8 +333,8 @@ def plan_markdown(
         "and local batch, else the same precision and world size (each on as many nodes), else "
         "the scaling model "
         "(basis `model`: x_rank = local_batch / T_step, study/model.py, fitted to the measured "
-        "DDP runs; runtime with its 95% prediction interval; `model, extrapolated` beyond the "
-        "measured world sizes or nodes), else the same precision at the nearest measured "
+        "DDP runs; runtime with its 95% prediction interval; `model, extrapolated` "
+        f"{model.EXTRAPOLATED}), else the same precision at the nearest measured "
         "world size, rescaled by eta. startup_s "
         "comes from Snakemake's measured job wall times wherever there are some, for a run of "
         "basis `default` too (`+startup` in the Runs table).",
@@ -420,7 +420,7 @@ def plan_markdown(
         "## Runs",
         "",
         "Runtime interval: the scaling model's 95% prediction interval (basis `model`); "
-        "`extrapolated`: beyond the measured world sizes or nodes. Basis: where x_rank came "
+        f"`extrapolated`: {model.EXTRAPOLATED}. Basis: where x_rank came "
         "from; `+startup`: startup_s from measured job wall times. A run's Slurm time limit "
         "(results/plan.csv, slurm_runtime_min) is its runtime, or the interval's upper end where "
         "there is one, x safety_factor plus checkpointing.signal_lead_s (checkpointing on), at "
