@@ -23,8 +23,10 @@ model.csv, one row per fact, `kind` says which (blank cells: not applicable or n
                                               (study/model.py below_compute); > 0: the note
                                               says the model cannot describe these runs, the
                                               held-out notes "no validation", no advice
-    fit           the configuration's runs    measured (mean step s over n repeats, measured_std)
-                                              vs predicted, lo, hi (95%), rel_error
+    fit           the configuration's runs    measured: T = global_batch / X (s), X the mean
+                                              throughput over the n repeats; measured_std:
+                                              T s_X / X (s_X their sample std; blank with one
+                                              repeat); vs predicted, lo, hi (95%), rel_error
     holdout       the family                  its largest world size predicted by a fit without
                                               any run there; note "not validated: ..." when it
                                               cannot be

@@ -6,8 +6,10 @@ with a measured grad_sync_bytes are modelled; every other run is listed with the
 (`points`), and a modelled run's cell that collect cannot have written (MODELLED_CELLS: a bucket
 cap of 0, an infinite grad_sync_bytes) is refused in one line. A configuration (precision,
 local batch b, world size N, nodes, bucket_cap_mb, P) is one point: its step time
-T = global_batch / throughput_img_s (s, steady state, train.py) is the mean over its repeats,
-their sample std kept beside it.
+T = global_batch / X (s, steady state, train.py), X the mean throughput_img_s over its repeats
+(the harmonic mean of the repeats' step times, not their mean: results/analyze.py step_time,
+the documents' definition), and its std T s_X / X to first order (s_X: the sample std of the
+repeats' throughputs; none with one repeat).
 
 Compute, per precision, from the 1-rank points (`fit_compute`):
     C_p(b) = c0 + c1 * b               bounded least squares (c0, c1 >= 0), relative residuals
@@ -186,7 +188,8 @@ F_BWD_DONORS = {
 # --- the measured points ---------------------------------------------------------------------
 @dataclass(frozen=True)
 class Point:
-    """One modelled configuration: mean step time over its repeats (s), their sample std."""
+    """One modelled configuration: step_s = global_batch / mean throughput over its repeats
+    (s), step_std = step_s s_X / X (s_X the throughputs' sample std; None with one repeat)."""
 
     precision: str
     local_batch: int
