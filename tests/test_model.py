@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import subprocess
 import sys
 
@@ -772,8 +773,11 @@ def test_the_backward_share_comes_from_the_closest_precision_that_has_it():
     # and how to get one
     alone = model.fit_compute(model.points(_no_backward("bf16", "step"))[0])["bf16"]
     assert "(they ran as whole-step CUDA graphs (cuda_graphs_mode step)" in alone
-    fix = "run one 1-rank configuration with cuda_graphs off (train.cuda_graphs: false) or in fp16"
-    assert alone.endswith(f"{fix} to give the model its backward share")
+    assert "take it from: add a 1-rank fp16 configuration, which gives the model its" in alone
+    assert BACKWARD_FIX.search(alone)  # how: test_the_backward_share_fix_adds_a_configuration...
+    # an fp16 study's own 1-rank runs time their phases with this trainer: no fp16 to add
+    own = model.fit_compute(model.points(_no_backward("fp16", None))[0])["fp16"]
+    assert "run its 1-rank fp16 runs again" in own and not BACKWARD_FIX.search(own)
     # the order is a fixed preference over every other precision of the vocabulary
     assert set(model.F_BWD_DONORS) == set(vocab.PRECISIONS)
     for precision, donors in model.F_BWD_DONORS.items():
@@ -796,8 +800,14 @@ def test_no_backward_share_in_any_precision_is_said_with_the_fix(tmp_path, capsy
     rows = _no_backward("bf16", mode)
     reason = (
         f"no phase_frac_backward in the 1-rank bf16 runs ({why}) nor in a 1-rank run of "
-        "another precision to take it from: run one 1-rank configuration with cuda_graphs off "
-        "(train.cuda_graphs: false) or in fp16 to give the model its backward share"
+        "another precision to take it from: add a 1-rank fp16 configuration, which gives the "
+        "model its backward share: families.precision: enabled true, gpus [1], precisions "
+        "[fp32, fp16] (under train.cuda_graphs auto fp16 runs no whole-step CUDA graph, so it "
+        "times its phases; the family compares with its fp32 run, which comes too unless the "
+        "study has it; a family already enabled runs each of its precisions at each of its "
+        "gpus); train.cuda_graphs: false gives one too, but for the whole study: every run "
+        "again without CUDA graphs, about 2.8x slower at local batch 64 on an H100 "
+        "(config/config.yaml)"
     )
     assert model.fit_points(model.points(rows)[0]) == reason
     write_rows(tmp_path / "runs.csv", rows)
@@ -816,6 +826,79 @@ def test_no_backward_share_in_any_precision_is_said_with_the_fix(tmp_path, capsy
     not_modelled = [r for r in out if r["kind"] == "not_modelled"]
     assert sorted(r["name"] for r in not_modelled) == sorted(r["run"] for r in rows)
     assert all(r["note"] == reason for r in not_modelled)
+
+
+BACKWARD_FIX = re.compile(
+    r"families\.precision: enabled (true), gpus \[(\d+)\], precisions \[([\w, ]+)\]"
+)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "tf32", "fp32"])
+def test_the_backward_share_fix_adds_a_configuration_and_reruns_nothing(precision):
+    """The reason's fix said "run one 1-rank configuration with cuda_graphs off
+    (train.cuda_graphs: false)", but train.cuda_graphs is study-wide (one run-table column from
+    it): set, it changed the flags of every run, and the whole study ran again without CUDA
+    graphs. Now the fix is the precision family's 1-rank fp16 configuration (with the fp32 one
+    the family must have, where the study lacks it), applied here as the reason words it: the
+    study keeps every run's id and columns and gains those configurations' runs, the fp16 one
+    run by cuda_graphs auto without the whole-step graph, so it times the backward the model
+    needs; cuda_graphs false is named as what it is, a rerun of every run."""
+    import torch
+
+    from scalestudy.study.config import validate
+    from scalestudy.study.runs import build_run_table, trainer_args
+    from scalestudy.trainer import compiling, measure
+    from scalestudy.trainer.config import TrainConfig
+
+    reason = model.fit_compute(model.points(_no_backward(precision, "step"))[0])[precision]
+    fix = BACKWARD_FIX.search(reason)
+    assert fix, reason
+    study = {
+        "hardware": {"device": "cuda", "gpus_per_node": 4},
+        "train": {"precision": precision},
+        "repeats": 2,
+        "families": {
+            # weak at the precision family's local batch (train.local_batch): an fp32 study has
+            # the family's 1-rank fp32 run already
+            "strong": {"enabled": True, "gpus": [1, 2, 4, 8]},
+            "weak": {"enabled": True, "gpus": [1, 2, 4, 8], "local_batch": 128},
+            "bucket": {"enabled": True, "gpus": 4},
+        },
+    }
+    study["train"]["local_batch"] = 128
+    precisions = fix[3].split(", ")
+    fixed = {**study, "families": {**study["families"], "precision": {
+        "enabled": fix[1] == "true", "gpus": [int(fix[2])], "precisions": precisions}}}  # fmt: skip
+    before = {r["run"]: r for r in build_run_table(validate(study))}
+    after = {r["run"]: r for r in build_run_table(validate(fixed))}
+    # no run renamed, none with other flags or columns (families aside: a run-table column
+    # is_done ignores): the workflow reruns none of them
+    for run, row in before.items():
+        assert trainer_args(after[run]) == trainer_args(row), run
+        assert {k: v for k, v in after[run].items() if k != "families"} == {
+            k: v for k, v in row.items() if k != "families"
+        }, run
+    added = [after[run] for run in set(after) - set(before)]
+    configurations = {(r["world_size"], r["precision"], r["local_batch"]) for r in added}
+    want = {(1, "fp16", 128)} if precision == "fp32" else {(1, "fp16", 128), (1, "fp32", 128)}
+    assert configurations == want  # an fp32 study has the fp32 one: its weak 1-rank run
+    assert len(added) == len(configurations) * study["repeats"]
+
+    def backward_timed(row):  # on a GPU, under the study's cuda_graphs (auto)
+        cfg = TrainConfig.from_argv(trainer_args(row))
+        graphs = compiling.graphs_mode(cfg, torch.device("cuda"))
+        meter = type("M", (), {"graphs": graphs, "cfg": cfg})()
+        return "backward" in measure.Meter.timed_phases.fget(meter)
+
+    ones = [r for r in before.values() if r["world_size"] == 1]
+    assert ones and not any(backward_timed(r) for r in ones)  # the reason's runs: whole-step
+    fp16 = [r for r in added if r["precision"] == "fp16"]
+    assert fp16 and all(backward_timed(r) for r in fp16)  # the fix's: they give the share
+    # the study-wide alternative: every run's flags change, as the reason says
+    assert "train.cuda_graphs: false" in reason and "every run again" in reason
+    off = {**study, "train": {**study["train"], "cuda_graphs": False}}
+    rerun = {r["run"]: trainer_args(r) for r in build_run_table(validate(off))}
+    assert all(rerun[run] != trainer_args(row) for run, row in before.items())
 
 
 def test_a_fit_without_multi_rank_runs_says_so():

@@ -28,7 +28,9 @@ row). The share is set by the network more than by the arithmetic (a convolution
 computes two gradients, about twice its forward's work, in every precision; the H100's bf16
 1-rank runs that timed their phases measured 0.52-0.56, docs/gpu-runs), so a borrowed share is
 close, not exact. With none in any precision's 1-rank runs the precision has no compute, and
-the reason says to run one 1-rank configuration with cuda_graphs off, or in fp16.
+the reason (`backward_share_fix`) says to add a 1-rank fp16 configuration (the precision
+family's, with its fp32 one: it adds runs and changes none), train.cuda_graphs: false being
+study-wide (every run again without CUDA graphs).
 
 Communication: DDP's bucketed ring all-reduce. P = grad_sync_bytes, B = bucket_cap_mb * 2^20
 (DDP's MiB; with bucket_cap_mb given, torch 2.14 caps the first bucket at B too, distributed.py
@@ -353,15 +355,37 @@ def fit_compute(pts: list[Point]) -> dict[str, Compute | str]:
         if donor is None:
             out[precision] = (
                 f"no phase_frac_backward in the 1-rank {precision} runs (they {untimed}) nor in "
-                "a 1-rank run of another precision to take it from: run one 1-rank configuration "
-                "with cuda_graphs off (train.cuda_graphs: false) or in fp16 to give the model "
-                "its backward share"
+                "a 1-rank run of another precision to take it from: "
+                f"{backward_share_fix(precision)}"
             )
             continue
         f_bwd = statistics.fmean(fracs[donor])
         why = f"the 1-rank {precision} runs {untimed}"
         out[precision] = _linear_compute(precision, ones[precision], f_bwd, donor, why)
     return out
+
+
+def backward_share_fix(precision: str) -> str:
+    """How a study without any 1-rank backward share gets one. Not train.cuda_graphs: false
+    alone: that key is study-wide (one run-table column, study/runs.py), so it changes the flags
+    of every run and the whole study runs again without CUDA graphs. The precision family at 1
+    rank adds runs and changes no other: its fp16 configuration, which under cuda_graphs auto
+    runs no whole-step graph (trainer/config.py step_graph_misfit), so it times its phases, and
+    every precision takes fp16's share (F_BWD_DONORS); and its fp32 one, which the family must
+    have (study/config.py: it compares against fp32), unless the study has that run already."""
+    whole_study = (
+        "train.cuda_graphs: false gives one too, but for the whole study: every run again "
+        "without CUDA graphs, about 2.8x slower at local batch 64 on an H100 (config/config.yaml)"
+    )
+    if precision == "fp16":  # this trainer times fp16's phases (no whole-step graph for it)
+        return "run its 1-rank fp16 runs again with this trainer, which times their phases"
+    return (
+        "add a 1-rank fp16 configuration, which gives the model its backward share: "
+        "families.precision: enabled true, gpus [1], precisions [fp32, fp16] (under "
+        "train.cuda_graphs auto fp16 runs no whole-step CUDA graph, so it times its phases; the "
+        "family compares with its fp32 run, which comes too unless the study has it; a family "
+        f"already enabled runs each of its precisions at each of its gpus); {whole_study}"
+    )
 
 
 def _untimed(ones: list[Point]) -> str:
