@@ -216,6 +216,33 @@ REPO = Path(__file__).resolve().parents[1]
         ),
         ("void my_kernel<float>(float*, cudnn::reduced_divisor, int)", "other"),
         ("void (anonymous namespace)::softmax_warp_forward<float>(float*, int)", "reduce"),
+        # cuDNN 7/8's half-precision and tensor-core convolutions (Volta, Turing; the
+        # single-precision volta_scudnn_ was conv already)
+        ("volta_h884cudnn_256x128_ldg8_relu_exp_small_nhwc_tn_v1", "conv"),
+        ("volta_fp16_s884cudnn_fp16_128x128_ldg8_relu_f2f_exp_small_nhwc_tn_v1", "conv"),
+        ("turing_fp16_s1688cudnn_fp16_128x128_ldg8_relu_f2f_exp_medium_nhwc_gelu_tn_v1", "conv"),
+        ("volta_hcudnn_128x128_relu_interior_nn_v1", "conv"),
+        ("volta_scudnn_128x64_relu_interior_nn_v1", "conv"),
+        # cuDNN 8's CUTLASS weight- and data-gradient convolutions (TF32) and its implicit-GEMM
+        # offset helper (cask_cudnn: the cuDNN 9 twin is cask__5x_cudnn)
+        (
+            "void cutlass::Kernel<cutlass_tensorop_s1688wgrad_analytic_tf32_64x64_16x10>"
+            "(cutlass_tensorop_s1688wgrad_analytic_tf32_64x64_16x10::Params)",
+            "conv",
+        ),
+        (
+            "void cutlass::Kernel<cutlass_tensorop_s1688dgrad_optimized_tf32_64x64_16x10_nhwc_"
+            "align4>(cutlass_tensorop_s1688dgrad_optimized_tf32_64x64_16x10_nhwc_align4::Params)",
+            "conv",
+        ),
+        (
+            "void cask_cudnn::computeOffsetsKernel<false, false>(cask_cudnn::ComputeOffsetsParams)",
+            "conv",
+        ),
+        # ... and what those patterns must leave alone: cuDNN's batch norm, a CUTLASS GEMM
+        ("aten::cudnn_batch_norm", "batchnorm"),
+        ("aten::cudnn_batch_norm_backward", "batchnorm"),
+        ("void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_64x64_16x6_tn_align4>", "gemm"),
     ],
 )
 def test_classifier_on_real_names(name, category):

@@ -30,6 +30,13 @@ import re
 # - cuDNN's bundled CUTLASS and XMMA kernels (namespaces and names with `_5x_cudnn`: implicit-GEMM
 #   fprop/dgrad/wgrad, their split-K reduction ReduceSplitK) and its layout helpers
 #   (nchwToNhwc, nhwcAddPaddingKernel) are conv: PyTorch calls cuDNN for convolutions only.
+#   So are cuDNN 8's: its CUTLASS kernels by their CUTLASS convolution operation
+#   (cutlass::Kernel<cutlass_tensorop_s1688wgrad_...>, ..._dgrad_...; CUTLASS names its GEMMs
+#   ...gemm...), its implicit-GEMM helpers (namespace cask_cudnn: computeOffsetsKernel), and
+#   cuDNN 7/8's own kernels, named <arch>_[<type>_]<precision letter>[<MMA shape>]cudnn_<tile>
+#   (volta_scudnn_128x64, volta_h884cudnn_256x128, turing_fp16_s1688cudnn_fp16_128x128,
+#   volta_hcudnn_128x128): a letter right before "cudnn_", so aten::cudnn_batch_norm stays
+#   a batch norm.
 # - NCCL's kernels (ncclDevKernel_*, older ncclKernel_*) are nccl wherever the name holds them:
 #   as an Itanium symbol (`_Z43ncclDevKernel_ReduceScatter_...`, nsys's :mangled names or one
 #   the profiler could not demangle) they start with _Z<length>, and as reduce or other
@@ -48,7 +55,8 @@ _CATEGORY_PATTERNS = [
     ("batchnorm", r"^(triton_|cpp_fused_)\w*batch_norm"),
     (
         "conv",
-        r"xmma_(fprop|dgrad|wgrad)|implicit_gemm|convolve|scudnn|winograd|cutlass_cudnn|_5x_cudnn"
+        r"xmma_(fprop|dgrad|wgrad)|implicit_gemm|convolve|scudnn|(^|_)[a-z]\d*cudnn_|winograd"
+        r"|cutlass_cudnn|_5x_cudnn|cask_cudnn\w*::|cutlass\w*(dgrad|wgrad)"
         r"|reduce_wgrad|fft2d|convolution|conv2d|cudnn::ops::nchwtonhwc|cudnn::ops::nhwctonchw"
         r"|nchwtonhwc|nhwctonchw|nhwcaddpadding|dgrad2d|wgrad2d|fprop"
         r"|(dgrad|wgrad)_(alg\d|engine)|cudnn::gemm::",
