@@ -243,6 +243,21 @@ REPO = Path(__file__).resolve().parents[1]
         ("aten::cudnn_batch_norm", "batchnorm"),
         ("aten::cudnn_batch_norm_backward", "batchnorm"),
         ("void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_64x64_16x6_tn_align4>", "gemm"),
+        # FSDP2's record_function ranges (a real 2-rank CPU capture, torch 2.14): the
+        # gradients' reduce-scatter and its wait are communication, not a reduction; the copies
+        # into and out of the collectives' buffers are copies, not collectives
+        ("FSDP::post_backward_reduce (layer1.0)", "nccl"),
+        ("FSDP::post_backward_reduce", "nccl"),
+        ("FSDP::post_backward_rs_wait (layer1.0)", "nccl"),
+        ("FSDP::all_gather (layer1.0)", "nccl"),
+        ("c10d::_reduce_scatter_base_", "nccl"),
+        ("fsdp::all_gather_copy_in", "memcpy"),
+        ("FSDP::all_gather_copy_out (layer1.0)", "memcpy"),
+        ("FSDP::all_gather_copy_out", "memcpy"),
+        ("fsdp::split_with_sizes_copy", "memcpy"),
+        ("fsdp::chunk_cat", "memcpy"),
+        ("FSDP::post_backward_accumulate (layer1.0)", "other"),  # FSDP's bookkeeping
+        ("FSDP::pre_forward (layer1.0)", "other"),
     ],
 )
 def test_classifier_on_real_names(name, category):

@@ -41,15 +41,23 @@ import re
 #   as an Itanium symbol (`_Z43ncclDevKernel_ReduceScatter_...`, nsys's :mangled names or one
 #   the profiler could not demangle) they start with _Z<length>, and as reduce or other
 #   schema.top_kernels would hand one to ncu, whose serialised launch waits for its peers.
+# - FSDP2's record_function ranges (FSDP::..., fsdp::...) by what they do, not by the words
+#   they share with the generic rules: the gradients' reduce-scatter and its wait
+#   (FSDP::post_backward_reduce, post_backward_rs_wait; "reduce" made it a reduction) start or
+#   wait for a collective: nccl, as the c10d calls (FSDP::all_gather is, by the generic rule);
+#   the copies into and out of the collectives' buffers (fsdp::all_gather_copy_in,
+#   FSDP::all_gather_copy_out, fsdp::split_with_sizes_copy, fsdp::chunk_cat; "all_gather" made
+#   them collectives) are memcpy. The rest is FSDP's bookkeeping: other.
 # - only the name is read, not its parameter list: "cudnn::reduced_divisor" among a layout
 #   kernel's parameters made it a reduction.
 
 _CATEGORY_PATTERNS = [
     ("compiled", r"^## call compiledfxgraph "),
+    ("memcpy", r"^fsdp::(all_gather_copy_(in|out)|split_with_sizes_copy|chunk_cat)\b"),
     (
         "nccl",
         r"^nccl|nccl(dev)?kernel|^gloo:|^c10d::|allreduce|all_reduce|allgather|all_gather"
-        r"|reduce_scatter",
+        r"|reduce_scatter|^fsdp::post_backward_(reduce|rs_wait)\b",
     ),
     ("memcpy", r"memcpy|memset|^aten::copy_$|^aten::_to_copy$"),
     ("batchnorm", r"^(triton_|cpp_fused_)\w*batch_norm"),

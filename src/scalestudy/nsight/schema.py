@@ -11,7 +11,10 @@ profile_kernels.csv  run, rank, tool, kernel, category, instances, total_ns, sha
                collectives, gloo:all_reduce ...: their time on gloo's thread, torch_ops.py)
     category   one of CATEGORIES (classify()); nccl = collective communication: NCCL kernels on a
                GPU; on a CPU the gloo collectives' time on gloo's thread and the host time of
-               the c10d calls that start them (c10d::allreduce_, ...); compiled = a graph
+               the calls that start or wait for them (c10d::allreduce_, FSDP::all_gather,
+               FSDP::post_backward_reduce, ...); memcpy = copies: memcpy/memset operations,
+               aten::copy_, FSDP's copies into and out of its collectives' buffers
+               (fsdp::all_gather_copy_in, fsdp::chunk_cat, ...); compiled = a graph
                torch.compile made on a CPU, not broken down into its fused C++ kernels (the
                self time of `## Call CompiledFxGraph <hash> ##`: torch_ops.py)
     instances  launches (kernels), operations (memcpy) or calls (torch ops) inside the window
