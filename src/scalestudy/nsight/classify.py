@@ -44,7 +44,8 @@ import re
 # - FSDP2's record_function ranges (FSDP::..., fsdp::...) by what they do, not by the words
 #   they share with the generic rules: the gradients' reduce-scatter and its wait
 #   (FSDP::post_backward_reduce, post_backward_rs_wait; "reduce" made it a reduction) start or
-#   wait for a collective: nccl, as the c10d calls (FSDP::all_gather is, by the generic rule);
+#   wait for a collective: nccl, as the c10d calls (FSDP::all_gather is, by the generic rule;
+#   torch_ops.py counts their self time outside the collective's span on gloo's thread);
 #   the copies into and out of the collectives' buffers (fsdp::all_gather_copy_in,
 #   FSDP::all_gather_copy_out, fsdp::split_with_sizes_copy, fsdp::chunk_cat; "all_gather" made
 #   them collectives) are memcpy. The rest is FSDP's bookkeeping: other.

@@ -12,7 +12,8 @@ profile_kernels.csv  run, rank, tool, kernel, category, instances, total_ns, sha
     category   one of CATEGORIES (classify()); nccl = collective communication: NCCL kernels on a
                GPU; on a CPU the gloo collectives' time on gloo's thread and the host time of
                the calls that start or wait for them (c10d::allreduce_, FSDP::all_gather,
-               FSDP::post_backward_reduce, ...); memcpy = copies: memcpy/memset operations,
+               FSDP::post_backward_reduce, ...) outside the collectives' spans (inside, the
+               span counts it: torch_ops.py); memcpy = copies: memcpy/memset operations,
                aten::copy_, FSDP's copies into and out of its collectives' buffers
                (fsdp::all_gather_copy_in, fsdp::chunk_cat, ...); compiled = a graph
                torch.compile made on a CPU, not broken down into its fused C++ kernels (the

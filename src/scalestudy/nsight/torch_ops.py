@@ -10,6 +10,7 @@ from pathlib import Path
 
 from scalestudy.errors import ProfileFormatError
 from scalestudy.nsight import projection, schema
+from scalestudy.nsight.classify import classify
 from scalestudy.nsight.readers import rank_of, read_text
 
 RECAPTURE = "capture again with `scalestudy profile capture`"
@@ -30,9 +31,16 @@ def parse_torch(input_path: str | Path, run: str) -> tuple[list[dict], list[dict
     (self time: no double counting of nested ops), summed over every thread as a GPU's kernels
     over its streams, and each collective (gloo:all_reduce, ...: is_collective) by its time on
     gloo's thread, less the ops it ran there (nested_in_collectives, from the trace beside the
-    export; without one its whole time). The main thread's wait for DDP's all-reduce is self
-    time of the backward range and is not counted: the collective's own time is its
-    communication. A compiled graph's call counts its self time, its fused kernels' (compiled).
+    export; without one its whole time). A wait for a collective is not counted: the
+    collective's own time is its communication. DDP's wait for its all-reduce is self time of
+    the backward range (not counted); the calls that start or wait for a collective, category
+    nccl (c10d::allreduce_, FSDP::all_gather, FSDP::post_backward_reduce, ...), count their
+    self time outside the spans of the rank's collectives on other threads (waits_in_collectives,
+    from the same trace; without one their whole self time): inside a span they wait for it, or,
+    sharing a core with gloo's thread, run beside it. Other ops that ran beside a collective
+    (the backward's compute, overlapping DDP's all-reduce) keep their self time, as a GPU's
+    kernels overlapping NCCL's do. A compiled graph's call counts its self time, its fused
+    kernels' (compiled).
     The device-side entries of record_function ranges (user annotations) are not kernels: their
     time spans kernels counted themselves.
     Phase ranges (schema.RANGES, the trainer's record_function ranges): on a GPU each range
@@ -64,11 +72,12 @@ def parse_torch(input_path: str | Path, run: str) -> tuple[list[dict], list[dict
                 f"a range's device-side span or a kernel, which only the flag tells; "
                 f"{RECAPTURE} (this version writes the flags)"
             )  # fmt: skip
-        # a CPU run's collectives: their time on gloo's thread, less the ops they ran there
-        nested = {}
+        # a CPU run's collectives: their time on gloo's thread, less the ops they ran there;
+        # the calls that start or wait for them: their self time outside the collectives
+        nested, waited = {}, {}
         if not on_gpu and any(is_collective(op["name"]) and op["cpu_total"] for op in ops):
-            nested = _trace_beside(f, nested_in_collectives) or {}
-        rank_kernels = _kernels(ops, on_gpu, nested)
+            nested, waited = _trace_beside(f, _collective_times) or ({}, {})
+        rank_kernels = _kernels(ops, on_gpu, nested, waited)
         if rank_kernels:
             kernels[rank] = rank_kernels
         # a CPU run (no device time in the export) has no GPU operation to project: its trace,
@@ -161,10 +170,14 @@ def is_collective(name: str) -> bool:
     return name.startswith(COLLECTIVE_PREFIXES)
 
 
-def _kernels(ops: list[dict], on_gpu: bool, nested: dict[str, float]) -> list[dict]:
+def _kernels(
+    ops: list[dict], on_gpu: bool, nested: dict[str, float], waited: dict[str, float]
+) -> list[dict]:
     """Each op's time (us -> ns): on a GPU a CUDA kernel's self device time; on a CPU an op's
-    self CPU time, and a collective's inclusive time less nested[name], the time of the ops it
-    ran inside on its own thread (counted by their own self time)."""
+    self CPU time less waited[name], its self time inside the collectives' spans (a call that
+    starts or waits for one: waits_in_collectives), and a collective's inclusive time less
+    nested[name], the time of the ops it ran inside on its own thread (counted by their own
+    self time)."""
     out = []
     for op in ops:
         name = op["name"]
@@ -181,7 +194,7 @@ def _kernels(ops: list[dict], on_gpu: bool, nested: dict[str, float]) -> list[di
             # gives it no self time and links no op to it (torch 2.14)
             t = max(op["cpu_total"] - nested.get(name, 0.0), 0.0)
         else:
-            t = op["self_cpu"]
+            t = max(op["self_cpu"] - waited.get(name, 0.0), 0.0)
         if t > 0:
             out.append({"name": name, "instances": op["count"], "total_ns": t * 1e3})
     return out
@@ -225,6 +238,8 @@ NS_US = 1e-3  # 1 ns in us, the chrome trace's unit
 # carry the correlation id of what they launched, and the GPU operations
 LAUNCH_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver"})
 GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+# the host's ops and ranges: what nested_in_collectives and waits_in_collectives read
+HOST_CATEGORIES = frozenset({"cpu_op", "user_annotation"})
 # the events trace_phases reads a start and a duration of: GPU operations, launches, ranges
 TIMED_CATEGORIES = GPU_CATEGORIES | LAUNCH_CATEGORIES | {"user_annotation"}
 
@@ -259,10 +274,7 @@ def nested_in_collectives(doc) -> dict[str, float]:
     output, its reduce-scatter divides: about 1 % of their time in a 2-rank CPU capture, torch
     2.14), which the export counts by their own self time. Ops of other threads that ran
     meanwhile (the main thread's compute, its wait) are not inside."""
-    events = [e for e in _complete_events(doc) if e.get("cat") in ("cpu_op", "user_annotation")]
-    for e in events:
-        measured(e.get("ts"), f"{e.get('name')!r}: ts", least=None)
-        measured(e.get("dur"), f"{e.get('name')!r}: dur")
+    events = _host_events(doc)
     threads: dict[tuple, list[tuple[float, float]]] = {}
     spans = []
     for e in events:
@@ -285,6 +297,104 @@ def nested_in_collectives(doc) -> dict[str, float]:
                 inside.append((max(a, start), min(b, end)))
         out[name] = out.get(name, 0.0) + union_length(inside)
     return out
+
+
+def _host_events(doc) -> list[dict]:
+    """The host's ops and ranges (cpu_op, user_annotation) of a chrome trace, each with a finite
+    start and a duration >= 0."""
+    events = [e for e in _complete_events(doc) if e.get("cat") in HOST_CATEGORIES]
+    for e in events:
+        measured(e.get("ts"), f"{e.get('name')!r}: ts", least=None)
+        measured(e.get("dur"), f"{e.get('name')!r}: dur")
+    return events
+
+
+def _collective_times(doc) -> tuple[dict[str, float], dict[str, float]]:
+    """(nested_in_collectives, waits_in_collectives) of one trace."""
+    return nested_in_collectives(doc), waits_in_collectives(doc)
+
+
+def waits(name: str) -> bool:
+    """An op or range that starts or waits for a collective (not the collective's own record):
+    what classify counts as communication, c10d's calls (c10d::allreduce_, ...) and FSDP's
+    (FSDP::all_gather, FSDP::post_backward_reduce, ...)."""
+    return classify(name) == "nccl" and not is_collective(name)
+
+
+def waits_in_collectives(doc) -> dict[str, float]:
+    """Per name of an op or range that starts or waits for a collective (waits), the part in us
+    of its self time (its span less the ops nested in it on its own thread, as the export counts
+    it) that lies inside the spans of the process's collectives (is_collective) on other
+    threads, each instant once. On a CPU gloo runs a collective on its own thread while the
+    calling thread waits for it as self time of the call or of FSDP's range around it (no event
+    of its own), or, one core shared, runs the call's own code beside it: time the collective's
+    span counts already (nested_in_collectives walks the same trace from the other side)."""
+    events = _host_events(doc)
+    threads: dict[tuple, list[tuple[float, float, int]]] = {}
+    spans: dict[object, list[tuple[float, float, object]]] = {}
+    for i, e in enumerate(events):
+        start, end = float(e["ts"]), float(e["ts"]) + float(e["dur"])
+        threads.setdefault((e.get("pid"), e.get("tid")), []).append((start, end, i))
+        if is_collective(str(e.get("name"))):
+            spans.setdefault(e.get("pid"), []).append((start, end, e.get("tid")))
+    out: dict[str, float] = {}
+    beside: dict[tuple, list[tuple[float, float]]] = {}  # other threads' spans, merged
+    for (pid, tid), intervals in threads.items():
+        intervals.sort()
+        for start, end, i in intervals:
+            name = str(events[i].get("name"))
+            if not waits(name):
+                continue
+            if (pid, tid) not in beside:
+                others = [(a, b) for a, b, t in spans.get(pid, []) if t != tid]
+                beside[(pid, tid)] = _merged(others)
+            if not beside[(pid, tid)]:
+                continue
+            # the ops nested in it on its thread (the trace rounds ts and dur apart: one may
+            # start or end a nanosecond past its parent)
+            inside = []
+            for a, b, j in intervals[bisect.bisect_left(intervals, (start - NS_US,)) :]:
+                if a > end:
+                    break
+                if j != i and b <= end + NS_US and (b - a < end - start or a > start):
+                    inside.append((max(a, start), min(b, end)))
+            own = _gaps(start, end, _merged(inside))
+            out[name] = out.get(name, 0.0) + _overlap(own, beside[(pid, tid)])
+    return out
+
+
+def _merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The union of (start, end) intervals as sorted, disjoint intervals."""
+    out: list[tuple[float, float]] = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def _gaps(start: float, end: float, covered: list[tuple[float, float]]) -> list[tuple]:
+    """The parts of (start, end) outside the sorted, disjoint intervals covered."""
+    out, reach = [], start
+    for a, b in covered:
+        if a > reach:
+            out.append((reach, min(a, end)))
+        reach = max(reach, b)
+    if reach < end:
+        out.append((reach, end))
+    return out
+
+
+def _overlap(pieces: list[tuple[float, float]], merged: list[tuple[float, float]]) -> float:
+    """The length of the disjoint pieces inside the sorted, disjoint intervals merged."""
+    total = 0.0
+    for a, b in pieces:
+        for c, d in merged[max(bisect.bisect_left(merged, (a,)) - 1, 0) :]:
+            if c >= b:
+                break
+            total += max(0.0, min(b, d) - max(a, c))
+    return total
 
 
 def trace_phases(doc: dict) -> list[dict]:
