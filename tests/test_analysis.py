@@ -1006,8 +1006,33 @@ def test_system_table_says_flops_peak_source_why_no_mfu_and_compile():
     assert s[("system", "why MFU is not measured")] == why
     # an older trainer recorded none of it
     s = system([run("o1", "strong", 1, 64, 1000)])
-    assert s[("system", "why MFU is not measured")] == "not recorded"
+    assert s[("system", "why MFU is not measured")] == "not recorded by 1 run of an older trainer"
     assert s[("system", "FLOPs per training image")] == "not recorded"
+
+
+def test_system_table_counts_repeats_of_an_older_trainer_as_without_an_mfu():
+    """A study measured by two trainers (README "What reruns"): a repeat of a trainer before MFU
+    has neither mfu nor mfu_unmeasured, its configuration's mfu_mean is blank, and system.csv
+    said "n/a: every run has an MFU" (its column existed through the other runs)."""
+
+    def why(runs):
+        rows = analysis.system_table(runs, {"name": "t"})
+        return {(r["section"], r["key"]): r["value"] for r in rows}[
+            ("system", "why MFU is not measured")
+        ]
+
+    new = [with_mfu(run("w1", "strong", 1, 64, x, repeat=i)) for i, x in enumerate((900, 1000))]
+    # collect writes every column for every row: the older runs' cells are blank
+    older = [run("w1", "strong", 1, 64, 950, repeat=i) | {"mfu": "", "mfu_unmeasured": ""}
+             for i in (2, 3)]  # fmt: skip
+    assert why(new) == "n/a: every run has an MFU"
+    assert analysis.scaling_table(new + older[:1])[0]["mfu_mean"] is None
+    assert why(new + older[:1]) == "not recorded by 1 run of an older trainer"
+    assert why(new + older) == "not recorded by 2 runs of an older trainer"
+    cpu = "cpu: no published peak FLOP/s in the table"
+    cpu_run = with_mfu(run("c1", "weak", 1, 64, 100), peak=None, why=cpu)
+    assert why([cpu_run, *new, *older]) == f"{cpu}; not recorded by 2 runs of an older trainer"
+    assert why([cpu_run, *new]) == cpu
 
 
 def test_system_table_says_cuda_and_nccl_were_not_used_by_cpu_runs():

@@ -554,6 +554,25 @@ def test_mfu_section_shows_measured_values_from_their_cells(tmp_path):
         assert report.numbers_backed_by_csvs(text, tables) == [], name
 
 
+def test_mfu_section_says_a_repeat_of_an_older_trainer_has_no_mfu(tmp_path):
+    """A study measured by two trainers: one repeat from before MFU recorded neither mfu nor
+    mfu_unmeasured, so its configuration's MFU is n/a; the reason the documents give for it is
+    that run, not system.csv's former "n/a: every run has an MFU"."""
+    runs = [_gpu_run("w1", "strong", 1, x, i) for i, x in enumerate((20000, 21000))]
+    runs += [_gpu_run("w2", "strong", 2, x, i) for i, x in enumerate((38000, 37000))]
+    for key in ("flops_per_img", "model_flops_per_s", "peak_flops", "peak_flops_source"):
+        runs[1][key] = ""
+    runs[1]["mfu"] = runs[1]["mfu_unmeasured"] = ""  # collect's blank cells of an older run
+    tables = _analyzed(tmp_path, runs)
+    assert [r["mfu_mean"] == "" for r in tables["scaling"]] == [True, False]
+    for name, text in report.render(tmp_path, report.TEMPLATES, [], "../results/plots").items():
+        said = " ".join(text.split())
+        assert "every run has an MFU" not in said, name
+        why = "n/a: no MFU for that configuration (not recorded by 1 run of an older trainer)"
+        assert why in said, name
+        assert report.numbers_backed_by_csvs(text, tables) == [], name
+
+
 def test_exposed_communication_unmeasured_is_said_and_its_figure_left_out(tmp_path):
     """train.comm_probe_steps: 0 leaves comm_exposed_frac blank: the figure is still drawn
     (no crash on the blank means) and the documents say in words it was not measured, without

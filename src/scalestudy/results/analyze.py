@@ -38,9 +38,11 @@ GPUs the run's ranks ran on (world_size, unless ranks shared a GPU over gloo). B
 run's own (train.py, measure.efficiency()), averaged over repeats here like the other measures.
 A run without a published peak (a CPU, a GPU or precision not in the table) has mfu null and the
 reason in mfu_unmeasured: a configuration where no repeat has an MFU keeps mfu_mean blank, never
-0, and system.csv says why (the distinct mfu_unmeasured of the runs). Every measure's mean and std
-are over all n repeats of a configuration: one that some repeat lacks (GPU utilisation of a
-window too short to sample, a probe that was off) is blank, never a mean of fewer.
+0, and system.csv says why (the distinct mfu_unmeasured of the runs, and how many runs of an
+older trainer recorded neither: mfu_unmeasured()). Every measure's mean and std are over all n
+repeats of a configuration: one that some repeat lacks (GPU utilisation of a window too short to
+sample, a probe that was off, an MFU a trainer before MFU never wrote) is blank, never a mean of
+fewer.
 
 The weak-scaling time is the step time, not the epoch time: an epoch is one pass over the fixed
 dataset shared by all ranks, so a weak-scaling epoch shortens as ranks are added. The efficiency
@@ -873,7 +875,9 @@ def system_table(runs: list[dict], study: dict) -> list[dict]:
         value = window_warmup(runs) if column == "window_warmup_steps" else _distinct(runs, column)
         rows.append({"section": "run settings", "key": column, "value": value})
     for column, label in SYSTEM_KEYS:
-        if column in SYSTEM_BLANK:
+        if column == "mfu_unmeasured":
+            value = mfu_unmeasured(runs)
+        elif column in SYSTEM_BLANK:
             blank = SYSTEM_BLANK[column] if any(column in r for r in runs) else "not recorded"
             value = _distinct(runs, column, blank, split=False)
         elif column in CUDA_ONLY and runs and all(r.get("device_type") == "cpu" for r in runs):
@@ -884,6 +888,23 @@ def system_table(runs: list[dict], study: dict) -> list[dict]:
             value = _distinct(runs, column)
         rows.append({"section": "system", "key": label, "value": value})
     return rows
+
+
+def mfu_unmeasured(runs: list[dict]) -> str:
+    """system.csv's "why MFU is not measured": the distinct reasons the runs recorded
+    (mfu_unmeasured, each a sentence: kept whole), and the runs that recorded neither an MFU nor
+    a reason, counted: a trainer before MFU (a repeat kept from an older checkout, README "What
+    reruns"). "n/a: every run has an MFU" only when every run's mfu is a number."""
+    if not runs:
+        return "not recorded"
+    reasons = _distinct(runs, "mfu_unmeasured", "", split=False)
+    older = sum(
+        files.number(r.get("mfu")) is None and not _cell_text(r.get("mfu_unmeasured")) for r in runs
+    )
+    said = [reasons] * bool(reasons)
+    if older:
+        said.append(f"not recorded by {older} {vocab.plural('runs', older)} of an older trainer")
+    return "; ".join(said) or "n/a: every run has an MFU"
 
 
 def window_warmup(runs: list[dict]) -> str:
