@@ -4,10 +4,11 @@ input) that must land in its own part."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 
 import pytest
-from conftest import PYTHON, child_env, read_metrics, train
+from conftest import PYTHON, REPO, child_env, read_metrics, train
 
 from scalestudy import files
 from scalestudy.errors import TrainConfigError
@@ -139,6 +140,44 @@ def test_runs_without_per_rank_times_leave_imbalance_blank_not_zero():
     assert row["residual_img_s"] == pytest.approx(240)
     assert abs(row["check"]) < 1e-9
     assert "imbalance" in row["note"] and "busy_time_ms_p50_by_rank" in row["note"]
+
+
+H100_STEP_GRAPH = REPO / "docs/gpu-runs/2026-11-27-h100-gpu-check/speed-tf32-lb512.metrics.json"
+
+
+def test_whole_step_cuda_graphs_leave_imbalance_blank_and_the_note_says_why():
+    """cuda_graphs auto on a GPU captures the whole step as one CUDA graph (cuda_graphs_mode
+    step): the trainer writes busy_time_ms_p50_by_rank null, the busy phases being inside the
+    replay. The note named the column as if the runs came from an older trainer."""
+    real = json.loads(H100_STEP_GRAPH.read_text())  # a real H100 run under cuda_graphs auto
+    assert real["cuda_graphs_mode"] == "step" and real["busy_time_ms_p50_by_rank"] == [None]
+
+    def as_run(world_size, throughput, **cells):
+        metrics = real | {"world_size": world_size, "global_batch": 512 * world_size,
+                          "throughput_img_s": throughput, "comm_exposed_frac": 0.05,
+                          "busy_time_ms_p50_by_rank": [None] * world_size,  # the trainer's
+                          "data_time_ms_mean_by_rank": [0.16] * world_size}  # fmt: skip
+        return flatten(metrics) | {"run": f"w{world_size}", "families": "weak"} | cells
+
+    runs = [as_run(1, 36000.0), as_run(2, 64000.0)]
+    [row] = analyze.waterfall(runs)
+    assert row["imbalance_img_s"] is None and row["data_img_s"] is not None
+    assert row["note"] == (
+        "imbalance not measured (whole-step CUDA graph: the busy phases are inside the replay): "
+        "included in the residual"
+    )
+    # a baseline of a trainer before the per-rank times: both causes are named
+    older = as_run(1, 36000.0, busy_time_ms_p50_by_rank="", cuda_graphs_mode="")
+    [row] = analyze.waterfall([older, runs[1]])
+    assert row["note"] == (
+        "imbalance not measured (runs without busy_time_ms_p50_by_rank; whole-step CUDA graph: "
+        "the busy phases are inside the replay): included in the residual"
+    )
+    # without the graph (cuda_graphs_mode compiled) the busy times are there, and no note
+    timed = [as_run(n, x, cuda_graphs_mode="compiled", busy_time_ms_p50_by_rank=busy)
+             for n, x, busy in ((1, 36000.0, "5.0"), (2, 64000.0, "5.0;5.5"))]  # fmt: skip
+    [row] = analyze.waterfall(timed)
+    assert row["imbalance_img_s"] is not None and row["note"] is None
 
 
 def test_a_per_rank_list_with_a_rank_missing_is_blank_not_a_summary_of_fewer_ranks():

@@ -74,7 +74,11 @@ imbalance: the slowest rank paces them all. c is the probe's share of a forward+
 applied to the whole step, an approximation where data or optimizer time is large. Values per
 configuration are means over its repeats; a part whose input a run lacks (results of an older
 trainer, the probe off) is blank, never 0, and lands in the residual, which the note says. So
-does comm under gradient accumulation: the probe's pass is one micro-batch, and of a step's k
+does imbalance under cuda_graphs_mode "step" (the whole step one CUDA graph, what cuda_graphs
+auto chooses on a GPU where it fits): the busy phases are inside the graph's replay, which the
+trainer cannot time phase by phase, so it writes busy_time_ms_p50_by_rank null (train.py); the
+note names the graph, not the column.
+So does comm under gradient accumulation: the probe's pass is one micro-batch, and of a step's k
 passes only the last synchronises, so c T would count the exposed all-reduce about k times.
 """
 
@@ -384,6 +388,9 @@ PART_INPUTS = {
     "data": "data_time_ms_mean_by_rank",
     "imbalance": "busy_time_ms_p50_by_rank",
 }
+# why a run under cuda_graphs_mode "step" (cuda_graphs auto on a GPU) has no busy times: the
+# trainer writes them null (trainer/train.py), as it cannot time the phases of one graph replay
+STEP_GRAPH_BUSY = "whole-step CUDA graph: the busy phases are inside the replay"
 
 
 def _per_rank(value) -> list[float] | None:
@@ -429,6 +436,12 @@ def _waterfall_configs(runs: list[dict]) -> dict[tuple, dict]:
             "n": len(members),
             "runs": ";".join(sorted(r["run"] for r in members)),
             "accumulates": any(_accumulates(r) for r in members),
+            # why a repeat has no busy spread: its trainer's whole-step CUDA graph or no column
+            "busy_gaps": {
+                STEP_GRAPH_BUSY if r.get("cuda_graphs_mode") == "step" else "absent"
+                for r, p in zip(members, per_run, strict=True)
+                if p["imbalance"] is None
+            },
             **{part: mean_std([p[part] for p in per_run])[0] for part in PART_INPUTS},
         }
     return configs
@@ -494,10 +507,17 @@ def waterfall_row(key: tuple, c: dict, base_key: tuple, b: dict) -> dict:
     missing = [p for p, v in seconds.items() if v is None]
     if missing:
         accumulated = "comm" in missing and (c["accumulates"] or b["accumulates"])
-        without = [PART_INPUTS[p] for p in missing if not (p == "comm" and accumulated)]
+        busy_gaps = c["busy_gaps"] | b["busy_gaps"]  # empty unless imbalance is missing
+        without = [
+            PART_INPUTS[p]
+            for p in missing
+            if not (p == "comm" and accumulated)
+            and not (p == "imbalance" and "absent" not in busy_gaps)
+        ]
         why = [f"runs without {', '.join(without)}"] * bool(without) + [
             "gradient accumulation: comm_exposed_frac is of one micro-batch pass, not a step"
         ] * accumulated
+        why += [STEP_GRAPH_BUSY] * (STEP_GRAPH_BUSY in busy_gaps)
         row["note"] = (
             f"{', '.join(missing)} not measured ({'; '.join(why)}): included in the residual"
         )
