@@ -1534,6 +1534,88 @@ def test_outputs_that_cannot_be_written_leave_every_table_as_it_was(tmp_path, ca
     assert files.output_problems([tmp_path / "new" / "deeper" / "x.csv"]) == []
 
 
+def fsync_fails_at_file(monkeypatch, n: int) -> list[str]:
+    """os.fsync raises ENOSPC at the n-th regular file it syncs (a full disk found when the n-th
+    output is written out: NFS, or a delayed allocation, reports it there); directories and the
+    files before it sync as usual. Returns the files' names as they were synced."""
+    import errno
+    import stat
+
+    real, synced = os.fsync, []
+
+    def fsync(fd):
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+            if len(synced) == n:
+                raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return synced
+
+
+def test_a_write_that_fails_part_way_leaves_every_table_as_it_was(tmp_path, capsys, monkeypatch):
+    """check_outputs keeps an unwritable output from leaving new tables beside old ones, but a
+    write that failed part-way (a full disk) did just that: the tables were written one after
+    another, so scaling.csv was new and the rest old. Now every table goes to a temp file
+    first and all are renamed once all are written (files.write_texts)."""
+    from scalestudy import cli
+
+    runs = tmp_path / "runs.csv"
+    files.write_csv(
+        runs, None, [run("w1", "strong", 1, 64, 1000.0), run("w2", "strong", 2, 32, 1900.0)]
+    )
+    out, html = tmp_path / "csv", tmp_path / "tables"
+    argv = ["analyze", "--runs", str(runs), "--out-dir", str(out), "--html-dir", str(html)]
+    assert cli.main([*argv, "--gpus-per-node", "4"]) == 0
+    before = {p: p.read_text() for d in (out, html) for p in d.iterdir()}
+    assert len(before) == 2 * len(analysis.TABLE_COLUMNS) + 4  # + system, targets csv and html
+    for p in before:
+        p.write_text("old\n")
+    capsys.readouterr()
+    for n in (2, 3, len(before)):  # the second file, the third, the last
+        synced = fsync_fails_at_file(monkeypatch, n)
+        assert cli.main([*argv, "--gpus-per-node", "4"]) == 2
+        (err,) = capsys.readouterr().err.strip().splitlines()
+        where, temp = os.path.split(synced[-1])  # .{name}.{random}.tmp beside its table
+        failed = Path(where) / temp[1:].rsplit(".", 2)[0]
+        assert failed in before and len(synced) == n
+        assert err == f"scalestudy analyze: {failed}: No space left on device", n
+        assert {p: p.read_text() for d in (out, html) for p in d.iterdir()} == dict.fromkeys(
+            before, "old\n"
+        ), n  # every table old, no temp file left
+    monkeypatch.undo()
+    assert cli.main([*argv, "--gpus-per-node", "4"]) == 0
+    assert {p: p.read_text() for d in (out, html) for p in d.iterdir()} == before
+
+
+def test_collect_writes_both_tables_or_neither(tmp_path, capsys, monkeypatch):
+    """collect wrote runs.csv, then epochs.csv: a full disk at the second left the new runs.csv
+    beside the old epochs.csv. Both now go to temp files first (files.write_texts)."""
+    from scalestudy import cli
+    from scalestudy.results import collect
+
+    real_fsync = os.fsync
+    rows = [{"run": "w1_r0", "world_size": 1}], [{"run": "w1_r0", "epoch": 1}]
+    monkeypatch.setattr(collect, "read_runs_tsv", lambda path: [])
+    monkeypatch.setattr(collect, "collect", lambda table, runs_dir: rows)
+    outs = {tmp_path / "runs.csv": "old runs\n", tmp_path / "epochs.csv": "old epochs\n"}
+    for path, text in outs.items():
+        path.write_text(text)
+    argv = ["collect", "--runs", "runs.tsv", "--out-runs", str(tmp_path / "runs.csv"),
+            "--out-epochs", str(tmp_path / "epochs.csv")]  # fmt: skip
+    fsync_fails_at_file(monkeypatch, 2)
+    assert cli.main(argv) == 2
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    want = f"scalestudy collect: {tmp_path / 'epochs.csv'}: No space left on device"
+    assert err == want
+    assert {p: p.read_text() for p in tmp_path.iterdir()} == outs  # both old, no temp file
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    assert cli.main(argv) == 0
+    assert (tmp_path / "runs.csv").read_text() == "run,world_size\nw1_r0,1\n"
+    assert (tmp_path / "epochs.csv").read_text() == "run,epoch\nw1_r0,1\n"
+
+
 def test_collect_refuses_a_measurement_analyze_would_refuse_naming_the_runs_file(tmp_path):
     """A run's metrics.json with a final accuracy of 1.5 (or a word in a per-rank list) was
     collected into runs.csv, where analyze refused it with the fix "write it again with

@@ -1,7 +1,12 @@
 """files.Cell: what a column of a CSV that scalestudy writes holds, shared by the readers that
-check a file before they compute from it (collect, analyze, the plan, the profile CSVs)."""
+check a file before they compute from it (collect, analyze, the plan, the profile CSVs); and
+files.write_texts, the several outputs of one command written as one."""
 
 from __future__ import annotations
+
+import errno
+import os
+import stat
 
 import pytest
 
@@ -38,3 +43,69 @@ def test_a_rule_says_what_it_wants():
     assert files.count(1).what == "a whole number >= 1"
     assert files.FRACTION.or_blank().what == files.FRACTION.what  # blank: not measured
     assert files.FRACTION.or_blank().blank and not files.FRACTION.blank
+
+
+def test_write_texts_renames_nothing_until_every_file_is_written(tmp_path, monkeypatch):
+    """A command's outputs written one after another left new files beside old ones when one
+    failed part-way (a full disk). write_texts writes every temp file first: a failure at any
+    of them (here os.fsync's ENOSPC at the n-th file) removes them all and names its file; a
+    symlinked output stays a link and a file's mode is kept, as atomic_open does."""
+    (tmp_path / "store").mkdir()
+    (tmp_path / "store" / "c.csv").write_text("old c\n")
+    (tmp_path / "c.csv").symlink_to("store/c.csv")
+    targets = [tmp_path / "a.csv", tmp_path / "sub" / "b.html", tmp_path / "c.csv"]
+    (tmp_path / "sub").mkdir()
+    for path in targets[:2]:
+        path.write_text(f"old {path.name[0]}\n")
+    targets[0].chmod(0o600)
+    texts = {path: f"new {path.name[0]}\n" for path in targets}
+
+    def tree():
+        return {
+            p.relative_to(tmp_path): p.read_text() if not p.is_symlink() else os.readlink(p)
+            for p in sorted(tmp_path.rglob("*"))
+            if not p.is_dir()
+        }
+
+    old = tree()
+    real = os.fsync
+    for n in (1, 2, 3):
+        synced = []
+
+        def fsync(fd, n=n, synced=synced):
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                synced.append(fd)
+                if len(synced) == n:
+                    raise OSError(errno.ENOSPC, "No space left on device")
+            return real(fd)
+
+        monkeypatch.setattr(os, "fsync", fsync)
+        with pytest.raises(OSError) as info:
+            files.write_texts(texts)
+        assert (info.value.errno, info.value.filename) == (errno.ENOSPC, str(targets[n - 1]))
+        assert tree() == old, n  # every file old, no temp file left
+    monkeypatch.setattr(os, "fsync", real)
+    files.write_texts(texts)
+    assert tree() == {
+        **old,
+        targets[0].relative_to(tmp_path): "new a\n",
+        targets[1].relative_to(tmp_path): "new b\n",
+        (tmp_path / "store" / "c.csv").relative_to(tmp_path): "new c\n",
+    }
+    assert targets[0].stat().st_mode & 0o777 == 0o600 and targets[2].is_symlink()
+
+
+def test_write_texts_writes_a_pipe_in_place_after_the_files_temp_files(tmp_path):
+    """A target that is no regular file (a FIFO, /dev/stdout) cannot be renamed onto: it is
+    written through, once the other files' temp files are complete."""
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    reader = os.open(pipe, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        files.write_texts({tmp_path / "a.csv": "a\n", pipe: "through the pipe\n"})
+        got = os.read(reader, 1 << 16)
+    finally:
+        os.close(reader)
+    assert got == b"through the pipe\n" and stat.S_ISFIFO(os.lstat(pipe).st_mode)
+    assert (tmp_path / "a.csv").read_text() == "a\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.csv", "pipe"]

@@ -9,6 +9,8 @@ A symlinked target stays a link (the file it points to is replaced), and an exis
 its mode. A target that is no regular file (a device such as /dev/null, a named pipe), or one
 reached through a file descriptor's link (/dev/stdout, /dev/fd/N), is written in place, as open()
 would: a rename replaced it with a regular file, or the file a shell redirected stdout to.
+Several outputs of one command (write_texts) are written as one: every temp file first, then
+the renames, so a failure part-way (a full disk) leaves them all old, never new beside old.
 """
 
 from __future__ import annotations
@@ -139,6 +141,26 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Iter
                 raise _named(exc, path) from exc
             raise
         return
+    with _staged(path, mode, **kwargs) as (f, staged):
+        yield f
+    _replace([staged])
+
+
+@dataclass(frozen=True)
+class _Staged:
+    """A complete temp file (`tmp`) waiting to replace `target`; `path` is what the caller named."""
+
+    path: str | os.PathLike
+    target: Path
+    tmp: str
+
+
+@contextlib.contextmanager
+def _staged(path: str | os.PathLike, mode: str, **kwargs: Any) -> Iterator[tuple[IO, _Staged]]:
+    """Open a temp file beside `path`'s target (write_target: the same filesystem, so a rename
+    onto it is atomic) with the target's mode; on leaving the block it is flushed and fsynced,
+    and replaces nothing yet (_replace). On error it is removed, and a failed write (a full
+    disk) raises an OSError that names `path`."""
     target = write_target(path)  # a symlink stays, the file it points to is replaced
     target.parent.mkdir(parents=True, exist_ok=True)
     try:  # a rewrite reset a file made 0600 on purpose to the umask's mode
@@ -155,25 +177,67 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Iter
     written = False  # True once the caller's block is done: what fails then is this file's write
     try:
         with os.fdopen(fd, mode, **kwargs) as f:
-            yield f
+            yield f, _Staged(path, target, tmp)
             written = True
             f.flush()
             # mkstemp's 0600 would keep the group out; a filesystem without modes keeps its own
             with contextlib.suppress(OSError):
                 os.fchmod(f.fileno(), keep)
             os.fsync(f.fileno())
-        os.replace(tmp, target)
     except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         if isinstance(exc, OSError) and (written or exc.errno in WRITE_FULL):
             raise _named(exc, path) from exc
         raise
-    dir_fd = os.open(target.parent, os.O_RDONLY)
+
+
+def _replace(staged: Sequence[_Staged]) -> None:
+    """Rename each complete temp file onto its target, then fsync their directories so the
+    renames survive a crash. A rename that fails removes the temp files not yet renamed and
+    raises an OSError naming its file."""
+    for i, s in enumerate(staged):
+        try:
+            os.replace(s.tmp, s.target)
+        except OSError as exc:
+            _discard(staged[i:])
+            raise _named(exc, s.path) from exc
+    for directory in dict.fromkeys(s.target.parent for s in staged):
+        dir_fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+
+def _discard(staged: Iterable[_Staged]) -> None:
+    for s in staged:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(s.tmp)
+
+
+def write_texts(texts: Mapping[str | os.PathLike, str]) -> None:
+    """Write several files as one output: every text to its temp file first (as atomic_open),
+    then, all of them complete, rename them onto their targets. A failure before the renames (a
+    full disk at the third file) removes the temp files and leaves every target as it was, so a
+    command's outputs are all new or all old, never new beside old (what check_outputs checks
+    before the work, this keeps during the writes). A target written in place (a device,
+    /dev/stdout: written_in_place) has no temp file: it is written after the others' temp
+    files, before their renames."""
+    staged: list[_Staged] = []
     try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+        in_place = [p for p in texts if written_in_place(p)]
+        for path, text in texts.items():
+            if path not in in_place:
+                with _staged(path, "w", encoding="utf-8") as (f, s):
+                    f.write(text)
+                staged.append(s)
+        for path in in_place:
+            write_text(path, texts[path])
+    except BaseException:
+        _discard(staged)
+        raise
+    _replace(staged)
 
 
 # Apptainer's --bind separates a spec's fields (src:dest:options) with ':' and its specs with ',':

@@ -1051,19 +1051,18 @@ def cell(value) -> str:
     return str(value)
 
 
-def write_html(path: str | Path, title: str, rows: list[dict], columns) -> None:
+def html_text(title: str, rows: list[dict], columns) -> str:
     """A CSV as a small standalone HTML table, readable inside `snakemake --report`."""
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
     body = "\n".join(
         "<tr>" + "".join(f"<td>{html.escape(cell(r.get(c)))}</td>" for c in columns) + "</tr>"
         for r in rows
     )
-    files.write_text(
-        path,
+    return (
         f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
         "<style>table{border-collapse:collapse;font:13px sans-serif}"
         "td,th{border:1px solid #999;padding:2px 6px;text-align:right}</style></head><body>"
-        f"<h3>{html.escape(title)}</h3><table><tr>{head}</tr>\n{body}</table></body></html>\n",
+        f"<h3>{html.escape(title)}</h3><table><tr>{head}</tr>\n{body}</table></body></html>\n"
     )
 
 
@@ -1255,10 +1254,15 @@ def run(args: argparse.Namespace) -> int:
         ("profile_shares", "Kernel time per category", profile, SHARE_COLUMNS),
         ("waterfall", "Efficiency-loss waterfall", waterfall_rows, WATERFALL_COLUMNS),
     ]
-    paths = [out / f"{t[0]}.csv" for t in tables] + [html_dir / f"{t[0]}.html" for t in tables]
-    files.check_outputs(paths, AnalysisError)  # one table new beside old ones otherwise
-    for name, title, rows, columns in tables:
-        files.write_csv(out / f"{name}.csv", columns, rows, cell)
-        write_html(html_dir / f"{name}.html", title, rows, columns)
+    texts = {
+        out / f"{name}.csv": files.csv_text(columns, rows, cell)
+        for name, _, rows, columns in tables
+    }
+    texts |= {
+        html_dir / f"{name}.html": html_text(title, rows, columns)
+        for name, title, rows, columns in tables
+    }
+    files.check_outputs(texts, AnalysisError)  # one table new beside old ones otherwise
+    files.write_texts(texts)  # and a write that fails (a full disk) leaves every one old
     logger.info(f"analyzed {len(runs)} runs -> {len(scaling)} scaling rows in {out}")
     return 0

@@ -83,8 +83,13 @@ def run(args: argparse.Namespace) -> int:
     runs_rows, epoch_rows = collect(read_runs_tsv(args.runs), Path(args.runs_dir))
     # columns in first-seen order: the run-table columns first, then the metrics keys
     files.check_outputs([args.out_runs, args.out_epochs], CollectError)
-    files.write_csv(args.out_runs, None, runs_rows)
-    files.write_csv(args.out_epochs, None, epoch_rows)
+    # both or neither: a write that fails (a full disk) leaves the old pair
+    files.write_texts(
+        {
+            args.out_runs: files.csv_text(None, runs_rows),
+            args.out_epochs: files.csv_text(None, epoch_rows),
+        }
+    )
     logger.info(
         f"collected {len(runs_rows)} runs, {len(epoch_rows)} epoch rows -> "
         f"{args.out_runs}, {args.out_epochs}"
