@@ -554,6 +554,33 @@ def test_mfu_section_shows_measured_values_from_their_cells(tmp_path):
         assert report.numbers_backed_by_csvs(text, tables) == [], name
 
 
+def test_the_energy_paragraph_says_which_basis_leaves_evaluation_out(tmp_path):
+    """kWh sums J/img x the images trained, so with the training spans' J/img it holds no
+    evaluation whatever the test set (analyze.energy_kwh's docstring said evaluation was charged
+    there); with the wall span's, each training image carries its share of it. study.md says
+    both, beside the basis resources.csv gives."""
+    runs = [_gpu_run("w1", "strong", 1, 20000, 0), _gpu_run("w2", "strong", 2, 38000, 0)]
+    for r in runs:
+        r |= {"epochs": 3, "train_images_per_epoch": 50000, "energy_j_per_img": 0.5}
+
+    def kwh(test_images):
+        rows = [r | {"test_images_per_epoch": test_images} for r in runs]
+        return analyze.energy_kwh(rows), analyze.energy_basis(rows)
+
+    # no evaluation term: the same kWh for no test set and for 20 x the training set
+    assert kwh(0) == kwh(10**6) == (pytest.approx(2 * 0.5 * 3 * 50000 / 3.6e6), "training")
+    tables = _analyzed(tmp_path, runs)
+    assert {r["energy_basis"] for r in tables["resources"] if r["kind"] == "measured"} == {
+        "training"
+    }
+    text = " ".join(
+        report.render(tmp_path, report.TEMPLATES, [], "../results/plots")["study.md"].split()
+    )
+    assert "training = every run's training spans (evaluation left out)" in text
+    wall = "evaluation included = every run's wall span (a training image's energy with its share"
+    assert f"{wall} of the evaluations)" in text
+
+
 def test_mfu_section_says_a_repeat_of_an_older_trainer_has_no_mfu(tmp_path):
     """A study measured by two trainers: one repeat from before MFU recorded neither mfu nor
     mfu_unmeasured, so its configuration's MFU is n/a; the reason the documents give for it is

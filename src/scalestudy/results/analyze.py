@@ -731,9 +731,11 @@ def energy_kwh(members: list[dict]) -> float | None:
 
     J/img: energy_j_per_img (the training spans) where measured, else energy_wall_j_per_img
     (the window's wall span, its evaluations included: estimate.measured_energy_per_img).
-    GPUs only (no CPU, network or cooling); warm-up is charged at the window's rate, and
-    evaluation too where only the training spans were measured. None when any run lacks a
-    measured J/img: a partial sum would be a guess about the missing runs."""
+    GPUs only (no CPU, network or cooling); warm-up is charged at the window's rate. The sum
+    counts training images only, so evaluation is left out with the training spans' J/img and
+    included with the wall span's (each training image's energy with its share of the
+    evaluations and checkpoints in that span); energy_basis says which. None when any run lacks
+    a measured J/img: a partial sum would be a guess about the missing runs."""
     total = 0.0
     for r in members:
         per_img, _ = estimate.measured_energy_per_img(r)
