@@ -369,17 +369,72 @@ def test_pair_passes_on_equal_checksums_and_fails_on_different_ones():
     assert check.status == FAIL and "checksums differ" in check.problems[0]
 
 
+# real metrics.json of one-GPU runs on an H100 (docs/gpu-runs/): the trainer's default path on
+# CUDA, compiled with the whole step one graph, and the same compiled with --cuda-graphs on
+# (torch.compile's graphs between the all-reduces); both with the probe off
+GPU_RUNS = REPO / "docs" / "gpu-runs"
+REAL_STEP_GRAPH = GPU_RUNS / "2026-11-27-h100-gpu-check" / "speed-tf32-lb512.metrics.json"
+REAL_COMPILED_GRAPHS = (
+    GPU_RUNS / "2026-11-26-h100-precisions" / "bucket-1mib-graphs-on.metrics.json"
+)
+
+
+def two_gpu_run(real: Path, **changes) -> RunResult:
+    """A real one-GPU run's metrics.json as nccl2-ddp's two ranks would write it (the world
+    size, backend and checksums of two ranks; `changes` on top)."""
+    m = json.loads(real.read_text())
+    m |= {"world_size": 2, "backend": "nccl", "param_checksums": ["a", "a"], **changes}
+    return RunResult(rc=0, metrics=m, epochs=stand_in_epochs())
+
+
 def test_two_gpu_check_is_skipped_on_one_gpu_and_judged_on_two():
     assert report.judge_two_gpus(1, None).status == SKIPPED
     run = stand_in_run(world_size=2, param_checksums=["a", "a"], comm_exposed_frac=0.1)
     check = report.judge_two_gpus(2, run)
     assert check.status == FAIL
     assert "metrics.json cuda_graphs_used is False, expected True" in check.problems
-    graphs = stand_in_run(
-        world_size=2, param_checksums=["a", "a"], compiled=True, cuda_graphs_used=True
-    )
-    check = report.judge_two_gpus(2, graphs)
-    assert check.status == PASS and check.numbers["cuda_graphs_used"] is True
+    check = report.judge_two_gpus(2, two_gpu_run(REAL_STEP_GRAPH, comm_exposed_frac=0.12))
+    assert check.status == PASS, check.problems
+    assert check.numbers["cuda_graphs_mode"] == "step" and check.numbers["compiled"] is True
+    assert check.numbers["comm_exposed_frac"] == 0.12
+
+
+@pytest.mark.parametrize(
+    ("real", "changes", "problem"),
+    [
+        # the probe off: the real run's own null
+        (REAL_STEP_GRAPH, {}, "metrics.json comm_exposed_frac is None, expected a finite number"),
+        (REAL_STEP_GRAPH, {"comm_exposed_frac": float("nan")}, "comm_exposed_frac is nan"),
+        # torch.compile's graphs between DDP's all-reduces, not the whole step one graph
+        (
+            REAL_COMPILED_GRAPHS,
+            {"comm_exposed_frac": 0.1},
+            "metrics.json cuda_graphs_mode is 'compiled', expected 'step'",
+        ),
+        (
+            REAL_STEP_GRAPH,
+            {"comm_exposed_frac": 0.1, "compiled": False},
+            "metrics.json compiled is False, expected True",
+        ),
+    ],
+)
+def test_two_gpu_check_needs_what_its_pass_proves(real, changes, problem):
+    """nccl2-ddp passed a run with torch.compile's graphs (cuda_graphs_used alone), uncompiled,
+    or without the communication probe, and its pass then dropped "the whole step one graph,
+    NCCL's all-reduces inside it" from what gpu-check cannot prove. Judged on real one-GPU
+    metrics.json, so the keys are the trainer's own."""
+    m = json.loads(real.read_text())
+    assert {"compiled", "cuda_graphs_mode", "comm_exposed_frac"} <= m.keys()
+    # what check_two_gpus trains gives all three on CUDA
+    ctx = gpu_check.Context(work=Path("w"), fixtures=Path("f"), env={}, budget=None)
+    cfg = parsed_flags(gpu_check.two_gpu_flags(ctx))
+    steps = cfg.epochs * (cfg.limit_train // (2 * cfg.local_batch))
+    assert compiling.graphs_mode(cfg, torch.device("cuda"), steps) == "step"
+    assert compiling.compile_on(cfg, torch.device("cuda")) and cfg.comm_probe_steps > 0
+    check = report.judge_two_gpus(2, two_gpu_run(real, **changes))
+    assert check.status == FAIL and any(problem in p for p in check.problems), check.problems
+    items = report.cannot_prove(2, check.status)
+    assert any("NCCL's all-reduces inside it" in item for item in items)
 
 
 COMPILE_LOG = """\
@@ -1310,10 +1365,9 @@ def test_report_writes_markdown_and_json_with_failures_and_limits(tmp_path):
 
 
 def two_gpu_pass() -> Check:
-    graphs = stand_in_run(
-        world_size=2, param_checksums=["a", "a"], compiled=True, cuda_graphs_used=True
-    )
-    return report.judge_two_gpus(2, graphs)
+    check = report.judge_two_gpus(2, two_gpu_run(REAL_STEP_GRAPH, comm_exposed_frac=0.1))
+    assert check.status == PASS, check.problems
+    return check
 
 
 def test_report_of_all_passing_checks_says_passed(tmp_path):

@@ -414,14 +414,20 @@ def check_pair(ctx: Context, strategy: str, hook: str) -> Check:
 
 
 def check_two_gpus(ctx: Context) -> Check:
-    """Two GPUs over NCCL with the trainer's default path on CUDA (compiled, CUDA graphs between
-    DDP's all-reduces) and the communication probe: what a study's multi-GPU run does."""
+    """Two GPUs over NCCL with the trainer's default path on CUDA (compiled, the whole step one
+    CUDA graph with DDP's all-reduces inside) and the communication probe: what a study's
+    multi-GPU run does."""
     if len(ctx.gpus) < 2:
         return report.judge_two_gpus(len(ctx.gpus), None)
     env = {**ctx.env, "CUDA_VISIBLE_DEVICES": ",".join(ctx.gpus[:2])}
-    flags = [*with_compile(ctx.small, "auto"), "--backend", "nccl", "--comm-probe-steps", "3"]
-    run = trainer(ctx, "nccl2-ddp", flags, "compile-pair", nproc=2, env=env)
+    run = trainer(ctx, "nccl2-ddp", two_gpu_flags(ctx), "compile-pair", nproc=2, env=env)
     return report.judge_two_gpus(len(ctx.gpus), run)
+
+
+def two_gpu_flags(ctx: Context) -> list[str]:
+    """nccl2-ddp's flags: the defaults on CUDA (compiled; --cuda-graphs auto picks the whole
+    step as one graph for plain DDP over NCCL) and the communication probe."""
+    return [*with_compile(ctx.small, "auto"), "--backend", "nccl", "--comm-probe-steps", "3"]
 
 
 def with_compile(flags: list[str] | tuple[str, ...], switch: str) -> list[str]:

@@ -374,10 +374,16 @@ NCCL2 = "nccl2-ddp"  # the one check that trains between two GPUs
 
 
 def judge_two_gpus(device_count: int, run: RunResult | None) -> Check:
+    """Two ranks on two GPUs over NCCL, the trainer's default path on CUDA: what cannot_prove
+    drops when it passes (NCCL between GPUs, the whole step one CUDA graph with DDP's
+    all-reduces inside it), so each of those is required, not only that some graph ran:
+    compiled, cuda_graphs_mode "step", and the probe's finite comm_exposed_frac (null when
+    the probe did not run)."""
     name = NCCL2
     criterion = (
-        "exit 0; 2 ranks on 2 GPUs over NCCL with the default path (compiled, CUDA graphs used) "
-        "and the communication probe; identical parameter checksums"
+        "exit 0; 2 ranks on 2 GPUs over NCCL with the default path (compiled, the whole step one "
+        "CUDA graph: cuda_graphs_mode step) and the communication probe (comm_exposed_frac "
+        "finite); identical parameter checksums"
     )
     if device_count < 2 or run is None:
         return skipped(name, criterion, f"{device_count} GPU visible: NCCL needs a GPU per rank")
@@ -386,7 +392,14 @@ def judge_two_gpus(device_count: int, run: RunResult | None) -> Check:
     if not problems:
         m = run.metrics or {}
         sums = two_rank_problems(m, "nccl", run, problems)
+        _expect(m, "compiled", True, problems)
         _expect(m, "cuda_graphs_used", True, problems)
+        _expect(m, "cuda_graphs_mode", "step", problems)
+        if not _finite(m.get("comm_exposed_frac")):
+            problems.append(
+                f"metrics.json comm_exposed_frac is {m.get('comm_exposed_frac')!r}, expected a "
+                "finite number (the communication probe, --comm-probe-steps)"
+            )
         numbers = {
             "param_checksums": sums,
             **fast_path_numbers(m),
@@ -1021,7 +1034,8 @@ def cannot_prove(
     """What these checks on one node leave unproven. two_gpus: nccl2-ddp's status (None: no result:
     still `pending`, or left out by --only's `only`; an UNFINISHED report said "not among the
     checks run (--only)" of a pending nccl2-ddp, with no --only). nccl2-ddp trains plain DDP (no
-    comm hook) over NCCL between two GPUs, compiled with CUDA graphs, inside the correctness
+    comm hook) over NCCL between two GPUs, compiled, the whole step one CUDA graph (its judge
+    requires cuda_graphs_mode step and the probe), inside the correctness
     grid: its pass proves NCCL's collectives between GPUs and the CUDA graphs over them, never
     FSDP across GPUs, a hook over NCCL, NCCL's bandwidth or a speed, so those stay listed
     whatever the GPU count."""
