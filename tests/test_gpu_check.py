@@ -159,16 +159,31 @@ def test_a_budget_the_setup_used_up_before_prepare_data_is_one_line(tmp_path, mo
     assert line.startswith("--budget-s 16: the budget ran out before prepare-data: "), line
     assert line.endswith("give a larger --budget-s (default 720)"), line
     assert "not started" in (tmp_path / "o/gpu-check-work/logs/prepare-data.log").read_text()
+    assert_stopped_report(tmp_path / "o", line, "not started")
     # stopped by the deadline while it ran: the same, not a failure of prepare-data
     cut = RunResult(rc=None, limit_s=3.2, timed_out=True, budget_cut=True)
     monkeypatch.setattr(gpu_check, "prepare_data", lambda ctx: cut)
     with pytest.raises(GpuCheckError, match=r"ran out while prepare-data ran \(stopped after 3 s"):
         gpu_check.run(args)
     # and its own failure is still one
-    failed = RunResult(rc=1)
+    failed = RunResult(rc=1, log_tail="OSError: [Errno 28] No space left on device")
     monkeypatch.setattr(gpu_check, "prepare_data", lambda ctx: failed)
-    with pytest.raises(GpuCheckError, match=r"prepare-data failed \(exit 1\), see "):
+    with pytest.raises(GpuCheckError, match=r"prepare-data failed \(exit 1\), see ") as caught:
         gpu_check.run(args)
+    assert str(caught.value).endswith("gpu-check-work/logs/prepare-data.log")
+    assert_stopped_report(tmp_path / "o", str(caught.value), "No space left on device")
+
+
+def assert_stopped_report(out: Path, line: str, cause: str) -> None:
+    """The report a gpu-check that stopped before its checks leaves says why: it said
+    UNFINISHED, 'written while gpu-check was still running', every check pending, and named
+    neither prepare-data nor the budget."""
+    md = (out / "gpu-check.md").read_text()
+    assert md.splitlines()[0].endswith(f": STOPPED before any check: {line}"), md
+    assert "UNFINISHED" not in md and "still running" not in md and cause in md, md
+    doc = json.loads((out / "gpu-check.json").read_text())
+    assert doc["stopped"] == line and cause in doc["stopped_log_tail"]
+    assert "pending" not in doc and doc["passed"] is False and doc["checks"] == []
 
 
 def test_an_out_that_is_a_file_or_a_foreign_work_dir_is_refused(tmp_path):

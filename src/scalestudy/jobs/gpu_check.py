@@ -57,7 +57,8 @@ torch.profiler export and ncu details CSV with provenance.json, a few KB, for te
 DIR/gpu-check-work/ (logs and run outputs; the synthetic data is deleted at the end).
 Exit 0 when every check passed (or was skipped), 1 when one failed, 3 when none failed but the
 budget ran out before some ran. A --budget-s that runs out before the synthetic data is made
-(the setup, `inventory` and torch's CUDA start, counts against it) is one line, exit 2.
+(the setup, `inventory` and torch's CUDA start, counts against it) is one line, exit 2, and so
+is a failed prepare-data; the report then says STOPPED, that line and the log's tail.
 """
 
 from __future__ import annotations
@@ -1018,6 +1019,14 @@ def run(args: argparse.Namespace) -> int:
     ctx.progress = progress
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, stop_children)
+
+    def stopped(why: str, log_tail: str) -> GpuCheckError:
+        """The report says why no check ran (it said UNFINISHED, every check pending), then
+        the same line is the command's error."""
+        header = {**make_header(), "stopped": why, "stopped_log_tail": log_tail}
+        report.write_report(out, header, [])
+        return GpuCheckError(why)
+
     progress([])  # an earlier run's report in DIR must not pass for this one's
     setup_s = time.monotonic() - t0  # the inventory (nvidia-smi, ncu --version), torch's CUDA
     data = prepare_data(ctx)
@@ -1029,13 +1038,15 @@ def run(args: argparse.Namespace) -> int:
             if not data.started
             else f"while prepare-data ran (stopped after {data.limit_s:.0f} s)"
         )
-        raise GpuCheckError(
+        raise stopped(
             f"--budget-s {args.budget_s:g}: the budget ran out {when}: give a larger --budget-s "
-            f"(default {BUDGET_S:.0f})"
+            f"(default {BUDGET_S:.0f})",
+            data.log_tail,
         )
     if data.rc != 0:
-        raise GpuCheckError(
-            f"prepare-data failed (exit {data.rc}), see {work / 'logs' / 'prepare-data.log'}"
+        raise stopped(
+            f"prepare-data failed (exit {data.rc}), see {work / 'logs' / 'prepare-data.log'}",
+            data.log_tail,
         )
     checks = run_checks(ctx, info)
     shutil.rmtree(ctx.data_dir, ignore_errors=True)  # 56 MB that one command remakes

@@ -1109,7 +1109,10 @@ def report_json(header: dict, checks: list[Check]) -> dict:
     doc = {
         "format": FORMAT,
         **header,
-        "passed": counts[FAIL] == 0 and counts[NOT_RUN] == 0 and not header.get("pending"),
+        "passed": counts[FAIL] == 0
+        and counts[NOT_RUN] == 0
+        and not header.get("pending")
+        and not header.get("stopped"),
         "counts": counts,
         "not_run": [c.name for c in checks if c.status == NOT_RUN],
         "checks": [asdict(c) for c in checks],
@@ -1157,8 +1160,11 @@ def _cell(text: str) -> str:
 
 
 def headline(doc: dict) -> str:
-    """PASSED, FAILED (a check failed), INCOMPLETE (none failed, the budget ran out first), or
-    UNFINISHED (written while checks were pending: gpu-check was still running, or killed)."""
+    """PASSED, FAILED (a check failed), INCOMPLETE (none failed, the budget ran out first),
+    UNFINISHED (written while checks were pending: gpu-check was still running, or killed), or
+    STOPPED and why (`stopped`: gpu-check gave up before its checks, prepare-data failed)."""
+    if doc.get("stopped"):
+        return f"STOPPED before any check: {doc['stopped']}"
     if doc.get("pending") and not doc["counts"][FAIL]:
         return "UNFINISHED"
     if doc["passed"]:
@@ -1188,6 +1194,10 @@ def report_markdown(doc: dict) -> str:
         f"{fmt(doc.get('wall_s'))} s (budget {fmt(doc.get('budget_s'))} s), "
         f"{doc.get('started_at')}, commit {doc.get('git_commit')}.",
     ]
+    if doc.get("stopped"):
+        lines += ["", "No check ran: gpu-check stopped before them (exit 2)."]
+        if doc.get("stopped_log_tail"):
+            lines += ["", "```", doc["stopped_log_tail"].rstrip(), "```"]
     if doc.get("pending"):
         lines += [
             "",
