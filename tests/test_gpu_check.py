@@ -10,6 +10,7 @@ import dataclasses
 import json
 import math
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -1052,8 +1053,10 @@ def test_the_study_profile_keeps_its_trace_and_export_as_fixtures(tmp_path, monk
     # the command provenance.json records reproduces the fixture: the environment it ran in
     # (SCALESTUDY_PROFILER=torch: without it the trainer brackets the window for nsys on a GPU
     # and writes no export) and its --out, where the export lands; both were left out
-    command = ctx.commands["torch-profiler-study/trace_rank0.json"]
-    assert command == ctx.commands["torch-profiler-study/torch_ops_rank0.json"]
+    lines = ctx.commands["torch-profiler-study/trace_rank0.json"]
+    assert lines == ctx.commands["torch-profiler-study/torch_ops_rank0.json"]
+    assert len(lines) == 2 and "prepare-data" in lines[0]  # the data first
+    command = shlex.split(lines[1])
     assert command[:2] == ["env", "SCALESTUDY_PROFILER=torch"]
     assert command[2:] == gpu_check.trainer_argv(
         ctx, "torch-profiler-study", gpu_check.profile_study_flags()
@@ -1177,6 +1180,59 @@ def test_an_ncu_import_the_budget_cut_is_not_run_and_a_failed_one_fails(
     assert len(check.problems) == 1 and says in check.problems[0], check.problems
     if status == FAIL:  # ncu's own reason comes with it
         assert "cannot read the report" in check.problems[0]
+
+
+def recorded_env(line: str) -> tuple[dict[str, str], list[str]]:
+    """A recorded shell line's `env K=V ...` assignments and the argv after them."""
+    words = shlex.split(line)
+    assert words[0] == "env", line
+    at = next(i for i, w in enumerate(words[1:], 1) if "=" not in w)
+    return dict(w.split("=", 1) for w in words[1:at]), words[at:]
+
+
+def test_the_ncu_fixtures_commands_are_the_pass_and_the_import_that_made_it(tmp_path):
+    """provenance.json's command for ncu_details.csv was the ncu pass alone, which writes an
+    .ncu-rep, never the CSV: the `ncu --import ... --csv --page details` that printed the
+    fixture's text was recorded nowhere. Now the data, the pass and the import (its output
+    into the CSV), which remake the CSV the fixture was trimmed from; a stand-in ncu (its
+    import prints the real H100 details CSV)."""
+    real = FIX.parent / "gpu-h100-ncu" / "ncu_k0.csv"
+    kernel = ncu_parser.parse_ncu(real, "x")[0]["kernel"]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stand_in = STAND_IN_NCU.replace(
+        'echo \'"ID","Kernel Name","Metric Name"\'', f"cat {shlex.quote(str(real))}"
+    )
+    assert stand_in != STAND_IN_NCU
+    (bin_dir / "ncu").write_text(stand_in)
+    (bin_dir / "ncu").chmod(0o755)
+    env = {**gpu_check.child_env("0"), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    ctx = gpu_check.Context(
+        work=gpu_check.prepare_out(tmp_path / "out"),
+        fixtures=tmp_path / "out" / "fixtures",
+        env=env,
+        budget=gpu_check.Budget(time.monotonic() + 300),
+        device="cpu",
+    )
+    attempt = gpu_check.ncu_kernel(ctx, 0, kernel)
+    assert attempt["rows"] and ctx.fixture_files == ["fixtures/ncu_details.csv"], attempt
+    prepare, ncu_pass, ncu_import = ctx.commands["ncu_details.csv"]
+    assert recorded_env(prepare)[1][1:4] == ["-m", "scalestudy", "prepare-data"]
+    assigned, argv = recorded_env(ncu_pass)
+    assert argv == attempt["argv"] and argv[0] == "ncu"
+    assert assigned == {"PYTHONPATH": env["PYTHONPATH"], "CUDA_VISIBLE_DEVICES": "0"}
+    assert " --import " in ncu_import and " --csv --page details " in ncu_import
+    # the pass and the import, run by a shell from elsewhere into a fresh directory, remake the
+    # CSV the fixture was trimmed from
+    shutil.rmtree(ctx.work / "ncu")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (ctx.work / "ncu").mkdir()
+    for line in (ncu_pass, ncu_import):
+        subprocess.run(["sh", "-c", line], cwd=elsewhere, env=env, check=True, timeout=60)
+    remade = ctx.work / "ncu" / "ncu_k0.csv"
+    fixture = (ctx.fixtures / "ncu_details.csv").read_text()
+    assert report.trim_ncu_csv(remade.read_text()) == fixture
 
 
 def reference_case(ours_img_s: float, **ref_changes) -> tuple[RunResult, RunResult]:
@@ -1676,6 +1732,67 @@ def test_checkpoint_check_on_the_real_trainer(tmp_path, data_dir):
     assert check.numbers["checkpoints_after_stop"]
     log = (ctx.work / "logs" / "checkpoint-ddp-stop.log").read_text()
     assert log.startswith("+ ") and "--device cpu" in log and "received SIGUSR1" in log
+
+
+def stand_in_cuda(monkeypatch, request) -> None:
+    """gpu-check's run() on this CPU machine: CUDA's refusal, its GPUs and the device's
+    properties stood in, every trainer on --device cpu; pytest's signal handlers back after
+    (run() installs its own)."""
+    handlers = {n: signal.getsignal(n) for n in (signal.SIGTERM, signal.SIGINT)}
+    request.addfinalizer(lambda: [signal.signal(n, h) for n, h in handlers.items()])
+    monkeypatch.setattr(gpu_check, "refuse_without_gpu", lambda: None)
+    monkeypatch.setattr(gpu_check.gpu_slots, "visible_gpus", lambda env: ["0"])
+    info = {"device_name": "stand-in", "device_count": 1, "cuda_available": True}
+    monkeypatch.setattr(gpu_check, "versions", lambda ctx: info)
+    run_checks = gpu_check.run_checks
+
+    def on_cpu(ctx: gpu_check.Context, info: dict) -> list[Check]:
+        ctx.device = "cpu"
+        return run_checks(ctx, info)
+
+    monkeypatch.setattr(gpu_check, "run_checks", on_cpu)
+
+
+def test_a_fixtures_recorded_commands_remake_it_as_they_stand(tmp_path, monkeypatch, request):
+    """provenance.json's commands were not runnable as they stood: the --data-dir they name is
+    deleted when gpu-check ends, the prepare-data that made it (--num-train 16384 --num-test
+    2048) was recorded nowhere, and the env prefix lacked PYTHONPATH (the README runs gpu-check
+    with PYTHONPATH=src, nothing installed; here this venv's editable install would have run
+    another checkout's code). gpu-check's own run() makes the torch-profiler fixture (a narrow
+    network on CPU), then its recorded lines, run by a shell from another directory without
+    PYTHONPATH, remake the export it was trimmed from."""
+    stand_in_cuda(monkeypatch, request)
+    narrow = [("8" if flag == "64" else flag) for flag in gpu_check.PROFILED]
+    monkeypatch.setattr(gpu_check, "PROFILED", narrow)
+    out = tmp_path / "gc"
+    args = argparse.Namespace(out=str(out), budget_s=400.0, only="torch-profiler")
+    gpu_check.run(args)  # fails on a CPU (no CUDA kernels), but keeps its fixture
+    provenance = json.loads((out / "fixtures" / "provenance.json").read_text())
+    prepare, train = provenance["commands"]["torch_ops_rank0.json"]
+    assigned, argv = recorded_env(prepare)
+    assert argv[1:4] == ["-m", "scalestudy", "prepare-data"]
+    assert argv[argv.index("--num-train") + 1] == str(gpu_check.NUM_TRAIN) == "16384"
+    assert argv[argv.index("--num-test") + 1] == str(gpu_check.NUM_TEST) == "2048"
+    assigned, argv = recorded_env(train)
+    src = str(REPO / "src")
+    assert assigned["PYTHONPATH"].split(os.pathsep)[0] == src
+    assert assigned["CUDA_VISIBLE_DEVICES"] == "0" and assigned["SCALESTUDY_PROFILER"] == "torch"
+    data = Path(argv[argv.index("--data-dir") + 1])
+    assert data.is_absolute() and not data.exists()  # deleted: prepare-data remakes it
+    run_dir = Path(argv[argv.index("--out") + 1])
+    shutil.rmtree(run_dir)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {k: v for k, v in child_env().items() if k != "PYTHONPATH"}
+    for line in (prepare, train):
+        proc = subprocess.run(
+            ["sh", "-c", line], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    export = run_dir / "profile" / "torch_ops_rank0.json"
+    kept = json.loads((out / "fixtures" / "torch_ops_rank0.json").read_text())
+    assert report.trim_torch_ops(json.loads(export.read_text())).keys() == kept.keys()
+    assert torch_ops.parse_torch(export, "remade")[0]
 
 
 def test_every_check_has_a_place_in_the_report(tmp_path):

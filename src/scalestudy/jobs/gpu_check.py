@@ -53,7 +53,10 @@ not a failure of the node, not proven either; the report names the `--only` comm
 Writes DIR/gpu-check.md and DIR/gpu-check.json (again after each check, marked UNFINISHED with
 the checks still pending: what a killed gpu-check leaves; SIGTERM or SIGINT kills the checks'
 process groups, which their own sessions keep from the signal), DIR/fixtures/ (the trimmed
-torch.profiler export and ncu details CSV with provenance.json, a few KB, for tests/fixtures/) and
+torch.profiler export and ncu details CSV with provenance.json, a few KB, for tests/fixtures/;
+provenance.json gives each fixture the shell lines, runnable as they stand, that remake what it
+was trimmed from: prepare-data first, with the PYTHONPATH and CUDA_VISIBLE_DEVICES they ran
+with) and
 DIR/gpu-check-work/ (logs and run outputs; the synthetic data is deleted at the end).
 Exit 0 when every check passed (or was skipped), 1 when one failed, 3 when none failed but the
 budget ran out before some ran. A --budget-s that runs out before the synthetic data is made
@@ -218,7 +221,8 @@ class Context:
     kernels: list[dict] = field(default_factory=list)  # the profiled kernel rows, for ncu
     kernels_why: str = report.NO_KERNELS  # why there are none
     fixture_files: list[str] = field(default_factory=list)
-    commands: dict[str, list[str]] = field(default_factory=dict)  # fixture -> its command
+    # fixture -> the shell lines, in order, that remake what it was trimmed from
+    commands: dict[str, list[str]] = field(default_factory=dict)
     only: tuple[str, ...] = ()  # run only these checks (select_only: --only's names)
     progress: Callable[[list[Check]], None] | None = None  # called with the checks done so far
 
@@ -359,16 +363,40 @@ def trainer_argv(ctx: Context, name: str, flags: list[str], nproc: int = 1) -> l
     return train_argv(ctx, nproc, [*flags, "--out", str(ctx.work / "runs" / name)])
 
 
+# what a recorded command needs of the run's environment: this source tree (child_env's
+# PYTHONPATH; the README runs gpu-check with PYTHONPATH=src, nothing installed) and the GPU
+RECORDED_ENV = ("PYTHONPATH", "CUDA_VISIBLE_DEVICES")
+
+
+def recorded_line(
+    ctx: Context, argv: list[str], env: dict[str, str] | None = None, stdout: Path | None = None
+) -> str:
+    """argv as provenance.json keeps it: one shell line, runnable as it stands from any
+    directory (gpu-check's paths are absolute): `env K=V ...` with the run's RECORDED_ENV and
+    what the check adds (`env`), the whole argv, and `> stdout` where the process's output was
+    that file (ncu --import)."""
+    full = {**ctx.env, **(env or {})}
+    assigned = {k: full[k] for k in RECORDED_ENV if k in full} | (env or {})
+    words = ["env", *(f"{k}={v}" for k, v in assigned.items())] if assigned else []
+    line = shlex.join([*words, *(str(a) for a in argv)])
+    return f"{line} > {shlex.quote(str(stdout))}" if stdout else line
+
+
+def recorded_commands(ctx: Context, *lines: str) -> list[str]:
+    """A fixture's commands: prepare-data first (gpu-check deletes the data when it ends, and
+    every command names it), then `lines`."""
+    return [recorded_line(ctx, prepare_data_argv(ctx)), *lines]
+
+
 def recorded_command(
     ctx: Context, name: str, flags: list[str], env: dict[str, str], nproc: int = 1
 ) -> list[str]:
-    """trainer(ctx, name, flags, ..., env={**ctx.env, **env})'s command as provenance.json keeps
-    it, runnable as it stands: `env K=V ...` for what it adds to the environment, then the whole
-    argv, --out included. It was the argv without either: for a torch.profiler fixture that
-    command, on a GPU, brackets the window for nsys (no SCALESTUDY_PROFILER=torch) and writes
-    no export."""
-    argv = trainer_argv(ctx, name, flags, nproc)
-    return ["env", *(f"{k}={v}" for k, v in env.items()), *argv] if env else argv
+    """trainer(ctx, name, flags, ..., env={**ctx.env, **env})'s commands as provenance.json
+    keeps them (recorded_commands): the data, then the run with its environment and --out. It
+    was the trainer's argv alone: for a torch.profiler fixture that command, on a GPU,
+    brackets the window for nsys (no SCALESTUDY_PROFILER=torch) and writes no export, and
+    without the data (deleted), PYTHONPATH (this tree) and prepare-data it ran nowhere."""
+    return recorded_commands(ctx, recorded_line(ctx, trainer_argv(ctx, name, flags, nproc), env))
 
 
 # the environment of a torch.profiler run on a GPU (trainer/measure.py Profiler), as
@@ -552,8 +580,8 @@ def check_profile(ctx: Context) -> Check:
         csv_path = ctx.work / "torch-profiler-kernels.csv"
         files.write_text(csv_path, schema.csv_text(schema.KERNEL_COLUMNS, kernels))
         fixture = json.dumps(report.trim_torch_ops(doc), indent=1) + "\n"
-        command = recorded_command(ctx, "torch-profiler", flags, TORCH_PROFILER_ENV)
-        write_fixture(ctx, "torch_ops_rank0.json", fixture, command)
+        commands = recorded_command(ctx, "torch-profiler", flags, TORCH_PROFILER_ENV)
+        write_fixture(ctx, "torch_ops_rank0.json", fixture, commands)
     ctx.kernels = kernels
     ctx.kernels_why = (
         "; ".join(report.run_problems(run, "the torch-profiler run")) or report.NO_KERNELS
@@ -601,12 +629,12 @@ def keep_profile_fixtures(ctx: Context, name: str, export: Path) -> None:
     except (OSError, ValueError) as exc:
         logger.warning(f"gpu-check: {name}: no fixture kept ({exc})")
         return
-    argv = recorded_command(ctx, name, profile_study_flags(), TORCH_PROFILER_ENV)
+    commands = recorded_command(ctx, name, profile_study_flags(), TORCH_PROFILER_ENV)
     for fixture, content in (
         ("trace_rank0.json", json.dumps(report.trim_trace(trace), separators=(",", ":"))),
         ("torch_ops_rank0.json", json.dumps(report.trim_torch_ops(doc), indent=1)),
     ):
-        write_fixture(ctx, f"{name}/{fixture}", content + "\n", argv)
+        write_fixture(ctx, f"{name}/{fixture}", content + "\n", commands)
 
 
 def check_ncu(ctx: Context) -> Check:
@@ -647,8 +675,9 @@ def ncu_kernel(ctx: Context, i: int, kernel: str) -> dict:
         attempt["error"] = f"ncu wrote no {report_file.name}: its kernel filter matched no launch"
         return attempt
     details = out_dir / f"ncu_k{i}.csv"
+    import_argv = profile.ncu_import_command(str(report_file))
     imported = run_process(
-        profile.ncu_import_command(str(report_file)),
+        import_argv,
         ctx.work / "logs" / f"ncu_k{i}-import.log",
         ctx.budget.limit(LIMITS_S["ncu-import"]),
         ctx.env,
@@ -667,11 +696,13 @@ def ncu_kernel(ctx: Context, i: int, kernel: str) -> dict:
         attempt["error"] = f"parse_ncu: {exc}"
         return attempt
     if i == 0:
-        write_ncu_fixture(ctx, details, argv)
+        # the fixture's text comes from the import, the import's report from the pass
+        passes = [recorded_line(ctx, argv), recorded_line(ctx, import_argv, stdout=details)]
+        write_ncu_fixture(ctx, details, recorded_commands(ctx, *passes))
     return attempt
 
 
-def write_ncu_fixture(ctx: Context, details: Path, argv: list[str]) -> None:
+def write_ncu_fixture(ctx: Context, details: Path, commands: list[str]) -> None:
     """The trimmed details CSV, if the parser reads the same duration from it as from the whole."""
     trimmed = report.trim_ncu_csv(details.read_text(errors="replace"))
     probe = ctx.work / "ncu" / "trimmed-check.csv"
@@ -682,7 +713,7 @@ def write_ncu_fixture(ctx: Context, details: Path, argv: list[str]) -> None:
         logger.warning(f"gpu-check: no ncu fixture, the trimmed CSV does not parse: {exc}")
         return
     if [r["duration_ns"] for r in whole] == [r["duration_ns"] for r in cut]:
-        write_fixture(ctx, "ncu_details.csv", trimmed, argv)
+        write_fixture(ctx, "ncu_details.csv", trimmed, commands)
 
 
 def timed_flags(precision: str) -> list[str]:
@@ -759,10 +790,11 @@ def check_nvml(ctx: Context, ours: RunResult, precision: str = "bf16") -> Check:
     return check
 
 
-def write_fixture(ctx: Context, name: str, text: str, argv: list[str]) -> None:
+def write_fixture(ctx: Context, name: str, text: str, commands: list[str]) -> None:
+    """fixtures/name, and the shell lines that remake what it was trimmed from (provenance)."""
     files.write_text(ctx.fixtures / name, text)
     ctx.fixture_files.append(f"fixtures/{name}")
-    ctx.commands[name] = [str(a) for a in argv]
+    ctx.commands[name] = list(commands)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -833,12 +865,17 @@ def versions(ctx: Context) -> dict:
     }
 
 
-def prepare_data(ctx: Context) -> RunResult:
+def prepare_data_argv(ctx: Context) -> list[str]:
     argv = [sys.executable, "-m", "scalestudy", "prepare-data", "--dataset", "synthetic"]
     argv += ["--data-dir", str(ctx.data_dir), "--num-train", str(NUM_TRAIN)]
-    argv += ["--num-test", str(NUM_TEST)]
+    return [*argv, "--num-test", str(NUM_TEST)]
+
+
+def prepare_data(ctx: Context) -> RunResult:
     log_path = ctx.work / "logs" / "prepare-data.log"
-    return run_process(argv, log_path, ctx.budget.limit(LIMITS_S["data"]), ctx.env)
+    return run_process(
+        prepare_data_argv(ctx), log_path, ctx.budget.limit(LIMITS_S["data"]), ctx.env
+    )
 
 
 def guarded(name: str, fn: Callable[[], Check]) -> Check:
@@ -983,7 +1020,7 @@ def run(args: argparse.Namespace) -> int:
     refuse_without_gpu()  # before anything is written
     t0, started_at = time.monotonic(), datetime.datetime.now(datetime.UTC)
     out = Path(args.out)
-    work = prepare_out(out)
+    work = prepare_out(out).absolute()  # the recorded commands run from any directory
     gpus = gpu_slots.visible_gpus(dict(os.environ))  # as CUDA reads CUDA_VISIBLE_DEVICES
     ctx = Context(
         work=work,
