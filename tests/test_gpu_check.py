@@ -1588,6 +1588,74 @@ def test_sigterm_kills_the_checks_processes_and_exits(tmp_path):
         time.sleep(0.1)
 
 
+# gpu-check's run() in a process of its own (CUDA, the data and the checks stood in):
+# torch-profiler keeps a fixture as check_profile does, compile-ddp runs a process that sleeps
+KILLED_RUN = """\
+import argparse, sys
+from scalestudy.jobs import gpu_check as g
+from scalestudy.jobs.gpu_check_report import PASS, Check, RunResult
+
+g.refuse_without_gpu = lambda: None
+g.versions = lambda ctx: {"device_name": "stand-in", "device_count": 1}
+g.gpu_slots.visible_gpus = lambda env: ["0"]
+g.prepare_data = lambda ctx: RunResult(rc=0)
+
+
+def profiler(ctx):
+    flags = [*g.PROFILED, "--profile-steps", "5:8"]
+    lines = g.recorded_command(ctx, "torch-profiler", flags, g.TORCH_PROFILER_ENV)
+    g.write_fixture(ctx, "torch_ops_rank0.json", "{}\\n", lines)
+    return Check("torch-profiler", PASS, "stand-in")
+
+
+def long_check(ctx):
+    argv = [sys.executable, "-c", "import time; time.sleep(120)"]
+    g.run_process(argv, ctx.work / "logs" / "long.log", ctx.budget.limit(300), ctx.env)
+    return Check("compile-ddp", PASS, "stand-in")
+
+
+g.shared_gpu_checks = lambda ctx: {
+    "compile-ddp": lambda: long_check(ctx),
+    "torch-profiler": lambda: profiler(ctx),
+}
+g.timed_checks = lambda ctx: {}
+sys.exit(g.run(argparse.Namespace(out=sys.argv[1], budget_s=600.0, only="")))
+"""
+
+
+def test_a_killed_gpu_check_leaves_its_fixtures_with_their_provenance(tmp_path):
+    """provenance.json was written once, after the last check, while each fixture is written
+    as its check ends: a SIGTERM (the device tool's time limit) left fixtures whose commands
+    were recorded nowhere, though the report listed them. It is rewritten with each fixture."""
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED_RUN)
+    out = tmp_path / "gc"
+    proc = subprocess.Popen(
+        [PYTHON, str(script), str(out)], env=child_env(), stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 120
+    while "fixtures/torch_ops_rank0.json" not in read_or_empty(out / "gpu-check.json"):
+        assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read()
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+    assert (out / "gpu-check.md").read_text().startswith("# gpu-check on ")
+    assert json.loads((out / "gpu-check.json").read_text())["pending"] == ["compile-ddp"]
+    provenance = json.loads((out / "fixtures" / "provenance.json").read_text())
+    assert provenance["format"] == gpu_check.PROVENANCE_FORMAT
+    assert provenance["fixtures"] == ["fixtures/torch_ops_rank0.json"]
+    prepare, train = provenance["commands"]["torch_ops_rank0.json"]
+    assert "prepare-data" in prepare and "SCALESTUDY_PROFILER=torch" in train
+    assert provenance["versions"] == {"device_name": "stand-in", "device_count": 1}
+
+
+def read_or_empty(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
 def _state(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]

@@ -56,7 +56,7 @@ process groups, which their own sessions keep from the signal), DIR/fixtures/ (t
 torch.profiler export and ncu details CSV with provenance.json, a few KB, for tests/fixtures/;
 provenance.json gives each fixture the shell lines, runnable as they stand, that remake what it
 was trimmed from: prepare-data first, with the PYTHONPATH and CUDA_VISIBLE_DEVICES they ran
-with) and
+with; rewritten with each fixture, so a killed gpu-check leaves none without it) and
 DIR/gpu-check-work/ (logs and run outputs; the synthetic data is deleted at the end).
 Exit 0 when every check passed (or was skipped), 1 when one failed, 3 when none failed but the
 budget ran out before some ran. A --budget-s that runs out before the synthetic data is made
@@ -80,6 +80,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -180,6 +181,8 @@ NCU_TOP_K = 2  # kernels profiled by ncu, one pass each
 NEEDS = {"nvml": "reference-bf16", "ncu": "torch-profiler"}
 CHECKPOINT_EPOCHS = 6  # SIGUSR1 after epoch 1 must land before the last epoch's stop check
 WORK_MARK = ".scalestudy-gpu-check"  # marks a work directory this command may delete
+PROVENANCE = "provenance.json"  # in DIR/fixtures: each fixture's commands, the run's header
+PROVENANCE_FORMAT = "scalestudy-gpu-check-provenance-2"  # 2: commands as shell lines
 REFERENCE = Path(scalestudy.__file__).resolve().parents[2] / "benchmarks" / "reference_train.py"
 # launcher variables of an enclosing job must not reach the trainers gpu-check starts: a rank
 # started inside `srun` would take SLURM_NTASKS for its world size and wait for absent peers
@@ -225,6 +228,9 @@ class Context:
     commands: dict[str, list[str]] = field(default_factory=dict)
     only: tuple[str, ...] = ()  # run only these checks (select_only: --only's names)
     progress: Callable[[list[Check]], None] | None = None  # called with the checks done so far
+    header: Callable[[], dict] | None = None  # the report's header, for provenance.json
+    # write_fixture runs in the pool's threads: one fixture and provenance.json at a time
+    fixture_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def wanted(self, name: str) -> bool:
         """Selected by --only, or the run a selected check reads (NEEDS)."""
@@ -791,10 +797,22 @@ def check_nvml(ctx: Context, ours: RunResult, precision: str = "bf16") -> Check:
 
 
 def write_fixture(ctx: Context, name: str, text: str, commands: list[str]) -> None:
-    """fixtures/name, and the shell lines that remake what it was trimmed from (provenance)."""
-    files.write_text(ctx.fixtures / name, text)
-    ctx.fixture_files.append(f"fixtures/{name}")
-    ctx.commands[name] = list(commands)
+    """fixtures/name, with provenance.json rewritten first to hold the shell lines that remake
+    what it was trimmed from: it was written only after the last check, so a gpu-check killed
+    (SIGTERM, a wrapper's time limit) left fixtures without it. Written first, a kill between
+    the two leaves a provenance naming a fixture not yet there, never a fixture without one."""
+    with ctx.fixture_lock:
+        ctx.fixture_files.append(f"fixtures/{name}")
+        ctx.commands[name] = list(commands)
+        write_provenance(ctx)
+        files.write_text(ctx.fixtures / name, text)
+
+
+def write_provenance(ctx: Context) -> None:
+    """DIR/fixtures/provenance.json (atomic): the run's header and each fixture's commands."""
+    header = ctx.header() if ctx.header else {}
+    doc = {**header, "format": PROVENANCE_FORMAT, "fixtures": sorted(ctx.fixture_files)}
+    files.write_json(ctx.fixtures / PROVENANCE, {**doc, "commands": ctx.commands})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1054,6 +1072,7 @@ def run(args: argparse.Namespace) -> int:
         report.write_report(out, make_header(pending), sorted(done, key=order))
 
     ctx.progress = progress
+    ctx.header = make_header
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, stop_children)
 
@@ -1088,8 +1107,9 @@ def run(args: argparse.Namespace) -> int:
     checks = run_checks(ctx, info)
     shutil.rmtree(ctx.data_dir, ignore_errors=True)  # 56 MB that one command remakes
     header = make_header()
-    if ctx.fixture_files:
-        files.write_json(ctx.fixtures / "provenance.json", {**header, "commands": ctx.commands})
+    if ctx.fixture_files:  # once more with the whole run's wall time
+        with ctx.fixture_lock:
+            write_provenance(ctx)
     doc = report.write_report(out, header, checks)
     counts = doc["counts"]
     logger.info(
