@@ -208,9 +208,47 @@ def test_an_out_that_is_a_file_or_a_foreign_work_dir_is_refused(tmp_path):
     # its own work dir and fixtures from an earlier run are replaced
     mine = gpu_check.prepare_out(tmp_path / "e")
     (mine / "old.log").write_text("earlier run")
-    (tmp_path / "e" / "fixtures" / "old.csv").write_text("earlier run")
+    ctx = gpu_check.Context(
+        work=mine, fixtures=tmp_path / "e" / "fixtures", env={}, budget=gpu_check.Budget(0)
+    )
+    gpu_check.write_fixture(ctx, "old/trace.json", "{}\n", ["true"])
     assert gpu_check.prepare_out(tmp_path / "e") == mine and not (mine / "old.log").exists()
-    assert not (tmp_path / "e" / "fixtures" / "old.csv").exists()
+    assert not (tmp_path / "e" / "fixtures").exists()
+    # ... but not where someone added a file its provenance.json does not name
+    gpu_check.write_fixture(ctx, "old/trace.json", "{}\n", ["true"])
+    (tmp_path / "e" / "fixtures" / "old" / "mine.csv").write_text("someone's")
+    with pytest.raises(GpuCheckError, match="fixtures was not made by gpu-check .no provenance"):
+        gpu_check.prepare_out(tmp_path / "e")
+    assert (tmp_path / "e" / "fixtures" / "old" / "mine.csv").exists()
+    # a fixtures/ an earlier gpu-check marked (it kept WORK_MARK there) is its own
+    old = tmp_path / "m" / "fixtures"
+    old.mkdir(parents=True)
+    (old / gpu_check.WORK_MARK).write_text("made by `scalestudy gpu-check`\n")
+    (old / "ncu_details.csv").write_text("earlier run")
+    gpu_check.prepare_out(tmp_path / "m")
+    assert not old.exists()
+
+
+def test_a_work_directory_elsewhere_is_checked_like_the_default(tmp_path):
+    """--work WORK: made afresh and marked, refused where gpu-check did not make it, or where
+    deleting it would delete DIR (or DIR inside it) or DIR/fixtures."""
+    out, work = tmp_path / "out", tmp_path / "scratch" / "gc-work"
+    assert gpu_check.prepare_out(out, work) == work and (work / gpu_check.WORK_MARK).exists()
+    assert out.is_dir() and not any(out.iterdir())  # nothing of the work in DIR
+    (work / "old.log").write_text("earlier run")
+    gpu_check.prepare_out(out, work)
+    assert not (work / "old.log").exists()
+    foreign = tmp_path / "home"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("someone's")
+    with pytest.raises(
+        GpuCheckError, match=rf"{foreign} was not made by gpu-check.*another --work"
+    ):
+        gpu_check.prepare_out(out, foreign)
+    for overlapping in (out, tmp_path, out / "fixtures", out / "fixtures" / "w"):
+        with pytest.raises(GpuCheckError, match="is --out .*, holds it or lies in its fixtures/"):
+            gpu_check.prepare_out(out, overlapping)
+    assert (foreign / "notes.txt").exists() and work.exists()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1190,14 +1228,10 @@ def recorded_env(line: str) -> tuple[dict[str, str], list[str]]:
     return dict(w.split("=", 1) for w in words[1:at]), words[at:]
 
 
-def test_the_ncu_fixtures_commands_are_the_pass_and_the_import_that_made_it(tmp_path):
-    """provenance.json's command for ncu_details.csv was the ncu pass alone, which writes an
-    .ncu-rep, never the CSV: the `ncu --import ... --csv --page details` that printed the
-    fixture's text was recorded nowhere. Now the data, the pass and the import (its output
-    into the CSV), which remake the CSV the fixture was trimmed from; a stand-in ncu (its
-    import prints the real H100 details CSV)."""
+def real_csv_ncu(tmp_path: Path) -> tuple[dict[str, str], str]:
+    """gpu-check's environment with a stand-in ncu first on PATH whose import prints the real
+    H100 details CSV, and that CSV's first kernel."""
     real = FIX.parent / "gpu-h100-ncu" / "ncu_k0.csv"
-    kernel = ncu_parser.parse_ncu(real, "x")[0]["kernel"]
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     stand_in = STAND_IN_NCU.replace(
@@ -1207,6 +1241,16 @@ def test_the_ncu_fixtures_commands_are_the_pass_and_the_import_that_made_it(tmp_
     (bin_dir / "ncu").write_text(stand_in)
     (bin_dir / "ncu").chmod(0o755)
     env = {**gpu_check.child_env("0"), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    return env, ncu_parser.parse_ncu(real, "x")[0]["kernel"]
+
+
+def test_the_ncu_fixtures_commands_are_the_pass_and_the_import_that_made_it(tmp_path):
+    """provenance.json's command for ncu_details.csv was the ncu pass alone, which writes an
+    .ncu-rep, never the CSV: the `ncu --import ... --csv --page details` that printed the
+    fixture's text was recorded nowhere. Now the data, the pass and the import (its output
+    into the CSV), which remake the CSV the fixture was trimmed from; a stand-in ncu (its
+    import prints the real H100 details CSV)."""
+    env, kernel = real_csv_ncu(tmp_path)
     ctx = gpu_check.Context(
         work=gpu_check.prepare_out(tmp_path / "out"),
         fixtures=tmp_path / "out" / "fixtures",
@@ -1619,7 +1663,9 @@ g.shared_gpu_checks = lambda ctx: {
     "torch-profiler": lambda: profiler(ctx),
 }
 g.timed_checks = lambda ctx: {}
-sys.exit(g.run(argparse.Namespace(out=sys.argv[1], budget_s=600.0, only="")))
+parser = argparse.ArgumentParser()
+g.add_arguments(parser)
+sys.exit(g.run(parser.parse_args(["--out", sys.argv[1], "--budget-s", "600"])))
 """
 
 
@@ -1727,22 +1773,71 @@ def test_trimmed_ncu_csv_parses_to_the_same_rows(tmp_path, name):
 # the runner and the real trainer on CPU (the same functions the GPU checks use)
 
 
+def test_with_work_elsewhere_dir_holds_the_report_and_fixtures_in_few_files(
+    tmp_path, data_dir, monkeypatch
+):
+    """What DIR holds when a wrapper brings back only a few files (the device tool: at most 8,
+    no more than 2 folders down): with --out DIR the work directory landed inside it (17 files
+    of two checks, 4 too deep), and a hidden marker in fixtures/ took one of the 8. With --work
+    elsewhere DIR holds the report and the fixtures of every fixture-keeping check (the real
+    processes on CPU: a narrow network, a stand-in ncu printing a real CSV; the study profile's
+    fixtures from the real H100 export)."""
+    out, work = tmp_path / "OUT", tmp_path / "scratch"
+    env, kernel = real_csv_ncu(tmp_path)
+    ctx = gpu_check.Context(
+        work=gpu_check.prepare_out(out, work).absolute(),
+        fixtures=out / "fixtures",
+        env=env,
+        budget=gpu_check.Budget(time.monotonic() + 300),
+        device="cpu",
+        small=CPU_SMALL,
+    )
+    (ctx.work / "data").symlink_to(data_dir)
+    narrow = [("4" if flag == "64" else flag) for flag in gpu_check.PROFILED]
+    # the session's data, 1,024 images: 10 steps of 64, the window 5:8 inside them
+    narrow[narrow.index("--limit-train") + 1] = "640"
+    narrow[narrow.index("--local-batch") + 1] = "64"
+    monkeypatch.setattr(gpu_check, "PROFILED", narrow)
+    checks = [gpu_check.check_checkpoint(ctx, "ddp"), gpu_check.check_profile(ctx)]
+    gpu_check.keep_profile_fixtures(ctx, "torch-profiler-study", FIX.parent / "gpu-h100")
+    assert gpu_check.ncu_kernel(ctx, 0, kernel)["rows"]
+    header = {"host": "n", "versions": {"device_count": 1}, "fixtures": ctx.fixture_files}
+    report.write_report(out, header, checks)
+    kept = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if not p.is_dir())
+    assert kept == [
+        "fixtures/ncu_details.csv",
+        "fixtures/provenance.json",
+        "fixtures/torch-profiler-study/torch_ops_rank0.json",
+        "fixtures/torch-profiler-study/trace_rank0.json",
+        "fixtures/torch_ops_rank0.json",
+        "gpu-check.json",
+        "gpu-check.md",
+    ]
+    assert len(kept) <= 8 and all(len(Path(k).parts) <= 3 for k in kept)
+    assert checks[0].status == PASS, checks[0].problems  # its runs wrote into WORK
+    assert (work / "runs" / "checkpoint-ddp" / "metrics.json").exists()
+    assert (work / "logs" / "checkpoint-ddp-resume.log").exists()
+
+
 def cpu_context(tmp_path: Path, data_dir: Path, budget_s: float = 300) -> gpu_check.Context:
     work = gpu_check.prepare_out(tmp_path / "out")
     (work / "data").symlink_to(data_dir)
     env = child_env()
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), env.get("PYTHONPATH", "")])
-    small = ("--dataset", "synthetic", "--width", "4", "--local-batch", "64")
-    small += ("--limit-train", "256", "--limit-test", "100", "--warmup-steps", "2")
-    small += ("--comm-probe-steps", "0")
     return gpu_check.Context(
         work=work,
         fixtures=tmp_path / "out" / "fixtures",
         env=env,
         budget=gpu_check.Budget(time.monotonic() + budget_s),
         device="cpu",
-        small=small,
+        small=CPU_SMALL,
     )
+
+
+# the correctness runs' flags on CPU: a tiny network on the session's synthetic data
+CPU_SMALL = ("--dataset", "synthetic", "--width", "4", "--local-batch", "64")
+CPU_SMALL += ("--limit-train", "256", "--limit-test", "100", "--warmup-steps", "2")
+CPU_SMALL += ("--comm-probe-steps", "0")
 
 
 def test_runner_kills_the_whole_process_group_at_the_limit(tmp_path):
@@ -1821,6 +1916,12 @@ def stand_in_cuda(monkeypatch, request) -> None:
     monkeypatch.setattr(gpu_check, "run_checks", on_cpu)
 
 
+def gpu_check_args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    gpu_check.add_arguments(parser)
+    return parser.parse_args(argv)
+
+
 def test_a_fixtures_recorded_commands_remake_it_as_they_stand(tmp_path, monkeypatch, request):
     """provenance.json's commands were not runnable as they stood: the --data-dir they name is
     deleted when gpu-check ends, the prepare-data that made it (--num-train 16384 --num-test
@@ -1833,8 +1934,9 @@ def test_a_fixtures_recorded_commands_remake_it_as_they_stand(tmp_path, monkeypa
     narrow = [("8" if flag == "64" else flag) for flag in gpu_check.PROFILED]
     monkeypatch.setattr(gpu_check, "PROFILED", narrow)
     out = tmp_path / "gc"
-    args = argparse.Namespace(out=str(out), budget_s=400.0, only="torch-profiler")
-    gpu_check.run(args)  # fails on a CPU (no CUDA kernels), but keeps its fixture
+    gpu_check.run(
+        gpu_check_args("--out", str(out), "--budget-s", "400", "--only", "torch-profiler")
+    )  # fails on a CPU (no CUDA kernels), but keeps its fixture
     provenance = json.loads((out / "fixtures" / "provenance.json").read_text())
     prepare, train = provenance["commands"]["torch_ops_rank0.json"]
     assigned, argv = recorded_env(prepare)

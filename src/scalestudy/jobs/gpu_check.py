@@ -52,12 +52,16 @@ not a failure of the node, not proven either; the report names the `--only` comm
 
 Writes DIR/gpu-check.md and DIR/gpu-check.json (again after each check, marked UNFINISHED with
 the checks still pending: what a killed gpu-check leaves; SIGTERM or SIGINT kills the checks'
-process groups, which their own sessions keep from the signal), DIR/fixtures/ (the trimmed
-torch.profiler export and ncu details CSV with provenance.json, a few KB, for tests/fixtures/;
-provenance.json gives each fixture the shell lines, runnable as they stand, that remake what it
-was trimmed from: prepare-data first, with the PYTHONPATH and CUDA_VISIBLE_DEVICES they ran
-with; rewritten with each fixture, so a killed gpu-check leaves none without it) and
-DIR/gpu-check-work/ (logs and run outputs; the synthetic data is deleted at the end).
+process groups, which their own sessions keep from the signal), DIR/fixtures/ (for
+tests/fixtures/: torch_ops_rank0.json, the torch-profiler export, ~13 KB; torch-profiler-study/
+its export, ~11 KB, and its chrome trace cut to one step, ~123 KB; ncu_details.csv, ~7 KB; and
+provenance.json, which gives each fixture the shell lines, runnable as they stand, that remake
+what it was trimmed from: prepare-data first, with the PYTHONPATH and CUDA_VISIBLE_DEVICES they
+ran with; rewritten with each fixture, so a killed gpu-check leaves none without it) and the
+work directory, --work WORK, by default DIR/gpu-check-work/ (logs, run outputs, the synthetic
+data, deleted at the end), marked as gpu-check's (WORK_MARK). DIR thus holds at most 7 files,
+none more than two folders down; with --work outside it, only those (a wrapper that brings back
+8 files of its output folder: `--out "$OUT" --work /tmp/gpu-check-work`).
 Exit 0 when every check passed (or was skipped), 1 when one failed, 3 when none failed but the
 budget ran out before some ran. A --budget-s that runs out before the synthetic data is made
 (the setup, `inventory` and torch's CUDA start, counts against it) is one line, exit 2, and so
@@ -214,7 +218,7 @@ class Budget:
 class Context:
     """Where a check's processes run and write (the tests build one on CPU)."""
 
-    work: Path  # DIR/gpu-check-work
+    work: Path  # --work, default DIR/gpu-check-work
     fixtures: Path  # DIR/fixtures
     env: dict[str, str]  # the children's environment
     budget: Budget
@@ -829,25 +833,59 @@ def refuse_without_gpu() -> None:
         )
 
 
-def prepare_out(out: Path) -> Path:
-    """DIR with a fresh DIR/gpu-check-work and DIR/fixtures; refuses to delete either where
-    gpu-check did not make it (--out tests/ would otherwise empty tests/fixtures)."""
+def prepare_out(out: Path, work: Path | None = None) -> Path:
+    """DIR, with a fresh work directory (`work`, default DIR/gpu-check-work) and no DIR/fixtures
+    (write_fixture makes it); refuses, before deleting anything, to delete either where
+    gpu-check did not make it (--out tests/ would otherwise empty tests/fixtures). The work
+    directory holds WORK_MARK; DIR/fixtures holds none (it took one of the few files a wrapper
+    brings back): it is gpu-check's when its provenance.json names every file in it
+    (fixtures_made_here). Returns the work directory."""
     if out.exists() and not out.is_dir():
         raise GpuCheckError(f"--out {out} is a file, not a directory")
-    made = [out / "gpu-check-work", out / "fixtures"]
-    for directory in made:
-        if directory.exists() and not (directory / WORK_MARK).exists():
-            raise GpuCheckError(
-                f"{directory} was not made by gpu-check, which would delete it: choose another "
-                "--out"
-            )
-    for directory in made:
-        shutil.rmtree(directory, ignore_errors=True)
-        directory.mkdir(parents=True)
-        (directory / WORK_MARK).write_text(
-            "made by `scalestudy gpu-check`; deleted by its next run\n"
+    flag = "--work" if work is not None else "--out"
+    work = out / "gpu-check-work" if work is None else work
+    fixtures = out / "fixtures"
+    where, dir_, fix = (p.resolve() for p in (work, out, fixtures))
+    if where == dir_ or where in dir_.parents or fix == where or fix in where.parents:
+        raise GpuCheckError(
+            f"--work {work} is --out {out}, holds it or lies in its fixtures/, and each run "
+            "deletes the work directory: give one beside DIR or inside it (the default, "
+            "DIR/gpu-check-work)"
         )
-    return made[0]
+    if work.exists() and not (work / WORK_MARK).exists():
+        raise GpuCheckError(
+            f"{work} was not made by gpu-check, which would delete it: choose another {flag}"
+        )
+    if fixtures.exists() and not fixtures_made_here(fixtures):
+        raise GpuCheckError(
+            f"{fixtures} was not made by gpu-check (no {PROVENANCE} of it names every file "
+            "there), which would delete it: choose another --out"
+        )
+    shutil.rmtree(work, ignore_errors=True)
+    shutil.rmtree(fixtures, ignore_errors=True)
+    out.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True)
+    (work / WORK_MARK).write_text("made by `scalestudy gpu-check`; deleted by its next run\n")
+    return work
+
+
+def fixtures_made_here(fixtures: Path) -> bool:
+    """Whether DIR/fixtures is an earlier gpu-check's: empty, marked (WORK_MARK, as before
+    the marker left it), or every file in it is its provenance.json (PROVENANCE_FORMAT) or
+    named there (write_fixture writes provenance.json first)."""
+    if (fixtures / WORK_MARK).exists():
+        return True
+    found = {p.relative_to(fixtures).as_posix() for p in fixtures.rglob("*") if not p.is_dir()}
+    if not found:
+        return True
+    try:
+        doc = json.loads((fixtures / PROVENANCE).read_text())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(doc, dict) or doc.get("format") != PROVENANCE_FORMAT:
+        return False
+    named = {str(f).removeprefix("fixtures/") for f in doc.get("fixtures") or []}
+    return found <= {PROVENANCE, *named}
 
 
 def child_env(gpu: str) -> dict[str, str]:
@@ -1006,7 +1044,17 @@ def check_names() -> list[str]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--out", required=True, metavar="DIR", help="gpu-check.md/.json, fixtures/, work dir"
+        "--out",
+        required=True,
+        metavar="DIR",
+        help="gpu-check.md/.json and fixtures/ (and the work directory, unless --work)",
+    )
+    parser.add_argument(
+        "--work",
+        default=None,
+        metavar="WORK",
+        help="the checks' logs, run outputs and synthetic data (default DIR/gpu-check-work; "
+        "replaced by each run): elsewhere, DIR holds the report and fixtures alone",
     )
     parser.add_argument(
         "--budget-s",
@@ -1038,7 +1086,8 @@ def run(args: argparse.Namespace) -> int:
     refuse_without_gpu()  # before anything is written
     t0, started_at = time.monotonic(), datetime.datetime.now(datetime.UTC)
     out = Path(args.out)
-    work = prepare_out(out).absolute()  # the recorded commands run from any directory
+    work = Path(args.work) if args.work else None
+    work = prepare_out(out, work).absolute()  # the recorded commands run from any directory
     gpus = gpu_slots.visible_gpus(dict(os.environ))  # as CUDA reads CUDA_VISIBLE_DEVICES
     ctx = Context(
         work=work,

@@ -1253,7 +1253,7 @@ def write_report(out_dir: Path, header: dict, checks: list[Check]) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
-# fixtures: real output cut to a few KB
+# fixtures: real output cut to fixture size (7-13 KB; the one-step chrome trace ~123 KB)
 
 
 def trim_torch_ops(doc: dict, cuda_top: int = 20, cpu_top: int = 10) -> dict:
