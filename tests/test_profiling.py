@@ -2369,12 +2369,13 @@ def test_torch_profiler_capture_of_a_two_rank_fsdp_run(data_dir, tmp_path):
         wall_us = _union(spans + calls) + sum(b - a for a, b in spans) - _union(spans)
         nccl_us = sum(int(r["total_ns"]) for r in rows if r["category"] == "nccl") / 1e3
         assert 0 < nccl_us <= wall_us + 1e-3 * len(rows), (rank, nccl_us, wall_us)
-        # the wait left FSDP's reduce-scatter ranges: less than the export's self time
+        # the wait left FSDP's reduce-scatter ranges: together less than the export's self
+        # time (not each: on a loaded machine gloo may finish a layer's reduce-scatter before
+        # its range waits, and that range keeps all its self time: a run beside the CI failed so)
         ops = json.loads((profile / f"torch_ops_rank{rank}.json").read_text())["ops"]
         self_us = {o["name"]: o["self_cpu_us"] for o in ops if o["device_type"] == "CPU"}
-        for k in reduce_scatters:
-            counted = [int(r["total_ns"]) for r in rows if r["kernel"] == k]
-            assert sum(counted) < self_us[k] * 1e3
+        counted = sum(int(r["total_ns"]) for r in rows if r["kernel"] in reduce_scatters)
+        assert counted < sum(self_us[k] for k in reduce_scatters) * 1e3, (rank, counted)
 
 
 @pytest.mark.parametrize(
