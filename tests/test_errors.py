@@ -584,3 +584,46 @@ def test_what_a_nodes_hardware_or_the_run_refuses_is_said_once_per_node_or_run(m
     with pytest.raises(TrainingError, match="--cuda-graphs step") as info:
         compiling.graphs_mode(TrainConfig(cuda_graphs="step"), cpu, total_steps=1)
     assert info.value.scope == "run"
+
+
+@pytest.mark.parametrize(
+    ("argv", "buffered"),
+    [
+        (["matrix", "--config", "config/demo.yaml", "--out", "/dev/stdout"], False),
+        (["plan", "--config", "config/demo.yaml", "--out-md", "/dev/stdout"], False),
+        (["inventory", "--out", "/dev/stdout"], False),
+        (["container", "digest", "IMAGE"], True),  # one print(), flushed at exit
+    ],
+)
+def test_a_reader_gone_before_the_output_ends_the_command_quietly(tmp_path, argv, buffered):
+    """`scalestudy plan --out-md /dev/stdout | head -1`: a traceback (BrokenPipeError), or
+    "inventory: /dev/stdout: Broken pipe" (exit 2), or for a print() flushed at exit "Exception
+    ignored ... BrokenPipeError" and exit 120. Now nothing, and 141, a shell's status for a
+    tool that SIGPIPE ended (its later outputs, plan's --out-csv, were not written)."""
+    from scalestudy import cli
+
+    image = tmp_path / "trainer.sif"
+    image.write_bytes(b"an image\n")
+    argv = [str(image) if a == "IMAGE" else a for a in argv]
+    env = child_env()
+    if buffered:  # as in a shell's pipe; child_env makes the output unbuffered
+        del env["PYTHONUNBUFFERED"]
+    if argv[0] == "plan":
+        argv += ["--out-csv", str(tmp_path / "plan.csv")]
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader left before the first byte
+    try:
+        proc = subprocess.run(
+            [PYTHON, "-m", "scalestudy", *argv],
+            cwd=REPO,
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            env=env,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        os.close(write_end)
+    assert (proc.returncode, proc.stderr) == (141, ""), proc.stderr
+    assert cli.SIGPIPE_EXIT == 141
+    assert not (tmp_path / "plan.csv").exists()

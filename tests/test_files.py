@@ -109,3 +109,19 @@ def test_write_texts_writes_a_pipe_in_place_after_the_files_temp_files(tmp_path)
     assert got == b"through the pipe\n" and stat.S_ISFIFO(os.lstat(pipe).st_mode)
     assert (tmp_path / "a.csv").read_text() == "a\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.csv", "pipe"]
+
+
+def test_a_pipe_whose_reader_is_gone_raises_an_unnamed_broken_pipe(tmp_path):
+    """An in-place write to a pipe whose reader left (`--out /dev/stdout | head -1`) raised an
+    OSError naming the pipe, which cli.main took for an unwritable path: "scalestudy inventory:
+    /dev/stdout: Broken pipe", exit 2. Unnamed, cli.main ends quietly on it (test_errors)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone
+    try:
+        for write in (files.write_text, lambda p, t: files.write_texts({p: t})):
+            with pytest.raises(BrokenPipeError) as info:
+                write(f"/dev/fd/{write_end}", "x\n")  # this process's descriptor, in place
+            assert (info.value.errno, info.value.filename) == (errno.EPIPE, None)
+    finally:
+        os.close(write_end)
+    assert list(tmp_path.iterdir()) == []

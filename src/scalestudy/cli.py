@@ -12,6 +12,12 @@ In a training job the message comes from one rank when every rank would say the 
 error's `scope`, log.expected_error); ranks that cannot start print `cannot start: ...` and exit
 1. `Preempted` is the trainer's own (exit 75) and passes through.
 
+A reader that leaves early (`scalestudy plan --out-md /dev/stdout | head -1`, a closed named
+pipe) ends the command quietly, as SIGPIPE ends a Unix tool: no message, exit 141 (128 + 13,
+what the shell reports for such a tool; `set -o pipefail` then knows that the outputs after the
+pipe's were not written). matrix's preview table and the logger's progress lines drop what
+their reader left unread and go on (exit 0: the command did all its work).
+
 Debugging: `scalestudy --debug <command> ...` (or SCALESTUDY_DEBUG=1 in the environment) prints
 the traceback of expected errors too, and every rank's copy; --debug sets SCALESTUDY_DEBUG, so
 the ranks started by `scalestudy --debug launch` inherit it.
@@ -28,6 +34,11 @@ from scalestudy import log
 from scalestudy.errors import Preempted, ScalestudyError
 
 logger = log.get(__name__)
+
+# a command whose output pipe's reader left (`scalestudy plan --out-md /dev/stdout | head -1`)
+# before it was done: what a shell reports for a tool killed by SIGPIPE (128 + 13), so that
+# `set -o pipefail` hears of the outputs it did not write
+SIGPIPE_EXIT = 141
 
 # subcommand -> (module, one-line help)
 SUBCOMMANDS = {
@@ -96,7 +107,16 @@ def main(argv: list[str] | None = None) -> int:
     log.setup()
     module = importlib.import_module(SUBCOMMANDS[args.command][0])
     try:
-        return int(module.run(args) or 0)
+        code = int(module.run(args) or 0)
+        sys.stdout.flush()  # here, not at exit: a reader gone (`| head`) is BrokenPipeError
+        return code
+    except BrokenPipeError as exc:
+        # stdout's reader (or an output pipe's) left before the command was done: a Unix tool
+        # dies of SIGPIPE there, quietly, and its shell says 128 + 13
+        log.to_devnull(sys.stdout)
+        if log.debug():
+            logger.error(f"scalestudy {_command(args)}: {exc}", exc_info=True)
+        return SIGPIPE_EXIT
     except Preempted:
         raise
     except ScalestudyError as exc:

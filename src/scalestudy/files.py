@@ -124,7 +124,8 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Iter
     """Open a temp file beside `path`; on success it replaces `path`, on error it is removed.
     A target that exists and is no regular file or directory, or is reached through a file
     descriptor's link (/dev/stdout), is written in place (written_in_place). A failed write (a
-    full disk) raises an OSError that names `path`."""
+    full disk) raises an OSError that names `path`; a pipe whose reader is gone raises
+    BrokenPipeError unnamed (cli.main's quiet end, as SIGPIPE ends a Unix tool)."""
     if mode not in ("w", "wb"):
         raise ValueError(f"atomic_open: mode must be 'w' or 'wb', not {mode!r}")
     if written_in_place(path):
@@ -137,7 +138,8 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Iter
                 yield f
                 written = True
         except OSError as exc:
-            if written or exc.errno in WRITE_FULL:
+            # a reader gone (`| head`) is no failure of this file: cli.main ends quietly on it
+            if exc.errno != errno.EPIPE and (written or exc.errno in WRITE_FULL):
                 raise _named(exc, path) from exc
             raise
         return

@@ -19,6 +19,7 @@ import os
 import sys
 import traceback
 from pathlib import Path
+from typing import IO
 
 ROOT = "scalestudy"
 DEBUG_ENV = "SCALESTUDY_DEBUG"
@@ -42,16 +43,23 @@ class _Console(logging.Handler):
             stream.flush()
         except BrokenPipeError:
             # its reader is gone (`| head`): handleError printed a "--- Logging error ---"
-            # traceback for every later message. The stream now writes to /dev/null, as Python's
-            # docs advise (signal, "Note on SIGPIPE"), so its buffer flushes at exit too
-            with contextlib.suppress(OSError, ValueError):  # no descriptor: nothing to point
-                devnull = os.open(os.devnull, os.O_WRONLY)
-                try:
-                    os.dup2(devnull, stream.fileno())
-                finally:
-                    os.close(devnull)
+            # traceback for every later message
+            to_devnull(stream)
         except Exception:  # nor may any other failed write end training
             self.handleError(record)
+
+
+def to_devnull(stream: IO) -> None:
+    """Point `stream`'s descriptor at /dev/null: its reader is gone (`| head`), so what is
+    still written, and the buffer's flush at exit ("Exception ignored ... BrokenPipeError"),
+    goes nowhere, as Python's docs advise (signal module, "Note on SIGPIPE"). A stream without
+    a descriptor (pytest's capture) is left as it is."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, stream.fileno())
+        finally:
+            os.close(devnull)
 
 
 class _RankZeroProgress(logging.Filter):

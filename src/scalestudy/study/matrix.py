@@ -13,8 +13,6 @@ study's runs.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
 import sys
 from pathlib import Path
 
@@ -87,7 +85,4 @@ def _print_table(text: str) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
     except BrokenPipeError:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        with contextlib.suppress(OSError, ValueError):
-            os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
+        log.to_devnull(sys.stdout)
