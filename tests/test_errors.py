@@ -117,6 +117,26 @@ def test_an_output_the_run_cannot_write_is_refused_before_training(data_dir, tmp
     assert not list(tmp_path.rglob("epochs.csv"))  # no epoch was trained
 
 
+def test_an_out_under_a_symlink_to_a_purged_scratch_is_refused_before_training(tmp_path):
+    """`results -> /scratch/...` whose target was purged: check_output_dirs passed (exists()
+    is False for the dangling link, so it walked past it), an epoch was trained, and the first
+    write failed "results: File exists"."""
+    from scalestudy.errors import OutputDirError
+    from scalestudy.trainer import train
+    from scalestudy.trainer.config import TrainConfig
+
+    link = tmp_path / "results"
+    link.symlink_to(tmp_path / "purged" / "results")
+    out = link / "runs" / "r1"
+    with pytest.raises(OutputDirError) as caught:
+        train.check_output_dirs(TrainConfig(out=str(out)))
+    assert str(caught.value) == (
+        f"--out {out} cannot be made: {link} is a symlink to missing "
+        f"{tmp_path / 'purged' / 'results'}: create it or remove the link; give a directory "
+        "this job can write"
+    )
+
+
 def test_an_output_dir_problem_is_said_by_each_node(tmp_path, monkeypatch):
     """--out is judged on each node's own file system (node-local scratch, a relative path): a
     node where it is a file said nothing when rank 0 alone reported it (scope "run"), and rank

@@ -125,3 +125,26 @@ def test_a_pipe_whose_reader_is_gone_raises_an_unnamed_broken_pipe(tmp_path):
     finally:
         os.close(write_end)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_output_under_a_symlink_to_a_missing_directory_is_refused_before_the_work(tmp_path):
+    """`results -> /scratch/...` after the scratch was purged: the check walked up with
+    exists(), False for a dangling link, and passed; the first write (after an epoch of
+    training) then failed "results: File exists", which names no cause."""
+    scratch = tmp_path / "scratch" / "results"  # purged: not there
+    link = tmp_path / "results"
+    link.symlink_to(scratch)
+    says = f"cannot be made: {link} is a symlink to missing {scratch}: create it or remove the link"
+    assert files.output_dir_problem(link) == says
+    assert files.output_dir_problem(link / "runs" / "r1") == says
+    assert files.output_problems([link / "csv" / "runs.csv"]) == [f"{link / 'csv'}: {says}"]
+    with pytest.raises(OSError) as info:
+        files.write_text(link / "csv" / "runs.csv", "a\n")
+    assert (info.value.filename, info.value.strerror) == (
+        str(link / "csv" / "runs.csv"),
+        f"its directory {says}",
+    )
+    scratch.mkdir(parents=True)  # what the message asks for: then the link is a way through
+    assert files.output_dir_problem(link / "runs" / "r1") is None
+    files.write_text(link / "csv" / "runs.csv", "a\n")
+    assert (scratch / "csv" / "runs.csv").read_text() == "a\n"

@@ -164,7 +164,12 @@ def _staged(path: str | os.PathLike, mode: str, **kwargs: Any) -> Iterator[tuple
     and replaces nothing yet (_replace). On error it is removed, and a failed write (a full
     disk) raises an OSError that names `path`."""
     target = write_target(path)  # a symlink stays, the file it points to is replaced
-    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except FileExistsError as exc:  # "results: File exists" for a link to a purged directory
+        if why := output_dir_problem(target.parent):
+            raise OSError(exc.errno, f"its directory {why}", os.fspath(path)) from None
+        raise
     try:  # a rewrite reset a file made 0600 on purpose to the umask's mode
         keep = stat.S_IMODE(os.stat(target).st_mode)
     except OSError:  # a new file
@@ -340,14 +345,22 @@ def write_csv(
 
 def output_dir_problem(path: str | os.PathLike) -> str | None:
     """Why files cannot be written into directory `path` (made where missing), or None: a file
-    in its place or on its way, or the nearest existing directory not writable. Checked before
-    work whose results would be lost at the first write."""
+    in its place or on its way, a symlink on its way to something missing (`results` ->
+    a purged scratch directory: mkdir said "results: File exists"), or the nearest existing
+    directory not writable. Checked before work whose results would be lost at the first
+    write."""
     path = Path(path)
     if path.exists() and not path.is_dir():
         return "is a file, not a directory"
     existing = path
-    while not existing.exists():
+    while not os.path.lexists(existing):  # exists() is False for a dangling symlink
         existing = existing.parent
+    if existing.is_symlink() and not existing.exists():
+        missing = os.path.realpath(existing)
+        return (
+            f"cannot be made: {existing} is a symlink to missing {missing}: create it or "
+            "remove the link"
+        )
     if not existing.is_dir():
         return f"cannot be made: {existing} is a file"
     if not os.access(existing, os.W_OK | os.X_OK):
