@@ -343,14 +343,12 @@ def test_atomic_writes_get_the_mode_of_a_plain_new_file(tmp_path, umask, mode):
     could read none of the CSVs, reports or prepared data. Now 0666 less the umask."""
 
     old = os.umask(umask)
-    files.new_file_mode.cache_clear()
     try:
         files.write_text(tmp_path / "a.csv", "x\n")
         plain = tmp_path / "plain.csv"
         plain.write_text("x\n")
     finally:
         os.umask(old)
-        files.new_file_mode.cache_clear()
     assert (tmp_path / "a.csv").stat().st_mode & 0o777 == mode == plain.stat().st_mode & 0o777
 
 

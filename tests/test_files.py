@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import struct
 
 import pytest
 
@@ -148,3 +149,126 @@ def test_an_output_under_a_symlink_to_a_missing_directory_is_refused_before_the_
     assert files.output_dir_problem(link / "runs" / "r1") is None
     files.write_text(link / "csv" / "runs.csv", "a\n")
     assert (scratch / "csv" / "runs.csv").read_text() == "a\n"
+
+
+def test_a_new_file_gets_the_umask_of_its_write_not_of_the_first(tmp_path):
+    """The mode of a new file was 0666 less the umask read at the first write and kept: a
+    later umask (077 for a private output) was ignored. The kernel now makes the temp file as
+    open() makes a file."""
+    old = os.umask(0o022)
+    try:
+        files.write_text(tmp_path / "first.csv", "x\n")
+        os.umask(0o077)
+        files.write_text(tmp_path / "later.csv", "x\n")
+        (tmp_path / "plain.csv").write_text("x\n")
+    finally:
+        os.umask(old)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in tmp_path.iterdir()}
+    assert modes == {"first.csv": 0o644, "later.csv": 0o600, "plain.csv": 0o600}
+
+
+def test_a_rewrite_keeps_the_files_group_and_mode_from_its_first_byte(tmp_path):
+    """A file shared by its group (`chgrp proj; chmod 640`) came back from a rewrite in the
+    writer's group: the project's members could no longer read it. The group and mode are the
+    temp file's before anything is written into it."""
+    other = other_group()
+    path = tmp_path / "runs.csv"
+    path.write_text("old\n")
+    os.chown(path, -1, other)
+    path.chmod(0o640)
+    with files.atomic_open(path) as f:
+        early = os.fstat(f.fileno())
+        f.write("new\n")
+    assert (early.st_gid, stat.S_IMODE(early.st_mode)) == (other, 0o640)
+    st = path.stat()
+    assert (path.read_text(), st.st_gid, stat.S_IMODE(st.st_mode)) == ("new\n", other, 0o640)
+
+
+def other_group() -> int:
+    """A group this process may give its files and is not its own: any as root, else one of
+    its supplementary groups."""
+    if os.geteuid() == 0:
+        return 4242 if os.getegid() != 4242 else 4243
+    groups = [g for g in os.getgroups() if g != os.getegid()]
+    if not groups:
+        need("a second group of this user, or root", "run the tests as root (CI does)")
+    return groups[0]
+
+
+def need(what: str, fix: str) -> None:
+    """Skip a test that needs `what`; under CI=true fail it: CI has it."""
+    message = f"needs {what}: {fix}"
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+# the kernel's POSIX ACL xattr (what setfacl writes): version 2, then (tag, permissions, id)
+ACL_TAGS = {"user_obj": 0x01, "group_obj": 0x04, "group": 0x08, "mask": 0x10, "other": 0x20}
+NO_ID = 0xFFFFFFFF
+
+
+def acl(*entries: tuple[str, int, int]) -> bytes:
+    return struct.pack("<I", 2) + b"".join(
+        struct.pack("<HHI", ACL_TAGS[tag], perm, ident) for tag, perm, ident in entries
+    )
+
+
+def set_acl(path, name: str, value: bytes) -> None:
+    try:
+        os.setxattr(path, name, value)
+    except OSError as exc:  # a file system mounted without ACLs
+        need(f"POSIX ACLs on {path} ({exc.strerror})", "a tmpfs or ext4 (CI's /tmp has them)")
+
+
+def test_a_new_file_gets_the_directorys_default_acl_as_open_gives_it(tmp_path):
+    """A project directory shared by a default ACL (`setfacl -d -m g:proj:rwx`), whatever a
+    member's umask: open() gives a new file the group's rw, but the atomic write made it 0600
+    (mkstemp) and chmod'ed it to 0666 less the umask, which set the ACL's mask to nothing."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    set_acl(
+        shared,
+        "system.posix_acl_default",
+        acl(
+            ("user_obj", 7, NO_ID),
+            ("group_obj", 5, NO_ID),
+            ("group", 7, 4242),
+            ("mask", 7, NO_ID),
+            ("other", 0, NO_ID),
+        ),
+    )
+    old = os.umask(0o077)  # a member's private umask, which the ACL overrides
+    try:
+        files.write_text(shared / "atomic.csv", "x\n")
+        (shared / "plain.csv").write_text("x\n")
+    finally:
+        os.umask(old)
+
+    def permissions(name):
+        p = shared / name
+        return stat.S_IMODE(p.stat().st_mode), os.getxattr(p, "system.posix_acl_access")
+
+    assert permissions("atomic.csv") == permissions("plain.csv")
+    assert permissions("plain.csv")[0] == 0o660  # the group's rw: the ACL, not the umask
+
+
+def test_a_rewrite_keeps_the_files_acl(tmp_path):
+    """A file given to a second group by an ACL (`setfacl -m g:proj:rw`) lost it on a rewrite
+    (the new file had only its mode)."""
+    path = tmp_path / "runs.csv"
+    path.write_text("old\n")
+    path.chmod(0o640)
+    given = acl(
+        ("user_obj", 6, NO_ID),
+        ("group_obj", 4, NO_ID),
+        ("group", 6, 4242),
+        ("mask", 6, NO_ID),
+        ("other", 0, NO_ID),
+    )
+    set_acl(path, "system.posix_acl_access", given)
+    before = stat.S_IMODE(path.stat().st_mode)  # 0660: the mode's group bits are the mask
+    files.write_text(path, "new\n")
+    assert path.read_text() == "new\n"
+    assert os.getxattr(path, "system.posix_acl_access") == given
+    assert stat.S_IMODE(path.stat().st_mode) == before == 0o660

@@ -5,10 +5,12 @@ Atomic writes: a reader sees the old file or the complete new one, never a half-
 
 Write to a temporary file in the same directory (same filesystem, so rename is atomic), fsync it,
 rename it over the target, then fsync the directory so the rename itself survives a crash.
-A symlinked target stays a link (the file it points to is replaced), and an existing file keeps
-its mode. A target that is no regular file (a device such as /dev/null, a named pipe), or one
-reached through a file descriptor's link (/dev/stdout, /dev/fd/N), is written in place, as open()
-would: a rename replaced it with a regular file, or the file a shell redirected stdout to.
+A symlinked target stays a link (the file it points to is replaced), an existing file keeps
+its permissions (mode, group, ACL), and a new one gets what open() gives it (the umask, or the
+directory's default ACL). A target that is no regular file (a device such as /dev/null, a named
+pipe), or one reached through a file descriptor's link (/dev/stdout, /dev/fd/N), is written in
+place, as open() would: a rename replaced it with a regular file, or the file a shell
+redirected stdout to.
 Several outputs of one command (write_texts) are written as one: every temp file first, then
 the renames, so a failure part-way (a full disk) leaves them all old, never new beside old.
 """
@@ -27,11 +29,11 @@ import json
 import math
 import os
 import re
+import secrets
 import shutil
 import stat
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -160,9 +162,10 @@ class _Staged:
 @contextlib.contextmanager
 def _staged(path: str | os.PathLike, mode: str, **kwargs: Any) -> Iterator[tuple[IO, _Staged]]:
     """Open a temp file beside `path`'s target (write_target: the same filesystem, so a rename
-    onto it is atomic) with the target's mode; on leaving the block it is flushed and fsynced,
-    and replaces nothing yet (_replace). On error it is removed, and a failed write (a full
-    disk) raises an OSError that names `path`."""
+    onto it is atomic) with the target's permissions (_keep_permissions), or a new file's
+    (_create_temp); on leaving the block it is flushed and fsynced, and replaces nothing yet
+    (_replace). On error it is removed, and a failed write (a full disk) raises an OSError that
+    names `path`."""
     target = write_target(path)  # a symlink stays, the file it points to is replaced
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -170,26 +173,25 @@ def _staged(path: str | os.PathLike, mode: str, **kwargs: Any) -> Iterator[tuple
         if why := output_dir_problem(target.parent):
             raise OSError(exc.errno, f"its directory {why}", os.fspath(path)) from None
         raise
-    try:  # a rewrite reset a file made 0600 on purpose to the umask's mode
-        keep = stat.S_IMODE(os.stat(target).st_mode)
-    except OSError:  # a new file
-        keep = new_file_mode()
+    try:  # a rewrite keeps the file's permissions (a file made 0600 on purpose stays so)
+        old = os.stat(target)
+    except OSError:  # a new file: made as open() makes it
+        old = None
     stem = target.name
     while len(os.fsencode(stem)) > TEMP_STEM_BYTES:
         stem = stem[:-1]
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{stem}.", suffix=".tmp", dir=target.parent)
+    try:  # never wider than the file it replaces: the umask can only take bits away
+        fd, tmp = _create_temp(target.parent, stem, 0o666 if old is None else old.st_mode & 0o777)
     except OSError as exc:  # it named the random temp file, which the user never heard of
         raise OSError(exc.errno, exc.strerror, os.fspath(path)) from None
     written = False  # True once the caller's block is done: what fails then is this file's write
     try:
+        if old is not None:
+            _keep_permissions(fd, target, old)
         with os.fdopen(fd, mode, **kwargs) as f:
             yield f, _Staged(path, target, tmp)
             written = True
             f.flush()
-            # mkstemp's 0600 would keep the group out; a filesystem without modes keeps its own
-            with contextlib.suppress(OSError):
-                os.fchmod(f.fileno(), keep)
             os.fsync(f.fileno())
     except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
@@ -197,6 +199,44 @@ def _staged(path: str | os.PathLike, mode: str, **kwargs: Any) -> Iterator[tuple
         if isinstance(exc, OSError) and (written or exc.errno in WRITE_FULL):
             raise _named(exc, path) from exc
         raise
+
+
+# a temp file is new (O_EXCL), never a link planted in its place (O_NOFOLLOW), and no child
+# process inherits it
+_TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+# where Linux keeps a file's POSIX ACL (setfacl -m), beyond its mode's three classes
+_ACL_XATTR = "system.posix_acl_access"
+
+
+def _create_temp(directory: Path, stem: str, mode: int) -> tuple[int, str]:
+    """A new temp file `.{stem}.<8 hex>.tmp` in `directory`, open for writing: (fd, its path).
+    The kernel makes it as open() makes a file, `mode` less the umask, or what the directory's
+    default ACL gives (`setfacl -d -m g:proj:rwx`, how a project shares a directory whatever
+    a member's umask): mkstemp's 0600, then a chmod to 0666 less the umask, ignored that ACL
+    and rewrote its mask, so the project's group could not read the file."""
+    for _ in range(100):  # another writer's name: draw again
+        tmp = os.path.join(directory, f".{stem}.{secrets.token_hex(4)}.tmp")
+        try:
+            return os.open(tmp, _TEMP_FLAGS, mode), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no unused temporary file name", os.fspath(directory))
+
+
+def _keep_permissions(fd: int, target: Path, old: os.stat_result) -> None:
+    """Give the temp file `fd` the permissions of `target`, the file it will replace: its group
+    (a rename left the writer's, and a file shared by `chgrp proj; chmod 640` lost its
+    readers), its ACL where it has one, and its mode. Each as far as the writer may and the
+    file system keeps it: a group the writer is not a member of (EPERM), a file system without
+    ACLs or modes, leave the new file as open() made it."""
+    with contextlib.suppress(OSError):
+        if os.fstat(fd).st_gid != old.st_gid:
+            os.fchown(fd, -1, old.st_gid)
+    if hasattr(os, "getxattr"):  # Linux
+        with contextlib.suppress(OSError):  # no ACL beyond the mode, or no ACLs here
+            os.setxattr(fd, _ACL_XATTR, os.getxattr(target, _ACL_XATTR))
+    with contextlib.suppress(OSError):  # last: fchown cleared set-id bits, the ACL its mask
+        os.fchmod(fd, stat.S_IMODE(old.st_mode))
 
 
 def _replace(staged: Sequence[_Staged]) -> None:
@@ -285,19 +325,6 @@ def hold_shared_locks(paths: str) -> list[str]:
 def unbindable(path: str | os.PathLike) -> bool:
     """Whether Apptainer's --bind cannot name `path` (BIND_SEPARATORS)."""
     return any(sep in os.fspath(path) for sep in BIND_SEPARATORS)
-
-
-@functools.cache
-def new_file_mode() -> int:
-    """The mode open() gives a new file: 0o666 less the process's umask (read once; Linux says
-    it in /proc/self/status, else it is set and restored)."""
-    with contextlib.suppress(OSError, ValueError):
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return 0o666 & ~int(line.split()[1], 8)
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return 0o666 & ~mask
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:
