@@ -392,7 +392,10 @@ def test_an_atomic_write_names_its_target_and_takes_any_valid_name(tmp_path, mon
     with pytest.raises(PermissionError) as info:
         files.write_text(tmp_path / "runs.tsv", "x\n")
     assert (info.value.filename, info.value.filename2) == (str(tmp_path / "runs.tsv"), None)
-    assert str(info.value) == f"[Errno 13] Permission denied: '{tmp_path / 'runs.tsv'}'"
+    assert str(info.value) == (
+        f"[Errno 13] cannot create a temporary file in {tmp_path} (the write is atomic: it "
+        f"needs write permission on the directory): '{tmp_path / 'runs.tsv'}'"
+    )
 
 
 def test_an_atomic_write_to_a_pipe_writes_into_the_pipe(tmp_path):

@@ -8,6 +8,9 @@ import errno
 import os
 import stat
 import struct
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -272,3 +275,68 @@ def test_a_rewrite_keeps_the_files_acl(tmp_path):
     assert path.read_text() == "new\n"
     assert os.getxattr(path, "system.posix_acl_access") == given
     assert stat.S_IMODE(path.stat().st_mode) == before == 0o660
+
+
+def as_ordinary_user(work: Callable[[], object]) -> str:
+    """What `work()` returned, or the error it raised (`Type: message`), done as a user whom
+    the kernel's permission checks apply to: as root in a forked child that became nobody
+    (root may write any directory); here itself otherwise."""
+    if os.geteuid() != 0:
+        try:
+            return repr(work())
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: nothing here may return into pytest
+        try:
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            try:
+                said = repr(work())
+            except Exception as exc:
+                said = f"{type(exc).__name__}: {exc}"
+            os.write(write_end, said.encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as f:
+        said = f.read().decode()
+    os.waitpid(pid, 0)
+    return said
+
+
+@pytest.fixture
+def shared_dir():
+    """A directory in /tmp that every user can reach (pytest's tmp_path is root's alone)."""
+    with tempfile.TemporaryDirectory(dir="/tmp") as d:
+        os.chmod(d, 0o755)
+        yield Path(d)
+
+
+def test_a_directory_without_write_permission_is_named_not_the_writable_file(shared_dir):
+    """A file the user may write (0666) in a directory the user may not (an admin's shared
+    results directory): the atomic write cannot make its temp file there, and said
+    "<file>: Permission denied", which `ls -l` of the file contradicts."""
+    out = shared_dir / "runs.tsv"
+    out.write_text("old\n")
+    out.chmod(0o666)
+    said = as_ordinary_user(lambda: files.write_text(out, "new\n"))
+    assert said == (
+        f"PermissionError: [Errno 13] cannot create a temporary file in {shared_dir} (the "
+        f"write is atomic: it needs write permission on the directory): '{out}'"
+    )
+    assert out.read_text() == "old\n"
+
+
+def test_a_write_into_a_directory_the_user_may_not_list_succeeds(shared_dir):
+    """A drop-box (0733: write, no read): the temp file was renamed into place, then opening
+    the directory for its fsync failed, "Permission denied", exit 2 for a file written."""
+    box = shared_dir / "box"
+    box.mkdir()
+    box.chmod(0o733)
+    said = as_ordinary_user(lambda: files.write_texts({box / "a.tsv": "a\n", box / "b.tsv": "b\n"}))
+    assert said == "None"
+    assert sorted(p.name for p in box.iterdir()) == ["a.tsv", "b.tsv"]  # no temp file left
+    assert (box / "a.tsv").read_text() == "a\n"

@@ -183,7 +183,7 @@ def _staged(path: str | os.PathLike, mode: str, **kwargs: Any) -> Iterator[tuple
     try:  # never wider than the file it replaces: the umask can only take bits away
         fd, tmp = _create_temp(target.parent, stem, 0o666 if old is None else old.st_mode & 0o777)
     except OSError as exc:  # it named the random temp file, which the user never heard of
-        raise OSError(exc.errno, exc.strerror, os.fspath(path)) from None
+        raise OSError(exc.errno, _temp_failure(exc, target.parent), os.fspath(path)) from None
     written = False  # True once the caller's block is done: what fails then is this file's write
     try:
         if old is not None:
@@ -223,6 +223,19 @@ def _create_temp(directory: Path, stem: str, mode: int) -> tuple[int, str]:
     raise FileExistsError(errno.EEXIST, "no unused temporary file name", os.fspath(directory))
 
 
+def _temp_failure(exc: OSError, directory: Path) -> str:
+    """Why no temp file could be made in `directory`: "Permission denied" beside the target's
+    name blamed the file, which may well be writable (`ls -l` says so) in a directory this user
+    may not write; the directory is the cause."""
+    if exc.errno not in (errno.EACCES, errno.EPERM):
+        return exc.strerror
+    where = directory if str(directory) != "." else Path.cwd()
+    return (
+        f"cannot create a temporary file in {where} (the write is atomic: it needs write "
+        "permission on the directory)"
+    )
+
+
 def _keep_permissions(fd: int, target: Path, old: os.stat_result) -> None:
     """Give the temp file `fd` the permissions of `target`, the file it will replace: its group
     (a rename left the writer's, and a file shared by `chgrp proj; chmod 640` lost its
@@ -241,7 +254,8 @@ def _keep_permissions(fd: int, target: Path, old: os.stat_result) -> None:
 
 def _replace(staged: Sequence[_Staged]) -> None:
     """Rename each complete temp file onto its target, then fsync their directories so the
-    renames survive a crash. A rename that fails removes the temp files not yet renamed and
+    renames survive a crash (where this user may open the directory and the file system syncs
+    one). A rename that fails removes the temp files not yet renamed and
     raises an OSError naming its file."""
     for i, s in enumerate(staged):
         try:
@@ -250,11 +264,17 @@ def _replace(staged: Sequence[_Staged]) -> None:
             _discard(staged[i:])
             raise _named(exc, s.path) from exc
     for directory in dict.fromkeys(s.target.parent for s in staged):
-        dir_fd = os.open(directory, os.O_RDONLY)
+        # the files are in place: a directory this user may write but not read (a drop-box,
+        # 0733: EACCES), or a file system that cannot sync one (EINVAL), is no failed write
         try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+            dir_fd = os.open(directory, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+        except OSError as exc:
+            if exc.errno not in (errno.EACCES, errno.EPERM, errno.EINVAL):
+                raise
 
 
 def _discard(staged: Iterable[_Staged]) -> None:
