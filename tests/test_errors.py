@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
+import signal
 import socket
 import stat
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -648,3 +651,91 @@ def test_a_reader_gone_before_the_output_ends_the_command_quietly(tmp_path, argv
     assert (proc.returncode, proc.stderr) == (141, ""), proc.stderr
     assert cli.SIGPIPE_EXIT == 141
     assert not (tmp_path / "plan.csv").exists()
+
+
+def test_ctrl_c_is_one_line_and_status_130(monkeypatch, capsys):
+    """Ctrl-C escaped cli.main as a KeyboardInterrupt: a traceback (74 lines a rank in a
+    training run) and exit 1. Now one line and 130; --debug keeps the traceback. A Python
+    caller of main() gets 130 returned (only the program kills itself with SIGINT at exit)."""
+    from scalestudy import cli
+    from scalestudy.study import matrix
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(matrix, "run", interrupted)
+    monkeypatch.delenv(log.DEBUG_ENV, raising=False)
+    argv = ["matrix", "--config", str(REPO / "config/demo.yaml")]
+
+    def main() -> int:
+        try:
+            return cli.main(argv)
+        except KeyboardInterrupt:  # else it ended the test session
+            pytest.fail("the KeyboardInterrupt escaped cli.main")
+
+    try:
+        assert main() == 130
+        assert capsys.readouterr().err == "scalestudy matrix: interrupted\n"
+        monkeypatch.setenv(log.DEBUG_ENV, "1")  # what --debug sets
+        assert main() == cli.INTERRUPTED_EXIT == 130
+        err = capsys.readouterr().err
+    finally:
+        log.setup()
+    assert err.startswith("scalestudy matrix: interrupted\nTraceback")
+    assert err.rstrip().endswith("KeyboardInterrupt")
+    assert not cli._interrupted
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_ctrl_c_in_training_is_one_line_from_rank_0(data_dir, tmp_path, ranks):
+    """Ctrl-C (SIGINT) in `scalestudy train`: a 74-line traceback on every rank and exit 1.
+    Now rank 0 says it in one line and the rank ends killed by SIGINT (a shell's status 130,
+    and a shell loop over runs stops, as for any program Ctrl-C ends); under torchrun, which
+    passes the SIGINT on to every worker, the others are silent. torchrun's own traceback of
+    its SignalException is torchrun's."""
+    cmd = [PYTHON, "-m", "scalestudy", "train"]
+    if ranks == 2:
+        cmd[1:2] = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m"]
+    cmd += ["--dataset", "synthetic", "--width", "4", "--local-batch", "32", "--epochs", "1000"]
+    cmd += ["--warmup-steps", "1", "--comm-probe-steps", "0"]
+    cmd += ["--data-dir", str(data_dir), "--out", str(tmp_path / "run")]
+    proc = subprocess.Popen(
+        cmd, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout.readline()  # rank 0's first progress line: the run is under way
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    ours = [line for line in err.splitlines() if line.startswith("[rank")]
+    assert len(ours) == 1 and re.fullmatch(
+        rf"\[rank 0/{ranks} \S+\] scalestudy train: interrupted", ours[0]
+    ), err
+    assert "KeyboardInterrupt" not in err, err
+    if ranks == 1:
+        assert (proc.returncode, err) == (-signal.SIGINT, ours[0] + "\n")
+    else:
+        assert proc.returncode != 0
+
+
+def test_a_failure_after_ctrl_c_is_the_interrupt():
+    """Ctrl-C reaches every rank; one waiting in a collective when its interrupted peer exited
+    saw the collective fail ("Connection closed by peer": "training failed", a hang diagnosis
+    and a traceback on that rank), the KeyboardInterrupt raised inside torch's C++ wait lost.
+    The rank remembers the SIGINT, and the failure after it is the interrupt."""
+    from scalestudy.trainer import train
+
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        pytest.skip("SIGINT is not Python's KeyboardInterrupt in this test process")
+    with train.Interrupt() as interrupt:
+        with contextlib.suppress(KeyboardInterrupt):  # what torch's wait did with it
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)  # the handler runs at once
+        lost = RuntimeError("Connection closed by peer [127.0.0.1]:29500")
+        with pytest.raises(KeyboardInterrupt) as info:
+            interrupt.check(lost)
+    assert info.value.__cause__ is lost
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # as it was
+    with train.Interrupt() as calm:
+        calm.check(lost)  # no SIGINT: the failure is the failure (the caller goes on)

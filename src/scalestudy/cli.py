@@ -12,6 +12,11 @@ In a training job the message comes from one rank when every rank would say the 
 error's `scope`, log.expected_error); ranks that cannot start print `cannot start: ...` and exit
 1. `Preempted` is the trainer's own (exit 75) and passes through.
 
+Ctrl-C is one line too, `scalestudy <command>: interrupted` (in a training job from rank 0),
+and status 130 (128 + SIGINT): main() returns it, and the program then kills itself with SIGINT
+once it has cleaned up, as Python ends on an unhandled Ctrl-C (a shell's loop then stops).
+`--debug` adds the traceback.
+
 A reader that leaves early (`scalestudy plan --out-md /dev/stdout | head -1`, a closed named
 pipe) ends the command quietly, as SIGPIPE ends a Unix tool: no message, exit 141 (128 + 13,
 what the shell reports for such a tool; `set -o pipefail` then knows that the outputs after the
@@ -26,8 +31,11 @@ the ranks started by `scalestudy --debug launch` inherit it.
 from __future__ import annotations
 
 import argparse
+import atexit
+import contextlib
 import importlib
 import os
+import signal
 import sys
 
 from scalestudy import log
@@ -39,6 +47,9 @@ logger = log.get(__name__)
 # before it was done: what a shell reports for a tool killed by SIGPIPE (128 + 13), so that
 # `set -o pipefail` hears of the outputs it did not write
 SIGPIPE_EXIT = 141
+
+# Ctrl-C (SIGINT): what a shell reports for a command it interrupted (128 + 2)
+INTERRUPTED_EXIT = 130
 
 # subcommand -> (module, one-line help)
 SUBCOMMANDS = {
@@ -91,21 +102,58 @@ def build_parser(argv: list[str]) -> Parser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    program = argv is None  # the `scalestudy` program's own command line, not a Python caller
     argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser(argv)
-    args, extra = parser.parse_known_args(argv)
-    if extra:  # argparse's own message, and for the commands that start the trainer its cause
-        hint = ""
-        if hasattr(args, "train_args"):
-            hint = f" (the trainer's flags go after `--`: scalestudy {_command(args)} ... -- "
-            hint += "--epochs 1)"
-        # the subcommand's parser: its --help lists the flags (`scalestudy --help` only the
-        # commands)
-        parser.commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}{hint}")
-    if args.debug:
-        os.environ[log.DEBUG_ENV] = "1"  # read by log.debug(), here and in every child process
-    log.setup()
-    module = importlib.import_module(SUBCOMMANDS[args.command][0])
+    args = None
+    try:
+        parser = build_parser(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # argparse's message, and for the commands that start the trainer its cause
+            hint = ""
+            if hasattr(args, "train_args"):
+                hint = f" (the trainer's flags go after `--`: scalestudy {_command(args)} ... -- "
+                hint += "--epochs 1)"
+            # the subcommand's parser: its --help lists the flags (`scalestudy --help` only the
+            # commands)
+            parser.commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}{hint}")
+        if args.debug:
+            os.environ[log.DEBUG_ENV] = "1"  # read by log.debug(), here and in every child
+        log.setup()
+        return _run(importlib.import_module(SUBCOMMANDS[args.command][0]), args)
+    except KeyboardInterrupt:
+        # Ctrl-C reaches every rank of a run (torchrun passes it to each worker, srun to each
+        # task): rank 0 says it; --debug: every rank, with its traceback
+        command = _command(args) if args else next((a for a in argv if a in SUBCOMMANDS), "")
+        name = " ".join(filter(None, ("scalestudy", command)))
+        log.expected_error(logger, f"{name}: interrupted", "run")
+        global _interrupted
+        _interrupted = program  # the program then ends killed by SIGINT (_end_by_sigint)
+        return INTERRUPTED_EXIT
+
+
+# Ctrl-C ended the program: it ends killed by SIGINT, once it has cleaned up
+_interrupted = False
+
+
+@atexit.register  # at import, before torch's and the others': the last exit handler to run
+def _end_by_sigint() -> None:
+    """Once an interrupted program has cleaned up (its threads joined, the other exit handlers
+    run), it kills itself with SIGINT, as Python ends on an unhandled Ctrl-C: a shell's loop
+    over runs then stops (bash goes on after a child that exited by itself, even with 130,
+    taking the interrupt as handled). Python's own way, the KeyboardInterrupt left unhandled,
+    printed a traceback, and after a training run ended in exit 1 all the same."""
+    if not _interrupted:
+        return
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGINT)
+
+
+def _run(module, args: argparse.Namespace) -> int:
+    """The subcommand's run(args), its expected errors one line each (the module docstring)."""
     try:
         code = int(module.run(args) or 0)
         sys.stdout.flush()  # here, not at exit: a reader gone (`| head`) is BrokenPipeError

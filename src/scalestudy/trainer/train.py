@@ -8,8 +8,10 @@ Backend: NCCL on CUDA, gloo on CPU (--backend gloo: several ranks share one GPU,
 refuses: one line says so). Device: one visible GPU is cuda:0 for every rank, else the local
 rank's GPU; --device cuda never falls back to the CPU. Rank 0 writes
 --out/{metrics.json,epochs.csv} atomically.
-Exit status: 0 done; 75 stopped on a signal after a checkpoint; 1 cannot start (device,
-rendezvous: one line per rank); 2 an expected error (a bad flag, missing or changed prepared data,
+Exit status: 0 done; 75 stopped on a signal after a checkpoint; 130 (killed by SIGINT) Ctrl-C,
+one line from rank 0 (a rank whose collective failed as an interrupted peer exited is
+interrupted too: Interrupt); 1 cannot start (device, rendezvous: one line per rank); 2 an
+expected error (a bad flag, missing or changed prepared data,
 checked before the rendezvous where possible: one line, from rank 0; cli.py); a bug raises, with
 its traceback on every rank.
 
@@ -196,6 +198,8 @@ code) trains from scratch instead of resuming a final checkpoint; a failed metri
 from __future__ import annotations
 
 import os
+import signal
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -287,6 +291,11 @@ def main(cfg: TrainConfig, denv: sdist.DistEnv | None = None) -> int:
     checkpoint, 1 when it cannot start; an expected error (a flag, the prepared data) raises
     for cli.main's one line (exit 2); a failed run raises (after naming the rank)."""
     denv = denv or place_logging()
+    with Interrupt() as interrupt:
+        return _main(cfg, denv, interrupt)
+
+
+def _main(cfg: TrainConfig, denv: sdist.DistEnv, interrupt: Interrupt) -> int:
     preflight(cfg, denv)  # before the rendezvous: no rank waits for a process group
     stop = ckpt.StopFlag()
     if cfg.checkpoint_dir:
@@ -297,6 +306,7 @@ def main(cfg: TrainConfig, denv: sdist.DistEnv | None = None) -> int:
         preload_dynamo()
         sdist.init_process_group(denv, backend, cfg.pg_timeout_s)
     except Exception as exc:
+        interrupt.check(exc)
         logger.error(f"cannot start: {exc}", exc_info=log.debug())
         return 1
     progress.start(denv, sdist.hostname(), cfg.pg_timeout_s)  # a hung rank is named
@@ -307,9 +317,11 @@ def main(cfg: TrainConfig, denv: sdist.DistEnv | None = None) -> int:
         if log.reports("run"):  # every rank stopped alike: rank 0 says it once
             logger.warning(f"{exc}: rerun the same command to resume")
         return ckpt.PREEMPTED_EXIT
-    except ScalestudyError:
+    except ScalestudyError as exc:
+        interrupt.check(exc)
         raise  # expected (changed data, NaN loss): cli.main prints one line, its scope's ranks
     except Exception as exc:
+        interrupt.check(exc)
         if NCCL_SHARED_GPU in str(exc):
             # one visible GPU for several local ranks is either one GPU per task (each rank's
             # cuda:0 its own: NCCL works) or one GPU they share, which only NCCL itself tells
@@ -323,6 +335,39 @@ def main(cfg: TrainConfig, denv: sdist.DistEnv | None = None) -> int:
         progress.stop()
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+class Interrupt:
+    """Ctrl-C (SIGINT) raises KeyboardInterrupt, as Python's own handler does, and is
+    remembered while the rank runs: Ctrl-C reaches every rank (torchrun passes it on to each
+    worker, srun to each task), and a rank waiting in a collective when an interrupted peer
+    exits saw the collective fail ("Connection closed by peer"), the KeyboardInterrupt raised
+    inside torch's C++ wait lost: "training failed" with a hang diagnosis and a traceback, for
+    a run the user stopped. `check(exc)`: such a failure is the interrupt (cli.main's one line
+    from rank 0, status 130). A SIGINT that is ignored (a background job) stays ignored."""
+
+    def __init__(self) -> None:
+        self.received = False
+        self._previous = None
+
+    def __enter__(self) -> Interrupt:
+        ours = threading.current_thread() is threading.main_thread()
+        if ours and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+    def _handle(self, signum, frame) -> None:
+        self.received = True
+        raise KeyboardInterrupt
+
+    def check(self, exc: BaseException) -> None:
+        """KeyboardInterrupt (from `exc`) where SIGINT came first: `exc` is its consequence."""
+        if self.received:
+            raise KeyboardInterrupt from exc
 
 
 def preload_dynamo() -> None:
