@@ -866,6 +866,24 @@ def test_the_recreate_command_makes_the_same_synthetic_set(tmp_path: Path) -> No
     loaders.load_prepared("synthetic", tmp_path)
 
 
+def test_the_create_command_for_a_missing_data_pt_makes_the_same_synthetic_set(
+    tmp_path: Path,
+) -> None:
+    """meta.json of a 50/20 seed-7 synthetic set but no data.pt (a partial copy): "Create it
+    with: ..." was built before meta.json was read, so it carried neither sizes nor seed, and
+    following it made the default 50000/10000 seed-0 set."""
+    out = prepare_data.prepare("synthetic", tmp_path, num_train=50, num_test=20, seed=7)
+    (out / "data.pt").unlink()
+    with pytest.raises(PreparedDataError) as e:
+        loaders.check_prepared("synthetic", tmp_path, verify=False)
+    cmd = str(e.value).split("Create it with: ")[1]
+    assert "--num-train 50 --num-test 20 --seed 7" in cmd
+    assert cli.main(shlex.split(cmd)[1:]) == 0  # what a user pastes
+    meta = json.loads((out / "meta.json").read_text())
+    assert (meta["num_train"], meta["num_test"], meta["seed"]) == (50, 20, 7)
+    loaders.load_prepared("synthetic", tmp_path)
+
+
 def test_the_suggested_command_quotes_a_data_dir_with_a_space(tmp_path: Path) -> None:
     """--data-dir "my data" was printed bare: pasted into a shell, the command got two
     arguments, "my" and "data"."""

@@ -149,13 +149,23 @@ def load_prepared(dataset: str, data_dir: str | Path, *, verify: bool = True) ->
     return Prepared(t["train_x"], t["train_y"], t["test_x"], t["test_y"], meta)
 
 
+def _meta_if_readable(meta_path: Path) -> Any:
+    """meta.json's content, or None where it is missing or no JSON (check_prepared then names
+    that): a data.pt gone next to a synthetic set's meta.json is recreated with its sizes and
+    seed, not as the default set."""
+    try:
+        return json.loads(meta_path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def check_prepared(dataset: str, data_dir: str | Path, *, verify: bool = True) -> dict:
     """meta.json of DIR/<dataset> once data.pt and meta.json exist and agree (PreparedDataError
     naming the file and the `prepare-data` command otherwise). verify=False skips the sha256
     (the cheap check the trainer makes before its process group starts)."""
     out_dir = Path(data_dir) / dataset
     meta_path, data_path = out_dir / "meta.json", out_dir / "data.pt"
-    cmd = prepare_command(dataset, data_dir)
+    cmd = prepare_command(dataset, data_dir, _meta_if_readable(meta_path))
     for path in (meta_path, data_path):
         if not path.is_file() and (Path(data_dir) / "meta.json").is_file():
             # --data-dir names the prepared dataset itself, not the directory above it
