@@ -131,6 +131,32 @@ def test_dataloader_takes_the_device_loaders_steps_without_repeats(n, ws, lb) ->
         assert len(seen) == n // (lb * ws) * lb * ws
 
 
+def test_dataloader_repeats_do_not_share_epoch_orders() -> None:
+    """The study gives repeat r the seed train.seed + r and DistributedSampler shuffled with
+    seed + epoch: repeat 1's epoch e was repeat 0's epoch e + 1, on every rank. Each rank still
+    takes a disjoint shard of one permutation, so the sampler's seed is the same on every rank."""
+    n, ws, lb = 256, 2, 16
+    x = torch.zeros(n, 3, 4, 4, dtype=torch.uint8)
+    y = torch.arange(n)  # label = sample id
+
+    def order(seed: int, epoch: int, rank: int) -> list[int]:
+        loader, sampler = loaders.make_dataloader(
+            x, y, local_batch=lb, world_size=ws, rank=rank, seed=seed, train=True,
+            mean=[0] * 3, std=[1] * 3, num_workers=0, pin_memory=False,
+            persistent_workers=False, prefetch_factor=None,
+        )  # fmt: skip
+        sampler.set_epoch(epoch)
+        return [i for _, yb in loader for i in yb.tolist()]
+
+    for epoch in range(3):
+        for rank in range(ws):
+            assert order(1, epoch, rank) != order(0, epoch + 1, rank), (epoch, rank)
+        shards = [order(0, epoch, rank) for rank in range(ws)]
+        assert sorted(i for shard in shards for i in shard) == list(range(n))
+    assert order(0, 0, 0) != order(0, 1, 0)  # still a new order every epoch
+    assert order(3, 2, 1) == order(3, 2, 1)  # and reproducible
+
+
 def test_epoch_batches_order_depends_on_seed_and_epoch_only() -> None:
     a = loaders.epoch_batches(500, 50, 2, 1, seed=7, epoch=4)
     b = loaders.epoch_batches(500, 50, 2, 1, seed=7, epoch=4)

@@ -510,9 +510,11 @@ def make_dataloader(
     """DataLoader + DistributedSampler with per-sample torchvision.transforms.v2 (CPU workers).
 
     Differences from DeviceLoader, by design of DistributedSampler: it shuffles with its own
-    (seed + epoch) order, and for evaluation (drop_last=False) it PADS the epoch by repeating
-    samples until n divides by world_size (eval then counts up to world_size-1 test samples
-    twice; the trainer evaluates with the DeviceLoader). For training it drops the last
+    (s + epoch) order, s = derive_seed("sampler", seed), the same on every rank (seed itself
+    gave seeds k and k + 1, two repeats of the study, all but one epoch's order alike), and for
+    evaluation (drop_last=False) it PADS the epoch by repeating samples until n divides by
+    world_size (eval then counts up to world_size-1 test samples twice; the trainer evaluates
+    with the DeviceLoader). For training it drops the last
     n % world_size samples of its order instead (drop_last=True), and the DataLoader the ragged
     last batch (as in epoch_batches: one input shape for every step) unless it would be the only
     batch: each sample at most once per epoch, and floor(n / (local_batch x world_size)) steps
@@ -532,8 +534,16 @@ def make_dataloader(
     dataset = _TensorImages(x_u8, y, transform)
     # training pads nothing: a repeated sample was trained on twice in an epoch, and 1023
     # images on 4 ranks of 128 padded to 1024, two steps where the device loader takes one
+    # DistributedSampler shuffles with seed + epoch, and repeat r runs with seed train.seed + r
+    # (study/runs.py): the plain seed made repeat r+1's epoch e repeat r's epoch e+1. A derived
+    # seed, the same on every rank (their shards cut one permutation)
     sampler = DistributedSampler(
-        dataset, num_replicas=world_size, rank=rank, shuffle=train, seed=seed, drop_last=train
+        dataset,
+        num_replicas=world_size,
+        rank=rank,
+        shuffle=train,
+        seed=derive_seed("sampler", seed),
+        drop_last=train,
     )
     drop_tail = train and len(sampler) >= local_batch
     extra: dict[str, Any] = {}
