@@ -376,9 +376,11 @@ class DeviceLoader:
     AHEAD steps' batches are prepared at once, bit for bit as one augment() call per step.
     train=False: this rank's eval_indices in chunks of eval_batch (default 2 * local_batch), no
     augmentation; only that subset is moved to the device. Every rank yields as many chunks as the
-    largest shard (ceil(n / world_size) samples) needs, a shorter shard's last one empty: under
-    FSDP every forward is a collective, and a rank with one chunk more waited forever for the
-    others (which had gone on to the evaluation's all_reduce).
+    largest shard (ceil(n / world_size) samples) needs; a rank's last chunk holds what is left of
+    its shard, which may be short, and is empty only where a shorter shard divides evenly by
+    eval_batch (33 images on 2 ranks in chunks of 16: 16 + 1 and 16 + 0; 35: 16 + 2 and
+    16 + 1): under FSDP every forward is a collective, and a rank with one chunk more waited
+    forever for the others (which had gone on to the evaluation's all_reduce).
     """
 
     def __init__(
