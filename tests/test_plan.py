@@ -5,11 +5,14 @@ calibrated estimates of a real tiny study against Snakemake's measured job wall 
 from __future__ import annotations
 
 import csv
+import errno
 import io
 import logging
 import math
+import os
 import re
 import shutil
+import stat
 import statistics
 import subprocess
 import sys
@@ -570,6 +573,41 @@ def test_a_measured_path_given_but_missing_is_refused_not_ignored(tmp_path, caps
     exists.touch() if flag == "--runs-csv" else exists.mkdir()
     assert plan.run(parser.parse_args([*common, flag, str(exists)])) == 0
     assert out_csv.is_file()
+
+
+def test_the_plan_writes_both_files_or_neither(tmp_path, monkeypatch):
+    """plan.md was written before plan.csv's path was looked at: a directory in plan.csv's
+    place (or a full disk at its write) left a new plan.md beside an old or missing plan.csv.
+    Both paths are checked before the work, and both files are renamed into place only once
+    both are written."""
+    config = small_config()
+    out_md, out_csv = tmp_path / "plan.md", tmp_path / "plan.csv"
+    out_md.write_text("old plan\n")
+    out_csv.mkdir()
+    with pytest.raises(PlanError) as exc:
+        plan.write_plan(config, out_md, out_csv, tmp_path / "runs.csv", tmp_path / "bench")
+    assert str(exc.value) == f"nothing written: {out_csv}: is a directory, not a file"
+    assert out_md.read_text() == "old plan\n"
+    out_csv.rmdir()
+    out_csv.write_text("old csv\n")
+    real, synced = os.fsync, []
+
+    def fsync(fd):  # the disk fills up at the second file
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            synced.append(fd)
+            if len(synced) == 2:
+                raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(OSError):
+        plan.write_plan(config, out_md, out_csv, tmp_path / "runs.csv", tmp_path / "bench")
+    assert (out_md.read_text(), out_csv.read_text()) == ("old plan\n", "old csv\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.csv", "plan.md"]  # no temp file
+    monkeypatch.setattr(os, "fsync", real)
+    plan.write_plan(config, out_md, out_csv, tmp_path / "runs.csv", tmp_path / "bench")
+    assert out_md.read_text().startswith("# Node-hour plan")
+    assert out_csv.read_text().startswith(",".join(estimate.PLAN_COLUMNS))
 
 
 def test_unknown_and_local_rules_are_harmless():

@@ -513,12 +513,19 @@ def write_plan(
     runs_csv: str | Path = RUNS_CSV,
     benchmarks_dir: str | Path = BENCHMARKS_DIR,
 ) -> list[Estimate]:
-    """Estimate every run of the study and write the plan files atomically."""
+    """Estimate every run of the study and write the plan files atomically, both or neither: a
+    path that cannot be written is refused before the work (PlanError), and a write that fails
+    (a full disk) leaves both old, never a new plan.md beside an old plan.csv."""
+    files.check_outputs([out_md, out_csv], PlanError)
     measured = load_measured(runs_csv, benchmarks_dir)
     estimates = estimate_runs(config, build_run_table(config), measured)
     check = calibration_check(config, measured) if config["plan"]["calibrate"] else []
-    files.write_text(out_md, plan_markdown(config, estimates, check, model_holdout(measured)))
-    files.write_text(out_csv, plan_csv_text(estimates))
+    files.write_texts(
+        {
+            out_md: plan_markdown(config, estimates, check, model_holdout(measured)),
+            out_csv: plan_csv_text(estimates),
+        }
+    )
     return estimates
 
 
