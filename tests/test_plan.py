@@ -610,6 +610,46 @@ def test_the_plan_writes_both_files_or_neither(tmp_path, monkeypatch):
     assert out_csv.read_text().startswith(",".join(estimate.PLAN_COLUMNS))
 
 
+def test_plan_md_names_the_measured_files_it_read(tmp_path, monkeypatch):
+    """`scalestudy plan --runs-csv OTHER` calibrated from OTHER, and plan.md credited
+    results/csv/runs.csv and said its estimates set the training jobs' Slurm time limits,
+    which resources.TrainingPlan takes from the study's own files only. plan.md names the
+    files read, and claims the limits only when they are the study's own."""
+    monkeypatch.chdir(tmp_path)  # the study directory, with no results/csv/runs.csv yet
+    config = small_config()
+    row = measured_row("w1_lb8_fp32_ddp_bk25_r0", 50.0, 1)
+
+    def write_runs(path: Path) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=[k for k in row if k != "wall_s"])
+            writer.writeheader()
+            writer.writerow({k: v for k, v in row.items() if k != "wall_s"})
+        return path
+
+    other, bench = write_runs(tmp_path / "elsewhere" / "other-runs.csv"), tmp_path / "bench"
+    bench.mkdir()
+    claim = "the same estimates set each training job's Slurm time limit"
+    plan.write_plan(config, "plan.md", "plan.csv", other, bench)
+    md = Path("plan.md").read_text()
+    assert f"take x_rank from measured runs ({other})" in md
+    assert f"Calibrated from {other} and {bench}/<run>.tsv" in md
+    assert f"measured runs ({estimate.RUNS_CSV})" not in md and claim not in md
+    assert f"not the study's own {estimate.RUNS_CSV}" in md and "not these estimates" in md
+    # the study's own files, named as the workflow does or by another path to them: the claim
+    own = write_runs(tmp_path / estimate.RUNS_CSV)
+    (tmp_path / estimate.BENCHMARKS_DIR).mkdir(parents=True)
+    for paths in [(), (own, tmp_path / estimate.BENCHMARKS_DIR)]:
+        plan.write_plan(config, "plan.md", "plan.csv", *paths)
+        md = Path("plan.md").read_text()
+        runs_csv = paths[0] if paths else estimate.RUNS_CSV
+        assert claim in md and f"take x_rank from measured runs ({runs_csv})" in md
+    # plan.calibrate false reads no measured run: the estimates are the limits' whatever is given
+    config["plan"]["calibrate"] = False
+    plan.write_plan(config, "plan.md", "plan.csv", other, bench)
+    assert claim in Path("plan.md").read_text()
+
+
 def test_unknown_and_local_rules_are_harmless():
     config = small_config()
     estimates = plan.register(config, build_run_table(config), [], lambda name: name == "collect")

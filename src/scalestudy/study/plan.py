@@ -20,6 +20,7 @@ import dataclasses
 import hashlib
 import io
 import json
+import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -288,8 +289,13 @@ def plan_markdown(
     estimates: list[Estimate],
     check: list[dict],
     holdout: list[model.HoldoutRow] = (),
+    runs_csv: str | Path = RUNS_CSV,
+    benchmarks_dir: str | Path = BENCHMARKS_DIR,
 ) -> str:
     """The allocation-proposal page: formula, parameters, per family with contingency.
+    runs_csv, benchmarks_dir: the measured files the estimates were calibrated from, named on
+    the page; the training jobs' Slurm limits are these estimates only where they are the
+    study's own (resources.TrainingPlan reads nothing else), or where none is read.
 
     Long because it is the page itself, section after section in reading order; splitting it
     would scatter one document over helpers that are used nowhere else."""
@@ -304,14 +310,29 @@ def plan_markdown(
     # a CPU study's runs use no GPU: its GPUs and GPU-hours are n/a, not a counted 0 (as in the
     # proposal), and so is GPU energy, which no CPU run can measure
     na = "n/a"
+    bench = f"{benchmarks_dir}/<run>.tsv"
+    own = _same_path(runs_csv, RUNS_CSV) and _same_path(benchmarks_dir, BENCHMARKS_DIR)
     lines = [
         f"# Node-hour plan: {config['study']}",
         "",
         f"{_count(len(estimates), 'training runs')} ({_count(config['repeats'], 'repeats')}), "
         f"device {config['hardware']['device']}, "
         f"{_count(config['hardware']['gpus_per_node'], 'ranks')} per node. "
-        "Written by `scalestudy plan` (src/scalestudy/study/plan.py); the same estimates set each "
-        "training job's Slurm time limit and are printed by `snakemake --dry-run`."
+        "Written by `scalestudy plan` (src/scalestudy/study/plan.py). "
+        + (
+            f"Calibrated from {runs_csv} and {bench} (measured runs and Snakemake's job wall "
+            "times, where they exist)"
+            if plan["calibrate"]
+            else "Not calibrated (plan.calibrate false)"
+        )
+        + (
+            "; the same estimates set each training job's Slurm time limit and are printed by "
+            "`snakemake --dry-run`."
+            if own or not plan["calibrate"]
+            else f", not the study's own {RUNS_CSV} and {BENCHMARKS_DIR}/<run>.tsv: each "
+            "training job's Slurm time limit and `snakemake --dry-run` come from those, not "
+            "these estimates."
+        )
         + ("" if gpu else " A CPU study uses no GPUs: its GPUs, GPU-hours and GPU energy are n/a."),
         "",
         "## Formula",
@@ -329,7 +350,7 @@ def plan_markdown(
         "train.comm_probe_steps forward-backward passes with gradient sync, as many without). "
         "eta(W) = 1 for one rank, efficiency_intra_node within one node, efficiency_inter_node "
         "across nodes. Calibrated runs (basis other than `default`) take x_rank from measured "
-        "runs (results/csv/runs.csv): the same configuration, else the same precision, world size "
+        f"runs ({runs_csv}): the same configuration, else the same precision, world size "
         "and local batch, else the same precision and world size (each on as many nodes), else "
         "the scaling model "
         "(basis `model`: x_rank = local_batch / T_step, study/model.py, fitted to the measured "
@@ -394,7 +415,7 @@ def plan_markdown(
             "## How good the estimates are",
             "",
             "Each finished run against Snakemake's measured job wall time "
-            "(benchmarks/train/<run>.tsv): estimated with the calibration from all finished runs "
+            f"({bench}): estimated with the calibration from all finished runs "
             "(what a repeat of it is planned at), and leave-one-out, from the finished runs of "
             "the other configurations only, its own repeats left out too (basis: the "
             "calibration level used). Runs measured under another configuration and resumed "
@@ -440,6 +461,12 @@ def plan_markdown(
         *_no_interval(estimates),
     ]
     return "\n".join(lines)
+
+
+def _same_path(path: str | Path, default: str) -> bool:
+    """Whether `path` names the study's own `default` (relative to the working directory, as
+    resources.TrainingPlan reads it), by whatever path."""
+    return os.path.realpath(path) == os.path.realpath(default)
 
 
 def _no_interval(estimates: list[Estimate]) -> list[str]:
@@ -522,7 +549,9 @@ def write_plan(
     check = calibration_check(config, measured) if config["plan"]["calibrate"] else []
     files.write_texts(
         {
-            out_md: plan_markdown(config, estimates, check, model_holdout(measured)),
+            out_md: plan_markdown(
+                config, estimates, check, model_holdout(measured), runs_csv, benchmarks_dir
+            ),
             out_csv: plan_csv_text(estimates),
         }
     )
