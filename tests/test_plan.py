@@ -71,14 +71,17 @@ def small_config() -> dict:
 
 
 def test_the_time_limit_leaves_the_safety_margin_before_the_usr1_warning():
-    """USR1 comes signal_lead_s before the limit and stops the run at its next epoch's end:
-    the warning must not come before estimate x safety_factor, or every run inside its margin
-    is stopped and resubmitted. Without checkpointing there is no warning and no lead."""
+    """USR1 comes signal_lead_s before the limit, or up to 60 s earlier still (man sbatch,
+    --signal: "may be sent up to 60 seconds earlier than specified"), and stops the run at its
+    next epoch's end: the warning must not come before estimate x safety_factor, or every run
+    inside its margin is stopped and resubmitted. Without checkpointing there is no warning and
+    no lead."""
     config = small_config()
     config["plan"]["safety_factor"], config["checkpointing"]["signal_lead_s"] = 1.2, 600
-    for runtime_s in (60.0, 1000.0, 1400.0, 7200.0):
+    for runtime_s in (60.0, 1000.0, 1400.0, 7200.0, *map(float, range(600, 7200, 7))):
         limit_s = 60 * slurm_runtime_min(runtime_s, config)
-        assert limit_s - 600 >= runtime_s * 1.2, runtime_s
+        assert limit_s - 600 - 60 >= runtime_s * 1.2, runtime_s
+        assert limit_s - 600 - 60 < runtime_s * 1.2 + 60, runtime_s  # no more than a minute over
     config["checkpointing"]["enabled"] = False
     assert slurm_runtime_min(1400.0, config) == math.ceil(1400 * 1.2 / 60)
 
@@ -90,9 +93,10 @@ def test_estimates_and_totals_equal_hand_computed_sums():
     for e in estimates:
         assert e.runtime_s == pytest.approx(HAND[e.run][2], rel=1e-12), e.run
         assert e.throughput_basis == "default" and not e.calibrated
-        # Slurm limit: ceil((T * 2 + the USR1 lead) / 60) minutes, at least runtime_min (1)
+        # Slurm limit: ceil((T * 2 + the USR1 lead + Slurm's 60 s early signal) / 60) minutes,
+        # at least runtime_min (1)
         lead = config["checkpointing"]["signal_lead_s"]
-        assert e.slurm_runtime_min == max(1, math.ceil((HAND[e.run][2] * 2 + lead) / 60))
+        assert e.slurm_runtime_min == max(1, math.ceil((HAND[e.run][2] * 2 + lead + 60) / 60))
     t = plan.totals(estimates)
     node_s = sum(n * s for n, _, s in HAND.values())  # 36 + 23 + 27.33 + 2 * 23
     gpu_s = sum(g * s for _, g, s in HAND.values())  # 36 + 23 + 2 * 27.33 + 4 * 23
@@ -875,8 +879,8 @@ def test_dry_run_prints_the_plan(fresh, profile):
         assert j["basis"] == "default"
         assert j["node_hours"] == pytest.approx(expected[j["run"]].node_hours, abs=1e-3)
     # each training job asks Slurm for its estimate x safety factor (1.5) plus the USR1
-    # warning's lead, in minutes
-    lead = config["checkpointing"]["signal_lead_s"]
+    # warning's lead and the 60 s Slurm may send it early, in minutes
+    lead = config["checkpointing"]["signal_lead_s"] + 60
     limits = slurm_runtimes(proc.stdout + proc.stderr)
     assert limits == {r: math.ceil((e.runtime_s * 1.5 + lead) / 60) for r, e in expected.items()}
     assert all(minutes > 1 for minutes in limits.values())  # above the floor: really derived
@@ -1159,9 +1163,10 @@ def test_the_time_limit_of_a_modelled_run_is_above_its_intervals_upper_end():
     assert wide and all(e.runtime_hi_s * factor > e.runtime_s * factor + lead for e in wide)
     for e in est:
         slowest = e.runtime_s if e.runtime_hi_s is None else e.runtime_hi_s
-        # the safety margin and the USR1 lead above the slowest the plan expects
-        assert 60 * e.slurm_runtime_min - lead >= slowest * factor, e.run
-        assert e.slurm_runtime_min == max(1, math.ceil((slowest * factor + lead) / 60)), e.run
+        # the safety margin and the USR1 lead (and Slurm's 60 s early) above the slowest the
+        # plan expects
+        assert 60 * e.slurm_runtime_min - lead - 60 >= slowest * factor, e.run
+        assert e.slurm_runtime_min == max(1, math.ceil((slowest * factor + lead + 60) / 60)), e.run
     rows = {r["run"]: r for r in csv.DictReader(io.StringIO(plan.plan_csv_text(est)))}
     for e in wide:  # plan.csv's limit is the one the job asks for (resources.TrainingPlan)
         assert int(rows[e.run]["slurm_runtime_min"]) * 60 >= float(rows[e.run]["runtime_hi_s"])

@@ -11,7 +11,9 @@ The estimate of one training run (seconds), with the `plan:` section of the stud
     node-hours = nodes * T / 3600          GPU-hours = GPUs * T / 3600 (0 on cpu)
     Slurm time limit = max(hardware.runtime_min, ceil((T_max * safety_factor + lead) / 60)) minutes
     T_max = max(T, runtime_hi_s) where the scaling model gives an interval (below), else T
-    lead = checkpointing.signal_lead_s (0 with checkpointing off): USR1 comes that long before
+    lead = checkpointing.signal_lead_s + 60 (0 with checkpointing off): USR1 comes
+           signal_lead_s before the limit, and Slurm may send it up to 60 s earlier (man sbatch,
+           --signal), so it never comes before T_max * safety_factor
 
 T or the time limit beyond any float (X = 1e-310 images/s, a probe of 10**310 steps) is a PlanError
 naming the keys above, not an OverflowError.
@@ -100,6 +102,9 @@ BENCHMARKS_DIR = "benchmarks/train"
 SOURCE = "source_csv"  # key load_measured adds to each row: the runs.csv it was read from
 PLAN_MD = "reports/plan.md"
 PLAN_CSV = "results/plan.csv"
+# seconds before its time a --signal=USR1@lead may come: "Due to the resolution of event handling
+# by Slurm, the signal may be sent up to 60 seconds earlier than specified" (man sbatch, --signal)
+SLURM_SIGNAL_EARLY_S = 60
 # measured runs must match the estimated run in these columns to calibrate it at all
 BASE_KEY = (
     "device",
@@ -327,10 +332,13 @@ def probe_images(world_size: int, local_batch: int, comm_probe_steps: int) -> in
 def slurm_runtime_min(runtime_s: float, config: dict) -> int:
     """Slurm time limit (minutes) of a job estimated at runtime_s: the estimate times the safety
     factor, plus checkpointing's warning lead (the ranks get USR1 signal_lead_s before the
-    limit and stop at their next epoch's end: without the lead a run within its safety margin
-    would still be stopped and resubmitted), then the floor hardware.runtime_min."""
+    limit, or up to SLURM_SIGNAL_EARLY_S earlier, and stop at their next epoch's end: without
+    the lead a run within its safety margin would still be stopped and resubmitted), then the
+    floor hardware.runtime_min. The warning never comes before runtime_s x safety_factor."""
     checkpointing = config["checkpointing"]
-    lead = checkpointing["signal_lead_s"] if checkpointing["enabled"] else 0
+    # no checkpointing, no --signal (resources.slurm_extra): no warning to leave room for
+    on = checkpointing["enabled"]
+    lead = checkpointing["signal_lead_s"] + SLURM_SIGNAL_EARLY_S if on else 0
     limit = math.ceil((runtime_s * config["plan"]["safety_factor"] + lead) / 60)
     return max(config["hardware"]["runtime_min"], limit)
 

@@ -444,8 +444,10 @@ def plan_markdown(
         f"`extrapolated`: {model.EXTRAPOLATED}. Basis: where x_rank came "
         "from; `+startup`: startup_s from measured job wall times. A run's Slurm time limit "
         "(results/plan.csv, slurm_runtime_min) is its runtime, or the interval's upper end where "
-        "there is one, x safety_factor plus checkpointing.signal_lead_s (checkpointing on), at "
-        "least hardware.runtime_min.",
+        "there is one, x safety_factor plus checkpointing.signal_lead_s and 60 s (checkpointing "
+        "on: Slurm may send the USR1 warning up to 60 s before its lead, man sbatch --signal), "
+        "at least hardware.runtime_min, so the warning never comes before runtime x "
+        "safety_factor.",
         "",
         "| run | families | nodes | GPUs | runtime | interval | node-hours | GPU-hours | basis "
         "| done |",
