@@ -180,6 +180,27 @@ def measured_row(run: str, per_rank: float, world_size: int, **extra) -> dict:
     return out
 
 
+def test_the_base_a_measured_run_must_share_is_named_whole():
+    """estimate.py's docstring and plan.md listed device, model, width, strategy, loader,
+    compile and threads but not cuda_graphs, comm_hook or accum_steps: a run matching every
+    listed key calibrated nothing, and nothing said why. Each BASE_KEY column is named, and
+    a measured run differing in any one of them calibrates nothing."""
+    config = small_config()
+    run = "w2_lb4_fp32_ddp_bk25_r0"
+    calibration = estimate.__doc__.split("Calibration (")[1].split("1. run")[0]
+    md = plan.plan_markdown(config, plan.estimate_runs(config, build_run_table(config), []), [])
+    formula = md.split("## Formula")[1].split("## Parameters")[0]
+    for key in estimate.BASE_KEY:
+        assert re.search(rf"\b{key}\b", calibration) and re.search(rf"\b{key}\b", formula), key
+        other = {"cuda_graphs": "off", "comm_hook": "fp16", "accum_steps": "2"}.get(key, "x")
+        measured = [measured_row(run, 50.0, 2, **{key: other})]
+        est = {e.run: e for e in plan.estimate_runs(config, build_run_table(config), measured)}
+        assert est[run].throughput_basis == "default", key
+    assert "image shape" in calibration and "image shape" in formula
+    est = plan.estimate_runs(config, build_run_table(config), [measured_row(run, 50.0, 2)])
+    assert {e.run: e for e in est}[run].throughput_basis == "run"
+
+
 def test_the_precision_level_rescales_the_nearest_measured_world_size():
     """fp32 measured at 1 GPU (100 img/s per GPU) and 2 GPUs (30 per GPU, a third of it): the
     4-GPU run was priced from their mean rescaled by eta, (100 / 1 + 30 / 0.75) / 2 x 0.5 =

@@ -34,11 +34,14 @@ config's 10 steps are 22 passes beside a weak 16-GPU run's 360 training steps (1
 30 epochs), 6% more; a typo of 10**9 steps is a plan and a time limit that say so, not a job
 killed at its limit after its training.
 
-Calibration (`Calibration`, when results/csv/runs.csv exists): measured runs of the same device,
-model, width, strategy, loader (and num_workers with loader dataloader), compile setting and
-threads per rank (hardware.cpus_per_rank: metrics.json's threads_per_rank, where recorded)
+Calibration (`Calibration`, when results/csv/runs.csv exists): measured runs of the same base
 replace the default x_rank, taking the first level that has measurements (mean of the measured
-throughput_img_s_per_rank):
+throughput_img_s_per_rank). The base (`_base`, `same_threads`) is every column of BASE_KEY:
+device, model, width, strategy, loader, compile, cuda_graphs, comm_hook and accum_steps; the
+image shape of the dataset (vocab.DATASETS: MNIST's 28x28x1 is not CIFAR-10's 32x32x3, synthetic
+has CIFAR-10's); num_workers with loader dataloader; and the threads per rank
+(hardware.cpus_per_rank: metrics.json's threads_per_rank, where recorded). A run measured with
+any of them different calibrates nothing. The levels, the first that has measurements taken:
 
     1. run        the same configuration (run id without its repeat), e.g. repeats 1, 2 of r0
     2. batch      the same precision, world size and local_batch

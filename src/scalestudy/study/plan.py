@@ -28,6 +28,7 @@ from scalestudy import files, log, vocab
 from scalestudy.errors import PlanError, StudyConfigError
 from scalestudy.study import model
 from scalestudy.study.estimate import (
+    BASE_KEY,
     BENCHMARKS_DIR,
     NOT_MEASURED,
     NOT_USED,
@@ -350,7 +351,9 @@ def plan_markdown(
         "train.comm_probe_steps forward-backward passes with gradient sync, as many without). "
         "eta(W) = 1 for one rank, efficiency_intra_node within one node, efficiency_inter_node "
         "across nodes. Calibrated runs (basis other than `default`) take x_rank from measured "
-        f"runs ({runs_csv}): the same configuration, else the same precision, world size "
+        f"runs ({runs_csv}) of the same base ({', '.join(BASE_KEY)}, image shape, num_workers "
+        "with loader dataloader, threads per rank; any other measured run calibrates nothing): "
+        "the same configuration, else the same precision, world size "
         "and local batch, else the same precision and world size (each on as many nodes), else "
         "the scaling model "
         "(basis `model`: x_rank = local_batch / T_step, study/model.py, fitted to the measured "
