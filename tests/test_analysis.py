@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 import pytest
+from workflow_helpers import fsync_fails_at_file
 
 from scalestudy import files, vocab
 from scalestudy.errors import AnalysisError
@@ -1532,26 +1533,6 @@ def test_outputs_that_cannot_be_written_leave_every_table_as_it_was(tmp_path, ca
         f"{out / 'model.csv'}: is a directory, not a file"
     ]
     assert files.output_problems([tmp_path / "new" / "deeper" / "x.csv"]) == []
-
-
-def fsync_fails_at_file(monkeypatch, n: int) -> list[str]:
-    """os.fsync raises ENOSPC at the n-th regular file it syncs (a full disk found when the n-th
-    output is written out: NFS, or a delayed allocation, reports it there); directories and the
-    files before it sync as usual. Returns the files' names as they were synced."""
-    import errno
-    import stat
-
-    real, synced = os.fsync, []
-
-    def fsync(fd):
-        if stat.S_ISREG(os.fstat(fd).st_mode):
-            synced.append(os.readlink(f"/proc/self/fd/{fd}"))
-            if len(synced) == n:
-                raise OSError(errno.ENOSPC, "No space left on device")
-        return real(fd)
-
-    monkeypatch.setattr(os, "fsync", fsync)
-    return synced
 
 
 def test_a_write_that_fails_part_way_leaves_every_table_as_it_was(tmp_path, capsys, monkeypatch):

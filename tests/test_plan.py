@@ -5,14 +5,11 @@ calibrated estimates of a real tiny study against Snakemake's measured job wall 
 from __future__ import annotations
 
 import csv
-import errno
 import io
 import logging
 import math
-import os
 import re
 import shutil
-import stat
 import statistics
 import subprocess
 import sys
@@ -22,7 +19,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from workflow_helpers import RUN_IDS, TINY, copy_repo, env, snakemake, write_config
+from workflow_helpers import (
+    RUN_IDS,
+    TINY,
+    copy_repo,
+    env,
+    fsync_fails_at_file,
+    snakemake,
+    write_config,
+)
 
 import snakemake_logger_plugin_scalestudy as logger_plugin
 from scalestudy.errors import PlanError
@@ -615,21 +620,12 @@ def test_the_plan_writes_both_files_or_neither(tmp_path, monkeypatch):
     assert out_md.read_text() == "old plan\n"
     out_csv.rmdir()
     out_csv.write_text("old csv\n")
-    real, synced = os.fsync, []
-
-    def fsync(fd):  # the disk fills up at the second file
-        if stat.S_ISREG(os.fstat(fd).st_mode):
-            synced.append(fd)
-            if len(synced) == 2:
-                raise OSError(errno.ENOSPC, "No space left on device")
-        return real(fd)
-
-    monkeypatch.setattr(os, "fsync", fsync)
+    fsync_fails_at_file(monkeypatch, 2)  # the disk fills up at the second file
     with pytest.raises(OSError):
         plan.write_plan(config, out_md, out_csv, tmp_path / "runs.csv", tmp_path / "bench")
     assert (out_md.read_text(), out_csv.read_text()) == ("old plan\n", "old csv\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.csv", "plan.md"]  # no temp file
-    monkeypatch.setattr(os, "fsync", real)
+    monkeypatch.undo()
     plan.write_plan(config, out_md, out_csv, tmp_path / "runs.csv", tmp_path / "bench")
     assert out_md.read_text().startswith("# Node-hour plan")
     assert out_csv.read_text().startswith(",".join(estimate.PLAN_COLUMNS))

@@ -1,10 +1,13 @@
-"""Run snakemake on a copy of the repository and read its own dry-run job table."""
+"""Run snakemake on a copy of the repository and read its own dry-run job table; and the
+helpers the tests share (a full disk at the n-th file a command writes: fsync_fails_at_file)."""
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -146,3 +149,20 @@ RUN_IDS = {
     "w2_lb32_fp32_ddp_bk1_r0",
     "w2_lb32_fp32_ddp_bk25_r0",
 }
+
+
+def fsync_fails_at_file(monkeypatch, n: int) -> list[str]:
+    """os.fsync raises ENOSPC at the n-th regular file it syncs (a full disk found when the n-th
+    output is written out: NFS, or a delayed allocation, reports it there); directories and the
+    files before it sync as usual. Returns the files' names as they were synced."""
+    real, synced = os.fsync, []
+
+    def fsync(fd):
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+            if len(synced) == n:
+                raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return synced
