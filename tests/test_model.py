@@ -18,7 +18,7 @@ import sys
 import numpy as np
 import pytest
 from conftest import read_metrics, train
-from workflow_helpers import REPO, child_env
+from workflow_helpers import REPO, child_env, fsync_fails_at_file
 
 from scalestudy import cli, files, vocab
 from scalestudy.errors import AnalysisError
@@ -743,6 +743,27 @@ def test_runs_captured_whole_give_the_model_another_precisions_backward_share(tm
     fitted = [r for r in out if r["kind"] == "fit" and r["world_size"] != "1"]
     assert len(fitted) == 12 and all(abs(float(r["rel_error"])) < 1e-6 for r in fitted)
     assert not [r for r in out if r["kind"] == "not_modelled"]
+
+
+def test_model_writes_both_tables_or_neither(tmp_path, capsys, monkeypatch):
+    """model wrote model.csv, then bucket_advice.csv: a full disk at the second left the new
+    model.csv beside the old advice. Both now go to temp files first (files.write_texts)."""
+    write_rows(tmp_path / "runs.csv", synthetic_rows())
+    out = tmp_path / "csv"
+    out.mkdir()
+    old = {out / "model.csv": "old model\n", out / "bucket_advice.csv": "old advice\n"}
+    for path, text in old.items():
+        path.write_text(text)
+    argv = ["model", "--runs", str(tmp_path / "runs.csv"), "--out-dir", str(out)]
+    fsync_fails_at_file(monkeypatch, 2)
+    assert cli.main(argv) == 2
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert err == f"scalestudy model: {out / 'bucket_advice.csv'}: No space left on device"
+    assert {p: p.read_text() for p in out.iterdir()} == old  # both old, no temp file
+    monkeypatch.undo()
+    assert cli.main(argv) == 0
+    assert read(out / "model.csv")[0].keys() == set(model_csv.MODEL_COLUMNS)
+    assert read(out / "bucket_advice.csv")[0].keys() == set(model_csv.ADVICE_COLUMNS)
 
 
 def _no_backward(precision: str, mode: str | None, sizes=(1, 2, 4)) -> list[dict]:

@@ -122,8 +122,14 @@ def run(args: argparse.Namespace) -> int:
     advice = [vars(a) for a in model.advise(None if isinstance(fit, str) else fit, pts)]
     out = Path(args.out_dir)
     files.check_outputs([out / "model.csv", out / "bucket_advice.csv"], AnalysisError)
-    files.write_csv(out / "model.csv", MODEL_COLUMNS, table, cell)
-    files.write_csv(out / "bucket_advice.csv", ADVICE_COLUMNS, map(_advice_row, advice), cell)
+    files.write_texts(  # both or neither: a full disk at the second leaves both old
+        {
+            out / "model.csv": files.csv_text(MODEL_COLUMNS, table, cell),
+            out / "bucket_advice.csv": files.csv_text(
+                ADVICE_COLUMNS, map(_advice_row, advice), cell
+            ),
+        }
+    )
     logger.info(
         f"modelled {len(pts) - len(unmodelled)} configurations ({len(skipped)} runs and "
         f"{len(unmodelled)} configurations not: model.csv's not_modelled rows say why) -> {out}"
