@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from workflow_helpers import snakemake
+from workflow_helpers import fsync_fails_at_file, snakemake
 
 from scalestudy import files, vocab
 from scalestudy.errors import AnalysisError
@@ -653,6 +653,36 @@ def test_a_study_without_a_25_mib_run_still_renders_and_says_why_there_is_no_mod
     assert "DDP's default of 25 MiB" in study
     [fit] = [r for r in tables["model"] if r["name"] == "fit"]
     assert fit["note"].startswith("no fit: ") and fit["note"] in study
+
+
+def test_render_report_writes_every_document_or_none(tmp_path, capsys, monkeypatch):
+    """render-report wrote study.md, then paper.tex: a full disk at the second left a new
+    study.md beside the old paper.tex. Both now go to temp files first (files.write_texts)."""
+    from scalestudy import cli
+
+    runs = [_gpu_run("w1", "strong", 1, 20000, 0), _gpu_run("w2", "strong", 2, 38000, 0)]
+    for r in runs:
+        r.update(bucket_cap_mb=50, strategy="ddp")
+    _modelled(tmp_path / "csv", runs)
+    out = tmp_path / "reports"
+    out.mkdir()
+    old = {out / name: f"old {name}\n" for name in report.DOCUMENTS}
+    for path, text in old.items():
+        path.write_text(text)
+    argv = ["render-report", "--csv-dir", str(tmp_path / "csv"), "--out-dir", str(out)]
+    capsys.readouterr()
+    synced = fsync_fails_at_file(monkeypatch, 2)
+    assert cli.main(argv) == 2
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    where, temp = os.path.split(synced[-1])  # .{name}.{random}.tmp beside its document
+    failed = Path(where) / temp[1:].rsplit(".", 2)[0]
+    assert failed in old and len(synced) == 2
+    assert err == f"scalestudy render-report: {failed}: No space left on device"
+    assert {p: p.read_text() for p in out.iterdir()} == old  # every document old, no temp file
+    monkeypatch.undo()
+    assert cli.main(argv) == 0
+    assert (out / "study.md").read_text().startswith("#")
+    assert "\\documentclass" in (out / "paper.tex").read_text()
 
 
 def _holdout_table(name: str, text: str) -> list[list[str]]:

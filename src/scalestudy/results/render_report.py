@@ -540,10 +540,12 @@ def run(args: argparse.Namespace) -> int:
             f"relative to --out-dir {args.out_dir}): make them with `scalestudy plot --figure "
             "NAME` (snakemake results/plots/NAME.png), or give the --figure-dir that holds them"
         )
-    files.check_outputs((Path(args.out_dir) / name for name in docs), AnalysisError)
-    for name, text in docs.items():  # only once every document passed: none is left half-new
-        files.write_text(Path(args.out_dir) / name, text)
-        logger.info(f"wrote {Path(args.out_dir) / name}")
+    outputs = {Path(args.out_dir) / name: text for name, text in docs.items()}
+    files.check_outputs(outputs, AnalysisError)
+    # only once every document passed, and all or none: a full disk at paper.tex leaves both old
+    files.write_texts(outputs)
+    for path in outputs:
+        logger.info(f"wrote {path}")
     return 0
 
 
