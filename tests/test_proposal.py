@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from workflow_helpers import REPO, child_env, write_config
+from workflow_helpers import REPO, child_env, fsync_fails_at_file, write_config
 
 from scalestudy import cli, files
 from scalestudy.results import build_pdf as latex
@@ -1065,6 +1065,30 @@ def test_an_output_that_cannot_be_written_leaves_every_old_file_as_it_was(demo, 
     (err,) = capsys.readouterr().err.strip().splitlines()
     assert err == f"scalestudy proposal: nothing written: {a_file}: is a file, not a directory"
     assert (csv_dir / "proposal.csv").read_text() == "old\n" and before != b"old\n"
+
+
+def test_a_write_that_fails_part_way_leaves_every_old_file_as_it_was(tmp_path, monkeypatch):
+    """proposal.csv and the documents were written one after another: a full disk at a later
+    one left a new proposal.csv (and documents) beside old ones. All now go to temp files
+    first, renamed once all are written (files.write_texts)."""
+    config, study = build(tmp_path)
+    write(config, study)
+    outputs = [study / "results/csv/proposal.csv",
+               *(study / "reports" / name for name in proposal.DOCUMENTS)]  # fmt: skip
+    before = {p: p.read_text() for p in outputs}
+    for p in outputs:
+        p.write_text("old\n")
+    for n in (2, len(outputs)):  # the first document, the last
+        synced = fsync_fails_at_file(monkeypatch, n)
+        with pytest.raises(OSError) as info:
+            write(config, study)
+        where, temp = os.path.split(synced[-1])  # .{name}.{random}.tmp beside its file
+        assert info.value.filename == os.path.join(where, temp[1:].rsplit(".", 2)[0]), n
+        assert {p: p.read_text() for p in outputs} == dict.fromkeys(outputs, "old\n"), n
+        assert not [p for p in study.rglob(".*.tmp")], n  # no temp file left
+        monkeypatch.undo()
+    write(config, study)
+    assert {p: p.read_text() for p in outputs} == before
 
 
 def test_an_older_scaling_csv_is_one_line_not_a_traceback(demo, tmp_path, capsys):

@@ -858,12 +858,12 @@ def write_proposal(
     except jinja2.UndefinedError as exc:
         raise report.stale_csvs(csv_dir, exc) from exc
     report.check_numbers(docs, tables, (figure_dir,))
-    outputs = [csv_dir / "proposal.csv", *(Path(out_dir) / name for name in docs)]
+    outputs = {csv_dir / "proposal.csv": text}
+    outputs.update((Path(out_dir) / name, doc) for name, doc in docs.items())
     files.check_outputs(outputs, AnalysisError)  # else a new proposal.csv beside old docs
-    files.write_text(csv_dir / "proposal.csv", text)
-    for name, doc in docs.items():
-        files.write_text(Path(out_dir) / name, doc)
-        logger.info(f"wrote {Path(out_dir) / name}")
+    files.write_texts(outputs)  # all or none: a full disk at slides.tex leaves every file old
+    for path in list(outputs)[1:]:
+        logger.info(f"wrote {path}")
     if missing:
         logger.warning(
             f"WARNING slides.tex: {', '.join(missing)} not found: the slide says so instead of "
