@@ -23,7 +23,15 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import PYTHON
-from workflow_helpers import STAND_INS, child_env, copy_repo, planned_jobs, snakemake, write_config
+from workflow_helpers import (
+    STAND_INS,
+    child_env,
+    copy_repo,
+    fsync_fails_at_file,
+    planned_jobs,
+    snakemake,
+    write_config,
+)
 
 from scalestudy import cli, log
 from scalestudy.errors import ProfileError, ProfileFormatError
@@ -2598,6 +2606,31 @@ def test_a_capture_that_profiled_nothing_fails_and_an_earlier_capture_is_cleared
     assert "failed with exit" in proc.stderr.splitlines()[-1]
     # the earlier capture is gone, the user's file kept; the refused trainer wrote nothing
     assert sorted(p.name for p in cap.iterdir()) == ["notes.txt"]
+
+
+def test_profile_parse_writes_both_csvs_or_neither(tmp_path, capsys, monkeypatch):
+    """profile parse wrote --out-kernels, then --out-ranges: a full disk at the second left
+    the new kernels beside the old ranges. Both now go to temp files first
+    (files.write_texts)."""
+    from scalestudy import cli
+
+    out = tmp_path / "out"
+    out.mkdir()
+    old = {out / "k.csv": "old kernels\n", out / "r.csv": "old ranges\n"}
+    for path, text in old.items():
+        path.write_text(text)
+    argv = ["profile", "parse", "--nsys-stats", str(FIX / "nsys-2024.5"), "--run", "r",
+            "--out-kernels", str(out / "k.csv"), "--out-ranges", str(out / "r.csv")]  # fmt: skip
+    capsys.readouterr()
+    fsync_fails_at_file(monkeypatch, 2)
+    assert cli.main(argv) == 2
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert err == f"scalestudy profile parse: {out / 'r.csv'}: No space left on device"
+    assert {p: p.read_text() for p in out.iterdir()} == old  # both old, no temp file
+    monkeypatch.undo()
+    assert cli.main(argv) == 0
+    assert (out / "k.csv").read_text().startswith(",".join(schema.KERNEL_COLUMNS) + "\n")
+    assert (out / "r.csv").read_text().startswith(",".join(schema.RANGE_COLUMNS) + "\n")
 
 
 def test_profile_outputs_and_ncu_numbers_are_checked_before_anything_runs(tmp_path, capsys):

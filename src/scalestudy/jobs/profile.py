@@ -711,11 +711,11 @@ def parse(args: argparse.Namespace) -> int:
             f"(tool.json: world size {manifest['world_size']}, ranks {manifest['ranks']}); "
             "capture again with `scalestudy profile capture`",
         )
-    outputs = [args.out_kernels, *([args.out_ranges] if args.out_ranges else [])]
-    files.check_outputs(outputs, ProfileError)  # else a new kernels CSV beside old ranges
-    files.write_text(args.out_kernels, schema.csv_text(schema.KERNEL_COLUMNS, kernels))
+    outputs = {args.out_kernels: schema.csv_text(schema.KERNEL_COLUMNS, kernels)}
     if args.out_ranges:
-        files.write_text(args.out_ranges, schema.csv_text(schema.RANGE_COLUMNS, ranges))
+        outputs[args.out_ranges] = schema.csv_text(schema.RANGE_COLUMNS, ranges)
+    files.check_outputs(outputs, ProfileError)  # else a new kernels CSV beside old ranges
+    files.write_texts(outputs)  # both or neither: a full disk at the ranges leaves both old
     bare = sorted({r["rank"] for r in kernels} - {r["rank"] for r in ranges})
     if bare:
         # a warning, not an error: the kernel breakdown stands on its own, and a trainer that
