@@ -2689,6 +2689,31 @@ def test_ncu_checks_its_outputs_before_the_first_pass(tmp_path, capsys, monkeypa
             assert not out_dir.exists() and not (tmp_path / "ncu.csv").exists()
 
 
+def test_profile_ncu_writes_tool_json_and_its_csv_both_or_neither(tmp_path, capsys, monkeypatch):
+    """profile ncu wrote --out-dir's tool.json, then --out: a full disk at the CSV left a new
+    tool.json beside the old CSV. Both now go to temp files first (files.write_texts); here
+    the path without a GPU under enabled auto (_no_ncu), which writes the same two files."""
+    kernels, out_dir, out = tmp_path / "kernels.csv", tmp_path / "n", tmp_path / "ncu.csv"
+    kernels.write_text(schema.csv_text(schema.KERNEL_COLUMNS, []))
+    out_dir.mkdir()
+    (out_dir / "tool.json").write_text('{"tool": "ncu"}\n')  # the earlier run's: cleared
+    out.write_text("old ncu\n")
+    argv = ["profile", "ncu", "--run", "w1", "--kernels", str(kernels), "--enabled", "auto",
+            "--out-dir", str(out_dir), "--out", str(out), "--device", "cpu", "--",
+            "--epochs", "1"]  # fmt: skip
+    capsys.readouterr()
+    fsync_fails_at_file(monkeypatch, 2)
+    assert cli.main(argv) == 2
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert err == f"scalestudy profile ncu: {out}: No space left on device"
+    assert out.read_text() == "old ncu\n"
+    assert list(out_dir.iterdir()) == []  # no new tool.json beside the old CSV, no temp file
+    monkeypatch.undo()
+    assert cli.main(argv) == 0
+    assert json.loads((out_dir / "tool.json").read_text())["tool"] == "none"
+    assert out.read_text() == ",".join(schema.NCU_COLUMNS) + "\n"
+
+
 def test_ncu_clears_an_earlier_runs_results_and_writes_each_import_whole(
     tmp_path, capsys, monkeypatch
 ):

@@ -352,8 +352,13 @@ def write_text(path: str | os.PathLike, text: str) -> None:
         f.write(text)
 
 
+def json_text(obj: Any) -> str:
+    """`obj` as write_json writes it (for write_texts)."""
+    return json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n"
+
+
 def write_json(path: str | os.PathLike, obj: Any) -> None:
-    write_text(path, json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n")
+    write_text(path, json_text(obj))
 
 
 def _as_is(value: Any) -> Any:

@@ -855,9 +855,19 @@ def ncu(args: argparse.Namespace) -> int:
         # the kernels CSV's name, not ncu's spelling of it: profile_ncu joins profile_kernels
         rows.extend(ncu_parser.parse_ncu(out_dir / f"ncu_k{i}.csv", args.run, kernel=kernel))
     manifest = {"tool": "ncu", "why": ncu_path, "kernels": [k for _, k in profiled]}
-    files.write_json(out_dir / "tool.json", {**manifest, "not_launched": not_launched})
-    files.write_text(args.out, schema.csv_text(schema.NCU_COLUMNS, rows))
+    _write_ncu(out_dir, args.out, {**manifest, "not_launched": not_launched}, rows)
     return 0
+
+
+def _write_ncu(out_dir: Path, out: str, manifest: dict, rows: list[dict]) -> None:
+    """tool.json and the --out CSV both or neither: a full disk at the CSV left a new tool.json
+    naming kernels beside the old CSV."""
+    files.write_texts(
+        {
+            out_dir / "tool.json": files.json_text(manifest),
+            out: schema.csv_text(schema.NCU_COLUMNS, rows),
+        }
+    )
 
 
 def ncu_required(why: str) -> ProfileError:
@@ -868,10 +878,7 @@ def ncu_required(why: str) -> ProfileError:
 
 def _no_ncu(out_dir: Path, out: str, why: str, not_launched: list[str] = ()) -> int:
     """ncu skipped under enabled auto: the manifest says why, the run's profile_ncu CSV is empty."""
-    files.write_json(
-        out_dir / "tool.json", {"tool": "none", "why": why, "not_launched": list(not_launched)}
-    )
-    files.write_text(out, schema.csv_text(schema.NCU_COLUMNS, []))
+    _write_ncu(out_dir, out, {"tool": "none", "why": why, "not_launched": list(not_launched)}, [])
     return 0
 
 
