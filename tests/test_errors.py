@@ -699,8 +699,16 @@ def test_ctrl_c_in_training_is_one_line_from_rank_0(data_dir, tmp_path, ranks):
     cmd += ["--dataset", "synthetic", "--width", "4", "--local-batch", "32", "--epochs", "1000"]
     cmd += ["--warmup-steps", "1", "--comm-probe-steps", "0"]
     cmd += ["--data-dir", str(data_dir), "--out", str(tmp_path / "run")]
+    # SIGINT as a terminal's foreground job has it: a job started in the background by a
+    # non-interactive shell (`nohup bash .ci/run &`) inherits SIGINT ignored, and Python then
+    # installs no KeyboardInterrupt for it (the run never stopped: CI at 59ad3f5)
     proc = subprocess.Popen(
-        cmd, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        cmd,
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         assert proc.stdout.readline()  # rank 0's first progress line: the run is under way
@@ -726,8 +734,16 @@ def test_a_failure_after_ctrl_c_is_the_interrupt():
     The rank remembers the SIGINT, and the failure after it is the interrupt."""
     from scalestudy.trainer import train
 
-    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        pytest.skip("SIGINT is not Python's KeyboardInterrupt in this test process")
+    # Python's own handler, as in a foreground run: this test process may be a background job
+    # that inherited SIGINT ignored (then Interrupt leaves it so, and the test was skipped)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _failure_after_ctrl_c(train)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _failure_after_ctrl_c(train) -> None:
     with train.Interrupt() as interrupt:
         with contextlib.suppress(KeyboardInterrupt):  # what torch's wait did with it
             os.kill(os.getpid(), signal.SIGINT)
