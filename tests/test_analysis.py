@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 
 import pytest
-from workflow_helpers import fsync_fails_at_file
+from workflow_helpers import fsync_fails_at_file, other_group
 
 from scalestudy import files, vocab
 from scalestudy.errors import AnalysisError
@@ -597,6 +597,44 @@ def test_a_symlinked_figure_stays_a_link_and_its_file_gets_the_new_figure(tmp_pa
         assert (shared / target).read_bytes()[:4] == magic, path
     assert sorted(p.name for p in shared.iterdir()) == sorted(names.values())
     assert sorted(p.name for p in out.iterdir()) == sorted(names)
+
+
+def test_a_shared_figure_keeps_its_group_and_mode(tmp_path):
+    """matplotlib wrote the figures to temp files of its own, renamed onto them: a figure shared
+    by its group (`chgrp proj; chmod 640`, as files.atomic_open keeps a CSV's) came back in the
+    writer's group and umask's mode, and the project could no longer read it."""
+    other, out = other_group(), tmp_path / "plots"
+    out.mkdir()
+    for name in ("throughput.png", "throughput.pdf"):
+        (out / name).write_text("OLD\n")
+        os.chown(out / name, -1, other)
+        (out / name).chmod(0o640)
+    rows = [run("w1", "strong", 1, 64, 1000), run("w2", "strong", 2, 64, 1800)]
+    paths = plots.make_figure("throughput", out, scaling=scaling_rows(rows), device="cpu")
+    for path, magic in zip(paths, (b"\x89PNG", b"%PDF"), strict=True):
+        st = path.stat()
+        assert (path.read_bytes()[:4], st.st_gid, st.st_mode & 0o777) == (magic, other, 0o640)
+
+
+def test_a_full_disk_found_at_the_pdfs_sync_leaves_the_old_pair(tmp_path, monkeypatch, capsys):
+    """A full disk that a file system reports only when the data is written out (NFS, delayed
+    allocation): the figures were never synced, so the new pair was renamed into place and
+    the PDF could be lost. Now each is synced before the renames: one line naming the PDF, the
+    old pair, no temp file."""
+    from scalestudy import cli
+
+    out = tmp_path / "plots"
+    out.mkdir()
+    for name in ("throughput.png", "throughput.pdf"):
+        (out / name).write_text("OLD\n")
+    argv = [*_plot_argv(tmp_path), "--out", str(out)]
+    synced = fsync_fails_at_file(monkeypatch, 2)
+    assert cli.main(argv) == 2
+    assert [Path(p).name.startswith(".throughput.pdf") for p in synced] == [False, True]
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"scalestudy plot: {out / 'throughput.pdf'}: No space left on device"]
+    assert [(out / n).read_text() for n in ("throughput.png", "throughput.pdf")] == ["OLD\n"] * 2
+    assert sorted(p.name for p in out.iterdir()) == ["throughput.pdf", "throughput.png"]
 
 
 def test_a_full_disk_between_the_png_and_the_pdf_leaves_the_old_pair(tiny_fs, tmp_path, capsys):

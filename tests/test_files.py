@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from workflow_helpers import need, other_group
 
 from scalestudy import files
 
@@ -185,25 +186,6 @@ def test_a_rewrite_keeps_the_files_group_and_mode_from_its_first_byte(tmp_path):
     assert (early.st_gid, stat.S_IMODE(early.st_mode)) == (other, 0o640)
     st = path.stat()
     assert (path.read_text(), st.st_gid, stat.S_IMODE(st.st_mode)) == ("new\n", other, 0o640)
-
-
-def other_group() -> int:
-    """A group this process may give its files and is not its own: any as root, else one of
-    its supplementary groups."""
-    if os.geteuid() == 0:
-        return 4242 if os.getegid() != 4242 else 4243
-    groups = [g for g in os.getgroups() if g != os.getegid()]
-    if not groups:
-        need("a second group of this user, or root", "run the tests as root (CI does)")
-    return groups[0]
-
-
-def need(what: str, fix: str) -> None:
-    """Skip a test that needs `what`; under CI=true fail it: CI has it."""
-    message = f"needs {what}: {fix}"
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(message)
-    pytest.skip(message)
 
 
 # the kernel's POSIX ACL xattr (what setfacl writes): version 2, then (tag, permissions, id)

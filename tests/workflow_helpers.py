@@ -1,5 +1,6 @@
 """Run snakemake on a copy of the repository and read its own dry-run job table; and the
-helpers the tests share (a full disk at the n-th file a command writes: fsync_fails_at_file)."""
+helpers the tests share (a full disk at the n-th file a command writes: fsync_fails_at_file;
+a group to share a file with: other_group)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
@@ -166,3 +168,22 @@ def fsync_fails_at_file(monkeypatch, n: int) -> list[str]:
 
     monkeypatch.setattr(os, "fsync", fsync)
     return synced
+
+
+def other_group() -> int:
+    """A group this process may give its files and is not its own: any as root, else one of
+    its supplementary groups."""
+    if os.geteuid() == 0:
+        return 4242 if os.getegid() != 4242 else 4243
+    groups = [g for g in os.getgroups() if g != os.getegid()]
+    if not groups:
+        need("a second group of this user, or root", "run the tests as root (CI does)")
+    return groups[0]
+
+
+def need(what: str, fix: str) -> None:
+    """Skip a test that needs `what`; under CI=true fail it: CI has it."""
+    message = f"needs {what}: {fix}"
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(message)
+    pytest.skip(message)

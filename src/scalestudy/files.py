@@ -284,23 +284,38 @@ def _discard(staged: Iterable[_Staged]) -> None:
 
 
 def write_texts(texts: Mapping[str | os.PathLike, str]) -> None:
-    """Write several files as one output: every text to its temp file first (as atomic_open),
-    then, all of them complete, rename them onto their targets. A failure before the renames (a
-    full disk at the third file) removes the temp files and leaves every target as it was, so a
+    """write_files for texts: each path gets its text (UTF-8)."""
+    write_files({path: _writer(text) for path, text in texts.items()}, "w", encoding="utf-8")
+
+
+def _writer(content: str | bytes) -> Callable[[IO], Any]:
+    return lambda f: f.write(content)
+
+
+def write_files(
+    writers: Mapping[str | os.PathLike, Callable[[IO], Any]], mode: str = "w", **kwargs: Any
+) -> None:
+    """Write several files as one output: each writer writes its file into the open file it is
+    given, a temp file (as atomic_open: the target's group, ACL and mode, fsynced), and, all of
+    them complete, they are renamed onto their targets. A failure before the renames (a full
+    disk at the third file) removes the temp files and leaves every target as it was, so a
     command's outputs are all new or all old, never new beside old (what check_outputs checks
     before the work, this keeps during the writes). A target written in place (a device,
     /dev/stdout: written_in_place) has no temp file: it is written after the others' temp
-    files, before their renames."""
+    files, before their renames. `mode` is "w" or "wb"; `kwargs` go to open()."""
+    if mode not in ("w", "wb"):
+        raise ValueError(f"write_files: mode must be 'w' or 'wb', not {mode!r}")
     staged: list[_Staged] = []
     try:
-        in_place = [p for p in texts if written_in_place(p)]
-        for path, text in texts.items():
+        in_place = [p for p in writers if written_in_place(p)]
+        for path, write in writers.items():
             if path not in in_place:
-                with _staged(path, "w", encoding="utf-8") as (f, s):
-                    f.write(text)
+                with _staged(path, mode, **kwargs) as (f, s):
+                    write(f)
                 staged.append(s)
         for path in in_place:
-            write_text(path, texts[path])
+            with atomic_open(path, mode, **kwargs) as f:
+                writers[path](f)
     except BaseException:
         _discard(staged)
         raise

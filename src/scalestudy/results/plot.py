@@ -18,9 +18,9 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
-from scalestudy import log, vocab
+from scalestudy import files, log, vocab
 from scalestudy.errors import AnalysisError
-from scalestudy.files import check_outputs, number, write_target
+from scalestudy.files import check_outputs, number
 from scalestudy.results.analyze import PROFILE_CATEGORIES, read_csv, read_table
 
 logger = log.get(__name__)
@@ -544,31 +544,31 @@ def _os_error(exc: BaseException | None) -> OSError | None:
 
 
 def _save_both(fig, paths: list[Path]) -> None:
-    """savefig to a temp name beside each path, then rename them all: an interrupted job or a
-    full disk leaves no half figure and no new PNG beside an old PDF, and no temp file. A
-    symlinked path stays a link and the file it points to gets the figure, as in
-    files.atomic_open."""
-    targets = [write_target(path) for path in paths]
-    temps = [target.with_name(f".{target.stem}.tmp{target.suffix}") for target in targets]
-    try:
-        for path, tmp in zip(paths, temps, strict=True):
-            try:
-                pdf = path.suffix == ".pdf"  # no creation date: the same figure, the same bytes
-                metadata = {"CreationDate": None} if pdf else None
-                # the figure path's format: a link may point to a name with another suffix
-                fig.savefig(tmp, format=path.suffix[1:], metadata=metadata)
-            except Exception as exc:
-                # a full disk names no file (or the temp one), and the PDF backend's clean-up
-                # then fails on its half-written stream: the AttributeError hides the OSError
-                cause = _os_error(exc)
-                if cause is None:
-                    raise
-                raise OSError(cause.errno, cause.strerror, str(path)) from exc
-        for target, tmp in zip(targets, temps, strict=True):
-            tmp.replace(target)
-    finally:
-        for tmp in temps:
-            tmp.unlink(missing_ok=True)
+    """Write the figure to each path as one output (files.write_files): temp files with the old
+    figures' group and mode, synced, then renamed, so an interrupted job or a full disk leaves
+    no half figure and no new PNG beside an old PDF, and no temp file. A symlinked path stays
+    a link and the file it points to gets the figure."""
+    files.write_files({path: _saver(fig, path) for path in paths}, "wb")
+
+
+def _saver(fig, path: Path):
+    """Write `fig` in `path`'s format into an open binary file, an OSError naming `path`."""
+    pdf = path.suffix == ".pdf"  # no creation date: the same figure, the same bytes
+    metadata = {"CreationDate": None} if pdf else None
+
+    def save(f) -> None:
+        try:
+            # the figure path's format: a link may point to a name with another suffix
+            fig.savefig(f, format=path.suffix[1:], metadata=metadata)
+        except Exception as exc:
+            # a full disk names no file, and the PDF backend's clean-up then fails on its
+            # half-written stream: the AttributeError hides the OSError
+            cause = _os_error(exc)
+            if cause is None:
+                raise
+            raise OSError(cause.errno, cause.strerror, str(path)) from exc
+
+    return save
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
