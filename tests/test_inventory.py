@@ -86,6 +86,36 @@ def test_kernel_files_that_are_not_utf8_are_recorded_not_a_crash(tmp_path, monke
     assert eth0["operstate"] == "up\ufffd" and eth0["mtu"] == inventory_module.ABSENT
 
 
+# /proc/cpuinfo of an aarch64 node (an NVIDIA Grace CPU, as on GH200 nodes): no "model name"
+GRACE_CPUINFO = (
+    "processor\t: 0\nBogoMIPS\t: 2000.00\nFeatures\t: fp asimd evtstrm aes pmull sha1 sha2\n"
+    "CPU implementer\t: 0x41\nCPU architecture: 8\nCPU variant\t: 0x0\nCPU part\t: 0xd4f\n"
+    "CPU revision\t: 0\n"
+)
+
+
+def test_a_cpuinfo_without_a_model_name_gives_lscpus_model_or_absent(tmp_path, monkeypatch):
+    """An aarch64 /proc/cpuinfo has no "model name" line, and the inventory of an ARM node
+    recorded no CPU model at all (no "model" key, not even "absent"). lscpu names it."""
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(GRACE_CPUINFO)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    lscpu = bin_dir / "lscpu"  # what lscpu prints there
+    lscpu.write_text(
+        "#!/bin/sh\nprintf 'Architecture:             aarch64\\n"
+        "  Model name:             Neoverse-V2\\n    Model:                  0\\n'\n"
+    )
+    lscpu.chmod(0o755)
+    monkeypatch.setattr(inventory_module, "CPUINFO", cpuinfo)
+    monkeypatch.setenv("PATH", str(bin_dir))  # the probes look tools up on this PATH
+    assert inventory_module._cpu()["model"] == "Neoverse-V2"
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no lscpu either
+    assert inventory_module._cpu()["model"] == inventory_module.ABSENT
+    monkeypatch.setattr(inventory_module, "CPUINFO", tmp_path / "no-cpuinfo")
+    assert inventory_module._cpu()["model"] == inventory_module.ABSENT
+
+
 def test_the_image_digest_is_the_sha256_of_the_image(tmp_path):
     image = tmp_path / "trainer.sif"
     image.write_bytes(b"not really an image, but bytes to hash" * 1000)

@@ -92,17 +92,32 @@ def _read(path: Path) -> str:
 
 
 def _cpu() -> dict:
-    info = {"machine": platform.machine(), "logical_cpus": os.cpu_count()}
-    try:
-        for line in _read(CPUINFO).splitlines():
-            if line.startswith("model name"):
-                info["model"] = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        info["model"] = platform.processor() or ABSENT
+    """The CPU: its model from /proc/cpuinfo's "model name", else lscpu's "Model name" (an
+    aarch64 cpuinfo, e.g. a Grace CPU's, has no such line: the inventory of an ARM node had no
+    "model" at all), else "absent" (not platform.processor(), `uname -p`: the architecture,
+    already the "machine")."""
     lscpu = _cmd(["lscpu"])
-    info["lscpu"] = lscpu
-    return info
+    try:
+        cpuinfo = _read(CPUINFO)
+    except OSError:
+        cpuinfo = ""
+    model = _field(cpuinfo, "model name") or _field(lscpu, "Model name")
+    return {
+        "machine": platform.machine(),
+        "logical_cpus": os.cpu_count(),
+        "model": model or ABSENT,
+        "lscpu": lscpu,
+    }
+
+
+def _field(text: str, key: str) -> str:
+    """The value of the first `key: value` line of `text` (indentation and the spaces before the
+    colon ignored: cpuinfo's "model name\t:", lscpu's "  Model name:   "), else ""."""
+    for line in text.splitlines():
+        name, colon, value = line.partition(":")
+        if colon and name.strip() == key:
+            return value.strip()
+    return ""
 
 
 def _network() -> list[dict]:
