@@ -723,6 +723,22 @@ def test_cli_build_with_stand_in_is_atomic(tmp_path):
     assert r.returncode == 0 and "ok" in r.stdout
 
 
+def test_cli_build_keeps_the_images_permissions(tmp_path):
+    """The rebuilt image came back as apptainer made it, in the builder's umask: a study's image
+    shared with `chmod 640` (or 644 under a site's umask 077) lost its mode, and every
+    other user's training job failed to read it. It keeps the old image's mode (its group and
+    ACL too, as every rewrite of files.py), as a real process rewrites it."""
+    image = tmp_path / "trainer.sif"
+    assert run([*build_argv(image), "--git-commit", "a"], stand_in_env(), REPO).returncode == 0
+    for mode in (0o640, 0o604):
+        image.chmod(mode)
+        r = run([*build_argv(image), "--git-commit", "b"], stand_in_env(), REPO)
+        assert r.returncode == 0, r.stderr
+        assert "build-arg: GIT_COMMIT=b" in image.read_text()
+        assert oct(image.stat().st_mode & 0o777) == oct(mode)
+    assert [p.name for p in tmp_path.iterdir()] == ["trainer.sif"]  # no temp file left
+
+
 def test_cli_build_into_a_directory_is_refused_before_apptainer_runs(tmp_path):
     """The whole build ran, then the rename failed: "Is a directory"."""
     image = tmp_path / "images"

@@ -277,6 +277,26 @@ def _replace(staged: Sequence[_Staged]) -> None:
                 raise
 
 
+def replace_with(tmp: str | os.PathLike, path: str | os.PathLike) -> None:
+    """Rename `tmp`, a complete file another program wrote beside `path` (apptainer build's
+    image), onto `path` as atomic_open's temp files are: with `path`'s group, ACL and mode where
+    it exists (_keep_permissions), fsynced, then the rename, then its directory fsynced. A
+    failure removes `tmp` and raises an OSError that names `path`."""
+    target = write_target(path)
+    try:
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            with contextlib.suppress(FileNotFoundError):  # a new file: as the program made it
+                _keep_permissions(fd, target, os.stat(target))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        _discard([_Staged(path, target, os.fspath(tmp))])
+        raise _named(exc, path) from exc
+    _replace([_Staged(path, target, os.fspath(tmp))])
+
+
 def _discard(staged: Iterable[_Staged]) -> None:
     for s in staged:
         with contextlib.suppress(FileNotFoundError):

@@ -684,8 +684,10 @@ def build(
     venv: TorchBuild | None | str = "venv",
 ) -> str:
     """Check the definition (venv: see validate_definition), build into a temp file beside
-    `image`, then rename it onto `image` (a reader never sees a half-built image). Returns the
-    new image's digest."""
+    `image`, then rename it onto `image` (a reader never sees a half-built image) with the old
+    image's group, ACL and mode, fsynced first (files.replace_with: apptainer made it in the
+    builder's umask, and an image shared with the project lost its readers). Returns the new
+    image's digest."""
     apptainer = shutil.which("apptainer")
     if apptainer is None:
         raise ApptainerNotFound(INSTALL_HELP)
@@ -705,7 +707,7 @@ def build(
     logger.info("+ " + " ".join(argv))
     try:
         subprocess.run(argv, cwd=context, check=True)
-        os.replace(tmp, target)
+        files.replace_with(tmp, target)
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
