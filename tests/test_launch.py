@@ -73,6 +73,32 @@ def test_one_rank_in_a_slurm_job_is_a_job_step_so_usr1_reaches_it(tmp_path):
     assert argv[-5:] == ["-m", "scalestudy", "train", "--epochs", "1"]
 
 
+def test_a_gpu_run_in_a_slurm_job_asks_its_step_for_its_own_gpus(tmp_path):
+    """srun gives a step that names no --gres all of the job's GPUs (man srun, --gres): with
+    snakemake's local executor in `salloc`'s shell (4 GPUs), two 1-rank runs at once each saw
+    all 4 and both trained on GPU 0, each measuring half a GPU. A CUDA run's step now asks for
+    its ranks' GPUs on each node; where the job has exactly those (the Slurm executor's jobs,
+    `--gres` of the run's ranks per node) it changes nothing. A CPU run asks for none."""
+    parser = argparse.ArgumentParser()
+    launch.add_arguments(parser)
+    env = {"SLURM_JOB_ID": "12", "PATH": _fake_srun(tmp_path), "CUDA_VISIBLE_DEVICES": "0,1,2,3"}
+
+    def argv(device: str, ranks: str) -> list[str]:
+        args = ["--ranks-per-node", ranks, "--", "--epochs", "1", "--device", device]
+        return launch.build_command(parser.parse_args(args), env)
+
+    assert argv("cuda", "1")[:6] == [
+        "srun",
+        "--nodes=1",
+        "--ntasks-per-node=1",
+        "--cpus-per-task=1",
+        "--gres=gpu:1",
+        "--kill-on-bad-exit=1",
+    ]
+    assert "--gres=gpu:2" in argv("auto", "2")  # auto: this job shows GPUs, so CUDA
+    assert not [a for a in argv("cpu", "2") if a.startswith("--gres")]
+
+
 def test_one_rank_already_inside_a_step_or_outside_slurm_starts_directly(tmp_path):
     path = _fake_srun(tmp_path)
     for env in ({"SLURM_JOB_ID": "12", "SLURM_STEP_ID": "0", "PATH": path}, {"PATH": path}):

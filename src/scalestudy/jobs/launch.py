@@ -2,7 +2,7 @@
 
 Inside a Slurm allocation (SLURM_JOB_ID is set; Snakemake's slurm executor keeps it in the job's
 shell) it execs
-    <mpi> --nodes=N --ntasks-per-node=K --cpus-per-task=C --kill-on-bad-exit=1 \
+    <mpi> --nodes=N --ntasks-per-node=K --cpus-per-task=C [--gres=gpu:K] --kill-on-bad-exit=1 \
         [apptainer exec --nv IMAGE] python -m scalestudy train ...
 one rank per GPU (or per CPU slot), every rank finding its place from SLURM_* (dist.py), a run of
 one rank too: `sbatch --signal=USR1@lead` (without `B:`) signals the job's steps only, so every
@@ -18,7 +18,9 @@ limit.
 Outside Slurm it runs torchrun on this host (`--standalone`: a free rendezvous port), which only
 works for N = 1; a multi-node run without Slurm is refused with a pointer to the Slurm profile.
 srun is given --cpus-per-task because srun stopped inheriting it from sbatch in Slurm 22.05, and
---kill-on-bad-exit so a crashed rank ends the job instead of leaving the others in a collective.
+--kill-on-bad-exit so a crashed rank ends the job instead of leaving the others in a collective;
+a CUDA run's step gets --gres=gpu:K, its ranks' GPUs on each node, since a step that names none
+gets all of the job's (man srun): runs started at once in one `salloc` shared its first GPU.
 
 Every argument is passed as an argv list (never through a shell), and the command is printed
 (shell-quoted) first, so the log shows exactly what ran.
@@ -179,11 +181,16 @@ def build_command(args: argparse.Namespace, env: dict[str, str]) -> list[str]:
         mpi = args.mpi or "srun"  # a 1-rank job's `mpi` resource is "" (see the docstring)
         if shutil.which(mpi, path=env.get("PATH")) is None:
             raise LaunchError(f"inside Slurm job {env['SLURM_JOB_ID']} but {mpi!r} is not on PATH")
+        # a step that names no --gres gets every GPU of the job (man srun): in salloc's shell
+        # (the local executor) runs at once all trained on its first GPU. Under the Slurm
+        # executor a job's --gres is the run's own GPUs per node, so this asks for no other
+        gres = [f"--gres=gpu:{args.ranks_per_node}"] if train_device(config, env) == "cuda" else []
         return [
             mpi,
             f"--nodes={args.nodes}",
             f"--ntasks-per-node={args.ranks_per_node}",
             f"--cpus-per-task={args.cpus_per_rank}",
+            *gres,
             "--kill-on-bad-exit=1",
             *python,
             "-m",
