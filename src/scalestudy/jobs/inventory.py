@@ -1,13 +1,13 @@
 """`scalestudy inventory --out results/system/<name>.json`: what the allocation runs on.
 
-GPU model, driver, CUDA, NCCL, torch, `nvidia-smi topo -m`, CPU, network interfaces (with speed
-and InfiniBand devices), Slurm version and job, container digest, hostname, time. Every probe is
-independent and bounded (10 s): a tool that is absent is recorded as "absent", a failing one as
-"error: ...", so the inventory never fails a job. The Slurm job's node list, partition, node
-count and GPUs come from the environment, else from `scontrol -d show job` (see SLURM_FIELDS).
-Every training job writes one before its ranks start (results/system/<run>.json, rule train: on
-Slurm, on the first node of the job's allocation) and `scalestudy profile capture` one per
-profiling job (results/system/profile/<run>.json).
+GPU model, driver, CUDA, NCCL, torch, `nvidia-smi topo -m`, CPU, network interfaces (with speed and
+InfiniBand devices), Slurm version and job, container digest, hostname, time. Every probe is
+independent, each command it runs bounded (10 s; torch's versions are read in this process): a tool
+that is absent is recorded as "absent", a failing one as "error: ...", so the inventory never fails
+a job. The Slurm job's node list, partition, node count and GPUs come from the environment, else
+from `scontrol -d show job` (see SLURM_FIELDS). Every training job writes one before its ranks
+start (results/system/<run>.json, rule train: on Slurm, on the first node of the job's allocation)
+and `scalestudy profile capture` one per profiling job (results/system/profile/<run>.json).
 """
 
 from __future__ import annotations
