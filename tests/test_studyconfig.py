@@ -795,3 +795,32 @@ def test_a_dataset_larger_than_a_ranks_memory_is_refused_before_any_job():
     cfg["hardware"]["mem_mb_per_rank"] = 177
     load_and_validate(cfg)
     assert vocab.DATASETS["mnist"].image_bytes == 28 * 28 + 8
+
+
+def test_a_mapping_given_to_set_is_merged_as_snakemake_merges_config():
+    """`--set 'families.strong={gpus: [1, 2]}'` replaced the demo's strong mapping: its
+    `enabled: true` and global_batch 32 went back to the schema's defaults, so `scalestudy
+    matrix` and `plan` showed a study without the strong family (and `--set 'train={width:
+    16}'` one of 30-epoch runs at local batch 256), where Snakemake's --config, which `--set`
+    follows, merges a mapping into the files' (snakemake.utils.update_config)."""
+    from snakemake.utils import update_config
+
+    for key, value in (
+        ("families.strong", {"gpus": [1, 2]}),
+        ("families", {"strong": {"gpus": [1, 2]}}),
+        ("train", {"width": 16}),
+    ):
+        cfg = studyconfig.load_layers([DEMO], overrides=[f"{key}={value}"])
+        expected = yaml.safe_load(FULL.read_text())
+        update_config(expected, yaml.safe_load(DEMO.read_text()))
+        nested = value
+        for part in reversed(key.split(".")):
+            nested = {part: nested}
+        update_config(expected, nested)
+        assert cfg == validate(expected), key
+    cfg = studyconfig.load_layers([DEMO], overrides=["families.strong={gpus: [1, 2]}"])
+    assert cfg["families"]["strong"] == {"enabled": True, "gpus": [1, 2], "global_batch": 32}
+    assert cfg["train"]["epochs"] == 3 and cfg["train"]["width"] == 8
+    # a mapping over a value that is none replaces it, as Snakemake's merge does
+    cfg = load_and_validate(minimal(), overrides=["train=null", "train={epochs: 2}"])
+    assert cfg["train"]["epochs"] == 2

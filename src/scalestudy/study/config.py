@@ -751,7 +751,9 @@ def apply_overrides(config: dict, overrides: Mapping | Iterable[str]) -> dict:
     """Apply overrides to `config` in place and return it.
 
     A mapping is merged recursively (as Snakemake merges --config into the configfile); strings
-    are "dotted.key=VALUE" with a YAML value, e.g. "train.epochs=3" or "families.strong.gpus=[1,2]".
+    are "dotted.key=VALUE" with a YAML value, e.g. "train.epochs=3" or "families.strong.gpus=[1,2]",
+    and a VALUE that is a mapping is merged the same way ("families.strong={gpus: [1, 2]}" keeps
+    the files' families.strong.enabled).
     """
     if isinstance(overrides, Mapping):
         _merge(config, overrides)
@@ -769,7 +771,9 @@ def apply_overrides(config: dict, overrides: Mapping | Iterable[str]) -> dict:
                     f"override {item!r}: config key '{'.'.join(parts[: i + 1])}' is "
                     f"{_fmt(node)}, not a mapping"
                 )
-        node[parts[-1]] = _parse_value(raw)
+        # merged as Snakemake's --config merges `KEY={...}`: replaced, the files' other keys of
+        # that mapping fell back to the schema's defaults (families.strong.enabled: false)
+        _merge(node, {parts[-1]: _parse_value(raw)})
     return config
 
 
@@ -925,5 +929,6 @@ def add_config_arguments(parser) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="override a config key (dotted path, YAML value), e.g. dataset=synthetic or "
-        "families.strong.gpus=[1,2]; repeatable",
+        "families.strong.gpus=[1,2]; a mapping value is merged, as snakemake --config merges "
+        "it; repeatable",
     )
