@@ -543,7 +543,7 @@ def test_the_fsdp_checkpoint_group_times_out_after_pg_timeout_s(
 
     monkeypatch.setattr(state.dist, "new_group", new_group)
     cfg = TrainConfig(strategy="fsdp", pg_timeout_s=7, checkpoint_dir=str(tmp_path / "ck"))
-    saver = state.make_checkpointer(cfg, 0, 1, "data-sha256")
+    saver = state.make_checkpointer(cfg, 0, 1, "data-sha256", torch.device("cpu"))
     assert saver.dcp_group is not None
     assert [c.get("timeout") for c in created] == [datetime.timedelta(seconds=7)]
 
@@ -725,3 +725,40 @@ def test_a_checkpoint_of_an_edited_meta_json_is_not_resumed(tmp_path, monkeypatc
     (out / "meta.json").write_text(json.dumps({**meta, "mean": [0.0] * 3, "std": [1.0] * 3}))
     assert checkpointing().resume().epoch == 0
     assert "not resuming" in warnings[-1] and "data_sha256" in warnings[-1], warnings
+
+
+def test_a_checkpoint_of_other_hardware_is_not_resumed(tmp_path, monkeypatch, one_rank_group):
+    """A job requeued on another GPU model (a mixed partition, hardware.gpu_type empty) resumed
+    the checkpoint: metrics.json then summed the window images and times of both models into
+    one throughput_img_s and named only the last segment's device. Every rank's device is in
+    the identity now: the same hardware resumes, a checkpoint written on other hardware (its
+    manifest as that machine wrote it) is not resumed, and the warning names both."""
+    from scalestudy.trainer import measure
+    from scalestudy.trainer import state as st
+
+    warnings: list[str] = []
+    monkeypatch.setattr(ck, "_warn", warnings.append)
+    _checkpointing(tmp_path)._save(st.RunState(epoch=1, step=5), wait=True)
+    assert _checkpointing(tmp_path).resume().epoch == 1  # the same machine resumes
+
+    manifest_path = tmp_path / "ck" / "epoch-0001" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["devices"] = ["1 x NVIDIA A100-SXM4-80GB"]  # written by a job on another machine
+    manifest_path.write_text(json.dumps(manifest))
+    assert _checkpointing(tmp_path).resume().epoch == 0
+    here = measure.device_info(torch.device("cpu"))["name"]
+    assert "not resuming" in warnings[-1] and "another configuration" in warnings[-1]
+    assert "NVIDIA A100-SXM4-80GB" in warnings[-1] and f"1 x {here}" in warnings[-1], warnings
+
+
+@pytest.mark.parametrize(
+    ("names", "expected"),
+    [
+        (["H100"] * 4, ["4 x H100"]),
+        (["H100", "H100", "A100", "A100", "H100"], ["2 x H100", "2 x A100", "1 x H100"]),
+    ],
+)
+def test_the_devices_of_the_identity_are_every_ranks_in_rank_order(names, expected):
+    from scalestudy.trainer import state as st
+
+    assert st.device_runs(names) == expected

@@ -16,10 +16,10 @@ failed write (disk full, read-only filesystem) leaves every earlier checkpoint i
 
 Resuming (`find_latest`) takes the newest checkpoint whose manifest and checksums verify and whose
 identity (config_hash, world size, the prepared data's digest, the trainer code's sha256, torch's
-version and RunState's fields: state.make_checkpointer) matches the run; a corrupted or truncated
-one is skipped with a warning naming the file, one from another configuration, code or torch is
-never resumed (a warning names the keys that differ, both values; the run starts fresh and
-removes it at its first save).
+version, RunState's fields and every rank's device: state.make_checkpointer) matches the run; a
+corrupted or truncated one is skipped with a warning naming the file, one from another
+configuration, code, torch or hardware is never resumed (a warning names the keys that differ,
+both values; the run starts fresh and removes it at its first save).
 
 Asynchronous saving: `Checkpointer.save` copies the state off the device (and clones CPU tensors,
 which training keeps mutating) and returns; a background thread writes it. The stall training
@@ -299,7 +299,7 @@ def find_latest(
             theirs = {key: value for key, (value, _) in differ.items()}
             mine = {key: value for key, (_, value) in differ.items()}
             warn(
-                f"not resuming {path}: it belongs to another configuration or code "
+                f"not resuming {path}: it belongs to another configuration, code or hardware "
                 f"({theirs}, this run is {mine}); starting fresh, it will be "
                 "removed at this run's first checkpoint"
             )

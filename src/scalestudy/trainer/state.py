@@ -91,8 +91,29 @@ def rng_generators(train_loader) -> dict[str, torch.Generator]:
     return {"dataloader": gen} if isinstance(gen, torch.Generator) else {}
 
 
+def device_runs(names: list[str]) -> list[str]:
+    """Every rank's device name, in rank order, as runs of equal names: ["4 x NVIDIA H100 80GB
+    HBM3"] for 4 ranks on one model, one short item however many ranks."""
+    runs: list[list] = []
+    for name in names:
+        if runs and runs[-1][1] == name:
+            runs[-1][0] += 1
+        else:
+            runs.append([1, name])
+    return [f"{count} x {name}" for count, name in runs]
+
+
+def rank_devices(device: torch.device, world_size: int) -> list[str]:
+    """device_runs of every rank's device (measure.device_info; a collective beyond 1 rank)."""
+    names = [measure.device_info(device)["name"]]
+    if world_size > 1:
+        names = [None] * world_size
+        dist.all_gather_object(names, measure.device_info(device)["name"])
+    return device_runs(names)
+
+
 def make_checkpointer(
-    cfg: TrainConfig, rank: int, world_size: int, data_sha256: str
+    cfg: TrainConfig, rank: int, world_size: int, data_sha256: str, device: torch.device
 ) -> ckpt.Checkpointer | None:
     """The run's Checkpointer (None without --checkpoint-dir). Its identity is what a resumed
     run must share: the configuration, the world size and the prepared data (data_sha256,
@@ -104,9 +125,13 @@ def make_checkpointer(
     change a measured number, known in or out of git and a container; not the git commit,
     which a commit of docs or an edit of config.yaml changes too), torch's version and the
     fields of RunState (a checkpoint whose progress this code cannot read): a rerun after a
-    trainer change resumed the old code's epochs silently."""
+    trainer change resumed the old code's epochs silently. And the hardware: every rank's device
+    (rank_devices, a collective beyond 1 rank): a job requeued on another GPU model (a mixed
+    partition) resumed, and metrics.json summed both models' windows into one throughput_img_s
+    under the last segment's device_names."""
     if not cfg.checkpoint_dir:
         return None
+    devices = rank_devices(device, world_size)
     # FSDP saves through torch.distributed.checkpoint, whose collectives run in the background:
     # give them their own gloo group so they never interleave with training's collectives. Its
     # timeout is --pg-timeout-s, as the default group's: without one it was torch's 30 minutes
@@ -124,6 +149,7 @@ def make_checkpointer(
             "code_sha256": measure.code_sha256(),
             "torch_version": torch.__version__,
             "run_state_fields": sorted(f.name for f in dataclasses.fields(RunState)),
+            "devices": devices,
         },
         rank=rank,
         async_write=cfg.checkpoint_async,
@@ -140,7 +166,8 @@ def _sharded_state(model, optimizer) -> dict:
 
 class Checkpointing:
     """The training loop's side of checkpointing; without --checkpoint-dir every hook does
-    nothing (and resume() starts fresh). Creating it is a collective under FSDP (a gloo group)."""
+    nothing (and resume() starts fresh). Creating it is a collective with --checkpoint-dir and
+    several ranks (their devices; under FSDP a gloo group too)."""
 
     def __init__(
         self,
@@ -154,7 +181,7 @@ class Checkpointing:
     ) -> None:
         self.cfg, self.rank, self.device, self.stop = cfg, rank, device, stop
         self.trainables = trainables
-        self.saver = make_checkpointer(cfg, rank, world_size, data_sha256)
+        self.saver = make_checkpointer(cfg, rank, world_size, data_sha256, device)
         persistent = cfg.loader == "dataloader" and cfg.num_workers > 0 and cfg.persistent_workers
         if self.saver and rank == 0 and persistent:
             logger.warning(

@@ -168,7 +168,9 @@ command resumes from the newest valid checkpoint of the same configuration (conf
 size, prepared data (data_sha256: another --data-dir holding other data, or an edited meta.json,
 starts fresh, with a warning) and code (the sha256 of the trainer's source, measure.code_sha256,
 torch's version, RunState's fields: a rerun after a trainer change starts fresh, with a warning
-naming both values, so the code and torch_version hold for every segment) and continues bit for
+naming both values, so the code and torch_version hold for every segment) and hardware (every
+rank's device, in rank order: a job requeued on another GPU model starts fresh, with a warning,
+so device_names, the window and mfu hold for every segment) and continues bit for
 bit (same data order, RNG states, optimizer, schedule, scaler), except with --loader dataloader
 and persistent worker processes (--num-workers > 0): their random state lives in the workers and is
 not checkpointed, so such a run resumes correctly but not bit for bit (a warning says so at
