@@ -137,3 +137,29 @@ def test_without_tensorboard_one_line_and_nothing_written(data_dir, tmp_path, mo
     assert "TensorBoard scalars off" in lines[0] and "pip install tensorboard" in lines[0]
     assert (out / "metrics.json").is_file()
     assert sorted(p.name for p in out.iterdir()) == ["epochs.csv", "metrics.json"]
+
+
+# TensorBoard's writer thread re-raises its write error, and threading reports it
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_full_disk_stops_the_scalars_not_the_training(tiny_fs, tensorboard, caplog):
+    """The disk fills under the event file: the failed flush was warned of, then close() in the
+    same handler flushed again, and TensorBoard raised the same OSError out of epoch(), so the
+    run died with its traceback (the module promises a warning and training on). Now one
+    warning, the scalars stop, and every later epoch() returns quietly."""
+    import logging
+
+    cfg = TrainConfig(out=str(tiny_fs), epochs=1000)
+    scalars = Scalars(cfg, rank=0)
+    history = [_row(1, 1.0)]
+    scalars.epoch(history)
+    filler = (tiny_fs / "filler").open("wb", buffering=0)  # every free page of the tmpfs
+    with filler, pytest.raises(OSError, match="No space left"):
+        while True:
+            filler.write(b"\0" * 4096)
+    with caplog.at_level(logging.WARNING, logger="scalestudy"):
+        for epoch in range(2, 200):  # the event file's last page fills within a few rows
+            history.append(_row(epoch, float(epoch)))
+            scalars.epoch(history)
+    stops = [r.getMessage() for r in caplog.records if "TensorBoard scalars stop" in r.message]
+    assert len(stops) == 1 and "No space left on device" in stops[0], stops
+    assert str(tiny_fs / "tensorboard") in stops[0]

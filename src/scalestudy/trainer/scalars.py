@@ -9,7 +9,7 @@ config.NOT_IDENTITY). Other ranks write nothing.
 tensorboard is an optional dependency (`pip install tensorboard`, or the `tensorboard` extra):
 without it, or with --no-tensorboard, nothing is written; the missing package is said in one
 info line and never fails a run. A failed write (a full disk) warns once and stops the scalars,
-not the training.
+not the training (TensorBoard's writer thread prints its own traceback of the error).
 
 Resume: the event files are a function of state.history, like epochs.csv. The first epoch a
 process records writes every row of the history (the checkpoint's epochs and this one) into a
@@ -25,6 +25,7 @@ within a segment only; the step axis (epoch) is always true.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from pathlib import Path
@@ -78,13 +79,16 @@ class Scalars:
                 f"WARNING: TensorBoard scalars stop after epoch {history[-1]['epoch']}: "
                 f"cannot write {self.directory}: {exc}"
             )
-            self.close()
+            # TensorBoard keeps its writer thread's error and raises it at every flush, close()'s
+            # too: let through, it left this handler and ended the run it promised to spare
+            with contextlib.suppress(OSError):
+                self.close()
 
     def close(self) -> None:
         """Nothing more is written (the epochs so far are on disk: each epoch was flushed)."""
-        if self._writer is not None:
-            self._writer.close()
-        self._writer, self._writer_class = None, None
+        writer, self._writer, self._writer_class = self._writer, None, None  # off even if it raises
+        if writer is not None:
+            writer.close()
 
     def _rewrite(self, history: list[dict]) -> Any:
         """Every row so far into a new directory that replaces the old one; returns a writer
