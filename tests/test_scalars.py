@@ -18,6 +18,7 @@ from scalestudy.trainer.scalars import TAGS, Scalars
 
 HAVE_TENSORBOARD = importlib.util.find_spec("tensorboard") is not None
 NO_TENSORBOARD = REPO / "tests" / "stand-ins" / "no-tensorboard"
+BROKEN_TENSORBOARD = REPO / "tests" / "stand-ins" / "broken-tensorboard"
 
 
 @pytest.fixture
@@ -163,3 +164,25 @@ def test_a_full_disk_stops_the_scalars_not_the_training(tiny_fs, tensorboard, ca
     stops = [r.getMessage() for r in caplog.records if "TensorBoard scalars stop" in r.message]
     assert len(stops) == 1 and "No space left on device" in stops[0], stops
     assert str(tiny_fs / "tensorboard") in stops[0]
+
+
+def test_a_broken_tensorboard_install_is_one_line_and_the_run_completes(
+    data_dir, tmp_path, monkeypatch
+):
+    """tensorboard installed but failing at import (an old one under protobuf >= 4 raises a
+    TypeError, not an ImportError): only ImportError was caught, so rank 0 died building the run
+    with that traceback, and rank 1 with a closed connection; the scalars are on by default, so
+    no run could train until --no-tensorboard. Now one warning from rank 0 names the error and
+    the way out, and the run completes without scalars."""
+    pythonpath = os.pathsep.join(
+        filter(None, [str(BROKEN_TENSORBOARD), os.environ.get("PYTHONPATH")])
+    )
+    monkeypatch.setenv("PYTHONPATH", pythonpath)  # the ranks inherit it (conftest.train)
+    out = tmp_path / "run"
+    done = train(data_dir, out, nproc=2, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [line for line in done.stderr.splitlines() if "TensorBoard" in line]
+    assert len(lines) == 1 and "[rank 0/2" in lines[0], done.stderr[-3000:]
+    assert "TypeError: Descriptors cannot be created directly" in lines[0], lines
+    assert "--no-tensorboard" in lines[0] and "Traceback" not in done.stderr, lines
+    assert sorted(p.name for p in out.iterdir()) == ["epochs.csv", "metrics.json"]

@@ -8,8 +8,9 @@ config.NOT_IDENTITY). Other ranks write nothing.
 
 tensorboard is an optional dependency (`pip install tensorboard`, or the `tensorboard` extra):
 without it, or with --no-tensorboard, nothing is written; the missing package is said in one
-info line and never fails a run. A failed write (a full disk) warns once and stops the scalars,
-not the training (TensorBoard's writer thread prints its own traceback of the error).
+info line (an installed one that fails to import, in one warning) and never fails a run. A
+failed write (a full disk) warns once and stops the scalars, not the training (TensorBoard's
+writer thread prints its own traceback of the error).
 
 Resume: the event files are a function of state.history, like epochs.csv. The first epoch a
 process records writes every row of the history (the checkpoint's epochs and this one) into a
@@ -115,10 +116,21 @@ def _add(writer: Any, row: dict) -> None:
 
 
 def summary_writer_class() -> Any:
-    """torch's SummaryWriter, or None (with one info line) when tensorboard is not installed."""
+    """torch's SummaryWriter, or None with one line: info when tensorboard is not installed, a
+    warning when it is but fails to import."""
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError as exc:  # torch.utils.tensorboard imports the tensorboard package
         logger.info(f"TensorBoard scalars off: cannot import tensorboard ({exc}); {HOW_TO_GET}")
+        return None
+    except Exception as exc:
+        # installed but broken: an old tensorboard under protobuf >= 4 raises a TypeError
+        # ("Descriptors cannot be created directly"), which ended every run at its start
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        logger.warning(
+            f"WARNING: TensorBoard scalars off: importing tensorboard failed "
+            f"({type(exc).__name__}: {first}); repair it (pip install -U tensorboard protobuf) "
+            "or pass --no-tensorboard"
+        )
         return None
     return SummaryWriter
