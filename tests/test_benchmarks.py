@@ -543,6 +543,27 @@ def test_overhead_leaves_out_runs_without_a_snakemake_benchmark(tmp_path, monkey
         assert message.splitlines() == [message] and f"{runs_csv}: {why}" in message, message
 
 
+def test_overhead_leaves_out_resumed_runs(tmp_path, monkeypatch, capsys):
+    """A run resumed from a checkpoint (restarts > 0 in runs.csv): its train_time_s sums every
+    segment, but Snakemake's benchmarks/train/<run>.tsv holds only the last attempt's wall time
+    (the epochs after the checkpoint). Their difference was reported as the job's overhead, here
+    -25 s, and it lowered the median and the min. Now such a run is left out and counted, as
+    the plan's calibration leaves it out (study/estimate.py, resumed)."""
+    overhead = load_benchmark("overhead")
+    monkeypatch.setattr(sys, "argv", ["overhead.py", str(tmp_path)])
+    (tmp_path / "results/csv").mkdir(parents=True)
+    (tmp_path / "benchmarks/train").mkdir(parents=True)
+    rows = "w1_a,10.0,0\nw2_b,40.0,1\nw4_c,20.0,0\n"  # w2_b: 30 s, preempted, then 10 s more
+    (tmp_path / "results/csv/runs.csv").write_text("run,train_time_s,restarts\n" + rows)
+    for run, job_s in (("w1_a", 15.5), ("w2_b", 15.0), ("w4_c", 21.5)):
+        (tmp_path / "benchmarks/train" / f"{run}.tsv").write_text(f"s\th:m:s\n{job_s}\t0:00:15\n")
+    assert overhead.main() == 0
+    out = capsys.readouterr().out
+    assert "w2_b " not in out and "-25.0" not in out, out
+    assert "median 3.5 s, min 1.5 s, max 5.5 s over 2 jobs" in out, out
+    assert "1 of 3 runs left out, resumed from a checkpoint" in out and "['w2_b']" in out, out
+
+
 def gpu_node(out: Path, timeout: int, **env: str) -> subprocess.CompletedProcess:
     """benchmarks/gpu_node.sh OUT with `env` over the test's environment (no GPU visible)."""
     return subprocess.run(
