@@ -52,6 +52,9 @@ NOT_OURS_ONLY = {
     "global_batch": "it overrides the local batch: use --local-batch",
     "model": "the reference trains resnet18 only",
     "out": "compare.py gives each run its own",
+    # the reference has no --device: ours on the CPU beside its GPU run was a ratio of devices
+    "device": "the reference runs on CUDA where there is one; CUDA_VISIBLE_DEVICES= runs both "
+    "on the CPU",
 }
 
 

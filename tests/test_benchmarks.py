@@ -58,12 +58,21 @@ def test_both_trainers_get_the_same_workload():
         ("--compile on --local-b=128", "--local-batch", "use compare.py's --local-batch"),
         ("--global-batch 64", "--global-batch", "it overrides the local batch: use --local-batch"),
         ("--out elsewhere", "--out", "compare.py gives each run its own"),
+        (
+            "--device cpu",
+            "--device",
+            "the reference runs on CUDA where there is one; CUDA_VISIBLE_DEVICES= runs both on "
+            "the CPU",
+        ),
     ],
 )
 def test_ours_flags_may_not_change_what_both_trainers_run(capsys, flags, named, instead):
     """argparse keeps a flag's last value: --ours-flags naming a flag compare.py gives both
     trainers would have ours run another workload than the reference, while the result JSON
-    reports compare.py's value. Refused in one line that names the flag (abbreviated too)."""
+    reports compare.py's value. Refused in one line that names the flag (abbreviated too).
+    --device too: the reference has none (CUDA where there is one), so on a GPU node
+    `--ours-flags="--device cpu"` compared our CPU run with the reference's GPU run, the JSON
+    saying device cpu."""
     with pytest.raises(SystemExit) as exit_:
         compare.parse_args(["--data-dir", "d", "--local-batch", "512", f"--ours-flags={flags}"])
     err = capsys.readouterr().err
