@@ -21,9 +21,9 @@
 #                     when the step starts)
 #   ddp-buffers       DDP's per-step buffer broadcast, one NCCL rank (ddp_buffers.py)
 #   anatomy-lb64      the host time of our step per phase at local batch 64 (step_anatomy.py)
-# STEPS picks some of them (default: all, in this order). A failed step is logged, leaves no
-# result of an earlier session in OUT, and the next one runs; a failed data preparation ends the
-# script in one line (its log: OUT/prepare-data.log).
+# STEPS picks some of them (default: all, in this order). A failed step is logged, leaves no result of an earlier session in OUT,
+# and the next one runs; the script then ends with one line naming the failed ones, exit 1. A
+# failed data preparation ends the script in one line (its log: OUT/prepare-data.log).
 # The package runs from this checkout (PYTHONPATH=src): no install, no Snakemake, no
 # internet. The sizes are variables so that a CPU test runs the same script small: WIDTH
 # LOCAL_BATCH PRECISION EPOCHS NUM_TRAIN REPEATS REF_WORKERS DEVICE (cuda or cpu, for
@@ -43,6 +43,7 @@ all+=" buckets ddp-buffers anatomy-lb64"
 steps=${STEPS:-$all}
 
 rc=0
+failed=() # the steps (bucket runs) that failed: the exit status says so at the end
 "$py" -m scalestudy prepare-data --dataset synthetic --data-dir "$data" \
     --num-train "${NUM_TRAIN:-16384}" --num-test 1024 >"$out/prepare-data.log" 2>&1 || rc=$?
 if [ "$rc" != 0 ]; then
@@ -61,7 +62,10 @@ compare() { # name, extra compare.py flags: OUT/<name>.json and .log
     shift
     rm -f "$out/$name.json" # a failed rerun must not leave the last session's result
     "$py" "$here/benchmarks/compare.py" "${common[@]}" "$@" --json "$out/$name.json" \
-        >"$out/$name.log" 2>&1 || echo "$name failed: see $out/$name.log"
+        >"$out/$name.log" 2>&1 || {
+        echo "$name failed: see $out/$name.log"
+        failed+=("$name")
+    }
     tail -n 4 "$out/$name.log"
 }
 bucket_line() { # name: the line of buckets.txt from OUT/<name>/metrics.json
@@ -90,27 +94,39 @@ for step in $steps; do
                 if ! "$py" -m scalestudy train "${lb64[@]}" --bucket-cap-mb "$mib" \
                     --cuda-graphs "$graphs" --out "$out/$name" >"$out/$name.log" 2>&1; then
                     echo "$name failed: see $out/$name.log"
+                    failed+=("$name")
                     continue
                 fi
-                bucket_line "$name" >>"$out/buckets.txt" ||
+                bucket_line "$name" >>"$out/buckets.txt" || {
                     echo "$name: no line in buckets.txt, its metrics.json unread (above)"
+                    failed+=("$name")
+                }
             done
         done
         cat "$out/buckets.txt" 2>/dev/null || true
         ;;
     ddp-buffers)
         "$py" "$here/benchmarks/ddp_buffers.py" --device "$device" --nproc 1 --width "$width" \
-            --batch "$batch" --steps 30 --repeats "$repeats" >"$out/ddp-buffers.txt" 2>&1 ||
+            --batch "$batch" --steps 30 --repeats "$repeats" >"$out/ddp-buffers.txt" 2>&1 || {
             echo "ddp-buffers failed: see $out/ddp-buffers.txt"
+            failed+=(ddp-buffers)
+        }
         tail -n 3 "$out/ddp-buffers.txt"
         ;;
     anatomy-lb64)
         rm -f "$out/anatomy-lb64.json" # as compare's: a failed rerun leaves no earlier result
         "$py" "$here/benchmarks/step_anatomy.py" --json "$out/anatomy-lb64.json" -- \
             "${lb64[@]}" --out "$out/anatomy-lb64-run" \
-            >"$out/anatomy-lb64.log" 2>&1 || echo "anatomy-lb64 failed: see $out/anatomy-lb64.log"
+            >"$out/anatomy-lb64.log" 2>&1 || {
+            echo "anatomy-lb64 failed: see $out/anatomy-lb64.log"
+            failed+=(anatomy-lb64)
+        }
         grep -A11 '^throughput' "$out/anatomy-lb64.log" || true
         ;;
     *) echo "unknown step $step ($all)" ;;
     esac
 done
+if ((${#failed[@]})); then # exit 0 told a caller (a lease's wrapper, `&&`) that all went well
+    echo "gpu_node.sh: ${#failed[@]} failed: ${failed[*]} (logs in $out)" >&2
+    exit 1
+fi

@@ -626,7 +626,8 @@ def test_a_failed_bucket_rerun_reports_no_line_of_the_run_before(tmp_path):
     sizes = {"WIDTH": "2", "NUM_TRAIN": "64", "DEVICE": "cpu", "PRECISION": "fp8"}
     sizes |= {"STEPS": "buckets", "BUCKETS": "1", "BUCKET_GRAPHS": "off"}
     proc = gpu_node(out, 300, CUDA_VISIBLE_DEVICES="", **sizes)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.stderr.splitlines()[-1] == f"gpu_node.sh: 1 failed: {name} (logs in {out})"
     assert f"{name} failed: see {out / name}.log" in proc.stdout
     assert "fp8" in (out / f"{name}.log").read_text()  # the trainer's refusal
     assert (out / "buckets.txt").read_text() == ""
@@ -644,7 +645,11 @@ def test_a_failed_compare_or_anatomy_rerun_leaves_no_json_of_the_run_before(tmp_
         (out / f"{step}.json").write_text('{"ratio": 3.23, "throughput_img_s": 12967.0}\n')
     sizes = {"WIDTH": "2", "NUM_TRAIN": "64", "DEVICE": "cpu", "PRECISION": "fp8"}
     proc = gpu_node(out, 300, CUDA_VISIBLE_DEVICES="", STEPS=" ".join(steps), **sizes)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    # every step ran, then the exit status says they failed (it was 0: a caller that checks it,
+    # a lease's wrapper or `&&`, took the run for a success)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    failed = f"gpu_node.sh: 3 failed: {' '.join(steps)} (logs in {out})"
+    assert proc.stderr.splitlines()[-1] == failed, proc.stderr
     for step in steps:
         assert f"{step} failed: see {out / step}.log" in proc.stdout, proc.stdout
         assert "fp8" in (out / f"{step}.log").read_text()  # the refusal
