@@ -21,7 +21,8 @@
 #                     when the step starts)
 #   ddp-buffers       DDP's per-step buffer broadcast, one NCCL rank (ddp_buffers.py)
 #   anatomy-lb64      the host time of our step per phase at local batch 64 (step_anatomy.py)
-# STEPS picks some of them (default: all, in this order). A failed step is logged, leaves no result of an earlier session in OUT,
+# STEPS picks some of them (default: all, in this order); a name not among them is refused
+# before anything runs. A failed step is logged, leaves no result of an earlier session in OUT,
 # and the next one runs; the script then ends with one line naming the failed ones, exit 1. A
 # failed data preparation ends the script in one line (its log: OUT/prepare-data.log).
 # The package runs from this checkout (PYTHONPATH=src): no install, no Snakemake, no
@@ -41,6 +42,12 @@ repeats=${REPEATS:-3} workers=${REF_WORKERS:-8} device=${DEVICE:-cuda}
 all="compare compare-compiled-graphs compare-nographs compare-eager compare-tf32 compare-fp32"
 all+=" buckets ddp-buffers anatomy-lb64"
 steps=${STEPS:-$all}
+for step in $steps; do # a typo found only when the loop reached it cost the steps before it
+    if [[ " $all " != *" $step "* ]]; then
+        echo "gpu_node.sh: unknown step '$step' in STEPS; the steps: $all" >&2
+        exit 2
+    fi
+done
 
 rc=0
 failed=() # the steps (bucket runs) that failed: the exit status says so at the end
@@ -123,7 +130,6 @@ for step in $steps; do
         }
         grep -A11 '^throughput' "$out/anatomy-lb64.log" || true
         ;;
-    *) echo "unknown step $step ($all)" ;;
     esac
 done
 if ((${#failed[@]})); then # exit 0 told a caller (a lease's wrapper, `&&`) that all went well

@@ -586,16 +586,16 @@ def gpu_node(out: Path, timeout: int, **env: str) -> subprocess.CompletedProcess
 
 def test_the_gpu_node_script_runs_small_on_a_cpu(tmp_path):
     """benchmarks/gpu_node.sh, the next GPU lease's one command, end to end with tiny sizes and
-    the steps a CPU runs in seconds: a comparison writes its JSON with its step's flags, a step
-    the script does not know is named and skipped (the next one runs), the bucket sweep writes
-    one line per run with the mode that ran, and the buffer benchmark prints its ratio."""
+    the steps a CPU runs in seconds: a comparison writes its JSON with its step's flags, the
+    bucket sweep writes one line per run with the mode that ran, and the buffer benchmark prints
+    its ratio."""
     out = tmp_path / "out"
     sizes = {"WIDTH": "2", "LOCAL_BATCH": "16", "PRECISION": "fp32", "EPOCHS": "1"}
     sizes |= {"NUM_TRAIN": "512", "REPEATS": "1", "REF_WORKERS": "0", "DEVICE": "cpu"}
     sizes |= {"BUCKETS": "1 25", "BUCKET_GRAPHS": "off"}
     # one comparison: compare.py itself is test_a_tiny_comparison_end_to_end's; here the script
     # passes a step's flags (`compare` is the same call without them)
-    sizes["STEPS"] = "compare-nograph compare-nographs buckets ddp-buffers"
+    sizes["STEPS"] = "compare-nographs buckets ddp-buffers"
     proc = gpu_node(out, 600, CUDA_VISIBLE_DEVICES="", **sizes)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     r = json.loads((out / "compare-nographs.json").read_text())
@@ -609,7 +609,6 @@ def test_the_gpu_node_script_runs_small_on_a_cpu(tmp_path):
         json.loads((out / "bucket-1mib-graphs-off" / "metrics.json").read_text())["bucket_cap_mb"]
         == 1.0
     )
-    assert "unknown step compare-nograph " in proc.stdout
     assert "--cuda-graphs off" in (out / "compare-nographs.log").read_text()
     assert "ours / per-step broadcast:" in (out / "ddp-buffers.txt").read_text()
 
@@ -654,6 +653,19 @@ def test_a_failed_compare_or_anatomy_rerun_leaves_no_json_of_the_run_before(tmp_
         assert f"{step} failed: see {out / step}.log" in proc.stdout, proc.stdout
         assert "fp8" in (out / f"{step}.log").read_text()  # the refusal
         assert not (out / f"{step}.json").exists()
+
+
+def test_gpu_node_refuses_an_unknown_step_before_any_work(tmp_path):
+    """A misspelt STEPS name was skipped when the loop reached it, after the data preparation
+    and every step before it (minutes of a short GPU lease), and the script exited 0. Now it is
+    refused in one line naming the known steps, before anything runs."""
+    out = tmp_path / "out"
+    proc = gpu_node(out, 300, NUM_TRAIN="64", STEPS="ddp-buffers compare-nograph")
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+    assert proc.stderr.splitlines() == [proc.stderr.strip()], proc.stderr
+    assert proc.stderr.startswith("gpu_node.sh: unknown step 'compare-nograph' in STEPS; ")
+    assert "compare-nographs" in proc.stderr  # the known ones
+    assert not (out / "prepare-data.log").exists() and not (out / "ddp-buffers.txt").exists()
 
 
 def test_gpu_node_says_where_a_failed_data_preparation_is_logged(tmp_path):
