@@ -9,7 +9,8 @@ its range (min-max) and spread ((max - min) / median), the ratio of the medians 
 in docs/benchmarks.md are about) and the range of the paired ratios (run i of ours / run i of the
 reference). Our run's MFU and FLOP rate come from its metrics.json (null on a CPU: no peak).
 A failed run ends the comparison in one line (the run, its exit code); --json then holds the runs
-that finished, marked "partial", and the exit code is 1.
+that finished, marked "partial", and the exit code is 1. So does a stop signal during a run (Ctrl-C,
+SIGTERM from a time limit or `timeout`), after which compare.py dies of it (a shell says 130, 143).
 
     # CPU, the Trainer issue's configuration (docs/benchmarks.md): 2 gloo ranks, local batch 64
     python benchmarks/compare.py --data-dir /tmp/bench --dataset synthetic --nproc 2 \
@@ -28,10 +29,12 @@ The data: `scalestudy prepare-data --dataset synthetic --data-dir /tmp/bench --n
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -56,6 +59,24 @@ NOT_OURS_ONLY = {
     "device": "the reference runs on CUDA where there is one; CUDA_VISIBLE_DEVICES= runs both "
     "on the CPU",
 }
+
+
+class Stopped(Exception):
+    """SIGTERM during the runs (a time limit, `timeout`, `kill`), raised as Ctrl-C raises
+    KeyboardInterrupt: the runs that finished are still summarised and written."""
+
+
+def raise_stopped(signum: int, frame) -> None:
+    raise Stopped
+
+
+@contextlib.contextmanager
+def restored(signum: int, handler):
+    """`handler` for `signum` again on leaving (an in-process caller's, the default)."""
+    try:
+        yield
+    finally:
+        signal.signal(signum, handler)
 
 
 def torchrun(nproc: int) -> list[str]:
@@ -185,12 +206,18 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads_per_rank), PYTHONUNBUFFERED="1")
     results: dict[str, list[dict]] = {"ours": [], "reference": []}
     failed = None  # (run, exit code): the runs stop at a failed one, those that finished are kept
-    with tempfile.TemporaryDirectory() as tmp:
+    stopped = None  # the signal that stopped a run: its runs that finished are kept too
+    previous = signal.signal(signal.SIGTERM, raise_stopped)  # its default lost them all
+    with tempfile.TemporaryDirectory() as tmp, restored(signal.SIGTERM, previous):
         for i, name in enumerate(order(args.repeats)):
             ours_out, ref_out = Path(tmp) / f"ours{i}", Path(tmp) / f"reference{i}.json"
             cmd = commands(args, ours_out, ref_out)[name]
             print(f"--- {name} ({i // 2 + 1}/{args.repeats}): {shlex.join(cmd)}", flush=True)
-            rc = subprocess.run(cmd, env=env).returncode
+            try:  # subprocess.run kills the run (torchrun) before it raises
+                rc = subprocess.run(cmd, env=env).returncode
+            except (KeyboardInterrupt, Stopped) as exc:
+                stopped = signal.SIGINT if isinstance(exc, KeyboardInterrupt) else signal.SIGTERM
+                rc = 128 + stopped  # as a shell reports a command a signal ended
             out = ours_out / "metrics.json" if name == "ours" else ref_out
             if rc != 0 or not out.exists():
                 failed = (f"{name} run {i // 2 + 1}/{args.repeats}", rc)
@@ -206,13 +233,15 @@ def main(argv: list[str] | None = None) -> int:
     written = write_result(args.json, result)
     if failed:
         done = len(results["ours"]) + len(results["reference"])
-        why = f"exit code {failed[1]}" if failed[1] else f"exit code 0 but no {out.name}"
+        if stopped:
+            why = f"stopped by {stopped.name}"
+        elif failed[1]:
+            why = f"failed (exit code {failed[1]})"
+        else:
+            why = f"failed (exit code 0 but no {out.name})"
         kept = f", written to {args.json} (partial)" if args.json and written else ""
-        print(
-            f"compare.py: {failed[0]} failed ({why}); {done} runs had finished{kept}",
-            file=sys.stderr,
-        )
-        return 1
+        print(f"compare.py: {failed[0]} {why}; {done} runs had finished{kept}", file=sys.stderr)
+        return failed[1] if stopped else 1
     return 0 if written else 1
 
 
@@ -278,5 +307,17 @@ def print_table(r: dict, args: argparse.Namespace) -> None:
     )
 
 
+def exit_with(code: int) -> None:
+    """Exit with main's code; after a stop signal (code 128 + its number), die of that signal:
+    a shell running compare.py (gpu_node.sh's steps) goes on to its next command unless its
+    child died of the Ctrl-C it got too (bash's wait-and-cooperative-exit), and exit 130 is not
+    dying of it."""
+    if code - 128 in (signal.SIGINT, signal.SIGTERM):
+        sys.stdout.flush()
+        signal.signal(code - 128, signal.SIG_DFL)
+        os.kill(os.getpid(), code - 128)
+    raise SystemExit(code)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_with(main())

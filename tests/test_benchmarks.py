@@ -248,6 +248,58 @@ def test_a_failed_run_keeps_the_runs_that_finished(data_dir, tmp_path, monkeypat
         assert r["ours"] is None and r["reference"] is None and r["ratio"] is None
 
 
+STOPPED = """
+import subprocess, sys
+sys.path.insert(0, sys.argv[1] + "/tests")
+from test_benchmarks import FakeRuns, compare
+runs = FakeRuns()
+finished = runs.run
+def run(cmd, **kwargs):  # the 4th run goes on until a signal stops it
+    if len(runs.calls) < 3:
+        return finished(cmd, **kwargs)
+    runs.calls.append(cmd)
+    print("RUNNING", flush=True)
+    return subprocess.run(["sleep", "60"], **kwargs)
+compare.subprocess = type("Runs", (), {"run": staticmethod(run)})
+argv = ["--data-dir", sys.argv[2], "--dataset", "synthetic", "--repeats", "2"]
+compare.exit_with(compare.main([*argv, "--json", sys.argv[3]]))
+"""
+
+
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
+def test_a_stopped_comparison_keeps_the_runs_that_finished(data_dir, tmp_path, signal_name):
+    """Ctrl-C (SIGINT) or a time limit (SIGTERM: `timeout`, Slurm) to the process group during
+    a run: the runs that had finished were lost (a KeyboardInterrupt traceback, or no output at
+    all under SIGTERM) and --json was not written. Now it is written with them, marked partial,
+    and one line says which run was stopped; then compare.py dies of the signal, so that a
+    shell running it (gpu_node.sh's steps) stops too instead of starting the next step."""
+    import os
+    import signal
+
+    out = tmp_path / "compare.json"
+    script = [PYTHON, "-c", STOPPED, str(REPO), str(data_dir), str(out)]
+    proc = subprocess.Popen(
+        ["bash", "-c", '"$@"; echo "NEXT $?"', "bash", *script], env=child_env(),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        for line in proc.stdout:  # the 4th run is under way
+            if line.strip() == "RUNNING":
+                break
+        os.killpg(proc.pid, getattr(signal, signal_name))  # as a terminal's Ctrl-C, or timeout
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert "NEXT" not in stdout, stdout  # the shell stopped with it
+    assert stderr.splitlines() == [stderr.strip()], stderr
+    assert f"ours run 2/2 stopped by {signal_name}; 3 runs had finished" in stderr
+    r = json.loads(out.read_text())
+    assert r["partial"] is True and r["failed_run"] == "ours run 2/2"
+    assert r["failed_exit_code"] == 128 + getattr(signal, signal_name)
+    assert r["ours"]["runs"] == [1.0] and r["reference"]["runs"] == [1.0, 1.5]
+
+
 @pytest.mark.parametrize(
     "flags, says",
     [
