@@ -198,6 +198,31 @@ def test_touching_the_finished_runs_keeps_them_after_a_trainer_change(done, tmp_
     assert not (work / "results/runs" / min(RUN_IDS) / "metrics.json").exists()
 
 
+def test_touch_marks_a_gpu_study_current_on_a_machine_that_could_not_run_it(done, tmp_path):
+    """`snakemake --touch --until train` (README "What reruns") starts no job, but the local
+    executor's onstart judged the runs with an output missing as if it would launch them: on a
+    login node (no GPU, no Slurm allocation) a GPU study with one unfinished run was refused
+    ("this machine has no CUDA device ... run the CPU demo"), and the documented remedy with it."""
+    work = tmp_path / "study"
+    shutil.copytree(done, work, symlinks=True)  # mtimes and Snakemake's records kept
+    gpu = yaml.safe_load(yaml.safe_dump(TINY))
+    # the study as a cluster runs it: GPUs, one per node, so its 2-rank runs span two nodes,
+    # which no local run outside a Slurm allocation starts, whatever GPUs this machine has
+    gpu["hardware"].update(device="cuda", gpus_per_node=1)
+    write_config(work / "gpu.yaml", gpu)
+    with (work / "src/scalestudy/trainer/train.py").open("a") as f:
+        f.write("\n# a change\n")
+    unfinished = work / "results/runs/w2_lb32_fp32_ddp_bk25_r0/metrics.json"  # a 2-node run
+    unfinished.unlink()
+    args = ("--configfile", "gpu.yaml")
+    proc = snakemake(work, *args, "--touch", "--until", "train", "--cores", "1", check=False)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "scalestudy:" not in proc.stdout + proc.stderr
+    # the finished runs are current, the unfinished one still trains (nothing was made up)
+    assert planned_jobs(snakemake(work, *args, "-n", stand_ins=True))["train"] == 1
+    assert not unfinished.exists()
+
+
 def test_a_finished_run_without_its_job_benchmark_is_not_trained_again(done, tmp_path):
     """The proposal calibrates from the training jobs' benchmarks where they exist (as `scalestudy
     plan` does); it took every run's as an input, so where the proposal was to be rebuilt (a
