@@ -762,3 +762,48 @@ def test_the_devices_of_the_identity_are_every_ranks_in_rank_order(names, expect
     from scalestudy.trainer import state as st
 
     assert st.device_runs(names) == expected
+
+
+def test_a_resumed_runs_epoch_time_counts_no_segments_warm_up(
+    data_dir, tmp_path, monkeypatch, one_rank_group
+):
+    """Every segment warms up anew (compilation, autotuning: tens of seconds on a GPU), so each
+    resumed segment's first epoch is slow again. epoch_time_s was the median over all epochs:
+    a 3-epoch run stopped after epoch 1 had 2 slow epochs of 3 and reported a slow one as its
+    epoch time, where the same run uninterrupted reported a steady one. Here one rank in this
+    process, each warm-up step (outside the window) made 1 s slower, as compilation would: the
+    steady epoch 3 is the run's epoch time, not the resumed segment's warm epoch 2."""
+    import signal as signals
+    import statistics
+
+    from scalestudy.errors import Preempted
+    from scalestudy.trainer import dist as sdist
+    from scalestudy.trainer import loop, measure
+
+    warm_s = 1.0
+    real_before_step = measure.Meter.before_step
+
+    def before_step(self, step, seen):
+        real_before_step(self, step, seen)
+        if not self.in_window:
+            time.sleep(warm_s)  # a warm-up step: compilation, cuDNN autotuning
+
+    monkeypatch.setattr(measure.Meter, "before_step", before_step)
+    cfg = TrainConfig(
+        dataset="synthetic", data_dir=str(data_dir), width=4, epochs=3, local_batch=32,
+        warmup_steps=2, comm_probe_steps=0, limit_train=256, tensorboard=False,
+        out=str(tmp_path / "out"), checkpoint_dir=str(tmp_path / "ck"), checkpoint_every=1,
+        checkpoint_async=False,
+    )  # fmt: skip
+    denv = sdist.DistEnv("none", 0, 1, 0, 1, 0, 1, "127.0.0.1", 0)
+    stop = ck.StopFlag()
+    stop.signal = signals.SIGTERM  # as if signalled in epoch 1: checkpoint after it, stop
+    with pytest.raises(Preempted):
+        loop.train(cfg, denv, torch.device("cpu"), stop)
+    m = loop.train(cfg, denv, torch.device("cpu"))  # resumes after epoch 1
+    assert m["resumed_from_epochs"] == [1]
+    times = [float(r["epoch_time_s"]) for r in read_epochs(tmp_path / "out")]
+    # epochs 1 and 2 each hold a segment's 2 warm-up steps, epoch 3 none
+    assert min(times[:2]) > times[2], times
+    assert m["epoch_time_s"] == pytest.approx(times[2], rel=1e-5), (m["epoch_time_s"], times)
+    assert m["epoch_time_s"] < statistics.median(times)  # what it was

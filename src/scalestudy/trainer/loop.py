@@ -150,7 +150,8 @@ def train_epochs(
             state.step += 1
         epoch_time = meter.epoch_end(state, seen)
         profiler.export()  # torch.profiler's files, once the window's time is taken
-        end_of_epoch(run, state, epoch, (loss_sum, correct, seen), epoch_time, lr)
+        sums = (loss_sum, correct, seen)
+        end_of_epoch(run, state, epoch, sums, epoch_time, lr, meter.epoch_in_window)
         state.epoch = epoch + 1
         checkpointing.after_epoch(state, meter)  # every N epochs, and on SIGTERM/SIGUSR1
         meter.join_ranks()  # rank 0's writes above stay out of every rank's next window
@@ -189,10 +190,16 @@ def train_step(
 
 
 def end_of_epoch(
-    run: Run, state: RunState, epoch: int, sums: tuple, epoch_time: float, lr: float
+    run: Run,
+    state: RunState,
+    epoch: int,
+    sums: tuple,
+    epoch_time: float,
+    lr: float,
+    in_window: bool = False,
 ) -> None:
     """Reduce the epoch's sums over ranks, evaluate on the whole test set, record the epoch (lr:
-    its last optimizer step's learning rate)."""
+    its last optimizer step's learning rate; in_window: every step of it was in the window)."""
     cfg, device = run.cfg, run.device
     progress.at("evaluation")  # the epoch's reduction and the evaluation (hang diagnosis)
     loss_sum, correct, seen = sums
@@ -220,6 +227,8 @@ def end_of_epoch(
         "epoch_time_s": epoch_time,
         "throughput_img_s": state.epoch_images / epoch_time,
         "lr": lr,  # its last optimizer step's (the optimizer holds the next step's by now)
+        # no warm-up step in it (not an epochs.csv column): epoch_time_s's epochs
+        "in_window": in_window,
     }
     state.history.append(row)
     if state.time_to_target is None and cfg.target_acc is not None and val_acc >= cfg.target_acc:

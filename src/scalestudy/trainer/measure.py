@@ -76,6 +76,8 @@ class Meter:
         self.epoch_t0 = 0.0
         self.window_t0: float | None = None  # when the window opened in this epoch
         self.window_seen0 = 0  # the epoch's images before the window opened
+        # the last epoch_end's epoch had every step inside the window (no warm-up step)
+        self.epoch_in_window = False
         self.gpu_util: float | None = None
         # the phases a rank runs before its first gradient synchronisation can block it (busy
         # time: the imbalance between ranks, train.py)
@@ -147,6 +149,8 @@ class Meter:
         device_sync(self.device)
         epoch_time = time.perf_counter() - self.epoch_t0
         state.train_seconds += epoch_time
+        # the window opened at the epoch's first step: none of its steps warmed up
+        self.epoch_in_window = self.window_t0 is not None and self.window_seen0 == 0
         if self.window_t0 is not None:
             window_time = time.perf_counter() - self.window_t0
             state.window_time += window_time
@@ -232,7 +236,7 @@ class Meter:
             "window_warmup_steps": self.warmup_steps,
             "window_images": int(images_all.item()),
             "window_time_s": times_max.item(),
-            "epoch_time_s": statistics.median(r["epoch_time_s"] for r in state.history),
+            "epoch_time_s": median_epoch_time(state.history),
             "step_time_ms_p50": 1e3 * _quantile(step_times, 0.50),
             "step_time_ms_p95": 1e3 * _quantile(step_times, 0.95),
             "data_time_frac": state.window_phase_seconds.get("data", 0.0) / sum(step_times),
@@ -1008,6 +1012,16 @@ def rank_times(state: RunState) -> dict[str, float | None]:
         "data_time_ms_p50_by_rank": _median_ms(data),
         "data_time_ms_mean_by_rank": 1e3 * sum(data) / len(data) if data else None,
     }
+
+
+def median_epoch_time(history: list[dict]) -> float:
+    """metrics.json's epoch_time_s: the median epoch time over the epochs whose every step was
+    inside the window ("in_window", loop.end_of_epoch), over all epochs when none was. Each
+    segment of a resumed run warms up anew, so its first epoch is slow again (compilation:
+    tens of seconds on a GPU); the median over all epochs counted those, and a 3-epoch run
+    resumed once reported a warm epoch where the uninterrupted run reported a steady one."""
+    steady = [r["epoch_time_s"] for r in history if r.get("in_window")]
+    return statistics.median(steady or [r["epoch_time_s"] for r in history])
 
 
 def _median_ms(seconds: list[float]) -> float | None:

@@ -43,7 +43,9 @@ How the numbers are measured (the analysis relies on these definitions):
   (measure.Meter.warmup_steps): --warmup-steps (metrics.json warmup_steps), but at least
   PowerSGD's 10 uncompressed steps under --comm-hook powersgd and 12 (the captured step's 11
   eager steps and its capture) under cuda_graphs_mode "step". window_steps: the steps inside it.
-- epoch_time_s: median over epochs of the wall time of an epoch's training steps (no evaluation).
+- epoch_time_s: median over epochs of the wall time of an epoch's training steps (no evaluation),
+  over the epochs whose every step is inside the window (none of a segment's warm-up steps in
+  them), over all epochs when no epoch is (a warm-up reaching into the last epoch).
 - step_time_ms_p50/p95: rank 0's step times inside the window (CUDA events on GPU).
 - data_time_frac: share of window step time spent producing the batch (index, augment, copy).
 - phase_frac_{data,forward,backward,communication,optimizer}: each phase's share of rank 0's
@@ -183,7 +185,9 @@ A resumed run's numbers are accounted over its segments:
   training time (evaluation excluded).
 - the throughput window: each segment excludes its own first `warmup_steps` steps (at least
   PowerSGD's uncompressed steps under --comm-hook powersgd, and the capture under --cuda-graphs
-  step); images, window times and step times are summed over segments.
+  step); images, window times and step times are summed over segments. epoch_time_s leaves
+  out each segment's epochs holding warm-up steps, as the window does: a segment's first epoch
+  is slow again (compilation), and the median over every epoch counted it.
 - restarts / resumed_from_epochs: how often and after which epoch the run resumed.
 - checkpoint_stall_s: seconds rank 0's training waited for checkpoint saves, all segments, but
   for each stopped segment's final save: the checkpoint holding the value is that save.
