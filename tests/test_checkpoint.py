@@ -807,3 +807,40 @@ def test_a_resumed_runs_epoch_time_counts_no_segments_warm_up(
     assert min(times[:2]) > times[2], times
     assert m["epoch_time_s"] == pytest.approx(times[2], rel=1e-5), (m["epoch_time_s"], times)
     assert m["epoch_time_s"] < statistics.median(times)  # what it was
+
+
+def test_a_resumed_run_records_when_it_started_and_every_host_it_ran_on(
+    data_dir, tmp_path, monkeypatch, one_rank_group
+):
+    """A resumed run's window sums its segments, but metrics.json named the last segment's
+    hosts only and gave its start as started_at: a job requeued onto another node (Slurm keeps
+    the job id) reported the node it ended on, none of the one that trained most of its window,
+    and a start after most of its training. Here one rank in this process, its segments on
+    "node-a" and "node-b" (SLURMD_NODENAME, as on a Slurm node)."""
+    import datetime
+    import signal as signals
+
+    from scalestudy.errors import Preempted
+    from scalestudy.trainer import dist as sdist
+    from scalestudy.trainer import loop
+
+    cfg = TrainConfig(
+        dataset="synthetic", data_dir=str(data_dir), width=4, epochs=2, local_batch=32,
+        warmup_steps=2, comm_probe_steps=0, limit_train=256, tensorboard=False,
+        out=str(tmp_path / "out"), checkpoint_dir=str(tmp_path / "ck"), checkpoint_every=1,
+        checkpoint_async=False,
+    )  # fmt: skip
+    denv = sdist.DistEnv("none", 0, 1, 0, 1, 0, 1, "127.0.0.1", 0)
+    stop = ck.StopFlag()
+    stop.signal = signals.SIGTERM  # as if signalled in epoch 1: checkpoint after it, stop
+    monkeypatch.setenv("SLURMD_NODENAME", "node-a")
+    with pytest.raises(Preempted):
+        loop.train(cfg, denv, torch.device("cpu"), stop)
+    time.sleep(1.1)  # started_at counts whole seconds
+    second = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+    monkeypatch.setenv("SLURMD_NODENAME", "node-b")
+    m = loop.train(cfg, denv, torch.device("cpu"))  # resumes after epoch 1, on another node
+    assert m["resumed_from_epochs"] == [1]
+    assert datetime.datetime.fromisoformat(m["started_at"]) < second, m["started_at"]
+    assert m["hostnames"] == ["node-a", "node-b"]
+    assert m["nodes"] == 1 and m["ranks_per_node"] == 1  # each segment's layout: one node

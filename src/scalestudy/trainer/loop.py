@@ -69,6 +69,8 @@ def train(
         cfg, denv.rank, denv.world_size, device, stop, run.trainables(), run.data_sha256
     )
     state = checkpointing.resume()
+    # a resumed run started when its first segment did (the checkpoint has it)
+    started_at = state.started_at = state.started_at or started_at
     if denv.rank == 0 and state.history:
         write_epochs(cfg, state.history)  # the epochs so far
     left = run.steps_per_epoch * cfg.epochs - state.step

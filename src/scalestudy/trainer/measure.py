@@ -254,7 +254,8 @@ class Meter:
             "gpu_util_ranks": len(sampled),  # ranks whose NVML samples make up the mean
             **self.reduce_energy(world_size),
             **self.reduce_gpus(world_size),
-            "hostnames": sorted(set(hosts)),
+            # a resumed run's: every segment's (state.hostnames), as its window sums are
+            "hostnames": sorted({*state.hostnames, *hosts}),
             "device_names": sorted({name for _, name in places}),
             **compiling.in_effect(
                 self.compiled,

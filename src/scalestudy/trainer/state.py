@@ -29,6 +29,7 @@ import torch.distributed as dist
 from scalestudy import log
 from scalestudy.errors import CheckpointError, Preempted
 from scalestudy.trainer import checkpoint as ckpt
+from scalestudy.trainer import dist as sdist
 from scalestudy.trainer import measure, progress
 from scalestudy.trainer.config import POWERSGD_START_ITER, TrainConfig
 
@@ -63,6 +64,11 @@ class RunState:
     loop_time: float = 0.0  # loop seconds banked so far: earlier segments, checkpoints
     checkpoint_stall_s: float = 0.0  # stall of earlier segments
     resumed_from_epochs: list[int] = field(default_factory=list)
+    # metrics.json's started_at: when the first segment started (UTC, ISO 8601, whole seconds)
+    started_at: str | None = None
+    # the hosts of every segment that saved a checkpoint so far: the ones whose training the
+    # window sums hold (metrics.json hostnames joins the last segment's)
+    hostnames: list[str] = field(default_factory=list)
 
 
 # RunState fields that differ between ranks: each rank saves and resumes its own
@@ -289,7 +295,10 @@ class Checkpointing:
         per_rank: list = [None] * dist.get_world_size()
         mine = {key: getattr(state, key) for key in PER_RANK}
         progress.at("checkpoint agreement")  # hang diagnosis: the collectives of a save
-        dist.all_gather_object(per_rank, {"rng": ckpt.rng_state(generators), **mine})
+        host = sdist.hostname()
+        dist.all_gather_object(per_rank, {"rng": ckpt.rng_state(generators), "host": host, **mine})
+        # this segment's hosts join the earlier segments' (a requeued job may land elsewhere)
+        state.hostnames = sorted({*state.hostnames, *(r.pop("host") for r in per_rank)})
         fsdp = self.cfg.strategy == "fsdp"
         snapshot = {
             "model": None if fsdp else model.state_dict(),

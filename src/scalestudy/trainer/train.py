@@ -189,9 +189,15 @@ A resumed run's numbers are accounted over its segments:
   out each segment's epochs holding warm-up steps, as the window does: a segment's first epoch
   is slow again (compilation), and the median over every epoch counted it.
 - restarts / resumed_from_epochs: how often and after which epoch the run resumed.
+- started_at: when the first segment started (UTC). hostnames: the hosts of every segment
+  whose epochs the run holds (a requeued job may land on other nodes); nodes and
+  ranks_per_node count the last segment's layout.
 - checkpoint_stall_s: seconds rank 0's training waited for checkpoint saves, all segments, but
   for each stopped segment's final save: the checkpoint holding the value is that save.
 - gpu_util_mean and host_syncs_in_window: of the last segment's window only (as energy_j).
+  peak_mem_mb, comm_exposed_frac, slurm_job_id, net_interface, container_digest and
+  nccl_version: of the last segment (the checkpoint identity holds the trainer's code, torch's
+  version and every rank's device the same in every segment, not the container).
 With --checkpoint-dir, saves are written by a background thread on rank 0 by default, during
 the next epoch's window steps, where its CPU and I/O share the machine with training;
 --no-checkpoint-async makes each save wait, outside every rank's window (the others wait for
