@@ -764,6 +764,30 @@ def test_the_devices_of_the_identity_are_every_ranks_in_rank_order(names, expect
     assert st.device_runs(names) == expected
 
 
+def _one_rank_stopped_after_epoch_1(data_dir, tmp_path, epochs: int):
+    """A checkpointed 1-rank run in this process (the group: one_rank_group) whose first
+    segment is stopped as if signalled in epoch 1: it checkpoints after it and stops. Returns
+    the run's config and DistEnv, to resume it with."""
+    import signal as signals
+
+    from scalestudy.errors import Preempted
+    from scalestudy.trainer import dist as sdist
+    from scalestudy.trainer import loop
+
+    cfg = TrainConfig(
+        dataset="synthetic", data_dir=str(data_dir), width=4, epochs=epochs, local_batch=32,
+        warmup_steps=2, comm_probe_steps=0, limit_train=256, tensorboard=False,
+        out=str(tmp_path / "out"), checkpoint_dir=str(tmp_path / "ck"), checkpoint_every=1,
+        checkpoint_async=False,
+    )  # fmt: skip
+    denv = sdist.DistEnv("none", 0, 1, 0, 1, 0, 1, "127.0.0.1", 0)
+    stop = ck.StopFlag()
+    stop.signal = signals.SIGTERM
+    with pytest.raises(Preempted):
+        loop.train(cfg, denv, torch.device("cpu"), stop)
+    return cfg, denv
+
+
 def test_a_resumed_runs_epoch_time_counts_no_segments_warm_up(
     data_dir, tmp_path, monkeypatch, one_rank_group
 ):
@@ -773,11 +797,8 @@ def test_a_resumed_runs_epoch_time_counts_no_segments_warm_up(
     epoch time, where the same run uninterrupted reported a steady one. Here one rank in this
     process, each warm-up step (outside the window) made 1 s slower, as compilation would: the
     steady epoch 3 is the run's epoch time, not the resumed segment's warm epoch 2."""
-    import signal as signals
     import statistics
 
-    from scalestudy.errors import Preempted
-    from scalestudy.trainer import dist as sdist
     from scalestudy.trainer import loop, measure
 
     warm_s = 1.0
@@ -789,17 +810,7 @@ def test_a_resumed_runs_epoch_time_counts_no_segments_warm_up(
             time.sleep(warm_s)  # a warm-up step: compilation, cuDNN autotuning
 
     monkeypatch.setattr(measure.Meter, "before_step", before_step)
-    cfg = TrainConfig(
-        dataset="synthetic", data_dir=str(data_dir), width=4, epochs=3, local_batch=32,
-        warmup_steps=2, comm_probe_steps=0, limit_train=256, tensorboard=False,
-        out=str(tmp_path / "out"), checkpoint_dir=str(tmp_path / "ck"), checkpoint_every=1,
-        checkpoint_async=False,
-    )  # fmt: skip
-    denv = sdist.DistEnv("none", 0, 1, 0, 1, 0, 1, "127.0.0.1", 0)
-    stop = ck.StopFlag()
-    stop.signal = signals.SIGTERM  # as if signalled in epoch 1: checkpoint after it, stop
-    with pytest.raises(Preempted):
-        loop.train(cfg, denv, torch.device("cpu"), stop)
+    cfg, denv = _one_rank_stopped_after_epoch_1(data_dir, tmp_path, epochs=3)
     m = loop.train(cfg, denv, torch.device("cpu"))  # resumes after epoch 1
     assert m["resumed_from_epochs"] == [1]
     times = [float(r["epoch_time_s"]) for r in read_epochs(tmp_path / "out")]
@@ -818,24 +829,11 @@ def test_a_resumed_run_records_when_it_started_and_every_host_it_ran_on(
     and a start after most of its training. Here one rank in this process, its segments on
     "node-a" and "node-b" (SLURMD_NODENAME, as on a Slurm node)."""
     import datetime
-    import signal as signals
 
-    from scalestudy.errors import Preempted
-    from scalestudy.trainer import dist as sdist
     from scalestudy.trainer import loop
 
-    cfg = TrainConfig(
-        dataset="synthetic", data_dir=str(data_dir), width=4, epochs=2, local_batch=32,
-        warmup_steps=2, comm_probe_steps=0, limit_train=256, tensorboard=False,
-        out=str(tmp_path / "out"), checkpoint_dir=str(tmp_path / "ck"), checkpoint_every=1,
-        checkpoint_async=False,
-    )  # fmt: skip
-    denv = sdist.DistEnv("none", 0, 1, 0, 1, 0, 1, "127.0.0.1", 0)
-    stop = ck.StopFlag()
-    stop.signal = signals.SIGTERM  # as if signalled in epoch 1: checkpoint after it, stop
     monkeypatch.setenv("SLURMD_NODENAME", "node-a")
-    with pytest.raises(Preempted):
-        loop.train(cfg, denv, torch.device("cpu"), stop)
+    cfg, denv = _one_rank_stopped_after_epoch_1(data_dir, tmp_path, epochs=2)
     time.sleep(1.1)  # started_at counts whole seconds
     second = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
     monkeypatch.setenv("SLURMD_NODENAME", "node-b")
