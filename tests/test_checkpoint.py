@@ -751,6 +751,24 @@ def test_a_checkpoint_of_other_hardware_is_not_resumed(tmp_path, monkeypatch, on
     assert "NVIDIA A100-SXM4-80GB" in warnings[-1] and f"1 x {here}" in warnings[-1], warnings
 
 
+def test_a_checkpoint_of_another_image_is_not_resumed(tmp_path, monkeypatch, one_rank_group):
+    """A rebuilt image (another CUDA, cuDNN or NCCL under the same torch) reruns the study's runs
+    (the image is an input of training), and each resumed the checkpoint the old image wrote:
+    metrics.json summed both images' windows under the new one's container_digest. The digest
+    the launcher gives the ranks is in the identity now."""
+    from scalestudy import vocab
+    from scalestudy.trainer import state as st
+
+    warnings: list[str] = []
+    monkeypatch.setattr(ck, "_warn", warnings.append)
+    monkeypatch.setenv(vocab.CONTAINER_DIGEST_ENV, "sha256:" + "a" * 64)
+    _checkpointing(tmp_path)._save(st.RunState(epoch=1, step=5), wait=True)
+    assert _checkpointing(tmp_path).resume().epoch == 1  # the same image resumes
+    monkeypatch.setenv(vocab.CONTAINER_DIGEST_ENV, "sha256:" + "b" * 64)  # rebuilt
+    assert _checkpointing(tmp_path).resume().epoch == 0
+    assert "not resuming" in warnings[-1] and "b" * 64 in warnings[-1], warnings
+
+
 @pytest.mark.parametrize(
     ("names", "expected"),
     [

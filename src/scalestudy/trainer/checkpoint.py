@@ -16,10 +16,11 @@ failed write (disk full, read-only filesystem) leaves every earlier checkpoint i
 
 Resuming (`find_latest`) takes the newest checkpoint whose manifest and checksums verify and whose
 identity (config_hash, world size, the prepared data's digest, the trainer code's sha256, torch's
-version, RunState's fields and every rank's device: state.make_checkpointer) matches the run; a
-corrupted or truncated one is skipped with a warning naming the file, one from another
-configuration, code, torch or hardware is never resumed (a warning names the keys that differ,
-both values; the run starts fresh and removes it at its first save).
+version, RunState's fields, every rank's device and the container image's digest:
+state.make_checkpointer) matches the run; a corrupted or truncated one is skipped with a warning
+naming the file, one from another configuration, code, torch, hardware or image is never resumed
+(a warning names the keys that differ, both values; the run starts fresh and removes it at its
+first save).
 
 Asynchronous saving: `Checkpointer.save` copies the state off the device (and clones CPU tensors,
 which training keeps mutating) and returns; a background thread writes it. The stall training

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING, NamedTuple, NoReturn
 import torch
 import torch.distributed as dist
 
-from scalestudy import log
+from scalestudy import log, vocab
 from scalestudy.errors import CheckpointError, Preempted
 from scalestudy.trainer import checkpoint as ckpt
 from scalestudy.trainer import dist as sdist
@@ -134,7 +135,8 @@ def make_checkpointer(
     trainer change resumed the old code's epochs silently. And the hardware: every rank's device
     (rank_devices, a collective beyond 1 rank): a job requeued on another GPU model (a mixed
     partition) resumed, and metrics.json summed both models' windows into one throughput_img_s
-    under the last segment's device_names."""
+    under the last segment's device_names. And the container image's digest (a rebuilt image
+    reruns the runs: they resumed the old image's checkpoints, one throughput of both)."""
     if not cfg.checkpoint_dir:
         return None
     devices = rank_devices(device, world_size)
@@ -156,6 +158,10 @@ def make_checkpointer(
             "torch_version": torch.__version__,
             "run_state_fields": sorted(f.name for f in dataclasses.fields(RunState)),
             "devices": devices,
+            # the image the launcher ran the ranks in (jobs/launch.py), None outside one: a
+            # rebuilt image (other CUDA, cuDNN, NCCL) reruns the runs, which must not resume
+            # the old image's checkpoints
+            "container_digest": os.environ.get(vocab.CONTAINER_DIGEST_ENV) or None,
         },
         rank=rank,
         async_write=cfg.checkpoint_async,

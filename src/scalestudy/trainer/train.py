@@ -172,7 +172,8 @@ starts fresh, with a warning) and code (the sha256 of the trainer's source, meas
 torch's version, RunState's fields: a rerun after a trainer change starts fresh, with a warning
 naming both values, so the code and torch_version hold for every segment) and hardware (every
 rank's device, in rank order: a job requeued on another GPU model starts fresh, with a warning,
-so device_names, the window and mfu hold for every segment) and continues bit for
+so device_names, the window and mfu hold for every segment) and container image (its digest:
+a rebuilt image reruns the runs, which start fresh) and continues bit for
 bit (same data order, RNG states, optimizer, schedule, scaler), except with --loader dataloader
 and persistent worker processes (--num-workers > 0): their random state lives in the workers and is
 not checkpointed, so such a run resumes correctly but not bit for bit (a warning says so at
@@ -195,9 +196,9 @@ A resumed run's numbers are accounted over its segments:
 - checkpoint_stall_s: seconds rank 0's training waited for checkpoint saves, all segments, but
   for each stopped segment's final save: the checkpoint holding the value is that save.
 - gpu_util_mean and host_syncs_in_window: of the last segment's window only (as energy_j).
-  peak_mem_mb, comm_exposed_frac, slurm_job_id, net_interface, container_digest and
-  nccl_version: of the last segment (the checkpoint identity holds the trainer's code, torch's
-  version and every rank's device the same in every segment, not the container).
+  peak_mem_mb, comm_exposed_frac, slurm_job_id, net_interface and nccl_version: of the last
+  segment (the checkpoint identity holds the trainer's code, torch's version, every rank's
+  device and container_digest the same in every segment).
 With --checkpoint-dir, saves are written by a background thread on rank 0 by default, during
 the next epoch's window steps, where its CPU and I/O share the machine with training;
 --no-checkpoint-async makes each save wait, outside every rank's window (the others wait for
