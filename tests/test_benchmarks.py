@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import PYTHON, REPO, child_env
+from workflow_helpers import sigint_as_in_a_terminal
 
 
 def load_benchmark(name: str):
@@ -281,6 +282,7 @@ def test_a_stopped_comparison_keeps_the_runs_that_finished(data_dir, tmp_path, s
     proc = subprocess.Popen(
         ["bash", "-c", '"$@"; echo "NEXT $?"', "bash", *script], env=child_env(),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        preexec_fn=sigint_as_in_a_terminal,
     )  # fmt: skip
     try:
         for line in proc.stdout:  # the 4th run is under way

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from conftest import PYTHON
-from workflow_helpers import REPO, child_env
+from workflow_helpers import REPO, child_env, sigint_as_in_a_terminal
 
 from scalestudy import files, log
 
@@ -699,16 +699,13 @@ def test_ctrl_c_in_training_is_one_line_from_rank_0(data_dir, tmp_path, ranks):
     cmd += ["--dataset", "synthetic", "--width", "4", "--local-batch", "32", "--epochs", "1000"]
     cmd += ["--warmup-steps", "1", "--comm-probe-steps", "0"]
     cmd += ["--data-dir", str(data_dir), "--out", str(tmp_path / "run")]
-    # SIGINT as a terminal's foreground job has it: a job started in the background by a
-    # non-interactive shell (`nohup bash .ci/run &`) inherits SIGINT ignored, and Python then
-    # installs no KeyboardInterrupt for it (the run never stopped: CI at 59ad3f5)
     proc = subprocess.Popen(
         cmd,
         env=child_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        preexec_fn=sigint_as_in_a_terminal,
     )
     try:
         assert proc.stdout.readline()  # rank 0's first progress line: the run is under way

@@ -8,6 +8,7 @@ import errno
 import os
 import re
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -187,3 +188,11 @@ def need(what: str, fix: str) -> None:
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(message)
     pytest.skip(message)
+
+
+def sigint_as_in_a_terminal() -> None:
+    """A child's SIGINT as a terminal's foreground job has it (Popen's preexec_fn): a job
+    started in the background by a non-interactive shell (CI's `nohup bash .ci/run &`) inherits
+    SIGINT ignored, and Python then installs no KeyboardInterrupt, bash no default action, for
+    it: a test's Ctrl-C stopped nothing (CI at 59ad3f5 and at 38e12ae)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
