@@ -785,6 +785,97 @@ def test_mnist_mirrors_that_all_fail_are_one_line(tmp_path: Path, monkeypatch, c
     assert err[0].count("Without internet") == 1 and err[0].endswith("or pass --mirror URL.")
 
 
+# a chunked reply that breaks off inside its second chunk, and a server that speaks no HTTP
+CUT_SHORT = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n400\r\n" + bytes(1024)
+CUT_SHORT += b"\r\n400\r\n" + bytes(100)
+NOT_HTTP = b"SSH-2.0-OpenSSH_9.6\r\n"
+
+
+@pytest.fixture
+def broken_server(monkeypatch: pytest.MonkeyPatch) -> Iterator:
+    """broken_server(reply) -> base URL of a TCP server on 127.0.0.1 (a thread) that answers
+    every request with the bytes `reply` and closes the connection."""
+    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    socks = []
+
+    def start(reply: bytes) -> str:
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(8)
+        socks.append(sock)
+
+        def answer() -> None:
+            while True:
+                try:
+                    conn, _ = sock.accept()
+                except OSError:  # closed at the end of the test
+                    return
+                with conn:
+                    request = b""
+                    while b"\r\n\r\n" not in request and (more := conn.recv(65536)):
+                        request += more  # all of it: unread bytes would make close() a reset
+                    conn.sendall(reply)
+                    conn.shutdown(socket.SHUT_WR)
+
+        threading.Thread(target=answer, daemon=True).start()
+        return f"http://127.0.0.1:{sock.getsockname()[1]}/"
+
+    yield start
+    for sock in socks:
+        sock.close()
+
+
+@pytest.mark.parametrize(
+    ("reply", "says"),
+    [(CUT_SHORT, "IncompleteRead"), (NOT_HTTP, "BadStatusLine")],
+    ids=["cut-short", "not-http"],
+)
+def test_a_download_cut_short_or_no_http_server_is_one_line(
+    tmp_path: Path, broken_server, capsys, reply, says
+) -> None:
+    """A transfer that broke off mid-body (a chunked reply: http.client.IncompleteRead) or a
+    --mirror host:port that is no HTTP server (BadStatusLine): http.client's own errors, neither
+    URLError nor OSError, went past every handler as a traceback, and the part that had arrived
+    stayed in raw/ under the archive's name."""
+    url = broken_server(reply)
+    out = tmp_path / "data"
+    rc = cli.main(["prepare-data", "--dataset", "cifar10", "--data-dir", str(out), "--mirror", url])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1 and len(err) == 1 and "Traceback" not in err[0], err
+    assert f"could not download {url}cifar-10-python.tar.gz" in err[0] and says in err[0], err
+    assert err[0].endswith("or pass --mirror URL."), err
+    raw = out / "cifar10" / "raw"
+    assert not raw.exists() or not list(raw.iterdir()), list(raw.iterdir())
+
+
+def _mnist_site(directory: Path) -> None:
+    """MNIST's four .gz files, small and made up, in `directory`, declared official (md5s)."""
+    rng = np.random.default_rng(1)
+    for prefix, n in (("train", 6), ("t10k", 4)):
+        images, labels = rng.integers(0, 256, (n, 28, 28)), rng.integers(0, 10, n)
+        for kind, arr in (("images-idx3", images), ("labels-idx1", labels)):
+            (directory / f"{prefix}-{kind}-ubyte.gz").write_bytes(gzip.compress(_idx(arr)))
+
+
+def test_mnist_goes_on_to_the_next_mirror_after_a_download_cut_short(
+    tmp_path: Path, serve, broken_server, monkeypatch
+) -> None:
+    """The first mirror's transfer broke off (http.client.IncompleteRead): a traceback, and the
+    second mirror, which has every file, was never tried."""
+    site = tmp_path / "site"
+    site.mkdir()
+    _mnist_site(site)
+    for name in prepare_data.MNIST_FILES:
+        md5 = hashlib.md5((site / name).read_bytes()).hexdigest()
+        monkeypatch.setitem(prepare_data.MNIST_FILES, name, md5)
+    good = serve(site)
+    monkeypatch.setattr(prepare_data, "MNIST_MIRRORS", (broken_server(CUT_SHORT), good))
+    prepare_data.prepare("mnist", tmp_path / "data")
+    p = loaders.load_prepared("mnist", tmp_path / "data")
+    assert p.meta["source"] == good and p.meta["train_shape"] == [6, 1, 28, 28]
+
+
 def test_a_meta_json_that_is_no_object_is_refused_and_prepared_again(tmp_path: Path) -> None:
     """meta.json holding a list (valid JSON, not prepare-data's object): the trainer names it
     and the fix instead of an AttributeError, and prepare-data makes the set again."""

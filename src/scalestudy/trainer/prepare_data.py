@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import http.client
 import json
 import math
 import pickle
@@ -80,6 +81,15 @@ def _download(base_url: str, filename: str, md5: str, raw_dir: Path) -> Path:
         raise DownloadError(f"downloading {url} to {path} failed: {e}") from e
     except (urllib.error.URLError, OSError) as e:
         raise DownloadError(f"could not download {url} to {path}: {e}. {_offline(md5)}") from e
+    except http.client.HTTPException as e:
+        # http.client's own errors, neither URLError nor OSError, which torchvision passes on: a
+        # transfer that broke off mid-body (a chunked reply: IncompleteRead), a server that
+        # speaks no HTTP (BadStatusLine). What arrived is not the file: not left under its name
+        path.unlink(missing_ok=True)
+        raise DownloadError(
+            f"could not download {url} to {path}: {e!r} (the transfer broke off, or the "
+            f"server is no HTTP server). {_offline(md5)}"
+        ) from e
     return path
 
 
