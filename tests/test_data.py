@@ -600,6 +600,28 @@ def test_a_blank_data_dir_is_refused_as_train_refuses_it(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_data_dir_with_a_tilde_no_shell_expanded_is_refused(
+    tmp_path: Path, serve, monkeypatch, capsys
+) -> None:
+    """`--data-dir=~/data` (bash expands no ~ after `--flag=`): torchvision expanded it, so the
+    archive was downloaded into $HOME/data/cifar10/raw, then read from ./~/data/cifar10/raw:
+    "No such file or directory" after the whole download, and a directory named ~ made."""
+    site, home, cwd = tmp_path / "site", tmp_path / "home", tmp_path / "cwd"
+    for d in (site, home, cwd):
+        d.mkdir()
+    archive = _fake_cifar_archive(site)
+    md5 = hashlib.md5(archive.read_bytes()).hexdigest()
+    monkeypatch.setitem(prepare_data.CIFAR10_FILES, "cifar-10-python.tar.gz", md5)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(cwd)
+    argv = ["prepare-data", "--dataset", "cifar10", "--data-dir=~/data", "--mirror", serve(site)]
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--data-dir '~/data' starts with ~" in err[0], err
+    assert err[0].endswith(f"give {home / 'data'}"), err
+    assert list(home.iterdir()) == [] and list(cwd.iterdir()) == []  # nothing downloaded or made
+
+
 def test_fewer_training_images_than_ranks_is_refused_before_the_rendezvous(tmp_path: Path) -> None:
     """--limit-train 1 on 2 ranks was a ValueError traceback on every rank once the loaders
     were built (epoch_batches needs a sample per rank); now one TrainConfigError, before any

@@ -12,6 +12,7 @@ import gzip
 import http.client
 import json
 import math
+import os
 import pickle
 import shutil
 import urllib.error
@@ -350,6 +351,14 @@ def prepare(
         raise ValueError(f"unknown dataset {dataset!r}; choose from {', '.join(DATASETS)}")
     if not str(data_dir).strip():  # "" is the current directory, which train refuses alike
         raise ValueError("--data-dir must not be empty")
+    if str(data_dir).startswith("~"):
+        # no shell expanded it (bash leaves `--data-dir=~/data` as typed): torchvision's download
+        # expands it, the rest of prepare does not, so the archive went to $HOME/data and was
+        # then looked for in ./~/data (the study config refuses ~ alike, study/config.py)
+        raise ValueError(
+            f"--data-dir {str(data_dir)!r} starts with ~, which no shell expanded (as in "
+            f"--data-dir=~/...): give {os.path.expanduser(data_dir)}"
+        )
     out_dir = Path(data_dir) / dataset
     params: dict[str, Any] = {}
     if dataset == "synthetic":
