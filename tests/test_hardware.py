@@ -97,6 +97,27 @@ def test_no_peak_where_none_is_published(name, precision, needle):
     assert got.flops is None and needle in got.why
 
 
+@pytest.mark.parametrize(
+    "name",
+    [
+        "GRID A100-4C",  # 4 GB of an A100 40GB, time-sliced with the other VMs
+        "GRID A100-4-20C",  # MIG-backed: 4 of the 7 slices, 20 GB
+        "NVIDIA A30-1-6C",  # MIG-backed: 1 of 4 slices
+        "GRID T4-1Q",  # 1/16 of a T4
+        "NVIDIA L4-6Q",
+        "NVIDIA L40S-48C",  # the whole frame buffer, yet time-sliced: no published share
+        "GRID V100S-8Q",
+    ],
+)
+def test_a_vgpu_profile_has_no_peak(name):
+    """An NVIDIA vGPU (a virtual machine's share of a GPU) names itself by its profile, which
+    carries the GPU's model: "GRID A100-4-20C", a MIG slice whose name says no MIG, got the
+    whole A100's 312 TFLOP/s, a T4-1Q the whole T4's, and MFU came out up to 16x too low."""
+    got = hardware.peak("cuda", name, "fp16")
+    assert got.flops is None and got.source is None
+    assert f"{name}: a vGPU profile" in got.why
+
+
 def test_a_cpu_has_no_peak():
     got = hardware.peak("cpu", "AMD EPYC", "fp32")
     assert got.flops is None and got.why.startswith("cpu:")

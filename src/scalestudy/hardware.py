@@ -14,7 +14,9 @@ as good as its denominator, so:
   the TF32 tensor cores, "bf16"/"fp16" the tensor cores with fp32 accumulation;
 - a precision the GPU has no hardware for (TF32 or BF16 on V100 and T4) has no entry, a GPU that
   is not in the table has none, a MIG slice has none (its share of the peak is not published),
-  and a CPU has none: their runs get mfu null with the reason, never a borrowed or guessed peak.
+  nor has a vGPU profile (a virtual machine's share of a GPU, time-sliced or MIG-backed, named
+  for the GPU: "GRID A100-4-20C"), and a CPU has none: their runs get mfu null with the
+  reason, never a borrowed or guessed peak.
 No torch here: the study and the results read this too.
 """
 
@@ -131,6 +133,12 @@ GPU_PEAKS: tuple[GpuPeaks, ...] = (
 )  # fmt: skip
 
 
+# An NVIDIA vGPU names itself by its profile: the GPU's model, then its frame buffer in GB and
+# series letter, time-sliced with the other VMs on the GPU (A100-4C, T4-1Q), or, MIG-backed, the
+# slices and the GB (A100-4-20C, A30-1-6C): the model alone would match the whole GPU's row
+VGPU_PROFILE = r"-(\d+-)?\d+[ABCQ]$"
+
+
 @dataclass(frozen=True)
 class Peak:
     """The peak of one device at one precision, or why there is none."""
@@ -155,6 +163,8 @@ def peak(device_type: str, device_name: str | None, precision: str) -> Peak:
     name = device_name or "unnamed GPU"
     if "MIG" in name:
         return Peak(None, None, f"{name}: a MIG slice, whose share of the peak is not published")
+    if re.search(VGPU_PROFILE, name.strip()):
+        return Peak(None, None, f"{name}: a vGPU profile, whose share of the peak is not published")
     row = gpu_peaks(name)
     if row is None:
         return Peak(None, None, f"{name}: not in the table of published peaks (hardware.py)")
