@@ -871,6 +871,37 @@ def test_a_download_cut_short_or_no_http_server_is_one_line(
     assert not raw.exists() or not list(raw.iterdir()), list(raw.iterdir())
 
 
+def test_a_download_that_stalls_is_one_line_not_a_hang(tmp_path: Path, monkeypatch) -> None:
+    """A server that accepts the connection and then sends nothing (a stalled mirror, a
+    connection a firewall dropped mid-transfer): urllib waited without a timeout, and
+    prepare-data, a local rule of the study, hung forever. A loopback socket that listens and
+    never accepts: the kernel completes the handshake, no byte follows."""
+    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    monkeypatch.setattr(prepare_data, "DOWNLOAD_STALL_S", 1.0)
+    outcome: list[BaseException | None] = []
+
+    def attempt(url: str) -> None:
+        try:
+            prepare_data.prepare("cifar10", tmp_path, mirror=url)
+            outcome.append(None)
+        except BaseException as e:  # judged below, in the test's thread
+            outcome.append(e)
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(8)
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}/"
+        thread = threading.Thread(target=attempt, args=(url,), daemon=True)
+        thread.start()
+        thread.join(timeout=60)
+        assert not thread.is_alive(), "prepare-data still waits on a server that sends nothing"
+    (error,) = outcome
+    assert isinstance(error, DownloadError) and not isinstance(error, ChecksumError), error
+    assert f"could not download {url}cifar-10-python.tar.gz" in str(error)
+    assert "nothing received for 1 s" in str(error) and "\n" not in str(error)
+
+
 def _mnist_site(directory: Path) -> None:
     """MNIST's four .gz files, small and made up, in `directory`, declared official (md5s)."""
     rng = np.random.default_rng(1)

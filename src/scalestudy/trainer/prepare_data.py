@@ -15,6 +15,7 @@ import math
 import os
 import pickle
 import shutil
+import socket
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -49,6 +50,10 @@ MNIST_FILES = {
     "t10k-images-idx3-ubyte.gz": "9fb629c4189551a2d022fa330f9573f3",
     "t10k-labels-idx1-ubyte.gz": "ec29112dd5afa0611ce80d1b7f02629c",
 }
+# A connection that sends nothing for this long has stalled (a mirror that hangs, a connection a
+# firewall dropped): urllib has no timeout of its own, and prepare-data (a local rule of the
+# study) waited forever. Per connect and per read, not for the whole download.
+DOWNLOAD_STALL_S = 60.0
 _DIGITS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
 MNIST_CLASSES = [f"{i} - {w}" for i, w in enumerate(_DIGITS)]  # torchvision's names
 SYNTHETIC_DEFAULTS = {
@@ -70,6 +75,8 @@ def _download(base_url: str, filename: str, md5: str, raw_dir: Path) -> Path:
     path = raw_dir / filename
     if url.startswith("file://"):  # torchvision's download_url fails on file:// with a traceback
         return _copy_local(url, path, md5)
+    previous = socket.getdefaulttimeout()  # torchvision's urlopen takes no timeout: the default
+    socket.setdefaulttimeout(DOWNLOAD_STALL_S)
     try:
         download_url(url, str(raw_dir), filename, md5)
     except RuntimeError as e:  # torchvision: "File not found or corrupted." on an md5 mismatch
@@ -81,7 +88,10 @@ def _download(base_url: str, filename: str, md5: str, raw_dir: Path) -> Path:
             ) from e
         raise DownloadError(f"downloading {url} to {path} failed: {e}") from e
     except (urllib.error.URLError, OSError) as e:
-        raise DownloadError(f"could not download {url} to {path}: {e}. {_offline(md5)}") from e
+        why = str(e)  # a stall: "timed out", on its own, names neither the limit nor the cause
+        if isinstance(e, TimeoutError) or isinstance(getattr(e, "reason", None), TimeoutError):
+            why = f"nothing received for {DOWNLOAD_STALL_S:g} s (the server or the network stalled)"
+        raise DownloadError(f"could not download {url} to {path}: {why}. {_offline(md5)}") from e
     except http.client.HTTPException as e:
         # http.client's own errors, neither URLError nor OSError, which torchvision passes on: a
         # transfer that broke off mid-body (a chunked reply: IncompleteRead), a server that
@@ -91,6 +101,8 @@ def _download(base_url: str, filename: str, md5: str, raw_dir: Path) -> Path:
             f"could not download {url} to {path}: {e!r} (the transfer broke off, or the "
             f"server is no HTTP server). {_offline(md5)}"
         ) from e
+    finally:
+        socket.setdefaulttimeout(previous)
     return path
 
 
