@@ -762,6 +762,24 @@ def test_a_hand_run_profile_figure_reads_the_studys_kernel_shares(tmp_path, monk
     assert cli.main(["plot", "--figure", "throughput", "--device", "cpu"]) == 0
 
 
+def test_a_hand_run_analyze_names_a_config_file_in_the_reproduce_commands(tmp_path, monkeypatch):
+    """`scalestudy analyze` without --configfile wrote a blank configfile into system.csv, and
+    both documents printed `snakemake --cores all --configfile ` with no file: a reproduce
+    command that fails. Without the flag it is config/config.yaml, what snakemake reads without
+    one (and what the workflow records for such a study: paths.reproduce_configfile)."""
+    from scalestudy import cli
+
+    monkeypatch.chdir(tmp_path)
+    argv = ["analyze", "--runs", str(Path(__file__).parent / "fixtures/demo_runs.csv")]
+    assert cli.main([*argv, "--gpus-per-node", "1"]) == 0
+    csv_dir = tmp_path / "results/csv"
+    files.write_csv(csv_dir / "model.csv", model_csv.MODEL_COLUMNS, [])
+    files.write_csv(csv_dir / "bucket_advice.csv", model_csv.ADVICE_COLUMNS, [])
+    for name, text in report.render(csv_dir, report.TEMPLATES, [], "../results/plots").items():
+        assert "snakemake --cores all --configfile config/config.yaml\n" in text, name
+        assert "snakemake --configfile config/config.yaml --report report.html" in text, name
+
+
 def test_a_refused_document_leaves_none_written_and_stale_csvs_are_named(done, tmp_path, capsys):
     """The honesty check runs on every document before any is written: a number typed into
     paper.tex leaves no study.md behind either. A CSV older than the templates (without a

@@ -94,7 +94,7 @@ from pathlib import Path
 from scalestudy import files, log, vocab
 from scalestudy.errors import AnalysisError
 from scalestudy.nsight.schema import CATEGORIES, KERNEL_COLUMNS, cell_problem
-from scalestudy.study import estimate
+from scalestudy.study import estimate, paths
 
 logger = log.get(__name__)
 
@@ -1085,7 +1085,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="unnamed",
         help="study name (config `study`; the documents' title; default %(default)s)",
     )
-    parser.add_argument("--configfile", default="", help="the study's config file (reproduce)")
+    # the documents' reproduce commands print it: blank, they read `snakemake --configfile `
+    parser.add_argument(
+        "--configfile",
+        default=paths.DEFAULT_CONFIG,
+        help="the study's config file(s) for the documents' reproduce commands (the workflow "
+        "passes its own; default %(default)s, what snakemake reads without --configfile)",
+    )
     for key, value in DEFAULT_TARGETS.items():
         flag = "--" + key.replace("_", "-")
         parser.add_argument(flag, type=_target(key), default=value, help=f"default {value}")
