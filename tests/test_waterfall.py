@@ -212,6 +212,33 @@ def test_accumulating_runs_leave_comm_blank_not_counted_once_per_micro_batch():
     )
 
 
+def test_comm_with_the_probe_off_is_said_to_be_off_not_a_missing_column():
+    """train.comm_probe_steps 0: the trainer writes comm_exposed_frac null, the 1-rank run's
+    too (trainer/loop.py). The note said "runs without comm_exposed_frac", as for the results of
+    a trainer before the probe, which only rerunning them would give; the runs have the column,
+    the probe was off. A baseline of such an older trainer beside them is still named."""
+    runs = [run("w1", "weak", 1, 100, 1000, [5], [50], ""), run("w2", "weak", 2, 100, 1600,
+            [7, 9], [50, 56], "")]  # fmt: skip
+    for r in runs:
+        r["comm_probe_steps"] = "0"
+    [row] = analyze.waterfall(runs)
+    assert row["comm_img_s"] is None
+    # data (32) and imbalance (96) measured, the rest of the 400 img/s in the residual
+    assert row["residual_img_s"] == pytest.approx(272)
+    assert row["note"] == (
+        "comm not measured (the communication probe was off: train.comm_probe_steps 0): "
+        "included in the residual"
+    )
+    older = {k: v for k, v in runs[0].items() if k != "comm_exposed_frac"} | {
+        "comm_probe_steps": "3"
+    }
+    [row] = analyze.waterfall([older, runs[1]])
+    assert row["note"] == (
+        "comm not measured (runs without comm_exposed_frac; the communication probe was off: "
+        "train.comm_probe_steps 0): included in the residual"
+    )
+
+
 def test_a_family_at_one_world_size_has_no_rows():
     runs = [run("b1", "bucket", 2, 100, 1000, [5, 5], [50, 50], 0.1)]
     assert analyze.waterfall(runs) == []

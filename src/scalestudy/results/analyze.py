@@ -73,7 +73,8 @@ one, so with two ranks s is the slowest minus the other. A rank's whole step tim
 imbalance: the slowest rank paces them all. c is the probe's share of a forward+backward pass
 applied to the whole step, an approximation where data or optimizer time is large. Values per
 configuration are means over its repeats; a part whose input a run lacks (results of an older
-trainer, the probe off) is blank, never 0, and lands in the residual, which the note says. So
+trainer, the probe off) is blank, never 0, and lands in the residual, which the note says (the
+probe off by name, train.comm_probe_steps 0, not as runs without the column). So
 does imbalance under cuda_graphs_mode "step" (the whole step one CUDA graph, what cuda_graphs
 auto chooses on a GPU where it fits): the busy phases are inside the graph's replay, which the
 trainer cannot time phase by phase, so it writes busy_time_ms_p50_by_rank null (train.py); the
@@ -391,6 +392,9 @@ PART_INPUTS = {
 # why a run under cuda_graphs_mode "step" (cuda_graphs auto on a GPU) has no busy times: the
 # trainer writes them null (trainer/train.py), as it cannot time the phases of one graph replay
 STEP_GRAPH_BUSY = "whole-step CUDA graph: the busy phases are inside the replay"
+# why a run with train.comm_probe_steps 0 has no comm_exposed_frac: the trainer writes it null,
+# the 1-rank run's too (trainer/loop.py); "runs without" it read as an older trainer's results
+PROBE_OFF = "the communication probe was off: train.comm_probe_steps 0"
 
 
 def _per_rank(value) -> list[float] | None:
@@ -441,6 +445,12 @@ def _waterfall_configs(runs: list[dict]) -> dict[tuple, dict]:
                 STEP_GRAPH_BUSY if r.get("cuda_graphs_mode") == "step" else "absent"
                 for r, p in zip(members, per_run, strict=True)
                 if p["imbalance"] is None
+            },
+            # why a repeat has no comm share (accumulation aside: "accumulates" says that one)
+            "comm_gaps": {
+                PROBE_OFF if files.number(r.get("comm_probe_steps")) == 0 else "absent"
+                for r, p in zip(members, per_run, strict=True)
+                if p["comm"] is None and not _accumulates(r)
             },
             **{part: mean_std([p[part] for p in per_run])[0] for part in PART_INPUTS},
         }
@@ -508,15 +518,17 @@ def waterfall_row(key: tuple, c: dict, base_key: tuple, b: dict) -> dict:
     if missing:
         accumulated = "comm" in missing and (c["accumulates"] or b["accumulates"])
         busy_gaps = c["busy_gaps"] | b["busy_gaps"]  # empty unless imbalance is missing
+        comm_gaps = c["comm_gaps"] | b["comm_gaps"]  # empty unless comm is missing
         without = [
             PART_INPUTS[p]
             for p in missing
-            if not (p == "comm" and accumulated)
+            if not (p == "comm" and (accumulated or "absent" not in comm_gaps))
             and not (p == "imbalance" and "absent" not in busy_gaps)
         ]
         why = [f"runs without {', '.join(without)}"] * bool(without) + [
             "gradient accumulation: comm_exposed_frac is of one micro-batch pass, not a step"
         ] * accumulated
+        why += [PROBE_OFF] * (PROBE_OFF in comm_gaps and not accumulated)
         why += [STEP_GRAPH_BUSY] * (STEP_GRAPH_BUSY in busy_gaps)
         row["note"] = (
             f"{', '.join(missing)} not measured ({'; '.join(why)}): included in the residual"
