@@ -201,6 +201,28 @@ def test_verdicts_pass_fail_and_not_measured(runs):
     assert s2["measured"] == pytest.approx(2 * 3300 / (4 * 1800))  # N0 X(N) / (N X(N0))
 
 
+def test_the_weak_target_says_its_baseline_when_it_is_not_one_rank():
+    """D = T(N) / T(N0) - 1 is against the weak family's smallest world size: a family from 2
+    GPUs was described as "D at the largest world size" alone, read as against 1 GPU (the strong
+    target already names its N0 when it is not 1)."""
+    from_two = analysis.scaling_table(
+        [run("w2", "weak", 2, 64, 1800), run("w4", "weak", 4, 64, 3300)]
+    )
+    verdicts = analysis.verdicts(from_two, analysis.DEFAULT_TARGETS)
+    [d] = [r for r in verdicts if r["target"] == "weak_deviation"]
+    assert d["world_size"] == 4
+    assert d["description"] == (
+        "weak-scaling step-time deviation D against 2 GPUs at the largest world size"
+    )
+    assert d["measured"] == pytest.approx((256 / 3300) / (128 / 1800) - 1)
+    from_one = analysis.scaling_table(
+        [run("w1", "weak", 1, 64, 1000), run("w4", "weak", 4, 64, 3300)]
+    )
+    verdicts = analysis.verdicts(from_one, analysis.DEFAULT_TARGETS)
+    [d] = [r for r in verdicts if r["target"] == "weak_deviation"]
+    assert d["description"] == "weak-scaling step-time deviation D at the largest world size"
+
+
 def test_a_superlinear_result_is_flagged_with_what_to_check():
     """The CPU demo's 1-rank baselines ran beside another job: E_s 106% and a weak deviation of
     -52% passed with an empty note, and the proposal chose its scale on them."""

@@ -611,9 +611,12 @@ def verdicts(scaling: list[dict], targets: dict, unit: str = "GPUs") -> list[dic
     out.append(row)
 
     weak = _family(scaling, "weak")
+    # D is against the weak family's N0, as E_s against the strong family's: said when not 1
+    n0 = min((r["world_size"] for r in weak), default=1)
+    against = f" against {n0} {unit}" if n0 != 1 else ""
     row = {
         "target": "weak_deviation",
-        "description": "weak-scaling step-time deviation D at the largest world size",
+        "description": f"weak-scaling step-time deviation D{against} at the largest world size",
         "threshold": targets["weak_deviation"],
     }
     if len(weak) > 1:
