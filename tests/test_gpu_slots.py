@@ -318,6 +318,7 @@ def test_profiling_jobs_take_gpu_slots_as_launch_does(tmp_path, monkeypatch, act
         argv = ["profile", "ncu", "--kernels", str(kernels), "--out-dir", str(tmp_path / "n")]
         argv += ["--out", str(tmp_path / "n.csv")]
     argv += ["--run", "r", "--device", "cuda", "--", "--device", "cuda", "--epochs", "1"]
+    argv += ["--profile-steps", "0:1"]  # the window profile capture and ncu require
     try:
         with pytest.raises(Started):
             getattr(profile, action)(cli.build_parser(argv).parse_args(argv))

@@ -2079,7 +2079,9 @@ def test_an_nsys_trace_with_cuda_and_nvtx_is_accepted_and_unread_by_the_torch_pr
 
 
 # --- real captures on CPU -----
-def _capture(data_dir, out, *extra, tool="auto", device="cpu", path_extra=None, launch=()):
+def _capture(
+    data_dir, out, *extra, tool="auto", device="cpu", path_extra=None, launch=(), window="2:5"
+):
     env = child_env()
     if path_extra:
         env["PATH"] = f"{path_extra}:{env['PATH']}"
@@ -2125,8 +2127,7 @@ def _capture(data_dir, out, *extra, tool="auto", device="cpu", path_extra=None, 
         "2",
         "--comm-probe-steps",
         "0",
-        "--profile-steps",
-        "2:5",
+        *(("--profile-steps", window) if window else ()),
         "--pg-timeout-s",
         "60",
         "--data-dir",
@@ -2136,7 +2137,9 @@ def _capture(data_dir, out, *extra, tool="auto", device="cpu", path_extra=None, 
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
 
 
-def _profile_ncu(kernels: Path, enabled: str, top_k: int, out: Path, env: dict, data_dir: Path):
+def _profile_ncu(
+    kernels: Path, enabled: str, top_k: int, out: Path, env: dict, data_dir: Path, window="1:3"
+):
     """`scalestudy profile ncu` of one short CPU run (the ncu on PATH is a stand-in)."""
     cmd = [PYTHON, "-m", "scalestudy", "profile", "ncu", "--run", "w1",
            "--kernels", str(kernels), "--enabled", enabled, "--top-k", str(top_k),
@@ -2145,6 +2148,7 @@ def _profile_ncu(kernels: Path, enabled: str, top_k: int, out: Path, env: dict, 
            "--", "--dataset", "synthetic", "--width", "4", "--local-batch", "16",
            "--epochs", "1", "--limit-train", "64", "--limit-test", "16",
            "--warmup-steps", "1", "--comm-probe-steps", "0",
+           *(("--profile-steps", window) if window else ()),
            "--data-dir", str(data_dir)]  # fmt: skip
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
 
@@ -2223,6 +2227,39 @@ def test_ncu_leaves_out_a_kernel_its_process_never_launched(data_dir, tmp_path):
     proc = ncu("true", tmp_path / "fail")
     assert proc.returncode == 2 and not (tmp_path / "fail" / "ncu.csv").exists()
     assert "profiling.ncu.enabled is true but none of the top 2" in proc.stderr.splitlines()[-1]
+
+
+def test_a_capture_or_ncu_without_a_window_is_refused_before_training(data_dir, tmp_path):
+    """Without --profile-steps in the trainer's flags, `profile capture` trained the whole run
+    (hours on a cluster) and only then failed ("torch.profiler wrote no torch_ops_rank*.json";
+    under nsys no report), having cleared the earlier capture; `profile ncu` trained the whole
+    run once per kernel, and ncu, which profiles only inside the window, profiled nothing: under
+    enabled auto an empty profile_ncu CSV, exit 0. Now both refuse in one line naming
+    --profile-steps, before any rank starts; the earlier capture is left as it was."""
+    cap = tmp_path / "capture"
+    (cap / "stats").mkdir(parents=True)
+    (cap / "tool.json").write_text('{"tool": "nsys"}\n')  # an earlier capture's
+    proc = _capture(data_dir, cap, tool="torch", window=None)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("scalestudy profile capture: the trainer's flags after -- have no "
+                           "--profile-steps A:B"), last  # fmt: skip
+    assert sorted(p.name for p in cap.iterdir()) == ["stats", "tool.json"]  # no train/
+    kernels = tmp_path / "kernels.csv"
+    bn = "void at::native::batch_norm_collect_statistics_channels_last_kernel<float>(float *)"
+    rows = schema.kernel_rows("w1", "nsys", {0: [{"name": bn, "instances": 3, "total_ns": 9}]})
+    kernels.write_text(schema.csv_text(schema.KERNEL_COLUMNS, rows))
+    launched = tmp_path / "launched.txt"
+    launched.write_text(bn + "\n")
+    env = child_env(NCU_STAND_IN_LAUNCHED=str(launched))
+    env["PATH"] = f"{STAND_INS / 'ncu-cudnn-autotune'}:{Path(PYTHON).parent}:{env['PATH']}"
+    out = tmp_path / "ncu"
+    proc = _profile_ncu(kernels, "auto", 1, out, env, data_dir, window=None)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("scalestudy profile ncu: the trainer's flags after -- have no "
+                           "--profile-steps A:B"), last  # fmt: skip
+    assert not (out / "ncu_k0.log").exists() and not (out / "ncu.csv").exists()  # no pass
 
 
 def test_a_hung_post_processing_tool_is_stopped_with_one_line(tmp_path):
@@ -2414,7 +2451,7 @@ def test_a_capture_missing_a_ranks_profile_fails(tmp_path, monkeypatch):
     monkeypatch.setattr(capture, "_run", launch_writing_rank0_only)
     words = ["profile", "capture", "--run", "r", "--tool", "torch", "--device", "cpu", "--out",
              str(tmp_path / "cap"), "--mpi=", "--nodes", "1", "--ranks-per-node", "2", "--",
-             "--epochs", "1"]  # fmt: skip
+             "--epochs", "1", "--profile-steps", "0:1"]  # fmt: skip
     args = cli.build_parser(words).parse_args(words)
     with pytest.raises(ProfileError, match=r"no profile of rank\(s\) 1 of 2 \(torch\)"):
         capture.capture(args)
@@ -2760,7 +2797,7 @@ def test_ncu_clears_an_earlier_runs_results_and_writes_each_import_whole(
     def profile_ncu(*flags, device="cuda"):
         argv = ["profile", "ncu", "--run", "w1", "--kernels", str(kernels), *flags,
                 "--out-dir", str(out_dir), "--out", str(out), "--device", device,
-                "--mpi=", "--", "--epochs", "1"]  # fmt: skip
+                "--mpi=", "--", "--epochs", "1", "--profile-steps", "0:1"]  # fmt: skip
         return cli.main(argv)
 
     def parse_dir():

@@ -17,7 +17,8 @@ capture: the tool is chosen here, on the compute node, and stated in DIR/tool.js
   error. nsys: every rank (or rank 0) runs under
       nsys profile --capture-range=cudaProfilerApi --capture-range-end=stop \\
           --trace=<nsys_trace> --cuda-graph-trace=node --output=DIR/nsys_rank<r> ...
-  (the trainer's --profile-steps A:B opens and closes the range), then
+  (the trainer's --profile-steps A:B opens and closes the range: capture and ncu refuse train
+  flags without it before any rank starts, since the whole run would train for nothing), then
       nsys stats --report cuda_gpu_kern_sum --report cuda_gpu_mem_time_sum --report nvtx_sum \\
           --format csv --force-export=true --sqlite DIR/stats/nsys_rank<r>.sqlite \\
           --output DIR/stats/nsys_rank<r> DIR/nsys_rank<r>.nsys-rep
@@ -533,6 +534,19 @@ def _train_args(args: argparse.Namespace, train_dir: Path) -> list[str]:
     return [*launch.trainer_flags(args.train_args), "--out", str(train_dir)]
 
 
+def require_window(train_args: list[str], what: str) -> None:
+    """A ProfileError unless the trainer's flags give --profile-steps A:B: the profilers see
+    only that window (nsys's cudaProfilerApi capture range, ncu --profile-from-start off,
+    torch.profiler's window), so without it the whole run trained (hours on a cluster; under
+    ncu once per kernel) and then nothing had been profiled."""
+    if launch.check_train_args(train_args).profile_steps is None:
+        raise ProfileError(
+            f"the trainer's flags after -- have no --profile-steps A:B, the window {what} "
+            "profiles (without it the whole run trains and nothing is profiled): add "
+            "--profile-steps, e.g. 20:30 (the study's profiling.start_step and steps)"
+        )
+
+
 def capture(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if why := files.output_dir_problem(out):  # "File exists" from mkdir otherwise
@@ -552,6 +566,7 @@ def capture(args: argparse.Namespace) -> int:
     # the layout and the trainer's flags are checked (the ranks' command built) before the
     # earlier capture is removed or the inventory written: a typo cost the earlier capture
     command = launch_command(args, prefix, binds)
+    require_window(args.train_args, "profile capture")
     logger.info(f"profile {args.run}: tool {tool} ({why})")
     out.mkdir(parents=True, exist_ok=True)
     _clear_earlier_capture(out)
@@ -780,6 +795,9 @@ def ncu(args: argparse.Namespace) -> int:
         logger.info(why)
         _clear_earlier_ncu(out_dir)
         return _no_ncu(out_dir, args.out, why)
+    # before the first pass: without a window each pass trained the whole run and ncu, which
+    # profiles only inside it, profiled no kernel (under auto: an empty CSV, after hours)
+    require_window(args.train_args, "profile ncu")
     kernel_rows = schema.read_csv(args.kernels, schema.KERNEL_COLUMNS)
     # rank 0's top kernels: the rank ncu profiles (each rank autotunes its own cuDNN engines)
     kernels = schema.top_kernels(
