@@ -1098,7 +1098,7 @@ def _nsys_capture(tmp_path, *stats):
     (cap / "stats").mkdir(parents=True)
     for name in stats:
         (cap / "stats" / name).write_bytes((FIX / "nsys-2024.5" / name).read_bytes())
-    manifest = {"run": "w2", "tool": "nsys", "why": "test", "ranks": "all", "input": "stats"}
+    manifest = {"run": "w2_test", "tool": "nsys", "why": "test", "ranks": "all", "input": "stats"}
     (cap / "tool.json").write_text(json.dumps(manifest))
     return cap
 
@@ -2298,13 +2298,40 @@ def test_profile_parse_of_a_real_gpu_capture_gives_projected_phases(tmp_path):
         (cap / "train" / "profile" / name).write_bytes(
             (FIX.parent / "gpu-h100" / name).read_bytes()
         )
-    manifest = {"run": "w1", "tool": "torch", "why": "test", "input": "train/profile"}
+    manifest = {"run": "w2_test", "tool": "torch", "why": "test", "input": "train/profile"}
     (cap / "tool.json").write_text(json.dumps(manifest))
     kernels, ranges = _parse(cap, tmp_path)
     assert any(r["category"] == "conv" for r in kernels)
     assert {r["time_base"] for r in ranges} == {"gpu_projection"}
     ns = {r["range"]: int(r["total_ns"]) for r in ranges}
     assert ns["backward"] > ns["forward"] > ns["optimizer"] > 0
+
+
+def test_a_capture_of_another_run_is_refused(tmp_path, capsys):
+    """`profile parse --capture DIR --run R` wrote the capture's kernels and phases as run R's
+    whatever run its tool.json names: a capture copied into another run's directory showed one
+    configuration's profile as another's, and merge's check of each CSV's run (which parse
+    had labelled R) could not see it. Now one line naming both runs, and nothing written."""
+    cap = tmp_path / "capture"
+    (cap / "train" / "profile").mkdir(parents=True)
+    for name in ("torch_ops_rank0.json", "trace_rank0.json"):
+        shutil.copyfile(FIX.parent / "gpu-h100" / name, cap / "train" / "profile" / name)
+    manifest = {"run": "w1_bf16", "tool": "torch", "why": "test", "input": "train/profile"}
+    (cap / "tool.json").write_text(json.dumps(manifest))
+    out = [str(tmp_path / "k.csv"), "--out-ranges", str(tmp_path / "r.csv")]
+    argv = ["profile", "parse", "--capture", str(cap), "--run", "w1_fp32", "--out-kernels", *out]
+    capsys.readouterr()
+    assert cli.main(argv) == 2
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert err == (
+        f"scalestudy profile parse: {cap / 'tool.json'}: the capture of run 'w1_bf16', not of "
+        "--run 'w1_fp32' (copied from another run's directory?): capture this run again with "
+        "`scalestudy profile capture`"
+    )
+    assert not (tmp_path / "k.csv").exists() and not (tmp_path / "r.csv").exists()
+    argv[argv.index("w1_fp32")] = "w1_bf16"  # its own run: parsed
+    assert cli.main(argv) == 0
+    assert {r["run"] for r in csv.DictReader((tmp_path / "k.csv").open())} == {"w1_bf16"}
 
 
 def test_torch_profiler_capture_of_a_two_rank_run(data_dir, tmp_path):

@@ -55,7 +55,8 @@ ncu: rank 0 only (the other ranks run plain; a profiled NCCL kernel would wait f
   CSV (tool.json says why) under auto.
 parse: profiler output -> the profile CSVs (schemas: scalestudy.nsight.schema), from one of
   --capture DIR   a capture directory of `profile capture`: its tool.json says which tool ran
-                  and where its output is (nsys stats CSVs, or torch.profiler exports)
+                  and where its output is (nsys stats CSVs, or torch.profiler exports), and
+                  which run it is (a capture of another --run is refused)
   --nsys-stats P  `nsys stats --format csv` output made by hand: one CSV, or a directory of them
                   (cuda_gpu_kern_sum, cuda_gpu_mem_time_sum, nvtx_gpu_proj_sum, nvtx_sum or the
                   pre-2023.1 names; recognised by header, rank from `rank<r>` in the file name)
@@ -711,6 +712,16 @@ def parse(args: argparse.Namespace) -> int:
     manifest: dict = {}  # --nsys-stats: no manifest, no ranks to expect
     if args.capture:
         tool, source, why, manifest = _capture_input(Path(args.capture))
+        if manifest.get("run", args.run) != args.run:
+            # every row is labelled --run: a capture copied from another run's directory would
+            # show that run's profile as this one's (and merge's --run check sees only labels)
+            raise ProfileFormatError(
+                Path(args.capture) / "tool.json",
+                None,
+                f"the capture of run {manifest['run']!r}, not of --run {args.run!r} (copied "
+                "from another run's directory?): capture this run again with `scalestudy "
+                "profile capture`",
+            )
     else:
         tool, source, why = "nsys", Path(args.nsys_stats), f"stats {args.nsys_stats}"
     if tool == "nsys":
