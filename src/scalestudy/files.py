@@ -283,6 +283,7 @@ def replace_with(tmp: str | os.PathLike, path: str | os.PathLike) -> None:
     it exists (_keep_permissions), fsynced, then the rename, then its directory fsynced. A
     failure removes `tmp` and raises an OSError that names `path`."""
     target = write_target(path)
+    staged = _Staged(path, target, os.fspath(tmp))
     try:
         fd = os.open(tmp, os.O_RDONLY)
         try:
@@ -292,9 +293,9 @@ def replace_with(tmp: str | os.PathLike, path: str | os.PathLike) -> None:
         finally:
             os.close(fd)
     except OSError as exc:
-        _discard([_Staged(path, target, os.fspath(tmp))])
+        _discard([staged])
         raise _named(exc, path) from exc
-    _replace([_Staged(path, target, os.fspath(tmp))])
+    _replace([staged])
 
 
 def _discard(staged: Iterable[_Staged]) -> None:
