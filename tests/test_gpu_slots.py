@@ -447,3 +447,106 @@ def test_a_slot_the_rank_cannot_hold_is_one_line_not_fatal(tmp_path):
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     os.close(fd)
     assert files.hold_shared_locks("") == []
+
+
+# tests/stand-ins/nvidia-smi: CANNED GPUs (NVIDIA_SMI_STAND_IN_GPUS), no driver, no GPU
+NVIDIA_SMI = Path(__file__).parent / "stand-ins" / "nvidia-smi"
+UUIDS = ("GPU-8f3e1a2b-0c4d-4e5f-8a9b-0c1d2e3f4a5b", "GPU-1b2c3d4e-5f60-4a7b-8c9d-0e1f2a3b4c5d")
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def smi_env(tmp_path: Path, gpus: str, names: tuple[str, str] = (H100, H100)) -> dict[str, str]:
+    """slot_env with the nvidia-smi stand-in first on PATH, listing two GPUs (index, UUID, name)
+    in the PCI bus order nvidia-smi reports, and CUDA's default device order."""
+    env = slot_env(tmp_path, gpus)
+    env["PATH"] = f"{NVIDIA_SMI}{os.pathsep}{env['PATH']}"
+    env["NVIDIA_SMI_STAND_IN_GPUS"] = ";".join(
+        f"{i},{uuid},{name}" for i, (uuid, name) in enumerate(zip(UUIDS, names, strict=True))
+    )
+    env.pop("CUDA_DEVICE_ORDER", None)
+    env.pop("SLURM_JOB_ID", None)
+    return env
+
+
+def test_a_gpu_named_by_index_and_by_uuid_is_one_slot(tmp_path):
+    """The slot was keyed by the name CUDA_VISIBLE_DEVICES gives the GPU: a study with '0,1' took
+    gpu-0.lock and one with the UUIDs took gpu-GPU-8f3e....lock for the same GPU 0, so both
+    trained on it, each reporting a fraction of its throughput. Both are now its UUID's slot
+    (nvidia-smi's index -> uuid), and an abbreviated UUID, which CUDA accepts, is too."""
+    by_index = hold(smi_env(tmp_path, "0,1"), 1, 60.0)
+    try:
+        assert by_index.stdout.readline().strip() == "0"
+        by_uuid = hold(smi_env(tmp_path, ",".join(UUIDS)), 1, 60.0)
+        try:
+            assert by_uuid.stdout.readline().strip() == UUIDS[1]  # GPU 0 is taken
+            slots = tmp_path / "slots"
+            assert sorted(p.name for p in slots.glob("gpu-*")) == sorted(
+                f"gpu-{uuid}.lock" for uuid in UUIDS
+            )
+            # the launch's ranks see the GPU as the study names it, and hold its UUID's slot
+            seen = tmp_path / "env.txt"
+            by_uuid.kill()
+            by_uuid.wait(timeout=30)
+            proc = subprocess.run(
+                [sys.executable, "-m", "scalestudy", "launch", "--rank-prefix"]
+                + [f"sh -c 'env > {seen}' sh", "--", "--device", "cuda", "--epochs", "1"],
+                env=smi_env(tmp_path, f"{UUIDS[0][:12]},{UUIDS[1][:12]}"),
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert proc.returncode == 0, proc.stderr
+            lines = seen.read_text().splitlines()
+            rank_env = dict(line.split("=", 1) for line in lines if "=" in line)
+            assert rank_env["CUDA_VISIBLE_DEVICES"] == UUIDS[1][:12]
+            assert rank_env["SCALESTUDY_GPU_SLOT_LOCKS"] == str(slots / f"gpu-{UUIDS[1]}.lock")
+        finally:
+            by_uuid.kill()
+            by_uuid.wait(timeout=30)
+    finally:
+        by_index.kill()
+        by_index.wait(timeout=30)
+
+
+def test_where_no_uuid_is_known_a_gpu_is_keyed_by_its_name_and_the_line_says_why(tmp_path):
+    """CUDA numbers GPUs fastest first unless CUDA_DEVICE_ORDER=PCI_BUS_ID, nvidia-smi by PCI
+    bus: on GPUs of different models index 0 may be two different GPUs, and keying it by the
+    wrong UUID would let two runs share one. There, and without a working nvidia-smi, the old
+    keys (the name as written) stay, and the reason is said."""
+    mixed = smi_env(tmp_path, "0,1", names=(H100, "NVIDIA RTX A2000"))
+    keys, why = gpu_slots.slot_keys(mixed, ["0", "1"])
+    assert keys == ["0", "1"]
+    assert "CUDA_DEVICE_ORDER=FASTEST_FIRST on GPUs of different models" in why
+    # UUIDs need no order
+    assert gpu_slots.slot_keys(mixed, [UUIDS[1][:8]]) == ([UUIDS[1]], "")
+    assert gpu_slots.slot_keys({**mixed, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}, ["1", "0"]) == (
+        [UUIDS[1], UUIDS[0]],
+        "",
+    )
+    same = smi_env(tmp_path, "0,1")
+    # an index nvidia-smi does not list, and an abbreviation naming both GPUs, are not guessed
+    assert gpu_slots.slot_keys(same, ["0", "7"]) == (
+        [UUIDS[0], "7"],
+        "nvidia-smi lists no GPU 7",
+    )
+    assert gpu_slots.slot_keys(same, ["GPU-"])[0] == ["GPU-"]
+    mig = "MIG-5ad8c3c4-0e5a-4b1e-9f1a-1c2b3d4e5f61"
+    assert gpu_slots.slot_keys(same, [mig]) == ([mig], "")  # an instance is its own slot
+    failing = {**same, "NVIDIA_SMI_STAND_IN_FAIL": "NVIDIA-SMI has failed because it couldn't"}
+    keys, why = gpu_slots.slot_keys(failing, ["0"])
+    assert keys == ["0"]
+    assert why == "nvidia-smi failed: exit 9: NVIDIA-SMI has failed because it couldn't"
+    assert gpu_slots.slot_keys({"PATH": str(tmp_path)}, ["0"]) == (["0"], "nvidia-smi is absent")
+    # the launch's line says it
+    proc = subprocess.run(
+        [sys.executable, "-m", "scalestudy", "launch", "--rank-prefix", "true", "--"]
+        + ["--device", "cuda", "--epochs", "1"],
+        env=mixed,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    said = proc.stdout + proc.stderr
+    assert "GPU slots: 0 of 0,1 (" in said
+    assert "; keyed by name as written: CUDA_DEVICE_ORDER=FASTEST_FIRST on GPUs" in said

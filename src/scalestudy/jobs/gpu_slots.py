@@ -10,7 +10,11 @@ each job its own GPUs; here `scalestudy launch` does, before it execs the ranks:
 - a run of W ranks waits until W slots are free, takes them all at once (all or nothing, under
   one allocation lock, so two runs can never each hold half of what both need), and its ranks
   see only those GPUs (CUDA_VISIBLE_DEVICES), as in a Slurm job;
-- a slot is an flock(2) on `<lock dir>/gpu-<id>.lock`: taken exclusively (no other holder),
+- a slot is an flock(2) on `<lock dir>/gpu-<key>.lock`, the key one identity of the GPU
+  (slot_keys): its UUID, so a study naming it "0" and one naming it "GPU-8f3e..." (or an
+  abbreviation CUDA accepts) take the same slot; it was the name as written, and both trained
+  on it. A MIG instance (MIG-...) is its own slot under its own UUID. The slot is taken
+  exclusively (no other holder),
   then held shared by the launching process (its descriptor inherited through exec: the
   trainer of one rank, torchrun for more) and by each rank, which takes its own shared lock at
   start on the files named in SCALESTUDY_GPU_SLOT_LOCKS (files.hold_shared_locks): torchrun's
@@ -20,6 +24,15 @@ each job its own GPUs; here `scalestudy launch` does, before it execs the ranks:
 
 The lock directory (SCALESTUDY_GPU_SLOTS_DIR, default /tmp/scalestudy-gpu-slots) is per
 machine, so runs of different Snakemake invocations and studies share the same slots.
+Indices are mapped to UUIDs with `nvidia-smi --query-gpu=index,uuid,name`, whose index is the
+PCI bus order. CUDA's is that order under CUDA_DEVICE_ORDER=PCI_BUS_ID; under its default,
+FASTEST_FIRST, CUDA documents only that the fastest device comes first, so indices are mapped
+there only where every GPU is the same model (no fastest; the order is then the PCI one, as
+observed on multi-GPU nodes, not documented). Where no mapping is available (nvidia-smi absent
+or failing, different models under FASTEST_FIRST, an index or UUID it does not list) a GPU is
+keyed by its name as written, as before, and the "GPU slots:" line says why: a study naming it
+another way could then share it. Runs naming MIG instances and runs naming their parent GPU by
+index or UUID are not kept apart (CUDA picks which instance an index gets).
 A run wider than the machine is refused before any job (`refusal`, through `host_refusal` in
 the Snakefile's onstart) and, started by hand, by `acquire` with the same line.
 """
@@ -30,6 +43,8 @@ import contextlib
 import fcntl
 import os
 import re
+import shutil
+import subprocess
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -41,6 +56,7 @@ logger = log.get(__name__)
 
 DEFAULT_DIR = "/tmp/scalestudy-gpu-slots"
 POLL_S = 2.0  # between tries while the slots are taken: runs last minutes, a start is seconds
+SMI_TIMEOUT_S = 30.0  # nvidia-smi without persistence mode initialises every GPU: seconds each
 
 
 def lock_dir(env: dict[str, str]) -> Path:
@@ -139,22 +155,86 @@ def host_refusal(
     return multi_node or refusal(world_sizes, visible_gpus(env), env)
 
 
-def slot_file(directory: Path, gpu: str) -> Path:
+def slot_file(directory: Path, key: str) -> Path:
     # old-style MIG ids (MIG-GPU-<uuid>/<gi>/<ci>) hold slashes
-    return directory / f"gpu-{gpu.replace('/', '_')}.lock"
+    return directory / f"gpu-{key.replace('/', '_')}.lock"
 
 
-def held_files(env: dict[str, str], gpus: list[str]) -> str:
-    """The value of SCALESTUDY_GPU_SLOT_LOCKS for the slots `gpus` acquire took: their lock files,
+def held_files(env: dict[str, str], keys: list[str]) -> str:
+    """The value of SCALESTUDY_GPU_SLOT_LOCKS for the slots `keys` (take's): their lock files,
     absolute (a rank may start elsewhere), os.pathsep between them."""
-    return os.pathsep.join(str(slot_file(lock_dir(env).absolute(), gpu)) for gpu in gpus)
+    return os.pathsep.join(str(slot_file(lock_dir(env).absolute(), key)) for key in keys)
 
 
-def _try_take(directory: Path, gpus: list[str], n: int) -> list[tuple[str, int]]:
-    """Under the allocation lock: n free slots, locked, or none at all."""
-    taken: list[tuple[str, int]] = []
+def slot_keys(env: Mapping[str, str], gpus: list[str]) -> tuple[list[str], str]:
+    """The slot key of each GPU of `gpus` (visible_gpus(env)): the GPU's UUID for an index or
+    a (possibly abbreviated) GPU- UUID, a MIG- name itself; and "" or why some GPU is keyed by
+    its name as written (see the module's docstring for when, and the device order)."""
+    listed = _nvidia_smi_gpus(env)
+    if isinstance(listed, str):
+        return list(gpus), f"nvidia-smi {listed}"
+    uuids = [uuid for _, uuid, _ in listed]
+    order = env.get("CUDA_DEVICE_ORDER") or "FASTEST_FIRST"  # CUDA's default
+    # same model everywhere: FASTEST_FIRST has no fastest, and CUDA's order is the PCI one
+    pci_order = order == "PCI_BUS_ID" or len({name for *_, name in listed}) == 1
+    by_index = {index: uuid for index, uuid, _ in listed} if pci_order else {}
+    keys, unmapped = [], []
     for gpu in gpus:
-        fd = _open_lock(slot_file(directory, gpu))
+        if gpu.startswith("GPU-"):  # CUDA takes any prefix that names one GPU
+            matches = [uuid for uuid in uuids if uuid.startswith(gpu)]
+            key = matches[0] if len(matches) == 1 else gpu
+        elif gpu.startswith("MIG-"):
+            key = gpu
+        else:
+            key = by_index.get(gpu, gpu)
+        if key == gpu and not gpu.startswith("MIG-"):
+            unmapped.append(gpu)
+        keys.append(key)
+    if not unmapped:
+        return keys, ""
+    if not pci_order and not any(g.startswith("GPU-") for g in unmapped):
+        why = (
+            f"CUDA_DEVICE_ORDER={order} on GPUs of different models orders CUDA's indices "
+            "otherwise than nvidia-smi (set CUDA_DEVICE_ORDER=PCI_BUS_ID, or name GPUs by UUID)"
+        )
+    else:
+        why = f"nvidia-smi lists no GPU {','.join(unmapped)}"
+    return keys, why
+
+
+def _nvidia_smi_gpus(env: Mapping[str, str]) -> list[tuple[str, str, str]] | str:
+    """(index, uuid, name) of each GPU nvidia-smi lists (all of the machine's: it ignores
+    CUDA_VISIBLE_DEVICES), else why not, e.g. "is absent"."""
+    argv = ["nvidia-smi", "--query-gpu=index,uuid,name", "--format=csv,noheader"]
+    if shutil.which(argv[0], path=env.get("PATH")) is None:
+        return "is absent"
+    try:
+        proc = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=SMI_TIMEOUT_S,
+            env=dict(env),
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"failed: {exc}"
+    if proc.returncode != 0:
+        said = (proc.stderr or proc.stdout).strip().splitlines()
+        return f"failed: exit {proc.returncode}{': ' + said[0] if said else ''}"
+    listed = []
+    for line in proc.stdout.splitlines():
+        fields = [field.strip() for field in line.split(",", 2)]
+        if len(fields) == 3 and fields[1].startswith("GPU-"):
+            listed.append((fields[0], fields[1], fields[2]))
+    return listed or f"listed no GPU ({proc.stdout.strip()[:200]!r})"
+
+
+def _try_take(directory: Path, gpus: list[str], keys: list[str], n: int) -> list[tuple[str, int]]:
+    """Under the allocation lock: n free slots (gpus[i]'s is keys[i]'s file), locked, or none."""
+    taken: list[tuple[str, int]] = []
+    for gpu, key in zip(gpus, keys, strict=True):
+        fd = _open_lock(slot_file(directory, key))
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -169,17 +249,24 @@ def _try_take(directory: Path, gpus: list[str], n: int) -> list[tuple[str, int]]
 
 
 def acquire(n: int, env: dict[str, str], poll_s: float = POLL_S) -> list[str]:
+    """take's GPU ids."""
+    return take(n, env, poll_s)[0]
+
+
+def take(n: int, env: dict[str, str], poll_s: float = POLL_S) -> tuple[list[str], list[str]]:
     """Wait for n free GPU slots of this machine, lock them for the life of this process and
     its exec'd successors (inheritable descriptors, shared locks: the ranks add theirs, see the
-    module's docstring), and return their ids."""
+    module's docstring), and return their GPUs as CUDA_VISIBLE_DEVICES names them (the ranks'
+    CUDA_VISIBLE_DEVICES) and their slot keys (held_files)."""
     gpus = visible_gpus(env)
     line = refusal([n], gpus, env)
     if line:
         raise LaunchError(line)
+    keys, unkeyed = slot_keys(env, gpus)
     directory = lock_dir(env)
     try:
         shared_dir(directory)
-        return _wait_for(directory, gpus, n, poll_s)
+        return _wait_for(directory, gpus, keys, n, poll_s, unkeyed)
     except OSError as exc:  # not writable (another user's), not a directory, read-only, ...
         raise LaunchError(
             f"cannot lock GPU slots in {directory} ({exc.strerror}): set "
@@ -207,13 +294,18 @@ def _open_lock(path: Path) -> int:
     return fd
 
 
-def _wait_for(directory: Path, gpus: list[str], n: int, poll_s: float) -> list[str]:
+def _wait_for(
+    directory: Path, gpus: list[str], keys: list[str], n: int, poll_s: float, unkeyed: str
+) -> tuple[list[str], list[str]]:
+    key_of = dict(zip(gpus, keys, strict=True))
+    # the slots' identity where it is not the name as written, or why a GPU has none
+    keyed = f"; keyed by name as written: {unkeyed}" if unkeyed else ""
     waited = False
     while True:
         guard = _open_lock(directory / "allocate.lock")
         try:
             fcntl.flock(guard, fcntl.LOCK_EX)
-            taken = _try_take(directory, gpus, n)
+            taken = _try_take(directory, gpus, keys, n)
             if taken:
                 for _, fd in taken:
                     # shared, so each rank can hold the slot too (files.hold_shared_locks);
@@ -226,9 +318,13 @@ def _wait_for(directory: Path, gpus: list[str], n: int, poll_s: float) -> list[s
             for _, fd in taken:
                 os.set_inheritable(fd, True)  # held by the trainer or torchrun after exec
             ids = [gpu for gpu, _ in taken]
-            logger.info(f"GPU slots: {','.join(ids)} of {','.join(gpus)} ({directory})")
-            return ids
+            uuids = [key_of[gpu] for gpu in ids if key_of[gpu] != gpu]
+            named = f" = {','.join(uuids)}" if uuids else ""
+            logger.info(
+                f"GPU slots: {','.join(ids)} of {','.join(gpus)}{named} ({directory}{keyed})"
+            )
+            return ids, [key_of[gpu] for gpu in ids]
         if not waited:
-            logger.info(f"GPU slots: waiting for {n} of {len(gpus)} GPUs ({directory})")
+            logger.info(f"GPU slots: waiting for {n} of {len(gpus)} GPUs ({directory}{keyed})")
             waited = True
         time.sleep(poll_s)

@@ -37,8 +37,8 @@ from pathlib import Path
 
 from scalestudy import files, log, vocab
 from scalestudy.errors import LaunchError, TrainConfigError
-from scalestudy.jobs.gpu_slots import acquire as acquire_gpu_slots
 from scalestudy.jobs.gpu_slots import held_files as gpu_slot_files
+from scalestudy.jobs.gpu_slots import take as take_gpu_slots
 from scalestudy.jobs.gpu_slots import visible_gpus
 from scalestudy.trainer.config import TrainConfig, flag_name
 
@@ -322,6 +322,6 @@ def hold_local_gpus(env: dict[str, str], ranks: int, train_args: list[str]) -> N
     Slurm's."""
     env.pop(vocab.GPU_SLOT_LOCKS_ENV, None)  # none held here: a caller's is not ours
     if not env.get("SLURM_JOB_ID") and train_device(check_train_args(train_args), env) == "cuda":
-        gpus = acquire_gpu_slots(ranks, env)
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
-        env[vocab.GPU_SLOT_LOCKS_ENV] = gpu_slot_files(env, gpus)
+        gpus, keys = take_gpu_slots(ranks, env)
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)  # as the study names them (CUDA's order)
+        env[vocab.GPU_SLOT_LOCKS_ENV] = gpu_slot_files(env, keys)
