@@ -212,3 +212,76 @@ def test_environment_values_are_kept_and_the_missing_ones_asked_from_scontrol(
     failed = inventory_module.slurm_job(env)
     assert failed["scontrol"].startswith("error: exit 1: slurm_load_jobs error")
     assert failed["SLURM_JOB_NODELIST"] == "absent"
+
+
+# ------------------------------------------------------------------ where the inventory runs
+# tests/stand-ins/salloc-shell: srun runs the "step" here as a child, with the variables of a
+# task on a node (SLURMD_NODENAME, SLURM_STEP_ID); scontrol expands node lists
+SALLOC_SHELL = Path(__file__).parent / "stand-ins" / "salloc-shell"
+
+
+def salloc_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """The environment of `salloc`'s shell on the submit host (no step, no SLURMD_NODENAME), the
+    stand-ins first on PATH, srun's calls logged."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SLURMD_", "SRUN_"))}
+    env.update(
+        PATH=f"{SALLOC_SHELL}{os.pathsep}{env['PATH']}",
+        SLURM_JOB_ID="4242",
+        SLURM_JOB_NODELIST="gpu-node[01-02]",
+        SRUN_STAND_IN_LOG=str(tmp_path / "srun.log"),
+        **extra,
+    )
+    return env
+
+
+def run_inventory(tmp_path: Path, env: dict[str, str]) -> tuple[dict, str]:
+    out = tmp_path / "system.json"
+    proc = subprocess.run(
+        [PYTHON, "-m", "scalestudy", "inventory", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(out.read_text()), proc.stdout + proc.stderr
+
+
+def test_in_sallocs_shell_the_inventory_is_taken_on_the_jobs_node(tmp_path):
+    """Snakemake's local executor in `salloc`'s shell runs the rule's `scalestudy inventory` on
+    the submit host, while `scalestudy launch` srun's the ranks onto the allocation's nodes:
+    results/system/<run>.json recorded the login node's GPUs, CPU and network as the run's. It
+    is now taken by `srun` on the job's first node, and says so."""
+    info, said = run_inventory(tmp_path, salloc_env(tmp_path))
+    (call,) = (tmp_path / "srun.log").read_text().splitlines()
+    options = call.split("\t")[:4]
+    assert options == ["--nodes=1", "--ntasks=1", "--overlap", "--nodelist=gpu-node01"]
+    assert info["slurm_node"] == "gpu-node01"  # a task of the step, on that node
+    assert info["collected_through"].startswith("srun on gpu-node01: ")
+    assert "is not a node of Slurm job 4242 (gpu-node[01-02])" in info["collected_through"]
+    assert info["slurm"]["SLURM_JOB_ID"] == "4242"
+    assert "inventory of " in said and "WARNING" not in said
+
+
+def test_on_a_node_of_the_job_or_outside_slurm_the_inventory_is_taken_here(tmp_path):
+    """The Slurm executor's batch step (on the job's first node: SLURMD_NODENAME) and a task
+    of a step need no srun."""
+    for extra in ({"SLURMD_NODENAME": "gpu-node02"}, {"SLURM_STEP_ID": "3"}):
+        info, _ = run_inventory(tmp_path, salloc_env(tmp_path, **extra))
+        assert "collected_through" not in info and "warning" not in info
+    outside = salloc_env(tmp_path)
+    del outside["SLURM_JOB_ID"]
+    info, _ = run_inventory(tmp_path, outside)
+    assert info["slurm_node"] == "absent" and "collected_through" not in info
+    assert not (tmp_path / "srun.log").exists()
+
+
+def test_a_failing_srun_leaves_this_hosts_inventory_saying_whose_it_is(tmp_path):
+    """The inventory never fails a job: where srun cannot start the step (an old Slurm without
+    --overlap, a node gone), this host's inventory is written with a warning naming it."""
+    fail = "srun: error: Unable to create step for job 4242: Invalid generic resource"
+    info, said = run_inventory(tmp_path, salloc_env(tmp_path, SRUN_STAND_IN_FAIL=fail))
+    assert info["slurm_node"] == "absent"
+    assert info["warning"].startswith(f"{info['hostname']} is not a node of Slurm job 4242")
+    assert fail in info["warning"]
+    assert f"WARNING inventory: {info['warning']}" in said

@@ -8,6 +8,17 @@ a job. The Slurm job's node list, partition, node count and GPUs come from the e
 from `scontrol -d show job` (see SLURM_FIELDS). Every training job writes one before its ranks
 start (results/system/<run>.json, rule train: on Slurm, on the first node of the job's allocation)
 and `scalestudy profile capture` one per profiling job (results/system/profile/<run>.json).
+
+It is taken where the ranks run (`for_job`). Snakemake's local executor in `salloc`'s shell
+runs the rule on the submit host (salloc's shell stays there unless the site sets
+LaunchParameters=use_interactive_step), while `scalestudy launch` srun's the ranks onto the
+allocation's nodes: the inventory recorded the login node's GPUs, CPU and network as the run's.
+Inside a Slurm job, outside a step (no SLURM_STEP_ID) and on none of its nodes (neither
+SLURMD_NODENAME nor the hostname in its node list, `scontrol show hostnames`), it is collected
+by `srun --overlap` on the job's first node (beside the running steps, never waiting for their
+CPUs or GPUs) and says so ("collected_through"). Where srun fails this host's inventory is
+written with a "warning" naming it, and the log says it too. "slurm_node" is SLURMD_NODENAME,
+the node as Slurm names it (what the ranks' hostnames are).
 """
 
 from __future__ import annotations
@@ -15,12 +26,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import json
 import os
 import platform
 import re
 import shutil
 import socket
 import subprocess
+import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from scalestudy import files, log, vocab
@@ -147,6 +161,7 @@ def collect(image: str | None = None) -> dict:
     return {
         "format": "scalestudy-inventory-1",
         "hostname": socket.gethostname(),
+        "slurm_node": os.environ.get("SLURMD_NODENAME") or ABSENT,
         "time_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "os": platform.platform(),
         "python": platform.python_version(),
@@ -163,6 +178,59 @@ def collect(image: str | None = None) -> dict:
         "container_digest": _digest(image),
         "apptainer": _cmd(["apptainer", "--version"]),
     }
+
+
+SRUN_TIMEOUT_S = 300.0  # the step's start, and collect()'s probes (10 s each) on the node
+
+
+def for_job(image: str | None = None, env: Mapping[str, str] | None = None) -> dict:
+    """collect(image) where the job's ranks run: on this host, or, where this host is not a
+    node of the Slurm job it runs in (off_job_nodes), through srun on the job's first node
+    (see the module docstring)."""
+    env = dict(os.environ if env is None else env)
+    elsewhere = off_job_nodes(env)
+    if elsewhere is None:
+        return collect(image)
+    nodes, nodelist = elsewhere
+    here = socket.gethostname()
+    job = f"Slurm job {env['SLURM_JOB_ID']} ({nodelist})"
+    code = "import json, sys; from scalestudy.jobs import inventory; "
+    code += "json.dump(inventory.collect(sys.argv[1] or None), sys.stdout)"
+    # --overlap: beside the steps the job runs (other runs' ranks), never waiting for their
+    # CPUs or GPUs; sys.executable on the node, as launch's srun assumes (a shared install)
+    argv = ["srun", "--nodes=1", "--ntasks=1", "--overlap", f"--nodelist={nodes[0]}"]
+    out = _cmd([*argv, sys.executable, "-c", code, image or ""], timeout=SRUN_TIMEOUT_S)
+    try:
+        info = json.loads(out) if out != ABSENT and not out.startswith("error:") else out
+    except ValueError:
+        info = f"error: not an inventory: {out[:300]!r}"
+    if isinstance(info, dict):
+        info["collected_through"] = f"srun on {nodes[0]}: {here} is not a node of {job}"
+        return info
+    info = collect(image)
+    info["warning"] = (
+        f"{here} is not a node of {job}, where the ranks run, and srun on {nodes[0]} failed "
+        f"({'srun: absent' if out == ABSENT else out}): these GPUs, CPU and network are {here}'s"
+    )
+    logger.warning(f"WARNING inventory: {info['warning']}")
+    return info
+
+
+def off_job_nodes(env: Mapping[str, str]) -> tuple[list[str], str] | None:
+    """The nodes of the Slurm job this process runs in (and its node list as Slurm writes it)
+    where it runs on none of them (salloc's shell on the submit host); None outside Slurm, in a
+    task of a step (SLURM_STEP_ID), on one of them, or where the nodes are unknown."""
+    if not env.get("SLURM_JOB_ID") or env.get("SLURM_STEP_ID"):
+        return None
+    nodelist = env.get("SLURM_JOB_NODELIST") or slurm_job(dict(env))["SLURM_JOB_NODELIST"]
+    shown = _cmd(["scontrol", "show", "hostnames", nodelist]) if nodelist != ABSENT else ABSENT
+    if shown == ABSENT or shown.startswith("error:") or not shown.split():
+        return None  # unknown: taken here, as before (its hostname and slurm fields say where)
+    nodes = shown.split()
+    host = socket.gethostname()
+    # SLURMD_NODENAME: the batch step's and a task's node, which may differ from the hostname
+    here = {env.get("SLURMD_NODENAME"), host, host.split(".")[0]}
+    return None if here & set(nodes) else (nodes, nodelist)
 
 
 # The job's fields, as Slurm names them in a task's environment. The in-job Snakemake executor
@@ -268,7 +336,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    info = collect(args.image)
+    info = for_job(args.image)
     files.write_json(args.out, info)
     gpus = info["gpus"]
     what = f"{len(gpus)} GPU(s)" if isinstance(gpus, list) else f"GPUs: {gpus}"

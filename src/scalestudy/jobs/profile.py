@@ -581,7 +581,7 @@ def capture(args: argparse.Namespace) -> int:
             from scalestudy.jobs.container import DIGEST_ENV, image_digest
 
             os.environ.setdefault(DIGEST_ENV, image_digest(args.container))
-        files.write_json(args.inventory, inventory.collect())
+        files.write_json(args.inventory, inventory.for_job())
     world_size = args.nodes * args.ranks_per_node
     launch.hold_local_gpus(env, world_size, args.train_args)
     _run(command, env)
