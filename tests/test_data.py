@@ -710,10 +710,10 @@ def test_cifar10_md5_mismatch_and_conversion(tmp_path: Path, serve, capsys, monk
     assert str(raw_file) in err and "md5" in err
     assert "c58f30108f718f92721af3b95e74349a" in err and fake_md5 in err
     assert not (out / "cifar10" / "meta.json").exists()
+    assert not raw_file.exists()  # a file with another md5 is not kept under the name
 
-    # the conversion on the (downloaded, byte-identical) fake batches
-    assert raw_file.read_bytes() == archive.read_bytes()
-    extract_archive(str(raw_file), str(tmp_path / "extracted"))
+    # the conversion on the fake batches
+    extract_archive(str(archive), str(tmp_path / "extracted"))
     tensors, classes = prepare_data.convert_cifar10(tmp_path / "extracted")
     assert classes == [f"c{i}" for i in range(10)]
     assert tensors["train_x"].shape == (20, 3, 32, 32) and tensors["train_x"].dtype == torch.uint8
@@ -730,10 +730,15 @@ def test_cifar10_md5_mismatch_and_conversion(tmp_path: Path, serve, capsys, monk
 
     # with the fake archive's md5 declared official, the whole path runs and writes the format
     monkeypatch.setitem(prepare_data.CIFAR10_FILES, "cifar-10-python.tar.gz", fake_md5)
-    assert cli.main(["prepare-data", "--dataset", "cifar10", "--data-dir", str(out)]) == 0
-    p = loaders.load_prepared("cifar10", out)  # no --mirror needed: the raw file is already there
+    argv = ["prepare-data", "--dataset", "cifar10", "--data-dir", str(out), "--force"]
+    assert cli.main([*argv, "--mirror", url]) == 0
+    p = loaders.load_prepared("cifar10", out)
     assert torch.equal(p.train_x, tensors["train_x"]) and p.meta["classes"] == classes
     assert p.meta["source"].endswith("cifar-10-python.tar.gz")
+    with socket.socket() as sock:  # a mirror nobody answers: the raw file there is used
+        sock.bind(("127.0.0.1", 0))
+        assert cli.main([*argv, "--mirror", f"http://127.0.0.1:{sock.getsockname()[1]}/"]) == 0
+    assert "is there with the right md5; not downloaded again" in capsys.readouterr().out
 
 
 def _idx(array: np.ndarray) -> bytes:
@@ -1119,3 +1124,104 @@ def test_a_file_mirror_and_a_mirror_that_is_no_url(tmp_path: Path, capsys) -> No
         assert len(err) == 1 and says in err[0] and "Traceback" not in err[0], err
         raw = out / "cifar10" / "raw"
         assert not raw.exists() or not list(raw.iterdir()), list(raw.iterdir())
+
+
+@pytest.fixture
+def stalling_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator:
+    """stalling_server(tls) -> base URL of a server on 127.0.0.1 (a thread per connection) that
+    answers every request with 200, a Content-Length of 100,000 bytes and the first 1,000 of
+    them, then sends nothing more (a stalled transfer) until the test ends. tls=True: https,
+    with a self-signed certificate for 127.0.0.1 that this test trusts (SSL_CERT_FILE); a
+    plain http request to it fails the TLS handshake (the server then closes the connection)."""
+    import ssl
+
+    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    monkeypatch.setattr(prepare_data, "DOWNLOAD_STALL_S", 1.0)
+    done = threading.Event()
+    socks = []
+
+    def start(tls: bool) -> str:
+        context = None
+        if tls:
+            cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+            subprocess.run(
+                ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                 "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                 "-keyout", str(key), "-out", str(cert)],
+                check=True, capture_output=True,
+            )  # fmt: skip
+            monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(cert, key)
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(8)
+        socks.append(sock)
+
+        def answer(conn: socket.socket) -> None:
+            with conn:
+                try:
+                    if context is not None:
+                        conn = context.wrap_socket(conn, server_side=True)
+                    request = b""
+                    while b"\r\n\r\n" not in request and (more := conn.recv(65536)):
+                        request += more
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n" + bytes(1000))
+                    done.wait(30)
+                except OSError:  # a plain request to the TLS port, or the client gone
+                    pass
+
+        def accept() -> None:
+            while True:
+                try:
+                    conn, _ = sock.accept()
+                except OSError:  # closed at the end of the test
+                    return
+                threading.Thread(target=answer, args=(conn,), daemon=True).start()
+
+        threading.Thread(target=accept, daemon=True).start()
+        return f"{'https' if tls else 'http'}://127.0.0.1:{sock.getsockname()[1]}/"
+
+    yield start
+    done.set()
+    for sock in socks:
+        sock.close()
+
+
+def test_a_download_that_stalls_midway_leaves_no_part_under_the_archives_name(
+    tmp_path: Path, stalling_server, capsys
+) -> None:
+    """A transfer that stalled (or was reset) after part of the archive had arrived: that part
+    stayed in raw/ under the archive's name, where the advice says to place the file by hand,
+    though http.client's own errors (a chunked reply cut short) already removed theirs."""
+    url = stalling_server(tls=False)
+    out = tmp_path / "data"
+    rc = cli.main(["prepare-data", "--dataset", "cifar10", "--data-dir", str(out), "--mirror", url])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1 and len(err) == 1, err
+    assert "nothing received for 1 s" in err[0], err
+    raw = out / "cifar10" / "raw"
+    assert not raw.exists() or not list(raw.iterdir()), list(raw.iterdir())
+
+
+def test_a_failed_https_download_names_its_cause_not_only_the_http_retrys(
+    tmp_path: Path, stalling_server, capsys
+) -> None:
+    """After a failed https transfer, torchvision retried over http and only the retry's error
+    was shown: an https download that stalled read "Connection reset by peer" (the http
+    request on the TLS port), as a firewall's "connection refused on port 80" hid a TLS or
+    proxy error; and a 0-byte file stayed under the archive's name. Now both causes, the
+    https one first, on one line."""
+    url = stalling_server(tls=True)
+    out = tmp_path / "data"
+    rc = cli.main(["prepare-data", "--dataset", "cifar10", "--data-dir", str(out), "--mirror", url])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1 and len(err) == 1, err
+    https, http = url + "cifar-10-python.tar.gz", url.replace("https", "http") + "c"
+    assert f"could not download {https}" in err[0], err
+    why_https = err[0].index("nothing received for 1 s")  # the https transfer's own cause
+    assert why_https < err[0].index(http), err  # then the http retry's
+    assert err[0].count("Without internet") == 1 and err[0].endswith("or pass --mirror URL.")
+    raw = out / "cifar10" / "raw"
+    assert not raw.exists() or not list(raw.iterdir()), list(raw.iterdir())

@@ -9,19 +9,19 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import hashlib
 import http.client
 import json
 import math
 import os
 import pickle
 import shutil
-import socket
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
@@ -51,8 +51,7 @@ MNIST_FILES = {
     "t10k-labels-idx1-ubyte.gz": "ec29112dd5afa0611ce80d1b7f02629c",
 }
 # A connection that sends nothing for this long has stalled (a mirror that hangs, a connection a
-# firewall dropped): urllib has no timeout of its own, and prepare-data (a local rule of the
-# study) waited forever. Per connect and per read, not for the whole download.
+# firewall dropped). Per connect and per read, not for the whole download.
 DOWNLOAD_STALL_S = 60.0
 _DIGITS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
 MNIST_CLASSES = [f"{i} - {w}" for i, w in enumerate(_DIGITS)]  # torchvision's names
@@ -68,42 +67,92 @@ SYNTHETIC_DEFAULTS = {
 
 
 def _download(base_url: str, filename: str, md5: str, raw_dir: Path) -> Path:
-    """Download base_url+filename into raw_dir (skipped when a file with the right md5 is there)."""
-    from torchvision.datasets.utils import calculate_md5, download_url
+    """base_url+filename as raw_dir/filename (skipped when a file with the right md5 is there).
 
+    What arrives goes through a temp file beside it (_save): a transfer that stalled or broke
+    off, or a file with another md5, never takes the archive's name nor replaces what is there.
+    An https transfer that fails is tried once more over http, as torchvision's download did;
+    when that fails too, the error names both causes, https's first."""
     url = base_url.rstrip("/") + "/" + filename
     path = raw_dir / filename
-    if url.startswith("file://"):  # torchvision's download_url fails on file:// with a traceback
+    if url.startswith("file://"):  # torchvision's download_url failed on file:// (a traceback)
         return _copy_local(url, path, md5)
-    previous = socket.getdefaulttimeout()  # torchvision's urlopen takes no timeout: the default
-    socket.setdefaulttimeout(DOWNLOAD_STALL_S)
+    if path.is_file() and _md5(path) == md5:
+        logger.info(f"prepare-data: {path} is there with the right md5; not downloaded again")
+        return path
+    raw_dir.mkdir(parents=True, exist_ok=True)  # a --data-dir that cannot hold it: its own error
     try:
-        download_url(url, str(raw_dir), filename, md5)
-    except RuntimeError as e:  # torchvision: "File not found or corrupted." on an md5 mismatch
-        if path.is_file() and (actual := calculate_md5(path)) != md5:
-            raise ChecksumError(
-                f"{path}: md5 mismatch: expected {md5}, got {actual} (downloaded from {url}); "
-                "not the official file (wrong --mirror, or a truncated/altered download?). "
-                "It is downloaded again on the next run."
-            ) from e
-        raise DownloadError(f"downloading {url} to {path} failed: {e}") from e
-    except (urllib.error.URLError, OSError) as e:
-        why = str(e)  # a stall: "timed out", on its own, names neither the limit nor the cause
-        if isinstance(e, TimeoutError) or isinstance(getattr(e, "reason", None), TimeoutError):
-            why = f"nothing received for {DOWNLOAD_STALL_S:g} s (the server or the network stalled)"
-        raise DownloadError(f"could not download {url} to {path}: {why}. {_offline(md5)}") from e
-    except http.client.HTTPException as e:
-        # http.client's own errors, neither URLError nor OSError, which torchvision passes on: a
-        # transfer that broke off mid-body (a chunked reply: IncompleteRead), a server that
-        # speaks no HTTP (BadStatusLine). What arrived is not the file: not left under its name
-        path.unlink(missing_ok=True)
-        raise DownloadError(
-            f"could not download {url} to {path}: {e!r} (the transfer broke off, or the "
-            f"server is no HTTP server). {_offline(md5)}"
-        ) from e
-    finally:
-        socket.setdefaulttimeout(previous)
+        _fetch(url, path, md5)
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
+        why = f"could not download {url} to {path}: {_why(e)}"
+        if not url.startswith("https://"):
+            raise DownloadError(f"{why}. {_offline(md5)}") from e
+        # torchvision's retry over http showed the retry's error alone: "connection refused"
+        # on port 80 for what was a TLS, proxy or stalled https transfer
+        plain = "http://" + url.removeprefix("https://")
+        try:
+            _fetch(plain, path, md5)
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as again:
+            raise DownloadError(
+                f"{why}; nor over http ({plain}): {_why(again)}. {_offline(md5)}"
+            ) from again
+        logger.warning(f"prepare-data: {url} failed ({_why(e)}); downloaded over http instead")
     return path
+
+
+def _fetch(url: str, path: Path, md5: str) -> None:
+    """GET url into `path` (_save), each connect and read given up after DOWNLOAD_STALL_S."""
+    # the User-Agent torchvision's download sent (a server may refuse urllib's own)
+    request = urllib.request.Request(url, headers={"User-Agent": "pytorch/vision"})
+    # urllib has no timeout of its own: a mirror that stalls, a connection a firewall dropped,
+    # and prepare-data (a local rule of the study) waited forever
+    with urllib.request.urlopen(request, timeout=DOWNLOAD_STALL_S) as response:
+        _save(response, path, md5, url)
+
+
+def _save(source: BinaryIO, path: Path, md5: str, origin: str) -> None:
+    """Copy `source` to `path` through a temp file beside it (atomic_open), its md5 checked
+    before the rename: a copy that breaks off (Ctrl-C too) or has another md5 leaves `path` as
+    it was (a good archive there is never replaced by a bad one). An error writing the file (a
+    full disk) is a PreparedDataError; the source's errors (the network's) pass on as they are."""
+    digest = hashlib.md5(usedforsecurity=False)
+    try:
+        with atomic_open(path, "wb") as out:
+            while chunk := source.read(1 << 20):
+                digest.update(chunk)
+                out.write(chunk)
+            if (actual := digest.hexdigest()) != md5:
+                raise ChecksumError(
+                    f"{origin}: md5 mismatch: expected {md5}, got {actual}; not the official "
+                    f"file (wrong --mirror, or a truncated/altered download?); not kept as {path}"
+                )
+    except OSError as e:
+        if e.filename is None:  # the source's (a socket's errors name no file)
+            raise
+        raise PreparedDataError(
+            f"cannot write {path}: {files.write_failure(e, path.parent)}; free space there or "
+            "give another --data-dir"
+        ) from e
+
+
+def _md5(path: Path) -> str:
+    digest = hashlib.md5(usedforsecurity=False)
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _why(e: BaseException) -> str:
+    """A failed transfer's cause in words: a stall's "timed out", on its own, named neither
+    the limit nor the cause."""
+    if isinstance(e, TimeoutError) or isinstance(getattr(e, "reason", None), TimeoutError):
+        return f"nothing received for {DOWNLOAD_STALL_S:g} s (the server or the network stalled)"
+    if isinstance(e, http.client.HTTPException):
+        # http.client's own errors, neither URLError nor OSError: a transfer that broke off
+        # mid-body (a chunked reply: IncompleteRead), a server that speaks no HTTP
+        return f"{e!r} (the transfer broke off, or the server is no HTTP server)"
+    return str(e)
 
 
 def _offline(md5: str) -> str:
@@ -113,15 +162,13 @@ def _offline(md5: str) -> str:
 
 def _copy_local(url: str, path: Path, md5: str) -> Path:
     """A --mirror file://DIR: copy DIR/<file> to `path` (atomically), then check its md5."""
-    from torchvision.datasets.utils import calculate_md5
-
     source = Path(urllib.request.url2pathname(urllib.parse.urlparse(url).path))
     if not source.is_file():
         raise DownloadError(f"{source} (from {url}) does not exist: check --mirror")
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_open(path, "wb") as out, source.open("rb") as src:
         shutil.copyfileobj(src, out)
-    if (actual := calculate_md5(path)) != md5:
+    if (actual := _md5(path)) != md5:
         path.unlink()
         raise ChecksumError(
             f"{source}: md5 mismatch: expected {md5}, got {actual}; not the official file "
