@@ -1225,3 +1225,41 @@ def test_a_failed_https_download_names_its_cause_not_only_the_http_retrys(
     assert err[0].count("Without internet") == 1 and err[0].endswith("or pass --mirror URL.")
     raw = out / "cifar10" / "raw"
     assert not raw.exists() or not list(raw.iterdir()), list(raw.iterdir())
+
+
+def test_a_wrong_file_mirror_never_replaces_a_good_archive(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """--mirror file://DIR was copied over raw/'s archive before its md5 was checked: a wrong
+    DIR (another version of the archive) replaced the good archive there, then the mismatch
+    removed it, and the next run downloaded it again. The archive there is now used (as for an
+    http mirror); with none there, the one line names the mirror's file and leaves raw/ as it
+    was."""
+    good, wrong = tmp_path / "good", tmp_path / "wrong"
+    for d in (good, wrong):
+        d.mkdir()
+    archive = _fake_cifar_archive(good)
+    (wrong / archive.name).write_bytes(b"another archive" * 50)
+    monkeypatch.setitem(
+        prepare_data.CIFAR10_FILES, archive.name, hashlib.md5(archive.read_bytes()).hexdigest()
+    )
+    out = tmp_path / "data"
+    argv = ["prepare-data", "--dataset", "cifar10", "--data-dir", str(out), "--force"]
+    assert cli.main([*argv, "--mirror", f"file://{good}"]) == 0
+    raw_file = out / "cifar10" / "raw" / archive.name
+    assert raw_file.read_bytes() == archive.read_bytes()
+    capsys.readouterr()
+
+    assert cli.main([*argv, "--mirror", f"file://{wrong}"]) == 0
+    assert raw_file.read_bytes() == archive.read_bytes()  # kept, and used
+    assert "is there with the right md5; not downloaded again" in capsys.readouterr().out
+
+    raw_file.write_bytes(archive.read_bytes()[:100])  # a partial copy: the mirror is needed
+    assert cli.main([*argv, "--mirror", f"file://{wrong}"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        f"scalestudy prepare-data: error: {wrong / archive.name}: md5 mismatch"
+    ), err
+    assert f"not kept as {raw_file}" in err[0], err
+    assert raw_file.read_bytes() == archive.read_bytes()[:100]
+    assert [p.name for p in raw_file.parent.iterdir() if p.name.startswith(".")] == []

@@ -15,7 +15,6 @@ import json
 import math
 import os
 import pickle
-import shutil
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -75,12 +74,12 @@ def _download(base_url: str, filename: str, md5: str, raw_dir: Path) -> Path:
     when that fails too, the error names both causes, https's first."""
     url = base_url.rstrip("/") + "/" + filename
     path = raw_dir / filename
-    if url.startswith("file://"):  # torchvision's download_url failed on file:// (a traceback)
-        return _copy_local(url, path, md5)
     if path.is_file() and _md5(path) == md5:
         logger.info(f"prepare-data: {path} is there with the right md5; not downloaded again")
         return path
     raw_dir.mkdir(parents=True, exist_ok=True)  # a --data-dir that cannot hold it: its own error
+    if url.startswith("file://"):  # torchvision's download_url failed on file:// (a traceback)
+        return _copy_local(url, path, md5)
     try:
         _fetch(url, path, md5)
     except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
@@ -161,19 +160,13 @@ def _offline(md5: str) -> str:
 
 
 def _copy_local(url: str, path: Path, md5: str) -> Path:
-    """A --mirror file://DIR: copy DIR/<file> to `path` (atomically), then check its md5."""
+    """A --mirror file://DIR: copy DIR/<file> to `path` (_save: its md5 checked before the
+    rename; it was copied over the archive there first, so a wrong DIR replaced a good one)."""
     source = Path(urllib.request.url2pathname(urllib.parse.urlparse(url).path))
     if not source.is_file():
         raise DownloadError(f"{source} (from {url}) does not exist: check --mirror")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_open(path, "wb") as out, source.open("rb") as src:
-        shutil.copyfileobj(src, out)
-    if (actual := _md5(path)) != md5:
-        path.unlink()
-        raise ChecksumError(
-            f"{source}: md5 mismatch: expected {md5}, got {actual}; not the official file "
-            "(wrong --mirror?)"
-        )
+    with source.open("rb") as src:
+        _save(src, path, md5, str(source))
     return path
 
 
