@@ -13,6 +13,7 @@ import json
 import os
 import pickle
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
@@ -1263,3 +1264,44 @@ def test_a_wrong_file_mirror_never_replaces_a_good_archive(
     assert f"not kept as {raw_file}" in err[0], err
     assert raw_file.read_bytes() == archive.read_bytes()[:100]
     assert [p.name for p in raw_file.parent.iterdir() if p.name.startswith(".")] == []
+
+
+def test_a_full_disk_while_extracting_or_downloading_is_one_line(
+    tiny_fs, tmp_path: Path, serve, monkeypatch, capsys
+) -> None:
+    """The archive fit on the disk but its contents did not (a real 1 MiB tmpfs; 2 MB of zeros
+    in a small archive): tarfile's write failed with an OSError naming no file, which
+    cli.main takes for a bug, a traceback after the whole download. A download that fills the
+    disk read "could not download ...: No space left on device. Without internet, ..." (and
+    over https was retried over http)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    archive = site / "cifar-10-python.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        info = tarfile.TarInfo("cifar-10-batches-py/data_batch_1")
+        info.size = 2 * 2**20
+        tar.addfile(info, io.BytesIO(bytes(info.size)))
+    md5 = hashlib.md5(archive.read_bytes()).hexdigest()
+    monkeypatch.setitem(prepare_data.CIFAR10_FILES, archive.name, md5)
+    argv = ["prepare-data", "--dataset", "cifar10", "--data-dir", str(tiny_fs), "--mirror"]
+    assert cli.main([*argv, f"file://{site}"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    raw = tiny_fs / "cifar10" / "raw"
+    assert len(err) == 1 and "Traceback" not in err[0], err
+    assert f"cannot extract {raw / archive.name} into {raw}: no space left" in err[0], err
+    assert err[0].endswith("free space there or give another --data-dir"), err
+
+    (raw / archive.name).unlink()
+    shutil.rmtree(raw / "cifar-10-batches-py")
+    big = site / "big"
+    big.mkdir()
+    (big / archive.name).write_bytes(os.urandom(2 * 2**20))  # more than the disk holds
+    monkeypatch.setitem(
+        prepare_data.CIFAR10_FILES,
+        archive.name,
+        hashlib.md5((big / archive.name).read_bytes()).hexdigest(),
+    )
+    assert cli.main([*argv, serve(big)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"cannot write {raw / archive.name}: no space left" in err[0], err
+    assert list(raw.iterdir()) == []  # no temp file

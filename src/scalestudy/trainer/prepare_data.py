@@ -189,6 +189,21 @@ def _download_any(mirrors: Sequence[str], filename: str, md5: str, raw_dir: Path
     raise kind(f"every mirror failed: {failures}{tail}") from errors[-1]
 
 
+def _extract(archive: Path, raw_dir: Path) -> None:
+    """torchvision's extract_archive (a .tar.gz's members, a .gz's one file) into raw_dir. A
+    failed write (the contents fill the disk the archive fit on) is one line: tarfile's and
+    gzip's OSError names no file, which cli.main takes for a bug (a traceback)."""
+    from torchvision.datasets.utils import extract_archive
+
+    try:
+        extract_archive(str(archive), str(raw_dir))
+    except OSError as e:
+        raise PreparedDataError(
+            f"cannot extract {archive} into {raw_dir}: {files.write_failure(e, raw_dir)}; free "
+            "space there or give another --data-dir"
+        ) from e
+
+
 def _unpickle(path: Path) -> dict:
     # CIFAR's batches are Python-2 pickles with bytes keys. pickle runs code, which is acceptable
     # here only because the archive they come from passed its md5 check.
@@ -436,22 +451,18 @@ def prepare(
         tensors, classes = make_synthetic(**params)
         source = "synthetic"
     elif dataset == "cifar10":
-        from torchvision.datasets.utils import extract_archive
-
         base = mirror or CIFAR10_URL
         ((filename, md5),) = CIFAR10_FILES.items()
         archive = _download(base, filename, md5, raw_dir)
-        extract_archive(str(archive), str(raw_dir))
+        _extract(archive, raw_dir)
         tensors, classes = convert_cifar10(raw_dir)
         source = base.rstrip("/") + "/" + filename
     else:
-        from torchvision.datasets.utils import extract_archive
-
         mirrors = [mirror] if mirror else list(MNIST_MIRRORS)
         used = set()
         for filename, md5 in MNIST_FILES.items():
             used.add(_download_any(mirrors, filename, md5, raw_dir))
-            extract_archive(str(raw_dir / filename), str(raw_dir))  # .gz -> plain idx file
+            _extract(raw_dir / filename, raw_dir)  # .gz -> plain idx file
         tensors, classes = convert_mnist(raw_dir)
         source = " ".join(sorted(used))
 
