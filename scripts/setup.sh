@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up this machine for the study and its tests (idempotent):
-#   - Debian packages for the local Slurm test cluster (slurm-wlm, munge, iproute2, procps), as
-#     root, and python3-venv where the system Python lacks venv's ensurepip;
+#   - Debian packages for the local Slurm test cluster (slurm-wlm, munge, iproute2, procps) and
+#     for the https download test's certificate (openssl), as root, and python3-venv where the system Python lacks venv's ensurepip;
 #   - a virtual environment .venv with the pinned packages of requirements.txt and this
 #     package installed editable.
 #   - as root, a lean TeX Live with latexmk for reports/paper.pdf.
@@ -10,7 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-apt_packages=(slurm-wlm munge iproute2 procps)
+apt_packages=(slurm-wlm munge iproute2 procps openssl)
 if [[ "${SCALESTUDY_SKIP_APT:-0}" != 1 && "${SCALESTUDY_SKIP_SLURM_APT:-0}" != 1 ]]; then
     missing=()
     for p in "${apt_packages[@]}"; do
@@ -18,7 +18,7 @@ if [[ "${SCALESTUDY_SKIP_APT:-0}" != 1 && "${SCALESTUDY_SKIP_SLURM_APT:-0}" != 1
     done
     if ((${#missing[@]})); then
         if [[ $(id -u) -ne 0 ]]; then
-            echo "setup: missing Debian packages ${missing[*]} (needed only for the Slurm tests);" \
+            echo "setup: missing Debian packages ${missing[*]} (needed only for the tests);" \
                  "install them as root: apt-get install ${missing[*]}" >&2
         else
             echo "setup: installing ${missing[*]}"
