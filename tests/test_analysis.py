@@ -1763,3 +1763,66 @@ def test_a_runs_csv_without_runs_names_the_command_that_writes_it(tmp_path, caps
         "(snakemake results/csv/runs.csv)"
     ]
     assert not (tmp_path / "out").exists()
+
+
+def _one_collectable_run(tmp_path: Path) -> Path:
+    """A one-run table (the demo's first run) and that run's metrics.json and epochs.csv as the
+    trainer writes them; returns the table."""
+    from scalestudy.cli import main
+    from scalestudy.results import collect
+    from scalestudy.study.runs import read_runs_tsv
+
+    demo = Path(__file__).parents[1] / "config" / "demo.yaml"
+    whole = tmp_path / "all.tsv"
+    assert main(["matrix", "--config", str(demo), "--out", str(whole)]) == 0
+    table = tmp_path / "runs.tsv"
+    table.write_text("\n".join(whole.read_text().splitlines()[:2]) + "\n")
+    (row,) = read_runs_tsv(table)
+    run_dir = tmp_path / "runs" / row["run"]
+    run_dir.mkdir(parents=True)
+    n = int(row["epochs"])
+    epoch = dict.fromkeys(vocab.EPOCH_COLUMNS, "0.5")
+    files.write_csv(run_dir / "epochs.csv", None, [epoch | {"epoch": e} for e in range(1, n + 1)])
+    metrics = dict.fromkeys(collect.REQUIRED_METRICS, None) | {
+        **{k: int(row[k]) for k in ("world_size", "nodes", "ranks_per_node", "global_batch")},
+        "seed": int(row["seed"]),
+        "device": {"type": "cpu", "name": "x86_64"},
+        **{"throughput_img_s": 900.0, "throughput_img_s_per_rank": 450.0, "epoch_time_s": 2.5},
+        **{"final_val_acc": 0.5, "train_time_s": 12.0},
+    }
+    files.write_json(run_dir / "metrics.json", metrics)
+    return table
+
+
+def test_collect_refuses_outputs_that_are_one_file_or_its_run_table(tmp_path, capsys):
+    """`collect --out-runs out.csv --out-epochs ./out.csv` wrote epochs.csv over runs.csv and
+    said "collected ... -> out.csv, ./out.csv", exit 0; --out-runs naming the run table (--runs)
+    replaced it with runs.csv. Now one line naming both flags, before any work, nothing
+    written."""
+    from scalestudy.cli import main
+
+    table = _one_collectable_run(tmp_path)
+    runs_dir, out = tmp_path / "runs", tmp_path / "csv"
+    argv = ["collect", "--runs", str(table), "--runs-dir", str(runs_dir)]
+    capsys.readouterr()
+    cases = {
+        "one file": (
+            ["--out-runs", str(out / "a.csv"), "--out-epochs", f"{out}/../csv/a.csv"],
+            f"--out-runs and --out-epochs are one file ({out}/../csv/a.csv)",
+        ),
+        "the table": (
+            ["--out-runs", str(table), "--out-epochs", str(out / "epochs.csv")],
+            f"--out-runs is the input --runs ({table})",
+        ),
+    }
+    before = table.read_text()
+    for name, (outs, says) in cases.items():
+        assert main([*argv, *outs]) == 2, name
+        (err,) = capsys.readouterr().err.strip().splitlines()
+        assert err.startswith("scalestudy collect: nothing written: ") and says in err, err
+        assert not out.exists() and table.read_text() == before, name
+    # the two apart: both written, as before
+    outs = ["--out-runs", str(out / "runs.csv"), "--out-epochs", str(out / "epochs.csv")]
+    assert main([*argv, *outs]) == 0
+    assert (out / "runs.csv").read_text().startswith("run,")
+    assert (out / "epochs.csv").read_text().startswith("run,families,")

@@ -322,3 +322,20 @@ def test_a_write_into_a_directory_the_user_may_not_list_succeeds(shared_dir):
     assert said == "None"
     assert sorted(p.name for p in box.iterdir()) == ["a.tsv", "b.tsv"]  # no temp file left
     assert (box / "a.tsv").read_text() == "a\n"
+
+
+def test_check_distinct_finds_one_file_under_two_names_but_not_a_shared_device(tmp_path):
+    """Two outputs naming one file (a link, `..`, a hard link) or an output naming an input:
+    one line naming both; two outputs to /dev/null discard both and are no collision."""
+    (tmp_path / "a.csv").write_text("x\n")
+    os.link(tmp_path / "a.csv", tmp_path / "hard.csv")
+    (tmp_path / "sym.csv").symlink_to(tmp_path / "new.csv")  # a link to a file not made yet
+    for a, b in (("a.csv", "hard.csv"), ("new.csv", "sym.csv"), ("new.csv", "d/../new.csv")):
+        with pytest.raises(ValueError, match=rf"--x and --y are one file \(.*{b}\)"):
+            files.check_distinct({"--x": tmp_path / a, "--y": tmp_path / b}, {}, ValueError)
+    with pytest.raises(ValueError, match=r"--x is the input --in \(.*hard\.csv\)"):
+        files.check_distinct(
+            {"--x": tmp_path / "a.csv"}, {"--in": tmp_path / "hard.csv"}, ValueError
+        )
+    files.check_distinct({"--x": "/dev/null", "--y": "/dev/null"}, {"--in": ""}, ValueError)
+    files.check_distinct({"--x": tmp_path / "a.csv", "--y": tmp_path / "b.csv"}, {}, ValueError)

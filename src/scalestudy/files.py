@@ -476,6 +476,44 @@ def check_outputs(paths: Iterable[str | os.PathLike], error: type[Exception]) ->
         raise error(f"nothing written: {'; '.join(problems)}")
 
 
+def one_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Whether `a` and `b` name one file: one path once links, `.` and `..` are resolved (a
+    write goes where a link points: write_target), or two names of one inode (a hard link)."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them is not there (a new output): no second name of it
+        return False
+
+
+def check_distinct(
+    outputs: Mapping[str, str | os.PathLike],
+    inputs: Mapping[str, str | os.PathLike | None],
+    error: type[Exception],
+) -> None:
+    """`error("nothing written: ...")` where two of a command's `outputs` ({what: path}, what
+    a flag or a file of an --out-dir) are one file (one_file: the second write replaced the
+    first, and the command said it wrote both), or an output is one of its `inputs` (the write
+    replaced a file the user keeps as an input); checked before any work. A blank input is
+    none. An output written in place (written_in_place: /dev/null, /dev/stdout) is no file of
+    its own: two outputs to /dev/null discard both."""
+    outs = [(what, path) for what, path in outputs.items() if not written_in_place(path)]
+    for i, (what, path) in enumerate(outs):
+        for other, earlier in outs[:i]:
+            if one_file(earlier, path):
+                raise error(
+                    f"nothing written: {other} and {what} are one file ({path}): the second "
+                    "write would replace the first; give each its own path"
+                )
+        for other, source in inputs.items():
+            if source and one_file(source, path):
+                raise error(
+                    f"nothing written: {what} is the input {other} ({source}): the write "
+                    "would replace it; give the output another path"
+                )
+
+
 def write_cause(exc: BaseException) -> str:
     """A failed write's error in plain words: a full disk, no permission, or the error itself."""
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):

@@ -8,7 +8,8 @@ A key present in both the run table and metrics.json must agree (the run table's
 metrics.json's device type): a disagreement means the result
 on disk came from another configuration (a stale or hand-copied run) and is refused, naming the
 run, the key and both values. A run without a complete metrics.json is an error that names the
-file and the command that produces it, never a silent blank row.
+file and the command that produces it, never a silent blank row. --out-runs and --out-epochs
+naming one file, or one naming the run table (--runs), is refused before any work.
 """
 
 from __future__ import annotations
@@ -80,6 +81,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # a CollectError: one line from cli.main, exit 2
+    # the two tables one file: the epochs were written over the runs, and the command said both
+    outputs = {"--out-runs": args.out_runs, "--out-epochs": args.out_epochs}
+    files.check_distinct(outputs, {"--runs": args.runs}, CollectError)
     runs_rows, epoch_rows = collect(read_runs_tsv(args.runs), Path(args.runs_dir))
     # columns in first-seen order: the run-table columns first, then the metrics keys
     files.check_outputs([args.out_runs, args.out_epochs], CollectError)
