@@ -107,7 +107,7 @@ def test_every_number_in_the_documents_is_a_csv_cell(done, name):
 def test_documents_state_what_did_not_run_and_hold_no_placeholder(done, name):
     # the paper's commit may break at any of its `b` filter's break points
     text = (done / "reports" / name).read_text().replace(report.BREAK, "")
-    assert "Profiling was not captured" in text
+    assert "Not profiled: " in text  # the tiny study does not profile
     assert "GPU utilisation was not measured" in text
     assert re.search(r"configuration ran once", text)
     assert not re.search(r"placeholder|TODO|TBD|lorem|XXX|\?\?", text, re.I)
@@ -1589,3 +1589,61 @@ def test_the_papers_energy_column_says_what_n_a_means(tmp_path):
         said = "n/a: some run of the family has no measured energy." in section
         assert ("n/a" in shown) == said == blank, (blank, shown)
         assert report.numbers_backed_by_csvs(paper, report.load_tables(tmp_path)) == []
+
+
+def _analyze_with(csv_dir: Path, runs: list[dict], *profile: str) -> dict[str, list[dict]]:
+    """`scalestudy analyze` (the CLI) on runs.csv rows, with `profile` its --profile flag or
+    none, and an empty scaling model: the tables render-report reads."""
+    from scalestudy import cli
+
+    files.write_csv(csv_dir / "runs.csv", None, runs)
+    argv = ["analyze", "--runs", str(csv_dir / "runs.csv"), "--out-dir", str(csv_dir),
+            "--html-dir", str(csv_dir / "html"), "--gpus-per-node", "4", *profile]  # fmt: skip
+    assert cli.main(argv) == 0
+    files.write_csv(csv_dir / "model.csv", model_csv.MODEL_COLUMNS, [])
+    files.write_csv(csv_dir / "bucket_advice.csv", model_csv.ADVICE_COLUMNS, [])
+    return report.load_tables(csv_dir)
+
+
+def test_the_documents_tell_not_profiled_from_a_kernel_table_without_kernels(tmp_path):
+    """analyze without --profile and analyze given a kernel table with no rows both wrote a
+    profile_shares.csv of a header alone, and the documents said of either "Profiling was not
+    captured in this study (no ... kernel table was produced)": a claim no cell held, false
+    where the study profiled and analyze was run by hand without --profile. Now system.csv's
+    ("profiling", "kernel table") says which (the table given, or not profiled), the documents
+    and the HTML table say it from that cell."""
+    runs = [_gpu_run("w1", "strong", 1, 20000, 0), _gpu_run("w2", "strong", 2, 38000, 0)]
+    kernels = tmp_path / "profile_kernels.csv"
+    kernels.write_text((Path(__file__).parent / "fixtures/profile_kernels.csv").read_text())
+    empty = tmp_path / "empty_kernels.csv"
+    empty.write_text(kernels.read_text().splitlines()[0] + "\n")
+    says = {  # case: (its --profile, its system.csv cell, what study.md and paper.tex say)
+        "not profiled": ((), "not profiled: scalestudy analyze ran without --profile", (
+            "Not profiled: `scalestudy analyze` was given no kernel table",
+            "Not profiled: \\texttt{scalestudy analyze} was given no kernel table",
+        )),
+        "no kernels": ((f"--profile={empty}",), str(empty), (
+            f"The kernel table `scalestudy analyze` was given ({empty}) has no kernels",
+            "has no kernels, so no breakdown of kernel time is given",
+        )),
+        "shares": ((f"--profile={kernels}",), str(kernels), (
+            "| run | tool | category | share (%) |",
+            "shares per category are in results/csv/profile\\_shares.csv",
+        )),
+    }  # fmt: skip
+    for case, (flag, cell, sentences) in says.items():
+        csv_dir = tmp_path / case.replace(" ", "_")
+        csv_dir.mkdir()
+        tables = _analyze_with(csv_dir, runs, *flag)
+        docs = report.render(csv_dir, report.TEMPLATES, [], "../results/plots")
+        for (name, text), sentence in zip(docs.items(), sentences, strict=True):
+            text = " ".join(text.split())
+            assert "Profiling was not captured" not in text, (case, name)
+            assert sentence in text, (case, name)
+            assert report.numbers_backed_by_csvs(text, tables) == [], (case, name)
+        system = {(r["section"], r["key"]): r["value"] for r in tables["system"]}
+        assert system[("profiling", "kernel table")] == cell, case
+        assert bool(tables["profile_shares"]) == (case == "shares"), case
+        html = (csv_dir / "html/profile_shares.html").read_text()
+        assert ("(not profiled: " in html) == (case == "not profiled"), case
+        assert (f"(none in {empty})" in html) == (case == "no kernels"), case

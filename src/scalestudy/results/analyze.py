@@ -11,9 +11,13 @@ format cells; tests/test_report.py checks that):
     system.csv     system, software and study facts (key, value); study repeats: the distinct
                    repeat indices of the runs, repeats_min / repeats_max: the fewest and most
                    measured repeats of a configuration (scaling.csv's n; a failed repeat is
-                   none), what "repeats per configuration" may say
+                   none), what "repeats per configuration" may say; ("profiling", "kernel
+                   table"): the --profile table the shares are from, or NOT_PROFILED
     waterfall.csv  the efficiency lost at each world size above a family's smallest, split into
                    exposed communication, data wait, imbalance between ranks and a residual
+    profile_shares.csv  the share of kernel time per category of each profiled run (--profile);
+                   no rows both without --profile and from a table without kernels: system.csv's
+                   ("profiling", "kernel table") tells the two apart, for the documents to say
 
 Definitions (X = throughput_img_s, the steady-state images/s of a run summed over ranks, see
 train.py; a configuration's value is the mean over its repeats; N0 = the family's smallest
@@ -987,6 +991,12 @@ def _distinct(runs, column, blank: str = "not recorded", split: bool = True) -> 
 
 
 # --- profiling (optional input from the profiling stage) -----------------------------------------
+# system.csv's row naming the kernel table the shares are from (--profile), NOT_PROFILED without
+# one: profile_shares.csv has no rows then, as it has from a table without kernels, and the
+# documents said "no kernel table was produced" of either, a claim no cell held (false where
+# the study profiled and analyze ran by hand without --profile)
+PROFILING_KEY = ("profiling", "kernel table")
+NOT_PROFILED = "not profiled: scalestudy analyze ran without --profile"
 SHARE_COLUMNS = ("run", "tool", "rank", "category", "total_ns", "share")
 # the tables of results/csv this module writes, by name, and their columns (read_table)
 TABLE_COLUMNS = {
@@ -1263,8 +1273,13 @@ def run(args: argparse.Namespace) -> int:
     verdict_rows = verdicts(scaling, targets, unit)
     resource_rows = resources(runs, args.gpus_per_node)
     system_rows = system_table(runs, study)
-    system_rows.append({"section": "reproduce", "key": "configfile", "value": args.configfile})
     profile = profile_shares(args.profile) if args.profile else []
+    profiled = dict(zip(("section", "key"), PROFILING_KEY, strict=True))
+    system_rows.append({**profiled, "value": args.profile or NOT_PROFILED})
+    system_rows.append({"section": "reproduce", "key": "configfile", "value": args.configfile})
+    shares_title = "Kernel time per category"
+    if not profile:  # the HTML copy, what `snakemake --report` shows, says why it is empty
+        shares_title += f" ({NOT_PROFILED})" if not args.profile else f" (none in {args.profile})"
     waterfall_rows = waterfall(runs)
     out, html_dir = Path(args.out_dir), Path(args.html_dir)
     targets_rows = [{"target": k, "value": v} for k, v in targets.items()]
@@ -1274,7 +1289,7 @@ def run(args: argparse.Namespace) -> int:
         ("resources", "Resources spent and projected", resource_rows, RESOURCE_COLUMNS),
         ("system", "System, software and study", system_rows, ("section", "key", "value")),
         ("targets", "Targets of the study", targets_rows, ("target", "value")),
-        ("profile_shares", "Kernel time per category", profile, SHARE_COLUMNS),
+        ("profile_shares", shares_title, profile, SHARE_COLUMNS),
         ("waterfall", "Efficiency-loss waterfall", waterfall_rows, WATERFALL_COLUMNS),
     ]
     texts = {

@@ -470,7 +470,10 @@ def profile_label(category: str, device: str) -> str:
 
 def plot_profile(ax, shares, device="cuda", **_):
     if not shares:
-        raise AnalysisError("profile_shares.csv is empty: profiling was not captured")
+        raise AnalysisError(  # which of the two, system.csv's ("profiling", "kernel table") says
+            "profile_shares.csv has no rows: `scalestudy analyze` was given no kernel table "
+            "(--profile), or one without kernels"
+        )
     keys = list(dict.fromkeys((r["run"], r["tool"]) for r in shares))
     bottom = [0.0] * len(keys)
     for c, cat in enumerate(PROFILE_CATEGORIES):

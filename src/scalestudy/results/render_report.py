@@ -26,7 +26,13 @@ import jinja2
 
 from scalestudy import files, log, vocab
 from scalestudy.errors import AnalysisError
-from scalestudy.results.analyze import TABLE_COLUMNS, read_csv, read_table
+from scalestudy.results.analyze import (
+    NOT_PROFILED,
+    PROFILING_KEY,
+    TABLE_COLUMNS,
+    read_csv,
+    read_table,
+)
 
 logger = log.get(__name__)
 
@@ -375,6 +381,10 @@ def _context(tables: dict[str, list[dict]], figures: list[str], figure_dir: str)
         "measured": [r for r in tables["resources"] if r["kind"] == "measured"],
         "projected": [r for r in tables["resources"] if r["kind"] == "projected"],
         "profile": tables["profile_shares"],
+        # what the shares are from: the kernel table given to analyze, not_profiled without
+        # one, None in a system.csv older than that row (the documents say which, not guess)
+        "kernel_table": system.get(PROFILING_KEY),
+        "not_profiled": NOT_PROFILED,
         "waterfall": tables["waterfall"],
         # the scaling model (results/model.py): identified parameters, held-out rows, advice
         "model_params": [
