@@ -432,6 +432,23 @@ def test_a_blank_count_beside_a_measured_energy_is_no_kwh_not_a_traceback(blank)
     assert analysis.step_overheads(r)["comm"] is not None  # accum_steps not recorded: 1
 
 
+def test_a_runs_csv_without_an_epochs_column_beside_a_measured_energy_is_no_kwh(tmp_path, capsys):
+    """A runs.csv without the epochs column (written by hand, or by another tool) whose runs
+    measured their J/img: check_runs takes it (epochs is optional), and energy_kwh then read
+    r["epochs"]: a KeyError traceback from `scalestudy analyze`. Now no kWh, as for a blank."""
+    from scalestudy import cli
+
+    rows = [run("a", "strong", 1, 16, 1000) | {"energy_j_per_img": "2.5"}]
+    rows.append(run("b", "strong", 2, 8, 1900) | {"energy_j_per_img": "2.6"})
+    files.write_csv(tmp_path / "runs.csv", None, rows)
+    argv = ["analyze", "--runs", str(tmp_path / "runs.csv"), "--out-dir", str(tmp_path / "csv"),
+            "--html-dir", str(tmp_path / "html"), "--gpus-per-node", "4"]  # fmt: skip
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    with (tmp_path / "csv/resources.csv").open() as f:
+        measured = [r for r in csv.DictReader(f) if r["kind"] == "measured"]
+    assert measured and all(r["energy_kwh"] == "" for r in measured)
+
+
 def test_energy_counts_the_images_trained_not_steps_x_global_batch_under_accumulation():
     """With gradient accumulation an epoch's last group may be short: 31 micro-steps of 32
     images in groups of 4 are 8 optimizer steps, 992 images, not 8 x 128 = 1024."""

@@ -760,8 +760,12 @@ def energy_kwh(members: list[dict]) -> float | None:
         per_img, _ = estimate.measured_energy_per_img(r)
         if per_img is None:
             return None
-        # a count check_runs took as blank (blank, None, nan: not measured) prices nothing
-        images, epochs = files.number(r.get("train_images_per_epoch")), files.number(r["epochs"])
+        # a count check_runs took as blank (blank, None, nan: not measured) prices nothing, nor
+        # does one runs.csv lacks (an optional column: r["epochs"] was a KeyError traceback)
+        images, epochs = (
+            files.number(r.get("train_images_per_epoch")),
+            files.number(r.get("epochs")),
+        )
         if images is None and not _accumulates(r):
             steps, batch = files.number(r.get("steps_per_epoch")), files.number(r["global_batch"])
             images = None if steps is None or batch is None else steps * batch
