@@ -1843,3 +1843,29 @@ def test_collect_refuses_outputs_that_are_one_file_or_its_run_table(tmp_path, ca
     assert main([*argv, *outs]) == 0
     assert (out / "runs.csv").read_text().startswith("run,")
     assert (out / "epochs.csv").read_text().startswith("run,families,")
+
+
+def test_analyze_refuses_its_own_shares_table_as_the_kernel_table(tmp_path, capsys):
+    """`analyze --profile results/csv/profile_shares.csv` (the shares, not profile_kernels.csv)
+    in a study not profiled: a header alone, its columns were checked only when it had rows, so
+    it passed for a kernel table without kernels (the documents then said the profiling found
+    no kernels) and was written over. Now its header is checked, and an output of analyze given
+    as its input is one line, before any work."""
+    from scalestudy import cli
+
+    files.write_csv(tmp_path / "runs.csv", None, [run("a", "strong", 1, 16, 1000)])
+    out = tmp_path / "csv"
+    argv = ["analyze", "--runs", str(tmp_path / "runs.csv"), "--out-dir", str(out),
+            "--html-dir", str(tmp_path / "html"), "--gpus-per-node", "4"]  # fmt: skip
+    assert cli.main(argv) == 0
+    shares = out / "profile_shares.csv"
+    elsewhere = tmp_path / "copy.csv"
+    elsewhere.write_text(shares.read_text())
+    capsys.readouterr()
+    for given, says in (
+        (shares, f"profile_shares.csv of --out-dir is the input --profile ({shares})"),
+        (elsewhere, f"{elsewhere} lacks the columns ['kernel', 'instances']"),
+    ):
+        assert cli.main([*argv, f"--profile={given}"]) == 2, given
+        (err,) = capsys.readouterr().err.strip().splitlines()
+        assert err.startswith("scalestudy analyze: ") and says in err, err

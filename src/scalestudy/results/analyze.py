@@ -90,7 +90,9 @@ passes only the last synchronises, so c T would count the exposed all-reduce abo
 from __future__ import annotations
 
 import argparse
+import csv
 import html
+import io
 import math
 import statistics
 from collections import defaultdict
@@ -1002,6 +1004,16 @@ def _distinct(runs, column, blank: str = "not recorded", split: bool = True) -> 
 PROFILING_KEY = ("profiling", "kernel table")
 NOT_PROFILED = "not profiled: scalestudy analyze ran without --profile"
 SHARE_COLUMNS = ("run", "tool", "rank", "category", "total_ns", "share")
+# every table run() writes, as results/csv/<name>.csv and results/tables/<name>.html
+TABLE_NAMES = (
+    "scaling",
+    "verdicts",
+    "resources",
+    "system",
+    "targets",
+    "profile_shares",
+    "waterfall",
+)
 # the tables of results/csv this module writes, by name, and their columns (read_table)
 TABLE_COLUMNS = {
     "scaling": SCALING_COLUMNS,
@@ -1037,10 +1049,16 @@ def profile_shares(path: str | Path) -> list[dict]:
     """results/csv/profile_kernels.csv -> share of kernel time per (run, tool, category), rank 0
     when present, else the lowest rank. Columns are checked, categories must be known."""
     rows = read_csv(path, " (the profiling stage's kernel table)")
+    # the header of a table without rows too: another table's header alone (analyze's own
+    # profile_shares.csv of a study not profiled) passed for a kernel table without kernels
     if rows:
-        missing = [c for c in PROFILE_COLUMNS if c not in rows[0]]
-        if missing:
-            raise AnalysisError(f"{path} lacks the columns {missing}; expected {PROFILE_COLUMNS}")
+        header = list(rows[0])
+    else:  # read_csv read it whole: UTF-8 text, read again for its first line
+        text = files.read_text(path, AnalysisError, "delete it and run `snakemake`")
+        header = next(csv.reader(io.StringIO(text)), [])
+    missing = [c for c in PROFILE_COLUMNS if c not in header]
+    if missing:
+        raise AnalysisError(f"{path} lacks the columns {missing}; expected {PROFILE_COLUMNS}")
     totals: dict[tuple, float] = defaultdict(float)
     first_rank: dict[tuple, int] = {}
     for line, r in enumerate(rows, start=2):  # line 1 is the header
@@ -1266,6 +1284,12 @@ def run_row_problem(
 
 def run(args: argparse.Namespace) -> int:
     targets = {k: getattr(args, k) for k in DEFAULT_TARGETS}
+    out, html_dir = Path(args.out_dir), Path(args.html_dir)
+    # an input among the outputs: the header-only profile_shares.csv of a study not profiled,
+    # given as --profile, passed for a kernel table without kernels and was written over
+    outputs = {f"{name}.csv of --out-dir": out / f"{name}.csv" for name in TABLE_NAMES}
+    outputs |= {f"{name}.html of --html-dir": html_dir / f"{name}.html" for name in TABLE_NAMES}
+    files.check_distinct(outputs, {"--runs": args.runs, "--profile": args.profile}, AnalysisError)
     # an AnalysisError: one line from cli.main, exit 2, before any table is written
     runs = read_csv(args.runs, " (one row per run)", "snakemake results/csv/runs.csv")
     if not runs:
@@ -1285,7 +1309,6 @@ def run(args: argparse.Namespace) -> int:
     if not profile:  # the HTML copy, what `snakemake --report` shows, says why it is empty
         shares_title += f" ({NOT_PROFILED})" if not args.profile else f" (none in {args.profile})"
     waterfall_rows = waterfall(runs)
-    out, html_dir = Path(args.out_dir), Path(args.html_dir)
     targets_rows = [{"target": k, "value": v} for k, v in targets.items()]
     tables = [
         ("scaling", "Scaling per family and configuration", scaling, SCALING_COLUMNS),
