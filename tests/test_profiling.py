@@ -820,6 +820,41 @@ def test_merge_joins_runs_and_refuses_a_run_given_twice(tmp_path, capsys):
     assert not out.exists()
 
 
+def test_profile_outputs_that_are_one_file_or_an_input_are_refused(tmp_path, capsys):
+    """`profile parse --out-kernels k.csv --out-ranges ./k.csv` wrote the ranges over the
+    kernels and logged "25 kernel rows", exit 0 (the two spellings made two keys of one file);
+    `profile merge --out` naming one of its inputs replaced it, and `profile ncu --out` naming
+    its --kernels would have after every pass. Each is now one line, exit 2, before any work,
+    the inputs as they were."""
+    kernels = tmp_path / "k.csv"
+    argv = ["--nsys-stats", str(FIX / "nsys-2024.5"), "--run", "w1", "--out-kernels", str(kernels)]
+    with pytest.raises(ProfileError, match="--out-kernels and --out-ranges are one file"):
+        capture.parse(_profile_parse(*argv, "--out-ranges", str(tmp_path / "." / "k.csv")))
+    assert not kernels.exists()
+    stats = tmp_path / "stats.csv"  # an nsys stats CSV given as the file, then written over
+    shutil.copy(next((FIX / "nsys-2024.5").glob("*cuda_gpu_kern_sum*.csv")), stats)
+    before = stats.read_bytes()
+    with pytest.raises(ProfileError, match="--out-kernels is the input --nsys-stats"):
+        capture.parse(
+            _profile_parse("--nsys-stats", str(stats), "--run", "w1", "--out-kernels", str(stats))
+        )
+    assert stats.read_bytes() == before
+    assert capture.parse(_profile_parse(*argv)) == 0
+    made = kernels.read_bytes()
+    capsys.readouterr()
+    merge = ["profile", "merge", "--schema", "kernels", "--run", "w1", "--out", str(kernels)]
+    assert cli.main([*merge, str(kernels)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--out is the input CSV 1" in err[0], err
+    assert kernels.read_bytes() == made
+    ncu_argv = ["profile", "ncu", "--kernels", str(kernels), "--out-dir", str(tmp_path / "n")]
+    ncu_argv += ["--out", str(kernels), "--run", "w1", "--device", "cpu", "--", "--epochs", "1"]
+    assert cli.main(ncu_argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--out is the input --kernels" in err[0], err
+    assert kernels.read_bytes() == made and not (tmp_path / "n").exists()
+
+
 def test_merge_refuses_a_csv_that_holds_another_runs_rows(tmp_path, capsys):
     """A per-run CSV copied into another run's directory (results/profile/w2/kernels.csv holding
     w1's rows, or two runs' files swapped) was merged under the run its rows name: the report

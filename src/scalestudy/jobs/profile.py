@@ -693,6 +693,12 @@ def _capture_input(capture_dir: Path) -> tuple[str, Path, str, dict]:
 
 def parse(args: argparse.Namespace) -> int:
     """One of --capture, --nsys-stats, --ncu -> the profile CSVs (see the module docstring)."""
+    # two outputs one file (k.csv and ./k.csv: two keys of write_texts, the second written over
+    # the first), or an output one of the inputs: refused before any work
+    outputs = {"--out-kernels": args.out_kernels, "--out-ranges": args.out_ranges}
+    outputs["--out-ncu"] = args.out_ncu
+    inputs = {"--nsys-stats": args.nsys_stats, "--ncu": args.ncu}
+    files.check_distinct({k: v for k, v in outputs.items() if v}, inputs, ProfileError)
     if args.ncu:
         if args.out_kernels or args.out_ranges or not args.out_ncu:
             raise ProfileError(
@@ -792,6 +798,8 @@ def ncu(args: argparse.Namespace) -> int:
     out_dir = Path(args.out_dir)
     # before the first pass (each a whole training run under ncu): an --out found unwritable
     # after them cost hours and left a tool.json naming kernels whose CSV was never written
+    outputs = {"--out": args.out, "tool.json of --out-dir": out_dir / "tool.json"}
+    files.check_distinct(outputs, {"--kernels": args.kernels}, ProfileError)
     files.check_outputs([args.out, out_dir / "tool.json"], ProfileError)
     out_dir.mkdir(parents=True, exist_ok=True)
     ncu_path = shutil.which("ncu")
@@ -925,6 +933,9 @@ def merge(args: argparse.Namespace) -> int:
         "ranges": schema.RANGE_COLUMNS,
         "ncu": schema.NCU_COLUMNS,
     }[args.schema]
+    # --out one of the inputs: the merge replaced it
+    inputs = {f"CSV {i}": path for i, path in enumerate(args.inputs, start=1)}
+    files.check_distinct({"--out": args.out}, inputs, ProfileError)
     files.write_text(args.out, schema.merge_csvs(args.inputs, columns, args.runs))
     return 0
 
