@@ -860,3 +860,73 @@ def test_a_resumed_run_records_when_it_started_and_every_host_it_ran_on(
     assert datetime.datetime.fromisoformat(m["started_at"]) < second, m["started_at"]
     assert m["hostnames"] == ["node-a", "node-b"]
     assert m["nodes"] == 1 and m["ranks_per_node"] == 1  # each segment's layout: one node
+
+
+# the command of each rank of the test below: rank 1 runs on a "node" of its own, where
+# NODE_LOCAL_DIR is a fresh tmpfs in a mount namespace only it sees (node-local /tmp)
+NODE_LOCAL = """#!/bin/sh
+if [ "$RANK" = 1 ]; then
+  exec unshare -m sh -c 'mount -t tmpfs tmpfs "$NODE_LOCAL_DIR" && exec "$@"' sh "$@"
+fi
+exec "$@"
+"""
+
+
+def _node_local_dirs(tmp_path: Path) -> None:
+    """Skip (fail in CI) where a mount namespace with a tmpfs cannot be made (needs root)."""
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    proc = subprocess.run(
+        ["unshare", "-m", "mount", "-t", "tmpfs", "tmpfs", str(probe)],
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0:
+        message = f"cannot mount a tmpfs in a mount namespace (needs root): {proc.stderr.strip()}"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+def test_a_checkpoint_dir_one_rank_cannot_see_is_refused_before_training(data_dir, tmp_path):
+    """Rank 0 alone writes a checkpoint and every rank reads it at a resume. With a node-local
+    --checkpoint-dir (/tmp on each node) a multi-node run trained and saved on rank 0's node;
+    its rerun resumed there and the other node's rank died with a FileNotFoundError traceback
+    (rank 0: a traceback and a hang diagnosis), the checkpoint's hours lost. Here rank 1 runs in
+    a mount namespace of its own, the directory a tmpfs only it sees: every segment now fails
+    before anything is loaded or trained (at its start, so a first segment too), one line
+    naming the directory and the setting, the checkpoint kept."""
+    _node_local_dirs(tmp_path)
+    local = tmp_path / "node_local.sh"
+    local.write_text(NODE_LOCAL)
+    local.chmod(0o755)
+    out, ckdir = tmp_path / "run", tmp_path / "ckpt"
+    flags = ("--checkpoint-dir", str(ckdir), "--checkpoint-every", "1")
+    # a first segment on one node (the directory shared), stopped after epoch 1
+    proc = _start(data_dir, out, *flags, nproc=2)
+    _wait_for_epochs(out, 1, proc)
+    for pid in _worker_pids(proc.pid).values():
+        os.kill(pid, signal.SIGTERM)
+    proc.communicate(timeout=120)
+    saved = [p.name for p in ck.list_checkpoints(ckdir)]
+    assert saved, "the first segment saved no checkpoint"
+    (out / "epochs.csv").unlink()
+
+    # the rerun, with rank 1 on another node: refused before anything is loaded or trained
+    cmd = [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    cmd += ["--no-python", str(local), PYTHON, "-m", "scalestudy", "train", *SMALL, *EPOCHS]
+    cmd += [*flags, "--data-dir", str(data_dir), "--out", str(out)]
+    env = child_env(NODE_LOCAL_DIR=str(ckdir), SCALESTUDY_REPORT_GRACE_S="0")
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    err = done.stderr
+    assert done.returncode not in (0, ck.PREEMPTED_EXIT), err[-3000:]
+    line = (
+        f"--checkpoint-dir {ckdir} is not shared by every rank: rank 1 on "
+        f"{os.uname().nodename} does not see the file rank 0"
+    )
+    assert line in err and "checkpointing.dir" in err, err[-3000:]
+    assert err.count("is not shared by every rank") == 1, err[-3000:]  # rank 0 says it
+    assert "[rank0]: Traceback" not in err and "[rank1]: Traceback" not in err, err[-3000:]
+    assert "resuming from" not in done.stdout and not (out / "epochs.csv").exists()
+    assert [p.name for p in ck.list_checkpoints(ckdir)] == saved  # nothing lost
+    assert not list(ckdir.glob(ck.SHARED_MARK + "*"))  # rank 0's marker removed

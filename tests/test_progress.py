@@ -135,8 +135,9 @@ def test_phases_are_ordered_as_a_run_passes_them():
     positions = [progress.position({"step": s, "phase": p}) for s, p in order]
     assert positions == sorted(positions) and len(set(positions)) == len(positions)
     # start-up: each rank's own work before the collective that waits for it
-    start = ["start", "data load", "model broadcast", "model set-up", "checkpoint search"]
-    start += ["checkpoint choice", "checkpoint load"]
+    start = ["start", "data load", "model broadcast", "model set-up"]
+    start += ["checkpoint directory check", "checkpoint search", "checkpoint choice"]
+    start += ["checkpoint load"]
     positions = [progress.position({"step": -1, "phase": p}) for p in start]
     positions.append(progress.position({"step": 0, "phase": "data"}))
     assert positions == sorted(positions) and len(set(positions)) == len(positions)

@@ -14,6 +14,10 @@ sees a complete checkpoint or none. Only after that are older checkpoints beyond
 deleted (and any numbered above the one just written: left by a run this one superseded), so a
 failed write (disk full, read-only filesystem) leaves every earlier checkpoint intact.
 
+The directory must be one every rank sees (rank 0 writes state.pt, every rank reads it): at
+start every rank looks for a marker file rank 0 wrote there (write_marker, sees_marker;
+state.Checkpointing refuses a directory some rank cannot see).
+
 Resuming (`find_latest`) takes the newest checkpoint whose manifest and checksums verify and whose
 identity (config_hash, world size, the prepared data's digest, the trainer code's sha256, torch's
 version, RunState's fields, every rank's device and the container image's digest:
@@ -38,6 +42,7 @@ import json
 import os
 import random
 import re
+import secrets
 import shutil
 import signal
 import threading
@@ -50,7 +55,7 @@ import torch
 
 from scalestudy import log
 from scalestudy.errors import CheckpointError
-from scalestudy.files import sha256, write_cause, write_failure
+from scalestudy.files import sha256, write_cause, write_failure, write_text
 
 logger = log.get(__name__)
 
@@ -60,6 +65,10 @@ STATE = "state.pt"
 DCP_DIR = "dcp"
 _NAME = re.compile(r"epoch-(\d{4,})")
 PREEMPTED_EXIT = 75  # EX_TEMPFAIL: stopped on a signal after saving a checkpoint; rerun to resume
+# rank 0's marker file for the check that every rank sees the directory (state.py), and how long
+# a rank looks for it
+SHARED_MARK = ".shared-check-"
+SHARED_WAIT_S = 5.0
 
 
 def checkpoint_name(epoch: int) -> str:
@@ -213,8 +222,36 @@ def remove_all(directory: str | os.PathLike) -> None:
     for path in directory.iterdir():
         if _NAME.fullmatch(path.name) or path.name.startswith(".partial-"):
             shutil.rmtree(path, ignore_errors=True)
+        elif path.name.startswith(SHARED_MARK):  # left by a rank 0 killed during the check
+            with contextlib.suppress(OSError):
+                path.unlink()
     with contextlib.suppress(OSError):
         directory.rmdir()  # only when empty
+
+
+def write_marker(directory: Path) -> tuple[Path, str]:
+    """Rank 0's marker for the check that every rank sees the checkpoint directory (a random
+    name and content): its path and token."""
+    token = secrets.token_hex(8)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{SHARED_MARK}{token}"
+    write_text(path, token)  # fsynced and renamed into place: whole when a reader finds it
+    return path, token
+
+
+def sees_marker(directory: Path, token: str, wait_s: float = SHARED_WAIT_S) -> bool:
+    """Whether this rank finds rank 0's marker `token` in `directory`, looking for up to
+    `wait_s` seconds: a network filesystem may show a file another node just made a moment
+    later (attribute caching); a node-local directory never shows it."""
+    path = directory / f"{SHARED_MARK}{token}"
+    deadline = time.monotonic() + wait_s
+    while True:
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            if path.read_text(encoding="utf-8") == token:
+                return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.2)
 
 
 # ---------------------------------------------------------------------------------------------

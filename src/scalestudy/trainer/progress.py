@@ -84,6 +84,8 @@ START_PHASES = (
     "data load",  # the prepared data read, the loaders and the model built (this rank's)
     "model broadcast",  # the strategy's wrapper: DDP broadcasts rank 0's weights
     "model set-up",  # optimizer, FLOP count, TensorBoard (this rank's)
+    # rank 0 writes a marker in --checkpoint-dir, every rank looks for it (state.py)
+    "checkpoint directory check",
     "checkpoint search",  # rank 0 finds and verifies the newest checkpoint (--checkpoint-dir)
     "checkpoint choice",  # rank 0's choice broadcast
     "checkpoint load",  # this rank loads it

@@ -2,8 +2,10 @@
 training loop (`Checkpointing`); checkpoint.py writes and reads the files.
 
 The protocol (train.py describes it for users):
-- start: resume from the newest valid checkpoint of this configuration, data and code (rank 0
-  chooses, every rank loads), or start fresh without one;
+- start: every rank checks that it sees a file rank 0 writes in the checkpoint directory (one
+  node-local to rank 0 is refused: the other nodes' ranks could never load a checkpoint); resume
+  from the newest valid checkpoint of this configuration, data and code (rank 0 chooses, every
+  rank loads), or start fresh without one;
 - after every epoch but the last: one all-reduce on which every rank agrees whether to stop (a
   SIGTERM/SIGUSR1 on any rank) and whether any checkpoint write failed; save every
   --checkpoint-every epochs, and on a stop. Before a save the background write still in flight
@@ -16,6 +18,7 @@ The protocol (train.py describes it for users):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import os
@@ -27,8 +30,8 @@ from typing import TYPE_CHECKING, NamedTuple, NoReturn
 import torch
 import torch.distributed as dist
 
-from scalestudy import log, vocab
-from scalestudy.errors import CheckpointError, Preempted
+from scalestudy import files, log, vocab
+from scalestudy.errors import CheckpointError, Preempted, TrainConfigError
 from scalestudy.trainer import checkpoint as ckpt
 from scalestudy.trainer import dist as sdist
 from scalestudy.trainer import measure, progress
@@ -224,6 +227,7 @@ class Checkpointing:
         if saver is None:
             return RunState()
         model, optimizer, scheduler, scaler, generators = self.trainables
+        self._check_shared()
         choice = [None]
         progress.at("checkpoint search")  # rank 0's I/O (hang diagnosis)
         if rank == 0:
@@ -263,6 +267,45 @@ class Checkpointing:
         if rank == 0:
             logger.info(f"resuming from {path} (epoch {state.epoch}, step {state.step})")
         return state
+
+    def _check_shared(self) -> None:
+        """Every rank sees the files rank 0 writes in --checkpoint-dir, or a TrainConfigError
+        before anything trains. Rank 0 alone writes state.pt and every rank reads it at a
+        resume: a node-local directory (/tmp on each node) let a multi-node run train and save
+        on rank 0's node, and the rerun died on the other nodes' ranks with a FileNotFoundError
+        traceback, the checkpoint's training lost."""
+        world_size = dist.get_world_size()
+        if world_size == 1:
+            return
+        directory = self.saver.directory
+        progress.at("checkpoint directory check")  # rank 0's write, then every rank's read
+        marker, sent = None, [None, None]  # rank 0's token, or why it could not write it
+        if self.rank == 0:
+            try:
+                marker, sent[0] = ckpt.write_marker(directory)
+            except OSError as exc:
+                sent[1] = f"rank 0 cannot write in it: {files.write_cause(exc)}"
+        dist.broadcast_object_list(sent, src=0)
+        token, failed = sent
+        seen = token is not None and ckpt.sees_marker(directory, token)
+        views: list = [None] * world_size
+        dist.all_gather_object(views, (seen, sdist.hostname()))
+        if marker is not None:
+            with contextlib.suppress(OSError):
+                marker.unlink()
+        if failed:  # the same on every rank (broadcast)
+            raise TrainConfigError(f"--checkpoint-dir {directory}: {failed}")
+        blind = [f"rank {r} on {host}" for r, (ok, host) in enumerate(views) if not ok]
+        if not blind:
+            return
+        shown = ", ".join(blind[:4]) + (f" and {len(blind) - 4} more" if len(blind) > 4 else "")
+        see = "does not see" if len(blind) == 1 else "do not see"
+        raise TrainConfigError(  # all-gathered: every rank raises the same line, rank 0 says it
+            f"--checkpoint-dir {directory} is not shared by every rank: {shown} {see} "
+            f"the file rank 0 on {views[0][1]} wrote there, so a checkpoint could not be "
+            "resumed: give a directory on a filesystem every node mounts, not node-local "
+            "storage such as /tmp (--checkpoint-dir; the study config's checkpointing.dir)"
+        )
 
     def after_epoch(self, state: RunState, meter: Meter) -> None:
         """After epoch `state.epoch` (not the last): save every N epochs, and on a stop signal

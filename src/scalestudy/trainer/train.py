@@ -206,6 +206,9 @@ rank 0's write between the epochs; checkpoint_stall_s holds rank 0's wait).
 Once metrics.json is written, the checkpoints are deleted, so a rerun of a finished run (changed
 code) trains from scratch instead of resuming a final checkpoint; a failed metrics.json write
 (disk full, quota) keeps them, and the rerun resumes from the last one.
+--checkpoint-dir must be one directory every rank sees (rank 0 writes a checkpoint, every rank
+reads it): at start every rank looks for a file rank 0 wrote there, and a directory local to
+rank 0's node (/tmp) is refused in one line before training.
 """
 
 from __future__ import annotations
