@@ -930,3 +930,30 @@ def test_a_checkpoint_dir_one_rank_cannot_see_is_refused_before_training(data_di
     assert "resuming from" not in done.stdout and not (out / "epochs.csv").exists()
     assert [p.name for p in ck.list_checkpoints(ckdir)] == saved  # nothing lost
     assert not list(ckdir.glob(ck.SHARED_MARK + "*"))  # rank 0's marker removed
+
+
+def test_a_resume_past_the_profile_windows_start_is_refused_before_training(data_dir, tmp_path):
+    """--profile-steps 6:10 (8 steps per epoch), stopped after epoch 1 (or 2 under load): the
+    rerun resumed at step 8 (16), never saw step 6, never opened the profiler, and ended with
+    exit 0 and a metrics.json naming the window; stopped at step 8, with no profile at all (the
+    first segment's window was open at its stop, never written). Now the rerun refuses before
+    training, in one line naming the window, the resumed step and the fix."""
+    out, ckdir = tmp_path / "run", tmp_path / "ckpt"
+    flags = ("--profile-steps", "6:10", "--checkpoint-dir", str(ckdir), "--checkpoint-every", "1")
+    proc = _start(data_dir, out, *flags)
+    _wait_for_epochs(out, 1, proc)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == ck.PREEMPTED_EXIT, stderr
+    (out / "epochs.csv").unlink()
+    proc = _start(data_dir, out, *flags)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode not in (0, ck.PREEMPTED_EXIT), stdout + stderr
+    assert (
+        "--profile-steps 6:10 profiles optimizer steps 6 to 9, but this run resumes at step"
+        in stderr
+    )
+    assert "so this one would profile nothing; remove that directory's checkpoints" in stderr
+    assert "Traceback" not in stderr and not (out / "metrics.json").exists()
+    assert not (out / "epochs.csv").exists()  # refused before anything was written
+    assert ck.list_checkpoints(ckdir)  # kept: the user decides

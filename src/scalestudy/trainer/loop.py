@@ -69,6 +69,7 @@ def train(
         cfg, denv.rank, denv.world_size, device, stop, run.trainables(), run.data_sha256
     )
     state = checkpointing.resume()
+    check_profile_resume(cfg, state.step)  # the same resumed step on every rank
     # a resumed run started when its first segment did (the checkpoint has it)
     started_at = state.started_at = state.started_at or started_at
     if denv.rank == 0 and state.history:
@@ -541,6 +542,24 @@ def check_profile_window(cfg: TrainConfig, steps_per_epoch: int, total_steps: in
         f"{window[1] - 1}, but this run takes {total_steps} ({cfg.epochs} epochs x "
         f"{steps_per_epoch}: steps 0 to {total_steps - 1}): give A:B with B <= {total_steps}, "
         "or raise --epochs or use more data"
+    )
+
+
+def check_profile_resume(cfg: TrainConfig, step: int) -> None:
+    """A run resumed at optimizer step `step` cannot profile a --profile-steps window whose
+    first step an earlier segment trained: the profiler opens at step A only, so the resumed
+    segment profiled nothing (and a window the earlier segment left open at its stop was never
+    written) while the run ended with exit 0 and metrics.json naming the window."""
+    window = cfg.profile_window()
+    if window is None or step <= window[0]:
+        return
+    raise TrainingError(
+        f"--profile-steps {cfg.profile_steps} profiles optimizer steps {window[0]} to "
+        f"{window[1] - 1}, but this run resumes at step {step} from a checkpoint in "
+        f"--checkpoint-dir {cfg.checkpoint_dir}: the profiler opens at step {window[0]}, "
+        "which an earlier segment trained, so this one would profile nothing; remove that "
+        "directory's checkpoints to profile from the start",
+        scope="run",
     )
 
 

@@ -498,7 +498,8 @@ class StepTimer:
 
 class Profiler:
     """--profile-steps A:B profiles optimizer steps A..B-1 (a window past the run's last step is
-    refused before training: loop.check_profile_window).
+    refused before training: loop.check_profile_window; so is a resume past step A:
+    loop.check_profile_resume).
 
     On a GPU: cudaProfilerStart/Stop around the window, the capture range of `nsys profile
     --capture-range=cudaProfilerApi` and `ncu --profile-from-start off`. On a CPU, or on a GPU when
