@@ -957,3 +957,36 @@ def test_a_resume_past_the_profile_windows_start_is_refused_before_training(data
     assert "Traceback" not in stderr and not (out / "metrics.json").exists()
     assert not (out / "epochs.csv").exists()  # refused before anything was written
     assert ck.list_checkpoints(ckdir)  # kept: the user decides
+
+
+def test_a_peer_failing_during_rank_0s_background_write_keeps_that_checkpoint(data_dir, tmp_path):
+    """kill -9 of rank 1 while rank 0's background write of epoch 1's checkpoint is in flight
+    (it takes SLOW_SAVE_S here, a slow filesystem): rank 0's next collective fails and it
+    exited, its daemon writer thread killed mid-write, so the rerun started from an earlier
+    checkpoint (here: from scratch). Now rank 0 finishes the write before it exits (bounded:
+    checkpoint.FINISH_WRITE_S), after its failure lines."""
+    rank = tmp_path / "slow_save.py"
+    rank.write_text(SLOW_SAVE)
+    out, ckdir = tmp_path / "run", tmp_path / "ckpt"
+    cmd = [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    cmd += [str(rank), "train", *SMALL, *EPOCHS, "--checkpoint-dir", str(ckdir)]
+    cmd += ["--checkpoint-every", "1", "--data-dir", str(data_dir), "--out", str(out)]
+    # 8 steps of at least 0.2 s: epoch 2 is still training when rank 1 dies (at its end rank 0
+    # would wait for the write anyway, before the next save)
+    cmd += ["--diag-data-delay-ms", "200"]
+    env = child_env(SLOW_SAVE_S="6", WINDOW_LOG=str(tmp_path / "window"))
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for_epochs(out, 1, proc)
+    time.sleep(0.5)  # epoch 1's save has begun: its write sleeps 6 s, then writes
+    t0 = time.monotonic()
+    os.kill(_worker_pids(proc.pid)[1], signal.SIGKILL)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    assert time.monotonic() - t0 < 60, stderr[-3000:]
+    assert "[rank 0/2" in stderr and "training failed" in stderr, stderr[-3000:]
+    saved = ck.list_checkpoints(ckdir)
+    assert [p.name for p in saved] == ["epoch-0001"], stderr[-3000:]
+    assert ck.verify(saved[0])["epoch"] == 1
+    assert "finishing the checkpoint of epoch 1" in stderr, stderr[-3000:]
+    assert f"wrote {saved[0]}: the rerun resumes from it" in stderr, stderr[-3000:]
+    assert not list(ckdir.glob(".partial-*"))

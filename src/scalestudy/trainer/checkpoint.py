@@ -30,7 +30,9 @@ Asynchronous saving: `Checkpointer.save` copies the state off the device (and cl
 which training keeps mutating) and returns; a background thread writes it. The stall training
 sees is the copy; benchmarks/checkpoint_stall.py measures it against a synchronous save.
 One save is in flight at a time; a write error is kept, returned by the next `poll`/`wait` and
-raised by the next `save`.
+raised by the next `save`. A rank 0 whose training fails with a write in flight (a peer died)
+lets it end before exiting, for up to FINISH_WRITE_S (finish_writes; not FSDP's, whose write
+needs every rank).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ import shutil
 import signal
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -69,6 +72,11 @@ PREEMPTED_EXIT = 75  # EX_TEMPFAIL: stopped on a signal after saving a checkpoin
 # a rank looks for it
 SHARED_MARK = ".shared-check-"
 SHARED_WAIT_S = 5.0
+# seconds a failing rank 0 waits for its background write before it exits (finish_writes): the
+# launchers end the ranks left 30 s after one failed (torchrun: SIGTERM, which StopFlag only
+# notes, then SIGKILL; Slurm's KillWait, 30 s by default), and a hung filesystem holds the exit
+# of a run nobody kills no longer than this
+FINISH_WRITE_S = 25.0
 
 
 def checkpoint_name(epoch: int) -> str:
@@ -452,6 +460,8 @@ class Checkpointer:
         self.error: BaseException | None = None
         self.saved: list[int] = []
         self.stall_s = 0.0  # seconds training waited for save() (copy + sync writes)
+        self.writing: tuple[int, bool] | None = None  # the last save's epoch, and if sharded
+        _SAVERS.add(self)  # finish_writes: a failing rank lets its write in flight end
 
     def save(self, epoch: int, state: dict, sharded: dict | None = None, wait: bool = False):
         """Checkpoint after `epoch` epochs. `state` is rank 0's (others may pass {}), `sharded`
@@ -464,6 +474,7 @@ class Checkpointer:
         extra = self._dcp_writer(epoch, sharded) if sharded is not None else None
         snapshot = cpu_copy(state) if self.rank == 0 else None
         sync = wait or not self.async_write
+        self.writing = (epoch, sharded is not None)
 
         def work() -> None:
             try:
@@ -550,3 +561,40 @@ class Checkpointer:
             self.thread.join()
             self.thread = None
         return self.error
+
+
+# every Checkpointer of this process (a rank has one), for finish_writes
+_SAVERS: weakref.WeakSet[Checkpointer] = weakref.WeakSet()
+
+
+def finish_writes(timeout_s: float = FINISH_WRITE_S) -> None:
+    """This rank's training failed (a peer died, an error, Ctrl-C): let rank 0's background
+    write still in flight end, for up to `timeout_s`, before the process exits and the daemon
+    writer thread dies with it. The write holds a whole checkpoint of an epoch every rank agreed
+    to save (the model is replicated, every rank's RNG state gathered first), so it needs no
+    other rank: a peer failing during it dropped it, and the rerun started one checkpoint
+    earlier. Not an FSDP save: its DCP write ends in a collective of every rank, which a failed
+    peer never joins. train.py calls this after the failure's lines, so a launcher's SIGKILL
+    during the wait cuts no diagnosis."""
+    for saver in list(_SAVERS):
+        thread, writing = saver.thread, saver.writing
+        if saver.rank != 0 or thread is None or not thread.is_alive() or writing is None:
+            continue
+        epoch, sharded = writing
+        if sharded:
+            continue
+        path = saver.directory / checkpoint_name(epoch)
+        logger.warning(
+            f"finishing the checkpoint of epoch {epoch} ({path}), still being written, before "
+            f"exiting (at most {timeout_s:g} s)"
+        )
+        thread.join(timeout_s)
+        if thread.is_alive():
+            _warn(
+                f"{path} not written within {timeout_s:g} s: the rerun resumes from an earlier "
+                "checkpoint"
+            )
+        elif saver.error is not None:
+            _warn(str(saver.error))
+        else:
+            logger.warning(f"wrote {path}: the rerun resumes from it")

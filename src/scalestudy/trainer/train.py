@@ -208,7 +208,9 @@ code) trains from scratch instead of resuming a final checkpoint; a failed metri
 (disk full, quota) keeps them, and the rerun resumes from the last one.
 --checkpoint-dir must be one directory every rank sees (rank 0 writes a checkpoint, every rank
 reads it): at start every rank looks for a file rank 0 wrote there, and a directory local to
-rank 0's node (/tmp) is refused in one line before training.
+rank 0's node (/tmp) is refused in one line before training. A run that fails while rank 0's
+background write is in flight (another rank died) lets that write end before rank 0 exits (at
+most checkpoint.FINISH_WRITE_S; not under FSDP, whose write needs every rank).
 """
 
 from __future__ import annotations
@@ -348,6 +350,9 @@ def _main(cfg: TrainConfig, denv: sdist.DistEnv, interrupt: Interrupt) -> int:
         progress.explain_failure(exc)  # a failed collective: which rank stopped, and where
         raise
     finally:
+        # a failed run: rank 0's checkpoint write still in flight ends first (bounded), after
+        # the failure's lines above; a run that returned or stopped has none in flight
+        ckpt.finish_writes()
         progress.stop()
         if dist.is_initialized():
             dist.destroy_process_group()
