@@ -8,6 +8,10 @@ the machine (thermals, a neighbour) falls on both alike. Reported: each trainer'
 its range (min-max) and spread ((max - min) / median), the ratio of the medians (what the targets
 in docs/benchmarks.md are about) and the range of the paired ratios (run i of ours / run i of the
 reference). Our run's MFU and FLOP rate come from its metrics.json (null on a CPU: no peak).
+A spread needs >= 3 runs of each trainer (of 2 it is their difference, of 1 zero): --repeats 1
+or 2 is refused unless --smoke (a test of the pipeline, not a measurement), and a trainer with
+fewer than 3 runs (--smoke, or a comparison ended early) has no spread: null in --json, "no
+spread" in the table.
 A failed run ends the comparison in one line (the run, its exit code); --json then holds the runs
 that finished, marked "partial", and the exit code is 1. So does a stop signal during a run (Ctrl-C,
 SIGTERM from a time limit or `timeout`), after which compare.py dies of it (a shell says 130, 143).
@@ -48,6 +52,7 @@ from scalestudy.trainer import config as train_config
 from scalestudy.trainer.config import TrainConfig
 
 HERE = Path(__file__).resolve().parent
+SPREAD_RUNS = 3  # the fewest runs of a trainer whose spread is reported (fewer: null)
 # flags of our trainer that --ours-flags must not give besides those compare.py gives both
 # trainers (argparse keeps the last: ours would run another workload than the reference and the
 # result JSON says): why not
@@ -102,7 +107,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--limit-train", type=int, default=0)
     p.add_argument("--ref-workers", type=int, default=2, help="DataLoader workers per rank")
     p.add_argument("--threads-per-rank", type=int, default=1, help="OMP_NUM_THREADS (CPU)")
-    p.add_argument("--repeats", type=int, default=3, help="runs of each trainer (>= 3: a spread)")
+    p.add_argument(
+        "--repeats", type=int, default=3, help=f"runs of each trainer (>= {SPREAD_RUNS}: a spread)"
+    )
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help=f"a test of the pipeline: allows --repeats < {SPREAD_RUNS} (no spread is reported)",
+    )
     p.add_argument(
         "--ours-flags", default="", help='extra flags of our trainer only, e.g. "--compile off"'
     )
@@ -112,6 +124,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for flag, least in (("repeats", 1), ("nproc", 1), ("ref_workers", 0), ("threads_per_rank", 1)):
         if getattr(args, flag) < least:
             p.error(f"--{flag.replace('_', '-')} must be >= {least}, got {getattr(args, flag)}")
+    if args.repeats < SPREAD_RUNS and not args.smoke:  # a "spread" of 1 or 2 runs reads as one
+        p.error(
+            f"--repeats {args.repeats}: a median and spread need >= {SPREAD_RUNS} runs of each "
+            f"trainer; use --repeats {SPREAD_RUNS}, or add --smoke for a test without a spread"
+        )
     try:
         args.ours_argv = shlex.split(args.ours_flags)
     except ValueError as exc:  # an unbalanced quote
@@ -171,12 +188,15 @@ def order(repeats: int) -> list[str]:
 
 
 def summary(values: list[float]) -> dict:
+    """Median, range and spread of one trainer's runs; the spread null under SPREAD_RUNS runs
+    (of 2 it is their difference, of 1 zero: no measure of the noise)."""
     median = statistics.median(values)
+    spread = (max(values) - min(values)) / median if len(values) >= SPREAD_RUNS else None
     return {
         "median": median,
         "min": min(values),
         "max": max(values),
-        "spread": (max(values) - min(values)) / median,
+        "spread": spread,
         "runs": values,
     }
 
@@ -260,6 +280,7 @@ def summarize(args: argparse.Namespace, ours: list[dict], ref: list[dict]) -> di
         epochs=args.epochs,
         limit_train=args.limit_train,
         repeats=args.repeats,
+        smoke=args.smoke,
         ours_flags=args.ours_flags,
         ours_compiled=last["compiled"],
         ours_flops_per_img=last["flops_per_img"],
@@ -291,14 +312,19 @@ def print_table(r: dict, args: argparse.Namespace) -> None:
     print(f"\n{'':10} {'median img/s':>14} {'min':>10} {'max':>10} {'spread':>8}")
     for name in ("ours", "reference"):
         s = r[name]
-        print(
-            f"{name:10} {s['median']:14,.1f} {s['min']:10,.1f} {s['max']:10,.1f} "
-            f"{100 * s['spread']:7.1f}%"
-        )
+        spread = f"{100 * s['spread']:7.1f}%" if s["spread"] is not None else f"{'none':>8}"
+        print(f"{name:10} {s['median']:14,.1f} {s['min']:10,.1f} {s['max']:10,.1f} {spread}")
     mfu = [m for m in r["ours_mfu"] if m is not None]
     n = (len(r["ours"]["runs"]), len(r["reference"]["runs"]))
     runs = f"{n[0]} runs each" if n[0] == n[1] else f"{n[0]} and {n[1]} runs"
     mfu_text = f"MFU {100 * statistics.median(mfu):.1f}%" if mfu else r["ours_mfu_unmeasured"]
+    if None in (r["ours"]["spread"], r["reference"]["spread"]):  # said, not left to a blank
+        smoke = " (--smoke)" if args.smoke else ""
+        finished = "" if n == (args.repeats, args.repeats) else f", {runs} finished"
+        print(
+            f"no spread: {args.repeats} repeats{smoke}{finished}; a spread needs >= "
+            f"{SPREAD_RUNS} runs of each trainer"
+        )
     print(
         f"ratio      {r['ratio']:14.2f}x  (paired runs {r['paired_ratio_min']:.2f}-"
         f"{r['paired_ratio_max']:.2f}; {runs}, {args.nproc} ranks, "

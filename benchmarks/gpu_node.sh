@@ -28,7 +28,9 @@
 # The package runs from this checkout (PYTHONPATH=src): no install, no Snakemake, no
 # internet. The sizes are variables so that a CPU test runs the same script small: WIDTH
 # LOCAL_BATCH PRECISION EPOCHS NUM_TRAIN REPEATS REF_WORKERS DEVICE (cuda or cpu, for
-# ddp_buffers.py and step_anatomy.py; compare.py uses the GPU when there is one).
+# ddp_buffers.py and step_anatomy.py; compare.py uses the GPU when there is one). REPEATS below 3
+# gives no spread: the comparisons refuse it (before anything runs) unless SMOKE=1, a test of
+# the script (compare.py --smoke).
 set -euo pipefail
 out=${1:?usage: bash benchmarks/gpu_node.sh OUT}
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -48,6 +50,14 @@ for step in $steps; do # a typo found only when the loop reached it cost the ste
         exit 2
     fi
 done
+smoke=()
+if [ "${SMOKE:-0}" = 1 ]; then
+    smoke=(--smoke)
+elif ((repeats < 3)) && [[ " $steps " == *" compare"* ]]; then # each comparison would refuse it
+    echo "gpu_node.sh: REPEATS=$repeats: a comparison's spread needs >= 3 runs of each" \
+        "trainer; set REPEATS=3, or SMOKE=1 for a test of the script without a spread" >&2
+    exit 2
+fi
 
 rc=0
 failed=() # the steps (bucket runs) that failed: the exit status says so at the end
@@ -59,7 +69,8 @@ if [ "$rc" != 0 ]; then
     exit "$rc"
 fi
 common=(--data-dir "$data" --dataset synthetic --nproc 1 --width "$width" --local-batch "$batch"
-    --precision "$precision" --epochs "$epochs" --ref-workers "$workers" --repeats "$repeats")
+    --precision "$precision" --epochs "$epochs" --ref-workers "$workers" --repeats "$repeats"
+    ${smoke[@]+"${smoke[@]}"})
 # `scalestudy train` at local batch 64 (the launch-bound case): anatomy-lb64 and buckets
 lb64=(--dataset synthetic --data-dir "$data" --width "$width" --local-batch 64
     --precision "$precision" --epochs 2 --warmup-steps 10 --limit-test 1024

@@ -39,6 +39,7 @@ def test_medians_spreads_and_ratios():
     assert got["ratio"] == pytest.approx(1.1)
     assert got["paired_ratio_min"] == pytest.approx(1.1)  # 110/100
     assert got["paired_ratio_max"] == pytest.approx(1.3)  # 130/100
+    assert compare.summary([110.0, 100.0])["spread"] is None  # 2 runs: no spread
 
 
 def test_both_trainers_get_the_same_workload():
@@ -213,6 +214,32 @@ sys.exit(compare.main([*argv, "--json", sys.argv[3]]))
 """
 
 
+@pytest.mark.parametrize("repeats", [1, 2])
+def test_fewer_than_three_repeats_are_a_smoke_test_without_a_spread(
+    data_dir, tmp_path, monkeypatch, capsys, repeats
+):
+    """--repeats 1 or 2 ran and reported a "median and spread": of 2 runs the spread is their
+    difference, of 1 it is 0.0% (printed as if the runs agreed). Now refused in one line before
+    any run unless --smoke; with --smoke the spread is null in --json and the table says "no
+    spread" with the repeats, instead of a number."""
+    runs = FakeRuns()
+    monkeypatch.setattr(compare, "subprocess", runs)
+    argv = ["--data-dir", str(data_dir), "--dataset", "synthetic", "--repeats", str(repeats)]
+    with pytest.raises(SystemExit) as exit_:
+        compare.main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and runs.calls == [] and err.splitlines() == [err.strip()], err
+    assert f"--repeats {repeats}: a median and spread need >= 3 runs" in err and "--smoke" in err
+    out = tmp_path / "compare.json"
+    assert compare.main([*argv, "--smoke", "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["ours"]["spread"] is None and r["reference"]["spread"] is None and r["smoke"] is True
+    assert len(r["ours"]["runs"]) == repeats and r["ratio"] is not None
+    table = capsys.readouterr().out
+    assert f"no spread: {repeats} repeats (--smoke); a spread needs >= 3 runs" in table, table
+    assert "%" not in table.split("median img/s")[1].split("ratio")[0], table
+
+
 def test_a_failed_json_write_keeps_the_previous_file(data_dir, tmp_path):
     """--json is written atomically: a write that fails part way (a file-size limit, as a full
     disk) leaves the previous result as it was, and says so in one line."""
@@ -234,7 +261,7 @@ def test_a_failed_run_keeps_the_runs_that_finished(data_dir, tmp_path, monkeypat
     runs = FakeRuns(fail={fail: 3})
     monkeypatch.setattr(compare, "subprocess", runs)
     out = tmp_path / "compare.json"
-    argv = ["--data-dir", str(data_dir), "--dataset", "synthetic", "--repeats", "2"]
+    argv = ["--data-dir", str(data_dir), "--dataset", "synthetic", "--repeats", "2", "--smoke"]
     assert compare.main([*argv, "--json", str(out)]) == 1
     assert len(runs.calls) == fail + 1  # no run after the failed one
     err = capsys.readouterr().err
@@ -262,7 +289,7 @@ def run(cmd, **kwargs):  # the 4th run goes on until a signal stops it
     print("RUNNING", flush=True)
     return subprocess.run(["sleep", "60"], **kwargs)
 compare.subprocess = type("Runs", (), {"run": staticmethod(run)})
-argv = ["--data-dir", sys.argv[2], "--dataset", "synthetic", "--repeats", "2"]
+argv = ["--data-dir", sys.argv[2], "--dataset", "synthetic", "--repeats", "2", "--smoke"]
 compare.exit_with(compare.main([*argv, "--json", sys.argv[3]]))
 """
 
@@ -325,18 +352,20 @@ def test_bad_ours_flags_are_refused_in_one_line_before_any_run(
 
 
 def test_a_tiny_comparison_end_to_end(data_dir, tmp_path):
-    """2 gloo ranks, width 2, one repeat: both trainers run, the JSON holds both medians."""
+    """2 gloo ranks, width 2, one repeat (--smoke): both trainers run, the JSON holds both
+    medians and no spread."""
     out = tmp_path / "compare.json"
     argv = [PYTHON, str(REPO / "benchmarks" / "compare.py"), "--data-dir", str(data_dir)]
     argv += ["--dataset", "synthetic", "--nproc", "2", "--width", "2", "--local-batch", "16"]
     argv += ["--epochs", "1", "--warmup-steps", "2", "--limit-train", "512", "--repeats", "1"]
-    argv += ["--ref-workers", "0", "--json", str(out)]
+    argv += ["--smoke", "--ref-workers", "0", "--json", str(out)]
     proc = subprocess.run(argv, env=child_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     r = json.loads(out.read_text())
     assert r["ours"]["median"] > 0 and r["reference"]["median"] > 0
     assert r["ratio"] == pytest.approx(r["ours"]["median"] / r["reference"]["median"])
     assert r["ours_mfu"] == [None] and r["ours_mfu_unmeasured"].startswith("cpu:")
+    assert r["ours"]["spread"] is None and "no spread: 1 repeats (--smoke)" in proc.stdout
     assert "ratio" in proc.stdout
 
 
@@ -645,7 +674,8 @@ def test_the_gpu_node_script_runs_small_on_a_cpu(tmp_path):
     its ratio."""
     out = tmp_path / "out"
     sizes = {"WIDTH": "2", "LOCAL_BATCH": "16", "PRECISION": "fp32", "EPOCHS": "1"}
-    sizes |= {"NUM_TRAIN": "512", "REPEATS": "1", "REF_WORKERS": "0", "DEVICE": "cpu"}
+    sizes |= {"NUM_TRAIN": "512", "REPEATS": "1", "SMOKE": "1", "REF_WORKERS": "0"}
+    sizes |= {"DEVICE": "cpu"}
     sizes |= {"BUCKETS": "1 25", "BUCKET_GRAPHS": "off"}
     # one comparison: compare.py itself is test_a_tiny_comparison_end_to_end's; here the script
     # passes a step's flags (`compare` is the same call without them)
@@ -719,6 +749,17 @@ def test_gpu_node_refuses_an_unknown_step_before_any_work(tmp_path):
     assert proc.stderr.splitlines() == [proc.stderr.strip()], proc.stderr
     assert proc.stderr.startswith("gpu_node.sh: unknown step 'compare-nograph' in STEPS; ")
     assert "compare-nographs" in proc.stderr  # the known ones
+    assert not (out / "prepare-data.log").exists() and not (out / "ddp-buffers.txt").exists()
+
+
+def test_gpu_node_refuses_fewer_than_three_repeats_before_any_work(tmp_path):
+    """REPEATS=2 (no SMOKE=1): each comparison would refuse it after the data preparation, the
+    others running on; refused in one line before anything runs, naming REPEATS and SMOKE."""
+    out = tmp_path / "out"
+    proc = gpu_node(out, 300, NUM_TRAIN="64", REPEATS="2", STEPS="ddp-buffers compare")
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+    assert proc.stderr.splitlines() == [proc.stderr.strip()], proc.stderr
+    assert proc.stderr.startswith("gpu_node.sh: REPEATS=2: ") and "SMOKE=1" in proc.stderr
     assert not (out / "prepare-data.log").exists() and not (out / "ddp-buffers.txt").exists()
 
 
