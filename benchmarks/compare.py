@@ -15,6 +15,8 @@ spread" in the table.
 A failed run ends the comparison in one line (the run, its exit code); --json then holds the runs
 that finished, marked "partial", and the exit code is 1. So does a stop signal during a run (Ctrl-C,
 SIGTERM from a time limit or `timeout`), after which compare.py dies of it (a shell says 130, 143).
+The run's torchrun gets that signal from compare.py, once (it runs in a session of its own), and
+compare.py waits for it to stop its ranks: killed outright, it left them training on.
 
     # CPU, the Trainer issue's configuration (docs/benchmarks.md): 2 gloo ranks, local batch 64
     python benchmarks/compare.py --data-dir /tmp/bench --dataset synthetic --nproc 2 \
@@ -82,6 +84,58 @@ def restored(signum: int, handler):
         yield
     finally:
         signal.signal(signum, handler)
+
+
+# how long a stopped run's torchrun may take to stop its ranks: its own grace is 30 s before it
+# kills them, and ours stops at the next epoch's end on SIGTERM (trainer/checkpoint.StopFlag)
+STOP_WAIT_S = 90
+
+
+def run_trainer(cmd: list[str], env: dict) -> int:
+    """One run (torchrun) to its end: its exit code. A stop signal to compare.py (Ctrl-C's
+    KeyboardInterrupt, Stopped) is passed on to torchrun, which passes it on to its ranks (each
+    in a session of its own) and waits for them; then it is raised here.
+
+    torchrun runs in a session of its own, so that the signal reaches it once, from here: a
+    terminal's Ctrl-C or `timeout` signals compare.py's process group, and a second signal
+    while torchrun stops its ranks cut that short. subprocess.run instead killed torchrun
+    (SIGKILL, at once or 0.25 s after Ctrl-C), before or while it passed the signal on: the
+    ranks of a SIGTERM to compare.py alone (`kill PID`) trained on, orphaned, holding the
+    devices (and the next benchmark's measurements)."""
+    proc = None
+    try:
+        with held_stop_signals() as held:  # raised inside Popen, it lost the started torchrun
+            proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+        if held:
+            raise KeyboardInterrupt if held[0] == signal.SIGINT else Stopped
+        return proc.wait()
+    except (KeyboardInterrupt, Stopped) as exc:
+        if proc is None:  # none started
+            raise
+        proc.send_signal(signal.SIGINT if isinstance(exc, KeyboardInterrupt) else signal.SIGTERM)
+        try:
+            proc.wait(timeout=STOP_WAIT_S)
+        except (subprocess.TimeoutExpired, KeyboardInterrupt, Stopped):  # or a second signal
+            why = f"not stopped {STOP_WAIT_S} s after the signal, or a second stop signal"
+            print(f"compare.py: killing torchrun (pid {proc.pid}): {why}", file=sys.stderr)
+            proc.kill()
+            proc.wait()
+        raise
+
+
+@contextlib.contextmanager
+def held_stop_signals():
+    """The stop signals that would raise (Ctrl-C's default handler, raise_stopped) only noted
+    in the list it yields while inside; an ignored one (a background job's SIGINT) stays so."""
+    held: list[int] = []
+    raising = (signal.default_int_handler, raise_stopped)
+    stops = [s for s in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(s) in raising]
+    before = {s: signal.signal(s, lambda signum, frame: held.append(signum)) for s in stops}
+    try:
+        yield held
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
 
 
 def torchrun(nproc: int) -> list[str]:
@@ -233,8 +287,8 @@ def main(argv: list[str] | None = None) -> int:
             ours_out, ref_out = Path(tmp) / f"ours{i}", Path(tmp) / f"reference{i}.json"
             cmd = commands(args, ours_out, ref_out)[name]
             print(f"--- {name} ({i // 2 + 1}/{args.repeats}): {shlex.join(cmd)}", flush=True)
-            try:  # subprocess.run kills the run (torchrun) before it raises
-                rc = subprocess.run(cmd, env=env).returncode
+            try:  # a stop signal stops the run (torchrun, its ranks) before it is raised
+                rc = run_trainer(cmd, env)
             except (KeyboardInterrupt, Stopped) as exc:
                 stopped = signal.SIGINT if isinstance(exc, KeyboardInterrupt) else signal.SIGTERM
                 rc = 128 + stopped  # as a shell reports a command a signal ended

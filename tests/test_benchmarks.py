@@ -111,14 +111,16 @@ def test_benchmark_counts_out_of_range_are_refused_in_one_line(capsys, script, f
 
 
 class FakeRuns:
-    """compare.py's `subprocess` with a `run` that writes what each trainer writes (the keys
+    """compare.py's `subprocess` with a `Popen` that writes what each trainer writes (the keys
     compare.py reads; ours N img/s in its run N, the reference half of it), or exits `fail[i]`
-    in the i-th run of the session instead."""
+    in the i-th run of the session instead: a real process that exits so."""
+
+    TimeoutExpired = subprocess.TimeoutExpired
 
     def __init__(self, fail: dict[int, int] | None = None):
         self.fail, self.calls = fail or {}, []
 
-    def run(self, cmd, **kwargs):
+    def Popen(self, cmd, **kwargs):  # noqa: N802 (subprocess's name)
         self.calls.append(cmd)
         rc = self.fail.get(len(self.calls) - 1, 0)
         out = Path(cmd[cmd.index("--out") + 1])
@@ -131,9 +133,7 @@ class FakeRuns:
             metrics |= {"compiled": False, "flops_per_img": 1, "mfu": None, "best_val_acc": 0.1}
             metrics |= {"mfu_unmeasured": "cpu: no peak", "model_flops_per_s": float(n)}
             (out / "metrics.json").write_text(json.dumps(metrics | {"torch_version": "t"}))
-        if rc and kwargs.get("check"):
-            raise subprocess.CalledProcessError(rc, cmd)
-        return subprocess.CompletedProcess(cmd, rc)
+        return subprocess.Popen(["sh", "-c", f"exit {rc}"], **kwargs)
 
 
 def test_compare_refuses_an_unwritable_json_before_the_first_run(
@@ -281,14 +281,14 @@ import subprocess, sys
 sys.path.insert(0, sys.argv[1] + "/tests")
 from test_benchmarks import FakeRuns, compare
 runs = FakeRuns()
-finished = runs.run
-def run(cmd, **kwargs):  # the 4th run goes on until a signal stops it
+finished = runs.Popen
+def popen(cmd, **kwargs):  # the 4th run goes on until a signal stops it
     if len(runs.calls) < 3:
         return finished(cmd, **kwargs)
     runs.calls.append(cmd)
     print("RUNNING", flush=True)
-    return subprocess.run(["sleep", "60"], **kwargs)
-compare.subprocess = type("Runs", (), {"run": staticmethod(run)})
+    return subprocess.Popen(["sleep", "60"], **kwargs)
+compare.subprocess = type("Runs", (FakeRuns,), {"Popen": staticmethod(popen)})
 argv = ["--data-dir", sys.argv[2], "--dataset", "synthetic", "--repeats", "2", "--smoke"]
 compare.exit_with(compare.main([*argv, "--json", sys.argv[3]]))
 """
@@ -327,6 +327,85 @@ def test_a_stopped_comparison_keeps_the_runs_that_finished(data_dir, tmp_path, s
     assert r["partial"] is True and r["failed_run"] == "ours run 2/2"
     assert r["failed_exit_code"] == 128 + getattr(signal, signal_name)
     assert r["ours"]["runs"] == [1.0] and r["reference"]["runs"] == [1.0, 1.5]
+
+
+def test_a_stop_signal_while_a_run_starts_stops_it(data_dir, tmp_path, monkeypatch, capsys):
+    """A SIGTERM that lands while torchrun is being started (inside Popen, between the fork and
+    its return) raised there, and the started process, in a session of its own, was never told:
+    it ran on after compare.py had exited. Now the signal waits for Popen, then is passed on."""
+    import os
+    import signal
+
+    started = []
+
+    def popen(cmd, **kwargs):  # the run starts, and the stop signal comes before Popen returns
+        started.append(subprocess.Popen(["sleep", "60"], **kwargs))
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.5)  # Python runs the handler here, inside the call
+        return started[-1]
+
+    runs = type("Runs", (FakeRuns,), {"Popen": staticmethod(popen)})
+    monkeypatch.setattr(compare, "subprocess", runs)
+    argv = ["--data-dir", str(data_dir), "--dataset", "synthetic", "--repeats", "1", "--smoke"]
+    try:
+        assert compare.main(argv) == 128 + signal.SIGTERM
+        assert started[0].wait(timeout=30) == -signal.SIGTERM  # told, and stopped
+    finally:
+        if started and started[0].poll() is None:
+            started[0].kill()
+    assert "ours run 1/1 stopped by SIGTERM" in capsys.readouterr().err
+
+
+def processes_naming(text: str) -> list[int]:
+    """The pids of the processes whose command line holds `text`."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes() if proc.name.isdigit() else b""
+        except OSError:  # it ended meanwhile
+            continue
+        if text in cmdline.decode(errors="replace"):
+            pids.append(int(proc.name))
+    return pids
+
+
+def test_a_stop_signal_to_compare_alone_stops_the_runs_ranks(data_dir, tmp_path):
+    """SIGTERM to compare.py alone (`kill PID`, a parent that stops its child) during our
+    trainer's run: subprocess.run killed torchrun with SIGKILL at once, before it could pass
+    the signal on, and its ranks (each in a session of its own) trained on, orphaned, after
+    compare.py had exited: the device held, the next benchmark's numbers skewed. Now torchrun
+    gets the signal, stops its ranks, and compare.py exits after them."""
+    import os
+    import signal
+
+    tmp = tmp_path / "tmp"  # compare.py's temporary run directories: in the ranks' --out
+    tmp.mkdir()
+    argv = [PYTHON, str(REPO / "benchmarks" / "compare.py"), "--data-dir", str(data_dir)]
+    argv += ["--dataset", "synthetic", "--nproc", "2", "--width", "2", "--local-batch", "16"]
+    argv += ["--epochs", "500", "--warmup-steps", "2", "--limit-train", "256", "--repeats", "1"]
+    argv += ["--smoke", "--ref-workers", "0", "--ours-flags=--limit-test 64"]
+    err = tmp_path / "stderr"  # a file: orphaned ranks would hold a pipe open
+    with err.open("w") as stderr:
+        proc = subprocess.Popen(
+            argv, env=child_env(TMPDIR=str(tmp)), stdout=subprocess.PIPE, stderr=stderr,
+            text=True,
+        )  # fmt: skip
+    try:
+        for line in proc.stdout:  # our ranks are training
+            if re.search(r"\] epoch +1/500", line):
+                break
+        assert len(processes_naming(str(tmp))) >= 3, "torchrun and 2 ranks"
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
+        left = processes_naming(str(tmp))
+        assert left == [], f"ranks left running after compare.py: {left}"
+        said = err.read_text()
+        assert proc.returncode == -signal.SIGTERM and "ours run 1/1 stopped by SIGTERM" in said
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in processes_naming(str(tmp)):  # only this test's runs
+            os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.parametrize(
