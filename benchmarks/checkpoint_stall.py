@@ -11,9 +11,12 @@ Prints mean and standard deviation (from 2 repeats) of the stall (s) and the che
 
 from __future__ import annotations
 
+import argparse
+import os
 import statistics
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -52,14 +55,31 @@ def measure(st: dict, directory: str, async_write: bool, repeats: int) -> list[f
     return stalls
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = Parser(prog="checkpoint_stall.py", description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu"
+    )
     parser.add_argument("--repeats", type=int, default=5, help="saves per mode (sd from 2)")
     parser.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
+    # in one line before the model is built (each was torch's or tempfile's traceback)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device here; use --device cpu")
+    if args.dir is not None:
+        where = Path(args.dir)
+        if not where.is_dir():
+            why = "is not a directory" if where.exists() else "does not exist"
+            parser.error(f"--dir {args.dir} {why}: create it, or leave --dir out (a temp dir)")
+        if not os.access(where, os.W_OK | os.X_OK):
+            parser.error(f"--dir {args.dir}: no permission to write there: pick another")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     st = state(args.device)
     with tempfile.TemporaryDirectory(dir=args.dir) as d:
         for mode, async_write in (("sync", False), ("async", True)):

@@ -109,6 +109,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for flag in ("nproc", "width", "batch", "steps", "repeats"):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag} must be >= 1, got {getattr(args, flag)}")
+    # one GPU per rank: a rank without one was a CUDA traceback in every rank
+    if args.device == "cuda" and (gpus := torch.cuda.device_count()) < args.nproc:
+        fix = f"use --nproc {gpus}" if gpus else "use --device cpu"
+        parser.error(f"--device cuda --nproc {args.nproc}: {gpus} CUDA devices here; {fix}")
     return args
 
 

@@ -97,6 +97,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for flag, least in (*at_least.items(), ("limit_train", 0)):  # None or 0: every image
         if (getattr(args, flag) or 0) < least:
             p.error(f"--{flag.replace('_', '-')} must be >= {least}, got {getattr(args, flag)}")
+    for name in ("data.pt", "meta.json"):  # each rank's torch.load traceback otherwise
+        if not (path := Path(args.data_dir) / args.dataset / name).is_file():
+            p.error(
+                f"--data-dir {args.data_dir}: no {path}: run `scalestudy prepare-data --dataset "
+                f"{args.dataset} --data-dir {args.data_dir}` first"
+            )
     return args
 
 

@@ -79,6 +79,14 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=240, help="seconds per variant")
     p.add_argument("--json")
     args = p.parse_args(argv)
+    # in one line, not a traceback in every variant's process (--steps 0: a ZeroDivisionError)
+    at_least = {"local_batch": 1, "width": 1, "steps": 1, "warmup": 0, "check": 0}
+    for flag, least in at_least.items():
+        if getattr(args, flag) < least:
+            p.error(f"--{flag.replace('_', '-')} must be >= {least}, got {getattr(args, flag)}")
+    for flag in ("bucket_cap_mb", "timeout"):
+        if not getattr(args, flag) > 0:  # nan too
+            p.error(f"--{flag.replace('_', '-')} must be > 0, got {getattr(args, flag)}")
     # a misspelt name ran the eager step (whole-eager's for whole*) under its own label
     unknown = [v for v in args.variants.split(",") if v not in VARIANTS]
     if args.variant is not None and args.variant not in VARIANTS:  # main's, one per process
@@ -278,6 +286,13 @@ def check(args, device, side, xs, ys, graph_type=None) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    if not torch.cuda.is_available():  # each variant's process was an NCCL/CUDA traceback
+        print(
+            "whole_step_graph.py: needs a CUDA GPU (NCCL, CUDA graphs); torch sees none here "
+            "(its --check runs on a CPU in tests/test_step_graph.py)",
+            file=sys.stderr,
+        )
+        return 2
     if args.variant:
         print("RESULT " + json.dumps(run_variant(args)), flush=True)
         return 0

@@ -91,16 +91,24 @@ def test_ours_flags_may_not_change_what_both_trainers_run(capsys, flags, named, 
         *(("reference_train", f, 0) for f in ("--num-workers", "--warmup-steps", "--limit-train")),
         *(("ddp_buffers", f, 1) for f in ("--nproc", "--width", "--batch", "--steps", "--repeats")),
         *(("winograd", f, 1) for f in ("--width", "--batch", "--threads", "--repeats")),
+        *(("whole_step_graph", f, 1) for f in ("--local-batch", "--width", "--steps")),
+        *(("whole_step_graph", f, 0) for f in ("--warmup", "--check")),
+        ("checkpoint_stall", "--repeats", 1),
     ],
 )
-def test_benchmark_counts_out_of_range_are_refused_in_one_line(capsys, script, flag, least):
+def test_benchmark_counts_out_of_range_are_refused_in_one_line(
+    capsys, data_dir, script, flag, least
+):
     """One below the least value is refused by the script's parser in one line; it was a
     traceback after some work (the reference's first run after all of ours, a StatisticsError
-    in every rank) or, for winograd.py --repeats 0, inf and nan and exit 0. The least is
-    accepted."""
-    required = {"compare": ["--data-dir", "d"], "reference_train": ["--data-dir", "d"]}
+    in every rank, whole_step_graph.py --steps 0 a ZeroDivisionError in each variant's process)
+    or, for winograd.py --repeats 0, inf and nan and exit 0. The least is accepted."""
+    required = {"compare": ["--data-dir", "d"], "whole_step_graph": ["--variants", "eager"]}
+    required["reference_train"] = ["--data-dir", str(data_dir), "--dataset", "synthetic"]
     required["reference_train"] += ["--out", "r.json"]
-    parse_args = load_benchmark(script).parse_args
+    required["checkpoint_stall"] = ["--device", "cpu"]
+    module = load_benchmark(script)
+    parse_args = getattr(module, "parse_args", None) or module.parse
     with pytest.raises(SystemExit) as exit_:
         parse_args([*required.get(script, []), flag, str(least - 1)])
     err = capsys.readouterr().err
@@ -108,6 +116,63 @@ def test_benchmark_counts_out_of_range_are_refused_in_one_line(capsys, script, f
     assert err.startswith(f"{script}.py: error: {flag} must be >= {least}, got {least - 1};")
     args = parse_args([*required.get(script, []), flag, str(least)])
     assert getattr(args, flag[2:].replace("-", "_")) == least
+
+
+def bad_arguments(tmp_path: Path) -> list[tuple[str, list[str], str]]:
+    """(script, its arguments, what its one line says) for arguments the scripts refuse."""
+    import torch
+
+    (tmp_path / "file").write_text("")
+    cases = [
+        ("checkpoint_stall", ["--dir", str(tmp_path / "missing")], "does not exist: create it"),
+        ("checkpoint_stall", ["--dir", str(tmp_path / "file")], "is not a directory"),
+        ("reference_train", ["--data-dir", str(tmp_path), "--out", "r.json"], "prepare-data"),
+        ("whole_step_graph", ["--timeout", "0"], "--timeout must be > 0, got 0.0"),
+        ("whole_step_graph", ["--bucket-cap-mb", "nan"], "--bucket-cap-mb must be > 0"),
+    ]
+    gpus = torch.cuda.device_count()
+    nproc = ["--device", "cuda", "--nproc", str(gpus + 1)]
+    cases.append(("ddp_buffers", nproc, f"{gpus} CUDA devices here"))
+    if not torch.cuda.is_available():
+        cases.append(("checkpoint_stall", ["--device", "cuda"], "no CUDA device here"))
+    return cases
+
+
+@pytest.mark.parametrize("case", range(7))
+def test_benchmark_bad_arguments_are_refused_in_one_line(tmp_path, capsys, monkeypatch, case):
+    """A missing or non-directory --dir (checkpoint_stall.py: tempfile's traceback after the
+    model was built), --device cuda without the GPUs (checkpoint_stall.py, ddp_buffers.py:
+    torch's traceback, in every rank), a --data-dir without the prepared data (the reference:
+    torch.load's traceback in every rank), a --timeout or --bucket-cap-mb of 0 or nan (each
+    graph variant failed): one line from the script's parser, exit 2, before any work."""
+    cases = bad_arguments(tmp_path)
+    if case >= len(cases):
+        pytest.skip("a CUDA device is here: --device cuda is accepted")
+    script, argv, says = cases[case]
+    module = load_benchmark(script)
+    monkeypatch.setattr(sys, "argv", [f"{script}.py", *argv])  # checkpoint_stall's main reads it
+    with pytest.raises(SystemExit) as exit_:
+        if script == "checkpoint_stall":  # the whole script (it is quick to refuse)
+            module.main()
+        else:
+            (getattr(module, "parse_args", None) or module.parse)(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.splitlines() == [err.strip()], err
+    assert err.startswith(f"{script}.py: error: ") and says in err, err
+
+
+def test_the_graph_benchmark_without_cuda_says_so_in_one_line(capsys):
+    """whole_step_graph.py measures CUDA graphs over NCCL: on a host without CUDA each variant's
+    process failed with a traceback (twice for the whole-* variants). Now one line, exit 2."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here")
+    graphs = load_benchmark("whole_step_graph")
+    assert graphs.main(["--variants", "eager,whole-eager", "--timeout", "60"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.splitlines() == [captured.err.strip()]
+    assert captured.err.startswith("whole_step_graph.py: needs a CUDA GPU"), captured.err
 
 
 class FakeRuns:
