@@ -14,7 +14,8 @@ fewer than 3 runs (--smoke, or a comparison ended early) has no spread: null in 
 spread" in the table.
 A failed run ends the comparison in one line (the run, its exit code); --json then holds the runs
 that finished, marked "partial", and the exit code is 1. So does a stop signal during a run (Ctrl-C,
-SIGTERM from a time limit or `timeout`), after which compare.py dies of it (a shell says 130, 143).
+SIGTERM from a time limit or `timeout`, SIGHUP from a closed terminal), after which compare.py
+dies of it (a shell says 130, 143, 129).
 The run's torchrun gets that signal from compare.py, once (it runs in a session of its own), and
 compare.py waits for it to stop its ranks: killed outright, it left them training on.
 
@@ -69,21 +70,38 @@ NOT_OURS_ONLY = {
 
 
 class Stopped(Exception):
-    """SIGTERM during the runs (a time limit, `timeout`, `kill`), raised as Ctrl-C raises
-    KeyboardInterrupt: the runs that finished are still summarised and written."""
+    """SIGTERM (a time limit, `timeout`, `kill`) or SIGHUP (the terminal closed) during the
+    runs, raised as Ctrl-C raises KeyboardInterrupt: the runs that finished are still
+    summarised and written. Its `signum` is the signal's."""
+
+    def __init__(self, signum: int = signal.SIGTERM):
+        super().__init__(signum)
+        self.signum = signal.Signals(signum)
 
 
 def raise_stopped(signum: int, frame) -> None:
-    raise Stopped
+    raise Stopped(signum)
+
+
+# the signals raise_stopped turns into Stopped while the runs go on: SIGHUP too, since torchrun
+# runs in a session of its own (run_trainer) and a closed terminal's SIGHUP no longer reaches it
+STOPPING = (signal.SIGTERM, signal.SIGHUP)
 
 
 @contextlib.contextmanager
-def restored(signum: int, handler):
-    """`handler` for `signum` again on leaving (an in-process caller's, the default)."""
+def stop_signals_raised():
+    """STOPPING's signals raise Stopped while inside (their default lost every run that had
+    finished), each one's earlier handler again on leaving (an in-process caller's, the
+    default). A signal ignored (nohup's SIGHUP) stays ignored."""
+    before = {}
     try:
+        for signum in STOPPING:
+            if signal.getsignal(signum) is not signal.SIG_IGN:
+                before[signum] = signal.signal(signum, raise_stopped)
         yield
     finally:
-        signal.signal(signum, handler)
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
 
 
 # how long a stopped run's torchrun may take to stop its ranks: its own grace is 30 s before it
@@ -107,12 +125,12 @@ def run_trainer(cmd: list[str], env: dict) -> int:
         with held_stop_signals() as held:  # raised inside Popen, it lost the started torchrun
             proc = subprocess.Popen(cmd, env=env, start_new_session=True)
         if held:
-            raise KeyboardInterrupt if held[0] == signal.SIGINT else Stopped
+            raise KeyboardInterrupt if held[0] == signal.SIGINT else Stopped(held[0])
         return proc.wait()
     except (KeyboardInterrupt, Stopped) as exc:
         if proc is None:  # none started
             raise
-        proc.send_signal(signal.SIGINT if isinstance(exc, KeyboardInterrupt) else signal.SIGTERM)
+        proc.send_signal(signal.SIGINT if isinstance(exc, KeyboardInterrupt) else exc.signum)
         try:
             proc.wait(timeout=STOP_WAIT_S)
         except (subprocess.TimeoutExpired, KeyboardInterrupt, Stopped):  # or a second signal
@@ -129,7 +147,7 @@ def held_stop_signals():
     in the list it yields while inside; an ignored one (a background job's SIGINT) stays so."""
     held: list[int] = []
     raising = (signal.default_int_handler, raise_stopped)
-    stops = [s for s in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(s) in raising]
+    stops = [s for s in (signal.SIGINT, *STOPPING) if signal.getsignal(s) in raising]
     before = {s: signal.signal(s, lambda signum, frame: held.append(signum)) for s in stops}
     try:
         yield held
@@ -281,8 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, list[dict]] = {"ours": [], "reference": []}
     failed = None  # (run, exit code): the runs stop at a failed one, those that finished are kept
     stopped = None  # the signal that stopped a run: its runs that finished are kept too
-    previous = signal.signal(signal.SIGTERM, raise_stopped)  # its default lost them all
-    with tempfile.TemporaryDirectory() as tmp, restored(signal.SIGTERM, previous):
+    with tempfile.TemporaryDirectory() as tmp, stop_signals_raised():
         for i, name in enumerate(order(args.repeats)):
             ours_out, ref_out = Path(tmp) / f"ours{i}", Path(tmp) / f"reference{i}.json"
             cmd = commands(args, ours_out, ref_out)[name]
@@ -290,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
             try:  # a stop signal stops the run (torchrun, its ranks) before it is raised
                 rc = run_trainer(cmd, env)
             except (KeyboardInterrupt, Stopped) as exc:
-                stopped = signal.SIGINT if isinstance(exc, KeyboardInterrupt) else signal.SIGTERM
+                stopped = signal.SIGINT if isinstance(exc, KeyboardInterrupt) else exc.signum
                 rc = 128 + stopped  # as a shell reports a command a signal ended
             out = ours_out / "metrics.json" if name == "ours" else ref_out
             if rc != 0 or not out.exists():
@@ -392,7 +409,7 @@ def exit_with(code: int) -> None:
     a shell running compare.py (gpu_node.sh's steps) goes on to its next command unless its
     child died of the Ctrl-C it got too (bash's wait-and-cooperative-exit), and exit 130 is not
     dying of it."""
-    if code - 128 in (signal.SIGINT, signal.SIGTERM):
+    if code - 128 in (signal.SIGINT, *STOPPING):
         sys.stdout.flush()
         signal.signal(code - 128, signal.SIG_DFL)
         os.kill(os.getpid(), code - 128)

@@ -473,6 +473,47 @@ def test_a_stop_signal_to_compare_alone_stops_the_runs_ranks(data_dir, tmp_path)
             os.kill(pid, signal.SIGKILL)
 
 
+def test_a_closed_terminals_sighup_reaches_the_run_and_stops_compare(tmp_path):
+    """torchrun runs in a session of its own (run_trainer), so a closed terminal's SIGHUP, sent
+    to the terminal's foreground group, no longer reached it: compare.py died of the signal's
+    default and the run trained on, orphaned. SIGHUP is now a stop signal like SIGTERM: passed
+    on to the run, raised as Stopped naming it, its handler restored after."""
+    import signal
+
+    marker = tmp_path / "run-got"
+    run = (  # the run: says it is ready, then waits for a signal and writes its name
+        "import signal, sys, time\n"
+        "def got(signum, frame):\n"
+        "    open(sys.argv[1], 'w').write(signal.Signals(signum).name); sys.exit(0)\n"
+        "signal.signal(signal.SIGHUP, got); signal.signal(signal.SIGTERM, got)\n"
+        "print('ready', flush=True); time.sleep(60)\n"
+    )
+    script, cmd = str(REPO / "benchmarks" / "compare.py"), [PYTHON, "-c", run, str(marker)]
+    parent = (  # compare.py's run_trainer under its stop handlers, as main() runs a run
+        "import importlib.util, os, signal, sys\n"
+        f"spec = importlib.util.spec_from_file_location('compare', {script!r})\n"
+        "compare = importlib.util.module_from_spec(spec); spec.loader.exec_module(compare)\n"
+        "with compare.stop_signals_raised():\n"
+        "    try:\n"
+        f"        compare.run_trainer({cmd!r}, dict(os.environ))\n"
+        "    except compare.Stopped as exc:\n"
+        "        print('stopped by', exc.signum.name, flush=True)\n"
+        "print('after', signal.getsignal(signal.SIGHUP) is signal.SIG_DFL, flush=True)\n"
+    )
+    proc = subprocess.Popen(
+        [PYTHON, "-c", parent], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        proc.send_signal(signal.SIGHUP)  # to compare.py alone, as a hang-up reaches it
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert out.split("\n")[:2] == ["stopped by SIGHUP", "after True"], out
+    assert marker.read_text() == "SIGHUP"  # the run got it, and stopped
+
+
 @pytest.mark.parametrize(
     "flags, says",
     [
