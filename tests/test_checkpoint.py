@@ -990,3 +990,39 @@ def test_a_peer_failing_during_rank_0s_background_write_keeps_that_checkpoint(da
     assert "finishing the checkpoint of epoch 1" in stderr, stderr[-3000:]
     assert f"wrote {saved[0]}: the rerun resumes from it" in stderr, stderr[-3000:]
     assert not list(ckdir.glob(".partial-*"))
+
+
+def test_a_resumed_runs_peak_memory_is_the_highest_of_its_segments(data_dir, tmp_path):
+    """peak_mem_mb is what a user sizes a job's memory by, but a resumed run reported its last
+    segment's peak alone: a first segment that needed more (here 1 GiB of ballast held by the
+    process of the first segment, a real peak RSS of its own) was forgotten, and the job's
+    --mem sized from metrics.json was too small for that segment. Now each checkpoint carries
+    the highest peak of the segments before it."""
+    ballast_mb = 1024
+    out, ckdir = tmp_path / "run", tmp_path / "ckpt"
+    flags = ("--checkpoint-dir", str(ckdir), "--checkpoint-every", "1")
+    cmd = [*SMALL, *EPOCHS, *flags, "--data-dir", str(data_dir), "--out", str(out)]
+    first = subprocess.Popen(
+        [
+            PYTHON,
+            "-c",
+            # a real first segment whose process holds (and has touched) the ballast
+            f"import sys; b = bytearray({ballast_mb} * 2**20); b[::4096] = b'x' * len(b[::4096]);"
+            "from scalestudy.cli import main; sys.exit(main(['train', *sys.argv[1:]]))",
+            *cmd,
+        ],
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    _wait_for_epochs(out, 1, first)
+    first.send_signal(signal.SIGTERM)
+    _, stderr = first.communicate(timeout=120)
+    assert first.returncode == ck.PREEMPTED_EXIT, stderr[-3000:]
+
+    done = train(data_dir, out, *EPOCHS, *flags, nproc=1)
+    assert "resuming from" in done.stdout
+    m = read_metrics(out)
+    assert m["restarts"] == 1 and m["peak_mem_source"] == "process_max_rss"
+    assert m["peak_mem_mb"] > ballast_mb, m["peak_mem_mb"]  # the first segment's peak

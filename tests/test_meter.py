@@ -165,3 +165,57 @@ def test_the_step_time_quantiles_are_linear_between_ranks_and_p50_is_the_median(
     times = [float(i) for i in range(20)]  # p95 of 0..19: 0.95 x 19 = 18.05
     assert measure._quantile(times, 0.95) == pytest.approx(18.05)
     assert measure._quantile([3.0], 0.95) == 3.0
+
+
+def test_a_resumed_runs_window_counts_and_utilisation_cover_every_segment(
+    tmp_path, monkeypatch, one_rank_group
+):
+    """A run stopped and resumed reported host_syncs_in_window and gpu_util_mean of its last
+    segment only, while its throughput summed every segment's window: 3 host syncs in the
+    first segment's window and a GPU busy at 100% for most of the window vanished from
+    metrics.json. Now each checkpoint carries the counts and the window's NVML samples (sum and
+    count), and the run reports the syncs summed and the mean of every window sample. CUDA's
+    sync-debug mode and NVML are stand-ins here (no GPU); the samples are real, timed by the
+    sampler's thread; the checkpoint is RunState's round trip through its dict."""
+    import dataclasses
+    import time
+
+    monkeypatch.setattr(measure.torch.cuda, "set_sync_debug_mode", lambda mode: None)
+    sync = "called a synchronizing CUDA operation"
+    cfg = TrainConfig(out=str(tmp_path))
+    everything: list[dict] = []  # every window sample of both segments
+
+    def segment(state: RunState, util: float, syncs: int, window_s: float):
+        meter = measure.Meter(cfg, torch.device("cpu"), rank=0)
+        meter.syncs = measure.SyncCounter()  # --sync-debug on a GPU
+        meter.nvml = measure.NvmlSampler(
+            torch.device("cpu"), interval_s=0.01, read=lambda handle: {"util_pct": util}
+        )
+        meter.start(state)
+        meter.nvml.open_span()
+        meter.syncs.start()
+        for _ in range(syncs):
+            warnings.warn(sync, UserWarning, stacklevel=1)
+        meter.syncs.stop()
+        time.sleep(window_s)
+        meter.nvml.close_span()
+        return meter
+
+    first = segment(RunState(), util=100.0, syncs=3, window_s=0.4)
+    state = RunState()
+    first.bank_loop_time(state)
+    first.bank_segment(state)  # what the stop's checkpoint stores
+    first.nvml.stop()  # the process exits 75
+    everything += [s for s in first.nvml.samples if first.nvml.in_window(s["time_s"])]
+    resumed = RunState(**dataclasses.asdict(state))  # what the next segment resumes with
+
+    last = segment(resumed, util=40.0, syncs=2, window_s=0.2)
+    last.end_loop(resumed)
+    everything += [s for s in last.nvml.samples if last.nvml.in_window(s["time_s"])]
+    assert {s["util_pct"] for s in everything} == {100.0, 40.0}
+    resumed.window_images, resumed.window_time, resumed.window_step_times = 64, 1.0, [0.5, 0.5]
+    resumed.history = [{"epoch_time_s": 1.0, "in_window": True}]
+    m = last.reduce(resumed, world_size=1)
+    assert m["host_syncs_in_window"] == 5
+    assert m["gpu_util_mean"] == pytest.approx(statistics.fmean(s["util_pct"] for s in everything))
+    assert m["gpu_util_mean"] > 60  # the last segment's alone: 40

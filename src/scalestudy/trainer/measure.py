@@ -92,11 +92,16 @@ class Meter:
         self.graphs_at_end: int | None = None
         # --sync-debug: host synchronisations inside the window's steps (CUDA only)
         self.syncs = SyncCounter() if cfg.sync_debug and cuda else None
+        self.syncs_before = 0  # the earlier segments' (start(): from the checkpoint)
+        self.util_before = (0.0, 0)
 
     def start(self, state: RunState) -> None:
         """The training loop starts (after any resume); warm-up is excluded again per segment."""
         self.segment_start = state.step
         self.loop_start = time.perf_counter()
+        # the earlier segments' counts, to which this segment's are added (bank_segment)
+        self.syncs_before = state.host_syncs_in_window
+        self.util_before = (state.gpu_util_sum, state.gpu_util_samples)
         if self.nvml:
             self.nvml.start()
             self.energy = self.energy or self.nvml.energy_counter()
@@ -194,10 +199,26 @@ class Meter:
         state.loop_time += now - self.loop_start
         self.loop_start = now
 
+    def bank_segment(self, state: RunState) -> None:
+        """Before a checkpoint stores `state`: this rank's measures so far over the segments,
+        so a resumed run reports them over every segment (train.py): the highest peak memory,
+        the host synchronisations inside the window and the NVML samples inside it (sum and
+        count). Idempotent: each call sets the earlier segments' values plus this one's."""
+        state.peak_mem_mb = max(state.peak_mem_mb, peak_memory_mb(self.device))
+        state.host_syncs_in_window = self.syncs_before + (self.syncs.count if self.syncs else 0)
+        util, samples = self.nvml.window_util() if self.nvml else (0.0, 0)
+        state.gpu_util_sum = self.util_before[0] + util
+        state.gpu_util_samples = self.util_before[1] + samples
+
     def end_loop(self, state: RunState) -> float:
-        """The training loop is over: returns train_time_s and stops NVML sampling."""
+        """The training loop is over: returns train_time_s and stops NVML sampling; gpu_util
+        is this rank's mean over the window samples of every segment (None without any)."""
         train_time = self.loop_time(state)
-        self.gpu_util = self.nvml.stop() if self.nvml else None
+        if self.nvml:
+            self.nvml.stop()
+        self.bank_segment(state)
+        samples = state.gpu_util_samples
+        self.gpu_util = state.gpu_util_sum / samples if samples else None
         if self.compiled:
             self.graphs_at_end = compiling.graphs()
         return train_time
@@ -213,7 +234,10 @@ class Meter:
         dist.all_reduce(images_all)  # images: summed over ranks
         times_max = totals[1:].clone()
         dist.all_reduce(times_max, op=dist.ReduceOp.MAX)  # window: the slowest rank's wall time
-        peak_mem = torch.tensor([peak_memory_mb(device)], dtype=torch.float64, device=device)
+        # the highest of every segment (the earlier ones' from the checkpoint: bank_segment),
+        # this one's read now, the communication probe after the loop included
+        peak = max(state.peak_mem_mb, peak_memory_mb(device))
+        peak_mem = torch.tensor([peak], dtype=torch.float64, device=device)
         dist.all_reduce(peak_mem, op=dist.ReduceOp.MAX)
         places: list = [None] * world_size  # (host, device name) of every rank
         dist.all_gather_object(places, (sdist.hostname(), device_info(device)["name"]))
@@ -263,7 +287,8 @@ class Meter:
                 self.graphs_at_window,
                 self.graphs_at_end,
             ),
-            "host_syncs_in_window": self.syncs.count if self.syncs else None,
+            # every segment's (end_loop banked this one's)
+            "host_syncs_in_window": state.host_syncs_in_window if self.syncs else None,
         }
 
     @property
@@ -875,6 +900,12 @@ class NvmlSampler:
 
     def in_window(self, time_s: float) -> bool:
         return any(start <= time_s <= end for start, end in self.spans)
+
+    def window_util(self) -> tuple[float, int]:
+        """The sum and the count of the utilisation samples so far inside the window's spans
+        (what a checkpoint carries to the next segment: Meter.bank_segment)."""
+        util = [s["util_pct"] for s in list(self.samples) if self.in_window(s["time_s"])]
+        return float(sum(util)), len(util)
 
     def start(self) -> None:
         handle = None

@@ -63,6 +63,15 @@ class RunState:
     # seconds per window step of this rank's busy time (measure.SYNC_PHASE) and data phase
     window_busy_times: list[float] = field(default_factory=list)
     window_data_times: list[float] = field(default_factory=list)
+    # this rank's measures of the segments before, as of each one's last checkpoint
+    # (Meter.bank_segment), combined with the last segment's in Meter.reduce: the highest peak
+    # memory (MiB), the host synchronisations inside the window (--sync-debug) and the NVML
+    # utilisation samples inside the window (their sum and count, so the mean weighs every
+    # segment by its samples: its time in the window)
+    peak_mem_mb: float = 0.0
+    host_syncs_in_window: int = 0
+    gpu_util_sum: float = 0.0
+    gpu_util_samples: int = 0
     train_seconds: float = 0.0  # training time, evaluation excluded (time_to_target's clock)
     time_to_target: float | None = None
     loop_time: float = 0.0  # loop seconds banked so far: earlier segments, checkpoints
@@ -82,6 +91,10 @@ PER_RANK = (
     "window_step_times",
     "window_busy_times",
     "window_data_times",
+    "peak_mem_mb",
+    "host_syncs_in_window",
+    "gpu_util_sum",
+    "gpu_util_samples",
 )
 
 
@@ -259,7 +272,7 @@ class Checkpointing:
         mine = saved["ranks"][rank]
         ckpt.set_rng_state(mine["rng"], generators)
         state = RunState(**saved["progress"])
-        for key in PER_RANK:  # this rank's own window sums (older checkpoints: the first two)
+        for key in PER_RANK:  # this rank's own sums (older checkpoints: some of them)
             if key in mine:
                 setattr(state, key, mine[key])
         state.resumed_from_epochs = [*state.resumed_from_epochs, state.epoch]
@@ -326,6 +339,7 @@ class Checkpointing:
             self._agree_on_write("an earlier checkpoint write failed on another rank")
         if stopping or due:
             meter.bank_loop_time(state)
+            meter.bank_segment(state)
             state.checkpoint_stall_s = self.saver.stall_s
             self._save(state, wait=stopping)
             if stopping:

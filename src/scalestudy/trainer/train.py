@@ -117,8 +117,8 @@ How the numbers are measured (the analysis relies on these definitions):
   inductor's graphs that could not run as CUDA graphs (null unless "compiled").
 - host_syncs_in_window: --sync-debug only (CUDA): the host synchronisations CUDA operations made
   inside the window's training steps on rank 0 (0 is the fast path); null otherwise.
-- peak_mem_mb: CUDA max_memory_allocated on GPU, the process's peak RSS on CPU (max over ranks),
-  in MiB (2**20 bytes, Slurm's MB).
+- peak_mem_mb: CUDA max_memory_allocated on GPU, the process's peak RSS on CPU (max over ranks
+  and over the segments of a resumed run), in MiB (2**20 bytes, Slurm's MB).
 - gpu_util_mean: mean NVML utilisation of the samples (every 0.5 s) taken inside the
   throughput window (null when none is: a window shorter than 0.5 s), averaged over the
   gpu_util_ranks ranks that have samples (the device is found by UUID/PCI bus id, not index);
@@ -195,10 +195,18 @@ A resumed run's numbers are accounted over its segments:
   ranks_per_node count the last segment's layout.
 - checkpoint_stall_s: seconds rank 0's training waited for checkpoint saves, all segments, but
   for each stopped segment's final save: the checkpoint holding the value is that save.
-- gpu_util_mean and host_syncs_in_window: of the last segment's window only (as energy_j).
-  peak_mem_mb, comm_exposed_frac, slurm_job_id, net_interface and nccl_version: of the last
-  segment (the checkpoint identity holds the trainer's code, torch's version, every rank's
-  device and container_digest the same in every segment).
+- peak_mem_mb: the highest over segments (each rank's, as of each earlier segment's last
+  checkpoint: what it reached after that was redone by the next segment). host_syncs_in_window:
+  summed over the segments' windows. gpu_util_mean: each rank's mean over the window samples of
+  every segment (so a segment weighs by its samples, its time in the window), then over ranks.
+  The checkpoint carries each rank's peak, count and samples' sum and count (RunState).
+- of the last segment only: energy_j and the energy_wall_* (the counter's spans are read by one
+  process; the wall span cannot bridge a restart), gpu_samples_rank*.csv (the samples are
+  written once, at the end of the loop: a stopped segment's are not kept), comm_exposed_frac
+  (the probe runs once, after training), nodes and ranks_per_node (the layout the last
+  segment ran on), slurm_job_id, net_interface and nccl_version (the checkpoint identity holds
+  the trainer's code, torch's version, every rank's device and container_digest the same in
+  every segment).
 With --checkpoint-dir, saves are written by a background thread on rank 0 by default, during
 the next epoch's window steps, where its CPU and I/O share the machine with training;
 --no-checkpoint-async makes each save wait, outside every rank's window (the others wait for
