@@ -326,6 +326,8 @@ def test_sigterm_then_restart_matches_an_uninterrupted_run(data_dir, tmp_path):
     m = read_metrics(out)
     assert m["restarts"] == 1 and m["resumed_from_epochs"] in ([1], [2], [3])
     assert m["throughput_img_s"] > 0 and m["train_time_s"] > 0
+    assert m["lost_time_s"] == 0  # the stop saved everything trained: nothing redone
+    assert read_metrics(ref)["lost_time_s"] is None  # no --checkpoint-dir: not known
     assert m["config_hash"] == read_metrics(ref)["config_hash"]
     assert not ckdir.exists()  # a finished run leaves no checkpoint to resume
 
@@ -1026,3 +1028,34 @@ def test_a_resumed_runs_peak_memory_is_the_highest_of_its_segments(data_dir, tmp
     m = read_metrics(out)
     assert m["restarts"] == 1 and m["peak_mem_source"] == "process_max_rss"
     assert m["peak_mem_mb"] > ballast_mb, m["peak_mem_mb"]  # the first segment's peak
+
+
+def test_training_a_killed_attempt_redid_is_counted_as_lost_time(data_dir, tmp_path):
+    """kill -9 after epoch 3 of a run that checkpoints every 2 epochs: epoch 3 is trained
+    again by the rerun, which resumes from epoch 2. train_time_s counts the kept training only
+    (the loop time up to each checkpoint resumed from, plus the last attempt's), so the node-
+    hours priced from it left the lost epoch out, and nothing in metrics.json said any was
+    lost. Now lost_time_s holds it, measured from the killed attempt's record in the checkpoint
+    directory (its loop clock at its last epoch's end)."""
+    out, ckdir = tmp_path / "run", tmp_path / "ckpt"
+    flags = ("--epochs", "5", "--checkpoint-dir", str(ckdir), "--checkpoint-every", "2")
+    proc = _start(data_dir, out, *flags)
+    _wait_for_epochs(out, 3, proc)
+    attempt = ckdir / ck.ATTEMPT
+    deadline = time.monotonic() + 60  # epoch 3's end recorded: its row is written just before
+    while attempt.stat().st_mtime_ns < (out / "epochs.csv").stat().st_mtime_ns:
+        assert time.monotonic() < deadline and proc.poll() is None, "no record of epoch 3"
+        time.sleep(0.01)
+    proc.kill()
+    proc.communicate(timeout=60)
+    epoch_3 = float(read_epochs(out)[2]["epoch_time_s"])  # the killed attempt's epoch 3
+    assert [p.name for p in ck.list_checkpoints(ckdir)][-1] == "epoch-0002"
+
+    done = train(data_dir, out, *EPOCHS, *flags, nproc=1)
+    assert "resuming from" in done.stdout
+    m = read_metrics(out)
+    assert m["restarts"] == 1 and m["resumed_from_epochs"] == [2]
+    # epoch 3's training and evaluation, as that attempt's clock measured them: at least its
+    # training time, and less than the whole run's
+    assert epoch_3 <= m["lost_time_s"] < m["train_time_s"], (epoch_3, m["lost_time_s"])
+    assert not ckdir.exists()  # finished: the attempt record goes with the checkpoints

@@ -67,6 +67,9 @@ MANIFEST = "manifest.json"
 STATE = "state.pt"
 DCP_DIR = "dcp"
 _NAME = re.compile(r"epoch-(\d{4,})")
+# rank 0's record of the latest attempt of the run (state.Checkpointing.count_lost): the run's
+# loop clock at its last epoch's end, so the next attempt knows the training it redoes
+ATTEMPT = "attempt.json"
 PREEMPTED_EXIT = 75  # EX_TEMPFAIL: stopped on a signal after saving a checkpoint; rerun to resume
 # rank 0's marker file for the check that every rank sees the directory (state.py), and how long
 # a rank looks for it
@@ -223,7 +226,8 @@ def prune(directory: str | os.PathLike, keep: int, identity: dict, saved: int) -
 
 
 def remove_all(directory: str | os.PathLike) -> None:
-    """Delete every checkpoint (complete and partial) of a finished run."""
+    """Delete every checkpoint (complete and partial) of a finished run, and its ATTEMPT
+    record (a rerun of the finished run starts afresh: it redoes nothing of this one's)."""
     directory = Path(directory)
     if not directory.is_dir():
         return
@@ -233,6 +237,8 @@ def remove_all(directory: str | os.PathLike) -> None:
         elif path.name.startswith(SHARED_MARK):  # left by a rank 0 killed during the check
             with contextlib.suppress(OSError):
                 path.unlink()
+    with contextlib.suppress(OSError):
+        (directory / ATTEMPT).unlink(missing_ok=True)
     with contextlib.suppress(OSError):
         directory.rmdir()  # only when empty
 

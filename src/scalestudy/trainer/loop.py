@@ -70,6 +70,7 @@ def train(
     )
     state = checkpointing.resume()
     check_profile_resume(cfg, state.step)  # the same resumed step on every rank
+    checkpointing.count_lost(state)  # the training earlier attempts lost (redone now)
     # a resumed run started when its first segment did (the checkpoint has it)
     started_at = state.started_at = state.started_at or started_at
     if denv.rank == 0 and state.history:
@@ -156,6 +157,7 @@ def train_epochs(
         sums = (loss_sum, correct, seen)
         end_of_epoch(run, state, epoch, sums, epoch_time, lr, meter.epoch_in_window)
         state.epoch = epoch + 1
+        checkpointing.mark_alive(state, meter)  # what a kill after here loses (count_lost)
         checkpointing.after_epoch(state, meter)  # every N epochs, and on SIGTERM/SIGUSR1
         meter.join_ranks()  # rank 0's writes above stay out of every rank's next window
 
@@ -345,6 +347,8 @@ def finish(
         "best_val_acc": max(r["val_acc"] for r in state.history),
         "time_to_target_s": state.time_to_target,
         "train_time_s": train_time,
+        # null without --checkpoint-dir: a rerun starts over, its lost attempt unknown
+        "lost_time_s": state.lost_time_s if cfg.checkpoint_dir else None,
         **environment(run.device),
         "slurm_job_id": denv.slurm_job_id,
         "config_hash": cfg.config_hash(),

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -76,6 +77,9 @@ class RunState:
     time_to_target: float | None = None
     loop_time: float = 0.0  # loop seconds banked so far: earlier segments, checkpoints
     checkpoint_stall_s: float = 0.0  # stall of earlier segments
+    # loop seconds earlier attempts trained past the checkpoint their successor resumed from
+    # (redone): Checkpointing.count_lost
+    lost_time_s: float = 0.0
     resumed_from_epochs: list[int] = field(default_factory=list)
     # metrics.json's started_at: when the first segment started (UTC, ISO 8601, whole seconds)
     started_at: str | None = None
@@ -319,6 +323,69 @@ class Checkpointing:
             "resumed: give a directory on a filesystem every node mounts, not node-local "
             "storage such as /tmp (--checkpoint-dir; the study config's checkpointing.dir)"
         )
+
+    def count_lost(self, state: RunState) -> None:
+        """After resume(), before training: state.lost_time_s = the loop seconds of earlier
+        attempts that no checkpoint kept (train.py, lost_time_s): the latest attempt's record
+        (ckpt.ATTEMPT, rank 0's, of this identity) holds its clock at its last epoch's end
+        (`alive_s`) and the loss it knew of; what it ran past the clock this run resumed at
+        was redone. Then this attempt's record replaces it at once, so an attempt killed
+        before its first epoch's end still passes that loss on. Rank 0 reads and writes it,
+        every rank gets the sum (a broadcast: metrics.json is the same on every rank)."""
+        if self.saver is None:
+            return
+        lost = [state.lost_time_s]
+        if self.rank == 0:
+            previous = self._read_attempt()
+            if previous is not None:
+                lost[0] = previous["lost_time_s"] + max(0.0, previous["alive_s"] - state.loop_time)
+            state.lost_time_s = lost[0]
+            self._write_attempt(state, state.loop_time)
+        dist.broadcast_object_list(lost, src=0)
+        state.lost_time_s = lost[0]
+
+    def mark_alive(self, state: RunState, meter: Meter) -> None:
+        """At an epoch's end (rank 0, outside every window): this attempt's loop clock, which
+        the next attempt compares with the checkpoint it resumes from (count_lost)."""
+        if self.saver is not None and self.rank == 0:
+            self._write_attempt(state, meter.loop_time(state))
+
+    def _attempt_path(self) -> Path:
+        return self.saver.directory / ckpt.ATTEMPT
+
+    def _read_attempt(self) -> dict | None:
+        """The latest attempt's record when it is this identity's (another configuration's,
+        code's or data's attempt redid nothing of this run), else None."""
+        path = self._attempt_path()
+        try:
+            record = json.loads(path.read_text())
+            if record["identity"] != json.loads(json.dumps(self.saver.identity)):
+                return None
+            return {key: float(record[key]) for key in ("alive_s", "lost_time_s")}
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            logger.warning(
+                f"WARNING: {path} unreadable ({exc}): the training earlier attempts redid is "
+                "counted from the checkpoint only (lost_time_s is a lower bound)"
+            )
+            return None
+
+    def _write_attempt(self, state: RunState, alive_s: float) -> None:
+        """The record; a failed write costs the count of lost time, never the run (warned)."""
+        record = {
+            "identity": self.saver.identity,
+            "alive_s": alive_s,
+            "lost_time_s": state.lost_time_s,
+        }
+        try:
+            self.saver.directory.mkdir(parents=True, exist_ok=True)  # before the first save
+            files.write_json(self._attempt_path(), record)
+        except OSError as exc:
+            logger.warning(
+                f"WARNING: cannot write {self._attempt_path()} ({exc}): if this attempt is "
+                "killed, the training it redoes is not counted (lost_time_s)"
+            )
 
     def after_epoch(self, state: RunState, meter: Meter) -> None:
         """After epoch `state.epoch` (not the last): save every N epochs, and on a stop signal

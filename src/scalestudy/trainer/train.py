@@ -151,6 +151,17 @@ How the numbers are measured (the analysis relies on these definitions):
 - time_to_target_s: training time (evaluation excluded) until the end of the first epoch whose
   val_acc reaches --target-acc; null if never reached.
 - train_time_s: wall time of the whole training loop, evaluation included.
+- lost_time_s (--checkpoint-dir): loop seconds that earlier attempts of a resumed run trained
+  past the checkpoint their successor resumed from, so redone (a kill -9, a node failure, a
+  time limit reached before the stop's checkpoint): the sum over attempts k followed by
+  another of max(0, alive_k - resumed_k+1), alive_k the run's loop clock (train_time_s's) at
+  attempt k's last epoch's end, resumed_k+1 the clock the checkpoint attempt k+1 resumed from
+  holds. Rank 0 keeps alive in --checkpoint-dir/attempt.json (rewritten at each epoch's end,
+  outside the window; state.Checkpointing.count_lost), so it is measured to an epoch: the
+  epoch a kill interrupts, and an attempt that ended no epoch, add nothing (a lower bound);
+  so does start-up, as in train_time_s. 0 when nothing was redone (a stop on a signal saves
+  everything trained); null without --checkpoint-dir (a rerun starts over, and nothing
+  records the attempt before it). train_time_s + lost_time_s: the loop time every attempt spent.
 - data_sha256: not a measurement: the prepared data as the run read it (loaders.data_sha256):
   the sha256 of data.pt's sha256 (meta.json's, checked against the file) and meta.json's
   num_classes, mean, std, train_shape and test_shape, in canonical JSON; not data.pt's own
@@ -181,9 +192,9 @@ start-up); and with --comm-hook powersgd, whose state (error feedback, warm-star
 count) is not checkpointed either: each segment starts PowerSGD anew (a warning says so too).
 A resumed run's numbers are accounted over its segments:
 - train_time_s: the sum over segments of the loop time up to each segment's last checkpoint
-  (time lost after it is not counted: that work is redone and counted then); start-up,
-  checkpoint loading and the restart itself are excluded. time_to_target_s likewise, of the
-  training time (evaluation excluded).
+  (time lost after it is not counted: that work is redone and counted then; lost_time_s holds
+  it); start-up, checkpoint loading and the restart itself are excluded. time_to_target_s
+  likewise, of the training time (evaluation excluded).
 - the throughput window: each segment excludes its own first `warmup_steps` steps (at least
   PowerSGD's uncompressed steps under --comm-hook powersgd, and the capture under --cuda-graphs
   step); images, window times and step times are summed over segments. epoch_time_s leaves
