@@ -380,6 +380,30 @@ def test_resources_measured_and_projected():
     assert (p["node_hours"], p["gpu_hours"], p["node_hours_ideal"]) == pytest.approx((2, 8, 0.5))
 
 
+def test_resources_count_the_training_preempted_runs_redid():
+    """node-hours were train_time_s x nodes, and train_time_s leaves out what an attempt
+    trained after its last checkpoint before it was killed, trained again by the next one:
+    the spent node-hours understated what the allocation paid. Now the trainer's lost_time_s
+    is added, that part is its own column, and the runs that recorded none (trained without
+    checkpoints, or by an older trainer: blank) are counted, not taken as 0 silently. The
+    projections price running the runs again: from train_time_s alone."""
+    a = {**run("a", "strong", 4, 64, 1000, train_time=1800, nodes=1), "lost_time_s": "900"}
+    b = {**run("b", "strong", 8, 32, 1000, train_time=1200, nodes=2), "lost_time_s": ""}
+    analysis.check_runs([a, b], "runs.csv")
+    rows = analysis.resources([a, b], gpus_per_node=4)
+    strong = next(r for r in rows if r["kind"] == "measured" and r["family"] == "strong")
+    # a: 1 node x (1800 + 900) s = 0.75 node-h, 0.25 of it redone; b: 2 nodes x 1/3 h
+    assert strong["node_hours"] == pytest.approx(0.75 + 2 / 3)
+    assert strong["gpu_hours"] == pytest.approx(4 * 0.75 + 8 / 3)
+    assert strong["lost_node_hours"] == pytest.approx(0.25)
+    assert strong["runs_lost_unmeasured"] == 1  # b: its redone training, if any, not known
+    p = next(r for r in rows if r["kind"] == "projected" and r["scale_factor"] == 2)
+    assert p["node_hours"] == pytest.approx(4 * 1200 / 3600)  # b's train_time_s at 16 GPUs
+    assert "lost_node_hours" in analysis.RESOURCE_COLUMNS
+    with pytest.raises(AnalysisError, match="lost_time_s"):
+        analysis.check_runs([{**a, "lost_time_s": "-5"}, b], "runs.csv")
+
+
 def test_resources_energy_kwh_from_measured_joules_per_image():
     """kWh = sum of energy_j_per_img x epochs x steps_per_epoch x global_batch / 3.6e6, per
     family and for the study (a run in two families counted once there); null when any run of

@@ -6,7 +6,8 @@ format cells; tests/test_report.py checks that):
     scaling.csv    one row per family and configuration (mean / std / n over repeats of MEASURES,
                    model_tflops = model_flops_per_s / 1e12 for the documents, and the ratios below)
     verdicts.csv   each target of the study (config `report.targets`) with the measured value
-    resources.csv  node-hours and GPU-hours spent per family, projected at k x the largest scale,
+    resources.csv  node-hours and GPU-hours spent per family (preempted training redone included,
+                   where the runs measured it: resources()), projected at k x the largest scale,
                    and GPU energy in kWh per family and study (measured J/img: resources())
     system.csv     system, software and study facts (key, value); study repeats: the distinct
                    repeat indices of the runs, repeats_min / repeats_max: the fewest and most
@@ -734,6 +735,8 @@ RESOURCE_COLUMNS = (
     "node_hours",
     "gpu_hours",
     "node_hours_ideal",
+    "lost_node_hours",
+    "runs_lost_unmeasured",
     "energy_kwh",
     "energy_basis",
 )
@@ -790,15 +793,30 @@ def energy_basis(members: list[dict]) -> str | None:
     return "mixed: " + ", ".join(f"{scopes.count(k)} {k}" for k in kinds)
 
 
+def lost_seconds(run: dict) -> float | None:
+    """The run's lost_time_s (train.py: loop seconds of preempted attempts past the checkpoint
+    their successor resumed from, redone), None where not recorded: trained without
+    --checkpoint-dir, or by a trainer before lost_time_s (no column, or blank)."""
+    return files.number(run.get("lost_time_s"))
+
+
 def resources(runs: list[dict], gpus_per_node: int) -> list[dict]:
-    """Measured node-/GPU-hours per family (train_time_s x nodes, x world size), the study total
-    (each run once), and projections of each family's largest-scale runs at k x that scale:
+    """Measured node-/GPU-hours per family, the study total (each run once), and projections
+    of each family's largest-scale runs at k x that scale:
 
-        node_hours(k)       = sum over those runs of ceil(k N / gpus_per_node) x t      (no speedup)
-        node_hours_ideal(k) = sum over those runs of ceil(k N / gpus_per_node) x t / k  (ideal)
+        node_hours (measured) = sum over runs of nodes x (train_time_s + lost_time_s) / 3600
+        gpu_hours  (measured) = the same with world_size for nodes
+        lost_node_hours       = sum over runs of nodes x lost_time_s / 3600  (in node_hours)
+        runs_lost_unmeasured  = the runs with lost_time_s blank, counted there as 0
+        node_hours(k)         = sum over those runs of ceil(k N / gpus_per_node) x t  (no speedup)
+        node_hours_ideal(k)   = the same / k                                          (ideal)
 
-    t = the run's measured train_time_s / 3600; the truth lies between the two bounds, nearer the
-    first the lower the measured scaling efficiency."""
+    lost_time_s: the training that preempted attempts redid (train.py), so the spent hours hold
+    what the allocation paid for it; measured to an epoch, a lower bound, and not at all for a
+    run without checkpoints or of an older trainer (runs_lost_unmeasured). Start-up is in
+    neither. t = the run's train_time_s / 3600: a projection prices running the runs again,
+    not their accidents. The truth lies between the two bounds, nearer the first the lower the
+    measured scaling efficiency."""
     rows = []
     by_family: dict[str, list[dict]] = defaultdict(list)
     for r in runs:
@@ -806,36 +824,37 @@ def resources(runs: list[dict], gpus_per_node: int) -> list[dict]:
             by_family[family].append(r)
 
     def spent(members):
-        hours = [files.number(r["train_time_s"]) / 3600.0 for r in members]
-        return (
-            sum(int(r["nodes"]) * h for r, h in zip(members, hours, strict=True)),
-            sum(int(r["world_size"]) * h for r, h in zip(members, hours, strict=True)),
-        )
+        lost = [(lost_seconds(r) or 0.0) / 3600.0 for r in members]
+        hours = [
+            files.number(r["train_time_s"]) / 3600.0 + x for r, x in zip(members, lost, strict=True)
+        ]
+        return {
+            "node_hours": sum(int(r["nodes"]) * h for r, h in zip(members, hours, strict=True)),
+            "gpu_hours": sum(int(r["world_size"]) * h for r, h in zip(members, hours, strict=True)),
+            "lost_node_hours": sum(int(r["nodes"]) * x for r, x in zip(members, lost, strict=True)),
+            "runs_lost_unmeasured": sum(lost_seconds(r) is None for r in members),
+        }
 
     for family in vocab.FAMILIES:
         members = by_family.get(family)
         if not members:
             continue
-        node_h, gpu_h = spent(members)
         rows.append(
             {
                 "kind": "measured",
                 "family": family,
                 "runs": len(members),
-                "node_hours": node_h,
-                "gpu_hours": gpu_h,
+                **spent(members),
                 "energy_kwh": energy_kwh(members),
                 "energy_basis": energy_basis(members),
             }
         )
-    node_h, gpu_h = spent(runs)
     rows.append(
         {
             "kind": "measured",
             "family": "all (each run once)",
             "runs": len(runs),
-            "node_hours": node_h,
-            "gpu_hours": gpu_h,
+            **spent(runs),
             "energy_kwh": energy_kwh(runs),
             "energy_basis": energy_basis(runs),
         }
@@ -1201,6 +1220,9 @@ RUNS_OPTIONAL += ENERGY_COUNTS
 # the warm-up the window left out, which the report prints (system_table); blank in a runs.csv
 # of an older trainer, which recorded only the flag warmup_steps
 RUNS_OPTIONAL += ("window_warmup_steps",)
+# the training preempted attempts redid, which resources.csv adds to the node-hours; blank
+# without checkpoints (not measured) or in a runs.csv of an older trainer
+RUNS_OPTIONAL += ("lost_time_s",)
 # the waterfall's per-rank lists (milliseconds; collect joins a list with ';'): each element a
 # number >= 0, or None where a rank did not measure it (a word there was a ValueError traceback)
 RUNS_PER_RANK = tuple(c for c in PART_INPUTS.values() if c.endswith("_by_rank"))
@@ -1212,6 +1234,7 @@ RUNS_CELLS = {
     **{c: files.count(1) for c in (*RUNS_COUNTS, *ENERGY_COUNTS)},
     "repeat": files.count(0),
     "window_warmup_steps": files.count(0),
+    "lost_time_s": files.NON_NEGATIVE,
     **{c: files.POSITIVE for c in RUNS_POSITIVE},
     **{c: files.FRACTION for c in RUNS_FRACTIONS},
     **{c: files.PERCENT for c in RUNS_PERCENT},

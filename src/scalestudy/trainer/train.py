@@ -161,7 +161,8 @@ How the numbers are measured (the analysis relies on these definitions):
   epoch a kill interrupts, and an attempt that ended no epoch, add nothing (a lower bound);
   so does start-up, as in train_time_s. 0 when nothing was redone (a stop on a signal saves
   everything trained); null without --checkpoint-dir (a rerun starts over, and nothing
-  records the attempt before it). train_time_s + lost_time_s: the loop time every attempt spent.
+  records the attempt before it). train_time_s + lost_time_s: the loop time every attempt
+  spent, what resources.csv's spent node-hours count (the redone part: lost_node_hours).
 - data_sha256: not a measurement: the prepared data as the run read it (loaders.data_sha256):
   the sha256 of data.pt's sha256 (meta.json's, checked against the file) and meta.json's
   num_classes, mean, std, train_shape and test_shape, in canonical JSON; not data.pt's own
