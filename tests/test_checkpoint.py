@@ -817,7 +817,6 @@ def test_a_resumed_runs_epoch_time_counts_no_segments_warm_up(
     epoch time, where the same run uninterrupted reported a steady one. Here one rank in this
     process, each warm-up step (outside the window) made 1 s slower, as compilation would: the
     steady epoch 3 is the run's epoch time, not the resumed segment's warm epoch 2."""
-    import statistics
 
     from scalestudy.trainer import loop, measure
 
@@ -834,10 +833,11 @@ def test_a_resumed_runs_epoch_time_counts_no_segments_warm_up(
     m = loop.train(cfg, denv, torch.device("cpu"))  # resumes after epoch 1
     assert m["resumed_from_epochs"] == [1]
     times = [float(r["epoch_time_s"]) for r in read_epochs(tmp_path / "out")]
-    # epochs 1 and 2 each hold a segment's 2 warm-up steps, epoch 3 none
-    assert min(times[:2]) > times[2], times
+    # epochs 1 and 2 each hold a segment's 2 warm-up steps (2 s slower), epoch 3 none: the run's
+    # epoch time is epoch 3's, whatever the machine's load does to the three. Not compared
+    # with each other: under load (CI beside other work) epoch 3 once took 18 s and epoch 1
+    # 11 s. On an idle machine the median over all three (what it was) is a warm epoch's.
     assert m["epoch_time_s"] == pytest.approx(times[2], rel=1e-5), (m["epoch_time_s"], times)
-    assert m["epoch_time_s"] < statistics.median(times)  # what it was
 
 
 def test_a_resumed_run_records_when_it_started_and_every_host_it_ran_on(
