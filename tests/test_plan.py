@@ -605,6 +605,31 @@ def test_a_measured_path_given_but_missing_is_refused_not_ignored(tmp_path, caps
     assert out_csv.is_file()
 
 
+def test_plan_outputs_that_are_one_file_or_an_input_are_refused(tmp_path, capsys):
+    """`plan --out-md p --out-csv ./p` wrote the CSV over the Markdown plan and logged both,
+    exit 0; `--out-csv` naming its own --runs-csv replaced the measured runs the plan is
+    calibrated on. Both are one line, exit 2, before any work, the files as they were."""
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    plan.add_arguments(parser)
+    repo = Path(__file__).resolve().parents[1]
+    config = ["--config", str(repo / "config/demo.yaml")]
+    out = tmp_path / "plan"
+    same = [*config, "--out-md", str(out), "--out-csv", str(tmp_path / "." / "plan")]
+    assert plan.run(parser.parse_args(same)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--out-md and --out-csv are one file" in err[0], err
+    assert not out.exists()
+    runs = tmp_path / "runs.csv"
+    runs.write_text("run\n")
+    over = [*config, "--out-md", str(tmp_path / "p.md"), "--out-csv", str(runs)]
+    assert plan.run(parser.parse_args([*over, "--runs-csv", str(runs)])) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--out-csv is the input --runs-csv" in err[0], err
+    assert runs.read_text() == "run\n" and not (tmp_path / "p.md").exists()
+
+
 def test_the_plan_writes_both_files_or_neither(tmp_path, monkeypatch):
     """plan.md was written before plan.csv's path was looked at: a directory in plan.csv's
     place (or a full disk at its write) left a new plan.md beside an old or missing plan.csv.

@@ -588,6 +588,15 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = load_layers(args.config, overrides=args.set)
         runs_csv, benchmarks = measured_paths(args.runs_csv, args.benchmarks)
+        # the two outputs one file (the CSV written over the Markdown), or an output one of the
+        # inputs (the measured runs the plan is calibrated on, a config file): before any work
+        outputs = {"--out-md": args.out_md, "--out-csv": args.out_csv}
+        configs = args.config or []
+        inputs = {"--runs-csv": args.runs_csv}
+        inputs |= {
+            "--config" + (f" {i}" if len(configs) > 1 else ""): c for i, c in enumerate(configs, 1)
+        }
+        files.check_distinct(outputs, inputs, PlanError)
         estimates = write_plan(config, args.out_md, args.out_csv, runs_csv, benchmarks)
     except (StudyConfigError, PlanError) as e:
         logger.error(f"scalestudy plan: {e}")
