@@ -30,6 +30,7 @@ from scalestudy.results.analyze import (
     NOT_PROFILED,
     PROFILING_KEY,
     TABLE_COLUMNS,
+    TABLE_NAMES,
     read_csv,
     read_table,
 )
@@ -37,15 +38,7 @@ from scalestudy.results.analyze import (
 logger = log.get(__name__)
 
 # analyze's tables, then the scaling model's (results/model.py)
-ANALYSIS_TABLES = (
-    "scaling",
-    "verdicts",
-    "resources",
-    "system",
-    "targets",
-    "profile_shares",
-    "waterfall",
-)
+ANALYSIS_TABLES = TABLE_NAMES
 TABLES = (*ANALYSIS_TABLES, "model", "bucket_advice")
 DOCUMENTS = ("study.md", "paper.tex")
 # model.csv's parameters a document shows (the rest, e.g. the inverse bandwidths, stay in the CSV);
