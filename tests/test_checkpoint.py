@@ -488,15 +488,9 @@ def test_killed_rank_fails_the_job_fast_and_fsdp_resumes_exactly(data_dir, tmp_p
     assert read_metrics(out)["restarts"] == 1
 
 
-def test_a_resume_that_cannot_reach_the_window_says_so_before_training(data_dir, tmp_path):
-    """Each segment warms up anew. A run stopped before its window opened (epoch 1 or 2 of 4
-    steps each, warm-up 10) and resumed with at most 8 steps left can never measure a window
-    step: the resumed run fails at once naming the cause and the fix (it used to train to the
-    end and die dividing by a window of 0 s, writing no metrics)."""
-    out, ckdir = tmp_path / "run", tmp_path / "ckpt"
-    flags = ("--epochs", "3", "--limit-train", "128", "--warmup-steps", "10",
-             "--diag-data-delay-ms", "100", "--checkpoint-dir", str(ckdir),
-             "--checkpoint-every", "1")  # fmt: skip
+def _stopped_after_epoch_1_then_refused(data_dir, out: Path, flags) -> tuple[str, str]:
+    """One rank with `flags` stopped by SIGTERM after epoch 1 (checkpointed, exit 75), then
+    the same command again, which must fail (not 0, not 75): its stdout and stderr."""
     proc = _start(data_dir, out, *flags)
     _wait_for_epochs(out, 1, proc)
     proc.send_signal(signal.SIGTERM)
@@ -506,6 +500,19 @@ def test_a_resume_that_cannot_reach_the_window_says_so_before_training(data_dir,
     proc = _start(data_dir, out, *flags)
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode not in (0, ck.PREEMPTED_EXIT), stdout + stderr
+    return stdout, stderr
+
+
+def test_a_resume_that_cannot_reach_the_window_says_so_before_training(data_dir, tmp_path):
+    """Each segment warms up anew. A run stopped before its window opened (epoch 1 or 2 of 4
+    steps each, warm-up 10) and resumed with at most 8 steps left can never measure a window
+    step: the resumed run fails at once naming the cause and the fix (it used to train to the
+    end and die dividing by a window of 0 s, writing no metrics)."""
+    out, ckdir = tmp_path / "run", tmp_path / "ckpt"
+    flags = ("--epochs", "3", "--limit-train", "128", "--warmup-steps", "10",
+             "--diag-data-delay-ms", "100", "--checkpoint-dir", str(ckdir),
+             "--checkpoint-every", "1")  # fmt: skip
+    stdout, stderr = _stopped_after_epoch_1_then_refused(data_dir, out, flags)
     assert "leave no steady-state window after this segment's warm-up of 10 steps" in stderr
     assert "lower --warmup-steps" in stderr and "Traceback" not in stderr
     assert not (out / "metrics.json").exists()
@@ -808,6 +815,39 @@ def _one_rank_stopped_after_epoch_1(data_dir, tmp_path, epochs: int):
     return cfg, denv
 
 
+def test_a_run_stopped_inside_its_profile_window_closes_the_profiler(
+    data_dir, tmp_path, one_rank_group
+):
+    """--profile-steps 6:10 (8 steps per epoch) and a stop signal in epoch 1: the run saved its
+    checkpoint after step 8 and raised Preempted with torch.profiler still recording. The
+    process then exited with it open, and torch's exit crashed in 2 of 5 such runs (SIGSEGV,
+    exit -11 instead of 75: a requeue and a retry took the job for failed). A stopped or failed
+    run now ends the profiled range without writing it (a window cut short is no profile)."""
+    import signal as signals
+
+    from scalestudy.errors import Preempted
+    from scalestudy.trainer import dist as sdist
+    from scalestudy.trainer import loop
+
+    cfg = TrainConfig(
+        dataset="synthetic", data_dir=str(data_dir), width=4, epochs=3, local_batch=32,
+        warmup_steps=2, comm_probe_steps=0, limit_train=256, tensorboard=False,
+        out=str(tmp_path / "out"), checkpoint_dir=str(tmp_path / "ck"), checkpoint_every=1,
+        checkpoint_async=False, profile_steps="6:10",
+    )  # fmt: skip
+    denv = sdist.DistEnv("none", 0, 1, 0, 1, 0, 1, "127.0.0.1", 0)
+    stop = ck.StopFlag()
+    stop.signal = signals.SIGTERM
+    try:
+        with pytest.raises(Preempted):
+            loop.train(cfg, denv, torch.device("cpu"), stop)
+        assert not torch._C._autograd._profiler_enabled(), "the profiler is still recording"
+        assert not (tmp_path / "out" / "profile").exists()  # half a window: no files
+    finally:
+        if torch._C._autograd._profiler_enabled():  # the next tests' runs
+            torch._C._autograd._disable_profiler()
+
+
 def test_a_resumed_runs_epoch_time_counts_no_segments_warm_up(
     data_dir, tmp_path, monkeypatch, one_rank_group
 ):
@@ -942,15 +982,7 @@ def test_a_resume_past_the_profile_windows_start_is_refused_before_training(data
     training, in one line naming the window, the resumed step and the fix."""
     out, ckdir = tmp_path / "run", tmp_path / "ckpt"
     flags = ("--profile-steps", "6:10", "--checkpoint-dir", str(ckdir), "--checkpoint-every", "1")
-    proc = _start(data_dir, out, *flags)
-    _wait_for_epochs(out, 1, proc)
-    proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == ck.PREEMPTED_EXIT, stderr
-    (out / "epochs.csv").unlink()
-    proc = _start(data_dir, out, *flags)
-    stdout, stderr = proc.communicate(timeout=120)
-    assert proc.returncode not in (0, ck.PREEMPTED_EXIT), stdout + stderr
+    stdout, stderr = _stopped_after_epoch_1_then_refused(data_dir, out, flags)
     assert (
         "--profile-steps 6:10 profiles optimizer steps 6 to 9, but this run resumes at step"
         in stderr

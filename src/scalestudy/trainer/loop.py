@@ -83,7 +83,11 @@ def train(
             no_window_message(cfg, run.graphs, state.step, left, meter.warmup_steps), scope="run"
         )
     meter.start(state)
-    train_epochs(run, state, meter, profiler, checkpointing)
+    try:
+        train_epochs(run, state, meter, profiler, checkpointing)
+    except BaseException:  # Preempted after the stop's checkpoint, an error, Ctrl-C
+        profiler.abandon()
+        raise
     train_time = meter.end_loop(state)
     profiler.close()
     return finish(run, denv, state, meter, checkpointing, train_time, started_at)
