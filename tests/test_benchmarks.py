@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import PYTHON, REPO, child_env
-from workflow_helpers import sigint_as_in_a_terminal
+from workflow_helpers import sighup_as_in_a_terminal, sigint_as_in_a_terminal
 
 
 def load_benchmark(name: str):
@@ -501,8 +501,9 @@ def test_a_closed_terminals_sighup_reaches_the_run_and_stops_compare(tmp_path):
         "print('after', signal.getsignal(signal.SIGHUP) is signal.SIG_DFL, flush=True)\n"
     )
     proc = subprocess.Popen(
-        [PYTHON, "-c", parent], stdout=subprocess.PIPE, text=True, start_new_session=True
-    )
+        [PYTHON, "-c", parent], stdout=subprocess.PIPE, text=True, start_new_session=True,
+        preexec_fn=sighup_as_in_a_terminal,  # not nohup's (CI's) ignored SIGHUP
+    )  # fmt: skip
     try:
         assert proc.stdout.readline().strip() == "ready"
         proc.send_signal(signal.SIGHUP)  # to compare.py alone, as a hang-up reaches it

@@ -196,3 +196,10 @@ def sigint_as_in_a_terminal() -> None:
     SIGINT ignored, and Python then installs no KeyboardInterrupt, bash no default action, for
     it: a test's Ctrl-C stopped nothing (CI at 59ad3f5 and at 38e12ae)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def sighup_as_in_a_terminal() -> None:
+    """A child's SIGHUP as a terminal's job has it (Popen's preexec_fn): CI's `nohup` starts
+    the suite with SIGHUP ignored, which every child inherits, so a test's hang-up reached
+    nothing (CI at f7fd002)."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
