@@ -717,7 +717,7 @@ def test_a_non_finite_loss_is_said_once_and_blames_fp16_only_in_fp16(one_rank_gr
     run = SimpleNamespace(cfg=cfg, device=torch.device("cpu"), recipe=SimpleNamespace(peak_lr=0.4))
     sums = (torch.tensor(float("nan"), dtype=torch.float64), torch.tensor(3), 8)
     with pytest.raises(TrainingError) as caught:
-        loop.end_of_epoch(run, SimpleNamespace(), 0, sums, 1.0, 0.4)
+        loop.end_of_epoch(run, SimpleNamespace(), 0, sums, 1.0, 0.4, in_window=False)
     assert caught.value.scope == "run"  # rank 0 alone prints it (log.reports)
     assert str(caught.value).startswith("non-finite training loss (nan) in epoch 1: lower --lr")
     assert ("instead of fp16" in str(caught.value)) is (precision == "fp16"), caught.value

@@ -205,7 +205,7 @@ def end_of_epoch(
     sums: tuple,
     epoch_time: float,
     lr: float,
-    in_window: bool = False,
+    in_window: bool,
 ) -> None:
     """Reduce the epoch's sums over ranks, evaluate on the whole test set, record the epoch (lr:
     its last optimizer step's learning rate; in_window: every step of it was in the window)."""
