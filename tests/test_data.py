@@ -27,6 +27,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torchvision.datasets.utils import extract_archive
+from workflow_helpers import need
 
 from scalestudy import cli
 from scalestudy.errors import ChecksumError, DownloadError, PreparedDataError, TrainConfigError
@@ -1117,7 +1118,8 @@ def test_a_file_mirror_and_a_mirror_that_is_no_url(tmp_path: Path, capsys) -> No
     argv = ["prepare-data", "--dataset", "cifar10", "--data-dir", str(out), "--mirror"]
     for mirror, says in (
         (f"file://{site}", f"{site / 'cifar-10-python.tar.gz'}: md5 mismatch"),
-        (f"file://{tmp_path / 'nowhere'}", "does not exist: check --mirror"),
+        (f"file://{tmp_path / 'nowhere'}", f"{tmp_path / 'nowhere'}/cifar-10-python.tar.gz (fr"),
+        (f"file://{tmp_path / 'nowhere'}", "No such file or directory; --mirror file:///DIR"),
         ("notaurl", "--mirror 'notaurl' is not a URL: give one starting with http://"),
     ):
         assert cli.main([*argv, mirror]) == 1, mirror
@@ -1125,6 +1127,51 @@ def test_a_file_mirror_and_a_mirror_that_is_no_url(tmp_path: Path, capsys) -> No
         assert len(err) == 1 and says in err[0] and "Traceback" not in err[0], err
         raw = out / "cifar10" / "raw"
         assert not raw.exists() or not list(raw.iterdir()), list(raw.iterdir())
+
+
+def test_a_file_mirror_that_cannot_be_read_is_one_line_naming_the_fix(
+    tmp_path: Path, capsys
+) -> None:
+    """--mirror file://DIR whose file could not be read: a read error (EIO: a failing disk, a
+    network file system; here /proc/self/mem, which fails at offset 0) was a traceback; a
+    directory under the archive's name, or the archive's own path given for DIR, read "does not
+    exist"; file://relative/dir took "relative" for a host and looked in /dir. Each is one line
+    now: the path, the cause, and what --mirror file:// takes."""
+    name = "cifar-10-python.tar.gz"
+    (tmp_path / "as-dir" / name).mkdir(parents=True)
+    (tmp_path / "eio").mkdir()
+    (tmp_path / "eio" / name).symlink_to("/proc/self/mem")
+    with open("/proc/self/mem", "rb") as mem:
+        try:
+            mem.read(1)
+        except OSError:
+            pass
+        else:
+            need("/proc/self/mem that fails to read at offset 0", "a Linux /proc")
+    archive = tmp_path / "archive" / name
+    archive.parent.mkdir()
+    archive.write_bytes(b"not the archive" * 50)
+    out = tmp_path / "data"
+    argv = ["prepare-data", "--dataset", "cifar10", "--data-dir", str(out), "--mirror"]
+    fix = f"--mirror file:///DIR takes the absolute path of a directory with {name}, readable here"
+    for mirror, path, says in (
+        (f"file://{tmp_path / 'as-dir'}", tmp_path / "as-dir" / name, "Is a directory"),
+        (f"file://{tmp_path / 'eio'}", tmp_path / "eio" / name, "Input/output error"),
+        (f"file://{archive}", archive / name, "Not a directory"),
+    ):
+        assert cli.main([*argv, mirror]) == 1, mirror
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "Traceback" not in err[0], err
+        assert f"cannot read {path} (from {mirror}/{name}): {says}" in err[0], err
+        assert err[0].endswith(fix), err
+        raw = out / "cifar10" / "raw"
+        assert not raw.exists() or not list(raw.iterdir()), list(raw.iterdir())
+    relative = f"file://{str(tmp_path / 'archive').lstrip('/')}"  # two slashes: a host
+    host = relative.removeprefix("file://").split("/")[0]
+    assert cli.main([*argv, relative]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{relative}/{name} names the host {host!r}" in err[0], err
+    assert err[0].endswith(fix), err
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ downloads: it reads the result with loaders.load_prepared.
 from __future__ import annotations
 
 import argparse
+import errno
 import gzip
 import hashlib
 import http.client
@@ -161,12 +162,30 @@ def _offline(md5: str) -> str:
 
 def _copy_local(url: str, path: Path, md5: str) -> Path:
     """A --mirror file://DIR: copy DIR/<file> to `path` (_save: its md5 checked before the
-    rename; it was copied over the archive there first, so a wrong DIR replaced a good one)."""
-    source = Path(urllib.request.url2pathname(urllib.parse.urlparse(url).path))
-    if not source.is_file():
-        raise DownloadError(f"{source} (from {url}) does not exist: check --mirror")
-    with source.open("rb") as src:
-        _save(src, path, md5, str(source))
+    rename; it was copied over the archive there first, so a wrong DIR replaced a good one).
+    A file that cannot be read is one line: the path, the cause, what --mirror file:// takes."""
+    name = path.name
+    fix = f"--mirror file:///DIR takes the absolute path of a directory with {name}, readable here"
+    parsed = urllib.parse.urlparse(url)
+    if parsed.netloc not in ("", "localhost"):
+        # file://data/mirror: urlparse reads "data" as a host, and the file was looked for
+        # in /mirror
+        raise DownloadError(
+            f"{url} names the host {parsed.netloc!r} (a file:// URL's path starts after its "
+            f"third slash); {fix}"
+        )
+    source = Path(urllib.request.url2pathname(parsed.path))
+    try:
+        # is_file() said "does not exist" of a directory, of an archive's path given for DIR
+        # (Not a directory) and of a directory this user may not enter; and a read error (EIO)
+        # names no file, which cli.main takes for a bug: a traceback. A FIFO is refused before
+        # open(), which would wait on it
+        if source.exists() and not source.is_file() and not source.is_dir():
+            raise OSError(errno.EINVAL, "not a regular file")
+        with source.open("rb") as src:
+            _save(src, path, md5, str(source))  # its own write errors: PreparedDataError
+    except OSError as e:
+        raise DownloadError(f"cannot read {source} (from {url}): {e.strerror or e}; {fix}") from e
     return path
 
 
