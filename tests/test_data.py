@@ -878,6 +878,29 @@ def test_a_download_cut_short_or_no_http_server_is_one_line(
     assert not raw.exists() or not list(raw.iterdir()), list(raw.iterdir())
 
 
+# a reply whose Content-Length promises 100,000 bytes, 1,000 of which arrive (no chunking)
+SHORT_OF_LENGTH = b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n" + bytes(1000)
+
+
+def test_a_download_cut_short_of_its_content_length_says_so(
+    tmp_path: Path, broken_server, capsys
+) -> None:
+    """A server that closed the connection before the Content-Length it announced (no
+    chunking: http.client's read(n) returns what came, without IncompleteRead) read "md5
+    mismatch ... not the official file (wrong --mirror ...?)", which blamed the mirror for a
+    transfer that broke off. Now the line says it was cut short, how far, and what to do."""
+    url = broken_server(SHORT_OF_LENGTH)
+    out = tmp_path / "data"
+    rc = cli.main(["prepare-data", "--dataset", "cifar10", "--data-dir", str(out), "--mirror", url])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1 and len(err) == 1 and "md5 mismatch" not in err[0], err
+    assert f"could not download {url}cifar-10-python.tar.gz" in err[0], err
+    assert "the transfer was cut short: 1,000 of 100,000 bytes arrived" in err[0], err
+    assert "run prepare-data again, or give another --mirror" in err[0], err
+    raw = out / "cifar10" / "raw"
+    assert not raw.exists() or not list(raw.iterdir()), list(raw.iterdir())
+
+
 def test_a_download_that_stalls_is_one_line_not_a_hang(tmp_path: Path, monkeypatch) -> None:
     """A server that accepts the connection and then sends nothing (a stalled mirror, a
     connection a firewall dropped mid-transfer): urllib waited without a timeout, and

@@ -107,20 +107,37 @@ def _fetch(url: str, path: Path, md5: str) -> None:
     # urllib has no timeout of its own: a mirror that stalls, a connection a firewall dropped,
     # and prepare-data (a local rule of the study) waited forever
     with urllib.request.urlopen(request, timeout=DOWNLOAD_STALL_S) as response:
-        _save(response, path, md5, url)
+        # the Content-Length (None for a chunked reply), read before the body is: http.client
+        # counts it down as the body arrives
+        _save(response, path, md5, url, size=getattr(response, "length", None))
 
 
-def _save(source: BinaryIO, path: Path, md5: str, origin: str) -> None:
-    """Copy `source` to `path` through a temp file beside it (atomic_open), its md5 checked
-    before the rename: a copy that breaks off (Ctrl-C too) or has another md5 leaves `path` as
-    it was (a good archive there is never replaced by a bad one). An error writing the file (a
-    full disk) is a PreparedDataError; the source's errors (the network's) pass on as they are."""
+class CutShort(http.client.HTTPException):
+    """A reply body that ended before its Content-Length: http.client's read(n) returns what
+    came and raises nothing (a chunked reply cut short raises IncompleteRead), so the part
+    reached the md5 check and was called "not the official file (wrong --mirror?)"."""
+
+    def __init__(self, received: int, size: int) -> None:
+        super().__init__(f"{received:,} of {size:,} bytes arrived")
+        self.received, self.size = received, size
+
+
+def _save(source: BinaryIO, path: Path, md5: str, origin: str, size: int | None = None) -> None:
+    """Copy `source` to `path` through a temp file beside it (atomic_open), its length (`size`,
+    where the source announced one: CutShort) and md5 checked before the rename: a copy that
+    breaks off (Ctrl-C too) or has another md5 leaves `path` as it was (a good archive there is
+    never replaced by a bad one). An error writing the file (a full disk) is a
+    PreparedDataError; the source's errors (the network's) pass on as they are."""
     digest = hashlib.md5(usedforsecurity=False)
+    received = 0
     try:
         with atomic_open(path, "wb") as out:
             while chunk := source.read(1 << 20):
                 digest.update(chunk)
                 out.write(chunk)
+                received += len(chunk)
+            if size is not None and received < size:
+                raise CutShort(received, size)
             if (actual := digest.hexdigest()) != md5:
                 raise ChecksumError(
                     f"{origin}: md5 mismatch: expected {md5}, got {actual}; not the official "
@@ -148,6 +165,11 @@ def _why(e: BaseException) -> str:
     the limit nor the cause."""
     if isinstance(e, TimeoutError) or isinstance(getattr(e, "reason", None), TimeoutError):
         return f"nothing received for {DOWNLOAD_STALL_S:g} s (the server or the network stalled)"
+    if isinstance(e, CutShort):
+        return (
+            f"the transfer was cut short: {e} (the server or the network ended it early); run "
+            "prepare-data again, or give another --mirror"
+        )
     if isinstance(e, http.client.HTTPException):
         # http.client's own errors, neither URLError nor OSError: a transfer that broke off
         # mid-body (a chunked reply: IncompleteRead), a server that speaks no HTTP
