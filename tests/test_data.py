@@ -959,6 +959,39 @@ def test_mnist_goes_on_to_the_next_mirror_after_a_download_cut_short(
     assert p.meta["source"] == good and p.meta["train_shape"] == [6, 1, 28, 28]
 
 
+def test_meta_json_names_where_the_data_came_from(tmp_path: Path, serve, monkeypatch) -> None:
+    """meta.json's source named the --mirror given even when the archive already in raw/ was
+    used (nothing came from the mirror, which here does not even answer), and an https mirror
+    whose file came over http (the retry) was recorded as https. Now the record names the file
+    in raw/, or the URL the file came from."""
+    site = tmp_path / "site"
+    site.mkdir()
+    archive = _fake_cifar_archive(site)
+    _mnist_site(site)
+    for name in [archive.name, *prepare_data.MNIST_FILES]:
+        md5 = hashlib.md5((site / name).read_bytes()).hexdigest()
+        files = prepare_data.CIFAR10_FILES if name == archive.name else prepare_data.MNIST_FILES
+        monkeypatch.setitem(files, name, md5)
+    with socket.socket() as sock:  # a loopback port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        silent = f"http://127.0.0.1:{sock.getsockname()[1]}/"
+    data = tmp_path / "data"
+    for dataset in ("cifar10", "mnist"):
+        prepare_data.prepare(dataset, data, mirror=f"file://{site}")
+        prepare_data.prepare(dataset, data, mirror=silent, force=True)  # raw/ has its files
+    raw = data / "cifar10" / "raw"
+    assert loaders.load_prepared("cifar10", data).meta["source"] == str(raw / archive.name)
+    assert loaders.load_prepared("mnist", data).meta["source"] == f"{data / 'mnist' / 'raw'}/"
+
+    # an https mirror that speaks plain http: the https transfer fails, the http retry works
+    plain = serve(site)
+    for dataset in ("cifar10", "mnist"):
+        shutil.rmtree(data / dataset)
+        prepare_data.prepare(dataset, data, mirror=plain.replace("http://", "https://"))
+    assert loaders.load_prepared("cifar10", data).meta["source"] == plain + archive.name
+    assert loaders.load_prepared("mnist", data).meta["source"] == plain
+
+
 def test_a_meta_json_that_is_no_object_is_refused_and_prepared_again(tmp_path: Path) -> None:
     """meta.json holding a list (valid JSON, not prepare-data's object): the trainer names it
     and the fix instead of an AttributeError, and prepare-data makes the set again."""

@@ -66,21 +66,24 @@ SYNTHETIC_DEFAULTS = {
 # ---------------------------------------------------------------------------------------------
 
 
-def _download(base_url: str, filename: str, md5: str, raw_dir: Path) -> Path:
-    """base_url+filename as raw_dir/filename (skipped when a file with the right md5 is there).
+def _download(base_url: str, filename: str, md5: str, raw_dir: Path) -> str:
+    """base_url+filename as raw_dir/filename (skipped when a file with the right md5 is there);
+    returns where it came from, for meta.json's source: the URL it was read from, or the
+    absolute path of the file that was there (the mirror was not asked).
 
     What arrives goes through a temp file beside it (_save): a transfer that stalled or broke
     off, or a file with another md5, never takes the archive's name nor replaces what is there.
     An https transfer that fails is tried once more over http, as torchvision's download did;
     when that fails too, the error names both causes, https's first."""
-    url = base_url.rstrip("/") + "/" + filename
+    url = _url(base_url, filename)
     path = raw_dir / filename
     if path.is_file() and _md5(path) == md5:
         logger.info(f"prepare-data: {path} is there with the right md5; not downloaded again")
-        return path
+        return os.path.abspath(path)
     raw_dir.mkdir(parents=True, exist_ok=True)  # a --data-dir that cannot hold it: its own error
     if url.startswith("file://"):  # torchvision's download_url failed on file:// (a traceback)
-        return _copy_local(url, path, md5)
+        _copy_local(url, path, md5)
+        return url
     try:
         _fetch(url, path, md5)
     except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
@@ -97,7 +100,12 @@ def _download(base_url: str, filename: str, md5: str, raw_dir: Path) -> Path:
                 f"{why}; nor over http ({plain}): {_why(again)}. {_offline(md5)}"
             ) from again
         logger.warning(f"prepare-data: {url} failed ({_why(e)}); downloaded over http instead")
-    return path
+        return plain
+    return url
+
+
+def _url(base_url: str, filename: str) -> str:
+    return base_url.rstrip("/") + "/" + filename
 
 
 def _fetch(url: str, path: Path, md5: str) -> None:
@@ -182,7 +190,7 @@ def _offline(md5: str) -> str:
     return f"Without internet, place the file there yourself (md5 {md5}) or pass --mirror URL."
 
 
-def _copy_local(url: str, path: Path, md5: str) -> Path:
+def _copy_local(url: str, path: Path, md5: str) -> None:
     """A --mirror file://DIR: copy DIR/<file> to `path` (_save: its md5 checked before the
     rename; it was copied over the archive there first, so a wrong DIR replaced a good one).
     A file that cannot be read is one line: the path, the cause, what --mirror file:// takes."""
@@ -208,17 +216,18 @@ def _copy_local(url: str, path: Path, md5: str) -> Path:
             _save(src, path, md5, str(source))  # its own write errors: PreparedDataError
     except OSError as e:
         raise DownloadError(f"cannot read {source} (from {url}): {e.strerror or e}; {fix}") from e
-    return path
 
 
 def _download_any(mirrors: Sequence[str], filename: str, md5: str, raw_dir: Path) -> str:
-    """Try each mirror in turn; returns the one that worked. When none does, one line (an
-    expected error is one line) with each mirror's failure, then the advice once."""
+    """Try each mirror in turn; returns the base the file came from (_download): the mirror as
+    given, raw_dir's absolute path and a slash for the file already there, the http URL an https
+    mirror fell back to. When none works, one line (an expected error is one line) with each
+    mirror's failure, then the advice once."""
     errors: list[DownloadError] = []
     for mirror in mirrors:
         try:
-            _download(mirror, filename, md5, raw_dir)
-            return mirror
+            origin = _download(mirror, filename, md5, raw_dir)
+            return mirror if origin == _url(mirror, filename) else origin.removesuffix(filename)
         except DownloadError as e:
             errors.append(e)
     if len(errors) == 1:
@@ -494,10 +503,10 @@ def prepare(
     elif dataset == "cifar10":
         base = mirror or CIFAR10_URL
         ((filename, md5),) = CIFAR10_FILES.items()
-        archive = _download(base, filename, md5, raw_dir)
-        _extract(archive, raw_dir)
+        # where the archive came from: the mirror, or raw/ when the one there was used
+        source = _download(base, filename, md5, raw_dir)
+        _extract(raw_dir / filename, raw_dir)
         tensors, classes = convert_cifar10(raw_dir)
-        source = base.rstrip("/") + "/" + filename
     else:
         mirrors = [mirror] if mirror else list(MNIST_MIRRORS)
         used = set()
