@@ -19,9 +19,9 @@ import pickle
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 import torch
@@ -117,7 +117,7 @@ def _fetch(url: str, path: Path, md5: str) -> None:
     with urllib.request.urlopen(request, timeout=DOWNLOAD_STALL_S) as response:
         # the Content-Length (None for a chunked reply), read before the body is: http.client
         # counts it down as the body arrives
-        _save(response, path, md5, url, size=getattr(response, "length", None))
+        _save(response.read, path, md5, url, size=getattr(response, "length", None))
 
 
 class CutShort(http.client.HTTPException):
@@ -130,17 +130,20 @@ class CutShort(http.client.HTTPException):
         self.received, self.size = received, size
 
 
-def _save(source: BinaryIO, path: Path, md5: str, origin: str, size: int | None = None) -> None:
-    """Copy `source` to `path` through a temp file beside it (atomic_open), its length (`size`,
-    where the source announced one: CutShort) and md5 checked before the rename: a copy that
-    breaks off (Ctrl-C too) or has another md5 leaves `path` as it was (a good archive there is
-    never replaced by a bad one). An error writing the file (a full disk) is a
-    PreparedDataError; the source's errors (the network's) pass on as they are."""
+def _save(
+    read: Callable[[int], bytes], path: Path, md5: str, origin: str, size: int | None = None
+) -> None:
+    """Copy what `read` (a source's read method) returns to `path` through a temp file beside
+    it (atomic_open), its length (`size`, where the source announced one: CutShort) and md5
+    checked before the rename: a copy that breaks off (Ctrl-C too) or has another md5 leaves
+    `path` as it was (a good archive there is never replaced by a bad one). An error writing
+    the file (a full disk) is a PreparedDataError; the source's errors (the network's) pass on
+    as they are."""
     digest = hashlib.md5(usedforsecurity=False)
     received = 0
     try:
         with atomic_open(path, "wb") as out:
-            while chunk := source.read(1 << 20):
+            while chunk := read(1 << 20):
                 digest.update(chunk)
                 out.write(chunk)
                 received += len(chunk)
@@ -205,17 +208,29 @@ def _copy_local(url: str, path: Path, md5: str) -> None:
             f"third slash); {fix}"
         )
     source = Path(urllib.request.url2pathname(parsed.path))
+
+    def unreadable(e: OSError) -> DownloadError:
+        return DownloadError(f"cannot read {source} (from {url}): {e.strerror or e}; {fix}")
+
+    # is_file() said "does not exist" of a directory, of an archive's path given for DIR (Not a
+    # directory) and of a directory this user may not enter; and a read error (EIO) names no
+    # file, which cli.main takes for a bug: a traceback. Only this file's open and reads are
+    # "cannot read": _save's own write errors stay its own
     try:
-        # is_file() said "does not exist" of a directory, of an archive's path given for DIR
-        # (Not a directory) and of a directory this user may not enter; and a read error (EIO)
-        # names no file, which cli.main takes for a bug: a traceback. A FIFO is refused before
-        # open(), which would wait on it
         if source.exists() and not source.is_file() and not source.is_dir():
-            raise OSError(errno.EINVAL, "not a regular file")
-        with source.open("rb") as src:
-            _save(src, path, md5, str(source))  # its own write errors: PreparedDataError
+            raise OSError(errno.EINVAL, "not a regular file")  # a FIFO: open() would wait
+        src = source.open("rb")
     except OSError as e:
-        raise DownloadError(f"cannot read {source} (from {url}): {e.strerror or e}; {fix}") from e
+        raise unreadable(e) from e
+
+    def read(n: int) -> bytes:
+        try:
+            return src.read(n)
+        except OSError as e:
+            raise unreadable(e) from e
+
+    with src:
+        _save(read, path, md5, str(source))
 
 
 def _download_any(mirrors: Sequence[str], filename: str, md5: str, raw_dir: Path) -> str:
