@@ -194,8 +194,8 @@ def test_unexpected_error_keeps_traceback_and_names_each_rank(data_dir, tmp_path
 
 
 def test_launch_adds_no_noise_to_an_expected_error(tmp_path):
-    """Through `scalestudy launch` (torchrun): our ranks print one line; torchrun's own
-    ChildFailedError block (lines without our `[rank r/W host]` prefix) is torchrun's."""
+    """Through `scalestudy launch` (torchrun's agent): our ranks print one line; the agent's
+    lines (without our `[rank r/W host]` prefix: its `rank r of W exited 2`) are the launcher's."""
     cmd = [PYTHON, "-m", "scalestudy", "launch", "--ranks-per-node", "2", "--", *FLAGS]
     cmd += ["--data-dir", str(tmp_path / "nowhere"), "--out", str(tmp_path / "out")]
     proc = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=300)

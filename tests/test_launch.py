@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -338,3 +340,84 @@ def test_trainer_flags_without_the_separator_name_it():
         "scalestudy matrix: error: unrecognized arguments: --bogus; `scalestudy matrix --help` "
         "shows the usage"
     ]
+
+
+# ------------------------------------------------------------------ how local ranks end
+def _local_run(data_dir: Path, tmp_path: Path, *flags: str) -> subprocess.Popen:
+    """`scalestudy launch` of 2 local ranks (torchrun's agent) training until stopped, in its
+    own process group as a terminal's foreground job is; returns once rank 0 trains."""
+    from workflow_helpers import child_env, sigint_as_in_a_terminal
+
+    cmd = [sys.executable, "-m", "scalestudy", "launch", "--ranks-per-node", "2", "--"]
+    cmd += ["--dataset", "synthetic", "--width", "4", "--local-batch", "32", "--epochs", "1000"]
+    cmd += ["--warmup-steps", "1", "--comm-probe-steps", "0", "--device", "cpu", *flags]
+    cmd += ["--data-dir", str(data_dir), "--out", str(tmp_path / "run")]
+    proc = subprocess.Popen(
+        cmd,
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=sigint_as_in_a_terminal,
+        start_new_session=True,
+    )
+    for line in proc.stdout:
+        if line.startswith("[rank 0/2"):  # the ranks are under way
+            return proc
+    proc.kill()
+    pytest.fail(f"the ranks never started: {proc.communicate(timeout=60)}")
+
+
+def _ranks(proc: subprocess.Popen) -> list[int]:
+    """The ranks: the children of the process `launch` became."""
+    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+    assert len(children) == 2, children
+    return [int(pid) for pid in children]
+
+
+def test_ctrl_c_of_local_ranks_is_rank_0s_one_line(data_dir, tmp_path):
+    """Ctrl-C (SIGINT to the terminal's foreground process group: torchrun and its ranks) of a
+    2-rank `scalestudy launch`: after rank 0's one line, torchrun's own SignalException
+    traceback (30 lines, its own process) and exit 1, so a shell loop over runs went on. Now
+    rank 0's line is all, and the launch ends killed by SIGINT as the ranks do."""
+    proc = _local_run(data_dir, tmp_path)
+    try:
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert re.fullmatch(r"\[rank 0/2 \S+\] scalestudy train: interrupted", lines[0]), err
+    assert proc.returncode == -signal.SIGINT, err
+
+
+def test_a_stop_of_local_ranks_exits_75(data_dir, tmp_path):
+    """A stop signal to the ranks (SIGUSR1, as Slurm sends it): each checkpoints and exits 75
+    (rerun to resume), and torchrun made that its ChildFailedError report and exit 1. The
+    ranks' 75 is now the launch's, with no traceback."""
+    proc = _local_run(data_dir, tmp_path, "--checkpoint-dir", str(tmp_path / "ckpt"))
+    try:
+        for pid in _ranks(proc):
+            os.kill(pid, signal.SIGUSR1)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 75, err
+    assert "Traceback" not in err and "stopped on SIGUSR1 after epoch" in err, err
+    assert list((tmp_path / "ckpt").glob("epoch-*")), err
+
+
+def test_a_failed_local_rank_is_one_line_and_its_exit_status(tmp_path):
+    """A rank's expected error (no prepared data: exit 2) under torchrun was its line, then
+    torchrun's 40-line ChildFailedError report and exit 1. Now one line names the rank and its
+    exit status is the launch's."""
+    proc = _launch(
+        "--ranks-per-node", "2", "--", "--dataset", "synthetic", "--device", "cpu",
+        "--epochs", "1", "--data-dir", str(tmp_path / "none"), "--out", str(tmp_path / "run"),
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and "FAILED" not in proc.stderr, proc.stderr
+    assert "synthetic is not prepared" in proc.stderr
+    assert proc.stderr.splitlines()[-1].startswith("scalestudy launch: rank ")
+    assert "exited 2 (the first to fail" in proc.stderr.splitlines()[-1]

@@ -1935,7 +1935,7 @@ def test_in_the_container_the_profiler_runs_inside_around_the_trainer(tmp_path, 
     # one rank: apptainer first; a node: torchrun --no-python; Slurm: srun, each start the above
     for nodes, rpn, launcher in (
         (1, 1, "apptainer"),
-        (1, 2, "torch.distributed.run"),
+        (1, 2, launch.LOCAL_RANKS),
         (2, 4, "srun"),
     ):
         if launcher == "srun":
@@ -2561,7 +2561,7 @@ def test_nsys_in_the_container_through_the_stand_ins(data_dir, tmp_path):
         data_dir, cap, tool="nsys", device="cuda", path_extra=STAND_INS, launch=launch_flags
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    launched = next(ln for ln in proc.stdout.splitlines() if "torch.distributed.run" in ln)
+    launched = next(ln for ln in proc.stdout.splitlines() if launch.LOCAL_RANKS in ln)
     argv = shlex.split(launched.split("+ ", 1)[1])
     order = [argv.index(w) for w in ("apptainer", "--bind", str(image), "rank", "--", "train")]
     assert order == sorted(order), argv

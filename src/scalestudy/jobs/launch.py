@@ -17,6 +17,10 @@ to run: the plugin submits every task of an array with the first job's nodes, GP
 limit.
 Outside Slurm it runs torchrun on this host (`--standalone`: a free rendezvous port), which only
 works for N = 1; a multi-node run without Slurm is refused with a pointer to the Slurm profile.
+torchrun's agent runs in `python -m scalestudy.jobs.local_ranks`, which ends the run as the
+rest of scalestudy does: Ctrl-C is rank 0's one line (then killed by SIGINT), a failed rank one
+line and that rank's exit status (a stop's 75 too), where torchrun printed its own traceback
+and exited 1.
 srun is given --cpus-per-task because srun stopped inheriting it from sbatch in Slurm 22.05, and
 --kill-on-bad-exit so a crashed rank ends the job instead of leaving the others in a collective;
 a CUDA run's step gets --gres=gpu:K, its ranks' GPUs on each node, since a step that names none
@@ -37,6 +41,7 @@ from pathlib import Path
 
 from scalestudy import files, log, vocab
 from scalestudy.errors import LaunchError, TrainConfigError
+from scalestudy.jobs import local_ranks
 from scalestudy.jobs.gpu_slots import held_files as gpu_slot_files
 from scalestudy.jobs.gpu_slots import take as take_gpu_slots
 from scalestudy.jobs.gpu_slots import visible_gpus
@@ -57,6 +62,12 @@ THREAD_VARS = (
     "VECLIB_MAXIMUM_THREADS",
     "NUMEXPR_NUM_THREADS",
 )
+
+
+# one node's ranks without Slurm: torchrun (its arguments, agent and rendezvous) in a process
+# whose end is one line and the ranks' exit status, 75 included (jobs/local_ranks.py); torchrun
+# itself ended Ctrl-C, a failed rank and a stop in its own traceback and exit 1
+LOCAL_RANKS = local_ranks.__name__
 
 
 def rank_env(env: dict[str, str], cpus_per_rank: int) -> dict[str, str]:
@@ -208,7 +219,7 @@ def build_command(args: argparse.Namespace, env: dict[str, str]) -> list[str]:
         return [
             sys.executable,
             "-m",
-            "torch.distributed.run",
+            LOCAL_RANKS,
             "--standalone",
             f"--nproc-per-node={args.ranks_per_node}",
             "--no-python",
@@ -221,7 +232,7 @@ def build_command(args: argparse.Namespace, env: dict[str, str]) -> list[str]:
     return [
         *python,
         "-m",
-        "torch.distributed.run",
+        LOCAL_RANKS,
         "--standalone",
         f"--nproc-per-node={args.ranks_per_node}",
         "-m",
