@@ -683,7 +683,7 @@ def test_ctrl_c_is_one_line_and_status_130(monkeypatch, capsys):
         log.setup()
     assert err.startswith("scalestudy matrix: interrupted\nTraceback")
     assert err.rstrip().endswith("KeyboardInterrupt")
-    assert not cli._interrupted
+    assert not log._interrupted
 
 
 @pytest.mark.parametrize("ranks", [1, 2])

@@ -31,11 +31,8 @@ the ranks started by `scalestudy --debug launch` inherit it.
 from __future__ import annotations
 
 import argparse
-import atexit
-import contextlib
 import importlib
 import os
-import signal
 import sys
 
 from scalestudy import log
@@ -126,30 +123,9 @@ def main(argv: list[str] | None = None) -> int:
         command = _command(args) if args else next((a for a in argv if a in SUBCOMMANDS), "")
         name = " ".join(filter(None, ("scalestudy", command)))
         log.expected_error(logger, f"{name}: interrupted", "run")
-        global _interrupted
-        _interrupted = program  # the program then ends killed by SIGINT (_end_by_sigint)
+        if program:  # it then ends killed by SIGINT (log.end_by_sigint); a Python caller lives on
+            log.end_by_sigint()
         return INTERRUPTED_EXIT
-
-
-# Ctrl-C ended the program: it ends killed by SIGINT, once it has cleaned up
-_interrupted = False
-
-
-@atexit.register  # at import, before torch's and the others': the last exit handler to run
-def _end_by_sigint() -> None:
-    """Once an interrupted program has cleaned up (its threads joined, the other exit handlers
-    run), it kills itself with SIGINT, as Python ends on an unhandled Ctrl-C: a shell's loop
-    over runs then stops (bash goes on after a child that exited by itself, even with 130,
-    taking the interrupt as handled). Python's own way, the KeyboardInterrupt left unhandled,
-    printed a traceback, and after a training run ended in exit 1 all the same."""
-    if not _interrupted:
-        return
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    os.kill(os.getpid(), signal.SIGINT)
 
 
 def _run(module, args: argparse.Namespace) -> int:

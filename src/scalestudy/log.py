@@ -9,13 +9,18 @@ per run or per node when every rank would say the same, with no traceback.
 
 `SCALESTUDY_DEBUG=1` (`scalestudy --debug` sets it, so the ranks a launcher starts inherit it)
 shows the traceback of expected errors too, from every rank.
+
+A program that Ctrl-C ended says so in one line and calls `end_by_sigint()`: once it has
+cleaned up it kills itself with SIGINT (`_end_by_sigint`), so a shell's loop over runs stops.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
+import signal
 import sys
 import traceback
 from pathlib import Path
@@ -25,6 +30,33 @@ ROOT = "scalestudy"
 DEBUG_ENV = "SCALESTUDY_DEBUG"
 # (rank, local rank) of this process in a training job, None elsewhere: who prints an error
 _place: tuple[int, int] | None = None
+# Ctrl-C ended the program: it ends killed by SIGINT, once it has cleaned up (end_by_sigint)
+_interrupted = False
+
+
+def end_by_sigint() -> None:
+    """Ctrl-C ended this program (its one line said): at its exit, once it has cleaned up, it
+    kills itself with SIGINT (_end_by_sigint). Only a program's own entry point calls this,
+    never a function a Python caller may call (the caller's process would die)."""
+    global _interrupted
+    _interrupted = True
+
+
+@atexit.register  # at import, before torch's and the others': the last exit handler to run
+def _end_by_sigint() -> None:
+    """Once an interrupted program has cleaned up (its threads joined, the other exit handlers
+    run), it kills itself with SIGINT, as Python ends on an unhandled Ctrl-C: a shell's loop
+    over runs then stops (bash goes on after a child that exited by itself, even with 130,
+    taking the interrupt as handled). Python's own way, the KeyboardInterrupt left unhandled,
+    printed a traceback, and after a training run ended in exit 1 all the same."""
+    if not _interrupted:
+        return
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGINT)
 
 
 def debug() -> bool:

@@ -7,10 +7,10 @@ torchrun itself ends every run that is not a success in a traceback of its own p
 `interrupted`), a rank's failure its ChildFailedError report (40), and a stop's 75 (checkpoint
 saved, rerun to resume) became 1. Here:
 - Ctrl-C (SIGINT to the agent; the terminal sends it to the ranks too, and the agent passes it
-  on): rank 0's line is the one line, and this process ends killed by SIGINT (cli.py: a shell's
-  130, and a shell loop over runs stops). Before any rank started: `scalestudy launch:
-  interrupted`. torchrun's two warnings that it got SIGINT and passes it on, which restate the
-  user's Ctrl-C, are left out; its other messages are not.
+  on): rank 0's line is the one line, and this process ends killed by SIGINT
+  (log.end_by_sigint: a shell's 130, and a shell loop over runs stops). Before any rank
+  started: `scalestudy launch: interrupted`. torchrun's two warnings that it got SIGINT and
+  passes it on, which restate the user's Ctrl-C, are left out; its other messages are not.
 - another signal torchrun handles (SIGTERM, SIGHUP, SIGQUIT): torchrun sends it to the ranks and
   kills those still running after its shutdown timeout, as before; one line, exit 128 + N.
 - a rank that failed: one line naming the first to fail (its own lines above say why) and its
@@ -22,32 +22,13 @@ saved, rerun to resume) became 1. Here:
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import logging
-import os
 import signal
 import sys
 
 from scalestudy import log
 
 logger = log.get("scalestudy.launch")
-
-# the end of an interrupted run: killed by SIGINT once every exit handler ran (cli.py's
-# _end_by_sigint, registered here before torch's handlers, so it runs after them)
-_interrupted = False
-
-
-@atexit.register
-def _end_by_sigint() -> None:
-    if not _interrupted:
-        return
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    os.kill(os.getpid(), signal.SIGINT)
 
 
 class _QuietInterrupt(logging.Filter):
@@ -73,18 +54,16 @@ TORCHRUN_LOGGERS = (
 
 
 def main(argv: list[str]) -> int:
-    global _interrupted
     log.setup()
     try:
         return _run(argv)
     except KeyboardInterrupt:  # before torchrun handles SIGINT (torch's import too): no rank ran
         log.expected_error(logger, "scalestudy launch: interrupted", "run")
-        _interrupted = True
+        log.end_by_sigint()
         return 130
 
 
 def _run(argv: list[str]) -> int:
-    global _interrupted
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -97,7 +76,7 @@ def _run(argv: list[str]) -> int:
         return 0
     except SignalException as exc:
         if exc.sigval == signal.SIGINT:  # the ranks were running: rank 0 said it
-            _interrupted = True
+            log.end_by_sigint()
             return 130
         name = signal.Signals(exc.sigval).name
         logger.error(
@@ -112,11 +91,10 @@ def _run(argv: list[str]) -> int:
 
 def _failed(exc, world_size) -> int:
     """The exit status of a run whose first failed rank is exc's (the module docstring)."""
-    global _interrupted
     rank, failure = exc.get_first_failure()
     code = failure.exitcode
     if code == -signal.SIGINT:
-        _interrupted = True
+        log.end_by_sigint()
         return 130
     if code < 0:
         what, status = f"was killed by {failure.signal_name()}", 128 - code
