@@ -13,9 +13,9 @@ or 2 is refused unless --smoke (a test of the pipeline, not a measurement), and 
 fewer than 3 runs (--smoke, or a comparison ended early) has no spread: null in --json, "no
 spread" in the table.
 A failed run ends the comparison in one line (the run, its exit code); --json then holds the runs
-that finished, marked "partial", and the exit code is 1. So does a stop signal during a run (Ctrl-C,
-SIGTERM from a time limit or `timeout`, SIGHUP from a closed terminal), after which compare.py
-dies of it (a shell says 130, 143, 129).
+that finished, marked "partial", and the exit code is 1. So does a stop signal during a run, or
+between two (Ctrl-C, SIGTERM from a time limit or `timeout`, SIGHUP from a closed terminal), after
+which compare.py dies of it (a shell says 130, 143, 129).
 The run's torchrun gets that signal from compare.py, once (it runs in a session of its own), and
 compare.py waits for it to stop its ranks: killed outright, it left them training on.
 
@@ -299,21 +299,28 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, list[dict]] = {"ours": [], "reference": []}
     failed = None  # (run, exit code): the runs stop at a failed one, those that finished are kept
     stopped = None  # the signal that stopped a run: its runs that finished are kept too
+    runs = order(args.repeats)
+    label = [f"{name} run {i // 2 + 1}/{args.repeats}" for i, name in enumerate(runs)]
     with tempfile.TemporaryDirectory() as tmp, stop_signals_raised():
-        for i, name in enumerate(order(args.repeats)):
-            ours_out, ref_out = Path(tmp) / f"ours{i}", Path(tmp) / f"reference{i}.json"
-            cmd = commands(args, ours_out, ref_out)[name]
-            print(f"--- {name} ({i // 2 + 1}/{args.repeats}): {shlex.join(cmd)}", flush=True)
-            try:  # a stop signal stops the run (torchrun, its ranks) before it is raised
+        # a stop signal during a run stops it (torchrun, its ranks) before it is raised; one
+        # between two runs (none to stop) is caught here too: around the run only, it was a
+        # traceback that lost the runs that had finished
+        try:
+            for i, name in enumerate(runs):
+                ours_out, ref_out = Path(tmp) / f"ours{i}", Path(tmp) / f"reference{i}.json"
+                cmd = commands(args, ours_out, ref_out)[name]
+                print(f"--- {name} ({i // 2 + 1}/{args.repeats}): {shlex.join(cmd)}", flush=True)
                 rc = run_trainer(cmd, env)
-            except (KeyboardInterrupt, Stopped) as exc:
-                stopped = signal.SIGINT if isinstance(exc, KeyboardInterrupt) else exc.signum
-                rc = 128 + stopped  # as a shell reports a command a signal ended
-            out = ours_out / "metrics.json" if name == "ours" else ref_out
-            if rc != 0 or not out.exists():
-                failed = (f"{name} run {i // 2 + 1}/{args.repeats}", rc)
-                break
-            results[name].append(json.loads(out.read_text()))
+                out = ours_out / "metrics.json" if name == "ours" else ref_out
+                if rc != 0 or not out.exists():
+                    failed = (label[i], rc)
+                    break
+                results[name].append(json.loads(out.read_text()))
+        except (KeyboardInterrupt, Stopped) as exc:
+            stopped = signal.SIGINT if isinstance(exc, KeyboardInterrupt) else exc.signum
+            done = len(results["ours"]) + len(results["reference"])  # the runs go in order
+            if done < len(runs):  # (else it came after the last one: the comparison is whole)
+                failed = (label[done], 128 + stopped)  # as a shell reports a signal's end
 
     result = summarize(args, results["ours"], results["reference"])
     result.update(partial=failed is not None, failed_run=None, failed_exit_code=None)
@@ -333,6 +340,8 @@ def main(argv: list[str] | None = None) -> int:
         kept = f", written to {args.json} (partial)" if args.json and written else ""
         print(f"compare.py: {failed[0]} {why}; {done} runs had finished{kept}", file=sys.stderr)
         return failed[1] if stopped else 1
+    if stopped:  # after the last run: all written, and a script running compare.py stops too
+        return 128 + stopped
     return 0 if written else 1
 
 

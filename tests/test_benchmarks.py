@@ -394,6 +394,56 @@ def test_a_stopped_comparison_keeps_the_runs_that_finished(data_dir, tmp_path, s
     assert r["ours"]["runs"] == [1.0] and r["reference"]["runs"] == [1.0, 1.5]
 
 
+BETWEEN_RUNS = """
+import os, signal, sys
+sys.path.insert(0, sys.argv[1] + "/tests")
+from test_benchmarks import FakeRuns, compare
+runs = compare.subprocess = FakeRuns()
+class Stdout:  # the signal lands as compare.py announces the 4th run: the 3rd over, no run
+    def __init__(self, out):
+        self.out = out
+    def write(self, text):
+        written = self.out.write(text)
+        if text.startswith("--- ours (2/2)"):
+            os.kill(os.getpid(), getattr(signal, sys.argv[4]))  # handled on return, here
+        return written
+    def flush(self):
+        self.out.flush()
+sys.stdout = Stdout(sys.stdout)
+argv = ["--data-dir", sys.argv[2], "--dataset", "synthetic", "--repeats", "2", "--smoke"]
+code = compare.main([*argv, "--json", sys.argv[3]])
+print("RUNS STARTED", len(runs.calls), flush=True)
+compare.exit_with(code)
+"""
+
+
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
+def test_a_stop_signal_between_two_runs_keeps_the_runs_that_finished(
+    data_dir, tmp_path, signal_name
+):
+    """Ctrl-C or SIGTERM while no run was going on (after one run, before the next started)
+    was raised outside the runs' handling: a traceback (KeyboardInterrupt, compare.Stopped),
+    exit 1 under SIGTERM, and no --json of the runs that had finished. Now it ends the
+    comparison as a stop during a run does: the next run never starts, the finished ones are
+    written (partial), one line says so, and compare.py dies of the signal."""
+    import signal
+
+    out = tmp_path / "compare.json"
+    script = [PYTHON, "-c", BETWEEN_RUNS, str(REPO), str(data_dir), str(out), signal_name]
+    proc = subprocess.run(
+        script, env=child_env(), capture_output=True, text=True, timeout=120,
+        preexec_fn=sigint_as_in_a_terminal,
+    )  # fmt: skip
+    assert proc.returncode == -getattr(signal, signal_name), proc.stderr[-2000:]
+    assert proc.stderr.splitlines() == [proc.stderr.strip()], proc.stderr  # no traceback
+    assert f"ours run 2/2 stopped by {signal_name}; 3 runs had finished" in proc.stderr
+    assert "RUNS STARTED 3" in proc.stdout, proc.stdout  # not the 4th
+    r = json.loads(out.read_text())
+    assert r["partial"] is True and r["failed_run"] == "ours run 2/2"
+    assert r["failed_exit_code"] == 128 + getattr(signal, signal_name)
+    assert r["ours"]["runs"] == [1.0] and r["reference"]["runs"] == [1.0, 1.5]
+
+
 def test_a_stop_signal_while_a_run_starts_stops_it(data_dir, tmp_path, monkeypatch, capsys):
     """A SIGTERM that lands while torchrun is being started (inside Popen, between the fork and
     its return) raised there, and the started process, in a session of its own, was never told:
