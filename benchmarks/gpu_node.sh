@@ -84,7 +84,14 @@ compare() { # name, extra compare.py flags: OUT/<name>.json and .log
         echo "$name failed: see $out/$name.log"
         failed+=("$name")
     }
-    tail -n 4 "$out/$name.log"
+    table "$out/$name.log"
+}
+table() { # a comparison's log: its table whole, from its header's line on (then compare.py's
+    # line, where a run failed or was stopped); a fixed `tail -n 4` cut the header off a table
+    # one line longer (SMOKE=1's "no spread"). No table (no run of a trainer): the last lines
+    local at
+    at=$(grep -n 'median img/s' "$1" | tail -n 1 | cut -d: -f1) || true
+    if [ -n "$at" ]; then tail -n "+$at" "$1"; else tail -n 4 "$1"; fi
 }
 bucket_line() { # name: the line of buckets.txt from OUT/<name>/metrics.json
     "$py" - "$out/$1/metrics.json" "$1" <<'PY'

@@ -907,7 +907,8 @@ def test_the_gpu_node_script_runs_small_on_a_cpu(tmp_path):
     """benchmarks/gpu_node.sh, the next GPU lease's one command, end to end with tiny sizes and
     the steps a CPU runs in seconds: a comparison writes its JSON with its step's flags, the
     bucket sweep writes one line per run with the mode that ran, and the buffer benchmark prints
-    its ratio."""
+    its ratio. The comparison's table is printed whole: a fixed `tail -n 4` of its log cut the
+    header (the column names) off SMOKE=1's table, one line longer ("no spread")."""
     out = tmp_path / "out"
     sizes = {"WIDTH": "2", "LOCAL_BATCH": "16", "PRECISION": "fp32", "EPOCHS": "1"}
     sizes |= {"NUM_TRAIN": "512", "REPEATS": "1", "SMOKE": "1", "REF_WORKERS": "0"}
@@ -929,7 +930,11 @@ def test_the_gpu_node_script_runs_small_on_a_cpu(tmp_path):
         json.loads((out / "bucket-1mib-graphs-off" / "metrics.json").read_text())["bucket_cap_mb"]
         == 1.0
     )
-    assert "--cuda-graphs off" in (out / "compare-nographs.log").read_text()
+    log = (out / "compare-nographs.log").read_text()
+    assert "--cuda-graphs off" in log
+    table = log[log.rindex("\n\n") + 2 :]  # print_table's: a blank line, then the header on
+    assert table.splitlines()[0].split() == ["median", "img/s", "min", "max", "spread"], log
+    assert f"== compare-nographs\n{table}== buckets\n" in proc.stdout, proc.stdout
     assert "ours / per-step broadcast:" in (out / "ddp-buffers.txt").read_text()
 
 
