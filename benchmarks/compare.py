@@ -17,7 +17,8 @@ that finished, marked "partial", and the exit code is 1. So does a stop signal d
 between two (Ctrl-C, SIGTERM from a time limit or `timeout`, SIGHUP from a closed terminal), after
 which compare.py dies of it (a shell says 130, 143, 129).
 The run's torchrun gets that signal from compare.py, once (it runs in a session of its own), and
-compare.py waits for it to stop its ranks: killed outright, it left them training on.
+compare.py waits for it to stop its ranks: killed outright, it left them training on. A second
+stop signal, or a run not stopped in STOP_WAIT_S, kills torchrun and its ranks (SIGKILL).
 
     # CPU, the Trainer issue's configuration (docs/benchmarks.md): 2 gloo ranks, local batch 64
     python benchmarks/compare.py --data-dir /tmp/bench --dataset synthetic --nproc 2 \
@@ -136,9 +137,28 @@ def run_trainer(cmd: list[str], env: dict) -> int:
         except (subprocess.TimeoutExpired, KeyboardInterrupt, Stopped):  # or a second signal
             why = f"not stopped {STOP_WAIT_S} s after the signal, or a second stop signal"
             print(f"compare.py: killing torchrun (pid {proc.pid}): {why}", file=sys.stderr)
-            proc.kill()
-            proc.wait()
+            kill_run(proc)
         raise
+
+
+def kill_run(proc: subprocess.Popen) -> None:
+    """SIGKILL to torchrun and to each of its ranks' process groups (a rank and its DataLoader
+    workers). torchrun starts each rank in a session of its own and kills it 30 s after its
+    signal; killed first, it never did, and a rank that had not heeded the signal (hung in a
+    collective) ran on, orphaned, holding the device. The ranks are read (Linux /proc) while
+    torchrun lives: once it is gone they are init's children."""
+    ranks = []
+    with contextlib.suppress(OSError):  # no /proc, or torchrun gone: its ranks are not known
+        for task in Path(f"/proc/{proc.pid}/task").iterdir():
+            ranks += [int(pid) for pid in (task / "children").read_text().split()]
+    for pid in ranks:  # each a session's leader: its group id is its pid
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:  # no group of its own: the process alone
+                os.kill(pid, signal.SIGKILL)
+    proc.kill()
+    proc.wait()
 
 
 @contextlib.contextmanager

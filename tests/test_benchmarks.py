@@ -565,6 +565,67 @@ def test_a_closed_terminals_sighup_reaches_the_run_and_stops_compare(tmp_path):
     assert marker.read_text() == "SIGHUP"  # the run got it, and stopped
 
 
+HUNG_RANK = """
+import os, signal, sys, time
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # a rank deaf to the stop (hung in a collective)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+open(sys.argv[1] + ".tmp", "w").write(str(os.getpid()))
+os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+time.sleep(120)
+"""
+
+
+def test_a_second_ctrl_c_kills_torchrun_and_its_ranks(tmp_path):
+    """A second Ctrl-C while torchrun stopped a run's ranks (or a run not stopped in
+    STOP_WAIT_S): compare.py killed torchrun (SIGKILL), whose own kill of the ranks, 30 s after
+    its signal, then never came; the ranks run in sessions of their own, so a rank that had not
+    heeded the signal (hung in a collective: when a user presses Ctrl-C twice) was orphaned,
+    holding the device, after compare.py had returned. Now its ranks are killed with it."""
+    import os
+    import signal
+
+    rank, pid_file = tmp_path / "rank.py", tmp_path / "rank.pid"
+    rank.write_text(HUNG_RANK)
+    script = str(REPO / "benchmarks" / "compare.py")
+    parent = (  # compare.py's run_trainer of a real torchrun, as main() runs a run
+        "import importlib.util, os, sys\n"
+        f"spec = importlib.util.spec_from_file_location('compare', {script!r})\n"
+        "compare = importlib.util.module_from_spec(spec); spec.loader.exec_module(compare)\n"
+        f"cmd = [*compare.torchrun(1), {str(rank)!r}, {str(pid_file)!r}]\n"
+        "with compare.stop_signals_raised():\n"
+        "    try:\n"
+        "        compare.run_trainer(cmd, dict(os.environ))\n"
+        "    except KeyboardInterrupt:\n"
+        "        print('interrupted', flush=True)\n"
+    )
+    with (tmp_path / "output").open("w") as output:  # a file: an orphan would hold a pipe open
+        proc = subprocess.Popen(
+            [PYTHON, "-c", parent], env=child_env(), stdout=output, stderr=output,
+            preexec_fn=sigint_as_in_a_terminal,
+        )  # fmt: skip
+    pid = None
+    try:
+        deadline = time.monotonic() + 120
+        while not pid_file.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        pid = int(pid_file.read_text())  # the rank is running
+        proc.send_signal(signal.SIGINT)  # torchrun passes it on; the rank does not heed it
+        time.sleep(1)
+        proc.send_signal(signal.SIGINT)  # the second: stop now
+        proc.wait(timeout=60)
+        said = (tmp_path / "output").read_text()
+        assert "compare.py: killing torchrun" in said and "interrupted" in said, said
+        time.sleep(0.5)  # the SIGKILL's delivery
+        stat = Path(f"/proc/{pid}/stat")
+        state = stat.read_text().split()[2] if stat.exists() else "gone"
+        assert state in ("gone", "Z"), f"rank {pid} left running after compare.py ({state})"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if pid is not None and Path(f"/proc/{pid}").exists():
+            os.kill(pid, signal.SIGKILL)
+
+
 @pytest.mark.parametrize(
     "flags, says",
     [
