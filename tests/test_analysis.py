@@ -522,14 +522,14 @@ def test_profile_shares_of_rank_zero_and_bad_category(tmp_path):
         row = dict(zip(header, first, strict=True)) | {column: value}
         bad.write_text("\n".join([good[0], ",".join(row.values()), *good[2:]]) + "\n")
         with pytest.raises(
-            AnalysisError, match=rf"line 2: {column} '{value}' .* is {re.escape(why)}; delete"
+            AnalysisError, match=rf"line 2: {column} '{value}' .* is {re.escape(why)}; fix it"
         ):
             analysis.profile_shares(bad)
 
 
 def test_missing_input_names_the_file_and_command(tmp_path):
     with pytest.raises(AnalysisError, match=r"missing .*runs.csv.*snakemake"):
-        analysis.read_csv(tmp_path / "runs.csv", "", "snakemake results/csv/runs.csv")
+        analysis.read_csv(tmp_path / "runs.csv", "", "results/csv/runs.csv", "--runs")
 
 
 def test_figures_follow_the_study():
@@ -771,7 +771,12 @@ def test_a_table_without_a_column_the_figures_read_is_one_line(tmp_path, capsys,
     err = capsys.readouterr().err.strip().splitlines()
     stale = tmp_path / f"{table}.csv"
     assert len(err) == 1 and f"{stale} has no column family: it is older" in err[0], err
-    assert err[0].endswith(f"delete it and run `snakemake results/csv/{table}.csv`")
+    # given by hand: the user's to fix, not to delete (snakemake writes results/csv's)
+    flag = f"--{table}"
+    target = f"results/csv/{table}.csv"
+    assert err[0].endswith(
+        f"fix it, or give {flag} the study's {target} (`snakemake {target}` writes it)"
+    )
     assert not (tmp_path / "p").exists()
 
 
@@ -798,10 +803,10 @@ def test_a_cell_the_figures_cannot_read_is_one_line(tmp_path, capsys, column, va
     path = tmp_path / "scaling.csv"
     files.write_csv(path, None, rows)
     with path.open() as f:
-        assert analysis.read_table(path, "scaling", "make") == list(csv.DictReader(f))
+        assert analysis.read_table(path, "scaling", "--scaling") == list(csv.DictReader(f))
     files.write_csv(path, None, [rows[0], {**rows[1], column: value}])
     with pytest.raises(AnalysisError) as exc:
-        analysis.read_table(path, "scaling", "make")
+        analysis.read_table(path, "scaling", "--scaling")
     assert str(exc.value).startswith(f"{path}, line 3: {says}"), exc.value
     argv = ["plot", "--figure", "throughput", "--device", "cpu", "--out", str(tmp_path / "p")]
     assert cli.main([*argv, "--scaling", str(path)]) == 2
@@ -1781,10 +1786,13 @@ def test_a_table_cut_short_is_one_line_not_a_report_of_fewer_families(tmp_path, 
     text = path.read_text()
     path.write_text(text[: text.rindex("\n", 0, len(text) - 1) + 12])  # line 3, 11 characters
     with pytest.raises(AnalysisError) as exc:
-        analysis.read_table(path, "scaling", "make")
+        analysis.read_table(path, "scaling", "--scaling")
     header = len(text.splitlines()[0].split(","))
     assert str(exc.value).startswith(f"{path}, line 3: {header} columns in the header but "), exc
-    assert str(exc.value).endswith("delete it and run `make`")
+    assert str(exc.value).endswith(
+        "fix it, or give --scaling the study's results/csv/scaling.csv "
+        "(`snakemake results/csv/scaling.csv` writes it)"
+    )
     argv = ["plot", "--figure", "throughput", "--device", "cpu", "--out", str(tmp_path / "p")]
     assert cli.main([*argv, "--scaling", str(path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -1893,3 +1901,78 @@ def test_analyze_refuses_its_own_shares_table_as_the_kernel_table(tmp_path, caps
         assert cli.main([*argv, f"--profile={given}"]) == 2, given
         (err,) = capsys.readouterr().err.strip().splitlines()
         assert err.startswith("scalestudy analyze: ") and says in err, err
+
+
+# (command line before the damaged file, its flag, the study's path of it)
+HAND_GIVEN = [
+    (["analyze", "--gpus-per-node", "1", "--runs"], "--runs", "results/csv/runs.csv"),
+    (["model", "--out-dir", "out", "--runs"], "--runs", "results/csv/runs.csv"),
+    (
+        ["analyze", "--gpus-per-node", "1", "--out-dir", "out", "--html-dir", "out", "--profile"],
+        "--profile",
+        "results/csv/profile_kernels.csv",
+    ),
+    (["plot", "--figure", "throughput", "--scaling"], "--scaling", "results/csv/scaling.csv"),
+    (["plot", "--figure", "accuracy", "--epochs"], "--epochs", "results/csv/epochs.csv"),
+    (["plot", "--figure", "efficiency", "--targets"], "--targets", "results/csv/targets.csv"),
+    (["plot", "--figure", "profile", "--profile-shares"], "--profile-shares",
+     "results/csv/profile_shares.csv"),
+    (["plot", "--figure", "waterfall", "--waterfall"], "--waterfall", "results/csv/waterfall.csv"),
+]  # fmt: skip
+
+
+def test_a_damaged_table_of_a_csv_dir_given_by_hand_is_not_to_be_deleted(tmp_path, capsys):
+    """render-report --csv-dir mine/ with a damaged scaling.csv said "delete it and run
+    `snakemake mine/scaling.csv`", a target no rule makes, for a directory of the user's."""
+    from scalestudy import cli
+
+    mine = tmp_path / "mine"
+    argv = ["analyze", "--runs", str(FIXTURES / "demo_runs.csv"), "--gpus-per-node", "1"]
+    assert cli.main([*argv, "--out-dir", str(mine), "--html-dir", str(tmp_path / "t")]) == 0
+    (mine / "scaling.csv").write_text("family,n\nstrong\n")
+    capsys.readouterr()
+    assert cli.main(["render-report", "--csv-dir", str(mine), "--out-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{mine / 'scaling.csv'}, line 2:" in err[0], err
+    assert err[0].endswith(
+        "fix it, or give --csv-dir the study's results/csv "
+        "(`snakemake results/csv/scaling.csv` writes it)"
+    ), err
+
+
+@pytest.mark.parametrize("hand", [True, False], ids=["given-by-hand", "the-studys-own"])
+@pytest.mark.parametrize(
+    "argv, flag, target", HAND_GIVEN, ids=[f"{a[0]} {f}" for a, f, _ in HAND_GIVEN]
+)
+def test_a_damaged_input_of_the_user_is_not_to_be_deleted(
+    tmp_path, monkeypatch, capsys, argv, flag, target, hand
+):
+    """A damaged CSV given by hand (`scalestudy analyze --runs mine.csv`, plot --scaling, ...)
+    was refused with "delete it and run `snakemake results/csv/runs.csv`": advice to delete the
+    user's own file, with a command that writes another one. Now a file given by hand is to be
+    fixed (or the study's own given); only the study's own file, which snakemake makes again,
+    is to be deleted."""
+    from scalestudy import cli
+
+    monkeypatch.chdir(tmp_path)
+    own = Path("results/csv")
+    assert cli.main(["analyze", "--runs", str(FIXTURES / "demo_runs.csv"), "--gpus-per-node",
+                     "1", "--out-dir", str(own), "--html-dir", "tables"]) == 0  # fmt: skip
+    (own / "runs.csv").write_text((FIXTURES / "demo_runs.csv").read_text())
+    (own / "epochs.csv").write_text("run,epoch,val_acc\n")
+    damaged = Path("mine.csv") if hand else Path(target)
+    damaged.write_text("run,value\nw1_r0,1,2\n")  # a row of 3 cells under a 2-column header
+    capsys.readouterr()
+    more = ["--device", "cpu", "--out", "plots"] if argv[0] == "plot" else []
+    if flag == "--profile":
+        more = ["--runs", str(own / "runs.csv")]
+    assert cli.main([*argv, str(damaged), *more]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f": {damaged}, line 2: 2 columns in the header but" in err[0], err
+    if hand:
+        assert "delete" not in err[0], err
+        assert err[0].endswith(
+            f"fix it, or give {flag} the study's {target} (`snakemake {target}` writes it)"
+        ), err
+    else:
+        assert err[0].endswith(f"delete it and run `snakemake {target}`"), err

@@ -1106,7 +1106,30 @@ def test_an_older_scaling_csv_is_one_line_not_a_traceback(demo, tmp_path, capsys
     assert cli.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"{csv_dir / 'scaling.csv'} has no column nodes:" in err[0], err
-    assert err[0].endswith(f"delete it and run `snakemake {csv_dir}/scaling.csv`")
+    # a --csv-dir of the user's own: to fix, not to delete (snakemake cannot make it again)
+    assert err[0].endswith(
+        "fix it, or give --csv-dir the study's results/csv "
+        "(`snakemake results/csv/scaling.csv` writes it)"
+    ), err
+    assert "delete" not in err[0]
+    assert not (tmp_path / "reports").exists()
+
+
+def test_a_damaged_model_csv_given_by_hand_is_not_to_be_deleted(demo, tmp_path, capsys):
+    """`scalestudy proposal --model-csv mine.csv` with a row cut short said "delete it and run
+    `snakemake`": advice to delete the user's own file, and a command that makes none of it."""
+    _, study, _ = demo
+    mine = tmp_path / "mine.csv"
+    mine.write_text("kind,name,value\nparameter,fit_points\n")  # 2 cells under 3 columns
+    argv = ["proposal", "--config", str(DEMO), "--csv-dir", str(study / "results/csv")]
+    argv += ["--out-dir", str(tmp_path / "reports"), "--model-csv", str(mine)]
+    assert cli.main([*argv, "--runs-csv", str(study / "results/csv/runs.csv")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{mine}, line 2: 3 columns in the header but 2 cells" in err[0], err
+    assert err[0].endswith(
+        "fix it, or give --model-csv the study's results/csv/model.csv "
+        "(`snakemake results/csv/model.csv` writes it)"
+    ), err
     assert not (tmp_path / "reports").exists()
 
 

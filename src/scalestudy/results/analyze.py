@@ -154,11 +154,33 @@ SCALE_FACTORS = (2, 4)
 
 
 # --- reading -------------------------------------------------------------------------------------
-def read_csv(path: str | Path, what: str = "", make: str = "snakemake") -> list[dict]:
+def input_fix(path: str | Path, target: str, flag: str, own: str = "") -> str:
+    """What a message refusing an input file tells to do. The study's own file (`target`: the
+    workflow's path of it, from the study directory, where the commands run) is snakemake's to
+    make again: delete it and run snakemake. Any other path was given by hand (`flag`), maybe a
+    file of the user's own: "delete it and run `snakemake results/csv/runs.csv`" said to delete
+    it, and named a command that writes another file. `own`: what `flag` takes of the study's
+    (--csv-dir its directory; default `target`). No `target`: neither is known."""
+    if not target:
+        return "write it again with the scalestudy command that made it"
+    if files.one_file(path, target):
+        return f"delete it and run `snakemake {target}`"
+    return f"fix it, or give {flag} the study's {own or target} (`snakemake {target}` writes it)"
+
+
+def read_csv(
+    path: str | Path, what: str = "", target: str = "", flag: str = "", own: str = ""
+) -> list[dict]:
+    """The rows of an input CSV; missing or damaged: one AnalysisError, whose fix is
+    input_fix's (`target`, `flag`, `own`: the study's path of it and the option that gave it)."""
     path = Path(path)
     if not path.exists():
-        raise AnalysisError(f"missing {path}{what}: run `{make}` first")
-    return files.read_csv_rows(path, AnalysisError, f"delete it and run `{make}`")
+        fix = f"run `{f'snakemake {target}'.rstrip()}` first"
+        if target and not files.one_file(path, target):  # given by hand: snakemake makes another
+            fix = f"give {flag} an existing file, or the study's {own or target}"
+            fix += f" (`snakemake {target}` writes it)"
+        raise AnalysisError(f"missing {path}{what}: {fix}")
+    return files.read_csv_rows(path, AnalysisError, input_fix(path, target, flag, own))
 
 
 # a cell of analyze's tables (read_table): the ratios and means it writes are finite (an inf,
@@ -167,14 +189,15 @@ TABLE_NUMBER = files.NUMBER.or_blank()
 TABLE_COUNT = files.Cell("a whole number", 0, whole=True, blank=True)  # int() reads it
 
 
-def read_table(path: str | Path, table: str, make: str) -> list[dict]:
+def read_table(path: str | Path, table: str, flag: str, own: str = "") -> list[dict]:
     """One of the CSVs this module writes (`table`, a key of TABLE_COLUMNS), refused in one
     line when it lacks a column or a cell is not what the figures and documents read: a
     number or blank outside TABLE_TEXT's columns, digits in COUNT_COLUMNS, no blank in
     TABLE_FILLED's. A CSV of an older version, or edited by hand, ended in a KeyError,
-    ValueError or TypeError traceback."""
-    rows = read_csv(path, "", make)
-    fix = f"delete it and run `{make}`"
+    ValueError or TypeError traceback. `flag` gave the path (`own`: read_csv)."""
+    target = f"results/csv/{table}.csv"
+    rows = read_csv(path, "", target, flag, own)
+    fix = input_fix(path, target, flag, own)
     missing = [c for c in TABLE_COLUMNS[table] if rows and c not in rows[0]]
     if missing:
         more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
@@ -1023,6 +1046,7 @@ def _distinct(runs, column, blank: str = "not recorded", split: bool = True) -> 
 PROFILING_KEY = ("profiling", "kernel table")
 NOT_PROFILED = "not profiled: scalestudy analyze ran without --profile"
 SHARE_COLUMNS = ("run", "tool", "rank", "category", "total_ns", "share")
+PROFILE_KERNELS = "results/csv/profile_kernels.csv"  # the profiling stage's, analyze --profile
 # every table run() writes, as results/csv/<name>.csv and results/tables/<name>.html
 TABLE_NAMES = (
     "scaling",
@@ -1065,15 +1089,17 @@ TABLE_FILLED = {
 
 
 def profile_shares(path: str | Path) -> list[dict]:
-    """results/csv/profile_kernels.csv -> share of kernel time per (run, tool, category), rank 0
-    when present, else the lowest rank. Columns are checked, categories must be known."""
-    rows = read_csv(path, " (the profiling stage's kernel table)")
+    """results/csv/profile_kernels.csv (--profile) -> share of kernel time per (run, tool,
+    category), rank 0 when present, else the lowest rank. Columns are checked, categories must
+    be known."""
+    fix = input_fix(path, PROFILE_KERNELS, "--profile")
+    rows = read_csv(path, " (the profiling stage's kernel table)", PROFILE_KERNELS, "--profile")
     # the header of a table without rows too: another table's header alone (analyze's own
     # profile_shares.csv of a study not profiled) passed for a kernel table without kernels
     if rows:
         header = list(rows[0])
     else:  # read_csv read it whole: UTF-8 text, read again for its first line
-        text = files.read_text(path, AnalysisError, "delete it and run `snakemake`")
+        text = files.read_text(path, AnalysisError, fix)
         header = next(csv.reader(io.StringIO(text)), [])
     missing = [c for c in PROFILE_COLUMNS if c not in header]
     if missing:
@@ -1087,7 +1113,7 @@ def profile_shares(path: str | Path) -> list[dict]:
             if why := cell_problem(column, r[column]):
                 raise AnalysisError(
                     f"{path}, line {line}: {column} {r[column]!r} (kernel {r['kernel']!r}) is "
-                    f"{why}; delete it and run `snakemake {path}`"
+                    f"{why}; {fix}"
                 )
         key = (r["run"], r["tool"])
         first_rank[key] = min(first_rank.get(key, int(r["rank"])), int(r["rank"]))
@@ -1241,7 +1267,8 @@ RUNS_CELLS = {
 }
 
 
-RUNS_FIX = "write it again with `scalestudy collect` (snakemake results/csv/runs.csv)"
+RUNS_CSV = "results/csv/runs.csv"  # collect's, analyze's and model's --runs
+RUNS_FIX = f"write it again with `scalestudy collect` (snakemake {RUNS_CSV})"
 
 
 def check_runs(
@@ -1314,7 +1341,7 @@ def run(args: argparse.Namespace) -> int:
     outputs |= {f"{name}.html of --html-dir": html_dir / f"{name}.html" for name in TABLE_NAMES}
     files.check_distinct(outputs, {"--runs": args.runs, "--profile": args.profile}, AnalysisError)
     # an AnalysisError: one line from cli.main, exit 2, before any table is written
-    runs = read_csv(args.runs, " (one row per run)", "snakemake results/csv/runs.csv")
+    runs = read_csv(args.runs, " (one row per run)", RUNS_CSV, "--runs")
     if not runs:
         raise AnalysisError(f"{args.runs} has no runs: {RUNS_FIX}")
     check_runs(runs, args.runs)

@@ -56,6 +56,7 @@ from scalestudy import files, log
 from scalestudy.errors import AnalysisError
 from scalestudy.results.analyze import (
     RUNS_COUNTS,
+    RUNS_CSV,
     RUNS_FIX,
     RUNS_OPTIONAL,
     cell,
@@ -106,7 +107,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    rows = read_csv(args.runs, " (one row per run)", "snakemake results/csv/runs.csv")
+    rows = read_csv(args.runs, " (one row per run)", RUNS_CSV, "--runs")
     if not rows:
         raise AnalysisError(f"{args.runs} has no runs: {RUNS_FIX}")
     # damage names this file, not a truncated fit

@@ -21,7 +21,7 @@ from pathlib import Path
 from scalestudy import files, log, vocab
 from scalestudy.errors import AnalysisError
 from scalestudy.files import check_outputs, number
-from scalestudy.results.analyze import PROFILE_CATEGORIES, read_csv, read_table
+from scalestudy.results.analyze import PROFILE_CATEGORIES, input_fix, read_csv, read_table
 
 logger = log.get(__name__)
 
@@ -593,49 +593,49 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def read_targets(path: str | Path) -> dict[str, float]:
-    """targets.csv (analyze.py) as {target: value}; a damaged one is one line, not a KeyError."""
+    """targets.csv (analyze.py, --targets) as {target: value}; a damaged one is one line, not a
+    KeyError."""
     out = {}
-    for r in read_csv(path, "", "snakemake results/csv/targets.csv"):
+    target, flag = "results/csv/targets.csv", "--targets"
+    fix = input_fix(path, target, flag)
+    for r in read_csv(path, "", target, flag):
         try:
             value = number(r.get("value"))
         except ValueError:
             value = None  # a word: no number either
         if not r.get("target") or value is None:
             raise AnalysisError(
-                f"{path}: a row without a target name and a numeric value ({r}); delete it and "
-                "run `snakemake results/csv/targets.csv` to write it again"
+                f"{path}: a row without a target name and a numeric value ({r}); {fix}"
             )
         out[r["target"]] = value
     if ("strong_efficiency" in out) != ("strong_efficiency_gpus" in out):
         raise AnalysisError(
             f"{path}: strong_efficiency and strong_efficiency_gpus come together (a target "
-            "line is drawn at a world size); run `snakemake results/csv/targets.csv` to write "
-            "it again"
+            f"line is drawn at a world size); {fix}"
         )
     return out
 
 
 def run(args: argparse.Namespace) -> int:
-    make = "snakemake results/csv/scaling.csv"
-    make_shares = "snakemake results/csv/profile_shares.csv"  # analyze writes it, empty or not
     # an AnalysisError: one line from cli.main, exit 2
     # each input read by the figures that draw it: a hand-run plot of one figure needs only its
     # own (epochs.csv: accuracy; targets.csv: efficiency's target lines)
     data = {
-        "scaling": read_table(args.scaling, "scaling", make),
+        "scaling": read_table(args.scaling, "scaling", "--scaling"),
         "epochs": (
-            read_csv(args.epochs, "", "snakemake results/csv/epochs.csv")
+            read_csv(args.epochs, "", "results/csv/epochs.csv", "--epochs")
             if args.figure == "accuracy"
             else []
         ),
         "targets": read_targets(args.targets) if args.figure == "efficiency" else {},
         "shares": (  # read by its own figure only, from its results/csv path by default
-            read_table(args.profile_shares, "profile_shares", make_shares)
+            # analyze writes it, empty or not
+            read_table(args.profile_shares, "profile_shares", "--profile-shares")
             if args.figure == "profile"
             else []
         ),
         "waterfall": (  # read by its own figure only: a hand-run plot needs no waterfall.csv
-            read_table(args.waterfall, "waterfall", "snakemake results/csv/waterfall.csv")
+            read_table(args.waterfall, "waterfall", "--waterfall")
             if args.figure == "waterfall"
             else []
         ),

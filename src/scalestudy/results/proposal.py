@@ -839,7 +839,7 @@ def write_proposal(
     tables = report.load_tables(csv_dir, report.ANALYSIS_TABLES)  # model.csv: optional, below
     measured = load_measured(runs_csv, benchmarks_dir)
     if Path(model_csv).is_file():  # optional: without it the text says there is no validation
-        tables["model"] = read_csv(model_csv)
+        tables["model"] = read_csv(model_csv, "", MODEL_CSV, "--model-csv")
     # None: model.csv absent (the documents say so, apart from one without held-out rows)
     rows = proposal_rows(config, tables["scaling"], measured, tables.get("model"))
     text = files.csv_text(COLUMNS, rows)

@@ -282,14 +282,17 @@ def warn_unsettable(tex: jinja2.Environment, documents: list[str]) -> None:
 
 
 def load_tables(csv_dir: Path, names: tuple[str, ...] = TABLES) -> dict[str, list[dict]]:
-    """csv_dir's tables by name; analyze's checked as it writes them (read_table)."""
+    """csv_dir's (--csv-dir) tables by name; analyze's checked as it writes them (read_table).
+    A damaged one of the study's results/csv is made again by snakemake; of another directory
+    (`snakemake {csv_dir}/scaling.csv` was the fix, which snakemake cannot make) the user's to
+    fix (analyze.input_fix)."""
     tables = {}
     for name in names:
-        path, make = csv_dir / f"{name}.csv", f"snakemake {csv_dir}/{name}.csv"
+        path, flag, own = csv_dir / f"{name}.csv", "--csv-dir", "results/csv"
         if name in TABLE_COLUMNS:
-            tables[name] = read_table(path, name, make)
+            tables[name] = read_table(path, name, flag, own)
         else:  # system.csv (its columns are the inventory's), targets.csv, the model's: as read
-            tables[name] = read_csv(path, "", make)
+            tables[name] = read_csv(path, "", f"results/csv/{name}.csv", flag, own)
     return tables
 
 
