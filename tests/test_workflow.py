@@ -529,6 +529,29 @@ def test_a_local_cpu_study_runs_one_timed_job_at_a_time(tmp_path):
     assert len(jobs) >= 4 and all(t and t[1] == "3" for t in threads), proc.stdout[-3000:]
 
 
+def test_the_analyze_rule_declares_the_tables_analyze_writes(tmp_path):
+    """The workflow's list of analyze's tables (ANALYSIS_TABLES, and the analyze rule's outputs
+    typed out one by one) was kept in step with analyze.py's by hand: a table added to analyze
+    and not to them was written untracked (no rule made it again, render-report and the
+    proposal read a stale one), and one named in them only was a MissingOutputException. Now
+    they are analyze.TABLE_NAMES, the tables its run() writes: the dry-run's analyze job has
+    their CSV and HTML files as outputs, and nothing else."""
+    from scalestudy.results.analyze import TABLE_NAMES
+
+    work = copy_repo(tmp_path / "tables")
+    write_config(work / "tiny.yaml", TINY)
+    proc = snakemake(work, "--configfile", "tiny.yaml", "-n", "results/csv/scaling.csv",
+                     stand_ins=True)  # fmt: skip
+    job = re.search(r"^rule analyze:\n(.*?)\n\n", proc.stdout, re.S | re.M)
+    assert job, proc.stdout[-3000:]
+    outputs = re.search(r"^\s+output: (.*)$", job[1], re.M)[1].split(", ")
+    assert sorted(outputs) == sorted(
+        f"results/{d}/{name}.{ext}"
+        for name in TABLE_NAMES
+        for d, ext in (("csv", "csv"), ("tables", "html"))
+    )
+
+
 def test_dry_run_of_the_full_study_plans_every_run(tmp_path):
     work = copy_repo(tmp_path / "full")
     jobs = planned_jobs(snakemake(work, "-n", timeout=300))

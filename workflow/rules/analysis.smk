@@ -8,12 +8,7 @@ rule analyze:
         code=code_of("results/analyze.py"),
     output:
         scaling="results/csv/scaling.csv",
-        verdicts="results/csv/verdicts.csv",
-        resources="results/csv/resources.csv",
-        system="results/csv/system.csv",
-        targets="results/csv/targets.csv",
-        shares="results/csv/profile_shares.csv",
-        waterfall="results/csv/waterfall.csv",
+        csvs=expand("results/csv/{table}.csv", table=ANALYSIS_TABLES[1:]),
         tables=report(
             expand("results/tables/{table}.html", table=ANALYSIS_TABLES[1:]),
             caption="../report/table.rst",

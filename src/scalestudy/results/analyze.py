@@ -1047,16 +1047,23 @@ PROFILING_KEY = ("profiling", "kernel table")
 NOT_PROFILED = "not profiled: scalestudy analyze ran without --profile"
 SHARE_COLUMNS = ("run", "tool", "rank", "category", "total_ns", "share")
 PROFILE_KERNELS = "results/csv/profile_kernels.csv"  # the profiling stage's, analyze --profile
-# every table run() writes, as results/csv/<name>.csv and results/tables/<name>.html
-TABLE_NAMES = (
-    "scaling",
-    "verdicts",
-    "resources",
-    "system",
-    "targets",
-    "profile_shares",
-    "waterfall",
-)
+SYSTEM_COLUMNS = ("section", "key", "value")
+TARGET_COLUMNS = ("target", "value")
+# every table run() writes, as results/csv/<name>.csv and results/tables/<name>.html: its
+# columns and the title of its HTML copy. run() writes these and only these, and TABLE_NAMES,
+# what render-report, the proposal and the workflow (ANALYSIS_TABLES: the analyze rule's
+# outputs) read, is their names: a second list kept in step by hand let a table be written and
+# never read, or read when no longer written (a stale file, or a missing input)
+TABLES = {
+    "scaling": (SCALING_COLUMNS, "Scaling per family and configuration"),
+    "verdicts": (VERDICT_COLUMNS, "Targets and verdicts"),
+    "resources": (RESOURCE_COLUMNS, "Resources spent and projected"),
+    "system": (SYSTEM_COLUMNS, "System, software and study"),
+    "targets": (TARGET_COLUMNS, "Targets of the study"),
+    "profile_shares": (SHARE_COLUMNS, "Kernel time per category"),
+    "waterfall": (WATERFALL_COLUMNS, "Efficiency-loss waterfall"),
+}
+TABLE_NAMES = tuple(TABLES)  # scaling first: the workflow's rules name its path apart
 # the tables of results/csv this module writes, by name, and their columns (read_table)
 TABLE_COLUMNS = {
     "scaling": SCALING_COLUMNS,
@@ -1355,27 +1362,28 @@ def run(args: argparse.Namespace) -> int:
     profiled = dict(zip(("section", "key"), PROFILING_KEY, strict=True))
     system_rows.append({**profiled, "value": args.profile or NOT_PROFILED})
     system_rows.append({"section": "reproduce", "key": "configfile", "value": args.configfile})
-    shares_title = "Kernel time per category"
+    rows = {
+        "scaling": scaling,
+        "verdicts": verdict_rows,
+        "resources": resource_rows,
+        "system": system_rows,
+        "targets": [{"target": k, "value": v} for k, v in targets.items()],
+        "profile_shares": profile,
+        "waterfall": waterfall(runs),
+    }
+    if rows.keys() != TABLES.keys():  # a table written and never read, or read and not written
+        raise RuntimeError(f"analyze.run writes {list(rows)}, and TABLES names {list(TABLES)}")
+    titles = {name: title for name, (_, title) in TABLES.items()}
     if not profile:  # the HTML copy, what `snakemake --report` shows, says why it is empty
-        shares_title += f" ({NOT_PROFILED})" if not args.profile else f" (none in {args.profile})"
-    waterfall_rows = waterfall(runs)
-    targets_rows = [{"target": k, "value": v} for k, v in targets.items()]
-    tables = [
-        ("scaling", "Scaling per family and configuration", scaling, SCALING_COLUMNS),
-        ("verdicts", "Targets and verdicts", verdict_rows, VERDICT_COLUMNS),
-        ("resources", "Resources spent and projected", resource_rows, RESOURCE_COLUMNS),
-        ("system", "System, software and study", system_rows, ("section", "key", "value")),
-        ("targets", "Targets of the study", targets_rows, ("target", "value")),
-        ("profile_shares", shares_title, profile, SHARE_COLUMNS),
-        ("waterfall", "Efficiency-loss waterfall", waterfall_rows, WATERFALL_COLUMNS),
-    ]
+        why = NOT_PROFILED if not args.profile else f"none in {args.profile}"
+        titles["profile_shares"] += f" ({why})"
     texts = {
-        out / f"{name}.csv": files.csv_text(columns, rows, cell)
-        for name, _, rows, columns in tables
+        out / f"{name}.csv": files.csv_text(columns, rows[name], cell)
+        for name, (columns, _) in TABLES.items()
     }
     texts |= {
-        html_dir / f"{name}.html": html_text(title, rows, columns)
-        for name, title, rows, columns in tables
+        html_dir / f"{name}.html": html_text(titles[name], rows[name], columns)
+        for name, (columns, _) in TABLES.items()
     }
     files.check_outputs(texts, AnalysisError)  # one table new beside old ones otherwise
     files.write_texts(texts)  # and a write that fails (a full disk) leaves every one old
