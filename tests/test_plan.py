@@ -605,6 +605,33 @@ def test_a_measured_path_given_but_missing_is_refused_not_ignored(tmp_path, caps
     assert out_csv.is_file()
 
 
+def test_a_damaged_runs_csv_given_by_hand_is_not_to_be_deleted(tmp_path, capsys, monkeypatch):
+    """`plan --runs-csv mine.csv` with a runs.csv of another version was refused with "delete
+    it: the collect rule of `snakemake` writes it again": advice to delete the user's own file,
+    and the rule writes another one. The study's own results/csv/runs.csv keeps that advice."""
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    plan.add_arguments(parser)
+    repo = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(tmp_path)  # the study directory
+    common = ["--config", str(repo / "config/demo.yaml"), "--out-md", "plan.md"]
+    common += ["--out-csv", "plan.csv"]
+    mine = tmp_path / "mine.csv"
+    own = tmp_path / "results/csv/runs.csv"
+    own.parent.mkdir(parents=True)
+    for path in (mine, own):
+        path.write_text("run,world_size\nr1,2\n")  # an older collect's columns
+    assert plan.run(parser.parse_args([*common, "--runs-csv", str(mine)])) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{mine} lacks the columns" in err[0], err
+    assert "delete it" not in err[0] and "fix it, or give --runs-csv the study's" in err[0]
+    assert plan.run(parser.parse_args(common)) == 2  # the study's own, read by default
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "delete it and run `snakemake results/csv/runs.csv`" in err[0], err
+    assert mine.exists() and own.exists() and not (tmp_path / "plan.md").exists()
+
+
 def test_plan_outputs_that_are_one_file_or_an_input_are_refused(tmp_path, capsys):
     """`plan --out-md p --out-csv ./p` wrote the CSV over the Markdown plan and logged both,
     exit 0; `--out-csv` naming its own --runs-csv replaced the measured runs the plan is

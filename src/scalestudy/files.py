@@ -487,6 +487,20 @@ def one_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
         return False
 
 
+def input_fix(path: str | Path, target: str, flag: str, own: str = "") -> str:
+    """What a message refusing an input file tells to do. The study's own file (`target`: the
+    workflow's path of it, from the study directory, where the commands run) is snakemake's to
+    make again: delete it and run snakemake. Any other path was given by hand (`flag`), maybe a
+    file of the user's own: "delete it and run `snakemake results/csv/runs.csv`" said to delete
+    it, and named a command that writes another file. `own`: what `flag` takes of the study's
+    (--csv-dir its directory; default `target`). No `target`: neither is known."""
+    if not target:
+        return "write it again with the scalestudy command that made it"
+    if one_file(path, target):
+        return f"delete it and run `snakemake {target}`"
+    return f"fix it, or give {flag} the study's {own or target} (`snakemake {target}` writes it)"
+
+
 def check_distinct(
     outputs: Mapping[str, str | os.PathLike],
     inputs: Mapping[str, str | os.PathLike | None],

@@ -154,25 +154,12 @@ SCALE_FACTORS = (2, 4)
 
 
 # --- reading -------------------------------------------------------------------------------------
-def input_fix(path: str | Path, target: str, flag: str, own: str = "") -> str:
-    """What a message refusing an input file tells to do. The study's own file (`target`: the
-    workflow's path of it, from the study directory, where the commands run) is snakemake's to
-    make again: delete it and run snakemake. Any other path was given by hand (`flag`), maybe a
-    file of the user's own: "delete it and run `snakemake results/csv/runs.csv`" said to delete
-    it, and named a command that writes another file. `own`: what `flag` takes of the study's
-    (--csv-dir its directory; default `target`). No `target`: neither is known."""
-    if not target:
-        return "write it again with the scalestudy command that made it"
-    if files.one_file(path, target):
-        return f"delete it and run `snakemake {target}`"
-    return f"fix it, or give {flag} the study's {own or target} (`snakemake {target}` writes it)"
-
-
 def read_csv(
     path: str | Path, what: str = "", target: str = "", flag: str = "", own: str = ""
 ) -> list[dict]:
     """The rows of an input CSV; missing or damaged: one AnalysisError, whose fix is
-    input_fix's (`target`, `flag`, `own`: the study's path of it and the option that gave it)."""
+    files.input_fix's (`target`, `flag`, `own`: the study's path of it and the option that
+    gave it)."""
     path = Path(path)
     if not path.exists():
         fix = f"run `{f'snakemake {target}'.rstrip()}` first"
@@ -180,7 +167,7 @@ def read_csv(
             fix = f"give {flag} an existing file, or the study's {own or target}"
             fix += f" (`snakemake {target}` writes it)"
         raise AnalysisError(f"missing {path}{what}: {fix}")
-    return files.read_csv_rows(path, AnalysisError, input_fix(path, target, flag, own))
+    return files.read_csv_rows(path, AnalysisError, files.input_fix(path, target, flag, own))
 
 
 # a cell of analyze's tables (read_table): the ratios and means it writes are finite (an inf,
@@ -197,7 +184,7 @@ def read_table(path: str | Path, table: str, flag: str, own: str = "") -> list[d
     ValueError or TypeError traceback. `flag` gave the path (`own`: read_csv)."""
     target = f"results/csv/{table}.csv"
     rows = read_csv(path, "", target, flag, own)
-    fix = input_fix(path, target, flag, own)
+    fix = files.input_fix(path, target, flag, own)
     missing = [c for c in TABLE_COLUMNS[table] if rows and c not in rows[0]]
     if missing:
         more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
@@ -1099,7 +1086,7 @@ def profile_shares(path: str | Path) -> list[dict]:
     """results/csv/profile_kernels.csv (--profile) -> share of kernel time per (run, tool,
     category), rank 0 when present, else the lowest rank. Columns are checked, categories must
     be known."""
-    fix = input_fix(path, PROFILE_KERNELS, "--profile")
+    fix = files.input_fix(path, PROFILE_KERNELS, "--profile")
     rows = read_csv(path, " (the profiling stage's kernel table)", PROFILE_KERNELS, "--profile")
     # the header of a table without rows too: another table's header alone (analyze's own
     # profile_shares.csv of a study not profiled) passed for a kernel table without kernels

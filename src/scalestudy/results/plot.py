@@ -21,7 +21,7 @@ from pathlib import Path
 from scalestudy import files, log, vocab
 from scalestudy.errors import AnalysisError
 from scalestudy.files import check_outputs, number
-from scalestudy.results.analyze import PROFILE_CATEGORIES, input_fix, read_csv, read_table
+from scalestudy.results.analyze import PROFILE_CATEGORIES, read_csv, read_table
 
 logger = log.get(__name__)
 
@@ -597,7 +597,7 @@ def read_targets(path: str | Path) -> dict[str, float]:
     KeyError."""
     out = {}
     target, flag = "results/csv/targets.csv", "--targets"
-    fix = input_fix(path, target, flag)
+    fix = files.input_fix(path, target, flag)
     for r in read_csv(path, "", target, flag):
         try:
             value = number(r.get("value"))

@@ -285,7 +285,7 @@ def load_tables(csv_dir: Path, names: tuple[str, ...] = TABLES) -> dict[str, lis
     """csv_dir's (--csv-dir) tables by name; analyze's checked as it writes them (read_table).
     A damaged one of the study's results/csv is made again by snakemake; of another directory
     (`snakemake {csv_dir}/scaling.csv` was the fix, which snakemake cannot make) the user's to
-    fix (analyze.input_fix)."""
+    fix (files.input_fix)."""
     tables = {}
     for name in names:
         path, flag, own = csv_dir / f"{name}.csv", "--csv-dir", "results/csv"

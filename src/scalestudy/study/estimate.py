@@ -471,7 +471,8 @@ def load_measured(
     path = Path(runs_csv)
     if not path.is_file():
         return []
-    fix = "delete it: the collect rule of `snakemake` writes it again from results/runs"
+    # the study's own is collect's to write again; a --runs-csv given by hand may be the user's
+    fix = files.input_fix(path, RUNS_CSV, "--runs-csv")
     rows = files.read_csv_rows(path, PlanError, fix)
     needed = {"run", "precision", "dataset", *BASE_KEY, *MEASURED_NUMBERS}
     if rows and not needed <= set(rows[0]):
