@@ -1087,3 +1087,40 @@ def test_training_a_killed_attempt_redid_is_counted_as_lost_time(data_dir, tmp_p
     # training time, and less than the whole run's
     assert epoch_3 <= m["lost_time_s"] < m["train_time_s"], (epoch_3, m["lost_time_s"])
     assert not ckdir.exists()  # finished: the attempt record goes with the checkpoints
+
+
+def test_rank_0s_attempt_record_io_is_named_by_the_hang_diagnosis(
+    tmp_path, monkeypatch, one_rank_group
+):
+    """attempt.json (lost_time_s) is rank 0's I/O at start-up and at each epoch's end: a write
+    hung on a dead filesystem showed rank 0 at "evaluation" (the last place it had named),
+    so the diagnosis sent the user to the evaluation. Its reads and writes are "attempt record",
+    placed after the checkpoint load and between the evaluation and the checkpoint write."""
+    from scalestudy import files
+    from scalestudy.trainer import progress
+    from scalestudy.trainer.measure import Meter
+    from scalestudy.trainer.state import Checkpointing, RunState
+
+    cfg = TrainConfig(checkpoint_dir=str(tmp_path / "ckpt"))
+    device = torch.device("cpu")
+    checkpointing = Checkpointing(cfg, 0, 1, device, None, None, "0" * 64)
+    monkeypatch.setattr(progress, "TRACKER", progress.Tracker())
+    seen, write_json = [], files.write_json
+
+    def watched(path, *args, **kwargs):  # where the hang diagnosis has rank 0 while it writes
+        seen.append((Path(path).name, progress.TRACKER.where[-1]))
+        return write_json(path, *args, **kwargs)
+
+    monkeypatch.setattr(files, "write_json", watched)
+    state = RunState()
+    progress.at("checkpoint load")
+    checkpointing.count_lost(state)
+    progress.at_step(3)
+    progress.at("evaluation")
+    checkpointing.mark_alive(state, Meter(cfg, device, 0, "off"))
+    assert seen == [(ck.ATTEMPT, "attempt record")] * 2
+    order = ["evaluation", "attempt record", "checkpoint write"]
+    places = [progress.position({"step": 3, "phase": p}) for p in order]
+    assert places == sorted(places) and len(set(places)) == 3
+    start = [progress.position({"step": -1, "phase": p}) for p in ("checkpoint load", order[1])]
+    assert start == sorted(start) and start[1] < progress.position({"step": 0, "phase": "data"})

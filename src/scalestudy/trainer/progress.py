@@ -10,8 +10,9 @@ How:
 - Recording is an in-memory assignment on the hot path: `at_step(step)` (Meter.before_step),
   `at_micro(j, group)` (the micro-batch j of the step's `group` under --accum-steps: the loop)
   and `at(phase)` (the step timer's phases data/forward/backward/communication/optimizer, and
-  one-line marks at start-up, evaluation, the checkpoint's steps, the epoch's end, comm probe, final
-  checksum and metrics: PHASES). No clock is read and the device is never synchronised for it.
+  one-line marks at start-up, evaluation, the attempt record, the checkpoint's steps, the
+  epoch's end, comm probe, final checksum and metrics: PHASES). No clock is read and the
+  device is never synchronised for it.
 - Publishing happens off the hot path: a daemon thread wakes every PUBLISH_INTERVAL_S (1 s),
   stamps the wall time at which its place last changed (so that time has 1 s resolution) and
   writes this rank's record (rank, host, step, micro, micros, phase, changed_at, published_at;
@@ -93,6 +94,9 @@ START_PHASES = (
 STEP_PHASES = ("data", "forward", "backward", "communication", "optimizer")  # the Meter's
 AFTER_STEP_PHASES = (
     "evaluation",  # the epoch's reduction, the evaluation, rank 0's epochs.csv
+    # rank 0 writes attempt.json (lost_time_s, state.py); at start-up, after the checkpoint
+    # load, every rank waits while rank 0 reads and writes it (the same place: after step -1)
+    "attempt record",
     "checkpoint write",  # this rank waits for the write in flight, or copies and writes a save
     "stop agreement",  # the all-reduce on a stop signal and failed writes
     "checkpoint agreement",  # the collectives of a save (ranks' random state, its result)

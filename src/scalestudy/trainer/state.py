@@ -334,6 +334,7 @@ class Checkpointing:
         every rank gets the sum (a broadcast: metrics.json is the same on every rank)."""
         if self.saver is None:
             return
+        progress.at("attempt record")  # rank 0's I/O, the others wait (hang diagnosis)
         lost = [state.lost_time_s]
         if self.rank == 0:
             previous = self._read_attempt()
@@ -348,6 +349,7 @@ class Checkpointing:
         """At an epoch's end (rank 0, outside every window): this attempt's loop clock, which
         the next attempt compares with the checkpoint it resumes from (count_lost)."""
         if self.saver is not None and self.rank == 0:
+            progress.at("attempt record")  # rank 0's I/O (hang diagnosis)
             self._write_attempt(state, meter.loop_time(state))
 
     def _attempt_path(self) -> Path:
