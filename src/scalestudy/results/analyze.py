@@ -1051,14 +1051,7 @@ TABLES = {
     "waterfall": (WATERFALL_COLUMNS, "Efficiency-loss waterfall"),
 }
 TABLE_NAMES = tuple(TABLES)  # scaling first: the workflow's rules name its path apart
-# the tables of results/csv this module writes, by name, and their columns (read_table)
-TABLE_COLUMNS = {
-    "scaling": SCALING_COLUMNS,
-    "verdicts": VERDICT_COLUMNS,
-    "resources": RESOURCE_COLUMNS,
-    "profile_shares": SHARE_COLUMNS,
-    "waterfall": WATERFALL_COLUMNS,
-}
+# the tables read_table checks (system.csv's and targets.csv's cells are read as they are):
 # their columns of words (names, notes, true/false); every other cell is a number or blank
 TABLE_TEXT = {
     "scaling": ("family", "precision", "acc_within_tolerance", "runs"),
@@ -1067,6 +1060,8 @@ TABLE_TEXT = {
     "profile_shares": ("run", "tool", "category"),
     "waterfall": ("family", "precision", "note", "runs"),
 }
+# their columns, TABLES' (a second copy of them could drift from what run() writes)
+TABLE_COLUMNS = {name: TABLES[name][0] for name in TABLE_TEXT}
 # their cells that are never blank: from runs.csv's required columns (RUNS_KEYS, RUNS_NUMBERS)
 _CONFIGURATION = (*GROUP_KEYS, "nodes", "global_batch", "n")
 TABLE_FILLED = {
