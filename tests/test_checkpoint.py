@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import PYTHON, SMALL, read_epochs, read_metrics, train
-from workflow_helpers import child_env, need
+from workflow_helpers import child_env, need, worker_pids
 
 from scalestudy.errors import CheckpointError, TrainConfigError
 from scalestudy.trainer import checkpoint as ck
@@ -397,7 +397,7 @@ def test_a_failed_save_on_stop_fails_every_rank_instead_of_exiting_75(data_dir, 
     proc = _start(data_dir, out, *flags, nproc=2)
     _wait_for_epochs(out, 1, proc)
     subprocess.run(["mount", "-o", "remount,ro", str(tiny_fs)], check=True)
-    for pid in _worker_pids(proc.pid).values():  # as Slurm signals every task
+    for pid in worker_pids(proc.pid).values():  # as Slurm signals every task
         os.kill(pid, signal.SIGTERM)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode not in (0, ck.PREEMPTED_EXIT), stderr[-3000:]
@@ -449,17 +449,6 @@ def test_a_background_write_failing_after_the_agreement_fails_every_rank(data_di
     assert len(read_epochs(out)) == 2  # both stopped after epoch 2, where the save was due
 
 
-def _worker_pids(launcher_pid: int) -> dict[int, int]:
-    """RANK -> pid of torchrun's worker processes."""
-    out = {}
-    for child in Path(f"/proc/{launcher_pid}/task/{launcher_pid}/children").read_text().split():
-        env = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
-        for item in env:
-            if item.startswith(b"RANK="):
-                out[int(item[5:])] = int(child)
-    return out
-
-
 def test_killed_rank_fails_the_job_fast_and_fsdp_resumes_exactly(data_dir, tmp_path):
     """kill -9 of one FSDP rank: the job fails within seconds naming the rank; the restart
     resumes from the last periodic checkpoint (torch.distributed.checkpoint) and ends with
@@ -472,7 +461,7 @@ def test_killed_rank_fails_the_job_fast_and_fsdp_resumes_exactly(data_dir, tmp_p
     proc = _start(data_dir, out, *flags, nproc=2)
     _wait_for_epochs(out, 2, proc)
     t0 = time.monotonic()
-    os.kill(_worker_pids(proc.pid)[1], signal.SIGKILL)
+    os.kill(worker_pids(proc.pid)[1], signal.SIGKILL)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode != 0
     assert time.monotonic() - t0 < 60  # far below the 60 s process-group timeout + start
@@ -943,7 +932,7 @@ def test_a_checkpoint_dir_one_rank_cannot_see_is_refused_before_training(data_di
     # a first segment on one node (the directory shared), stopped after epoch 1
     proc = _start(data_dir, out, *flags, nproc=2)
     _wait_for_epochs(out, 1, proc)
-    for pid in _worker_pids(proc.pid).values():
+    for pid in worker_pids(proc.pid).values():
         os.kill(pid, signal.SIGTERM)
     proc.communicate(timeout=120)
     saved = [p.name for p in ck.list_checkpoints(ckdir)]
@@ -1009,7 +998,7 @@ def test_a_peer_failing_during_rank_0s_background_write_keeps_that_checkpoint(da
     _wait_for_epochs(out, 1, proc)
     time.sleep(0.5)  # epoch 1's save has begun: its write sleeps 6 s, then writes
     t0 = time.monotonic()
-    os.kill(_worker_pids(proc.pid)[1], signal.SIGKILL)
+    os.kill(worker_pids(proc.pid)[1], signal.SIGKILL)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode != 0
     assert time.monotonic() - t0 < 60, stderr[-3000:]

@@ -370,9 +370,11 @@ def _local_run(data_dir: Path, tmp_path: Path, *flags: str) -> subprocess.Popen:
 
 def _ranks(proc: subprocess.Popen) -> list[int]:
     """The ranks: the children of the process `launch` became."""
-    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
-    assert len(children) == 2, children
-    return [int(pid) for pid in children]
+    from workflow_helpers import worker_pids
+
+    ranks = worker_pids(proc.pid)
+    assert sorted(ranks) == [0, 1], ranks
+    return list(ranks.values())
 
 
 def test_ctrl_c_of_local_ranks_is_rank_0s_one_line(data_dir, tmp_path):

@@ -203,3 +203,15 @@ def sighup_as_in_a_terminal() -> None:
     the suite with SIGHUP ignored, which every child inherits, so a test's hang-up reached
     nothing (CI at f7fd002)."""
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
+def worker_pids(launcher_pid: int) -> dict[int, int]:
+    """RANK -> pid of the worker processes of a torchrun agent (`scalestudy launch`'s local
+    ranks: jobs/local_ranks.py), read from Linux /proc."""
+    out = {}
+    for child in Path(f"/proc/{launcher_pid}/task/{launcher_pid}/children").read_text().split():
+        env = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+        for item in env:
+            if item.startswith(b"RANK="):
+                out[int(item[5:])] = int(child)
+    return out
