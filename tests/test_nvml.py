@@ -377,3 +377,85 @@ def test_sampler_gives_its_gpus_energy_counter_by_uuid():
     counter.open()
     counter.close(seconds=600.0, images=10)
     assert counter.gpu == "1111bbbb" and counter.result()["joules"] == pytest.approx(50.0)
+
+
+def resumed_energy_over_ranks(tmp_path, layouts: list[list[str]]) -> list[dict]:
+    """Real gloo ranks that train one segment per entry of `layouts` (each segment's GPU per
+    rank), stopping after each but the last with the stop's checkpoint: the checkpoint's
+    split of RunState (rank 0's progress, each rank's own PER_RANK fields) is what the next
+    segment resumes with."""
+    results = mp.Manager().dict()
+    world = len(layouts[0])
+    mp.spawn(
+        _resumed_energy_entry,
+        args=(world, free_port(), layouts, str(tmp_path), results),
+        nprocs=world,
+    )
+    return [results[r] for r in range(world)]
+
+
+def _resumed_energy_entry(rank, world, port, layouts, out, results):
+    import dataclasses
+
+    from scalestudy.trainer.state import PER_RANK
+
+    os.environ.update(LOCAL_RANK=str(rank), SLURMD_NODENAME="node1")
+    measure.ENERGY_UPDATE_S = 1e-9  # the stand-in's counter changes on every read
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
+    state = RunState()
+    for number, gpus in enumerate(layouts):
+        meter = measure.Meter(TrainConfig(out=out, warmup_steps=1), torch.device("cpu"), rank)
+        # each segment's counter reads its own NVML (a restart may land on another node)
+        nvml = StandInNVML()
+        meter.energy = EnergyCounter(
+            functools.partial(nvml.nvmlDeviceGetTotalEnergyConsumption, None), gpus[rank]
+        )
+        drive_window(meter, state)
+        if number == len(layouts) - 1:
+            meter.end_loop(state)
+            break
+        meter.bank_loop_time(state)  # Checkpointing.after_epoch on the stop, then _save
+        meter.bank_segment(state)
+        progress = [dataclasses.asdict(state)]
+        dist.broadcast_object_list(progress, src=0)  # the checkpoint's "progress": rank 0's
+        mine = {key: getattr(state, key) for key in PER_RANK}  # its "ranks" entry
+        state = RunState(**progress[0])  # Checkpointing.resume
+        for key, value in mine.items():
+            setattr(state, key, value)
+    results[rank] = {**meter.reduce_energy(world), "window_images": state.window_images}
+    dist.destroy_process_group()
+
+
+def test_a_resumed_runs_energy_covers_every_segment(tmp_path):
+    """A run stopped after its first segment and resumed reported the energy of its last
+    segment only (the counter lived in the process), beside a window and a throughput of both:
+    energy_j half the run's, and resources.csv's kWh of a GPU-hour budget with it. Now the
+    checkpoint carries each rank's counter sums, and energy_j, energy_wall_j and their J/img
+    cover both segments: 2 real gloo ranks on 2 stand-in GPUs, 2 segments of 2 epochs each."""
+    layout = ["GPU-a", "GPU-b"]
+    results = resumed_energy_over_ranks(tmp_path, [layout, layout])
+    assert results[0] == results[1]
+    segment_images = (EPOCHS * STEPS - 1) * BATCH  # one warm-up step per segment
+    assert results[0]["window_images"] == 2 * segment_images
+    images = 2 * results[0]["window_images"]  # both ranks'
+    energy_j = 2 * 2 * EPOCHS * 50.0  # 2 GPUs x 2 segments x 2 spans of 50 J
+    assert results[0]["energy_j"] == pytest.approx(energy_j)
+    assert results[0]["energy_j_per_img"] == pytest.approx(energy_j / images)
+    # each segment's wall span (2 x EPOCHS - 1 reads apart), summed: the restart is in none
+    wall_j = 2 * 2 * (2 * EPOCHS - 1) * 50.0
+    assert results[0]["energy_wall_j"] == pytest.approx(wall_j)
+    assert results[0]["energy_wall_j_per_img"] == pytest.approx(wall_j / images)
+    assert results[0]["energy_wall_unmeasured"] is None
+
+
+def test_a_resumed_run_whose_ranks_shared_gpus_differently_has_no_energy(tmp_path):
+    """Each GPU is counted by one rank (the lowest local rank on it). A run whose first segment
+    gave each rank a GPU and whose resumed segment put both on one would count the first
+    segment's second GPU by the reader of the last segment's layout, or not at all: null,
+    with the reason, never a guess."""
+    results = resumed_energy_over_ranks(tmp_path, [["GPU-a", "GPU-b"], ["GPU-c", "GPU-c"]])
+    assert results[0] == results[1]
+    assert results[0]["energy_j"] is None and results[0]["energy_wall_j"] is None
+    assert "shared GPUs differently" in results[0]["energy_unmeasured"]

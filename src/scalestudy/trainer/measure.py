@@ -94,6 +94,9 @@ class Meter:
         self.syncs = SyncCounter() if cfg.sync_debug and cuda else None
         self.syncs_before = 0  # the earlier segments' (start(): from the checkpoint)
         self.util_before = (0.0, 0)
+        # the energy counter's key (energy_key) in each earlier segment: which rank counted
+        # each GPU there (energy_total refuses a run whose ranks shared GPUs differently)
+        self.energy_keys_before: list = []
 
     def start(self, state: RunState) -> None:
         """The training loop starts (after any resume); warm-up is excluded again per segment."""
@@ -105,6 +108,9 @@ class Meter:
         if self.nvml:
             self.nvml.start()
             self.energy = self.energy or self.nvml.energy_counter()
+        if self.energy:  # the earlier segments' sums, to which this segment's reads add
+            self.energy.restore(state.energy_sums)
+            self.energy_keys_before = list(state.energy_sums.get("keys", []))
 
     def epoch_start(self) -> None:
         self.window_t0 = None
@@ -202,13 +208,23 @@ class Meter:
     def bank_segment(self, state: RunState) -> None:
         """Before a checkpoint stores `state`: this rank's measures so far over the segments,
         so a resumed run reports them over every segment (train.py): the highest peak memory,
-        the host synchronisations inside the window and the NVML samples inside it (sum and
-        count). Idempotent: each call sets the earlier segments' values plus this one's."""
+        the host synchronisations inside the window, the NVML samples inside it (sum and
+        count) and the energy counter's sums (EnergyCounter.banked, with each segment's
+        energy_key). Idempotent: each call sets the earlier segments' values plus this one's."""
         state.peak_mem_mb = max(state.peak_mem_mb, peak_memory_mb(self.device))
         state.host_syncs_in_window = self.syncs_before + (self.syncs.count if self.syncs else 0)
         util, samples = self.nvml.window_util() if self.nvml else (0.0, 0)
         state.gpu_util_sum = self.util_before[0] + util
         state.gpu_util_samples = self.util_before[1] + samples
+        if self.energy:
+            keys = [*self.energy_keys_before, self.energy_key()]
+            state.energy_sums = {**self.energy.banked(), "keys": keys}
+
+    def energy_key(self) -> tuple:
+        """(host, GPU UUID, local rank) of this rank's energy counter: ranks sharing a GPU see
+        the whole GPU's counter, and energy_total counts it by the lowest local rank on it."""
+        gpu = self.energy.gpu if self.energy else None
+        return (sdist.hostname(), gpu, sdist.detect().local_rank)
 
     def end_loop(self, state: RunState) -> float:
         """The training loop is over: returns train_time_s and stops NVML sampling; gpu_util
@@ -328,10 +344,14 @@ class Meter:
     def reduce_energy(self, world_size: int) -> dict:
         """energy_j / energy_j_per_img / energy_source over all ranks (every rank calls it): each
         GPU counted once, by the lowest local rank on it (ranks sharing a GPU each see the whole
-        GPU's counter); null when any GPU's counter is missing or refused, never estimated."""
+        GPU's counter); null when any GPU's counter is missing or refused, never estimated. A
+        resumed run's counters hold every segment's sums (bank_segment), and "keys" each
+        segment's energy_key."""
         mine = self.energy.result() if self.energy else energy_unmeasured("no GPU")
         mine.setdefault("wall", wall_unmeasured(mine["reason"]))
-        mine["key"] = (sdist.hostname(), mine.pop("gpu", None), sdist.detect().local_rank)
+        mine.pop("gpu", None)
+        mine["key"] = self.energy_key()
+        mine["keys"] = [*self.energy_keys_before, mine["key"]]
         everyone: list = [None] * world_size
         dist.all_gather_object(everyone, mine)
         return energy_total(everyone)
@@ -735,7 +755,15 @@ class EnergyCounter:
     the last, the evaluations and checkpoints between the window's epochs included, two reads
     in all (`clock()`: seconds, perf_counter). `read_mj()` returns the counter in mJ
     (nvmlDeviceGetTotalEnergyConsumption); `gpu` names the physical GPU (its UUID), so ranks
-    sharing it are counted once."""
+    sharing it are counted once.
+
+    A resumed run's counter starts from the earlier segments' sums (restore(banked()), through
+    the checkpoint), so its numbers cover every segment, as the window's images and time do:
+    joules = sum over segments and their spans of (read at the span's end - read at its open),
+    error bound 2 x U x spans / seconds over all of them (U = ENERGY_UPDATE_S). The wall span
+    cannot bridge a restart (another process, maybe another node and counter): each segment
+    has its own, from its first read to its last, and the run's wall is their sum, joules and
+    seconds, bound 2 x U x segments / seconds."""
 
     def __init__(self, read_mj, gpu: str, clock=time.perf_counter) -> None:
         self.read_mj, self.gpu, self.clock = read_mj, gpu, clock
@@ -745,6 +773,36 @@ class EnergyCounter:
         # the wall span: (mJ, s) at the window's first read, and at its last end
         self.first: tuple[int, float] | None = None
         self.last: tuple[int, float] | None = None
+        # the wall spans of the earlier segments (restore): mJ and seconds summed, and how many
+        self.walls_before: dict = {"mj": 0, "seconds": 0.0, "spans": 0}
+
+    def banked(self) -> dict:
+        """The sums over every segment so far, this one's wall span added to the earlier
+        ones': what a checkpoint carries to the next segment (Meter.bank_segment; restore)."""
+        wall = dict(self.walls_before)
+        if self.first is not None and self.last is not None:
+            wall["mj"] += self.last[0] - self.first[0]
+            wall["seconds"] += self.last[1] - self.first[1]
+            wall["spans"] += 1
+        return {
+            "mj": self.mj,
+            "spans": self.spans,
+            "seconds": self.seconds,
+            "images": self.images,
+            "error": self.error,
+            "wall": wall,
+        }
+
+    def restore(self, banked: dict) -> None:
+        """A resumed run: the earlier segments' banked() sums, which this segment's reads add
+        to; an earlier segment's refusal stands (a sum without its energy would be a guess).
+        Nothing to restore (an empty dict) on a fresh start."""
+        if not banked:
+            return
+        self.mj, self.spans = banked["mj"], banked["spans"]
+        self.seconds, self.images = banked["seconds"], banked["images"]
+        self.error = self.error or banked["error"]
+        self.walls_before = dict(banked["wall"])
 
     def _read(self) -> int | None:
         if self.error is None:
@@ -793,19 +851,33 @@ class EnergyCounter:
         return out | {"joules": self.mj / 1e3, "images": self.images, "reason": None}
 
     def _wall(self) -> dict:
-        """The wall span: two reads, so the error bound is 2 * ENERGY_UPDATE_S / its seconds."""
-        if self.error or self.first is None or self.last is None:
+        """The wall span, one per segment: two reads each, so the error bound is
+        2 * ENERGY_UPDATE_S * segments / their seconds."""
+        wall = self.banked()["wall"]
+        if self.error or wall["spans"] == 0:
             return wall_unmeasured(self.error or "no window span was read")
-        seconds = self.last[1] - self.first[1]
-        bound = 2 * ENERGY_UPDATE_S / seconds if seconds > 0 else 1.0
+        seconds, spans = wall["seconds"], wall["spans"]
+        bound = 2 * spans * ENERGY_UPDATE_S / seconds if seconds > 0 else 1.0
         if bound > ENERGY_MAX_ERROR:
+            span = "a wall span" if spans == 1 else f"{spans} wall spans (one per segment)"
             reason = (
-                f"{ENERGY_SHORT_WINDOW}: a wall span of {seconds:.1f} s, error bound "
+                f"{ENERGY_SHORT_WINDOW}: {span} of {seconds:.1f} s, error bound "
                 f"{bound:.1%} > {ENERGY_MAX_ERROR:.0%}"
             )
             return wall_unmeasured(reason, seconds, self.images)
-        joules = (self.last[0] - self.first[0]) / 1e3
-        return {"joules": joules, "seconds": seconds, "images": self.images, "reason": None}
+        return {
+            "joules": wall["mj"] / 1e3,
+            "seconds": seconds,
+            "images": self.images,
+            "reason": None,
+        }
+
+
+# why a resumed run whose ranks counted the GPUs differently in its segments has no energy
+ENERGY_LAYOUT_CHANGED = (
+    "the ranks shared GPUs differently in the segments of this resumed run, and each rank's "
+    "counter sums its segments: which rank counted which GPU's energy is unknown"
+)
 
 
 def energy_total(readings: list[dict]) -> dict:
@@ -813,20 +885,40 @@ def energy_total(readings: list[dict]) -> dict:
     energy_j = sum over GPUs of the lowest local rank's joules; energy_j_per_img = energy_j /
     the images all ranks trained in the counted spans; null when any GPU has no number. The
     same for the wall span (energy_wall_j, energy_wall_j_per_img over the same images,
-    energy_wall_s the longest rank's span, energy_wall_unmeasured)."""
-    readers: dict = {}
-    for i in sorted(range(len(readings)), key=lambda i: readings[i]["key"][2]):
-        readers.setdefault(readings[i]["key"][:2], i)  # (host, gpu) -> its lowest local rank
+    energy_wall_s the longest rank's span, energy_wall_unmeasured). A resumed run's results
+    sum every segment (EnergyCounter.restore), so the readers must be the same ranks in each:
+    "keys", each segment's key (the last this one's); null with the reason when they differ."""
+    readers = _readers([r["key"] for r in readings])
+    layouts = [r.get("keys") or [r["key"]] for r in readings]  # per rank, a key per segment
+    segments = min(len(keys) for keys in layouts)
+    same = all(len(keys) == segments for keys in layouts) and all(
+        _readers([keys[s] for keys in layouts]) == readers for s in range(segments)
+    )
+    if not same:
+        changed = {
+            **energy_unmeasured(ENERGY_LAYOUT_CHANGED),
+            "wall": wall_unmeasured(ENERGY_LAYOUT_CHANGED),
+        }
+        readings = [changed | {"key": r["key"]} for r in readings]
     walls = [r.get("wall") or wall_unmeasured("no wall span was read") for r in readings]
     seconds = [w["seconds"] for w in walls if w["seconds"] is not None]
     out = {
-        **_gpu_sum("energy", readings, readers.values()),
-        **_gpu_sum("energy_wall", walls, readers.values()),
+        **_gpu_sum("energy", readings, readers),
+        **_gpu_sum("energy_wall", walls, readers),
         "energy_wall_s": max(seconds) if seconds else None,
     }
     measured = out["energy_j"] is not None or out["energy_wall_j"] is not None
     out["energy_source"] = "nvml_total_energy" if measured else None
     return out
+
+
+def _readers(keys: list) -> list[int]:
+    """The indices of the (host, gpu, local_rank) keys that count their GPU: its lowest local
+    rank (ranks sharing a GPU each see the whole GPU's counter)."""
+    readers: dict = {}
+    for i in sorted(range(len(keys)), key=lambda i: keys[i][2]):
+        readers.setdefault(tuple(keys[i][:2]), i)
+    return sorted(readers.values())
 
 
 def _gpu_sum(prefix: str, parts: list[dict], readers) -> dict:

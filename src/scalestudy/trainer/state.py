@@ -73,6 +73,10 @@ class RunState:
     host_syncs_in_window: int = 0
     gpu_util_sum: float = 0.0
     gpu_util_samples: int = 0
+    # this rank's NVML energy counter summed over the segments (measure.EnergyCounter.banked:
+    # joules, spans, seconds and images of the window's spans, each segment's wall span) and the
+    # counter's key in each segment ("keys"); empty without a counter (a CPU run)
+    energy_sums: dict = field(default_factory=dict)
     train_seconds: float = 0.0  # training time, evaluation excluded (time_to_target's clock)
     time_to_target: float | None = None
     loop_time: float = 0.0  # loop seconds banked so far: earlier segments, checkpoints
@@ -99,6 +103,7 @@ PER_RANK = (
     "host_syncs_in_window",
     "gpu_util_sum",
     "gpu_util_samples",
+    "energy_sums",
 )
 
 

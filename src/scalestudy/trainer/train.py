@@ -125,11 +125,10 @@ How the numbers are measured (the analysis relies on these definitions):
   null without a GPU or NVML.
 - energy_j: NVML's total-energy counter (nvmlDeviceGetTotalEnergyConsumption) read at each
   epoch's window open and end, deltas summed, over the GPUs (each counted once: ranks sharing a
-  GPU see the whole GPU); energy_j_per_img = energy_j / the images of the read spans (all ranks;
-  = window_images unless resumed: only the last segment is read); energy_source
-  "nvml_total_energy". Null, with the reason in energy_unmeasured, on CPU (RAPL is not read),
-  without the counter on any GPU, or when the window is too short for its ~0.1 s update period
-  (measure.ENERGY_MAX_ERROR); never estimated.
+  GPU see the whole GPU); energy_j_per_img = energy_j / the images of the read spans (all ranks:
+  window_images); energy_source "nvml_total_energy". Null, with the reason in
+  energy_unmeasured, on CPU (RAPL is not read), without the counter on any GPU, or when the
+  window is too short for its ~0.1 s update period (measure.ENERGY_MAX_ERROR); never estimated.
 - energy_wall_j: the same counter from the window's first read to its last (two reads per GPU),
   so the evaluations and checkpoints between the window's epochs are in it; energy_wall_s that
   span's wall time (the longest rank's), energy_wall_j_per_img = energy_wall_j / the same
@@ -211,9 +210,14 @@ A resumed run's numbers are accounted over its segments:
   checkpoint: what it reached after that was redone by the next segment). host_syncs_in_window:
   summed over the segments' windows. gpu_util_mean: each rank's mean over the window samples of
   every segment (so a segment weighs by its samples, its time in the window), then over ranks.
-  The checkpoint carries each rank's peak, count and samples' sum and count (RunState).
-- of the last segment only: energy_j and the energy_wall_* (the counter's spans are read by one
-  process; the wall span cannot bridge a restart), gpu_samples_rank*.csv (the samples are
+  energy_j: summed over the segments' spans, and energy_j_per_img over their images, as the
+  window's; energy_wall_j and energy_wall_s: the sum of each segment's wall span (a span cannot
+  bridge a restart: the restart is in none), its error bound 2 x 0.1 s x segments /
+  energy_wall_s. Null, with the reason, when the ranks shared GPUs differently in two segments
+  (each GPU is counted by one rank, and a rank's counter sums its segments).
+  The checkpoint carries each rank's peak, count, samples' sum and count and energy counter's
+  sums (RunState).
+- of the last segment only: gpu_samples_rank*.csv (the samples are
   written once, at the end of the loop: a stopped segment's are not kept), comm_exposed_frac
   (the probe runs once, after training), nodes and ranks_per_node (the layout the last
   segment ran on), slurm_job_id, net_interface and nccl_version (the checkpoint identity holds
