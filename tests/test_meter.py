@@ -219,3 +219,41 @@ def test_a_resumed_runs_window_counts_and_utilisation_cover_every_segment(
     assert m["host_syncs_in_window"] == 5
     assert m["gpu_util_mean"] == pytest.approx(statistics.fmean(s["util_pct"] for s in everything))
     assert m["gpu_util_mean"] > 60  # the last segment's alone: 40
+
+
+def test_a_resumed_runs_recompilations_in_the_window_cover_every_segment(tmp_path, one_rank_group):
+    """compile_graphs_in_window is the fast path's check (0: nothing recompiled inside the
+    measurement). A run whose first segment recompiled inside its window and whose resumed
+    segment did not reported 0, while its throughput summed both windows, the recompilation's
+    included. Now each checkpoint carries the count, and the run reports the sum. Real dynamo
+    (the eager backend: graphs without inductor's compiler) on CPU under --compile on."""
+    import dataclasses
+
+    cfg = TrainConfig(out=str(tmp_path), compile="on", warmup_steps=1)
+
+    def segment(state: RunState, recompile: bool) -> measure.Meter:
+        meter = measure.Meter(cfg, torch.device("cpu"), rank=0)
+        assert meter.compiled
+        meter.start(state)
+        meter.epoch_start()
+        for i in range(3):  # step 0 warms up, the window opens at step 1
+            meter.before_step(state.step, seen=8 * i)
+            if recompile and i == 2:  # a graph dynamo compiles inside the window
+                torch.compile(lambda x: x * 3 - 1, backend="eager")(torch.ones(2))
+            state.step += 1
+        meter.epoch_end(state, seen=24)
+        return meter
+
+    state = RunState()
+    first = segment(state, recompile=True)
+    first.bank_loop_time(state)
+    first.bank_segment(state)  # what the stop's checkpoint stores
+    resumed = RunState(**dataclasses.asdict(state))  # what the next segment resumes with
+
+    last = segment(resumed, recompile=False)
+    last.end_loop(resumed)
+    resumed.window_step_times = [0.5, 0.5]
+    resumed.history = [{"epoch_time_s": 1.0, "in_window": True}]
+    m = last.reduce(resumed, world_size=1)
+    assert m["compiled"] is True
+    assert m["compile_graphs_in_window"] == 1  # the last segment's alone: 0

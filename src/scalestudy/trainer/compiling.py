@@ -10,7 +10,8 @@
   tail batch), evaluation runs the eager module (eval mode and the evaluation batch shapes would
   compile new graphs). What the counters say after the loop goes to metrics.json:
   `compile_graphs` (graphs dynamo compiled) and `compile_graphs_in_window` (compiled after the
-  steady-state window opened: recompilations inside the measurement, 0 when the fast path holds).
+  steady-state window opened: recompilations inside the measurement, 0 when the fast path holds;
+  a resumed run's sums every segment's window: measure.Meter.bank_segment).
 - CUDA graphs, two kinds (`graphs_mode`):
   - `--cuda-graphs on` ("compiled"): torch.compile's "reduce-overhead" mode records each
     compiled graph as a CUDA graph and replays it: one launch instead of hundreds. On the H200

@@ -93,6 +93,7 @@ class Meter:
         # --sync-debug: host synchronisations inside the window's steps (CUDA only)
         self.syncs = SyncCounter() if cfg.sync_debug and cuda else None
         self.syncs_before = 0  # the earlier segments' (start(): from the checkpoint)
+        self.compiles_before: int | None = None  # likewise, graphs compiled in their windows
         self.util_before = (0.0, 0)
         # the energy counter's key (energy_key) in each earlier segment: which rank counted
         # each GPU there (energy_total refuses a run whose ranks shared GPUs differently)
@@ -104,6 +105,7 @@ class Meter:
         self.loop_start = time.perf_counter()
         # the earlier segments' counts, to which this segment's are added (bank_segment)
         self.syncs_before = state.host_syncs_in_window
+        self.compiles_before = state.compile_graphs_in_window
         self.util_before = (state.gpu_util_sum, state.gpu_util_samples)
         if self.nvml:
             self.nvml.start()
@@ -209,10 +211,15 @@ class Meter:
         """Before a checkpoint stores `state`: this rank's measures so far over the segments,
         so a resumed run reports them over every segment (train.py): the highest peak memory,
         the host synchronisations inside the window, the NVML samples inside it (sum and
-        count) and the energy counter's sums (EnergyCounter.banked, with each segment's
-        energy_key). Idempotent: each call sets the earlier segments' values plus this one's."""
+        count), the graphs --compile compiled inside it and the energy counter's sums
+        (EnergyCounter.banked, with each segment's energy_key). Idempotent: each call sets the
+        earlier segments' values plus this one's."""
         state.peak_mem_mb = max(state.peak_mem_mb, peak_memory_mb(self.device))
         state.host_syncs_in_window = self.syncs_before + (self.syncs.count if self.syncs else 0)
+        state.compile_graphs_in_window = self.compiles_before
+        if self.compiled and self.graphs_at_window is not None:  # this segment's window opened
+            in_window = compiling.graphs() - self.graphs_at_window
+            state.compile_graphs_in_window = (self.compiles_before or 0) + in_window
         util, samples = self.nvml.window_util() if self.nvml else (0.0, 0)
         state.gpu_util_sum = self.util_before[0] + util
         state.gpu_util_samples = self.util_before[1] + samples
@@ -303,6 +310,9 @@ class Meter:
                 self.graphs_at_window,
                 self.graphs_at_end,
             ),
+            # in_effect's, over every segment (end_loop banked this one's): each compiles anew, and
+            # a recompilation inside any segment's window is inside the run's window sums
+            "compile_graphs_in_window": state.compile_graphs_in_window if self.compiled else None,
             # every segment's (end_loop banked this one's)
             "host_syncs_in_window": state.host_syncs_in_window if self.syncs else None,
         }

@@ -73,6 +73,9 @@ class RunState:
     host_syncs_in_window: int = 0
     gpu_util_sum: float = 0.0
     gpu_util_samples: int = 0
+    # the graphs --compile compiled inside the window (None until a compiled segment's window
+    # opened)
+    compile_graphs_in_window: int | None = None
     # this rank's NVML energy counter summed over the segments (measure.EnergyCounter.banked:
     # joules, spans, seconds and images of the window's spans, each segment's wall span) and the
     # counter's key in each segment ("keys"); empty without a counter (a CPU run)
@@ -103,6 +106,7 @@ PER_RANK = (
     "host_syncs_in_window",
     "gpu_util_sum",
     "gpu_util_samples",
+    "compile_graphs_in_window",
     "energy_sums",
 )
 

@@ -109,12 +109,13 @@ How the numbers are measured (the analysis relies on these definitions):
 - compiled: --compile in effect (auto: on CUDA only; compiling.py). compile_graphs: the graphs
   dynamo compiled in this process by the end of the training loop; compile_graphs_in_window:
   those compiled after the steady-state window opened (recompilations inside the measurement:
-  0 when the fast path holds; the last segment's count after a resume). Null when not
-  compiled. cuda_graphs_mode: the CUDA graphs in effect (--cuda-graphs; auto resolved by
-  compiling.graphs_mode): "step" (the whole step one graph, step_graph.py; the window then
-  opens no earlier than step 12, after the 11 eager steps and the capture), "compiled"
-  (torch.compile's graphs) or "off"; cuda_graphs_used: not "off"; cuda_graph_skips:
-  inductor's graphs that could not run as CUDA graphs (null unless "compiled").
+  0 when the fast path holds; summed over the segments of a resumed run, each of which
+  compiles anew). Null when not compiled. cuda_graphs_mode: the CUDA graphs in effect
+  (--cuda-graphs; auto resolved by compiling.graphs_mode): "step" (the whole step one graph,
+  step_graph.py; the window then opens no earlier than step 12, after the 11 eager steps and
+  the capture), "compiled" (torch.compile's graphs) or "off"; cuda_graphs_used: not "off";
+  cuda_graph_skips: inductor's graphs that could not run as CUDA graphs (null unless
+  "compiled").
 - host_syncs_in_window: --sync-debug only (CUDA): the host synchronisations CUDA operations made
   inside the window's training steps on rank 0 (0 is the fast path); null otherwise.
 - peak_mem_mb: CUDA max_memory_allocated on GPU, the process's peak RSS on CPU (max over ranks
@@ -208,7 +209,8 @@ A resumed run's numbers are accounted over its segments:
   for each stopped segment's final save: the checkpoint holding the value is that save.
 - peak_mem_mb: the highest over segments (each rank's, as of each earlier segment's last
   checkpoint: what it reached after that was redone by the next segment). host_syncs_in_window:
-  summed over the segments' windows. gpu_util_mean: each rank's mean over the window samples of
+  summed over the segments' windows, as is compile_graphs_in_window (compile_graphs: the last
+  segment's process). gpu_util_mean: each rank's mean over the window samples of
   every segment (so a segment weighs by its samples, its time in the window), then over ranks.
   energy_j: summed over the segments' spans, and energy_j_per_img over their images, as the
   window's; energy_wall_j and energy_wall_s: the sum of each segment's wall span (a span cannot
