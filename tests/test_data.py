@@ -27,7 +27,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torchvision.datasets.utils import extract_archive
-from workflow_helpers import need
+from workflow_helpers import fsync_fails_at_file, need
 
 from scalestudy import cli
 from scalestudy.errors import ChecksumError, DownloadError, PreparedDataError, TrainConfigError
@@ -1408,3 +1408,115 @@ def test_a_full_disk_while_extracting_or_downloading_is_one_line(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"cannot write {raw / archive.name}: no space left" in err[0], err
     assert list(raw.iterdir()) == []  # no temp file
+
+
+# write(2) fails with EIO for a file whose path holds $FAIL_WRITES (a dying disk, a dead network
+# mount), loaded with LD_PRELOAD into a real prepare-data process
+FAIL_WRITES_C = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+ssize_t write(int fd, const void *buf, size_t count) {
+    static ssize_t (*real)(int, const void *, size_t);
+    if (!real) real = (ssize_t (*)(int, const void *, size_t))dlsym(RTLD_NEXT, "write");
+    const char *mark = getenv("FAIL_WRITES");
+    char link[64], path[4096];
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    ssize_t len = mark ? readlink(link, path, sizeof path - 1) : -1;
+    if (len > 0) {
+        path[len] = 0;
+        if (strstr(path, mark)) {
+            errno = EIO;
+            return -1;
+        }
+    }
+    return real(fd, buf, count);
+}
+"""
+
+
+@pytest.fixture
+def failing_writes(tmp_path: Path) -> Path:
+    """A shared library (LD_PRELOAD) whose write(2) fails with EIO on files named by
+    $FAIL_WRITES."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        need("a C compiler (cc)", "install gcc")
+    source, lib = tmp_path / "fail_writes.c", tmp_path / "fail_writes.so"
+    source.write_text(FAIL_WRITES_C)
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(source), "-ldl"], check=True)
+    return lib
+
+
+def test_an_io_error_writing_a_download_is_one_line_naming_the_disk(
+    tmp_path: Path, serve, failing_writes
+) -> None:
+    """write(2) of raw/'s temp file failed with EIO (a failing disk, a dead network mount):
+    the error names no file, so a --mirror file:// copy ended in a traceback and an http
+    download read "could not download URL ...: Input/output error. Without internet, ...",
+    blaming the network (an https one was even retried over http). Now one line: the file,
+    the cause, and what to do; no temp file is left."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "cifar-10-python.tar.gz").write_bytes(os.urandom(2 * 2**20))
+    out = tmp_path / "data"
+    raw = out / "cifar10" / "raw"
+    target = raw / "cifar-10-python.tar.gz"
+    env = {**os.environ, "LD_PRELOAD": str(failing_writes), "FAIL_WRITES": "/.cifar-10-python"}
+    for mirror in (serve(site), f"file://{site}"):
+        argv = ["--dataset", "cifar10", "--data-dir", str(out), "--mirror", mirror]
+        proc = subprocess.run(
+            [sys.executable, "-m", "scalestudy", "prepare-data", *argv],
+            env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        err = proc.stderr.strip().splitlines()
+        assert proc.returncode == 1 and len(err) == 1, (mirror, proc.stderr)
+        assert "could not download" not in err[0] and "Without internet" not in err[0], err
+        assert f"cannot write {target}: OSError: [Errno 5] Input/output error" in err[0], err
+        assert err[0].endswith(
+            f"check the file system of {raw} (the kernel log, dmesg, names a failing disk or "
+            "mount) or give another --data-dir"
+        ), err
+        assert list(raw.iterdir()) == []  # no temp file
+
+
+def test_a_read_only_or_failing_data_dir_is_one_line_naming_its_fix(
+    tiny_fs, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """raw/ on a file system remounted read-only (EROFS), and a temp file whose fsync failed
+    with EIO, each read "...; free space there or give another --data-dir": the advice of a
+    full disk, for a disk that has space. Now the fix named is the cause's."""
+    site = tmp_path / "site"
+    site.mkdir()
+    archive = site / "cifar-10-python.tar.gz"
+    archive.write_bytes(b"an archive" * 100)
+    md5 = hashlib.md5(archive.read_bytes()).hexdigest()
+    monkeypatch.setitem(prepare_data.CIFAR10_FILES, archive.name, md5)  # fsync'd, not refused
+    raw = tiny_fs / "cifar10" / "raw"
+    target = raw / "cifar-10-python.tar.gz"
+    argv = ["prepare-data", "--dataset", "cifar10", "--data-dir", str(tiny_fs)]
+    argv += ["--mirror", f"file://{site}"]
+
+    with monkeypatch.context() as m:
+        synced = fsync_fails_at_file(m, 1, errno.EIO)
+        assert cli.main(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(synced) == 1 and len(err) == 1, err
+    assert f"cannot write {target}: OSError: [Errno 5] Input/output error" in err[0], err
+    assert err[0].endswith(
+        f"check the file system of {raw} (the kernel log, dmesg, names a failing disk or mount) "
+        "or give another --data-dir"
+    ), err
+    assert list(raw.iterdir()) == []
+
+    subprocess.run(["mount", "-o", "remount,ro", str(tiny_fs)], check=True)
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert f"cannot write {target}: no permission to write ([Errno 30] Read-only" in err[0], err
+    assert err[0].endswith(f"make {raw} writable or give another --data-dir"), err

@@ -154,17 +154,18 @@ RUN_IDS = {
 }
 
 
-def fsync_fails_at_file(monkeypatch, n: int) -> list[str]:
-    """os.fsync raises ENOSPC at the n-th regular file it syncs (a full disk found when the n-th
-    output is written out: NFS, or a delayed allocation, reports it there); directories and the
-    files before it sync as usual. Returns the files' names as they were synced."""
+def fsync_fails_at_file(monkeypatch, n: int, error: int = errno.ENOSPC) -> list[str]:
+    """os.fsync raises ENOSPC (or `error`: EIO, a failing disk) at the n-th regular file it
+    syncs (a full disk found when the n-th output is written out: NFS, or a delayed
+    allocation, reports it there); directories and the files before it sync as usual. Returns
+    the files' names as they were synced."""
     real, synced = os.fsync, []
 
     def fsync(fd):
         if stat.S_ISREG(os.fstat(fd).st_mode):
             synced.append(os.readlink(f"/proc/self/fd/{fd}"))
             if len(synced) == n:
-                raise OSError(errno.ENOSPC, "No space left on device")
+                raise OSError(error, os.strerror(error))
         return real(fd)
 
     monkeypatch.setattr(os, "fsync", fsync)

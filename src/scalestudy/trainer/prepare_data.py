@@ -136,14 +136,23 @@ def _save(
     """Copy what `read` (a source's read method) returns to `path` through a temp file beside
     it (atomic_open), its length (`size`, where the source announced one: CutShort) and md5
     checked before the rename: a copy that breaks off (Ctrl-C too) or has another md5 leaves
-    `path` as it was (a good archive there is never replaced by a bad one). An error writing
-    the file (a full disk) is a PreparedDataError; the source's errors (the network's) pass on
-    as they are."""
+    `path` as it was (a good archive there is never replaced by a bad one). Any error writing
+    the file (a full disk, a read-only or failing one) is a PreparedDataError (_unwritten); the
+    source's errors (the network's) pass on as they are."""
     digest = hashlib.md5(usedforsecurity=False)
     received = 0
+    # whose an OSError is: the write's and the source's both may name no file (write(2)'s EIO
+    # on the temp file, a socket's reset), so an unnamed EIO writing raw/ was a traceback
+    # (file://) or "could not download" (http), blaming the network
+    reading = False
     try:
         with atomic_open(path, "wb") as out:
-            while chunk := read(1 << 20):
+            while True:
+                reading = True
+                chunk = read(1 << 20)
+                reading = False
+                if not chunk:
+                    break
                 digest.update(chunk)
                 out.write(chunk)
                 received += len(chunk)
@@ -155,12 +164,25 @@ def _save(
                     f"file (wrong --mirror, or a truncated/altered download?); not kept as {path}"
                 )
     except OSError as e:
-        if e.filename is None:  # the source's (a socket's errors name no file)
+        if reading:  # the source's
             raise
-        raise PreparedDataError(
-            f"cannot write {path}: {files.write_failure(e, path.parent)}; free space there or "
-            "give another --data-dir"
-        ) from e
+        raise _unwritten(f"cannot write {path}", e, path.parent) from e
+
+
+def _unwritten(what: str, e: BaseException, directory: Path) -> PreparedDataError:
+    """A failed write under --data-dir as one line: `what`, the cause (files.write_failure) and
+    its own fix; "free space there" was the advice for a read-only or failing disk too."""
+    cause = files.write_failure(e, directory)
+    if cause.startswith("no space left"):
+        fix = "free space there"
+    elif cause.startswith("no permission"):  # EACCES, EPERM, EROFS (a read-only mount)
+        fix = f"make {directory} writable"
+    else:  # EIO and the like: a dying disk, a dead network mount
+        fix = (
+            f"check the file system of {directory} (the kernel log, dmesg, names a failing "
+            "disk or mount)"
+        )
+    return PreparedDataError(f"{what}: {cause}; {fix} or give another --data-dir")
 
 
 def _md5(path: Path) -> str:
@@ -263,10 +285,7 @@ def _extract(archive: Path, raw_dir: Path) -> None:
     try:
         extract_archive(str(archive), str(raw_dir))
     except OSError as e:
-        raise PreparedDataError(
-            f"cannot extract {archive} into {raw_dir}: {files.write_failure(e, raw_dir)}; free "
-            "space there or give another --data-dir"
-        ) from e
+        raise _unwritten(f"cannot extract {archive} into {raw_dir}", e, raw_dir) from e
 
 
 def _unpickle(path: Path) -> dict:
@@ -531,20 +550,15 @@ def prepare(
         tensors, classes = convert_mnist(raw_dir)
         source = " ".join(sorted(used))
 
-    def unwritten(e: BaseException) -> PreparedDataError:
-        return PreparedDataError(
-            f"cannot write {data_path}: {files.write_failure(e, out_dir)}; free space there or "
-            "give another --data-dir"
-        )
-
     try:
         with atomic_open(data_path, "wb") as f:
             try:
                 torch.save(tensors, f)
             except RuntimeError as e:  # a full disk: "enforce fail at inline_container.cc"
-                raise unwritten(e) from e  # judged while the partial file still fills it
+                # judged while the partial file still fills it
+                raise _unwritten(f"cannot write {data_path}", e, out_dir) from e
     except OSError as e:
-        raise unwritten(e) from e
+        raise _unwritten(f"cannot write {data_path}", e, out_dir) from e
     # meta.json marks completion: drop the old one only now that the new data.pt is in place
     # (atomic_open replaced it), so a failed download or write (a full disk) leaves an existing
     # preparation usable; until the new meta.json is written, the pair is incomplete
