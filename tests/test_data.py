@@ -857,7 +857,14 @@ def broken_server(monkeypatch: pytest.MonkeyPatch) -> Iterator:
 
 @pytest.mark.parametrize(
     ("reply", "says"),
-    [(CUT_SHORT, "IncompleteRead"), (NOT_HTTP, "BadStatusLine")],
+    [
+        (
+            CUT_SHORT,
+            "the transfer was cut short: 1,124 bytes arrived, not the reply's end (the server or "
+            "the network ended it early); run prepare-data again, or give another --mirror",
+        ),
+        (NOT_HTTP, "BadStatusLine"),
+    ],
     ids=["cut-short", "not-http"],
 )
 def test_a_download_cut_short_or_no_http_server_is_one_line(
@@ -866,7 +873,10 @@ def test_a_download_cut_short_or_no_http_server_is_one_line(
     """A transfer that broke off mid-body (a chunked reply: http.client.IncompleteRead) or a
     --mirror host:port that is no HTTP server (BadStatusLine): http.client's own errors, neither
     URLError nor OSError, went past every handler as a traceback, and the part that had arrived
-    stayed in raw/ under the archive's name."""
+    stayed in raw/ under the archive's name. The chunked reply cut short then read
+    "IncompleteRead(1024 bytes read) (the transfer broke off, or the server is no HTTP
+    server)": the bytes of one read, not of the transfer, and none of what a reply cut short of
+    its Content-Length says; now the same words, with what arrived."""
     url = broken_server(reply)
     out = tmp_path / "data"
     rc = cli.main(["prepare-data", "--dataset", "cifar10", "--data-dir", str(out), "--mirror", url])

@@ -115,18 +115,37 @@ def _fetch(url: str, path: Path, md5: str) -> None:
     # urllib has no timeout of its own: a mirror that stalls, a connection a firewall dropped,
     # and prepare-data (a local rule of the study) waited forever
     with urllib.request.urlopen(request, timeout=DOWNLOAD_STALL_S) as response:
+        received = 0
+
+        def read(n: int) -> bytes:
+            nonlocal received
+            try:
+                chunk = response.read(n)
+            except http.client.IncompleteRead as e:
+                # a chunked reply cut short: what this read had (partial) and, from the cause,
+                # the part of the chunk it was in; IncompleteRead's own words counted one read
+                # and said none of what a reply cut short of its Content-Length says
+                inner = e.__cause__ if isinstance(e.__cause__, http.client.IncompleteRead) else None
+                part = len(e.partial) + (len(inner.partial) if inner is not None else 0)
+                raise CutShort(received + part, None) from e
+            received += len(chunk)
+            return chunk
+
         # the Content-Length (None for a chunked reply), read before the body is: http.client
         # counts it down as the body arrives
-        _save(response.read, path, md5, url, size=getattr(response, "length", None))
+        _save(read, path, md5, url, size=getattr(response, "length", None))
 
 
 class CutShort(http.client.HTTPException):
     """A reply body that ended before its Content-Length: http.client's read(n) returns what
-    came and raises nothing (a chunked reply cut short raises IncompleteRead), so the part
-    reached the md5 check and was called "not the official file (wrong --mirror?)"."""
+    came and raises nothing, so the part reached the md5 check and was called "not the official
+    file (wrong --mirror?)". Also a chunked reply (size None, no length announced) that ended
+    before its last chunk: http.client's IncompleteRead."""
 
-    def __init__(self, received: int, size: int) -> None:
-        super().__init__(f"{received:,} of {size:,} bytes arrived")
+    def __init__(self, received: int, size: int | None) -> None:
+        told = ", not the reply's end" if size is None else ""  # no length: only that it broke
+        of = "" if size is None else f" of {size:,}"
+        super().__init__(f"{received:,}{of} bytes arrived{told}")
         self.received, self.size = received, size
 
 
