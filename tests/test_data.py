@@ -1530,3 +1530,42 @@ def test_a_read_only_or_failing_data_dir_is_one_line_naming_its_fix(
     assert len(err) == 1, err
     assert f"cannot write {target}: no permission to write ([Errno 30] Read-only" in err[0], err
     assert err[0].endswith(f"make {raw} writable or give another --data-dir"), err
+
+
+def test_meta_json_names_where_a_redirect_led(tmp_path: Path, serve, monkeypatch) -> None:
+    """A mirror that redirects (a moved site, a CDN): urllib follows it, and meta.json's source
+    named the URL asked for, not the server the bytes came from. Now the final URL."""
+    site = tmp_path / "site"
+    site.mkdir()
+    archive = _fake_cifar_archive(site)
+    _mnist_site(site)
+    for name in [archive.name, *prepare_data.MNIST_FILES]:
+        md5 = hashlib.md5((site / name).read_bytes()).hexdigest()
+        files = prepare_data.CIFAR10_FILES if name == archive.name else prepare_data.MNIST_FILES
+        monkeypatch.setitem(files, name, md5)
+    (tmp_path / "moved" / "here").mkdir(parents=True)
+    shutil.copytree(site, tmp_path / "moved" / "here", dirs_exist_ok=True)
+    moved = serve(tmp_path / "moved") + "here/"
+
+    class Redirect(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(302)
+            self.send_header("Location", moved + self.path.rsplit("/", 1)[-1])
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        asked = f"http://127.0.0.1:{server.server_address[1]}/old/"
+        data = tmp_path / "data"
+        for dataset in ("cifar10", "mnist"):
+            prepare_data.prepare(dataset, data, mirror=asked)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert loaders.load_prepared("cifar10", data).meta["source"] == moved + archive.name
+    assert loaders.load_prepared("mnist", data).meta["source"] == moved

@@ -68,8 +68,8 @@ SYNTHETIC_DEFAULTS = {
 
 def _download(base_url: str, filename: str, md5: str, raw_dir: Path) -> str:
     """base_url+filename as raw_dir/filename (skipped when a file with the right md5 is there);
-    returns where it came from, for meta.json's source: the URL it was read from, or the
-    absolute path of the file that was there (the mirror was not asked).
+    returns where it came from, for meta.json's source: the URL it was read from (where a
+    redirect led), or the absolute path of the file that was there (the mirror was not asked).
 
     What arrives goes through a temp file beside it (_save): a transfer that stalled or broke
     off, or a file with another md5, never takes the archive's name nor replaces what is there.
@@ -85,7 +85,7 @@ def _download(base_url: str, filename: str, md5: str, raw_dir: Path) -> str:
         _copy_local(url, path, md5)
         return url
     try:
-        _fetch(url, path, md5)
+        return _fetch(url, path, md5)
     except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
         why = f"could not download {url} to {path}: {_why(e)}"
         if not url.startswith("https://"):
@@ -94,22 +94,23 @@ def _download(base_url: str, filename: str, md5: str, raw_dir: Path) -> str:
         # on port 80 for what was a TLS, proxy or stalled https transfer
         plain = "http://" + url.removeprefix("https://")
         try:
-            _fetch(plain, path, md5)
+            came_from = _fetch(plain, path, md5)
         except (urllib.error.URLError, OSError, http.client.HTTPException) as again:
             raise DownloadError(
                 f"{why}; nor over http ({plain}): {_why(again)}. {_offline(md5)}"
             ) from again
         logger.warning(f"prepare-data: {url} failed ({_why(e)}); downloaded over http instead")
-        return plain
-    return url
+        return came_from
 
 
 def _url(base_url: str, filename: str) -> str:
     return base_url.rstrip("/") + "/" + filename
 
 
-def _fetch(url: str, path: Path, md5: str) -> None:
-    """GET url into `path` (_save), each connect and read given up after DOWNLOAD_STALL_S."""
+def _fetch(url: str, path: Path, md5: str) -> str:
+    """GET url into `path` (_save), each connect and read given up after DOWNLOAD_STALL_S;
+    returns the URL the bytes came from: urllib follows redirects, and meta.json's source
+    named the URL asked for, not the server a moved site or a CDN sent them from."""
     # the User-Agent torchvision's download sent (a server may refuse urllib's own)
     request = urllib.request.Request(url, headers={"User-Agent": "pytorch/vision"})
     # urllib has no timeout of its own: a mirror that stalls, a connection a firewall dropped,
@@ -134,6 +135,7 @@ def _fetch(url: str, path: Path, md5: str) -> None:
         # the Content-Length (None for a chunked reply), read before the body is: http.client
         # counts it down as the body arrives
         _save(read, path, md5, url, size=getattr(response, "length", None))
+        return response.geturl()
 
 
 class CutShort(http.client.HTTPException):
@@ -277,8 +279,9 @@ def _copy_local(url: str, path: Path, md5: str) -> None:
 def _download_any(mirrors: Sequence[str], filename: str, md5: str, raw_dir: Path) -> str:
     """Try each mirror in turn; returns the base the file came from (_download): the mirror as
     given, raw_dir's absolute path and a slash for the file already there, the http URL an https
-    mirror fell back to. When none works, one line (an expected error is one line) with each
-    mirror's failure, then the advice once."""
+    mirror fell back to, where a redirect led (the whole URL where it named the file otherwise).
+    When none works, one line (an expected error is one line) with each mirror's failure, then
+    the advice once."""
     errors: list[DownloadError] = []
     for mirror in mirrors:
         try:
