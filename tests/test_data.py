@@ -1569,3 +1569,33 @@ def test_meta_json_names_where_a_redirect_led(tmp_path: Path, serve, monkeypatch
         server.server_close()
     assert loaders.load_prepared("cifar10", data).meta["source"] == moved + archive.name
     assert loaders.load_prepared("mnist", data).meta["source"] == moved
+
+
+def test_an_archive_in_raw_that_cannot_be_read_is_one_line(tmp_path: Path, capsys) -> None:
+    """The archive already in raw/ is read for its md5 before any download; a read error there
+    (EIO: a failing disk, a dead network mount; here /proc/self/mem, which fails at offset 0)
+    names no file, which cli.main takes for a bug: a traceback. Now one line: the file, the
+    cause, and what to do."""
+    with open("/proc/self/mem", "rb") as mem:
+        try:
+            mem.read(1)
+        except OSError:
+            pass
+        else:
+            need("/proc/self/mem that fails to read at offset 0", "a Linux /proc")
+    raw = tmp_path / "data" / "cifar10" / "raw"
+    raw.mkdir(parents=True)
+    (raw / "cifar-10-python.tar.gz").symlink_to("/proc/self/mem")
+    with socket.socket() as sock:  # a loopback port nobody listens on: never reached
+        sock.bind(("127.0.0.1", 0))
+        mirror = f"http://127.0.0.1:{sock.getsockname()[1]}/"
+    argv = ["prepare-data", "--dataset", "cifar10", "--data-dir", str(tmp_path / "data")]
+    assert cli.main([*argv, "--mirror", mirror]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in err[0], err
+    path = raw / "cifar-10-python.tar.gz"
+    assert f"cannot read {path}, the archive raw/ holds: Input/output error;" in err[0], err
+    assert err[0].endswith(
+        f"check the file system of {raw} (the kernel log, dmesg, names a failing disk or mount) "
+        "or give another --data-dir"
+    ), err

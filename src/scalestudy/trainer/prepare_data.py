@@ -77,7 +77,15 @@ def _download(base_url: str, filename: str, md5: str, raw_dir: Path) -> str:
     when that fails too, the error names both causes, https's first."""
     url = _url(base_url, filename)
     path = raw_dir / filename
-    if path.is_file() and _md5(path) == md5:
+    try:
+        there = path.is_file() and _md5(path) == md5
+    except OSError as e:  # a read error (EIO) names no file, which cli.main takes for a bug
+        fix = "remove it (it is downloaded again)" if e.errno in _NO_PERMISSION else ""
+        raise PreparedDataError(
+            f"cannot read {path}, the archive raw/ holds: {e.strerror or e}; "
+            f"{fix or _failing(raw_dir)} or give another --data-dir"
+        ) from e
+    if there:
         logger.info(f"prepare-data: {path} is there with the right md5; not downloaded again")
         return os.path.abspath(path)
     raw_dir.mkdir(parents=True, exist_ok=True)  # a --data-dir that cannot hold it: its own error
@@ -198,12 +206,20 @@ def _unwritten(what: str, e: BaseException, directory: Path) -> PreparedDataErro
         fix = "free space there"
     elif cause.startswith("no permission"):  # EACCES, EPERM, EROFS (a read-only mount)
         fix = f"make {directory} writable"
-    else:  # EIO and the like: a dying disk, a dead network mount
-        fix = (
-            f"check the file system of {directory} (the kernel log, dmesg, names a failing "
-            "disk or mount)"
-        )
+    else:
+        fix = _failing(directory)
     return PreparedDataError(f"{what}: {cause}; {fix} or give another --data-dir")
+
+
+_NO_PERMISSION = (errno.EACCES, errno.EPERM)
+
+
+def _failing(directory: Path) -> str:
+    """What to do about an I/O error (EIO and the like: a dying disk, a dead network mount)."""
+    return (
+        f"check the file system of {directory} (the kernel log, dmesg, names a failing disk or "
+        "mount)"
+    )
 
 
 def _md5(path: Path) -> str:
