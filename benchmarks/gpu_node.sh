@@ -84,13 +84,14 @@ compare() { # name, extra compare.py flags: OUT/<name>.json and .log
         echo "$name failed: see $out/$name.log"
         failed+=("$name")
     }
-    table "$out/$name.log"
+    table "$out/$name.log" 'median img/s'
 }
-table() { # a comparison's log: its table whole, from its header's line on (then compare.py's
-    # line, where a run failed or was stopped); a fixed `tail -n 4` cut the header off a table
-    # one line longer (SMOKE=1's "no spread"). No table (no run of a trainer): the last lines
+table() { # a log, the text of its result's first line: the result whole, from that line on
+    # (a comparison's: then compare.py's line, where a run failed or was stopped); a fixed
+    # `tail -n 4` cut the header off a table one line longer (SMOKE=1's "no spread"), `tail -n
+    # 3` ddp_buffers.py's configuration off its medians. No result (a failed run): the last lines
     local at
-    at=$(grep -n 'median img/s' "$1" | tail -n 1 | cut -d: -f1) || true
+    at=$(grep -n -F -- "$2" "$1" | tail -n 1 | cut -d: -f1) || true
     if [ -n "$at" ]; then tail -n "+$at" "$1"; else tail -n 4 "$1"; fi
 }
 bucket_line() { # name: the line of buckets.txt from OUT/<name>/metrics.json
@@ -136,7 +137,7 @@ for step in $steps; do
             echo "ddp-buffers failed: see $out/ddp-buffers.txt"
             failed+=(ddp-buffers)
         }
-        tail -n 3 "$out/ddp-buffers.txt"
+        table "$out/ddp-buffers.txt" ' ranks, ResNet-18 width ' # its configuration's line
         ;;
     anatomy-lb64)
         rm -f "$out/anatomy-lb64.json" # as compare's: a failed rerun leaves no earlier result

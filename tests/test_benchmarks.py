@@ -1075,6 +1075,20 @@ def test_gpu_node_says_where_a_failed_data_preparation_is_logged(tmp_path):
     assert log.read_text().splitlines()[-1] in proc.stderr  # its cause
 
 
+def test_gpu_node_prints_the_ddp_buffers_result_with_its_configuration(tmp_path):
+    """gpu_node.sh's ddp-buffers step printed `tail -n 3` of ddp_buffers.py's output: the two
+    medians and the ratio without the line above them that says what they are of (backend,
+    ranks, width, batch, steps, runs). Now the result is printed whole, from that line on."""
+    out = tmp_path / "out"
+    sizes = {"WIDTH": "2", "LOCAL_BATCH": "2", "NUM_TRAIN": "64", "REPEATS": "1"}
+    proc = gpu_node(out, 300, CUDA_VISIBLE_DEVICES="", DEVICE="cpu", STEPS="ddp-buffers", **sizes)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    text = (out / "ddp-buffers.txt").read_text()
+    result = text[text.rindex("1 gloo ranks, ResNet-18 width 2, batch 2 per rank") :]
+    assert result.splitlines()[-1].startswith("ours / per-step broadcast: "), text
+    assert proc.stdout == f"== ddp-buffers\n{result}", proc.stdout
+
+
 @pytest.mark.parametrize("m, tolerance", [(2, 1e-5), (4, 1e-4)])
 def test_winograd_computes_the_convolution_and_its_gradients(m, tolerance):
     """benchmarks/winograd.py times an algorithm only if it computes F.conv2d: odd sizes (a
