@@ -15,7 +15,9 @@ spread" in the table.
 A failed run ends the comparison in one line (the run, its exit code); --json then holds the runs
 that finished, marked "partial", and the exit code is 1. So does a stop signal during a run, or
 between two (Ctrl-C, SIGTERM from a time limit or `timeout`, SIGHUP from a closed terminal), after
-which compare.py dies of it (a shell says 130, 143, 129).
+which compare.py dies of it (a shell says 130, 143, 129); one after the last run, while the table
+and --json are written, waits for them (the comparison whole, not partial), says so in one line,
+and compare.py dies of it too.
 The run's torchrun gets that signal from compare.py, once (it runs in a session of its own), and
 compare.py waits for it to stop its ranks: killed outright, it left them training on. A second
 stop signal, or a run not stopped in STOP_WAIT_S, kills torchrun and its ranks (SIGKILL).
@@ -321,46 +323,63 @@ def main(argv: list[str] | None = None) -> int:
     stopped = None  # the signal that stopped a run: its runs that finished are kept too
     runs = order(args.repeats)
     label = [f"{name} run {i // 2 + 1}/{args.repeats}" for i, name in enumerate(runs)]
-    with tempfile.TemporaryDirectory() as tmp, stop_signals_raised():
-        # a stop signal during a run stops it (torchrun, its ranks) before it is raised; one
-        # between two runs (none to stop) is caught here too: around the run only, it was a
-        # traceback that lost the runs that had finished
-        try:
-            for i, name in enumerate(runs):
-                ours_out, ref_out = Path(tmp) / f"ours{i}", Path(tmp) / f"reference{i}.json"
-                cmd = commands(args, ours_out, ref_out)[name]
-                print(f"--- {name} ({i // 2 + 1}/{args.repeats}): {shlex.join(cmd)}", flush=True)
-                rc = run_trainer(cmd, env)
-                out = ours_out / "metrics.json" if name == "ours" else ref_out
-                if rc != 0 or not out.exists():
-                    failed = (label[i], rc)
-                    break
-                results[name].append(json.loads(out.read_text()))
-        except (KeyboardInterrupt, Stopped) as exc:
-            stopped = signal.SIGINT if isinstance(exc, KeyboardInterrupt) else exc.signum
-            done = len(results["ours"]) + len(results["reference"])  # the runs go in order
-            if done < len(runs):  # (else it came after the last one: the comparison is whole)
-                failed = (label[done], 128 + stopped)  # as a shell reports a signal's end
-
-    result = summarize(args, results["ours"], results["reference"])
-    result.update(partial=failed is not None, failed_run=None, failed_exit_code=None)
+    tmp = tempfile.TemporaryDirectory()
+    try:
+        with stop_signals_raised():
+            # a stop signal during a run stops it (torchrun, its ranks) before it is raised; one
+            # between two runs (none to stop) is caught here too: around the run only, it was a
+            # traceback that lost the runs that had finished
+            try:
+                for i, name in enumerate(runs):
+                    ours_out = Path(tmp.name) / f"ours{i}"
+                    ref_out = Path(tmp.name) / f"reference{i}.json"
+                    cmd = commands(args, ours_out, ref_out)[name]
+                    print(
+                        f"--- {name} ({i // 2 + 1}/{args.repeats}): {shlex.join(cmd)}", flush=True
+                    )
+                    rc = run_trainer(cmd, env)
+                    out = ours_out / "metrics.json" if name == "ours" else ref_out
+                    if rc != 0 or not out.exists():
+                        failed = (label[i], rc)
+                        break
+                    results[name].append(json.loads(out.read_text()))
+            except (KeyboardInterrupt, Stopped) as exc:
+                stopped = signal.SIGINT if isinstance(exc, KeyboardInterrupt) else exc.signum
+                done = len(results["ours"]) + len(results["reference"])  # the runs go in order
+                if done < len(runs):  # (else it came after the last one: the comparison is whole)
+                    failed = (label[done], 128 + stopped)  # as a shell reports a signal's end
+            # the runs are over: a stop signal now (the milliseconds of the table and the --json
+            # write) is noted and acted on once they are done; raised, or at its default once
+            # the runs' handlers were gone, it was a traceback or a silent death before --json
+            with held_stop_signals() as held:
+                tmp.cleanup()
+                result = summarize(args, results["ours"], results["reference"])
+                result.update(partial=failed is not None, failed_run=None, failed_exit_code=None)
+                if failed:
+                    result.update(failed_run=failed[0], failed_exit_code=failed[1])
+                if result["ratio"] is not None:
+                    print_table(result, args)
+                written = write_result(args.json, result)
+    finally:
+        tmp.cleanup()  # after an error in a run (else done above, the signals held)
+    late = None if stopped or not held else signal.Signals(held[0])  # a stop after the runs
+    done = len(results["ours"]) + len(results["reference"])
+    kept = f", written to {args.json}" if args.json and written else ""
     if failed:
-        result.update(failed_run=failed[0], failed_exit_code=failed[1])
-    if result["ratio"] is not None:
-        print_table(result, args)
-    written = write_result(args.json, result)
-    if failed:
-        done = len(results["ours"]) + len(results["reference"])
         if stopped:
             why = f"stopped by {stopped.name}"
         elif failed[1]:
             why = f"failed (exit code {failed[1]})"
         else:
             why = f"failed (exit code 0 but no {out.name})"
-        kept = f", written to {args.json} (partial)" if args.json and written else ""
+        kept += " (partial)" if kept else ""
         print(f"compare.py: {failed[0]} {why}; {done} runs had finished{kept}", file=sys.stderr)
+        if late:  # the failure's line, then the signal's end: a script running it stops too
+            return 128 + late
         return failed[1] if stopped else 1
-    if stopped:  # after the last run: all written, and a script running compare.py stops too
+    if stopped := stopped or late:  # after the last run: all written; a script running it stops
+        why = f"stopped by {stopped.name} after the last run"
+        print(f"compare.py: {why}; {done} runs had finished{kept}", file=sys.stderr)
         return 128 + stopped
     return 0 if written else 1
 

@@ -444,6 +444,35 @@ def test_a_stop_signal_between_two_runs_keeps_the_runs_that_finished(
     assert r["ours"]["runs"] == [1.0] and r["reference"]["runs"] == [1.0, 1.5]
 
 
+AFTER_RUNS = BETWEEN_RUNS.replace(
+    'text.startswith("--- ours (2/2)")', '"median img/s" in text'
+).replace("announces the 4th run: the 3rd over, no run", "prints its table: the runs over")
+
+
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
+def test_a_stop_signal_after_the_last_run_writes_the_comparison(data_dir, tmp_path, signal_name):
+    """Ctrl-C or SIGTERM in the milliseconds after the last run, while the table was printed
+    and --json written: the runs' stop signals were back to their defaults there, so Ctrl-C was
+    a KeyboardInterrupt traceback and SIGTERM a silent death, both before --json was written:
+    every run of the comparison lost. Now it is noted, the table and --json are finished (whole,
+    not partial), one line says so, and compare.py dies of the signal."""
+    import signal
+
+    out = tmp_path / "compare.json"
+    script = [PYTHON, "-c", AFTER_RUNS, str(REPO), str(data_dir), str(out), signal_name]
+    proc = subprocess.run(
+        script, env=child_env(), capture_output=True, text=True, timeout=120,
+        preexec_fn=sigint_as_in_a_terminal,
+    )  # fmt: skip
+    assert proc.returncode == -getattr(signal, signal_name), proc.stderr[-2000:]
+    assert proc.stderr.splitlines() == [proc.stderr.strip()], proc.stderr  # no traceback
+    assert f"stopped by {signal_name} after the last run; 4 runs had finished" in proc.stderr
+    assert "RUNS STARTED 4" in proc.stdout and "ratio" in proc.stdout, proc.stdout
+    r = json.loads(out.read_text())
+    assert r["partial"] is False and r["failed_run"] is None
+    assert r["ours"]["runs"] == [1.0, 4.0] and r["reference"]["runs"] == [1.0, 1.5]
+
+
 def test_a_stop_signal_while_a_run_starts_stops_it(data_dir, tmp_path, monkeypatch, capsys):
     """A SIGTERM that lands while torchrun is being started (inside Popen, between the fork and
     its return) raised there, and the started process, in a session of its own, was never told:
