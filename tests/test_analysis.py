@@ -1485,6 +1485,42 @@ def test_collect_refuses_metrics_that_are_no_object_and_epochs_with_ragged_rows(
     assert [r["epoch"] for r in collect.load_epochs(epochs)] == ["1", "2"]
 
 
+def test_collect_of_an_older_trainers_metrics_names_the_commit_before_a_retrain(tmp_path):
+    """A metrics.json without a key collect needs, the mark of a run trained by an older
+    scalestudy (Snakemake keeps finished runs) read by a newer collect, was told "delete it and
+    rerun the run": hours of allocation spent again as the only way out. Now the line names
+    the keys and the commit that trained it (metrics.json's git_commit), to collect with that
+    version, and a retrain only where its numbers are needed from this one. A damaged file
+    (no JSON) keeps the rerun: nothing else remakes it."""
+    import json
+
+    from scalestudy.errors import CollectError
+    from scalestudy.results import collect
+
+    run_dir = tmp_path / "results" / "runs" / "w1_r0"
+    run_dir.mkdir(parents=True)
+    path = run_dir / "metrics.json"
+    older = dict.fromkeys(collect.REQUIRED_METRICS, 1) | {"git_commit": "0a1b2c3"}
+    del older["restarts"], older["resumed_from_epochs"]
+    path.write_text(json.dumps(older))
+    with pytest.raises(CollectError) as refused:
+        collect.load_metrics(path)
+    said = str(refused.value)
+    assert said.splitlines() == [said], said
+    assert said.startswith(f"{path} lacks restarts, resumed_from_epochs, which this collect "), said
+    assert "`scalestudy collect` of commit 0a1b2c3" in said, said
+    assert said.endswith(
+        f"if its numbers are needed from this version, delete {run_dir} and rerun it"
+    )
+    del older["git_commit"]
+    path.write_text(json.dumps(older))
+    with pytest.raises(CollectError, match="lacks git_commit, restarts, resumed_from_epochs"):
+        collect.load_metrics(path)
+    path.write_text(json.dumps(older)[:-9])  # cut short: no JSON
+    with pytest.raises(CollectError, match="is not valid JSON .*; delete it and rerun the run$"):
+        collect.load_metrics(path)
+
+
 def test_collect_refuses_an_epochs_csv_the_trainer_did_not_write(tmp_path):
     """A run's epochs.csv edited by hand or cut: collect copied it into results/csv/epochs.csv,
     and the accuracy figure drew a -1 as -100% or refused a word naming results/csv/epochs.csv,

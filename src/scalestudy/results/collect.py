@@ -8,8 +8,10 @@ A key present in both the run table and metrics.json must agree (the run table's
 metrics.json's device type): a disagreement means the result
 on disk came from another configuration (a stale or hand-copied run) and is refused, naming the
 run, the key and both values. A run without a complete metrics.json is an error that names the
-file and the command that produces it, never a silent blank row. --out-runs and --out-epochs
-naming one file, or one naming the run table (--runs), is refused before any work.
+file and the command that produces it, never a silent blank row; one that lacks a key of
+REQUIRED_METRICS (an older trainer's) names the keys and the commit that trained it
+(metrics.json's git_commit), whose collect reads it, before training it again. --out-runs and
+--out-epochs naming one file, or one naming the run table (--runs), is refused before any work.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ logger = log.get(__name__)
 
 # metrics.json keys the trainer always writes (issue "Trainer"); collect checks them. Not the
 # keys added since (data_sha256, energy_*, ...): a finished run of an older trainer, which
-# Snakemake keeps, would be refused, and the only fix offered is to train it again
+# Snakemake keeps, would be refused, to be collected by the older scalestudy or trained again
 REQUIRED_METRICS = (
     "world_size",
     "nodes",
@@ -171,7 +173,19 @@ def load_metrics(path: Path) -> dict:
         )
     missing = [k for k in REQUIRED_METRICS if k not in metrics]
     if missing:
-        raise CollectError(f"{path} is incomplete, missing {missing}; delete it and rerun the run")
+        # the usual cause: a run an older trainer finished (Snakemake keeps it) read by a newer
+        # collect. Retraining it spends its allocation hours again: the last choice, not the one
+        commit = metrics.get("git_commit")
+        version = f"commit {commit}" if commit else "the version that trained it"
+        keys = ", ".join(missing[:5]) + (
+            f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        )
+        raise CollectError(
+            f"{path} lacks {keys}, which this collect reads: trained by an older scalestudy "
+            f"({version if commit else 'its commit not recorded'}) or not by the trainer; "
+            f"collect it with `scalestudy collect` of {version}, or, if its numbers are needed "
+            f"from this version, delete {path.parent} and rerun it"
+        )
     return metrics
 
 
