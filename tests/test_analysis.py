@@ -532,6 +532,31 @@ def test_missing_input_names_the_file_and_command(tmp_path):
         analysis.read_csv(tmp_path / "runs.csv", "", "results/csv/runs.csv", "--runs")
 
 
+def test_a_missing_input_is_told_what_a_damaged_one_is(tmp_path, monkeypatch, capsys):
+    """A missing CSV given by hand was told "give --runs an existing file, or the study's ...",
+    a damaged one (files.input_fix) "fix it, or give --runs the study's ...": two wordings of
+    one choice. Now one: the study's own file -> the snakemake target that writes it; a path
+    given by hand -> fix the path, or give the flag the study's file."""
+    from scalestudy import cli
+
+    monkeypatch.chdir(tmp_path)  # the study directory: results/csv/runs.csv is its own
+    target = "results/csv/runs.csv"
+    tail = f"or give --runs the study's {target} (`snakemake {target}` writes it)"
+    argv = ["analyze", "--gpus-per-node", "1", "--out-dir", "out", "--runs"]
+    for runs, fix in (
+        (target, f"run `snakemake {target}` first"),
+        ("mine/runs.csv", f"fix the path, {tail}"),
+    ):
+        assert cli.main([*argv, runs]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"scalestudy analyze: missing {runs} (one row per run): {fix}"], err
+    Path("mine").mkdir()
+    Path("mine/runs.csv").write_bytes(b"run\n\xff\n")  # there, but damaged
+    assert cli.main([*argv, "mine/runs.csv"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(f"fix it, {tail}"), err
+
+
 def test_figures_follow_the_study():
     fams = {
         "strong": {"enabled": True},

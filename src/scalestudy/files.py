@@ -487,18 +487,25 @@ def one_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
         return False
 
 
-def input_fix(path: str | Path, target: str, flag: str, own: str = "") -> str:
+def input_fix(
+    path: str | Path, target: str, flag: str, own: str = "", missing: bool = False
+) -> str:
     """What a message refusing an input file tells to do. The study's own file (`target`: the
     workflow's path of it, from the study directory, where the commands run) is snakemake's to
     make again: delete it and run snakemake. Any other path was given by hand (`flag`), maybe a
     file of the user's own: "delete it and run `snakemake results/csv/runs.csv`" said to delete
     it, and named a command that writes another file. `own`: what `flag` takes of the study's
-    (--csv-dir its directory; default `target`). No `target`: neither is known."""
+    (--csv-dir its directory; default `target`). No `target`: neither is known. `missing`: the
+    file is not there (snakemake makes the study's; a path given by hand is the user's to fix)."""
     if not target:
-        return "write it again with the scalestudy command that made it"
+        made = "write it again with the scalestudy command that made it"
+        return "fix the path" if missing else made
+    if one_file(path, target) and missing:
+        return f"run `snakemake {target}` first"
     if one_file(path, target):
         return f"delete it and run `snakemake {target}`"
-    return f"fix it, or give {flag} the study's {own or target} (`snakemake {target}` writes it)"
+    fix = "fix the path" if missing else "fix it"
+    return f"{fix}, or give {flag} the study's {own or target} (`snakemake {target}` writes it)"
 
 
 def check_distinct(

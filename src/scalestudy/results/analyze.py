@@ -159,13 +159,10 @@ def read_csv(
 ) -> list[dict]:
     """The rows of an input CSV; missing or damaged: one AnalysisError, whose fix is
     files.input_fix's (`target`, `flag`, `own`: the study's path of it and the option that
-    gave it)."""
+    gave it), one wording for both."""
     path = Path(path)
     if not path.exists():
-        fix = f"run `{f'snakemake {target}'.rstrip()}` first"
-        if target and not files.one_file(path, target):  # given by hand: snakemake makes another
-            fix = f"give {flag} an existing file, or the study's {own or target}"
-            fix += f" (`snakemake {target}` writes it)"
+        fix = files.input_fix(path, target, flag, own, missing=True)
         raise AnalysisError(f"missing {path}{what}: {fix}")
     return files.read_csv_rows(path, AnalysisError, files.input_fix(path, target, flag, own))
 
