@@ -502,6 +502,40 @@ def test_mnist_runs_do_not_calibrate_a_cifar_shaped_study():
     assert est[run].throughput_basis == "default"  # 28x28x1 images say nothing about 32x32x3
 
 
+def test_a_damaged_job_benchmark_is_told_what_deleting_it_loses(tmp_path, monkeypatch):
+    """A damaged Snakemake benchmark (benchmarks/train/<run>.tsv) was told "delete it:
+    Snakemake writes it again with the job". It does not: a finished run's job never runs
+    again for it (`snakemake` does nothing; `snakemake` of the .tsv trains the run again), so
+    deleting it loses the run's job time from the start-up calibration. Now the line says so;
+    and a --benchmarks directory given by hand, maybe a copy of another study's, is the
+    user's to fix, never told to be deleted (as files.input_fix tells other inputs)."""
+    monkeypatch.chdir(tmp_path)  # the study directory
+    run = "w1_lb8_fp32_ddp_bk25_r0"
+    runs_csv = tmp_path / "runs.csv"
+    row = {k: v for k, v in measured_row(run, 50.0, 1).items() if k != "wall_s"}
+    with runs_csv.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(row))
+        writer.writeheader()
+        writer.writerow(row)
+    for bench in (Path(estimate.BENCHMARKS_DIR), Path("copied/benchmarks")):
+        bench.mkdir(parents=True)
+        (bench / f"{run}.tsv").write_text("s\th:m:s\nabc\t0:00:56\n")
+        with pytest.raises(PlanError) as refused:
+            plan.load_measured(runs_csv, bench)
+        said = str(refused.value)
+        assert said.startswith(f"{bench / run}.tsv: the wall time `s` is 'abc', not a"), said
+        if bench == Path(estimate.BENCHMARKS_DIR):
+            assert said.endswith(
+                "delete it, and the run's job time is left out of the start-up calibration: "
+                "Snakemake writes it again only when it trains the run again"
+            ), said
+        else:
+            assert "delete" not in said, said
+            assert said.endswith(
+                "fix it, or leave --benchmarks out to read the study's benchmarks/train"
+            ), said
+
+
 def test_measured_runs_are_read_with_wall_times_and_damage_is_refused(tmp_path):
     rows = [
         measured_row("w1_lb8_fp32_ddp_bk25_r0", 50.0, 1),

@@ -411,10 +411,19 @@ def read_wall_seconds(path: Path) -> float | None:
 
     A row whose `s` is missing, no number, not above 0 or infinite is refused: it would give
     the run a start-up overhead (wall_s minus the compute time) that no job had, and the plan's
-    calibration check divides by it."""
+    calibration check divides by it. The fix it names: the study's own file is deleted, its run
+    then left out of the start-up calibration (Snakemake writes it only with the job, and never
+    reruns a finished one for it: "writes it again with the job" read as a file that comes
+    back); one of a --benchmarks given by hand is the user's to fix (files.input_fix's rule)."""
     if not path.is_file():
         return None
-    fix = "delete it: Snakemake writes it again with the job"
+    if files.one_file(path.parent, BENCHMARKS_DIR):
+        fix = (
+            "delete it, and the run's job time is left out of the start-up calibration: "
+            "Snakemake writes it again only when it trains the run again"
+        )
+    else:
+        fix = f"fix it, or leave --benchmarks out to read the study's {BENCHMARKS_DIR}"
     rows = files.read_csv_rows(path, PlanError, fix, delimiter="\t")
     if not rows:
         return None
