@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -423,3 +424,52 @@ def test_a_failed_local_rank_is_one_line_and_its_exit_status(tmp_path):
     assert "synthetic is not prepared" in proc.stderr
     assert proc.stderr.splitlines()[-1].startswith("scalestudy launch: rank ")
     assert "exited 2 (the first to fail" in proc.stderr.splitlines()[-1]
+
+
+def test_a_stop_signal_to_the_launch_itself_is_the_ranks_stop(data_dir, tmp_path):
+    """SIGTERM to the launch process alone (a batch system's or `timeout`'s stop of the
+    launcher, not of its ranks): torchrun passed it on, the ranks checkpointed and exited 75,
+    and the launch still ended 143 ("stopped by SIGTERM"), so a wrapper could not tell a stop
+    to rerun from a crash. The ranks' end is now the launch's: 75, with their checkpoint."""
+    proc = _local_run(data_dir, tmp_path, "--checkpoint-dir", str(tmp_path / "ckpt"))
+    try:
+        proc.send_signal(signal.SIGTERM)  # the launcher only
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 75, err
+    assert "Traceback" not in err and "stopped on SIGTERM after epoch" in err, err
+    assert list((tmp_path / "ckpt").glob("epoch-*")), err
+
+
+def test_ranks_that_ignore_the_launchs_stop_are_killed_after_the_grace(tmp_path):
+    """The launch passes SIGTERM on to its ranks and waits for their own end; ranks that never
+    end (here each rank is a shell ignoring SIGTERM, through --rank-prefix) are killed after
+    torchrun's shutdown timeout, as torchrun did, in one line and 143, and none is left."""
+    from workflow_helpers import child_env
+
+    started = tmp_path / "started"
+    prefix = f"sh -c 'trap \"\" TERM; echo $$ >> {started}; sleep 300' sh"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "scalestudy", "launch", "--ranks-per-node", "2"]
+        + ["--rank-prefix", prefix, "--", "--device", "cpu", "--epochs", "1"],
+        env=child_env(TORCH_ELASTIC_SHUTDOWN_TIMEOUT="2"),
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        for _ in range(600):
+            if started.exists() and len(started.read_text().split()) == 2:
+                break
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, err
+    assert "Traceback" not in err, err
+    assert err.splitlines()[-1].startswith("scalestudy launch: stopped by SIGTERM"), err
+    for pid in started.read_text().split():
+        assert not Path(f"/proc/{pid}").exists(), f"rank {pid} outlived the launch"

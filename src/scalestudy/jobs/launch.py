@@ -19,8 +19,8 @@ Outside Slurm it runs torchrun on this host (`--standalone`: a free rendezvous p
 works for N = 1; a multi-node run without Slurm is refused with a pointer to the Slurm profile.
 torchrun's agent runs in `python -m scalestudy.jobs.local_ranks`, which ends the run as the
 rest of scalestudy does: Ctrl-C is rank 0's one line (then killed by SIGINT), a failed rank one
-line and that rank's exit status (a stop's 75 too), where torchrun printed its own traceback
-and exited 1.
+line and that rank's exit status (a stop's 75 too, a SIGTERM to the launch itself included),
+where torchrun printed its own traceback and exited 1.
 srun is given --cpus-per-task because srun stopped inheriting it from sbatch in Slurm 22.05, and
 --kill-on-bad-exit so a crashed rank ends the job instead of leaving the others in a collective;
 a CUDA run's step gets --gres=gpu:K, its ranks' GPUs on each node, since a step that names none

@@ -11,8 +11,15 @@ saved, rerun to resume) became 1. Here:
   (log.end_by_sigint: a shell's 130, and a shell loop over runs stops). Before any rank
   started: `scalestudy launch: interrupted`. torchrun's two warnings that it got SIGINT and
   passes it on, which restate the user's Ctrl-C, are left out; its other messages are not.
-- another signal torchrun handles (SIGTERM, SIGHUP, SIGQUIT): torchrun sends it to the ranks and
-  kills those still running after its shutdown timeout, as before; one line, exit 128 + N.
+- SIGTERM or SIGHUP to this process alone (a batch system's or `timeout`'s stop of the launcher,
+  a hang-up): passed on to each rank's process group, as torchrun would, and the ranks' own end
+  is the run's (below): a stop's 75 where they checkpointed (torchrun made every such end its
+  SignalException: 128 + N, and a wrapper could not tell a stop to rerun from a crash). Ranks
+  still running after torchrun's shutdown timeout (--shutdown-timeout, else
+  TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30 s) are killed, as torchrun did: one line, 128 + N.
+  A signal ignored (nohup's SIGHUP) stays ignored.
+- SIGQUIT: torchrun sends it to the ranks and kills those still running after its shutdown
+  timeout, as before; one line, exit 128 + N.
 - a rank that failed: one line naming the first to fail (its own lines above say why) and its
   exit status is this process's: 75 (every rank stopped after its checkpoint, the ranks having
   said so) passes through silently, 2 (a rank's expected error) stays 2; a rank killed by signal
@@ -22,9 +29,12 @@ saved, rerun to resume) became 1. Here:
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import signal
 import sys
+from pathlib import Path
 
 from scalestudy import log
 
@@ -34,16 +44,19 @@ logger = log.get("scalestudy.launch")
 class _QuietInterrupt(logging.Filter):
     """torchrun's warnings "Received SIGINT death signal, shutting down workers" and "Sending
     process P closing signal SIGINT": the Ctrl-C the user just pressed (other signals' are
-    kept: nobody at the terminal sent those)."""
+    kept: nobody at the terminal sent those). And "Received 9 death signal": no process
+    receives a SIGKILL it can report, this is _PassOn's end of the grace, which the launch's
+    own line says."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        shutdown = record.msg in (
-            "Received %s death signal, shutting down workers",
-            "Sending process %s closing signal %s",
-        )
+        received = record.msg == "Received %s death signal, shutting down workers"
+        shutdown = received or record.msg == "Sending process %s closing signal %s"
         args = record.args if isinstance(record.args, tuple) else ()
         # the signal is the last argument of both: Signals.SIGINT (formatted "2"), "SIGINT"
-        return not (shutdown and args and str(args[-1]) in ("2", "SIGINT", "Signals.SIGINT"))
+        sig = str(args[-1]) if args else ""
+        if received and sig in ("9", "Signals.SIGKILL"):
+            return False
+        return not (shutdown and sig in ("2", "SIGINT", "Signals.SIGINT"))
 
 
 # the loggers of torchrun's agent and of its worker processes' handling
@@ -51,6 +64,79 @@ TORCHRUN_LOGGERS = (
     "torch.distributed.elastic.agent.server.api",
     "torch.distributed.elastic.multiprocessing.api",
 )
+
+
+# the launcher's own stop signals, which this process passes on to the ranks instead of torchrun:
+# torchrun's handler raises its SignalException, and the ranks' exit statuses are lost with it
+PASSED_ON = (signal.SIGTERM, signal.SIGHUP)
+
+
+def rank_groups() -> list[int]:
+    """The process groups of torchrun's ranks: this process's children that lead one (torchrun
+    starts each rank in a session of its own and signals its group), from Linux /proc."""
+    children = set()
+    for task in Path("/proc/self/task").iterdir():
+        with contextlib.suppress(FileNotFoundError):  # a thread that ended meanwhile
+            children.update(int(pid) for pid in (task / "children").read_text().split())
+    groups = []
+    for pid in sorted(children):
+        try:
+            if os.getpgid(pid) == pid:
+                groups.append(pid)
+        except ProcessLookupError:  # exited meanwhile
+            pass
+    return groups
+
+
+class _PassOn:
+    """SIGTERM/SIGHUP to this process: sent to every rank's process group, whose ends torchrun's
+    agent then reports as any rank's (ChildFailedError: the stop's 75). Those still running
+    `grace_s` later are killed: SIGALRM raises torchrun's own SignalException with SIGKILL, its
+    shutdown then kills them. Before any rank started, the signal ends the launch at once."""
+
+    def __init__(self, grace_s: float) -> None:
+        self.grace_s = grace_s
+        self.signum: int | None = None
+
+    def install(self, args) -> bool:
+        """Whether this process passes PASSED_ON on: not where /proc lists no children, nor
+        under an older torchrun without --signals-to-handle, whose agent installs its
+        own handler for them (the ranks' 75 is then its 128 + N, as before)."""
+        if not hasattr(args, "signals_to_handle"):
+            return False
+        if not Path(f"/proc/self/task/{os.getpid()}/children").exists():
+            return False
+        for sig in PASSED_ON:
+            if signal.getsignal(sig) is not signal.SIG_IGN:
+                signal.signal(sig, self._handle)
+        signal.signal(signal.SIGALRM, self._kill)
+        return True
+
+    def _handle(self, signum, frame) -> None:
+        from torch.distributed.elastic.multiprocessing.api import SignalException
+
+        first = self.signum is None
+        self.signum = signum
+        groups = rank_groups()
+        if not groups:  # no rank yet: nothing to stop but the launch
+            raise SignalException(f"got {signal.Signals(signum).name}", sigval=signum)
+        for group in groups:
+            with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
+                os.killpg(group, signum)
+        if first:
+            signal.setitimer(signal.ITIMER_REAL, max(self.grace_s, 0.001))
+
+    def _kill(self, signum, frame) -> None:
+        from torch.distributed.elastic.multiprocessing.api import SignalException
+
+        raise SignalException("the ranks did not stop in time", sigval=signal.SIGKILL)
+
+
+def shutdown_timeout(args) -> float:
+    """torchrun's grace for its ranks to end after a signal (launcher/api.LaunchConfig's)."""
+    if args.shutdown_timeout is not None:
+        return args.shutdown_timeout
+    return int(os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "30"))
 
 
 def main(argv: list[str]) -> int:
@@ -71,6 +157,10 @@ def _run(argv: list[str]) -> int:
     for name in TORCHRUN_LOGGERS:
         logging.getLogger(name).addFilter(_QuietInterrupt())
     args = torchrun.parse_args(argv)
+    passing = _PassOn(shutdown_timeout(args))
+    if passing.install(args):  # torchrun handles the rest
+        handled = [s.strip() for s in args.signals_to_handle.split(",")]
+        args.signals_to_handle = ",".join(s for s in handled if s not in _names(PASSED_ON))
     try:
         torchrun.run(args)  # torchrun's main without @record, whose traceback is the problem
         return 0
@@ -78,24 +168,36 @@ def _run(argv: list[str]) -> int:
         if exc.sigval == signal.SIGINT:  # the ranks were running: rank 0 said it
             log.end_by_sigint()
             return 130
-        name = signal.Signals(exc.sigval).name
+        sigval = passing.signum or exc.sigval  # SIGKILL: ours, after the grace
+        name = signal.Signals(sigval).name
         logger.error(
             f"scalestudy launch: stopped by {name}: the ranks were sent {name}, and any still "
             "running after torchrun's shutdown timeout killed",
             exc_info=log.debug(),
         )
-        return 128 + int(exc.sigval)
+        return 128 + int(sigval)
     except ChildFailedError as exc:
-        return _failed(exc, args.nproc_per_node)
+        return _failed(exc, args.nproc_per_node, passing.signum)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
 
 
-def _failed(exc, world_size) -> int:
-    """The exit status of a run whose first failed rank is exc's (the module docstring)."""
+def _names(signals) -> set[str]:
+    return {signal.Signals(s).name for s in signals}
+
+
+def _failed(exc, world_size, stopped_by: int | None = None) -> int:
+    """The exit status of a run whose first failed rank is exc's (the module docstring);
+    `stopped_by`: the signal this process passed on to the ranks, if any."""
     rank, failure = exc.get_first_failure()
     code = failure.exitcode
     if code == -signal.SIGINT:
         log.end_by_sigint()
         return 130
+    if stopped_by is not None and code == -stopped_by:  # the ranks died of the launcher's stop
+        name = signal.Signals(stopped_by).name
+        logger.error(f"scalestudy launch: stopped by {name}: the ranks were sent {name}")
+        return 128 + stopped_by
     if code < 0:
         what, status = f"was killed by {failure.signal_name()}", 128 - code
     else:
