@@ -308,7 +308,7 @@ def test_profiling_jobs_take_gpu_slots_as_launch_does(tmp_path, monkeypatch, act
         seen["CUDA_VISIBLE_DEVICES"] = env["CUDA_VISIBLE_DEVICES"]
         raise Started
 
-    monkeypatch.setattr(profile, "_run", ranks)
+    monkeypatch.setattr(profile, "run_launch", ranks)
     monkeypatch.setattr(profile, "_run_logged", ranks)
     monkeypatch.setattr(profile.shutil, "which", lambda name, *_, **__: f"/opt/bin/{name}")
     if action == "capture":

@@ -8,6 +8,7 @@ the DAG of the GPU study via Snakemake's dry-run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import logging
@@ -15,6 +16,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import sqlite3
 import subprocess
 import time
@@ -2509,8 +2511,9 @@ def test_a_capture_missing_a_ranks_profile_fails(tmp_path, monkeypatch):
         profile_dir = tmp_path / "cap" / "train" / "profile"
         profile_dir.mkdir(parents=True)
         (profile_dir / "torch_ops_rank0.json").write_text("{}")
+        return 0
 
-    monkeypatch.setattr(capture, "_run", launch_writing_rank0_only)
+    monkeypatch.setattr(capture, "run_launch", launch_writing_rank0_only)
     words = ["profile", "capture", "--run", "r", "--tool", "torch", "--device", "cpu", "--out",
              str(tmp_path / "cap"), "--mpi=", "--nodes", "1", "--ranks-per-node", "2", "--",
              "--epochs", "1", "--profile-steps", "0:1"]  # fmt: skip
@@ -2963,7 +2966,7 @@ def _refused_capture_leaves_the_earlier_one(tmp_path, capsys, monkeypatch, inven
     def no_ranks(*_, **__):
         raise AssertionError("the ranks were started")
 
-    monkeypatch.setattr(capture, "_run", no_ranks)
+    monkeypatch.setattr(capture, "run_launch", no_ranks)
     argv = ["profile", "capture", "--run", "r1", "--tool", "torch", "--device", "cpu"]
     argv += ["--out", str(cap), "--inventory", str(inventory), "--mpi=", *flags]
     try:
@@ -2974,3 +2977,54 @@ def _refused_capture_leaves_the_earlier_one(tmp_path, capsys, monkeypatch, inven
     err = capsys.readouterr().err.strip().splitlines()
     assert {p: p.read_bytes() for p in cap.rglob("*") if p.is_file()} == before
     assert len(err) == 1 and says in err[0], err
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        out += [int(p) for p in (task / "children").read_text().split()]
+    return out
+
+
+def test_a_stop_signal_to_a_capture_alone_stops_its_ranks(data_dir, tmp_path):
+    """SIGTERM to `profile capture` alone (a job's own process killed: `timeout`, a batch
+    system, `kill PID`): the capture died of it at once, and its launch and ranks trained on,
+    orphaned, holding the device. The signal is now passed on to the launch, which stops the
+    ranks, and the capture ends with them (128 + 15), leaving none behind."""
+    from workflow_helpers import worker_pids
+
+    cmd = [PYTHON, "-m", "scalestudy", "profile", "capture", "--run", "w2_test", "--tool",
+           "torch", "--device", "cpu", "--out", str(tmp_path / "cap"), "--mpi=", "--nodes", "1",
+           "--ranks-per-node", "2", "--cpus-per-rank", "1", "--", "--dataset", "synthetic",
+           "--width", "4", "--local-batch", "16", "--epochs", "1000", "--warmup-steps", "1",
+           "--comm-probe-steps", "0", "--profile-steps", "1:2",
+           "--data-dir", str(data_dir)]  # fmt: skip
+    log = tmp_path / "capture.log"  # a file: orphaned ranks would hold a pipe open
+    with log.open("w") as f:
+        proc = subprocess.Popen(
+            cmd, env=child_env(), stdout=f, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    ranks: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while "[rank 0/2" not in log.read_text():  # the ranks are under way
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+        (launcher,) = _children(proc.pid)
+        ranks = list(worker_pids(launcher).values())
+        assert len(ranks) == 2, ranks
+        proc.send_signal(signal.SIGTERM)  # the capture only
+        proc.wait(timeout=120)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in ranks):
+            time.sleep(0.2)
+        out = log.read_text()
+        alive = [p for p in ranks if Path(f"/proc/{p}").exists()]
+        assert not alive, f"ranks {alive} outlived the capture:\n{out}"
+        assert proc.returncode == 128 + signal.SIGTERM, out
+        assert "Traceback" not in out, out
+    finally:
+        proc.kill()
+        for pid in ranks:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

@@ -71,11 +71,13 @@ TORCHRUN_LOGGERS = (
 PASSED_ON = (signal.SIGTERM, signal.SIGHUP)
 
 
-def rank_groups() -> list[int]:
-    """The process groups of torchrun's ranks: this process's children that lead one (torchrun
-    starts each rank in a session of its own and signals its group), from Linux /proc."""
+def rank_groups(pid: int | str = "self") -> list[int]:
+    """The process groups of torchrun's ranks: the children of process `pid` (this one by
+    default: the agent) that lead one (torchrun starts each rank in a session of its own and
+    signals its group), from Linux /proc ([] where it is gone)."""
     children = set()
-    for task in Path("/proc/self/task").iterdir():
+    tasks = Path(f"/proc/{pid}/task")
+    for task in tasks.iterdir() if tasks.is_dir() else ():
         with contextlib.suppress(FileNotFoundError):  # a thread that ended meanwhile
             children.update(int(pid) for pid in (task / "children").read_text().split())
     groups = []

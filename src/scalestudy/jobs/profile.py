@@ -29,6 +29,9 @@ capture: the tool is chosen here, on the compute node, and stated in DIR/tool.js
   DIR/train/, never to results/runs/, so no profiling overhead reaches the throughput figures.
   tool.json also records the world size and --ranks: a capture (and a later parse) that lacks
   a profiled rank's output fails, rather than sum over the ranks that are there.
+  The ranks' launch (capture's, and each ncu pass's) runs in a session of its own: a stop
+  signal to this process (Ctrl-C, SIGTERM, SIGHUP) is passed on to it and waited for, a second
+  one kills it and its ranks (run_launch); killed with this process, the ranks trained on.
 In the container (--container IMG): the profiler runs inside the image, around the trainer:
       apptainer exec --nv --bind <install> IMG python -m scalestudy profile rank \\
           --profiler <install>/bin/nsys ... -- python -m scalestudy train ...
@@ -72,18 +75,21 @@ rank: the per-rank wrapper the launcher starts instead of the trainer (rank from
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from scalestudy import files, log, vocab
 from scalestudy.errors import ProfileError, ProfileFormatError
-from scalestudy.jobs import launch
+from scalestudy.jobs import launch, local_ranks
 from scalestudy.nsight import classify, nsys, readers, schema, torch_ops
 from scalestudy.nsight import ncu as ncu_parser
 
@@ -476,12 +482,79 @@ def _failed(argv: list[str], code: int, where: str = "") -> ProfileError:
     return ProfileError(f"{argv[0]} {' '.join(argv[1:3])} ... failed with exit {code}{where}")
 
 
+class Stopped(Exception):
+    """A stop signal (SIGTERM, SIGHUP) to this process while the ranks ran: passed on to their
+    launch, which has ended (run_launch). `signum` is the signal's."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signal.Signals(signum)
+
+
+# how long the ranks' launch may take to end after a stop signal passed on: torchrun's grace
+# is 30 s before it kills its ranks (jobs/local_ranks.py)
+STOP_WAIT_S = 90
+STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def run_launch(argv: list[str], env: dict[str, str], stdout=None, stderr=None) -> int:
+    """The ranks' launch (launch.build_command's argv) to its end: its exit status. It runs in a
+    session of its own, and a stop signal to this process (Ctrl-C, SIGTERM, SIGHUP) is passed
+    on to it once, then it is waited for; a second signal, or no end in STOP_WAIT_S, kills it
+    and its ranks' process groups. Then Ctrl-C raises KeyboardInterrupt, another signal
+    Stopped. A signal ignored here (nohup's SIGHUP) stays ignored.
+    It ran in this process's group under subprocess.run: a signal to this process alone
+    (`timeout`, `kill PID`) killed it and left the launch and its ranks training, orphaned,
+    holding the device; a terminal's Ctrl-C reached both, and subprocess.run SIGKILLed the
+    launch 0.25 s later, while torchrun passed it on to its ranks (each in its own session)."""
+    held: list[int] = []
+    before = {}
+    for signum in STOPS:  # noted from before the launch starts: none is lost inside Popen
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            before[signum] = signal.signal(signum, lambda signum, frame: held.append(signum))
+    try:
+        proc = subprocess.Popen(argv, env=env, stdout=stdout, stderr=stderr, start_new_session=True)
+        passed, deadline = 0, None
+        while True:
+            if len(held) > passed:
+                if passed:  # a second signal
+                    _kill_launch(proc, "a second stop signal")
+                else:
+                    proc.send_signal(held[0])
+                    deadline = time.monotonic() + STOP_WAIT_S
+                passed = len(held)
+            try:
+                code = proc.wait(timeout=0.2)
+                break
+            except subprocess.TimeoutExpired:
+                if deadline is not None and time.monotonic() > deadline:
+                    _kill_launch(proc, f"not ended {STOP_WAIT_S} s after the stop signal")
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+    if held:
+        raise KeyboardInterrupt if held[0] == signal.SIGINT else Stopped(held[0])
+    return code
+
+
+def _kill_launch(proc: subprocess.Popen, why: str) -> None:
+    """SIGKILL to the ranks' process groups (torchrun starts each in a session of its own; read
+    while the launch lives: once it is gone they are init's children), then to the launch's
+    own group (a lone rank and what it started)."""
+    logger.error(f"scalestudy profile: killing the ranks' launch (pid {proc.pid}): {why}")
+    for group in local_ranks.rank_groups(proc.pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
 def _run_logged(argv: list[str], env: dict[str, str], log_path: Path) -> tuple[int, str]:
-    """(exit code, output) of argv, its stdout and stderr kept in log_path and then written to
-    this job's stdout (the rule's log) as well."""
+    """(exit code, output) of the ranks' launch argv (run_launch), its stdout and stderr kept
+    in log_path and then written to this job's stdout (the rule's log) as well."""
     logger.info("+ " + shlex.join(argv))
     with log_path.open("w") as f:
-        code = subprocess.run(argv, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
+        code = run_launch(argv, env, stdout=f, stderr=subprocess.STDOUT)
     output = log_path.read_text(errors="replace")
     sys.stdout.write(output)
     sys.stdout.flush()
@@ -584,7 +657,9 @@ def capture(args: argparse.Namespace) -> int:
         files.write_json(args.inventory, inventory.for_job())
     world_size = args.nodes * args.ranks_per_node
     launch.hold_local_gpus(env, world_size, args.train_args)
-    _run(command, env)
+    logger.info("+ " + shlex.join(command))
+    if code := run_launch(command, env):
+        raise _failed(command, code)
     manifest = {
         "run": args.run,
         "tool": tool,
@@ -1031,4 +1106,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     # ProfileError and ProfileFormatError: one line from cli.main, exit 2
     action = {"capture": capture, "parse": parse, "ncu": ncu, "rank": rank, "merge": merge}
-    return action[args.action](args)
+    try:
+        return action[args.action](args)
+    except Stopped as exc:  # the ranks' launch ended after it: its lines said how
+        logger.error(
+            f"scalestudy profile {args.action}: stopped by {exc.signum.name} (passed on to the "
+            "ranks' launch)",
+            exc_info=log.debug(),
+        )
+        return 128 + exc.signum
