@@ -398,7 +398,8 @@ def test_ctrl_c_of_local_ranks_is_rank_0s_one_line(data_dir, tmp_path):
 def test_a_stop_of_local_ranks_exits_75(data_dir, tmp_path):
     """A stop signal to the ranks (SIGUSR1, as Slurm sends it): each checkpoints and exits 75
     (rerun to resume), and torchrun made that its ChildFailedError report and exit 1. The
-    ranks' 75 is now the launch's, with no traceback."""
+    ranks' 75 is now the launch's, with no traceback, and no torchrun error line calling it
+    a failure (its "failed (exitcode: 75)" was left in)."""
     proc = _local_run(data_dir, tmp_path, "--checkpoint-dir", str(tmp_path / "ckpt"))
     try:
         for pid in _ranks(proc):
@@ -409,6 +410,8 @@ def test_a_stop_of_local_ranks_exits_75(data_dir, tmp_path):
     assert proc.returncode == 75, err
     assert "Traceback" not in err and "stopped on SIGUSR1 after epoch" in err, err
     assert list((tmp_path / "ckpt").glob("epoch-*")), err
+    # torchrun's own "E... failed (exitcode: 75) local_rank: 1 ..." called the stop a failure
+    assert "failed (exitcode" not in err, err
 
 
 def test_a_failed_local_rank_is_one_line_and_its_exit_status(tmp_path):

@@ -22,8 +22,9 @@ saved, rerun to resume) became 1. Here:
   timeout, as before; one line, exit 128 + N.
 - a rank that failed: one line naming the first to fail (its own lines above say why) and its
   exit status is this process's: 75 (every rank stopped after its checkpoint, the ranks having
-  said so) passes through silently, 2 (a rank's expected error) stays 2; a rank killed by signal
-  N is 128 + N, by SIGINT the interrupt.
+  said so) passes through silently (torchrun's own "failed (exitcode: 75)" line left out),
+  2 (a rank's expected error) stays 2; a rank killed by signal N is 128 + N, by SIGINT the
+  interrupt.
 `--debug` (SCALESTUDY_DEBUG) adds torchrun's traceback to the line.
 """
 
@@ -46,12 +47,15 @@ class _QuietInterrupt(logging.Filter):
     process P closing signal SIGINT": the Ctrl-C the user just pressed (other signals' are
     kept: nobody at the terminal sent those). And "Received 9 death signal": no process
     receives a SIGKILL it can report, this is _PassOn's end of the grace, which the launch's
-    own line says."""
+    own line says. And "failed (exitcode: 75) local_rank: ...": the ranks' stop after their
+    checkpoint, which passes through silently (_failed), called a failure at ERROR level."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         received = record.msg == "Received %s death signal, shutting down workers"
         shutdown = received or record.msg == "Sending process %s closing signal %s"
         args = record.args if isinstance(record.args, tuple) else ()
+        if str(record.msg).startswith("failed (exitcode: %s)") and args and args[0] == 75:
+            return False
         # the signal is the last argument of both: Signals.SIGINT (formatted "2"), "SIGINT"
         sig = str(args[-1]) if args else ""
         if received and sig in ("9", "Signals.SIGKILL"):
