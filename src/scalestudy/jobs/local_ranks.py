@@ -6,8 +6,8 @@ torchrun itself ends every run that is not a success in a traceback of its own p
 1 (`@record` around its main): Ctrl-C was its SignalException (30 lines after rank 0's one
 `interrupted`), a rank's failure its ChildFailedError report (40), and a stop's 75 (checkpoint
 saved, rerun to resume) became 1. Here:
-- Ctrl-C (SIGINT to the agent; the terminal sends it to the ranks too, and the agent passes it
-  on): rank 0's line is the one line, and this process ends killed by SIGINT
+- Ctrl-C (SIGINT to the agent, which passes it on: torchrun starts each rank in a session of
+  its own, out of the terminal's reach): rank 0's line is the one line, and this process ends killed by SIGINT
   (log.end_by_sigint: a shell's 130, and a shell loop over runs stops). Before any rank
   started: `scalestudy launch: interrupted`. torchrun's two warnings that it got SIGINT and
   passes it on, which restate the user's Ctrl-C, are left out; its other messages are not.
