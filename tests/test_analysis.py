@@ -1510,7 +1510,9 @@ def test_collect_refuses_metrics_that_are_no_object_and_epochs_with_ragged_rows(
     assert [r["epoch"] for r in collect.load_epochs(epochs)] == ["1", "2"]
 
 
-def test_collect_of_an_older_trainers_metrics_names_the_commit_before_a_retrain(tmp_path):
+def test_collect_of_an_older_trainers_metrics_names_the_commit_before_a_retrain(
+    tmp_path, monkeypatch
+):
     """A metrics.json without a key collect needs, the mark of a run trained by an older
     scalestudy (Snakemake keeps finished runs) read by a newer collect, was told "delete it and
     rerun the run": hours of allocation spent again as the only way out. Now the line names
@@ -1522,6 +1524,7 @@ def test_collect_of_an_older_trainers_metrics_names_the_commit_before_a_retrain(
     from scalestudy.errors import CollectError
     from scalestudy.results import collect
 
+    monkeypatch.chdir(tmp_path)  # the study's own run (a --runs-dir of the user's: never deleted)
     run_dir = tmp_path / "results" / "runs" / "w1_r0"
     run_dir.mkdir(parents=True)
     path = run_dir / "metrics.json"
@@ -1542,11 +1545,11 @@ def test_collect_of_an_older_trainers_metrics_names_the_commit_before_a_retrain(
     with pytest.raises(CollectError, match="lacks git_commit, restarts, resumed_from_epochs"):
         collect.load_metrics(path)
     path.write_text(json.dumps(older)[:-9])  # cut short: no JSON
-    with pytest.raises(CollectError, match="is not valid JSON .*; delete it and rerun the run$"):
+    with pytest.raises(CollectError, match=f"is not valid JSON .*; delete {run_dir} and rerun it$"):
         collect.load_metrics(path)
 
 
-def test_collect_refuses_an_epochs_csv_the_trainer_did_not_write(tmp_path):
+def test_collect_refuses_an_epochs_csv_the_trainer_did_not_write(tmp_path, monkeypatch):
     """A run's epochs.csv edited by hand or cut: collect copied it into results/csv/epochs.csv,
     and the accuracy figure drew a -1 as -100% or refused a word naming results/csv/epochs.csv,
     which collect then wrote again from the same run file. Now collect names the run's file,
@@ -1554,7 +1557,10 @@ def test_collect_refuses_an_epochs_csv_the_trainer_did_not_write(tmp_path):
     from scalestudy.errors import CollectError
     from scalestudy.results import collect
 
-    epochs = tmp_path / "epochs.csv"
+    monkeypatch.chdir(tmp_path)  # the study's own run: deleted and trained again
+    run_dir = tmp_path / "results" / "runs" / "w1_r0"
+    run_dir.mkdir(parents=True)
+    epochs = run_dir / "epochs.csv"
     good = [dict(zip(vocab.EPOCH_COLUMNS, r.split(","), strict=True)) for r in (
         "1,2.0,0.3,1.9,0.35,8.1,250.5,0.08", "2,1.4,0.54,0.61,0.83,6.7,305.4,0.04")]  # fmt: skip
     cases = [
@@ -1580,7 +1586,7 @@ def test_collect_refuses_an_epochs_csv_the_trainer_did_not_write(tmp_path):
         with pytest.raises(CollectError) as info:
             collect.load_epochs(epochs)
         assert str(info.value) == (
-            f"{epochs}, line {index + 2}: {says}; delete the run directory and rerun it"
+            f"{epochs}, line {index + 2}: {says}; delete {run_dir} and rerun it"
         )
     files.write_csv(epochs, None, [{k: v for k, v in r.items() if k != "val_acc"} for r in good])
     with pytest.raises(CollectError, match="has no column val_acc: not the trainer's"):
@@ -1643,8 +1649,9 @@ def test_collect_takes_the_non_finite_val_loss_the_trainer_writes(tmp_path):
         with pytest.raises(CollectError) as info:
             collect.collect([row], tmp_path / "runs")
         assert str(info.value) == (
-            f"{run_dir / 'epochs.csv'}, line 2: {column} is {bad!r}, not {rule.what}; "
-            "delete the run directory and rerun it"
+            f"{run_dir / 'epochs.csv'}, line 2: {column} is {bad!r}, not {rule.what}; fix it, or "
+            f"give --runs-dir the study's results/runs (`snakemake results/runs/{row['run']}/"
+            "metrics.json` writes it)"
         )
 
 
@@ -1830,7 +1837,8 @@ def test_collect_refuses_a_measurement_analyze_would_refuse_naming_the_runs_file
         with pytest.raises(CollectError) as info:
             collect.collect([row], tmp_path / "runs")
         assert str(info.value).startswith(f"{metrics}: {says}"), info.value
-        assert str(info.value).endswith(f"delete {run_dir} and rerun it")
+        # a runs dir given by hand (tmp_path/runs): the user's to fix, never deleted
+        assert ", or give --runs-dir the study's results/runs (" in str(info.value)
     # a CPU run's results under a GPU study's run id (ids name no device): runs.csv said
     # device cuda, device_type cpu, and the analysis counted CPU ranks as GPUs
     files.write_json(metrics, good | {"device": {"type": "cuda", "name": "NVIDIA H100"}})
@@ -1939,6 +1947,87 @@ def test_collect_refuses_outputs_that_are_one_file_or_its_run_table(tmp_path, ca
     assert main([*argv, *outs]) == 0
     assert (out / "runs.csv").read_text().startswith("run,")
     assert (out / "epochs.csv").read_text().startswith("run,families,")
+
+
+def test_collect_of_a_runs_dir_given_by_hand_never_says_to_delete_it(tmp_path, capsys, monkeypatch):
+    """`collect --runs-dir DIR` typed by hand (a copy from the cluster, an archive of runs):
+    a missing metrics.json there was told "run `snakemake DIR/<run>/metrics.json`", a target
+    no rule makes, and a damaged or stale one "delete DIR/<run> and rerun it", deleting the
+    user's own run. Now one given by hand is told to fix it or its path, or to give --runs-dir
+    the study's results/runs (files.input_fix's rule); the study's own, however spelled,
+    keeps the snakemake advice. Each one line."""
+    import json
+    import shutil
+
+    from scalestudy.cli import main
+    from scalestudy.study.runs import read_runs_tsv
+
+    table = _one_collectable_run(tmp_path)
+    (row,) = read_runs_tsv(table)
+    name = row["run"]
+    target = f"results/runs/{name}/metrics.json"
+    study = tmp_path / "study"
+    (study / "results" / "runs").mkdir(parents=True)
+    monkeypatch.chdir(study)  # where the commands run: the study's own is results/runs
+    out = ["--out-runs", str(tmp_path / "r.csv"), "--out-epochs", str(tmp_path / "e.csv")]
+
+    def refused(runs_dir) -> str:
+        capsys.readouterr()
+        assert main(["collect", "--runs", str(table), "--runs-dir", str(runs_dir), *out]) == 2
+        (err,) = capsys.readouterr().err.strip().splitlines()  # one line
+        return err.removeprefix("scalestudy collect: ")
+
+    def breakages(run_dir: Path):
+        """(what, how to break run_dir's files, what the line says before its fix)"""
+        metrics, epochs = run_dir / "metrics.json", run_dir / "epochs.csv"
+        good = json.loads(metrics.read_text())
+        rows = files.read_csv_rows(epochs, AssertionError, "")
+        yield "no metrics", lambda: metrics.unlink(), f"missing {metrics}"
+        yield "no epochs", lambda: epochs.unlink(), f"missing {epochs}"
+        yield "no JSON", lambda: metrics.write_text("{"), f"{metrics} is not valid JSON"
+        cuda = good | {"device": {"type": "cuda", "name": "H100"}}
+        yield "stale", lambda: files.write_json(metrics, cuda), "another configuration"
+        wrong = good | {"final_val_acc": 1.5}
+        yield "bad value", lambda: files.write_json(metrics, wrong), "not the trainer's"
+        bad = [rows[0] | {"val_acc": "-1"}, *rows[1:]]
+        yield "bad cell", lambda: files.write_csv(epochs, None, bad), "val_acc is '-1'"
+        yield "cut", lambda: files.write_csv(epochs, None, rows[:-1]), "epoch rows"
+        older = {k: v for k, v in good.items() if k != "restarts"} | {"git_commit": "0a1b2c3"}
+        yield "older", lambda: files.write_json(metrics, older), "`scalestudy collect` of commit"
+
+    hand = tmp_path / "runs"
+    saved = tmp_path / "saved"
+    shutil.copytree(hand, saved)
+    for what, damage, says in breakages(hand / name):
+        damage()
+        err = refused(hand)
+        assert says in err and "delete" not in err and f"snakemake {hand}" not in err, err
+        fix = "fix the path" if what.startswith("no ") and "JSON" not in what else "fix it"
+        give = f"give --runs-dir the study's results/runs (`snakemake {target}` writes it)"
+        want = f"{fix}, or {give}"
+        if what == "older":
+            want = f"if its numbers are needed from this version, {give}"
+        assert err.endswith(want), (what, err)
+        shutil.rmtree(hand)
+        shutil.copytree(saved, hand)
+    # the study's own runs, as the workflow names them or spelled another way: snakemake's
+    own = study / "results" / "runs"
+    for runs_dir in ("results/runs", own, "./results/../results/runs"):
+        shutil.rmtree(own)
+        shutil.copytree(saved, own)
+        run_dir = Path(runs_dir) / name  # as the user spelled it: the lines name it so
+        for what, damage, says in breakages(run_dir):
+            damage()
+            err = refused(runs_dir)
+            assert says in err, (what, err)
+            if what.startswith("no ") and "JSON" not in what:
+                assert err.endswith(f"run `snakemake {target}` (or the whole study) first"), err
+            else:
+                assert err.endswith(f"delete {run_dir} and rerun it"), (what, err)
+            shutil.rmtree(own)
+            shutil.copytree(saved, own)
+    assert main(["collect", "--runs", str(table), "--runs-dir", "results/runs", *out]) == 0
+    assert main(["collect", "--runs", str(table), "--runs-dir", str(hand), *out]) == 0
 
 
 def test_analyze_refuses_its_own_shares_table_as_the_kernel_table(tmp_path, capsys):

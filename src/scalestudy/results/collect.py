@@ -10,8 +10,11 @@ on disk came from another configuration (a stale or hand-copied run) and is refu
 run, the key and both values. A run without a complete metrics.json is an error that names the
 file and the command that produces it, never a silent blank row; one that lacks a key of
 REQUIRED_METRICS (an older trainer's) names the keys and the commit that trained it
-(metrics.json's git_commit), whose collect reads it, before training it again. --out-runs and
---out-epochs naming one file, or one naming the run table (--runs), is refused before any work.
+(metrics.json's git_commit), whose collect reads it, before training it again. The fix named
+is Snakemake's for the study's own runs (RUNS_DIR): train it, or delete the run and train it
+again; a --runs-dir given by hand may hold the user's own runs, never to be deleted
+(run_fix). --out-runs and --out-epochs naming one file, or one naming the run table (--runs),
+is refused before any work.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ from scalestudy.results import analyze
 from scalestudy.study.runs import RUN_COLUMNS, read_runs_tsv, same
 
 logger = log.get(__name__)
+
+# the workflow's directory of the runs (rules/train.smk's outputs, rules/collect.smk's --runs-dir)
+RUNS_DIR = "results/runs"
 
 # metrics.json keys the trainer always writes (issue "Trainer"); collect checks them. Not the
 # keys added since (data_sha256, energy_*, ...): a finished run of an older trainer, which
@@ -76,7 +82,7 @@ EPOCH_ID_COLUMNS = (
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runs", required=True, help="run table (results/matrix/runs.tsv)")
-    parser.add_argument("--runs-dir", default="results/runs", help="directory of the run outputs")
+    parser.add_argument("--runs-dir", default=RUNS_DIR, help="directory of the run outputs")
     parser.add_argument("--out-runs", default="results/csv/runs.csv")
     parser.add_argument("--out-epochs", default="results/csv/epochs.csv")
 
@@ -117,7 +123,7 @@ def collect(table: list[dict], runs_dir: Path) -> tuple[list[dict], list[dict]]:
                 raise CollectError(
                     f"run {row['run']}: {key} is {merged[key]!r} in the run table but {value!r} in "
                     f"{run_dir / 'metrics.json'}: the result is from another configuration; "
-                    f"delete {run_dir} and rerun it"
+                    f"{run_fix(run_dir / 'metrics.json')}"
                 )
             merged.setdefault(key, value)
         # the measurements analyze reads, checked as analyze checks runs.csv, here where the
@@ -127,14 +133,14 @@ def collect(table: list[dict], runs_dir: Path) -> tuple[list[dict], list[dict]]:
             column, what = bad
             raise CollectError(
                 f"{run_dir / 'metrics.json'}: {column} is {measured[column]!r}, not {what}: not "
-                f"the trainer's; delete {run_dir} and rerun it"
+                f"the trainer's; {run_fix(run_dir / 'metrics.json')}"
             )
         runs_rows.append(merged)
         epochs = load_epochs(run_dir / "epochs.csv")
         if problem := history_problem(epochs, merged):
             raise CollectError(
-                f"{run_dir / 'epochs.csv'}: {problem}: not this run's whole history; delete "
-                f"{run_dir} and rerun it"
+                f"{run_dir / 'epochs.csv'}: {problem}: not this run's whole history; "
+                f"{run_fix(run_dir / 'epochs.csv')}"
             )
         for epoch in epochs:
             epoch_rows.append({**{c: row[c] for c in EPOCH_ID_COLUMNS}, **epoch})
@@ -157,19 +163,42 @@ def history_problem(epochs: list[dict], metrics: dict) -> str | None:
     return None
 
 
+def run_target(path: Path) -> str:
+    """The Snakemake target that trains the run of `path` (a file of DIR/<run>/) in the study."""
+    return f"{RUNS_DIR}/{path.parent.name}/metrics.json"
+
+
+def study_run(path: Path) -> bool:
+    """Whether `path` is a file of the study's own run (RUNS_DIR/<run>/, however spelled:
+    files.one_file), not of a --runs-dir given by hand."""
+    return files.one_file(path.parent, Path(RUNS_DIR, path.parent.name))
+
+
+def run_fix(path: Path, missing: bool = False) -> str:
+    """What a line refusing a run's file (`path`, in DIR/<run>/) tells to do. The study's own
+    run is Snakemake's: trained where missing, deleted and trained again where damaged. A
+    --runs-dir given by hand may hold the user's own runs (a copy from the cluster, an
+    archive): "delete DIR/<run> and rerun it" deleted one, and `snakemake DIR/<run>/...` named
+    a target no rule makes; it is the user's to fix, or to give --runs-dir the study's
+    (files.input_fix's rule). `missing`: the file is not there."""
+    if not study_run(path):
+        return files.input_fix(path, run_target(path), "--runs-dir", RUNS_DIR, missing)
+    if missing:
+        return f"run `snakemake {run_target(path)}` (or the whole study) first"
+    return f"delete {path.parent} and rerun it"
+
+
 def load_metrics(path: Path) -> dict:
     if not path.exists():
-        raise CollectError(f"missing {path}: run `snakemake {path}` (or the whole study) first")
+        raise CollectError(f"missing {path}: {run_fix(path, missing=True)}")
+    fix = run_fix(path)
     try:
-        metrics = json.loads(files.read_text(path, CollectError, "delete it and rerun the run"))
+        metrics = json.loads(files.read_text(path, CollectError, fix))
     except json.JSONDecodeError as exc:
-        raise CollectError(
-            f"{path} is not valid JSON ({exc}); delete it and rerun the run"
-        ) from exc
+        raise CollectError(f"{path} is not valid JSON ({exc}); {fix}") from exc
     if not isinstance(metrics, dict):
         raise CollectError(
-            f"{path} holds {json.dumps(metrics)[:40]}, not the trainer's object of metrics; "
-            "delete it and rerun the run"
+            f"{path} holds {json.dumps(metrics)[:40]}, not the trainer's object of metrics; {fix}"
         )
     missing = [k for k in REQUIRED_METRICS if k not in metrics]
     if missing:
@@ -180,11 +209,17 @@ def load_metrics(path: Path) -> dict:
         keys = ", ".join(missing[:5]) + (
             f" and {len(missing) - 5} more" if len(missing) > 5 else ""
         )
+        if study_run(path):
+            retrain = fix
+        else:  # a run of the user's own: trained again in the study, never deleted
+            retrain = (
+                f"give --runs-dir the study's {RUNS_DIR} (`snakemake {run_target(path)}` writes it)"
+            )
         raise CollectError(
             f"{path} lacks {keys}, which this collect reads: trained by an older scalestudy "
             f"({version if commit else 'its commit not recorded'}) or not by the trainer; "
             f"collect it with `scalestudy collect` of {version}, or, if its numbers are needed "
-            f"from this version, delete {path.parent} and rerun it"
+            f"from this version, {retrain}"
         )
     return metrics
 
@@ -214,8 +249,8 @@ def epoch_cell(column: str) -> files.Cell:
 
 def load_epochs(path: Path) -> list[dict]:
     if not path.exists():
-        raise CollectError(f"missing {path}: run `snakemake {path.parent / 'metrics.json'}` first")
-    fix = "delete the run directory and rerun it"
+        raise CollectError(f"missing {path}: {run_fix(path, missing=True)}")
+    fix = run_fix(path)
     rows = files.read_csv_rows(path, CollectError, fix)
     if not rows:
         raise CollectError(f"{path} has no epochs; {fix}")
