@@ -1571,6 +1571,95 @@ def test_meta_json_names_where_a_redirect_led(tmp_path: Path, serve, monkeypatch
     assert loaders.load_prepared("mnist", data).meta["source"] == moved
 
 
+def test_a_mirror_with_a_query_string_gets_each_file_and_meta_json_keeps_no_token(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """--mirror https://host/dir/?token=abc (a signed URL): the file name was appended to the
+    URL's text, asking for dir/?token=abc/cifar-10-python.tar.gz, which a server that checks
+    its token refuses (or serves dir/ for); and meta.json would have recorded the token,
+    copied with the data. Now the name joins the path, the query kept, and meta.json's
+    source names what was fetched without its query (a redirect's too). A fragment (#...),
+    never sent to a server, is refused in one line naming the flag."""
+    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    site = tmp_path / "site"
+    site.mkdir()
+    archive = _fake_cifar_archive(site)
+    _mnist_site(site)
+    for name in [archive.name, *prepare_data.MNIST_FILES]:
+        md5 = hashlib.md5((site / name).read_bytes()).hexdigest()
+        table = prepare_data.CIFAR10_FILES if name == archive.name else prepare_data.MNIST_FILES
+        monkeypatch.setitem(table, name, md5)
+    asked: list[str] = []
+
+    class Signed(http.server.BaseHTTPRequestHandler):
+        """dir/<file>?token=abc served; old/<file>?token=abc redirected to a URL signed anew
+        (new/<file>?sig=xyz); anything else 403, as a bucket that checks its token does."""
+
+        def do_GET(self) -> None:
+            asked.append(self.path)
+            path, _, query = self.path.partition("?")
+            folder, _, name = path.strip("/").partition("/")
+            if folder == "old" and query == "token=abc":
+                self.send_response(302)
+                self.send_header("Location", f"/new/{name}?sig=xyz")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            ok = (folder, query) in (("dir", "token=abc"), ("new", "sig=xyz"))
+            if not ok or not (site / name).is_file() or "/" in name:
+                self.send_error(403)
+                return
+            body = (site / name).read_bytes()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Signed)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    host = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        data = tmp_path / "data"
+        for dataset in ("cifar10", "mnist"):
+            argv = ["prepare-data", "--dataset", dataset, "--data-dir", str(data)]
+            assert cli.main([*argv, "--mirror", f"{host}/dir/?token=abc"]) == 0, asked
+        names = [archive.name, *prepare_data.MNIST_FILES]
+        assert asked == [f"/dir/{name}?token=abc" for name in names]
+        assert loaders.load_prepared("cifar10", data).meta["source"] == (
+            f"{host}/dir/{archive.name}"
+        )
+        assert loaders.load_prepared("mnist", data).meta["source"] == f"{host}/dir/"
+        # redirected to a URL signed anew: where it led, without its signature either
+        other = tmp_path / "other"
+        for dataset in ("cifar10", "mnist"):
+            argv = ["prepare-data", "--dataset", dataset, "--data-dir", str(other)]
+            assert cli.main([*argv, "--mirror", f"{host}/old?token=abc"]) == 0, asked
+        assert loaders.load_prepared("cifar10", other).meta["source"] == (
+            f"{host}/new/{archive.name}"
+        )
+        assert loaders.load_prepared("mnist", other).meta["source"] == f"{host}/new/"
+        for meta in [*data.glob("*/meta.json"), *other.glob("*/meta.json")]:
+            assert "abc" not in meta.read_text() and "xyz" not in meta.read_text(), meta
+        # a fragment: refused, nothing asked
+        capsys.readouterr()
+        del asked[:]
+        argv = ["prepare-data", "--dataset", "cifar10", "--data-dir", str(tmp_path / "third")]
+        for mirror in (f"{host}/dir/?token=abc#part", f"{host}/dir/#"):
+            assert cli.main([*argv, "--mirror", mirror]) == 1
+            (err,) = capsys.readouterr().err.strip().splitlines()
+            assert err.startswith(f"scalestudy prepare-data: error: --mirror {mirror!r} has a "), (
+                err
+            )
+            assert asked == [] and not (tmp_path / "third").exists()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_an_archive_in_raw_that_cannot_be_read_is_one_line(tmp_path: Path, capsys) -> None:
     """The archive already in raw/ is read for its md5 before any download; a read error there
     (EIO: a failing disk, a dead network mount; here /proc/self/mem, which fails at offset 0)

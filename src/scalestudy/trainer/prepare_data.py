@@ -69,7 +69,8 @@ SYNTHETIC_DEFAULTS = {
 def _download(base_url: str, filename: str, md5: str, raw_dir: Path) -> str:
     """base_url+filename as raw_dir/filename (skipped when a file with the right md5 is there);
     returns where it came from, for meta.json's source: the URL it was read from (where a
-    redirect led), or the absolute path of the file that was there (the mirror was not asked).
+    redirect led), without its query (_without_query), or the absolute path of the file that
+    was there (the mirror was not asked).
 
     What arrives goes through a temp file beside it (_save): a transfer that stalled or broke
     off, or a file with another md5, never takes the archive's name nor replaces what is there.
@@ -91,9 +92,9 @@ def _download(base_url: str, filename: str, md5: str, raw_dir: Path) -> str:
     raw_dir.mkdir(parents=True, exist_ok=True)  # a --data-dir that cannot hold it: its own error
     if url.startswith("file://"):  # torchvision's download_url failed on file:// (a traceback)
         _copy_local(url, path, md5)
-        return url
+        return _without_query(url)
     try:
-        return _fetch(url, path, md5)
+        return _without_query(_fetch(url, path, md5))
     except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
         why = f"could not download {url} to {path}: {_why(e)}"
         if not url.startswith("https://"):
@@ -108,11 +109,23 @@ def _download(base_url: str, filename: str, md5: str, raw_dir: Path) -> str:
                 f"{why}; nor over http ({plain}): {_why(again)}. {_offline(md5)}"
             ) from again
         logger.warning(f"prepare-data: {url} failed ({_why(e)}); downloaded over http instead")
-        return came_from
+        return _without_query(came_from)
 
 
 def _url(base_url: str, filename: str) -> str:
-    return base_url.rstrip("/") + "/" + filename
+    """`filename` under the mirror `base_url`: joined to its path, its query kept. Appended to
+    the URL's text, a signed URL's https://host/dir/?token=abc asked for
+    dir/?token=abc/<file>, the name read as part of the token (prepare refuses a fragment)."""
+    parts = urllib.parse.urlsplit(base_url)
+    return parts._replace(path=parts.path.rstrip("/") + "/" + filename).geturl()
+
+
+def _without_query(url: str) -> str:
+    """`url` as meta.json's source records it: without its query. A mirror's query may hold a
+    secret (a signed URL's token, an S3 X-Amz-Signature; a redirect may add one), and meta.json
+    travels with the prepared data (copied to other machines, archived, shared); its scheme,
+    host and path still name the server and the file."""
+    return urllib.parse.urlsplit(url)._replace(query="", fragment="").geturl()
 
 
 def _fetch(url: str, path: Path, md5: str) -> str:
@@ -293,16 +306,19 @@ def _copy_local(url: str, path: Path, md5: str) -> None:
 
 
 def _download_any(mirrors: Sequence[str], filename: str, md5: str, raw_dir: Path) -> str:
-    """Try each mirror in turn; returns the base the file came from (_download): the mirror as
-    given, raw_dir's absolute path and a slash for the file already there, the http URL an https
-    mirror fell back to, where a redirect led (the whole URL where it named the file otherwise).
+    """Try each mirror in turn; returns the base the file came from (_download), without its
+    query (_without_query): the mirror as given, raw_dir's absolute path and a slash for the
+    file already there, the http URL an https mirror fell back to, where a redirect led (the
+    whole URL where it named the file otherwise).
     When none works, one line (an expected error is one line) with each mirror's failure, then
     the advice once."""
     errors: list[DownloadError] = []
     for mirror in mirrors:
         try:
-            origin = _download(mirror, filename, md5, raw_dir)
-            return mirror if origin == _url(mirror, filename) else origin.removesuffix(filename)
+            origin = _download(mirror, filename, md5, raw_dir)  # without its query
+            if origin == _without_query(_url(mirror, filename)):
+                return _without_query(mirror)
+            return origin.removesuffix(filename)
         except DownloadError as e:
             errors.append(e)
     if len(errors) == 1:
@@ -560,6 +576,13 @@ def prepare(
         params = {k: SYNTHETIC_DEFAULTS[k] if v is None else v for k, v in given.items()}
     elif any(v is not None for v in (num_train, num_test, seed)):
         raise ValueError("--num-train/--num-test/--seed apply only to --dataset synthetic")
+    if mirror is not None and "#" in mirror:
+        # a fragment is never sent to the server, and a file name joined after it (_url) was
+        # no part of the URL asked for: refused, as a mirror that is no URL is
+        raise ValueError(
+            f"--mirror {mirror!r} has a fragment (#...), which no server is sent: give the "
+            "mirror's URL without it (a query, ?..., is kept)"
+        )
     if not force and _is_current(out_dir, dataset, params):
         logger.info(
             f"prepare-data: {out_dir} is prepared and intact; nothing to do (--force redoes it)"
@@ -631,7 +654,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-train", type=int, help=f"synthetic only (default {d['num_train']})")
     parser.add_argument("--num-test", type=int, help=f"synthetic only (default {d['num_test']})")
     parser.add_argument("--seed", type=int, help=f"synthetic only (default {d['seed']})")
-    parser.add_argument("--mirror", help="base URL that replaces the official download location")
+    parser.add_argument(
+        "--mirror",
+        help="base URL that replaces the official download location (a query, ?..., is kept)",
+    )
     parser.add_argument("--force", action="store_true", help="redo even if prepared and intact")
 
 
