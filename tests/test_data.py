@@ -1341,6 +1341,37 @@ def test_a_failed_https_download_names_its_cause_not_only_the_http_retrys(
     assert not raw.exists() or not list(raw.iterdir()), list(raw.iterdir())
 
 
+def test_an_https_mirror_with_a_query_is_not_retried_over_http(
+    tmp_path: Path, serve, capsys, monkeypatch
+) -> None:
+    """A failed https transfer is retried over http (torchvision's habit, for the public
+    archives). For a signed URL (https://host/dir/?token=abc) that sent the token in clear
+    text to whatever is on the path, the proxy or TLS failure that failed https included.
+    Now a URL with a query is not retried over http: one line says why; without one, the
+    retry stays."""
+    site = tmp_path / "site"
+    site.mkdir()
+    archive = _fake_cifar_archive(site)
+    monkeypatch.setitem(
+        prepare_data.CIFAR10_FILES, archive.name, hashlib.md5(archive.read_bytes()).hexdigest()
+    )
+    # an http server asked over https: the TLS handshake fails, the http retry would succeed
+    port = serve(site).removeprefix("http://127.0.0.1:").rstrip("/")
+    signed = f"https://127.0.0.1:{port}/?token=abc"
+    argv = ["prepare-data", "--dataset", "cifar10", "--data-dir", str(tmp_path / "data")]
+    assert cli.main([*argv, "--mirror", signed]) == 1
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    url = f"https://127.0.0.1:{port}/{archive.name}?token=abc"
+    assert f"could not download {url} to " in err, err
+    assert "not retried over http: its query may hold a secret, which http sends in clear" in err
+    assert "http://127.0.0.1" not in err and err.endswith("or pass --mirror URL."), err
+    assert not (tmp_path / "data" / "cifar10" / "meta.json").exists()
+    # no query: read over http, as before
+    assert cli.main([*argv, "--mirror", f"https://127.0.0.1:{port}/"]) == 0
+    source = loaders.load_prepared("cifar10", tmp_path / "data").meta["source"]
+    assert source == f"http://127.0.0.1:{port}/{archive.name}"
+
+
 def test_a_wrong_file_mirror_never_replaces_a_good_archive(
     tmp_path: Path, monkeypatch, capsys
 ) -> None:

@@ -74,8 +74,9 @@ def _download(base_url: str, filename: str, md5: str, raw_dir: Path) -> str:
 
     What arrives goes through a temp file beside it (_save): a transfer that stalled or broke
     off, or a file with another md5, never takes the archive's name nor replaces what is there.
-    An https transfer that fails is tried once more over http, as torchvision's download did;
-    when that fails too, the error names both causes, https's first."""
+    An https transfer that fails is tried once more over http, as torchvision's download did
+    (not a URL with a query: a signed URL's token would go in clear text); when that fails too,
+    the error names both causes, https's first."""
     url = _url(base_url, filename)
     path = raw_dir / filename
     try:
@@ -99,6 +100,13 @@ def _download(base_url: str, filename: str, md5: str, raw_dir: Path) -> str:
         why = f"could not download {url} to {path}: {_why(e)}"
         if not url.startswith("https://"):
             raise DownloadError(f"{why}. {_offline(md5)}") from e
+        if urllib.parse.urlsplit(url).query:
+            # a signed URL's token, retried over http, went in clear text to whatever is on the
+            # path (the proxy or TLS interceptor that failed https among them)
+            raise DownloadError(
+                f"{why}; not retried over http: its query may hold a secret, which http sends "
+                f"in clear text. {_offline(md5)}"
+            ) from e
         # torchvision's retry over http showed the retry's error alone: "connection refused"
         # on port 80 for what was a TLS, proxy or stalled https transfer
         plain = "http://" + url.removeprefix("https://")
