@@ -14,6 +14,7 @@ import os
 import pickle
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -27,7 +28,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torchvision.datasets.utils import extract_archive
-from workflow_helpers import fsync_fails_at_file, need
+from workflow_helpers import (
+    REPO,
+    child_env,
+    fsync_fails_at_file,
+    need,
+    sighup_as_in_a_terminal,
+    sigint_as_in_a_terminal,
+)
 
 from scalestudy import cli
 from scalestudy.errors import ChecksumError, DownloadError, PreparedDataError, TrainConfigError
@@ -940,6 +948,82 @@ def test_a_download_that_stalls_is_one_line_not_a_hang(tmp_path: Path, monkeypat
     assert isinstance(error, DownloadError) and not isinstance(error, ChecksumError), error
     assert f"could not download {url}cifar-10-python.tar.gz" in str(error)
     assert "nothing received for 1 s" in str(error) and "\n" not in str(error)
+
+
+def _as_in_a_terminal() -> None:
+    """Ctrl-C and a hang-up reach the child as they reach a terminal's job (CI runs the suite
+    under nohup, in the background: both inherited ignored)."""
+    sigint_as_in_a_terminal()
+    sighup_as_in_a_terminal()
+
+
+def _under_nohup() -> None:
+    """The child as `nohup` starts it: SIGHUP ignored (Ctrl-C as in a terminal)."""
+    sigint_as_in_a_terminal()
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize(
+    ("signame", "nohup"),
+    [("SIGINT", False), ("SIGTERM", False), ("SIGHUP", False), ("SIGTERM", True)],
+    ids=["SIGINT", "SIGTERM", "SIGHUP", "nohup-SIGHUP-then-SIGTERM"],
+)
+def test_a_download_stopped_by_a_signal_leaves_no_temp_file(tmp_path: Path, signame, nohup) -> None:
+    """SIGTERM (a batch system's time limit, `timeout`, Snakemake cancelling the job) or SIGHUP
+    (a closed terminal) during the CIFAR-10 download met Python's default action: instant
+    death, no line, no cleanup, and the part downloaded (up to 170 MB) stayed in raw/ as
+    `.cifar-10-python.tar.gz.<hex>.tmp`, which nothing ever removed. Ctrl-C already cleaned up.
+    Now each ends as Ctrl-C does: one line, the temp file removed, death by that signal. A
+    SIGHUP ignored from the start (`nohup scalestudy prepare-data ... &`) stays ignored."""
+    announced = 170 * 2**20
+    reply = f"HTTP/1.1 200 OK\r\nContent-Length: {announced}\r\n\r\n".encode()
+    stop_serving = threading.Event()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(8)
+
+        def stall() -> None:  # 1.5 MiB of the file, then nothing (the transfer under way)
+            conn, _ = sock.accept()
+            with conn:
+                conn.recv(65536)
+                conn.sendall(reply + bytes(3 * 2**19))
+                stop_serving.wait(120)
+
+        threading.Thread(target=stall, daemon=True).start()
+        raw = tmp_path / "data" / "cifar10" / "raw"
+        argv = ["--dataset", "cifar10", "--data-dir", str(tmp_path / "data")]
+        argv += ["--mirror", f"http://127.0.0.1:{sock.getsockname()[1]}/"]
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "scalestudy", "prepare-data", *argv],
+            cwd=REPO,
+            env=child_env(no_proxy="127.0.0.1", NO_PROXY="127.0.0.1"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=_under_nohup if nohup else _as_in_a_terminal,
+        )
+        try:
+            for _ in range(1200):  # the temp file holds the first MiB: the download is on
+                temps = list(raw.glob(".*.tmp")) if raw.is_dir() else []
+                if temps and temps[0].stat().st_size >= 2**20 or proc.poll() is not None:
+                    break
+                threading.Event().wait(0.05)
+            assert proc.poll() is None, proc.communicate()
+            if nohup:  # the hang-up nohup protects the command from: it goes on
+                proc.send_signal(signal.SIGHUP)
+                with pytest.raises(subprocess.TimeoutExpired):
+                    proc.wait(timeout=2)
+            proc.send_signal(getattr(signal, signame))
+            _, err = proc.communicate(timeout=60)
+        finally:
+            stop_serving.set()
+            proc.kill()
+    said = "interrupted" if signame == "SIGINT" else f"stopped by {signame}"
+    assert (proc.returncode, err) == (
+        -getattr(signal, signame),
+        f"scalestudy prepare-data: {said}\n",
+    )
+    assert list(raw.iterdir()) == []  # no temp file, nor a part under the archive's name
 
 
 def _mnist_site(directory: Path) -> None:

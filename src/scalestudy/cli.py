@@ -16,6 +16,13 @@ Ctrl-C is one line too, `scalestudy <command>: interrupted` (in a training job f
 and status 130 (128 + SIGINT): main() returns it, and the program then kills itself with SIGINT
 once it has cleaned up, as Python ends on an unhandled Ctrl-C (a shell's loop then stops).
 `--debug` adds the traceback.
+SIGTERM and SIGHUP (a batch system's time limit, `timeout`, Snakemake cancelling a job, a closed
+terminal) end the program as Ctrl-C does: `scalestudy <command>: stopped by SIGTERM`, its
+cleanup (the temp files of files.py's atomic writes removed; Python's default action was death
+on the spot, and prepare-data left its part of the CIFAR-10 archive in raw/ for good), then
+death by that signal (128 + N from main()). Not in the commands that handle them themselves
+(OWN_STOP: train checkpoints on SIGTERM, launch's torchrun agent passes them to the ranks), and
+a signal ignored when the program starts (nohup's SIGHUP) stays ignored.
 
 A reader that leaves early (`scalestudy plan --out-md /dev/stdout | head -1`, a closed named
 pipe) ends the command quietly, as SIGPIPE ends a Unix tool: no message, exit 141 (128 + 13,
@@ -33,6 +40,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
 
 from scalestudy import log
@@ -47,6 +55,55 @@ SIGPIPE_EXIT = 141
 
 # Ctrl-C (SIGINT): what a shell reports for a command it interrupted (128 + 2)
 INTERRUPTED_EXIT = 130
+
+# the signals that stop a command as Ctrl-C does (the module docstring): a batch system's time
+# limit, `timeout`, Snakemake cancelling a job (SIGTERM), a closed terminal (SIGHUP)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+# the commands that handle the stop signals themselves: train (checkpoint, exit 75), launch
+# (execs srun or torchrun's agent, which passes them to the ranks), gpu-check (kills its checks'
+# process groups), and the profiling jobs that start a training run or are a rank (an
+# exception here killed the run's launcher, and its ranks trained on, orphaned)
+OWN_STOP = {"train", "launch", "gpu-check", "profile capture", "profile ncu", "profile rank"}
+
+
+class Stopped(KeyboardInterrupt):
+    """A stop signal (STOP_SIGNALS) came: raised where the command is, so that it ends as Ctrl-C
+    ends it, its finally blocks run. A KeyboardInterrupt so that what handles Ctrl-C handles it
+    too: subprocess.run gives its child a moment to exit before it kills it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+# a stop signal came (Stopped raised): later ones are ignored (_stop)
+_stopping = False
+
+
+def _stop(signum: int, _frame) -> None:
+    """The stop signals' handler: the first raises Stopped; a later one (a closing terminal's
+    SIGHUP after a batch system's SIGTERM, a second sender) is ignored, so that it cannot cut
+    the first one's cleanup short (a cleanup takes milliseconds; the program then dies of the
+    first)."""
+    global _stopping
+    if not _stopping:
+        _stopping = True
+        raise Stopped(signum)
+
+
+def _stop_on_signals(handle: bool) -> None:
+    """handle: each stop signal left at its default action (death on the spot) raises Stopped
+    (_stop); an ignored one (nohup's SIGHUP) stays ignored. Else: their default again, once the
+    command is done, whatever its end (a Stopped raised past main() was a traceback and death
+    by SIGINT)."""
+    for signum in STOP_SIGNALS:
+        now = signal.getsignal(signum)
+        if handle and now is signal.SIG_DFL:
+            signal.signal(signum, _stop)
+        elif not handle and now is _stop:
+            signal.signal(signum, signal.SIG_DFL)
+
 
 # subcommand -> (module, one-line help)
 SUBCOMMANDS = {
@@ -116,16 +173,26 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             os.environ[log.DEBUG_ENV] = "1"  # read by log.debug(), here and in every child
         log.setup()
-        return _run(importlib.import_module(SUBCOMMANDS[args.command][0]), args)
-    except KeyboardInterrupt:
+        # a Python caller's signal handlers are its own
+        stops = program and _command(args) not in OWN_STOP
+        if stops:
+            _stop_on_signals(True)
+        try:
+            return _run(importlib.import_module(SUBCOMMANDS[args.command][0]), args)
+        finally:  # the command's cleanup is done: a later signal may kill it on the spot
+            if stops:
+                _stop_on_signals(False)
+    except KeyboardInterrupt as exc:
         # Ctrl-C reaches every rank of a run (torchrun passes it to each worker, srun to each
         # task): rank 0 says it; --debug: every rank, with its traceback
         command = _command(args) if args else next((a for a in argv if a in SUBCOMMANDS), "")
         name = " ".join(filter(None, ("scalestudy", command)))
-        log.expected_error(logger, f"{name}: interrupted", "run")
-        if program:  # it then ends killed by SIGINT (log.end_by_sigint); a Python caller lives on
-            log.end_by_sigint()
-        return INTERRUPTED_EXIT
+        signum = exc.signum if isinstance(exc, Stopped) else signal.SIGINT
+        what = "interrupted" if signum == signal.SIGINT else f"stopped by {exc}"
+        log.expected_error(logger, f"{name}: {what}", "run")
+        if program:  # it then ends killed by the signal (log.end_by_signal); a caller lives on
+            log.end_by_signal(signum)
+        return INTERRUPTED_EXIT if signum == signal.SIGINT else 128 + signum
 
 
 def _run(module, args: argparse.Namespace) -> int:

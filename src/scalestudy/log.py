@@ -11,7 +11,9 @@ per run or per node when every rank would say the same, with no traceback.
 shows the traceback of expected errors too, from every rank.
 
 A program that Ctrl-C ended says so in one line and calls `end_by_sigint()`: once it has
-cleaned up it kills itself with SIGINT (`_end_by_sigint`), so a shell's loop over runs stops.
+cleaned up it kills itself with SIGINT (`_end_by_signal`), so a shell's loop over runs stops.
+One that a stop signal ended (SIGTERM, SIGHUP: cli.py) calls `end_by_signal(signum)` and dies
+of that signal the same way.
 """
 
 from __future__ import annotations
@@ -30,33 +32,42 @@ ROOT = "scalestudy"
 DEBUG_ENV = "SCALESTUDY_DEBUG"
 # (rank, local rank) of this process in a training job, None elsewhere: who prints an error
 _place: tuple[int, int] | None = None
-# Ctrl-C ended the program: it ends killed by SIGINT, once it has cleaned up (end_by_sigint)
-_interrupted = False
+# the signal that ended the program (Ctrl-C's SIGINT, a stop's SIGTERM or SIGHUP), None while
+# none did: it ends killed by that signal, once it has cleaned up (end_by_signal)
+_interrupted: int | None = None
 
 
 def end_by_sigint() -> None:
-    """Ctrl-C ended this program (its one line said): at its exit, once it has cleaned up, it
-    kills itself with SIGINT (_end_by_sigint). Only a program's own entry point calls this,
-    never a function a Python caller may call (the caller's process would die)."""
+    """Ctrl-C ended this program (its one line said): end_by_signal(SIGINT)."""
+    end_by_signal(signal.SIGINT)
+
+
+def end_by_signal(signum: int) -> None:
+    """The signal `signum` ended this program (its one line said): at its exit, once it has
+    cleaned up, it kills itself with that signal (_end_by_signal). Only a program's own entry
+    point calls this, never a function a Python caller may call (the caller's process would
+    die)."""
     global _interrupted
-    _interrupted = True
+    _interrupted = signum
 
 
 @atexit.register  # at import, before torch's and the others': the last exit handler to run
-def _end_by_sigint() -> None:
+def _end_by_signal() -> None:
     """Once an interrupted program has cleaned up (its threads joined, the other exit handlers
-    run), it kills itself with SIGINT, as Python ends on an unhandled Ctrl-C: a shell's loop
-    over runs then stops (bash goes on after a child that exited by itself, even with 130,
-    taking the interrupt as handled). Python's own way, the KeyboardInterrupt left unhandled,
-    printed a traceback, and after a training run ended in exit 1 all the same."""
+    run), it kills itself with the signal that ended it, as Python ends on an unhandled Ctrl-C:
+    a shell's loop over runs then stops (bash goes on after a child that exited by itself, even
+    with 130, taking the interrupt as handled), and a shell or Snakemake sees 143 (SIGTERM) or
+    129 (SIGHUP) as from a program the signal killed. Python's own way, the KeyboardInterrupt
+    left unhandled, printed a traceback, and after a training run ended in exit 1 all the
+    same."""
     if not _interrupted:
         return
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    os.kill(os.getpid(), signal.SIGINT)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {_interrupted})
+    signal.signal(_interrupted, signal.SIG_DFL)
+    os.kill(os.getpid(), _interrupted)
 
 
 def debug() -> bool:
