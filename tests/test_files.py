@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import stat
 import struct
 import tempfile
@@ -98,6 +99,34 @@ def test_write_texts_renames_nothing_until_every_file_is_written(tmp_path, monke
         (tmp_path / "store" / "c.csv").relative_to(tmp_path): "new c\n",
     }
     assert targets[0].stat().st_mode & 0o777 == 0o600 and targets[2].is_symlink()
+
+
+def test_a_stop_between_write_texts_renames_leaves_no_temp_file(tmp_path, monkeypatch):
+    """Ctrl-C (or SIGTERM/SIGHUP, which cli.py raises as it) landing between the renames of a
+    command's outputs: the renames' cleanup caught only an OSError, so the temp files not yet
+    renamed stayed beside their targets, hidden, for good. Now they are removed (the files
+    renamed before it are new: a rename cannot be undone)."""
+    texts = {tmp_path / f"{name}.csv": f"new {name}\n" for name in "abc"}
+    for path in texts:
+        path.write_text("old\n")
+    real, renamed = os.replace, []
+
+    def replace(src, dst):  # the signal arrives as the first rename is done
+        real(src, dst)
+        renamed.append(dst)
+        if len(renamed) == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
+    monkeypatch.setattr(os, "replace", replace)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            files.write_texts(texts)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert len(renamed) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.csv", "b.csv", "c.csv"]
+    assert [p.read_text() for p in texts] == ["new a\n", "old\n", "old\n"]
 
 
 def test_write_texts_writes_a_pipe_in_place_after_the_files_temp_files(tmp_path):

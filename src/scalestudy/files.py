@@ -256,13 +256,20 @@ def _replace(staged: Sequence[_Staged]) -> None:
     """Rename each complete temp file onto its target, then fsync their directories so the
     renames survive a crash (where this user may open the directory and the file system syncs
     one). A rename that fails removes the temp files not yet renamed and
-    raises an OSError naming its file."""
-    for i, s in enumerate(staged):
-        try:
+    raises an OSError naming its file; so does Ctrl-C, or a stop signal (cli.py), between two
+    renames (the files renamed before it are new)."""
+    done = 0
+    try:
+        for s in staged:
             os.replace(s.tmp, s.target)
-        except OSError as exc:
-            _discard(staged[i:])
-            raise _named(exc, s.path) from exc
+            done += 1
+    except BaseException as exc:
+        # the rename at `done` failed, or the signal came after it (its temp file is then
+        # gone): KeyboardInterrupt too, else its temp files stayed beside their targets
+        _discard(staged[done:])
+        if isinstance(exc, OSError):
+            raise _named(exc, staged[done].path) from exc
+        raise
     for directory in dict.fromkeys(s.target.parent for s in staged):
         # the files are in place: a directory this user may write but not read (a drop-box,
         # 0733: EACCES), or a file system that cannot sync one (EINVAL), is no failed write
