@@ -7,10 +7,11 @@ torchrun itself ends every run that is not a success in a traceback of its own p
 `interrupted`), a rank's failure its ChildFailedError report (40), and a stop's 75 (checkpoint
 saved, rerun to resume) became 1. Here:
 - Ctrl-C (SIGINT to the agent, which passes it on: torchrun starts each rank in a session of
-  its own, out of the terminal's reach): rank 0's line is the one line, and this process ends killed by SIGINT
-  (log.end_by_sigint: a shell's 130, and a shell loop over runs stops). Before any rank
-  started: `scalestudy launch: interrupted`. torchrun's two warnings that it got SIGINT and
-  passes it on, which restate the user's Ctrl-C, are left out; its other messages are not.
+  its own, out of the terminal's reach): rank 0's line is the one line, and this process ends
+  killed by SIGINT (log.end_by_sigint: a shell's 130, and a shell loop over runs stops).
+  Before any rank started: `scalestudy launch: interrupted`. torchrun's two warnings that it
+  got SIGINT and passes it on, which restate the user's Ctrl-C, are left out; its other
+  messages are not.
 - SIGTERM or SIGHUP to this process alone (a batch system's or `timeout`'s stop of the launcher,
   a hang-up): passed on to each rank's process group, as torchrun would, and the ranks' own end
   is the run's (below): a stop's 75 where they checkpointed (torchrun made every such end its
