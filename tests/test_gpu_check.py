@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import PYTHON, REPO
-from workflow_helpers import child_env
+from workflow_helpers import child_env, sighup_as_in_a_terminal
 
 from scalestudy import vocab
 from scalestudy.errors import GpuCheckError
@@ -139,8 +139,8 @@ def test_a_budget_the_setup_used_up_before_prepare_data_is_one_line(tmp_path, mo
     torch's CUDA start; nvidia-smi on a GPU node: a sleep here) left too little to start
     prepare-data ended "prepare-data failed (exit None)": a fault, for what is a budget too
     small. The CUDA refusal and the device's properties are stood in (no GPU here)."""
-    # run() installs its SIGTERM/SIGINT handlers (stop_children): pytest's come back after
-    handlers = {n: signal.getsignal(n) for n in (signal.SIGTERM, signal.SIGINT)}
+    # run() installs its SIGTERM/SIGINT/SIGHUP handlers (stop_children): pytest's come back after
+    handlers = {n: signal.getsignal(n) for n in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     request.addfinalizer(lambda: [signal.signal(n, h) for n, h in handlers.items()])
     monkeypatch.setattr(gpu_check, "refuse_without_gpu", lambda: None)
     monkeypatch.setattr(gpu_check.gpu_slots, "visible_gpus", lambda env: ["0"])
@@ -1653,7 +1653,9 @@ def profiler(ctx):
 
 
 def long_check(ctx):
-    argv = [sys.executable, "-c", "import time; time.sleep(120)"]
+    pid_file = ctx.work / "long.pid"
+    child = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(120)"
+    argv = [sys.executable, "-c", child, str(pid_file)]
     g.run_process(argv, ctx.work / "logs" / "long.log", ctx.budget.limit(300), ctx.env)
     return Check("compile-ddp", PASS, "stand-in")
 
@@ -1665,7 +1667,7 @@ g.shared_gpu_checks = lambda ctx: {
 g.timed_checks = lambda ctx: {}
 parser = argparse.ArgumentParser()
 g.add_arguments(parser)
-sys.exit(g.run(parser.parse_args(["--out", sys.argv[1], "--budget-s", "600"])))
+sys.exit(g.run(parser.parse_args(["--out", sys.argv[1], "--budget-s", "600", *sys.argv[2:]])))
 """
 
 
@@ -1693,6 +1695,35 @@ def test_a_killed_gpu_check_leaves_its_fixtures_with_their_provenance(tmp_path):
     prepare, train = provenance["commands"]["torch_ops_rank0.json"]
     assert "prepare-data" in prepare and "SCALESTUDY_PROFILER=torch" in train
     assert provenance["versions"] == {"device_name": "stand-in", "device_count": 1}
+
+
+def test_a_hang_up_stops_gpu_check_and_its_checks(tmp_path):
+    """gpu-check handled SIGTERM and SIGINT only: a closed terminal (SIGHUP; gpu-check is run
+    by hand over ssh on a GPU node) killed it on the spot, and its check, in a session of its
+    own, trained on holding the GPU, with no report of the stop. Now SIGHUP ends it as SIGTERM
+    does: the check's process group killed, one line, 128 + 1."""
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED_RUN)
+    out, work = tmp_path / "gc", tmp_path / "work"
+    argv = [PYTHON, str(script), str(out), "--work", str(work)]
+    proc = subprocess.Popen(
+        argv, env=child_env(), stderr=subprocess.PIPE, text=True,
+        preexec_fn=sighup_as_in_a_terminal,  # CI's nohup: SIGHUP ignored, inherited
+    )  # fmt: skip
+    pid_file = work / "long.pid"
+    deadline = time.monotonic() + 120
+    while not read_or_empty(pid_file):
+        assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read()
+        time.sleep(0.1)
+    child = int(pid_file.read_text())
+    proc.send_signal(signal.SIGHUP)
+    assert proc.wait(timeout=30) == 128 + signal.SIGHUP, proc.stderr.read()
+    assert "gpu-check: stopped by signal 1" in proc.stderr.read()
+    assert json.loads((out / "gpu-check.json").read_text())["pending"] == ["compile-ddp"]
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{child}").exists() and "Z" not in _state(child):
+        assert time.monotonic() < deadline, "the check's process outlived gpu-check"
+        time.sleep(0.1)
 
 
 def read_or_empty(path: Path) -> str:
@@ -1901,7 +1932,7 @@ def stand_in_cuda(monkeypatch, request) -> None:
     """gpu-check's run() on this CPU machine: CUDA's refusal, its GPUs and the device's
     properties stood in, every trainer on --device cpu; pytest's signal handlers back after
     (run() installs its own)."""
-    handlers = {n: signal.getsignal(n) for n in (signal.SIGTERM, signal.SIGINT)}
+    handlers = {n: signal.getsignal(n) for n in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     request.addfinalizer(lambda: [signal.signal(n, h) for n, h in handlers.items()])
     monkeypatch.setattr(gpu_check, "refuse_without_gpu", lambda: None)
     monkeypatch.setattr(gpu_check.gpu_slots, "visible_gpus", lambda env: ["0"])

@@ -51,8 +51,8 @@ budget's deadline, or never started because none was left, and by nothing else, 
 not a failure of the node, not proven either; the report names the `--only` command for them.
 
 Writes DIR/gpu-check.md and DIR/gpu-check.json (again after each check, marked UNFINISHED with
-the checks still pending: what a killed gpu-check leaves; SIGTERM or SIGINT kills the checks'
-process groups, which their own sessions keep from the signal), DIR/fixtures/ (for
+the checks still pending: what a killed gpu-check leaves; SIGTERM, SIGINT or SIGHUP kills the
+checks' process groups, which their own sessions keep from the signal), DIR/fixtures/ (for
 tests/fixtures/: torch_ops_rank0.json, the torch-profiler export, ~13 KB; torch-profiler-study/
 its export, ~11 KB, and its chrome trace cut to one step, ~123 KB; ncu_details.csv, ~7 KB; and
 provenance.json, which gives each fixture the shell lines, runnable as they stand, that remake
@@ -256,8 +256,9 @@ _LIVE: set[int] = set()
 
 
 def stop_children(signum: int, _frame) -> None:
-    """SIGTERM / SIGINT: kill every check's process group and exit; the report written after the
-    last finished check stays (gpu-check.md says which checks were pending)."""
+    """SIGTERM / SIGINT / SIGHUP: kill every check's process group and exit; the report
+    written after the last finished check stays (gpu-check.md says which checks were
+    pending)."""
     for pid in list(_LIVE):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
@@ -1122,8 +1123,11 @@ def run(args: argparse.Namespace) -> int:
 
     ctx.progress = progress
     ctx.header = make_header
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, stop_children)
+    # SIGHUP too: gpu-check is run by hand over ssh, and a closed terminal killed it on the
+    # spot, its check (a session of its own) training on, holding the GPU; nohup's stays ignored
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            signal.signal(signum, stop_children)
 
     def stopped(why: str, log_tail: str) -> GpuCheckError:
         """The report says why no check ran (it said UNFINISHED, every check pending), then
