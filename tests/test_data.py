@@ -1035,6 +1035,19 @@ def _mnist_site(directory: Path) -> None:
             (directory / f"{prefix}-{kind}-ubyte.gz").write_bytes(gzip.compress(_idx(arr)))
 
 
+def _both_sites(site: Path, monkeypatch) -> tuple[Path, Path]:
+    """(site, its archive): a mirror directory holding a made CIFAR-10 archive and the MNIST
+    files, their md5s in prepare_data's tables (monkeypatched), as a served mirror is checked."""
+    site.mkdir()
+    archive = _fake_cifar_archive(site)
+    _mnist_site(site)
+    for name in [archive.name, *prepare_data.MNIST_FILES]:
+        md5 = hashlib.md5((site / name).read_bytes()).hexdigest()
+        table = prepare_data.CIFAR10_FILES if name == archive.name else prepare_data.MNIST_FILES
+        monkeypatch.setitem(table, name, md5)
+    return site, archive
+
+
 def test_mnist_goes_on_to_the_next_mirror_after_a_download_cut_short(
     tmp_path: Path, serve, broken_server, monkeypatch
 ) -> None:
@@ -1058,14 +1071,7 @@ def test_meta_json_names_where_the_data_came_from(tmp_path: Path, serve, monkeyp
     used (nothing came from the mirror, which here does not even answer), and an https mirror
     whose file came over http (the retry) was recorded as https. Now the record names the file
     in raw/, or the URL the file came from."""
-    site = tmp_path / "site"
-    site.mkdir()
-    archive = _fake_cifar_archive(site)
-    _mnist_site(site)
-    for name in [archive.name, *prepare_data.MNIST_FILES]:
-        md5 = hashlib.md5((site / name).read_bytes()).hexdigest()
-        files = prepare_data.CIFAR10_FILES if name == archive.name else prepare_data.MNIST_FILES
-        monkeypatch.setitem(files, name, md5)
+    site, archive = _both_sites(tmp_path / "site", monkeypatch)
     with socket.socket() as sock:  # a loopback port nobody listens on
         sock.bind(("127.0.0.1", 0))
         silent = f"http://127.0.0.1:{sock.getsockname()[1]}/"
@@ -1650,14 +1656,7 @@ def test_a_read_only_or_failing_data_dir_is_one_line_naming_its_fix(
 def test_meta_json_names_where_a_redirect_led(tmp_path: Path, serve, monkeypatch) -> None:
     """A mirror that redirects (a moved site, a CDN): urllib follows it, and meta.json's source
     named the URL asked for, not the server the bytes came from. Now the final URL."""
-    site = tmp_path / "site"
-    site.mkdir()
-    archive = _fake_cifar_archive(site)
-    _mnist_site(site)
-    for name in [archive.name, *prepare_data.MNIST_FILES]:
-        md5 = hashlib.md5((site / name).read_bytes()).hexdigest()
-        files = prepare_data.CIFAR10_FILES if name == archive.name else prepare_data.MNIST_FILES
-        monkeypatch.setitem(files, name, md5)
+    site, archive = _both_sites(tmp_path / "site", monkeypatch)
     (tmp_path / "moved" / "here").mkdir(parents=True)
     shutil.copytree(site, tmp_path / "moved" / "here", dirs_exist_ok=True)
     moved = serve(tmp_path / "moved") + "here/"
@@ -1697,14 +1696,7 @@ def test_a_mirror_with_a_query_string_gets_each_file_and_meta_json_keeps_no_toke
     never sent to a server, is refused in one line naming the flag."""
     monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
     monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
-    site = tmp_path / "site"
-    site.mkdir()
-    archive = _fake_cifar_archive(site)
-    _mnist_site(site)
-    for name in [archive.name, *prepare_data.MNIST_FILES]:
-        md5 = hashlib.md5((site / name).read_bytes()).hexdigest()
-        table = prepare_data.CIFAR10_FILES if name == archive.name else prepare_data.MNIST_FILES
-        monkeypatch.setitem(table, name, md5)
+    site, archive = _both_sites(tmp_path / "site", monkeypatch)
     asked: list[str] = []
 
     class Signed(http.server.BaseHTTPRequestHandler):
