@@ -429,19 +429,28 @@ def test_a_stop_signal_between_two_runs_keeps_the_runs_that_finished(
     import signal
 
     out = tmp_path / "compare.json"
-    script = [PYTHON, "-c", BETWEEN_RUNS, str(REPO), str(data_dir), str(out), signal_name]
-    proc = subprocess.run(
-        script, env=child_env(), capture_output=True, text=True, timeout=120,
-        preexec_fn=sigint_as_in_a_terminal,
-    )  # fmt: skip
-    assert proc.returncode == -getattr(signal, signal_name), proc.stderr[-2000:]
-    assert proc.stderr.splitlines() == [proc.stderr.strip()], proc.stderr  # no traceback
+    proc = _stopped_compare(BETWEEN_RUNS, data_dir, out, signal_name)
     assert f"ours run 2/2 stopped by {signal_name}; 3 runs had finished" in proc.stderr
     assert "RUNS STARTED 3" in proc.stdout, proc.stdout  # not the 4th
     r = json.loads(out.read_text())
     assert r["partial"] is True and r["failed_run"] == "ours run 2/2"
     assert r["failed_exit_code"] == 128 + getattr(signal, signal_name)
     assert r["ours"]["runs"] == [1.0] and r["reference"]["runs"] == [1.0, 1.5]
+
+
+def _stopped_compare(script: str, data_dir, out, signal_name: str):
+    """compare.py run by `script` (BETWEEN_RUNS, AFTER_RUNS), which sends itself `signal_name`:
+    it died of that signal, its stderr one line (no traceback); the finished process."""
+    import signal
+
+    argv = [PYTHON, "-c", script, str(REPO), str(data_dir), str(out), signal_name]
+    proc = subprocess.run(
+        argv, env=child_env(), capture_output=True, text=True, timeout=120,
+        preexec_fn=sigint_as_in_a_terminal,
+    )  # fmt: skip
+    assert proc.returncode == -getattr(signal, signal_name), proc.stderr[-2000:]
+    assert proc.stderr.splitlines() == [proc.stderr.strip()], proc.stderr  # no traceback
+    return proc
 
 
 AFTER_RUNS = BETWEEN_RUNS.replace(
@@ -456,16 +465,9 @@ def test_a_stop_signal_after_the_last_run_writes_the_comparison(data_dir, tmp_pa
     a KeyboardInterrupt traceback and SIGTERM a silent death, both before --json was written:
     every run of the comparison lost. Now it is noted, the table and --json are finished (whole,
     not partial), one line says so, and compare.py dies of the signal."""
-    import signal
 
     out = tmp_path / "compare.json"
-    script = [PYTHON, "-c", AFTER_RUNS, str(REPO), str(data_dir), str(out), signal_name]
-    proc = subprocess.run(
-        script, env=child_env(), capture_output=True, text=True, timeout=120,
-        preexec_fn=sigint_as_in_a_terminal,
-    )  # fmt: skip
-    assert proc.returncode == -getattr(signal, signal_name), proc.stderr[-2000:]
-    assert proc.stderr.splitlines() == [proc.stderr.strip()], proc.stderr  # no traceback
+    proc = _stopped_compare(AFTER_RUNS, data_dir, out, signal_name)
     assert f"stopped by {signal_name} after the last run; 4 runs had finished" in proc.stderr
     assert "RUNS STARTED 4" in proc.stdout and "ratio" in proc.stdout, proc.stdout
     r = json.loads(out.read_text())
