@@ -1035,6 +1035,16 @@ def _mnist_site(directory: Path) -> None:
             (directory / f"{prefix}-{kind}-ubyte.gz").write_bytes(gzip.compress(_idx(arr)))
 
 
+def _need_a_failing_read() -> None:
+    """The tests' failing disk is /proc/self/mem, whose read fails at offset 0 (EIO): needed."""
+    with open("/proc/self/mem", "rb") as mem:
+        try:
+            mem.read(1)
+        except OSError:
+            return
+    need("/proc/self/mem that fails to read at offset 0", "a Linux /proc")
+
+
 def _both_sites(site: Path, monkeypatch) -> tuple[Path, Path]:
     """(site, its archive): a mirror directory holding a made CIFAR-10 archive and the MNIST
     files, their md5s in prepare_data's tables (monkeypatched), as a served mirror is checked."""
@@ -1297,13 +1307,7 @@ def test_a_file_mirror_that_cannot_be_read_is_one_line_naming_the_fix(
     (tmp_path / "as-dir" / name).mkdir(parents=True)
     (tmp_path / "eio").mkdir()
     (tmp_path / "eio" / name).symlink_to("/proc/self/mem")
-    with open("/proc/self/mem", "rb") as mem:
-        try:
-            mem.read(1)
-        except OSError:
-            pass
-        else:
-            need("/proc/self/mem that fails to read at offset 0", "a Linux /proc")
+    _need_a_failing_read()
     archive = tmp_path / "archive" / name
     archive.parent.mkdir()
     archive.write_bytes(b"not the archive" * 50)
@@ -1772,13 +1776,7 @@ def test_an_archive_in_raw_that_cannot_be_read_is_one_line(tmp_path: Path, capsy
     (EIO: a failing disk, a dead network mount; here /proc/self/mem, which fails at offset 0)
     names no file, which cli.main takes for a bug: a traceback. Now one line: the file, the
     cause, and what to do."""
-    with open("/proc/self/mem", "rb") as mem:
-        try:
-            mem.read(1)
-        except OSError:
-            pass
-        else:
-            need("/proc/self/mem that fails to read at offset 0", "a Linux /proc")
+    _need_a_failing_read()
     raw = tmp_path / "data" / "cifar10" / "raw"
     raw.mkdir(parents=True)
     (raw / "cifar-10-python.tar.gz").symlink_to("/proc/self/mem")
