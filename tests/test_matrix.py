@@ -95,6 +95,7 @@ def test_dedup_across_families(full):
             "strong": {"enabled": True, "gpus": [1, 2], "global_batch": 512},
             "weak": {"enabled": True, "gpus": [2], "local_batch": 256},
         },
+        "report": {"targets": {"strong_efficiency_gpus": 2}},
         "repeats": 1,
     }
     rows = table(minimal)
@@ -217,6 +218,7 @@ def test_local_batch_from_global_batch(full):
         {
             "train": {"accum_steps": 2},
             "families": {"strong": {"enabled": True, "gpus": [1, 4], "global_batch": 512}},
+            "report": {"targets": {"strong_efficiency_gpus": 4}},
             "repeats": 1,
         }
     )

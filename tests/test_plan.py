@@ -50,6 +50,7 @@ SMALL = {
         "strong": {"enabled": True, "gpus": [1, 2, 4], "global_batch": 8},
         "precision": {"enabled": True, "gpus": [1], "precisions": ["fp32", "bf16"]},
     },
+    "report": {"targets": {"strong_efficiency_gpus": 4}},
     "plan": {
         "throughput_img_s_per_gpu": {"fp32": 100, "tf32": 100, "fp16": 200, "bf16": 200},
         "efficiency_intra_node": 0.75,

@@ -275,7 +275,12 @@ def test_thin_evidence_with_no_run_to_add_does_not_say_the_next_runs_are_asked_f
 def test_a_smaller_world_size_is_a_next_run_when_no_larger_one_fits(tmp_path):
     """Strong 8, 16, 32 ranks at a global batch of 32: 64 ranks would get half an image each,
     so 4 ranks (half the smallest) is the world size to add; none was priced."""
-    config, study = build(tmp_path, "families.strong.gpus=[8,16,32]", "repeats=3")
+    config, study = build(
+        tmp_path,
+        "families.strong.gpus=[8,16,32]",
+        "report.targets.strong_efficiency_gpus=16",
+        "repeats=3",
+    )
     docs = write(config, study)
     rows = [r for r in read(study / "results/csv/proposal.csv") if r["section"] == "next"]
     assert [(r["item"], r["value"], r["source"]) for r in rows] == [
@@ -653,7 +658,12 @@ def test_rows_priced_by_an_unvalidated_model_are_named_and_the_cause_is_said(tmp
         return [dict(r, grad_sync_bytes=705608, phase_frac_backward=0.6) for r in measured(config)]
 
     monkeypatch.setattr(sys.modules[__name__], "measured_runs", modelled)
-    config, study = build(tmp_path, "families.strong.gpus=[1,2,8]", "repeats=3")
+    config, study = build(
+        tmp_path,
+        "families.strong.gpus=[1,2,8]",
+        "report.targets.strong_efficiency_gpus=8",
+        "repeats=3",
+    )
     csv_dir = study / "results/csv"
     assert cli.main(["model", "--runs", str(csv_dir / "runs.csv"), "--out-dir", str(csv_dir)]) == 0
     held = [r for r in read(csv_dir / "model.csv") if r["kind"] == "holdout"]

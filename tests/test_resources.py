@@ -40,6 +40,7 @@ STUDY = {
         "strong": {"enabled": True, "gpus": [1, 2, 4], "global_batch": 8},
         "precision": {"enabled": False},
     },
+    "report": {"targets": {"strong_efficiency_gpus": 4}},
     "plan": {"startup_s": 300, "safety_factor": 2},
 }
 

@@ -21,10 +21,12 @@ DEMO = ROOT / "config" / "demo.yaml"
 
 
 def minimal(**families) -> dict:
-    """A small valid config: strong scaling on 1-4 GPUs unless families are given."""
+    """A small valid config: strong scaling on 1-4 GPUs unless families are given; the strong
+    target at 2 GPUs (the default, 8, is no world size of these sweeps)."""
     return {
         "hardware": {"gpus_per_node": 4},
         "families": families or {"strong": {"enabled": True, "gpus": [1, 2, 4]}},
+        "report": {"targets": {"strong_efficiency_gpus": 2}},
     }
 
 
@@ -420,6 +422,79 @@ def test_cpu_scaling_overlay_is_a_valid_study_of_world_sizes_1_to_8():
     assert len(rows) == 8 and all(r["nodes"] == 1 for r in rows)
 
 
+def strong_target_refusal(layers, overrides=()) -> str:
+    """The one line a layered config (as the workflow layers it) is refused with."""
+    with pytest.raises(StudyConfigError) as info:
+        studyconfig.load_layers(layers, overrides=list(overrides))
+    lines = str(info.value).splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_a_strong_target_the_strong_family_does_not_run_is_refused_before_any_job(tmp_path):
+    """report.targets.strong_efficiency_gpus 8 over the demo's strong family of 1, 2 and 4
+    ranks passed validation: `snakemake -n` planned the whole study, every run trained, and only
+    then did the report say "not measured" (analyze.verdicts: no strong run at 8)."""
+    target = tmp_path / "target8.yaml"
+    target.write_text("report:\n  targets:\n    strong_efficiency_gpus: 8\n")
+    line = strong_target_refusal([DEMO, target])
+    assert line.startswith(f"invalid study config {studyconfig.default_config_path()} + ")
+    assert (
+        "config key 'report.targets.strong_efficiency_gpus': value 8 is not allowed: one of "
+        "2, 4, the world sizes of families.strong.gpus [1, 2, 4] above its smallest (1,"
+    ) in line, line
+    # narrowed by --set, the sweep no longer reaches the demo's target of 4
+    line = strong_target_refusal([DEMO], ["families.strong.gpus=[1, 2]"])
+    assert "value 4 is not allowed: one of 2, the world sizes" in line, line
+    # said with the run table's own problems, not in place of them
+    both = ["report.targets.strong_efficiency_gpus=8", "profiling.gpus=[3]"]
+    refused(DEMO, "strong_efficiency_gpus': value 8", "'profiling.gpus': value [3]", overrides=both)
+
+
+@pytest.mark.parametrize(
+    "gpus, target, allowed",
+    [([2, 4], 2, "one of 4,"), ([4, 8], 2, "one of 8,"), ([4, 8, 16], 4, "one of 8, 16,")],
+)
+def test_a_strong_target_at_or_below_the_smallest_strong_world_size_is_refused(
+    gpus, target, allowed
+):
+    """E_s is against the strong family's smallest world size, where it is 1 by definition:
+    a target there (or below it) passed validation and could never be judged, every run
+    trained for a verdict of "not measured"."""
+    line = strong_target_refusal(
+        [DEMO],
+        [f"families.strong.gpus={gpus}", f"report.targets.strong_efficiency_gpus={target}"],
+    )
+    assert f"value {target} is not allowed: {allowed} the world sizes of families.strong" in line
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["families.strong.enabled=false"],  # the verdict says the strong family did not run
+        ["families.strong.gpus=[4]"],  # one world size: no target could be measured
+    ],
+)
+def test_a_strong_target_is_not_checked_where_no_value_could_be_measured(overrides):
+    cfg = studyconfig.load_layers([DEMO], [*overrides, "report.targets.strong_efficiency_gpus=8"])
+    assert cfg["report"]["targets"]["strong_efficiency_gpus"] == 8
+
+
+def test_the_shipped_studies_judge_their_strong_target_at_a_strong_run():
+    """config/config.yaml (8 of 1-16), the demo (4 of 1-4), cpu-scaling (8 of 1-8) and the
+    local Slurm overlay validate as the workflow layers them."""
+    config = ROOT / "config"
+    for layers in (
+        [],
+        [DEMO],
+        [DEMO, config / "cpu-scaling.yaml"],
+        [DEMO, config / "local-slurm.yaml"],
+    ):
+        cfg = studyconfig.load_layers(layers)
+        want = cfg["report"]["targets"]["strong_efficiency_gpus"]
+        assert want in sorted(cfg["families"]["strong"]["gpus"])[1:], layers
+
+
 def test_a_flag_combination_the_trainer_refuses_fails_here_not_in_each_job():
     """The trainer's own checks (TrainConfig) run on every run's flags while validating: a DDP
     comm hook with FSDP used to pass here and then fail in every training job."""
@@ -806,8 +881,8 @@ def test_a_mapping_given_to_set_is_merged_as_snakemake_merges_config():
     from snakemake.utils import update_config
 
     for key, value in (
-        ("families.strong", {"gpus": [1, 2]}),
-        ("families", {"strong": {"gpus": [1, 2]}}),
+        ("families.strong", {"gpus": [2, 4]}),  # the demo's strong target, 4, still above 2
+        ("families", {"strong": {"gpus": [2, 4]}}),
         ("train", {"width": 16}),
     ):
         cfg = studyconfig.load_layers([DEMO], overrides=[f"{key}={value}"])
@@ -818,8 +893,8 @@ def test_a_mapping_given_to_set_is_merged_as_snakemake_merges_config():
             nested = {part: nested}
         update_config(expected, nested)
         assert cfg == validate(expected), key
-    cfg = studyconfig.load_layers([DEMO], overrides=["families.strong={gpus: [1, 2]}"])
-    assert cfg["families"]["strong"] == {"enabled": True, "gpus": [1, 2], "global_batch": 32}
+    cfg = studyconfig.load_layers([DEMO], overrides=["families.strong={gpus: [2, 4]}"])
+    assert cfg["families"]["strong"] == {"enabled": True, "gpus": [2, 4], "global_batch": 32}
     assert cfg["train"]["epochs"] == 3 and cfg["train"]["width"] == 8
     # a mapping over a value that is none replaces it, as Snakemake's merge does
     cfg = load_and_validate(minimal(), overrides=["train=null", "train={epochs: 2}"])

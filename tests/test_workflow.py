@@ -374,6 +374,19 @@ def test_a_bad_override_is_named_not_blamed_on_a_file(tmp_path, args, source):
     assert said in out, out[-3000:]
 
 
+def test_a_strong_target_no_strong_run_measures_fails_before_any_job(tmp_path):
+    """report.targets.strong_efficiency_gpus 8 over the demo's strong family of 1, 2 and 4
+    ranks: `snakemake -n` planned the study, every run would train, and only the report said
+    "not measured" (no strong run at 8)."""
+    work = copy_repo(tmp_path / "repo")
+    write_config(work / "target.yaml", {"report": {"targets": {"strong_efficiency_gpus": 8}}})
+    proc = snakemake(work, "--configfile", "config/demo.yaml", "target.yaml", "-n", check=False)
+    out = one_line_refusal(proc)
+    said = "'report.targets.strong_efficiency_gpus': value 8 is not allowed: one of 2, 4, the "
+    assert said in out, out[-3000:]
+    assert not (work / "results").exists()  # no job ran
+
+
 def test_gpu_count_that_does_not_fit_the_nodes_is_refused(done):
     bad = yaml.safe_load(yaml.safe_dump(TINY))
     bad["hardware"]["gpus_per_node"] = 3
@@ -414,6 +427,7 @@ def test_a_multi_node_study_run_locally_outside_slurm_stops_at_once(tmp_path, mo
     work = copy_repo(tmp_path / "wide")
     wide = yaml.safe_load(yaml.safe_dump(TINY))
     wide["families"]["strong"]["gpus"] = [1, 4]  # 4 ranks: 2 nodes of hardware.gpus_per_node 2
+    wide["report"]["targets"]["strong_efficiency_gpus"] = 4  # TINY's 2 is no run of these
     write_config(work / "wide.yaml", wide)
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     proc = snakemake(work, "--configfile", "wide.yaml", "--cores", "1", check=False,

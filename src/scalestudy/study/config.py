@@ -418,7 +418,8 @@ def _unbindable(path: str) -> bool:
 
 def semantic_problems(config: dict) -> list[str]:
     """What the schema cannot check, section by section; disabled families are not checked
-    (they are ignored). The run table's own checks need all of these to pass first."""
+    (they are ignored). The run table's own checks need all of these to pass first; the strong
+    target is checked whatever they find."""
     problems = [
         *path_problems(config),
         *_family_choice_problems(config["families"]),
@@ -442,7 +443,8 @@ def semantic_problems(config: dict) -> list[str]:
         rows = build_run_table(config)
         problems += run_problems(rows, *_train_size(config))
         problems += config_problems(config, rows)
-    return problems
+    # not a gate of the run table's checks above: it reads only the strong family's sweep
+    return problems + target_problems(config)
 
 
 def memory_problems(config: dict) -> list[str]:
@@ -620,6 +622,33 @@ def _batch_problems(config: dict) -> list[str]:
                 )
             )
     return problems
+
+
+def target_problems(config: dict) -> list[str]:
+    """report.targets.strong_efficiency_gpus: a world size the strong family runs, above its
+    smallest (E_s is against that one, 1 there by definition). Any other was planned and
+    trained in full, and only the report said "not measured" (analyze.verdicts). Not checked
+    while the strong family is disabled, or runs one world size (no value could be measured:
+    the verdict says that the family did not run or has no run at the target, and a one-size
+    family is a study the proposal reads as thin evidence); weak_deviation has no world size,
+    it is judged at the weak family's largest."""
+    strong = config["families"]["strong"]
+    sizes = sorted(set(strong["gpus"]))
+    if not strong["enabled"] or len(sizes) < 2:
+        return []
+    want, above = config["report"]["targets"]["strong_efficiency_gpus"], sizes[1:]
+    if want in above:
+        return []
+    return [
+        _bad(
+            "report.targets.strong_efficiency_gpus",
+            want,
+            f"one of {', '.join(map(str, above))}, the world sizes of families.strong.gpus "
+            f"{_fmt(strong['gpus'])} above its smallest ({sizes[0]}, where E_s is 1 by "
+            "definition): the strong target is judged at a run of the strong family, and the "
+            'report would say "not measured" only after the whole study trained',
+        )
+    ]
 
 
 def proposal_problems(proposal: dict) -> list[str]:
@@ -929,6 +958,6 @@ def add_config_arguments(parser) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="override a config key (dotted path, YAML value), e.g. dataset=synthetic or "
-        "families.strong.gpus=[1,2]; a mapping value is merged, as snakemake --config merges "
+        "families.strong.gpus=[1,2,4,8]; a mapping value is merged, as snakemake --config merges "
         "it; repeatable",
     )
