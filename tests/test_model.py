@@ -10,6 +10,7 @@ predates grad_sync_bytes, so tests add the width-8 value the trainer records (ch
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import re
 import subprocess
@@ -25,6 +26,7 @@ from scalestudy.errors import AnalysisError
 from scalestudy.results import model as model_csv
 from scalestudy.results.collect import flatten
 from scalestudy.study import model
+from scalestudy.trainer.dist import free_port
 
 P_FULL = 44_695_848  # bytes of fp32 gradients of ResNet-18 (width 64, 10 classes)
 P_WIDTH8 = 705_608  # the same at width 8 (test_grad_sync_bytes_of_the_models)
@@ -1162,3 +1164,58 @@ def test_command_refuses_a_bad_runs_csv_in_one_line(tmp_path):
         with pytest.raises(AnalysisError, match=f"has {column} = '{value}', not a"):
             model_csv.run(cli.build_parser(argv).parse_args(argv))
     assert not (tmp_path / "model.csv").exists()
+
+
+# the buckets of a run under the fp16 comm hook, counted in real DDP (gloo, one process): the
+# trainer's grad_sync_bytes and its registered hook, each call of the hook one bucket
+HOOKED_DDP = """
+import os, sys, types, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from scalestudy.trainer import parallel
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
+dist.init_process_group("gloo", rank=0, world_size=1)
+net = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(64)])
+p = parallel.grad_sync(net, types.SimpleNamespace(strategy="ddp", comm_hook="fp16"))
+cap = p["param_count"] * 4 / 3.5 / 2**20  # 3.5 buckets of the fp32 gradients
+ddp = DDP(net, bucket_cap_mb=cap)
+sent = []
+def hook(state, bucket):  # torch's fp16 hook, the one parallel.register_comm_hook registers
+    sent.append(bucket.buffer().numel() * 2)
+    return default_hooks.fp16_compress_hook(state, bucket)
+ddp.register_comm_hook(None, hook)
+for _ in range(2):  # the second step: after DDP rebuilt its buckets in the order of readiness
+    sent.clear()
+    ddp(torch.randn(4, 64)).sum().backward()
+print(p["grad_sync_bytes"], repr(cap), len(sent), sum(sent))
+"""
+
+
+def test_a_16_bit_comm_hook_run_has_ddps_buckets_of_its_fp32_gradients():
+    """Under the fp16 / bf16 comm hooks DDP fills its buckets with the fp32 gradients (the cap
+    counts 4 bytes a value) and the hook casts each to 16 bits before its all-reduce. The model
+    cut grad_sync_bytes (the 16-bit bytes sent) into buckets of the cap: half DDP's bucket count
+    (here 2 for DDP's 4), so half the latencies and a last bucket twice the size, a wrong fit,
+    prices and bucket advice for every study with train.comm_hook fp16 or bf16."""
+    port = str(free_port())
+    proc = subprocess.run(
+        [sys.executable, "-c", HOOKED_DDP, port],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=120,
+        check=True,
+    )
+    p_sent, cap, buckets, sent = proc.stdout.split()
+    assert buckets == "4" and int(sent) == int(p_sent)  # DDP's buckets, sent as 16 bits
+    rows = [
+        dict(_row(f"w{n}", "strong", n, 1, 64, cap, 1e-2 * n, pbytes=p_sent), comm_hook="fp16")
+        for n in (1, 2)
+    ]
+    pt = next(p for p in model.points(rows)[0] if p.world_size == 2)
+    assert len(model.bucket_sizes(pt.grad_sync_bytes, pt.bucket_cap_mb)) == 4
+    # what is sent: the 16-bit bytes, in 4 buckets (4 x 2 latencies of a 2-rank ring)
+    no_overlap = dataclasses.replace(COMPUTE, f_bwd=0.0)
+    theta = np.array([1e-5, 1e-9, 0.0])
+    step = model.model_step(theta, no_overlap, pt)[0] - no_overlap.time(64)
+    assert step == pytest.approx(4 * 2 * 1e-5 + int(p_sent) * 1e-9)

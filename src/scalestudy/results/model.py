@@ -37,13 +37,14 @@ model.csv, one row per fact, `kind` says which (blank cells: not applicable or n
     columns: MODEL_COLUMNS. rel_error = predicted / measured - 1.
 
 bucket_advice.csv, one row per multi-rank (world_size, nodes) x bucket-family (precision,
-local_batch): the recommended bucket_cap_mb, its bucket count, the predicted step time there and
-at DDP's default 25 MiB, gain = default / best - 1, extrapolated (true / false: the recommended
-bucket count is outside those the runs measured, the bucket sweep has no run at that world_size
-and nodes, or the prediction is beyond the measured runs: a world size above the largest
-measured on its kind of link, more ranks per node than any measured run, or a local batch
-outside the 1-rank runs', study/model.py EXTRAPOLATED; the note says which); or note "not
-enough data: ..." and blanks.
+local_batch, grad_sync_bytes: the bytes DDP's buckets hold, twice runs.csv's under the fp16 and
+bf16 comm hooks, which send each fp32 bucket as 16 bits): the recommended bucket_cap_mb, its
+bucket count, the predicted step time there and at DDP's default 25 MiB, gain = default / best
+- 1, extrapolated (true / false: the recommended bucket count is outside those the runs
+measured, the bucket sweep has no run at that world_size and nodes, or the prediction is beyond
+the measured runs: a world size above the largest measured on its kind of link, more ranks per
+node than any measured run, or a local batch outside the 1-rank runs', study/model.py
+EXTRAPOLATED; the note says which); or note "not enough data: ..." and blanks.
 """
 
 from __future__ import annotations

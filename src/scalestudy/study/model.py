@@ -34,12 +34,17 @@ study-wide (every run again without CUDA graphs).
 
 Communication: DDP's bucketed ring all-reduce. P = grad_sync_bytes, B = bucket_cap_mb * 2^20
 (DDP's MiB; with bucket_cap_mb given, torch 2.14 caps the first bucket at B too, distributed.py
-_BucketCapacityConfig). DDP fills buckets in the order gradients become ready, so the buckets
-are m = ceil(P / B), m - 1 of B bytes and the last, ready last, of the rest r = P - (m-1) B.
+_BucketCapacityConfig). Under the fp16 / bf16 comm hooks P is the bytes of the fp32 gradients
+DDP's buckets hold (the cap counts those: 2 x grad_sync_bytes, HOOK_WIRE), and each bucket is
+sent as 16 bits: w = 1/2 of its bytes on the wire (w = 1 without a hook). DDP fills buckets in
+the order gradients become ready, so the buckets are m = ceil(P / B), m - 1 of B bytes and the
+last, ready last, of the rest r = P - (m-1) B.
+
 One bucket of x bytes costs (ring all-reduce: 2(N-1) steps, each rank sends 2(N-1)/N of x)
 
-    c(x) = 2(N-1) alpha + s x / beta,   s = 2(N-1)/N,   beta = beta_intra (1 node), else beta_inter
-    t_c  = m 2(N-1) alpha + s P / beta   (all buckets)
+    c(x) = 2(N-1) alpha + s w x / beta,   s = 2(N-1)/N,
+           beta = beta_intra (1 node), else beta_inter
+    t_c  = m 2(N-1) alpha + s w P / beta   (all buckets)
 
 Gradients arrive uniformly over t_b, so bucket k is ready at t_b S_k / P (S_k: bytes of buckets
 1..k), and the buckets are reduced one after the other on one stream. The last one finishes at
@@ -172,6 +177,11 @@ MODELLED_CELLS = {
     **{c: files.count(1) for c in ("world_size", "nodes", "local_batch", "global_batch")},
     **{c: files.POSITIVE for c in ("bucket_cap_mb", "grad_sync_bytes", "throughput_img_s")},
 }
+# bytes sent per byte of DDP's buckets under a comm hook that casts each bucket before its
+# all-reduce (trainer/parallel.py): DDP buckets the fp32 gradients (4 bytes a value, the cap
+# counts them), the hook sends 2. grad_sync_bytes is what is sent, so the buckets hold
+# grad_sync_bytes / w: modelling buckets of the 16-bit bytes gave half DDP's bucket count
+HOOK_WIRE = {"fp16": 0.5, "bf16": 0.5}
 FIX = "write it again with `scalestudy collect` (snakemake results/csv/runs.csv)"
 # where a precision's 1-rank runs recorded no phase_frac_backward (cuda_graphs_mode step times
 # no phases), the precisions whose 1-rank runs lend it theirs, closest first: the same operand
@@ -191,7 +201,8 @@ F_BWD_DONORS = {
 @dataclass(frozen=True)
 class Point:
     """One modelled configuration: step_s = global_batch / mean throughput over its repeats
-    (s), step_std = step_s s_X / X (s_X the throughputs' sample std; None with one repeat)."""
+    (s), step_std = step_s s_X / X (s_X the throughputs' sample std; None with one repeat);
+    grad_sync_bytes: the bytes DDP's buckets hold (runs.csv's grad_sync_bytes / wire)."""
 
     precision: str
     local_batch: int
@@ -205,6 +216,7 @@ class Point:
     step_std: float | None
     backward_frac: float | None  # mean phase_frac_backward of the repeats
     graphs_modes: tuple[str, ...] = ()  # the repeats' cuda_graphs_mode (runs.csv), where given
+    wire: float = 1.0  # bytes sent per byte of the buckets (HOOK_WIRE; grad_sync_bytes: held)
 
 
 def _num(row: dict, column: str) -> float | None:
@@ -270,7 +282,9 @@ def points(rows: list[dict]) -> tuple[list[Point], list[tuple[str, str]]]:
             continue
         _check_modelled(row)
         key = (row["precision"], *(_num(row, c) for c in ("local_batch", "world_size", "nodes")))
-        groups[(*key, _num(row, "bucket_cap_mb"), _num(row, "grad_sync_bytes"))].append(row)
+        wire = HOOK_WIRE.get(row.get("comm_hook"), 1.0)
+        held = _num(row, "grad_sync_bytes") / wire  # the bytes DDP's buckets hold
+        groups[(*key, _num(row, "bucket_cap_mb"), held, wire)].append(row)
     _one_model(rows)
     return [_point(key, runs) for key, runs in sorted(groups.items())], skipped
 
@@ -290,7 +304,7 @@ def _point(key: tuple, runs: list[dict]) -> Point:
     step_s = _num(runs[0], "global_batch") / x_mean
     backward = [v for r in runs if (v := _fraction(r, "phase_frac_backward")) is not None]
     families = {f for r in runs for f in (r.get("families") or "").split(";") if f}
-    precision, b, n, nodes, cap, p = key
+    precision, b, n, nodes, cap, p, wire = key
     return Point(
         precision=precision,
         local_batch=int(b),
@@ -304,6 +318,7 @@ def _point(key: tuple, runs: list[dict]) -> Point:
         step_std=step_s * statistics.stdev(xs) / x_mean if len(xs) > 1 else None,
         backward_frac=statistics.fmean(backward) if backward else None,
         graphs_modes=tuple(sorted({m for r in runs if (m := r.get("cuda_graphs_mode"))})),
+        wire=wire,
     )
 
 
@@ -433,20 +448,27 @@ def bucket_sizes(p_bytes: float, cap_mb: float) -> np.ndarray:
 
 
 def exposed(
-    theta: np.ndarray, n: int, nodes: int, p_bytes: float, cap_mb: float, t_b: float
+    theta: np.ndarray,
+    n: int,
+    nodes: int,
+    p_bytes: float,
+    cap_mb: float,
+    t_b: float,
+    wire: float = 1.0,
 ) -> tuple[float, np.ndarray, float]:
     """(exposed communication in s, its gradient w.r.t. theta = PARAMS, its derivative w.r.t.
-    t_b) of one step: with bucket k's finish the latest, d exposed / d t_b = S_k / P - 1 (a
-    longer backward hides more of the buckets after k)."""
+    t_b) of one step, p_bytes held in DDP's buckets and `wire` of each byte sent (Point.wire):
+    with bucket k's finish the latest, d exposed / d t_b = S_k / P - 1 (a longer backward
+    hides more of the buckets after k)."""
     grad = np.zeros(3)
     if n == 1:
         return 0.0, grad, 0.0
     sizes = bucket_sizes(p_bytes, cap_mb)
     s, steps, beta = 2 * (n - 1) / n, 2 * (n - 1), 1 if nodes == 1 else 2
-    cost = steps * theta[0] + s * sizes * theta[beta]
+    cost = steps * theta[0] + s * wire * sizes * theta[beta]
     finish = t_b * np.cumsum(sizes) / p_bytes + np.cumsum(cost[::-1])[::-1]
     k = int(np.argmax(finish))
-    grad[0], grad[beta] = steps * (len(sizes) - k), s * sizes[k:].sum()
+    grad[0], grad[beta] = steps * (len(sizes) - k), s * wire * sizes[k:].sum()
     return float(finish[k] - t_b), grad, float(sizes[: k + 1].sum() / p_bytes - 1)
 
 
@@ -455,7 +477,7 @@ def model_step(theta: np.ndarray, c: Compute, pt: Point) -> tuple[float, np.ndar
     time C twice, as C and through t_b = f_bwd C: dT/dC = 1 + f_bwd d exposed / d t_b."""
     t = c.time(pt.local_batch)
     e, g, de_dtb = exposed(
-        theta, pt.world_size, pt.nodes, pt.grad_sync_bytes, pt.bucket_cap_mb, c.f_bwd * t
+        theta, pt.world_size, pt.nodes, pt.grad_sync_bytes, pt.bucket_cap_mb, c.f_bwd * t, pt.wire
     )
     return t + e, g, 1 + c.f_bwd * de_dtb
 
@@ -510,15 +532,20 @@ class Fit:
     ) -> Prediction:
         """Step time of a configuration (s) with its 95% prediction interval; extrapolated
         where it lies beyond the fitted runs (`beyond_fitted`) or its local batch outside the
-        1-rank runs' batches (C(b) is extrapolated there itself)."""
+        1-rank runs' batches (C(b) is extrapolated there itself). grad_sync_bytes: the bytes
+        DDP's buckets hold (Point.grad_sync_bytes), else the fitted runs'."""
         extrapolated = self.beyond_fitted(world_size, nodes)
         c = self.compute.get(precision) or f"no point of precision {precision}"
         if isinstance(c, str):
             return Prediction(None, None, None, extrapolated, c)
         extrapolated = extrapolated or not min(c.batches) <= local_batch <= max(c.batches)
         pbytes = grad_sync_bytes or self._bytes(precision)
+        # the comm hook is study-wide (train.comm_hook): the fitted runs' bytes sent per byte
+        wire = Counter(p.wire for p in self.points).most_common(1)[0][0]
         pt = Point(
-            precision, local_batch, world_size, nodes, bucket_cap_mb, pbytes, (), (), 0, None, None
+            *(precision, local_batch, world_size, nodes, bucket_cap_mb, pbytes),
+            *((), (), 0, None, None),
+            wire=wire,
         )
         step, g, dt_dc = model_step(self.theta, c, pt)
         if gap := self._unmeasured(g, nodes):
