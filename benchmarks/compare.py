@@ -54,6 +54,7 @@ from pathlib import Path
 from scalestudy import files
 from scalestudy.cli import Parser
 from scalestudy.errors import TrainConfigError
+from scalestudy.jobs import local_ranks
 from scalestudy.trainer import config as train_config
 from scalestudy.trainer.config import TrainConfig
 
@@ -139,28 +140,8 @@ def run_trainer(cmd: list[str], env: dict) -> int:
         except (subprocess.TimeoutExpired, KeyboardInterrupt, Stopped):  # or a second signal
             why = f"not stopped {STOP_WAIT_S} s after the signal, or a second stop signal"
             print(f"compare.py: killing torchrun (pid {proc.pid}): {why}", file=sys.stderr)
-            kill_run(proc)
+            local_ranks.kill_launch(proc)  # torchrun and each rank's process group
         raise
-
-
-def kill_run(proc: subprocess.Popen) -> None:
-    """SIGKILL to torchrun and to each of its ranks' process groups (a rank and its DataLoader
-    workers). torchrun starts each rank in a session of its own and kills it 30 s after its
-    signal; killed first, it never did, and a rank that had not heeded the signal (hung in a
-    collective) ran on, orphaned, holding the device. The ranks are read (Linux /proc) while
-    torchrun lives: once it is gone they are init's children."""
-    ranks = []
-    with contextlib.suppress(OSError):  # no /proc, or torchrun gone: its ranks are not known
-        for task in Path(f"/proc/{proc.pid}/task").iterdir():
-            ranks += [int(pid) for pid in (task / "children").read_text().split()]
-    for pid in ranks:  # each a session's leader: its group id is its pid
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except ProcessLookupError:  # no group of its own: the process alone
-                os.kill(pid, signal.SIGKILL)
-    proc.kill()
-    proc.wait()
 
 
 @contextlib.contextmanager

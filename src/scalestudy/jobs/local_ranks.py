@@ -35,6 +35,7 @@ import contextlib
 import logging
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -76,23 +77,48 @@ TORCHRUN_LOGGERS = (
 PASSED_ON = (signal.SIGTERM, signal.SIGHUP)
 
 
+def children(pid: int | str = "self") -> list[int]:
+    """The child processes of process `pid` (this one by default), from Linux /proc: every
+    thread's ([] where /proc has none, or `pid` is gone)."""
+    found: set[int] = set()
+    with contextlib.suppress(OSError):  # no /proc, or the process ended meanwhile
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(FileNotFoundError):  # a thread that ended meanwhile
+                found.update(int(child) for child in (task / "children").read_text().split())
+    return sorted(found)
+
+
 def rank_groups(pid: int | str = "self") -> list[int]:
     """The process groups of torchrun's ranks: the children of process `pid` (this one by
     default: the agent) that lead one (torchrun starts each rank in a session of its own and
     signals its group), from Linux /proc ([] where it is gone)."""
-    children = set()
-    tasks = Path(f"/proc/{pid}/task")
-    for task in tasks.iterdir() if tasks.is_dir() else ():
-        with contextlib.suppress(FileNotFoundError):  # a thread that ended meanwhile
-            children.update(int(pid) for pid in (task / "children").read_text().split())
     groups = []
-    for pid in sorted(children):
+    for child in children(pid):
         try:
-            if os.getpgid(pid) == pid:
-                groups.append(pid)
+            if os.getpgid(child) == child:
+                groups.append(child)
         except ProcessLookupError:  # exited meanwhile
             pass
     return groups
+
+
+def kill_launch(proc: subprocess.Popen) -> None:
+    """SIGKILL to a launch started in a session of its own (start_new_session) and to its
+    ranks, then waited for. Each rank's process group first (a rank and its DataLoader
+    workers): torchrun starts each in a session of its own, which a kill of the launch alone
+    never reached (a rank hung in a collective, not heeding its signal, ran on, orphaned,
+    holding the device); they are read while the launch lives (children: once it is gone they
+    are init's). Then the launch's own group (a lone rank and what it started)."""
+    for pid in children(proc.pid):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:  # no group of its own: the process alone
+                os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.kill()  # where its group was not found (a no-op once it has ended)
+    proc.wait()
 
 
 class _PassOn:

@@ -75,7 +75,6 @@ rank: the per-rank wrapper the launcher starts instead of the trainer (rank from
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import re
@@ -538,15 +537,9 @@ def run_launch(argv: list[str], env: dict[str, str], stdout=None, stderr=None) -
 
 
 def _kill_launch(proc: subprocess.Popen, why: str) -> None:
-    """SIGKILL to the ranks' process groups (torchrun starts each in a session of its own; read
-    while the launch lives: once it is gone they are init's children), then to the launch's
-    own group (a lone rank and what it started)."""
+    """The launch and its ranks killed (local_ranks.kill_launch), said in one line."""
     logger.error(f"scalestudy profile: killing the ranks' launch (pid {proc.pid}): {why}")
-    for group in local_ranks.rank_groups(proc.pid):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(group, signal.SIGKILL)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
+    local_ranks.kill_launch(proc)
 
 
 def _run_logged(argv: list[str], env: dict[str, str], log_path: Path) -> tuple[int, str]:
