@@ -476,3 +476,21 @@ def test_ranks_that_ignore_the_launchs_stop_are_killed_after_the_grace(tmp_path)
     assert err.splitlines()[-1].startswith("scalestudy launch: stopped by SIGTERM"), err
     for pid in started.read_text().split():
         assert not Path(f"/proc/{pid}").exists(), f"rank {pid} outlived the launch"
+
+
+def test_the_grace_under_a_torchrun_without_a_shutdown_timeout_is_its_fixed_30_s(monkeypatch):
+    """torch 2.11's torchrun (the H200 session of 2026-12-04) has no --shutdown-timeout and
+    reads no TORCH_ELASTIC_SHUTDOWN_TIMEOUT: its agent gives the ranks 30 s. The launch read
+    args.shutdown_timeout and every multi-rank run there ended in an AttributeError."""
+    from torch.distributed import run as torchrun
+
+    from scalestudy.jobs.local_ranks import shutdown_timeout
+
+    monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "2")
+    old = torchrun.parse_args(["--nproc-per-node=2", "train.py"])
+    del old.shutdown_timeout  # the namespace torch 2.11's parser gives
+    assert shutdown_timeout(old) == 30
+    new = torchrun.parse_args(["--nproc-per-node=2", "train.py"])
+    assert shutdown_timeout(new) == 2  # this torch: the variable, as its agent reads it
+    given = torchrun.parse_args(["--nproc-per-node=2", "--shutdown-timeout=5", "train.py"])
+    assert shutdown_timeout(given) == 5

@@ -17,7 +17,8 @@ saved, rerun to resume) became 1. Here:
   is the run's (below): a stop's 75 where they checkpointed (torchrun made every such end its
   SignalException: 128 + N, and a wrapper could not tell a stop to rerun from a crash). Ranks
   still running after torchrun's shutdown timeout (--shutdown-timeout, else
-  TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30 s) are killed, as torchrun did: one line, 128 + N.
+  TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30 s; 30 s where torch has no such option) are killed,
+  as torchrun did: one line, 128 + N.
   A signal ignored (nohup's SIGHUP) stays ignored.
 - SIGQUIT: torchrun sends it to the ranks and kills those still running after its shutdown
   timeout, as before; one line, exit 128 + N.
@@ -166,7 +167,12 @@ class _PassOn:
 
 
 def shutdown_timeout(args) -> float:
-    """torchrun's grace for its ranks to end after a signal (launcher/api.LaunchConfig's)."""
+    """torchrun's grace for its ranks to end after a signal (launcher/api.LaunchConfig's).
+    A torchrun without --shutdown-timeout (torch 2.11: its parser has no such option, and
+    nothing reads TORCH_ELASTIC_SHUTDOWN_TIMEOUT) gives its ranks a fixed 30 s (the
+    `timeout=30` of elastic/multiprocessing/api.PContext.close)."""
+    if not hasattr(args, "shutdown_timeout"):
+        return 30
     if args.shutdown_timeout is not None:
         return args.shutdown_timeout
     return int(os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "30"))
