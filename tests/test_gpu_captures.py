@@ -1,4 +1,4 @@
-"""The parsers and the ncu filter on real captures from an H200 and H100s (tests/fixtures/gpu-h200/,
+"""The parsers and the ncu filter on real captures from H200s and H100s (tests/fixtures/gpu-h200*/,
 gpu-h100*/, where each file's command and versions are written down): what ncu, torch.profiler
 and our classifier see on a GPU, not what we imagined they would."""
 
@@ -121,7 +121,7 @@ def top_kernels(capture: str) -> list[str]:
 
 @pytest.mark.parametrize(
     "capture, index",
-    [("gpu-h200", 0), ("gpu-h100-ncu", 0), ("gpu-h100-ncu", 1)],
+    [("gpu-h200", 0), ("gpu-h100-ncu", 0), ("gpu-h100-ncu", 1), ("gpu-h200-check", 0)],
 )
 def test_parse_ncu_reads_a_real_details_page(capture, index, tmp_path):
     """ncu 2025.3.1 on the H200 and the H100: `--csv --page details --print-units base
@@ -161,6 +161,8 @@ def shares(kernels: list[dict]) -> dict[str, float]:
         ("gpu-h100-check/torch_ops_eager_bf16.json", 0),
         # the study's profiling job, compiled; trimmed to its top 20 CUDA entries (6 inductor's)
         ("gpu-h100-check/study/torch_ops_rank0.json", 5),
+        ("gpu-h200-check/torch_ops_rank0.json", 0),
+        ("gpu-h200-check/study/torch_ops_rank0.json", 4),  # 4 of its top 20 are inductor's
     ],
 )
 def test_torch_profiler_exports_of_a_gpu_run_are_classified(export, triton_min, tmp_path):
@@ -189,9 +191,15 @@ H100 = Path(__file__).parent / "fixtures" / "gpu-h100"
 # the same profiling job in the first full gpu-check on an H100 (commit 03d00a6), whose
 # torch-profiler-study passed; its README says what ran
 H100_CHECK = Path(__file__).parent / "fixtures" / "gpu-h100-check"
+# and in the full gpu-check on an H200 of 2026-12-04 (its README says what ran)
+H200_CHECK = Path(__file__).parent / "fixtures" / "gpu-h200-check"
 
 
-@pytest.mark.parametrize("capture", [H100, H100_CHECK / "study"], ids=["sixth", "full-check"])
+@pytest.mark.parametrize(
+    "capture",
+    [H100, H100_CHECK / "study", H200_CHECK / "study"],
+    ids=["sixth", "full-check", "h200-check"],
+)
 def test_the_phases_of_a_real_gpu_step_are_projected_from_its_trace(capture):
     """The study's profiling job of a compiled run on one H100 (gpu-check torch-profiler-study,
     which failed on the first capture: "no phase range optimizer"). kineto's device-side spans

@@ -488,9 +488,24 @@ def test_the_grace_under_a_torchrun_without_a_shutdown_timeout_is_its_fixed_30_s
 
     monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "2")
     old = torchrun.parse_args(["--nproc-per-node=2", "train.py"])
-    del old.shutdown_timeout  # the namespace torch 2.11's parser gives
+    vars(old).pop("shutdown_timeout", None)  # the namespace torch 2.11's parser gives
     assert shutdown_timeout(old) == 30
-    new = torchrun.parse_args(["--nproc-per-node=2", "train.py"])
-    assert shutdown_timeout(new) == 2  # this torch: the variable, as its agent reads it
+
+
+def _has_shutdown_timeout() -> bool:
+    from torch.distributed import run as torchrun
+
+    return hasattr(torchrun.parse_args(["train.py"]), "shutdown_timeout")
+
+
+@pytest.mark.skipif(not _has_shutdown_timeout(), reason="this torchrun has no --shutdown-timeout")
+def test_the_grace_is_torchruns_shutdown_timeout_where_it_has_one(monkeypatch):
+    """A torchrun with the option (CI's torch): the option, else the variable, as its agent."""
+    from torch.distributed import run as torchrun
+
+    from scalestudy.jobs.local_ranks import shutdown_timeout
+
+    monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "2")
+    assert shutdown_timeout(torchrun.parse_args(["--nproc-per-node=2", "train.py"])) == 2
     given = torchrun.parse_args(["--nproc-per-node=2", "--shutdown-timeout=5", "train.py"])
     assert shutdown_timeout(given) == 5
