@@ -3,7 +3,7 @@
 Inside a Slurm allocation (SLURM_JOB_ID is set; Snakemake's slurm executor keeps it in the job's
 shell) it execs
     <mpi> --nodes=N --ntasks-per-node=K --cpus-per-task=C [--gres=gpu:K] --kill-on-bad-exit=1 \
-        [apptainer exec --nv IMAGE] python -m scalestudy train ...
+        --disable-status [apptainer exec --nv IMAGE] python -m scalestudy train ...
 one rank per GPU (or per CPU slot), every rank finding its place from SLURM_* (dist.py), a run of
 one rank too: `sbatch --signal=USR1@lead` (without `B:`) signals the job's steps only, so every
 rank must be a task of a step to get the preemption warning. The workflow's launch rules always
@@ -25,6 +25,10 @@ srun is given --cpus-per-task because srun stopped inheriting it from sbatch in 
 --kill-on-bad-exit so a crashed rank ends the job instead of leaving the others in a collective;
 a CUDA run's step gets --gres=gpu:K, its ranks' GPUs on each node, since a step that names none
 gets all of the job's (man srun): runs started at once in one `salloc` shared its first GPU.
+And --disable-status: srun's answer to one SIGINT was a status line ("one more within 1 sec to
+abort") and nothing for the ranks, which trained on: a Ctrl-C in salloc's shell reaches srun
+alone (the ranks run on the nodes), and `scalestudy profile` passes a stop on to its launch
+once. Now it is sent on to the ranks, whose end is rank 0's one `interrupted` line.
 
 Every argument is passed as an argv list (never through a shell), and the command is printed
 (shell-quoted) first, so the log shows exactly what ran.
@@ -203,6 +207,7 @@ def build_command(args: argparse.Namespace, env: dict[str, str]) -> list[str]:
             f"--cpus-per-task={args.cpus_per_rank}",
             *gres,
             "--kill-on-bad-exit=1",
+            "--disable-status",  # one SIGINT reaches the ranks (the module docstring)
             *python,
             "-m",
             "scalestudy",

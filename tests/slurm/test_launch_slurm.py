@@ -1,0 +1,71 @@
+"""`scalestudy launch` inside an allocation (salloc's shell, the local executor on a cluster):
+its srun ends the ranks on one Ctrl-C.
+
+srun's own answer to a single SIGINT is a status line ("srun: interrupt (one more within 1 sec
+to abort)") and nothing for the tasks: the ranks trained on. A terminal's Ctrl-C reaches srun
+only (the ranks run on the nodes, outside the terminal's process group), and `scalestudy
+profile` passes a stop on to its launch once (profile.run_launch), so both left the ranks
+training; profile killed srun 90 s later. The launch's srun has --disable-status: one SIGINT is
+sent on to the ranks, whose end is rank 0's one `interrupted` line.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from workflow_helpers import BIN  # noqa: E402
+
+from scalestudy.jobs.local_ranks import children  # noqa: E402
+
+pytestmark = pytest.mark.slurm
+
+
+def test_one_sigint_to_the_launchs_srun_ends_its_ranks(slurm_cluster, data_dir, tmp_path):
+    cluster = slurm_cluster(2)
+    train = ["--dataset", "synthetic", "--width", "4", "--local-batch", "32", "--epochs", "1000"]
+    train += ["--warmup-steps", "1", "--comm-probe-steps", "0", "--device", "cpu"]
+    train += ["--data-dir", str(data_dir), "--out", str(tmp_path / "run")]
+    errors = tmp_path / "stderr"
+    with errors.open("w") as err:
+        proc = subprocess.Popen(
+            ["salloc", "-N1", "-n2", "--cpus-per-task=1", "--mem=1000", "-t", "5"]
+            + [str(BIN / "scalestudy"), "launch", "--ranks-per-node", "2"]
+            + ["--cpus-per-rank", "1", "--", *train],
+            env=cluster.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            start_new_session=True,
+        )
+    try:
+        for line in proc.stdout:
+            if line.startswith("[rank 0/2"):  # the ranks are under way
+                break
+        else:
+            pytest.fail(f"the ranks never started: {errors.read_text()[-3000:]}")
+        (srun,) = children(proc.pid)  # salloc's command: the launch, which became srun
+        assert Path(f"/proc/{srun}/cmdline").read_bytes().startswith(b"srun\0")
+        os.kill(srun, signal.SIGINT)  # once, as profile.run_launch passes a stop on
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the ranks trained on 30 s after one SIGINT:\n{errors.read_text()}")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            granted = re.search(r"Granted job allocation (\d+)", errors.read_text())
+            if granted:
+                cluster.run(["scancel", granted[1]], check=False)
+        proc.stdout.close()
+    said = errors.read_text()
+    assert "one more within 1 sec" not in said, said
+    assert re.search(r"^\[rank 0/2 \S+\] scalestudy train: interrupted$", said, re.M), said
