@@ -20,7 +20,8 @@ and --json are written, waits for them (the comparison whole, not partial), says
 and compare.py dies of it too.
 The run's torchrun gets that signal from compare.py, once (it runs in a session of its own), and
 compare.py waits for it to stop its ranks: killed outright, it left them training on. A second
-stop signal, or a run not stopped in STOP_WAIT_S, kills torchrun and its ranks (SIGKILL).
+stop signal, or a run not stopped in 90 s (local_ranks.STOP_WAIT_S), kills torchrun and its
+ranks (SIGKILL).
 
     # CPU, the Trainer issue's configuration (docs/benchmarks.md): 2 gloo ranks, local batch 64
     python benchmarks/compare.py --data-dir /tmp/bench --dataset synthetic --nproc 2 \
@@ -73,14 +74,10 @@ NOT_OURS_ONLY = {
 }
 
 
-class Stopped(Exception):
-    """SIGTERM (a time limit, `timeout`, `kill`) or SIGHUP (the terminal closed) during the
-    runs, raised as Ctrl-C raises KeyboardInterrupt: the runs that finished are still
-    summarised and written. Its `signum` is the signal's."""
-
-    def __init__(self, signum: int = signal.SIGTERM):
-        super().__init__(signum)
-        self.signum = signal.Signals(signum)
+# SIGTERM (a time limit, `timeout`, `kill`) or SIGHUP (the terminal closed) during the runs,
+# raised as Ctrl-C raises KeyboardInterrupt: the runs that finished are still summarised and
+# written. Its `signum` is the signal's.
+Stopped = local_ranks.Stopped
 
 
 def raise_stopped(signum: int, frame) -> None:
@@ -108,40 +105,20 @@ def stop_signals_raised():
             signal.signal(signum, handler)
 
 
-# how long a stopped run's torchrun may take to stop its ranks: its own grace is 30 s before it
-# kills them, and ours stops at the next epoch's end on SIGTERM (trainer/checkpoint.StopFlag)
-STOP_WAIT_S = 90
-
-
 def run_trainer(cmd: list[str], env: dict) -> int:
-    """One run (torchrun) to its end: its exit code. A stop signal to compare.py (Ctrl-C's
-    KeyboardInterrupt, Stopped) is passed on to torchrun, which passes it on to its ranks (each
-    in a session of its own) and waits for them; then it is raised here.
+    """One run (torchrun) to its end: its exit code. A stop signal to compare.py (Ctrl-C,
+    SIGTERM, SIGHUP) is passed on to torchrun once, which passes it on to its ranks (each in a
+    session of its own) and waits for them; then it is raised here (KeyboardInterrupt, Stopped).
+    A second signal, or a run not stopped in local_ranks.STOP_WAIT_S, kills torchrun and its
+    ranks (local_ranks.run_to_end). Under subprocess.run torchrun was killed (SIGKILL, at once
+    or 0.25 s after Ctrl-C) before or while it passed the signal on: the ranks of a SIGTERM to
+    compare.py alone (`kill PID`) trained on, orphaned, holding the devices (and the next
+    benchmark's measurements)."""
+    return local_ranks.run_to_end(cmd, env, _say_kill, popen=subprocess.Popen)
 
-    torchrun runs in a session of its own, so that the signal reaches it once, from here: a
-    terminal's Ctrl-C or `timeout` signals compare.py's process group, and a second signal
-    while torchrun stops its ranks cut that short. subprocess.run instead killed torchrun
-    (SIGKILL, at once or 0.25 s after Ctrl-C), before or while it passed the signal on: the
-    ranks of a SIGTERM to compare.py alone (`kill PID`) trained on, orphaned, holding the
-    devices (and the next benchmark's measurements)."""
-    proc = None
-    try:
-        with held_stop_signals() as held:  # raised inside Popen, it lost the started torchrun
-            proc = subprocess.Popen(cmd, env=env, start_new_session=True)
-        if held:
-            raise KeyboardInterrupt if held[0] == signal.SIGINT else Stopped(held[0])
-        return proc.wait()
-    except (KeyboardInterrupt, Stopped) as exc:
-        if proc is None:  # none started
-            raise
-        proc.send_signal(signal.SIGINT if isinstance(exc, KeyboardInterrupt) else exc.signum)
-        try:
-            proc.wait(timeout=STOP_WAIT_S)
-        except (subprocess.TimeoutExpired, KeyboardInterrupt, Stopped):  # or a second signal
-            why = f"not stopped {STOP_WAIT_S} s after the signal, or a second stop signal"
-            print(f"compare.py: killing torchrun (pid {proc.pid}): {why}", file=sys.stderr)
-            local_ranks.kill_launch(proc)  # torchrun and each rank's process group
-        raise
+
+def _say_kill(pid: int, why: str) -> None:
+    print(f"compare.py: killing torchrun (pid {pid}): {why}", file=sys.stderr, flush=True)
 
 
 @contextlib.contextmanager

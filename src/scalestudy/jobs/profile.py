@@ -80,10 +80,8 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from scalestudy import files, log, vocab
@@ -481,65 +479,18 @@ def _failed(argv: list[str], code: int, where: str = "") -> ProfileError:
     return ProfileError(f"{argv[0]} {' '.join(argv[1:3])} ... failed with exit {code}{where}")
 
 
-class Stopped(Exception):
-    """A stop signal (SIGTERM, SIGHUP) to this process while the ranks ran: passed on to their
-    launch, which has ended (run_launch). `signum` is the signal's."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signal.Signals(signum)
-
-
-# how long the ranks' launch may take to end after a stop signal passed on: torchrun's grace
-# is 30 s before it kills its ranks (jobs/local_ranks.py)
-STOP_WAIT_S = 90
-STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# a stop signal to this process while the ranks' launch ran, raised once it ended (run_launch)
+Stopped = local_ranks.Stopped
 
 
 def run_launch(argv: list[str], env: dict[str, str], stdout=None, stderr=None) -> int:
-    """The ranks' launch (launch.build_command's argv) to its end: its exit status. It runs in a
-    session of its own, and a stop signal to this process (Ctrl-C, SIGTERM, SIGHUP) is passed
-    on to it once, then it is waited for; a second signal, or no end in STOP_WAIT_S, kills it
-    and its ranks' process groups. Then Ctrl-C raises KeyboardInterrupt, another signal
-    Stopped. A signal ignored here (nohup's SIGHUP) stays ignored.
-    It ran in this process's group under subprocess.run: a signal to this process alone
-    (`timeout`, `kill PID`) killed it and left the launch and its ranks training, orphaned,
-    holding the device; a terminal's Ctrl-C reached both, and subprocess.run SIGKILLed the
-    launch 0.25 s later, while torchrun passed it on to its ranks (each in its own session)."""
-    held: list[int] = []
-    before = {}
-    for signum in STOPS:  # noted from before the launch starts: none is lost inside Popen
-        if signal.getsignal(signum) is not signal.SIG_IGN:
-            before[signum] = signal.signal(signum, lambda signum, frame: held.append(signum))
-    try:
-        proc = subprocess.Popen(argv, env=env, stdout=stdout, stderr=stderr, start_new_session=True)
-        passed, deadline = 0, None
-        while True:
-            if len(held) > passed:
-                if passed:  # a second signal
-                    _kill_launch(proc, "a second stop signal")
-                else:
-                    proc.send_signal(held[0])
-                    deadline = time.monotonic() + STOP_WAIT_S
-                passed = len(held)
-            try:
-                code = proc.wait(timeout=0.2)
-                break
-            except subprocess.TimeoutExpired:
-                if deadline is not None and time.monotonic() > deadline:
-                    _kill_launch(proc, f"not ended {STOP_WAIT_S} s after the stop signal")
-    finally:
-        for signum, handler in before.items():
-            signal.signal(signum, handler)
-    if held:
-        raise KeyboardInterrupt if held[0] == signal.SIGINT else Stopped(held[0])
-    return code
+    """The ranks' launch (launch.build_command's argv) to its end, its exit status: passed a
+    stop signal once, killed on a second or after local_ranks.STOP_WAIT_S (run_to_end)."""
+    return local_ranks.run_to_end(argv, env, _say_kill, stdout=stdout, stderr=stderr)
 
 
-def _kill_launch(proc: subprocess.Popen, why: str) -> None:
-    """The launch and its ranks killed (local_ranks.kill_launch), said in one line."""
-    logger.error(f"scalestudy profile: killing the ranks' launch (pid {proc.pid}): {why}")
-    local_ranks.kill_launch(proc)
+def _say_kill(pid: int, why: str) -> None:
+    logger.error(f"scalestudy profile: killing the ranks' launch (pid {pid}): {why}")
 
 
 def _run_logged(argv: list[str], env: dict[str, str], log_path: Path) -> tuple[int, str]:
