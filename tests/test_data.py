@@ -1793,3 +1793,19 @@ def test_an_archive_in_raw_that_cannot_be_read_is_one_line(tmp_path: Path, capsy
         f"check the file system of {raw} (the kernel log, dmesg, names a failing disk or mount) "
         "or give another --data-dir"
     ), err
+
+
+def test_a_mirror_with_a_user_and_password_is_refused_without_echoing_them(
+    tmp_path: Path, capsys
+) -> None:
+    """--mirror https://user:secret@host/dir/: urllib sends no credentials from a URL (it
+    looked the whole user:secret@host up as a host name: "Name or service not known"), and the
+    error line printed the password, into every log that keeps stderr. Refused before any
+    download, in one line that names the host and not the password."""
+    argv = ["prepare-data", "--dataset", "cifar10", "--data-dir", str(tmp_path / "data")]
+    for mirror in ("https://user:s3cret@127.0.0.1:9/dir/", "http://s3cret@127.0.0.1:9/"):
+        assert cli.main([*argv, "--mirror", mirror]) == 1
+        (err,) = capsys.readouterr().err.strip().splitlines()
+        assert "s3cret" not in err, err
+        assert err.startswith("scalestudy prepare-data: error: --mirror gives a user name"), err
+        assert "127.0.0.1:9" in err and not (tmp_path / "data").exists(), err

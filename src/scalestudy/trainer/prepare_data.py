@@ -591,6 +591,15 @@ def prepare(
             f"--mirror {mirror!r} has a fragment (#...), which no server is sent: give the "
             "mirror's URL without it (a query, ?..., is kept)"
         )
+    if mirror is not None and "@" in urllib.parse.urlsplit(mirror).netloc:
+        # urllib sends no credentials from a URL: it looked user:password@host up as a host
+        # name ("Name or service not known"), and the error line printed the password
+        host = urllib.parse.urlsplit(mirror).netloc.rpartition("@")[2]
+        raise ValueError(
+            f"--mirror gives a user name or password (user:password@{host}), which "
+            "prepare-data does not send: give a URL that needs none (a signed URL's ?token=... "
+            f"is kept), or place the file in {out_dir / 'raw'} yourself"
+        )
     if not force and _is_current(out_dir, dataset, params):
         logger.info(
             f"prepare-data: {out_dir} is prepared and intact; nothing to do (--force redoes it)"
