@@ -1803,7 +1803,8 @@ def test_a_mirror_with_a_user_and_password_is_refused_without_echoing_them(
     error line printed the password, into every log that keeps stderr. Refused before any
     download, in one line that names the host and not the password."""
     argv = ["prepare-data", "--dataset", "cifar10", "--data-dir", str(tmp_path / "data")]
-    for mirror in ("https://user:s3cret@127.0.0.1:9/dir/", "http://s3cret@127.0.0.1:9/"):
+    mirrors = ["https://user:s3cret@127.0.0.1:9/dir/", "http://s3cret@127.0.0.1:9/"]
+    for mirror in [*mirrors, "https://user:s3cret@127.0.0.1:9/#part"]:  # the fragment's line too
         assert cli.main([*argv, "--mirror", mirror]) == 1
         (err,) = capsys.readouterr().err.strip().splitlines()
         assert "s3cret" not in err, err

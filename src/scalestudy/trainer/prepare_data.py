@@ -584,13 +584,6 @@ def prepare(
         params = {k: SYNTHETIC_DEFAULTS[k] if v is None else v for k, v in given.items()}
     elif any(v is not None for v in (num_train, num_test, seed)):
         raise ValueError("--num-train/--num-test/--seed apply only to --dataset synthetic")
-    if mirror is not None and "#" in mirror:
-        # a fragment is never sent to the server, and a file name joined after it (_url) was
-        # no part of the URL asked for: refused, as a mirror that is no URL is
-        raise ValueError(
-            f"--mirror {mirror!r} has a fragment (#...), which no server is sent: give the "
-            "mirror's URL without it (a query, ?..., is kept)"
-        )
     if mirror is not None and "@" in urllib.parse.urlsplit(mirror).netloc:
         # urllib sends no credentials from a URL: it looked user:password@host up as a host
         # name ("Name or service not known"), and the error line printed the password
@@ -599,6 +592,13 @@ def prepare(
             f"--mirror gives a user name or password (user:password@{host}), which "
             "prepare-data does not send: give a URL that needs none (a signed URL's ?token=... "
             f"is kept), or place the file in {out_dir / 'raw'} yourself"
+        )
+    if mirror is not None and "#" in mirror:
+        # a fragment is never sent to the server, and a file name joined after it (_url) was
+        # no part of the URL asked for: refused, as a mirror that is no URL is
+        raise ValueError(
+            f"--mirror {mirror!r} has a fragment (#...), which no server is sent: give the "
+            "mirror's URL without it (a query, ?..., is kept)"
         )
     if not force and _is_current(out_dir, dataset, params):
         logger.info(
