@@ -19,6 +19,7 @@ import torch.distributed as dist
 from conftest import PYTHON, SMALL, child_env
 
 from scalestudy.errors import TrainingError
+from scalestudy.jobs.local_ranks import kill_launch
 from scalestudy.trainer import progress
 from scalestudy.trainer.progress import Tracker, diagnose, is_collective_failure, ranks_text, where
 
@@ -547,18 +548,37 @@ STUCK_IN_DATA_LOAD = stuck_in("loaders", "load_prepared", 1)
 STUCK_IN_CHECKPOINT_WRITE = stuck_in("checkpoint", "write_checkpoint", 0)
 
 
-def run_rank(script: str, data_dir: Path, tmp_path: Path, *flags: str) -> str:
+def run_rank(script: str, data_dir: Path, tmp_path: Path, *flags: str, last: str = "") -> str:
     """Two gloo ranks of `script` (a wrapper of the CLI) under torchrun, with a 10 s timeout;
-    the output of the run, which must fail."""
+    the output of the run, which must fail. `last`: the output up to the first line that holds
+    it, the run then killed (its end can be torchrun's 30 s wait for a rank that hangs on)."""
     rank = tmp_path / "rank.py"
     rank.write_text(script)
     cmd = [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
     cmd += [str(rank), "train", *SMALL, *flags, "--comm-probe-steps", "0", "--pg-timeout-s", "10"]
     cmd += ["--data-dir", str(data_dir), "--out", str(tmp_path / "run")]
-    proc = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=180)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode != 0, out[-3000:]
-    return out
+    if not last:
+        proc = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=180)
+        out = proc.stdout + proc.stderr
+        assert proc.returncode != 0, out[-3000:]
+        return out
+    proc = subprocess.Popen(
+        cmd, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    lines = []
+    watchdog = threading.Timer(180, kill_launch, (proc,))  # subprocess.run's timeout above
+    watchdog.start()
+    try:
+        for line in proc.stdout:  # ends with the run, if it never says `last`
+            lines.append(line)
+            if last in line:
+                break
+    finally:
+        watchdog.cancel()
+        kill_launch(proc)  # torchrun and each rank's process group
+        proc.stdout.close()
+    return "".join(lines)
 
 
 def test_a_rank_stuck_loading_its_data_is_named_at_start_up(data_dir, tmp_path):
@@ -577,7 +597,8 @@ def test_a_rank_stuck_in_its_checkpoint_write_is_named(data_dir, tmp_path):
     """Rank 0's background write of epoch 1's checkpoint hangs; at epoch 2's save it waits for
     it while rank 1 waits in the stop agreement. Both were at 'checkpoint': no rank lagged."""
     flags = ("--epochs", "4", "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "1")
-    out = run_rank(STUCK_IN_CHECKPOINT_WRITE, data_dir, tmp_path, *flags)
+    # rank 0, in its write when rank 1 fails, ends only at torchrun's SIGKILL 30 s later
+    out = run_rank(STUCK_IN_CHECKPOINT_WRITE, data_dir, tmp_path, *flags, last="furthest rank")
     named = re.search(
         r"\[rank 1/2 \S+\] hang diagnosis: rank 0 on \S+ is alive but behind: it has been at "
         r"checkpoint write after step (\d+) for \d+ s",
