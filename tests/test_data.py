@@ -1810,3 +1810,55 @@ def test_a_mirror_with_a_user_and_password_is_refused_without_echoing_them(
         assert "s3cret" not in err, err
         assert err.startswith("scalestudy prepare-data: error: --mirror gives a user name"), err
         assert "127.0.0.1:9" in err and not (tmp_path / "data").exists(), err
+
+
+def test_an_https_mirror_that_answers_404_is_not_retried_over_http(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """A failed https transfer is retried over http (torchvision's habit: for a TLS or proxy
+    failure). An https server that answered (404: no such file) was asked again in clear
+    text, a request that can only fail or reach someone else, and the line ended in the
+    retry's error. Now an answer over https is the error, with no retry; a TLS failure is
+    still retried (test_an_https_mirror_with_a_query_is_not_retried_over_http)."""
+    import ssl
+
+    if shutil.which("openssl") is None:
+        need("openssl", "apt-get install openssl")
+    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"]
+        + ["-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1"]
+        + ["-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True,
+        capture_output=True,
+    )
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # this process trusts the server's cert
+    asked: list[str] = []
+
+    class NotFound(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            asked.append(self.path)
+            self.send_error(404)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(cert, key)
+    server.socket = tls.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        mirror = f"https://127.0.0.1:{server.server_address[1]}/dir/"
+        argv = ["prepare-data", "--dataset", "cifar10", "--data-dir", str(tmp_path / "data")]
+        assert cli.main([*argv, "--mirror", mirror]) == 1
+    finally:
+        server.shutdown()
+        server.server_close()
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert asked == ["/dir/cifar-10-python.tar.gz"], asked  # over https, once
+    assert f"could not download {mirror}cifar-10-python.tar.gz to " in err, err
+    assert "HTTP Error 404" in err and "http://" not in err and "nor over http" not in err, err
+    assert err.endswith("or pass --mirror URL."), err

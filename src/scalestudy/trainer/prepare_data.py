@@ -75,8 +75,9 @@ def _download(base_url: str, filename: str, md5: str, raw_dir: Path) -> str:
     What arrives goes through a temp file beside it (_save): a transfer that stalled or broke
     off, or a file with another md5, never takes the archive's name nor replaces what is there.
     An https transfer that fails is tried once more over http, as torchvision's download did
-    (not a URL with a query: a signed URL's token would go in clear text); when that fails too,
-    the error names both causes, https's first."""
+    (not a URL with a query: a signed URL's token would go in clear text; nor after the server
+    answered over https, a 404 say); when that fails too, the error names both causes, https's
+    first."""
     url = _url(base_url, filename)
     path = raw_dir / filename
     try:
@@ -98,7 +99,9 @@ def _download(base_url: str, filename: str, md5: str, raw_dir: Path) -> str:
         return _without_query(_fetch(url, path, md5))
     except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
         why = f"could not download {url} to {path}: {_why(e)}"
-        if not url.startswith("https://"):
+        if not url.startswith("https://") or isinstance(e, urllib.error.HTTPError):
+            # an https server that answered (404, 403) was asked again in clear text, which can
+            # only fail or reach someone else: the retry is for a TLS or proxy failure
             raise DownloadError(f"{why}. {_offline(md5)}") from e
         if urllib.parse.urlsplit(url).query:
             # a signed URL's token, retried over http, went in clear text to whatever is on the
