@@ -587,10 +587,10 @@ def prepare(
         params = {k: SYNTHETIC_DEFAULTS[k] if v is None else v for k, v in given.items()}
     elif any(v is not None for v in (num_train, num_test, seed)):
         raise ValueError("--num-train/--num-test/--seed apply only to --dataset synthetic")
-    if mirror is not None and "@" in urllib.parse.urlsplit(mirror).netloc:
+    _, at, host = urllib.parse.urlsplit(mirror or "").netloc.rpartition("@")
+    if at:
         # urllib sends no credentials from a URL: it looked user:password@host up as a host
         # name ("Name or service not known"), and the error line printed the password
-        host = urllib.parse.urlsplit(mirror).netloc.rpartition("@")[2]
         raise ValueError(
             f"--mirror gives a user name or password (user:password@{host}), which "
             "prepare-data does not send: give a URL that needs none (a signed URL's ?token=... "
