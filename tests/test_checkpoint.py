@@ -331,6 +331,80 @@ def test_sigterm_then_restart_matches_an_uninterrupted_run(data_dir, tmp_path):
     assert not ckdir.exists()  # a finished run leaves no checkpoint to resume
 
 
+def _on_a_terminal(data_dir: Path, out: Path, *flags: str) -> tuple[subprocess.Popen, int]:
+    """A 1-rank `scalestudy train` whose controlling terminal is a pseudo-terminal (stdin,
+    stdout and stderr on it), as in an ssh session: returns it and the terminal's master end,
+    whose closing hangs the terminal up (the kernel's SIGHUP; its writes then fail, EIO)."""
+    import fcntl
+    import pty
+    import termios
+
+    master, slave = pty.openpty()
+
+    def own_terminal() -> None:  # a session of its own, the pty its controlling terminal
+        os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)  # as a terminal's job has it (not nohup's)
+
+    cmd = [PYTHON, "-m", "scalestudy", "train", *SMALL, *flags]
+    cmd += ["--data-dir", str(data_dir), "--out", str(out)]
+    try:
+        proc = subprocess.Popen(
+            cmd, stdin=slave, stdout=slave, stderr=slave, env=child_env(), preexec_fn=own_terminal
+        )
+    finally:
+        os.close(slave)
+    return proc, master
+
+
+def test_a_closed_terminal_checkpoints_and_exits_75(data_dir, tmp_path):
+    """A run started by hand over ssh, whose connection dropped: the hang-up's SIGHUP killed
+    the rank on the spot, every epoch since the last checkpoint lost (all of them with
+    --checkpoint-every 0) and the temp file of attempt.json's write in flight left behind. It
+    stops as on SIGTERM now: checkpoint at the epoch's end, exit 75, though every line it
+    writes after the hang-up fails (EIO)."""
+    out, ckdir = tmp_path / "run", tmp_path / "ckpt"
+    flags = ("--epochs", "30", "--limit-train", "256", "--limit-test", "100")
+    proc, master = _on_a_terminal(
+        data_dir, out, *flags, "--checkpoint-dir", str(ckdir), "--checkpoint-every", "0"
+    )
+    try:
+        csv = out / "epochs.csv"
+        while not (csv.exists() and len(csv.read_text().splitlines()) > 1):
+            assert proc.poll() is None, "the run ended before its first epoch"
+            try:  # what it writes, read so that it never blocks on a full terminal
+                os.read(master, 65536)
+            except OSError:  # EIO: it ended, closing the terminal's last slave end
+                break
+        os.close(master)  # the hang-up
+        assert proc.wait(timeout=120) == ck.PREEMPTED_EXIT
+    finally:
+        proc.kill()
+    assert [p.name for p in ck.list_checkpoints(ckdir)], "no checkpoint saved"
+    assert not list(ckdir.glob(".*.tmp")), list(ckdir.iterdir())
+    assert not (out / "metrics.json").exists()
+
+
+def test_a_hang_up_under_nohup_is_ignored(data_dir, tmp_path):
+    """`nohup scalestudy train ...`: SIGHUP ignored at start stays ignored, the run completes."""
+    out = tmp_path / "run"
+    cmd = [PYTHON, "-m", "scalestudy", "train", *SMALL, *EPOCHS, "--data-dir", str(data_dir)]
+    cmd += ["--out", str(out), "--checkpoint-dir", str(tmp_path / "ckpt")]
+    proc = subprocess.Popen(
+        cmd,
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN),  # as nohup starts it
+    )
+    _wait_for_epochs(out, 1, proc)
+    proc.send_signal(signal.SIGHUP)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr
+    assert "SIGHUP" not in stderr and read_metrics(out)["restarts"] == 0
+
+
 def test_a_checkpoint_of_other_prepared_data_is_not_resumed(data_dir, tmp_path):
     """--data-dir is not in config_hash (where the data is, not what), and nothing else of the
     data was in the checkpoint's identity: the same command with a --data-dir of another

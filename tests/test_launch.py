@@ -347,7 +347,11 @@ def test_trainer_flags_without_the_separator_name_it():
 def _local_run(data_dir: Path, tmp_path: Path, *flags: str) -> subprocess.Popen:
     """`scalestudy launch` of 2 local ranks (torchrun's agent) training until stopped, in its
     own process group as a terminal's foreground job is; returns once rank 0 trains."""
-    from workflow_helpers import child_env, sigint_as_in_a_terminal
+    from workflow_helpers import child_env, sighup_as_in_a_terminal, sigint_as_in_a_terminal
+
+    def as_in_a_terminal() -> None:
+        sigint_as_in_a_terminal()
+        sighup_as_in_a_terminal()
 
     cmd = [sys.executable, "-m", "scalestudy", "launch", "--ranks-per-node", "2", "--"]
     cmd += ["--dataset", "synthetic", "--width", "4", "--local-batch", "32", "--epochs", "1000"]
@@ -359,7 +363,7 @@ def _local_run(data_dir: Path, tmp_path: Path, *flags: str) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        preexec_fn=sigint_as_in_a_terminal,
+        preexec_fn=as_in_a_terminal,
         start_new_session=True,
     )
     for line in proc.stdout:
@@ -429,19 +433,21 @@ def test_a_failed_local_rank_is_one_line_and_its_exit_status(tmp_path):
     assert "exited 2 (the first to fail" in proc.stderr.splitlines()[-1]
 
 
-def test_a_stop_signal_to_the_launch_itself_is_the_ranks_stop(data_dir, tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["term", "hup"])
+def test_a_stop_signal_to_the_launch_itself_is_the_ranks_stop(data_dir, tmp_path, signum):
     """SIGTERM to the launch process alone (a batch system's or `timeout`'s stop of the
     launcher, not of its ranks): torchrun passed it on, the ranks checkpointed and exited 75,
     and the launch still ended 143 ("stopped by SIGTERM"), so a wrapper could not tell a stop
-    to rerun from a crash. The ranks' end is now the launch's: 75, with their checkpoint."""
+    to rerun from a crash. The ranks' end is now the launch's: 75, with their checkpoint.
+    SIGHUP (a closed terminal) alike: the ranks died of it (129), their training lost."""
     proc = _local_run(data_dir, tmp_path, "--checkpoint-dir", str(tmp_path / "ckpt"))
     try:
-        proc.send_signal(signal.SIGTERM)  # the launcher only
+        proc.send_signal(signum)  # the launcher only
         _, err = proc.communicate(timeout=120)
     finally:
         proc.kill()
     assert proc.returncode == 75, err
-    assert "Traceback" not in err and "stopped on SIGTERM after epoch" in err, err
+    assert "Traceback" not in err and f"stopped on {signum.name} after epoch" in err, err
     assert list((tmp_path / "ckpt").glob("epoch-*")), err
 
 

@@ -21,8 +21,8 @@ terminal) end the program as Ctrl-C does: `scalestudy <command>: stopped by SIGT
 cleanup (the temp files of files.py's atomic writes removed; Python's default action was death
 on the spot, and prepare-data left its part of the CIFAR-10 archive in raw/ for good), then
 death by that signal (128 + N from main()). Not in the commands that handle them themselves
-(OWN_STOP: train checkpoints on SIGTERM, launch's torchrun agent passes them to the ranks), and
-a signal ignored when the program starts (nohup's SIGHUP) stays ignored.
+(OWN_STOP: train checkpoints on SIGTERM and SIGHUP, launch's torchrun agent passes them to the
+ranks), and a signal ignored when the program starts (nohup's SIGHUP) stays ignored.
 
 A reader that leaves early (`scalestudy plan --out-md /dev/stdout | head -1`, a closed named
 pipe) ends the command quietly, as SIGPIPE ends a Unix tool: no message, exit 141 (128 + 13,

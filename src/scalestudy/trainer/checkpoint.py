@@ -407,16 +407,21 @@ def set_rng_state(state: dict, generators: dict[str, torch.Generator] | None = N
 
 
 class StopFlag:
-    """SIGTERM/SIGUSR1 set a flag instead of killing the rank; the training loop agrees on it
-    with the other ranks at the next epoch boundary (signals reach ranks at different times)."""
+    """SIGTERM/SIGUSR1/SIGHUP set a flag instead of killing the rank; the training loop agrees
+    on it with the other ranks at the next epoch boundary (signals reach ranks at different
+    times). SIGHUP is a closed terminal (an ssh session that dropped): it killed the rank on the
+    spot, the run's training since its last checkpoint lost and a stray temp file of the write
+    in flight left; a SIGHUP ignored at start (nohup) stays ignored."""
 
-    SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)
 
     def __init__(self) -> None:
         self.signal: int | None = None
 
     def install(self) -> None:
         for sig in self.SIGNALS:
+            if sig == signal.SIGHUP and signal.getsignal(sig) is signal.SIG_IGN:
+                continue
             signal.signal(sig, self._handle)
 
     def _handle(self, signum, frame) -> None:

@@ -171,7 +171,7 @@ class TrainConfig:
     # that a user could type is silently ignored)
     checkpoint_every: int | None = _f(
         None,
-        "epochs between checkpoints, with --checkpoint-dir (0 = only on SIGTERM/SIGUSR1)",
+        "epochs between checkpoints, with --checkpoint-dir (0 = only on SIGTERM/SIGUSR1/SIGHUP)",
         shown=f"{CHECKPOINT_DEFAULTS['checkpoint_every']} with --checkpoint-dir",
     )
     checkpoint_keep: int | None = _f(

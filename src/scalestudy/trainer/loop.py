@@ -162,7 +162,7 @@ def train_epochs(
         end_of_epoch(run, state, epoch, sums, epoch_time, lr, meter.epoch_in_window)
         state.epoch = epoch + 1
         checkpointing.mark_alive(state, meter)  # what a kill after here loses (count_lost)
-        checkpointing.after_epoch(state, meter)  # every N epochs, and on SIGTERM/SIGUSR1
+        checkpointing.after_epoch(state, meter)  # every N epochs, and on SIGTERM/USR1/HUP
         meter.join_ranks()  # rank 0's writes above stay out of every rank's next window
 
 

@@ -7,7 +7,7 @@ The protocol (train.py describes it for users):
   from the newest valid checkpoint of this configuration, data and code (rank 0 chooses, every
   rank loads), or start fresh without one;
 - after every epoch but the last: one all-reduce on which every rank agrees whether to stop (a
-  SIGTERM/SIGUSR1 on any rank) and whether any checkpoint write failed; save every
+  SIGTERM/SIGUSR1/SIGHUP on any rank) and whether any checkpoint write failed; save every
   --checkpoint-every epochs, and on a stop. Before a save the background write still in flight
   is waited for (in that all-reduce when the save is due by the schedule, in one more on a stop
   between scheduled saves), so a failed write fails every rank at the same point;

@@ -175,12 +175,13 @@ How the numbers are measured (the analysis relies on these definitions):
   when the two differ.
 
 Checkpoints and resume (--checkpoint-dir; state.py, checkpoint.py): a run saves every
---checkpoint-every epochs and, on SIGTERM/SIGUSR1, at the end of the current epoch (all ranks
-agree on the stop with one all-reduce per epoch), then, once the checkpoint is complete on every
-rank, exits with 75 (checkpoint.PREEMPTED_EXIT; a failed save fails the run instead). The same
-command resumes from the newest valid checkpoint of the same configuration (config_hash), world
-size, prepared data (data_sha256: another --data-dir holding other data, or an edited meta.json,
-starts fresh, with a warning) and code (the sha256 of the trainer's source, measure.code_sha256,
+--checkpoint-every epochs and, on SIGTERM/SIGUSR1 (or SIGHUP, a closed terminal, unless started
+under nohup), at the end of the current epoch (all ranks agree on the stop with one all-reduce
+per epoch), then, once the checkpoint is complete on every rank, exits with 75
+(checkpoint.PREEMPTED_EXIT; a failed save fails the run instead). The same command resumes
+from the newest valid checkpoint of the same configuration (config_hash), world size, prepared
+data (data_sha256: another --data-dir holding other data, or an edited meta.json, starts fresh,
+with a warning) and code (the sha256 of the trainer's source, measure.code_sha256,
 torch's version, RunState's fields: a rerun after a trainer change starts fresh, with a warning
 naming both values, so the code and torch_version hold for every segment) and hardware (every
 rank's device, in rank order: a job requeued on another GPU model starts fresh, with a warning,
@@ -343,7 +344,7 @@ def _main(cfg: TrainConfig, denv: sdist.DistEnv, interrupt: Interrupt) -> int:
     preflight(cfg, denv)  # before the rendezvous: no rank waits for a process group
     stop = ckpt.StopFlag()
     if cfg.checkpoint_dir:
-        stop.install()  # SIGTERM/SIGUSR1: checkpoint at the epoch's end, then exit 75
+        stop.install()  # SIGTERM/USR1/HUP: checkpoint at the epoch's end, then exit 75
     try:
         device = pick_device(cfg, denv)
         backend = pick_backend(cfg, device)
