@@ -140,15 +140,18 @@ def test_without_tensorboard_one_line_and_nothing_written(data_dir, tmp_path, mo
     assert sorted(p.name for p in out.iterdir()) == ["epochs.csv", "metrics.json"]
 
 
-# TensorBoard's writer thread re-raises its write error, and threading reports it
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
-def test_a_full_disk_stops_the_scalars_not_the_training(tiny_fs, tensorboard, caplog):
+def test_a_full_disk_stops_the_scalars_not_the_training(tiny_fs, tensorboard, caplog, monkeypatch):
     """The disk fills under the event file: the failed flush was warned of, then close() in the
     same handler flushed again, and TensorBoard raised the same OSError out of epoch(), so the
     run died with its traceback (the module promises a warning and training on). Now one
-    warning, the scalars stop, and every later epoch() returns quietly."""
+    warning, the scalars stop, and every later epoch() returns quietly. TensorBoard's writer
+    thread re-raised the error as it died, and Python's threading.excepthook printed its
+    traceback beside the warning: that hook (here one that records) no longer hears of it."""
     import logging
+    import threading
 
+    unhandled = []
+    monkeypatch.setattr(threading, "excepthook", unhandled.append)  # as Python's, which prints
     cfg = TrainConfig(out=str(tiny_fs), epochs=1000)
     scalars = Scalars(cfg, rank=0)
     history = [_row(1, 1.0)]
@@ -164,6 +167,33 @@ def test_a_full_disk_stops_the_scalars_not_the_training(tiny_fs, tensorboard, ca
     stops = [r.getMessage() for r in caplog.records if "TensorBoard scalars stop" in r.message]
     assert len(stops) == 1 and "No space left on device" in stops[0], stops
     assert str(tiny_fs / "tensorboard") in stops[0]
+    assert not unhandled, [(a.thread, a.exc_value) for a in unhandled]
+
+
+def test_a_thread_error_of_another_kind_or_thread_still_reaches_the_hook(monkeypatch):
+    """Only TensorBoard's writer threads' OSError (said in the warning) is kept from the hook:
+    any other thread's error, or another error of theirs (a bug), is printed as before."""
+    import threading
+
+    from scalestudy.trainer import scalars
+
+    heard = []
+    monkeypatch.setattr(threading, "excepthook", heard.append)
+    scalars.quiet_writer_thread_errors()
+
+    class Writer(threading.Thread):  # a thread class of TensorBoard's module
+        __module__ = "tensorboard.summary.writer.event_file_writer"
+
+    def fail(exc: BaseException) -> None:
+        raise exc
+
+    runs = [(Writer, OSError(28, "No space left on device")), (Writer, ValueError("bug"))]
+    runs.append((threading.Thread, OSError(28, "No space left on device")))
+    for kind, exc in runs:
+        thread = kind(target=fail, args=(exc,))
+        thread.start()
+        thread.join()
+    assert [type(a.exc_value) for a in heard] == [ValueError, OSError], heard
 
 
 def test_a_broken_tensorboard_install_is_one_line_and_the_run_completes(

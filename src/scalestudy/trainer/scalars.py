@@ -9,8 +9,10 @@ config.NOT_IDENTITY). Other ranks write nothing.
 tensorboard is an optional dependency (`pip install tensorboard`, or the `tensorboard` extra):
 without it, or with --no-tensorboard, nothing is written; the missing package is said in one
 info line (an installed one that fails to import, in one warning) and never fails a run. A
-failed write (a full disk) warns once and stops the scalars, not the training (TensorBoard's
-writer thread prints its own traceback of the error).
+failed write (a full disk) warns once and stops the scalars, not the training. TensorBoard's
+writer thread re-raises the error as it dies, which Python's threading.excepthook printed as a
+traceback beside that warning: rank 0 keeps such an OSError of TensorBoard's threads from the
+hook (quiet_writer_thread_errors; every write is flushed in epoch(), which raises it again).
 
 Resume: the event files are a function of state.history, like epochs.csv. The first epoch a
 process records writes every row of the history (the checkpoint's epochs and this one) into a
@@ -29,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +63,7 @@ class Scalars:
         self._writer_class = summary_writer_class() if cfg.tensorboard and rank == 0 else None
         self._writer: Any = None  # open from the first epoch() of this process
         if self._writer_class is not None:
+            quiet_writer_thread_errors()
             logger.info(f"TensorBoard scalars per epoch -> {self.directory}")
 
     def epoch(self, history: list[dict]) -> None:
@@ -113,6 +117,24 @@ class Scalars:
 def _add(writer: Any, row: dict) -> None:
     for column, tag in TAGS.items():
         writer.add_scalar(tag, row[column], global_step=row["epoch"])
+
+
+def quiet_writer_thread_errors() -> None:
+    """threading.excepthook (Python's prints a traceback) no longer hears of an OSError that
+    ended one of TensorBoard's threads: its writer thread keeps the error and the next flush
+    raises it in epoch(), whose one warning says it. Any other thread's error, or another
+    error of theirs (a bug), still reaches the hook. Installed once per hook."""
+    previous = threading.excepthook
+    if getattr(previous, "quiets_tensorboard", False):
+        return
+
+    def hook(args: Any) -> None:
+        tensorboards = type(args.thread).__module__.startswith("tensorboard.")
+        if not (tensorboards and issubclass(args.exc_type, OSError)):
+            previous(args)
+
+    hook.quiets_tensorboard = True  # type: ignore[attr-defined]
+    threading.excepthook = hook
 
 
 def summary_writer_class() -> Any:
