@@ -1455,7 +1455,7 @@ def test_an_https_mirror_with_a_query_is_not_retried_over_http(
     argv = ["prepare-data", "--dataset", "cifar10", "--data-dir", str(tmp_path / "data")]
     assert cli.main([*argv, "--mirror", signed]) == 1
     (err,) = capsys.readouterr().err.strip().splitlines()
-    url = f"https://127.0.0.1:{port}/{archive.name}?token=abc"
+    url = f"https://127.0.0.1:{port}/{archive.name}?..."  # its query not said (_shown)
     assert f"could not download {url} to " in err, err
     assert "not retried over http: its query may hold a secret, which http sends in clear" in err
     assert "http://127.0.0.1" not in err and err.endswith("or pass --mirror URL."), err
@@ -1759,13 +1759,29 @@ def test_a_mirror_with_a_query_string_gets_each_file_and_meta_json_keeps_no_toke
         capsys.readouterr()
         del asked[:]
         argv = ["prepare-data", "--dataset", "cifar10", "--data-dir", str(tmp_path / "third")]
-        for mirror in (f"{host}/dir/?token=abc#part", f"{host}/dir/#"):
+        for mirror, shown in (
+            (f"{host}/dir/?token=abc#part", f"{host}/dir/?...#part"),  # the token not said
+            (f"{host}/dir/#", f"{host}/dir/#"),
+        ):
             assert cli.main([*argv, "--mirror", mirror]) == 1
             (err,) = capsys.readouterr().err.strip().splitlines()
-            assert err.startswith(f"scalestudy prepare-data: error: --mirror {mirror!r} has a "), (
-                err
-            )
+            assert err.startswith(f"scalestudy prepare-data: error: --mirror {shown!r} has a "), err
             assert asked == [] and not (tmp_path / "third").exists()
+        # a token the server refuses (expired): the error lines, kept in the workflow's logs,
+        # named the URL with its token; its scheme, host and path still say what failed
+        for dataset in ("cifar10", "mnist"):
+            argv = ["prepare-data", "--dataset", dataset, "--data-dir", str(tmp_path / "fourth")]
+            assert cli.main([*argv, "--mirror", f"{host}/dir/?token=s3cret"]) == 1
+            (err,) = capsys.readouterr().err.strip().splitlines()
+            assert "s3cret" not in err and f"{host}/dir/" in err and "?..." in err, err
+            assert "HTTP Error 403" in err, err
+        # nor where the md5 is wrong: a file of another size under the name
+        (site / archive.name).write_bytes(b"not the archive")
+        argv = ["prepare-data", "--dataset", "cifar10", "--data-dir", str(tmp_path / "fifth")]
+        assert cli.main([*argv, "--mirror", f"{host}/dir/?token=abc"]) == 1
+        (err,) = capsys.readouterr().err.strip().splitlines()
+        assert "md5 mismatch" in err and "token=abc" not in err, err
+        assert f"{host}/dir/{archive.name}?..." in err, err
     finally:
         server.shutdown()
         server.server_close()

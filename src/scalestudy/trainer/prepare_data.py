@@ -98,7 +98,7 @@ def _download(base_url: str, filename: str, md5: str, raw_dir: Path) -> str:
     try:
         return _without_query(_fetch(url, path, md5))
     except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
-        why = f"could not download {url} to {path}: {_why(e)}"
+        why = f"could not download {_shown(url)} to {path}: {_why(e)}"
         if not url.startswith("https://") or isinstance(e, urllib.error.HTTPError):
             # an https server that answered (404, 403) was asked again in clear text, which can
             # only fail or reach someone else: the retry is for a TLS or proxy failure
@@ -119,7 +119,9 @@ def _download(base_url: str, filename: str, md5: str, raw_dir: Path) -> str:
             raise DownloadError(
                 f"{why}; nor over http ({plain}): {_why(again)}. {_offline(md5)}"
             ) from again
-        logger.warning(f"prepare-data: {url} failed ({_why(e)}); downloaded over http instead")
+        logger.warning(
+            f"prepare-data: {_shown(url)} failed ({_why(e)}); downloaded over http instead"
+        )
         return _without_query(came_from)
 
 
@@ -137,6 +139,14 @@ def _without_query(url: str) -> str:
     travels with the prepared data (copied to other machines, archived, shared); its scheme,
     host and path still name the server and the file."""
     return urllib.parse.urlsplit(url)._replace(query="", fragment="").geturl()
+
+
+def _shown(url: str) -> str:
+    """`url` as an error line or a warning says it: its query, which may hold a secret
+    (_without_query), as "?..."; the error lines land in the workflow's logs, kept and shared
+    in bug reports, and an expired token's 403 printed the token."""
+    parts = urllib.parse.urlsplit(url)
+    return parts._replace(query="...").geturl() if parts.query else url
 
 
 def _fetch(url: str, path: Path, md5: str) -> str:
@@ -166,7 +176,7 @@ def _fetch(url: str, path: Path, md5: str) -> str:
 
         # the Content-Length (None for a chunked reply), read before the body is: http.client
         # counts it down as the body arrives
-        _save(read, path, md5, url, size=getattr(response, "length", None))
+        _save(read, path, md5, _shown(url), size=getattr(response, "length", None))
         return response.geturl()
 
 
@@ -287,13 +297,13 @@ def _copy_local(url: str, path: Path, md5: str) -> None:
         # file://data/mirror: urlparse reads "data" as a host, and the file was looked for
         # in /mirror
         raise DownloadError(
-            f"{url} names the host {parsed.netloc!r} (a file:// URL's path starts after its "
-            f"third slash); {fix}"
+            f"{_shown(url)} names the host {parsed.netloc!r} (a file:// URL's path starts after "
+            f"its third slash); {fix}"
         )
     source = Path(urllib.request.url2pathname(parsed.path))
 
     def unreadable(e: OSError) -> DownloadError:
-        return DownloadError(f"cannot read {source} (from {url}): {e.strerror or e}; {fix}")
+        return DownloadError(f"cannot read {source} (from {_shown(url)}): {e.strerror or e}; {fix}")
 
     # is_file() said "does not exist" of a directory, of an archive's path given for DIR (Not a
     # directory) and of a directory this user may not enter; and a read error (EIO) names no
@@ -600,8 +610,8 @@ def prepare(
         # a fragment is never sent to the server, and a file name joined after it (_url) was
         # no part of the URL asked for: refused, as a mirror that is no URL is
         raise ValueError(
-            f"--mirror {mirror!r} has a fragment (#...), which no server is sent: give the "
-            "mirror's URL without it (a query, ?..., is kept)"
+            f"--mirror {_shown(mirror)!r} has a fragment (#...), which no server is sent: give "
+            "the mirror's URL without it (a query, ?..., is kept)"
         )
     if not force and _is_current(out_dir, dataset, params):
         logger.info(
@@ -686,8 +696,8 @@ def run(args: argparse.Namespace) -> int:
     schemes = ("http://", "https://", "file://")
     if args.mirror is not None and not args.mirror.startswith(schemes):
         logger.error(
-            f"scalestudy prepare-data: error: --mirror {args.mirror!r} is not a URL: give one "
-            f"starting with {', '.join(schemes)}"
+            f"scalestudy prepare-data: error: --mirror {_shown(args.mirror)!r} is not a URL: give "
+            f"one starting with {', '.join(schemes)}"
         )
         return 1
     try:
