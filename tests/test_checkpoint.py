@@ -822,6 +822,45 @@ def test_a_checkpoint_of_other_hardware_is_not_resumed(tmp_path, monkeypatch, on
     assert "NVIDIA A100-SXM4-80GB" in warnings[-1] and f"1 x {here}" in warnings[-1], warnings
 
 
+def test_a_checkpoint_of_another_rank_layout_is_not_resumed(data_dir, tmp_path):
+    """A study whose gpus_per_node changed runs w8 as 2 x 4 where it ran 1 x 8: the same run id,
+    so the same checkpoint directory, and neither the configuration nor the world size tells
+    the layouts apart. A stopped 1 x 8 job's checkpoint resumed, and metrics.json summed both
+    layouts' windows under the last one's nodes and ranks_per_node. The ranks per host are in
+    the identity now: here 2 ranks on one host, stopped, then the same 2 ranks as two hosts'
+    (SLURMD_NODENAME, the node name the trainer reads) start fresh, the warning naming both."""
+    out, ckdir = tmp_path / "run", tmp_path / "ckpt"
+
+    def launch(*prefix: str) -> list[str]:
+        cmd = [PYTHON, "-m", "scalestudy", "launch", "--ranks-per-node", "2", *prefix, "--"]
+        cmd += [*SMALL, *EPOCHS, "--checkpoint-dir", str(ckdir), "--checkpoint-every", "1"]
+        return cmd + ["--device", "cpu", "--data-dir", str(data_dir), "--out", str(out)]
+
+    proc = subprocess.Popen(  # 1 x 2
+        launch(), env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    _wait_for_epochs(out, 1, proc)
+    proc.send_signal(signal.SIGTERM)  # passed on to the ranks (jobs/local_ranks.py)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == ck.PREEMPTED_EXIT, stderr[-3000:]
+    assert ck.list_checkpoints(ckdir)
+
+    (out / "epochs.csv").unlink()
+    as_two_hosts = "sh -c 'SLURMD_NODENAME=node$LOCAL_RANK exec \"$@\"' sh"  # 2 x 1
+    done = subprocess.run(
+        launch("--rank-prefix", as_two_hosts),
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "not resuming" in done.stderr and "'ranks_per_host': [2]" in done.stderr, done.stderr
+    assert "'ranks_per_host': [1, 1]" in done.stderr, done.stderr
+    m = read_metrics(out)
+    assert m["restarts"] == 0 and (m["nodes"], m["ranks_per_node"]) == (2, 1)
+
+
 def test_a_checkpoint_of_another_image_is_not_resumed(tmp_path, monkeypatch, one_rank_group):
     """A rebuilt image (another CUDA, cuDNN or NCCL under the same torch) reruns the study's runs
     (the image is an input of training), and each resumed the checkpoint the old image wrote:

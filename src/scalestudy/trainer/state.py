@@ -139,13 +139,22 @@ def device_runs(names: list[str]) -> list[str]:
     return [f"{count} x {name}" for count, name in runs]
 
 
-def rank_devices(device: torch.device, world_size: int) -> list[str]:
-    """device_runs of every rank's device (measure.device_info; a collective beyond 1 rank)."""
-    names = [measure.device_info(device)["name"]]
+def ranks_per_host(hosts: list[str]) -> list[int]:
+    """How many ranks each host holds, hosts in the order of their first rank: [4, 4] for 2
+    nodes of 4, [8] for 1 node of 8; the layout without the host names (a requeued job on
+    other nodes of the same shape is the same layout)."""
+    return [hosts.count(host) for host in dict.fromkeys(hosts)]
+
+
+def rank_places(device: torch.device, world_size: int) -> tuple[list[str], list[int]]:
+    """device_runs of every rank's device (measure.device_info) and ranks_per_host of their
+    hosts (dist.hostname); a collective beyond 1 rank."""
+    here = (sdist.hostname(), measure.device_info(device)["name"])
+    places: list = [here]
     if world_size > 1:
-        names = [None] * world_size
-        dist.all_gather_object(names, measure.device_info(device)["name"])
-    return device_runs(names)
+        places = [None] * world_size
+        dist.all_gather_object(places, here)
+    return device_runs([name for _, name in places]), ranks_per_host([h for h, _ in places])
 
 
 def make_checkpointer(
@@ -162,13 +171,17 @@ def make_checkpointer(
     which a commit of docs or an edit of config.yaml changes too), torch's version and the
     fields of RunState (a checkpoint whose progress this code cannot read): a rerun after a
     trainer change resumed the old code's epochs silently. And the hardware: every rank's device
-    (rank_devices, a collective beyond 1 rank): a job requeued on another GPU model (a mixed
+    (rank_places, a collective beyond 1 rank): a job requeued on another GPU model (a mixed
     partition) resumed, and metrics.json summed both models' windows into one throughput_img_s
-    under the last segment's device_names. And the container image's digest (a rebuilt image
-    reruns the runs: they resumed the old image's checkpoints, one throughput of both)."""
+    under the last segment's device_names. And the layout, the ranks per host: a study whose
+    gpus_per_node changed runs w8 as 2 x 4 where it ran 1 x 8, under the same run id and so
+    the same checkpoint directory, and a stopped 1 x 8 job's checkpoint resumed, both layouts'
+    windows summed under the last one's nodes and ranks_per_node. And the container image's
+    digest (a rebuilt image reruns the runs: they resumed the old image's checkpoints, one
+    throughput of both)."""
     if not cfg.checkpoint_dir:
         return None
-    devices = rank_devices(device, world_size)
+    devices, layout = rank_places(device, world_size)
     # FSDP saves through torch.distributed.checkpoint, whose collectives run in the background:
     # give them their own gloo group so they never interleave with training's collectives. Its
     # timeout is --pg-timeout-s, as the default group's: without one it was torch's 30 minutes
@@ -187,6 +200,7 @@ def make_checkpointer(
             "torch_version": torch.__version__,
             "run_state_fields": sorted(f.name for f in dataclasses.fields(RunState)),
             "devices": devices,
+            "ranks_per_host": layout,
             # the image the launcher ran the ranks in (jobs/launch.py), None outside one: a
             # rebuilt image (other CUDA, cuDNN, NCCL) reruns the runs, which must not resume
             # the old image's checkpoints

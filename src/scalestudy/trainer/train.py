@@ -185,8 +185,10 @@ with a warning) and code (the sha256 of the trainer's source, measure.code_sha25
 torch's version, RunState's fields: a rerun after a trainer change starts fresh, with a warning
 naming both values, so the code and torch_version hold for every segment) and hardware (every
 rank's device, in rank order: a job requeued on another GPU model starts fresh, with a warning,
-so device_names, the window and mfu hold for every segment) and container image (its digest:
-a rebuilt image reruns the runs, which start fresh) and continues bit for
+so device_names, the window and mfu hold for every segment) and layout (the ranks per host: a
+run whose gpus_per_node changed keeps its run id and checkpoint directory, and starts fresh)
+and container image (its digest: a rebuilt image reruns the runs, which start fresh) and
+continues bit for
 bit (same data order, RNG states, optimizer, schedule, scaler), except with --loader dataloader
 and persistent worker processes (--num-workers > 0): their random state lives in the workers and is
 not checkpointed, so such a run resumes correctly but not bit for bit (a warning says so at
@@ -205,7 +207,7 @@ A resumed run's numbers are accounted over its segments:
 - restarts / resumed_from_epochs: how often and after which epoch the run resumed.
 - started_at: when the first segment started (UTC). hostnames: the hosts of every segment
   whose epochs the run holds (a requeued job may land on other nodes); nodes and
-  ranks_per_node count the last segment's layout.
+  ranks_per_node: the layout, the same in every segment (the checkpoint identity).
 - checkpoint_stall_s: seconds rank 0's training waited for checkpoint saves, all segments, but
   for each stopped segment's final save: the checkpoint holding the value is that save.
 - peak_mem_mb: the highest over segments (each rank's, as of each earlier segment's last
@@ -222,10 +224,9 @@ A resumed run's numbers are accounted over its segments:
   sums (RunState).
 - of the last segment only: gpu_samples_rank*.csv (the samples are
   written once, at the end of the loop: a stopped segment's are not kept), comm_exposed_frac
-  (the probe runs once, after training), nodes and ranks_per_node (the layout the last
-  segment ran on), slurm_job_id, net_interface and nccl_version (the checkpoint identity holds
-  the trainer's code, torch's version, every rank's device and container_digest the same in
-  every segment).
+  (the probe runs once, after training), slurm_job_id, net_interface and nccl_version (the
+  checkpoint identity holds the trainer's code, torch's version, every rank's device, the
+  ranks per host and container_digest the same in every segment).
 With --checkpoint-dir, saves are written by a background thread on rank 0 by default, during
 the next epoch's window steps, where its CPU and I/O share the machine with training;
 --no-checkpoint-async makes each save wait, outside every rank's window (the others wait for
