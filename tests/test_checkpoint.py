@@ -331,10 +331,13 @@ def test_sigterm_then_restart_matches_an_uninterrupted_run(data_dir, tmp_path):
     assert not ckdir.exists()  # a finished run leaves no checkpoint to resume
 
 
-def _on_a_terminal(data_dir: Path, out: Path, *flags: str) -> tuple[subprocess.Popen, int]:
+def _on_a_terminal(
+    data_dir: Path, out: Path, *flags: str, stderr=None
+) -> tuple[subprocess.Popen, int]:
     """A 1-rank `scalestudy train` whose controlling terminal is a pseudo-terminal (stdin,
-    stdout and stderr on it), as in an ssh session: returns it and the terminal's master end,
-    whose closing hangs the terminal up (the kernel's SIGHUP; its writes then fail, EIO)."""
+    stdout and stderr on it, or stderr to `stderr`), as in an ssh session: returns it and the
+    terminal's master end, whose closing hangs the terminal up (the kernel's SIGHUP; its
+    writes then fail, EIO)."""
     import fcntl
     import pty
     import termios
@@ -350,7 +353,12 @@ def _on_a_terminal(data_dir: Path, out: Path, *flags: str) -> tuple[subprocess.P
     cmd += ["--data-dir", str(data_dir), "--out", str(out)]
     try:
         proc = subprocess.Popen(
-            cmd, stdin=slave, stdout=slave, stderr=slave, env=child_env(), preexec_fn=own_terminal
+            cmd,
+            stdin=slave,
+            stdout=slave,
+            stderr=slave if stderr is None else stderr,
+            env=child_env(),
+            preexec_fn=own_terminal,
         )
     finally:
         os.close(slave)
@@ -383,6 +391,31 @@ def test_a_closed_terminal_checkpoints_and_exits_75(data_dir, tmp_path):
     assert [p.name for p in ck.list_checkpoints(ckdir)], "no checkpoint saved"
     assert not list(ckdir.glob(".*.tmp")), list(ckdir.iterdir())
     assert not (out / "metrics.json").exists()
+
+
+def test_lines_to_a_terminal_that_hung_up_are_dropped_without_a_traceback(data_dir, tmp_path):
+    """The terminal hangs up early in epoch 1 (32 steps), its stderr going to a file (`2> log`):
+    the epoch's line to the dead terminal failed (EIO), and the logger printed its "--- Logging
+    error ---" traceback, 30 lines, into the file for each later line. A terminal that hung up
+    is now one whose reader is gone, as a closed pipe's: what goes there is dropped."""
+    out, ckdir = tmp_path / "run", tmp_path / "ckpt"
+    flags = ("--epochs", "30", "--limit-train", "1024", "--limit-test", "100")
+    with open(tmp_path / "stderr", "w") as err:
+        proc, master = _on_a_terminal(
+            data_dir, out, *flags, "--checkpoint-dir", str(ckdir), stderr=err
+        )
+    try:
+        said = b""
+        while b"window opens" not in said:  # step 2 of 32
+            assert proc.poll() is None, said
+            said += os.read(master, 65536)
+        os.close(master)  # the hang-up, before epoch 1's line
+        assert proc.wait(timeout=120) == ck.PREEMPTED_EXIT, (tmp_path / "stderr").read_text()
+    finally:
+        proc.kill()
+    stderr = (tmp_path / "stderr").read_text()
+    assert "received SIGHUP" in stderr and "Traceback" not in stderr, stderr
+    assert len(read_epochs(out)) == 1  # epoch 1's line was due after the hang-up: it was
 
 
 def test_a_hang_up_under_nohup_is_ignored(data_dir, tmp_path):

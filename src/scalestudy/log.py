@@ -7,6 +7,10 @@ hide the one warning that matters. Warnings and errors are printed by every rank
 expected error (`expected_error`): it is printed by the ranks its `scope` names (errors.py), once
 per run or per node when every rank would say the same, with no traceback.
 
+A stream whose reader is gone (a pipe's reader left, `| head`; a terminal that hung up) gets
+nothing more: its descriptor is pointed at /dev/null (`to_devnull`) and the command goes on.
+Any other failed write (a full disk, a failing one) is said by logging's own error report.
+
 `SCALESTUDY_DEBUG=1` (`scalestudy --debug` sets it, so the ranks a launcher starts inherit it)
 shows the traceback of expected errors too, from every rank.
 
@@ -20,9 +24,11 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import logging
 import os
 import signal
+import stat
 import sys
 import traceback
 from pathlib import Path
@@ -88,8 +94,22 @@ class _Console(logging.Handler):
             # its reader is gone (`| head`): handleError printed a "--- Logging error ---"
             # traceback for every later message
             to_devnull(stream)
+        except OSError as e:
+            if e.errno == errno.EIO and _is_device(stream):
+                # a terminal that hung up (a closed ssh session; the run stops on its SIGHUP,
+                # trainer/checkpoint.StopFlag): its reader is gone too
+                to_devnull(stream)
+            else:  # a file's EIO is a failing disk: said, as any other failed write
+                self.handleError(record)
         except Exception:  # nor may any other failed write end training
             self.handleError(record)
+
+
+def _is_device(stream: IO) -> bool:
+    """Whether `stream` writes to a character device (a terminal), not to a file or a pipe."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        return stat.S_ISCHR(os.fstat(stream.fileno()).st_mode)
+    return False
 
 
 def to_devnull(stream: IO) -> None:
