@@ -188,6 +188,29 @@ def test_unknown_nested_key():
     refused(cfg, "families.strong.global_bach", "global_batch")
 
 
+def test_many_unknown_keys_are_one_line_per_level():
+    """A file that is no study config among the config files (`snakemake --configfile
+    config/demo.yaml results/runs/X/metrics.json`: --configfile takes every path after it, the
+    target too) was 133 lines, one per key of metrics.json, each listing every allowed key.
+    The unknown keys of one level are one line now, a close match still its own line, and so
+    many of them say what may have happened."""
+    cfg = minimal()
+    cfg.update({f"metric_{i}": i for i in range(20)}, trains=1)  # metrics.json's sort of keys
+    message = refused(cfg, "config keys 'metric_0', 'metric_1'", "and 13 more")
+    assert "\n" not in message, message  # one problem: one line
+    assert "21 unknown keys at the top level" in message and "--configfile" in message, message
+    assert "metric_19" not in message and "did you mean" not in message, message  # chance
+    cfg = minimal()
+    cfg.update(familes={}, tarin={}, metric_a=1)  # a few: each typo its own line, with its key
+    message = refused(cfg, "did you mean 'families'", "did you mean 'train'")
+    assert "config key 'metric_a': unknown key is not allowed" in message, message
+    assert sum("unknown key" in line for line in message.splitlines()) == 3, message
+    cfg = minimal()
+    cfg["train"] = {"a_key": 1, "b_key": 2}  # two, no match: one line, no guess at a cause
+    message = refused(cfg, "config keys 'train.a_key', 'train.b_key': unknown keys")
+    assert "--configfile" not in message and "\n" not in message, message  # one problem
+
+
 def test_wrong_type():
     cfg = minimal()
     cfg["train"] = {"epochs": "ten"}

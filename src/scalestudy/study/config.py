@@ -229,22 +229,44 @@ def _reads_as_float(text: str) -> bool:
         return False
 
 
+# unknown keys of one level named in its line, and the count from which that line asks whether
+# a config file is a study config at all (`snakemake --configfile c.yaml results/x/metrics.json`)
+UNKNOWN_KEYS_SHOWN = 8
+MANY_UNKNOWN_KEYS = 10
+
+
 def format_schema_error(err: ValidationError) -> str:
     """One jsonschema error as "config key 'a.b': value X is not allowed: <allowed>"."""
     path = key_path(err.absolute_path)
     if err.validator == "additionalProperties" and isinstance(err.instance, Mapping):
         known = sorted(err.schema.get("properties", {}))
         where = f"under '{path}'" if path else "at the top level"
-        lines = []
-        for key in err.instance:
-            if key in known:
-                continue
-            hint = difflib.get_close_matches(str(key), known, n=1)
-            lines.append(
-                f"config key '{key_path([*err.absolute_path, str(key)])}': unknown key is not "
-                f"allowed: the keys {where} are {', '.join(known)}"
-                + (f" (did you mean '{hint[0]}'?)" if hint else "")
-            )
+        allowed = f"the keys {where} are {', '.join(known)}"
+        unknown = [key for key in err.instance if key not in known]
+        many = len(unknown) >= MANY_UNKNOWN_KEYS  # then a close match is chance, no typo
+        lines, unmatched = [], []
+        for key in unknown:  # a close match is a typo: its own line says which key was meant
+            if not many and (hint := difflib.get_close_matches(str(key), known, n=1)):
+                lines.append(
+                    f"config key '{key_path([*err.absolute_path, str(key)])}': unknown key is "
+                    f"not allowed: {allowed} (did you mean '{hint[0]}'?)"
+                )
+            else:
+                unmatched.append(f"'{key_path([*err.absolute_path, str(key)])}'")
+        if len(unmatched) == 1:
+            lines.append(f"config key {unmatched[0]}: unknown key is not allowed: {allowed}")
+        elif unmatched:  # one line, not one per key (a file of 133 keys was 133 lines)
+            shown = ", ".join(unmatched[:UNKNOWN_KEYS_SHOWN])
+            if len(unmatched) > UNKNOWN_KEYS_SHOWN:
+                shown += f" and {len(unmatched) - UNKNOWN_KEYS_SHOWN} more"
+            line = f"config keys {shown}: unknown keys are not allowed: {allowed}"
+            if many:
+                line += (
+                    f"; {len(unknown)} unknown keys {where}: is one of the config files no "
+                    "study config? (snakemake's --configfile takes every path after it, a "
+                    "target too: give the targets before it)"
+                )
+            lines.append(line)
         return "\n".join(lines) or err.message
     return _bad(path or "<top level>", err.instance, _allowed(err))
 
