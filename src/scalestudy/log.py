@@ -90,14 +90,10 @@ class _Console(logging.Handler):
         try:
             stream.write(self.format(record) + "\n")
             stream.flush()
-        except BrokenPipeError:
-            # its reader is gone (`| head`): handleError printed a "--- Logging error ---"
-            # traceback for every later message
-            to_devnull(stream)
         except OSError as e:
-            if e.errno == errno.EIO and _is_device(stream):
-                # a terminal that hung up (a closed ssh session; the run stops on its SIGHUP,
-                # trainer/checkpoint.StopFlag): its reader is gone too
+            if _reader_gone(e, stream):
+                # handleError printed a "--- Logging error ---" traceback for every later
+                # message
                 to_devnull(stream)
             else:  # a file's EIO is a failing disk: said, as any other failed write
                 self.handleError(record)
@@ -105,8 +101,14 @@ class _Console(logging.Handler):
             self.handleError(record)
 
 
-def _is_device(stream: IO) -> bool:
-    """Whether `stream` writes to a character device (a terminal), not to a file or a pipe."""
+def _reader_gone(e: OSError, stream: IO) -> bool:
+    """Whether the write error `e` says that nobody reads `stream` any more: a pipe whose
+    reader left (`| head`: BrokenPipeError), or a terminal that hung up (a closed ssh session:
+    EIO on a character device; the run stops on its SIGHUP, trainer/checkpoint.StopFlag)."""
+    if isinstance(e, BrokenPipeError):
+        return True
+    if e.errno != errno.EIO:
+        return False
     with contextlib.suppress(OSError, ValueError, AttributeError):
         return stat.S_ISCHR(os.fstat(stream.fileno()).st_mode)
     return False
