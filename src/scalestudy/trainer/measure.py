@@ -262,9 +262,9 @@ class Meter:
         peak = max(state.peak_mem_mb, peak_memory_mb(device))
         peak_mem = torch.tensor([peak], dtype=torch.float64, device=device)
         dist.all_reduce(peak_mem, op=dist.ReduceOp.MAX)
-        places: list = [None] * world_size  # (host, device name) of every rank
-        dist.all_gather_object(places, (sdist.hostname(), device_info(device)["name"]))
+        places = rank_places(device, world_size)
         hosts = [host for host, _ in places]
+        layout = ranks_per_host(hosts)
         # every rank joins the gather, with or without NVML (a rank that skipped it would
         # leave the others waiting until the process-group timeout)
         utils: list = [None] * world_size
@@ -273,8 +273,8 @@ class Meter:
         throughput = images_all.item() / times_max.item()
         step_times = state.window_step_times
         return {
-            "nodes": len(set(hosts)),
-            "ranks_per_node": max(hosts.count(h) for h in set(hosts)),
+            "nodes": len(layout),
+            "ranks_per_node": max(layout),
             "throughput_img_s": throughput,
             "throughput_img_s_per_rank": throughput / world_size,
             "window_steps": len(step_times),
@@ -1099,6 +1099,24 @@ def gpu_identity(device: torch.device) -> str | None:
     if device.type != "cuda":
         return None
     return str(torch.cuda.get_device_properties(device).uuid)
+
+
+def rank_places(device: torch.device, world_size: int) -> list[tuple[str, str]]:
+    """(host, device name) of every rank, in rank order (device_info; a collective beyond
+    1 rank)."""
+    here = (sdist.hostname(), device_info(device)["name"])
+    if world_size == 1:
+        return [here]
+    places: list = [None] * world_size
+    dist.all_gather_object(places, here)
+    return places
+
+
+def ranks_per_host(hosts: list[str]) -> list[int]:
+    """How many ranks each host holds, hosts in the order of their first rank: [4, 4] for 2
+    nodes of 4, [8] for 1 node of 8; the layout without the host names (a requeued job on
+    other nodes of the same shape is the same layout)."""
+    return [hosts.count(host) for host in dict.fromkeys(hosts)]
 
 
 def device_info(device: torch.device) -> dict:

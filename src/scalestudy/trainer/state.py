@@ -139,22 +139,13 @@ def device_runs(names: list[str]) -> list[str]:
     return [f"{count} x {name}" for count, name in runs]
 
 
-def ranks_per_host(hosts: list[str]) -> list[int]:
-    """How many ranks each host holds, hosts in the order of their first rank: [4, 4] for 2
-    nodes of 4, [8] for 1 node of 8; the layout without the host names (a requeued job on
-    other nodes of the same shape is the same layout)."""
-    return [hosts.count(host) for host in dict.fromkeys(hosts)]
-
-
-def rank_places(device: torch.device, world_size: int) -> tuple[list[str], list[int]]:
-    """device_runs of every rank's device (measure.device_info) and ranks_per_host of their
-    hosts (dist.hostname); a collective beyond 1 rank."""
-    here = (sdist.hostname(), measure.device_info(device)["name"])
-    places: list = [here]
-    if world_size > 1:
-        places = [None] * world_size
-        dist.all_gather_object(places, here)
-    return device_runs([name for _, name in places]), ranks_per_host([h for h, _ in places])
+def rank_layout(device: torch.device, world_size: int) -> tuple[list[str], list[int]]:
+    """device_runs of every rank's device and measure.ranks_per_host of their hosts
+    (measure.rank_places: a collective beyond 1 rank)."""
+    places = measure.rank_places(device, world_size)
+    return device_runs([name for _, name in places]), measure.ranks_per_host(
+        [host for host, _ in places]
+    )
 
 
 def make_checkpointer(
@@ -171,7 +162,7 @@ def make_checkpointer(
     which a commit of docs or an edit of config.yaml changes too), torch's version and the
     fields of RunState (a checkpoint whose progress this code cannot read): a rerun after a
     trainer change resumed the old code's epochs silently. And the hardware: every rank's device
-    (rank_places, a collective beyond 1 rank): a job requeued on another GPU model (a mixed
+    (rank_layout, a collective beyond 1 rank): a job requeued on another GPU model (a mixed
     partition) resumed, and metrics.json summed both models' windows into one throughput_img_s
     under the last segment's device_names. And the layout, the ranks per host: a study whose
     gpus_per_node changed runs w8 as 2 x 4 where it ran 1 x 8, under the same run id and so
@@ -181,7 +172,7 @@ def make_checkpointer(
     throughput of both)."""
     if not cfg.checkpoint_dir:
         return None
-    devices, layout = rank_places(device, world_size)
+    devices, layout = rank_layout(device, world_size)
     # FSDP saves through torch.distributed.checkpoint, whose collectives run in the background:
     # give them their own gloo group so they never interleave with training's collectives. Its
     # timeout is --pg-timeout-s, as the default group's: without one it was torch's 30 minutes
