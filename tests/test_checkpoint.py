@@ -263,14 +263,21 @@ EPOCHS = ["--epochs", "4", "--limit-train", "256", "--limit-test", "100"]
 SAME = ("epoch", "train_loss", "train_acc", "val_loss", "val_acc", "lr")
 
 
-def _start(data_dir: Path, out: Path, *flags: str, nproc: int = 1) -> subprocess.Popen:
+def _start(
+    data_dir: Path, out: Path, *flags: str, nproc: int = 1, preexec_fn=None
+) -> subprocess.Popen:
     launcher = [PYTHON, "-m", "scalestudy", "train"]
     if nproc > 1:
         launcher = [PYTHON, "-m", "torch.distributed.run", "--standalone"]
         launcher += [f"--nproc-per-node={nproc}", "-m", "scalestudy", "train"]
     cmd = [*launcher, *SMALL, *EPOCHS, *flags, "--data-dir", str(data_dir), "--out", str(out)]
     return subprocess.Popen(
-        cmd, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        cmd,
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=preexec_fn,
     )
 
 
@@ -421,14 +428,11 @@ def test_lines_to_a_terminal_that_hung_up_are_dropped_without_a_traceback(data_d
 def test_a_hang_up_under_nohup_is_ignored(data_dir, tmp_path):
     """`nohup scalestudy train ...`: SIGHUP ignored at start stays ignored, the run completes."""
     out = tmp_path / "run"
-    cmd = [PYTHON, "-m", "scalestudy", "train", *SMALL, *EPOCHS, "--data-dir", str(data_dir)]
-    cmd += ["--out", str(out), "--checkpoint-dir", str(tmp_path / "ckpt")]
-    proc = subprocess.Popen(
-        cmd,
-        env=child_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    proc = _start(
+        data_dir,
+        out,
+        "--checkpoint-dir",
+        str(tmp_path / "ckpt"),
         preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN),  # as nohup starts it
     )
     _wait_for_epochs(out, 1, proc)
