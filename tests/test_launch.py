@@ -66,9 +66,10 @@ def test_one_rank_in_a_slurm_job_is_a_job_step_so_usr1_reaches_it(tmp_path):
     # the rule's shell of a 1-rank job: the batch step (no SLURM_STEP_ID), mpi resource ""
     env = {"SLURM_JOB_ID": "12", "PATH": _fake_srun(tmp_path)}
     argv = _argv(env, "--mpi=", "--cpus-per-rank", "3")
-    assert argv[:5] == [
+    assert argv[:6] == [
         "srun",
         "--nodes=1",
+        "--ntasks=1",
         "--ntasks-per-node=1",
         "--cpus-per-task=3",
         "--kill-on-bad-exit=1",
@@ -90,9 +91,10 @@ def test_a_gpu_run_in_a_slurm_job_asks_its_step_for_its_own_gpus(tmp_path):
         args = ["--ranks-per-node", ranks, "--", "--epochs", "1", "--device", device]
         return launch.build_command(parser.parse_args(args), env)
 
-    assert argv("cuda", "1")[:6] == [
+    assert argv("cuda", "1")[:7] == [
         "srun",
         "--nodes=1",
+        "--ntasks=1",
         "--ntasks-per-node=1",
         "--cpus-per-task=1",
         "--gres=gpu:1",

@@ -11,6 +11,7 @@ sent on to the ranks, whose end is rank 0's one `interrupted` line.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -69,3 +70,29 @@ def test_one_sigint_to_the_launchs_srun_ends_its_ranks(slurm_cluster, data_dir, 
     said = errors.read_text()
     assert "one more within 1 sec" not in said, said
     assert re.search(r"^\[rank 0/2 \S+\] scalestudy train: interrupted$", said, re.M), said
+
+
+def test_a_run_in_salloc_gets_its_ranks_whatever_tasks_salloc_was_given(
+    slurm_cluster, data_dir, tmp_path
+):
+    """srun reads SLURM_NTASKS (exported by `salloc -n`/`sbatch -n`) as its --ntasks, which
+    wins over --ntasks-per-node: in `salloc -n1 -c2` a 2-rank run's step had one task, and
+    the run trained as 1 rank, recorded as the 2-rank run, with no warning."""
+    cluster = slurm_cluster(2)
+    train = ["--dataset", "synthetic", "--width", "4", "--local-batch", "32", "--epochs", "1"]
+    train += ["--limit-train", "256", "--limit-test", "64", "--warmup-steps", "1"]
+    train += ["--comm-probe-steps", "0", "--device", "cpu"]
+    train += ["--data-dir", str(data_dir), "--out", str(tmp_path / "run")]
+    proc = subprocess.run(
+        ["salloc", "-N1", "-n1", "--cpus-per-task=2", "--mem=1000", "-t", "5"]
+        + [str(BIN / "scalestudy"), "launch", "--ranks-per-node", "2"]
+        + ["--cpus-per-rank", "1", "--", *train],
+        env=cluster.env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["world_size"] == 2, proc.stderr[-3000:]

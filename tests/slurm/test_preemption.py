@@ -193,7 +193,8 @@ def _usr1_mid_run(cluster, tmp_path: Path, ranks: int) -> None:
 
     # every rank, one rank too, was a task of the launcher's srun step
     launched = _launched(work / "logs/train" / f"{run}.log")
-    assert launched[:3] == ["srun", "--nodes=1", f"--ntasks-per-node={ranks}"], launched
+    tasks = [f"--ntasks={ranks}", f"--ntasks-per-node={ranks}"]
+    assert launched[:4] == ["srun", "--nodes=1", *tasks], launched
 
     # the unsignalled reference: the same trainer arguments, outside Slurm
     args = _replace(_trainer_args(launched), "--out", str(tmp_path / "ref"))

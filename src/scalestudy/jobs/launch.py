@@ -2,8 +2,9 @@
 
 Inside a Slurm allocation (SLURM_JOB_ID is set; Snakemake's slurm executor keeps it in the job's
 shell) it execs
-    <mpi> --nodes=N --ntasks-per-node=K --cpus-per-task=C [--gres=gpu:K] --kill-on-bad-exit=1 \
-        --disable-status [apptainer exec --nv IMAGE] python -m scalestudy train ...
+    <mpi> --nodes=N --ntasks=N*K --ntasks-per-node=K --cpus-per-task=C [--gres=gpu:K] \
+        --kill-on-bad-exit=1 --disable-status [apptainer exec --nv IMAGE] \
+        python -m scalestudy train ...
 one rank per GPU (or per CPU slot), every rank finding its place from SLURM_* (dist.py), a run of
 one rank too: `sbatch --signal=USR1@lead` (without `B:`) signals the job's steps only, so every
 rank must be a task of a step to get the preemption warning. The workflow's launch rules always
@@ -203,6 +204,9 @@ def build_command(args: argparse.Namespace, env: dict[str, str]) -> list[str]:
         return [
             mpi,
             f"--nodes={args.nodes}",
+            # srun takes SLURM_NTASKS (`salloc -n`, `sbatch -n`) as --ntasks, which wins over
+            # --ntasks-per-node: in `salloc -n1 -c2` a 2-rank run trained as 1 rank
+            f"--ntasks={args.nodes * args.ranks_per_node}",
             f"--ntasks-per-node={args.ranks_per_node}",
             f"--cpus-per-task={args.cpus_per_rank}",
             *gres,

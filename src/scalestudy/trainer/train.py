@@ -3,7 +3,7 @@
 Launch (the same code on a laptop and on H100 nodes; see dist.py for how a rank finds its place):
     scalestudy train --dataset synthetic --width 8 --epochs 2                 # 1 process
     torchrun --nproc-per-node=4 -m scalestudy train --precision bf16 ...       # 1 node, 4 ranks
-    srun --nodes=2 --ntasks-per-node=4 python -m scalestudy train ...         # Slurm, 8 ranks
+    srun --nodes=2 --ntasks=8 --ntasks-per-node=4 python -m scalestudy train  # Slurm, 8 ranks
 Backend: NCCL on CUDA, gloo on CPU (--backend gloo: several ranks share one GPU, which NCCL
 refuses: one line says so). Device: one visible GPU is cuda:0 for every rank, else the local
 rank's GPU; --device cuda never falls back to the CPU. Rank 0 writes
