@@ -256,6 +256,9 @@ EOF
         echo "ProctrackType=proctrack/linuxproc"
         echo "TaskPlugin=task/none"
         echo "TaskProlog=$DIR/task_prolog.sh"
+        # salloc without a command opens its shell in the job's interactive step on its first
+        # node, as many sites set it (slurm.conf(5)); with a command, it runs here as before
+        echo "LaunchParameters=use_interactive_step"
         echo "AccountingStorageType=accounting_storage/none"
         echo "JobAcctGatherType=jobacct_gather/none"
         echo "JobCompType=jobcomp/none"

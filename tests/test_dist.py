@@ -233,10 +233,14 @@ def test_the_batch_shell_of_a_multi_task_job_is_not_rank_0():
         sdist.detect(batch)
     assert str(caught.value) == (
         "this is the batch shell of Slurm job 200505, not a task of an srun step "
-        "(SLURM_NTASKS=4, no SLURM_STEP_ID): start the ranks with srun or scalestudy launch"
+        "(SLURM_NTASKS=4 are the job's tasks): start the ranks with srun or scalestudy launch"
     )
     step = sdist.detect({**batch, "SLURM_STEP_ID": "0"})
     assert (step.launcher, step.rank, step.world_size) == ("srun", 0, 4)
+    # salloc -n 4's shell in its interactive step (LaunchParameters=use_interactive_step): a
+    # task of that step, whose SLURM_NTASKS is the job's (tests/slurm/test_launch_slurm.py)
+    with pytest.raises(LaunchError, match="^this is salloc's shell of Slurm job 200505, not a"):
+        sdist.detect({**batch, "SLURM_STEP_ID": "4294967290"})
     lone = {**batch, "SLURM_NTASKS": "1", "SLURM_TASKS_PER_NODE": "1"}  # `sbatch -n 1`'s shell
     assert sdist.detect(lone).world_size == 1
     # torchrun inside an srun step (or inside the batch shell): RANK wins over SLURM_*

@@ -8,6 +8,7 @@ that the two agree. No torch import: the study layer and the workflow read this 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 
@@ -111,6 +112,18 @@ GIT_COMMIT_ENV = "SCALESTUDY_GIT_COMMIT"
 # which each rank holds too (files.hold_shared_locks, from trainer/train.py): torchrun's ranks
 # inherit no descriptor of it.
 GPU_SLOT_LOCKS_ENV = "SCALESTUDY_GPU_SLOT_LOCKS"
+# SLURM_STEP_ID of salloc's shell where a site sets LaunchParameters=use_interactive_step
+# (slurm.conf(5)): SLURM_INTERACTIVE_STEP (0xfffffffa) of slurm.h. That step holds none of the
+# job's resources (srun starts steps from it), and its SLURM_NTASKS is the job's (srun
+# --preserve-env), not its own one task: it is salloc's shell on a node, no task of a run.
+SLURM_INTERACTIVE_STEP = "4294967290"
+
+
+def slurm_step(env: Mapping[str, str]) -> str:
+    """SLURM_STEP_ID where this process is a task of an srun step, "" elsewhere: outside Slurm,
+    in a job's batch shell, in salloc's shell (on the submit host or in its interactive step)."""
+    step = env.get("SLURM_STEP_ID", "")
+    return "" if step == SLURM_INTERACTIVE_STEP else step
 
 
 # The counted units the documents, the plan and the figures write, singular after a count of 1

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -96,3 +97,41 @@ def test_a_run_in_salloc_gets_its_ranks_whatever_tasks_salloc_was_given(
     assert proc.returncode == 0, proc.stderr[-3000:]
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["world_size"] == 2, proc.stderr[-3000:]
+
+
+def test_runs_in_sallocs_interactive_step_start_as_in_sallocs_shell(
+    slurm_cluster, data_dir, tmp_path
+):
+    """Where a site sets LaunchParameters=use_interactive_step (scripts/local-slurm.sh does),
+    salloc's shell is a task of the job's interactive step (SLURM_STEP_ID 4294967290, Slurm's
+    SLURM_INTERACTIVE_STEP), which holds no resources: srun starts steps from it. A 2-rank run
+    there was refused ("would wait forever"), and a 1-rank run started directly read the job's
+    SLURM_NTASKS (2: srun --preserve-env) as its world size and waited for a rank 1."""
+    cluster = slurm_cluster(2)
+    train = ["--dataset", "synthetic", "--width", "4", "--local-batch", "32", "--epochs", "1"]
+    train += ["--limit-train", "256", "--limit-test", "64", "--warmup-steps", "1"]
+    train += ["--comm-probe-steps", "0", "--device", "cpu", "--pg-timeout-s", "30"]
+    train += ["--data-dir", str(data_dir)]
+    shell = tmp_path / "shell"  # what salloc's interactive step runs: $SHELL, no arguments
+    lines = ["#!/bin/bash", f"cd {shlex.quote(str(tmp_path))}"]
+    lines.append('echo "$SLURM_STEP_ID $SLURM_NTASKS" > step')
+    for name, ranks in (("two", "2"), ("one", "1")):
+        launch = [str(BIN / "scalestudy"), "launch", "--ranks-per-node", ranks]
+        launch += ["--cpus-per-rank", "1", "--", *train, "--out", str(tmp_path / name)]
+        lines.append(f"{shlex.join(launch)} > {name}.log 2>&1; echo $? > {name}.rc")
+    shell.write_text("\n".join(lines) + "\n")
+    shell.chmod(0o755)
+    subprocess.run(
+        ["salloc", "-N1", "-n2", "--cpus-per-task=1", "--mem=1000", "-t", "5"],
+        env={**cluster.env, "SHELL": str(shell)},
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert (tmp_path / "step").read_text().split() == ["4294967290", "2"]  # step id, job's tasks
+    for name, world_size in (("two", 2), ("one", 1)):
+        said = (tmp_path / f"{name}.log").read_text()
+        assert (tmp_path / f"{name}.rc").read_text().strip() == "0", said[-3000:]
+        metrics = json.loads((tmp_path / name / "metrics.json").read_text())
+        assert metrics["world_size"] == world_size, said[-3000:]

@@ -13,9 +13,11 @@ a job with that key in the batch shell itself (no `srun -n1` wrapper, which it p
 without the key): this launcher's srun is the step. Already inside a step (SLURM_STEP_ID: e.g. a
 rule without the key, `srun scalestudy launch` by hand, or snakemake run in `srun --pty bash`)
 one rank starts directly, since a nested srun would wait forever for the CPUs that step holds,
-and more ranks are refused in one line for the same reason. Inside an array task it refuses
-to run: the plugin submits every task of an array with the first job's nodes, GPUs and time
-limit.
+and more ranks are refused in one line for the same reason. salloc's shell in the job's
+interactive step (LaunchParameters=use_interactive_step) is no such step: it holds nothing, and
+runs start with srun there as in salloc's shell on the submit host (vocab.slurm_step).
+Inside an array task it refuses to run: the plugin submits every task of an array with the
+first job's nodes, GPUs and time limit.
 Outside Slurm it runs torchrun on this host (`--standalone`: a free rendezvous port), which only
 works for N = 1; a multi-node run without Slurm is refused with a pointer to the Slurm profile.
 torchrun's agent runs in `python -m scalestudy.jobs.local_ranks`, which ends the run as the
@@ -181,14 +183,15 @@ def build_command(args: argparse.Namespace, env: dict[str, str]) -> list[str]:
         python = [*exec_prefix(args.container, gpu=args.gpu, binds=binds), *prefix, "python"]
     refuse_array_task(env)
     one_rank = args.nodes * args.ranks_per_node == 1
-    if one_rank and (not env.get("SLURM_JOB_ID") or env.get("SLURM_STEP_ID")):
+    step = vocab.slurm_step(env)  # salloc's interactive step is none: srun works there
+    if one_rank and (not env.get("SLURM_JOB_ID") or step):
         # one rank outside Slurm, or already a task of a job step (see the module docstring)
         return [*python, "-m", "scalestudy", "train", *train_args]
-    if env.get("SLURM_STEP_ID"):
+    if step:
         # a nested srun waits forever for the CPUs and GPUs the enclosing step holds
         raise LaunchError(
             f"this run needs {args.nodes * args.ranks_per_node} ranks, and this shell is already "
-            f"a task of step {env['SLURM_STEP_ID']} of Slurm job {env.get('SLURM_JOB_ID')} "
+            f"a task of step {step} of Slurm job {env.get('SLURM_JOB_ID')} "
             "(e.g. `srun --pty bash`), where starting them with srun would wait forever: run "
             "snakemake from the login node with the Slurm executor (--profile profiles/slurm), "
             "or from `salloc`'s own shell"

@@ -6,7 +6,8 @@ Three ways a rank is started, detected from the environment (pure function `dete
   LOCAL_WORLD_SIZE with the ranks placed node by node.
 - srun: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID, SLURM_TASKS_PER_NODE,
   SLURM_JOB_NODELIST, and SLURM_STEP_ID when there is more than one task: a multi-task job's
-  batch shell has SLURM_PROCID and SLURM_NTASKS too, but no step, and is refused (LaunchError).
+  batch shell has SLURM_PROCID and SLURM_NTASKS too, but no step, and is refused (LaunchError),
+  as is salloc's shell in the job's interactive step, whose SLURM_NTASKS is the job's.
   MASTER_ADDR = first host of the node list, MASTER_PORT derived from the job and step ids
   (PORT_BASE below), unless MASTER_ADDR/PORT are set. The derived port tells apart the steps of
   one job, not jobs: two jobs whose ids differ by a multiple of PORT_SPAN (or whose ids and steps
@@ -49,6 +50,7 @@ import struct
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 
+from scalestudy import vocab
 from scalestudy.errors import LaunchError
 
 # MASTER_PORT for srun launches: BASE + (job id + STEP x step id) modulo SPAN stays inside the
@@ -180,15 +182,17 @@ def detect(env: Mapping[str, str] = os.environ) -> DistEnv:
         per_node = tasks_per_node(env.get("SLURM_TASKS_PER_NODE", env["SLURM_NTASKS"]))
         nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or ""
         hosts = expand_nodelist(nodelist) if nodelist else ["127.0.0.1"]
-        step = env.get("SLURM_STEP_ID", "")  # numeric in every step Slurm starts
+        step = vocab.slurm_step(env)  # numeric in every step Slurm starts for tasks
         if _int(env, "SLURM_NTASKS") > 1 and not step.isdigit():
             # sbatch -n 4's batch shell has SLURM_PROCID=0 and SLURM_NTASKS=4 but is no task of
             # a step (jobs/launch.py: "the batch step"): as rank 0 of 4 it waited out the whole
-            # process-group timeout for ranks nobody started
+            # process-group timeout for ranks nobody started. So did salloc -n 4's shell in its
+            # interactive step, whose SLURM_NTASKS is the job's
+            shell = "salloc's shell" if env.get("SLURM_STEP_ID") else "the batch shell"
             raise LaunchError(
-                f"this is the batch shell of Slurm job {job_id}, not a task of an srun step "
-                f"(SLURM_NTASKS={env['SLURM_NTASKS']}, no SLURM_STEP_ID): start the ranks with "
-                "srun or scalestudy launch"
+                f"this is {shell} of Slurm job {job_id}, not a task of an srun step "
+                f"(SLURM_NTASKS={env['SLURM_NTASKS']} are the job's tasks): start the ranks "
+                "with srun or scalestudy launch"
             )
         if "MASTER_PORT" in env:
             port = _int(env, "MASTER_PORT")
