@@ -550,3 +550,28 @@ def test_where_no_uuid_is_known_a_gpu_is_keyed_by_its_name_and_the_line_says_why
     said = proc.stdout + proc.stderr
     assert "GPU slots: 0 of 0,1 (" in said
     assert "; keyed by name as written: CUDA_DEVICE_ORDER=FASTEST_FIRST on GPUs" in said
+
+
+def test_a_gpu_run_started_directly_in_a_slurm_step_takes_a_slot_of_the_steps_gpus(tmp_path):
+    """snakemake (local executor) in `srun --pty bash` with 4 GPUs: a 1-rank run starts
+    directly in that step (launch.build_command), and every one of them trained on the step's
+    first GPU, each measuring a share of it. They take GPU slots of the step's GPUs (by UUID:
+    other jobs' GPUs on the node are other slots)."""
+    env = {**slot_env(tmp_path, "3,5"), "SLURM_JOB_ID": "12", "SLURM_STEP_ID": "0"}
+    holder = hold(env, 1, 60.0)
+    assert holder.stdout.readline().strip() == "3"
+    seen = tmp_path / "env.txt"
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "scalestudy", "launch", "--rank-prefix"]
+            + [f"sh -c 'env > {seen}' sh", "--", "--device", "cuda", "--epochs", "1"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert "CUDA_VISIBLE_DEVICES=5\n" in seen.read_text()  # the free one, not both

@@ -3,7 +3,9 @@
 With the local executor (`snakemake` on a GPU workstation, `cores: all`) Snakemake starts as
 many training jobs as there are cores, and every rank would pick cuda:LOCAL_RANK: several runs
 on the same GPUs, each one's throughput a fraction of the truth, without a warning. Slurm gives
-each job its own GPUs; here `scalestudy launch` does, before it execs the ranks:
+each job its own GPUs (and launch's srun each run's step); here `scalestudy launch` does, before
+it execs the ranks, and so it does inside a Slurm step for the 1-rank runs it starts directly
+(snakemake in `srun --pty bash`):
 
 - the machine's GPUs are the visible ones (CUDA_VISIBLE_DEVICES when set, else every device
   torch counts), one slot each;

@@ -341,10 +341,13 @@ def hold_local_gpus(env: dict[str, str], ranks: int, train_args: list[str]) -> N
     else keeps two runs off one GPU (jobs/gpu_slots.py). Every command that starts ranks takes
     them: `launch`, and the profiling jobs, which run beside training jobs (a profile on a
     timed run's GPU slowed both). Each rank holds them too: env's SCALESTUDY_GPU_SLOT_LOCKS
-    names the lock files (torchrun's ranks inherit no descriptor). A Slurm job's GPUs are
-    Slurm's."""
+    names the lock files (torchrun's ranks inherit no descriptor). Inside a Slurm job, srun
+    gives each run's step its own GPUs (build_command's --gres); a run started directly in a
+    step (one rank in `srun --pty bash`) takes slots of that step's GPUs, as outside Slurm:
+    every such run trained on the step's first GPU."""
     env.pop(vocab.GPU_SLOT_LOCKS_ENV, None)  # none held here: a caller's is not ours
-    if not env.get("SLURM_JOB_ID") and train_device(check_train_args(train_args), env) == "cuda":
+    started_here = not env.get("SLURM_JOB_ID") or vocab.slurm_step(env)  # not by our srun
+    if started_here and train_device(check_train_args(train_args), env) == "cuda":
         gpus, keys = take_gpu_slots(ranks, env)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)  # as the study names them (CUDA's order)
         env[vocab.GPU_SLOT_LOCKS_ENV] = gpu_slot_files(env, keys)
