@@ -575,3 +575,43 @@ def test_a_gpu_run_started_directly_in_a_slurm_step_takes_a_slot_of_the_steps_gp
         holder.wait(timeout=30)
     assert proc.returncode == 0, proc.stderr
     assert "CUDA_VISIBLE_DEVICES=5\n" in seen.read_text()  # the free one, not both
+
+
+@pytest.fixture
+def protected_regular():
+    """fs.protected_regular=1 (systemd's default since v241) for the test: no O_CREAT open of
+    another user's file in a sticky, world-writable directory unless the directory's owner
+    owns it, root included. Skipped where this process cannot set it (not root, read-only
+    /proc/sys) or the kernel does not enforce it (checked on a file of uid 65534)."""
+    knob = Path("/proc/sys/fs/protected_regular")
+    try:
+        old = knob.read_text()
+        knob.write_text("1")
+    except OSError as exc:
+        pytest.skip(f"cannot set {knob}: {exc}")
+    try:
+        yield
+    finally:
+        knob.write_text(old)
+
+
+def test_a_lock_file_another_user_made_can_be_locked_under_protected_regular(
+    tmp_path, protected_regular
+):
+    """The lock files were opened with O_CREAT, which protected_regular refuses for a file of
+    another user in the sticky lock directory: once a second user had taken a GPU, its slot
+    was "cannot lock GPU slots (Permission denied)" for everyone else, for good."""
+    env = slot_env(tmp_path, "0")
+    directory = tmp_path / "slots"
+    directory.mkdir(mode=0o1777)
+    directory.chmod(0o1777)
+    for path in (gpu_slots.slot_file(directory, "0"), directory / "allocate.lock"):
+        path.touch()
+        os.chown(path, 65534, 65534)  # another user's (nobody's)
+    try:
+        os.close(os.open(directory / "allocate.lock", os.O_RDONLY | os.O_CREAT))
+    except PermissionError:
+        pass
+    else:
+        pytest.skip("this kernel does not enforce fs.protected_regular")
+    assert gpu_slots.acquire(1, env) == ["0"]

@@ -289,11 +289,21 @@ def shared_dir(directory: Path) -> None:
 def _open_lock(path: Path) -> int:
     """A lock file opened read-only, made readable by every user whatever the umask: under
     umask 077 it was 0600, and every other user got EACCES ("cannot lock GPU slots") for good,
-    since the sticky directory keeps them from deleting it."""
-    fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)
-    with contextlib.suppress(PermissionError):  # only its owner may; another user's is theirs
-        os.fchmod(fd, 0o644)
-    return fd
+    since the sticky directory keeps them from deleting it. An existing file is opened without
+    O_CREAT: under fs.protected_regular=1 (systemd's default) O_CREAT of another user's file in
+    a sticky world-writable directory is EACCES, root's too, unless the directory's owner owns
+    it, so the slot of a GPU a second user had taken was refused to everyone else for good."""
+    while True:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:  # another process made it meanwhile: open that one
+                continue
+        with contextlib.suppress(PermissionError):  # only its owner may; another user's is theirs
+            os.fchmod(fd, 0o644)
+        return fd
 
 
 def _wait_for(
