@@ -174,6 +174,30 @@ def test_plan_md_reads_its_counts_right_and_gives_a_cpu_study_no_gpu_numbers(dev
     assert "(2 repeats)" in md.splitlines()[2]
 
 
+def test_plan_md_prices_the_profiling_jobs_as_the_dry_run_and_the_proposal_do():
+    """plan.md, "the allocation-proposal page", summed the training runs only, while the
+    dry-run table and the proposal count the profiling jobs too (each at its Slurm time limit,
+    hardware.runtime_min): on the default study it asked for 28% fewer GPU-hours than they."""
+    config = small_config()
+    config["profiling"]["enabled"] = True
+    config["hardware"]["runtime_min"] = 30
+    estimates = plan.estimate_runs(config, build_run_table(config), measured=[])
+    md = plan.plan_markdown(config, estimates, [])
+    # profiled: 1 GPU (fp32, bf16) and a full node, 2 GPUs (fp32 only: bf16 is no 2-GPU run),
+    # each profile_capture + profile_ncu (ncu auto on a GPU study): 6 jobs of 30 min
+    node_h, gpu_h = (2 * 1 + 2 * 1 + 2 * 1) * 0.5, (2 * 1 + 2 * 1 + 2 * 2) * 0.5
+    t = plan.totals(estimates)["total"]
+    line = next(ln for ln in md.splitlines() if ln.startswith("Profiling jobs"))
+    assert "6 jobs" in line and "3 profiled runs" in line, line
+    assert f"{node_h:.2f} node-hours, {gpu_h:.2f} GPU-hours" in line, line
+    total = next(ln for ln in md.splitlines() if ln.startswith("Training and profiling"))
+    c = 1 + config["plan"]["contingency"]
+    both = f"{t.node_hours + node_h:.2f} node-hours, {t.gpu_hours + gpu_h:.2f} GPU-hours"
+    assert both in total and f"{(t.node_hours + node_h) * c:.2f}" in total, total
+    config["profiling"]["enabled"] = False
+    assert "Profiling jobs" not in plan.plan_markdown(config, estimates, [])
+
+
 def measured_row(run: str, per_rank: float, world_size: int, **extra) -> dict:
     row = next(r for r in build_run_table(small_config()) if r["run"] == run)
     out = {k: str(v) for k, v in row.items()}
@@ -1045,7 +1069,11 @@ def test_plan_target_and_cli_write_the_export(fresh, tmp_path):
         assert int(r["train_images"]) == estimate.trained_images(50000, step), r["run"]
         assert int(r["test_images"]) == 10000
     assert {r["train_images"] for r in paper} >= {"49920", "49152"}  # 1 x 256; 16 x 256
-    assert f"{nh:.2f} node-hours" in cli.stdout and f"{nh * 1.2:.2f} node-hours" in cli.stdout
+    # and its profiling jobs: 1 GPU and one node's 4 x bf16, fp32, each profile_capture and
+    # profile_ncu, at runtime_min 15 min on one node: 8 x 0.25 node-hours
+    both = nh + 8 * 0.25
+    assert f"75 runs and 8 profiling jobs: {both:.2f} node-hours" in cli.stdout, cli.stdout
+    assert f"{both * 1.2:.2f} node-hours" in cli.stdout
 
 
 def copy_done(study, dest):

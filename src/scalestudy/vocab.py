@@ -136,6 +136,9 @@ SINGULAR = {
     "runs": "run",
     "training runs": "training run",
     "repeats": "repeat",
+    "jobs": "job",
+    "profiled runs": "profiled run",
+    "profiling jobs": "profiling job",
 }
 
 

@@ -383,22 +383,6 @@ def request_rows(item: str, members, source: str, train: bool = True, calibrate:
     return [_row("request", item, q, v, u, source) for q, (v, u) in values.items()]
 
 
-class _Job:
-    """A profiling job as the request counts it: its Slurm time limit, no energy estimate."""
-
-    def __init__(self, nodes: int, gpus: int, seconds: float):
-        self.nodes, self.gpus, self.runtime_s, self.energy_kwh = nodes, gpus, seconds, None
-
-
-def profiling_jobs(config: dict) -> list[_Job]:
-    if not config["profiling"]["enabled"]:
-        return []
-    jobs_per_run = 1 + profiling.ncu_enabled(config)  # profile_capture (+ profile_ncu)
-    seconds = config["hardware"]["runtime_min"] * 60
-    runs = profiling.profiled_runs(config, build_run_table(config))
-    return [_Job(r["nodes"], r["gpus"], seconds) for r in runs for _ in range(jobs_per_run)]
-
-
 def _decimal(x: Decimal) -> str:
     """A Decimal as a cell: fixed point, no trailing zeros (str() gives 0E-12 and 1.2E+2)."""
     return format(x.normalize(), "f")
@@ -650,7 +634,7 @@ def proposal_rows(
     rows.append(_row("planner", "calibration", "runs_priced", len(priced), "runs", src))
     rows.append(_row("planner", "calibration", "runs_calibrated", calibrated, "runs", src))
     rows.append(_row("planner", "calibration", "runs_startup_only", startup, "runs", src))
-    jobs = profiling_jobs(config)
+    jobs = profiling.profiling_jobs(config, build_run_table(config))
     if jobs:
         for item, members in _grouped("profiling", jobs):
             req += request_rows(

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from scalestudy import files, log, vocab
 from scalestudy.errors import PlanError, StudyConfigError
-from scalestudy.study import model
+from scalestudy.study import model, profiling
 from scalestudy.study.estimate import (
     BASE_KEY,
     BENCHMARKS_DIR,
@@ -395,8 +395,8 @@ def plan_markdown(
             f"{s.node_hours * (1 + c):.2f} | {f'{s.gpu_hours * (1 + c):.2f}' if gpu else na} | "
             f"{kwh_cell(s.energy_kwh, plan['calibrate']) if gpu else na} |"
         )
+    lines += ["", *_profiling_lines(config, t["total"], gpu)]
     lines += [
-        "",
         f"Not yet run: {_count(remaining.jobs, 'runs')}, {remaining.node_hours:.2f} node-hours"
         + (
             f", {remaining.gpu_hours:.2f} GPU-hours ({remaining.node_hours * (1 + c):.2f} / "
@@ -466,6 +466,45 @@ def plan_markdown(
         *_no_interval(estimates),
     ]
     return "\n".join(lines)
+
+
+def profiling_total(config: dict) -> Total:
+    """The study's profiling jobs (profiling.profiling_jobs), priced as the dry-run table and
+    the proposal price them: each at its Slurm time limit on its run's nodes and GPUs."""
+    jobs = profiling.profiling_jobs(config, build_run_table(config))
+    return Total(
+        len(jobs),
+        sum(j.nodes * j.runtime_s for j in jobs) / 3600,
+        sum(j.gpus * j.runtime_s for j in jobs) / 3600,
+    )
+
+
+def _sum_totals(a: Total, b: Total) -> Total:
+    return Total(a.jobs + b.jobs, a.node_hours + b.node_hours, a.gpu_hours + b.gpu_hours)
+
+
+def _profiling_lines(config: dict, training: Total, gpu: bool) -> list[str]:
+    """The profiling jobs, and training and profiling together: the hours to ask for."""
+    prof = profiling_total(config)
+    if not prof.jobs:
+        return []
+    runs = len(profiling.profiled_runs(config, build_run_table(config)))
+    both, c = _sum_totals(training, prof), config["plan"]["contingency"]
+
+    def hours(t: Total, factor: float = 1.0) -> str:
+        gpu_h = f", {t.gpu_hours * factor:.2f} GPU-hours" if gpu else ""
+        return f"{t.node_hours * factor:.2f} node-hours{gpu_h}"
+
+    rules = "profile_capture and profile_ncu" if prof.jobs > runs else "profile_capture"
+    return [
+        f"Profiling jobs ({rules} of {_count(runs, 'profiled runs')}, each at its Slurm time "
+        f"limit, hardware.runtime_min = {config['hardware']['runtime_min']:g} min, as the "
+        f"dry-run and the proposal price them; no energy estimate): "
+        f"{_count(prof.jobs, 'jobs')}, {hours(prof)} ({hours(prof, 1 + c)} with contingency).",
+        f"Training and profiling together: {hours(both)} ({hours(both, 1 + c)} with "
+        "contingency: the request).",
+        "",
+    ]
 
 
 def _same_path(path: str | Path, default: str) -> bool:
@@ -601,10 +640,13 @@ def run(args: argparse.Namespace) -> int:
     except (StudyConfigError, PlanError) as e:
         logger.error(f"scalestudy plan: {e}")
         return 2
-    s, c = totals(estimates)["total"], config["plan"]["contingency"]
+    training, prof = totals(estimates)["total"], profiling_total(config)
+    s, c = _sum_totals(training, prof), config["plan"]["contingency"]
     gpu = config["hardware"]["device"] == "cuda"  # a CPU study: no GPU-hours (n/a), not 0
     logger.info(
-        f"{len(estimates)} runs: {s.node_hours:.2f} node-hours"
+        f"{_count(len(estimates), 'runs')}"
+        + (f" and {_count(prof.jobs, 'profiling jobs')}" if prof.jobs else "")
+        + f": {s.node_hours:.2f} node-hours"
         + (f", {s.gpu_hours:.2f} GPU-hours" if gpu else "")
         + f"; with contingency {c:g}: {s.node_hours * (1 + c):.2f} node-hours"
         + (f", {s.gpu_hours * (1 + c):.2f} GPU-hours" if gpu else " (a CPU study: no GPU-hours)")

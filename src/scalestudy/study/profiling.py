@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from scalestudy import vocab
 from scalestudy.study.runs import trainer_args
@@ -46,6 +47,27 @@ def profiled_runs(config: dict, rows: list[dict]) -> list[dict]:
             ]
             chosen.append((preferred or match)[0])
     return chosen
+
+
+@dataclass(frozen=True, slots=True)
+class ProfilingJob:
+    """A profiling job as plan.md and the proposal price it: its Slurm time limit
+    (hardware.runtime_min, workflow/rules/profile.smk) on its run's nodes and GPUs, no energy
+    estimate (no J/img of a profiled window)."""
+
+    nodes: int
+    gpus: int
+    runtime_s: float
+    energy_kwh: None = None
+
+
+def profiling_jobs(config: dict, rows: list[dict]) -> list[ProfilingJob]:
+    """One per profiling job of the study: profile_capture (and profile_ncu where Nsight
+    Compute runs, ncu_enabled) of each profiled run; none when profiling is off."""
+    per_run = 1 + ncu_enabled(config)
+    seconds = config["hardware"]["runtime_min"] * 60
+    runs = profiled_runs(config, rows)
+    return [ProfilingJob(r["nodes"], r["gpus"], seconds) for r in runs for _ in range(per_run)]
 
 
 def window_flags(row: dict, start_step: int, steps: int) -> dict[str, str]:
