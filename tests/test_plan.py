@@ -691,7 +691,7 @@ def test_a_damaged_runs_csv_given_by_hand_is_not_to_be_deleted(tmp_path, capsys,
     assert mine.exists() and own.exists() and not (tmp_path / "plan.md").exists()
 
 
-def test_plan_outputs_that_are_one_file_or_an_input_are_refused(tmp_path, capsys):
+def test_plan_outputs_that_are_one_file_or_an_input_are_refused(tmp_path, capsys, monkeypatch):
     """`plan --out-md p --out-csv ./p` wrote the CSV over the Markdown plan and logged both,
     exit 0; `--out-csv` naming its own --runs-csv replaced the measured runs the plan is
     calibrated on. Both are one line, exit 2, before any work, the files as they were."""
@@ -714,6 +714,15 @@ def test_plan_outputs_that_are_one_file_or_an_input_are_refused(tmp_path, capsys
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--out-csv is the input --runs-csv" in err[0], err
     assert runs.read_text() == "run\n" and not (tmp_path / "p.md").exists()
+    # the study's own results/csv/runs.csv, read without --runs-csv: replaced, exit 0
+    monkeypatch.chdir(tmp_path)
+    own = Path("results/csv/runs.csv")
+    own.parent.mkdir(parents=True)
+    own.write_text("run\n")
+    assert plan.run(parser.parse_args([*config, "--out-csv", str(own.resolve())])) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--out-csv is the input runs.csv the plan reads" in err[0], err
+    assert own.read_text() == "run\n" and not Path("reports/plan.md").exists()
 
 
 def test_the_plan_writes_both_files_or_neither(tmp_path, monkeypatch):

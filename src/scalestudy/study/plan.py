@@ -631,7 +631,8 @@ def run(args: argparse.Namespace) -> int:
         # inputs (the measured runs the plan is calibrated on, a config file): before any work
         outputs = {"--out-md": args.out_md, "--out-csv": args.out_csv}
         configs = args.config or []
-        inputs = {"--runs-csv": args.runs_csv}
+        # the runs.csv read, given or the study's own (replaced, every snakemake call stopped)
+        inputs = {"--runs-csv" if args.runs_csv else "runs.csv the plan reads": runs_csv}
         inputs |= {
             "--config" + (f" {i}" if len(configs) > 1 else ""): c for i, c in enumerate(configs, 1)
         }
