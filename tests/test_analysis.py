@@ -1936,12 +1936,19 @@ def test_collect_refuses_outputs_that_are_one_file_or_its_run_table(tmp_path, ca
             f"--out-runs is the input --runs ({table})",
         ),
     }
-    before = table.read_text()
+    # a run's own record (a typo of a path): replaced by the merged table, the run lost
+    (run_dir,) = runs_dir.iterdir()
+    for name in ("metrics.json", "epochs.csv"):
+        cases[f"a run's {name}"] = (
+            ["--out-runs", str(out / "runs.csv"), "--out-epochs", str(run_dir / name)],
+            f"--out-epochs is the input {run_dir / name} ({run_dir / name})",
+        )
+    before = {p: p.read_text() for p in (table, *run_dir.iterdir())}
     for name, (outs, says) in cases.items():
         assert main([*argv, *outs]) == 2, name
         (err,) = capsys.readouterr().err.strip().splitlines()
         assert err.startswith("scalestudy collect: nothing written: ") and says in err, err
-        assert not out.exists() and table.read_text() == before, name
+        assert not out.exists() and {p: p.read_text() for p in before} == before, name
     # the two apart: both written, as before
     outs = ["--out-runs", str(out / "runs.csv"), "--out-epochs", str(out / "epochs.csv")]
     assert main([*argv, *outs]) == 0

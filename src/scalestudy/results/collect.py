@@ -91,8 +91,13 @@ def run(args: argparse.Namespace) -> int:
     # a CollectError: one line from cli.main, exit 2
     # the two tables one file: the epochs were written over the runs, and the command said both
     outputs = {"--out-runs": args.out_runs, "--out-epochs": args.out_epochs}
-    files.check_distinct(outputs, {"--runs": args.runs}, CollectError)
-    runs_rows, epoch_rows = collect(read_runs_tsv(args.runs), Path(args.runs_dir))
+    table = read_runs_tsv(args.runs)
+    # nor a run's own record, its only one (a path's typo replaced it with the merged table)
+    records = [Path(args.runs_dir, row["run"], name) for row in table for name in RUN_FILES]
+    files.check_distinct(
+        outputs, {"--runs": args.runs, **{str(p): p for p in records}}, CollectError
+    )
+    runs_rows, epoch_rows = collect(table, Path(args.runs_dir))
     # columns in first-seen order: the run-table columns first, then the metrics keys
     files.check_outputs([args.out_runs, args.out_epochs], CollectError)
     # both or neither: a write that fails (a full disk) leaves the old pair
@@ -107,6 +112,9 @@ def run(args: argparse.Namespace) -> int:
         f"{args.out_runs}, {args.out_epochs}"
     )
     return 0
+
+
+RUN_FILES = ("metrics.json", "epochs.csv")  # what collect reads of each run
 
 
 def collect(table: list[dict], runs_dir: Path) -> tuple[list[dict], list[dict]]:
