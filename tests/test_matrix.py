@@ -371,12 +371,18 @@ def test_collect_of_a_damaged_run_table_is_one_line_naming_the_line(tmp_path, ca
     cells[RUN_COLUMNS.index("world_size")] = "two"
     bad.write_text("\n".join([lines[0], "\t".join(cells)]) + "\n")
     bare.write_text(lines[0] + "\n")  # collect wrote an empty runs.csv and epochs.csv from it
+    # a run twice: collected twice, and analyze's fix for runs.csv ("write it again with
+    # `scalestudy collect`") wrote the same two rows again
+    twice = tmp_path / "twice.tsv"
+    twice.write_text("\n".join([*lines, lines[1]]) + "\n")
+    run = lines[1].split("\t")[RUN_COLUMNS.index("run")]
     for path, says in (
         (cut, "line 3: "),
         (bad, "line 2: world_size is 'two', not a number"),
         (bare, "a header and no runs"),
+        (twice, f"line {len(lines) + 1}: run {run!r} again (line 2)"),
     ):
-        with pytest.raises(RunTableError, match=says):
+        with pytest.raises(RunTableError, match=re.escape(says)):
             read_runs_tsv(path)
         capsys.readouterr()
         csv = tmp_path / "results"

@@ -435,6 +435,12 @@ def read_runs_tsv(path: str | os.PathLike) -> list[dict]:
         raise RunTableError(f"{path}: not UTF-8 text (byte {e.start}); {fix}") from e
     if not rows:  # a study has at least one run (config.py refuses one without a family)
         raise RunTableError(f"{path}: a header and no runs (cut short?); {fix}")
+    first: dict[str, int] = {}  # build_run_table writes each run once: collected twice, runs.csv
+    for line, row in enumerate(rows, 2):  # had two rows of it, which analyze refuses
+        if (seen := first.setdefault(row["run"], line)) != line:
+            raise RunTableError(
+                f"{path}, line {line}: run {row['run']!r} again (line {seen}); {fix}"
+            )
     return rows
 
 
