@@ -50,8 +50,9 @@ sample, a probe that was off, an MFU a trainer before MFU never wrote) is blank,
 fewer.
 
 The weak-scaling time is the step time, not the epoch time: an epoch is one pass over the fixed
-dataset shared by all ranks, so a weak-scaling epoch shortens as ranks are added. The efficiency
-spread is propagated from the repeats' standard deviations (relative errors added in quadrature).
+dataset shared by all ranks, so a weak-scaling epoch shortens as ranks are added. The spread of
+the efficiencies and of the precision speedup (precision_speedup_std: X_p / X_fp32) is propagated
+from the repeats' standard deviations (relative errors added in quadrature).
 std is the sample standard deviation (n - 1); with one repeat it is left blank, never 0, and so is
 the spread of a ratio one of whose sides ran once.
 
@@ -136,6 +137,7 @@ SCALING_COLUMNS = (
     "weak_efficiency_std",
     "weak_deviation",
     "precision_speedup",
+    "precision_speedup_std",
     "acc_diff_vs_fp32",
     "acc_within_tolerance",
     "bucket_rel_throughput",
@@ -359,7 +361,11 @@ def _add_precision(rows, tolerance):
         if not base:  # no fp32 baseline at this world size: no speedup claimed
             continue
         b = base[0]
-        r["precision_speedup"] = r["throughput_img_s_mean"] / b["throughput_img_s_mean"]
+        x, x0 = r["throughput_img_s_mean"], b["throughput_img_s_mean"]
+        r["precision_speedup"] = x / x0
+        r["precision_speedup_std"] = _std_vs_base(
+            r is b, x, r["throughput_img_s_std"], x0, b["throughput_img_s_std"]
+        )
         if r["final_val_acc_mean"] is not None and b["final_val_acc_mean"] is not None:
             diff = r["final_val_acc_mean"] - b["final_val_acc_mean"]
             r["acc_diff_vs_fp32"] = diff

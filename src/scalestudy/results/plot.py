@@ -226,7 +226,7 @@ def plot_precision(ax, scaling, device, **_):
     width = 0.8 / len(worlds)
     unit = "GPUs" if device == "cuda" else "ranks"
     for i, w in enumerate(worlds):
-        xs, ys, labels = [], [], []
+        xs, ys, errs, labels = [], [], [], []
         for j, p in enumerate(precisions):
             match = [r for r in rows if int(r["world_size"]) == w and r["precision"] == p]
             if not match or number(match[0]["precision_speedup"]) is None:
@@ -234,11 +234,21 @@ def plot_precision(ax, scaling, device, **_):
             r = match[0]
             xs.append(j + (i - (len(worlds) - 1) / 2) * width)
             ys.append(number(r["precision_speedup"]))
+            # the spread over repeats (analyze: relative errors in quadrature); none for one
+            # repeat, and none for fp32's 1 against itself (0 by definition)
+            std = number(r.get("precision_speedup_std"))
+            errs.append(std or math.nan)
             diff = number(r["acc_diff_vs_fp32"])
             flag = "" if r["acc_within_tolerance"] != "false" else " (!)"
             labels.append("" if diff is None else f"{100 * diff:+.1f} pp{flag}")
         bars = ax.bar(
-            xs, ys, width, color=PALETTE[i % len(PALETTE)], label=f"{w} {vocab.plural(unit, w)}"
+            xs,
+            ys,
+            width,
+            yerr=errs,
+            capsize=3,
+            color=PALETTE[i % len(PALETTE)],
+            label=f"{w} {vocab.plural(unit, w)}",
         )
         ax.bar_label(bars, labels, fontsize=7, padding=2)
     ax.axhline(1.0, color="grey", lw=0.8)
