@@ -1427,6 +1427,10 @@ def test_a_damaged_runs_csv_is_one_line_before_any_table(tmp_path, capsys):
                             "run 'w2_r0' has energy_j_per_img = '-0.5', not a number > 0"),
         "zero-epoch": ([{**good[0], "epoch_time_s": "0"}, good[1]],
                        "run 'w1_r0' has epoch_time_s = '0', not a number > 0"),
+        # read where the probe's share is blank, to say why: a ValueError traceback
+        "probe-steps": ([good[0], {**good[1], "comm_exposed_frac": "",
+                                    "comm_probe_steps": "off"}],
+                        "run 'w2_r0' has comm_probe_steps = 'off', not a whole number >= 0"),
         # the images a run's measured energy is multiplied by: int() raised on a re-saved float
         "energy-steps": ([{**good[0], "energy_j_per_img": "0.5", "epochs": "3",
                            "steps_per_epoch": "195.0"}, good[1]],

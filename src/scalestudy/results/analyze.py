@@ -1241,6 +1241,9 @@ RUNS_OPTIONAL += ("window_warmup_steps",)
 # the training preempted attempts redid, which resources.csv adds to the node-hours; blank
 # without checkpoints (not measured) or in a runs.csv of an older trainer
 RUNS_OPTIONAL += ("lost_time_s",)
+# the probe's steps, which say why its share is blank (0: the probe was off); blank in a runs.csv
+# of an older trainer
+RUNS_OPTIONAL += ("comm_probe_steps",)
 # the waterfall's per-rank lists (milliseconds; collect joins a list with ';'): each element a
 # number >= 0, or None where a rank did not measure it (a word there was a ValueError traceback)
 RUNS_PER_RANK = tuple(c for c in PART_INPUTS.values() if c.endswith("_by_rank"))
@@ -1252,6 +1255,7 @@ RUNS_CELLS = {
     **{c: files.count(1) for c in (*RUNS_COUNTS, *ENERGY_COUNTS)},
     "repeat": files.count(0),
     "window_warmup_steps": files.count(0),
+    "comm_probe_steps": files.count(0),
     "lost_time_s": files.NON_NEGATIVE,
     **{c: files.POSITIVE for c in RUNS_POSITIVE},
     **{c: files.FRACTION for c in RUNS_FRACTIONS},
