@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from scalestudy.errors import ProfileFormatError
 from scalestudy.jobs import gpu_check_report as report
 from scalestudy.jobs import profile
 from scalestudy.nsight import classify, ncu, schema, torch_ops
@@ -228,3 +229,20 @@ def test_the_phases_of_a_real_gpu_step_are_projected_from_its_trace(capture):
     # a backward costs about twice its forward (two gradients per layer)
     assert phases["backward"]["total_ns"] > 1.5 * phases["forward"]["total_ns"]
     assert phases["backward"]["total_ns"] > 10 * spans["backward"]
+
+
+def test_a_gpu_runs_export_without_device_activity_is_refused_not_read_as_a_cpu_run(tmp_path):
+    """CUPTI recorded no GPU activity (another profiler holding it, nsys for one, or CUPTI
+    unavailable: torch warns and keeps the host events): with no device time the export was
+    read as a CPU run's, its host self times as kernels (cudaLaunchKernel and cudaGraphLaunch
+    among the top ones) and its phases as host enqueue time, beside the other ranks' real
+    kernels. The real H100 export with its CUDA entries and device times removed."""
+    export = json.loads((H100 / "torch_ops_rank0.json").read_text())
+    export["ops"] = [
+        op | {"self_device_us": 0.0, "device_total_us": 0.0}
+        for op in export["ops"]
+        if op["device_type"] != "CUDA"
+    ]
+    (tmp_path / "torch_ops_rank0.json").write_text(json.dumps(export))
+    with pytest.raises(ProfileFormatError, match="no GPU activity.*'cudaLaunchKernel'"):
+        torch_ops.parse_torch(tmp_path, "h100")

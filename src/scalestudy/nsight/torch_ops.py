@@ -51,6 +51,9 @@ def parse_torch(input_path: str | Path, run: str) -> tuple[list[dict], list[dict
     CPU, only enqueue time on a GPU). The export's own device-side entries of the ranges are not
     used: they hold only the GPU operations launched directly under them, not under a nested
     range, nor from another thread (trace_phases).
+    An export whose host called the CUDA runtime but that has no device time (CUPTI recorded
+    nothing on the GPU: nsys holding it, say) is refused: read as a CPU run's, its host times
+    were kernels (cudaLaunchKernel among them) and its phases enqueue time.
     """
     p = Path(input_path)
     files = sorted(p.glob("torch_ops_rank*.json")) if p.is_dir() else [p]
@@ -65,6 +68,13 @@ def parse_torch(input_path: str | Path, run: str) -> tuple[list[dict], list[dict
         ops = [_entry(f, i, op) for i, op in enumerate(_ops(f))]
         rank = rank_of(f)
         on_gpu = any(op["self_dev"] > 0 for op in ops)
+        if not on_gpu and (api := _cuda_api_call(ops)):
+            raise ProfileFormatError(
+                f, None, f"no GPU activity: the host called the CUDA runtime ({api!r}) but the "
+                f"export has no CUDA entry and no device time: CUPTI recorded nothing on the GPU "
+                f"(another profiler holding it, nsys for one, or CUPTI unavailable), and its "
+                f"host times are no kernels; {RECAPTURE}"
+            )  # fmt: skip
         if on_gpu and (twin := _unflagged_twin(ops)):
             raise ProfileFormatError(
                 f, None, f"a GPU export without user_annotation flags (format "
@@ -139,6 +149,17 @@ def _entry(f: Path, i: int, op) -> dict:
         }
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ProfileFormatError(f, None, f"op {i}: bad entry {op!r} ({exc}); {RECAPTURE}") from exc
+
+
+def _cuda_api_call(ops: list[dict]) -> str | None:
+    """The CUDA runtime or driver call (cudaLaunchKernel, cudaGraphLaunch, cuLaunchKernel, ...)
+    of most host self time, None where the host made none: a CPU run's."""
+
+    def api(name: str) -> bool:  # cudaXxx (runtime), cuXxx (driver)
+        return name.startswith("cuda") or (name.startswith("cu") and name[2:3].isupper())
+
+    calls = [op for op in ops if not op["cuda"] and api(op["name"])]
+    return max(calls, key=lambda op: op["self_cpu"])["name"] if calls else None
 
 
 def _unflagged_twin(ops: list[dict]) -> str | None:
