@@ -1309,6 +1309,21 @@ def test_a_gpu_export_before_the_annotation_flag_is_refused(tmp_path):
     ]
 
 
+def test_a_second_export_of_one_rank_is_refused_not_taken_for_the_first(tmp_path):
+    """torch_ops_rank0.json and a copy beside it (torch_ops_rank0_old.json) are both rank 0's:
+    the one that sorted last replaced the other's kernels and phases without a word (nsys's
+    reader refuses a second table of one rank)."""
+    conv = _op("aten::convolution", 2, "CPU", 900, 900, user_annotation=False)
+    add = _op("aten::add", 2, "CPU", 5, 5, user_annotation=False)
+    (tmp_path / "torch_ops_rank0.json").write_text(json.dumps({"ops": [conv]}))
+    (tmp_path / "torch_ops_rank0_old.json").write_text(json.dumps({"ops": [add]}))
+    with pytest.raises(ProfileFormatError, match=r"rank 0 has a second export, the first being"):
+        torch_ops.parse_torch(tmp_path, "c")
+    (tmp_path / "torch_ops_rank0_old.json").unlink()
+    kernels, _ = torch_ops.parse_torch(tmp_path, "c")
+    assert [r["kernel"] for r in kernels] == ["aten::convolution"]
+
+
 def _x(cat, name, ts, dur, tid=1, corr=None):
     """One complete event of a chrome trace (torch.profiler's export_chrome_trace), times in us."""
     e = {"ph": "X", "cat": cat, "name": name, "pid": 7, "tid": tid, "ts": ts, "dur": dur}

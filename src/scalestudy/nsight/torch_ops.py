@@ -64,9 +64,14 @@ def parse_torch(input_path: str | Path, run: str) -> tuple[list[dict], list[dict
     kernels: dict[int, list[dict]] = {}
     ranges: dict[int, list[dict]] = {}
     time_base: dict[int, str] = {}
+    first: dict[int, Path] = {}
     for f in files:
-        ops = [_entry(f, i, op) for i, op in enumerate(_ops(f))]
         rank = rank_of(f)
+        if (seen := first.setdefault(rank, f)) != f:  # a copy beside it: one would replace the
+            raise ProfileFormatError(  # other's kernels and phases
+                f, None, f"rank {rank} has a second export, the first being {seen}: keep one"
+            )
+        ops = [_entry(f, i, op) for i, op in enumerate(_ops(f))]
         on_gpu = any(op["self_dev"] > 0 for op in ops)
         if not on_gpu and (api := _cuda_api_call(ops)):
             raise ProfileFormatError(
