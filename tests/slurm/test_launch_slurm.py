@@ -73,40 +73,17 @@ def test_one_sigint_to_the_launchs_srun_ends_its_ranks(slurm_cluster, data_dir, 
     assert re.search(r"^\[rank 0/2 \S+\] scalestudy train: interrupted$", said, re.M), said
 
 
-def test_a_run_in_salloc_gets_its_ranks_whatever_tasks_salloc_was_given(
-    slurm_cluster, data_dir, tmp_path
-):
-    """srun reads SLURM_NTASKS (exported by `salloc -n`/`sbatch -n`) as its --ntasks, which
-    wins over --ntasks-per-node: in `salloc -n1 -c2` a 2-rank run's step had one task, and
-    the run trained as 1 rank, recorded as the 2-rank run, with no warning."""
-    cluster = slurm_cluster(2)
-    train = ["--dataset", "synthetic", "--width", "4", "--local-batch", "32", "--epochs", "1"]
-    train += ["--limit-train", "256", "--limit-test", "64", "--warmup-steps", "1"]
-    train += ["--comm-probe-steps", "0", "--device", "cpu"]
-    train += ["--data-dir", str(data_dir), "--out", str(tmp_path / "run")]
-    proc = subprocess.run(
-        ["salloc", "-N1", "-n1", "--cpus-per-task=2", "--mem=1000", "-t", "5"]
-        + [str(BIN / "scalestudy"), "launch", "--ranks-per-node", "2"]
-        + ["--cpus-per-rank", "1", "--", *train],
-        env=cluster.env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
-    assert metrics["world_size"] == 2, proc.stderr[-3000:]
-
-
-def test_runs_in_sallocs_interactive_step_start_as_in_sallocs_shell(
+def test_runs_in_sallocs_interactive_step_get_their_ranks_from_its_srun(
     slurm_cluster, data_dir, tmp_path
 ):
     """Where a site sets LaunchParameters=use_interactive_step (scripts/local-slurm.sh does),
     salloc's shell is a task of the job's interactive step (SLURM_STEP_ID 4294967290, Slurm's
     SLURM_INTERACTIVE_STEP), which holds no resources: srun starts steps from it. A 2-rank run
-    there was refused ("would wait forever"), and a 1-rank run started directly read the job's
-    SLURM_NTASKS (2: srun --preserve-env) as its world size and waited for a rank 1."""
+    there was refused ("would wait forever"); a 1-rank run started directly read the job's
+    SLURM_NTASKS (srun --preserve-env) as its world size (tests/test_dist.py). And srun reads
+    SLURM_NTASKS (`salloc -n`, `sbatch -n`) as its --ntasks, which wins over
+    --ntasks-per-node: in `salloc -n1 -c2` a 2-rank run's step had one task, and the run
+    trained as 1 rank, recorded as the 2-rank run, with no warning."""
     cluster = slurm_cluster(2)
     train = ["--dataset", "synthetic", "--width", "4", "--local-batch", "32", "--epochs", "1"]
     train += ["--limit-train", "256", "--limit-test", "64", "--warmup-steps", "1"]
@@ -122,14 +99,14 @@ def test_runs_in_sallocs_interactive_step_start_as_in_sallocs_shell(
     shell.write_text("\n".join(lines) + "\n")
     shell.chmod(0o755)
     subprocess.run(
-        ["salloc", "-N1", "-n2", "--cpus-per-task=1", "--mem=1000", "-t", "5"],
+        ["salloc", "-N1", "-n1", "--cpus-per-task=2", "--mem=1000", "-t", "5"],
         env={**cluster.env, "SHELL": str(shell)},
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
         timeout=240,
     )
-    assert (tmp_path / "step").read_text().split() == ["4294967290", "2"]  # step id, job's tasks
+    assert (tmp_path / "step").read_text().split() == ["4294967290", "1"]  # step id, job's tasks
     for name, world_size in (("two", 2), ("one", 1)):
         said = (tmp_path / f"{name}.log").read_text()
         assert (tmp_path / f"{name}.rc").read_text().strip() == "0", said[-3000:]
