@@ -37,7 +37,9 @@ import re
 #   (volta_scudnn_128x64, volta_h884cudnn_256x128, turing_fp16_s1688cudnn_fp16_128x128,
 #   volta_hcudnn_128x128): a letter right before "cudnn_", so aten::cudnn_batch_norm stays
 #   a batch norm.
-# - NCCL's kernels (ncclDevKernel_*, older ncclKernel_*) are nccl wherever the name holds them:
+# - NCCL's kernels (ncclDevKernel_*, older ncclKernel_*, and older still
+#   nccl<Collective><Algo><Proto>Kernel_*: any mangled name starting nccl) are nccl wherever the
+#   name holds them:
 #   as an Itanium symbol (`_Z43ncclDevKernel_ReduceScatter_...`, nsys's :mangled names or one
 #   the profiler could not demangle) they start with _Z<length>, and as reduce or other
 #   schema.top_kernels would hand one to ncu, whose serialised launch waits for its peers.
@@ -57,7 +59,8 @@ _CATEGORY_PATTERNS = [
     ("memcpy", r"^fsdp::(all_gather_copy_(in|out)|split_with_sizes_copy|chunk_cat)\b"),
     (
         "nccl",
-        r"^nccl|nccl(dev)?kernel|^gloo:|^c10d::|allreduce|all_reduce|allgather|all_gather"
+        r"^nccl|^_z\d+nccl|nccl(dev)?kernel|^gloo:|^c10d::|allreduce|all_reduce|allgather"
+        r"|all_gather"
         r"|reduce_scatter|^fsdp::post_backward_(reduce|rs_wait)\b",
     ),
     ("memcpy", r"memcpy|memset|^aten::copy_$|^aten::_to_copy$"),
