@@ -11,6 +11,7 @@ import math
 import os
 import re
 import shutil
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -357,6 +358,46 @@ def test_a_verdicts_value_is_printed_apart_from_its_threshold(done, tmp_path):
     # the strong row's description names its world size: no "(4 ranks)" after it
     assert re.search(r"E\\_s at [^&(]*& \$\\ge\$ 70\.00 & 69\.96 & \\textbf\{fail\}", paper)
     assert re.search(r"tolerance\) \(1 (rank|GPU)\) & \$\\ge\$ 20\.0 & 25\.0 &", paper)
+    for name, text in docs.items():
+        assert report.numbers_backed_by_csvs(text, report.load_tables(csv_dir)) == [], name
+
+
+def test_a_waterfall_rows_printed_parts_add_up_to_its_printed_loss(done, tmp_path):
+    """The documents say the four parts add up to the loss, and X_ideal - X is the loss in
+    img/s; each cell rounded on its own printed 13.5 = +13.9 +0.1 +0.3 -0.7 (13.6) and
+    2382 - 534 = 1849 (the demo's runs, below). Each row is printed with the fewest decimals
+    at which its printed parts add up (summing_decimals), every number still a cell."""
+    csv_dir = tmp_path / "csv"
+    csv_dir.mkdir()
+    for name in report.TABLES:
+        (csv_dir / f"{name}.csv").write_text((done / f"results/csv/{name}.csv").read_text())
+    rows = read(csv_dir / "waterfall.csv")
+    demo = {  # the demo study's (2026-12-04): weak at 2 ranks, strong at 4
+        "weak": ("954.024731941", "824.782160855", "129.242571086", "0.135470881161",
+                 "0.138638743137", "0.00110691218802", "0.00296029781032", "-0.00723507197348"),
+        "strong": ("2382.44432744", "533.80349738", "1848.64083006", "0.775942929187",
+                   "0.185945415288", "0.0057874369739", "0.0253739822886", "0.558836094636"),
+    }  # fmt: skip
+    columns = ("x_ideal", "x_measured", "loss_img_s", "loss_frac", "comm_frac", "data_frac",
+               "imbalance_frac", "residual_frac")  # fmt: skip
+    for row in rows:
+        row.update(zip(columns, demo[row["family"]], strict=True))
+    files.write_csv(csv_dir / "waterfall.csv", list(rows[0]), rows)
+    docs = report.render(csv_dir, done / "workflow/report", FIGURES, "../results/plots")
+    md_rows = [
+        line.split(" | ")
+        for line in docs["study.md"].splitlines()
+        if line.startswith(("| weak | 2 |", "| strong | 2 |"))
+        and line.count(" | ") > 12  # the waterfall's, not the scaling table's
+    ]
+    assert len(md_rows) == 2
+    for cells in md_rows:
+        x_ideal, x, loss, loss_pct, *parts = (Decimal(c) for c in cells[5:13])
+        assert x_ideal - x == loss, cells
+        assert sum(parts) == loss_pct, cells
+    assert "| 954 | 825 | 129 | 13.55 | +13.86 | +0.11 | +0.30 | -0.72 |" in docs["study.md"]
+    paper = " ".join(docs["paper.tex"].split())
+    assert "& 13.55 & +13.86 & +0.11 & +0.30 & -0.72 \\\\" in paper
     for name, text in docs.items():
         assert report.numbers_backed_by_csvs(text, report.load_tables(csv_dir)) == [], name
 

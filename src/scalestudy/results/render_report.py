@@ -20,6 +20,7 @@ import argparse
 import functools
 import math
 import re
+from decimal import Decimal
 from pathlib import Path
 
 import jinja2
@@ -81,15 +82,39 @@ def fmt_num(value) -> str:
     return f"{x:.{decimals}f}"
 
 
-def fmt_pct(value) -> str:
-    """A fraction as a percentage with one decimal (0.8532 -> 85.3); blank -> n/a."""
+def fmt_pct(value, decimals: int = 1) -> str:
+    """A fraction as a percentage with one decimal (0.8532 -> 85.3), or `decimals`; blank ->
+    n/a."""
     x = _float(value)
-    return "n/a" if x is None else f"{100 * x:.1f}"
+    return "n/a" if x is None else f"{100 * x:.{decimals}f}"
 
 
-def fmt_signed_pct(value) -> str:
+def fmt_signed_pct(value, decimals: int = 1) -> str:
     x = _float(value)
-    return "n/a" if x is None else f"{100 * x:+.1f}"
+    return "n/a" if x is None else f"{100 * x:+.{decimals}f}"
+
+
+def fmt_fixed(value, decimals: int) -> str:
+    """A number with `decimals` decimals (summing_decimals'); blank -> n/a."""
+    x = _float(value)
+    return "n/a" if x is None else f"{x:.{decimals}f}"
+
+
+def summing_decimals(parts, total, scale: float = 100, least: int | None = 1) -> int:
+    """The fewest decimals (least, or those fmt_num gives `total` where least is None, to
+    APART_DECIMALS) at which the cells `parts` (blank ones left out), times `scale` and
+    printed, add up to `total` printed: a waterfall row's four parts to its loss (percent), X
+    and the loss to X_ideal (img/s). Each rounded on its own, the demo's printed +13.9 +0.1
+    +0.3 -0.7 beside a loss of 13.5, and 2382 - 534 = 1849."""
+    xs, t = [x for x in map(_float, parts) if x is not None], _float(total)
+    if least is None:
+        least = _decimals(fmt_num(total)) if t is not None and abs(t) >= 1e-4 else 1
+    for k in range(least, APART_DECIMALS + 1):
+        if t is None or sum(Decimal(f"{scale * x:.{k}f}") for x in xs) == Decimal(
+            f"{scale * t:.{k}f}"
+        ):
+            return k
+    return APART_DECIMALS
 
 
 def fmt_exact(value) -> str:
@@ -444,6 +469,8 @@ def environment(templates: Path) -> tuple[jinja2.Environment, jinja2.Environment
         env.filters["pct_apart"] = fmt_pct_apart
         env.filters["spct_apart"] = functools.partial(fmt_pct_apart, signed=True)
         env.filters["pct_bar"] = fmt_pct_bar
+        env.filters["fixed"] = fmt_fixed
+        env.filters["summing_decimals"] = summing_decimals
     md.filters["cell"] = md_cell
     # what the filters replaced, for warn_unsettable once the documents are rendered
     tex.unsettable = set()
@@ -470,14 +497,22 @@ def render(csv_dir: Path, templates: Path, figures: list[str], figure_dir: str) 
 TEX_FORMS = (tex_escape, tex_breakable, tex_verbatim)
 
 
+# the cells the documents print with fmt_fixed (summing_decimals' decimals): the waterfall's
+# X_ideal, X and loss in img/s, which add up as printed
+FIXED_CELLS = {"waterfall": ("x_ideal", "x_measured", "loss_img_s")}
+
+
 def allowed_numbers(tables: dict[str, list[dict]]) -> set[str]:
     """Every numeric token any CSV cell yields, raw, as the LaTeX documents print its text
     (TEX_FORMS, read past tex_breakable's breaks as numbers_backed_by_csvs does), under any of
-    FORMATS, or as a percentage with the decimals fmt_pct_apart and fmt_pct_bar may give it."""
+    FORMATS, or as a percentage with the decimals fmt_pct_apart, fmt_pct_bar and
+    summing_decimals may give it, or, a cell of FIXED_CELLS, as itself with those of
+    summing_decimals (fmt_fixed)."""
     allowed = set(FORMULA_CONSTANTS)
-    for rows in tables.values():
+    for name, rows in tables.items():
+        fixed = FIXED_CELLS.get(name, ())
         for row in rows:
-            for value in row.values():
+            for column, value in row.items():
                 allowed.update(NUMBER.findall(str(value)))
                 for form in TEX_FORMS:
                     allowed.update(NUMBER.findall(form(value).replace(BREAK, "")))
@@ -487,6 +522,8 @@ def allowed_numbers(tables: dict[str, list[dict]]) -> set[str]:
                         allowed.update(NUMBER.findall(f(value)))
                     for k in range(2, APART_DECIMALS + 1):
                         allowed.update((f"{100 * x:.{k}f}", f"{100 * x:+.{k}f}"))
+                    if column in fixed:
+                        allowed.update(f"{x:.{k}f}" for k in range(APART_DECIMALS + 1))
     return allowed
 
 
