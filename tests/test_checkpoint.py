@@ -48,6 +48,25 @@ def test_keeps_the_newest_k_and_resumes_the_newest(tmp_path):
     assert not list(tmp_path.glob(".partial-*"))
 
 
+def test_a_ctrl_c_during_a_synchronous_save_interrupts_the_run(tmp_path, monkeypatch):
+    """The write's `except BaseException` (torch's DCP CheckpointException is one) also caught
+    KeyboardInterrupt: with --no-checkpoint-async a Ctrl-C during a save became "cannot write
+    checkpoint ...: KeyboardInterrupt" an epoch later, or, in the last save, nothing: the run
+    ended with exit 0. It interrupts now, and the checkpoints written before stay."""
+    saver = _saver(tmp_path, async_write=False)
+    saver.save(1, _state(4))
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ck.torch, "save", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        saver.save(2, _state(4))
+    assert saver.error is None and saver.saved == [1]
+    monkeypatch.undo()
+    assert ck.find_latest(tmp_path, IDENTITY)[0].name == "epoch-0001"
+
+
 def test_async_save_snapshots_before_returning(tmp_path):
     """Training keeps changing its tensors while the thread writes: the checkpoint holds the
     values of the moment save() returned."""

@@ -504,6 +504,8 @@ class Checkpointer:
             # errors are kept, returned by poll()/wait() and raised by the next save()
             except CheckpointError as exc:
                 self.error = exc
+            except (KeyboardInterrupt, SystemExit):  # a Ctrl-C in a synchronous save: the run's
+                raise
             except BaseException as exc:  # the DCP write (torch's CheckpointException is one)
                 self.error = self._dcp_failed(epoch, exc)
 
