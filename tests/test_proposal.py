@@ -574,7 +574,7 @@ def test_the_printed_contingency_and_periods_add_up_to_the_printed_request(tmp_p
         periods = md_table(docs["proposal.md"], "| period | months |")
         assert [p[1] for p in periods] == ["2", "2", "2", "1"]
         assert sum(Decimal(p[2]) for p in periods) == rows["request"]
-        timeline = re.findall(r"months\): ([\d.]+) node-hours", docs["slides.tex"])
+        timeline = re.findall(r"months?\): ([\d.]+) node-hours", docs["slides.tex"])
         assert sum(Decimal(x) for x in timeline) == rows["request"]
 
 
@@ -620,6 +620,26 @@ def test_a_count_of_one_reads_singular_and_the_baselines_efficiency_is_no_measur
     slides = " ".join(docs["slides.tex"].split())
     assert "Chosen: 1 rank (1 node), $E_s$ = 100.0\\,\\% by definition (the baseline)" in slides
     assert not re.search(r"\$E_s\$ = [\d.]+\\,\\% \(\$n\$", slides)
+
+
+def test_counts_of_one_month_run_epoch_and_world_size_read_singular(tmp_path):
+    """A 1-run study (strong at 2 ranks only), a 1-month allocation, one production run of one
+    epoch: the documents said "1 months", "1 epochs, 1 runs", "1 training runs", "1 measured
+    runs" and "only 1 world sizes were measured"."""
+    config, study = build(
+        tmp_path, "proposal.total_months=1", "proposal.production.runs=1",
+        "proposal.production.epochs=1", "families.weak.enabled=false",
+        "families.precision.enabled=false", "families.bucket.enabled=false",
+        "families.strong.gpus=[2]",
+    )  # fmt: skip
+    docs = write(config, study)
+    plural = r"\b1 (training runs|measured runs|months|epochs|runs|world sizes|repeats)\b"
+    for name, text in docs.items():
+        flat = " ".join(text.split())
+        assert not re.findall(plural, flat), (name, re.findall(plural, flat))
+    md = " ".join(docs["proposal.md"].split())
+    assert "for 1 month:" in md and "1 epoch, 1 run at the chosen scale" in md
+    assert "1 training run," in md and "only 1 world size was measured" in md
 
 
 def test_model_holdout_error_is_shown_when_the_model_csv_has_it(tmp_path):

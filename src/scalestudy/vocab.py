@@ -139,6 +139,10 @@ SINGULAR = {
     "jobs": "job",
     "profiled runs": "profiled run",
     "profiling jobs": "profiling job",
+    "measured runs": "measured run",
+    "months": "month",
+    "world sizes": "world size",
+    "epochs": "epoch",
 }
 
 

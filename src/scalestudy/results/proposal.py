@@ -682,8 +682,9 @@ def _texts(config: dict) -> list[dict]:
         "scale that stays efficient"
         + (" and run the production training there." if p["production"]["runs"] else "."),
         "production": p["production"]["description"]
-        or f"{train['model']} on {config['dataset']}, {epochs} epochs, "
-        f"{p['production']['runs']} runs at the chosen scale",
+        or f"{train['model']} on {config['dataset']}, {epochs} {vocab.plural('epochs', epochs)}, "
+        f"{p['production']['runs']} {vocab.plural('runs', p['production']['runs'])} at the "
+        "chosen scale",
         # no container digest claimed here: the documents say what the runs recorded (a study
         # with container.enabled false records none: system.csv "not recorded")
         "data": p["data"]
