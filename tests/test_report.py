@@ -300,6 +300,14 @@ def test_a_model_without_a_fit_is_said_and_not_blamed_on_the_families(done, tmp_
     for name, text in flat.items():
         assert "no scaling family whose runs the model could hold out" not in text, name
         assert report.numbers_backed_by_csvs(text, report.load_tables(csv_dir)) == [], name
+    # and with a held-out row none could validate (a strong family of one world size): it said
+    # "Read the error as how far the plan's prices ... can be trusted", and not why there is none
+    unvalidated = {"kind": "holdout", "name": "strong", "note": "not validated: world sizes 2"}
+    files.write_csv(csv_dir / "model.csv", model_csv.MODEL_COLUMNS, [row, unvalidated])
+    docs = report.render(csv_dir, done / "workflow/report", FIGURES, "../results/plots")
+    study = " ".join(docs["study.md"].split())
+    assert "Read the error" not in study
+    assert f"the model has no fit to hold a world size out of ({why})" in study
 
 
 def test_the_paper_points_to_the_profiling_figure_only_when_it_shows_it(done, tmp_path):
