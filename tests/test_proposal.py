@@ -866,6 +866,12 @@ def test_a_cpu_study_asks_for_node_hours_only(demo):
     assert "node-hours**" in headline and "GPU-hours" not in headline
     ask = next(ln for ln in docs["proposal.md"].splitlines() if ln.startswith("| **request**"))
     assert ask.split("|")[7].strip() == "**n/a**"
+    # GPU energy too: n/a, as the text below the table says, not "not measured" beside it
+    table = md_table(docs["proposal.md"], "| experiment | runs |")
+    energy = {r[0]: r[7] for r in table if r[0] not in ("subtotal",) and "contingency" not in r[0]}
+    assert set(energy.values()) == {"n/a"}, energy
+    tex = [ln for ln in docs["proposal.tex"].splitlines() if ln.startswith("\\textbf{request}")]
+    assert tex and tex[0].rstrip(" \\").endswith("& n/a"), tex
 
 
 def test_no_container_digest_is_claimed_when_the_runs_recorded_none(demo, tmp_path):
