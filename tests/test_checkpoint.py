@@ -935,6 +935,28 @@ def test_a_checkpoint_of_another_image_is_not_resumed(tmp_path, monkeypatch, one
     assert "not resuming" in warnings[-1] and "b" * 64 in warnings[-1], warnings
 
 
+def test_a_checkpoint_of_another_thread_count_is_not_resumed(tmp_path, monkeypatch, one_rank_group):
+    """hardware.cpus_per_rank changed (launch sets each rank's threads to it): the same run id,
+    so the same checkpoint directory, and the rerun resumed the old count's checkpoint: its
+    window summed steps at 1 and 2 threads (454 and 590 img/s here) under the last count's
+    threads_per_rank, which the planner then calibrated the new count from. The count is in
+    the identity now."""
+    from scalestudy.trainer import state as st
+
+    warnings: list[str] = []
+    monkeypatch.setattr(ck, "_warn", warnings.append)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        _checkpointing(tmp_path)._save(st.RunState(epoch=1, step=5), wait=True)
+        assert _checkpointing(tmp_path).resume().epoch == 1  # the same count resumes
+        torch.set_num_threads(2)
+        assert _checkpointing(tmp_path).resume().epoch == 0
+    finally:
+        torch.set_num_threads(threads)
+    assert "not resuming" in warnings[-1] and "'threads_per_rank': 2" in warnings[-1], warnings
+
+
 @pytest.mark.parametrize(
     ("names", "expected"),
     [

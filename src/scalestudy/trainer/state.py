@@ -167,9 +167,10 @@ def make_checkpointer(
     under the last segment's device_names. And the layout, the ranks per host: a study whose
     gpus_per_node changed runs w8 as 2 x 4 where it ran 1 x 8, under the same run id and so
     the same checkpoint directory, and a stopped 1 x 8 job's checkpoint resumed, both layouts'
-    windows summed under the last one's nodes and ranks_per_node. And the container image's
-    digest (a rebuilt image reruns the runs: they resumed the old image's checkpoints, one
-    throughput of both)."""
+    windows summed under the last one's nodes and ranks_per_node. And the threads per rank
+    (hardware.cpus_per_rank: a changed count's rerun resumed the old count's steps). And the
+    container image's digest (a rebuilt image reruns the runs: they resumed the old image's
+    checkpoints, one throughput of both)."""
     if not cfg.checkpoint_dir:
         return None
     devices, layout = rank_layout(device, world_size)
@@ -192,6 +193,9 @@ def make_checkpointer(
             "run_state_fields": sorted(f.name for f in dataclasses.fields(RunState)),
             "devices": devices,
             "ranks_per_host": layout,
+            # rank 0's, as metrics.json's threads_per_rank (launch sets them to
+            # hardware.cpus_per_rank): a changed count's rerun resumed the old count's steps
+            "threads_per_rank": torch.get_num_threads(),
             # the image the launcher ran the ranks in (jobs/launch.py), None outside one: a
             # rebuilt image (other CUDA, cuDNN, NCCL) reruns the runs, which must not resume
             # the old image's checkpoints
