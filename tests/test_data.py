@@ -220,6 +220,36 @@ def _match_crop(out: torch.Tensor, src: torch.Tensor) -> list[tuple[int, int, bo
     return found
 
 
+@pytest.mark.parametrize(("dataset", "flips"), [("mnist", False), ("cifar10", True)])
+@pytest.mark.parametrize("loader", ["device", "dataloader"])
+def test_digits_are_never_mirrored(dataset, flips, loader):
+    """Both input pipelines flipped every dataset's training images half the time: a mirrored
+    digit is no longer its label (2, 3, 4, 5, 7, 9), so MNIST trained partly on wrong labels.
+    A horizontal flip keeps CIFAR-10's (and the synthetic set's) labels: vocab.Dataset.flip.
+    Each image is a stroke in its left third; the crop (4 px) cannot move it past the middle."""
+    from scalestudy.trainer import loop
+    from scalestudy.trainer.numerics import Numerics
+
+    c, hw = (1, 28) if dataset == "mnist" else (3, 32)
+    x = torch.zeros(64, c, hw, hw, dtype=torch.uint8)
+    x[:, :, 8:20, 4:8] = 255
+    y = torch.arange(64) % 10
+    meta = {"mean": [0.5] * c, "std": [0.5] * c, "num_classes": 10}
+    prepared = loaders.Prepared(x, y, x[:8], y[:8], meta)
+    cfg = TrainConfig(dataset=dataset, loader=loader, num_workers=0, seed=3)
+    numerics = Numerics(None, False, False)
+    train, sampler, _, _ = loop.build_loaders(
+        cfg, prepared, numerics, torch.device("cpu"), 0, 1, 16
+    )
+    mirrored = 0
+    for epoch in range(3):
+        (sampler or train).set_epoch(epoch)
+        for xb, _ in train:
+            right = xb[:, :, :, hw // 2 :].amax(dim=(1, 2, 3)) > xb.amin()
+            mirrored += int(right.sum())
+    assert (mirrored > 0) == flips, mirrored
+
+
 def test_augment_shifts_and_flips() -> None:
     x = torch.randint(1, 256, (400, 3, 32, 32), dtype=torch.uint8, generator=torch.Generator())
     out = loaders.augment(x, torch.Generator().manual_seed(1))

@@ -18,6 +18,10 @@ class Dataset:
     test: int  # images in the test split
     shape: str  # H x W x C of one image
     classes: int
+    # whether a horizontal mirror keeps an image's label, so training augments with random
+    # flips (trainer/loaders.py): CIFAR-10's objects, and the synthetic set, made so
+    # (prepare_data.make_synthetic); not MNIST's digits (a mirrored 2, 3, 4, 5, 7 or 9 is none)
+    flip: bool = True
 
     @property
     def image_bytes(self) -> int:
@@ -36,7 +40,7 @@ class Dataset:
 # (config key synthetic.num_train / num_test overrides them).
 DATASETS: dict[str, Dataset] = {
     "cifar10": Dataset(train=50000, test=10000, shape="32x32x3", classes=10),
-    "mnist": Dataset(train=60000, test=10000, shape="28x28x1", classes=10),
+    "mnist": Dataset(train=60000, test=10000, shape="28x28x1", classes=10, flip=False),
     "synthetic": Dataset(train=50000, test=10000, shape="32x32x3", classes=10),
 }
 # sweeps of a study (config key families.<name>); order = order of tables and figures

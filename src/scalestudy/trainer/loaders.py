@@ -399,6 +399,7 @@ class DeviceLoader:
         eval_batch: int | None = None,
         dtype: torch.dtype = torch.float32,
         channels_last: bool = False,
+        flip: bool = True,
     ) -> None:
         if local_batch < 1:
             raise ValueError(f"local_batch must be >= 1, got {local_batch}")
@@ -406,6 +407,7 @@ class DeviceLoader:
         self.local_batch, self.world_size, self.rank = local_batch, world_size, rank
         self.seed, self.train, self.epoch = seed, train, 0
         self.dtype, self.channels_last = dtype, channels_last
+        self.flip = flip  # random horizontal flips in training (vocab.Dataset.flip)
         self.n = len(x_u8)
         if train:
             self._bounds = _global_slices(self.n, local_batch * world_size, world_size)
@@ -468,7 +470,9 @@ class DeviceLoader:
             group = sizes[first : first + AHEAD]
             idx = all_idx[starts[first] : starts[first + len(group)]]
             offs, flips = zip(*(augment_draws(b, gen, self.device) for b in group), strict=True)
-            xs = self._out(crop_flip(self.x[idx], torch.cat(offs, 1), torch.cat(flips)))
+            # without flips the draws are made all the same: the crops are those with flips
+            flip = torch.cat(flips) & self.flip
+            xs = self._out(crop_flip(self.x[idx], torch.cat(offs, 1), flip))
             yield from zip(xs.split(group), self.y[idx].split(group), strict=True)
 
     def _out(self, x_u8: torch.Tensor) -> torch.Tensor:
@@ -508,6 +512,7 @@ def make_dataloader(
     pin_memory: bool,
     persistent_workers: bool,
     prefetch_factor: int | None,
+    flip: bool = True,
 ) -> tuple[DataLoader, DistributedSampler]:
     """DataLoader + DistributedSampler with per-sample torchvision.transforms.v2 (CPU workers).
 
@@ -529,7 +534,9 @@ def make_dataloader(
     from torchvision.transforms import v2
 
     h, w = x_u8.shape[-2:]
-    steps = [v2.RandomCrop((h, w), padding=CROP_PAD), v2.RandomHorizontalFlip()] if train else []
+    # the flip only where it keeps the label (vocab.Dataset.flip)
+    flips = [v2.RandomHorizontalFlip()] if flip else []
+    steps = [v2.RandomCrop((h, w), padding=CROP_PAD), *flips] if train else []
     transform = v2.Compose(
         [*steps, v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(mean), list(std))]
     )

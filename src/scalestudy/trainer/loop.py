@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from scalestudy import files, log
+from scalestudy import files, log, vocab
 from scalestudy.errors import TrainConfigError, TrainingError
 from scalestudy.trainer import checkpoint as ckpt
 from scalestudy.trainer import compiling, loaders, progress
@@ -618,12 +618,13 @@ def build_loaders(
     placement = dict(
         local_batch=local_batch, world_size=world_size, rank=rank, seed=cfg.seed, mean=mean, std=std
     )
+    flip = vocab.DATASETS[cfg.dataset].flip  # not MNIST's digits
     # the device loader's batches leave it as the model consumes them: in autocast's dtype, NHWC
     # on CUDA (the DataLoader's are converted by Run.place)
     layout = dict(dtype=numerics.input_dtype, channels_last=numerics.channels_last_inputs)
     if cfg.loader == "device":
         train_loader = loaders.DeviceLoader(
-            train_x, train_y, train=True, device=device, **placement, **layout
+            train_x, train_y, train=True, device=device, flip=flip, **placement, **layout
         )
         sampler, micro_steps = None, train_loader.steps_per_epoch
     else:
@@ -635,6 +636,7 @@ def build_loaders(
             pin_memory=cfg.pin_memory and device.type == "cuda",
             persistent_workers=cfg.persistent_workers,
             prefetch_factor=cfg.prefetch_factor,
+            flip=flip,
             **placement,
         )
         micro_steps = len(train_loader)
