@@ -767,3 +767,35 @@ def test_a_segment_too_short_for_its_window_names_what_set_the_warm_up(flags, gr
     else:
         assert cause in message and "lower --warmup-steps" not in message
         assert message.endswith(": raise --epochs or use more data")
+
+
+@pytest.mark.parametrize("num_train", ["1024", "512"])
+def test_ranks_that_loaded_different_prepared_data_are_refused_before_training(
+    data_dir, tmp_path, num_train
+):
+    """Each rank loads --data-dir itself, and a node-local copy (/tmp, node-local scratch) can
+    differ: rank 1 on another seed's set trained and was evaluated on other images, and the
+    run ended as usual with rank 0's data_sha256 in metrics.json; on a set of another size the
+    ranks' step counts differed and gloo aborted mid-collective (NCCL waits for its timeout).
+    One line before training now, naming both ranks' data."""
+    other = tmp_path / "other"
+    subprocess.run(
+        [PYTHON, "-m", "scalestudy", "prepare-data", "--dataset", "synthetic", "--data-dir",
+         str(other), "--num-train", num_train, "--num-test", "300", "--seed", "1"],
+        check=True, env=child_env(), capture_output=True, timeout=300,
+    )  # fmt: skip
+    # rank 1 reads the other copy (the last --data-dir wins)
+    prefix = f'sh -c \'[ "$LOCAL_RANK" = 1 ] && set -- "$@" --data-dir {other}; exec "$@"\' sh'
+    proc = subprocess.run(
+        [PYTHON, "-m", "scalestudy", "launch", "--ranks-per-node", "2", "--rank-prefix", prefix]
+        + ["--", *SMALL, "--device", "cpu", "--data-dir", str(data_dir)]
+        + ["--out", str(tmp_path / "run")],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode != 0 and not (tmp_path / "run" / "metrics.json").exists()
+    said = [ln for ln in proc.stderr.splitlines() if "different prepared data" in ln]
+    assert len(said) == 1 and "rank 1" in said[0] and str(other) in said[0], proc.stderr[-3000:]
+    assert "epoch   1/" not in proc.stderr  # refused before training

@@ -12,6 +12,7 @@ import dataclasses
 import datetime
 import functools
 import math
+import os
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -457,6 +458,7 @@ def build(cfg: TrainConfig, denv: sdist.DistEnv, device: torch.device) -> Run:
 
     progress.at("data load")  # this rank's own work up to wrap_model's collective
     prepared = loaders.load_prepared(cfg.dataset, cfg.data_dir)
+    check_same_data(cfg, loaders.data_sha256(prepared.meta), world_size)
     loaded = build_loaders(cfg, prepared, numerics, device, rank, world_size, local_batch)
     train_loader, sampler, eval_loader, micro_steps = loaded  # --limit-train/--limit-test
     steps_per_epoch = math.ceil(micro_steps / cfg.accum_steps)
@@ -597,6 +599,28 @@ def lr_max_reached(
             "--epochs for the whole schedule"
         )
     return reached
+
+
+def check_same_data(cfg: TrainConfig, digest: str, world_size: int) -> None:
+    """Every rank loaded the same prepared data (loaders.data_sha256), else one TrainingError
+    (rank 0's line) naming the first rank whose data differs: each rank reads --data-dir
+    itself, and a node-local copy can differ. Rank 1 on another seed's set trained on other
+    images unseen (metrics.json records rank 0's digest), and on a set of another size the
+    ranks' step counts differed and gloo aborted mid-collective. A collective beyond 1 rank."""
+    if world_size == 1:
+        return
+    every: list = [None] * world_size
+    dist.all_gather_object(every, (digest, sdist.hostname(), os.path.realpath(cfg.data_dir)))
+    odd = next((r for r, (d, _, _) in enumerate(every) if d != every[0][0]), None)
+    if odd is not None:
+        (d0, host0, dir0), (d1, host1, dir1) = every[0], every[odd]
+        raise TrainingError(
+            f"the ranks loaded different prepared data: rank 0 on {host0} {dir0} (data_sha256 "
+            f"{d0[:12]}...), rank {odd} on {host1} {dir1} ({d1[:12]}...): prepare the data once "
+            "where every node reads it (`scalestudy prepare-data`), or give every node the same "
+            "copy",
+            scope="run",
+        )
 
 
 def build_loaders(
