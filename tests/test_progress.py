@@ -136,7 +136,7 @@ def test_phases_are_ordered_as_a_run_passes_them():
     positions = [progress.position({"step": s, "phase": p}) for s, p in order]
     assert positions == sorted(positions) and len(set(positions)) == len(positions)
     # start-up: each rank's own work before the collective that waits for it
-    start = ["start", "data load", "model broadcast", "model set-up"]
+    start = ["start", "data load", "data check", "model broadcast", "model set-up"]
     start += ["checkpoint directory check", "checkpoint search", "checkpoint choice"]
     start += ["checkpoint load"]
     positions = [progress.position({"step": -1, "phase": p}) for p in start]
@@ -582,15 +582,16 @@ def run_rank(script: str, data_dir: Path, tmp_path: Path, *flags: str, last: str
 
 
 def test_a_rank_stuck_loading_its_data_is_named_at_start_up(data_dir, tmp_path):
-    """Rank 1's read of the prepared data hangs; rank 0 waits in DDP's broadcast of its weights.
-    Both were at 'start-up': no rank lagged. Now rank 1 is behind, at its data load."""
+    """Rank 1's read of the prepared data hangs; rank 0 waits in the comparison of the ranks'
+    data (loop.check_same_data; before it, in DDP's broadcast of its weights). Both were at
+    'start-up': no rank lagged. Now rank 1 is behind, at its data load."""
     out = run_rank(STUCK_IN_DATA_LOAD, data_dir, tmp_path)
     assert re.search(
         r"\[rank 0/2 \S+\] hang diagnosis: rank 1 on \S+ is alive but behind: it has been at "
         r"data load \(before the first step\) for \d+ s",
         out,
     ), out[-3000:]
-    assert "the furthest rank(s) 0 wait at model broadcast (before the first step)" in out
+    assert "the furthest rank(s) 0 wait at data check (before the first step)" in out
 
 
 def test_a_rank_stuck_in_its_checkpoint_write_is_named(data_dir, tmp_path):

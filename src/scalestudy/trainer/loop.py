@@ -458,7 +458,9 @@ def build(cfg: TrainConfig, denv: sdist.DistEnv, device: torch.device) -> Run:
 
     progress.at("data load")  # this rank's own work up to wrap_model's collective
     prepared = loaders.load_prepared(cfg.dataset, cfg.data_dir)
+    progress.at("data check")  # a collective: a rank still reading its data is behind
     check_same_data(cfg, loaders.data_sha256(prepared.meta), world_size)
+    progress.at("data load")  # the loaders and the model: this rank's own work again
     loaded = build_loaders(cfg, prepared, numerics, device, rank, world_size, local_batch)
     train_loader, sampler, eval_loader, micro_steps = loaded  # --limit-train/--limit-test
     steps_per_epoch = math.ceil(micro_steps / cfg.accum_steps)

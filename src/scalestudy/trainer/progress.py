@@ -83,6 +83,9 @@ KEY_PREFIX = "scalestudy/progress/"
 START_PHASES = (
     "start",  # the process group is up
     "data load",  # the prepared data read, the loaders and the model built (this rank's)
+    # every rank's prepared data compared (loop.check_same_data, a collective); the loaders and
+    # the model are built after it, at "data load" again
+    "data check",
     "model broadcast",  # the strategy's wrapper: DDP broadcasts rank 0's weights
     "model set-up",  # optimizer, FLOP count, TensorBoard (this rank's)
     # rank 0 writes a marker in --checkpoint-dir, every rank looks for it (state.py)
