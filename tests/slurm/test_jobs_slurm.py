@@ -6,6 +6,9 @@ with the FIRST job's nodes, tasks, GPUs and time limit (its run_array_jobs), wro
 other training run. The workflow refuses the setting in `onstart:` (after the DAG, before any
 job, local ones included); `scalestudy launch` refuses to run in an array task
 (SLURM_ARRAY_TASK_ID), for a workflow started some other way.
+
+A run is also refused in `onstart:` while Slurm jobs of an earlier snakemake run in the same
+working directory are still in the queue (jobs/slurm_queue.py, with the real squeue here).
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from workflow_helpers import BIN, copy_repo, env, write_config  # noqa: E402
+
+from scalestudy.jobs import slurm_queue  # noqa: E402
 
 pytestmark = pytest.mark.slurm
 
@@ -88,3 +93,52 @@ def test_the_launcher_refuses_to_run_in_an_array_task(slurm_cluster, tmp_path):
         assert len(lines) == 1, lines  # one line, no traceback, no trainer started
         assert f"task {task} of Slurm array job {job}" in lines[0], lines
         assert "--slurm-array-jobs" in lines[0], lines
+
+
+def test_a_run_while_an_earlier_runs_jobs_are_queued_is_refused_before_any_job(
+    slurm_cluster, tmp_path
+):
+    """A snakemake that died leaves its Slurm jobs training; after --unlock, rerun-incomplete
+    would submit their runs again into the same directories (jobs/slurm_queue.py)."""
+    cluster = slurm_cluster(2)
+    work = copy_repo(tmp_path / "w")
+    _two_runs(work)
+    # what the earlier run left: a job as the executor plugin submits one (--comment, -D)
+    earlier = cluster.sbatch(
+        "--comment",
+        "rule_train_wildcards_run=weak-synthetic-w2",
+        "-D",
+        str(work),
+        "-t",
+        "5",
+        "--mem=100",
+        "-o",
+        "/dev/null",
+        "--wrap",
+        "sleep 300",
+    )
+    try:
+        before = cluster.run(["squeue", "-h", "-t", "all", "-o", "%i"]).stdout.split()
+        proc = subprocess.run(
+            [str(BIN / "snakemake"), "results/csv/runs.csv", "--profile", "profiles/local-slurm"]
+            + ["--configfile", "arrays.yaml"],
+            cwd=work,
+            env=env(SLURM_CONF=cluster.env["SLURM_CONF"]),
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        out = proc.stdout + proc.stderr
+        assert proc.returncode != 0, out[-4000:]
+        refusals = [line for line in out.splitlines() if line.startswith("scalestudy: 1 Slurm")]
+        assert len(refusals) == 1, out[-4000:]
+        assert f"an earlier snakemake run in {work} is still queued or running: " in refusals[0]
+        assert f"{earlier} (train run=weak-synthetic-w2, " in refusals[0]
+        assert f"(`scancel {earlier}`)" in refusals[0]
+        after = cluster.run(["squeue", "-h", "-t", "all", "-o", "%i"]).stdout.split()
+        assert after == before  # nothing submitted, nothing run, no output deleted
+        assert not (work / "results").exists()
+    finally:
+        cluster.run(["scancel", earlier])
+    cluster.wait_gone(earlier)
+    assert slurm_queue.refusal(str(work), cluster.env) == ""  # gone: a run may start

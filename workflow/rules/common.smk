@@ -24,7 +24,7 @@ try:
     )  # `log` inside a run: block is the rule's log file
     from scalestudy.errors import StudyConfigError, WorkdirError
     from scalestudy.jobs import container as apptainer
-    from scalestudy.jobs import gpu_slots
+    from scalestudy.jobs import gpu_slots, slurm_queue
     from scalestudy.results import build_pdf as latex
     from scalestudy.results.analyze import TABLE_NAMES
     from scalestudy.results import plot as plots
