@@ -922,3 +922,25 @@ def test_a_mapping_given_to_set_is_merged_as_snakemake_merges_config():
     # a mapping over a value that is none replaces it, as Snakemake's merge does
     cfg = load_and_validate(minimal(), overrides=["train=null", "train={epochs: 2}"])
     assert cfg["train"]["epochs"] == 2
+
+
+def test_config_overrides_a_jobs_shell_would_change_are_named_one_line_each():
+    typed_as_is = ["dataset=synthetic", "study=demo $(date) `id` $HOME", "study=O'Brien"]
+    assert studyconfig.overrides_a_shell_changes(typed_as_is) == []
+    changed = [
+        "study=O'Brien $(date)",  # double-quoted by repr(): the shell runs $(...)
+        "study=it's `id`",
+        "study=O'Brien \\",
+        'proposal={pi: "O\'Brien"}',  # ' and ": repr escapes \', which the shell keeps
+        "study=a\tb",  # repr writes \t
+        "study=a\\b",  # repr doubles it; single quotes keep both
+        "'study=x'",  # passed on as it is: the shell removes the quotes
+    ]
+    problems = studyconfig.overrides_a_shell_changes(changed)
+    assert len(problems) == len(changed)
+    for arg, line in zip(changed, problems, strict=True):
+        assert line.startswith(f"--config {arg!r} would reach the jobs Snakemake starts changed")
+        assert "\n" not in line and line.endswith("in a YAML file with --configfile instead")
+    assert "' beside $, ` or \\" in problems[0] and "' beside $" in problems[2]
+    assert "both ' and \"" in problems[3] and "control character" in problems[4]
+    assert "backslash" in problems[5] and "starts with a quote" in problems[6]

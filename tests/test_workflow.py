@@ -797,3 +797,26 @@ def test_measured_runs_the_plan_refuses_stop_the_workflow_in_one_line(tmp_path, 
     for noise in ("Traceback", "InputFunctionException", "Wildcards", "Node-hour plan"):
         assert noise not in out, out[-3000:]
     assert not (work / "reports/plan.md").exists() and not (work / "results/runs").exists()
+
+
+def test_a_config_value_the_jobs_shell_would_change_is_refused_before_any_job(tmp_path):
+    """Snakemake hands --config to the jobs it starts through a shell, in Python's quotes: the
+    `plan` job (a run: job of the local executor; every job under Slurm) ran this value's
+    $(...). In a config file the same value arrives as typed."""
+    repo = copy_repo(tmp_path / "repo")
+    value = f"study=O'Brien $(touch {tmp_path}/injected)"
+    args = ["plan", "-c1", "--configfile", "config/demo.yaml"]
+    proc = snakemake(repo, *args, "--config", value, check=False)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    said = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    refusal = [line for line in said if line.startswith("--config ")]
+    assert refusal == [
+        f"--config {value!r} would reach the jobs Snakemake starts changed: it holds a ' beside "
+        "$, ` or \\, which their shell expands inside the double quotes Snakemake gives it. "
+        "Give this key in a YAML file with --configfile instead"
+    ], said
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "injected").exists() and not (repo / "reports/plan.md").exists()
+    write_config(repo / "obrien.yaml", {"study": value.removeprefix("study=")})
+    snakemake(repo, *args, "obrien.yaml")
+    assert (repo / "reports/plan.md").exists() and not (tmp_path / "injected").exists()

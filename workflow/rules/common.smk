@@ -46,6 +46,14 @@ try:
     paths.check_workdir(REPO, workflow.overwrite_configfiles)
 except WorkdirError as exc:
     stop(str(exc))
+# --config reaches the jobs through a shell (study/config.py): refused where it would arrive
+# changed, before any job. No public API holds the arguments as typed: read defensively.
+if workflow.is_main_process:
+    shell_changed = studyconfig.overrides_a_shell_changes(
+        getattr(getattr(workflow, "config_settings", None), "config_args", None) or []
+    )
+    if shell_changed:
+        stop("\n".join(shell_changed))
 try:  # every problem of the config, each naming key, value and what is allowed
     studyconfig.check_layered(config, REPO / "config" / "config.yaml")
     # named by the files, then the --config values they do not give (a bad override is not

@@ -936,6 +936,46 @@ def _shown_override(key: str, value) -> str:
     return f"{key}={value if isinstance(value, str) else _canonical(value)}"
 
 
+# Snakemake hands the --config arguments to the jobs it starts (the Slurm executor's job
+# script, the local executor's `run:` jobs) through a shell, each KEY=VALUE as Python's repr()
+# unless it already starts with a quote (snakemake_interface_executor_plugins.utils
+# .format_cli_value). repr() single-quotes a value without ' and the shell reads it back as
+# typed; a value with ' gets double quotes, inside which the shell runs $(...) and `...`,
+# expands $VAR and eats backslashes; repr() itself writes a backslash, a control character or
+# ' beside " as escapes the shell does not undo.
+_SHELL_IN_DOUBLE_QUOTES = "$`\\"
+
+
+def overrides_a_shell_changes(args: Iterable[str]) -> list[str]:
+    """One line per --config argument (KEY=VALUE as typed) that Snakemake's jobs would read
+    as another value, or run as a command: see above. [] when every one arrives as typed."""
+    problems = []
+    for arg in args:
+        word = repr(arg)
+        as_typed = word == f"'{arg}'" or (
+            word == f'"{arg}"' and not any(c in arg for c in _SHELL_IN_DOUBLE_QUOTES)
+        )
+        if arg[:1] in ("'", '"'):
+            why = "it starts with a quote, which their shell removes"
+        elif as_typed:
+            continue
+        elif word[0] == '"':
+            why = (
+                "it holds a ' beside $, ` or \\, which their shell expands inside the double "
+                "quotes Snakemake gives it"
+            )
+        else:
+            why = (
+                "it holds a backslash, a control character, or both ' and \", which "
+                "Snakemake's quoting escapes and their shell keeps"
+            )
+        problems.append(
+            f"--config {arg!r} would reach the jobs Snakemake starts changed: {why}. Give "
+            "this key in a YAML file with --configfile instead"
+        )
+    return problems
+
+
 def check_layered(config: Mapping, base_path: str | os.PathLike) -> None:
     """Refuse a config that Snakemake did not build by merging the --configfile files and
     --config over `base_path` (config/config.yaml), as load_layers builds it: the report's
