@@ -34,7 +34,11 @@ _TIME_UNITS_NS = {
     "sec": 1e9,
     "second": 1e9,
 }
-_NUMBER = re.compile(r"^\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*(\S*)\s*$")
+# the unit, where one follows, starts with neither a digit nor a separator: "1.234.567" (a
+# thousands dot) and "1,23" (a decimal comma) were 1.234 and 1.0 with units ".567" and ",23"
+_NUMBER = re.compile(
+    r"^\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*((?:[^\d\s.,][^\s]*)?)\s*$"
+)
 _THOUSANDS = re.compile(r"^[-+]?\d{1,3}(,\d{3})+(\.\d*)?(\s|$)")
 
 
