@@ -575,3 +575,74 @@ def test_the_proposal_asks_for_a_finished_runs_job_benchmark_only_where_it_exist
     wanted = resources.optional_benchmarks(["done", "no_tsv", "new"], bench, metrics)
     # a run still to train is waited for (its benchmark comes with it)
     assert wanted == [bench.format(run="done"), bench.format(run="new")]
+
+
+def profiled_study(**hardware) -> dict:
+    config = yaml.safe_load(yaml.safe_dump(STUDY))
+    config["hardware"].update(hardware)
+    config["profiling"] = {"enabled": True}
+    return validate(config)
+
+
+def _plans(config: dict) -> dict[str, str]:
+    table = runs(config)
+    profiled = {r["run"]: r for r in profiling.profiled_runs(config, list(table.values()))}
+    return resources.launch_plans(config, table, profiled)
+
+
+def test_launch_plans_change_for_the_jobs_a_config_edit_changes_only():
+    config = profiled_study()
+    plans = _plans(config)
+    table = runs(config)
+    assert {k for k in plans if k.startswith("train:")} == {f"train:{r}" for r in table}
+    profiled = [k.split(":", 1)[1] for k in plans if k.startswith("profile_capture:")]
+    assert profiled and all(f"profile_ncu:{r}" in plans for r in profiled)
+    assert (
+        _plans(profiled_study()) == plans
+    )  # the same config: the same plans, in another process too
+    # more epochs: every run trains otherwise, and every profiled run's window runs under them
+    longer = profiled_study()
+    longer["train"]["epochs"] = 3
+    assert {k for k, v in _plans(longer).items() if plans[k] != v} == set(plans)
+    # another ncu setting changes the ncu jobs only
+    ncu = profiled_study()
+    ncu["profiling"]["ncu"]["launch_count"] = ncu["profiling"]["ncu"]["launch_count"] + 1
+    assert {k for k, v in _plans(ncu).items() if plans[k] != v} == {
+        f"profile_ncu:{r}" for r in profiled
+    }
+    # a memory request is not what runs: the jobs are not stopped for it
+    more_memory = profiled_study(mem_mb_per_rank=2000)
+    assert _plans(more_memory) == plans
+
+
+def test_a_jobs_targets_are_read_from_its_command_line():
+    argv = ["/venv/bin/python", "-m", "snakemake", "--snakefile", "Snakefile"]
+    assert resources.target_jobs(argv) == []
+    job = [*argv, "--target-jobs", "train:run=w2_lb8_fp32_ddp_bk25_r0", "--cores", "all"]
+    assert resources.target_jobs(job) == [("train", "w2_lb8_fp32_ddp_bk25_r0")]
+    group = [*argv, "--target-jobs", "profile_capture:run=a", "collect:", "--mode", "remote"]
+    assert resources.target_jobs(group) == [("profile_capture", "a"), ("collect", None)]
+    assert resources.target_jobs([*argv, "--target-jobs=train:run=b"]) == [("train", "b")]
+
+
+def test_a_job_whose_config_changed_after_submission_is_stopped_in_one_line():
+    config = study()
+    plans = _plans(config)
+    planned = resources.planned_env_value(plans)
+    run = sorted(runs(config))[0]
+    assert resources.launch_plan_changes(planned, plans, [("train", run)]) == ""
+    longer = study()
+    longer["train"]["epochs"] = 3
+    line = resources.launch_plan_changes(planned, _plans(longer), [("train", run)])
+    assert line.startswith(
+        f"the study config changed after snakemake submitted this job: train of run {run} "
+        "would now run other settings"
+    )
+    assert "\n" not in line and "start it again" in line
+    gone = resources.launch_plan_changes(planned, {}, [("train", run)])
+    assert f"train of run {run} (no longer in it)" in gone
+    # not judged: no variable (a job started otherwise), another rule, a run not planned
+    assert resources.launch_plan_changes(None, {}, [("train", run)]) == ""
+    assert resources.launch_plan_changes("not json", {}, [("train", run)]) == ""
+    assert resources.launch_plan_changes(planned, {}, [("collect", None)]) == ""
+    assert resources.launch_plan_changes(planned, {}, [("train", "another")]) == ""

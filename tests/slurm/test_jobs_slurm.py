@@ -5,7 +5,8 @@ snakemake-executor-plugin-slurm's `slurm-array-jobs` submits all jobs of a rule 
 with the FIRST job's nodes, tasks, GPUs and time limit (its run_array_jobs), wrong for every
 other training run. The workflow refuses the setting in `onstart:` (after the DAG, before any
 job, local ones included); `scalestudy launch` refuses to run in an array task
-(SLURM_ARRAY_TASK_ID), for a workflow started some other way.
+(SLURM_ARRAY_TASK_ID), for a workflow started some other way. A job whose config was
+edited while it queued stops before its command.
 
 A run is also refused in `onstart:` while Slurm jobs of an earlier snakemake run in the same
 working directory are still in the queue (jobs/slurm_queue.py, with the real squeue here).
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -142,3 +144,55 @@ def test_a_run_while_an_earlier_runs_jobs_are_queued_is_refused_before_any_job(
         cluster.run(["scancel", earlier])
     cluster.wait_gone(earlier)
     assert slurm_queue.refusal(str(work), cluster.env) == ""  # gone: a run may start
+
+
+def test_a_job_started_after_its_config_was_edited_stops_before_training(slurm_cluster, tmp_path):
+    """A Slurm job's snakemake reads the config files again when the job starts: edited while
+    the job queued, it trained other settings under the limits planned for the old ones. The
+    main snakemake's plan reaches the job in its environment (study/resources.py)."""
+    cluster = slurm_cluster(2)
+    work = copy_repo(tmp_path / "w")
+    _two_runs(work)
+    cfg = yaml.safe_load((work / "arrays.yaml").read_text())
+    cfg["checkpointing"]["retries"] = 0  # one failure ends the workflow
+    write_config(work / "arrays.yaml", cfg)
+    # both nodes taken: the training jobs queue until the config is edited
+    blocker = cluster.sbatch(
+        "-N2", "--exclusive", "-t", "5", "-o", "/dev/null", "--wrap", "sleep 300"
+    )
+    proc = subprocess.Popen(
+        [str(BIN / "snakemake"), "results/csv/runs.csv", "--profile", "profiles/local-slurm"]
+        + ["--configfile", "arrays.yaml"],
+        cwd=work,
+        env=env(SLURM_CONF=cluster.env["SLURM_CONF"]),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            queued = cluster.run(["squeue", "-h", "-o", "%k"]).stdout.split()
+            if sum(c.startswith("rule_train") for c in queued) == 2:
+                break
+            time.sleep(0.5)
+        else:
+            raise AssertionError("the training jobs were not queued")
+        cfg["train"]["epochs"] += 1
+        write_config(work / "arrays.yaml", cfg)
+    finally:
+        cluster.run(["scancel", blocker])
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode != 0, out[-4000:]
+    logs = sorted((work / ".snakemake/slurm_logs/rule_train").glob("*/*.log"))
+    assert len(logs) == 2, out[-4000:]
+    for log in logs:
+        run = log.parent.name
+        lines = log.read_text().splitlines()
+        assert (
+            "scalestudy: the study config changed after snakemake submitted this job: train of "
+            f"run {run} would now run other settings"
+        ) in "\n".join(lines), lines
+        assert not (work / "results/runs" / run / "metrics.json").exists()
+    # no job reached its shell command (Snakemake creates the log files empty)
+    assert all(f.stat().st_size == 0 for f in (work / "logs/train").iterdir())

@@ -75,6 +75,21 @@ HARDWARE = config["hardware"]
 CHECKPOINTING = config["checkpointing"]
 PROFILING = config["profiling"]
 PROFILED = {r["run"]: r for r in profiling.profiled_runs(config, list(RUNS.values()))}
+# A Slurm job's snakemake reads the config files again when the job starts: it stops where a
+# launch job would run otherwise than the main snakemake submitted it (study/resources.py).
+# The job's targets are read from its command line (Snakemake fills its settings only after
+# this file is read).
+LAUNCH_PLANS = resources.launch_plans(config, RUNS, PROFILED)
+if workflow.is_main_process:
+    os.environ[resources.PLANNED_ENV] = resources.planned_env_value(LAUNCH_PLANS)
+else:
+    changed = resources.launch_plan_changes(
+        os.environ.get(resources.PLANNED_ENV),
+        LAUNCH_PLANS,
+        resources.target_jobs(sys.argv),
+    )
+    if changed:
+        stop(f"scalestudy: {changed}")
 # the node-hour plan: estimates computed on first use (the training jobs' runtime, the plan
 # rule's digest), reading the measured runs (results/csv/runs.csv, benchmarks/train)
 PLAN = resources.TrainingPlan(config, RUNS.values())

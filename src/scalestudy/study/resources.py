@@ -27,13 +27,16 @@ from __future__ import annotations
 
 import ast
 import functools
+import hashlib
+import json
 import os
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from scalestudy import vocab
 from scalestudy.errors import PlanError
-from scalestudy.study import plan
+from scalestudy.study import plan, profiling
+from scalestudy.study.runs import trainer_args
 
 # Rules that run on the host that runs snakemake (not as Slurm jobs): cheap steps, and
 # prepare_data because login nodes have the internet access compute nodes often lack. The
@@ -415,6 +418,98 @@ def array_jobs_refusal(workflow) -> str | None:
         f"slurm-array-jobs={setting!r} would submit training runs as one Slurm array with the "
         "first run's nodes, GPUs and time limit: take train, profile_capture, profile_ncu and "
         "`all` out of --slurm-array-jobs (slurm-array-jobs: in the profile)"
+    )
+
+
+# Under Slurm a job's own snakemake reads the config files again when the job starts, maybe
+# hours after the main snakemake submitted it with the nodes, GPUs and time limit of the config
+# as it was then: an edited config trained other flags (more epochs, another batch) under
+# those limits, and a run taken out of the config failed in Snakemake's words. The main
+# snakemake puts what each launch job runs, as a digest per job, in the environment its jobs
+# inherit (sbatch --export=ALL, the plugin's default; the local executor's subprocesses); the
+# job's snakemake computes its own and stops on a difference (launch_plan_changes).
+PLANNED_ENV = "SCALESTUDY_PLANNED_LAUNCHES"
+
+
+def _digest(value) -> str:
+    text = json.dumps(value, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def launch_plans(config: dict, runs: dict[str, dict], profiled: dict[str, dict]) -> dict:
+    """'rule:run' -> a digest of what that launch job runs, from the config: the trainer's (or
+    the profiler's) flags, the ranks' layout, the container, the dataset, the profiling tool's
+    settings. Not its threads (the local executor's cores) nor its resources: a changed memory
+    request does not change what runs."""
+    hardware, profiling_config = config["hardware"], config["profiling"]
+
+    def launch(row: dict) -> list:
+        return [launch_layout(row, hardware), container_flags(config), prepared_data(config)]
+
+    plans = {f"train:{r}": _digest([trainer_args(row), *launch(row)]) for r, row in runs.items()}
+    for run, row in profiled.items():
+        base = [profiling.profile_flags(row, profiling_config), *launch(row)]
+        plans[f"profile_capture:{run}"] = _digest([*base, profiling.tool_settings(config)])
+        ncu = [profiling.ncu_settings(profiling_config), hardware["device"]]
+        plans[f"profile_ncu:{run}"] = _digest([*base, *ncu])
+    return plans
+
+
+def planned_env_value(plans: dict[str, str]) -> str:
+    """launch_plans as the main snakemake exports them (PLANNED_ENV)."""
+    return json.dumps(plans, sort_keys=True, separators=(",", ":"))
+
+
+def target_jobs(argv: list[str]) -> list[tuple[str, str | None]]:
+    """(rule, run) of each job a job's snakemake runs, from its command line: Snakemake's
+    `--target-jobs RULE:KEY=VALUE,... [...]` (how every executor starts a job's snakemake;
+    its settings object is filled only after the Snakefile is read). [] in the main snakemake.
+    """
+    found: list[tuple[str, str | None]] = []
+    taking = False
+    for arg in argv:
+        if arg.startswith("--target-jobs="):
+            values, taking = [arg.split("=", 1)[1]], False
+        elif arg == "--target-jobs":
+            taking = True
+            continue
+        elif taking and not arg.startswith("-"):
+            values = [arg]
+        else:
+            taking = False
+            continue
+        for value in values:
+            rule, _, wildcards = value.partition(":")
+            pairs = dict(p.split("=", 1) for p in wildcards.split(",") if "=" in p)
+            found.append((rule, pairs.get("run")))
+    return found
+
+
+def launch_plan_changes(planned: str | None, plans: dict[str, str], targets: Iterable) -> str:
+    """A job's snakemake: one line when a launch job it runs (`targets`: (rule, run) pairs) would
+    run otherwise than the main snakemake planned it (`planned`: PLANNED_ENV as inherited;
+    `plans`: launch_plans of the config now), else "". Nothing is compared without the
+    variable (a job not started by this workflow's snakemake) or for another rule."""
+    if not planned:
+        return ""
+    try:
+        before = json.loads(planned)
+    except ValueError:
+        return ""
+    if not isinstance(before, dict):
+        return ""
+    changed = [
+        f"{rule} of run {run}" + ("" if f"{rule}:{run}" in plans else " (no longer in it)")
+        for rule, run in targets
+        if f"{rule}:{run}" in before and before[f"{rule}:{run}"] != plans.get(f"{rule}:{run}")
+    ]
+    if not changed:
+        return ""
+    return (
+        f"the study config changed after snakemake submitted this job: {', '.join(changed)} "
+        "would now run other settings than the job was planned and given its nodes, GPUs and "
+        "time limit for. Stop the snakemake that submitted it (Ctrl-C) and start it again: it "
+        "plans every job with the config as it is now"
     )
 
 
