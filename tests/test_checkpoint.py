@@ -132,6 +132,21 @@ def test_a_save_after_resuming_below_a_corrupted_checkpoint_survives_pruning(tmp
     assert torch.equal(ck.load_state(path)["model"]["w"], torch.full((10,), 5.0))
 
 
+def test_a_checkpoint_without_a_readable_manifest_is_not_one_of_the_k_kept(tmp_path):
+    """keep=2 promises a fallback behind the newest: an unreadable manifest (never resumable:
+    verify refuses it) counted as one, and the good checkpoint before it was deleted."""
+    saver = _saver(tmp_path, keep=3, async_write=False)
+    for epoch in (1, 2):
+        saver.save(epoch, _state(10, float(epoch)))
+    (tmp_path / "epoch-0002" / "manifest.json").write_text("{not json")
+    resumed = _saver(tmp_path, keep=2, async_write=False)
+    resumed.save(3, _state(10, 3.0))
+    assert [p.name for p in ck.list_checkpoints(tmp_path)] == ["epoch-0001", "epoch-0003"]
+    (tmp_path / "epoch-0003" / "state.pt").write_bytes(b"")  # the newest lost too
+    path, _ = ck.find_latest(tmp_path, IDENTITY, warn=lambda _: None)
+    assert torch.equal(ck.load_state(path)["model"]["w"], torch.full((10,), 1.0))
+
+
 def test_checkpoint_of_another_configuration_is_never_resumed(tmp_path):
     _saver(tmp_path, async_write=False).save(1, _state(10))
     other = {"config_hash": "different", "world_size": 1}

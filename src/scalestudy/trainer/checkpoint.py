@@ -201,9 +201,9 @@ def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
 
 def prune(directory: str | os.PathLike, keep: int, identity: dict, saved: int) -> list[Path]:
     """After checkpoint `saved` was written: keep it and the `keep` - 1 checkpoints of this
-    identity before it; delete the older ones, every checkpoint numbered above `saved` and every
-    checkpoint of another identity (a different experiment, never resumable here). Returns what
-    was removed.
+    identity before it; delete the older ones, every checkpoint numbered above `saved`, every
+    checkpoint of another identity (a different experiment, never resumable here) and every one
+    whose manifest is unreadable (never resumable either). Returns what was removed.
 
     A checkpoint numbered above the one just written is stale: the run resumed from an earlier
     one, so the later ones were corrupted or not verifiable. Counting them as the newest would
@@ -215,7 +215,11 @@ def prune(directory: str | os.PathLike, keep: int, identity: dict, saved: int) -
             removed.append(path)
             continue
         manifest = _read_manifest(path, quiet=True)
-        if manifest is not None and _differences(manifest, identity):
+        # an unreadable manifest is never resumed (verify): counted among the `keep`, it
+        # deleted the good checkpoint before it
+        if path.name != checkpoint_name(saved) and (
+            manifest is None or _differences(manifest, identity)
+        ):
             removed.append(path)
         else:
             mine.append(path)  # oldest first, ending with `saved`
