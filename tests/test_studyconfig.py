@@ -130,6 +130,29 @@ def test_malformed_yaml_names_file_and_line(tmp_path):
     assert "line 4" in message or "line 5" in message
 
 
+@pytest.mark.parametrize(
+    "text, read_as, why",
+    [
+        ("010", "8", "a leading 0 makes it octal"),
+        ("-007", "-7", "a leading 0 makes it octal"),
+        ("5:00", "300", "digits joined by : are base 60"),
+        ("1:30.5", "90.5", "digits joined by : are base 60"),
+    ],
+)
+def test_a_number_yaml_1_1_reads_otherwise_is_refused_with_file_and_line(
+    tmp_path, text, read_as, why
+):
+    """Snakemake reads config files as YAML 1.1 (PyYAML): `epochs: 010` trained 8 epochs."""
+    path = tmp_path / "study.yaml"
+    path.write_text(f"study: x\ntrain:\n  epochs: {text}\n")
+    message = refused(path, f"{path}, line 3, column 11: '{text}' reads as {read_as} in YAML 1.1")
+    assert f"({why})" in message and "or quote it for text" in message
+    assert "malformed" not in message
+    # what says what it is stays: hexadecimal, binary, zero, a decimal point, digit groups
+    path.write_text("a: 0x10\nb: 0b11\nc: 0\nd: 00.5\ne: 1_000\nf: '010'\n")
+    assert studyconfig.load_yaml(path) == {"a": 16, "b": 3, "c": 0, "d": 0.5, "e": 1000, "f": "010"}
+
+
 def test_duplicate_yaml_key_refused(tmp_path):
     path = tmp_path / "dup.yaml"
     path.write_text("train:\n  epochs: 3\nrepeats: 1\ntrain:\n  width: 8\n")

@@ -750,6 +750,49 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 pass
 
 
+class _MisreadNumber(yaml.constructor.ConstructorError):
+    """A number YAML 1.1 reads otherwise than it looks: load_yaml names it, not as malformed."""
+
+
+def _misread_number(loader: yaml.SafeLoader, node: yaml.ScalarNode, value: Any) -> None:
+    """Refuse a number written with a leading 0 (YAML 1.1's octal: `epochs: 010` is 8) or with
+    colons (its base 60: `signal_lead_s: 5:00` is 300, `1:30` is 90). Snakemake reads config
+    files with PyYAML, a YAML 1.1 loader, and so does this one: the value would be taken
+    silently. A hexadecimal 0x.. or binary 0b.. number says what it is and stays."""
+    text = node.value.replace("_", "").lstrip("+-")
+    octal = len(text) > 1 and text[0] == "0" and text[1].isdigit() and "." not in text
+    if not (octal or ":" in text):
+        return
+    why, fix = (
+        ("a leading 0 makes it octal", "write it without the leading 0")
+        if octal
+        else ("digits joined by : are base 60", "write it as one number")
+    )
+    raise _MisreadNumber(
+        None,
+        None,
+        f"{node.value!r} reads as {value!r} in YAML 1.1, as Snakemake reads config files "
+        f"({why}): {fix}, or quote it for text",
+        node.start_mark,
+    )
+
+
+def _construct_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
+    value = yaml.SafeLoader.construct_yaml_int(loader, node)
+    _misread_number(loader, node, value)
+    return value
+
+
+def _construct_float(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> float:
+    value = yaml.SafeLoader.construct_yaml_float(loader, node)
+    _misread_number(loader, node, value)
+    return value
+
+
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:float", _construct_float)
+
+
 def load_yaml(path: str | os.PathLike) -> dict:
     """The YAML file as a dict ({} when empty); errors name the file and line."""
     try:
@@ -764,6 +807,8 @@ def load_yaml(path: str | os.PathLike) -> dict:
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
         where = f"{path}, line {mark.line + 1}, column {mark.column + 1}" if mark else str(path)
+        if isinstance(e, _MisreadNumber):
+            raise StudyConfigError(f"{where}: {e.problem}") from e
         detail = getattr(e, "problem", None) or str(e)
         context, context_mark = getattr(e, "context", None), getattr(e, "context_mark", None)
         if context and context_mark and mark and context_mark.line != mark.line:
