@@ -32,7 +32,7 @@ from workflow_helpers import (
 import snakemake_logger_plugin_scalestudy as logger_plugin
 from scalestudy.errors import PlanError
 from scalestudy.results import proposal
-from scalestudy.study import estimate, model, plan
+from scalestudy.study import estimate, model, plan, resources
 from scalestudy.study.config import StudyConfigError, validate
 from scalestudy.study.estimate import compute_seconds, slurm_runtime_min
 from scalestudy.study.runs import build_run_table
@@ -1421,3 +1421,27 @@ def test_the_plan_counts_the_images_an_epoch_trains_on_as_the_trainer_does(
         )  # fmt: skip
         loaded += sum(len(y) for _, y in loader)
     assert estimate.dataset_sizes(config, row | {"loader": "dataloader"}) == (loaded, 100)
+
+
+def test_a_plan_that_calibrates_nothing_reads_no_measured_run(tmp_path):
+    """plan.calibrate false: "the plan reads no measured run", yet a runs.csv row it refuses
+    (a world size of 1.5) stopped the plan and the workflow, the setting a user reaches for."""
+    config = small_config()
+    config["plan"]["calibrate"] = False
+    row = {**measured_row("w1_lb8_fp32_ddp_bk25_r0", 50.0, 1), "world_size": "1.5"}
+    runs_csv, bench = tmp_path / "runs.csv", tmp_path / "bench"
+    bench.mkdir()
+    with runs_csv.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=[k for k in row if k != "wall_s"])
+        writer.writeheader()
+        writer.writerow({k: v for k, v in row.items() if k != "wall_s"})
+    rows = build_run_table(config)
+    training = resources.TrainingPlan(config, rows, runs_csv, bench)
+    assert training.refusal() is None
+    assert not any(e.calibrated for e in training.estimates.values())
+    md, csv_out = tmp_path / "plan.md", tmp_path / "plan.csv"
+    plan.write_plan(config, md, csv_out, runs_csv, bench)
+    assert "Not calibrated (plan.calibrate false)" in md.read_text()
+    config["plan"]["calibrate"] = True  # calibrating, the same row is refused
+    with pytest.raises(PlanError, match="world_size is '1.5', not a whole number >= 1"):
+        plan.write_plan(config, md, csv_out, runs_csv, bench)

@@ -577,6 +577,12 @@ def model_section(rows: list[model.HoldoutRow]) -> list[str]:
     return [*lines, ""]
 
 
+def read_measured(config: dict, runs_csv: str | Path, benchmarks_dir: str | Path) -> list[dict]:
+    """The measured runs the plan calibrates from: none under plan.calibrate false, which reads
+    no measured run (a runs.csv row load_measured refuses stopped the plan and the workflow)."""
+    return load_measured(runs_csv, benchmarks_dir) if config["plan"]["calibrate"] else []
+
+
 def write_plan(
     config: dict,
     out_md: str | Path = PLAN_MD,
@@ -588,7 +594,7 @@ def write_plan(
     path that cannot be written is refused before the work (PlanError), and a write that fails
     (a full disk) leaves both old, never a new plan.md beside an old plan.csv."""
     files.check_outputs([out_md, out_csv], PlanError)
-    measured = load_measured(runs_csv, benchmarks_dir)
+    measured = read_measured(config, runs_csv, benchmarks_dir)
     estimates = estimate_runs(config, build_run_table(config), measured)
     check = calibration_check(config, measured) if config["plan"]["calibrate"] else []
     files.write_texts(

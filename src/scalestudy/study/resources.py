@@ -249,7 +249,7 @@ class TrainingPlan:
 
     @functools.cached_property
     def estimates(self) -> dict[str, plan.Estimate]:
-        measured = plan.load_measured(self.runs_csv, self.benchmarks_dir)
+        measured = plan.read_measured(self.config, self.runs_csv, self.benchmarks_dir)
         return plan.register(self.config, self.rows, measured, is_local_rule)
 
     def refusal(self) -> str | None:
