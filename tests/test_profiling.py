@@ -323,7 +323,10 @@ def test_numbers_with_separators_and_units(text, value, unit):
         readers.parse_number("n/a")
 
 
-@pytest.mark.parametrize("text", ["1.234.567", "1,23", "1,234,56", "1.2.3", "12 3", "7,5 %"])
+@pytest.mark.parametrize(
+    "text",
+    ["1.234.567", "1,23", "1,234,56", "1.2.3", "12 3", "7,5 %", "0,125 ms", "-0,250", "00,500"],
+)
 def test_other_locales_numbers_are_not_read_as_a_number_and_a_unit(text):
     # a thousands dot, a decimal comma: the leftover was taken for the unit, the value kept
     with pytest.raises(ValueError, match="not a number"):

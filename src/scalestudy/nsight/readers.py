@@ -39,7 +39,8 @@ _TIME_UNITS_NS = {
 _NUMBER = re.compile(
     r"^\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*((?:[^\d\s.,][^\s]*)?)\s*$"
 )
-_THOUSANDS = re.compile(r"^[-+]?\d{1,3}(,\d{3})+(\.\d*)?(\s|$)")
+# a first group of 0 is no thousands group: "0,125 ms" is a decimal comma, not 125 ms
+_THOUSANDS = re.compile(r"^[-+]?[1-9]\d{0,2}(,\d{3})+(\.\d*)?(\s|$)")
 
 
 def parse_number(text: str) -> tuple[float, str]:
