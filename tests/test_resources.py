@@ -625,24 +625,39 @@ def test_a_jobs_targets_are_read_from_its_command_line():
     assert resources.target_jobs([*argv, "--target-jobs=train:run=b"]) == [("train", "b")]
 
 
-def test_a_job_whose_config_changed_after_submission_is_stopped_in_one_line():
+def test_a_job_whose_config_changed_after_submission_is_stopped_in_one_line(tmp_path):
     config = study()
     plans = _plans(config)
-    planned = resources.planned_env_value(plans)
+    path = resources.write_launch_plans(plans, tmp_path / "plans")
+    assert Path(path).is_absolute() and resources.read_launch_plans(path) == plans
+    assert resources.write_launch_plans(plans, tmp_path / "plans") == path  # reused
+    before = resources.read_launch_plans(path)
     run = sorted(runs(config))[0]
-    assert resources.launch_plan_changes(planned, plans, [("train", run)]) == ""
+    assert resources.launch_plan_changes(before, plans, [("train", run)]) == ""
     longer = study()
     longer["train"]["epochs"] = 3
-    line = resources.launch_plan_changes(planned, _plans(longer), [("train", run)])
+    line = resources.launch_plan_changes(before, _plans(longer), [("train", run)])
     assert line.startswith(
         f"the study config changed after snakemake submitted this job: train of run {run} "
         "would now run other settings"
     )
     assert "\n" not in line and "start it again" in line
-    gone = resources.launch_plan_changes(planned, {}, [("train", run)])
+    gone = resources.launch_plan_changes(before, {}, [("train", run)])
     assert f"train of run {run} (no longer in it)" in gone
-    # not judged: no variable (a job started otherwise), another rule, a run not planned
+    # not judged: no plans (a job started otherwise, a file gone), another rule, a run not
+    # planned
+    assert resources.read_launch_plans(None) is None
+    assert resources.read_launch_plans(str(tmp_path / "gone.json")) is None
+    (tmp_path / "bad.json").write_text("not json")
+    assert resources.read_launch_plans(str(tmp_path / "bad.json")) is None
     assert resources.launch_plan_changes(None, {}, [("train", run)]) == ""
-    assert resources.launch_plan_changes("not json", {}, [("train", run)]) == ""
-    assert resources.launch_plan_changes(planned, {}, [("collect", None)]) == ""
-    assert resources.launch_plan_changes(planned, {}, [("train", "another")]) == ""
+    assert resources.launch_plan_changes(before, {}, [("collect", None)]) == ""
+    assert resources.launch_plan_changes(before, {}, [("train", "another")]) == ""
+
+
+def test_the_jobs_inherit_a_path_not_the_plans_of_a_study_of_ten_thousand_runs(tmp_path):
+    """The plans in the variable itself passed Linux's 128 KiB limit on one environment string
+    near 2,400 jobs: every process the main snakemake started then failed (E2BIG)."""
+    plans = {f"train:w1_lb8_fp32_ddp_bk25_r{i}": f"{i:016x}" for i in range(10_000)}
+    path = resources.write_launch_plans(plans, tmp_path)
+    assert len(path) < 4096 and resources.read_launch_plans(path) == plans

@@ -108,7 +108,7 @@ def test_a_run_while_an_earlier_runs_jobs_are_queued_is_refused_before_any_job(
     # what the earlier run left: a job as the executor plugin submits one (--comment, -D)
     earlier = cluster.sbatch(
         "--comment",
-        "rule_train_wildcards_run=weak-synthetic-w2",
+        "rule_train_wildcards_w2_lb32_fp32_ddp_bk25_r0",
         "-D",
         str(work),
         "-t",
@@ -135,7 +135,7 @@ def test_a_run_while_an_earlier_runs_jobs_are_queued_is_refused_before_any_job(
         refusals = [line for line in out.splitlines() if line.startswith("scalestudy: 1 Slurm")]
         assert len(refusals) == 1, out[-4000:]
         assert f"an earlier snakemake run in {work} is still queued or running: " in refusals[0]
-        assert f"{earlier} (train run=weak-synthetic-w2, " in refusals[0]
+        assert f"{earlier} (train w2_lb32_fp32_ddp_bk25_r0, " in refusals[0]
         assert f"(`scancel {earlier}`)" in refusals[0]
         after = cluster.run(["squeue", "-h", "-t", "all", "-o", "%i"]).stdout.split()
         assert after == before  # nothing submitted, nothing run, no output deleted

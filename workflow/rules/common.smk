@@ -76,15 +76,13 @@ CHECKPOINTING = config["checkpointing"]
 PROFILING = config["profiling"]
 PROFILED = {r["run"]: r for r in profiling.profiled_runs(config, list(RUNS.values()))}
 # A Slurm job's snakemake reads the config files again when the job starts: it stops where a
-# launch job would run otherwise than the main snakemake submitted it (study/resources.py).
-# The job's targets are read from its command line (Snakemake fills its settings only after
-# this file is read).
+# launch job would run otherwise than the main snakemake submitted it (study/resources.py; the
+# main one writes its plans in onstart). The job's targets are read from its command line
+# (Snakemake fills its settings only after this file is read). The one read at parse of a job.
 LAUNCH_PLANS = resources.launch_plans(config, RUNS, PROFILED)
-if workflow.is_main_process:
-    os.environ[resources.PLANNED_ENV] = resources.planned_env_value(LAUNCH_PLANS)
-else:
+if not workflow.is_main_process:
     changed = resources.launch_plan_changes(
-        os.environ.get(resources.PLANNED_ENV),
+        resources.read_launch_plans(os.environ.get(resources.PLANNED_ENV)),
         LAUNCH_PLANS,
         resources.target_jobs(sys.argv),
     )

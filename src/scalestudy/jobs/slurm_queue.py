@@ -8,7 +8,7 @@ profiles/default), deletes them and submits the same runs again: two jobs traini
 the same results/runs/{run}/ and resuming the same checkpoints, each overwriting the other's.
 
 The Snakefile's onstart (Slurm executor only: the local executor's jobs die with it) asks
-`squeue --me` for this user's queued and running jobs and refuses while one of them is a
+squeue for this user's queued and running jobs and refuses while one of them is a
 Snakemake job of this working directory: snakemake-executor-plugin-slurm (2.x) submits every
 job with `--comment rule_<rule>` or `rule_<rule>_wildcards_<wildcards>` and `-D <workdir>`
 (its submit_string.get_submit_command). onstart runs after the DAG is built and before any job
@@ -27,7 +27,20 @@ from dataclasses import dataclass
 # ASCII unit separator, which no path or comment holds; the comment is last and may hold it.
 SEP = "\x1f"
 FORMAT = SEP.join(["%i", "%T", "%Z", "%k"])
-SQUEUE = ["squeue", "--me", "--noheader", "--format", FORMAT]
+
+
+def squeue_command(uid: int | None = None) -> list[str]:
+    """squeue for this user's jobs: --user with the uid (squeue takes names or ids), not --me,
+    which Slurm before 20.11 does not know."""
+    return [
+        "squeue",
+        f"--user={os.getuid() if uid is None else uid}",
+        "--noheader",
+        "--format",
+        FORMAT,
+    ]
+
+
 SQUEUE_TIMEOUT_S = 120  # squeue retries an unreachable controller for up to 60 s first
 # `squeue` without --states lists pending, running, suspended and completing jobs only; with
 # a long MinJobAge a finished job may still be listed under one of these (squeue -t all).
@@ -49,7 +62,8 @@ class QueuedJob:
 
     @property
     def what(self) -> str:
-        """The Snakemake job it runs, from the comment: 'train run=w2-fp32'."""
+        """The Snakemake job it runs, from the comment: 'train w2_lb32_fp32_ddp_bk25_r0' (the
+        plugin writes the wildcards' values joined by _)."""
         rule, _, wildcards = self.comment.removeprefix(COMMENT_PREFIX).partition(WILDCARDS)
         return f"{rule} {wildcards}" if wildcards else rule
 
@@ -92,7 +106,7 @@ def refusal_line(jobs: list[QueuedJob], workdir: str) -> str:
     return (
         f"{len(jobs)} Slurm {noun} of an earlier snakemake run in {workdir} {verb} still "
         f"queued or running: {shown}{more}. A run started now would submit {them} again, into "
-        "the same results and checkpoint directories. Wait until `squeue --me` no longer "
+        "the same results and checkpoint directories. Wait until `squeue -u $USER` no longer "
         f"lists {them}, or cancel {them} (`scancel {ids}`), then run snakemake again."
     )
 
@@ -105,10 +119,11 @@ def refusal(
     """The Snakefile's onstart under the Slurm executor: one line when an earlier run's jobs of
     `workdir` are still in the queue, or when squeue cannot say (the executor, which needs
     squeue or sacct for every job's status, could not follow its jobs either); else ""."""
-    command = shlex.join(SQUEUE)
+    argv = squeue_command()
+    command = shlex.join(argv)
     try:
         proc = run(
-            SQUEUE,
+            argv,
             capture_output=True,
             text=True,
             timeout=SQUEUE_TIMEOUT_S,
@@ -119,6 +134,11 @@ def refusal(
         return (
             "`squeue` is not on PATH: run snakemake with --executor slurm (or "
             "--profile profiles/slurm) on a node that submits Slurm jobs"
+        )
+    except OSError as exc:  # not executable, or the environment too large to start it
+        return (
+            f"`{command}` could not start ({exc}): the jobs an earlier run may have left "
+            "queued cannot be checked"
         )
     except subprocess.TimeoutExpired:
         return (

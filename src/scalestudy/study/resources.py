@@ -33,7 +33,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
-from scalestudy import vocab
+from scalestudy import files, vocab
 from scalestudy.errors import PlanError
 from scalestudy.study import plan, profiling
 from scalestudy.study.runs import trainer_args
@@ -423,12 +423,15 @@ def array_jobs_refusal(workflow) -> str | None:
 
 # Under Slurm a job's own snakemake reads the config files again when the job starts, maybe
 # hours after the main snakemake submitted it with the nodes, GPUs and time limit of the config
-# as it was then: an edited config trained other flags (more epochs, another batch) under
-# those limits, and a run taken out of the config failed in Snakemake's words. The main
-# snakemake puts what each launch job runs, as a digest per job, in the environment its jobs
-# inherit (sbatch --export=ALL, the plugin's default; the local executor's subprocesses); the
-# job's snakemake computes its own and stops on a difference (launch_plan_changes).
-PLANNED_ENV = "SCALESTUDY_PLANNED_LAUNCHES"
+# as it was then: an edited config trained other settings (more epochs, another batch) under
+# those limits, and a run taken out of the config failed in Snakemake's words. Before its first
+# job the main snakemake writes what each launch job runs, a digest per job, to a file whose
+# path its jobs inherit (sbatch --export=ALL, the plugin's default): the digests themselves in
+# one variable passed Linux's 128 KiB limit on one (MAX_ARG_STRLEN) near 2,400 jobs, and every
+# process the snakemake started then failed (E2BIG). The job's snakemake computes its own
+# digests and stops on a difference (launch_plan_changes).
+PLANNED_ENV = "SCALESTUDY_PLANNED_LAUNCHES"  # the absolute path of the plans file
+PLANS_DIR = Path(".snakemake") / "scalestudy"  # in the working directory, which jobs share
 
 
 def _digest(value) -> str:
@@ -455,9 +458,31 @@ def launch_plans(config: dict, runs: dict[str, dict], profiled: dict[str, dict])
     return plans
 
 
-def planned_env_value(plans: dict[str, str]) -> str:
-    """launch_plans as the main snakemake exports them (PLANNED_ENV)."""
-    return json.dumps(plans, sort_keys=True, separators=(",", ":"))
+def write_launch_plans(plans: dict[str, str], directory: str | Path = PLANS_DIR) -> str:
+    """Write launch_plans atomically to `directory`, named by their content (a rerun with the
+    same config reuses the file, and one of another config never replaces a file that queued
+    jobs read); returns its absolute path, for PLANNED_ENV."""
+    text = json.dumps(plans, sort_keys=True, separators=(",", ":"))
+    path = (
+        Path(directory).resolve()
+        / f"launch-plans-{hashlib.sha256(text.encode()).hexdigest()[:16]}.json"
+    )
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        files.write_text(path, text)
+    return str(path)
+
+
+def read_launch_plans(path: str | None) -> dict | None:
+    """The plans the main snakemake wrote (PLANNED_ENV's file), None without one: a job not
+    started by this workflow's snakemake, or a file gone or unreadable (nothing compared)."""
+    if not path:
+        return None
+    try:
+        plans = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return plans if isinstance(plans, dict) else None
 
 
 def target_jobs(argv: list[str]) -> list[tuple[str, str | None]]:
@@ -485,18 +510,12 @@ def target_jobs(argv: list[str]) -> list[tuple[str, str | None]]:
     return found
 
 
-def launch_plan_changes(planned: str | None, plans: dict[str, str], targets: Iterable) -> str:
+def launch_plan_changes(before: dict | None, plans: dict[str, str], targets: Iterable) -> str:
     """A job's snakemake: one line when a launch job it runs (`targets`: (rule, run) pairs) would
-    run otherwise than the main snakemake planned it (`planned`: PLANNED_ENV as inherited;
-    `plans`: launch_plans of the config now), else "". Nothing is compared without the
-    variable (a job not started by this workflow's snakemake) or for another rule."""
-    if not planned:
-        return ""
-    try:
-        before = json.loads(planned)
-    except ValueError:
-        return ""
-    if not isinstance(before, dict):
+    run otherwise than the main snakemake planned it (`before`: read_launch_plans; `plans`:
+    launch_plans of the config now), else "". Nothing is compared without the main snakemake's
+    plans or for another rule."""
+    if not before:
         return ""
     changed = [
         f"{rule} of run {run}" + ("" if f"{rule}:{run}" in plans else " (no longer in it)")
