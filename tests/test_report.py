@@ -604,6 +604,47 @@ def test_mfu_section_shows_measured_values_from_their_cells(tmp_path):
         assert report.numbers_backed_by_csvs(text, tables) == [], name
 
 
+def test_a_quantity_some_runs_measured_is_not_called_unmeasured(tmp_path):
+    """A configuration's mean needs every repeat's value and a family's kWh every run's: with
+    repeat 1 of each configuration unsampled (no NVML samples, a GPU without a published peak,
+    no energy counter) the documents said "no run recorded it" of a study where half had."""
+    runs = []
+    for repeat in (0, 1):
+        for run_id, world_size, x in (("w1", 1, 20000), ("w2", 2, 38000)):
+            run = _gpu_run(run_id, "strong", world_size, x, repeat)
+            if repeat == 0:
+                run.update(gpu_util_mean=87.5, energy_j_per_img=0.5, train_images_per_epoch=50000)
+                run["epochs"] = 3
+            else:
+                run.update(mfu=None, peak_flops=None, peak_flops_source=None)
+                run["mfu_unmeasured"] = "NVIDIA H100 PCIe: not in the table of published peaks"
+            runs.append(run)
+    tables = _analyzed(tmp_path, runs)
+    measured = {r["key"]: r["value"] for r in tables["system"] if r["section"] == "measured"}
+    assert measured == {
+        "runs with GPU utilisation": "2",
+        "runs with GPU energy": "2",
+        "runs with MFU": "2",
+    }
+    for name, text in report.render(tmp_path, report.TEMPLATES, [], "../results/plots").items():
+        flat = " ".join(text.split())
+        for what in ("GPU utilisation", "GPU energy", "MFU"):
+            assert f"{what} was not measured" not in flat, (name, what)
+        assert "GPU utilisation is in no configuration's every repeat: 2 of 4 runs" in flat, name
+        assert "GPU energy is in no family's every run: 2 of 4 runs recorded" in flat, name
+        assert "MFU is in no configuration's every repeat: 2 of 4 runs have one" in flat, name
+        assert "not in the table of published peaks" in flat, name
+        assert report.numbers_backed_by_csvs(text, tables) == [], name
+    # none measured: said as before
+    for run in runs:
+        run.update(gpu_util_mean=None, energy_j_per_img=None, mfu=None, peak_flops=None)
+    tables = _analyzed(tmp_path, runs)
+    for name, text in report.render(tmp_path, report.TEMPLATES, [], "../results/plots").items():
+        flat = " ".join(text.split())
+        for what in ("GPU utilisation", "GPU energy", "MFU"):
+            assert f"{what} was not measured" in flat, (name, what)
+
+
 def test_the_energy_paragraph_says_which_basis_leaves_evaluation_out(tmp_path):
     """kWh sums J/img x the images trained, so with the training spans' J/img it holds no
     evaluation whatever the test set (analyze.energy_kwh's docstring said evaluation was charged

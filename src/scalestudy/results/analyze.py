@@ -940,6 +940,16 @@ STUDY_KEYS = (
 )
 
 
+# how many runs measured what a mean or a sum may leave blank: a configuration's mean needs every
+# repeat's value and a family's kWh every run's (mean_std, energy_kwh), so one run without it
+# blanks them, and the documents told "no run recorded it" of a study where most runs had
+MEASURED_COUNTS = (
+    ("runs with GPU utilisation", lambda r: files.number(r.get("gpu_util_mean")) is not None),
+    ("runs with GPU energy", lambda r: estimate.measured_energy_per_img(r)[0] is not None),
+    ("runs with MFU", lambda r: files.number(r.get("mfu")) is not None),
+)
+
+
 def system_table(runs: list[dict], study: dict) -> list[dict]:
     """(section, key, value): what ran where, each value the distinct values over all runs."""
     rows = [{"section": "study", "key": k, "value": v} for k, v in study.items()]
@@ -966,6 +976,8 @@ def system_table(runs: list[dict], study: dict) -> list[dict]:
         else:
             value = _distinct(runs, column)
         rows.append({"section": "system", "key": label, "value": value})
+    for label, measured in MEASURED_COUNTS:
+        rows.append({"section": "measured", "key": label, "value": sum(map(measured, runs))})
     return rows
 
 

@@ -430,6 +430,19 @@ def _context(tables: dict[str, list[dict]], figures: list[str], figure_dir: str)
         ),
         "mfu_measured": any(r.get("mfu_mean") not in ("", None) for r in scaling),
         "energy_measured": any(r.get("energy_kwh") not in ("", None) for r in tables["resources"]),
+        # where a flag above is false though some runs measured it: how many (system.csv),
+        # told apart from "no run recorded it"; None where none did, or system.csv is older
+        "partly": {
+            what: count if count not in (None, "", "0") else None
+            for what, count in (
+                (what, system.get(("measured", f"runs with {label}")))
+                for what, label in (
+                    ("gpu_util", "GPU utilisation"),
+                    ("energy", "GPU energy"),
+                    ("mfu", "MFU"),
+                )
+            )
+        },
         # every configuration measured once (analyze's repeats_max: scaling.csv's largest n)
         "single_repeat": system.get(("study", "repeats_max")) == "1",
         # `git checkout` only for one clean commit; "<sha>-dirty", several commits ("a; b") or
