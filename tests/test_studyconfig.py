@@ -121,6 +121,12 @@ def test_set_overrides_dotted_yaml_values():
     assert cfg["families"]["strong"]["gpus"] == [1, 2]
     assert cfg["train"]["compile"] is True
     refused(minimal(), "KEY=VALUE", overrides=["train.epochs"])
+    # YAML 1.1's octal and base 60, refused as in the files: `scalestudy plan --set repeats=010`
+    # priced 8 repeats where Snakemake's --config trains 10
+    refused(
+        minimal(), "override 'train.epochs=010': '010' reads as 8", overrides=["train.epochs=010"]
+    )
+    refused(minimal(), "'5:00' reads as 300", overrides=["checkpointing.signal_lead_s=5:00"])
 
 
 def test_malformed_yaml_names_file_and_line(tmp_path):

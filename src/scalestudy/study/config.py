@@ -827,10 +827,15 @@ def load_yaml(path: str | os.PathLike) -> dict:
     return data
 
 
-def _parse_value(text: str) -> Any:
-    """`--set` values are YAML, as Snakemake's --config: 8 -> int, [1,2] -> list, null -> None."""
+def _parse_value(text: str, item: str = "") -> Any:
+    """`--set` values are YAML: 8 -> int, [1,2] -> list, null -> None; text that is no YAML is
+    itself. A number YAML 1.1 reads otherwise than it looks (010: octal 8) is refused, as in
+    the config files (Snakemake's --config reads 010 as 10: the plan and the workflow would
+    have priced two studies)."""
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
+    except _MisreadNumber as e:
+        raise StudyConfigError(f"override {item!r}: {e.problem}") from e
     except yaml.YAMLError:
         return text
 
@@ -869,7 +874,7 @@ def apply_overrides(config: dict, overrides: Mapping | Iterable[str]) -> dict:
                 )
         # merged as Snakemake's --config merges `KEY={...}`: replaced, the files' other keys of
         # that mapping fell back to the schema's defaults (families.strong.enabled: false)
-        _merge(node, {parts[-1]: _parse_value(raw)})
+        _merge(node, {parts[-1]: _parse_value(raw, str(item))})
     return config
 
 
