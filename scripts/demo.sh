@@ -18,12 +18,19 @@ set -euo pipefail
 # read it (main calls this before it changes to the repository root). Options must be spelled
 # in full (`--configf`, which snakemake takes for --configfile, is passed on as it is); other
 # paths (targets, --report, --profile) are snakemake's: relative to the repository root or D.
+# Everything after a `--` is a target, as snakemake reads it (`--config dataset=synthetic --
+# TARGET`: --config takes several values): the demo's --configfile goes before it (at the end
+# it was read as targets: "No rule to produce --configfile").
 # DEMO_DIR: where the study's outputs go, D made absolute (the last one, as argparse keeps it), or
 # empty for the repository root.
 demo_args() {
-    local files=(config/demo.yaml) rest=() arg taking=0 directory=0
+    local files=(config/demo.yaml) rest=() targets=() arg taking=0 directory=0 ended=0
     DEMO_DIR=
     for arg in "$@"; do
+        if ((ended)); then
+            targets+=("$arg")
+            continue
+        fi
         if ((directory)); then
             directory=0
             DEMO_DIR=$(from_caller "$arg")
@@ -36,6 +43,7 @@ demo_args() {
         fi
         taking=0
         case "$arg" in
+            --) ended=1 ;;
             --configfile | --configfiles) taking=1 ;;
             --configfile=* | --configfiles=*) files+=("$(from_caller "${arg#*=}")") ;;
             --directory | -d)
@@ -54,6 +62,9 @@ demo_args() {
         esac
     done
     DEMO_ARGS=("${rest[@]}" --configfile "${files[@]}")
+    if ((ended)); then
+        DEMO_ARGS+=(-- "${targets[@]}")
+    fi
 }
 
 # A path of the caller's as it is when absolute (or empty), else under $PWD.
@@ -95,18 +106,23 @@ main() {
     # the self-contained HTML report of the run (figures, tables, documents), in the working
     # directory as the study's outputs: the repository root, or --directory's
     snakemake "${DEMO_ARGS[@]}" --report report.html
-    local out=${DEMO_DIR:+$DEMO_DIR/}
+    # the study's documents that are there (targets may ask for part of the study only)
+    local out=${DEMO_DIR:+$DEMO_DIR/} made= path
+    for path in reports/study.md reports/paper.pdf report.html results/plots/; do
+        if [[ -e ${out}$path ]]; then
+            made+="${made:+, }${out}$path"
+        fi
+    done
+    local done_line="demo: done: ${made:-no document of the study (these targets make none)}"
     if [[ -f ${out}reports/paper.pdf ]]; then
-        echo "demo: done: ${out}reports/study.md, ${out}reports/paper.pdf, ${out}report.html," \
-            "${out}results/plots/"
+        echo "$done_line"
     elif ! command -v latexmk > /dev/null; then
         echo "demo: done, without reports/paper.pdf (latexmk is not installed): run" \
             "\`sudo apt-get install --no-install-recommends latexmk texlive-latex-base" \
             "texlive-latex-recommended texlive-fonts-recommended lmodern texlive-pictures\` (~40 s), then" \
             "bash scripts/demo.sh again, with the same arguments (only the PDF is built)"
     else
-        echo "demo: done: ${out}reports/study.md, ${out}report.html, ${out}results/plots/;" \
-            "reports/paper.pdf was not asked for by these targets"
+        echo "$done_line; reports/paper.pdf was not asked for by these targets"
     fi
 }
 

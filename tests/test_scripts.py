@@ -228,8 +228,8 @@ done
 mkdir -p "$d" && cd "$d"
 if [[ -n $report ]]; then
     echo html > "$report"
-else
-    mkdir -p reports && echo pdf > reports/paper.pdf
+elif [[ -z ${STAND_IN_TARGETS_ONLY:-} ]]; then
+    mkdir -p reports results/plots && echo pdf > reports/paper.pdf && echo md > reports/study.md
 fi
 """
 
@@ -263,6 +263,40 @@ def test_the_demo_ends_with_the_files_where_snakemake_wrote_them(tmp_path, where
         f"demo: done: {shown}reports/study.md, {shown}reports/paper.pdf, {shown}report.html, "
         f"{shown}results/plots/"
     )
+
+
+def test_the_demos_last_line_names_only_what_is_there(tmp_path):
+    """Targets that make part of the study: the last line listed reports/study.md and
+    results/plots/ that no call had written."""
+    work = tmp_path / "repo"
+    shutil.copytree(REPO / "scripts", work / "scripts")
+    (work / "scripts" / "setup.sh").write_text("#!/usr/bin/env bash\nexit 0\n")
+    bin_dir = work / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    for name, text in (("snakemake", SNAKEMAKE_STAND_IN), ("latexmk", "#!/bin/sh\n")):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    proc = subprocess.run(
+        ["bash", "scripts/demo.sh", "results/matrix/runs.tsv"], cwd=work,
+        env=env(STAND_IN_TARGETS_ONLY="1"), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == (
+        "demo: done: report.html; reports/paper.pdf was not asked for by these targets"
+    )
+
+
+@pytest.mark.parametrize("targets", [["results/matrix/runs.tsv"], ["plot", "analyze"]])
+def test_targets_after_a_double_dash_stay_targets_with_the_demos_config(targets, tmp_path):
+    """`--config dataset=synthetic -- TARGET` (--config takes several values): the demo's
+    --configfile went after the `--` and was read as targets ("No rule to produce
+    --configfile")."""
+    parsed = demo_snakemake_args(
+        "--config", "dataset=synthetic", "--configfile", "more.yaml", "--", *targets, cwd=tmp_path
+    )
+    assert [str(f) for f in parsed.configfile] == ["config/demo.yaml", str(tmp_path / "more.yaml")]
+    assert parsed.config == ["dataset=synthetic"]
+    assert parsed.targets == targets
 
 
 @pytest.mark.skipif(
