@@ -4,6 +4,7 @@ read-only failures (a tmpfs), and exact resume of the real trainer after SIGTERM
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import logging
 import os
@@ -65,6 +66,22 @@ def test_a_ctrl_c_during_a_synchronous_save_interrupts_the_run(tmp_path, monkeyp
     assert saver.error is None and saver.saved == [1]
     monkeypatch.undo()
     assert ck.find_latest(tmp_path, IDENTITY)[0].name == "epoch-0001"
+
+
+def test_a_ctrl_c_in_torch_saves_writes_stays_an_interrupt(tmp_path, monkeypatch):
+    """torch.save turns a KeyboardInterrupt raised in its writes into RuntimeError("enforce
+    fail at inline_container.cc"): reported as a failed checkpoint write, not an interrupt."""
+
+    class Interrupted(io.BytesIO):
+        def write(self, b):
+            if self.tell() > 1000:
+                raise KeyboardInterrupt
+            return super().write(b)
+
+    monkeypatch.setattr(ck.io, "BytesIO", Interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        ck.write_checkpoint(tmp_path, 1, _state(100_000), {})
+    assert not list(tmp_path.iterdir())  # the partial directory removed
 
 
 def test_async_save_snapshots_before_returning(tmp_path):

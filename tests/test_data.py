@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import functools
@@ -1284,6 +1285,41 @@ def test_a_full_disk_is_one_line_and_leaves_no_partial_file(tiny_fs, capsys) -> 
     assert f"cannot write {tiny_fs / 'synthetic' / 'data.pt'}: no space left" in err[0], err
     assert "--data-dir" in err[0]
     assert sorted(p.name for p in (tiny_fs / "synthetic").iterdir()) == []  # no temp file
+
+
+def test_a_ctrl_c_during_the_write_is_an_interrupt_not_a_failing_disk(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """torch.save turns a KeyboardInterrupt (or a stop signal's Stopped) raised in its writes
+    into RuntimeError("enforce fail at inline_container.cc"), which prepare-data reported as a
+    write failure naming the disk, exit 1: a shell loop went on as after a failure, not an
+    interrupt. The interrupt here is raised where a signal's would be, in the file's write."""
+    real = prepare_data.atomic_open
+
+    class Interrupted(io.RawIOBase):
+        def __init__(self, f):
+            self.f, self.n = f, 0
+
+        def writable(self):
+            return True
+
+        def write(self, b):
+            self.n += len(b)
+            if self.n > 1000:
+                raise KeyboardInterrupt
+            return self.f.write(b)
+
+    @contextlib.contextmanager
+    def interrupted(path, *args, **kwargs):
+        with real(path, *args, **kwargs) as f:
+            yield Interrupted(f) if Path(path).name == "data.pt" else f
+
+    monkeypatch.setattr(prepare_data, "atomic_open", interrupted)
+    argv = ["prepare-data", "--dataset", "synthetic", "--data-dir", str(tmp_path)]
+    assert cli.main([*argv, "--num-train", "50", "--num-test", "20"]) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["scalestudy prepare-data: interrupted"], err
+    assert not (tmp_path / "synthetic" / "data.pt").exists()
 
 
 def test_a_failed_write_leaves_the_old_preparation_usable(tmp_path: Path, monkeypatch) -> None:

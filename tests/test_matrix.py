@@ -485,3 +485,25 @@ def test_cli_preview_into_a_closed_pipe_is_quiet(tmp_path):
     assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr
     assert proc.stderr.splitlines()[-1].startswith("total")
     assert not list(tmp_path.iterdir())  # a preview writes no file
+
+
+def test_cli_preview_onto_a_full_disk_is_one_line(tmp_path):
+    """`scalestudy matrix --config ... > runs.tsv` on a full disk: a traceback ("a bug"), now
+    one line naming stdout and the cause, exit 2. /dev/full: every write fails ENOSPC."""
+    import subprocess
+    import sys
+
+    argv = [
+        sys.executable,
+        "-m",
+        "scalestudy",
+        "matrix",
+        "--config",
+        str(ROOT / "config/demo.yaml"),
+    ]
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run(
+            argv, cwd=tmp_path, stdout=full, stderr=subprocess.PIPE, text=True, timeout=120
+        )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == ["scalestudy matrix: stdout: No space left on device"]

@@ -86,3 +86,6 @@ def _print_table(text: str) -> None:
         sys.stdout.flush()
     except BrokenPipeError:
         log.to_devnull(sys.stdout)
+    except OSError as e:  # `> runs.tsv` on a full disk (or /dev/full): named, one line (cli)
+        log.to_devnull(sys.stdout)  # the rest of the buffer would fail again at exit
+        raise OSError(e.errno, e.strerror, "stdout") from e

@@ -177,6 +177,11 @@ def write_checkpoint(
     except Exception as exc:
         with contextlib.suppress(OSError):
             shutil.rmtree(partial)
+        # torch.save turns a Ctrl-C or stop signal raised in its writes into a RuntimeError
+        # ("enforce fail at inline_container.cc"), the interrupt its context: an interrupt
+        # still, not a failed write
+        if isinstance(exc.__context__, KeyboardInterrupt):
+            raise exc.__context__ from None
         raise _write_error(directory, epoch, exc) from exc
     return final
 

@@ -646,6 +646,11 @@ def prepare(
             try:
                 torch.save(tensors, f)
             except RuntimeError as e:  # a full disk: "enforce fail at inline_container.cc"
+                # torch.save turns a Ctrl-C or a stop signal (cli.Stopped) raised in its writes
+                # into the same error, the interrupt kept as its context: an interrupt, not a
+                # failing disk (exit 130 or death by the signal, as everywhere else)
+                if isinstance(e.__context__, KeyboardInterrupt):
+                    raise e.__context__ from None
                 # judged while the partial file still fills it
                 raise _unwritten(f"cannot write {data_path}", e, out_dir) from e
     except OSError as e:
