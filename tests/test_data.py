@@ -595,9 +595,9 @@ def test_a_synthetic_set_larger_than_memory_is_one_line(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "scalestudy", "prepare-data", "--dataset", "synthetic"]
     cmd += ["--data-dir", str(tmp_path), "--num-train", str(10**7), "--num-test", "10"]
     proc = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=limit, timeout=300)
-    assert proc.returncode == 1, proc.stderr
+    assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines() == [
-        "scalestudy prepare-data: error: synthetic: 10,000,000 train images need 29,374 MB of "
+        "scalestudy prepare-data: synthetic: 10,000,000 train images need 29,374 MB of "
         "memory, more than this process could allocate; prepare fewer (--num-train / "
         "--num-test, the config's synthetic.num_train / num_test)"
     ]
@@ -607,16 +607,16 @@ def test_a_synthetic_set_larger_than_memory_is_one_line(tmp_path: Path) -> None:
 def test_cli_rejects_synthetic_flags_for_real_data(tmp_path: Path, capsys) -> None:
     argv = ["prepare-data", "--dataset", "cifar10", "--data-dir", str(tmp_path), "--num-train", "9"]
     rc = cli.main(argv)
-    assert rc == 1 and "synthetic" in capsys.readouterr().err
+    assert rc == 2 and "synthetic" in capsys.readouterr().err
 
 
 def test_cli_rejects_a_mirror_for_synthetic_data(tmp_path: Path, capsys) -> None:
     """--mirror was silently ignored for --dataset synthetic (--seed for cifar10 is refused)."""
     argv = ["prepare-data", "--dataset", "synthetic", "--data-dir", str(tmp_path)]
     argv += ["--num-train", "10", "--num-test", "10", "--mirror", "https://example.org/"]
-    assert cli.main(argv) == 1
+    assert cli.main(argv) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
-        "scalestudy prepare-data: error: --mirror applies only to --dataset cifar10 and mnist "
+        "scalestudy prepare-data: --mirror applies only to --dataset cifar10 and mnist "
         "(synthetic is generated, not downloaded)"
     ]
     assert not (tmp_path / "synthetic").exists()
@@ -635,9 +635,9 @@ def test_a_blank_data_dir_is_refused_as_train_refuses_it(
         TrainConfig(data_dir=blank)
     monkeypatch.chdir(tmp_path)
     argv = ["prepare-data", "--dataset", "synthetic", "--data-dir", blank]
-    assert cli.main([*argv, "--num-train", "10", "--num-test", "10"]) == 1
+    assert cli.main([*argv, "--num-train", "10", "--num-test", "10"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"scalestudy prepare-data: error: {refused.value}"]
+    assert err == [f"scalestudy prepare-data: {refused.value}"]
     assert list(tmp_path.iterdir()) == []
 
 
@@ -656,7 +656,7 @@ def test_a_data_dir_with_a_tilde_no_shell_expanded_is_refused(
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.chdir(cwd)
     argv = ["prepare-data", "--dataset", "cifar10", "--data-dir=~/data", "--mirror", serve(site)]
-    assert cli.main(argv) == 1
+    assert cli.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--data-dir '~/data' starts with ~" in err[0], err
     assert err[0].endswith(f"give {home / 'data'}"), err
@@ -747,7 +747,7 @@ def test_cifar10_md5_mismatch_and_conversion(tmp_path: Path, serve, capsys, monk
     err = capsys.readouterr().err
     fake_md5 = hashlib.md5(archive.read_bytes()).hexdigest()
     raw_file = out / "cifar10" / "raw" / "cifar-10-python.tar.gz"
-    assert rc == 1
+    assert rc == 2
     assert str(raw_file) in err and "md5" in err
     assert "c58f30108f718f92721af3b95e74349a" in err and fake_md5 in err
     assert not (out / "cifar10" / "meta.json").exists()
@@ -846,7 +846,7 @@ def test_mnist_mirrors_that_all_fail_are_one_line(tmp_path: Path, monkeypatch, c
     monkeypatch.setattr(
         prepare_data, "MNIST_MIRRORS", tuple(f"http://127.0.0.1:{p}/" for p in ports)
     )
-    assert cli.main(["prepare-data", "--dataset", "mnist", "--data-dir", str(tmp_path)]) == 1
+    assert cli.main(["prepare-data", "--dataset", "mnist", "--data-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1, err
     assert all(f"http://127.0.0.1:{p}/train-images-idx3-ubyte.gz" in err[0] for p in ports)
@@ -920,7 +920,7 @@ def test_a_download_cut_short_or_no_http_server_is_one_line(
     out = tmp_path / "data"
     rc = cli.main(["prepare-data", "--dataset", "cifar10", "--data-dir", str(out), "--mirror", url])
     err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 1 and len(err) == 1 and "Traceback" not in err[0], err
+    assert rc == 2 and len(err) == 1 and "Traceback" not in err[0], err
     assert f"could not download {url}cifar-10-python.tar.gz" in err[0] and says in err[0], err
     assert err[0].endswith("or pass --mirror URL."), err
     raw = out / "cifar10" / "raw"
@@ -942,7 +942,7 @@ def test_a_download_cut_short_of_its_content_length_says_so(
     out = tmp_path / "data"
     rc = cli.main(["prepare-data", "--dataset", "cifar10", "--data-dir", str(out), "--mirror", url])
     err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 1 and len(err) == 1 and "md5 mismatch" not in err[0], err
+    assert rc == 2 and len(err) == 1 and "md5 mismatch" not in err[0], err
     assert f"could not download {url}cifar-10-python.tar.gz" in err[0], err
     assert "the transfer was cut short: 1,000 of 100,000 bytes arrived" in err[0], err
     assert "run prepare-data again, or give another --mirror" in err[0], err
@@ -1279,7 +1279,7 @@ def test_a_full_disk_is_one_line_and_leaves_no_partial_file(tiny_fs, capsys) -> 
     """torch.save on a full filesystem raised "enforce fail at inline_container.cc" as a
     traceback (a real 1 MiB tmpfs; 1000 synthetic images are 3 MB)."""
     argv = ["prepare-data", "--dataset", "synthetic", "--data-dir", str(tiny_fs)]
-    assert cli.main([*argv, "--num-train", "1000", "--num-test", "10"]) == 1
+    assert cli.main([*argv, "--num-train", "1000", "--num-test", "10"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "Traceback" not in err[0], err
     assert f"cannot write {tiny_fs / 'synthetic' / 'data.pt'}: no space left" in err[0], err
@@ -1354,7 +1354,7 @@ def test_a_file_mirror_and_a_mirror_that_is_no_url(tmp_path: Path, capsys) -> No
         (f"file://{tmp_path / 'nowhere'}", "No such file or directory; --mirror file:///DIR"),
         ("notaurl", "--mirror 'notaurl' is not a URL: give one starting with http://"),
     ):
-        assert cli.main([*argv, mirror]) == 1, mirror
+        assert cli.main([*argv, mirror]) == 2, mirror
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and says in err[0] and "Traceback" not in err[0], err
         raw = out / "cifar10" / "raw"
@@ -1385,7 +1385,7 @@ def test_a_file_mirror_that_cannot_be_read_is_one_line_naming_the_fix(
         (f"file://{tmp_path / 'eio'}", tmp_path / "eio" / name, "Input/output error"),
         (f"file://{archive}", archive / name, "Not a directory"),
     ):
-        assert cli.main([*argv, mirror]) == 1, mirror
+        assert cli.main([*argv, mirror]) == 2, mirror
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "Traceback" not in err[0], err
         assert f"cannot read {path} (from {mirror}/{name}): {says}" in err[0], err
@@ -1394,7 +1394,7 @@ def test_a_file_mirror_that_cannot_be_read_is_one_line_naming_the_fix(
         assert not raw.exists() or not list(raw.iterdir()), list(raw.iterdir())
     relative = f"file://{str(tmp_path / 'archive').lstrip('/')}"  # two slashes: a host
     host = relative.removeprefix("file://").split("/")[0]
-    assert cli.main([*argv, relative]) == 1
+    assert cli.main([*argv, relative]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"{relative}/{name} names the host {host!r}" in err[0], err
     assert err[0].endswith(fix), err
@@ -1473,7 +1473,7 @@ def test_a_download_that_stalls_midway_leaves_no_part_under_the_archives_name(
     out = tmp_path / "data"
     rc = cli.main(["prepare-data", "--dataset", "cifar10", "--data-dir", str(out), "--mirror", url])
     err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 1 and len(err) == 1, err
+    assert rc == 2 and len(err) == 1, err
     assert "nothing received for 1 s" in err[0], err
     raw = out / "cifar10" / "raw"
     assert not raw.exists() or not list(raw.iterdir()), list(raw.iterdir())
@@ -1491,7 +1491,7 @@ def test_a_failed_https_download_names_its_cause_not_only_the_http_retrys(
     out = tmp_path / "data"
     rc = cli.main(["prepare-data", "--dataset", "cifar10", "--data-dir", str(out), "--mirror", url])
     err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 1 and len(err) == 1, err
+    assert rc == 2 and len(err) == 1, err
     https, http = url + "cifar-10-python.tar.gz", url.replace("https", "http") + "c"
     assert f"could not download {https}" in err[0], err
     why_https = err[0].index("nothing received for 1 s")  # the https transfer's own cause
@@ -1519,7 +1519,7 @@ def test_an_https_mirror_with_a_query_is_not_retried_over_http(
     port = serve(site).removeprefix("http://127.0.0.1:").rstrip("/")
     signed = f"https://127.0.0.1:{port}/?token=abc"
     argv = ["prepare-data", "--dataset", "cifar10", "--data-dir", str(tmp_path / "data")]
-    assert cli.main([*argv, "--mirror", signed]) == 1
+    assert cli.main([*argv, "--mirror", signed]) == 2
     (err,) = capsys.readouterr().err.strip().splitlines()
     url = f"https://127.0.0.1:{port}/{archive.name}?..."  # its query not said (_shown)
     assert f"could not download {url} to " in err, err
@@ -1560,10 +1560,10 @@ def test_a_wrong_file_mirror_never_replaces_a_good_archive(
     assert "is there with the right md5; not downloaded again" in capsys.readouterr().out
 
     raw_file.write_bytes(archive.read_bytes()[:100])  # a partial copy: the mirror is needed
-    assert cli.main([*argv, "--mirror", f"file://{wrong}"]) == 1
+    assert cli.main([*argv, "--mirror", f"file://{wrong}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(
-        f"scalestudy prepare-data: error: {wrong / archive.name}: md5 mismatch"
+        f"scalestudy prepare-data: {wrong / archive.name}: md5 mismatch"
     ), err
     assert f"not kept as {raw_file}" in err[0], err
     assert raw_file.read_bytes() == archive.read_bytes()[:100]
@@ -1588,7 +1588,7 @@ def test_a_full_disk_while_extracting_or_downloading_is_one_line(
     md5 = hashlib.md5(archive.read_bytes()).hexdigest()
     monkeypatch.setitem(prepare_data.CIFAR10_FILES, archive.name, md5)
     argv = ["prepare-data", "--dataset", "cifar10", "--data-dir", str(tiny_fs), "--mirror"]
-    assert cli.main([*argv, f"file://{site}"]) == 1
+    assert cli.main([*argv, f"file://{site}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     raw = tiny_fs / "cifar10" / "raw"
     assert len(err) == 1 and "Traceback" not in err[0], err
@@ -1605,7 +1605,7 @@ def test_a_full_disk_while_extracting_or_downloading_is_one_line(
         archive.name,
         hashlib.md5((big / archive.name).read_bytes()).hexdigest(),
     )
-    assert cli.main([*argv, serve(big)]) == 1
+    assert cli.main([*argv, serve(big)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"cannot write {raw / archive.name}: no space left" in err[0], err
     assert list(raw.iterdir()) == []  # no temp file
@@ -1676,7 +1676,7 @@ def test_an_io_error_writing_a_download_is_one_line_naming_the_disk(
             env=env, capture_output=True, text=True, timeout=120,
         )  # fmt: skip
         err = proc.stderr.strip().splitlines()
-        assert proc.returncode == 1 and len(err) == 1, (mirror, proc.stderr)
+        assert proc.returncode == 2 and len(err) == 1, (mirror, proc.stderr)
         assert "could not download" not in err[0] and "Without internet" not in err[0], err
         assert f"cannot write {target}: OSError: [Errno 5] Input/output error" in err[0], err
         assert err[0].endswith(
@@ -1705,7 +1705,7 @@ def test_a_read_only_or_failing_data_dir_is_one_line_naming_its_fix(
 
     with monkeypatch.context() as m:
         synced = fsync_fails_at_file(m, 1, errno.EIO)
-        assert cli.main(argv) == 1
+        assert cli.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(synced) == 1 and len(err) == 1, err
     assert f"cannot write {target}: OSError: [Errno 5] Input/output error" in err[0], err
@@ -1716,7 +1716,7 @@ def test_a_read_only_or_failing_data_dir_is_one_line_naming_its_fix(
     assert list(raw.iterdir()) == []
 
     subprocess.run(["mount", "-o", "remount,ro", str(tiny_fs)], check=True)
-    assert cli.main(argv) == 1
+    assert cli.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1, err
     assert f"cannot write {target}: no permission to write ([Errno 30] Read-only" in err[0], err
@@ -1829,22 +1829,22 @@ def test_a_mirror_with_a_query_string_gets_each_file_and_meta_json_keeps_no_toke
             (f"{host}/dir/?token=abc#part", f"{host}/dir/?...#part"),  # the token not said
             (f"{host}/dir/#", f"{host}/dir/#"),
         ):
-            assert cli.main([*argv, "--mirror", mirror]) == 1
+            assert cli.main([*argv, "--mirror", mirror]) == 2
             (err,) = capsys.readouterr().err.strip().splitlines()
-            assert err.startswith(f"scalestudy prepare-data: error: --mirror {shown!r} has a "), err
+            assert err.startswith(f"scalestudy prepare-data: --mirror {shown!r} has a "), err
             assert asked == [] and not (tmp_path / "third").exists()
         # a token the server refuses (expired): the error lines, kept in the workflow's logs,
         # named the URL with its token; its scheme, host and path still say what failed
         for dataset in ("cifar10", "mnist"):
             argv = ["prepare-data", "--dataset", dataset, "--data-dir", str(tmp_path / "fourth")]
-            assert cli.main([*argv, "--mirror", f"{host}/dir/?token=s3cret"]) == 1
+            assert cli.main([*argv, "--mirror", f"{host}/dir/?token=s3cret"]) == 2
             (err,) = capsys.readouterr().err.strip().splitlines()
             assert "s3cret" not in err and f"{host}/dir/" in err and "?..." in err, err
             assert "HTTP Error 403" in err, err
         # nor where the md5 is wrong: a file of another size under the name
         (site / archive.name).write_bytes(b"not the archive")
         argv = ["prepare-data", "--dataset", "cifar10", "--data-dir", str(tmp_path / "fifth")]
-        assert cli.main([*argv, "--mirror", f"{host}/dir/?token=abc"]) == 1
+        assert cli.main([*argv, "--mirror", f"{host}/dir/?token=abc"]) == 2
         (err,) = capsys.readouterr().err.strip().splitlines()
         assert "md5 mismatch" in err and "token=abc" not in err, err
         assert f"{host}/dir/{archive.name}?..." in err, err
@@ -1866,7 +1866,7 @@ def test_an_archive_in_raw_that_cannot_be_read_is_one_line(tmp_path: Path, capsy
         sock.bind(("127.0.0.1", 0))
         mirror = f"http://127.0.0.1:{sock.getsockname()[1]}/"
     argv = ["prepare-data", "--dataset", "cifar10", "--data-dir", str(tmp_path / "data")]
-    assert cli.main([*argv, "--mirror", mirror]) == 1
+    assert cli.main([*argv, "--mirror", mirror]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "Traceback" not in err[0], err
     path = raw / "cifar-10-python.tar.gz"
@@ -1887,10 +1887,10 @@ def test_a_mirror_with_a_user_and_password_is_refused_without_echoing_them(
     argv = ["prepare-data", "--dataset", "cifar10", "--data-dir", str(tmp_path / "data")]
     mirrors = ["https://user:s3cret@127.0.0.1:9/dir/", "http://s3cret@127.0.0.1:9/"]
     for mirror in [*mirrors, "https://user:s3cret@127.0.0.1:9/#part"]:  # the fragment's line too
-        assert cli.main([*argv, "--mirror", mirror]) == 1
+        assert cli.main([*argv, "--mirror", mirror]) == 2
         (err,) = capsys.readouterr().err.strip().splitlines()
         assert "s3cret" not in err, err
-        assert err.startswith("scalestudy prepare-data: error: --mirror gives a user name"), err
+        assert err.startswith("scalestudy prepare-data: --mirror gives a user name"), err
         assert "127.0.0.1:9" in err and not (tmp_path / "data").exists(), err
 
 
@@ -1935,7 +1935,7 @@ def test_an_https_mirror_that_answers_404_is_not_retried_over_http(
     try:
         mirror = f"https://127.0.0.1:{server.server_address[1]}/dir/"
         argv = ["prepare-data", "--dataset", "cifar10", "--data-dir", str(tmp_path / "data")]
-        assert cli.main([*argv, "--mirror", mirror]) == 1
+        assert cli.main([*argv, "--mirror", mirror]) == 2
     finally:
         server.shutdown()
         server.server_close()

@@ -701,10 +701,10 @@ def run(args: argparse.Namespace) -> int:
     schemes = ("http://", "https://", "file://")
     if args.mirror is not None and not args.mirror.startswith(schemes):
         logger.error(
-            f"scalestudy prepare-data: error: --mirror {_shown(args.mirror)!r} is not a URL: give "
-            f"one starting with {', '.join(schemes)}"
+            f"scalestudy prepare-data: --mirror {_shown(args.mirror)!r} is not a URL: give one "
+            f"starting with {', '.join(schemes)}"
         )
-        return 1
+        return 2
     try:
         prepare(
             args.dataset,
@@ -716,6 +716,7 @@ def run(args: argparse.Namespace) -> int:
             force=args.force,
         )
     except (DownloadError, PreparedDataError, ValueError) as e:
-        logger.error(f"scalestudy prepare-data: error: {e}")
-        return 1
+        # one line and exit 2, as every command's fixable problem (README "Troubleshooting")
+        logger.error(f"scalestudy prepare-data: {e}")
+        return 2
     return 0
