@@ -1219,3 +1219,16 @@ def test_a_16_bit_comm_hook_run_has_ddps_buckets_of_its_fp32_gradients():
     theta = np.array([1e-5, 1e-9, 0.0])
     step = model.model_step(theta, no_overlap, pt)[0] - no_overlap.time(64)
     assert step == pytest.approx(4 * 2 * 1e-5 + int(p_sent) * 1e-9)
+
+
+def test_the_backward_share_is_the_mean_of_the_1_rank_runs_not_of_their_configurations():
+    """Three repeats at local batch 64 (share 0.5) and one at 256 (0.6): model.csv's
+    backward_frac, "mean of 1-rank runs", was the configurations' mean, 0.55, not 0.525."""
+    rows = [
+        dict(_row(f"w1_lb64_r{i}", "weak", 1, 1, 64, 25, 0.064), phase_frac_backward="0.5")
+        for i in range(3)
+    ]
+    rows.append(dict(_row("w1_lb256_r0", "weak", 1, 1, 256, 25, 0.128), phase_frac_backward="0.6"))
+    points, _ = model.points(rows)
+    compute = model.fit_compute(points)["fp32"]
+    assert compute.f_bwd == pytest.approx((3 * 0.5 + 0.6) / 4)

@@ -217,6 +217,7 @@ class Point:
     backward_frac: float | None  # mean phase_frac_backward of the repeats
     graphs_modes: tuple[str, ...] = ()  # the repeats' cuda_graphs_mode (runs.csv), where given
     wire: float = 1.0  # bytes sent per byte of the buckets (HOOK_WIRE; grad_sync_bytes: held)
+    backward_fracs: tuple[float, ...] = ()  # each repeat's phase_frac_backward, where given
 
 
 def _num(row: dict, column: str) -> float | None:
@@ -319,6 +320,7 @@ def _point(key: tuple, runs: list[dict]) -> Point:
         backward_frac=statistics.fmean(backward) if backward else None,
         graphs_modes=tuple(sorted({m for r in runs if (m := r.get("cuda_graphs_mode"))})),
         wire=wire,
+        backward_fracs=tuple(backward),
     )
 
 
@@ -349,12 +351,15 @@ class Compute:
 def fit_compute(pts: list[Point]) -> dict[str, Compute | str]:
     """precision -> its Compute, or why it has none. f_bwd: the mean phase_frac_backward of its
     1-rank runs, else of the 1-rank runs of the first precision of F_BWD_DONORS[precision]
-    that has one (the note says so), else none."""
+    that has one (the note says so), else none. Of the runs, each repeat one value: a mean of
+    the configurations' means weighed a configuration of 1 repeat as one of 3."""
     ones, fracs = defaultdict(list), defaultdict(list)
     for p in pts:
         if p.world_size == 1:
             ones[p.precision].append(p)
-            if p.backward_frac is not None:
+            if p.backward_fracs:
+                fracs[p.precision].extend(p.backward_fracs)
+            elif p.backward_frac is not None:  # a Point made without its repeats' values
                 fracs[p.precision].append(p.backward_frac)
     out: dict[str, Compute | str] = {}
     for precision in sorted({p.precision for p in pts}):
