@@ -105,7 +105,8 @@ main() {
     fi
     # the self-contained HTML report of the run (figures, tables, documents), in the working
     # directory as the study's outputs: the repository root, or --directory's
-    snakemake "${DEMO_ARGS[@]}" --report report.html
+    # --report first: after a `--` of the user's it would be read as a target
+    snakemake --report report.html "${DEMO_ARGS[@]}"
     # the study's documents that are there (targets may ask for part of the study only)
     local out=${DEMO_DIR:+$DEMO_DIR/} made= path
     for path in reports/study.md reports/paper.pdf report.html results/plots/; do

@@ -286,6 +286,34 @@ def test_the_demos_last_line_names_only_what_is_there(tmp_path):
     )
 
 
+def test_the_report_call_after_targets_behind_a_double_dash_makes_the_report(tmp_path):
+    """`--config dataset=synthetic -- TARGET`: the report call appended --report report.html
+    after the user's `--`, where snakemake reads it as two more targets (MissingRuleException:
+    No rule to produce --report)."""
+    from snakemake.cli import get_argument_parser
+
+    work = tmp_path / "repo"
+    shutil.copytree(REPO / "scripts", work / "scripts")
+    (work / "scripts" / "setup.sh").write_text("#!/usr/bin/env bash\nexit 0\n")
+    bin_dir = work / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    calls = tmp_path / "calls"
+    (bin_dir / "snakemake").write_text(
+        f'#!/bin/sh\nprintf "%s\\0" "$@" >> {calls}\necho >> {calls}\n'
+    )
+    (bin_dir / "snakemake").chmod(0o755)
+    proc = subprocess.run(
+        ["bash", "scripts/demo.sh", "--config", "dataset=synthetic", "--", "reports/study.md"],
+        cwd=work, env=env(), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    run, report = (line.split("\0")[:-1] for line in calls.read_text().splitlines())
+    for argv in (run, report):
+        parsed = get_argument_parser().parse_args(argv)
+        assert parsed.targets == ["reports/study.md"] and parsed.config == ["dataset=synthetic"]
+    assert str(get_argument_parser().parse_args(report).report) == "report.html"
+
+
 @pytest.mark.parametrize("targets", [["results/matrix/runs.tsv"], ["plot", "analyze"]])
 def test_targets_after_a_double_dash_stay_targets_with_the_demos_config(targets, tmp_path):
     """`--config dataset=synthetic -- TARGET` (--config takes several values): the demo's

@@ -127,6 +127,9 @@ def test_set_overrides_dotted_yaml_values():
         minimal(), "override 'train.epochs=010': '010' reads as 8", overrides=["train.epochs=010"]
     )
     refused(minimal(), "'5:00' reads as 300", overrides=["checkpointing.signal_lead_s=5:00"])
+    # a key given twice in a mapping value: named, not "must be a mapping" of the text
+    twice = "families.strong={enabled: true, enabled: false}"
+    refused(minimal(), f"override {twice!r}: duplicate key 'enabled'", overrides=[twice])
 
 
 def test_malformed_yaml_names_file_and_line(tmp_path):

@@ -834,7 +834,7 @@ def _parse_value(text: str, item: str = "") -> Any:
     have priced two studies)."""
     try:
         return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
-    except _MisreadNumber as e:
+    except yaml.constructor.ConstructorError as e:  # a misread number, a key given twice
         raise StudyConfigError(f"override {item!r}: {e.problem}") from e
     except yaml.YAMLError:
         return text
