@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import copy
 import re
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -458,13 +460,9 @@ def test_cli_without_out_previews_and_leaves_the_workflows_table_alone(tmp_path,
     assert f"{len(paper)} runs" in summary[-1]
 
 
-def test_cli_preview_into_a_closed_pipe_is_quiet(tmp_path):
-    """`scalestudy matrix --config ... | head -1`: the reader gone, the write of the table is
-    no error (no traceback, no "Exception ignored" at exit)."""
-    import os
-    import subprocess
-    import sys
-
+def _preview(tmp_path, stdout) -> subprocess.CompletedProcess:
+    """`scalestudy matrix --config config/demo.yaml` in a fresh interpreter, its table to
+    `stdout`."""
     argv = [
         sys.executable,
         "-m",
@@ -473,12 +471,20 @@ def test_cli_preview_into_a_closed_pipe_is_quiet(tmp_path):
         "--config",
         str(ROOT / "config/demo.yaml"),
     ]
+    return subprocess.run(
+        argv, cwd=tmp_path, stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=120
+    )
+
+
+def test_cli_preview_into_a_closed_pipe_is_quiet(tmp_path):
+    """`scalestudy matrix --config ... | head -1`: the reader gone, the write of the table is
+    no error (no traceback, no "Exception ignored" at exit)."""
+    import os
+
     read_end, write_end = os.pipe()
     os.close(read_end)  # the reader left before the first byte
     try:
-        proc = subprocess.run(
-            argv, cwd=tmp_path, stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120,
-        )  # fmt: skip
+        proc = _preview(tmp_path, write_end)
     finally:
         os.close(write_end)
     assert proc.returncode == 0, proc.stderr
@@ -490,20 +496,7 @@ def test_cli_preview_into_a_closed_pipe_is_quiet(tmp_path):
 def test_cli_preview_onto_a_full_disk_is_one_line(tmp_path):
     """`scalestudy matrix --config ... > runs.tsv` on a full disk: a traceback ("a bug"), now
     one line naming stdout and the cause, exit 2. /dev/full: every write fails ENOSPC."""
-    import subprocess
-    import sys
-
-    argv = [
-        sys.executable,
-        "-m",
-        "scalestudy",
-        "matrix",
-        "--config",
-        str(ROOT / "config/demo.yaml"),
-    ]
     with open("/dev/full", "w") as full:
-        proc = subprocess.run(
-            argv, cwd=tmp_path, stdout=full, stderr=subprocess.PIPE, text=True, timeout=120
-        )
+        proc = _preview(tmp_path, full)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.splitlines() == ["scalestudy matrix: stdout: No space left on device"]

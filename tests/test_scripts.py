@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 from workflow_helpers import BIN, REPO, copy_repo, env, planned_jobs, write_config
@@ -234,6 +235,19 @@ fi
 """
 
 
+def demo_with_stand_ins(work: Path, **bins: str) -> Path:
+    """demo.sh in `work` with its set-up a no-op and the given stand-ins (name -> script) as
+    the venv's programs; returns `work`."""
+    shutil.copytree(REPO / "scripts", work / "scripts")
+    (work / "scripts" / "setup.sh").write_text("#!/usr/bin/env bash\nexit 0\n")
+    bin_dir = work / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    for name, text in bins.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    return work
+
+
 @pytest.mark.parametrize("where", ["root", "elsewhere"])
 @pytest.mark.parametrize("form", [["--directory", "{D}"], ["--directory={D}"], ["-d{D}"], []])
 def test_the_demo_ends_with_the_files_where_snakemake_wrote_them(tmp_path, where, form):
@@ -241,12 +255,7 @@ def test_the_demo_ends_with_the_files_where_snakemake_wrote_them(tmp_path, where
     looked for reports/paper.pdf in the repository root: it said latexmk was missing, or that
     no target asked for the PDF, of a study whose PDF was in D. Now it checks and names D's
     files; without --directory, the repository root's, as before."""
-    work = tmp_path / "repo"
-    shutil.copytree(REPO / "scripts", work / "scripts")
-    (work / "scripts" / "setup.sh").write_text("#!/usr/bin/env bash\nexit 0\n")
-    (work / ".venv" / "bin").mkdir(parents=True)
-    (work / ".venv" / "bin" / "snakemake").write_text(SNAKEMAKE_STAND_IN)
-    (work / ".venv" / "bin" / "snakemake").chmod(0o755)
+    work = demo_with_stand_ins(tmp_path / "repo", snakemake=SNAKEMAKE_STAND_IN)
     caller = work if where == "root" else tmp_path / "user"
     caller.mkdir(exist_ok=True)
     # an absolute D from the root, a relative one (the caller's) from elsewhere
@@ -268,14 +277,9 @@ def test_the_demo_ends_with_the_files_where_snakemake_wrote_them(tmp_path, where
 def test_the_demos_last_line_names_only_what_is_there(tmp_path):
     """Targets that make part of the study: the last line listed reports/study.md and
     results/plots/ that no call had written."""
-    work = tmp_path / "repo"
-    shutil.copytree(REPO / "scripts", work / "scripts")
-    (work / "scripts" / "setup.sh").write_text("#!/usr/bin/env bash\nexit 0\n")
-    bin_dir = work / ".venv" / "bin"
-    bin_dir.mkdir(parents=True)
-    for name, text in (("snakemake", SNAKEMAKE_STAND_IN), ("latexmk", "#!/bin/sh\n")):
-        (bin_dir / name).write_text(text)
-        (bin_dir / name).chmod(0o755)
+    work = demo_with_stand_ins(
+        tmp_path / "repo", snakemake=SNAKEMAKE_STAND_IN, latexmk="#!/bin/sh\n"
+    )
     proc = subprocess.run(
         ["bash", "scripts/demo.sh", "results/matrix/runs.tsv"], cwd=work,
         env=env(STAND_IN_TARGETS_ONLY="1"), capture_output=True, text=True, timeout=60,
@@ -292,16 +296,9 @@ def test_the_report_call_after_targets_behind_a_double_dash_makes_the_report(tmp
     No rule to produce --report)."""
     from snakemake.cli import get_argument_parser
 
-    work = tmp_path / "repo"
-    shutil.copytree(REPO / "scripts", work / "scripts")
-    (work / "scripts" / "setup.sh").write_text("#!/usr/bin/env bash\nexit 0\n")
-    bin_dir = work / ".venv" / "bin"
-    bin_dir.mkdir(parents=True)
-    calls = tmp_path / "calls"
-    (bin_dir / "snakemake").write_text(
-        f'#!/bin/sh\nprintf "%s\\0" "$@" >> {calls}\necho >> {calls}\n'
-    )
-    (bin_dir / "snakemake").chmod(0o755)
+    calls = tmp_path / "calls"  # each call's arguments, NUL-separated, one line per call
+    recorder = f'#!/bin/sh\nprintf "%s\\0" "$@" >> {calls}\necho >> {calls}\n'
+    work = demo_with_stand_ins(tmp_path / "repo", snakemake=recorder)
     proc = subprocess.run(
         ["bash", "scripts/demo.sh", "--config", "dataset=synthetic", "--", "reports/study.md"],
         cwd=work, env=env(), capture_output=True, text=True, timeout=60,

@@ -45,23 +45,34 @@ def _two_runs(work: Path) -> None:
     write_config(work / "arrays.yaml", cfg)
 
 
+def _study(cluster, work: Path, *args: str) -> dict:
+    """subprocess keywords of `snakemake results/csv/runs.csv` of arrays.yaml in `work` on the
+    cluster (profiles/local-slurm), `args` added."""
+    argv = [str(BIN / "snakemake"), "results/csv/runs.csv", "--profile", "profiles/local-slurm"]
+    argv += [*args, "--configfile", "arrays.yaml"]
+    return dict(args=argv, cwd=work, env=env(SLURM_CONF=cluster.env["SLURM_CONF"]), text=True)
+
+
+def _refused(cluster, work: Path, *args: str) -> str:
+    """The output of that snakemake, which must fail (within 180 s)."""
+    proc = subprocess.run(**_study(cluster, work, *args), capture_output=True, timeout=180)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-4000:]
+    return out
+
+
+def _queued(cluster) -> list[str]:
+    """Every job id squeue still lists, finished ones too."""
+    return cluster.run(["squeue", "-h", "-t", "all", "-o", "%i"]).stdout.split()
+
+
 @pytest.mark.parametrize("setting", ["train", "all"])
 def test_array_jobs_for_training_are_refused_before_any_job(slurm_cluster, tmp_path, setting):
     cluster = slurm_cluster(2)
     work = copy_repo(tmp_path / "w")
     _two_runs(work)
-    before = cluster.run(["squeue", "-h", "-t", "all", "-o", "%i"]).stdout.split()
-    proc = subprocess.run(
-        [str(BIN / "snakemake"), "results/csv/runs.csv", "--profile", "profiles/local-slurm"]
-        + [f"--slurm-array-jobs={setting}", "--configfile", "arrays.yaml"],
-        cwd=work,
-        env=env(SLURM_CONF=cluster.env["SLURM_CONF"]),
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    out = proc.stdout + proc.stderr
-    assert proc.returncode != 0, out[-4000:]
+    before = _queued(cluster)
+    out = _refused(cluster, work, f"--slurm-array-jobs={setting}")
     refusals = [line for line in out.splitlines() if line.startswith("slurm-array-jobs=")]
     assert refusals == [
         f"slurm-array-jobs={setting!r} would submit training runs as one Slurm array with the "
@@ -69,8 +80,7 @@ def test_array_jobs_for_training_are_refused_before_any_job(slurm_cluster, tmp_p
         "`all` out of --slurm-array-jobs (slurm-array-jobs: in the profile)"
     ], out[-4000:]
     # no job at all: nothing submitted, not even the local matrix / prepare_data
-    after = cluster.run(["squeue", "-h", "-t", "all", "-o", "%i"]).stdout.split()
-    assert after == before
+    assert _queued(cluster) == before
     assert not (work / "results").exists()
 
 
@@ -120,25 +130,14 @@ def test_a_run_while_an_earlier_runs_jobs_are_queued_is_refused_before_any_job(
         "sleep 300",
     )
     try:
-        before = cluster.run(["squeue", "-h", "-t", "all", "-o", "%i"]).stdout.split()
-        proc = subprocess.run(
-            [str(BIN / "snakemake"), "results/csv/runs.csv", "--profile", "profiles/local-slurm"]
-            + ["--configfile", "arrays.yaml"],
-            cwd=work,
-            env=env(SLURM_CONF=cluster.env["SLURM_CONF"]),
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
-        out = proc.stdout + proc.stderr
-        assert proc.returncode != 0, out[-4000:]
+        before = _queued(cluster)
+        out = _refused(cluster, work)
         refusals = [line for line in out.splitlines() if line.startswith("scalestudy: 1 Slurm")]
         assert len(refusals) == 1, out[-4000:]
         assert f"an earlier snakemake run in {work} is still queued or running: " in refusals[0]
         assert f"{earlier} (train w2_lb32_fp32_ddp_bk25_r0, " in refusals[0]
         assert f"(`scancel {earlier}`)" in refusals[0]
-        after = cluster.run(["squeue", "-h", "-t", "all", "-o", "%i"]).stdout.split()
-        assert after == before  # nothing submitted, nothing run, no output deleted
+        assert _queued(cluster) == before  # nothing submitted, nothing run, no output deleted
         assert not (work / "results").exists()
     finally:
         cluster.run(["scancel", earlier])
@@ -161,13 +160,7 @@ def test_a_job_started_after_its_config_was_edited_stops_before_training(slurm_c
         "-N2", "--exclusive", "-t", "5", "-o", "/dev/null", "--wrap", "sleep 300"
     )
     proc = subprocess.Popen(
-        [str(BIN / "snakemake"), "results/csv/runs.csv", "--profile", "profiles/local-slurm"]
-        + ["--configfile", "arrays.yaml"],
-        cwd=work,
-        env=env(SLURM_CONF=cluster.env["SLURM_CONF"]),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+        **_study(cluster, work), stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
     try:
         deadline = time.monotonic() + 120
