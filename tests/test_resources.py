@@ -597,9 +597,14 @@ def test_launch_plans_change_for_the_jobs_a_config_edit_changes_only():
     assert {k for k in plans if k.startswith("train:")} == {f"train:{r}" for r in table}
     profiled = [k.split(":", 1)[1] for k in plans if k.startswith("profile_capture:")]
     assert profiled and all(f"profile_ncu:{r}" in plans for r in profiled)
-    assert (
-        _plans(profiled_study()) == plans
-    )  # the same config: the same plans, in another process too
+    # the same config: the same plans, in another process too
+    assert _plans(profiled_study()) == plans
+    # a job digests its own runs only, to the same digests
+    rows = {r["run"]: r for r in profiling.profiled_runs(config, list(table.values()))}
+    one = profiled[0]
+    assert resources.launch_plans(config, table, rows, only={one}) == {
+        k: v for k, v in plans.items() if k.split(":", 1)[1] == one
+    }
     # more epochs: every run trains otherwise, and every profiled run's window runs under them
     longer = profiled_study()
     longer["train"]["epochs"] = 3

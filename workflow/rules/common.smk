@@ -78,13 +78,20 @@ PROFILED = {r["run"]: r for r in profiling.profiled_runs(config, list(RUNS.value
 # A Slurm job's snakemake reads the config files again when the job starts: it stops where a
 # launch job would run otherwise than the main snakemake submitted it (study/resources.py; the
 # main one writes its plans in onstart). The job's targets are read from its command line
-# (Snakemake fills its settings only after this file is read). The one read at parse of a job.
-LAUNCH_PLANS = resources.launch_plans(config, RUNS, PROFILED)
+# (Snakemake fills its settings only after this file is read); only a launch job's snakemake
+# reads the plans and digests its own runs: the one read at parse of a job.
 if not workflow.is_main_process:
-    changed = resources.launch_plan_changes(
+    launch_targets = [
+        (rule, run)
+        for rule, run in resources.target_jobs(sys.argv)
+        if rule in resources.LAUNCH_RULES
+    ]
+    changed = launch_targets and resources.launch_plan_changes(
         resources.read_launch_plans(os.environ.get(resources.PLANNED_ENV)),
-        LAUNCH_PLANS,
-        resources.target_jobs(sys.argv),
+        resources.launch_plans(
+            config, RUNS, PROFILED, only={run for _, run in launch_targets}
+        ),
+        launch_targets,
     )
     if changed:
         stop(f"scalestudy: {changed}")

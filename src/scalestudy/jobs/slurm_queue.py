@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 # %i job id, %T state (long form), %Z working directory, %k comment. Fields are split at the
@@ -111,18 +111,15 @@ def refusal_line(jobs: list[QueuedJob], workdir: str) -> str:
     )
 
 
-def refusal(
-    workdir: str,
-    env: Mapping[str, str],
-    run: Callable[..., subprocess.CompletedProcess] = subprocess.run,
-) -> str:
+def refusal(workdir: str, env: Mapping[str, str]) -> str:
     """The Snakefile's onstart under the Slurm executor: one line when an earlier run's jobs of
     `workdir` are still in the queue, or when squeue cannot say (the executor, which needs
     squeue or sacct for every job's status, could not follow its jobs either); else ""."""
     argv = squeue_command()
     command = shlex.join(argv)
+    unchecked = "the jobs an earlier run may have left queued cannot be checked"
     try:
-        proc = run(
+        proc = subprocess.run(
             argv,
             capture_output=True,
             text=True,
@@ -136,21 +133,17 @@ def refusal(
             "--profile profiles/slurm) on a node that submits Slurm jobs"
         )
     except OSError as exc:  # not executable, or the environment too large to start it
-        return (
-            f"`{command}` could not start ({exc}): the jobs an earlier run may have left "
-            "queued cannot be checked"
-        )
+        return f"`{command}` could not start ({exc}): {unchecked}"
     except subprocess.TimeoutExpired:
         return (
-            f"`{command}` gave no answer in {SQUEUE_TIMEOUT_S} s: the jobs an earlier run may "
-            "have left queued cannot be checked. Run snakemake again when squeue answers."
+            f"`{command}` gave no answer in {SQUEUE_TIMEOUT_S} s: {unchecked}. Run snakemake "
+            "again when squeue answers."
         )
     if proc.returncode != 0:
         said = (proc.stderr or proc.stdout or "").strip().splitlines()
         return (
             f"`{command}` failed (exit {proc.returncode}: {said[-1] if said else 'no output'}): "
-            "the jobs an earlier run may have left queued cannot be checked. Run snakemake "
-            "again when squeue answers."
+            f"{unchecked}. Run snakemake again when squeue answers."
         )
     jobs = earlier_run_jobs(parse_squeue(proc.stdout), workdir, env.get("SLURM_JOB_ID"))
     return refusal_line(jobs, workdir) if jobs else ""

@@ -943,10 +943,11 @@ STUDY_KEYS = (
 # how many runs measured what a mean or a sum may leave blank: a configuration's mean needs every
 # repeat's value and a family's kWh every run's (mean_std, energy_kwh), so one run without it
 # blanks them, and the documents told "no run recorded it" of a study where most runs had
+# (the documents' name, system.csv's key, whether a run has it)
 MEASURED_COUNTS = (
-    ("runs with GPU utilisation", lambda r: files.number(r.get("gpu_util_mean")) is not None),
-    ("runs with GPU energy", lambda r: estimate.measured_energy_per_img(r)[0] is not None),
-    ("runs with MFU", lambda r: files.number(r.get("mfu")) is not None),
+    ("gpu_util", "runs with GPU utilisation", lambda r: files.number(r.get("gpu_util_mean"))),
+    ("energy", "runs with GPU energy", lambda r: estimate.measured_energy_per_img(r)[0]),
+    ("mfu", "runs with MFU", lambda r: files.number(r.get("mfu"))),
 )
 
 
@@ -976,8 +977,9 @@ def system_table(runs: list[dict], study: dict) -> list[dict]:
         else:
             value = _distinct(runs, column)
         rows.append({"section": "system", "key": label, "value": value})
-    for label, measured in MEASURED_COUNTS:
-        rows.append({"section": "measured", "key": label, "value": sum(map(measured, runs))})
+    for _, label, value in MEASURED_COUNTS:
+        count = sum(value(r) is not None for r in runs)
+        rows.append({"section": "measured", "key": label, "value": count})
     return rows
 
 

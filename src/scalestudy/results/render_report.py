@@ -28,6 +28,7 @@ import jinja2
 from scalestudy import files, log, vocab
 from scalestudy.errors import AnalysisError
 from scalestudy.results.analyze import (
+    MEASURED_COUNTS,
     NOT_PROFILED,
     PROFILING_KEY,
     TABLE_COLUMNS,
@@ -433,15 +434,10 @@ def _context(tables: dict[str, list[dict]], figures: list[str], figure_dir: str)
         # where a flag above is false though some runs measured it: how many (system.csv),
         # told apart from "no run recorded it"; None where none did, or system.csv is older
         "partly": {
-            what: count if count not in (None, "", "0") else None
-            for what, count in (
-                (what, system.get(("measured", f"runs with {label}")))
-                for what, label in (
-                    ("gpu_util", "GPU utilisation"),
-                    ("energy", "GPU energy"),
-                    ("mfu", "MFU"),
-                )
-            )
+            what: count
+            if (count := system.get(("measured", label))) not in (None, "", "0")
+            else None
+            for what, label, _ in MEASURED_COUNTS
         },
         # every configuration measured once (analyze's repeats_max: scaling.csv's largest n)
         "single_repeat": system.get(("study", "repeats_max")) == "1",

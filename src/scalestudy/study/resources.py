@@ -439,15 +439,21 @@ def _digest(value) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def launch_plans(config: dict, runs: dict[str, dict], profiled: dict[str, dict]) -> dict:
+def launch_plans(
+    config: dict, runs: dict[str, dict], profiled: dict[str, dict], only: set | None = None
+) -> dict:
     """'rule:run' -> a digest of what that launch job runs, from the config: the trainer's (or
     the profiler's) flags, the ranks' layout, the container, the dataset, the profiling tool's
     settings. Not its threads (the local executor's cores) nor its resources: a changed memory
-    request does not change what runs."""
+    request does not change what runs. `only`: the runs to digest (a job's own), else all."""
     hardware, profiling_config = config["hardware"], config["profiling"]
+    shared = [container_flags(config), prepared_data(config)]
+    if only is not None:
+        runs = {r: row for r, row in runs.items() if r in only}
+        profiled = {r: row for r, row in profiled.items() if r in only}
 
     def launch(row: dict) -> list:
-        return [launch_layout(row, hardware), container_flags(config), prepared_data(config)]
+        return [launch_layout(row, hardware), *shared]
 
     plans = {f"train:{r}": _digest([trainer_args(row), *launch(row)]) for r, row in runs.items()}
     for run, row in profiled.items():
