@@ -130,3 +130,37 @@ def test_mfu_formula():
     assert 0.2 < value < 0.21
     # the peak scales with the devices: the same per-device rate on 8 GPUs is the same MFU
     assert hardware.mfu(8 * 60_000, 3.329e9, 989.5e12, 8) == pytest.approx(value)
+
+
+@pytest.mark.parametrize(
+    ("name", "family"),
+    [
+        # CUDA device names
+        ("NVIDIA H100 80GB HBM3", "h100"),
+        ("NVIDIA H100", "h100"),  # no row of peaks, still an H100
+        ("NVIDIA H100 NVL", "h100"),
+        ("NVIDIA GH200 480GB", "gh200"),  # not an H200
+        ("NVIDIA H200", "h200"),
+        ("NVIDIA A100-SXM4-80GB", "a100"),
+        ("Tesla V100S-PCIE-32GB", "v100s"),
+        ("Tesla V100-SXM3-32GB", "v100"),
+        ("NVIDIA L40S", "l40s"),
+        ("NVIDIA L4", "l4"),
+        # Slurm's typed GRES names (hardware.gpu_type): by hand, or NVML's autodetected ones
+        ("h100", "h100"),
+        ("a100_80g", "a100"),
+        ("nvidia_a100-sxm4-80gb", "a100"),
+        ("A100", "a100"),
+        # not a family of the table, or not one word of the name: not judged
+        ("NVIDIA A10G", None),  # not an A10
+        ("NVIDIA B200", None),
+        ("h100nvl", None),
+        ("gpu", None),
+        ("", None),
+    ],
+)
+def test_gpu_family_names_the_table_model_a_name_or_gres_type_is_of(name, family):
+    """hardware.gpu_family: the model (first word of a table row's, lower case) standing as a
+    word of the name, the longest first (V100S before V100), for the planner to tell an H100
+    run from an A100 study (hardware.gpu_type); None where the name says none."""
+    assert hardware.gpu_family(name) == family

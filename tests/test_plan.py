@@ -518,6 +518,71 @@ def test_threads_per_rank_and_dataloader_workers_must_match_to_calibrate_or_be_d
         assert est[w2].throughput_basis == basis, loader  # at no level
 
 
+def test_runs_measured_on_another_gpu_than_hardware_gpu_type_calibrate_nothing():
+    """A study that asks for A100s (hardware.gpu_type a100: --gres=gpu:a100:N) was priced at
+    the throughput, J/img, start-up and fitted model of runs measured on H100s (a --runs-csv of
+    another cluster, or the runs of an earlier gpu_type): nothing compared the GPU the runs
+    ran on with the one asked for. A run whose GPUs are of another family of hardware.py's
+    table calibrates nothing; plan.md says how many and why; a gpu_type naming no family of
+    the table ("", a site's own name) leaves every run to calibrate, as before. The run still
+    counts as done (it ran; the workflow does not rerun it for a changed gpu_type)."""
+    config = small_config()
+    run, w2 = "w1_lb8_fp32_ddp_bk25_r0", "w2_lb4_fp32_ddp_bk25_r0"
+    h100 = "NVIDIA H100 80GB HBM3"
+
+    def measured(names):
+        cells = {"device": config["hardware"]["device"], "device_name": names.split(";")[0],
+                 "device_names": names, "energy_j_per_img": "2.5"}  # fmt: skip
+        return [
+            measured_row(run, 50.0, 1, wall_s=56.0, **cells),
+            measured_row(w2, 40.0, 2, wall_s=60.0, **cells),
+        ]
+
+    def estimates(gpu_type, names):
+        config["hardware"]["gpu_type"] = gpu_type
+        rows = measured(names)
+        est = {e.run: e for e in plan.estimate_runs(config, build_run_table(config), rows)}
+        check = estimate.calibration_check(config, rows)
+        holdout = plan.model_holdout(config, rows)
+        md = plan.plan_markdown(config, list(est.values()), check, holdout, measured=rows)
+        return est, md
+
+    for gpu_type, names in (
+        ("a100", h100),
+        ("nvidia_a100_sxm4_80gb", f"{h100};{h100}"),
+        ("a100", f"NVIDIA A100-SXM4-80GB;{h100}"),
+        ("h100", "NVIDIA B200"),
+    ):
+        est, md = estimates(gpu_type, names)
+        assert est[run].done, gpu_type  # measured: it ran
+        for e in est.values():
+            assert e.throughput_basis == "default" and e.startup_basis == "default", (gpu_type, e)
+            assert e.energy_kwh is None, (gpu_type, e)
+        assert f"2 measured runs ran on other GPUs than hardware.gpu_type `{gpu_type}`" in md
+        # no H100 wall time checks an A100 estimate, nor validates the model that prices it
+        assert "## How good the estimates are" not in md, gpu_type
+        assert "No measured DDP runs to validate the model on." in md, gpu_type
+
+    for gpu_type, names in (
+        ("a100", "NVIDIA A100-SXM4-40GB"),
+        ("a100", "NVIDIA A100 80GB PCIe"),
+        ("", h100),
+        ("b200", h100),
+        ("h100", h100),
+        ("a100", ""),
+    ):
+        est, md = estimates(gpu_type, names)
+        assert est[run].throughput_basis == "run", (gpu_type, names)
+        assert est[run].startup_basis == "world size" and est[run].energy_kwh is not None
+        assert "ran on other GPUs" not in md, (gpu_type, names)
+    calibration = estimate.__doc__.split("Calibration (")[1].split("1. run")[0]
+    assert "hardware.gpu_type" in calibration and "hardware.gpu_type" in md
+    # a CPU study ignores gpu_type (config/demo.yaml keeps the GPU study's): its runs calibrate
+    config["hardware"]["device"] = "cpu"
+    est, md = estimates("a100", "x86_64")
+    assert est[run].throughput_basis == "run" and "ran on other GPUs" not in md
+
+
 def test_mnist_runs_do_not_calibrate_a_cifar_shaped_study():
     config = small_config()
     rows = build_run_table(config)
@@ -633,7 +698,7 @@ def test_a_model_error_names_the_runs_csv_it_came_from(tmp_path):
         writer.writerow({k: v for k, v in row.items() if k != "wall_s"})
     measured = plan.load_measured(other, tmp_path)
     with pytest.raises(PlanError) as exc:
-        plan.model_holdout(measured)
+        plan.model_holdout(small_config(), measured)
     assert str(exc.value) == (
         f"{other}: runs.csv: run 'w1_lb8_fp32_ddp_bk25_r0' has grad_sync_bytes = 'many', not a "
         "number"

@@ -148,6 +148,26 @@ class Peak:
     why: str | None = None  # why there is no peak (None when there is)
 
 
+# The GPU families of the table, longest first (V100S before V100, L40S before L40): a row's
+# model's first word, lower case ("H100 NVL" -> h100)
+GPU_FAMILIES = tuple(
+    sorted({row.model.split()[0].lower() for row in GPU_PEAKS}, key=lambda f: (-len(f), f))
+)
+
+
+def gpu_family(name: str) -> str | None:
+    """The table's GPU family a CUDA device name or a Slurm typed GRES name (hardware.gpu_type:
+    h100, a100_80g, nvidia_a100-sxm4-80gb) is of: the family standing as a whole word of the
+    name, letters and digits bounded by anything else, any case ("NVIDIA H100 80GB HBM3" ->
+    h100). None where no family does: an unlisted GPU (B200), a cousin (A10G is not an A10),
+    a name run together (h100nvl)."""
+    low = name.lower()
+    for family in GPU_FAMILIES:
+        if re.search(rf"(?<![a-z0-9]){family}(?![a-z0-9])", low):
+            return family
+    return None
+
+
 def gpu_peaks(device_name: str) -> GpuPeaks | None:
     """The table row of a CUDA device name (torch.cuda.get_device_name), or None."""
     for row in GPU_PEAKS:

@@ -41,7 +41,10 @@ device, model, width, strategy, loader, compile, cuda_graphs, comm_hook and accu
 image shape of the dataset (vocab.DATASETS: MNIST's 28x28x1 is not CIFAR-10's 32x32x3, synthetic
 has CIFAR-10's); num_workers with loader dataloader; and the threads per rank
 (hardware.cpus_per_rank: metrics.json's threads_per_rank, where recorded). A run measured with
-any of them different calibrates nothing. The levels, the first that has measurements taken:
+any of them different calibrates nothing, nor does one measured on GPUs of another family than
+hardware.gpu_type names (`same_gpu`: an H100 run does not price an A100 study; a gpu_type
+naming no family of hardware.py's table, "" included, leaves every GPU to calibrate). The
+levels, the first that has measurements taken:
 
     1. run        the same configuration (run id without its repeat), e.g. repeats 1, 2 of r0
     2. batch      the same precision, world size and local_batch
@@ -95,7 +98,7 @@ import statistics
 from collections.abc import Iterable
 from pathlib import Path
 
-from scalestudy import files, vocab
+from scalestudy import files, hardware, vocab
 from scalestudy.errors import AnalysisError, PlanError
 from scalestudy.study import model
 from scalestudy.study.runs import RUN_COLUMNS, build_run_table, epoch_micro_steps, same
@@ -383,6 +386,25 @@ def same_threads(config: dict, measured: dict) -> bool:
     return int(threads) == config["hardware"]["cpus_per_rank"]
 
 
+def same_gpu(config: dict, measured: dict) -> bool:
+    """A measured run ran on GPUs of the family hardware.gpu_type names (hardware.gpu_family:
+    h100, a100_80g -> a100): every rank's (runs.csv device_names, else rank 0's device_name).
+    True where gpu_type names no family of the table ("", a site's own name), on device cpu
+    (which ignores gpu_type), and for a run that records no device name (an older trainer's)."""
+    hw = config["hardware"]
+    wanted = hardware.gpu_family(hw.get("gpu_type", "")) if hw["device"] == "cuda" else None
+    names = _text(measured.get("device_names")) or _text(measured.get("device_name"))
+    if wanted is None or not names:
+        return True
+    return {hardware.gpu_family(name) for name in names.split(";")} == {wanted}
+
+
+def calibrating(config: dict, measured: list[dict]) -> list[dict]:
+    """The measured runs that may calibrate the study's estimates: measured with its threads
+    per rank (same_threads) on its GPU family (same_gpu)."""
+    return [m for m in measured if same_threads(config, m) and same_gpu(config, m)]
+
+
 def _level_key(level: str, row: dict) -> tuple:
     """What a measured row and a run must share at `level`. The node count is part of every
     level but precision's (which rescales by eta(W, nodes)): W ranks within one node and W
@@ -564,8 +586,9 @@ class Calibration:
 
     def __post_init__(self) -> None:
         plan = self.config["plan"]
-        # a run measured with other threads per rank says nothing about this study's speed
-        self.measured = [m for m in self.measured if same_threads(self.config, m)]
+        # a run measured with other threads per rank, or on another GPU, says nothing about
+        # this study's speed
+        self.measured = calibrating(self.config, self.measured)
         # (base, level, key) -> measured world size -> per-rank images/s (precision's: / eta)
         self._levels: dict[tuple, dict[int, list[float]]] = {}
         self._startup: dict[tuple, list[float]] = {}
@@ -762,8 +785,9 @@ def is_done(config: dict, row: dict, measured: dict | None) -> bool:
 
 
 def calibration_check(config: dict, measured: list[dict]) -> list[dict]:
-    """Each measured run with a wall time, made with this configuration (is_done) and not
-    resumed (its wall time would be one attempt's), estimated two ways against Snakemake's
+    """Each measured run with a wall time, made with this configuration (is_done) on the
+    study's GPU family (same_gpu) and not resumed (its wall time would be one attempt's),
+    estimated two ways against Snakemake's
     measured job wall time: calibrated on all measured runs (what the plan says a repeat of it
     costs), and leave-one-out, from the measured runs of the *other* configurations only, its
     own repeats left out too (how well the plan predicts a configuration it has not measured).
@@ -774,7 +798,7 @@ def calibration_check(config: dict, measured: list[dict]) -> list[dict]:
     for m in measured:
         if m.get("wall_s") is None or m["run"] not in rows:
             continue
-        if not is_done(config, rows[m["run"]], m) or resumed(m):
+        if not is_done(config, rows[m["run"]], m) or resumed(m) or not same_gpu(config, m):
             continue
         est = estimate_run(config, rows[m["run"]], everything)
         mine = _level_key("run", m)

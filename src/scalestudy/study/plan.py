@@ -39,11 +39,13 @@ from scalestudy.study.estimate import (
     Estimate,
     add_measured_arguments,
     as_float,
+    calibrating,
     calibration_check,
     estimate_runs,
     load_measured,
     measured_paths,
     on_measured,
+    same_gpu,
 )
 from scalestudy.study.runs import build_run_table
 
@@ -292,11 +294,13 @@ def plan_markdown(
     holdout: list[model.HoldoutRow] = (),
     runs_csv: str | Path = RUNS_CSV,
     benchmarks_dir: str | Path = BENCHMARKS_DIR,
+    measured: list[dict] = (),
 ) -> str:
     """The allocation-proposal page: formula, parameters, per family with contingency.
     runs_csv, benchmarks_dir: the measured files the estimates were calibrated from, named on
-    the page; the training jobs' Slurm limits are these estimates only where they are the
-    study's own (resources.TrainingPlan reads nothing else), or where none is read.
+    the page (measured: their runs, for those left out for their GPU); the training jobs'
+    Slurm limits are these estimates only where they are the study's own
+    (resources.TrainingPlan reads nothing else), or where none is read.
 
     Long because it is the page itself, section after section in reading order; splitting it
     would scatter one document over helpers that are used nowhere else."""
@@ -352,7 +356,8 @@ def plan_markdown(
         "eta(W) = 1 for one rank, efficiency_intra_node within one node, efficiency_inter_node "
         "across nodes. Calibrated runs (basis other than `default`) take x_rank from measured "
         f"runs ({runs_csv}) of the same base ({', '.join(BASE_KEY)}, image shape, num_workers "
-        "with loader dataloader, threads per rank; any other measured run calibrates nothing): "
+        "with loader dataloader, threads per rank, and the GPU family hardware.gpu_type names, "
+        "where it names one of hardware.py's table; any other measured run calibrates nothing): "
         "the same configuration, else the same precision, world size "
         "and local batch, else the same precision and world size (each on as many nodes), else "
         "the scaling model "
@@ -405,7 +410,8 @@ def plan_markdown(
             else f" ({remaining.node_hours * (1 + c):.2f} with contingency)."
         ),
         f"Calibrated estimates: {throughput} of {len(estimates)} in throughput (basis other "
-        f"than `default`), {startup_only} more in start-up only (basis `default +startup`).",
+        f"than `default`), {startup_only} more in start-up only (basis `default +startup`)."
+        + _other_gpus(config, measured),
         "",
     ]
     if check:
@@ -577,6 +583,20 @@ def model_section(rows: list[model.HoldoutRow]) -> list[str]:
     return [*lines, ""]
 
 
+def _other_gpus(config: dict, measured: list[dict]) -> str:
+    """The sentence on the measured runs left out for their GPU (estimate.same_gpu), or ""."""
+    other = [m for m in measured if not same_gpu(config, m)]
+    if not other:
+        return ""
+    cells = (m.get("device_names") or m.get("device_name") or "" for m in other)
+    names = sorted({name for cell in cells for name in str(cell).split(";") if name})
+    return (
+        f" {_count(len(other), 'measured runs')} ran on other GPUs than hardware.gpu_type "
+        f"`{config['hardware']['gpu_type']}` ({', '.join(names)}): they calibrate nothing "
+        "(nor check the estimates or validate the model)."
+    )
+
+
 def read_measured(config: dict, runs_csv: str | Path, benchmarks_dir: str | Path) -> list[dict]:
     """The measured runs the plan calibrates from: none under plan.calibrate false, which reads
     no measured run (a runs.csv row load_measured refuses stopped the plan and the workflow)."""
@@ -600,7 +620,13 @@ def write_plan(
     files.write_texts(
         {
             out_md: plan_markdown(
-                config, estimates, check, model_holdout(measured), runs_csv, benchmarks_dir
+                config,
+                estimates,
+                check,
+                model_holdout(config, measured),
+                runs_csv,
+                benchmarks_dir,
+                measured,
             ),
             out_csv: plan_csv_text(estimates),
         }
@@ -608,9 +634,11 @@ def write_plan(
     return estimates
 
 
-def model_holdout(measured: list[dict]) -> list[model.HoldoutRow]:
-    """The scaling model's held-out validation on the measured runs (none without runs)."""
-    return on_measured(model.holdout, measured) if measured else []
+def model_holdout(config: dict, measured: list[dict]) -> list[model.HoldoutRow]:
+    """The scaling model's held-out validation on the measured runs that calibrate the plan
+    (estimate.calibrating; none without runs)."""
+    rows = calibrating(config, measured)
+    return on_measured(model.holdout, rows) if rows else []
 
 
 # ---------------------------------------------------------------------------------------------
