@@ -193,8 +193,8 @@ def test_epoch_batches_bad_numbers(n: int, gb: int, ws: int, rank: int) -> None:
     assert str(ws) in msg and (str(n) in msg or str(rank) in msg)
 
 
-def test_eval_indices_cover_once() -> None:
-    n, ws = 1003, 4
+@pytest.mark.parametrize(("n", "ws"), [(1003, 4), (5, 8), (1, 2)])
+def test_eval_indices_cover_once(n, ws) -> None:
     parts = [loaders.eval_indices(n, ws, r) for r in range(ws)]
     assert sorted(torch.cat(parts).tolist()) == list(range(n))
     assert max(len(p) for p in parts) - min(len(p) for p in parts) <= 1
@@ -352,12 +352,15 @@ def test_device_loader_augments_ahead_steps_at_once(monkeypatch) -> None:
         assert torch.equal(xb, loaders.normalize(loaders.augment(x[idx], gen), mean, std))
 
 
-@pytest.mark.parametrize(("n", "ws", "lb"), [(101, 4, 4), (33, 2, 8)])
+@pytest.mark.parametrize(("n", "ws", "lb"), [(101, 4, 4), (33, 2, 8), (5, 8, 2), (1, 3, 4)])
 def test_device_loader_eval(n, ws, lb) -> None:
     """Each test sample once over the ranks, and every rank the same number of batches: 33
     samples over 2 ranks in batches of 16 are 17 + 16, two batches and one, and FSDP's forward
     (a collective) then hung the rank with two (its partner sat in the final all_reduce); the
-    short shard's last batch is now empty."""
+    short shard's last batch is now empty. Fewer test images than ranks (train.limit_test 5
+    on 8 ranks, a synthetic num_test of 1): the ranks past the last image evaluate an empty
+    shard; they raised "upper bound and lower bound inconsistent with step sign" at the build,
+    a traceback on that rank and "Connection closed by peer" on the others."""
     x = torch.randint(0, 256, (n, 1, 28, 28), dtype=torch.uint8)
     y = torch.arange(n)
     seen, counts = [], set()
@@ -563,6 +566,52 @@ def test_load_prepared_errors(tmp_path: Path) -> None:
     # a tampered file is not "already prepared": prepare redoes it
     prepare_data.prepare("synthetic", tmp_path, num_train=50, num_test=20, seed=0)
     loaders.load_prepared("synthetic", tmp_path)
+
+    # a split converted by hand into a list (meta.json's sha256 updated with it): an
+    # AttributeError traceback ('list' object has no attribute 'dtype')
+    tensors = torch.load(out / "data.pt", weights_only=True)
+    tensors["train_y"] = tensors["train_y"].tolist()
+    torch.save(tensors, out / "data.pt")
+    meta = json.loads((out / "meta.json").read_text())
+    meta["sha256"] = hashlib.sha256((out / "data.pt").read_bytes()).hexdigest()
+    (out / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(PreparedDataError, match="train tensors do not match") as e:
+        loaders.load_prepared("synthetic", tmp_path)
+    assert str(e.value).endswith("--num-train 50 --num-test 20 --seed 0 --force"), e.value
+
+
+def test_a_prepared_set_of_other_sizes_than_the_study_prepares_is_refused(tmp_path: Path) -> None:
+    """A data.pt prepared by hand (the README's `prepare-data --data-dir results/data`: the
+    default 50,000 / 10,000 synthetic images) under a study of synthetic.num_train 2048: the
+    workflow's train jobs trained on it as it was (Snakemake's params trigger does not see a
+    file it has no metadata for, nor under --rerun-triggers mtime), 24x the images the plan
+    and the Slurm time limits were made for. The launch rules pass the study's sizes
+    (--expect-train, --expect-test); a set of other sizes is refused before the rendezvous,
+    naming both and the command that makes the study's, which an unreadable meta.json names
+    too (it named the default set's)."""
+    data_dir = tmp_path / "data"
+    prepare_data.prepare("synthetic", data_dir, num_train=50, num_test=20, seed=3)
+    denv = sdist.DistEnv("torchrun", 0, 2, 0, 2, 0, 1, "localhost", 29500)
+    cfg = TrainConfig(dataset="synthetic", data_dir=str(data_dir), out=str(tmp_path / "out"))
+    preflight(cfg, denv)  # nothing expected: nothing checked (a run by hand)
+    preflight(dataclasses.replace(cfg, expect_train=50, expect_test=20), denv)
+    meta = data_dir / "synthetic" / "meta.json"
+    fix = f"scalestudy prepare-data --dataset synthetic --data-dir {data_dir} --num-train 40 "
+    for train, test in ((40, 20), (50, 30), (40, 30)):
+        with pytest.raises(PreparedDataError) as e:
+            preflight(dataclasses.replace(cfg, expect_train=train, expect_test=test), denv)
+        assert str(e.value) == (
+            f"{meta} holds 50 training and 20 test images, the study prepares {train} and "
+            f"{test} (--expect-train, --expect-test); recreate: scalestudy prepare-data "
+            f"--dataset synthetic --data-dir {data_dir} --num-train {train} --num-test {test} "
+            "--force"
+        )
+    meta.write_text("{")  # unreadable: the study's sizes, not the default set's
+    with pytest.raises(PreparedDataError, match="not valid JSON") as e:
+        preflight(dataclasses.replace(cfg, expect_train=40, expect_test=20), denv)
+    assert str(e.value).endswith(f"recreate: {fix}--num-test 20 --force"), e.value
+    for flag in ("expect_train", "expect_test"):  # not the experiment's: no rerun, no resume
+        assert flag in __import__("scalestudy.trainer.config").trainer.config.NOT_IDENTITY
 
 
 def test_cli_synthetic_end_to_end(tmp_path: Path) -> None:

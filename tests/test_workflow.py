@@ -287,7 +287,12 @@ def test_raising_the_process_group_timeout_reruns_nothing_and_reaches_the_traine
     for flags in launch_flags(proc):
         assert flags.count("--pg-timeout-s") == 1, flags
         # what `scalestudy launch` checks first, as the trainer reads the flags
-        assert launch.check_train_args(flags).pg_timeout_s == 1800
+        cfg = launch.check_train_args(flags)
+        assert cfg.pg_timeout_s == 1800
+        # the study's synthetic sizes, which the trainer holds the prepared set to (a data.pt
+        # prepared by hand with others was trained on as it was): resources too, no rerun
+        sizes = TINY["synthetic"]
+        assert (cfg.expect_train, cfg.expect_test) == (sizes["num_train"], sizes["num_test"])
 
 
 def test_a_study_without_checkpointing_starts_its_training(done):

@@ -287,13 +287,16 @@ LAUNCH_RESOURCES = {
     # a resource, not a param (a rerun trigger), as checkpointing's: how long a hung collective
     # may wait does not change what a run measures (trainer/config.py NOT_IDENTITY)
     "pg_timeout_s": config["train"]["pg_timeout_s"],
+    # the prepared set's sizes the trainer checks (resources too: they change no run's numbers)
+    **resources.expected_data(config),
 }
 LAUNCH_PARAMS = {"layout": get_layout, "container": get_container_flags}
 LAUNCH_ARGS = (
     "--mpi={resources.mpi:q} --nodes {params.layout[nodes]} "
     "--ranks-per-node {params.layout[ranks_per_node]} "
     "--cpus-per-rank {params.layout[cpus_per_rank]} {params.container:q} -- "
-    "{params.flags:q} --pg-timeout-s {resources.pg_timeout_s} --data-dir {params.data_dir:q}"
+    "{params.flags:q} --pg-timeout-s {resources.pg_timeout_s} --data-dir {params.data_dir:q} "
+    "--expect-train {resources.expect_train} --expect-test {resources.expect_test}"
 )
 
 

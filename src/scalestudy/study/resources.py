@@ -368,6 +368,21 @@ def prepare_flags(config: dict, dataset: str) -> list:
     return ["--num-train", sizes["num_train"], "--num-test", sizes["num_test"]]
 
 
+def expected_data(config: dict) -> dict[str, int]:
+    """The (training, test) images of the prepared set the study makes (prepare_flags' sizes
+    of a synthetic one, the dataset's own else), `--expect-train`/`--expect-test` of every
+    launch: the trainer refuses a set of other sizes before its rendezvous (a data.pt prepared
+    by hand, which Snakemake's params trigger does not see without its metadata)."""
+    dataset = config["dataset"]
+    if dataset == "synthetic":
+        sizes = config["synthetic"]
+        return {"expect_train": sizes["num_train"], "expect_test": sizes["num_test"]}
+    return {
+        "expect_train": vocab.DATASETS[dataset].train,
+        "expect_test": vocab.DATASETS[dataset].test,
+    }
+
+
 def container_flags(config: dict) -> list[str]:
     """`scalestudy launch` flags that run the ranks in the image (none without a container)."""
     container = config["container"]

@@ -57,6 +57,8 @@ NOT_IDENTITY = (
     "out",
     "tensorboard",
     "data_dir",
+    "expect_train",
+    "expect_test",
     "pg_timeout_s",
     "checkpoint_dir",
     "checkpoint_every",
@@ -78,6 +80,10 @@ class TrainConfig:
     data_dir: str = _f("results/data", "directory given to `scalestudy prepare-data --data-dir`")
     limit_train: int = _f(0, "use only the first N training images (0 = all)")
     limit_test: int = _f(0, "evaluate on the first N test images (0 = all)")
+    # the workflow's launch rules pass the study's sizes: Snakemake's params trigger does not see
+    # a data.pt prepared by hand (no metadata), which the runs then trained on whatever it held
+    expect_train: int = _f(0, "training images the prepared set must hold (0 = not checked)")
+    expect_test: int = _f(0, "test images the prepared set must hold (0 = not checked)")
     loader: str = _f("device", "input pipeline", vocab.LOADERS)
     num_workers: int = _f(4, "DataLoader worker processes per rank (--loader dataloader)")
     pin_memory: bool = _f(True, "DataLoader pin_memory (--loader dataloader)")
@@ -208,6 +214,8 @@ class TrainConfig:
         non_negative = (
             "limit_train",
             "limit_test",
+            "expect_train",
+            "expect_test",
             "num_workers",
             "global_batch",
             "warmup_steps",

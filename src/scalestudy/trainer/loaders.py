@@ -128,8 +128,8 @@ def load_prepared(dataset: str, data_dir: str | Path, *, verify: bool = True) ->
     for split in ("train", "test"):
         x, y = t.get(f"{split}_x"), t.get(f"{split}_y")
         if (
-            x is None
-            or y is None
+            not isinstance(x, torch.Tensor)  # a split converted by hand (a list): its .dtype
+            or not isinstance(y, torch.Tensor)  # was an AttributeError traceback
             or x.dtype != torch.uint8
             or y.dtype != torch.int64
             or list(x.shape) != meta[f"{split}_shape"]
@@ -159,13 +159,21 @@ def _meta_if_readable(meta_path: Path) -> Any:
         return None
 
 
-def check_prepared(dataset: str, data_dir: str | Path, *, verify: bool = True) -> dict:
-    """meta.json of DIR/<dataset> once data.pt and meta.json exist and agree (PreparedDataError
-    naming the file and the `prepare-data` command otherwise). verify=False skips the sha256
-    (the cheap check the trainer makes before its process group starts)."""
+def check_prepared(
+    dataset: str, data_dir: str | Path, *, verify: bool = True, expect: tuple[int, int] = (0, 0)
+) -> dict:
+    """meta.json of DIR/<dataset> once data.pt and meta.json exist and agree, and hold the
+    (training, test) images `expect`s (0: not checked); PreparedDataError naming the file and
+    the `prepare-data` command otherwise, with the expected sizes where given. verify=False
+    skips the sha256 (the cheap check the trainer makes before its process group starts)."""
     out_dir = Path(data_dir) / dataset
     meta_path, data_path = out_dir / "meta.json", out_dir / "data.pt"
-    cmd = prepare_command(dataset, data_dir, _meta_if_readable(meta_path))
+    # the set to make: the expected one where the study says (a synthetic set's sizes), else
+    # the one meta.json describes
+    wanted = {"dataset": dataset, "num_train": expect[0], "num_test": expect[1]}
+    cmd = prepare_command(
+        dataset, data_dir, wanted if all(expect) else _meta_if_readable(meta_path)
+    )
     for path in (meta_path, data_path):
         if not path.is_file() and (Path(data_dir) / "meta.json").is_file():
             # --data-dir names the prepared dataset itself, not the directory above it
@@ -189,7 +197,8 @@ def check_prepared(dataset: str, data_dir: str | Path, *, verify: bool = True) -
             f"{meta_path} holds {json.dumps(meta)[:40]}, not prepare-data's object; recreate: "
             f"{cmd} --force"
         )
-    cmd = prepare_command(dataset, data_dir, meta)  # a synthetic set's sizes and seed
+    if not all(expect):
+        cmd = prepare_command(dataset, data_dir, meta)  # a synthetic set's sizes and seed
     if meta.get("dataset") != dataset or meta.get("format_version") != FORMAT_VERSION:
         raise PreparedDataError(
             f"{meta_path} describes dataset {meta.get('dataset')!r} format "
@@ -217,6 +226,13 @@ def check_prepared(dataset: str, data_dir: str | Path, *, verify: bool = True) -
         raise PreparedDataError(
             f"{meta_path}: mean has {len(meta['mean'])} values and std {len(meta['std'])}, but "
             f"the images have {channels} channels (train_shape); recreate: {cmd} --force"
+        )
+    held = (meta["train_shape"][0], meta["test_shape"][0])
+    if any(want and want != have for want, have in zip(expect, held, strict=True)):
+        raise PreparedDataError(
+            f"{meta_path} holds {held[0]} training and {held[1]} test images, the study prepares "
+            f"{expect[0] or held[0]} and {expect[1] or held[1]} (--expect-train, --expect-test); "
+            f"recreate: {cmd} --force"
         )
     if verify and (actual := files.sha256(data_path)) != meta.get("sha256"):
         raise PreparedDataError(
@@ -296,9 +312,10 @@ def epoch_batches(
 
 
 def eval_indices(n: int, world_size: int, rank: int) -> torch.Tensor:
-    """This rank's evaluation samples: arange(rank, n, world_size); each exactly once overall."""
+    """This rank's evaluation samples: arange(rank, n, world_size); each exactly once overall.
+    Empty for a rank past the last sample (fewer test images than ranks: train.limit_test)."""
     _check_rank(world_size, rank)
-    return torch.arange(rank, n, world_size)
+    return torch.arange(min(rank, n), n, world_size)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -436,8 +436,9 @@ def preflight(cfg: TrainConfig, denv: sdist.DistEnv) -> None:
     """The checks that need no process group, made by every rank before the rendezvous: the
     batch split over this world size and --diag-slow-rank's rank (TrainConfigError), the output
     and checkpoint directories (a run that cannot write them would lose its training at the
-    first write), the prepared data's presence (PreparedDataError; its sha256 is checked
-    when it is loaded) and a training image for every rank (TrainConfigError)."""
+    first write), the prepared data's presence and sizes (--expect-train, --expect-test:
+    PreparedDataError; its sha256 is checked when it is loaded) and a training image for
+    every rank (TrainConfigError)."""
     cfg.batches(denv.world_size)
     slow = cfg.slow_rank()
     if slow is not None and slow[0] >= denv.world_size:
@@ -446,7 +447,8 @@ def preflight(cfg: TrainConfig, denv: sdist.DistEnv) -> None:
             f"size {denv.world_size} (ranks 0-{denv.world_size - 1})"
         )
     check_output_dirs(cfg)
-    meta = loaders.check_prepared(cfg.dataset, cfg.data_dir, verify=False)
+    expect = (cfg.expect_train, cfg.expect_test)  # the study's sizes (the launch rules')
+    meta = loaders.check_prepared(cfg.dataset, cfg.data_dir, verify=False, expect=expect)
     # every rank takes a sample of each step (loaders.epoch_batches): fewer images than ranks
     # was a ValueError traceback on every rank once the loaders were built
     available = meta["train_shape"][0]
