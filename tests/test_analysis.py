@@ -413,6 +413,32 @@ def test_resources_count_the_training_preempted_runs_redid():
         analysis.check_runs([{**a, "lost_time_s": "-5"}, b], "runs.csv")
 
 
+def test_runs_of_one_configuration_that_differ_in_another_setting_are_refused():
+    """The tables take the runs of one (family, world size, local batch, precision, bucket) as
+    repeats of one configuration; a runs.csv merged by hand (--runs) of a DDP and an FSDP study
+    averaged the two: 1900 and 1300 img/s printed as 1600 +- 424, an efficiency of 80.0 +-
+    21.2% no configuration measured, the spread the gap between strategies. Runs of one cell
+    that differ in another run-table column (strategy, nodes, comm_hook, ...) are refused in
+    one line naming both runs and the column; repeats (their repeat and seed) are not."""
+    a = {**run("w2_ddp", "strong", 2, 64, 1900), "strategy": "ddp", "seed": "0"}
+    b = {**run("w2_fsdp", "strong", 2, 64, 1300), "strategy": "fsdp", "seed": "0"}
+    with pytest.raises(AnalysisError) as e:
+        analysis.check_runs([a, b], "merged.csv")
+    assert str(e.value) == (
+        "merged.csv: runs 'w2_ddp_r0' and 'w2_fsdp_r0' are of one configuration (family strong, "
+        "world size 2, local batch 64, precision fp32, bucket 25 MiB) but differ in strategy "
+        "('ddp' and 'fsdp'): the tables would average them as repeats; analyze the runs of one "
+        "study (one runs.csv of `scalestudy collect`)"
+    )
+    repeat = {**run("w2_ddp", "strong", 2, 64, 1800, repeat=1), "strategy": "ddp", "seed": "1"}
+    analysis.check_runs([a, repeat], "runs.csv")  # repeats differ in repeat and seed only
+    # in another family the cell is another: a run shared by two families is in both
+    other = {**b, "families": "weak"}
+    analysis.check_runs([a, other], "runs.csv")
+    with pytest.raises(AnalysisError, match="differ in nodes"):
+        analysis.check_runs([a, {**repeat, "nodes": "2"}], "runs.csv")
+
+
 def test_resources_energy_kwh_from_measured_joules_per_image():
     """kWh = sum of energy_j_per_img x epochs x steps_per_epoch x global_batch / 3.6e6, per
     family and for the study (a run in two families counted once there); null when any run of

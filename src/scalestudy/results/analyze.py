@@ -104,6 +104,7 @@ from scalestudy import files, log, vocab
 from scalestudy.errors import AnalysisError
 from scalestudy.nsight.schema import CATEGORIES, KERNEL_COLUMNS, cell_problem
 from scalestudy.study import estimate, paths
+from scalestudy.study.runs import RUN_COLUMNS, same
 
 logger = log.get(__name__)
 
@@ -1317,6 +1318,39 @@ def check_runs(
             raise AnalysisError(
                 f"{path}: run {row['run']!r} has {column} = {row[column]!r}, not {what}: {fix}"
             )
+    if "families" in keys:
+        check_one_configuration(runs, path)
+
+
+# the run-table columns in which the repeats of one configuration differ
+REPEAT_COLUMNS = ("run", "families", "repeat", "seed")
+
+
+def check_one_configuration(runs: list[dict], path: str) -> None:
+    """The runs group_runs takes as the repeats of one configuration differ in no other
+    run-table column (strategy, nodes, comm_hook, ...) than REPEAT_COLUMNS, where both record
+    it: a runs.csv merged by hand of a DDP and an FSDP study averaged the two, its spread the
+    gap between them."""
+    for key, members in group_runs(runs).items():
+        first = members[0]
+        for other in members[1:]:
+            for column in RUN_COLUMNS:
+                if column in REPEAT_COLUMNS or column not in first or column not in other:
+                    continue
+                values = first[column], other[column]
+                if "" not in values and None not in values and not same(*values):
+                    family, world_size, local_batch, precision, bucket = key
+                    cell = (
+                        f"family {family}, world size {world_size}, local batch {local_batch}, "
+                        f"precision {precision}, bucket {bucket:g} MiB"
+                    )
+                    raise AnalysisError(
+                        f"{path}: runs {first['run']!r} and {other['run']!r} are of one "
+                        f"configuration ({cell}) but differ in {column} "
+                        f"({first[column]!r} and {other[column]!r}): the tables would average "
+                        "them as repeats; analyze the runs of one study (one runs.csv of "
+                        "`scalestudy collect`)"
+                    )
 
 
 def run_row_problem(
