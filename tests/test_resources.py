@@ -140,6 +140,17 @@ def test_a_run_wider_than_a_node_is_refused_where_no_slurm_allocation_can_start_
     assert "--profile profiles/slurm" in refusal and "\n" not in refusal
     assert resources.multi_node_refusal(runs, {"SLURM_JOB_ID": "7"}) is None  # in salloc
     assert resources.multi_node_refusal({"w2_lb32": runs["w2_lb32"]}, {}) is None
+    # inside an allocation of fewer nodes than a run needs (salloc -N1 for a study with 2-node
+    # runs): srun refused each in its job ("Only allocated 1 nodes asked for 2"), retried
+    in_salloc = {"SLURM_JOB_ID": "77", "SLURM_JOB_NUM_NODES": "1"}
+    assert resources.multi_node_refusal(runs, in_salloc) == (
+        "1 run(s) need more nodes than this Slurm allocation (job 77) has, 1 (e.g. w4_lb16: "
+        "world size 4 on 2 nodes of hardware.gpus_per_node 2): srun cannot start them in it; "
+        "allocate 2 nodes (salloc -N 2), submit with `snakemake --profile profiles/slurm`, or "
+        "keep every world size within 2 ranks"
+    )
+    assert resources.multi_node_refusal(runs, {**in_salloc, "SLURM_JOB_NUM_NODES": "2"}) is None
+    assert resources.multi_node_refusal(runs, {"SLURM_JOB_ID": "77", "SLURM_NNODES": "1"})
 
 
 def test_the_machine_checks_judge_the_runs_the_targets_may_launch(tmp_path):

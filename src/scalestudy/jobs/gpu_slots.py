@@ -138,7 +138,8 @@ def host_refusal(
     in this order: a cuda study on a host without CUDA (`demo`: the CPU demo study's config, as
     the user would type it: a laptop's user needs that advice first, not the Slurm one), then
     `multi_node` (resources.multi_node_refusal: a run wider than one node outside an
-    allocation), then a run wider than the GPUs this host shows (`refusal`).
+    allocation, or than the allocation's nodes inside one), then a run wider than the GPUs
+    this host shows (`refusal`).
     Inside a Slurm allocation (SLURM_JOB_ID set) this host is not judged: `scalestudy launch`
     srun's the ranks onto the allocation's nodes, whose GPUs are Slurm's (as in
     launch.hold_local_gpus). salloc's shell stays on the submit host, often without a GPU, and a

@@ -557,9 +557,26 @@ def multi_node_refusal(runs: dict[str, dict], env) -> str | None:
     """Why a run wider than one node cannot start here, or None; asked by the Snakefile's
     onstart of the local executor only. It starts a training job on this host, where
     `scalestudy launch` reaches other nodes only through srun inside a Slurm allocation:
-    outside one, every such run failed in its job, and was retried."""
+    outside one, every such run failed in its job, and was retried; inside one, so did every
+    run wider than the allocation's nodes (SLURM_JOB_NUM_NODES: srun "Only allocated 1 nodes
+    asked for 2")."""
     if "SLURM_JOB_ID" in env:
-        return None
+        allocated = env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or ""
+        if not allocated.isdigit():
+            return None
+        wide = [(run, row) for run, row in runs.items() if int(row["nodes"]) > int(allocated)]
+        if not wide:
+            return None
+        run, row = wide[0]
+        most = max(int(r["nodes"]) for _, r in wide)
+        return (
+            f"{len(wide)} run(s) need more nodes than this Slurm allocation (job "
+            f"{env['SLURM_JOB_ID']}) has, {allocated} (e.g. {run}: world size "
+            f"{row['world_size']} on {row['nodes']} nodes of hardware.gpus_per_node "
+            f"{row['ranks_per_node']}): srun cannot start them in it; allocate {most} nodes "
+            f"(salloc -N {most}), submit with `snakemake --profile profiles/slurm`, or keep every "
+            f"world size within {int(allocated) * int(row['ranks_per_node'])} ranks"
+        )
     wide = [(run, row) for run, row in runs.items() if int(row["nodes"]) > 1]
     if not wide:
         return None
