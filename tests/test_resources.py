@@ -75,6 +75,7 @@ def test_slurm_request_of_one_rank_one_node_and_two_nodes():
         "gres": "gpu:1",
         "cpus_per_task": 3,
         "mem_mb": 1000,
+        "mem_mb_per_cpu": 0,
         "mpi": "",
     }
     # a full node of 2 ranks: tasks per node, gres and memory per node, srun
@@ -273,6 +274,29 @@ class _Resources(dict):
 
     def __getattr__(self, name):
         return self[name]
+
+
+def test_a_site_default_memory_per_cpu_does_not_replace_the_launch_memory():
+    """The plugin prefers mem_mb_per_cpu to mem_mb wherever a job has it, a profile's
+    default-resources included: `mem_mb_per_cpu: 2000` there gave a 4-rank node of 8 CPUs per
+    rank --mem-per-cpu 2000 (64 GB) instead of the study's --mem 128000, and no check saw it.
+    The launch rules set it to 0, which the plugin takes as unset; the rule's value wins over
+    the default, as Snakemake merges them."""
+    from snakemake_executor_plugin_slurm.submit_string import get_submit_command
+
+    config = study(gpu_type="h100")
+    hardware = config["hardware"] | {"cpus_per_rank": 8, "mem_mb_per_rank": 32000}
+    row = {**next(r for r in runs(config).values() if r["ranks_per_node"] == 2)}
+    site = {"mem_mb_per_cpu": 2000, "runtime": 60, "mem_mb": 4000}
+    job = SimpleNamespace(
+        resources=_Resources({**site, **resources.slurm_resources(row, hardware)}),
+        threads=1,
+        is_group=lambda: False,
+    )
+    params = {"run_uuid": "u", "slurm_logfile": "l", "comment_str": "c", "account": "",
+              "partition": "", "workdir": ""}  # fmt: skip
+    call = get_submit_command(job, params)
+    assert " --mem 64000" in call and "--mem-per-cpu" not in call, call
 
 
 def test_cpu_runs_ask_for_no_gpus():

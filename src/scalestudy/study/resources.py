@@ -173,7 +173,7 @@ def slurm_resources(row: dict, hardware: dict) -> dict:
 
     tasks_per_node for multi-rank nodes (the Slurm executor wants it > 1), else tasks; gres
     gpu:N (gpu:<hardware.gpu_type>:N where typed) per node on GPUs; mem_mb per node (sbatch
-    --mem); mpi "srun" for several ranks, "" for one (the executor refuses MPI jobs of one
+    --mem), never a site's default mem_mb_per_cpu; mpi "srun" for several ranks, "" for one (the executor refuses MPI jobs of one
     task). The key is there for one rank too: the in-job executor (jobstep 0.6.1) tests its
     presence, not its value, and then runs the rule's shell without its `srun -n1` wrapper, so
     `scalestudy launch` can start the rank as a job step that gets the USR1 preemption warning
@@ -187,6 +187,9 @@ def slurm_resources(row: dict, hardware: dict) -> dict:
         "gres": gres(row["device"], hardware.get("gpu_type", ""), row["ranks_per_node"]),
         "cpus_per_task": hardware["cpus_per_rank"],
         "mem_mb": hardware["mem_mb_per_rank"] * row["ranks_per_node"],
+        # 0: unset for the plugin, which prefers a profile's default mem_mb_per_cpu to mem_mb
+        # (--mem-per-cpu 2000 x 16 CPUs replaced the study's --mem 128000)
+        "mem_mb_per_cpu": 0,
         "mpi": "srun" if row["world_size"] > 1 else "",
     }
 
