@@ -173,11 +173,11 @@ def slurm_resources(row: dict, hardware: dict) -> dict:
 
     tasks_per_node for multi-rank nodes (the Slurm executor wants it > 1), else tasks; gres
     gpu:N (gpu:<hardware.gpu_type>:N where typed) per node on GPUs; mem_mb per node (sbatch
-    --mem), never a site's default mem_mb_per_cpu; mpi "srun" for several ranks, "" for one (the executor refuses MPI jobs of one
-    task). The key is there for one rank too: the in-job executor (jobstep 0.6.1) tests its
-    presence, not its value, and then runs the rule's shell without its `srun -n1` wrapper, so
-    `scalestudy launch` can start the rank as a job step that gets the USR1 preemption warning
-    (jobs/launch.py)."""
+    --mem), never a site's default mem_mb_per_cpu; mpi "srun" for several ranks, "" for one
+    (the executor refuses MPI jobs of one task). The key is there for one rank too: the
+    in-job executor (jobstep 0.6.1) tests its presence, not its value, and then runs the
+    rule's shell without its `srun -n1` wrapper, so `scalestudy launch` can start the rank as
+    a job step that gets the USR1 preemption warning (jobs/launch.py)."""
     multi = row["ranks_per_node"] > 1
     return {
         "nodes": row["nodes"],
