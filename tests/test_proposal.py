@@ -665,6 +665,36 @@ def test_model_holdout_error_is_shown_when_the_model_csv_has_it(tmp_path):
     assert "at most 7.3% over 2 held-out points" in (out / "proposal.md").read_text()
 
 
+def test_the_measured_runs_are_those_of_the_csv_dir_not_of_the_working_directory(
+    tmp_path, monkeypatch
+):
+    """`scalestudy proposal --csv-dir B/results/csv` read runs.csv and the job benchmarks of
+    the working directory (as --model-csv once did): run from study A's directory it priced B
+    at A's throughput (7x its request), from an empty one it said "no measured runs were
+    read" beside B's runs.csv. They default to --csv-dir's runs.csv and, for a study's
+    results/csv, the study's benchmarks/train, as the workflow's rule reads them."""
+    config, study = build(tmp_path / "b")
+    (study / "benchmarks/train").mkdir(parents=True)
+    for r in read(study / "results/csv/runs.csv"):  # B's job wall times: its start-up
+        (study / f"benchmarks/train/{r['run']}.tsv").write_text("s\th:m:s\n75.0\t0:01:15\n")
+    write(config, study)
+    own = cells(study)
+    monkeypatch.setattr(sys.modules[__name__], "PER_RANK", PER_RANK / 10)
+    _, other = build(tmp_path / "a")  # study A: the same config, 10 times slower
+    for cwd in (other, tmp_path / "empty"):
+        cwd.mkdir(exist_ok=True)
+        monkeypatch.chdir(cwd)
+        argv = ["proposal", "--config", str(DEMO), "--csv-dir", str(study / "results/csv")]
+        assert cli.main([*argv, "--out-dir", str(tmp_path / "out")]) == 0
+        assert cells(study) == own, cwd
+    source = {
+        r["source"]
+        for r in read(study / "results/csv/proposal.csv")
+        if r["quantity"] == "hours_per_run"
+    }
+    assert any(str(study / "results/csv/runs.csv") in s for s in source), source
+
+
 def test_rows_priced_by_an_unvalidated_model_are_named_and_the_cause_is_said(tmp_path, monkeypatch):
     """Strong at 1, 2 and 8 ranks (8 = 2 nodes of 4), 3 repeats: 16 ranks on 4 nodes is a new
     world size, priced by the scaling model's extrapolation, and no held-out row of model.csv

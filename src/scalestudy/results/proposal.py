@@ -69,7 +69,6 @@ from scalestudy.study.estimate import (
     estimate_runs,
     given_path,
     load_measured,
-    measured_paths,
 )
 from scalestudy.study.runs import build_run_table
 
@@ -866,16 +865,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="the scaling model's (default: model.csv of --csv-dir, if it exists)",
     )
-    add_measured_arguments(parser)
+    add_measured_arguments(
+        parser,
+        "runs.csv of --csv-dir",
+        f"{BENCHMARKS_DIR} of the study whose results/csv --csv-dir is, else of the working "
+        "directory",
+    )
     parser.add_argument("--templates", default=str(report.TEMPLATES), help="%(default)s")
     parser.add_argument("--figure-dir", default="../results/plots", help="relative to --out-dir")
     parser.add_argument("--out-dir", default="reports")
 
 
+def study_measured_paths(
+    csv_dir: str, runs_csv: str | None, benchmarks: str | None
+) -> tuple[Path, Path]:
+    """(runs.csv, job benchmarks) the proposal is priced from: those given, else --csv-dir's
+    runs.csv and, where --csv-dir is a study's results/csv, that study's benchmarks/train (the
+    working directory's otherwise), not the working directory's: `--csv-dir B/results/csv` run
+    from study A's directory priced B at A's measured throughput."""
+    csv_path = Path(csv_dir)
+    study = csv_path.parent.parent if csv_path.parts[-2:] == ("results", "csv") else Path()
+    return (
+        given_path(runs_csv, "--runs-csv", csv_path / "runs.csv"),
+        given_path(benchmarks, "--benchmarks", study / BENCHMARKS_DIR, directory=True),
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     # a StudyConfigError, PlanError or AnalysisError: one line from cli.main, exit 2
     config = load_layers(args.config, overrides=args.set)
-    runs_csv, benchmarks = measured_paths(args.runs_csv, args.benchmarks)
+    runs_csv, benchmarks = study_measured_paths(args.csv_dir, args.runs_csv, args.benchmarks)
     write_proposal(
         config,
         args.csv_dir,

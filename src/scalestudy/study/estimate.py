@@ -457,18 +457,21 @@ def read_wall_seconds(path: Path) -> float | None:
     return float(seconds)
 
 
-def add_measured_arguments(parser) -> None:
-    """--runs-csv and --benchmarks of the commands that calibrate with measured runs."""
+def add_measured_arguments(
+    parser, runs_csv: str = RUNS_CSV, benchmarks: str = BENCHMARKS_DIR
+) -> None:
+    """--runs-csv and --benchmarks of the commands that calibrate with measured runs; their
+    defaults as --help names them (the proposal's are --csv-dir's study's)."""
     # None: the study's own files, read when they exist (a study before its first run has
     # none). A path typed here must exist: a typo would otherwise give an uncalibrated
     # estimate that looks like a calibrated one.
     parser.add_argument(
-        "--runs-csv", default=None, help=f"measured runs (default {RUNS_CSV}, if it exists)"
+        "--runs-csv", default=None, help=f"measured runs (default {runs_csv}, if it exists)"
     )
     parser.add_argument(
         "--benchmarks",
         default=None,
-        help=f"Snakemake's job benchmarks (default {BENCHMARKS_DIR}, if it exists)",
+        help=f"Snakemake's job benchmarks (default {benchmarks}, if it exists)",
     )
 
 
