@@ -28,7 +28,7 @@ from scalestudy import cli, files
 from scalestudy.results import build_pdf as latex
 from scalestudy.results import proposal
 from scalestudy.results import render_report as report
-from scalestudy.study import plan
+from scalestudy.study import estimate, plan
 from scalestudy.study.config import load_and_validate
 from scalestudy.study.estimate import estimate_runs, load_measured
 from scalestudy.study.runs import RUN_COLUMNS, build_run_table
@@ -488,9 +488,17 @@ def test_the_request_recomputes_from_its_own_table(request, which):
         family["enabled"] = False
     alone["families"]["strong"].update(enabled=True, gpus=[int(w)])
     alone["profiling"]["enabled"], alone["repeats"] = False, runs
+    # on the whole training and test sets: the demo measures on train.limit_train 2048 of
+    # CIFAR-10's 50,000 images, and production was priced on those 2048, 20x too low
+    assert config["train"]["limit_train"] and config["train"]["limit_test"]
+    alone["train"] |= {"limit_train": 0, "limit_test": 0}
     estimates = estimate_runs(
         alone, build_run_table(alone), load_measured(study / "results/csv/runs.csv")
     )
+    n_train = c[("production", "run")]["train_images_per_epoch"]
+    assert int(n_train) == estimate.dataset_sizes(alone, build_run_table(alone)[0])[0]
+    text = " ".join(request.getfixturevalue(which)[2]["proposal.md"].split())
+    assert f"(the whole training set: {n_train} images per epoch)" in text
     assert len(estimates) == runs and {e.world_size for e in estimates} == {int(w)}
     hours = sum(e.runtime_s for e in estimates) / runs / 3600  # rounded up to 3 digits
     assert hours <= float(prod["hours_per_run"]) <= hours * 1.01

@@ -66,6 +66,7 @@ from scalestudy.study.estimate import (
     RUNS_CSV,
     SOURCE,
     add_measured_arguments,
+    dataset_sizes,
     estimate_runs,
     given_path,
     load_measured,
@@ -260,10 +261,15 @@ def bases(members) -> str:
     return "; ".join(dict.fromkeys(e.throughput_basis for e in members))
 
 
-def _strong_config(config: dict, world_sizes: list[int], repeats: int, epochs=None) -> dict:
+def _strong_config(
+    config: dict, world_sizes: list[int], repeats: int, epochs=None, whole_data: bool = False
+) -> dict:
     """The study config reduced to strong-scaling runs at these world sizes (the planner prices
-    them exactly as it prices the study's own runs)."""
+    them exactly as it prices the study's own runs); `whole_data`: on the whole training and
+    test sets (production), not the study's train.limit_train / limit_test subset."""
     c = copy.deepcopy(config)
+    if whole_data:
+        c["train"] |= {"limit_train": 0, "limit_test": 0}
     for name in vocab.FAMILIES:
         c["families"][name]["enabled"] = name == "strong"
     c["families"]["strong"]["gpus"] = list(world_sizes)
@@ -577,6 +583,7 @@ def proposal_rows(
         )
     req: list[dict] = []
     priced: list = []  # every training estimate of the request, for the calibration rows
+    production_images = None  # a production run's images per epoch, where one is requested
     where = measured[0].get(SOURCE, RUNS_CSV) if measured else None
     calibrate = config["plan"]["calibrate"]
 
@@ -616,9 +623,18 @@ def proposal_rows(
     if p["production"]["runs"]:
         epochs = p["production"]["epochs"] or config["train"]["epochs"]
         key = "proposal.production.epochs" if p["production"]["epochs"] else "train.epochs"
-        c = _strong_config(config, [chosen["w"]], p["production"]["runs"], epochs)
+        c = _strong_config(config, [chosen["w"]], p["production"]["runs"], epochs, True)
         rows.append(_row("production", "run", "epochs", epochs, "epochs", key))
-        production = estimate_runs(c, build_run_table(c), measured)
+        table = build_run_table(c)
+        # the whole training set: the demo measures on 2048 of CIFAR-10's 50,000 images, and
+        # production priced on those was 20x too low
+        production_images = dataset_sizes(c, table[0])[0]
+        rows.append(
+            _row("production", "run", "train_images_per_epoch", production_images, "images",
+                 "the whole training set (train.limit_train limits the study's runs only), "
+                 "whole global batches: study/estimate.py N_train")
+        )  # fmt: skip
+        production = estimate_runs(c, table, measured)
         for shape, members in _grouped("production", production):
             # a GPU study: "production, 2 GPUs on 1 node", as the other rows; a CPU one its ranks
             ranks = f"{chosen['w']} {report.plural('ranks', chosen['w'])}"
@@ -662,13 +678,14 @@ def proposal_rows(
             "months",
             "proposal.total_months",
         ),
-        *_texts(config),
+        *_texts(config, production_images),
     ]
     return rows
 
 
-def _texts(config: dict) -> list[dict]:
-    """The configured words the documents print (their digits are claims too: cells here)."""
+def _texts(config: dict, production_images: int | None = None) -> list[dict]:
+    """The configured words the documents print (their digits are claims too: cells here);
+    production_images: the images per epoch of a production run (None: none requested)."""
     p, train = config["proposal"], config["train"]
     epochs = p["production"]["epochs"] or train["epochs"]
     texts = {
@@ -681,7 +698,13 @@ def _texts(config: dict) -> list[dict]:
         "scale that stays efficient"
         + (" and run the production training there." if p["production"]["runs"] else "."),
         "production": p["production"]["description"]
-        or f"{train['model']} on {config['dataset']}, {epochs} {vocab.plural('epochs', epochs)}, "
+        or f"{train['model']} on {config['dataset']}"
+        + (
+            f" (the whole training set: {production_images} images per epoch)"
+            if production_images is not None
+            else ""
+        )
+        + f", {epochs} {vocab.plural('epochs', epochs)}, "
         f"{p['production']['runs']} {vocab.plural('runs', p['production']['runs'])} at the "
         "chosen scale",
         # no container digest claimed here: the documents say what the runs recorded (a study
