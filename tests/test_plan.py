@@ -14,6 +14,7 @@ import statistics
 import subprocess
 import sys
 from contextlib import redirect_stderr
+from decimal import Decimal
 from pathlib import Path
 
 import numpy as np
@@ -166,12 +167,25 @@ def test_plan_md_reads_its_counts_right_and_gives_a_cpu_study_no_gpu_numbers(dev
             (str(by_run[r[0]].gpus), f"{by_run[r[0]].gpu_hours:.3f}") for r in runs
         ]
         total = plan.totals(estimates)["total"]
-        assert families[-1][3] == f"{total.gpu_hours:.2f}"
-        assert f"{total.gpu_hours:.2f} GPU-hours" in remaining
+        assert families[-1][3] == plan.up(total.gpu_hours)  # rounded up
+        assert f"{plan.up(total.gpu_hours)} GPU-hours" in remaining
         assert "CPU study" not in md
     config["repeats"] = 2
     md = plan.plan_markdown(config, plan.estimate_runs(config, build_run_table(config), []), [])
     assert "(2 repeats)" in md.splitlines()[2]
+
+
+def test_plan_md_hours_are_rounded_up_and_its_together_line_adds_its_printed_parts():
+    """plan.md printed its hours to the nearest 0.01: its request 0.46391 as 0.46, below what
+    it asks for, and training 0.0534 + profiling 0.3333 together as 0.39 beside printed parts
+    0.05 and 0.33 (0.38). Each figure is rounded up, and the together line is the sum of the
+    printed parts (as the proposal's rows add up)."""
+    assert [plan.up(x) for x in (0.46391, 0.05, 0.0534, 0.3333, 0.0, 2.0, 1e-9)] == [
+        "0.47", "0.05", "0.06", "0.34", "0.00", "2.00", "0.01"]  # fmt: skip
+    training, prof = plan.Total(4, 0.0534, 0.0), plan.Total(2, 0.3333, 0.0)
+    assert plan.printed_sum(training, prof, "node") == "0.40"  # 0.06 + 0.34
+    assert plan.printed_sum(training, prof, "node", 1.2) == "0.47"  # 0.07 (0.06408) + 0.40
+    assert Decimal(plan.printed_sum(training, prof, "node", 1.2)) >= Decimal("0.46392")
 
 
 def test_plan_md_prices_the_profiling_jobs_as_the_dry_run_and_the_proposal_do():
@@ -192,8 +206,14 @@ def test_plan_md_prices_the_profiling_jobs_as_the_dry_run_and_the_proposal_do():
     assert f"{node_h:.2f} node-hours, {gpu_h:.2f} GPU-hours" in line, line
     total = next(ln for ln in md.splitlines() if ln.startswith("Training and profiling"))
     c = 1 + config["plan"]["contingency"]
-    both = f"{t.node_hours + node_h:.2f} node-hours, {t.gpu_hours + gpu_h:.2f} GPU-hours"
-    assert both in total and f"{(t.node_hours + node_h) * c:.2f}" in total, total
+    # each the sum of the two printed totals (the training total row, the profiling line)
+    family_total = _md_rows(md, "Per family")[-1]
+    assert family_total[2:4] == [plan.up(t.node_hours), plan.up(t.gpu_hours)]
+    node_sum = Decimal(family_total[2]) + Decimal(f"{node_h:.2f}")
+    gpu_sum = Decimal(family_total[3]) + Decimal(f"{gpu_h:.2f}")
+    assert f"{node_sum:.2f} node-hours, {gpu_sum:.2f} GPU-hours (" in total, total
+    node_c = Decimal(family_total[4]) + Decimal(f"{node_h * c:.2f}")
+    assert f"({node_c:.2f} node-hours" in total, total
     config["profiling"]["enabled"] = False
     assert "Profiling jobs" not in plan.plan_markdown(config, estimates, [])
 
@@ -1108,7 +1128,7 @@ def test_plan_target_and_cli_write_the_export(fresh, tmp_path):
     assert {r["run"] for r in rows} == RUN_IDS
     md = (fresh / "reports/plan.md").read_text()
     total = sum(float(r["node_hours"]) for r in rows)
-    assert f"| **total** | 4 | {total:.2f} |" in md
+    assert f"| **total** | 4 | {plan.up(total)} |" in md
     assert "node-hours * (1 + contingency)" in md
     # the CLI on the paper study: 75 runs, contingency 0.2 applied
     out_md, out_csv = tmp_path / "plan.md", tmp_path / "plan.csv"
@@ -1146,8 +1166,10 @@ def test_plan_target_and_cli_write_the_export(fresh, tmp_path):
     # and its profiling jobs: 1 GPU and one node's 4 x bf16, fp32, each profile_capture and
     # profile_ncu, at runtime_min 15 min on one node: 8 x 0.25 node-hours
     both = nh + 8 * 0.25
-    assert f"75 runs and 8 profiling jobs: {both:.2f} node-hours" in cli.stdout, cli.stdout
-    assert f"{both * 1.2:.2f} node-hours" in cli.stdout
+    printed = Decimal(plan.up(nh)) + Decimal(plan.up(8 * 0.25))  # each rounded up, then added
+    assert f"75 runs and 8 profiling jobs: {printed:.2f} node-hours" in cli.stdout, cli.stdout
+    with_c = Decimal(plan.up(nh * 1.2)) + Decimal(plan.up(8 * 0.25 * 1.2))
+    assert f"{with_c:.2f} node-hours" in cli.stdout and with_c >= Decimal(both * 1.2) - 0
 
 
 def copy_done(study, dest):
@@ -1507,6 +1529,14 @@ def test_a_plan_that_calibrates_nothing_reads_no_measured_run(tmp_path):
     md, csv_out = tmp_path / "plan.md", tmp_path / "plan.csv"
     plan.write_plan(config, md, csv_out, runs_csv, bench)
     assert "Not calibrated (plan.calibrate false)" in md.read_text()
+    # nor does it know which runs are done: it said "Not yet run: 4 runs" of a study whose
+    # runs were all measured, beside the proposal's 0 not measured
+    text = md.read_text()
+    assert "Not yet run: not known (plan.calibrate false: the plan reads no measured run)." in text
+    assert "Not yet run: 4" not in text
+    assert all(line.endswith("| n/a |") for line in text.split("## Runs")[1].splitlines()
+               if line.startswith("| w"))  # fmt: skip
+    assert {r["done"] for r in csv.DictReader(csv_out.open())} == {""}  # blank: not known
     config["plan"]["calibrate"] = True  # calibrating, the same row is refused
     with pytest.raises(PlanError, match="world_size is '1.5', not a whole number >= 1"):
         plan.write_plan(config, md, csv_out, runs_csv, bench)

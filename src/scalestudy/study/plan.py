@@ -20,8 +20,10 @@ import dataclasses
 import hashlib
 import io
 import json
+import math
 import os
 from collections.abc import Callable, Iterable
+from decimal import Decimal
 from pathlib import Path
 
 from scalestudy import files, log, vocab
@@ -250,7 +252,8 @@ def job_estimate(reg: Registered | None, rule: str, wildcards: dict, resources: 
 # plan export: reports/plan.md and results/plan.csv
 
 
-def plan_csv_text(estimates: list[Estimate]) -> str:
+def plan_csv_text(estimates: list[Estimate], done_known: bool = True) -> str:
+    """plan.csv; its done cells blank where not known (plan.calibrate false reads no run)."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(PLAN_COLUMNS)
@@ -266,7 +269,7 @@ def plan_csv_text(estimates: list[Estimate]) -> str:
             runtime_lo_s=None if e.runtime_lo_s is None else round(e.runtime_lo_s, 3),
             runtime_hi_s=None if e.runtime_hi_s is None else round(e.runtime_hi_s, 3),
             extrapolated=str(e.extrapolated).lower(),
-            done=str(e.done).lower(),
+            done=str(e.done).lower() if done_known else "",
         )
         writer.writerow([values[c] for c in PLAN_COLUMNS])
     return out.getvalue()
@@ -396,18 +399,24 @@ def plan_markdown(
     ]
     for name, s in [*t["family"].items(), ("**total**", t["total"])]:
         lines.append(
-            f"| {name} | {s.jobs} | {s.node_hours:.2f} | {f'{s.gpu_hours:.2f}' if gpu else na} | "
-            f"{s.node_hours * (1 + c):.2f} | {f'{s.gpu_hours * (1 + c):.2f}' if gpu else na} | "
+            f"| {name} | {s.jobs} | {up(s.node_hours)} | {up(s.gpu_hours) if gpu else na} | "
+            f"{up(s.node_hours * (1 + c))} | {up(s.gpu_hours * (1 + c)) if gpu else na} | "
             f"{kwh_cell(s.energy_kwh, plan['calibrate']) if gpu else na} |"
         )
     lines += ["", *_profiling_lines(config, t["total"], gpu)]
     lines += [
-        f"Not yet run: {_count(remaining.jobs, 'runs')}, {remaining.node_hours:.2f} node-hours"
-        + (
-            f", {remaining.gpu_hours:.2f} GPU-hours ({remaining.node_hours * (1 + c):.2f} / "
-            f"{remaining.gpu_hours * (1 + c):.2f} with contingency)."
-            if gpu
-            else f" ({remaining.node_hours * (1 + c):.2f} with contingency)."
+        (
+            f"Not yet run: {_count(remaining.jobs, 'runs')}, {up(remaining.node_hours)} "
+            "node-hours"
+            + (
+                f", {up(remaining.gpu_hours)} GPU-hours ({up(remaining.node_hours * (1 + c))} "
+                f"/ {up(remaining.gpu_hours * (1 + c))} with contingency)."
+                if gpu
+                else f" ({up(remaining.node_hours * (1 + c))} with contingency)."
+            )
+            if plan["calibrate"]
+            # no measured run read, none known to be done (read_measured)
+            else "Not yet run: not known (plan.calibrate false: the plan reads no measured run)."
         ),
         f"Calibrated estimates: {throughput} of {len(estimates)} in throughput (basis other "
         f"than `default`), {startup_only} more in start-up only (basis `default +startup`)."
@@ -465,7 +474,7 @@ def plan_markdown(
             f"| {e.run} | {e.families} | {e.nodes} | {e.gpus if gpu else na} | "
             f"{hms(e.runtime_s)} | {_interval(e)} | {e.node_hours:.3f} | "
             f"{f'{e.gpu_hours:.3f}' if gpu else na} | {_basis(e)} | "
-            f"{'yes' if e.done else ''} |"
+            f"{('yes' if e.done else '') if plan['calibrate'] else na} |"
             for e in estimates
         ],
         "",
@@ -485,21 +494,21 @@ def profiling_total(config: dict) -> Total:
     )
 
 
-def _sum_totals(a: Total, b: Total) -> Total:
-    return Total(a.jobs + b.jobs, a.node_hours + b.node_hours, a.gpu_hours + b.gpu_hours)
-
-
 def _profiling_lines(config: dict, training: Total, gpu: bool) -> list[str]:
     """The profiling jobs, and training and profiling together: the hours to ask for."""
     prof = profiling_total(config)
     if not prof.jobs:
         return []
     runs = len(profiling.profiled_runs(config, build_run_table(config)))
-    both, c = _sum_totals(training, prof), config["plan"]["contingency"]
+    c = config["plan"]["contingency"]
 
     def hours(t: Total, factor: float = 1.0) -> str:
-        gpu_h = f", {t.gpu_hours * factor:.2f} GPU-hours" if gpu else ""
-        return f"{t.node_hours * factor:.2f} node-hours{gpu_h}"
+        gpu_h = f", {up(t.gpu_hours * factor)} GPU-hours" if gpu else ""
+        return f"{up(t.node_hours * factor)} node-hours{gpu_h}"
+
+    def both(factor: float = 1.0) -> str:  # the sum of the two printed totals
+        node_h, gpu_h = (printed_sum(training, prof, kind, factor) for kind in ("node", "gpu"))
+        return f"{node_h} node-hours" + (f", {gpu_h} GPU-hours" if gpu else "")
 
     rules = "profile_capture and profile_ncu" if prof.jobs > runs else "profile_capture"
     return [
@@ -507,10 +516,22 @@ def _profiling_lines(config: dict, training: Total, gpu: bool) -> list[str]:
         f"limit, hardware.runtime_min = {config['hardware']['runtime_min']:g} min, as the "
         f"dry-run and the proposal price them; no energy estimate): "
         f"{_count(prof.jobs, 'jobs')}, {hours(prof)} ({hours(prof, 1 + c)} with contingency).",
-        f"Training and profiling together: {hours(both)} ({hours(both, 1 + c)} with "
-        "contingency: the request).",
+        f"Training and profiling together: {both()} ({both(1 + c)} with contingency: the request).",
         "",
     ]
+
+
+def up(hours: float) -> str:
+    """Node- or GPU-hours as plan.md prints them: rounded up to 0.01, never below what they
+    total (printed to the nearest, the request 0.46391 was 0.46)."""
+    return f"{math.ceil(round(hours * 100, 9)) / 100:.2f}"
+
+
+def printed_sum(training: Total, prof: Total, kind: str, factor: float = 1.0) -> str:
+    """Training's and profiling's node- or GPU-hours (`kind`) x factor, each printed (up), added
+    as printed: their sum as a reader adds the two lines (0.05 + 0.33 was printed 0.39)."""
+    parts = (getattr(t, f"{kind}_hours") * factor for t in (training, prof))
+    return f"{sum(Decimal(up(x)) for x in parts):.2f}"
 
 
 def _same_path(path: str | Path, default: str) -> bool:
@@ -628,7 +649,7 @@ def write_plan(
                 benchmarks_dir,
                 measured,
             ),
-            out_csv: plan_csv_text(estimates),
+            out_csv: plan_csv_text(estimates, config["plan"]["calibrate"]),
         }
     )
     return estimates
@@ -676,15 +697,19 @@ def run(args: argparse.Namespace) -> int:
         logger.error(f"scalestudy plan: {e}")
         return 2
     training, prof = totals(estimates)["total"], profiling_total(config)
-    s, c = _sum_totals(training, prof), config["plan"]["contingency"]
+    c = config["plan"]["contingency"]
     gpu = config["hardware"]["device"] == "cuda"  # a CPU study: no GPU-hours (n/a), not 0
+
+    def hours(kind: str, factor: float = 1.0) -> str:  # plan.md's figures
+        return printed_sum(training, prof, kind, factor)
+
     logger.info(
         f"{_count(len(estimates), 'runs')}"
         + (f" and {_count(prof.jobs, 'profiling jobs')}" if prof.jobs else "")
-        + f": {s.node_hours:.2f} node-hours"
-        + (f", {s.gpu_hours:.2f} GPU-hours" if gpu else "")
-        + f"; with contingency {c:g}: {s.node_hours * (1 + c):.2f} node-hours"
-        + (f", {s.gpu_hours * (1 + c):.2f} GPU-hours" if gpu else " (a CPU study: no GPU-hours)")
+        + f": {hours('node')} node-hours"
+        + (f", {hours('gpu')} GPU-hours" if gpu else "")
+        + f"; with contingency {c:g}: {hours('node', 1 + c)} node-hours"
+        + (f", {hours('gpu', 1 + c)} GPU-hours" if gpu else " (a CPU study: no GPU-hours)")
         + f" -> {args.out_md}, {args.out_csv}"
     )
     return 0
