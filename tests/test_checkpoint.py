@@ -638,6 +638,24 @@ def test_killed_rank_fails_the_job_fast_and_fsdp_resumes_exactly(data_dir, tmp_p
     assert read_metrics(out)["restarts"] == 1
 
 
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_run_without_checkpoints_stopped_by_a_signal_says_so(data_dir, tmp_path, signum):
+    """`train` handles the stop signals itself (cli.OWN_STOP: it checkpoints and exits 75),
+    but only with --checkpoint-dir: without one nothing handled them, and SIGTERM (scancel,
+    `timeout`, a study with checkpointing off) or SIGHUP (a closed terminal) killed the rank
+    on the spot, silently, its finally blocks never run. It now stops as Ctrl-C stops it: one
+    line, then the signal's death."""
+    out = tmp_path / "run"
+    proc = _start(data_dir, out)
+    _wait_for_epochs(out, 1, proc)
+    proc.send_signal(signum)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == -signum, stderr
+    assert "Traceback" not in stderr, stderr
+    assert stderr.splitlines()[-1].endswith(f"scalestudy train: stopped by {signum.name}"), stderr
+    assert not (out / "metrics.json").exists()
+
+
 def _stopped_after_epoch_1_then_refused(data_dir, out: Path, flags) -> tuple[str, str]:
     """One rank with `flags` stopped by SIGTERM after epoch 1 (checkpointed, exit 75), then
     the same command again, which must fail (not 0, not 75): its stdout and stderr."""

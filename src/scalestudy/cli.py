@@ -21,8 +21,9 @@ terminal) end the program as Ctrl-C does: `scalestudy <command>: stopped by SIGT
 cleanup (the temp files of files.py's atomic writes removed; Python's default action was death
 on the spot, and prepare-data left its part of the CIFAR-10 archive in raw/ for good), then
 death by that signal (128 + N from main()). Not in the commands that handle them themselves
-(OWN_STOP: train checkpoints on SIGTERM and SIGHUP, launch's torchrun agent passes them to the
-ranks), and a signal ignored when the program starts (nohup's SIGHUP) stays ignored.
+(OWN_STOP: train with --checkpoint-dir checkpoints on SIGTERM and SIGHUP, launch's torchrun
+agent passes them to the ranks), and a signal ignored when the program starts (nohup's
+SIGHUP) stays ignored.
 
 A reader that leaves early (`scalestudy plan --out-md /dev/stdout | head -1`, a closed named
 pipe) ends the command quietly, as SIGPIPE ends a Unix tool: no message, exit 141 (128 + 13,
@@ -60,7 +61,8 @@ INTERRUPTED_EXIT = 130
 # limit, `timeout`, Snakemake cancelling a job (SIGTERM), a closed terminal (SIGHUP)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
-# the commands that handle the stop signals themselves: train (checkpoint, exit 75), launch
+# the commands that handle the stop signals themselves: train (checkpoint, exit 75: with
+# --checkpoint-dir, _owns_stop), launch
 # (execs srun or torchrun's agent, which passes them to the ranks), gpu-check (kills its checks'
 # process groups), and the profiling jobs that start a training run or are a rank (an
 # exception here killed the run's launcher, and its ranks trained on, orphaned)
@@ -174,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
             os.environ[log.DEBUG_ENV] = "1"  # read by log.debug(), here and in every child
         log.setup()
         # a Python caller's signal handlers are its own
-        stops = program and _command(args) not in OWN_STOP
+        stops = program and not _owns_stop(args)
         if stops:
             _stop_on_signals(True)
         try:
@@ -222,6 +224,15 @@ def _run(module, args: argparse.Namespace) -> int:
         where = exc.filename if exc.filename2 is None else exc.filename2
         log.expected_error(logger, f"scalestudy {_command(args)}: {where}: {exc.strerror}")
         return 2
+
+
+def _owns_stop(args: argparse.Namespace) -> bool:
+    """The command handles the stop signals itself (OWN_STOP): train only with a checkpoint
+    directory, which it stops at (without one nothing handled them: SIGTERM killed the rank
+    on the spot, silently)."""
+    if args.command == "train":
+        return bool(getattr(args, "checkpoint_dir", None))
+    return _command(args) in OWN_STOP
 
 
 def _command(args: argparse.Namespace) -> str:
