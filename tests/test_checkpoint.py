@@ -790,6 +790,24 @@ def _checkpointing(tmp_path: Path):
     return Checkpointing(cfg, 0, 1, torch.device("cpu"), None, trainables, "data-sha256")
 
 
+def test_the_not_resuming_warning_names_both_devices_and_layouts_whole():
+    """Of each list of the identity the warning kept the items the other side lacked: right
+    for RunState's field names, but the devices and the ranks per host are ordered lists
+    with repeats, and a checkpoint of the same GPUs in another order, or 2 + 2 ranks against
+    2 + 1 + 1, printed ({'devices': []}, this run is {'devices': []}): no difference named."""
+    a, h = "4 x NVIDIA A100", "4 x NVIDIA H100"
+    assert ck._differences({"devices": [a, h]}, {"devices": [h, a]}) == {
+        "devices": ([a, h], [h, a])
+    }
+    assert ck._differences({"ranks_per_host": [2, 2]}, {"ranks_per_host": [2, 1, 1]}) == {
+        "ranks_per_host": ([2, 2], [2, 1, 1])
+    }
+    fields = {"run_state_fields": ["epoch", "step"]}
+    assert ck._differences(fields, {"run_state_fields": ["epoch", "seen", "step"]}) == {
+        "run_state_fields": ([], ["seen"])
+    }
+
+
 def test_a_checkpoint_of_other_code_or_torch_is_not_resumed(tmp_path, monkeypatch, one_rank_group):
     """A preempted run rerun after a trainer edit resumed the old code's checkpoint silently:
     metrics.json then gave the last segment's git_commit for epochs the old code trained.

@@ -286,13 +286,14 @@ def _differences(manifest: dict, identity: dict) -> dict[str, tuple[Any, Any]]:
     checkpoint's value, this run's); empty when the checkpoint is this run's. A manifest written
     before a key joined the identity (data_sha256, code_sha256, ...) lacks it: another identity
     (None), never resumed, removed at the first save; a checkpoint of other data or code could
-    not be told apart. Of a list (RunState's fields) each side keeps the items the other lacks."""
+    not be told apart. Of RunState's fields (names, a set) each side keeps the items the other
+    lacks; the devices and ranks per host (ordered, with repeats) are shown whole."""
     differ = {}
     for key, mine in identity.items():
         theirs = manifest.get(key)
         if key in manifest and theirs == mine:
             continue
-        if isinstance(theirs, list) and isinstance(mine, list):
+        if key == "run_state_fields" and isinstance(theirs, list) and isinstance(mine, list):
             theirs, mine = (
                 [x for x in theirs if x not in mine],
                 [x for x in mine if x not in theirs],
