@@ -1337,6 +1337,36 @@ def test_training_a_killed_attempt_redid_is_counted_as_lost_time(data_dir, tmp_p
     assert not ckdir.exists()  # finished: the attempt record goes with the checkpoints
 
 
+def test_a_resumed_attempt_killed_before_its_save_is_counted_in_restarts(tmp_path, one_rank_group):
+    """restarts was len(resumed_from_epochs), a RunState field kept by the checkpoints: an
+    attempt resumed from epoch 2 and killed before its next save lost its entry, and a run
+    resumed twice said restarts 1 (lost_time_s counted both attempts). The attempt record
+    carries the list too: the next attempt takes the record's and adds its own resume."""
+    from scalestudy.trainer.measure import Meter
+    from scalestudy.trainer.state import Checkpointing, RunState
+
+    cfg = TrainConfig(checkpoint_dir=str(tmp_path / "ckpt"))
+    device = torch.device("cpu")
+
+    def attempt(resumed_from: list[int], epoch: int) -> RunState:
+        """An attempt that resumed (state as resume() leaves it) and ran an epoch."""
+        checkpointing = Checkpointing(cfg, 0, 1, device, None, None, "0" * 64)
+        state = RunState(epoch=epoch, resumed_from_epochs=resumed_from)
+        checkpointing.count_lost(state)
+        checkpointing.mark_alive(state, Meter(cfg, device, 0, "off"))
+        return state
+
+    assert attempt([], 0).resumed_from_epochs == []  # the first attempt, killed at epoch 3
+    # the second resumes from epoch 2's checkpoint (which holds []), is killed before epoch 4
+    assert attempt([2], 2).resumed_from_epochs == [2]
+    assert attempt([2], 2).resumed_from_epochs == [2, 2]  # the third, from epoch 2 again
+    # a record of an older trainer, without the list: the checkpoint's, as before
+    record = json.loads((tmp_path / "ckpt" / ck.ATTEMPT).read_text())
+    del record["resumed_from_epochs"]
+    (tmp_path / "ckpt" / ck.ATTEMPT).write_text(json.dumps(record))
+    assert attempt([2], 2).resumed_from_epochs == [2]
+
+
 def test_rank_0s_attempt_record_io_is_named_by_the_hang_diagnosis(
     tmp_path, monkeypatch, one_rank_group
 ):

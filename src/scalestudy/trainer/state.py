@@ -348,20 +348,27 @@ class Checkpointing:
         (ckpt.ATTEMPT, rank 0's, of this identity) holds its clock at its last epoch's end
         (`alive_s`) and the loss it knew of; what it ran past the clock this run resumed at
         was redone. Then this attempt's record replaces it at once, so an attempt killed
-        before its first epoch's end still passes that loss on. Rank 0 reads and writes it,
-        every rank gets the sum (a broadcast: metrics.json is the same on every rank)."""
+        before its first epoch's end still passes that loss on. Its resumes too (restarts): an
+        attempt that resumed and was killed before its next save is in no checkpoint's
+        resumed_from_epochs, only in its record, which then holds this one's resume after them.
+        Rank 0 reads and writes it, every rank gets the sums (a broadcast: metrics.json is the
+        same on every rank)."""
         if self.saver is None:
             return
         progress.at("attempt record")  # rank 0's I/O, the others wait (hang diagnosis)
-        lost = [state.lost_time_s]
+        known = [state.lost_time_s, state.resumed_from_epochs]
         if self.rank == 0:
             previous = self._read_attempt()
             if previous is not None:
-                lost[0] = previous["lost_time_s"] + max(0.0, previous["alive_s"] - state.loop_time)
-            state.lost_time_s = lost[0]
+                lost = previous["lost_time_s"] + max(0.0, previous["alive_s"] - state.loop_time)
+                resumes = previous.get("resumed_from_epochs")
+                if resumes is not None and state.resumed_from_epochs:  # this attempt resumed
+                    resumes = [*resumes, state.resumed_from_epochs[-1]]
+                known = [lost, resumes if resumes is not None else state.resumed_from_epochs]
+            state.lost_time_s, state.resumed_from_epochs = known
             self._write_attempt(state, state.loop_time)
-        dist.broadcast_object_list(lost, src=0)
-        state.lost_time_s = lost[0]
+        dist.broadcast_object_list(known, src=0)
+        state.lost_time_s, state.resumed_from_epochs = known
 
     def mark_alive(self, state: RunState, meter: Meter) -> None:
         """At an epoch's end (rank 0, outside every window): this attempt's loop clock, which
@@ -381,7 +388,11 @@ class Checkpointing:
             record = json.loads(path.read_text())
             if record["identity"] != json.loads(json.dumps(self.saver.identity)):
                 return None
-            return {key: float(record[key]) for key in ("alive_s", "lost_time_s")}
+            out: dict = {key: float(record[key]) for key in ("alive_s", "lost_time_s")}
+            resumes = record.get("resumed_from_epochs")  # an older trainer's record: none
+            if resumes is not None:
+                out["resumed_from_epochs"] = [int(epoch) for epoch in resumes]
+            return out
         except FileNotFoundError:
             return None
         except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -397,6 +408,7 @@ class Checkpointing:
             "identity": self.saver.identity,
             "alive_s": alive_s,
             "lost_time_s": state.lost_time_s,
+            "resumed_from_epochs": state.resumed_from_epochs,
         }
         try:
             self.saver.directory.mkdir(parents=True, exist_ok=True)  # before the first save
