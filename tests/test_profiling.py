@@ -2533,6 +2533,52 @@ def test_the_ranks_a_capture_profiled(manifest, ranks):
     assert capture.missing_ranks(manifest, {0}) == ranks[1:]
 
 
+def test_a_leftover_torch_profiler_setting_does_not_reach_nsys_or_ncu_ranks(tmp_path, monkeypatch):
+    """SCALESTUDY_PROFILER=torch (set by capture where nsys is missing; exported by hand with
+    gpu-check's commands) passed from the caller's environment to the ranks of an nsys capture
+    or ncu: the trainer then never called cudaProfilerStart, so nsys captured no range and ncu
+    (--profile-from-start off) profiled nothing, blamed on cuDNN's autotuning. Only the torch
+    tool sets it; nsys and ncu ranks get it removed. STAND-IN for the launch: it records the
+    ranks' environment."""
+    monkeypatch.setenv("SCALESTUDY_PROFILER", "torch")
+    seen: dict[str, str | None] = {}
+    stand_in = str(STAND_INS / "nsys")
+    monkeypatch.setattr(
+        shutil, "which", lambda name, *a, **k: stand_in if name in ("nsys", "ncu") else None
+    )
+    monkeypatch.setattr(launch, "hold_local_gpus", lambda *a, **k: None)
+
+    def recording_launch(argv, env, **kwargs):
+        seen["capture"] = env.get("SCALESTUDY_PROFILER", "unset")
+        return 0
+
+    monkeypatch.setattr(capture, "run_launch", recording_launch)
+    monkeypatch.setattr(capture, "nsys_stats", lambda out, env: ([], {"input": "stats"}))
+    words = ["profile", "capture", "--run", "r", "--tool", "nsys", "--device", "cuda", "--out",
+             str(tmp_path / "cap"), "--", "--device", "cuda", "--profile-steps", "2:4"]  # fmt: skip
+    with contextlib.suppress(ProfileError):  # no report: the stand-in launch made none
+        capture.capture(cli.build_parser(words).parse_args(words))
+    assert seen["capture"] == "unset"
+
+    rows = [{"run": "r", "rank": 0, "tool": "nsys", "kernel": "ampere_sgemm_128x64_tn",
+             "category": "gemm", "instances": 20, "total_ns": 1000, "share": 1.0}]  # fmt: skip
+    kernels = tmp_path / "k.csv"
+    kernels.write_text(schema.csv_text(schema.KERNEL_COLUMNS, rows))
+
+    def recording_ncu(argv, env, log_path):
+        seen["ncu"] = env.get("SCALESTUDY_PROFILER", "unset")
+        log_path.write_text("")
+        return 0, ""
+
+    monkeypatch.setattr(capture, "_run_logged", recording_ncu)
+    words = ["profile", "ncu", "--run", "r", "--kernels", str(kernels), "--device", "cuda",
+             "--out-dir", str(tmp_path / "ncu"), "--out", str(tmp_path / "ncu.csv"), "--",
+             "--device", "cuda", "--profile-steps", "2:4"]  # fmt: skip
+    with contextlib.suppress(ProfileError):
+        capture.ncu(cli.build_parser(words).parse_args(words))
+    assert seen["ncu"] == "unset"
+
+
 def test_a_capture_missing_a_ranks_profile_fails(tmp_path, monkeypatch):
     """A rank that wrote no profile (it died, or wrote elsewhere) gave a capture whose kernel
     sums silently left it out. STAND-IN for the launch: it writes rank 0's export only."""

@@ -483,6 +483,21 @@ def _failed(argv: list[str], code: int, where: str = "") -> ProfileError:
 Stopped = local_ranks.Stopped
 
 
+# the trainer's switch from cudaProfilerStart/Stop (nsys's and ncu's capture range) to
+# torch.profiler (trainer/measure.py)
+PROFILER_ENV = "SCALESTUDY_PROFILER"
+
+
+def profiler_env(env: dict[str, str], tool: str) -> dict[str, str]:
+    """The ranks' environment for `tool`: PROFILER_ENV=torch for torch.profiler, and removed
+    for nsys and ncu, whose capture range is the trainer's cudaProfilerStart: left over from
+    the caller's shell it made nsys capture nothing and ncu profile nothing."""
+    env = {k: v for k, v in env.items() if k != PROFILER_ENV}
+    if tool == "torch":
+        env[PROFILER_ENV] = "torch"
+    return env
+
+
 def run_launch(argv: list[str], env: dict[str, str], stdout=None, stderr=None) -> int:
     """The ranks' launch (launch.build_command's argv) to its end, its exit status: passed a
     stop signal once, killed on a second or after local_ranks.STOP_WAIT_S (run_to_end)."""
@@ -588,9 +603,7 @@ def capture(args: argparse.Namespace) -> int:
     logger.info(f"profile {args.run}: tool {tool} ({why})")
     out.mkdir(parents=True, exist_ok=True)
     _clear_earlier_capture(out)
-    env = launch.rank_env(dict(os.environ), args.cpus_per_rank)
-    if tool != "nsys":
-        env["SCALESTUDY_PROFILER"] = "torch"
+    env = profiler_env(launch.rank_env(dict(os.environ), args.cpus_per_rank), tool)
     if args.inventory:
         from scalestudy.jobs import inventory
 
@@ -843,7 +856,7 @@ def ncu(args: argparse.Namespace) -> int:
     )
     if not kernels:
         raise ProfileError(f"{args.kernels}: no non-NCCL kernel to profile with ncu")
-    env = launch.rank_env(dict(os.environ), args.cpus_per_rank)
+    env = profiler_env(launch.rank_env(dict(os.environ), args.cpus_per_rank), "ncu")
     train_args = _train_args(args, out_dir / "train")
     launch.hold_local_gpus(env, args.nodes * args.ranks_per_node, train_args)
     options, binds = wrapper_options(args, ncu_path)
