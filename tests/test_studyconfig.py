@@ -4,6 +4,7 @@ message that names the key, the value and what is allowed."""
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 
 import pytest
@@ -352,7 +353,38 @@ def test_strong_global_batch_divisible():
 def test_global_batch_larger_than_training_set():
     cfg = minimal(weak={"enabled": True, "gpus": [1, 4], "local_batch": 256})
     cfg["train"] = {"limit_train": 512}
-    refused(cfg, "families.weak.gpus[1]", "1024", "train.limit_train")
+    refused(cfg, "families.weak.gpus[1]", "1024", "train.limit_train", "families.weak.local_batch")
+
+
+def test_a_global_batch_larger_than_the_training_set_names_the_key_that_sets_it():
+    """A strong global batch beyond the training set was blamed on every world size (three
+    lines, 'families.strong.gpus[0]: value 1 is not allowed'), never on global_batch, the
+    one key that could fix it; a bucket local batch on families.bucket.gpus (at least 2: it
+    cannot go lower), not on the local_batch entry; the precision family's on its world size
+    without train.local_batch, which sets it."""
+    cfg = minimal(strong={"enabled": True, "gpus": [1, 2, 4], "global_batch": 1024})
+    cfg["train"] = {"limit_train": 512}
+    message = refused(cfg, "config key 'families.strong.global_batch': value 1024", "512")
+    assert "families.strong.gpus" not in message, message
+    cfg = minimal(bucket={"enabled": True, "gpus": 2, "local_batch": [16, 512]})
+    cfg["train"] = {"limit_train": 512}
+    message = refused(cfg, "config key 'families.bucket.local_batch[1]': value 512", "1024")
+    assert "'families.bucket.gpus'" not in message, message
+    cfg = minimal(precision={"enabled": True, "gpus": [1, 2], "precisions": ["fp32"]})
+    cfg["train"] = {"limit_train": 512, "local_batch": 512}
+    refused(cfg, "families.precision.gpus[1]", "lower train.local_batch")
+
+
+def test_a_profile_window_beyond_the_epoch_names_the_key_that_can_change():
+    """profiling.start_step 0 with too many steps was 'value 0 is not allowed ... profile
+    earlier': it cannot start earlier. Then profiling.steps is named, with the most it may be."""
+    cfg = minimal()
+    cfg["dataset"] = "synthetic"
+    cfg["synthetic"] = {"num_train": 2048, "num_test": 100}
+    cfg["profiling"] = {"enabled": True, "start_step": 0, "steps": 200}
+    message = refused(cfg, "config key 'profiling.steps': value 200 is not allowed")
+    assert "profile earlier" not in message, message
+    assert re.search(r"at most \d+ steps", message), message
 
 
 def test_unknown_dataset():

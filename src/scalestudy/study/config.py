@@ -565,16 +565,17 @@ def _batch_problems(config: dict) -> list[str]:
     gpn, accum = config["hardware"]["gpus_per_node"], train["accum_steps"]
     n_train, n_train_source = _train_size(config)
 
-    def check_batch(path: str, world_size: int, local_batch: int) -> None:
+    def check_batch(path: str, value, world_size: int, local_batch: int, fix: str) -> None:
+        """`path`: the key named (its `value`), the one that can fix it; `fix`: what to do."""
         global_batch = world_size * local_batch * accum
         if global_batch > n_train:
             problems.append(
                 _bad(
                     path,
-                    world_size,
+                    value,
                     f"its global batch {world_size} x {local_batch} x accum_steps {accum} = "
                     f"{global_batch} is larger than the {n_train} training images "
-                    f"({n_train_source}); no full optimizer step would fit in an epoch",
+                    f"({n_train_source}); no full optimizer step would fit in an epoch: {fix}",
                 )
             )
 
@@ -601,20 +602,22 @@ def _batch_problems(config: dict) -> list[str]:
                     f"a whole number: use a multiple of {need}",
                 )
             )
-        elif gb > n_train:
-            for i, w in sizes:
-                check_batch(f"families.strong.gpus[{i}]", w, gb // (accum * w))
+        elif gb > n_train and sizes:  # the same global batch at every world size
+            w = sizes[0][1]
+            check_batch("families.strong.global_batch", gb, w, gb // (accum * w), "lower it")
 
     fam = families["weak"]
     if fam["enabled"]:
         for i, w in check_world_sizes("weak"):
-            check_batch(f"families.weak.gpus[{i}]", w, fam["local_batch"])
+            fix = "lower families.weak.local_batch or this world size"
+            check_batch(f"families.weak.gpus[{i}]", w, w, fam["local_batch"], fix)
 
     fam = families["precision"]
     if fam["enabled"]:
         _check_list(problems, "families.precision.precisions", fam["precisions"])
         for i, w in check_world_sizes("precision"):
-            check_batch(f"families.precision.gpus[{i}]", w, train["local_batch"])
+            fix = "lower train.local_batch or this world size"
+            check_batch(f"families.precision.gpus[{i}]", w, w, train["local_batch"], fix)
 
     fam = families["bucket"]
     if fam["enabled"]:
@@ -631,8 +634,9 @@ def _batch_problems(config: dict) -> list[str]:
         _check_fits(problems, "families.bucket.gpus", fam["gpus"], gpn)
         _check_list(problems, "families.bucket.bucket_cap_mb", fam["bucket_cap_mb"])
         _check_list(problems, "families.bucket.local_batch", fam["local_batch"])
-        for lb in fam["local_batch"]:
-            check_batch("families.bucket.gpus", fam["gpus"], lb)
+        for i, lb in enumerate(fam["local_batch"]):
+            path, fix = f"families.bucket.local_batch[{i}]", "lower it"
+            check_batch(path, lb, fam["gpus"], lb, fix)
         if train["strategy"] != "ddp":
             problems.append(
                 _bad(

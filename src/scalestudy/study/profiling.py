@@ -238,10 +238,20 @@ def window_problems(config: dict, rows: list[dict]) -> list[str]:
     for row in profiled_runs(config, rows):
         need = (prof["start_step"] + prof["steps"] + 1) * row["global_batch"]
         if need > n_train:
+            # the key that can change: start_step 0 cannot go earlier
+            key = "start_step" if prof["start_step"] else "steps"
+            most = n_train // row["global_batch"] - prof["start_step"] - 1
+            fix = (
+                "profile earlier or fewer steps"
+                if prof["start_step"]
+                else f"at most {most} steps"
+                if most >= 1
+                else "no window fits: a smaller batch"
+            )
             problems.append(
-                f"config key 'profiling.start_step': value {prof['start_step']} is not allowed: "
+                f"config key 'profiling.{key}': value {prof[key]} is not allowed: "
                 f"run {row['run']} would need (start_step {prof['start_step']} + steps "
                 f"{prof['steps']} + 1) x global batch {row['global_batch']} = {need} training "
-                f"images, more than the {n_train} of {source}; profile earlier or fewer steps"
+                f"images, more than the {n_train} of {source}; {fix}"
             )
     return problems
