@@ -921,8 +921,9 @@ def test_bad_plan_config_names_the_key():
         ("plan.startup_s", 1.0e308, "<= 86400"),
         ("plan.safety_factor", 1.0e300, "<= 100"),
         ("train.epochs", 10**310, "<= 100000"),
+        ("hardware.runtime_min", 10**400, "<= 525600"),  # a year: an OverflowError traceback
     ],
-    ids=["startup_s", "safety_factor", "epochs"],
+    ids=["startup_s", "safety_factor", "epochs", "runtime_min"],
 )
 def test_an_absurd_plan_value_is_refused_by_the_config_check(key, value, bound):
     """They passed the config check, then the plan (and Snakemake's parse of the workflow)
@@ -935,6 +936,8 @@ def test_an_absurd_plan_value_is_refused_by_the_config_check(key, value, bound):
         validate(bad)
     assert f"must be {bound}" in str(info.value)
     bad[section][name] = float(bound.split()[1]) if section == "plan" else int(bound.split()[1])
+    if key == "hardware.runtime_min":  # the profiling jobs' limit: a year's node-hours
+        bad["hardware"]["runtime_min"] = int(bound.split()[1])
     config = validate(bad)
     assert all(
         math.isfinite(e.runtime_s) and e.slurm_runtime_min > 0

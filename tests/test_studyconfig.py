@@ -271,6 +271,7 @@ def test_wrong_type():
         # the run id holds every digit of a bucket size: 1.0e+300 MiB was an id of 324
         # characters, longer than a file name may be, in every job's output path
         ("train.bucket_cap_mb", "1.0e+300", "<= 1000000"),
+        ("train.warmup_epochs", "1.0e+308", "<= 100000"),
         ("families.bucket.bucket_cap_mb", "[1.0e-300]", ">= 0.001"),
         # gloo refused 10**13 s as an invalid timeout, in every training job, after the queue
         ("train.pg_timeout_s", 10**13, "<= 604800"),

@@ -553,6 +553,10 @@ BUCKET = "--bucket-cap-mb must be in [0.001, 1000000] MiB (1 KiB to 1 TiB), got"
          "--diag-slow-rank must be R:MS with a rank R >= 0 and 0 < MS <= 3600000 milliseconds "
          "(an hour), got '0:inf'"),
         (["--diag-slow-rank", "0:3600000"], None),
+        # recipe.warmup_steps: an OverflowError traceback in every training job
+        (["--warmup-epochs", "1e308"], "--warmup-epochs must be <= 100000 (train.epochs' "
+         "bound), got 1e+308"),
+        (["--warmup-epochs", "100000"], None),
         (["--diag-data-delay-ms", "1e300"],
          "--diag-data-delay-ms must be in [0, 3600000] ms (an hour), got 1e+300"),
         (["--diag-data-delay-ms", "3600000"], None),

@@ -50,6 +50,9 @@ BUCKET_CAP_MB = (0.001, 1_000_000)  # 1 KiB to 1 TiB
 # a diagnostic sleep per micro-batch: an hour is past any use; inf or 1e300 ms overflowed
 # time.sleep in the first step
 DIAG_DELAY_MAX_MS = 3_600_000
+# the study schema's bound of train.epochs and train.warmup_epochs: 1e308 warm-up epochs
+# overflowed recipe.warmup_steps (an OverflowError traceback in every training job)
+WARMUP_EPOCHS_MAX = 100_000
 # fields that do not define the experiment: where files go, how the run survives failures (the
 # checkpoints, the process-group timeout: raising it for a rerun must not discard the rerun's
 # checkpoints), what it shows while it runs
@@ -252,6 +255,11 @@ class TrainConfig:
             raise TrainConfigError(
                 f"--pg-timeout-s must be in [{PG_TIMEOUT_S[0]}, {PG_TIMEOUT_S[1]}] s (a week), "
                 f"got {self.pg_timeout_s}"
+            )
+        if self.warmup_epochs > WARMUP_EPOCHS_MAX:  # >= 0 and finite: checked above
+            raise TrainConfigError(
+                f"--warmup-epochs must be <= {WARMUP_EPOCHS_MAX} (train.epochs' bound), got "
+                f"{self.warmup_epochs:g}"
             )
         if self.diag_data_delay_ms > DIAG_DELAY_MAX_MS:  # >= 0 and finite: checked above
             raise TrainConfigError(
