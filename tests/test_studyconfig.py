@@ -1009,3 +1009,19 @@ def test_config_overrides_a_jobs_shell_would_change_are_named_one_line_each():
     assert "' beside $, ` or \\" in problems[0] and "' beside $" in problems[2]
     assert "both ' and \"" in problems[3] and "control character" in problems[4]
     assert "backslash" in problems[5] and "starts with a quote" in problems[6]
+
+
+def test_an_override_that_is_no_utf8_or_a_value_that_holds_itself_is_one_line(tmp_path):
+    """A --set value with a byte the locale could not decode (a lone surrogate: $'caf\\xe9')
+    passed the schema as a string and was a UnicodeEncodeError traceback when plan.md was
+    written; a YAML alias inside its own anchor (`&a [*a]`) a RecursionError in the check of
+    non-finite numbers."""
+    refused(minimal(), "override", "not UTF-8", overrides=["study=caf\udce9"])
+    message = refused(
+        minimal(), "config key 'study[0]'", "holds itself", overrides=["study=&a [*a]"]
+    )
+    assert "Recursion" not in message
+    path = tmp_path / "loop.yaml"
+    path.write_text("study: loop\nfamilies: &f {strong: {enabled: true, gpus: [1]}, x: *f}\n")
+    with pytest.raises(StudyConfigError, match=r"config key 'families.x': .*holds itself"):
+        load_and_validate(path)

@@ -271,6 +271,26 @@ def format_schema_error(err: ValidationError) -> str:
     return _bad(path or "<top level>", err.instance, _allowed(err))
 
 
+def _holds_itself(value: Any, path: str = "", within: tuple = ()) -> str | None:
+    """The problem of a mapping or list that holds itself (YAML `&a [*a]`: an alias inside
+    its own anchor; the checks below recursed until Python's RecursionError), else None."""
+    if not isinstance(value, (dict, list)):
+        return None
+    if any(value is outer for outer in within):
+        return (
+            f"config key '{path or '<top level>'}': its value holds itself (a YAML alias inside "
+            "its own anchor): give a value"
+        )
+    items = value.items() if isinstance(value, dict) else enumerate(value)
+    for key, item in items:
+        where = (
+            (f"{path}.{key}" if path else str(key)) if isinstance(value, dict) else f"{path}[{key}]"
+        )
+        if found := _holds_itself(item, where, (*within, value)):
+            return found
+    return None
+
+
 def _non_finite(value: Any, path: str = "") -> list[str]:
     """YAML's .nan and .inf, wherever they are: every bound of the schema holds for NaN (each
     comparison with it is false, so `exclusiveMinimum: 0` never fails) and inf passes every
@@ -706,6 +726,8 @@ def validate(config: dict, *, schema: str | os.PathLike | None = None, source=No
         raise StudyConfigError(
             _bad("<top level>", config, "must be a mapping (key: value)"), source=source
         )
+    if cycle := _holds_itself(config):  # a YAML alias inside its own anchor: no config
+        raise StudyConfigError(cycle, source=source)
     loaded = _load_schema(str(schema_path() if schema is None else Path(schema).resolve()))
     problems = _non_finite(config) + _schema_problems(config, loaded)
     if not problems:
@@ -864,6 +886,13 @@ def apply_overrides(config: dict, overrides: Mapping | Iterable[str]) -> dict:
         _merge(config, overrides)
         return config
     for item in overrides:
+        try:
+            str(item).encode("utf-8")
+        except UnicodeEncodeError:  # a byte the locale could not decode: a lone surrogate
+            raise StudyConfigError(
+                f"override {ascii(item)}: not UTF-8 text (a byte the terminal's encoding could "
+                "not decode); give it in UTF-8"
+            ) from None
         key, sep, raw = str(item).partition("=")
         parts = key.strip().split(".")
         if not sep or not all(parts):
