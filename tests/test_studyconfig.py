@@ -1025,3 +1025,20 @@ def test_an_override_that_is_no_utf8_or_a_value_that_holds_itself_is_one_line(tm
     path.write_text("study: loop\nfamilies: &f {strong: {enabled: true, gpus: [1]}, x: *f}\n")
     with pytest.raises(StudyConfigError, match=r"config key 'families.x': .*holds itself"):
         load_and_validate(path)
+
+
+def test_a_precision_the_gpu_type_has_no_units_for_is_refused():
+    """hardware.py records that a V100 or a T4 has no TF32 and no BF16 units, yet a study of
+    gpu_type v100 with a tf32 run was accepted: its numbers would be plain fp32 under the
+    tf32 label. A gpu_type of a family of the table allows only the precisions it has; a
+    gpu_type the table does not know (b200, "") is not judged."""
+    cfg = minimal(precision={"enabled": True, "gpus": [1], "precisions": ["fp32", "tf32", "fp16"]})
+    cfg["hardware"] |= {"device": "cuda", "gpu_type": "v100"}
+    message = refused(cfg, "config key 'families.precision.precisions[1]'", 'value "tf32"',
+                      "hardware.gpu_type v100", "fp32, fp16")  # fmt: skip
+    assert "precisions[2]" not in message and "precisions[0]" not in message
+    cfg["train"] = {"precision": "bf16"}
+    refused(cfg, "config key 'train.precision'", 'value "bf16"')
+    for gpu_type in ("a100", "b200", ""):
+        cfg["hardware"]["gpu_type"] = gpu_type
+        load_and_validate(cfg)

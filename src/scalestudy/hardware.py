@@ -168,6 +168,14 @@ def gpu_family(name: str) -> str | None:
     return None
 
 
+def family_precisions(name: str) -> set[str]:
+    """The precisions the GPUs of the family a name is of (gpu_family) have units for, by the
+    table (any row of the family: V100 SXM2, PCIe); empty where the name is of no family."""
+    family = gpu_family(name)
+    rows = [row for row in GPU_PEAKS if row.model.split()[0].lower() == family]
+    return {precision for row in rows for precision in row.tflops}
+
+
 def gpu_peaks(device_name: str) -> GpuPeaks | None:
     """The table row of a CUDA device name (torch.cuda.get_device_name), or None."""
     for row in GPU_PEAKS:

@@ -29,7 +29,7 @@ import yaml
 from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import ValidationError
 
-from scalestudy import files, vocab
+from scalestudy import files, hardware, vocab
 from scalestudy.errors import StudyConfigError, TrainConfigError
 from scalestudy.study.profiling import config_problems
 from scalestudy.study.runs import build_run_table, run_count, run_problems
@@ -544,13 +544,26 @@ def _device_problems(config: dict) -> list[str]:
     or without torch.compile, and the whole-step graph's own conditions."""
     problems = []
     hw, train, families = config["hardware"], config["train"], config["families"]
+    precisions = [("train.precision", train["precision"])]
+    if families["precision"]["enabled"]:
+        precisions += [
+            (f"families.precision.precisions[{i}]", value)
+            for i, value in enumerate(families["precision"]["precisions"])
+        ]
+    if hw["device"] == "cuda" and (units := hardware.family_precisions(hw["gpu_type"])):
+        # a V100's or T4's tf32 or bf16 run: other arithmetic under the precision's label
+        for path, value in precisions:
+            if value not in units:
+                problems.append(
+                    _bad(
+                        path,
+                        value,
+                        f"hardware.gpu_type {hw['gpu_type']} has no {value} units (hardware.py's "
+                        f"table): its run would measure other arithmetic under the {value} "
+                        f"label; use {', '.join(p for p in vocab.PRECISIONS if p in units)}",
+                    )
+                )
     if hw["device"] == "cpu":
-        precisions = [("train.precision", train["precision"])]
-        if families["precision"]["enabled"]:
-            precisions += [
-                (f"families.precision.precisions[{i}]", value)
-                for i, value in enumerate(families["precision"]["precisions"])
-            ]
         for path, value in precisions:
             if value in vocab.CUDA_ONLY_PRECISIONS:
                 problems.append(
