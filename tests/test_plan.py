@@ -601,6 +601,15 @@ def test_runs_measured_on_another_gpu_than_hardware_gpu_type_calibrate_nothing()
     config["hardware"]["device"] = "cpu"
     est, md = estimates("a100", "x86_64")
     assert est[run].throughput_basis == "run" and "ran on other GPUs" not in md
+    # a GPU study's runs.csv that still holds CPU runs: they ran on no GPU (the base's device
+    # leaves them out), not "on other GPUs (x86_64)"
+    config["hardware"]["device"] = "cuda"
+    rows = [{**measured_row(run, 50.0, 1), "device": "cpu", "device_names": "x86_64"}]
+    assert estimate.calibrating(config | {"hardware": config["hardware"] | {"gpu_type": "a100"}},
+                                rows) == rows  # fmt: skip
+    one = [measured_row(run, 50.0, 1, device_names=h100)]
+    md = plan.plan_markdown(config, list(estimates("a100", h100)[0].values()), [], measured=one)
+    assert f"1 measured run ran on other GPUs than hardware.gpu_type `a100` ({h100}): it " in md
 
 
 def test_mnist_runs_do_not_calibrate_a_cifar_shaped_study():

@@ -498,7 +498,7 @@ def test_the_request_recomputes_from_its_own_table(request, which):
     n_train = c[("production", "run")]["train_images_per_epoch"]
     assert int(n_train) == estimate.dataset_sizes(alone, build_run_table(alone)[0])[0]
     text = " ".join(request.getfixturevalue(which)[2]["proposal.md"].split())
-    assert f"(the whole training set: {n_train} images per epoch)" in text
+    assert f"(the whole training set, in whole global batches: {n_train} images per epoch)" in text
     assert len(estimates) == runs and {e.world_size for e in estimates} == {int(w)}
     hours = sum(e.runtime_s for e in estimates) / runs / 3600  # rounded up to 3 digits
     assert hours <= float(prod["hours_per_run"]) <= hours * 1.01

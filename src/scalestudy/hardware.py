@@ -157,7 +157,7 @@ GPU_FAMILIES = tuple(
 
 def gpu_family(name: str) -> str | None:
     """The table's GPU family a CUDA device name or a Slurm typed GRES name (hardware.gpu_type:
-    h100, a100_80g, nvidia_a100-sxm4-80gb) is of: the family standing as a whole word of the
+    h100, a100_80g, nvidia_a100_sxm4_80gb) is of: the family standing as a whole word of the
     name, letters and digits bounded by anything else, any case ("NVIDIA H100 80GB HBM3" ->
     h100). None where no family does: an unlisted GPU (B200), a cousin (A10G is not an A10),
     a name run together (h100nvl)."""

@@ -700,7 +700,8 @@ def _texts(config: dict, production_images: int | None = None) -> list[dict]:
         "production": p["production"]["description"]
         or f"{train['model']} on {config['dataset']}"
         + (
-            f" (the whole training set: {production_images} images per epoch)"
+            f" (the whole training set, in whole global batches: {production_images} images "
+            "per epoch)"
             if production_images is not None
             else ""
         )

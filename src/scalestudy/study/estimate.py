@@ -390,11 +390,13 @@ def same_gpu(config: dict, measured: dict) -> bool:
     """A measured run ran on GPUs of the family hardware.gpu_type names (hardware.gpu_family:
     h100, a100_80g -> a100): every rank's (runs.csv device_names, else rank 0's device_name).
     True where gpu_type names no family of the table ("", a site's own name), on device cpu
-    (which ignores gpu_type), and for a run that records no device name (an older trainer's)."""
+    (which ignores gpu_type), for a run measured on no GPU (its CPU's name is no GPU's: the
+    base's device leaves it out) and for a run that records no device name (an older
+    trainer's)."""
     hw = config["hardware"]
     wanted = hardware.gpu_family(hw.get("gpu_type", "")) if hw["device"] == "cuda" else None
     names = _text(measured.get("device_names")) or _text(measured.get("device_name"))
-    if wanted is None or not names:
+    if wanted is None or not names or _text(measured.get("device")) not in ("cuda", ""):
         return True
     return {hardware.gpu_family(name) for name in names.split(";")} == {wanted}
 

@@ -613,8 +613,12 @@ def _other_gpus(config: dict, measured: list[dict]) -> str:
     names = sorted({name for cell in cells for name in str(cell).split(";") if name})
     return (
         f" {_count(len(other), 'measured runs')} ran on other GPUs than hardware.gpu_type "
-        f"`{config['hardware']['gpu_type']}` ({', '.join(names)}): they calibrate nothing "
-        "(nor check the estimates or validate the model)."
+        f"`{config['hardware']['gpu_type']}` ({', '.join(names)}): "
+        + (
+            "it calibrates nothing (nor checks the estimates or validates the model)."
+            if len(other) == 1
+            else "they calibrate nothing (nor check the estimates or validate the model)."
+        )
     )
 
 
