@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import PYTHON, SMALL, read_epochs, read_metrics, train
-from workflow_helpers import child_env, need, worker_pids
+from workflow_helpers import child_env, need, sighup_as_in_a_terminal, worker_pids
 
 from scalestudy.errors import CheckpointError, TrainConfigError
 from scalestudy.trainer import checkpoint as ck
@@ -646,7 +646,9 @@ def test_a_run_without_checkpoints_stopped_by_a_signal_says_so(data_dir, tmp_pat
     on the spot, silently, its finally blocks never run. It now stops as Ctrl-C stops it: one
     line, then the signal's death."""
     out = tmp_path / "run"
-    proc = _start(data_dir, out)
+    # SIGHUP as a terminal's job has it: CI's nohup starts the suite with it ignored, which
+    # stays ignored (the run then trained to its end and exited 0)
+    proc = _start(data_dir, out, preexec_fn=sighup_as_in_a_terminal)
     _wait_for_epochs(out, 1, proc)
     proc.send_signal(signum)
     _, stderr = proc.communicate(timeout=120)
