@@ -32,7 +32,7 @@ from jsonschema.exceptions import ValidationError
 from scalestudy import files, hardware, vocab
 from scalestudy.errors import StudyConfigError, TrainConfigError
 from scalestudy.study.profiling import config_problems
-from scalestudy.study.runs import build_run_table, run_count, run_problems
+from scalestudy.study.runs import build_run_table, prepared_sizes, run_count, run_problems
 from scalestudy.trainer.config import TrainConfig
 
 SCHEMA_RELPATH = Path("workflow") / "schemas" / "config.schema.yaml"
@@ -362,11 +362,8 @@ def _check_fits(problems: list[str], path: str, world_size: int, gpus_per_node: 
 
 def _train_size(config: dict) -> tuple[int, str]:
     """Training images a run sees, and where that number comes from."""
-    dataset = config["dataset"]
-    if dataset == "synthetic":
-        size, source = config["synthetic"]["num_train"], "synthetic.num_train"
-    else:
-        size, source = vocab.DATASETS[dataset].train, f"the {dataset} training set"
+    dataset, size = config["dataset"], prepared_sizes(config)[0]
+    source = "synthetic.num_train" if dataset == "synthetic" else f"the {dataset} training set"
     limit = config["train"]["limit_train"]
     if 0 < limit < size:
         size, source = limit, "train.limit_train"
@@ -497,12 +494,12 @@ def memory_problems(config: dict) -> list[str]:
     A necessary bound, not a sufficient one: torch, the model and the batches come on top
     (the demo's ranks peak at 0.96 GB with 3,048 synthetic images: config/demo.yaml)."""
     dataset, mem_mb = config["dataset"], config["hardware"]["mem_mb_per_rank"]
-    if dataset == "synthetic":
-        n_train, n_test = config["synthetic"]["num_train"], config["synthetic"]["num_test"]
-        lower = f"; or fewer images (synthetic.num_train {n_train:,}, num_test {n_test:,})"
-    else:
-        n_train, n_test = vocab.DATASETS[dataset].train, vocab.DATASETS[dataset].test
-        lower = ""
+    n_train, n_test = prepared_sizes(config)
+    lower = (
+        f"; or fewer images (synthetic.num_train {n_train:,}, num_test {n_test:,})"
+        if dataset == "synthetic"
+        else ""
+    )
     images, data = n_train + n_test, vocab.DATASETS[dataset]
     if data.megabytes(images) <= mem_mb:
         return []

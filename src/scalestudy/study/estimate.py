@@ -101,7 +101,13 @@ from pathlib import Path
 from scalestudy import files, hardware, vocab
 from scalestudy.errors import AnalysisError, PlanError
 from scalestudy.study import model
-from scalestudy.study.runs import RUN_COLUMNS, build_run_table, epoch_micro_steps, same
+from scalestudy.study.runs import (
+    RUN_COLUMNS,
+    build_run_table,
+    epoch_micro_steps,
+    prepared_sizes,
+    same,
+)
 
 RUNS_CSV = "results/csv/runs.csv"
 BENCHMARKS_DIR = "benchmarks/train"
@@ -274,11 +280,7 @@ class Estimate:
 
 def dataset_sizes(config: dict, row: dict) -> tuple[int, int]:
     """(training, test) images per epoch of a run: N_train and N_test of the module docstring."""
-    dataset = row["dataset"]
-    if dataset == "synthetic":
-        n_train, n_test = config["synthetic"]["num_train"], config["synthetic"]["num_test"]
-    else:
-        n_train, n_test = vocab.DATASETS[dataset].train, vocab.DATASETS[dataset].test
+    n_train, n_test = prepared_sizes(config, row["dataset"])
     limit_train, limit_test = int(row["limit_train"]), int(row["limit_test"])
     if 0 < limit_train < n_train:
         n_train = limit_train

@@ -11,8 +11,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from scalestudy import vocab
-from scalestudy.study.runs import trainer_args
+from scalestudy.study.runs import prepared_sizes, trainer_args
 from scalestudy.trainer.config import POWERSGD_START_ITER
 
 
@@ -222,10 +221,9 @@ def window_problems(config: dict, rows: list[dict]) -> list[str]:
     """The window must fit the data: a profiled epoch holds start_step + steps + 1 steps."""
     prof = config["profiling"]
     # the profiling job sets its own --limit-train, so only the dataset itself bounds it
-    if config["dataset"] == "synthetic":
-        n_train, source = config["synthetic"]["num_train"], "synthetic.num_train"
-    else:
-        n_train, source = vocab.DATASETS[config["dataset"]].train, f"the {config['dataset']} set"
+    n_train = prepared_sizes(config)[0]
+    synthetic = config["dataset"] == "synthetic"
+    source = "synthetic.num_train" if synthetic else f"the {config['dataset']} set"
     problems = []
     if config["train"]["comm_hook"] == "powersgd" and prof["start_step"] < POWERSGD_START_ITER:
         # the trainer's throughput window opens after them too: a profile epoch of fewer

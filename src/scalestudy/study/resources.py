@@ -36,7 +36,7 @@ from pathlib import Path
 from scalestudy import files, vocab
 from scalestudy.errors import PlanError
 from scalestudy.study import plan, profiling
-from scalestudy.study.runs import trainer_args
+from scalestudy.study.runs import prepared_sizes, trainer_args
 
 # Rules that run on the host that runs snakemake (not as Slurm jobs): cheap steps, and
 # prepare_data because login nodes have the internet access compute nodes often lack. The
@@ -376,14 +376,8 @@ def expected_data(config: dict) -> dict[str, int]:
     of a synthetic one, the dataset's own else), `--expect-train`/`--expect-test` of every
     launch: the trainer refuses a set of other sizes before its rendezvous (a data.pt prepared
     by hand, which Snakemake's params trigger does not see without its metadata)."""
-    dataset = config["dataset"]
-    if dataset == "synthetic":
-        sizes = config["synthetic"]
-        return {"expect_train": sizes["num_train"], "expect_test": sizes["num_test"]}
-    return {
-        "expect_train": vocab.DATASETS[dataset].train,
-        "expect_test": vocab.DATASETS[dataset].test,
-    }
+    n_train, n_test = prepared_sizes(config)
+    return {"expect_train": n_train, "expect_test": n_test}
 
 
 def container_flags(config: dict) -> list[str]:

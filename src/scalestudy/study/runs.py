@@ -460,6 +460,16 @@ def _parse_row(path, line: int, cells: list[str], fix: str) -> dict:
     return row
 
 
+def prepared_sizes(config: dict, dataset: str | None = None) -> tuple[int, int]:
+    """(training, test) images of the prepared set of `dataset` (the study's by default): a
+    synthetic set's synthetic.num_train and num_test, another dataset's own (vocab.DATASETS),
+    whatever train.limit_train and limit_test take of them."""
+    dataset = dataset or config["dataset"]
+    if dataset == "synthetic":
+        return config["synthetic"]["num_train"], config["synthetic"]["num_test"]
+    return vocab.DATASETS[dataset].train, vocab.DATASETS[dataset].test
+
+
 def same(table_value, metric_value) -> bool:
     """Compare a run-table value (read back from TSV: a string) with a metrics.json value."""
     if metric_value is None or table_value is None:
