@@ -148,11 +148,13 @@ class Peak:
     why: str | None = None  # why there is no peak (None when there is)
 
 
-# The GPU families of the table, longest first (V100S before V100, L40S before L40): a row's
-# model's first word, lower case ("H100 NVL" -> h100)
-GPU_FAMILIES = tuple(
-    sorted({row.model.split()[0].lower() for row in GPU_PEAKS}, key=lambda f: (-len(f), f))
-)
+def _family(row: GpuPeaks) -> str:
+    """A table row's GPU family: its model's first word, lower case ("H100 NVL" -> h100)."""
+    return row.model.split()[0].lower()
+
+
+# The GPU families of the table, longest first (V100S before V100, L40S before L40)
+GPU_FAMILIES = tuple(sorted({_family(row) for row in GPU_PEAKS}, key=lambda f: (-len(f), f)))
 
 
 def gpu_family(name: str) -> str | None:
@@ -172,8 +174,7 @@ def family_precisions(name: str) -> set[str]:
     """The precisions the GPUs of the family a name is of (gpu_family) have units for, by the
     table (any row of the family: V100 SXM2, PCIe); empty where the name is of no family."""
     family = gpu_family(name)
-    rows = [row for row in GPU_PEAKS if row.model.split()[0].lower() == family]
-    return {precision for row in rows for precision in row.tflops}
+    return {p for row in GPU_PEAKS if _family(row) == family for p in row.tflops}
 
 
 def gpu_peaks(device_name: str) -> GpuPeaks | None:

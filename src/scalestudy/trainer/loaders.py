@@ -168,12 +168,14 @@ def check_prepared(
     skips the sha256 (the cheap check the trainer makes before its process group starts)."""
     out_dir = Path(data_dir) / dataset
     meta_path, data_path = out_dir / "meta.json", out_dir / "data.pt"
-    # the set to make: the expected one where the study says (a synthetic set's sizes), else
-    # the one meta.json describes
     wanted = {"dataset": dataset, "num_train": expect[0], "num_test": expect[1]}
-    cmd = prepare_command(
-        dataset, data_dir, wanted if all(expect) else _meta_if_readable(meta_path)
-    )
+
+    def command(meta: Any) -> str:
+        """The set to make: the expected one where the study says (a synthetic set's sizes),
+        else the one `meta` (meta.json's) describes."""
+        return prepare_command(dataset, data_dir, wanted if all(expect) else meta)
+
+    cmd = command(_meta_if_readable(meta_path))
     for path in (meta_path, data_path):
         if not path.is_file() and (Path(data_dir) / "meta.json").is_file():
             # --data-dir names the prepared dataset itself, not the directory above it
@@ -197,8 +199,7 @@ def check_prepared(
             f"{meta_path} holds {json.dumps(meta)[:40]}, not prepare-data's object; recreate: "
             f"{cmd} --force"
         )
-    if not all(expect):
-        cmd = prepare_command(dataset, data_dir, meta)  # a synthetic set's sizes and seed
+    cmd = command(meta)  # a synthetic set's sizes and seed
     if meta.get("dataset") != dataset or meta.get("format_version") != FORMAT_VERSION:
         raise PreparedDataError(
             f"{meta_path} describes dataset {meta.get('dataset')!r} format "
