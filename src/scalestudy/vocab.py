@@ -116,6 +116,10 @@ GIT_COMMIT_ENV = "SCALESTUDY_GIT_COMMIT"
 # which each rank holds too (files.hold_shared_locks, from trainer/train.py): torchrun's ranks
 # inherit no descriptor of it.
 GPU_SLOT_LOCKS_ENV = "SCALESTUDY_GPU_SLOT_LOCKS"
+# The trainer's switch from cudaProfilerStart/Stop (the capture range of nsys and ncu) to
+# torch.profiler on a GPU (trainer/measure.py Profiler): "torch", set by `scalestudy profile
+# capture` where nsys is missing (jobs/profile.py profiler_env) and by gpu-check's checks.
+PROFILER_ENV = "SCALESTUDY_PROFILER"
 # SLURM_STEP_ID of salloc's shell where a site sets LaunchParameters=use_interactive_step
 # (slurm.conf(5)): SLURM_INTERACTIVE_STEP (0xfffffffa) of slurm.h. That step holds none of the
 # job's resources (srun starts steps from it), and its SLURM_NTASKS is the job's (srun

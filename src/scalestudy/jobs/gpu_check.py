@@ -191,7 +191,7 @@ REFERENCE = Path(scalestudy.__file__).resolve().parents[2] / "benchmarks" / "ref
 # launcher variables of an enclosing job must not reach the trainers gpu-check starts: a rank
 # started inside `srun` would take SLURM_NTASKS for its world size and wait for absent peers
 LAUNCHER_VARS = ("SLURM_", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_")
-LAUNCHER_VARS += ("GROUP_", "TORCHELASTIC_", "SCALESTUDY_PROFILER")
+LAUNCHER_VARS += ("GROUP_", "TORCHELASTIC_", vocab.PROFILER_ENV)
 ERROR_LINE = report.ERROR_LINE  # a line that says why a process failed
 
 
@@ -412,7 +412,7 @@ def recorded_command(
 
 # the environment of a torch.profiler run on a GPU (trainer/measure.py Profiler), as
 # `scalestudy profile capture` sets it where nsys is missing
-TORCH_PROFILER_ENV = {"SCALESTUDY_PROFILER": "torch"}
+TORCH_PROFILER_ENV = {vocab.PROFILER_ENV: "torch"}
 
 
 def trainer(

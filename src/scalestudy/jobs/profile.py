@@ -483,18 +483,13 @@ def _failed(argv: list[str], code: int, where: str = "") -> ProfileError:
 Stopped = local_ranks.Stopped
 
 
-# the trainer's switch from cudaProfilerStart/Stop (nsys's and ncu's capture range) to
-# torch.profiler (trainer/measure.py)
-PROFILER_ENV = "SCALESTUDY_PROFILER"
-
-
 def profiler_env(env: dict[str, str], tool: str) -> dict[str, str]:
-    """The ranks' environment for `tool`: PROFILER_ENV=torch for torch.profiler, and removed
+    """The ranks' environment for `tool`: vocab.PROFILER_ENV=torch for torch.profiler, and removed
     for nsys and ncu, whose capture range is the trainer's cudaProfilerStart: left over from
     the caller's shell it made nsys capture nothing and ncu profile nothing."""
-    env = {k: v for k, v in env.items() if k != PROFILER_ENV}
+    env = {k: v for k, v in env.items() if k != vocab.PROFILER_ENV}
     if tool == "torch":
-        env[PROFILER_ENV] = "torch"
+        env[vocab.PROFILER_ENV] = "torch"
     return env
 
 

@@ -568,7 +568,7 @@ class Profiler:
 
     def __init__(self, cfg: TrainConfig, device: torch.device, rank: int) -> None:
         self.window = cfg.profile_window()
-        self.cuda_api = device.type == "cuda" and os.environ.get("SCALESTUDY_PROFILER") != "torch"
+        self.cuda_api = device.type == "cuda" and os.environ.get(vocab.PROFILER_ENV) != "torch"
         self.device = device
         self.dir = Path(cfg.out) / "profile"
         self.rank = rank
