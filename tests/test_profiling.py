@@ -672,6 +672,27 @@ def test_truncated_nsys_file_names_file_and_line(tmp_path):
     assert proc.returncode == 2 and "line 10" in proc.stderr and not out.exists()
 
 
+def test_two_nsys_stats_reports_in_one_file_are_named_so(tmp_path):
+    """`nsys stats --report cuda_gpu_kern_sum --report nvtx_sum --format csv rep > f.csv` prints
+    both tables, each after its "Processing [...]" line, into one file. Its second table's
+    lines were read as kernel rows: "1 cells, the header has 9 (truncated or unquoted comma?)",
+    which sent the user looking for a damaged file."""
+    both = tmp_path / "nsys_rank0_cuda_gpu_kern_sum.csv"
+    kern = (FIX / "nsys-2024.5" / "nsys_rank0_cuda_gpu_kern_sum.csv").read_text()
+    nvtx = (FIX / "nsys-2024.5" / "nsys_rank0_nvtx_sum.csv").read_text()
+    both.write_text(kern + "\n" + nvtx)
+    second = (
+        len(kern.splitlines())
+        + 1
+        + next(i + 1 for i, line in enumerate(nvtx.splitlines()) if line.startswith("Time (%)"))
+    )
+    with pytest.raises(ProfileFormatError) as err:
+        nsys.read_nsys_table(both)
+    said = str(err.value)
+    assert f"line {second}:" in said and "another nsys stats table" in said, said
+    assert "unquoted comma" not in said and "--output" in said, said
+
+
 def test_skipped_report_is_an_error_that_quotes_the_tool():
     with pytest.raises(ProfileFormatError, match="does not contain CUDA kernel data"):
         nsys.read_nsys_table(FIX / "broken" / "skipped_cuda_gpu_kern_sum.csv")

@@ -111,6 +111,13 @@ def read_nsys_table(path: str | Path) -> tuple[str, list[dict]]:
         header, "Range Instances" if kind == "proj" else "Instances", "Count", "Operations"
     )
     j_name = col(header, {"kern": "Name", "mem": "Operation"}.get(kind, "Range"))
+    for line, cells in rows:  # `nsys stats` with several --report and no --output: stdout
+        stripped = [c.strip() for c in cells]
+        if _is_nsys_header(stripped) or is_combined_summary(stripped):
+            raise ProfileFormatError(
+                path, line, "another nsys stats table begins here: one CSV holds one report "
+                f"(the console output of several --report?); {MAKE_STATS}"
+            )  # fmt: skip
     out = []
     for line, cells in rows:
         if len(cells) > len(header) and all(not c.strip() for c in cells[len(header) :]):
