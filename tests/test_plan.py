@@ -218,6 +218,28 @@ def test_plan_md_prices_the_profiling_jobs_as_the_dry_run_and_the_proposal_do():
     assert "Profiling jobs" not in plan.plan_markdown(config, estimates, [])
 
 
+@pytest.mark.parametrize("proposal_c", [None, 0.2, 0.5])
+def test_plan_md_says_when_the_proposal_prices_its_request_with_another_contingency(proposal_c):
+    """plan.md called its figure with plan.contingency "the request" while the proposal, the
+    allocation request, priced its own with proposal.contingency where that is set: two
+    requests, and the page did not say which contingency the proposal uses."""
+    config = small_config()
+    config["profiling"]["enabled"] = True
+    config["plan"]["contingency"] = 0.2
+    config["proposal"]["contingency"] = proposal_c
+    estimates = plan.estimate_runs(config, build_run_table(config), measured=[])
+    md = plan.plan_markdown(config, estimates, [])
+    row = next(r for r in _md_rows(md, "Parameters") if r[0].startswith("contingency"))
+    together = next(ln for ln in md.splitlines() if ln.startswith("Training and profiling"))
+    if proposal_c in (None, 0.2):  # the proposal's contingency is plan.contingency
+        assert "proposal.contingency" not in md, md
+        assert together.endswith("with contingency: the request)."), together
+    else:
+        assert "proposal.contingency = 0.5" in row[0] and row[1] == "0.2", row
+        assert "proposal.contingency = 0.5" in together, together
+        assert "the request)" not in together, together
+
+
 def measured_row(run: str, per_rank: float, world_size: int, **extra) -> dict:
     row = next(r for r in build_run_table(small_config()) if r["run"] == run)
     out = {k: str(v) for k, v in row.items()}

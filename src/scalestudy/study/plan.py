@@ -308,7 +308,7 @@ def plan_markdown(
     Long because it is the page itself, section after section in reading order; splitting it
     would scatter one document over helpers that are used nowhere else."""
     plan, t = config["plan"], totals(estimates)
-    c = plan["contingency"]
+    c, other = plan["contingency"], proposal_contingency(config)
     remaining = _sum(e for e in estimates if not e.done)
     throughput = sum(e.throughput_calibrated for e in estimates)
     startup_only = sum(e.startup_only for e in estimates)
@@ -381,7 +381,7 @@ def plan_markdown(
         f"| eval_speedup | {plan['eval_speedup']:g} |",
         f"| startup_s | {plan['startup_s']:g} |",
         f"| safety_factor (Slurm time limit) | {plan['safety_factor']:g} |",
-        f"| contingency (request) | {c:g} |",
+        f"| contingency (request{'; ' + other if other else ''}) | {c:g} |",
         "",
         "## Per family",
         "",
@@ -511,14 +511,25 @@ def _profiling_lines(config: dict, training: Total, gpu: bool) -> list[str]:
         return f"{node_h} node-hours" + (f", {gpu_h} GPU-hours" if gpu else "")
 
     rules = "profile_capture and profile_ncu" if prof.jobs > runs else "profile_capture"
+    other = proposal_contingency(config)
     return [
         f"Profiling jobs ({rules} of {_count(runs, 'profiled runs')}, each at its Slurm time "
         f"limit, hardware.runtime_min = {config['hardware']['runtime_min']:g} min, as the "
         f"dry-run and the proposal price them; no energy estimate): "
         f"{_count(prof.jobs, 'jobs')}, {hours(prof)} ({hours(prof, 1 + c)} with contingency).",
-        f"Training and profiling together: {both()} ({both(1 + c)} with contingency: the request).",
+        f"Training and profiling together: {both()} ({both(1 + c)} with contingency: "
+        + (f"this plan's request; {other})." if other else "the request)."),
         "",
     ]
+
+
+def proposal_contingency(config: dict) -> str:
+    """ "" where the proposal's request uses plan.contingency too, else what it uses: the
+    proposal (results/proposal.py) prices its request with proposal.contingency where set."""
+    own = (config.get("proposal") or {}).get("contingency")
+    if own is None or own == config["plan"]["contingency"]:
+        return ""
+    return f"the proposal's request uses proposal.contingency = {own:g}"
 
 
 def up(hours: float) -> str:
