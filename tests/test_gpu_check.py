@@ -1608,9 +1608,7 @@ def test_sigterm_kills_the_checks_processes_and_exits(tmp_path):
         "from pathlib import Path\n"
         "from scalestudy.jobs import gpu_check\n"
         "signal.signal(signal.SIGTERM, gpu_check.stop_children)\n"
-        'child = \'import os, sys, time; open(sys.argv[1], "w").write(str(os.getpid())); '
-        "time.sleep(120)'\n"
-        "argv = [sys.executable, '-c', child, sys.argv[2]]\n"
+        f"argv = {LAUNCHER_WITH_A_RANK!r} + [sys.argv[2]]\n"
         "gpu_check.run_process(argv, Path(sys.argv[1]), gpu_check.Limit(120.0), {})\n"
     )
     proc = subprocess.Popen(
@@ -1626,10 +1624,34 @@ def test_sigterm_kills_the_checks_processes_and_exits(tmp_path):
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 128 + signal.SIGTERM
     assert "stopped by signal 15" in proc.stderr.read()
+    _gone(child, "the check's rank outlived gpu-check")
+
+
+# a launcher whose rank runs in a session of its own, as torchrun starts each rank: the rank
+# writes its pid to the file named last, then both sleep
+LAUNCHER_WITH_A_RANK = [
+    sys.executable,
+    str(Path(__file__).parent / "stand-ins" / "launcher_with_a_rank.py"),
+]
+
+
+def _gone(pid: int, why: str) -> None:
     deadline = time.monotonic() + 10
-    while Path(f"/proc/{child}").exists() and "Z" not in _state(child):
-        assert time.monotonic() < deadline, "the check's process outlived gpu-check"
+    while Path(f"/proc/{pid}").exists() and "Z" not in _state(pid):
+        assert time.monotonic() < deadline, why
         time.sleep(0.1)
+
+
+def test_a_check_past_its_limit_leaves_no_rank_running(tmp_path, monkeypatch):
+    """The multi-rank checks start torchrun (through `scalestudy launch`), which starts each
+    rank in a session of its own: killing the check's process group at its time limit left
+    the ranks training, orphaned, on the GPU the next timed checks measure."""
+    monkeypatch.setattr(gpu_check, "MIN_START_S", 0.5)
+    pid_file = tmp_path / "rank.pid"
+    argv = [*LAUNCHER_WITH_A_RANK, str(pid_file)]
+    run = gpu_check.run_process(argv, tmp_path / "ranks.log", gpu_check.Limit(3.0), child_env())
+    assert run.timed_out and pid_file.read_text(), (tmp_path / "ranks.log").read_text()
+    _gone(int(pid_file.read_text()), "the check's rank outlived its time limit")
 
 
 # gpu-check's run() in a process of its own (CUDA, the data and the checks stood in):

@@ -46,13 +46,14 @@ reference-* and speed-*) spend most of their seconds compiling (17-30 s a run on
 with four compiling at once). `--only NAMES` runs some checks (a rerun after a fix): a check's
 whole name runs it alone, another entry the checks whose names start with it. Every
 process gets LIMITS_S[kind] seconds, less when less of the budget is left, and is killed with
-its process group beyond that; each check records its wall time. A check stopped by the
+its process group and every process below it (torchrun's ranks, each in a session of its own:
+local_ranks.kill_tree) beyond that; each check records its wall time. A check stopped by the
 budget's deadline, or never started because none was left, and by nothing else, is "not run":
 not a failure of the node, not proven either; the report names the `--only` command for them.
 
 Writes DIR/gpu-check.md and DIR/gpu-check.json (again after each check, marked UNFINISHED with
 the checks still pending: what a killed gpu-check leaves; SIGTERM, SIGINT or SIGHUP kills the
-checks' process groups, which their own sessions keep from the signal), DIR/fixtures/ (for
+checks' processes (kill_tree), which their own sessions keep from the signal), DIR/fixtures/ (for
 tests/fixtures/: torch_ops_rank0.json, the torch-profiler export, ~13 KB; torch-profiler-study/
 its export, ~11 KB, and its chrome trace cut to one step, ~123 KB; ncu_details.csv, ~7 KB; and
 provenance.json, which gives each fixture the shell lines, runnable as they stand, that remake
@@ -98,7 +99,7 @@ import scalestudy
 from scalestudy import files, log, vocab
 from scalestudy.errors import GpuCheckError, ProfileFormatError
 from scalestudy.jobs import gpu_check_report as report
-from scalestudy.jobs import gpu_slots, inventory, launch, profile
+from scalestudy.jobs import gpu_slots, inventory, launch, local_ranks, profile
 from scalestudy.jobs.gpu_check_report import Check, RunResult
 from scalestudy.nsight import ncu as ncu_parser
 from scalestudy.nsight import schema, torch_ops
@@ -256,12 +257,11 @@ _LIVE: set[int] = set()
 
 
 def stop_children(signum: int, _frame) -> None:
-    """SIGTERM / SIGINT / SIGHUP: kill every check's process group and exit; the report
+    """SIGTERM / SIGINT / SIGHUP: kill every check's processes (kill_tree) and exit; the report
     written after the last finished check stays (gpu-check.md says which checks were
     pending)."""
     for pid in list(_LIVE):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGKILL)
+        local_ranks.kill_tree(pid)
     logger.error(f"gpu-check: stopped by signal {signum}; the report holds the checks done")
     os._exit(128 + signum)
 
@@ -275,7 +275,7 @@ def run_process(
     stdout: Path | None = None,
 ) -> RunResult:
     """Run argv in its own session with stdout and stderr in log_path (stdout in `stdout` when
-    given); its whole process group is killed after limit.seconds. `poke(proc)` is called
+    given); it and every process below it are killed after limit.seconds. `poke(proc)` is called
     every 0.1 s while it runs (to send a signal)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     limit_s = limit.seconds
@@ -293,7 +293,7 @@ def run_process(
             stdout=out_file if stdout else log_file,
             stderr=log_file if stdout else subprocess.STDOUT,
             env=env,
-            start_new_session=True,  # its own process group: a timeout kills torchrun's ranks too
+            start_new_session=True,  # its own process group (kill_tree)
         )
         _LIVE.add(proc.pid)
         try:
@@ -321,9 +321,9 @@ def _wait(proc: subprocess.Popen, deadline: float, poke) -> bool:
             poke(proc)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=0.1)
-    # the group of the process this call started: ranks or workers left behind go with it
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
+    # the group of the process this call started, and the ranks torchrun started in sessions
+    # of their own: none left behind on the GPU
+    local_ranks.kill_tree(proc.pid)
     proc.wait()
     return timed_out
 

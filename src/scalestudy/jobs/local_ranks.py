@@ -105,21 +105,35 @@ def rank_groups(pid: int | str = "self") -> list[int]:
     return groups
 
 
-def kill_launch(proc: subprocess.Popen) -> None:
-    """SIGKILL to a launch started in a session of its own (start_new_session) and to its
-    ranks, then waited for. Each rank's process group first (a rank and its DataLoader
-    workers): torchrun starts each in a session of its own, which a kill of the launch alone
-    never reached (a rank hung in a collective, not heeding its signal, ran on, orphaned,
-    holding the device); they are read while the launch lives (children: once it is gone they
-    are init's). Then the launch's own group (a lone rank and what it started)."""
-    for pid in children(proc.pid):
+def descendants(pid: int) -> list[int]:
+    """Every process below process `pid` (children, theirs, ...), parents before children."""
+    found, todo = [], children(pid)
+    while todo:
+        found.append(todo.pop(0))
+        todo += children(found[-1])
+    return found
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL to the process group of process `pid` (started in a session of its own) and to
+    every process below it, each with its group. torchrun starts each rank in a session of its
+    own, which a kill of the launch's group alone never reached (a rank hung in a collective,
+    not heeding its signal, ran on, orphaned, holding the device; gpu-check's checks start
+    torchrun under `scalestudy launch`, a level further down): they are read while the
+    launch lives (once it is gone they are init's), then killed, a rank's group with it (its
+    DataLoader workers)."""
+    for p in [*descendants(pid), pid]:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             try:
-                os.killpg(pid, signal.SIGKILL)
+                os.killpg(p, signal.SIGKILL)
             except ProcessLookupError:  # no group of its own: the process alone
-                os.kill(pid, signal.SIGKILL)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
+                os.kill(p, signal.SIGKILL)
+
+
+def kill_launch(proc: subprocess.Popen) -> None:
+    """SIGKILL to a launch started in a session of its own (start_new_session) and to its
+    ranks (kill_tree), then waited for."""
+    kill_tree(proc.pid)
     proc.kill()  # where its group was not found (a no-op once it has ended)
     proc.wait()
 
