@@ -55,6 +55,50 @@ def test_a_failing_tool_is_recorded_as_an_error_not_a_crash(tmp_path):
     assert "Driver/library mismatch" in info["gpus"]
 
 
+def test_a_failing_tool_is_recorded_by_the_end_of_its_output_on_one_line(tmp_path):
+    """A Python tool's error (srun's step on the job's node: inventory in a traceback) is its
+    last line: the first 500 characters of its stderr were the top of the traceback, cut
+    mid-line over ten lines of the log, the cause lost."""
+    tool = tmp_path / "tool"
+    tool.write_text(
+        f"#!{PYTHON}\nimport sys\n"
+        "sys.stderr.write('Traceback (most recent call last):\\n' + '  File \"x.py\"\\n' * 60)\n"
+        "sys.stderr.write('RuntimeError: cuDNN version incompatibility\\n')\nsys.exit(1)\n"
+    )
+    tool.chmod(0o755)
+    said = inventory_module._cmd([str(tool)])
+    assert said.startswith("error: exit 1: ") and "\n" not in said, said
+    assert said.endswith("RuntimeError: cuDNN version incompatibility"), said
+
+
+def test_a_cudnn_that_torch_refuses_is_recorded_not_a_failed_job(monkeypatch):
+    """torch raises RuntimeError from cudnn.version() where the cuDNN it loaded is not the one
+    it was built for (a cluster's `module load cudnn` first on LD_LIBRARY_PATH): the probe
+    outside every try failed the train rule before its launch, which would have run."""
+    import torch
+
+    def refused():
+        raise RuntimeError("cuDNN version incompatibility: PyTorch was compiled against 9.24")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.backends.cudnn, "is_available", lambda: True)
+    monkeypatch.setattr(torch.backends.cudnn, "version", refused)
+    info = inventory_module._torch()
+    assert info["cudnn"].startswith("error: cuDNN version incompatibility"), info
+
+
+def test_without_a_usable_gpu_no_cuda_runtime_or_cudnn_is_recorded_as_in_use(monkeypatch):
+    """A CPU node's inventory said cuda_runtime 13.0 and cudnn 92400 (what the wheel was built
+    for and bundles) beside nccl "absent" and the run's own cuda_version null: the build's
+    CUDA is its own key."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    info = inventory_module._torch()
+    assert info["cuda_runtime"] == info["cudnn"] == info["nccl"] == "absent", info
+    assert info["torch_built_for_cuda"] == (torch.version.cuda or "absent"), info
+
+
 def test_a_tool_that_prints_bytes_that_are_not_utf8_is_recorded_not_a_crash(tmp_path):
     """A probed tool printing a Latin-1 byte (lscpu's "Intel(R)" as 0xAE, scontrol's WorkDir in
     a Latin-1 named directory) was a UnicodeDecodeError traceback: no inventory, a failed job."""

@@ -61,7 +61,9 @@ def _cmd(argv: list[str], timeout: float = 10.0) -> str:
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"error: {exc}"
     if proc.returncode != 0:
-        return f"error: exit {proc.returncode}: {(proc.stderr or proc.stdout).strip()[:500]}"
+        # its end, on one line: a Python tool's cause is its traceback's last line
+        said = " / ".join(x.strip() for x in (proc.stderr or proc.stdout).splitlines() if x.strip())
+        return f"error: exit {proc.returncode}: {said[-500:]}"
     return proc.stdout.strip()
 
 
@@ -83,19 +85,28 @@ def _gpus() -> list[dict] | str:
 
 
 def _torch() -> dict:
+    """torch's version, the CUDA it was built for, and the CUDA runtime, NCCL and cuDNN in use:
+    "absent" without a usable GPU (a CPU node: the wheel's bundled libraries are not in use),
+    "error: ..." where a probe fails (torch refuses a cuDNN other than its build's, from a
+    `module load` first on LD_LIBRARY_PATH: that failed the job before a launch that would
+    have run)."""
     try:
         import torch
     except ImportError:
         return {"torch": ABSENT}
-    info = {"torch": torch.__version__, "cuda_runtime": torch.version.cuda or ABSENT}
+    info = {"torch": torch.__version__, "torch_built_for_cuda": torch.version.cuda or ABSENT}
+    gpu = torch.cuda.is_available()
+    info["cuda_runtime"] = (torch.version.cuda or ABSENT) if gpu else ABSENT
     try:
-        v = torch.cuda.nccl.version() if torch.cuda.is_available() else None
+        v = torch.cuda.nccl.version() if gpu else None
         info["nccl"] = ".".join(map(str, v)) if isinstance(v, tuple) else (str(v) if v else ABSENT)
     except Exception as exc:
         info["nccl"] = f"error: {exc}"
-    info["cudnn"] = (
-        str(torch.backends.cudnn.version()) if torch.backends.cudnn.is_available() else ABSENT
-    )
+    try:
+        usable = gpu and torch.backends.cudnn.is_available()
+        info["cudnn"] = str(torch.backends.cudnn.version()) if usable else ABSENT
+    except Exception as exc:
+        info["cudnn"] = f"error: {exc}"
     return info
 
 
