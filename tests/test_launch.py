@@ -311,7 +311,7 @@ def test_a_symlink_out_of_the_working_directory_binds_its_target(tmp_path, monke
     def binds(cwd: Path, *flags: str) -> list[str]:
         # the default --data-dir is results/data: inside unless a flag names another
         argv = ["--device", "cpu", "--data-dir", "results/runs", *flags]
-        return launch.container_path_binds(TrainConfig.from_argv(argv), cwd)
+        return launch.container_paths(TrainConfig.from_argv(argv), cwd)[0]
 
     assert binds(work, "--data-dir", "results/data") == [str(scratch / "data")]
     assert binds(work, "--checkpoint-dir", "ckpt/run-1") == [str(scratch / "ckpt")]
@@ -320,6 +320,41 @@ def test_a_symlink_out_of_the_working_directory_binds_its_target(tmp_path, monke
     assert binds(tmp_path / "link-to-study", "--data-dir", "results/data") == [
         str(scratch / "data")
     ]
+
+
+def test_a_path_through_a_symlinked_directory_reaches_the_trainer_as_its_real_path(
+    tmp_path, monkeypatch
+):
+    """`/scratch -> /gpfs/scratch`, a cluster's usual: `--data-dir /scratch/me/data` was bound
+    at its real path, /gpfs/scratch/me/data, while the trainer, given /scratch/me/data, found
+    nothing there inside the image (no /scratch in it): every rank said the data was not
+    prepared; so did a study link `results/ckpt -> /scratch/me/ckpt`, whose target is not in
+    the image either. The trainer now gets the real path, which is what is bound."""
+    parser = argparse.ArgumentParser()
+    launch.add_arguments(parser)
+    work, real = tmp_path / "study", tmp_path / "gpfs" / "scratch"
+    (work / "results").mkdir(parents=True)
+    (real / "me" / "data").mkdir(parents=True)
+    (real / "me" / "ckpt").mkdir()
+    (tmp_path / "scratch").symlink_to(real)
+    (work / "results" / "ckpt").symlink_to(tmp_path / "scratch" / "me" / "ckpt")
+    image = work / "trainer.sif"
+    image.write_bytes(b"an image")
+    monkeypatch.chdir(work)
+    flags = ["--device", "cpu", "--data-dir", str(tmp_path / "scratch/me/data")]
+    flags += ["--checkpoint-dir=results/ckpt/run-1", "--out", "results/runs/run-1"]
+    argv = launch.build_command(
+        parser.parse_args(["--container", str(image), "--", *flags]), {"PATH": "/bin"}
+    )
+    bound = [argv[i + 1] for i, a in enumerate(argv[: argv.index(str(image))]) if a == "--bind"]
+    assert bound[1:] == [str(real / "me" / "data"), str(real / "me" / "ckpt")], bound
+    seen = TrainConfig.from_argv(argv[argv.index("train") + 1 :])  # what the trainer reads
+    assert seen.data_dir == str(real / "me" / "data")
+    assert seen.checkpoint_dir == str(real / "me" / "ckpt" / "run-1")
+    assert seen.out == "results/runs/run-1"  # inside the working directory: as written
+    # outside a container the paths are the host's own: as written
+    argv = launch.build_command(parser.parse_args(["--", *flags]), {"PATH": "/bin"})
+    assert TrainConfig.from_argv(argv[argv.index("train") + 1 :]).data_dir == flags[3]
 
 
 def test_trainer_flags_without_the_separator_name_it():

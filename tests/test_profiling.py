@@ -2668,7 +2668,7 @@ def test_nsys_in_the_container_through_the_stand_ins(data_dir, tmp_path):
     code = container.source_dir()  # the checkout's src/, then the profiler's installation
     bound = [argv[i + 1] for i, word in enumerate(argv) if word == "--bind"]
     assert bound[:2] == [f"{code}:{code}:ro", str(STAND_INS.resolve())]
-    # then the trainer's directories outside the working directory (launch.container_path_binds)
+    # then the trainer's directories outside the working directory (launch.container_paths)
     assert str(data_dir) in bound[2:] and all(b.startswith(str(tmp_path.parent)) for b in bound[2:])
     assert argv[argv.index("--profiler") + 1] == str((STAND_INS / "nsys").resolve())
     for rank in (0, 1):

@@ -176,11 +176,10 @@ def build_command(args: argparse.Namespace, env: dict[str, str]) -> list[str]:
         # the image's own python; its digest goes into metrics.json (container_digest)
         from scalestudy.jobs.container import exec_prefix
 
-        binds = [  # host dirs the wrapper needs inside, and the trainer's own
-            *getattr(args, "container_binds", ()),
-            *container_path_binds(config, Path.cwd()),
-        ]
+        own_binds, real_paths = container_paths(config, Path.cwd())
+        binds = [*getattr(args, "container_binds", ()), *own_binds]  # the wrapper's, the trainer's
         python = [*exec_prefix(args.container, gpu=args.gpu, binds=binds), *prefix, "python"]
+        train_args = [*train_args, *real_paths]  # the last of a flag wins (argparse)
     refuse_array_task(env)
     one_rank = args.nodes * args.ranks_per_node == 1
     step = vocab.slurm_step(env)  # salloc's interactive step is none: srun works there
@@ -267,8 +266,10 @@ def train_device(config: TrainConfig, env: dict[str, str]) -> str:
 PATH_FLAGS = ("data_dir", "checkpoint_dir", "out")
 
 
-def container_path_binds(config: TrainConfig, cwd: Path) -> list[str]:
-    """Host directories to bind into the container at their own path: for each path of
+def container_paths(config: TrainConfig, cwd: Path) -> tuple[list[str], list[str]]:
+    """(binds, flags): host directories to bind into the container at their own path, and the
+    trainer's flags that give it the real path where that is not the path as written. For each
+    path of
     PATH_FLAGS outside the working directory `cwd`, its nearest existing directory (the trainer
     makes its checkpoint and output directories). Apptainer binds only $HOME, the working
     directory and /tmp by default; a cluster's /scratch, where config/README.md tells users to
@@ -281,8 +282,12 @@ def container_path_binds(config: TrainConfig, cwd: Path) -> list[str]:
     "Outside" is judged by the real path (os.path.realpath, symlinks resolved, of the path and
     of `cwd`): inside the image a symlink still points where it does on the host, so
     `results/data -> /scratch/me/data` needs /scratch/me/data bound (it was judged by the path
-    as written, inside cwd, and got no bind). The real path is what is bound."""
+    as written, inside cwd, and got no bind). The real path is what is bound, and what the
+    trainer is given where a symlink is on the way (`/scratch -> /gpfs/scratch`, a cluster's
+    usual): inside the image neither /scratch nor a link's target there exists, and every rank
+    found no data at /scratch/me/data, bound at /gpfs/scratch/me/data."""
     binds: list[str] = []
+    flags: list[str] = []
     home = Path(os.path.realpath(cwd))
     for name in PATH_FLAGS:
         flag, value = f"--{flag_name(name)}", getattr(config, name)
@@ -292,6 +297,8 @@ def container_path_binds(config: TrainConfig, cwd: Path) -> list[str]:
         path = Path(os.path.realpath(cwd / value))
         if path.is_relative_to(home):
             continue
+        if str(path) != os.path.abspath(cwd / value):
+            flags += [flag, str(path)]
         there = next(p for p in (path, *path.parents) if p.is_dir())
         if there == Path("/"):
             raise LaunchError(
@@ -305,7 +312,7 @@ def container_path_binds(config: TrainConfig, cwd: Path) -> list[str]:
             )
         if str(there) not in binds:
             binds.append(str(there))
-    return binds
+    return binds, flags
 
 
 def run(args: argparse.Namespace) -> int:
