@@ -970,8 +970,13 @@ def nvml_handle(pynvml, props):
     raise LookupError(f"no NVML device matches this CUDA device ({'; '.join(errors)})")
 
 
+# seconds between two NVML samples of a rank's GPU (utilisation, power, clock): a window much
+# shorter may hold none (gpu_util_mean null), as gpu-check's reference runs' 0.5 s do
+NVML_INTERVAL_S = 0.5
+
+
 class NvmlSampler:
-    """This rank's GPU sampled every 0.5 s (GPU_SAMPLE_COLUMNS) during training.
+    """This rank's GPU sampled every NVML_INTERVAL_S (GPU_SAMPLE_COLUMNS) during training.
 
     stop() returns the mean utilisation of the samples taken inside the throughput window's
     spans (open_span() .. close_span(), one per epoch), None without NVML or without a sample in
@@ -985,7 +990,7 @@ class NvmlSampler:
     def __init__(
         self,
         device: torch.device,
-        interval_s: float = 0.5,
+        interval_s: float = NVML_INTERVAL_S,
         out: Path | None = None,
         rank: int = 0,
         read=None,
