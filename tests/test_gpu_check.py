@@ -1314,6 +1314,19 @@ def test_reference_passes_when_ours_is_not_slower_and_reports_the_target():
     assert check.numbers["ours_mfu_unmeasured"] == "no published peak for 'stand-in GPU'"
 
 
+@pytest.mark.parametrize("ours_img_s", [9999.6, 9990.0, 10000.4, 29999.6, 29990.0])
+def test_the_reference_ratio_printed_and_its_verdicts_agree(ours_img_s):
+    """The ratio was judged unrounded and printed to 3 decimals (fmt: 4 digits): 0.99996 failed
+    as "ours / reference = 1.00 < 1.0" beside a printed ratio of 1, and 2.99996 printed 3 with
+    target_3x_met no. Judged as printed, the report never contradicts itself."""
+    check = report.judge_reference("bf16", *reference_case(ours_img_s))
+    printed = float(report.fmt(check.numbers["ratio"]))
+    assert (check.status == PASS) == (printed >= report.MIN_RATIO), (printed, check.problems)
+    assert check.numbers["target_3x_met"] == (printed >= report.TARGET_RATIO), printed
+    for problem in check.problems:
+        assert f"= {report.fmt(check.numbers['ratio'])} <" in problem, problem
+
+
 H100 = {"type": "cuda", "name": "NVIDIA H100 80GB HBM3"}
 H100_BF16 = {"device": H100, "peak_flops": 989.5e12, "mfu_unmeasured": None}
 H100_BF16["peak_flops_source"] = "NVIDIA H100 Tensor Core GPU datasheet, H100 SXM column"
@@ -1438,7 +1451,7 @@ def test_speed_fails_and_says_why(change, problem):
 @pytest.mark.parametrize(
     ("ours", "change", "problem"),
     [
-        (8000.0, {}, "0.80 < 1.0"),
+        (8000.0, {}, "= 0.8 < 1"),
         (25000.0, {"width": 16}, "width differs"),
         (25000.0, {"cudnn_fp32_precision": "tf32"}, "cudnn_fp32_precision differs"),
         (25000.0, {"device": "cpu"}, "not both on cuda"),
