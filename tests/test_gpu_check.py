@@ -229,6 +229,45 @@ def test_an_out_that_is_a_file_or_a_foreign_work_dir_is_refused(tmp_path):
     assert not old.exists()
 
 
+def test_an_earlier_report_is_gone_before_this_run_can_die(tmp_path):
+    """prepare_out deletes the earlier run's fixtures; a run that then died in versions() (a
+    traceback, a stop signal before the handlers) left the earlier gpu-check.md saying PASSED
+    beside them, listing fixtures no longer there."""
+    out = tmp_path / "out"
+    gpu_check.prepare_out(out)
+    report.write_report(out, {"host": "earlier", "budget_s": 600}, [])
+    assert (out / "gpu-check.md").exists() and (out / "gpu-check.json").exists()
+    gpu_check.prepare_out(out)
+    assert not (out / "gpu-check.md").exists() and not (out / "gpu-check.json").exists()
+
+
+def test_a_deletion_stopped_part_way_leaves_what_the_next_run_deletes(tmp_path, monkeypatch):
+    """The earlier work directory (and fixtures/) is deleted with its mark last: a stop part
+    way (SIGTERM before the handlers, in the order the directory lists its entries) that took
+    the mark first left a directory every later run refused as "not made by gpu-check"."""
+    out = tmp_path / "out"
+    work = gpu_check.prepare_out(out)
+    for name in ("a", "runs", "z"):
+        (work / name).mkdir()
+        (work / name / "f.log").write_text("earlier run")
+    real = shutil.rmtree
+
+    def stopped_part_way(path, *args, **kwargs):
+        # the first entry in name order (the mark, a dot-name, where the whole tree is given)
+        first = sorted(Path(path).iterdir())[0] if Path(path).is_dir() else None
+        if first is not None:
+            real(first) if first.is_dir() else first.unlink()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(gpu_check.shutil, "rmtree", stopped_part_way)
+    with pytest.raises(KeyboardInterrupt):
+        gpu_check.prepare_out(out)
+    monkeypatch.setattr(gpu_check.shutil, "rmtree", real)
+    assert gpu_check.prepare_out(out) == work and sorted(work.iterdir()) == [
+        work / gpu_check.WORK_MARK
+    ]
+
+
 def test_a_work_directory_elsewhere_is_checked_like_the_default(tmp_path):
     """--work WORK: made afresh and marked, refused where gpu-check did not make it, or where
     deleting it would delete DIR (or DIR inside it) or DIR/fixtures."""

@@ -835,9 +835,11 @@ def refuse_without_gpu() -> None:
 
 
 def prepare_out(out: Path, work: Path | None = None) -> Path:
-    """DIR, with a fresh work directory (`work`, default DIR/gpu-check-work) and no DIR/fixtures
-    (write_fixture makes it); refuses, before deleting anything, to delete either where
-    gpu-check did not make it (--out tests/ would otherwise empty tests/fixtures). The work
+    """DIR, with a fresh work directory (`work`, default DIR/gpu-check-work), no DIR/fixtures
+    (write_fixture makes it) and no earlier report (a run dying before its first would leave a
+    PASSED one beside deleted fixtures; remove_marked deletes them); refuses, before deleting
+    anything, to delete either where gpu-check did not make it (--out tests/ would otherwise
+    empty tests/fixtures). The work
     directory holds WORK_MARK; DIR/fixtures holds none (it took one of the few files a wrapper
     brings back): it is gpu-check's when its provenance.json names every file in it
     (fixtures_made_here). Returns the work directory."""
@@ -862,12 +864,29 @@ def prepare_out(out: Path, work: Path | None = None) -> Path:
             f"{fixtures} was not made by gpu-check (no {PROVENANCE} of it names every file "
             "there), which would delete it: choose another --out"
         )
-    shutil.rmtree(work, ignore_errors=True)
-    shutil.rmtree(fixtures, ignore_errors=True)
+    remove_marked(work, WORK_MARK)
+    remove_marked(fixtures, PROVENANCE)
+    for name in (report.REPORT_MD, report.REPORT_JSON):  # an earlier run's must not pass for this
+        (out / name).unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True)
     (work / WORK_MARK).write_text("made by `scalestudy gpu-check`; deleted by its next run\n")
     return work
+
+
+def remove_marked(tree: Path, mark: str) -> None:
+    """Delete a directory gpu-check made with the file that marks it as its own last: a stop
+    part way (SIGTERM before the handlers) leaves the mark, which lets the next run delete the
+    rest (taken first, in the order the directory lists its entries, it left a directory every
+    later run refused as not gpu-check's). A failure (an NFS .nfsXXXX file held open) raises
+    (an OSError naming the path: one line), the mark kept."""
+    if not tree.exists():
+        return
+    for entry in tree.iterdir():
+        if entry.name != mark:
+            shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+    (tree / mark).unlink(missing_ok=True)
+    tree.rmdir()
 
 
 def fixtures_made_here(fixtures: Path) -> bool:

@@ -1267,11 +1267,14 @@ def report_markdown(doc: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+REPORT_JSON, REPORT_MD = "gpu-check.json", "gpu-check.md"
+
+
 def write_report(out_dir: Path, header: dict, checks: list[Check]) -> dict:
     """gpu-check.json and gpu-check.md in out_dir (atomic); returns the JSON document."""
     doc = report_json(header, checks)
-    files.write_json(out_dir / "gpu-check.json", doc)
-    files.write_text(out_dir / "gpu-check.md", report_markdown(doc))
+    files.write_json(out_dir / REPORT_JSON, doc)
+    files.write_text(out_dir / REPORT_MD, report_markdown(doc))
     return doc
 
 
