@@ -1058,6 +1058,22 @@ def test_the_precision_legend_counts_its_world_sizes_in_words(axes, device, one,
     assert [t.get_text() for t in axes.get_legend().get_texts()] == [one, two]
 
 
+def test_the_precision_figure_flags_only_what_disqualifies_and_prints_it_apart(axes):
+    """(!) stood on every difference beyond the tolerance, a gain too (the demo's bf16 "+2.7 pp
+    (!)") while the verdict chose that precision as the best: only a loss disqualifies. And
+    one decimal printed -1.04 and -0.96 pp alike, "-1.0 pp", one flagged and one not."""
+    runs = [run("p1", "precision", 1, 256, 1000, acc=0.90),
+            run("b1", "precision", 1, 256, 1800, precision="bf16", acc=0.93),
+            run("h1", "precision", 1, 256, 1700, precision="fp16", acc=0.8896),
+            run("t1", "precision", 1, 256, 1200, precision="tf32", acc=0.8904)]  # fmt: skip
+    # as scaling.csv holds them (files.csv_text: true/false)
+    rows = [{k: {"True": "true", "False": "false"}.get(v, v) for k, v in r.items()}
+            for r in scaling_rows(runs)]  # fmt: skip
+    plots.plot_precision(axes, rows, "cuda", targets={"accuracy_tolerance": 0.01})
+    labels = sorted(t.get_text() for t in axes.texts)
+    assert labels == ["+0.0 pp", "+3.0 pp", "-0.96 pp", "-1.04 pp (!)"], labels
+
+
 def test_every_gpu_util_series_has_its_own_style_and_the_targets_come_in_pairs(tmp_path, axes):
     """The fallback styles counted strong and weak too: the 9th series was drawn exactly as
     strong. And a targets.csv with strong_efficiency but not its world size was a KeyError."""

@@ -22,6 +22,7 @@ from scalestudy import files, log, vocab
 from scalestudy.errors import AnalysisError
 from scalestudy.files import check_outputs, number
 from scalestudy.results.analyze import PROFILE_CATEGORIES, read_csv, read_table
+from scalestudy.results.render_report import fmt_pct_apart
 
 logger = log.get(__name__)
 
@@ -211,7 +212,12 @@ def plot_comm_fraction(ax, scaling, device, **_):
     ax.legend()
 
 
-def plot_precision(ax, scaling, device, **_):
+def plot_precision(ax, scaling, device, targets=None, **_):
+    """Speedup over fp32 per precision and world size; each bar's label the accuracy difference
+    in percentage points, printed apart from the tolerance (fmt_pct_apart), with (!) where it
+    is a loss beyond it: what disqualifies a precision (analyze._lost_accuracy; a gain beyond
+    it does not)."""
+    tolerance = (targets or {}).get("accuracy_tolerance")
     rows = [r for r in scaling if r["family"] == "precision"]
     if not rows:
         raise AnalysisError("scaling.csv has no precision rows (family precision did not run)")
@@ -239,8 +245,9 @@ def plot_precision(ax, scaling, device, **_):
             std = number(r.get("precision_speedup_std"))
             errs.append(std or math.nan)
             diff = number(r["acc_diff_vs_fp32"])
-            flag = "" if r["acc_within_tolerance"] != "false" else " (!)"
-            labels.append("" if diff is None else f"{100 * diff:+.1f} pp{flag}")
+            lost = r["acc_within_tolerance"] == "false" and diff is not None and diff < 0
+            shown = fmt_pct_apart(diff, tolerance, signed=True)
+            labels.append("" if diff is None else f"{shown} pp{' (!)' if lost else ''}")
         bars = ax.bar(
             xs,
             ys,
@@ -637,7 +644,9 @@ def run(args: argparse.Namespace) -> int:
             if args.figure == "accuracy"
             else []
         ),
-        "targets": read_targets(args.targets) if args.figure == "efficiency" else {},
+        "targets": (  # efficiency's target lines, precision's accuracy tolerance
+            read_targets(args.targets) if args.figure in ("efficiency", "precision") else {}
+        ),
         "shares": (  # read by its own figure only, from its results/csv path by default
             # analyze writes it, empty or not
             read_table(args.profile_shares, "profile_shares", "--profile-shares")
