@@ -1901,6 +1901,64 @@ def test_collect_refuses_a_measurement_analyze_would_refuse_naming_the_runs_file
         collect.collect([row], tmp_path / "runs")
 
 
+def test_collect_refuses_a_run_trained_with_another_flag_its_config_hash_records(tmp_path):
+    """metrics.json records the run's config_hash and every trainer flag, but collect compared
+    the run-table columns only: a run trained by hand with a diagnostic delay
+    (--diag-data-delay-ms 20: 58% slower), --sync-debug or another --backend became one more
+    repeat, averaged into the scaling numbers. A flag that differs is named; an older
+    trainer's metrics.json, whose hash covers fewer flags, or one without a hash, is not
+    refused for that alone."""
+    from dataclasses import asdict
+
+    from scalestudy.cli import main
+    from scalestudy.errors import CollectError
+    from scalestudy.results import collect
+    from scalestudy.study.runs import read_runs_tsv, trainer_args
+    from scalestudy.trainer.config import TrainConfig
+
+    table = tmp_path / "runs.tsv"
+    demo = Path(__file__).parents[1] / "config" / "demo.yaml"
+    argv = ["matrix", "--config", str(demo), "--out", str(table)]
+    assert main([*argv, "--set", "dataset=synthetic"]) == 0
+    row = read_runs_tsv(table)[0]
+    run_dir = tmp_path / "runs" / row["run"]
+    run_dir.mkdir(parents=True)
+    n = int(row["epochs"])
+    epochs = [
+        dict.fromkeys(vocab.EPOCH_COLUMNS, "0.9") | {"epoch": str(e)} for e in range(1, n + 1)
+    ]
+    files.write_csv(run_dir / "epochs.csv", None, epochs)
+    flags = TrainConfig.from_argv(trainer_args(row))
+    good = (
+        dict.fromkeys(collect.REQUIRED_METRICS, None)
+        | asdict(flags)
+        | {
+            **{k: int(row[k]) for k in ("world_size", "nodes", "ranks_per_node", "global_batch")},
+            "seed": int(row["seed"]),
+            "device": {"type": "cpu", "name": "x86_64"},
+            "backend": "gloo",  # in effect (--backend auto resolved), not the flag
+            **{"throughput_img_s": 900.0, "throughput_img_s_per_rank": 450.0, "epoch_time_s": 2.5},
+            **{"final_val_acc": 0.9, "comm_exposed_frac": 0.1, "train_time_s": 12.0},
+            "config_hash": flags.config_hash(),
+        }
+    )
+    metrics = run_dir / "metrics.json"
+    files.write_json(metrics, good)
+    assert collect.collect([row], tmp_path / "runs")[0][0]["config_hash"] == flags.config_hash()
+    slowed = TrainConfig.from_argv([*trainer_args(row), "--diag-data-delay-ms", "20"])
+    files.write_json(
+        metrics, good | {"diag_data_delay_ms": 20.0, "config_hash": slowed.config_hash()}
+    )
+    with pytest.raises(CollectError) as info:
+        collect.collect([row], tmp_path / "runs")
+    said = str(info.value)
+    assert said.startswith(f"run {row['run']}: {metrics} was trained with diag_data_delay_ms 20.0,")
+    assert "the run table's flags give 0.0" in said and "another configuration" in said, said
+    # an older trainer's (its hash over fewer flags, every recorded one the same) is collected
+    files.write_json(metrics, good | {"config_hash": "0123456789abcdef"})
+    assert collect.collect([row], tmp_path / "runs")[0][0]["final_val_acc"] == 0.9
+
+
 def test_a_table_cut_short_is_one_line_not_a_report_of_fewer_families(tmp_path, capsys):
     """A scaling.csv cut off mid-row (a full disk, a copy interrupted): the short row's missing
     cells were read as None and passed as filled, and the report said the families of the lost

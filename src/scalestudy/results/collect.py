@@ -20,13 +20,15 @@ is refused before any work.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
 from scalestudy import files, log, vocab
 from scalestudy.errors import CollectError
 from scalestudy.results import analyze
-from scalestudy.study.runs import RUN_COLUMNS, read_runs_tsv, same
+from scalestudy.study.runs import RUN_COLUMNS, read_runs_tsv, same, trainer_args
+from scalestudy.trainer.config import NOT_IDENTITY, TrainConfig
 
 logger = log.get(__name__)
 
@@ -134,6 +136,11 @@ def collect(table: list[dict], runs_dir: Path) -> tuple[list[dict], list[dict]]:
                     f"{run_fix(run_dir / 'metrics.json')}"
                 )
             merged.setdefault(key, value)
+        if differs := flag_differences(row, metrics):
+            raise CollectError(
+                f"run {row['run']}: {run_dir / 'metrics.json'} was trained with {differs}: the "
+                f"result is from another configuration; {run_fix(run_dir / 'metrics.json')}"
+            )
         # the measurements analyze reads, checked as analyze checks runs.csv, here where the
         # fix is to rerun the run: refused in runs.csv, the value came back with every collect
         measured = {k: v for k, v in merged.items() if k not in row}
@@ -153,6 +160,30 @@ def collect(table: list[dict], runs_dir: Path) -> tuple[list[dict], list[dict]]:
         for epoch in epochs:
             epoch_rows.append({**{c: row[c] for c in EPOCH_ID_COLUMNS}, **epoch})
     return runs_rows, epoch_rows
+
+
+# the TrainConfig fields whose metrics.json value is what was in effect, not the flag (the
+# device's type and name, --backend auto resolved, the batches --global-batch sets): the run
+# table's device and batches are compared with them as columns
+IN_EFFECT = ("device", "backend", "local_batch", "global_batch")
+
+
+def flag_differences(row: dict, metrics: dict) -> str:
+    """The trainer flags of the run's experiment (TrainConfig's, not NOT_IDENTITY) that
+    metrics.json records with another value than the run table's flags give them, where its
+    config_hash is not theirs ("" where it is, or where no recorded flag differs: an older
+    trainer's hash covers fewer flags). A run trained by hand with a diagnostic delay,
+    --sync-debug or another --backend was collected as one more repeat."""
+    flags = TrainConfig.from_argv(trainer_args(row))
+    if metrics.get("config_hash") in (None, flags.config_hash()):
+        return ""
+    return ", ".join(
+        f"{key} {metrics[key]!r}, the run table's flags give {value!r}"
+        for key, value in dataclasses.asdict(flags).items()
+        if key not in (*NOT_IDENTITY, *IN_EFFECT)
+        and key in metrics
+        and not same(value, metrics[key])
+    )
 
 
 def history_problem(epochs: list[dict], metrics: dict) -> str | None:
