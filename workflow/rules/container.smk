@@ -4,6 +4,8 @@
 # command (its shape is a param: jobs/container.py build_signature; an edit elsewhere in the
 # package rebuilds nothing). Training declares the .sif as an input, so a rebuilt image reruns training. The recipe
 # belongs to the repository (--context), the image to the study (the working directory).
+# Snakemake deletes the old image before the build (a job's outputs go first): a new file, made
+# with the umask or the directory's default ACL (give containers/ one to share the image).
 rule build_container:
     input:
         definition=repo_file(CONTAINER["definition"]),

@@ -686,8 +686,11 @@ def build(
     """Check the definition (venv: see validate_definition), build into a temp file beside
     `image`, then rename it onto `image` (a reader never sees a half-built image) with the old
     image's group, ACL and mode, fsynced first (files.replace_with: apptainer made it in the
-    builder's umask, and an image shared with the project lost its readers). Returns the new
-    image's digest."""
+    builder's umask, and an image shared with the project lost its readers). That is a rebuild
+    by hand: the workflow's build_container has the image as its output, which Snakemake
+    deletes before the job runs, so there the image is a new file (the umask, or the default
+    ACL of its directory: `setfacl -d -m g:GROUP:rX containers` keeps it the group's) and
+    none exists while it builds. Returns the new image's digest."""
     apptainer = shutil.which("apptainer")
     if apptainer is None:
         raise ApptainerNotFound(INSTALL_HELP)
