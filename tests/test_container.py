@@ -302,6 +302,26 @@ def test_section_typo_names_line_and_suggests(tmp_path):
     assert "did you mean %test?" in str(e.value)
 
 
+def test_header_keywords_and_section_names_are_read_in_any_case_as_apptainer_reads_them(
+    tmp_path,
+):
+    """Apptainer lowercases header keywords and section names (its definition parser), so
+    `BootStrap: docker`, common in older Singularity recipes, `FROM:` and `%Post` build; here
+    they were "'Bootstrap:' is missing" and "unknown section '%Post'"."""
+    text = variant("Bootstrap: docker", "BootStrap: docker").replace("From: ", "FROM: ", 1)
+    text = text.replace("%post\n", "%Post\n", 1)
+    assert problems_of(tmp_path, text) == []
+    defn = parse_definition(tmp_path / "x.def")
+    assert defn.header["Bootstrap"] == "docker" and "post" in defn.sections
+    # a keyword repeated in another case is repeated all the same (Apptainer keeps the last)
+    (tmp_path / "r.def").write_text("Bootstrap: docker\nFROM: a:1\nFrom: b:2\n")
+    with pytest.raises(DefinitionError, match="repeated"):
+        parse_definition(tmp_path / "r.def")
+    (tmp_path / "m.def").write_text("Bootstrap: docker\n%post\n  true\nbootstrap: docker\n")
+    with pytest.raises(DefinitionError, match="multi-stage"):
+        parse_definition(tmp_path / "m.def")
+
+
 @pytest.mark.parametrize(
     ("text", "line", "message"),
     [

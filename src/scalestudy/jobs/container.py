@@ -73,6 +73,7 @@ APP_SECTIONS = frozenset(
     {"appinstall", "apphelp", "apprun", "applabels", "appenv", "appfiles", "apptest", "appstart"}
 )
 REQUIRED_SECTIONS = ("post", "test", "labels")
+HEADER_KEYS = {"bootstrap": "Bootstrap", "from": "From"}  # the keywords checked, in any case
 # Bootstrap agents of Apptainer's definition format (user guide, "Definition Files": preferred
 # and other agents, and the appendix's dnf alias of yum): a misspelt one ('dockr') fails only
 # when `apptainer build` starts, on the build node.
@@ -164,7 +165,9 @@ def parse_definition(path: str | os.PathLike) -> Definition:
         line = raw.rstrip()
         if line.startswith("%"):
             m = _SECTION_RE.match(line)
-            name, arg = (m.group(1), m.group(2) or "") if m else ("", "")
+            # Apptainer reads section names and header keywords in any case (its definition
+            # parser lowercases them): `%Post`, `BootStrap:` and `FROM:` build there
+            name, arg = (m.group(1).lower(), m.group(2) or "") if m else ("", "")
             if name in APP_SECTIONS:
                 if not arg:
                     raise _error(path, no, f"%{name} needs an app name (e.g. '%{name} myapp')")
@@ -190,13 +193,14 @@ def parse_definition(path: str | os.PathLike) -> Definition:
                     path, no, f"expected a 'Keyword: value' header line or a %section: {raw!r}"
                 )
             key, value = m.group(1), re.sub(r"\s+#.*$", "", m.group(2))
+            key = HEADER_KEYS.get(key.lower(), key)  # the spelling the checks below use
             if key in header:
                 first = lines[key]
                 raise _error(path, no, f"header keyword '{key}' repeated (first on line {first})")
             header[key] = value
             lines[key] = no
         else:
-            if re.match(r"^Bootstrap\s*:", line):
+            if re.match(r"^Bootstrap\s*:", line, re.IGNORECASE):
                 raise _error(
                     path,
                     no,
