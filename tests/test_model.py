@@ -674,7 +674,7 @@ def test_a_modelled_runs_impossible_cell_is_one_clear_error(column, value, what)
     rows = synthetic_rows(sizes=(1, 2))
     rows[3][column] = value
     want = (
-        f"runs.csv: run {rows[3]['run']!r} has {column} = {value!r}, not {what}: write it "
+        f"run {rows[3]['run']!r} has {column} = {value!r}, not {what}: write it "
         "again with `scalestudy collect` (snakemake results/csv/runs.csv)"
     )
     with pytest.raises(AnalysisError) as info:
@@ -702,7 +702,7 @@ def test_plan_on_a_runs_csv_with_an_impossible_cell_says_one_line(tmp_path, caps
     assert cli.main([*argv, "--out-csv", str(tmp_path / "p.csv")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [
-        f"scalestudy plan: {tmp_path / 'runs.csv'}: runs.csv: run {run!r} has {column} = "
+        f"scalestudy plan: {tmp_path / 'runs.csv'}: run {run!r} has {column} = "
         f"{value!r}, not a number > 0: write it again with `scalestudy collect` "
         "(snakemake results/csv/runs.csv)"
     ]
@@ -719,6 +719,25 @@ def test_a_backward_share_out_of_range_is_one_clear_error(value):
         AnalysisError, match=rf"has phase_frac_backward = '{value}', not a fraction"
     ):
         model.points(rows)
+
+
+def test_the_model_command_names_the_file_it_read_for_a_cell_only_the_model_checks(
+    tmp_path, capsys
+):
+    """A bad phase_frac_backward (which check_runs does not read: model.points does) was said as
+    "runs.csv: run ..." of `scalestudy model --runs mine/other.csv`, another file than the
+    one given; a bad grad_sync_bytes named the file. Both name it now, once."""
+    rows = synthetic_rows(sizes=(1, 2))
+    rows[0]["phase_frac_backward"] = "1.5"
+    given = tmp_path / "mine" / "other.csv"
+    given.parent.mkdir()
+    write_rows(given, rows)
+    argv = ["model", "--runs", str(given), "--out-dir", str(tmp_path / "out")]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        f"scalestudy model: {given}: run {rows[0]['run']!r} has phase_frac_backward = '1.5', "
+    ), err
 
 
 # --- the backward share f_bwd ------------------------------------------------------------------

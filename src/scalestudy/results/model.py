@@ -115,7 +115,10 @@ def run(args: argparse.Namespace) -> int:
     numbers = (*RUNS_COUNTS, "throughput_img_s", "bucket_cap_mb")
     optional = (*RUNS_OPTIONAL, "grad_sync_bytes")  # blank: the run is not modelled
     check_runs(rows, args.runs, ("strategy", "precision"), numbers, optional)
-    pts, skipped = model.points(rows)  # an AnalysisError: one line, before anything is written
+    try:  # a cell only the model reads: one line naming the file, before anything is written
+        pts, skipped = model.points(rows)
+    except AnalysisError as exc:
+        raise AnalysisError(f"{args.runs}: {exc}") from None
     compute = model.fit_compute(pts)  # once: the fit, its rows and the left-out list read it
     fit = model.fit_points(pts, compute)
     # configurations without a compute of their precision: no fit row, a not_modelled one

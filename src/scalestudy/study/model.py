@@ -225,7 +225,7 @@ def _num(row: dict, column: str) -> float | None:
         return files.number(row.get(column))
     except ValueError:
         raise AnalysisError(
-            f"runs.csv: run {row.get('run')!r} has {column} = {row.get(column)!r}, not a number"
+            f"run {row.get('run')!r} has {column} = {row.get(column)!r}, not a number"
         ) from None
 
 
@@ -235,7 +235,7 @@ def _fraction(row: dict, column: str) -> float | None:
     x = _num(row, column)
     if x is not None and not files.FRACTION.holds(x):
         raise AnalysisError(
-            f"runs.csv: run {row.get('run')!r} has {column} = {row.get(column)!r}, not "
+            f"run {row.get('run')!r} has {column} = {row.get(column)!r}, not "
             f"{files.FRACTION.what}: {FIX}"
         )
     return x
@@ -247,8 +247,7 @@ def _check_modelled(row: dict) -> None:
     for column, rule in MODELLED_CELLS.items():
         if not rule.holds(row.get(column)):
             raise AnalysisError(
-                f"runs.csv: run {row.get('run')!r} has {column} = {row.get(column)!r}, not "
-                f"{rule.what}: {FIX}"
+                f"run {row.get('run')!r} has {column} = {row.get(column)!r}, not {rule.what}: {FIX}"
             )
 
 
