@@ -1100,6 +1100,26 @@ def test_every_gpu_util_series_has_its_own_style_and_the_targets_come_in_pairs(t
         plots.read_targets(path)
 
 
+@pytest.mark.parametrize(("device", "unit"), [("cuda", "GPUs"), ("cpu", "ranks")])
+def test_the_efficiency_figure_draws_the_targets_of_its_families_and_says_where_they_apply(
+    axes, device, unit
+):
+    """targets.csv holds both targets always: a strong-only study had the weak line drawn too,
+    its points "missing" a target no verdict judged, and the strong line said "(at 8)", no
+    unit, while the caption read every point below a line as a miss."""
+    runs = [run(f"w{n}", "strong", n, 256 // n, 1000 * n * (1 - 0.1 * n)) for n in (1, 2, 4)]
+    targets = {"strong_efficiency": 0.7, "strong_efficiency_gpus": 8, "weak_deviation": 0.1}
+    plots.plot_efficiency(axes, scaling_rows(runs), device, targets)
+    labels = [t.get_text() for t in axes.get_legend().get_texts()]
+    assert f"strong target (judged at 8 {unit})" in labels, labels
+    assert not any(label.startswith("weak target") for label in labels), labels
+    runs.append(run("u2", "weak", 2, 64, 1900))
+    axes.clear()
+    plots.plot_efficiency(axes, scaling_rows(runs), device, targets)
+    labels = [t.get_text() for t in axes.get_legend().get_texts()]
+    assert "weak target: 1 / (1 + D_max), judged at the largest world size" in labels, labels
+
+
 F_W64 = 3328997376  # FLOPs of one training image of the width-64 ResNet-18 (train.py)
 H100_BF16 = 989.5e12  # hardware.py's dense bf16 peak of an H100 SXM
 

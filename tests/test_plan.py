@@ -751,8 +751,7 @@ def test_a_model_error_names_the_runs_csv_it_came_from(tmp_path):
     with pytest.raises(PlanError) as exc:
         plan.model_holdout(small_config(), measured)
     assert str(exc.value) == (
-        f"{other}: run 'w1_lb8_fp32_ddp_bk25_r0' has grad_sync_bytes = 'many', not a "
-        "number"
+        f"{other}: run 'w1_lb8_fp32_ddp_bk25_r0' has grad_sync_bytes = 'many', not a number"
     )
 
 
