@@ -179,6 +179,32 @@ def test_a_bucket_cell_without_a_run_is_said_to_be_unmeasured_not_nan():
     assert not any("nan" in text.lower() for text in labels.values()), labels
 
 
+def test_every_bucket_cell_number_stands_out_from_its_colour():
+    """White numbers on every cell: on cividis' bright yellow end, the fastest cells (the ones a
+    reader looks for) read at a contrast of 1.25:1. Each number is black or white by its
+    cell's luminance: at least 4.5:1 (WCAG AA) on every colour of the map."""
+    runs = [run(f"c{x}", "bucket", 8, 64, x, bucket=b)
+            for b, x in ((1, 10000), (5, 30000), (25, 50000), (100, 70000))]  # fmt: skip
+    plt = plots._pyplot()
+    fig, ax = plt.subplots()
+    plots.plot_bucket(ax, scaling_rows(runs))
+    image = ax.images[0]
+
+    def luminance(rgb):
+        lin = [c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in rgb[:3]]
+        return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+
+    import matplotlib.colors as mcolors
+
+    for t in ax.texts:
+        j = round(t.get_position()[0])
+        cell = image.cmap(image.norm(image.get_array()[0][j]))
+        a, b = luminance(cell), luminance(mcolors.to_rgb(t.get_color()))
+        contrast = (max(a, b) + 0.05) / (min(a, b) + 0.05)
+        assert contrast >= 4.5, (t.get_text(), t.get_color(), contrast)
+    plt.close(fig)
+
+
 def test_verdicts_pass_fail_and_not_measured(runs):
     table = analysis.scaling_table(runs)
     targets = {**analysis.DEFAULT_TARGETS, "strong_efficiency_gpus": 4}
