@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from scalestudy import hardware
 from scalestudy.jobs import inventory as inventory_module
 
 PYTHON = sys.executable
@@ -122,7 +123,7 @@ def test_kernel_files_that_are_not_utf8_are_recorded_not_a_crash(tmp_path, monke
     net = tmp_path / "net"
     (net / "eth0").mkdir(parents=True)
     (net / "eth0" / "operstate").write_bytes(b"up\xff\n")
-    monkeypatch.setattr(inventory_module, "CPUINFO", cpuinfo)
+    monkeypatch.setattr(hardware, "CPUINFO", cpuinfo)
     monkeypatch.setattr(inventory_module, "SYS_NET", net)
     monkeypatch.setattr(inventory_module, "SYS_IB", tmp_path / "no-infiniband")
     assert inventory_module._cpu()["model"] == "Intel\ufffd Xeon"
@@ -151,13 +152,37 @@ def test_a_cpuinfo_without_a_model_name_gives_lscpus_model_or_absent(tmp_path, m
         "  Model name:             Neoverse-V2\\n    Model:                  0\\n'\n"
     )
     lscpu.chmod(0o755)
-    monkeypatch.setattr(inventory_module, "CPUINFO", cpuinfo)
+    monkeypatch.setattr(hardware, "CPUINFO", cpuinfo)
     monkeypatch.setenv("PATH", str(bin_dir))  # the probes look tools up on this PATH
     assert inventory_module._cpu()["model"] == "Neoverse-V2"
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no lscpu either
     assert inventory_module._cpu()["model"] == inventory_module.ABSENT
-    monkeypatch.setattr(inventory_module, "CPUINFO", tmp_path / "no-cpuinfo")
+    monkeypatch.setattr(hardware, "CPUINFO", tmp_path / "no-cpuinfo")
     assert inventory_module._cpu()["model"] == inventory_module.ABSENT
+
+
+def test_the_trainer_names_an_arm_cpu_by_its_model_as_the_inventory_does(tmp_path, monkeypatch):
+    """The inventory reads lscpu's "Model name" where /proc/cpuinfo has none (aarch64), the
+    trainer did not: metrics.json's device name, and runs.csv's device_name after it, was
+    platform.processor() or platform.machine(), the architecture ('aarch64'), on a Grace
+    node. Both read the CPU's model one way (hardware.cpu_model)."""
+    import torch
+
+    from scalestudy.trainer import measure
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(GRACE_CPUINFO)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    lscpu = bin_dir / "lscpu"
+    lscpu.write_text("#!/bin/sh\nprintf 'Architecture: aarch64\\n  Model name: Neoverse-V2\\n'\n")
+    lscpu.chmod(0o755)
+    monkeypatch.setattr(hardware, "CPUINFO", cpuinfo)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    assert measure.device_info(torch.device("cpu")) == {"type": "cpu", "name": "Neoverse-V2"}
+    assert inventory_module._cpu()["model"] == "Neoverse-V2"
+    cpuinfo.write_bytes(b"processor\t: 0\nmodel name\t: Intel\xae Xeon\n")  # read as text
+    assert measure.device_info(torch.device("cpu"))["name"] == "Intel\ufffd Xeon"
 
 
 def test_the_image_digest_is_the_sha256_of_the_image(tmp_path):

@@ -23,7 +23,9 @@ No torch here: the study and the results read this too.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 TFLOPS = 1e12
 
@@ -207,3 +209,30 @@ def mfu(throughput_img_s: float, flops_per_img: float, peak_flops: float, gpus: 
     the peak of the `gpus` devices that produced it (the distinct GPUs: ranks sharing one count
     it once)."""
     return throughput_img_s * flops_per_img / (peak_flops * gpus)
+
+
+# where the CPU's model is read (tests point it elsewhere)
+CPUINFO = Path("/proc/cpuinfo")
+
+
+def cpu_model(lscpu: Callable[[], str]) -> str:
+    """The CPU's model: /proc/cpuinfo's "model name", else lscpu's "Model name" (`lscpu()`, its
+    output, asked for only then: an aarch64 cpuinfo, e.g. a Grace CPU's, has no such line), else
+    "" (never platform.processor(), `uname -p`: the architecture). The inventory and the
+    trainer's device name (metrics.json) both read it so; a byte that is not UTF-8 (a vendor's
+    (R) in Latin-1) becomes U+FFFD, not a UnicodeDecodeError."""
+    try:
+        cpuinfo = CPUINFO.read_text(errors="replace")
+    except OSError:
+        cpuinfo = ""
+    return field(cpuinfo, "model name") or field(lscpu(), "Model name")
+
+
+def field(text: str, key: str) -> str:
+    """The value of the first `key: value` line of `text` (indentation and the spaces before the
+    colon ignored: cpuinfo's "model name\t:", lscpu's "  Model name:   "), else ""."""
+    for line in text.splitlines():
+        name, colon, value = line.partition(":")
+        if colon and name.strip() == key:
+            return value.strip()
+    return ""

@@ -37,13 +37,12 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from scalestudy import files, log, vocab
+from scalestudy import files, hardware, log, vocab
 
 logger = log.get(__name__)
 
 ABSENT = "absent"
-# where the CPU's model and the network devices are read (tests point them elsewhere)
-CPUINFO = Path("/proc/cpuinfo")
+# where the network devices are read (tests point them elsewhere; the CPU's model: hardware.py)
 SYS_NET = Path("/sys/class/net")
 SYS_IB = Path("/sys/class/infiniband")
 
@@ -122,27 +121,13 @@ def _cpu() -> dict:
     "model" at all), else "absent" (not platform.processor(), `uname -p`: the architecture,
     already the "machine")."""
     lscpu = _cmd(["lscpu"])
-    try:
-        cpuinfo = _read(CPUINFO)
-    except OSError:
-        cpuinfo = ""
-    model = _field(cpuinfo, "model name") or _field(lscpu, "Model name")
+    model = hardware.cpu_model(lambda: lscpu)
     return {
         "machine": platform.machine(),
         "logical_cpus": os.cpu_count(),
         "model": model or ABSENT,
         "lscpu": lscpu,
     }
-
-
-def _field(text: str, key: str) -> str:
-    """The value of the first `key: value` line of `text` (indentation and the spaces before the
-    colon ignored: cpuinfo's "model name\t:", lscpu's "  Model name:   "), else ""."""
-    for line in text.splitlines():
-        name, colon, value = line.partition(":")
-        if colon and name.strip() == key:
-            return value.strip()
-    return ""
 
 
 def _network() -> list[dict]:

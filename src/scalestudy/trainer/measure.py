@@ -17,6 +17,7 @@ import os
 import platform
 import resource
 import statistics
+import subprocess
 import threading
 import time
 import warnings
@@ -1127,13 +1128,19 @@ def ranks_per_host(hosts: list[str]) -> list[int]:
 def device_info(device: torch.device) -> dict:
     if device.type == "cuda":
         return {"type": "cuda", "name": torch.cuda.get_device_name(device)}
-    name = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
+    # the model as the inventory reads it: lscpu's where cpuinfo has none (aarch64)
+    name = hardware.cpu_model(_lscpu) or platform.processor() or platform.machine()
     return {"type": "cpu", "name": name}
+
+
+def _lscpu() -> str:
+    """lscpu's output, "" where it is missing or fails."""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        argv = ["lscpu"]
+        return subprocess.run(
+            argv, capture_output=True, text=True, errors="replace", timeout=10
+        ).stdout
+    return ""
 
 
 def git_commit() -> str | None:
