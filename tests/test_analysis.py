@@ -1848,6 +1848,17 @@ def test_a_write_that_fails_part_way_leaves_every_table_as_it_was(tmp_path, caps
     assert {p: p.read_text() for d in (out, html) for p in d.iterdir()} == before
 
 
+def test_a_path_of_bytes_that_are_not_utf8_reaches_runs_csv_as_text():
+    """A run trained by hand with --checkpoint-dir in a Latin-1 named directory: json wrote
+    its byte as a lone surrogate ("\\udcfc"), which failed collect's UTF-8 write of runs.csv
+    with a UnicodeEncodeError traceback. It is written as the escape \\xfc."""
+    from scalestudy.results import collect
+
+    flat = collect.flatten({"checkpoint_dir": "/scratch/m\udcfcller", "hostnames": ["n\udcff1"]})
+    text = files.csv_text(None, [flat])
+    assert text.encode("utf-8") and "/scratch/m\\xfcller" in text and "n\\xff1" in text, text
+
+
 def test_collect_writes_both_tables_or_neither(tmp_path, capsys, monkeypatch):
     """collect wrote runs.csv, then epochs.csv: a full disk at the second left the new runs.csv
     beside the old epochs.csv. Both now go to temp files first (files.write_texts)."""

@@ -314,15 +314,29 @@ def load_epochs(path: Path) -> list[dict]:
 
 
 def flatten(metrics: dict) -> dict:
+    """metrics.json's keys as runs.csv's cells: device -> device_type, device_name; a list
+    joined with ';'; a byte of a path that is not UTF-8 (json's lone surrogate) as its escape."""
     out = {}
     for key, value in metrics.items():
         if key == "device" and isinstance(value, dict):
             out["device_type"], out["device_name"] = value.get("type"), value.get("name")
         elif isinstance(value, list):
-            out[key] = ";".join(map(str, value))
+            out[key] = _text(";".join(map(str, value)))
         else:
-            out[key] = value
+            out[key] = _text(value)
     return out
+
+
+def _text(value):
+    """A string with a lone surrogate (a path's byte that is not UTF-8, as json.dumps writes a
+    Python path) as text UTF-8 can hold: \\xfc for the byte 0xfc (runs.csv's write failed with
+    a UnicodeEncodeError traceback); anything else as it is."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # a surrogate no byte gave: \\udXXX
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 __all__ = ["RUN_COLUMNS", "collect", "CollectError"]
