@@ -69,7 +69,9 @@ N > N0, against the family's N0 configuration with the same precision and the sa
       residual  = dT - comm - data - imbalance      (compute slowed by sharing the machine or
                                                      the network; shown, never hidden, may be < 0)
     each part in img/s = part G / (T T_ideal), so the parts sum to L exactly; as a fraction of
-    X_ideal they sum to loss_frac = L / X_ideal = 1 - efficiency; check = sum of parts - L.
+    X_ideal they sum to loss_frac = L / X_ideal = 1 - efficiency; check = sum of parts - L,
+    which the residual makes 0 by definition: it shows the floating-point rounding only (not a
+    test of the measurement; a reader re-deriving the parts from the CSV can compare with it).
 
 k scales the baseline's own overheads to the ideal step: at perfect scaling every part of the
 step shrinks (strong) or stays (weak) with it, so only overhead beyond that counts as loss.
