@@ -341,6 +341,10 @@ def plot_waterfall(ax, waterfall, device, **_):
         raise AnalysisError("waterfall.csv is empty: no family ran above its smallest world size")
     unit = _unit(device)
     labels = [_waterfall_label(r, unit) for r in waterfall]
+    # 0.7 inch a bar, room for its 3-line label and its note: the default study's 12 bars in
+    # the 5.6-inch figure overlapped both
+    fig = ax.figure
+    fig.set_size_inches(max(fig.get_figwidth(), 0.7 * (len(labels) + 1) + 1.2), fig.get_figheight())
     up, down = [0.0] * len(waterfall), [0.0] * len(waterfall)
     for part, (label, colour, hatch) in WATERFALL_STYLE.items():
         values = [100 * (number(r[f"{part}_frac"]) or 0.0) for r in waterfall]
