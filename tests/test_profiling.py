@@ -477,6 +477,30 @@ def test_the_export_projects_every_threads_launches(tmp_path):
     assert r0 == {"data": 20_000, "forward": 360_000, "backward": 876_000, "optimizer": 40_000}
 
 
+def test_operations_and_launches_without_a_correlation_id_join_nothing(tmp_path):
+    """correlationId may be NULL in the export (a column without NOT NULL): every such launch
+    and every such GPU operation were one key, (process, None), so a NULL launch in each phase
+    gave each phase every NULL operation's time, a 400 us kernel counted in all four. They
+    join nothing: no launch names them."""
+    sql = EXPORT_SQL.read_text() + (
+        "INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES "
+        "(1000500000, 1000900000, 0, 1, 7, NULL, 71168950272, 20, 20);\n"
+        + "".join(
+            "INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES "
+            f"({t}, {t + 100}, 1, 71168954514, NULL, 11, 0, NULL);\n"
+            for t in (1000001000, 1000061000, 1000211000, 1000411000)  # one in each phase
+        )
+    )
+    db = write_export(tmp_path / "nulls.sqlite", sql)
+    phases = {p["name"]: (p["instances"], p["total_ns"]) for p in nsys.export_phases(db)}
+    assert phases == {
+        "data": (2, 20_000),
+        "forward": (2, 360_000),
+        "backward": (2, 876_000),
+        "optimizer": (2, 40_000),
+    }
+
+
 def test_an_old_export_and_exports_without_what_is_projected(tmp_path):
     sql = EXPORT_SQL.read_text()
     # no textId (names in `text` only) and no globalPid in the GPU tables: still projected

@@ -333,7 +333,10 @@ def _export_phases(con: sqlite3.Connection, path: Path) -> list[dict]:
     ops: dict[tuple, list[tuple[float, float]]] = {}
     for table in op_tables:
         for start, end, corr, gpid in con.execute(
-            f"SELECT start, end, correlationId, {pid} FROM {table} WHERE end IS NOT NULL"
+            # an operation without a correlation id joins no launch (all of them were one key,
+            # and a launch without one gave its phase every such operation's time)
+            f"SELECT start, end, correlationId, {pid} FROM {table} "
+            "WHERE end IS NOT NULL AND correlationId IS NOT NULL"
         ):
             _check_span(path, table, start, end)
             ops.setdefault((gpid, corr), []).append((start, end))
@@ -359,7 +362,8 @@ def _export_phases(con: sqlite3.Connection, path: Path) -> list[dict]:
     launches = [
         (start, (gtid & mask, corr))
         for start, corr, gtid in con.execute(
-            f"SELECT start, correlationId, coalesce(globalTid, 0) FROM {LAUNCH_TABLE}"
+            f"SELECT start, correlationId, coalesce(globalTid, 0) FROM {LAUNCH_TABLE} "
+            "WHERE correlationId IS NOT NULL"
         )
         if (gtid & mask) in processes
     ]
