@@ -49,9 +49,12 @@ def off_loopback_addresses() -> list[tuple[str, str]]:
 
 
 def test_the_loopback_master_pins_lo_for_both():
+    """NCCL reads NCCL_SOCKET_IFNAME as name prefixes ("eth1" is eth1, eth10, eth11, ...:
+    its bootstrap took eth10, another network, first), "=eth1" as that name alone; gloo reads
+    GLOO_SOCKET_IFNAME as one name. metrics.json records the name."""
     env: dict[str, str] = {}
     chosen = sdist.pin_interfaces(denv("127.0.0.1"), env)
-    assert env == {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
+    assert env == {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "=lo"}
     assert chosen == {"GLOO_SOCKET_IFNAME": "lo (auto)", "NCCL_SOCKET_IFNAME": "lo (auto)"}
     assert sdist.describe_interfaces(chosen) == "lo (auto)"
 
@@ -93,6 +96,16 @@ def test_a_loopback_master_on_several_nodes_is_refused_without_another_host():
         sdist.pin_interfaces(denv("127.0.0.1", nodes=2), {})
 
 
+def test_an_env_launch_of_several_nodes_without_master_addr_says_so():
+    """An env:// launcher of its own (an mpirun wrapper) without MASTER_ADDR: detect made up
+    127.0.0.1, and the refusal sent the user to /etc/hosts for a variable never set."""
+    env = {"RANK": "2", "WORLD_SIZE": "4", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"}
+    with pytest.raises(LaunchError, match=r"MASTER_ADDR is not set.*2 nodes.*export MASTER_ADDR"):
+        sdist.detect({**env, "MASTER_PORT": "29400"})
+    one_node = {**env, "RANK": "1", "WORLD_SIZE": "2"}  # one node: loopback is right
+    assert sdist.detect(one_node).master_addr == "127.0.0.1"
+
+
 @pytest.mark.skipif(not off_loopback_addresses(), reason="this host has only loopback")
 def test_a_loopback_master_on_several_nodes_takes_the_route_to_another_host():
     name, address = off_loopback_addresses()[0]
@@ -100,7 +113,7 @@ def test_a_loopback_master_on_several_nodes_takes_the_route_to_another_host():
     assert sdist.pin_interfaces(denv("127.0.0.1", nodes=2), env)["GLOO_SOCKET_IFNAME"] == (
         f"{name} (auto)"
     )
-    assert env["NCCL_SOCKET_IFNAME"] == name
+    assert env["NCCL_SOCKET_IFNAME"] == f"={name}"
 
 
 @pytest.mark.skipif(not off_loopback_addresses(), reason="this host has only loopback")

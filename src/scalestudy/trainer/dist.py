@@ -23,7 +23,8 @@ Left alone, gloo binds to the address the host name resolves to: 127.0.1.1 on ho
 /etc/hosts maps the name there (Debian's default), so the other nodes are told to connect to a
 loopback address and the FSDP checkpoint group (gloo) hangs. So, unless the user set
 GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME (a user's value wins and is kept, each on its own), both are
-set to the interface whose address routes to MASTER_ADDR: the kernel's route lookup (connect() of
+set to the interface whose address routes to MASTER_ADDR (NCCL's as "=name": NCCL reads a bare
+name as a prefix of names): the kernel's route lookup (connect() of
 a UDP socket sends nothing) gives the local source address, and the interface holding it is
 found with the SIOCGIFADDR ioctl (IPv4) or /proc/net/if_inet6 (IPv6). A loopback route is right
 on one node; on several nodes it means MASTER_ADDR resolves to this host's loopback (the rank
@@ -176,7 +177,14 @@ def detect(env: Mapping[str, str] = os.environ) -> DistEnv:
             master_port=_int(env, "MASTER_PORT") if "MASTER_PORT" in env else 29500,
             slurm_job_id=job_id,
         )
-        return _in_range(env, d, names)
+        d = _in_range(env, d, names)
+        if d.nodes > 1 and not env.get("MASTER_ADDR"):  # loopback is one node's address
+            raise LaunchError(
+                f"MASTER_ADDR is not set, and the {world_size} ranks span {d.nodes} nodes "
+                "(RANK, WORLD_SIZE, LOCAL_WORLD_SIZE): export MASTER_ADDR=<rank 0's host> (and "
+                "MASTER_PORT) on every rank"
+            )
+        return d
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
         node_rank = _int(env, "SLURM_NODEID") if "SLURM_NODEID" in env else 0
         per_node = tasks_per_node(env.get("SLURM_TASKS_PER_NODE", env["SLURM_NTASKS"]))
@@ -328,7 +336,9 @@ def pin_interfaces(denv: DistEnv, env: MutableMapping[str, str] = os.environ) ->
         name = peer_interface(denv, env)
         for var in IFNAME_VARS:
             if var not in user:
-                env[var] = name
+                # NCCL reads its variable as name prefixes ("eth1": eth10 too, and its bootstrap
+                # took eth10, another network, first); "=eth1" is that name alone
+                env[var] = f"={name}" if var == "NCCL_SOCKET_IFNAME" else name
                 chosen[var] = f"{name} (auto)"
     return chosen
 
