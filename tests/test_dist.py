@@ -31,6 +31,9 @@ def denv(master_addr: str, nodes: int = 1) -> sdist.DistEnv:
     )
 
 
+SIOCGIFADDR = 0x8915  # <linux/sockios.h>: an interface's first IPv4 address (not dist.py's way)
+
+
 def off_loopback_addresses() -> list[tuple[str, str]]:
     """(interface, IPv4 address) of this host's interfaces other than loopback."""
     found = []
@@ -38,7 +41,7 @@ def off_loopback_addresses() -> list[tuple[str, str]]:
         for _, name in socket.if_nameindex():
             try:
                 reply = fcntl.ioctl(
-                    s.fileno(), sdist.SIOCGIFADDR, struct.pack("256s", name[:15].encode())
+                    s.fileno(), SIOCGIFADDR, struct.pack("256s", name[:15].encode())
                 )
             except OSError:
                 continue
@@ -114,6 +117,47 @@ def test_a_loopback_master_on_several_nodes_takes_the_route_to_another_host():
         f"{name} (auto)"
     )
     assert env["NCCL_SOCKET_IFNAME"] == f"={name}"
+
+
+def _own_network() -> bool:
+    """Whether this host lets a test make a network namespace of its own (root, unshare -n)."""
+    try:
+        return subprocess.run(["unshare", "-n", "true"], timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+# in a network namespace of its own: a card (one end of a veth pair) with three IPv4 addresses,
+# the 2nd added as a secondary, the 3rd with an alias label; each is found on the card
+SECONDARY = """
+set -e
+ip link add v0 type veth peer name v1
+ip addr add 10.1.0.1/24 dev v0
+ip addr add 10.2.0.1/24 dev v0
+ip addr add 10.3.0.1/24 dev v0 label v0:x
+ip link set v0 up
+"$PYTHON" -c '
+from scalestudy.trainer import dist
+for peer in ("10.1.0.5", "10.2.0.5", "10.3.0.5"):
+    print(dist.interface_of(dist.route_source(peer, 29500)))
+'
+"""
+
+
+@pytest.mark.skipif(not _own_network(), reason="no network namespace of its own here (unshare -n)")
+def test_an_address_that_is_not_the_cards_first_is_found_on_its_card():
+    """A card with two subnets, MASTER_ADDR in the second: the route's source is the card's
+    second address, and SIOCGIFADDR gives each card its first only: every run on such a node
+    was refused ("no local interface holds 10.2.0.1")."""
+    proc = subprocess.run(
+        ["unshare", "-n", "sh", "-c", SECONDARY],
+        capture_output=True,
+        text=True,
+        env={**child_env(), "PYTHON": PYTHON},
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["v0", "v0", "v0"], proc.stdout
 
 
 @pytest.mark.skipif(not off_loopback_addresses(), reason="this host has only loopback")

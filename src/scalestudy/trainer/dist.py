@@ -24,9 +24,9 @@ Left alone, gloo binds to the address the host name resolves to: 127.0.1.1 on ho
 loopback address and the FSDP checkpoint group (gloo) hangs. So, unless the user set
 GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME (a user's value wins and is kept, each on its own), both are
 set to the interface whose address routes to MASTER_ADDR (NCCL's as "=name": NCCL reads a bare
-name as a prefix of names): the kernel's route lookup (connect() of
-a UDP socket sends nothing) gives the local source address, and the interface holding it is
-found with the SIOCGIFADDR ioctl (IPv4) or /proc/net/if_inet6 (IPv6). A loopback route is right
+name as a prefix of names): the kernel's route lookup (connect() of a UDP socket sends nothing)
+gives the local source address, and the interface holding it is found with the SIOCGIFCONF ioctl
+(IPv4: every address of every card) or /proc/net/if_inet6 (IPv6). A loopback route is right
 on one node; on several nodes it means MASTER_ADDR resolves to this host's loopback (the rank
 on the master node), so the route to the other hosts of the Slurm node list is taken instead.
 Decided: no guess when that fails too, nor when MASTER_ADDR does not resolve or has no route (the
@@ -39,6 +39,7 @@ metrics.json records the result per distinct value over ranks (`net_interface`, 
 
 from __future__ import annotations
 
+import array
 import contextlib
 import datetime
 import fcntl
@@ -255,7 +256,10 @@ def hostname(env: Mapping[str, str] = os.environ) -> str:
 # the variables that choose gloo's and NCCL's socket interface (NCCL_SOCKET_IFNAME also picks
 # NCCL's bootstrap and socket transport; InfiniBand devices are chosen by NCCL_IB_HCA)
 IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
-SIOCGIFADDR = 0x8915  # <linux/sockios.h>: get an interface's (primary) IPv4 address
+SIOCGIFCONF = 0x8912  # <linux/sockios.h>: every IPv4 address, one struct ifreq each
+# struct ifreq: the name (IFNAMSIZ 16), then a union whose largest member is struct ifmap (two
+# unsigned longs, a short, three chars: 24 bytes on 64-bit Linux, 16 on 32-bit) or a sockaddr
+IFREQ_SIZE = 16 + max(16, struct.calcsize("LLHBBB0L"))
 _pinned: dict[str, str] = {}  # IFNAME_VARS -> "name (auto)" / "name (user)", for metrics.json
 
 
@@ -273,19 +277,31 @@ def route_source(host: str, port: int) -> str:
         ) from exc
 
 
+def ipv4_addresses(slots: int = 512) -> list[tuple[str, str]]:
+    """(interface, address) of every IPv4 address of this host (SIOCGIFCONF: a card's second
+    subnet too, which SIOCGIFADDR, each card's first address, never gave: a route from it was
+    refused); an alias label (eth0:1) is its card's name."""
+    buf = array.array("B", bytes(IFREQ_SIZE * slots))
+    pointer, size = buf.buffer_info()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        # struct ifconf {int ifc_len; char *ifc_buf;}: the kernel fills the buffer, says how much
+        reply = fcntl.ioctl(s.fileno(), SIOCGIFCONF, struct.pack("iP", size, pointer))
+    data = buf.tobytes()[: struct.unpack("iP", reply)[0]]
+    found = []
+    for at in range(0, len(data), IFREQ_SIZE):
+        entry = data[at : at + IFREQ_SIZE]
+        name = entry[:16].split(b"\0", 1)[0].decode(errors="replace").split(":", 1)[0]
+        found.append((name, socket.inet_ntoa(entry[20:24])))  # ifr_addr.sin_addr
+    return found
+
+
 def interface_of(address: str) -> str:
     """The name of the local interface that holds `address` (IPv4 or IPv6)."""
     ip = ipaddress.ip_address(address.split("%")[0])
     if ip.version == 4:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            for _, name in socket.if_nameindex():
-                request = struct.pack("256s", name.encode()[:15])  # struct ifreq, IFNAMSIZ 16
-                try:
-                    reply = fcntl.ioctl(s.fileno(), SIOCGIFADDR, request)
-                except OSError:  # no IPv4 address on this interface
-                    continue
-                if socket.inet_ntoa(reply[20:24]) == str(ip):  # ifr_addr.sin_addr
-                    return name
+        for name, held in ipv4_addresses():
+            if held == str(ip):
+                return name
     else:
         # /proc/net/if_inet6: address (32 hex digits), index, prefix, scope, flags, name
         with contextlib.suppress(OSError), open("/proc/net/if_inet6") as f:
@@ -294,8 +310,7 @@ def interface_of(address: str) -> str:
                 if len(fields) == 6 and int(fields[0], 16) == int(ip):
                     return fields[5]
     raise LaunchError(
-        f"no local interface holds {address} (as its primary IPv4 address), the address that "
-        f"routes to MASTER_ADDR; set "
+        f"no local interface holds {address}, the address that routes to MASTER_ADDR; set "
         f"{' and '.join(IFNAME_VARS)} to the interface the ranks reach each other on"
     )
 
