@@ -348,6 +348,41 @@ def test_a_rank_whose_connection_closed_is_named_as_ended(
     assert said[1:] == ["hang diagnosis: the furthest rank(s) 0 wait at step 25, backward"]
 
 
+class _Stopped(KeyboardInterrupt):
+    """What cli.py's SIGTERM handler raises (its Stopped, a KeyboardInterrupt)."""
+
+
+def test_the_launchers_stop_waits_for_the_diagnosis_of_an_ended_rank(
+    stores, trackers, warnings_of_progress, monkeypatch
+):
+    """torchrun's agent (srun's --kill-on-bad-exit) sends the survivors SIGTERM within
+    milliseconds of the first failure: cli.py's handler raised its Stopped inside the 2 s
+    recheck, past contextlib.suppress(Exception), and no diagnosis line was ever printed (a
+    2-rank run with rank 1 killed said only "stopped by SIGTERM"). The stop now comes after."""
+    a, b = trackers
+    a.where, b.where = (25, 0, 1, "backward"), (18, 0, 1, "forward")
+    a.start(stores[0], 0, 2, "hostA", pg_timeout_s=60, watchdog=False)
+    b.start(stores[1], 1, 2, "hostB", pg_timeout_s=60, watchdog=False)
+    time.sleep(1.2)
+    b.stop()
+    monkeypatch.setattr(progress, "TRACKER", a)
+
+    def stop(signum, frame):
+        raise _Stopped(signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        reset = RuntimeError("[pair.cc:545] Read error [127.0.0.1]:50055: Connection closed")
+        with pytest.raises(_Stopped):
+            progress.explain_failure(reset)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    said = [w for w in warnings_of_progress if w.startswith("hang diagnosis: ")]
+    assert said and "rank 1 on hostB last reported step 18" in said[0], said
+    assert signal.getsignal(signal.SIGTERM) is previous
+
+
 @pytest.fixture
 def store_process():
     """A real TCPStore server in a child process (under srun rank 0's process hosts it), which

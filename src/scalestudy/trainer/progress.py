@@ -56,6 +56,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import json
+import signal
 import sys
 import threading
 import time
@@ -351,9 +352,39 @@ def explain_failure(exc: BaseException) -> None:
     if not is_collective_failure(exc):
         return
     closed = any(w in str(exc).lower() for w in CLOSED_CONNECTION_WORDS)
-    with contextlib.suppress(Exception):  # the diagnosis must never hide the failure itself
+    # the diagnosis must never hide the failure itself; the launcher's stop of the survivors
+    # (torchrun's SIGTERM, srun's --kill-on-bad-exit) comes within milliseconds of the first
+    # failure, and raised inside the recheck it left no line: it is delivered after them
+    with stops_held(), contextlib.suppress(Exception):
         for line in TRACKER.diagnosis(RECHECK_AFTER_S if closed else 0.0):
             logger.error(f"hang diagnosis: {line}")
+
+
+STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def stops_held():
+    """SIGINT, SIGTERM and SIGHUP that arrive in the block are raised again once it ends, to the
+    handlers they had (bounded: the diagnosis takes at most RECHECK_AFTER_S and two store
+    reads, within torchrun's 30 s grace and Slurm's KillWait); an ignored one stays ignored.
+    Only the main thread sets handlers: elsewhere the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    held = {
+        s: signal.signal(s, lambda signum, _frame: caught.append(signum))
+        for s in STOPS
+        if signal.getsignal(s) not in (signal.SIG_IGN, None)
+    }
+    try:
+        yield
+    finally:
+        for s, handler in held.items():
+            signal.signal(s, handler)
+        for s in dict.fromkeys(caught):
+            signal.raise_signal(s)
 
 
 def is_collective_failure(exc: BaseException) -> bool:
