@@ -190,6 +190,29 @@ def test_the_machine_checks_judge_the_runs_the_targets_may_launch(tmp_path):
     assert launching(None) == launching(["reports/study.md"]) == []
 
 
+def test_until_and_omit_from_are_judged_by_the_jobs_they_leave(tmp_path):
+    """`snakemake --until prepare_data` (or --omit-from train profile_capture profile_ncu) gives
+    Snakemake no targets: onstart judged every unfinished run, and a GPU study's dataset step on
+    a machine without CUDA was refused with the advice to run the CPU demo, though the same job
+    named as a target ran. --until's rules are judged as targets; an --omit-from that leaves out
+    every launch rule launches nothing."""
+    runs = {run: {"run": run} for run in ("w1_r0", "w2_r0")}
+    needs = {"prepare_data": [], "build_container": []}
+
+    def launching(**dag):
+        settings = SimpleNamespace(**{"targets": set(), "until": set(), "omit_from": set(), **dag})
+        outputs = lambda run: [str(tmp_path / run / "metrics.json")]  # noqa: E731
+        return sorted(resources.onstart_launching(settings, runs, outputs, needs=needs))
+
+    assert launching() == ["w1_r0", "w2_r0"]  # `all`
+    assert launching(until={"prepare_data"}) == []
+    assert launching(until={"train"}) == launching(until={"plot"}) == ["w1_r0", "w2_r0"]
+    assert launching(omit_from={"train", "profile_capture", "profile_ncu"}) == []
+    assert launching(omit_from={"train"}) == ["w1_r0", "w2_r0"]  # profiling may still launch
+    assert launching(targets={"plan"}, until={"train"}) == []  # the targets decide
+    assert sorted(resources.onstart_launching(None, runs, lambda run: ["/no/such"])) == sorted(runs)
+
+
 def test_the_dataset_image_and_profile_targets_need_only_the_runs_they_start(tmp_path):
     """A target that is no run's file was judged as needing every unfinished run: the dataset,
     the container image and the merged profile CSVs of a study with a 2-node run were refused
