@@ -209,6 +209,11 @@ def test_until_and_omit_from_are_judged_by_the_jobs_they_leave(tmp_path):
     assert launching(until={"train"}) == launching(until={"plot"}) == ["w1_r0", "w2_r0"]
     assert launching(omit_from={"train", "profile_capture", "profile_ncu"}) == []
     assert launching(omit_from={"train"}) == ["w1_r0", "w2_r0"]  # profiling may still launch
+    settings = SimpleNamespace(targets=set(), until=set(), omit_from={"train"})
+    unprofiled = resources.onstart_launching(
+        settings, runs, lambda run: ["/no/such"], launch_rules=["train"]
+    )
+    assert unprofiled == {}  # a study without profiled runs has no other launch rule
     assert launching(targets={"plan"}, until={"train"}) == []  # the targets decide
     assert sorted(resources.onstart_launching(None, runs, lambda run: ["/no/such"])) == sorted(runs)
 
