@@ -218,7 +218,14 @@ def test_a_rewrite_keeps_the_files_group_and_mode_from_its_first_byte(tmp_path):
 
 
 # the kernel's POSIX ACL xattr (what setfacl writes): version 2, then (tag, permissions, id)
-ACL_TAGS = {"user_obj": 0x01, "group_obj": 0x04, "group": 0x08, "mask": 0x10, "other": 0x20}
+ACL_TAGS = {
+    "user_obj": 0x01,
+    "user": 0x02,
+    "group_obj": 0x04,
+    "group": 0x08,
+    "mask": 0x10,
+    "other": 0x20,
+}
 NO_ID = 0xFFFFFFFF
 
 
@@ -368,3 +375,85 @@ def test_check_distinct_finds_one_file_under_two_names_but_not_a_shared_device(t
         )
     files.check_distinct({"--x": "/dev/null", "--y": "/dev/null"}, {"--in": ""}, ValueError)
     files.check_distinct({"--x": tmp_path / "a.csv", "--y": tmp_path / "b.csv"}, {}, ValueError)
+
+
+def test_an_ordinary_user_writes_outputs_to_dev_stdout_and_dev_null():
+    """output_problems checked the directory of every output, /dev for /dev/stdout, which only
+    root may write in: for every other user `scalestudy plan --out-md /dev/stdout` (cli.py's
+    own example) was "nothing written: /dev: cannot be written". A file written in place
+    needs no directory."""
+    said = as_ordinary_user(lambda: files.output_problems(["/dev/stdout", "/dev/null"]))
+    assert said == "[]", said
+
+
+def test_two_outputs_to_dev_stdout_are_refused_two_to_dev_null_are_not():
+    """write_texts keys its files by path: `plan --out-md /dev/stdout --out-csv /dev/stdout`
+    printed the CSV alone and said it wrote both."""
+    with pytest.raises(ValueError, match="--out-md and --out-csv are one file"):
+        files.check_distinct(
+            {"--out-md": "/dev/stdout", "--out-csv": "/dev/stdout"}, {}, ValueError
+        )
+    files.check_distinct({"--out-md": "/dev/null", "--out-csv": "/dev/null"}, {}, ValueError)
+
+
+def test_a_rewrite_of_a_file_without_an_acl_adds_none(tmp_path):
+    """The temp file took the directory's default ACL (`setfacl -d -m u:4242:rw`, set after
+    the file was made), and the rewrite of a 0640 file without an ACL gave user 4242 its
+    contents: a rewrite keeps the file's permissions, an absent ACL among them."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    path = shared / "runs.csv"
+    path.write_text("old\n")
+    path.chmod(0o640)
+    set_acl(
+        shared,
+        "system.posix_acl_default",
+        acl(
+            ("user_obj", 7, NO_ID),
+            ("user", 6, 4242),
+            ("group_obj", 5, NO_ID),
+            ("mask", 7, NO_ID),
+            ("other", 0, NO_ID),
+        ),  # fmt: skip
+    )
+    files.write_text(path, "new\n")
+    assert path.read_text() == "new\n" and stat.S_IMODE(path.stat().st_mode) == 0o640
+    with pytest.raises(OSError) as err:
+        os.getxattr(path, "system.posix_acl_access")
+    assert err.value.errno == errno.ENODATA
+
+
+def test_a_text_cell_with_a_carriage_return_reads_back(tmp_path):
+    """csv's writer quotes what its line terminator holds ("\\n"): a lone "\\r" (a path typed at
+    the end of a CRLF job script, recorded in metrics.json) was written bare, and read back
+    as a row cut in two."""
+    rows = [{"run": "w1_r0", "checkpoint_dir": "/scratch/ck\r", "x": "1"}]
+    path = tmp_path / "runs.csv"
+    path.write_text(files.csv_text(None, rows))
+    assert files.read_csv_rows(path, ValueError, "fix it") == rows
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ('run,x\nw1,"' + "y" * 200_000 + "\n", "field larger than field limit"),
+        ('run,x\nw1,"unmatched\nw2,3\n', "unexpected end of data"),
+    ],
+)
+def test_a_csv_the_csv_module_refuses_is_one_line_naming_it(tmp_path, text, says):
+    """A quote left open: a traceback (csv.Error) past 128 KiB of cell, and below that the rows
+    after it swallowed into one cell without a word."""
+    path = tmp_path / "runs.csv"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=rf"runs\.csv, line \d+: .*{says}.*; fix it"):
+        files.read_csv_rows(path, ValueError, "fix it")
+
+
+def test_a_descriptor_that_is_not_open_is_named(tmp_path):
+    """`--out /dev/fd/7` with no descriptor 7 (or /dev/stdout after `>&-`): os.dup's EBADF was
+    a traceback naming no file."""
+    fd = os.open(tmp_path, os.O_RDONLY)
+    os.close(fd)  # a number no descriptor has now
+    with pytest.raises(OSError) as err:
+        files.write_text(f"/dev/fd/{fd}", "x\n")
+    assert err.value.filename == f"/dev/fd/{fd}" and err.value.errno == errno.EBADF

@@ -107,7 +107,11 @@ def _open_in_place(path: str | os.PathLike, mode: str, **kwargs: Any) -> Iterato
     for stream in (sys.stdout, sys.stderr):  # what the command printed before comes first
         with contextlib.suppress(AttributeError, OSError, ValueError):
             stream.flush()
-    with open(os.dup(fd), mode, **kwargs) as f:  # closes the duplicate, not fd
+    try:  # `--out /dev/fd/7` with no descriptor 7 open: EBADF named no file
+        dup = os.dup(fd)
+    except OSError as exc:
+        raise _named(exc, path) from None
+    with open(dup, mode, **kwargs) as f:  # closes the duplicate, not fd
         yield f
 
 
@@ -246,8 +250,14 @@ def _keep_permissions(fd: int, target: Path, old: os.stat_result) -> None:
         if os.fstat(fd).st_gid != old.st_gid:
             os.fchown(fd, -1, old.st_gid)
     if hasattr(os, "getxattr"):  # Linux
-        with contextlib.suppress(OSError):  # no ACL beyond the mode, or no ACLs here
+        try:
             os.setxattr(fd, _ACL_XATTR, os.getxattr(target, _ACL_XATTR))
+        except OSError as exc:
+            if exc.errno == errno.ENODATA:  # no ACL beyond its mode: none from the directory's
+                # default either (it gave a file the owner kept 0640 to another user)
+                with contextlib.suppress(OSError):
+                    os.removexattr(fd, _ACL_XATTR)
+            # else no ACLs here, or none this writer may set: as open() made it
     with contextlib.suppress(OSError):  # last: fchown cleared set-id bits, the ACL its mask
         os.fchmod(fd, stat.S_IMODE(old.st_mode))
 
@@ -422,9 +432,13 @@ def csv_text(
         columns = list(dict.fromkeys(key for row in rows for key in row))
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
+    # csv quotes what its line terminator holds, not a lone "\r" (a path typed at the end of a
+    # CRLF job script), which a reader took for the row's end: such a row is quoted whole
+    quoted = csv.writer(out, lineterminator="\n", quoting=csv.QUOTE_ALL)
     writer.writerow(columns)
     for row in rows:
-        writer.writerow([cell(row.get(c)) for c in columns])
+        cells = [cell(row.get(c)) for c in columns]
+        (quoted if any("\r" in str(c) for c in cells if c is not None) else writer).writerow(cells)
     return out.getvalue()
 
 
@@ -469,6 +483,8 @@ def output_problems(paths: Iterable[str | os.PathLike]) -> list[str]:
     all first, so that a failure leaves no new file beside old ones."""
     problems = []
     for path in map(Path, paths):
+        if written_in_place(path):  # /dev/stdout: no file made in /dev, which only root may
+            continue
         if path.is_dir():
             problems.append(f"{path}: is a directory, not a file")
         elif why := output_dir_problem(path.parent):
@@ -525,15 +541,25 @@ def check_distinct(
     first, and the command said it wrote both), or an output is one of its `inputs` (the write
     replaced a file the user keeps as an input); checked before any work. A blank input is
     none. An output written in place (written_in_place: /dev/null, /dev/stdout) is no file of
-    its own: two outputs to /dev/null discard both."""
+    its own: two outputs to /dev/null discard both; two to one path of another stream
+    (/dev/stdout twice) are one file (write_texts, keyed by path, printed one of them)."""
+
+    def one(other: str, what: str, path) -> Exception:
+        return error(
+            f"nothing written: {other} and {what} are one file ({path}): the second write "
+            "would replace the first; give each its own path"
+        )
+
+    streams: dict[str, str] = {}
+    for what, path in outputs.items():
+        stream = os.path.normpath(path) if written_in_place(path) else os.devnull
+        if stream != os.devnull and (other := streams.setdefault(stream, what)) != what:
+            raise one(other, what, path)
     outs = [(what, path) for what, path in outputs.items() if not written_in_place(path)]
     for i, (what, path) in enumerate(outs):
         for other, earlier in outs[:i]:
             if one_file(earlier, path):
-                raise error(
-                    f"nothing written: {other} and {what} are one file ({path}): the second "
-                    "write would replace the first; give each its own path"
-                )
+                raise one(other, what, path)
         for other, source in inputs.items():
             if source and one_file(source, path):
                 raise error(
@@ -682,17 +708,23 @@ def read_csv_rows(
     # decoded whole (the tool's CSVs are small): the byte a decode error names is then the
     # file's own offset, not one within a read chunk
     text = read_text(path, error, fix)
-    lines = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
-    header, rows = next(lines, []), []
-    for cells in lines:
-        if not cells:  # a blank line, skipped (as csv.DictReader does)
-            continue
-        if len(cells) != len(header):
-            raise error(
-                f"{path}, line {lines.line_num}: {len(header)} columns in the header but "
-                f"{len(cells)} cells here; {fix}"
-            )
-        rows.append(dict(zip(header, cells, strict=True)))
+    # strict: a quote left open is an error ("unexpected end of data"), not the rest of the
+    # file swallowed into one cell
+    lines = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, strict=True)
+    rows = []
+    try:
+        header = next(lines, [])
+        for cells in lines:
+            if not cells:  # a blank line, skipped (as csv.DictReader does)
+                continue
+            if len(cells) != len(header):
+                raise error(
+                    f"{path}, line {lines.line_num}: {len(header)} columns in the header but "
+                    f"{len(cells)} cells here; {fix}"
+                )
+            rows.append(dict(zip(header, cells, strict=True)))
+    except csv.Error as exc:  # a cell past the field limit, a quote left open: one line
+        raise error(f"{path}, line {lines.line_num}: {exc}; {fix}") from None
     return rows
 
 
