@@ -9,6 +9,8 @@ import os
 import signal
 import stat
 import struct
+import subprocess
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -457,3 +459,40 @@ def test_a_descriptor_that_is_not_open_is_named(tmp_path):
     with pytest.raises(OSError) as err:
         files.write_text(f"/dev/fd/{fd}", "x\n")
     assert err.value.filename == f"/dev/fd/{fd}" and err.value.errno == errno.EBADF
+
+
+# in a mount namespace of its own: directory a bound onto b, two new outputs a/x and b/x
+BOUND = """
+set -e
+mkdir -p "$WORK/a" "$WORK/b"
+mount --bind "$WORK/a" "$WORK/b"
+"$PYTHON" -c '
+import os, sys
+from scalestudy import files
+w = os.environ["WORK"]
+print(files.one_file(w + "/a/plan.out", w + "/b/plan.out"), files.one_file(w + "/a/x", w + "/a/y"))
+'
+"""
+
+
+def test_two_new_outputs_in_one_directory_reached_by_two_mounts_are_one_file(tmp_path):
+    """One file system mounted at /scratch and /gpfs/scratch (a bind mount): realpath does not
+    join them and samefile needs the files, so `--out-md a/plan.out --out-csv b/plan.out`
+    wrote the CSV over the Markdown and said it wrote both."""
+    try:
+        usable = subprocess.run(["unshare", "-rm", "true"], timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        usable = False
+    if not usable:
+        pytest.skip("no mount namespace of its own here (unshare -rm)")
+    from workflow_helpers import child_env
+
+    proc = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", BOUND],
+        capture_output=True,
+        text=True,
+        env={**child_env(), "PYTHON": sys.executable, "WORK": str(tmp_path)},
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["True", "False"], proc.stdout

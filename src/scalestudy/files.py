@@ -501,12 +501,18 @@ def check_outputs(paths: Iterable[str | os.PathLike], error: type[Exception]) ->
 
 def one_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
     """Whether `a` and `b` name one file: one path once links, `.` and `..` are resolved (a
-    write goes where a link points: write_target), or two names of one inode (a hard link)."""
+    write goes where a link points: write_target), two names of one inode (a hard link), or,
+    not there yet, one name in one directory reached by two paths (a bind mount)."""
     if os.path.realpath(a) == os.path.realpath(b):
         return True
     try:
         return os.path.samefile(a, b)
-    except OSError:  # one of them is not there (a new output): no second name of it
+    except OSError:  # one of them is not there (a new output): one name in one directory?
+        pass
+    a, b = Path(os.path.realpath(a)), Path(os.path.realpath(b))
+    try:  # a directory reached by two mounts (a bind mount: /scratch and /gpfs/scratch)
+        return a.name == b.name and os.path.samefile(a.parent, b.parent)
+    except OSError:  # a directory not there either
         return False
 
 
