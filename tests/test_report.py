@@ -907,6 +907,45 @@ def test_a_refused_document_leaves_none_written_and_stale_csvs_are_named(done, t
     assert not out.exists()
 
 
+def test_build_pdf_builds_again_once_the_cause_of_a_failed_build_is_gone(tmp_path, capsys):
+    """latexmk's .fdb_latexmk remembered a failed build (a figure missing a moment, a full
+    quota), and with the inputs as they were before it answered "Nothing to do" (exit 12)
+    to every later build-pdf, which printed the old log's error again: the PDF never came back
+    until someone deleted the .fdb_latexmk. A failed build leaves no PDF either."""
+    need_latexmk()
+    from scalestudy import cli
+
+    plt = __import__("matplotlib.pyplot").pyplot
+    fig, ax = plt.subplots(figsize=(1, 1))
+    ax.plot([0, 1])
+    fig.savefig(tmp_path / "fig.pdf")
+    plt.close(fig)
+    doc = tmp_path / "doc.tex"
+    doc.write_text(
+        "\\documentclass{article}\\usepackage{graphicx}\\begin{document}\n"
+        "\\includegraphics{fig.pdf}\n\\end{document}\n"
+    )
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    from workflow_helpers import child_env
+
+    def full_quota() -> None:  # a file grows past 8 KiB no more (SIGXFSZ ignored: EFBIG)
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (8192, 8192))
+
+    argv = [sys.executable, "-m", "scalestudy", "build-pdf", str(doc)]
+    failed = subprocess.run(argv, capture_output=True, text=True, preexec_fn=full_quota,
+                            env=child_env(), timeout=300)  # fmt: skip
+    assert failed.returncode == 1, failed.stderr
+    assert not (tmp_path / "doc.pdf").exists()  # not the part it wrote
+    capsys.readouterr()
+    assert cli.main(["build-pdf", str(doc)]) == 0, capsys.readouterr().err
+    assert (tmp_path / "doc.pdf").read_bytes().rstrip().endswith(b"%%EOF")
+
+
 def test_build_pdf_of_a_missing_or_foreign_file_says_so_and_runs_no_latexmk(tmp_path, capsys):
     """latexmk on a path that does not exist blamed a .log it never wrote; on a .csv it left
     .aux/.fls/.log files beside it."""
@@ -1245,7 +1284,7 @@ def test_a_latexmk_that_exits_0_without_the_pdf_fails_in_one_line(tmp_path, monk
     assert line.startswith(
         f"scalestudy build-pdf: latexmk exited 0 on {tex} but {pdf} is not there"
     ), line
-    assert "latexmk -norc -pdf -cd" in line and f"wrote {pdf}" not in out.out + out.err
+    assert "latexmk -norc -g -pdf -cd" in line and f"wrote {pdf}" not in out.out + out.err
 
 
 def test_a_failure_without_a_log_names_no_log(tmp_path, monkeypatch, capsys):
@@ -1262,7 +1301,7 @@ def test_a_failure_without_a_log_names_no_log(tmp_path, monkeypatch, capsys):
         f"scalestudy build-pdf: latexmk failed on {tex}: Latexmk: Could not find file; "
     ), line
     assert "paper.log" not in line and not (tmp_path / "paper.log").exists()
-    assert "latexmk -norc -pdf -cd" in line
+    assert "latexmk -norc -g -pdf -cd" in line
 
 
 def _build_with_the_papers_fonts(tmp_path, text: str) -> None:

@@ -4,8 +4,10 @@ PDF beside it, with latexmk (pdfLaTeX).
 Without latexmk on PATH it fails with the packages to install, naming the document given; the
 workflow asks for the PDF only when latexmk is there (workflow/rules/report.smk), and says so when
 it is not. A build removes the PDF of an earlier one first: a failed build leaves none, never an
-old one beside the new .tex. latexmk runs with -norc (no ~/.latexmkrc: a personal $out_dir moved
-the PDF), and a build that exits 0 without the PDF beside the .tex fails too.
+old one beside the new .tex, nor the part of one a build wrote before it failed. latexmk runs
+with -norc (no ~/.latexmkrc: a personal $out_dir moved the PDF) and -g (a whole build each time:
+its record of a failed build answered later ones "Nothing to do"), and a build that exits 0
+without the PDF beside the .tex fails too.
 
     scalestudy build-pdf reports/paper.tex
 """
@@ -125,14 +127,19 @@ def run(args: argparse.Namespace) -> int:
     # continuous mode) can move, rename or never finish what the workflow names as its output;
     # -outdir would undo only the first. This build needs nothing an rc file gives: everything
     # it asks for is below. -cd: figure paths in the .tex are relative to its directory;
-    # nonstopmode + halt: a TeX error fails the job instead of waiting for input
-    cmd = ["latexmk", "-norc", "-pdf", "-cd", "-interaction=nonstopmode", "-halt-on-error"]
-    by_hand = f"`{' '.join(cmd[:4])} {tex}`"
+    # nonstopmode + halt: a TeX error fails the job instead of waiting for input. -g: a whole
+    # build every time: after a build that failed for a cause outside its inputs (a full quota,
+    # a figure missing a moment) latexmk's .fdb_latexmk answered every later one with "Nothing
+    # to do" and the old log's error, and the PDF never came back
+    cmd = ["latexmk", "-norc", "-g", "-pdf", "-cd", "-interaction=nonstopmode", "-halt-on-error"]
+    by_hand = f"`{' '.join(cmd[:5])} {tex}`"
     # errors="replace": an overfull-box warning prints the line in its font's 8-bit encoding
     # (T1 bytes for "Zürich", not UTF-8), which strict decoding turned into a traceback
+    log_file = tex.with_suffix(".log")
+    log_file.unlink(missing_ok=True)  # an earlier build's error is none of this one's
     proc = subprocess.run([*cmd, str(tex)], capture_output=True, text=True, errors="replace")
     if proc.returncode != 0:  # one line: TeX's first error, not latexmk's 90 lines
-        log_file = tex.with_suffix(".log")
+        pdf.unlink(missing_ok=True)  # what TeX wrote of it before it stopped (a full quota)
         try:
             first = first_tex_error(log_file.read_text(errors="surrogateescape"))
         except OSError:  # latexmk stopped before TeX wrote one
