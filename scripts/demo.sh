@@ -93,6 +93,19 @@ runs_nothing() {
     return 1
 }
 
+# Whether snakemake's arguments run part of the study past its targets' reach: --until (-U, also
+# at the end of a cluster of no-value flags) or --batch. snakemake --report ignores both and
+# reports the whole study, failing on the files this run did not make.
+makes_part() {
+    local arg
+    for arg in "$@"; do
+        if [[ "$arg" =~ ^-[aFfkptn]*U || "$arg" =~ ^--(until|batch)(=|$) ]]; then
+            return 0
+        fi
+    done
+    return 1
+}
+
 main() {
     demo_args "$@" # the caller's relative paths, before the cd
     cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -106,7 +119,12 @@ main() {
     # the self-contained HTML report of the run (figures, tables, documents), in the working
     # directory as the study's outputs: the repository root, or --directory's
     # --report first: after a `--` of the user's it would be read as a target
-    snakemake --report report.html "${DEMO_ARGS[@]}"
+    local no_report=
+    if makes_part "$@"; then
+        no_report=" (no report.html: --until or --batch ran part of the study, and snakemake --report reports the whole)"
+    else
+        snakemake --report report.html "${DEMO_ARGS[@]}"
+    fi
     # the study's documents that are there (targets may ask for part of the study only)
     local out=${DEMO_DIR:+$DEMO_DIR/} made= path
     for path in reports/study.md reports/paper.pdf report.html results/plots/; do
@@ -114,11 +132,11 @@ main() {
             made+="${made:+, }${out}$path"
         fi
     done
-    local done_line="demo: done: ${made:-no document of the study (these targets make none)}"
+    local done_line="demo: done: ${made:-no document of the study (these targets make none)}$no_report"
     if [[ -f ${out}reports/paper.pdf ]]; then
         echo "$done_line"
     elif ! command -v latexmk > /dev/null; then
-        echo "demo: done, without reports/paper.pdf (latexmk is not installed): run" \
+        echo "demo: done$no_report, without reports/paper.pdf (latexmk is not installed): run" \
             "\`sudo apt-get install --no-install-recommends latexmk texlive-latex-base" \
             "texlive-latex-recommended texlive-fonts-recommended lmodern texlive-pictures\` (~40 s), then" \
             "bash scripts/demo.sh again, with the same arguments (only the PDF is built)"

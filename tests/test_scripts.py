@@ -311,6 +311,30 @@ def test_the_report_call_after_targets_behind_a_double_dash_makes_the_report(tmp
     assert str(get_argument_parser().parse_args(report).report) == "report.html"
 
 
+@pytest.mark.parametrize(
+    "partial",
+    [["--until", "prepare_data"], ["-U", "train"], ["-npU", "train"], ["--batch=all=1/2"]],
+)
+def test_a_demo_of_part_of_the_study_makes_no_report_of_the_whole(tmp_path, partial):
+    """`bash scripts/demo.sh --until prepare_data` (README: extra arguments go to snakemake):
+    snakemake --report ignores --until and reports the whole study, and failed on files the
+    run never made ("results/tables/verdicts.html marked for report but does not exist"), so
+    a demo that did what it was asked ended with exit 1."""
+    calls = tmp_path / "calls"
+    recorder = f'#!/bin/sh\nprintf "%s\\0" "$@" >> {calls}\necho >> {calls}\n'
+    work = demo_with_stand_ins(tmp_path / "repo", snakemake=recorder)
+    proc = subprocess.run(
+        ["bash", "scripts/demo.sh", "--config", "dataset=synthetic", *partial],
+        cwd=work, env=env(), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    argvs = [line.split("\0")[:-1] for line in calls.read_text().splitlines()]
+    assert not any("--report" in argv for argv in argvs), argvs
+    if "n" not in partial[0]:  # a dry-run says nothing at the end, as before
+        last = proc.stdout.splitlines()[-1]
+        assert last.startswith("demo: done") and "no report.html" in last, last
+
+
 @pytest.mark.parametrize("targets", [["results/matrix/runs.tsv"], ["plot", "analyze"]])
 def test_targets_after_a_double_dash_stay_targets_with_the_demos_config(targets, tmp_path):
     """`--config dataset=synthetic -- TARGET` (--config takes several values): the demo's
