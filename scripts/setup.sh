@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up this machine for the study and its tests (idempotent):
 #   - Debian packages for the local Slurm test cluster (slurm-wlm, munge, iproute2, procps) and
-#     for the https download test's certificate (openssl), as root, and python3-venv where the system Python lacks venv's ensurepip;
+#     for the https download test's certificate (openssl), as root, and python3.X-venv where the Python lacks venv's ensurepip;
 #   - a virtual environment .venv with the pinned packages of requirements.txt and this
 #     package installed editable.
 #   - as root, a lean TeX Live with latexmk for reports/paper.pdf.
@@ -56,15 +56,18 @@ if [[ ! -x .venv/bin/python ]] || ! .venv/bin/python -m pip --version >/dev/null
     "$python" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else
         f"setup: Python >= 3.11 is needed, {sys.executable} is {sys.version.split()[0]}: "
         "set PYTHON=/path/to/python3.11 and rerun bash scripts/setup.sh")'
-    # Debian's and Ubuntu's system Python ship venv's pip bootstrap (ensurepip) separately
+    # Debian's and Ubuntu's system Python ship venv's pip bootstrap (ensurepip) separately, in
+    # the package of that Python's version: python3-venv is the default python3's only (Ubuntu
+    # 22.04: 3.10), and PYTHON=python3.11 needs python3.11-venv
     if ! "$python" -c 'import ensurepip' 2>/dev/null; then
+        venv_package="python$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')-venv"
         if [[ "${SCALESTUDY_SKIP_APT:-0}" != 1 && $(id -u) -eq 0 ]]; then
-            echo "setup: installing python3-venv ($python has no ensurepip)"
+            echo "setup: installing $venv_package ($python has no ensurepip)"
             apt-get update -q
-            DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-venv
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$venv_package"
         else
             echo "setup: $python cannot make a venv (no ensurepip); as root:" \
-                 "apt-get install python3-venv, then rerun bash scripts/setup.sh" >&2
+                 "apt-get install $venv_package, then rerun bash scripts/setup.sh" >&2
             exit 1
         fi
     fi

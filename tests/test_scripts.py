@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -408,3 +409,46 @@ def test_local_slurm_restart_refuses_a_bad_node_count_before_stopping():
     done = bash(script)
     assert done.returncode != 0 and "--nodes must be 1 or 2 (got 3)" in done.stderr
     assert "STOPPED" not in done.stdout
+
+
+def test_setup_installs_the_venv_package_of_the_python_it_was_given(tmp_path):
+    """PYTHON=python3.11 (setup's own advice for an old system Python) without ensurepip:
+    setup installed python3-venv, the system python3's, then `venv` failed all the same
+    (Ubuntu 22.04: python3 is 3.10, python3.11 needs python3.11-venv). It installs the
+    package of the Python it was given. STAND-INS: id (root), apt-get (logs its call), a
+    latexmk and a kpsewhich that find TeX, and a python3.11 without ensurepip."""
+    work = tmp_path / "repo"
+    (work / "scripts").mkdir(parents=True)
+    shutil.copy(REPO / "scripts" / "setup.sh", work / "scripts" / "setup.sh")
+    shutil.copy(REPO / "requirements.txt", work / "requirements.txt")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "apt.log"
+    stand_ins = {
+        "id": "#!/bin/sh\necho 0\n",
+        "apt-get": f'#!/bin/sh\necho "apt-get $*" >> {log}\n',
+        "latexmk": "#!/bin/sh\n",
+        "kpsewhich": "#!/bin/sh\necho pgfcore.sty\n",
+        # a 3.11 (its version checks pass) whose ensurepip is a separate package, not installed
+        "python3.11": (
+            "#!/bin/sh\n"
+            'case "$*" in\n'
+            '  "-c import ensurepip") exit 1 ;;\n'
+            '  "-m venv --clear .venv") echo "ensurepip is not available" >&2; exit 1 ;;\n'
+            f'  *) exec {sys.executable} "$@" ;;\n'
+            "esac\n"
+        ),
+    }
+    for name, text in stand_ins.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    proc = subprocess.run(
+        ["bash", "scripts/setup.sh"], cwd=work, capture_output=True, text=True, timeout=60,
+        env={**env(), "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHON": "python3.11",
+             "SCALESTUDY_SKIP_SLURM_APT": "1"},
+    )  # fmt: skip
+    assert proc.returncode != 0  # the stand-in's venv fails: only the package asked is judged
+    version = "{}.{}".format(*sys.version_info[:2])  # what the stand-in python3.11 reports
+    assert log.read_text().splitlines()[-1].endswith(f"install -y -q python{version}-venv"), (
+        log.read_text()
+    )
