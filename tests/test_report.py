@@ -1782,3 +1782,22 @@ def test_the_documents_tell_not_profiled_from_a_kernel_table_without_kernels(tmp
         html = (csv_dir / "html/profile_shares.html").read_text()
         assert ("(not profiled: " in html) == (case == "not profiled"), case
         assert (f"(none in {empty})" in html) == (case == "no kernels"), case
+
+
+@pytest.mark.parametrize("strategy", vocab.STRATEGIES)
+def test_the_html_reports_front_page_names_the_studys_strategy(strategy):
+    """workflow/report/workflow.rst, the front page of `snakemake --report`, said "PyTorch DDP"
+    of an FSDP or all-reduce study (the documents name the strategy: render_report's
+    strategy_name); rendered here as Snakemake renders it, Jinja with snakemake.config."""
+    import jinja2
+
+    from scalestudy.study.config import load_and_validate
+
+    repo = Path(__file__).resolve().parents[1]
+    config = load_and_validate(
+        repo / "config/demo.yaml",
+        overrides=[f"train.strategy={strategy}", "families.bucket.enabled=false"],
+    )
+    page = jinja2.Environment().from_string((repo / "workflow/report/workflow.rst").read_text())
+    text = " ".join(page.render(snakemake=argparse.Namespace(config=config)).split())
+    assert f"data-parallel training with {vocab.STRATEGY_NAMES[strategy]} of " in text, text[:300]
