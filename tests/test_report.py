@@ -1801,3 +1801,18 @@ def test_the_html_reports_front_page_names_the_studys_strategy(strategy):
     page = jinja2.Environment().from_string((repo / "workflow/report/workflow.rst").read_text())
     text = " ".join(page.render(snakemake=argparse.Namespace(config=config)).split())
     assert f"data-parallel training with {vocab.STRATEGY_NAMES[strategy]} of " in text, text[:300]
+
+
+def test_figures_are_found_before_the_documents_directory_exists(tmp_path, monkeypatch):
+    """render-report --out-dir reports, by hand, before reports/ existed: reports/../results/
+    plots/x.png names nothing while reports is missing (the kernel walks through it), so every
+    figure was "not found" (render-report refused; the proposal's slides lost their figure)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "results" / "plots").mkdir(parents=True)
+    for ext in ("png", "pdf"):
+        (tmp_path / "results" / "plots" / f"efficiency.{ext}").write_text("x")
+    assert report.missing_figures(Path("reports"), "../results/plots", ["efficiency"]) == []
+    assert report.missing_figures(Path("reports"), "../results/plots", ["throughput"]) == [
+        "reports/../results/plots/throughput.png",
+        "reports/../results/plots/throughput.pdf",
+    ]

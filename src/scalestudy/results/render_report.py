@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import functools
 import math
+import os
 import re
 from decimal import Decimal
 from pathlib import Path
@@ -604,7 +605,10 @@ def missing_figures(out_dir: Path, figure_dir: str, figures: list[str]) -> list[
     <figure_dir>/<name>.png and paper.tex includes .pdf, both relative to the documents."""
     where = out_dir / figure_dir
     wanted = [where / f"{name}.{ext}" for name in figures for ext in ("png", "pdf")]
-    return [str(p) for p in wanted if not p.is_file()]
+    # a documents directory not made yet (render-report by hand) holds no link, so `..` is its
+    # parent: the path walked as written named nothing, and every figure was "not found"
+    found = os.path.isfile if out_dir.is_dir() else lambda p: os.path.isfile(os.path.normpath(p))
+    return [str(p) for p in wanted if not found(p)]
 
 
 def run(args: argparse.Namespace) -> int:
