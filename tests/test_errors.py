@@ -84,6 +84,13 @@ def changed_data(data_dir, tmp_path_factory) -> Path:
         ("flag", ["--local-batch", "0"], "--local-batch must be >= 1, got 0"),
         # a TrainingError every rank finds alike (here the step count): once, not once a rank
         ("window", ["--warmup-steps", "100"], "leave no steady-state window after --warmup-steps"),
+        # by hand (the study refuses it): one step of 100 images, its learning rate scaled for
+        # a global batch of 128 no step held, and metrics.json said 128
+        (
+            "batch",
+            ["--limit-train", "100", "--global-batch", "128"],
+            "the global batch 2 x 64 x --accum-steps 1 = 128 is larger than the 100 training",
+        ),
     ],
 )
 def test_expected_error_is_one_line_from_rank_0(

@@ -28,7 +28,12 @@ from scalestudy.errors import TrainConfigError, TrainingError
 from scalestudy.trainer import checkpoint as ckpt
 from scalestudy.trainer import compiling, loaders, progress
 from scalestudy.trainer import dist as sdist
-from scalestudy.trainer.config import STEP_GRAPH_WARM_STEPS, STEPS_BEFORE_WINDOW, TrainConfig
+from scalestudy.trainer.config import (
+    LR_REFERENCE_BATCH,
+    STEP_GRAPH_WARM_STEPS,
+    STEPS_BEFORE_WINDOW,
+    TrainConfig,
+)
 from scalestudy.trainer.measure import Meter, Profiler, comm_probe, efficiency, environment
 from scalestudy.trainer.models import build_model, training_flops_per_image
 from scalestudy.trainer.numerics import Numerics
@@ -463,6 +468,15 @@ def build(cfg: TrainConfig, denv: sdist.DistEnv, device: torch.device) -> Run:
     progress.at("data load")  # the loaders and the model: this rank's own work again
     loaded = build_loaders(cfg, prepared, numerics, device, rank, world_size, local_batch)
     train_loader, sampler, eval_loader, micro_steps = loaded  # --limit-train/--limit-test
+    n_train = len(_limit(prepared.train_x, prepared.train_y, cfg.limit_train)[1])
+    if global_batch > n_train:  # the study's config check refuses it too (check_batch)
+        raise TrainingError(
+            f"the global batch {world_size} x {local_batch} x --accum-steps {cfg.accum_steps} = "
+            f"{global_batch} is larger than the {n_train} training images: no optimizer step "
+            f"would hold it, and the learning rate is scaled for it (--lr x global batch / "
+            f"{LR_REFERENCE_BATCH}): lower the batch or use more data",
+            scope="run",  # alike on every rank
+        )
     steps_per_epoch = math.ceil(micro_steps / cfg.accum_steps)
     total_steps = steps_per_epoch * cfg.epochs
     if total_steps <= cfg.warmup_steps:
