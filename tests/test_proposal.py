@@ -1002,6 +1002,25 @@ def test_a_measured_input_given_but_missing_is_refused_not_ignored(demo, tmp_pat
     assert cli.main(argv) == 0 and (out / "proposal.md").is_file()
 
 
+def test_the_pdfs_of_rewritten_documents_are_removed_not_left_looking_current(demo, tmp_path):
+    """Without latexmk (a cluster session without `module load texlive`) the workflow asks for
+    no PDF, and render-report and proposal rewrote paper.tex, proposal.tex and slides.tex
+    beside the PDFs of the old numbers, which stayed there looking current. A PDF goes with
+    the .tex it was built from (the PDF rules build it again where TeX is)."""
+    _, study, _ = demo
+    out = tmp_path / "reports"
+    out.mkdir()
+    for name in ("paper.pdf", "proposal.pdf", "slides.pdf", "other.pdf"):
+        (out / name).write_text("an old build\n")
+    csv_dir = tmp_path / "csv"
+    shutil.copytree(study / "results/csv", csv_dir)
+    argv = ["proposal", "--config", str(DEMO), "--csv-dir", str(csv_dir), "--out-dir", str(out)]
+    argv += ["--runs-csv", str(csv_dir / "runs.csv")]
+    assert cli.main(argv) == 0
+    assert not (out / "proposal.pdf").exists() and not (out / "slides.pdf").exists()
+    assert (out / "paper.pdf").exists() and (out / "other.pdf").exists()  # not its documents
+
+
 def test_the_request_says_whether_the_planner_was_calibrated(demo, tmp_path):
     """Without the measured runs (a runs.csv not found is read as none) every source cell said
     "calibrated from results/csv/runs.csv", and the text "calibrated from the measured runs",

@@ -1816,3 +1816,19 @@ def test_figures_are_found_before_the_documents_directory_exists(tmp_path, monke
         "reports/../results/plots/throughput.png",
         "reports/../results/plots/throughput.pdf",
     ]
+
+
+def test_render_report_removes_the_pdf_of_the_paper_it_rewrites(done, tmp_path):
+    """Without latexmk the workflow asks for no paper.pdf, and the one built from the old
+    paper.tex stayed beside the new one looking current (test_proposal.py: the proposal's)."""
+    from scalestudy import cli
+
+    out = tmp_path / "reports"
+    out.mkdir()
+    (out / "paper.pdf").write_text("an old build\n")
+    (out / "notes.pdf").write_text("the user's\n")
+    argv = ["render-report", "--csv-dir", str(done / "results/csv"), "--out-dir", str(out)]
+    argv += ["--figure-dir", str(done / "results/plots")]
+    assert cli.main(argv) == 0
+    assert (out / "paper.tex").is_file() and not (out / "paper.pdf").exists()
+    assert (out / "notes.pdf").exists()

@@ -262,10 +262,15 @@ def get_proposal_documents(wildcards):
     if not config["families"]["strong"]["enabled"]:
         return []
     out = ["reports/proposal.md", "reports/proposal.tex", "reports/slides.tex"]
+    warn = log.get("scalestudy.workflow").warning  # each PDF not built is named
     if latex.have_latexmk():
         out.append("reports/proposal.pdf")
+    else:
+        warn(f"scalestudy: {latex.missing('reports/proposal.tex')}")
     if latex.have_beamer() and "efficiency" in FIGURES:
         out.append("reports/slides.pdf")
+    elif latex.have_latexmk() and "efficiency" in FIGURES:
+        warn(f"scalestudy: {latex.NO_PGF}")
     return out
 
 

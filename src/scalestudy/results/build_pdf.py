@@ -42,6 +42,12 @@ def missing(tex: str | Path) -> str:
 
 
 MISSING = missing("reports/paper.tex")  # the workflow's paper.pdf, skipped without latexmk
+# the workflow's slides.pdf, skipped without pgf (beamer's graphics layer)
+NO_PGF = (
+    "pgf (texlive-pictures) is not installed, so reports/slides.pdf is not built "
+    "(reports/slides.tex is); install it with `apt-get install --no-install-recommends "
+    "texlive-pictures`"
+)
 
 
 def have_latexmk() -> bool:

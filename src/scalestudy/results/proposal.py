@@ -872,6 +872,7 @@ def write_proposal(
     files.write_texts(outputs)  # all or none: a full disk at slides.tex leaves every file old
     for path in list(outputs)[1:]:
         logger.info(f"wrote {path}")
+    report.drop_stale_pdfs(outputs)
     if missing:
         logger.warning(
             f"WARNING slides.tex: {', '.join(missing)} not found: the slide says so instead of "

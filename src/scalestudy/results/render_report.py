@@ -639,7 +639,19 @@ def run(args: argparse.Namespace) -> int:
     files.write_texts(outputs)
     for path in outputs:
         logger.info(f"wrote {path}")
+    drop_stale_pdfs(outputs)
     return 0
+
+
+def drop_stale_pdfs(written) -> None:
+    """Remove the PDF beside each .tex of `written` (the paths just written): it was built from
+    the old text. Without latexmk the workflow asks for no PDF, and the old one stayed beside
+    the new .tex looking current; where TeX is, the PDF rules build it again."""
+    for tex in (Path(p) for p in written if Path(p).suffix == ".tex"):
+        pdf = tex.with_suffix(".pdf")
+        if pdf.is_file():
+            pdf.unlink()
+            logger.info(f"removed {pdf}: built from the {tex} written before")
 
 
 def check_numbers(
