@@ -263,13 +263,15 @@ def get_proposal_documents(wildcards):
         return []
     out = ["reports/proposal.md", "reports/proposal.tex", "reports/slides.tex"]
     warn = log.get("scalestudy.workflow").warning  # each PDF not built is named
+    slides = "efficiency" in FIGURES  # the slides' figure
     if latex.have_latexmk():
         out.append("reports/proposal.pdf")
     else:
-        warn(f"scalestudy: {latex.missing('reports/proposal.tex')}")
-    if latex.have_beamer() and "efficiency" in FIGURES:
+        for tex in ("reports/proposal.tex", "reports/slides.tex")[: 1 + slides]:
+            warn(f"scalestudy: {latex.missing(tex)}")
+    if latex.have_beamer() and slides:
         out.append("reports/slides.pdf")
-    elif latex.have_latexmk() and "efficiency" in FIGURES:
+    elif latex.have_latexmk() and slides:
         warn(f"scalestudy: {latex.NO_PGF}")
     return out
 
