@@ -246,7 +246,12 @@ TEX_SPECIAL = {
 }
 # TeX's special characters and every non-ASCII character (kept, mapped or replaced: tex_escape)
 _NON_ASCII = re.compile("[^\\x00-\\x7f]")
-_TEX_ESCAPED = re.compile("|".join([*(re.escape(c) for c in TEX_SPECIAL), _NON_ASCII.pattern]))
+# T1's ligatures: -- (an en dash), << >> (guillemets), ,, '' `` (quotes), ?` !` (inverted marks);
+# a name says what it says: "ResNet--fp16" was set "ResNet–fp16". Broken with an empty group
+_LIGATURE = r"-(?=-)|<(?=<)|>(?=>)|,(?=,)|'(?=')|`(?=`)|[?!](?=`)"
+_TEX_ESCAPED = re.compile(
+    "|".join([*(re.escape(c) for c in TEX_SPECIAL), _LIGATURE, _NON_ASCII.pattern])
+)
 
 
 # The non-ASCII characters pdfLaTeX sets with the documents' fonts (T1 with lmodern, and the
@@ -271,8 +276,12 @@ PDFLATEX_RANGES = (
     (0x2422, 0x2423), (0x25E6, 0x25E6), (0x25EF, 0x25EF), (0x266A, 0x266A), (0x27E8, 0x27E9),
     (0x3008, 0x3009), (0xFB00, 0xFB06),
 )  # fmt: skip
-PDFLATEX_CHARS = frozenset(
-    chr(c) for first, last in PDFLATEX_RANGES for c in range(first, last + 1)
+# set in roman, but missing from the typewriter font (ec-lmtt10, ts1-lmtt10) the documents set
+# names and commands in (\texttt), where pdfLaTeX drops them with a log line only
+NOT_IN_TYPEWRITER = frozenset("™℠‱Ĳĳẞ")
+PDFLATEX_CHARS = (
+    frozenset(chr(c) for first, last in PDFLATEX_RANGES for c in range(first, last + 1))
+    - NOT_IN_TYPEWRITER
 )
 UNSETTABLE = "?"  # what such a character becomes in the LaTeX documents (the Markdown keeps it)
 
@@ -292,7 +301,9 @@ def tex_escape(value, unset: set[str] | None = None) -> str:
 
     def one(m: re.Match) -> str:
         c = m.group()
-        return TEX_SPECIAL[c] if c in TEX_SPECIAL else _settable(c, unset)
+        if c in TEX_SPECIAL:
+            return TEX_SPECIAL[c]
+        return c + "{}" if c.isascii() else _settable(c, unset)  # a ligature's first, or not
 
     return _TEX_ESCAPED.sub(one, str(value))
 
