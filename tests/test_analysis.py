@@ -2040,6 +2040,16 @@ def test_collect_refuses_a_run_trained_with_another_flag_its_config_hash_records
     said = str(info.value)
     assert said.startswith(f"run {row['run']}: {metrics} was trained with diag_data_delay_ms 20.0,")
     assert "the run table's flags give 0.0" in said and "another configuration" in said, said
+    # --backend: metrics.json records the one in effect, the study's auto resolved (nccl on
+    # CUDA, gloo on CPU): a CUDA run trained by hand over gloo differs from it
+    gpu_row = {**row, "device": "cuda"}
+    auto = TrainConfig.from_argv(trainer_args(gpu_row))
+    by_hand = TrainConfig.from_argv([*trainer_args(gpu_row), "--backend", "gloo"])
+    cuda = {**asdict(by_hand), "device": {"type": "cuda", "name": "GPU"}}
+    said = collect.flag_differences(gpu_row, cuda | {"config_hash": by_hand.config_hash()})
+    assert said == "backend 'gloo', the run table's flags give 'nccl'", said
+    cuda |= {"backend": "nccl", "config_hash": auto.config_hash()}
+    assert collect.flag_differences(gpu_row, cuda) == ""
     # an older trainer's (its hash over fewer flags, every recorded one the same) is collected
     files.write_json(metrics, good | {"config_hash": "0123456789abcdef"})
     assert collect.collect([row], tmp_path / "runs")[0][0]["final_val_acc"] == 0.9

@@ -164,7 +164,7 @@ def collect(table: list[dict], runs_dir: Path) -> tuple[list[dict], list[dict]]:
 
 # the TrainConfig fields whose metrics.json value is what was in effect, not the flag (the
 # device's type and name, --backend auto resolved, the batches --global-batch sets): the run
-# table's device and batches are compared with them as columns
+# table's device and batches are compared with them as columns, the backend resolved
 IN_EFFECT = ("device", "backend", "local_batch", "global_batch")
 
 
@@ -177,10 +177,14 @@ def flag_differences(row: dict, metrics: dict) -> str:
     flags = TrainConfig.from_argv(trainer_args(row))
     if metrics.get("config_hash") in (None, flags.config_hash()):
         return ""
+    expected = dataclasses.asdict(flags)
+    device = metrics.get("device")
+    if flags.backend == "auto" and isinstance(device, dict):  # as train.pick_backend resolves it
+        expected["backend"] = "nccl" if device.get("type") == "cuda" else "gloo"
     return ", ".join(
         f"{key} {metrics[key]!r}, the run table's flags give {value!r}"
-        for key, value in dataclasses.asdict(flags).items()
-        if key not in (*NOT_IDENTITY, *IN_EFFECT)
+        for key, value in expected.items()
+        if (key not in (*NOT_IDENTITY, *IN_EFFECT) or key == "backend")
         and key in metrics
         and not same(value, metrics[key])
     )
