@@ -738,6 +738,13 @@ def test_the_model_command_names_the_file_it_read_for_a_cell_only_the_model_chec
     assert len(err) == 1 and err[0].startswith(
         f"scalestudy model: {given}: run {rows[0]['run']!r} has phase_frac_backward = '1.5', "
     ), err
+    # and the model's own refusals of the file (mixed devices, columns) name it once, rightly
+    rows = [dict(r, phase_frac_backward="0.6", width="64") for r in rows]
+    rows[1]["width"] = "16"
+    write_rows(given, rows)
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0].startswith(f"scalestudy model: {given}: mixes (device, model, width)"), err
 
 
 # --- the backward share f_bwd ------------------------------------------------------------------

@@ -271,10 +271,10 @@ def points(rows: list[dict]) -> tuple[list[Point], list[tuple[str, str]]]:
     run's cell that breaks MODELLED_CELLS is an AnalysisError (the one reader of both
     `scalestudy model` and the plan's calibration)."""
     if not rows:
-        raise AnalysisError("runs.csv has no runs")
+        raise AnalysisError("no runs")
     missing = [c for c in REQUIRED_COLUMNS if c not in rows[0]]
     if missing:
-        raise AnalysisError(f"runs.csv has no column {', '.join(missing)}: run `collect` again")
+        raise AnalysisError(f"no column {', '.join(missing)}: run `collect` again")
     groups, skipped = defaultdict(list), []
     for row in rows:
         if reason := _skip_reason(row):
@@ -293,7 +293,7 @@ def _one_model(rows: list[dict]) -> None:
     kinds = {tuple(r.get(c, "") for c in ("device", "model", "width")) for r in rows}
     if len(kinds) > 1:
         raise AnalysisError(
-            f"runs.csv mixes (device, model, width) {sorted(kinds)}: the scaling model fits one"
+            f"mixes (device, model, width) {sorted(kinds)}: the scaling model fits one"
         )
 
 
