@@ -249,6 +249,7 @@ _NON_ASCII = re.compile("[^\\x00-\\x7f]")
 # T1's ligatures: -- (an en dash), << >> (guillemets), ,, '' `` (quotes), ?` !` (inverted marks);
 # a name says what it says: "ResNet--fp16" was set "ResNet–fp16". Broken with an empty group
 _LIGATURE = r"-(?=-)|<(?=<)|>(?=>)|,(?=,)|'(?=')|`(?=`)|[?!](?=`)"
+_LIGATURE_AT = re.compile(_LIGATURE)
 _TEX_ESCAPED = re.compile(
     "|".join([*(re.escape(c) for c in TEX_SPECIAL), _LIGATURE, _NON_ASCII.pattern])
 )
@@ -318,9 +319,10 @@ def tex_breakable(value, unset: set[str] | None = None) -> str:
     """tex_escape's text for a \\texttt table cell that must fit its column (the `b` filter):
     a line may break after a separator and every 8 characters of a longer run. A commit, an
     image digest or a host list in \\texttt never broke, and ran off the page (440 pt)."""
-    pieces, run = [], 0
-    for c in str(value):
-        pieces.append(tex_escape(c, unset))
+    pieces, run, text = [], 0, str(value)
+    for i, c in enumerate(text):
+        # escaped a character at a time: a ligature's first (<<, ?`) is broken here
+        pieces.append(tex_escape(c, unset) + ("{}" if _LIGATURE_AT.match(text, i) else ""))
         run = run + 1 if c.isalnum() else 0
         if c in _BREAK_AFTER or run == _BREAK_EVERY:
             pieces.append(BREAK)
