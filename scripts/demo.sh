@@ -119,20 +119,23 @@ main() {
     # the self-contained HTML report of the run (figures, tables, documents), in the working
     # directory as the study's outputs: the repository root, or --directory's
     # --report first: after a `--` of the user's it would be read as a target
-    local no_report=
+    local no_report= report=report.html
     if makes_part "$@"; then
-        no_report=" (no report.html: --until or --batch ran part of the study, and snakemake --report reports the whole)"
+        no_report=" (no report.html: --until or --batch ran part of the study, and"
+        no_report+=" snakemake --report reports the whole)"
+        report= # an earlier demo's is not this one's
     else
         snakemake --report report.html "${DEMO_ARGS[@]}"
     fi
     # the study's documents that are there (targets may ask for part of the study only)
     local out=${DEMO_DIR:+$DEMO_DIR/} made= path
-    for path in reports/study.md reports/paper.pdf report.html results/plots/; do
+    for path in reports/study.md reports/paper.pdf $report results/plots/; do
         if [[ -e ${out}$path ]]; then
             made+="${made:+, }${out}$path"
         fi
     done
-    local done_line="demo: done: ${made:-no document of the study (these targets make none)}$no_report"
+    local done_line="demo: done: ${made:-no document of the study (these targets make none)}"
+    done_line+=$no_report
     if [[ -f ${out}reports/paper.pdf ]]; then
         echo "$done_line"
     elif ! command -v latexmk > /dev/null; then

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up this machine for the study and its tests (idempotent):
 #   - Debian packages for the local Slurm test cluster (slurm-wlm, munge, iproute2, procps) and
-#     for the https download test's certificate (openssl), as root, and python3.X-venv where the Python lacks venv's ensurepip;
+#     for the https download test's certificate (openssl), as root, and python3.X-venv where
+#     the Python lacks venv's ensurepip;
 #   - a virtual environment .venv with the pinned packages of requirements.txt and this
 #     package installed editable.
 #   - as root, a lean TeX Live with latexmk for reports/paper.pdf.
@@ -60,7 +61,8 @@ if [[ ! -x .venv/bin/python ]] || ! .venv/bin/python -m pip --version >/dev/null
     # the package of that Python's version: python3-venv is the default python3's only (Ubuntu
     # 22.04: 3.10), and PYTHON=python3.11 needs python3.11-venv
     if ! "$python" -c 'import ensurepip' 2>/dev/null; then
-        venv_package="python$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')-venv"
+        version=$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+        venv_package="python$version-venv"
         if [[ "${SCALESTUDY_SKIP_APT:-0}" != 1 && $(id -u) -eq 0 ]]; then
             echo "setup: installing $venv_package ($python has no ensurepip)"
             apt-get update -q

@@ -324,6 +324,7 @@ def test_a_demo_of_part_of_the_study_makes_no_report_of_the_whole(tmp_path, part
     calls = tmp_path / "calls"
     recorder = f'#!/bin/sh\nprintf "%s\\0" "$@" >> {calls}\necho >> {calls}\n'
     work = demo_with_stand_ins(tmp_path / "repo", snakemake=recorder)
+    (work / "report.html").write_text("an earlier demo's\n")  # not this one's to name
     proc = subprocess.run(
         ["bash", "scripts/demo.sh", "--config", "dataset=synthetic", *partial],
         cwd=work, env=env(), capture_output=True, text=True, timeout=60,
@@ -334,6 +335,7 @@ def test_a_demo_of_part_of_the_study_makes_no_report_of_the_whole(tmp_path, part
     if "n" not in partial[0]:  # a dry-run says nothing at the end, as before
         last = proc.stdout.splitlines()[-1]
         assert last.startswith("demo: done") and "no report.html" in last, last
+        assert "report.html," not in last and not last.startswith("demo: done: report"), last
 
 
 @pytest.mark.parametrize("targets", [["results/matrix/runs.tsv"], ["plot", "analyze"]])

@@ -865,7 +865,8 @@ def prepare_out(out: Path, work: Path | None = None) -> Path:
             "there), which would delete it: choose another --out"
         )
     remove_marked(work, WORK_MARK)
-    remove_marked(fixtures, PROVENANCE)
+    # an earlier gpu-check's fixtures/ that kept WORK_MARK (fixtures_made_here) goes with it last
+    remove_marked(fixtures, WORK_MARK if (fixtures / WORK_MARK).exists() else PROVENANCE)
     for name in (report.REPORT_MD, report.REPORT_JSON):  # an earlier run's must not pass for this
         (out / name).unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)

@@ -970,8 +970,9 @@ def judge_reference(
     width, local batch, precision; local_batch: the one both were asked for (the targets')."""
     criterion = (
         f"both exit 0 on cuda with the same width, local batch and precision; ours / reference "
-        f">= {MIN_RATIO} (the Trainer issue's target {TARGET_RATIO}x, and on one whole H100 SXM "
-        "its img/s targets, are reported, not judged)"
+        f"(to 3 decimals, as printed) >= {MIN_RATIO} (the Trainer issue's target "
+        f"{TARGET_RATIO}x, and on one whole H100 SXM its img/s targets, are reported, not "
+        "judged)"
     )
     problems = run_problems(ours, "our trainer") + run_problems(ref, "the reference trainer")
     m, r = ours.metrics or {}, ref.metrics or {}
