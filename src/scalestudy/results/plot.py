@@ -22,7 +22,7 @@ from scalestudy import files, log, vocab
 from scalestudy.errors import AnalysisError
 from scalestudy.files import check_outputs, number
 from scalestudy.results.analyze import PROFILE_CATEGORIES, read_csv, read_table
-from scalestudy.results.render_report import fmt_pct_apart
+from scalestudy.results.printed import fmt_pct_apart
 
 logger = log.get(__name__)
 

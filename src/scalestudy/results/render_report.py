@@ -37,6 +37,8 @@ from scalestudy.results.analyze import (
     read_csv,
     read_table,
 )
+from scalestudy.results.printed import APART_DECIMALS, fmt_pct_apart
+from scalestudy.results.printed import cell_float as _float
 
 logger = log.get(__name__)
 
@@ -57,16 +59,6 @@ TEMPLATES = Path(__file__).resolve().parents[3] / "workflow" / "report"
 # a number standing alone, with its sign when it has one ("-5.0" and "+5.0" are different claims):
 # not part of an identifier (fp32, w8_lb128, a4paper, 25mm); "n - 1" is the number 1
 NUMBER = re.compile(r"(?<![\w.])[-+]?\d+(?:\.\d+)*(?:e[-+]\d+)?(?!\w)")
-
-
-def _float(value) -> float | None:
-    """A cell as a finite float; None for a blank, a word, NaN or infinity (inf was an
-    OverflowError in fmt_num's int(x))."""
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        return None
-    return x if math.isfinite(x) else None
 
 
 def fmt_num(value) -> str:
@@ -155,23 +147,6 @@ def fmt_exact(value) -> str:
 
 
 FORMATS = {"num": fmt_num, "pct": fmt_pct, "spct": fmt_signed_pct, "exact": fmt_exact}
-# the most decimals fmt_pct_apart gives a percentage (a cell has 12 significant digits)
-APART_DECIMALS = 10
-
-
-def fmt_pct_apart(value, other, signed: bool = False) -> str:
-    """A fraction as a percentage with one decimal, or as many more as it takes to print it
-    apart from `other` (a threshold, a tolerance: compared by magnitude), unless the two cells
-    are equal: E_s = 0.6996 printed "70.0" next to ">= 70.0" and "fail". blank -> n/a."""
-    x, o = _float(value), _float(other)
-    if x is None:
-        return "n/a"
-    sign = "+" if signed else ""
-    for k in range(1, APART_DECIMALS + 1):
-        text = f"{100 * x:{sign}.{k}f}"
-        if o is None or abs(x) == abs(o) or f"{100 * abs(x):.{k}f}" != f"{100 * abs(o):.{k}f}":
-            break
-    return text
 
 
 def _decimals(text: str) -> int:

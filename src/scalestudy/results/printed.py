@@ -1,0 +1,35 @@
+"""How a cell is printed apart from a threshold: the documents' numbers (render_report.py) and the
+figures' labels (plot.py) share it, and a figure does not depend on the documents' code (an edit
+of render_report.py redraws no figure)."""
+
+from __future__ import annotations
+
+import math
+
+# the most decimals fmt_pct_apart gives a percentage (a cell has 12 significant digits)
+APART_DECIMALS = 10
+
+
+def cell_float(value) -> float | None:
+    """A cell as a finite float; None for a blank, a word, NaN or infinity (inf was an
+    OverflowError in fmt_num's int(x))."""
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+def fmt_pct_apart(value, other, signed: bool = False) -> str:
+    """A fraction as a percentage with one decimal, or as many more as it takes to print it
+    apart from `other` (a threshold, a tolerance: compared by magnitude), unless the two cells
+    are equal: E_s = 0.6996 printed "70.0" next to ">= 70.0" and "fail". blank -> n/a."""
+    x, o = cell_float(value), cell_float(other)
+    if x is None:
+        return "n/a"
+    sign = "+" if signed else ""
+    for k in range(1, APART_DECIMALS + 1):
+        text = f"{100 * x:{sign}.{k}f}"
+        if o is None or abs(x) == abs(o) or f"{100 * abs(x):.{k}f}" != f"{100 * abs(o):.{k}f}":
+            break
+    return text
