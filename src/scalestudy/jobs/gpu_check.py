@@ -1145,7 +1145,7 @@ def run(args: argparse.Namespace) -> int:
     ctx.header = make_header
     # SIGHUP too: gpu-check is run by hand over ssh, and a closed terminal killed it on the
     # spot, its check (a session of its own) training on, holding the GPU; nohup's stays ignored
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    for signum in log.STOPS:
         if signal.getsignal(signum) is not signal.SIG_IGN:
             signal.signal(signum, stop_children)
 

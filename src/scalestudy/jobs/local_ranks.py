@@ -151,7 +151,6 @@ class Stopped(Exception):
 # before it kills its ranks (shutdown_timeout), a trainer stopping on SIGTERM saves at its next
 # epoch's end (trainer/checkpoint.StopFlag)
 STOP_WAIT_S = 90
-STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def run_to_end(
@@ -175,7 +174,7 @@ def run_to_end(
     later, while torchrun passed it on to its ranks (each in a session of its own)."""
     held: list[int] = []
     before = {}
-    for signum in STOPS:  # noted from before the launch starts: none is lost inside Popen
+    for signum in log.STOPS:  # noted from before the launch starts: none is lost inside Popen
         if signal.getsignal(signum) is not signal.SIG_IGN:
             before[signum] = signal.signal(signum, lambda signum, frame: held.append(signum))
     try:

@@ -360,9 +360,6 @@ def explain_failure(exc: BaseException) -> None:
             logger.error(f"hang diagnosis: {line}")
 
 
-STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
 @contextlib.contextmanager
 def stops_held():
     """SIGINT, SIGTERM and SIGHUP that arrive in the block are raised again once it ends, to the
@@ -375,7 +372,7 @@ def stops_held():
     caught: list[int] = []
     held = {
         s: signal.signal(s, lambda signum, _frame: caught.append(signum))
-        for s in STOPS
+        for s in log.STOPS
         if signal.getsignal(s) not in (signal.SIG_IGN, None)
     }
     try:
