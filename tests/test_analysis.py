@@ -1915,13 +1915,11 @@ def test_collect_writes_both_tables_or_neither(tmp_path, capsys, monkeypatch):
     assert (tmp_path / "epochs.csv").read_text() == "run,epoch\nw1_r0,1\n"
 
 
-def test_collect_refuses_a_measurement_analyze_would_refuse_naming_the_runs_file(tmp_path):
-    """A run's metrics.json with a final accuracy of 1.5 (or a word in a per-rank list) was
-    collected into runs.csv, where analyze refused it with the fix "write it again with
-    `scalestudy collect`", which wrote the same value again. Now collect refuses it, naming the
-    run's metrics.json and the fix that removes the value: rerun the run."""
+def collectable_run(tmp_path: Path) -> tuple[dict, Path, list[dict], dict]:
+    """The demo study's first run as collect reads it (a CPU run, as the trainer writes it):
+    (its run-table row, tmp_path/runs/<run>/ with its epochs.csv, those epochs, the metrics.json
+    it would have: every required key, its measurements plausible)."""
     from scalestudy.cli import main
-    from scalestudy.errors import CollectError
     from scalestudy.results import collect
     from scalestudy.study.runs import read_runs_tsv
 
@@ -1936,14 +1934,27 @@ def test_collect_refuses_a_measurement_analyze_would_refuse_naming_the_runs_file
     epochs = [dict.fromkeys(vocab.EPOCH_COLUMNS, "0.5") | {"epoch": str(e)} for e in range(1, n)]
     epochs.append(dict.fromkeys(vocab.EPOCH_COLUMNS, "0.9") | {"epoch": str(n)})
     files.write_csv(run_dir / "epochs.csv", None, epochs)
-    good = dict.fromkeys(collect.REQUIRED_METRICS, None) | {
+    metrics = dict.fromkeys(collect.REQUIRED_METRICS, None) | {
         **{k: int(row[k]) for k in ("world_size", "nodes", "ranks_per_node", "global_batch")},
         "seed": int(row["seed"]),
         "device": {"type": "cpu", "name": "x86_64"},
         **{"throughput_img_s": 900.0, "throughput_img_s_per_rank": 450.0, "epoch_time_s": 2.5},
         **{"final_val_acc": 0.9, "comm_exposed_frac": 0.1, "train_time_s": 12.0},
-        "busy_time_ms_p50_by_rank": [10.5, 11.0],
     }
+    return row, run_dir, epochs, metrics
+
+
+def test_collect_refuses_a_measurement_analyze_would_refuse_naming_the_runs_file(tmp_path):
+    """A run's metrics.json with a final accuracy of 1.5 (or a word in a per-rank list) was
+    collected into runs.csv, where analyze refused it with the fix "write it again with
+    `scalestudy collect`", which wrote the same value again. Now collect refuses it, naming the
+    run's metrics.json and the fix that removes the value: rerun the run."""
+    from scalestudy.errors import CollectError
+    from scalestudy.results import collect
+
+    row, run_dir, epochs, good = collectable_run(tmp_path)
+    n = len(epochs)
+    good |= {"busy_time_ms_p50_by_rank": [10.5, 11.0]}
     metrics = run_dir / "metrics.json"
     files.write_json(metrics, good)
     assert collect.collect([row], tmp_path / "runs")[0][0]["final_val_acc"] == 0.9
@@ -1996,37 +2007,18 @@ def test_collect_refuses_a_run_trained_with_another_flag_its_config_hash_records
     refused for that alone."""
     from dataclasses import asdict
 
-    from scalestudy.cli import main
     from scalestudy.errors import CollectError
     from scalestudy.results import collect
-    from scalestudy.study.runs import read_runs_tsv, trainer_args
+    from scalestudy.study.runs import trainer_args
     from scalestudy.trainer.config import TrainConfig
 
-    table = tmp_path / "runs.tsv"
-    demo = Path(__file__).parents[1] / "config" / "demo.yaml"
-    argv = ["matrix", "--config", str(demo), "--out", str(table)]
-    assert main([*argv, "--set", "dataset=synthetic"]) == 0
-    row = read_runs_tsv(table)[0]
-    run_dir = tmp_path / "runs" / row["run"]
-    run_dir.mkdir(parents=True)
-    n = int(row["epochs"])
-    epochs = [
-        dict.fromkeys(vocab.EPOCH_COLUMNS, "0.9") | {"epoch": str(e)} for e in range(1, n + 1)
-    ]
-    files.write_csv(run_dir / "epochs.csv", None, epochs)
+    row, run_dir, _, measured = collectable_run(tmp_path)
     flags = TrainConfig.from_argv(trainer_args(row))
     good = (
         dict.fromkeys(collect.REQUIRED_METRICS, None)
-        | asdict(flags)
-        | {
-            **{k: int(row[k]) for k in ("world_size", "nodes", "ranks_per_node", "global_batch")},
-            "seed": int(row["seed"]),
-            "device": {"type": "cpu", "name": "x86_64"},
-            "backend": "gloo",  # in effect (--backend auto resolved), not the flag
-            **{"throughput_img_s": 900.0, "throughput_img_s_per_rank": 450.0, "epoch_time_s": 2.5},
-            **{"final_val_acc": 0.9, "comm_exposed_frac": 0.1, "train_time_s": 12.0},
-            "config_hash": flags.config_hash(),
-        }
+        | asdict(flags)  # every flag, as the trainer records them; then what was measured
+        | {k: v for k, v in measured.items() if v is not None}
+        | {"backend": "gloo", "config_hash": flags.config_hash()}  # --backend auto in effect
     )
     metrics = run_dir / "metrics.json"
     files.write_json(metrics, good)
