@@ -455,17 +455,23 @@ def write_export(path: Path, sql: str | None = None) -> Path:
     return path
 
 
+# the fixture export's phases, (instances, ns): its header says two steps; the backward's
+# kernels come from autograd's thread, the NCCL domain's range is no phase, the step-2
+# optimizer is named by text
+EXPORT_PHASES = {
+    "data": (2, 20_000),
+    "forward": (2, 360_000),
+    "backward": (2, 876_000),
+    "optimizer": (2, 40_000),
+}
+
+
+def phases_of(db: Path) -> dict[str, tuple[int, float]]:
+    return {p["name"]: (p["instances"], p["total_ns"]) for p in nsys.export_phases(db)}
+
+
 def test_the_export_projects_every_threads_launches(tmp_path):
-    db = write_export(tmp_path / "nsys_rank0.sqlite")
-    phases = {p["name"]: (p["instances"], p["total_ns"]) for p in nsys.export_phases(db)}
-    # the fixture's header: two steps; the backward's kernels come from autograd's thread, the
-    # NCCL domain's range is no phase, the step-2 optimizer is named by text
-    assert phases == {
-        "data": (2, 20_000),
-        "forward": (2, 360_000),
-        "backward": (2, 876_000),
-        "optimizer": (2, 40_000),
-    }
+    assert phases_of(write_export(tmp_path / "nsys_rank0.sqlite")) == EXPORT_PHASES
     # beside the stats CSVs: rank 0's phases from its export, rank 1 (none) from
     # nvtx_gpu_proj_sum, each labelled with what it measures
     for f in (FIX / "nsys-2024.5").glob("*.csv"):
@@ -474,7 +480,7 @@ def test_the_export_projects_every_threads_launches(tmp_path):
     bases = {(r["rank"], r["time_base"]) for r in ranges}
     assert bases == {(0, "gpu_projection"), (1, "gpu_projection_same_thread")}
     r0 = {r["range"]: r["total_ns"] for r in ranges if r["rank"] == 0}
-    assert r0 == {"data": 20_000, "forward": 360_000, "backward": 876_000, "optimizer": 40_000}
+    assert r0 == {name: ns for name, (_, ns) in EXPORT_PHASES.items()}
 
 
 def test_operations_and_launches_without_a_correlation_id_join_nothing(tmp_path):
@@ -491,14 +497,7 @@ def test_operations_and_launches_without_a_correlation_id_join_nothing(tmp_path)
             for t in (1000001000, 1000061000, 1000211000, 1000411000)  # one in each phase
         )
     )
-    db = write_export(tmp_path / "nulls.sqlite", sql)
-    phases = {p["name"]: (p["instances"], p["total_ns"]) for p in nsys.export_phases(db)}
-    assert phases == {
-        "data": (2, 20_000),
-        "forward": (2, 360_000),
-        "backward": (2, 876_000),
-        "optimizer": (2, 40_000),
-    }
+    assert phases_of(write_export(tmp_path / "nulls.sqlite", sql)) == EXPORT_PHASES
 
 
 def test_an_old_export_and_exports_without_what_is_projected(tmp_path):
