@@ -1573,3 +1573,13 @@ def test_a_plan_that_calibrates_nothing_reads_no_measured_run(tmp_path):
     config["plan"]["calibrate"] = True  # calibrating, the same row is refused
     with pytest.raises(PlanError, match="world_size is '1.5', not a whole number >= 1"):
         plan.write_plan(config, md, csv_out, runs_csv, bench)
+
+
+def test_the_dry_run_totals_keep_their_columns_for_long_rule_names():
+    """profile_collect_ncu (19 characters) pushed its per-rule total one column right of the
+    others: names were padded to 14 whatever their length."""
+    long = plan.job_estimate(None, "profile_collect_ncu", None, {"runtime": 10})
+    short = plan.job_estimate(None, "collect", None, {"runtime": 10})
+    text = plan.format_table([long, short], gpu=False)
+    rows = text.split("per rule:\n")[1].splitlines()[:2]
+    assert [r.index(" jobs") for r in rows] == [rows[0].index(" jobs")] * 2, rows

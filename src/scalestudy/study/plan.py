@@ -145,17 +145,19 @@ def format_table(estimates: list[Estimate], note: str = "", gpu: bool | None = N
             f"{e.rule:<{rwidth}}  {e.run:<{width}}  {e.nodes:5d}  {gpus(e.gpus, 4)}  "
             f"{hms(e.runtime_s):>8}  {e.node_hours:10.3f}  {gpu_h(e.gpu_hours, 9)}  {_mark(e)}"
         )
+    # one column for every name in the totals, rule or family, 14 wide at least
+    nwidth = max([len(name) for name in [*t["rule"], *t["family"]]] + [14])
     lines.append("per rule:")
     for name, s in t["rule"].items():
         lines.append(
-            f"  {name:<14} {s.jobs:4d} jobs  {s.node_hours:10.3f} node-hours  "
+            f"  {name:<{nwidth}} {s.jobs:4d} jobs  {s.node_hours:10.3f} node-hours  "
             f"{gpu_h(s.gpu_hours, 10, ' GPU-hours')}"
         )
     if t["family"]:
         lines.append("per family (a run shared by several families counts in each):")
         for name, s in t["family"].items():
             lines.append(
-                f"  {name:<14} {s.jobs:4d} runs  {s.node_hours:10.3f} node-hours  "
+                f"  {name:<{nwidth}} {s.jobs:4d} runs  {s.node_hours:10.3f} node-hours  "
                 f"{gpu_h(s.gpu_hours, 10, ' GPU-hours')}"
             )
     s = t["total"]
