@@ -1891,6 +1891,22 @@ def test_trimmed_ncu_csv_parses_to_the_same_rows(tmp_path, name):
     assert ncu_parser.parse_ncu(tmp_path / "cut.csv", "r") == whole
 
 
+def test_trimmed_ncu_csv_keeps_a_src_only_tensor_total(tmp_path):
+    """The trimmer kept the per-destination tensor totals only: an fp16 capture's src-only
+    total (what parse_ncu counts where a type has no per-destination total) was cut."""
+    head = '"ID","Kernel Name","Metric Name","Metric Unit","Metric Value"'
+    rows = [
+        ("gpu__time_duration.sum", "nsecond", "1,000"),
+        ("sm__ops_path_tensor_src_fp16.sum", "", "2,000"),
+    ]
+    text = "\n".join([head] + [f'"0","k","{m}","{u}","{v}"' for m, u, v in rows]) + "\n"
+    (tmp_path / "whole.csv").write_text(text)
+    (tmp_path / "cut.csv").write_text(report.trim_ncu_csv(text, others=0))
+    (row,) = ncu_parser.parse_ncu(tmp_path / "cut.csv", "r")
+    assert row == ncu_parser.parse_ncu(tmp_path / "whole.csv", "r")[0]
+    assert row["tensor_flop_per_s"] == pytest.approx(2_000 / 1e-6)
+
+
 # ---------------------------------------------------------------------------------------------
 # the runner and the real trainer on CPU (the same functions the GPU checks use)
 

@@ -1069,7 +1069,28 @@ def test_ncu_tensor_flops_count_each_operation_once(tmp_path):
     # what capture.py asks ncu for is what the parser sums
     assert ncu.TENSOR_METRIC.match(f"{tensor}.sum")
     assert not ncu.TENSOR_METRIC.match(f"{tensor}_sparsity_off.sum")
-    assert not ncu.TENSOR_METRIC.match("sm__ops_path_tensor_src_fp16.sum")
+
+
+def test_ncu_tensor_flops_of_a_type_with_only_its_src_total(tmp_path):
+    """An H100's or H200's ncu 2025.3 lists no sm__ops_path_tensor_src_fp16_dst_* (the real
+    captures under tests/fixtures/gpu-h*/ asked for every _dst_ total and got bf16 and tf32
+    only): an fp16 run's tensor-core operations are in the src-only total, which the parser
+    dropped as a double count, so fp16 convolutions read 0 tensor FLOP/s."""
+    k = "sm90_xmma_fprop_implicit_gemm_f16f16_f16f32_f32_nhwckrsc_nhwc_tilesize128x128x32"
+    f = _ncu_csv(
+        tmp_path / "ncu_k0.csv",
+        [
+            ("0", k, "gpu__time_duration.sum", "nsecond", "1,000"),
+            ("0", k, "sm__ops_path_tensor_src_fp16.sum", "", "2,000,000"),
+            ("0", k, "sm__ops_path_tensor_src_fp16_sparsity_off.sum", "", "2,000,000"),
+            ("0", k, "sm__ops_path_tensor_src_bf16_dst_fp32.sum", "", "0"),
+            ("0", k, "sm__ops_path_tensor_src_tf32_dst_fp32.sum", "", "0"),
+        ],
+    )
+    (row,) = ncu.parse_ncu(f, "r")
+    assert row["tensor_flop_per_s"] == pytest.approx(2_000_000 / 1e-6)
+    # and jobs/profile.py asks ncu for the src-only totals too (a regex: what the GPU has)
+    assert ncu.TENSOR_METRIC.match("sm__ops_path_tensor_src_fp16.sum")
 
 
 @pytest.mark.parametrize(

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from scalestudy import files, hardware
-from scalestudy.nsight import schema
+from scalestudy.nsight import ncu, schema
 from scalestudy.nsight.torch_ops import GPU_CATEGORIES, LAUNCH_CATEGORIES, correlation
 from scalestudy.trainer.measure import ENERGY_SHORT_WINDOW, ENERGY_UPDATE_S, NVML_INTERVAL_S
 
@@ -1349,8 +1349,7 @@ _NCU_KEEP = re.compile(
     r"|Achieved Occupancy|(dram__|gpu__dram_)throughput\.avg\.pct_of_peak_sustained_elapsed"
     r"|DRAM Throughput|sm__throughput\.avg\.pct_of_peak_sustained_elapsed"
     r"|Compute \(SM\) (Throughput|\[%\])|SM \[%\]"
-    r"|smsp?__sass_thread_inst_executed_op_[hfd](add|mul|fma)_pred_on\.sum"
-    r"|sm__ops_path_tensor_src_[a-z0-9]+_dst_[a-z0-9]+\.sum)$"
+    r"|smsp?__sass_thread_inst_executed_op_[hfd](add|mul|fma)_pred_on\.sum)$"
 )
 
 
@@ -1372,7 +1371,7 @@ def trim_ncu_csv(text: str, preamble: int = 3, rules: int = 2, others: int = 3) 
     for line in lines[head + 1 :]:
         cells = next(csv.reader(io.StringIO(line)), [])
         metric = cells[j].strip() if len(cells) > j else ""
-        if metric and _NCU_KEEP.match(metric):
+        if metric and (_NCU_KEEP.match(metric) or ncu.TENSOR_METRIC.match(metric)):
             kept.append(line)
             continue
         kind = "other" if metric else "rule"

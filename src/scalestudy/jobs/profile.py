@@ -101,10 +101,10 @@ SYSTEM_DIRS = frozenset(
     {"/", "/usr", "/usr/local", "/opt", "/bin", "/sbin", "/lib", "/lib64", "/etc", "/var"}
 )
 # FLOP counters that --set full does not print in the details page: SASS f/h/d add, mul, fma
-# (a fma is 2 FLOP) and the tensor-core paths (nsight.ncu.parse_ncu sums them). Tensor paths: only
-# the per-(source, destination) totals; the src-only totals and the _sparsity_on/_off breakdowns
-# count the same operations again. A regex, not a list: a name the GPU lacks (bf16 before Ampere)
-# would fail the whole ncu run, a regex just matches fewer.
+# (a fma is 2 FLOP) and the tensor-core paths (nsight.ncu.parse_ncu sums them). Tensor paths: the
+# per-(source, destination) and src-only totals (ncu.TENSOR_METRIC says which one counts), not the
+# _sparsity_on/_off breakdowns. A regex, not a list: a name the GPU lacks (bf16 before Ampere,
+# fp16 per destination on an H100) would fail the whole ncu run, a regex just matches fewer.
 NCU_METRICS = ",".join(
     [
         f"smsp__sass_thread_inst_executed_op_{p}{op}_pred_on.sum"

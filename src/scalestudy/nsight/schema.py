@@ -52,9 +52,10 @@ profile_ncu.csv      run, kernel, launches, duration_ns, achieved_occupancy_pct,
     dram_throughput_pct     (gpu__)dram__throughput.avg.pct_of_peak_sustained_elapsed, %
     sm_throughput_pct       sm__throughput.avg.pct_of_peak_sustained_elapsed, % (labels
                             "Compute (SM) Throughput", "Compute (SM) [%]", "SM [%]")
-    flop_per_s   (fadd + fmul + 2 ffma, for f/h/d SASS ops, + sm__ops_path_tensor_src_*_dst_*.sum)
+    flop_per_s   (fadd + fmul + 2 ffma, for f/h/d SASS ops, + tensor ops)
                  / duration; empty when the report lacks those metrics (profile.py asks for them)
-    tensor_flop_per_s  the tensor-core part of flop_per_s (sm__ops_path_tensor_src_*_dst_*.sum)
+    tensor_flop_per_s  the tensor-core part of flop_per_s: sm__ops_path_tensor_src_*.sum,
+                       per source type its _dst_* totals, else its src-only one (nsight/ncu.py)
 """
 
 from __future__ import annotations
