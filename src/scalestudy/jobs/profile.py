@@ -64,7 +64,9 @@ parse: profiler output -> the profile CSVs (schemas: scalestudy.nsight.schema), 
                   (cuda_gpu_kern_sum, cuda_gpu_mem_time_sum, nvtx_gpu_proj_sum, nvtx_sum or the
                   pre-2023.1 names; recognised by header, rank from `rank<r>` in the file name)
                   and the reports' SQLite exports, nsys_rank<r>.sqlite, for the phases' GPU time
-  --ncu P         `ncu --csv --page details` output: one CSV, or every *.csv of a directory
+  --ncu P         `ncu --csv --page details` output: one CSV, or every *.csv of a directory;
+                  its kernels keep ncu's names (`profile ncu` labels them with the kernels
+                  CSV's, the join key of profile_kernels and profile_ncu)
   The first two write --out-kernels (profile_kernels) and, when given, --out-ranges
   (profile_ranges); --ncu writes --out-ncu (profile_ncu). A file that cannot be parsed is an
   error naming the file and line (exit 2), and no CSV is written.
@@ -1007,7 +1009,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--nsys-stats", metavar="PATH", help="nsys stats --format csv output: a CSV or a dir"
     )
     source.add_argument(
-        "--ncu", metavar="PATH", help="ncu --csv --page details output: a CSV or a dir"
+        "--ncu",
+        metavar="PATH",
+        help="ncu --csv --page details output: a CSV or a dir (kernels keep ncu's names)",
     )
     p.add_argument("--run", required=True, help="run id written into every row")
     p.add_argument(

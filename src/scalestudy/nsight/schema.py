@@ -45,7 +45,8 @@ profile_ranges.csv   run, rank, tool, range, time_base, instances, total_ns, sha
 profile_ncu.csv      run, kernel, launches, duration_ns, achieved_occupancy_pct,
                      dram_throughput_pct, sm_throughput_pct, flop_per_s, tensor_flop_per_s
     kernel     the profile_kernels name of the kernel (jobs/profile.py filters one kernel per ncu
-               pass and labels its rows so), the join key between the two tables
+               pass and labels its rows so), the join key between the two tables; ncu's own
+               spelling from a by-hand `profile parse --ncu`
     launches   kernel launches ncu profiled (each value below is the mean over them)
     duration_ns  gpu__time_duration.sum (label "Duration"), ns
     achieved_occupancy_pct  sm__warps_active.avg.pct_of_peak_sustained_active, %
