@@ -1583,3 +1583,24 @@ def test_the_dry_run_totals_keep_their_columns_for_long_rule_names():
     text = plan.format_table([long, short], gpu=False)
     rows = text.split("per rule:\n")[1].splitlines()[:2]
     assert [r.index(" jobs") for r in rows] == [rows[0].index(" jobs")] * 2, rows
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        (("profiling", "gpus"), [1, 2, 4]),
+        (("profiling", "enabled"), False),
+        (("proposal", "contingency"), 0.25),
+    ],
+)
+def test_the_plan_digest_changes_with_what_plan_md_prints(key, value):
+    """The plan rule reruns on plan_digest only: profiling's jobs and the proposal's
+    contingency, printed in plan.md, were not in it, so plan.md kept the old hours."""
+    config = small_config()
+    config["profiling"]["enabled"] = True
+    estimates = plan.estimate_runs(config, build_run_table(config), [])
+    changed = yaml.safe_load(yaml.safe_dump(config))
+    changed[key[0]][key[1]] = value
+    assert plan.estimate_runs(changed, build_run_table(changed), []) == estimates  # the case
+    assert plan.plan_markdown(changed, estimates, []) != plan.plan_markdown(config, estimates, [])
+    assert plan.plan_digest(estimates, changed) != plan.plan_digest(estimates, config)

@@ -277,12 +277,13 @@ def plan_csv_text(estimates: list[Estimate], done_known: bool = True) -> str:
     return out.getvalue()
 
 
-def plan_digest(estimates: list[Estimate], config: dict | None = None) -> str:
+def plan_digest(estimates: list[Estimate], config: dict) -> str:
     """sha256 (16 hex digits) of plan_csv_text and of what else reports/plan.md prints from the
-    config (the study's name, repeats, hardware and `plan:`: its contingency is in no
-    estimate): changes whenever either does, so the plan rule reruns (a new contingency left
-    plan.md at the old one)."""
-    shown = {k: config.get(k) for k in ("study", "repeats", "hardware", "plan")} if config else {}
+    config (the study's name, repeats, hardware, `plan:` (its contingency is in no estimate),
+    `profiling:` (its jobs) and proposal.contingency): changes whenever either does, so the
+    plan rule reruns (a new contingency or profiling left plan.md at the old one)."""
+    shown = {k: config.get(k) for k in ("study", "repeats", "hardware", "plan", "profiling")}
+    shown["proposal.contingency"] = (config.get("proposal") or {}).get("contingency")
     text = plan_csv_text(estimates) + json.dumps(shown, sort_keys=True, default=str)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
