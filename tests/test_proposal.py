@@ -1239,3 +1239,21 @@ def test_the_threshold_and_contingency_print_every_decimal_they_have(tmp_path):
     assert "contingency (8.33\\,\\%)" in docs["proposal.tex"]
     assert "efficiency of at least 84.25\\,\\%" in docs["slides.tex"]
     assert "contingency (8.33\\,\\%)" in docs["slides.tex"]
+
+
+def test_rows_rescaled_by_the_planners_efficiency_guesses_are_named(tmp_path):
+    """Next runs at 8 GPUs on 2 nodes, no multi-node run measured: the planner priced them from
+    the 4-GPU runs x efficiency_inter_node / efficiency_intra_node (basis precision), a guess of
+    the config, and the documents said only "calibrated from the measured runs"."""
+    config, study = build(tmp_path, "hardware.device=cuda", "plan.efficiency_intra_node=0.9")
+    docs = write(config, study)
+    rescaled = [
+        i for (s, i), v in cells(study).items() if s == "request" and v.get("basis") == "precision"
+    ]
+    assert rescaled  # the case at hand
+    md = " ".join(docs["proposal.md"].split())
+    for item in rescaled:
+        assert f'"{item}"' in md.split("planner's efficiency guesses")[1], md
+    assert "plan.efficiency_inter_node" in md
+    tex = " ".join(docs["proposal.tex"].split())
+    assert "efficiency guesses" in tex and "efficiency\\_inter\\_node" in tex

@@ -25,7 +25,8 @@ slides.tex from it plus the analysis CSVs (render_report's formats and its hones
                      documents name the rows the scaling model prices ("model", "model,
                      extrapolated") and say whether a held-out point validates it, or why not
                      (model.csv absent, without held-out rows, or none of them validated:
-                     validation_rows)
+                     validation_rows), and those priced from another world size's runs by the
+                     plan's efficiency guesses ("precision")
     profiling        profiled runs x their Slurm time limit (hardware.runtime_min), per job of
                      profile_capture (and profile_ncu when Nsight Compute runs): requested, not
                      estimated
@@ -84,6 +85,9 @@ MODEL_CSV = "results/csv/model.csv"
 PLANNER = "study/estimate.py planner"
 BASIS_SOURCE = "study/estimate.py throughput_basis of its runs"  # a request row's bases
 MODEL_BASES = ("model", "model, extrapolated")  # the planner's bases of the scaling model
+# the planner's basis of a run priced from another world size's measured runs, rescaled by the
+# plan's efficiency guesses (study/estimate.py, level 5): the documents name these rows too
+RESCALED_BASIS = "precision"
 # where a dataset comes from and on what terms (what its publisher states; nothing is inferred)
 DATA_TERMS = {
     "cifar10": "CIFAR-10 (Krizhevsky 2009, www.cs.toronto.edu/~kriz/cifar.html): no licence is "
@@ -781,6 +785,11 @@ def context(tables: dict, rows: list[dict], config: dict, figure_dir: str) -> di
             (i, v[("request", i)]["basis"])
             for i in items("request")
             if set(v[("request", i)].get("basis", "").split("; ")) & set(MODEL_BASES)
+        ],
+        rescaled_items=[
+            i
+            for i in items("request")
+            if RESCALED_BASIS in v[("request", i)].get("basis", "").split("; ")
         ],
         has_below=("scale", "first below") in v,
         has_production=("production", "run") in v,
