@@ -1257,3 +1257,5 @@ def test_rows_rescaled_by_the_planners_efficiency_guesses_are_named(tmp_path):
     assert "plan.efficiency_inter_node" in md
     tex = " ".join(docs["proposal.tex"].split())
     assert "efficiency guesses" in tex and "efficiency\\_inter\\_node" in tex
+    slides = " ".join(docs["slides.tex"].split())
+    assert all(item in slides.split("efficiency guesses")[1] for item in rescaled)
