@@ -202,6 +202,18 @@ def test_yaml_merge_keys_load_as_safe_load_does(tmp_path):
     refused(path, str(path), "line 3", "duplicate key 'gpus'", "line 3")
 
 
+def test_a_json_config_file_reads_as_snakemake_reads_it(tmp_path):
+    """Snakemake reads a config file as JSON first, then YAML: `"lr": 1e-1` is 0.1 to the
+    workflow, but the package read every file as YAML 1.1 (text "1e-1"), so `scalestudy plan`
+    refused the study the workflow ran, and the workflow's error line named its values as
+    --config overrides."""
+    path = tmp_path / "study.json"
+    path.write_text('{\n "study": "j",\n "train": {"lr": 1e-1, "weight_decay": 5e-4}\n}\n')
+    assert studyconfig.load_yaml(path) == {"study": "j", "train": {"lr": 0.1, "weight_decay": 5e-4}}
+    path.write_text('{"train": {"lr": 0.1},\n "train": {"lr": 0.2}}\n')
+    refused(path, str(path), "duplicate key 'train'")
+
+
 def test_missing_file_refused(tmp_path):
     refused(tmp_path / "nope.yaml", "nope.yaml")
 

@@ -829,11 +829,32 @@ _UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
 _UniqueKeyLoader.add_constructor("tag:yaml.org,2002:float", _construct_float)
 
 
+class _DuplicateJsonKey(ValueError):
+    pass
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict:
+    seen: dict = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _DuplicateJsonKey(key)
+        seen[key] = value
+    return seen
+
+
 def load_yaml(path: str | os.PathLike) -> dict:
-    """The YAML file as a dict ({} when empty); errors name the file and line."""
+    """The config file as a dict ({} when empty); errors name the file and line. Read as
+    Snakemake reads a config file: JSON where it is JSON (`1e-1` is 0.1 there, text in YAML
+    1.1), else YAML."""
     try:
         with open(path, encoding="utf-8") as f:
-            data = yaml.load(f, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
+            text = f.read()
+        try:
+            data = json.loads(text, object_pairs_hook=_unique_pairs)
+        except _DuplicateJsonKey as e:
+            raise StudyConfigError(f"{path}: duplicate key {e.args[0]!r}") from None
+        except ValueError:  # no JSON: YAML, as Snakemake falls back to
+            data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
     except OSError as e:
         raise StudyConfigError(f"cannot read {path}: {e.strerror or e}") from e
     except UnicodeDecodeError as e:  # e.g. a file saved as Latin-1
