@@ -357,6 +357,17 @@ def test_cli_writes_table_and_summary(tmp_path, capsys):
     assert "bucket_cap_mb 1000000,1.0000001,1 x local_batch" in capsys.readouterr().out
 
 
+def test_the_summary_counts_in_words_that_agree_with_the_number(demo):
+    """demo.yaml's precision family printed "at world sizes 2, x1 repeats"."""
+    from scalestudy.study.matrix import _family_summary
+
+    line = _family_summary(demo, build_run_table(demo), "precision")
+    assert "at world size 2, x1 repeat" in line and "repeats" not in line, line
+    one = copy.deepcopy(demo)
+    one["families"]["precision"]["precisions"] = ["fp32"]
+    assert " 1 run (" in _family_summary(one, build_run_table(one), "precision")
+
+
 def test_collect_of_a_damaged_run_table_is_one_line_naming_the_line(tmp_path, capsys):
     """A run table cut short or edited by hand: `scalestudy collect` says which line and how to
     rebuild it, exit 2, no traceback (it raised ValueError before)."""

@@ -45,15 +45,17 @@ def _family_summary(config: dict, rows: list[dict], family: str) -> str:
             f"{','.join(map(str, fam['local_batch']))} at world size {fam['gpus']}"
         )
     else:
-        sizes = "world sizes " + ",".join(map(str, fam["gpus"]))
+        sizes = f"{vocab.plural('world sizes', len(fam['gpus']))} " + ",".join(
+            map(str, fam["gpus"])
+        )
         sweep = {
             "strong": f"{sizes} at global_batch {fam.get('global_batch')}",
             "weak": f"{sizes} at local_batch {fam.get('local_batch')}",
             "precision": f"{','.join(fam.get('precisions', []))} at {sizes}",
         }[family]
     return (
-        f"{family:<9} {len(mine):4d} runs ({shared} shared with other families): {sweep}, "
-        f"x{config['repeats']} repeats"
+        f"{family:<9} {len(mine):4d} {vocab.plural('runs', len(mine))} ({shared} shared with other "
+        f"families): {sweep}, x{config['repeats']} {vocab.plural('repeats', config['repeats'])}"
     )
 
 
