@@ -4,11 +4,13 @@ read-only failures (a tmpfs), and exact resume of the real trainer after SIGTERM
 from __future__ import annotations
 
 import dataclasses
+import errno
 import io
 import json
 import logging
 import os
 import signal
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -129,6 +131,43 @@ def test_corrupted_newest_is_skipped_with_a_warning_naming_the_file(tmp_path, da
     # the next save prunes, reading the same manifest: it must cope with it too
     saver.save(3, _state(10))
     assert saver.wait() is None
+
+
+def test_a_file_system_that_cannot_sync_a_directory_still_takes_checkpoints(tmp_path, monkeypatch):
+    """fsync of a directory refused with EINVAL (some network and FUSE file systems): files.py's
+    writes take it as no failed write, so the start-up checks passed, and then every
+    checkpoint failed and the run ended at its first epoch."""
+    real = os.fsync
+
+    def fsync(fd):
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    ck.write_checkpoint(tmp_path, 1, _state(100, 1.0), {})
+    assert ck.verify(tmp_path / "epoch-0001")["epoch"] == 1
+
+
+def test_an_unreadable_newest_is_skipped_with_a_warning_naming_the_file(tmp_path, monkeypatch):
+    """A read error (EIO of a damaged disk, a Lustre target down) of the newest state.pt was
+    no CheckpointError: every retry of the run died at start-up, the older one never used."""
+    saver = _saver(tmp_path, keep=3, async_write=False)
+    saver.save(1, _state(1000, 1.0))
+    saver.save(2, _state(1000, 2.0))
+    bad = tmp_path / "epoch-0002" / "state.pt"
+    real = ck.sha256
+
+    def sha256(path):
+        if Path(path) == bad:
+            raise OSError(errno.EIO, "Input/output error", str(path))
+        return real(path)
+
+    monkeypatch.setattr(ck, "sha256", sha256)
+    warnings: list[str] = []
+    path, _ = ck.find_latest(tmp_path, IDENTITY, warn=warnings.append)
+    assert path.name == "epoch-0001"
+    assert len(warnings) == 1 and str(bad) in warnings[0] and "Input/output" in warnings[0]
 
 
 def test_a_save_after_resuming_below_a_corrupted_checkpoint_survives_pruning(tmp_path):

@@ -281,17 +281,22 @@ def _replace(staged: Sequence[_Staged]) -> None:
             raise _named(exc, staged[done].path) from exc
         raise
     for directory in dict.fromkeys(s.target.parent for s in staged):
-        # the files are in place: a directory this user may write but not read (a drop-box,
-        # 0733: EACCES), or a file system that cannot sync one (EINVAL), is no failed write
+        fsync_dir(directory)
+
+
+def fsync_dir(directory: str | os.PathLike) -> None:
+    """fsync a directory, so that the renames and new entries in it survive a crash. The files
+    are in place: a directory this user may write but not read (a drop-box, 0733: EACCES), or
+    a file system that cannot sync one (EINVAL), is no failed write."""
+    try:
+        dir_fd = os.open(directory, os.O_RDONLY)
         try:
-            dir_fd = os.open(directory, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
-        except OSError as exc:
-            if exc.errno not in (errno.EACCES, errno.EPERM, errno.EINVAL):
-                raise
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EACCES, errno.EPERM, errno.EINVAL):
+            raise
 
 
 def replace_with(tmp: str | os.PathLike, path: str | os.PathLike) -> None:

@@ -58,7 +58,7 @@ import torch
 
 from scalestudy import log
 from scalestudy.errors import CheckpointError
-from scalestudy.files import sha256, write_cause, write_failure, write_text
+from scalestudy.files import fsync_dir, sha256, write_cause, write_failure, write_text
 
 logger = log.get(__name__)
 
@@ -88,14 +88,6 @@ def checkpoint_name(epoch: int) -> str:
 
 # ---------------------------------------------------------------------------------------------
 # writing
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _describe(exc: BaseException) -> str:
@@ -168,12 +160,12 @@ def write_checkpoint(
             os.fsync(f.fileno())
         # the entries of files in subdirectories (the DCP shards in dcp/) must be durable too
         for sub in sorted(p for p in partial.rglob("*") if p.is_dir()):
-            _fsync_dir(sub)
-        _fsync_dir(partial)
+            fsync_dir(sub)
+        fsync_dir(partial)
         if final.exists():  # the same epoch saved again (a resumed run): replace it whole
             shutil.rmtree(final)
         os.replace(partial, final)
-        _fsync_dir(directory)
+        fsync_dir(directory)
     except Exception as exc:
         with contextlib.suppress(OSError):
             shutil.rmtree(partial)
@@ -338,10 +330,14 @@ def verify(path: str | os.PathLike) -> dict:
         file = path / rel
         if not file.is_file():
             raise CheckpointError(f"{file}: missing")
-        size = file.stat().st_size
+        try:
+            size = file.stat().st_size
+            digest = sha256(file) if size == info["bytes"] else None
+        except OSError as exc:  # EIO of a damaged disk, a file system target down: skipped too
+            raise CheckpointError(f"{file}: unreadable ({exc.strerror or exc})") from exc
         if size != info["bytes"]:
             raise CheckpointError(f"{file}: {size} bytes, the manifest says {info['bytes']}")
-        if sha256(file) != info["sha256"]:
+        if digest != info["sha256"]:
             raise CheckpointError(f"{file}: sha256 differs from the manifest (corrupted)")
     return manifest
 
