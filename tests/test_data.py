@@ -1993,3 +1993,82 @@ def test_an_https_mirror_that_answers_404_is_not_retried_over_http(
     assert f"could not download {mirror}cifar-10-python.tar.gz to " in err, err
     assert "HTTP Error 404" in err and "http://" not in err and "nor over http" not in err, err
     assert err.endswith("or pass --mirror URL."), err
+
+
+def test_a_wrong_archive_already_in_raw_is_named_when_the_download_fails(
+    tmp_path: Path, serve, capsys
+) -> None:
+    """A truncated copy placed in raw/ by hand (an scp cut short), offline: the line said
+    "place the file there yourself", where a file already was, with no word of its md5."""
+    raw = tmp_path / "data" / "cifar10" / "raw"
+    raw.mkdir(parents=True)
+    (raw / "cifar-10-python.tar.gz").write_bytes(b"x" * 1000)
+    empty = tmp_path / "site"
+    empty.mkdir()
+    argv = ["prepare-data", "--dataset", "cifar10", "--data-dir", str(tmp_path / "data")]
+    assert cli.main([*argv, "--mirror", serve(empty)]) == 2  # 404: the mirror lacks it
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    bad = hashlib.md5(b"x" * 1000).hexdigest()
+    assert err.endswith(f"(md5 {prepare_data.CIFAR10_FILES['cifar-10-python.tar.gz']}; the one "
+        f"there, 1,000 bytes, has md5 {bad}) or pass --mirror URL."), err  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "mirror", ["https://127.0.0.1:1/cifar/?sig=SECRET&expires=1 2", "http://127.0.0.1:1/my data/"]
+)
+def test_a_mirror_that_is_no_valid_url_is_said_so_without_its_query(
+    tmp_path: Path, capsys, mirror
+) -> None:
+    """urllib's InvalidURL (a space, a control character) was printed with repr(): the
+    signed URL's token the line had hidden as ?..., and "the transfer broke off, or the
+    server is no HTTP server" for a URL that was never sent."""
+    argv = ["prepare-data", "--dataset", "cifar10", "--data-dir", str(tmp_path / "data")]
+    assert cli.main([*argv, "--mirror", mirror]) == 2
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert "SECRET" not in err and "broke off" not in err and "nor over http" not in err, err
+    assert "not a valid URL" in err and "%20" in err, err
+
+
+def test_a_mirror_that_redirects_in_a_loop_is_one_line(tmp_path: Path, monkeypatch, capsys):
+    """urllib's redirect-loop error is three lines of text (a mirror behind a cookie login)."""
+    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+
+    class Loop(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(302)
+            self.send_header("Location", self.path)
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Loop)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        mirror = f"http://127.0.0.1:{server.server_address[1]}/cifar/"
+        argv = ["prepare-data", "--dataset", "cifar10", "--data-dir", str(tmp_path / "data")]
+        assert cli.main([*argv, "--mirror", mirror]) == 2
+    finally:
+        server.shutdown()
+        server.server_close()
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert "HTTP Error 302" in err and "infinite loop" in err, err
+
+
+def test_a_meta_json_that_cannot_be_written_is_one_line_with_its_fix(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """data.pt's write failing was "cannot write ...: no space left ...; free space there",
+    meta.json's (the disk full just after data.pt) the bare OSError text, no fix."""
+
+    def full(path, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(prepare_data, "write_json", full)
+    argv = ["prepare-data", "--dataset", "synthetic", "--data-dir", str(tmp_path / "data")]
+    assert cli.main([*argv, "--num-train", "20", "--num-test", "2"]) == 2
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    meta = tmp_path / "data" / "synthetic" / "meta.json"
+    assert f"cannot write {meta}: no space left" in err, err
+    assert err.endswith("free space there or give another --data-dir"), err

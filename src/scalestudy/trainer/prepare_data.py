@@ -99,16 +99,18 @@ def _download(base_url: str, filename: str, md5: str, raw_dir: Path) -> str:
         return _without_query(_fetch(url, path, md5))
     except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
         why = f"could not download {_shown(url)} to {path}: {_why(e)}"
-        if not url.startswith("https://") or isinstance(e, urllib.error.HTTPError):
+        # an https server that answered, or a URL that was never sent: no retry over http
+        answered = isinstance(e, urllib.error.HTTPError | http.client.InvalidURL)
+        if not url.startswith("https://") or answered:
             # an https server that answered (404, 403) was asked again in clear text, which can
             # only fail or reach someone else: the retry is for a TLS or proxy failure
-            raise DownloadError(f"{why}. {_offline(md5)}") from e
+            raise DownloadError(f"{why}. {_offline(md5, path)}") from e
         if urllib.parse.urlsplit(url).query:
             # a signed URL's token, retried over http, went in clear text to whatever is on the
             # path (the proxy or TLS interceptor that failed https among them)
             raise DownloadError(
                 f"{why}; not retried over http: its query may hold a secret, which http sends "
-                f"in clear text. {_offline(md5)}"
+                f"in clear text. {_offline(md5, path)}"
             ) from e
         # torchvision's retry over http showed the retry's error alone: "connection refused"
         # on port 80 for what was a TLS, proxy or stalled https transfer
@@ -117,7 +119,7 @@ def _download(base_url: str, filename: str, md5: str, raw_dir: Path) -> str:
             came_from = _fetch(plain, path, md5)
         except (urllib.error.URLError, OSError, http.client.HTTPException) as again:
             raise DownloadError(
-                f"{why}; nor over http ({plain}): {_why(again)}. {_offline(md5)}"
+                f"{why}; nor over http ({plain}): {_why(again)}. {_offline(md5, path)}"
             ) from again
         logger.warning(
             f"prepare-data: {_shown(url)} failed ({_why(e)}); downloaded over http instead"
@@ -274,16 +276,32 @@ def _why(e: BaseException) -> str:
             f"the transfer was cut short: {e} (the server or the network ended it early); run "
             "prepare-data again, or give another --mirror"
         )
+    if isinstance(e, http.client.InvalidURL):
+        # its text holds the URL's path and query (a signed URL's token), and it was never sent
+        return (
+            "not a valid URL (write a space as %20, no control characters; a port is a "
+            "number): fix --mirror"
+        )
     if isinstance(e, http.client.HTTPException):
         # http.client's own errors, neither URLError nor OSError: a transfer that broke off
         # mid-body (a chunked reply: IncompleteRead), a server that speaks no HTTP
         return f"{e!r} (the transfer broke off, or the server is no HTTP server)"
-    return str(e)
+    return " ".join(str(e).split())  # one line: a redirect loop's HTTPError text has three
 
 
-def _offline(md5: str) -> str:
-    """The advice that ends a failed download's message (once, however many mirrors failed)."""
-    return f"Without internet, place the file there yourself (md5 {md5}) or pass --mirror URL."
+def _offline(md5: str, path: Path) -> str:
+    """The advice that ends a failed download's message (once, however many mirrors failed),
+    with the size and md5 of a file already at `path` (an archive copied by hand, cut short):
+    without them the advice read as if none were there."""
+    try:
+        there = f"; the one there, {path.stat().st_size:,} bytes, has md5 {_md5(path)}"
+        if path.is_symlink():
+            there += f" (a link to {os.path.realpath(path)})"
+    except OSError:
+        there = ""
+    return (
+        f"Without internet, place the file there yourself (md5 {md5}{there}) or pass --mirror URL."
+    )
 
 
 def _copy_local(url: str, path: Path, md5: str) -> None:
@@ -345,7 +363,7 @@ def _download_any(mirrors: Sequence[str], filename: str, md5: str, raw_dir: Path
     if len(errors) == 1:
         raise errors[0]
     kind = ChecksumError if any(isinstance(e, ChecksumError) for e in errors) else DownloadError
-    advice = f". {_offline(md5)}"
+    advice = f". {_offline(md5, raw_dir / filename)}"
     failures = "; ".join(str(e).removesuffix(advice) for e in errors)
     tail = advice if any(str(e).endswith(advice) for e in errors) else ""
     raise kind(f"every mirror failed: {failures}{tail}") from errors[-1]
@@ -673,7 +691,10 @@ def prepare(
         "source": source,
         **params,
     }
-    write_json(meta_path, meta)  # last: marks the preparation complete
+    try:
+        write_json(meta_path, meta)  # last: marks the preparation complete
+    except OSError as e:
+        raise _unwritten(f"cannot write {meta_path}", e, out_dir) from e
     train_shape, test_shape = ("x".join(map(str, meta[k])) for k in ("train_shape", "test_shape"))
     logger.info(
         f"prepare-data: wrote {data_path} and {meta_path}: {dataset} train {train_shape}, "
