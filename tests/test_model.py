@@ -651,12 +651,17 @@ def test_bad_cell_is_one_clear_error():
         model.points(rows)
 
 
+CAP = "a number in [0.001, 1000000] (MiB: the trainer's --bucket-cap-mb)"
+GRAD = "a number in (0, 17179869184] (bytes: 16 GiB, 4e9 fp32 gradients)"
 BAD_MODELLED_CELLS = [
-    ("bucket_cap_mb", "0", "a number > 0"),
-    ("bucket_cap_mb", "inf", "a number > 0"),
-    ("bucket_cap_mb", "", "a number > 0"),
-    ("grad_sync_bytes", "inf", "a number > 0"),
-    ("grad_sync_bytes", "-4", "a number > 0"),
+    ("bucket_cap_mb", "0", CAP),
+    ("bucket_cap_mb", "inf", CAP),
+    ("bucket_cap_mb", "", CAP),
+    # past the trainer's range: hundreds of billions of buckets, a numpy MemoryError
+    ("bucket_cap_mb", "1e-12", CAP),
+    ("grad_sync_bytes", "inf", GRAD),
+    ("grad_sync_bytes", "-4", GRAD),
+    ("grad_sync_bytes", "1e300", GRAD),
     ("throughput_img_s", "inf", "a number > 0"),
     ("throughput_img_s", "0", "a number > 0"),
     ("global_batch", "-64", "a whole number >= 1"),
@@ -687,7 +692,13 @@ def test_a_modelled_runs_impossible_cell_is_one_clear_error(column, value, what)
 
 @pytest.mark.parametrize(
     ("column", "value"),
-    [("bucket_cap_mb", "0"), ("bucket_cap_mb", "inf"), ("grad_sync_bytes", "inf")],
+    [
+        ("bucket_cap_mb", "0"),
+        ("bucket_cap_mb", "inf"),
+        ("bucket_cap_mb", "1e-12"),
+        ("grad_sync_bytes", "inf"),
+        ("grad_sync_bytes", "1e300"),
+    ],
 )
 def test_plan_on_a_runs_csv_with_an_impossible_cell_says_one_line(tmp_path, capsys, column, value):
     """`scalestudy plan --runs-csv` (and `snakemake -n`'s calibration) reads runs.csv through
@@ -703,8 +714,8 @@ def test_plan_on_a_runs_csv_with_an_impossible_cell_says_one_line(tmp_path, caps
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [
         f"scalestudy plan: {tmp_path / 'runs.csv'}: run {run!r} has {column} = "
-        f"{value!r}, not a number > 0: write it again with `scalestudy collect` "
-        "(snakemake results/csv/runs.csv)"
+        f"{value!r}, not {CAP if column == 'bucket_cap_mb' else GRAD}: write it again with "
+        "`scalestudy collect` (snakemake results/csv/runs.csv)"
     ]
     assert not (tmp_path / "p.md").exists()
 

@@ -105,7 +105,7 @@ from pathlib import Path
 from scalestudy import files, log, vocab
 from scalestudy.errors import AnalysisError
 from scalestudy.nsight.schema import CATEGORIES, KERNEL_COLUMNS, cell_problem
-from scalestudy.study import estimate, paths
+from scalestudy.study import estimate, model, paths
 from scalestudy.study.runs import RUN_COLUMNS, same
 
 logger = log.get(__name__)
@@ -1275,6 +1275,9 @@ RUNS_CELLS = {
     "comm_probe_steps": files.count(0),
     "lost_time_s": files.NON_NEGATIVE,
     **{c: files.POSITIVE for c in RUNS_POSITIVE},
+    # the ranges the scaling model builds its buckets in (study/model.py)
+    "bucket_cap_mb": model.BUCKET_CAP_CELL,
+    "grad_sync_bytes": model.GRAD_BYTES_CELL,
     **{c: files.FRACTION for c in RUNS_FRACTIONS},
     **{c: files.PERCENT for c in RUNS_PERCENT},
 }

@@ -4,8 +4,9 @@ scipy; no torch).
 Input: rows of results/csv/runs.csv. Only strategy ddp runs without gradient accumulation and
 with a measured grad_sync_bytes are modelled; every other run is listed with the reason
 (`points`), and a modelled run's cell that collect cannot have written (MODELLED_CELLS: a bucket
-cap of 0, an infinite grad_sync_bytes) is refused in one line. A configuration (precision,
-local batch b, world size N, nodes, bucket_cap_mb, P) is one point: its step time
+cap outside the trainer's range, a grad_sync_bytes past 16 GiB) is refused in one line. A
+configuration (precision, local batch b, world size N, nodes, bucket_cap_mb, P) is one point:
+its step time
 T = global_batch / X (s, steady state, train.py), X the mean throughput_img_s over its repeats
 (the harmonic mean of the repeats' step times, not their mean: results/analyze.py step_time,
 the documents' definition), and its std T s_X / X to first order (s_X: the sample std of the
@@ -128,6 +129,7 @@ import numpy as np
 
 from scalestudy import files
 from scalestudy.errors import AnalysisError
+from scalestudy.trainer.config import BUCKET_CAP_MB
 
 # scipy is imported inside the three functions that fit, not here: every snakemake call imports
 # this module while it parses the workflow (common.smk -> study.plan), each Slurm job's inner
@@ -173,9 +175,25 @@ REQUIRED_COLUMNS = (
 # plan's --runs-csv reaches the model without that check: a bucket_cap_mb of 0 was a
 # ZeroDivisionError, an inf one a ValueError inside scipy, an inf grad_sync_bytes an
 # OverflowError, a negative one a silent fit.
+# The bucket cap within the trainer's range and the gradients within 16 GiB (ResNet-18's are
+# 44.7 MB in fp32): a cap of 1e-12 MiB, or 1e300 bytes, built hundreds of billions of buckets
+# (bucket_sizes), a numpy MemoryError.
+BUCKET_CAP_CELL = files.Cell(
+    f"a number in [{BUCKET_CAP_MB[0]}, {BUCKET_CAP_MB[1]}] (MiB: the trainer's --bucket-cap-mb)",
+    *BUCKET_CAP_MB,
+)
+GRAD_BYTES_MAX = 2**34
+GRAD_BYTES_CELL = files.Cell(
+    f"a number in (0, {GRAD_BYTES_MAX}] (bytes: 16 GiB, 4e9 fp32 gradients)",
+    0,
+    GRAD_BYTES_MAX,
+    above=True,
+)
 MODELLED_CELLS = {
     **{c: files.count(1) for c in ("world_size", "nodes", "local_batch", "global_batch")},
-    **{c: files.POSITIVE for c in ("bucket_cap_mb", "grad_sync_bytes", "throughput_img_s")},
+    "bucket_cap_mb": BUCKET_CAP_CELL,
+    "grad_sync_bytes": GRAD_BYTES_CELL,
+    "throughput_img_s": files.POSITIVE,
 }
 # bytes sent per byte of DDP's buckets under a comm hook that casts each bucket before its
 # all-reduce (trainer/parallel.py): DDP buckets the fp32 gradients (4 bytes a value, the cap
