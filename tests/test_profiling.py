@@ -2013,6 +2013,24 @@ def test_profiler_install_is_the_directory_bound_into_the_image(tmp_path):
         capture.profiler_install("/usr/bin/nsys")
 
 
+def test_a_profile_job_reads_its_image_once(tmp_path, monkeypatch):
+    """Each ncu pass's command (and the capture's inventory) hashed the whole .sif again: five
+    passes, five reads of a multi-GB image on a shared file system inside the job's limit."""
+    image = tmp_path / "trainer.sif"
+    image.write_bytes(b"image")
+    reads = []
+    real = container.files.sha256
+    monkeypatch.setattr(container.files, "sha256", lambda p: reads.append(p) or real(p))
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    args = _launch_args(1, 1, None)
+    args.container, args.gpu = str(image), True
+    capture._hash_image_once(args)
+    commands = [capture.launch_command(args, None) for _ in range(5)]
+    assert len(reads) == 1
+    digest = f"{container.DIGEST_ENV}={container.image_digest(image)}"
+    assert all(digest in cmd for cmd in commands), commands[0]
+
+
 def test_in_the_container_the_profiler_runs_inside_around_the_trainer(tmp_path, monkeypatch):
     """apptainer exec [--bind install] IMAGE python -m scalestudy profile rank --profiler P ...
     -- python -m scalestudy train: the profiler is a process of the container, the trainer its

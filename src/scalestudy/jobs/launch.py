@@ -178,7 +178,9 @@ def build_command(args: argparse.Namespace, env: dict[str, str]) -> list[str]:
 
         own_binds, real_paths = container_paths(config, Path.cwd())
         binds = [*getattr(args, "container_binds", ()), *own_binds]  # the wrapper's, the trainer's
-        python = [*exec_prefix(args.container, gpu=args.gpu, binds=binds), *prefix, "python"]
+        digest = getattr(args, "container_digest", None)  # else hashed here (exec_prefix)
+        python = [*exec_prefix(args.container, gpu=args.gpu, binds=binds, digest=digest)]
+        python += [*prefix, "python"]
         train_args = [*train_args, *real_paths]  # the last of a flag wins (argparse)
     refuse_array_task(env)
     one_rank = args.nodes * args.ranks_per_node == 1

@@ -423,6 +423,16 @@ def rank_prefix(*, python: str = sys.executable, **options: str) -> str:
     return shlex.join([*argv, "--"])
 
 
+def _hash_image_once(args: argparse.Namespace) -> None:
+    """args.container_digest: the image's sha256, read once for every command of this job (the
+    inventory, each ncu pass): a multi-GB .sif on a shared file system was read whole again for
+    each of them, inside the job's time limit."""
+    if args.container and not getattr(args, "container_digest", None):
+        from scalestudy.jobs.container import image_digest
+
+        args.container_digest = image_digest(args.container)
+
+
 def launch_command(
     args: argparse.Namespace, prefix: str | None, binds: list[str] | None = None
 ) -> list[str]:
@@ -435,6 +445,7 @@ def launch_command(
         ranks_per_node=args.ranks_per_node,
         cpus_per_rank=args.cpus_per_rank,
         container=args.container,
+        container_digest=getattr(args, "container_digest", None),
         gpu=args.gpu,
         rank_prefix=prefix,
         container_binds=binds or [],
@@ -595,6 +606,7 @@ def capture(args: argparse.Namespace) -> int:
         )
     # the layout and the trainer's flags are checked (the ranks' command built) before the
     # earlier capture is removed or the inventory written: a typo cost the earlier capture
+    _hash_image_once(args)
     command = launch_command(args, prefix, binds)
     require_window(args.train_args, "profile capture")
     logger.info(f"profile {args.run}: tool {tool} ({why})")
@@ -605,9 +617,9 @@ def capture(args: argparse.Namespace) -> int:
         from scalestudy.jobs import inventory
 
         if args.container:
-            from scalestudy.jobs.container import DIGEST_ENV, image_digest
+            from scalestudy.jobs.container import DIGEST_ENV
 
-            os.environ.setdefault(DIGEST_ENV, image_digest(args.container))
+            os.environ.setdefault(DIGEST_ENV, args.container_digest)
         files.write_json(args.inventory, inventory.for_job())
     world_size = args.nodes * args.ranks_per_node
     launch.hold_local_gpus(env, world_size, args.train_args)
@@ -858,6 +870,7 @@ def ncu(args: argparse.Namespace) -> int:
     launch.hold_local_gpus(env, args.nodes * args.ranks_per_node, train_args)
     options, binds = wrapper_options(args, ncu_path)
     args.train_args = list(train_args)
+    _hash_image_once(args)
     passes = []  # (index, kernel, --launch-skip, the ranks' command): all built, every check
     for i, kernel in enumerate(kernels):  # made, before the earlier run's results are removed
         skip = ncu_launch_skip(kernel_rows, kernel, args.launch_skip, args.launch_count)
