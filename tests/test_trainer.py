@@ -727,16 +727,20 @@ def test_a_non_finite_loss_is_said_once_and_blames_fp16_only_in_fp16(one_rank_gr
     assert ("instead of fp16" in str(caught.value)) is (precision == "fp16"), caught.value
 
 
-def test_a_run_too_short_for_powersgds_warm_up_names_it_not_warmup_steps(data_dir, tmp_path):
+@pytest.mark.parametrize("warmup", ["0", "8"])
+def test_a_run_too_short_for_powersgds_warm_up_names_it_not_warmup_steps(
+    data_dir, tmp_path, warmup
+):
     """--comm-hook powersgd opens the window after its 10 uncompressed steps, whatever
-    --warmup-steps says: a run of 8 steps was told to "lower --warmup-steps" (already 0)."""
-    flags = ("--comm-hook", "powersgd", "--warmup-steps", "0", "--limit-train", "128")
+    --warmup-steps says: a run of 8 steps was told to "lower --warmup-steps" (already 0), and
+    with --warmup-steps 8 refused before training with the same advice, which cannot help."""
+    flags = ("--comm-hook", "powersgd", "--warmup-steps", warmup, "--limit-train", "128")
     proc = train(data_dir, tmp_path, *flags, nproc=1, check=False)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert (
         "8 optimizer steps left (from step 0) leave no steady-state window after this "
         "segment's warm-up of 10 steps (--comm-hook powersgd's first 10 steps are "
-        "uncompressed; --warmup-steps 0 is not the cause" in proc.stderr
+        f"uncompressed; --warmup-steps {warmup} is not the cause" in proc.stderr
     ), proc.stderr[-3000:]
     assert proc.stderr.rstrip().endswith(": raise --epochs or use more data"), proc.stderr[-3000:]
     assert "lower --warmup-steps" not in proc.stderr and "Traceback" not in proc.stderr

@@ -378,7 +378,8 @@ def finish(
     checkpointing.finish()
     if run.rank == 0:
         logger.info(
-            f"done: {metrics['throughput_img_s']:,.0f} img/s over {world_size} ranks "
+            f"done: {metrics['throughput_img_s']:,.0f} img/s over {world_size} "
+            f"{vocab.plural('ranks', world_size)} "
             f"({metrics['throughput_img_s_per_rank']:,.0f} per rank), best val acc "
             f"{100 * metrics['best_val_acc']:.2f}%, {train_time:.1f} s -> {cfg.out}"
         )
@@ -479,9 +480,12 @@ def build(cfg: TrainConfig, denv: sdist.DistEnv, device: torch.device) -> Run:
         )
     steps_per_epoch = math.ceil(micro_steps / cfg.accum_steps)
     total_steps = steps_per_epoch * cfg.epochs
-    if total_steps <= cfg.warmup_steps:
+    # a longer warm-up than the flag's (PowerSGD's uncompressed steps) is train()'s to refuse,
+    # with no_window_message's cause: "lower --warmup-steps" cannot help there
+    if total_steps <= cfg.warmup_steps == cfg.window_warmup_steps():
         raise TrainingError(
-            f"{total_steps} optimizer steps ({cfg.epochs} epochs x {steps_per_epoch}) leave no "
+            f"{total_steps} optimizer steps ({cfg.epochs} {vocab.plural('epochs', cfg.epochs)} x "
+            f"{steps_per_epoch}) leave no "
             f"steady-state window after --warmup-steps {cfg.warmup_steps}: "
             "lower --warmup-steps, raise --epochs or use more data",
             scope="run",  # the same step count on every rank
@@ -565,8 +569,9 @@ def check_profile_window(cfg: TrainConfig, steps_per_epoch: int, total_steps: in
         return
     raise TrainConfigError(
         f"--profile-steps {cfg.profile_steps} profiles optimizer steps {window[0]} to "
-        f"{window[1] - 1}, but this run takes {total_steps} ({cfg.epochs} epochs x "
-        f"{steps_per_epoch}: steps 0 to {total_steps - 1}): give A:B with B <= {total_steps}, "
+        f"{window[1] - 1}, but this run takes {total_steps} ({cfg.epochs} "
+        f"{vocab.plural('epochs', cfg.epochs)} x {steps_per_epoch}: steps 0 to "
+        f"{total_steps - 1}): give A:B with B <= {total_steps}, "
         "or raise --epochs or use more data"
     )
 
