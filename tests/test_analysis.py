@@ -930,6 +930,35 @@ def test_a_cell_the_figures_cannot_read_is_one_line(tmp_path, capsys, column, va
     assert not (tmp_path / "p").exists()
 
 
+def test_the_accuracy_figure_says_whose_curves_it_draws():
+    """It draws the strong family's configurations only (every run's when there is none),
+    which neither the figure nor a caption said; and a GPU study's legend said "1 rank"."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    epoch = {"run": "w1_r0", "families": "strong", "world_size": "1", "local_batch": "32",
+             "precision": "bf16", "bucket_cap_mb": "25", "repeat": "0", "epoch": "1",
+             "epoch_time_s": "2.5", "val_acc": "0.5"}  # fmt: skip
+    fp16 = {**epoch, "run": "w1_fp16_r0", "families": "precision", "precision": "fp16"}
+    assert list(plots.accuracy_curves([epoch, fp16], "cuda")) == ["1 GPU, local batch 32, bf16"]
+    for epochs, title in (([epoch, fp16], "strong-scaling runs"), ([fp16], "every run")):
+        fig, axes = plt.subplots(1, 2)
+        plots.plot_accuracy(axes, epochs, device="cuda")
+        assert title in axes[0].get_title() or title in fig.texts[0].get_text()
+        plt.close(fig)
+    report = Path(__file__).resolve().parents[1] / "workflow/report"
+    for template, key in (
+        ("study.md.j2", '"accuracy": '),
+        ("paper.tex.j2", '"accuracy": '),
+        ("figure.rst", 'f == "accuracy"'),
+    ):
+        text = (report / template).read_text()
+        caption = text[text.index(key) :][:400]
+        assert "strong-scaling" in caption, (template, caption)
+
+
 def test_the_accuracy_figure_refuses_empty_or_damaged_epochs(tmp_path, capsys):
     from scalestudy import cli
 

@@ -398,22 +398,29 @@ def plot_waterfall(ax, waterfall, device, **_):
     ax.legend(ncols=2, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.18))
 
 
-def accuracy_curves(epochs: list[dict]) -> dict[str, list[tuple[int, float, float]]]:
+def accuracy_curves(
+    epochs: list[dict], device: str = "cpu"
+) -> dict[str, list[tuple[int, float, float]]]:
     """Strong-family configuration -> [(epoch, cumulative training time s, val_acc)], the mean
-    over repeats; configurations of other families when the strong family did not run."""
+    over repeats; configurations of other families when the strong family did not run
+    (plot_accuracy's title says which: `_has_strong`)."""
     fix = "write it again: snakemake results/csv/epochs.csv"
     if not epochs:
         raise AnalysisError(f"epochs.csv has no epochs: nothing to draw; {fix}")
     try:
-        return _accuracy_curves(epochs)
+        return _accuracy_curves(epochs, device)
     except KeyError as exc:
         raise AnalysisError(f"epochs.csv has no column {exc}: not from `collect`; {fix}") from exc
     except ValueError as exc:
         raise AnalysisError(f"epochs.csv has a cell that is not a number ({exc}); {fix}") from exc
 
 
-def _accuracy_curves(epochs: list[dict]) -> dict[str, list[tuple[int, float, float]]]:
-    pick = [e for e in epochs if "strong" in e["families"].split(";")] or epochs
+def _has_strong(e: dict) -> bool:
+    return "strong" in e["families"].split(";")
+
+
+def _accuracy_curves(epochs: list[dict], device: str) -> dict[str, list[tuple[int, float, float]]]:
+    pick = [e for e in epochs if _has_strong(e)] or epochs
     sums: dict[tuple, list] = defaultdict(list)
     for e in pick:
         key = (int(e["world_size"]), int(e["local_batch"]), e["precision"], e["bucket_cap_mb"])
@@ -430,7 +437,7 @@ def _accuracy_curves(epochs: list[dict]) -> dict[str, list[tuple[int, float, flo
                 clock += float(e["epoch_time_s"])
                 per_epoch[int(e["epoch"])].append((clock, float(e["val_acc"])))
         w, lb, p, bk = key
-        label = f"{w} {vocab.plural('ranks', w)}, local batch {lb}, {p}"
+        label = f"{w} {vocab.plural(_unit(device), w)}, local batch {lb}, {p}"
         if len({k[3] for k in sums}) > 1:  # bucket runs differ only in bucket_cap_mb
             label += f", bucket {bk} MiB"
         curves[label] = [
@@ -440,9 +447,13 @@ def _accuracy_curves(epochs: list[dict]) -> dict[str, list[tuple[int, float, flo
     return curves
 
 
-def plot_accuracy(axes, epochs, **_):
+def plot_accuracy(axes, epochs, device="cuda", **_):
     ax_epoch, ax_time = axes
-    for i, (label, points) in enumerate(accuracy_curves(epochs).items()):
+    strong = any(_has_strong(e) for e in epochs)
+    ax_epoch.set_title(
+        "strong-scaling runs" if strong else "every run (no strong-scaling run)", fontsize=9
+    )
+    for i, (label, points) in enumerate(accuracy_curves(epochs, device).items()):
         style = {"color": PALETTE[i % len(PALETTE)], "marker": MARKERS[i % len(MARKERS)]}
         ax_epoch.plot([p[0] for p in points], [100 * p[2] for p in points], label=label, **style)
         ax_time.plot([p[1] for p in points], [100 * p[2] for p in points], label=label, **style)
