@@ -1847,3 +1847,20 @@ def test_what_a_name_says_is_what_the_pdf_sets():
     unset: set[str] = set()
     assert report.tex_escape("ACME™ Ĳssel ẞ ‱ ℠ ĳ", unset) == "ACME? ?ssel ? ? ? ?"
     assert unset == set("™Ĳẞ‱℠ĳ")
+
+
+def test_a_profile_share_near_0_or_1_is_printed_apart_from_them(tmp_path):
+    """The table lists the categories with a share above 0, then printed 0.0004 as "0.0" and
+    0.9996 as "100.0"."""
+    shares = [
+        {"run": "w2_lb16_fp32_ddp_bk25_r0", "tool": "torch.profiler", "rank": "0",
+         "category": category, "total_ns": ns, "share": share}
+        for category, ns, share in (
+            ("conv", "999600000", "0.9996"), ("memcpy", "400000", "0.0004"), ("gemm", "0", "0.0")
+        )
+    ]  # fmt: skip
+    tables = _demo_study(tmp_path, shares=shares)
+    study = report.render(tmp_path, report.TEMPLATES, [], "../results/plots")["study.md"]
+    cells = {row[2]: row[3] for row in _md_table(study, "| run | tool | category |")}
+    assert cells == {"conv": "99.96", "memcpy": "0.04"}, cells
+    assert report.numbers_backed_by_csvs(study, tables) == []
