@@ -566,7 +566,7 @@ def test_documents_say_when_the_held_out_error_is_no_validation(tmp_path):
         assert f"{said}{sd}%." in study and f"{said}{sd}\\%." in paper
         no = "The model cannot describe these runs, so the held-out errors below are no validation:"
         assert (f"**{no}** {below['note']}" in study) is not describes
-        assert (f"\\textbf{{{no}}} {report.tex_escape(below['note'])}" in paper) is not describes
+        assert (f"\\textbf{{{no}}} {report.tex_prose(below['note'])}" in paper) is not describes
         assert ("Read the error as how far the plan's prices" in study) is describes
         # the parameter table lists the count the paragraph cites (it had every fit_* row but it)
         assert f"| fit_below_compute | | {below['value']} | n/a | configurations |" in study

@@ -305,6 +305,13 @@ def tex_breakable(value, unset: set[str] | None = None) -> str:
     return "".join(pieces).removesuffix(BREAK)
 
 
+def tex_prose(value, unset: set[str] | None = None) -> str:
+    """tex_escape's text for prose that names columns (a waterfall note's
+    data_time_ms_mean_by_rank; the `p` filter): a line may break after each underscore, else
+    such a name ran 33 pt past the margin."""
+    return tex_escape(value, unset).replace("\\_", "\\_" + BREAK)
+
+
 def tex_verbatim(value, unset: set[str] | None = None) -> str:
     """Text for a verbatim block (the `v` filter): as written, since TeX's special characters
     are literal there, but a character pdfLaTeX cannot set becomes UNSETTABLE as in tex_escape."""
@@ -504,6 +511,7 @@ def environment(templates: Path) -> tuple[jinja2.Environment, jinja2.Environment
     tex.filters["e"] = functools.partial(tex_escape, unset=tex.unsettable)
     tex.filters["v"] = functools.partial(tex_verbatim, unset=tex.unsettable)
     tex.filters["b"] = functools.partial(tex_breakable, unset=tex.unsettable)
+    tex.filters["p"] = functools.partial(tex_prose, unset=tex.unsettable)
     return md, tex
 
 
