@@ -603,6 +603,14 @@ def test_a_flag_combination_the_trainer_refuses_fails_here_not_in_each_job():
     refused(cfg, "runs w1_lb", "`scalestudy train` refuses", "--comm-hook powersgd needs")
 
 
+def test_powersgd_with_an_fp16_run_is_refused_before_any_job():
+    cfg = minimal()
+    cfg["train"] = {"comm_hook": "powersgd"}
+    load_and_validate(cfg)
+    cfg["families"]["precision"] = {"enabled": True, "gpus": [1], "precisions": ["fp32", "fp16"]}
+    refused(cfg, "`scalestudy train` refuses", "--comm-hook powersgd with --precision fp16")
+
+
 def test_a_run_too_short_for_its_steady_state_window_is_refused():
     """A run whose optimizer steps are all warm-up has no window: the trainer refuses it in its
     job (loop.py); the config check names the key, the limit and the run."""

@@ -575,6 +575,16 @@ def test_numbers_past_their_bounds_are_refused_in_one_line(argv, message):
     assert str(info.value) == message
 
 
+def test_powersgd_with_fp16_is_refused():
+    """One fp16 step whose gradients overflow (GradScaler's own doubling makes one every few
+    thousand steps) left inf/NaN in PowerSGD's error feedback: every later step's gradient
+    was NaN, GradScaler skipped them all and training froze with a finite loss, no error."""
+    with pytest.raises(TrainConfigError, match="--comm-hook powersgd with --precision fp16"):
+        TrainConfig.from_argv(["--comm-hook", "powersgd", "--precision", "fp16"])
+    TrainConfig.from_argv(["--comm-hook", "powersgd", "--precision", "bf16"])
+    TrainConfig.from_argv(["--comm-hook", "fp16", "--precision", "fp16"])
+
+
 def test_unknown_choice_lists_the_choices(tmp_path):
     proc = subprocess.run(
         [PYTHON, "-m", "scalestudy", "train", "--strategy", "horovod"],

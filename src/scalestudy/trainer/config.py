@@ -282,6 +282,15 @@ class TrainConfig:
             raise TrainConfigError(
                 f"--comm-hook {self.comm_hook} needs --strategy ddp (DDP comm hooks)"
             )
+        if self.comm_hook == "powersgd" and self.precision == "fp16":
+            # an fp16 step whose gradients overflow (GradScaler skips it; its scale doubling
+            # makes one every few thousand steps) leaves inf/NaN in PowerSGD's error feedback:
+            # every later gradient is NaN, every step skipped, the loss finite, no error
+            raise TrainConfigError(
+                "--comm-hook powersgd with --precision fp16: one overflowed fp16 step leaves "
+                "inf/NaN in PowerSGD's error feedback and every later step is skipped (training "
+                "frozen, silently); use --precision bf16 (no loss scaling) or another --comm-hook"
+            )
         if self.cuda_graphs == "on" and self.compile == "off":
             raise TrainConfigError(
                 "--cuda-graphs records torch.compile's graphs: it needs --compile auto or on, "
