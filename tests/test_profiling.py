@@ -2160,6 +2160,20 @@ def test_a_profiled_run_never_replays_the_whole_step(cuda_graphs):
     assert compiling.graphs_mode(profiled, cuda) == "compiled"  # the same compiled kernels
 
 
+def test_the_profile_flags_hold_no_value_the_window_overrides():
+    """profile_flags was the run's whole argv, then the window's: a train.epochs or
+    comm_probe_steps edit changed the profiling jobs' flags param, and they ran again, though
+    the window's values (the last of each flag) were what their trainer read."""
+    cfg = load_and_validate(REPO / "config" / "config.yaml")
+    row = study_profiling.profiled_runs(cfg, build_run_table(cfg))[0]
+    other = {**row, "epochs": row["epochs"] + 7, "comm_probe_steps": 3, "limit_test": 64}
+    flags = study_profiling.profile_flags(row, cfg["profiling"])
+    assert study_profiling.profile_flags(other, cfg["profiling"]) == flags
+    names = flags[::2]
+    assert len(names) == len(set(names)), names  # each flag once
+    assert flags[names.index("--epochs") * 2 + 1] == "1"
+
+
 @pytest.mark.parametrize(
     "override, message",
     [

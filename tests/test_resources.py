@@ -668,10 +668,16 @@ def test_launch_plans_change_for_the_jobs_a_config_edit_changes_only():
     assert resources.launch_plans(config, table, rows, only={one}) == {
         k: v for k, v in plans.items() if k.split(":", 1)[1] == one
     }
-    # more epochs: every run trains otherwise, and every profiled run's window runs under them
+    # another learning rate: every run trains otherwise, and every profiled run's window too
+    faster = profiled_study()
+    faster["train"]["lr"] = faster["train"]["lr"] * 2
+    assert {k for k, v in _plans(faster).items() if plans[k] != v} == set(plans)
+    # more epochs: every run trains longer; a profiled window is one epoch whatever they are
     longer = profiled_study()
     longer["train"]["epochs"] = 3
-    assert {k for k, v in _plans(longer).items() if plans[k] != v} == set(plans)
+    assert {k for k, v in _plans(longer).items() if plans[k] != v} == {
+        k for k in plans if k.startswith("train:")
+    }
     # another ncu setting changes the ncu jobs only
     ncu = profiled_study()
     ncu["profiling"]["ncu"]["launch_count"] = ncu["profiling"]["ncu"]["launch_count"] + 1

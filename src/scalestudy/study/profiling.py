@@ -116,9 +116,18 @@ def merge_flags(profiled: Iterable[str]) -> list[str]:
 
 
 def profile_flags(row: dict, profiling: dict) -> list[str]:
-    """The run's trainer flags, then the window's (argparse: the last value of a flag wins)."""
+    """The run's trainer flags but those the window sets, then the window's: each flag once,
+    so that a setting the window overrides (train.epochs, comm_probe_steps) changes neither
+    the profiling jobs' flags param nor their launch plan, and reruns no profiling job."""
     window = window_flags(row, profiling["start_step"], profiling["steps"])
-    return [*trainer_args(row), *(x for kv in window.items() for x in kv)]
+    argv = trainer_args(row)  # flag, value pairs
+    kept = [
+        x
+        for flag, value in zip(argv[::2], argv[1::2], strict=True)
+        if flag not in window
+        for x in (flag, value)
+    ]
+    return [*kept, *(x for kv in window.items() for x in kv)]
 
 
 def tool_settings(config: dict) -> dict:
