@@ -198,6 +198,25 @@ def test_touching_the_finished_runs_keeps_them_after_a_trainer_change(done, tmp_
     assert not (work / "results/runs" / min(RUN_IDS) / "metrics.json").exists()
 
 
+def test_touching_as_the_readme_says_keeps_the_profiles_too(done, tmp_path):
+    """README's `--touch --until train` left a profiled study's captures to run again after a
+    trainer edit (their jobs have the trainer as input): GPU jobs that measure nothing new."""
+    work = tmp_path / "study"
+    shutil.copytree(done, work, symlinks=True)  # mtimes and Snakemake's records kept
+    profiled = yaml.safe_load(yaml.safe_dump(TINY))
+    profiled["profiling"] = {"enabled": True, "gpus": [1], "precisions": ["fp32"],
+                             "tool": "torch", "start_step": 2, "steps": 2}  # fmt: skip
+    write_config(work / "tiny.yaml", profiled)
+    snakemake(work, "--configfile", "tiny.yaml", "--cores", "2", stand_ins=True)
+    assert dry(work) == {}
+    with (work / "src/scalestudy/trainer/train.py").open("a") as f:
+        f.write("\n# a change\n")
+    readme = (REPO / "README.md").read_text()
+    touch = re.search(r"`snakemake (--touch --until [^`]+)`", readme).group(1).split()
+    snakemake(work, "--configfile", "tiny.yaml", *touch, "--cores", "1", stand_ins=True)
+    assert dry(work) == {}
+
+
 def test_touch_marks_a_gpu_study_current_on_a_machine_that_could_not_run_it(done, tmp_path):
     """`snakemake --touch --until train` (README "What reruns") starts no job, but the local
     executor's onstart judged the runs with an output missing as if it would launch them: on a
