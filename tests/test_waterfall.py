@@ -162,16 +162,20 @@ def test_whole_step_cuda_graphs_leave_imbalance_blank_and_the_note_says_why():
     runs = [as_run(1, 36000.0), as_run(2, 64000.0)]
     [row] = analyze.waterfall(runs)
     assert row["imbalance_img_s"] is None and row["data_img_s"] is not None
+    # the probe times eager compiled passes, not the replay its share was multiplied by
+    assert row["comm_img_s"] is None
     assert row["note"] == (
-        "imbalance not measured (whole-step CUDA graph: the busy phases are inside the replay): "
-        "included in the residual"
+        "comm, imbalance not measured (whole-step CUDA graph: the communication probe times "
+        "eager passes, not the replay; whole-step CUDA graph: the busy phases are inside the "
+        "replay): included in the residual"
     )
     # a baseline of a trainer before the per-rank times: both causes are named
     older = as_run(1, 36000.0, busy_time_ms_p50_by_rank="", cuda_graphs_mode="")
     [row] = analyze.waterfall([older, runs[1]])
     assert row["note"] == (
-        "imbalance not measured (runs without busy_time_ms_p50_by_rank; whole-step CUDA graph: "
-        "the busy phases are inside the replay): included in the residual"
+        "comm, imbalance not measured (runs without busy_time_ms_p50_by_rank; whole-step CUDA "
+        "graph: the communication probe times eager passes, not the replay; whole-step CUDA "
+        "graph: the busy phases are inside the replay): included in the residual"
     )
     # without the graph (cuda_graphs_mode compiled) the busy times are there, and no note
     timed = [as_run(n, x, cuda_graphs_mode="compiled", busy_time_ms_p50_by_rank=busy)

@@ -88,7 +88,10 @@ auto chooses on a GPU where it fits): the busy phases are inside the graph's rep
 trainer cannot time phase by phase, so it writes busy_time_ms_p50_by_rank null (train.py); the
 note names the graph, not the column.
 So does comm under gradient accumulation: the probe's pass is one micro-batch, and of a step's k
-passes only the last synchronises, so c T would count the exposed all-reduce about k times.
+passes only the last synchronises, so c T would count the exposed all-reduce about k times; and
+comm of a multi-rank run under cuda_graphs_mode "step": its probe times eager passes, host-bound
+where the replayed step is not, so c of such a pass times the replay's T is no part of that step
+(STEP_GRAPH_COMM; comm_exposed_frac itself stays in runs.csv and the comm figure).
 """
 
 from __future__ import annotations
@@ -415,6 +418,13 @@ PART_INPUTS = {
 # why a run under cuda_graphs_mode "step" (cuda_graphs auto on a GPU) has no busy times: the
 # trainer writes them null (trainer/train.py), as it cannot time the phases of one graph replay
 STEP_GRAPH_BUSY = "whole-step CUDA graph: the busy phases are inside the replay"
+# why a multi-rank run under cuda_graphs_mode "step" has no comm part in the waterfall: its
+# probe times eager (compiled, graph-free) passes, host-bound where the replay is not (2.6x the
+# replay's time at local batch 64 on an H100: trainer/compiling.py), so its share of such a
+# pass, multiplied by the replay's step time, measures no part of the step that was timed
+STEP_GRAPH_COMM = (
+    "whole-step CUDA graph: the communication probe times eager passes, not the replay"
+)
 # why a run with train.comm_probe_steps 0 has no comm_exposed_frac: the trainer writes it null,
 # the 1-rank run's too (trainer/loop.py); "runs without" it read as an older trainer's results
 PROBE_OFF = "the communication probe was off: train.comm_probe_steps 0"
@@ -437,13 +447,22 @@ def step_overheads(row: dict) -> dict:
     busy = _per_rank(row.get("busy_time_ms_p50_by_rank"))
     return {
         # the probe's share is of one synchronised micro-batch pass (trainer/train.py): of a
-        # step of k accumulated passes, only the last synchronises, so c x T would count it k x
-        "comm": None if _accumulates(row) else files.number(row.get("comm_exposed_frac")),
+        # step of k accumulated passes, only the last synchronises, so c x T would count it k x;
+        # nor of a replayed whole-step graph (STEP_GRAPH_COMM)
+        "comm": None
+        if _accumulates(row) or _graph_probe(row)
+        else files.number(row.get("comm_exposed_frac")),
         # the lower middle one, as for s: a slow rank's extra data wait is in its busy time,
         # so in s; the plain median of two ranks counted half of it again here
         "data": statistics.median_low(data) / 1e3 if data else None,  # ms -> s
         "imbalance": (max(busy) - statistics.median_low(busy)) / 1e3 if busy else None,
     }
+
+
+def _graph_probe(row: dict) -> bool:
+    """Whether a run's communication probe timed other passes than its steps (STEP_GRAPH_COMM):
+    a multi-rank run whose steps were one replayed CUDA graph (one rank's probe is 0.0)."""
+    return row.get("cuda_graphs_mode") == "step" and (files.number(row.get("world_size")) or 1) > 1
 
 
 def _accumulates(row: dict) -> bool:
@@ -471,7 +490,11 @@ def _waterfall_configs(runs: list[dict]) -> dict[tuple, dict]:
             },
             # why a repeat has no comm share (accumulation aside: "accumulates" says that one)
             "comm_gaps": {
-                PROBE_OFF if files.number(r.get("comm_probe_steps")) == 0 else "absent"
+                STEP_GRAPH_COMM
+                if _graph_probe(r)
+                else PROBE_OFF
+                if files.number(r.get("comm_probe_steps")) == 0
+                else "absent"
                 for r, p in zip(members, per_run, strict=True)
                 if p["comm"] is None and not _accumulates(r)
             },
@@ -552,6 +575,7 @@ def waterfall_row(key: tuple, c: dict, base_key: tuple, b: dict) -> dict:
             "gradient accumulation: comm_exposed_frac is of one micro-batch pass, not a step"
         ] * accumulated
         why += [PROBE_OFF] * (PROBE_OFF in comm_gaps and not accumulated)
+        why += [STEP_GRAPH_COMM] * (STEP_GRAPH_COMM in comm_gaps and not accumulated)
         why += [STEP_GRAPH_BUSY] * (STEP_GRAPH_BUSY in busy_gaps)
         row["note"] = (
             f"{', '.join(missing)} not measured ({'; '.join(why)}): included in the residual"

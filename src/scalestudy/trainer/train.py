@@ -86,7 +86,9 @@ How the numbers are measured (the analysis relies on these definitions):
   and BN statistics are restored, so it cannot change the trained model. At world_size 1 the probe
   is skipped and the value is 0.0 (nothing to synchronise); null when the probe is off. Under
   --accum-steps k the passes are single micro-batches too: the share of one synchronised pass, not
-  of a step of k (the analysis leaves such a run's communication part blank).
+  of a step of k (the analysis leaves such a run's communication part blank). Under the
+  whole-step CUDA graph (cuda_graphs_mode step) the passes are the compiled model's, eager, not
+  a replay: the waterfall leaves that communication part blank too (results/analyze.py).
 - param_count: not a timing: the model's trainable parameters (elements; FSDP: of the full, not
   the sharded, tensors). grad_sync_bytes: the bytes of gradient that one rank's all-reduce
   carries per optimizer step, P in the scaling model (study/model.py): ddp and allreduce:
