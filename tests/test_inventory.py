@@ -56,6 +56,45 @@ def test_a_failing_tool_is_recorded_as_an_error_not_a_crash(tmp_path):
     assert "Driver/library mismatch" in info["gpus"]
 
 
+def test_gpus_nvidia_smi_listed_before_a_non_zero_exit_are_kept(tmp_path):
+    """nvidia-smi lists every GPU and exits 14 for a corrupted infoROM (a warning): the whole
+    list was recorded as one error string, its first GPUs cut away at 500 characters."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    rows = "".join(
+        f"echo '{i}, NVIDIA H100 80GB HBM3, 580.159.04, 81559, 00000000:{i:02d}:00.0, 165{i}'\n"
+        for i in range(8)
+    )
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\n{rows}echo 'WARNING: infoROM is corrupted at gpu 0000:13:00.0'\n"
+                   "exit 14\n")  # fmt: skip
+    smi.chmod(0o755)
+    info = inventory(tmp_path, path=str(bin_dir))
+    assert [g["index"] for g in info["gpus"]] == [str(i) for i in range(8)], info["gpus"]
+    assert info["gpus"][0]["driver_version"] == "580.159.04"
+    assert info["gpus_warning"] == (
+        "nvidia-smi exit 14: WARNING: infoROM is corrupted at gpu 0000:13:00.0"
+    )
+
+
+def test_infiniband_ports_say_their_link_layer_and_state(tmp_path, monkeypatch):
+    """A RoCE NIC (link layer Ethernet) and a port that is down were both recorded as working
+    InfiniBand: only the rate was read, and NCCL falls back to sockets over a port down."""
+    ib = tmp_path / "infiniband"
+    for dev, layer, state in (("mlx5_0", "Ethernet", "4: ACTIVE"), ("mlx5_1", "InfiniBand",
+                                                                   "1: DOWN")):  # fmt: skip
+        port = ib / dev / "ports" / "1"
+        port.mkdir(parents=True)
+        (port / "rate").write_text("200 Gb/sec (4X HDR)\n")
+        (port / "link_layer").write_text(layer + "\n")
+        (port / "state").write_text(state + "\n")
+    monkeypatch.setattr(inventory_module, "SYS_IB", ib)
+    monkeypatch.setattr(inventory_module, "SYS_NET", tmp_path / "none")
+    roce, down = inventory_module._network()
+    assert roce["type"] == "roce" and roce["port1_state"] == "4: ACTIVE", roce
+    assert down["type"] == "infiniband" and down["port1_state"] == "1: DOWN", down
+
+
 def test_a_failing_tool_is_recorded_by_the_end_of_its_output_on_one_line(tmp_path):
     """A Python tool's error (srun's step on the job's node: inventory in a traceback) is its
     last line: the first 500 characters of its stderr were the top of the traceback, cut

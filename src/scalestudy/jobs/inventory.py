@@ -1,7 +1,8 @@
 """`scalestudy inventory --out results/system/<name>.json`: what the allocation runs on.
 
 GPU model, driver, CUDA, NCCL, torch, `nvidia-smi topo -m`, CPU, network interfaces (with speed and
-InfiniBand devices), Slurm version and job, container digest, hostname, time. Every probe is
+the RDMA devices: InfiniBand or RoCE, each port's rate and state), Slurm version and job,
+container digest, hostname, time. Every probe is
 independent, each command it runs bounded (10 s; torch's versions are read in this process): a tool
 that is absent is recorded as "absent", a failing one as "error: ...", so the inventory never fails
 a job. The Slurm job's node list, partition, node count and GPUs come from the environment, else
@@ -47,40 +48,60 @@ SYS_NET = Path("/sys/class/net")
 SYS_IB = Path("/sys/class/infiniband")
 
 
-def _cmd(argv: list[str], timeout: float = 10.0) -> str:
-    """Output of a command; "absent" when it is not installed, "error: ..." when it fails."""
+def _run(argv: list[str], timeout: float = 10.0) -> subprocess.CompletedProcess | str:
+    """The finished command, or "absent" when it is not installed, "error: ..." when it could
+    not run."""
     if shutil.which(argv[0]) is None:
         return ABSENT
     try:
         # a tool may print bytes that are not UTF-8 (a Latin-1 directory in scontrol's WorkDir,
         # a vendor's (R) in lscpu): a strict decode raised UnicodeDecodeError out of the job
-        proc = subprocess.run(
+        return subprocess.run(
             argv, capture_output=True, text=True, errors="replace", timeout=timeout
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"error: {exc}"
+
+
+def _said(text: str) -> str:
+    """A tool's output on one line, its end: a Python tool's cause is its traceback's last."""
+    return " / ".join(x.strip() for x in text.splitlines() if x.strip())[-500:]
+
+
+def _cmd(argv: list[str], timeout: float = 10.0) -> str:
+    """Output of a command; "absent" when it is not installed, "error: ..." when it fails."""
+    proc = _run(argv, timeout)
+    if isinstance(proc, str):
+        return proc
     if proc.returncode != 0:
-        # its end, on one line: a Python tool's cause is its traceback's last line
-        said = " / ".join(x.strip() for x in (proc.stderr or proc.stdout).splitlines() if x.strip())
-        return f"error: exit {proc.returncode}: {said[-500:]}"
+        return f"error: exit {proc.returncode}: {_said(proc.stderr or proc.stdout)}"
     return proc.stdout.strip()
 
 
-def _gpus() -> list[dict] | str:
-    out = _cmd(
+GPU_KEYS = ("index", "name", "driver_version", "memory_total_mib", "pci_bus_id", "serial")
+
+
+def _gpus() -> tuple[list[dict] | str, str | None]:
+    """(nvidia-smi's GPUs, a warning): the GPUs it listed are kept when it exits non-zero after
+    them (14: a corrupted infoROM, a warning), the exit and its other lines the warning."""
+    proc = _run(
         [
             "nvidia-smi",
-            "--query-gpu=index,name,driver_version,memory.total,pci.bus_id,serial",
+            "--query-gpu=index,name,driver_version,memory.total,pci.bus_id,serial",  # GPU_KEYS
             "--format=csv,noheader,nounits",
         ]
     )
-    if out == ABSENT or out.startswith("error:"):
-        return out
-    keys = ("index", "name", "driver_version", "memory_total_mib", "pci_bus_id", "serial")
-    return [
-        dict(zip(keys, (c.strip() for c in line.split(",")), strict=False))
-        for line in out.splitlines()
-    ]
+    if isinstance(proc, str):
+        return proc, None
+    lines = [line for line in proc.stdout.splitlines() if line.strip()]
+    rows = [line for line in lines if len(line.split(",")) == len(GPU_KEYS)]
+    gpus = [dict(zip(GPU_KEYS, (c.strip() for c in r.split(",")), strict=True)) for r in rows]
+    if proc.returncode == 0:
+        return gpus, None
+    said = _said("\n".join([*(x for x in lines if x not in rows), proc.stderr]))
+    if not gpus:
+        return f"error: exit {proc.returncode}: {said}", None
+    return gpus, f"nvidia-smi exit {proc.returncode}: {said}"
 
 
 def _torch() -> dict:
@@ -143,12 +164,23 @@ def _network() -> list[dict]:
         out.append(entry)
     ib = SYS_IB
     for dev in sorted(ib.iterdir()) if ib.is_dir() else []:
+        # an RDMA device: InfiniBand, or RoCE (its ports' link layer Ethernet); a port's state
+        # says whether NCCL can use it (DOWN: NCCL falls back to sockets)
         entry = {"name": dev.name, "type": "infiniband"}
         for port in sorted((dev / "ports").glob("*")):
-            with contextlib.suppress(OSError):
-                entry[f"port{port.name}_rate"] = _read(port / "rate").strip()
+            for key in ("rate", "state", "link_layer"):
+                with contextlib.suppress(OSError):
+                    entry[f"port{port.name}_{key}"] = _read(port / key).strip()
+            if entry.get(f"port{port.name}_link_layer") == "Ethernet":
+                entry["type"] = "roce"
         out.append(entry)
     return out
+
+
+def _gpu_entries() -> dict:
+    """ "gpus", and "gpus_warning" where nvidia-smi exited non-zero after listing them."""
+    gpus, warning = _gpus()
+    return {"gpus": gpus, **({"gpus_warning": warning} if warning else {})}
 
 
 def collect(image: str | None = None) -> dict:
@@ -161,7 +193,7 @@ def collect(image: str | None = None) -> dict:
         "time_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "os": platform.platform(),
         "python": platform.python_version(),
-        "gpus": _gpus(),
+        **_gpu_entries(),
         "nvidia_smi_topo": _cmd(["nvidia-smi", "topo", "-m"]),
         "nvidia_smi_version": _cmd(["nvidia-smi", "--version"]),
         **_torch(),
@@ -337,4 +369,6 @@ def run(args: argparse.Namespace) -> int:
     gpus = info["gpus"]
     what = f"{len(gpus)} GPU(s)" if isinstance(gpus, list) else f"GPUs: {gpus}"
     logger.info(f"inventory of {info['hostname']}: {what}, torch {info['torch']} -> {args.out}")
+    if info.get("gpus_warning"):
+        logger.warning(f"WARNING {info['gpus_warning']}")
     return 0
