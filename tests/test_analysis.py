@@ -2009,6 +2009,9 @@ def test_collect_refuses_a_measurement_analyze_would_refuse_naming_the_runs_file
         ({"throughput_img_s": -900.0}, "throughput_img_s is -900.0, not a number > 0"),
         ({"gpu_util_mean": "high"}, "gpu_util_mean is 'high', not a percentage in [0, 100]"),
         ({"window_warmup_steps": 2.5}, "window_warmup_steps is 2.5, not a whole number >= 0"),
+        # a JSON boolean was read as 1 or 0, collected, then refused by analyze as "True"
+        ({"throughput_img_s": True}, "throughput_img_s is True, not a number > 0"),
+        ({"mfu": False}, "mfu is False, not a fraction in [0, 1]"),
         (
             {"busy_time_ms_p50_by_rank": [10.5, "slow"]},
             "busy_time_ms_p50_by_rank is '10.5;slow', not numbers >= 0 joined by ';'",

@@ -604,9 +604,12 @@ def write_failure(
 
 
 def number(value: Any) -> float | None:
-    """A CSV cell as a float; blank / None / null / nan -> None."""
+    """A CSV cell as a float; blank / None / null / nan -> None. A boolean (a metrics.json value
+    edited by hand) is no number: ValueError, as for a word (True was read as 1)."""
     if value is None:
         return None
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is a boolean, not a number")
     if isinstance(value, int | float):
         return None if isinstance(value, float) and math.isnan(value) else float(value)
     text = str(value).strip()
