@@ -932,6 +932,23 @@ def test_energy_probe_without_a_gpu_is_one_line(tmp_path):
     ]
 
 
+@pytest.mark.parametrize("cuda", [False, True])
+def test_energy_probe_without_pynvml_is_one_line(tmp_path, cuda):
+    """nvidia-ml-py is an optional extra: without it the probe was pynvml's ImportError
+    traceback, before it even said a CPU node has no GPU."""
+    (tmp_path / "pynvml.py").write_text("raise ImportError('No module named pynvml')\n")
+    prelude = "import torch; torch.cuda.is_available = lambda: True; " if cuda else ""
+    code = f"{prelude}from scalestudy.jobs import energy_probe; energy_probe.main()"
+    env = child_env(CUDA_VISIBLE_DEVICES="")
+    env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    proc = subprocess.run([PYTHON, "-c", code, "--seconds", "0.1"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    (line,) = proc.stderr.splitlines()
+    says = "nvidia-ml-py (pynvml) is not installed" if cuda else "no CUDA GPU here"
+    assert line.startswith("energy_probe: ") and says in line, line
+
+
 # the probe on a GPU whose NVML fails: a stand-in pynvml module, and torch's CUDA calls answered
 # on the CPU (the load thread multiplies CPU matrices), then the probe's own main()
 STAND_IN_PROBE = """

@@ -60,13 +60,18 @@ def poll(read_mj: Callable[[], int], seconds: float) -> list[tuple[float, int]]:
 
 def probe(seconds: float) -> dict:
     """On this node's first CUDA device (found in NVML by UUID or PCI bus id)."""
-    import pynvml
     import torch
 
     if not torch.cuda.is_available():
         raise GpuCheckError(
             "no CUDA GPU here (torch.cuda.is_available() is False): run it on a GPU node"
         )
+    try:
+        import pynvml
+    except ImportError as exc:  # an optional extra (pyproject.toml: gpu)
+        raise GpuCheckError(
+            f"nvidia-ml-py (pynvml) is not installed ({exc}): pip install nvidia-ml-py"
+        ) from exc
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError as exc:
