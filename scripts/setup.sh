@@ -34,8 +34,11 @@ fi
 # texlive-pictures: pgf, which beamer needs for reports/slides.pdf
 tex_packages=(latexmk texlive-latex-base texlive-latex-recommended texlive-fonts-recommended lmodern
     texlive-pictures)
+# what the documents load (results/build_pdf.py DOCUMENT_PACKAGES) and pgf: latexmk alone brings
+# no booktabs, and every PDF job failed on it (kpsewhich exits 1 when one is missing)
+tex_files=(pgfcore.sty geometry.sty booktabs.sty tabularx.sty longtable.sty amsmath.sty lmodern.sty)
 if [[ "${SCALESTUDY_SKIP_APT:-0}" != 1 && $(id -u) -eq 0 ]] &&
-    ! { command -v latexmk && kpsewhich pgfcore.sty; } >/dev/null; then
+    ! { command -v latexmk && kpsewhich "${tex_files[@]}"; } >/dev/null 2>&1; then
     echo "setup: installing ${tex_packages[*]}"
     # optional: offline (the demo's dataset=synthetic) or with a broken mirror the study still
     # runs, without its PDFs, which the workflow and demo.sh then say; CI needs them

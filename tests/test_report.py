@@ -15,7 +15,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
-from workflow_helpers import fsync_fails_at_file, snakemake
+from workflow_helpers import REPO, fsync_fails_at_file, snakemake
 
 from scalestudy import files, vocab
 from scalestudy.errors import AnalysisError
@@ -972,6 +972,37 @@ def test_build_pdf_without_latexmk_names_the_document_it_was_given(tmp_path, mon
         (err,) = capsys.readouterr().err.strip().splitlines()
         assert f"latexmk is not installed, so {tmp_path / name}.pdf is not built ({tex} is)" in err
         assert "paper.pdf" not in err and "paper.tex" not in err, err
+
+
+def test_a_tex_without_a_package_the_documents_load_builds_no_pdf_and_names_it(
+    tmp_path, monkeypatch, capsys
+):
+    """`apt-get install latexmk` alone brings no booktabs (texlive-latex-recommended): the
+    workflow asked for the PDFs because latexmk was there, their jobs failed on "booktabs.sty
+    not found" and the demo ended without its report."""
+    from scalestudy import cli
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool, script in (
+        ("latexmk", "exit 0"),
+        # kpsewhich prints the path of each file it finds: all but booktabs.sty
+        ("kpsewhich", 'for f; do [ "$f" = booktabs.sty ] || echo "/tex/$f"; done'),
+    ):
+        (bin_dir / tool).write_text(f"#!/bin/sh\n{script}\n")
+        (bin_dir / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}/usr/bin:/bin")
+    assert not latex.have_latexmk()
+    tex = tmp_path / "paper.tex"
+    tex.write_text("\\documentclass{article}\\begin{document}x\\end{document}\n")
+    assert cli.main(["build-pdf", str(tex)]) == 1
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert f"TeX lacks booktabs.sty, so {tmp_path / 'paper.pdf'} is not built" in err, err
+    assert "texlive-latex-recommended" in err, err
+    # setup.sh installs TeX as root where one of them is missing
+    setup = (REPO / "scripts/setup.sh").read_text()
+    listed = re.search(r"^tex_files=\((.*)\)$", setup, re.M).group(1).split()
+    assert set(latex.DOCUMENT_PACKAGES) <= set(listed), listed
 
 
 @pytest.mark.parametrize(

@@ -239,10 +239,13 @@ def get_configfile():
 
 
 def get_paper_pdf(wildcards):
-    """reports/paper.pdf when latexmk is installed; without it only the PDF is skipped."""
-    if latex.have_latexmk():
+    """reports/paper.pdf when TeX can build it (latexmk and the packages the paper loads:
+    build_pdf.tex_gaps); without them only the PDF is skipped, and the warning names them.
+    """
+    if not (gaps := latex.tex_gaps()):
         return ["reports/paper.pdf"]
-    log.get("scalestudy.workflow").warning(f"scalestudy: {latex.MISSING}")
+    warning = latex.missing("reports/paper.tex", gaps)
+    log.get("scalestudy.workflow").warning(f"scalestudy: {warning}")
     return []
 
 
@@ -264,14 +267,14 @@ def get_proposal_documents(wildcards):
     out = ["reports/proposal.md", "reports/proposal.tex", "reports/slides.tex"]
     warn = log.get("scalestudy.workflow").warning  # each PDF not built is named
     slides = "efficiency" in FIGURES  # the slides' figure
-    if latex.have_latexmk():
+    if not (gaps := latex.tex_gaps()):
         out.append("reports/proposal.pdf")
     else:
         for tex in ("reports/proposal.tex", "reports/slides.tex")[: 1 + slides]:
-            warn(f"scalestudy: {latex.missing(tex)}")
+            warn(f"scalestudy: {latex.missing(tex, gaps)}")
     if latex.have_beamer() and slides:
         out.append("reports/slides.pdf")
-    elif latex.have_latexmk() and slides:
+    elif not gaps and slides:
         warn(f"scalestudy: {latex.NO_PGF}")
     return out
 

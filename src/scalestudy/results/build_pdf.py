@@ -31,11 +31,35 @@ TEX_PACKAGES = (
 )
 
 
-def missing(tex: str | Path) -> str:
-    """Why `tex`'s PDF is not built without latexmk, and what to install: the document given,
-    not always the paper (build-pdf of slides.tex named reports/paper.pdf)."""
+# the packages the documents load (workflow/report/*.tex.j2) that a TeX of latexmk alone lacks:
+# `apt-get install latexmk` brings texlive-latex-base, not booktabs (texlive-latex-recommended),
+# and every PDF job then failed on "File `booktabs.sty' not found"
+DOCUMENT_PACKAGES = ("geometry.sty", "booktabs.sty", "tabularx.sty", "longtable.sty")
+DOCUMENT_PACKAGES += ("amsmath.sty", "lmodern.sty")
+
+
+def tex_gaps() -> list[str]:
+    """What the documents' PDFs need and this machine lacks: latexmk, or the packages TeX's
+    kpsewhich does not find; [] when they can be built."""
+    if shutil.which("latexmk") is None:
+        return ["latexmk"]
+    if shutil.which("kpsewhich") is None:
+        return ["kpsewhich"]
+    found = subprocess.run(
+        ["kpsewhich", *DOCUMENT_PACKAGES], capture_output=True, text=True, timeout=60
+    )
+    names = {Path(line.strip()).name for line in found.stdout.splitlines() if line.strip()}
+    return [p for p in DOCUMENT_PACKAGES if p not in names]
+
+
+def missing(tex: str | Path, gaps: list[str] | None = None) -> str:
+    """Why `tex`'s PDF is not built without latexmk (or a package it loads), and what to
+    install: the document given, not always the paper (build-pdf of slides.tex named
+    reports/paper.pdf)."""
+    gaps = ["latexmk"] if gaps is None else gaps
+    lacks = "latexmk is not installed" if gaps == ["latexmk"] else f"TeX lacks {', '.join(gaps)}"
     return (
-        f"latexmk is not installed, so {Path(tex).with_suffix('.pdf')} is not built ({tex} is); "
+        f"{lacks}, so {Path(tex).with_suffix('.pdf')} is not built ({tex} is); "
         f"install TeX with `apt-get install --no-install-recommends {TEX_PACKAGES}` "
         "(scripts/setup.sh does this as root)"
     )
@@ -51,7 +75,8 @@ NO_PGF = (
 
 
 def have_latexmk() -> bool:
-    return shutil.which("latexmk") is not None
+    """latexmk and every package the documents load (tex_gaps)."""
+    return not tex_gaps()
 
 
 def have_beamer() -> bool:
@@ -119,8 +144,8 @@ def run(args: argparse.Namespace) -> int:
             "`scalestudy proposal` wrote (reports/paper.tex, proposal.tex, slides.tex)"
         )
         return 2
-    if not have_latexmk():
-        logger.error(f"scalestudy build-pdf: {missing(tex)}")
+    if gaps := tex_gaps():
+        logger.error(f"scalestudy build-pdf: {missing(tex, gaps)}")
         return 1
     # the PDF of an earlier build goes first: TeX stopping before its first page (a missing
     # package, an error in the title) left the old document beside the new .tex, and a failed
