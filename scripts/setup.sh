@@ -20,7 +20,7 @@ if [[ "${SCALESTUDY_SKIP_APT:-0}" != 1 && "${SCALESTUDY_SKIP_SLURM_APT:-0}" != 1
     if ((${#missing[@]})); then
         if [[ $(id -u) -ne 0 ]]; then
             echo "setup: missing Debian packages ${missing[*]} (needed only for the tests);" \
-                 "install them as root: apt-get install ${missing[*]}" >&2
+                 "install them as root: apt-get update && apt-get install ${missing[*]}" >&2
         else
             echo "setup: installing ${missing[*]}"
             apt-get update -q
@@ -72,7 +72,8 @@ if [[ ! -x .venv/bin/python ]] || ! .venv/bin/python -m pip --version >/dev/null
             DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$venv_package"
         else
             echo "setup: $python cannot make a venv (no ensurepip); as root:" \
-                 "apt-get install $venv_package, then rerun bash scripts/setup.sh" >&2
+                 "apt-get update && apt-get install $venv_package," \
+                 "then rerun bash scripts/setup.sh" >&2
             exit 1
         fi
     fi

@@ -291,6 +291,25 @@ def test_the_demos_last_line_names_only_what_is_there(tmp_path):
     )
 
 
+def test_the_demos_last_line_names_a_tex_without_the_papers_packages(tmp_path):
+    """latexmk installed alone (no booktabs): the workflow builds no PDF, and the last line said
+    "reports/paper.pdf was not asked for by these targets"; its install line said sudo to root
+    (no sudo on a fresh image) and did no apt-get update (empty lists there)."""
+    work = demo_with_stand_ins(
+        tmp_path / "repo", snakemake=SNAKEMAKE_STAND_IN, latexmk="#!/bin/sh\n",
+        kpsewhich="#!/bin/sh\nexit 1\n",
+    )  # fmt: skip
+    proc = subprocess.run(
+        ["bash", "scripts/demo.sh", "results/matrix/runs.tsv"], cwd=work,
+        env=env(STAND_IN_TARGETS_ONLY="1"), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    last = proc.stdout.splitlines()[-1]
+    assert "without reports/paper.pdf (TeX lacks a package the paper loads)" in last, last
+    sudo = "" if os.getuid() == 0 else "sudo "
+    assert f"`{sudo}apt-get update && {sudo}apt-get install --no-install-recommends" in last
+
+
 def test_the_report_call_after_targets_behind_a_double_dash_makes_the_report(tmp_path):
     """`--config dataset=synthetic -- TARGET`: the report call appended --report report.html
     after the user's `--`, where snakemake reads it as two more targets (MissingRuleException:
