@@ -483,6 +483,26 @@ def test_the_export_projects_every_threads_launches(tmp_path):
     assert r0 == {name: ns for name, (_, ns) in EXPORT_PHASES.items()}
 
 
+def test_a_second_sqlite_export_of_one_rank_is_refused_not_taken_for_it(tmp_path):
+    """nsys stats writes <report>.sqlite beside each report: report1.sqlite and report2.sqlite
+    (no rank in either name) were both rank 0's, the one sorting last taken without a word, as
+    was a copy nsys_rank0-old.sqlite; the stats CSVs of a rank refuse a second table."""
+    for f in (FIX / "nsys-2024.5").glob("*.csv"):
+        (tmp_path / f.name).write_bytes(f.read_bytes())
+    write_export(tmp_path / "report1.sqlite")
+    write_export(tmp_path / "report2.sqlite")
+    with pytest.raises(ProfileFormatError, match=r"rank 0 has a second SQLite export, the first "
+                       r"being .*report1\.sqlite"):  # fmt: skip
+        nsys.parse_nsys(tmp_path, "r")
+    (tmp_path / "report2.sqlite").unlink()
+    write_export(tmp_path / "nsys_rank7.sqlite")  # a rank with no kernel summary here
+    with pytest.raises(ProfileFormatError, match=r"rank 7's export, and no kernel summary of rank"):
+        nsys.parse_nsys(tmp_path, "r")
+    (tmp_path / "nsys_rank7.sqlite").unlink()
+    _, ranges = nsys.parse_nsys(tmp_path, "r")  # one export, rank 0 (no rank named: as a CSV)
+    assert {r["time_base"] for r in ranges if r["rank"] == 0} == {"gpu_projection"}
+
+
 def test_operations_and_launches_without_a_correlation_id_join_nothing(tmp_path):
     """correlationId may be NULL in the export (a column without NOT NULL): every such launch
     and every such GPU operation were one key, (process, None), so a NULL launch in each phase

@@ -80,7 +80,8 @@ def _is_nsys_header(cells: list[str]) -> bool:
 # how to make the tables read here (an error's fixing command)
 MAKE_STATS = (
     "make them with `nsys stats --report cuda_gpu_kern_sum --report cuda_gpu_mem_time_sum "
-    "--report nvtx_sum --format csv --output <dir>/nsys_rank<r> <report>.nsys-rep` (or "
+    "--report nvtx_sum --format csv --output <dir>/nsys_rank<r> --sqlite "
+    "<dir>/nsys_rank<r>.sqlite <report>.nsys-rep` (or "
     "`scalestudy profile capture`)"
 )
 COMBINED = (
@@ -244,10 +245,25 @@ def parse_nsys(input_path: str | Path, run: str) -> tuple[list[dict], list[dict]
             input_path, None, f"{where}no kernel summary (cuda_gpu_kern_sum / gpukernsum){also}"
         )
     if Path(input_path).is_dir():
+        exports: dict[int, Path] = {}
         for f in sorted(Path(input_path).glob("*.sqlite")):
+            # its rank from its name, as a CSV's (none: rank 0); nsys stats leaves
+            # <report>.sqlite beside each report, so two of one rank are refused as two tables
+            rank = rank_of(f)
+            if rank in exports:
+                raise ProfileFormatError(
+                    f, None, f"rank {rank} has a second SQLite export, the first being "
+                    f"{exports[rank]}: keep one, named nsys_rank<r>.sqlite"
+                )  # fmt: skip
+            if rank not in kinds:
+                raise ProfileFormatError(
+                    f, None, f"rank {rank}'s export, and no kernel summary of rank {rank} here: "
+                    "name it nsys_rank<r>.sqlite for the rank whose report it exports"
+                )  # fmt: skip
+            exports[rank] = f
             phases = export_phases(f)
             if phases:
-                ranges["export"][rank_of(f)] = phases
+                ranges["export"][rank] = phases
     phases, time_base = phase_ranges(ranges)
     return (
         schema.kernel_rows(run, "nsys", kernels),
