@@ -790,7 +790,7 @@ def test_the_pdfs_build(demo):
     (the slide included it anyway, and latexmk failed on the missing file)."""
     config, study, docs = demo
     if not tex_here(beamer=True):
-        pytest.skip(latex.MISSING)
+        pytest.skip(latex.missing("reports/paper.tex", latex.tex_gaps()))
     assert "The figure ../results/plots/efficiency.pdf (relative to the slides) is not there" in (
         " ".join(docs["slides.tex"].split())
     )

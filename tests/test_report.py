@@ -35,7 +35,7 @@ def need_latexmk() -> None:
     if not latex.have_latexmk():
         if os.environ.get("CI") == "true":
             pytest.fail("CI must have TeX: scripts/setup.sh installs latexmk as root")
-        pytest.skip(latex.MISSING)
+        pytest.skip(latex.missing("reports/paper.tex", latex.tex_gaps()))
 
 
 @pytest.fixture(scope="module")
@@ -999,6 +999,12 @@ def test_a_tex_without_a_package_the_documents_load_builds_no_pdf_and_names_it(
     (err,) = capsys.readouterr().err.strip().splitlines()
     assert f"TeX lacks booktabs.sty, so {tmp_path / 'paper.pdf'} is not built" in err, err
     assert "texlive-latex-recommended" in err, err
+    # a kpsewhich that hangs (a TeX tree on a stalled network mount): the PDFs skipped, named,
+    # after KPSEWHICH_TIMEOUT_S, not a traceback after 60 s
+    (bin_dir / "kpsewhich").write_text("#!/bin/sh\nsleep 30\n")
+    monkeypatch.setattr(latex, "KPSEWHICH_TIMEOUT_S", 0.5)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}/usr/bin:/bin{os.pathsep}")  # new key
+    assert latex.tex_gaps()[0].startswith("a working kpsewhich (")
     # setup.sh installs TeX as root where one of them is missing, demo.sh's last line says so
     for script in ("setup.sh", "demo.sh"):
         text = (REPO / "scripts" / script).read_text()

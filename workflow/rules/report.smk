@@ -30,8 +30,8 @@ rule render_report:
         "--figures {params.figures:q} --out-dir {params.out_dir:q} > {log:q} 2>&1"
 
 
-# reports/paper.pdf with latexmk; requested only when latexmk is installed (common.smk says so
-# when it is not, and only the PDF is skipped).
+# reports/paper.pdf with latexmk; requested only when TeX can build it, latexmk and the packages
+# the paper loads (common.smk says what is missing, and only the PDF is skipped).
 rule paper_pdf:
     input:
         tex="reports/paper.tex",

@@ -1,13 +1,13 @@
 """`scalestudy build-pdf`: a document's .tex (reports/paper.tex, proposal.tex, slides.tex) -> its
 PDF beside it, with latexmk (pdfLaTeX).
 
-Without latexmk on PATH it fails with the packages to install, naming the document given; the
-workflow asks for the PDF only when latexmk is there (workflow/rules/report.smk), and says so when
-it is not. A build removes the PDF of an earlier one first: a failed build leaves none, never an
-old one beside the new .tex, nor the part of one a build wrote before it failed. latexmk runs
-with -norc (no ~/.latexmkrc: a personal $out_dir moved the PDF) and -g (a whole build each time:
-its record of a failed build answered later ones "Nothing to do"), and a build that exits 0
-without the PDF beside the .tex fails too.
+Without latexmk on PATH, or a package the documents load (tex_gaps), it fails with the packages
+to install, naming the document given; the workflow asks for the PDF only when TeX can build it
+(workflow/rules/report.smk), and says so when it cannot. A build removes the PDF of an earlier
+one first: a failed build leaves none, never an old one beside the new .tex, nor the part of one
+a build wrote before it failed. latexmk runs with -norc (no ~/.latexmkrc: a personal $out_dir
+moved the PDF) and -g (a whole build each time: its record of a failed build answered later ones
+"Nothing to do"), and a build that exits 0 without the PDF beside the .tex fails too.
 
     scalestudy build-pdf reports/paper.tex
 """
@@ -15,6 +15,8 @@ without the PDF beside the .tex fails too.
 from __future__ import annotations
 
 import argparse
+import functools
+import os
 import re
 import shutil
 import subprocess
@@ -40,16 +42,30 @@ DOCUMENT_PACKAGES += ("amsmath.sty", "lmodern.sty")
 
 def tex_gaps() -> list[str]:
     """What the documents' PDFs need and this machine lacks: latexmk, or the packages TeX's
-    kpsewhich does not find; [] when they can be built."""
-    if shutil.which("latexmk") is None:
-        return ["latexmk"]
-    if shutil.which("kpsewhich") is None:
-        return ["kpsewhich"]
-    found = subprocess.run(
-        ["kpsewhich", *DOCUMENT_PACKAGES], capture_output=True, text=True, timeout=60
-    )
-    names = {Path(line.strip()).name for line in found.stdout.splitlines() if line.strip()}
-    return [p for p in DOCUMENT_PACKAGES if p not in names]
+    kpsewhich does not find; [] when they can be built. Asked once per process and PATH (the
+    workflow asks for each document it may request)."""
+    return list(_gaps(os.environ.get("PATH", ""), DOCUMENT_PACKAGES))
+
+
+KPSEWHICH_TIMEOUT_S = 10  # a TeX tree on a stalled network mount: the PDFs skipped, named
+
+
+@functools.cache
+def _gaps(path: str, names: tuple[str, ...]) -> tuple[str, ...]:
+    """Of latexmk and the TeX files `names`, those missing where PATH is `path`."""
+    if shutil.which("latexmk", path=path) is None:
+        return ("latexmk",)
+    kpsewhich = shutil.which("kpsewhich", path=path)
+    if kpsewhich is None:
+        return ("kpsewhich",)
+    try:
+        found = subprocess.run(
+            [kpsewhich, *names], capture_output=True, text=True, timeout=KPSEWHICH_TIMEOUT_S
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        return (f"a working kpsewhich ({exc})",)
+    got = {Path(line.strip()).name for line in found.stdout.splitlines() if line.strip()}
+    return tuple(n for n in names if n not in got)
 
 
 def missing(tex: str | Path, gaps: list[str] | None = None) -> str:
@@ -65,7 +81,7 @@ def missing(tex: str | Path, gaps: list[str] | None = None) -> str:
     )
 
 
-MISSING = missing("reports/paper.tex")  # the workflow's paper.pdf, skipped without latexmk
+MISSING = missing("reports/paper.tex")  # paper.pdf's line without latexmk (tests skip with it)
 # the workflow's slides.pdf, skipped without pgf (beamer's graphics layer)
 NO_PGF = (
     "pgf (texlive-pictures) is not installed, so reports/slides.pdf is not built "
@@ -80,11 +96,9 @@ def have_latexmk() -> bool:
 
 
 def have_beamer() -> bool:
-    """latexmk and pgf (beamer's graphics layer, texlive-pictures) for reports/slides.pdf."""
-    if not have_latexmk() or shutil.which("kpsewhich") is None:
-        return False
-    found = subprocess.run(["kpsewhich", "pgfcore.sty"], capture_output=True, text=True)
-    return bool(found.stdout.strip())
+    """What the documents need and pgf (beamer's graphics layer, texlive-pictures) for
+    reports/slides.pdf."""
+    return not _gaps(os.environ.get("PATH", ""), (*DOCUMENT_PACKAGES, "pgfcore.sty"))
 
 
 MAX_PRINT_LINE = 79  # TeX Live's texmf.cnf: the log breaks a longer line after this many bytes
