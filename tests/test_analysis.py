@@ -974,6 +974,7 @@ def test_the_accuracy_figure_refuses_empty_or_damaged_epochs(tmp_path, capsys):
     ]
     for epochs, says in [
         ([], "epochs.csv has no epochs"),  # once: a figure with empty axes
+        ([{k: v for k, v in epoch.items() if k != "families"}], "has no column 'families'"),
         ([{k: v for k, v in epoch.items() if k != "val_acc"}], "has no column 'val_acc'"),
         ([{**epoch, "val_acc": "high"}], "a cell that is not a number"),
     ]:

@@ -449,11 +449,12 @@ def _accuracy_curves(epochs: list[dict], device: str) -> dict[str, list[tuple[in
 
 def plot_accuracy(axes, epochs, device="cuda", **_):
     ax_epoch, ax_time = axes
+    curves = accuracy_curves(epochs, device)  # first: a damaged epochs.csv is its one line
     strong = any(_has_strong(e) for e in epochs)
     ax_epoch.set_title(
         "strong-scaling runs" if strong else "every run (no strong-scaling run)", fontsize=9
     )
-    for i, (label, points) in enumerate(accuracy_curves(epochs, device).items()):
+    for i, (label, points) in enumerate(curves.items()):
         style = {"color": PALETTE[i % len(PALETTE)], "marker": MARKERS[i % len(MARKERS)]}
         ax_epoch.plot([p[0] for p in points], [100 * p[2] for p in points], label=label, **style)
         ax_time.plot([p[1] for p in points], [100 * p[2] for p in points], label=label, **style)
