@@ -1539,6 +1539,9 @@ def test_a_damaged_runs_csv_is_one_line_before_any_table(tmp_path, capsys):
                    "run 'w1_r0' has repeat = 'first', not a whole number >= 0"),
         "infinite": ([good[0], {**good[1], "throughput_img_s": "inf"}],
                      "run 'w2_r0' has throughput_img_s = 'inf', not a number > 0"),
+        # the trainer's range: 1e-12 MiB was hundreds of billions of the model's buckets
+        "bucket": ([good[0], {**good[1], "bucket_cap_mb": "1e-12"}],
+                   "run 'w2_r0' has bucket_cap_mb = '1e-12', not a number in [0.001, 1000000]"),
         "time": ([{**good[0], "train_time_s": ""}, good[1]],
                  "run 'w1_r0' has train_time_s = '', not a number"),
         "accuracy": ([{**good[0], "final_val_acc": "high"}, good[1]],

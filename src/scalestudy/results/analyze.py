@@ -1299,9 +1299,9 @@ RUNS_CELLS = {
     "comm_probe_steps": files.count(0),
     "lost_time_s": files.NON_NEGATIVE,
     **{c: files.POSITIVE for c in RUNS_POSITIVE},
-    # the ranges the scaling model builds its buckets in (study/model.py)
+    # the trainer's range, which the scaling model builds its buckets in (study/model.py; its
+    # grad_sync_bytes, which analyze reads nowhere, model and plan check themselves)
     "bucket_cap_mb": model.BUCKET_CAP_CELL,
-    "grad_sync_bytes": model.GRAD_BYTES_CELL,
     **{c: files.FRACTION for c in RUNS_FRACTIONS},
     **{c: files.PERCENT for c in RUNS_PERCENT},
 }
