@@ -741,7 +741,8 @@ def test_fewer_training_images_than_ranks_is_refused_before_the_rendezvous(tmp_p
 
 @pytest.fixture
 def serve(monkeypatch: pytest.MonkeyPatch) -> Iterator:
-    """serve(directory) -> base URL of an HTTP server on 127.0.0.1 (a thread)."""
+    """serve(directory) -> base URL of an HTTP server on 127.0.0.1 (a thread) serving its files;
+    serve(handler), a BaseHTTPRequestHandler class: one answering as that handler does."""
     monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
     monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
     servers = []
@@ -750,8 +751,9 @@ def serve(monkeypatch: pytest.MonkeyPatch) -> Iterator:
         def log_message(self, *args) -> None:  # keep pytest output clean
             pass
 
-    def start(directory: Path) -> str:
-        handler = functools.partial(Quiet, directory=str(directory))
+    def start(what: Path | type) -> str:
+        files_of = functools.partial(Quiet, directory=str(what))
+        handler = what if isinstance(what, type) else files_of
         server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         servers.append(server)
@@ -1792,16 +1794,10 @@ def test_meta_json_names_where_a_redirect_led(tmp_path: Path, serve, monkeypatch
         def log_message(self, *args) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        asked = f"http://127.0.0.1:{server.server_address[1]}/old/"
-        data = tmp_path / "data"
-        for dataset in ("cifar10", "mnist"):
-            prepare_data.prepare(dataset, data, mirror=asked)
-    finally:
-        server.shutdown()
-        server.server_close()
+    asked = serve(Redirect) + "old/"
+    data = tmp_path / "data"
+    for dataset in ("cifar10", "mnist"):
+        prepare_data.prepare(dataset, data, mirror=asked)
     assert loaders.load_prepared("cifar10", data).meta["source"] == moved + archive.name
     assert loaders.load_prepared("mnist", data).meta["source"] == moved
 
@@ -2031,10 +2027,8 @@ def test_a_mirror_that_is_no_valid_url_is_said_so_without_its_query(
     assert "not a valid URL" in err and "%20" in err, err
 
 
-def test_a_mirror_that_redirects_in_a_loop_is_one_line(tmp_path: Path, monkeypatch, capsys):
+def test_a_mirror_that_redirects_in_a_loop_is_one_line(tmp_path: Path, serve, capsys):
     """urllib's redirect-loop error is three lines of text (a mirror behind a cookie login)."""
-    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
 
     class Loop(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -2045,15 +2039,8 @@ def test_a_mirror_that_redirects_in_a_loop_is_one_line(tmp_path: Path, monkeypat
         def log_message(self, *args) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Loop)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        mirror = f"http://127.0.0.1:{server.server_address[1]}/cifar/"
-        argv = ["prepare-data", "--dataset", "cifar10", "--data-dir", str(tmp_path / "data")]
-        assert cli.main([*argv, "--mirror", mirror]) == 2
-    finally:
-        server.shutdown()
-        server.server_close()
+    argv = ["prepare-data", "--dataset", "cifar10", "--data-dir", str(tmp_path / "data")]
+    assert cli.main([*argv, "--mirror", serve(Loop) + "cifar/"]) == 2
     (err,) = capsys.readouterr().err.strip().splitlines()
     assert "HTTP Error 302" in err and "infinite loop" in err, err
 
