@@ -81,9 +81,9 @@ def _cmd(argv: list[str], timeout: float = 10.0) -> str:
 GPU_KEYS = ("index", "name", "driver_version", "memory_total_mib", "pci_bus_id", "serial")
 
 
-def _gpus() -> tuple[list[dict] | str, str | None]:
-    """(nvidia-smi's GPUs, a warning): the GPUs it listed are kept when it exits non-zero after
-    them (14: a corrupted infoROM, a warning), the exit and its other lines the warning."""
+def _gpus() -> dict:
+    """{"gpus": nvidia-smi's GPUs}: the GPUs it listed are kept when it exits non-zero after
+    them (14: a corrupted infoROM, a warning), the exit and its other lines in "gpus_warning"."""
     proc = _run(
         [
             "nvidia-smi",
@@ -92,16 +92,16 @@ def _gpus() -> tuple[list[dict] | str, str | None]:
         ]
     )
     if isinstance(proc, str):
-        return proc, None
+        return {"gpus": proc}
     lines = [line for line in proc.stdout.splitlines() if line.strip()]
     rows = [line for line in lines if len(line.split(",")) == len(GPU_KEYS)]
     gpus = [dict(zip(GPU_KEYS, (c.strip() for c in r.split(",")), strict=True)) for r in rows]
     if proc.returncode == 0:
-        return gpus, None
+        return {"gpus": gpus}
     said = _said("\n".join([*(x for x in lines if x not in rows), proc.stderr]))
     if not gpus:
-        return f"error: exit {proc.returncode}: {said}", None
-    return gpus, f"nvidia-smi exit {proc.returncode}: {said}"
+        return {"gpus": f"error: exit {proc.returncode}: {said}"}
+    return {"gpus": gpus, "gpus_warning": f"nvidia-smi exit {proc.returncode}: {said}"}
 
 
 def _torch() -> dict:
@@ -177,12 +177,6 @@ def _network() -> list[dict]:
     return out
 
 
-def _gpu_entries() -> dict:
-    """ "gpus", and "gpus_warning" where nvidia-smi exited non-zero after listing them."""
-    gpus, warning = _gpus()
-    return {"gpus": gpus, **({"gpus_warning": warning} if warning else {})}
-
-
 def collect(image: str | None = None) -> dict:
     """The inventory of this host and allocation (see the module docstring); `image`: the
     Apptainer image the ranks run in, whose digest is recorded."""
@@ -193,7 +187,7 @@ def collect(image: str | None = None) -> dict:
         "time_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "os": platform.platform(),
         "python": platform.python_version(),
-        **_gpu_entries(),
+        **_gpus(),
         "nvidia_smi_topo": _cmd(["nvidia-smi", "topo", "-m"]),
         "nvidia_smi_version": _cmd(["nvidia-smi", "--version"]),
         **_torch(),

@@ -40,19 +40,23 @@ DOCUMENT_PACKAGES = ("geometry.sty", "booktabs.sty", "tabularx.sty", "longtable.
 DOCUMENT_PACKAGES += ("amsmath.sty", "lmodern.sty")
 
 
+PGF = "pgfcore.sty"  # beamer's graphics layer (texlive-pictures): the slides only
+
+
 def tex_gaps() -> list[str]:
     """What the documents' PDFs need and this machine lacks: latexmk, or the packages TeX's
     kpsewhich does not find; [] when they can be built. Asked once per process and PATH (the
-    workflow asks for each document it may request)."""
-    return list(_gaps(os.environ.get("PATH", ""), DOCUMENT_PACKAGES))
+    workflow asks for each document it may request), with the slides' pgf in the same call."""
+    return [g for g in _gaps(os.environ.get("PATH", "")) if g != PGF]
 
 
 KPSEWHICH_TIMEOUT_S = 10  # a TeX tree on a stalled network mount: the PDFs skipped, named
 
 
 @functools.cache
-def _gaps(path: str, names: tuple[str, ...]) -> tuple[str, ...]:
-    """Of latexmk and the TeX files `names`, those missing where PATH is `path`."""
+def _gaps(path: str) -> tuple[str, ...]:
+    """Of latexmk, DOCUMENT_PACKAGES and PGF, those missing where PATH is `path`."""
+    names = (*DOCUMENT_PACKAGES, PGF)
     if shutil.which("latexmk", path=path) is None:
         return ("latexmk",)
     kpsewhich = shutil.which("kpsewhich", path=path)
@@ -98,7 +102,7 @@ def have_latexmk() -> bool:
 def have_beamer() -> bool:
     """What the documents need and pgf (beamer's graphics layer, texlive-pictures) for
     reports/slides.pdf."""
-    return not _gaps(os.environ.get("PATH", ""), (*DOCUMENT_PACKAGES, "pgfcore.sty"))
+    return not _gaps(os.environ.get("PATH", ""))
 
 
 MAX_PRINT_LINE = 79  # TeX Live's texmf.cnf: the log breaks a longer line after this many bytes
