@@ -13,7 +13,7 @@ import pytest
 
 from scalestudy.errors import ProfileFormatError
 from scalestudy.jobs import gpu_check_report as report
-from scalestudy.jobs import profile
+from scalestudy.jobs import profile_ncu as profile
 from scalestudy.nsight import classify, ncu, schema, torch_ops
 
 H200 = Path(__file__).parent / "fixtures" / "gpu-h200"

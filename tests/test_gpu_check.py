@@ -25,9 +25,8 @@ from workflow_helpers import child_env, sighup_as_in_a_terminal
 
 from scalestudy import vocab
 from scalestudy.errors import GpuCheckError
-from scalestudy.jobs import energy_probe, gpu_check
+from scalestudy.jobs import energy_probe, gpu_check, profile_ncu
 from scalestudy.jobs import gpu_check_report as report
-from scalestudy.jobs import profile as capture
 from scalestudy.jobs.gpu_check_report import FAIL, NOT_RUN, PASS, SKIPPED, Check, RunResult
 from scalestudy.nsight import ncu as ncu_parser
 from scalestudy.nsight import torch_ops
@@ -1213,11 +1212,11 @@ def test_ncu_is_skipped_without_ncu_and_judged_on_parsed_rows():
     assert report.judge_ncu("ncu", []).status == FAIL  # no kernel to profile is no proof
     # a node whose counters only administrators may read: skipped, saying why (as the study's
     # ncu jobs skip it), not failed as a filter that matched nothing
-    why = capture.ncu_refusal("==ERROR== ERR_NVGPUCTRPERM - The user does not have permission")
+    why = profile_ncu.ncu_refusal("==ERROR== ERR_NVGPUCTRPERM - The user does not have permission")
     refused = {**ok, "rows": None, "run": RunResult(rc=1), "refused": why}
     check = report.judge_ncu("ncu", [refused])
     assert check.status == SKIPPED and "ERR_NVGPUCTRPERM" in check.problems[0]
-    assert capture.ncu_refusal("==PROF== Disconnected from process 7") is None
+    assert profile_ncu.ncu_refusal("==PROF== Disconnected from process 7") is None
 
 
 def test_ncu_command_runs_at_the_timed_runs_clocks():

@@ -309,7 +309,7 @@ def test_profiling_jobs_take_gpu_slots_as_launch_does(tmp_path, monkeypatch, act
         raise Started
 
     monkeypatch.setattr(profile, "run_launch", ranks)
-    monkeypatch.setattr(profile, "_run_logged", ranks)
+    monkeypatch.setattr(profile, "run_logged", ranks)
     monkeypatch.setattr(profile.shutil, "which", lambda name, *_, **__: f"/opt/bin/{name}")
     if action == "capture":
         argv = ["profile", "capture", "--tool", "torch", "--out", str(tmp_path / "cap")]
@@ -321,7 +321,7 @@ def test_profiling_jobs_take_gpu_slots_as_launch_does(tmp_path, monkeypatch, act
     argv += ["--profile-steps", "0:1"]  # the window profile capture and ncu require
     try:
         with pytest.raises(Started):
-            getattr(profile, action)(cli.build_parser(argv).parse_args(argv))
+            profile.run(cli.build_parser(argv).parse_args(argv))
     finally:
         holder.kill()
         holder.wait(timeout=30)

@@ -39,6 +39,8 @@ from scalestudy import cli, log
 from scalestudy.errors import ProfileError, ProfileFormatError
 from scalestudy.jobs import container, gpu_check_report, launch
 from scalestudy.jobs import profile as capture
+from scalestudy.jobs import profile_ncu as ncu_job
+from scalestudy.jobs import profile_parse as parse_job
 from scalestudy.nsight import ncu, nsys, projection, readers, schema, torch_ops
 from scalestudy.nsight.classify import classify
 from scalestudy.study import profiling as study_profiling
@@ -857,7 +859,7 @@ def test_cli_parse_nsys_writes_both_schemas(tmp_path):
         "--out-ranges",
         str(tmp_path / "r.csv"),
     )
-    assert capture.parse(args) == 0
+    assert parse_job.parse(args) == 0
     k = list(csv.DictReader((tmp_path / "k.csv").open()))
     assert tuple(k[0]) == schema.KERNEL_COLUMNS and len(k) == 25
     r = list(csv.DictReader((tmp_path / "r.csv").open()))
@@ -876,7 +878,7 @@ def test_merge_joins_runs_and_refuses_a_run_given_twice(tmp_path, capsys):
             *("--out-kernels", str(tmp_path / f"{run}.csv")),
             *("--out-ranges", str(tmp_path / f"{run}-ranges.csv")),
         )
-        assert capture.parse(args) == 0
+        assert parse_job.parse(args) == 0
         made.append(tmp_path / f"{run}.csv")
     out = tmp_path / "all.csv"
     argv = ["profile", "merge", "--schema", "kernels", "--out", str(out)]
@@ -910,17 +912,17 @@ def test_profile_outputs_that_are_one_file_or_an_input_are_refused(tmp_path, cap
     kernels = tmp_path / "k.csv"
     argv = ["--nsys-stats", str(FIX / "nsys-2024.5"), "--run", "w1", "--out-kernels", str(kernels)]
     with pytest.raises(ProfileError, match="--out-kernels and --out-ranges are one file"):
-        capture.parse(_profile_parse(*argv, "--out-ranges", str(tmp_path / "." / "k.csv")))
+        parse_job.parse(_profile_parse(*argv, "--out-ranges", str(tmp_path / "." / "k.csv")))
     assert not kernels.exists()
     stats = tmp_path / "stats.csv"  # an nsys stats CSV given as the file, then written over
     shutil.copy(next((FIX / "nsys-2024.5").glob("*cuda_gpu_kern_sum*.csv")), stats)
     before = stats.read_bytes()
     with pytest.raises(ProfileError, match="--out-kernels is the input --nsys-stats"):
-        capture.parse(
+        parse_job.parse(
             _profile_parse("--nsys-stats", str(stats), "--run", "w1", "--out-kernels", str(stats))
         )
     assert stats.read_bytes() == before
-    assert capture.parse(_profile_parse(*argv)) == 0
+    assert parse_job.parse(_profile_parse(*argv)) == 0
     made = kernels.read_bytes()
     capsys.readouterr()
     merge = ["profile", "merge", "--schema", "kernels", "--run", "w1", "--out", str(kernels)]
@@ -949,7 +951,7 @@ def test_merge_refuses_a_csv_that_holds_another_runs_rows(tmp_path, capsys):
             *("--nsys-stats", str(FIX / "nsys-2024.5"), "--run", run),
             *("--out-kernels", str(tmp_path / f"{run}.csv")),
         )
-        assert capture.parse(args) == 0
+        assert parse_job.parse(args) == 0
         made[run] = tmp_path / f"{run}.csv"
     out = tmp_path / "all.csv"
     argv = ["profile", "merge", "--schema", "kernels", "--out", str(out)]
@@ -1015,11 +1017,11 @@ def test_a_profile_csv_cell_the_parser_cannot_have_written_is_refused(
 def test_cli_parse_ncu_writes_the_ncu_schema(tmp_path):
     out = tmp_path / "n.csv"
     args = _profile_parse("--ncu", str(FIX / "ncu-2022.4"), "--run", "old", "--out-ncu", str(out))
-    assert capture.parse(args) == 0
+    assert parse_job.parse(args) == 0
     (row,) = csv.DictReader(out.open())
     assert tuple(row) == schema.NCU_COLUMNS and row["kernel"] == "ampere_sgemm_128x64_tn"
     with pytest.raises(ProfileError, match="--out-ncu"):
-        capture.parse(_profile_parse("--ncu", str(out), "--run", "r", "--out-kernels", "k.csv"))
+        parse_job.parse(_profile_parse("--ncu", str(out), "--run", "r", "--out-kernels", "k.csv"))
 
 
 # --- ncu -----
@@ -1109,7 +1111,7 @@ def test_ncu_tensor_flops_of_a_type_with_only_its_src_total(tmp_path):
     )
     (row,) = ncu.parse_ncu(f, "r")
     assert row["tensor_flop_per_s"] == pytest.approx(2_000_000 / 1e-6)
-    # and jobs/profile.py asks ncu for the src-only totals too (a regex: what the GPU has)
+    # and jobs/profile_ncu.py asks ncu for the src-only totals too (a regex: what the GPU has)
     assert ncu.TENSOR_METRIC.match("sm__ops_path_tensor_src_fp16.sum")
 
 
@@ -1835,7 +1837,7 @@ def test_profiling_messages_name_real_config_keys(tmp_path, capsys):
         with pytest.raises(ProfileError) as exc:
             capture.choose_tool(*a)
         messages.append(str(exc.value))
-    messages.append(capture.ncu_refusal("==ERROR== ERR_NVGPUCTRPERM - no permission"))
+    messages.append(ncu_job.ncu_refusal("==ERROR== ERR_NVGPUCTRPERM - no permission"))
     # the command's own line where ncu cannot run at all (no GPU): before anything runs
     argv = ["profile", "ncu", "--run", "r", "--kernels", str(tmp_path / "k.csv"),
             "--enabled", "true", "--out-dir", str(tmp_path / "n"), "--out",
@@ -1921,12 +1923,12 @@ VECTORIZED = (
     ],
 )
 def test_ncu_filter_is_the_whole_demangled_name(name, other):
-    regex = capture.ncu_kernel_regex(name)
+    regex = ncu_job.ncu_kernel_regex(name)
     assert regex not in ("", "^$") and re.fullmatch(regex, name)
     assert not re.search(regex, other)  # one instantiation, not its siblings
     # ncu's demangler may print 'char*' for 'char *' and omit the return type
     assert re.search(regex, name.replace("char *", "char*").removeprefix("void "))
-    cmd = capture.ncu_command("d/ncu_k0", name, 7, 3, ["python", "t.py"])
+    cmd = ncu_job.ncu_command("d/ncu_k0", name, 7, 3, ["python", "t.py"])
     assert cmd[cmd.index("--kernel-name-base") + 1] == "demangled"
     assert cmd[cmd.index("--kernel-name") + 1] == f"regex:{regex}"
     # the filter survives the per-rank wrapper's shell quoting
@@ -1936,7 +1938,7 @@ def test_ncu_filter_is_the_whole_demangled_name(name, other):
 
 
 def test_ncu_command_and_import():
-    cmd = capture.ncu_command("d/ncu_k0", VECTORIZED, 10, 3, ["python", "t.py"])
+    cmd = ncu_job.ncu_command("d/ncu_k0", VECTORIZED, 10, 3, ["python", "t.py"])
     joined = shlex.join(cmd)
     for part in (
         "--profile-from-start off",
@@ -1951,10 +1953,10 @@ def test_ncu_command_and_import():
     assert cmd.index("--clock-control") < cmd.index("python")  # an ncu option, not the app's
     metrics = cmd[cmd.index("--metrics") + 1].split(",")
     assert f"regex:{ncu.TENSOR_METRIC.pattern}" in metrics
-    imp = capture.ncu_import_command("d/ncu_k0.ncu-rep")
+    imp = ncu_job.ncu_import_command("d/ncu_k0.ncu-rep")
     assert imp[imp.index("--print-metric-name") + 1] == "name" and "--csv" in imp
     with pytest.raises(ProfileError, match="empty"):
-        capture.ncu_kernel_regex("  ")
+        ncu_job.ncu_kernel_regex("  ")
 
 
 def test_launch_skip_leaves_launches_to_profile():
@@ -1968,11 +1970,11 @@ def test_launch_skip_leaves_launches_to_profile():
         row("rare", 0, 2),
         row("not_on_rank0", 1, 8),
     ]
-    assert capture.ncu_launch_skip(rows, "once_per_step", 10, 3) == 7  # rank 0's count
-    assert capture.ncu_launch_skip(rows, "many", 10, 3) == 10
-    assert capture.ncu_launch_skip(rows, "rare", 10, 3) == 0
-    assert capture.ncu_launch_skip(rows, "not_on_rank0", 10, 3) == 5
-    assert capture.ncu_launch_skip(rows, "unknown", 10, 3) == 10
+    assert ncu_job.ncu_launch_skip(rows, "once_per_step", 10, 3) == 7  # rank 0's count
+    assert ncu_job.ncu_launch_skip(rows, "many", 10, 3) == 10
+    assert ncu_job.ncu_launch_skip(rows, "rare", 10, 3) == 0
+    assert ncu_job.ncu_launch_skip(rows, "not_on_rank0", 10, 3) == 5
+    assert ncu_job.ncu_launch_skip(rows, "unknown", 10, 3) == 10
 
 
 def test_top_kernels_never_include_nccl():
@@ -2044,7 +2046,7 @@ def test_a_profile_job_reads_its_image_once(tmp_path, monkeypatch):
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     args = _launch_args(1, 1, None)
     args.container, args.gpu = str(image), True
-    capture._hash_image_once(args)
+    capture.hash_image_once(args)
     commands = [capture.launch_command(args, None) for _ in range(5)]
     assert len(reads) == 1
     digest = f"{container.DIGEST_ENV}={container.image_digest(image)}"
@@ -2452,9 +2454,9 @@ def test_a_hung_post_processing_tool_is_stopped_with_one_line(tmp_path):
     argv = [PYTHON, "-c", "import time; time.sleep(30)"]
     t0 = time.monotonic()
     with pytest.raises(ProfileError, match=r"-c import time; .* did not finish in 0.5 s"):
-        capture._run(argv, child_env(), timeout=0.5)
+        capture.run_tool(argv, child_env(), timeout=0.5)
     assert time.monotonic() - t0 < 10
-    capture._run([PYTHON, "-c", "pass"], child_env(), timeout=30)  # in time: no error
+    capture.run_tool([PYTHON, "-c", "pass"], child_env(), timeout=30)  # in time: no error
 
 
 def _parse(cap, tmp_path):
@@ -2468,7 +2470,7 @@ def _parse(cap, tmp_path):
         "--out-ranges",
         str(tmp_path / "r.csv"),
     )
-    assert capture.parse(args) == 0
+    assert parse_job.parse(args) == 0
     return (list(csv.DictReader((tmp_path / n).open())) for n in ("k.csv", "r.csv"))
 
 
@@ -2687,12 +2689,12 @@ def test_a_leftover_torch_profiler_setting_does_not_reach_nsys_or_ncu_ranks(tmp_
         log_path.write_text("")
         return 0, ""
 
-    monkeypatch.setattr(capture, "_run_logged", recording_ncu)
+    monkeypatch.setattr(capture, "run_logged", recording_ncu)
     words = ["profile", "ncu", "--run", "r", "--kernels", str(kernels), "--device", "cuda",
              "--out-dir", str(tmp_path / "ncu"), "--out", str(tmp_path / "ncu.csv"), "--",
              "--device", "cuda", "--profile-steps", "2:4"]  # fmt: skip
     with contextlib.suppress(ProfileError):
-        capture.ncu(cli.build_parser(words).parse_args(words))
+        ncu_job.ncu(cli.build_parser(words).parse_args(words))
     assert seen["ncu"] == "unset"
 
 
@@ -2834,7 +2836,7 @@ def test_parse_of_a_directory_that_is_no_capture_is_one_line(tmp_path, manifest)
     cap.mkdir()
     (cap / "tool.json").write_text(json.dumps(manifest))
     with pytest.raises(ProfileFormatError, match=r"tool\.json: has no tool/input/why.*--ncu"):
-        capture._capture_input(cap)
+        parse_job._capture_input(cap)
 
 
 @pytest.mark.parametrize(
@@ -2853,7 +2855,7 @@ def test_a_damaged_capture_manifest_is_one_line(tmp_path, manifest, says):
         manifest if isinstance(manifest, bytes) else json.dumps(manifest).encode()
     )
     with pytest.raises(ProfileFormatError, match=re.escape(says)):
-        capture._capture_input(tmp_path)
+        parse_job._capture_input(tmp_path)
 
 
 def test_a_stats_directory_with_other_reports_is_read_and_a_second_table_refused(tmp_path):
@@ -2963,7 +2965,7 @@ def test_ncu_checks_its_outputs_before_the_first_pass(tmp_path, capsys, monkeypa
     def no_pass(*_, **__):
         raise AssertionError("an ncu pass ran")
 
-    monkeypatch.setattr(capture, "_run_logged", no_pass)
+    monkeypatch.setattr(capture, "run_logged", no_pass)
     blocker, a_dir = tmp_path / "blocker", tmp_path / "a_dir"
     blocker.write_text("")
     a_dir.mkdir()
@@ -3037,7 +3039,7 @@ def test_ncu_clears_an_earlier_runs_results_and_writes_each_import_whole(
         shutil.copyfile(canned, log_path.with_suffix(".ncu-rep"))
         return 0, ""
 
-    monkeypatch.setattr(capture, "_run_logged", ncu_pass)
+    monkeypatch.setattr(capture, "run_logged", ncu_pass)
     out_dir, out = tmp_path / "ncu", tmp_path / "ncu.csv"
 
     def earlier_run():  # an earlier run of both kernels, and a file of the user's
@@ -3088,7 +3090,7 @@ def test_ncu_clears_an_earlier_runs_results_and_writes_each_import_whole(
     earlier_run()
     half = [PYTHON, "-c", "import sys; sys.stdout.write(open(sys.argv[1]).read()[:400]); "
             "sys.exit(1)"]  # fmt: skip
-    monkeypatch.setattr(capture, "ncu_import_command", lambda report: [*half, report])
+    monkeypatch.setattr(ncu_job, "ncu_import_command", lambda report: [*half, report])
     assert profile_ncu("--enabled", "true", "--top-k", "1") == 2
     assert "failed with exit 1" in capsys.readouterr().err.strip().splitlines()[-1]
     assert not any(p.name.startswith(("ncu_k0.csv", ".ncu_k0.csv")) for p in out_dir.iterdir())
@@ -3221,3 +3223,17 @@ def test_a_stop_signal_to_a_capture_alone_stops_its_ranks(data_dir, tmp_path):
         for pid in ranks:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_every_profile_action_runs_a_function_of_its_module():
+    """`scalestudy profile`'s actions are found by name when they run (capture's code input is
+    not the parsers'): each names a function that exists, and every action the parser offers
+    has one."""
+    import importlib
+
+    parser = cli.build_parser(["profile", "merge", "--schema", "ncu", "--out", "x", "y"])
+    actions = parser.commands["profile"]._subparsers._group_actions[0].choices
+    assert set(capture.ACTIONS) == set(actions)
+    for target in capture.ACTIONS.values():
+        module, name = target.split(":")
+        assert callable(getattr(importlib.import_module(module), name))

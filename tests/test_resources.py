@@ -480,6 +480,32 @@ def test_every_rule_reruns_when_code_it_runs_changes():
     )
 
 
+def declared_code(path: Path, rule_name: str) -> list[str]:
+    """The modules a rule's code=code_of(...) names, in a workflow rule file."""
+    for rule in re.split(r"^rule ", path.read_text(), flags=re.MULTILINE)[1:]:
+        if rule.split(":", 1)[0] == rule_name:
+            return re.findall(r'"([^"]+)"', re.search(r"code=code_of\(([^)]*)\)", rule).group(1))
+    raise AssertionError(f"{path.name} has no rule {rule_name}")
+
+
+def test_a_profile_parser_edit_reruns_no_job_that_launches_ranks():
+    """The profiling jobs that launch the ranks (a training window under nsys on every GPU, a
+    whole run per kernel under ncu: hours of an allocation) have as code what they execute, not
+    the parsers of their output: an edit to the nsys/torch.profiler phase parsers or the kernel
+    classifier reran every GPU capture of a study, which `profile parse` alone reads."""
+    smk = REPO / "workflow/rules/profile.smk"
+    nsight = "src/scalestudy/nsight/"
+    parsers = {nsight + m for m in ("nsys.py", "torch_ops.py", "projection.py", "classify.py")}
+    capture = set(resources.code_sources(REPO, *declared_code(smk, "profile_capture")))
+    assert not capture & (parsers | {nsight + "ncu.py", nsight + "schema.py"})
+    # ncu reads its own reports in the job (nsight/ncu.py), never the phase parsers
+    ncu = set(resources.code_sources(REPO, *declared_code(smk, "profile_ncu")))
+    assert nsight + "ncu.py" in ncu and not ncu & (parsers - {nsight + "classify.py"})
+    # parse runs the parsers, and the checks of the capture's manifest (rank coverage)
+    parse = set(resources.code_sources(REPO, *declared_code(smk, "profile_parse")))
+    assert parsers <= parse and capture <= parse
+
+
 def test_package_init_files_run_no_code():
     """code_sources and trainer_sources follow imports, not the __init__.py files an import of
     scalestudy.a.b also runs (only trainer/__init__.py is an input: training takes the whole

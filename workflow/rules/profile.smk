@@ -9,7 +9,7 @@ rule profile_capture:
     input:
         unpack(get_prepared_data),
         sources=get_trainer_sources,
-        code=code_of("jobs/profile.py"),  # the capture command
+        code=code_of("jobs/profile.py"),  # the capture command (not its parsers: parse's)
         image=IMAGE,
     output:
         capture=directory("results/profile/{run}/capture"),
@@ -43,7 +43,7 @@ rule profile_capture:
 rule profile_parse:
     input:
         capture="results/profile/{run}/capture",
-        code=code_of("jobs/profile.py"),
+        code=code_of("jobs/profile_parse.py"),
     output:
         kernels="results/profile/{run}/kernels.csv",
         ranges="results/profile/{run}/ranges.csv",
@@ -61,7 +61,7 @@ rule profile_ncu:
     input:
         unpack(get_prepared_data),
         sources=get_trainer_sources,
-        code=code_of("jobs/profile.py"),  # the ncu command
+        code=code_of("jobs/profile_ncu.py"),  # the ncu command and its report's parser
         image=IMAGE,
         kernels="results/profile/{run}/kernels.csv",
     output:
@@ -96,7 +96,7 @@ rule profile_collect:
     input:
         kernels=expand("results/profile/{run}/kernels.csv", run=PROFILED),
         ranges=expand("results/profile/{run}/ranges.csv", run=PROFILED),
-        code=code_of("jobs/profile.py"),
+        code=code_of("jobs/profile_parse.py"),
     output:
         kernels="results/csv/profile_kernels.csv",
         ranges="results/csv/profile_ranges.csv",
@@ -114,7 +114,7 @@ rule profile_collect:
 rule profile_collect_ncu:
     input:
         ncu=expand("results/profile/{run}/ncu.csv", run=PROFILED),
-        code=code_of("jobs/profile.py"),
+        code=code_of("jobs/profile_parse.py"),
     output:
         ncu="results/csv/profile_ncu.csv",
     log:

@@ -99,7 +99,7 @@ import scalestudy
 from scalestudy import files, log, vocab
 from scalestudy.errors import GpuCheckError, ProfileFormatError
 from scalestudy.jobs import gpu_check_report as report
-from scalestudy.jobs import gpu_slots, inventory, launch, local_ranks, profile
+from scalestudy.jobs import gpu_slots, inventory, launch, local_ranks, profile_ncu
 from scalestudy.jobs.gpu_check_report import Check, RunResult
 from scalestudy.nsight import ncu as ncu_parser
 from scalestudy.nsight import schema, torch_ops
@@ -661,9 +661,9 @@ def check_ncu(ctx: Context) -> Check:
 
 
 def ncu_command(base: Path, kernel: str, cmd: list[str]) -> list[str]:
-    """jobs/profile.py's ncu command (with --clock-control none: the clocks the timed runs see;
+    """jobs/profile_ncu.py's ncu command (with --clock-control none: the clocks the timed runs see;
     judge_ncu fails the check if it is missing), on the first launch of `kernel`."""
-    return profile.ncu_command(str(base), kernel, 0, 1, cmd)
+    return profile_ncu.ncu_command(str(base), kernel, 0, 1, cmd)
 
 
 def ncu_kernel(ctx: Context, i: int, kernel: str) -> dict:
@@ -679,14 +679,14 @@ def ncu_kernel(ctx: Context, i: int, kernel: str) -> dict:
     report_file = out_dir / f"ncu_k{i}.ncu-rep"
     if not report_file.exists() and log_file.exists():
         # a node whose counters only administrators may read: nothing to prove here
-        attempt["refused"] = profile.ncu_refusal(log_file.read_text(errors="replace"))
+        attempt["refused"] = profile_ncu.ncu_refusal(log_file.read_text(errors="replace"))
     if attempt["run"].rc != 0:
         return attempt
     if not report_file.exists():
         attempt["error"] = f"ncu wrote no {report_file.name}: its kernel filter matched no launch"
         return attempt
     details = out_dir / f"ncu_k{i}.csv"
-    import_argv = profile.ncu_import_command(str(report_file))
+    import_argv = profile_ncu.ncu_import_command(str(report_file))
     imported = run_process(
         import_argv,
         ctx.work / "logs" / f"ncu_k{i}-import.log",

@@ -37,39 +37,11 @@ In the container (--container IMG): the profiler runs inside the image, around t
           --profiler <install>/bin/nsys ... -- python -m scalestudy train ...
   with the host's installation bound at its own path (profiler_install says why the host's);
   an nsys wrapped around `apptainer exec` from outside may trace nothing.
-ncu: rank 0 only (the other ranks run plain; a profiled NCCL kernel would wait forever for its
-  serialised peers, so NCCL kernels are never chosen), one ncu pass per top-K kernel:
-      ncu --profile-from-start off --clock-control none --set full --metrics <FLOP counters> \\
-          --kernel-name-base demangled -k regex:<the whole demangled name> \\
-          --launch-skip S' --launch-count C --target-processes all -o DIR/ncu_k<i>
-  (S' = S clamped so that C launches remain of the kernel's instances on rank 0 in the nsys
-  window), then `ncu -i DIR/ncu_k<i>.ncu-rep --csv --page details --print-units base
-  --print-metric-name name` -> DIR/ncu_k<i>.csv (whole or not at all), whose rows carry the
-  kernels CSV's name. --out and DIR are checked before the first pass; an earlier run's
-  tool.json and ncu_k<i>.{csv,ncu-rep,log} in DIR are removed after the command's checks
-  (every pass's command built), the user's own files kept, so `parse --ncu DIR` reads only
-  this run's kernels (none where ncu is skipped).
-  --clock-control none: the GPU at the clocks the timed runs see (ncu locks them to base by
-  default, so its durations would disagree with the timed runs). The top K are rank 0's (the
-  rank ncu profiles). ncu's process autotunes cuDNN afresh (cudnn.benchmark), so it may choose
-  other convolution engines than the capture did (two of an H200's top 10 never launched under
-  ncu): a kernel whose filter matched no launch is left out with a warning and named in
-  tool.json's `not_launched`; none profiled at all is an error under enabled true and an empty
-  CSV (tool.json says why) under auto.
-parse: profiler output -> the profile CSVs (schemas: scalestudy.nsight.schema), from one of
-  --capture DIR   a capture directory of `profile capture`: its tool.json says which tool ran
-                  and where its output is (nsys stats CSVs, or torch.profiler exports), and
-                  which run it is (a capture of another --run is refused)
-  --nsys-stats P  `nsys stats --format csv` output made by hand: one CSV, or a directory of them
-                  (cuda_gpu_kern_sum, cuda_gpu_mem_time_sum, nvtx_gpu_proj_sum, nvtx_sum or the
-                  pre-2023.1 names; recognised by header, rank from `rank<r>` in the file name)
-                  and the reports' SQLite exports, nsys_rank<r>.sqlite, for the phases' GPU time
-  --ncu P         `ncu --csv --page details` output: one CSV, or every *.csv of a directory;
-                  its kernels keep ncu's names (`profile ncu` labels them with the kernels
-                  CSV's, the join key of profile_kernels and profile_ncu)
-  The first two write --out-kernels (profile_kernels) and, when given, --out-ranges
-  (profile_ranges); --ncu writes --out-ncu (profile_ncu). A file that cannot be parsed is an
-  error naming the file and line (exit 2), and no CSV is written.
+ncu: Nsight Compute on the run's top-K kernels, rank 0 only: jobs/profile_ncu.py.
+parse, merge: profiler output -> the profile CSVs, and the runs' CSVs -> one: jobs/profile_parse.py.
+  Three modules, one command line (this one's): each job's code input is the module of its
+  action and what that imports (workflow/rules/profile.smk), so an edit to the parsers reruns
+  the cheap parse of every capture, never the capture (a training window on every GPU) itself.
 rank: the per-rank wrapper the launcher starts instead of the trainer (rank from SLURM_PROCID or
   RANK): it execs the profiler around CMD on the profiled ranks and CMD alone on the others.
 """
@@ -77,7 +49,7 @@ rank: the per-rank wrapper the launcher starts instead of the trainer (rank from
 from __future__ import annotations
 
 import argparse
-import json
+import importlib
 import os
 import re
 import shlex
@@ -87,10 +59,9 @@ import sys
 from pathlib import Path
 
 from scalestudy import files, log, vocab
-from scalestudy.errors import ProfileError, ProfileFormatError
+from scalestudy.errors import ProfileError
 from scalestudy.jobs import launch, local_ranks
-from scalestudy.nsight import classify, nsys, readers, schema, torch_ops
-from scalestudy.nsight import ncu as ncu_parser
+from scalestudy.nsight import readers
 
 logger = log.get(__name__)
 
@@ -102,21 +73,6 @@ NSYS_REPORTS_OLD = ("gpukernsum", "gpumemtimesum", "nvtxsum")
 SYSTEM_DIRS = frozenset(
     {"/", "/usr", "/usr/local", "/opt", "/bin", "/sbin", "/lib", "/lib64", "/etc", "/var"}
 )
-# FLOP counters that --set full does not print in the details page: SASS f/h/d add, mul, fma
-# (a fma is 2 FLOP) and the tensor-core paths (nsight.ncu.parse_ncu sums them). Tensor paths: the
-# per-(source, destination) and src-only totals (ncu.TENSOR_METRIC says which one counts), not the
-# _sparsity_on/_off breakdowns. A regex, not a list: a name the GPU lacks (bf16 before Ampere,
-# fp16 per destination on an H100) would fail the whole ncu run, a regex just matches fewer.
-NCU_METRICS = ",".join(
-    [
-        f"smsp__sass_thread_inst_executed_op_{p}{op}_pred_on.sum"
-        for p in "hfd"
-        for op in ("add", "mul", "fma")
-    ]
-    + ["regex:" + ncu_parser.TENSOR_METRIC.pattern]
-)
-
-
 # ---------------------------------------------------------------------------------------------
 # pure command construction (unit-tested; the cluster runs exactly these)
 
@@ -228,113 +184,20 @@ def nsys_stats_command(
     ]
 
 
-_REGEX_META = set("\\^$.|?*+()[]{}")
-
-
-def _regex_literal(text: str) -> str:
-    # only the metacharacters every regex dialect shares: re.escape also escapes characters
-    # (space, '#', '&', '~') that some engines reject as unknown escapes
-    return "".join("\\" + ch if ch in _REGEX_META else ch for ch in text)
-
-
-# the spellings in which ncu's demangler differs from the one of nsys and torch.profiler (seen on
-# an H200, ncu 2025.3.1, torch 2.11: tests/fixtures/gpu-h200/ncu_kernel_names.txt)
-_ANON = "(anonymous namespace)"  # ncu: <unnamed>
-# {lambda(long)#1}; ncu: [lambda(long) (instance 1)]
-_LAMBDA = re.compile(r"\{lambda\((?:[^()]|\([^()]*\))*\)#(\d+)\}")
-# a literal template argument, 4 or 3ul; ncu: (int)4, (unsigned long)3
-_NUMBER = re.compile(r"(\d+)[uUlL]*(?=\s*[,>])")
-_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-def _closing(text: str, at: int) -> int:
-    """The index of the ')' that closes the '(' at text[at], or -1."""
-    depth = 0
-    for i in range(at, len(text)):
-        depth += (text[i] == "(") - (text[i] == ")")
-        if depth == 0:
-            return i
-    return -1
-
-
-def _name_regex(text: str) -> str:
-    """The regex of a kernel's name before its parameter list, tolerant of ncu's spellings:
-    every nested parameter list (a lambda's enclosing function) is free, since ncu prints its
-    template parameters (T1) where the others print types."""
-    out, i = [], 0
-    while i < len(text):
-        ch = text[i]
-        lam = _LAMBDA.match(text, i)
-        num = _NUMBER.match(text, i) if i and text[i - 1] in "<, " else None
-        word = _IDENT.match(text, i)
-        if text.startswith(_ANON, i):
-            out.append(r"(\(anonymous namespace\)|<unnamed>)")
-            i += len(_ANON)
-        elif lam:
-            n = lam.group(1)
-            out.append(rf"(\{{lambda\(.*\)#{n}\}}|\[lambda\(.*\) \(instance {n}\)\])")
-            i = lam.end()
-        elif num:
-            out.append(rf"(\([A-Za-z_][A-Za-z0-9_ ]*\))?{num.group(1)}[uUlL]*")
-            i = num.end()
-        elif word and word.group() in ("true", "false") and text[i - 1] in "<, ":
-            out.append(f"({word.group()}|\\(bool\\){int(word.group() == 'true')})")
-            i = word.end()
-        elif word:
-            # ncu prints the return type of a function template named in a template argument
-            # ("void at::native::flip_kernel_impl<...>(...)::[lambda...]"); the others do not
-            starts_argument = i and text[i - 1] in "<, " and text[i - 2 : i] != "::"
-            out.append(("(void\\s+)?" if starts_argument else "") + word.group())
-            i = word.end()
-        elif ch == "(" and (end := _closing(text, i)) > 0:
-            out.append(r"\(.*\)")
-            i = end + 1
-        elif ch == " ":
-            i += 1
-            continue
-        else:
-            out.append(_regex_literal(ch))
-            i += 1
-        out.append(r"\s*")
-    return "".join(out)
-
-
-def ncu_name_base(name: str) -> str:
-    """ncu's --kernel-name-base for a kernels-CSV name: "mangled" for a name the profiler could
-    not demangle (an Itanium symbol, "_ZN17cutlass..."), else "demangled"."""
-    return "mangled" if name.strip().startswith("_Z") else "demangled"
-
-
-def ncu_kernel_regex(name: str) -> str:
-    """The ncu --kernel-name filter (with --kernel-name-base demangled) for one kernel of the
-    kernels CSV, whose names are nsys's or torch.profiler's demangled ones. ncu demangles
-    differently (seen on an H200: "<unnamed>" for "(anonymous namespace)", "(int)4" and
-    "(bool)1" for the template arguments "4" and "true", "[lambda(long) (instance 1)]" for
-    "{lambda(long)#1}", its template parameters "const T2 *" in the parameter list), so the
-    filter is the qualified name and template arguments with those spellings allowed, any
-    parameter list, anchored: one template instantiation, not its siblings. Whitespace is free
-    and the leading 'void ' optional."""
-    text = " ".join(name.split())
-    if text.startswith("void "):
-        text = text[5:]
-    if not text:
-        raise ProfileError(f"kernel name {name!r} is empty: nothing to give ncu --kernel-name")
-    if ncu_name_base(text) == "mangled":
-        return f"^{_regex_literal(text)}$"
-    params = classify.parameter_list(text)
-    head = text if params is None else text[:params]
-    tail = "" if params is None else r"\(.*\)"
-    return rf"^(void\s+)?{_name_regex(head)}{tail}$"
-
-
-def ncu_command(
+def ncu_argv(
     output_base: str,
-    kernel: str,
-    launch_skip: int,
-    launch_count: int,
     cmd: list[str],
     exe: str = "ncu",
+    *,
+    name_base: str,
+    kernel_regex: str,
+    metrics: str,
+    skip: int,
+    count: int,
 ) -> list[str]:
+    """ncu around `cmd`, profiling `count` launches of the kernels that `kernel_regex` matches
+    (after `skip` of them) with the full set and `metrics`; the ncu job chooses the filter
+    (jobs/profile_ncu.py kernel_options), `profile rank` runs this on rank 0."""
     return [
         exe,
         "--profile-from-start",
@@ -347,15 +210,15 @@ def ncu_command(
         "--set",
         "full",
         "--metrics",
-        NCU_METRICS,
+        metrics,
         "--kernel-name-base",
-        ncu_name_base(kernel),
+        name_base,
         "--kernel-name",
-        f"regex:{ncu_kernel_regex(kernel)}",
+        f"regex:{kernel_regex}",
         "--launch-skip",
-        str(launch_skip),
+        str(skip),
         "--launch-count",
-        str(launch_count),
+        str(count),
         "--target-processes",
         "all",
         "--force-overwrite",
@@ -363,37 +226,6 @@ def ncu_command(
         output_base,
         *cmd,
     ]
-
-
-def ncu_import_command(report: str) -> list[str]:
-    # metric names, not labels: labels changed between versions ("SM [%]", "Compute (SM) [%]",
-    # "Compute (SM) Throughput"); nsight.ncu.parse_ncu reads both
-    return [
-        "ncu",
-        "--import",
-        report,
-        "--csv",
-        "--page",
-        "details",
-        "--print-units",
-        "base",
-        "--print-metric-name",
-        "name",
-    ]
-
-
-def ncu_launch_skip(kernel_rows: list[dict], kernel: str, skip: int, count: int) -> int:
-    """--launch-skip for one kernel: ncu counts only launches of the filtered kernel, and ncu
-    profiles rank 0, so at most (rank 0's instances in the nsys window - count) may be skipped;
-    a larger skip (10 of a once-per-step kernel in a 10-step window) would profile nothing."""
-    mine = [r for r in kernel_rows if r["kernel"] == kernel]
-    # rank 0 missing (a capture of other ranks only): the fewest instances of any rank
-    seen = [int(r["instances"]) for r in mine if str(r["rank"]) == "0"] or [
-        int(r["instances"]) for r in mine
-    ]
-    if not seen:
-        return skip
-    return min(skip, max(0, min(seen) - count))
 
 
 def rank_command(args: argparse.Namespace, env: dict[str, str]) -> list[str]:
@@ -409,8 +241,15 @@ def rank_command(args: argparse.Namespace, env: dict[str, str]) -> list[str]:
     exe = getattr(args, "profiler", None) or args.tool
     if args.tool == "nsys":
         return nsys_profile_command(f"{args.dir}/nsys_rank{rank}", args.trace, cmd, exe)
-    return ncu_command(
-        f"{args.dir}/ncu_k{args.index}", args.kernel, args.skip, args.count, cmd, exe
+    return ncu_argv(
+        f"{args.dir}/ncu_k{args.index}",
+        cmd,
+        exe,
+        name_base=args.name_base,
+        kernel_regex=args.kernel_regex,
+        metrics=args.metrics,
+        skip=args.skip,
+        count=args.count,
     )
 
 
@@ -419,11 +258,11 @@ def rank_prefix(*, python: str = sys.executable, **options: str) -> str:
     --rank-prefix`; python is the image's `python` when the ranks run in the container."""
     argv = [python, "-m", "scalestudy", "profile", "rank"]
     for key, value in options.items():
-        argv += [f"--{key}", str(value)]
+        argv += [f"--{key.replace('_', '-')}", str(value)]
     return shlex.join([*argv, "--"])
 
 
-def _hash_image_once(args: argparse.Namespace) -> None:
+def hash_image_once(args: argparse.Namespace) -> None:
     """args.container_digest: the image's sha256, read once for every command of this job (the
     inventory, each ncu pass): a multi-GB .sif on a shared file system was read whole again for
     each of them, inside the job's time limit."""
@@ -475,7 +314,9 @@ TOOL_TIMEOUT_S = 1800
 VERSION_TIMEOUT_S = 60  # `nsys --version`
 
 
-def _run(argv: list[str], env: dict[str, str], stdout=None, timeout: float | None = None) -> None:
+def run_tool(
+    argv: list[str], env: dict[str, str], stdout=None, timeout: float | None = None
+) -> None:
     """argv to its end (`timeout` seconds at most, when given: a ProfileError beyond)."""
     logger.info("+ " + shlex.join(argv))
     try:
@@ -485,10 +326,10 @@ def _run(argv: list[str], env: dict[str, str], stdout=None, timeout: float | Non
             f"{argv[0]} {' '.join(argv[1:3])} ... did not finish in {timeout:g} s: stopped"
         ) from None
     if proc.returncode != 0:
-        raise _failed(argv, proc.returncode)
+        raise failed(argv, proc.returncode)
 
 
-def _failed(argv: list[str], code: int, where: str = "") -> ProfileError:
+def failed(argv: list[str], code: int, where: str = "") -> ProfileError:
     return ProfileError(f"{argv[0]} {' '.join(argv[1:3])} ... failed with exit {code}{where}")
 
 
@@ -516,7 +357,7 @@ def _say_kill(pid: int, why: str) -> None:
     logger.error(f"scalestudy profile: killing the ranks' launch (pid {pid}): {why}")
 
 
-def _run_logged(argv: list[str], env: dict[str, str], log_path: Path) -> tuple[int, str]:
+def run_logged(argv: list[str], env: dict[str, str], log_path: Path) -> tuple[int, str]:
     """(exit code, output) of the ranks' launch argv (run_launch), its stdout and stderr kept
     in log_path and then written to this job's stdout (the rule's log) as well."""
     logger.info("+ " + shlex.join(argv))
@@ -526,23 +367,6 @@ def _run_logged(argv: list[str], env: dict[str, str], log_path: Path) -> tuple[i
     sys.stdout.write(output)
     sys.stdout.flush()
     return code, output
-
-
-# What ncu prints when the node lets only administrators read the GPU's performance counters
-# (the NVIDIA driver's default, NVreg_RestrictProfilingToAdminUsers=1): it still runs the
-# program, profiles nothing and writes no report.
-NCU_NO_PERMISSION = "ERR_NVGPUCTRPERM"
-
-
-def ncu_refusal(output: str) -> str | None:
-    """Why ncu could not profile on this node, from its output; None when it says nothing so."""
-    if NCU_NO_PERMISSION in output:
-        return (
-            f"ncu may not read this node's GPU performance counters ({NCU_NO_PERMISSION}: "
-            "administrators only): ask the site to allow them "
-            f"(NVreg_RestrictProfilingToAdminUsers=0), or set {NCU_KEY}: false"
-        )
-    return None
 
 
 # what a capture writes into --out: an earlier capture's are removed first, so that a rank it
@@ -559,19 +383,7 @@ def _clear_earlier_capture(out: Path) -> None:
                 old.unlink()
 
 
-# what `profile ncu` writes into --out-dir: an earlier run's are removed first, so that a kernel
-# it profiled and this run did not (a smaller top_k, ncu skipped) is not parsed as this run's
-# (`profile parse --ncu DIR` reads every *.csv of the directory)
-NCU_MADE = re.compile(r"tool\.json|ncu_k\d+\.(csv|ncu-rep|log)")
-
-
-def _clear_earlier_ncu(out_dir: Path) -> None:
-    for old in out_dir.iterdir():
-        if NCU_MADE.fullmatch(old.name) and not old.is_dir():
-            old.unlink()
-
-
-def _train_args(args: argparse.Namespace, train_dir: Path) -> list[str]:
+def trainer_args(args: argparse.Namespace, train_dir: Path) -> list[str]:
     return [*launch.trainer_flags(args.train_args), "--out", str(train_dir)]
 
 
@@ -597,7 +409,7 @@ def capture(args: argparse.Namespace) -> int:
         raise ProfileError(f"--inventory {args.inventory}: {'; '.join(problems)}")
     tool, why = choose_tool(args.tool, args.device, shutil.which("nsys"))
     train_dir = out / "train"
-    args.train_args = _train_args(args, train_dir)
+    args.train_args = trainer_args(args, train_dir)
     prefix, binds = None, []
     if tool == "nsys":
         options, binds = wrapper_options(args, shutil.which("nsys"))
@@ -606,7 +418,7 @@ def capture(args: argparse.Namespace) -> int:
         )
     # the layout and the trainer's flags are checked (the ranks' command built) before the
     # earlier capture is removed or the inventory written: a typo cost the earlier capture
-    _hash_image_once(args)
+    hash_image_once(args)
     command = launch_command(args, prefix, binds)
     require_window(args.train_args, "profile capture")
     logger.info(f"profile {args.run}: tool {tool} ({why})")
@@ -625,7 +437,7 @@ def capture(args: argparse.Namespace) -> int:
     launch.hold_local_gpus(env, world_size, args.train_args)
     logger.info("+ " + shlex.join(command))
     if code := run_launch(command, env):
-        raise _failed(command, code)
+        raise failed(command, code)
     manifest = {
         "run": args.run,
         "tool": tool,
@@ -692,7 +504,7 @@ def nsys_stats(out: Path, env: dict[str, str]) -> tuple[list[Path], dict]:
     (out / "stats").mkdir(exist_ok=True)
     for rep in reports:
         base = str(out / "stats" / rep.name.removesuffix(".nsys-rep"))
-        _run(
+        run_tool(
             nsys_stats_command(str(rep), base, version, base + ".sqlite"),
             env,
             timeout=TOOL_TIMEOUT_S,
@@ -703,283 +515,12 @@ def nsys_stats(out: Path, env: dict[str, str]) -> tuple[list[Path], dict]:
     }
 
 
-def _capture_input(capture_dir: Path) -> tuple[str, Path, str, dict]:
-    """(tool, its output, why that tool, tool.json) of a capture directory, from its
-    tool.json."""
-    manifest_path = capture_dir / "tool.json"
-    try:
-        manifest = json.loads(manifest_path.read_text())
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ProfileFormatError(
-            manifest_path, None, f"unreadable ({exc}); made by `scalestudy profile capture`"
-        ) from exc
-    keys = ("tool", "input", "why")
-    if not isinstance(manifest, dict) or not all(k in manifest for k in keys):
-        raise ProfileFormatError(
-            manifest_path,
-            None,
-            f"has no {'/'.join(keys)}: not a capture's manifest (written "
-            "by `scalestudy profile capture`; profile ncu's directory is parsed with --ncu)",
-        )
-    tool, source = manifest["tool"], manifest["input"]
-    if tool not in ("nsys", "torch") or not isinstance(source, str):
-        raise ProfileFormatError(
-            manifest_path,
-            None,
-            f"has tool {tool!r} and input {source!r}: a capture's manifest names tool nsys or "
-            "torch and its input directory; capture again with `scalestudy profile capture`",
-        )
-    return tool, capture_dir / source, manifest["why"], manifest
-
-
-def parse(args: argparse.Namespace) -> int:
-    """One of --capture, --nsys-stats, --ncu -> the profile CSVs (see the module docstring)."""
-    # two outputs one file (k.csv and ./k.csv: two keys of write_texts, the second written over
-    # the first), or an output one of the inputs: refused before any work
-    outputs = {"--out-kernels": args.out_kernels, "--out-ranges": args.out_ranges}
-    outputs["--out-ncu"] = args.out_ncu
-    inputs = {"--nsys-stats": args.nsys_stats, "--ncu": args.ncu}
-    files.check_distinct({k: v for k, v in outputs.items() if v}, inputs, ProfileError)
-    if args.ncu:
-        if args.out_kernels or args.out_ranges or not args.out_ncu:
-            raise ProfileError(
-                "--ncu writes --out-ncu (profile_ncu), not --out-kernels or --out-ranges"
-            )
-        rows = []
-        for f in ncu_parser.ncu_files(args.ncu):
-            rows.extend(ncu_parser.parse_ncu(f, args.run))
-        files.write_text(args.out_ncu, schema.csv_text(schema.NCU_COLUMNS, rows))
-        logger.info(f"{args.run}: {len(rows)} kernels -> {args.out_ncu}")
-        return 0
-    if not args.out_kernels or args.out_ncu:
-        raise ProfileError(
-            f"--{'capture' if args.capture else 'nsys-stats'} writes --out-kernels "
-            "(and --out-ranges), not --out-ncu"
-        )
-    manifest: dict = {}  # --nsys-stats: no manifest, no ranks to expect
-    if args.capture:
-        tool, source, why, manifest = _capture_input(Path(args.capture))
-        if manifest.get("run", args.run) != args.run:
-            # every row is labelled --run: a capture copied from another run's directory would
-            # show that run's profile as this one's (and merge's --run check sees only labels)
-            raise ProfileFormatError(
-                Path(args.capture) / "tool.json",
-                None,
-                f"the capture of run {manifest['run']!r}, not of --run {args.run!r} (copied "
-                "from another run's directory?): capture this run again with `scalestudy "
-                "profile capture`",
-            )
-    else:
-        tool, source, why = "nsys", Path(args.nsys_stats), f"stats {args.nsys_stats}"
-    if tool == "nsys":
-        kernels, ranges = nsys.parse_nsys(source, args.run)
-    else:
-        kernels, ranges = torch_ops.parse_torch(source, args.run)
-    if missing := missing_ranks(manifest, {int(r["rank"]) for r in kernels}):
-        # the capture had them: a file lost since would leave those ranks out of every sum
-        raise ProfileFormatError(
-            source,
-            None,
-            f"no kernels of rank(s) {', '.join(map(str, missing))}, which the capture profiled "
-            f"(tool.json: world size {manifest['world_size']}, ranks {manifest['ranks']}); "
-            "capture again with `scalestudy profile capture`",
-        )
-    outputs = {args.out_kernels: schema.csv_text(schema.KERNEL_COLUMNS, kernels)}
-    if args.out_ranges:
-        outputs[args.out_ranges] = schema.csv_text(schema.RANGE_COLUMNS, ranges)
-    files.check_outputs(outputs, ProfileError)  # else a new kernels CSV beside old ranges
-    files.write_texts(outputs)  # both or neither: a full disk at the ranges leaves both old
-    bare = sorted({r["rank"] for r in kernels} - {r["rank"] for r in ranges})
-    if bare:
-        # a warning, not an error: the kernel breakdown stands on its own, and a trainer that
-        # records its phases in a form this tool does not see must not cost the kernels
-        where = f"; {args.out_ranges} has no rows for them" if args.out_ranges else ""
-        seen = "export / nvtx_gpu_proj_sum / nvtx_sum" if tool == "nsys" else "record_function"
-        logger.warning(
-            f"WARNING {args.run}: rank(s) {', '.join(map(str, bare))} have kernels but none of "
-            f"the phase ranges {', '.join(schema.RANGES)} in {source} "
-            f"({seen})"
-            f"{where}"
-        )
-    if tool == "nsys":
-        _warn_phase_time_base(args.run, source, ranges)
-    logger.info(
-        f"{args.run}: {len(kernels)} kernel rows, {len(ranges)} range rows (tool {tool}: {why})"
-    )
-    return 0
-
-
-def _warn_phase_time_base(run: str, source: Path, ranges: list[dict]) -> None:
-    """Say which ranks' nsys phase times are not the GPU projection of every thread (the
-    trainer's GPU phase times are also in metrics.json: the step timer's CUDA events)."""
-    for base, what in (
-        (
-            schema.GPU_PROJECTION_SAME_THREAD,
-            "nvtx_gpu_proj_sum's GPU time of the launches from each range's own thread (time_base "
-            f"{schema.GPU_PROJECTION_SAME_THREAD}), which misses the backward's kernels autograd "
-            "launches from its own thread",
-        ),
-        (
-            schema.HOST_RANGE,
-            f"host NVTX push/pop times (time_base {schema.HOST_RANGE}), the time to enqueue each "
-            "phase, not GPU time",
-        ),
-    ):
-        ranks = sorted({r["rank"] for r in ranges if r["time_base"] == base})
-        if ranks:
-            logger.warning(
-                f"WARNING {run}: rank(s) {', '.join(map(str, ranks))} have no SQLite export "
-                f"(nsys_rank<r>.sqlite) in {source}: their phase times are {what}; export the "
-                "report with `nsys export --type sqlite --output <dir>/nsys_rank<r>.sqlite "
-                "<report>.nsys-rep`"
-            )
-
-
-def ncu(args: argparse.Namespace) -> int:
-    out_dir = Path(args.out_dir)
-    # before the first pass (each a whole training run under ncu): an --out found unwritable
-    # after them cost hours and left a tool.json naming kernels whose CSV was never written
-    outputs = {"--out": args.out, "tool.json of --out-dir": out_dir / "tool.json"}
-    files.check_distinct(outputs, {"--kernels": args.kernels}, ProfileError)
-    files.check_outputs([args.out, out_dir / "tool.json"], ProfileError)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    ncu_path = shutil.which("ncu")
-    if args.device != "cuda" or ncu_path is None:
-        missing = "no GPU (hardware.device: cpu)" if args.device != "cuda" else "`ncu` not on PATH"
-        if args.enabled == "true":
-            raise ncu_required(
-                f"{missing}: load Nsight Compute (e.g. `module load nsight-compute`) or set "
-                f"{NCU_KEY}: auto"
-            )
-        why = f"auto: {missing}, no Nsight Compute metrics for {args.run}"
-        logger.info(why)
-        _clear_earlier_ncu(out_dir)
-        return _no_ncu(out_dir, args.out, why)
-    # before the first pass: without a window each pass trained the whole run and ncu, which
-    # profiles only inside it, profiled no kernel (under auto: an empty CSV, after hours)
-    require_window(args.train_args, "profile ncu")
-    kernel_rows = schema.read_csv(args.kernels, schema.KERNEL_COLUMNS)
-    # rank 0's top kernels: the rank ncu profiles (each rank autotunes its own cuDNN engines)
-    kernels = schema.top_kernels(
-        [r for r in kernel_rows if str(r["rank"]) == "0"] or kernel_rows, args.top_k
-    )
-    if not kernels:
-        raise ProfileError(f"{args.kernels}: no non-NCCL kernel to profile with ncu")
-    env = profiler_env(launch.rank_env(dict(os.environ), args.cpus_per_rank), "ncu")
-    train_args = _train_args(args, out_dir / "train")
-    launch.hold_local_gpus(env, args.nodes * args.ranks_per_node, train_args)
-    options, binds = wrapper_options(args, ncu_path)
-    args.train_args = list(train_args)
-    _hash_image_once(args)
-    passes = []  # (index, kernel, --launch-skip, the ranks' command): all built, every check
-    for i, kernel in enumerate(kernels):  # made, before the earlier run's results are removed
-        skip = ncu_launch_skip(kernel_rows, kernel, args.launch_skip, args.launch_count)
-        if skip != args.launch_skip:
-            logger.info(
-                f"ncu k{i}: --launch-skip {skip}, not {args.launch_skip}: rank 0 launches "
-                f"{kernel[:80]!r} too few times in the window to skip {args.launch_skip} and "
-                f"profile {args.launch_count}",
-            )
-        prefix = rank_prefix(
-            tool="ncu",
-            ranks="0",
-            dir=out_dir,
-            index=i,
-            kernel=kernel,
-            skip=skip,
-            count=args.launch_count,
-            **options,
-        )
-        passes.append((i, kernel, skip, launch_command(args, prefix, binds)))
-    _clear_earlier_ncu(out_dir)
-    profiled, not_launched = [], []
-    for i, kernel, skip, argv in passes:
-        report = out_dir / f"ncu_k{i}.ncu-rep"
-        code, output = _run_logged(argv, env, out_dir / f"ncu_k{i}.log")
-        refused = ncu_refusal(output)
-        if refused and not report.exists():
-            if args.enabled == "true":
-                raise ncu_required(refused)
-            why = f"auto: {refused}; no Nsight Compute metrics for {args.run}"
-            logger.warning(f"WARNING {why}")
-            return _no_ncu(out_dir, args.out, why)
-        if code != 0:
-            raise _failed(argv, code, f" (its output: {out_dir / f'ncu_k{i}.log'})")
-        if not report.exists():
-            # ncu writes no report when its filter matched no launch: this process's cuDNN
-            # autotuning chose other engines than the capture's (or the skip was too large)
-            logger.warning(
-                f"WARNING {args.run}: ncu k{i} profiled nothing: no launch of {kernel[:120]!r} "
-                f"matched --kernel-name regex:{ncu_kernel_regex(kernel)} (--launch-skip {skip}) "
-                "on rank 0 (cudnn.benchmark may have chosen another engine in ncu's process); "
-                "left out of the ncu metrics"
-            )
-            not_launched.append(kernel)
-            continue
-        # whole or not at all: a failed or stopped import left a half-written CSV
-        with files.atomic_open(out_dir / f"ncu_k{i}.csv") as f:
-            _run(ncu_import_command(str(report)), env, stdout=f, timeout=TOOL_TIMEOUT_S)
-        profiled.append((i, kernel))
-    if not profiled:
-        why = (
-            f"none of the top {len(kernels)} kernels of {args.kernels} launched on rank 0 "
-            "under ncu (see the WARNING lines above)"
-        )
-        if args.enabled == "true":
-            raise ncu_required(why)
-        logger.warning(f"WARNING auto: {why}; no Nsight Compute metrics for {args.run}")
-        return _no_ncu(out_dir, args.out, f"auto: {why}", not_launched)
-    rows = []
-    for i, kernel in profiled:
-        # the kernels CSV's name, not ncu's spelling of it: profile_ncu joins profile_kernels
-        rows.extend(ncu_parser.parse_ncu(out_dir / f"ncu_k{i}.csv", args.run, kernel=kernel))
-    manifest = {"tool": "ncu", "why": ncu_path, "kernels": [k for _, k in profiled]}
-    _write_ncu(out_dir, args.out, {**manifest, "not_launched": not_launched}, rows)
-    return 0
-
-
-def _write_ncu(out_dir: Path, out: str, manifest: dict, rows: list[dict]) -> None:
-    """tool.json and the --out CSV both or neither: a full disk at the CSV left a new tool.json
-    naming kernels beside the old CSV."""
-    files.write_texts(
-        {
-            out_dir / "tool.json": files.json_text(manifest),
-            out: schema.csv_text(schema.NCU_COLUMNS, rows),
-        }
-    )
-
-
-def ncu_required(why: str) -> ProfileError:
-    """The error of `profile ncu --enabled true` (the study's profiling.ncu.enabled: true) where
-    ncu cannot profile; under auto the same `why` skips ncu instead."""
-    return ProfileError(f"{NCU_KEY} is true but {why}")
-
-
-def _no_ncu(out_dir: Path, out: str, why: str, not_launched: list[str] = ()) -> int:
-    """ncu skipped under enabled auto: the manifest says why, the run's profile_ncu CSV is empty."""
-    _write_ncu(out_dir, out, {"tool": "none", "why": why, "not_launched": list(not_launched)}, [])
-    return 0
-
-
 def rank(args: argparse.Namespace) -> int:
     cmd = rank_command(args, dict(os.environ))
     logger.info(f"+ [rank {rank_from_env(dict(os.environ))}] " + shlex.join(cmd))
     if shutil.which(cmd[0]) is None:  # os.execvp's FileNotFoundError, a traceback per rank
         raise ProfileError(f"{cmd[0]} is not on PATH here (inside the container, if any)")
     os.execvp(cmd[0], cmd)
-
-
-def merge(args: argparse.Namespace) -> int:
-    columns = {
-        "kernels": schema.KERNEL_COLUMNS,
-        "ranges": schema.RANGE_COLUMNS,
-        "ncu": schema.NCU_COLUMNS,
-    }[args.schema]
-    # --out one of the inputs: the merge replaced it
-    inputs = {f"CSV {i}": path for i, path in enumerate(args.inputs, start=1)}
-    files.check_distinct({"--out": args.out}, inputs, ProfileError)
-    files.write_text(args.out, schema.merge_csvs(args.inputs, columns, args.runs))
-    return 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1053,8 +594,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--ranks", choices=vocab.NSYS_RANKS, default="all")
     p.add_argument("--dir", required=True)
     p.add_argument("--trace", default=NSYS_TRACE)
+    # ncu's: the profile ncu job gives them (jobs/profile_ncu.py kernel_options)
     p.add_argument("--index", type=int, default=0)
-    p.add_argument("--kernel", default="")
+    p.add_argument("--name-base", choices=("demangled", "mangled"), default="demangled")
+    p.add_argument("--kernel-regex", default="")
+    p.add_argument("--metrics", default="")
     p.add_argument("--skip", type=int, default=0)
     p.add_argument("--count", type=int, default=1)
     p.add_argument("--profiler", default=None, help="the nsys/ncu executable (default: on PATH)")
@@ -1072,11 +616,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("inputs", nargs="+")
 
 
+# action -> the function that runs it, by name: imported when it runs, so that the capture's
+# code input (this module and what it imports) is not every parser's (the module docstring)
+ACTIONS = {
+    "capture": "scalestudy.jobs.profile:capture",
+    "rank": "scalestudy.jobs.profile:rank",
+    "ncu": "scalestudy.jobs.profile_ncu:ncu",
+    "parse": "scalestudy.jobs.profile_parse:parse",
+    "merge": "scalestudy.jobs.profile_parse:merge",
+}
+
+
 def run(args: argparse.Namespace) -> int:
     # ProfileError and ProfileFormatError: one line from cli.main, exit 2
-    action = {"capture": capture, "parse": parse, "ncu": ncu, "rank": rank, "merge": merge}
+    module, name = ACTIONS[args.action].split(":")
     try:
-        return action[args.action](args)
+        return getattr(importlib.import_module(module), name)(args)
     except Stopped as exc:  # the ranks' launch ended after it: its lines said how
         logger.error(
             f"scalestudy profile {args.action}: stopped by {exc.signum.name} (passed on to the "

@@ -36,7 +36,7 @@ _SASS = re.compile(r"^smsp?__sass_thread_inst_executed_op_([hfd])(add|mul|fma)_p
 # total, an H100's ncu 2025.3 gave bf16 and tf32, no fp16 (tests/fixtures/gpu-h100-ncu), so an
 # fp16 run's tensor operations can only be in the src-only total (not captured yet). A src-only
 # total beside its per-destination ones, and the _sparsity_on/_off breakdowns, count the same
-# operations again. jobs/profile.py requests exactly these names.
+# operations again. jobs/profile_ncu.py requests exactly these names.
 TENSOR_METRIC = re.compile(r"^sm__ops_path_tensor_src_([a-z0-9]+)(_dst_[a-z0-9]+)?\.sum$")
 
 

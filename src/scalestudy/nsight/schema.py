@@ -44,9 +44,9 @@ profile_ranges.csv   run, rank, tool, range, time_base, instances, total_ns, sha
     share      total_ns / sum over the RANGES of the same run, rank and time base
 profile_ncu.csv      run, kernel, launches, duration_ns, achieved_occupancy_pct,
                      dram_throughput_pct, sm_throughput_pct, flop_per_s, tensor_flop_per_s
-    kernel     the profile_kernels name of the kernel (jobs/profile.py filters one kernel per ncu
-               pass and labels its rows so), the join key between the two tables; ncu's own
-               spelling from a by-hand `profile parse --ncu`
+    kernel     the profile_kernels name of the kernel (jobs/profile_ncu.py filters one kernel
+               per ncu pass and labels its rows so), the join key between the two tables; ncu's
+               own spelling from a by-hand `profile parse --ncu`
     launches   kernel launches ncu profiled (each value below is the mean over them)
     duration_ns  gpu__time_duration.sum (label "Duration"), ns
     achieved_occupancy_pct  sm__warps_active.avg.pct_of_peak_sustained_active, %
@@ -54,7 +54,8 @@ profile_ncu.csv      run, kernel, launches, duration_ns, achieved_occupancy_pct,
     sm_throughput_pct       sm__throughput.avg.pct_of_peak_sustained_elapsed, % (labels
                             "Compute (SM) Throughput", "Compute (SM) [%]", "SM [%]")
     flop_per_s   (fadd + fmul + 2 ffma, for f/h/d SASS ops, + tensor ops)
-                 / duration; empty when the report lacks those metrics (profile.py asks for them)
+                 / duration; empty when the report lacks those metrics (jobs/profile_ncu.py
+                 asks for them)
     tensor_flop_per_s  the tensor-core part of flop_per_s: sm__ops_path_tensor_src_*.sum,
                        per source type its _dst_* totals, else its src-only one (nsight/ncu.py)
 """

@@ -1,0 +1,181 @@
+"""`scalestudy profile parse` (its command line: jobs/profile.py): profiler output -> the
+profile CSVs (schemas: scalestudy.nsight.schema), from one of
+  --capture DIR   a capture directory of `profile capture`: its tool.json says which tool ran
+                  and where its output is (nsys stats CSVs, or torch.profiler exports), and
+                  which run it is (a capture of another --run is refused)
+  --nsys-stats P  `nsys stats --format csv` output made by hand: one CSV, or a directory of them
+                  (cuda_gpu_kern_sum, cuda_gpu_mem_time_sum, nvtx_gpu_proj_sum, nvtx_sum or the
+                  pre-2023.1 names; recognised by header, rank from `rank<r>` in the file name)
+                  and the reports' SQLite exports, nsys_rank<r>.sqlite, for the phases' GPU time
+  --ncu P         `ncu --csv --page details` output: one CSV, or every *.csv of a directory;
+                  its kernels keep ncu's names (`profile ncu` labels them with the kernels
+                  CSV's, the join key of profile_kernels and profile_ncu)
+  The first two write --out-kernels (profile_kernels) and, when given, --out-ranges
+  (profile_ranges); --ncu writes --out-ncu (profile_ncu). A file that cannot be parsed is an
+  error naming the file and line (exit 2), and no CSV is written.
+
+`scalestudy profile merge`: the runs' profile CSVs -> one CSV per schema.
+
+Its own module, apart from the jobs that launch ranks (jobs/profile.py, jobs/profile_ncu.py):
+an edit to a parser (nsight/) reruns the parse of every capture, a few seconds each, never
+the captures themselves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from scalestudy import files, log
+from scalestudy.errors import ProfileError, ProfileFormatError
+from scalestudy.jobs import profile
+from scalestudy.nsight import ncu as ncu_parser
+from scalestudy.nsight import nsys, schema, torch_ops
+
+logger = log.get(__name__)
+
+
+def _capture_input(capture_dir: Path) -> tuple[str, Path, str, dict]:
+    """(tool, its output, why that tool, tool.json) of a capture directory, from its
+    tool.json."""
+    manifest_path = capture_dir / "tool.json"
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ProfileFormatError(
+            manifest_path, None, f"unreadable ({exc}); made by `scalestudy profile capture`"
+        ) from exc
+    keys = ("tool", "input", "why")
+    if not isinstance(manifest, dict) or not all(k in manifest for k in keys):
+        raise ProfileFormatError(
+            manifest_path,
+            None,
+            f"has no {'/'.join(keys)}: not a capture's manifest (written "
+            "by `scalestudy profile capture`; profile ncu's directory is parsed with --ncu)",
+        )
+    tool, source = manifest["tool"], manifest["input"]
+    if tool not in ("nsys", "torch") or not isinstance(source, str):
+        raise ProfileFormatError(
+            manifest_path,
+            None,
+            f"has tool {tool!r} and input {source!r}: a capture's manifest names tool nsys or "
+            "torch and its input directory; capture again with `scalestudy profile capture`",
+        )
+    return tool, capture_dir / source, manifest["why"], manifest
+
+
+def parse(args: argparse.Namespace) -> int:
+    """One of --capture, --nsys-stats, --ncu -> the profile CSVs (see the module docstring)."""
+    # two outputs one file (k.csv and ./k.csv: two keys of write_texts, the second written over
+    # the first), or an output one of the inputs: refused before any work
+    outputs = {"--out-kernels": args.out_kernels, "--out-ranges": args.out_ranges}
+    outputs["--out-ncu"] = args.out_ncu
+    inputs = {"--nsys-stats": args.nsys_stats, "--ncu": args.ncu}
+    files.check_distinct({k: v for k, v in outputs.items() if v}, inputs, ProfileError)
+    if args.ncu:
+        if args.out_kernels or args.out_ranges or not args.out_ncu:
+            raise ProfileError(
+                "--ncu writes --out-ncu (profile_ncu), not --out-kernels or --out-ranges"
+            )
+        rows = []
+        for f in ncu_parser.ncu_files(args.ncu):
+            rows.extend(ncu_parser.parse_ncu(f, args.run))
+        files.write_text(args.out_ncu, schema.csv_text(schema.NCU_COLUMNS, rows))
+        logger.info(f"{args.run}: {len(rows)} kernels -> {args.out_ncu}")
+        return 0
+    if not args.out_kernels or args.out_ncu:
+        raise ProfileError(
+            f"--{'capture' if args.capture else 'nsys-stats'} writes --out-kernels "
+            "(and --out-ranges), not --out-ncu"
+        )
+    manifest: dict = {}  # --nsys-stats: no manifest, no ranks to expect
+    if args.capture:
+        tool, source, why, manifest = _capture_input(Path(args.capture))
+        if manifest.get("run", args.run) != args.run:
+            # every row is labelled --run: a capture copied from another run's directory would
+            # show that run's profile as this one's (and merge's --run check sees only labels)
+            raise ProfileFormatError(
+                Path(args.capture) / "tool.json",
+                None,
+                f"the capture of run {manifest['run']!r}, not of --run {args.run!r} (copied "
+                "from another run's directory?): capture this run again with `scalestudy "
+                "profile capture`",
+            )
+    else:
+        tool, source, why = "nsys", Path(args.nsys_stats), f"stats {args.nsys_stats}"
+    if tool == "nsys":
+        kernels, ranges = nsys.parse_nsys(source, args.run)
+    else:
+        kernels, ranges = torch_ops.parse_torch(source, args.run)
+    if missing := profile.missing_ranks(manifest, {int(r["rank"]) for r in kernels}):
+        # the capture had them: a file lost since would leave those ranks out of every sum
+        raise ProfileFormatError(
+            source,
+            None,
+            f"no kernels of rank(s) {', '.join(map(str, missing))}, which the capture profiled "
+            f"(tool.json: world size {manifest['world_size']}, ranks {manifest['ranks']}); "
+            "capture again with `scalestudy profile capture`",
+        )
+    outputs = {args.out_kernels: schema.csv_text(schema.KERNEL_COLUMNS, kernels)}
+    if args.out_ranges:
+        outputs[args.out_ranges] = schema.csv_text(schema.RANGE_COLUMNS, ranges)
+    files.check_outputs(outputs, ProfileError)  # else a new kernels CSV beside old ranges
+    files.write_texts(outputs)  # both or neither: a full disk at the ranges leaves both old
+    bare = sorted({r["rank"] for r in kernels} - {r["rank"] for r in ranges})
+    if bare:
+        # a warning, not an error: the kernel breakdown stands on its own, and a trainer that
+        # records its phases in a form this tool does not see must not cost the kernels
+        where = f"; {args.out_ranges} has no rows for them" if args.out_ranges else ""
+        seen = "export / nvtx_gpu_proj_sum / nvtx_sum" if tool == "nsys" else "record_function"
+        logger.warning(
+            f"WARNING {args.run}: rank(s) {', '.join(map(str, bare))} have kernels but none of "
+            f"the phase ranges {', '.join(schema.RANGES)} in {source} "
+            f"({seen})"
+            f"{where}"
+        )
+    if tool == "nsys":
+        _warn_phase_time_base(args.run, source, ranges)
+    logger.info(
+        f"{args.run}: {len(kernels)} kernel rows, {len(ranges)} range rows (tool {tool}: {why})"
+    )
+    return 0
+
+
+def _warn_phase_time_base(run: str, source: Path, ranges: list[dict]) -> None:
+    """Say which ranks' nsys phase times are not the GPU projection of every thread (the
+    trainer's GPU phase times are also in metrics.json: the step timer's CUDA events)."""
+    for base, what in (
+        (
+            schema.GPU_PROJECTION_SAME_THREAD,
+            "nvtx_gpu_proj_sum's GPU time of the launches from each range's own thread (time_base "
+            f"{schema.GPU_PROJECTION_SAME_THREAD}), which misses the backward's kernels autograd "
+            "launches from its own thread",
+        ),
+        (
+            schema.HOST_RANGE,
+            f"host NVTX push/pop times (time_base {schema.HOST_RANGE}), the time to enqueue each "
+            "phase, not GPU time",
+        ),
+    ):
+        ranks = sorted({r["rank"] for r in ranges if r["time_base"] == base})
+        if ranks:
+            logger.warning(
+                f"WARNING {run}: rank(s) {', '.join(map(str, ranks))} have no SQLite export "
+                f"(nsys_rank<r>.sqlite) in {source}: their phase times are {what}; export the "
+                "report with `nsys export --type sqlite --output <dir>/nsys_rank<r>.sqlite "
+                "<report>.nsys-rep`"
+            )
+
+
+def merge(args: argparse.Namespace) -> int:
+    columns = {
+        "kernels": schema.KERNEL_COLUMNS,
+        "ranges": schema.RANGE_COLUMNS,
+        "ncu": schema.NCU_COLUMNS,
+    }[args.schema]
+    # --out one of the inputs: the merge replaced it
+    inputs = {f"CSV {i}": path for i, path in enumerate(args.inputs, start=1)}
+    files.check_distinct({"--out": args.out}, inputs, ProfileError)
+    files.write_text(args.out, schema.merge_csvs(args.inputs, columns, args.runs))
+    return 0
