@@ -296,6 +296,34 @@ def test_the_precision_level_rescales_the_nearest_measured_world_size():
     assert w2.throughput_img_s == pytest.approx(2 * 10 / 0.5 * 0.75)
 
 
+def test_the_world_size_level_never_prices_a_run_faster_than_a_larger_batch_measured():
+    """Runs of the run's world size at other local batches: their mean per-rank rate priced a
+    local batch of 32 at 1.9x the measured rate of 64 (a GPU's rate grows with its batch), and
+    its Slurm limit fell below its runtime. The nearest measured local batch (in log2) prices
+    it, and a larger one at its step time (a smaller batch takes no longer per step): rate x
+    local_batch / measured local_batch."""
+    config = small_config()
+    run = "w2_lb4_fp32_ddp_bk25_r0"
+
+    def at(local_batch: int, per_rank: float) -> dict:
+        row = measured_row(run, per_rank, 2, local_batch=str(local_batch))
+        return {**row, "run": f"w2_lb{local_batch}_fp32_ddp_bk25_r0"}
+
+    def priced(*measured: dict) -> estimate.Estimate:
+        est = {e.run: e for e in plan.estimate_runs(config, build_run_table(config), measured)}
+        return est[run]
+
+    larger = priced(at(16, 80.0))
+    assert larger.throughput_basis == "world size"
+    assert larger.throughput_img_s == pytest.approx(2 * 80.0 * 4 / 16)
+    # a smaller batch measured: its rate stands (a larger batch runs at least as fast)
+    assert priced(at(2, 30.0)).throughput_img_s == pytest.approx(2 * 30.0)
+    # both: the nearest in log2 (2 is one doubling from 4, 16 two), not their mean
+    assert priced(at(16, 80.0), at(2, 30.0)).throughput_img_s == pytest.approx(2 * 30.0)
+    # a tie (2 and 8 around 4): the smaller, whose rate is not rescaled up
+    assert priced(at(8, 50.0), at(2, 30.0)).throughput_img_s == pytest.approx(2 * 30.0)
+
+
 def test_the_dry_run_table_counts_calibrated_estimates_as_plan_md_does():
     """bf16 never measured, its start-up calibrated only: the dry-run table's total said "4 of
     4 training estimates calibrated" where plan.md says 3 of 4 in throughput, 1 more in

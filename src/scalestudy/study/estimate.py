@@ -48,7 +48,11 @@ levels, the first that has measurements taken:
 
     1. run        the same configuration (run id without its repeat), e.g. repeats 1, 2 of r0
     2. batch      the same precision, world size and local_batch
-    3. world size the same precision and world size
+    3. world size the same precision and world size, at the measured local batch nearest the
+                  run's (in log2, the smaller on a tie), a larger one at its step time:
+                  x_rank x local_batch / measured local_batch (a smaller batch takes no longer
+                  per step; a mean over local batches priced 32 at 1.9 x the rate measured at 64
+                  on a GPU, whose rate grows with its batch, and its time limit fell short)
     4. model      the scaling model (study/model.py) fitted to the measured DDP runs of the
                   same base: x_rank = local_batch / T_step(W, nodes, local_batch, precision,
                   bucket_cap_mb), with T_step's 95% prediction interval carried into
@@ -596,7 +600,8 @@ class Calibration:
         # a run measured with other threads per rank, or on another GPU, says nothing about
         # this study's speed
         self.measured = calibrating(self.config, self.measured)
-        # (base, level, key) -> measured world size -> per-rank images/s (precision's: / eta)
+        # (base, level, key) -> measured world size (world size's: measured local batch) ->
+        # per-rank images/s (precision's: / eta)
         self._levels: dict[tuple, dict[int, list[float]]] = {}
         self._startup: dict[tuple, list[float]] = {}
         self._energy: dict[tuple, list[float]] = {}
@@ -608,11 +613,13 @@ class Calibration:
                 key = (base, level, _level_key(level, row), scope)
                 self._energy.setdefault(key, []).append(per_img)
             w, nodes = int(float(row["world_size"])), int(float(row["nodes"]))
+            lb = int(float(row["local_batch"]))
             per_rank = float(row["throughput_img_s_per_rank"])
             for level in MEASURED_LEVELS:
                 value = per_rank / efficiency(plan, w, nodes) if level == "precision" else per_rank
                 key = (base, level, _level_key(level, row))
-                self._levels.setdefault(key, {}).setdefault(w, []).append(value)
+                inner = lb if level == "world size" else w
+                self._levels.setdefault(key, {}).setdefault(inner, []).append(value)
             overhead = _startup_overhead(self.config, row)
             if overhead is not None:
                 self._startup.setdefault((base, w), []).append(overhead)
@@ -629,6 +636,13 @@ class Calibration:
                     return row["local_batch"] / pred.step_s, basis, pred
                 continue
             sizes = self._levels.get((_base(row), level, _level_key(level, row)))
+            if level == "world size" and sizes:
+                # the nearest measured local batch (in log2; the smaller on a tie), a larger one
+                # at its step time: a smaller batch takes no longer per step, and its rate is no
+                # more than that (a GPU's per-rank rate grows with its batch)
+                lb = row["local_batch"]
+                nearest = min(sizes, key=lambda m: (abs(math.log2(m / lb)), m))
+                return statistics.fmean(sizes[nearest]) * min(1.0, lb / nearest), level, None
             if sizes:
                 w = row["world_size"]  # the other levels hold one world size, W itself
                 nearest = min(sizes, key=lambda m: (abs(math.log2(m / w)), -m))
