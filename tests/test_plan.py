@@ -834,6 +834,33 @@ def test_a_damaged_runs_csv_given_by_hand_is_not_to_be_deleted(tmp_path, capsys,
     assert mine.exists() and own.exists() and not (tmp_path / "plan.md").exists()
 
 
+def test_plan_and_matrix_never_write_over_the_base_config_they_read(tmp_path, capsys, monkeypatch):
+    """config/config.yaml is read first by every command (load_layers) but was no input of the
+    outputs check: `plan --out-csv config/config.yaml` (and `matrix --out` it) replaced the
+    study config with a CSV, exit 0, and the next command failed on it."""
+    import argparse
+
+    from scalestudy.study import config as study_config
+    from scalestudy.study import matrix
+
+    repo = Path(__file__).resolve().parents[1]
+    base = tmp_path / "config.yaml"  # the checkout's, copied: a failure must not touch it
+    shutil.copy(repo / "config/config.yaml", base)
+    monkeypatch.setattr(study_config, "default_config_path", lambda: base)
+    before = base.read_bytes()
+    for command, argv in (
+        (plan, ["--out-md", str(tmp_path / "p.md"), "--out-csv", str(base)]),
+        (plan, ["--config", str(repo / "config/demo.yaml"), "--out-md", str(base)]),
+        (matrix, ["--out", str(base)]),
+    ):
+        parser = argparse.ArgumentParser()
+        command.add_arguments(parser)
+        assert command.run(parser.parse_args(argv)) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"is the input config/config.yaml ({base})" in err[0], err
+        assert base.read_bytes() == before and not (tmp_path / "p.md").exists()
+
+
 def test_plan_outputs_that_are_one_file_or_an_input_are_refused(tmp_path, capsys, monkeypatch):
     """`plan --out-md p --out-csv ./p` wrote the CSV over the Markdown plan and logged both,
     exit 0; `--out-csv` naming its own --runs-csv replaced the measured runs the plan is

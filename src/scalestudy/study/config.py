@@ -974,6 +974,17 @@ def default_config_path() -> Path:
     return Path(__file__).resolve().parents[3] / "config" / "config.yaml"
 
 
+def config_inputs(paths: Iterable[str | os.PathLike] | None) -> dict[str, Path]:
+    """The config files load_layers reads, by the names a refused output names them (files.
+    check_distinct): config/config.yaml of the checkout, read under every --config, and each
+    --config (numbered when several): an output over one of them replaced the study config."""
+    base = default_config_path()
+    given = [Path(p) for p in paths or []]
+    found = {"config/config.yaml": base} if base.is_file() else {}
+    found |= {"--config" + (f" {i}" if len(given) > 1 else ""): p for i, p in enumerate(given, 1)}
+    return found
+
+
 def load_layers(paths: Iterable[str | os.PathLike] | None, overrides=None) -> dict:
     """The study config as the workflow sees it, validated: config/config.yaml of the
     checkout, then each file of `paths` merged over it in order (as Snakemake merges

@@ -16,9 +16,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from scalestudy import log, vocab
+from scalestudy import files, log, vocab
 from scalestudy.errors import StudyConfigError
-from scalestudy.study.config import add_config_arguments, load_layers
+from scalestudy.study.config import add_config_arguments, config_inputs, load_layers
 from scalestudy.study.runs import build_run_table, number_text, runs_tsv_text, write_runs_tsv
 
 logger = log.get(__name__)
@@ -63,6 +63,8 @@ def run(args: argparse.Namespace) -> int:
     log.setup()
     try:
         config = load_layers(args.config, overrides=args.set)
+        if args.out is not None:  # the table over a config file it was built from
+            files.check_distinct({"--out": args.out}, config_inputs(args.config), StudyConfigError)
     except StudyConfigError as e:
         logger.error(f"scalestudy matrix: {e}")
         return 2

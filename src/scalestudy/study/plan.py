@@ -696,7 +696,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from scalestudy.study.config import load_layers
+    from scalestudy.study.config import config_inputs, load_layers
 
     log.setup()
     try:
@@ -705,13 +705,9 @@ def run(args: argparse.Namespace) -> int:
         # the two outputs one file (the CSV written over the Markdown), or an output one of the
         # inputs (the measured runs the plan is calibrated on, a config file): before any work
         outputs = {"--out-md": args.out_md, "--out-csv": args.out_csv}
-        configs = args.config or []
         # the runs.csv read, given or the study's own (replaced, every snakemake call stopped)
         inputs = {"--runs-csv" if args.runs_csv else "runs.csv the plan reads": runs_csv}
-        inputs |= {
-            "--config" + (f" {i}" if len(configs) > 1 else ""): c for i, c in enumerate(configs, 1)
-        }
-        files.check_distinct(outputs, inputs, PlanError)
+        files.check_distinct(outputs, inputs | config_inputs(args.config), PlanError)
         estimates = write_plan(config, args.out_md, args.out_csv, runs_csv, benchmarks)
     except (StudyConfigError, PlanError) as e:
         logger.error(f"scalestudy plan: {e}")
