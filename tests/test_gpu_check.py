@@ -165,10 +165,15 @@ def test_a_budget_the_setup_used_up_before_prepare_data_is_one_line(tmp_path, mo
     monkeypatch.setattr(gpu_check, "prepare_data", lambda ctx: cut)
     with pytest.raises(GpuCheckError, match=r"ran out while prepare-data ran \(stopped after 3 s"):
         gpu_check.run(args)
+    # stopped at its own limit (not the budget's): said so, not "failed (exit None)"
+    limit = RunResult(rc=None, limit_s=90.0, timed_out=True, budget_cut=False)
+    monkeypatch.setattr(gpu_check, "prepare_data", lambda ctx: limit)
+    with pytest.raises(GpuCheckError, match=r"prepare-data was stopped at its limit of 90 s, see "):
+        gpu_check.run(args)
     # and its own failure is still one
     failed = RunResult(rc=1, log_tail="OSError: [Errno 28] No space left on device")
     monkeypatch.setattr(gpu_check, "prepare_data", lambda ctx: failed)
-    with pytest.raises(GpuCheckError, match=r"prepare-data failed \(exit 1\), see ") as caught:
+    with pytest.raises(GpuCheckError, match=r"prepare-data exited with 1, see ") as caught:
         gpu_check.run(args)
     assert str(caught.value).endswith("gpu-check-work/logs/prepare-data.log")
     assert_stopped_report(tmp_path / "o", str(caught.value), "No space left on device")
@@ -1443,6 +1448,30 @@ def test_speed_targets_apply_to_one_whole_h100_sxm_only(tmp_path, name, why):
     )
     assert on_sxm.numbers["stretch_80k_met"] is True
     assert "targets_not_applicable" not in on_sxm.numbers
+
+
+@pytest.mark.parametrize(
+    ("img_s", "printed", "met"), [(24999.6, "25,000", True), (24999.4, "24,999", False)]
+)
+def test_a_speed_target_is_judged_on_the_throughput_as_printed(img_s, printed, met):
+    """24,999.6 img/s printed "img_s 25,000, target_25k_met no": judged on the rounded value the
+    report prints, as the reference ratio is."""
+    check = report.judge_speed("speed-bf16-lb64", "bf16", 64, False, speed_run(img_s))
+    assert check.numbers["target_25k_met"] is met
+    assert f"img_s {printed}" in report.fmt(check.numbers)
+
+
+def test_a_run_of_some_checks_only_says_so_in_its_headline():
+    """--only nvml: 3 of the checks ran, and gpu-check.md said "PASSED" like a whole run, the
+    --only in its JSON only."""
+    checks = [report.Check(n, PASS, "ok") for n in ("versions", "reference-bf16", "nvml")]
+    header = {"host": "n", "versions": {"device_count": 1}, "only": ["reference-bf16", "nvml"]}
+    md = report.report_markdown(report.report_json(header, checks))
+    first = md.splitlines()[0]
+    assert first == "# gpu-check on n: PASSED the checks of --only (the others were not run)", md
+    assert "Only these checks ran (--only): reference-bf16, nvml." in md
+    whole = report.report_markdown(report.report_json({**header, "only": []}, checks))
+    assert whole.splitlines()[0] == "# gpu-check on n: PASSED" and "--only" not in whole
 
 
 def test_reference_targets_are_bf16_at_512_only_and_unmeasured_without_a_run():

@@ -1172,11 +1172,9 @@ def run(args: argparse.Namespace) -> int:
             f"(default {BUDGET_S:.0f})",
             data.log_tail,
         )
-    if data.rc != 0:
-        raise stopped(
-            f"prepare-data failed (exit {data.rc}), see {work / 'logs' / 'prepare-data.log'}",
-            data.log_tail,
-        )
+    if data.rc != 0:  # its exit status, or None: stopped at its own limit (run_problems)
+        why = report.run_problems(data, "prepare-data")[0]
+        raise stopped(f"{why}, see {work / 'logs' / 'prepare-data.log'}", data.log_tail)
     checks = run_checks(ctx, info)
     shutil.rmtree(ctx.data_dir, ignore_errors=True)  # 56 MB that one command remakes
     header = make_header()

@@ -234,7 +234,8 @@ def targets_met(precision: str, local_batch: int | None, metrics: dict) -> dict[
         if img_s is None:
             met[key] = None
         else:
-            met[key] = "n/a" if elsewhere else img_s >= floor
+            # as printed (fmt: whole img/s): 24,999.6 printed "25,000" beside "not met"
+            met[key] = "n/a" if elsewhere else round(img_s) >= floor
     if elsewhere and "n/a" in met.values():
         met["targets_not_applicable"] = elsewhere
     return met
@@ -1184,15 +1185,19 @@ def _cell(text: str) -> str:
 
 
 def headline(doc: dict) -> str:
-    """PASSED, FAILED (a check failed), INCOMPLETE (none failed, the budget ran out first),
-    UNFINISHED (written while checks were pending: gpu-check was still running, or killed), or
-    STOPPED and why (`stopped`: gpu-check gave up before its checks, prepare-data failed)."""
+    """PASSED (of --only's checks, where given), FAILED (a check failed), INCOMPLETE (none
+    failed, the budget ran out first), UNFINISHED (written while checks were pending:
+    gpu-check was still running, or killed), or STOPPED and why (`stopped`: gpu-check gave up
+    before its checks, prepare-data failed)."""
     if doc.get("stopped"):
         return f"STOPPED before any check: {doc['stopped']}"
     if doc.get("pending") and not doc["counts"][FAIL]:
         return "UNFINISHED"
     if doc["passed"]:
-        return "PASSED"
+        # a rerun of what failed (--only): not a whole node's proof
+        return (
+            "PASSED the checks of --only (the others were not run)" if doc.get("only") else "PASSED"
+        )
     return "FAILED" if doc["counts"][FAIL] else "INCOMPLETE"
 
 
@@ -1218,6 +1223,8 @@ def report_markdown(doc: dict) -> str:
         f"{fmt(doc.get('wall_s'))} s (budget {fmt(doc.get('budget_s'))} s), "
         f"{doc.get('started_at')}, commit {doc.get('git_commit')}.",
     ]
+    if doc.get("only"):
+        lines += ["", f"Only these checks ran (--only): {', '.join(doc['only'])}."]
     if doc.get("stopped"):
         lines += ["", "No check ran: gpu-check stopped before them (exit 2)."]
         if doc.get("stopped_log_tail"):
