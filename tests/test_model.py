@@ -572,6 +572,27 @@ def test_documents_say_when_the_held_out_error_is_no_validation(tmp_path):
         assert f"| fit_below_compute | | {below['value']} | n/a | configurations |" in study
 
 
+def test_a_study_whose_multi_rank_runs_were_all_left_out_says_why_it_has_no_fit(tmp_path):
+    """Every multi-rank run left out (here: comm hook powersgd, no all-reduce of the gradients):
+    both documents said the study has "no multi-rank ddp configuration" beside its table of 2-
+    and 4-rank DDP runs, and paper.tex claimed each family's largest world size was predicted
+    by a fit without it. They name the reason of the runs left out, and claim no prediction."""
+    rows = [dict(r, comm_hook="powersgd") for r in synthetic_rows(0.01, sizes=(1, 2, 4))]
+    docs, table = _documents(tmp_path, _analyzed_runs(rows))
+    fit = next(r for r in table if r["kind"] == "parameter" and r["name"] == "fit")
+    assert fit["note"] == (
+        "no fit: no multi-rank ddp configuration modelled: comm hook powersgd: low-rank "
+        "factors, not an all-reduce of the gradients"
+    )
+    study, paper = docs["study.md"], docs["paper.tex"]
+    assert fit["note"] in study and "give the model no fit (no fit: no multi-rank" in paper
+    assert "is predicted by a fit without it" not in paper
+    # with a fit: the claim, for the families it holds for (study.md's wording)
+    (tmp_path / "fit").mkdir()
+    docs, _ = _documents(tmp_path / "fit", _analyzed_runs(synthetic_rows(0.01, sizes=(1, 2, 4))))
+    assert "for each family with at least three world sizes" in docs["paper.tex"]
+
+
 def test_the_proposal_does_not_present_the_held_out_error_as_validation(tmp_path):
     """proposal.md said "held-out error: at most 6.4% over 1 held-out point(s)" of the demo,
     whose model ignored communication (its 2-rank steps shorter than the 1-rank compute): no

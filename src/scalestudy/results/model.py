@@ -121,6 +121,8 @@ def run(args: argparse.Namespace) -> int:
         raise AnalysisError(f"{args.runs}: {exc}") from None
     compute = model.fit_compute(pts)  # once: the fit, its rows and the left-out list read it
     fit = model.fit_points(pts, compute)
+    if fit == model.NO_MULTI_RANK:
+        fit = _left_out_why(fit, rows, skipped)
     # configurations without a compute of their precision: no fit row, a not_modelled one
     unmodelled = model.without_compute(pts, compute)
     table = model_table(pts, [*skipped, *unmodelled], fit, compute)
@@ -142,6 +144,15 @@ def run(args: argparse.Namespace) -> int:
     if isinstance(fit, str):
         logger.warning(f"no scaling fit: {fit}")
     return 0
+
+
+def _left_out_why(why: str, rows: list[dict], skipped: list[tuple[str, str]]) -> str:
+    """`why` with the reasons the study's multi-rank runs were left out (model.points), where it
+    has some: "no multi-rank ddp configuration" alone stood in both documents beside their
+    table of 2- and 4-rank DDP runs."""
+    left = dict(skipped)
+    multi = [left[r["run"]] for r in rows if r["run"] in left and int(r["world_size"]) > 1]
+    return f"{why} modelled: {'; '.join(dict.fromkeys(multi))}" if multi else why
 
 
 def model_table(pts: list, not_modelled: list, fit, compute: dict) -> list[dict]:

@@ -661,6 +661,11 @@ def fit_study(rows: list[dict]) -> Fit | None:
     return None if isinstance(fit, str) else fit
 
 
+# why there is no fit where no multi-rank point is left (results/model.py adds why the study's
+# multi-rank runs were left out, where it has some)
+NO_MULTI_RANK = "no multi-rank ddp configuration"
+
+
 def fit_points(pts: list[Point], compute: dict | None = None) -> Fit | str:
     """The fit of the points, or why there is none; `compute`: fit_compute(pts) where the caller
     has it already."""
@@ -669,7 +674,7 @@ def fit_points(pts: list[Point], compute: dict | None = None) -> Fit | str:
     used = [p for p in multi if isinstance(compute.get(p.precision), Compute)]
     skipped = tuple(without_compute(multi, compute))
     if not multi:
-        return "no multi-rank ddp configuration"
+        return NO_MULTI_RANK
     if not used:  # why each precision of the multi-rank points has no compute
         return "; ".join(dict.fromkeys(why for _, why in skipped))
     free = np.array([True, any(p.nodes == 1 for p in used), any(p.nodes > 1 for p in used)])
