@@ -226,6 +226,9 @@ def _cells_per_row_agree(text: str) -> int:
             continue
         assert re.fullmatch(r"\|(---\|)+", line), line  # a separator alone on its line
         tables += 1
+        # a table right under a paragraph's last line is that paragraph's text in Python-
+        # Markdown (MkDocs): the header needs a blank line above it
+        assert i < 2 or lines[i - 2] == "", (lines[i - 2], lines[i - 1])
         width = lines[i - 1].count("|")
         assert line.count("|") == width, (lines[i - 1], line)
         for row in lines[i + 1 :]:
@@ -713,6 +716,9 @@ def test_exposed_communication_unmeasured_is_said_and_its_figure_left_out(tmp_pa
     for name in ("study.md", "paper.tex"):
         assert "Exposed communication was not measured" in docs[name], name
         assert "comm_fraction." not in docs[name] and "throughput." in docs[name], name
+        # two sentences of words never glued ("...recorded it).Exposed ...": the template's
+        # closing tags took the line break between them)
+        assert not re.findall(r"\w[.)]+[A-Z][a-z]", docs[name]), name
     measured = tmp_path / "measured"
     _analyzed(
         measured, [_gpu_run("w1", "strong", 1, 20000, 0), _gpu_run("w2", "strong", 2, 38000, 0)]
