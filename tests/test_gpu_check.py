@@ -231,6 +231,15 @@ def test_an_out_that_is_a_file_or_a_foreign_work_dir_is_refused(tmp_path):
     (old / "ncu_details.csv").write_text("earlier run")
     gpu_check.prepare_out(tmp_path / "m")
     assert not old.exists()
+    # a rerun with --work elsewhere: the earlier default work dir (its logs, runs, checkpoints)
+    # is not left in DIR beside a report that names other logs; one gpu-check did not make is
+    default = gpu_check.prepare_out(tmp_path / "w")
+    assert gpu_check.prepare_out(tmp_path / "w", tmp_path / "elsewhere") == tmp_path / "elsewhere"
+    assert not default.exists()
+    default.mkdir()
+    (default / "notes.txt").write_text("someone's")
+    gpu_check.prepare_out(tmp_path / "w", tmp_path / "elsewhere")
+    assert (default / "notes.txt").exists()
 
 
 def test_an_earlier_report_is_gone_before_this_run_can_die(tmp_path):

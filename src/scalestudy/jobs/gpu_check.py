@@ -865,6 +865,9 @@ def prepare_out(out: Path, work: Path | None = None) -> Path:
             "there), which would delete it: choose another --out"
         )
     remove_marked(work, WORK_MARK)
+    default = out / "gpu-check-work"  # an earlier run's, with --work elsewhere now: its logs
+    if (default / WORK_MARK).exists():  # beside a report that names others
+        remove_marked(default, WORK_MARK)
     # an earlier gpu-check's fixtures/ that kept WORK_MARK (fixtures_made_here) goes with it last
     remove_marked(fixtures, WORK_MARK if (fixtures / WORK_MARK).exists() else PROVENANCE)
     for name in (report.REPORT_MD, report.REPORT_JSON):  # an earlier run's must not pass for this
