@@ -25,6 +25,7 @@ import yaml
 from workflow_helpers import REPO, child_env, fsync_fails_at_file, write_config
 
 from scalestudy import cli, files
+from scalestudy.errors import AnalysisError
 from scalestudy.results import build_pdf as latex
 from scalestudy.results import proposal
 from scalestudy.results import render_report as report
@@ -671,6 +672,48 @@ def test_model_holdout_error_is_shown_when_the_model_csv_has_it(tmp_path):
     argv += ["--runs-csv", str(study / "results/csv/runs.csv")]
     assert cli.main(argv) == 0
     assert "at most 7.3% over 2 held-out points" in (out / "proposal.md").read_text()
+
+
+def test_a_chosen_scale_this_config_cannot_run_is_one_line(tmp_path):
+    """scaling.csv measured with one families.strong, the proposal written with another whose
+    global batch does not fill the chosen scale's ranks: a ZeroDivisionError traceback (with
+    production runs), or a plan naming a scale the config cannot run (without)."""
+    config, study = build(tmp_path, *STRONG)
+    points = proposal.strong_points(read(study / "results/csv/scaling.csv"))
+    w = proposal.choose_scale(points, config["proposal"]["efficiency_threshold"])[0]["w"]
+    assert w > 1  # a global batch of 1 then fits no rank count but 1
+    other = ["repeats=3", "families.strong.gpus=[1]", "families.strong.global_batch=1"]
+    other = load_and_validate(DEMO, overrides=other)
+    with pytest.raises(AnalysisError, match=rf"the chosen scale, {w} ranks, is no strong-scaling"):
+        write(other, study)
+
+
+def test_a_strong_family_with_no_run_measured_yet_is_not_to_be_enabled(tmp_path):
+    """The strong family enabled, none of its runs in runs.csv yet: the refusal said "enable
+    families.strong"."""
+    config, study = build(tmp_path, missing=lambda row: "strong" in row["families"])
+    with pytest.raises(AnalysisError) as caught:
+        write(config, study)
+    assert "no strong-scaling run is measured yet" in str(caught.value)
+    assert "enable families.strong" not in str(caught.value)
+
+
+def test_a_model_csv_without_a_note_column_is_read(tmp_path):
+    """A hand-written --model-csv of the documented columns but note: KeyError 'note'."""
+    config, study = build(tmp_path, *STRONG)
+    (study / "m.csv").write_text(
+        "kind,name,world_size,measured,predicted,rel_error\nholdout,strong,8,1920,,\n"
+    )
+    assert "no held-out validation" in write(config, study, "m.csv")["proposal.md"]
+
+
+def test_the_request_claims_a_measured_energy_total_only_where_there_is_one(demo):
+    """A CPU study (energy n/a), or a GPU one without J/img: the request still said "The energy
+    total is the training rows' (from the measured J/img)"."""
+    _, _, docs = demo
+    assert "from the measured J/img" not in docs["proposal.md"]
+    assert "from the measured J/img" not in docs["proposal.tex"]
+    assert "No energy total: a CPU study" in docs["proposal.md"]
 
 
 def test_the_measured_runs_are_those_of_the_csv_dir_not_of_the_working_directory(

@@ -160,13 +160,19 @@ def ceil3(x: float) -> float:
 
 
 # --- the evidence --------------------------------------------------------------------------------
-def strong_points(scaling: list[dict]) -> list[dict]:
-    """The strong family's rows of scaling.csv, by world size, numbers parsed."""
+def strong_points(scaling: list[dict], enabled: bool = False) -> list[dict]:
+    """The strong family's rows of scaling.csv, by world size, numbers parsed; `enabled`:
+    families.strong is (the refusal's advice: run it, not enable it)."""
     rows = [r for r in scaling if r["family"] == "strong"]
     if not rows:
+        fix = (
+            "no strong-scaling run is measured yet (run the study's strong runs: `snakemake`)"
+            if enabled
+            else "enable families.strong"
+        )
         raise AnalysisError(
             "scaling.csv has no strong-scaling rows: a proposal's production scale comes from the "
-            "strong family (enable families.strong)"
+            f"strong family ({fix})"
         )
     out = []
     for r in rows:
@@ -254,7 +260,7 @@ def validation_rows(model_rows: list[dict] | None) -> list[dict]:
     src = "model.csv kind=holdout"
     rows = [_row("model", "validation", "held_out_rows", len(held), "rows", src)]
     for r in held:
-        if r.get("name") == "strong" and files.number(r.get("rel_error")) is None and r["note"]:
+        if r.get("name") == "strong" and files.number(r.get("rel_error")) is None and r.get("note"):
             rows.append(_row("model", "validation", "strong_note", r["note"], "", f"{src} note"))
     return rows
 
@@ -525,8 +531,15 @@ def proposal_rows(
         if p["contingency"] is None
         else (p["contingency"], "proposal.contingency")
     )
-    points = strong_points(scaling)
+    points = strong_points(scaling, config["families"]["strong"]["enabled"])
     chosen, below = choose_scale(points, threshold)
+    if not _fits(config, chosen["w"]):  # measured under another families.strong
+        why = semantic_problems(_strong_config(config, [chosen["w"]], NEXT_REPEATS))[0]
+        raise AnalysisError(
+            f"the chosen scale, {chosen['w']} ranks, is no strong-scaling run of this config "
+            f"({why}): scaling.csv was measured with other families.strong settings; give "
+            "the study's own config, or run the study again (`snakemake`)"
+        )
     thin = thin_reasons(points, chosen)
     rows = [
         _row("evidence", "strong family", "world_sizes", len(points), "world sizes", "scaling.csv"),
