@@ -531,6 +531,11 @@ def test_styles_periods_and_ercap_node_counts(tmp_path):
     c = cells(study)
     # archer2: 6-month periods unless period_months is set, each half of the request
     assert [c[("period", f"period {i}")]["months"] for i in (1, 2)] == ["6", "6"]
+    months = [r for r in read(study / "results/csv/proposal.csv") if r["quantity"] == "months"]
+    # from ARCHER2's periods, not the null proposal.period_months the cells named
+    assert {r["source"] for r in months if r["section"] == "period"} == {
+        "ARCHER2's 6-month periods (proposal.period_months null)"
+    }
     half = float(c[("total", "request")]["node_hours"]) / 2
     assert float(c[("period", "period 1")]["node_hours"]) == pytest.approx(half)
     assert (
@@ -543,6 +548,12 @@ def test_styles_periods_and_ercap_node_counts(tmp_path):
     docs = write(config, study)
     c = cells(study)
     assert [c[("period", f"period {i}")]["months"] for i in (1, 2, 3)] == ["5", "5", "2"]
+    rows = read(study / "results/csv/proposal.csv")
+    sources = [r["source"] for r in rows if (r["section"], r["quantity"]) == ("period", "months")]
+    assert sources == [
+        *["proposal.period_months"] * 2,
+        "proposal.total_months - the earlier periods",
+    ]
     assert c[("ercap", "nodes")]["max"] == "2"  # the 8-rank scaling runs, 2 nodes of 4
     assert "Maximum node count: 2" in docs["proposal.md"]
     # the periods and the slides' total print the request's cells exactly, as its table does:

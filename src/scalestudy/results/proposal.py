@@ -489,9 +489,10 @@ def periods(total: tuple[Decimal, Decimal], proposal: dict, style: str) -> list[
     """The request by period: months / total_months of it each, to a cell's digits, and the
     last one the rest, so that the printed periods add up to the printed request (each rounded
     on its own, they did not, and could fall short of it)."""
-    months = proposal["period_months"]
+    months, key = proposal["period_months"], "proposal.period_months"
     if months is None and style == "archer2":
         months = min(ARCHER2_PERIOD_MONTHS, proposal["total_months"])
+        key = f"ARCHER2's {ARCHER2_PERIOD_MONTHS}-month periods (proposal.period_months null)"
     if months is None:
         return []
     total_months, out, start = proposal["total_months"], [], 0
@@ -500,6 +501,8 @@ def periods(total: tuple[Decimal, Decimal], proposal: dict, style: str) -> list[
     digits = Context(prec=CELL_DIGITS)
     for i in range(count):
         m = min(months, total_months - start)
+        # the last period: what is left of total_months
+        where = key if m == months else "proposal.total_months - the earlier periods"
         if i < count - 1:
             src = "request x months / total_months"
             shares = [digits.create_decimal(t * m / total_months) for t in total]
@@ -509,7 +512,7 @@ def periods(total: tuple[Decimal, Decimal], proposal: dict, style: str) -> list[
         given = [g + x for g, x in zip(given, shares, strict=True)]
         item = f"period {i + 1}"
         out += [
-            _row("period", item, "months", m, "months", "proposal.period_months"),
+            _row("period", item, "months", m, "months", where),
             _row("period", item, "node_hours", _decimal(shares[0]), "node-hours", src),
             _row("period", item, "gpu_hours", _decimal(shares[1]), "GPU-hours", src),
         ]
