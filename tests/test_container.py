@@ -17,6 +17,7 @@ from scalestudy.errors import DefinitionError, LaunchError
 from scalestudy.files import git_commit
 from scalestudy.jobs import container
 from scalestudy.jobs.container import (
+    BASE_IMAGE_LABEL,
     TorchBuild,
     build_command,
     check_definition,
@@ -162,6 +163,32 @@ def test_an_unknown_bootstrap_agent_is_named_with_the_closest_one(tmp_path):
             for p in problems_of(tmp_path, variant("Bootstrap: docker", f"Bootstrap: {agent}"))
             if "bootstrap agent" in p
         ], agent
+
+
+@pytest.mark.parametrize(
+    ("agent", "path"),
+    [("localimage", "/images/base.sif"), ("docker-archive", "/images/pytorch-2.14.1.tar")],
+)
+def test_a_base_image_from_a_file_is_checked_by_its_label(tmp_path, agent, path):
+    """An offline site builds from a local .sif or an image archive: its From: is a path, which
+    `container check` called unpinned (':latest') and unequal to the scalestudy.base_image
+    label, so no such definition could pass. The label alone then names the torch build."""
+    text = variant("Bootstrap: docker", f"Bootstrap: {agent}")
+    text = text.replace("From: pytorch/pytorch:2.14.1-cuda13.0-cudnn9-runtime", f"From: {path}")
+    assert problems_of(tmp_path, text) == []
+    bare = "\n".join(ln for ln in text.splitlines() if BASE_IMAGE_LABEL not in ln) + "\n"
+    [problem] = problems_of(tmp_path, bare)
+    assert "cannot tell the image's torch build" in problem
+
+
+def test_a_build_argument_in_the_base_image_label_is_filled_in(tmp_path):
+    """`{{ TORCH_TAG }}` in From: and the label (Apptainer fills it in both): the label was
+    compared unfilled and refused."""
+    tag = "pytorch/pytorch:2.14.1-cuda13.0-cudnn9-runtime"
+    text = variant("%arguments\n", "%arguments\n    TORCH_TAG=2.14.1-cuda13.0-cudnn9-runtime\n")
+    text = text.replace(tag, "pytorch/pytorch:{{ TORCH_TAG }}")
+    assert text.count("{{ TORCH_TAG }}") == 2
+    assert problems_of(tmp_path, text) == []
 
 
 @pytest.mark.parametrize(

@@ -82,6 +82,9 @@ BOOTSTRAP_AGENTS = (
     *("debootstrap", "oci", "oci-archive", "docker-daemon", "docker-archive"),
     *("arch", "busybox", "zypper"),
 )
+#: the agents whose From: is a file (a local .sif, an image archive), not a registry reference:
+#: no tag to pin or to read the torch build from (the scalestudy.base_image label names it)
+FILE_AGENTS = frozenset({"localimage", "docker-archive", "oci-archive"})
 
 _HEADER_RE = re.compile(r"^([A-Za-z][A-Za-z0-9_-]*)\s*:\s*(.*?)\s*$")
 _SECTION_RE = re.compile(r"^%(\S+)(?:[ \t]+(.*?))?\s*$")
@@ -331,8 +334,12 @@ def venv_torch_build() -> TorchBuild | None:
 
 def image_torch_build(defn: Definition) -> TorchBuild | None:
     """The torch build of a pytorch/pytorch base image, from the From: tag or, when From: pins a
-    digest, from the scalestudy.base_image label; None when neither names one."""
-    for ref in (defn.render(defn.header.get("From", "")), defn.labels.get(BASE_IMAGE_LABEL, "")):
+    digest or names a file (FILE_AGENTS), from the scalestudy.base_image label; None when
+    neither names one."""
+    refs = [defn.render(defn.labels.get(BASE_IMAGE_LABEL, ""))]
+    if not _from_file(defn):
+        refs.insert(0, defn.render(defn.header.get("From", "")))
+    for ref in refs:
         name, _, tag = ref.partition("@")[0].rpartition("/")[2].partition(":")
         m = _PYTORCH_TAG_RE.match(tag)
         if name == "pytorch" and m:
@@ -354,8 +361,8 @@ def _torch_problems(defn: Definition, venv: TorchBuild | None) -> list[str]:
     if image is None:
         return [
             f"{where}: cannot tell the image's torch build from 'From: {defn.header.get('From')}':"
-            f" use a pytorch/pytorch:<torch>-cuda<x.y>-cudnn9-runtime tag (for a digest, name "
-            f"that tag in the label '{BASE_IMAGE_LABEL}')"
+            f" use a pytorch/pytorch:<torch>-cuda<x.y>-cudnn9-runtime tag (for a digest or a "
+            f"file, name that tag in the label '{BASE_IMAGE_LABEL}')"
         ]
     if venv.cuda is None:
         return [
@@ -372,10 +379,16 @@ def _torch_problems(defn: Definition, venv: TorchBuild | None) -> list[str]:
     ]
 
 
+def _from_file(defn: Definition) -> bool:
+    """From: names a file (FILE_AGENTS), not a registry reference."""
+    return (defn.header.get("Bootstrap") or "").lower() in FILE_AGENTS
+
+
 def _base_label_problems(defn: Definition) -> list[str]:
-    """The scalestudy.base_image label, when From: is a tag, must say the same tag."""
+    """The scalestudy.base_image label, when From: is a tag, must say the same tag (build
+    arguments filled in both, as Apptainer does)."""
     ref, label = defn.render(defn.header.get("From", "")), defn.labels.get(BASE_IMAGE_LABEL)
-    if label is None or "@" in ref or label == ref:
+    if label is None or "@" in ref or _from_file(defn) or defn.render(label) == ref:
         return []
     return [
         f"{defn.where('labels.' + BASE_IMAGE_LABEL)}: label {BASE_IMAGE_LABEL} says '{label}' "
@@ -475,7 +488,7 @@ def _header_problems(defn: Definition) -> list[str]:
             f"{defn.path}: header: 'From:' is missing (the base image, e.g. "
             "'From: pytorch/pytorch:<version>-cuda<x.y>-cudnn9-runtime')"
         )
-    elif bootstrap != "localimage":  # a local image is a path, not a registry reference
+    elif not _from_file(defn):  # a file's path, not a registry reference
         why = image_pin_problem(defn.render(ref))
         if why:
             problems.append(
