@@ -2753,7 +2753,11 @@ def test_nsys_in_the_container_through_the_stand_ins(data_dir, tmp_path):
     build = container.build_command(REPO / "containers" / "trainer.def", image, "c0ffee")
     r = subprocess.run(build, env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    cap = tmp_path / "capture"
+    # through a symlink (a cluster's /scratch -> /gpfs/scratch): the image binds only the real
+    # path (launch.container_paths), so the wrapper's --dir, as the trainer's --out, is that one
+    (tmp_path / "real").mkdir()
+    (tmp_path / "lnk").symlink_to(tmp_path / "real")
+    cap = tmp_path / "lnk" / "capture"
     launch_flags = ("--container", str(image), "--gpu")
     proc = _capture(
         data_dir, cap, tool="nsys", device="cuda", path_extra=STAND_INS, launch=launch_flags
@@ -2769,6 +2773,7 @@ def test_nsys_in_the_container_through_the_stand_ins(data_dir, tmp_path):
     # then the trainer's directories outside the working directory (launch.container_paths)
     assert str(data_dir) in bound[2:] and all(b.startswith(str(tmp_path.parent)) for b in bound[2:])
     assert argv[argv.index("--profiler") + 1] == str((STAND_INS / "nsys").resolve())
+    assert argv[argv.index("--dir") + 1] == str(tmp_path.resolve() / "real" / "capture")
     for rank in (0, 1):
         report = (cap / f"nsys_rank{rank}.nsys-rep").read_text()
         assert f"container: {image.resolve()}" in report

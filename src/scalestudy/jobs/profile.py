@@ -293,6 +293,14 @@ def launch_command(
     return launch.build_command(ns, dict(os.environ))
 
 
+def wrapper_dir(args: argparse.Namespace, out: Path) -> Path:
+    """The directory the per-rank wrapper writes the profiler's reports to, as the ranks see
+    it: in the container its real path, as the trainer's --out is given (launch.
+    container_paths binds only the real path: through `/scratch -> /gpfs/scratch` the path as
+    written does not exist in the image)."""
+    return Path(os.path.realpath(out)) if args.container else out
+
+
 def wrapper_options(args: argparse.Namespace, exe: str) -> tuple[dict, list[str]]:
     """(rank_prefix keywords, container binds) that run the profiler `exe` on each rank: in the
     container (the image's python runs the wrapper, the host's installation bound in at its own
@@ -414,8 +422,9 @@ def capture(args: argparse.Namespace) -> int:
     if tool == "nsys":
         options, binds = wrapper_options(args, shutil.which("nsys"))
         prefix = rank_prefix(
-            tool="nsys", ranks=args.ranks, dir=out, trace=args.nsys_trace, **options
-        )
+            tool="nsys", ranks=args.ranks, dir=wrapper_dir(args, out), trace=args.nsys_trace,
+            **options,
+        )  # fmt: skip
     # the layout and the trainer's flags are checked (the ranks' command built) before the
     # earlier capture is removed or the inventory written: a typo cost the earlier capture
     hash_image_once(args)

@@ -288,7 +288,7 @@ def ncu(args: argparse.Namespace) -> int:
         prefix = profile.rank_prefix(
             tool="ncu",
             ranks="0",
-            dir=out_dir,
+            dir=profile.wrapper_dir(args, out_dir),
             index=i,
             **kernel_options(kernel, skip, args.launch_count),
             **options,
