@@ -651,6 +651,25 @@ def test_logger_plugin_prints_nothing_after_an_error(capsys):
     assert "Node-hour plan" not in capsys.readouterr().err
 
 
+def test_logger_plugin_under_quiet_with_nothing_to_do_says_so(capsys):
+    """`snakemake -n --quiet` with every output up to date: the plugin told the user --quiet
+    hid the jobs, and without --quiet the table was empty. It says there is nothing to run;
+    with jobs hidden by --quiet it still gives that advice."""
+
+    class Quiet(Settings):
+        quiet = {"rules"}
+
+    handler = logger_plugin.LogHandler(Quiet(), None)
+    done = "Nothing to be done (all requested files are present and up to date)."
+    handler.handle(logging.LogRecord("snakemake", logging.INFO, "", 0, done, None, None))
+    handler.close()
+    err = capsys.readouterr().err
+    assert "--quiet hides the jobs" not in err and "0 jobs" in err, err
+    handler = logger_plugin.LogHandler(Quiet(), None)
+    handler.close()
+    assert "--quiet hides the jobs" in capsys.readouterr().err
+
+
 def test_the_proposal_asks_for_a_finished_runs_job_benchmark_only_where_it_exists(tmp_path):
     """A job benchmark is an output of training: asked for a finished run without one (deleted,
     or results copied from elsewhere), Snakemake trained the run again to build the proposal,

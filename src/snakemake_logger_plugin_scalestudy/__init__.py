@@ -37,6 +37,11 @@ FIX = (
     "repository, see README.md), or drop `logger: [scalestudy]` from the profile"
 )
 
+try:  # the line a run with every output up to date ends on (snakemake.common's constant)
+    from snakemake.common import NOTHING_TO_BE_DONE_MSG as NOTHING_TO_BE_DONE
+except ImportError:  # another snakemake layout: its text as of snakemake 9
+    NOTHING_TO_BE_DONE = "Nothing to be done (all requested files are present and up to date)."
+
 
 def _mapping(value) -> dict:
     """Snakemake's wildcards/resources containers as a plain dict (empty if unreadable)."""
@@ -53,6 +58,7 @@ class LogHandler(LogHandlerBase):
         self._jobs: list[tuple[str, dict, dict]] = []
         self._printed = False
         self._failed = False
+        self._nothing = False  # Snakemake said there is nothing to be done
 
     # The plan is text after Snakemake's own output, not a replacement of it.
     @property
@@ -78,6 +84,8 @@ class LogHandler(LogHandlerBase):
     def emit(self, record: LogRecord) -> None:
         if record.levelno >= logging.ERROR:
             self._failed = True  # the workflow did not get to a plan: its error says why
+        if record.msg == NOTHING_TO_BE_DONE:  # no job hidden by --quiet: none at all
+            self._nothing = True
         if not self.common_settings.dryrun or getattr(record, "event", None) != LogEvent.JOB_INFO:
             return
         self._jobs.append(
@@ -106,7 +114,7 @@ class LogHandler(LogHandlerBase):
             )
             return
         quiet = {getattr(q, "name", str(q)).lower() for q in self.common_settings.quiet or ()}
-        if not self._jobs and quiet & {"rules", "all"}:
+        if not self._jobs and quiet & {"rules", "all"} and not self._nothing:
             print(
                 "scalestudy plan: --quiet hides the jobs from loggers; run the dry-run without "
                 "--quiet (or with --quiet progress) to see the node-hour plan",
