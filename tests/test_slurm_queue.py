@@ -78,8 +78,17 @@ def test_squeue_that_fails_or_is_missing_refuses_with_the_reason(tmp_path):
     line = sq.refusal(str(tmp_path), env)
     assert line.startswith(f"`squeue --user={os.getuid()} --noheader --format ")
     assert "failed (exit 1: squeue: error: Unable to contact slurm controller)" in line
+    assert "\x1f" not in line  # the format's field separator: invisible, and no command
     missing = sq.refusal(str(tmp_path), {"PATH": str(tmp_path / "empty")})
     assert missing.startswith("`squeue` is not on PATH")
+    # squeue installed on a host Slurm is not configured on: no outage to wait out
+    env = _squeue_stand_in(
+        tmp_path,
+        "echo 'squeue: fatal: Could not establish a configuration source' >&2\nexit 1\n",
+    )
+    line = sq.refusal(str(tmp_path), env)
+    assert "Could not establish a configuration source" in line
+    assert "when squeue answers" not in line and "a node that submits Slurm jobs" in line
 
 
 def test_the_listing_squeue_prints_is_judged_for_this_directory(tmp_path):

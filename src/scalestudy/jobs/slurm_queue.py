@@ -116,7 +116,8 @@ def refusal(workdir: str, env: Mapping[str, str]) -> str:
     `workdir` are still in the queue, or when squeue cannot say (the executor, which needs
     squeue or sacct for every job's status, could not follow its jobs either); else ""."""
     argv = squeue_command()
-    command = shlex.join(argv)
+    # as bash takes it back: the format's separator written $'\x1f' (invisible, as it is)
+    command = f"{shlex.join(argv[:-1])} $'{FORMAT.replace(SEP, chr(92) + 'x1f')}'"
     unchecked = "the jobs an earlier run may have left queued cannot be checked"
     try:
         proc = subprocess.run(
@@ -141,9 +142,13 @@ def refusal(workdir: str, env: Mapping[str, str]) -> str:
         )
     if proc.returncode != 0:
         said = (proc.stderr or proc.stdout or "").strip().splitlines()
-        return (
-            f"`{command}` failed (exit {proc.returncode}: {said[-1] if said else 'no output'}): "
-            f"{unchecked}. Run snakemake again when squeue answers."
+        last = said[-1] if said else "no output"
+        # squeue without a Slurm configuration here (slurm.conf, or configless DNS): no outage
+        fix = (
+            "Run snakemake with --executor slurm on a node that submits Slurm jobs"
+            if "configuration" in last
+            else "Run snakemake again when squeue answers"
         )
+        return f"`{command}` failed (exit {proc.returncode}: {last}): {unchecked}. {fix}."
     jobs = earlier_run_jobs(parse_squeue(proc.stdout), workdir, env.get("SLURM_JOB_ID"))
     return refusal_line(jobs, workdir) if jobs else ""
