@@ -984,6 +984,10 @@ def test_the_accuracy_figure_refuses_empty_or_damaged_epochs(tmp_path, capsys):
     with pytest.raises(SystemExit):  # argparse: a typo names the choices, exit 2
         cli.main(["plot", "--figure", "throughput", "--device", "gpu"])
     assert "--device: invalid choice: 'gpu'" in capsys.readouterr().err
+    # none given: a CPU study's figures were labelled GPUs (the default was cuda)
+    with pytest.raises(SystemExit):
+        cli.main(["plot", "--figure", "throughput"])
+    assert "the following arguments are required: --device" in capsys.readouterr().err
 
 
 def test_a_damaged_targets_csv_is_one_clear_error(tmp_path):
@@ -2309,12 +2313,16 @@ HAND_GIVEN = [
         "--profile",
         "results/csv/profile_kernels.csv",
     ),
-    (["plot", "--figure", "throughput", "--scaling"], "--scaling", "results/csv/scaling.csv"),
-    (["plot", "--figure", "accuracy", "--epochs"], "--epochs", "results/csv/epochs.csv"),
-    (["plot", "--figure", "efficiency", "--targets"], "--targets", "results/csv/targets.csv"),
-    (["plot", "--figure", "profile", "--profile-shares"], "--profile-shares",
+    (["plot", "--device", "cpu", "--figure", "throughput", "--scaling"], "--scaling",
+     "results/csv/scaling.csv"),
+    (["plot", "--device", "cpu", "--figure", "accuracy", "--epochs"], "--epochs",
+     "results/csv/epochs.csv"),
+    (["plot", "--device", "cpu", "--figure", "efficiency", "--targets"], "--targets",
+     "results/csv/targets.csv"),
+    (["plot", "--device", "cpu", "--figure", "profile", "--profile-shares"], "--profile-shares",
      "results/csv/profile_shares.csv"),
-    (["plot", "--figure", "waterfall", "--waterfall"], "--waterfall", "results/csv/waterfall.csv"),
+    (["plot", "--device", "cpu", "--figure", "waterfall", "--waterfall"], "--waterfall",
+     "results/csv/waterfall.csv"),
 ]  # fmt: skip
 
 

@@ -8,7 +8,8 @@ the baseline). A world size without a measurement breaks its line; a cell of the
 without one is left blank and labelled "not measured". Colours: the Okabe-Ito palette, safe for
 colour-blind readers; markers differ too, so the figures also read in greyscale.
 
-    scalestudy plot --figure throughput --scaling results/csv/scaling.csv --out results/plots
+    scalestudy plot --figure throughput --device cpu --scaling results/csv/scaling.csv \
+        --out results/plots
 """
 
 from __future__ import annotations
@@ -639,7 +640,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--waterfall", default="results/csv/waterfall.csv")
     parser.add_argument(
-        "--device", default="cuda", choices=("cuda", "cpu"), help="names the x axis"
+        # required: a default of cuda labelled a CPU study's figures "GPUs" when run by hand
+        "--device",
+        required=True,
+        choices=("cuda", "cpu"),
+        help="the study's hardware.device: names the axes (GPUs or ranks) and legends",
     )
     parser.add_argument("--title", default="", help="study name shown above the figure")
     parser.add_argument("--out", default="results/plots", help="directory for NAME.{png,pdf}")

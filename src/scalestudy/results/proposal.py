@@ -901,7 +901,7 @@ def write_proposal(
     if missing:
         logger.warning(
             f"WARNING slides.tex: {', '.join(missing)} not found: the slide says so instead of "
-            "showing it (make it with `scalestudy plot --figure efficiency`)"
+            "showing it (make it with `snakemake results/plots/efficiency.png`)"
         )
     return rows
 
