@@ -170,6 +170,21 @@ REPO = Path(__file__).resolve().parents[1]
         ("torch::distributed::reducer::mul_out", "other"),
         ("aten::clamp_min_", "elementwise"),  # ReLU on the CPU
         ("aten::clamp_min", "elementwise"),
+        # an op and its GPU kernel in one category (real names: cpu-compiled/, gpu-h200/): the
+        # CPU op was elementwise, its kernel "other"
+        (
+            "void at::native::(anonymous namespace)::CatArrayBatchedCopy_alignedK_contig<at::"
+            "native::(anonymous namespace)::OpaqueType<8u>, unsigned int, 1, 128, 1, 16>(at::"
+            "native::(anonymous namespace)::OpaqueType<8u>*, int, unsigned int)",
+            "elementwise",
+        ),
+        (
+            "void at::native::vectorized_gather_kernel<16, long>(char*, char*, long*, int, long, "
+            "long, long, long, bool)",
+            "elementwise",
+        ),
+        ("aten::masked_fill", "elementwise"),
+        ("aten::bitwise_not", "elementwise"),
         (
             "void at::native::(anonymous namespace)::adaptive_average_gradient<float>(float *, "
             "const float *, int, int, int, int)",

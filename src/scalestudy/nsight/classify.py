@@ -89,12 +89,15 @@ _CATEGORY_PATTERNS = [
     ),
     (
         "elementwise",
-        r"elementwise|^triton_poi_|^cpp_fused_|^aten::(add|add_|mul|mul_|div|div_|relu|relu_"
+        # CatArrayBatchedCopy, gather_kernel: aten::cat's and aten::gather's CUDA kernels
+        r"elementwise|catarraybatchedcopy|gather_kernel|^triton_poi_|^cpp_fused_"
+        r"|^aten::(add|add_|mul|mul_|div|div_|relu|relu_"
         r"|threshold_backward|sub|sub_"
         r"|neg|clamp|clamp_|clamp_min|clamp_min_|clamp_max|clamp_max_|fill_|zero_|zeros|cat|flip"
         r"|where|pad|constant_pad_nd|lerp_|addcmul_"
         r"|addcdiv_|sqrt|rsub|exp|log|log_softmax|_log_softmax|eq|ne|lt|gt|index|index_select"
-        r"|gather|scatter|masked_fill_|contiguous|clone|empty_like|ones_like|_unsafe_view)$",
+        r"|gather|scatter|masked_fill|masked_fill_|bitwise_not|contiguous|clone|empty_like"
+        r"|ones_like|_unsafe_view)$",
     ),
 ]
 _COMPILED = [(cat, re.compile(pat, re.IGNORECASE)) for cat, pat in _CATEGORY_PATTERNS]
