@@ -9,6 +9,7 @@ import io
 import json
 import logging
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -712,19 +713,30 @@ def _stopped_after_epoch_1_then_refused(data_dir, out: Path, flags) -> tuple[str
     return stdout, stderr
 
 
-def test_a_resume_that_cannot_reach_the_window_says_so_before_training(data_dir, tmp_path):
-    """Each segment warms up anew. A run stopped before its window opened (epoch 1 or 2 of 4
-    steps each, warm-up 10) and resumed with at most 8 steps left can never measure a window
-    step: the resumed run fails at once naming the cause and the fix (it used to train to the
-    end and die dividing by a window of 0 s, writing no metrics)."""
+def test_a_stop_no_resume_could_measure_from_writes_no_checkpoint(data_dir, tmp_path):
+    """Each segment warms up anew. A run stopped before its window opened (after epoch 1 of 3,
+    4 steps each, warm-up 10) checkpointed, and its resume, 8 steps left, could never reach a
+    window step: every rerun of the command its exit promised to resume refused, the
+    checkpoint kept for ever. No such checkpoint is written (nor the periodic ones): the stop
+    says so, and the same command trains from the start and measures its window."""
     out, ckdir = tmp_path / "run", tmp_path / "ckpt"
     flags = ("--epochs", "3", "--limit-train", "128", "--warmup-steps", "10",
              "--diag-data-delay-ms", "100", "--checkpoint-dir", str(ckdir),
              "--checkpoint-every", "1")  # fmt: skip
-    stdout, stderr = _stopped_after_epoch_1_then_refused(data_dir, out, flags)
-    assert "leave no steady-state window after this segment's warm-up of 10 steps" in stderr
-    assert "lower --warmup-steps" in stderr and "Traceback" not in stderr
-    assert not (out / "metrics.json").exists()
+    proc = _start(data_dir, out, *flags)
+    _wait_for_epochs(out, 1, proc)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == ck.PREEMPTED_EXIT, stderr
+    # after epoch 1 (or 2 under load: 4 steps left then)
+    said = r"no checkpoint: a resume after epoch [12] would leave no steady-state window"
+    assert re.search(said, stderr) and "rerun the same command to train again" in stderr
+    assert not ck.list_checkpoints(ckdir)
+    proc = _start(data_dir, out, *flags)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stdout + stderr
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["restarts"] == 0 and metrics["window_steps"] == 2
 
 
 @pytest.mark.parametrize(("hook", "warned"), [("powersgd", True), ("none", False)])

@@ -103,10 +103,14 @@ class CheckpointError(ScalestudyError, RuntimeError):
 
 class Preempted(ScalestudyError):
     """Training stopped on a signal after saving the checkpoint of `epoch` epochs (exit 75:
-    not a failure, the same command resumes)."""
+    not a failure, the same command resumes, or starts again where no checkpoint was worth
+    writing)."""
 
-    def __init__(self, epoch: int, signame: str, path: Path) -> None:
-        super().__init__(f"stopped on {signame} after epoch {epoch}; checkpoint {path}")
+    def __init__(self, epoch: int, signame: str, path: Path | None, why: str = "") -> None:
+        """`path` None: no checkpoint was written, and `why` says why (the same command then
+        trains from the start)."""
+        where = f"checkpoint {path}" if path is not None else f"no checkpoint: {why}"
+        super().__init__(f"stopped on {signame} after epoch {epoch}; {where}")
         self.epoch, self.signame, self.path = epoch, signame, path
 
 

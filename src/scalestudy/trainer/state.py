@@ -10,8 +10,11 @@ The protocol (train.py describes it for users):
   SIGTERM/SIGUSR1/SIGHUP on any rank) and whether any checkpoint write failed; save every
   --checkpoint-every epochs, and on a stop. Before a save the background write still in flight
   is waited for (in that all-reduce when the save is due by the schedule, in one more on a stop
-  between scheduled saves), so a failed write fails every rank at the same point;
-- on a stop: wait until the save is complete on every rank, then raise Preempted (exit 75);
+  between scheduled saves), so a failed write fails every rank at the same point; no save
+  where a resume from it could measure nothing (no window step yet, and too few steps left
+  for one after a new warm-up: `_unresumable`);
+- on a stop: wait until the save is complete on every rank, then raise Preempted (exit 75;
+  without a save, the same, saying why the same command trains again);
 - at the end, after metrics.json: remove the run's checkpoints, so a finished run never
   resumes (a failed metrics.json write keeps them for the rerun).
 """
@@ -440,9 +443,31 @@ class Checkpointing:
             meter.bank_loop_time(state)
             meter.bank_segment(state)
             state.checkpoint_stall_s = self.saver.stall_s
+            if why := self._unresumable(state, meter):
+                if stopping:  # the same command trains again (from an earlier checkpoint, if any)
+                    raise Preempted(state.epoch, self._signame(), None, why)
+                return
             self._save(state, wait=stopping)
             if stopping:
                 self._stop_after_save(state.epoch)
+
+    def _unresumable(self, state: RunState, meter: Meter) -> str:
+        """Why a checkpoint of `state` is not written ("" where it is): a resume from it would
+        warm up anew and reach no window step, no earlier segment having reached one (the
+        resumed run refuses that, loop.py: every rerun refused, the checkpoint kept for ever,
+        where the run from the start measures its window)."""
+        left = state.step // state.epoch * (self.cfg.epochs - state.epoch)
+        if state.window_step_times or left > meter.warmup_steps:
+            return ""
+        return (
+            f"a resume after epoch {state.epoch} would leave no steady-state window ({left} "
+            f"optimizer steps left, warm-up {meter.warmup_steps}), and no step of this one "
+            "was measured"
+        )
+
+    def _signame(self) -> str:
+        stop = self.stop
+        return stop.signame if stop is not None and stop.raised else "another rank's signal"
 
     def finish(self) -> None:
         """Training is over: a finished run never resumes, so its checkpoints go (rank 0)."""
@@ -516,9 +541,7 @@ class Checkpointing:
         completes on no rank before all have entered it), and it carries whether any rank's
         write failed: then every rank fails with the error instead of claiming a checkpoint."""
         self._agree_on_write(f"the checkpoint of epoch {epoch} on stopping failed on another rank")
-        stop = self.stop
-        signame = stop.signame if stop is not None and stop.raised else "another rank's signal"
-        raise Preempted(epoch, signame, self.saver.directory / ckpt.checkpoint_name(epoch))
+        raise Preempted(epoch, self._signame(), self.saver.directory / ckpt.checkpoint_name(epoch))
 
 
 def _raise_agreed(error: BaseException | None, failed: torch.Tensor, elsewhere: str) -> None:

@@ -363,7 +363,9 @@ def _main(cfg: TrainConfig, denv: sdist.DistEnv, interrupt: Interrupt) -> int:
         return 0
     except Preempted as exc:
         if log.reports("run"):  # every rank stopped alike: rank 0 says it once
-            logger.warning(f"{exc}: rerun the same command to resume")
+            # no checkpoint: from an earlier one of this run where there is one, else the start
+            again = "resume" if exc.path is not None else "train again"
+            logger.warning(f"{exc}: rerun the same command to {again}")
         return ckpt.PREEMPTED_EXIT
     except ScalestudyError as exc:
         interrupt.check(exc)
