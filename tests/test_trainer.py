@@ -817,3 +817,35 @@ def test_ranks_that_loaded_different_prepared_data_are_refused_before_training(
     said = [ln for ln in proc.stderr.splitlines() if "different prepared data" in ln]
     assert len(said) == 1 and "rank 1" in said[0] and str(other) in said[0], proc.stderr[-3000:]
     assert "epoch   1/" not in proc.stderr  # refused before training
+
+
+SLOW_ITER = """
+import sys, time
+import torch.utils.data as data
+start = data.DataLoader.__iter__
+def slow(self):  # a loader whose workers take 0.4 s to start, each epoch
+    time.sleep(0.4)
+    return start(self)
+data.DataLoader.__iter__ = slow
+from scalestudy.cli import main
+sys.exit(main(["train", *sys.argv[1:]]))
+"""
+
+
+def test_a_dataloaders_start_each_epoch_is_timed_as_the_first_steps_data(data_dir, tmp_path):
+    """--loader dataloader --no-persistent-workers starts its workers at each epoch's iter(),
+    which ran before the epoch's clock: 0.4 s per epoch of input pipeline left epoch_time_s,
+    throughput and data_time_frac as they were (the device loader's set-up is timed: its
+    iterator starts at the first batch). Timed now as the first step's data phase."""
+    script = tmp_path / "slow_iter.py"
+    script.write_text(SLOW_ITER)
+    out = tmp_path / "run"
+    cmd = [PYTHON, str(script), *SMALL, "--epochs", "3", "--limit-train", "256"]
+    cmd += ["--loader", "dataloader", "--num-workers", "0", "--warmup-steps", "1"]
+    cmd += ["--data-dir", str(data_dir), "--out", str(out)]
+    done = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    m = read_metrics(out)
+    assert m["epoch_time_s"] >= 0.4, m["epoch_time_s"]
+    # the window (epochs 2 and 3 from their first step) holds two of the 0.4 s starts
+    assert m["window_time_s"] >= 0.8 and m["data_time_frac"] * m["window_time_s"] >= 0.8, m

@@ -134,7 +134,9 @@ def train_epochs(
     for epoch in range(state.epoch, cfg.epochs):
         run.set_epoch(epoch)
         model.train()
-        batches = iter(run.train_loader)
+        # the loader's iterator starts inside the first step's data phase: a DataLoader's
+        # workers start there (each epoch without --persistent-workers), timed as input time
+        batches = None
         loss_sum = torch.zeros((), device=device, dtype=torch.float64)
         correct = torch.zeros((), device=device, dtype=torch.int64)
         seen = 0
@@ -149,6 +151,8 @@ def train_epochs(
             for j in range(group):
                 progress.at_micro(j, group)  # the micro-batch (hang diagnosis)
                 with meter.phase("data"):
+                    if batches is None:
+                        batches = iter(run.train_loader)
                     x, y = run.place(*next(batches))
                     meter.diag_delay("data")  # --diag-data-delay-ms (off by default)
                 # train_step, or its replay as one CUDA graph (--cuda-graphs step)
