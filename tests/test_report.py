@@ -1257,6 +1257,50 @@ def test_a_character_the_79_column_break_splits_is_joined_again(tmp_path, capsys
     )
 
 
+SLOW_TEX = r"""\documentclass{article}
+\begin{document}
+First page.\newpage Second page.\newpage
+\newcount\n \loop\advance\n by 1 \ifnum\n<400000000 \repeat
+Last page.
+\end{document}
+"""
+
+
+def test_a_stopped_build_leaves_no_pdf_and_no_tex_running(tmp_path):
+    """SIGTERM to build-pdf (a time limit, `timeout`, scancel) while TeX wrote the PDF: it said
+    "stopped by SIGTERM" but left the part-written paper.pdf (no %%EOF), and pdflatex, killed
+    with nothing but latexmk, wrote on. Now TeX's whole process group is stopped, and neither
+    the PDF nor the .aux (a truncated one failed every later build) is left."""
+    import signal
+    import subprocess
+    import time
+
+    from conftest import PYTHON
+    from workflow_helpers import child_env
+
+    need_latexmk()
+    tex, pdf, aux = tmp_path / "paper.tex", tmp_path / "paper.pdf", tmp_path / "paper.aux"
+    tex.write_text(SLOW_TEX)
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "scalestudy", "build-pdf", str(tex)],
+        env=child_env(),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not pdf.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert pdf.exists() and proc.poll() is None, "TeX shipped out no page in time"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGTERM, err
+    assert err.strip().splitlines()[-1] == "scalestudy build-pdf: stopped by SIGTERM", err
+    time.sleep(1)  # a pdflatex left running would write the PDF again
+    assert not pdf.exists() and not aux.exists()
+    ps = subprocess.run(["pgrep", "-f", str(tex.with_suffix(""))], capture_output=True, text=True)
+    assert ps.stdout == "", ps.stdout
+
+
 def test_a_failed_build_leaves_no_pdf_of_an_earlier_one(tmp_path, capsys):
     """TeX stopping before its first page (a package this TeX lacks) failed build-pdf but left
     the previous paper.pdf beside the new paper.tex: the old document, looking built."""

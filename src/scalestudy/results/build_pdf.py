@@ -7,7 +7,9 @@ to install, naming the document given; the workflow asks for the PDF only when T
 one first: a failed build leaves none, never an old one beside the new .tex, nor the part of one
 a build wrote before it failed. latexmk runs with -norc (no ~/.latexmkrc: a personal $out_dir
 moved the PDF) and -g (a whole build each time: its record of a failed build answered later ones
-"Nothing to do"), and a build that exits 0 without the PDF beside the .tex fails too.
+"Nothing to do"), and a build that exits 0 without the PDF beside the .tex fails too. A stop
+(Ctrl-C, SIGTERM) ends TeX's whole process group and leaves neither the PDF nor the .aux (each
+build removes an earlier one's: a .aux cut short failed every later build).
 
     scalestudy build-pdf reports/paper.tex
 """
@@ -15,10 +17,12 @@ moved the PDF) and -g (a whole build each time: its record of a failed build ans
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -92,6 +96,32 @@ NO_PGF = (
     "(reports/slides.tex is); install it with `apt-get install --no-install-recommends "
     "texlive-pictures`"
 )
+
+
+def _latexmk(argv: list[str], pdf: Path, aux: Path) -> subprocess.CompletedProcess:
+    """latexmk to its end, in a session of its own. Stopped (Ctrl-C, SIGTERM: cli's Stopped),
+    its whole group goes, pdflatex too (killing latexmk alone left it writing the PDF), and
+    what TeX wrote of the PDF and the .aux with it: "a failed build leaves none"."""
+    # errors="replace": an overfull-box warning prints the line in its font's 8-bit encoding
+    # (T1 bytes for "Zürich", not UTF-8), which strict decoding turned into a traceback
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        errors="replace",
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate()
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        pdf.unlink(missing_ok=True)
+        aux.unlink(missing_ok=True)
+        raise
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
 def have_latexmk() -> bool:
@@ -182,11 +212,11 @@ def run(args: argparse.Namespace) -> int:
     # to do" and the old log's error, and the PDF never came back
     cmd = ["latexmk", "-norc", "-g", "-pdf", "-cd", "-interaction=nonstopmode", "-halt-on-error"]
     by_hand = f"`{' '.join(cmd[:5])} {tex}`"
-    # errors="replace": an overfull-box warning prints the line in its font's 8-bit encoding
-    # (T1 bytes for "Zürich", not UTF-8), which strict decoding turned into a traceback
-    log_file = tex.with_suffix(".log")
+    log_file, aux = tex.with_suffix(".log"), tex.with_suffix(".aux")
     log_file.unlink(missing_ok=True)  # an earlier build's error is none of this one's
-    proc = subprocess.run([*cmd, str(tex)], capture_output=True, text=True, errors="replace")
+    # and its .aux: one cut short by a stop failed every later build at \begin{document}
+    aux.unlink(missing_ok=True)
+    proc = _latexmk([*cmd, str(tex)], pdf, aux)
     if proc.returncode != 0:  # one line: TeX's first error, not latexmk's 90 lines
         pdf.unlink(missing_ok=True)  # what TeX wrote of it before it stopped (a full quota)
         try:
