@@ -1776,6 +1776,22 @@ def test_a_read_only_or_failing_data_dir_is_one_line_naming_its_fix(
     assert err[0].endswith(f"make {raw} writable or give another --data-dir"), err
 
 
+def test_a_directory_in_the_way_or_a_bad_mirror_url_is_one_line_naming_it(tmp_path, capsys):
+    """A directory where data.pt goes was called a failing disk ("check dmesg"), naming the temp
+    file; a --mirror that is no URL ('http://[::1/') said "Invalid IPv6 URL" alone."""
+    data = tmp_path / "data"
+    (data / "synthetic" / "data.pt").mkdir(parents=True)
+    argv = ["prepare-data", "--dataset", "synthetic", "--data-dir", str(data)]
+    assert cli.main([*argv, "--num-train", "64", "--num-test", "16"]) == 2
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert f"{data / 'synthetic' / 'data.pt'} is in the way (Is a directory)" in err, err
+    assert "dmesg" not in err and ".tmp" not in err and err.endswith("remove it"), err
+    argv = ["prepare-data", "--dataset", "mnist", "--data-dir", str(data)]
+    assert cli.main([*argv, "--mirror", "http://[::1/"]) == 2
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert "--mirror 'http://[::1/' is no URL (Invalid IPv6 URL)" in err, err
+
+
 def test_meta_json_names_where_a_redirect_led(tmp_path: Path, serve, monkeypatch) -> None:
     """A mirror that redirects (a moved site, a CDN): urllib follows it, and meta.json's source
     named the URL asked for, not the server the bytes came from. Now the final URL."""

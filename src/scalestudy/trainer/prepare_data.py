@@ -147,7 +147,11 @@ def _shown(url: str) -> str:
     """`url` as an error line or a warning says it: its query, which may hold a secret
     (_without_query), as "?..."; the error lines land in the workflow's logs, kept and shared
     in bug reports, and an expired token's 403 printed the token."""
-    parts = urllib.parse.urlsplit(url)
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:  # no URL ('http://[::1/'): its query cut by hand
+        head, query, _ = url.partition("?")
+        return head + ("?..." if query else "")
     return parts._replace(query="...").geturl() if parts.query else url
 
 
@@ -237,6 +241,11 @@ def _save(
 def _unwritten(what: str, e: BaseException, directory: Path) -> PreparedDataError:
     """A failed write under --data-dir as one line: `what`, the cause (files.write_failure) and
     its own fix; "free space there" was the advice for a read-only or failing disk too."""
+    if isinstance(e, IsADirectoryError | NotADirectoryError):
+        # a path in the way (a directory where the file goes, or a file where a directory
+        # goes): no disk fault; named as given, not as the temp file it was renamed from
+        where = getattr(e, "filename2", None) or e.filename
+        return PreparedDataError(f"{what}: {where} is in the way ({e.strerror}): remove it")
     cause = files.write_failure(e, directory)
     if cause.startswith("no space left"):
         fix = "free space there"
@@ -615,7 +624,10 @@ def prepare(
         params = {k: SYNTHETIC_DEFAULTS[k] if v is None else v for k, v in given.items()}
     elif any(v is not None for v in (num_train, num_test, seed)):
         raise ValueError("--num-train/--num-test/--seed apply only to --dataset synthetic")
-    _, at, host = urllib.parse.urlsplit(mirror or "").netloc.rpartition("@")
+    try:
+        _, at, host = urllib.parse.urlsplit(mirror or "").netloc.rpartition("@")
+    except ValueError as e:  # 'http://[::1/': "Invalid IPv6 URL", naming nothing
+        raise ValueError(f"--mirror {_shown(mirror)!r} is no URL ({e}): fix it") from None
     if at:
         # urllib sends no credentials from a URL: it looked user:password@host up as a host
         # name ("Name or service not known"), and the error line printed the password
