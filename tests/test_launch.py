@@ -5,6 +5,7 @@ every rank is a task of a job step (the USR1 warning reaches only those); array 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import signal
@@ -434,6 +435,41 @@ def test_ctrl_c_of_local_ranks_is_rank_0s_one_line(data_dir, tmp_path):
     assert len(lines) == 1, err
     assert re.fullmatch(r"\[rank 0/2 \S+\] scalestudy train: interrupted", lines[0]), err
     assert proc.returncode == -signal.SIGINT, err
+
+
+def test_ctrl_c_again_while_a_hung_rank_is_shut_down_leaves_no_rank(data_dir, tmp_path):
+    """A rank hung (here: stopped), and Ctrl-C pressed again during torchrun's shutdown wait for
+    it: the second SIGINT raised inside that wait, the launch exited and both ranks lived on,
+    orphaned, holding their GPU slots (every later run on those GPUs waited for ever). The
+    launch kills what torchrun's shutdown left before it ends."""
+    proc = _local_run(data_dir, tmp_path)
+    ranks = _ranks(proc)
+    try:
+        for line in proc.stdout:  # rank 0 then waits for rank 1 in every step's all-reduce
+            if "steady-state window opens" in line:
+                break
+        os.kill(ranks[1], signal.SIGSTOP)
+        for wait in (0.5, 1.0, 1.0):  # to the launch alone (kill -INT, a wrapper's Ctrl-C)
+            time.sleep(wait)
+            os.kill(proc.pid, signal.SIGINT)
+        proc.wait(timeout=120)  # not its output: a rank left holds the pipe open
+        time.sleep(1)
+        # before any SIGCONT: the stopped rank, woken, would end on its pending signal
+        left = [pid for pid in ranks if _alive(pid)]
+        assert not left, [Path(f"/proc/{pid}/stat").read_text() for pid in left]
+    finally:
+        proc.kill()
+        for pid in ranks:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert proc.returncode == -signal.SIGINT
+
+
+def _alive(pid: int) -> bool:
+    """Not a zombie (one that ended but was not reaped is no process left running)."""
+    with contextlib.suppress(FileNotFoundError):
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()[0] != "Z"
+    return False
 
 
 def test_a_stop_of_local_ranks_exits_75(data_dir, tmp_path):

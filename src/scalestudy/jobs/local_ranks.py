@@ -301,6 +301,11 @@ def _run(argv: list[str]) -> int:
         return _failed(exc, args.nproc_per_node, passing.signum)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
+        # what torchrun's shutdown left: a second Ctrl-C (or our grace's SIGALRM) raised inside
+        # its wait for a hung rank, and it ended without its kills; those ranks lived on,
+        # orphaned, holding their GPU slots (every later run on those GPUs waited for ever)
+        for rank in children():
+            kill_tree(rank)
 
 
 def _names(signals) -> set[str]:
