@@ -170,6 +170,27 @@ def test_an_output_dir_problem_is_said_by_each_node(tmp_path, monkeypatch):
         log.setup()
 
 
+@pytest.mark.parametrize(
+    ("env", "run", "node"),
+    [
+        ({}, True, True),
+        ({"RANK": "1", "LOCAL_RANK": "1"}, False, False),  # torchrun's rank 1
+        ({"RANK": "2", "LOCAL_RANK": "0"}, False, True),  # the second node's first
+        ({"SLURM_PROCID": "3", "SLURM_LOCALID": "1"}, False, False),  # srun's task 3
+    ],
+)
+def test_a_rank_before_its_logging_is_placed_reports_as_its_rank(monkeypatch, env, run, node):
+    """Ctrl-C while the ranks started (before log.setup placed them): every rank printed the
+    run's "interrupted" line, W lines for one stop. The launcher's environment places them."""
+    monkeypatch.delenv(log.DEBUG_ENV, raising=False)
+    for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "SLURM_LOCALID"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    log.setup()  # no rank given: not placed
+    assert (log.reports("run"), log.reports("node"), log.reports("rank")) == (run, node, True)
+
+
 def test_debug_shows_the_traceback_of_expected_errors(data_dir, tmp_path):
     for how in ({"SCALESTUDY_DEBUG": "1"}, {"pre": ("--debug",)}):
         env = {k: v for k, v in how.items() if k != "pre"}

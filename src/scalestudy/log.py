@@ -177,8 +177,19 @@ def get(name: str) -> logging.Logger:
 
 def reports(scope: str) -> bool:
     """Whether this process prints an expected error of `scope` (see expected_error)."""
-    rank, local_rank = _place if _place else (0, 0)
+    rank, local_rank = _place if _place else _launched_place()
     return {"run": rank == 0, "node": local_rank == 0}.get(scope, True) or debug()
+
+
+def _launched_place() -> tuple[int, int]:
+    """(rank, local rank) from the launcher's environment (torchrun's, else srun's), for a rank
+    whose logging is not placed yet (a Ctrl-C while the ranks start: each printed the run's
+    line); (0, 0) outside a launch."""
+    for rank, local in (("RANK", "LOCAL_RANK"), ("SLURM_PROCID", "SLURM_LOCALID")):
+        if os.environ.get(rank, "").isdigit():
+            local_rank = os.environ.get(local, "")
+            return int(os.environ[rank]), int(local_rank) if local_rank.isdigit() else 0
+    return 0, 0
 
 
 def expected_error(logger: logging.Logger, message: str, scope: str = "rank") -> None:
