@@ -1270,7 +1270,7 @@ def test_a_stopped_build_leaves_no_pdf_and_no_tex_running(tmp_path):
     """SIGTERM to build-pdf (a time limit, `timeout`, scancel) while TeX wrote the PDF: it said
     "stopped by SIGTERM" but left the part-written paper.pdf (no %%EOF), and pdflatex, killed
     with nothing but latexmk, wrote on. Now TeX's whole process group is stopped, and neither
-    the PDF nor the .aux (a truncated one failed every later build) is left."""
+    the PDF nor the files TeX reads back (a truncated one failed every later build) is left."""
     import signal
     import subprocess
     import time
@@ -1297,6 +1297,17 @@ def test_a_stopped_build_leaves_no_pdf_and_no_tex_running(tmp_path):
     assert err.strip().splitlines()[-1] == "scalestudy build-pdf: stopped by SIGTERM", err
     time.sleep(1)  # a pdflatex left running would write the PDF again
     assert not pdf.exists() and not aux.exists()
+    # TeX's other files of a document, cut short (the slides' beamer writes .nav, .snm, .out
+    # and .toc): each failed the next build as a cut .aux did; each build starts without them
+    from scalestudy import cli
+
+    tex.write_text(
+        "\\documentclass{beamer}\n\\begin{document}\n\\section{A}\\begin{frame}{A}Text."
+        "\\end{frame}\n\\end{document}\n"
+    )
+    for suffix, cut in ((".out", "\\BOOKMARK [2][]{Outline0.1"), (".nav", "\\headcommand {")):
+        tex.with_suffix(suffix).write_text(cut)
+    assert cli.main(["build-pdf", str(tex)]) == 0
     ps = subprocess.run(["pgrep", "-f", str(tex.with_suffix(""))], capture_output=True, text=True)
     assert ps.stdout == "", ps.stdout
 

@@ -914,7 +914,7 @@ def judge_ncu(ncu: str | None, attempts: list[dict], no_kernels: str = NO_KERNEL
     """attempts: one per kernel, {"kernel", "run": RunResult (the ncu pass), "rows": parsed
     profile_ncu rows or None, "argv": the ncu command, "error": a parse or setup error, or
     why `ncu --import` did not finish (NO_TIME in it where the budget cut the import),
-    "refused": why ncu may not profile on this node (profile.ncu_refusal), if it said so};
+    "refused": why ncu may not profile on this node (profile_ncu.ncu_refusal), if it said so};
     no_kernels: why there is no attempt (the torch-profiler run's problems, NO_TIME when the
     budget cut it)."""
     name = "ncu"

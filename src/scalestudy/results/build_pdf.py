@@ -8,8 +8,9 @@ one first: a failed build leaves none, never an old one beside the new .tex, nor
 a build wrote before it failed. latexmk runs with -norc (no ~/.latexmkrc: a personal $out_dir
 moved the PDF) and -g (a whole build each time: its record of a failed build answered later ones
 "Nothing to do"), and a build that exits 0 without the PDF beside the .tex fails too. A stop
-(Ctrl-C, SIGTERM) ends TeX's whole process group and leaves neither the PDF nor the .aux (each
-build removes an earlier one's: a .aux cut short failed every later build).
+(Ctrl-C, SIGTERM) ends TeX's whole process group and leaves neither the PDF nor TeX's files
+read back by the next build (TEX_STATE: each build removes an earlier one's, since one cut
+short, the .aux or the slides' .out and .nav, failed every later build).
 
     scalestudy build-pdf reports/paper.tex
 """
@@ -98,10 +99,21 @@ NO_PGF = (
 )
 
 
-def _latexmk(argv: list[str], pdf: Path, aux: Path) -> subprocess.CompletedProcess:
+# what TeX writes for the next pass to read back: the .aux, hyperref's bookmarks (.out), the
+# table of contents (.toc), beamer's navigation (.nav, .snm); one cut short by a stop fails
+# every later build ("File ended while scanning use of \@@BOOKMARK")
+TEX_STATE = (".aux", ".out", ".toc", ".nav", ".snm")
+
+
+def _remove_state(tex: Path) -> None:
+    for suffix in TEX_STATE:
+        tex.with_suffix(suffix).unlink(missing_ok=True)
+
+
+def _latexmk(argv: list[str], pdf: Path) -> subprocess.CompletedProcess:
     """latexmk to its end, in a session of its own. Stopped (Ctrl-C, SIGTERM: cli's Stopped),
     its whole group goes, pdflatex too (killing latexmk alone left it writing the PDF), and
-    what TeX wrote of the PDF and the .aux with it: "a failed build leaves none"."""
+    what TeX wrote of the PDF and TEX_STATE with it: "a failed build leaves none"."""
     # errors="replace": an overfull-box warning prints the line in its font's 8-bit encoding
     # (T1 bytes for "Zürich", not UTF-8), which strict decoding turned into a traceback
     proc = subprocess.Popen(
@@ -119,7 +131,7 @@ def _latexmk(argv: list[str], pdf: Path, aux: Path) -> subprocess.CompletedProce
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         pdf.unlink(missing_ok=True)
-        aux.unlink(missing_ok=True)
+        _remove_state(pdf)
         raise
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
@@ -212,11 +224,10 @@ def run(args: argparse.Namespace) -> int:
     # to do" and the old log's error, and the PDF never came back
     cmd = ["latexmk", "-norc", "-g", "-pdf", "-cd", "-interaction=nonstopmode", "-halt-on-error"]
     by_hand = f"`{' '.join(cmd[:5])} {tex}`"
-    log_file, aux = tex.with_suffix(".log"), tex.with_suffix(".aux")
+    log_file = tex.with_suffix(".log")
     log_file.unlink(missing_ok=True)  # an earlier build's error is none of this one's
-    # and its .aux: one cut short by a stop failed every later build at \begin{document}
-    aux.unlink(missing_ok=True)
-    proc = _latexmk([*cmd, str(tex)], pdf, aux)
+    _remove_state(tex)  # and its files read back: one cut short failed every later build
+    proc = _latexmk([*cmd, str(tex)], pdf)
     if proc.returncode != 0:  # one line: TeX's first error, not latexmk's 90 lines
         pdf.unlink(missing_ok=True)  # what TeX wrote of it before it stopped (a full quota)
         try:
