@@ -492,15 +492,23 @@ def test_a_profile_parser_edit_reruns_no_job_that_launches_ranks():
     """The profiling jobs that launch the ranks (a training window under nsys on every GPU, a
     whole run per kernel under ncu: hours of an allocation) have as code what they execute, not
     the parsers of their output: an edit to the nsys/torch.profiler phase parsers or the kernel
-    classifier reran every GPU capture of a study, which `profile parse` alone reads."""
+    classifier reran every GPU capture of a study, which `profile parse` alone reads (and every
+    ncu job, whose kernels table the parse rewrote)."""
     smk = REPO / "workflow/rules/profile.smk"
     nsight = "src/scalestudy/nsight/"
     parsers = {nsight + m for m in ("nsys.py", "torch_ops.py", "projection.py", "classify.py")}
     capture = set(resources.code_sources(REPO, *declared_code(smk, "profile_capture")))
     assert not capture & (parsers | {nsight + "ncu.py", nsight + "schema.py"})
-    # ncu reads its own reports in the job (nsight/ncu.py), never the phase parsers
+    # ncu reads its own reports in the job (nsight/ncu.py), never the phase parsers (the
+    # classifier picks its top kernels: NCCL's are never profiled)
     ncu = set(resources.code_sources(REPO, *declared_code(smk, "profile_ncu")))
     assert nsight + "ncu.py" in ncu and not ncu & (parsers - {nsight + "classify.py"})
+    # nor does the kernels table the parse rewrites rerun it (Snakemake: "Input files updated
+    # by another job"), only a new capture
+    rule = re.split(r"^rule ", smk.read_text(), flags=re.MULTILINE)
+    ncu_rule = next(r for r in rule if r.startswith("profile_ncu:"))
+    assert 'kernels=ancient("results/profile/{run}/kernels.csv")' in ncu_rule
+    assert 'capture="results/profile/{run}/capture"' in ncu_rule
     # parse runs the parsers, and the checks of the capture's manifest (rank coverage)
     parse = set(resources.code_sources(REPO, *declared_code(smk, "profile_parse")))
     assert parsers <= parse and capture <= parse

@@ -198,9 +198,11 @@ def test_touching_the_finished_runs_keeps_them_after_a_trainer_change(done, tmp_
     assert not (work / "results/runs" / min(RUN_IDS) / "metrics.json").exists()
 
 
-def test_touching_as_the_readme_says_keeps_the_profiles_too(done, tmp_path):
+def test_a_parser_edit_or_touching_as_the_readme_says_keeps_the_profiles(done, tmp_path):
     """README's `--touch --until train` left a profiled study's captures to run again after a
-    trainer edit (their jobs have the trainer as input): GPU jobs that measure nothing new."""
+    trainer edit (their jobs have the trainer as input): GPU jobs that measure nothing new. A
+    parser edit reran the captures too (their code input was every parser), and the ncu jobs
+    (their kernels table, rewritten by the parse): only the parses rerun now."""
     work = tmp_path / "study"
     shutil.copytree(done, work, symlinks=True)  # mtimes and Snakemake's records kept
     profiled = yaml.safe_load(yaml.safe_dump(TINY))
@@ -209,6 +211,12 @@ def test_touching_as_the_readme_says_keeps_the_profiles_too(done, tmp_path):
     write_config(work / "tiny.yaml", profiled)
     snakemake(work, "--configfile", "tiny.yaml", "--cores", "2", stand_ins=True)
     assert dry(work) == {}
+    with (work / "src/scalestudy/nsight/nsys.py").open("a") as f:
+        f.write("\n# a parser change\n")
+    planned = dry(work)
+    assert planned.get("profile_parse") == 1, planned
+    assert not {"profile_capture", "profile_ncu", "train"} & set(planned), planned
+    snakemake(work, "--configfile", "tiny.yaml", "--cores", "2", stand_ins=True)
     with (work / "src/scalestudy/trainer/train.py").open("a") as f:
         f.write("\n# a change\n")
     readme = (REPO / "README.md").read_text()
