@@ -114,7 +114,9 @@ extrapolated (above). "not enough data" without
 a fit identifying alpha and the needed beta, when the model cannot describe the runs
 (`Fit.misfit`), or when the bucket sweep has fewer than 2 distinct bucket counts m (then no
 measurement shows a bucket-size effect: a sweep of 1 and 25 MiB of a width-8 ResNet-18's
-P = 0.7 MB is one bucket at every cap).
+P = 0.7 MB is one bucket at every cap), or when neither alpha nor the needed 1/beta is resolved
+from 0 (`Fit.resolved`: the fit finds no communication cost, and a "gain" between caps would
+be its noise).
 """
 
 from __future__ import annotations
@@ -532,6 +534,13 @@ class Fit:
     # (point, its C(b) in s) of the fitted points measured shorter than their compute
     below_compute: tuple[tuple[Point, float], ...] = ()
 
+    def resolved(self, i: int) -> bool:
+        """Parameter i is resolved from 0: more than 2 std above it, and at least a millionth
+        of its working unit (SCALE: 1 us, 1e-10 s/B) where no std says how far from 0."""
+        std = 0.0 if math.isnan(self.std[i]) else float(self.std[i])
+        value = float(self.theta[i])
+        return not (value <= 2 * std or value < 1e-6 * SCALE[i])
+
     @property
     def misfit(self) -> str:
         """Why the model cannot describe the fitted runs ('' when it can)."""
@@ -851,7 +860,8 @@ class Advice:
 def advise(fit: Fit | None, pts: list[Point]) -> list[Advice]:
     """The recommended bucket_cap_mb per multi-rank (world size, nodes) and bucket-family
     (precision, local batch); rows that say "not enough data" where the data cannot tell."""
-    sweep = [p for p in pts if "bucket" in p.families]
+    # multi-rank runs only: a 1-rank one (a hand-made runs.csv) synchronises nothing
+    sweep = [p for p in pts if "bucket" in p.families and p.world_size > 1]
     combos = sorted({_combo(p) for p in sweep})
     sizes = sorted({(p.world_size, p.nodes) for p in pts if p.world_size > 1})
     if not combos or not sizes:
@@ -886,8 +896,16 @@ def _sweep_gap(fit: Fit | None, sweep: list[Point]) -> str:
 def _advice(fit: Fit | None, n: int, nodes: int, combo: tuple, gap: str, pts: list) -> Advice:
     precision, b, pbytes = combo
     head = (n, nodes, precision, b, pbytes)
-    if not gap and not fit.identified[1 if nodes == 1 else 2]:
+    link = 1 if nodes == 1 else 2
+    if not gap and not fit.identified[link]:
         gap = f"beta_{'intra' if nodes == 1 else 'inter'} not identified by the fit"
+    if not gap and not (fit.resolved(0) or fit.resolved(link)):
+        # no latency and no bandwidth cost: a "gain" between caps is the fit's noise (5e-9 of
+        # a step recommended 1 MiB over DDP's 25)
+        gap = (
+            "the fit finds no communication cost (alpha and 1/beta_"
+            f"{'intra' if nodes == 1 else 'inter'} not resolved from 0): keep DDP's default"
+        )
     if gap:
         return Advice(*head, None, None, None, None, None, note=f"not enough data: {gap}")
     caps = candidate_caps(
