@@ -846,7 +846,8 @@ def prepare_out(out: Path, work: Path | None = None) -> Path:
     if out.exists() and not out.is_dir():
         raise GpuCheckError(f"--out {out} is a file, not a directory")
     flag = "--work" if work is not None else "--out"
-    work = out / "gpu-check-work" if work is None else work
+    default = out / "gpu-check-work"
+    work = default if work is None else work
     fixtures = out / "fixtures"
     where, dir_, fix = (p.resolve() for p in (work, out, fixtures))
     if where == dir_ or where in dir_.parents or fix == where or fix in where.parents:
@@ -865,8 +866,8 @@ def prepare_out(out: Path, work: Path | None = None) -> Path:
             "there), which would delete it: choose another --out"
         )
     remove_marked(work, WORK_MARK)
-    default = out / "gpu-check-work"  # an earlier run's, with --work elsewhere now: its logs
-    if (default / WORK_MARK).exists():  # beside a report that names others
+    # an earlier run's default, with --work elsewhere now: its logs beside a report naming others
+    if (default / WORK_MARK).exists():
         remove_marked(default, WORK_MARK)
     # an earlier gpu-check's fixtures/ that kept WORK_MARK (fixtures_made_here) goes with it last
     remove_marked(fixtures, WORK_MARK if (fixtures / WORK_MARK).exists() else PROVENANCE)

@@ -117,7 +117,8 @@ def refusal(workdir: str, env: Mapping[str, str]) -> str:
     squeue or sacct for every job's status, could not follow its jobs either); else ""."""
     argv = squeue_command()
     # as bash takes it back: the format's separator written $'\x1f' (invisible, as it is)
-    command = f"{shlex.join(argv[:-1])} $'{FORMAT.replace(SEP, chr(92) + 'x1f')}'"
+    shown_format = FORMAT.replace(SEP, "\\x1f")
+    command = f"{shlex.join(argv[:-1])} $'{shown_format}'"
     unchecked = "the jobs an earlier run may have left queued cannot be checked"
     try:
         proc = subprocess.run(

@@ -196,7 +196,7 @@ def _alpha(fit) -> dict:
     demo's fit pinned it at its bound: 1.9e-18 s, std 0.025 s, printed with no word)."""
     if not fit.identified[0]:
         return dict(name="alpha_s", unit="s", note=_unidentified(fit, 0))
-    note = UNRESOLVED + ": the runs show no per-message latency" if _unresolved(fit, 0) else ""
+    note = UNRESOLVED + ": the runs show no per-message latency" if not fit.resolved(0) else ""
     return dict(name="alpha_s", value=float(fit.theta[0]), std=_std(fit, 0), unit="s", note=note)
 
 
@@ -204,7 +204,7 @@ def _inv_beta(fit, i: int, name: str) -> dict:
     """1/beta as fitted (s per byte): the parameter itself, linear in the model."""
     if not fit.identified[i]:
         return dict(name=name, unit="s/B", note=_unidentified(fit, i))
-    note = UNRESOLVED + ": the runs show no bandwidth cost" if _unresolved(fit, i) else ""
+    note = UNRESOLVED + ": the runs show no bandwidth cost" if not fit.resolved(i) else ""
     return dict(name=name, value=float(fit.theta[i]), std=_std(fit, i), unit="s/B", note=note)
 
 
@@ -214,17 +214,13 @@ def _beta(fit, i: int, name: str) -> dict:
     inv, std = float(fit.theta[i]), _std(fit, i)
     if not fit.identified[i]:
         return dict(name=name, unit="B/s", note=_unidentified(fit, i))
-    if _unresolved(fit, i):
+    if not fit.resolved(i):
         note = "1/beta is not resolved from 0 (see inv_beta): beta has no upper bound here"
         return dict(name=name, unit="B/s", note=note)
     return dict(name=name, value=1 / inv, std=None if std is None else std / inv**2, unit="B/s")
 
 
 UNRESOLVED = "not resolved from 0 (within 2 std of it, or at the bound 0 of the fit)"
-
-
-def _unresolved(fit, i: int) -> bool:
-    return not fit.resolved(i)  # study/model.py Fit.resolved (the advisor's test too)
 
 
 def _unidentified(fit, i: int) -> str:

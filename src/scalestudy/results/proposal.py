@@ -536,11 +536,11 @@ def proposal_rows(
     )
     points = strong_points(scaling, config["families"]["strong"]["enabled"])
     chosen, below = choose_scale(points, threshold)
-    if not _fits(config, chosen["w"]):  # measured under another families.strong
-        why = semantic_problems(_strong_config(config, [chosen["w"]], NEXT_REPEATS))[0]
+    # measured under another families.strong (the check _fits makes, its first problem named)
+    if problems := semantic_problems(_strong_config(config, [chosen["w"]], NEXT_REPEATS)):
         raise AnalysisError(
             f"the chosen scale, {chosen['w']} ranks, is no strong-scaling run of this config "
-            f"({why}): scaling.csv was measured with other families.strong settings; give "
+            f"({problems[0]}): scaling.csv was measured with other families.strong settings; give "
             "the study's own config, or run the study again (`snakemake`)"
         )
     thin = thin_reasons(points, chosen)

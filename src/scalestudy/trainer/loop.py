@@ -82,7 +82,7 @@ def train(
     if denv.rank == 0 and state.history:
         write_epochs(cfg, state.history)  # the epochs so far
     left = run.steps_per_epoch * cfg.epochs - state.step
-    if not state.window_step_times and left <= meter.warmup_steps:
+    if meter.window_out_of_reach(state, left):
         # every segment warms up anew (a resume recompiles and recaptures): one that cannot
         # reach the window, after earlier ones that did not either, would measure nothing
         raise TrainingError(  # the same resumed step on every rank

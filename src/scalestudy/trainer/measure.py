@@ -100,6 +100,12 @@ class Meter:
         # each GPU there (energy_total refuses a run whose ranks shared GPUs differently)
         self.energy_keys_before: list = []
 
+    def window_out_of_reach(self, state: RunState, left: int) -> bool:
+        """No window step measured yet, and `left` optimizer steps too few to reach one after a
+        segment's warm-up (each segment warms up anew): the resumed run's refusal (loop.py)
+        and the checkpoint a stop would write (state.py `_unresumable`) ask the same."""
+        return not state.window_step_times and left <= self.warmup_steps
+
     def start(self, state: RunState) -> None:
         """The training loop starts (after any resume); warm-up is excluded again per segment."""
         self.segment_start = state.step

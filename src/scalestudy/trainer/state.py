@@ -457,7 +457,7 @@ class Checkpointing:
         resumed run refuses that, loop.py: every rerun refused, the checkpoint kept for ever,
         where the run from the start measures its window)."""
         left = state.step // state.epoch * (self.cfg.epochs - state.epoch)
-        if state.window_step_times or left > meter.warmup_steps:
+        if not meter.window_out_of_reach(state, left):
             return ""
         return (
             f"a resume after epoch {state.epoch} would leave no steady-state window ({left} "
