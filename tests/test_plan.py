@@ -33,8 +33,8 @@ from workflow_helpers import (
 import snakemake_logger_plugin_scalestudy as logger_plugin
 from scalestudy.errors import PlanError
 from scalestudy.results import proposal
-from scalestudy.study import estimate, model, plan, resources
-from scalestudy.study.config import StudyConfigError, validate
+from scalestudy.study import estimate, model, plan, profiling, resources
+from scalestudy.study.config import StudyConfigError, load_layers, validate
 from scalestudy.study.estimate import compute_seconds, slurm_runtime_min
 from scalestudy.study.runs import build_run_table
 
@@ -216,6 +216,46 @@ def test_plan_md_prices_the_profiling_jobs_as_the_dry_run_and_the_proposal_do():
     assert f"({node_c:.2f} node-hours" in total, total
     config["profiling"]["enabled"] = False
     assert "Profiling jobs" not in plan.plan_markdown(config, estimates, [])
+
+
+def test_a_profiling_jobs_time_limit_covers_its_runs_start_up_window_and_ncu_passes():
+    """Every profiling job asked Slurm for hardware.runtime_min whatever its run, while
+    profile_ncu starts the run once per kernel, ncu.top_k (5) times, each start-up (the default
+    plan.startup_s 120 s: torch.compile) plus 3 launches of ~40 replays: over 15 minutes, a job
+    Slurm would stop with the study's ncu metrics unwritten. Each limit is now the run's
+    estimate of the job x safety_factor (2), no USR1 lead (no --signal), at least the floor."""
+    config = small_config()
+    config["profiling"]["enabled"] = True
+    config["plan"]["startup_s"] = 600
+    table = build_run_table(config)
+    estimates = plan.estimate_runs(config, table, measured=[])
+    jobs = profiling.profiling_jobs(config, table, {e.run: e for e in estimates})
+    # by hand: window 20 + 10 + 1 steps of global batch 8 and one evaluated at 3 x the speed,
+    # X = 200 (bf16, 1 GPU), 100 (fp32, 1 GPU), 150 (fp32, 2 GPUs at 0.75)
+    expected = []
+    for run, x, nodes, gpus in (
+        ("w1_lb8_bf16_ddp_bk25_r0", 200, 1, 1),
+        ("w1_lb8_fp32_ddp_bk25_r0", 100, 1, 1),
+        ("w2_lb4_fp32_ddp_bk25_r0", 150, 1, 2),
+    ):
+        capture = 600 + 31 * 8 / x + 8 / (3 * x)
+        ncu = 5 * (capture + 3 * profiling.NCU_LAUNCH_S)
+        for rule, seconds in (("profile_capture", capture), ("profile_ncu", ncu)):
+            expected.append((rule, run, nodes, gpus, 60 * math.ceil(seconds * 2 / 60)))
+    got = [(j.rule, j.run, j.nodes, j.gpus, j.runtime_s) for j in jobs]
+    assert sorted(got) == sorted(expected)
+    assert all(minutes > 60 for *_, minutes in got)  # above the 1-minute floor: derived
+    # plan.md's profiling line prices the same jobs
+    md = plan.plan_markdown(config, estimates, [])
+    line = next(ln for ln in md.splitlines() if ln.startswith("Profiling jobs"))
+    node_h = sum(n * s for _, _, n, _, s in expected) / 3600
+    gpu_h = sum(g * s for _, _, _, g, s in expected) / 3600
+    assert f"6 jobs, {plan.up(node_h)} node-hours, {plan.up(gpu_h)} GPU-hours" in line, line
+    # the floor stays: a short window never asks for less than hardware.runtime_min
+    config["plan"]["startup_s"], config["hardware"]["runtime_min"] = 10, 600
+    estimates = plan.estimate_runs(config, table, measured=[])
+    jobs = profiling.profiling_jobs(config, table, {e.run: e for e in estimates})
+    assert {j.runtime_s for j in jobs} == {600 * 60}
 
 
 @pytest.mark.parametrize("proposal_c", [None, 0.2, 0.5])
@@ -1166,10 +1206,10 @@ def fresh(tmp_path_factory):
     return work
 
 
-def slurm_runtimes(text: str) -> dict[str, int]:
-    """run -> the `runtime` resource (minutes) of its train job in a dry-run's job listing."""
+def slurm_runtimes(text: str, rule: str = "train") -> dict[str, int]:
+    """run -> the `runtime` resource (minutes) of its `rule` job in a dry-run's job listing."""
     out = {}
-    for block in text.split("rule train:")[1:]:
+    for block in text.split(f"rule {rule}:")[1:]:
         run = re.search(r"wildcards: run=(\S+)", block).group(1)
         out[run] = int(re.search(r"resources: .*?\bruntime=(\d+)", block).group(1))
     return out
@@ -1205,6 +1245,39 @@ def test_dry_run_prints_the_plan(fresh, profile):
     local = [j for j in result["jobs"] if j["rule"] != "train"]
     assert local and all(j["node_hours"] == 0 for j in local)
     assert config["hardware"]["device"] == "cpu"
+
+
+@pytest.mark.workflow
+def test_dry_run_gives_each_profiling_job_the_time_limit_the_plan_prices(fresh):
+    """A profiling job's Slurm limit was hardware.runtime_min (here 1 minute) whatever its run:
+    under its start-up alone (plan.startup_s 300 s), Slurm stopped it. Its limit is its run's
+    estimate of the job x safety_factor 1.5 (study/profiling.py), which the dry-run's plan
+    table prices as plan.md does."""
+    profiled = fresh / "profiled.yaml"
+    write_config(profiled, {"profiling": {"enabled": True, "start_step": 1, "steps": 1}})
+    proc = snakemake(fresh, "--configfile", "tiny.yaml", "profiled.yaml", "-n", stand_ins=True)
+    text = proc.stdout + proc.stderr
+    limits = slurm_runtimes(text, "profile_capture")
+    config = validate(deep_merge(tiny_config(fresh), yaml.safe_load(profiled.read_text())))
+    table = build_run_table(config)
+    estimates = {e.run: e for e in plan.estimate_runs(config, table, [])}
+    expected = {}
+    for r in profiling.profiled_runs(config, table):
+        e, g = estimates[r["run"]], r["global_batch"]
+        # the window: start_step 1 + steps 1 + 1 global batches trained, one evaluated
+        x = e.throughput_img_s
+        window = 3 * g / x + g / (x * config["plan"]["eval_speedup"])
+        expected[r["run"]] = math.ceil((300 + window) * 1.5 / 60)
+    assert len(expected) == 2 and limits == expected, text[-3000:]
+    assert all(minutes > 1 for minutes in limits.values())  # above the floor: derived
+    rows = [j for j in parse_plan(text)["jobs"] if j["rule"] == "profile_capture"]
+    assert {j["run"]: j["node_hours"] for j in rows} == {
+        run: pytest.approx(estimates[run].nodes * m / 60, abs=1e-3) for run, m in limits.items()
+    }
+    by_run = {run: estimates[run] for run in limits}
+    assert plan.profiling_total(config, by_run.values()).node_hours == pytest.approx(
+        sum(e.nodes * limits[run] / 60 for run, e in by_run.items())
+    )
 
 
 @pytest.mark.workflow
@@ -1251,12 +1324,22 @@ def test_plan_target_and_cli_write_the_export(fresh, tmp_path):
         assert int(r["train_images"]) == estimate.trained_images(50000, step), r["run"]
         assert int(r["test_images"]) == 10000
     assert {r["train_images"] for r in paper} >= {"49920", "49152"}  # 1 x 256; 16 x 256
-    # and its profiling jobs: 1 GPU and one node's 4 x bf16, fp32, each profile_capture and
-    # profile_ncu, at runtime_min 15 min on one node: 8 x 0.25 node-hours
-    both = nh + 8 * 0.25
-    printed = Decimal(plan.up(nh)) + Decimal(plan.up(8 * 0.25))  # each rounded up, then added
+    # and its profiling jobs: 1 GPU and one node's 4 x bf16, fp32, on one node, each
+    # profile_capture, at runtime_min 15 min (120 s start-up + a 31-step window, x 1.5, is
+    # less), and profile_ncu: 5 kernels, each a start-up, the window and 3 launches of 30 s
+    config = load_layers([fresh / "config/config.yaml"])
+    by_run = {r["run"]: r for r in paper}
+    prof_h = 0.0
+    for row in profiling.profiled_runs(config, build_run_table(config)):
+        x, g = float(by_run[row["run"]]["throughput_img_s"]), row["global_batch"]
+        capture = 120 + 31 * g / x + g / (3 * x)
+        assert capture * 1.5 < 15 * 60
+        prof_h += 0.25 + math.ceil(5 * (capture + 3 * 30) * 1.5 / 60) / 60
+    assert prof_h > 8 * 0.25  # ncu's 5 start-ups: more than the floor
+    both = nh + prof_h
+    printed = Decimal(plan.up(nh)) + Decimal(plan.up(prof_h))  # each rounded up, then added
     assert f"75 runs and 8 profiling jobs: {printed:.2f} node-hours" in cli.stdout, cli.stdout
-    with_c = Decimal(plan.up(nh * 1.2)) + Decimal(plan.up(8 * 0.25 * 1.2))
+    with_c = Decimal(plan.up(nh * 1.2)) + Decimal(plan.up(prof_h * 1.2))
     assert f"{with_c:.2f} node-hours" in cli.stdout and with_c >= Decimal(both * 1.2) - 0
 
 

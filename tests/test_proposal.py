@@ -1313,3 +1313,25 @@ def test_rows_rescaled_by_the_planners_efficiency_guesses_are_named(tmp_path):
     assert "efficiency guesses" in tex and "efficiency\\_inter\\_node" in tex
     slides = " ".join(docs["slides.tex"].split())
     assert all(item in slides.split("efficiency guesses")[1] for item in rescaled)
+
+
+def test_the_profiling_request_is_each_jobs_time_limit_as_plan_md_prices_it(tmp_path):
+    """The proposal asked hardware.runtime_min per profiling job, while a profile_ncu job starts
+    its run ncu.top_k times: with a 20-minute start-up each profiling job asked for 15 minutes
+    (the default floor) and Slurm would stop it. Its rows are the jobs' Slurm limits, from the
+    runs' estimates, as plan.md's profiling line sums them."""
+    config, study = build(tmp_path, "hardware.device=cuda", "plan.startup_s=1200")
+    write(config, study)
+    rows = read(study / "results/csv/proposal.csv")
+    prof = [r for r in rows if r["section"] == "request" and r["item"].startswith("profiling")]
+    node_h = sum(float(r["value"]) for r in prof if r["quantity"] == "node_hours")
+    jobs = sum(int(r["value"]) for r in prof if r["quantity"] == "runs")
+    measured = load_measured(study / "results/csv/runs.csv", study / "benchmarks/train")
+    own = estimate_runs(config, build_run_table(config), measured)
+    total = plan.profiling_total(config, own)
+    assert jobs == total.jobs and jobs > 0
+    # hours_per_run: the shape's mean rounded up to 3 significant digits (ceil3)
+    assert total.node_hours <= node_h <= total.node_hours * 1.01
+    floor = config["hardware"]["runtime_min"] / 60
+    assert node_h > 1.5 * jobs * floor  # a 20-minute start-up x 1.5: no job at the floor
+    assert {r["source"] for r in prof} == {proposal.PROFILING_SOURCE}

@@ -21,7 +21,7 @@ rule profile_capture:
     threads: get_threads
     resources:
         **LAUNCH_RESOURCES,
-        runtime=HARDWARE["runtime_min"],
+        runtime=PLAN.capture_runtime,
     params:
         **LAUNCH_PARAMS,
         flags=get_profile_flags,
@@ -56,7 +56,8 @@ rule profile_parse:
 
 # Nsight Compute (--set full, clocks not locked) on the run's top-K kernels by time, NCCL
 # excluded: ncu serialises launches and a profiled NCCL kernel would wait forever for its peers.
-# Rank 0 only; GPU only.
+# Rank 0 only; GPU only. Each kernel is a run of its own: the Slurm time limit counts ncu.top_k
+# start-ups (study/profiling.py job_seconds).
 rule profile_ncu:
     input:
         unpack(get_prepared_data),
@@ -77,7 +78,7 @@ rule profile_ncu:
     threads: get_threads
     resources:
         **LAUNCH_RESOURCES,
-        runtime=HARDWARE["runtime_min"],
+        runtime=PLAN.ncu_runtime,
     params:
         **LAUNCH_PARAMS,
         flags=get_profile_flags,

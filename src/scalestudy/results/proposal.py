@@ -27,9 +27,10 @@ slides.tex from it plus the analysis CSVs (render_report's formats and its hones
                      (model.csv absent, without held-out rows, or none of them validated:
                      validation_rows), and those priced from another world size's runs by the
                      plan's efficiency guesses ("precision")
-    profiling        profiled runs x their Slurm time limit (hardware.runtime_min), per job of
-                     profile_capture (and profile_ncu when Nsight Compute runs): requested, not
-                     estimated
+    profiling        profiled runs x their Slurm time limit (study/profiling.py job_minutes:
+                     the run's start-up and window, x top_k for profile_ncu, x safety_factor,
+                     at least hardware.runtime_min), per job of profile_capture (and
+                     profile_ncu when Nsight Compute runs): requested, not estimated
     request          = sum of the rows + contingency x that sum (rounded up), in Decimal from
                      the cells; periods share it by months, the last one the rest: the printed
                      cells add up exactly
@@ -84,6 +85,8 @@ NEXT_REPEATS = 3  # the runs named to fix thin evidence repeat this often
 MODEL_CSV = "results/csv/model.csv"
 PLANNER = "study/estimate.py planner"
 BASIS_SOURCE = "study/estimate.py throughput_basis of its runs"  # a request row's bases
+# a profiling request row's hours: each job's Slurm time limit, from its run's estimate
+PROFILING_SOURCE = "Slurm time limit per profiling job: study/profiling.py job_minutes"
 MODEL_BASES = ("model", "model, extrapolated")  # the planner's bases of the scaling model
 # the planner's basis of a run priced from another world size's measured runs, rescaled by the
 # plan's efficiency guesses (study/estimate.py, level 5): the documents name these rows too
@@ -669,12 +672,9 @@ def proposal_rows(
     rows.append(_row("planner", "calibration", "runs_priced", len(priced), "runs", src))
     rows.append(_row("planner", "calibration", "runs_calibrated", calibrated, "runs", src))
     rows.append(_row("planner", "calibration", "runs_startup_only", startup, "runs", src))
-    jobs = profiling.profiling_jobs(config, build_run_table(config))
-    if jobs:
-        for item, members in _grouped("profiling", jobs):
-            req += request_rows(
-                item, members, "hardware.runtime_min per profiling job", train=False
-            )
+    jobs = profiling.profiling_jobs(config, build_run_table(config), {e.run: e for e in study})
+    for item, members in _grouped("profiling", jobs):
+        req += request_rows(item, members, PROFILING_SOURCE, train=False)
     rows += req
     rows += totals(rows, contingency, p, style, contingency_key)
     if style == "ercap":

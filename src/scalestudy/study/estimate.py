@@ -341,15 +341,16 @@ def probe_images(world_size: int, local_batch: int, comm_probe_steps: int) -> in
     return 2 * (comm_probe_steps + 1) * world_size * local_batch
 
 
-def slurm_runtime_min(runtime_s: float, config: dict) -> int:
+def slurm_runtime_min(runtime_s: float, config: dict, warned: bool = True) -> int:
     """Slurm time limit (minutes) of a job estimated at runtime_s: the estimate times the safety
     factor, plus checkpointing's warning lead (the ranks get USR1 signal_lead_s before the
     limit, or up to SLURM_SIGNAL_EARLY_S earlier, and stop at their next epoch's end: without
     the lead a run within its safety margin would still be stopped and resubmitted), then the
-    floor hardware.runtime_min. The warning never comes before runtime_s x safety_factor."""
+    floor hardware.runtime_min. The warning never comes before runtime_s x safety_factor.
+    warned False: a job that gets no warning (a profiling job: train's slurm_extra only)."""
     checkpointing = config["checkpointing"]
     # no checkpointing, no --signal (resources.slurm_extra): no warning to leave room for
-    on = checkpointing["enabled"]
+    on = checkpointing["enabled"] and warned
     lead = checkpointing["signal_lead_s"] + SLURM_SIGNAL_EARLY_S if on else 0
     limit = math.ceil((runtime_s * config["plan"]["safety_factor"] + lead) / 60)
     return max(config["hardware"]["runtime_min"], limit)

@@ -408,7 +408,7 @@ def plan_markdown(
             f"{up(s.node_hours * (1 + c))} | {up(s.gpu_hours * (1 + c)) if gpu else na} | "
             f"{kwh_cell(s.energy_kwh, plan['calibrate']) if gpu else na} |"
         )
-    lines += ["", *_profiling_lines(config, t["total"], gpu)]
+    lines += ["", *_profiling_lines(config, estimates, t["total"], gpu)]
     lines += [
         (
             f"Not yet run: {_count(remaining.jobs, 'runs')}, {up(remaining.node_hours)} "
@@ -488,10 +488,12 @@ def plan_markdown(
     return "\n".join(lines)
 
 
-def profiling_total(config: dict) -> Total:
+def profiling_total(config: dict, estimates: Iterable[Estimate]) -> Total:
     """The study's profiling jobs (profiling.profiling_jobs), priced as the dry-run table and
-    the proposal price them: each at its Slurm time limit on its run's nodes and GPUs."""
-    jobs = profiling.profiling_jobs(config, build_run_table(config))
+    the proposal price them: each at its Slurm time limit, from its run's training estimate
+    (`estimates`), on the run's nodes and GPUs."""
+    by_run = {e.run: e for e in estimates}
+    jobs = profiling.profiling_jobs(config, build_run_table(config), by_run)
     return Total(
         len(jobs),
         sum(j.nodes * j.runtime_s for j in jobs) / 3600,
@@ -499,9 +501,11 @@ def profiling_total(config: dict) -> Total:
     )
 
 
-def _profiling_lines(config: dict, training: Total, gpu: bool) -> list[str]:
+def _profiling_lines(
+    config: dict, estimates: list[Estimate], training: Total, gpu: bool
+) -> list[str]:
     """The profiling jobs, and training and profiling together: the hours to ask for."""
-    prof = profiling_total(config)
+    prof = profiling_total(config, estimates)
     if not prof.jobs:
         return []
     runs = len(profiling.profiled_runs(config, build_run_table(config)))
@@ -516,11 +520,18 @@ def _profiling_lines(config: dict, training: Total, gpu: bool) -> list[str]:
         return f"{node_h} node-hours" + (f", {gpu_h} GPU-hours" if gpu else "")
 
     rules = "profile_capture and profile_ncu" if prof.jobs > runs else "profile_capture"
+    ncu = (
+        f" (profile_ncu: once per kernel, ncu.top_k = {config['profiling']['ncu']['top_k']}, "
+        f"each with its launches at {profiling.NCU_LAUNCH_S:g} s)"
+        if prof.jobs > runs
+        else ""
+    )
     other = proposal_contingency(config)
     return [
         f"Profiling jobs ({rules} of {_count(runs, 'profiled runs')}, each at its Slurm time "
-        f"limit, hardware.runtime_min = {config['hardware']['runtime_min']:g} min, as the "
-        f"dry-run and the proposal price them; no energy estimate): "
+        "limit, as the dry-run and the proposal price them: its run's start-up and profiled "
+        f"window{ncu} x safety_factor, at least hardware.runtime_min = "
+        f"{config['hardware']['runtime_min']:g} min; no energy estimate): "
         f"{_count(prof.jobs, 'jobs')}, {hours(prof)} ({hours(prof, 1 + c)} with contingency).",
         f"Training and profiling together: {both()} ({both(1 + c)} with contingency: "
         + (f"this plan's request; {other})." if other else "the request)."),
@@ -712,7 +723,7 @@ def run(args: argparse.Namespace) -> int:
     except (StudyConfigError, PlanError) as e:
         logger.error(f"scalestudy plan: {e}")
         return 2
-    training, prof = totals(estimates)["total"], profiling_total(config)
+    training, prof = totals(estimates)["total"], profiling_total(config, estimates)
     c = config["plan"]["contingency"]
     gpu = config["hardware"]["device"] == "cuda"  # a CPU study: no GPU-hours (n/a), not 0
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from scalestudy.study.estimate import compute_seconds, slurm_runtime_min
 from scalestudy.study.runs import prepared_sizes, trainer_args
 from scalestudy.trainer.config import POWERSGD_START_ITER
 
@@ -48,25 +49,71 @@ def profiled_runs(config: dict, rows: list[dict]) -> list[dict]:
     return chosen
 
 
+# Nsight Compute's time per profiled kernel launch (--set full replays each launch ~40 times),
+# an allowance in s, not a model: one ncu pass that profiled one launch took about 28 s and 25 s
+# on an H100, its run's start-up included (docs/gpu-runs/2026-11-27-h100-gpu-check-all: the ncu
+# check's 39.1 s in call2, one pass then 11 s of a second; its 49.5 s for two in call3)
+NCU_LAUNCH_S = 30.0
+
+# the profiling rules (workflow/rules/profile.smk) that start the ranks, each its own Slurm job
+CAPTURE, NCU = "profile_capture", "profile_ncu"
+
+
 @dataclass(frozen=True, slots=True)
 class ProfilingJob:
-    """A profiling job as plan.md and the proposal price it: its Slurm time limit
-    (hardware.runtime_min, workflow/rules/profile.smk) on its run's nodes and GPUs, no energy
-    estimate (no J/img of a profiled window)."""
+    """A profiling job as plan.md and the proposal price it: its Slurm time limit (seconds;
+    job_minutes, the rule's runtime) on its run's nodes and GPUs, no energy estimate (no J/img
+    of a profiled window)."""
 
+    rule: str
+    run: str
     nodes: int
     gpus: int
     runtime_s: float
     energy_kwh: None = None
 
 
-def profiling_jobs(config: dict, rows: list[dict]) -> list[ProfilingJob]:
+def job_seconds(config: dict, row: dict, estimate) -> dict[str, float]:
+    """Estimated seconds of the profiling jobs of a run, from its training estimate (its start-up
+    S and images/s X, study/estimate.py): profile_capture starts the run once for one epoch of
+    (start_step + steps + 1) global batches G and evaluates one (window_flags):
+
+        T_capture = S + (start_step + steps + 1) G / X + G / (X eval_speedup)
+
+    profile_ncu starts it once per kernel, ncu.top_k times, each profiling launch_count launches:
+    T_ncu = top_k (T_capture + launch_count NCU_LAUNCH_S). The profiler's own overhead on the
+    window is left to plan.safety_factor."""
+    prof = config["profiling"]
+    g, x = row["global_batch"], estimate.throughput_img_s
+    steps = prof["start_step"] + prof["steps"] + 1
+    capture = estimate.startup_s + compute_seconds(1, steps * g, g, x, config["plan"])
+    ncu = prof["ncu"]["top_k"] * (capture + prof["ncu"]["launch_count"] * NCU_LAUNCH_S)
+    return {CAPTURE: capture, NCU: ncu}
+
+
+def job_minutes(config: dict, row: dict, estimate, rule: str) -> int:
+    """Slurm time limit of a profiling job (`rule`), minutes: job_seconds x plan.safety_factor,
+    at least hardware.runtime_min; no USR1 lead, as the job gets no --signal (train's only)."""
+    return slurm_runtime_min(job_seconds(config, row, estimate)[rule], config, warned=False)
+
+
+def profiling_jobs(config: dict, rows: list[dict], estimates: Mapping) -> list[ProfilingJob]:
     """One per profiling job of the study: profile_capture (and profile_ncu where Nsight
-    Compute runs, ncu_enabled) of each profiled run; none when profiling is off."""
-    per_run = 1 + ncu_enabled(config)
-    seconds = config["hardware"]["runtime_min"] * 60
-    runs = profiled_runs(config, rows)
-    return [ProfilingJob(r["nodes"], r["gpus"], seconds) for r in runs for _ in range(per_run)]
+    Compute runs, ncu_enabled) of each profiled run, at the time limit job_minutes gives the
+    rule from the run's training estimate (`estimates`: run -> Estimate); none when profiling
+    is off."""
+    rules = (CAPTURE, NCU) if ncu_enabled(config) else (CAPTURE,)
+    return [
+        ProfilingJob(
+            rule,
+            r["run"],
+            r["nodes"],
+            r["gpus"],
+            60 * job_minutes(config, r, estimates[r["run"]], rule),
+        )  # fmt: skip
+        for r in profiled_runs(config, rows)
+        for rule in rules
+    ]
 
 
 def window_flags(row: dict, start_step: int, steps: int) -> dict[str, str]:

@@ -293,6 +293,18 @@ class TrainingPlan:
         hardware.runtime_min (estimate.slurm_runtime_min)."""
         return self.estimates[wildcards.run].slurm_runtime_min
 
+    def capture_runtime(self, wildcards) -> int:
+        """Slurm time limit of the run's profile_capture job, minutes (profiling.job_minutes)."""
+        return self._profiling_minutes(wildcards.run, profiling.CAPTURE)
+
+    def ncu_runtime(self, wildcards) -> int:
+        """Slurm time limit of the run's profile_ncu job: its ncu.top_k passes, minutes."""
+        return self._profiling_minutes(wildcards.run, profiling.NCU)
+
+    def _profiling_minutes(self, run: str, rule: str) -> int:
+        row = next(r for r in self.rows if r["run"] == run)
+        return profiling.job_minutes(self.config, row, self.estimates[run], rule)
+
     def digest(self, wildcards=None) -> str:
         """The plan's content: changes whenever an estimate does."""
         return plan.plan_digest(list(self.estimates.values()), self.config)
