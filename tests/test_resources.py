@@ -514,6 +514,21 @@ def test_a_profile_parser_edit_reruns_no_job_that_launches_ranks():
     assert parsers <= parse and capture <= parse
 
 
+def test_a_node_record_edit_reruns_no_job_that_launches_ranks():
+    """jobs/inventory.py is no input of training (design.md): an edit to the node record would
+    rerun every run's GPU hours. The capture command imports it (--inventory), and such an
+    edit reran every profiling capture, every ncu job and all after them."""
+    smk = REPO / "workflow/rules/profile.smk"
+    inventory = "src/scalestudy/jobs/inventory.py"
+    assert "inventory" in (PACKAGE / "jobs/profile.py").read_text()  # it does import it
+    for rule in ("profile_capture", "profile_ncu", "profile_parse"):
+        assert inventory not in resources.code_sources(REPO, *declared_code(smk, rule)), rule
+    assert inventory not in resources.trainer_sources(REPO)
+    # the modules it imports stay inputs where the rule's own code imports them
+    capture = resources.code_sources(REPO, *declared_code(smk, "profile_capture"))
+    assert "src/scalestudy/jobs/container.py" in capture
+
+
 def test_package_init_files_run_no_code():
     """code_sources and trainer_sources follow imports, not the __init__.py files an import of
     scalestudy.a.b also runs (only trainer/__init__.py is an input: training takes the whole

@@ -169,6 +169,10 @@ PACKAGE = Path("src") / "scalestudy"
 # what a training job runs: the trainer package and the launcher that starts its ranks
 TRAINER_PACKAGES = ("trainer",)
 TRAINER_MODULES = ("jobs/launch.py",)
+# never a code input, though a launch job runs it: the node record (`scalestudy inventory`, and
+# `profile capture --inventory`) says where a job ran and measures nothing, and an edit to it
+# would rerun every training or profiling job's GPU hours
+NOT_CODE_INPUTS = ("jobs/inventory.py",)
 
 
 def is_local_rule(name: str) -> bool:
@@ -347,15 +351,17 @@ def package_sources(
     root: str | Path, packages: Iterable[str] = (), modules: Iterable[str] = ()
 ) -> list[str]:
     """Every .py file of the given subpackages of src/scalestudy and the given modules (paths
-    under src/scalestudy), plus every scalestudy module they import, transitively: sorted
-    paths relative to the repository root `root`."""
+    under src/scalestudy), plus every scalestudy module they import, transitively, but
+    NOT_CODE_INPUTS and what only they import: sorted paths relative to the repository root
+    `root`."""
     root = Path(root)
     pending = [p for pkg in packages for p in sorted((root / PACKAGE / pkg).rglob("*.py"))]
     pending += [root / PACKAGE / m for m in modules]
+    left_out = {root / PACKAGE / m for m in NOT_CODE_INPUTS}
     seen: set[Path] = set()
     while pending:
         path = pending.pop()
-        if path in seen or "__pycache__" in path.parts:
+        if path in seen or path in left_out or "__pycache__" in path.parts:
             continue
         seen.add(path)
         for module in imported_modules(path, root):
