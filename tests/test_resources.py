@@ -639,6 +639,31 @@ def test_profiling_glue():
     assert profiling.tool_settings(config)["device"] == "cuda"
 
 
+def test_nsys_settings_rerun_no_capture_that_cannot_run_nsys():
+    """profiling.nsys_trace and nsys_ranks, the capture rule's param, reran every capture of a
+    CPU study or under tool torch, whose torch.profiler they change nothing of. They are in the
+    param only where nsys may run (a GPU study, tool auto or nsys)."""
+    config = study()
+    other = {"nsys_trace": "cuda,nvtx", "nsys_ranks": "0"}
+
+    def settings(device, tool, **prof):
+        c = yaml.safe_load(yaml.safe_dump(config))
+        c["hardware"]["device"] = device
+        c["profiling"].update(tool=tool, **prof)
+        return profiling.tool_settings(c)
+
+    for tool in ("auto", "nsys"):
+        assert settings("cuda", tool) != settings("cuda", tool, **other)
+        assert settings("cuda", tool, **other)["trace"] == "cuda,nvtx"
+    for device, tool in (("cuda", "torch"), ("cpu", "torch"), ("cpu", "auto")):
+        assert settings(device, tool) == settings(device, tool, **other), (device, tool)
+    # the capture's defaults: the schema's, the CLI's
+    schema = yaml.safe_load((REPO / "workflow/schemas/config.schema.yaml").read_text())
+    nsys_trace = schema["properties"]["profiling"]["properties"]["nsys_trace"]["default"]
+    assert settings("cpu", "auto")["trace"] == nsys_trace
+    assert settings("cpu", "auto")["ranks"] == "all"
+
+
 class Settings:
     dryrun, stdout, quiet = True, False, None
 

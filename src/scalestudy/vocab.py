@@ -73,6 +73,8 @@ SCHEDULES = ("onecycle", "cosine")  # LR schedule after warm-up
 PROFILERS = ("auto", "nsys", "torch")
 # profiling.nsys_ranks: the ranks that write an nsys report (0: rank 0 only, a smaller capture)
 NSYS_RANKS = ("all", "0")
+# nsys --trace of `scalestudy profile capture` and the default of profiling.nsys_trace
+NSYS_TRACE = "cuda,nvtx,osrt,cudnn,cublas"
 # a switch whose default depends on the device (trainer flags --compile, --channels-last):
 # auto = the fast choice where it is safe (trainer/compiling.py, trainer/numerics.py say where)
 SWITCHES = ("auto", "on", "off")

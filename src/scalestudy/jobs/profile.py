@@ -65,7 +65,7 @@ from scalestudy.nsight import readers
 
 logger = log.get(__name__)
 
-NSYS_TRACE = "cuda,nvtx,osrt,cudnn,cublas"
+NSYS_TRACE = vocab.NSYS_TRACE
 NSYS_REPORTS_NEW = ("cuda_gpu_kern_sum", "cuda_gpu_mem_time_sum", "nvtx_sum")
 NSYS_REPORTS_OLD = ("gpukernsum", "gpumemtimesum", "nvtxsum")
 # Installation roots that cannot be bound into the image: binding them would hide its own system

@@ -11,6 +11,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from scalestudy import vocab
 from scalestudy.study.estimate import compute_seconds, slurm_runtime_min
 from scalestudy.study.runs import prepared_sizes, trainer_args
 from scalestudy.trainer.config import POWERSGD_START_ITER
@@ -178,13 +179,17 @@ def profile_flags(row: dict, profiling: dict) -> list[str]:
 
 
 def tool_settings(config: dict) -> dict:
-    """`scalestudy profile capture` settings: the tool, which ranks, what nsys traces."""
+    """`scalestudy profile capture` settings: the tool, which ranks, what nsys traces. The
+    nsys settings only where nsys may run (a GPU study, tool auto or nsys), else the capture's
+    defaults: the rule's param, they reran every torch.profiler capture they change nothing of."""
     prof = config["profiling"]
+    device = config["hardware"]["device"]
+    nsys = device == "cuda" and prof["tool"] != "torch"
     return {
         "tool": prof["tool"],
-        "ranks": prof["nsys_ranks"],
-        "trace": prof["nsys_trace"],
-        "device": config["hardware"]["device"],
+        "ranks": prof["nsys_ranks"] if nsys else vocab.NSYS_RANKS[0],
+        "trace": prof["nsys_trace"] if nsys else vocab.NSYS_TRACE,
+        "device": device,
     }
 
 
