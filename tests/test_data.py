@@ -324,10 +324,13 @@ def test_device_loader_train_epoch_is_full_steps() -> None:
     assert set(seen) <= set(range(n))
 
 
-def test_device_loader_augments_ahead_steps_at_once(monkeypatch) -> None:
+@pytest.mark.parametrize("window_at", [None, 5, loaders.AHEAD, 10 * loaders.AHEAD + 5])
+def test_device_loader_augments_ahead_steps_at_once(monkeypatch, window_at) -> None:
     """The train loader's ~20 crop, flip and normalisation operations run once per AHEAD steps
-    (each is a kernel launch on a GPU), and its batches are bit for bit those of one augment()
-    per step: the same samples, the same random numbers in the same order."""
+    (each is a kernel launch on a GPU), and a group starts where the throughput window opens
+    (window_at), so that no batch of the window is prepared before it; its batches are bit for
+    bit those of one augment() per step: the same samples, the same random numbers in the same
+    order. A window_at past the epoch's last step splits nothing."""
     n, lb, ws, rank, seed, epoch = 40 * loaders.AHEAD + 7, 2, 2, 1, 5, 3
     x = torch.randint(0, 256, (n, 3, 8, 8), dtype=torch.uint8)
     y = torch.arange(n)
@@ -339,11 +342,14 @@ def test_device_loader_augments_ahead_steps_at_once(monkeypatch) -> None:
         x, y, local_batch=lb, world_size=ws, rank=rank, seed=seed, train=True, device="cpu",
         mean=mean, std=std,
     )  # fmt: skip
-    loader.set_epoch(epoch)
+    loader.set_epoch(epoch, window_at)
     batches = list(loader)
     steps = loader.steps_per_epoch  # (40 x AHEAD + 7) // 4 = 10 x AHEAD + 1
     assert len(batches) == steps == 10 * loaders.AHEAD + 1
-    assert calls == [loaders.AHEAD * lb] * 10 + [lb]  # 11 groups, the last of one step
+    groups = [loaders.AHEAD * lb] * 10 + [lb]  # 11 groups, the last of one step
+    if window_at == 5:  # the first group split where the window opens
+        groups = [5 * lb, (loaders.AHEAD - 5) * lb, *groups[1:]]
+    assert calls == groups
     # the per-step reference: epoch_batches' samples, augment() once per step
     gen = torch.Generator().manual_seed(loaders.derive_seed("augment", seed, rank, epoch))
     plan = loaders.epoch_batches(n, lb * ws, ws, rank, seed, epoch)

@@ -656,6 +656,38 @@ def test_the_profilers_export_stays_out_of_the_throughput_window(
     assert m["window_time_s"] - step_sums[-1] < slow_s / 2, (m["window_time_s"], step_sums)
 
 
+def test_the_windows_data_time_holds_the_preparation_of_every_batch_it_trains_on(
+    data_dir, tmp_path, monkeypatch, one_rank_group
+):
+    """The device loader prepares 16 steps' batches in one step's data phase, from each epoch's
+    first step: with --warmup-steps 5 those of window steps 5-15 were made at step 0, outside
+    the window, whose mean data time lacked them (0.58x on CPU). A group now starts where the
+    window opens. Here each group's preparation is slowed by 0.3 s: the window (steps 5-31 of
+    two epochs of 16) trains on two groups' batches, 5-15 and 16-31, so it holds 2 x 0.3 s."""
+    from scalestudy.trainer import dist as sdist
+    from scalestudy.trainer import loop
+
+    slow_s, real = 0.3, loaders.crop_flip
+
+    def slow_crop_flip(*args):
+        time.sleep(slow_s)
+        return real(*args)
+
+    monkeypatch.setattr(loaders, "crop_flip", slow_crop_flip)
+    cfg = TrainConfig(
+        dataset="synthetic", data_dir=str(data_dir), width=4, epochs=2, local_batch=32,
+        warmup_steps=5, comm_probe_steps=0, limit_train=512, limit_test=64, tensorboard=False,
+        out=str(tmp_path),
+    )  # fmt: skip
+    assert loaders.AHEAD == 16  # one group per epoch of 16 steps, the first split at step 5
+    denv = sdist.DistEnv("none", 0, 1, 0, 1, 0, 1, "127.0.0.1", 0)
+    m = loop.train(cfg, denv, torch.device("cpu"))
+    assert m["window_steps"] == 2 * 16 - 5
+    data_s = m["data_time_ms_mean_by_rank"][0] * m["window_steps"] / 1e3
+    assert data_s >= 2 * slow_s, m["data_time_ms_mean_by_rank"]
+    assert data_s < 3 * slow_s  # not the group of warm-up steps 0-4
+
+
 @pytest.mark.parametrize("window", ["100:102", "6:20"])
 def test_a_profile_window_outside_the_runs_steps_is_refused_in_one_line(data_dir, tmp_path, window):
     """A window past the last of the run's 8 optimizer steps exited 0, profiled nothing and

@@ -391,7 +391,8 @@ class DeviceLoader:
     train=True: call set_epoch(epoch) before iterating; batches follow epoch_batches(n,
     local_batch * world_size, world_size, rank, seed, epoch) and are augmented with a device
     generator seeded from (seed, rank, epoch), so a run is reproducible for a given world size;
-    AHEAD steps' batches are prepared at once, bit for bit as one augment() call per step.
+    AHEAD steps' batches are prepared at once, bit for bit as one augment() call per step, and
+    a group starts where the throughput window opens (set_epoch's window_at).
     train=False: this rank's eval_indices in chunks of eval_batch (default 2 * local_batch), no
     augmentation; only that subset is moved to the device. Every rank yields as many chunks as the
     largest shard (ceil(n / world_size) samples) needs; a rank's last chunk holds what is left of
@@ -423,7 +424,7 @@ class DeviceLoader:
             raise ValueError(f"local_batch must be >= 1, got {local_batch}")
         self.device = torch.device(device)
         self.local_batch, self.world_size, self.rank = local_batch, world_size, rank
-        self.seed, self.train, self.epoch = seed, train, 0
+        self.seed, self.train, self.epoch, self.window_at = seed, train, 0, None
         self.dtype, self.channels_last = dtype, channels_last
         self.flip = flip  # random horizontal flips in training (vocab.Dataset.flip)
         self.n = len(x_u8)
@@ -439,8 +440,12 @@ class DeviceLoader:
         self.mean = _channel_tensor(mean, self.device)
         self.std = _channel_tensor(std, self.device)
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+    def set_epoch(self, epoch: int, window_at: int | None = None) -> None:
+        """`window_at`: the epoch's batch at which the throughput window opens (None: not in
+        this epoch). A group of AHEAD batches starts there, so that the window's data time holds
+        the preparation of every batch it trains on: at --warmup-steps 5 the first group's
+        was made at step 0, and the window's mean data time lacked 11 of 27 steps' (0.58x)."""
+        self.epoch, self.window_at = epoch, window_at
 
     @property
     def steps_per_epoch(self) -> int:
@@ -484,8 +489,10 @@ class DeviceLoader:
         # time on the H200 node), per AHEAD steps instead of per step. The random numbers are
         # drawn step by step as augment() draws them, so the batches are bit for bit those of
         # one augment() per step (training runs are the same as with a per-step loader)
-        for first in range(0, len(sizes), AHEAD):
-            group = sizes[first : first + AHEAD]
+        firsts = {*range(0, len(sizes), AHEAD), *([self.window_at] if self.window_at else [])}
+        firsts = sorted(f for f in firsts if f < len(sizes))
+        for first, end in zip(firsts, [*firsts[1:], len(sizes)], strict=True):
+            group = sizes[first:end]
             idx = all_idx[starts[first] : starts[first + len(group)]]
             offs, flips = zip(*(augment_draws(b, gen, self.device) for b in group), strict=True)
             # without flips the draws are made all the same: the crops are those with flips

@@ -132,7 +132,7 @@ def train_epochs(
     """The epochs from state.epoch on; each ends with evaluation and a checkpoint decision."""
     cfg, model, device, scheduler = run.cfg, run.model, run.device, run.recipe.scheduler
     for epoch in range(state.epoch, cfg.epochs):
-        run.set_epoch(epoch)
+        run.set_epoch(epoch, meter.window_micro_batch(state.step, cfg.accum_steps))
         model.train()
         # the loader's iterator starts inside the first step's data phase: a DataLoader's
         # workers start there (each epoch without --persistent-workers), timed as input time
@@ -430,8 +430,13 @@ class Run:
     recipe: Recipe
     scalars: Scalars  # TensorBoard scalars per epoch (rank 0)
 
-    def set_epoch(self, epoch: int) -> None:
-        (self.train_loader if self.sampler is None else self.sampler).set_epoch(epoch)
+    def set_epoch(self, epoch: int, window_at: int | None = None) -> None:
+        """`window_at`: the epoch's micro-batch at which the throughput window opens, where the
+        device loader starts preparing a group of batches (loaders.DeviceLoader.set_epoch)."""
+        if self.sampler is None:
+            self.train_loader.set_epoch(epoch, window_at)
+        else:
+            self.sampler.set_epoch(epoch)
 
     def place(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """A batch on the device in the model's input dtype and memory format. The device

@@ -106,6 +106,13 @@ class Meter:
         and the checkpoint a stop would write (state.py `_unresumable`) ask the same."""
         return not state.window_step_times and left <= self.warmup_steps
 
+    def window_micro_batch(self, epoch_step: int, accum_steps: int) -> int | None:
+        """The micro-batch of the epoch starting at optimizer step `epoch_step` at which the
+        window opens (before_step); None where it is open from the epoch's first step. One past
+        the epoch's end (the window opens in a later epoch) the device loader ignores."""
+        steps = self.segment_start + self.warmup_steps - epoch_step
+        return steps * accum_steps if steps > 0 else None
+
     def start(self, state: RunState) -> None:
         """The training loop starts (after any resume); warm-up is excluded again per segment."""
         self.segment_start = state.step

@@ -72,7 +72,9 @@ How the numbers are measured (the analysis relies on these definitions):
   unmeasured.
 - data_time_ms_mean_by_rank: each rank's mean data-phase time per window step, the waterfall's
   data wait: the device loader prepares 16 steps' batches (loaders.AHEAD) in one step's data
-  phase, so the median step's data time (data_time_ms_p50_by_rank) holds none of that work.
+  phase, so the median step's data time (data_time_ms_p50_by_rank) holds none of that work; a
+  group starts at the window's first step, so the window holds the preparation of every batch
+  it trains on.
 - diag_slow_rank, diag_data_delay_ms: diagnostic flags, off (null, 0) in every measurement;
   recorded so a run with an injected cause is never mistaken for one without. --diag-slow-rank
   R:MS: rank R sleeps MS ms (host sleep) at the end of the forward phase of every training
