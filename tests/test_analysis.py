@@ -2381,3 +2381,32 @@ def test_a_damaged_input_of_the_user_is_not_to_be_deleted(
         ), err
     else:
         assert err[0].endswith(f"delete it and run `snakemake {target}`"), err
+
+
+def test_collect_reads_time_to_target_off_the_runs_epochs_with_the_run_tables_target(tmp_path):
+    """train.target_acc was a trainer flag, so a param of every training and profiling job:
+    changing the threshold, which changes nothing a run trains or measures, retrained the whole
+    study (75 GPU runs of the paper's) and reran every capture. The workflow passes no target
+    now; collect sums the run's epochs.csv epoch_time_s up to the first epoch whose val_acc
+    reaches the run table's target_acc, as the trainer sums its training time."""
+    from scalestudy.results import collect
+    from scalestudy.study.runs import trainer_args
+
+    row, run_dir, _, metrics = collectable_run(tmp_path)
+    epochs = [
+        {**dict.fromkeys(vocab.EPOCH_COLUMNS, "0.5"), "epoch": str(e + 1),
+         "val_acc": acc, "epoch_time_s": t}
+        for e, (acc, t) in enumerate(zip(["0.3", "0.6", "0.8", "0.7"], "2345", strict=True))
+    ]  # fmt: skip
+    row = {**row, "epochs": len(epochs)}
+    metrics |= {"epochs": len(epochs), "target_acc": None, "time_to_target_s": None}
+    metrics |= {"final_val_acc": 0.7, "best_val_acc": 0.8}
+    files.write_csv(run_dir / "epochs.csv", None, epochs)
+    files.write_json(run_dir / "metrics.json", metrics)
+    for target, expected in ((0.6, 5.0), (0.75, 9.0), (0.3, 2.0), (0.9, None), (None, None)):
+        collected = collect.collect([{**row, "target_acc": target}], tmp_path / "runs")[0][0]
+        assert collected["time_to_target_s"] == expected, target
+        assert collected["target_acc"] == target  # the threshold it was computed with
+        # and the training job's flags are the same for every target
+        flags = trainer_args({**row, "target_acc": target})
+        assert flags == trainer_args(row) and "--target-acc" not in flags

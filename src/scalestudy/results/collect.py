@@ -4,8 +4,10 @@ results/csv/runs.csv   one row per run: the run-table columns, then every metric
                        (device -> device_type, device_name; lists joined with ';').
 results/csv/epochs.csv one row per run and epoch: run, the identifying run columns, the epoch row.
 
+time_to_target_s is read off the run's epochs.csv with the run table's target_acc (the training
+job is given none: a flag, changing the threshold retrained every run; collect.time_to_target).
 A key present in both the run table and metrics.json must agree (the run table's device with
-metrics.json's device type): a disagreement means the result
+metrics.json's device type; target_acc aside): a disagreement means the result
 on disk came from another configuration (a stale or hand-copied run) and is refused, naming the
 run, the key and both values. A run without a complete metrics.json is an error that names the
 file and the command that produces it, never a silent blank row; one that lacks a key of
@@ -129,6 +131,9 @@ def collect(table: list[dict], runs_dir: Path) -> tuple[list[dict], list[dict]]:
         # metrics.json's device is a dict (type, name): the run table's device is its type
         shared = {**flat, **({"device": flat["device_type"]} if "device_type" in flat else {})}
         for key, value in shared.items():
+            # the threshold applied below, the run table's (the trainer is given none)
+            if key == "target_acc":
+                continue
             if key in merged and not same(merged[key], value):
                 raise CollectError(
                     f"run {row['run']}: {key} is {merged[key]!r} in the run table but {value!r} in "
@@ -150,16 +155,31 @@ def collect(table: list[dict], runs_dir: Path) -> tuple[list[dict], list[dict]]:
                 f"{run_dir / 'metrics.json'}: {column} is {measured[column]!r}, not {what}: not "
                 f"the trainer's; {run_fix(run_dir / 'metrics.json')}"
             )
-        runs_rows.append(merged)
         epochs = load_epochs(run_dir / "epochs.csv")
         if problem := history_problem(epochs, merged):
             raise CollectError(
                 f"{run_dir / 'epochs.csv'}: {problem}: not this run's whole history; "
                 f"{run_fix(run_dir / 'epochs.csv')}"
             )
+        merged["time_to_target_s"] = time_to_target(epochs, row["target_acc"])
+        runs_rows.append(merged)
         for epoch in epochs:
             epoch_rows.append({**{c: row[c] for c in EPOCH_ID_COLUMNS}, **epoch})
     return runs_rows, epoch_rows
+
+
+def time_to_target(epochs: list[dict], target: float | None) -> float | None:
+    """time_to_target_s: the training time (evaluation excluded) of the epochs up to the first
+    whose val_acc reaches `target` (train.target_acc), the sum of their epochs.csv epoch_time_s,
+    as the trainer sums its training time; None without a target or where none reaches it."""
+    if target is None:
+        return None
+    total = 0.0
+    for epoch in epochs:
+        total += float(epoch["epoch_time_s"])
+        if float(epoch["val_acc"]) >= target:
+            return total
+    return None
 
 
 # the TrainConfig fields whose metrics.json value is what was in effect, not the flag (the

@@ -77,9 +77,11 @@ RUN_COLUMNS = (
 
 # Run columns passed to `scalestudy train` as `--<column with dashes>` (the flag rule of
 # config.py, so they are the trainer's own fields), in RUN_COLUMNS order. Not passed: target_acc
-# (added only when set) and global_batch (the trainer derives it from local_batch
-# x world size x accum_steps). The device is passed: a GPU study whose job cannot reach CUDA (no
-# GPUs in the step, a missing --nv, a driver too old for the wheel) must fail, not train on CPU.
+# (collect reads time_to_target_s off the run's epochs.csv: a flag, a param, changing the
+# threshold retrained every run and reran every capture) and global_batch (the trainer derives
+# it from local_batch x world size x accum_steps). The device is passed: a GPU study whose job
+# cannot reach CUDA (no GPUs in the step, a missing --nv, a driver too old for the wheel) must
+# fail, not train on CPU.
 _NOT_PASSED = frozenset({"target_acc", "global_batch"})
 TRAIN_FLAGS = {
     column: f"--{flag_name(column)}"
@@ -360,8 +362,6 @@ def trainer_args(row: dict) -> list[str]:
     argv = []
     for column, flag in TRAIN_FLAGS.items():
         argv += [flag, _arg(row[column])]
-    if row["target_acc"] is not None:
-        argv += ["--target-acc", _arg(row["target_acc"])]
     return argv
 
 

@@ -67,6 +67,9 @@ NOT_IDENTITY = (
     "checkpoint_every",
     "checkpoint_keep",
     "checkpoint_async",
+    # a threshold read off the run's history, not a training setting (the workflow passes none:
+    # collect computes time_to_target_s from epochs.csv, study/runs.py)
+    "target_acc",
 )
 
 

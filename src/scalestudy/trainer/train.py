@@ -153,7 +153,9 @@ How the numbers are measured (the analysis relies on these definitions):
   whole run and never decays, ending below peak_lr when the warm-up is longer (lr_max_reached =
   peak_lr x run steps / warm-up steps), and rank 0 warns at start.
 - time_to_target_s: training time (evaluation excluded) until the end of the first epoch whose
-  val_acc reaches --target-acc; null if never reached.
+  val_acc reaches --target-acc; null if never reached, or without the flag (the workflow gives
+  none: collect reads runs.csv's off epochs.csv with train.target_acc, so that changing the
+  threshold retrains no run).
 - train_time_s: wall time of the whole training loop, evaluation included.
 - lost_time_s (--checkpoint-dir): loop seconds that earlier attempts of a resumed run trained
   past the checkpoint their successor resumed from, so redone (a kill -9, a node failure, a
