@@ -898,8 +898,8 @@ def test_a_table_without_a_column_the_figures_read_is_one_line(tmp_path, capsys,
 @pytest.mark.parametrize(
     "column, value, says",
     [
-        ("world_size", "two", "world_size = 'two' is not a whole number or blank"),
-        ("world_size", "2.0", "world_size = '2.0' is not a whole number or blank"),  # re-saved
+        ("world_size", "two", "world_size = 'two' is not a whole number >= 1 or blank"),
+        ("world_size", "2.0", "world_size = '2.0' is not a whole number >= 1 or blank"),  # re-saved
         ("throughput_img_s_mean", "fast", "throughput_img_s_mean = 'fast' is not a finite number"),
         ("speedup", "inf", "speedup = 'inf' is not a finite number or blank"),  # drawn nowhere
         ("throughput_img_s_mean", "", "throughput_img_s_mean is blank, and `scalestudy analyze`"),
@@ -2410,3 +2410,22 @@ def test_collect_reads_time_to_target_off_the_runs_epochs_with_the_run_tables_ta
         # and the training job's flags are the same for every target
         flags = trainer_args({**row, "target_acc": target})
         assert flags == trainer_args(row) and "--target-acc" not in flags
+
+
+@pytest.mark.parametrize("column", ["world_size", "nodes", "local_batch", "global_batch", "n"])
+def test_a_count_of_zero_in_a_table_is_refused_in_one_line(tmp_path, column):
+    """scaling.csv's counts are each at least 1 (ranks, nodes, images per batch, repeats), but
+    the table check took any whole number: a world size of 0 edited in reached the throughput
+    figure and the proposal as a ZeroDivisionError traceback, and the report as world size 0."""
+    from scalestudy import cli, files
+
+    runs = [run("w1", "strong", 1, 64, 1000), run("w2", "strong", 2, 64, 1800)]
+    rows = scaling_rows(runs)
+    path = tmp_path / "scaling.csv"
+    files.write_csv(path, None, rows)
+    assert analysis.read_table(path, "scaling", "--scaling")  # as written: read
+    files.write_csv(path, None, [rows[0], {**rows[1], column: "0"}])
+    with pytest.raises(AnalysisError, match=rf"line 3: {column} = '0' is not a whole number >= 1"):
+        analysis.read_table(path, "scaling", "--scaling")
+    argv = ["plot", "--figure", "throughput", "--device", "cpu", "--out", str(tmp_path / "p")]
+    assert cli.main([*argv, "--scaling", str(path)]) == 2
