@@ -866,3 +866,16 @@ def test_cli_build_without_apptainer_says_what_to_do(tmp_path):
     assert "Apptainer" in r.stderr and "not on PATH" in r.stderr
     assert "install" in r.stderr and "container.enabled: false" in r.stderr
     assert not image.exists()
+
+
+def test_a_build_onto_its_own_definition_is_refused_and_writes_nothing(tmp_path):
+    """`container build X.def X.def` (the image path typed as the recipe's) replaced the recipe
+    with the built image and exited 0: the study's definition was gone."""
+    recipe = tmp_path / "trainer.def"
+    shutil.copy(TRAINER_DEF, recipe)
+    before = recipe.read_bytes()
+    argv = [sys.executable, "-m", "scalestudy", "container", "build", str(recipe), str(recipe)]
+    r = run([*argv, "--context", str(REPO)], stand_in_env(), REPO)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert f"nothing written: IMAGE is the input DEFINITION ({recipe})" in r.stderr, r.stderr
+    assert recipe.read_bytes() == before

@@ -393,3 +393,14 @@ def test_a_failing_srun_leaves_this_hosts_inventory_saying_whose_it_is(tmp_path)
     assert info["warning"].startswith(f"{info['hostname']} is not a node of Slurm job 4242")
     assert fail in info["warning"]
     assert f"WARNING inventory: {info['warning']}" in said
+
+
+def test_an_inventory_onto_the_runs_image_is_refused_and_writes_nothing(tmp_path):
+    """`inventory --out X.sif --image X.sif` replaced the run's container image with its JSON
+    and exited 0."""
+    from scalestudy import cli
+
+    image = tmp_path / "trainer.sif"
+    image.write_bytes(b"an image")
+    assert cli.main(["inventory", "--out", str(image), "--image", str(image)]) == 2
+    assert image.read_bytes() == b"an image"

@@ -708,6 +708,8 @@ def build(
     deletes before the job runs, so there the image is a new file (the umask, or the default
     ACL of its directory: `setfacl -d -m g:GROUP:rX containers` keeps it the group's) and
     none exists while it builds. Returns the new image's digest."""
+    # the recipe replaced by the image it builds (`container build X.def X.def`), said done
+    files.check_distinct({"IMAGE": image}, {"DEFINITION": definition}, DefinitionError)
     apptainer = shutil.which("apptainer")
     if apptainer is None:
         raise ApptainerNotFound(INSTALL_HELP)

@@ -39,6 +39,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from scalestudy import files, hardware, log, vocab
+from scalestudy.errors import ScalestudyError
 
 logger = log.get(__name__)
 
@@ -358,6 +359,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # the run's image replaced by its JSON (`--out X.sif --image X.sif`), said done
+    files.check_distinct({"--out": args.out}, {"--image": args.image}, ScalestudyError)
     info = for_job(args.image)
     files.write_json(args.out, info)
     gpus = info["gpus"]
