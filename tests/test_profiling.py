@@ -3257,3 +3257,33 @@ def test_every_profile_action_runs_a_function_of_its_module():
     for target in capture.ACTIONS.values():
         module, name = target.split(":")
         assert callable(getattr(importlib.import_module(module), name))
+
+
+@pytest.mark.parametrize("source", ["ncu", "nsys-stats"])
+def test_a_parse_output_inside_the_directory_it_reads_is_refused_and_writes_nothing(
+    tmp_path, capsys, source
+):
+    """`profile parse --ncu D --out-ncu D/ncu_k0.csv` replaced the raw ncu export it had just
+    read (GPU time to make again) and exited 0; the next parse of D failed with "no ncu details
+    header found". The same with an nsys stats CSV. An output inside a directory parse reads is
+    refused before any work."""
+    from scalestudy import cli
+
+    if source == "ncu":
+        d = shutil.copytree(Path(__file__).parent / "fixtures" / "gpu-h100-ncu", tmp_path / "n")
+        victim = d / "ncu_k0.csv"
+        argv = ["profile", "parse", "--ncu", str(d), "--run", "r", "--out-ncu", str(victim)]
+        fine = [*argv[:-1], str(tmp_path / "ncu.csv")]
+    else:
+        d = shutil.copytree(FIX / "nsys-2024.5", tmp_path / "s")
+        victim = next(d.glob("*cuda_gpu_kern_sum*.csv"))
+        argv = ["profile", "parse", "--nsys-stats", str(d), "--run", "r"]
+        fine = [*argv, "--out-kernels", str(tmp_path / "k.csv")]
+        argv += ["--out-kernels", str(victim)]
+    before = {p: p.read_bytes() for p in d.rglob("*") if p.is_file()}
+    capsys.readouterr()
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "nothing written: --out-" in err and f"is inside --{source} {d}" in err, err
+    assert {p: p.read_bytes() for p in d.rglob("*") if p.is_file()} == before
+    assert cli.main(fine) == 0  # outside it: parsed as before

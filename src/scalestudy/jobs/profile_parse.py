@@ -65,6 +65,23 @@ def _capture_input(capture_dir: Path) -> tuple[str, Path, str, dict]:
     return tool, capture_dir / source, manifest["why"], manifest
 
 
+def _check_outside(outputs: dict, inputs: dict) -> None:
+    """An output inside an input directory replaced a file parse reads (the raw ncu or nsys
+    output, the capture's export: GPU time to make again) and exited 0, or joined its files
+    (every *.csv of --ncu is read): refused before any work."""
+    for flag, directory in inputs.items():
+        if not directory or not Path(directory).is_dir():
+            continue
+        inside = Path(directory).resolve()
+        for what, path in outputs.items():
+            if Path(path).resolve().is_relative_to(inside):
+                raise ProfileError(
+                    f"nothing written: {what} {path} is inside {flag} {directory}, which parse "
+                    "reads: the write would replace or join its files; give the output a path "
+                    "outside it"
+                )
+
+
 def parse(args: argparse.Namespace) -> int:
     """One of --capture, --nsys-stats, --ncu -> the profile CSVs (see the module docstring)."""
     # two outputs one file (k.csv and ./k.csv: two keys of write_texts, the second written over
@@ -72,7 +89,9 @@ def parse(args: argparse.Namespace) -> int:
     outputs = {"--out-kernels": args.out_kernels, "--out-ranges": args.out_ranges}
     outputs["--out-ncu"] = args.out_ncu
     inputs = {"--nsys-stats": args.nsys_stats, "--ncu": args.ncu}
-    files.check_distinct({k: v for k, v in outputs.items() if v}, inputs, ProfileError)
+    outputs = {k: v for k, v in outputs.items() if v}
+    files.check_distinct(outputs, inputs, ProfileError)
+    _check_outside(outputs, {**inputs, "--capture": args.capture})
     if args.ncu:
         if args.out_kernels or args.out_ranges or not args.out_ncu:
             raise ProfileError(
