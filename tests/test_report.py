@@ -1024,6 +1024,11 @@ def test_a_tex_without_a_package_the_documents_load_builds_no_pdf_and_names_it(
     "damage, says",
     [
         ("empty-scaling", "scaling.csv has no rows"),  # once: "not part of this study: strong..."
+        # a 0-byte verdicts.csv (a truncated copy): the report was written without its verdicts;
+        # resources.csv and targets.csv gave "No last item, sequence was empty", no file named
+        ("empty-verdicts", "verdicts.csv has no rows"),
+        ("empty-resources", "resources.csv has no rows"),
+        ("empty-targets", "targets.csv has no rows"),
         # once a KeyError traceback, then "a CSV lacks the column": now the file and the fix
         ("no-family", "scaling.csv has no column family: it is older than this version"),
     ],
@@ -1039,6 +1044,8 @@ def test_damaged_tables_are_one_line_and_write_nothing(done, tmp_path, capsys, d
     figures = ["throughput"]
     if damage == "empty-scaling":
         (csv_dir / "scaling.csv").write_text(",".join(scaling[0]) + "\n")
+    elif damage.startswith("empty-"):
+        (csv_dir / f"{damage.removeprefix('empty-')}.csv").write_text("")
     else:
         rows = [{k: v for k, v in r.items() if k != "family"} for r in scaling]
         files.write_csv(csv_dir / "scaling.csv", None, rows)

@@ -45,6 +45,9 @@ logger = log.get(__name__)
 # analyze's tables, then the scaling model's (results/model.py)
 ANALYSIS_TABLES = TABLE_NAMES
 TABLES = (*ANALYSIS_TABLES, "model", "bucket_advice")
+# the tables `scalestudy analyze` writes rows in for every study that ran (verdicts: one per
+# target; targets: report.targets; resources: the total at least): a 0-byte copy is damage
+FILLED_TABLES = ("scaling", "system", "verdicts", "targets", "resources")
 DOCUMENTS = ("study.md", "paper.tex")
 # model.csv's parameters a document shows (the rest, e.g. the inverse bandwidths, stay in the CSV);
 # "fit" and "compute" are rows without a value whose note says why there is no fit, or no
@@ -387,12 +390,13 @@ def _named(bad: str) -> str:
 
 def context(tables: dict[str, list[dict]], figures: list[str], figure_dir: str) -> dict:
     """What the templates see: the CSV rows, grouped for convenience, and the figure names.
-    scaling.csv and system.csv without rows, or a CSV without a column grouped here, are
-    refused: the documents would say a family was not part of the study, or fail mid-way. So is
+    A table of FILLED_TABLES without rows, or a CSV without a column grouped here, is refused:
+    the documents would say a family was not part of the study, leave the verdicts out, or
+    fail mid-way. So is
     a figure directory the documents could not link to (figure_dir_problem)."""
     if why := figure_dir_problem(figure_dir):
         raise AnalysisError(why)
-    for name in ("scaling", "system"):
+    for name in (n for n in FILLED_TABLES if n in tables):
         if not tables[name]:
             raise AnalysisError(
                 f"{name}.csv has no rows: `scalestudy analyze` writes rows for every study "
