@@ -2429,3 +2429,25 @@ def test_a_count_of_zero_in_a_table_is_refused_in_one_line(tmp_path, column):
         analysis.read_table(path, "scaling", "--scaling")
     argv = ["plot", "--figure", "throughput", "--device", "cpu", "--out", str(tmp_path / "p")]
     assert cli.main([*argv, "--scaling", str(path)]) == 2
+
+
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [("grad_sync_bytes", -1), ("phase_frac_backward", 7), ("grad_sync_bytes", 0)],
+)
+def test_collect_refuses_a_cell_the_scaling_model_would_refuse(tmp_path, column, value):
+    """metrics.json's grad_sync_bytes -1 or phase_frac_backward 7 was collected; `scalestudy
+    model` then refused it with the fix "write it again with `scalestudy collect`", which wrote
+    the same value again: a loop. Collect refuses it, naming the run's metrics.json and the fix
+    that removes it (rerun the run)."""
+    from scalestudy.errors import CollectError
+    from scalestudy.results import collect
+
+    row, run_dir, _, good = collectable_run(tmp_path)
+    metrics = run_dir / "metrics.json"
+    fine = good | {"grad_sync_bytes": 44_700_000, "phase_frac_backward": 0.5}
+    files.write_json(metrics, fine)
+    assert collect.collect([row], tmp_path / "runs")[0][0][column] == fine[column]
+    files.write_json(metrics, fine | {column: value})
+    with pytest.raises(CollectError, match=rf"metrics.json: {column} is {value!r}, not "):
+        collect.collect([row], tmp_path / "runs")

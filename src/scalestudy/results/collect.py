@@ -29,6 +29,7 @@ from pathlib import Path
 from scalestudy import files, log, vocab
 from scalestudy.errors import CollectError
 from scalestudy.results import analyze
+from scalestudy.study import model
 from scalestudy.study.runs import RUN_COLUMNS, read_runs_tsv, same, trainer_args
 from scalestudy.trainer.config import NOT_IDENTITY, TrainConfig
 
@@ -119,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 RUN_FILES = ("metrics.json", "epochs.csv")  # what collect reads of each run
+GRAD_BYTES = model.GRAD_BYTES_CELL.or_blank()  # blank: a trainer from before it was recorded
 
 
 def collect(table: list[dict], runs_dir: Path) -> tuple[list[dict], list[dict]]:
@@ -149,7 +151,7 @@ def collect(table: list[dict], runs_dir: Path) -> tuple[list[dict], list[dict]]:
         # the measurements analyze reads, checked as analyze checks runs.csv, here where the
         # fix is to rerun the run: refused in runs.csv, the value came back with every collect
         measured = {k: v for k, v in merged.items() if k not in row}
-        if bad := analyze.run_row_problem(measured):
+        if bad := analyze.run_row_problem(measured) or model_cell_problem(measured):
             column, what = bad
             raise CollectError(
                 f"{run_dir / 'metrics.json'}: {column} is {measured[column]!r}, not {what}: not "
@@ -166,6 +168,20 @@ def collect(table: list[dict], runs_dir: Path) -> tuple[list[dict], list[dict]]:
         for epoch in epochs:
             epoch_rows.append({**{c: row[c] for c in EPOCH_ID_COLUMNS}, **epoch})
     return runs_rows, epoch_rows
+
+
+def model_cell_problem(measured: dict) -> tuple[str, str] | None:
+    """(column, what it must be) of a cell the scaling model reads and refuses (study/model.py:
+    grad_sync_bytes, the phase shares), else None: its refusal names collect as the fix, which
+    wrote the same value again, so a damaged metrics.json is refused here, where the fix is to
+    rerun the run. Blank: not measured."""
+    for column, value in measured.items():
+        rule = GRAD_BYTES if column == "grad_sync_bytes" else None
+        if column.startswith("phase_frac_"):  # a phase's share of the step
+            rule = files.FRACTION.or_blank()
+        if rule is not None and not rule.holds(value):
+            return column, rule.what
+    return None
 
 
 def time_to_target(epochs: list[dict], target: float | None) -> float | None:
