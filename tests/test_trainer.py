@@ -68,6 +68,10 @@ def test_metrics_has_every_key_and_sane_values(ddp_run):
     assert 0 < m["step_time_ms_p50"] <= m["step_time_ms_p95"]
     assert 0 <= m["data_time_frac"] < 1
     assert 0 <= m["comm_exposed_frac"] < 1
+    # the probe's two medians, from which it is computed (before the clip at 0)
+    t_sync, t_nosync = m["comm_probe_sync_ms_p50"], m["comm_probe_nosync_ms_p50"]
+    assert t_sync > 0 and t_nosync > 0
+    assert m["comm_exposed_frac"] == pytest.approx(max(0.0, 1 - t_nosync / t_sync), abs=1e-12)
     assert m["peak_mem_mb"] > 0
     assert len(m["param_checksums"]) == 2
     assert m["time_to_target_s"] is None  # no --target-acc: null, not the whole run's time
@@ -257,7 +261,7 @@ def test_the_comm_probe_is_one_minus_the_median_ratio_of_unsynchronised_to_synch
     Warm-up: one pass of each (1000 s, 500 s, left out). Then 3 with sync: 40, 40, 100 ms
     (median 40) and 3 without: 10, 10, 70 ms (median 10): 1 - 10 / 40 = 0.75. (Means, 60 and
     30 ms, would give 0.5; the warm-ups counted, medians 70 and 40 ms, 0.43; the arms swapped,
-    0 after the clamp.)"""
+    0 after the clamp.) The passes of the two arms alternate."""
     from types import SimpleNamespace
 
     from scalestudy.trainer import measure
@@ -292,8 +296,10 @@ def test_the_comm_probe_is_one_minus_the_median_ratio_of_unsynchronised_to_synch
         Net(), no_sync, [batch], cfg, torch.device("cpu"), lambda x, y: (x, y),
         contextlib.nullcontext, 1, lambda: None,
     )  # fmt: skip
-    assert got == pytest.approx(0.75, abs=1e-9)
-    assert probe.order == [True, False, True, True, True, False, False, False]
+    assert got == pytest.approx((0.75, 40.0, 10.0), abs=1e-9)  # the share, the medians in ms
+    # the warm-ups, then the arms interleaved: a drift over the probe falls on both alike (all
+    # of one arm, then the other, put it between them)
+    assert probe.order == [True, False, True, False, True, False, True, False]
     assert probe.durations == {True: [], False: []}  # every scripted pass ran
 
 
@@ -328,6 +334,7 @@ def test_synthetic_data_is_learned_far_above_chance(data_dir, tmp_path):
     m = read_metrics(tmp_path)
     assert m["launcher"] == "none" and m["world_size"] == 1
     assert m["comm_exposed_frac"] == 0.0  # 1 rank: nothing to synchronise, the probe is skipped
+    assert m["comm_probe_sync_ms_p50"] is None and m["comm_probe_nosync_ms_p50"] is None
     assert m["peak_lr"] == pytest.approx(2.0 * 32 / 512)
     assert m["best_val_acc"] > 0.6, m["best_val_acc"]
     # time to accuracy: the training time (no evaluation) of the epochs up to the first one

@@ -296,14 +296,14 @@ def finish(
     weights, the metrics over ranks; rank 0 writes metrics.json, then the checkpoints go (a
     failed metrics.json write keeps them: the rerun resumes from the last one)."""
     cfg, world_size = run.cfg, run.world_size
-    comm_exposed = None
+    comm_exposed = probe_sync_ms = probe_nosync_ms = None
     if cfg.comm_probe_steps and world_size == 1:
         # one rank synchronises nothing: the probe would time two identical arms and report
         # their difference, noise (30% seen on a CPU), as exposed communication
         comm_exposed = 0.0
     elif cfg.comm_probe_steps:
         progress.at("comm probe")
-        comm_exposed = comm_probe(
+        comm_exposed, probe_sync_ms, probe_nosync_ms = comm_probe(
             run.model,
             run.no_sync,
             run.train_loader,
@@ -357,6 +357,8 @@ def finish(
             measured["mfu_gpus"],
         ),
         "comm_exposed_frac": comm_exposed,
+        "comm_probe_sync_ms_p50": probe_sync_ms,
+        "comm_probe_nosync_ms_p50": probe_nosync_ms,
         "final_val_acc": state.history[-1]["val_acc"],
         "best_val_acc": max(r["val_acc"] for r in state.history),
         "time_to_target_s": state.time_to_target,

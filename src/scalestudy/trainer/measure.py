@@ -683,8 +683,9 @@ def torch_ops_export(key_averages) -> dict:
 
 def comm_probe(model, no_sync, loader, cfg, device, place, autocast, world_size, begin_step):
     """Exposed communication: 1 - t(fwd+bwd without sync) / t(fwd+bwd with sync); see train.py.
-    `place(x, y)` puts a batch on the device in the model's layout; `autocast()` is the run's;
-    `begin_step()` starts each probe step as the training loop starts its steps (CUDA graphs)."""
+    Returns (that share, the two medians in ms: with sync, without). `place(x, y)` puts a batch
+    on the device in the model's layout; `autocast()` is the run's; `begin_step()` starts each
+    probe step as the training loop starts its steps (CUDA graphs)."""
     model.train()
     saved = [b.detach().clone() for b in model.buffers()]  # BN stats change in train mode
     if cfg.loader == "device":
@@ -712,12 +713,17 @@ def comm_probe(model, no_sync, loader, cfg, device, place, autocast, world_size,
 
     one(True)  # warm both paths once
     one(False)
-    with_sync = [one(True) for _ in range(cfg.comm_probe_steps)]
-    without = [one(False) for _ in range(cfg.comm_probe_steps)]
+    # the arms interleaved pass by pass: a drift over the probe (clocks, caches, a shared node's
+    # other jobs) falls on both alike; all of one arm, then all of the other, put it between them
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for _ in range(cfg.comm_probe_steps):
+        for sync in (True, False):
+            times[sync].append(one(sync))
     with torch.no_grad():
         for b, s in zip(model.buffers(), saved, strict=True):
             b.copy_(s)
-    return max(0.0, 1.0 - statistics.median(without) / statistics.median(with_sync))
+    t_sync, t_nosync = statistics.median(times[True]), statistics.median(times[False])
+    return max(0.0, 1.0 - t_nosync / t_sync), 1e3 * t_sync, 1e3 * t_nosync
 
 
 GPU_SAMPLE_COLUMNS = (

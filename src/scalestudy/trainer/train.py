@@ -83,8 +83,12 @@ How the numbers are measured (the analysis relies on these definitions):
   evaluation, so the probe measures the communication alone.
 - comm_exposed_frac: after training, `comm_probe_steps` forward+backward passes are timed with
   gradient synchronisation and as many without it (DDP no_sync / FSDP without gradient sync / no
-  all-reduce); exposed = max(0, 1 - t_nosync / t_sync), the share of a forward-backward pass that
-  communication adds beyond what overlaps with backward. Optimizer steps are not taken in the probe
+  all-reduce), the two arms interleaved pass by pass (each pass the slowest rank's time);
+  exposed = max(0, 1 - t_nosync / t_sync) of the arms' medians, the share of a forward-backward
+  pass that communication adds beyond what overlaps with backward. Clipped at 0, the estimate
+  errs upward where the true share is below the passes' noise (a few % of a pass on a shared
+  CPU): comm_probe_sync_ms_p50 and comm_probe_nosync_ms_p50 record the two medians (ms; null
+  where the probe did not run). Optimizer steps are not taken in the probe
   and BN statistics are restored, so it cannot change the trained model. At world_size 1 the probe
   is skipped and the value is 0.0 (nothing to synchronise); null when the probe is off. Under
   --accum-steps k the passes are single micro-batches too: the share of one synchronised pass, not
