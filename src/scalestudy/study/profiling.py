@@ -111,7 +111,7 @@ def profiling_jobs(config: dict, rows: list[dict], estimates: Mapping) -> list[P
             r["nodes"],
             r["gpus"],
             60 * job_minutes(config, r, estimates[r["run"]], rule),
-        )  # fmt: skip
+        )
         for r in profiled_runs(config, rows)
         for rule in rules
     ]
