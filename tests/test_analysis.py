@@ -977,6 +977,13 @@ def test_the_accuracy_figure_refuses_empty_or_damaged_epochs(tmp_path, capsys):
         ([{k: v for k, v in epoch.items() if k != "families"}], "has no column 'families'"),
         ([{k: v for k, v in epoch.items() if k != "val_acc"}], "has no column 'val_acc'"),
         ([{**epoch, "val_acc": "high"}], "a cell that is not a number"),
+        # drawn as -500 %, and a traceback from numpy's arange past the float range
+        ([{**epoch, "val_acc": "-5"}], "val_acc = '-5' is not a fraction in \\[0, 1\\]"),
+        ([{**epoch, "epoch_time_s": "0"}], "epoch_time_s = '0' is not a number > 0"),
+        (
+            [{**epoch, "epoch": "2", "epoch_time_s": "1e308"}, {**epoch, "epoch_time_s": "1e308"}],
+            "training time is past the float range",
+        ),
     ]:
         with pytest.raises(AnalysisError, match=says):
             plots.make_figure("accuracy", tmp_path / "none", epochs=epochs)

@@ -405,7 +405,7 @@ def accuracy_curves(
     """Strong-family configuration -> [(epoch, cumulative training time s, val_acc)], the mean
     over repeats; configurations of other families when the strong family did not run
     (plot_accuracy's title says which: `_has_strong`)."""
-    fix = "write it again: snakemake results/csv/epochs.csv"
+    fix = EPOCHS_FIX
     if not epochs:
         raise AnalysisError(f"epochs.csv has no epochs: nothing to draw; {fix}")
     try:
@@ -420,7 +420,20 @@ def _has_strong(e: dict) -> bool:
     return "strong" in e["families"].split(";")
 
 
+# the cells of epochs.csv the accuracy figure draws (collect checks each run's file so): a
+# val_acc of -5 was drawn as -500 %, and times past the float range were numpy's traceback
+EPOCH_CELLS = {"val_acc": files.FRACTION, "epoch_time_s": files.POSITIVE}
+EPOCHS_FIX = "write it again: snakemake results/csv/epochs.csv"
+
+
 def _accuracy_curves(epochs: list[dict], device: str) -> dict[str, list[tuple[int, float, float]]]:
+    for i, e in enumerate(epochs, start=2):  # line 1 is the header
+        for column, rule in EPOCH_CELLS.items():
+            if not rule.holds(e[column]) and number(e[column]) is not None:
+                raise AnalysisError(
+                    f"epochs.csv, line {i}: {column} = {e[column]!r} is not {rule.what}; "
+                    f"{EPOCHS_FIX}"
+                )
     pick = [e for e in epochs if _has_strong(e)] or epochs
     sums: dict[tuple, list] = defaultdict(list)
     for e in pick:
@@ -436,6 +449,11 @@ def _accuracy_curves(epochs: list[dict], device: str) -> dict[str, list[tuple[in
             clock = 0.0
             for e in sorted(rows, key=lambda e: int(e["epoch"])):
                 clock += float(e["epoch_time_s"])
+                if not math.isfinite(clock):
+                    raise AnalysisError(
+                        f"epochs.csv: run {e['run']}'s training time is past the float range "
+                        f"(epoch_time_s); {EPOCHS_FIX}"
+                    )
                 per_epoch[int(e["epoch"])].append((clock, float(e["val_acc"])))
         w, lb, p, bk = key
         label = f"{w} {vocab.plural(_unit(device), w)}, local batch {lb}, {p}"
