@@ -1994,3 +1994,65 @@ def test_the_paper_mfu_table_fits_the_text_width(tmp_path):
     log = (out / "paper.log").read_text(errors="replace")
     wide = re.findall(r"Overfull \\hbox \(([\d.]+)pt too wide\) in \w+ at lines (\S+)", log)
     assert [w for w in wide if float(w[0]) > 1.0] == [], wide
+
+
+def test_the_results_tables_print_a_value_apart_from_its_target(done, tmp_path):
+    """The verdict rows print a value apart from its threshold, but the results tables printed
+    the same cells at one decimal or 3 digits: E_s 0.69996 as "70.0" against a target of 70%
+    (the verdict: fail), a weak deviation of 0.10004 as "+10.0", a precision speedup of
+    1.19996 as "1.20" against a 20% target. Each is printed apart from its target there too."""
+    csv_dir = tmp_path / "csv"
+    csv_dir.mkdir()
+    for name in report.TABLES:
+        (csv_dir / f"{name}.csv").write_text((done / f"results/csv/{name}.csv").read_text())
+    targets = {r["target"]: float(r["value"]) for r in read(csv_dir / "targets.csv")}
+    assert (targets["strong_efficiency"], targets["weak_deviation"]) == (0.7, 0.1)
+    assert targets["optimisation_speedup"] == 0.2
+    rows = read(csv_dir / "scaling.csv")
+    strong = max((r for r in rows if r["family"] == "strong"), key=lambda r: int(r["world_size"]))
+    weak = max((r for r in rows if r["family"] == "weak"), key=lambda r: int(r["world_size"]))
+    prec = next(r for r in rows if r["family"] == "precision")
+    strong["strong_efficiency"] = "0.69996"
+    weak["weak_deviation"] = "0.100039821442"
+    prec["precision_speedup"] = "1.19996"
+    files.write_csv(csv_dir / "scaling.csv", list(rows[0]), rows)
+    docs = report.render(csv_dir, done / "workflow/report", FIGURES, "../results/plots")
+    md, paper = docs["study.md"], " ".join(docs["paper.tex"].split())
+    w_s, w_w = strong["world_size"], weak["world_size"]
+    row = next(ln for ln in md.splitlines() if ln.startswith(f"| {w_s} |") and "69.99" in ln)
+    assert "| 69.996 |" in row and "| 70.0 |" not in row, row
+    row = next(ln for ln in md.splitlines() if ln.startswith(f"| {w_w} |") and "+10.0" in ln)
+    assert "| +10.004 |" in row, row
+    row = next(ln for ln in md.splitlines() if ln.startswith(f"| {prec['world_size']} | fp32 |"))
+    assert "| 1.19996 |" in row and "| 1.20 |" not in row, row
+    assert "& 69.996 &" in paper and "& +10.004 " in paper and "& 1.19996 &" in paper
+    for name, text in docs.items():
+        assert report.numbers_backed_by_csvs(text, report.load_tables(csv_dir)) == [], name
+
+
+def test_an_empty_waterfall_and_a_probe_off_for_some_runs_are_said(done, tmp_path):
+    """A study without a multi-rank configuration above its baseline (waterfall.csv header-only)
+    lost its "Where the efficiency goes" section without a word, where every other absent
+    measurement is said; and runs with the probe off beside probed ones (system.csv's
+    comm_probe_steps "3; 0") read "a probe after training times 3; 0 forward-backward passes"."""
+    csv_dir = tmp_path / "csv"
+    csv_dir.mkdir()
+    for name in report.TABLES:
+        (csv_dir / f"{name}.csv").write_text((done / f"results/csv/{name}.csv").read_text())
+    header = (csv_dir / "waterfall.csv").read_text().splitlines()[0]
+    (csv_dir / "waterfall.csv").write_text(header + "\n")
+    rows = read(csv_dir / "system.csv")
+    probe = next(
+        r for r in rows if (r["section"], r["key"]) == ("run settings", "comm_probe_steps")
+    )
+    probe["value"] = "3; 0"
+    files.write_csv(csv_dir / "system.csv", list(rows[0]), rows)
+    docs = report.render(csv_dir, done / "workflow/report", FIGURES, "../results/plots")
+    md, paper = docs["study.md"], " ".join(docs["paper.tex"].split())
+    for text in (md, paper):
+        assert "Where the efficiency goes" in text
+        assert "No breakdown of the efficiency loss: waterfall.csv has no rows" in text
+    assert "times 3 forward-backward passes" in md and "times 3; 0" not in md
+    assert "Some runs had the probe off (train.comm_probe_steps 0)" in md
+    for name, text in docs.items():
+        assert report.numbers_backed_by_csvs(text, report.load_tables(csv_dir)) == [], name

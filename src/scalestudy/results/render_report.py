@@ -90,6 +90,18 @@ def fmt_sig(value, digits: int) -> str:
 SIG_DIGITS = 12
 
 
+def fmt_num_apart(value, other) -> str:
+    """3 significant digits (fmt_num), or as many more as it takes to print the cell apart
+    from `other` (a target: a precision speedup against 1 + optimisation_speedup), unless
+    the two are equal: a speedup of 1.19996 printed "1.20" beside a 20% target it fails."""
+    x, o = _float(value), _float(other)
+    for digits in range(3, SIG_DIGITS + 1):
+        text = fmt_sig(value, digits)
+        if x is None or o is None or x == o or text != fmt_sig(o, digits):
+            return text
+    return text
+
+
 def ratio_digits(numerator, denominator, ratio) -> int:
     """The fewest significant digits (3 to SIG_DIGITS) at which the cells `numerator` and
     `denominator`, printed (fmt_sig), give the cell `ratio` = numerator / denominator - 1 as it
@@ -508,6 +520,7 @@ def environment(templates: Path) -> tuple[jinja2.Environment, jinja2.Environment
         env.filters["fixed"] = fmt_fixed
         env.filters["summing_decimals"] = summing_decimals
         env.filters["sig"] = fmt_sig
+        env.filters["num_apart"] = fmt_num_apart
         env.filters["ratio_digits"] = ratio_digits
     md.filters["cell"] = md_cell
     # what the filters replaced, for warn_unsettable once the documents are rendered
@@ -539,10 +552,12 @@ TEX_FORMS = (tex_escape, tex_breakable, tex_verbatim)
 # the cells the documents print with fmt_fixed (summing_decimals' decimals): the waterfall's
 # X_ideal, X and loss in img/s, which add up as printed
 FIXED_CELLS = {"waterfall": ("x_ideal", "x_measured", "loss_img_s")}
-# the cells printed with fmt_sig (ratio_digits' digits): the step times whose ratio is printed
+# the cells printed with fmt_sig (ratio_digits' or fmt_num_apart's digits): the step times whose
+# ratio is printed, a speedup beside its target
 SIG_CELLS = {
     "bucket_advice": ("predicted_step_s", "default_step_s"),
     "model": ("measured", "predicted"),
+    "scaling": ("precision_speedup",),  # fmt_num_apart: apart from its target
 }
 
 
