@@ -1549,7 +1549,10 @@ def test_a_damaged_runs_csv_is_one_line_before_any_table(tmp_path, capsys):
         "repeat": ([{**good[0], "repeat": "first"}, good[1]],
                    "run 'w1_r0' has repeat = 'first', not a whole number >= 0"),
         "infinite": ([good[0], {**good[1], "throughput_img_s": "inf"}],
-                     "run 'w2_r0' has throughput_img_s = 'inf', not a number > 0"),
+                     "run 'w2_r0' has throughput_img_s = 'inf', not a number in [1e-06, 1e+12]"),
+        # finite but past any run: the waterfall's step times underflowed to a ZeroDivisionError
+        "absurd": ([good[0], {**good[1], "throughput_img_s": "1e300"}],
+                   "run 'w2_r0' has throughput_img_s = '1e300', not a number in [1e-06, 1e+12]"),
         # the trainer's range: 1e-12 MiB was hundreds of billions of the model's buckets
         "bucket": ([good[0], {**good[1], "bucket_cap_mb": "1e-12"}],
                    "run 'w2_r0' has bucket_cap_mb = '1e-12', not a number in [0.001, 1000000]"),
@@ -2021,11 +2024,14 @@ def test_collect_refuses_a_measurement_analyze_would_refuse_naming_the_runs_file
     files.write_csv(run_dir / "epochs.csv", None, epochs)
     for change, says in [
         ({"final_val_acc": 1.5}, "final_val_acc is 1.5, not a fraction in [0, 1]"),
-        ({"throughput_img_s": -900.0}, "throughput_img_s is -900.0, not a number > 0"),
+        (
+            {"throughput_img_s": -900.0},
+            "throughput_img_s is -900.0, not a number in [1e-06, 1e+12]",
+        ),
         ({"gpu_util_mean": "high"}, "gpu_util_mean is 'high', not a percentage in [0, 100]"),
         ({"window_warmup_steps": 2.5}, "window_warmup_steps is 2.5, not a whole number >= 0"),
         # a JSON boolean was read as 1 or 0, collected, then refused by analyze as "True"
-        ({"throughput_img_s": True}, "throughput_img_s is True, not a number > 0"),
+        ({"throughput_img_s": True}, "throughput_img_s is True, not a number in [1e-06, 1e+12]"),
         ({"mfu": False}, "mfu is False, not a fraction in [0, 1]"),
         (
             {"busy_time_ms_p50_by_rank": [10.5, "slow"]},

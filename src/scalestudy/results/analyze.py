@@ -1304,6 +1304,7 @@ RUNS_CELLS = {
     # the trainer's range, which the scaling model builds its buckets in (study/model.py; its
     # grad_sync_bytes, which analyze reads nowhere, model and plan check themselves)
     "bucket_cap_mb": model.BUCKET_CAP_CELL,
+    "throughput_img_s": model.THROUGHPUT_CELL,
     **{c: files.FRACTION for c in RUNS_FRACTIONS},
     **{c: files.PERCENT for c in RUNS_PERCENT},
 }

@@ -191,11 +191,15 @@ GRAD_BYTES_CELL = files.Cell(
     GRAD_BYTES_MAX,
     above=True,
 )
+# a run's images/s, from one image in 11 days to 10^12 (10^7 GPUs at 10^5 img/s): a finite
+# 1e300 underflowed the step time to 0 (the waterfall's ZeroDivisionError), a 1e-300 made the
+# fit's residuals infinite
+THROUGHPUT_CELL = files.Cell("a number in [1e-06, 1e+12]", 1e-6, 1e12)
 MODELLED_CELLS = {
     **{c: files.count(1) for c in ("world_size", "nodes", "local_batch", "global_batch")},
     "bucket_cap_mb": BUCKET_CAP_CELL,
     "grad_sync_bytes": GRAD_BYTES_CELL,
-    "throughput_img_s": files.POSITIVE,
+    "throughput_img_s": THROUGHPUT_CELL,
 }
 # bytes sent per byte of DDP's buckets under a comm hook that casts each bucket before its
 # all-reduce (trainer/parallel.py): DDP buckets the fp32 gradients (4 bytes a value, the cap
