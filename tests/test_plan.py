@@ -1742,3 +1742,52 @@ def test_the_plan_digest_changes_with_what_plan_md_prints(key, value):
     assert plan.estimate_runs(changed, build_run_table(changed), []) == estimates  # the case
     assert plan.plan_markdown(changed, estimates, []) != plan.plan_markdown(config, estimates, [])
     assert plan.plan_digest(estimates, changed) != plan.plan_digest(estimates, config)
+
+
+def test_an_unmeasured_bucket_size_is_priced_by_the_model_not_by_other_buckets_runs():
+    """The bucket sweep's runs at a cap no run measured were priced at the "batch" level from
+    the strong run of the same world size and local batch at 25 MiB, whose bucket count (and
+    so the all-reduce's latency) differs: on the paper study's shape the 1 MiB run was priced
+    at 591 s, its limit 900 s, while it takes 1106 s (the scaling model, fitted to the same
+    runs, gives its step exactly). The bucket cap is part of the "batch" and "world size"
+    levels' keys, so such a run falls through to the model."""
+    study = {
+        "dataset": "synthetic",
+        "synthetic": {"num_train": 50000, "num_test": 10000},
+        "hardware": {"device": "cuda", "gpus_per_node": 4, "runtime_min": 1},
+        "train": {"epochs": 200, "local_batch": 64, "precision": "fp32"},
+        "repeats": 1,
+        "checkpointing": {"enabled": False},
+        "families": {
+            "strong": {"enabled": True, "gpus": [1, 2, 4, 8, 16], "global_batch": 512},
+            "weak": {"enabled": True, "gpus": [1, 2, 4, 8, 16], "local_batch": 256},
+            "bucket": {"enabled": True, "gpus": 8, "bucket_cap_mb": [1, 25], "local_batch": [64]},
+        },
+    }
+    config = validate(yaml.safe_load(yaml.safe_dump(study)))
+    table = build_run_table(config)
+    theta = np.array([50e-6, 1 / 20e9, 1 / 5e9])  # alpha, 1/beta intra-node, 1/beta inter
+    compute = model.Compute("fp32", 5e-3, 1e-4, None, 0, None, 0.6, (), "")
+    grad_bytes = 44_695_848
+
+    def step(r) -> float:
+        point = model.Point("fp32", r["local_batch"], r["world_size"], r["nodes"],
+                            r["bucket_cap_mb"], grad_bytes, (), (), 0, None, None)  # fmt: skip
+        return model.model_step(theta, compute, point)[0]
+
+    measured = []
+    for r in table:
+        if r["families"] == "bucket":
+            continue  # the sweep's own cap: not measured yet
+        x = r["global_batch"] / step(r)
+        cells = {"throughput_img_s": x, "throughput_img_s_per_rank": x / r["world_size"],
+                 "grad_sync_bytes": grad_bytes, "phase_frac_backward": 0.6}  # fmt: skip
+        measured.append({k: str(v) for k, v in (r | cells).items()} | {"wall_s": None})
+    est = {e.run: e for e in plan.estimate_runs(config, table, measured)}
+    one = est["w8_lb64_fp32_ddp_bk1_r0"]
+    # extrapolated: local batch 64 is below the 1-rank runs' (256 and 512)
+    assert one.throughput_basis in ("model", "model, extrapolated"), one.throughput_basis
+    r = next(r for r in table if r["run"] == one.run)
+    assert one.throughput_img_s == pytest.approx(r["global_batch"] / step(r), rel=1e-6)
+    assert step(r) > 1.5 * step({**r, "bucket_cap_mb": 25})  # the latency the cap costs
+    assert est["w8_lb64_fp32_ddp_bk25_r0"].throughput_basis == "run"  # measured: itself

@@ -419,15 +419,18 @@ def _level_key(level: str, row: dict) -> tuple:
     level but precision's (which rescales by eta(W, nodes)): W ranks within one node and W
     across two are different runs (gpus_per_node changed, or --runs-csv from another cluster):
     the model prices such a run, extrapolated where no fitted run had its ranks per node or
-    its width on its kind of link (model.Fit.beyond_fitted)."""
+    its width on its kind of link (model.Fit.beyond_fitted). So is the bucket cap part of the
+    batch and world-size levels: a cap no run measured sets another bucket count, so another
+    all-reduce latency (a 1 MiB run priced at the 25 MiB run's rate was given 591 s, a limit of
+    900 s, for 1106 s), which the model prices."""
     w, lb, p = int(float(row["world_size"])), int(float(row["local_batch"])), row["precision"]
-    nodes = int(float(row["nodes"]))
+    nodes, bucket = int(float(row["nodes"])), float(row["bucket_cap_mb"])
     if level == "run":
         return (row["run"].rsplit("_r", 1)[0], nodes)
     if level == "batch":
-        return (p, w, lb, nodes)
+        return (p, w, lb, nodes, bucket)
     if level == "world size":
-        return (p, w, nodes)
+        return (p, w, nodes, bucket)
     return (p,)
 
 
