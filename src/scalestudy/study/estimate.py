@@ -47,9 +47,10 @@ naming no family of hardware.py's table, "" included, leaves every GPU to calibr
 levels, the first that has measurements taken:
 
     1. run        the same configuration (run id without its repeat), e.g. repeats 1, 2 of r0
-    2. batch      the same precision, world size and local_batch
-    3. world size the same precision and world size, at the measured local batch nearest the
-                  run's (in log2, the smaller on a tie), a larger one at its step time:
+    2. batch      the same precision, world size, local_batch and bucket_cap_mb
+    3. world size the same precision, world size and bucket_cap_mb (a cap no run measured
+                  sets another bucket count: the model prices it), at the measured local batch
+                  nearest the run's (in log2, the smaller on a tie), a larger one at its step time:
                   x_rank x local_batch / measured local_batch (a smaller batch takes no longer
                   per step; a mean over local batches priced 32 at 1.9 x the rate measured at 64
                   on a GPU, whose rate grows with its batch, and its time limit fell short)
@@ -84,7 +85,8 @@ recorded), as the study's. A run measured with other threads per rank calibrates
 
 Energy (GPU, training runs only): a run's kWh = J/img x epochs x N_train / 3.6e6, with J/img the
 mean measured energy_j_per_img (NVML's counter over the window's training spans, train.py) of
-measured runs at the first of the levels run, batch, world size (same precision and world size:
+measured runs at the first of the levels run, batch, world size (same precision, world size and
+bucket cap:
 energy per image changes with communication, so it is not carried to other world sizes); where
 those spans were too short for the counter (GPU epochs of ~2 s), energy_wall_j_per_img (the
 window's wall span, its evaluations included; the basis says "evaluation included"). Without
