@@ -535,7 +535,7 @@ def model_step(theta: np.ndarray, c: Compute, pt: Point) -> tuple[float, np.ndar
 @dataclass(frozen=True)
 class Prediction:
     step_s: float | None  # None: not identified by the fit (basis says why)
-    lo_s: float | None  # 95% prediction interval; None: not enough data
+    lo_s: float | None  # 95% prediction interval of one run (module docstring); None: no data
     hi_s: float | None
     extrapolated: bool
     basis: str
