@@ -1397,3 +1397,18 @@ def test_the_prediction_interval_covers_one_run_where_the_fit_is_of_means_of_rep
     assert all(count / studies >= 0.9 for count in inside.values()), inside
     # one run per configuration: nothing within a configuration to add
     assert model.fit_study(synthetic_rows(noise, seed=1)).run_var == 0.0
+
+
+def test_runs_of_two_comm_hooks_are_refused_not_mispredicted():
+    """A runs.csv merged from two studies (no hook, and the fp16 hook) was fitted exactly, each
+    point at its own bytes on the wire, but predicted at the commonest hook's: model.csv put
+    the hooked points 4-44% off, with intervals that excluded the measured steps. One study has
+    one hook (train.comm_hook); a mix is refused in one line."""
+    rows = synthetic_rows(sizes=(1, 2, 4))
+    assert model.fit_study(rows) is not None
+    hooked = [dict(r, run=f"{r['run']}_fp16", comm_hook="fp16") for r in rows]
+    with pytest.raises(AnalysisError, match=r"mixes comm_hook \['fp16', 'none'\]"):
+        model.fit_study(rows + hooked)
+    # powersgd's runs are not modelled (skipped with their reason): no mix
+    pows = [dict(r, run=f"{r['run']}_psgd", comm_hook="powersgd") for r in rows]
+    assert model.fit_study(rows + pows) is not None

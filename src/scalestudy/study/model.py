@@ -315,6 +315,14 @@ def points(rows: list[dict]) -> tuple[list[Point], list[tuple[str, str]]]:
         held = _num(row, "grad_sync_bytes") / wire  # the bytes DDP's buckets hold
         groups[(*key, _num(row, "bucket_cap_mb"), held, wire)].append(row)
     _one_model(rows)
+    # a study has one (train.comm_hook); a hand-merged runs.csv of two: Fit.predict prices every
+    # point at the commonest hook's bytes on the wire, and the others were mispredicted by 40%
+    hooks = {r.get("comm_hook") or "none" for runs in groups.values() for r in runs}
+    if len(hooks) > 1:
+        raise AnalysisError(
+            f"mixes comm_hook {sorted(hooks)} among the DDP runs it models: the scaling model "
+            "fits one; model each hook's runs apart (one runs.csv each)"
+        )
     return [_point(key, runs) for key, runs in sorted(groups.items())], skipped
 
 
