@@ -1335,3 +1335,13 @@ def test_the_profiling_request_is_each_jobs_time_limit_as_plan_md_prices_it(tmp_
     floor = config["hardware"]["runtime_min"] / 60
     assert node_h > 1.5 * jobs * floor  # a 20-minute start-up x 1.5: no job at the floor
     assert {r["source"] for r in prof} == {proposal.PROFILING_SOURCE}
+    # a row per rule and shape, its hours its jobs' limit (the mean, rounded up: one row held
+    # a capture and an ncu job, and printed hours that were neither's)
+    from scalestudy.study import profiling
+
+    jobs = profiling.profiling_jobs(config, build_run_table(config), {e.run: e for e in own})
+    for rule in ("profile_capture", "profile_ncu"):
+        mine = [r for r in prof if r["item"].startswith(f"profiling ({rule}), ")]
+        hours = [float(r["value"]) for r in mine if r["quantity"] == "hours_per_run"]
+        limits = [j.runtime_s / 3600 for j in jobs if j.rule == rule]
+        assert hours and max(limits) <= max(hours) <= max(limits) * 1.01, (rule, hours, limits)

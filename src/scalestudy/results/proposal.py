@@ -673,8 +673,9 @@ def proposal_rows(
     rows.append(_row("planner", "calibration", "runs_calibrated", calibrated, "runs", src))
     rows.append(_row("planner", "calibration", "runs_startup_only", startup, "runs", src))
     jobs = profiling.profiling_jobs(config, build_run_table(config), {e.run: e for e in study})
-    for item, members in _grouped("profiling", jobs):
-        req += request_rows(item, members, PROFILING_SOURCE, train=False)
+    for rule in dict.fromkeys(j.rule for j in jobs):  # a row's jobs of one rule: like limits
+        for item, members in _grouped(f"profiling ({rule})", [j for j in jobs if j.rule == rule]):
+            req += request_rows(item, members, PROFILING_SOURCE, train=False)
     rows += req
     rows += totals(rows, contingency, p, style, contingency_key)
     if style == "ercap":
