@@ -2028,6 +2028,10 @@ def test_the_results_tables_print_a_value_apart_from_its_target(done, tmp_path):
     assert "& 69.996 &" in paper and "& +10.004 " in paper and "& 1.19996 &" in paper
     for name, text in docs.items():
         assert report.numbers_backed_by_csvs(text, report.load_tables(csv_dir)) == [], name
+    # a speedup equal to its target prints as the cell: 1 + 0.14 is 1.1400000000000001 in
+    # binary, apart from the cell 1.14 at every digit, and it printed "1.14000000000"
+    assert report.fmt_num_apart("1.14", 1 + 0.14) == "1.14"
+    assert report.fmt_num_apart("1.13996", 1 + 0.14) == "1.13996"
 
 
 def test_an_empty_waterfall_and_a_probe_off_for_some_runs_are_said(done, tmp_path):

@@ -95,6 +95,8 @@ def fmt_num_apart(value, other) -> str:
     from `other` (a target: a precision speedup against 1 + optimisation_speedup), unless
     the two are equal: a speedup of 1.19996 printed "1.20" beside a 20% target it fails."""
     x, o = _float(value), _float(other)
+    if o is not None:  # a cell's precision: 1 + 0.14 is 1.1400000000000001, no cell's 1.14
+        o = float(f"{o:.{SIG_DIGITS}g}")
     for digits in range(3, SIG_DIGITS + 1):
         text = fmt_sig(value, digits)
         if x is None or o is None or x == o or text != fmt_sig(o, digits):
