@@ -1412,3 +1412,21 @@ def test_runs_of_two_comm_hooks_are_refused_not_mispredicted():
     # powersgd's runs are not modelled (skipped with their reason): no mix
     pows = [dict(r, run=f"{r['run']}_psgd", comm_hook="powersgd") for r in rows]
     assert model.fit_study(rows + pows) is not None
+
+
+def test_the_rows_that_compare_a_configurations_mean_take_that_means_interval():
+    """model.csv's fitted and held-out rows compare a configuration's mean over its repeats with
+    the prediction: the one-run interval (the planner's) is wider than such a mean varies. They
+    take the mean's (one_run False); with one run per configuration the two are one."""
+    rows = []
+    for k in range(3):
+        for r in synthetic_rows(0.02, seed=k):
+            rows.append({**r, "run": f"{r['run']}_r{k}"})
+    fit = model.fit_study(rows)
+    assert fit.run_var > 0
+    one, mean = (fit.predict(8, 2, 64, "fp32", 10, one_run=o) for o in (True, False))
+    assert one.step_s == mean.step_s
+    assert one.hi_s - one.lo_s > mean.hi_s - mean.lo_s > 0
+    single = model.fit_study(synthetic_rows(0.02, seed=0))
+    a, b = (single.predict(8, 2, 64, "fp32", 10, one_run=o) for o in (True, False))
+    assert (a.lo_s, a.hi_s) == (b.lo_s, b.hi_s)

@@ -1791,3 +1791,20 @@ def test_an_unmeasured_bucket_size_is_priced_by_the_model_not_by_other_buckets_r
     assert one.throughput_img_s == pytest.approx(r["global_batch"] / step(r), rel=1e-6)
     assert step(r) > 1.5 * step({**r, "bucket_cap_mb": 25})  # the latency the cap costs
     assert est["w8_lb64_fp32_ddp_bk25_r0"].throughput_basis == "run"  # measured: itself
+    # its energy is the measured J/img of its precision and world size, another cap's too (no
+    # run of its own: one missing run blanked the study's energy total)
+    measured = [dict(m, energy_j_per_img="0.5") for m in measured]
+    one = {e.run: e for e in plan.estimate_runs(config, table, measured)}[one.run]
+    assert one.energy_j_per_img == 0.5 and one.energy_kwh is not None
+    # without a fit (no 1-rank backward share) the batch level prices it as before: the 25 MiB
+    # run's rate, not the precision level's mean over every local batch (further off, shorter)
+    # a --runs-csv with another comm hook's runs too: their estimates are per base, and the
+    # held-out validation takes the study's hook (the model refuses a mix: it stopped the plan)
+    hooked = [dict(m, run=f"{m['run']}_h", comm_hook="fp16") for m in measured]
+    assert plan.model_holdout(config, measured + hooked) == plan.model_holdout(config, measured)
+    assert plan.model_holdout(config, measured)
+    unfit = [{k: v for k, v in m.items() if k != "phase_frac_backward"} for m in measured]
+    one = {e.run: e for e in plan.estimate_runs(config, table, unfit)}[one.run]
+    assert one.throughput_basis == "batch"
+    at_25 = next(m for m in measured if m["run"] == "w8_lb64_fp32_ddp_bk25_r0")
+    assert one.throughput_img_s == pytest.approx(float(at_25["throughput_img_s"]))

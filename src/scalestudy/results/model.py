@@ -264,7 +264,9 @@ def _fit_rows(pts: list, fit) -> list[dict]:
         if isinstance(fit.compute.get(p.precision), str):
             continue
         pred = fit.predict(
-            p.world_size, p.nodes, p.local_batch, p.precision, p.bucket_cap_mb, p.grad_sync_bytes
+            *(p.world_size, p.nodes, p.local_batch, p.precision, p.bucket_cap_mb),
+            p.grad_sync_bytes,
+            one_run=False,  # the point is its repeats' mean: that mean's interval
         )
         row = _compared("fit", ";".join(p.runs), p, pred)
         for q, cb in fit.below_compute:

@@ -47,10 +47,9 @@ naming no family of hardware.py's table, "" included, leaves every GPU to calibr
 levels, the first that has measurements taken:
 
     1. run        the same configuration (run id without its repeat), e.g. repeats 1, 2 of r0
-    2. batch      the same precision, world size, local_batch and bucket_cap_mb
-    3. world size the same precision, world size and bucket_cap_mb (a cap no run measured
-                  sets another bucket count: the model prices it), at the measured local batch
-                  nearest the run's (in log2, the smaller on a tie), a larger one at its step time:
+    2. batch      the same precision, world size and local_batch
+    3. world size the same precision and world size, at the measured local batch nearest the
+                  run's (in log2, the smaller on a tie), a larger one at its step time:
                   x_rank x local_batch / measured local_batch (a smaller batch takes no longer
                   per step; a mean over local batches priced 32 at 1.9 x the rate measured at 64
                   on a GPU, whose rate grows with its batch, and its time limit fell short)
@@ -70,6 +69,11 @@ levels, the first that has measurements taken:
                   measured world size let eta's guess stand in for the scaling the runs
                   measured (the CPU demo priced 8 ranks at 5.7 x its 4-rank throughput)
 
+A run whose bucket_cap_mb no run of its batch or world-size level has (a bucket sweep's cap not
+measured yet) is priced by the model before that level, where the model prices it: another cap
+is another bucket count, so another all-reduce latency (a 1 MiB run priced at the 25 MiB run's
+rate was given 591 s, a limit of 900 s, for 1106 s); where it cannot, the level prices it.
+
 startup_s is calibrated too when Snakemake's job wall times exist (benchmarks/train/<run>.tsv):
 the median of wall_s - epochs * (N_train / X + N_test / (X * eval_speedup)) - N_probe / X over
 measured runs of the same world size (else over all measured runs), with X the run's measured
@@ -85,8 +89,7 @@ recorded), as the study's. A run measured with other threads per rank calibrates
 
 Energy (GPU, training runs only): a run's kWh = J/img x epochs x N_train / 3.6e6, with J/img the
 mean measured energy_j_per_img (NVML's counter over the window's training spans, train.py) of
-measured runs at the first of the levels run, batch, world size (same precision, world size and
-bucket cap:
+measured runs at the first of the levels run, batch, world size (same precision and world size:
 energy per image changes with communication, so it is not carried to other world sizes); where
 those spans were too short for the counter (GPU epochs of ~2 s), energy_wall_j_per_img (the
 window's wall span, its evaluations included; the basis says "evaluation included"). Without
@@ -140,6 +143,9 @@ BASE_KEY = (
 # num_workers (`_base`); the threads per rank must be the study's (`same_threads`)
 LEVELS = ("run", "batch", "world size", "model", "precision")
 MEASURED_LEVELS = tuple(level for level in LEVELS if level != "model")  # looked up in runs.csv
+# the levels of one world size and its rank layout, at any bucket cap: a run at a cap their runs
+# lack is priced by the model first, where it can (Calibration.throughput_per_rank)
+OTHER_CAP_LEVELS = ("batch", "world size")
 # the levels whose measured J/img a run's energy estimate may take (same precision and world size)
 ENERGY_LEVELS = ("run", "batch", "world size")
 J_PER_KWH = 3.6e6
@@ -421,19 +427,26 @@ def _level_key(level: str, row: dict) -> tuple:
     level but precision's (which rescales by eta(W, nodes)): W ranks within one node and W
     across two are different runs (gpus_per_node changed, or --runs-csv from another cluster):
     the model prices such a run, extrapolated where no fitted run had its ranks per node or
-    its width on its kind of link (model.Fit.beyond_fitted). So is the bucket cap part of the
-    batch and world-size levels: a cap no run measured sets another bucket count, so another
-    all-reduce latency (a 1 MiB run priced at the 25 MiB run's rate was given 591 s, a limit of
-    900 s, for 1106 s), which the model prices."""
+    its width on its kind of link (model.Fit.beyond_fitted). The bucket cap is in no key:
+    Calibration.throughput_per_rank asks the model first for a run whose cap the level's runs
+    do not have (OTHER_CAP_LEVELS)."""
     w, lb, p = int(float(row["world_size"])), int(float(row["local_batch"])), row["precision"]
-    nodes, bucket = int(float(row["nodes"])), float(row["bucket_cap_mb"])
+    nodes = int(float(row["nodes"]))
     if level == "run":
         return (row["run"].rsplit("_r", 1)[0], nodes)
     if level == "batch":
-        return (p, w, lb, nodes, bucket)
+        return (p, w, lb, nodes)
     if level == "world size":
-        return (p, w, nodes, bucket)
+        return (p, w, nodes)
     return (p,)
+
+
+def _cap(row: dict) -> float | None:
+    """A row's bucket_cap_mb as a number (runs.csv's text or the run table's), None where blank."""
+    try:
+        return float(row.get("bucket_cap_mb"))
+    except (TypeError, ValueError):
+        return None
 
 
 def resumed(row: dict) -> bool:
@@ -609,6 +622,7 @@ class Calibration:
         # (base, level, key) -> measured world size (world size's: measured local batch) ->
         # per-rank images/s (precision's: / eta)
         self._levels: dict[tuple, dict[int, list[float]]] = {}
+        self._caps: dict[tuple, set] = {}  # (base, level, key) -> the bucket caps measured
         self._startup: dict[tuple, list[float]] = {}
         self._energy: dict[tuple, list[float]] = {}
         self._fits: dict[tuple, model.Fit | None] = {}  # per base, fitted when first asked
@@ -626,6 +640,7 @@ class Calibration:
                 key = (base, level, _level_key(level, row))
                 inner = lb if level == "world size" else w
                 self._levels.setdefault(key, {}).setdefault(inner, []).append(value)
+                self._caps.setdefault(key, set()).add(_cap(row))
             overhead = _startup_overhead(self.config, row)
             if overhead is not None:
                 self._startup.setdefault((base, w), []).append(overhead)
@@ -637,11 +652,17 @@ class Calibration:
         eta = efficiency(plan, row["world_size"], row["nodes"])
         for level in LEVELS:
             if level == "model":
-                if (pred := self.model_step(row)) is not None:
-                    basis = "model, extrapolated" if pred.extrapolated else "model"
-                    return row["local_batch"] / pred.step_s, basis, pred
+                if (priced := self.model_rate(row)) is not None:
+                    return priced
                 continue
-            sizes = self._levels.get((_base(row), level, _level_key(level, row)))
+            key = (_base(row), level, _level_key(level, row))
+            sizes = self._levels.get(key)
+            # the level's runs of another bucket cap: another bucket count and all-reduce
+            # latency (a 1 MiB run priced at the 25 MiB run's rate was given 591 s, a limit of
+            # 900 s, for 1106 s): the model first, where it prices the run
+            other_cap = sizes and level in OTHER_CAP_LEVELS and _cap(row) not in self._caps[key]
+            if other_cap and (priced := self.model_rate(row)) is not None:
+                return priced
             if level == "world size" and sizes:
                 # the nearest measured local batch (in log2; the smaller on a tie), a larger one
                 # at its step time: a smaller batch takes no longer per step, and its rate is no
@@ -655,6 +676,14 @@ class Calibration:
                 mean = statistics.fmean(sizes[nearest])
                 return (mean * eta if level == "precision" else mean), level, None
         return plan["throughput_img_s_per_gpu"][row["precision"]] * eta, "default", None
+
+    def model_rate(self, row: dict) -> tuple[float, str, model.Prediction] | None:
+        """(images/s per rank, basis "model" or "model, extrapolated", the prediction), or None
+        where the model does not price the run (model_step)."""
+        if (pred := self.model_step(row)) is None:
+            return None
+        basis = "model, extrapolated" if pred.extrapolated else "model"
+        return row["local_batch"] / pred.step_s, basis, pred
 
     def model_step(self, row: dict) -> model.Prediction | None:
         """The scaling model's step time of the run (fitted to the measured runs of its base),

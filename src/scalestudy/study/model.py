@@ -90,8 +90,10 @@ with Var C_p(b) from the compute fit when it has dof > 0, and dT/dC = 1 - f_bwd 
 interval is of one run, the job the planner sizes: s comes from the configurations' means over
 their repeats, which vary less than one run does, so v_1 = s_w^2 (1 - 1/n) adds what a single
 run varies more (`single_run_var`: s_w^2 the runs' pooled relative variance within their
-configurations, n their mean count of repeats; 0 without a configuration of two repeats). A
-new mean of 3 repeats was covered 93-98% of the time, a single run 78-85%.
+configurations, 1 - 1/n the points' mean of 1 - 1/n_i, n_i their repeats; 0 without a
+configuration of two repeats): without v_1, with 3 repeats, a single new run fell inside the
+interval 78-88% of the time. The rows of model.csv that compare a configuration's mean (fitted
+and held-out) take the interval of such a mean (one_run False: without v_1).
 dof <= 0: no interval (None, "not enough data"). extrapolated (`Fit.beyond_fitted`): N above
 the largest fitted N with the same kind of link (one node, or several: beta_intra and beta_inter
 are fitted from different runs), more ranks per node than any fitted run had (a study measured
@@ -485,13 +487,14 @@ def single_run_var(pts: list[Point]) -> float:
     """v_1 of the module docstring: what one run's relative variance adds to that of a fit's
     residuals, which are of the configurations' means over their repeats: s_w^2 (1 - 1/n), s_w^2
     the pooled relative variance of the runs within their configurations ((step_std / step_s)^2
-    weighted by repeats - 1), n the points' mean count of repeats; 0 where no point has two."""
+    weighted by repeats - 1), 1 - 1/n the mean over the points of 1 - 1/n_i (n_i its repeats:
+    the share of a run's variance its mean does not hold); 0 where no point has two."""
     within = [(len(p.runs) - 1, p.step_std / p.step_s) for p in pts if p.step_std is not None]
     dof = sum(k for k, _ in within)
     if not dof:
         return 0.0
-    n = statistics.fmean(len(p.runs) for p in pts)
-    return sum(k * r**2 for k, r in within) / dof * (1 - 1 / n)
+    kept = statistics.fmean(1 - 1 / len(p.runs) for p in pts)
+    return sum(k * r**2 for k, r in within) / dof * kept
 
 
 # --- communication ---------------------------------------------------------------------------
@@ -594,11 +597,14 @@ class Fit:
         precision: str,
         bucket_cap_mb: float = DEFAULT_BUCKET_MB,
         grad_sync_bytes: float | None = None,
+        one_run: bool = True,
     ) -> Prediction:
         """Step time of a configuration (s) with its 95% prediction interval; extrapolated
         where it lies beyond the fitted runs (`beyond_fitted`) or its local batch outside the
         1-rank runs' batches (C(b) is extrapolated there itself). grad_sync_bytes: the bytes
-        DDP's buckets hold (Point.grad_sync_bytes), else the fitted runs'."""
+        DDP's buckets hold (Point.grad_sync_bytes), else the fitted runs'. one_run: the interval
+        of one run (the planner's job), else of a configuration's mean over its repeats, as the
+        fit's points are (the held-out and fitted rows of model.csv compare such means)."""
         extrapolated = self.beyond_fitted(world_size, nodes)
         c = self.compute.get(precision) or f"no point of precision {precision}"
         if isinstance(c, str):
@@ -615,7 +621,7 @@ class Fit:
         step, g, dt_dc = model_step(self.theta, c, pt)
         if gap := self._unmeasured(g, nodes):
             return Prediction(None, None, None, extrapolated, gap)
-        lo, hi, no_interval = self._interval(step, g, dt_dc, c, local_batch, world_size)
+        lo, hi, no_interval = self._interval(step, g, dt_dc, c, local_batch, world_size, one_run)
         basis = f"fit of {len(self.points)} multi-rank configurations, dof {self.dof}"
         if c.cov is None and local_batch not in c.batches:
             # one batch: C = c1 b; two: the line through both (c0 + c1 b, no residual left)
@@ -665,8 +671,10 @@ class Fit:
             return "not identified: the fitted runs do not separate alpha from beta here"
         return ""
 
-    def _interval(self, step, g, dt_dc, c: Compute, b, n) -> tuple[float | None, float | None, str]:
-        """(lo, hi, '') or (None, None, why there is no interval)."""
+    def _interval(
+        self, step, g, dt_dc, c: Compute, b, n, one_run: bool = True
+    ) -> tuple[float | None, float | None, str]:
+        """(lo, hi, '') or (None, None, why there is no interval); one_run: predict's."""
         if c.cov is None and b not in c.batches:
             # C(b) has no variance to add (one 1-rank batch, or no dof): away from the batches
             # measured its error is unknown, and an interval of the other terms alone was
@@ -680,7 +688,8 @@ class Fit:
                 ),
             )
         if n == 1:  # compute alone
-            dof, var = c.dof, c.var(b) + ((c.resid_sd or 0) ** 2 + c.run_var) * step**2
+            run_var = c.run_var if one_run else 0.0
+            dof, var = c.dof, c.var(b) + ((c.resid_sd or 0) ** 2 + run_var) * step**2
             what = f"the 1-rank runs' compute line (local batches {list(c.batches)})"
             more = "a 1-rank run at another local batch"
         else:
@@ -690,7 +699,8 @@ class Fit:
                 dof = min(dof, 0)
             else:
                 var = float(g @ self.cov @ g) + dt_dc**2 * c.var(b)
-                var += (self.resid_sd**2 + self.run_var) * step**2  # one run (single_run_var)
+                run_var = self.run_var if one_run else 0.0  # one run: single_run_var
+                var += (self.resid_sd**2 + run_var) * step**2
         if dof <= 0:
             return None, None, f"{what} has no degree of freedom left (dof {dof}): measure {more}"
         from scipy import stats  # inside: see the note on scipy at the top
@@ -859,6 +869,7 @@ def holdout_points(pts: list[Point]) -> list[HoldoutRow]:
                 p.precision,
                 p.bucket_cap_mb,
                 p.grad_sync_bytes,
+                one_run=False,  # the held-out point is its repeats' mean
             )
             why = _not_validated(fit, p) if pred.step_s is not None else ""
             out.append(HoldoutRow(family, p, pred, pred.basis + why))

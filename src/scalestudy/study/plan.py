@@ -364,15 +364,16 @@ def plan_markdown(
         f"runs ({runs_csv}) of the same base ({', '.join(BASE_KEY)}, image shape, num_workers "
         "with loader dataloader, threads per rank, and the GPU family hardware.gpu_type names, "
         "where it names one of hardware.py's table; any other measured run calibrates nothing): "
-        "the same configuration, else the same precision, world size, local batch and bucket "
-        "cap, else the same precision, world size and bucket cap (each on as many nodes) at the "
+        "the same configuration, else the same precision, world size "
+        "and local batch, else the same precision and world size (each on as many nodes) at the "
         "nearest measured local batch, a larger one at its step time (x_rank x local_batch / "
         "its local batch), else "
         "the scaling model "
         "(basis `model`: x_rank = local_batch / T_step, study/model.py, fitted to the measured "
         "DDP runs; runtime with its 95% prediction interval; `model, extrapolated` "
         f"{model.EXTRAPOLATED}), else the same precision at the nearest measured "
-        "world size, rescaled by eta. startup_s "
+        "world size, rescaled by eta; a run at a bucket cap the runs of its precision, world "
+        "size and nodes lack is priced by the model first, where it can. startup_s "
         "comes from Snakemake's measured job wall times wherever there are some, for a run of "
         "basis `default` too (`+startup` in the Runs table).",
         "",
@@ -688,8 +689,10 @@ def write_plan(
 
 def model_holdout(config: dict, measured: list[dict]) -> list[model.HoldoutRow]:
     """The scaling model's held-out validation on the measured runs that calibrate the plan
-    (estimate.calibrating; none without runs)."""
-    rows = calibrating(config, measured)
+    (estimate.calibrating; none without runs), of the study's comm hook: the model fits one
+    (a --runs-csv with another hook's runs too stopped the plan; its fits are per base)."""
+    hook = config["train"]["comm_hook"]
+    rows = [r for r in calibrating(config, measured) if (r.get("comm_hook") or "none") == hook]
     return on_measured(model.holdout, rows) if rows else []
 
 
