@@ -1744,13 +1744,11 @@ def test_the_plan_digest_changes_with_what_plan_md_prints(key, value):
     assert plan.plan_digest(estimates, changed) != plan.plan_digest(estimates, config)
 
 
-def test_an_unmeasured_bucket_size_is_priced_by_the_model_not_by_other_buckets_runs():
-    """The bucket sweep's runs at a cap no run measured were priced at the "batch" level from
-    the strong run of the same world size and local batch at 25 MiB, whose bucket count (and
-    so the all-reduce's latency) differs: on the paper study's shape the 1 MiB run was priced
-    at 591 s, its limit 900 s, while it takes 1106 s (the scaling model, fitted to the same
-    runs, gives its step exactly). The bucket cap is part of the "batch" and "world size"
-    levels' keys, so such a run falls through to the model."""
+def bucket_sweep(local_batches, measured_runs):
+    """The paper study's shape (4-GPU nodes; strong and weak at 1-16 GPUs; a bucket sweep at 8
+    GPUs, caps 1 and 25 MiB at `local_batches`), its runs' step times the scaling model's at
+    known parameters: (config, run table, step(row), measured rows of the runs for which
+    `measured_runs(row)` is true, runs.csv's cells, with a backward share: the model fits)."""
     study = {
         "dataset": "synthetic",
         "synthetic": {"num_train": 50000, "num_test": 10000},
@@ -1761,7 +1759,12 @@ def test_an_unmeasured_bucket_size_is_priced_by_the_model_not_by_other_buckets_r
         "families": {
             "strong": {"enabled": True, "gpus": [1, 2, 4, 8, 16], "global_batch": 512},
             "weak": {"enabled": True, "gpus": [1, 2, 4, 8, 16], "local_batch": 256},
-            "bucket": {"enabled": True, "gpus": 8, "bucket_cap_mb": [1, 25], "local_batch": [64]},
+            "bucket": {
+                "enabled": True,
+                "gpus": 8,
+                "bucket_cap_mb": [1, 25],
+                "local_batch": list(local_batches),
+            },  # fmt: skip
         },
     }
     config = validate(yaml.safe_load(yaml.safe_dump(study)))
@@ -1776,13 +1779,23 @@ def test_an_unmeasured_bucket_size_is_priced_by_the_model_not_by_other_buckets_r
         return model.model_step(theta, compute, point)[0]
 
     measured = []
-    for r in table:
-        if r["families"] == "bucket":
-            continue  # the sweep's own cap: not measured yet
+    for r in filter(measured_runs, table):
         x = r["global_batch"] / step(r)
         cells = {"throughput_img_s": x, "throughput_img_s_per_rank": x / r["world_size"],
                  "grad_sync_bytes": grad_bytes, "phase_frac_backward": 0.6}  # fmt: skip
         measured.append({k: str(v) for k, v in (r | cells).items()} | {"wall_s": None})
+    return config, table, step, measured
+
+
+def test_an_unmeasured_bucket_size_is_priced_by_the_model_not_by_other_buckets_runs():
+    """The bucket sweep's runs at a cap no run measured were priced at the "batch" level from
+    the strong run of the same world size and local batch at 25 MiB, whose bucket count (and
+    so the all-reduce's latency) differs: on the paper study's shape the 1 MiB run was priced
+    at 591 s, its limit 900 s, while it takes 1106 s (the scaling model, fitted to the same
+    runs, gives its step exactly). The "batch" and "world size" levels take runs of the run's
+    own cap before the model, and of any cap only after it (estimate.LOOKUP)."""
+    # the sweep's own cap not measured yet
+    config, table, step, measured = bucket_sweep([64], lambda r: r["families"] != "bucket")
     est = {e.run: e for e in plan.estimate_runs(config, table, measured)}
     one = est["w8_lb64_fp32_ddp_bk1_r0"]
     # extrapolated: local batch 64 is below the 1-rank runs' (256 and 512)
@@ -1808,3 +1821,32 @@ def test_an_unmeasured_bucket_size_is_priced_by_the_model_not_by_other_buckets_r
     assert one.throughput_basis == "batch"
     at_25 = next(m for m in measured if m["run"] == "w8_lb64_fp32_ddp_bk25_r0")
     assert one.throughput_img_s == pytest.approx(float(at_25["throughput_img_s"]))
+
+
+def test_a_bucket_caps_own_runs_price_it_before_the_model_and_other_caps_after():
+    """The batch and world-size levels look a run up at its own bucket cap before the model and
+    at any cap after it (estimate.LOOKUP). Keyed on no cap, a 1 MiB run at local batch 64 with
+    no fit was priced at the 25 MiB run's rate of its batch (19,988 img/s: killed at 900 s of
+    1106), though a 1 MiB run at local batch 128 was measured (its own cap: 9,640, the truth
+    10,146); and a world-size level of both caps gave both caps one pooled rate."""
+    measured_runs = {"w8_lb64_fp32_ddp_bk25_r0", "w8_lb128_fp32_ddp_bk1_r0"}
+    config, table, step, measured = bucket_sweep(
+        [64, 128], lambda r: r["families"] != "bucket" or r["run"] in measured_runs
+    )
+    unfit = [{k: v for k, v in m.items() if k != "phase_frac_backward"} for m in measured]
+    est = {e.run: e for e in plan.estimate_runs(config, table, unfit)}
+    one = est["w8_lb64_fp32_ddp_bk1_r0"]
+    at_128 = next(m for m in measured if m["run"] == "w8_lb128_fp32_ddp_bk1_r0")
+    assert one.throughput_basis == "world size"  # its own cap, at local batch 128
+    # the nearest local batch's rate at its step time: x 64 / 128
+    assert one.throughput_img_s == pytest.approx(float(at_128["throughput_img_s"]) * 64 / 128)
+    r = next(r for r in table if r["run"] == one.run)
+    assert one.throughput_img_s < 1.05 * r["global_batch"] / step(r)  # not 2x too fast
+    # with a fit, both caps measured at local batch 128 only: each cap its own rate
+    both = {"w8_lb128_fp32_ddp_bk1_r0", "w8_lb128_fp32_ddp_bk25_r0"}
+    config, table, step, measured = bucket_sweep(
+        [64, 128], lambda r: r["run"] in both or ("bucket" not in r["families"].split(";"))
+    )
+    est = {e.run: e for e in plan.estimate_runs(config, table, measured)}
+    rates = {cap: est[f"w8_lb64_fp32_ddp_bk{cap}_r0"].throughput_img_s for cap in (1, 25)}
+    assert rates[1] < 0.7 * rates[25], rates

@@ -69,10 +69,11 @@ levels, the first that has measurements taken:
                   measured world size let eta's guess stand in for the scaling the runs
                   measured (the CPU demo priced 8 ranks at 5.7 x its 4-rank throughput)
 
-A run whose bucket_cap_mb no run of its batch or world-size level has (a bucket sweep's cap not
-measured yet) is priced by the model before that level, where the model prices it: another cap
-is another bucket count, so another all-reduce latency (a 1 MiB run priced at the 25 MiB run's
-rate was given 591 s, a limit of 900 s, for 1106 s); where it cannot, the level prices it.
+The batch and world-size levels take the runs of the run's own bucket_cap_mb before the model,
+and those of any cap after it (LOOKUP: run, batch and world size at its cap, model, batch and
+world size at any cap, precision): another cap is another bucket count, so another all-reduce
+latency (a bucket sweep's 1 MiB run priced at the 25 MiB run's rate was given 591 s, a limit of
+900 s, for 1106 s), which the model prices where it can.
 
 startup_s is calibrated too when Snakemake's job wall times exist (benchmarks/train/<run>.tsv):
 the median of wall_s - epochs * (N_train / X + N_test / (X * eval_speedup)) - N_probe / X over
@@ -143,9 +144,21 @@ BASE_KEY = (
 # num_workers (`_base`); the threads per rank must be the study's (`same_threads`)
 LEVELS = ("run", "batch", "world size", "model", "precision")
 MEASURED_LEVELS = tuple(level for level in LEVELS if level != "model")  # looked up in runs.csv
-# the levels of one world size and its rank layout, at any bucket cap: a run at a cap their runs
-# lack is priced by the model first, where it can (Calibration.throughput_per_rank)
+# the levels of one world size and its rank layout, looked up at the run's bucket cap before the
+# model and at any cap after it (LOOKUP): another cap is another bucket count, so another
+# all-reduce latency (a 1 MiB run priced at the 25 MiB run's rate was given 591 s, a limit of
+# 900 s, for 1106 s), which the model prices where it can
 OTHER_CAP_LEVELS = ("batch", "world size")
+# (level, at the run's own cap): the order Calibration.throughput_per_rank looks a run up in
+LOOKUP = (
+    ("run", False),
+    ("batch", True),
+    ("world size", True),
+    ("model", False),
+    ("batch", False),
+    ("world size", False),
+    ("precision", False),
+)
 # the levels whose measured J/img a run's energy estimate may take (same precision and world size)
 ENERGY_LEVELS = ("run", "batch", "world size")
 J_PER_KWH = 3.6e6
@@ -427,9 +440,8 @@ def _level_key(level: str, row: dict) -> tuple:
     level but precision's (which rescales by eta(W, nodes)): W ranks within one node and W
     across two are different runs (gpus_per_node changed, or --runs-csv from another cluster):
     the model prices such a run, extrapolated where no fitted run had its ranks per node or
-    its width on its kind of link (model.Fit.beyond_fitted). The bucket cap is in no key:
-    Calibration.throughput_per_rank asks the model first for a run whose cap the level's runs
-    do not have (OTHER_CAP_LEVELS)."""
+    its width on its kind of link (model.Fit.beyond_fitted). The bucket cap is added to the
+    batch and world-size levels' keys where they are looked up at the run's own cap (LOOKUP)."""
     w, lb, p = int(float(row["world_size"])), int(float(row["local_batch"])), row["precision"]
     nodes = int(float(row["nodes"]))
     if level == "run":
@@ -622,7 +634,6 @@ class Calibration:
         # (base, level, key) -> measured world size (world size's: measured local batch) ->
         # per-rank images/s (precision's: / eta)
         self._levels: dict[tuple, dict[int, list[float]]] = {}
-        self._caps: dict[tuple, set] = {}  # (base, level, key) -> the bucket caps measured
         self._startup: dict[tuple, list[float]] = {}
         self._energy: dict[tuple, list[float]] = {}
         self._fits: dict[tuple, model.Fit | None] = {}  # per base, fitted when first asked
@@ -637,10 +648,12 @@ class Calibration:
             per_rank = float(row["throughput_img_s_per_rank"])
             for level in MEASURED_LEVELS:
                 value = per_rank / efficiency(plan, w, nodes) if level == "precision" else per_rank
-                key = (base, level, _level_key(level, row))
                 inner = lb if level == "world size" else w
-                self._levels.setdefault(key, {}).setdefault(inner, []).append(value)
-                self._caps.setdefault(key, set()).add(_cap(row))
+                # OTHER_CAP_LEVELS: at the run's own cap (level, cap), and at any cap (level)
+                caps = (_cap(row), None) if level in OTHER_CAP_LEVELS else (None,)
+                for cap in caps:
+                    key = (base, level, _level_key(level, row), cap)
+                    self._levels.setdefault(key, {}).setdefault(inner, []).append(value)
             overhead = _startup_overhead(self.config, row)
             if overhead is not None:
                 self._startup.setdefault((base, w), []).append(overhead)
@@ -650,19 +663,15 @@ class Calibration:
         """(images/s per rank, basis, the model's prediction when the basis is the model)."""
         plan = self.config["plan"]
         eta = efficiency(plan, row["world_size"], row["nodes"])
-        for level in LEVELS:
+        for level, cap in LOOKUP:
             if level == "model":
                 if (priced := self.model_rate(row)) is not None:
                     return priced
                 continue
-            key = (_base(row), level, _level_key(level, row))
-            sizes = self._levels.get(key)
-            # the level's runs of another bucket cap: another bucket count and all-reduce
-            # latency (a 1 MiB run priced at the 25 MiB run's rate was given 591 s, a limit of
-            # 900 s, for 1106 s): the model first, where it prices the run
-            other_cap = sizes and level in OTHER_CAP_LEVELS and _cap(row) not in self._caps[key]
-            if other_cap and (priced := self.model_rate(row)) is not None:
-                return priced
+            mine = _cap(row) if cap else None  # None: any cap (the levels' other key)
+            sizes = self._levels.get((_base(row), level, _level_key(level, row), mine))
+            if cap and mine is None:  # no cap to look up: left to the any-cap pass
+                sizes = None
             if level == "world size" and sizes:
                 # the nearest measured local batch (in log2; the smaller on a tie), a larger one
                 # at its step time: a smaller batch takes no longer per step, and its rate is no
