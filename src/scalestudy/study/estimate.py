@@ -650,7 +650,8 @@ class Calibration:
                 value = per_rank / efficiency(plan, w, nodes) if level == "precision" else per_rank
                 inner = lb if level == "world size" else w
                 # OTHER_CAP_LEVELS: at the run's own cap (level, cap), and at any cap (level)
-                caps = (_cap(row), None) if level in OTHER_CAP_LEVELS else (None,)
+                # (a blank cap is None: once, not twice, under the any-cap key)
+                caps = {_cap(row), None} if level in OTHER_CAP_LEVELS else {None}
                 for cap in caps:
                     key = (base, level, _level_key(level, row), cap)
                     self._levels.setdefault(key, {}).setdefault(inner, []).append(value)
