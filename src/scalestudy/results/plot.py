@@ -23,6 +23,7 @@ from scalestudy import files, log, vocab
 from scalestudy.errors import AnalysisError
 from scalestudy.files import check_outputs, number
 from scalestudy.results.analyze import PROFILE_CATEGORIES, read_csv, read_table
+from scalestudy.results.collect import epoch_cell
 from scalestudy.results.printed import fmt_pct_apart
 
 logger = log.get(__name__)
@@ -420,15 +421,17 @@ def _has_strong(e: dict) -> bool:
     return "strong" in e["families"].split(";")
 
 
-# the cells of epochs.csv the accuracy figure draws (collect checks each run's file so): a
-# val_acc of -5 was drawn as -500 %, and times past the float range were numpy's traceback
-EPOCH_CELLS = {"val_acc": files.FRACTION, "epoch_time_s": files.POSITIVE}
+# the cells of epochs.csv the accuracy figure draws, checked as collect checks each run's file
+# (collect.epoch_cell): a val_acc of -5 was drawn as -500 %, and times past the float range were
+# numpy's traceback
+EPOCH_DRAWN = ("val_acc", "epoch_time_s")
 EPOCHS_FIX = "write it again: snakemake results/csv/epochs.csv"
 
 
 def _accuracy_curves(epochs: list[dict], device: str) -> dict[str, list[tuple[int, float, float]]]:
     for i, e in enumerate(epochs, start=2):  # line 1 is the header
-        for column, rule in EPOCH_CELLS.items():
+        for column in EPOCH_DRAWN:
+            rule = epoch_cell(column)
             if not rule.holds(e[column]) and number(e[column]) is not None:
                 raise AnalysisError(
                     f"epochs.csv, line {i}: {column} = {e[column]!r} is not {rule.what}; "

@@ -144,12 +144,11 @@ BASE_KEY = (
 # num_workers (`_base`); the threads per rank must be the study's (`same_threads`)
 LEVELS = ("run", "batch", "world size", "model", "precision")
 MEASURED_LEVELS = tuple(level for level in LEVELS if level != "model")  # looked up in runs.csv
-# the levels of one world size and its rank layout, looked up at the run's bucket cap before the
-# model and at any cap after it (LOOKUP): another cap is another bucket count, so another
-# all-reduce latency (a 1 MiB run priced at the 25 MiB run's rate was given 591 s, a limit of
-# 900 s, for 1106 s), which the model prices where it can
-OTHER_CAP_LEVELS = ("batch", "world size")
-# (level, at the run's own cap): the order Calibration.throughput_per_rank looks a run up in
+# (level, at the run's own cap): the order Calibration.throughput_per_rank looks a run up in.
+# The levels of one world size and its rank layout come at the run's bucket cap before the model
+# and at any cap after it: another cap is another bucket count, so another all-reduce latency (a
+# 1 MiB run priced at the 25 MiB run's rate was given 591 s, a limit of 900 s, for 1106 s),
+# which the model prices where it can
 LOOKUP = (
     ("run", False),
     ("batch", True),
@@ -159,6 +158,7 @@ LOOKUP = (
     ("world size", False),
     ("precision", False),
 )
+OTHER_CAP_LEVELS = tuple(level for level, own_cap in LOOKUP if own_cap)
 # the levels whose measured J/img a run's energy estimate may take (same precision and world size)
 ENERGY_LEVELS = ("run", "batch", "world size")
 J_PER_KWH = 3.6e6
@@ -666,8 +666,9 @@ class Calibration:
         eta = efficiency(plan, row["world_size"], row["nodes"])
         for level, cap in LOOKUP:
             if level == "model":
-                if (priced := self.model_rate(row)) is not None:
-                    return priced
+                if (pred := self.model_step(row)) is not None:
+                    basis = "model, extrapolated" if pred.extrapolated else "model"
+                    return row["local_batch"] / pred.step_s, basis, pred
                 continue
             mine = _cap(row) if cap else None  # None: any cap (the levels' other key)
             sizes = self._levels.get((_base(row), level, _level_key(level, row), mine))
@@ -686,14 +687,6 @@ class Calibration:
                 mean = statistics.fmean(sizes[nearest])
                 return (mean * eta if level == "precision" else mean), level, None
         return plan["throughput_img_s_per_gpu"][row["precision"]] * eta, "default", None
-
-    def model_rate(self, row: dict) -> tuple[float, str, model.Prediction] | None:
-        """(images/s per rank, basis "model" or "model, extrapolated", the prediction), or None
-        where the model does not price the run (model_step)."""
-        if (pred := self.model_step(row)) is None:
-            return None
-        basis = "model, extrapolated" if pred.extrapolated else "model"
-        return row["local_batch"] / pred.step_s, basis, pred
 
     def model_step(self, row: dict) -> model.Prediction | None:
         """The scaling model's step time of the run (fitted to the measured runs of its base),

@@ -489,8 +489,9 @@ class DeviceLoader:
         # time on the H200 node), per AHEAD steps instead of per step. The random numbers are
         # drawn step by step as augment() draws them, so the batches are bit for bit those of
         # one augment() per step (training runs are the same as with a per-step loader)
-        firsts = {*range(0, len(sizes), AHEAD), *([self.window_at] if self.window_at else [])}
-        firsts = sorted(f for f in firsts if f < len(sizes))
+        firsts = sorted(
+            f for f in {*range(0, len(sizes), AHEAD), self.window_at or 0} if f < len(sizes)
+        )
         for first, end in zip(firsts, [*firsts[1:], len(sizes)], strict=True):
             group = sizes[first:end]
             idx = all_idx[starts[first] : starts[first + len(group)]]
