@@ -50,10 +50,11 @@ def test_a_launched_rank_sees_its_own_thread_counts(tmp_path):
 
 
 # ------------------------------------------------------------------ where the ranks start
-def _argv(env: dict[str, str], *args: str) -> list[str]:
+def _argv(env: dict[str, str], *args: str, device: str = "auto") -> list[str]:
     parser = argparse.ArgumentParser()
     launch.add_arguments(parser)
-    return launch.build_command(parser.parse_args([*args, "--", "--epochs", "1"]), env)
+    train = ["--epochs", "1", *(["--device", device] if device != "auto" else [])]
+    return launch.build_command(parser.parse_args([*args, "--", *train]), env)
 
 
 def _fake_srun(tmp_path) -> str:
@@ -66,7 +67,7 @@ def _fake_srun(tmp_path) -> str:
 def test_one_rank_in_a_slurm_job_is_a_job_step_so_usr1_reaches_it(tmp_path):
     # the rule's shell of a 1-rank job: the batch step (no SLURM_STEP_ID), mpi resource ""
     env = {"SLURM_JOB_ID": "12", "PATH": _fake_srun(tmp_path)}
-    argv = _argv(env, "--mpi=", "--cpus-per-rank", "3")
+    argv = _argv(env, "--mpi=", "--cpus-per-rank", "3", device="cpu")
     assert argv[:6] == [
         "srun",
         "--nodes=1",
@@ -75,7 +76,7 @@ def test_one_rank_in_a_slurm_job_is_a_job_step_so_usr1_reaches_it(tmp_path):
         "--cpus-per-task=3",
         "--kill-on-bad-exit=1",
     ]
-    assert argv[-5:] == ["-m", "scalestudy", "train", "--epochs", "1"]
+    assert argv[-7:] == ["-m", "scalestudy", "train", "--epochs", "1", "--device", "cpu"]
 
 
 def test_a_gpu_run_in_a_slurm_job_asks_its_step_for_its_own_gpus(tmp_path):
@@ -105,6 +106,20 @@ def test_a_gpu_run_in_a_slurm_job_asks_its_step_for_its_own_gpus(tmp_path):
     assert not [a for a in argv("cpu", "2") if a.startswith("--gres")]
 
 
+def test_device_auto_in_a_job_shell_that_shows_no_gpu_is_refused(tmp_path):
+    """--device auto is decided where launch runs, but srun puts the ranks on the job's nodes:
+    in salloc's shell on a submit host without GPUs auto read as CPU, so a GPU job's step asked
+    for no --gres (each run got all of the job's GPUs and runs at once shared GPU 0, the
+    trainer's auto choosing CUDA on the node) and a container run was not given --nv (trained
+    on the CPU). Now one line asks for the device; a shell that shows GPUs still decides."""
+    env = {"SLURM_JOB_ID": "77", "PATH": _fake_srun(tmp_path), "CUDA_VISIBLE_DEVICES": ""}
+    with pytest.raises(LaunchError, match="--device auto .* Slurm job 77: pass --device cuda"):
+        _argv(env, "--ranks-per-node", "2")
+    assert "--gres=gpu:2" in _argv({**env, "CUDA_VISIBLE_DEVICES": "0,1"}, "--ranks-per-node", "2")
+    outside = {"PATH": env["PATH"], "CUDA_VISIBLE_DEVICES": ""}  # the ranks run here: auto is CPU
+    assert _argv(outside, "--ranks-per-node", "2")[1:3] == ["-m", launch.LOCAL_RANKS]
+
+
 def test_one_rank_already_inside_a_step_or_outside_slurm_starts_directly(tmp_path):
     path = _fake_srun(tmp_path)
     for env in ({"SLURM_JOB_ID": "12", "SLURM_STEP_ID": "0", "PATH": path}, {"PATH": path}):
@@ -118,7 +133,8 @@ def test_several_ranks_inside_a_step_are_refused_not_left_waiting(tmp_path):
     with pytest.raises(LaunchError, match="4 ranks, and this shell is already a task of step 0"):
         _argv(env, "--ranks-per-node", "4")
     # the batch shell of a job (no step) starts them with srun
-    assert _argv({"SLURM_JOB_ID": "12", "PATH": env["PATH"]}, "--ranks-per-node", "4")[0] == "srun"
+    batch = {"SLURM_JOB_ID": "12", "PATH": env["PATH"]}
+    assert _argv(batch, "--ranks-per-node", "4", device="cpu")[0] == "srun"
 
 
 def test_a_missing_srun_inside_slurm_is_one_clear_error():

@@ -201,6 +201,15 @@ def build_command(args: argparse.Namespace, env: dict[str, str]) -> list[str]:
         mpi = args.mpi or "srun"  # a 1-rank job's `mpi` resource is "" (see the docstring)
         if shutil.which(mpi, path=env.get("PATH")) is None:
             raise LaunchError(f"inside Slurm job {env['SLURM_JOB_ID']} but {mpi!r} is not on PATH")
+        if config.device == "auto" and not visible_gpus(env):
+            # auto is decided here, the ranks run on the job's nodes: in salloc's shell on a
+            # submit host without GPUs a GPU job's step asked for no --gres (runs at once all
+            # trained on its first GPU) and a container run was not given --nv
+            raise LaunchError(
+                f"--device auto is decided on this host, which shows no GPU, but srun starts "
+                f"the ranks on the nodes of Slurm job {env['SLURM_JOB_ID']}: pass --device cuda "
+                "(the job's GPUs) or --device cpu"
+            )
         # a step that names no --gres gets every GPU of the job (man srun): in salloc's shell
         # (the local executor) runs at once all trained on its first GPU. Under the Slurm
         # executor a job's --gres is the run's own GPUs per node, so this asks for no other
