@@ -761,7 +761,8 @@ def test_cli_build_with_stand_in_is_atomic(tmp_path):
     r = run(argv, {"PYTHONPATH": str(SRC)}, REPO)
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.splitlines() == [
-        f"scalestudy container digest: {gone}: No such file or directory"
+        f"scalestudy container digest: {gone}: no such image file: build it with "
+        f"`scalestudy container build containers/trainer.def {gone}`"
     ]
     r = run(
         [sys.executable, "-m", "scalestudy", "container", "check", str(TRAINER_DEF)],

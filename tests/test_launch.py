@@ -222,6 +222,18 @@ def test_a_container_without_apptainer_on_path_says_so(tmp_path):
     assert "module load apptainer" in lines[-1]
 
 
+def test_a_container_image_that_is_not_there_names_the_build_command(tmp_path):
+    """A mistyped or unbuilt --container (by hand: in the workflow the image is an input) was
+    "x.sif: No such file or directory", naming no way to make it."""
+    image = tmp_path / "nowhere" / "trainer.sif"
+    proc = _launch("--container", str(image), "--", "--device", "cpu", "--epochs", "1")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"scalestudy launch: {image}: no such image file: build it with `scalestudy container "
+        f"build containers/trainer.def {image}`"
+    ]
+
+
 def test_gpu_and_container_go_together(tmp_path):
     """--gpu without --container was ignored (the run was in no container), and a cuda run in
     a container without --gpu failed at each rank's start: torch saw no GPU without --nv."""

@@ -9,6 +9,7 @@ RuntimeError), so `except ValueError` around a config check keeps working.
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -118,6 +119,17 @@ class Preempted(ScalestudyError):
 class DefinitionError(ScalestudyError, ValueError):
     """A definition file that cannot be parsed or fails the checks; the message names the file
     and, where there is one, the line."""
+
+
+class ImageNotFound(ScalestudyError, FileNotFoundError):
+    """A container image file that is not there: `path: no such image file: build it with
+    `build``, an OSError with its filename as every missing file is."""
+
+    def __init__(self, path: str | os.PathLike, build: str) -> None:
+        super().__init__(errno.ENOENT, f"no such image file: build it with `{build}`", str(path))
+
+    def __str__(self) -> str:
+        return f"{self.filename}: {self.strerror}"
 
 
 class ApptainerNotFound(ScalestudyError, RuntimeError):

@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from scalestudy import files, log, vocab
-from scalestudy.errors import ApptainerNotFound, DefinitionError, LaunchError
+from scalestudy.errors import ApptainerNotFound, DefinitionError, ImageNotFound, LaunchError
 from scalestudy.files import git_commit
 
 logger = log.get(__name__)
@@ -544,9 +544,19 @@ def check_definition(path: str | os.PathLike, venv: TorchBuild | None | str = "v
     return defn
 
 
+# the repository's recipe (config key container.definition's default), named in the fix for a
+# missing image
+SHIPPED_DEFINITION = "containers/trainer.def"
+
+
 def image_digest(sif_path: str | os.PathLike) -> str:
-    """'sha256:<hex>' of the image file's bytes."""
-    return f"sha256:{files.sha256(sif_path)}"
+    """'sha256:<hex>' of the image file's bytes; ImageNotFound (one line, the build command)
+    where there is no such file: every command given an image hashes it first."""
+    try:
+        return f"sha256:{files.sha256(sif_path)}"
+    except FileNotFoundError as exc:
+        build = shlex.join(["scalestudy", "container", "build", SHIPPED_DEFINITION, str(sif_path)])
+        raise ImageNotFound(sif_path, build) from exc
 
 
 def build_command(
