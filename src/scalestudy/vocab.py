@@ -109,6 +109,22 @@ EPOCH_COLUMNS = (
     "lr",
 )
 
+
+def time_to_target(epochs: list[dict], target: float | None) -> float | None:
+    """time_to_target_s: the training time (evaluation excluded) of the epochs up to the first
+    whose val_acc reaches `target`, the sum of their epoch_time_s; None without a target or
+    where none reaches it. `epochs`: epochs.csv rows (collect, with train.target_acc) or the
+    trainer's history of them (its metrics.json, with --target-acc)."""
+    if target is None:
+        return None
+    total = 0.0
+    for epoch in epochs:
+        total += float(epoch["epoch_time_s"])
+        if float(epoch["val_acc"]) >= target:
+            return total
+    return None
+
+
 # Environment variables jobs/container.py's exec_prefix sets inside the container, read by the
 # trainer (metrics.json) and jobs/inventory.py: the sha256 of the .sif the process runs in, and
 # the commit of the source bound in (the image may have no git).

@@ -5,7 +5,7 @@ results/csv/runs.csv   one row per run: the run-table columns, then every metric
 results/csv/epochs.csv one row per run and epoch: run, the identifying run columns, the epoch row.
 
 time_to_target_s is read off the run's epochs.csv with the run table's target_acc (the training
-job is given none: a flag, changing the threshold retrained every run; collect.time_to_target).
+job is given none: a flag, changing the threshold retrained every run; vocab.time_to_target).
 A key present in both the run table and metrics.json must agree (the run table's device with
 metrics.json's device type; target_acc aside): a disagreement means the result
 on disk came from another configuration (a stale or hand-copied run) and is refused, naming the
@@ -163,7 +163,7 @@ def collect(table: list[dict], runs_dir: Path) -> tuple[list[dict], list[dict]]:
                 f"{run_dir / 'epochs.csv'}: {problem}: not this run's whole history; "
                 f"{run_fix(run_dir / 'epochs.csv')}"
             )
-        merged["time_to_target_s"] = time_to_target(epochs, row["target_acc"])
+        merged["time_to_target_s"] = vocab.time_to_target(epochs, row["target_acc"])
         runs_rows.append(merged)
         for epoch in epochs:
             epoch_rows.append({**{c: row[c] for c in EPOCH_ID_COLUMNS}, **epoch})
@@ -181,20 +181,6 @@ def model_cell_problem(measured: dict) -> tuple[str, str] | None:
             rule = files.FRACTION.or_blank()
         if rule is not None and not rule.holds(value):
             return column, rule.what
-    return None
-
-
-def time_to_target(epochs: list[dict], target: float | None) -> float | None:
-    """time_to_target_s: the training time (evaluation excluded) of the epochs up to the first
-    whose val_acc reaches `target` (train.target_acc), the sum of their epochs.csv epoch_time_s,
-    as the trainer sums its training time; None without a target or where none reaches it."""
-    if target is None:
-        return None
-    total = 0.0
-    for epoch in epochs:
-        total += float(epoch["epoch_time_s"])
-        if float(epoch["val_acc"]) >= target:
-            return total
     return None
 
 

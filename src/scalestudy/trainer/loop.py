@@ -250,8 +250,6 @@ def end_of_epoch(
         "in_window": in_window,
     }
     state.history.append(row)
-    if state.time_to_target is None and cfg.target_acc is not None and val_acc >= cfg.target_acc:
-        state.time_to_target = state.train_seconds
     if run.rank == 0:
         write_epochs(cfg, state.history)
         run.scalars.epoch(state.history)  # TensorBoard, flushed each epoch (scalars.py)
@@ -361,7 +359,9 @@ def finish(
         "comm_probe_nosync_ms_p50": probe_nosync_ms,
         "final_val_acc": state.history[-1]["val_acc"],
         "best_val_acc": max(r["val_acc"] for r in state.history),
-        "time_to_target_s": state.time_to_target,
+        # off the whole history, epochs before a resume included: --target-acc is no part of
+        # a checkpoint's identity, so a resume may bring the first one or another
+        "time_to_target_s": vocab.time_to_target(state.history, cfg.target_acc),
         "train_time_s": train_time,
         # null without --checkpoint-dir: a rerun starts over, its lost attempt unknown
         "lost_time_s": state.lost_time_s if cfg.checkpoint_dir else None,

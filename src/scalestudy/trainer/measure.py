@@ -53,8 +53,9 @@ class Meter:
     `warmup_steps` steps (on a synchronised device) and stays open to the end of training. At each
     epoch's end, the window's wall time and images in that epoch are added to the RunState's
     window sums and the phase times of the window's steps to its step-time lists; the epoch's
-    training time goes to train_seconds (train.py defines every number). Between epochs every
-    rank waits for the others (join_ranks), so rank 0's writes stay out of every window.
+    training time is its epochs.csv epoch_time_s (train.py defines every number). Between
+    epochs every rank waits for the others (join_ranks), so rank 0's writes stay out of every
+    window.
     """
 
     def __init__(
@@ -175,7 +176,6 @@ class Meter:
         """Adds the epoch's times and window sums to `state`; returns the epoch's training time."""
         device_sync(self.device)
         epoch_time = time.perf_counter() - self.epoch_t0
-        state.train_seconds += epoch_time
         # the window opened at the epoch's first step: none of its steps warmed up
         self.epoch_in_window = self.window_t0 is not None and self.window_seen0 == 0
         if self.window_t0 is not None:

@@ -83,8 +83,6 @@ class RunState:
     # joules, spans, seconds and images of the window's spans, each segment's wall span) and the
     # counter's key in each segment ("keys"); empty without a counter (a CPU run)
     energy_sums: dict = field(default_factory=dict)
-    train_seconds: float = 0.0  # training time, evaluation excluded (time_to_target's clock)
-    time_to_target: float | None = None
     loop_time: float = 0.0  # loop seconds banked so far: earlier segments, checkpoints
     checkpoint_stall_s: float = 0.0  # stall of earlier segments
     # loop seconds earlier attempts trained past the checkpoint their successor resumed from
