@@ -337,6 +337,26 @@ def test_sharded_write_errors_name_the_cause(tiny_fs, one_rank_group, async_writ
     assert ck.find_latest(tiny_fs, IDENTITY)[0].name == "epoch-0001"
 
 
+@pytest.mark.parametrize("async_write", [True, False])
+def test_a_sharded_save_that_cannot_make_its_directory_names_the_cause(
+    tiny_fs, one_rank_group, async_write
+):
+    """FSDP's save made its partial directory (rank 0) outside every handler: a read-only or
+    full file system was a bare OSError and a traceback on rank 0, the other ranks left in the
+    barrier after it. It is the one-line CheckpointError of every failed write now, on each
+    rank (rank 0's cause, broadcast)."""
+    saver = _saver(tiny_fs, keep=2, async_write=async_write)
+    saver.save(1, _state(10), sharded={"model": {"w": torch.zeros(10)}})
+    assert saver.wait() is None
+    subprocess.run(["mount", "-o", "remount,ro", str(tiny_fs)], check=True)
+    with pytest.raises(CheckpointError) as failed:
+        saver.save(2, _state(10), sharded={"model": {"w": torch.zeros(10)}})
+    message = str(failed.value)
+    assert "no permission to write" in message and "epoch-0002" in message, message
+    assert "epoch-0001" in message  # what is still intact
+    assert ck.find_latest(tiny_fs, IDENTITY)[0].name == "epoch-0001"
+
+
 def test_read_only_filesystem_gives_a_clear_error(tiny_fs):
     _saver(tiny_fs, async_write=False).save(1, _state(10))
     subprocess.run(["mount", "-o", "remount,ro", str(tiny_fs)], check=True)

@@ -538,9 +538,18 @@ class Checkpointer:
         import torch.distributed.checkpoint as dcp
 
         partial = partial_dir(self.directory, epoch)
+        # rank 0 makes the partial directory before anyone writes, and every rank learns
+        # whether it could: a read-only or full file system is then each rank's one-line
+        # CheckpointError, not rank 0's bare OSError with the others left in a barrier
+        failed: list[str | None] = [None]
         if self.rank == 0:
-            prepare_partial(self.directory, epoch)
-        dist.barrier(group=self.dcp_group)  # the partial directory exists before anyone writes
+            try:
+                prepare_partial(self.directory, epoch)
+            except OSError as exc:
+                failed[0] = str(_write_error(self.directory, epoch, exc))
+        dist.broadcast_object_list(failed, src=0, group=self.dcp_group)
+        if failed[0] is not None:
+            raise CheckpointError(failed[0])
         target = str(partial / DCP_DIR)
         if self.async_write:
             response = dcp.async_save(sharded, checkpoint_id=target, process_group=self.dcp_group)
