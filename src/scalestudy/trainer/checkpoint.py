@@ -18,13 +18,13 @@ The directory must be one every rank sees (rank 0 writes state.pt, every rank re
 start every rank looks for a marker file rank 0 wrote there (write_marker, sees_marker;
 state.Checkpointing refuses a directory some rank cannot see).
 
-Resuming (`find_latest`) takes the newest checkpoint whose manifest and checksums verify and whose
+Resuming (`find_latest`) takes the newest checkpoint whose manifest and checksums verify, where its
 identity (config_hash, world size, the prepared data's digest, the trainer code's sha256, torch's
 version, RunState's fields, every rank's device and the container image's digest:
 state.make_checkpointer) matches the run; a corrupted or truncated one is skipped with a warning
 naming the file, one from another configuration, code, torch, hardware or image is never resumed
-(a warning names the keys that differ, both values; the run starts fresh and removes it at its
-first save).
+(a warning names the keys that differ, both values; the run starts fresh, without looking
+further down, and its first save removes every checkpoint of another identity).
 
 Asynchronous saving: `Checkpointer.save` copies the state off the device (and clones CPU tensors,
 which training keeps mutating) and returns; a background thread writes it. The stall training
