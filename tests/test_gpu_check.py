@@ -254,6 +254,45 @@ def test_an_earlier_report_is_gone_before_this_run_can_die(tmp_path):
     assert not (out / "gpu-check.md").exists() and not (out / "gpu-check.json").exists()
 
 
+def test_a_stop_inside_a_write_leaves_nothing_the_next_run_refuses(tmp_path, monkeypatch):
+    """A stop signal ends gpu-check with os._exit, which can land inside an atomic write: its
+    temp file (`.NAME.<8 hex>.tmp`) stayed, and in DIR/fixtures made every later run into the
+    same --out refuse it as "not made by gpu-check". A temp file of a file gpu-check writes is
+    its own now, deleted with the rest; the two reports are one write, so a failure part way
+    leaves neither new beside the other old."""
+    out = tmp_path / "out"
+    work = gpu_check.prepare_out(out)
+    ctx = gpu_check.Context(
+        work=work, fixtures=out / "fixtures", env={}, budget=gpu_check.Budget(0)
+    )
+    gpu_check.write_fixture(ctx, "nsys/trace.json", "{}\n", ["true"])
+    (out / "fixtures" / "nsys" / ".trace.json.0a1b2c3d.tmp").write_text("{")  # killed mid-write
+    (out / "fixtures" / ".provenance.json.deadbeef.tmp").write_text("{")
+    (out / ".gpu-check.md.12345678.tmp").write_text("# gpu-check")
+    gpu_check.prepare_out(out)
+    assert not (out / "fixtures").exists() and sorted(p.name for p in out.iterdir()) == [
+        "gpu-check-work"
+    ]
+    # not a temp file of a fixture it names (another name, or no 8 hex digits): kept, refused
+    gpu_check.write_fixture(ctx, "nsys/trace.json", "{}\n", ["true"])
+    (out / "fixtures" / "nsys" / ".notes.txt.0a1b2c3d.tmp").write_text("someone's")
+    with pytest.raises(GpuCheckError, match="fixtures was not made by gpu-check"):
+        gpu_check.prepare_out(out)
+    (out / "fixtures" / "nsys" / ".notes.txt.0a1b2c3d.tmp").unlink()
+    # the report pair: written together or not at all
+    header = {"host": "h", "budget_s": 600}
+    first = report.write_report(out, header, [])
+    before = {n: (out / n).read_text() for n in (report.REPORT_JSON, report.REPORT_MD)}
+
+    def stopped(doc: dict) -> str:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(report, "report_markdown", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        report.write_report(out, {**header, "host": "other"}, [])
+    assert {n: (out / n).read_text() for n in before} == before and first["host"] == "h"
+
+
 def test_a_deletion_stopped_part_way_leaves_what_the_next_run_deletes(tmp_path, monkeypatch):
     """The earlier work directory (and fixtures/) is deleted with its mark last: a stop part
     way (SIGTERM before the handlers, in the order the directory lists its entries) that took
@@ -1221,6 +1260,9 @@ def test_ncu_is_skipped_without_ncu_and_judged_on_parsed_rows():
     )
     base_clocks = {**ok, "argv": [a for a in argv if a not in ("--clock-control", "none")]}
     assert "without --clock-control" in report.judge_ncu("ncu", [base_clocks]).problems[0]
+    # the flag with another value (base: locked clocks, not the timed runs') is no pass either
+    locked = {**ok, "argv": ["base" if a == "none" else a for a in argv]}
+    assert "without --clock-control none" in report.judge_ncu("ncu", [locked]).problems[0]
     no_match = {**ok, "rows": None, "error": "ncu wrote no ncu_k0.ncu-rep"}
     assert report.judge_ncu("ncu", [no_match]).status == FAIL
     assert report.judge_ncu("ncu", []).status == FAIL  # no kernel to profile is no proof

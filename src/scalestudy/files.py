@@ -181,9 +181,7 @@ def _staged(path: str | os.PathLike, mode: str, **kwargs: Any) -> Iterator[tuple
         old = os.stat(target)
     except OSError:  # a new file: made as open() makes it
         old = None
-    stem = target.name
-    while len(os.fsencode(stem)) > TEMP_STEM_BYTES:
-        stem = stem[:-1]
+    stem = _temp_stem(target.name)
     try:  # never wider than the file it replaces: the umask can only take bits away
         fd, tmp = _create_temp(target.parent, stem, 0o666 if old is None else old.st_mode & 0o777)
     except OSError as exc:  # it named the random temp file, which the user never heard of
@@ -210,6 +208,20 @@ def _staged(path: str | os.PathLike, mode: str, **kwargs: Any) -> Iterator[tuple
 _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 # where Linux keeps a file's POSIX ACL (setfacl -m), beyond its mode's three classes
 _ACL_XATTR = "system.posix_acl_access"
+
+
+def _temp_stem(name: str) -> str:
+    """The part of a target's file name its temp file carries (cut to TEMP_STEM_BYTES)."""
+    while len(os.fsencode(name)) > TEMP_STEM_BYTES:
+        name = name[:-1]
+    return name
+
+
+def is_temp_of(name: str, target_name: str) -> bool:
+    """Whether a file named `name` is a temp file of a write of a file named `target_name`
+    (_create_temp's `.{stem}.<8 hex>.tmp`), as a process killed inside the write leaves it."""
+    pattern = rf"\.{re.escape(_temp_stem(target_name))}\.[0-9a-f]{{8}}\.tmp"
+    return re.fullmatch(pattern, name) is not None
 
 
 def _create_temp(directory: Path, stem: str, mode: int) -> tuple[int, str]:

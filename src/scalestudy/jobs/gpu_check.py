@@ -873,6 +873,9 @@ def prepare_out(out: Path, work: Path | None = None) -> Path:
     remove_marked(fixtures, WORK_MARK if (fixtures / WORK_MARK).exists() else PROVENANCE)
     for name in (report.REPORT_MD, report.REPORT_JSON):  # an earlier run's must not pass for this
         (out / name).unlink(missing_ok=True)
+        for temp in out.glob(f".{name}.*.tmp") if out.is_dir() else ():  # a write stopped part way
+            if files.is_temp_of(temp.name, name):
+                temp.unlink()
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True)
     (work / WORK_MARK).write_text("made by `scalestudy gpu-check`; deleted by its next run\n")
@@ -909,8 +912,15 @@ def fixtures_made_here(fixtures: Path) -> bool:
         return False
     if not isinstance(doc, dict) or doc.get("format") != PROVENANCE_FORMAT:
         return False
-    named = {str(f).removeprefix("fixtures/") for f in doc.get("fixtures") or []}
-    return found <= {PROVENANCE, *named}
+    ours = {PROVENANCE, *(str(f).removeprefix("fixtures/") for f in doc.get("fixtures") or [])}
+    # and the temp file of a write of one of them that a stop signal (os._exit) cut short
+    return all(f in ours or any(_temp_of(f, name) for name in ours) for f in found)
+
+
+def _temp_of(path: str, target: str) -> bool:
+    """Whether fixtures/`path` is a temp file of a write of fixtures/`target` (files.py)."""
+    (where, _, name), (there, _, target_name) = path.rpartition("/"), target.rpartition("/")
+    return where == there and files.is_temp_of(name, target_name)
 
 
 def child_env(gpu: str) -> dict[str, str]:

@@ -937,7 +937,9 @@ def judge_ncu(ncu: str | None, attempts: list[dict], no_kernels: str = NO_KERNEL
             problems.append(f"{label}: {a['error']}")
         elif a["run"].rc != 0 or a["run"].timed_out:
             problems += run_problems(a["run"], f"ncu on {label}")
-        if "--clock-control" not in a.get("argv", []):
+        argv = a.get("argv", [])
+        clocks = [argv[i + 1 : i + 2] for i, arg in enumerate(argv) if arg == "--clock-control"]
+        if clocks != [["none"]]:  # its value too: `base` locks clocks the timed runs ran without
             problems.append(f"{label}: ncu ran without --clock-control none (base clocks)")
         rows = a.get("rows") or []
         if not rows and not a.get("error") and a["run"].rc == 0:
@@ -1279,10 +1281,11 @@ REPORT_JSON, REPORT_MD = "gpu-check.json", "gpu-check.md"
 
 
 def write_report(out_dir: Path, header: dict, checks: list[Check]) -> dict:
-    """gpu-check.json and gpu-check.md in out_dir (atomic); returns the JSON document."""
+    """gpu-check.json and gpu-check.md in out_dir, as one output (both new or both old);
+    returns the JSON document."""
     doc = report_json(header, checks)
-    files.write_json(out_dir / REPORT_JSON, doc)
-    files.write_text(out_dir / REPORT_MD, report_markdown(doc))
+    markdown = report_markdown(doc)
+    files.write_texts({out_dir / REPORT_JSON: files.json_text(doc), out_dir / REPORT_MD: markdown})
     return doc
 
 
