@@ -1780,6 +1780,14 @@ def test_a_read_only_or_failing_data_dir_is_one_line_naming_its_fix(
     assert len(err) == 1, err
     assert f"cannot write {target}: no permission to write ([Errno 30] Read-only" in err[0], err
     assert err[0].endswith(f"make {raw} writable or give another --data-dir"), err
+    # the first run into a data directory: its dataset directory cannot be made (it was the
+    # bare "DIR/synthetic: Read-only file system", no fix)
+    fresh = ["prepare-data", "--dataset", "synthetic", "--data-dir", str(tiny_fs / "fresh")]
+    assert cli.main([*fresh, "--num-train", "64", "--num-test", "16"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert f"cannot create {tiny_fs / 'fresh' / 'synthetic'}: no permission to write" in err[0]
+    assert err[0].endswith(f"make {tiny_fs} writable or give another --data-dir"), err
 
 
 def test_a_directory_in_the_way_or_a_bad_mirror_url_is_one_line_naming_it(tmp_path, capsys):
@@ -1792,6 +1800,14 @@ def test_a_directory_in_the_way_or_a_bad_mirror_url_is_one_line_naming_it(tmp_pa
     (err,) = capsys.readouterr().err.strip().splitlines()
     assert f"{data / 'synthetic' / 'data.pt'} is in the way (Is a directory)" in err, err
     assert "dmesg" not in err and ".tmp" not in err and err.endswith("remove it"), err
+    # a file where the dataset's directory goes (it was "DIR/synthetic: File exists")
+    blocked = tmp_path / "blocked"
+    blocked.mkdir()
+    (blocked / "synthetic").write_text("a file")
+    argv = ["prepare-data", "--dataset", "synthetic", "--data-dir", str(blocked)]
+    assert cli.main([*argv, "--num-train", "64", "--num-test", "16"]) == 2
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert f"{blocked / 'synthetic'} is in the way (File exists): remove it" in err, err
     argv = ["prepare-data", "--dataset", "mnist", "--data-dir", str(data)]
     assert cli.main([*argv, "--mirror", "http://[::1/"]) == 2
     (err,) = capsys.readouterr().err.strip().splitlines()

@@ -241,7 +241,7 @@ def _save(
 def _unwritten(what: str, e: BaseException, directory: Path) -> PreparedDataError:
     """A failed write under --data-dir as one line: `what`, the cause (files.write_failure) and
     its own fix; "free space there" was the advice for a read-only or failing disk too."""
-    if isinstance(e, IsADirectoryError | NotADirectoryError):
+    if isinstance(e, IsADirectoryError | NotADirectoryError | FileExistsError):
         # a path in the way (a directory where the file goes, or a file where a directory
         # goes): no disk fault; named as given, not as the temp file it was renamed from
         where = getattr(e, "filename2", None) or e.filename
@@ -650,7 +650,11 @@ def prepare(
         return out_dir
 
     meta_path, data_path = out_dir / "meta.json", out_dir / "data.pt"
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # judged, and named for its fix, where it would have been made
+        existing = next(p for p in out_dir.parents if p.is_dir())
+        raise _unwritten(f"cannot create {out_dir}", e, existing) from e
     raw_dir = out_dir / "raw"
     if dataset == "synthetic":
         tensors, classes = make_synthetic(**params)
@@ -688,7 +692,10 @@ def prepare(
     # meta.json marks completion: drop the old one only now that the new data.pt is in place
     # (atomic_open replaced it), so a failed download or write (a full disk) leaves an existing
     # preparation usable; until the new meta.json is written, the pair is incomplete
-    meta_path.unlink(missing_ok=True)
+    try:
+        meta_path.unlink(missing_ok=True)
+    except OSError as e:
+        raise _unwritten(f"cannot replace {meta_path}", e, out_dir) from e
     mean, std = _channel_stats(tensors["train_x"])
     meta = {
         "format_version": FORMAT_VERSION,
