@@ -1108,6 +1108,28 @@ def test_ncu_tensor_flops_count_each_operation_once(tmp_path):
     assert not ncu.TENSOR_METRIC.match(f"{tensor}_sparsity_off.sum")
 
 
+def test_ncu_sass_flops_under_either_counter_prefix_count_once(tmp_path):
+    """The SASS FLOP counters exist per SM (sm__, the shared notes' names, an ncu run by hand)
+    and per SM sub-partition (smsp__, what profile ncu asks for), the same GPU-wide sums. The
+    pattern matched smsp__ only: sm__ counters gave no flop_per_s, or beside a tensor counter
+    the tensor FLOPs alone. Both in one launch count once."""
+    k = "void at::native::vectorized_elementwise_kernel<4>"
+    rows = [("0", k, "gpu__time_duration.sum", "nsecond", "1,000")]
+    sass = "sass_thread_inst_executed_op_{}_pred_on.sum"
+    for unit in ("sm", "smsp"):
+        counters = [(f"{unit}__{sass.format('ffma')}", "1,000,000")]
+        counters += [(f"{unit}__{sass.format('fadd')}", "500,000")]
+        f = _ncu_csv(tmp_path / f"{unit}.csv", rows + [("0", k, m, "", v) for m, v in counters])
+        (row,) = ncu.parse_ncu(f, "r")
+        assert row["flop_per_s"] == pytest.approx(2_500_000 / 1e-6), unit
+    both = rows + [("0", k, f"{u}__{sass.format('ffma')}", "", "1,000,000") for u in ("sm", "smsp")]
+    (row,) = ncu.parse_ncu(_ncu_csv(tmp_path / "both.csv", both), "r")
+    assert row["flop_per_s"] == pytest.approx(2_000_000 / 1e-6)
+    bad = rows + [("0", k, f"sm__{sass.format('dmul')}", "", "-5")]  # checked as the smsp__ ones
+    with pytest.raises(ProfileFormatError, match="is not a number >= 0"):
+        ncu.parse_ncu(_ncu_csv(tmp_path / "bad.csv", bad), "r")
+
+
 def test_ncu_tensor_flops_of_a_type_with_only_its_src_total(tmp_path):
     """An H100's or H200's ncu 2025.3 lists no sm__ops_path_tensor_src_fp16_dst_* (the real
     captures under tests/fixtures/gpu-h*/ asked for every _dst_ total and got bf16 and tf32

@@ -1359,7 +1359,7 @@ _NCU_KEEP = re.compile(
     r"|Achieved Occupancy|(dram__|gpu__dram_)throughput\.avg\.pct_of_peak_sustained_elapsed"
     r"|DRAM Throughput|sm__throughput\.avg\.pct_of_peak_sustained_elapsed"
     r"|Compute \(SM\) (Throughput|\[%\])|SM \[%\]"
-    r"|smsp?__sass_thread_inst_executed_op_[hfd](add|mul|fma)_pred_on\.sum)$"
+    r"|(sm|smsp)__sass_thread_inst_executed_op_[hfd](add|mul|fma)_pred_on\.sum)$"
 )
 
 

@@ -30,7 +30,12 @@ _NCU_SM = (
     "Compute (SM) [%]",
     "SM [%]",
 )
-_SASS = re.compile(r"^smsp?__sass_thread_inst_executed_op_([hfd])(add|mul|fma)_pred_on\.sum$")
+# the SASS FLOP counters per SM (sm__) or per SM sub-partition (smsp__: what profile ncu asks
+# for), the same GPU-wide sums: both in one launch count once (the smsp__ one)
+_SASS = re.compile(
+    r"^(?P<unit>sm|smsp)__sass_thread_inst_executed_op_(?P<type>[hfd])(?P<op>add|mul|fma)"
+    r"_pred_on\.sum$"
+)
 # tensor-core operations: per source type, its per-destination totals (..._src_bf16_dst_fp32.sum)
 # where the GPU has them, else its src-only total (..._src_fp16.sum): asked for every per-dest
 # total, an H100's ncu 2025.3 gave bf16 and tf32, no fp16 (tests/fixtures/gpu-h100-ncu), so an
@@ -140,13 +145,14 @@ def parse_ncu(path: str | Path, run: str, kernel: str | None = None) -> list[dic
         except ValueError as exc:  # e.g. "cycle": a duration ncu did not give in time units
             raise ProfileFormatError(path, dur[2], f"Duration: {exc}") from exc
         flop = tensor = None
-        sass = {n: v for n, (v, _, _) in metrics.items() if _SASS.match(n)}
+        sass: dict[tuple[str, str], float] = {}  # (type, op) -> instructions, smsp__ preferred
+        for n, (v, _, _) in sorted(metrics.items()):  # sm__ sorts before smsp__
+            if m := _SASS.match(n):
+                sass[m["type"], m["op"]] = v
         tens = _tensor_ops(metrics)
         if sass or tens is not None:
             tensor = tens or 0.0
-            flop = tensor
-            for n, v in sass.items():
-                flop += 2 * v if _SASS.match(n).group(2) == "fma" else v
+            flop = tensor + sum(2 * v if op == "fma" else v for (_, op), v in sass.items())
         pct = {
             "achieved_occupancy_pct": first(metrics, _NCU_OCCUPANCY),
             "dram_throughput_pct": first(metrics, _NCU_DRAM),
