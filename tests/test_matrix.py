@@ -293,15 +293,33 @@ def test_trainer_args_conditional_flags(demo):
     row.update(target_acc=0.5)
     argv = trainer_args(row)
     assert "--target-acc" not in argv  # collect applies it to epochs.csv
-    assert argv[argv.index("--cuda-graphs") + 1] == "auto"  # the demo's cuda_graphs: auto
+    assert argv[argv.index("--cuda-graphs") + 1] == "off"  # the demo's cuda_graphs auto, on CPU
     assert argv[argv.index("--compile") + 1] == "off"  # the demo's compile: false
 
 
+def test_a_setting_the_run_cannot_use_is_one_value_so_changing_it_retrains_nothing():
+    """train.num_workers with the device loader (no DataLoader), and compile or cuda_graphs auto
+    on CPU (both off there): changing one changed every run's flags, so every finished run and
+    capture reran (75 GPU jobs of the paper study) for the same training. The run table holds
+    the setting in effect: 0 workers, off."""
+    paper, cpu = ROOT / "config" / "config.yaml", ROOT / "config" / "demo.yaml"
+    assert table(paper, "train.num_workers=2") == table(paper, "train.num_workers=8")
+    assert {row["num_workers"] for row in table(paper)} == {0}  # loader: device
+    dataloader = table(paper, "train.loader=dataloader", "train.num_workers=2")
+    assert {row["num_workers"] for row in dataloader} == {2}  # used: kept
+    for key in ("compile", "cuda_graphs"):
+        assert table(cpu, f"train.{key}=auto") == table(cpu, f"train.{key}=false"), key
+        assert {row[key] for row in table(cpu, f"train.{key}=auto")} == {"off"}
+        assert {row[key] for row in table(paper, f"train.{key}=auto")} == {"auto"}  # CUDA
+    assert {row["compile"] for row in table(cpu, "train.compile=true")} == {"on"}
+
+
 @pytest.mark.parametrize(("value", "switch"), [("auto", "auto"), (True, "on"), (False, "off")])
-def test_compile_becomes_the_trainers_switch(demo, value, switch):
+def test_compile_becomes_the_trainers_switch(full, value, switch):
     """The study's compile (auto, true, false; YAML reads on/off as booleans) is the trainer's
-    --compile auto|on|off, in the table and on the command line."""
-    config = copy.deepcopy(demo)
+    --compile auto|on|off, in the table and on the command line (a CUDA study: on CPU auto is
+    off)."""
+    config = copy.deepcopy(full)
     config["train"]["compile"] = value
     row = build_run_table(config)[0]
     assert row["compile"] == switch

@@ -296,6 +296,17 @@ def test_changing_where_or_whether_runs_checkpoint_reruns_nothing(done, change):
     assert planned_jobs(proc) == {}
 
 
+def test_changing_a_setting_the_runs_cannot_use_retrains_nothing(done):
+    """train.num_workers with the device loader, compile and cuda_graphs auto -> false on CPU:
+    each was a flag of every run, a param, so a change the training cannot see reran every
+    finished run (README "What reruns"). The run table holds the value in effect now."""
+    changed = yaml.safe_load(yaml.safe_dump(TINY))
+    changed["train"] |= {"num_workers": 3, "compile": False, "cuda_graphs": False}
+    write_config(done / "unused.yaml", changed)
+    proc = snakemake(done, "--configfile", "unused.yaml", "-n", stand_ins=True)
+    assert "train" not in planned_jobs(proc), proc.stdout[:4000]
+
+
 def test_raising_the_process_group_timeout_reruns_nothing_and_reaches_the_trainer(done):
     """train.pg_timeout_s was a run flag, a param of the launch rules: raising it after a hung
     collective timed out reran every finished run ("Params have changed"), though it does not

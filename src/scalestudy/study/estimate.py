@@ -115,6 +115,7 @@ from scalestudy.study.runs import (
     RUN_COLUMNS,
     build_run_table,
     epoch_micro_steps,
+    in_effect,
     prepared_sizes,
     same,
 )
@@ -396,6 +397,7 @@ def _text(value) -> str:
 
 
 def _base(row: dict) -> tuple:
+    row = in_effect(row)  # a measured CPU run of compile auto is one of compile off
     shape = (
         vocab.DATASETS[row["dataset"]].shape if row.get("dataset") in vocab.DATASETS else "32x32x3"
     )

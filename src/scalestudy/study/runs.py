@@ -217,10 +217,27 @@ def _row(config: dict, world_size: int, local_batch: int, precision: str, bucket
         compile=_SWITCH[train["compile"]],
         cuda_graphs=_SWITCH[train["cuda_graphs"]],
     )
+    values = in_effect(values)
     for name in _NUMBER_COLUMNS:  # train.lr 1 or 1.0: one flag text, one runs.tsv cell
         if values[name] is not None:
             values[name] = one_form(values[name])
     return {name: values[name] for name in RUN_COLUMNS}
+
+
+def in_effect(row: dict) -> dict:
+    """The run's columns with a setting it cannot use as the one value in effect, so that
+    changing it changes no run's flags (its params: every finished run and capture reran for
+    the same training) and a measured run of either value calibrates the plan (estimate): the
+    device loader starts no DataLoader workers (num_workers 0), and auto is off on CPU (the
+    trainer's --compile and --cuda-graphs; on and step stay, for the trainer to use or refuse)."""
+    row = dict(row)
+    if row.get("loader") == "device":
+        row["num_workers"] = 0
+    if row.get("device") == "cpu":
+        for name in ("compile", "cuda_graphs"):
+            if row.get(name) == "auto":
+                row[name] = "off"
+    return row
 
 
 def _sort_key(row: dict):
