@@ -398,6 +398,15 @@ def test_a_profile_window_beyond_the_epoch_names_the_key_that_can_change():
     message = refused(cfg, "config key 'profiling.steps': value 200 is not allowed")
     assert "profile earlier" not in message, message
     assert re.search(r"at most \d+ steps", message), message
+    # a start_step too late: the latest that fits is named (it was "profile earlier or fewer
+    # steps", and config.yaml's comment promised a number)
+    cfg["profiling"] = {"enabled": True, "start_step": 5, "steps": 1}
+    message = refused(cfg, "config key 'profiling.start_step': value 5 is not allowed")
+    latest = int(re.search(r"start_step at most (\d+)", message)[1])
+    batch = int(re.search(r"x global batch (\d+)", message)[1])
+    assert (latest + 1 + 1) * batch <= 2048 < (latest + 1 + 1 + 1) * batch, message
+    cfg["profiling"] = {"enabled": True, "start_step": 5, "steps": 10}  # no start fits
+    refused(cfg, "value 5 is not allowed", "fewer steps from an earlier start_step")
 
 
 def test_unknown_dataset():

@@ -300,8 +300,11 @@ def window_problems(config: dict, rows: list[dict]) -> list[str]:
             # the key that can change: start_step 0 cannot go earlier
             key = "start_step" if prof["start_step"] else "steps"
             most = n_train // row["global_batch"] - prof["start_step"] - 1
+            latest = n_train // row["global_batch"] - prof["steps"] - 1
             fix = (
-                "profile earlier or fewer steps"
+                f"start_step at most {latest}, or fewer steps"
+                if prof["start_step"] and latest >= 0
+                else "fewer steps from an earlier start_step"
                 if prof["start_step"]
                 else f"at most {most} steps"
                 if most >= 1
