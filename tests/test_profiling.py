@@ -2028,6 +2028,10 @@ def test_top_kernels_never_include_nccl():
         ("0", {"SLURM_PROCID": "3"}, False),
         ("0", {"RANK": "0"}, True),
         ("0", {}, True),
+        # one torchrun per node inside an allocation: RANK wins, as the trainer reads it
+        # (dist.py); SLURM_PROCID first had every rank of node 0 profiled (and write one file)
+        ("0", {"SLURM_PROCID": "0", "RANK": "3"}, False),
+        ("all", {"SLURM_PROCID": "0", "RANK": "3"}, True),
     ],
 )
 def test_rank_wrapper_profiles_the_chosen_ranks(ranks, env, profiled):
@@ -2041,7 +2045,8 @@ def test_rank_wrapper_profiles_the_chosen_ranks(ranks, env, profiled):
     cmd = capture.rank_command(args, env)
     assert (cmd[0] == "nsys") is profiled
     if profiled:
-        assert f"--output=out/nsys_rank{capture.rank_from_env(env)}" in cmd
+        rank = env.get("RANK", env.get("SLURM_PROCID", "0"))
+        assert f"--output=out/nsys_rank{rank}" in cmd
     assert cmd[-4:] == ["python", "-m", "scalestudy", "train"]
     args.profiler = "/opt/nvidia/nsight-systems/2025.1.1/bin/nsys"
     cmd = capture.rank_command(args, env)
@@ -2081,7 +2086,7 @@ def test_a_profile_job_reads_its_image_once(tmp_path, monkeypatch):
     real = container.files.sha256
     monkeypatch.setattr(container.files, "sha256", lambda p: reads.append(p) or real(p))
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
-    args = _launch_args(1, 1, None)
+    args = _launch_args(1, 1, None, device="cuda")
     args.container, args.gpu = str(image), True
     capture.hash_image_once(args)
     commands = [capture.launch_command(args, None) for _ in range(5)]
@@ -2097,7 +2102,7 @@ def test_in_the_container_the_profiler_runs_inside_around_the_trainer(tmp_path, 
     image = tmp_path / "trainer.sif"
     image.write_bytes(b"image")
     exe = _install(tmp_path / "nsight-systems" / "2025.1.1", "bin/nsys")
-    args = _launch_args(1, 1, None)
+    args = _launch_args(1, 1, None, device="cuda")
     args.container, args.gpu = str(image), True
     options, binds = capture.wrapper_options(args, str(exe))
     assert options == {"python": "python", "profiler": str(exe)}
@@ -2139,7 +2144,8 @@ def test_in_the_container_the_profiler_runs_inside_around_the_trainer(tmp_path, 
     assert capture.wrapper_options(args, "/x/nsys") == ({"profiler": "/x/nsys"}, [])
 
 
-def _launch_args(nodes, rpn, prefix):
+def _launch_args(nodes, rpn, prefix, device="cpu"):
+    # a device, not auto: launch refuses auto in a Slurm job's shell without a GPU
     return argparse.Namespace(
         mpi="srun",
         nodes=nodes,
@@ -2148,20 +2154,15 @@ def _launch_args(nodes, rpn, prefix):
         container=None,
         gpu=False,
         rank_prefix=prefix,
-        train_args=["--", "--epochs", "1"],
+        train_args=["--", "--epochs", "1", "--device", device],
     )
 
 
 def test_launch_puts_the_rank_wrapper_around_each_rank():
     prefix = capture.rank_prefix(tool="nsys", ranks="all", dir="d")
     one = launch.build_command(_launch_args(1, 1, prefix), {})
-    assert one[1:5] == ["-m", "scalestudy", "profile", "rank"] and one[-5:] == [
-        "-m",
-        "scalestudy",
-        "train",
-        "--epochs",
-        "1",
-    ]
+    assert one[1:5] == ["-m", "scalestudy", "profile", "rank"]
+    assert one[-7:] == ["-m", "scalestudy", "train", "--epochs", "1", "--device", "cpu"]
     local = launch.build_command(_launch_args(1, 2, prefix), {})
     assert "--no-python" in local and local.index("--no-python") < local.index("rank")
     slurm = (

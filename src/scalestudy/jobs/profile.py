@@ -107,7 +107,9 @@ def choose_tool(requested: str, device: str, nsys_path: str | None) -> tuple[str
 
 
 def rank_from_env(env: dict[str, str]) -> int:
-    for key in ("SLURM_PROCID", "RANK"):
+    """The rank as the trainer reads it (dist.py): RANK (torchrun's, one per node inside an
+    allocation too) before SLURM_PROCID (srun's)."""
+    for key in ("RANK", "SLURM_PROCID"):
         if env.get(key, "").isdigit():
             return int(env[key])
     return 0
