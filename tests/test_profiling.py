@@ -2756,6 +2756,40 @@ def test_a_capture_missing_a_ranks_profile_fails(tmp_path, monkeypatch):
     assert not (tmp_path / "cap" / "tool.json").exists()
 
 
+def test_an_nsys_capture_without_kernels_fails_its_job(tmp_path, monkeypatch):
+    """`nsys stats` exits 0 where it SKIPs the kernel summary (no CUDA kernel data in the
+    report): the capture wrote tool.json and succeeded, and its parse then failed at every
+    rerun, which reran the parse alone (the capture counted as finished). The capture reads its
+    tables as the parse will and fails, so Snakemake removes it and captures again. STAND-INS
+    for the launch (it writes rank 0's report) and for nsys stats (its SKIPPED table)."""
+    cap = tmp_path / "cap"
+    stand_in = str(STAND_INS / "nsys")
+    monkeypatch.setattr(
+        shutil, "which", lambda name, *a, **k: stand_in if name in ("nsys", "ncu") else None
+    )
+    monkeypatch.setattr(launch, "hold_local_gpus", lambda *a, **k: None)
+
+    def launch_writing_a_report(argv, env, **kwargs):
+        (cap / "nsys_rank0.nsys-rep").write_text("a report without kernels")
+        return 0
+
+    def stats_skipping_the_kernels(out, env):
+        (out / "stats").mkdir(exist_ok=True)
+        (out / "stats" / "nsys_rank0_cuda_gpu_kern_sum.csv").write_text(
+            "SKIPPED: nsys_rank0.sqlite does not contain CUDA kernel data.\n"
+        )
+        return [out / "nsys_rank0.nsys-rep"], {"input": "stats"}
+
+    monkeypatch.setattr(capture, "run_launch", launch_writing_a_report)
+    monkeypatch.setattr(capture, "nsys_stats", stats_skipping_the_kernels)
+    words = ["profile", "capture", "--run", "r", "--tool", "nsys", "--device", "cuda", "--out",
+             str(cap), "--", "--device", "cuda", "--profile-steps", "2:4"]  # fmt: skip
+    with pytest.raises(ProfileError, match=r"no usable profile.*capture again") as failed:
+        capture.capture(cli.build_parser(words).parse_args(words))
+    assert "does not contain CUDA kernel data" in str(failed.value)
+    assert not (cap / "tool.json").exists()
+
+
 def test_nsys_path_through_the_stand_in(data_dir, tmp_path):
     """The real nsys code path with tests/stand-ins/nsys (canned stats, no capture): per-rank
     wrapper under torchrun --no-python, one report per rank, nsys stats per report, parse."""

@@ -59,9 +59,9 @@ import sys
 from pathlib import Path
 
 from scalestudy import files, log, vocab
-from scalestudy.errors import ProfileError
+from scalestudy.errors import ProfileError, ProfileFormatError
 from scalestudy.jobs import launch, local_ranks
-from scalestudy.nsight import readers
+from scalestudy.nsight import nsys, readers, torch_ops
 
 logger = log.get(__name__)
 
@@ -475,6 +475,17 @@ def capture(args: argparse.Namespace) -> int:
             f"{out}: no profile of rank(s) {', '.join(map(str, missing))} of {world_size} "
             f"({tool}): see the ranks' output above; capture again"
         )
+    # its tables read as the parse will: `nsys stats` exits 0 where it SKIPs the kernel
+    # summary (no CUDA kernel data), and a capture that succeeded so failed its parse at every
+    # rerun, which reran the parse alone; failed here, Snakemake removes it and captures again
+    parse = nsys.parse_nsys if tool == "nsys" else torch_ops.parse_torch
+    try:
+        parse(out / manifest["input"], args.run)
+    except ProfileFormatError as exc:
+        raise ProfileError(
+            f"{out}: no usable profile in this capture ({exc}); see the ranks' output above, "
+            "and capture again"
+        ) from exc
     files.write_json(out / "tool.json", manifest)
     return 0
 
