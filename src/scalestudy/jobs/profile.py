@@ -325,22 +325,29 @@ VERSION_TIMEOUT_S = 60  # `nsys --version`
 
 
 def run_tool(
-    argv: list[str], env: dict[str, str], stdout=None, timeout: float | None = None
+    argv: list[str],
+    env: dict[str, str],
+    stdout=None,
+    timeout: float | None = None,
+    what: str = "",
 ) -> None:
-    """argv to its end (`timeout` seconds at most, when given: a ProfileError beyond)."""
+    """argv to its end (`timeout` seconds at most, when given: a ProfileError beyond); `what`:
+    the file it reads (a rank's report), named in its errors."""
     logger.info("+ " + shlex.join(argv))
+    of = f" of {what}" if what else ""
     try:
         proc = subprocess.run(argv, env=env, stdout=stdout, timeout=timeout)
     except subprocess.TimeoutExpired:
         raise ProfileError(
-            f"{argv[0]} {' '.join(argv[1:3])} ... did not finish in {timeout:g} s: stopped"
+            f"{argv[0]} {' '.join(argv[1:3])} ...{of} did not finish in {timeout:g} s: stopped"
         ) from None
     if proc.returncode != 0:
-        raise failed(argv, proc.returncode)
+        fix = " (its output is above): a report cut short (a rank killed) needs capture again"
+        raise failed(argv, proc.returncode, fix if what else "", of)
 
 
-def failed(argv: list[str], code: int, where: str = "") -> ProfileError:
-    return ProfileError(f"{argv[0]} {' '.join(argv[1:3])} ... failed with exit {code}{where}")
+def failed(argv: list[str], code: int, where: str = "", of: str = "") -> ProfileError:
+    return ProfileError(f"{argv[0]} {' '.join(argv[1:3])} ...{of} failed with exit {code}{where}")
 
 
 # a stop signal to this process while the ranks' launch ran, raised once it ended (run_launch)
@@ -530,6 +537,7 @@ def nsys_stats(out: Path, env: dict[str, str]) -> tuple[list[Path], dict]:
             nsys_stats_command(str(rep), base, version, base + ".sqlite"),
             env,
             timeout=TOOL_TIMEOUT_S,
+            what=str(rep),
         )
     return reports, {
         "nsys_version": ".".join(map(str, version)) if version else "unknown",

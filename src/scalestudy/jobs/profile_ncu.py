@@ -322,7 +322,11 @@ def ncu(args: argparse.Namespace) -> int:
         # whole or not at all: a failed or stopped import left a half-written CSV
         with files.atomic_open(out_dir / f"ncu_k{i}.csv") as f:
             profile.run_tool(
-                ncu_import_command(str(report)), env, stdout=f, timeout=profile.TOOL_TIMEOUT_S
+                ncu_import_command(str(report)),
+                env,
+                stdout=f,
+                timeout=profile.TOOL_TIMEOUT_S,
+                what=str(report),
             )
         profiled.append((i, kernel))
     if not profiled:
