@@ -869,8 +869,13 @@ def test_a_window_no_nvml_sample_fell_into_is_no_failure_when_it_is_that_short()
     check = report.judge_nvml(short, samples, H200_PROBE)
     assert check.status == PASS, check.problems
     assert "no NVML sample" in check.numbers["gpu_util_unmeasured"], check.numbers
-    long = stand_in_run(gpu_util_mean=None, window_time_s=4 * measure.NVML_INTERVAL_S + 0.1)
+    long = stand_in_run(gpu_util_mean=None, window_time_s=report.SHORT_UTIL_SPAN_S + 0.1)
     assert "gpu_util_mean is null" in report.judge_nvml(long, samples, H200_PROBE).problems
+    # a long window of short spans (epochs): each too short for a sample's look-back
+    spans = stand_in_run(gpu_util_mean=None, window_time_s=report.SHORT_UTIL_SPAN_S + 0.1)
+    spans.metrics |= {"epochs": 3, "energy_j": None}
+    spans.metrics["energy_unmeasured"] = short.metrics["energy_unmeasured"]
+    assert report.judge_nvml(spans, samples, H200_PROBE).status == PASS
     no_util = [{"util_pct": "", "power_w": "420.5", "sm_clock_mhz": "1980"}]
     assert "gpu_util_mean is null" in report.judge_nvml(short, no_util, H200_PROBE).problems
 

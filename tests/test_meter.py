@@ -189,7 +189,10 @@ def test_a_resumed_runs_window_counts_and_utilisation_cover_every_segment(
         meter = measure.Meter(cfg, torch.device("cpu"), rank=0)
         meter.syncs = measure.SyncCounter()  # --sync-debug on a GPU
         meter.nvml = measure.NvmlSampler(
-            torch.device("cpu"), interval_s=0.01, read=lambda handle: {"util_pct": util}
+            torch.device("cpu"),
+            interval_s=0.01,
+            read=lambda handle: {"util_pct": util},
+            lookback_s=0.0,  # the stand-in's utilisation is of its instant
         )
         meter.start(state)
         meter.nvml.open_span()

@@ -87,6 +87,7 @@ def test_sampler_writes_the_time_series_and_returns_the_mean(tmp_path):
         out=tmp_path,
         rank=3,
         read=lambda h: nvml_read(nvml, h),
+        lookback_s=0.0,  # the stand-in's utilisation is of its instant
     )
     sampler.start()
     time.sleep(0.15)  # compiling, warm-up: sampled, not in the mean
@@ -111,6 +112,40 @@ def test_sampler_writes_the_time_series_and_returns_the_mean(tmp_path):
     inside = [s["util_pct"] for s in sampler.samples if start <= s["time_s"] <= end]
     assert 2 <= len(inside) < len(rows)
     assert mean == pytest.approx(sum(inside) / len(inside))
+
+
+def test_a_sample_whose_look_back_reaches_before_the_window_is_left_out():
+    """NVML's utilisation is the share of its past sample period (up to 1 s) with a kernel
+    running: a sample early in a span measured mostly the time before it (compilation, the
+    evaluation and join between epochs). Counted, gpu_util_mean read 4% for a run whose steps
+    filled 97% of its window. STAND-IN for NVML: busy (100) exactly inside the span, idle
+    before, each sample the busy share of its look-back."""
+    lookback, opened = 0.1, []
+
+    def read(handle) -> dict:
+        now = time.monotonic() - sampler.t0
+        if not opened:
+            return {"util_pct": 0.0}
+        busy = min(lookback, max(0.0, now - opened[0]))
+        return {"util_pct": 100.0 * busy / lookback}
+
+    sampler = NvmlSampler(torch.device("cpu"), interval_s=0.01, read=read, lookback_s=lookback)
+    sampler.start()
+    time.sleep(0.15)
+    sampler.open_span()
+    opened.append(sampler.spans[0][0])
+    time.sleep(0.4)
+    sampler.close_span()
+    mean = sampler.stop()
+    assert any(0 < s["util_pct"] < 100 for s in sampler.samples)  # partly before the window
+    assert mean == pytest.approx(100.0)
+    # a span shorter than the look-back holds no sample that measured it alone: null
+    short = NvmlSampler(torch.device("cpu"), interval_s=0.01, read=read, lookback_s=1.0)
+    short.start()
+    short.open_span()
+    time.sleep(0.2)
+    short.close_span()
+    assert short.stop() is None and short.samples
 
 
 def test_utilisation_without_a_window_sample_is_null(tmp_path):

@@ -27,7 +27,12 @@ from typing import Any
 from scalestudy import files, hardware
 from scalestudy.nsight import ncu, schema
 from scalestudy.nsight.torch_ops import GPU_CATEGORIES, LAUNCH_CATEGORIES, correlation
-from scalestudy.trainer.measure import ENERGY_SHORT_WINDOW, ENERGY_UPDATE_S, NVML_INTERVAL_S
+from scalestudy.trainer.measure import (
+    ENERGY_SHORT_WINDOW,
+    ENERGY_UPDATE_S,
+    NVML_INTERVAL_S,
+    NVML_UTIL_LOOKBACK_S,
+)
 
 PASS, FAIL, SKIPPED, NOT_RUN = "pass", "fail", "skipped", "not run"
 STATUSES = (PASS, FAIL, NOT_RUN, SKIPPED)
@@ -647,8 +652,9 @@ def judge_nvml(
     not "printed nothing", and its log tail is shown unless the sampled run failed too)."""
     criterion = (
         "gpu_samples_rank0.csv has samples and metrics.json gpu_util_mean is not null (or null "
-        f"because no sample fell into a window shorter than {SHORT_UTIL_WINDOW_S:g} s: samples "
-        f"every {NVML_INTERVAL_S:g} s); the energy "
+        f"because the window's spans, one per epoch, are shorter than {SHORT_UTIL_SPAN_S:g} s: "
+        f"a sample counts where its {NVML_UTIL_LOOKBACK_S:g} s look-back lies inside one, and "
+        f"samples come every {NVML_INTERVAL_S:g} s); the energy "
         "probe saw NVML's total-energy counter advance every <= "
         f"{ENERGY_UPDATE_MAX_S:g} s, its median and longest interval alike (measure.py's error "
         f"bound assumes {ENERGY_UPDATE_S:g} s) "
@@ -698,7 +704,7 @@ def judge_nvml(
         if not samples:
             problems.append("no NVML samples (gpu_samples_rank0.csv missing or empty)")
         if m.get("gpu_util_mean") is None:
-            why = util_unmeasured(window_s, util)
+            why = util_unmeasured(window_s, m.get("epochs"), util)
             if why:
                 numbers["gpu_util_unmeasured"] = why
             else:
@@ -712,19 +718,27 @@ def judge_nvml(
     return verdict("nvml", criterion, numbers, problems, runs)
 
 
-# a throughput window shorter than this may hold no NVML sample (the trainer's samples come
-# every NVML_INTERVAL_S; reference-bf16's window, 0.54 s in three spans, missed them in about one
-# run of four): gpu_util_mean null there is no failure where NVML gave utilisation samples
-SHORT_UTIL_WINDOW_S = 4 * NVML_INTERVAL_S
+# a span of the throughput window (one per epoch) shorter than this may hold no NVML sample
+# whose look-back lies inside it (measure.NVML_UTIL_LOOKBACK_S; samples every NVML_INTERVAL_S):
+# gpu_util_mean null there is no failure where NVML gave utilisation samples (reference-bf16's
+# window is 0.54 s in three spans)
+SHORT_UTIL_SPAN_S = NVML_UTIL_LOOKBACK_S + 2 * NVML_INTERVAL_S
 
 
-def util_unmeasured(window_s: float | None, util: list[float | None]) -> str | None:
-    """Why a null gpu_util_mean is no failure, or None where it is one."""
-    if window_s is None or window_s >= SHORT_UTIL_WINDOW_S or not any(u is not None for u in util):
+def util_unmeasured(
+    window_s: float | None, epochs: int | None, util: list[float | None]
+) -> str | None:
+    """Why a null gpu_util_mean is no failure, or None where it is one: the window's spans
+    (about window_s / epochs each) too short for a sample to measure one alone."""
+    if window_s is None or not any(u is not None for u in util):
+        return None
+    span_s = window_s / (epochs if isinstance(epochs, int) and epochs >= 1 else 1)
+    if span_s >= SHORT_UTIL_SPAN_S:
         return None
     return (
-        f"no NVML sample (every {NVML_INTERVAL_S:g} s) fell into the {window_s:.2f} s window; "
-        f"{sum(u is not None for u in util)} utilisation samples outside it"
+        f"no NVML sample's {NVML_UTIL_LOOKBACK_S:g} s look-back lay inside one of the window's "
+        f"spans (about {span_s:.2f} s each, {window_s:.2f} s in all); "
+        f"{sum(u is not None for u in util)} utilisation samples outside them"
     )
 
 

@@ -990,18 +990,27 @@ def nvml_handle(pynvml, props):
     raise LookupError(f"no NVML device matches this CUDA device ({'; '.join(errors)})")
 
 
-# seconds between two NVML samples of a rank's GPU (utilisation, power, clock): a window much
-# shorter may hold none (gpu_util_mean null), as gpu-check's reference runs' 0.5 s do
+# seconds between two NVML samples of a rank's GPU (utilisation, power, clock)
 NVML_INTERVAL_S = 0.5
+# seconds NVML's utilisation looks back: "percent of time over the past sample period during
+# which one or more kernels was executing", a period "between 1 second and 1/6 second depending
+# on the product" (NVML API reference, nvmlUtilization_t). A sample counts for the window only
+# where all of its look-back lies inside one of the window's spans: one taken early in a span
+# measured mostly the compilation, evaluation or join before it (4% reported for a run whose
+# steps filled 97% of its window, 43 to 100 for one configuration). Epochs shorter than this
+# give no sample, so gpu_util_mean null: nvmlDeviceGetSamples (the driver's own timestamped
+# samples) would measure them, untested without a GPU
+NVML_UTIL_LOOKBACK_S = 1.0
 
 
 class NvmlSampler:
     """This rank's GPU sampled every NVML_INTERVAL_S (GPU_SAMPLE_COLUMNS) during training.
 
     stop() returns the mean utilisation of the samples taken inside the throughput window's
-    spans (open_span() .. close_span(), one per epoch), None without NVML or without a sample in
-    the window, never a made-up 0: the whole run's mean counts compilation and warm-up (on an
-    H200 it read 5.8% for a run that kept the GPU busy in its window). Given `out`, it writes
+    spans (open_span() .. close_span(), one per epoch) with all of their look-back
+    (`lookback_s`, NVML_UTIL_LOOKBACK_S) inside the span, None without NVML or without such a
+    sample, never a made-up 0: the whole run's mean counts compilation and warm-up (on an H200
+    it read 5.8% for a run that kept the GPU busy in its window). Given `out`, it writes
     every sample to out/gpu_samples_rank{rank}.csv (time_s: seconds since start(); gpu: NVML's
     index of the device, found by UUID or PCI bus id: nvml_handle).
     `read(handle) -> dict` is nvml_read unless given (tests pass a stand-in: no GPU there).
@@ -1014,8 +1023,9 @@ class NvmlSampler:
         out: Path | None = None,
         rank: int = 0,
         read=None,
+        lookback_s: float = NVML_UTIL_LOOKBACK_S,
     ) -> None:
-        self.index, self.interval = device.index or 0, interval_s
+        self.index, self.interval, self.lookback = device.index or 0, interval_s, lookback_s
         self.out, self.rank, self.read = out, rank, read
         self.samples: list[dict] = []
         self.stop_event = threading.Event()
@@ -1036,7 +1046,8 @@ class NvmlSampler:
             self.spans[-1][1] = time.monotonic() - self.t0
 
     def in_window(self, time_s: float) -> bool:
-        return any(start <= time_s <= end for start, end in self.spans)
+        """A sample at time_s measured the window alone: its look-back lies inside a span."""
+        return any(start <= time_s - self.lookback and time_s <= end for start, end in self.spans)
 
     def window_util(self) -> tuple[float, int]:
         """The sum and the count of the utilisation samples so far inside the window's spans

@@ -128,10 +128,12 @@ How the numbers are measured (the analysis relies on these definitions):
   inside the window's training steps on rank 0 (0 is the fast path); null otherwise.
 - peak_mem_mb: CUDA max_memory_allocated on GPU, the process's peak RSS on CPU (max over ranks
   and over the segments of a resumed run), in MiB (2**20 bytes, Slurm's MB).
-- gpu_util_mean: mean NVML utilisation of the samples (every 0.5 s) taken inside the
-  throughput window (null when none is: a window shorter than 0.5 s), averaged over the
-  gpu_util_ranks ranks that have samples (the device is found by UUID/PCI bus id, not index);
-  null without a GPU or NVML.
+- gpu_util_mean: mean NVML utilisation of the samples (every 0.5 s) that measured the
+  throughput window alone: NVML's utilisation is the share of its past sample period (up to
+  1 s) with a kernel running, so a sample counts where that look-back lies inside one of the
+  window's spans (one per epoch; measure.NVML_UTIL_LOOKBACK_S). Null where none does (epochs
+  shorter than about 1 s), averaged over the gpu_util_ranks ranks that have samples (the device
+  is found by UUID/PCI bus id, not index); null without a GPU or NVML.
 - energy_j: NVML's total-energy counter (nvmlDeviceGetTotalEnergyConsumption) read at each
   epoch's window open and end, deltas summed, over the GPUs (each counted once: ranks sharing a
   GPU see the whole GPU); energy_j_per_img = energy_j / the images of the read spans (all ranks:
