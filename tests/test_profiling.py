@@ -2144,6 +2144,35 @@ def test_in_the_container_the_profiler_runs_inside_around_the_trainer(tmp_path, 
     assert capture.wrapper_options(args, "/x/nsys") == ({"profiler": "/x/nsys"}, [])
 
 
+@pytest.mark.parametrize("rerun", [False, True])
+def test_in_the_container_the_reports_directory_is_bound(tmp_path, monkeypatch, rerun):
+    """The wrapper writes the reports into --out itself, but only the trainer's --out
+    (out/train) decided the bind: a by-hand rerun that found out/train left over bound it
+    alone, and nsys wrote its reports where the host never saw them ("nsys wrote no report").
+    --out is outside the working directory here, as a /scratch capture is."""
+    monkeypatch.chdir(REPO)
+    image = tmp_path / "trainer.sif"
+    image.write_bytes(b"image")
+    exe = _install(tmp_path / "nsight-systems" / "2025.1.1", "bin/nsys")
+    out = tmp_path / "scratch" / "capture"
+    if rerun:
+        (out / "train").mkdir(parents=True)
+    else:
+        out.parent.mkdir(parents=True)
+    args = _launch_args(1, 1, None, device="cuda")
+    args.container, args.gpu = str(image), True
+    args.train_args = capture.trainer_args(args, out / "train")
+    options, binds = capture.wrapper_options(args, str(exe), out)
+    prefix = capture.rank_prefix(
+        tool="nsys", ranks="all", dir=capture.wrapper_dir(args, out), **options
+    )
+    cmd = capture.launch_command(args, prefix, binds)
+    bound = [cmd[i + 1].split(":")[0] for i, word in enumerate(cmd) if word == "--bind"]
+    assert len(bound) == len(set(bound)), bound  # each directory once
+    reports = capture.wrapper_dir(args, out)
+    assert any(reports.is_relative_to(b) for b in bound), (reports, bound)
+
+
 def _launch_args(nodes, rpn, prefix, device="cpu"):
     # a device, not auto: launch refuses auto in a Slurm job's shell without a GPU
     return argparse.Namespace(
@@ -2860,7 +2889,9 @@ def test_nsys_in_the_container_through_the_stand_ins(data_dir, tmp_path):
     # the trainer ran as nsys's child in the container and wrote its outputs
     assert (cap / "train" / "metrics.json").exists()
     manifest = json.loads((cap / "tool.json").read_text())
-    assert manifest["in_container"] is True and manifest["binds"] == [str(STAND_INS.resolve())]
+    assert manifest["in_container"] is True
+    # the profiler's installation, and where its reports go (outside the working directory)
+    assert manifest["binds"] == [str(STAND_INS.resolve()), str(tmp_path.resolve() / "real")]
     _, ranges = _parse(cap, tmp_path)
     assert {r["time_base"] for r in ranges} == {"gpu_projection"}
 

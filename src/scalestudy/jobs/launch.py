@@ -177,7 +177,8 @@ def build_command(args: argparse.Namespace, env: dict[str, str]) -> list[str]:
         from scalestudy.jobs.container import exec_prefix
 
         own_binds, real_paths = container_paths(config, Path.cwd())
-        binds = [*getattr(args, "container_binds", ()), *own_binds]  # the wrapper's, the trainer's
+        # the wrapper's, then the trainer's: each directory once
+        binds = list(dict.fromkeys([*getattr(args, "container_binds", ()), *own_binds]))
         digest = getattr(args, "container_digest", None)  # else hashed here (exec_prefix)
         python = [*exec_prefix(args.container, gpu=args.gpu, binds=binds, digest=digest)]
         python += [*prefix, "python"]
@@ -299,31 +300,41 @@ def container_paths(config: TrainConfig, cwd: Path) -> tuple[list[str], list[str
     found no data at /scratch/me/data, bound at /gpfs/scratch/me/data."""
     binds: list[str] = []
     flags: list[str] = []
-    home = Path(os.path.realpath(cwd))
     for name in PATH_FLAGS:
         flag, value = f"--{flag_name(name)}", getattr(config, name)
         if not value:
             continue
         # an absolute value stays itself; realpath resolves the symlinks of the part that exists
         path = Path(os.path.realpath(cwd / value))
-        if path.is_relative_to(home):
-            continue
-        if str(path) != os.path.abspath(cwd / value):
+        if str(path) != os.path.abspath(cwd / value) and not path.is_relative_to(
+            os.path.realpath(cwd)
+        ):
             flags += [flag, str(path)]
-        there = next(p for p in (path, *path.parents) if p.is_dir())
-        if there == Path("/"):
-            raise LaunchError(
-                f"{flag} {value}: none of its directories exists, so there is nothing to "
-                "bind into the container: make the directory first (or check the path)"
-            )
-        if files.unbindable(there):
-            raise LaunchError(
-                f"{flag} {value}: Apptainer's --bind cannot name {there} (':' and ',' "
-                "separate its fields): choose a directory without them"
-            )
-        if str(there) not in binds:
-            binds.append(str(there))
+        there = bind_of(f"{flag} {value}", cwd / value, cwd)
+        if there is not None and there not in binds:
+            binds.append(there)
     return binds, flags
+
+
+def bind_of(what: str, path: str | os.PathLike, cwd: Path) -> str | None:
+    """The directory to bind into the container for `path` (`what` names it in errors): its
+    real path's nearest existing directory, or None inside the working directory (Apptainer
+    binds that itself); see container_paths."""
+    real = Path(os.path.realpath(cwd / path))
+    if real.is_relative_to(os.path.realpath(cwd)):
+        return None
+    there = next(p for p in (real, *real.parents) if p.is_dir())
+    if there == Path("/"):
+        raise LaunchError(
+            f"{what}: none of its directories exists, so there is nothing to bind into the "
+            "container: make the directory first (or check the path)"
+        )
+    if files.unbindable(there):
+        raise LaunchError(
+            f"{what}: Apptainer's --bind cannot name {there} (':' and ',' separate its "
+            "fields): choose a directory without them"
+        )
+    return str(there)
 
 
 def run(args: argparse.Namespace) -> int:

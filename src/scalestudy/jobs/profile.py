@@ -303,14 +303,22 @@ def wrapper_dir(args: argparse.Namespace, out: Path) -> Path:
     return Path(os.path.realpath(out)) if args.container else out
 
 
-def wrapper_options(args: argparse.Namespace, exe: str) -> tuple[dict, list[str]]:
+def wrapper_options(
+    args: argparse.Namespace, exe: str, out: Path | None = None
+) -> tuple[dict, list[str]]:
     """(rank_prefix keywords, container binds) that run the profiler `exe` on each rank: in the
     container (the image's python runs the wrapper, the host's installation bound in at its own
-    path) when there is one, else on the host."""
+    path) when there is one, else on the host. `out`: the directory the wrapper writes the
+    reports to, bound too where it is outside the working directory: the trainer's --out
+    (out/train) was the only bind, and where a by-hand rerun found out/train left over, the
+    reports went to a directory the host never saw ("nsys wrote no report")."""
     if not args.container:
         return {"profiler": exe}, []
     real, root = profiler_install(exe)
-    return {"python": "python", "profiler": real}, [root]
+    binds = [root]
+    if out is not None and (there := launch.bind_of(f"--out {out}", out, Path.cwd())):
+        binds.append(there)
+    return {"python": "python", "profiler": real}, binds
 
 
 # ---------------------------------------------------------------------------------------------
@@ -429,7 +437,7 @@ def capture(args: argparse.Namespace) -> int:
     args.train_args = trainer_args(args, train_dir)
     prefix, binds = None, []
     if tool == "nsys":
-        options, binds = wrapper_options(args, shutil.which("nsys"))
+        options, binds = wrapper_options(args, shutil.which("nsys"), out)
         prefix = rank_prefix(
             tool="nsys", ranks=args.ranks, dir=wrapper_dir(args, out), trace=args.nsys_trace,
             **options,

@@ -273,7 +273,7 @@ def ncu(args: argparse.Namespace) -> int:
     env = profile.profiler_env(launch.rank_env(dict(os.environ), args.cpus_per_rank), "ncu")
     train_args = profile.trainer_args(args, out_dir / "train")
     launch.hold_local_gpus(env, args.nodes * args.ranks_per_node, train_args)
-    options, binds = profile.wrapper_options(args, ncu_path)
+    options, binds = profile.wrapper_options(args, ncu_path, out_dir)
     args.train_args = list(train_args)
     profile.hash_image_once(args)
     passes = []  # (index, kernel, --launch-skip, the ranks' command): all built, every check
