@@ -407,6 +407,12 @@ def test_a_profile_window_beyond_the_epoch_names_the_key_that_can_change():
     assert (latest + 1 + 1) * batch <= 2048 < (latest + 1 + 1 + 1) * batch, message
     cfg["profiling"] = {"enabled": True, "start_step": 5, "steps": 10}  # no start fits
     refused(cfg, "value 5 is not allowed", "fewer steps from an earlier start_step")
+    # with PowerSGD no start before its uncompressed steps is named (refused on its own)
+    cfg["synthetic"]["num_train"] = 16 * 1024
+    cfg.setdefault("train", {})["comm_hook"] = "powersgd"
+    cfg["profiling"] = {"enabled": True, "start_step": 10, "steps": 6}
+    message = refused(cfg, "config key 'profiling.steps': value 6 is not allowed", "at most 5 st")
+    assert "start_step at most" not in message, message
 
 
 def test_unknown_dataset():

@@ -297,19 +297,22 @@ def window_problems(config: dict, rows: list[dict]) -> list[str]:
     for row in profiled_runs(config, rows):
         need = (prof["start_step"] + prof["steps"] + 1) * row["global_batch"]
         if need > n_train:
-            # the key that can change: start_step 0 cannot go earlier
-            key = "start_step" if prof["start_step"] else "steps"
-            most = n_train // row["global_batch"] - prof["start_step"] - 1
-            latest = n_train // row["global_batch"] - prof["steps"] - 1
-            fix = (
-                f"start_step at most {latest}, or fewer steps"
-                if prof["start_step"] and latest >= 0
-                else "fewer steps from an earlier start_step"
-                if prof["start_step"]
-                else f"at most {most} steps"
-                if most >= 1
-                else "no window fits: a smaller batch"
-            )
+            # the key that can change: start_step cannot go below 0, nor with PowerSGD below
+            # its uncompressed steps (refused above)
+            earliest = POWERSGD_START_ITER if config["train"]["comm_hook"] == "powersgd" else 0
+            movable = prof["start_step"] > earliest
+            key = "start_step" if movable else "steps"
+            in_epoch = n_train // row["global_batch"]  # steps of one epoch
+            most = in_epoch - prof["start_step"] - 1  # steps from this start
+            latest = in_epoch - prof["steps"] - 1  # start of these steps
+            if movable and latest >= earliest:
+                fix = f"start_step at most {latest}, or fewer steps"
+            elif most >= 1:
+                fix = f"at most {most} steps"
+            elif movable:
+                fix = "fewer steps from an earlier start_step"
+            else:
+                fix = "no window fits: a smaller batch"
             problems.append(
                 f"config key 'profiling.{key}': value {prof[key]} is not allowed: "
                 f"run {row['run']} would need (start_step {prof['start_step']} + steps "
