@@ -1807,7 +1807,14 @@ def test_a_directory_in_the_way_or_a_bad_mirror_url_is_one_line_naming_it(tmp_pa
     argv = ["prepare-data", "--dataset", "synthetic", "--data-dir", str(blocked)]
     assert cli.main([*argv, "--num-train", "64", "--num-test", "16"]) == 2
     (err,) = capsys.readouterr().err.strip().splitlines()
-    assert f"{blocked / 'synthetic'} is in the way (File exists): remove it" in err, err
+    in_the_way = f"{blocked / 'synthetic'} is in the way (a file, not a directory): remove it"
+    assert in_the_way in err, err
+    # a file as --data-dir itself, or on its way: that file is named, not the path under it
+    for data_dir in (blocked / "synthetic", blocked / "synthetic" / "deeper"):
+        argv = ["prepare-data", "--dataset", "synthetic", "--data-dir", str(data_dir)]
+        assert cli.main([*argv, "--num-train", "64", "--num-test", "16"]) == 2
+        (err,) = capsys.readouterr().err.strip().splitlines()
+        assert in_the_way in err, err
     argv = ["prepare-data", "--dataset", "mnist", "--data-dir", str(data)]
     assert cli.main([*argv, "--mirror", "http://[::1/"]) == 2
     (err,) = capsys.readouterr().err.strip().splitlines()

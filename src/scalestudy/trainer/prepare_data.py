@@ -653,7 +653,12 @@ def prepare(
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:  # judged, and named for its fix, where it would have been made
-        existing = next(p for p in out_dir.parents if p.is_dir())
+        existing = next(p for p in (out_dir, *out_dir.parents) if p.exists())
+        if not existing.is_dir():  # a file where a directory goes (mkdir names the deepest)
+            raise PreparedDataError(
+                f"cannot create {out_dir}: {existing} is in the way (a file, not a directory): "
+                "remove it or give another --data-dir"
+            ) from e
         raise _unwritten(f"cannot create {out_dir}", e, existing) from e
     raw_dir = out_dir / "raw"
     if dataset == "synthetic":
