@@ -279,6 +279,12 @@ def test_a_stop_inside_a_write_leaves_nothing_the_next_run_refuses(tmp_path, mon
     with pytest.raises(GpuCheckError, match="fixtures was not made by gpu-check"):
         gpu_check.prepare_out(out)
     (out / "fixtures" / "nsys" / ".notes.txt.0a1b2c3d.tmp").unlink()
+    # a stop inside the first write, provenance.json's: its temp file alone
+    shutil.rmtree(out / "fixtures")
+    (out / "fixtures").mkdir()
+    (out / "fixtures" / ".provenance.json.0a1b2c3d.tmp").write_text("{")
+    gpu_check.prepare_out(out)
+    assert not (out / "fixtures").exists()
     # the report pair: written together or not at all
     header = {"host": "h", "budget_s": 600}
     first = report.write_report(out, header, [])

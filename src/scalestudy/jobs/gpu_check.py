@@ -899,12 +899,13 @@ def remove_marked(tree: Path, mark: str) -> None:
 
 def fixtures_made_here(fixtures: Path) -> bool:
     """Whether DIR/fixtures is an earlier gpu-check's: empty, marked (WORK_MARK, as before
-    the marker left it), or every file in it is its provenance.json (PROVENANCE_FORMAT) or
-    named there (write_fixture writes provenance.json first)."""
+    the marker left it), or every file in it is its provenance.json (PROVENANCE_FORMAT), named
+    there (write_fixture writes provenance.json first), or the temp file of a write of one of
+    them that a stop signal (os._exit) cut short: the first provenance.json's included."""
     if (fixtures / WORK_MARK).exists():
         return True
     found = {p.relative_to(fixtures).as_posix() for p in fixtures.rglob("*") if not p.is_dir()}
-    if not found:
+    if all(_temp_of(f, PROVENANCE) for f in found):  # none, or a first write cut short
         return True
     try:
         doc = json.loads((fixtures / PROVENANCE).read_text())
@@ -913,7 +914,6 @@ def fixtures_made_here(fixtures: Path) -> bool:
     if not isinstance(doc, dict) or doc.get("format") != PROVENANCE_FORMAT:
         return False
     ours = {PROVENANCE, *(str(f).removeprefix("fixtures/") for f in doc.get("fixtures") or [])}
-    # and the temp file of a write of one of them that a stop signal (os._exit) cut short
     return all(f in ours or any(_temp_of(f, name) for name in ours) for f in found)
 
 
