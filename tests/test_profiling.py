@@ -2527,8 +2527,9 @@ def test_a_hung_post_processing_tool_is_stopped_with_one_line(tmp_path):
     # the file it read is named (the report path is argv's last word, which was cut off: of
     # an 8-rank capture, which rank's report failed was not said), and what to do
     report = "cap/nsys_rank3.nsys-rep"
-    with pytest.raises(ProfileError, match=rf"of {report} failed with exit 3 .*capture again"):
-        capture.run_tool([PYTHON, "-c", "raise SystemExit(3)"], child_env(), what=report)
+    fix = "a report cut short needs the capture again"
+    with pytest.raises(ProfileError, match=rf"of {report} failed with exit 3 .*; {fix}"):
+        capture.run_tool([PYTHON, "-c", "raise SystemExit(3)"], child_env(), what=report, fix=fix)
     with pytest.raises(ProfileError, match=rf"of {report} did not finish in 0.5 s"):
         capture.run_tool(argv, child_env(), timeout=0.5, what=report)
 

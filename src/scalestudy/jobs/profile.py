@@ -338,9 +338,11 @@ def run_tool(
     stdout=None,
     timeout: float | None = None,
     what: str = "",
+    fix: str = "",
 ) -> None:
     """argv to its end (`timeout` seconds at most, when given: a ProfileError beyond); `what`:
-    the file it reads (a rank's report), named in its errors."""
+    the file it reads (a rank's report) where argv[1:3] does not show it, and `fix`, what to do
+    about its failure, both named in its errors."""
     logger.info("+ " + shlex.join(argv))
     of = f" of {what}" if what else ""
     try:
@@ -350,8 +352,7 @@ def run_tool(
             f"{argv[0]} {' '.join(argv[1:3])} ...{of} did not finish in {timeout:g} s: stopped"
         ) from None
     if proc.returncode != 0:
-        fix = " (its output is above): a report cut short (a rank killed) needs capture again"
-        raise failed(argv, proc.returncode, fix if what else "", of)
+        raise failed(argv, proc.returncode, f" (its output is above){fix and '; ' + fix}", of)
 
 
 def failed(argv: list[str], code: int, where: str = "", of: str = "") -> ProfileError:
@@ -546,6 +547,7 @@ def nsys_stats(out: Path, env: dict[str, str]) -> tuple[list[Path], dict]:
             env,
             timeout=TOOL_TIMEOUT_S,
             what=str(rep),
+            fix="a report cut short (a rank killed) needs the capture again",
         )
     return reports, {
         "nsys_version": ".".join(map(str, version)) if version else "unknown",

@@ -326,7 +326,7 @@ def ncu(args: argparse.Namespace) -> int:
                 env,
                 stdout=f,
                 timeout=profile.TOOL_TIMEOUT_S,
-                what=str(report),
+                fix="a report cut short needs this `scalestudy profile ncu` again",
             )
         profiled.append((i, kernel))
     if not profiled:
