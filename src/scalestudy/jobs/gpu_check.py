@@ -21,7 +21,9 @@ limit, so a crash or a hang is a failed check with its log tail, never a crash o
   host-syncs-P    --sync-debug, ddp, bf16 and fp16: no host synchronisation inside a window step
   checkpoint-S    SIGUSR1 -> checkpoint and exit 75 -> the same command resumes (ddp, fsdp/DCP)
   nvml            NVML samples, gpu_util_mean, energy_j (of the reference-bf16 run of our trainer);
-                  the energy counter's update period and power under load (jobs/energy_probe.py)
+                  the energy counter's update period and power under load (jobs/energy_probe.py).
+                  That run's epochs (~0.2 s) are shorter than NVML's 1 s look-back, so its
+                  gpu_util_mean is null by design (the window rule is tested on CPU, stand-in NVML)
   torch-profiler  CUDA kernels -> the kernels CSV, classified (the share left in "other")
   torch-profiler-study  the study's profiling job of a GPU run (compiled, a study asking for the
                   whole-step graph): torch.compile's graphs in the window, inductor's kernels
