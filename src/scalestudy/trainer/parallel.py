@@ -64,7 +64,7 @@ def wrap_model(model: torch.nn.Module, cfg: TrainConfig, device: torch.device):
                 model.set_requires_gradient_sync(True)
 
         return model, fsdp_no_sync
-    # allreduce: no wrapper; same start everywhere, gradients summed by allreduce_gradients()
+    # allreduce: no wrapper; same start everywhere, gradients averaged by allreduce_gradients()
     for tensor in model.state_dict().values():
         dist.broadcast(tensor, src=0)
     return model, contextlib.nullcontext
