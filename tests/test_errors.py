@@ -476,6 +476,41 @@ def test_an_atomic_write_to_stdout_goes_through_the_pipe_or_the_redirected_file(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]  # no temp file left
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["plan", "--config", "config/demo.yaml", "--out-md", "/dev/null", "--out-csv"],
+        ["matrix", "--config", "config/demo.yaml", "--out"],
+    ],
+)
+def test_an_output_to_stdout_gets_no_progress_line_in_it(tmp_path, argv):
+    """`plan --out-csv /dev/stdout > plan.csv`: the command's progress lines (stdout) came
+    after the table in the same stream, so what a caller read back was no CSV ("26 columns in
+    the header but 2 cells here"). With an output on this process's stdout they go to stderr."""
+    r = subprocess.run(
+        [PYTHON, "-m", "scalestudy", *argv, "/dev/stdout"],
+        cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    header, *rows = r.stdout.splitlines()
+    columns = header.count("," if argv[0] == "plan" else "\t")
+    assert rows and all(row.count("," if argv[0] == "plan" else "\t") >= columns for row in rows)
+    assert "/dev/stdout" in r.stderr  # the progress line, there
+
+
+def test_a_closed_stdout_is_no_traceback(tmp_path):
+    """`scalestudy plan ... >&-`: Python has no sys.stdout, so logging printed a traceback per
+    progress line and the flush at the end an AttributeError: exit 1 for work that was done."""
+    code = "import os, sys; os.close(1); sys.stdout = None; from scalestudy import cli; "
+    code += "sys.exit(cli.main(['plan', '--config', 'config/demo.yaml', '--out-md', "
+    code += f"{str(tmp_path / 'p.md')!r}, '--out-csv', {str(tmp_path / 'p.csv')!r}]))"
+    r = subprocess.run(
+        [PYTHON, "-c", code], cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert (tmp_path / "p.csv").exists() and (tmp_path / "p.md").exists()
+
+
 def matrix_to(out: Path) -> subprocess.CompletedProcess:
     """`scalestudy matrix` of the demo study, its run table written to `out`."""
     argv = [PYTHON, "-m", "scalestudy", "matrix", "--config", "config/demo.yaml", "--out", str(out)]

@@ -44,7 +44,7 @@ import os
 import signal
 import sys
 
-from scalestudy import log
+from scalestudy import files, log
 from scalestudy.errors import Preempted, ScalestudyError
 
 logger = log.get(__name__)
@@ -174,7 +174,10 @@ def main(argv: list[str] | None = None) -> int:
             parser.commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}{hint}")
         if args.debug:
             os.environ[log.DEBUG_ENV] = "1"  # read by log.debug(), here and in every child
-        log.setup()
+        # an output on stdout (`--out-csv /dev/stdout > plan.csv`): the progress lines go to
+        # stderr, or they ended up in it, after the table
+        to_stderr = any(map(files.is_own_stdout, _arguments(args)))
+        log.setup(progress_to_stderr=to_stderr)
         # a Python caller's signal handlers are its own
         stops = program and not _owns_stop(args)
         if stops:
@@ -184,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
         finally:  # the command's cleanup is done: a later signal may kill it on the spot
             if stops:
                 _stop_on_signals(False)
+            if to_stderr:  # a Python caller's next command starts as set up by default
+                log.setup(progress_to_stderr=False)
     except KeyboardInterrupt as exc:
         # Ctrl-C reaches every rank of a run (torchrun passes it to each worker, srun to each
         # task): rank 0 says it; --debug: every rank, with its traceback
@@ -201,7 +206,8 @@ def _run(module, args: argparse.Namespace) -> int:
     """The subcommand's run(args), its expected errors one line each (the module docstring)."""
     try:
         code = int(module.run(args) or 0)
-        sys.stdout.flush()  # here, not at exit: a reader gone (`| head`) is BrokenPipeError
+        if sys.stdout is not None:  # None: stdout closed (`>&-`)
+            sys.stdout.flush()  # here, not at exit: a reader gone (`| head`) is BrokenPipeError
         return code
     except BrokenPipeError as exc:
         # stdout's reader (or an output pipe's) left before the command was done: a Unix tool
@@ -224,6 +230,15 @@ def _run(module, args: argparse.Namespace) -> int:
         where = exc.filename if exc.filename2 is None else exc.filename2
         log.expected_error(logger, f"scalestudy {_command(args)}: {where}: {exc.strerror}")
         return 2
+
+
+def _arguments(args: argparse.Namespace) -> list[str]:
+    """The command's own string arguments (paths among them), not the trainer's flags."""
+    found: list[str] = []
+    for name, value in vars(args).items():
+        values = value if isinstance(value, list) and name != "train_args" else [value]
+        found += [v for v in values if isinstance(v, str) and v]
+    return found
 
 
 def _owns_stop(args: argparse.Namespace) -> bool:

@@ -80,6 +80,11 @@ def _descriptor_link(path: str | os.PathLike) -> tuple[bool, int | None]:
     return False, None
 
 
+def is_own_stdout(path: str | os.PathLike) -> bool:
+    """Whether `path` is this process's stdout (/dev/stdout, /dev/fd/1, /proc/self/fd/1)."""
+    return _descriptor_link(path)[1] == 1
+
+
 def written_in_place(path: str | os.PathLike) -> bool:
     """Whether a write to `path` goes into what it names, not into a file renamed onto it:
     `path` (followed through its links) exists and is no regular file or directory (a device

@@ -84,12 +84,22 @@ def debug() -> bool:
     return os.environ.get(DEBUG_ENV, "") not in ("", "0")
 
 
+_progress_to_stderr = False  # setup's progress_to_stderr, kept for its later calls
+
+
 class _Console(logging.Handler):
-    """INFO and below to stdout, WARNING and above to stderr; the stream is looked up at each
-    message, so a redirected sys.stdout (pytest's capsys, contextlib.redirect_stdout) is used."""
+    """INFO and below to stdout (to stderr with `progress_to_stderr`: a command's output is
+    stdout), WARNING and above to stderr; the stream is looked up at each message, so a
+    redirected sys.stdout (pytest's capsys, contextlib.redirect_stdout) is used, and none
+    (stdout closed: `>&-`, Python's sys.stdout None) drops the message."""
+
+    progress_to_stderr = False
 
     def emit(self, record: logging.LogRecord) -> None:
-        stream = sys.stderr if record.levelno >= logging.WARNING else sys.stdout
+        to_stderr = record.levelno >= logging.WARNING or self.progress_to_stderr
+        stream = sys.stderr if to_stderr else sys.stdout
+        if stream is None:
+            return
         try:
             stream.write(self.format(record) + "\n")
             stream.flush()
@@ -145,17 +155,22 @@ def setup(
     host: str | None = None,
     level: int = logging.INFO,
     local_rank: int = 0,
+    progress_to_stderr: bool | None = None,
 ) -> logging.Logger:
     """Configure the `scalestudy` logger (idempotent: a second call replaces the first).
 
     Without a rank: messages as they are. With one: `[rank r/W host] message`, and INFO only
-    from rank 0."""
-    global _place
+    from rank 0. `progress_to_stderr`: INFO to stderr too (an output written to stdout: the
+    CLI's call says so, and a command's own later call keeps it, None)."""
+    global _place, _progress_to_stderr
     _place = None if rank is None else (rank, local_rank)
+    if progress_to_stderr is not None:
+        _progress_to_stderr = progress_to_stderr
     logger = logging.getLogger(ROOT)
     for handler in list(logger.handlers):
         logger.removeHandler(handler)
     handler = _Console()
+    handler.progress_to_stderr = _progress_to_stderr
     prefix = ""
     if rank is not None:
         where = f" {host}" if host else ""
