@@ -496,3 +496,26 @@ def test_two_new_outputs_in_one_directory_reached_by_two_mounts_are_one_file(tmp
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["True", "False"], proc.stdout
+
+
+def test_a_failing_disk_inside_a_write_names_the_file(tmp_path, monkeypatch):
+    """EIO from a write inside write_files (a text over the buffer size reaches the disk there)
+    or from the directory's fsync after the renames named no file: the CLI took it for a bug,
+    a traceback and exit 1, where a full disk was one line naming the file."""
+    target = tmp_path / "plan.csv"
+
+    def failing(f):
+        raise OSError(errno.EIO, "Input/output error")
+
+    with pytest.raises(OSError) as failed:
+        files.write_files({target: failing})
+    assert failed.value.filename == str(target) and failed.value.errno == errno.EIO
+    assert list(tmp_path.iterdir()) == []  # no temp file, no target
+
+    def fsync(fd):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(files.os, "fsync", fsync)
+    with pytest.raises(OSError) as failed:
+        files.fsync_dir(tmp_path)
+    assert failed.value.filename == str(tmp_path) and failed.value.errno == errno.EIO
