@@ -746,7 +746,9 @@ def read_csv_rows(
     """The rows of a CSV (TSV) file as dicts; not UTF-8: `error`, as read_text. A row with
     more or fewer cells than the header is `error` too: csv.DictReader would file the extra
     cells under None and fill the missing ones with None, which a reader took for values (a
-    file cut off mid-row, by a full disk or an interrupted copy, passed as complete)."""
+    file cut off before a row's last cell, by a full disk or an interrupted copy, passed as
+    complete). A cut inside the last cell keeps the count and is not seen here: the tool's
+    own writes are atomic (write_files), so only a copy cut short can be."""
     # decoded whole (the tool's CSVs are small): the byte a decode error names is then the
     # file's own offset, not one within a read chunk
     text = read_text(path, error, fix)
