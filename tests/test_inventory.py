@@ -314,6 +314,10 @@ def test_environment_values_are_kept_and_the_missing_ones_asked_from_scontrol(
     assert job["SLURM_JOB_PARTITION"] == "from-env"  # the environment wins
     assert (job["SLURM_JOB_NODELIST"], job["SLURM_NNODES"]) == ("node[1-2]", "2")
     assert job["SLURM_JOB_GPUS"] == job["SLURM_CLUSTER_NAME"] == "absent"
+    # in a step (srun --overlap from salloc's shell, srun --pty bash) SLURM_NNODES is the
+    # step's node count: the job's is SLURM_JOB_NUM_NODES (a 2-node run recorded 1)
+    step = {**env, "SLURM_NNODES": "1", "SLURM_JOB_NUM_NODES": "2"}
+    assert inventory_module.slurm_job(step)["SLURM_NNODES"] == "2"
     # without a job id nothing is asked; a failing scontrol is recorded, not raised
     assert inventory_module.slurm_job({})["SLURM_JOB_NODELIST"] == "absent"
     scontrol.write_text("#!/bin/sh\necho 'slurm_load_jobs error: Invalid job id' >&2\nexit 1\n")

@@ -106,7 +106,9 @@ def _gpus() -> dict:
 
 
 def _torch() -> dict:
-    """torch's version, the CUDA it was built for, and the CUDA runtime, NCCL and cuDNN in use:
+    """torch's version, the CUDA it was built for (cuda_runtime: the same, recorded only where
+    a GPU is usable: torch has no public call for the runtime loaded), and the NCCL and cuDNN
+    in use:
     "absent" without a usable GPU (a CPU node: the wheel's bundled libraries are not in use),
     "error: ..." where a probe fails (torch refuses a cuDNN other than its build's, from a
     `module load` first on LD_LIBRARY_PATH: that failed the job before a launch that would
@@ -288,6 +290,9 @@ def slurm_job(env: dict[str, str]) -> dict[str, str]:
     show job` when a job id is known; a field neither has is "absent", and a failing scontrol
     is recorded under "scontrol"."""
     found = {k: env.get(k, ABSENT) for k in SLURM_FIELDS}
+    # the job's node count: in a step (srun --overlap, srun --pty bash) SLURM_NNODES is the
+    # step's, SLURM_JOB_NUM_NODES the job's everywhere (as study/resources.py reads it)
+    found["SLURM_NNODES"] = env.get("SLURM_JOB_NUM_NODES") or found["SLURM_NNODES"]
     job_id = env.get("SLURM_JOB_ID")
     if not job_id or ABSENT not in found.values():
         return found
