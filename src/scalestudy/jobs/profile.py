@@ -59,9 +59,9 @@ import sys
 from pathlib import Path
 
 from scalestudy import files, log, vocab
-from scalestudy.errors import ProfileError, ProfileFormatError
+from scalestudy.errors import ProfileError
 from scalestudy.jobs import launch, local_ranks
-from scalestudy.nsight import nsys, readers, torch_ops
+from scalestudy.nsight import readers
 
 logger = log.get(__name__)
 
@@ -491,19 +491,32 @@ def capture(args: argparse.Namespace) -> int:
             f"{out}: no profile of rank(s) {', '.join(map(str, missing))} of {world_size} "
             f"({tool}): see the ranks' output above; capture again"
         )
-    # its tables read as the parse will: `nsys stats` exits 0 where it SKIPs the kernel
-    # summary (no CUDA kernel data), and a capture that succeeded so failed its parse at every
-    # rerun, which reran the parse alone; failed here, Snakemake removes it and captures again
-    parse = nsys.parse_nsys if tool == "nsys" else torch_ops.parse_torch
-    try:
-        parse(out / manifest["input"], args.run)
-    except ProfileFormatError as exc:
+    # `nsys stats` exits 0 where it SKIPs the kernel summary (no CUDA kernel data): such a
+    # capture succeeded and its parse then failed at every rerun, which reran the parse alone;
+    # failed here, Snakemake removes it and captures again
+    if tool == "nsys" and (problem := kernel_tables_problem(out, made)):
         raise ProfileError(
-            f"{out}: no usable profile in this capture ({exc}); see the ranks' output above, "
-            "and capture again"
-        ) from exc
+            f"{out}: no usable profile in this capture ({problem}); see the ranks' output "
+            "above, and capture again"
+        )
     files.write_json(out / "tool.json", manifest)
     return 0
+
+
+def kernel_tables_problem(out: Path, reports: list[Path]) -> str:
+    """Why the `nsys stats` kernel summaries of `reports` are no profile ("" where each has
+    one): none written, or nsys's SKIPPED line in its place. Read without the parsers (which
+    are no code of a job that launches ranks: an edit to them reruns no capture)."""
+    for report in reports:
+        base = report.name.removesuffix(".nsys-rep")
+        # cuda_gpu_kern_sum, or gpukernsum before nsys 2023.1 (nsight/nsys.py READ_REPORTS)
+        tables = sorted((out / "stats").glob(f"{base}_*kern*sum.csv"))
+        if not tables:
+            return f"no kernel summary of {report.name} in {out / 'stats'}"
+        for table in tables:
+            if said := readers.skipped_line(readers.read_text(table).splitlines()):
+                return f"{table}: {said}"
+    return ""
 
 
 def missing_ranks(manifest: dict, found: set[int]) -> list[int]:
