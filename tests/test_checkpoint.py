@@ -419,6 +419,45 @@ def _sigterm_after_epoch_1(data_dir: Path, out: Path, ckdir: Path) -> tuple[str,
     return stdout, stderr
 
 
+def test_a_new_run_into_an_earlier_runs_out_starts_without_its_outputs(data_dir, tmp_path):
+    """metrics.json marks a finished run, but a new run into the same --out (by hand:
+    Snakemake deletes a job's outputs first) left the earlier one's in place until it
+    finished itself, and epochs.csv until its first epoch: killed before, the directory held
+    one run's metrics.json beside another's epochs, which collect took for one run. Now the
+    new run starts with neither: no metrics.json, a header-only epochs.csv."""
+    out = tmp_path / "run"
+    train(data_dir, out, *EPOCHS, nproc=1)
+    assert (out / "metrics.json").exists() and len(read_epochs(out)) == 4
+    proc = _start(data_dir, out, "--seed", "1", "--diag-data-delay-ms", "200")
+    try:
+        deadline = time.monotonic() + 120
+        # the header alone, not the earlier run's 4 epochs, before this run's first epoch ends
+        while (out / "metrics.json").exists() or read_epochs(out):
+            assert len(read_epochs(out)) in (0, 4), read_epochs(out)  # never this run's row
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert not (out / "metrics.json").exists()
+
+
+def test_a_stop_signal_in_the_last_epoch_finishes_the_run_and_says_so(data_dir, tmp_path):
+    """SIGTERM in the last epoch: nothing is left to checkpoint, so the run finishes (exit 0),
+    but it went on without a word, as if no signal had come (train.py: a stop checkpoints at
+    the epoch's end and exits 75)."""
+    out, ckdir = tmp_path / "run", tmp_path / "ckpt"
+    flags = ("--epochs", "2", "--checkpoint-dir", str(ckdir), "--diag-data-delay-ms", "300")
+    proc = _start(data_dir, out, *flags)
+    _wait_for_epochs(out, 1, proc)
+    time.sleep(1.0)  # into epoch 2 (8 steps of 0.3 s), past epoch 1's stop agreement
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr
+    assert "received SIGTERM in the last epoch: finishing the run" in stderr, stderr
+    assert (out / "metrics.json").exists() and len(read_epochs(out)) == 2
+
+
 def _same_epochs(a: Path, b: Path) -> None:
     ra, rb = read_epochs(a), read_epochs(b)
     assert [int(r["epoch"]) for r in rb] == [1, 2, 3, 4]  # none lost, none twice

@@ -79,8 +79,6 @@ def train(
     checkpointing.count_lost(state)  # the training earlier attempts lost (redone now)
     # a resumed run started when its first segment did (the checkpoint has it)
     started_at = state.started_at = state.started_at or started_at
-    if denv.rank == 0 and state.history:
-        write_epochs(cfg, state.history)  # the epochs so far
     left = run.steps_per_epoch * cfg.epochs - state.step
     if meter.window_out_of_reach(state, left):
         # every segment warms up anew (a resume recompiles and recaptures): one that cannot
@@ -88,6 +86,12 @@ def train(
         raise TrainingError(  # the same resumed step on every rank
             no_window_message(cfg, run.graphs, state.step, left, meter.warmup_steps), scope="run"
         )
+    if denv.rank == 0:
+        # this run's outputs from the start: an earlier run's metrics.json (the mark of a
+        # finished run) and epochs.csv in the same --out (by hand: Snakemake deletes a job's
+        # outputs) stayed beside this run's until it finished, or its first epoch did
+        (Path(cfg.out) / "metrics.json").unlink(missing_ok=True)
+        write_epochs(cfg, state.history)  # the epochs so far: none, the header, on a fresh start
     meter.start(state)
     try:
         train_epochs(run, state, meter, profiler, checkpointing)
@@ -294,6 +298,13 @@ def finish(
     weights, the metrics over ranks; rank 0 writes metrics.json, then the checkpoints go (a
     failed metrics.json write keeps them: the rerun resumes from the last one)."""
     cfg, world_size = run.cfg, run.world_size
+    if (stop := checkpointing.stop) is not None and stop.raised:
+        # in the last epoch: nothing is left to checkpoint, so the run finishes (it went on
+        # without a word, as if no signal had come)
+        logger.warning(
+            f"WARNING: received {stop.signame} in the last epoch: finishing the run instead of "
+            "stopping (nothing is left to resume)"
+        )
     comm_exposed = probe_sync_ms = probe_nosync_ms = None
     if cfg.comm_probe_steps and world_size == 1:
         # one rank synchronises nothing: the probe would time two identical arms and report

@@ -163,6 +163,20 @@ How the numbers are measured (the analysis relies on these definitions):
   none: collect reads runs.csv's off epochs.csv with train.target_acc, so that changing the
   threshold retrains no run).
 - train_time_s: wall time of the whole training loop, evaluation included.
+- final_val_acc, best_val_acc: the last epoch's val_acc, and the highest over every epoch
+  (every segment's); epochs.csv holds each.
+- steps_per_epoch: optimizer steps per epoch (ceil of the micro-batches / accum_steps);
+  train_images_per_epoch: the images one epoch trains, counted over all ranks (not steps x
+  global batch: a short last accumulation group trains fewer; the ragged tail of a rank's
+  shard is dropped); test_images_per_epoch: the (limited) test set, evaluated whole after every
+  epoch.
+- window_time_s, window_images, window_steps: the throughput window's wall time (the slowest
+  rank's), its images (all ranks) and its optimizer steps.
+- threads_per_rank: each rank's intra-op threads (rank 0's; launch sets them to the job's CPUs
+  per rank): they set a CPU rank's speed, and the plan calibrates a run from runs of its count.
+- launcher: what started the ranks (torchrun, srun, none); ddp_static_graph: DDP's
+  static_graph in effect; param_checksums: each rank's parameter checksum at the end, all
+  equal (a divergence fails the run).
 - lost_time_s (--checkpoint-dir): loop seconds that earlier attempts of a resumed run trained
   past the checkpoint their successor resumed from, so redone (a kill -9, a node failure, a
   time limit reached before the stop's checkpoint): the sum over attempts k followed by
@@ -190,21 +204,22 @@ Checkpoints and resume (--checkpoint-dir; state.py, checkpoint.py): a run saves 
 --checkpoint-every epochs and, on SIGTERM/SIGUSR1 (or SIGHUP, a closed terminal, unless started
 under nohup), at the end of the current epoch (all ranks agree on the stop with one all-reduce
 per epoch), then, once the checkpoint is complete on every rank, exits with 75
-(checkpoint.PREEMPTED_EXIT; a failed save fails the run instead). The same command resumes
-from the newest valid checkpoint of the same configuration (config_hash), world size, prepared
-data (data_sha256: another --data-dir holding other data, or an edited meta.json, starts fresh,
-with a warning) and code (the sha256 of the trainer's source, measure.code_sha256,
-torch's version, RunState's fields: a rerun after a trainer change starts fresh, with a warning
-naming both values, so the code and torch_version hold for every segment) and hardware (every
-rank's device, in rank order: a job requeued on another GPU model starts fresh, with a warning,
-so device_names, the window and mfu hold for every segment) and layout (the ranks per host: a
-run whose gpus_per_node changed keeps its run id and checkpoint directory, and starts fresh)
-and container image (its digest: a rebuilt image reruns the runs, which start fresh) and
-continues bit for bit (same data order, RNG states, optimizer, schedule, scaler), except with
---loader dataloader and persistent worker processes (--num-workers > 0): their random state
-lives in the workers and is not checkpointed, so such a run resumes correctly but not bit for
-bit (a warning says so at start-up); and with --comm-hook powersgd, whose state (error
-feedback, warm-start factors, step count) is not checkpointed either: each segment starts
+(checkpoint.PREEMPTED_EXIT; a failed save fails the run instead). A signal in the last epoch
+finishes the run instead (exit 0; nothing is left to resume), with a warning that says so. The
+same command resumes from the newest valid checkpoint of the same configuration (config_hash),
+world size, prepared data (data_sha256: another --data-dir holding other data, or an edited
+meta.json, starts fresh, with a warning) and code (the sha256 of the trainer's source,
+measure.code_sha256, torch's version, RunState's fields: a rerun after a trainer change starts
+fresh, with a warning naming both values, so the code and torch_version hold for every segment)
+and hardware (every rank's device, in rank order: a job requeued on another GPU model starts
+fresh, with a warning, so device_names, the window and mfu hold for every segment) and layout
+(the ranks per host: a run whose gpus_per_node changed keeps its run id and checkpoint
+directory, and starts fresh) and container image (its digest: a rebuilt image reruns the runs,
+which start fresh) and continues bit for bit (same data order, RNG states, optimizer, schedule,
+scaler), except with --loader dataloader and persistent worker processes (--num-workers > 0):
+their random state lives in the workers and is not checkpointed, so such a run resumes correctly
+but not bit for bit (a warning says so at start-up); and with --comm-hook powersgd, whose state
+(error feedback, warm-start factors, step count) is not checkpointed either: each segment starts
 PowerSGD anew (a warning says so too).
 A resumed run's numbers are accounted over its segments:
 - train_time_s: the sum over segments of the loop time up to each segment's last checkpoint
