@@ -2793,7 +2793,14 @@ def test_a_capture_missing_a_ranks_profile_fails(tmp_path, monkeypatch):
     assert not (tmp_path / "cap" / "tool.json").exists()
 
 
-def test_an_nsys_capture_without_kernels_fails_its_job(tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    "table, says",
+    [
+        ("SKIPPED: nsys_rank0.sqlite does not contain CUDA kernel data.\n", "does not contain"),
+        ('"Time (%)","Total Time (ns)","Instances","Name"\n', "no kernel row"),
+    ],
+)
+def test_an_nsys_capture_without_kernels_fails_its_job(tmp_path, monkeypatch, table, says):
     """`nsys stats` exits 0 where it SKIPs the kernel summary (no CUDA kernel data in the
     report): the capture wrote tool.json and succeeded, and its parse then failed at every
     rerun, which reran the parse alone (the capture counted as finished). The capture reads its
@@ -2812,9 +2819,7 @@ def test_an_nsys_capture_without_kernels_fails_its_job(tmp_path, monkeypatch):
 
     def stats_skipping_the_kernels(out, env):
         (out / "stats").mkdir(exist_ok=True)
-        (out / "stats" / "nsys_rank0_cuda_gpu_kern_sum.csv").write_text(
-            "SKIPPED: nsys_rank0.sqlite does not contain CUDA kernel data.\n"
-        )
+        (out / "stats" / "nsys_rank0_cuda_gpu_kern_sum.csv").write_text(table)
         return [out / "nsys_rank0.nsys-rep"], {"input": "stats"}
 
     monkeypatch.setattr(capture, "run_launch", launch_writing_a_report)
@@ -2823,8 +2828,32 @@ def test_an_nsys_capture_without_kernels_fails_its_job(tmp_path, monkeypatch):
              str(cap), "--", "--device", "cuda", "--profile-steps", "2:4"]  # fmt: skip
     with pytest.raises(ProfileError, match=r"no usable profile.*capture again") as failed:
         capture.capture(cli.build_parser(words).parse_args(words))
-    assert "does not contain CUDA kernel data" in str(failed.value)
+    assert says in str(failed.value)
     assert not (cap / "tool.json").exists()
+
+
+@pytest.mark.parametrize("export", ['{"ops": []}', "{}", "not json"])
+def test_a_torch_capture_that_recorded_nothing_fails_its_job(tmp_path, monkeypatch, export):
+    """A torch.profiler export without ops (the window recorded nothing) made a capture that
+    succeeded, and a parse that failed at every rerun. STAND-IN for the launch: it writes the
+    export."""
+
+    def launch_writing_the_export(argv, env, **kwargs):
+        profile_dir = tmp_path / "cap" / "train" / "profile"
+        profile_dir.mkdir(parents=True)
+        (profile_dir / "torch_ops_rank0.json").write_text(export)
+        return 0
+
+    monkeypatch.setattr(capture, "run_launch", launch_writing_the_export)
+    monkeypatch.setattr(launch, "hold_local_gpus", lambda *a, **k: None)
+    words = ["profile", "capture", "--run", "r", "--tool", "torch", "--device", "cpu", "--out",
+             str(tmp_path / "cap"), "--mpi=", "--", "--epochs", "1",
+             "--profile-steps", "0:1"]  # fmt: skip
+    with pytest.raises(
+        ProfileError, match=r"no usable profile.*torch_ops_rank0.json.*capture again"
+    ):
+        capture.capture(cli.build_parser(words).parse_args(words))
+    assert not (tmp_path / "cap" / "tool.json").exists()
 
 
 def test_nsys_path_through_the_stand_in(data_dir, tmp_path):

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import re
 import shlex
@@ -491,10 +492,11 @@ def capture(args: argparse.Namespace) -> int:
             f"{out}: no profile of rank(s) {', '.join(map(str, missing))} of {world_size} "
             f"({tool}): see the ranks' output above; capture again"
         )
-    # `nsys stats` exits 0 where it SKIPs the kernel summary (no CUDA kernel data): such a
-    # capture succeeded and its parse then failed at every rerun, which reran the parse alone;
-    # failed here, Snakemake removes it and captures again
-    if tool == "nsys" and (problem := kernel_tables_problem(out, made)):
+    # `nsys stats` exits 0 where it SKIPs the kernel summary (no CUDA kernel data), and an
+    # export may hold no op: such a capture succeeded and its parse then failed at every
+    # rerun, which reran the parse alone; failed here, Snakemake removes it and captures again
+    check = kernel_tables_problem if tool == "nsys" else torch_exports_problem
+    if problem := check(out, made):
         raise ProfileError(
             f"{out}: no usable profile in this capture ({problem}); see the ranks' output "
             "above, and capture again"
@@ -514,8 +516,24 @@ def kernel_tables_problem(out: Path, reports: list[Path]) -> str:
         if not tables:
             return f"no kernel summary of {report.name} in {out / 'stats'}"
         for table in tables:
-            if said := readers.skipped_line(readers.read_text(table).splitlines()):
+            lines = readers.read_text(table).splitlines()
+            if said := readers.skipped_line(lines):
                 return f"{table}: {said}"
+            if sum("," in line for line in lines) < 2:  # a header alone: cut short
+                return f"{table}: no kernel row"
+    return ""
+
+
+def torch_exports_problem(out: Path, exports: list[Path]) -> str:
+    """Why torch.profiler's exports are no profile ("" where each lists ops): not JSON, or no
+    op recorded. Read without the parser (kernel_tables_problem says why)."""
+    for export in exports:
+        try:
+            ops = json.loads(readers.read_text(export)).get("ops")
+        except (ValueError, AttributeError):
+            return f"{export}: not a torch.profiler export (JSON with its ops)"
+        if not isinstance(ops, list) or not ops:
+            return f"{export}: no profiled ops (the window recorded nothing)"
     return ""
 
 
