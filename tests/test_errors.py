@@ -509,6 +509,14 @@ def test_a_closed_stdout_is_no_traceback(tmp_path):
     )
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
     assert (tmp_path / "p.csv").exists() and (tmp_path / "p.md").exists()
+    # the run table to a closed stdout: nowhere to go, one line
+    code = "import os, sys; os.close(1); sys.stdout = None; from scalestudy import cli; "
+    code += "sys.exit(cli.main(['matrix', '--config', 'config/demo.yaml']))"
+    r = subprocess.run(
+        [PYTHON, "-c", code], cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith("scalestudy matrix: stdout: closed")
 
 
 def matrix_to(out: Path) -> subprocess.CompletedProcess:

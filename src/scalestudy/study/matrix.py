@@ -13,6 +13,7 @@ study's runs.
 from __future__ import annotations
 
 import argparse
+import errno
 import sys
 from pathlib import Path
 
@@ -85,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
 def _print_table(text: str) -> None:
     """The table to stdout; a reader gone early (`| head`) is no error: stdout then writes to
     /dev/null (Python's advice, signal module, "Note on SIGPIPE"), so the exit flush is quiet."""
+    if sys.stdout is None:  # closed (`>&-`): the table has nowhere to go, said in one line
+        raise OSError(errno.EBADF, "closed: the table goes to stdout (or give --out)", "stdout")
     try:
         sys.stdout.write(text)
         sys.stdout.flush()
