@@ -1,11 +1,13 @@
 """One logging set-up for every command: `log.setup()` once per process, `log.get(__name__)`.
 
 Progress (INFO) goes to stdout and problems (WARNING and above) to stderr, as the plain prints
-did, so logs and tests read the same streams. In a training job every message carries
-`[rank r/W host]` and only rank 0 prints progress: with 64 ranks, 64 copies of "epoch 3/10"
-hide the one warning that matters. Warnings and errors are printed by every rank, except an
-expected error (`expected_error`): it is printed by the ranks its `scope` names (errors.py), once
-per run or per node when every rank would say the same, with no traceback.
+did, so logs and tests read the same streams; where a command writes an output to its own stdout
+(`--out-csv /dev/stdout`), progress goes to stderr too (cli.py), not into that output. In a
+training job every message carries `[rank r/W host]` and only rank 0 prints progress: with 64
+ranks, 64 copies of "epoch 3/10" hide the one warning that matters. Warnings and errors are
+printed by every rank, except an expected error (`expected_error`): it is printed by the ranks
+its `scope` names (errors.py), once per run or per node when every rank would say the same, with
+no traceback.
 
 A stream whose reader is gone (a pipe's reader left, `| head`; a terminal that hung up) gets
 nothing more: its descriptor is pointed at /dev/null (`to_devnull`) and the command goes on.
