@@ -37,7 +37,7 @@ import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import IO, Any, NoReturn
+from typing import IO, Any
 
 # bytes of the target's name kept in its temp file's name, which adds 14 characters: a target
 # name near NAME_MAX (255 bytes) was "File name too long" though the target could be written
@@ -56,14 +56,6 @@ def _named(exc: OSError, path: str | os.PathLike) -> OSError:
     if exc.filename is not None or exc.errno is None:
         return exc
     return OSError(exc.errno, exc.strerror, os.fspath(path))
-
-
-def _raise_named(exc: OSError, path: str | os.PathLike) -> NoReturn:
-    """Raise `exc`, naming `path` where it names no file (_named)."""
-    named = _named(exc, path)
-    if named is exc:
-        raise exc
-    raise named from exc
 
 
 # the directory of a process's file-descriptor links: /dev/fd, and /dev/stdout's /proc/self/fd
@@ -321,7 +313,7 @@ def fsync_dir(directory: str | os.PathLike) -> None:
             os.close(dir_fd)
     except OSError as exc:
         if exc.errno not in (errno.EACCES, errno.EPERM, errno.EINVAL):
-            _raise_named(exc, directory)  # a failing disk (EIO): this directory's
+            raise _named(exc, directory) from exc  # a failing disk (EIO): this directory's
 
 
 def replace_with(tmp: str | os.PathLike, path: str | os.PathLike) -> None:
@@ -382,7 +374,7 @@ def write_files(
                     try:
                         write(f)
                     except OSError as exc:  # a failing disk (EIO) under a write: this file's
-                        _raise_named(exc, path)
+                        raise _named(exc, path) from exc
                 staged.append(s)
         for path in in_place:
             with atomic_open(path, mode, **kwargs) as f:

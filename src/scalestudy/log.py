@@ -86,7 +86,7 @@ def debug() -> bool:
     return os.environ.get(DEBUG_ENV, "") not in ("", "0")
 
 
-_progress_to_stderr = False  # setup's progress_to_stderr, kept for its later calls
+_progress_to_stderr = False  # setup's progress_to_stderr, kept for its later calls (_Console)
 
 
 class _Console(logging.Handler):
@@ -95,10 +95,8 @@ class _Console(logging.Handler):
     redirected sys.stdout (pytest's capsys, contextlib.redirect_stdout) is used, and none
     (stdout closed: `>&-`, Python's sys.stdout None) drops the message."""
 
-    progress_to_stderr = False
-
     def emit(self, record: logging.LogRecord) -> None:
-        to_stderr = record.levelno >= logging.WARNING or self.progress_to_stderr
+        to_stderr = record.levelno >= logging.WARNING or _progress_to_stderr
         stream = sys.stderr if to_stderr else sys.stdout
         if stream is None:
             return
@@ -172,7 +170,6 @@ def setup(
     for handler in list(logger.handlers):
         logger.removeHandler(handler)
     handler = _Console()
-    handler.progress_to_stderr = _progress_to_stderr
     prefix = ""
     if rank is not None:
         where = f" {host}" if host else ""

@@ -304,14 +304,13 @@ def container_paths(config: TrainConfig, cwd: Path) -> tuple[list[str], list[str
         flag, value = f"--{flag_name(name)}", getattr(config, name)
         if not value:
             continue
-        # an absolute value stays itself; realpath resolves the symlinks of the part that exists
-        path = Path(os.path.realpath(cwd / value))
-        if str(path) != os.path.abspath(cwd / value) and not path.is_relative_to(
-            os.path.realpath(cwd)
-        ):
-            flags += [flag, str(path)]
         there = bind_of(f"{flag} {value}", cwd / value, cwd)
-        if there is not None and there not in binds:
+        if there is None:  # inside the working directory
+            continue
+        # an absolute value stays itself; realpath resolves the symlinks of the part that exists
+        if (path := os.path.realpath(cwd / value)) != os.path.abspath(cwd / value):
+            flags += [flag, path]
+        if there not in binds:
             binds.append(there)
     return binds, flags
 

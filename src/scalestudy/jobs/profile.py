@@ -507,8 +507,9 @@ def capture(args: argparse.Namespace) -> int:
 
 def kernel_tables_problem(out: Path, reports: list[Path]) -> str:
     """Why the `nsys stats` kernel summaries of `reports` are no profile ("" where each has
-    one): none written, or nsys's SKIPPED line in its place. Read without the parsers (which
-    are no code of a job that launches ranks: an edit to them reruns no capture)."""
+    one): none written, nsys's SKIPPED line in its place, or a header alone. Read without the
+    parsers (which are no code of a job that launches ranks: an edit to them reruns no
+    capture)."""
     for report in reports:
         base = report.name.removesuffix(".nsys-rep")
         # cuda_gpu_kern_sum, or gpukernsum before nsys 2023.1 (nsight/nsys.py READ_REPORTS)

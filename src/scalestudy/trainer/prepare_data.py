@@ -241,7 +241,7 @@ def _save(
 def _unwritten(what: str, e: BaseException, directory: Path) -> PreparedDataError:
     """A failed write under --data-dir as one line: `what`, the cause (files.write_failure) and
     its own fix; "free space there" was the advice for a read-only or failing disk too."""
-    if isinstance(e, IsADirectoryError | NotADirectoryError | FileExistsError):
+    if isinstance(e, IsADirectoryError | NotADirectoryError):
         # a path in the way (a directory where the file goes, or a file where a directory
         # goes): no disk fault; named as given, not as the temp file it was renamed from
         where = getattr(e, "filename2", None) or e.filename
