@@ -2464,3 +2464,48 @@ def test_collect_refuses_a_cell_the_scaling_model_would_refuse(tmp_path, column,
     files.write_json(metrics, fine | {column: value})
     with pytest.raises(CollectError, match=rf"metrics.json: {column} is {value!r}, not "):
         collect.collect([row], tmp_path / "runs")
+
+
+def test_collect_refuses_runs_of_one_dataset_trained_on_different_prepared_data(tmp_path):
+    """data_sha256 (loaders.data_sha256) names the prepared data a run read. Every run of the
+    study's dataset reads one data/<dataset>/; a run trained on a set prepared by hand with
+    another seed (its sizes pass --expect-train/--expect-test) was collected with the others,
+    and a figure compared runs that saw different images. Collect refuses it, naming the runs
+    of each data; a run of a trainer before data_sha256 is not compared."""
+    from scalestudy.errors import CollectError
+    from scalestudy.results import collect
+    from scalestudy.study.runs import read_runs_tsv
+
+    row, run_dir, epochs, metrics = collectable_run(tmp_path)
+    rows = read_runs_tsv(tmp_path / "runs.tsv")[:3]
+    assert len(rows) == 3 and len({r["dataset"] for r in rows}) == 1
+    for other in rows[1:]:
+        other_dir = tmp_path / "runs" / other["run"]
+        other_dir.mkdir()
+        files.write_csv(other_dir / "epochs.csv", None, epochs)
+    data = {rows[0]["run"]: "a" * 64, rows[1]["run"]: "a" * 64, rows[2]["run"]: "b" * 64}
+
+    def write(shas: dict) -> None:
+        for r in rows:
+            sized = {k: int(r[k]) for k in ("world_size", "nodes", "ranks_per_node")}
+            sha = {"data_sha256": shas[r["run"]]} if r["run"] in shas else {}
+            sized["global_batch"] = int(r["global_batch"])
+            files.write_json(
+                tmp_path / "runs" / r["run"] / "metrics.json",
+                metrics | sized | {"seed": int(r["seed"])} | sha,
+            )
+
+    write({k: "a" * 64 for k in data})
+    assert len(collect.collect(rows, tmp_path / "runs")[0]) == 3
+    write({k: v for k, v in data.items() if v == "a" * 64})  # the odd run's trainer was older
+    assert len(collect.collect(rows, tmp_path / "runs")[0]) == 3
+    write(data)
+    with pytest.raises(CollectError) as info:
+        collect.collect(rows, tmp_path / "runs")
+    said = str(info.value)
+    assert said.startswith(f"the runs of dataset {rows[0]['dataset']} read different prepared")
+    assert f"{rows[2]['run']} (data_sha256 bbbbbbbbbbbb)" in said
+    assert f"{rows[0]['run']}, {rows[1]['run']} (data_sha256 aaaaaaaaaaaa)" in said
+    odd = tmp_path / "runs" / rows[2]["run"] / "metrics.json"
+    assert said.endswith(f"if {rows[2]['run']} is not one, {collect.run_fix(odd)}")
+    assert "\n" not in said

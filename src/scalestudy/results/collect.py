@@ -9,7 +9,8 @@ job is given none: a flag, changing the threshold retrained every run; vocab.tim
 A key present in both the run table and metrics.json must agree (the run table's device with
 metrics.json's device type; target_acc aside): a disagreement means the result
 on disk came from another configuration (a stale or hand-copied run) and is refused, naming the
-run, the key and both values. A run without a complete metrics.json is an error that names the
+run, the key and both values; so are runs of one dataset that read different prepared data
+(data_sha256: data_problem). A run without a complete metrics.json is an error that names the
 file and the command that produces it, never a silent blank row; one that lacks a key of
 REQUIRED_METRICS (an older trainer's) names the keys and the commit that trained it
 (metrics.json's git_commit), whose collect reads it, before training it again. The fix named
@@ -167,7 +168,43 @@ def collect(table: list[dict], runs_dir: Path) -> tuple[list[dict], list[dict]]:
         runs_rows.append(merged)
         for epoch in epochs:
             epoch_rows.append({**{c: row[c] for c in EPOCH_ID_COLUMNS}, **epoch})
+    if problem := data_problem(runs_rows, runs_dir):
+        raise CollectError(problem)
     return runs_rows, epoch_rows
+
+
+SHOWN_RUNS = 5  # runs named per prepared data in data_problem's line; the rest are counted
+
+
+def data_problem(runs_rows: list[dict], runs_dir: Path) -> str | None:
+    """One line where runs of one dataset read different prepared data (metrics.json's
+    data_sha256, loaders.data_sha256), else None. The study's runs of a dataset all read one
+    data/<dataset>/; a run trained on a set prepared by hand with another seed or mean/std
+    (sizes that pass --expect-train/--expect-test) was collected with them, and the figures
+    compared runs that saw different images. A run of a trainer before data_sha256 (blank) is
+    not compared. The runs of each data are named, the fewest last: the likely odd ones."""
+    by_dataset: dict[str, dict[str, list[str]]] = {}
+    for merged in runs_rows:
+        if sha := merged.get("data_sha256"):
+            data = by_dataset.setdefault(str(merged["dataset"]), {})
+            data.setdefault(str(sha), []).append(merged["run"])
+    for dataset, data in by_dataset.items():
+        if len(data) > 1:
+            groups = sorted(data.items(), key=lambda item: -len(item[1]))
+            said = " and ".join(
+                ", ".join(runs[:SHOWN_RUNS])
+                + (f" and {len(runs) - SHOWN_RUNS} more" if len(runs) > SHOWN_RUNS else "")
+                + f" (data_sha256 {sha[:12]})"
+                for sha, runs in groups
+            )
+            odd = groups[-1][1][0]
+            return (
+                f"the runs of dataset {dataset} read different prepared data: {said}; the "
+                "figures would compare runs that saw different images. Keep the runs of the "
+                f"data the study prepares now: if {odd} is not one, "
+                f"{run_fix(runs_dir / odd / 'metrics.json')}"
+            )
+    return None
 
 
 def model_cell_problem(measured: dict) -> tuple[str, str] | None:
