@@ -801,6 +801,29 @@ def test_blank_paths_and_names_are_refused(key):
     )
 
 
+@pytest.mark.parametrize("key", ["study", "proposal.title", "proposal.pi", "proposal.machine"])
+def test_a_title_or_name_over_several_lines_is_refused(key):
+    """A YAML block scalar (`pi: |` with an empty line) kept its blank line, which reached
+    \\title{} or \\author{} as a paragraph break: proposal.pdf, slides.pdf (or paper.pdf, the
+    study's name) failed in latexmk after every run, and proposal.md's heading kept the first
+    line only. The objectives, a paragraph, may hold lines."""
+    parent, _, name = key.rpartition(".")
+    many = ("Scaling\n\non the GPU partition", "Jane Doe\r\nUniversity X", "a\tb\x0c", "a\u2029b")
+    for text in many:
+        overrides = {parent: {name: text}} if parent else {name: text}
+        refused(
+            minimal(),
+            f"config key '{key}': value {studyconfig._fmt(text)} is not allowed: must be one "
+            "line of text, no line break, tab or other control character (it is a title or a "
+            "name in the documents)",
+            overrides=overrides,
+        )
+    # a name in another script, a non-breaking space (Zs, not a line's end) are one line
+    assert load_and_validate(minimal(), overrides={"proposal": {"pi": "Jörg\u00a0Müller 李"}})
+    objectives = "Scale ResNet-18 training.\n\nThen write it up.\n"
+    assert load_and_validate(minimal(), overrides={"proposal": {"objectives": objectives}})
+
+
 @pytest.mark.parametrize("key", ["data_dir", "checkpointing.dir"])
 def test_a_path_apptainer_cannot_bind_is_refused_when_the_container_is_on(key):
     """jobs/launch.py binds a data or checkpoint directory outside the working directory into

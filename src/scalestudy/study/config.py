@@ -21,6 +21,7 @@ import functools
 import json
 import math
 import os
+import unicodedata
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -408,6 +409,28 @@ MAX_RUNS = 10_000
 PATH_KEYS = ("data_dir", "checkpointing.dir", "container.image", "container.definition")
 
 
+# the config's titles and names, each one line of the documents: a YAML block scalar's blank
+# line reached \\title{} or \\author{} as a paragraph break (latexmk failed on proposal.pdf,
+# slides.pdf or paper.pdf after every run) and cut proposal.md's heading to its first line
+LINE_KEYS = ("study", "proposal.title", "proposal.pi", "proposal.machine")
+
+
+def line_problems(config: dict) -> list[str]:
+    """A title or name of LINE_KEYS holding a line break, tab or other control character."""
+    problems = []
+    for key in LINE_KEYS:
+        node = config
+        for part in key.split("."):
+            node = node[part]
+        # Cc: \\n, \\r, \\t, ...; Zl, Zp: the line and paragraph separators
+        if any(unicodedata.category(c) in ("Cc", "Zl", "Zp") for c in node):
+            problems.append(
+                _bad(key, node, "must be one line of text, no line break, tab or other control "
+                     "character (it is a title or a name in the documents)")
+            )  # fmt: skip
+    return problems
+
+
 def path_problems(config: dict) -> list[str]:
     """`~/data` made a directory named `~` in the working directory, `$SCRATCH/ckpt` one named
     `$SCRATCH`; `data {x}` failed in Snakemake with a wildcard error, `-x` in the job's
@@ -461,6 +484,7 @@ def semantic_problems(config: dict) -> list[str]:
     target is checked whatever they find."""
     problems = [
         *path_problems(config),
+        *line_problems(config),
         *_family_choice_problems(config["families"]),
         *_device_problems(config),
         *_batch_problems(config),
