@@ -142,6 +142,8 @@ def test_thin_evidence_is_said_and_the_next_runs_are_priced(demo):
     }
     # the next world size is 2 x 4 = 8 ranks (2 nodes of 4), 3 repeats, and the missing repeats
     assert c[("next", "new world size 8")]["world_size"] == "8"
+    (new,) = [r for r in read(study / "results/csv/proposal.csv") if r["section"] == "next"]
+    assert new["source"] == f"4 x 2 ({proposal.DOUBLED})"
     nxt = c[("request", "next runs (new world sizes), 2 nodes")]
     assert (nxt["runs"], nxt["nodes"]) == ("3", "2")
     assert c[("request", "next runs (repeats), 1 node")]["runs"] == "6"  # 3 sizes x 2 repeats
@@ -285,11 +287,36 @@ def test_a_smaller_world_size_is_a_next_run_when_no_larger_one_fits(tmp_path):
     docs = write(config, study)
     rows = [r for r in read(study / "results/csv/proposal.csv") if r["section"] == "next"]
     assert [(r["item"], r["value"], r["source"]) for r in rows] == [
-        ("new world size 4", "4", "half the smallest")
+        ("new world size 4", "4", f"8 / 2 ({proposal.HALVED})")
     ]
     assert request_runs(study, "next runs (new world sizes), 1 node") == 3
     assert "new world sizes: 4)" in docs["proposal.md"]
     assert "These runs are part of the request below." in docs["proposal.md"]
+
+
+def test_each_new_world_size_names_its_factor(tmp_path):
+    """A study that measured 1 rank only: the next runs double to 2, 4 and 8 ranks, and
+    proposal.csv's source cell of each said "2 x the largest"; it names the factor. An odd
+    smallest size halves with rounding down (3 -> 1), said so."""
+    config, study = build(tmp_path / "one", "families.strong.gpus=[1]")
+    write(config, study)
+    rows = [r for r in read(study / "results/csv/proposal.csv") if r["section"] == "next"]
+    assert [(r["value"], r["source"]) for r in rows] == [
+        (str(w), f"1 x {w} ({proposal.DOUBLED})") for w in (2, 4, 8)
+    ]
+    config, study = build(
+        tmp_path / "odd",
+        "families.strong.gpus=[3,6,12]",
+        "families.strong.global_batch=12",
+        "report.targets.strong_efficiency_gpus=6",
+        "hardware.gpus_per_node=12",
+        "repeats=3",
+    )
+    write(config, study)
+    rows = [r for r in read(study / "results/csv/proposal.csv") if r["section"] == "next"]
+    assert ("1", f"3 / 2, rounded down ({proposal.HALVED})") in [
+        (r["value"], r["source"]) for r in rows
+    ], rows
 
 
 @pytest.mark.parametrize("where", ["next runs", "the study's own runs"])

@@ -307,27 +307,34 @@ def thin_reasons(points: list[dict], chosen: dict) -> dict[str, bool]:
     }
 
 
+DOUBLED = "doubling the largest world size measured or configured"
+HALVED = "halving the smallest world size measured or configured"
+
+
 def next_runs(config, points, chosen, thin, measured, table):
-    """{what: [Estimate]} of the runs that would make thin evidence strong: not yet done, and
+    """({what: [Estimate]} of the runs that would make thin evidence strong: not yet done, and
     not runs of the study's own run table (`table`), which its "scaling study" rows price
-    already (a strong size configured but not measured yet was priced there and again here)."""
+    already (a strong size configured but not measured yet was priced there and again here);
+    {new world size: how it was chosen, proposal.csv's source}; the world sizes planned)."""
     planned = {r["world_size"] for r in table if "strong" in r["families"].split(";")}
     # a configured strong size is covered: the study runs it, so it is no new world size
     sizes = sorted({p["w"] for p in points} | planned)
-    new = [] if chosen["n_"] or chosen["w"] in planned else [chosen["w"]]
-    w = max(sizes)
+    # {world size: how it was chosen}, proposal.csv's source cell
+    new = {} if chosen["n_"] or chosen["w"] in planned else {chosen["w"]: "the chosen scale"}
+    top = w = max(sizes)
     while thin["few_world_sizes"] and len(sizes) + len(new) < MIN_WORLD_SIZES:
         w *= 2
         if not _fits(config, w):
             break  # the global batch or the node size admits no larger strong-scaling run
-        new.append(w)
-    w = min(sizes)  # a smaller world size is a point of the curve too (32 images on 32 ranks)
-    while thin["few_world_sizes"] and len(sizes) + len(new) < MIN_WORLD_SIZES and w > 1:
-        w //= 2
-        if not _fits(config, w):
+        new[w] = f"{top} x {w // top} ({DOUBLED})"
+    low = min(sizes)  # a smaller world size is a point of the curve too (32 images on 32 ranks)
+    by = 2
+    while thin["few_world_sizes"] and len(sizes) + len(new) < MIN_WORLD_SIZES and low // by:
+        if not _fits(config, w := low // by):
             break
-        new.append(w)
-    new.sort()
+        new[w] = f"{low} / {by}{', rounded down' if low % by else ''} ({HALVED})"
+        by *= 2
+    new = dict(sorted(new.items()))
     out = {}
     if new:
         c = _strong_config(config, new, NEXT_REPEATS)
@@ -587,8 +594,7 @@ def proposal_rows(
     rows += validation_rows(model_rows)
     table = build_run_table(config)
     nxt, new_sizes, planned = next_runs(config, points, chosen, thin, measured, table)
-    for w in new_sizes:  # one item each: (section, item, quantity) keys one cell
-        how = "2 x the largest" if w > points[-1]["w"] else "half the smallest"
+    for w, how in new_sizes.items():  # one item each: (section, item, quantity) keys one cell
         rows.append(_row("next", f"new world size {w}", "world_size", w, "ranks", how))
     # strong sizes of the study not measured yet: asked for in its own rows (the documents
     # said a scale beyond the measured ones "is not asked for")
