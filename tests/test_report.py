@@ -2032,6 +2032,12 @@ def test_the_results_tables_print_a_value_apart_from_its_target(done, tmp_path):
     # binary, apart from the cell 1.14 at every digit, and it printed "1.14000000000"
     assert report.fmt_num_apart("1.14", 1 + 0.14) == "1.14"
     assert report.fmt_num_apart("1.13996", 1 + 0.14) == "1.13996"
+    # a whole-number target (optimisation_speedup 1.0 or 0: 2x, 1x) prints as "2" at every
+    # digit count, never as "2.00": 1.9996 printed "2.00" beside the 2x target it fails
+    assert report.fmt_num_apart("1.9996", 1 + 1.0) == "1.9996"
+    assert report.fmt_num_apart("0.9996", 1 + 0) == "0.9996"
+    assert report.fmt_num_apart("2.0004", 2) == "2.0004"
+    assert report.fmt_num_apart("2.0", 2.0) == "2" and report.fmt_num_apart("1.5", 2) == "1.50"
 
 
 def test_an_empty_waterfall_and_a_probe_off_for_some_runs_are_said(done, tmp_path):
