@@ -994,6 +994,7 @@ def test_a_tex_without_a_package_the_documents_load_builds_no_pdf_and_names_it(
     bin_dir.mkdir()
     for tool, script in (
         ("latexmk", "exit 0"),
+        ("pdflatex", "exit 1"),
         # kpsewhich prints the path of each file it finds: all but booktabs.sty
         ("kpsewhich", 'for f; do [ "$f" = booktabs.sty ] || echo "/tex/$f"; done'),
     ):
@@ -1018,6 +1019,97 @@ def test_a_tex_without_a_package_the_documents_load_builds_no_pdf_and_names_it(
         text = (REPO / "scripts" / script).read_text()
         listed = re.search(r"^tex_files=\((.*)\)$", text, re.M).group(1).split()
         assert set(latex.DOCUMENT_PACKAGES) <= set(listed), (script, listed)
+
+
+def test_a_tex_without_pdflatex_or_its_format_builds_no_pdf_and_names_it(
+    tmp_path, monkeypatch, capsys
+):
+    """latexmk and every package there, but no pdflatex on PATH, or a pdflatex whose format
+    was never built (fmtutil never ran: a broken container): latexmk wrote no log, and
+    build-pdf's line was the tail of latexmk's advice ("to try to force complete
+    processing."), its cause nowhere. Now the gap is named before latexmk runs."""
+    from scalestudy import cli
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    kpsewhich = 'for f; do case "$f" in -*|{skip}) ;; *) echo "/tex/$f" ;; esac; done'
+    tex = tmp_path / "paper.tex"
+    tex.write_text("\\documentclass{article}\\begin{document}x\\end{document}\n")
+    for tools, lacks in (
+        ({"latexmk": "exit 0", "kpsewhich": kpsewhich.format(skip="NONE")}, "pdflatex"),
+        (
+            {"pdflatex": "exit 1", "kpsewhich": kpsewhich.format(skip="pdflatex.fmt")},
+            "pdflatex.fmt",
+        ),
+    ):
+        for tool, script in tools.items():
+            (bin_dir / tool).write_text(f"#!/bin/sh\n{script}\n")
+            (bin_dir / tool).chmod(0o755)
+        # bin_dir alone (and sh's): /usr/bin may hold a real pdflatex; a new key of _gaps' cache
+        sh = tmp_path / f"sh-{lacks}"
+        sh.mkdir()
+        for tool in ("sh",):
+            (sh / tool).symlink_to(shutil.which(tool))
+        monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{sh}")
+        assert latex.tex_gaps() == [lacks]
+        assert cli.main(["build-pdf", str(tex)]) == 1
+        (err,) = capsys.readouterr().err.strip().splitlines()
+        assert f"TeX lacks {lacks}, so {tmp_path / 'paper.pdf'} is not built" in err, err
+        assert "texlive-latex-base" in err, err
+
+
+def test_slides_by_hand_without_pgf_name_the_package_to_install(tmp_path, monkeypatch, capsys):
+    """build-pdf of slides.tex where TeX lacks pgf (texlive-pictures): the workflow skips the
+    slides (have_beamer), but a build by hand ran latexmk and printed TeX's error inside
+    beamer ("File `pgfmath.sty' not found. (line 355)", of a 7-line file), not the install
+    line. STAND-INS: latexmk, pdflatex, a kpsewhich finding all but pgfcore.sty."""
+    from scalestudy import cli
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool, script in (
+        ("latexmk", "exit 0"),
+        ("pdflatex", "exit 1"),
+        ("kpsewhich", 'for f; do case "$f" in -*|pgfcore.sty) ;; *) echo "/tex/$f" ;; esac; done'),
+    ):
+        (bin_dir / tool).write_text(f"#!/bin/sh\n{script}\n")
+        (bin_dir / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}/usr/bin:/bin{os.pathsep}{os.pathsep}")
+    assert latex.have_latexmk() and not latex.have_beamer()
+    tex = tmp_path / "slides.tex"
+    tex.write_text("\\documentclass[aspectratio=169]{beamer}\n\\begin{document}\\end{document}\n")
+    assert cli.main(["build-pdf", str(tex)]) == 1
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert f"TeX lacks pgfcore.sty, so {tmp_path / 'slides.pdf'} is not built" in err, err
+    assert "texlive-pictures" in err, err
+
+
+def test_a_pdflatex_that_stops_before_its_log_is_named_by_its_own_line(
+    tmp_path, monkeypatch, capsys
+):
+    """A pdflatex that stops before it writes a log (a format file it cannot read, given by a
+    site's wrapper or a damaged one): build-pdf's line was the tail of latexmk's advice ("to
+    try to force complete processing."), TeX's own "I can't find the format file" nowhere.
+    STAND-IN: pdflatex, ahead of the real latexmk and kpsewhich on PATH."""
+    from scalestudy import cli
+
+    need_latexmk()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    said = "I can't find the format file `/site/tex/pdflatex.fmt'!"
+    (bin_dir / "pdflatex").write_text(
+        f"#!/bin/sh\ncat <<'END'\nThis is pdfTeX\n{said}\nEND\nexit 1\n"
+    )
+    (bin_dir / "pdflatex").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    tex = tmp_path / "paper.tex"
+    tex.write_text("\\documentclass{article}\\begin{document}x\\end{document}\n")
+    assert cli.main(["build-pdf", str(tex)]) == 1
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert err.startswith(f"scalestudy build-pdf: latexmk failed on {tex}: {said}; TeX wrote no"), (
+        err
+    )
+    assert not tex.with_suffix(".pdf").exists()
 
 
 @pytest.mark.parametrize(

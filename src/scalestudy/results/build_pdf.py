@@ -1,16 +1,18 @@
 """`scalestudy build-pdf`: a document's .tex (reports/paper.tex, proposal.tex, slides.tex) -> its
 PDF beside it, with latexmk (pdfLaTeX).
 
-Without latexmk on PATH, or a package the documents load (tex_gaps), it fails with the packages
-to install, naming the document given; the workflow asks for the PDF only when TeX can build it
-(workflow/rules/report.smk), and says so when it cannot. A build removes the PDF of an earlier
-one first: a failed build leaves none, never an old one beside the new .tex, nor the part of one
-a build wrote before it failed. latexmk runs with -norc (no ~/.latexmkrc: a personal $out_dir
-moved the PDF) and -g (a whole build each time: its record of a failed build answered later ones
-"Nothing to do"), and a build that exits 0 without the PDF beside the .tex fails too. A stop
-(Ctrl-C, SIGTERM) ends TeX's whole process group and leaves neither the PDF nor TeX's files
-read back by the next build (TEX_STATE: each build removes an earlier one's, since one cut
-short, the .aux or the slides' .out and .nav, failed every later build).
+Without latexmk or pdflatex on PATH, pdflatex's format, or a package the documents load
+(tex_gaps; a beamer document's pgf too), it fails with the packages to install, naming the
+document given (where pdflatex stops before its log all the same, its own line: no_log_cause);
+the workflow asks for the PDF only when TeX can build it (workflow/rules/report.smk), and says
+so when it cannot. A build removes the PDF of an earlier one first: a failed build leaves none,
+never an old one beside the new .tex, nor the part of one a build wrote before it failed.
+latexmk runs with -norc (no ~/.latexmkrc: a personal $out_dir moved the PDF) and -g (a whole
+build each time: its record of a failed build answered later ones "Nothing to do"), and a build
+that exits 0 without the PDF beside the .tex fails too. A stop (Ctrl-C, SIGTERM) ends TeX's
+whole process group and leaves neither the PDF nor TeX's files read back by the next build
+(TEX_STATE: each build removes an earlier one's, since one cut short, the .aux or the slides'
+.out and .nav, failed every later build).
 
     scalestudy build-pdf reports/paper.tex
 """
@@ -58,18 +60,28 @@ def tex_gaps() -> list[str]:
 KPSEWHICH_TIMEOUT_S = 10  # a TeX tree on a stalled network mount: the PDFs skipped, named
 
 
+# pdfLaTeX's format, which fmtutil builds when TeX is installed: without it (fmtutil never ran, a
+# broken container) pdflatex stops before writing a log, and so did pdflatex missing from PATH;
+# build-pdf's line was the tail of latexmk's advice, the cause nowhere
+FORMAT = "pdflatex.fmt"
+
+
 @functools.cache
 def _gaps(path: str) -> tuple[str, ...]:
-    """Of latexmk, DOCUMENT_PACKAGES and PGF, those missing where PATH is `path`."""
-    names = (*DOCUMENT_PACKAGES, PGF)
-    if shutil.which("latexmk", path=path) is None:
-        return ("latexmk",)
+    """Of latexmk, pdflatex and its FORMAT, DOCUMENT_PACKAGES and PGF, those missing where PATH
+    is `path`."""
+    names = (FORMAT, *DOCUMENT_PACKAGES, PGF)
+    for tool in ("latexmk", "pdflatex", "kpsewhich"):
+        if shutil.which(tool, path=path) is None:
+            return (tool,)
     kpsewhich = shutil.which("kpsewhich", path=path)
-    if kpsewhich is None:
-        return ("kpsewhich",)
     try:
         found = subprocess.run(
-            [kpsewhich, *names], capture_output=True, text=True, timeout=KPSEWHICH_TIMEOUT_S
+            # -engine: formats are found per engine (TEXFORMATS holds $engine), the .sty alike
+            [kpsewhich, "-engine=pdftex", *names],
+            capture_output=True,
+            text=True,
+            timeout=KPSEWHICH_TIMEOUT_S,
         )
     except (OSError, subprocess.SubprocessError) as exc:
         return (f"a working kpsewhich ({exc})",)
@@ -83,10 +95,12 @@ def missing(tex: str | Path, gaps: list[str] | None = None) -> str:
     reports/paper.pdf)."""
     gaps = ["latexmk"] if gaps is None else gaps
     lacks = "latexmk is not installed" if gaps == ["latexmk"] else f"TeX lacks {', '.join(gaps)}"
+    # a TeX installed whole whose formats were never made: its own tool makes them
+    formats = "; or, TeX there, make its formats with `fmtutil-sys --all`" if FORMAT in gaps else ""
     return (
         f"{lacks}, so {Path(tex).with_suffix('.pdf')} is not built ({tex} is); "
         f"install TeX with `apt-get install --no-install-recommends {TEX_PACKAGES}` "
-        "(scripts/setup.sh does this as root)"
+        f"(scripts/setup.sh does this as root){formats}"
     )
 
 
@@ -186,9 +200,33 @@ def first_tex_error(log_text: str) -> str | None:
     return None
 
 
+# what pdflatex (or the shell starting it) prints when it stops before writing a log: its format
+# unreadable, itself or a program it runs not found
+NO_LOG_CAUSE = re.compile(r"I can't find|: not found|command not found|Permission denied")
+
+
+def no_log_cause(stdout: str, stderr: str) -> str:
+    """Why latexmk failed where TeX wrote no log: the first line of its output (pdflatex's is
+    on its stdout) that NO_LOG_CAUSE matches, else latexmk's last line on stderr. That last
+    line alone was the tail of its -f advice ("to try to force complete processing.")."""
+    lines = [line.strip() for line in (stdout + "\n" + stderr).splitlines()]
+    cause = next((line for line in lines if NO_LOG_CAUSE.search(line)), None)
+    return cause or (stderr.strip().splitlines() or ["no error in its log"])[-1]
+
+
 def _bytes(line: str) -> int:
     """The width TeX gave a log line: its bytes, as they were read (surrogateescape)."""
     return len(line.encode("utf-8", "surrogateescape"))
+
+
+def _beamer(tex: Path) -> bool:
+    """Whether `tex` is a beamer document (slides.tex): its \\documentclass line, read
+    leniently (an unreadable file is latexmk's to refuse)."""
+    try:
+        head = tex.read_text(errors="replace")[:4000]
+    except OSError:
+        return False
+    return re.search(r"^\s*\\documentclass\s*(\[[^\]]*\])?\s*\{beamer\}", head, re.M) is not None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -204,7 +242,10 @@ def run(args: argparse.Namespace) -> int:
             "`scalestudy proposal` wrote (reports/paper.tex, proposal.tex, slides.tex)"
         )
         return 2
-    if gaps := tex_gaps():
+    # slides (beamer) need pgf too: a build by hand without it printed TeX's error inside
+    # beamer, not the package to install (the workflow asks have_beamer() first)
+    gaps = list(_gaps(os.environ.get("PATH", ""))) if _beamer(tex) else tex_gaps()
+    if gaps:
         logger.error(f"scalestudy build-pdf: {missing(tex, gaps)}")
         return 1
     # the PDF of an earlier build goes first: TeX stopping before its first page (a missing
@@ -234,7 +275,7 @@ def run(args: argparse.Namespace) -> int:
             first = first_tex_error(log_file.read_text(errors="surrogateescape"))
         except OSError:  # latexmk stopped before TeX wrote one
             first = None
-        why = first or (proc.stderr.strip().splitlines() or ["no error in its log"])[-1]
+        why = first or no_log_cause(proc.stdout, proc.stderr)
         more = (
             f"the whole log: {log_file}"
             if log_file.is_file()
