@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -762,8 +763,16 @@ def test_cli_build_with_stand_in_is_atomic(tmp_path):
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.splitlines() == [
         f"scalestudy container digest: {gone}: no such image file: build it with "
-        f"`scalestudy container build containers/trainer.def {gone}`"
+        f"`scalestudy container build {TRAINER_DEF} {gone} --context {REPO}`"
     ]
+    # the command named builds from any directory (a study's own; STAND-IN apptainer):
+    # containers/trainer.def, relative and without --context, failed there
+    elsewhere = tmp_path / "study"
+    elsewhere.mkdir()
+    fix = shlex.split(r.stderr.split("`")[1])
+    assert fix[0] == "scalestudy"
+    built = run([sys.executable, "-m", *fix, "--git-commit", "abc"], stand_in_env(), elsewhere)
+    assert built.returncode == 0 and gone.is_file(), built.stderr
     r = run(
         [sys.executable, "-m", "scalestudy", "container", "check", str(TRAINER_DEF)],
         {"PYTHONPATH": str(SRC)},
@@ -864,8 +873,12 @@ def test_cli_build_without_apptainer_says_what_to_do(tmp_path):
     argv = build_argv(image)
     r = run(argv, env, REPO)
     assert r.returncode == 2
-    assert "Apptainer" in r.stderr and "not on PATH" in r.stderr
-    assert "install" in r.stderr and "container.enabled: false" in r.stderr
+    # one line (cli.main's rule), naming the study's config, not config/config.yaml, which a
+    # study's own --configfile overrides
+    (line,) = r.stderr.strip().splitlines()
+    assert "Apptainer" in line and "not on PATH" in line and "module load apptainer" in line
+    assert "install" in line and "container.enabled: false in the study's config" in line
+    assert "--config container.enabled=false" in line and "config/config.yaml" not in line
     assert not image.exists()
 
 

@@ -23,6 +23,8 @@ from scalestudy.trainer.config import TrainConfig
 # Snakemake's shell exports these with the rule's threads (all ranks' cores together)
 SNAKEMAKE_THREADS = dict.fromkeys(launch.THREAD_VARS, "4")
 
+REPO = Path(__file__).resolve().parents[1]
+
 
 def test_rank_env_gives_every_thread_pool_the_cores_of_one_rank():
     env = launch.rank_env({"PATH": "/bin", **SNAKEMAKE_THREADS}, 1)
@@ -230,7 +232,7 @@ def test_a_container_image_that_is_not_there_names_the_build_command(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines() == [
         f"scalestudy launch: {image}: no such image file: build it with `scalestudy container "
-        f"build containers/trainer.def {image}`"
+        f"build {REPO / 'containers/trainer.def'} {image} --context {REPO}`"
     ]
 
 

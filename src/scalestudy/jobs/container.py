@@ -549,14 +549,27 @@ def check_definition(path: str | os.PathLike, venv: TorchBuild | None | str = "v
 SHIPPED_DEFINITION = "containers/trainer.def"
 
 
+def build_fix(sif_path: str | os.PathLike) -> str:
+    """The command that builds the image `sif_path` from the checkout's recipe, from any
+    directory: the recipe by its path and --context the checkout (its %files are relative to
+    it). containers/trainer.def, relative, failed from a study's own directory. Relative as
+    shipped where this scalestudy runs from no checkout."""
+    root = Path(__file__).resolve().parents[3]  # src/scalestudy/jobs/ -> the checkout
+    if not (root / SHIPPED_DEFINITION).is_file():
+        return shlex.join(["scalestudy", "container", "build", SHIPPED_DEFINITION, str(sif_path)])
+    definition = str(root / SHIPPED_DEFINITION)
+    return shlex.join(
+        ["scalestudy", "container", "build", definition, str(sif_path), "--context", str(root)]
+    )
+
+
 def image_digest(sif_path: str | os.PathLike) -> str:
     """'sha256:<hex>' of the image file's bytes; ImageNotFound (one line, the build command)
     where there is no such file: every command given an image hashes it first."""
     try:
         return f"sha256:{files.sha256(sif_path)}"
     except FileNotFoundError as exc:
-        build = shlex.join(["scalestudy", "container", "build", SHIPPED_DEFINITION, str(sif_path)])
-        raise ImageNotFound(sif_path, build) from exc
+        raise ImageNotFound(sif_path, build_fix(sif_path)) from exc
 
 
 def build_command(
@@ -660,14 +673,15 @@ def source_dir() -> Path:
 
 # --------------------------------------------------------------------------------------- CLI
 
+# one line (cli.main's rule); the study's config, not config/config.yaml: a study's own
+# --configfile that enables the container overrides that file
 INSTALL_HELP = (
-    "Building the trainer image needs Apptainer (>= 1.2, for %arguments and --build-arg), "
-    "and `apptainer` is not on PATH.\n"
-    "  - on a cluster it is usually a module: `module load apptainer`\n"
-    "  - to install it: https://apptainer.org/docs/admin/main/installation.html "
-    "(packages for Debian/Ubuntu, RHEL/EPEL, or from source)\n"
-    "  - or run without a container: set `container.enabled: false` in config/config.yaml; "
-    "training then runs in the current Python environment."
+    "building the trainer image needs Apptainer (>= 1.2, for %arguments and --build-arg), and "
+    "`apptainer` is not on PATH: on a cluster load its module (`module load apptainer`), else "
+    "install it (https://apptainer.org/docs/admin/main/installation.html: packages for "
+    "Debian/Ubuntu, RHEL/EPEL, or from source), or run without a container, training in the "
+    "current Python environment: container.enabled: false in the study's config (or "
+    "`--config container.enabled=false`)"
 )
 
 
