@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from scalestudy import vocab
 from scalestudy.errors import TrainingError
 from scalestudy.trainer import numerics
 from scalestudy.trainer.config import TrainConfig
@@ -67,3 +68,17 @@ def test_channels_last_on_cpu_is_refused_with_the_reason():
     with pytest.raises(TrainingError, match="--channels-last on needs CUDA.*auto or off"):
         numerics.configure(TrainConfig(channels_last="on"), CPU)
     assert not numerics.configure(TrainConfig(channels_last="auto"), CPU).channels_last_inputs
+
+
+@pytest.mark.parametrize("precision", vocab.PRECISIONS)
+def test_the_grad_scaler_is_on_for_fp16_only(precision):
+    """fp16's gradients underflow without loss scaling; bf16 has fp32's exponent range and
+    needs none (a scaler there adds a host sync per step and skipped steps for nothing), fp32
+    and tf32 neither. Nothing else shows which: metrics.json records no scaler, and a CPU bf16
+    run's losses are finite either way. The optimizer is the fused kernel on CUDA only."""
+    from scalestudy.trainer.recipe import build_recipe
+
+    model = torch.nn.Linear(4, 2)
+    recipe = build_recipe(model, TrainConfig(precision=precision), CPU, 32, 10, 100)
+    assert recipe.scaler.is_enabled() == (precision == "fp16")
+    assert recipe.optimizer.defaults["fused"] in (None, False)

@@ -3,7 +3,8 @@ replays on the captured input tensors, the learning rate a replay reads) with a 
 torch.cuda.CUDAGraph, RerunGraphStandIn below. It is NOT a CUDA graph and records nothing: its
 capture runs the step and then puts back every tensor the step changed (a real capture runs no
 kernel), and its replay runs the step again on the captured input tensors with the optimizer
-holding StepGraph's learning-rate tensors (what the real graph reads at replay). What it cannot
+holding the learning-rate objects its groups held during the capture (what the real graph
+reads at replay: StepGraph's tensors, filled from the scheduler before each replay). What it cannot
 show (the capture itself, NCCL inside a graph, the speed) is checked on a GPU: gpu-check's
 cuda-graphs-step, benchmarks/whole_step_graph.py --check.
 """
@@ -39,6 +40,10 @@ class RerunGraphStandIn:
     @contextlib.contextmanager
     def recording(self, graph: step_graph.StepGraph):
         self.graph, self.captures = graph, self.captures + 1
+        # what a real capture bakes in: the objects the optimizer's groups hold as their
+        # learning rate (StepGraph's tensors, which it fills before each replay; a float here
+        # would be the capture step's value in every replay)
+        self.lrs = [group["lr"] for group in self.optimizer.param_groups]
         saved = [t.detach().clone() for t in self._state()]
         yield
         with torch.no_grad():
@@ -48,8 +53,14 @@ class RerunGraphStandIn:
     def replay(self) -> None:
         self.replays += 1
         g = self.graph
-        with g.tensor_lrs():
+        now = [group["lr"] for group in self.optimizer.param_groups]
+        for lr, group in zip(self.lrs, self.optimizer.param_groups, strict=True):
+            group["lr"] = lr
+        try:
             outputs = g.step(step_graph.NullMeter(), *g.inputs)
+        finally:
+            for value, group in zip(now, self.optimizer.param_groups, strict=True):
+                group["lr"] = value
         for mine, new in zip(g.outputs, outputs, strict=True):
             mine.copy_(new)
 
