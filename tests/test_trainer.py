@@ -804,6 +804,14 @@ def test_a_run_too_short_for_powersgds_warm_up_names_it_not_warmup_steps(
      "(--cuda-graphs auto (here the whole step as one CUDA graph) runs 11 eager steps and the "
      "capture before the window opens; --warmup-steps 2 is not the cause"),
     ({"warmup_steps": 20, "cuda_graphs": "step"}, "step", None),
+    # the flag at the mode's own warm-up: lowering it leaves the same warm-up
+    ({"warmup_steps": 12, "cuda_graphs": "step"}, "step",
+     "(--cuda-graphs step runs 11 eager steps and the capture before the window opens; "
+     "--warmup-steps 12 is not the cause"),
+    ({"warmup_steps": 10, "comm_hook": "powersgd"}, "off",
+     "(--comm-hook powersgd's first 10 steps are uncompressed; --warmup-steps 10 is not the "
+     "cause"),
+    ({"warmup_steps": 11, "comm_hook": "powersgd"}, "off", None),
 ])  # fmt: skip
 def test_a_segment_too_short_for_its_window_names_what_set_the_warm_up(flags, graphs, cause):
     """The warm-up is the Meter's (a real one): the flag's, or the captured step's 12 steps on

@@ -30,6 +30,7 @@ from scalestudy.trainer import compiling, loaders, progress
 from scalestudy.trainer import dist as sdist
 from scalestudy.trainer.config import (
     LR_REFERENCE_BATCH,
+    POWERSGD_START_ITER,
     STEP_GRAPH_WARM_STEPS,
     STEPS_BEFORE_WINDOW,
     TrainConfig,
@@ -112,7 +113,13 @@ def no_window_message(cfg: TrainConfig, graphs: str, step: int, left: int, warmu
         f"this segment's warm-up of {warmup} steps"
     )
     tail = "and no earlier segment reached it"
-    if warmup <= cfg.warmup_steps:  # the flag's own warm-up
+    # the mode's own warm-up, which no --warmup-steps lowers: the flag at it (12 under the
+    # whole-step graph) was told to lower it, and the same warm-up followed
+    floor = max(
+        STEPS_BEFORE_WINDOW if graphs == "step" else 0,
+        POWERSGD_START_ITER if cfg.comm_hook == "powersgd" else 0,
+    )
+    if cfg.warmup_steps > floor:  # the flag's own warm-up
         return f"{head}, {tail}: lower --warmup-steps, raise --epochs or use more data"
     if graphs == "step" and warmup == STEPS_BEFORE_WINDOW:
         flag = f"--cuda-graphs {cfg.cuda_graphs}"
