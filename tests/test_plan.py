@@ -1851,3 +1851,21 @@ def test_a_bucket_caps_own_runs_price_it_before_the_model_and_other_caps_after()
     est = {e.run: e for e in plan.estimate_runs(config, table, measured)}
     rates = {cap: est[f"w8_lb64_fp32_ddp_bk{cap}_r0"].throughput_img_s for cap in (1, 25)}
     assert rates[1] < 0.7 * rates[25], rates
+
+
+def test_a_measured_path_of_the_wrong_kind_is_named_so(tmp_path):
+    """`--benchmarks` given a file (or `--runs-csv` a directory) was refused as "no such
+    directory", of a path that exists: the line names what it is."""
+    a_file, a_dir = tmp_path / "runs.csv", tmp_path / "bench"
+    a_file.write_text("run\n")
+    a_dir.mkdir()
+    assert estimate.measured_paths(str(a_file), str(a_dir)) == (a_file, a_dir)
+    for given, said in [
+        ((str(a_file), str(a_file)), f"--benchmarks {a_file}: a file, not a directory; give"),
+        ((str(a_dir), str(a_dir)), f"--runs-csv {a_dir}: a directory, not a file; give"),
+        ((str(tmp_path / "gone.csv"), None), f"--runs-csv {tmp_path / 'gone.csv'}: no such file;"),
+        ((None, str(tmp_path / "gone")), f"--benchmarks {tmp_path / 'gone'}: no such directory;"),
+    ]:
+        with pytest.raises(PlanError) as refused:
+            estimate.measured_paths(*given)
+        assert str(refused.value).startswith(said), str(refused.value)

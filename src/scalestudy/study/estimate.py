@@ -521,10 +521,13 @@ def given_path(value: str | None, flag: str, default: str | Path, directory: boo
     if value is None:
         return Path(default)
     path = Path(value)
+    want, other = ("directory", "file") if directory else ("file", "directory")
     if not (path.is_dir() if directory else path.is_file()):
+        # one that exists is named as what it is ("no such directory" of a file misled)
+        what = f"a {other}, not a {want}" if path.exists() else f"no such {want}"
         raise PlanError(
-            f"{flag} {value}: no such {'directory' if directory else 'file'}; give an existing "
-            f"one, or leave {flag} out to read the study's own ({default}, where it exists)"
+            f"{flag} {value}: {what}; give an existing {want}, or leave {flag} out to read the "
+            f"study's own ({default}, where it exists)"
         )
     return path
 
