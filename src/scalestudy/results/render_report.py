@@ -3,8 +3,9 @@
 The templates (workflow/report/study.md.j2, paper.tex.j2) receive the rows of scaling.csv,
 verdicts.csv, resources.csv, system.csv, targets.csv, profile_shares.csv, waterfall.csv and the
 scaling model's model.csv and bucket_advice.csv (results/model.py), and nothing else; every number
-they print goes through one of the FORMATS below, fmt_pct_apart (a percentage with the decimals
-that tell it from its threshold) or fmt_pct_bar (a threshold or tolerance with all its decimals).
+they print is a cell as it is (a count: world size, n, nodes) or through a filter: one of the
+FORMATS below, fmt_num_apart and fmt_pct_apart (a value with the digits that tell it from its
+target or threshold) or fmt_pct_bar (a threshold or tolerance with all its decimals).
 The `strategy` filter names the runs' strategy (system.csv) as vocab.STRATEGY_NAMES does.
 `numbers_backed_by_csvs` is the check that each numeric token of a rendered document is some CSV
 cell under one of those formats (tests/test_report.py runs it on the tiny study's documents). The
