@@ -1009,6 +1009,21 @@ def test_a_damaged_targets_csv_is_one_clear_error(tmp_path):
         path.write_text(damaged)
         with pytest.raises(AnalysisError, match="targets.csv: a row without a target name"):
             plots.read_targets(path)
+    # a value outside the schema's range (analyze.TARGET_RANGES): inf gpus was an OverflowError
+    # traceback, a weak deviation of -1 a ZeroDivisionError, a percent (70) a line at 7000 %
+    for target, value, what in (
+        ("strong_efficiency_gpus", "inf", "a whole number >= 2"),
+        ("strong_efficiency_gpus", "2.5", "a whole number >= 2"),
+        ("weak_deviation", "-1", "in [0, 1]"),
+        ("strong_efficiency", "70", "in (0, 1]"),
+    ):
+        good = {"strong_efficiency": "0.8", "strong_efficiency_gpus": "8", target: value}
+        path.write_text("target,value\n" + "".join(f"{k},{v}\n" for k, v in good.items()))
+        with pytest.raises(AnalysisError) as refused:
+            plots.read_targets(path)
+        assert str(refused.value).startswith(
+            f"{path}: target {target} is {value!r}, not {what}; "
+        ), str(refused.value)
 
 
 def test_profile_figure_from_the_fixture(tmp_path):

@@ -22,7 +22,7 @@ from pathlib import Path
 from scalestudy import files, log, vocab
 from scalestudy.errors import AnalysisError
 from scalestudy.files import check_outputs, number
-from scalestudy.results.analyze import PROFILE_CATEGORIES, read_csv, read_table
+from scalestudy.results.analyze import PROFILE_CATEGORIES, TARGET_RANGES, read_csv, read_table
 from scalestudy.results.collect import epoch_cell
 from scalestudy.results.printed import fmt_pct_apart
 
@@ -686,6 +686,15 @@ def read_targets(path: str | Path) -> dict[str, float]:
             raise AnalysisError(
                 f"{path}: a row without a target name and a numeric value ({r}); {fix}"
             )
+        # the schema's ranges, as analyze's flags take them: inf gpus was an OverflowError,
+        # a weak deviation of -1 a ZeroDivisionError, a percent (70) a line drawn at 7000 %
+        if r["target"] in TARGET_RANGES:
+            in_range, what = TARGET_RANGES[r["target"]]
+            whole = r["target"] != "strong_efficiency_gpus" or value.is_integer()
+            if not (math.isfinite(value) and in_range(value) and whole):
+                raise AnalysisError(
+                    f"{path}: target {r['target']} is {r['value']!r}, not {what}; {fix}"
+                )
         out[r["target"]] = value
     if ("strong_efficiency" in out) != ("strong_efficiency_gpus" in out):
         raise AnalysisError(
