@@ -1817,6 +1817,14 @@ def test_an_unmeasured_bucket_size_is_priced_by_the_model_not_by_other_buckets_r
     hooked = [dict(m, run=f"{m['run']}_h", comm_hook="fp16") for m in measured]
     assert plan.model_holdout(config, measured + hooked) == plan.model_holdout(config, measured)
     assert plan.model_holdout(config, measured)
+    # ... and runs of any other base the calibration keeps apart: another width stopped the
+    # plan ("mixes (device, model, width)"), another loader or compile setting was merged into
+    # the study's points as more repeats (a held-out step of 159 ms for the study's 106)
+    for other in ({"width": "16"}, {"loader": "dataloader"}, {"compile": "on"}):
+        apart = [dict(m, run=f"{m['run']}_o", **other) for m in measured]
+        assert plan.model_holdout(config, measured + apart) == plan.model_holdout(
+            config, measured
+        ), other
     unfit = [{k: v for k, v in m.items() if k != "phase_frac_backward"} for m in measured]
     one = {e.run: e for e in plan.estimate_runs(config, table, unfit)}[one.run]
     assert one.throughput_basis == "batch"

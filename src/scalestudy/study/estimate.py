@@ -36,7 +36,7 @@ killed at its limit after its training.
 
 Calibration (`Calibration`, when results/csv/runs.csv exists): measured runs of the same base
 replace the default x_rank, taking the first level that has measurements (mean of the measured
-throughput_img_s_per_rank). The base (`_base`, `same_threads`) is every column of BASE_KEY:
+throughput_img_s_per_rank). The base (`run_base`, `same_threads`) is every column of BASE_KEY:
 device, model, width, strategy, loader, compile, cuda_graphs, comm_hook and accum_steps; the
 image shape of the dataset (vocab.DATASETS: MNIST's 28x28x1 is not CIFAR-10's 32x32x3, synthetic
 has CIFAR-10's); num_workers with loader dataloader; and the threads per rank
@@ -142,7 +142,7 @@ BASE_KEY = (
 )
 # ... and in the image size: MNIST's 28x28x1 images cost less than CIFAR-10's (synthetic has
 # CIFAR-10's shape, so offline runs calibrate a CIFAR-10 study), and with loader dataloader in
-# num_workers (`_base`); the threads per rank must be the study's (`same_threads`)
+# num_workers (`run_base`); the threads per rank must be the study's (`same_threads`)
 LEVELS = ("run", "batch", "world size", "model", "precision")
 MEASURED_LEVELS = tuple(level for level in LEVELS if level != "model")  # looked up in runs.csv
 # (level, at the run's own cap): the order Calibration.throughput_per_rank looks a run up in.
@@ -396,7 +396,7 @@ def _text(value) -> str:
     return str(value).strip().lower() if value is not None else ""
 
 
-def _base(row: dict) -> tuple:
+def run_base(row: dict) -> tuple:
     row = in_effect(row)  # a measured CPU run of compile auto is one of compile off
     shape = (
         vocab.DATASETS[row["dataset"]].shape if row.get("dataset") in vocab.DATASETS else "32x32x3"
@@ -643,7 +643,7 @@ class Calibration:
         self._energy: dict[tuple, list[float]] = {}
         self._fits: dict[tuple, model.Fit | None] = {}  # per base, fitted when first asked
         for row in self.measured if plan["calibrate"] else []:
-            base = _base(row)
+            base = run_base(row)
             per_img, scope = measured_energy_per_img(row)
             for level in ENERGY_LEVELS if per_img is not None else ():
                 key = (base, level, _level_key(level, row), scope)
@@ -676,7 +676,7 @@ class Calibration:
                     return row["local_batch"] / pred.step_s, basis, pred
                 continue
             mine = _cap(row) if cap else None  # None: any cap (the levels' other key)
-            sizes = self._levels.get((_base(row), level, _level_key(level, row), mine))
+            sizes = self._levels.get((run_base(row), level, _level_key(level, row), mine))
             if cap and mine is None:  # no cap to look up: left to the any-cap pass
                 sizes = None
             if level == "world size" and sizes:
@@ -708,9 +708,9 @@ class Calibration:
         return pred if pred.step_s else None
 
     def fit(self, row: dict) -> model.Fit | None:
-        base = _base(row)
+        base = run_base(row)
         if base not in self._fits:
-            rows = [m for m in self.measured if _base(m) == base]
+            rows = [m for m in self.measured if run_base(m) == base]
             calibrate = rows and self.config["plan"]["calibrate"]
             self._fits[base] = on_measured(model.fit_study, rows) if calibrate else None
         return self._fits[base]
@@ -723,7 +723,7 @@ class Calibration:
             return None, NOT_USED
         for level in ENERGY_LEVELS:
             for scope in ("training", WITH_EVALUATION):
-                values = self._energy.get((_base(row), level, _level_key(level, row), scope))
+                values = self._energy.get((run_base(row), level, _level_key(level, row), scope))
                 if values:
                     basis = level if scope == "training" else f"{level}, {WITH_EVALUATION}"
                     return statistics.fmean(values), basis
@@ -731,8 +731,8 @@ class Calibration:
 
     def startup(self, row: dict) -> tuple[float, str]:
         for key, basis in (
-            ((_base(row), row["world_size"]), "world size"),
-            ((_base(row), None), "all"),
+            ((run_base(row), row["world_size"]), "world size"),
+            ((run_base(row), None), "all"),
         ):
             values = self._startup.get(key)
             if values:

@@ -47,6 +47,7 @@ from scalestudy.study.estimate import (
     load_measured,
     measured_paths,
     on_measured,
+    run_base,
     same_gpu,
 )
 from scalestudy.study.runs import build_run_table
@@ -689,10 +690,12 @@ def write_plan(
 
 def model_holdout(config: dict, measured: list[dict]) -> list[model.HoldoutRow]:
     """The scaling model's held-out validation on the measured runs that calibrate the plan
-    (estimate.calibrating; none without runs), of the study's comm hook: the model fits one
-    (a --runs-csv with another hook's runs too stopped the plan; its fits are per base)."""
-    hook = config["train"]["comm_hook"]
-    rows = [r for r in calibrating(config, measured) if (r.get("comm_hook") or "none") == hook]
+    (estimate.calibrating; none without runs), of the study's own base (estimate.run_base: device,
+    model, width, strategy, loader, compile, graphs, comm hook, ...), as the calibration keeps
+    them apart: a --runs-csv with another width's runs too stopped the plan (the model fits
+    one), another loader's were merged into the study's points as more repeats."""
+    own = {run_base(r) for r in build_run_table(config)}
+    rows = [r for r in calibrating(config, measured) if run_base(r) in own]
     return on_measured(model.holdout, rows) if rows else []
 
 
