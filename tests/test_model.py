@@ -635,6 +635,21 @@ def test_advisor_says_not_enough_data_when_every_cap_is_one_bucket():
     for a in advice:
         assert a.bucket_cap_mb is None and a.gain is None
         assert a.note.startswith("not enough data: every bucket_cap_mb of the sweep (1, 25 MiB)")
+    # the bytes named are what DDP's buckets hold, and said so: under a comm hook twice
+    # runs.csv's grad_sync_bytes (the bf16/fp16 all-reduce), which the note named as that column
+    held = {float(r["grad_sync_bytes"]) for r in demo_rows()}
+    assert len(held) == 1
+    for hook, factor in (("none", 1), ("fp16", 2)):
+        rows = [
+            dict(r, comm_hook=hook, grad_sync_bytes=str(int(held.copy().pop()) // factor))
+            for r in demo_rows()
+            if r["precision"] == "fp32"
+        ]
+        pts = model.points(rows)[0]
+        (note,) = {a.note for a in model.advise(model.fit_study(rows), pts)}
+        mb = f"{held.copy().pop() / 1e6:.2f}"
+        assert f"gives 1 bucket(s) of the {mb} MB of fp32 gradients DDP's buckets hold" in note
+        assert "grad_sync_bytes" not in note, note
 
 
 def _flat_rows(one_rank_bucket: bool = False) -> list[dict]:

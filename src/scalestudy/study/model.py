@@ -94,11 +94,11 @@ configurations, 1 - 1/n the points' mean of 1 - 1/n_i, n_i their repeats; 0 with
 configuration of two repeats): without v_1, with 3 repeats, a single new run fell inside the
 interval 78-88% of the time. The rows of model.csv that compare a configuration's mean (fitted
 and held-out) take the interval of such a mean (one_run False: without v_1).
-dof <= 0: no interval (None, "not enough data"). extrapolated (`Fit.beyond_fitted`): N above
-the largest fitted N with the same kind of link (one node, or several: beta_intra and beta_inter
-are fitted from different runs), more ranks per node than any fitted run had (a study measured
-on 4-GPU nodes priced again for 8-GPU nodes), or a local batch outside the 1-rank runs' (C_p(b)
-is extrapolated itself there).
+dof <= 0: no interval (None, None, and `no_interval` says why: no degree of freedom left).
+extrapolated (`Fit.beyond_fitted`): N above the largest fitted N with the same kind of link (one
+node, or several: beta_intra and beta_inter are fitted from different runs), more ranks per node
+than any fitted run had (a study measured on 4-GPU nodes priced again for 8-GPU nodes), or a
+local batch outside the 1-rank runs' (C_p(b) is extrapolated itself there).
 
 Held-out validation (`holdout`): for each family with >= 3 world sizes, fit without every point
 at its largest world size (any family's: another family's run there would measure it for the
@@ -934,8 +934,11 @@ def _sweep_gap(fit: Fit | None, sweep: list[Point]) -> str:
         caps = ", ".join(f"{c:g}" for c in sorted({p.bucket_cap_mb for p in sweep}))
         mb = ", ".join(f"{b / 1e6:.2f}" for b in sorted({p.grad_sync_bytes for p in sweep}))
         return (
+            # the bytes the buckets hold (Point.grad_sync_bytes): under a comm hook twice
+            # runs.csv's grad_sync_bytes, which the note once named them as
             f"every bucket_cap_mb of the sweep ({caps} MiB) gives {counts.pop()} bucket(s) of "
-            f"grad_sync_bytes {mb} MB: no measurement shows a bucket-size effect"
+            f"the {mb} MB of fp32 gradients DDP's buckets hold: no measurement shows a "
+            "bucket-size effect"
         )
     if not fit.identified[0]:
         return "alpha (per-message latency) not identified by the fit"
