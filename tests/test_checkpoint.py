@@ -306,6 +306,65 @@ def test_disk_full_gives_a_clear_error_and_keeps_earlier_checkpoints(tiny_fs):
     assert not list(tiny_fs.glob(".partial-*"))  # the half-written one is gone, space freed
 
 
+def _failing_fs(monkeypatch, directory: Path, broken: dict) -> None:
+    """A file system that fails with EIO (a network target down), as `broken` says: listing
+    `directory` ("list") and opening a state.pt ("write")."""
+    iterdir, open_ = Path.iterdir, Path.open
+
+    def listing(self):
+        if "list" in broken and self == directory:
+            raise OSError(errno.EIO, "Input/output error", str(self))
+        return iterdir(self)
+
+    def opening(self, *args, **kwargs):
+        if "write" in broken and self.name == "state.pt":
+            raise OSError(errno.EIO, "Input/output error", str(self))
+        return open_(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "iterdir", listing)
+    monkeypatch.setattr(Path, "open", opening)
+
+
+@pytest.mark.parametrize("async_write", [True, False])
+def test_a_write_that_fails_where_the_directory_cannot_be_listed_is_still_reported(
+    tmp_path, monkeypatch, async_write
+):
+    """The error of a failed write lists the checkpoints left intact; where that listing
+    failed too (EIO), its OSError escaped the handler: in the background thread the failure
+    was lost (wait() said None, training went on as if checkpointed); a synchronous save raised
+    a bare OSError on rank 0 alone, the others left in the agreement's all-reduce."""
+    broken: set = set()
+    _failing_fs(monkeypatch, tmp_path, broken)
+    saver = _saver(tmp_path, async_write=async_write)
+    broken |= {"list", "write"}
+    saver.save(3, _state(10))  # kept, for the ranks' agreement (state.py) and the next save
+    error = saver.wait()
+    assert isinstance(error, CheckpointError), repr(error)
+    said = str(error)
+    assert said.startswith(f"cannot write checkpoint {tmp_path / 'epoch-0003'}: "), said
+    assert "Input/output error" in said and f"cannot list {tmp_path}" in said, said
+    broken.clear()
+    assert not ck.list_checkpoints(tmp_path) and 3 not in saver.saved
+
+
+def test_a_checkpoint_written_whose_old_ones_cannot_be_pruned_is_saved(
+    tmp_path, monkeypatch, caplog
+):
+    """Pruning after the rename lists the directory; its failure (EIO) was reported as "cannot
+    write checkpoint" of the checkpoint just written, and the next save raised it."""
+    broken: set = set()
+    _failing_fs(monkeypatch, tmp_path, broken)
+    saver = _saver(tmp_path, keep=1, async_write=False)
+    saver.save(1, _state(10))
+    broken.add("list")
+    with caplog.at_level(logging.WARNING):
+        saver.save(2, _state(10))
+    assert saver.wait() is None and saver.saved == [1, 2]
+    assert f"checkpoint {tmp_path / 'epoch-0002'} written; older ones not removed" in caplog.text
+    broken.clear()
+    assert [p.name for p in ck.list_checkpoints(tmp_path)] == ["epoch-0001", "epoch-0002"]
+
+
 def test_a_failed_background_write_is_raised_by_the_next_save(tiny_fs):
     saver = _saver(tiny_fs, keep=1)
     saver.save(1, _state(500_000))  # 2 MB into 1 MiB: fails in the background thread

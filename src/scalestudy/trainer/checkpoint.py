@@ -18,13 +18,14 @@ The directory must be one every rank sees (rank 0 writes state.pt, every rank re
 start every rank looks for a marker file rank 0 wrote there (write_marker, sees_marker;
 state.Checkpointing refuses a directory some rank cannot see).
 
-Resuming (`find_latest`) takes the newest checkpoint whose manifest and checksums verify, where its
-identity (config_hash, world size, the prepared data's digest, the trainer code's sha256, torch's
-version, RunState's fields, every rank's device and the container image's digest:
-state.make_checkpointer) matches the run; a corrupted or truncated one is skipped with a warning
-naming the file, one from another configuration, code, torch, hardware or image is never resumed
-(a warning names the keys that differ, both values; the run starts fresh, without looking
-further down, and its first save removes every checkpoint of another identity).
+Resuming (`find_latest`) takes the newest checkpoint whose manifest and checksums verify, where
+its identity (config_hash, world size, the prepared data's digest, the trainer code's sha256,
+torch's version, RunState's fields, every rank's device, the ranks per host, the threads per
+rank and the container image's digest: state.make_checkpointer) matches the run; a corrupted or
+truncated one is skipped with a warning naming the file, one from another configuration, code,
+torch, hardware or image is never resumed (a warning names the keys that differ, both values;
+the run starts fresh, without looking further down, and its first save removes every checkpoint
+of another identity).
 
 Asynchronous saving: `Checkpointer.save` copies the state off the device (and clones CPU tensors,
 which training keeps mutating) and returns; a background thread writes it. The stall training
@@ -103,10 +104,15 @@ def _write_error(directory: Path, epoch: int, exc: BaseException) -> CheckpointE
     # a full filesystem behind torch.save's or DCP's error: judged by its free space while the
     # partial directory is still there
     cause = write_failure(exc, directory, _describe(exc))
-    kept = [p.name for p in list_checkpoints(directory)]
+    try:
+        names = [p.name for p in list_checkpoints(directory)]
+        kept = f"earlier checkpoints are intact: {names or 'none'}"
+    except OSError as listing:  # the file system failing the listing too (EIO): the write's
+        # error is still the one to report, never lost to this one's
+        why = listing.strerror or listing
+        kept = f"which earlier checkpoints are intact is unknown: cannot list {directory} ({why})"
     return CheckpointError(
-        f"cannot write checkpoint {directory / checkpoint_name(epoch)}: {cause}; "
-        f"earlier checkpoints are intact: {kept or 'none'}"
+        f"cannot write checkpoint {directory / checkpoint_name(epoch)}: {cause}; {kept}"
     )
 
 
@@ -498,14 +504,20 @@ class Checkpointer:
                 if extra is not None:
                     extra.finish()
                 if self.rank == 0:
-                    write_checkpoint(
+                    path = write_checkpoint(
                         self.directory,
                         epoch,
                         snapshot,
                         meta,
                         partial_ready=sharded is not None,
                     )
-                    prune(self.directory, self.keep, self.identity, saved=epoch)
+                    try:
+                        prune(self.directory, self.keep, self.identity, saved=epoch)
+                    except OSError as exc:  # written and renamed: saved, the old ones stay
+                        logger.warning(
+                            f"WARNING: checkpoint {path} written; older ones not removed "
+                            f"({exc}): they take space until the next save removes them"
+                        )
                 self.saved.append(epoch)
             # errors are kept, returned by poll()/wait() and raised by the next save()
             except CheckpointError as exc:

@@ -214,7 +214,8 @@ fresh, with a warning naming both values, so the code and torch_version hold for
 and hardware (every rank's device, in rank order: a job requeued on another GPU model starts
 fresh, with a warning, so device_names, the window and mfu hold for every segment) and layout
 (the ranks per host: a run whose gpus_per_node changed keeps its run id and checkpoint
-directory, and starts fresh) and container image (its digest: a rebuilt image reruns the runs,
+directory, and starts fresh; the threads per rank: a changed hardware.cpus_per_rank starts
+fresh) and container image (its digest: a rebuilt image reruns the runs,
 which start fresh) and continues bit for bit (same data order, RNG states, optimizer, schedule,
 scaler), except with --loader dataloader and persistent worker processes (--num-workers > 0):
 their random state lives in the workers and is not checkpointed, so such a run resumes correctly
