@@ -367,6 +367,9 @@ def test_a_precision_whose_accuracy_was_not_measured_qualifies_no_speedup():
          "lost accuracy beyond the tolerance: fp16 at 1; accuracy not measured: bf16 at 1"),
         ([fp32, bf16, {**fp16, "final_val_acc": "0.93"}], "pass",
          "best: fp16; accuracy not measured: bf16 at 1"),
+        # the baseline's accuracy is the blank one: bf16's was measured, and was named
+        ([{**fp32, "final_val_acc": ""}, {**bf16, "final_val_acc": "0.93"}], "not measured",
+         "accuracy not measured: the fp32 baseline at 1"),
     ):  # fmt: skip
         v = analysis.verdicts(analysis.scaling_table(runs), analysis.DEFAULT_TARGETS)[2]
         assert (v["verdict"], v["note"]) == (verdict, note)

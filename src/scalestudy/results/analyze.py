@@ -717,6 +717,20 @@ def _optimisation_verdict(scaling: list[dict], targets: dict) -> dict:
     def names(rows) -> str:
         return ", ".join(sorted({f"{r['precision']} at {r['world_size']}" for r in rows}))
 
+    def unmeasured_names(rows) -> str:
+        """Whose accuracy is blank: the precision's, or its fp32 baseline's (bf16 was named
+        where fp32's accuracy was the one not measured)."""
+        return ", ".join(
+            sorted(
+                {
+                    f"{r['precision']} at {r['world_size']}"
+                    if r["final_val_acc_mean"] is None
+                    else f"the fp32 baseline at {r['world_size']}"
+                    for r in rows
+                }
+            )
+        )
+
     # Only an accuracy loss beyond the tolerance disqualifies an optimisation; a gain is flagged in
     # the precision table (acc_within_tolerance is two-sided) but does not make it invalid. An
     # accuracy not measured cannot show the speedup kept it, so it qualifies nothing either.
@@ -727,7 +741,7 @@ def _optimisation_verdict(scaling: list[dict], targets: dict) -> dict:
     if lost:
         why_not.append(f"lost accuracy beyond the tolerance: {names(lost)}")
     if unmeasured:
-        why_not.append(f"accuracy not measured: {names(unmeasured)}")
+        why_not.append(f"accuracy not measured: {unmeasured_names(unmeasured)}")
     row = {
         "target": "optimisation_speedup",
         "description": (
