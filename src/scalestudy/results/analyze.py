@@ -814,7 +814,9 @@ def energy_kwh(members: list[dict]) -> float | None:
     GPUs only (no CPU, network or cooling); warm-up is charged at the window's rate. The sum
     counts training images only, so evaluation is left out with the training spans' J/img and
     included with the wall span's (each training image's energy with its share of the
-    evaluations and checkpoints in that span); energy_basis says which. None when any run lacks
+    evaluations and checkpoints in that span); energy_basis says which. Training a preempted
+    run redid (lost_time_s, which the node-hours count) is left out: the images counted once,
+    the documents say so. None when any run lacks
     a measured J/img: a partial sum would be a guess about the missing runs."""
     total = 0.0
     for r in members:
