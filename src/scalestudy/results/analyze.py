@@ -816,8 +816,8 @@ def energy_kwh(members: list[dict]) -> float | None:
     included with the wall span's (each training image's energy with its share of the
     evaluations and checkpoints in that span); energy_basis says which. Training a preempted
     run redid (lost_time_s, which the node-hours count) is left out: the images counted once,
-    the documents say so. None when any run lacks
-    a measured J/img: a partial sum would be a guess about the missing runs."""
+    the documents say so. None when any run lacks a measured J/img: a partial sum would be a
+    guess about the missing runs."""
     total = 0.0
     for r in members:
         per_img, _ = estimate.measured_energy_per_img(r)
