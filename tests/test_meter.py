@@ -3,14 +3,20 @@
 
 from __future__ import annotations
 
+import os
 import statistics
+import time
 import warnings
+from types import SimpleNamespace
 
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
 from scalestudy.trainer import measure
 from scalestudy.trainer.config import STEPS_BEFORE_WINDOW, TrainConfig
+from scalestudy.trainer.dist import free_port
 from scalestudy.trainer.state import RunState
 
 
@@ -260,3 +266,148 @@ def test_a_resumed_runs_recompilations_in_the_window_cover_every_segment(tmp_pat
     m = last.reduce(resumed, world_size=1)
     assert m["compiled"] is True
     assert m["compile_graphs_in_window"] == 1  # the last segment's alone: 0
+
+
+def drive_steps(meter: measure.Meter, state: RunState, clock: Clock, steps: list[dict]) -> None:
+    """One epoch of the training loop's hooks as loop.py calls them, without a model: each step
+    a {phase: ms} of the stand-in clock's time (DDP's phases, in the order they run)."""
+    meter.start(state)
+    meter.epoch_start()
+    for i, phases in enumerate(steps):
+        meter.before_step(state.step, seen=8 * i)
+        meter.step_start()
+        for name, ms in phases.items():
+            with meter.phase(name):
+                clock.now += ms / 1e3
+        meter.step_end()
+        state.step += 1
+    meter.epoch_end(state, seen=8 * len(steps))
+    state.history.append({"epoch_time_s": 1.0, "in_window": False})
+
+
+def test_the_busy_time_per_rank_is_the_median_over_the_window_steps(
+    tmp_path, monkeypatch, one_rank_group
+):
+    """busy_time_ms_p50_by_rank is each rank's median over its window steps, as its step and
+    data times are (train.py): one step slowed by something outside the rank's imbalance (a
+    page fault, a GC pause in its data phase) moves a mean but not the median, and a rank's
+    entry in the imbalance of the waterfall would carry it. With one window step (the earlier
+    tests) mean and median are the same number: here 3 window steps of unequal busy time
+    (DDP: data + forward) after a slow warm-up step that counts in none of them."""
+    clock = Clock()
+    monkeypatch.setattr(measure.time, "perf_counter", clock)
+    cfg = TrainConfig(out=str(tmp_path), strategy="ddp", warmup_steps=1)
+    meter = measure.Meter(cfg, torch.device("cpu"), rank=0)
+    state = RunState()
+    steps = [
+        {"data": 500, "forward": 500, "backward": 500, "optimizer": 500},  # warm-up
+        {"data": 1, "forward": 2, "backward": 5, "optimizer": 3},  # busy 3 ms
+        {"data": 40, "forward": 2, "backward": 5, "optimizer": 3},  # busy 42 ms (a GC pause)
+        {"data": 1, "forward": 9, "backward": 5, "optimizer": 3},  # busy 10 ms
+    ]
+    drive_steps(meter, state, clock, steps)
+    meter.end_loop(state)
+    m = meter.reduce(state, world_size=1)
+    # busy: data + forward of the 3 window steps, 3, 42 and 10 ms: the median 10 (mean 18.3)
+    assert m["busy_phases"] == "data+forward"
+    assert m["busy_time_ms_p50_by_rank"] == [pytest.approx(10.0)]
+    assert m["step_time_ms_p50_by_rank"] == [pytest.approx(18.0)]  # of 11, 50 and 18 ms
+    assert m["data_time_ms_p50_by_rank"] == [pytest.approx(1.0)]  # of 1, 40 and 1 ms
+    assert m["data_time_ms_mean_by_rank"] == [pytest.approx(42.0 / 3)]
+
+
+def test_the_step_time_quantiles_are_rank_0s_window_steps_p50_and_p95(
+    tmp_path, monkeypatch, one_rank_group
+):
+    """step_time_ms_p50/p95 are the 0.50 and 0.95 quantiles (linear between ranks, numpy's
+    default) of the window's step times: a p95 taken at another quantile (0.90) reports a tail
+    that is not the one the analysis reads. 20 window steps of 1..20 ms in shuffled order
+    (after 2 warm-up steps of 900 ms that count in neither): p50 = 10.5 ms, p95 = the
+    0.95 x 19 = 18.05th of the ordered times = 19.05 ms (p90 would be 18.1 ms)."""
+    clock = Clock()
+    monkeypatch.setattr(measure.time, "perf_counter", clock)
+    meter = measure.Meter(TrainConfig(out=str(tmp_path), warmup_steps=2), torch.device("cpu"), 0)
+    state = RunState()
+    window_ms = [7, 19, 2, 13, 20, 1, 11, 5, 16, 9, 3, 18, 14, 6, 10, 17, 4, 12, 15, 8]
+    assert sorted(window_ms) == list(range(1, 21))
+    steps = [{"data": 900}] * 2 + [{"data": 0.5, "forward": ms - 0.5} for ms in window_ms]
+    drive_steps(meter, state, clock, steps)
+    meter.end_loop(state)
+    m = meter.reduce(state, world_size=1)
+    assert m["window_steps"] == 20
+    # independently of measure._quantile: the stdlib's inclusive quantiles are numpy's linear
+    percentiles = statistics.quantiles(window_ms, n=20, method="inclusive")  # 5%, 10%, ... 95%
+    assert (percentiles[9], percentiles[18]) == (pytest.approx(10.5), pytest.approx(19.05))
+    assert m["step_time_ms_p50"] == pytest.approx(10.5)
+    assert m["step_time_ms_p95"] == pytest.approx(19.05)
+    assert m["window_time_s"] == pytest.approx(sum(window_ms) / 1e3)  # the warm-up left out
+
+
+# two ranks of one synchronous run: rank 1 is the slow one; each rank's GPU utilisation
+STEP_MS, UTIL_PCT, STEPS, BATCH = (10.0, 25.0), (90.0, 30.0), 5, 8  # the 1st step warms up
+
+
+def test_the_window_is_the_slowest_ranks_and_utilisation_the_mean_over_ranks(tmp_path):
+    """Meter.reduce over 2 real gloo ranks whose windows differ (rank 0's steps take 10 ms of
+    the stand-in clock, rank 1's 25 ms). window_time_s is the slowest rank's window, and
+    throughput_img_s every rank's images over it (train.py): over the mean of the ranks'
+    windows it would credit the run with the fast rank's idle wait, a throughput no step
+    reached. gpu_util_mean is the mean over the ranks with NVML samples (each its own GPU,
+    STAND-IN NVML at 90% and 30%): their max would report the busiest GPU as the run's."""
+    results = mp.Manager().dict()
+    mp.spawn(_reduce_entry, args=(2, free_port(), str(tmp_path), results), nprocs=2)
+    results = [results[r] for r in range(2)]
+    windows = [(STEPS - 1) * ms / 1e3 for ms in STEP_MS]  # each rank's window steps, s
+    assert [r["window_time"] for r in results] == [pytest.approx(w) for w in windows]
+    assert [r["gpu_util"] for r in results] == [pytest.approx(u) for u in UTIL_PCT]
+    slowest = max(windows)  # rank 1's 4 window steps of 25 ms: 0.1 s (the mean: 0.07 s)
+    images = 2 * (STEPS - 1) * BATCH  # both ranks' window images
+    for m in (r["metrics"] for r in results):  # every rank reduces to the same numbers
+        assert m["window_images"] == images
+        assert m["window_time_s"] == pytest.approx(slowest)
+        assert m["throughput_img_s"] == pytest.approx(images / slowest)
+        assert m["throughput_img_s_per_rank"] == pytest.approx(images / slowest / 2)
+        assert m["gpu_util_mean"] == pytest.approx((90.0 + 30.0) / 2)
+        assert m["gpu_util_ranks"] == 2
+        assert m["step_time_ms_p50_by_rank"] == [pytest.approx(ms) for ms in STEP_MS]
+
+
+def _reduce_entry(rank, world, port, out, results):
+    """One rank: the loop's hooks over one epoch of STEPS steps of STEP_MS[rank] each on a
+    stand-in clock (perf_counter), NVML a STAND-IN reading UTIL_PCT[rank] every 10 ms of real
+    time, and the window's last step 0.2 s of real time so that the sampler has samples in it."""
+    os.environ.update(LOCAL_RANK=str(rank), SLURMD_NODENAME="node1")
+    clock = Clock()
+    measure.time = SimpleNamespace(  # this process's measure alone: perf_counter stands in
+        perf_counter=clock, monotonic=time.monotonic, sleep=time.sleep, time=time.time
+    )
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
+    cpu = torch.device("cpu")
+    meter = measure.Meter(TrainConfig(out=out, warmup_steps=1), cpu, rank)
+    util = UTIL_PCT[rank]
+    meter.nvml = measure.NvmlSampler(
+        cpu, interval_s=0.01, read=lambda handle: {"util_pct": util}, lookback_s=0.0
+    )
+    state = RunState()
+    meter.start(state)
+    meter.epoch_start()
+    for i in range(STEPS):
+        meter.before_step(state.step, seen=i * BATCH)
+        meter.step_start()
+        with meter.phase("data"):
+            clock.now += STEP_MS[rank] / 1e3
+            if i == STEPS - 1:
+                time.sleep(0.2)
+        meter.step_end()
+        state.step += 1
+    meter.epoch_end(state, seen=STEPS * BATCH)
+    state.history.append({"epoch_time_s": clock.now - 100.0, "in_window": False})
+    meter.end_loop(state)
+    results[rank] = {
+        "metrics": meter.reduce(state, world),
+        "window_time": state.window_time,
+        "gpu_util": meter.gpu_util,
+    }
+    dist.destroy_process_group()

@@ -494,3 +494,30 @@ def test_a_resumed_run_whose_ranks_shared_gpus_differently_has_no_energy(tmp_pat
     assert results[0] == results[1]
     assert results[0]["energy_j"] is None and results[0]["energy_wall_j"] is None
     assert "shared GPUs differently" in results[0]["energy_unmeasured"]
+
+
+def test_the_wall_spans_seconds_are_the_longest_ranks():
+    """energy_wall_s is the wall span's time, the longest rank's (train.py), not the sum over
+    ranks: two ranks each on its own GPU, read over the same window, are one span of time, and
+    the sum reported twice the seconds the joules were spent in. STAND-IN clocks: rank 0's 3
+    epochs of 10 s, rank 1's of 12 s, each with 2 s of evaluation between them: spans of
+    3 x 10 + 2 x 2 = 34 s and 3 x 12 + 2 x 2 = 40 s."""
+    readings = []
+    for local_rank, (gpu, epoch_s) in enumerate([("GPU-a", 10.0), ("GPU-b", 12.0)]):
+        nvml, clock = StandInNVML(), FakeClock()
+        read = functools.partial(nvml.nvmlDeviceGetTotalEnergyConsumption, None)
+        counter = EnergyCounter(read, gpu, clock)
+        for epoch in range(3):
+            if epoch:
+                clock.t += 2.0  # the evaluation between the window's epochs
+            counter.open()
+            clock.t += epoch_s
+            counter.close(seconds=epoch_s, images=1000)
+        readings.append(counter.result() | {"key": ("node1", gpu, local_rank)})
+    assert [r["wall"]["seconds"] for r in readings] == [pytest.approx(34.0), pytest.approx(40.0)]
+    total = energy_total(readings)
+    assert total["energy_wall_s"] == pytest.approx(40.0)
+    # both GPUs' counters, 5 reads apart (50 J each), over both ranks' images
+    assert total["energy_wall_j"] == pytest.approx(2 * 5 * 50.0)
+    assert total["energy_wall_j_per_img"] == pytest.approx(2 * 5 * 50.0 / (2 * 3 * 1000))
+    assert total["energy_wall_unmeasured"] is None
