@@ -1315,6 +1315,26 @@ def test_the_create_command_for_a_missing_data_pt_makes_the_same_synthetic_set(
     loaders.load_prepared("synthetic", tmp_path)
 
 
+@pytest.mark.parametrize("name", ["meta.json", "data.pt"])
+def test_a_directory_in_the_way_of_a_prepared_file_is_named_so(tmp_path: Path, name) -> None:
+    """A directory where meta.json (or data.pt) belongs was reported as "does not exist: ...
+    Create it with: prepare-data ...", and that command failed on the directory in the way
+    (after rewriting data.pt). The line names the directory and the fix: remove it."""
+    out = prepare_data.prepare("synthetic", tmp_path, num_train=50, num_test=20)
+    (out / name).unlink()
+    (out / name).mkdir()
+    with pytest.raises(PreparedDataError) as e:
+        # the study's sizes, as the training jobs pass them (meta.json's are not to be read)
+        loaders.check_prepared("synthetic", tmp_path, verify=False, expect=(50, 20))
+    said, _, cmd = str(e.value).partition(", then create the data with: ")
+    assert said == f"{out / name} is in the way (a directory, not prepare-data's file): remove it"
+    (out / name).rmdir()
+    assert cli.main(shlex.split(cmd)[1:]) == 0  # what a user pastes, after removing it
+    meta = json.loads((out / "meta.json").read_text())
+    assert (meta["num_train"], meta["num_test"]) == (50, 20)
+    loaders.load_prepared("synthetic", tmp_path)
+
+
 def test_the_suggested_command_quotes_a_data_dir_with_a_space(tmp_path: Path) -> None:
     """--data-dir "my data" was printed bare: pasted into a shell, the command got two
     arguments, "my" and "data"."""

@@ -183,6 +183,11 @@ def check_prepared(
                 f"{path} does not exist, but {Path(data_dir) / 'meta.json'} does: --data-dir "
                 f"takes the directory given to prepare-data, here {Path(data_dir).parent}"
             )
+        if path.is_dir():  # "does not exist" named a command that failed on it
+            raise PreparedDataError(
+                f"{path} is in the way (a directory, not prepare-data's file): remove it, then "
+                f"create the data with: {cmd}"
+            )
         if not path.is_file():
             raise PreparedDataError(
                 f"{path} does not exist: {dataset} is not prepared (or preparation did not "
