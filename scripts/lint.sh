@@ -12,6 +12,13 @@ export PATH="$PWD/.venv/bin:$PATH"
 # or not: a clean clone lints, and Snakemake finds the logger plugin the profile names (it looks
 # for top-level modules snakemake_logger_plugin_* on sys.path).
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+# a fresh clone before setup: one line with the fix, not bash's "ruff: command not found"
+for tool in ruff snakefmt snakemake; do
+    if ! command -v "$tool" >/dev/null; then
+        echo "lint: $tool is not installed here (no .venv): run \`bash scripts/setup.sh\` first" >&2
+        exit 1
+    fi
+done
 ruff check .
 ruff format --check .
 snakefmt --check workflow/Snakefile workflow/rules/*.smk

@@ -473,3 +473,21 @@ def test_setup_installs_the_venv_package_of_the_python_it_was_given(tmp_path):
     assert log.read_text().splitlines()[-1].endswith(f"install -y -q python{version}-venv"), (
         log.read_text()
     )
+
+
+def test_lint_without_its_tools_says_to_run_setup(tmp_path):
+    """scripts/lint.sh in a fresh clone before setup (no .venv): bash's `ruff: command not
+    found` (exit 127), where test.sh and demo.sh set up first. One line names the fix."""
+    work = tmp_path / "repo"
+    (work / "scripts").mkdir(parents=True)
+    shutil.copy(REPO / "scripts" / "lint.sh", work / "scripts" / "lint.sh")
+    bare = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    bare["PATH"] = "/usr/bin:/bin"  # no venv: Debian's python3, no ruff
+    assert shutil.which("ruff", path=bare["PATH"]) is None
+    done = subprocess.run(
+        ["bash", "scripts/lint.sh"], cwd=work, env=bare, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 1 and done.stdout == "", done.stdout
+    assert done.stderr.strip().splitlines() == [
+        "lint: ruff is not installed here (no .venv): run `bash scripts/setup.sh` first"
+    ]
