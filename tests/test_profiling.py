@@ -3412,3 +3412,23 @@ def test_a_parse_output_inside_the_directory_it_reads_is_refused_and_writes_noth
     assert "nothing written: --out-" in err and f"is inside --{source} {d}" in err, err
     assert {p: p.read_bytes() for p in d.rglob("*") if p.is_file()} == before
     assert cli.main(fine) == 0  # outside it: parsed as before
+
+
+def test_an_nsys_that_left_only_its_raw_qdstrm_is_named_so(tmp_path):
+    """An nsys installed without its host directory writes the raw .qdstrm and never converts it
+    to a .nsys-rep (NVIDIA's guide; seen on the project's H100 machines, gpu-machine.md): the
+    capture said "did the trainer reach --profile-steps?", a cause that was not it, with no fix,
+    and the next capture left the old .qdstrm files beside its own."""
+    out = tmp_path / "capture"
+    out.mkdir()
+    for r in (0, 1):
+        (out / f"nsys_rank{r}.qdstrm").write_bytes(b"raw")
+    with pytest.raises(ProfileError) as refused:
+        capture.nsys_stats(out, {})
+    said = str(refused.value)
+    assert said.startswith(
+        f"nsys wrote its raw capture ({out / 'nsys_rank0.qdstrm'}, 2 ranks) but no report"
+    ), said
+    assert "profiling.tool: torch" in said and "--profile-steps" not in said, said
+    capture._clear_earlier_capture(out)  # a capture after it starts without them
+    assert list(out.iterdir()) == []

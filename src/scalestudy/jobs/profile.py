@@ -398,7 +398,7 @@ def run_logged(argv: list[str], env: dict[str, str], log_path: Path) -> tuple[in
 
 # what a capture writes into --out: an earlier capture's are removed first, so that a rank it
 # profiled and this one did not (--ranks 0 after all) is not parsed with this capture's
-CAPTURED = ("tool.json", "nsys_rank*.nsys-rep", "stats", "train/profile")
+CAPTURED = ("tool.json", "nsys_rank*.nsys-rep", "nsys_rank*.qdstrm", "stats", "train/profile")
 
 
 def _clear_earlier_capture(out: Path) -> None:
@@ -559,6 +559,15 @@ def nsys_stats(out: Path, env: dict[str, str]) -> tuple[list[Path], dict]:
     """`nsys stats` of every rank's report into out/stats (on the host: it reads files only);
     returns the reports and the manifest's nsys entries."""
     reports = sorted(out.glob("nsys_rank*.nsys-rep"))
+    if not reports and (raw := sorted(out.glob("nsys_rank*.qdstrm"))):
+        # an nsys installed without its host directory (QdstrmImporter) captures and never
+        # converts: "did the trainer reach --profile-steps?" was not the cause
+        raise ProfileError(
+            f"nsys wrote its raw capture ({raw[0]}, {len(raw)} {vocab.plural('ranks', len(raw))}) "
+            "but no report: this nsys cannot convert a .qdstrm (an install without its host "
+            "directory, QdstrmImporter); install Nsight Systems whole, or set "
+            "profiling.tool: torch"
+        )
     if not reports:
         raise ProfileError(
             f"nsys wrote no report in {out}: did the trainer reach --profile-steps "
