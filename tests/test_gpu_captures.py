@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -246,3 +247,16 @@ def test_a_gpu_runs_export_without_device_activity_is_refused_not_read_as_a_cpu_
     (tmp_path / "torch_ops_rank0.json").write_text(json.dumps(export))
     with pytest.raises(ProfileFormatError, match="no GPU activity.*'cudaLaunchKernel'"):
         torch_ops.parse_torch(tmp_path, "h100")
+    # the capture refuses it too (without the parser): it finished, so every rerun repeated
+    # only the parse, which refused it every time
+    from scalestudy.jobs import profile as capture
+
+    exports = [tmp_path / "torch_ops_rank0.json"]
+    said = capture.torch_exports_problem(tmp_path, exports)
+    assert said.startswith(f"{exports[0]}: no GPU activity: the host called the CUDA runtime"), said
+    # the real export, and a CPU run's (no CUDA call), pass
+    shutil.copy(H100 / "torch_ops_rank0.json", exports[0])
+    assert capture.torch_exports_problem(tmp_path, exports) == ""
+    export["ops"] = [op for op in export["ops"] if not op["name"].startswith("cu")]
+    exports[0].write_text(json.dumps(export))
+    assert capture.torch_exports_problem(tmp_path, exports) == ""

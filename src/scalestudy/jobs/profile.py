@@ -535,7 +535,28 @@ def torch_exports_problem(out: Path, exports: list[Path]) -> str:
             return f"{export}: not a torch.profiler export (JSON with its ops)"
         if not isinstance(ops, list) or not ops:
             return f"{export}: no profiled ops (the window recorded nothing)"
+        if api := _cuda_without_device_time(ops):
+            # the parse refuses it (nsight/torch_ops.py, the same rule): a finished capture
+            # was kept, and every rerun repeated only the parse, refused every time
+            return (
+                f"{export}: no GPU activity: the host called the CUDA runtime ({api!r}) but no "
+                "op has device time: CUPTI recorded nothing on the GPU (another profiler "
+                "holding it, nsys for one, or CUPTI unavailable)"
+            )
     return ""
+
+
+def _cuda_without_device_time(ops: list) -> str | None:
+    """A CUDA runtime or driver call (cudaXxx, cuXxx) among ops none of which has device time,
+    else None: torch.profiler's export of a GPU rank whose CUPTI recorded nothing."""
+    entries = [op for op in ops if isinstance(op, dict)]
+    if any(isinstance(t := op.get("self_device_us"), int | float) and t > 0 for op in entries):
+        return None
+    for op in entries:
+        name = str(op.get("name", ""))
+        if name.startswith("cuda") or (name.startswith("cu") and name[2:3].isupper()):
+            return name
+    return None
 
 
 def missing_ranks(manifest: dict, found: set[int]) -> list[int]:
