@@ -316,7 +316,8 @@ def test_the_diagnosis_says_when_the_store_is_gone(trackers):
     assert len(lines) == 2 and lines[1] == "the furthest rank(s) 3 wait at step 4, backward"
     assert re.fullmatch(
         r"ranks 0-2: no progress record \(not read: the progress store did not answer \(.+\); "
-        r"it lives in rank 0's process \(srun\), so rank 0 \(the store host\) exited, was "
+        r"it lives in rank 0's process \(srun, or a launcher other than torchrun's agent\), so "
+        r"rank 0 \(the store host\) exited, was "
         r"killed or is stopped\)",
         lines[0],
     ), lines
@@ -642,3 +643,20 @@ def test_a_rank_stuck_in_its_checkpoint_write_is_named(data_dir, tmp_path):
     )
     assert named, out[-3000:]
     assert f"the furthest rank(s) 1 wait at stop agreement after step {named.group(1)}" in out
+
+
+@pytest.mark.parametrize(
+    ("launcher", "env", "in_rank_0"),
+    [
+        ("srun", {}, True),
+        # torchrun's agent serves the store for its workers (and says so in their environment)
+        ("torchrun", {"TORCHELASTIC_USE_AGENT_STORE": "True"}, False),
+        # any other env:// launcher (a site's own, an mpirun wrapper: dist.detect calls it
+        # torchrun) leaves the store to init_process_group, in rank 0's own process; a stopped
+        # rank 0 was "never started" and a survivor "the furthest"
+        ("torchrun", {}, True),
+        ("torchrun", {"TORCHELASTIC_USE_AGENT_STORE": "False"}, True),
+    ],
+)
+def test_the_store_is_rank_0s_unless_torchruns_agent_serves_it(launcher, env, in_rank_0):
+    assert progress.store_in_rank_0(launcher, env) is in_rank_0

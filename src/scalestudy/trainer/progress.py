@@ -16,10 +16,10 @@ How:
 - Publishing happens off the hot path: a daemon thread wakes every PUBLISH_INTERVAL_S (1 s),
   stamps the wall time at which its place last changed (so that time has 1 s resolution) and
   writes this rank's record (rank, host, step, micro, micros, phase, changed_at, published_at;
-  micro: the 0-based micro-batch of `micros` in the step; unix seconds) as
-  JSON to the c10d store the process group already has: a public `TCPStore` client on
-  MASTER_ADDR:MASTER_PORT (the torchrun agent's store, or rank 0's under srun), under the prefix
-  KEY_PREFIX (`PrefixStore`). One small `set` per rank per second; nothing while one process.
+  micro: the 0-based micro-batch of `micros` in the step; unix seconds) as JSON to the c10d
+  store the process group already has: a public `TCPStore` client on MASTER_ADDR:MASTER_PORT
+  (the torchrun agent's store, else rank 0's: `store_in_rank_0`), under the prefix KEY_PREFIX
+  (`PrefixStore`). One small `set` per rank per second; nothing while one process.
 - Three kinds of stall, visible in the records (`diagnose`, a pure function):
   ended: on a closed connection (a peer's process exited or was killed) the records are read
   twice, RECHECK_AFTER_S (2 s) apart: a rank whose record did not change in between is named
@@ -43,11 +43,11 @@ How:
   own place (step, micro-batch, phase) has not changed for WATCHDOG_SHARE (75%) of
   --pg-timeout-s it logs the same diagnosis once per stall, before NCCL kills the process (75%
   leaves a margin for the 1 s resolution at timeouts >= 4 s).
-- The store can be unreachable at diagnosis time (under srun it lives in rank 0's process, which
-  may be the stopped one; a store call against a stopped host never returns, whatever the
+- The store can be unreachable at diagnosis time (outside torchrun it lives in rank 0's process,
+  which may be the stopped one; a store call against a stopped host never returns, whatever the
   client's timeout): the reads run in a daemon thread that the diagnosis waits for at most
-  STORE_TIMEOUT_S, and the line says the store did not answer; the rank's own position is
-  always printed.
+  STORE_TIMEOUT_S, and the line says the store did not answer; the rank's own position is always
+  printed.
 Exit codes (0, 1, 75) and the Preempted path are untouched: this only adds log lines.
 """
 
@@ -56,6 +56,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import json
+import os
 import signal
 import sys
 import threading
@@ -248,7 +249,8 @@ class Tracker:
             # "no progress record" for each live peer from each survivor (W^2 lines)
             unread = (
                 f"the progress store did not answer ({error}); it lives in rank 0's process "
-                "(srun), so rank 0 (the store host) exited, was killed or is stopped"
+                "(srun, or a launcher other than torchrun's agent), so rank 0 (the store host) "
+                "exited, was killed or is stopped"
             )
             return diagnose(found, time.time(), self.silent_after_s, gone, unread)
         lines = diagnose(found, time.time(), self.silent_after_s, gone)
@@ -339,8 +341,17 @@ def start(denv: sdist.DistEnv, host: str, pg_timeout_s: float) -> None:
         host,
         pg_timeout_s,
         watchdog=dist.get_backend() != "gloo",
-        store_in_rank_0=denv.launcher == "srun",  # torchrun's store is its agent's
+        store_in_rank_0=store_in_rank_0(denv.launcher, os.environ),
     )
+
+
+def store_in_rank_0(launcher: str, env: Mapping[str, str]) -> bool:
+    """Whether the c10d store is served by rank 0's own process: under srun, and under any
+    env:// launcher but torchrun's agent, which serves it for its workers and says so
+    (TORCHELASTIC_USE_AGENT_STORE=True, torch's rendezvous reads it). A site's launcher or an
+    mpirun wrapper (dist.detect names every env:// launch torchrun) leaves it to
+    init_process_group, in rank 0: a stopped rank 0 was reported "never started"."""
+    return launcher == "srun" or env.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
 
 
 def stop() -> None:
