@@ -2158,3 +2158,26 @@ def test_an_empty_waterfall_and_a_probe_off_for_some_runs_are_said(done, tmp_pat
     assert "Some runs had the probe off (train.comm_probe_steps 0)" in md
     for name, text in docs.items():
         assert report.numbers_backed_by_csvs(text, report.load_tables(csv_dir)) == [], name
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "ddp; fsdp"])
+def test_an_fsdp_studys_exposed_communication_is_said_to_be_the_reduce_scatters(
+    done, tmp_path, strategy
+):
+    """The probe's arm without gradient sync still all-gathers FSDP's parameters (forward and
+    the backward's re-gather): only the reduce-scatter is left out, so FSDP's exposed
+    communication is the reduce-scatter's alone, which the documents called "gradient
+    communication" as of DDP's all-reduce. Said where a run of the study is FSDP's."""
+    csv_dir = tmp_path / "csv"
+    csv_dir.mkdir()
+    for name in report.TABLES:
+        (csv_dir / f"{name}.csv").write_text((done / f"results/csv/{name}.csv").read_text())
+    rows = read(csv_dir / "system.csv")
+    setting = next(r for r in rows if (r["section"], r["key"]) == ("run settings", "strategy"))
+    setting["value"] = strategy
+    files.write_csv(csv_dir / "system.csv", list(rows[0]), rows)
+    docs = report.render(csv_dir, done / "workflow/report", FIGURES, "../results/plots")
+    said = "Under FSDP the probe's passes without gradient sync still all-gather the parameters"
+    for name, text in docs.items():
+        assert (said in " ".join(text.split())) == ("fsdp" in strategy), name
+        assert report.numbers_backed_by_csvs(text, report.load_tables(csv_dir)) == [], name

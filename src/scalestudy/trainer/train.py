@@ -85,14 +85,15 @@ How the numbers are measured (the analysis relies on these definitions):
   gradient synchronisation and as many without it (DDP no_sync / FSDP without gradient sync / no
   all-reduce), the two arms interleaved pass by pass (each pass the slowest rank's time);
   exposed = max(0, 1 - t_nosync / t_sync) of the arms' medians, the share of a forward-backward
-  pass that communication adds beyond what overlaps with backward. Clipped at 0, the estimate
-  errs upward where the true share is below the passes' noise (a few % of a pass on a shared
-  CPU): comm_probe_sync_ms_p50 and comm_probe_nosync_ms_p50 record the two medians (ms; null
-  where the probe did not run). Optimizer steps are not taken in the probe
-  and BN statistics are restored, so it cannot change the trained model. At world_size 1 the probe
-  is skipped and the value is 0.0 (nothing to synchronise); null when the probe is off. Under
-  --accum-steps k the passes are single micro-batches too: the share of one synchronised pass, not
-  of a step of k (the analysis leaves such a run's communication part blank). Under the
+  pass that communication adds beyond what overlaps with backward (under FSDP both arms
+  all-gather the parameters, so the share is the gradient reduce-scatter's alone). Clipped at 0,
+  the estimate errs upward where the true share is below the passes' noise (a few % of a pass on
+  a shared CPU): comm_probe_sync_ms_p50 and comm_probe_nosync_ms_p50 record the two medians (ms;
+  null where the probe did not run). Optimizer steps are not taken in the probe and BN
+  statistics are restored, so it cannot change the trained model. At world_size 1 the probe is
+  skipped and the value is 0.0 (nothing to synchronise); null when the probe is off. Under
+  --accum-steps k the passes are single micro-batches too: the share of one synchronised pass,
+  not of a step of k (the analysis leaves such a run's communication part blank). Under the
   whole-step CUDA graph (cuda_graphs_mode step) the passes are the compiled model's, eager, not
   a replay: the waterfall leaves that communication part blank too (results/analyze.py).
 - param_count: not a timing: the model's trainable parameters (elements; FSDP: of the full, not
