@@ -823,3 +823,33 @@ def _failure_after_ctrl_c(train) -> None:
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # as it was
     with train.Interrupt() as calm:
         calm.check(lost)  # no SIGINT: the failure is the failure (the caller goes on)
+
+
+def test_a_ctrl_c_while_the_command_imports_is_held_until_the_imports_are_done():
+    """Ctrl-C 0.3-0.45 s after a rank starts lands in `import torch`: torch's NumPy set-up
+    swallowed the KeyboardInterrupt and left numpy.linalg half-imported, and the rank failed
+    later with "cannot start: maximum recursion depth exceeded", the launch quiet after it (it
+    expects rank 0's "interrupted"). The SIGINT is now held while the command's modules import
+    and raised after: the imports whole, the one "interrupted" line, the death by SIGINT.
+    Here the SIGINT comes inside build_parser (the command's imports) of a real `scalestudy`
+    program, which goes on importing for 0.3 s after it."""
+    script = (
+        "import os, signal, sys, time\n"
+        "from scalestudy import cli\n"
+        "built = cli.build_parser\n"
+        "def build_parser(argv):\n"
+        "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "    time.sleep(0.3)  # an import going on\n"
+        "    print('imports done', flush=True)\n"
+        "    return built(argv)\n"
+        "cli.build_parser = build_parser\n"
+        "sys.argv = ['scalestudy', 'matrix', '--config', 'config/demo.yaml', '--out', '-']\n"
+        "raise SystemExit(cli.main())\n"
+    )
+    done = subprocess.run(
+        [PYTHON, "-c", script], cwd=REPO, env=child_env(), capture_output=True, text=True,
+        timeout=120, preexec_fn=sigint_as_in_a_terminal,
+    )  # fmt: skip
+    assert done.stdout == "imports done\n", (done.stdout, done.stderr[-2000:])
+    assert done.stderr.strip().splitlines()[-1:] == ["scalestudy matrix: interrupted"], done.stderr
+    assert done.returncode == -signal.SIGINT

@@ -39,10 +39,12 @@ the ranks started by `scalestudy --debug launch` inherit it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import signal
 import sys
+import threading
 
 from scalestudy import files, log
 from scalestudy.errors import Preempted, ScalestudyError
@@ -162,7 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = None
     try:
-        parser = build_parser(argv)
+        # the command's modules (torch: seconds) import whole, a Ctrl-C raised after them
+        with _HeldInterrupt() if program else contextlib.nullcontext():
+            parser = build_parser(argv)
         args, extra = parser.parse_known_args(argv)
         if extra:  # argparse's message, and for the commands that start the trainer its cause
             hint = ""
@@ -200,6 +204,34 @@ def main(argv: list[str] | None = None) -> int:
         if program:  # it then ends killed by the signal (log.end_by_signal); a caller lives on
             log.end_by_signal(signum)
         return INTERRUPTED_EXIT if signum == signal.SIGINT else 128 + signum
+
+
+class _HeldInterrupt:
+    """Ctrl-C (SIGINT) held while the command's modules import, then raised as Python's own
+    handler raises it: raised inside `import torch`, torch's NumPy set-up swallowed it and left
+    numpy.linalg half-imported, and a rank Ctrl-C reached 0.3 s after its start failed later
+    with "cannot start: maximum recursion depth exceeded" (the launch, expecting rank 0's
+    "interrupted", said nothing more). Only over Python's own handler: an ignored SIGINT (a
+    background job) stays ignored, a caller's handler is its own."""
+
+    def __enter__(self) -> _HeldInterrupt:
+        self.received = False
+        self.held = (
+            threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        )
+        if self.held:
+            signal.signal(signal.SIGINT, self._hold)
+        return self
+
+    def _hold(self, signum, frame) -> None:
+        self.received = True
+
+    def __exit__(self, kind, value, traceback) -> None:
+        if self.held:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        if self.received and kind is None:
+            raise KeyboardInterrupt
 
 
 def _run(module, args: argparse.Namespace) -> int:
