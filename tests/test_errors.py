@@ -853,3 +853,34 @@ def test_a_ctrl_c_while_the_command_imports_is_held_until_the_imports_are_done()
     assert done.stdout == "imports done\n", (done.stdout, done.stderr[-2000:])
     assert done.stderr.strip().splitlines()[-1:] == ["scalestudy matrix: interrupted"], done.stderr
     assert done.returncode == -signal.SIGINT
+
+
+def test_a_failure_after_a_stop_signal_is_the_stop():
+    """A stop signal to a run without checkpointing (the launch passes SIGTERM to every rank;
+    cli's handler raises its Stopped): a rank waiting in a collective lost the Stopped inside
+    torch's C++ wait, and its peer's exit failed the collective: "training failed" on that rank.
+    The rank remembers the stop, and the failure after it is the stop. Here a STAND-IN for
+    cli's handler (a KeyboardInterrupt naming the signal)."""
+    from scalestudy.trainer import train
+
+    class Stop(KeyboardInterrupt):
+        pass
+
+    def cli_handler(signum, frame):
+        raise Stop(signal.Signals(signum).name)
+
+    previous = signal.signal(signal.SIGTERM, cli_handler)
+    try:
+        with train.Interrupt() as interrupt:
+            with contextlib.suppress(KeyboardInterrupt):  # what torch's wait did with it
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)  # the handler runs at once
+            lost = RuntimeError("Connection closed by peer [127.0.0.1]:29500")
+            with pytest.raises(Stop, match="SIGTERM") as info:
+                interrupt.check(lost)
+        assert info.value.__cause__ is lost
+        assert signal.getsignal(signal.SIGTERM) is cli_handler  # as it was
+        with train.Interrupt() as calm:
+            calm.check(lost)  # no signal: the failure is the failure
+    finally:
+        signal.signal(signal.SIGTERM, previous)

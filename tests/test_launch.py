@@ -554,6 +554,24 @@ def test_a_stop_signal_to_the_launch_itself_is_the_ranks_stop(data_dir, tmp_path
     assert list((tmp_path / "ckpt").glob("epoch-*")), err
 
 
+def test_a_stop_signal_without_checkpoints_is_the_launchs_line_alone(data_dir, tmp_path):
+    """SIGTERM to the launch of ranks without checkpointing: they die of it, and torchrun's
+    "E... failed (exitcode: -15) local_rank: 0 ... of binary" stayed between rank 0's line
+    and the launch's, a stop the user sent called a failure. The ranks' own line and the
+    launch's, 143."""
+    proc = _local_run(data_dir, tmp_path)
+    try:
+        proc.send_signal(signal.SIGTERM)  # the launcher only
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "failed (exitcode" not in err and "Traceback" not in err, err
+    assert err.splitlines()[-1] == (
+        "scalestudy launch: stopped by SIGTERM: the ranks were sent SIGTERM"
+    ), err
+
+
 def test_ranks_that_ignore_the_launchs_stop_are_killed_after_the_grace(tmp_path):
     """The launch passes SIGTERM on to its ranks and waits for their own end; ranks that never
     end (here each rank is a shell ignoring SIGTERM, through --rank-prefix) are killed after
@@ -618,3 +636,35 @@ def test_the_grace_is_torchruns_shutdown_timeout_where_it_has_one(monkeypatch):
     assert shutdown_timeout(torchrun.parse_args(["--nproc-per-node=2", "train.py"])) == 2
     given = torchrun.parse_args(["--nproc-per-node=2", "--shutdown-timeout=5", "train.py"])
     assert shutdown_timeout(given) == 5
+
+
+def test_a_rank_killed_from_outside_is_not_said_to_have_printed_why(caplog):
+    """A rank killed by a signal no one in the run sent (the OOM killer's SIGKILL, a `kill`)
+    prints nothing, and the launch's line said "its lines above say why". Said as it is: killed
+    from outside, where to look; a rank that exited with a status keeps "its lines above"."""
+    import logging
+    import types
+
+    from scalestudy.jobs import local_ranks
+
+    def failed(code: int):
+        failure = types.SimpleNamespace(
+            exitcode=code, signal_name=lambda: signal.Signals(-code).name if code < 0 else ""
+        )
+        return types.SimpleNamespace(get_first_failure=lambda: (1, failure))
+
+    with caplog.at_level(logging.ERROR, logger="scalestudy.launch"):
+        assert local_ranks._failed(failed(-signal.SIGKILL), 2) == 137
+        assert local_ranks._failed(failed(3), 2) == 3
+        assert local_ranks._failed(failed(-signal.SIGSEGV), 2) == 139
+    killed, exited, crashed = (r.getMessage() for r in caplog.records)
+    assert "SIGSEGV (the first to fail; its lines above, if any, say why, and" in crashed
+    assert killed == (
+        "scalestudy launch: rank 1 of 2 was killed by SIGKILL (the first to fail; from outside "
+        "the run, so it printed nothing: an out-of-memory kill is in the kernel log, `dmesg`; "
+        "the other ranks were stopped)"
+    ), killed
+    assert exited == (
+        "scalestudy launch: rank 1 of 2 exited 3 (the first to fail; its lines above say why, "
+        "and the other ranks were stopped)"
+    ), exited

@@ -53,19 +53,34 @@ class _QuietInterrupt(logging.Filter):
     kept: nobody at the terminal sent those). And "Received 9 death signal": no process
     receives a SIGKILL it can report, this is _PassOn's end of the grace, which the launch's
     own line says. And "failed (exitcode: 75) local_rank: ...": the ranks' stop after their
-    checkpoint, which passes through silently (_failed), called a failure at ERROR level."""
+    checkpoint, which passes through silently (_failed), called a failure at ERROR level; with
+    the stop this launch passed on (`passing`: SIGTERM, SIGHUP), "failed (exitcode: -15)" of a
+    rank that died of it and torchrun's shutdown of the others by it, which the launch's own
+    line ("stopped by SIGTERM") says."""
+
+    def __init__(self, passing: _PassOn | None = None) -> None:
+        super().__init__()
+        self.passing = passing  # the stop this launch passes on to the ranks, once it came
 
     def filter(self, record: logging.LogRecord) -> bool:
         received = record.msg == "Received %s death signal, shutting down workers"
         shutdown = received or record.msg == "Sending process %s closing signal %s"
         args = record.args if isinstance(record.args, tuple) else ()
-        if str(record.msg).startswith("failed (exitcode: %s)") and args and args[0] == 75:
+        passed = self.passing.signum if self.passing is not None else None
+        # a rank's end by the stop passed on to it (a SIGTERM: exitcode -15) is no failure
+        # either: the launch's own line says it
+        stops = (75, -passed) if passed else (75,)
+        if str(record.msg).startswith("failed (exitcode: %s)") and args and args[0] in stops:
             return False
         # the signal is the last argument of both: Signals.SIGINT (formatted "2"), "SIGINT"
         sig = str(args[-1]) if args else ""
         if received and sig in ("9", "Signals.SIGKILL"):
             return False
-        return not (shutdown and sig in ("2", "SIGINT", "Signals.SIGINT"))
+        quiet = {"2", "SIGINT", "Signals.SIGINT"}
+        if passed:  # the ranks' shutdown by the same signal this launch passed on
+            name = signal.Signals(passed).name
+            quiet |= {str(int(passed)), name, f"Signals.{name}"}
+        return not (shutdown and sig in quiet)
 
 
 # the loggers of torchrun's agent and of its worker processes' handling
@@ -275,13 +290,14 @@ def _run(argv: list[str]) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    for name in TORCHRUN_LOGGERS:
-        logging.getLogger(name).addFilter(_QuietInterrupt())
     args = torchrun.parse_args(argv)
     passing = _PassOn(shutdown_timeout(args))
     if passing.install(args):  # torchrun handles the rest
         handled = [s.strip() for s in args.signals_to_handle.split(",")]
         args.signals_to_handle = ",".join(s for s in handled if s not in _names(PASSED_ON))
+    quiet = _QuietInterrupt(passing)
+    for name in TORCHRUN_LOGGERS:
+        logging.getLogger(name).addFilter(quiet)
     try:
         torchrun.run(args)  # torchrun's main without @record, whose traceback is the problem
         return 0
@@ -300,6 +316,8 @@ def _run(argv: list[str]) -> int:
     except ChildFailedError as exc:
         return _failed(exc, args.nproc_per_node, passing.signum)
     finally:
+        for name in TORCHRUN_LOGGERS:  # this launch's: a later one in this process has its own
+            logging.getLogger(name).removeFilter(quiet)
         signal.setitimer(signal.ITIMER_REAL, 0)
         # what torchrun's shutdown left: a second Ctrl-C (or our grace's SIGALRM) raised inside
         # its wait for a hung rank, and it ended without its kills; those ranks lived on,
@@ -324,14 +342,21 @@ def _failed(exc, world_size, stopped_by: int | None = None) -> int:
         name = signal.Signals(stopped_by).name
         logger.error(f"scalestudy launch: stopped by {name}: the ranks were sent {name}")
         return 128 + stopped_by
-    if code < 0:
+    if code == -signal.SIGKILL:  # no one in the run sends it: the rank printed nothing
         what, status = f"was killed by {failure.signal_name()}", 128 - code
+        why = (
+            "from outside the run, so it printed nothing: an out-of-memory kill is in the "
+            "kernel log, `dmesg`;"
+        )
+    elif code < 0:  # its own crash (SIGSEGV, SIGABRT) may have printed a trace, or nothing
+        what, status = f"was killed by {failure.signal_name()}", 128 - code
+        why = "its lines above, if any, say why, and"
     else:
-        what, status = f"exited {code}", code
+        what, status, why = f"exited {code}", code, "its lines above say why, and"
     if status != 75:  # a stop: every rank said it saved its checkpoint
         logger.error(
-            f"scalestudy launch: rank {rank} of {world_size} {what} (the first to fail; its "
-            "lines above say why, and the other ranks were stopped)",
+            f"scalestudy launch: rank {rank} of {world_size} {what} (the first to fail; {why} "
+            "the other ranks were stopped)",
             exc_info=log.debug(),
         )
     return status

@@ -428,26 +428,51 @@ class Interrupt:
 
     def __init__(self) -> None:
         self.received = False
+        self.stopped: KeyboardInterrupt | None = None  # cli's Stopped, a stop signal's
         self._previous = None
+        self._stops: dict[int, object] = {}
 
     def __enter__(self) -> Interrupt:
         ours = threading.current_thread() is threading.main_thread()
         if ours and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
             self._previous = signal.signal(signal.SIGINT, self._handle)
+        # a stop signal without checkpointing (cli's handler raises its Stopped) alike: raised
+        # inside torch's wait it was lost too, and a peer's failed collective was "training
+        # failed" on the ranks the launch had sent SIGTERM
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            handler = signal.getsignal(signum)
+            if ours and callable(handler) and handler is not signal.default_int_handler:
+                self._stops[signum] = handler
+                signal.signal(signum, self._remember(handler))
         return self
 
     def __exit__(self, *exc_info) -> None:
         if self._previous is not None:
             signal.signal(signal.SIGINT, self._previous)
+        for signum, handler in self._stops.items():
+            signal.signal(signum, handler)
 
     def _handle(self, signum, frame) -> None:
         self.received = True
         raise KeyboardInterrupt
 
+    def _remember(self, handler):
+        def handle(signum, frame) -> None:
+            try:
+                handler(signum, frame)
+            except KeyboardInterrupt as stop:
+                self.stopped = stop
+                raise
+
+        return handle
+
     def check(self, exc: BaseException) -> None:
-        """KeyboardInterrupt (from `exc`) where SIGINT came first: `exc` is its consequence."""
+        """KeyboardInterrupt (from `exc`) where SIGINT came first, the stop signal's Stopped
+        where one came: `exc` is its consequence."""
         if self.received:
             raise KeyboardInterrupt from exc
+        if self.stopped is not None:
+            raise self.stopped from exc
 
 
 def preload_dynamo() -> None:
