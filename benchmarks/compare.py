@@ -52,7 +52,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from scalestudy import files
+from scalestudy import files, vocab
 from scalestudy.cli import Parser
 from scalestudy.errors import TrainConfigError
 from scalestudy.jobs import local_ranks
@@ -393,7 +393,9 @@ def print_table(r: dict, args: argparse.Namespace) -> None:
         print(f"{name:10} {s['median']:14,.1f} {s['min']:10,.1f} {s['max']:10,.1f} {spread}")
     mfu = [m for m in r["ours_mfu"] if m is not None]
     n = (len(r["ours"]["runs"]), len(r["reference"]["runs"]))
-    runs = f"{n[0]} runs each" if n[0] == n[1] else f"{n[0]} and {n[1]} runs"
+    runs = (
+        f"{n[0]} {vocab.plural('runs', n[0])} each" if n[0] == n[1] else f"{n[0]} and {n[1]} runs"
+    )
     mfu_text = f"MFU {100 * statistics.median(mfu):.1f}%" if mfu else r["ours_mfu_unmeasured"]
     if None in (r["ours"]["spread"], r["reference"]["spread"]):  # said, not left to a blank
         smoke = " (--smoke)" if args.smoke else ""
@@ -404,7 +406,7 @@ def print_table(r: dict, args: argparse.Namespace) -> None:
         )
     print(
         f"ratio      {r['ratio']:14.2f}x  (paired runs {r['paired_ratio_min']:.2f}-"
-        f"{r['paired_ratio_max']:.2f}; {runs}, {args.nproc} ranks, "
+        f"{r['paired_ratio_max']:.2f}; {runs}, {args.nproc} {vocab.plural('ranks', args.nproc)}, "
         f"{r['device']['name']}, width {args.width}, local batch {args.local_batch}, "
         f"{args.precision}; ours: {mfu_text})"
     )

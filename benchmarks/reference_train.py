@@ -259,7 +259,8 @@ def train(args: argparse.Namespace, device: torch.device, backend: str) -> None:
         }
         write_json(args.out, result)
         print(
-            f"reference: {throughput:,.1f} img/s over {world_size} ranks "
+            f"reference: {throughput:,.1f} img/s over {world_size} "
+            f"{'rank' if world_size == 1 else 'ranks'} "
             f"({throughput / world_size:,.1f} per rank) -> {args.out}",
             flush=True,
         )

@@ -330,11 +330,19 @@ def main(argv: list[str] | None = None) -> int:
         f"\nlocal batch {args.local_batch}, {args.precision}, width {args.width}, "
         f"{flops / 1e9:.3f} GFLOP/img"
     )
-    print(f"{'variant':<16} {'img/s':>9} {'step ms':>8} {'host ms':>8} {'loss first->last':>18}")
+    # the ratio against the plain reference, eager (when it ran), printed with each variant
+    eager = next((r["img_s"] for r in rows if r["variant"] == "eager" and "img_s" in r), None)
+    print(
+        f"{'variant':<16} {'img/s':>9} {'vs eager':>9} {'step ms':>8} {'host ms':>8} "
+        f"{'loss first->last':>18}"
+    )
     for r in rows:
         if "img_s" in r:
+            if eager:
+                r["speedup_vs_eager"] = r["img_s"] / eager
+            vs = f"{r['speedup_vs_eager']:>8.2f}x" if eager else f"{'n/a':>9}"
             print(
-                f"{r['variant']:<16} {r['img_s']:>9,.0f} {r['step_ms']:>8.3f} "
+                f"{r['variant']:<16} {r['img_s']:>9,.0f} {vs} {r['step_ms']:>8.3f} "
                 f"{r['host_ms']:>8.3f} {r['loss_first']:>8.3f} -> {r['loss_last']:.3f}"
             )
         else:

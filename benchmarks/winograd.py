@@ -280,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
             f" {bound[m]:.0f} ms ({direct_total / bound[m]:.2f}x)"
         )
     print(
-        f"  the fastest of all per shape {best['either']:.0f} ms"
+        f"  the fastest of direct and Winograd per shape {best['either']:.0f} ms"
         f" ({direct_total / best['either']:.2f}x): {direct_total - best['either']:.0f} ms saved"
         " per step"
     )

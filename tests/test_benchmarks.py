@@ -1176,7 +1176,7 @@ def test_the_winograd_benchmark_times_every_stride1_3x3_shape_of_the_network():
             rf"F\({m}x{m},3x3\): the faster of direct and it per shape (\d+) ms", out
         )
         assert int(best) <= int(direct_total)
-    (either,) = re.findall(r"the fastest of all per shape (\d+) ms", out)
+    (either,) = re.findall(r"the fastest of direct and Winograd per shape (\d+) ms", out)
     assert int(either) <= int(direct_total)
     # torch's NNPACK, where this build has it (x86 builds do): one line per shape, correct
     nnpack = re.findall(r"^    NNPACK: .* rel\. error ([\d.e+-]+)$", out, re.M)
