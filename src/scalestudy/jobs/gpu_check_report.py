@@ -431,9 +431,13 @@ def recompiles_after_marker(log: str) -> tuple[int | None, int, list[str]]:
 def judge_compile(strategy: str, run: RunResult, log: str) -> Check:
     """One rank, bf16, --compile on, TORCH_LOGS=recompiles: the compiled path of `strategy`
     trains like the eager one and compiles nothing once the window is open."""
+    # the CUDA graphs --cuda-graphs auto gives it (compiling.graphs_mode): the whole step's for
+    # ddp and allreduce, none for fsdp; no other one-GPU check proves auto still picks them
+    graphs = "off" if strategy == "fsdp" else "step"
     criterion = (
         f"exit 0 under --compile on, bf16, {strategy}, on cuda with TORCH_LOGS=recompiles; "
-        f"metrics.json compiled true and compile_graphs_in_window 0 (where counted); the log has "
+        f"metrics.json compiled true, cuda_graphs_mode {graphs} (--cuda-graphs auto) and "
+        f"compile_graphs_in_window 0 (where counted); the log has "
         f"'{WINDOW_MARKER} N' and no '{RECOMPILE}' line after it; finite losses; best val acc "
         f">= {LEARNED_ACC} and the train loss fell"
     )
@@ -448,6 +452,7 @@ def judge_compile(strategy: str, run: RunResult, log: str) -> Check:
         m = run.metrics or {}
         _expect(m, "compile", "on", problems)
         _expect(m, "strategy", strategy, problems)
+        _expect(m, "cuda_graphs_mode", graphs, problems)
         problems += compiled_problems(m, allow_uncounted=True)
         problems += loss_problems(run.epochs)
         learned = learning_numbers(m, run.epochs)
