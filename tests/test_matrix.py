@@ -376,6 +376,12 @@ def test_cli_writes_table_and_summary(tmp_path, capsys):
     sweep = "families.bucket.bucket_cap_mb=[1000000, 1.0000001, 1]"
     assert main([*argv, "--set", "dataset=synthetic", "--set", sweep]) == 0
     assert "bucket_cap_mb 1000000,1.0000001,1 x local_batch" in capsys.readouterr().out
+    # a study of one run: "total 1 runs" (the family lines said "1 run" already)
+    one = ["families.strong.gpus=[1]", "repeats=1"]
+    one += [f"families.{f}.enabled=false" for f in vocab.FAMILIES if f != "strong"]
+    assert main([*argv, *(a for o in one for a in ("--set", o))]) == 0
+    total = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("total")]
+    assert total == [f"total        1 run -> {out}"], total
 
 
 def test_the_summary_counts_in_words_that_agree_with_the_number(demo):

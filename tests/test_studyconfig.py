@@ -722,6 +722,34 @@ def test_a_number_yaml_reads_as_text_says_how_to_write_it():
     refused(minimal(), "(YAML reads 1.0e4 as text: write 10000.0,", overrides=["train.lr=1.0e4"])
 
 
+def test_a_count_yaml_reads_as_text_or_a_name_it_reads_as_a_boolean_says_how_to_write_it():
+    """`epochs: 1e3` (an integer key) was "value "1e3" ... must be an integer", its quotes
+    unexplained, where a number key got the YAML hint; `study: yes` (YAML 1.1's boolean) was
+    "value true ... must be a string", a value the user never typed."""
+    refused(
+        minimal(),
+        "config key 'train.epochs': value \"1e3\" is not allowed: must be an integer (YAML "
+        "reads 1e3 as text: write 1000)",
+        overrides={"train": {"epochs": "1e3"}},
+    )
+    for typed, read in (("yes", True), ("On", True), ("No", False)):
+        assert yaml.safe_load(f"study: {typed}") == {"study": read}
+        refused(
+            minimal(),
+            f"config key 'study': value {str(read).lower()} is not allowed: must be a string "
+            "(YAML 1.1 reads yes, no, on, off, true and false unquoted as true or false: "
+            "write it quoted)",
+            overrides={"study": read},
+        )
+    # one line for one value: the schema's type and its enum said it twice
+    message = refused(
+        minimal(),
+        "config key 'profiling.ncu.enabled': value 1 is not allowed: one of \"auto\", true, false",
+        overrides={"profiling": {"ncu": {"enabled": 1}}},
+    )
+    assert message.count("profiling.ncu.enabled") == 1, message
+
+
 @pytest.mark.parametrize(
     ("key", "text", "spelling"),
     [("train.weight_decay", "1e-5", "1.0e-05"), ("train.lr", "1e+300", "1.0e+300")],

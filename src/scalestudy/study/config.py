@@ -158,6 +158,21 @@ def _allowed(err: ValidationError) -> str:
                 f" (YAML reads {err.instance} as text: write {_yaml_float(float(err.instance))}, "
                 "or with a dot and a signed exponent, e.g. 5.0e-4)"
             )
+        elif (
+            text is not None
+            and "integer" in kinds
+            and _yaml_keeps_as_text(text)
+            and float(text).is_integer()
+            and abs(float(text)) < 1e18
+        ):
+            # `epochs: 1e3`: the number keys' hint, for a count (its quotes were unexplained)
+            allowed += f" (YAML reads {text} as text: write {int(float(text))})"
+        elif isinstance(err.instance, bool) and "string" in kinds:
+            # `study: yes` is YAML 1.1's true: "value true" was a value nobody typed
+            allowed += (
+                " (YAML 1.1 reads yes, no, on, off, true and false unquoted as true or false: "
+                "write it quoted)"
+            )
         elif text is not None and _reads_as(kinds, text):
             allowed += _TEXT_HINT
         return allowed

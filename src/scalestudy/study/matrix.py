@@ -73,13 +73,18 @@ def run(args: argparse.Namespace) -> int:
     summary = [_family_summary(config, rows, family) for family in vocab.FAMILIES]
     if args.out is None:
         _print_table(runs_tsv_text(rows))
-        for line in [*summary, f"{'total':<9} {len(rows):4d} runs (the table: stdout)"]:
+        for line in [
+            *summary,
+            f"{'total':<9} {len(rows):4d} {vocab.plural('runs', len(rows))} (the table: stdout)",
+        ]:
             print(line, file=sys.stderr)
         return 0
     write_runs_tsv(rows, args.out)
     for line in summary:
         logger.info(line)
-    logger.info(f"{'total':<9} {len(rows):4d} runs -> {Path(args.out)}")
+    logger.info(
+        f"{'total':<9} {len(rows):4d} {vocab.plural('runs', len(rows))} -> {Path(args.out)}"
+    )
     return 0
 
 
