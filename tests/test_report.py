@@ -2130,6 +2130,11 @@ def test_the_results_tables_print_a_value_apart_from_its_target(done, tmp_path):
     assert report.fmt_num_apart("0.9996", 1 + 0) == "0.9996"
     assert report.fmt_num_apart("2.0004", 2) == "2.0004"
     assert report.fmt_num_apart("2.0", 2.0) == "2" and report.fmt_num_apart("1.5", 2) == "1.50"
+    # ... and on the value's side of the target: 1.124 printed "1.12" beside 1.123, below it
+    assert report.fmt_num_apart("1.124", 1.123) == "1.124"
+    assert report.fmt_num_apart("1.1232", 1.1235) == "1.1232"
+    assert report.fmt_num_apart("1.3334", 1 + 0.333) == "1.3334"
+    assert report.fmt_num_apart("1.3326", 1 + 0.333) == "1.3326"
 
 
 def test_an_empty_waterfall_and_a_probe_off_for_some_runs_are_said(done, tmp_path):

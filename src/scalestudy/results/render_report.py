@@ -95,14 +95,19 @@ def fmt_num_apart(value, other) -> str:
     """3 significant digits (fmt_num), or as many more as it takes to print the cell apart
     from `other` (a target: a precision speedup against 1 + optimisation_speedup), unless
     the two are equal: a speedup of 1.19996 printed "1.20" beside a 20% target it fails. Apart
-    is the printed value's, not the target's text: a whole-number target prints as "2" at
-    every digit count, and 1.9996 printed "2.00" beside the 2x target it fails."""
+    means a text other than the target's at those digits, a printed value other than the
+    target (a whole-number target prints as "2" at every digit count, and 1.9996 printed
+    "2.00" beside the 2x target it fails) and on the value's side of it (1.124 printed "1.12"
+    beside a target of 1.123)."""
     x, o = _float(value), _float(other)
     if o is not None:  # a cell's precision: 1 + 0.14 is 1.1400000000000001, no cell's 1.14
         o = float(f"{o:.{SIG_DIGITS}g}")
     for digits in range(3, SIG_DIGITS + 1):
         text = fmt_sig(value, digits)
-        if x is None or o is None or x == o or float(text) != o:
+        if x is None or o is None or x == o:
+            return text
+        shown = float(text)
+        if text != fmt_sig(o, digits) and shown != o and (shown > o) == (x > o):
             return text
     return text
 
