@@ -1,7 +1,7 @@
 """`scalestudy build-pdf`: a document's .tex (reports/paper.tex, proposal.tex, slides.tex) -> its
 PDF beside it, with latexmk (pdfLaTeX).
 
-Without latexmk or pdflatex on PATH, pdflatex's format, or a package the documents load
+Without latexmk or pdflatex on PATH, or a package the documents load
 (tex_gaps; a beamer document's pgf too), it fails with the packages to install, naming the
 document given (where pdflatex stops before its log all the same, its own line: no_log_cause);
 the workflow asks for the PDF only when TeX can build it (workflow/rules/report.smk), and says
@@ -60,25 +60,21 @@ def tex_gaps() -> list[str]:
 KPSEWHICH_TIMEOUT_S = 10  # a TeX tree on a stalled network mount: the PDFs skipped, named
 
 
-# pdfLaTeX's format, which fmtutil builds when TeX is installed: without it (fmtutil never ran, a
-# broken container) pdflatex stops before writing a log, and so did pdflatex missing from PATH;
-# build-pdf's line was the tail of latexmk's advice, the cause nowhere
-FORMAT = "pdflatex.fmt"
-
-
 @functools.cache
 def _gaps(path: str) -> tuple[str, ...]:
-    """Of latexmk, pdflatex and its FORMAT, DOCUMENT_PACKAGES and PGF, those missing where PATH
-    is `path`."""
-    names = (FORMAT, *DOCUMENT_PACKAGES, PGF)
+    """Of latexmk, pdflatex (missing from PATH, it stopped latexmk before any log, and
+    build-pdf's line was the tail of latexmk's advice), DOCUMENT_PACKAGES and PGF, those
+    missing where PATH is `path`. Not pdflatex's format: a TeX without one builds it on first
+    use (kpathsea's mktexfmt); one it cannot build or read is named after the build
+    (no_log_cause)."""
+    names = (*DOCUMENT_PACKAGES, PGF)
     for tool in ("latexmk", "pdflatex", "kpsewhich"):
         if shutil.which(tool, path=path) is None:
             return (tool,)
     kpsewhich = shutil.which("kpsewhich", path=path)
     try:
         found = subprocess.run(
-            # -engine: formats are found per engine (TEXFORMATS holds $engine), the .sty alike
-            [kpsewhich, "-engine=pdftex", *names],
+            [kpsewhich, *names],
             capture_output=True,
             text=True,
             timeout=KPSEWHICH_TIMEOUT_S,
@@ -95,12 +91,10 @@ def missing(tex: str | Path, gaps: list[str] | None = None) -> str:
     reports/paper.pdf)."""
     gaps = ["latexmk"] if gaps is None else gaps
     lacks = "latexmk is not installed" if gaps == ["latexmk"] else f"TeX lacks {', '.join(gaps)}"
-    # a TeX installed whole whose formats were never made: its own tool makes them
-    formats = "; or, TeX there, make its formats with `fmtutil-sys --all`" if FORMAT in gaps else ""
     return (
         f"{lacks}, so {Path(tex).with_suffix('.pdf')} is not built ({tex} is); "
         f"install TeX with `apt-get install --no-install-recommends {TEX_PACKAGES}` "
-        f"(scripts/setup.sh does this as root){formats}"
+        "(scripts/setup.sh does this as root)"
     )
 
 
@@ -201,8 +195,12 @@ def first_tex_error(log_text: str) -> str | None:
 
 
 # what pdflatex (or the shell starting it) prints when it stops before writing a log: its format
-# unreadable, itself or a program it runs not found
-NO_LOG_CAUSE = re.compile(r"I can't find|: not found|command not found|Permission denied")
+# not found ("I can't find the format file"), damaged ("pdflatex: fatal: Could not undump") or
+# of another TeX ("---! ... was written by ..."), itself or a program it runs not found
+NO_LOG_CAUSE = re.compile(
+    r"I can't find|fatal:|Fatal format file error|^---!|: not found|command not found"
+    r"|Permission denied"
+)
 
 
 def no_log_cause(stdout: str, stderr: str) -> str:
