@@ -853,6 +853,18 @@ def test_a_ctrl_c_while_the_command_imports_is_held_until_the_imports_are_done()
     assert done.stdout == "imports done\n", (done.stdout, done.stderr[-2000:])
     assert done.stderr.strip().splitlines()[-1:] == ["scalestudy matrix: interrupted"], done.stderr
     assert done.returncode == -signal.SIGINT
+    # a second Ctrl-C is not held: an import that hangs (a stalled mount) can still be stopped
+    twice = script.replace(
+        "    time.sleep(0.3)  # an import going on\n",
+        "    time.sleep(0.3)\n    os.kill(os.getpid(), signal.SIGINT)\n    time.sleep(30)\n",
+    )
+    assert twice != script
+    done = subprocess.run(
+        [PYTHON, "-c", twice], cwd=REPO, env=child_env(), capture_output=True, text=True,
+        timeout=20, preexec_fn=sigint_as_in_a_terminal,
+    )  # fmt: skip
+    assert done.stdout == "" and done.returncode == -signal.SIGINT, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines()[-1:] == ["scalestudy matrix: interrupted"], done.stderr
 
 
 def test_a_failure_after_a_stop_signal_is_the_stop():

@@ -211,7 +211,8 @@ class _HeldInterrupt:
     handler raises it: raised inside `import torch`, torch's NumPy set-up swallowed it and left
     numpy.linalg half-imported, and a rank Ctrl-C reached 0.3 s after its start failed later
     with "cannot start: maximum recursion depth exceeded" (the launch, expecting rank 0's
-    "interrupted", said nothing more). Only over Python's own handler: an ignored SIGINT (a
+    "interrupted", said nothing more). A second Ctrl-C is raised at once (an import that
+    hangs, on a stalled network mount). Only over Python's own handler: an ignored SIGINT (a
     background job) stays ignored, a caller's handler is its own."""
 
     def __enter__(self) -> _HeldInterrupt:
@@ -225,6 +226,10 @@ class _HeldInterrupt:
         return self
 
     def _hold(self, signum, frame) -> None:
+        if self.received:  # a second Ctrl-C: an import that hangs (a stalled network mount)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            self.held = False
+            raise KeyboardInterrupt
         self.received = True
 
     def __exit__(self, kind, value, traceback) -> None:
