@@ -848,6 +848,11 @@ def test_a_title_or_name_over_several_lines_is_refused(key):
         )
     # a name in another script, a non-breaking space (Zs, not a line's end) are one line
     assert load_and_validate(minimal(), overrides={"proposal": {"pi": "Jörg\u00a0Müller 李"}})
+    # a one-line block scalar (`study: >` and one line) ends in a line break, harmless there
+    assert yaml.safe_load("study: >\n  CPU scaling of ResNet-18\n") == {
+        "study": "CPU scaling of ResNet-18\n"
+    }
+    assert load_and_validate(minimal(), overrides={"study": "CPU scaling of ResNet-18\n"})
     objectives = "Scale ResNet-18 training.\n\nThen write it up.\n"
     assert load_and_validate(minimal(), overrides={"proposal": {"objectives": objectives}})
 

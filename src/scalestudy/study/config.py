@@ -437,8 +437,10 @@ def line_problems(config: dict) -> list[str]:
         node = config
         for part in key.split("."):
             node = node[part]
-        # Cc: \\n, \\r, \\t, ...; Zl, Zp: the line and paragraph separators
-        if any(unicodedata.category(c) in ("Cc", "Zl", "Zp") for c in node):
+        # Cc: \\n, \\r, \\t, ...; Zl, Zp: the line and paragraph separators. One line break at
+        # the end is a one-line block scalar's (`study: >` and a line), harmless in a title
+        one_line = node[:-1] if node.endswith("\n") else node
+        if any(unicodedata.category(c) in ("Cc", "Zl", "Zp") for c in one_line):
             problems.append(
                 _bad(key, node, "must be one line of text, no line break, tab or other control "
                      "character (it is a title or a name in the documents)")
