@@ -424,7 +424,9 @@ class Interrupt:
     exits saw the collective fail ("Connection closed by peer"), the KeyboardInterrupt raised
     inside torch's C++ wait lost: "training failed" with a hang diagnosis and a traceback, for
     a run the user stopped. `check(exc)`: such a failure is the interrupt (cli.main's one line
-    from rank 0, status 130). A SIGINT that is ignored (a background job) stays ignored."""
+    from rank 0, status 130). A SIGINT that is ignored (a background job) stays ignored. A stop
+    signal (SIGTERM, SIGHUP) without checkpointing alike: cli's handler raises its Stopped,
+    remembered here, and the failure after it is that stop (128 + N)."""
 
     def __init__(self) -> None:
         self.received = False
