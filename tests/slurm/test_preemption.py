@@ -55,7 +55,10 @@ from workflow_helpers import BIN, copy_repo, env, write_config  # noqa: E402
 
 pytestmark = pytest.mark.slurm
 
-EPOCHS = 4
+# epochs of ~0.1 s each on a CPU: the signal sent once epoch 1 is written (after squeue and
+# scancel, each slow on a loaded machine) must land before the last epoch, where the run
+# finishes instead of stopping; at 4 epochs it landed there once (CI at 405883f)
+EPOCHS = 24
 SAME = ("epoch", "train_loss", "train_acc", "val_loss", "val_acc", "lr")
 
 
@@ -69,8 +72,9 @@ def _config(work: Path, ranks: int, every_epochs: int = 0, retries: int = 1) -> 
     cfg["synthetic"] = {"num_train": 128, "num_test": 64}
     cfg["hardware"].update(gpus_per_node=2, mem_mb_per_rank=500, runtime_min=10)
     cfg["train"].update(
-        epochs=EPOCHS, limit_train=128, limit_test=64, warmup_steps=1, comm_probe_steps=1
-    )
+        epochs=EPOCHS, limit_train=128, limit_test=64, warmup_steps=1, comm_probe_steps=1,
+        lr=0.1,  # the demo's 3.2 on 128 images swung val loss to 585 in 4 epochs: 24 stay finite
+    )  # fmt: skip
     cfg["families"] = {
         "strong": {"enabled": False},
         "weak": {"enabled": True, "gpus": [ranks], "local_batch": 32},
