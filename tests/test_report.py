@@ -982,6 +982,16 @@ def test_build_pdf_without_latexmk_names_the_document_it_was_given(tmp_path, mon
         assert "paper.pdf" not in err and "paper.tex" not in err, err
 
 
+def tex_stand_ins(bin_dir: Path, scripts: dict[str, str]) -> Path:
+    """STAND-INS for TeX's programs in `bin_dir` (made where missing): each name's sh script,
+    executable. Returns bin_dir."""
+    bin_dir.mkdir(exist_ok=True)
+    for tool, script in scripts.items():
+        (bin_dir / tool).write_text(f"#!/bin/sh\n{script}\n")
+        (bin_dir / tool).chmod(0o755)
+    return bin_dir
+
+
 def test_a_tex_without_a_package_the_documents_load_builds_no_pdf_and_names_it(
     tmp_path, monkeypatch, capsys
 ):
@@ -990,16 +1000,15 @@ def test_a_tex_without_a_package_the_documents_load_builds_no_pdf_and_names_it(
     not found" and the demo ended without its report."""
     from scalestudy import cli
 
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for tool, script in (
-        ("latexmk", "exit 0"),
-        ("pdflatex", "exit 1"),
-        # kpsewhich prints the path of each file it finds: all but booktabs.sty
-        ("kpsewhich", 'for f; do [ "$f" = booktabs.sty ] || echo "/tex/$f"; done'),
-    ):
-        (bin_dir / tool).write_text(f"#!/bin/sh\n{script}\n")
-        (bin_dir / tool).chmod(0o755)
+    bin_dir = tex_stand_ins(
+        tmp_path / "bin",
+        {
+            "latexmk": "exit 0",
+            "pdflatex": "exit 1",
+            # kpsewhich prints the path of each file it finds: all but booktabs.sty
+            "kpsewhich": 'for f; do [ "$f" = booktabs.sty ] || echo "/tex/$f"; done',
+        },
+    )
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}/usr/bin:/bin")
     assert not latex.have_latexmk()
     tex = tmp_path / "paper.tex"
@@ -1028,16 +1037,15 @@ def test_a_tex_without_pdflatex_builds_no_pdf_and_names_it(tmp_path, monkeypatch
     format is no gap: pdflatex builds it on first use, kpathsea's mktexfmt.)"""
     from scalestudy import cli
 
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
     tex = tmp_path / "paper.tex"
     tex.write_text("\\documentclass{article}\\begin{document}x\\end{document}\n")
-    for tool, script in (
-        ("latexmk", "exit 0"),
-        ("kpsewhich", 'for f; do case "$f" in -*) ;; *) echo "/tex/$f" ;; esac; done'),
-    ):
-        (bin_dir / tool).write_text(f"#!/bin/sh\n{script}\n")
-        (bin_dir / tool).chmod(0o755)
+    bin_dir = tex_stand_ins(
+        tmp_path / "bin",
+        {
+            "latexmk": "exit 0",
+            "kpsewhich": 'for f; do case "$f" in -*) ;; *) echo "/tex/$f" ;; esac; done',
+        },
+    )
     # bin_dir alone (and sh's): /usr/bin may hold a real pdflatex
     sh = tmp_path / "sh"
     sh.mkdir()
@@ -1048,8 +1056,7 @@ def test_a_tex_without_pdflatex_builds_no_pdf_and_names_it(tmp_path, monkeypatch
     (err,) = capsys.readouterr().err.strip().splitlines()
     assert f"TeX lacks pdflatex, so {tmp_path / 'paper.pdf'} is not built" in err, err
     assert "texlive-latex-base" in err, err
-    (bin_dir / "pdflatex").write_text("#!/bin/sh\nexit 1\n")
-    (bin_dir / "pdflatex").chmod(0o755)
+    tex_stand_ins(bin_dir, {"pdflatex": "exit 1"})
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{sh}{os.pathsep}")  # a new cache key
     assert latex.tex_gaps() == []  # no format asked for
 
@@ -1061,15 +1068,15 @@ def test_slides_by_hand_without_pgf_name_the_package_to_install(tmp_path, monkey
     line. STAND-INS: latexmk, pdflatex, a kpsewhich finding all but pgfcore.sty."""
     from scalestudy import cli
 
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for tool, script in (
-        ("latexmk", "exit 0"),
-        ("pdflatex", "exit 1"),
-        ("kpsewhich", 'for f; do case "$f" in -*|pgfcore.sty) ;; *) echo "/tex/$f" ;; esac; done'),
-    ):
-        (bin_dir / tool).write_text(f"#!/bin/sh\n{script}\n")
-        (bin_dir / tool).chmod(0o755)
+    bin_dir = tex_stand_ins(
+        tmp_path / "bin",
+        {
+            "latexmk": "exit 0",
+            "pdflatex": "exit 1",
+            "kpsewhich": 'for f; do case "$f" in -*|pgfcore.sty) ;; *) echo "/tex/$f" ;; esac; '
+            "done",
+        },
+    )
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}/usr/bin:/bin{os.pathsep}{os.pathsep}")
     assert latex.have_latexmk() and not latex.have_beamer()
     tex = tmp_path / "slides.tex"
@@ -1101,10 +1108,7 @@ def test_a_pdflatex_that_stops_before_its_log_is_named_by_its_own_line(
         "pdflatex: fatal: Could not undump 21950 4-byte item(s) from /x/pdflatex.fmt.",
         "(Fatal format file error; I'm stymied)",
     ):
-        (bin_dir / "pdflatex").write_text(
-            f"#!/bin/sh\ncat <<'END'\nThis is pdfTeX\n{said}\nEND\nexit 1\n"
-        )
-        (bin_dir / "pdflatex").chmod(0o755)
+        tex_stand_ins(bin_dir, {"pdflatex": f"cat <<'END'\nThis is pdfTeX\n{said}\nEND\nexit 1"})
         assert cli.main(["build-pdf", str(tex)]) == 1
         (err,) = capsys.readouterr().err.strip().splitlines()
         assert err.startswith(f"scalestudy build-pdf: latexmk failed on {tex}: {said}; TeX "), err

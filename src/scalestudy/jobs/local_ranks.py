@@ -342,17 +342,18 @@ def _failed(exc, world_size, stopped_by: int | None = None) -> int:
         name = signal.Signals(stopped_by).name
         logger.error(f"scalestudy launch: stopped by {name}: the ranks were sent {name}")
         return 128 + stopped_by
-    if code == -signal.SIGKILL:  # no one in the run sends it: the rank printed nothing
+    if code < 0:
         what, status = f"was killed by {failure.signal_name()}", 128 - code
+    else:
+        what, status = f"exited {code}", code
+    why = "its lines above say why, and"
+    if code == -signal.SIGKILL:  # no one in the run sends it: the rank printed nothing
         why = (
             "from outside the run, so it printed nothing: an out-of-memory kill is in the "
             "kernel log, `dmesg`;"
         )
     elif code < 0:  # its own crash (SIGSEGV, SIGABRT) may have printed a trace, or nothing
-        what, status = f"was killed by {failure.signal_name()}", 128 - code
         why = "its lines above, if any, say why, and"
-    else:
-        what, status, why = f"exited {code}", code, "its lines above say why, and"
     if status != 75:  # a stop: every rank said it saved its checkpoint
         logger.error(
             f"scalestudy launch: rank {rank} of {world_size} {what} (the first to fail; {why} "

@@ -552,11 +552,8 @@ def _cuda_without_device_time(ops: list) -> str | None:
     entries = [op for op in ops if isinstance(op, dict)]
     if any(isinstance(t := op.get("self_device_us"), int | float) and t > 0 for op in entries):
         return None
-    for op in entries:
-        name = str(op.get("name", ""))
-        if name.startswith("cuda") or (name.startswith("cu") and name[2:3].isupper()):
-            return name
-    return None
+    names = (str(op.get("name", "")) for op in entries)
+    return next((name for name in names if readers.cuda_api(name)), None)
 
 
 def missing_ranks(manifest: dict, found: set[int]) -> list[int]:

@@ -84,6 +84,13 @@ def read_text(path: Path) -> str:
         raise ProfileFormatError(path, None, f"cannot read: {exc.strerror or exc}") from exc
 
 
+def cuda_api(name: str) -> bool:
+    """Whether a torch.profiler op's name is a CUDA runtime or driver call (cudaXxx, cuXxx):
+    the host's side of GPU work, which the torch.profiler parser and the capture's check both
+    read (a GPU rank's export with such calls and no device time recorded nothing on the GPU)."""
+    return name.startswith("cuda") or (name.startswith("cu") and name[2:3].isupper())
+
+
 def skipped_line(lines: list[str]) -> str | None:
     """The tool's `SKIPPED: ...` line (nsys stats: the report has no data of that kind)."""
     return next((ln.strip() for ln in lines if ln.strip().upper().startswith("SKIPPED")), None)

@@ -11,7 +11,7 @@ from pathlib import Path
 from scalestudy.errors import ProfileFormatError
 from scalestudy.nsight import projection, schema
 from scalestudy.nsight.classify import classify
-from scalestudy.nsight.readers import rank_of, read_text
+from scalestudy.nsight.readers import cuda_api, rank_of, read_text
 
 RECAPTURE = "capture again with `scalestudy profile capture`"
 
@@ -159,11 +159,7 @@ def _entry(f: Path, i: int, op) -> dict:
 def _cuda_api_call(ops: list[dict]) -> str | None:
     """The CUDA runtime or driver call (cudaLaunchKernel, cudaGraphLaunch, cuLaunchKernel, ...)
     of most host self time, None where the host made none: a CPU run's."""
-
-    def api(name: str) -> bool:  # cudaXxx (runtime), cuXxx (driver)
-        return name.startswith("cuda") or (name.startswith("cu") and name[2:3].isupper())
-
-    calls = [op for op in ops if not op["cuda"] and api(op["name"])]
+    calls = [op for op in ops if not op["cuda"] and cuda_api(op["name"])]
     return max(calls, key=lambda op: op["self_cpu"])["name"] if calls else None
 
 

@@ -68,13 +68,12 @@ def _gaps(path: str) -> tuple[str, ...]:
     use (kpathsea's mktexfmt); one it cannot build or read is named after the build
     (no_log_cause)."""
     names = (*DOCUMENT_PACKAGES, PGF)
-    for tool in ("latexmk", "pdflatex", "kpsewhich"):
-        if shutil.which(tool, path=path) is None:
-            return (tool,)
-    kpsewhich = shutil.which("kpsewhich", path=path)
+    tools = {tool: shutil.which(tool, path=path) for tool in ("latexmk", "pdflatex", "kpsewhich")}
+    if lacking := [tool for tool, found in tools.items() if found is None]:
+        return (lacking[0],)
     try:
         found = subprocess.run(
-            [kpsewhich, *names],
+            [tools["kpsewhich"], *names],
             capture_output=True,
             text=True,
             timeout=KPSEWHICH_TIMEOUT_S,

@@ -430,13 +430,19 @@ PATH_KEYS = ("data_dir", "checkpointing.dir", "container.image", "container.defi
 LINE_KEYS = ("study", "proposal.title", "proposal.pi", "proposal.machine")
 
 
+def _at(config: dict, key: str):
+    """The value of a dotted key (`checkpointing.dir`) of a validated config."""
+    node = config
+    for part in key.split("."):
+        node = node[part]
+    return node
+
+
 def line_problems(config: dict) -> list[str]:
     """A title or name of LINE_KEYS holding a line break, tab or other control character."""
     problems = []
     for key in LINE_KEYS:
-        node = config
-        for part in key.split("."):
-            node = node[part]
+        node = _at(config, key)
         # Cc: \\n, \\r, \\t, ...; Zl, Zp: the line and paragraph separators. One line break at
         # the end is a one-line block scalar's (`study: >` and a line), harmless in a title
         one_line = node[:-1] if node.endswith("\n") else node
@@ -456,9 +462,7 @@ def path_problems(config: dict) -> list[str]:
     if not config["study"].strip():  # the schema's minLength passed " ", an empty title
         problems.append(_bad("study", config["study"], "must not be blank"))
     for key in PATH_KEYS:
-        node = config
-        for part in key.split("."):
-            node = node[part]
+        node = _at(config, key)
         if not node.strip():
             # " " passed minLength: prepare_data made a directory named " ", then every
             # training job failed (--data-dir must not be empty) and was retried
