@@ -213,7 +213,10 @@ def worker_pids(launcher_pid: int) -> dict[int, int]:
     ranks: jobs/local_ranks.py), read from Linux /proc."""
     out = {}
     for child in Path(f"/proc/{launcher_pid}/task/{launcher_pid}/children").read_text().split():
-        env = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+        try:
+            env = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+        except (FileNotFoundError, ProcessLookupError):  # a short-lived child gone: no rank
+            continue
         for item in env:
             if item.startswith(b"RANK="):
                 out[int(item[5:])] = int(child)
