@@ -5,9 +5,11 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import re
+import signal
 import socket
 import struct
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -232,6 +234,40 @@ def test_a_rank_outside_its_world_is_one_line_before_any_rendezvous(data_dir, tm
     (line,) = proc.stderr.splitlines()
     assert line.startswith("scalestudy train: RANK='2', WORLD_SIZE='2': want 0 <= RANK"), line
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("checkpoints", [False, True], ids=["plain", "checkpointing"])
+def test_a_stop_signal_during_the_rendezvous_ends_the_rank_at_once(data_dir, tmp_path, checkpoints):
+    """A Python handler of SIGTERM (cli's Stopped; the checkpointing StopFlag) runs only between
+    bytecodes, never inside torch's C++ rendezvous wait: rank 0 of 2 whose peer failed before
+    it ran none on the launch's SIGTERM and lived on to the launch's SIGKILL (a 2-rank local
+    launch whose rank 1 failed 25 s in ended at 65 s, torchrun's 30-s grace, now at 35 s). The
+    rank now dies of it at once; here its peer never comes, and the rank is in the rendezvous
+    once its store listens."""
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    argv = [PYTHON, "-m", "scalestudy", "train", *SMALL, "--data-dir", str(data_dir)]
+    argv += ["--out", str(tmp_path / "run"), "--pg-timeout-s", "300"]
+    if checkpoints:
+        argv += ["--checkpoint-dir", str(tmp_path / "ckpt")]
+    env = child_env(RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(1200):  # its store listens (a connection is refused before)
+            assert proc.poll() is None, proc.communicate()
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.1)
+        else:
+            pytest.fail("rank 0 never reached the rendezvous")
+        time.sleep(1)  # inside the wait, past the store's start
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)  # the handlers' rank waited out --pg-timeout-s
+    finally:
+        proc.kill()
+    assert proc.returncode == -signal.SIGTERM, err
 
 
 def test_an_env_launcher_without_group_variables_counts_its_nodes():

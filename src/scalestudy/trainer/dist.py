@@ -47,8 +47,10 @@ import ipaddress
 import itertools
 import os
 import re
+import signal
 import socket
 import struct
+import threading
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 
@@ -376,7 +378,35 @@ def net_interface_over_ranks(world_size: int) -> list[str]:
     return sorted(set(values))
 
 
+# The stop signals whose Python handler (cli's Stopped, the checkpointing StopFlag) cannot run
+# during the rendezvous (stops_kill).
+RENDEZVOUS_STOPS = (signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def stops_kill():
+    """SIGTERM and SIGHUP keep their default action (death at once) inside the block, the main
+    thread's handlers back after it; one ignored (nohup's SIGHUP) stays ignored. A Python
+    handler runs only between bytecodes, never while torch's C++ rendezvous waits: for a peer
+    that failed before it, the wait lasts until the process-group timeout, and the SIGTERM the
+    launch then sends (torchrun's agent, srun) ran no handler, the rank dying of SIGKILL after
+    the launch's grace (torchrun's 30 s, Slurm's KillWait). Before the rendezvous a rank has
+    nothing to save."""
+    saved = {}
+    if threading.current_thread() is threading.main_thread():
+        for signum in RENDEZVOUS_STOPS:
+            if callable(signal.getsignal(signum)):  # not SIG_IGN, SIG_DFL, nor C's (None)
+                saved[signum] = signal.signal(signum, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
+
+
 def init_process_group(denv: DistEnv, backend: str, timeout_s: float) -> None:
+    """The process group of this rank (env://, `timeout_s`), its network interface pinned first
+    (pin_interfaces); a stop signal during the rendezvous ends the rank at once (stops_kill)."""
     import torch.distributed as dist
 
     _pinned.clear()
@@ -384,13 +414,14 @@ def init_process_group(denv: DistEnv, backend: str, timeout_s: float) -> None:
     os.environ["MASTER_ADDR"] = denv.master_addr
     os.environ["MASTER_PORT"] = str(denv.master_port)
     try:
-        dist.init_process_group(
-            backend=backend,
-            init_method="env://",
-            rank=denv.rank,
-            world_size=denv.world_size,
-            timeout=datetime.timedelta(seconds=timeout_s),
-        )
+        with stops_kill():
+            dist.init_process_group(
+                backend=backend,
+                init_method="env://",
+                rank=denv.rank,
+                world_size=denv.world_size,
+                timeout=datetime.timedelta(seconds=timeout_s),
+            )
     except dist.DistError as exc:
         if "EADDRINUSE" not in str(exc):
             raise
