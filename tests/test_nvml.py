@@ -329,6 +329,30 @@ def test_one_gpu_without_a_counter_makes_the_total_null():
     assert total["energy_j"] is None and total["energy_unmeasured"] == "NVML unavailable"
 
 
+def test_a_rank_that_does_not_count_its_shared_gpu_cannot_blank_it():
+    """Two ranks on one GPU (gloo): the lowest local rank's reading is the GPU's; the other's,
+    refused against its own slightly shorter window (10 spans of 9.9 s: error bound 2.02%),
+    blanked the GPU's measured joules."""
+    readings = []
+    for local_rank, span_s in enumerate([10.0, 9.9]):
+        nvml, clock = StandInNVML(), FakeClock()
+        read = functools.partial(nvml.nvmlDeviceGetTotalEnergyConsumption, None)
+        counter = EnergyCounter(read, "GPU-a", clock)
+        for _ in range(10):
+            counter.open()
+            clock.t += span_s
+            counter.close(seconds=span_s, images=1000)
+        readings.append(counter.result() | {"key": ("n", "GPU-a", local_rank)})
+    assert readings[0]["reason"] is None and "window too short" in readings[1]["reason"]
+    total = energy_total(readings)
+    assert total["energy_j"] == pytest.approx(readings[0]["joules"]) and readings[0]["joules"]
+    assert total["energy_j_per_img"] == pytest.approx(readings[0]["joules"] / 20_000)
+    assert total["energy_unmeasured"] is None
+    # the reader's own refusal still blanks it
+    total = energy_total([readings[1] | {"key": ("n", "GPU-a", 0)}, readings[0]])
+    assert total["energy_j"] is None and "window too short" in total["energy_unmeasured"]
+
+
 def test_a_window_too_short_for_the_counter_is_refused():
     """Each read may lag by one update (ENERGY_UPDATE_S): 2 spans of 1 s with 0.1 s updates
     bound the error at 2 * 2 * 0.1 / 2 = 20% > ENERGY_MAX_ERROR: refused, not reported."""

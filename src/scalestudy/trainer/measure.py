@@ -769,8 +769,10 @@ ENERGY_MAX_ERROR = 0.02
 ENERGY_SHORT_WINDOW = "window too short for the energy counter"
 
 
-def energy_unmeasured(reason: str) -> dict:
-    return {"joules": None, "images": 0, "reason": reason}
+def energy_unmeasured(reason: str, images: int = 0) -> dict:
+    """EnergyCounter's spans, refused or not read: `images`, those the rank trained in them, still
+    count in J/img where another rank's reading is its GPU's (energy_total)."""
+    return {"joules": None, "images": images, "reason": reason}
 
 
 def wall_unmeasured(reason: str, seconds: float | None = None, images: int = 0) -> dict:
@@ -868,7 +870,7 @@ class EnergyCounter:
         refused; "wall": the wall span's {"joules", "seconds", "reason"}, likewise."""
         out = {"gpu": self.gpu, "wall": self._wall()}
         if self.error:
-            return out | energy_unmeasured(self.error)
+            return out | energy_unmeasured(self.error, self.images)
         if self.spans == 0:
             return out | energy_unmeasured("no window span was read")
         bound = 2 * self.spans * ENERGY_UPDATE_S / self.seconds if self.seconds > 0 else 1.0
@@ -877,7 +879,7 @@ class EnergyCounter:
                 f"{ENERGY_SHORT_WINDOW}: {self.seconds:.1f} s over "
                 f"{self.spans} spans, error bound {bound:.1%} > {ENERGY_MAX_ERROR:.0%}"
             )
-            return out | energy_unmeasured(reason)
+            return out | energy_unmeasured(reason, self.images)
         return out | {"joules": self.mj / 1e3, "images": self.images, "reason": None}
 
     def _wall(self) -> dict:
@@ -953,8 +955,9 @@ def _readers(keys: list) -> list[int]:
 
 def _gpu_sum(prefix: str, parts: list[dict], readers) -> dict:
     """PREFIX_j (the joules of the `readers`' parts: one per GPU), PREFIX_j_per_img (over every
-    rank's images) and PREFIX_unmeasured; null with the reasons when any part is refused."""
-    problems = sorted({p["reason"] for p in parts if p["joules"] is None})
+    rank's images) and PREFIX_unmeasured; null with the reasons when a reader's part is refused
+    (another rank's of its GPU, bounded by that rank's own window, is not what is counted)."""
+    problems = sorted({parts[i]["reason"] for i in readers if parts[i]["joules"] is None})
     if problems:
         return {
             f"{prefix}_j": None,
