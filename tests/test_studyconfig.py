@@ -405,6 +405,12 @@ def test_a_profile_window_beyond_the_epoch_names_the_key_that_can_change():
     latest = int(re.search(r"start_step at most (\d+)", message)[1])
     batch = int(re.search(r"x global batch (\d+)", message)[1])
     assert (latest + 1 + 1) * batch <= 2048 < (latest + 1 + 1 + 1) * batch, message
+    # a later start_step with more steps than the epoch holds from any start: the steps are
+    # what changes (start_step was named, with "at most N steps" as its fix)
+    cfg["synthetic"]["num_train"] = 16 * batch  # 16 steps an epoch
+    cfg["profiling"] = {"enabled": True, "start_step": 1, "steps": 16}
+    refused(cfg, "config key 'profiling.steps': value 16 is not", "; at most 14 steps")
+    cfg["synthetic"]["num_train"] = 2048
     cfg["profiling"] = {"enabled": True, "start_step": 5, "steps": 10}  # no start fits
     refused(cfg, "value 5 is not allowed", "fewer steps from an earlier start_step")
     # with PowerSGD no start before its uncompressed steps is named (refused on its own)

@@ -301,18 +301,18 @@ def window_problems(config: dict, rows: list[dict]) -> list[str]:
             # its uncompressed steps (refused above)
             earliest = POWERSGD_START_ITER if config["train"]["comm_hook"] == "powersgd" else 0
             movable = prof["start_step"] > earliest
-            key = "start_step" if movable else "steps"
             in_epoch = n_train // row["global_batch"]  # steps of one epoch
             most = in_epoch - prof["start_step"] - 1  # steps from this start
             latest = in_epoch - prof["steps"] - 1  # start of these steps
+            # the key named is the one its fix changes
             if movable and latest >= earliest:
-                fix = f"start_step at most {latest}, or fewer steps"
+                key, fix = "start_step", f"start_step at most {latest}, or fewer steps"
             elif most >= 1:
-                fix = f"at most {most} steps"
+                key, fix = "steps", f"at most {most} steps"
             elif movable:
-                fix = "fewer steps from an earlier start_step"
+                key, fix = "start_step", "fewer steps from an earlier start_step"
             else:
-                fix = "no window fits: a smaller batch"
+                key, fix = "steps", "no window fits: a smaller batch"
             problems.append(
                 f"config key 'profiling.{key}': value {prof[key]} is not allowed: "
                 f"run {row['run']} would need (start_step {prof['start_step']} + steps "
