@@ -41,7 +41,7 @@ from scalestudy.jobs import container, gpu_check_report, launch
 from scalestudy.jobs import profile as capture
 from scalestudy.jobs import profile_ncu as ncu_job
 from scalestudy.jobs import profile_parse as parse_job
-from scalestudy.nsight import ncu, nsys, projection, readers, schema, torch_ops
+from scalestudy.nsight import ncu, nsys, projection, schema, tables, torch_ops
 from scalestudy.nsight.classify import classify
 from scalestudy.study import profiling as study_profiling
 from scalestudy.study.config import StudyConfigError, load_and_validate
@@ -335,9 +335,9 @@ def test_a_mangled_nccl_kernel_is_nccl_and_never_a_top_kernel(name):
     ],
 )
 def test_numbers_with_separators_and_units(text, value, unit):
-    assert readers.parse_number(text) == (pytest.approx(value), unit)
+    assert tables.parse_number(text) == (pytest.approx(value), unit)
     with pytest.raises(ValueError):
-        readers.parse_number("n/a")
+        tables.parse_number("n/a")
 
 
 @pytest.mark.parametrize(
@@ -347,7 +347,7 @@ def test_numbers_with_separators_and_units(text, value, unit):
 def test_other_locales_numbers_are_not_read_as_a_number_and_a_unit(text):
     # a thousands dot, a decimal comma: the leftover was taken for the unit, the value kept
     with pytest.raises(ValueError, match="not a number"):
-        readers.parse_number(text)
+        tables.parse_number(text)
 
 
 # --- nsys stats -----

@@ -497,12 +497,23 @@ def test_a_profile_parser_edit_reruns_no_job_that_launches_ranks():
     smk = REPO / "workflow/rules/profile.smk"
     nsight = "src/scalestudy/nsight/"
     parsers = {nsight + m for m in ("nsys.py", "torch_ops.py", "projection.py", "classify.py")}
+    parsers.add(nsight + "tables.py")  # numbers with units: readers.py's parse_number was it
     capture = set(resources.code_sources(REPO, *declared_code(smk, "profile_capture")))
     assert not capture & (parsers | {nsight + "ncu.py", nsight + "schema.py"})
-    # ncu reads its own reports in the job (nsight/ncu.py), never the phase parsers (the
-    # classifier picks its top kernels: NCCL's are never profiled)
+    # the one nsight module it imports holds only what the capture calls: readers.py's number
+    # parsing (the parsers' units) was in it
+    assert {p for p in capture if p.startswith(nsight)} == {nsight + "readers.py"}
+    tree = ast.parse((REPO / nsight / "readers.py").read_text())
+    public = {f.name for f in tree.body if isinstance(f, ast.FunctionDef) and f.name[0] != "_"}
+    called = set(
+        re.findall(r"readers\.(\w+)\(", (REPO / "src/scalestudy/jobs/profile.py").read_text())
+    )
+    assert public == called, public - called
+    # ncu reads its own reports in the job (nsight/ncu.py, with tables.py's numbers), never the
+    # phase parsers (the classifier picks its top kernels: NCCL's are never profiled)
     ncu = set(resources.code_sources(REPO, *declared_code(smk, "profile_ncu")))
-    assert nsight + "ncu.py" in ncu and not ncu & (parsers - {nsight + "classify.py"})
+    own = {nsight + m for m in ("ncu.py", "tables.py", "classify.py")}
+    assert own <= ncu and not ncu & (parsers - own)
     # nor does the kernels table the parse rewrites rerun it (Snakemake: "Input files updated
     # by another job"), only a new capture
     rule = re.split(r"^rule ", smk.read_text(), flags=re.MULTILINE)

@@ -2,7 +2,8 @@
 
 schema.py     the profile CSV schemas (columns, categories, phase ranges), their rows, CSVs
 classify.py   kernel / op name -> category
-readers.py    numbers with units, the CSV table after a tool's noise lines, rank of a file
+readers.py    a file's text, its rank, the tool's SKIPPED line (the capture's checks too)
+tables.py     numbers with units, the CSV table after a tool's noise lines (parsers only)
 projection.py the phase ranges projected onto the GPU (launches of every thread)
 nsys.py       nsys stats CSVs and the SQLite export -> kernels and ranges rows
 ncu.py        ncu details CSV -> profile_ncu rows

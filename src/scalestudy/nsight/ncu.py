@@ -13,7 +13,7 @@ from pathlib import Path
 from scalestudy import files
 from scalestudy.errors import ProfileFormatError
 from scalestudy.nsight import schema
-from scalestudy.nsight.readers import col, parse_number, rows_after_header, to_ns
+from scalestudy.nsight.tables import col, parse_number, rows_after_header, to_ns
 
 _NCU_DURATION = ("gpu__time_duration.sum", "Duration")
 _NCU_OCCUPANCY = ("sm__warps_active.avg.pct_of_peak_sustained_active", "Achieved Occupancy")

@@ -33,15 +33,8 @@ from pathlib import Path
 from scalestudy import files
 from scalestudy.errors import ProfileFormatError
 from scalestudy.nsight import projection, schema
-from scalestudy.nsight.readers import (
-    col,
-    parse_number,
-    rank_of,
-    read_text,
-    rows_after_header,
-    skipped_line,
-    to_ns,
-)
+from scalestudy.nsight.readers import rank_of, read_text, skipped_line
+from scalestudy.nsight.tables import col, parse_number, rows_after_header, to_ns
 
 
 def nsys_table_kind(header: list[str]) -> str | None:
