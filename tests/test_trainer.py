@@ -567,6 +567,14 @@ BUCKET = "--bucket-cap-mb must be in [0.001, 1000000] MiB (1 KiB to 1 TiB), got"
         (["--diag-data-delay-ms", "1e300"],
          "--diag-data-delay-ms must be in [0, 3600000] ms (an hour), got 1e+300"),
         (["--diag-data-delay-ms", "3600000"], None),
+        # 100000 forked DataLoader workers ran until the job was killed
+        (["--num-workers", "65"], "--num-workers must be <= 64 (train.num_workers' bound: "
+         "DataLoader processes per rank), got 65"),
+        (["--num-workers", "64"], None),
+        # str.isdigit() took '²', int() raised a ValueError: a traceback
+        (["--profile-steps", "\u00b2:5"],
+         "--profile-steps must be A:B with integers 0 <= A < B, got '\u00b2:5'"),
+        (["--profile-steps", "0:5"], None),
     ],
 )  # fmt: skip
 def test_numbers_past_their_bounds_are_refused_in_one_line(argv, message):

@@ -53,6 +53,9 @@ DIAG_DELAY_MAX_MS = 3_600_000
 # the study schema's bound of train.epochs and train.warmup_epochs: 1e308 warm-up epochs
 # overflowed recipe.warmup_steps (an OverflowError traceback in every training job)
 WARMUP_EPOCHS_MAX = 100_000
+# the study schema's bound of train.num_workers: a node's cores per GPU are far fewer, and 100000
+# forked DataLoader workers ran until the job was killed
+NUM_WORKERS_MAX = 64
 # fields that do not define the experiment: where files go, how the run survives failures (the
 # checkpoints, the process-group timeout: raising it for a rerun must not discard the rerun's
 # checkpoints), what it shows while it runs
@@ -264,6 +267,11 @@ class TrainConfig:
                 f"--warmup-epochs must be <= {WARMUP_EPOCHS_MAX} (train.epochs' bound), got "
                 f"{self.warmup_epochs:g}"
             )
+        if self.num_workers > NUM_WORKERS_MAX:  # >= 0: checked above
+            raise TrainConfigError(
+                f"--num-workers must be <= {NUM_WORKERS_MAX} (train.num_workers' bound: "
+                f"DataLoader processes per rank), got {self.num_workers}"
+            )
         if self.diag_data_delay_ms > DIAG_DELAY_MAX_MS:  # >= 0 and finite: checked above
             raise TrainConfigError(
                 f"--diag-data-delay-ms must be in [0, {DIAG_DELAY_MAX_MS}] ms (an hour), got "
@@ -366,7 +374,9 @@ class TrainConfig:
         if self.profile_steps is None:
             return None
         a, sep, b = self.profile_steps.partition(":")
-        if not (sep and a.isdigit() and b.isdigit() and int(a) < int(b)):
+        # ASCII digits: isdigit() took '²' and int() raised its ValueError, a traceback
+        digits = all(part.isascii() and part.isdigit() for part in (a, b))
+        if not (sep and digits and int(a) < int(b)):
             raise TrainConfigError(
                 f"--profile-steps must be A:B with integers 0 <= A < B, got {self.profile_steps!r}"
             )
