@@ -2138,6 +2138,37 @@ def test_log_tail_keeps_the_reason_above_torchruns_traceback(tmp_path):
     assert text[-1] == noise[-1] and len(text) == 2 + report.TAIL_LINES
 
 
+def test_a_failed_checks_reason_is_the_message_not_a_traceback_source_line(tmp_path):
+    """The first line matching the error pattern was a traceback's source line: a real H200
+    report (docs/gpu-runs/2026-12-04-h200-gpu-check, cuda-graphs-gloo2) gave "first error
+    line in the log: passing = _PassOn(shutdown_timeout(args))" for the AttributeError below
+    it, and `raise RuntimeError(...)` stood for the CUDA error it raised. And a long log's
+    tail began with the command line (its --pg-timeout-s), shown as an error line."""
+    stored = json.loads(
+        (REPO / "docs/gpu-runs/2026-12-04-h200-gpu-check/call1-gpu-check.json").read_text()
+    )
+    tails = [c["log_tail"] for c in stored["checks"] if "shutdown_timeout" in c.get("log_tail", "")]
+    assert tails
+    for log in tails:
+        assert report.log_line(log, report.ERROR_LINE) == (
+            "AttributeError: 'Namespace' object has no attribute 'shutdown_timeout'"
+        )
+    log = (
+        "Traceback (most recent call last):\n"
+        '[rank1]:   File "x.py", line 3, in f\n'
+        '[rank1]:     raise RuntimeError(f"bad {x}")\n'
+        "[rank1]: RuntimeError: CUDA error: an illegal memory access was encountered\n"
+    )
+    problems = report.failure_problems(report.RunResult(rc=1, log_tail=log), log)
+    assert problems[-1] == (
+        "first error line in the log: [rank1]: RuntimeError: CUDA error: an illegal memory "
+        "access was encountered"
+    ), problems
+    path = tmp_path / "long.log"
+    path.write_text("+ python -m scalestudy train --pg-timeout-s 120\n" + "ok\n" * 45)
+    assert gpu_check.tail(path).splitlines() == ["ok"] * report.TAIL_LINES
+
+
 def test_runner_starts_nothing_when_the_budget_is_spent(tmp_path, data_dir):
     ctx = cpu_context(tmp_path, data_dir, budget_s=1)
     run = gpu_check.trainer(ctx, "late", list(ctx.small), "single")

@@ -338,7 +338,7 @@ def tail(path: Path, lines: int = report.TAIL_LINES) -> str:
     except OSError:
         return ""
     last = "\n".join(text[-lines:])[-4000:]
-    first = [line[:300] for line in text[: -lines or None] if ERROR_LINE.search(line)][:5]
+    first = [line[:300] for line in report.said_lines(text[: -lines or None], ERROR_LINE)][:5]
     return "\n".join([*first, "[...]", last]) if first else last
 
 

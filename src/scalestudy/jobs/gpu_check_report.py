@@ -189,16 +189,32 @@ def _device_name(metrics: dict) -> str:
     return str(device.get("name") or "") if isinstance(device, dict) else str(device or "")
 
 
-def log_line(log: str, pattern: re.Pattern | str) -> str | None:
-    """The log's first line that matches `pattern` (a plain string: contains it), stripped and
-    cut to 300 characters; the command line gpu-check writes first ("+ ...") is skipped."""
-    for line in log.splitlines():
-        if line.startswith("+ "):
-            continue
+# a Python traceback's frame line ('  File "x.py", line 3, in f', a rank's prefix before it
+# too): the line after it is the frame's source, whose `raise RuntimeError(...)` or
+# `shutdown_timeout(args)` is no message
+FRAME_LINE = re.compile(r'^\S*\s+File ".*", line \d+')
+
+
+def said_lines(lines: list[str], pattern: re.Pattern | str) -> list[str]:
+    """The lines that match `pattern` (a plain string: contains it) and say something: not the
+    command line gpu-check writes first ("+ ..."), nor a traceback's frame or source lines (a
+    failed check's reason was `passing = _PassOn(shutdown_timeout(args))`, the source line
+    above the AttributeError it named)."""
+    said, source = [], False
+    for line in lines:
+        frame = bool(FRAME_LINE.match(line))
         found = pattern in line if isinstance(pattern, str) else pattern.search(line)
-        if found:
-            return line.strip()[:300]
-    return None
+        if found and not (frame or source or line.startswith("+ ")):
+            said.append(line)
+        source = frame
+    return said
+
+
+def log_line(log: str, pattern: re.Pattern | str) -> str | None:
+    """The log's first line that matches `pattern` and says something (said_lines), stripped
+    and cut to 300 characters."""
+    said = said_lines(log.splitlines(), pattern)
+    return said[0].strip()[:300] if said else None
 
 
 def failure_problems(run: RunResult, log: str, what: str = "the run") -> list[str]:
