@@ -1227,6 +1227,8 @@ def test_a_hand_edited_meta_json_names_what_the_trainer_reads(tmp_path: Path) ->
         ({"mean": [0.5, 0.5]}, "mean has 2 values and std 3, but the images have 3 channels"),
         ({"std": [0.25]}, "mean has 3 values and std 1, but the images have 3 channels"),
         ({"std": [0.25, 0.0, 0.25]}, "std is not a list of numbers > 0"),
+        # a 401-digit integer: math.isfinite's OverflowError traceback
+        ({"mean": [10**400, 0.5, 0.5]}, "mean is not a list of numbers"),
         ({"num_classes": 5}, "train labels span 0..9, but"),
     ],
 )

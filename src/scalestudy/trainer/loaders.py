@@ -256,11 +256,17 @@ def _meta_value_ok(key: str, value) -> bool:
         return whole(value)
     if key.endswith("_shape"):  # N x C x H x W
         return isinstance(value, list) and len(value) == 4 and all(whole(v) for v in value)
+    def finite(v) -> bool:  # a 401-digit integer is no float: isfinite's OverflowError
+        try:
+            return math.isfinite(v)
+        except OverflowError:
+            return False
+
     numbers = isinstance(value, list) and value
     return bool(numbers) and all(
         isinstance(v, (int, float))
         and not isinstance(v, bool)
-        and math.isfinite(v)
+        and finite(v)
         and (key != "std" or v > 0)
         for v in value
     )
