@@ -122,6 +122,105 @@ def test_estimates_and_totals_equal_hand_computed_sums():
     assert t["rule"] == {"train": t["total"]}
 
 
+def split_config(**hardware) -> dict:
+    """SMALL with a 60-s USR1 lead (120 s with Slurm's early minute) and hardware overrides."""
+    config = small_config()
+    config["checkpointing"]["signal_lead_s"] = 60
+    config["hardware"].update(hardware)
+    return config
+
+
+def test_a_run_past_runtime_max_goes_on_in_further_jobs():
+    """A partition's MaxTime (hardware.runtime_max) below a run's limit: its job asked for the
+    limit anyway (sbatch refuses it, or it pends for ever). It asks for runtime_max, and the
+    run goes on in further jobs, each warned 120 s before it and resuming after its start-up
+    (10 s). The fp32 1-GPU run, T = 36 s at safety 2, needs ceil((72 + 120) / 60) = 4 min;
+    a 3-min job trains 180 - 120 - 10 = 50 s before its warning, so its 72 - 10 = 62 s of
+    training take 2 jobs, and the second job's start-up is held too (36 + 10 s)."""
+    config = split_config(runtime_max=3)
+    estimates = {e.run: e for e in plan.estimate_runs(config, build_run_table(config), [])}
+    fp32 = estimates["w1_lb8_fp32_ddp_bk25_r0"]
+    assert (fp32.jobs, fp32.slurm_runtime_min) == (2, 3)
+    assert fp32.node_hours == pytest.approx((36 + 10) / 3600)
+    assert fp32.gpu_hours == pytest.approx((36 + 10) / 3600)
+    # the others fit 3 minutes (bf16: ceil((46 + 120) / 60) = 3): one job, their own limit
+    for run, e in estimates.items():
+        if run != fp32.run:
+            assert e.jobs == 1 and e.slurm_runtime_min <= 3, run
+            assert e.node_hours == pytest.approx(e.nodes * e.runtime_s / 3600), run
+    # plan.csv counts the jobs, plan.md says which runs split and how
+    rows = {
+        r["run"]: r for r in csv.DictReader(io.StringIO(plan.plan_csv_text([*estimates.values()])))
+    }
+    assert rows[fp32.run]["jobs"] == "2" and rows[fp32.run]["slurm_runtime_min"] == "3"
+    assert {r["jobs"] for run, r in rows.items() if run != fp32.run} == {"1"}
+    md = plan.plan_markdown(config, list(estimates.values()), [])
+    assert "Runs past hardware.runtime_max (3 min) go on in further jobs" in md
+    assert f"2 jobs of 3 min: {fp32.run}." in md
+    # no bound (the default): one job at the run's own limit
+    fp32 = next(
+        e
+        for e in plan.estimate_runs(small_config(), build_run_table(config), [])
+        if e.run == fp32.run
+    )
+    assert fp32.jobs == 1 and "runtime_max" not in plan.plan_markdown(small_config(), [fp32], [])
+
+
+@pytest.mark.parametrize(
+    ("hardware", "checkpointing", "refusal"),
+    [
+        # 62 s of training in jobs of 50 s: 2 jobs, 1 resubmission, no retry left for it
+        ({"runtime_max": 3}, {"retries": 0}, "config key 'checkpointing.retries': value 0 is not "
+         "allowed: run w1_lb8_fp32_ddp_bk25_r0 needs a Slurm time limit of 4 min, past "
+         "hardware.runtime_max 3, so it runs as 2 jobs of 3 min, each after the first a "
+         "resubmission (a retry): at least 1"),
+        # no checkpoints, no warning: ceil(72 / 60) = 2 min past 1, and nothing to resume from
+        ({"runtime_max": 1}, {"enabled": False}, "config key 'checkpointing.enabled': value "
+         "false is not allowed: run w1_lb8_fp32_ddp_bk25_r0 needs a Slurm time limit of 2 min, "
+         "past hardware.runtime_max 1, and only a run that checkpoints goes on in another job"),
+        # a 2-min job: 120 s of warning lead and 10 s of start-up leave no training
+        ({"runtime_max": 2}, {}, "config key 'hardware.runtime_max': value 2 is not allowed: "
+         "run w1_lb8_fp32_ddp_bk25_r0 needs a Slurm time limit of 4 min, past "
+         "hardware.runtime_max 2, and a job of 2 min holds no training: its start-up (10 s) "
+         "and the USR1 warning's lead (120 s: checkpointing.signal_lead_s + 60) fill it"),
+    ],
+)  # fmt: skip
+def test_a_run_that_cannot_go_on_past_runtime_max_is_refused_before_any_job(
+    hardware, checkpointing, refusal
+):
+    config = split_config(**hardware)
+    config["checkpointing"].update(checkpointing)
+    with pytest.raises(PlanError) as info:
+        plan.estimate_runs(config, build_run_table(config), [])
+    assert str(info.value).startswith(refusal), str(info.value)
+    # a measured run takes no job: never refused
+    row = next(r for r in build_run_table(config) if r["run"] == "w1_lb8_fp32_ddp_bk25_r0")
+    done = estimate.estimate_run(config, row, estimate.Calibration(config, []), done=True)
+    assert done.jobs == 1
+
+
+def test_a_profiling_job_past_runtime_max_is_refused_before_any_job():
+    """A profiling job takes no checkpoints: past runtime_max it cannot go on in another job
+    (and its training run can: 5 retries). Start-up 600 s: its capture is about 20 min at
+    safety 2; TrainingPlan.refusal, which common.smk asks before any job, names it."""
+    config = split_config(runtime_max=15)
+    config["profiling"]["enabled"] = True
+    config["plan"]["startup_s"] = 600
+    config["checkpointing"]["retries"] = 5
+    refusal = resources.TrainingPlan(config, build_run_table(config), "absent.csv").refusal()
+    assert refusal.startswith(
+        "config key 'hardware.runtime_max': value 15 is not allowed: the profile_capture job of "
+        "run w1_lb8_bf16_ddp_bk25_r0 needs a Slurm time limit of 21 min, and a profiling job "
+        "cannot go on in another job (no checkpoints): lower profiling.start_step and "
+        "profiling.steps"
+    ), refusal
+    config["hardware"]["runtime_max"] = 60  # ncu: 5 runs of ~11 min at safety 2
+    refusal = resources.TrainingPlan(config, build_run_table(config), "absent.csv").refusal()
+    assert "the profile_ncu job of run" in refusal and "profiling.ncu.top_k" in refusal, refusal
+    config["hardware"]["runtime_max"] = None
+    assert resources.TrainingPlan(config, build_run_table(config), "absent.csv").refusal() is None
+
+
 def test_cpu_runs_cost_node_hours_but_no_gpu_hours():
     config = validate({**yaml.safe_load(yaml.safe_dump(SMALL)), "hardware": {"device": "cpu"}})
     config["families"]["precision"]["enabled"] = False
@@ -1279,6 +1378,34 @@ def test_dry_run_gives_each_profiling_job_the_time_limit_the_plan_prices(fresh):
     assert plan.profiling_total(config, by_run.values()).node_hours == pytest.approx(
         sum(e.nodes * limits[run] / 60 for run, e in by_run.items())
     )
+
+
+@pytest.mark.workflow
+def test_dry_run_caps_a_training_jobs_limit_at_runtime_max(fresh):
+    """Under the partition's MaxTime (hardware.runtime_max 12 min, the tiny runs' own limits
+    14: start-up 300 s x 1.5 and the 360-s USR1 lead) each training job asks Slurm for 12,
+    the run to go on in further jobs; too few retries for them is one line before any job."""
+    capped = fresh / "capped.yaml"
+    write_config(capped, {"hardware": {"runtime_max": 12}})
+    proc = snakemake(fresh, "--configfile", "tiny.yaml", "capped.yaml", "-n", stand_ins=True)
+    config = validate(deep_merge(tiny_config(fresh), yaml.safe_load(capped.read_text())))
+    estimates = plan.estimate_runs(config, build_run_table(config), [])
+    own = {
+        e.run: e.slurm_runtime_min
+        for e in plan.estimate_runs(tiny_config(fresh), build_run_table(config), [])
+    }
+    assert all(minutes > 12 for minutes in own.values()), own  # past the bound: capped
+    assert slurm_runtimes(proc.stdout + proc.stderr) == {e.run: 12 for e in estimates}
+    assert {e.jobs for e in estimates} == {3}  # 60 s of training a job before its warning
+    retries = fresh / "retries.yaml"
+    write_config(retries, {"checkpointing": {"retries": 1}})
+    proc = snakemake(
+        fresh, "--configfile", "tiny.yaml", "capped.yaml", "retries.yaml", "-n",
+        stand_ins=True, check=False,
+    )  # fmt: skip
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Traceback" not in text, text[-3000:]
+    assert "scalestudy plan: config key 'checkpointing.retries': value 1 is not allowed" in text
 
 
 @pytest.mark.workflow

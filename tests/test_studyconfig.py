@@ -421,6 +421,22 @@ def test_a_profile_window_beyond_the_epoch_names_the_key_that_can_change():
     assert "start_step at most" not in message, message
 
 
+def test_a_partitions_max_time_below_the_shortest_limit_is_refused():
+    """hardware.runtime_max below hardware.runtime_min: every job asks for runtime_min at least,
+    which the partition would never grant."""
+    cfg = minimal()
+    cfg["hardware"].update(runtime_min=30, runtime_max=20)
+    refused(
+        cfg,
+        "config key 'hardware.runtime_max': value 20 is not allowed: at least "
+        "hardware.runtime_min (30), the limit every job asks for at least",
+    )
+    cfg["hardware"]["runtime_max"] = 30
+    assert load_and_validate(cfg)["hardware"]["runtime_max"] == 30
+    del cfg["hardware"]["runtime_max"]
+    assert load_and_validate(cfg)["hardware"]["runtime_max"] is None  # no bound by default
+
+
 def test_unknown_dataset():
     refused(
         minimal(),

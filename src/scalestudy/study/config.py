@@ -510,6 +510,7 @@ def semantic_problems(config: dict) -> list[str]:
         *_device_problems(config),
         *_batch_problems(config),
         *memory_problems(config),
+        *limit_problems(config["hardware"]),
         *proposal_problems(config["proposal"]),
     ]
     if not problems and (runs := run_count(config)) > MAX_RUNS:
@@ -529,6 +530,21 @@ def semantic_problems(config: dict) -> list[str]:
         problems += config_problems(config, rows)
     # not a gate of the run table's checks above: it reads only the strong family's sweep
     return problems + target_problems(config)
+
+
+def limit_problems(hw: dict) -> list[str]:
+    """hardware.runtime_max is no shorter than hardware.runtime_min, the limit every job asks
+    for at least (a run's further jobs past runtime_max: study/estimate.py split_jobs)."""
+    most, least = hw["runtime_max"], hw["runtime_min"]
+    if most is not None and most < least:
+        return [
+            _bad(
+                "hardware.runtime_max",
+                most,
+                f"at least hardware.runtime_min ({least}), the limit every job asks for at least",
+            )
+        ]
+    return []
 
 
 def memory_problems(config: dict) -> list[str]:

@@ -15,6 +15,16 @@ The estimate of one training run (seconds), with the `plan:` section of the stud
            signal_lead_s before the limit, and Slurm may send it up to 60 s earlier (man sbatch,
            --signal), so it never comes before T_max * safety_factor
 
+A limit past hardware.runtime_max M (the partition's MaxTime) is M, and the run goes on in
+further jobs (`split_jobs`): each is warned (USR1) `lead` before M, checkpoints at its epoch's end
+and is resubmitted (a checkpointing.retries retry) to resume there after its own start-up S, so
+
+    jobs = ceil((T_max * safety_factor - S) / (60 M - lead - S))   (1 within M)
+    node-hours, GPU-hours: T + (jobs - 1) * S in place of T (each resumption's start-up)
+
+refused (PlanError) before any job with checkpointing off, checkpointing.retries below jobs - 1,
+or no training time in a job (60 M <= lead + S).
+
 T or the time limit beyond any float (X = 1e-310 images/s, a probe of 10**310 steps) is a PlanError
 naming the keys above, not an OverflowError.
 
@@ -225,6 +235,7 @@ PLAN_COLUMNS = (
     "interval_note",
     "extrapolated",
     "slurm_runtime_min",
+    "jobs",
     "node_hours",
     "gpu_hours",
     "energy_kwh",
@@ -255,6 +266,7 @@ class Estimate:
     throughput_img_s: float = 0.0
     startup_s: float = 0.0
     slurm_runtime_min: int = 0
+    jobs: int = 1  # Slurm jobs of the run: more than 1 past hardware.runtime_max (split_jobs)
     done: bool = False
     energy_j_per_img: float | None = None  # measured on comparable runs; None: not measured
     energy_basis: str = NOT_MEASURED  # or NOT_USED
@@ -267,12 +279,17 @@ class Estimate:
     extrapolated: bool = False
 
     @property
+    def held_s(self) -> float:
+        """Seconds its jobs hold their nodes: runtime_s, plus a start-up per resumption."""
+        return self.runtime_s + (self.jobs - 1) * self.startup_s
+
+    @property
     def node_hours(self) -> float:
-        return self.nodes * self.runtime_s / 3600
+        return self.nodes * self.held_s / 3600
 
     @property
     def gpu_hours(self) -> float:
-        return self.gpus * self.runtime_s / 3600
+        return self.gpus * self.held_s / 3600
 
     @property
     def energy_kwh(self) -> float | None:
@@ -376,6 +393,46 @@ def slurm_runtime_min(runtime_s: float, config: dict, warned: bool = True) -> in
     lead = checkpointing["signal_lead_s"] + SLURM_SIGNAL_EARLY_S if on else 0
     limit = math.ceil((runtime_s * config["plan"]["safety_factor"] + lead) / 60)
     return max(config["hardware"]["runtime_min"], limit)
+
+
+def split_jobs(
+    run: str, t_max: float, startup_s: float, limit: int, config: dict
+) -> tuple[int, int]:
+    """(jobs, time limit in minutes) of a training run whose one job would ask for `limit`
+    minutes: (1, limit) within hardware.runtime_max M, else (jobs, M) with jobs of the module
+    docstring. A PlanError, before any job, where the run cannot go on in further jobs: no
+    checkpoints, too few checkpointing.retries, or a job of M minutes that its start-up and the
+    USR1 lead fill."""
+    most = config["hardware"].get("runtime_max")
+    if most is None or limit <= most:
+        return 1, limit
+    checkpointing = config["checkpointing"]
+    past = f"run {run} needs a Slurm time limit of {limit} min, past hardware.runtime_max {most}"
+    if not checkpointing["enabled"]:
+        raise PlanError(
+            f"config key 'checkpointing.enabled': value false is not allowed: {past}, and only "
+            "a run that checkpoints goes on in another job; enable checkpointing, or shorten "
+            "the run (fewer epochs, more GPUs)"
+        )
+    lead = checkpointing["signal_lead_s"] + SLURM_SIGNAL_EARLY_S
+    per_job = most * 60 - lead - startup_s  # training seconds of one job before its warning
+    if per_job <= 0:
+        raise PlanError(
+            f"config key 'hardware.runtime_max': value {most} is not allowed: {past}, and a job "
+            f"of {most} min holds no training: its start-up ({startup_s:.0f} s) and the USR1 "
+            f"warning's lead ({lead} s: checkpointing.signal_lead_s + {SLURM_SIGNAL_EARLY_S}) "
+            "fill it"
+        )
+    safety = config["plan"]["safety_factor"]
+    jobs = math.ceil((t_max * safety - startup_s) / per_job)
+    if jobs - 1 > checkpointing["retries"]:
+        raise PlanError(
+            f"config key 'checkpointing.retries': value {checkpointing['retries']} is not "
+            f"allowed: {past}, so it runs as {jobs} jobs of {most} min, each after the first a "
+            f"resubmission (a retry): at least {jobs - 1}, or shorten the run (fewer epochs, "
+            "more GPUs)"
+        )
+    return jobs, most
 
 
 # ---------------------------------------------------------------------------------------------
@@ -764,11 +821,15 @@ def estimate_run(config: dict, row: dict, calibration: Calibration, done: bool =
                 )
             )
         # the plan's own 95% upper end where it has one: the limit at T alone was below it
-        limit = slurm_runtime_min(max(runtime, hi or runtime), config)
+        t_max = max(runtime, hi or runtime)
+        limit = slurm_runtime_min(t_max, config)
     except OverflowError:  # a 311-digit train.epochs in float arithmetic, ceil(inf) minutes
         raise _overflow(config, row, throughput, basis, (startup, startup_basis)) from None
     if not all(math.isfinite(t) for t in (runtime, lo or 0, hi or 0)):
         raise _overflow(config, row, throughput, basis, (startup, startup_basis))
+    jobs = 1
+    if not done:  # a measured run takes no job
+        jobs, limit = split_jobs(row["run"], t_max, startup, limit, config)
     return Estimate(
         rule="train",
         run=row["run"],
@@ -788,6 +849,7 @@ def estimate_run(config: dict, row: dict, calibration: Calibration, done: bool =
         throughput_img_s=throughput,
         startup_s=startup,
         slurm_runtime_min=limit,
+        jobs=jobs,
         done=done,
         energy_j_per_img=per_img,
         energy_basis=energy_basis,

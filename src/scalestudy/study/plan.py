@@ -486,8 +486,29 @@ def plan_markdown(
         ],
         "",
         *_no_interval(estimates),
+        *_split_lines(estimates, config),
     ]
     return "\n".join(lines)
+
+
+def _split_lines(estimates: list[Estimate], config: dict) -> list[str]:
+    """The runs whose time limit is past hardware.runtime_max: how many jobs each takes."""
+    split = [e for e in estimates if e.jobs > 1]
+    if not split:
+        return []
+    most = config["hardware"]["runtime_max"]
+    return [
+        f"Runs past hardware.runtime_max ({most} min) go on in further jobs (results/plan.csv, "
+        "jobs), each resubmitted after its USR1 warning and resuming "
+        "from its checkpoint (checkpointing.retries), its start-up counted again in the "
+        "node-hours: "
+        + "; ".join(
+            f"{jobs} jobs of {most} min: {', '.join(e.run for e in split if e.jobs == jobs)}"
+            for jobs in sorted({e.jobs for e in split})
+        )
+        + ".",
+        "",
+    ]
 
 
 def profiling_total(config: dict, estimates: Iterable[Estimate]) -> Total:

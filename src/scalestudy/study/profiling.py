@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from scalestudy import vocab
+from scalestudy.errors import PlanError
 from scalestudy.study.estimate import compute_seconds, slurm_runtime_min
 from scalestudy.study.runs import prepared_sizes, trainer_args
 from scalestudy.trainer.config import POWERSGD_START_ITER
@@ -92,10 +93,28 @@ def job_seconds(config: dict, row: dict, estimate) -> dict[str, float]:
     return {CAPTURE: capture, NCU: ncu}
 
 
+# what shortens each profiling job, for its refusal past hardware.runtime_max
+SHORTER = {
+    CAPTURE: "profiling.start_step and profiling.steps",
+    NCU: "profiling.ncu.top_k (a run per kernel) and profiling.ncu.launch_count",
+}
+
+
 def job_minutes(config: dict, row: dict, estimate, rule: str) -> int:
     """Slurm time limit of a profiling job (`rule`), minutes: job_seconds x plan.safety_factor,
-    at least hardware.runtime_min; no USR1 lead, as the job gets no --signal (train's only)."""
-    return slurm_runtime_min(job_seconds(config, row, estimate)[rule], config, warned=False)
+    at least hardware.runtime_min; no USR1 lead, as the job gets no --signal (train's only).
+    Past hardware.runtime_max a PlanError: a profiling job takes no checkpoints, so it cannot
+    go on in another job as a training run does (estimate.split_jobs)."""
+    minutes = slurm_runtime_min(job_seconds(config, row, estimate)[rule], config, warned=False)
+    most = config["hardware"].get("runtime_max")
+    if most is not None and minutes > most:
+        raise PlanError(
+            f"config key 'hardware.runtime_max': value {most} is not allowed: the {rule} job "
+            f"of run {row['run']} needs a Slurm time limit of {minutes} min, and a profiling "
+            f"job cannot go on in another job (no checkpoints): lower {SHORTER[rule]}, or "
+            "profile fewer runs (profiling.gpus, profiling.precisions)"
+        )
+    return minutes
 
 
 def profiling_jobs(config: dict, rows: list[dict], estimates: Mapping) -> list[ProfilingJob]:

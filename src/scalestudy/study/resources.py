@@ -282,11 +282,14 @@ class TrainingPlan:
 
     def refusal(self) -> str | None:
         """The plan's refusal of the measured runs (PlanError's one line, e.g. a runs.csv row
-        with throughput 0), None when the estimates compute. common.smk asks before any job:
+        with throughput 0) or of a job's time limit (hardware.runtime_max), None when the
+        estimates compute. common.smk asks before any job:
         raised inside `runtime` or `digest`, Snakemake wraps any error (SystemExit too) in an
         InputFunctionException with a traceback and another run's wildcards."""
         try:
             self.estimates  # noqa: B018 - computed (and cached) for its refusal
+            # and the profiling jobs' limits (hardware.runtime_max), asked of each by its rule
+            profiling.profiling_jobs(self.config, self.rows, self.estimates)
         except PlanError as exc:
             return str(exc)
         return None
