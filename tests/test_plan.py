@@ -416,7 +416,7 @@ def test_the_precision_level_rescales_the_nearest_measured_world_size():
     """fp32 measured at 1 GPU (100 img/s per GPU) and 2 GPUs (30 per GPU, a third of it): the
     4-GPU run was priced from their mean rescaled by eta, (100 / 1 + 30 / 0.75) / 2 x 0.5 =
     35 img/s per GPU, above what 2 GPUs measured; the nearest measured world size, 2, gives
-    30 / 0.75 x 0.5 = 20."""
+    30 / 0.75 x 0.5 = 20, at its local batch of 2 (the 2-GPU run's 4) half that: 10."""
     config = small_config()
     measured = [
         measured_row("w1_lb8_fp32_ddp_bk25_r0", 100.0, 1),
@@ -425,7 +425,7 @@ def test_the_precision_level_rescales_the_nearest_measured_world_size():
     est = {e.run: e for e in plan.estimate_runs(config, build_run_table(config), measured)}
     w4 = est["w4_lb2_fp32_ddp_bk25_r0"]
     assert w4.throughput_basis == "precision"
-    assert w4.throughput_img_s == pytest.approx(4 * 30 / 0.75 * 0.5)
+    assert w4.throughput_img_s == pytest.approx(4 * 30 * 2 / 4 / 0.75 * 0.5)
     # a tie in log2 W (1 and 4 around 2) takes the larger: 2 GPUs priced from 4
     four = [measured_row("w1_lb8_fp32_ddp_bk25_r0", 100.0, 1)]
     four.append(measured_row("w4_lb2_fp32_ddp_bk25_r0", 10.0, 4))
@@ -433,6 +433,25 @@ def test_the_precision_level_rescales_the_nearest_measured_world_size():
     w2 = est["w2_lb4_fp32_ddp_bk25_r0"]
     assert w2.throughput_basis == "precision"
     assert w2.throughput_img_s == pytest.approx(2 * 10 / 0.5 * 0.75)
+
+
+def test_the_precision_level_never_prices_a_run_faster_than_a_larger_batch_measured():
+    """The precision level took the mean of every run at the nearest world size, whatever its
+    local batch: a 4-GPU run (2 nodes, which the model cannot price without a measured
+    multi-node run) at local batch 2 went from 20 to 110 img/s per GPU once a run at local
+    batch 64 (300 per rank) joined the measured one at 4 (30), its runtime 2.7 x shorter. It
+    now takes the local batch nearest its own (4), at its step time: 30 x 2/4 / 0.75 x 0.5."""
+    config = small_config()
+    measured = [measured_row("w2_lb4_fp32_ddp_bk25_r0", 30.0, 2)]
+    alone = {e.run: e for e in plan.estimate_runs(config, build_run_table(config), measured)}
+    w4 = alone["w4_lb2_fp32_ddp_bk25_r0"]
+    assert w4.throughput_basis == "precision"
+    assert w4.throughput_img_s == pytest.approx(4 * 30 * 2 / 4 / 0.75 * 0.5)
+    big = measured_row("w2_lb4_fp32_ddp_bk25_r0", 300.0, 2)
+    big.update(run="w2_lb64_fp32_ddp_bk25_r0", local_batch="64", global_batch="128")
+    est = {e.run: e for e in plan.estimate_runs(config, build_run_table(config), [*measured, big])}
+    assert est[w4.run].throughput_basis == "precision"
+    assert est[w4.run].throughput_img_s == pytest.approx(w4.throughput_img_s)
 
 
 def test_the_world_size_level_never_prices_a_run_faster_than_a_larger_batch_measured():
@@ -491,11 +510,12 @@ def test_calibration_levels_and_startup():
     same = est["w1_lb8_fp32_ddp_bk25_r0"]
     assert same.done and same.throughput_basis == "run" and same.startup_basis == "world size"
     assert same.runtime_s == pytest.approx(56.0)  # throughput 50, startup 4 s
-    # other world sizes of fp32: the measured rate / eta(1) * eta(W); startup from all runs
+    # other world sizes of fp32: the measured rate / eta(1) * eta(W), at the measured local
+    # batch's step time (8 for the run's 2: a quarter of it); startup from all runs
     w4 = est["w4_lb2_fp32_ddp_bk25_r0"]
     assert w4.throughput_basis == "precision" and w4.startup_basis == "all"
-    # X = 50*0.5*4, and the probe's 176 images (HAND)
-    assert w4.runtime_s == pytest.approx(2 * (1200 / 100 + 300 / 300) + 176 / 100 + 4)
+    # X = 50 x 2/8 x 0.5 x 4 = 25, and the probe's 176 images (HAND)
+    assert w4.runtime_s == pytest.approx(2 * (1200 / 25 + 300 / 75) + 176 / 25 + 4)
     # bf16 was never measured: default throughput, calibrated startup only
     bf16 = est["w1_lb8_bf16_ddp_bk25_r0"]
     assert bf16.throughput_basis == "default" and bf16.startup_basis == "world size"

@@ -77,7 +77,10 @@ levels, the first that has measurements taken:
     5. precision  the same precision at the measured world size nearest W (in log2 W, the
                   larger on a tie), as x_rank / eta(W_measured) * eta(W): a mean over every
                   measured world size let eta's guess stand in for the scaling the runs
-                  measured (the CPU demo priced 8 ranks at 5.7 x its 4-rank throughput)
+                  measured (the CPU demo priced 8 ranks at 5.7 x its 4-rank throughput); of
+                  its runs, those at the local batch nearest the run's, a larger one at its
+                  step time, as in 3 (their mean over every local batch priced a local batch
+                  of 2 at 5.5 x the rate measured at 4, beside a run measured at 64)
 
 The batch and world-size levels take the runs of the run's own bucket_cap_mb before the model,
 and those of any cap after it (LOOKUP: run, batch and world size at its cap, model, batch and
@@ -681,6 +684,14 @@ def on_measured(fn, rows: list[dict]):
         raise PlanError(f"{source}: {exc}") from None
 
 
+def _at_nearest_batch(batches: dict[int, list[float]], local_batch: int) -> float:
+    """The mean per-rank rate measured at the local batch nearest `local_batch` (in log2; the
+    smaller on a tie), a larger one at its step time: a smaller batch takes no longer per step,
+    and its rate is no more than that (a GPU's per-rank rate grows with its batch)."""
+    nearest = min(batches, key=lambda m: (abs(math.log2(m / local_batch)), m))
+    return statistics.fmean(batches[nearest]) * min(1.0, local_batch / nearest)
+
+
 @dataclasses.dataclass
 class Calibration:
     """Measured per-rank throughput and start-up per level, ready to look runs up in."""
@@ -693,9 +704,9 @@ class Calibration:
         # a run measured with other threads per rank, or on another GPU, says nothing about
         # this study's speed
         self.measured = calibrating(self.config, self.measured)
-        # (base, level, key) -> measured world size (world size's: measured local batch) ->
-        # per-rank images/s (precision's: / eta)
-        self._levels: dict[tuple, dict[int, list[float]]] = {}
+        # (base, level, key) -> measured world size (world size's: measured local batch;
+        # precision's: both) -> per-rank images/s (precision's: / eta)
+        self._levels: dict[tuple, dict] = {}
         self._startup: dict[tuple, list[float]] = {}
         self._energy: dict[tuple, list[float]] = {}
         self._fits: dict[tuple, model.Fit | None] = {}  # per base, fitted when first asked
@@ -710,7 +721,7 @@ class Calibration:
             per_rank = float(row["throughput_img_s_per_rank"])
             for level in MEASURED_LEVELS:
                 value = per_rank / efficiency(plan, w, nodes) if level == "precision" else per_rank
-                inner = lb if level == "world size" else w
+                inner = {"world size": lb, "precision": (w, lb)}.get(level, w)
                 # OTHER_CAP_LEVELS: at the run's own cap (level, cap), and at any cap (level)
                 # (a blank cap is None: once, not twice, under the any-cap key)
                 caps = {_cap(row), None} if level in OTHER_CAP_LEVELS else {None}
@@ -737,17 +748,16 @@ class Calibration:
             if cap and mine is None:  # no cap to look up: left to the any-cap pass
                 sizes = None
             if level == "world size" and sizes:
-                # the nearest measured local batch (in log2; the smaller on a tie), a larger one
-                # at its step time: a smaller batch takes no longer per step, and its rate is no
-                # more than that (a GPU's per-rank rate grows with its batch)
-                lb = row["local_batch"]
-                nearest = min(sizes, key=lambda m: (abs(math.log2(m / lb)), m))
-                return statistics.fmean(sizes[nearest]) * min(1.0, lb / nearest), level, None
-            if sizes:
-                w = row["world_size"]  # the other levels hold one world size, W itself
+                return _at_nearest_batch(sizes, row["local_batch"]), level, None
+            if level == "precision" and sizes:
+                w = row["world_size"]  # the nearest measured world size (the larger on a tie)
+                nearest = min({m for m, _ in sizes}, key=lambda m: (abs(math.log2(m / w)), -m))
+                batches = {lb: values for (m, lb), values in sizes.items() if m == nearest}
+                return _at_nearest_batch(batches, row["local_batch"]) * eta, level, None
+            if sizes:  # the run and batch levels, which hold one world size, W itself
+                w = row["world_size"]
                 nearest = min(sizes, key=lambda m: (abs(math.log2(m / w)), -m))
-                mean = statistics.fmean(sizes[nearest])
-                return (mean * eta if level == "precision" else mean), level, None
+                return statistics.fmean(sizes[nearest]), level, None
         return plan["throughput_img_s_per_gpu"][row["precision"]] * eta, "default", None
 
     def model_step(self, row: dict) -> model.Prediction | None:

@@ -373,8 +373,9 @@ def plan_markdown(
         "(basis `model`: x_rank = local_batch / T_step, study/model.py, fitted to the measured "
         "DDP runs; runtime with its 95% prediction interval; `model, extrapolated` "
         f"{model.EXTRAPOLATED}), else the same precision at the nearest measured "
-        "world size, rescaled by eta; the first two levels take runs of the run's own bucket "
-        "cap before the model and of any cap after it. startup_s "
+        "world size, rescaled by eta, at its nearest measured local batch as above; the batch "
+        "and world-size levels take runs of the run's own bucket cap before the model and of "
+        "any cap after it. startup_s "
         "comes from Snakemake's measured job wall times wherever there are some, for a run of "
         "basis `default` too (`+startup` in the Runs table).",
         "",

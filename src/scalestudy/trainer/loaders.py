@@ -256,6 +256,7 @@ def _meta_value_ok(key: str, value) -> bool:
         return whole(value)
     if key.endswith("_shape"):  # N x C x H x W
         return isinstance(value, list) and len(value) == 4 and all(whole(v) for v in value)
+
     def finite(v) -> bool:  # a 401-digit integer is no float: isfinite's OverflowError
         try:
             return math.isfinite(v)
