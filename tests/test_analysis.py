@@ -468,6 +468,36 @@ def test_runs_of_one_configuration_that_differ_in_another_setting_are_refused():
         analysis.check_runs([a, {**repeat, "nodes": "2"}], "runs.csv")
 
 
+def test_a_familys_runs_that_differ_in_what_it_keeps_one_value_are_refused():
+    """The strong and weak baselines are the family's smallest world size: a runs.csv merged by
+    hand with fp32 at 1 GPU and bf16 at 4 (or cifar10 DDP at 1, mnist FSDP at 4) gave a
+    strong efficiency of 0.95 and a pass against the other experiment. A family's runs may
+    differ in their world size, its batches and the family's own sweep only."""
+    runs = [run("w1", "strong", 1, 256, 1000, repeat=r) for r in (0, 1)]
+    runs += [run("w4", "strong", 4, 64, 3800, precision="bf16", repeat=r) for r in (0, 1)]
+    with pytest.raises(AnalysisError) as e:
+        analysis.check_runs(runs, "merged.csv")
+    assert str(e.value) == (
+        "merged.csv: runs 'w1_r0' and 'w4_r0' are of family strong but differ in precision "
+        "('fp32' and 'bf16'), which the family keeps one value: its figures would compare them "
+        "as one experiment; analyze the runs of one study (one runs.csv of `scalestudy collect`)"
+    )
+    for r in runs:
+        r["precision"] = "fp32"
+    analysis.check_runs(runs, "runs.csv")  # a study's strong family: W and its batches vary
+    for r, dataset in zip(runs, ["cifar10", "cifar10", "mnist", "mnist"], strict=True):
+        r["dataset"] = dataset
+    with pytest.raises(AnalysisError, match="family strong but differ in dataset"):
+        analysis.check_runs(runs, "runs.csv")
+    # the precision family sweeps precision, the bucket family bucket_cap_mb
+    swept = [run("p1", "precision", 1, 64, 1000), run("p2", "precision", 2, 64, 1900, precision="bf16")]
+    swept += [run("b1", "bucket", 2, 64, 1800, bucket=1), run("b2", "bucket", 2, 64, 1900)]
+    analysis.check_runs(swept, "runs.csv")
+    swept[3]["precision"] = "bf16"
+    with pytest.raises(AnalysisError, match="family bucket but differ in precision"):
+        analysis.check_runs(swept, "runs.csv")
+
+
 def test_resources_energy_kwh_from_measured_joules_per_image():
     """kWh = sum of energy_j_per_img x epochs x steps_per_epoch x global_batch / 3.6e6, per
     family and for the study (a run in two families counted once there); null when any run of

@@ -1372,6 +1372,32 @@ def check_runs(
 
 # the run-table columns in which the repeats of one configuration differ
 REPEAT_COLUMNS = ("run", "families", "repeat", "seed")
+# what the runs of one family may differ in (study/runs.py _requests): their world size, its
+# placement and batches (the efficiencies are per image and per step), and the family's own
+# sweep; every other column (precision, dataset, model, strategy, ...) is its baseline's
+VARY_IN_A_FAMILY = ("nodes", "ranks_per_node", "world_size", "gpus") + (
+    "local_batch",
+    "global_batch",
+    "accum_steps",
+)
+FAMILY_VARIES = {
+    "strong": (),
+    "weak": (),
+    "precision": ("precision",),
+    "bucket": ("bucket_cap_mb",),
+}
+
+
+def _differing(first: dict, other: dict, skip: tuple[str, ...]) -> str | None:
+    """The first run-table column, not in `skip`, in which two runs that both record it
+    differ."""
+    for column in RUN_COLUMNS:
+        if column in skip or column not in first or column not in other:
+            continue
+        values = first[column], other[column]
+        if "" not in values and None not in values and not same(*values):
+            return column
+    return None
 
 
 def check_one_configuration(runs: list[dict], path: str) -> None:
@@ -1379,26 +1405,39 @@ def check_one_configuration(runs: list[dict], path: str) -> None:
     run-table column (strategy, nodes, comm_hook, ...) than REPEAT_COLUMNS, where both record
     it: a runs.csv merged by hand of a DDP and an FSDP study averaged the two, its spread the
     gap between them."""
+    one_study = "analyze the runs of one study (one runs.csv of `scalestudy collect`)"
     for key, members in group_runs(runs).items():
         first = members[0]
         for other in members[1:]:
-            for column in RUN_COLUMNS:
-                if column in REPEAT_COLUMNS or column not in first or column not in other:
-                    continue
-                values = first[column], other[column]
-                if "" not in values and None not in values and not same(*values):
-                    family, world_size, local_batch, precision, bucket = key
-                    cell = (
-                        f"family {family}, world size {world_size}, local batch {local_batch}, "
-                        f"precision {precision}, bucket {bucket:g} MiB"
-                    )
-                    raise AnalysisError(
-                        f"{path}: runs {first['run']!r} and {other['run']!r} are of one "
-                        f"configuration ({cell}) but differ in {column} "
-                        f"({first[column]!r} and {other[column]!r}): the tables would average "
-                        "them as repeats; analyze the runs of one study (one runs.csv of "
-                        "`scalestudy collect`)"
-                    )
+            if column := _differing(first, other, REPEAT_COLUMNS):
+                family, world_size, local_batch, precision, bucket = key
+                cell = (
+                    f"family {family}, world size {world_size}, local batch {local_batch}, "
+                    f"precision {precision}, bucket {bucket:g} MiB"
+                )
+                raise AnalysisError(
+                    f"{path}: runs {first['run']!r} and {other['run']!r} are of one "
+                    f"configuration ({cell}) but differ in {column} "
+                    f"({first[column]!r} and {other[column]!r}): the tables would average "
+                    f"them as repeats; {one_study}"
+                )
+    # and the runs of a family are one experiment swept over its world sizes and own values:
+    # a runs.csv merged by hand with fp32 at 1 GPU and bf16 at 4 (or another dataset, model)
+    # gave a strong efficiency against the other run as its baseline
+    for family, varies in FAMILY_VARIES.items():
+        members = [r for r in runs if family in str(r["families"]).split(";")]
+        if not members:
+            continue
+        base = min(members, key=lambda r: int(r["world_size"]))
+        skip = REPEAT_COLUMNS + VARY_IN_A_FAMILY + varies
+        for other in members:
+            if column := _differing(base, other, skip):
+                raise AnalysisError(
+                    f"{path}: runs {base['run']!r} and {other['run']!r} are of family "
+                    f"{family} but differ in {column} ({base[column]!r} and "
+                    f"{other[column]!r}), which the family keeps one value: its figures would "
+                    f"compare them as one experiment; {one_study}"
+                )
 
 
 def run_row_problem(
