@@ -76,7 +76,7 @@ def test_squeue_that_fails_or_is_missing_refuses_with_the_reason(tmp_path):
         tmp_path, "echo 'squeue: error: Unable to contact slurm controller' >&2\nexit 1\n"
     )
     line = sq.refusal(str(tmp_path), env)
-    assert line.startswith(f"`squeue --user={os.getuid()} --noheader --format ")
+    assert line.startswith(f"`squeue --user={os.getuid()} --all --noheader --format ")
     assert "failed (exit 1: squeue: error: Unable to contact slurm controller)" in line
     assert "\x1f" not in line  # the format's field separator: invisible, and no command
     missing = sq.refusal(str(tmp_path), {"PATH": str(tmp_path / "empty")})

@@ -14,8 +14,11 @@ working directory are still in the queue (jobs/slurm_queue.py, with the real squ
 
 from __future__ import annotations
 
+import pwd
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -143,6 +146,41 @@ def test_a_run_while_an_earlier_runs_jobs_are_queued_is_refused_before_any_job(
         cluster.run(["scancel", earlier])
     cluster.wait_gone(earlier)
     assert slurm_queue.refusal(str(work), cluster.env) == ""  # gone: a run may start
+
+
+def test_an_earlier_runs_job_in_a_hidden_partition_is_found(slurm_cluster):
+    """squeue leaves out the jobs of a Hidden=YES partition unless asked (--all), even its own
+    user's (root sees them all: the job is a user's here, `nobody`'s): a profile whose
+    slurm_partition is one (a site's, known by name) hid the earlier run's jobs, and the rerun
+    submitted the same runs again into the same directories."""
+    cluster = slurm_cluster(2)
+    hidden, user = "scalestudy_hidden", pwd.getpwnam("nobody")
+    as_user = ["runuser", "-u", user.pw_name, "--"]
+    work = Path(tempfile.mkdtemp(prefix="scalestudy-hidden-"))  # the user's to enter
+    work.chmod(0o755)
+    nodes = ",".join(cluster.nodes)
+    cluster.run(["scontrol", "create", f"PartitionName={hidden}", f"Nodes={nodes}", "Hidden=YES"])
+    try:
+        job = cluster.run(
+            [*as_user, "sbatch", "--parsable", "-p", hidden, "-D", str(work), "-t", "5",
+             "--comment", "rule_train_wildcards_w2_lb32_fp32_ddp_bk25_r0", "--mem=100",
+             "-o", "/dev/null", "--wrap", "sleep 300"],
+            cwd=work,
+        ).stdout.strip().split(";")[0]  # fmt: skip
+        try:
+            command = [*as_user, *slurm_queue.squeue_command(uid=user.pw_uid)]
+            listed = slurm_queue.parse_squeue(cluster.run(command, cwd=work).stdout)
+            found = slurm_queue.earlier_run_jobs(listed, str(work))
+            assert [(j.job_id, j.what) for j in found] == [(job, "train w2_lb32_fp32_ddp_bk25_r0")]
+            # without --all its own user's squeue shows nothing: what the check saw before
+            plain = [word for word in command if word != "--all"]
+            assert cluster.run(plain, cwd=work).stdout.strip() == ""
+        finally:
+            cluster.run(["scancel", job])
+        cluster.wait_gone(job)
+    finally:
+        cluster.run(["scontrol", "delete", f"PartitionName={hidden}"])
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def test_a_job_started_after_its_config_was_edited_stops_before_training(slurm_cluster, tmp_path):

@@ -31,10 +31,12 @@ FORMAT = SEP.join(["%i", "%T", "%Z", "%k"])
 
 def squeue_command(uid: int | None = None) -> list[str]:
     """squeue for this user's jobs: --user with the uid (squeue takes names or ids), not --me,
-    which Slurm before 20.11 does not know."""
+    which Slurm before 20.11 does not know; --all, for those in hidden partitions too (squeue
+    leaves them out: a profile's partition that is Hidden=YES hid the earlier run's jobs)."""
     return [
         "squeue",
         f"--user={os.getuid() if uid is None else uid}",
+        "--all",
         "--noheader",
         "--format",
         FORMAT,
