@@ -120,7 +120,9 @@ def summary(timer: HostStepTimer) -> dict:
 def profile_text(timer: HostStepTimer, top: int = 40) -> str | None:
     """pstats of the profiled steps by their own time; a one-line note instead when none of
     them ran (a --cprofile-from past the run's last step: the profile holds no data, and
-    pstats would raise after the whole training)."""
+    pstats would raise after the whole training), or when the window ran past the last step:
+    the profiler, never switched off, then held the evaluation, writes and teardown after
+    training too, printed as the profiled steps."""
     if not timer.cprofile:
         return None
     first, stop = timer.profiled.start, timer.profiled.stop
@@ -128,6 +130,12 @@ def profile_text(timer: HostStepTimer, top: int = 40) -> str | None:
         return (
             f"cProfile: no step profiled: --cprofile-from {first} is past the run's last step "
             f"({timer.index - 1}; steps count from 0)"
+        )
+    if stop > timer.index:
+        return (
+            f"cProfile: not printed: the window, steps {first}-{stop - 1}, runs past the run's "
+            f"last step ({timer.index - 1}), so the profile holds what came after training "
+            f"too; give --cprofile-steps {timer.index - first} or fewer"
         )
     buf = io.StringIO()
     stats = pstats.Stats(timer.cprofile, stream=buf)

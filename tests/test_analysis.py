@@ -490,7 +490,10 @@ def test_a_familys_runs_that_differ_in_what_it_keeps_one_value_are_refused():
     with pytest.raises(AnalysisError, match="family strong but differ in dataset"):
         analysis.check_runs(runs, "runs.csv")
     # the precision family sweeps precision, the bucket family bucket_cap_mb
-    swept = [run("p1", "precision", 1, 64, 1000), run("p2", "precision", 2, 64, 1900, precision="bf16")]
+    swept = [
+        run("p1", "precision", 1, 64, 1000),
+        run("p2", "precision", 2, 64, 1900, precision="bf16"),
+    ]
     swept += [run("b1", "bucket", 2, 64, 1800, bucket=1), run("b2", "bucket", 2, 64, 1900)]
     analysis.check_runs(swept, "runs.csv")
     swept[3]["precision"] = "bf16"

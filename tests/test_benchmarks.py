@@ -850,13 +850,18 @@ def test_step_anatomy_refuses_a_cprofile_window_without_a_first_step(capsys, fla
     assert exit_.value.code == 2 and err.splitlines() == [err.strip()] and says in err, err
 
 
-@pytest.mark.parametrize("first, says", [(100, "no step profiled"), (5, "function calls")])
+@pytest.mark.parametrize(
+    "first, says",
+    [(100, "no step profiled"), (5, "function calls"), (7, "runs past the run's last step")],
+)
 def test_step_anatomy_reports_a_cprofile_window_past_the_last_step(
     tmp_path, monkeypatch, capsys, first, says
 ):
     """--cprofile-from past the run's last step (8 steps here, by a stand-in trainer that drives
     the host step timer as the loop does): the table and --json as always, the profile a
-    one-line note; a window inside the run: pstats of its steps."""
+    one-line note; a window inside the run: pstats of its steps. A window that starts in the
+    run and ends past it (steps 7-8) was printed as the profiled steps, holding what came after
+    training too (evaluation, writes): a one-line note."""
     import torch
 
     anatomy = load_benchmark("step_anatomy")
@@ -884,6 +889,12 @@ def test_step_anatomy_reports_a_cprofile_window_past_the_last_step(
         assert r["cprofile"].splitlines() == [r["cprofile"]], r["cprofile"]
         assert "--cprofile-from 100 is past the run's last step (7;" in r["cprofile"]
         assert r["host_ms"]["steps"] == 6  # every window step kept: none was profiled
+    elif first == 7:
+        assert r["cprofile"] == (
+            "cProfile: not printed: the window, steps 7-8, runs past the run's last step (7), "
+            "so the profile holds what came after training too; give --cprofile-steps 1 or "
+            "fewer"
+        )
     else:
         assert r["host_ms"]["steps"] == 4  # steps 5 and 6 profiled, left out
 
