@@ -400,6 +400,9 @@ def test_strong_evidence_chooses_the_knee(strong):
         assert "thin" not in text.lower()
         assert re.search(r"falls to 60\.\d", text)
     assert "| production at 4 ranks | 3 |" in docs["proposal.md"]
+    # E_s's spread is in percent as E_s: its header says so (a bare "std" beside images/s' std)
+    assert "| efficiency E_s | std (%) |" in docs["proposal.md"]
+    assert "$E_s$ (\\%) & std (\\%)" in docs["proposal.tex"]
     # a measured scale, not the baseline: the slides give its E_s with its n
     slides = " ".join(docs["slides.tex"].split())
     assert "Chosen: 4 ranks (1 node), $E_s$ = 80.0\\,\\% ($n$ = 3)" in slides

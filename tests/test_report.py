@@ -755,6 +755,9 @@ def test_a_study_without_a_25_mib_run_still_renders_and_says_why_there_is_no_mod
         assert report.numbers_backed_by_csvs(text, tables) == [], name
     study = docs["study.md"]
     assert "DDP's default of 25 MiB" in study
+    # no --figures (a hand-run render-report's default): said, not an empty Figures section
+    assert "No figures: render-report was given none" in study
+    assert "No figures: render-report was given none" in docs["paper.tex"]
     [fit] = [r for r in tables["model"] if r["name"] == "fit"]
     assert fit["note"].startswith("no fit: ") and fit["note"] in study
 
