@@ -135,8 +135,8 @@ def test_a_run_past_runtime_max_goes_on_in_further_jobs():
     limit anyway (sbatch refuses it, or it pends for ever). It asks for runtime_max, and the
     run goes on in further jobs, each warned 120 s before it and resuming after its start-up
     (10 s). The fp32 1-GPU run, T = 36 s at safety 2, needs ceil((72 + 120) / 60) = 4 min;
-    a 3-min job trains 180 - 120 - 10 = 50 s before its warning, so its 72 - 10 = 62 s of
-    training take 2 jobs, and the second job's start-up is held too (36 + 10 s)."""
+    a 3-min job trains 180 - 120 - 10 x 2 = 40 s before its warning, so its (36 - 10) x 2 =
+    52 s of training take 2 jobs, and the second job's start-up is held too (36 + 10 s)."""
     config = split_config(runtime_max=3)
     estimates = {e.run: e for e in plan.estimate_runs(config, build_run_table(config), [])}
     fp32 = estimates["w1_lb8_fp32_ddp_bk25_r0"]
@@ -181,8 +181,16 @@ def test_a_run_past_runtime_max_goes_on_in_further_jobs():
         # a 2-min job: 120 s of warning lead and 10 s of start-up leave no training
         ({"runtime_max": 2}, {}, "config key 'hardware.runtime_max': value 2 is not allowed: "
          "run w1_lb8_fp32_ddp_bk25_r0 needs a Slurm time limit of 4 min, past "
-         "hardware.runtime_max 2, and a job of 2 min holds no training: its start-up (10 s) "
-         "and the USR1 warning's lead (120 s: checkpointing.signal_lead_s + 60) fill it"),
+         "hardware.runtime_max 2, and a job of 2 min holds no training: its start-up (10 s x "
+         "plan.safety_factor) and the USR1 warning's lead (120 s: checkpointing.signal_lead_s "
+         "+ 60) fill it"),
+        # 10 img/s: epochs of 120 + 10 s, 260 s at safety 2, longer than the 60-s lead: every
+        # job was killed at its limit inside an epoch, no checkpoint written, and went again
+        ({"runtime_max": 8}, {"retries": 9}, "config key 'checkpointing.signal_lead_s': value "
+         "60 is not allowed: run w1_lb8_fp32_ddp_bk25_r0 needs a Slurm time limit of 11 min, "
+         "past hardware.runtime_max 8, so each of its jobs stops at the end of the epoch in "
+         "progress at its USR1 warning, and an epoch (130 s x plan.safety_factor) would not end "
+         "within the lead: at least 260"),
     ],
 )  # fmt: skip
 def test_a_run_that_cannot_go_on_past_runtime_max_is_refused_before_any_job(
@@ -190,6 +198,8 @@ def test_a_run_that_cannot_go_on_past_runtime_max_is_refused_before_any_job(
 ):
     config = split_config(**hardware)
     config["checkpointing"].update(checkpointing)
+    if "retries" in checkpointing and checkpointing["retries"] == 9:  # the slow epochs' case
+        config["plan"]["throughput_img_s_per_gpu"]["fp32"] = 10
     with pytest.raises(PlanError) as info:
         plan.estimate_runs(config, build_run_table(config), [])
     assert str(info.value).startswith(refusal), str(info.value)
@@ -200,23 +210,23 @@ def test_a_run_that_cannot_go_on_past_runtime_max_is_refused_before_any_job(
 
 
 def test_a_profiling_job_past_runtime_max_is_refused_before_any_job():
-    """A profiling job takes no checkpoints: past runtime_max it cannot go on in another job
-    (and its training run can: 5 retries). Start-up 600 s: its capture is about 20 min at
-    safety 2; TrainingPlan.refusal, which common.smk asks before any job, names it."""
-    config = split_config(runtime_max=15)
+    """A profiling job takes no checkpoints: past runtime_max it cannot go on in another job,
+    as its training run can. profile_ncu starts the run once per kernel (ncu.top_k 5) at a
+    start-up of 600 s: about 115 min at safety 2, past 60 (the training runs fit: 23 min);
+    TrainingPlan.refusal, which common.smk asks before any job, names it. (A capture job fits
+    wherever its run does: its window is at most an epoch, which fits the USR1 lead.)"""
+    config = split_config(runtime_max=60)
     config["profiling"]["enabled"] = True
     config["plan"]["startup_s"] = 600
-    config["checkpointing"]["retries"] = 5
     refusal = resources.TrainingPlan(config, build_run_table(config), "absent.csv").refusal()
     assert refusal.startswith(
-        "config key 'hardware.runtime_max': value 15 is not allowed: the profile_capture job of "
-        "run w1_lb8_bf16_ddp_bk25_r0 needs a Slurm time limit of 21 min, and a profiling job "
-        "cannot go on in another job (no checkpoints): lower profiling.start_step and "
-        "profiling.steps"
+        "config key 'hardware.runtime_max': value 60 is not allowed: the profile_ncu job of "
+        "run w1_lb8_bf16_ddp_bk25_r0 needs a Slurm time limit of "
     ), refusal
-    config["hardware"]["runtime_max"] = 60  # ncu: 5 runs of ~11 min at safety 2
-    refusal = resources.TrainingPlan(config, build_run_table(config), "absent.csv").refusal()
-    assert "the profile_ncu job of run" in refusal and "profiling.ncu.top_k" in refusal, refusal
+    assert "lower profiling.ncu.top_k (a run per kernel) and profiling.ncu.launch_count" in refusal
+    config["profiling"]["ncu"]["enabled"] = False  # the captures alone fit
+    assert resources.TrainingPlan(config, build_run_table(config), "absent.csv").refusal() is None
+    config["profiling"]["ncu"]["enabled"] = True
     config["hardware"]["runtime_max"] = None
     assert resources.TrainingPlan(config, build_run_table(config), "absent.csv").refusal() is None
 
@@ -1402,30 +1412,41 @@ def test_dry_run_gives_each_profiling_job_the_time_limit_the_plan_prices(fresh):
 
 @pytest.mark.workflow
 def test_dry_run_caps_a_training_jobs_limit_at_runtime_max(fresh):
-    """Under the partition's MaxTime (hardware.runtime_max 12 min, the tiny runs' own limits
-    14: start-up 300 s x 1.5 and the 360-s USR1 lead) each training job asks Slurm for 12,
-    the run to go on in further jobs; too few retries for them is one line before any job."""
-    capped = fresh / "capped.yaml"
-    write_config(capped, {"hardware": {"runtime_max": 12}})
-    proc = snakemake(fresh, "--configfile", "tiny.yaml", "capped.yaml", "-n", stand_ins=True)
-    config = validate(deep_merge(tiny_config(fresh), yaml.safe_load(capped.read_text())))
-    estimates = plan.estimate_runs(config, build_run_table(config), [])
+    """Under the partition's MaxTime (hardware.runtime_max) each training job asks Slurm for
+    no more, its run to go on in further jobs (their count in the dry-run table); too few
+    retries for them is one line before any job. The tiny runs get 3000 epochs (a dry-run:
+    nothing trains) and a 60-s USR1 lead, so that the longest needs more than a job of
+    runtime_max after its 300-s start-up."""
+    longer = {"train": {"epochs": 3000}, "checkpointing": {"signal_lead_s": 60, "retries": 9}}
+    config = validate(deep_merge(tiny_config(fresh), yaml.safe_load(yaml.safe_dump(longer))))
     own = {
-        e.run: e.slurm_runtime_min
-        for e in plan.estimate_runs(tiny_config(fresh), build_run_table(config), [])
+        e.run: e.slurm_runtime_min for e in plan.estimate_runs(config, build_run_table(config), [])
     }
-    assert all(minutes > 12 for minutes in own.values()), own  # past the bound: capped
-    assert slurm_runtimes(proc.stdout + proc.stderr) == {e.run: 12 for e in estimates}
-    assert {e.jobs for e in estimates} == {3}  # 60 s of training a job before its warning
-    retries = fresh / "retries.yaml"
-    write_config(retries, {"checkpointing": {"retries": 1}})
+    # a job long enough for its start-up x 1.5 and the lead, shorter than the longest run
+    most = math.ceil((300 * 1.5 + 120) / 60) + 2
+    assert max(own.values()) > most, own
+    capped = fresh / "capped.yaml"
+    write_config(capped, deep_merge(longer, {"hardware": {"runtime_max": most}}))
+    config["hardware"]["runtime_max"] = most
+    estimates = {e.run: e for e in plan.estimate_runs(config, build_run_table(config), [])}
+    split = [e for e in estimates.values() if e.jobs > 1]
+    assert split and all(e.slurm_runtime_min == most for e in split)
+    proc = snakemake(fresh, "--configfile", "tiny.yaml", "capped.yaml", "-n", stand_ins=True)
+    text = proc.stdout + proc.stderr
+    assert slurm_runtimes(text) == {r: e.slurm_runtime_min for r, e in estimates.items()}
+    assert all(minutes <= most for minutes in slurm_runtimes(text).values())
+    for e in split:
+        assert re.search(rf"^train\s+{e.run}\s.*\({e.jobs} jobs\)$", text, re.M), text[-3000:]
+    assert f"(+{sum(e.jobs - 1 for e in split)} resubmissions past hardware.runtime_max)" in text
+    few = fresh / "few.yaml"
+    write_config(few, {"checkpointing": {"retries": 0}})
     proc = snakemake(
-        fresh, "--configfile", "tiny.yaml", "capped.yaml", "retries.yaml", "-n",
+        fresh, "--configfile", "tiny.yaml", "capped.yaml", "few.yaml", "-n",
         stand_ins=True, check=False,
     )  # fmt: skip
     text = proc.stdout + proc.stderr
     assert proc.returncode != 0 and "Traceback" not in text, text[-3000:]
-    assert "scalestudy plan: config key 'checkpointing.retries': value 1 is not allowed" in text
+    assert "scalestudy plan: config key 'checkpointing.retries': value 0 is not allowed" in text
 
 
 @pytest.mark.workflow

@@ -458,7 +458,7 @@ def test_the_printed_energy_rows_add_up_to_the_printed_total(tmp_path, monkeypat
     for x in kwh:
         assert len(x.normalize().as_tuple().digits) <= 3, x
     # the rounding is up, from the members' sum
-    Est = type("Est", (), {"nodes": 1, "gpus": 2, "runtime_s": 600.0})
+    Est = type("Est", (), {"nodes": 1, "gpus": 2, "runtime_s": 600.0, "held_s": 600.0})
     members = [Est(), Est()]
     members[0].energy_kwh, members[1].energy_kwh = 0.000276725, 0.00027672536
     [energy] = [r for r in proposal.request_rows("x", members, "s") if r["unit"] == "kWh"]
@@ -626,6 +626,43 @@ def test_the_printed_contingency_and_periods_add_up_to_the_printed_request(tmp_p
         assert sum(Decimal(p[2]) for p in periods) == rows["request"]
         timeline = re.findall(r"months?\): ([\d.]+) node-hours", docs["slides.tex"])
         assert sum(Decimal(x) for x in timeline) == rows["request"]
+
+
+def test_a_production_run_past_runtime_max_is_priced_with_its_resumptions(tmp_path):
+    """A production run past hardware.runtime_max (200 epochs in jobs of 10 min) stopped the
+    proposal at its end with the study's refusal of 'run w4_..._r0' (the study's own 3-epoch
+    run fits); and the request left out its resumptions' start-ups, which plan.md counts. It
+    is priced as the planner splits it: its runs' held time (Estimate.held_s)."""
+    over = ("hardware.runtime_max=10", "checkpointing.retries=60", "proposal.production.epochs=200")
+    config, study = build(tmp_path, *STRONG, *over)
+    write(config, study)
+    c = cells(study)
+    w = c[("scale", "chosen")]["world_size"]
+    prod = next(
+        v for (s, i), v in c.items() if s == "request" and i.startswith(f"production at {w} ")
+    )
+    from scalestudy.study.estimate import estimate_runs, load_measured
+
+    alone = copy.deepcopy(config)
+    for family in alone["families"].values():
+        family["enabled"] = False
+    alone["families"]["strong"].update(enabled=True, gpus=[int(w)])
+    alone["profiling"]["enabled"] = False
+    alone["repeats"] = config["proposal"]["production"]["runs"]
+    alone["train"] |= {"limit_train": 0, "limit_test": 0, "epochs": 200}
+    measured = load_measured(study / "results/csv/runs.csv")
+    estimates = estimate_runs(alone, build_run_table(alone), measured, refuse=False)
+    assert all(e.jobs > 1 for e in estimates)  # split: resumptions' start-ups held too
+    held = sum(e.held_s for e in estimates) / len(estimates) / 3600
+    assert (
+        float(prod["hours_per_run"])
+        == proposal.ceil3(held)
+        > proposal.ceil3(sum(e.runtime_s for e in estimates) / len(estimates) / 3600)
+    )
+    # too few retries to split it (the default 2): still a proposal, the run priced as one job
+    config, study = build(tmp_path / "few", *STRONG, *over[::2])
+    write(config, study)
+    assert (study / "reports/proposal.md").exists()
 
 
 @pytest.mark.parametrize("which", ["thin", "strong"])

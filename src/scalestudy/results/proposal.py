@@ -338,10 +338,11 @@ def next_runs(config, points, chosen, thin, measured, table):
     out = {}
     if new:
         c = _strong_config(config, new, NEXT_REPEATS)
-        out["new world sizes"] = estimate_runs(c, build_run_table(c), measured)
+        out["new world sizes"] = estimate_runs(c, build_run_table(c), measured, refuse=False)
     if thin["no_repeats"]:
         c = _strong_config(config, sizes, NEXT_REPEATS)
-        out["repeats"] = [e for e in estimate_runs(c, build_run_table(c), measured) if not e.done]
+        runs = estimate_runs(c, build_run_table(c), measured, refuse=False)
+        out["repeats"] = [e for e in runs if not e.done]
     study = {r["run"] for r in table}
     out = {k: [e for e in v if e.run not in study] for k, v in out.items()}
     return {k: v for k, v in out.items() if v}, new, len(sizes) + len(new)
@@ -392,7 +393,8 @@ def planner_source(members, where: str | None, calibrate: bool = True) -> str:
 def request_rows(item: str, members, source: str, train: bool = True, calibrate: bool = True):
     """One row of the request table: runs x hours per run x nodes = node-hours (and GPUs)."""
     runs, nodes, gpus = len(members), members[0].nodes, members[0].gpus
-    hours = ceil3(sum(e.runtime_s for e in members) / runs / 3600)
+    # each run's hours on its nodes: its resumptions' start-ups too (Estimate.held_s)
+    hours = ceil3(sum(e.held_s for e in members) / runs / 3600)
     kwh = [e.energy_kwh for e in members]
     # plan.calibrate false: the planner reads no measured run, its J/img neither
     energy = ceil3(sum(kwh)) if None not in kwh else NOT_MEASURED if calibrate else NOT_USED
@@ -663,7 +665,10 @@ def proposal_rows(
                  "the whole training set (train.limit_train limits the study's runs only), "
                  "whole global batches: study/estimate.py N_train")
         )  # fmt: skip
-        production = estimate_runs(c, table, measured)
+        # priced on the machine (one job where it cannot go on in more), not refused as the
+        # study's jobs are: a production run past hardware.runtime_max stopped the proposal
+        # at its end, naming the study's run of the same id
+        production = estimate_runs(c, table, measured, refuse=False)
         for shape, members in _grouped("production", production):
             # a GPU study: "production, 2 GPUs on 1 node", as the other rows; a CPU one its ranks
             ranks = f"{chosen['w']} {report.plural('ranks', chosen['w'])}"

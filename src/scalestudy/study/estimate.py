@@ -16,14 +16,17 @@ The estimate of one training run (seconds), with the `plan:` section of the stud
            --signal), so it never comes before T_max * safety_factor
 
 A limit past hardware.runtime_max M (the partition's MaxTime) is M, and the run goes on in
-further jobs (`split_jobs`): each is warned (USR1) `lead` before M, checkpoints at its epoch's end
-and is resubmitted (a checkpointing.retries retry) to resume there after its own start-up S, so
+further jobs (`split_jobs`): each is warned (USR1) `lead` before M, checkpoints at the end of the
+epoch then in progress and is resubmitted (a checkpointing.retries retry) to resume there after
+its own start-up S, so, with f = safety_factor,
 
-    jobs = ceil((T_max * safety_factor - S) / (60 M - lead - S))   (1 within M)
+    jobs = ceil((T_max - S) * f / (60 M - lead - S * f))   (1 within M)
     node-hours, GPU-hours: T + (jobs - 1) * S in place of T (each resumption's start-up)
 
-refused (PlanError) before any job with checkpointing off, checkpointing.retries below jobs - 1,
-or no training time in a job (60 M <= lead + S).
+refused (PlanError) before any job with checkpointing off, no training time in a job
+(60 M <= lead + S * f), an epoch longer than the lead ((T_max - S) / epochs * f >
+checkpointing.signal_lead_s: no job would reach a checkpoint), or checkpointing.retries below
+jobs - 1.
 
 T or the time limit beyond any float (X = 1e-310 images/s, a probe of 10**310 steps) is a PlanError
 naming the keys above, not an OverflowError.
@@ -399,43 +402,65 @@ def slurm_runtime_min(runtime_s: float, config: dict, warned: bool = True) -> in
 
 
 def split_jobs(
-    run: str, t_max: float, startup_s: float, limit: int, config: dict
+    run: str,
+    t_max: float,
+    startup_s: float,
+    epoch_s: float,
+    limit: int,
+    config: dict,
+    refuse: bool = True,
 ) -> tuple[int, int]:
     """(jobs, time limit in minutes) of a training run whose one job would ask for `limit`
     minutes: (1, limit) within hardware.runtime_max M, else (jobs, M) with jobs of the module
-    docstring. A PlanError, before any job, where the run cannot go on in further jobs: no
-    checkpoints, too few checkpointing.retries, or a job of M minutes that its start-up and the
-    USR1 lead fill."""
+    docstring (`epoch_s`: one epoch at T_max's rate). A PlanError, before any job, where the
+    run cannot go on in further jobs: no checkpoints, a job of M minutes that its start-up and
+    the USR1 lead fill, an epoch that would not end within the lead (the ranks stop at an
+    epoch's end: such a job was killed at M with no checkpoint, every time), or too few
+    checkpointing.retries. refuse False (the proposal's runs priced on the machine, not this
+    study's jobs): (1, limit) instead of the refusal."""
     most = config["hardware"].get("runtime_max")
     if most is None or limit <= most:
         return 1, limit
-    checkpointing = config["checkpointing"]
+    checkpointing, safety = config["checkpointing"], config["plan"]["safety_factor"]
     past = f"run {run} needs a Slurm time limit of {limit} min, past hardware.runtime_max {most}"
-    if not checkpointing["enabled"]:
-        raise PlanError(
-            f"config key 'checkpointing.enabled': value false is not allowed: {past}, and only "
-            "a run that checkpoints goes on in another job; enable checkpointing, or shorten "
-            "the run (fewer epochs, more GPUs)"
-        )
     lead = checkpointing["signal_lead_s"] + SLURM_SIGNAL_EARLY_S
-    per_job = most * 60 - lead - startup_s  # training seconds of one job before its warning
-    if per_job <= 0:
-        raise PlanError(
-            f"config key 'hardware.runtime_max': value {most} is not allowed: {past}, and a job "
-            f"of {most} min holds no training: its start-up ({startup_s:.0f} s) and the USR1 "
-            f"warning's lead ({lead} s: checkpointing.signal_lead_s + {SLURM_SIGNAL_EARLY_S}) "
-            "fill it"
+    # training seconds of one job before its warning, each resumption's start-up with the
+    # safety factor too (a resumed run's start-up, its checkpoint's load, is never measured)
+    per_job = most * 60 - lead - startup_s * safety
+    jobs = math.ceil((t_max - startup_s) * safety / per_job) if per_job > 0 else 0
+    if not checkpointing["enabled"]:
+        problem = (
+            "config key 'checkpointing.enabled': value false is not allowed: "
+            f"{past}, and only a run that checkpoints goes on in another job; enable "
+            "checkpointing, or shorten the run (fewer epochs, more GPUs)"
         )
-    safety = config["plan"]["safety_factor"]
-    jobs = math.ceil((t_max * safety - startup_s) / per_job)
-    if jobs - 1 > checkpointing["retries"]:
-        raise PlanError(
+    elif per_job <= 0:
+        problem = (
+            f"config key 'hardware.runtime_max': value {most} is not allowed: {past}, and a "
+            f"job of {most} min holds no training: its start-up ({startup_s:.0f} s x "
+            f"plan.safety_factor) and the USR1 warning's lead ({lead} s: "
+            f"checkpointing.signal_lead_s + {SLURM_SIGNAL_EARLY_S}) fill it"
+        )
+    elif epoch_s * safety > checkpointing["signal_lead_s"]:
+        problem = (
+            f"config key 'checkpointing.signal_lead_s': value {checkpointing['signal_lead_s']} "
+            f"is not allowed: {past}, so each of its jobs stops at the end of the epoch in "
+            f"progress at its USR1 warning, and an epoch ({epoch_s:.0f} s x "
+            f"plan.safety_factor) would not end within the lead: at least "
+            f"{math.ceil(epoch_s * safety)}, or shorter epochs (more GPUs)"
+        )
+    elif jobs - 1 > checkpointing["retries"]:
+        problem = (
             f"config key 'checkpointing.retries': value {checkpointing['retries']} is not "
             f"allowed: {past}, so it runs as {jobs} jobs of {most} min, each after the first a "
             f"resubmission (a retry): at least {jobs - 1}, or shorten the run (fewer epochs, "
             "more GPUs)"
         )
-    return jobs, most
+    else:
+        return jobs, most
+    if refuse:
+        raise PlanError(problem)
+    return 1, limit
 
 
 # ---------------------------------------------------------------------------------------------
@@ -807,8 +832,11 @@ class Calibration:
         return float(self.config["plan"]["startup_s"]), "default"
 
 
-def estimate_run(config: dict, row: dict, calibration: Calibration, done: bool = False):
-    """The Estimate of one run-table row."""
+def estimate_run(
+    config: dict, row: dict, calibration: Calibration, done: bool = False, refuse: bool = True
+):
+    """The Estimate of one run-table row; refuse: split_jobs's refusal raised (False: the
+    proposal's runs, priced as one job where they cannot be split)."""
     per_rank, basis, pred = calibration.throughput_per_rank(row)
     startup, startup_basis = calibration.startup(row)
     per_img, energy_basis = calibration.energy_per_image(row)
@@ -839,7 +867,8 @@ def estimate_run(config: dict, row: dict, calibration: Calibration, done: bool =
         raise _overflow(config, row, throughput, basis, (startup, startup_basis))
     jobs = 1
     if not done:  # a measured run takes no job
-        jobs, limit = split_jobs(row["run"], t_max, startup, limit, config)
+        epoch_s = (t_max - startup) / max(1, row["epochs"])  # the probe's share too
+        jobs, limit = split_jobs(row["run"], t_max, startup, epoch_s, limit, config, refuse)
     return Estimate(
         rule="train",
         run=row["run"],
@@ -896,12 +925,15 @@ def _overflow(config: dict, row: dict, throughput: float, basis: str, startup: t
     )
 
 
-def estimate_runs(config: dict, rows: Iterable[dict], measured: list[dict]) -> list[Estimate]:
-    """Estimates of every run-table row, in table order; `done`: the run has a measurement."""
+def estimate_runs(
+    config: dict, rows: Iterable[dict], measured: list[dict], refuse: bool = True
+) -> list[Estimate]:
+    """Estimates of every run-table row, in table order; `done`: the run has a measurement;
+    `refuse`: estimate_run's."""
     calibration = Calibration(config, measured)
     finished = {m["run"]: m for m in measured}
     return [
-        estimate_run(config, r, calibration, is_done(config, r, finished.get(r["run"])))
+        estimate_run(config, r, calibration, is_done(config, r, finished.get(r["run"])), refuse)
         for r in rows
     ]
 

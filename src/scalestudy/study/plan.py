@@ -142,9 +142,12 @@ def format_table(estimates: list[Estimate], note: str = "", gpu: bool | None = N
         "basis",
     ]
     for e in estimates:
+        # a run past hardware.runtime_max: its jobs' time together, resumptions' start-ups too
+        jobs = f" ({e.jobs} jobs)" if e.jobs > 1 else ""
         lines.append(
             f"{e.rule:<{rwidth}}  {e.run:<{width}}  {e.nodes:5d}  {gpus(e.gpus, 4)}  "
-            f"{hms(e.runtime_s):>8}  {e.node_hours:10.3f}  {gpu_h(e.gpu_hours, 9)}  {_mark(e)}"
+            f"{hms(e.held_s):>8}  {e.node_hours:10.3f}  {gpu_h(e.gpu_hours, 9)}  "
+            f"{_mark(e)}{jobs}"
         )
     # one column for every name in the totals, rule or family, 14 wide at least
     nwidth = max([len(name) for name in [*t["rule"], *t["family"]]] + [14])
@@ -166,8 +169,10 @@ def format_table(estimates: list[Estimate], note: str = "", gpu: bool | None = N
     train = [e for e in estimates if e.rule == "train"]
     calibrated = sum(e.throughput_calibrated for e in train)
     startup = sum(e.startup_only for e in train)
+    more = sum(e.jobs - 1 for e in estimates)
+    resubmitted = f" (+{more} resubmissions past hardware.runtime_max)" if more else ""
     lines.append(
-        f"total: {s.jobs} jobs, {s.node_hours:.3f} node-hours, "
+        f"total: {s.jobs} jobs{resubmitted}, {s.node_hours:.3f} node-hours, "
         f"{f'{s.gpu_hours:.3f}' if gpu else 'n/a'} GPU-hours "
         f"({calibrated} of {len(train)} training estimates calibrated in throughput, {startup} "
         "more in start-up only)"

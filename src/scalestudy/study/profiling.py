@@ -74,6 +74,11 @@ class ProfilingJob:
     runtime_s: float
     energy_kwh: None = None
 
+    @property
+    def held_s(self) -> float:
+        """Seconds it holds its nodes (Estimate.held_s): its time limit, one job."""
+        return self.runtime_s
+
 
 def job_seconds(config: dict, row: dict, estimate) -> dict[str, float]:
     """Estimated seconds of the profiling jobs of a run, from its training estimate (its start-up
