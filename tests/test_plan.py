@@ -13,7 +13,7 @@ import shutil
 import statistics
 import subprocess
 import sys
-from contextlib import redirect_stderr
+from contextlib import redirect_stderr, redirect_stdout
 from decimal import Decimal
 from pathlib import Path
 
@@ -1249,6 +1249,41 @@ def job_record(rule: str, wildcards: dict, resources: dict, jobid: int) -> loggi
         jobid=jobid,
     )
     return record
+
+
+def test_logger_plugin_prints_no_plan_for_a_dry_run_that_scheduled_nothing():
+    """snakemake -n --dag (--rulegraph, --list-rules, --summary) lists no job: a plan of "0
+    jobs, 0.000 node-hours" followed the DOT graph on stdout, for a study of 31 pending jobs.
+    A dry-run with nothing to be done still says its plan."""
+    handler = logger_plugin.LogHandler(FakeSettings(True), None)
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stderr(err), redirect_stdout(out):
+        handler.close()
+    assert err.getvalue() == out.getvalue() == ""
+    handler = logger_plugin.LogHandler(FakeSettings(True), None)
+    done = logging.LogRecord(
+        "snakemake", logging.INFO, "", 0, logger_plugin.NOTHING_TO_BE_DONE, None, None
+    )
+    handler.handle(done)
+    with redirect_stderr(err):
+        handler.close()
+    assert "total: 0 jobs" in err.getvalue()
+
+
+def test_an_unregistered_training_job_is_not_called_calibrated(monkeypatch):
+    """A train job with no registered estimate is priced from its Slurm request: it was marked
+    `* requested` and counted "1 of 1 training estimates calibrated", right after the line
+    saying its node-hours come from the request only."""
+    monkeypatch.setattr(plan, "_REGISTERED", None)
+    handler = logger_plugin.LogHandler(FakeSettings(True), None)
+    handler.handle(job_record("train", {}, {"nodes": 1, "runtime": 30}, 1))
+    err = io.StringIO()
+    with redirect_stderr(err):
+        handler.close()
+    text = err.getvalue()
+    row = next(line for line in text.splitlines() if line.startswith("train "))
+    assert row.endswith("  requested") and "*" not in row, text
+    assert "(0 of 1 training estimates calibrated in throughput" in text, text
 
 
 @pytest.mark.parametrize("dryrun", [True, False], ids=["dry-run", "real run"])

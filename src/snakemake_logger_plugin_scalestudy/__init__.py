@@ -121,6 +121,10 @@ class LogHandler(LogHandlerBase):
                 file=stream,
             )
             return
+        if not self._jobs and not self._nothing:
+            # no scheduling pass: -n with --dag, --rulegraph, --list-rules or --summary, which
+            # print their own output (a DOT graph on stdout: a plan of "0 jobs" followed it)
+            return
         # the training estimates, registered when Snakemake evaluated the jobs' runtime
         reg = plan.registered() or plan.Registered({}, {}, resources.is_local_rule)
         unplanned = [w.get("run") for r, w, _ in self._jobs if r == "train"]

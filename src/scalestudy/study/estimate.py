@@ -314,8 +314,10 @@ class Estimate:
     @property
     def throughput_calibrated(self) -> bool:
         """Its throughput from measured runs (basis other than `default`): what plan.md and the
-        proposal count as a calibrated estimate."""
-        return self.throughput_basis != "default"
+        proposal count as a calibrated estimate. Not a job the dry-run prices from its Slurm
+        request (`requested`, plan.job_estimate) or that runs on the submitting host
+        (`local`): those have no throughput at all."""
+        return self.throughput_basis not in ("default", "requested", "local")
 
     @property
     def startup_only(self) -> bool:

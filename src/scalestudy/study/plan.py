@@ -108,7 +108,7 @@ def hms(seconds: float) -> str:
 
 
 def _mark(e: Estimate) -> str:
-    if e.rule != "train":
+    if e.rule != "train" or e.throughput_basis in ("requested", "local"):  # no estimate
         return e.throughput_basis
     if not e.calibrated:
         return "default"
