@@ -351,6 +351,30 @@ def test_a_rank_that_does_not_count_its_shared_gpu_cannot_blank_it():
     # the reader's own refusal still blanks it
     total = energy_total([readings[1] | {"key": ("n", "GPU-a", 0)}, readings[0]])
     assert total["energy_j"] is None and "window too short" in total["energy_unmeasured"]
+    # and so does the other rank's read error: its images stop counting at the error, and
+    # J/img over them came out a third too high, the wall's twice, with no reason given
+    nvml, clock, fail = StandInNVML(), FakeClock(), [False]
+
+    def failing() -> int:  # the other rank's reads: one fails
+        if fail[0]:
+            raise RuntimeError("NVMLError_Unknown")
+        return nvml.nvmlDeviceGetTotalEnergyConsumption(None)
+
+    read = functools.partial(nvml.nvmlDeviceGetTotalEnergyConsumption, None)
+    counters = [EnergyCounter(read, "GPU-a", clock), EnergyCounter(failing, "GPU-a", clock)]
+    for epoch in range(4):
+        for counter in counters:
+            counter.open()
+        clock.t += 100.0
+        fail[0] = epoch == 2
+        for counter in counters:
+            counter.close(seconds=100.0, images=1000)
+        fail[0] = False
+    results = [c.result() | {"key": ("n", "GPU-a", i)} for i, c in enumerate(counters)]
+    assert results[0]["reason"] is None and results[1]["images"] < 4000
+    total = energy_total(results)
+    assert total["energy_j"] is None and total["energy_j_per_img"] is None
+    assert "NVMLError_Unknown" in total["energy_unmeasured"]
 
 
 def test_a_window_too_short_for_the_counter_is_refused():

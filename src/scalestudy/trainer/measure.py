@@ -955,9 +955,15 @@ def _readers(keys: list) -> list[int]:
 
 def _gpu_sum(prefix: str, parts: list[dict], readers) -> dict:
     """PREFIX_j (the joules of the `readers`' parts: one per GPU), PREFIX_j_per_img (over every
-    rank's images) and PREFIX_unmeasured; null with the reasons when a reader's part is refused
-    (another rank's of its GPU, bounded by that rank's own window, is not what is counted)."""
-    problems = sorted({parts[i]["reason"] for i in readers if parts[i]["joules"] is None})
+    rank's images) and PREFIX_unmeasured; null with the reasons when a part is refused, but
+    for another rank's of a GPU refused as too short for its own window alone (not what is
+    counted, and its images all there): an error's part counted too few images."""
+
+    def blanks(i: int) -> bool:
+        refused = parts[i]["joules"] is None
+        return refused and (i in readers or not parts[i]["reason"].startswith(ENERGY_SHORT_WINDOW))
+
+    problems = sorted({parts[i]["reason"] for i in range(len(parts)) if blanks(i)})
     if problems:
         return {
             f"{prefix}_j": None,
