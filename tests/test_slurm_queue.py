@@ -55,7 +55,7 @@ def test_the_refusal_names_the_jobs_and_the_commands_that_end_the_wait():
     assert "\n" not in line
     assert line.startswith("1 Slurm job of an earlier snakemake run in /w is still queued")
     assert "41 (train w2, RUNNING)" in line
-    assert "`scancel 41`" in line and "`squeue -u $USER`" in line
+    assert "`scancel 41`" in line and "`squeue -u $USER --all`" in line
     many = [sq.QueuedJob(str(i), "PENDING", "/w", f"rule_train_wildcards_r{i}") for i in range(7)]
     line = sq.refusal_line(many, "/w")
     assert line.startswith("7 Slurm jobs of an earlier snakemake run in /w are still queued")

@@ -108,8 +108,8 @@ def refusal_line(jobs: list[QueuedJob], workdir: str) -> str:
     return (
         f"{len(jobs)} Slurm {noun} of an earlier snakemake run in {workdir} {verb} still "
         f"queued or running: {shown}{more}. A run started now would submit {them} again, into "
-        "the same results and checkpoint directories. Wait until `squeue -u $USER` no longer "
-        f"lists {them}, or cancel {them} (`scancel {ids}`), then run snakemake again."
+        "the same results and checkpoint directories. Wait until `squeue -u $USER --all` no "
+        f"longer lists {them}, or cancel {them} (`scancel {ids}`), then run snakemake again."
     )
 
 
