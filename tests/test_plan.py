@@ -163,13 +163,13 @@ def test_a_run_past_runtime_max_goes_on_in_further_jobs():
         for e in plan.estimate_runs(small_config(), build_run_table(config), [])
         if e.run == fp32.run
     )
-    assert fp32.jobs == 1 and "runtime_max" not in plan.plan_markdown(small_config(), [fp32], [])
+    assert fp32.jobs == 1 and "Runs past" not in plan.plan_markdown(small_config(), [fp32], [])
 
 
 @pytest.mark.parametrize(
     ("hardware", "checkpointing", "refusal"),
     [
-        # 62 s of training in jobs of 50 s: 2 jobs, 1 resubmission, no retry left for it
+        # 52 s of training in jobs of 40 s: 2 jobs, 1 resubmission, no retry left for it
         ({"runtime_max": 3}, {"retries": 0}, "config key 'checkpointing.retries': value 0 is not "
          "allowed: run w1_lb8_fp32_ddp_bk25_r0 needs a Slurm time limit of 4 min, past "
          "hardware.runtime_max 3, so it runs as 2 jobs of 3 min, each after the first a "

@@ -662,7 +662,13 @@ def test_a_production_run_past_runtime_max_is_priced_with_its_resumptions(tmp_pa
     # too few retries to split it (the default 2): still a proposal, the run priced as one job
     config, study = build(tmp_path / "few", *STRONG, *over[::2])
     write(config, study)
-    assert (study / "reports/proposal.md").exists()
+    prod = next(
+        v
+        for (s, i), v in cells(study).items()
+        if s == "request" and i.startswith(f"production at {w} ")
+    )
+    one_job = sum(e.runtime_s for e in estimates) / len(estimates) / 3600
+    assert float(prod["hours_per_run"]) == proposal.ceil3(one_job)
 
 
 @pytest.mark.parametrize("which", ["thin", "strong"])

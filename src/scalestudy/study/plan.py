@@ -361,6 +361,7 @@ def plan_markdown(
         "    X = x_rank * W,   x_rank = throughput_img_s_per_gpu[precision] * eta(W)",
         "    N_probe = 2 * (comm_probe_steps + 1) * W * local_batch   (0 for one rank)",
         "    node-hours = sum over runs of nodes * T / 3600,   GPU-hours = sum of GPUs * T / 3600",
+        "    (a run past hardware.runtime_max: T + (jobs - 1) * startup_s, its resumptions)",
         f"    request = node-hours * (1 + contingency),   contingency = {c:g}",
         "",
         "N_probe: the images of the exposed-communication probe after training (a warm-up and "
