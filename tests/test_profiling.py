@@ -3275,6 +3275,20 @@ def test_a_bad_capture_command_leaves_the_earlier_capture(
     assert not (tmp_path / "inv.json").exists()
 
 
+def test_a_capture_wider_than_the_machine_leaves_the_earlier_capture(tmp_path, capsys, monkeypatch):
+    """The GPU slots were taken after the earlier capture was cleared and the inventory
+    written: --ranks-per-node 2 on a machine showing 1 GPU was refused in one line, the
+    earlier capture gone and its inventory overwritten. The slots come first now (as in
+    `profile ncu`)."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    flags = ["--device", "cuda", "--ranks-per-node", "2", "--"]
+    flags += ["--device", "cuda", "--epochs", "1", "--profile-steps", "2:3"]
+    _refused_capture_leaves_the_earlier_one(
+        tmp_path, capsys, monkeypatch, tmp_path / "inv.json", flags, "needs 2 GPUs on one machine"
+    )
+    assert not (tmp_path / "inv.json").exists()
+
+
 def test_an_unwritable_inventory_leaves_the_earlier_capture(tmp_path, capsys, monkeypatch):
     """--out was checked before the earlier capture was cleared, --inventory not: a bad
     inventory path cleared the earlier capture, then failed at the inventory's write."""

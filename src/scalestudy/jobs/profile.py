@@ -450,9 +450,13 @@ def capture(args: argparse.Namespace) -> int:
     command = launch_command(args, prefix, binds)
     require_window(args.train_args, "profile capture")
     logger.info(f"profile {args.run}: tool {tool} ({why})")
+    env = profiler_env(launch.rank_env(dict(os.environ), args.cpus_per_rank), tool)
+    # this machine's GPU slots too (a run wider than its GPUs is refused), as `profile ncu`
+    # takes them before its earlier results go
+    world_size = args.nodes * args.ranks_per_node
+    launch.hold_local_gpus(env, world_size, args.train_args)
     out.mkdir(parents=True, exist_ok=True)
     _clear_earlier_capture(out)
-    env = profiler_env(launch.rank_env(dict(os.environ), args.cpus_per_rank), tool)
     if args.inventory:
         from scalestudy.jobs import inventory
 
@@ -461,8 +465,6 @@ def capture(args: argparse.Namespace) -> int:
 
             os.environ.setdefault(DIGEST_ENV, args.container_digest)
         files.write_json(args.inventory, inventory.for_job())
-    world_size = args.nodes * args.ranks_per_node
-    launch.hold_local_gpus(env, world_size, args.train_args)
     logger.info("+ " + shlex.join(command))
     if code := run_launch(command, env):
         raise failed(command, code)
