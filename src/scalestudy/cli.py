@@ -46,7 +46,7 @@ import signal
 import sys
 import threading
 
-from scalestudy import files, log
+from scalestudy import files, log, vocab
 from scalestudy.errors import Preempted, ScalestudyError
 
 logger = log.get(__name__)
@@ -59,9 +59,8 @@ SIGPIPE_EXIT = 141
 # Ctrl-C (SIGINT): what a shell reports for a command it interrupted (128 + 2)
 INTERRUPTED_EXIT = 130
 
-# the signals that stop a command as Ctrl-C does (the module docstring): a batch system's time
-# limit, `timeout`, Snakemake cancelling a job (SIGTERM), a closed terminal (SIGHUP)
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+# the signals that stop a command as Ctrl-C does (the module docstring)
+STOP_SIGNALS = vocab.STOP_SIGNALS
 
 # the commands that handle the stop signals themselves: train (checkpoint, exit 75: with
 # --checkpoint-dir, _owns_stop), launch

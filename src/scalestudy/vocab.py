@@ -8,8 +8,14 @@ that the two agree. No torch import: the study layer and the workflow read this 
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+# the signals that stop a command as Ctrl-C does: a batch system's time limit, `timeout`,
+# Snakemake cancelling a job (SIGTERM), a closed terminal (SIGHUP); cli's handler, the launch
+# passing them on to its ranks, the ranks' handlers and their rendezvous (trainer/dist.py)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from scalestudy import log
+from scalestudy import log, vocab
 
 logger = log.get("scalestudy.launch")
 
@@ -92,7 +92,7 @@ TORCHRUN_LOGGERS = (
 
 # the launcher's own stop signals, which this process passes on to the ranks instead of torchrun:
 # torchrun's handler raises its SignalException, and the ranks' exit statuses are lost with it
-PASSED_ON = (signal.SIGTERM, signal.SIGHUP)
+PASSED_ON = vocab.STOP_SIGNALS
 
 
 def children(pid: int | str = "self") -> list[int]:

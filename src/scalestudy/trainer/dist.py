@@ -378,11 +378,6 @@ def net_interface_over_ranks(world_size: int) -> list[str]:
     return sorted(set(values))
 
 
-# The stop signals whose Python handler (cli's Stopped, the checkpointing StopFlag) cannot run
-# during the rendezvous (stops_kill).
-RENDEZVOUS_STOPS = (signal.SIGTERM, signal.SIGHUP)
-
-
 @contextlib.contextmanager
 def stops_kill():
     """SIGTERM and SIGHUP keep their default action (death at once) inside the block, the main
@@ -394,7 +389,7 @@ def stops_kill():
     nothing to save."""
     saved = {}
     if threading.current_thread() is threading.main_thread():
-        for signum in RENDEZVOUS_STOPS:
+        for signum in vocab.STOP_SIGNALS:
             if callable(signal.getsignal(signum)):  # not SIG_IGN, SIG_DFL, nor C's (None)
                 saved[signum] = signal.signal(signum, signal.SIG_DFL)
     try:

@@ -770,8 +770,9 @@ ENERGY_SHORT_WINDOW = "window too short for the energy counter"
 
 
 def energy_unmeasured(reason: str, images: int = 0) -> dict:
-    """EnergyCounter's spans, refused or not read: `images`, those the rank trained in them, still
-    count in J/img where another rank's reading is its GPU's (energy_total)."""
+    """EnergyCounter's spans, refused or not read; `images`, those the rank trained in them, of a
+    window too short for this rank alone: they count in J/img where another rank's reading is
+    its GPU's (energy_total), where any other refusal blanks the total."""
     return {"joules": None, "images": images, "reason": reason}
 
 
@@ -870,7 +871,7 @@ class EnergyCounter:
         refused; "wall": the wall span's {"joules", "seconds", "reason"}, likewise."""
         out = {"gpu": self.gpu, "wall": self._wall()}
         if self.error:
-            return out | energy_unmeasured(self.error, self.images)
+            return out | energy_unmeasured(self.error)
         if self.spans == 0:
             return out | energy_unmeasured("no window span was read")
         bound = 2 * self.spans * ENERGY_UPDATE_S / self.seconds if self.seconds > 0 else 1.0

@@ -441,7 +441,7 @@ class Interrupt:
         # a stop signal without checkpointing (cli's handler raises its Stopped) alike: raised
         # inside torch's wait it was lost too, and a peer's failed collective was "training
         # failed" on the ranks the launch had sent SIGTERM
-        for signum in (signal.SIGTERM, signal.SIGHUP):
+        for signum in vocab.STOP_SIGNALS:
             handler = signal.getsignal(signum)
             if ours and callable(handler) and handler is not signal.default_int_handler:
                 self._stops[signum] = handler
