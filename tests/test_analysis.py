@@ -1012,10 +1012,16 @@ def test_the_accuracy_figure_refuses_empty_or_damaged_epochs(tmp_path, capsys):
         ([], "epochs.csv has no epochs"),  # once: a figure with empty axes
         ([{k: v for k, v in epoch.items() if k != "families"}], "has no column 'families'"),
         ([{k: v for k, v in epoch.items() if k != "val_acc"}], "has no column 'val_acc'"),
-        ([{**epoch, "val_acc": "high"}], "a cell that is not a number"),
+        ([{**epoch, "val_acc": "high"}], "val_acc = 'high' is not a fraction"),
+        ([{**epoch, "world_size": "two"}], "a cell that is not a number"),
         # drawn as -500 %, and a traceback from numpy's arange past the float range
         ([{**epoch, "val_acc": "-5"}], "val_acc = '-5' is not a fraction in \\[0, 1\\]"),
         ([{**epoch, "epoch_time_s": "0"}], "epoch_time_s = '0' is not a number > 0"),
+        # "nan" reads as no number: such a val_acc was drawn as a gap in every repeat's mean,
+        # such a time as "past the float range"; collect refuses both, and a blank
+        ([{**epoch, "val_acc": "nan"}], "val_acc = 'nan' is not a fraction"),
+        ([{**epoch, "epoch_time_s": "nan"}], "epoch_time_s = 'nan' is not a number > 0"),
+        ([{**epoch, "val_acc": ""}], "val_acc = '' is not a fraction"),
         (
             [{**epoch, "epoch": "2", "epoch_time_s": "1e308"}, {**epoch, "epoch_time_s": "1e308"}],
             "training time is past the float range",

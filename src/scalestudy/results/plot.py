@@ -423,7 +423,7 @@ def _has_strong(e: dict) -> bool:
 
 # the cells of epochs.csv the accuracy figure draws, checked as collect checks each run's file
 # (collect.epoch_cell): a val_acc of -5 was drawn as -500 %, and times past the float range were
-# numpy's traceback
+# numpy's traceback; a "nan" or blank too, which collect refuses (a nan val_acc was a gap)
 EPOCH_DRAWN = ("val_acc", "epoch_time_s")
 EPOCHS_FIX = "write it again: snakemake results/csv/epochs.csv"
 
@@ -432,7 +432,7 @@ def _accuracy_curves(epochs: list[dict], device: str) -> dict[str, list[tuple[in
     for i, e in enumerate(epochs, start=2):  # line 1 is the header
         for column in EPOCH_DRAWN:
             rule = epoch_cell(column)
-            if not rule.holds(e[column]) and number(e[column]) is not None:
+            if not rule.holds(e[column]):
                 raise AnalysisError(
                     f"epochs.csv, line {i}: {column} = {e[column]!r} is not {rule.what}; "
                     f"{EPOCHS_FIX}"
@@ -707,9 +707,14 @@ def read_targets(path: str | Path) -> dict[str, float]:
 def run(args: argparse.Namespace) -> int:
     # an AnalysisError: one line from cli.main, exit 2
     # each input read by the figures that draw it: a hand-run plot of one figure needs only its
-    # own (epochs.csv: accuracy; targets.csv: efficiency's target lines)
+    # own (epochs.csv: accuracy; targets.csv: efficiency's target lines; scaling.csv: all but
+    # the three figures of other tables)
     data = {
-        "scaling": read_table(args.scaling, "scaling", "--scaling"),
+        "scaling": (
+            read_table(args.scaling, "scaling", "--scaling")
+            if args.figure not in ("accuracy", "profile", "waterfall")
+            else []
+        ),
         "epochs": (
             read_csv(args.epochs, "", "results/csv/epochs.csv", "--epochs")
             if args.figure == "accuracy"
