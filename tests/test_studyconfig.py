@@ -163,6 +163,28 @@ def test_a_number_yaml_1_1_reads_otherwise_is_refused_with_file_and_line(
     assert studyconfig.load_yaml(path) == {"a": 16, "b": 3, "c": 0, "d": 0.5, "e": 1000, "f": "010"}
 
 
+def test_a_value_yaml_cannot_construct_is_one_line_with_file_and_line(tmp_path):
+    """PyYAML raises a plain ValueError for a date that is none (2024-02-30) or a bad !!int,
+    and a RecursionError for deep nesting: each was a traceback from `scalestudy matrix`, the
+    plan and the workflow's config check; a quoted "2024-02-30" too (read again as YAML to
+    see whether it spells a choice)."""
+    path = tmp_path / "study.yaml"
+    path.write_text("study: x\ntrain:\n  epochs: 3\n  lr: 2024-02-30\n")
+    message = refused(path, f"{path}, line 4, column 7: '2024-02-30' is no date")
+    assert "day is out of range for month" in message and "quote it" in message
+    path.write_text("study: x\ntrain:\n  epochs: !!int x\n")
+    refused(path, f"{path}, line 3, column 11: 'x' is no integer")
+    path.write_text("study: " + "[" * 2000 + "]" * 2000 + "\n")
+    refused(path, f"{path}: nested too deep")
+    refused(minimal(), "override 'study=2024-02-30': '2024-02-30' is no date",
+            overrides=["study=2024-02-30"])  # fmt: skip
+    refused(minimal(), "override 'train.lr=!!float abc': 'abc' is no number",
+            overrides=["train.lr=!!float abc"])  # fmt: skip
+    # quoted, it is text: a choice's refusal, not a traceback
+    refused(minimal(), "config key 'dataset': value \"2024-02-30\" is not allowed",
+            overrides=["dataset='2024-02-30'"])  # fmt: skip
+
+
 def test_duplicate_yaml_key_refused(tmp_path):
     path = tmp_path / "dup.yaml"
     path.write_text("train:\n  epochs: 3\nrepeats: 1\ntrain:\n  width: 8\n")

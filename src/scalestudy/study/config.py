@@ -207,7 +207,7 @@ def _spells_a_choice(text: str, choices: list) -> bool:
     true, false]); the type must match too: 1 == True in Python, but 1 is no choice there."""
     try:
         value = yaml.safe_load(text)
-    except yaml.YAMLError:
+    except (yaml.YAMLError, ValueError, OverflowError, RecursionError):  # no value: no choice
         return False
     return any(type(c) is type(value) and c == value for c in choices if not isinstance(c, str))
 
@@ -216,7 +216,7 @@ def _yaml_keeps_as_text(text: str) -> bool:
     """A float that PyYAML, unquoted, would still read as text (5e-4, 1.0e4)."""
     try:
         return _reads_as_float(text) and isinstance(yaml.safe_load(text), str)
-    except yaml.YAMLError:
+    except (yaml.YAMLError, ValueError, OverflowError, RecursionError):
         return False
 
 
@@ -846,9 +846,27 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             except TypeError:  # an unhashable key; SafeLoader reports it itself
                 pass
 
+    def construct_object(self, node, deep=False):
+        """PyYAML's, with a value its constructor cannot build (`2024-02-30`, a date that is
+        none; `!!int x`) refused at its line: PyYAML raises a plain ValueError, a traceback."""
+        try:
+            return super().construct_object(node, deep)
+        except (ValueError, OverflowError) as e:
+            what = _TAG_WHAT.get(str(node.tag).rpartition(":")[2], f"value of tag {node.tag}")
+            raise _MisreadNumber(
+                None,
+                None,
+                f"{node.value!r} is no {what} ({e}): write it correctly, or quote it for text",
+                node.start_mark,
+            ) from e
+
 
 class _MisreadNumber(yaml.constructor.ConstructorError):
     """A number YAML 1.1 reads otherwise than it looks: load_yaml names it, not as malformed."""
+
+
+# what a message calls the value of a tag whose constructor can fail on a value of its form
+_TAG_WHAT = {"timestamp": "date", "int": "integer", "float": "number"}
 
 
 def _misread_number(loader: yaml.SafeLoader, node: yaml.ScalarNode, value: Any) -> None:
@@ -918,6 +936,8 @@ def load_yaml(path: str | os.PathLike) -> dict:
             data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
     except OSError as e:
         raise StudyConfigError(f"cannot read {path}: {e.strerror or e}") from e
+    except RecursionError:
+        raise StudyConfigError(f"{path}: nested too deep for a config file") from None
     except UnicodeDecodeError as e:  # e.g. a file saved as Latin-1
         raise StudyConfigError(
             f"{path}: byte {e.start} is not UTF-8 text ({e.reason}): save the file as UTF-8"
@@ -954,6 +974,8 @@ def _parse_value(text: str, item: str = "") -> Any:
         return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
     except yaml.constructor.ConstructorError as e:  # a misread number, a key given twice
         raise StudyConfigError(f"override {item!r}: {e.problem}") from e
+    except RecursionError:
+        raise StudyConfigError(f"override {item!r}: nested too deep") from None
     except yaml.YAMLError:
         return text
 
