@@ -485,6 +485,10 @@ def test_a_gpu_type_is_a_gres_word_on_a_cuda_study():
     cfg = minimal()
     cfg["hardware"]["gpu_type"] = "a100 80g"
     refused(cfg, "config key 'hardware.gpu_type'", 'value "a100 80g"', "must match the pattern")
+    # a YAML block scalar's final newline: Python's $ matched before it, and "gpu:h100\n:2"
+    # failed every GPU job at submission (the executor's GRES check)
+    cfg["hardware"]["gpu_type"] = "h100\n"
+    refused(cfg, "config key 'hardware.gpu_type'", "must match the pattern ^[A-Za-z0-9_.]*$")
     cfg["hardware"]["gpu_type"] = "h100"
     assert load_and_validate(cfg)["hardware"]["gpu_type"] == "h100"
     cfg["hardware"]["device"] = "cpu"  # config/demo.yaml given over a config.yaml that sets one

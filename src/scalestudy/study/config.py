@@ -21,6 +21,7 @@ import functools
 import json
 import math
 import os
+import re
 import unicodedata
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -81,9 +82,22 @@ def _fill_defaults(validator, properties, instance, schema):
     yield from _properties(validator, properties, instance, schema)
 
 
+def _ecma_pattern(validator, pattern, instance, schema):
+    # JSON Schema's patterns are ECMA-262's, where a final $ is the end of the text; Python's $
+    # also matches before a last newline, and jsonschema uses re.search: a gpu_type "h100\n"
+    # (a YAML block scalar) passed ^[A-Za-z0-9_.]*$ and failed every GPU job at submission
+    if not validator.is_type(instance, "string"):
+        return
+    python = (
+        pattern[:-1] + r"\Z" if pattern.endswith("$") and not pattern.endswith("\\$") else pattern
+    )
+    if not re.search(python, instance):
+        yield ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
 _Validator = validators.extend(
     Draft202012Validator,
-    validators={"properties": _fill_defaults},
+    validators={"properties": _fill_defaults, "pattern": _ecma_pattern},
     type_checker=Draft202012Validator.TYPE_CHECKER.redefine("integer", _strict_integer),
 )
 
