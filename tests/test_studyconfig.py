@@ -310,6 +310,8 @@ def test_wrong_type():
         # gloo refused 10**13 s as an invalid timeout, in every training job, after the queue
         ("train.pg_timeout_s", 10**13, "<= 604800"),
         ("train.seed", 2**62, "<= 4611686018427387903"),  # seed + repeat: torch's 63 bits
+        # 10**30 was planned: 4.7e25 node-hours, a Slurm limit of 9.5e26 minutes
+        ("train.comm_probe_steps", 10**30, "<= 100000"),
         # fractions written as percentages: 20 asked for a 21x allocation, 1 accepted any accuracy
         ("plan.contingency", 20, "<= 1 (a fraction: 0.2 = 20%)"),
         ("proposal.contingency", 20, "<= 1 (a fraction: 0.2 = 20%)"),
@@ -952,6 +954,22 @@ def test_non_finite_numbers_are_refused_before_any_job():
                    "families.bucket.bucket_cap_mb=[1, -.inf]"],
     )  # fmt: skip
     assert "Traceback" not in message
+
+
+def test_integers_past_64_bits_are_refused_before_any_job():
+    """A 401-digit plan.eval_speedup, plan.throughput_img_s_per_gpu or profiling.ncu.top_k
+    passed the schema (no maximum) and was the plan's OverflowError traceback (int too large
+    to convert to float): an integer past 64 bits is refused wherever it stands."""
+    big = 10**400
+    message = refused(
+        minimal(),
+        "config key 'plan.eval_speedup': value 1000000000000000000000000000000000000000000000000",
+        "not allowed: at most 9223372036854775807 (64 bits)",
+        "config key 'profiling.ncu.top_k'",
+        overrides=[f"plan.eval_speedup={big}", f"profiling.ncu.top_k={big}"],
+    )
+    assert "Traceback" not in message and "Overflow" not in message
+    assert load_and_validate(minimal(), overrides=["train.seed=4611686018427387903"])
 
 
 def test_config_files_are_layered_in_the_order_given_as_snakemake_layers_them():

@@ -321,12 +321,21 @@ def _holds_itself(value: Any, path: str = "", within: tuple = ()) -> str | None:
     return None
 
 
+# the largest integer a config value may be, wherever it stands: a C long, and exact enough
+# as a float (a 401-digit plan.eval_speedup, under no schema maximum, was the plan's
+# OverflowError traceback: int too large to convert to float)
+MOST_INTEGER = 2**63 - 1
+
+
 def _non_finite(value: Any, path: str = "") -> list[str]:
     """YAML's .nan and .inf, wherever they are: every bound of the schema holds for NaN (each
     comparison with it is false, so `exclusiveMinimum: 0` never fails) and inf passes every
-    minimum, so they would reach the jobs (a NaN learning rate, a bucket of inf MiB)."""
+    minimum, so they would reach the jobs (a NaN learning rate, a bucket of inf MiB). And an
+    integer past MOST_INTEGER, which no float arithmetic takes."""
     if isinstance(value, float) and not math.isfinite(value):
         return [_bad(path or "<top level>", value, "a finite number")]
+    if isinstance(value, int) and abs(value) > MOST_INTEGER:
+        return [_bad(path or "<top level>", value, f"at most {MOST_INTEGER} (64 bits)")]
     if isinstance(value, dict):
         return [p for k, v in value.items() for p in _non_finite(v, f"{path}.{k}" if path else k)]
     if isinstance(value, list):

@@ -921,9 +921,8 @@ def _overflow(config: dict, row: dict, throughput: float, basis: str, startup: t
         f"run {row['run']}: its runtime estimate overflows (no finite number of seconds or "
         f"Slurm minutes at X = {throughput:g} images/s): check train.epochs "
         f"({short(row['epochs'])}), train.comm_probe_steps ({short(train['comm_probe_steps'])}),"
-        f" {name} ({short(float(seconds))}), plan.eval_speedup "
-        f"({short(float(plan['eval_speedup']))}), plan.safety_factor "
-        f"({short(float(plan['safety_factor']))}) and X's {source}"
+        f" {name} ({short(float(seconds))}), plan.eval_speedup ({short(plan['eval_speedup'])}),"
+        f" plan.safety_factor ({short(plan['safety_factor'])}) and X's {source}"
     )
 
 
