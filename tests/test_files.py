@@ -186,6 +186,18 @@ def test_an_output_under_a_symlink_to_a_missing_directory_is_refused_before_the_
     assert (scratch / "csv" / "runs.csv").read_text() == "a\n"
 
 
+def test_a_write_onto_a_directory_says_so_for_the_current_and_root_directory(tmp_path, monkeypatch):
+    """`scalestudy matrix --out ''` and `inventory --out /` said "Device or resource busy" (the
+    rename onto the directory), a cause nobody looks for; every atomic write says it is a
+    directory, before a temp file is made, and leaves the directory as it was."""
+    monkeypatch.chdir(tmp_path)
+    for path, named in (("", "."), (".", "."), (str(tmp_path), str(tmp_path))):
+        with pytest.raises(IsADirectoryError) as info:
+            files.write_text(path, "a\n")
+        assert (info.value.filename, info.value.strerror) == (named, "Is a directory")
+        assert os.listdir(tmp_path) == []
+
+
 def test_a_new_file_gets_the_umask_of_its_write_not_of_the_first(tmp_path):
     """The mode of a new file was 0666 less the umask read at the first write and kept: a
     later umask (077 for a private output) was ignored. The kernel now makes the temp file as

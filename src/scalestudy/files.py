@@ -176,6 +176,8 @@ def _staged(path: str | os.PathLike, mode: str, **kwargs: Any) -> Iterator[tuple
     (_replace). On error it is removed, and a failed write (a full disk) raises an OSError that
     names `path`."""
     target = write_target(path)  # a symlink stays, the file it points to is replaced
+    if target.is_dir():  # the rename onto "." or "/" said "Device or resource busy"
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), os.fspath(path) or ".")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
     except FileExistsError as exc:  # "results: File exists" for a link to a purged directory
