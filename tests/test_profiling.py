@@ -283,6 +283,31 @@ REPO = Path(__file__).resolve().parents[1]
         ("FSDP::all_gather_copy_out", "memcpy"),
         ("fsdp::split_with_sizes_copy", "memcpy"),
         ("fsdp::chunk_cat", "memcpy"),
+        # and their CUDA kernels (names from PyTorch's TensorShape.cu and ForeachUnaryOp.cu, in
+        # no capture here yet): the gradients' copy into the reduce-scatter buffer was "other",
+        # the all-gather's copy out too, its copy in (_foreach_copy_) "optimizer"
+        (
+            "void at::native::detail::chunk_cat_cuda_kernel<float, c10::BFloat16>(T2 **, T1 *, "
+            "long *, long *, long *, long *, long, long)",
+            "memcpy",
+        ),
+        (
+            "void at::native::(anonymous namespace)::split_with_sizes_copy_out_contiguous_no_cast"
+            "_kernel(char **, char **, long *, long *, long *, long *, long *, long *, long *)",
+            "memcpy",
+        ),
+        (
+            "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::"
+            "(anonymous namespace)::TensorListMetadata<2>, at::native::(anonymous namespace)::"
+            "UnaryOpFunctor<float, 2, 1, 1>, at::native::Copy<float, float> >(T1, T2, T3...)",
+            "memcpy",
+        ),
+        (  # the optimizer's own multi-tensor kernels stay its
+            "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::"
+            "(anonymous namespace)::TensorListMetadata<3>, at::native::(anonymous namespace)::"
+            "FusedSgdMathFunctor<float, 3>, double, float *, bool>(T1, T2, T3...)",
+            "optimizer",
+        ),
         ("FSDP::post_backward_accumulate (layer1.0)", "other"),  # FSDP's bookkeeping
         ("FSDP::pre_forward (layer1.0)", "other"),
     ],

@@ -50,13 +50,20 @@ import re
 #   torch_ops.py counts their self time outside the collective's span on gloo's thread);
 #   the copies into and out of the collectives' buffers (fsdp::all_gather_copy_in,
 #   FSDP::all_gather_copy_out, fsdp::split_with_sizes_copy, fsdp::chunk_cat; "all_gather" made
-#   them collectives) are memcpy. The rest is FSDP's bookkeeping: other.
+#   them collectives) are memcpy, and so are their CUDA kernels (chunk_cat_cuda_kernel,
+#   split_with_sizes_copy_out_*, _foreach_copy_'s multi_tensor_apply_kernel<..., Copy<...>>:
+#   "other" and "optimizer" by the generic rules). The rest is FSDP's bookkeeping: other.
 # - only the name is read, not its parameter list: "cudnn::reduced_divisor" among a layout
 #   kernel's parameters made it a reduction.
 
 _CATEGORY_PATTERNS = [
     ("compiled", r"^## call compiledfxgraph "),
-    ("memcpy", r"^fsdp::(all_gather_copy_(in|out)|split_with_sizes_copy|chunk_cat)\b"),
+    (
+        "memcpy",
+        r"^fsdp::(all_gather_copy_(in|out)|split_with_sizes_copy|chunk_cat)\b"
+        # their CUDA kernels (the copy in is _foreach_copy_'s multi-tensor kernel)
+        r"|chunk_cat_cuda_kernel|split_with_sizes_copy_out|multi_tensor_apply_kernel<.*\bcopy<",
+    ),
     (
         "nccl",
         r"^nccl|^_z\d+nccl|nccl(dev)?kernel|^gloo:|^c10d::|allreduce|all_reduce|allgather"
