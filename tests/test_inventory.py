@@ -127,6 +127,25 @@ def test_a_cudnn_that_torch_refuses_is_recorded_not_a_failed_job(monkeypatch):
     assert info["cudnn"].startswith("error: cuDNN version incompatibility"), info
 
 
+def test_a_torch_that_fails_to_load_is_recorded_not_a_failed_job(monkeypatch):
+    """`import torch` re-raises the OSError of a library it cannot load (a cluster's `module
+    load` putting another libcudnn first on LD_LIBRARY_PATH): only ImportError was caught, and
+    the inventory's traceback failed the train rule before a launch in the image, which has
+    its own torch and would have run."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def failing_import(name, *args, **kwargs):
+        if name == "torch":
+            raise OSError("libcudnn.so.9: cannot open shared object file: No such file")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", failing_import)
+    info = inventory_module._torch()
+    assert info == {"torch": "error: libcudnn.so.9: cannot open shared object file: No such file"}
+
+
 def test_without_a_usable_gpu_no_cuda_runtime_or_cudnn_is_recorded_as_in_use(monkeypatch):
     """A CPU node's inventory said cuda_runtime 13.0 and cudnn 92400 (what the wheel was built
     for and bundles) beside nccl "absent" and the run's own cuda_version null: the build's

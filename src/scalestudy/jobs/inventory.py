@@ -117,6 +117,8 @@ def _torch() -> dict:
         import torch
     except ImportError:
         return {"torch": ABSENT}
+    except Exception as exc:  # torch re-raises a library's OSError it cannot load (a libcudnn)
+        return {"torch": f"error: {exc}"}
     info = {"torch": torch.__version__, "torch_built_for_cuda": torch.version.cuda or ABSENT}
     gpu = torch.cuda.is_available()
     info["cuda_runtime"] = (torch.version.cuda or ABSENT) if gpu else ABSENT
