@@ -208,6 +208,30 @@ def test_mig_ids_with_slashes_are_slots_too(tmp_path):
     ]
 
 
+@pytest.mark.parametrize("name", ["allocate.lock", "gpu-0.lock"])
+def test_a_lock_file_that_is_a_dangling_symlink_is_one_error_not_a_spin(tmp_path, name):
+    """A link to nothing in the slot directory: opening it fails (no file), creating it too
+    (the name exists), and _open_lock tried both again for ever, at 100% CPU, the slot's spin
+    under the allocation lock, so every other launch on the machine waited behind it."""
+    import multiprocessing
+
+    env = slot_env(tmp_path, "0")
+    (tmp_path / "slots").mkdir()
+    (tmp_path / "slots" / name).symlink_to(tmp_path / "gone")
+    with multiprocessing.get_context("fork").Pool(1) as pool:  # a spin fails the wait below
+        result = pool.apply_async(_acquire_or_error, (env,))
+        said = result.get(timeout=20)
+    assert said.startswith(f"cannot lock GPU slots in {tmp_path / 'slots'} ({name} is a "), said
+    assert f"symlink to missing {tmp_path / 'gone'}: remove it)" in said, said
+
+
+def _acquire_or_error(env: dict) -> str:
+    try:
+        return f"acquired {gpu_slots.acquire(1, env)}"
+    except gpu_slots.LaunchError as exc:
+        return str(exc)
+
+
 def test_the_lock_directory_is_shared_like_tmp(tmp_path):
     env = slot_env(tmp_path, "0")
     assert gpu_slots.acquire(1, env) == ["0"]

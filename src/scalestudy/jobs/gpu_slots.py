@@ -42,6 +42,7 @@ the Snakefile's onstart) and, started by hand, by `acquire` with the same line.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import re
@@ -301,6 +302,11 @@ def _open_lock(path: Path) -> int:
             try:
                 fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL, 0o644)
             except FileExistsError:  # another process made it meanwhile: open that one
+                if path.is_symlink():  # a link to nothing: both opens fail again, for ever
+                    raise OSError(
+                        errno.ENOENT,
+                        f"{path.name} is a symlink to missing {os.readlink(path)}: remove it",
+                    ) from None
                 continue
         with contextlib.suppress(PermissionError):  # only its owner may; another user's is theirs
             os.fchmod(fd, 0o644)
