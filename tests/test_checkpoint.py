@@ -478,6 +478,27 @@ def _sigterm_after_epoch_1(data_dir: Path, out: Path, ckdir: Path) -> tuple[str,
     return stdout, stderr
 
 
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1])
+def test_a_signal_to_the_whole_group_stops_a_run_with_loader_workers_at_a_checkpoint(
+    data_dir, tmp_path, signum
+):
+    """Slurm signals every process of a job step (a time limit's SIGTERM, --signal's USR1
+    warning), a closed terminal its whole foreground group: the DataLoader's workers got the
+    signal too and died of it, and the rank failed mid-step ("DataLoader worker (pid N) is
+    killed by signal"), its training since the last checkpoint lost. The workers ignore the
+    stop signals now; the rank alone stops, at a checkpoint, exit 75."""
+    out, ckdir = tmp_path / "run", tmp_path / "ckpt"
+    flags = ("--loader", "dataloader", "--num-workers", "1", "--no-persistent-workers",
+             "--checkpoint-dir", str(ckdir), "--checkpoint-every", "0")  # fmt: skip
+    proc = _start(data_dir, out, *flags, preexec_fn=os.setsid)  # a group of its own
+    _wait_for_epochs(out, 1, proc)
+    os.killpg(proc.pid, signum)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == ck.PREEMPTED_EXIT, stderr
+    assert "Traceback" not in stderr and "DataLoader worker" not in stderr, stderr
+    assert ck.list_checkpoints(ckdir), stderr
+
+
 def test_a_new_run_into_an_earlier_runs_out_starts_without_its_outputs(data_dir, tmp_path):
     """metrics.json marks a finished run, but a new run into the same --out (by hand:
     Snakemake deletes a job's outputs first) left the earlier one's in place until it

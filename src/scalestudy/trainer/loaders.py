@@ -17,6 +17,7 @@ import itertools
 import json
 import math
 import shlex
+import signal
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from scalestudy import files
+from scalestudy import files, vocab
 from scalestudy.errors import PreparedDataError
 
 FORMAT_VERSION = 1  # of DIR/<dataset>/{data.pt,meta.json}; prepare_data.py writes it
@@ -535,6 +536,18 @@ class _TensorImages(Dataset):
         return self.transform(self.x[i]), self.y[i]
 
 
+# the signals the rank stops at (checkpoint.StopFlag): Slurm sends a time limit's SIGTERM and
+# --signal's USR1 to every process of the job step, a closed terminal SIGHUP to its foreground
+# group, and a worker that died of one failed the rank mid-step ("DataLoader worker (pid N) is
+# killed by signal"), its training since the last checkpoint lost. The rank stops its workers.
+WORKER_IGNORES = (*vocab.STOP_SIGNALS, signal.SIGUSR1)
+
+
+def _worker_ignores_stops(_worker_id: int) -> None:
+    for signum in WORKER_IGNORES:
+        signal.signal(signum, signal.SIG_IGN)
+
+
 def make_dataloader(
     x_u8: torch.Tensor,
     y: torch.Tensor,
@@ -567,7 +580,8 @@ def make_dataloader(
     Augmentation randomness comes from the worker seeds, which derive from the loader's
     generator seeded from (seed, rank); with num_workers=0 it uses the global torch RNG instead,
     seeded per rank by seed_rank_draws. persistent_workers/prefetch_factor are passed only when
-    num_workers > 0 (DataLoader rejects them otherwise).
+    num_workers > 0 (DataLoader rejects them otherwise). The workers ignore the stop signals
+    (WORKER_IGNORES): the rank acts on them.
     """
     from torchvision.transforms import v2
 
@@ -596,6 +610,7 @@ def make_dataloader(
     extra: dict[str, Any] = {}
     if num_workers > 0:
         extra["persistent_workers"] = persistent_workers
+        extra["worker_init_fn"] = _worker_ignores_stops
         if prefetch_factor is not None:
             extra["prefetch_factor"] = prefetch_factor
     loader = DataLoader(
