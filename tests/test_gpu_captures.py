@@ -147,6 +147,33 @@ def test_parse_ncu_reads_a_real_details_page(capture, index, tmp_path):
     assert cut["duration_ns"] == row["duration_ns"] and cut["flop_per_s"] == row["flop_per_s"]
 
 
+def test_ncu_launches_are_told_apart_by_their_id_and_a_table_without_it_is_refused(tmp_path):
+    """A details table without its ID column (re-saved by hand) folded every launch of a
+    kernel into one, the last launch's values its "mean" with launches 1: a wrong number and
+    no message. Two launches of the real H200 page (the second relabelled ID 1, its duration
+    doubled) are two, with their mean; the same table without the ID column is one line."""
+    rows = list(csv.reader((H200.parent / "gpu-h200" / "ncu_k0.csv").open()))
+    head = next(i for i, r in enumerate(rows) if r and r[0] == "ID")
+    header, launch = rows[head], rows[head + 1 :]
+    j_id, j_name, j_value = (header.index(c) for c in ("ID", "Metric Name", "Metric Value"))
+    second = [list(r) for r in launch]
+    for r in second:
+        r[j_id] = "1"
+        if r[j_name] == "gpu__time_duration.sum":
+            r[j_value] = str(2 * float(r[j_value].replace(",", "")))  # "64,448" ns
+    path = tmp_path / "two.csv"
+    with path.open("w", newline="") as f:
+        csv.writer(f, quoting=csv.QUOTE_ALL).writerows([*rows[:head], header, *launch, *second])
+    (row,) = ncu.parse_ncu(path, "r")
+    one = csv_metric(H200.parent / "gpu-h200" / "ncu_k0.csv", "gpu__time_duration.sum")
+    assert row["launches"] == 2 and row["duration_ns"] == pytest.approx(1.5 * one)
+    without = [[c for j, c in enumerate(r) if j != j_id] for r in [header, *launch, *second]]
+    with path.open("w", newline="") as f:
+        csv.writer(f, quoting=csv.QUOTE_ALL).writerows([*rows[:head], *without])
+    with pytest.raises(ProfileFormatError, match="no ID column: the launches of a kernel"):
+        ncu.parse_ncu(path, "r")
+
+
 def shares(kernels: list[dict]) -> dict[str, float]:
     total = sum(float(r["total_ns"]) for r in kernels)
     out: dict[str, float] = {}

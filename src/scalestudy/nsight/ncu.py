@@ -73,6 +73,10 @@ def parse_ncu(path: str | Path, run: str, kernel: str | None = None) -> list[dic
     path = Path(path)
     header, rows = rows_after_header(path, _is_ncu_header, "ncu details")
     j_id = col(header, "ID")
+    if j_id is None:  # every launch one key: the last one's values were the kernel's mean
+        raise ProfileFormatError(
+            path, None, f"no ID column: the launches of a kernel cannot be told apart; {REPROFILE}"
+        )
     j_kernel = col(header, "Kernel Name")
     j_name, j_unit, j_value = (
         col(header, "Metric Name"),
@@ -91,7 +95,7 @@ def parse_ncu(path: str | Path, run: str, kernel: str | None = None) -> list[dic
             continue  # a rule row (Rule Name/Description filled, no metric)
         raw = cells[j_value].strip()
         unit = cells[j_unit].strip() if j_unit is not None else ""
-        key = (cells[j_id] if j_id is not None else "", cells[j_kernel].strip())
+        key = (cells[j_id], cells[j_kernel].strip())
         used = metric in _NCU_NAMED or bool(_SASS.match(metric) or TENSOR_METRIC.match(metric))
         try:
             value, suffix = parse_number(raw)
