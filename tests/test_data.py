@@ -640,22 +640,36 @@ def test_cli_synthetic_end_to_end(tmp_path: Path) -> None:
 
 
 def test_a_synthetic_set_larger_than_memory_is_one_line(tmp_path: Path) -> None:
-    """10**7 images (29 GB) in a process limited to 4 GB of address space (a small node, or a
-    job's limit): torch's allocator failure was a traceback; nothing is written."""
+    """2 * 10**6 images (5.7 GB) in a process limited to 4 GB of address space (a small node, or
+    a job's limit): torch's allocator failure was a traceback; nothing is written. (Past the
+    machine's memory the set is refused before any allocation: the next test.)"""
     import resource
 
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (4 * 2**30, 4 * 2**30))
 
     cmd = [sys.executable, "-m", "scalestudy", "prepare-data", "--dataset", "synthetic"]
-    cmd += ["--data-dir", str(tmp_path), "--num-train", str(10**7), "--num-test", "10"]
+    cmd += ["--data-dir", str(tmp_path), "--num-train", str(2 * 10**6), "--num-test", "10"]
     proc = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=limit, timeout=300)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines() == [
-        "scalestudy prepare-data: synthetic: 10,000,000 train images need 29,374 MB of "
+        "scalestudy prepare-data: synthetic: 2,000,000 train images need 5,875 MB of "
         "memory, more than this process could allocate; prepare fewer (--num-train / "
         "--num-test, the config's synthetic.num_train / num_test)"
     ]
+    assert not (tmp_path / "synthetic" / "data.pt").exists()
+
+
+def test_a_synthetic_set_larger_than_the_machine_is_refused_before_it_is_made(tmp_path, capsys):
+    """--num-train 10**23 was torch.arange's OverflowError traceback; 3 * 10**9 allocated its
+    labels (24 GB of int64) and its permutation, and the kernel killed the process for it.
+    Past this machine's memory it is one line, before any allocation."""
+    argv = ["prepare-data", "--dataset", "synthetic", "--data-dir", str(tmp_path)]
+    for n in (10**23, 3 * 10**12):
+        assert cli.main([*argv, "--num-train", str(n), "--num-test", "10"]) == 2
+        (err,) = capsys.readouterr().err.strip().splitlines()
+        assert f"synthetic: {n:,} train images need " in err, err
+        assert "MB of memory, more than this machine's " in err, err
     assert not (tmp_path / "synthetic" / "data.pt").exists()
 
 

@@ -468,6 +468,11 @@ def convert_mnist(raw_dir: str | Path) -> tuple[dict[str, torch.Tensor], list[st
 # ---------------------------------------------------------------------------------------------
 
 
+def _machine_mb() -> int:
+    """This machine's physical memory in MB (2**20 bytes)."""
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2**20
+
+
 def make_synthetic(
     num_train: int, num_test: int, seed: int
 ) -> tuple[dict[str, torch.Tensor], list[str]]:
@@ -506,11 +511,19 @@ def make_synthetic(
 
     def split(n: int, tag: str) -> tuple[torch.Tensor, torch.Tensor]:
         gs = torch.Generator().manual_seed(derive_seed("synthetic", tag, seed))
+        mb = vocab.DATASETS["synthetic"].megabytes(n)
+        # past the machine's memory, before any allocation: 10**23 was torch.arange's
+        # OverflowError, 3 * 10**9 labels (24 GB of int64) the kernel's kill of the process
+        if mb > (machine := _machine_mb()):
+            raise PreparedDataError(
+                f"synthetic: {n:,} {tag} images need {mb:,} MB of memory, more than this "
+                f"machine's {machine:,} MB; prepare fewer (--num-train / --num-test, the "
+                "config's synthetic.num_train / num_test)"
+            )
         try:
             y = (torch.arange(n) % k)[torch.randperm(n, generator=gs)]
             x = torch.empty(n, c, size, size, dtype=torch.uint8)
         except RuntimeError as e:  # "DefaultCPUAllocator: can't allocate memory": a traceback
-            mb = vocab.DATASETS["synthetic"].megabytes(n)
             raise PreparedDataError(
                 f"synthetic: {n:,} {tag} images need {mb:,} MB of memory, more than "
                 "this process could allocate; prepare fewer (--num-train / --num-test, the "
