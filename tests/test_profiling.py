@@ -3402,11 +3402,119 @@ def test_a_stop_signal_to_a_capture_alone_stops_its_ranks(data_dir, tmp_path):
         assert not alive, f"ranks {alive} outlived the capture:\n{out}"
         assert proc.returncode == 128 + signal.SIGTERM, out
         assert "Traceback" not in out, out
+        # the launch's stop, said once: cli's own handler (the command's again after the
+        # launch) adds no second line
+        said = "scalestudy profile capture: stopped by SIGTERM (passed on to the ranks' launch)"
+        assert out.strip().splitlines()[-1] == said, out
+        assert out.count("stopped by SIGTERM") == 3, out  # rank 0, the launch, the capture
     finally:
         proc.kill()
         for pid in ranks:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+# the `profile capture` / `profile ncu` process of the stop test below: its ranks' launch
+# replaced (a report left where the launch would leave it), then the program's own entry point
+_STOPPED_TOOL_DRIVER = """
+import sys
+from pathlib import Path
+
+from scalestudy import cli
+from scalestudy.jobs import launch
+from scalestudy.jobs import profile as capture
+
+MAGIC = "SCALESTUDY NSYS STAND-IN REPORT"  # the nsys stand-in's report (what its stats reads)
+action, out = sys.argv[1], Path(sys.argv[2])
+
+
+def capture_launch(argv, env, stdout=None, stderr=None):
+    (out / "nsys_rank0.nsys-rep").write_text(MAGIC + "\\n")
+    return 0
+
+
+def ncu_launch(argv, env, log_path):
+    (out / "ncu_k0.ncu-rep").write_text("a report\\n")
+    log_path.write_text("")
+    return 0, ""
+
+
+launch.hold_local_gpus = lambda *a, **k: None
+capture.run_launch = capture_launch
+capture.run_logged = ncu_launch
+sys.argv = ["scalestudy", "profile", action, "--run", "r", "--device", "cuda", *sys.argv[3:]]
+raise SystemExit(cli.main())
+"""
+
+
+@pytest.mark.parametrize("action", ["capture", "ncu"])
+def test_a_stop_signal_after_the_launch_stops_the_tool_and_leaves_no_temp_file(tmp_path, action):
+    """SIGTERM to `profile capture` or `profile ncu` after the ranks' launch, while it ran a
+    tool (`nsys stats` of a rank's report, `ncu --import` into its CSV: up to TOOL_TIMEOUT_S
+    each): no handler was left for it (the commands were in cli.OWN_STOP, and the launch's own
+    was gone), so the job died on the spot, said nothing, left the import's temp file in the
+    output directory, and the tool ran on, orphaned, without its time limit. Now it stops as
+    every command does: the tool killed, the temp file removed, one line, death by the signal.
+    STAND-INS for the launch (the driver above) and for the slow tool (a wrapper that sleeps)."""
+    bin_dir, pid_file = tmp_path / "bin", tmp_path / "tool.pid"
+    bin_dir.mkdir()
+    tool = "nsys" if action == "capture" else "ncu"
+    slow = "stats" if tool == "nsys" else "--import"
+    (bin_dir / tool).write_text(
+        f'#!/bin/sh\nif [ "$1" = {slow} ]; then echo $$ > {shlex.quote(str(pid_file))}; '
+        f'exec sleep 60; fi\nexec {shlex.quote(str(STAND_INS / "nsys"))} "$@"\n'
+    )
+    (bin_dir / tool).chmod(0o755)
+    out = tmp_path / "o"
+    if action == "capture":
+        words = ["--tool", "nsys", "--out", str(out)]
+    else:
+        rows = [{"run": "r", "rank": 0, "tool": "nsys", "kernel": "ampere_sgemm_128x64_tn",
+                 "category": "gemm", "instances": 20, "total_ns": 1000, "share": 1.0}]  # fmt: skip
+        kernels = tmp_path / "k.csv"
+        kernels.write_text(schema.csv_text(schema.KERNEL_COLUMNS, rows))
+        words = ["--kernels", str(kernels), "--out-dir", str(out), "--out", str(tmp_path / "n.csv")]
+    out.mkdir()
+    driver = tmp_path / "driver.py"
+    driver.write_text(_STOPPED_TOOL_DRIVER)
+    cmd = [PYTHON, str(driver), action, str(out), *words, "--", "--device", "cuda",
+           "--profile-steps", "2:4"]  # fmt: skip
+    env = child_env(PATH=os.pathsep.join([str(bin_dir), os.environ["PATH"]]))
+    err = tmp_path / "stderr"  # a file: an orphaned tool would hold a pipe open
+    with err.open("w") as f:
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=f)
+    tool_pid = None
+    try:
+        deadline = time.monotonic() + 30
+        while not (pid_file.exists() and pid_file.read_text().strip()):
+            assert proc.poll() is None and time.monotonic() < deadline, err.read_text()
+            time.sleep(0.05)
+        tool_pid = int(pid_file.read_text())
+        time.sleep(0.2)  # the tool's shell has exec'd its sleep
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=20)
+        said = err.read_text()
+        deadline = time.monotonic() + 5
+        while _running(tool_pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _running(tool_pid), f"`{tool} {slow}` outlived the job:\n{said}"
+        assert said.strip().splitlines()[-1] == f"scalestudy profile {action}: stopped by SIGTERM"
+        assert proc.returncode == -signal.SIGTERM, said
+        assert not [p.name for p in out.rglob("*.tmp")]
+        assert "Traceback" not in said, said
+    finally:
+        proc.kill()
+        if tool_pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(tool_pid, signal.SIGKILL)
+
+
+def _running(pid: int) -> bool:
+    """Process `pid` exists and is no zombie (one reparented to an init that does not reap)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
 
 
 def test_every_profile_action_runs_a_function_of_its_module():

@@ -23,7 +23,10 @@ on the spot, and prepare-data left its part of the CIFAR-10 archive in raw/ for 
 death by that signal (128 + N from main()). Not in the commands that handle them themselves
 (OWN_STOP: train with --checkpoint-dir checkpoints on SIGTERM and SIGHUP, launch's torchrun
 agent passes them to the ranks), and a signal ignored when the program starts (nohup's
-SIGHUP) stays ignored.
+SIGHUP) stays ignored. A command may take them over for a while and give them back: profile
+capture and ncu while their ranks' launch runs (local_ranks.run_to_end passes them on to it;
+then the command's own line, `... stopped by SIGTERM (passed on to the ranks' launch)`, and
+exit 128 + N), this handler before and after it (`nsys stats`, `ncu --import`).
 
 A reader that leaves early (`scalestudy plan --out-md /dev/stdout | head -1`, a closed named
 pipe) ends the command quietly, as SIGPIPE ends a Unix tool: no message, exit 141 (128 + 13,
@@ -63,11 +66,14 @@ INTERRUPTED_EXIT = 130
 STOP_SIGNALS = vocab.STOP_SIGNALS
 
 # the commands that handle the stop signals themselves: train (checkpoint, exit 75: with
-# --checkpoint-dir, _owns_stop), launch
-# (execs srun or torchrun's agent, which passes them to the ranks), gpu-check (kills its checks'
-# process groups), and the profiling jobs that start a training run or are a rank (an
-# exception here killed the run's launcher, and its ranks trained on, orphaned)
-OWN_STOP = {"train", "launch", "gpu-check", "profile capture", "profile ncu", "profile rank"}
+# --checkpoint-dir, _owns_stop), launch (execs srun or torchrun's agent, which passes them to
+# the ranks), gpu-check (kills its checks' process groups), and profile rank (execs the
+# profiler around a rank). Not profile capture and ncu: their ranks' launch owns the signals
+# while it runs (local_ranks.run_to_end: passed on to it, then its Stopped, 128 + N from
+# profile.run), and this handler is theirs again after it; in OWN_STOP, nothing handled them
+# outside the launch, and a stop during `nsys stats` or `ncu --import` killed the job on the
+# spot, silently, left the import's temp file and the tool running on, orphaned
+OWN_STOP = {"train", "launch", "gpu-check", "profile rank"}
 
 
 class Stopped(KeyboardInterrupt):

@@ -31,7 +31,11 @@ capture: the tool is chosen here, on the compute node, and stated in DIR/tool.js
   a profiled rank's output fails, rather than sum over the ranks that are there.
   The ranks' launch (capture's, and each ncu pass's) runs in a session of its own: a stop
   signal to this process (Ctrl-C, SIGTERM, SIGHUP) is passed on to it and waited for, a second
-  one kills it and its ranks (run_launch); killed with this process, the ranks trained on.
+  one kills it and its ranks (run_launch; then one line and 128 + N, run); killed with this
+  process, the ranks trained on. Before and after the launch (the GPU-slot wait, the inventory,
+  `nsys stats`, `ncu --import`) a stop signal is cli.py's: the tool is killed, the atomic
+  writes' temp files are removed, one line and death by the signal (no handler there, the job
+  died on the spot and the tool ran on, orphaned, without its TOOL_TIMEOUT_S).
 In the container (--container IMG): the profiler runs inside the image, around the trainer:
       apptainer exec --nv --bind <install> IMG python -m scalestudy profile rank \\
           --profiler <install>/bin/nsys ... -- python -m scalestudy train ...
