@@ -137,7 +137,8 @@ def test_phases_are_ordered_as_a_run_passes_them():
     assert positions == sorted(positions) and len(set(positions)) == len(positions)
     # start-up: each rank's own work before the collective that waits for it
     start = ["start", "data load", "data check", "model broadcast", "model set-up"]
-    start += ["checkpoint directory check", "checkpoint search", "checkpoint choice"]
+    start += ["checkpoint directory check", "checkpoint directory read"]
+    start += ["checkpoint directory views", "checkpoint search", "checkpoint choice"]
     start += ["checkpoint load"]
     positions = [progress.position({"step": -1, "phase": p}) for p in start]
     positions.append(progress.position({"step": 0, "phase": "data"}))
@@ -582,6 +583,8 @@ sys.exit(main())
 
 STUCK_IN_DATA_LOAD = stuck_in("loaders", "load_prepared", 1)
 STUCK_IN_CHECKPOINT_WRITE = stuck_in("checkpoint", "write_checkpoint", 0)
+STUCK_IN_MARKER_WRITE = stuck_in("checkpoint", "write_marker", 0)
+STUCK_IN_ATTEMPT_READ = stuck_in("state", "Checkpointing._read_attempt", 0)
 
 
 def run_rank(script: str, data_dir: Path, tmp_path: Path, *flags: str, last: str = "") -> str:
@@ -643,6 +646,28 @@ def test_a_rank_stuck_in_its_checkpoint_write_is_named(data_dir, tmp_path):
     )
     assert named, out[-3000:]
     assert f"the furthest rank(s) 1 wait at stop agreement after step {named.group(1)}" in out
+
+
+@pytest.mark.parametrize(
+    ("script", "own", "wait"),
+    [
+        (STUCK_IN_MARKER_WRITE, "checkpoint directory check", "checkpoint directory read"),
+        (STUCK_IN_ATTEMPT_READ, "attempt record", "attempt shared"),
+    ],
+)
+def test_rank_0_stuck_in_its_start_up_checkpoint_io_is_named(data_dir, tmp_path, script, own, wait):
+    """Rank 0's write of the shared-directory marker, or its read of attempt.json, hangs (a
+    hung file system): every rank had set the same phase before rank 0's I/O and the others
+    waited in its broadcast under it, so the diagnosis said "no rank lags ... a network
+    problem". The others now wait in a phase of their own after it: rank 0 is behind."""
+    flags = ("--epochs", "2", "--checkpoint-dir", str(tmp_path / "ckpt"))
+    out = run_rank(script, data_dir, tmp_path, *flags, last="furthest rank")
+    assert re.search(
+        rf"\[rank 1/2 \S+\] hang diagnosis: rank 0 on \S+ is alive but behind: it has been at "
+        rf"{own} \(before the first step\) for \d+ s",
+        out,
+    ), out[-3000:]
+    assert f"the furthest rank(s) 1 wait at {wait} (before the first step)" in out, out[-3000:]
 
 
 @pytest.mark.parametrize(

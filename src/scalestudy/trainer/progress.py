@@ -90,8 +90,11 @@ START_PHASES = (
     "data check",
     "model broadcast",  # the strategy's wrapper: DDP broadcasts rank 0's weights
     "model set-up",  # optimizer, FLOP count, TensorBoard (this rank's)
-    # rank 0 writes a marker in --checkpoint-dir, every rank looks for it (state.py)
+    # rank 0 writes a marker in --checkpoint-dir (its I/O), every rank looks for it (each
+    # rank's), then their views are gathered (state.py)
     "checkpoint directory check",
+    "checkpoint directory read",
+    "checkpoint directory views",
     "checkpoint search",  # rank 0 finds and verifies the newest checkpoint (--checkpoint-dir)
     "checkpoint choice",  # rank 0's choice broadcast
     "checkpoint load",  # this rank loads it
@@ -100,8 +103,10 @@ STEP_PHASES = ("data", "forward", "backward", "communication", "optimizer")  # t
 AFTER_STEP_PHASES = (
     "evaluation",  # the epoch's reduction, the evaluation, rank 0's epochs.csv
     # rank 0 writes attempt.json (lost_time_s, state.py); at start-up, after the checkpoint
-    # load, every rank waits while rank 0 reads and writes it (the same place: after step -1)
+    # load, rank 0 reads and writes it (after step -1) while the others wait at "attempt
+    # shared", its result's broadcast
     "attempt record",
+    "attempt shared",
     "checkpoint write",  # this rank waits for the write in flight, or copies and writes a save
     "stop agreement",  # the all-reduce on a stop signal and failed writes
     "checkpoint agreement",  # the collectives of a save (ranks' random state, its result)

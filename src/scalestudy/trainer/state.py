@@ -314,16 +314,20 @@ class Checkpointing:
         if world_size == 1:
             return
         directory = self.saver.directory
-        progress.at("checkpoint directory check")  # rank 0's write, then every rank's read
+        progress.at("checkpoint directory check")  # rank 0's write
         marker, sent = None, [None, None]  # rank 0's token, or why it could not write it
         if self.rank == 0:
             try:
                 marker, sent[0] = ckpt.write_marker(directory)
             except OSError as exc:
                 sent[1] = f"rank 0 cannot write in it: {files.write_cause(exc)}"
+        # each rank's own read after rank 0's write, then the views gathered: a rank stuck in
+        # its I/O is in an earlier phase than the others' wait (hang diagnosis)
+        progress.at("checkpoint directory read")
         dist.broadcast_object_list(sent, src=0)
         token, failed = sent
         seen = token is not None and ckpt.sees_marker(directory, token)
+        progress.at("checkpoint directory views")
         views: list = [None] * world_size
         dist.all_gather_object(views, (seen, sdist.hostname()))
         if marker is not None:
@@ -356,7 +360,7 @@ class Checkpointing:
         same on every rank)."""
         if self.saver is None:
             return
-        progress.at("attempt record")  # rank 0's I/O, the others wait (hang diagnosis)
+        progress.at("attempt record")  # rank 0's I/O (hang diagnosis)
         known = [state.lost_time_s, state.resumed_from_epochs]
         if self.rank == 0:
             previous = self._read_attempt()
@@ -368,6 +372,7 @@ class Checkpointing:
                 known = [lost, resumes if resumes is not None else state.resumed_from_epochs]
             state.lost_time_s, state.resumed_from_epochs = known
             self._write_attempt(state, state.loop_time)
+        progress.at("attempt shared")  # the others wait here while rank 0 is in its I/O
         dist.broadcast_object_list(known, src=0)
         state.lost_time_s, state.resumed_from_epochs = known
 
