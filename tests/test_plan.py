@@ -575,6 +575,19 @@ def test_the_calibration_check_judges_only_runs_it_can_and_leaves_out_their_repe
     assert [r["run"] for r in plan.calibration_check(small_config(), [intact, cut])] == [run]
 
 
+def test_the_calibration_check_of_a_finished_run_past_runtime_max_refuses_nothing():
+    """A run measured in one job whose estimate now passes hardware.runtime_max: the check
+    priced it as a job to run (split_jobs), and its refusal (checkpointing.retries too few
+    for the jobs it would take) stopped `scalestudy plan` of a study whose runs had all
+    finished, while the workflow, which gives a finished run no job, accepted it."""
+    config = split_config(runtime_max=3)
+    config["checkpointing"]["retries"] = 0
+    run = "w1_lb8_fp32_ddp_bk25_r0"
+    measured = [measured_row(run, 50.0, 1, wall_s=56.0, restarts="0")]
+    (check,) = plan.calibration_check(config, measured)
+    assert check["run"] == run and check["error"] == pytest.approx(0.0)
+
+
 def test_a_measurement_within_one_node_does_not_price_the_same_world_size_across_two():
     """The run, batch and world-size levels ignored the node count: 4 ranks measured within one
     node priced 4 ranks over two nodes at the intra-node rate (320 img/s, basis run)."""

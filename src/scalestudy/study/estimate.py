@@ -969,10 +969,11 @@ def calibration_check(config: dict, measured: list[dict]) -> list[dict]:
             continue
         if not is_done(config, rows[m["run"]], m) or resumed(m) or not same_gpu(config, m):
             continue
-        est = estimate_run(config, rows[m["run"]], everything)
+        # done: a finished run takes no job, and is never refused (split_jobs)
+        est = estimate_run(config, rows[m["run"]], everything, done=True)
         mine = _level_key("run", m)
         others = Calibration(config, [o for o in measured if _level_key("run", o) != mine])
-        loo = estimate_run(config, rows[m["run"]], others)
+        loo = estimate_run(config, rows[m["run"]], others, done=True)
         out.append(
             {
                 "run": m["run"],
