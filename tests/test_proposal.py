@@ -671,6 +671,27 @@ def test_a_production_run_past_runtime_max_is_priced_with_its_resumptions(tmp_pa
     assert float(prod["hours_per_run"]) == proposal.ceil3(one_job)
 
 
+def test_with_calibration_off_the_study_is_priced_as_plan_md_prices_it(tmp_path):
+    """plan.calibrate false: the plan reads no measured run, so a run past hardware.runtime_max
+    is split into jobs there; the proposal marked the same run done (it had a measurement)
+    and priced it as one job under a time limit past runtime_max, below plan.md's hours. Its
+    evidence still counts the measured runs."""
+    from scalestudy.study import plan
+
+    over = ("plan.calibrate=false", "hardware.runtime_max=10", "checkpointing.retries=20",
+            "checkpointing.signal_lead_s=60", "train.epochs=60")  # fmt: skip
+    config, study = build(tmp_path, *over)
+    write(config, study)
+    measured = plan.read_measured(config, study / "results/csv/runs.csv", study / "benchmarks")
+    priced = plan.estimate_runs(config, build_run_table(config), measured)
+    assert any(e.jobs > 1 for e in priced)  # split: the resumptions' start-ups held too
+    c = cells(study)
+    row = c[("request", "scaling study, 1 node")]
+    held = sum(e.held_s for e in priced) / len(priced) / 3600
+    assert (int(row["runs"]), float(row["hours_per_run"])) == (len(priced), proposal.ceil3(held))
+    assert c[("evidence", "study")]["runs_not_measured"] == "0"
+
+
 @pytest.mark.parametrize("which", ["thin", "strong"])
 def test_no_production_is_promised_when_none_is_requested(tmp_path, which):
     """proposal.production.runs 0: the request has no production row, and no document says
