@@ -2091,6 +2091,9 @@ def test_a_measured_path_of_the_wrong_kind_is_named_so(tmp_path):
         ((str(a_dir), str(a_dir)), f"--runs-csv {a_dir}: a directory, not a file; give"),
         ((str(tmp_path / "gone.csv"), None), f"--runs-csv {tmp_path / 'gone.csv'}: no such file;"),
         ((None, str(tmp_path / "gone")), f"--benchmarks {tmp_path / 'gone'}: no such directory;"),
+        # a device is neither (it was "a directory, not a file")
+        (("/dev/null", None), "--runs-csv /dev/null: not a regular file; give"),
+        ((None, "/dev/null"), "--benchmarks /dev/null: not a directory; give"),
     ]:
         with pytest.raises(PlanError) as refused:
             estimate.measured_paths(*given)

@@ -610,8 +610,14 @@ def given_path(value: str | None, flag: str, default: str | Path, directory: boo
     path = Path(value)
     want, other = ("directory", "file") if directory else ("file", "directory")
     if not (path.is_dir() if directory else path.is_file()):
-        # one that exists is named as what it is ("no such directory" of a file misled)
-        what = f"a {other}, not a {want}" if path.exists() else f"no such {want}"
+        # one that exists is named as what it is ("no such directory" of a file misled; a
+        # device, /dev/null, was "a directory")
+        if not path.exists():
+            what = f"no such {want}"
+        elif path.is_file() if directory else path.is_dir():
+            what = f"a {other}, not a {want}"
+        else:
+            what = f"not a {'directory' if directory else 'regular file'}"
         raise PlanError(
             f"{flag} {value}: {what}; give an existing {want}, or leave {flag} out to read the "
             f"study's own ({default}, where it exists)"
