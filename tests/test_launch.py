@@ -33,15 +33,23 @@ def test_rank_env_gives_every_thread_pool_the_cores_of_one_rank():
     assert {"MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"} <= set(launch.THREAD_VARS)
 
 
+# an env:// launcher's per-rank variables, as a caller may have them (a shell inside a torchrun
+# job, a notebook on a cluster): the trainer's dist.detect prefers them to SLURM_PROCID
+LEAKED = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
+          "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1"}  # fmt: skip
+
+
 def test_a_launched_rank_sees_its_own_thread_counts(tmp_path):
     """A real launch (one rank, whose trainer is replaced through --rank-prefix by a shell that
-    records its environment) under the variables Snakemake's shell sets."""
+    records its environment) under the variables Snakemake's shell sets. A caller's RANK and
+    WORLD_SIZE reached it too: the launch of one rank waited for a second that never came
+    (and srun's tasks, each told RANK 0 of 1, trained as 1-rank runs into one --out)."""
     seen = tmp_path / "env.txt"
     prefix = f"sh -c 'env > {seen}' sh"
     proc = subprocess.run(
         [sys.executable, "-m", "scalestudy", "launch", "--cpus-per-rank", "2"]
         + ["--rank-prefix", prefix, "--", "--epochs", "1"],
-        env={"PATH": "/usr/bin:/bin", **SNAKEMAKE_THREADS},
+        env={"PATH": "/usr/bin:/bin", **SNAKEMAKE_THREADS, **LEAKED, "MASTER_PORT": "29555"},
         capture_output=True,
         text=True,
         timeout=60,
@@ -49,6 +57,8 @@ def test_a_launched_rank_sees_its_own_thread_counts(tmp_path):
     assert proc.returncode == 0, proc.stderr
     got = dict(line.split("=", 1) for line in seen.read_text().splitlines() if "=" in line)
     assert {k: got.get(k) for k in launch.THREAD_VARS} == dict.fromkeys(launch.THREAD_VARS, "2")
+    assert not set(LEAKED) & set(got), {k: got[k] for k in set(LEAKED) & set(got)}
+    assert got["MASTER_PORT"] == "29555"  # the documented override stays
 
 
 # ------------------------------------------------------------------ where the ranks start

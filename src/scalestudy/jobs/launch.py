@@ -77,9 +77,28 @@ THREAD_VARS = (
 LOCAL_RANKS = local_ranks.__name__
 
 
+# an env:// launcher's per-rank variables: the launch's own launcher (srun, torchrun) says
+# where each rank stands; a caller's (a shell inside a torchrun job, a notebook) reached the
+# ranks, and the trainer (dist.detect) takes them before SLURM_PROCID: one rank waited for a
+# second that never came, and srun's tasks, each told RANK 0 of 1, trained as 1-rank runs into
+# one --out. MASTER_ADDR and MASTER_PORT stay: they are overrides a user sets on purpose.
+CALLER_RANK_VARS = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+)
+
+
 def rank_env(env: dict[str, str], cpus_per_rank: int) -> dict[str, str]:
-    """`env` with every THREAD_VARS variable set to the cores of one rank."""
-    return {**env, **dict.fromkeys(THREAD_VARS, str(cpus_per_rank))}
+    """`env` with every THREAD_VARS variable set to the cores of one rank, without a caller's
+    CALLER_RANK_VARS."""
+    kept = {k: v for k, v in env.items() if k not in CALLER_RANK_VARS}
+    return {**kept, **dict.fromkeys(THREAD_VARS, str(cpus_per_rank))}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
