@@ -541,6 +541,20 @@ def test_bad_input_fails_clearly(data_dir, tmp_path, flags, message):
         assert "Traceback" not in proc.stderr and not (tmp_path / "epochs.csv").exists()
 
 
+@pytest.mark.parametrize("flags", [["--precision", "fp16"], ["--backend", "nccl"]])
+def test_a_flag_this_node_cannot_run_is_one_line_per_node_and_exit_2(data_dir, tmp_path, flags):
+    """A flag the node's hardware cannot run (fp16 or NCCL on a CPU) is a bad flag: it was
+    caught as a failed start, "cannot start: ..." from every rank and exit 1, though it says
+    its local rank 0 alone prints it (TrainingError's scope "node"), as --channels-last on
+    does: exit 2, the one line of an expected error."""
+    two = train(data_dir, tmp_path / "two", *flags, nproc=2, check=False)
+    said = [line for line in two.stderr.splitlines() if "needs CUDA" in line]
+    assert len(said) == 1 and "cannot start" not in said[0], two.stderr
+    one = train(data_dir, tmp_path / "one", *flags, nproc=1, check=False)
+    assert one.returncode == 2, one.stderr
+    assert "] scalestudy train: " in one.stderr.strip().splitlines()[-1], one.stderr
+
+
 PG_TIMEOUT = "--pg-timeout-s must be in [1, 604800] s (a week), got"
 BUCKET = "--bucket-cap-mb must be in [0.001, 1000000] MiB (1 KiB to 1 TiB), got"
 

@@ -10,8 +10,9 @@ rank's GPU; --device cuda never falls back to the CPU. Rank 0 writes
 --out/{metrics.json,epochs.csv} atomically.
 Exit status: 0 done; 75 stopped on a signal after a checkpoint; 130 (killed by SIGINT) Ctrl-C,
 one line from rank 0 (a rank whose collective failed as an interrupted peer exited is
-interrupted too: Interrupt); 1 cannot start (device, rendezvous: one line per rank); 2 an
-expected error (a bad flag, missing or changed prepared data,
+interrupted too: Interrupt); 1 cannot start (the rendezvous, a device that fails: one line per
+rank); 2 an expected error (a bad flag, one this node cannot run: --device cuda without CUDA,
+fp16 or NCCL on a CPU, one line per node; missing or changed prepared data,
 checked before the rendezvous where possible: one line, from rank 0; cli.py); a bug raises, with
 its traceback on every rank.
 
@@ -380,6 +381,12 @@ def _main(cfg: TrainConfig, denv: sdist.DistEnv, interrupt: Interrupt) -> int:
         backend = pick_backend(cfg, device)
         preload_dynamo()
         sdist.init_process_group(denv, backend, cfg.pg_timeout_s)
+    except TrainingError as exc:
+        # a flag this node's hardware cannot run (pick_device, pick_backend: fp16 or NCCL on a
+        # CPU, --device cuda without CUDA): an expected error, its scope's line (each node's
+        # local rank 0), exit 2; it was "cannot start" from every rank
+        interrupt.check(exc)
+        raise
     except Exception as exc:
         interrupt.check(exc)
         logger.error(f"cannot start: {exc}", exc_info=log.debug())
