@@ -37,8 +37,11 @@ How the numbers are measured (the analysis relies on these definitions):
   world_size images (floor(n / global_batch) x global_batch when accum_steps is 1; with
   accumulation the micro-batch, not the global batch, is the unit). Images are summed over
   ranks; the window time is the maximum over ranks. Under --profile-steps the profiled steps
-  are window steps, with the profiler's recording, start and stop; its export (torch.profiler's
-  files, measure.Profiler.export) is written after the epoch's window, outside it.
+  inside the window count in it, with the profiler's recording, start and stop (those before
+  window_warmup_steps are warm-up steps; the study's captures pass --warmup-steps at most
+  profiling.start_step: study/profiling.window_flags);
+  its export (torch.profiler's files, measure.Profiler.export) is written after the epoch's
+  window, outside it.
   throughput_img_s_per_rank = throughput_img_s / world_size.
 - window_warmup_steps: the optimizer steps the window leaves out at the start of each segment
   (measure.Meter.warmup_steps): --warmup-steps (metrics.json warmup_steps), but at least
