@@ -499,6 +499,27 @@ def test_a_signal_to_the_whole_group_stops_a_run_with_loader_workers_at_a_checkp
     assert ck.list_checkpoints(ckdir), stderr
 
 
+def test_a_stop_of_a_run_without_checkpoints_ends_its_loader_workers(data_dir, tmp_path):
+    """Without --checkpoint-dir a SIGTERM is cli's Stopped: at exit, multiprocessing ends the
+    DataLoader's (persistent) workers with its own SIGTERM and waits for them. Workers that
+    ignored every SIGTERM held the rank (and its GPU) for ever; the parent's SIGTERM still
+    ends them. (Persistent: non-persistent workers are shut down at each epoch's end, inside
+    the iterator's __del__, where a Stopped raised is "ignored" by Python and the run then
+    trains on: a race of cli's Stopped with any finalizer, not of the workers.)"""
+    out = tmp_path / "run"
+    flags = ["--loader", "dataloader", "--num-workers", "1"]
+    proc = _start(data_dir, out, *flags, preexec_fn=os.setsid)
+    _wait_for_epochs(out, 1, proc)
+    proc.send_signal(signal.SIGTERM)  # the rank alone
+    try:
+        _, stderr = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise AssertionError(f"the rank never ended:\n{proc.communicate()[1][-2000:]}") from None
+    assert proc.returncode == -signal.SIGTERM, stderr
+    assert stderr.splitlines()[-1].endswith("scalestudy train: stopped by SIGTERM"), stderr
+
+
 def test_a_new_run_into_an_earlier_runs_out_starts_without_its_outputs(data_dir, tmp_path):
     """metrics.json marks a finished run, but a new run into the same --out (by hand:
     Snakemake deletes a job's outputs first) left the earlier one's in place until it

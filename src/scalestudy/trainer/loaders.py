@@ -16,8 +16,10 @@ import hashlib
 import itertools
 import json
 import math
+import os
 import shlex
 import signal
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from scalestudy import files, vocab
+from scalestudy import files
 from scalestudy.errors import PreparedDataError
 
 FORMAT_VERSION = 1  # of DIR/<dataset>/{data.pt,meta.json}; prepare_data.py writes it
@@ -536,16 +538,50 @@ class _TensorImages(Dataset):
         return self.transform(self.x[i]), self.y[i]
 
 
-# the signals the rank stops at (checkpoint.StopFlag): Slurm sends a time limit's SIGTERM and
-# --signal's USR1 to every process of the job step, a closed terminal SIGHUP to its foreground
-# group, and a worker that died of one failed the rank mid-step ("DataLoader worker (pid N) is
-# killed by signal"), its training since the last checkpoint lost. The rank stops its workers.
-WORKER_IGNORES = (*vocab.STOP_SIGNALS, signal.SIGUSR1)
+# The signals the rank stops at (checkpoint.StopFlag, cli's Stopped): Slurm sends a time
+# limit's SIGTERM and --signal's USR1 to every process of the job step, a closed terminal SIGHUP
+# to its foreground group, and a DataLoader worker that died of one failed the rank mid-step
+# ("DataLoader worker (pid N) is killed by signal"), its training since the last checkpoint
+# lost. The rank acts on them; its workers must not die of them, yet end on the SIGTERM their
+# parent sends them (torch's shutdown, multiprocessing's at exit: ignored, the rank waited for
+# them for ever). So each worker ignores SIGHUP and USR1 (its parent never sends them), and
+# takes SIGTERM in a thread of its own (sigwaitinfo: a Python handler is not told the sender),
+# which ends the worker when its parent sent it, as torch's own handler does, and ignores it
+# otherwise. The rank forks its workers with the three blocked (StopSafeDataLoader), so one that
+# comes before the worker's set-up waits for it instead of killing the worker.
+WORKER_STOPS = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
 
 
 def _worker_ignores_stops(_worker_id: int) -> None:
-    for signum in WORKER_IGNORES:
-        signal.signal(signum, signal.SIG_IGN)
+    """worker_init_fn: the worker's stop signals as WORKER_STOPS' comment says (they are
+    blocked here, from the rank's fork)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, WORKER_STOPS)
+    for signum in WORKER_STOPS:
+        if signum != signal.SIGTERM:
+            signal.signal(signum, signal.SIG_IGN)  # a pending one is dropped on unblocking
+    threading.Thread(
+        target=_end_on_parents_sigterm, args=(os.getppid(),), name="sigterm", daemon=True
+    ).start()  # started with SIGTERM blocked, as sigwaitinfo needs it
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [s for s in WORKER_STOPS if s != signal.SIGTERM])
+
+
+def _end_on_parents_sigterm(parent: int) -> None:
+    while True:
+        if signal.sigwaitinfo({signal.SIGTERM}).si_pid == parent:
+            os._exit(0)  # torch's worker handler's exit on its parent's SIGTERM
+
+
+class StopSafeDataLoader(DataLoader):
+    """A DataLoader whose workers are forked with WORKER_STOPS blocked (inherited by the fork,
+    set up by _worker_ignores_stops); in this process a signal that comes meanwhile is handled
+    on unblocking."""
+
+    def __iter__(self):
+        before = signal.pthread_sigmask(signal.SIG_BLOCK, WORKER_STOPS)
+        try:
+            return super().__iter__()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 def make_dataloader(
@@ -581,7 +617,7 @@ def make_dataloader(
     generator seeded from (seed, rank); with num_workers=0 it uses the global torch RNG instead,
     seeded per rank by seed_rank_draws. persistent_workers/prefetch_factor are passed only when
     num_workers > 0 (DataLoader rejects them otherwise). The workers ignore the stop signals
-    (WORKER_IGNORES): the rank acts on them.
+    (WORKER_STOPS; the parent's SIGTERM ends them): the rank acts on them.
     """
     from torchvision.transforms import v2
 
@@ -613,7 +649,7 @@ def make_dataloader(
         extra["worker_init_fn"] = _worker_ignores_stops
         if prefetch_factor is not None:
             extra["prefetch_factor"] = prefetch_factor
-    loader = DataLoader(
+    loader = (StopSafeDataLoader if num_workers > 0 else DataLoader)(
         dataset,
         batch_size=local_batch,
         sampler=sampler,
