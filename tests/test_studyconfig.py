@@ -183,6 +183,17 @@ def test_a_value_yaml_cannot_construct_is_one_line_with_file_and_line(tmp_path):
     # quoted, it is text: a choice's refusal, not a traceback
     refused(minimal(), "config key 'dataset': value \"2024-02-30\" is not allowed",
             overrides=["dataset='2024-02-30'"])  # fmt: skip
+    # other tags' constructors fail otherwise (KeyError, AttributeError, IndexError)
+    for text, what in (("!!bool maybe", "value of tag"), ("!!timestamp x", "date")):
+        path.write_text(f"study: x\ntrain:\n  epochs: {text}\n")
+        refused(path, f"{path}, line 3, column 11: ", f"is no {what}")
+        refused(minimal(), 'config key \'train.precision\': value "', "is not allowed",
+                overrides=[f"train.precision='{text}'"])  # fmt: skip
+    refused(minimal(), "override 'train.epochs=!!int \"\"': '' is no integer",
+            overrides=['train.epochs=!!int ""'])  # fmt: skip
+    # JSON takes deeper nesting than the merge's recursion: one line too
+    path.write_text('{"study": ' + "[" * 600 + "]" * 600 + "}")
+    refused(path, "nested too deep")
 
 
 def test_duplicate_yaml_key_refused(tmp_path):

@@ -221,7 +221,7 @@ def _spells_a_choice(text: str, choices: list) -> bool:
     true, false]); the type must match too: 1 == True in Python, but 1 is no choice there."""
     try:
         value = yaml.safe_load(text)
-    except (yaml.YAMLError, ValueError, OverflowError, RecursionError):  # no value: no choice
+    except Exception:  # YAML that builds no value (2024-02-30, !!bool maybe): no choice
         return False
     return any(type(c) is type(value) and c == value for c in choices if not isinstance(c, str))
 
@@ -230,7 +230,7 @@ def _yaml_keeps_as_text(text: str) -> bool:
     """A float that PyYAML, unquoted, would still read as text (5e-4, 1.0e4)."""
     try:
         return _reads_as_float(text) and isinstance(yaml.safe_load(text), str)
-    except (yaml.YAMLError, ValueError, OverflowError, RecursionError):
+    except Exception:  # YAML that builds no value
         return False
 
 
@@ -820,8 +820,11 @@ def validate(config: dict, *, schema: str | os.PathLike | None = None, source=No
         raise StudyConfigError(
             _bad("<top level>", config, "must be a mapping (key: value)"), source=source
         )
-    if cycle := _holds_itself(config):  # a YAML alias inside its own anchor: no config
-        raise StudyConfigError(cycle, source=source)
+    # Snakemake's own loading of a --configfile takes any depth, and a YAML alias inside its
+    # own anchor is endless: each is no config (the checks below recursed into either until
+    # Python's RecursionError)
+    if problem := _depth_problem(config):
+        raise StudyConfigError(problem, source=source)
     loaded = _load_schema(str(schema_path() if schema is None else Path(schema).resolve()))
     problems = _non_finite(config) + _schema_problems(config, loaded)
     if not problems:
@@ -871,10 +874,13 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
     def construct_object(self, node, deep=False):
         """PyYAML's, with a value its constructor cannot build (`2024-02-30`, a date that is
-        none; `!!int x`) refused at its line: PyYAML raises a plain ValueError, a traceback."""
+        none; `!!int x`, `!!bool maybe`) refused at its line: PyYAML raises a plain
+        ValueError (KeyError, AttributeError, ... for other tags), a traceback."""
         try:
             return super().construct_object(node, deep)
-        except (ValueError, OverflowError) as e:
+        except (yaml.YAMLError, RecursionError):
+            raise  # its own errors, with their marks; too deep: load_yaml's line
+        except Exception as e:
             what = _TAG_WHAT.get(str(node.tag).rpartition(":")[2], f"value of tag {node.tag}")
             raise _MisreadNumber(
                 None,
@@ -985,7 +991,41 @@ def load_yaml(path: str | os.PathLike) -> dict:
         raise StudyConfigError(
             _bad("<top level>", data, "must be a mapping (key: value)"), source=path
         )
+    if problem := _depth_problem(data):  # before any merge's deepcopy recurses into it
+        raise StudyConfigError(problem, source=path)
     return data
+
+
+def _depth_problem(config: Any) -> str | None:
+    """Why `config` nests too deep for the checks (they recurse), None when it does not: an
+    alias inside its own anchor (endless) is named so, deep nesting as such."""
+    if not _too_deep(config):
+        return None
+    try:
+        return _holds_itself(config) or "nested too deep for a config file"
+    except RecursionError:  # deep, not endless
+        return "nested too deep for a config file"
+
+
+# nesting no study config comes near (the schema's is 4 levels), checked without recursion:
+# JSON reads deeper nesting than the merge, the checks and copy.deepcopy can recurse into
+MOST_DEPTH = 50
+
+
+def _too_deep(value: Any) -> bool:
+    """Whether `value` nests lists and mappings more than MOST_DEPTH levels deep."""
+    level, todo = 0, [value]
+    while todo:
+        level += 1
+        if level > MOST_DEPTH:
+            return True
+        todo = [
+            v
+            for item in todo
+            for v in (item.values() if isinstance(item, dict) else item)
+            if isinstance(v, dict | list)
+        ]
+    return False
 
 
 def _parse_value(text: str, item: str = "") -> Any:
