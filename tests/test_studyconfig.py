@@ -194,6 +194,9 @@ def test_a_value_yaml_cannot_construct_is_one_line_with_file_and_line(tmp_path):
     # JSON takes deeper nesting than the merge's recursion: one line too
     path.write_text('{"study": ' + "[" * 600 + "]" * 600 + "}")
     refused(path, "nested too deep")
+    # an alias inside its own anchor, twice: the depth check's levels doubled for ever
+    path.write_text("study: x\nfamilies: &a {x: *a, y: *a}\n")
+    refused(path, "config key 'families.x': its value holds itself")
 
 
 def test_duplicate_yaml_key_refused(tmp_path):

@@ -891,7 +891,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 
 class _MisreadNumber(yaml.constructor.ConstructorError):
-    """A number YAML 1.1 reads otherwise than it looks: load_yaml names it, not as malformed."""
+    """A number YAML 1.1 reads otherwise than it looks, or a value it cannot build (2024-02-30):
+    load_yaml names it, not as malformed."""
 
 
 # what a message calls the value of a tag whose constructor can fail on a value of its form
@@ -997,14 +998,11 @@ def load_yaml(path: str | os.PathLike) -> dict:
 
 
 def _depth_problem(config: Any) -> str | None:
-    """Why `config` nests too deep for the checks (they recurse), None when it does not: an
-    alias inside its own anchor (endless) is named so, deep nesting as such."""
+    """Why the checks (they recurse) cannot read `config`, None when they can: an alias inside
+    its own anchor (endless: _holds_itself), or nesting deeper than MOST_DEPTH."""
     if not _too_deep(config):
-        return None
-    try:
-        return _holds_itself(config) or "nested too deep for a config file"
-    except RecursionError:  # deep, not endless
-        return "nested too deep for a config file"
+        return _holds_itself(config)  # within MOST_DEPTH levels: its recursion is bounded
+    return "nested too deep for a config file"
 
 
 # nesting no study config comes near (the schema's is 4 levels), checked without recursion:
@@ -1013,18 +1011,21 @@ MOST_DEPTH = 50
 
 
 def _too_deep(value: Any) -> bool:
-    """Whether `value` nests lists and mappings more than MOST_DEPTH levels deep."""
-    level, todo = 0, [value]
+    """Whether `value` nests lists and mappings more than MOST_DEPTH levels deep, each one
+    looked into once (YAML aliases share one: `&a {x: *a, y: *a}` doubled the next level's
+    list at every level, for ever; one inside its own anchor ends here, _holds_itself names it)."""
+    level, todo, seen = 0, [value], {id(value)}
     while todo:
         level += 1
         if level > MOST_DEPTH:
             return True
-        todo = [
-            v
-            for item in todo
-            for v in (item.values() if isinstance(item, dict) else item)
-            if isinstance(v, dict | list)
-        ]
+        later = []
+        for item in todo:
+            for v in item.values() if isinstance(item, dict) else item:
+                if isinstance(v, dict | list) and id(v) not in seen:
+                    seen.add(id(v))
+                    later.append(v)
+        todo = later
     return False
 
 
