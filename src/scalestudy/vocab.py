@@ -17,6 +17,12 @@ from dataclasses import dataclass
 # passing them on to its ranks, the ranks' handlers and their rendezvous (trainer/dist.py)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
+# the signals a training rank stops at, with a checkpoint (trainer/checkpoint.StopFlag), and its
+# DataLoader workers must outlive (trainer/loaders.WORKER_STOPS): STOP_SIGNALS and SIGUSR1, the
+# warning a batch system sends before the time limit (sbatch --signal=USR1@lead,
+# study/resources.py)
+RANK_STOP_SIGNALS = (*STOP_SIGNALS, signal.SIGUSR1)
+
 
 @dataclass(frozen=True)
 class Dataset:

@@ -57,7 +57,7 @@ from typing import Any
 
 import torch
 
-from scalestudy import log
+from scalestudy import log, vocab
 from scalestudy.errors import CheckpointError
 from scalestudy.files import fsync_dir, sha256, write_cause, write_failure, write_text
 
@@ -425,7 +425,7 @@ class StopFlag:
     spot, the run's training since its last checkpoint lost and a stray temp file of the write
     in flight left; a SIGHUP ignored at start (nohup) stays ignored."""
 
-    SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)
+    SIGNALS = vocab.RANK_STOP_SIGNALS
 
     def __init__(self) -> None:
         self.signal: int | None = None

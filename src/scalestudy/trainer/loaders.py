@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from scalestudy import files
+from scalestudy import files, vocab
 from scalestudy.errors import PreparedDataError
 
 FORMAT_VERSION = 1  # of DIR/<dataset>/{data.pt,meta.json}; prepare_data.py writes it
@@ -549,7 +549,7 @@ class _TensorImages(Dataset):
 # which ends the worker when its parent sent it, as torch's own handler does, and ignores it
 # otherwise. The rank forks its workers with the three blocked (StopSafeDataLoader), so one that
 # comes before the worker's set-up waits for it instead of killing the worker.
-WORKER_STOPS = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
+WORKER_STOPS = vocab.RANK_STOP_SIGNALS
 
 
 def _worker_ignores_stops(_worker_id: int) -> None:
