@@ -71,8 +71,8 @@ from scalestudy.study.estimate import (
     dataset_sizes,
     estimate_runs,
     given_path,
-    is_done,
     load_measured,
+    runs_done,
 )
 from scalestudy.study.runs import build_run_table
 
@@ -628,7 +628,6 @@ def proposal_rows(
     # run, so none is done (a finished run past hardware.runtime_max was one job here, past
     # the limit, and split into jobs there); the evidence counts the measured runs all the same
     study = estimate_runs(config, table, measured if calibrate else [])
-    finished = {m["run"]: m for m in measured}
     # what the documents say of thin evidence the next runs cannot fix: fewer world sizes than
     # the bar even with the new ones, or gaps that the study's own runs not measured yet fill
     rows += [
@@ -644,7 +643,7 @@ def proposal_rows(
             "evidence",
             "study",
             "runs_not_measured",
-            sum(not is_done(config, r, finished.get(r["run"])) for r in table),
+            runs_done(config, table, measured).count(False),
             "runs",
             "the run table's runs without a measurement in runs.csv",
         ),

@@ -938,11 +938,17 @@ def estimate_runs(
     """Estimates of every run-table row, in table order; `done`: the run has a measurement;
     `refuse`: estimate_run's."""
     calibration = Calibration(config, measured)
-    finished = {m["run"]: m for m in measured}
+    rows = list(rows)
     return [
-        estimate_run(config, r, calibration, is_done(config, r, finished.get(r["run"])), refuse)
-        for r in rows
+        estimate_run(config, r, calibration, done, refuse)
+        for r, done in zip(rows, runs_done(config, rows, measured), strict=True)
     ]
+
+
+def runs_done(config: dict, rows: list[dict], measured: list[dict]) -> list[bool]:
+    """is_done of every run-table row, in table order, against its run's row in `measured`."""
+    finished = {m["run"]: m for m in measured}
+    return [is_done(config, r, finished.get(r["run"])) for r in rows]
 
 
 def is_done(config: dict, row: dict, measured: dict | None) -> bool:
