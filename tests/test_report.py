@@ -1069,6 +1069,34 @@ def test_a_tex_without_pdflatex_builds_no_pdf_and_names_it(tmp_path, monkeypatch
     assert latex.tex_gaps() == []  # no format asked for
 
 
+def test_the_command_a_failed_build_says_to_run_quotes_the_path(tmp_path, monkeypatch, capsys):
+    """latexmk stopped before TeX wrote a log: the error says to run latexmk by hand, and the
+    path was pasted in bare: one with a space was two arguments, one with `$(...)` a command."""
+    import shlex
+
+    from scalestudy import cli
+
+    tex = tmp_path / "my paper" / "a$(touch PWNED).tex"
+    tex.parent.mkdir()
+    tex.write_text("\\documentclass{article}\\begin{document}x\\end{document}\n")
+    bin_dir = tex_stand_ins(
+        tmp_path / "bin",
+        {
+            "latexmk": "echo 'Latexmk: Stopping because of bad filename(s).' >&2; exit 12",
+            "pdflatex": "exit 1",
+            "kpsewhich": 'for f; do case "$f" in -*) ;; *) echo "/tex/$f" ;; esac; done',
+        },
+    )
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    assert cli.main(["build-pdf", str(tex)]) == 1
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    by_hand = re.search(r"run `([^`]*)` for latexmk's whole output", err)
+    assert by_hand, err
+    assert shlex.split(by_hand.group(1)) == [
+        "latexmk", "-norc", "-g", "-pdf", "-cd", str(tex)
+    ]  # fmt: skip
+
+
 def test_slides_by_hand_without_pgf_name_the_package_to_install(tmp_path, monkeypatch, capsys):
     """build-pdf of slides.tex where TeX lacks pgf (texlive-pictures): the workflow skips the
     slides (have_beamer), but a build by hand ran latexmk and printed TeX's error inside

@@ -24,6 +24,7 @@ import contextlib
 import functools
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -261,7 +262,7 @@ def run(args: argparse.Namespace) -> int:
     # a figure missing a moment) latexmk's .fdb_latexmk answered every later one with "Nothing
     # to do" and the old log's error, and the PDF never came back
     cmd = ["latexmk", "-norc", "-g", "-pdf", "-cd", "-interaction=nonstopmode", "-halt-on-error"]
-    by_hand = f"`{' '.join(cmd[:5])} {tex}`"
+    by_hand = f"`{shlex.join([*cmd[:5], str(tex)])}`"  # a path to paste: quoted
     log_file = tex.with_suffix(".log")
     log_file.unlink(missing_ok=True)  # an earlier build's error is none of this one's
     _remove_state(tex)  # and its files read back: one cut short failed every later build
