@@ -1439,3 +1439,19 @@ def test_the_profiling_request_is_each_jobs_time_limit_as_plan_md_prices_it(tmp_
         hours = [float(r["value"]) for r in mine if r["quantity"] == "hours_per_run"]
         limits = [j.runtime_s / 3600 for j in jobs if j.rule == rule]
         assert hours and max(limits) <= max(hours) <= max(limits) * 1.01, (rule, hours, limits)
+
+
+@pytest.mark.parametrize("text", ["[WIP: measure scaling", "<5 hours per run is the goal"])
+def test_free_text_opening_with_a_bracket_is_set_as_written(tmp_path, text):
+    """proposal.objectives is free text, set after beamer's \\item: one opening with `[` or
+    `<` was read as the item's label or overlay (latexmk: "File ended while scanning use of
+    \\beamer@itemcheckopta"; "[draft] ..." built, its "draft" a label without the brackets)."""
+    config, study = build(tmp_path, f"proposal.objectives={text}")
+    docs = write(config, study)
+    if not tex_here(beamer=True):
+        pytest.skip(latex.missing("reports/slides.tex", latex.tex_gaps()))
+    for name in ("proposal", "slides"):
+        assert cli.main(["build-pdf", str(study / "reports" / f"{name}.tex")]) == 0, name
+    # set as written: the objectives item holds the text's escape, brackets and all
+    assert f"\\item {report.tex_escape(text)}\n" in docs["slides.tex"]
+    assert report.tex_escape("[draft] x <y>") == "{[}draft{]} x {<}y>"

@@ -235,6 +235,12 @@ TEX_SPECIAL = {
     "}": r"\}",
     "~": r"\textasciitilde{}",
     "^": r"\textasciicircum{}",
+    # an argument's delimiters where a text follows a command: `[` opens an optional one
+    # (\item's label, \\'s space), beamer's `<` an overlay; "[draft] ..." after \item lost
+    # its brackets as the item's label, "<5 hours ..." stopped latexmk. Braced, as pandoc does
+    "[": "{[}",
+    "]": "{]}",
+    "<": "{<}",
     # symbols a study name or proposal text may hold that pdfLaTeX's UTF-8 input does not set
     # ("Unicode character ... not set up for use with LaTeX"): as math
     "≥": r"\ensuremath{\geq}",
@@ -246,9 +252,10 @@ TEX_SPECIAL = {
 }
 # TeX's special characters and every non-ASCII character (kept, mapped or replaced: tex_escape)
 _NON_ASCII = re.compile("[^\\x00-\\x7f]")
-# T1's ligatures: -- (an en dash), << >> (guillemets), ,, '' `` (quotes), ?` !` (inverted marks);
+# T1's ligatures: -- (an en dash), << >> (guillemets; `<` is braced anyway: TEX_SPECIAL), ,, ''
+# `` (quotes), ?` !` (inverted marks);
 # a name says what it says: "ResNet--fp16" was set "ResNet–fp16". Broken with an empty group
-_LIGATURE = r"-(?=-)|<(?=<)|>(?=>)|,(?=,)|'(?=')|`(?=`)|[?!](?=`)"
+_LIGATURE = r"-(?=-)|>(?=>)|,(?=,)|'(?=')|`(?=`)|[?!](?=`)"
 _LIGATURE_AT = re.compile(_LIGATURE)
 _TEX_ESCAPED = re.compile(
     "|".join([*(re.escape(c) for c in TEX_SPECIAL), _LIGATURE, _NON_ASCII.pattern])
