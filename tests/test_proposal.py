@@ -1455,3 +1455,36 @@ def test_free_text_opening_with_a_bracket_is_set_as_written(tmp_path, text):
     # set as written: the objectives item holds the text's escape, brackets and all
     assert f"\\item {report.tex_escape(text)}\n" in docs["slides.tex"]
     assert report.tex_escape("[draft] x <y>") == "{[}draft{]} x {<}y>"
+
+
+@pytest.mark.parametrize(
+    ("rows", "says"),
+    [
+        ("holdout,strong,8,1920,2016,x,,\n", "line 2: rel_error = 'x' is not a finite number"),
+        (
+            "holdout,strong,8,1920,2016,0.05,,\nparameter,fit_below_compute,,,,,inf,\n",
+            "line 3: value = 'inf' is not a whole number >= 0",
+        ),
+        (
+            "holdout,strong,8,1920,2016,0.05,,\nparameter,fit_residual_rel_sd,,,,,big,\n",
+            "line 3: value = 'big' is not a finite number",
+        ),
+        ("", "has no rows: `scalestudy model` writes"),
+    ],
+)
+def test_a_model_csv_cell_the_proposal_reads_must_be_a_number(tmp_path, capsys, rows, says):
+    """A hand-given --model-csv whose held-out error or fit counts are no number: a ValueError
+    ("could not convert string to float") or OverflowError traceback. And a 0-byte one (a full
+    disk) passed as "no held-out rows", though `scalestudy model` writes a row for every study.
+    Each is one line naming the file now."""
+    config, study = build(tmp_path, *STRONG)
+    model = study / "m.csv"
+    header = "kind,name,world_size,measured,predicted,rel_error,value,note\n"
+    model.write_text(header + rows if rows else "")
+    argv = ["proposal", "--config", str(DEMO), *(a for s in STRONG for a in ("--set", s))]
+    argv += ["--csv-dir", str(study / "results/csv"), "--out-dir", str(tmp_path / "docs")]
+    argv += ["--model-csv", str(model)]
+    assert cli.main(argv) == 2
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert str(model) in err and says in err, err
+    assert not (tmp_path / "docs/proposal.md").exists()

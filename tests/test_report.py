@@ -1160,6 +1160,9 @@ def test_a_pdflatex_that_stops_before_its_log_is_named_by_its_own_line(
         ("empty-verdicts", "verdicts.csv has no rows"),
         ("empty-resources", "resources.csv has no rows"),
         ("empty-targets", "targets.csv has no rows"),
+        # the paper then said the model was "fitted to the multi-rank runs" and had no family
+        # to hold out: `scalestudy model` writes a row for every study, its fit or why none
+        ("empty-model", "model.csv has no rows: `scalestudy model` writes rows"),
         # once a KeyError traceback, then "a CSV lacks the column": now the file and the fix
         ("no-family", "scaling.csv has no column family: it is older than this version"),
     ],

@@ -203,6 +203,37 @@ def choose_scale(points: list[dict], threshold: float) -> tuple[dict, dict | Non
     return chosen, below
 
 
+# the cells of model.csv that holdout() computes with, by (kind, name; None: any name), column
+MODEL_CELLS = {
+    ("holdout", None): {"rel_error": files.NUMBER.or_blank()},
+    ("parameter", "fit_residual_rel_sd"): {"value": files.NUMBER.or_blank()},
+    ("parameter", "fit_below_compute"): {"value": files.count(0).or_blank()},
+}
+
+
+def checked_model(path: str | Path) -> list[dict]:
+    """model.csv's rows, refused in one line where holdout() could not read them: no rows
+    (`scalestudy model` writes one for every study: a 0-byte file is a write cut short) or a
+    cell of MODEL_CELLS that is not a number. A hand-given --model-csv with "x" there was a
+    ValueError traceback."""
+    fix = files.input_fix(Path(path), MODEL_CSV, "--model-csv")
+    rows = read_csv(path, "", MODEL_CSV, "--model-csv")
+    if not rows:
+        raise AnalysisError(
+            f"{path} has no rows: `scalestudy model` writes rows for every study that ran; {fix}"
+        )
+    for i, row in enumerate(rows, start=2):  # line 1 is the header
+        kind = row.get("kind")
+        rules = MODEL_CELLS.get((kind, None)) or MODEL_CELLS.get((kind, row.get("name")), {})
+        for column, rule in rules.items():
+            if not rule.holds(value := row.get(column)):
+                raise AnalysisError(
+                    f"{path}, line {i}: {column} = {value!r} is not {rule.what} or blank: not "
+                    f"written by scalestudy; {fix}"
+                )
+    return rows
+
+
 def holdout(model_rows: list[dict]) -> dict | None:
     """{"points", "max_rel_error", "residual_rel_sd", "below_compute"} of model.csv: its
     kind=holdout rows' errors, and the fit's relative residual sd and count of multi-rank
@@ -888,7 +919,7 @@ def write_proposal(
     tables = report.load_tables(csv_dir, report.ANALYSIS_TABLES)  # model.csv: optional, below
     measured = load_measured(runs_csv, benchmarks_dir)
     if Path(model_csv).is_file():  # optional: without it the text says there is no validation
-        tables["model"] = read_csv(model_csv, "", MODEL_CSV, "--model-csv")
+        tables["model"] = checked_model(model_csv)
     # None: model.csv absent (the documents say so, apart from one without held-out rows)
     rows = proposal_rows(config, tables["scaling"], measured, tables.get("model"))
     text = files.csv_text(COLUMNS, rows)

@@ -46,9 +46,13 @@ logger = log.get(__name__)
 # analyze's tables, then the scaling model's (results/model.py)
 ANALYSIS_TABLES = TABLE_NAMES
 TABLES = (*ANALYSIS_TABLES, "model", "bucket_advice")
-# the tables `scalestudy analyze` writes rows in for every study that ran (verdicts: one per
-# target; targets: report.targets; resources: the total at least): a 0-byte copy is damage
-FILLED_TABLES = ("scaling", "system", "verdicts", "targets", "resources")
+# the tables written with rows for every study that ran, by the command that writes them
+# (verdicts: one per target; targets: report.targets; resources: the total at least; model: its
+# fit, or why there is none): a 0-byte copy is damage
+FILLED_TABLES = {
+    **dict.fromkeys(("scaling", "system", "verdicts", "targets", "resources"), "analyze"),
+    "model": "model",
+}
 DOCUMENTS = ("study.md", "paper.tex")
 # model.csv's parameters a document shows (the rest, e.g. the inverse bandwidths, stay in the CSV);
 # "fit" and "compute" are rows without a value whose note says why there is no fit, or no
@@ -425,10 +429,10 @@ def context(tables: dict[str, list[dict]], figures: list[str], figure_dir: str) 
     a figure directory the documents could not link to (figure_dir_problem)."""
     if why := figure_dir_problem(figure_dir):
         raise AnalysisError(why)
-    for name in (n for n in FILLED_TABLES if n in tables):
-        if not tables[name]:
+    for name, command in FILLED_TABLES.items():
+        if name in tables and not tables[name]:
             raise AnalysisError(
-                f"{name}.csv has no rows: `scalestudy analyze` writes rows for every study "
+                f"{name}.csv has no rows: `scalestudy {command}` writes rows for every study "
                 f"that ran; write it again (snakemake results/csv/{name}.csv)"
             )
     try:
