@@ -588,6 +588,25 @@ def test_the_calibration_check_of_a_finished_run_past_runtime_max_refuses_nothin
     assert check["run"] == run and check["error"] == pytest.approx(0.0)
 
 
+def test_a_finished_run_trained_again_asks_slurm_for_no_more_than_runtime_max():
+    """A measured run takes no job in the plan, yet Snakemake trains it again after a trainer
+    update, a deleted output or -R: its job asked Slurm for the one-job limit (4 min) past
+    hardware.runtime_max (3), which sbatch refuses, or which pends for ever. It asks for the
+    limit a run not measured yet gets, and goes on in further jobs (its retries); the plan's
+    figures of it are as before, and a done run that cannot be split is not refused."""
+    config = split_config(runtime_max=3)
+    run = "w1_lb8_fp32_ddp_bk25_r0"
+    rows = [r for r in build_run_table(config) if r["run"] == run]
+    measured = [measured_row(run, 50.0, 1, wall_s=56.0, restarts="0")]
+    (done,) = plan.estimate_runs(config, rows, measured)
+    assert done.done and done.slurm_runtime_min == 3
+    # the plan's figures of it as before: one job of its measured time (plan.md: done)
+    assert done.jobs == 1 and done.node_hours == pytest.approx(56.0 / 3600)
+    config["checkpointing"]["retries"] = 0  # too few to split it: no refusal, its one-job limit
+    (done,) = plan.estimate_runs(config, rows, measured)
+    assert done.slurm_runtime_min == 4
+
+
 def test_a_measurement_within_one_node_does_not_price_the_same_world_size_across_two():
     """The run, batch and world-size levels ignored the node count: 4 ranks measured within one
     node priced 4 ranks over two nodes at the intra-node rate (320 img/s, basis run)."""

@@ -873,10 +873,17 @@ def estimate_run(
         raise _overflow(config, row, throughput, basis, (startup, startup_basis)) from None
     if not all(math.isfinite(t) for t in (runtime, lo or 0, hi or 0)):
         raise _overflow(config, row, throughput, basis, (startup, startup_basis))
-    jobs = 1
-    if not done:  # a measured run takes no job
-        epoch_s = (t_max - startup) / max(1, row["epochs"])  # the probe's share too
-        jobs, limit = split_jobs(row["run"], t_max, startup, epoch_s, limit, config, refuse)
+    epoch_s = (t_max - startup) / max(1, row["epochs"])  # the probe's share too
+    jobs, split_limit = split_jobs(
+        row["run"], t_max, startup, epoch_s, limit, config, refuse and not done
+    )
+    if done:
+        # a measured run takes no job in the plan (priced as none, never refused), yet Snakemake
+        # trains it again after a trainer update, a deleted output or -R: its job then asks
+        # for the limit a new run's gets (runtime_max where it can go on in further jobs), not
+        # the one-job limit past the partition's MaxTime, which sbatch refuses
+        jobs = 1
+    limit = split_limit
     return Estimate(
         rule="train",
         run=row["run"],
