@@ -529,7 +529,8 @@ def test_mfu_section_on_cpu_says_not_measured_and_why(done, name):
 
 
 def _analyzed(csv_dir, runs):
-    """`scalestudy analyze` on hand-written runs.csv rows, plus an empty scaling model."""
+    """`scalestudy analyze` on hand-written runs.csv rows, plus a scaling model without a fit
+    (model.csv as `scalestudy model` writes it then: its "no fit" row)."""
     files.write_csv(csv_dir / "runs.csv", None, runs)
     parser = argparse.ArgumentParser()
     analyze.add_arguments(parser)
@@ -537,9 +538,16 @@ def _analyzed(csv_dir, runs):
             str(csv_dir / "html"), "--gpus-per-node", "4", "--study", "hand",
             "--configfile", "hand.yaml"]  # fmt: skip
     assert analyze.run(parser.parse_args(argv)) == 0
-    files.write_csv(csv_dir / "model.csv", model_csv.MODEL_COLUMNS, [])
-    files.write_csv(csv_dir / "bucket_advice.csv", model_csv.ADVICE_COLUMNS, [])
+    _no_fit(csv_dir)
     return report.load_tables(csv_dir)
+
+
+def _no_fit(csv_dir: Path) -> None:
+    """model.csv and bucket_advice.csv of a scaling model without a fit (hand-written runs.csv
+    rows lack the columns `scalestudy model` reads), as model_table writes them."""
+    rows = model_csv.model_table([], [], "hand-written runs, not modelled", {})
+    files.write_csv(csv_dir / "model.csv", model_csv.MODEL_COLUMNS, rows)
+    files.write_csv(csv_dir / "bucket_advice.csv", model_csv.ADVICE_COLUMNS, [])
 
 
 def _gpu_run(run_id, family, world_size, x, repeat, gpu="NVIDIA H100 80GB HBM3", peak=989.5e12):
@@ -885,8 +893,7 @@ def test_a_hand_run_analyze_names_a_config_file_in_the_reproduce_commands(tmp_pa
     argv = ["analyze", "--runs", str(Path(__file__).parent / "fixtures/demo_runs.csv")]
     assert cli.main([*argv, "--gpus-per-node", "1"]) == 0
     csv_dir = tmp_path / "results/csv"
-    files.write_csv(csv_dir / "model.csv", model_csv.MODEL_COLUMNS, [])
-    files.write_csv(csv_dir / "bucket_advice.csv", model_csv.ADVICE_COLUMNS, [])
+    _no_fit(csv_dir)
     for name, text in report.render(csv_dir, report.TEMPLATES, [], "../results/plots").items():
         assert "snakemake --cores all --configfile config/config.yaml\n" in text, name
         assert "snakemake --configfile config/config.yaml --report report.html" in text, name
@@ -1970,15 +1977,14 @@ def test_the_papers_energy_column_says_what_n_a_means(tmp_path):
 
 def _analyze_with(csv_dir: Path, runs: list[dict], *profile: str) -> dict[str, list[dict]]:
     """`scalestudy analyze` (the CLI) on runs.csv rows, with `profile` its --profile flag or
-    none, and an empty scaling model: the tables render-report reads."""
+    none, and a scaling model without a fit (_no_fit): the tables render-report reads."""
     from scalestudy import cli
 
     files.write_csv(csv_dir / "runs.csv", None, runs)
     argv = ["analyze", "--runs", str(csv_dir / "runs.csv"), "--out-dir", str(csv_dir),
             "--html-dir", str(csv_dir / "html"), "--gpus-per-node", "4", *profile]  # fmt: skip
     assert cli.main(argv) == 0
-    files.write_csv(csv_dir / "model.csv", model_csv.MODEL_COLUMNS, [])
-    files.write_csv(csv_dir / "bucket_advice.csv", model_csv.ADVICE_COLUMNS, [])
+    _no_fit(csv_dir)
     return report.load_tables(csv_dir)
 
 
