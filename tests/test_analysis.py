@@ -501,6 +501,35 @@ def test_a_familys_runs_that_differ_in_what_it_keeps_one_value_are_refused():
         analysis.check_runs(swept, "runs.csv")
 
 
+def test_a_strong_or_weak_familys_runs_of_other_batches_are_refused():
+    """Every family let its runs differ in both batches, yet the strong family keeps one global
+    batch and the weak one local batch: a runs.csv merged by hand with a strong run of global
+    batch 128 beside the study's 32 gave, at 2 ranks, efficiencies 0.84 and 0.42 from one
+    throughput (T = G / X of other batches divided), and the waterfall no row for it."""
+    strong = [run("w1", "strong", 1, 32, 400), run("w2", "strong", 2, 16, 700)]
+    analysis.check_runs(strong, "runs.csv")  # the study's: one global batch, 32
+    with pytest.raises(AnalysisError) as e:
+        analysis.check_runs([*strong, run("w2g", "strong", 2, 64, 700)], "merged.csv")
+    assert "runs 'w1_r0' and 'w2g_r0' are of family strong but differ in global_batch" in str(
+        e.value
+    )
+    weak = [run("w1", "weak", 1, 16, 400), run("w2", "weak", 2, 16, 700)]
+    analysis.check_runs(weak, "runs.csv")  # the study's: one local batch, 16
+    with pytest.raises(AnalysisError, match="family weak but differ in local_batch"):
+        analysis.check_runs([*weak, run("w1b", "weak", 1, 32, 450)], "merged.csv")
+
+
+def test_a_run_that_names_a_family_twice_is_refused():
+    """families = 'strong;strong' (edited by hand) put the run in its cell twice: one run
+    counted as two repeats, a spread of 0.0 from one measurement, repeats_max 2 in system.csv."""
+    runs = [run("w1", "strong", 1, 32, 400), run("w2", "strong;strong", 2, 16, 700)]
+    with pytest.raises(AnalysisError) as e:
+        analysis.check_runs(runs, "runs.csv")
+    assert str(e.value).startswith(
+        "runs.csv: run 'w2_r0' has families = 'strong;strong', which names strong twice:"
+    ), str(e.value)
+
+
 def test_resources_energy_kwh_from_measured_joules_per_image():
     """kWh = sum of energy_j_per_img x epochs x steps_per_epoch x global_batch / 3.6e6, per
     family and for the study (a run in two families counted once there); null when any run of

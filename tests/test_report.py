@@ -163,7 +163,7 @@ def _large_study(csv_dir):
         row["families"] = ";".join(filter(None, (row["families"], family)))
 
     for n in (1, 2, 4, 8, 16, 32, 64, 128):
-        add("strong", n, 1024 // n if n <= 64 else 16)
+        add("strong", n, 2048 // n)  # one global batch, as a strong family keeps
         add("weak", n, 256)
         for precision in ("fp32", "tf32", "fp16", "bf16"):
             add("precision", n, 256, precision)
@@ -557,8 +557,8 @@ def _gpu_run(run_id, family, world_size, x, repeat, gpu="NVIDIA H100 80GB HBM3",
         "families": family,
         "world_size": world_size,
         "nodes": 1,
-        "local_batch": 128,
-        "global_batch": 128 * world_size,
+        "local_batch": 256 // world_size,  # a strong family's runs keep one global batch
+        "global_batch": 256,
         "precision": "bf16",
         "bucket_cap_mb": 25,
         "repeat": repeat,
