@@ -2186,6 +2186,26 @@ def test_collect_refuses_a_run_trained_with_another_flag_its_config_hash_records
     assert collect.collect([row], tmp_path / "runs")[0][0]["final_val_acc"] == 0.9
 
 
+def test_collect_tells_whole_numbers_past_a_billion_apart(tmp_path):
+    """Whole numbers were compared as floats within a relative 1e-9: with train.seed 10**9
+    (the schema allows up to 2**62 - 1) a metrics.json of seed 10**9 + 1 was this run's, its
+    result collected as the repeat it is not."""
+    from scalestudy.errors import CollectError
+    from scalestudy.results import collect
+    from scalestudy.study.runs import same
+
+    row, run_dir, _, metrics = collectable_run(tmp_path)
+    row = {**row, "seed": str(10**9)}  # as read_runs_tsv gives it back
+    files.write_json(run_dir / "metrics.json", metrics | {"seed": 10**9 + 1})
+    with pytest.raises(CollectError, match="seed is '1000000000' in the run table but 1000000001"):
+        collect.collect([row], tmp_path / "runs")
+    files.write_json(run_dir / "metrics.json", metrics | {"seed": 10**9})
+    assert collect.collect([row], tmp_path / "runs")[0][0]["seed"] == str(10**9)
+    big = 2**62 - 1
+    assert not same(big, big - 3 * 10**9) and same(big, big) and same(str(big), big)
+    assert same("1.0", 1) and same("0.25", 0.25)  # a float cell read back, as before
+
+
 def test_a_table_cut_short_is_one_line_not_a_report_of_fewer_families(tmp_path, capsys):
     """A scaling.csv cut off mid-row (a full disk, a copy interrupted): the short row's missing
     cells were read as None and passed as filled, and the report said the families of the lost

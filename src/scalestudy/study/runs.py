@@ -479,8 +479,8 @@ def _parse_row(path, line: int, cells: list[str], fix: str) -> dict:
 
 def prepared_sizes(config: dict, dataset: str | None = None) -> tuple[int, int]:
     """(training, test) images of the prepared set of `dataset` (the study's by default): a
-    synthetic set's synthetic.num_train and num_test, another dataset's own (vocab.DATASETS),
-    whatever train.limit_train and limit_test take of them."""
+    synthetic set's synthetic.num_train and num_test, another dataset's own (vocab.DATASETS);
+    whole, before train.limit_train and limit_test (their callers take those)."""
     dataset = dataset or config["dataset"]
     if dataset == "synthetic":
         return config["synthetic"]["num_train"], config["synthetic"]["num_test"]
@@ -488,11 +488,17 @@ def prepared_sizes(config: dict, dataset: str | None = None) -> tuple[int, int]:
 
 
 def same(table_value, metric_value) -> bool:
-    """Compare a run-table value (read back from TSV: a string) with a metrics.json value."""
+    """Compare a run-table value (read back from TSV: a string) with a metrics.json value:
+    whole numbers exactly, other numbers within a relative 1e-9 (their text's rounding)."""
     if metric_value is None or table_value is None:
         return str(table_value) in ("", "None") and metric_value in (None, "")
     if isinstance(metric_value, bool):
         return str(table_value).lower() == str(metric_value).lower()
+    if isinstance(metric_value, int):
+        try:  # exact: within a relative 1e-9, seeds 10**9 and 10**9 + 1 were the same
+            return int(str(table_value).strip()) == metric_value
+        except ValueError:
+            pass  # "1.0": compared as floats, below
     if isinstance(metric_value, int | float):
         try:
             return math.isclose(float(table_value), float(metric_value), rel_tol=1e-9)
