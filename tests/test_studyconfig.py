@@ -451,6 +451,11 @@ def test_a_profile_window_beyond_the_epoch_names_the_key_that_can_change():
     cfg["synthetic"]["num_train"] = 2048
     cfg["profiling"] = {"enabled": True, "start_step": 5, "steps": 10}  # no start fits
     refused(cfg, "value 5 is not allowed", "fewer steps from an earlier start_step")
+    # an epoch of one step holds no window from any start: "fewer steps from an earlier
+    # start_step" was its advice, and start_step 0 with 1 step was refused in turn
+    cfg["synthetic"]["num_train"] = batch
+    cfg["profiling"] = {"enabled": True, "start_step": 3, "steps": 5}
+    refused(cfg, "config key 'profiling.steps': value 5 is not allowed", "no window fits")
     # with PowerSGD no start before its uncompressed steps is named (refused on its own)
     cfg["synthetic"]["num_train"] = 16 * 1024
     cfg.setdefault("train", {})["comm_hook"] = "powersgd"

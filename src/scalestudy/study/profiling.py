@@ -333,9 +333,11 @@ def window_problems(config: dict, rows: list[dict]) -> list[str]:
                 key, fix = "start_step", f"start_step at most {latest}, or fewer steps"
             elif most >= 1:
                 key, fix = "steps", f"at most {most} steps"
-            elif movable:
-                key, fix = "start_step", "fewer steps from an earlier start_step"
-            else:
+            elif movable and in_epoch - earliest - 1 >= 1:  # a step fits from the earliest
+                fits = in_epoch - earliest - 1  # steps from the earliest start
+                key = "start_step"
+                fix = f"fewer steps from an earlier start_step: at most {fits} from {earliest}"
+            else:  # not a step from the earliest start before the epoch's last (an epoch of 1)
                 key, fix = "steps", "no window fits: a smaller batch"
             problems.append(
                 f"config key 'profiling.{key}': value {prof[key]} is not allowed: "
