@@ -416,8 +416,14 @@ def test_collect_of_a_damaged_run_table_is_one_line_naming_the_line(tmp_path, ca
     twice = tmp_path / "twice.tsv"
     twice.write_text("\n".join([*lines, lines[1]]) + "\n")
     run = lines[1].split("\t")[RUN_COLUMNS.index("run")]
+    # a cell past csv's field limit (131072 characters): a _csv.Error traceback
+    huge = tmp_path / "huge.tsv"
+    cells = lines[1].split("\t")
+    cells[RUN_COLUMNS.index("dataset")] = "x" * 200_000
+    huge.write_text("\n".join([lines[0], "\t".join(cells)]) + "\n")
     for path, says in (
         (cut, "line 3: "),
+        (huge, "line 2: field larger than field limit"),
         (bad, "line 2: world_size is 'two', not a number"),
         (bare, "a header and no runs"),
         (twice, f"line {len(lines) + 1}: run {run!r} again (line 2)"),
