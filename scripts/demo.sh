@@ -90,7 +90,7 @@ runs_nothing() {
     local arg
     for arg in "$@"; do
         if [[ "$arg" =~ ^-[aFfkpt]*[nlSDhv] ||
-            "$arg" =~ ^--(dry-?run|lint|unlock|list[a-z-]*|lt|lc|li|lp|lu|dag|rulegraph|filegraph|d3dag|summary|detailed-summary|help|version|cleanup-metadata|cleanup-shadow|delete-all-output|delete-temp-output|containerize|print-compilation|export-cwl|archive|generate-unit-tests)(=|$) ]]; then
+            "$arg" =~ ^--(dry-?run|lint|unlock|list[a-z-]*|lt|lc|li|lp|lu|dag|rulegraph|filegraph|d3dag|summary|detailed-summary|help|version|cleanup-metadata|cm|cleanup-shadow|conda-create-envs-only|conda-cleanup-envs|container-cleanup-images|draft-notebook|delete-all-output|delete-temp-output|containerize|print-compilation|export-cwl|archive|generate-unit-tests)(=|$) ]]; then
             return 0
         fi
     done
