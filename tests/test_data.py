@@ -38,7 +38,7 @@ from workflow_helpers import (
     sigint_as_in_a_terminal,
 )
 
-from scalestudy import cli
+from scalestudy import cli, vocab
 from scalestudy.errors import ChecksumError, DownloadError, PreparedDataError, TrainConfigError
 from scalestudy.trainer import dist as sdist
 from scalestudy.trainer import loaders, prepare_data
@@ -668,8 +668,23 @@ def test_a_synthetic_set_larger_than_the_machine_is_refused_before_it_is_made(tm
     for n in (10**23, 3 * 10**12):
         assert cli.main([*argv, "--num-train", str(n), "--num-test", "10"]) == 2
         (err,) = capsys.readouterr().err.strip().splitlines()
-        assert f"synthetic: {n:,} train images need " in err, err
+        assert f"synthetic: {n:,} train and 10 test images need " in err, err
         assert "MB of memory, more than this machine's " in err, err
+    assert not (tmp_path / "synthetic" / "data.pt").exists()
+
+
+def test_a_synthetic_set_whose_splits_together_pass_the_machine_is_refused(
+    tmp_path, capsys, monkeypatch
+):
+    """The check was each split's: two splits of 5 MB each passed a machine of 8 MB, though
+    both are made, held and saved together (a set of 2 x 0.6 x the memory was killed)."""
+    monkeypatch.setattr(prepare_data, "_machine_mb", lambda: 8)
+    n = 5 * 2**20 // vocab.DATASETS["synthetic"].image_bytes  # 5 MB of images
+    argv = ["prepare-data", "--dataset", "synthetic", "--data-dir", str(tmp_path)]
+    assert cli.main([*argv, "--num-train", str(n), "--num-test", str(n)]) == 2
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert f"synthetic: {n:,} train and {n:,} test images need 10 MB of memory" in err, err
+    assert "more than this machine's 8 MB" in err, err
     assert not (tmp_path / "synthetic" / "data.pt").exists()
 
 

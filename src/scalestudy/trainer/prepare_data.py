@@ -509,17 +509,20 @@ def make_synthetic(
     # it): learnable, but the stripe orientation (a conv feature) is needed to go further.
     templates = 128 + 15 * colour + 40 * stripes[:, None] * tint[:, :, None, None]
 
+    # past the machine's memory, before any allocation: 10**23 was torch.arange's
+    # OverflowError, 3 * 10**9 labels (24 GB of int64) the kernel's kill of the process. Both
+    # splits together: they are made, held and saved as one set
+    mb = vocab.DATASETS["synthetic"].megabytes(num_train + num_test)
+    if mb > (machine := _machine_mb()):
+        raise PreparedDataError(
+            f"synthetic: {num_train:,} train and {num_test:,} test images need {mb:,} MB of "
+            f"memory, more than this machine's {machine:,} MB; prepare fewer (--num-train / "
+            "--num-test, the config's synthetic.num_train / num_test)"
+        )
+
     def split(n: int, tag: str) -> tuple[torch.Tensor, torch.Tensor]:
         gs = torch.Generator().manual_seed(derive_seed("synthetic", tag, seed))
         mb = vocab.DATASETS["synthetic"].megabytes(n)
-        # past the machine's memory, before any allocation: 10**23 was torch.arange's
-        # OverflowError, 3 * 10**9 labels (24 GB of int64) the kernel's kill of the process
-        if mb > (machine := _machine_mb()):
-            raise PreparedDataError(
-                f"synthetic: {n:,} {tag} images need {mb:,} MB of memory, more than this "
-                f"machine's {machine:,} MB; prepare fewer (--num-train / --num-test, the "
-                "config's synthetic.num_train / num_test)"
-            )
         try:
             y = (torch.arange(n) % k)[torch.randperm(n, generator=gs)]
             x = torch.empty(n, c, size, size, dtype=torch.uint8)
