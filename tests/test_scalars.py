@@ -92,6 +92,21 @@ def test_a_restarted_process_rewrites_the_history_without_the_stale_epochs(tmp_p
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tensorboard"]  # no swap leftovers
 
 
+def test_a_new_run_in_the_same_out_starts_its_scalars_anew(data_dir, tmp_path, tensorboard):
+    """A run trained by hand in the --out of an earlier one, failing in its first epoch (a
+    non-finite loss): its epochs.csv was its own header, its tensorboard/ the earlier run's
+    two epochs, until its first epoch ended. Now the event files are the run's history from
+    its start, as epochs.csv is: none."""
+    out = tmp_path / "run"
+    train(data_dir, out, "--epochs", "2", nproc=1)
+    assert {step for _, step, _ in scalar_events(out / "tensorboard")} == {1, 2}
+    failed = train(data_dir, out, "--epochs", "2", "--lr", "1e8", "--warmup-epochs", "0",
+                   nproc=1, check=False)  # fmt: skip
+    assert failed.returncode != 0 and "non-finite" in failed.stdout + failed.stderr
+    assert read_epochs(out) == []
+    assert scalar_events(out / "tensorboard") == []
+
+
 @pytest.mark.parametrize("settings", [{"tensorboard": False}, {"rank": 1}])
 def test_off_or_not_rank_0_writes_nothing(tmp_path, settings):
     cfg = TrainConfig(out=str(tmp_path), epochs=1, tensorboard=settings.get("tensorboard", True))

@@ -93,6 +93,7 @@ def train(
         # outputs) stayed beside this run's until it finished, or its first epoch did
         (Path(cfg.out) / "metrics.json").unlink(missing_ok=True)
         write_epochs(cfg, state.history)  # the epochs so far: none, the header, on a fresh start
+        run.scalars.start(state.history)  # and TensorBoard's (scalars.py)
     meter.start(state)
     try:
         train_epochs(run, state, meter, profiler, checkpointing)

@@ -2,9 +2,10 @@
 
 Rank 0 writes `--out/tensorboard/` (so TensorBoard names each run by its run directory) once per
 epoch, from loop.end_of_epoch right after epochs.csv: the rows of epochs.csv as scalars with
-global step = epoch (`TAGS`). That is after the epoch's throughput window closed, and nothing
-here touches the model or the data, so it cannot change a measured number (--tensorboard is in
-config.NOT_IDENTITY). Other ranks write nothing.
+global step = epoch (`TAGS`); and at the run's start, before training, the rows so far (start()).
+That is outside the throughput window, and nothing here touches the model or the data, so it
+cannot change a measured number (--tensorboard is in config.NOT_IDENTITY). Other ranks write
+nothing.
 
 tensorboard is an optional dependency (`pip install tensorboard`, or the `tensorboard` extra):
 without it, or with --no-tensorboard, nothing is written; the missing package is said in one
@@ -14,10 +15,11 @@ writer thread re-raises the error as it dies, which Python's threading.excepthoo
 traceback beside that warning: rank 0 keeps such an OSError of TensorBoard's threads from the
 hook (quiet_writer_thread_errors; every write is flushed in epoch(), which raises it again).
 
-Resume: the event files are a function of state.history, like epochs.csv. The first epoch a
-process records writes every row of the history (the checkpoint's epochs and this one) into a
-new directory, which then replaces `--out/tensorboard/` by two renames; later epochs are appended
-and flushed one by one, so a preempted run (exit 75) or a killed one loses nothing it recorded.
+Resume: the event files are a function of state.history, like epochs.csv. A process's start
+(start(), from loop.train where it writes epochs.csv) writes every row of the history (the
+checkpoint's epochs; none on a fresh start) into a new directory, which then replaces
+`--out/tensorboard/` by two renames; later epochs are appended and flushed one by one, so a
+preempted run (exit 75) or a killed one loses nothing it recorded.
 Not `SummaryWriter(purge_step=...)`: that only hides the superseded events (epochs after a killed
 segment's last checkpoint, trained again now) from readers that honour its SessionLog START;
 the stale event files would stay on disk, other readers would show those epochs twice, and a
@@ -66,9 +68,22 @@ class Scalars:
             quiet_writer_thread_errors()
             logger.info(f"TensorBoard scalars per epoch -> {self.directory}")
 
+    def start(self, history: list[dict]) -> None:
+        """The event files from the run's start, as loop.train writes epochs.csv: every row of
+        `history` (the checkpoint's epochs; none on a fresh start). An earlier run's in the same
+        --out, or a killed segment's epochs past its checkpoint, stayed until the first epoch
+        ended, beside this run's epochs.csv: for ever where the run failed before that."""
+        if self._writer_class is None:
+            return
+        try:
+            self._writer = self._rewrite(history)
+            self._writer.flush()
+        except OSError as exc:
+            self._stop("at the run's start", exc)
+
     def epoch(self, history: list[dict]) -> None:
-        """Record the newest row of `history` (all of it on this process's first call), flush,
-        and close after the run's last epoch."""
+        """Record the newest row of `history` (all of it where start() wrote none), flush, and
+        close after the run's last epoch."""
         if self._writer_class is None:
             return
         try:
@@ -80,14 +95,16 @@ class Scalars:
             if history[-1]["epoch"] >= self.last_epoch:
                 self.close()
         except OSError as exc:
-            logger.warning(
-                f"WARNING: TensorBoard scalars stop after epoch {history[-1]['epoch']}: "
-                f"cannot write {self.directory}: {exc}"
-            )
-            # TensorBoard keeps its writer thread's error and raises it at every flush, close()'s
-            # too: let through, it left this handler and ended the run it promised to spare
-            with contextlib.suppress(OSError):
-                self.close()
+            self._stop(f"after epoch {history[-1]['epoch']}", exc)
+
+    def _stop(self, when: str, exc: OSError) -> None:
+        logger.warning(
+            f"WARNING: TensorBoard scalars stop {when}: cannot write {self.directory}: {exc}"
+        )
+        # TensorBoard keeps its writer thread's error and raises it at every flush, close()'s
+        # too: let through, it left this handler and ended the run it promised to spare
+        with contextlib.suppress(OSError):
+            self.close()
 
     def close(self) -> None:
         """Nothing more is written (the epochs so far are on disk: each epoch was flushed)."""
