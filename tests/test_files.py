@@ -163,6 +163,39 @@ def test_a_pipe_whose_reader_is_gone_raises_an_unnamed_broken_pipe(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_symlinked_output_is_checked_where_it_is_written(tmp_path):
+    """An output that is a symlink is written beside the file it points to (write_target), but
+    output_problems judged the link's own directory: `model.csv -> ../blocked/model.csv`,
+    with `blocked` a file, passed, and the command failed at its write, after the work."""
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where a directory goes\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "model.csv").symlink_to(blocked / "model.csv")
+    assert files.output_problems([out / "model.csv"]) == [f"{blocked}: is a file, not a directory"]
+    with pytest.raises(OSError):
+        files.write_text(out / "model.csv", "a\n")
+    # a link to a directory: the write would replace nothing it may
+    (out / "dir.csv").symlink_to(tmp_path / "out", target_is_directory=True)
+    assert files.output_problems([out / "dir.csv"]) == [
+        f"{out / 'dir.csv'}: is a directory, not a file"
+    ]
+
+
+def test_a_symlink_loop_is_refused_not_replaced_by_a_file(tmp_path):
+    """`loop1 -> loop2 -> loop1`: realpath gave the link itself, and the rename replaced the
+    link with a regular file ("a symlink stays a link"); open() refuses it (ELOOP), so does
+    the write now, naming the path, and the check before the work."""
+    (tmp_path / "loop2").symlink_to(tmp_path / "loop1")
+    (tmp_path / "loop1").symlink_to(tmp_path / "loop2")
+    loop = tmp_path / "loop1"
+    assert files.output_problems([loop]) == [f"{loop}: Too many levels of symbolic links"]
+    with pytest.raises(OSError) as info:
+        files.write_text(loop, "a\n")
+    assert (info.value.errno, info.value.filename) == (errno.ELOOP, str(loop))
+    assert loop.is_symlink()
+
+
 def test_an_output_under_a_symlink_to_a_missing_directory_is_refused_before_the_work(tmp_path):
     """`results -> /scratch/...` after the scratch was purged: the check walked up with
     exists(), False for a dangling link, and passed; the first write (after an epoch of

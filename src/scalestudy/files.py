@@ -124,8 +124,17 @@ def write_target(path: str | os.PathLike) -> Path:
     """The file a write to `path` replaces: where `path` points if it is a symlink (a rename
     over the link replaced it with a regular file, and the file it pointed to kept the old
     contents), else `path`; `path` itself where it is written in place (written_in_place). A
-    temp file renamed onto it goes beside it (the same filesystem)."""
+    temp file renamed onto it goes beside it (the same filesystem). A link in a loop is an
+    OSError (ELOOP) naming `path`, as open() refuses it: its realpath was the link itself,
+    replaced by a regular file."""
     if os.path.islink(path) and not written_in_place(path):
+        try:
+            return Path(os.path.realpath(path, strict=True))
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise OSError(exc.errno, exc.strerror, str(path)) from None
+        # a link to a file not there yet, or not reachable (output_problems says why): where
+        # it points
         return Path(os.path.realpath(path))
     return Path(path)
 
@@ -512,10 +521,15 @@ def output_problems(paths: Iterable[str | os.PathLike]) -> list[str]:
     for path in map(Path, paths):
         if written_in_place(path):  # /dev/stdout: no file made in /dev, which only root may
             continue
-        if path.is_dir():
+        try:  # a symlink is written where it points (write_target): judged there
+            target = write_target(path)
+        except OSError as exc:  # a link in a loop
+            problems.append(f"{path}: {exc.strerror}")
+            continue
+        if target.is_dir():
             problems.append(f"{path}: is a directory, not a file")
-        elif why := output_dir_problem(path.parent):
-            problems.append(f"{path.parent}: {why}")
+        elif why := output_dir_problem(target.parent):
+            problems.append(f"{target.parent}: {why}")
     return list(dict.fromkeys(problems))
 
 
