@@ -419,6 +419,20 @@ def test_trainer_flags_without_the_separator_name_it():
         "scalestudy matrix: error: unrecognized arguments: --bogus; `scalestudy matrix --help` "
         "shows the usage"
     ]
+    # a command's action: its own parser lists the flags (`scalestudy profile --help` named
+    # only the actions)
+    parse = subprocess.run(
+        [sys.executable, "-m", "scalestudy", "profile", "parse", "--run", "r", "--capture", "c"]
+        + ["--bogus", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert parse.returncode == 2
+    assert parse.stderr.splitlines() == [
+        "scalestudy profile parse: error: unrecognized arguments: --bogus 1; `scalestudy "
+        "profile parse --help` shows the usage"
+    ]
 
 
 # ------------------------------------------------------------------ how local ranks end

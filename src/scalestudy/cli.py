@@ -142,6 +142,13 @@ class Parser(argparse.ArgumentParser):
     top parser's subcommand parsers by name."""
 
     commands: dict[str, argparse.ArgumentParser]
+    actions: argparse.Action | None = None  # add_subparsers' (profile's and container's)
+
+    def add_subparsers(self, **kwargs):
+        """argparse's, kept: its `choices` are the action parsers (`profile parse`), whose
+        usage a misspelt flag of an action points to."""
+        self.actions = super().add_subparsers(**kwargs)
+        return self.actions
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message}; `{self.prog} --help` shows the usage\n")
@@ -178,9 +185,12 @@ def main(argv: list[str] | None = None) -> int:
             if hasattr(args, "train_args"):
                 hint = f" (the trainer's flags go after `--`: scalestudy {_command(args)} ... -- "
                 hint += "--epochs 1)"
-            # the subcommand's parser: its --help lists the flags (`scalestudy --help` only the
-            # commands)
-            parser.commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}{hint}")
+            # the subcommand's (or its action's) parser: its --help lists the flags
+            # (`scalestudy --help` only the commands, `scalestudy profile --help` its actions)
+            command = parser.commands[args.command]
+            if getattr(args, "action", None) and isinstance(command, Parser) and command.actions:
+                command = command.actions.choices[args.action]
+            command.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
         if args.debug:
             os.environ[log.DEBUG_ENV] = "1"  # read by log.debug(), here and in every child
         # an output on stdout (`--out-csv /dev/stdout > plan.csv`): the progress lines go to
