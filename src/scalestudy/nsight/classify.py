@@ -21,7 +21,7 @@ import re
 #   (red, per: persistent reduction) reduce, a template (tem: a generated matmul) gemm. The
 #   batch-norm rule comes before the convolution patterns: a pointwise kernel fusing
 #   native_batch_norm_backward with the pointwise tail of convolution_backward computes no
-#   convolution (9.4 % of the H200's compiled bf16 step, tests/fixtures/gpu-h200/).
+#   convolution (9.8 % of the H200's compiled bf16 step, tests/fixtures/gpu-h200/).
 #   With torch._inductor.config.cpp.enable_kernel_profile on when it compiled, inductor names a
 #   CPU kernel graph_<n>_cpp_fused_... (torch 2.14): the graph_<n>_ prefix is dropped first.
 # - compiled: `## Call CompiledFxGraph <hash> ##`, the call of a graph torch.compile made, whose
