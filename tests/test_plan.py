@@ -600,8 +600,16 @@ def test_a_finished_run_trained_again_asks_slurm_for_no_more_than_runtime_max():
     measured = [measured_row(run, 50.0, 1, wall_s=56.0, restarts="0")]
     (done,) = plan.estimate_runs(config, rows, measured)
     assert done.done and done.slurm_runtime_min == 3
-    # the plan's figures of it as before: one job of its measured time (plan.md: done)
+    # the plan's figures of it as before: one job of its measured time (plan.md: done) ...
     assert done.jobs == 1 and done.node_hours == pytest.approx(56.0 / 3600)
+    # ... and where Snakemake trains it again, the dry-run's job is the split one, its second
+    # job's start-up held too (4 s), and plan.md names it
+    assert done.retrain_jobs == 2
+    again = plan.job_estimate(plan.Registered(config, {run: done}, lambda rule: False), "train",
+                              {"run": run}, {})  # fmt: skip
+    assert again.jobs == 2 and again.node_hours == pytest.approx((56.0 + 4.0) / 3600)
+    (said, _) = plan._split_lines([done], config)
+    assert f"{run} (2 jobs)" in said and "trained again" in said, said
     config["checkpointing"]["retries"] = 0  # too few to split it: no refusal, its one-job limit
     (done,) = plan.estimate_runs(config, rows, measured)
     assert done.slurm_runtime_min == 4

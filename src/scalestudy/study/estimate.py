@@ -273,6 +273,8 @@ class Estimate:
     startup_s: float = 0.0
     slurm_runtime_min: int = 0
     jobs: int = 1  # Slurm jobs of the run: more than 1 past hardware.runtime_max (split_jobs)
+    # the jobs a training of it starts: `jobs`, a done run's (1: measured) where trained again
+    retrain_jobs: int = 1
     done: bool = False
     energy_j_per_img: float | None = None  # measured on comparable runs; None: not measured
     energy_basis: str = NOT_MEASURED  # or NOT_USED
@@ -874,16 +876,15 @@ def estimate_run(
     if not all(math.isfinite(t) for t in (runtime, lo or 0, hi or 0)):
         raise _overflow(config, row, throughput, basis, (startup, startup_basis))
     epoch_s = (t_max - startup) / max(1, row["epochs"])  # the probe's share too
-    jobs, split_limit = split_jobs(
+    # a measured run takes no job in the plan (priced as the one job it was, never refused),
+    # yet Snakemake trains it again after a trainer update, a deleted output or -R: its job
+    # then asks for the limit a new run's gets (runtime_max where it can go on in further
+    # jobs: retrain_jobs), not the one-job limit past the partition's MaxTime, which sbatch
+    # refuses
+    retrain_jobs, limit = split_jobs(
         row["run"], t_max, startup, epoch_s, limit, config, refuse and not done
     )
-    if done:
-        # a measured run takes no job in the plan (priced as none, never refused), yet Snakemake
-        # trains it again after a trainer update, a deleted output or -R: its job then asks
-        # for the limit a new run's gets (runtime_max where it can go on in further jobs), not
-        # the one-job limit past the partition's MaxTime, which sbatch refuses
-        jobs = 1
-    limit = split_limit
+    jobs = 1 if done else retrain_jobs
     return Estimate(
         rule="train",
         run=row["run"],
@@ -904,6 +905,7 @@ def estimate_run(
         startup_s=startup,
         slurm_runtime_min=limit,
         jobs=jobs,
+        retrain_jobs=retrain_jobs,
         done=done,
         energy_j_per_img=per_img,
         energy_basis=energy_basis,

@@ -230,12 +230,14 @@ def gpus_from_resources(resources: dict) -> int:
 
 
 def job_estimate(reg: Registered | None, rule: str, wildcards: dict, resources: dict) -> Estimate:
-    """The Estimate of one job a dry-run lists. Training jobs: the run's estimate. Rules that
-    run on the submitting host (localrules, `all`): 0 node-hours. Any other rule: its Slurm
-    request (runtime resource x nodes), marked `requested`; no rule makes this fail."""
+    """The Estimate of one job a dry-run lists. Training jobs: the run's estimate (a done run's
+    as trained again: its retrain_jobs). Rules that run on the submitting host (localrules,
+    `all`): 0 node-hours. Any other rule: its Slurm request (runtime resource x nodes), marked
+    `requested`; no rule makes this fail."""
     run = str(wildcards.get("run", "")) if wildcards else ""
     if reg is not None and rule == "train" and run in reg.estimates:
-        return reg.estimates[run]
+        e = reg.estimates[run]
+        return dataclasses.replace(e, jobs=e.retrain_jobs) if e.done else e
     label = run or ",".join(f"{k}={v}" for k, v in (wildcards or {}).items()) or "-"
     try:
         local = reg is not None and reg.is_local(rule)
@@ -499,12 +501,24 @@ def plan_markdown(
 
 
 def _split_lines(estimates: list[Estimate], config: dict) -> list[str]:
-    """The runs whose time limit is past hardware.runtime_max: how many jobs each takes."""
+    """The runs whose time limit is past hardware.runtime_max: how many jobs each takes (a
+    measured one, if trained again)."""
     split = [e for e in estimates if e.jobs > 1]
+    again = [e for e in estimates if e.done and e.retrain_jobs > 1]
+    most = config["hardware"].get("runtime_max")
+    lines = []
+    if again:
+        lines += [
+            f"Measured runs past hardware.runtime_max ({most} min) took one job; trained again "
+            "(a trainer update, a deleted output, -R) each asks for runtime_max and goes on in "
+            "further jobs (slurm_runtime_min): "
+            + "; ".join(f"{e.run} ({e.retrain_jobs} jobs)" for e in again)
+            + ".",
+            "",
+        ]
     if not split:
-        return []
-    most = config["hardware"]["runtime_max"]
-    return [
+        return lines
+    return lines + [
         f"Runs past hardware.runtime_max ({most} min) go on in further jobs (results/plan.csv, "
         "jobs), each resubmitted after its USR1 warning and resuming "
         "from its checkpoint (checkpointing.retries), its start-up counted again in the "
