@@ -202,13 +202,8 @@ def read_table(path: str | Path, table: str, flag: str, own: str = "") -> list[d
     numbers = [c for c in TABLE_COLUMNS[table] if c not in TABLE_TEXT[table]]
     for i, row in enumerate(rows, start=2):  # line 1 is the header
         for column in numbers:
-            value = row[column]
             rule = TABLE_COUNT if column in COUNT_COLUMNS else TABLE_NUMBER
-            if not rule.holds(value):
-                raise AnalysisError(
-                    f"{path}, line {i}: {column} = {value!r} is not {rule.what} or blank: not "
-                    f"written by scalestudy; {fix}"
-                )
+            check_cell(path, i, column, row[column], rule, fix)
         for column in TABLE_FILLED[table]:
             value = row[column]
             if files.number(value) is None if column in numbers else not str(value).strip():
@@ -217,6 +212,16 @@ def read_table(path: str | Path, table: str, flag: str, own: str = "") -> list[d
                     f"fills it: not written by scalestudy; {fix}"
                 )
     return rows
+
+
+def check_cell(path: str | Path, line: int, column: str, value, rule: files.Cell, fix: str):
+    """A cell of a CSV scalestudy writes against its `rule` (one that allows a blank): an
+    AnalysisError naming the file, the line, the column and `fix` where it breaks it."""
+    if not rule.holds(value):
+        raise AnalysisError(
+            f"{path}, line {line}: {column} = {value!r} is not {rule.what} or blank: not "
+            f"written by scalestudy; {fix}"
+        )
 
 
 def run_measures(row: dict) -> dict:

@@ -58,7 +58,7 @@ import jinja2
 from scalestudy import files, log, vocab
 from scalestudy.errors import AnalysisError
 from scalestudy.results import render_report as report
-from scalestudy.results.analyze import cell, read_csv
+from scalestudy.results.analyze import cell, check_cell, read_csv
 from scalestudy.study import profiling
 from scalestudy.study.config import add_config_arguments, load_layers, semantic_problems
 from scalestudy.study.estimate import (
@@ -226,11 +226,7 @@ def checked_model(path: str | Path) -> list[dict]:
         kind = row.get("kind")
         rules = MODEL_CELLS.get((kind, None)) or MODEL_CELLS.get((kind, row.get("name")), {})
         for column, rule in rules.items():
-            if not rule.holds(value := row.get(column)):
-                raise AnalysisError(
-                    f"{path}, line {i}: {column} = {value!r} is not {rule.what} or blank: not "
-                    f"written by scalestudy; {fix}"
-                )
+            check_cell(path, i, column, row.get(column), rule, fix)
     return rows
 
 
