@@ -75,6 +75,7 @@ def test_a_restarted_process_rewrites_the_history_without_the_stale_epochs(tmp_p
     again (another value). The event files then hold epochs 1, 2 and the new 3, each once."""
     cfg = TrainConfig(out=str(tmp_path), epochs=4)
     killed = Scalars(cfg, rank=0)
+    killed.start([])  # as loop.train starts a fresh run
     history = []
     for epoch in (1, 2, 3):
         history.append(_row(epoch, float(epoch)))
@@ -82,7 +83,8 @@ def test_a_restarted_process_rewrites_the_history_without_the_stale_epochs(tmp_p
     assert {step for _, step, _ in scalar_events(tmp_path / "tensorboard")} == {1, 2, 3}
 
     restarted = Scalars(cfg, rank=0)
-    history = [*history[:2], _row(3, 30.0)]  # the checkpoint's history, then epoch 3 again
+    restarted.start(history[:2])  # the checkpoint's history
+    history = [*history[:2], _row(3, 30.0)]  # then epoch 3 again
     restarted.epoch(history)
     history.append(_row(4, 40.0))
     restarted.epoch(history)  # the last epoch: closes the writer
@@ -110,7 +112,9 @@ def test_a_new_run_in_the_same_out_starts_its_scalars_anew(data_dir, tmp_path, t
 @pytest.mark.parametrize("settings", [{"tensorboard": False}, {"rank": 1}])
 def test_off_or_not_rank_0_writes_nothing(tmp_path, settings):
     cfg = TrainConfig(out=str(tmp_path), epochs=1, tensorboard=settings.get("tensorboard", True))
-    Scalars(cfg, rank=settings.get("rank", 0)).epoch([_row(1, 1.0)])
+    scalars = Scalars(cfg, rank=settings.get("rank", 0))
+    scalars.start([])
+    scalars.epoch([_row(1, 1.0)])
     assert list(tmp_path.iterdir()) == []
 
 
@@ -169,6 +173,7 @@ def test_a_full_disk_stops_the_scalars_not_the_training(tiny_fs, tensorboard, ca
     monkeypatch.setattr(threading, "excepthook", unhandled.append)  # as Python's, which prints
     cfg = TrainConfig(out=str(tiny_fs), epochs=1000)
     scalars = Scalars(cfg, rank=0)
+    scalars.start([])
     history = [_row(1, 1.0)]
     scalars.epoch(history)
     filler = (tiny_fs / "filler").open("wb", buffering=0)  # every free page of the tmpfs

@@ -82,15 +82,12 @@ class Scalars:
             self._stop("at the run's start", exc)
 
     def epoch(self, history: list[dict]) -> None:
-        """Record the newest row of `history` (all of it where start() wrote none), flush, and
-        close after the run's last epoch."""
-        if self._writer_class is None:
+        """Record the newest row of `history` after start(), flush, and close after the run's
+        last epoch."""
+        if self._writer is None:  # off, not rank 0, stopped by a failed write, or closed
             return
         try:
-            if self._writer is None:
-                self._writer = self._rewrite(history)
-            else:
-                _add(self._writer, history[-1])
+            _add(self._writer, history[-1])
             self._writer.flush()
             if history[-1]["epoch"] >= self.last_epoch:
                 self.close()
