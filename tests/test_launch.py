@@ -174,14 +174,19 @@ def test_an_array_task_is_refused_with_the_setting_to_change():
     assert "--slurm-array-jobs" in lines[0] and "Traceback" not in proc.stderr
 
 
-def _launch(*argv: str, path: str = "/usr/bin:/bin") -> subprocess.CompletedProcess:
+def _scalestudy(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "scalestudy", "launch", *argv],
-        env={**{k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}, "PATH": path},
+        [sys.executable, "-m", "scalestudy", *argv],
+        env=env,
         capture_output=True,
         text=True,
         timeout=60,
     )
+
+
+def _launch(*argv: str, path: str = "/usr/bin:/bin") -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    return _scalestudy("launch", *argv, env={**env, "PATH": path})
 
 
 @pytest.mark.parametrize(
@@ -408,12 +413,7 @@ def test_trainer_flags_without_the_separator_name_it():
         "usage"
     )
     # a command that starts no trainer keeps argparse's message alone
-    plan = subprocess.run(
-        [sys.executable, "-m", "scalestudy", "matrix", "--bogus"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    plan = _scalestudy("matrix", "--bogus")
     assert plan.returncode == 2
     assert plan.stderr.splitlines() == [
         "scalestudy matrix: error: unrecognized arguments: --bogus; `scalestudy matrix --help` "
@@ -421,13 +421,7 @@ def test_trainer_flags_without_the_separator_name_it():
     ]
     # a command's action: its own parser lists the flags (`scalestudy profile --help` named
     # only the actions)
-    parse = subprocess.run(
-        [sys.executable, "-m", "scalestudy", "profile", "parse", "--run", "r", "--capture", "c"]
-        + ["--bogus", "1"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    parse = _scalestudy("profile", "parse", "--run", "r", "--capture", "c", "--bogus", "1")
     assert parse.returncode == 2
     assert parse.stderr.splitlines() == [
         "scalestudy profile parse: error: unrecognized arguments: --bogus 1; `scalestudy "

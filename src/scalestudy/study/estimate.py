@@ -273,7 +273,8 @@ class Estimate:
     startup_s: float = 0.0
     slurm_runtime_min: int = 0
     jobs: int = 1  # Slurm jobs of the run: more than 1 past hardware.runtime_max (split_jobs)
-    # the jobs a training of it starts: `jobs`, a done run's (1: measured) where trained again
+    # the Slurm jobs training the run starts: `jobs`, but for a done run (jobs 1: the job that
+    # measured it) those of training it again (a trainer update, -R)
     retrain_jobs: int = 1
     done: bool = False
     energy_j_per_img: float | None = None  # measured on comparable runs; None: not measured
