@@ -1999,6 +1999,14 @@ def test_ncu_filter_is_the_whole_demangled_name(name, other):
     assert argv[argv.index("--kernel") + 1] == name
 
 
+def test_ncu_filter_takes_ncu_casts_of_negative_template_arguments():
+    # ncu prints a literal template argument with its type, (int)4; a negative one as (int)-1
+    regex = ncu_job.ncu_kernel_regex("void foo<-1, 3ul>(int)")
+    assert re.fullmatch(regex, "void foo<-1, 3ul>(int)")
+    assert re.fullmatch(regex, "void foo<(int)-1, (unsigned long)3>(int)")
+    assert not re.search(regex, "void foo<(int)1, (unsigned long)3>(int)")
+
+
 def test_ncu_command_and_import():
     cmd = ncu_job.ncu_command("d/ncu_k0", VECTORIZED, 10, 3, ["python", "t.py"])
     joined = shlex.join(cmd)

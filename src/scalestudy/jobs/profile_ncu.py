@@ -69,8 +69,8 @@ def _regex_literal(text: str) -> str:
 _ANON = "(anonymous namespace)"  # ncu: <unnamed>
 # {lambda(long)#1}; ncu: [lambda(long) (instance 1)]
 _LAMBDA = re.compile(r"\{lambda\((?:[^()]|\([^()]*\))*\)#(\d+)\}")
-# a literal template argument, 4 or 3ul; ncu: (int)4, (unsigned long)3
-_NUMBER = re.compile(r"(\d+)[uUlL]*(?=\s*[,>])")
+# a literal template argument, 4, -1 or 3ul; ncu: (int)4, (int)-1, (unsigned long)3
+_NUMBER = re.compile(r"(-?\d+)[uUlL]*(?=\s*[,>])")
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
