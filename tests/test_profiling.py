@@ -2086,6 +2086,13 @@ def test_rank_wrapper_profiles_the_chosen_ranks(ranks, env, profiled):
     assert (cmd[0] == args.profiler) is profiled
 
 
+def test_rank_wrapper_without_a_command_is_one_line(capsys):
+    assert cli.main(["profile", "rank", "--tool", "nsys", "--dir", "d", "--"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "scalestudy profile rank: no command after --"
+    ]
+
+
 def _install(root: Path, rel: str) -> Path:
     exe = root / rel
     exe.parent.mkdir(parents=True, exist_ok=True)

@@ -241,7 +241,7 @@ def rank_command(args: argparse.Namespace, env: dict[str, str]) -> list[str]:
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
     if not cmd:
-        raise ProfileError("scalestudy profile rank: no command after --")
+        raise ProfileError("no command after --")
     rank = rank_from_env(env)
     if args.ranks == "0" and rank != 0:
         return cmd
