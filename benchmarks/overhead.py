@@ -16,14 +16,37 @@ only the last attempt's wall time (as the plan's calibration, study/estimate.py,
 
 from __future__ import annotations
 
+import argparse
 import csv
+import math
 import statistics
 import sys
 from pathlib import Path
 
 
+def job_seconds(bench: Path) -> float:
+    """Snakemake's wall time of the job, column `s` of its first row; an empty or damaged file
+    exits with one line naming it."""
+    with bench.open() as f:
+        row = next(csv.DictReader(f, delimiter="\t"), None)
+    try:
+        seconds = float((row or {})["s"])
+    except (KeyError, TypeError, ValueError):
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds < 0:
+        sys.exit(
+            f"{bench}: not a Snakemake benchmark (no number in column s of its first row): "
+            "delete it, or copy it again from the study"
+        )
+    return seconds
+
+
 def main() -> int:
-    work = Path(sys.argv[1] if len(sys.argv) > 1 else ".")
+    p = argparse.ArgumentParser(prog="overhead.py", description=__doc__.splitlines()[0])
+    p.add_argument(
+        "workdir", nargs="?", default=".", metavar="WORKDIR", help="the study's folder (default .)"
+    )
+    work = Path(p.parse_args(sys.argv[1:]).workdir)
     runs_csv = work / "results/csv/runs.csv"
     if not runs_csv.exists():
         sys.exit(f"missing {runs_csv}: run the study first (bash scripts/demo.sh)")
@@ -39,8 +62,7 @@ def main() -> int:
         if not bench.exists():
             untimed.append(r["run"])
             continue
-        with bench.open() as f:
-            job_s = float(next(csv.DictReader(f, delimiter="\t"))["s"])
+        job_s = job_seconds(bench)
         rows.append((r["run"], job_s, float(r["train_time_s"]), job_s - float(r["train_time_s"])))
     if not rows:
         why = f"none of its {len(runs)} runs has {timed}/<run>.tsv" if runs else "no runs yet"

@@ -974,6 +974,32 @@ def test_overhead_leaves_out_runs_without_a_snakemake_benchmark(tmp_path, monkey
         assert message.splitlines() == [message] and f"{runs_csv}: {why}" in message, message
 
 
+@pytest.mark.parametrize("text", ["", "s\th:m:s\n", "x\n1\n", "s\th:m:s\nabc\t0\n"])
+def test_overhead_refuses_a_damaged_snakemake_benchmark_in_one_line(tmp_path, monkeypatch, text):
+    """An empty, header-only or unreadable benchmarks/train/<run>.tsv was next()'s StopIteration
+    (or a KeyError, a ValueError) traceback: one line naming the file, exit 1."""
+    overhead = load_benchmark("overhead")
+    monkeypatch.setattr(sys, "argv", ["overhead.py", str(tmp_path)])
+    (tmp_path / "results/csv").mkdir(parents=True)
+    (tmp_path / "benchmarks/train").mkdir(parents=True)
+    (tmp_path / "results/csv/runs.csv").write_text("run,train_time_s\nw1_a,10.0\n")
+    bench = tmp_path / "benchmarks/train/w1_a.tsv"
+    bench.write_text(text)
+    with pytest.raises(SystemExit) as exit_:
+        overhead.main()
+    message = str(exit_.value.code)
+    assert message.splitlines() == [message] and message.startswith(f"{bench}: "), message
+
+
+def test_overhead_help_is_usage_not_a_workdir(monkeypatch, capsys):
+    """`overhead.py --help` was read as the working directory ("missing --help/results/...")."""
+    overhead = load_benchmark("overhead")
+    monkeypatch.setattr(sys, "argv", ["overhead.py", "--help"])
+    with pytest.raises(SystemExit) as exit_:
+        overhead.main()
+    assert exit_.value.code == 0 and "WORKDIR" in capsys.readouterr().out
+
+
 def test_overhead_leaves_out_resumed_runs(tmp_path, monkeypatch, capsys):
     """A run resumed from a checkpoint (restarts > 0 in runs.csv): its train_time_s sums every
     segment, but Snakemake's benchmarks/train/<run>.tsv holds only the last attempt's wall time
