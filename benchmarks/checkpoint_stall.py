@@ -4,6 +4,7 @@ The stall is the time `Checkpointer.save` keeps the training loop waiting. The s
 trainer saves for a replicated strategy: ResNet-18 (width 64, 11.2 M parameters) state_dict plus
 SGD momentum buffers, on the device given (cpu or cuda).
 
+    mkdir -p /tmp/ckpt-bench
     python benchmarks/checkpoint_stall.py --device cpu --repeats 5 --dir /tmp/ckpt-bench
 
 Prints mean and standard deviation (from 2 repeats) of the stall (s) and the checkpoint size (MB),

@@ -68,6 +68,8 @@ NOT_OURS_ONLY = {
     "global_batch": "it overrides the local batch: use --local-batch",
     "model": "the reference trains resnet18 only",
     "out": "compare.py gives each run its own",
+    "accum_steps": "the reference steps the optimizer every batch: its global batch is "
+    "--local-batch x --nproc",
     # the reference has no --device: ours on the CPU beside its GPU run was a ratio of devices
     "device": "the reference runs on CUDA where there is one; CUDA_VISIBLE_DEVICES= runs both "
     "on the CPU",

@@ -97,6 +97,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for flag, least in (*at_least.items(), ("limit_train", 0)):  # None or 0: every image
         if (getattr(args, flag) or 0) < least:
             p.error(f"--{flag.replace('_', '-')} must be >= {least}, got {getattr(args, flag)}")
+    for flag in ("lr", "weight_decay"):  # torch.optim's traceback in every rank otherwise
+        if not (value := getattr(args, flag)) >= 0:  # NaN too
+            p.error(f"--{flag.replace('_', '-')} must be a number >= 0, got {value}")
     for name in ("data.pt", "meta.json"):  # each rank's torch.load traceback otherwise
         if not (path := Path(args.data_dir) / args.dataset / name).is_file():
             p.error(
@@ -163,6 +166,11 @@ def train(args: argparse.Namespace, device: torch.device, backend: str) -> None:
         pin_memory=pin_memory,
         drop_last=True,
     )
+    if not len(loader):  # drop_last: each rank's share holds no whole batch
+        raise SystemExit(
+            f"{len(dataset)} images on {world_size} ranks ({len(sampler)} each) hold no batch of "
+            f"--local-batch {args.local_batch}: lower it, use fewer ranks or more images"
+        )
     total_steps = len(loader) * args.epochs
     if total_steps <= args.warmup_steps:
         raise SystemExit(

@@ -61,6 +61,12 @@ def test_both_trainers_get_the_same_workload():
         ("--global-batch 64", "--global-batch", "it overrides the local batch: use --local-batch"),
         ("--out elsewhere", "--out", "compare.py gives each run its own"),
         (
+            "--accum-steps 4",
+            "--accum-steps",
+            "the reference steps the optimizer every batch: its global batch is --local-batch x "
+            "--nproc",
+        ),
+        (
             "--device cpu",
             "--device",
             "the reference runs on CUDA where there is one; CUDA_VISIBLE_DEVICES= runs both on "
@@ -128,6 +134,12 @@ def bad_arguments(tmp_path: Path) -> list[tuple[str, list[str], str]]:
         ("checkpoint_stall", ["--dir", str(tmp_path / "file")], "is not a directory"),
         ("reference_train", ["--data-dir", str(tmp_path), "--out", "r.json"], "prepare-data"),
         ("whole_step_graph", ["--timeout", "0"], "--timeout must be > 0, got 0.0"),
+        ("reference_train", ["--data-dir", "d", "--out", "r.json", "--lr", "-1"], "--lr must"),
+        (
+            "reference_train",
+            ["--data-dir", "d", "--out", "r.json", "--weight-decay", "nan"],
+            "--weight-decay must be a number >= 0, got nan",
+        ),
         ("whole_step_graph", ["--bucket-cap-mb", "nan"], "--bucket-cap-mb must be > 0"),
     ]
     gpus = torch.cuda.device_count()
@@ -138,7 +150,7 @@ def bad_arguments(tmp_path: Path) -> list[tuple[str, list[str], str]]:
     return cases
 
 
-@pytest.mark.parametrize("case", range(7))
+@pytest.mark.parametrize("case", range(9))
 def test_benchmark_bad_arguments_are_refused_in_one_line(tmp_path, capsys, monkeypatch, case):
     """A missing or non-directory --dir (checkpoint_stall.py: tempfile's traceback after the
     model was built), --device cuda without the GPUs (checkpoint_stall.py, ddp_buffers.py:
@@ -722,6 +734,19 @@ def run_reference(monkeypatch, data_dir, out, seconds_per_image, *flags, clock=N
     monkeypatch.setattr(sys, "argv", argv)
     ref.train(ref.parse_args(), torch.device("cpu"), "gloo")
     return json.loads(out.read_text())
+
+
+def test_the_reference_with_a_batch_above_each_ranks_share_says_so(
+    tmp_path, monkeypatch, data_dir, one_rank_group
+):
+    """64 images and --local-batch 100: the DataLoader (drop_last) yields no step. The line said
+    "lower --warmup-steps or train longer", which cannot help: it names the batch and the share."""
+    with pytest.raises(SystemExit) as exit_:
+        run_reference(monkeypatch, data_dir, tmp_path / "r.json", 0, "--local-batch", "100")
+    message = str(exit_.value.code)
+    assert message.splitlines() == [message], message
+    assert "--local-batch 100" in message and "64 images" in message, message
+    assert "--warmup-steps" not in message, message
 
 
 def test_the_reference_crops_to_the_datas_own_size(tmp_path, monkeypatch, one_rank_group):
