@@ -829,8 +829,9 @@ def test_host_syncs_fail_and_say_why(change, problem):
 
 
 def checkpoint_case(stop_rc=75, restarts=1, dcp=True, metrics_json=False, epochs=6):
-    stop = RunResult(rc=stop_rc, wall_s=4.0, limit_s=120)
+    stop = RunResult(rc=stop_rc, wall_s=4.0, limit_s=120, log_tail="the stopped run's log")
     resume = stand_in_run(restarts=restarts, resumed_from_epochs=[2])
+    resume.log_tail = "the resumed run's log"
     resume.epochs = stand_in_epochs([2.0] * epochs)
     after = {"checkpoints": ["epoch-0002"], "dcp": dcp, "metrics_json": metrics_json}
     return stop, after, resume
@@ -843,19 +844,23 @@ def test_checkpoint_passes_on_stop_75_and_a_resume():
 
 
 @pytest.mark.parametrize(
-    ("change", "problem"),
+    ("change", "problem", "whose"),
     [
-        ({"stop_rc": 0}, "exited 0, not 75"),
-        ({"dcp": False}, "dcp/.metadata"),
-        ({"metrics_json": True}, "must not look complete"),
-        ({"restarts": 0}, "restarts is 0"),
-        ({"epochs": 5}, "expected 1..6"),
+        ({"stop_rc": 0}, "exited 0, not 75", "stopped"),
+        ({"dcp": False}, "dcp/.metadata", "stopped"),
+        ({"metrics_json": True}, "must not look complete", "stopped"),
+        ({"restarts": 0}, "restarts is 0", "resumed"),
+        ({"epochs": 5}, "expected 1..6", "resumed"),
     ],
 )
-def test_checkpoint_fails_and_says_why(change, problem):
+def test_checkpoint_fails_and_says_why(change, problem, whose):
+    """The log shown is the run the problem is of: the tail of "the last run that did not exit
+    0" was the stopped run's (exit 75 by design) for a resume that did not resume, and the
+    resume's for a stopped run that exited 0."""
     stop, after, resume = checkpoint_case(**change)
     check = report.judge_checkpoint("fsdp", stop, after, resume, 6)
     assert check.status == FAIL and any(problem in p for p in check.problems), check.problems
+    assert check.log_tail == f"the {whose} run's log"
 
 
 # the energy probe's numbers on the H200 (2026-11-26): jobs/energy_probe.py's docstring

@@ -112,12 +112,19 @@ class Check:
 
 
 def verdict(
-    name: str, criterion: str, numbers: dict, problems: list[str], runs: Iterable[RunResult] = ()
+    name: str,
+    criterion: str,
+    numbers: dict,
+    problems: list[str],
+    runs: Iterable[RunResult] = (),
+    shown: RunResult | None = None,
 ) -> Check:
     """PASS without problems; NOT_RUN when every problem is the budget's (NO_TIME); else FAIL
-    with the log tail of the last run that did not exit 0 (of the last run, when they all did)."""
+    with the log tail of `shown`, by default of the last run that did not exit 0 (of the last
+    run, when they all did)."""
     runs = list(runs)
-    shown = ([r for r in runs if r.rc != 0] or runs)[-1:] if problems else []
+    if shown is None:
+        shown = ([r for r in runs if r.rc != 0] or runs or [None])[-1]
     status = PASS
     if problems:
         status = NOT_RUN if all(NO_TIME in p for p in problems) else FAIL
@@ -128,7 +135,7 @@ def verdict(
         numbers=numbers,
         problems=problems,
         wall_s=round(sum(r.wall_s for r in runs), 1),
-        log_tail=shown[0].log_tail if shown else "",
+        log_tail=shown.log_tail if shown is not None and problems else "",
     )
 
 
@@ -620,7 +627,7 @@ def judge_checkpoint(
         "metrics.json; the same command resumes to exit 0 with restarts >= 1 and epochs "
         f"1..{epochs}"
     )
-    problems = []
+    problems = []  # the stopped run's first, then the resume's
     if not stop.started or stop.timed_out:
         problems += run_problems(stop, "the stopped run")
     elif stop.rc != 75:
@@ -634,6 +641,9 @@ def judge_checkpoint(
         problems.append("no checkpoint on disk after the stop")
     elif strategy == "fsdp" and not after_stop.get("dcp"):
         problems.append("the fsdp checkpoint has no dcp/.metadata (torch.distributed.checkpoint)")
+    # the log shown is the stopped run's where it went wrong (it exits 75 by design: not "the
+    # last run that did not exit 0"), else the resume's
+    tail_of = stop if problems else resume
     problems += run_problems(resume, "the resumed run")
     m = resume.metrics or {}
     done = [r.get("epoch") for r in resume.epochs]
@@ -650,7 +660,7 @@ def judge_checkpoint(
         "restarts": m.get("restarts"),
         "resumed_from_epochs": m.get("resumed_from_epochs"),
     }
-    return verdict(name, criterion, numbers, problems, [stop, resume])
+    return verdict(name, criterion, numbers, problems, [stop, resume], shown=tail_of)
 
 
 # the counter's update period the probe may show before measure.py's bound is too optimistic
