@@ -1555,6 +1555,11 @@ def test_a_run_of_some_checks_only_says_so_in_its_headline():
     assert "Only these checks ran (--only): reference-bf16, nvml." in md
     whole = report.report_markdown(report.report_json({**header, "only": []}, checks))
     assert whole.splitlines()[0] == "# gpu-check on n: PASSED" and "--only" not in whole
+    # --only nvml runs reference-bf16 too (the run nvml reads), whose failure fails the report
+    alone = report.report_markdown(report.report_json({**header, "only": ["nvml"]}, checks))
+    assert "Only these checks ran (--only): nvml, and reference-bf16, whose run nvml reads." in (
+        alone
+    )
 
 
 def test_reference_targets_are_bf16_at_512_only_and_unmeasured_without_a_run():
@@ -1977,6 +1982,11 @@ def test_a_process_the_budget_cuts_is_marked_so_and_one_past_its_own_limit_is_no
     run = gpu_check.run_process(argv, tmp_path / "never.log", spent, child_env())
     assert not run.started and run.budget_cut and run.rc is None
     assert "not started" in (tmp_path / "never.log").read_text()
+    # 4.6 s left of a 5 s minimum read "5 s left", beside run()'s "4.6 s left"
+    monkeypatch.setattr(gpu_check, "MIN_START_S", 5.0)
+    run = gpu_check.run_process(argv, tmp_path / "few.log", gpu_check.Limit(4.6), child_env())
+    assert not run.started and "not started (4.6 s left" in (tmp_path / "few.log").read_text()
+    monkeypatch.setattr(gpu_check, "MIN_START_S", 0.5)
     own = gpu_check.Budget(time.monotonic() + 60).limit(1.0)
     run = gpu_check.run_process(argv, tmp_path / "own.log", own, child_env())
     assert run.timed_out and not run.budget_cut

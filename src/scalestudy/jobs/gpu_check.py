@@ -181,11 +181,7 @@ PROFILED = [
 PAIRS = (("ddp", "none"), ("allreduce", "none"), ("ddp", "fp16"), ("ddp", "bf16"))
 PAIRS += (("ddp", "powersgd"),)
 NCU_TOP_K = 2  # kernels profiled by ncu, one pass each
-# check -> the check whose run it reads: `--only nvml` runs reference-bf16 first (without it
-# the H200's rerun of 2026-11-26 judged no run), `--only ncu` torch-profiler, whose kernels it
-# profiles (without it an H100's `--only reference-fp32,speed-tf32,ncu` of 2026-11-27 failed
-# ncu with "no kernel to profile")
-NEEDS = {"nvml": "reference-bf16", "ncu": "torch-profiler"}
+NEEDS = report.NEEDS  # check -> the check whose run it reads
 CHECKPOINT_EPOCHS = 6  # SIGUSR1 after epoch 1 must land before the last epoch's stop check
 WORK_MARK = ".scalestudy-gpu-check"  # marks a work directory this command may delete
 PROVENANCE = "provenance.json"  # in DIR/fixtures: each fixture's commands, the run's header
@@ -282,7 +278,7 @@ def run_process(
     log_path.parent.mkdir(parents=True, exist_ok=True)
     limit_s = limit.seconds
     if limit_s < MIN_START_S:
-        log_path.write_text(f"not started ({limit_s:.0f} s left of the budget): {argv}\n")
+        log_path.write_text(f"not started ({limit_s:.1f} s left of the budget): {argv}\n")
         return RunResult(
             rc=None, limit_s=limit_s, started=False, budget_cut=True, log_tail=log_path.read_text()
         )

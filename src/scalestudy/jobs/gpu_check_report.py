@@ -100,6 +100,13 @@ class RunResult:
     log_tail: str = ""
 
 
+# check -> the check whose run it reads: `--only nvml` runs reference-bf16 first (without it
+# the H200's rerun of 2026-11-26 judged no run), `--only ncu` torch-profiler, whose kernels it
+# profiles (without it an H100's `--only reference-fp32,speed-tf32,ncu` of 2026-11-27 failed
+# ncu with "no kernel to profile")
+NEEDS = {"nvml": "reference-bf16", "ncu": "torch-profiler"}
+
+
 @dataclass
 class Check:
     name: str
@@ -692,7 +699,7 @@ def judge_nvml(
         f"with a power within {ENERGY_POWER_W[0]:.0f}-{ENERGY_POWER_W[1]:.0f} W and "
         f"{ENERGY_VS_SAMPLES[0]:g}-{ENERGY_VS_SAMPLES[1]:g}x nvmlDeviceGetPowerUsage's; the run's "
         "energy_j likewise, or null only because its window is too short for the counter "
-        "(gpu-check's epochs last about a second); energy_wall_j measured or null for that "
+        "(gpu-check's epochs last about 0.2 s); energy_wall_j measured or null for that "
         "reason only"
     )
     run_failed = run_problems(run, "the sampled run")
@@ -1270,8 +1277,11 @@ def report_markdown(doc: dict) -> str:
         f"{fmt(doc.get('wall_s'))} s (budget {fmt(doc.get('budget_s'))} s), "
         f"{doc.get('started_at')}, commit {doc.get('git_commit')}.",
     ]
-    if doc.get("only"):
-        lines += ["", f"Only these checks ran (--only): {', '.join(doc['only'])}."]
+    if only := doc.get("only"):
+        # and the runs they read (NEEDS), which ran too and can fail the report
+        pulled = [f"{NEEDS[c]}, whose run {c} reads" for c in only if NEEDS.get(c, c) not in only]
+        ran = ", and ".join([", ".join(only), *pulled])
+        lines += ["", f"Only these checks ran (--only): {ran}."]
     if doc.get("stopped"):
         lines += ["", "No check ran: gpu-check stopped before them (exit 2)."]
         if doc.get("stopped_log_tail"):
