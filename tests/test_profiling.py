@@ -1078,7 +1078,30 @@ def test_ncu_details_2025_rule_rows_trailing_commas_separators():
     assert conv["flop_per_s"] == pytest.approx(tensor + (2 * 1_000_000 + 500_000) / 150336e-9)
     ew = rows["void at::native::vectorized_el"]
     assert ew["duration_ns"] == pytest.approx(5120)  # "us" unit converted
-    assert ew["flop_per_s"] == pytest.approx(1_048_576 / 5.12e-6) and ew["tensor_flop_per_s"] == 0
+    assert ew["flop_per_s"] == pytest.approx(1_048_576 / 5.12e-6)
+    # no tensor-core counter in its rows (an H100's report has them, 0, for every kernel): not
+    # measured, blank, not "0 tensor FLOP/s"
+    assert ew["tensor_flop_per_s"] is None
+
+
+def test_ncu_duration_is_whole_nanoseconds(tmp_path):
+    """The mean duration over launches is written as whole ns (the schema's times are integers):
+    1,234,567 and 1,234,568 ns were the cell 1.23457e+06."""
+    head = (
+        '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream",'
+        '"Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit",'
+        '"Metric Value"\n'
+    )
+    rows = "".join(
+        f'"{i}","1","p","h","k","1","7","(1, 1, 1)","(1, 1, 1)","0","9.0","S",'
+        f'"gpu__time_duration.sum","ns","{ns}"\n'
+        for i, ns in enumerate(("1,234,567", "1,234,568"))
+    )
+    (tmp_path / "ncu_k0.csv").write_text(head + rows)
+    (row,) = ncu.parse_ncu(tmp_path / "ncu_k0.csv", "r")
+    assert row["launches"] == 2 and row["duration_ns"] == 1234568
+    text = schema.csv_text(schema.NCU_COLUMNS, [row])
+    assert list(csv.DictReader(text.splitlines()))[0]["duration_ns"] == "1234568"
 
 
 def test_ncu_details_old_format_metric_names_mean_over_launches():

@@ -155,8 +155,10 @@ def parse_ncu(path: str | Path, run: str, kernel: str | None = None) -> list[dic
                 sass[m["type"], m["op"]] = v
         tens = _tensor_ops(metrics)
         if sass or tens is not None:
-            tensor = tens or 0.0
-            flop = tensor + sum(2 * v if op == "fma" else v for (_, op), v in sass.items())
+            # a launch without a tensor-core counter: its tensor rate is not measured (blank),
+            # its FLOP rate the SASS instructions' (a GPU without tensor cores has no other)
+            tensor = tens
+            flop = (tens or 0.0) + sum(2 * v if op == "fma" else v for (_, op), v in sass.items())
         pct = {
             "achieved_occupancy_pct": first(metrics, _NCU_OCCUPANCY),
             "dram_throughput_pct": first(metrics, _NCU_DRAM),
@@ -180,6 +182,7 @@ def parse_ncu(path: str | Path, run: str, kernel: str | None = None) -> list[dic
         for column in schema.NCU_COLUMNS[3:]:
             vals = [it[column] for it in items if it[column] is not None]
             row[column] = sum(vals) / len(vals) if vals else None
+        row["duration_ns"] = round(row["duration_ns"])  # whole ns, as the schema's times
         out.append(row)
     out.sort(key=lambda r: -r["duration_ns"] * r["launches"])
     return out

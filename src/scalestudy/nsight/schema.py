@@ -48,7 +48,7 @@ profile_ncu.csv      run, kernel, launches, duration_ns, achieved_occupancy_pct,
                per ncu pass and labels its rows so), the join key between the two tables; ncu's
                own spelling from a by-hand `profile parse --ncu`
     launches   kernel launches ncu profiled (each value below is the mean over them)
-    duration_ns  gpu__time_duration.sum (label "Duration"), ns
+    duration_ns  gpu__time_duration.sum (label "Duration"), ns, rounded to whole ns
     achieved_occupancy_pct  sm__warps_active.avg.pct_of_peak_sustained_active, %
     dram_throughput_pct     (gpu__)dram__throughput.avg.pct_of_peak_sustained_elapsed, %
     sm_throughput_pct       sm__throughput.avg.pct_of_peak_sustained_elapsed, % (labels
@@ -57,7 +57,8 @@ profile_ncu.csv      run, kernel, launches, duration_ns, achieved_occupancy_pct,
                  / duration; empty when the report lacks those metrics (jobs/profile_ncu.py
                  asks for them)
     tensor_flop_per_s  the tensor-core part of flop_per_s: sm__ops_path_tensor_src_*.sum,
-                       per source type its _dst_* totals, else its src-only one (nsight/ncu.py)
+                       per source type its _dst_* totals, else its src-only one (nsight/ncu.py);
+                       empty without those counters (not measured, not 0)
 """
 
 from __future__ import annotations
@@ -208,7 +209,7 @@ CELLS = {
     "total_ns": files.NON_NEGATIVE,
     "share": files.FRACTION,
     "duration_ns": files.NON_NEGATIVE,
-    # None where ncu gave no value (a kernel without tensor paths)
+    # None where ncu gave no value (a report without the FLOP or tensor-core counters)
     **{c: files.NON_NEGATIVE.or_blank() for c in NCU_COLUMNS[4:]},
 }
 
