@@ -633,17 +633,17 @@ def test_the_communication_probe_is_priced_and_left_out_of_the_calibrated_startu
     the time limit of 0 steps, and the job was killed at its limit after training. A measured
     job's wall time less its probe is its start-up."""
     config = small_config()
-    config["train"]["comm_probe_steps"] = 10**9
+    config["train"]["comm_probe_steps"] = 10**7  # 10**9 asks for more than a year: refused
     huge = {e.run: e for e in plan.estimate_runs(config, build_run_table(config), measured=[])}
     config["train"]["comm_probe_steps"] = 0
     off = {e.run: e for e in plan.estimate_runs(config, build_run_table(config), measured=[])}
     for run, (_, gpus, _) in HAND.items():
-        images = 0 if gpus == 1 else 2 * (10**9 + 1) * 8  # W x local_batch = 8 in every run
+        images = 0 if gpus == 1 else 2 * (10**7 + 1) * 8  # W x local_batch = 8 in every run
         assert huge[run].probe_images == images and off[run].probe_images == 0, run
         extra = images / huge[run].throughput_img_s
         assert huge[run].runtime_s == pytest.approx(off[run].runtime_s + extra, rel=1e-12), run
-    # the time limit holds the probe: 2 * 10**9 passes at 150 img/s x 8 images, over a year
-    assert huge["w2_lb4_fp32_ddp_bk25_r0"].slurm_runtime_min > 2 * 10**9 * 8 / 150 / 60
+    # the time limit holds the probe: 2 * 10**7 passes at 150 img/s x 8 images, 12 days
+    assert huge["w2_lb4_fp32_ddp_bk25_r0"].slurm_runtime_min > 2 * 10**7 * 8 / 150 / 60
     assert (
         huge["w1_lb8_fp32_ddp_bk25_r0"].slurm_runtime_min
         == off["w1_lb8_fp32_ddp_bk25_r0"].slurm_runtime_min
@@ -1265,6 +1265,30 @@ def test_an_estimate_that_overflows_is_one_line_naming_the_keys(change, names):
     assert (
         "\n" not in message and "plan.startup_s (10)" in message and "train.epochs (2)" in message
     )
+
+
+@pytest.mark.parametrize(
+    ("change", "names"),
+    [
+        ({"throughput_img_s_per_gpu": {"fp32": 1e-300}}, "plan.throughput_img_s_per_gpu.fp32"),
+        ({"eval_speedup": 1e-300}, "plan.eval_speedup (1e-300)"),
+    ],
+    ids=["throughput", "eval_speedup"],
+)
+def test_a_slurm_limit_past_a_year_is_one_line_naming_the_keys(change, names):
+    """A tiny positive throughput or eval_speedup (above the schema's 0) is finite: the plan
+    asked Slurm for a limit of a 303-digit number of minutes, which every sbatch refuses after
+    the whole DAG was built. Refused as the overflow is, with hardware.runtime_max to set."""
+    config = small_config()
+    for k, v in change.items():
+        config["plan"][k] = {**config["plan"][k], **v} if isinstance(v, dict) else v
+    with pytest.raises(PlanError) as info:
+        plan.estimate_runs(config, build_run_table(config), measured=[])
+    message = str(info.value)
+    assert "\n" not in message and "more than a year (525600 min)" in message, message
+    assert names in message and "hardware.runtime_max" in message, message
+    # the proposal's runs, priced on the machine, are never refused
+    assert plan.estimate_runs(config, build_run_table(config), measured=[], refuse=False)
 
 
 def test_an_overflow_from_a_measured_throughput_names_the_measured_runs():

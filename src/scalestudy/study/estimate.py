@@ -144,6 +144,9 @@ PLAN_CSV = "results/plan.csv"
 # seconds before its time a --signal=USR1@lead may come: "Due to the resolution of event handling
 # by Slurm, the signal may be sent up to 60 seconds earlier than specified" (man sbatch, --signal)
 SLURM_SIGNAL_EARLY_S = 60
+# the longest Slurm time limit the plan asks for, in minutes: a year, the schema's bound of
+# hardware.runtime_min/runtime_max (a tiny plan.eval_speedup gave a 303-digit limit)
+LONGEST_LIMIT_MIN = 525600
 # measured runs must match the estimated run in these columns to calibrate it at all
 BASE_KEY = (
     "device",
@@ -885,6 +888,11 @@ def estimate_run(
     retrain_jobs, limit = split_jobs(
         row["run"], t_max, startup, epoch_s, limit, config, refuse and not done
     )
+    if refuse and limit > LONGEST_LIMIT_MIN:  # finite, but no sbatch takes it
+        past = (
+            f"a Slurm time limit of {short(limit)} min, more than a year ({LONGEST_LIMIT_MIN} min)"
+        )
+        raise _overflow(config, row, throughput, basis, (startup, startup_basis), past)
     jobs = 1 if done else retrain_jobs
     return Estimate(
         rule="train",
@@ -917,15 +925,24 @@ def estimate_run(
     )
 
 
-def _overflow(config: dict, row: dict, throughput: float, basis: str, startup: tuple[float, str]):
+def short(value) -> str:
+    """A number for an error line: a 311-digit epochs is not printed whole."""
+    text = f"{value:g}" if isinstance(value, float) else str(value)
+    return text if len(text) <= 12 else f"a {len(text)}-digit number"
+
+
+def _overflow(
+    config: dict,
+    row: dict,
+    throughput: float,
+    basis: str,
+    startup: tuple[float, str],
+    past: str = "",
+):
     """The PlanError of a run whose runtime estimate or Slurm time limit is no finite number
-    (it was an OverflowError traceback from the plan and from Snakemake's parse): the keys the
-    estimate is made of, with their values, and where X came from."""
-
-    def short(value) -> str:  # a 311-digit epochs is not printed whole
-        text = f"{value:g}" if isinstance(value, float) else str(value)
-        return text if len(text) <= 12 else f"a {len(text)}-digit number"
-
+    (it was an OverflowError traceback from the plan and from Snakemake's parse), or `past`, a
+    finite limit no sbatch takes: the keys the estimate is made of, with their values, and
+    where X came from."""
     plan, train = config["plan"], config["train"]
     if basis == "default":
         source = f"plan.throughput_img_s_per_gpu.{row['precision']}"
@@ -933,12 +950,18 @@ def _overflow(config: dict, row: dict, throughput: float, basis: str, startup: t
         source = f"the measured runs it is calibrated from ({basis}: {RUNS_CSV} or --runs-csv)"
     seconds, startup_basis = startup
     name = "plan.startup_s" if startup_basis == "default" else f"start-up ({startup_basis})"
+    what = (
+        f"its runtime estimate at X = {throughput:g} images/s asks for {past}"
+        if past
+        else "its runtime estimate overflows (no finite number of seconds or Slurm minutes at "
+        f"X = {throughput:g} images/s)"
+    )
+    runtime_max = ", or set hardware.runtime_max to the partition's MaxTime" if past else ""
     return PlanError(
-        f"run {row['run']}: its runtime estimate overflows (no finite number of seconds or "
-        f"Slurm minutes at X = {throughput:g} images/s): check train.epochs "
+        f"run {row['run']}: {what}: check train.epochs "
         f"({short(row['epochs'])}), train.comm_probe_steps ({short(train['comm_probe_steps'])}),"
         f" {name} ({short(float(seconds))}), plan.eval_speedup ({short(plan['eval_speedup'])}),"
-        f" plan.safety_factor ({short(plan['safety_factor'])}) and X's {source}"
+        f" plan.safety_factor ({short(plan['safety_factor'])}) and X's {source}{runtime_max}"
     )
 
 
