@@ -1217,8 +1217,11 @@ def test_bad_plan_config_names_the_key():
         ("plan.safety_factor", 1.0e300, "<= 100"),
         ("train.epochs", 10**310, "<= 100000"),
         ("hardware.runtime_min", 10**400, "<= 525600"),  # a year: an OverflowError traceback
+        # ten years: 10**9 months hung the proposal rule building half a billion periods
+        ("proposal.total_months", 10**9, "<= 120"),
+        ("proposal.period_months", 10**9, "<= 120"),
     ],
-    ids=["startup_s", "safety_factor", "epochs", "runtime_min"],
+    ids=["startup_s", "safety_factor", "epochs", "runtime_min", "total_months", "period_months"],
 )
 def test_an_absurd_plan_value_is_refused_by_the_config_check(key, value, bound):
     """They passed the config check, then the plan (and Snakemake's parse of the workflow)
@@ -1226,13 +1229,15 @@ def test_an_absurd_plan_value_is_refused_by_the_config_check(key, value, bound):
     to a float. At the bound the plan still computes."""
     section, name = key.split(".")
     bad = yaml.safe_load(yaml.safe_dump(SMALL))
-    bad[section][name] = value
+    bad.setdefault(section, {})[name] = value
     with pytest.raises(StudyConfigError, match=re.escape(f"config key '{key}'")) as info:
         validate(bad)
     assert f"must be {bound}" in str(info.value)
     bad[section][name] = float(bound.split()[1]) if section == "plan" else int(bound.split()[1])
     if key == "hardware.runtime_min":  # the profiling jobs' limit: a year's node-hours
         bad["hardware"]["runtime_min"] = int(bound.split()[1])
+    if key == "proposal.period_months":  # at most total_months
+        bad["proposal"]["total_months"] = int(bound.split()[1])
     config = validate(bad)
     assert all(
         math.isfinite(e.runtime_s) and e.slurm_runtime_min > 0
