@@ -4,6 +4,7 @@ message that names the key, the value and what is allowed."""
 from __future__ import annotations
 
 import copy
+import math
 import re
 from pathlib import Path
 
@@ -963,16 +964,33 @@ def test_run_ids_keep_every_digit_of_the_bucket_size_and_no_exponent(value, text
 
 def test_non_finite_numbers_are_refused_before_any_job():
     """YAML's .nan passes every bound of the schema (a comparison with NaN is never true) and
-    .inf every minimum: both are refused, naming the key, before the run table is built."""
+    .inf every minimum: both are refused, naming the key, before the run table is built (once:
+    where the schema's bound refuses it, in the bound's words)."""
     message = refused(
         minimal(),
         "config key 'train.lr': value NaN is not allowed: a finite number",
-        "config key 'train.bucket_cap_mb': value Infinity is not allowed: a finite number",
+        "config key 'train.bucket_cap_mb': value Infinity is not allowed: must be <= 1000000",
         "config key 'families.bucket.bucket_cap_mb[1]': value -Infinity",
         overrides=["train.lr=.nan", "train.bucket_cap_mb=.inf", "families.bucket.gpus=[2]",
                    "families.bucket.bucket_cap_mb=[1, -.inf]"],
     )  # fmt: skip
-    assert "Traceback" not in message
+    assert "Traceback" not in message and message.count("'train.bucket_cap_mb'") == 1
+
+
+def test_a_non_finite_value_of_a_key_that_is_no_number_is_one_line():
+    """`--config study=nan` (Snakemake reads nan as a float): "value NaN is not allowed: a
+    finite number", as if a number were wanted, then "must be a string" for the same key. One
+    line per key, the schema's; a number's NaN still gets the finite-number line."""
+    config = minimal()
+    config |= {"study": math.nan, "repeats": math.inf, "plan": {"eval_speedup": math.nan}}
+    with pytest.raises(StudyConfigError) as info:
+        load_and_validate(config)
+    lines = info.value.problems
+    for key in ("study", "repeats", "plan.eval_speedup"):
+        said = [line for line in lines if line.startswith(f"config key '{key}':")]
+        assert len(said) == 1, lines
+    assert "finite" not in next(line for line in lines if "'study'" in line), lines
+    assert any("'plan.eval_speedup'" in line and "a finite number" in line for line in lines)
 
 
 def test_integers_past_64_bits_are_refused_before_any_job():

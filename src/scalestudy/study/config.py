@@ -826,7 +826,12 @@ def validate(config: dict, *, schema: str | os.PathLike | None = None, source=No
     if problem := _depth_problem(config):
         raise StudyConfigError(problem, source=source)
     loaded = _load_schema(str(schema_path() if schema is None else Path(schema).resolve()))
-    problems = _non_finite(config) + _schema_problems(config, loaded)
+    schema_problems = _schema_problems(config, loaded)
+    # a NaN where the schema wants no number (--config study=nan): its line, not "a finite
+    # number" as well
+    keys = {line.split(": value ", 1)[0] for line in schema_problems}
+    problems = [p for p in _non_finite(config) if p.split(": value ", 1)[0] not in keys]
+    problems += schema_problems
     if not problems:
         problems = semantic_problems(config)
     if problems:  # each once: a misfit shared by several precisions was listed per precision
