@@ -50,7 +50,24 @@ def module_name(path: Path) -> str:
 
 def scalestudy_imports(path: Path) -> list[tuple[str, int, bool]]:
     """(imported scalestudy module, line, inside a function) for every import in the file."""
-    tree = ast.parse(path.read_text(), filename=str(path))
+    return imports_in(path.read_text(), module_name(path), path.name == "__init__.py", str(path))
+
+
+def absolute(module: str | None, level: int, importer: str, is_package: bool) -> str:
+    """The absolute name of `from <level dots><module> import ...` in module `importer`."""
+    if not level:
+        return module or ""
+    package = importer.split(".") if is_package else importer.split(".")[:-1]
+    base = package[: len(package) - (level - 1)]
+    return ".".join([*base, *([module] if module else [])])
+
+
+def imports_in(
+    text: str, importer: str, is_package: bool = False, filename: str = "<text>"
+) -> list[tuple[str, int, bool]]:
+    """scalestudy_imports of source `text` of module `importer`; a relative import (from ..results
+    import plot) by its absolute name: it slipped past as no import at all."""
+    tree = ast.parse(text, filename=filename)
     found = []
 
     def visit(node: ast.AST, in_function: bool) -> None:
@@ -58,11 +75,12 @@ def scalestudy_imports(path: Path) -> list[tuple[str, int, bool]]:
             nested = in_function or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef)
             if isinstance(child, ast.Import):
                 found.extend((a.name, child.lineno, in_function) for a in child.names)
-            elif isinstance(child, ast.ImportFrom) and child.module and child.level == 0:
-                base = child.module
-                if base == "scalestudy":  # from scalestudy import files, vocab
+            elif isinstance(child, ast.ImportFrom):
+                base = absolute(child.module, child.level, importer, is_package)
+                if base == "scalestudy" or (child.level and not child.module):
+                    # from scalestudy import files, vocab; from . import loop
                     found.extend(
-                        (f"scalestudy.{a.name}", child.lineno, in_function) for a in child.names
+                        (f"{base}.{a.name}", child.lineno, in_function) for a in child.names
                     )
                 else:
                     found.append((base, child.lineno, in_function))
@@ -91,6 +109,23 @@ def test_imports_point_down_the_layers(path):
         elif in_function and theirs != mine:
             wrong.append(f"line {line}: function-level import of {target} crosses {mine}->{theirs}")
     assert not wrong, f"{path.relative_to(PKG)}:\n" + "\n".join(wrong)
+
+
+@pytest.mark.parametrize(
+    ("source", "imported"),
+    [
+        ("from ..results import plot", "scalestudy.results"),
+        ("from .. import files", "scalestudy.files"),
+        ("from . import loop", "scalestudy.trainer.loop"),
+        ("from .loop import train", "scalestudy.trainer.loop"),
+        ("from scalestudy.results import plot", "scalestudy.results"),
+    ],
+)
+def test_relative_imports_are_read_as_their_absolute_module(source, imported):
+    """Relative imports were left out (level 0 only): `from ..results import plot` in a trainer
+    module passed the layer test. Read as what they import, a wrong one fails it."""
+    (found,) = imports_in(source + "\n", "scalestudy.trainer.measure")
+    assert found[0] == imported
 
 
 @pytest.mark.parametrize("path", sorted((PKG / "study").glob("*.py")), ids=lambda p: p.name)
