@@ -56,8 +56,9 @@ def fused_sgd(cfg: TrainConfig, device: torch.device) -> bool:
     GradScaler's found_inf as a tensor, so scaler.step() does not sync the host every step
     (the non-fused path calls found_inf.item()). Not under FSDP2: torch 2.14 has no DTensor
     sharding rule for aten._fused_sgd_ (NotImplementedError), so FSDP keeps the foreach path
-    (and, with fp16, that host sync). Not on CPU, where the foreach path is what the tests
-    verify bit for bit."""
+    (and, with fp16, that host sync; torch.distributed.tensor adds DTensor to the foreach
+    types). Not on CPU: there torch takes the per-parameter (single-tensor) path (its foreach
+    kernels are for CUDA), the one the tests verify bit for bit."""
     return device.type == "cuda" and cfg.strategy != "fsdp"
 
 
