@@ -138,6 +138,17 @@ def test_one_rank_already_inside_a_step_or_outside_slurm_starts_directly(tmp_pat
         assert _argv(env)[1:] == ["-m", "scalestudy", "train", "--epochs", "1"], env
 
 
+def test_one_rank_inside_a_step_of_several_tasks_is_refused_not_left_waiting(tmp_path):
+    """`srun --pty bash` in `salloc -n 2`: the shell is task 0 of a 2-task step, and the rank
+    started directly read SLURM_PROCID 0 of SLURM_NTASKS 2 (trainer/dist.py), waiting out the
+    process-group timeout for a second rank nobody starts. One line instead."""
+    env = {"SLURM_JOB_ID": "12", "SLURM_STEP_ID": "0", "PATH": _fake_srun(tmp_path)}
+    env |= {"SLURM_NTASKS": "2", "SLURM_PROCID": "0"}
+    with pytest.raises(LaunchError, match="task 0 of the 2 tasks of step 0 of Slurm job 12"):
+        _argv(env)
+    assert _argv({**env, "SLURM_NTASKS": "1"})[1:3] == ["-m", "scalestudy"]
+
+
 def test_several_ranks_inside_a_step_are_refused_not_left_waiting(tmp_path):
     """`srun --pty bash`, then snakemake: a nested srun would wait forever for the resources
     of the enclosing step; one line says so and what to run instead."""

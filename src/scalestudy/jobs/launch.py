@@ -13,9 +13,11 @@ a job with that key in the batch shell itself (no `srun -n1` wrapper, which it p
 without the key): this launcher's srun is the step. Already inside a step (SLURM_STEP_ID: e.g. a
 rule without the key, `srun scalestudy launch` by hand, or snakemake run in `srun --pty bash`)
 one rank starts directly, since a nested srun would wait forever for the CPUs that step holds,
-and more ranks are refused in one line for the same reason. salloc's shell in the job's
-interactive step (LaunchParameters=use_interactive_step) is no such step: it holds nothing, and
-runs start with srun there as in salloc's shell on the submit host (vocab.slurm_step).
+and more ranks are refused in one line for the same reason, as is one rank in a step of several
+tasks (`srun --pty bash` in `salloc -n 2`), where it would read the step's SLURM_NTASKS.
+salloc's shell in the job's interactive step (LaunchParameters=use_interactive_step) is no such
+step: it holds nothing, and runs start with srun there as in salloc's shell on the submit host
+(vocab.slurm_step).
 Inside an array task it refuses to run: the plugin submits every task of an array with the
 first job's nodes, GPUs and time limit.
 Outside Slurm it runs torchrun on this host (`--standalone`: a free rendezvous port), which only
@@ -205,8 +207,18 @@ def build_command(args: argparse.Namespace, env: dict[str, str]) -> list[str]:
     refuse_array_task(env)
     one_rank = args.nodes * args.ranks_per_node == 1
     step = vocab.slurm_step(env)  # salloc's interactive step is none: srun works there
+    tasks = env.get("SLURM_NTASKS", "1")
+    if one_rank and step and tasks != "1":
+        # the rank reads the step's SLURM_PROCID and SLURM_NTASKS (trainer/dist.py): rank 0 of
+        # 2 waited out the process-group timeout for a peer nobody starts
+        raise LaunchError(
+            f"this shell is task {env.get('SLURM_PROCID', '?')} of the {tasks} tasks of step "
+            f"{step} of Slurm job {env.get('SLURM_JOB_ID')}, and a run started here would be a "
+            f"rank of {tasks}, waiting for the others: start the shell as one task (`srun -n 1 "
+            "--pty bash`), or run from `salloc`'s own shell"
+        )
     if one_rank and (not env.get("SLURM_JOB_ID") or step):
-        # one rank outside Slurm, or already a task of a job step (see the module docstring)
+        # one rank outside Slurm, or already the one task of a job step (the module docstring)
         return [*python, "-m", "scalestudy", "train", *train_args]
     if step:
         # a nested srun waits forever for the CPUs and GPUs the enclosing step holds
