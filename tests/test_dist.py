@@ -369,3 +369,45 @@ def test_a_derived_port_in_use_is_one_line_naming_it_and_the_override(monkeypatc
         "jobs): set MASTER_PORT to a free port for this run (the same on every rank), e.g. "
         "`export MASTER_PORT=$((20000 + RANDOM % 10000))` before srun"
     )
+
+
+@pytest.mark.parametrize(
+    ("nodelist", "hosts"),
+    [
+        ("gpu[01-03,7],login1", ["gpu01", "gpu02", "gpu03", "gpu7", "login1"]),
+        ("a-[1-2]b", ["a-1b", "a-2b"]),
+        ("n[1-2]-ib[0-1]", ["n1-ib0", "n1-ib1", "n2-ib0", "n2-ib1"]),
+    ],
+)
+def test_slurm_host_lists_expand(nodelist, hosts):
+    assert sdist.expand_nodelist(nodelist) == hosts
+
+
+@pytest.mark.parametrize("nodelist", ["n[3-1]", "n[1-", "n]1[", "n[a-b]", ","])
+def test_a_host_list_that_names_no_host_is_one_line(nodelist):
+    """n[3-1] expanded to no host, then detect's hosts[0] was an IndexError traceback."""
+    srun = {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_ID": "9", "SLURM_STEP_ID": "0"}
+    with pytest.raises(LaunchError, match="cannot parse host list"):
+        sdist.expand_nodelist(nodelist)
+    with pytest.raises(LaunchError, match="cannot parse host list"):
+        sdist.detect({**srun, "SLURM_JOB_NODELIST": nodelist})
+
+
+def test_an_empty_master_addr_is_unset():
+    """MASTER_ADDR='' was taken as the address: the route check then blamed the network
+    interface ("no route from this host to  ... set GLOO_SOCKET_IFNAME")."""
+    srun = {"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_JOB_ID": "9", "SLURM_STEP_ID": "0"}
+    srun |= {"SLURM_JOB_NODELIST": "node[01-02]", "SLURM_TASKS_PER_NODE": "1(x2)"}
+    srun |= {"SLURM_NODEID": "1"}
+    assert sdist.detect({**srun, "MASTER_ADDR": ""}).master_addr == "node01"
+    env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": ""}
+    assert sdist.detect(env).master_addr == "127.0.0.1"
+
+
+def test_a_missing_local_rank_follows_the_block_placement():
+    """RANK 5 of 8, 4 per node, without LOCAL_RANK was local rank 0: every rank of a node took
+    its first GPU (set_device(local_rank)), and NCCL refused the duplicate GPU."""
+    env = {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "MASTER_ADDR": "n1"}
+    d = sdist.detect(env)
+    assert (d.local_rank, d.node_rank) == (1, 1)
+    assert sdist.detect({"RANK": "1", "WORLD_SIZE": "2"}).local_rank == 1  # one node of 2

@@ -82,7 +82,7 @@ class DistEnv:
 def expand_nodelist(nodelist: str) -> list[str]:
     """Expand Slurm host-list syntax: 'gpu[01-03,7],login1' -> gpu01 gpu02 gpu03 gpu7 login1."""
     hosts: list[str] = []
-    for item in _split_top_level(nodelist.strip()):
+    for item in filter(None, _split_top_level(nodelist.strip())):
         # every [..] group is a list of values or zero-padded ranges; the product of the groups
         parts = re.split(r"(\[[^\]]*\])", item)
         choices = []
@@ -90,15 +90,20 @@ def expand_nodelist(nodelist: str) -> list[str]:
             if part.startswith("["):
                 values = []
                 for rng in part[1:-1].split(","):
-                    lo, _, hi = rng.partition("-")
-                    if not lo.isdigit() or (hi and not hi.isdigit()):
+                    lo, dash, hi = rng.partition("-")
+                    hi = hi if dash else lo  # n[1-] is no range
+                    # n[3-1] named no host: detect's hosts[0] was an IndexError traceback
+                    if not (lo.isdigit() and hi.isdigit()) or int(hi) < int(lo):
                         raise LaunchError(f"cannot parse host list {nodelist!r} at {part!r}")
-                    hi = hi or lo
                     values += [str(i).zfill(len(lo)) for i in range(int(lo), int(hi) + 1)]
                 choices.append(values)
+            elif "[" in part or "]" in part:  # a bracket never closed (or opened)
+                raise LaunchError(f"cannot parse host list {nodelist!r} at {part!r}")
             elif part:
                 choices.append([part])
         hosts += ["".join(combo) for combo in itertools.product(*choices)]
+    if not hosts:
+        raise LaunchError(f"cannot parse host list {nodelist!r}: it names no host")
     return hosts
 
 
@@ -168,7 +173,9 @@ def detect(env: Mapping[str, str] = os.environ) -> DistEnv:
             launcher="torchrun",
             rank=rank,
             world_size=world_size,
-            local_rank=_int(env, "LOCAL_RANK") if "LOCAL_RANK" in env else 0,
+            # without LOCAL_RANK, the block placement's: rank 5 of 4 per node is local 1 (0
+            # had every rank of a node on its first GPU)
+            local_rank=_int(env, "LOCAL_RANK") if "LOCAL_RANK" in env else rank % per_node,
             local_world_size=local_world,
             node_rank=_int(env, "GROUP_RANK") if "GROUP_RANK" in env else rank // per_node,
             nodes=(
@@ -176,7 +183,7 @@ def detect(env: Mapping[str, str] = os.environ) -> DistEnv:
                 if "GROUP_WORLD_SIZE" in env
                 else -(-world_size // per_node)  # ceil: a last node may hold fewer ranks
             ),
-            master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+            master_addr=env.get("MASTER_ADDR") or "127.0.0.1",  # set but empty: unset
             master_port=_int(env, "MASTER_PORT") if "MASTER_PORT" in env else 29500,
             slurm_job_id=job_id,
         )
@@ -223,7 +230,7 @@ def detect(env: Mapping[str, str] = os.environ) -> DistEnv:
             local_world_size=per_node[min(node_rank, len(per_node) - 1)],
             node_rank=node_rank,
             nodes=len(per_node),
-            master_addr=env.get("MASTER_ADDR", hosts[0]),
+            master_addr=env.get("MASTER_ADDR") or hosts[0],  # set but empty: unset
             master_port=port,
             slurm_job_id=job_id,
             port_derived="MASTER_PORT" not in env and _int(env, "SLURM_NTASKS") > 1,
