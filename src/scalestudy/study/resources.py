@@ -109,12 +109,14 @@ def onstart_launching(
     """launching_runs of this snakemake's targets (the workflow's dag_settings, read
     defensively: no public API holds them, None: `all`); where it names none, of --until's
     (Snakemake runs the jobs up to those: their needs), or none where --omit-from leaves out
-    every launch rule the study has (`launch_rules`: train alone without profiled runs):
-    `--until prepare_data` was judged as `all`, and a GPU study's dataset step refused on a
-    machine without CUDA."""
+    every launch rule the study has (`launch_rules`: train alone without profiled runs), by
+    name or as what follows a rule of NO_RUN_RULES (the dataset's, the image's: upstream of
+    every launch rule): `--until prepare_data` was judged as `all`, and a GPU study's dataset
+    step refused on a machine without CUDA."""
     targets = getattr(dag_settings, "targets", None)
     if not targets:
-        if set(launch_rules) <= set(getattr(dag_settings, "omit_from", None) or ()):
+        omitted = set(getattr(dag_settings, "omit_from", None) or ())
+        if set(launch_rules) <= omitted or omitted & set(NO_RUN_RULES):
             return {}
         targets = getattr(dag_settings, "until", None)
     return launching_runs(runs, targets, outputs, needs=needs)
