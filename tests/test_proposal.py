@@ -1488,3 +1488,28 @@ def test_a_model_csv_cell_the_proposal_reads_must_be_a_number(tmp_path, capsys, 
     (err,) = capsys.readouterr().err.strip().splitlines()
     assert str(model) in err and says in err, err
     assert not (tmp_path / "docs/proposal.md").exists()
+
+
+def test_the_proposal_reruns_for_the_checkpointing_keys_its_numbers_read():
+    """get_proposal_settings (its rerun trigger) left out all of checkpointing, "no number": yet
+    a run past hardware.runtime_max goes on in further jobs, as many as signal_lead_s leaves
+    room for, each with its start-up, and proposal.csv's node-hours (Estimate.held_s) are
+    theirs. enabled and signal_lead_s rerun it; the checkpoints' place, cadence, count and
+    retries, and train.pg_timeout_s, do not."""
+    base = ["hardware.runtime_max=10", "train.epochs=200", "checkpointing.retries=100"]
+    config = load_and_validate(DEMO, overrides=base)
+    settings = proposal.settings_json(config)
+    longer = load_and_validate(DEMO, overrides=[*base, "checkpointing.signal_lead_s=300"])
+    table = build_run_table(config)
+    jobs = [sum(e.jobs for e in estimate_runs(c, table, [])) for c in (config, longer)]
+    assert jobs[0] != jobs[1], jobs  # the number the proposal prices moved
+    assert proposal.settings_json(longer) != settings
+    for same in (
+        "checkpointing.dir=elsewhere",
+        "checkpointing.keep=5",
+        "checkpointing.every_epochs=2",
+        "checkpointing.retries=90",
+        "train.pg_timeout_s=3600",
+    ):
+        other = load_and_validate(DEMO, overrides=[*base, same])
+        assert proposal.settings_json(other) == settings, same

@@ -2,7 +2,6 @@
 # The logic lives in the scalestudy package (study/: config, runs, profiling, plan, resources),
 # unit-tested there. Nothing here prints while Snakemake parses, nor reads study data but the
 # measured runs of the plan (see PLAN below).
-import json
 import os
 import sys
 from pathlib import Path
@@ -250,14 +249,9 @@ def get_paper_pdf(wildcards):
 
 
 def get_proposal_settings(wildcards):
-    """The config the proposal reads (as JSON: a change reruns the proposal rules only);
-    checkpointing and train.pg_timeout_s change no number, so they rerun nothing (as
-    everywhere)."""
-    settings = {k: v for k, v in config.items() if k != "checkpointing"}
-    settings["train"] = {
-        k: v for k, v in config["train"].items() if k != "pg_timeout_s"
-    }
-    return json.dumps(settings, sort_keys=True)
+    """The config the proposal reads (proposal.settings_json: a change reruns the proposal
+    rules only)."""
+    return allocation.settings_json(config)
 
 
 def get_proposal_documents(wildcards):

@@ -48,6 +48,7 @@ import argparse
 import copy
 import csv
 import io
+import json
 import math
 from collections import defaultdict
 from decimal import ROUND_CEILING, Context, Decimal
@@ -164,6 +165,31 @@ def ceil3(x: float) -> float:
 
 
 # --- the evidence --------------------------------------------------------------------------------
+# config keys no number of the proposal reads, left out of its rerun trigger (settings_json):
+# where the checkpoints go, how often and how many, the retries (they refuse a plan, which stops
+# every rule before this one) and how long a hung collective may wait
+NOT_PROPOSAL = {
+    "checkpointing": ("dir", "every_epochs", "keep", "retries"),
+    "train": ("pg_timeout_s",),
+}
+
+
+def settings_json(config: dict) -> str:
+    """The config the proposal reads, as JSON: the proposal rules' param (a change reruns them
+    only), all of it but NOT_PROPOSAL. checkpointing.enabled and signal_lead_s are in: a run
+    past hardware.runtime_max goes on in as many jobs as the warning lead leaves room for,
+    each with its start-up, and the request prices them (Estimate.held_s)."""
+    settings = {
+        key: (
+            {k: v for k, v in value.items() if k not in NOT_PROPOSAL[key]}
+            if key in NOT_PROPOSAL and isinstance(value, dict)
+            else value
+        )
+        for key, value in config.items()
+    }
+    return json.dumps(settings, sort_keys=True, default=str)
+
+
 def strong_points(scaling: list[dict], enabled: bool = False) -> list[dict]:
     """The strong family's rows of scaling.csv, by world size, numbers parsed; `enabled`:
     families.strong is (the refusal's advice: run it, not enable it)."""
