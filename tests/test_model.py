@@ -692,7 +692,10 @@ def test_the_advisor_keeps_the_default_where_the_fit_finds_no_communication_cost
     recommended 1 MiB over DDP's 25, on a "gain" of 5e-9 (numerical noise), not extrapolated."""
     pts = model.points(_flat_rows())[0]
     fit = model.fit_points(pts)
-    for advice in model.advise(fit, pts):
+    advised = model.advise(fit, pts)
+    # a row for each configuration of 2+ ranks (none dropped), each keeping the default
+    assert len(advised) == len({(p.world_size, p.local_batch) for p in pts if p.world_size > 1})
+    for advice in advised:
         assert advice.bucket_cap_mb is None, advice
         assert advice.note.startswith("not enough data: the fit finds no communication cost")
 
@@ -1270,6 +1273,7 @@ def test_command_on_a_synthetic_study_writes_held_out_errors_and_advice(tmp_path
     params = {r["name"]: r for r in rows if r["kind"] == "parameter"}
     assert float(params["beta_inter_Bps"]["value"]) == pytest.approx(5e9, rel=0.05)
     advice = read(tmp_path / "bucket_advice.csv")
+    assert len(advice) == 12  # 4 world sizes x 3 local batches
     assert all(r["bucket_cap_mb"] and r["gain"] for r in advice)
     # true where the recommendation is one bucket: the runs measured 2 to 43 at every size
     assert all(r["extrapolated"] == str(r["buckets"] == "1").lower() for r in advice)
