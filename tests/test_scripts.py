@@ -444,7 +444,8 @@ def test_setup_installs_the_venv_package_of_the_python_it_was_given(tmp_path):
     setup installed python3-venv, the system python3's, then `venv` failed all the same
     (Ubuntu 22.04: python3 is 3.10, python3.11 needs python3.11-venv). It installs the
     package of the Python it was given. STAND-INS: id (root), apt-get (logs its call), a
-    latexmk and a kpsewhich that find TeX, and a python3.11 without ensurepip."""
+    latexmk and a kpsewhich that find TeX, a python3.11 without ensurepip and a python3 (the
+    default), each answering setup's version query with a version of its own."""
     work = tmp_path / "repo"
     (work / "scripts").mkdir(parents=True)
     shutil.copy(REPO / "scripts" / "setup.sh", work / "scripts" / "setup.sh")
@@ -457,12 +458,22 @@ def test_setup_installs_the_venv_package_of_the_python_it_was_given(tmp_path):
         "apt-get": f'#!/bin/sh\necho "apt-get $*" >> {log}\n',
         "latexmk": "#!/bin/sh\n",
         "kpsewhich": "#!/bin/sh\necho pgfcore.sty\n",
-        # a 3.11 (its version checks pass) whose ensurepip is a separate package, not installed
+        # a Python (its version checks pass) whose ensurepip is a separate package, not
+        # installed; its minor version, as setup asks it, is one no other python3 has (3.99),
+        # and the default python3's is 3.10: the package names which one setup asked
         "python3.11": (
             "#!/bin/sh\n"
             'case "$*" in\n'
             '  "-c import ensurepip") exit 1 ;;\n'
+            "  *'version_info[:2]'*) echo 3.99 ;;\n"
             '  "-m venv --clear .venv") echo "ensurepip is not available" >&2; exit 1 ;;\n'
+            f'  *) exec {sys.executable} "$@" ;;\n'
+            "esac\n"
+        ),
+        "python3": (
+            "#!/bin/sh\n"
+            'case "$*" in\n'
+            "  *'version_info[:2]'*) echo 3.10 ;;\n"
             f'  *) exec {sys.executable} "$@" ;;\n'
             "esac\n"
         ),
@@ -476,8 +487,7 @@ def test_setup_installs_the_venv_package_of_the_python_it_was_given(tmp_path):
              "SCALESTUDY_SKIP_SLURM_APT": "1"},
     )  # fmt: skip
     assert proc.returncode != 0  # the stand-in's venv fails: only the package asked is judged
-    version = "{}.{}".format(*sys.version_info[:2])  # what the stand-in python3.11 reports
-    assert log.read_text().splitlines()[-1].endswith(f"install -y -q python{version}-venv"), (
+    assert log.read_text().splitlines()[-1].endswith("install -y -q python3.99-venv"), (
         log.read_text()
     )
 
