@@ -221,12 +221,14 @@ fresh, with a warning, so device_names, the window and mfu hold for every segmen
 (the ranks per host: a run whose gpus_per_node changed keeps its run id and checkpoint
 directory, and starts fresh; the threads per rank: a changed hardware.cpus_per_rank starts
 fresh) and container image (its digest: a rebuilt image reruns the runs,
-which start fresh) and continues bit for bit (same data order, RNG states, optimizer, schedule,
-scaler), except with --loader dataloader and persistent worker processes (--num-workers > 0):
-their random state lives in the workers and is not checkpointed, so such a run resumes correctly
-but not bit for bit (a warning says so at start-up); and with --comm-hook powersgd, whose state
-(error feedback, warm-start factors, step count) is not checkpointed either: each segment starts
-PowerSGD anew (a warning says so too).
+which start fresh) and continues with the same data order, RNG states, optimizer, schedule and
+scaler: bit for bit on CPU; on CUDA not (cudnn.benchmark autotunes again in the resumed process
+and may choose other convolution algorithms, some non-deterministic), nor with --loader
+dataloader and persistent worker processes (--num-workers > 0): their random state lives in the
+workers and is not checkpointed, so such a run resumes correctly but not bit for bit (a warning
+says so at start-up); and with --comm-hook powersgd, whose state (error feedback, warm-start
+factors, step count) is not checkpointed either: each segment starts PowerSGD anew (a warning
+says so too).
 A resumed run's numbers are accounted over its segments:
 - train_time_s: the sum over segments of the loop time up to each segment's last checkpoint
   (time lost after it is not counted: that work is redone and counted then; lost_time_s holds
