@@ -156,7 +156,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--width", type=int, default=64)
     p.add_argument("--local-batch", type=int, default=512)
     p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "fp16", "bf16"])
+    p.add_argument("--precision", default="fp32", choices=vocab.PRECISIONS)
     p.add_argument("--warmup-steps", type=int, default=10)
     p.add_argument("--limit-train", type=int, default=0)
     p.add_argument("--ref-workers", type=int, default=2, help="DataLoader workers per rank")

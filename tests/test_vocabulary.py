@@ -61,7 +61,7 @@ def test_schema_enums_are_the_vocabulary_and_the_trainer_choices(key, names):
 def test_schema_devices_are_the_trainers_without_auto():
     """A study names its hardware; `auto` is for a bare command line only."""
     device = SCHEMA["properties"]["hardware"]["properties"]["device"]
-    assert set(device["enum"]) == set(vocab.DEVICES) - {"auto"}
+    assert set(device["enum"]) == set(vocab.STUDY_DEVICES) == set(vocab.DEVICES) - {"auto"}
 
 
 def test_families_are_the_vocabulary():
@@ -170,3 +170,21 @@ def test_every_strategy_has_one_name_in_the_documents():
     `strategy` filter): every strategy the trainer accepts, and only those."""
     assert tuple(vocab.STRATEGY_NAMES) == vocab.STRATEGIES
     assert len(set(vocab.STRATEGY_NAMES.values())) == len(vocab.STRATEGIES)
+
+
+def test_the_other_copies_of_the_vocabulary_are_the_vocabulary():
+    """Lists that repeat vocab.py outside the schema's enums: each fell out of step silently
+    (a precision added to vocab and the precision enum was the plan's KeyError traceback at
+    parse time; a dataset the proposal's; a family skipped analyze's one-configuration check)."""
+    from scalestudy.results import analyze, proposal
+    from scalestudy.study import runs
+
+    plan = SCHEMA["properties"]["plan"]["properties"]
+    assert tuple(plan["throughput_img_s_per_gpu"]["properties"]) == vocab.PRECISIONS
+    assert set(proposal.DATA_TERMS) == set(vocab.DATASETS)
+    profiling = SCHEMA["properties"]["profiling"]["properties"]
+    assert profiling["nsys_trace"]["default"] == vocab.NSYS_TRACE
+    assert tuple(analyze.FAMILY_VARIES) == vocab.FAMILIES
+    switches = {k: [runs._SWITCH[v] for v in TRAIN[k]["enum"]] for k in ("compile", "cuda_graphs")}
+    assert switches["compile"] == list(vocab.SWITCHES)
+    assert switches["cuda_graphs"] == list(vocab.CUDA_GRAPHS)

@@ -74,6 +74,9 @@ STRATEGY_NAMES = {
 }
 COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")  # DDP communication hooks
 DEVICES = ("auto", "cpu", "cuda")
+# a study's hardware.device (and its jobs' --device): it names its hardware, auto is for a bare
+# command line only
+STUDY_DEVICES = tuple(d for d in DEVICES if d != "auto")
 # torch.distributed backends: auto = NCCL on CUDA, gloo on CPU; gloo on CUDA lets several ranks
 # share one GPU (NCCL refuses two ranks on one device: "Duplicate GPU detected")
 BACKENDS = ("auto", "nccl", "gloo")

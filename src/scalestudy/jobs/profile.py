@@ -634,7 +634,7 @@ def rank(args: argparse.Namespace) -> int:
 
 def _layout(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run", required=True, help="run id (a row of the run table)")
-    p.add_argument("--device", choices=("cuda", "cpu"), required=True, help="hardware.device")
+    p.add_argument("--device", choices=vocab.STUDY_DEVICES, required=True, help="hardware.device")
     p.add_argument("--mpi", default="srun", help="launcher inside Slurm (srun)")
     # argparse's one line before anything starts (capture clears its --out, ncu runs for hours)
     p.add_argument("--nodes", type=files.whole_number(1), default=1)

@@ -664,7 +664,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         # required: a default of cuda labelled a CPU study's figures "GPUs" when run by hand
         "--device",
         required=True,
-        choices=("cuda", "cpu"),
+        choices=vocab.STUDY_DEVICES,
         help="the study's hardware.device: names the axes (GPUs or ranks) and legends",
     )
     parser.add_argument("--title", default="", help="study name shown above the figure")
