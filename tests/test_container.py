@@ -225,7 +225,7 @@ def test_missing_test_section(tmp_path):
 
 
 def test_test_section_must_import_torch(tmp_path):
-    text = variant("import torch, torchvision, numpy, pynvml;", "import numpy;")
+    text = variant("import torch, torchvision, numpy, pynvml, tensorboard;", "import numpy;")
     [problem] = problems_of(tmp_path, text)
     assert "%test does not import torch" in problem
     # a commented-out import does not count
@@ -277,15 +277,22 @@ def test_image_test_imports_what_the_code_run_inside_imports():
     )
     # the walk reached the wrapper's imports (its launcher, and the rank files' names)
     assert {"src/scalestudy/jobs/launch.py", "src/scalestudy/nsight/readers.py"} <= inside
+    # torch modules that import a package torch does not depend on: torch.utils.tensorboard is
+    # tensorboard's (the README's scalars of every run: the image had none, and wrote none)
+    through_torch = {"torch.utils.tensorboard": "tensorboard"}
     needed = set()
     for path in inside:
         for node in ast.walk(ast.parse((REPO / path).read_text())):
             if isinstance(node, ast.Import):
-                needed |= {a.name.split(".")[0] for a in node.names}
+                names = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                needed.add(node.module.split(".")[0])
+                names = [node.module]
+            else:
+                continue
+            needed |= {n.split(".")[0] for n in names}
+            needed |= {through_torch[n] for n in names if n in through_torch}
     needed -= set(sys.stdlib_module_names) | {"scalestudy", "__future__"}
-    assert {"torch", "torchvision", "numpy", "pynvml"} <= needed
+    assert {"torch", "torchvision", "numpy", "pynvml", "tensorboard"} <= needed
     test = container._strip_comment_lines(parse_definition(TRAINER_DEF).sections["test"])
     imported = {
         name.strip().split(".")[0]
