@@ -302,6 +302,17 @@ def test_image_test_imports_what_the_code_run_inside_imports():
     assert needed <= imported, f"%test of {TRAINER_DEF.name} misses {sorted(needed - imported)}"
 
 
+def test_the_image_pins_what_the_venv_pins():
+    """The packages the image installs itself (nvidia-ml-py, tensorboard) at requirements.txt's
+    version: the venv's was unpinned, so a fresh setup and a container run could read NVML
+    through different bindings."""
+    post = parse_definition(TRAINER_DEF).sections["post"]
+    in_image = dict(re.findall(r'"([\w-]+)==([\w.]+)"', post))
+    pins = dict(re.findall(r"^([\w-]+)==([\w.]+)$", (REPO / "requirements.txt").read_text(), re.M))
+    assert {"nvidia-ml-py", "tensorboard"} <= set(in_image), post
+    assert {name: pins.get(name) for name in in_image} == in_image
+
+
 def test_missing_post_and_labels(tmp_path):
     head = "Bootstrap: docker\nFrom: pytorch/pytorch:2.14.1-cuda13.0-cudnn9-runtime\n"
     problems = problems_of(tmp_path, head + "%test\n  import scalestudy\n")
