@@ -313,6 +313,16 @@ def test_the_image_pins_what_the_venv_pins():
     assert {name: pins.get(name) for name in in_image} == in_image
 
 
+@pytest.mark.parametrize("line", ["    %labels records the commit", "\t%test runs"])
+def test_an_indented_percent_word_is_refused_as_apptainer_reads_it(tmp_path, line):
+    """Apptainer's parser ends a section at any line whose first word begins with '%', indented
+    or not (deffile.go, scanDefinitionFile), and the build fails on the section it then names;
+    the check read only lines starting with '%' and said "ok"."""
+    text = variant("%help\n", f"%help\n{line}\n")
+    with pytest.raises(DefinitionError, match=rf"x\.def:{line_of(text, line.strip())}: "):
+        problems_of(tmp_path, text)
+
+
 def test_missing_post_and_labels(tmp_path):
     head = "Bootstrap: docker\nFrom: pytorch/pytorch:2.14.1-cuda13.0-cudnn9-runtime\n"
     problems = problems_of(tmp_path, head + "%test\n  import scalestudy\n")

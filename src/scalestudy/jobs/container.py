@@ -166,6 +166,15 @@ def parse_definition(path: str | os.PathLike) -> Definition:
 
     for no, raw in enumerate(text.splitlines(), start=1):
         line = raw.rstrip()
+        if line[:1].isspace() and line.lstrip().startswith("%"):
+            # Apptainer splits sections at any line whose first word begins with '%' (its
+            # parser, deffile.go scanDefinitionFile), and then fails on the section it names
+            raise _error(
+                path,
+                no,
+                f"{line.strip()!r}: a line whose first word begins with '%' starts a section "
+                "for Apptainer, indented or not: unindent it to start one, or reword it",
+            )
         if line.startswith("%"):
             m = _SECTION_RE.match(line)
             # Apptainer reads section names and header keywords in any case (its definition
