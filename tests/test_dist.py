@@ -236,14 +236,20 @@ def test_a_rank_outside_its_world_is_one_line_before_any_rendezvous(data_dir, tm
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("checkpoints", [False, True], ids=["plain", "checkpointing"])
-def test_a_stop_signal_during_the_rendezvous_ends_the_rank_at_once(data_dir, tmp_path, checkpoints):
+@pytest.mark.parametrize(
+    ("checkpoints", "signum"),
+    [(False, signal.SIGTERM), (True, signal.SIGTERM), (False, signal.SIGINT)],
+    ids=["plain", "checkpointing", "ctrl-c"],
+)
+def test_a_stop_signal_during_the_rendezvous_ends_the_rank_at_once(
+    data_dir, tmp_path, checkpoints, signum
+):
     """A Python handler of SIGTERM (cli's Stopped; the checkpointing StopFlag) runs only between
     bytecodes, never inside torch's C++ rendezvous wait: rank 0 of 2 whose peer failed before
     it ran none on the launch's SIGTERM and lived on to the launch's SIGKILL (a 2-rank local
     launch whose rank 1 failed 25 s in ended at 65 s, torchrun's 30-s grace, now at 35 s). The
     rank now dies of it at once; here its peer never comes, and the rank is in the rendezvous
-    once its store listens."""
+    once its store listens. Ctrl-C too: the "interrupted" handler waited out --pg-timeout-s."""
     with socket.socket() as free:
         free.bind(("127.0.0.1", 0))
         port = free.getsockname()[1]
@@ -263,11 +269,11 @@ def test_a_stop_signal_during_the_rendezvous_ends_the_rank_at_once(data_dir, tmp
         else:
             pytest.fail("rank 0 never reached the rendezvous")
         time.sleep(1)  # inside the wait, past the store's start
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signum)
         _, err = proc.communicate(timeout=60)  # the handlers' rank waited out --pg-timeout-s
     finally:
         proc.kill()
-    assert proc.returncode == -signal.SIGTERM, err
+    assert proc.returncode == -signum, err
 
 
 def test_an_env_launcher_without_group_variables_counts_its_nodes():

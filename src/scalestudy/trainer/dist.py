@@ -387,16 +387,16 @@ def net_interface_over_ranks(world_size: int) -> list[str]:
 
 @contextlib.contextmanager
 def stops_kill():
-    """SIGTERM and SIGHUP keep their default action (death at once) inside the block, the main
-    thread's handlers back after it; one ignored (nohup's SIGHUP) stays ignored. A Python
-    handler runs only between bytecodes, never while torch's C++ rendezvous waits: for a peer
-    that failed before it, the wait lasts until the process-group timeout, and the SIGTERM the
-    launch then sends (torchrun's agent, srun) ran no handler, the rank dying of SIGKILL after
-    the launch's grace (torchrun's 30 s, Slurm's KillWait). Before the rendezvous a rank has
-    nothing to save."""
+    """SIGTERM, SIGHUP and SIGINT keep their default action (death at once) inside the block,
+    the main thread's handlers back after it; one ignored (nohup's SIGHUP) stays ignored. A
+    Python handler runs only between bytecodes, never while torch's C++ rendezvous waits: for a
+    peer that failed before it, the wait lasts until the process-group timeout, and the SIGTERM
+    the launch then sends (torchrun's agent, srun) ran no handler, the rank dying of SIGKILL
+    after the launch's grace (torchrun's 30 s, Slurm's KillWait); a Ctrl-C waited out the
+    timeout too. Before the rendezvous a rank has nothing to save."""
     saved = {}
     if threading.current_thread() is threading.main_thread():
-        for signum in vocab.STOP_SIGNALS:
+        for signum in (*vocab.STOP_SIGNALS, signal.SIGINT):
             if callable(signal.getsignal(signum)):  # not SIG_IGN, SIG_DFL, nor C's (None)
                 saved[signum] = signal.signal(signum, signal.SIG_DFL)
     try:
