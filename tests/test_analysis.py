@@ -1371,24 +1371,6 @@ def test_system_table_says_the_warm_up_each_window_left_out_or_at_least_the_flag
     assert warmup({}) == "not recorded"
 
 
-def test_system_table_says_the_probe_count_of_the_probed_runs():
-    """The run table holds a 1-rank run's comm_probe_steps at 1 (runs.in_effect: no probe runs
-    on one rank), so the Method's "times 10 or 1 forward-backward passes" would name a count no
-    probe ran: the 2+-rank runs' counts, and a 1-rank run's 0 (off: its cell is n/a)."""
-
-    def steps(*runs_):
-        rows = analysis.system_table(list(runs_), {"name": "t"})
-        return {(r["section"], r["key"]): r["value"] for r in rows}[
-            ("run settings", "comm_probe_steps")
-        ]
-
-    one, two = run("w1", "strong", 1, 64, 100), run("w2", "strong", 2, 32, 190)
-    assert steps(one | {"comm_probe_steps": "1"}, two | {"comm_probe_steps": "10"}) == "10"
-    off = one | {"comm_probe_steps": "0"}
-    assert set(steps(off, two | {"comm_probe_steps": "10"}).split("; ")) == {"10", "0"}
-    assert steps(one | {"comm_probe_steps": "1"}) == "1"  # no run of 2+ ranks: as recorded
-
-
 def test_system_table_says_flops_peak_source_why_no_mfu_and_compile():
     def system(runs):
         rows = analysis.system_table(runs, {"name": "t"})

@@ -1012,11 +1012,7 @@ def system_table(runs: list[dict], study: dict) -> list[dict]:
     rows.append({"section": "study", "key": "repeats_min", "value": min(per_configuration)})
     rows.append({"section": "study", "key": "repeats_max", "value": max(per_configuration)})
     for column in STUDY_KEYS:
-        value = _distinct(runs, column)
-        if column == "window_warmup_steps":
-            value = window_warmup(runs)
-        elif column == "comm_probe_steps":
-            value = probe_steps(runs)
+        value = window_warmup(runs) if column == "window_warmup_steps" else _distinct(runs, column)
         rows.append({"section": "run settings", "key": column, "value": value})
     for column, label in SYSTEM_KEYS:
         if column == "mfu_unmeasured":
@@ -1052,18 +1048,6 @@ def mfu_unmeasured(runs: list[dict]) -> str:
     if older:
         said.append(f"not recorded by {older} {vocab.plural('runs', older)} of an older trainer")
     return "; ".join(said) or "n/a: every run has an MFU"
-
-
-def probe_steps(runs: list[dict]) -> str:
-    """system.csv's comm_probe_steps: the distinct counts of the runs a probe ran on (2+ ranks),
-    and 0 where a 1-rank run had it off; a 1-rank run's 1 (the run table holds any positive
-    count at 1 there: runs.in_effect, no probe runs on one rank) is no count a probe ran. A
-    study without a run of 2+ ranks: its runs' values as recorded."""
-    multi = [r for r in runs if files.number(r.get("world_size")) != 1]
-    if not multi:
-        return _distinct(runs, "comm_probe_steps")
-    off = [r for r in runs if r not in multi and files.number(r.get("comm_probe_steps")) == 0]
-    return _distinct(multi + off, "comm_probe_steps")
 
 
 def window_warmup(runs: list[dict]) -> str:

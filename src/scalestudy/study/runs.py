@@ -228,15 +228,11 @@ def in_effect(row: dict) -> dict:
     """The run's columns with a setting it cannot use as the one value in effect, so that
     changing it changes no run's flags (its params: every finished run and capture reran for
     the same training) and a measured run of either value calibrates the plan (estimate): the
-    device loader starts no DataLoader workers (num_workers 0), auto is off on CPU (the
-    trainer's --compile and --cuda-graphs; on and step stay, for the trainer to use or refuse),
-    and one rank runs no communication probe (trainer/loop.finish: its exposed communication
-    is 0 for any positive comm_probe_steps, 1 here; null for 0, off)."""
+    device loader starts no DataLoader workers (num_workers 0), and auto is off on CPU (the
+    trainer's --compile and --cuda-graphs; on and step stay, for the trainer to use or refuse)."""
     row = dict(row)
     if row.get("loader") == "device":
         row["num_workers"] = 0
-    if row.get("world_size") == 1 and row.get("comm_probe_steps"):
-        row["comm_probe_steps"] = 1
     if row.get("device") == "cpu":
         for name in ("compile", "cuda_graphs"):
             if row.get(name) == "auto":
