@@ -1513,3 +1513,9 @@ def test_the_proposal_reruns_for_the_checkpointing_keys_its_numbers_read():
     ):
         other = load_and_validate(DEMO, overrides=[*base, same])
         assert proposal.settings_json(other) == settings, same
+    # without runtime_max a run is one job: the lead and the switch set its limit only, which
+    # the request does not price (turning checkpoints off reran the proposal: test_workflow)
+    one_job = load_and_validate(DEMO)
+    for other in ("checkpointing.signal_lead_s=300", "checkpointing.enabled=false"):
+        changed = load_and_validate(DEMO, overrides=[other])
+        assert proposal.settings_json(changed) == proposal.settings_json(one_job), other

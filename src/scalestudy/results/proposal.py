@@ -172,17 +172,24 @@ NOT_PROPOSAL = {
     "checkpointing": ("dir", "every_epochs", "keep", "retries"),
     "train": ("pg_timeout_s",),
 }
+# ... and these too without hardware.runtime_max: they set the jobs' time limits only, which
+# the request does not price (it prices what the jobs hold: Estimate.held_s)
+SPLIT_ONLY = {"checkpointing": ("enabled", "signal_lead_s")}
 
 
 def settings_json(config: dict) -> str:
     """The config the proposal reads, as JSON: the proposal rules' param (a change reruns them
-    only), all of it but NOT_PROPOSAL. checkpointing.enabled and signal_lead_s are in: a run
-    past hardware.runtime_max goes on in as many jobs as the warning lead leaves room for,
-    each with its start-up, and the request prices them (Estimate.held_s)."""
+    only), all of it but NOT_PROPOSAL, and but SPLIT_ONLY where hardware.runtime_max is null:
+    past it a run goes on in as many jobs as checkpointing (on, its warning lead) leaves room
+    for, each with its start-up, and the request prices them."""
+    left_out = {key: set(names) for key, names in NOT_PROPOSAL.items()}
+    if (config.get("hardware") or {}).get("runtime_max") is None:
+        for key, names in SPLIT_ONLY.items():
+            left_out[key] |= set(names)
     settings = {
         key: (
-            {k: v for k, v in value.items() if k not in NOT_PROPOSAL[key]}
-            if key in NOT_PROPOSAL and isinstance(value, dict)
+            {k: v for k, v in value.items() if k not in left_out[key]}
+            if key in left_out and isinstance(value, dict)
             else value
         )
         for key, value in config.items()
