@@ -1167,6 +1167,23 @@ def test_the_pdfs_of_rewritten_documents_are_removed_not_left_looking_current(de
     assert cli.main(argv) == 0
     assert not (out / "proposal.pdf").exists() and not (out / "slides.pdf").exists()
     assert (out / "paper.pdf").exists() and (out / "other.pdf").exists()  # not its documents
+    # the same .tex written again keeps the PDF built from it (one the user built elsewhere and
+    # copied in was removed on every rerun)
+    (out / "proposal.pdf").write_text("built from this proposal.tex\n")
+    assert cli.main(argv) == 0 and (out / "proposal.pdf").exists()
+
+
+def test_the_proposal_csv_goes_where_out_csv_says(demo, tmp_path):
+    """`proposal --csv-dir B/results/csv --out-dir mine` with other settings rewrote B's
+    proposal.csv (its documents then disagreed with it). --out-csv puts it elsewhere."""
+    _, study, _ = demo
+    theirs = study / "results/csv/proposal.csv"
+    before = theirs.read_text()
+    out, mine = tmp_path / "mine", tmp_path / "mine" / "proposal.csv"
+    argv = ["proposal", "--config", str(DEMO), "--csv-dir", str(study / "results/csv")]
+    argv += ["--out-dir", str(out), "--out-csv", str(mine), "--set", "proposal.contingency=0.5"]
+    assert cli.main(argv) == 0 and (out / "proposal.md").is_file()
+    assert theirs.read_text() == before and mine.read_text() != before
 
 
 def test_the_request_says_whether_the_planner_was_calibrated(demo, tmp_path):

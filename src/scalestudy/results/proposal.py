@@ -941,9 +941,11 @@ def write_proposal(
     runs_csv: str | Path = RUNS_CSV,
     benchmarks_dir: str | Path = BENCHMARKS_DIR,
     figure_dir: str = "../results/plots",
+    out_csv: str | Path | None = None,
 ) -> list[dict]:
     """proposal.csv's cells, the documents from them and the analysis CSVs (honesty checked),
-    then all of it written: a failure leaves no new proposal.csv beside old documents."""
+    then all of it written: a failure leaves no new proposal.csv beside old documents.
+    `out_csv`: where proposal.csv goes (None: `csv_dir`'s, the workflow's)."""
     csv_dir = Path(csv_dir)
     tables = report.load_tables(csv_dir, report.ANALYSIS_TABLES)  # model.csv: optional, below
     measured = load_measured(runs_csv, benchmarks_dir)
@@ -967,13 +969,14 @@ def write_proposal(
     except jinja2.UndefinedError as exc:
         raise report.stale_csvs(csv_dir, exc) from exc
     report.check_numbers(docs, tables, (figure_dir,))
-    outputs = {csv_dir / "proposal.csv": text}
+    outputs = {Path(out_csv) if out_csv else csv_dir / "proposal.csv": text}
     outputs.update((Path(out_dir) / name, doc) for name, doc in docs.items())
     files.check_outputs(outputs, AnalysisError)  # else a new proposal.csv beside old docs
+    before = report.texts_before(outputs)
     files.write_texts(outputs)  # all or none: a full disk at slides.tex leaves every file old
-    for path in list(outputs)[1:]:
+    for path in outputs:
         logger.info(f"wrote {path}")
-    report.drop_stale_pdfs(outputs)
+    report.drop_stale_pdfs(outputs, before)
     if missing:
         logger.warning(
             f"WARNING slides.tex: {', '.join(missing)} not found: the slide says so instead of "
@@ -1000,6 +1003,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--templates", default=str(report.TEMPLATES), help="%(default)s")
     parser.add_argument("--figure-dir", default="../results/plots", help="relative to --out-dir")
     parser.add_argument("--out-dir", default="reports")
+    parser.add_argument(
+        "--out-csv",
+        default=None,
+        help="where proposal.csv goes (default: --csv-dir's; give one elsewhere to leave the "
+        "CSVs of the study read untouched)",
+    )
 
 
 def study_measured_paths(
@@ -1032,5 +1041,6 @@ def run(args: argparse.Namespace) -> int:
         runs_csv,
         benchmarks,
         args.figure_dir,
+        args.out_csv,
     )
     return 0

@@ -671,21 +671,36 @@ def run(args: argparse.Namespace) -> int:
         )
     outputs = {Path(args.out_dir) / name: text for name, text in docs.items()}
     files.check_outputs(outputs, AnalysisError)
+    before = texts_before(outputs)
     # only once every document passed, and all or none: a full disk at paper.tex leaves both old
     files.write_texts(outputs)
     for path in outputs:
         logger.info(f"wrote {path}")
-    drop_stale_pdfs(outputs)
+    drop_stale_pdfs(outputs, before)
     return 0
 
 
-def drop_stale_pdfs(written) -> None:
-    """Remove the PDF beside each .tex of `written` (the paths just written): it was built from
-    the old text. Without latexmk the workflow asks for no PDF, and the old one stayed beside
-    the new .tex looking current; where TeX is, the PDF rules build it again."""
-    for tex in (Path(p) for p in written if Path(p).suffix == ".tex"):
+def texts_before(paths) -> dict[Path, str | None]:
+    """What each of `paths` held before it is written (None: nothing readable), for
+    drop_stale_pdfs."""
+    before: dict[Path, str | None] = {}
+    for path in map(Path, paths):
+        try:
+            before[path] = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            before[path] = None
+    return before
+
+
+def drop_stale_pdfs(written: dict, before: dict) -> None:
+    """Remove the PDF beside each .tex of `written` (path -> the text just written) whose text
+    changed (`before`: texts_before): it was built from the old text. Without latexmk the
+    workflow asks for no PDF, and the old one stayed beside the new .tex looking current; where
+    TeX is, the PDF rules build it again. A .tex written again unchanged keeps its PDF (one the
+    user built, or copied in, was removed on every rerun)."""
+    for tex, text in ((Path(p), t) for p, t in written.items() if Path(p).suffix == ".tex"):
         pdf = tex.with_suffix(".pdf")
-        if pdf.is_file():
+        if pdf.is_file() and before.get(tex) != text:
             pdf.unlink()
             logger.info(f"removed {pdf}: built from the {tex} written before")
 
