@@ -1945,6 +1945,32 @@ def test_profiling_messages_name_real_config_keys(tmp_path, capsys):
     assert {"profiling.tool", "profiling.ncu.enabled", "hardware.device"} <= named
 
 
+@pytest.mark.parametrize(
+    "manifest",
+    [
+        {"tool": "torch", "input": "trace_rank0.json", "why": "no GPU", "world_size": 1},
+        {"tool": "nsys", "input": "nsys_rank0.sqlite", "why": ""},
+        "not json",
+    ],
+)
+def test_ncu_refuses_an_out_dir_holding_another_tools_manifest(tmp_path, capsys, manifest):
+    """`profile ncu --out-dir <a capture's directory>` removed the capture's tool.json (its
+    completion marker: the capture could no longer be parsed) and wrote ncu's in its place."""
+    out_dir = tmp_path / "cap"
+    out_dir.mkdir()
+    text = manifest if isinstance(manifest, str) else json.dumps(manifest)
+    (out_dir / "tool.json").write_text(text)
+    argv = ["profile", "ncu", "--run", "r", "--kernels", str(tmp_path / "k.csv"),
+            "--out-dir", str(out_dir), "--out", str(tmp_path / "n.csv"), "--device", "cpu",
+            "--", "--epochs", "1"]  # fmt: skip
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not ncu's" in err[0], err
+    assert (out_dir / "tool.json").read_text() == text
+    (out_dir / "tool.json").write_text(json.dumps({"tool": "none", "why": "auto: no GPU"}))
+    assert cli.main(argv) == 0  # an earlier run of ncu's own: replaced
+
+
 def test_nsys_commands():
     cmd = capture.nsys_profile_command(
         "d/nsys_rank3", "cuda,nvtx", ["python", "-m", "scalestudy", "train"]

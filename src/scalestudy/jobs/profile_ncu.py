@@ -26,6 +26,7 @@ Its own module, apart from the capture (jobs/profile.py): the job runs the ncu p
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -240,6 +241,23 @@ def _clear_earlier_ncu(out_dir: Path) -> None:
             old.unlink()
 
 
+def check_own_dir(out_dir: Path) -> None:
+    """ProfileError where --out-dir holds a tool.json that is not ncu's (a capture's: it has
+    an `input`): removing it (_clear_earlier_ncu) left that capture unparseable."""
+    manifest = out_dir / "tool.json"
+    if not manifest.is_file():
+        return
+    try:
+        doc = json.loads(manifest.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        doc = None
+    if not (isinstance(doc, dict) and doc.get("tool") in ("ncu", "none") and "input" not in doc):
+        raise ProfileError(
+            f"--out-dir {out_dir}: its tool.json is not ncu's (a capture's?): give profile ncu "
+            "a directory of its own (the workflow's results/profile/<run>/ncu)"
+        )
+
+
 def ncu(args: argparse.Namespace) -> int:
     out_dir = Path(args.out_dir)
     # before the first pass (each a whole training run under ncu): an --out found unwritable
@@ -247,6 +265,7 @@ def ncu(args: argparse.Namespace) -> int:
     outputs = {"--out": args.out, "tool.json of --out-dir": out_dir / "tool.json"}
     files.check_distinct(outputs, {"--kernels": args.kernels}, ProfileError)
     files.check_outputs([args.out, out_dir / "tool.json"], ProfileError)
+    check_own_dir(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     ncu_path = shutil.which("ncu")
     if args.device != "cuda" or ncu_path is None:
