@@ -411,3 +411,35 @@ def _reduce_entry(rank, world, port, out, results):
         "gpu_util": meter.gpu_util,
     }
     dist.destroy_process_group()
+
+
+class _SilentExport:
+    """STAND-IN for a torch.profiler run whose chrome-trace export failed: kineto logs "Failed
+    to write to log file!" (a full disk, a quota) and returns, having renamed nothing."""
+
+    def key_averages(self):
+        return _NoAverages()
+
+    def export_chrome_trace(self, path: str) -> None:
+        with open(path + ".tmp", "w") as partial:  # kineto's own temp file, left half-written
+            partial.write('{"traceEvents": [')
+
+
+class _NoAverages(list):
+    def table(self, **_) -> str:
+        return ""
+
+
+def test_a_trace_export_that_wrote_nothing_is_said_not_a_missing_file(tmp_path, monkeypatch):
+    """The rename of the trace kineto never wrote raised "trace_rank0.json: No such file or
+    directory", and left kineto's partial file in --out/profile/."""
+    monkeypatch.setattr(measure, "torch_ops_export", lambda averages: [])
+    prof = measure.Profiler(TrainConfig(out=str(tmp_path)), torch.device("cpu"), 0)
+    prof.prof = _SilentExport()
+    with pytest.raises(OSError) as info:
+        prof.export()
+    assert "wrote no trace" in str(info.value) and "trace_rank0.json" in str(info.value)
+    assert sorted(p.name for p in (tmp_path / "profile").iterdir()) == [
+        "torch_ops_rank0.json",
+        "torch_ops_rank0.txt",
+    ]

@@ -10,7 +10,9 @@ cudaProfiler API) and the exposed-communication probe (`comm_probe`).
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
+import glob
 import hashlib
 import math
 import os
@@ -630,7 +632,17 @@ class Profiler:
         trace = self.dir / f"trace_rank{self.rank}.json"
         tmp = trace.with_suffix(".json.tmp")
         self.prof.export_chrome_trace(str(tmp))
-        os.replace(tmp, trace)
+        if not tmp.is_file():
+            # kineto logs a failed write ("Failed to write to log file!": a full disk, a quota)
+            # and returns, its own partial temp file left: the rename's "No such file" hid that
+            for partial in self.dir.glob(f"{glob.escape(tmp.name)}*"):
+                partial.unlink(missing_ok=True)
+            raise OSError(
+                errno.EIO,
+                "torch.profiler wrote no trace (its log says why: a full disk or quota?)",
+                str(trace),
+            )
+        files.replace_with(tmp, trace)  # fsynced, as the other --out files
         self.prof = None
 
     def close(self) -> None:
