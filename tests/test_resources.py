@@ -209,9 +209,15 @@ def test_until_and_omit_from_are_judged_by_the_jobs_they_leave(tmp_path):
     assert launching(until={"train"}) == launching(until={"plot"}) == ["w1_r0", "w2_r0"]
     assert launching(omit_from={"train", "profile_capture", "profile_ncu"}) == []
     assert launching(omit_from={"train"}) == ["w1_r0", "w2_r0"]  # profiling may still launch
-    # --omit-from leaves out what follows the rules named too: the dataset's (or the image's)
-    # rule is upstream of every launch rule, and a GPU study's `matrix` alone was refused
-    assert launching(omit_from={"prepare_data"}) == launching(omit_from={"build_container"}) == []
+    # --omit-from leaves out what follows the rules named too: the dataset's rule is upstream
+    # of every launch rule (the image's in a container study only), and a GPU study's `matrix`
+    # alone was refused
+    assert launching(omit_from={"prepare_data"}) == []
+    assert launching(omit_from={"build_container"}) == ["w1_r0", "w2_r0"]  # no container
+    settings = SimpleNamespace(targets=set(), until=set(), omit_from={"build_container"})
+    upstream = resources.NO_RUN_RULES  # a container study's
+    outputs = lambda run: ["/no/such"]  # noqa: E731
+    assert resources.onstart_launching(settings, runs, outputs, upstream=upstream) == {}
     settings = SimpleNamespace(targets=set(), until=set(), omit_from={"train"})
     unprofiled = resources.onstart_launching(
         settings, runs, lambda run: ["/no/such"], launch_rules=["train"]

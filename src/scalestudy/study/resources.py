@@ -105,18 +105,19 @@ def onstart_launching(
     outputs: Callable[[str], Iterable[str]],
     needs: Mapping[str, Iterable[str]] | None = None,
     launch_rules: Iterable[str] = LAUNCH_RULES,
+    upstream: Iterable[str] = ("prepare_data",),
 ) -> dict[str, dict]:
     """launching_runs of this snakemake's targets (the workflow's dag_settings, read
     defensively: no public API holds them, None: `all`); where it names none, of --until's
     (Snakemake runs the jobs up to those: their needs), or none where --omit-from leaves out
     every launch rule the study has (`launch_rules`: train alone without profiled runs), by
-    name or as what follows a rule of NO_RUN_RULES (the dataset's, the image's: upstream of
-    every launch rule): `--until prepare_data` was judged as `all`, and a GPU study's dataset
-    step refused on a machine without CUDA."""
+    name or as what follows a rule `upstream` of them all (the dataset's; the image's where the
+    study runs in a container): `--until prepare_data` was judged as `all`, and a GPU study's
+    dataset step refused on a machine without CUDA."""
     targets = getattr(dag_settings, "targets", None)
     if not targets:
         omitted = set(getattr(dag_settings, "omit_from", None) or ())
-        if set(launch_rules) <= omitted or omitted & set(NO_RUN_RULES):
+        if set(launch_rules) <= omitted or omitted & set(upstream):
             return {}
         targets = getattr(dag_settings, "until", None)
     return launching_runs(runs, targets, outputs, needs=needs)
