@@ -1511,8 +1511,9 @@ def test_the_proposal_reruns_for_the_checkpointing_keys_its_numbers_read():
     """get_proposal_settings (its rerun trigger) left out all of checkpointing, "no number": yet
     a run past hardware.runtime_max goes on in further jobs, as many as signal_lead_s leaves
     room for, each with its start-up, and proposal.csv's node-hours (Estimate.held_s) are
-    theirs. enabled and signal_lead_s rerun it; the checkpoints' place, cadence, count and
-    retries, and train.pg_timeout_s, do not."""
+    theirs. enabled, signal_lead_s and retries rerun it (too few retries: a production run is
+    priced as one job); the checkpoints' place, cadence and count, and train.pg_timeout_s, do
+    not."""
     base = ["hardware.runtime_max=10", "train.epochs=200", "checkpointing.retries=100"]
     config = load_and_validate(DEMO, overrides=base)
     settings = proposal.settings_json(config)
@@ -1525,14 +1526,19 @@ def test_the_proposal_reruns_for_the_checkpointing_keys_its_numbers_read():
         "checkpointing.dir=elsewhere",
         "checkpointing.keep=5",
         "checkpointing.every_epochs=2",
-        "checkpointing.retries=90",
         "train.pg_timeout_s=3600",
     ):
         other = load_and_validate(DEMO, overrides=[*base, same])
         assert proposal.settings_json(other) == settings, same
+    fewer = load_and_validate(DEMO, overrides=[*base, "checkpointing.retries=90"])
+    assert proposal.settings_json(fewer) != settings
     # without runtime_max a run is one job: the lead and the switch set its limit only, which
     # the request does not price (turning checkpoints off reran the proposal: test_workflow)
     one_job = load_and_validate(DEMO)
-    for other in ("checkpointing.signal_lead_s=300", "checkpointing.enabled=false"):
+    for other in (
+        "checkpointing.signal_lead_s=300",
+        "checkpointing.enabled=false",
+        "checkpointing.retries=5",
+    ):
         changed = load_and_validate(DEMO, overrides=[other])
         assert proposal.settings_json(changed) == proposal.settings_json(one_job), other

@@ -166,15 +166,16 @@ def ceil3(x: float) -> float:
 
 # --- the evidence --------------------------------------------------------------------------------
 # config keys no number of the proposal reads, left out of its rerun trigger (settings_json):
-# where the checkpoints go, how often and how many, the retries (they refuse a plan, which stops
-# every rule before this one) and how long a hung collective may wait
+# where the checkpoints go, how often and how many, and how long a hung collective may wait
 NOT_PROPOSAL = {
-    "checkpointing": ("dir", "every_epochs", "keep", "retries"),
+    "checkpointing": ("dir", "every_epochs", "keep"),
     "train": ("pg_timeout_s",),
 }
 # ... and these too without hardware.runtime_max: they set the jobs' time limits only, which
-# the request does not price (it prices what the jobs hold: Estimate.held_s)
-SPLIT_ONLY = {"checkpointing": ("enabled", "signal_lead_s")}
+# the request does not price (it prices what the jobs hold: Estimate.held_s); past it they set
+# how many jobs a run takes (the retries too: too few, and a production run is priced as one
+# job, estimate.split_jobs with refuse False)
+SPLIT_ONLY = {"checkpointing": ("enabled", "signal_lead_s", "retries")}
 
 
 def settings_json(config: dict) -> str:
