@@ -15,6 +15,7 @@ import csv
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from decimal import Decimal
@@ -1184,6 +1185,25 @@ def test_the_proposal_csv_goes_where_out_csv_says(demo, tmp_path):
     argv += ["--out-dir", str(out), "--out-csv", str(mine), "--set", "proposal.contingency=0.5"]
     assert cli.main(argv) == 0 and (out / "proposal.md").is_file()
     assert theirs.read_text() == before and mine.read_text() != before
+    # an output written in place (--out-csv /dev/stdout, a FIFO) is never read first: reading
+    # /dev/stdout (a pipe's read end this process holds open) waited forever
+    fifos = [tmp_path / "out.csv", tmp_path / "paper.tex"]
+    for fifo in fifos:
+        os.mkfifo(fifo)
+
+    class Hung(Exception):  # no OSError, which texts_before takes as "nothing readable"
+        pass
+
+    def hung(*_):
+        raise Hung("texts_before waited on a FIFO")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(20)
+    try:
+        assert report.texts_before(fifos) == {}
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
 
 
 def test_the_request_says_whether_the_planner_was_calibrated(demo, tmp_path):

@@ -681,10 +681,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def texts_before(paths) -> dict[Path, str | None]:
-    """What each of `paths` held before it is written (None: nothing readable), for
-    drop_stale_pdfs."""
+    """What each .tex of `paths` held before it is written (None: nothing readable), for
+    drop_stale_pdfs; no other path is read (a --out-csv of /dev/stdout: reading it waited for
+    input forever)."""
     before: dict[Path, str | None] = {}
     for path in map(Path, paths):
+        if path.suffix != ".tex" or files.written_in_place(path):
+            continue
         try:
             before[path] = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError):
@@ -696,8 +699,9 @@ def drop_stale_pdfs(written: dict, before: dict) -> None:
     """Remove the PDF beside each .tex of `written` (path -> the text just written) whose text
     changed (`before`: texts_before): it was built from the old text. Without latexmk the
     workflow asks for no PDF, and the old one stayed beside the new .tex looking current; where
-    TeX is, the PDF rules build it again. A .tex written again unchanged keeps its PDF (one the
-    user built, or copied in, was removed on every rerun)."""
+    TeX is, the PDF rules build it again. A .tex written again unchanged by hand keeps its PDF
+    (one the user built, or copied in, was removed on every rerun); in the workflow, which
+    removes a job's outputs before it runs, the PDF goes on every rewrite."""
     for tex, text in ((Path(p), t) for p, t in written.items() if Path(p).suffix == ".tex"):
         pdf = tex.with_suffix(".pdf")
         if pdf.is_file() and before.get(tex) != text:
