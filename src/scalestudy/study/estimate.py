@@ -888,7 +888,7 @@ def estimate_run(
     retrain_jobs, limit = split_jobs(
         row["run"], t_max, startup, epoch_s, limit, config, refuse and not done
     )
-    if refuse and limit > LONGEST_LIMIT_MIN:  # finite, but no sbatch takes it
+    if refuse and not done and limit > LONGEST_LIMIT_MIN:  # finite, but no sbatch takes it
         past = (
             f"a Slurm time limit of {short(limit)} min, more than a year ({LONGEST_LIMIT_MIN} min)"
         )
