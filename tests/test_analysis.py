@@ -2615,3 +2615,16 @@ def test_collect_refuses_runs_of_one_dataset_trained_on_different_prepared_data(
     odd = tmp_path / "runs" / rows[2]["run"] / "metrics.json"
     assert said.endswith(f"if {rows[2]['run']} is not one, {collect.run_fix(odd)}")
     assert "\n" not in said
+
+
+@pytest.mark.parametrize("text", ["", "[1]\n", "world_size,nodes\n"])
+def test_a_table_without_rows_is_checked_by_its_header(tmp_path, text):
+    """An empty file, a list, or another table's header passed read_table as "no rows" (its
+    column check read the first row only): the documents then said "waterfall.csv has no
+    rows". A header of the table's own columns without rows is still read as none."""
+    path = tmp_path / "waterfall.csv"
+    path.write_text(text)
+    with pytest.raises(AnalysisError, match=r"waterfall\.csv has no column"):
+        analysis.read_table(path, "waterfall", "--waterfall")
+    path.write_text(",".join(analysis.TABLE_COLUMNS["waterfall"]) + "\n")
+    assert analysis.read_table(path, "waterfall", "--waterfall") == []

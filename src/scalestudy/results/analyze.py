@@ -175,6 +175,15 @@ def read_csv(
     return files.read_csv_rows(path, AnalysisError, files.input_fix(path, target, flag, own))
 
 
+def csv_header(path: str | Path, rows: list[dict], fix: str) -> list[str]:
+    """The columns of a CSV read_csv read as `rows`: the first row's, or, without rows, its
+    first line (read_csv read it whole: UTF-8 text, read again for that line)."""
+    if rows:
+        return list(rows[0])
+    text = files.read_text(path, AnalysisError, fix)
+    return next(csv.reader(io.StringIO(text)), [])
+
+
 # a cell of analyze's tables (read_table): the ratios and means it writes are finite (an inf,
 # edited in, was drawn nowhere: matplotlib leaves the point out, and the report showed a blank)
 TABLE_NUMBER = files.NUMBER.or_blank()
@@ -192,7 +201,9 @@ def read_table(path: str | Path, table: str, flag: str, own: str = "") -> list[d
     target = f"results/csv/{table}.csv"
     rows = read_csv(path, "", target, flag, own)
     fix = files.input_fix(path, target, flag, own)
-    missing = [c for c in TABLE_COLUMNS[table] if rows and c not in rows[0]]
+    # the header of a table without rows too: an empty file, or another table's header, passed
+    # for "no rows" (the documents then said "waterfall.csv has no rows", "no kernels")
+    missing = [c for c in TABLE_COLUMNS[table] if c not in csv_header(path, rows, fix)]
     if missing:
         more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
         raise AnalysisError(
@@ -1152,14 +1163,11 @@ def profile_shares(path: str | Path) -> list[dict]:
     rows = read_csv(path, " (the profiling stage's kernel table)", PROFILE_KERNELS, "--profile")
     # the header of a table without rows too: another table's header alone (analyze's own
     # profile_shares.csv of a study not profiled) passed for a kernel table without kernels
-    if rows:
-        header = list(rows[0])
-    else:  # read_csv read it whole: UTF-8 text, read again for its first line
-        text = files.read_text(path, AnalysisError, fix)
-        header = next(csv.reader(io.StringIO(text)), [])
-    missing = [c for c in PROFILE_COLUMNS if c not in header]
+    missing = [c for c in PROFILE_COLUMNS if c not in csv_header(path, rows, fix)]
     if missing:
-        raise AnalysisError(f"{path} lacks the columns {missing}; expected {PROFILE_COLUMNS}")
+        raise AnalysisError(
+            f"{path} lacks the columns {missing}; expected {PROFILE_COLUMNS}; {fix}"
+        )
     totals: dict[tuple, float] = defaultdict(float)
     first_rank: dict[tuple, int] = {}
     for line, r in enumerate(rows, start=2):  # line 1 is the header
