@@ -1562,3 +1562,25 @@ def test_the_proposal_reruns_for_the_checkpointing_keys_its_numbers_read():
     ):
         changed = load_and_validate(DEMO, overrides=[other])
         assert proposal.settings_json(changed) == proposal.settings_json(one_job), other
+
+
+@pytest.mark.parametrize(
+    ("broken", "says"),
+    [("{% if %}\n", "proposal.md.j2, line "), (b"\xff", "is no UTF-8 text")],
+    ids=["syntax", "bytes"],
+)
+def test_a_broken_template_is_one_line(demo, tmp_path, capsys, broken, says):
+    """A template of --templates with a syntax error (or a byte that is no UTF-8) was jinja's
+    traceback in proposal, and a line without the file in render-report."""
+    _, study, _ = demo
+    templates = tmp_path / "templates"
+    shutil.copytree(report.TEMPLATES, templates)
+    md = templates / "proposal.md.j2"
+    md.write_bytes(md.read_bytes() + (broken if isinstance(broken, bytes) else broken.encode()))
+    argv = ["proposal", "--config", str(DEMO), "--csv-dir", str(study / "results/csv")]
+    argv += ["--templates", str(templates), "--out-dir", str(tmp_path / "out")]
+    argv += ["--out-csv", str(tmp_path / "out" / "proposal.csv")]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0] and "--templates" in err[0], err
+    assert not (tmp_path / "out").exists()

@@ -969,6 +969,8 @@ def write_proposal(
         raise AnalysisError(f"--templates {templates}: no template {exc.name} there") from exc
     except jinja2.UndefinedError as exc:
         raise report.stale_csvs(csv_dir, exc) from exc
+    except (jinja2.TemplateError, UnicodeDecodeError) as exc:
+        raise report.template_error(templates, exc) from exc
     report.check_numbers(docs, tables, (figure_dir,))
     outputs = {Path(out_csv) if out_csv else csv_dir / "proposal.csv": text}
     outputs.update((Path(out_dir) / name, doc) for name, doc in docs.items())

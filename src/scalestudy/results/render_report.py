@@ -659,8 +659,8 @@ def run(args: argparse.Namespace) -> int:
         ) from exc
     except jinja2.UndefinedError as exc:
         raise stale_csvs(csv_dir, exc) from exc
-    except jinja2.TemplateError as exc:
-        raise AnalysisError(str(exc)) from exc
+    except (jinja2.TemplateError, UnicodeDecodeError) as exc:
+        raise template_error(args.templates, exc) from exc
     check_numbers(docs, load_tables(csv_dir), (args.figure_dir,))
     missing = missing_figures(Path(args.out_dir), args.figure_dir, args.figures)
     if missing:  # the documents would link to nothing, and paper.tex would not build
@@ -678,6 +678,22 @@ def run(args: argparse.Namespace) -> int:
         logger.info(f"wrote {path}")
     drop_stale_pdfs(outputs, before)
     return 0
+
+
+def template_error(templates, exc: Exception) -> AnalysisError:
+    """One line for a template of --templates that jinja cannot read: its syntax (file and line)
+    or its bytes (no UTF-8). A TemplateSyntaxError was a traceback in proposal, a line without
+    the file in render-report; a byte that is no UTF-8 a UnicodeDecodeError traceback."""
+    if isinstance(exc, jinja2.TemplateSyntaxError):
+        where = f"{exc.filename or exc.name or 'a template'}, line {exc.lineno}: {exc.message}"
+    elif isinstance(exc, UnicodeDecodeError):
+        where = f"a template is no UTF-8 text ({exc.reason} at byte {exc.start})"
+    else:
+        where = str(exc)
+    return AnalysisError(
+        f"--templates {templates}: {where}; fix the template, or leave --templates out (the "
+        "repository's workflow/report)"
+    )
 
 
 def texts_before(paths) -> dict[Path, str | None]:
