@@ -776,7 +776,8 @@ def test_waterfall_figure_and_its_refusal_without_rows(tmp_path):
 def test_a_scaling_figure_without_scaling_rows_is_refused_not_drawn_empty(tmp_path, capsys, figure):
     from scalestudy import cli
 
-    (tmp_path / "scaling.csv").touch()  # a hand-made, empty scaling.csv
+    # a hand-made scaling.csv without rows (0 bytes: "has no rows (not even a header)")
+    (tmp_path / "scaling.csv").write_text(",".join(analysis.TABLE_COLUMNS["scaling"]) + "\n")
     (tmp_path / "targets.csv").write_text("target,value\n")
     argv = ["plot", "--figure", figure, "--device", "cpu", "--out", str(tmp_path / "plots")]
     argv += ["--scaling", str(tmp_path / "scaling.csv"), "--targets", str(tmp_path / "targets.csv")]
@@ -2624,7 +2625,8 @@ def test_a_table_without_rows_is_checked_by_its_header(tmp_path, text):
     rows". A header of the table's own columns without rows is still read as none."""
     path = tmp_path / "waterfall.csv"
     path.write_text(text)
-    with pytest.raises(AnalysisError, match=r"waterfall\.csv has no column"):
+    said = "has no rows \\(not even a header\\)" if not text else "has no column"
+    with pytest.raises(AnalysisError, match=rf"waterfall\.csv {said}"):
         analysis.read_table(path, "waterfall", "--waterfall")
     path.write_text(",".join(analysis.TABLE_COLUMNS["waterfall"]) + "\n")
     assert analysis.read_table(path, "waterfall", "--waterfall") == []

@@ -203,7 +203,10 @@ def read_table(path: str | Path, table: str, flag: str, own: str = "") -> list[d
     fix = files.input_fix(path, target, flag, own)
     # the header of a table without rows too: an empty file, or another table's header, passed
     # for "no rows" (the documents then said "waterfall.csv has no rows", "no kernels")
-    missing = [c for c in TABLE_COLUMNS[table] if c not in csv_header(path, rows, fix)]
+    header = csv_header(path, rows, fix)
+    if not header:  # 0 bytes: a truncated copy
+        raise AnalysisError(f"{path} has no rows (not even a header); {fix}")
+    missing = [c for c in TABLE_COLUMNS[table] if c not in header]
     if missing:
         more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
         raise AnalysisError(
