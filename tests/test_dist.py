@@ -416,4 +416,6 @@ def test_a_missing_local_rank_follows_the_block_placement():
     env = {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "MASTER_ADDR": "n1"}
     d = sdist.detect(env)
     assert (d.local_rank, d.node_rank) == (1, 1)
-    assert sdist.detect({"RANK": "1", "WORLD_SIZE": "2"}).local_rank == 1  # one node of 2
+    # without LOCAL_WORLD_SIZE the ranks per node are unknown (a launcher of one rank per
+    # node, mpirun's, sets neither): 0, as before
+    assert sdist.detect({"RANK": "5", "WORLD_SIZE": "8", "MASTER_ADDR": "n1"}).local_rank == 0

@@ -173,9 +173,16 @@ def detect(env: Mapping[str, str] = os.environ) -> DistEnv:
             launcher="torchrun",
             rank=rank,
             world_size=world_size,
-            # without LOCAL_RANK, the block placement's: rank 5 of 4 per node is local 1 (0
-            # had every rank of a node on its first GPU)
-            local_rank=_int(env, "LOCAL_RANK") if "LOCAL_RANK" in env else rank % per_node,
+            # without LOCAL_RANK, the block placement's where LOCAL_WORLD_SIZE gives the ranks
+            # per node: rank 5 of 4 per node is local 1 (0 had every rank of a node on its
+            # first GPU); without either, 0 as before (one rank per node, a launcher's own)
+            local_rank=(
+                _int(env, "LOCAL_RANK")
+                if "LOCAL_RANK" in env
+                else rank % per_node
+                if "LOCAL_WORLD_SIZE" in env
+                else 0
+            ),
             local_world_size=local_world,
             node_rank=_int(env, "GROUP_RANK") if "GROUP_RANK" in env else rank // per_node,
             nodes=(
