@@ -258,7 +258,15 @@ def test_a_stop_signal_during_the_rendezvous_ends_the_rank_at_once(
     if checkpoints:
         argv += ["--checkpoint-dir", str(tmp_path / "ckpt")]
     env = child_env(RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
+    # SIGINT at its default in the rank, as under a terminal's Ctrl-C: a shell's background job
+    # (CI under nohup, `cmd &`) starts with it ignored, and an ignored SIGINT stays ignored
+    proc = subprocess.Popen(
+        argv,
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         for _ in range(1200):  # its store listens (a connection is refused before)
             assert proc.poll() is None, proc.communicate()
