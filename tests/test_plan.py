@@ -942,9 +942,16 @@ def test_measured_runs_are_read_with_wall_times_and_damage_is_refused(tmp_path):
         tsv.write_text(f"s\th:m:s\tmax_rss\n{value}\t0:00:56\t1\n")
         with pytest.raises(PlanError, match=rf"{tsv}: the wall time `s` is '{value}', not a"):
             plan.load_measured(runs_csv, bench)
-    tsv.write_text("h:m:s\tmax_rss\n0:00:56\t1\n")
-    with pytest.raises(PlanError, match=r"the wall time `s` is None"):
-        plan.load_measured(runs_csv, bench)
+    # no `s` column, or no row (a 0-byte copy cut short): not "no benchmark", which left the
+    # run out of the start-up calibration without a word
+    for text, says in [
+        ("h:m:s\tmax_rss\n0:00:56\t1\n", "has no `s` column"),
+        ("", "has no row"),
+        ("s\th:m:s\tmax_rss\n", "has no row"),
+    ]:
+        tsv.write_text(text)
+        with pytest.raises(PlanError, match=rf"{tsv} {says}: it is not a Snakemake benchmark"):
+            plan.load_measured(runs_csv, bench)
     tsv.write_text("s\th:m:s\tmax_rss\n56.0\t0:00:56\t1\n")
     good = dict(rows[0])
     for column, value, what in [
@@ -1010,11 +1017,39 @@ def test_a_measured_path_given_but_missing_is_refused_not_ignored(tmp_path, caps
     err = capsys.readouterr().err
     assert f"{flag} {typo}: no such {kind}" in err and len(err.strip().splitlines()) == 1
     assert not out_md.exists() and not out_csv.exists()
-    # an existing one is read: an empty runs.csv / benchmarks dir gives the uncalibrated plan
+    # an existing one is read: a runs.csv of no run (its header only) or an empty benchmarks
+    # dir gives the uncalibrated plan
     exists = tmp_path / ("runs.csv" if flag == "--runs-csv" else "bench")
-    exists.touch() if flag == "--runs-csv" else exists.mkdir()
+    if flag == "--runs-csv":
+        exists.write_text(",".join(measured_row("w1_lb8_fp32_ddp_bk25_r0", 50.0, 1)) + "\n")
+    else:
+        exists.mkdir()
     assert plan.run(parser.parse_args([*common, flag, str(exists)])) == 0
     assert out_csv.is_file()
+
+
+def test_an_empty_or_foreign_runs_csv_is_refused_not_read_as_no_run_measured(tmp_path, capsys):
+    """`plan --runs-csv` of a 0-byte file (a copy cut short) or of another table without rows
+    passed for a study with nothing measured: the uncalibrated plan, exit 0, looked calibrated.
+    Only the header was never checked: a foreign table with rows was refused already."""
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    plan.add_arguments(parser)
+    repo = Path(__file__).resolve().parents[1]
+    out_md = tmp_path / "plan.md"
+    common = ["--config", str(repo / "config/demo.yaml"), "--out-md", str(out_md)]
+    common += ["--out-csv", str(tmp_path / "plan.csv")]
+    given = tmp_path / "given.csv"
+    for text, says in [
+        ("", f"{given} is empty (not even a header)"),
+        ("kind,name,value\n", f"{given} lacks the columns ["),  # model.csv's header
+    ]:
+        given.write_text(text)
+        assert plan.run(parser.parse_args([*common, "--runs-csv", str(given)])) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and says in err[0] and "fix it" in err[0], err
+        assert not out_md.exists()
 
 
 def test_a_damaged_runs_csv_given_by_hand_is_not_to_be_deleted(tmp_path, capsys, monkeypatch):

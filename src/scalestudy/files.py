@@ -751,7 +751,17 @@ def read_text(path: str | os.PathLike, error: type[Exception], fix: str) -> str:
 def read_csv_rows(
     path: str | os.PathLike, error: type[Exception], fix: str, delimiter: str = ","
 ) -> list[dict]:
-    """The rows of a CSV (TSV) file as dicts; not UTF-8: `error`, as read_text. A row with
+    """The rows of a CSV (TSV) file as dicts: read_csv_table's, without its header."""
+    return read_csv_table(path, error, fix, delimiter)[1]
+
+
+def read_csv_table(
+    path: str | os.PathLike, error: type[Exception], fix: str, delimiter: str = ","
+) -> tuple[list[str], list[dict]]:
+    """(header, rows) of a CSV (TSV) file, the rows as dicts; a 0-byte file has header []. The
+    header is for a reader that checks the columns of a file without rows too: an empty file or
+    a foreign table, read as rows only, passed for "nothing in it". Not UTF-8: `error`, as
+    read_text. A row with
     more or fewer cells than the header is `error` too: csv.DictReader would file the extra
     cells under None and fill the missing ones with None, which a reader took for values (a
     file cut off before a row's last cell, by a full disk or an interrupted copy, passed as
@@ -777,7 +787,7 @@ def read_csv_rows(
             rows.append(dict(zip(header, cells, strict=True)))
     except csv.Error as exc:  # a cell past the field limit, a quote left open: one line
         raise error(f"{path}, line {lines.line_num}: {exc}; {fix}") from None
-    return rows
+    return header, rows
 
 
 def sha256(path: str | os.PathLike, chunk: int = 1 << 20) -> str:

@@ -580,9 +580,15 @@ def read_wall_seconds(path: Path) -> float | None:
         )
     else:
         fix = f"fix it, or leave --benchmarks out to read the study's {BENCHMARKS_DIR}"
-    rows = files.read_csv_rows(path, PlanError, fix, delimiter="\t")
-    if not rows:
-        return None
+    # a file without a row, or without the `s` column, is refused as a bad `s` is: Snakemake
+    # writes its header and a row (a 0-byte file, a copy cut short, was "not measured")
+    header, rows = files.read_csv_table(path, PlanError, fix, delimiter="\t")
+    if not rows or "s" not in header:
+        what = "no `s` column" if header and "s" not in header else "no row"
+        raise PlanError(
+            f"{path} has {what}: it is not a Snakemake benchmark file (a header with `s`, the "
+            f"wall time in seconds, and a row); {fix}"
+        )
     seconds = rows[0].get("s")
     if not files.POSITIVE.holds(seconds):
         raise PlanError(
@@ -650,11 +656,15 @@ def load_measured(
         return []
     # the study's own is collect's to write again; a --runs-csv given by hand may be the user's
     fix = files.input_fix(path, RUNS_CSV, "--runs-csv")
-    rows = files.read_csv_rows(path, PlanError, fix)
+    header, rows = files.read_csv_table(path, PlanError, fix)
     needed = {"run", "precision", "dataset", *BASE_KEY, *MEASURED_NUMBERS}
-    if rows and not needed <= set(rows[0]):
+    # the header of a file without rows too: a 0-byte or foreign file passed for "no run
+    # measured" (an uncalibrated estimate that looked like a calibrated one)
+    if not header:
+        raise PlanError(f"{path} is empty (not even a header): a copy cut short?; {fix}")
+    if not needed <= set(header):
         raise PlanError(
-            f"{path} lacks the columns {sorted(needed - set(rows[0]))}: it is not written by "
+            f"{path} lacks the columns {sorted(needed - set(header))}: it is not written by "
             f"this version of `scalestudy collect`; {fix}"
         )
     measured = []
