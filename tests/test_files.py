@@ -395,6 +395,19 @@ def test_a_directory_without_write_permission_is_named_not_the_writable_file(sha
     assert out.read_text() == "old\n"
 
 
+def test_a_write_where_the_file_system_makes_no_files_names_the_directory():
+    """/proc exists and root may "write" it (os.access says so), yet it makes no new files:
+    the temp file's ENOENT was "/proc/plan.md: No such file or directory", as if the path
+    were mistyped."""
+    target = Path("/proc/scalestudy-plan.md")
+    with pytest.raises(FileNotFoundError) as refused:
+        files.write_text(target, "x\n")
+    assert str(refused.value) == (
+        "[Errno 2] cannot create a file in /proc: its file system makes no new files there "
+        "(e.g. /proc, /sys); write somewhere else: '/proc/scalestudy-plan.md'"
+    )
+
+
 def test_a_write_into_a_directory_the_user_may_not_list_succeeds(shared_dir):
     """A drop-box (0733: write, no read): the temp file was renamed into place, then opening
     the directory for its fsync failed, "Permission denied", exit 2 for a file written."""

@@ -258,10 +258,17 @@ def _create_temp(directory: Path, stem: str, mode: int) -> tuple[int, str]:
 def _temp_failure(exc: OSError, directory: Path) -> str:
     """Why no temp file could be made in `directory`: "Permission denied" beside the target's
     name blamed the file, which may well be writable (`ls -l` says so) in a directory this user
-    may not write; the directory is the cause."""
+    may not write; the directory is the cause. So is ENOENT in a directory that exists: a file
+    system that makes no new files (/proc, /sys) said "No such file or directory" of the
+    target, as if a path were mistyped."""
+    where = directory if str(directory) != "." else Path.cwd()
+    if exc.errno == errno.ENOENT and directory.is_dir():
+        return (
+            f"cannot create a file in {where}: its file system makes no new files there "
+            "(e.g. /proc, /sys); write somewhere else"
+        )
     if exc.errno not in (errno.EACCES, errno.EPERM):
         return exc.strerror
-    where = directory if str(directory) != "." else Path.cwd()
     return (
         f"cannot create a temporary file in {where} (the write is atomic: it needs write "
         "permission on the directory)"
