@@ -141,6 +141,18 @@ def test_malformed_yaml_names_file_and_line(tmp_path):
     assert "line 4" in message or "line 5" in message
 
 
+def test_a_control_character_in_the_yaml_is_one_line_with_file_line_and_column(tmp_path):
+    """A NUL or another control byte (a file cut short and padded, a paste from a terminal) was
+    PyYAML's two-line ReaderError, naming "<unicode string>", position 24, not a line."""
+    path = tmp_path / "study.yaml"
+    for byte, line, column in [("\x00", 3, 11), ("\x07", 1, 6)]:
+        text = "study: x\ntrain:\n  model: a\x00b\n" if line == 3 else "seed:\x07 1\n"
+        path.write_text(text.replace("\x00", byte))
+        message = refused(path, f"{path}, line {line}, column {column}: malformed YAML")
+        assert f"character {ord(byte):#06x} is not allowed" in message
+        assert "\n" not in message and "unicode string" not in message
+
+
 @pytest.mark.parametrize(
     "text, read_as, why",
     [

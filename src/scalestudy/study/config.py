@@ -977,6 +977,16 @@ def load_yaml(path: str | os.PathLike) -> dict:
         raise StudyConfigError(
             f"{path}: byte {e.start} is not UTF-8 text ({e.reason}): save the file as UTF-8"
         ) from e
+    except yaml.reader.ReaderError as e:
+        # a character YAML refuses (a NUL, a control byte): its message was two lines naming
+        # "<unicode string>, position N"; the line and column are counted from that offset
+        line = text.count("\n", 0, e.position) + 1
+        column = e.position - (text.rfind("\n", 0, e.position) + 1) + 1
+        raise StudyConfigError(
+            f"{path}, line {line}, column {column}: malformed YAML: character "
+            f"{ord(e.character) if isinstance(e.character, str) else e.character:#06x} is not "
+            "allowed in YAML (a control character): delete it"
+        ) from e
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
         where = f"{path}, line {mark.line + 1}, column {mark.column + 1}" if mark else str(path)
