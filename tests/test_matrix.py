@@ -427,6 +427,8 @@ def test_collect_of_a_damaged_run_table_is_one_line_naming_the_line(tmp_path, ca
         (bad, "line 2: world_size is 'two', not a number"),
         (bare, "a header and no runs"),
         (twice, f"line {len(lines) + 1}: run {run!r} again (line 2)"),
+        # none at all: "No such file or directory", naming no command that writes it
+        (tmp_path / "none.tsv", "no such file; write the study's run table:"),
     ):
         with pytest.raises(RunTableError, match=re.escape(says)):
             read_runs_tsv(path)

@@ -435,10 +435,13 @@ def read_runs_tsv(path: str | os.PathLike) -> list[dict]:
     did not write (another version's, cut short, edited by hand) is a RunTableError naming the
     file, the line and the fix."""
     # the workflow's table: Snakemake sees a damaged file as up to date (params unchanged)
-    fix = (
-        "rebuild it: `snakemake --forcerun=matrix results/matrix/runs.tsv` (with the study's "
+    write = (
+        "`snakemake --forcerun=matrix results/matrix/runs.tsv` (with the study's "
         f"--configfile), or `scalestudy matrix --config FILE --out {path}`"
     )
+    fix = f"rebuild it: {write}"
+    if not os.path.lexists(path):  # "No such file or directory" named no command
+        raise RunTableError(f"{path}: no such file; write the study's run table: {write}")
     try:
         with open(path, encoding="utf-8", newline="") as f:
             reader = csv.reader(f, delimiter="\t")
