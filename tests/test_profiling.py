@@ -1054,6 +1054,41 @@ def test_a_profile_csv_cell_the_parser_cannot_have_written_is_refused(
         schema.merge_csvs([path], columns)
 
 
+def test_a_profile_csv_without_the_parsers_header_names_the_fix_by_whose_it_is(
+    tmp_path, monkeypatch, capsys
+):
+    """`profile merge` of a 0-byte per-run CSV said "header None is not [...]", of another
+    table "header ['a', 'b'] is not [...]", and named no fix. The study's own
+    results/profile/<run>/ CSV is parsed again from its capture (delete it); a path given by
+    hand is the user's file, never to be deleted."""
+    from scalestudy import cli
+
+    monkeypatch.chdir(tmp_path)  # the study directory
+    own = Path("results/profile/w1/kernels.csv")
+    own.parent.mkdir(parents=True)
+    mine = Path("mine.csv")
+    for text, says in [
+        ("", "line 1: empty (not even a header): no CSV `scalestudy profile parse` wrote"),
+        ("a,b\n1,2\n", "line 1: header ['a', 'b'] is not ['run', 'rank', 'tool', 'kernel',"),
+    ]:
+        for path in (own, mine):
+            path.write_text(text)
+            argv = ["profile", "merge", "--schema", "kernels", "--out", "m.csv", str(path)]
+            assert cli.main(argv) == 2
+            err = capsys.readouterr().err.strip().splitlines()
+            assert len(err) == 1 and f"{path}, {says}" in err[0], err
+            if path == own:
+                assert err[0].endswith(
+                    "delete it and run snakemake again (it parses the capture again)"
+                ), err
+            else:
+                assert "delete" not in err[0] and err[0].endswith(
+                    "fix it, or give the study's results/profile/<run>/ CSVs (`snakemake` "
+                    "writes them)"
+                ), err
+            assert not Path("m.csv").exists()
+
+
 def test_cli_parse_ncu_writes_the_ncu_schema(tmp_path):
     out = tmp_path / "n.csv"
     args = _profile_parse("--ncu", str(FIX / "ncu-2022.4"), "--run", "old", "--out-ncu", str(out))

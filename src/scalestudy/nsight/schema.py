@@ -66,6 +66,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -227,6 +228,19 @@ def cell_problem(column: str, text: str) -> str | None:
     return "blank, and this column is always filled" if not text.strip() else f"not {rule.what}"
 
 
+# a run's CSV as the workflow writes it (profile.smk): the study's own, which snakemake makes again
+_RUN_CSV = re.compile(r"(^|/)results/profile/[^/]+/(kernels|ranges|ncu)\.csv")
+
+
+def read_fix(path: Path) -> str:
+    """What a refusal of a per-run profile CSV tells to do: the study's own
+    (results/profile/<run>/) is parsed again from its capture; one given by hand is the user's
+    (delete it, said of a file of their own, lost it)."""
+    if _RUN_CSV.search(path.as_posix()):
+        return "delete it and run snakemake again (it parses the capture again)"
+    return "fix it, or give the study's results/profile/<run>/ CSVs (`snakemake` writes them)"
+
+
 def read_csv(path: str | Path, columns: tuple[str, ...]) -> list[dict]:
     """A CSV this module wrote; its header must be `columns`, its cells as cell_problem
     allows (an edited cell became a traceback or a negative share in `scalestudy analyze`)."""
@@ -235,7 +249,13 @@ def read_csv(path: str | Path, columns: tuple[str, ...]) -> list[dict]:
     reader = csv.reader(io.StringIO(text))
     header = next(reader, None)
     if header is None or tuple(header) != columns:
-        raise ProfileFormatError(path, 1, f"header {header} is not {list(columns)}")
+        # "header None is not [...]" named no fix: a 0-byte file, another table, another
+        # version's columns
+        if not header:
+            what = "empty (not even a header): no CSV `scalestudy profile parse` wrote"
+        else:
+            what = f"header {header} is not {list(columns)}, `scalestudy profile parse`'s"
+        raise ProfileFormatError(path, 1, f"{what}; {read_fix(path)}")
     rows = []
     for cells in reader:
         if len(cells) != len(columns):
@@ -248,8 +268,8 @@ def read_csv(path: str | Path, columns: tuple[str, ...]) -> list[dict]:
                 raise ProfileFormatError(
                     path,
                     reader.line_num,
-                    f"{column} {text!r} is {why}: not written by `scalestudy profile`; delete "
-                    "it and run snakemake again (it parses the capture again)",
+                    f"{column} {text!r} is {why}: not written by `scalestudy profile`; "
+                    f"{read_fix(path)}",
                 )
         rows.append(row)
     return rows
