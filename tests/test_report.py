@@ -976,10 +976,17 @@ def test_build_pdf_of_a_missing_or_foreign_file_says_so_and_runs_no_latexmk(tmp_
 
     data = tmp_path / "runs.csv"
     data.write_text("run\n")
-    for path, why in ((tmp_path / "paper.tex", "does not exist"), (data, "is not a .tex file")):
+    folder = tmp_path / "old.tex"  # a directory: it was said not to exist
+    folder.mkdir()
+    for path, why in (
+        (tmp_path / "paper.tex", "does not exist"),
+        (data, "is not a .tex file"),
+        (folder, "is a directory, not a file"),
+    ):
         assert cli.main(["build-pdf", str(path)]) == 2
         assert f"scalestudy build-pdf: {path} {why}" in capsys.readouterr().err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs.csv"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old.tex", "runs.csv"]
+    assert not any(folder.iterdir())
 
 
 def test_build_pdf_without_latexmk_names_the_document_it_was_given(tmp_path, monkeypatch, capsys):

@@ -234,7 +234,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     tex = Path(args.tex)
     if tex.suffix != ".tex" or not tex.is_file():  # latexmk would blame a log it never wrote
-        why = "is not a .tex file" if tex.suffix != ".tex" else "does not exist"
+        if tex.suffix != ".tex":
+            why = "is not a .tex file"
+        elif tex.exists():  # a directory named x.tex, a device: "does not exist" misled
+            why = "is a directory, not a file" if tex.is_dir() else "is not a regular file"
+        else:
+            why = "does not exist"
         logger.error(
             f"scalestudy build-pdf: {tex} {why}: give a document `scalestudy render-report` or "
             "`scalestudy proposal` wrote (reports/paper.tex, proposal.tex, slides.tex)"
