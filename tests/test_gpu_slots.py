@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from scalestudy import vocab
 from scalestudy.errors import LaunchError
 from scalestudy.jobs import gpu_slots
 
@@ -376,6 +377,37 @@ def test_onstart_does_not_judge_this_host_inside_a_slurm_allocation(monkeypatch)
     assert gpu_slots.host_refusal(sizes, "cuda", four, demo, wide) == wide  # CUDA: True
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert "has no CUDA device" in gpu_slots.host_refusal(sizes, "cuda", four, demo, wide)
+
+
+def test_onstart_inside_an_srun_step_refuses_what_launch_refuses_there(monkeypatch):
+    """snakemake typed in `srun --pty bash` (a task of step 0): the onstart skipped judging
+    the host (SLURM_JOB_ID set), yet launch starts no run wider than one rank there (a nested
+    srun would wait forever), nor one rank of a step of several tasks: every job of the study
+    failed in turn, each retried checkpointing.retries times. Now onstart refuses with
+    launch's own line; the one-rank runs are judged on the step's own GPUs."""
+    import torch
+
+    demo = "config/demo.yaml"
+    step = {"SLURM_JOB_ID": "123", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "1"}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for device in ("cpu", "cuda"):
+        env = {**step, "CUDA_VISIBLE_DEVICES": "0"}
+        line = gpu_slots.host_refusal([1, 2, 4], device, env, demo)
+        assert line == gpu_slots.step_refusal(4, env), line  # the widest run's
+        assert "this run needs 4 ranks, and this shell is already a task of step 0" in line
+        assert gpu_slots.host_refusal([1], device, env, demo) == ""  # its one task: it runs
+        several = {**env, "SLURM_NTASKS": "2", "SLURM_PROCID": "1"}
+        assert "task 1 of the 2 tasks of step 0" in gpu_slots.host_refusal(
+            [1], device, several, demo
+        )
+    # the one-rank cuda runs on the step's GPUs: none visible is refused as on a plain host
+    none = {**step, "CUDA_VISIBLE_DEVICES": ""}
+    assert "no CUDA GPU is visible" in gpu_slots.host_refusal([1], "cuda", none, demo)
+    # salloc's shell (no step, or its interactive step): not judged, launch srun's the ranks
+    for env in ({"SLURM_JOB_ID": "123"}, {**step, "SLURM_STEP_ID": vocab.SLURM_INTERACTIVE_STEP}):
+        assert (
+            gpu_slots.host_refusal([1, 4], "cuda", {**env, "CUDA_VISIBLE_DEVICES": ""}, demo) == ""
+        )
 
 
 LAUNCHER = textwrap.dedent(

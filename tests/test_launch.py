@@ -153,8 +153,14 @@ def test_several_ranks_inside_a_step_are_refused_not_left_waiting(tmp_path):
     """`srun --pty bash`, then snakemake: a nested srun would wait forever for the resources
     of the enclosing step; one line says so and what to run instead."""
     env = {"SLURM_JOB_ID": "12", "SLURM_STEP_ID": "0", "PATH": _fake_srun(tmp_path)}
-    with pytest.raises(LaunchError, match="4 ranks, and this shell is already a task of step 0"):
+    with pytest.raises(
+        LaunchError, match="4 ranks, and this shell is already a task of step 0"
+    ) as no:
         _argv(env, "--ranks-per-node", "4")
+    # the Snakefile's onstart refuses such a study before any job with the same line
+    from scalestudy.jobs import gpu_slots
+
+    assert gpu_slots.host_refusal([1, 4], "cpu", env, "config/demo.yaml") == str(no.value)
     # the batch shell of a job (no step) starts them with srun
     batch = {"SLURM_JOB_ID": "12", "PATH": env["PATH"]}
     assert _argv(batch, "--ranks-per-node", "4", device="cpu")[0] == "srun"

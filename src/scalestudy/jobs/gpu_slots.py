@@ -131,6 +131,35 @@ def refusal(world_sizes: list[int], gpus: list[str], env: Mapping[str, str]) -> 
     )
 
 
+def step_refusal(ranks: int, env: Mapping[str, str]) -> str:
+    """Why a run of `ranks` ranks cannot start from this shell, a task of an srun step
+    (vocab.slurm_step), "" where it can: `scalestudy launch`'s refusal in the run's job, and
+    the Snakefile's onstart's before any job (it let such a study through, and every job of it
+    failed, retried checkpointing.retries times). One rank runs here only as the step's one
+    task; more would be a nested srun."""
+    step = vocab.slurm_step(env)
+    job = env.get("SLURM_JOB_ID")
+    tasks = env.get("SLURM_NTASKS", "1")
+    if not step or (ranks == 1 and tasks == "1"):
+        return ""
+    if ranks == 1:
+        # the rank reads the step's SLURM_PROCID and SLURM_NTASKS (trainer/dist.py): rank 0 of
+        # 2 waited out the process-group timeout for a peer nobody starts
+        return (
+            f"this shell is task {env.get('SLURM_PROCID', '?')} of the {tasks} tasks of step "
+            f"{step} of Slurm job {job}, and a run started here would be a rank of {tasks}, "
+            "waiting for the others: start the shell as one task (`srun -n 1 --pty bash`), or "
+            "run from `salloc`'s own shell"
+        )
+    # a nested srun waits forever for the CPUs and GPUs the enclosing step holds
+    return (
+        f"this run needs {ranks} ranks, and this shell is already a task of step {step} of "
+        f"Slurm job {job} (e.g. `srun --pty bash`), where starting them with srun would wait "
+        "forever: run snakemake from the login node with the Slurm executor (--profile "
+        "profiles/slurm), or from `salloc`'s own shell"
+    )
+
+
 def host_refusal(
     world_sizes: list[int], device: str, env: Mapping[str, str], demo: str, multi_node: str = ""
 ) -> str:
@@ -145,9 +174,13 @@ def host_refusal(
     srun's the ranks onto the allocation's nodes, whose GPUs are Slurm's (as in
     launch.hold_local_gpus). salloc's shell stays on the submit host, often without a GPU, and a
     2-node allocation's run is wider than one node: both were refused here, though the launch
-    the refusal told the user to run inside salloc would have started them."""
-    if device != "cuda" or env.get("SLURM_JOB_ID"):
-        return multi_node
+    the refusal told the user to run inside salloc would have started them. A task of an srun
+    step (`srun --pty bash`) is judged, as launch judges it: no run wider than one rank
+    (step_refusal), and the one-rank runs on the step's own GPUs."""
+    sizes = sorted(set(world_sizes), reverse=True)  # the widest run's refusal first
+    nested = next((line for line in (step_refusal(w, env) for w in sizes) if line), "")
+    if device != "cuda" or (env.get("SLURM_JOB_ID") and not vocab.slurm_step(env)):
+        return multi_node or nested
     import torch  # only for a GPU study run here (the workflow imports this module at parse)
 
     if not torch.cuda.is_available():
@@ -156,7 +189,7 @@ def host_refusal(
             f"device. Run the CPU demo study instead: `snakemake --configfile {demo}`, or submit "
             "to a cluster: `snakemake --profile profiles/slurm`."
         )
-    return multi_node or refusal(world_sizes, visible_gpus(env), env)
+    return multi_node or nested or refusal(world_sizes, visible_gpus(env), env)
 
 
 def slot_file(directory: Path, key: str) -> Path:

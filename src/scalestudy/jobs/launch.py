@@ -52,8 +52,8 @@ from scalestudy import files, log, vocab
 from scalestudy.errors import LaunchError, TrainConfigError
 from scalestudy.jobs import local_ranks
 from scalestudy.jobs.gpu_slots import held_files as gpu_slot_files
+from scalestudy.jobs.gpu_slots import step_refusal, visible_gpus
 from scalestudy.jobs.gpu_slots import take as take_gpu_slots
-from scalestudy.jobs.gpu_slots import visible_gpus
 from scalestudy.trainer.config import TrainConfig, flag_name
 
 logger = log.get(__name__)
@@ -207,28 +207,12 @@ def build_command(args: argparse.Namespace, env: dict[str, str]) -> list[str]:
     refuse_array_task(env)
     one_rank = args.nodes * args.ranks_per_node == 1
     step = vocab.slurm_step(env)  # salloc's interactive step is none: srun works there
-    tasks = env.get("SLURM_NTASKS", "1")
-    if one_rank and step and tasks != "1":
-        # the rank reads the step's SLURM_PROCID and SLURM_NTASKS (trainer/dist.py): rank 0 of
-        # 2 waited out the process-group timeout for a peer nobody starts
-        raise LaunchError(
-            f"this shell is task {env.get('SLURM_PROCID', '?')} of the {tasks} tasks of step "
-            f"{step} of Slurm job {env.get('SLURM_JOB_ID')}, and a run started here would be a "
-            f"rank of {tasks}, waiting for the others: start the shell as one task (`srun -n 1 "
-            "--pty bash`), or run from `salloc`'s own shell"
-        )
+    # a task of an srun step: one rank as its one task, no more (the onstart refuses alike)
+    if refusal := step_refusal(args.nodes * args.ranks_per_node, env):
+        raise LaunchError(refusal)
     if one_rank and (not env.get("SLURM_JOB_ID") or step):
         # one rank outside Slurm, or already the one task of a job step (the module docstring)
         return [*python, "-m", "scalestudy", "train", *train_args]
-    if step:
-        # a nested srun waits forever for the CPUs and GPUs the enclosing step holds
-        raise LaunchError(
-            f"this run needs {args.nodes * args.ranks_per_node} ranks, and this shell is already "
-            f"a task of step {step} of Slurm job {env.get('SLURM_JOB_ID')} "
-            "(e.g. `srun --pty bash`), where starting them with srun would wait forever: run "
-            "snakemake from the login node with the Slurm executor (--profile profiles/slurm), "
-            "or from `salloc`'s own shell"
-        )
     if env.get("SLURM_JOB_ID"):
         mpi = args.mpi or "srun"  # a 1-rank job's `mpi` resource is "" (see the docstring)
         if shutil.which(mpi, path=env.get("PATH")) is None:
