@@ -1142,6 +1142,33 @@ def test_a_study_of_more_runs_than_the_limit_is_refused_before_any_row_is_built(
     assert len(built) == 1
 
 
+def test_a_sweep_of_too_many_runs_is_counted_only_to_the_limit_and_named(monkeypatch):
+    """A bucket sweep of 2,000 x 2,000 values was counted whole (every request built, 0.8 GB
+    and 3 s; 3,000 x 3,000: 1.8 GB and 10 s, at every Snakemake invocation) and refused as
+    `repeats: 1`, which was no cause. Now counting stops past MAX_RUNS and the family is named."""
+    built = []
+    real = runs._requests
+
+    def counted(config):
+        for request in real(config):
+            built.append(request)
+            yield request
+
+    monkeypatch.setattr(runs, "_requests", counted)
+    n = 2000
+    sweep = list(range(1, n + 1))
+    cfg = minimal(bucket={"enabled": True, "bucket_cap_mb": sweep, "local_batch": sweep})
+    message = refused(
+        cfg,
+        "config key 'families.bucket': its sweeps (2,000 bucket_cap_mb x 2,000 local_batch) "
+        "request 4,000,000 configurations, each a training run (one Slurm job), and a study has "
+        "at most 10,000: fewer sweep values",
+    )
+    assert "repeats" not in message
+    # counted to the limit, twice (the check, then the refusal's own count), never 4,000,000
+    assert len(built) <= 2 * (studyconfig.MAX_RUNS + 1), len(built)
+
+
 def test_a_dataset_larger_than_a_ranks_memory_is_refused_before_any_job():
     """Every rank loads data.pt whole: synthetic.num_train 10**7 (31 GB) against the demo's
     1,500 MB per rank was a study whose every training job Slurm would kill for memory, and

@@ -34,7 +34,14 @@ from jsonschema.exceptions import ValidationError
 from scalestudy import files, hardware, vocab
 from scalestudy.errors import StudyConfigError, TrainConfigError
 from scalestudy.study.profiling import config_problems
-from scalestudy.study.runs import build_run_table, prepared_sizes, run_count, run_problems
+from scalestudy.study.runs import (
+    FAMILY_SWEEPS,
+    build_run_table,
+    family_requests,
+    prepared_sizes,
+    run_count,
+    run_problems,
+)
 from scalestudy.trainer.config import TrainConfig
 
 SCHEMA_RELPATH = Path("workflow") / "schemas" / "config.schema.yaml"
@@ -536,23 +543,41 @@ def semantic_problems(config: dict) -> list[str]:
         *limit_problems(config["hardware"]),
         *proposal_problems(config["proposal"]),
     ]
-    if not problems and (runs := run_count(config)) > MAX_RUNS:
+    if not problems and run_count(config, most=MAX_RUNS) > MAX_RUNS:
         # built row by row, 10**9 repeats ran Snakemake out of memory while it parsed
-        problems.append(
-            _bad(
-                "repeats",
-                config["repeats"],
-                f"the study would have {runs:,} training runs (one Slurm job each; "
-                f"{runs // config['repeats']:,} configurations x {config['repeats']:,} repeats), "
-                f"at most {MAX_RUNS:,}: fewer repeats or sweep values",
-            )
-        )
+        problems.append(too_many_runs(config))
     if not problems:
         rows = build_run_table(config)
         problems += run_problems(rows, *_train_size(config))
         problems += config_problems(config, rows)
     # not a gate of the run table's checks above: it reads only the strong family's sweep
     return problems + target_problems(config)
+
+
+def too_many_runs(config: dict) -> str:
+    """The refusal of a study of more than MAX_RUNS runs, naming what to lower: the repeats
+    where the configurations alone fit (counted whole: at most MAX_RUNS), else the family of
+    the most requests and its sweeps' lengths (it named `repeats: 1` for a 2,000 x 2,000
+    bucket sweep)."""
+    repeats = config["repeats"]
+    configurations = run_count({**config, "repeats": 1}, most=MAX_RUNS)
+    if configurations <= MAX_RUNS:
+        return _bad(
+            "repeats",
+            repeats,
+            f"the study would have {configurations * repeats:,} training runs (one Slurm job "
+            f"each; {configurations:,} configurations x {repeats:,} repeats), at most "
+            f"{MAX_RUNS:,}: fewer repeats or sweep values",
+        )
+    requests = family_requests(config)
+    name = max(requests, key=requests.__getitem__)
+    family = config["families"][name]
+    sweeps = " x ".join(f"{len(family[key]):,} {key}" for key in FAMILY_SWEEPS[name])
+    return (
+        f"config key 'families.{name}': its sweeps ({sweeps}) request {requests[name]:,} "
+        f"configurations, each a training run (one Slurm job), and a study has at most "
+        f"{MAX_RUNS:,}: fewer sweep values"
+    )
 
 
 def limit_problems(hw: dict) -> list[str]:

@@ -20,6 +20,7 @@ import io
 import math
 import os
 import re
+from collections.abc import Iterator
 from typing import Any
 
 from scalestudy import vocab
@@ -168,30 +169,48 @@ def placement(world_size: int, gpus_per_node: int) -> tuple[int, int]:
     return world_size // gpus_per_node, gpus_per_node
 
 
-def _requests(config: dict) -> list[tuple[str, int, int, str, Any]]:
-    """(family, world_size, local_batch, precision, bucket_cap_mb) of every requested config."""
+def _requests(config: dict) -> Iterator[tuple[str, int, int, str, Any]]:
+    """(family, world_size, local_batch, precision, bucket_cap_mb) of every requested config,
+    one at a time (run_count stops early: a sweep's product need not fit in memory)."""
     train, families = config["train"], config["families"]
     accum, precision, bucket = train["accum_steps"], train["precision"], train["bucket_cap_mb"]
-    out = []
     fam = families["strong"]
     if fam["enabled"]:
         for w in fam["gpus"]:
-            out.append(("strong", w, fam["global_batch"] // (w * accum), precision, bucket))
+            yield ("strong", w, fam["global_batch"] // (w * accum), precision, bucket)
     fam = families["weak"]
     if fam["enabled"]:
         for w in fam["gpus"]:
-            out.append(("weak", w, fam["local_batch"], precision, bucket))
+            yield ("weak", w, fam["local_batch"], precision, bucket)
     fam = families["precision"]
     if fam["enabled"]:
         for w in fam["gpus"]:
             for p in fam["precisions"]:
-                out.append(("precision", w, train["local_batch"], p, bucket))
+                yield ("precision", w, train["local_batch"], p, bucket)
     fam = families["bucket"]
     if fam["enabled"]:
         for bk in fam["bucket_cap_mb"]:
             for lb in fam["local_batch"]:
-                out.append(("bucket", fam["gpus"], lb, precision, bk))
-    return out
+                yield ("bucket", fam["gpus"], lb, precision, bk)
+
+
+# each family's sweep lists, whose lengths multiply to its requests (_requests' loops)
+FAMILY_SWEEPS = {
+    "strong": ("gpus",),
+    "weak": ("gpus",),
+    "precision": ("gpus", "precisions"),
+    "bucket": ("bucket_cap_mb", "local_batch"),
+}
+
+
+def family_requests(config: dict) -> dict[str, int]:
+    """How many configurations each enabled family requests, from its sweeps' lengths (no
+    request built): an upper bound of its runs per repeat (families merge shared ones)."""
+    return {
+        name: math.prod(len(config["families"][name][key]) for key in sweeps)
+        for name, sweeps in FAMILY_SWEEPS.items()
+        if config["families"][name]["enabled"]
+    }
 
 
 def _row(config: dict, world_size: int, local_batch: int, precision: str, bucket, repeat: int):
@@ -261,10 +280,16 @@ def _sort_key(row: dict):
     )
 
 
-def run_count(config: dict) -> int:
+def run_count(config: dict, most: int | None = None) -> int:
     """How many rows build_run_table returns, counted without building them: the distinct
-    requested configurations (families merged) times the repeats."""
-    distinct = {(w, lb, p, bk) for _, w, lb, p, bk in _requests(config)}
+    requested configurations (families merged) times the repeats. `most`: counting stops once
+    the count passes it (the result is then above `most`, not the whole count): a bucket sweep
+    of 3,000 x 3,000 values took 10 s and 1.8 GB to count whole."""
+    distinct: set[tuple] = set()
+    for _, w, lb, p, bk in _requests(config):
+        distinct.add((w, lb, p, bk))
+        if most is not None and len(distinct) * config["repeats"] > most:
+            break
     return len(distinct) * config["repeats"]
 
 
