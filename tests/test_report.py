@@ -1179,6 +1179,12 @@ def test_a_pdflatex_that_stops_before_its_log_is_named_by_its_own_line(
         ("empty-model", "model.csv has no rows: `scalestudy model` writes rows"),
         # once a KeyError traceback, then "a CSV lacks the column": now the file and the fix
         ("no-family", "scaling.csv has no column family: it is older than this version"),
+        # a cell of the model's tables or targets.csv that is no number was printed "n/a", the
+        # documents' word for "not measured", exit 0
+        ("model-value", "model.csv, line 2: value = '0.05x' is not a finite number or blank"),
+        ("model-std", "model.csv, line 2: std = 'inf' is not a finite number or blank"),
+        ("advice-gain", "bucket_advice.csv, line 2: default_bucket_cap_mb = 'x' is not"),
+        ("targets-word", "targets.csv: a row without a target name and a numeric value"),
     ],
 )
 def test_damaged_tables_are_one_line_and_write_nothing(done, tmp_path, capsys, damage, says):
@@ -1194,9 +1200,19 @@ def test_damaged_tables_are_one_line_and_write_nothing(done, tmp_path, capsys, d
         (csv_dir / "scaling.csv").write_text(",".join(scaling[0]) + "\n")
     elif damage.startswith("empty-"):
         (csv_dir / f"{damage.removeprefix('empty-')}.csv").write_text("")
-    else:
+    elif damage == "no-family":
         rows = [{k: v for k, v in r.items() if k != "family"} for r in scaling]
         files.write_csv(csv_dir / "scaling.csv", None, rows)
+    else:  # one cell of the first row
+        name, column, value = {
+            "model-value": ("model", "value", "0.05x"),
+            "model-std": ("model", "std", "inf"),
+            "advice-gain": ("bucket_advice", "default_bucket_cap_mb", "x"),
+            "targets-word": ("targets", "value", "one percent"),
+        }[damage]
+        rows = read(csv_dir / f"{name}.csv")
+        rows[0][column] = value
+        files.write_csv(csv_dir / f"{name}.csv", None, rows)
     out = tmp_path / "reports"
     argv = ["render-report", "--csv-dir", str(csv_dir), "--out-dir", str(out), "--figures"]
     assert cli.main([*argv, *figures]) == 2

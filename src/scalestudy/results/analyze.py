@@ -201,31 +201,45 @@ def read_table(path: str | Path, table: str, flag: str, own: str = "") -> list[d
     target = f"results/csv/{table}.csv"
     rows = read_csv(path, "", target, flag, own)
     fix = files.input_fix(path, target, flag, own)
+    spec = (TABLE_COLUMNS[table], TABLE_TEXT[table], TABLE_FILLED[table])
+    check_table(path, rows, spec, fix, "scalestudy analyze")
+    return rows
+
+
+def check_table(
+    path: str | Path,
+    rows: list[dict],
+    spec: tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]],
+    fix: str,
+    writer: str,
+) -> None:
+    """read_table's checks of a table read_csv read as `rows`, against `spec` (its columns, the
+    ones of words, the ones never blank); `writer` the command that always fills those."""
+    columns, text, filled = spec
     # the header of a table without rows too: an empty file, or another table's header, passed
     # for "no rows" (the documents then said "waterfall.csv has no rows", "no kernels")
     header = csv_header(path, rows, fix)
     if not header:  # 0 bytes: a truncated copy
         raise AnalysisError(f"{path} has no rows (not even a header); {fix}")
-    missing = [c for c in TABLE_COLUMNS[table] if c not in header]
+    missing = [c for c in columns if c not in header]
     if missing:
         more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
         raise AnalysisError(
             f"{path} has no column {', '.join(missing[:3])}{more}: it is older than this "
             f"version of scalestudy, or not written by it; {fix}"
         )
-    numbers = [c for c in TABLE_COLUMNS[table] if c not in TABLE_TEXT[table]]
+    numbers = [c for c in columns if c not in text]
     for i, row in enumerate(rows, start=2):  # line 1 is the header
         for column in numbers:
             rule = TABLE_COUNT if column in COUNT_COLUMNS else TABLE_NUMBER
             check_cell(path, i, column, row[column], rule, fix)
-        for column in TABLE_FILLED[table]:
+        for column in filled:
             value = row[column]
             if files.number(value) is None if column in numbers else not str(value).strip():
                 raise AnalysisError(
-                    f"{path}, line {i}: {column} is blank, and `scalestudy analyze` always "
+                    f"{path}, line {i}: {column} is blank, and `{writer}` always "
                     f"fills it: not written by scalestudy; {fix}"
                 )
-    return rows
 
 
 def check_cell(path: str | Path, line: int, column: str, value, rule: files.Cell, fix: str):
@@ -1265,6 +1279,38 @@ TARGET_RANGES = {
     "optimisation_speedup": (lambda x: x >= 0, "a number >= 0"),
     "accuracy_tolerance": (lambda x: 0 <= x < 1, "in [0, 1)"),
 }
+
+
+def check_targets(path: str | Path, rows: list[dict], fix: str) -> dict[str, float]:
+    """targets.csv's rows (read_csv's) as {target: value}, refused in one line where a row has
+    no target name or numeric value, a value is outside the schema's range (TARGET_RANGES), or
+    one of the strong pair comes alone: read by the figures' target lines and the documents."""
+    out = {}
+    for r in rows:
+        try:
+            value = files.number(r.get("value"))
+        except ValueError:
+            value = None  # a word: no number either
+        if not r.get("target") or value is None:
+            raise AnalysisError(
+                f"{path}: a row without a target name and a numeric value ({r}); {fix}"
+            )
+        # the schema's ranges, as analyze's flags take them: inf gpus was an OverflowError,
+        # a weak deviation of -1 a ZeroDivisionError, a percent (70) a line drawn at 7000 %
+        if r["target"] in TARGET_RANGES:
+            in_range, what = TARGET_RANGES[r["target"]]
+            whole = r["target"] != "strong_efficiency_gpus" or value.is_integer()
+            if not (math.isfinite(value) and in_range(value) and whole):
+                raise AnalysisError(
+                    f"{path}: target {r['target']} is {r['value']!r}, not {what}; {fix}"
+                )
+        out[r["target"]] = value
+    if ("strong_efficiency" in out) != ("strong_efficiency_gpus" in out):
+        raise AnalysisError(
+            f"{path}: strong_efficiency and strong_efficiency_gpus come together (a target "
+            f"line is drawn at a world size); {fix}"
+        )
+    return out
 
 
 def _target(key: str):

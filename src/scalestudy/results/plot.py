@@ -22,7 +22,7 @@ from pathlib import Path
 from scalestudy import files, log, vocab
 from scalestudy.errors import AnalysisError
 from scalestudy.files import check_outputs, number
-from scalestudy.results.analyze import PROFILE_CATEGORIES, TARGET_RANGES, read_csv, read_table
+from scalestudy.results.analyze import PROFILE_CATEGORIES, check_targets, read_csv, read_table
 from scalestudy.results.collect import epoch_cell
 from scalestudy.results.printed import fmt_pct_apart
 
@@ -673,35 +673,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def read_targets(path: str | Path) -> dict[str, float]:
     """targets.csv (analyze.py, --targets) as {target: value}; a damaged one is one line, not a
-    KeyError."""
-    out = {}
+    KeyError (analyze.check_targets)."""
     target, flag = "results/csv/targets.csv", "--targets"
     fix = files.input_fix(path, target, flag)
-    for r in read_csv(path, "", target, flag):
-        try:
-            value = number(r.get("value"))
-        except ValueError:
-            value = None  # a word: no number either
-        if not r.get("target") or value is None:
-            raise AnalysisError(
-                f"{path}: a row without a target name and a numeric value ({r}); {fix}"
-            )
-        # the schema's ranges, as analyze's flags take them: inf gpus was an OverflowError,
-        # a weak deviation of -1 a ZeroDivisionError, a percent (70) a line drawn at 7000 %
-        if r["target"] in TARGET_RANGES:
-            in_range, what = TARGET_RANGES[r["target"]]
-            whole = r["target"] != "strong_efficiency_gpus" or value.is_integer()
-            if not (math.isfinite(value) and in_range(value) and whole):
-                raise AnalysisError(
-                    f"{path}: target {r['target']} is {r['value']!r}, not {what}; {fix}"
-                )
-        out[r["target"]] = value
-    if ("strong_efficiency" in out) != ("strong_efficiency_gpus" in out):
-        raise AnalysisError(
-            f"{path}: strong_efficiency and strong_efficiency_gpus come together (a target "
-            f"line is drawn at a world size); {fix}"
-        )
-    return out
+    return check_targets(path, read_csv(path, "", target, flag), fix)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -35,9 +35,12 @@ from scalestudy.results.analyze import (
     PROFILING_KEY,
     TABLE_COLUMNS,
     TABLE_NAMES,
+    check_table,
+    check_targets,
     read_csv,
     read_table,
 )
+from scalestudy.results.model import ADVICE_COLUMNS, MODEL_COLUMNS
 from scalestudy.results.printed import APART_DECIMALS, fmt_pct_apart
 from scalestudy.results.printed import cell_float as _float
 
@@ -54,6 +57,13 @@ FILLED_TABLES = {
     "model": "model",
 }
 DOCUMENTS = ("study.md", "paper.tex")
+# the scaling model's tables (results/model.py), checked as analyze's (check_table: columns, a
+# number or blank outside the columns of words, never blank where named): a word or an inf in a
+# number cell was printed "n/a", which the documents define as "not measured"
+MODEL_TABLES = {
+    "model": (MODEL_COLUMNS, ("kind", "name", "precision", "unit", "note"), ("kind", "name")),
+    "bucket_advice": (ADVICE_COLUMNS, ("precision", "extrapolated", "note"), ()),
+}
 # model.csv's parameters a document shows (the rest, e.g. the inverse bandwidths, stay in the CSV);
 # "fit" and "compute" are rows without a value whose note says why there is no fit, or no
 # compute model of a precision
@@ -376,8 +386,15 @@ def load_tables(csv_dir: Path, names: tuple[str, ...] = TABLES) -> dict[str, lis
         path, flag, own = csv_dir / f"{name}.csv", "--csv-dir", "results/csv"
         if name in TABLE_COLUMNS:
             tables[name] = read_table(path, name, flag, own)
-        else:  # system.csv (its columns are the inventory's), targets.csv, the model's: as read
-            tables[name] = read_csv(path, "", f"results/csv/{name}.csv", flag, own)
+            continue
+        # system.csv (its columns are the inventory's): as read
+        target = f"results/csv/{name}.csv"
+        tables[name] = rows = read_csv(path, "", target, flag, own)
+        fix = files.input_fix(path, target, flag, own)
+        if name in MODEL_TABLES and rows:  # none: FILLED_TABLES' line, which names the writer
+            check_table(path, rows, MODEL_TABLES[name], fix, "scalestudy model")
+        elif name == "targets":
+            check_targets(path, rows, fix)
     return tables
 
 
