@@ -484,14 +484,16 @@ def test_study_md_shows_which_advice_is_extrapolated(tmp_path, capsys):
         assert cells[0] == r["world_size"] and cells[1] == r["nodes"]
         assert cells[-2] == {"true": "yes", "false": "no"}[r["extrapolated"]]
         assert cells[-1] == r["note"]
-    # an older bucket_advice.csv without the column: render-report names the command
+    # an older bucket_advice.csv without the column: render-report names the file, the column
+    # and the command that writes it
     capsys.readouterr()
     old = [{k: v for k, v in r.items() if k != "extrapolated"} for r in advice]
     files.write_csv(tmp_path / "bucket_advice.csv", None, old)
     assert cli.main(render) == 2
     err = capsys.readouterr().err
-    assert "lacks what the templates read" in err and "extrapolated" in err
-    assert "scalestudy model" in err and "Traceback" not in err
+    assert f"{tmp_path / 'bucket_advice.csv'} has no column extrapolated: it is older" in err
+    assert "`snakemake results/csv/bucket_advice.csv` writes it" in err
+    assert "Traceback" not in err
 
 
 def _documents(csv_dir, rows, gpus_per_node="4"):

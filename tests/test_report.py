@@ -925,8 +925,17 @@ def test_a_refused_document_leaves_none_written_and_stale_csvs_are_named(done, t
     files.write_csv(old / "bucket_advice.csv", None, advice)
     assert cli.main(["render-report", "--csv-dir", str(old), "--out-dir", str(out)]) == 2
     err = capsys.readouterr().err
-    assert f"a CSV in {old} lacks what the templates read" in err and "default_bucket_cap_mb" in err
-    assert "scalestudy model" in err and "Traceback" not in err
+    said = f"{old / 'bucket_advice.csv'} has no column default_bucket_cap_mb: it is older than"
+    assert said in err and "Traceback" not in err, err
+    assert not out.exists()
+    # system.csv without a column: it was "a CSV lacks the column 'section'", no file named
+    system = read(old / "system.csv")
+    rows = [{k: v for k, v in r.items() if k != "section"} for r in system]
+    files.write_csv(old / "system.csv", None, rows)
+    shutil.copy(csv_dir / "bucket_advice.csv", old / "bucket_advice.csv")
+    assert cli.main(["render-report", "--csv-dir", str(old), "--out-dir", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"{old / 'system.csv'} has no column section: it is older than" in err, err
     assert not out.exists()
 
 

@@ -33,6 +33,7 @@ from scalestudy.results.analyze import (
     MEASURED_COUNTS,
     NOT_PROFILED,
     PROFILING_KEY,
+    SYSTEM_COLUMNS,
     TABLE_COLUMNS,
     TABLE_NAMES,
     check_table,
@@ -60,6 +61,7 @@ DOCUMENTS = ("study.md", "paper.tex")
 # the scaling model's tables (results/model.py), checked as analyze's (check_table: columns, a
 # number or blank outside the columns of words, never blank where named): a word or an inf in a
 # number cell was printed "n/a", which the documents define as "not measured"
+SYSTEM_SPEC = (SYSTEM_COLUMNS, SYSTEM_COLUMNS, ("section", "key"))
 MODEL_TABLES = {
     "model": (MODEL_COLUMNS, ("kind", "name", "precision", "unit", "note"), ("kind", "name")),
     "bucket_advice": (ADVICE_COLUMNS, ("precision", "extrapolated", "note"), ()),
@@ -387,14 +389,17 @@ def load_tables(csv_dir: Path, names: tuple[str, ...] = TABLES) -> dict[str, lis
         if name in TABLE_COLUMNS:
             tables[name] = read_table(path, name, flag, own)
             continue
-        # system.csv (its columns are the inventory's): as read
         target = f"results/csv/{name}.csv"
         tables[name] = rows = read_csv(path, "", target, flag, own)
         fix = files.input_fix(path, target, flag, own)
-        if name in MODEL_TABLES and rows:  # none: FILLED_TABLES' line, which names the writer
+        if not rows:  # FILLED_TABLES' line, which names the command that writes it
+            continue
+        if name in MODEL_TABLES:
             check_table(path, rows, MODEL_TABLES[name], fix, "scalestudy model")
         elif name == "targets":
             check_targets(path, rows, fix)
+        elif name == "system":  # its values are words and numbers alike (the inventory's)
+            check_table(path, rows, SYSTEM_SPEC, fix, "scalestudy analyze")
     return tables
 
 
