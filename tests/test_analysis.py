@@ -1802,14 +1802,19 @@ def test_collect_of_an_older_trainers_metrics_names_the_commit_before_a_retrain(
     assert said.startswith(f"{path} lacks restarts, resumed_from_epochs, which this collect "), said
     assert "`scalestudy collect` of commit 0a1b2c3" in said, said
     assert said.endswith(
-        f"if its numbers are needed from this version, delete {run_dir} and rerun it"
+        f"if its numbers are needed from this version, delete {run_dir} and train it again: "
+        "`snakemake results/runs/w1_r0/metrics.json`"
     )
     del older["git_commit"]
     path.write_text(json.dumps(older))
     with pytest.raises(CollectError, match="lacks git_commit, restarts, resumed_from_epochs"):
         collect.load_metrics(path)
     path.write_text(json.dumps(older)[:-9])  # cut short: no JSON
-    with pytest.raises(CollectError, match=f"is not valid JSON .*; delete {run_dir} and rerun it$"):
+    with pytest.raises(
+        CollectError,
+        match=f"is not valid JSON .*; delete {run_dir} and train it again: `snakemake results/"
+        "runs/w1_r0/metrics.json`$",
+    ):
         collect.load_metrics(path)
 
 
@@ -1850,7 +1855,8 @@ def test_collect_refuses_an_epochs_csv_the_trainer_did_not_write(tmp_path, monke
         with pytest.raises(CollectError) as info:
             collect.load_epochs(epochs)
         assert str(info.value) == (
-            f"{epochs}, line {index + 2}: {says}; delete {run_dir} and rerun it"
+            f"{epochs}, line {index + 2}: {says}; delete {run_dir} and train it again: "
+            "`snakemake results/runs/w1_r0/metrics.json`"
         )
     files.write_csv(epochs, None, [{k: v for k, v in r.items() if k != "val_acc"} for r in good])
     with pytest.raises(CollectError, match="has no column val_acc: not the trainer's"):
@@ -2353,6 +2359,9 @@ def test_collect_of_a_runs_dir_given_by_hand_never_says_to_delete_it(tmp_path, c
         yield "no metrics", lambda: metrics.unlink(), f"missing {metrics}"
         yield "no epochs", lambda: epochs.unlink(), f"missing {epochs}"
         yield "no JSON", lambda: metrics.write_text("{"), f"{metrics} is not valid JSON"
+        # "PATH: Is a directory", no fix named
+        folder = f"{epochs} is a directory, not a file"
+        yield "a directory", lambda: epochs.unlink() or epochs.mkdir(), folder
         cuda = good | {"device": {"type": "cuda", "name": "H100"}}
         yield "stale", lambda: files.write_json(metrics, cuda), "another configuration"
         wrong = good | {"final_val_acc": 1.5}
@@ -2391,7 +2400,8 @@ def test_collect_of_a_runs_dir_given_by_hand_never_says_to_delete_it(tmp_path, c
             if what.startswith("no ") and "JSON" not in what:
                 assert err.endswith(f"run `snakemake {target}` (or the whole study) first"), err
             else:
-                assert err.endswith(f"delete {run_dir} and rerun it"), (what, err)
+                again = f"delete {run_dir} and train it again: `snakemake {target}`"
+                assert err.endswith(again), (what, err)
             shutil.rmtree(own)
             shutil.copytree(saved, own)
     assert main(["collect", "--runs", str(table), "--runs-dir", "results/runs", *out]) == 0

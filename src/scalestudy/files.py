@@ -752,6 +752,8 @@ def read_text(path: str | os.PathLike, error: type[Exception], fix: str) -> str:
         text = Path(path).read_bytes().decode("utf-8")  # as written: no newline translation
     except UnicodeDecodeError as exc:
         raise _not_text(path, exc, error, fix) from exc
+    except IsADirectoryError:  # "PATH: Is a directory", no fix named
+        raise error(f"{path} is a directory, not a file; {fix}") from None
     return text.removeprefix("\ufeff")  # the byte-order mark a spreadsheet may save
 
 

@@ -287,7 +287,7 @@ def run_fix(path: Path, missing: bool = False) -> str:
         return files.input_fix(path, run_target(path), "--runs-dir", RUNS_DIR, missing)
     if missing:
         return f"run `snakemake {run_target(path)}` (or the whole study) first"
-    return f"delete {path.parent} and rerun it"
+    return f"delete {path.parent} and train it again: `snakemake {run_target(path)}`"
 
 
 def load_metrics(path: Path) -> dict:
