@@ -395,6 +395,24 @@ def test_a_window_too_short_for_the_counter_is_refused():
     assert counter.result()["joules"] == pytest.approx(100.0)
 
 
+def test_a_counter_that_does_not_advance_is_unmeasured_not_zero_joules():
+    """A read that succeeds with the same value every time: the run recorded energy_j 0.0 and
+    energy_j_per_img 0.0 from "nvml_total_energy", which collect refuses as damage (J/img must
+    be > 0), and a rerun wrote 0 again. Now it is null with the reason, the wall span too."""
+    clock = FakeClock()
+    counter = EnergyCounter(lambda: 123_456, "GPU-a", clock)
+    for _ in range(10):
+        counter.open()
+        clock.t += 60.0
+        counter.close(seconds=60.0, images=50_000)
+    result = counter.result()
+    assert result["joules"] is None and "did not advance in 600.0 s" in result["reason"]
+    assert result["wall"]["joules"] is None and "did not advance" in result["wall"]["reason"]
+    total = energy_total([result | {"key": ("n", "GPU-a", 0)}])
+    assert total["energy_j"] is None and total["energy_j_per_img"] is None
+    assert "did not advance" in total["energy_unmeasured"]
+
+
 class FakeClock:
     """perf_counter for an EnergyCounter: the test moves it."""
 

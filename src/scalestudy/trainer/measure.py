@@ -781,6 +781,16 @@ ENERGY_MAX_ERROR = 0.02
 ENERGY_SHORT_WINDOW = "window too short for the energy counter"
 
 
+def _frozen(mj: float, seconds: float) -> str | None:
+    """Why a span of `mj` millijoules over `seconds` is no measurement, or None: a counter that
+    did not advance (a read that succeeds with a frozen value, reported of other vendors'
+    counters) recorded a measured 0 J, which collect then refused as damage, run after run; no
+    GPU trains on no energy."""
+    if seconds > 0 and mj <= 0:
+        return f"the energy counter did not advance in {seconds:.1f} s of training: not counting"
+    return None
+
+
 def energy_unmeasured(reason: str, images: int = 0) -> dict:
     """EnergyCounter's spans, refused or not read; `images`, those the rank trained in them, of a
     window too short for this rank alone: they count in J/img where another rank's reading is
@@ -893,6 +903,8 @@ class EnergyCounter:
                 f"{self.spans} spans, error bound {bound:.1%} > {ENERGY_MAX_ERROR:.0%}"
             )
             return out | energy_unmeasured(reason, self.images)
+        if frozen := _frozen(self.mj, self.seconds):
+            return out | energy_unmeasured(frozen)
         return out | {"joules": self.mj / 1e3, "images": self.images, "reason": None}
 
     def _wall(self) -> dict:
@@ -910,6 +922,8 @@ class EnergyCounter:
                 f"{bound:.1%} > {ENERGY_MAX_ERROR:.0%}"
             )
             return wall_unmeasured(reason, seconds, self.images)
+        if frozen := _frozen(wall["mj"], seconds):
+            return wall_unmeasured(frozen, seconds)
         return {
             "joules": wall["mj"] / 1e3,
             "seconds": seconds,
