@@ -688,8 +688,9 @@ def test_energy_from_measured_joules_per_image_else_not_measured():
     assert t["family"]["strong"].energy_kwh == pytest.approx(sum(kwh[r] for r in strong))
     text = plan.plan_csv_text(plan.estimate_runs(config, rows, measured))
     csv_rows = {r["run"]: r for r in csv.DictReader(io.StringIO(text))}
+    # six significant digits, not decimal places (4e-06 kWh lost a digit, 2.5e-07 was 0.0)
     assert float(csv_rows["w4_lb2_fp32_ddp_bk25_r0"]["energy_kwh"]) == pytest.approx(
-        kwh["w4_lb2_fp32_ddp_bk25_r0"], abs=1e-6
+        kwh["w4_lb2_fp32_ddp_bk25_r0"], rel=1e-5
     )
 
     # plan.calibrate false: the plan reads no measured run, so every run's J/img is unused,
@@ -701,6 +702,34 @@ def test_energy_from_measured_joules_per_image_else_not_measured():
     assert "not measured |" not in md and md.count(f"| {proposal.NOT_USED} |") == 3
     text = plan.plan_csv_text(est)
     assert {r["energy_basis"] for r in csv.DictReader(io.StringIO(text))} == {proposal.NOT_USED}
+
+
+def test_energy_at_the_world_size_level_is_the_nearest_measured_batchs():
+    """A run without a measured run of its own batch took the mean J/img of every measured batch
+    at its world size, weighted by their repeats (batch 4 priced at 1.575 J/img from three
+    repeats at batch 1 and one at 8), while its throughput came from the nearest batch. J/img
+    falls with the batch: the nearest measured batch's (8: 0.3), as throughput's rule."""
+    config = small_config()
+    rows = build_run_table(config)
+    run = "w2_lb4_fp32_ddp_bk25_r0"
+
+    def at(batch: int, joules: float, repeat: int = 0) -> dict:
+        row = measured_row(run, 50.0, 2, energy_j_per_img=str(joules))
+        return row | {
+            "run": f"w2_lb{batch}_fp32_ddp_bk25_r{repeat}",
+            "local_batch": str(batch),
+            "global_batch": str(2 * batch),
+            "repeat": str(repeat),
+        }
+
+    for measured, want in [
+        ([at(1, 2.0, 0), at(1, 2.0, 1), at(1, 2.0, 2), at(8, 0.3)], 0.3),
+        ([at(1, 2.0), at(16, 0.1)], 2.0),  # a tie in log2 (x4 either way): the smaller, as X's
+        ([at(8, 0.3), at(8, 0.5, 1)], 0.4),  # that batch's repeats: their mean
+    ]:
+        est = {e.run: e for e in plan.estimate_runs(config, rows, measured)}[run]
+        assert est.energy_basis == "world size", est
+        assert est.energy_j_per_img == pytest.approx(want), (measured, est)
 
 
 def test_energy_of_short_gpu_epochs_comes_from_the_wall_span():

@@ -107,7 +107,8 @@ recorded), as the study's. A run measured with other threads per rank calibrates
 Energy (GPU, training runs only): a run's kWh = J/img x epochs x N_train / 3.6e6, with J/img the
 mean measured energy_j_per_img (NVML's counter over the window's training spans, train.py) of
 measured runs at the first of the levels run, batch, world size (same precision and world size:
-energy per image changes with communication, so it is not carried to other world sizes); where
+energy per image changes with communication, so it is not carried to other world sizes; at the
+world-size level that of the measured local batch nearest the run's, as its throughput); where
 those spans were too short for the counter (GPU epochs of ~2 s), energy_wall_j_per_img (the
 window's wall span, its evaluations included; the basis says "evaluation included"). Without
 such a run the energy is None ("not measured"): there is no default guess. With
@@ -757,16 +758,17 @@ class Calibration:
         # precision's: both) -> per-rank images/s (precision's: / eta)
         self._levels: dict[tuple, dict] = {}
         self._startup: dict[tuple, list[float]] = {}
-        self._energy: dict[tuple, list[float]] = {}
+        # (base, level, key, scope) -> measured local batch -> J/img of its runs
+        self._energy: dict[tuple, dict[int, list[float]]] = {}
         self._fits: dict[tuple, model.Fit | None] = {}  # per base, fitted when first asked
         for row in self.measured if plan["calibrate"] else []:
             base = run_base(row)
             per_img, scope = measured_energy_per_img(row)
-            for level in ENERGY_LEVELS if per_img is not None else ():
-                key = (base, level, _level_key(level, row), scope)
-                self._energy.setdefault(key, []).append(per_img)
             w, nodes = int(float(row["world_size"])), int(float(row["nodes"]))
             lb = int(float(row["local_batch"]))
+            for level in ENERGY_LEVELS if per_img is not None else ():
+                key = (base, level, _level_key(level, row), scope)
+                self._energy.setdefault(key, {}).setdefault(lb, []).append(per_img)
             per_rank = float(row["throughput_img_s_per_rank"])
             for level in MEASURED_LEVELS:
                 value = per_rank / efficiency(plan, w, nodes) if level == "precision" else per_rank
@@ -833,16 +835,22 @@ class Calibration:
 
     def energy_per_image(self, row: dict) -> tuple[float | None, str]:
         """Mean measured J/img at the first level that has one, the training spans' before the
-        wall spans' at each level (never mixed in one mean); (None, NOT_MEASURED) else, and
-        (None, NOT_USED) with plan.calibrate false (no measured run read, measured or not)."""
+        wall spans' at each level (never mixed in one mean); at the world-size level the mean of
+        the measured local batch nearest the run's, as its throughput (_at_nearest_batch's
+        rule; J/img falls with the batch: a mean over every batch, weighted by their repeats,
+        priced a batch of 4 at 1.575 J/img where the nearest measured, 8, had 0.3);
+        (None, NOT_MEASURED) else, and (None, NOT_USED) with plan.calibrate false (no measured
+        run read, measured or not)."""
         if not self.config["plan"]["calibrate"]:
             return None, NOT_USED
+        lb = int(float(row["local_batch"]))
         for level in ENERGY_LEVELS:
             for scope in ("training", WITH_EVALUATION):
-                values = self._energy.get((run_base(row), level, _level_key(level, row), scope))
-                if values:
+                batches = self._energy.get((run_base(row), level, _level_key(level, row), scope))
+                if batches:
+                    nearest = min(batches, key=lambda m: (abs(math.log2(m / lb)), m))
                     basis = level if scope == "training" else f"{level}, {WITH_EVALUATION}"
-                    return statistics.fmean(values), basis
+                    return statistics.fmean(batches[nearest]), basis
         return None, NOT_MEASURED
 
     def startup(self, row: dict) -> tuple[float, str]:

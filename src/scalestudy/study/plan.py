@@ -275,7 +275,8 @@ def plan_csv_text(estimates: list[Estimate], done_known: bool = True) -> str:
             runtime_s=round(e.runtime_s, 3),
             throughput_img_s=round(e.throughput_img_s, 3),
             startup_s=round(e.startup_s, 3),
-            energy_kwh=None if e.energy_kwh is None else round(e.energy_kwh, 6),
+            # significant digits, not decimal places: a demo run's 2.5e-07 kWh was 0.0
+            energy_kwh=None if e.energy_kwh is None else float(f"{e.energy_kwh:.6g}"),
             runtime_lo_s=None if e.runtime_lo_s is None else round(e.runtime_lo_s, 3),
             runtime_hi_s=None if e.runtime_hi_s is None else round(e.runtime_hi_s, 3),
             extrapolated=str(e.extrapolated).lower(),
