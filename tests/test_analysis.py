@@ -258,6 +258,41 @@ def test_the_weak_target_says_its_baseline_when_it_is_not_one_rank():
     assert d["description"] == "weak-scaling step-time deviation D at the largest world size"
 
 
+def test_the_weak_verdict_notes_a_smaller_world_size_above_its_threshold():
+    """D is judged at the largest world size, as the target says; a step-time jump at 2 GPUs
+    (D 30%, a node boundary) under a 5% one at 4 passed without a word."""
+    rows = analysis.scaling_table(
+        [
+            run("w1", "weak", 1, 64, 1000),
+            run("w2", "weak", 2, 64, 2 * 1000 / 1.3),
+            run("w4", "weak", 4, 64, 4 * 1000 / 1.05),
+        ]
+    )
+    [d] = [
+        r
+        for r in analysis.verdicts(rows, analysis.DEFAULT_TARGETS)
+        if r["target"] == "weak_deviation"
+    ]
+    assert d["world_size"] == 4 and d["measured"] == pytest.approx(0.05) and d["verdict"] == "pass"
+    assert d["note"] == (
+        "D is above the threshold at 2 GPUs too, which this verdict, at the largest world size, "
+        "does not judge"
+    )
+    within = analysis.scaling_table(
+        [
+            run("w1", "weak", 1, 64, 1000),
+            run("w2", "weak", 2, 64, 2000),
+            run("w4", "weak", 4, 64, 3900),
+        ]
+    )
+    [d] = [
+        r
+        for r in analysis.verdicts(within, analysis.DEFAULT_TARGETS)
+        if r["target"] == "weak_deviation"
+    ]
+    assert not d.get("note"), d
+
+
 def test_a_superlinear_result_is_flagged_with_what_to_check():
     """The CPU demo's 1-rank baselines ran beside another job: E_s 106% and a weak deviation of
     -52% passed with an empty note, and the proposal chose its scale on them."""
