@@ -503,6 +503,41 @@ def test_runs_of_one_configuration_that_differ_in_another_setting_are_refused():
         analysis.check_runs([a, {**repeat, "nodes": "2"}], "runs.csv")
 
 
+def test_runs_on_different_device_models_are_no_repeats_nor_one_family():
+    """The run table's `device` is cpu or cuda: on a partition of mixed GPUs without
+    hardware.gpu_type, an A100 run and an H100 run of one configuration were averaged as
+    repeats (2200 +- 1131 img/s), and an A100 baseline gave the H100 runs E_s 2.0. Refused,
+    naming the devices and the setting that keeps a study on one model."""
+    a100, h100 = "NVIDIA A100-SXM4-40GB", "NVIDIA H100 80GB HBM3"
+    runs = [
+        {**run("w1", "strong", 1, 256, 400), "device_names": a100},
+        {**run("w4", "strong", 4, 64, 3000), "device_names": h100},
+        {**run("w4", "strong", 4, 64, 1400, repeat=1), "device_names": a100},
+    ]
+    with pytest.raises(AnalysisError) as e:
+        analysis.check_runs(runs, "runs.csv")
+    said = str(e.value)
+    assert said.startswith(
+        "runs.csv: runs 'w4_r0' and 'w4_r1' are of one configuration (family strong, world size "
+        f"4, local batch 64, precision fp32, bucket 25 MiB) but differ in device_names ({h100!r} "
+        f"and {a100!r}): the tables would average them as repeats; a study's runs train on one "
+        "device model: set hardware.gpu_type"
+    ), said
+    runs[2]["device_names"] = h100  # the repeats agree; the baseline is another model
+    with pytest.raises(
+        AnalysisError, match="'w1_r0' and 'w4_r0' are of family strong but differ in device_names"
+    ):
+        analysis.check_runs(runs, "runs.csv")
+    # an older trainer's rank-0 device_name counts alike; one unrecorded is not judged
+    runs[0] = {**run("w1", "strong", 1, 256, 400), "device_name": a100}
+    with pytest.raises(AnalysisError, match="differ in device_names"):
+        analysis.check_runs(runs, "runs.csv")
+    runs[0] = run("w1", "strong", 1, 256, 400)
+    analysis.check_runs(runs, "runs.csv")
+    runs[0]["device_names"] = h100
+    analysis.check_runs(runs, "runs.csv")
+
+
 def test_a_familys_runs_that_differ_in_what_it_keeps_one_value_are_refused():
     """The strong and weak baselines are the family's smallest world size: a runs.csv merged by
     hand with fp32 at 1 GPU and bf16 at 4 (or cifar10 DDP at 1, mnist FSDP at 4) gave a

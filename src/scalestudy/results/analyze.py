@@ -1480,21 +1480,52 @@ FAMILY_VARIES = {
 
 def _differing(first: dict, other: dict, skip: tuple[str, ...]) -> str | None:
     """The first run-table column, not in `skip`, in which two runs that both record it
-    differ."""
+    differ; else DEVICE_MODELS where both record the devices they trained on and those differ
+    (the run table's `device` is cpu or cuda: an A100 run and an H100 run of one configuration,
+    on a partition of mixed GPUs without hardware.gpu_type, were averaged as repeats, and one
+    was the other's baseline)."""
     for column in RUN_COLUMNS:
         if column in skip or column not in first or column not in other:
             continue
         values = first[column], other[column]
         if "" not in values and None not in values and not same(*values):
             return column
+    models = device_models(first), device_models(other)
+    if all(models) and models[0] != models[1]:
+        return DEVICE_MODELS
     return None
+
+
+# the pseudo-column _differing names for runs on different device models
+DEVICE_MODELS = "device_names"
+
+
+def device_models(row: dict) -> str:
+    """The devices a run of runs.csv trained on: device_names (every rank's), else device_name
+    (rank 0's, an older trainer's); "" where neither is recorded."""
+    return str(row.get("device_names") or row.get("device_name") or "")
+
+
+def _shown(row: dict, column: str) -> str:
+    return device_models(row) if column == DEVICE_MODELS else row[column]
+
+
+def _fix(column: str, one_study: str) -> str:
+    """What a refusal of two runs differing in `column` tells to do."""
+    if column != DEVICE_MODELS:
+        return one_study
+    return (
+        "a study's runs train on one device model: set hardware.gpu_type to it (Slurm then "
+        "gives every job that model) and train the runs of the other again (delete their "
+        "results/runs/<run> and run `snakemake`)"
+    )
 
 
 def check_one_configuration(runs: list[dict], path: str) -> None:
     """The runs group_runs takes as the repeats of one configuration differ in no other
-    run-table column (strategy, nodes, comm_hook, ...) than REPEAT_COLUMNS, where both record
-    it: a runs.csv merged by hand of a DDP and an FSDP study averaged the two, its spread the
-    gap between them."""
+    run-table column (strategy, nodes, comm_hook, ...) than REPEAT_COLUMNS, nor in the device
+    model they trained on (_differing), where both record it: a runs.csv merged by hand of a
+    DDP and an FSDP study averaged the two, its spread the gap between them."""
     one_study = "analyze the runs of one study (one runs.csv of `scalestudy collect`)"
     for key, members in group_runs(runs).items():
         first = members[0]
@@ -1508,8 +1539,8 @@ def check_one_configuration(runs: list[dict], path: str) -> None:
                 raise AnalysisError(
                     f"{path}: runs {first['run']!r} and {other['run']!r} are of one "
                     f"configuration ({cell}) but differ in {column} "
-                    f"({first[column]!r} and {other[column]!r}): the tables would average "
-                    f"them as repeats; {one_study}"
+                    f"({_shown(first, column)!r} and {_shown(other, column)!r}): the tables "
+                    f"would average them as repeats; {_fix(column, one_study)}"
                 )
     # and the runs of a family are one experiment swept over its world sizes and own values:
     # a runs.csv merged by hand with fp32 at 1 GPU and bf16 at 4 (or another dataset, model)
@@ -1525,9 +1556,9 @@ def check_one_configuration(runs: list[dict], path: str) -> None:
             if column := _differing(base, other, skip):
                 raise AnalysisError(
                     f"{path}: runs {base['run']!r} and {other['run']!r} are of family "
-                    f"{family} but differ in {column} ({base[column]!r} and "
-                    f"{other[column]!r}), which the family keeps one value: its figures would "
-                    f"compare them as one experiment; {one_study}"
+                    f"{family} but differ in {column} ({_shown(base, column)!r} and "
+                    f"{_shown(other, column)!r}), which the family keeps one value: its figures "
+                    f"would compare them as one experiment; {_fix(column, one_study)}"
                 )
 
 
