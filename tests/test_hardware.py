@@ -107,6 +107,13 @@ def test_no_peak_where_none_is_published(name, precision, needle):
         "NVIDIA L4-6Q",
         "NVIDIA L40S-48C",  # the whole frame buffer, yet time-sliced: no published share
         "GRID V100S-8Q",
+        # MIG-backed with an attribute after the series letter (+me: the media engines): the
+        # whole GPU's peak (an H200 NVL slice the H200 SXM's, its name saying no NVL)
+        "NVIDIA A100-1-5CME",
+        "NVIDIA A30-1-6CME",
+        "NVIDIA H200-1-18CME",
+        "NVIDIA A100-1-5CNOME",
+        "NVIDIA A100-7-40CMEALL",
     ],
 )
 def test_a_vgpu_profile_has_no_peak(name):

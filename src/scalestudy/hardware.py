@@ -137,8 +137,10 @@ GPU_PEAKS: tuple[GpuPeaks, ...] = (
 
 # An NVIDIA vGPU names itself by its profile: the GPU's model, then its frame buffer in GB and
 # series letter, time-sliced with the other VMs on the GPU (A100-4C, T4-1Q), or, MIG-backed, the
-# slices and the GB (A100-4-20C, A30-1-6C): the model alone would match the whole GPU's row
-VGPU_PROFILE = r"-(\d+-)?\d+[ABCQ]$"
+# slices and the GB (A100-4-20C, A30-1-6C), a MIG-backed one with an attribute after the series
+# (A100-1-5CME: "1g.5gb+me"; NOME, MEALL, GFX: NVIDIA/vgpu-device-manager's vgpu_type.go): the
+# model alone would match the whole GPU's row
+VGPU_PROFILE = r"-(\d+-)?\d+[ABCQ](ME|NOME|MEALL|GFX)?$"
 
 
 @dataclass(frozen=True)
