@@ -47,19 +47,20 @@ def measured_runs(config: dict) -> list[dict]:
     for row in build_run_table(config):
         w = row["world_size"]
         x = PER_RANK * w * EFFICIENCY.get(w, 0.5) * (1 + 0.01 * (row["repeat"] - 1))
-        images = row["epochs"] * row["limit_train"]
+        per_epoch = row["limit_train"] or 50_000  # 0: CIFAR-10's whole training set
+        images = row["epochs"] * per_epoch
         out.append(
             {
                 **row,
                 "throughput_img_s": x,
                 "throughput_img_s_per_rank": x / w,
-                "epoch_time_s": row["limit_train"] / x,
+                "epoch_time_s": per_epoch / x,
                 "train_time_s": images / x,
                 "final_val_acc": 0.9,
                 "comm_exposed_frac": 0.1,
                 "gpu_util_mean": "",
                 "energy_j_per_img": "",
-                "steps_per_epoch": row["limit_train"] // row["global_batch"],
+                "steps_per_epoch": per_epoch // row["global_batch"],
                 "device_name": "cpu (made-up measurements)",
                 "git_commit": "0123abc",
             }
@@ -670,6 +671,44 @@ def test_a_production_run_past_runtime_max_is_priced_with_its_resumptions(tmp_pa
     )
     one_job = sum(e.runtime_s for e in estimates) / len(estimates) / 3600
     assert float(prod["hours_per_run"]) == proposal.ceil3(one_job)
+
+
+def test_production_runs_are_priced_new_though_the_study_measured_their_ids(tmp_path):
+    """Production run ids leave out the epochs: a study on the whole data set at the
+    production epochs measured runs of the same ids, and those were priced as done, one job
+    without the jobs past hardware.runtime_max, so 3 runs cost 3.75 node-hours where 5 cost
+    7.55 and they need 5.73. Every production run is priced as one still to train."""
+    over = ("hardware.runtime_max=30", "checkpointing.retries=10", "train.epochs=100")
+    over += ("train.limit_train=0", "train.limit_test=0", "plan.startup_s=300")
+    over += ("profiling.enabled=false",)  # a profiling job cannot go on in another job
+    per_run = {}
+    for runs in (3, 5):
+        config, study = build(
+            tmp_path / str(runs), *STRONG, *over, f"proposal.production.runs={runs}"
+        )
+        write(config, study)
+        w = cells(study)[("scale", "chosen")]["world_size"]
+        per_run[runs] = next(
+            v["hours_per_run"]
+            for (s, i), v in cells(study).items()
+            if s == "request" and i.startswith(f"production at {w} ")
+        )
+    assert per_run[3] == per_run[5], per_run
+    from scalestudy.study.estimate import estimate_runs, load_measured
+
+    alone = copy.deepcopy(config)
+    for family in alone["families"].values():
+        family["enabled"] = False
+    alone["families"]["strong"].update(enabled=True, gpus=[int(w)])
+    alone["profiling"]["enabled"] = False
+    alone["repeats"] = 3
+    measured = load_measured(study / "results/csv/runs.csv")
+    table = build_run_table(alone)
+    assert any(estimate_runs(alone, table, measured, refuse=False)[i].done for i in range(3))
+    estimates = estimate_runs(alone, table, measured, refuse=False, new=True)
+    assert all(e.jobs > 1 and not e.done for e in estimates)
+    held = sum(e.held_s for e in estimates) / len(estimates) / 3600
+    assert float(per_run[3]) == proposal.ceil3(held)
 
 
 def test_with_calibration_off_the_study_is_priced_as_plan_md_prices_it(tmp_path):

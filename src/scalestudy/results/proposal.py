@@ -733,7 +733,7 @@ def proposal_rows(
         # priced on the machine (one job where it cannot go on in more), not refused as the
         # study's jobs are: a production run past hardware.runtime_max stopped the proposal
         # at its end, naming the study's run of the same id
-        production = estimate_runs(c, table, measured, refuse=False)
+        production = estimate_runs(c, table, measured, refuse=False, new=True)
         for shape, members in _grouped("production", production):
             # a GPU study: "production, 2 GPUs on 1 node", as the other rows; a CPU one its ranks
             ranks = f"{chosen['w']} {report.plural('ranks', chosen['w'])}"

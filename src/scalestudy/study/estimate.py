@@ -984,15 +984,22 @@ def _overflow(
 
 
 def estimate_runs(
-    config: dict, rows: Iterable[dict], measured: list[dict], refuse: bool = True
+    config: dict,
+    rows: Iterable[dict],
+    measured: list[dict],
+    refuse: bool = True,
+    new: bool = False,
 ) -> list[Estimate]:
     """Estimates of every run-table row, in table order; `done`: the run has a measurement;
-    `refuse`: estimate_run's."""
+    `refuse`: estimate_run's. `new`: every run is one still to train, whatever `measured`
+    holds under its id (the proposal's production runs: their ids leave out the epochs, and a
+    study on the whole data set measured runs of the same ids, which were priced as done: one
+    job, without the jobs they go on in past hardware.runtime_max)."""
     calibration = Calibration(config, measured)
     rows = list(rows)
+    done = [False] * len(rows) if new else runs_done(config, rows, measured)
     return [
-        estimate_run(config, r, calibration, done, refuse)
-        for r, done in zip(rows, runs_done(config, rows, measured), strict=True)
+        estimate_run(config, r, calibration, d, refuse) for r, d in zip(rows, done, strict=True)
     ]
 
 
