@@ -312,16 +312,6 @@ def test_a_setting_the_run_cannot_use_is_one_value_so_changing_it_retrains_nothi
         assert {row[key] for row in table(cpu, f"train.{key}=auto")} == {"off"}
         assert {row[key] for row in table(paper, f"train.{key}=auto")} == {"auto"}  # CUDA
     assert {row["compile"] for row in table(cpu, "train.compile=true")} == {"on"}
-    # DDP's bucket size under FSDP or allreduce (no bucket family: it is DDP's): not read, and
-    # it renamed every run (_bk50) and retrained it; its run ids and flags are the default's
-    for strategy in ("fsdp", "allreduce"):
-        sets = (f"train.strategy={strategy}", "families.bucket.enabled=false")
-        assert table(cpu, *sets, "train.bucket_cap_mb=50") == table(cpu, *sets), strategy
-        rows = table(cpu, *sets, "train.bucket_cap_mb=50")
-        assert {r["bucket_cap_mb"] for r in rows} == {25}
-        assert all(r["run"].endswith("_bk25_r0") for r in rows), rows
-    ddp = table(cpu, "families.bucket.enabled=false", "train.bucket_cap_mb=50")
-    assert {r["bucket_cap_mb"] for r in ddp} == {50} and "_bk50_" in ddp[0]["run"]  # read
 
 
 @pytest.mark.parametrize(("value", "switch"), [("auto", "auto"), (True, "on"), (False, "off")])

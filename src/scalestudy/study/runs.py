@@ -219,6 +219,7 @@ def _row(config: dict, world_size: int, local_batch: int, precision: str, bucket
     # every run column that is a train key (defaults filled); the per-run ones are set below
     values = {name: train[name] for name in RUN_COLUMNS if name in train}
     values.update(
+        run=run_id(world_size, local_batch, precision, train["strategy"], bucket, repeat),
         families="",
         nodes=nodes,
         ranks_per_node=ranks_per_node,
@@ -236,17 +237,10 @@ def _row(config: dict, world_size: int, local_batch: int, precision: str, bucket
         cuda_graphs=_SWITCH[train["cuda_graphs"]],
     )
     values = in_effect(values)
-    # the id of the value in effect: a bucket size no FSDP or allreduce run reads renamed them
-    values["run"] = run_id(
-        world_size, local_batch, precision, train["strategy"], values["bucket_cap_mb"], repeat
-    )
     for name in _NUMBER_COLUMNS:  # train.lr 1 or 1.0: one flag text, one runs.tsv cell
         if values[name] is not None:
             values[name] = one_form(values[name])
     return {name: values[name] for name in RUN_COLUMNS}
-
-
-_TRAIN_DEFAULTS = {field.name: field.default for field in dataclasses.fields(TrainConfig)}
 
 
 def in_effect(row: dict) -> dict:
@@ -254,14 +248,10 @@ def in_effect(row: dict) -> dict:
     changing it changes no run's flags (its params: every finished run and capture reran for
     the same training) and a measured run of either value calibrates the plan (estimate): the
     device loader starts no DataLoader workers (num_workers 0), and auto is off on CPU (the
-    trainer's --compile and --cuda-graphs; on and step stay, for the trainer to use or refuse),
-    and only DDP reads bucket_cap_mb (trainer/parallel.py): FSDP and allreduce runs have the
-    trainer's default (the bucket family is DDP's alone: config.py refuses it otherwise)."""
+    trainer's --compile and --cuda-graphs; on and step stay, for the trainer to use or refuse)."""
     row = dict(row)
     if row.get("loader") == "device":
         row["num_workers"] = 0
-    if row.get("strategy", "ddp") != "ddp":
-        row["bucket_cap_mb"] = one_form(_TRAIN_DEFAULTS["bucket_cap_mb"])
     if row.get("device") == "cpu":
         for name in ("compile", "cuda_graphs"):
             if row.get(name) == "auto":
