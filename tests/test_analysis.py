@@ -503,17 +503,19 @@ def test_runs_of_one_configuration_that_differ_in_another_setting_are_refused():
         analysis.check_runs([a, {**repeat, "nodes": "2"}], "runs.csv")
 
 
-def test_runs_on_different_device_models_are_no_repeats_nor_one_family():
+def test_runs_on_different_gpu_models_are_no_repeats_nor_one_family():
     """The run table's `device` is cpu or cuda: on a partition of mixed GPUs without
     hardware.gpu_type, an A100 run and an H100 run of one configuration were averaged as
     repeats (2200 +- 1131 img/s), and an A100 baseline gave the H100 runs E_s 2.0. Refused,
-    naming the devices and the setting that keeps a study on one model."""
+    naming the devices and the setting that keeps a study on one model. Models the peaks table
+    groups as one (A100 40GB and 80GB: one peak, one gpu_type) and CPU models are not."""
     a100, h100 = "NVIDIA A100-SXM4-40GB", "NVIDIA H100 80GB HBM3"
-    runs = [
-        {**run("w1", "strong", 1, 256, 400), "device_names": a100},
-        {**run("w4", "strong", 4, 64, 3000), "device_names": h100},
-        {**run("w4", "strong", 4, 64, 1400, repeat=1), "device_names": a100},
-    ]
+
+    def gpu(run_id, world_size, x, names, repeat=0):
+        row = run(run_id, "strong", world_size, 256 // world_size, x, repeat=repeat)
+        return row | {"device": "cuda", "device_names": names}
+
+    runs = [gpu("w1", 1, 400, a100), gpu("w4", 4, 3000, h100), gpu("w4", 4, 1400, a100, 1)]
     with pytest.raises(AnalysisError) as e:
         analysis.check_runs(runs, "runs.csv")
     said = str(e.value)
@@ -521,7 +523,7 @@ def test_runs_on_different_device_models_are_no_repeats_nor_one_family():
         "runs.csv: runs 'w4_r0' and 'w4_r1' are of one configuration (family strong, world size "
         f"4, local batch 64, precision fp32, bucket 25 MiB) but differ in device_names ({h100!r} "
         f"and {a100!r}): the tables would average them as repeats; a study's runs train on one "
-        "device model: set hardware.gpu_type"
+        "GPU model: set hardware.gpu_type"
     ), said
     runs[2]["device_names"] = h100  # the repeats agree; the baseline is another model
     with pytest.raises(
@@ -529,13 +531,23 @@ def test_runs_on_different_device_models_are_no_repeats_nor_one_family():
     ):
         analysis.check_runs(runs, "runs.csv")
     # an older trainer's rank-0 device_name counts alike; one unrecorded is not judged
-    runs[0] = {**run("w1", "strong", 1, 256, 400), "device_name": a100}
+    runs[0] = gpu("w1", 1, 400, "") | {"device_name": a100}
     with pytest.raises(AnalysisError, match="differ in device_names"):
         analysis.check_runs(runs, "runs.csv")
-    runs[0] = run("w1", "strong", 1, 256, 400)
+    runs[0] = gpu("w1", 1, 400, "")
     analysis.check_runs(runs, "runs.csv")
-    runs[0]["device_names"] = h100
-    analysis.check_runs(runs, "runs.csv")
+    # one family of the peaks table: one model (a multi-node run over both cards too)
+    a100_80 = "NVIDIA A100-SXM4-80GB"
+    same = [
+        gpu("w1", 1, 400, a100),
+        gpu("w4", 4, 1500, f"{a100};{a100_80}"),
+        gpu("w4", 4, 1480, a100_80, 1),
+    ]
+    analysis.check_runs(same, "runs.csv")
+    # CPU runs: their nodes' CPU models are not compared
+    cpus = [run("c1", "strong", 1, 256, 40) | {"device": "cpu", "device_names": "Xeon 6248"}]
+    cpus += [run("c2", "strong", 2, 128, 75) | {"device": "cpu", "device_names": "Xeon 6148"}]
+    analysis.check_runs(cpus, "runs.csv")
 
 
 def test_a_familys_runs_that_differ_in_what_it_keeps_one_value_are_refused():

@@ -105,7 +105,7 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from scalestudy import files, log, vocab
+from scalestudy import files, hardware, log, vocab
 from scalestudy.errors import AnalysisError
 from scalestudy.nsight.schema import CATEGORIES, KERNEL_COLUMNS, cell_problem
 from scalestudy.study import estimate, model, paths
@@ -1490,24 +1490,34 @@ def _differing(first: dict, other: dict, skip: tuple[str, ...]) -> str | None:
         values = first[column], other[column]
         if "" not in values and None not in values and not same(*values):
             return column
-    models = device_models(first), device_models(other)
+    models = gpu_models(first), gpu_models(other)
     if all(models) and models[0] != models[1]:
         return DEVICE_MODELS
     return None
 
 
-# the pseudo-column _differing names for runs on different device models
+# the pseudo-column _differing names for runs on different GPU models
 DEVICE_MODELS = "device_names"
 
 
-def device_models(row: dict) -> str:
+def device_names(row: dict) -> str:
     """The devices a run of runs.csv trained on: device_names (every rank's), else device_name
     (rank 0's, an older trainer's); "" where neither is recorded."""
     return str(row.get("device_names") or row.get("device_name") or "")
 
 
+def gpu_models(row: dict) -> frozenset[str]:
+    """The GPU models a cuda run trained on, as the peaks table groups them (hardware.gpu_family:
+    an A100 40GB and 80GB are one, as the plan's same_gpu and the MFU peak take them; an
+    unlisted GPU by its name); empty for a CPU run (its nodes' CPU models are not compared) and
+    for one that records no device."""
+    if row.get("device") != "cuda" or not (names := device_names(row)):
+        return frozenset()
+    return frozenset(hardware.gpu_family(n) or n for n in names.split(";"))
+
+
 def _shown(row: dict, column: str) -> str:
-    return device_models(row) if column == DEVICE_MODELS else row[column]
+    return device_names(row) if column == DEVICE_MODELS else row[column]
 
 
 def _fix(column: str, one_study: str) -> str:
@@ -1515,7 +1525,7 @@ def _fix(column: str, one_study: str) -> str:
     if column != DEVICE_MODELS:
         return one_study
     return (
-        "a study's runs train on one device model: set hardware.gpu_type to it (Slurm then "
+        "a study's runs train on one GPU model: set hardware.gpu_type to it (Slurm then "
         "gives every job that model) and train the runs of the other again (delete their "
         "results/runs/<run> and run `snakemake`)"
     )
