@@ -708,7 +708,8 @@ def test_energy_at_the_world_size_level_is_the_nearest_measured_batchs():
     """A run without a measured run of its own batch took the mean J/img of every measured batch
     at its world size, weighted by their repeats (batch 4 priced at 1.575 J/img from three
     repeats at batch 1 and one at 8), while its throughput came from the nearest batch. J/img
-    falls with the batch: the nearest measured batch's (8: 0.3), as throughput's rule."""
+    falls with the batch: the nearest measured batch's, as throughput's rule takes it (a
+    smaller batch at the larger one's step time and power: 0.3 x 8 / 4)."""
     config = small_config()
     rows = build_run_table(config)
     run = "w2_lb4_fp32_ddp_bk25_r0"
@@ -723,13 +724,16 @@ def test_energy_at_the_world_size_level_is_the_nearest_measured_batchs():
         }
 
     for measured, want in [
-        ([at(1, 2.0, 0), at(1, 2.0, 1), at(1, 2.0, 2), at(8, 0.3)], 0.3),
+        ([at(1, 2.0, 0), at(1, 2.0, 1), at(1, 2.0, 2), at(8, 0.3)], 0.6),
         ([at(1, 2.0), at(16, 0.1)], 2.0),  # a tie in log2 (x4 either way): the smaller, as X's
-        ([at(8, 0.3), at(8, 0.5, 1)], 0.4),  # that batch's repeats: their mean
+        ([at(8, 0.3), at(8, 0.5, 1)], 0.8),  # that batch's repeats: their mean, x 8 / 4
     ]:
         est = {e.run: e for e in plan.estimate_runs(config, rows, measured)}[run]
         assert est.energy_basis == "world size", est
         assert est.energy_j_per_img == pytest.approx(want), (measured, est)
+    # the power the two imply is the measured run's: J/img x img/s per rank
+    (est,) = [e for e in plan.estimate_runs(config, rows, [at(8, 0.3)]) if e.run == run]
+    assert est.energy_j_per_img * est.throughput_img_s == pytest.approx(0.3 * 2 * 50.0)
 
 
 def test_energy_of_short_gpu_epochs_comes_from_the_wall_span():

@@ -108,7 +108,8 @@ Energy (GPU, training runs only): a run's kWh = J/img x epochs x N_train / 3.6e6
 mean measured energy_j_per_img (NVML's counter over the window's training spans, train.py) of
 measured runs at the first of the levels run, batch, world size (same precision and world size:
 energy per image changes with communication, so it is not carried to other world sizes; at the
-world-size level that of the measured local batch nearest the run's, as its throughput); where
+world-size level that of the measured local batch nearest the run's, as its throughput: a
+smaller batch at the larger one's step time and power, J/img x nearest / batch); where
 those spans were too short for the counter (GPU epochs of ~2 s), energy_wall_j_per_img (the
 window's wall span, its evaluations included; the basis says "evaluation included"). Without
 such a run the energy is None ("not measured"): there is no default guess. With
@@ -835,10 +836,11 @@ class Calibration:
 
     def energy_per_image(self, row: dict) -> tuple[float | None, str]:
         """Mean measured J/img at the first level that has one, the training spans' before the
-        wall spans' at each level (never mixed in one mean); at the world-size level the mean of
-        the measured local batch nearest the run's, as its throughput (_at_nearest_batch's
-        rule; J/img falls with the batch: a mean over every batch, weighted by their repeats,
-        priced a batch of 4 at 1.575 J/img where the nearest measured, 8, had 0.3);
+        wall spans' at each level (never mixed in one mean); at the world-size level that of
+        the measured local batch nearest the run's, taken as its throughput is
+        (_at_nearest_batch): a smaller batch at the larger one's step time and power, so its
+        J/img x nearest / batch (a mean over every batch, weighted by their repeats, priced a
+        batch of 4 at 1.575 J/img where the nearest measured, 8, had 0.3: now 0.6);
         (None, NOT_MEASURED) else, and (None, NOT_USED) with plan.calibrate false (no measured
         run read, measured or not)."""
         if not self.config["plan"]["calibrate"]:
@@ -850,7 +852,8 @@ class Calibration:
                 if batches:
                     nearest = min(batches, key=lambda m: (abs(math.log2(m / lb)), m))
                     basis = level if scope == "training" else f"{level}, {WITH_EVALUATION}"
-                    return statistics.fmean(batches[nearest]), basis
+                    per_img = statistics.fmean(batches[nearest]) * max(1.0, nearest / lb)
+                    return per_img, basis
         return None, NOT_MEASURED
 
     def startup(self, row: dict) -> tuple[float, str]:
