@@ -1167,6 +1167,18 @@ def test_a_sweep_of_too_many_runs_is_counted_only_to_the_limit_and_named(monkeyp
     assert "repeats" not in message
     # counted to the limit, twice (the check, then the refusal's own count), never 4,000,000
     assert len(built) <= 2 * (studyconfig.MAX_RUNS + 1), len(built)
+    # no family too many alone, the families together: each named, none blamed
+    sweep = list(range(1, 81))
+    cfg = minimal(
+        bucket={"enabled": True, "bucket_cap_mb": sweep, "local_batch": sweep},
+        weak={"enabled": True, "gpus": list(range(1, 4001)), "local_batch": 8},
+    )
+    cfg["hardware"]["gpus_per_node"] = 4000
+    refused(
+        cfg,
+        "config key 'families': the families request more than 10,000 configurations together "
+        "(weak 4,000, bucket 6,400), each a training run",
+    )
 
 
 def test_a_dataset_larger_than_a_ranks_memory_is_refused_before_any_job():

@@ -571,11 +571,18 @@ def too_many_runs(config: dict) -> str:
         )
     requests = family_requests(config)
     name = max(requests, key=requests.__getitem__)
-    family = config["families"][name]
-    sweeps = " x ".join(f"{len(family[key]):,} {key}" for key in FAMILY_SWEEPS[name])
+    if requests[name] > MAX_RUNS:  # one family is too many alone: its key
+        family = config["families"][name]
+        sweeps = " x ".join(f"{len(family[key]):,} {key}" for key in FAMILY_SWEEPS[name])
+        return (
+            f"config key 'families.{name}': its sweeps ({sweeps}) request {requests[name]:,} "
+            f"configurations, each a training run (one Slurm job), and a study has at most "
+            f"{MAX_RUNS:,}: fewer sweep values"
+        )
+    each = ", ".join(f"{family} {n:,}" for family, n in requests.items())
     return (
-        f"config key 'families.{name}': its sweeps ({sweeps}) request {requests[name]:,} "
-        f"configurations, each a training run (one Slurm job), and a study has at most "
+        f"config key 'families': the families request more than {MAX_RUNS:,} configurations "
+        f"together ({each}), each a training run (one Slurm job), and a study has at most "
         f"{MAX_RUNS:,}: fewer sweep values"
     )
 
