@@ -1194,6 +1194,9 @@ def test_a_pdflatex_that_stops_before_its_log_is_named_by_its_own_line(
         ("model-std", "model.csv, line 2: std = 'inf' is not a finite number or blank"),
         ("advice-gain", "bucket_advice.csv, line 2: default_bucket_cap_mb = 'x' is not"),
         ("targets-word", "targets.csv: a row without a target name and a numeric value"),
+        # bucket_advice.csv may hold no row, but not be 0 bytes or another table's header
+        ("empty-bucket_advice", "bucket_advice.csv has no rows (not even a header)"),
+        ("foreign-bucket_advice", "bucket_advice.csv has no column world_size, nodes, precision"),
     ],
 )
 def test_damaged_tables_are_one_line_and_write_nothing(done, tmp_path, capsys, damage, says):
@@ -1209,6 +1212,8 @@ def test_damaged_tables_are_one_line_and_write_nothing(done, tmp_path, capsys, d
         (csv_dir / "scaling.csv").write_text(",".join(scaling[0]) + "\n")
     elif damage.startswith("empty-"):
         (csv_dir / f"{damage.removeprefix('empty-')}.csv").write_text("")
+    elif damage == "foreign-bucket_advice":
+        (csv_dir / "bucket_advice.csv").write_text("run,throughput\n")
     elif damage == "no-family":
         rows = [{k: v for k, v in r.items() if k != "family"} for r in scaling]
         files.write_csv(csv_dir / "scaling.csv", None, rows)
@@ -1228,6 +1233,18 @@ def test_damaged_tables_are_one_line_and_write_nothing(done, tmp_path, capsys, d
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and says in err[0], err
     assert not out.exists()
+
+
+def test_a_bucket_advice_csv_of_no_row_but_its_header_is_read_as_no_advice(done, tmp_path):
+    """bucket_advice.csv may hold no row (no bucket family); its header is still checked."""
+    import shutil
+
+    from scalestudy.results.model import ADVICE_COLUMNS
+
+    csv_dir = tmp_path / "csv"
+    shutil.copytree(done / "results/csv", csv_dir)
+    files.write_csv(csv_dir / "bucket_advice.csv", ADVICE_COLUMNS, [])
+    assert report.load_tables(csv_dir)["bucket_advice"] == []
 
 
 def test_an_unknown_figure_is_refused_by_name_before_the_tables_are_read(tmp_path, capsys):

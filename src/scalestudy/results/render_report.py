@@ -392,9 +392,9 @@ def load_tables(csv_dir: Path, names: tuple[str, ...] = TABLES) -> dict[str, lis
         target = f"results/csv/{name}.csv"
         tables[name] = rows = read_csv(path, "", target, flag, own)
         fix = files.input_fix(path, target, flag, own)
-        if not rows:  # FILLED_TABLES' line, which names the command that writes it
+        if not rows and name in FILLED_TABLES:  # its own line, naming the command that writes it
             continue
-        if name in MODEL_TABLES:
+        if name in MODEL_TABLES:  # without rows (bucket_advice): its header (0 bytes, another's)
             check_table(path, rows, MODEL_TABLES[name], fix, "scalestudy model")
         elif name == "targets":
             check_targets(path, rows, fix)
