@@ -544,6 +544,21 @@ def test_runs_on_different_gpu_models_are_no_repeats_nor_one_family():
         gpu("w4", 4, 1480, a100_80, 1),
     ]
     analysis.check_runs(same, "runs.csv")
+    # another row of the peaks table is another model (H100 PCIe and SXM: two peaks), as is a
+    # MIG slice (no peak); a driver's vendor word is no other model
+    for one, other in [
+        (h100, "NVIDIA H100 PCIe"),
+        (a100, "NVIDIA A100-SXM4-40GB MIG 1g.5gb"),
+        ("NVIDIA V100-SXM2-32GB", "Tesla V100-PCIE-32GB"),
+    ]:
+        pair = [gpu("w4", 4, 1500, one), gpu("w4", 4, 1480, other, 1)]
+        with pytest.raises(AnalysisError, match="differ in device_names"):
+            analysis.check_runs(pair, "runs.csv")
+    spelled = [
+        gpu("w4", 4, 1500, "GeForce RTX 3090"),
+        gpu("w4", 4, 1480, "NVIDIA GeForce RTX 3090", 1),
+    ]
+    analysis.check_runs(spelled, "runs.csv")
     # CPU runs: their nodes' CPU models are not compared
     cpus = [run("c1", "strong", 1, 256, 40) | {"device": "cpu", "device_names": "Xeon 6248"}]
     cpus += [run("c2", "strong", 2, 128, 75) | {"device": "cpu", "device_names": "Xeon 6148"}]

@@ -101,6 +101,7 @@ import csv
 import html
 import io
 import math
+import re
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -1507,13 +1508,22 @@ def device_names(row: dict) -> str:
 
 
 def gpu_models(row: dict) -> frozenset[str]:
-    """The GPU models a cuda run trained on, as the peaks table groups them (hardware.gpu_family:
-    an A100 40GB and 80GB are one, as the plan's same_gpu and the MFU peak take them; an
-    unlisted GPU by its name); empty for a CPU run (its nodes' CPU models are not compared) and
-    for one that records no device."""
+    """The GPU models a cuda run trained on (gpu_model of each); empty for a CPU run (its nodes'
+    CPU models are not compared) and for one that records no device."""
     if row.get("device") != "cuda" or not (names := device_names(row)):
         return frozenset()
-    return frozenset(hardware.gpu_family(n) or n for n in names.split(";"))
+    return frozenset(gpu_model(n) for n in names.split(";"))
+
+
+def gpu_model(name: str) -> str:
+    """One GPU model per row of the peaks table, as the MFU peak takes it (an A100 40GB and
+    80GB are one row, an H100 PCIe and SXM two, with two peaks); a MIG slice, a vGPU profile
+    (no peak: hardware.peak) and a GPU of no row by their name, less the vendor's word a driver
+    may put first or not ("GeForce RTX 3090", "NVIDIA GeForce RTX 3090")."""
+    name = name.strip()
+    if hardware.peak("cuda", name, "fp32").flops is not None:
+        return hardware.gpu_peaks(name).model
+    return re.sub(r"^(NVIDIA|Tesla)\s+", "", name)
 
 
 def _shown(row: dict, column: str) -> str:
