@@ -708,8 +708,8 @@ def test_energy_at_the_world_size_level_is_the_nearest_measured_batchs():
     """A run without a measured run of its own batch took the mean J/img of every measured batch
     at its world size, weighted by their repeats (batch 4 priced at 1.575 J/img from three
     repeats at batch 1 and one at 8), while its throughput came from the nearest batch. J/img
-    falls with the batch: the nearest measured batch's, as throughput's rule takes it (a
-    smaller batch at the larger one's step time and power: 0.3 x 8 / 4)."""
+    falls with the batch: the nearest measured batch's power (J/img x img/s per rank) over the
+    run's priced throughput (0.3 x 50 / 25 for the batch of 4 at the 8's step time)."""
     config = small_config()
     rows = build_run_table(config)
     run = "w2_lb4_fp32_ddp_bk25_r0"
@@ -734,6 +734,13 @@ def test_energy_at_the_world_size_level_is_the_nearest_measured_batchs():
     # the power the two imply is the measured run's: J/img x img/s per rank
     (est,) = [e for e in plan.estimate_runs(config, rows, [at(8, 0.3)]) if e.run == run]
     assert est.energy_j_per_img * est.throughput_img_s == pytest.approx(0.3 * 2 * 50.0)
+    # its own batch measured without energy (an older trainer's row): its throughput is its
+    # own (45 img/s per rank), the power the batch of 8's: not that batch's J/img x 8 / 4
+    own = at(4, 0.0) | {"energy_j_per_img": "", "throughput_img_s_per_rank": "45.0"}
+    own["throughput_img_s"] = "90.0"
+    (est,) = [e for e in plan.estimate_runs(config, rows, [own, at(8, 0.3)]) if e.run == run]
+    assert est.throughput_basis == "run" and est.throughput_img_s == pytest.approx(90.0)
+    assert est.energy_j_per_img == pytest.approx(0.3 * 50.0 / 45.0)
 
 
 def test_energy_of_short_gpu_epochs_comes_from_the_wall_span():

@@ -108,8 +108,8 @@ Energy (GPU, training runs only): a run's kWh = J/img x epochs x N_train / 3.6e6
 mean measured energy_j_per_img (NVML's counter over the window's training spans, train.py) of
 measured runs at the first of the levels run, batch, world size (same precision and world size:
 energy per image changes with communication, so it is not carried to other world sizes; at the
-world-size level that of the measured local batch nearest the run's, as its throughput: a
-smaller batch at the larger one's step time and power, J/img x nearest / batch); where
+world-size level, where the run's own batch has none, the nearest measured batch's power per
+rank, J/img x img/s, over the run's priced img/s per rank); where
 those spans were too short for the counter (GPU epochs of ~2 s), energy_wall_j_per_img (the
 window's wall span, its evaluations included; the basis says "evaluation included"). Without
 such a run the energy is None ("not measured"): there is no default guess. With
@@ -759,17 +759,18 @@ class Calibration:
         # precision's: both) -> per-rank images/s (precision's: / eta)
         self._levels: dict[tuple, dict] = {}
         self._startup: dict[tuple, list[float]] = {}
-        # (base, level, key, scope) -> measured local batch -> J/img of its runs
-        self._energy: dict[tuple, dict[int, list[float]]] = {}
+        # (base, level, key, scope) -> measured local batch -> (J/img, per-rank img/s) of its runs
+        self._energy: dict[tuple, dict[int, list[tuple[float, float]]]] = {}
         self._fits: dict[tuple, model.Fit | None] = {}  # per base, fitted when first asked
         for row in self.measured if plan["calibrate"] else []:
             base = run_base(row)
             per_img, scope = measured_energy_per_img(row)
             w, nodes = int(float(row["world_size"])), int(float(row["nodes"]))
             lb = int(float(row["local_batch"]))
+            rate = float(row["throughput_img_s_per_rank"])  # > 0: a run without is left out
             for level in ENERGY_LEVELS if per_img is not None else ():
                 key = (base, level, _level_key(level, row), scope)
-                self._energy.setdefault(key, {}).setdefault(lb, []).append(per_img)
+                self._energy.setdefault(key, {}).setdefault(lb, []).append((per_img, rate))
             per_rank = float(row["throughput_img_s_per_rank"])
             for level in MEASURED_LEVELS:
                 value = per_rank / efficiency(plan, w, nodes) if level == "precision" else per_rank
@@ -834,26 +835,32 @@ class Calibration:
             self._fits[base] = on_measured(model.fit_study, rows) if calibrate else None
         return self._fits[base]
 
-    def energy_per_image(self, row: dict) -> tuple[float | None, str]:
+    def energy_per_image(
+        self, row: dict, per_rank: float | None = None
+    ) -> tuple[float | None, str]:
         """Mean measured J/img at the first level that has one, the training spans' before the
-        wall spans' at each level (never mixed in one mean); at the world-size level that of
-        the measured local batch nearest the run's, taken as its throughput is
-        (_at_nearest_batch): a smaller batch at the larger one's step time and power, so its
-        J/img x nearest / batch (a mean over every batch, weighted by their repeats, priced a
-        batch of 4 at 1.575 J/img where the nearest measured, 8, had 0.3: now 0.6);
-        (None, NOT_MEASURED) else, and (None, NOT_USED) with plan.calibrate false (no measured
-        run read, measured or not)."""
+        wall spans' at each level (never mixed in one mean); at the world-size level, where the
+        run's own batch has none, from the measured local batch nearest the run's (in log2, the
+        smaller on a tie, as _at_nearest_batch): its measured power per rank (J/img x img/s,
+        their mean) over the run's priced `per_rank` img/s, the run drawing that power for its
+        throughput (a mean J/img over every batch, weighted by their repeats, priced a batch of
+        4 at 1.575 J/img where the nearest measured, 8, had 0.3); (None, NOT_MEASURED) else,
+        and (None, NOT_USED) with plan.calibrate false (no measured run read, measured or
+        not)."""
         if not self.config["plan"]["calibrate"]:
             return None, NOT_USED
         lb = int(float(row["local_batch"]))
         for level in ENERGY_LEVELS:
             for scope in ("training", WITH_EVALUATION):
                 batches = self._energy.get((run_base(row), level, _level_key(level, row), scope))
-                if batches:
-                    nearest = min(batches, key=lambda m: (abs(math.log2(m / lb)), m))
-                    basis = level if scope == "training" else f"{level}, {WITH_EVALUATION}"
-                    per_img = statistics.fmean(batches[nearest]) * max(1.0, nearest / lb)
-                    return per_img, basis
+                if not batches:
+                    continue
+                basis = level if scope == "training" else f"{level}, {WITH_EVALUATION}"
+                nearest = min(batches, key=lambda m: (abs(math.log2(m / lb)), m))
+                if nearest == lb or not per_rank:  # its own batch (every level but world size's)
+                    return statistics.fmean(j for j, _ in batches[nearest]), basis
+                power = statistics.fmean(j * rate for j, rate in batches[nearest])
+                return power / per_rank, basis
         return None, NOT_MEASURED
 
     def startup(self, row: dict) -> tuple[float, str]:
@@ -874,7 +881,7 @@ def estimate_run(
     proposal's runs, priced as one job where they cannot be split)."""
     per_rank, basis, pred = calibration.throughput_per_rank(row)
     startup, startup_basis = calibration.startup(row)
-    per_img, energy_basis = calibration.energy_per_image(row)
+    per_img, energy_basis = calibration.energy_per_image(row, per_rank)
     n_train, n_test = dataset_sizes(config, row)
     n_probe = probe_images(row["world_size"], row["local_batch"], row["comm_probe_steps"])
     throughput = per_rank * row["world_size"]

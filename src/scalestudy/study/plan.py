@@ -407,7 +407,9 @@ def plan_markdown(
         "GPU energy (kWh, training runs, no contingency) = sum of J/img x epochs x N_train / "
         "3.6e6, J/img measured (NVML) on runs of the same precision and world size (over "
         "their training spans, else over the window's wall span, evaluations included: the "
-        "run's energy basis says which); `not measured` when any run of the row has no such "
+        "run's energy basis says which; of another local batch, the nearest measured one's "
+        "power, J/img x img/s, over the run's img/s); `not measured` when any run of the row "
+        "has no such "
         "measurement; `not used (plan.calibrate false)` when the plan reads no measured run.",
         "",
         "| family | runs | node-hours | GPU-hours | node-hours with contingency | "

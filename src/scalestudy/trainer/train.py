@@ -75,7 +75,7 @@ How the numbers are measured (the analysis relies on these definitions):
   "step" (the busy phases are inside the replay): the waterfall then leaves imbalance
   unmeasured.
 - data_time_ms_mean_by_rank: each rank's mean data-phase time per window step, the waterfall's
-  data wait: the device loader prepares 16 steps' batches (loaders.AHEAD) in one step's data
+  data wait: the device loader prepares 16 micro-batches (loaders.AHEAD) in one step's data
   phase, so the median step's data time (data_time_ms_p50_by_rank) holds none of that work; a
   group starts at the window's first step, so the window holds the preparation of every batch
   it trains on.
