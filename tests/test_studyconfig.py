@@ -134,6 +134,28 @@ def test_set_overrides_dotted_yaml_values():
     refused(minimal(), f"override {twice!r}: duplicate key 'enabled'", overrides=[twice])
 
 
+def test_a_path_is_one_spelling_per_location():
+    """The prepared data and the image are inputs of every training job, compared by Snakemake
+    as text: data_dir `./results/data` or `results/data/` for `results/data` retrained all 75
+    runs of the paper study. Each path key is written one way; `..` and a `./` before a `-`
+    stay."""
+    for given, kept in [
+        ("./results/data/", "results/data"),
+        ("results//data", "results/data"),
+        ("/scratch//me/./data/", "/scratch/me/data"),
+        ("./", "."),
+        ("./-data", "./-data"),
+        ("../shared/data", "../shared/data"),
+    ]:
+        cfg = minimal()
+        cfg["data_dir"] = given
+        cfg["container"] = {"image": "./containers//trainer.sif"}
+        validated = load_and_validate(cfg)
+        assert validated["data_dir"] == kept, given
+        assert validated["container"]["image"] == "containers/trainer.sif"
+        assert validate(copy.deepcopy(validated)) == validated  # once written, as it stays
+
+
 def test_malformed_yaml_names_file_and_line(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("study: x\ntrain:\n  epochs: [1, 2\n  width: 8\n")

@@ -868,7 +868,26 @@ def validate(config: dict, *, schema: str | os.PathLike | None = None, source=No
         problems = semantic_problems(config)
     if problems:  # each once: a misfit shared by several precisions was listed per precision
         raise StudyConfigError(list(dict.fromkeys(problems)), source=source)
+    one_spelling(config)
     return config
+
+
+def one_spelling(config: dict) -> None:
+    """Each path of PATH_KEYS in one spelling per location, in place: without a `.` segment, a
+    doubled or a trailing slash (`./results/data`, `results//data` and `results/data/` are
+    `results/data`). The prepared data and the image are inputs of every training job, and
+    Snakemake compares inputs by their text: a data_dir written anew retrained every run. `..`
+    stays (through a symbolic link it is not the parent's parent); a path that would then start
+    with `-` keeps its `./` (path_problems' advice)."""
+    for key in PATH_KEYS:
+        *parents, last = key.split(".")
+        node = config
+        for part in parents:
+            node = node[part]
+        path = node[last]
+        parts = [part for part in path.split("/") if part not in ("", ".")]
+        text = ("/" if path.startswith("/") else "") + "/".join(parts) or "."
+        node[last] = f"./{text}" if text.startswith("-") else text
 
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"  # `<<`
