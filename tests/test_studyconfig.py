@@ -145,6 +145,7 @@ def test_a_path_is_one_spelling_per_location():
         ("/scratch//me/./data/", "/scratch/me/data"),
         ("./", "."),
         ("./-data", "./-data"),
+        ("./~backup//data", "./~backup/data"),  # ~backup/data: refused as a home no shell expands
         ("../shared/data", "../shared/data"),
     ]:
         cfg = minimal()

@@ -878,7 +878,7 @@ def one_spelling(config: dict) -> None:
     `results/data`). The prepared data and the image are inputs of every training job, and
     Snakemake compares inputs by their text: a data_dir written anew retrained every run. `..`
     stays (through a symbolic link it is not the parent's parent); a path that would then start
-    with `-` keeps its `./` (path_problems' advice)."""
+    with `-` or `~` keeps its `./` (path_problems' advice)."""
     for key in PATH_KEYS:
         *parents, last = key.split(".")
         node = config
@@ -887,7 +887,9 @@ def one_spelling(config: dict) -> None:
         path = node[last]
         parts = [part for part in path.split("/") if part not in ("", ".")]
         text = ("/" if path.startswith("/") else "") + "/".join(parts) or "."
-        node[last] = f"./{text}" if text.startswith("-") else text
+        # path_problems refuses a leading - and ~ (an option, a home no shell expands); ./ is
+        # its advice for such a name
+        node[last] = f"./{text}" if text.startswith(("-", "~")) else text
 
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"  # `<<`
