@@ -770,12 +770,11 @@ def read_csv_table(
     """(header, rows) of a CSV (TSV) file, the rows as dicts; a 0-byte file has header []. The
     header is for a reader that checks the columns of a file without rows too: an empty file or
     a foreign table, read as rows only, passed for "nothing in it". Not UTF-8: `error`, as
-    read_text. A row with
-    more or fewer cells than the header is `error` too: csv.DictReader would file the extra
-    cells under None and fill the missing ones with None, which a reader took for values (a
-    file cut off before a row's last cell, by a full disk or an interrupted copy, passed as
-    complete). A cut inside the last cell keeps the count and is not seen here: the tool's
-    own writes are atomic (write_files), so only a copy cut short can be."""
+    read_text. A row with more or fewer cells than the header is `error` too: csv.DictReader
+    would file the extra cells under None and fill the missing ones with None, which a reader
+    took for values (a file cut off before a row's last cell, by a full disk or an interrupted
+    copy, passed as complete). A cut inside the last cell keeps the count and is not seen here:
+    the tool's own writes are atomic (write_files), so only a copy cut short can be."""
     # decoded whole (the tool's CSVs are small): the byte a decode error names is then the
     # file's own offset, not one within a read chunk
     text = read_text(path, error, fix)

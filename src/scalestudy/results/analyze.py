@@ -97,9 +97,7 @@ where the replayed step is not, so c of such a pass times the replay's T is no p
 from __future__ import annotations
 
 import argparse
-import csv
 import html
-import io
 import math
 import re
 import statistics
@@ -177,12 +175,9 @@ def read_csv(
 
 
 def csv_header(path: str | Path, rows: list[dict], fix: str) -> list[str]:
-    """The columns of a CSV read_csv read as `rows`: the first row's, or, without rows, its
-    first line (read_csv read it whole: UTF-8 text, read again for that line)."""
-    if rows:
-        return list(rows[0])
-    text = files.read_text(path, AnalysisError, fix)
-    return next(csv.reader(io.StringIO(text)), [])
+    """The columns of a CSV read_csv read as `rows`: the first row's, or, without rows, the
+    header files.read_csv_table reads (read_csv read it whole: a small file, read again)."""
+    return list(rows[0]) if rows else files.read_csv_table(path, AnalysisError, fix)[0]
 
 
 # a cell of analyze's tables (read_table): the ratios and means it writes are finite (an inf,

@@ -61,11 +61,12 @@ DOCUMENTS = ("study.md", "paper.tex")
 # the scaling model's tables (results/model.py), checked as analyze's (check_table: columns, a
 # number or blank outside the columns of words, never blank where named): a word or an inf in a
 # number cell was printed "n/a", which the documents define as "not measured"
-SYSTEM_SPEC = (SYSTEM_COLUMNS, SYSTEM_COLUMNS, ("section", "key"))
 MODEL_TABLES = {
     "model": (MODEL_COLUMNS, ("kind", "name", "precision", "unit", "note"), ("kind", "name")),
     "bucket_advice": (ADVICE_COLUMNS, ("precision", "extrapolated", "note"), ()),
 }
+# system.csv: its columns, each of words and numbers alike (the inventory's values)
+SYSTEM_SPEC = (SYSTEM_COLUMNS, SYSTEM_COLUMNS, ("section", "key"))
 # model.csv's parameters a document shows (the rest, e.g. the inverse bandwidths, stay in the CSV);
 # "fit" and "compute" are rows without a value whose note says why there is no fit, or no
 # compute model of a precision

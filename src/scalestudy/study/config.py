@@ -556,9 +556,9 @@ def semantic_problems(config: dict) -> list[str]:
 
 def too_many_runs(config: dict) -> str:
     """The refusal of a study of more than MAX_RUNS runs, naming what to lower: the repeats
-    where the configurations alone fit (counted whole: at most MAX_RUNS), else the family of
-    the most requests and its sweeps' lengths (it named `repeats: 1` for a 2,000 x 2,000
-    bucket sweep)."""
+    where the configurations alone fit (counted whole: at most MAX_RUNS), else a family whose
+    own requests pass MAX_RUNS and its sweeps' lengths (it named `repeats: 1` for a 2,000 x
+    2,000 bucket sweep), else every family's requests, too many together."""
     repeats = config["repeats"]
     configurations = run_count({**config, "repeats": 1}, most=MAX_RUNS)
     if configurations <= MAX_RUNS:
