@@ -16,14 +16,12 @@ import pytest
 
 from scalestudy.errors import DefinitionError, LaunchError
 from scalestudy.files import git_commit
-from scalestudy.jobs import container
+from scalestudy.jobs import container, container_exec
 from scalestudy.jobs.container import (
     BASE_IMAGE_LABEL,
     TorchBuild,
     build_command,
     check_definition,
-    exec_prefix,
-    image_digest,
     image_pin_problem,
     image_torch_build,
     parse_definition,
@@ -31,6 +29,7 @@ from scalestudy.jobs.container import (
     validate_definition,
     venv_torch_build,
 )
+from scalestudy.jobs.container_exec import exec_prefix, image_digest
 
 REPO = Path(__file__).resolve().parents[1]
 TRAINER_DEF = REPO / "containers" / "trainer.def"
@@ -658,7 +657,7 @@ def test_exec_prefix_binds_this_checkouts_source_and_its_commit(tmp_path):
     image = tmp_path / "t.sif"
     image.write_bytes(b"image")
     argv = exec_prefix(image, gpu=True)
-    assert container.source_dir() == SRC
+    assert container_exec.source_dir() == SRC
     assert argv[argv.index("--bind") + 1] == f"{SRC}:{SRC}:ro"
     assert f"PYTHONPATH={SRC}" in argv
     assert f"SCALESTUDY_GIT_COMMIT={git_commit(SRC)}" in argv
@@ -672,16 +671,16 @@ def test_an_installed_scalestudy_is_not_bound_into_the_image(tmp_path, monkeypat
         (package / "jobs").mkdir(parents=True)
         if package.parent.name != "site-packages":
             (package.parent / "torch").mkdir()  # the image's torch would be shadowed
-        monkeypatch.setattr(container, "__file__", str(package / "jobs" / "container.py"))
+        monkeypatch.setattr(container_exec, "__file__", str(package / "jobs" / "container_exec.py"))
         with pytest.raises(LaunchError, match=r"pip install -e") as e:
-            container.source_dir()
+            container_exec.source_dir()
         assert str(package.parent) in str(e.value) and "shadow the image's" in str(e.value)
     # a checkout whose path --bind cannot name
     package = tmp_path / "a,b" / "src" / "scalestudy"
     (package / "jobs").mkdir(parents=True)
-    monkeypatch.setattr(container, "__file__", str(package / "jobs" / "container.py"))
+    monkeypatch.setattr(container_exec, "__file__", str(package / "jobs" / "container_exec.py"))
     with pytest.raises(LaunchError, match=r"cannot name a path with ':' or ','"):
-        container.source_dir()
+        container_exec.source_dir()
 
 
 # ------------------------------------------------------------------------- the stand-in

@@ -37,7 +37,7 @@ from workflow_helpers import (
 
 from scalestudy import cli, log
 from scalestudy.errors import ProfileError, ProfileFormatError
-from scalestudy.jobs import container, gpu_check_report, launch
+from scalestudy.jobs import container, container_exec, gpu_check_report, launch
 from scalestudy.jobs import profile as capture
 from scalestudy.jobs import profile_ncu as ncu_job
 from scalestudy.jobs import profile_parse as parse_job
@@ -2207,15 +2207,15 @@ def test_a_profile_job_reads_its_image_once(tmp_path, monkeypatch):
     image = tmp_path / "trainer.sif"
     image.write_bytes(b"image")
     reads = []
-    real = container.files.sha256
-    monkeypatch.setattr(container.files, "sha256", lambda p: reads.append(p) or real(p))
+    real = container_exec.files.sha256
+    monkeypatch.setattr(container_exec.files, "sha256", lambda p: reads.append(p) or real(p))
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     args = _launch_args(1, 1, None, device="cuda")
     args.container, args.gpu = str(image), True
     capture.hash_image_once(args)
     commands = [capture.launch_command(args, None) for _ in range(5)]
     assert len(reads) == 1
-    digest = f"{container.DIGEST_ENV}={container.image_digest(image)}"
+    digest = f"{container_exec.DIGEST_ENV}={container_exec.image_digest(image)}"
     assert all(digest in cmd for cmd in commands), commands[0]
 
 
@@ -2258,7 +2258,7 @@ def test_in_the_container_the_profiler_runs_inside_around_the_trainer(tmp_path, 
         ]
         assert order == sorted(order), cmd
         bound = [cmd[i + 1] for i, word in enumerate(cmd) if word == "--bind"]
-        code = container.source_dir()  # the checkout's src/, which every rank runs
+        code = container_exec.source_dir()  # the checkout's src/, which every rank runs
         assert bound == [f"{code}:{code}:ro", binds[0]]
         assert cmd[cmd.index(str(image)) + 1 : cmd.index(str(image)) + 3] == ["python", "-m"]
         assert cmd[cmd.index("--") + 1 : cmd.index("train")] == ["python", "-m", "scalestudy"]
@@ -3029,7 +3029,7 @@ def test_nsys_in_the_container_through_the_stand_ins(data_dir, tmp_path):
     argv = shlex.split(launched.split("+ ", 1)[1])
     order = [argv.index(w) for w in ("apptainer", "--bind", str(image), "rank", "--", "train")]
     assert order == sorted(order), argv
-    code = container.source_dir()  # the checkout's src/, then the profiler's installation
+    code = container_exec.source_dir()  # the checkout's src/, then the profiler's installation
     bound = [argv[i + 1] for i, word in enumerate(argv) if word == "--bind"]
     assert bound[:2] == [f"{code}:{code}:ro", str(STAND_INS.resolve())]
     # then the trainer's directories outside the working directory (launch.container_paths)

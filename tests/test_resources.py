@@ -546,7 +546,19 @@ def test_a_node_record_edit_reruns_no_job_that_launches_ranks():
     assert inventory not in resources.trainer_sources(REPO)
     # the modules it imports stay inputs where the rule's own code imports them
     capture = resources.code_sources(REPO, *declared_code(smk, "profile_capture"))
-    assert "src/scalestudy/jobs/container.py" in capture
+    assert "src/scalestudy/jobs/container_exec.py" in capture
+
+
+def test_an_edit_to_the_recipes_checks_reruns_no_job_that_launches_ranks():
+    """jobs/container.py (the definition's checks, the build) is no input of training or
+    profiling: the launch runs only jobs/container_exec.py (the exec prefix, the digest), and
+    an edit to a recipe check's message reran every run's GPU hours."""
+    checks = "src/scalestudy/jobs/container.py"
+    assert "src/scalestudy/jobs/container_exec.py" in resources.trainer_sources(REPO)
+    assert checks not in resources.trainer_sources(REPO)
+    smk = REPO / "workflow/rules/profile.smk"
+    for rule in ("profile_capture", "profile_ncu"):
+        assert checks not in resources.code_sources(REPO, *declared_code(smk, rule)), rule
 
 
 def test_package_init_files_run_no_code():

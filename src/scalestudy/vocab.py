@@ -140,7 +140,7 @@ def time_to_target(epochs: list[dict], target: float | None) -> float | None:
     return None
 
 
-# Environment variables jobs/container.py's exec_prefix sets inside the container, read by the
+# Environment variables jobs/container_exec.py's exec_prefix sets inside the container, read by the
 # trainer (metrics.json) and jobs/inventory.py: the sha256 of the .sif the process runs in, and
 # the commit of the source bound in (the image may have no git).
 CONTAINER_DIGEST_ENV = "SCALESTUDY_CONTAINER_DIGEST"

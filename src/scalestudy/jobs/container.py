@@ -1,10 +1,11 @@
-"""The trainer's Apptainer image: check its definition, build it, name it by digest, run in it.
+"""The trainer's Apptainer image: check its definition, build it, name it by digest.
 
 The workflow does not use Snakemake's `container:` directive (it hashes only the image's name and
 would wrap the whole shell, srun included). Instead one rule builds `containers/trainer.sif` from
 `containers/trainer.def` and every training job takes the .sif as an input and runs
-`<exec_prefix(sif)> python -m scalestudy train ...`, so a rebuilt image marks training stale.
-The image is the environment only (torch, CUDA, cuDNN, NCCL's InfiniBand userspace): the
+`<exec_prefix(sif)> python -m scalestudy train ...` (jobs/container_exec.py: all of the
+container a training job runs, so an edit here reruns none), so a rebuilt image marks training
+stale. The image is the environment only (torch, CUDA, cuDNN, NCCL's InfiniBand userspace): the
 package's code is the checkout's, bound in read-only by exec_prefix, so an edit to it reruns
 what its code inputs say (training for the trainer) and never waits for an image rebuild.
 
@@ -51,18 +52,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from scalestudy import files, log, vocab
-from scalestudy.errors import ApptainerNotFound, DefinitionError, ImageNotFound, LaunchError
+from scalestudy import files, log
+from scalestudy.errors import ApptainerNotFound, DefinitionError
 from scalestudy.files import git_commit
+from scalestudy.jobs.container_exec import image_digest
 
 logger = log.get(__name__)
 
 #: The build argument that carries the git commit into %labels and %environment.
 GIT_COMMIT_ARG = "GIT_COMMIT"
-#: Set by exec_prefix inside the container (vocab.py): the sha256 of the .sif the process runs
-#: in, and the commit of the source bound in (files.git_commit).
-DIGEST_ENV, COMMIT_ENV = vocab.CONTAINER_DIGEST_ENV, vocab.GIT_COMMIT_ENV
-
 # Sections of the Apptainer definition format (user guide, "Definition Files").
 SECTIONS = frozenset(
     {"setup", "files", "environment", "post", "runscript", "startscript", "test", "labels"}
@@ -521,7 +519,7 @@ def _section_problems(defn: Definition) -> list[str]:
     if _IMPORTS_SCALESTUDY_RE.search(test):
         problems.append(
             f"{defn.where('test')}: %test imports scalestudy, which is not in the image (the "
-            "checkout's src/ is bound in when a rank runs: jobs/container.py exec_prefix), so "
+            "checkout's src/ is bound in when a rank runs: jobs/container_exec.py exec_prefix), so "
             "the build would fail: import the modules scalestudy needs instead (torch, "
             "torchvision, numpy, pynvml)"
         )
@@ -553,34 +551,6 @@ def check_definition(path: str | os.PathLike, venv: TorchBuild | None | str = "v
     return defn
 
 
-# the repository's recipe (config key container.definition's default), named in the fix for a
-# missing image
-SHIPPED_DEFINITION = "containers/trainer.def"
-
-
-def build_fix(sif_path: str | os.PathLike) -> str:
-    """The command that builds the image `sif_path` from the checkout's recipe, from any
-    directory: the recipe by its path and --context the checkout (its %files are relative to
-    it). containers/trainer.def, relative, failed from a study's own directory. Relative as
-    shipped where this scalestudy runs from no checkout."""
-    root = Path(__file__).resolve().parents[3]  # src/scalestudy/jobs/ -> the checkout
-    if not (root / SHIPPED_DEFINITION).is_file():
-        return shlex.join(["scalestudy", "container", "build", SHIPPED_DEFINITION, str(sif_path)])
-    definition = str(root / SHIPPED_DEFINITION)
-    return shlex.join(
-        ["scalestudy", "container", "build", definition, str(sif_path), "--context", str(root)]
-    )
-
-
-def image_digest(sif_path: str | os.PathLike) -> str:
-    """'sha256:<hex>' of the image file's bytes; ImageNotFound (one line, the build command)
-    where there is no such file: every command given an image hashes it first."""
-    try:
-        return f"sha256:{files.sha256(sif_path)}"
-    except FileNotFoundError as exc:
-        raise ImageNotFound(sif_path, build_fix(sif_path)) from exc
-
-
 def build_command(
     definition: str | os.PathLike,
     image: str | os.PathLike,
@@ -609,75 +579,6 @@ def build_signature() -> str:
     code inputs: an edit to a log message rebuilt the image on the login node, with a fresh
     pull of its base and fresh packages, a new environment for no change of recipe."""
     return shlex.join(build_command("DEFINITION", "IMAGE", "GIT_COMMIT"))
-
-
-def exec_prefix(
-    image: str | os.PathLike,
-    gpu: bool,
-    *,
-    digest: str | None = None,
-    apptainer: str = "apptainer",
-    binds: Sequence[str] = (),
-    source: str | os.PathLike | None = None,
-) -> list[str]:
-    """argv that runs a command inside the image: append the command and its arguments.
-
-    The image is the software environment (torch, CUDA, the InfiniBand userspace), not the
-    code: scalestudy's source directory (`source`, by default this package's, see
-    source_dir) is bound read-only at its own path and put first on PYTHONPATH, so the ranks
-    run the very files Snakemake tracks as the rules' code inputs. An image holding a copy
-    would go stale whenever a module outside its rebuild trigger changed (the profiler's
-    wrapper, the nsight parsers, cli.py all run inside), and every trainer edit would rebuild
-    it. The code's commit goes in as SCALESTUDY_GIT_COMMIT (the image may have no git), when
-    the source is a git checkout.
-    The image's digest (computed here unless given) is passed in, so the trainer can record
-    exactly which image it ran in. --nv binds the host's NVIDIA driver and devices. The host
-    environment (SLURM_*, RANK, MASTER_ADDR, ...) passes through, as Apptainer does by default.
-    `binds`: host directories bound at the same path inside (the profilers' installations,
-    jobs/profile.py), so a host path given to a command means the same file inside.
-    PYTHONNOUSERSITE: Apptainer binds $HOME, and Python puts the user's ~/.local site-packages
-    before the image's own, so a torch the user installed there for the same Python version
-    would silently replace the image's (and its measured numbers with it).
-    """
-    code = Path(source) if source is not None else source_dir()
-    commit = git_commit(code)
-    return [
-        apptainer,
-        "exec",
-        *(["--nv"] if gpu else []),
-        "--bind",
-        f"{code}:{code}:ro",
-        *(arg for path in binds for arg in ("--bind", str(path))),
-        "--env",
-        f"PYTHONPATH={code}",
-        *(["--env", f"{COMMIT_ENV}={commit}"] if commit != "unknown" else []),
-        "--env",
-        f"{DIGEST_ENV}={digest or image_digest(image)}",
-        "--env",
-        "PYTHONNOUSERSITE=1",
-        str(image),
-    ]
-
-
-def source_dir() -> Path:
-    """The directory holding this scalestudy package (a checkout's src/), which exec_prefix
-    binds into the image. Refused where it would bring other packages with it (an installed,
-    not editable, scalestudy lives in a site-packages, whose torch would shadow the image's),
-    and where Apptainer's --bind could not name it (':' and ',' separate its fields)."""
-    here = Path(__file__).resolve().parents[2]
-    if here.name in ("site-packages", "dist-packages") or (here / "torch").exists():
-        raise LaunchError(
-            f"the container runs scalestudy from its source directory, bound in and put on "
-            f"PYTHONPATH, but this scalestudy is installed in {here}, a directory of installed "
-            "packages whose torch would shadow the image's: install it editable from its "
-            "checkout (`pip install -e <checkout>`; scripts/setup.sh does)"
-        )
-    if files.unbindable(here):
-        raise LaunchError(
-            f"the container binds scalestudy's source directory {here} into the image, and "
-            "Apptainer's --bind cannot name a path with ':' or ',': move the checkout"
-        )
-    return here
 
 
 # --------------------------------------------------------------------------------------- CLI

@@ -351,7 +351,7 @@ def _indices(spec: str) -> list[int] | None:
 def _digest(image: str | None) -> str:
     """sha256 of the image file; else what the launcher exported; else absent."""
     if image:
-        from scalestudy.jobs.container import image_digest
+        from scalestudy.jobs.container_exec import image_digest
 
         try:
             return image_digest(image)

@@ -195,7 +195,7 @@ def build_command(args: argparse.Namespace, env: dict[str, str]) -> list[str]:
     python = [*prefix, sys.executable]
     if args.container:
         # the image's own python; its digest goes into metrics.json (container_digest)
-        from scalestudy.jobs.container import exec_prefix
+        from scalestudy.jobs.container_exec import exec_prefix
 
         own_binds, real_paths = container_paths(config, Path.cwd())
         # the wrapper's, then the trainer's: each directory once

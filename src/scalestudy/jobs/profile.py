@@ -274,7 +274,7 @@ def hash_image_once(args: argparse.Namespace) -> None:
     inventory, each ncu pass): a multi-GB .sif on a shared file system was read whole again for
     each of them, inside the job's time limit."""
     if args.container and not getattr(args, "container_digest", None):
-        from scalestudy.jobs.container import image_digest
+        from scalestudy.jobs.container_exec import image_digest
 
         args.container_digest = image_digest(args.container)
 
@@ -465,7 +465,7 @@ def capture(args: argparse.Namespace) -> int:
         from scalestudy.jobs import inventory
 
         if args.container:
-            from scalestudy.jobs.container import DIGEST_ENV
+            from scalestudy.jobs.container_exec import DIGEST_ENV
 
             os.environ.setdefault(DIGEST_ENV, args.container_digest)
         files.write_json(args.inventory, inventory.for_job())

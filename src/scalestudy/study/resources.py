@@ -16,7 +16,7 @@ resource functions, and the tests check them here.
   `code_sources` for every other rule that runs the package), found by globbing the package and
   following its imports, so a new or split module is tracked without a hand-kept list. The
   container image holds none of them (its code is the checkout's, bound in when a rank runs:
-  jobs/container.py), so only its recipe rebuilds it.
+  jobs/container_exec.py), so only its recipe rebuilds it.
 - The rules that run on the submitting host (`LOCAL_RULES`): the `localrules:` of the workflow,
   and the rules the dry-run node-hour plan counts at 0 node-hours.
 - The runs whose launch jobs the targets given to snakemake may start (`launching_runs`, with

@@ -1211,7 +1211,7 @@ def _lscpu() -> str:
 
 def git_commit() -> str | None:
     """The commit of the code that ran: given by the launcher in the container (whose image may
-    have no git: jobs/container.py exec_prefix), else read from the source tree."""
+    have no git: jobs/container_exec.py exec_prefix), else read from the source tree."""
     if os.environ.get(vocab.GIT_COMMIT_ENV):
         return os.environ[vocab.GIT_COMMIT_ENV]
     sha = files.git_commit(Path(__file__).resolve().parent)
