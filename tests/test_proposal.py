@@ -33,7 +33,7 @@ from scalestudy.results import render_report as report
 from scalestudy.study import estimate, plan
 from scalestudy.study.config import load_and_validate
 from scalestudy.study.estimate import estimate_runs, load_measured
-from scalestudy.study.runs import RUN_COLUMNS, build_run_table
+from scalestudy.study.runs import RUN_COLUMNS, build_run_table, placement
 
 DEMO = REPO / "config" / "demo.yaml"
 # strong-scaling efficiency of the made-up measurements, per world size
@@ -831,6 +831,25 @@ def test_a_chosen_scale_this_config_cannot_run_is_one_line(tmp_path):
     other = load_and_validate(DEMO, overrides=other)
     with pytest.raises(AnalysisError, match=rf"the chosen scale, {w} ranks, is no strong-scaling"):
         write(other, study)
+
+
+def test_a_chosen_scale_measured_on_other_nodes_is_one_line(tmp_path):
+    """scaling.csv measured with one hardware.gpus_per_node, the proposal written with another
+    that places the chosen scale on other nodes: the documents named scaling.csv's node count
+    as the chosen scale's and priced production on the config's."""
+    config, study = build(tmp_path, *STRONG)
+    points = proposal.strong_points(read(study / "results/csv/scaling.csv"))
+    chosen = proposal.choose_scale(points, config["proposal"]["efficiency_threshold"])[0]
+    w, nodes = chosen["w"], int(chosen["nodes"])
+    gpus = config["hardware"]["gpus_per_node"]
+    assert w > 1 and nodes == placement(w, gpus)[0]
+    other = 1 if nodes == 1 else w  # a whole node or w nodes of one, never the measured count
+    assert placement(w, other)[0] != nodes
+    config = load_and_validate(DEMO, overrides=[*STRONG, f"hardware.gpus_per_node={other}"])
+    match = rf"the chosen scale, {w} ranks, ran on {nodes} nodes? in scaling.csv, and this config"
+    with pytest.raises(AnalysisError, match=match) as e:
+        write(config, study)
+    assert f"places it on {placement(w, other)[0]} (hardware.gpus_per_node {other})" in str(e.value)
 
 
 def test_a_strong_family_with_no_run_measured_yet_is_not_to_be_enabled(tmp_path):

@@ -75,7 +75,7 @@ from scalestudy.study.estimate import (
     load_measured,
     runs_done,
 )
-from scalestudy.study.runs import build_run_table
+from scalestudy.study.runs import build_run_table, placement
 
 logger = log.get(__name__)
 
@@ -616,6 +616,19 @@ def proposal_rows(
             f"the chosen scale, {chosen['w']} ranks, is no strong-scaling run of this config "
             f"({problems[0]}): scaling.csv was measured with other families.strong settings; give "
             "the study's own config, or run the study again (`snakemake`)"
+        )
+    # measured on other nodes than this config places the chosen scale on (hardware.gpus_per_node
+    # changed): the documents named scaling.csv's node count beside production rows priced on
+    # this config's, two allocation shapes for one scale
+    config_nodes = placement(chosen["w"], config["hardware"]["gpus_per_node"])[0]
+    if files.number(chosen["nodes"]) != config_nodes:
+        raise AnalysisError(
+            f"the chosen scale, {chosen['w']} ranks, ran on {chosen['nodes']} "
+            f"{vocab.plural('nodes', files.number(chosen['nodes']))} in scaling.csv, and this "
+            f"config places it on {config_nodes} "
+            f"(hardware.gpus_per_node {config['hardware']['gpus_per_node']}): scaling.csv was "
+            "measured with another hardware.gpus_per_node; give the study's own config, or run "
+            "the study again (`snakemake`)"
         )
     thin = thin_reasons(points, chosen)
     rows = [
