@@ -294,7 +294,13 @@ LAUNCH_RESOURCES = {
     # the prepared set's sizes the trainer checks (resources too: they change no run's numbers)
     **resources.expected_data(config),
 }
-LAUNCH_PARAMS = {"layout": get_layout, "container": get_container_flags}
+# the venv's torch, torchvision, triton and CUDA libraries (resources.software_stack; "" with
+# the container, whose image is an input): upgrading them reruns the runs, as the trainer's code
+LAUNCH_PARAMS = {
+    "layout": get_layout,
+    "container": get_container_flags,
+    "software": resources.software_stack(config),
+}
 LAUNCH_ARGS = (
     "--mpi={resources.mpi:q} --nodes {params.layout[nodes]} "
     "--ranks-per-node {params.layout[ranks_per_node]} "

@@ -28,6 +28,7 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
+import importlib.metadata
 import json
 import os
 from collections.abc import Callable, Iterable, Mapping
@@ -432,6 +433,36 @@ def container_flags(config: dict) -> list[str]:
         return []
     gpu = ["--gpu"] if config["hardware"]["device"] == "cuda" else []
     return ["--container", container["image"], *gpu]
+
+
+# the installed distributions whose version can move a measured number: the framework, the
+# model's library, the compiler of torch.compile's kernels, and the CUDA libraries pip installs
+# with torch (cuDNN, cuBLAS, NCCL, ...: nvidia-*, NVML's bindings, which read the energy,
+# included)
+SOFTWARE = ("torch", "torchvision", "triton")
+SOFTWARE_PREFIX = "nvidia-"
+
+
+def software_stack(config: dict) -> str:
+    """The training software of a run outside the container, a param of every launch rule (a
+    rerun trigger): `pip install -U torch` in the study's venv changes what a run measures, and
+    a study retrained only the runs whose code changed, mixing two torch builds as repeats of
+    one configuration. "name==version" of each SOFTWARE distribution (and nvidia-*) installed in
+    this Python, as pip names them, sorted. "" with the container: the image is the software
+    (an input of the rules, by digest), and the venv's torch does not run in it."""
+    return "" if config["container"]["enabled"] else _installed_software()
+
+
+@functools.cache
+def _installed_software() -> str:
+    """software_stack's list, once per process (importlib.metadata reads every installed
+    distribution's metadata: ~0.1 s); the first of a name on sys.path, as an import finds it."""
+    found: dict[str, str] = {}
+    for dist in importlib.metadata.distributions():
+        name = (dist.metadata["Name"] or "").lower().replace("_", "-")
+        if name in SOFTWARE or name.startswith(SOFTWARE_PREFIX):
+            found.setdefault(name, dist.version)
+    return " ".join(f"{name}=={version}" for name, version in sorted(found.items()))
 
 
 def checkpoint_dir(config: dict, run: str) -> str:
