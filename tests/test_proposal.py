@@ -411,6 +411,33 @@ def test_strong_evidence_chooses_the_knee(strong):
     assert "by definition" not in slides
 
 
+def test_a_fall_between_efficient_scales_is_said_and_is_no_knee(tmp_path, monkeypatch):
+    """E_s below the threshold at 2 ranks and above it again at 4: the rule takes the first
+    fall (every smaller scale must hold the threshold), so production is the baseline, and
+    the documents called the fall "the knee, past which more ranks buy less" without a word
+    of the efficient scale measured past it."""
+    monkeypatch.setitem(EFFICIENCY, 2, 0.65)
+    config, study = build(tmp_path, *STRONG, "proposal.style=ncar")
+    docs = write(config, study)
+    c = cells(study)
+    assert c[("scale", "chosen")]["world_size"] == "1"
+    assert c[("scale", "first below")]["world_size"] == "2"
+    assert c[("scale", "above again")]["world_size"] == "4"  # 0.8; 8's 0.6 is below again
+    md, tex = (" ".join(docs[n].split()) for n in ("proposal.md", "proposal.tex"))
+    assert "At 4 ranks E_s is at or above the threshold again (80.0%, n = 3)" in md
+    assert "so the fall at 2 ranks decides; more repeats there tell whether it is noise" in md
+    assert "At 4 ranks $E_s$ is at or above the threshold again (80.0\\,\\%, $n$ = 3)" in tex
+    for text in (md, tex):
+        assert "falls to 65.0" in text and "this is the knee" not in text
+    # without a fall back above the threshold, the knee stays named (ncar)
+    monkeypatch.setitem(EFFICIENCY, 2, 0.9)
+    config, study = build(tmp_path / "knee", *STRONG, "proposal.style=ncar")
+    docs = write(config, study)
+    assert ("scale", "above again") not in cells(study)
+    assert "this is the knee" in docs["proposal.md"]
+    assert "above the threshold again" not in docs["proposal.md"]
+
+
 def test_an_efficiency_near_the_threshold_is_printed_apart_from_it(tmp_path, monkeypatch):
     """E_s 0.6996 against 0.7 printed "falls to 70.0%, below the threshold" of "at least
     70.0%"; the chosen scale's 0.70004 the same 70.0%: each has the digits that tell it apart

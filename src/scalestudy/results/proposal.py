@@ -245,6 +245,16 @@ MODEL_CELLS = {
 }
 
 
+def above_again(points: list[dict], below: dict, threshold: float) -> dict | None:
+    """The largest world size past `below` (choose_scale's first fall) whose E_s is at or
+    above the threshold again, or None: a fall between efficient scales (noise in a few
+    repeats, or a placement effect such as the step to a second node) is not a knee."""
+    again = [
+        p for p in points if p["w"] > below["w"] and p["e"] is not None and p["e"] >= threshold
+    ]
+    return again[-1] if again else None
+
+
 def checked_model(path: str | Path) -> list[dict]:
     """model.csv's rows, refused in one line where holdout() could not read them: no rows
     (`scalestudy model` writes one for every study: a 0-byte file is a write cut short) or a
@@ -667,6 +677,12 @@ def proposal_rows(
     ]
     if below is not None:
         rows.append(_row("scale", "first below", "world_size", below["w"], "ranks", "scaling.csv"))
+        # a larger world size back at or above the threshold: the rule takes the first fall
+        # (every smaller scale must hold it), which the documents then say, with where E_s is
+        # back, rather than call the fall a knee
+        if again := above_again(points, below, threshold):
+            source = "scaling.csv: the largest E_s >= threshold past the first fall"
+            rows.append(_row("scale", "above again", "world_size", again["w"], "ranks", source))
     rows += holdout_rows(holdout(model_rows or []))
     rows += validation_rows(model_rows)
     table = build_run_table(config)
@@ -898,6 +914,7 @@ def context(tables: dict, rows: list[dict], config: dict, figure_dir: str) -> di
             if RESCALED_BASIS in v[("request", i)].get("basis", "").split("; ")
         ],
         has_below=("scale", "first below") in v,
+        has_above_again=("scale", "above again") in v,
         has_production=("production", "run") in v,
         # thin evidence: runs of the study not measured yet, in its own request rows; fewer
         # world sizes than the bar even with the new ones (none fits the global batch)
