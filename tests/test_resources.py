@@ -814,6 +814,32 @@ def test_launch_plans_change_for_the_jobs_a_config_edit_changes_only():
     assert _plans(more_memory) == plans
 
 
+def test_a_torch_upgraded_while_jobs_wait_changes_their_launch_plans(tmp_path, monkeypatch):
+    """The venv's training software is in each launch job's plan outside the container (a
+    job's snakemake records the main process's params: a torch upgraded while jobs waited
+    trained them on a build the study recorded as the old one), not with it (the image)."""
+    config = study()
+    config["container"]["enabled"] = False
+    contained = {**config, "container": {**config["container"], "enabled": True}}
+    before, image_before = _plans(config), _plans(contained)
+    upgrade = tmp_path / "site"
+    (upgrade / "torch-99.0.0.dist-info").mkdir(parents=True)
+    (upgrade / "torch-99.0.0.dist-info/METADATA").write_text(
+        "Metadata-Version: 2.1\nName: torch\nVersion: 99.0.0\n"
+    )
+    monkeypatch.syspath_prepend(str(upgrade))
+    resources._installed_software.cache_clear()
+    try:
+        assert "torch==99.0.0" in resources.software_stack(config)
+        after, image_after = _plans(config), _plans(contained)
+    finally:
+        monkeypatch.undo()
+        resources._installed_software.cache_clear()
+    assert before.keys() == after.keys() and all(before[k] != after[k] for k in before)
+    # with the container the image is the software: the venv's upgrade changes no plan
+    assert image_before == image_after and image_before != before
+
+
 def test_a_jobs_targets_are_read_from_its_command_line():
     argv = ["/venv/bin/python", "-m", "snakemake", "--snakefile", "Snakefile"]
     assert resources.target_jobs(argv) == []
@@ -837,7 +863,8 @@ def test_a_job_whose_config_changed_after_submission_is_stopped_in_one_line(tmp_
     longer["train"]["epochs"] = 3
     line = resources.launch_plan_changes(before, _plans(longer), [("train", run)])
     assert line.startswith(
-        f"the study config changed after snakemake submitted this job: train of run {run} "
+        "the study config or the venv's training software (torch, torchvision, triton, "
+        f"nvidia-*) changed after snakemake submitted this job: train of run {run} "
         "would now run other settings"
     )
     assert "\n" not in line and "start it again" in line

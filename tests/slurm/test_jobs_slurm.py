@@ -221,7 +221,8 @@ def test_a_job_started_after_its_config_was_edited_stops_before_training(slurm_c
         run = log.parent.name
         lines = log.read_text().splitlines()
         assert (
-            "scalestudy: the study config changed after snakemake submitted this job: train of "
+            "scalestudy: the study config or the venv's training software (torch, torchvision, "
+            "triton, nvidia-*) changed after snakemake submitted this job: train of "
             f"run {run} would now run other settings"
         ) in "\n".join(lines), lines
         assert not (work / "results/runs" / run / "metrics.json").exists()

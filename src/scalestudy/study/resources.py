@@ -531,11 +531,14 @@ def launch_plans(
     config: dict, runs: dict[str, dict], profiled: dict[str, dict], only: set | None = None
 ) -> dict:
     """'rule:run' -> a digest of what that launch job runs, from the config: the trainer's (or
-    the profiler's) flags, the ranks' layout, the container, the dataset, the profiling tool's
-    settings. Not its threads (the local executor's cores) nor its resources: a changed memory
-    request does not change what runs. `only`: the runs to digest (a job's own), else all."""
+    the profiler's) flags, the ranks' layout, the container, the venv's training software
+    (software_stack: a job's snakemake records the main process's, so a torch upgraded while
+    jobs wait in the queue trained them on a build the study lists as the other), the dataset,
+    the profiling tool's settings. Not its threads (the local executor's cores) nor its
+    resources: a changed memory request does not change what runs. `only`: the runs to digest
+    (a job's own), else all."""
     hardware, profiling_config = config["hardware"], config["profiling"]
-    shared = [container_flags(config), prepared_data(config)]
+    shared = [container_flags(config), software_stack(config), prepared_data(config)]
     if only is not None:
         runs = {r: row for r, row in runs.items() if r in only}
         profiled = {r: row for r, row in profiled.items() if r in only}
@@ -619,7 +622,8 @@ def launch_plan_changes(before: dict | None, plans: dict[str, str], targets: Ite
     if not changed:
         return ""
     return (
-        f"the study config changed after snakemake submitted this job: {', '.join(changed)} "
+        "the study config or the venv's training software (torch, torchvision, triton, "
+        f"nvidia-*) changed after snakemake submitted this job: {', '.join(changed)} "
         "would now run other settings than the job was planned and given its nodes, GPUs and "
         "time limit for. Stop the snakemake that submitted it (Ctrl-C) and start it again: it "
         "plans every job with the config as it is now"
