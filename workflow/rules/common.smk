@@ -175,6 +175,14 @@ def get_container_flags(wildcards):
     return resources.container_flags(config)
 
 
+def get_software(wildcards):
+    """The venv's torch, torchvision, triton and CUDA libraries (resources.software_stack; ""
+    with the container, whose image is an input): upgrading them reruns the runs, as the
+    trainer's code does. A function: the installed metadata is read when the DAG is built, once
+    per process, not while this file is read."""
+    return resources.software_stack(config)
+
+
 def get_inventory_flags(wildcards):
     return ["--image", *IMAGE] if IMAGE else []
 
@@ -294,12 +302,10 @@ LAUNCH_RESOURCES = {
     # the prepared set's sizes the trainer checks (resources too: they change no run's numbers)
     **resources.expected_data(config),
 }
-# the venv's torch, torchvision, triton and CUDA libraries (resources.software_stack; "" with
-# the container, whose image is an input): upgrading them reruns the runs, as the trainer's code
 LAUNCH_PARAMS = {
     "layout": get_layout,
     "container": get_container_flags,
-    "software": resources.software_stack(config),
+    "software": get_software,
 }
 LAUNCH_ARGS = (
     "--mpi={resources.mpi:q} --nodes {params.layout[nodes]} "
