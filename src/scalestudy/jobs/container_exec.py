@@ -1,9 +1,9 @@
 """Run a command in the trainer's Apptainer image: the `apptainer exec` prefix, the image's digest.
 
-Split off jobs/container.py (the definition's checks and the build), because this is all of it a
-training job runs: `scalestudy launch --container` puts exec_prefix in front of every rank, so
-this module is a code input of every training and profiling job (study/resources.py), and an
-edit to the recipe's checks or to the build's messages must not rerun them.
+Split off jobs/container.py (the definition's checks and the build): this is the only part of
+it a training job runs (`scalestudy launch --container` puts exec_prefix in front of every rank),
+so this module is a code input of every training and profiling job (study/resources.py), and an
+edit to the recipe's checks or to the build's messages reruns none of them.
 
 Only the standard library (and scalestudy's shared modules) is used here, as in container.py.
 """
