@@ -428,13 +428,14 @@ def test_a_fall_between_efficient_scales_is_said_and_is_no_knee(tmp_path, monkey
     assert "so the fall at 2 ranks decides; more repeats there tell whether it is noise" in md
     assert "At 4 ranks $E_s$ is at or above the threshold again (80.0\\,\\%, $n$ = 3)" in tex
     for text in (md, tex):
-        assert "falls to 65.0" in text and "this is the knee" not in text
+        assert "falls to 65.0" in text and "knee" not in text  # nor in ncar's heading
     # without a fall back above the threshold, the knee stays named (ncar)
     monkeypatch.setitem(EFFICIENCY, 2, 0.9)
     config, study = build(tmp_path / "knee", *STRONG, "proposal.style=ncar")
     docs = write(config, study)
     assert ("scale", "above again") not in cells(study)
     assert "this is the knee" in docs["proposal.md"]
+    assert "## Justification of the production scale (the knee)" in docs["proposal.md"]
     assert "above the threshold again" not in docs["proposal.md"]
 
 

@@ -245,6 +245,18 @@ MODEL_CELLS = {
 }
 
 
+# ncar's scale heading names the knee, which a fall with an efficient scale past it is not
+KNEE = " (the knee)"
+
+
+def section_titles(style: str, above_again: bool) -> list[tuple[str, str]]:
+    """The (key, heading) of each section of `style`, in its order; without the knee where
+    E_s is back at or above the threshold past its first fall (above_again)."""
+    return [
+        (key, title.removesuffix(KNEE) if above_again else title) for key, title in STYLES[style]
+    ]
+
+
 def above_again(points: list[dict], below: dict, threshold: float) -> dict | None:
     """The largest world size past `below` (choose_scale's first fall) whose E_s is at or
     above the threshold again, or None: a fall between efficient scales (noise in a few
@@ -894,7 +906,7 @@ def context(tables: dict, rows: list[dict], config: dict, figure_dir: str) -> di
         thin=thin,
         is_thin=any(thin.values()),
         style=style,
-        sections=STYLES[style],
+        sections=section_titles(style, ("scale", "above again") in v),
         figure="efficiency",
         has_holdout=has_holdout,
         # the scaling model validated: held-out errors, and no configuration below the compute
