@@ -436,6 +436,12 @@ def test_a_fall_between_efficient_scales_is_said_and_is_no_knee(tmp_path, monkey
     assert ("scale", "above again") not in cells(study)
     assert "this is the knee" in docs["proposal.md"]
     assert "## Justification of the production scale (the knee)" in docs["proposal.md"]
+    # a blank E_s at the first fall (a hand-edited scaling.csv) is no fall to call noise
+    points = [{"w": 1, "e": 1.0}, {"w": 2, "e": None}, {"w": 4, "e": 0.8}]
+    chosen, below = proposal.choose_scale(points, 0.7)
+    assert below["w"] == 2 and proposal.above_again(points, below, 0.7) is None
+    points[1]["e"] = 0.6
+    assert proposal.above_again(points, below, 0.7)["w"] == 4
     assert "above the threshold again" not in docs["proposal.md"]
 
 

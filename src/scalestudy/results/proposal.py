@@ -260,7 +260,10 @@ def section_titles(style: str, above_again: bool) -> list[tuple[str, str]]:
 def above_again(points: list[dict], below: dict, threshold: float) -> dict | None:
     """The largest world size past `below` (choose_scale's first fall) whose E_s is at or
     above the threshold again, or None: a fall between efficient scales (noise in a few
-    repeats, or a placement effect such as the step to a second node) is not a knee."""
+    repeats, or a placement effect such as the step to a second node) is not a knee. None too
+    where the first fall is no measured E_s (a blank cell): no fall to call noise."""
+    if below["e"] is None:
+        return None
     again = [
         p for p in points if p["w"] > below["w"] and p["e"] is not None and p["e"] >= threshold
     ]
