@@ -831,6 +831,7 @@ def test_a_torch_upgraded_while_jobs_wait_changes_their_launch_plans(tmp_path, m
     resources._installed_software.cache_clear()
     try:
         assert "torch==99.0.0" in resources.software_stack(config)
+        assert resources.software_stack(contained) == ""  # no rerun trigger in the container
         after, image_after = _plans(config), _plans(contained)
     finally:
         monkeypatch.undo()
