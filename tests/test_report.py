@@ -688,6 +688,26 @@ def test_the_energy_paragraph_says_which_basis_leaves_evaluation_out(tmp_path):
     assert f"{wall} of the evaluations)" in text
 
 
+def test_a_spread_other_than_zero_is_never_printed_as_zero(tmp_path):
+    """Two repeats 1 img/s apart: MFU's std is 2.4e-06 (0.00024 %), printed "0.0", no spread,
+    beside the TFLOP/s std of the same runs; fmt_pct gives a share other than 0 that rounds to
+    0 two significant digits instead, and the document's number is still the cell's."""
+    runs = [_gpu_run("w1", "strong", 1, 20000, 0), _gpu_run("w1", "strong", 1, 20001, 1)]
+    tables = _analyzed(tmp_path, runs)
+    (row,) = [r for r in tables["scaling"] if r["family"] == "strong"]
+    std = float(row["mfu_std"])
+    assert 0 < 100 * std < 0.05  # 1 decimal of a percent rounds it to 0.0
+    assert report.fmt_pct(row["mfu_std"]) == f"{100 * std:.2g}" != "0.0"
+    assert report.fmt_pct("0") == "0.0" and report.fmt_signed_pct("-1e-5") == "-0.0010"
+    assert report.fmt_signed_pct("1e-5") == "+0.0010" and report.fmt_pct("0.75625") == "75.6"
+    docs = report.render(tmp_path, report.TEMPLATES, [], "../results/plots")
+    for name, text in docs.items():
+        sep = " & " if name.endswith(".tex") else " | "
+        mfu = sep.join([report.fmt_pct(row["mfu_mean"]), report.fmt_pct(row["mfu_std"])])
+        assert mfu in text, name
+        assert report.numbers_backed_by_csvs(text, tables) == [], name
+
+
 def test_mfu_section_says_a_repeat_of_an_older_trainer_has_no_mfu(tmp_path):
     """A study measured by two trainers: one repeat from before MFU recorded neither mfu nor
     mfu_unmeasured, so its configuration's MFU is n/a; the reason the documents give for it is

@@ -146,15 +146,25 @@ def ratio_digits(numerator, denominator, ratio) -> int:
 
 
 def fmt_pct(value, decimals: int = 1) -> str:
-    """A fraction as a percentage with one decimal (0.8532 -> 85.3), or `decimals`; blank ->
-    n/a."""
-    x = _float(value)
-    return "n/a" if x is None else f"{100 * x:.{decimals}f}"
+    """A fraction as a percentage with one decimal (0.8532 -> 85.3), or `decimals`; a share
+    other than 0 that would print as 0 with two significant digits instead (an MFU spread of
+    5.6e-05 read "0.0", none, beside the TFLOP/s spread it is); blank -> n/a."""
+    return _pct(value, f".{decimals}f")
 
 
 def fmt_signed_pct(value, decimals: int = 1) -> str:
+    """fmt_pct with its sign."""
+    return _pct(value, f"+.{decimals}f")
+
+
+def _pct(value, spec: str) -> str:
     x = _float(value)
-    return "n/a" if x is None else f"{100 * x:+.{decimals}f}"
+    if x is None:
+        return "n/a"
+    text = format(100 * x, spec)
+    if x != 0 and float(text) == 0:
+        return ("+" if "+" in spec and x > 0 else "") + fmt_sig(100 * x, 2)
+    return text
 
 
 def fmt_fixed(value, decimals: int) -> str:
