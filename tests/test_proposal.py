@@ -1485,6 +1485,43 @@ def test_an_older_scaling_csv_is_one_line_not_a_traceback(demo, tmp_path, capsys
     assert not (tmp_path / "reports").exists()
 
 
+def test_an_output_over_an_input_or_another_output_is_refused_before_any_work(
+    demo, tmp_path, capsys
+):
+    """--out-csv over the study config (replaced by a CSV: every later command refused it) or
+    over an analysis CSV, and --out-csv inside --out-dir as proposal.md (the document written,
+    proposal.csv never, both said written): exit 0 each. Now one line, nothing written."""
+    _, study, _ = demo
+    work = tmp_path / "work"
+    shutil.copytree(study / "results/csv", work)
+    config = tmp_path / "study.yaml"
+    config.write_bytes(DEMO.read_bytes())
+    kept = {p: p.read_bytes() for p in [config, *work.iterdir()]}
+    base = ["proposal", "--config", str(config), "--csv-dir", str(work)]
+    base += ["--out-dir", str(tmp_path / "docs")]
+    for out_csv, says in (
+        (config, f"--out-csv is the input --config ({config})"),
+        (work / "scaling.csv", f"--out-csv is the input scaling.csv of --csv-dir ({work}"),
+        (tmp_path / "docs/proposal.md", "--out-csv and proposal.md of --out-dir are one file"),
+    ):
+        assert cli.main([*base, "--out-csv", str(out_csv)]) == 2, out_csv
+        (err,) = capsys.readouterr().err.strip().splitlines()
+        assert err.startswith("scalestudy proposal: nothing written: ") and says in err, err
+        assert {p: p.read_bytes() for p in kept} == kept
+        assert not (tmp_path / "docs").exists()
+
+
+def test_model_refuses_to_write_over_its_runs(tmp_path, capsys):
+    """`scalestudy model --runs D/model.csv --out-dir D` replaced the runs by their model."""
+    runs = tmp_path / "model.csv"
+    runs.write_bytes((REPO / "tests/fixtures/demo_runs.csv").read_bytes())
+    before = runs.read_bytes()
+    assert cli.main(["model", "--runs", str(runs), "--out-dir", str(tmp_path)]) == 2
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert "nothing written: model.csv of --out-dir is the input --runs" in err, err
+    assert runs.read_bytes() == before and not (tmp_path / "bucket_advice.csv").exists()
+
+
 def test_a_damaged_model_csv_given_by_hand_is_not_to_be_deleted(demo, tmp_path, capsys):
     """`scalestudy proposal --model-csv mine.csv` with a row cut short said "delete it and run
     `snakemake`": advice to delete the user's own file, and a command that makes none of it."""

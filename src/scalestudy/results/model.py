@@ -108,6 +108,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    out = Path(args.out_dir)
+    outputs = {f"{name} of --out-dir": out / name for name in ("model.csv", "bucket_advice.csv")}
+    # the runs given as --out-dir's model.csv: replaced by the model of themselves, said done
+    files.check_distinct(outputs, {"--runs": args.runs}, AnalysisError)
     rows = read_csv(args.runs, " (one row per run)", RUNS_CSV, "--runs")
     if not rows:
         raise AnalysisError(f"{args.runs} has no runs: {RUNS_FIX}")
@@ -127,7 +131,6 @@ def run(args: argparse.Namespace) -> int:
     unmodelled = model.without_compute(pts, compute)
     table = model_table(pts, [*skipped, *unmodelled], fit, compute)
     advice = [vars(a) for a in model.advise(None if isinstance(fit, str) else fit, pts)]
-    out = Path(args.out_dir)
     files.check_outputs([out / "model.csv", out / "bucket_advice.csv"], AnalysisError)
     files.write_texts(  # both or neither: a full disk at the second leaves both old
         {

@@ -61,7 +61,12 @@ from scalestudy.errors import AnalysisError
 from scalestudy.results import render_report as report
 from scalestudy.results.analyze import cell, check_cell, read_csv
 from scalestudy.study import profiling
-from scalestudy.study.config import add_config_arguments, load_layers, semantic_problems
+from scalestudy.study.config import (
+    add_config_arguments,
+    config_inputs,
+    load_layers,
+    semantic_problems,
+)
 from scalestudy.study.estimate import (
     BENCHMARKS_DIR,
     NOT_MEASURED,
@@ -1078,17 +1083,36 @@ def run(args: argparse.Namespace) -> int:
     # a StudyConfigError, PlanError or AnalysisError: one line from cli.main, exit 2
     config = load_layers(args.config, overrides=args.set)
     runs_csv, benchmarks = study_measured_paths(args.csv_dir, args.runs_csv, args.benchmarks)
+    # the analysis CSVs' own model.csv, not the working directory's: a --csv-dir elsewhere
+    # silently read results/csv/model.csv, or none
+    model_csv = given_path(args.model_csv, "--model-csv", Path(args.csv_dir) / "model.csv")
+    check_paths(args, runs_csv, model_csv)
     write_proposal(
         config,
         args.csv_dir,
         args.out_dir,
         args.templates,
-        # the analysis CSVs' own model.csv, not the working directory's: a --csv-dir elsewhere
-        # silently read results/csv/model.csv, or none
-        given_path(args.model_csv, "--model-csv", Path(args.csv_dir) / "model.csv"),
+        model_csv,
         runs_csv,
         benchmarks,
         args.figure_dir,
         args.out_csv,
     )
     return 0
+
+
+def check_paths(args: argparse.Namespace, runs_csv: Path, model_csv: Path) -> None:
+    """Before any work: two outputs one file (--out-csv inside --out-dir as proposal.md: the
+    document written, proposal.csv never, and both said written), or an output one of the
+    inputs (--out-csv over the study config or an analysis CSV: the config replaced by a CSV,
+    every later command refused), as plan's and analyze's."""
+    csv_dir, out_dir = Path(args.csv_dir), Path(args.out_dir)
+    outputs = {"--out-csv": args.out_csv or csv_dir / "proposal.csv"}
+    outputs |= {f"{name} of --out-dir": out_dir / name for name in DOCUMENTS}
+    inputs = {
+        f"{name}.csv of --csv-dir": csv_dir / f"{name}.csv" for name in report.ANALYSIS_TABLES
+    }
+    inputs |= {"--model-csv" if args.model_csv else "model.csv of --csv-dir": model_csv}
+    inputs |= {"--runs-csv" if args.runs_csv else "runs.csv of --csv-dir": runs_csv}
+    inputs |= config_inputs(args.config)
+    files.check_distinct(outputs, inputs, AnalysisError)
