@@ -579,9 +579,22 @@ def test_cli_check_reads_the_venvs_torch_without_importing_it(tmp_path):
     assert "cannot read the venv's torch version" in r.stderr
 
 
-def test_unreadable_definition(tmp_path):
-    with pytest.raises(DefinitionError, match="cannot read"):
-        parse_definition(tmp_path / "nope.def")
+def test_an_unreadable_definition_is_one_line_with_its_fix(tmp_path):
+    """A missing file, a directory and bytes that are no UTF-8: each one line naming the file
+    and the recipe to give (Python's "[Errno 2] No such file or directory: 'nope.def'" and
+    codec message came through as they were)."""
+    (tmp_path / "latin1.def").write_bytes(b"Bootstrap: docker\nFrom: caf\xe9\n")
+    for name, says in (
+        ("nope.def", "nope.def: no such definition file: "),
+        ("latin1.def", "latin1.def: byte 27 is not UTF-8 text (invalid continuation byte): "),
+        (".", " is a directory, not a file; "),
+    ):
+        with pytest.raises(DefinitionError) as e:
+            parse_definition(tmp_path / name)
+        message = str(e.value)
+        assert says in message and "\n" not in message and "Errno" not in message, message
+        assert message.endswith("give the Apptainer recipe, UTF-8 text, e.g. "
+                                "containers/trainer.def of the checkout"), message  # fmt: skip
 
 
 # ------------------------------------------------------------------------ digest and argv

@@ -55,7 +55,7 @@ from pathlib import Path
 from scalestudy import files, log
 from scalestudy.errors import ApptainerNotFound, DefinitionError
 from scalestudy.files import git_commit
-from scalestudy.jobs.container_exec import image_digest
+from scalestudy.jobs.container_exec import SHIPPED_DEFINITION, image_digest
 
 logger = log.get(__name__)
 
@@ -151,10 +151,13 @@ def parse_definition(path: str | os.PathLike) -> Definition:
     kept (they are the script's own comments). Raises DefinitionError naming file and line.
     """
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise DefinitionError(f"{path}: cannot read the definition file: {e}") from e
+    fix = f"give the Apptainer recipe, UTF-8 text, e.g. {SHIPPED_DEFINITION} of the checkout"
+    try:  # one line naming the file, the byte and the fix (was Python's codec message)
+        text = files.read_text(path, DefinitionError, fix)
+    except FileNotFoundError:
+        raise DefinitionError(f"{path}: no such definition file: {fix}") from None
+    except OSError as e:
+        raise DefinitionError(f"{path}: cannot read the definition file: {e.strerror}") from e
 
     header: dict[str, str] = {}
     bodies: dict[str, list[tuple[int, str]]] = {}
