@@ -1511,6 +1511,20 @@ def test_an_output_over_an_input_or_another_output_is_refused_before_any_work(
         assert not (tmp_path / "docs").exists()
 
 
+def test_a_foreign_model_csv_is_refused_naming_it(demo, tmp_path, capsys):
+    """A --model-csv without the columns its rows are selected by: "a CSV lacks the column
+    'kind'", no file named. A hand-written one of the documented columns is still read."""
+    _, study, _ = demo
+    foreign = tmp_path / "foreign.csv"
+    foreign.write_text("run,throughput\nw1,10\n")
+    argv = ["proposal", "--config", str(DEMO), "--csv-dir", str(study / "results/csv")]
+    argv += ["--out-dir", str(tmp_path / "docs"), "--out-csv", str(tmp_path / "p.csv")]
+    assert cli.main([*argv, "--model-csv", str(foreign)]) == 2
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert f"{foreign} has no column kind, name: not a model.csv of `scalestudy model`" in err
+    assert not (tmp_path / "docs").exists()
+
+
 def test_model_refuses_to_write_over_its_runs(tmp_path, capsys):
     """`scalestudy model --runs D/model.csv --out-dir D` replaced the runs by their model."""
     runs = tmp_path / "model.csv"

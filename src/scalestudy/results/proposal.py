@@ -242,6 +242,8 @@ def choose_scale(points: list[dict], threshold: float) -> tuple[dict, dict | Non
     return chosen, below
 
 
+# the columns of model.csv that name each row (holdout() and the documents select rows by them)
+MODEL_KEYS = ("kind", "name")
 # the cells of model.csv that holdout() computes with, by (kind, name; None: any name), column
 MODEL_CELLS = {
     ("holdout", None): {"rel_error": files.NUMBER.or_blank()},
@@ -285,6 +287,13 @@ def checked_model(path: str | Path) -> list[dict]:
     if not rows:
         raise AnalysisError(
             f"{path} has no rows: `scalestudy model` writes rows for every study that ran; {fix}"
+        )
+    # the columns every row is read by (a hand-written table may leave out the others): a
+    # foreign CSV said "a CSV lacks the column 'kind'", naming no file
+    if missing := [c for c in MODEL_KEYS if c not in rows[0]]:
+        raise AnalysisError(
+            f"{path} has no column {', '.join(missing)}: not a model.csv of `scalestudy "
+            f"model`; {fix}"
         )
     for i, row in enumerate(rows, start=2):  # line 1 is the header
         kind = row.get("kind")
