@@ -1709,7 +1709,7 @@ def test_the_proposal_reruns_for_the_checkpointing_keys_its_numbers_read():
 
 @pytest.mark.parametrize(
     ("broken", "says"),
-    [("{% if %}\n", "proposal.md.j2, line "), (b"\xff", "is no UTF-8 text")],
+    [("{% if %}\n", "proposal.md.j2, line "), (b"\xff", "proposal.md.j2 is no UTF-8 text")],
     ids=["syntax", "bytes"],
 )
 def test_a_broken_template_is_one_line(demo, tmp_path, capsys, broken, says):

@@ -719,14 +719,28 @@ def template_error(templates, exc: Exception) -> AnalysisError:
     the file in render-report; a byte that is no UTF-8 a UnicodeDecodeError traceback."""
     if isinstance(exc, jinja2.TemplateSyntaxError):
         where = f"{exc.filename or exc.name or 'a template'}, line {exc.lineno}: {exc.message}"
-    elif isinstance(exc, UnicodeDecodeError):
-        where = f"a template is no UTF-8 text ({exc.reason} at byte {exc.start})"
+    elif isinstance(exc, UnicodeDecodeError):  # jinja's loader names no file: found here
+        where = f"{_not_utf8(templates) or 'a template'} is no UTF-8 text ({exc.reason} at byte "
+        where += f"{exc.start})"
     else:
         where = str(exc)
     return AnalysisError(
         f"--templates {templates}: {where}; fix the template, or leave --templates out (the "
         "repository's workflow/report)"
     )
+
+
+def _not_utf8(templates) -> str | None:
+    """The first template (*.j2) of the directory `templates` whose bytes are no UTF-8 text,
+    by its name, or None."""
+    for path in sorted(Path(templates).glob("*.j2")):
+        try:
+            path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError:
+            return path.name
+        except OSError:
+            continue
+    return None
 
 
 def texts_before(paths) -> dict[Path, str | None]:
