@@ -214,6 +214,10 @@ def test_verdicts_pass_fail_and_not_measured(runs):
     # fp16 is faster but loses 5 points: the best valid optimisation is bf16, +60%
     assert v["optimisation_speedup"]["measured"] == pytest.approx(0.6)
     assert "fp16" in v["optimisation_speedup"]["note"]
+    # the measured cell is P - 1 (the precision table prints P = 1.6): the row says so
+    best = [r for r in table if r["family"] == "precision" and r["precision"] == "bf16"]
+    assert v["optimisation_speedup"]["measured"] == pytest.approx(best[0]["precision_speedup"] - 1)
+    assert "P - 1 with P = X / X(fp32)" in v["optimisation_speedup"]["description"]
     assert v["weak_deviation"]["verdict"] == "not measured"  # one weak world size only
     v8 = {r["target"]: r for r in analysis.verdicts(table, analysis.DEFAULT_TARGETS)}
     assert v8["strong_efficiency"]["verdict"] == "not measured"

@@ -1739,6 +1739,23 @@ def _demo_study(csv_dir, runs=None, shares=()):
     return report.load_tables(csv_dir)
 
 
+def test_a_flop_rate_no_run_recorded_is_said_not_shown(tmp_path):
+    """The demo's runs, of a trainer older than flops_per_img: every model FLOP rate is blank,
+    and the documents said "The model FLOP rate is shown without it" above a column of n/a."""
+    tables = _demo_study(tmp_path)
+    assert all(r["model_tflops_mean"] == "" for r in tables["scaling"])
+    docs = report.render(tmp_path, report.TEMPLATES, [], "../results/plots")
+    for name, text in docs.items():
+        flat = " ".join(text.split())
+        assert "shown without it" not in flat, name
+        assert "Nor is the model FLOP rate: no run recorded its FLOPs per image" in flat, name
+    # with a rate recorded (a run of this trainer), it is shown
+    runs = [_gpu_run("w1", "strong", 1, 20000, 0, peak=None)]
+    _analyzed(tmp_path / "rated", runs)
+    docs = report.render(tmp_path / "rated", report.TEMPLATES, [], "../results/plots")
+    assert all("The model FLOP rate is shown without it." in d for d in docs.values())
+
+
 def _md_table(text: str, header: str) -> list[list[str]]:
     """The cells of each body row of the study.md table whose header line starts with `header`."""
     lines = text.splitlines()
