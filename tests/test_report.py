@@ -700,6 +700,16 @@ def test_a_spread_other_than_zero_is_never_printed_as_zero(tmp_path):
     assert report.fmt_pct(row["mfu_std"]) == f"{100 * std:.2g}" != "0.0"
     assert report.fmt_pct("0") == "0.0" and report.fmt_signed_pct("-1e-5") == "-0.0010"
     assert report.fmt_signed_pct("1e-5") == "+0.0010" and report.fmt_pct("0.75625") == "75.6"
+    # apart from a threshold too (E_s, D, the accuracy difference, the verdicts' measured)
+    assert report.fmt_pct_apart("0.0002", "0.05", signed=True) == "+0.020"
+    assert report.fmt_pct_apart("0.6996", "0.7") == "69.96"
+    # a waterfall row's parts still add up to its loss as printed: 13.04, not 10.0 + 0.040 +
+    # 1.0 + 2.0 beside a loss of 13.0 (the tiny part's digits count in its decimals)
+    parts = [0.1, 0.0004, 0.01, 0.02]
+    k = report.summing_decimals(parts, sum(parts))
+    printed = [report.fmt_signed_pct(x, k) for x in parts]
+    assert sum(map(Decimal, printed)) == Decimal(report.fmt_pct(sum(parts), k)), (k, printed)
+    assert "+0.0" not in printed and k == 2
     docs = report.render(tmp_path, report.TEMPLATES, [], "../results/plots")
     for name, text in docs.items():
         sep = " & " if name.endswith(".tex") else " | "

@@ -23,13 +23,24 @@ def cell_float(value) -> float | None:
 def fmt_pct_apart(value, other, signed: bool = False) -> str:
     """A fraction as a percentage with one decimal, or as many more as it takes to print it
     apart from `other` (a threshold, a tolerance: compared by magnitude), unless the two cells
-    are equal: E_s = 0.6996 printed "70.0" next to ">= 70.0" and "fail". blank -> n/a."""
+    are equal: E_s = 0.6996 printed "70.0" next to ">= 70.0" and "fail"; never a share other
+    than 0 as 0 (pct_text). blank -> n/a."""
     x, o = cell_float(value), cell_float(other)
     if x is None:
         return "n/a"
-    sign = "+" if signed else ""
     for k in range(1, APART_DECIMALS + 1):
-        text = f"{100 * x:{sign}.{k}f}"
+        text = pct_text(x, k, signed)
         if o is None or abs(x) == abs(o) or f"{100 * abs(x):.{k}f}" != f"{100 * abs(o):.{k}f}":
             break
+    return text
+
+
+def pct_text(x: float, decimals: int, signed: bool = False) -> str:
+    """The fraction x as a percentage with `decimals` decimals; a share other than 0 that
+    would print as 0 there with two significant digits instead (fixed point): a weak deviation
+    of 0.0002 read "+0.0", none, beside a spread of the same size printed 0.020."""
+    sign = "+" if signed else ""
+    text = f"{100 * x:{sign}.{decimals}f}"
+    if x != 0 and float(text) == 0:
+        text = f"{100 * x:{sign}.{1 - math.floor(math.log10(abs(100 * x)))}f}"
     return text

@@ -42,7 +42,7 @@ from scalestudy.results.analyze import (
     read_table,
 )
 from scalestudy.results.model import ADVICE_COLUMNS, MODEL_COLUMNS
-from scalestudy.results.printed import APART_DECIMALS, fmt_pct_apart
+from scalestudy.results.printed import APART_DECIMALS, fmt_pct_apart, pct_text
 from scalestudy.results.printed import cell_float as _float
 
 logger = log.get(__name__)
@@ -147,24 +147,17 @@ def ratio_digits(numerator, denominator, ratio) -> int:
 
 def fmt_pct(value, decimals: int = 1) -> str:
     """A fraction as a percentage with one decimal (0.8532 -> 85.3), or `decimals`; a share
-    other than 0 that would print as 0 with two significant digits instead (an MFU spread of
-    5.6e-05 read "0.0", none, beside the TFLOP/s spread it is); blank -> n/a."""
-    return _pct(value, f".{decimals}f")
+    other than 0 that would print as 0 with two significant digits instead (printed.pct_text:
+    an MFU spread of 5.6e-05 read "0.0", none, beside the TFLOP/s spread it is); blank ->
+    n/a."""
+    x = _float(value)
+    return "n/a" if x is None else pct_text(x, decimals)
 
 
 def fmt_signed_pct(value, decimals: int = 1) -> str:
     """fmt_pct with its sign."""
-    return _pct(value, f"+.{decimals}f")
-
-
-def _pct(value, spec: str) -> str:
     x = _float(value)
-    if x is None:
-        return "n/a"
-    text = format(100 * x, spec)
-    if x != 0 and float(text) == 0:
-        return ("+" if "+" in spec and x > 0 else "") + fmt_sig(100 * x, 2)
-    return text
+    return "n/a" if x is None else pct_text(x, decimals, signed=True)
 
 
 def fmt_fixed(value, decimals: int) -> str:
@@ -183,11 +176,16 @@ def summing_decimals(parts, total, scale: float = 100, least: int | None = 1) ->
     if least is None:
         least = _decimals(fmt_num(total)) if t is not None and abs(t) >= 1e-4 else 1
     for k in range(least, APART_DECIMALS + 1):
-        if t is None or sum(Decimal(f"{scale * x:.{k}f}") for x in xs) == Decimal(
-            f"{scale * t:.{k}f}"
-        ):
+        if t is None or sum(_shown(x, k, scale) for x in xs) == _shown(t, k, scale):
             return k
     return APART_DECIMALS
+
+
+def _shown(x: float, decimals: int, scale: float) -> Decimal:
+    """x x scale as the templates print it at `decimals`: a percentage (scale 100) by pct and
+    spct (a part other than 0 never as 0: its two significant digits counted, or the row's
+    printed parts did not add up to its loss), else fixed."""
+    return Decimal(pct_text(x, decimals) if scale == 100 else f"{scale * x:.{decimals}f}")
 
 
 def fmt_exact(value) -> str:
