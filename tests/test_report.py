@@ -710,6 +710,10 @@ def test_a_spread_other_than_zero_is_never_printed_as_zero(tmp_path):
     printed = [report.fmt_signed_pct(x, k) for x in parts]
     assert sum(map(Decimal, printed)) == Decimal(report.fmt_pct(sum(parts), k)), (k, printed)
     assert "+0.0" not in printed and k == 2
+    # floating-point noise (a residual of parts that cancel) is 0, and costs a row no decimals
+    noise = [0.1, 1.3e-17, 0.02]
+    assert report.fmt_signed_pct(1.3e-17) == "+0.0" and report.fmt_pct("1e-9") == "0.00000010"
+    assert report.summing_decimals(noise, 0.12) == 1
     docs = report.render(tmp_path, report.TEMPLATES, [], "../results/plots")
     for name, text in docs.items():
         sep = " & " if name.endswith(".tex") else " | "

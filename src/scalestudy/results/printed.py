@@ -35,12 +35,18 @@ def fmt_pct_apart(value, other, signed: bool = False) -> str:
     return text
 
 
+# a share below this is floating-point noise, printed as 0: a waterfall residual of parts that
+# cancel (1.3e-17), where no timer of a run resolves a billionth of its step
+NOISE_SHARE = 1e-9
+
+
 def pct_text(x: float, decimals: int, signed: bool = False) -> str:
     """The fraction x as a percentage with `decimals` decimals; a share other than 0 that
     would print as 0 there with two significant digits instead (fixed point): a weak deviation
-    of 0.0002 read "+0.0", none, beside a spread of the same size printed 0.020."""
+    of 0.0002 read "+0.0", none, beside a spread of the same size printed 0.020. Below
+    NOISE_SHARE it is 0."""
     sign = "+" if signed else ""
     text = f"{100 * x:{sign}.{decimals}f}"
-    if x != 0 and float(text) == 0:
+    if abs(x) >= NOISE_SHARE and float(text) == 0:
         text = f"{100 * x:{sign}.{1 - math.floor(math.log10(abs(100 * x)))}f}"
     return text
