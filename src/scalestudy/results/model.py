@@ -109,7 +109,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     out = Path(args.out_dir)
-    outputs = {f"{name} of --out-dir": out / name for name in ("model.csv", "bucket_advice.csv")}
+    model_csv, advice_csv = out / "model.csv", out / "bucket_advice.csv"
+    outputs = {f"{path.name} of --out-dir": path for path in (model_csv, advice_csv)}
     # the runs given as --out-dir's model.csv: replaced by the model of themselves, said done
     files.check_distinct(outputs, {"--runs": args.runs}, AnalysisError)
     rows = read_csv(args.runs, " (one row per run)", RUNS_CSV, "--runs")
@@ -131,13 +132,11 @@ def run(args: argparse.Namespace) -> int:
     unmodelled = model.without_compute(pts, compute)
     table = model_table(pts, [*skipped, *unmodelled], fit, compute)
     advice = [vars(a) for a in model.advise(None if isinstance(fit, str) else fit, pts)]
-    files.check_outputs([out / "model.csv", out / "bucket_advice.csv"], AnalysisError)
+    files.check_outputs(outputs.values(), AnalysisError)
     files.write_texts(  # both or neither: a full disk at the second leaves both old
         {
-            out / "model.csv": files.csv_text(MODEL_COLUMNS, table, cell),
-            out / "bucket_advice.csv": files.csv_text(
-                ADVICE_COLUMNS, map(_advice_row, advice), cell
-            ),
+            model_csv: files.csv_text(MODEL_COLUMNS, table, cell),
+            advice_csv: files.csv_text(ADVICE_COLUMNS, map(_advice_row, advice), cell),
         }
     )
     logger.info(

@@ -992,6 +992,11 @@ def render(
     return docs
 
 
+def proposal_csv(csv_dir: str | Path, out_csv: str | Path | None) -> Path:
+    """Where proposal.csv goes: --out-csv, else --csv-dir's (the workflow's)."""
+    return Path(out_csv) if out_csv else Path(csv_dir) / "proposal.csv"
+
+
 def write_proposal(
     config: dict,
     csv_dir: str | Path = "results/csv",
@@ -1031,7 +1036,7 @@ def write_proposal(
     except (jinja2.TemplateError, UnicodeDecodeError) as exc:
         raise report.template_error(templates, exc) from exc
     report.check_numbers(docs, tables, (figure_dir,))
-    outputs = {Path(out_csv) if out_csv else csv_dir / "proposal.csv": text}
+    outputs = {proposal_csv(csv_dir, out_csv): text}
     outputs.update((Path(out_dir) / name, doc) for name, doc in docs.items())
     files.check_outputs(outputs, AnalysisError)  # else a new proposal.csv beside old docs
     before = report.texts_before(outputs)
@@ -1116,7 +1121,7 @@ def check_paths(args: argparse.Namespace, runs_csv: Path, model_csv: Path) -> No
     inputs (--out-csv over the study config or an analysis CSV: the config replaced by a CSV,
     every later command refused), as plan's and analyze's."""
     csv_dir, out_dir = Path(args.csv_dir), Path(args.out_dir)
-    outputs = {"--out-csv": args.out_csv or csv_dir / "proposal.csv"}
+    outputs = {"--out-csv": proposal_csv(csv_dir, args.out_csv)}
     outputs |= {f"{name} of --out-dir": out_dir / name for name in DOCUMENTS}
     inputs = {
         f"{name}.csv of --csv-dir": csv_dir / f"{name}.csv" for name in report.ANALYSIS_TABLES
