@@ -4,6 +4,7 @@ the clear error when Apptainer is missing. No real Apptainer is needed (nor used
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shlex
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from scalestudy.errors import DefinitionError, LaunchError
+from scalestudy.errors import DefinitionError, ImageEmpty, LaunchError
 from scalestudy.files import git_commit
 from scalestudy.jobs import container, container_exec
 from scalestudy.jobs.container import (
@@ -608,11 +609,22 @@ def test_image_digest_follows_content(tmp_path):
     assert image_digest(image) == d1
     image.write_bytes(b"x" * (3 * (1 << 20) + 4) + b"y")
     assert image_digest(image) != d1
+    assert hashlib.sha256(b"").hexdigest() == container_exec.EMPTY_SHA256
+
+
+def test_empty_image_is_refused_with_the_build_command(tmp_path):
+    """A 0-byte image (a failed copy, a `touch`) is no image: one line naming it and the
+    command that rebuilds it, from `container digest` as from every command that hashes it."""
     empty = tmp_path / "e.sif"
     empty.write_bytes(b"")
-    assert image_digest(empty) == (
-        "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
-    )
+    with pytest.raises(ImageEmpty) as info:
+        image_digest(empty)
+    assert str(info.value).startswith(f"{empty}: is empty, not an image: rebuild it with `")
+    assert "container build" in str(info.value) and str(empty) in str(info.value)
+    argv = [sys.executable, "-m", "scalestudy", "container", "digest", str(empty)]
+    r = run(argv, {"PYTHONPATH": str(SRC)}, REPO)
+    assert r.returncode == 2 and r.stdout == "", (r.returncode, r.stdout)
+    assert r.stderr.count("\n") == 1 and "is empty, not an image" in r.stderr, r.stderr
 
 
 def test_build_command_argv():

@@ -132,6 +132,18 @@ class ImageNotFound(ScalestudyError, FileNotFoundError):
         return f"{self.filename}: {self.strerror}"
 
 
+class ImageEmpty(ScalestudyError, OSError):
+    """A container image file of 0 bytes (a copy that failed, a `touch`; `container build`
+    writes its image whole): `path: is empty, not an image: rebuild it with `build``."""
+
+    def __init__(self, path: str | os.PathLike, build: str) -> None:
+        super().__init__(errno.EINVAL, f"is empty, not an image: rebuild it with `{build}`")
+        self.filename = str(path)
+
+    def __str__(self) -> str:
+        return f"{self.filename}: {self.strerror}"
+
+
 class ApptainerNotFound(ScalestudyError, RuntimeError):
     """`apptainer` is not on PATH."""
 

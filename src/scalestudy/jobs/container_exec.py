@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from scalestudy import files, vocab
-from scalestudy.errors import ImageNotFound, LaunchError
+from scalestudy.errors import ImageEmpty, ImageNotFound, LaunchError
 from scalestudy.files import git_commit
 
 #: Set by exec_prefix inside the container (vocab.py): the sha256 of the .sif the process runs
@@ -42,13 +42,22 @@ def build_fix(sif_path: str | os.PathLike) -> str:
     )
 
 
+# sha256 of no bytes (FIPS 180-4's test vector): an empty image's digest, not hashed again
+EMPTY_SHA256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+
+
 def image_digest(sif_path: str | os.PathLike) -> str:
     """'sha256:<hex>' of the image file's bytes; ImageNotFound (one line, the build command)
-    where there is no such file: every command given an image hashes it first."""
+    where there is no such file, ImageEmpty where it has no bytes (apptainer's own error came
+    only inside the job, and the empty file's digest went into the record): every command
+    given an image hashes it first."""
     try:
-        return f"sha256:{files.sha256(sif_path)}"
+        digest = files.sha256(sif_path)
     except FileNotFoundError as exc:
         raise ImageNotFound(sif_path, build_fix(sif_path)) from exc
+    if digest == EMPTY_SHA256:
+        raise ImageEmpty(sif_path, build_fix(sif_path))
+    return f"sha256:{digest}"
 
 
 def exec_prefix(
