@@ -6,6 +6,8 @@ from __future__ import annotations
 import copy
 import math
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -162,6 +164,28 @@ def test_malformed_yaml_names_file_and_line(tmp_path):
     path.write_text("study: x\ntrain:\n  epochs: [1, 2\n  width: 8\n")
     message = refused(path, str(path), "line ", "malformed YAML")
     assert "line 4" in message or "line 5" in message
+
+
+@pytest.mark.parametrize("text", ["", "# a study\n\n", "null\n", "---\n"])
+def test_a_config_holding_nothing_is_refused_as_snakemake_refuses_it(tmp_path, text):
+    """A 0-byte or comments-only --config (a copy cut short) read as {}: `scalestudy plan
+    --config` priced the default study, exit 0, where `snakemake --configfile` refuses it."""
+    path = tmp_path / "study.yaml"
+    path.write_text(text)
+    needle = f"{path}: holds no config (empty, or comments only: a copy cut short?)"
+    assert "\n" not in refused(path, needle)
+    with pytest.raises(StudyConfigError, match="holds no config"):
+        studyconfig.load_layers([path])
+    r = subprocess.run(
+        [sys.executable, "-m", "scalestudy", "matrix", "--config", str(path)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 2 and r.stdout == "", (r.returncode, r.stdout)
+    fix = "give the study's keys (config/config.yaml's are the defaults)"
+    assert r.stderr.splitlines() == [f"scalestudy matrix: invalid study config: {needle}: {fix}"]
 
 
 def test_a_control_character_in_the_yaml_is_one_line_with_file_line_and_column(tmp_path):

@@ -1010,9 +1010,9 @@ def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict:
 
 
 def load_yaml(path: str | os.PathLike) -> dict:
-    """The config file as a dict ({} when empty); errors name the file and line. Read as
-    Snakemake reads a config file: JSON where it is JSON (`1e-1` is 0.1 there, text in YAML
-    1.1), else YAML."""
+    """The config file as a dict (one holding none is refused, as Snakemake refuses it);
+    errors name the file and line. Read as Snakemake reads a config file: JSON where it is
+    JSON (`1e-1` is 0.1 there, text in YAML 1.1), else YAML."""
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
@@ -1054,8 +1054,11 @@ def load_yaml(path: str | os.PathLike) -> dict:
         elif context:
             detail = f"{context}: {detail}"
         raise StudyConfigError(f"{where}: malformed YAML: {detail}") from e
-    if data is None:
-        return {}
+    if data is None:  # snakemake refuses it too ("... with keys at top level")
+        raise StudyConfigError(
+            f"{path}: holds no config (empty, or comments only: a copy cut short?): give the "
+            "study's keys (config/config.yaml's are the defaults)"
+        )
     if not isinstance(data, dict):
         raise StudyConfigError(
             _bad("<top level>", data, "must be a mapping (key: value)"), source=path
