@@ -879,7 +879,7 @@ def test_a_scaling_figure_without_scaling_rows_is_refused_not_drawn_empty(tmp_pa
 
     # a hand-made scaling.csv without rows (0 bytes: "has no rows (not even a header)")
     (tmp_path / "scaling.csv").write_text(",".join(analysis.TABLE_COLUMNS["scaling"]) + "\n")
-    (tmp_path / "targets.csv").write_text("target,value\n")
+    (tmp_path / "targets.csv").write_text("target,value\nweak_deviation,0.1\n")
     argv = ["plot", "--figure", figure, "--device", "cpu", "--out", str(tmp_path / "plots")]
     argv += ["--scaling", str(tmp_path / "scaling.csv"), "--targets", str(tmp_path / "targets.csv")]
     argv += ["--epochs", str(tmp_path / "targets.csv")]
@@ -1182,6 +1182,15 @@ def test_a_damaged_targets_csv_is_one_clear_error(tmp_path):
         path.write_text(damaged)
         with pytest.raises(AnalysisError, match="targets.csv: a row without a target name"):
             plots.read_targets(path)
+    # no rows (0 bytes, a header alone, another header): the figure was drawn without its
+    # target lines, exit 0, where render-report refuses the file
+    for empty in ("", "target,value\n", "foo,bar\n"):
+        path.write_text(empty)
+        with pytest.raises(AnalysisError) as refused:
+            plots.read_targets(path)
+        assert str(refused.value).startswith(
+            f"{path} has no rows: `scalestudy analyze` writes the targets; "
+        ), str(refused.value)
     # a value outside the schema's range (analyze.TARGET_RANGES): inf gpus was an OverflowError
     # traceback, a weak deviation of -1 a ZeroDivisionError, a percent (70) a line at 7000 %
     for target, value, what in (

@@ -673,10 +673,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def read_targets(path: str | Path) -> dict[str, float]:
     """targets.csv (analyze.py, --targets) as {target: value}; a damaged one is one line, not a
-    KeyError (analyze.check_targets)."""
+    KeyError (analyze.check_targets), and so is one without rows (0 bytes, a header alone:
+    analyze writes the study's targets always), which drew the figure without its target
+    lines, as render-report refuses it."""
     target, flag = "results/csv/targets.csv", "--targets"
     fix = files.input_fix(path, target, flag)
-    return check_targets(path, read_csv(path, "", target, flag), fix)
+    if not (rows := read_csv(path, "", target, flag)):
+        raise AnalysisError(f"{path} has no rows: `scalestudy analyze` writes the targets; {fix}")
+    return check_targets(path, rows, fix)
 
 
 def run(args: argparse.Namespace) -> int:
