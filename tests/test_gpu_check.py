@@ -106,6 +106,11 @@ def test_only_runs_the_named_checks_and_a_budget_too_small_is_refused(tmp_path, 
         "torch-profiler",
         "torch-profiler-study",
     )
+    # not given: every check; given and naming none (an empty "$CHECKS"): refused, not all
+    assert gpu_check.select_only(None, names) == ()
+    for empty in ("", ",", " , "):
+        with pytest.raises(GpuCheckError, match=f"--only {empty!r} names no check: give "):
+            gpu_check.select_only(empty, names)
     # nvml reads reference-bf16's run of our trainer: --only nvml runs that first
     monkeypatch.setattr(
         gpu_check,

@@ -1098,7 +1098,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--only",
-        default="",
+        default=None,
         metavar="PREFIXES",
         help="comma-separated check names or name prefixes to run (e.g. compile-,speed-: a "
         "whole name runs that check alone); default all. "
@@ -1205,10 +1205,19 @@ def run(args: argparse.Namespace) -> int:
     return exit_code(doc)
 
 
-def select_only(text: str, names: list[str]) -> tuple[str, ...]:
-    """--only's checks: an entry that is a check's whole name selects that check alone (the
-    report's rerun command lists the names the budget left out: `cuda-graphs` must not rerun
-    cuda-graphs-gloo2 too), any other entry every check whose name starts with it."""
+def select_only(text: str | None, names: list[str]) -> tuple[str, ...]:
+    """--only's checks (None, not given: () for all): an entry that is a check's whole name
+    selects that check alone (the report's rerun command lists the names the budget left out:
+    `cuda-graphs` must not rerun cuda-graphs-gloo2 too), any other entry every check whose
+    name starts with it. Given and naming none (`--only "$CHECKS"` of an empty variable) is
+    refused: it ran every check, the whole budget."""
+    if text is None:
+        return ()
+    if not any(p.strip() for p in text.split(",")):
+        raise GpuCheckError(
+            f"--only {text!r} names no check: give check names or prefixes, comma-separated "
+            "(leave --only out for all); the checks: " + ", ".join(names)
+        )
     only: list[str] = []
     for entry in (p.strip() for p in text.split(",") if p.strip()):
         chosen = [entry] if entry in names else [n for n in names if n.startswith(entry)]
