@@ -620,6 +620,14 @@ def test_an_old_export_and_exports_without_what_is_projected(tmp_path):
     junk.write_text("not a database")
     with pytest.raises(ProfileFormatError, match=r"nsys_rank0\.sqlite: not an nsys SQLite export"):
         nsys.export_phases(junk)
+    # a 0-byte file (it opens as an empty database) or another program's database: refused, not
+    # read as an export without phases (parse then warned the rank had no SQLite export)
+    for sql_text, what in [("", "empty"), ("CREATE TABLE foo (x);", r"its tables \(foo\) are")]:
+        junk.unlink()
+        write_export(junk, sql_text)
+        with pytest.raises(ProfileFormatError, match=rf"rank0\.sqlite: not an nsys SQLite export "
+                           rf"\({what}"):  # fmt: skip
+            nsys.export_phases(junk)
 
 
 def nsys_export_of_trace(doc: dict, path: Path) -> Path:

@@ -301,7 +301,8 @@ PID_MASK = 0xFFFFFFFFFF000000
 def export_phases(path: str | Path) -> list[dict]:
     """The trainer's phase ranges (schema.RANGES) in one rank's nsys SQLite export, projected
     onto the GPU by projection.project (launches from any thread of the rank's process);
-    [] when the export has no NVTX range, no CUDA API call or no GPU operation."""
+    [] when the export has no NVTX range, no CUDA API call or no GPU operation, refused when the
+    database is no nsys export (NSYS_TABLE_PREFIXES)."""
     path = Path(path)
     try:
         con = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True)
@@ -330,8 +331,20 @@ def _check_span(path: Path, table: str, start, end) -> None:
         )  # fmt: skip
 
 
+# table names every nsys SQLite export has some of (its string table, its activity, NVTX,
+# target info and enum tables): a database with none is not an export (a 0-byte file opens as an
+# empty one), refused, not read as an export without phases (the parse's warning then said the
+# rank had no export)
+NSYS_TABLE_PREFIXES = ("StringIds", "NVTX_", "CUPTI_", "TARGET_INFO_", "ENUM_")
+
+
 def _export_phases(con: sqlite3.Connection, path: Path) -> list[dict]:
     tables = {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    if not any(t.startswith(NSYS_TABLE_PREFIXES) for t in tables):
+        what = "empty" if not tables else f"its tables ({', '.join(sorted(tables))}) are not nsys's"
+        raise ProfileFormatError(
+            path, None, f"not an nsys SQLite export ({what}); made by `nsys export --type sqlite`"
+        )
     op_tables = [t for t in GPU_OP_TABLES if t in tables]
     if "NVTX_EVENTS" not in tables or LAUNCH_TABLE not in tables or not op_tables:
         return []
