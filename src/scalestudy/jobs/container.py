@@ -593,7 +593,8 @@ INSTALL_HELP = (
     "`apptainer` is not on PATH: on a cluster load its module (`module load apptainer`), else "
     "install it (https://apptainer.org/docs/admin/main/installation.html: packages for "
     "Debian/Ubuntu, RHEL/EPEL, or from source), or run without a container, training in the "
-    "current Python environment: container.enabled: false in the study's config (or "
+    "current Python environment: container.enabled: false in the study's config (or in a "
+    "small YAML file added to --configfile: `container: {enabled: false}`; snakemake refuses "
     "`--config container.enabled=false`)"
 )
 
