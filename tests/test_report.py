@@ -27,7 +27,7 @@ from scalestudy.results import render_report as report
 pytestmark = pytest.mark.workflow
 
 # the demo's figures: all but the GPU's utilisation and the kernel-share profile (a CPU study)
-FIGURES = [f for f in vocab.FIGURES if f not in ("gpu_util", "profile")]
+FIGURES = [f for f in plot.FIGURES if f not in ("gpu_util", "profile")]
 
 
 def need_latexmk() -> None:

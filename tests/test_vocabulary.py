@@ -111,23 +111,32 @@ def test_every_schema_key_has_a_description_and_a_default():
 
 
 def test_figures_are_the_vocabulary_in_the_plotters_the_study_and_the_captions():
-    """vocab.FIGURES is what render-report's --figures accepts: a figure plot.py draws but the
+    """plot.FIGURES is what render-report's --figures accepts: a figure plot.py draws but the
     vocabulary lacks could not be shown, and one without a caption in a template failed the
     render with an error that blamed the CSVs."""
     import re
 
     from scalestudy.results import plot
 
-    assert tuple(plot.PLOTTERS) == vocab.FIGURES
     every = {name: {"enabled": True, "gpus": [1, 2]} for name in vocab.FAMILIES}
-    assert tuple(plot.figures(every, "cuda", True)) == vocab.FIGURES  # same order as the report
+    assert tuple(plot.figures(every, "cuda", True)) == plot.FIGURES  # same order as the report
     report = Path(__file__).resolve().parents[1] / "workflow/report"
     for template in ("study.md.j2", "paper.tex.j2"):
         text = (report / template).read_text()
         block = text[text.index("set captions = {") : text.index("}", text.index("captions = {"))]
-        assert sorted(re.findall(r'^\s*"(\w+)":', block, re.M)) == sorted(vocab.FIGURES), template
+        assert sorted(re.findall(r'^\s*"(\w+)":', block, re.M)) == sorted(plot.FIGURES), template
     rst = (report / "figure.rst").read_text()  # snakemake --report's caption of each figure
-    assert sorted(re.findall(r'if f == "(\w+)"', rst)) == sorted(vocab.FIGURES)
+    assert sorted(re.findall(r'if f == "(\w+)"', rst)) == sorted(plot.FIGURES)
+    # defined where neither training nor data preparation looks: a figure added to
+    # vocab.FIGURES reran prepare_data and every training and profiling job
+    from scalestudy.study import resources
+
+    root = Path(__file__).resolve().parents[1]
+    training = resources.trainer_sources(root)
+    training += resources.code_sources(root, "trainer/prepare_data.py")
+    defined = Path(plot.__file__).resolve().relative_to(root).as_posix()
+    assert defined == "src/scalestudy/results/plot.py" and defined not in training
+    assert not hasattr(vocab, "FIGURES")
 
 
 @pytest.mark.parametrize(

@@ -96,21 +96,8 @@ SWITCHES = ("auto", "on", "off")
 # --cuda-graphs: the switches plus step, the whole training step as one CUDA graph (on: the
 # compiled pieces' graphs, torch.compile mode reduce-overhead; trainer/compiling.py)
 CUDA_GRAPHS = (*SWITCHES, "step")
-# figures of `scalestudy plot` (results/plots/<name>.{png,pdf}); order = order in the report.
-# render-report's --figures takes only these: a misspelt name would reach the templates' caption
-# table and be blamed on the CSVs.
-FIGURES = (
-    "throughput",
-    "efficiency",
-    "epoch_time",
-    "comm_fraction",
-    "waterfall",
-    "precision",
-    "bucket",
-    "accuracy",
-    "gpu_util",
-    "profile",
-)
+# (the figures' names are results/plot.py's FIGURES: this module is imported by the trainer, so
+# an edit here reruns data preparation and every training run, and adding a figure must not)
 # the columns of a run's epochs.csv, one row per epoch (trainer/loop.py writes it and says what
 # each holds; collect refuses a run's file that lacks one or has a cell out of its range)
 EPOCH_COLUMNS = (

@@ -117,7 +117,7 @@ ANALYSIS_TABLES = TABLE_NAMES
 wildcard_constraints:
     run=matrix.run_wildcard(RUNS),
     dataset="|".join(vocab.DATASETS),
-    figure="|".join(vocab.FIGURES),
+    figure="|".join(plots.FIGURES),
 
 
 # the same rules as scalestudy.study.resources.LOCAL_RULES (tests/test_resources.py checks)

@@ -42,6 +42,7 @@ from scalestudy.results.analyze import (
     read_table,
 )
 from scalestudy.results.model import ADVICE_COLUMNS, MODEL_COLUMNS
+from scalestudy.results.plot import FIGURES
 from scalestudy.results.printed import APART_DECIMALS, fmt_pct_apart, pct_text
 from scalestudy.results.printed import cell_float as _float
 
@@ -657,9 +658,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--figures",
         nargs="*",
         default=[],
-        choices=vocab.FIGURES,
+        choices=FIGURES,
         metavar="FIGURE",
-        help=f"figures of results/plots to show, of: {', '.join(vocab.FIGURES)}",
+        help=f"figures of results/plots to show, of: {', '.join(FIGURES)}",
     )
     parser.add_argument(
         "--figure-dir", default="../results/plots", help="figures, relative to the documents"
