@@ -355,7 +355,7 @@ def test_table_digest_follows_content(full):
 def test_read_refuses_a_foreign_header(tmp_path):
     path = tmp_path / "runs.tsv"
     path.write_text("run\tfamilies\nx\tstrong\n")
-    with pytest.raises(ValueError, match="RUN_COLUMNS"):
+    with pytest.raises(ValueError, match="its header is not the run table's"):
         read_runs_tsv(path)
 
 
@@ -421,6 +421,9 @@ def test_collect_of_a_damaged_run_table_is_one_line_naming_the_line(tmp_path, ca
     cells = lines[1].split("\t")
     cells[RUN_COLUMNS.index("dataset")] = "x" * 200_000
     huge.write_text("\n".join([lines[0], "\t".join(cells)]) + "\n")
+    empty, other = tmp_path / "empty.tsv", tmp_path / "other.tsv"
+    empty.write_text("")
+    other.write_text("run,throughput_img_s\nw1,10\n")  # runs.csv given for the run table
     for path, says in (
         (cut, "line 3: "),
         (huge, "line 2: field larger than field limit"),
@@ -429,6 +432,9 @@ def test_collect_of_a_damaged_run_table_is_one_line_naming_the_line(tmp_path, ca
         (twice, f"line {len(lines) + 1}: run {run!r} again (line 2)"),
         # none at all: "No such file or directory", naming no command that writes it
         (tmp_path / "none.tsv", "no such file; write the study's run table:"),
+        # 0 bytes, another table: "header is not matrix.RUN_COLUMNS", a name only the code knows
+        (empty, "empty (not even a header): cut short?; rebuild it: "),
+        (other, "its header is not the run table's (run, families, nodes, ...; written by "),
     ):
         with pytest.raises(RunTableError, match=re.escape(says)):
             read_runs_tsv(path)

@@ -1689,6 +1689,14 @@ def test_an_export_entry_the_trainer_cannot_have_written_is_named(tmp_path, fiel
     (tmp_path / "torch_ops_rank0.json").write_text(json.dumps({"ops": 1}))
     with pytest.raises(ProfileFormatError, match="'ops' is 1, not a list"):
         torch_ops.parse_torch(tmp_path, "g")  # was a TypeError traceback
+    # a key left out, an entry that is no object: named in words, not "bad entry ... ('count')"
+    # (a KeyError's repr) or "'int' object has no attribute 'get'"
+    ops[1] = {k: v for k, v in GPU_OPS[1].items() if k != "count"}
+    for bad, said in [(ops[1], "op 1 has no 'count' ("), (7, "op 1 is 7, not an object; ")]:
+        (tmp_path / "torch_ops_rank0.json").write_text(json.dumps({"ops": [ops[0], bad]}))
+        with pytest.raises(ProfileFormatError, match=re.escape(said)) as info:
+            torch_ops.parse_torch(tmp_path, "g")
+        assert str(info.value).endswith(torch_ops.RECAPTURE), str(info.value)
 
 
 @pytest.mark.parametrize(

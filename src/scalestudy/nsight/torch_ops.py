@@ -135,6 +135,8 @@ def measured(value, what: str, least: float | None = 0, whole: bool = False) -> 
 
 def _entry(f: Path, i: int, op) -> dict:
     """One export entry, checked; times in us."""
+    if not isinstance(op, dict):  # was "'int' object has no attribute 'get'"
+        raise ProfileFormatError(f, None, f"op {i} is {op!r}, not an object; {RECAPTURE}")
     try:
         self_dev = op.get("self_device_us")
         device_type = str(op.get("device_type") or "").upper()
@@ -152,7 +154,10 @@ def _entry(f: Path, i: int, op) -> dict:
             "annotation": annotation,
             "flagged": "user_annotation" in op,  # absent from format 1
         }
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+    except KeyError as exc:  # was "bad entry {...} ('count')": the repr of the KeyError
+        why = f"op {i} has no {exc.args[0]!r} ({op!r})"
+        raise ProfileFormatError(f, None, f"{why}; {RECAPTURE}") from exc
+    except (TypeError, ValueError, AttributeError) as exc:
         raise ProfileFormatError(f, None, f"op {i}: bad entry {op!r} ({exc}); {RECAPTURE}") from exc
 
 

@@ -471,9 +471,12 @@ def read_runs_tsv(path: str | os.PathLike) -> list[dict]:
         with open(path, encoding="utf-8", newline="") as f:
             reader = csv.reader(f, delimiter="\t")
             header = next(reader, None)
-            if header is None or tuple(header) != RUN_COLUMNS:
+            if header is None:  # was "header is not matrix.RUN_COLUMNS": the cause, unnamed
+                raise RunTableError(f"{path}: empty (not even a header): cut short?; {fix}")
+            if tuple(header) != RUN_COLUMNS:
                 raise RunTableError(
-                    f"{path}: header is not matrix.RUN_COLUMNS (written by another version?); {fix}"
+                    f"{path}: its header is not the run table's ({', '.join(RUN_COLUMNS[:3])}, "
+                    f"...; written by another version?); {fix}"
                 )
             rows = [_parse_row(path, line, cells, fix) for line, cells in enumerate(reader, 2)]
     except UnicodeDecodeError as e:
