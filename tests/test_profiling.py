@@ -1107,6 +1107,31 @@ def test_cli_parse_ncu_writes_the_ncu_schema(tmp_path):
         parse_job.parse(_profile_parse("--ncu", str(out), "--run", "r", "--out-kernels", "k.csv"))
 
 
+@pytest.mark.parametrize("damage", ["", "Time (%),Total Time (ns)\n", "garbage\x00\n"])
+def test_a_damaged_stats_or_details_csv_names_what_makes_it_again(tmp_path, damage):
+    """A damaged nsys stats CSV ("no nsys stats header found") or ncu details CSV said what
+    was wrong, not what to run: `profile parse` adds the command that makes the file again,
+    once (an error that names one already keeps its own)."""
+    stats, details = tmp_path / "stats", tmp_path / "ncu"
+    shutil.copytree(FIX / "nsys-2024.5", stats)
+    (stats / "nsys_rank0_cuda_gpu_kern_sum.csv").write_text(damage)
+    details.mkdir()
+    (details / "ncu_k0.csv").write_text(damage)
+    for argv, fix in [
+        (["--nsys-stats", str(stats), "--out-kernels", str(tmp_path / "k.csv")], nsys.MAKE_STATS),
+        (["--ncu", str(details), "--out-ncu", str(tmp_path / "n.csv")], ncu.REEXPORT),
+    ]:
+        with pytest.raises(ProfileFormatError) as err:
+            parse_job.parse(_profile_parse(*argv, "--run", "r"))
+        message = str(err.value)
+        assert message.endswith(f"; {fix}") and message.count("`") == fix.count("`"), message
+        assert "\n" not in message and "header found" in message, message
+    assert not list(tmp_path.glob("*.csv"))  # nothing written
+    # a problem that names its command already is left as it is
+    named = ProfileFormatError("f.csv", 3, "cut: run `x` again")
+    assert named.with_fix("run `y`") is named and str(named) == "f.csv, line 3: cut: run `x` again"
+
+
 # --- ncu -----
 def test_ncu_details_2025_rule_rows_trailing_commas_separators():
     rows = {r["kernel"][:30]: r for r in ncu.parse_ncu(FIX / "ncu-2025.1" / "ncu_k0.csv", "w1")}

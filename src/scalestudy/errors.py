@@ -163,6 +163,15 @@ class ProfileFormatError(ScalestudyError, ValueError):
     def __init__(self, path, line: int | None, problem: str) -> None:
         where = f"{path}, line {line}" if line else str(path)
         super().__init__(f"{where}: {problem}")
+        self.path, self.line, self.problem = path, line, problem
+
+    def with_fix(self, fix: str) -> ProfileFormatError:
+        """This error with `fix` (what makes the file again) after its problem, where the
+        problem names no command yet (a command is in backquotes): "no nsys stats header
+        found" said what was wrong and not what to run."""
+        if "`" in self.problem:
+            return self
+        return ProfileFormatError(self.path, self.line, f"{self.problem}; {fix}")
 
 
 # --- results (results/)

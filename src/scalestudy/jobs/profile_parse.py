@@ -99,7 +99,10 @@ def parse(args: argparse.Namespace) -> int:
             )
         rows = []
         for f in ncu_parser.ncu_files(args.ncu):
-            rows.extend(ncu_parser.parse_ncu(f, args.run))
+            try:
+                rows.extend(ncu_parser.parse_ncu(f, args.run))
+            except ProfileFormatError as exc:  # a damaged details CSV: and what remakes it
+                raise exc.with_fix(ncu_parser.REEXPORT) from exc.__cause__
         files.write_text(args.out_ncu, schema.csv_text(schema.NCU_COLUMNS, rows))
         logger.info(f"{args.run}: {len(rows)} kernels -> {args.out_ncu}")
         return 0

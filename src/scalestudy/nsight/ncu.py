@@ -47,6 +47,11 @@ TENSOR_METRIC = re.compile(r"^sm__ops_path_tensor_src_([a-z0-9]+)(_dst_[a-z0-9]+
 
 _NCU_NAMED = frozenset((*_NCU_DURATION, *_NCU_OCCUPANCY, *_NCU_DRAM, *_NCU_SM))
 REPROFILE = "not as ncu writes it: profile again with `scalestudy profile ncu`"
+# what remakes a damaged details CSV (an error's fixing command): jobs/profile_ncu.py's import
+REEXPORT = (
+    "export it again with `ncu --import <report>.ncu-rep --csv --page details --print-units "
+    "base --print-metric-name name > <file>.csv`, or profile again with `scalestudy profile ncu`"
+)
 
 
 def _is_ncu_header(cells: list[str]) -> bool:

@@ -215,7 +215,7 @@ def parse_nsys(input_path: str | Path, run: str) -> tuple[list[dict], list[dict]
                 if isinstance(exc, CombinedSummaryError):
                     combined.append(f)
                 continue  # another report (cuda_api_sum, osrt_sum, ...): not read here
-            raise
+            raise exc.with_fix(MAKE_STATS) from exc.__cause__
         rank = rank_of(f)
         first = kinds.setdefault(rank, {}).setdefault(kind, f)
         if first != f:
