@@ -47,3 +47,20 @@ def test_every_slurm_submission_passes_the_command_as_a_script():
     plugin put the job's command in sbatch --wrap="...", where the submitting shell ran a
     --config value's $(...). The workflow profile is loaded with every call."""
     assert "slurm-pass-command-as-script" in keys("default")
+
+
+def test_the_slurm_placeholders_uncommented_stay_text_when_snakemake_evaluates_them():
+    """Snakemake evaluates a resource's text as Python and keeps the text only where that
+    fails (NameError, SyntaxError): `slurm_partition: "all"` became the built-in all() and the
+    dry run died. The placeholders carry their own quotes, as slurm_extra does."""
+    text = (REPO / "profiles/slurm/config.yaml").read_text()
+    uncommented = "\n".join(
+        line.replace("# slurm_", "slurm_", 1) if line.lstrip().startswith("# slurm_") else line
+        for line in text.splitlines()
+    )
+    resources = yaml.safe_load(uncommented)["default-resources"]
+    for key in ("slurm_partition", "slurm_account"):
+        value = resources[key]
+        assert eval(value, {}) == value.strip("'"), (key, value)  # noqa: S307 (as Snakemake does)
+        for name in ("all", "max", "any"):  # a site's partition of that name stays a name
+            assert eval(value.replace(value.strip("'"), name), {}) == name
