@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from scalestudy.errors import DefinitionError, ImageEmpty, LaunchError
+from scalestudy.errors import DefinitionError, LaunchError, NotAnImage
 from scalestudy.files import git_commit
 from scalestudy.jobs import container, container_exec
 from scalestudy.jobs.container import (
@@ -617,7 +617,7 @@ def test_empty_image_is_refused_with_the_build_command(tmp_path):
     command that rebuilds it, from `container digest` as from every command that hashes it."""
     empty = tmp_path / "e.sif"
     empty.write_bytes(b"")
-    with pytest.raises(ImageEmpty) as info:
+    with pytest.raises(NotAnImage) as info:
         image_digest(empty)
     assert str(info.value).startswith(f"{empty}: is empty, not an image: rebuild it with `")
     assert "container build" in str(info.value) and str(empty) in str(info.value)
@@ -625,6 +625,18 @@ def test_empty_image_is_refused_with_the_build_command(tmp_path):
     r = run(argv, {"PYTHONPATH": str(SRC)}, REPO)
     assert r.returncode == 2 and r.stdout == "", (r.returncode, r.stdout)
     assert r.stderr.count("\n") == 1 and "is empty, not an image" in r.stderr, r.stderr
+    # a directory ("Is a directory", no fix), a device (/dev/null: "rebuild it" into it) or a
+    # pipe (read until killed): no regular file, said so, with what to give
+    fifo = tmp_path / "pipe.sif"
+    os.mkfifo(fifo)
+    for path, what in [(tmp_path, "a directory"), ("/dev/null", "a device or a pipe"),
+                       (fifo, "a device or a pipe")]:  # fmt: skip
+        with pytest.raises(NotAnImage) as info:
+            image_digest(path)
+        assert str(info.value) == (
+            f"{path}: is {what}, not an image: give the image's .sif file (`scalestudy "
+            "container build` writes one)"
+        )
 
 
 def test_build_command_argv():

@@ -132,12 +132,13 @@ class ImageNotFound(ScalestudyError, FileNotFoundError):
         return f"{self.filename}: {self.strerror}"
 
 
-class ImageEmpty(ScalestudyError, OSError):
-    """A container image file of 0 bytes (a copy that failed, a `touch`; `container build`
-    writes its image whole): `path: is empty, not an image: rebuild it with `build``."""
+class NotAnImage(ScalestudyError, OSError):
+    """A container image path that holds no image: a file of 0 bytes (a copy that failed, a
+    `touch`; `container build` writes its image whole), a directory, a device or a pipe (read
+    forever): `path: <why>, not an image: <fix>`."""
 
-    def __init__(self, path: str | os.PathLike, build: str) -> None:
-        super().__init__(errno.EINVAL, f"is empty, not an image: rebuild it with `{build}`")
+    def __init__(self, path: str | os.PathLike, why: str, fix: str) -> None:
+        super().__init__(errno.EINVAL, f"{why}, not an image: {fix}")
         self.filename = str(path)
 
     def __str__(self) -> str:

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import os
 import shlex
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 
 from scalestudy import files, vocab
-from scalestudy.errors import ImageEmpty, ImageNotFound, LaunchError
+from scalestudy.errors import ImageNotFound, LaunchError, NotAnImage
 from scalestudy.files import git_commit
 
 #: Set by exec_prefix inside the container (vocab.py): the sha256 of the .sif the process runs
@@ -48,15 +49,21 @@ EMPTY_SHA256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855
 
 def image_digest(sif_path: str | os.PathLike) -> str:
     """'sha256:<hex>' of the image file's bytes; ImageNotFound (one line, the build command)
-    where there is no such file, ImageEmpty where it has no bytes (apptainer's own error came
-    only inside the job, and the empty file's digest went into the record): every command
-    given an image hashes it first."""
+    where there is no such file, NotAnImage where it has no bytes (apptainer's own error came
+    only inside the job, and the empty file's digest went into the record) or is no regular
+    file (a directory; a pipe was read forever): every command given an image hashes it
+    first."""
     try:
+        mode = os.stat(sif_path).st_mode
+        if not stat.S_ISREG(mode):
+            what = "a directory" if stat.S_ISDIR(mode) else "a device or a pipe"
+            fix = "give the image's .sif file (`scalestudy container build` writes one)"
+            raise NotAnImage(sif_path, f"is {what}", fix)
         digest = files.sha256(sif_path)
     except FileNotFoundError as exc:
         raise ImageNotFound(sif_path, build_fix(sif_path)) from exc
     if digest == EMPTY_SHA256:
-        raise ImageEmpty(sif_path, build_fix(sif_path))
+        raise NotAnImage(sif_path, "is empty", f"rebuild it with `{build_fix(sif_path)}`")
     return f"sha256:{digest}"
 
 
