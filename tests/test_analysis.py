@@ -1506,6 +1506,35 @@ def test_system_table_says_flops_peak_source_why_no_mfu_and_compile():
     assert s[("system", "FLOPs per training image")] == "not recorded"
 
 
+def test_system_table_says_why_gpu_energy_is_not_measured():
+    """The documents said "no run recorded NVML's energy counter (it needs a GPU and
+    nvidia-ml-py)" of GPU runs whose windows were too short for the counter: system.csv gives
+    the trainer's reasons, of the runs without a J/img only, each whole, older runs counted."""
+
+    def why(*runs):
+        rows = analysis.system_table(list(runs), {"name": "t"})
+        return {(r["section"], r["key"]): r["value"] for r in rows}[
+            ("system", "why GPU energy is not measured")
+        ]
+
+    short = "window too short for the energy counter"
+    frozen = "the energy counter did not advance in 2.5 s of training: not counting"
+    a = run("g1", "strong", 1, 64, 1000) | {"energy_unmeasured": short}
+    b = run("g2", "strong", 2, 64, 1800) | {"energy_unmeasured": short}
+    assert why(a, b) == short  # once, not per run
+    assert why(a | {"energy_wall_unmeasured": frozen}) == f"{short}; {frozen}"
+    # a run with a J/img (its wall span's) is no run without: its training reason is not said
+    walled = b | {"energy_wall_j_per_img": "0.5"}
+    assert why(walled) == "n/a: every run has a GPU energy"
+    assert why(a, walled) == short
+    cpu = run("c1", "strong", 1, 64, 100) | {"energy_unmeasured": "no GPU"}
+    assert why(cpu | {"energy_wall_unmeasured": "no GPU"}) == "no GPU"  # one reason, once
+    assert why(cpu, run("o1", "strong", 1, 64, 90)) == (
+        "no GPU; not recorded by 1 run of an older trainer"
+    )
+    assert why() == "not recorded"
+
+
 def test_system_table_counts_repeats_of_an_older_trainer_as_without_an_mfu():
     """A study measured by two trainers (README "What reruns"): a repeat of a trainer before MFU
     has neither mfu nor mfu_unmeasured, its configuration's mfu_mean is blank, and system.csv

@@ -507,6 +507,19 @@ def test_energy_is_shown_from_its_cell_or_said_to_be_unmeasured(done, tmp_path, 
 
 
 @pytest.mark.parametrize("name", ["study.md", "paper.tex"])
+def test_energy_on_cpu_says_not_measured_with_the_trainers_reason(done, name):
+    """No kWh on CPU ranks, and the reason is the trainer's (system.csv), not a fixed "it needs
+    a GPU and nvidia-ml-py" that was said of GPU runs too short for the counter as well."""
+    text = (done / "reports" / name).read_text()
+    system = {r["key"]: r["value"] for r in read(done / "results/csv/system.csv")}
+    why = system["why GPU energy is not measured"]
+    assert why == "no GPU", why
+    said = f"no run has a reading of NVML's energy counter (the trainer's reason: {why})"
+    assert f"GPU energy was not measured: {said}" in text
+    assert "no run recorded NVML's energy counter" not in text  # the fixed reason's words
+
+
+@pytest.mark.parametrize("name", ["study.md", "paper.tex"])
 def test_mfu_section_on_cpu_says_not_measured_and_why(done, name):
     """The tiny study ran on CPU ranks: no peak FLOP/s, so the MFU section gives the trainer's
     reason (system.csv) in words and the model FLOP rate of every configuration, no MFU column."""

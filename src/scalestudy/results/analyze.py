@@ -1004,6 +1004,7 @@ SYSTEM_KEYS = (
     ("flops_per_img", "FLOPs per training image"),
     ("peak_flops_source", "peak FLOP/s source (MFU)"),
     ("mfu_unmeasured", "why MFU is not measured"),
+    ("energy_unmeasured", "why GPU energy is not measured"),
 )
 # what a SYSTEM_KEYS column says when the runs recorded it but left it blank in every run (a
 # column no run has, from an older trainer, is "not recorded"); these are sentences, not lists
@@ -1060,6 +1061,8 @@ def system_table(runs: list[dict], study: dict) -> list[dict]:
     for column, label in SYSTEM_KEYS:
         if column == "mfu_unmeasured":
             value = mfu_unmeasured(runs)
+        elif column == "energy_unmeasured":
+            value = energy_unmeasured(runs)
         elif column in SYSTEM_BLANK:
             blank = SYSTEM_BLANK[column] if any(column in r for r in runs) else "not recorded"
             value = _distinct(runs, column, blank, split=False)
@@ -1091,6 +1094,28 @@ def mfu_unmeasured(runs: list[dict]) -> str:
     if older:
         said.append(f"not recorded by {older} {vocab.plural('runs', older)} of an older trainer")
     return "; ".join(said) or "n/a: every run has an MFU"
+
+
+def energy_unmeasured(runs: list[dict]) -> str:
+    """system.csv's "why GPU energy is not measured": of the runs without a measured energy per
+    image (estimate.measured_energy_per_img: neither the training spans' nor the wall span's),
+    the distinct reasons the trainer recorded for the two (energy_unmeasured,
+    energy_wall_unmeasured: each a sentence, kept whole), and those that recorded none counted
+    (a trainer before them). The documents said "no run recorded NVML's energy counter (it
+    needs a GPU and nvidia-ml-py)" of runs whose windows were too short for the counter.
+    "n/a: every run has a GPU energy" only when each has one."""
+    if not runs:
+        return "not recorded"
+    missing = [r for r in runs if estimate.measured_energy_per_img(r)[0] is None]
+    reasons: list[str] = []
+    older = 0
+    for r in missing:
+        said = [_cell_text(r.get(c)) for c in ("energy_unmeasured", "energy_wall_unmeasured")]
+        reasons += [why for why in dict.fromkeys(said) if why and why not in reasons]
+        older += not any(said)
+    if older:
+        reasons.append(f"not recorded by {older} {vocab.plural('runs', older)} of an older trainer")
+    return "; ".join(reasons) or "n/a: every run has a GPU energy"
 
 
 def window_warmup(runs: list[dict]) -> str:
