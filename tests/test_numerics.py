@@ -82,3 +82,11 @@ def test_the_grad_scaler_is_on_for_fp16_only(precision):
     recipe = build_recipe(model, TrainConfig(precision=precision), CPU, 32, 10, 100)
     assert recipe.scaler.is_enabled() == (precision == "fp16")
     assert recipe.optimizer.defaults["fused"] in (None, False)
+    # on CUDA the fused kernel (no host sync per step under fp16's scaler), not under FSDP2
+    # (torch has no DTensor rule for it): the rule alone, which needs no GPU
+    from scalestudy.trainer.recipe import fused_sgd
+
+    cuda = torch.device("cuda", 0)
+    assert fused_sgd(TrainConfig(precision=precision), cuda)
+    assert not fused_sgd(TrainConfig(precision=precision, strategy="fsdp"), cuda)
+    assert not fused_sgd(TrainConfig(precision=precision), CPU)

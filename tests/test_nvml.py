@@ -460,11 +460,17 @@ def test_a_wall_span_too_short_for_the_counter_is_refused():
 
 
 def test_a_counter_that_goes_backwards_is_refused():
-    reads = iter([5_000_000, 1_000])  # the driver reloaded between the reads
+    """A driver reload between a span's reads: refused by name. One span alone could not tell
+    (its negative sum is refused as a counter that did not advance too); among spans that did
+    advance, the reload's negative span was summed into a smaller total."""
+    # +10 kJ, the reload (10,000,000 mJ -> 1,000), then +20 kJ
+    reads = iter([0, 10_000_000, 10_000_000, 1_000, 1_000, 20_000_000])
     counter = EnergyCounter(lambda: next(reads), "GPU-a")
-    counter.open()
-    counter.close(seconds=600.0, images=100)
-    assert counter.result()["joules"] is None
+    for _ in range(3):
+        counter.open()
+        counter.close(seconds=600.0, images=100)
+    result = counter.result()
+    assert result["joules"] is None and "went backwards" in result["reason"], result
 
 
 def test_sampler_gives_its_gpus_energy_counter_by_uuid():

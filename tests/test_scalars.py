@@ -120,6 +120,7 @@ def test_off_or_not_rank_0_writes_nothing(tmp_path, settings):
 
 def test_tensorboard_is_no_part_of_the_experiment():
     assert TrainConfig().config_hash() == TrainConfig(tensorboard=False).config_hash()
+    assert TrainConfig().config_hash() != TrainConfig(lr=0.2).config_hash()  # a hash of flags
 
 
 def test_two_ranks_write_the_epochs_once(data_dir, tmp_path, tensorboard):
