@@ -406,7 +406,8 @@ def plan_markdown(
         "",
         "GPU energy (kWh, training runs, no contingency) = sum of J/img x epochs x N_train / "
         "3.6e6, J/img measured (NVML) on runs of the same precision and world size (over "
-        "their training spans, else over the window's wall span, evaluations included: the "
+        "their training spans, else over the window's wall span, the evaluations between its "
+        "epochs included: the "
         "run's energy basis says which; of another local batch, the nearest measured one's "
         "power, J/img x img/s, over the run's img/s); `not measured` when any run of the row "
         "has no such "
