@@ -505,6 +505,52 @@ def test_the_printed_energy_rows_add_up_to_the_printed_total(tmp_path, monkeypat
     tables["proposal"] = read(study / "results/csv/proposal.csv")
     for name, text in docs.items():
         assert report.numbers_backed_by_csvs(text, tables) == [], name
+    # each planner row says what its J/img is over; all over the training spans here, so the
+    # documents name no row as including the evaluations
+    c = cells(study)
+    energy = {i: q["energy_basis"] for (s, i), q in c.items() if s == "request" and "basis" in q}
+    assert energy and all(b == "run" for b in energy.values()), energy  # each run's own J/img
+    assert "evaluations between its epochs included" not in docs["proposal.md"]
+
+
+def test_the_proposal_names_the_rows_whose_kwh_include_the_evaluations(tmp_path, monkeypatch):
+    """Runs whose training spans were too short for the counter are priced from their wall
+    span's J/img (the evaluations between the window's epochs in it): proposal.csv's
+    energy_basis and the documents said only "from the measured J/img"."""
+    measured = measured_runs
+
+    def wall_at(sizes):  # the runs at these world sizes measured over the wall span only
+        def runs(config):
+            return [
+                dict(r, device_name="H100")
+                | (  # both columns in every row: runs.csv takes the first run's
+                    {"energy_j_per_img": "", "energy_wall_j_per_img": 0.06}
+                    if r["world_size"] in sizes
+                    else {"energy_j_per_img": 0.05, "energy_wall_j_per_img": ""}
+                )
+                for r in measured(config)
+            ]
+
+        return runs
+
+    wall = "evaluation included"  # estimate.WITH_EVALUATION, after the level (", ")
+    for sizes, shown in [((1, 2, 4, 8), "every"), ((2,), "some")]:
+        monkeypatch.setattr(sys.modules[__name__], "measured_runs", wall_at(sizes))
+        config, study = build(tmp_path / shown, *STRONG, "hardware.device=cuda")
+        docs = write(config, study)
+        c = cells(study)
+        items = [i for (s, i), q in c.items() if s == "request" and "energy_basis" in q]
+        walled = [i for i in items if wall in c[("request", i)]["energy_basis"]]
+        said = "from the measured J/img, over the window's wall span, the evaluations between "
+        said += "its epochs included"
+        if shown == "every":
+            assert walled == items, {i: c[("request", i)]["energy_basis"] for i in items}
+            said += ")"
+        else:
+            assert walled and len(walled) < len(items), walled
+            said += f", for: {'; '.join(walled)}; over the training spans for the rest)"
+        assert said in docs["proposal.md"], shown
+        assert said in docs["proposal.tex"], shown
 
 
 @pytest.mark.parametrize("which", ["demo", "strong"])

@@ -27,6 +27,8 @@ slides.tex from it plus the analysis CSVs (render_report's formats and its hones
                      (model.csv absent, without held-out rows, or none of them validated:
                      validation_rows), and those priced from another world size's runs by the
                      plan's efficiency guesses ("precision")
+    energy_basis     a planner row's energy bases (estimate.py's words): the documents name the
+                     rows whose J/img is over the window's wall span, evaluations included
     profiling        profiled runs x their Slurm time limit (study/profiling.py job_minutes:
                      the run's start-up and window, x top_k for profile_ncu, x safety_factor,
                      at least hardware.runtime_min), per job of profile_capture (and
@@ -73,6 +75,7 @@ from scalestudy.study.estimate import (
     NOT_USED,
     RUNS_CSV,
     SOURCE,
+    WITH_EVALUATION,
     add_measured_arguments,
     dataset_sizes,
     estimate_runs,
@@ -92,6 +95,7 @@ NEXT_REPEATS = 3  # the runs named to fix thin evidence repeat this often
 MODEL_CSV = "results/csv/model.csv"
 PLANNER = "study/estimate.py planner"
 BASIS_SOURCE = "study/estimate.py throughput_basis of its runs"  # a request row's bases
+ENERGY_BASIS_SOURCE = "study/estimate.py energy_basis of its runs"  # and of its J/img
 # a profiling request row's hours: each job's Slurm time limit, from its run's estimate
 PROFILING_SOURCE = "Slurm time limit per profiling job: study/profiling.py job_minutes"
 MODEL_BASES = ("model", "model, extrapolated")  # the planner's bases of the scaling model
@@ -367,6 +371,14 @@ def validation_rows(model_rows: list[dict] | None) -> list[dict]:
         if r.get("name") == "strong" and files.number(r.get("rel_error")) is None and r.get("note"):
             rows.append(_row("model", "validation", "strong_note", r["note"], "", f"{src} note"))
     return rows
+
+
+def energy_bases(members) -> str:
+    """The planner's energy bases of a request row's runs (estimate.py's words: the level its
+    J/img is from, ", evaluation included" where over the window's wall span; or why none),
+    each once in order, "; "-joined: the documents name the rows whose kWh include the
+    evaluations."""
+    return "; ".join(dict.fromkeys(e.energy_basis for e in members))
 
 
 def bases(members) -> str:
@@ -740,8 +752,11 @@ def proposal_rows(
 
     def planner_rows(item, members):  # a request row of the planner's, its source cell says how
         basis = _row("request", item, "basis", bases(members), "", BASIS_SOURCE)
+        energy = _row(
+            "request", item, "energy_basis", energy_bases(members), "", ENERGY_BASIS_SOURCE
+        )
         source = planner_source(members, where, calibrate)
-        return [*request_rows(item, members, source, True, calibrate), basis]
+        return [*request_rows(item, members, source, True, calibrate), basis, energy]
 
     # priced as plan.md prices them: under plan.calibrate false the planner reads no measured
     # run, so none is done (a finished run past hardware.runtime_max was one job here, past
@@ -913,6 +928,10 @@ def context(tables: dict, rows: list[dict], config: dict, figure_dir: str) -> di
         for r in rows
         if r["item"].startswith("configured world size")
     ]
+    # the planner's request rows, and those whose kWh are over the window's wall span (its
+    # evaluations included): the documents name them, or say "every row"
+    planned = [i for i in items("request") if "energy_basis" in v[("request", i)]]
+    evaluated = [i for i in planned if WITH_EVALUATION in v[("request", i)]["energy_basis"]]
     ctx.update(
         P=v,
         text={k[1]: q["text"] for k, q in v.items() if k[0] == "text"},
@@ -932,6 +951,8 @@ def context(tables: dict, rows: list[dict], config: dict, figure_dir: str) -> di
         # why it has none: model.csv "absent", "no rows" held out, or "none validated"
         validation=validation,
         # the request rows (item, bases) the scaling model prices: the documents name them
+        evaluation_items=evaluated,
+        evaluation_all=bool(evaluated) and len(evaluated) == len(planned),
         model_items=[
             (i, v[("request", i)]["basis"])
             for i in items("request")
