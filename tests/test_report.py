@@ -698,7 +698,7 @@ def test_the_energy_paragraph_says_which_basis_leaves_evaluation_out(tmp_path):
     )
     assert "training = every run's training spans (evaluation left out)" in text
     wall = "evaluation included = every run's wall span (a training image's energy with its share"
-    assert f"{wall} of the evaluations)" in text
+    assert f"{wall} of the evaluations between the window's epochs)" in text
 
 
 def test_a_spread_other_than_zero_is_never_printed_as_zero(tmp_path):
