@@ -1517,16 +1517,26 @@ def test_system_table_says_why_gpu_energy_is_not_measured():
             ("system", "why GPU energy is not measured")
         ]
 
+    # a window too short gives its seconds, so no two runs' are alike: counted, not listed
     short = "window too short for the energy counter"
     frozen = "the energy counter did not advance in 2.5 s of training: not counting"
-    a = run("g1", "strong", 1, 64, 1000) | {"energy_unmeasured": short}
-    b = run("g2", "strong", 2, 64, 1800) | {"energy_unmeasured": short}
-    assert why(a, b) == short  # once, not per run
-    assert why(a | {"energy_wall_unmeasured": frozen}) == f"{short}; {frozen}"
+    a = run("g1", "strong", 1, 64, 1000) | {
+        "energy_unmeasured": f"{short}: 3.4 s over 5 spans, error bound 29.7% > 2%",
+        "energy_wall_unmeasured": f"{short}: a wall span of 3.9 s, error bound 5.1% > 2%",
+    }
+    b = run("g2", "strong", 2, 64, 1800) | {
+        "energy_unmeasured": f"{short}: 1.8 s over 5 spans, error bound 55.6% > 2%; {frozen}"
+    }
+    counted = f"{short} (2 runs: their seconds in runs.csv)"
+    assert why(a, b) == f"{counted}; {frozen}"  # each GPU's reason of a cell apart
+    assert why(a) == f"{short} (1 run: their seconds in runs.csv)"
+    assert why(a | {"energy_wall_unmeasured": frozen}) == (
+        f"{short} (1 run: their seconds in runs.csv); {frozen}"
+    )
     # a run with a J/img (its wall span's) is no run without: its training reason is not said
     walled = b | {"energy_wall_j_per_img": "0.5"}
     assert why(walled) == "n/a: every run has a GPU energy"
-    assert why(a, walled) == short
+    assert why(a, walled) == f"{short} (1 run: their seconds in runs.csv)"
     cpu = run("c1", "strong", 1, 64, 100) | {"energy_unmeasured": "no GPU"}
     assert why(cpu | {"energy_wall_unmeasured": "no GPU"}) == "no GPU"  # one reason, once
     assert why(cpu, run("o1", "strong", 1, 64, 90)) == (

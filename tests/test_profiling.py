@@ -1127,6 +1127,13 @@ def test_a_damaged_stats_or_details_csv_names_what_makes_it_again(tmp_path, dama
         assert message.endswith(f"; {fix}") and message.count("`") == fix.count("`"), message
         assert "\n" not in message and "header found" in message, message
     assert not list(tmp_path.glob("*.csv"))  # nothing written
+    # a file that cannot be read (a directory named *.csv): no command remakes it
+    (details / "ncu_k0.csv").unlink()
+    (details / "ncu_k0.csv").mkdir()
+    out = tmp_path / "n.csv"
+    with pytest.raises(ProfileFormatError) as err:
+        parse_job.parse(_profile_parse("--ncu", str(details), "--out-ncu", str(out), "--run", "r"))
+    assert str(err.value).endswith("ncu_k0.csv: cannot read: Is a directory"), str(err.value)
     # a problem that names its command already is left as it is
     named = ProfileFormatError("f.csv", 3, "cut: run `x` again")
     assert named.with_fix("run `y`") is named and str(named) == "f.csv, line 3: cut: run `x` again"

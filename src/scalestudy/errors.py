@@ -170,8 +170,8 @@ class ProfileFormatError(ScalestudyError, ValueError):
         """This error with `fix` (what makes the file again) after its problem, where the
         problem names no command yet (a command is in backquotes): "no nsys stats header
         found" said what was wrong and not what to run."""
-        if "`" in self.problem:
-            return self
+        if "`" in self.problem or isinstance(self.__cause__, OSError):
+            return self  # a command named, or the file unreadable (a directory, permissions)
         return ProfileFormatError(self.path, self.line, f"{self.problem}; {fix}")
 
 

@@ -857,7 +857,8 @@ def energy_kwh(members: list[dict]) -> float | None:
     accumulation; with it, a short last group trains fewer images, so such a run's is None.
 
     J/img: energy_j_per_img (the training spans) where measured, else energy_wall_j_per_img
-    (the window's wall span, its evaluations included: estimate.measured_energy_per_img).
+    (the window's wall span, the evaluations between its epochs included:
+    estimate.measured_energy_per_img).
     GPUs only (no CPU, network or cooling); warm-up is charged at the window's rate. The sum
     counts training images only, so evaluation is left out with the training spans' J/img and
     included with the wall span's (each training image's energy with its share of the
@@ -1100,19 +1101,32 @@ def energy_unmeasured(runs: list[dict]) -> str:
     """system.csv's "why GPU energy is not measured": of the runs without a measured energy per
     image (estimate.measured_energy_per_img: neither the training spans' nor the wall span's),
     the distinct reasons the trainer recorded for the two (energy_unmeasured,
-    energy_wall_unmeasured: each a sentence, kept whole), and those that recorded none counted
-    (a trainer before them). The documents said "no run recorded NVML's energy counter (it
-    needs a GPU and nvidia-ml-py)" of runs whose windows were too short for the counter.
+    energy_wall_unmeasured: each GPU's a sentence, kept whole, but a window too short for the
+    counter, whose seconds make each run's its own: the runs of it counted), and those that
+    recorded none counted (a trainer before them). The documents said "no run recorded
+    NVML's energy counter (it needs a GPU and nvidia-ml-py)" of runs whose windows were too
+    short for the counter.
     "n/a: every run has a GPU energy" only when each has one."""
     if not runs:
         return "not recorded"
     missing = [r for r in runs if estimate.measured_energy_per_img(r)[0] is None]
     reasons: list[str] = []
-    older = 0
+    older = short = 0
     for r in missing:
         said = [_cell_text(r.get(c)) for c in ("energy_unmeasured", "energy_wall_unmeasured")]
-        reasons += [why for why in dict.fromkeys(said) if why and why not in reasons]
+        # a cell holds each GPU's reason, "; "-joined; a window too short gives its seconds and
+        # spans (no two alike: a sentence per run), counted here, its details in runs.csv
+        parts = [p for why in said for p in why.split("; ") if p]
+        short += any(p.startswith(vocab.ENERGY_SHORT_WINDOW) for p in parts)
+        reasons += [
+            p
+            for p in dict.fromkeys(parts)
+            if not p.startswith(vocab.ENERGY_SHORT_WINDOW) and p not in reasons
+        ]
         older += not any(said)
+    if short:
+        counted = f"{short} {vocab.plural('runs', short)}: their seconds in runs.csv"
+        reasons.insert(0, f"{vocab.ENERGY_SHORT_WINDOW} ({counted})")
     if older:
         reasons.append(f"not recorded by {older} {vocab.plural('runs', older)} of an older trainer")
     return "; ".join(reasons) or "n/a: every run has a GPU energy"

@@ -27,8 +27,9 @@ slides.tex from it plus the analysis CSVs (render_report's formats and its hones
                      (model.csv absent, without held-out rows, or none of them validated:
                      validation_rows), and those priced from another world size's runs by the
                      plan's efficiency guesses ("precision")
-    energy_basis     a planner row's energy bases (estimate.py's words): the documents name the
-                     rows whose J/img is over the window's wall span, evaluations included
+    energy_basis     a planner row's energy bases (estimate.py's words, "; "-joined): the
+                     documents name the rows whose J/img is over the window's wall span
+                     (evaluations between its epochs included), for all their runs or some
     profiling        profiled runs x their Slurm time limit (study/profiling.py job_minutes:
                      the run's start-up and window, x top_k for profile_ncu, x safety_factor,
                      at least hardware.runtime_min), per job of profile_capture (and
@@ -929,9 +930,13 @@ def context(tables: dict, rows: list[dict], config: dict, figure_dir: str) -> di
         if r["item"].startswith("configured world size")
     ]
     # the planner's request rows, and those whose kWh are over the window's wall span (its
-    # evaluations included): the documents name them, or say "every row"
+    # evaluations included) for all their runs or for some (a row's runs of several families
+    # or precisions each have their J/img): the documents name them, or say "every row"
     planned = [i for i in items("request") if "energy_basis" in v[("request", i)]]
-    evaluated = [i for i in planned if WITH_EVALUATION in v[("request", i)]["energy_basis"]]
+    walls = {i: [WITH_EVALUATION in b for b in v[("request", i)]["energy_basis"].split("; ")]
+             for i in planned}  # fmt: skip
+    evaluated = [i for i in planned if all(walls[i])]
+    partly = [i for i in planned if any(walls[i]) and not all(walls[i])]
     ctx.update(
         P=v,
         text={k[1]: q["text"] for k, q in v.items() if k[0] == "text"},
@@ -952,6 +957,7 @@ def context(tables: dict, rows: list[dict], config: dict, figure_dir: str) -> di
         validation=validation,
         # the request rows (item, bases) the scaling model prices: the documents name them
         evaluation_items=evaluated,
+        evaluation_partly=partly,
         evaluation_all=bool(evaluated) and len(evaluated) == len(planned),
         model_items=[
             (i, v[("request", i)]["basis"])

@@ -111,7 +111,8 @@ energy per image changes with communication, so it is not carried to other world
 world-size level, where the run's own batch has none, the nearest measured batch's power per
 rank, J/img x img/s, over the run's priced img/s per rank); where
 those spans were too short for the counter (GPU epochs of ~2 s), energy_wall_j_per_img (the
-window's wall span, its evaluations included; the basis says "evaluation included"). Without
+window's wall span, the evaluations between its epochs included; the basis says "evaluation
+included"). Without
 such a run the energy is None ("not measured"): there is no default guess. With
 plan.calibrate false the plan reads no measured run: None, "not used (plan.calibrate false)".
 

@@ -778,7 +778,7 @@ ENERGY_UPDATE_S = 0.1
 # training spans are refused there, and the wall span below (two reads in all) is what counts.
 ENERGY_MAX_ERROR = 0.02
 # the reason a refused window gives (gpu-check's nvml check tells it from a counter that failed)
-ENERGY_SHORT_WINDOW = "window too short for the energy counter"
+ENERGY_SHORT_WINDOW = vocab.ENERGY_SHORT_WINDOW
 
 
 def _frozen(mj: float, seconds: float) -> str | None:

@@ -150,7 +150,7 @@ How the numbers are measured (the analysis relies on these definitions):
   span's wall time (the longest rank's), energy_wall_j_per_img = energy_wall_j / the same
   images as energy_j_per_img: the energy a training image costs with its share of the
   evaluations between the window's epochs (those of E - 1 of a window of E epochs: the span
-  ends with the last epoch's training).
+  ends with the last epoch's training; one fewer per resume, each segment its own span).
   Null, with the reason in energy_wall_unmeasured, as energy_j, but its error bound is that of
   one span (2 x 0.1 s / energy_wall_s: 10 s suffice), so it is measured where the ~1.7 s GPU
   epochs make energy_j's sum of per-epoch spans too coarse. The plan and resources.csv take
