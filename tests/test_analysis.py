@@ -1517,26 +1517,31 @@ def test_system_table_says_why_gpu_energy_is_not_measured():
             ("system", "why GPU energy is not measured")
         ]
 
-    # a window too short gives its seconds, so no two runs' are alike: counted, not listed
+    # a window too short and a counter that did not advance give their seconds, so no two runs'
+    # are alike: counted, not listed; any other reason whole, once
     short = "window too short for the energy counter"
-    frozen = "the energy counter did not advance in 2.5 s of training: not counting"
+    frozen = "the energy counter did not advance"
+    layout = "the ranks shared GPUs differently in the segments of this resumed run"
     a = run("g1", "strong", 1, 64, 1000) | {
         "energy_unmeasured": f"{short}: 3.4 s over 5 spans, error bound 29.7% > 2%",
         "energy_wall_unmeasured": f"{short}: a wall span of 3.9 s, error bound 5.1% > 2%",
     }
     b = run("g2", "strong", 2, 64, 1800) | {
-        "energy_unmeasured": f"{short}: 1.8 s over 5 spans, error bound 55.6% > 2%; {frozen}"
+        "energy_unmeasured": f"{short}: 1.8 s over 5 spans, error bound 55.6% > 2%; {layout}",
+        "energy_wall_unmeasured": f"{frozen} in 2.5 s of training: not counting",
     }
-    counted = f"{short} (2 runs: their seconds in runs.csv)"
-    assert why(a, b) == f"{counted}; {frozen}"  # each GPU's reason of a cell apart
-    assert why(a) == f"{short} (1 run: their seconds in runs.csv)"
-    assert why(a | {"energy_wall_unmeasured": frozen}) == (
-        f"{short} (1 run: their seconds in runs.csv); {frozen}"
+    c = run("g3", "strong", 4, 64, 3000) | {
+        "energy_unmeasured": f"{frozen} in 3.5 s of training: not counting; {layout}"
+    }
+    assert why(a, b, c) == (
+        f"{short} (2 runs, their seconds in runs.csv); {frozen} (2 runs, their seconds in "
+        f"runs.csv); {layout}"
     )
+    assert why(a) == f"{short} (1 run, its seconds in runs.csv)"
     # a run with a J/img (its wall span's) is no run without: its training reason is not said
     walled = b | {"energy_wall_j_per_img": "0.5"}
     assert why(walled) == "n/a: every run has a GPU energy"
-    assert why(a, walled) == f"{short} (1 run: their seconds in runs.csv)"
+    assert why(a, walled) == f"{short} (1 run, its seconds in runs.csv)"
     cpu = run("c1", "strong", 1, 64, 100) | {"energy_unmeasured": "no GPU"}
     assert why(cpu | {"energy_wall_unmeasured": "no GPU"}) == "no GPU"  # one reason, once
     assert why(cpu, run("o1", "strong", 1, 64, 90)) == (

@@ -557,11 +557,11 @@ def test_the_proposal_names_the_rows_whose_kwh_include_the_evaluations(tmp_path,
             said += ")"
         elif shown == "some":
             assert walled and len(walled) < len(items) and not partly, bases
-            said += f", for: {'; '.join(walled)}; over the training spans for the rest)"
+            said += f", for: {'; '.join(walled)}, and over the training spans for the rest)"
         else:
             assert walled and partly and len(walled) + len(partly) < len(items), bases
             said += f", for: {'; '.join(walled)}; and for some of the runs of: "
-            said += f"{'; '.join(partly)}; over the training spans for the rest)"
+            said += f"{'; '.join(partly)}, and over the training spans for the rest)"
         assert said in docs["proposal.md"], shown
         assert said in docs["proposal.tex"], shown
 

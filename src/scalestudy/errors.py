@@ -168,8 +168,9 @@ class ProfileFormatError(ScalestudyError, ValueError):
 
     def with_fix(self, fix: str) -> ProfileFormatError:
         """This error with `fix` (what makes the file again) after its problem, where the
-        problem names no command yet (a command is in backquotes): "no nsys stats header
-        found" said what was wrong and not what to run."""
+        problem names no command yet (a command is in backquotes) and the file could be read
+        (an OSError cause, a directory or no permission, is not fixed by remaking it): "no nsys
+        stats header found" said what was wrong and not what to run."""
         if "`" in self.problem or isinstance(self.__cause__, OSError):
             return self  # a command named, or the file unreadable (a directory, permissions)
         return ProfileFormatError(self.path, self.line, f"{self.problem}; {fix}")

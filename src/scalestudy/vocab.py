@@ -96,9 +96,11 @@ SWITCHES = ("auto", "on", "off")
 # --cuda-graphs: the switches plus step, the whole training step as one CUDA graph (on: the
 # compiled pieces' graphs, torch.compile mode reduce-overhead; trainer/compiling.py)
 CUDA_GRAPHS = (*SWITCHES, "step")
-# the reason the trainer gives for an energy window too short for NVML's counter (its details
-# follow a ": "): gpu-check tells it from a counter that failed, analyze counts the runs of it
+# the reasons the trainer gives for an energy window too short for NVML's counter and for a
+# counter that did not advance (their seconds follow): gpu-check tells the first from a counter
+# that failed; analyze counts the runs of each, whose seconds make every run's its own sentence
 ENERGY_SHORT_WINDOW = "window too short for the energy counter"
+ENERGY_FROZEN = "the energy counter did not advance"
 # (the figures' names are results/plot.py's FIGURES: this module is imported by the trainer, so
 # an edit here reruns data preparation and every training run, and adding a figure must not)
 # the columns of a run's epochs.csv, one row per epoch (trainer/loop.py writes it and says what

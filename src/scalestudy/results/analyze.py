@@ -1097,13 +1097,17 @@ def mfu_unmeasured(runs: list[dict]) -> str:
     return "; ".join(said) or "n/a: every run has an MFU"
 
 
+# the trainer's energy reasons that carry a run's own seconds: counted, not listed
+COUNTED_ENERGY_REASONS = (vocab.ENERGY_SHORT_WINDOW, vocab.ENERGY_FROZEN)
+
+
 def energy_unmeasured(runs: list[dict]) -> str:
     """system.csv's "why GPU energy is not measured": of the runs without a measured energy per
     image (estimate.measured_energy_per_img: neither the training spans' nor the wall span's),
     the distinct reasons the trainer recorded for the two (energy_unmeasured,
-    energy_wall_unmeasured: each GPU's a sentence, kept whole, but a window too short for the
-    counter, whose seconds make each run's its own: the runs of it counted), and those that
-    recorded none counted (a trainer before them). The documents said "no run recorded
+    energy_wall_unmeasured: each GPU's a sentence, kept whole, but those whose seconds make each
+    run's its own, COUNTED_ENERGY_REASONS: the runs of each counted), and those that recorded
+    none counted (a trainer before them). The documents said "no run recorded
     NVML's energy counter (it needs a GPU and nvidia-ml-py)" of runs whose windows were too
     short for the counter.
     "n/a: every run has a GPU energy" only when each has one."""
@@ -1111,22 +1115,28 @@ def energy_unmeasured(runs: list[dict]) -> str:
         return "not recorded"
     missing = [r for r in runs if estimate.measured_energy_per_img(r)[0] is None]
     reasons: list[str] = []
-    older = short = 0
+    older = 0
+    counted = dict.fromkeys(COUNTED_ENERGY_REASONS, 0)  # {reason: runs that gave it}
     for r in missing:
         said = [_cell_text(r.get(c)) for c in ("energy_unmeasured", "energy_wall_unmeasured")]
-        # a cell holds each GPU's reason, "; "-joined; a window too short gives its seconds and
-        # spans (no two alike: a sentence per run), counted here, its details in runs.csv
+        # a cell holds each GPU's reason, "; "-joined; a window too short and a counter that
+        # did not advance give their seconds (no two alike: a sentence per run): counted here,
+        # their details in runs.csv
         parts = [p for why in said for p in why.split("; ") if p]
-        short += any(p.startswith(vocab.ENERGY_SHORT_WINDOW) for p in parts)
+        for reason in counted:
+            counted[reason] += any(p.startswith(reason) for p in parts)
         reasons += [
             p
             for p in dict.fromkeys(parts)
-            if not p.startswith(vocab.ENERGY_SHORT_WINDOW) and p not in reasons
+            if not p.startswith(COUNTED_ENERGY_REASONS) and p not in reasons
         ]
         older += not any(said)
-    if short:
-        counted = f"{short} {vocab.plural('runs', short)}: their seconds in runs.csv"
-        reasons.insert(0, f"{vocab.ENERGY_SHORT_WINDOW} ({counted})")
+    reasons[:0] = [
+        f"{reason} ({n} {vocab.plural('runs', n)}, {'its' if n == 1 else 'their'} seconds in "
+        "runs.csv)"
+        for reason, n in counted.items()
+        if n
+    ]
     if older:
         reasons.append(f"not recorded by {older} {vocab.plural('runs', older)} of an older trainer")
     return "; ".join(reasons) or "n/a: every run has a GPU energy"

@@ -931,7 +931,8 @@ def context(tables: dict, rows: list[dict], config: dict, figure_dir: str) -> di
     ]
     # the planner's request rows, and those whose kWh are over the window's wall span (its
     # evaluations included) for all their runs or for some (a row's runs of several families
-    # or precisions each have their J/img): the documents name them, or say "every row"
+    # or precisions each have their J/img): the documents name them, or, all of them so, say
+    # it of the whole total
     planned = [i for i in items("request") if "energy_basis" in v[("request", i)]]
     walls = {i: [WITH_EVALUATION in b for b in v[("request", i)]["energy_basis"].split("; ")]
              for i in planned}  # fmt: skip
@@ -955,10 +956,11 @@ def context(tables: dict, rows: list[dict], config: dict, figure_dir: str) -> di
         model_validated=has_holdout and v[("model", "fit")].get("below_compute") in (None, "0"),
         # why it has none: model.csv "absent", "no rows" held out, or "none validated"
         validation=validation,
-        # the request rows (item, bases) the scaling model prices: the documents name them
+        # the rows whose kWh hold the evaluations (all their runs, some), or every row's
         evaluation_items=evaluated,
         evaluation_partly=partly,
         evaluation_all=bool(evaluated) and len(evaluated) == len(planned),
+        # the request rows (item, bases) the scaling model prices: the documents name them
         model_items=[
             (i, v[("request", i)]["basis"])
             for i in items("request")

@@ -787,7 +787,7 @@ def _frozen(mj: float, seconds: float) -> str | None:
     counters) recorded a measured 0 J, which collect then refused as damage, run after run; no
     GPU trains on no energy."""
     if seconds > 0 and mj <= 0:
-        return f"the energy counter did not advance in {seconds:.1f} s of training: not counting"
+        return f"{vocab.ENERGY_FROZEN} in {seconds:.1f} s of training: not counting"
     return None
 
 
