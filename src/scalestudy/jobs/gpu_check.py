@@ -1213,13 +1213,14 @@ def select_only(text: str | None, names: list[str]) -> tuple[str, ...]:
     refused: it ran every check, the whole budget."""
     if text is None:
         return ()
-    if not any(p.strip() for p in text.split(",")):
+    entries = [p.strip() for p in text.split(",") if p.strip()]
+    if not entries:
         raise GpuCheckError(
             f"--only {text!r} names no check: give check names or prefixes, comma-separated "
             "(leave --only out for all); the checks: " + ", ".join(names)
         )
     only: list[str] = []
-    for entry in (p.strip() for p in text.split(",") if p.strip()):
+    for entry in entries:
         chosen = [entry] if entry in names else [n for n in names if n.startswith(entry)]
         if not chosen:
             raise GpuCheckError(

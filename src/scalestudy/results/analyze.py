@@ -1093,8 +1093,13 @@ def mfu_unmeasured(runs: list[dict]) -> str:
     )
     said = [reasons] * bool(reasons)
     if older:
-        said.append(f"not recorded by {older} {vocab.plural('runs', older)} of an older trainer")
+        said.append(_older(older))
     return "; ".join(said) or "n/a: every run has an MFU"
+
+
+def _older(runs: int) -> str:
+    """What system.csv says of `runs` runs that recorded neither a value nor its reason."""
+    return f"not recorded by {runs} {vocab.plural('runs', runs)} of an older trainer"
 
 
 # the trainer's energy reasons that carry a run's own seconds: counted, not listed
@@ -1107,10 +1112,9 @@ def energy_unmeasured(runs: list[dict]) -> str:
     the distinct reasons the trainer recorded for the two (energy_unmeasured,
     energy_wall_unmeasured: each GPU's a sentence, kept whole, but those whose seconds make each
     run's its own, COUNTED_ENERGY_REASONS: the runs of each counted), and those that recorded
-    none counted (a trainer before them). The documents said "no run recorded
-    NVML's energy counter (it needs a GPU and nvidia-ml-py)" of runs whose windows were too
-    short for the counter.
-    "n/a: every run has a GPU energy" only when each has one."""
+    none counted (a trainer before them). "n/a: every run has a GPU energy" only when each has
+    one. The documents said "no run recorded NVML's energy counter (it needs a GPU and
+    nvidia-ml-py)" of runs whose windows were too short for the counter."""
     if not runs:
         return "not recorded"
     missing = [r for r in runs if estimate.measured_energy_per_img(r)[0] is None]
@@ -1138,7 +1142,7 @@ def energy_unmeasured(runs: list[dict]) -> str:
         if n
     ]
     if older:
-        reasons.append(f"not recorded by {older} {vocab.plural('runs', older)} of an older trainer")
+        reasons.append(_older(older))
     return "; ".join(reasons) or "n/a: every run has a GPU energy"
 
 

@@ -374,18 +374,13 @@ def validation_rows(model_rows: list[dict] | None) -> list[dict]:
     return rows
 
 
-def energy_bases(members) -> str:
-    """The planner's energy bases of a request row's runs (estimate.py's words: the level its
-    J/img is from, ", evaluation included" where over the window's wall span; or why none),
-    each once in order, "; "-joined: the documents name the rows whose kWh include the
-    evaluations."""
-    return "; ".join(dict.fromkeys(e.energy_basis for e in members))
-
-
-def bases(members) -> str:
-    """The planner's throughput bases of a request row's runs, each once in order, "; "-joined
-    (one is "model, extrapolated"): the documents name the rows the scaling model prices."""
-    return "; ".join(dict.fromkeys(e.throughput_basis for e in members))
+def bases(members, kind: str = "throughput_basis") -> str:
+    """The planner's bases of a request row's runs, each once in order, "; "-joined: their
+    throughput_basis (one is "model, extrapolated": the documents name the rows the scaling
+    model prices), or `kind` "energy_basis" (the level a J/img is from, ", evaluation
+    included" where over the window's wall span, or why none: the documents name the rows
+    whose kWh include the evaluations)."""
+    return "; ".join(dict.fromkeys(getattr(e, kind) for e in members))
 
 
 def _strong_config(
@@ -753,9 +748,8 @@ def proposal_rows(
 
     def planner_rows(item, members):  # a request row of the planner's, its source cell says how
         basis = _row("request", item, "basis", bases(members), "", BASIS_SOURCE)
-        energy = _row(
-            "request", item, "energy_basis", energy_bases(members), "", ENERGY_BASIS_SOURCE
-        )
+        energy_basis = bases(members, "energy_basis")
+        energy = _row("request", item, "energy_basis", energy_basis, "", ENERGY_BASIS_SOURCE)
         source = planner_source(members, where, calibrate)
         return [*request_rows(item, members, source, True, calibrate), basis, energy]
 
