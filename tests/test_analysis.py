@@ -8,6 +8,7 @@ import csv
 import math
 import os
 import re
+import statistics
 from pathlib import Path
 
 import pytest
@@ -668,6 +669,37 @@ def test_resources_energy_kwh_from_measured_joules_per_image():
     a["energy_wall_j_per_img"] = ""  # a has no J/img: no kWh, so no basis
     measured = {r["family"]: r for r in analysis.resources([a, b], 4) if r["kind"] == "measured"}
     assert measured["strong"]["energy_kwh"] is None and measured["strong"]["energy_basis"] is None
+
+
+def test_scaling_energy_per_image_is_the_repeats_mean_on_one_basis():
+    """scaling.csv's energy_j_per_img_mean / _std: the mean and sample std of the repeats'
+    measured J/img (training spans first, else the wall span), with the basis it is on; blank
+    where a repeat has none, and blank with the bases counted where repeats measured different
+    spans (a mean of a training-only and an evaluation-included J/img is neither)."""
+    a0, a1 = run("a", "strong", 1, 64, 1000, repeat=0), run("a", "strong", 1, 64, 1000, repeat=1)
+    b0 = run("b", "strong", 2, 32, 1800)
+    a0["energy_j_per_img"], a1["energy_j_per_img"] = "0.5", "0.7"
+    a1["energy_wall_j_per_img"] = "9.9"  # the training spans' J/img comes first where measured
+    b0["energy_wall_j_per_img"] = "0.4"  # b's spans too short: its wall span's
+
+    def rows():
+        return {r["world_size"]: r for r in analysis.scaling_table([a0, a1, b0])}
+
+    one, two = rows()[1], rows()[2]
+    assert one["energy_j_per_img_mean"] == pytest.approx(0.6)
+    assert one["energy_j_per_img_std"] == pytest.approx(statistics.stdev([0.5, 0.7]))
+    assert one["energy_basis"] == "training"
+    # one repeat: a mean, no spread (blank, never 0)
+    assert (two["energy_j_per_img_mean"], two["energy_j_per_img_std"]) == (0.4, None)
+    assert two["energy_basis"] == "evaluation included"
+    a1["energy_j_per_img"] = ""  # a1's spans too short: its wall span's 9.9, a different span
+    one = rows()[1]
+    assert (one["energy_j_per_img_mean"], one["energy_j_per_img_std"]) == (None, None)
+    assert one["energy_basis"] == "mixed: 1 training, 1 evaluation included"
+    a1["energy_wall_j_per_img"] = ""  # a1 measured no energy (a CPU, a GPU without the counter)
+    one = rows()[1]
+    assert (one["energy_j_per_img_mean"], one["energy_basis"]) == (None, None)
+    assert set(analysis.SCALING_COLUMNS) >= {"energy_j_per_img_mean", "energy_basis"}
 
 
 @pytest.mark.parametrize("blank", ["", "nan", "None"])

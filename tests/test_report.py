@@ -704,6 +704,39 @@ def test_the_energy_paragraph_says_which_basis_leaves_evaluation_out(tmp_path):
     assert f"{wall} of the evaluations between the window's epochs)" in text
 
 
+def test_the_energy_per_image_table_shows_scaling_csvs_cells(tmp_path):
+    """A GPU study's J/img per configuration (scaling.csv energy_j_per_img_mean / _std /
+    energy_basis) gets its table in both documents, each number the cell's; n/a and the counted
+    bases where a configuration's repeats measured different spans; no table where no run
+    measured its energy (the resources section says why then)."""
+    runs = [_gpu_run("w1", "strong", 1, 20000, r) for r in (0, 1)]
+    runs += [_gpu_run("w2", "strong", 2, 38000, r) for r in (0, 1)]
+    joules = iter((0.4125, 0.4375, 0.5125, 0.55))
+    for r in runs:
+        r["energy_j_per_img"] = next(joules)
+    runs[3] |= {"energy_j_per_img": "", "energy_wall_j_per_img": 0.875}
+    tables = _analyzed(tmp_path, runs)
+    one, two = [r for r in tables["scaling"] if r["family"] == "strong"]
+    assert float(one["energy_j_per_img_mean"]) == pytest.approx(0.425)
+    assert one["energy_basis"] == "training" and two["energy_j_per_img_mean"] == ""
+    assert two["energy_basis"] == "mixed: 1 training, 1 evaluation included"
+    docs = report.render(tmp_path, report.TEMPLATES, [], "../results/plots")
+    for name in ("study.md", "paper.tex"):
+        text = " ".join(docs[name].split())
+        assert "GPU energy per image" in text, name
+        row = " | ".join(["strong", "1", "bf16", "256", "25", "0.425", "0.0177", "training"])
+        if name == "paper.tex":
+            row = row.replace(" | ", " & ")
+        assert row in text, (name, row)
+        assert "n/a | n/a | mixed: 1 training, 1 evaluation included" in text.replace(" & ", " | ")
+        assert report.numbers_backed_by_csvs(docs[name], tables) == [], name
+    for r in runs:
+        r["energy_j_per_img"] = r["energy_wall_j_per_img"] = ""
+    _analyzed(tmp_path, runs)
+    docs = report.render(tmp_path, report.TEMPLATES, [], "../results/plots")
+    assert not any("GPU energy per image" in text for text in docs.values())
+
+
 def test_a_spread_other_than_zero_is_never_printed_as_zero(tmp_path):
     """Two repeats 1 img/s apart: MFU's std is 2.4e-06 (0.00024 %), printed "0.0", no spread,
     beside the TFLOP/s std of the same runs; fmt_pct gives a share other than 0 that rounds to

@@ -35,6 +35,7 @@ world size, 1 in a usual study):
     bucket sensitivity    B      = X(cell) / max X over the bucket_cap_mb x local_batch grid
     model FLOP rate       R      = X F                      FLOP/s (model_flops_per_s)
     model FLOPs util.     MFU    = X F / (P N)              (mfu)
+    GPU energy per image  J      = energy of the GPUs / images trained   J/img, summed over GPUs
 
 F = flops_per_img, the FLOPs of one training image, forward + backward, counted by
 torch.utils.flop_counter on the run's network; P = peak_flops, the dense peak FLOP/s of ONE device
@@ -48,6 +49,15 @@ older trainer recorded neither: mfu_unmeasured()). Every measure's mean and std 
 repeats of a configuration: one that some repeat lacks (GPU utilisation of a window too short to
 sample, a probe that was off, an MFU a trainer before MFU never wrote) is blank, never a mean of
 fewer.
+
+J (energy_j_per_img_mean / _std) is each run's measured J/img (NVML's total-energy counter over
+its steady-state window, train.py): over the window's training spans, or where those were too
+short for the counter, over its wall span with the evaluations between its epochs
+(estimate.measured_energy_per_img); energy_basis says which ("training", "evaluation
+included"). A configuration's mean needs every repeat's J/img on one basis: one without a J/img
+leaves it blank, and so do repeats on both bases (energy_basis "mixed: ..." counts them), whose
+mean would average two different quantities. GPUs only: no CPU, network or cooling. J at N
+against J at N0 is the energy cost of scaling out: at perfect scaling it stays the same.
 
 The weak-scaling time is the step time, not the epoch time: an epoch is one pass over the fixed
 dataset shared by all ranks, so a weak-scaling epoch shortens as ranks are added. The spread of
@@ -134,6 +144,9 @@ SCALING_COLUMNS = (
     *(f"{m}_{s}" for m in MEASURES for s in ("mean", "std")),
     "model_tflops_mean",
     "model_tflops_std",
+    "energy_j_per_img_mean",
+    "energy_j_per_img_std",
+    "energy_basis",
     "speedup",
     "strong_efficiency",
     "strong_efficiency_std",
@@ -330,6 +343,9 @@ def scaling_table(runs: list[dict], acc_tolerance: float = 0.01) -> list[dict]:
         for stat in ("mean", "std"):
             flops = row[f"model_flops_per_s_{stat}"]
             row[f"model_tflops_{stat}"] = None if flops is None else flops / TFLOPS
+        row["energy_j_per_img_mean"], row["energy_j_per_img_std"], row["energy_basis"] = (
+            energy_per_img(members)
+        )
         row["n"] = len(members)
         row["runs"] = ";".join(sorted(r["run"] for r in members))
         rows.append(row)
@@ -338,6 +354,26 @@ def scaling_table(runs: list[dict], acc_tolerance: float = 0.01) -> list[dict]:
     _add_precision(rows, acc_tolerance)
     _add_bucket(rows)
     return [{c: r.get(c) for c in SCALING_COLUMNS} for r in rows]
+
+
+def energy_per_img(members: list[dict]) -> tuple[float | None, float | None, str | None]:
+    """(mean, std, basis) of the repeats' measured J/img (the module docstring): all None where
+    a repeat has none; the mean and std None and the basis counted ("mixed: 1 training, 1
+    evaluation included") where the repeats measured it over different spans."""
+    measured = [estimate.measured_energy_per_img(r) for r in members]
+    values, scopes = [v for v, _ in measured], [s for _, s in measured]
+    if None in values:
+        return None, None, None
+    if len(set(scopes)) > 1:
+        return None, None, _scope_counts(scopes)
+    mean, std, _ = mean_std(values)
+    return mean, std, scopes[0]
+
+
+def _scope_counts(scopes: list[str]) -> str:
+    """The runs of each J/img basis, e.g. "mixed: 3 training, 1 evaluation included"."""
+    kinds = [k for k in ("training", estimate.WITH_EVALUATION) if k in scopes]
+    return "mixed: " + ", ".join(f"{scopes.count(k)} {k}" for k in kinds)
 
 
 def _order(key):
@@ -893,10 +929,7 @@ def energy_basis(members: list[dict]) -> str | None:
     scopes = [estimate.measured_energy_per_img(r)[1] for r in members]
     if energy_kwh(members) is None:
         return None
-    kinds = [k for k in ("training", estimate.WITH_EVALUATION) if k in scopes]
-    if len(kinds) == 1:
-        return kinds[0]
-    return "mixed: " + ", ".join(f"{scopes.count(k)} {k}" for k in kinds)
+    return scopes[0] if len(set(scopes)) == 1 else _scope_counts(scopes)
 
 
 def lost_seconds(run: dict) -> float | None:
@@ -1217,7 +1250,7 @@ TABLE_NAMES = tuple(TABLES)  # scaling first: the workflow's rules name its path
 # the tables read_table checks (system.csv's and targets.csv's cells are read as they are):
 # their columns of words (names, notes, true/false); every other cell is a number or blank
 TABLE_TEXT = {
-    "scaling": ("family", "precision", "acc_within_tolerance", "runs"),
+    "scaling": ("family", "precision", "energy_basis", "acc_within_tolerance", "runs"),
     "verdicts": ("target", "description", "verdict", "note"),
     "resources": ("kind", "family", "energy_basis"),
     "profile_shares": ("run", "tool", "category"),
