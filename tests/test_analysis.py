@@ -831,7 +831,7 @@ def test_figures_follow_the_study():
         "bucket",
         "accuracy",
     ]
-    assert plots.figures(fams, "cuda", True)[-2:] == ["gpu_util", "profile"]
+    assert plots.figures(fams, "cuda", True)[-3:] == ["gpu_util", "energy", "profile"]
     # a family at several world sizes has a loss to split: the waterfall is drawn
     fams["strong"]["gpus"] = [1, 2]
     assert "waterfall" in plots.figures(fams, "cpu", False)
@@ -1312,6 +1312,34 @@ def test_gpu_util_figure_covers_every_family_and_survives_no_data(tmp_path):
         r["gpu_util_mean_mean"] = ""
     assert plots.gpu_util_series(scaling) == {}
     paths = plots.make_figure("gpu_util", tmp_path / "none", scaling=scaling, device="cuda")
+    assert paths[0].read_bytes()[:4] == b"\x89PNG"
+
+
+def test_energy_figure_draws_each_configurations_joules_per_image(tmp_path, axes):
+    """The energy figure's points are scaling.csv's energy_j_per_img_mean / _std: a strong line
+    over its world sizes with the repeats' spread, no point where the repeats measured different
+    spans (mixed: the mean is blank), and a figure that says so where nothing was measured."""
+    runs = [run("w1", "strong", 1, 64, 1000, repeat=r) for r in (0, 1)]
+    runs += [run("w2", "strong", 2, 32, 1900, repeat=r) for r in (0, 1)]
+    runs += [run("w4", "strong", 4, 16, 3600)]
+    for r, joules in zip(runs, ("0.5", "0.7", "0.625", "0.675", "0.8"), strict=True):
+        r["energy_j_per_img"] = joules
+    runs[4] |= {"energy_j_per_img": "", "energy_wall_j_per_img": "0.9"}
+    runs.append(run("w4", "strong", 4, 16, 3600, repeat=1) | {"energy_j_per_img": "0.7"})
+    scaling = scaling_rows(runs)
+    (strong,) = plots.energy_series(scaling).values()
+    assert [p[0] for p in strong] == [1, 2, 4]
+    assert [p[1] for p in strong[:2]] == pytest.approx([0.6, 0.65]) and math.isnan(strong[2][1])
+    assert strong[0][2] == pytest.approx(statistics.stdev([0.5, 0.7]))
+    plots.plot_energy(axes, scaling, "cuda")
+    (drawn,) = axes.containers
+    assert list(drawn.lines[0].get_xdata()) == [1, 2, 4]
+    assert [t.get_text() for t in axes.get_xticklabels()] == ["1", "2"]  # measured sizes only
+    assert axes.get_ylim()[0] == 0 and "J" in axes.get_ylabel()
+    for r in scaling:
+        r["energy_j_per_img_mean"] = ""
+    assert plots.energy_series(scaling) == {}
+    paths = plots.make_figure("energy", tmp_path, scaling=scaling, device="cuda")
     assert paths[0].read_bytes()[:4] == b"\x89PNG"
 
 
@@ -1958,6 +1986,30 @@ def test_collect_refuses_metrics_that_are_no_object_and_epochs_with_ragged_rows(
         collect.load_epochs(epochs)
     epochs.write_text(f"{header}\n{row1}\n{row2}\n")
     assert [r["epoch"] for r in collect.load_epochs(epochs)] == ["1", "2"]
+
+
+@pytest.mark.parametrize("device", ["cuda", {"type": "cuda"}, {"type": "cpu", "name": 3}, None])
+def test_collect_refuses_a_metrics_device_that_is_not_the_trainers_object(tmp_path, device):
+    """metrics.json's device is {"type", "name"} (measure.device_info): a bare "cuda" (edited by
+    hand) matched the run table's device and left runs.csv's device_type and device_name
+    blank, so system.csv and the documents said the device was not recorded."""
+    import json
+
+    from scalestudy.errors import CollectError
+    from scalestudy.results import collect
+
+    path = tmp_path / "metrics.json"
+    metrics = dict.fromkeys(collect.REQUIRED_METRICS, 1)
+    path.write_text(json.dumps(metrics | {"device": {"type": "cuda", "name": "NVIDIA H100"}}))
+    assert collect.load_metrics(path)["device"]["name"] == "NVIDIA H100"
+    path.write_text(json.dumps(metrics | {"device": device}))
+    with pytest.raises(CollectError) as refused:
+        collect.load_metrics(path)
+    said = str(refused.value)
+    assert said.startswith(f"{path}: device is {json.dumps(device)}, not the trainer's object"), (
+        said
+    )
+    assert said.splitlines() == [said]
 
 
 def test_collect_of_an_older_trainers_metrics_names_the_commit_before_a_retrain(

@@ -3162,12 +3162,17 @@ def test_parse_of_a_directory_that_is_no_capture_is_one_line(tmp_path, manifest)
         ({"tool": "nsyss", "input": "stats", "why": "x"}, "has tool 'nsyss' and input 'stats'"),
         ({"tool": "torch", "input": 3, "why": "x"}, "has tool 'torch' and input 3"),
         (b'{"tool": "torch\xe9"}', "unreadable"),  # Latin-1, not UTF-8
+        # a world size edited to a string, a float or 0 checked no rank's kernels at all
+        ({"tool": "torch", "input": "t", "why": "x", "world_size": "2"}, "has world_size '2'"),
+        ({"tool": "nsys", "input": "s", "why": "x", "world_size": 2.0}, "has world_size 2.0"),
+        ({"tool": "nsys", "input": "s", "why": "x", "world_size": 0}, "has world_size 0"),
     ],
-    ids=["tool-typo", "input-number", "not-utf8"],
+    ids=["tool-typo", "input-number", "not-utf8", "world-size-text", "world-size-float", "ws-0"],
 )
 def test_a_damaged_capture_manifest_is_one_line(tmp_path, manifest, says):
     """A typo in tool.json's tool was once parsed as a torch capture; a number as its input
-    or bytes that are not UTF-8 were a traceback."""
+    or bytes that are not UTF-8 were a traceback; a world size that is not a whole number of
+    ranks checked none (a lost rank's file left it out of every sum)."""
     (tmp_path / "tool.json").write_bytes(
         manifest if isinstance(manifest, bytes) else json.dumps(manifest).encode()
     )

@@ -26,8 +26,9 @@ from scalestudy.results import render_report as report
 
 pytestmark = pytest.mark.workflow
 
-# the demo's figures: all but the GPU's utilisation and the kernel-share profile (a CPU study)
-FIGURES = [f for f in plot.FIGURES if f not in ("gpu_util", "profile")]
+# the demo's figures: all but the GPU's utilisation and energy (NVML's) and the kernel-share
+# profile (a CPU study)
+FIGURES = [f for f in plot.FIGURES if f not in ("gpu_util", "energy", "profile")]
 
 
 def need_latexmk() -> None:
@@ -92,8 +93,9 @@ def test_every_figure_as_png_and_pdf(done):
     for name in FIGURES:
         assert (done / f"results/plots/{name}.png").read_bytes()[:4] == b"\x89PNG", name
         assert (done / f"results/plots/{name}.pdf").read_bytes()[:4] == b"%PDF", name
-    # CPU study, no profiling stage: no GPU-utilisation or profile figure is claimed
+    # CPU study, no profiling stage: no GPU-utilisation, energy or profile figure is claimed
     assert not (done / "results/plots/gpu_util.png").exists()
+    assert not (done / "results/plots/energy.png").exists()
     assert not (done / "results/plots/profile.png").exists()
 
 
@@ -720,10 +722,11 @@ def test_the_energy_per_image_table_shows_scaling_csvs_cells(tmp_path):
     assert float(one["energy_j_per_img_mean"]) == pytest.approx(0.425)
     assert one["energy_basis"] == "training" and two["energy_j_per_img_mean"] == ""
     assert two["energy_basis"] == "mixed: 1 training, 1 evaluation included"
-    docs = report.render(tmp_path, report.TEMPLATES, [], "../results/plots")
+    docs = report.render(tmp_path, report.TEMPLATES, ["energy"], "../results/plots")
     for name in ("study.md", "paper.tex"):
         text = " ".join(docs[name].split())
         assert "GPU energy per image" in text, name
+        assert "../results/plots/energy." in text, name  # the figure of the same cells
         row = " | ".join(["strong", "1", "bf16", "256", "25", "0.425", "0.0177", "training"])
         if name == "paper.tex":
             row = row.replace(" | ", " & ")
@@ -732,9 +735,18 @@ def test_the_energy_per_image_table_shows_scaling_csvs_cells(tmp_path):
         assert report.numbers_backed_by_csvs(docs[name], tables) == [], name
     for r in runs:
         r["energy_j_per_img"] = r["energy_wall_j_per_img"] = ""
+    runs[0]["energy_wall_j_per_img"] = 0.75  # w1: repeats on two bases, so no mean: no point
+    runs[1]["energy_j_per_img"] = 0.4375
     _analyzed(tmp_path, runs)
-    docs = report.render(tmp_path, report.TEMPLATES, [], "../results/plots")
+    docs = report.render(tmp_path, report.TEMPLATES, ["energy"], "../results/plots")
+    for name in ("study.md", "paper.tex"):
+        assert "mixed: 1 training, 1 evaluation included" in " ".join(docs[name].split())
+        assert "plots/energy." not in docs[name], name  # a figure without a point: left out
+    runs[0]["energy_wall_j_per_img"] = runs[1]["energy_j_per_img"] = ""
+    _analyzed(tmp_path, runs)
+    docs = report.render(tmp_path, report.TEMPLATES, ["energy"], "../results/plots")
     assert not any("GPU energy per image" in text for text in docs.values())
+    assert not any("plots/energy." in text for text in docs.values())
 
 
 def test_a_spread_other_than_zero_is_never_printed_as_zero(tmp_path):

@@ -62,6 +62,16 @@ def _capture_input(capture_dir: Path) -> tuple[str, Path, str, dict]:
             f"has tool {tool!r} and input {source!r}: a capture's manifest names tool nsys or "
             "torch and its input directory; capture again with `scalestudy profile capture`",
         )
+    world_size = manifest.get("world_size")  # absent: a capture from before it was recorded
+    if world_size is not None and not (type(world_size) is int and world_size >= 1):
+        # a hand-edited "2" or 2.0 left every rank's kernels unchecked (profile.expected_ranks
+        # checks none of a manifest without one): a lost rank's file left it out of every sum
+        raise ProfileFormatError(
+            manifest_path,
+            None,
+            f"has world_size {world_size!r}, not a whole number of ranks (capture writes one, "
+            "e.g. 2): edited since? capture again with `scalestudy profile capture`",
+        )
     return tool, capture_dir / source, manifest["why"], manifest
 
 

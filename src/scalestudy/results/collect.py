@@ -323,7 +323,20 @@ def load_metrics(path: Path) -> dict:
             f"collect it with `scalestudy collect` of {version}, or, if its numbers are needed "
             f"from this version, {retrain}"
         )
+    device = metrics["device"]
+    if not (isinstance(device, dict) and all(isinstance(device.get(k), str) for k in DEVICE)):
+        # the trainer writes {"type": "cuda", "name": "NVIDIA H100 ..."} (measure.device_info):
+        # a bare "cuda" matched the run table's device and left device_type and device_name
+        # blank, so system.csv's device and the documents said "not recorded"
+        raise CollectError(
+            f"{path}: device is {json.dumps(device)[:60]}, not the trainer's object of "
+            f"{' and '.join(DEVICE)} (e.g. {json.dumps(DEVICE_EXAMPLE)}); {fix}"
+        )
     return metrics
+
+
+DEVICE = ("type", "name")  # metrics.json's device: runs.csv's device_type and device_name
+DEVICE_EXAMPLE = {"type": "cuda", "name": "NVIDIA H100 80GB HBM3"}
 
 
 # val_loss of an evaluation that overflowed (fp16 logits, or weights that diverged in the

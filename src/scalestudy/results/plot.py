@@ -47,8 +47,8 @@ def figures(families: dict, device: str, profiled: bool) -> list[str]:
     if "bucket" in enabled:
         out.append("bucket")
     out.append("accuracy")
-    if device == "cuda":
-        out.append("gpu_util")
+    if device == "cuda":  # NVML's: no CPU run measures them
+        out += ["gpu_util", "energy"]
     if profiled:
         out.append("profile")
     return out
@@ -490,32 +490,41 @@ def plot_accuracy(axes, epochs, device="cuda", **_):
     ax_epoch.legend(fontsize=7)
 
 
-def gpu_util_series(scaling: list[dict]) -> dict[str, list[tuple[int, float, float]]]:
-    """Label -> [(world size, mean %, std %)] of every family's rows: one series per family, per
-    precision or per bucket x local batch cell. A row without NVML utilisation (a window under
-    0.5 s: train.py) has mean NaN, so its line breaks there instead of bridging it; a series
-    none of whose rows recorded it is left out (no series at all: nothing was measured)."""
+def configuration_series(scaling: list[dict], column: str) -> dict[str, list[tuple]]:
+    """Label -> [(world size, mean, std)] of scaling.csv's `column`_mean / _std in every
+    family's rows: one series per family, per precision or per bucket x local batch cell. A row
+    without it (not measured) has mean NaN, so its line breaks there instead of bridging it; a
+    series none of whose rows has it is left out (no series at all: nothing was measured)."""
     series: dict[str, list] = defaultdict(list)
     for r in sorted(scaling, key=lambda r: int(r["world_size"])):
-        y = number(r.get("gpu_util_mean_mean"))
+        y = number(r.get(f"{column}_mean"))
         # what tells a family's runs at one world size apart (strong, weak: only the world size)
         label = {
             "precision": f"precision: {r['precision']}",
             "bucket": f"bucket: {r['bucket_cap_mb']} MiB, local batch {r['local_batch']}",
         }.get(r["family"], r["family"])
-        std = _no_bar(number(r.get("gpu_util_mean_std")))
+        std = _no_bar(number(r.get(f"{column}_std")))
         series[label].append((int(r["world_size"]), math.nan if y is None else y, std))
     return {k: v for k, v in series.items() if not all(math.isnan(p[1]) for p in v)}
 
 
-def plot_gpu_util(ax, scaling, device, **_):
-    series = gpu_util_series(scaling)
-    if not series:  # the documents say so in words and leave this figure out
-        ax.text(0.5, 0.5, "no run recorded GPU utilisation (NVML)", ha="center", va="center")
-        ax.set_axis_off()
-        return
-    # strong and weak series are labelled by their family alone and keep its style; the others
-    # take the styles no family has (the 9th series was drawn exactly as strong)
+def gpu_util_series(scaling: list[dict]) -> dict[str, list[tuple[int, float, float]]]:
+    """configuration_series of NVML's GPU utilisation (%): a row without it is a window under
+    0.5 s (train.py)."""
+    return configuration_series(scaling, "gpu_util_mean")
+
+
+def energy_series(scaling: list[dict]) -> dict[str, list[tuple[int, float, float]]]:
+    """configuration_series of the GPU energy per training image (J): a row without it is a
+    configuration a repeat of which measured none, or whose repeats measured different spans
+    (scaling.csv energy_basis "mixed: ...")."""
+    return configuration_series(scaling, "energy_j_per_img")
+
+
+def _configuration_errorbars(ax, series: dict[str, list], device: str) -> None:
+    """configuration_series as error-bar lines: strong and weak labelled by their family alone
+    in its style, the others in the styles no family has (the 9th series was drawn exactly as
+    strong)."""
     free = [(c, m) for m in MARKERS for c in PALETTE if (c, m) not in FAMILY_STYLE.values()]
     others = iter(free * (1 + len(series) // len(free)))
     for label, points in series.items():
@@ -532,9 +541,31 @@ def plot_gpu_util(ax, scaling, device, **_):
     # ticks at the measured world sizes only, as _family_errorbars gives them
     measured = [p[0] for points in series.values() for p in points if not math.isnan(p[1])]
     _gpu_axis(ax, measured, device)
+    ax.legend(fontsize=7)
+
+
+def plot_gpu_util(ax, scaling, device, **_):
+    series = gpu_util_series(scaling)
+    if not series:  # the documents say so in words and leave this figure out
+        ax.text(0.5, 0.5, "no run recorded GPU utilisation (NVML)", ha="center", va="center")
+        ax.set_axis_off()
+        return
+    _configuration_errorbars(ax, series, device)
     ax.set_ylim(0, 100)
     ax.set_ylabel("mean GPU utilisation (%, NVML)")
-    ax.legend(fontsize=7)
+
+
+def plot_energy(ax, scaling, device, **_):
+    series = energy_series(scaling)
+    if not series:  # the documents say why in words and leave this figure out
+        ax.text(
+            0.5, 0.5, "no configuration has a GPU energy per image (NVML)", ha="center", va="center"
+        )
+        ax.set_axis_off()
+        return
+    _configuration_errorbars(ax, series, device)
+    ax.set_ylim(bottom=0)  # a flat line is perfect scaling: its level is read against 0
+    ax.set_ylabel("GPU energy per training image (J, NVML)")
 
 
 def profile_label(category: str, device: str) -> str:
@@ -585,6 +616,7 @@ PLOTTERS = {
     "bucket": plot_bucket,
     "accuracy": plot_accuracy,
     "gpu_util": plot_gpu_util,
+    "energy": plot_energy,
     "profile": plot_profile,
 }
 # their names: the choices of `plot --figure` and render-report's --figures (a misspelt name

@@ -525,6 +525,10 @@ def _context(tables: dict[str, list[dict]], figures: list[str], figure_dir: str)
         "energy_measured": any(r.get("energy_kwh") not in ("", None) for r in tables["resources"]),
         # a configuration with a J/img, or repeats on two bases (mixed): the energy per image table
         "energy_per_img": any(r.get("energy_basis") not in ("", None) for r in scaling),
+        # ... with a mean (the figure's points): not all its configurations' repeats mixed
+        "energy_per_img_measured": any(
+            r.get("energy_j_per_img_mean") not in ("", None) for r in scaling
+        ),
         # where a flag above is false though some runs measured it: how many (system.csv),
         # told apart from "no run recorded it"; None where none did, or system.csv is older
         "partly": {
