@@ -435,6 +435,8 @@ def test_collect_of_a_damaged_run_table_is_one_line_naming_the_line(tmp_path, ca
         # 0 bytes, another table: "header is not matrix.RUN_COLUMNS", a name only the code knows
         (empty, "empty (not even a header): cut short?; rebuild it: "),
         (other, "its header is not the run table's (run, families, nodes, ...; written by "),
+        # a directory in its place: "PATH: Is a directory", no command named
+        (tmp_path, "is a directory, not a file; rebuild it: "),
     ):
         with pytest.raises(RunTableError, match=re.escape(says)):
             read_runs_tsv(path)

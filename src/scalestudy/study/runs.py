@@ -481,6 +481,8 @@ def read_runs_tsv(path: str | os.PathLike) -> list[dict]:
             rows = [_parse_row(path, line, cells, fix) for line, cells in enumerate(reader, 2)]
     except UnicodeDecodeError as e:
         raise RunTableError(f"{path}: not UTF-8 text (byte {e.start}); {fix}") from e
+    except IsADirectoryError:  # "PATH: Is a directory", no fix named (files.read_text's words)
+        raise RunTableError(f"{path} is a directory, not a file; {fix}") from None
     except csv.Error as e:  # a cell past csv's field limit, a NUL byte: one line
         raise RunTableError(f"{path}, line {reader.line_num}: {e}; {fix}") from None
     if not rows:  # a study has at least one run (config.py refuses one without a family)
