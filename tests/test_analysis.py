@@ -1318,7 +1318,8 @@ def test_gpu_util_figure_covers_every_family_and_survives_no_data(tmp_path):
 def test_energy_figure_draws_each_configurations_joules_per_image(tmp_path, axes):
     """The energy figure's points are scaling.csv's energy_j_per_img_mean / _std: a strong line
     over its world sizes with the repeats' spread, no point where the repeats measured different
-    spans (mixed: the mean is blank), and a figure that says so where nothing was measured."""
+    spans (mixed: the mean is blank), a line per basis (energy_basis), and a figure that says
+    so where nothing was measured."""
     runs = [run("w1", "strong", 1, 64, 1000, repeat=r) for r in (0, 1)]
     runs += [run("w2", "strong", 2, 32, 1900, repeat=r) for r in (0, 1)]
     runs += [run("w4", "strong", 4, 16, 3600)]
@@ -1327,7 +1328,8 @@ def test_energy_figure_draws_each_configurations_joules_per_image(tmp_path, axes
     runs[4] |= {"energy_j_per_img": "", "energy_wall_j_per_img": "0.9"}
     runs.append(run("w4", "strong", 4, 16, 3600, repeat=1) | {"energy_j_per_img": "0.7"})
     scaling = scaling_rows(runs)
-    (strong,) = plots.energy_series(scaling).values()
+    ((label, strong),) = plots.energy_series(scaling).items()
+    assert label == "strong (training)"
     assert [p[0] for p in strong] == [1, 2, 4]
     assert [p[1] for p in strong[:2]] == pytest.approx([0.6, 0.65]) and math.isnan(strong[2][1])
     assert strong[0][2] == pytest.approx(statistics.stdev([0.5, 0.7]))
@@ -1336,6 +1338,23 @@ def test_energy_figure_draws_each_configurations_joules_per_image(tmp_path, axes
     assert list(drawn.lines[0].get_xdata()) == [1, 2, 4]
     assert [t.get_text() for t in axes.get_xticklabels()] == ["1", "2"]  # measured sizes only
     assert axes.get_ylim()[0] == 0 and "J" in axes.get_ylabel()
+    # a strong family's shorter epochs at 2 ranks moved it to the wall span's J/img, which holds
+    # the evaluations and checkpoints: one line from 1 to 2 ranks drew that rise as the energy
+    # scaling out costs. Each basis is a series of its own, broken where the other one is
+    for r in runs[2:4]:
+        r["energy_wall_j_per_img"], r["energy_j_per_img"] = r["energy_j_per_img"], ""
+    scaling = scaling_rows(runs)
+    series = plots.energy_series(scaling)
+    assert list(series) == ["strong (training)", "strong (evaluation included)"]
+    trained, walled = ([p[1] for p in v] for v in series.values())
+    assert trained[0] == pytest.approx(0.6) and math.isnan(trained[1]) and math.isnan(trained[2])
+    assert math.isnan(walled[0]) and walled[1] == pytest.approx(0.65) and math.isnan(walled[2])
+    axes.clear()
+    plots.plot_energy(axes, scaling, "cuda")
+    styles = [
+        (c.lines[0].get_linestyle(), c.lines[0].get_markerfacecolor()) for c in axes.containers
+    ]
+    assert styles[0][0] == "-" and styles[1] == ("--", "none")  # the wall span's: dashed, open
     for r in scaling:
         r["energy_j_per_img_mean"] = ""
     assert plots.energy_series(scaling) == {}

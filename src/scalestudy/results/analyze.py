@@ -52,12 +52,14 @@ fewer.
 
 J (energy_j_per_img_mean / _std) is each run's measured J/img (NVML's total-energy counter over
 its steady-state window, train.py): over the window's training spans, or where those were too
-short for the counter, over its wall span with the evaluations between its epochs
-(estimate.measured_energy_per_img); energy_basis says which ("training", "evaluation
+short for the counter, over its wall span with the evaluations and checkpoints between its
+epochs (estimate.measured_energy_per_img); energy_basis says which ("training", "evaluation
 included"). A configuration's mean needs every repeat's J/img on one basis: one without a J/img
 leaves it blank, and so do repeats on both bases (energy_basis "mixed: ..." counts them), whose
 mean would average two different quantities. GPUs only: no CPU, network or cooling. J at N
-against J at N0 is the energy cost of scaling out: at perfect scaling it stays the same.
+against J at N0 on one basis is the energy cost of scaling out: at perfect scaling it stays the
+same. Across bases it is not: a strong family's epochs shorten with N, which can move its larger
+world sizes to the wall span (plot.energy_series draws each basis as its own line).
 
 The weak-scaling time is the step time, not the epoch time: an epoch is one pass over the fixed
 dataset shared by all ranks, so a weak-scaling epoch shortens as ranks are added. The spread of

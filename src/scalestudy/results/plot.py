@@ -25,6 +25,7 @@ from scalestudy.files import check_outputs, number
 from scalestudy.results.analyze import PROFILE_CATEGORIES, check_targets, read_csv, read_table
 from scalestudy.results.collect import epoch_cell
 from scalestudy.results.printed import fmt_pct_apart
+from scalestudy.study.estimate import WITH_EVALUATION
 
 logger = log.get(__name__)
 
@@ -498,14 +499,18 @@ def configuration_series(scaling: list[dict], column: str) -> dict[str, list[tup
     series: dict[str, list] = defaultdict(list)
     for r in sorted(scaling, key=lambda r: int(r["world_size"])):
         y = number(r.get(f"{column}_mean"))
-        # what tells a family's runs at one world size apart (strong, weak: only the world size)
-        label = {
-            "precision": f"precision: {r['precision']}",
-            "bucket": f"bucket: {r['bucket_cap_mb']} MiB, local batch {r['local_batch']}",
-        }.get(r["family"], r["family"])
         std = _no_bar(number(r.get(f"{column}_std")))
-        series[label].append((int(r["world_size"]), math.nan if y is None else y, std))
+        series[_series_label(r)].append((int(r["world_size"]), math.nan if y is None else y, std))
     return {k: v for k, v in series.items() if not all(math.isnan(p[1]) for p in v)}
+
+
+def _series_label(row: dict) -> str:
+    """What tells a family's scaling.csv rows at one world size apart (strong, weak: only the
+    world size): the series configuration_series puts the row in."""
+    return {
+        "precision": f"precision: {row['precision']}",
+        "bucket": f"bucket: {row['bucket_cap_mb']} MiB, local batch {row['local_batch']}",
+    }.get(row["family"], row["family"])
 
 
 def gpu_util_series(scaling: list[dict]) -> dict[str, list[tuple[int, float, float]]]:
@@ -515,26 +520,50 @@ def gpu_util_series(scaling: list[dict]) -> dict[str, list[tuple[int, float, flo
 
 
 def energy_series(scaling: list[dict]) -> dict[str, list[tuple[int, float, float]]]:
-    """configuration_series of the GPU energy per training image (J): a row without it is a
-    configuration a repeat of which measured none, or whose repeats measured different spans
-    (scaling.csv energy_basis "mixed: ...")."""
-    return configuration_series(scaling, "energy_j_per_img")
+    """configuration_series of the GPU energy per training image (J), one series per basis
+    (scaling.csv energy_basis), labelled with it: "strong (training)", "strong (evaluation
+    included)". A line never joins two bases: the wall span's J/img holds the evaluations and
+    checkpoints the training spans' leaves out, and a strong family's shorter epochs at larger
+    world sizes move it from one to the other, a rise that is no cost of scaling. A series has
+    every world size of its label, NaN where that configuration is on the other basis or has
+    none (its repeats on both: the mean is blank), so its line breaks there."""
+    bases = {  # (label, world size) -> the basis of its mean
+        (_series_label(r), int(r["world_size"])): r["energy_basis"]
+        for r in scaling
+        if number(r.get("energy_j_per_img_mean")) is not None
+    }
+    out = {}
+    for label, points in configuration_series(scaling, "energy_j_per_img").items():
+        for basis in filter(None, dict.fromkeys(bases.get((label, p[0])) for p in points)):
+            out[f"{label} ({basis})"] = [
+                p if bases.get((label, p[0])) == basis else (p[0], math.nan, math.nan)
+                for p in points
+            ]
+    return out
 
 
 def _configuration_errorbars(ax, series: dict[str, list], device: str) -> None:
-    """configuration_series as error-bar lines: strong and weak labelled by their family alone
-    in its style, the others in the styles no family has (the 9th series was drawn exactly as
-    strong)."""
+    """configuration_series as error-bar lines: strong and weak in their family's style (a
+    label's words before " (": energy_series' basis), the others in the styles no family has
+    (the 9th series was drawn exactly as strong); a series on the wall span's energy basis
+    dashed with open markers."""
     free = [(c, m) for m in MARKERS for c in PALETTE if (c, m) not in FAMILY_STYLE.values()]
     others = iter(free * (1 + len(series) // len(free)))
+    styles: dict[str, tuple] = {}
     for label, points in series.items():
-        colour, marker = FAMILY_STYLE.get(label) or next(others)
+        base = label.split(" (")[0]
+        if base not in styles:
+            styles[base] = FAMILY_STYLE.get(base) or next(others)
+        colour, marker = styles[base]
+        wall = label.endswith(f"({WITH_EVALUATION})")
         ax.errorbar(
             [p[0] for p in points],
             [p[1] for p in points],
             yerr=[p[2] for p in points],
             color=colour,
             marker=marker,
+            markerfacecolor="none" if wall else colour,
+            linestyle="--" if wall else "-",
             capsize=3,
             label=label,
         )
