@@ -749,6 +749,28 @@ def test_the_energy_per_image_table_shows_scaling_csvs_cells(tmp_path):
     assert not any("plots/energy." in text for text in docs.values())
 
 
+def test_kwh_blank_though_every_run_has_a_joules_per_image_says_what_it_lacks(tmp_path):
+    """Rows with a J/img but no count of the images they trained (an older trainer's runs.csv)
+    give no kWh: the documents said "GPU energy is in no family's every run: 2 of 2 runs
+    recorded NVML's energy counter", which contradicts itself. Now they name the counts; one
+    run without a J/img keeps the count of those that have one."""
+    runs = [_gpu_run("w1", "strong", 1, 20000, r) | {"energy_j_per_img": 0.4} for r in (0, 1)]
+    _analyzed(tmp_path, runs)
+    docs = report.render(tmp_path, report.TEMPLATES, [], "../results/plots")
+    for name in ("study.md", "paper.tex"):
+        text = " ".join(docs[name].split())
+        said = "Every run has a GPU energy per image, but a family's kWh also needs the images"
+        assert f"{said} each of its runs trained" in text, name
+        assert "GPU energy is in no family's every run" not in text, name
+    runs[1]["energy_j_per_img"] = ""
+    _analyzed(tmp_path, runs)
+    docs = report.render(tmp_path, report.TEMPLATES, [], "../results/plots")
+    for name in ("study.md", "paper.tex"):
+        text = " ".join(docs[name].split())
+        assert "GPU energy is in no family's every run: 1 of 2 runs recorded" in text, name
+        assert "Every run has a GPU energy per image" not in text, name
+
+
 def test_a_spread_other_than_zero_is_never_printed_as_zero(tmp_path):
     """Two repeats 1 img/s apart: MFU's std is 2.4e-06 (0.00024 %), printed "0.0", no spread,
     beside the TFLOP/s std of the same runs; fmt_pct gives a share other than 0 that rounds to
