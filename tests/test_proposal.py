@@ -510,7 +510,7 @@ def test_the_printed_energy_rows_add_up_to_the_printed_total(tmp_path, monkeypat
     c = cells(study)
     energy = {i: q["energy_basis"] for (s, i), q in c.items() if s == "request" and "basis" in q}
     assert energy and all(b == "run" for b in energy.values()), energy  # each run's own J/img
-    assert "evaluations between its epochs included" not in docs["proposal.md"]
+    assert "checkpoints between its epochs included" not in docs["proposal.md"]
 
 
 def test_the_proposal_names_the_rows_whose_kwh_include_the_evaluations(tmp_path, monkeypatch):
@@ -550,8 +550,8 @@ def test_the_proposal_names_the_rows_whose_kwh_include_the_evaluations(tmp_path,
         bases = {i: c[("request", i)]["energy_basis"].split("; ") for i in items}
         walled = [i for i in items if all(wall in b for b in bases[i])]
         partly = [i for i in items if i not in walled and any(wall in b for b in bases[i])]
-        said = "from the measured J/img, over the window's wall span, the evaluations between "
-        said += "its epochs included"
+        said = "from the measured J/img, over the window's wall span, the evaluations and "
+        said += "checkpoints between its epochs included"
         if shown == "every":
             assert walled == items and not partly, bases
             said += ")"

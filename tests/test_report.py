@@ -665,7 +665,7 @@ def test_a_quantity_some_runs_measured_is_not_called_unmeasured(tmp_path):
         for what in ("GPU utilisation", "GPU energy", "MFU"):
             assert f"{what} was not measured" not in flat, (name, what)
         assert "GPU utilisation is in no configuration's every repeat: 2 of 4 runs" in flat, name
-        assert "GPU energy is in no family's every run: 2 of 4 runs recorded" in flat, name
+        assert "No family has a kWh: 2 of 4 runs recorded" in flat, name
         assert "MFU is in no configuration's every repeat: 2 of 4 runs have one" in flat, name
         assert "not in the table of published peaks" in flat, name
         assert report.numbers_backed_by_csvs(text, tables) == [], name
@@ -703,7 +703,7 @@ def test_the_energy_paragraph_says_which_basis_leaves_evaluation_out(tmp_path):
     )
     assert "training = every run's training spans (evaluation left out)" in text
     wall = "evaluation included = every run's wall span (a training image's energy with its share"
-    assert f"{wall} of the evaluations between the window's epochs)" in text
+    assert f"{wall} of the evaluations and checkpoints between the window's epochs)" in text
 
 
 def test_the_energy_per_image_table_shows_scaling_csvs_cells(tmp_path):
@@ -761,14 +761,26 @@ def test_kwh_blank_though_every_run_has_a_joules_per_image_says_what_it_lacks(tm
         text = " ".join(docs[name].split())
         said = "Every run has a GPU energy per image, but a family's kWh also needs the images"
         assert f"{said} each of its runs trained" in text, name
-        assert "GPU energy is in no family's every run" not in text, name
+        assert "No family has a kWh" not in text, name
     runs[1]["energy_j_per_img"] = ""
     _analyzed(tmp_path, runs)
     docs = report.render(tmp_path, report.TEMPLATES, [], "../results/plots")
     for name in ("study.md", "paper.tex"):
         text = " ".join(docs[name].split())
-        assert "GPU energy is in no family's every run: 1 of 2 runs recorded" in text, name
+        assert "No family has a kWh: 1 of 2 runs recorded" in text, name
         assert "Every run has a GPU energy per image" not in text, name
+    # strong: a J/img in every run, no counts; weak: counts, one run without a J/img. "GPU energy
+    # is in no family's every run: 3 of 4" was false of strong; the sentence names both needs
+    counts = {"epochs": 3, "train_images_per_epoch": 50000}
+    weak = [_gpu_run("u1", "weak", 1, 20000, r) | counts for r in (0, 1)]
+    weak[0]["energy_j_per_img"], runs[1]["energy_j_per_img"] = 0.4, 0.4
+    _analyzed(tmp_path, [*runs, *weak])
+    docs = report.render(tmp_path, report.TEMPLATES, [], "../results/plots")
+    for name in ("study.md", "paper.tex"):
+        text = " ".join(docs[name].split())
+        said = "No family has a kWh: 3 of 4 runs recorded NVML's energy counter, and a family's"
+        assert f"{said} kWh needs each of its runs' energy per image" in text, name
+        assert "the images it trained" in text and "no family's every run" not in text, name
 
 
 def test_a_spread_other_than_zero_is_never_printed_as_zero(tmp_path):
@@ -2153,7 +2165,7 @@ def test_the_papers_energy_column_says_what_n_a_means(tmp_path):
         section = paper[paper.index("\\section{Resource justification}") :]
         section = section[: section.index("\\medskip")]
         shown = [cells[-1] for cells in _paper_rows(section)]
-        said = "n/a: some run of the family has no measured energy." in section
+        said = "n/a: some run of the family has no measured energy per image, or no " in section
         assert ("n/a" in shown) == said == blank, (blank, shown)
         assert report.numbers_backed_by_csvs(paper, report.load_tables(tmp_path)) == []
 

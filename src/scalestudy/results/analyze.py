@@ -58,8 +58,9 @@ included"). A configuration's mean needs every repeat's J/img on one basis: one 
 leaves it blank, and so do repeats on both bases (energy_basis "mixed: ..." counts them), whose
 mean would average two different quantities. GPUs only: no CPU, network or cooling. J at N
 against J at N0 on one basis is the energy cost of scaling out: at perfect scaling it stays the
-same. Across bases it is not: a strong family's epochs shorten with N, which can move its larger
-world sizes to the wall span (plot.energy_series draws each basis as its own line).
+same. Across bases it is not: a family's epochs shorten with N (strong and weak alike), which
+can move its larger world sizes to the wall span (plot.energy_series draws each basis as its
+own line).
 
 The weak-scaling time is the step time, not the epoch time: an epoch is one pass over the fixed
 dataset shared by all ranks, so a weak-scaling epoch shortens as ranks are added. The spread of
@@ -895,7 +896,7 @@ def energy_kwh(members: list[dict]) -> float | None:
     accumulation; with it, a short last group trains fewer images, so such a run's is None.
 
     J/img: energy_j_per_img (the training spans) where measured, else energy_wall_j_per_img
-    (the window's wall span, the evaluations between its epochs included:
+    (the window's wall span, the evaluations and checkpoints between its epochs included:
     estimate.measured_energy_per_img).
     GPUs only (no CPU, network or cooling); warm-up is charged at the window's rate. The sum
     counts training images only, so evaluation is left out with the training spans' J/img and

@@ -523,7 +523,7 @@ def energy_series(scaling: list[dict]) -> dict[str, list[tuple[int, float, float
     """configuration_series of the GPU energy per training image (J), one series per basis
     (scaling.csv energy_basis), labelled with it: "strong (training)", "strong (evaluation
     included)". A line never joins two bases: the wall span's J/img holds the evaluations and
-    checkpoints the training spans' leaves out, and a strong family's shorter epochs at larger
+    checkpoints the training spans' leaves out, and a family's shorter epochs at larger
     world sizes move it from one to the other, a rise that is no cost of scaling. A series has
     every world size of its label, NaN where that configuration is on the other basis or has
     none (its repeats on both: the mean is blank), so its line breaks there."""

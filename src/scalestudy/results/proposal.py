@@ -29,7 +29,8 @@ slides.tex from it plus the analysis CSVs (render_report's formats and its hones
                      plan's efficiency guesses ("precision")
     energy_basis     a planner row's energy bases (estimate.py's words, "; "-joined): the
                      documents name the rows whose J/img is over the window's wall span
-                     (evaluations between its epochs included), for all their runs or some
+                     (evaluations and checkpoints between its epochs included), for all
+                     their runs or some
     profiling        profiled runs x their Slurm time limit (study/profiling.py job_minutes:
                      the run's start-up and window, x top_k for profile_ncu, x safety_factor,
                      at least hardware.runtime_min), per job of profile_capture (and
