@@ -1350,11 +1350,22 @@ def test_energy_figure_draws_each_configurations_joules_per_image(tmp_path, axes
     assert trained[0] == pytest.approx(0.6) and math.isnan(trained[1]) and math.isnan(trained[2])
     assert math.isnan(walled[0]) and walled[1] == pytest.approx(0.65) and math.isnan(walled[2])
     axes.clear()
-    plots.plot_energy(axes, scaling, "cuda")
+    plots.PLOTTERS["energy"](axes, scaling=scaling, device="cuda")  # the figure's own plotter
     styles = [
         (c.lines[0].get_linestyle(), c.lines[0].get_markerfacecolor()) for c in axes.containers
     ]
     assert styles[0][0] == "-" and styles[1] == ("--", "none")  # the wall span's: dashed, open
+    # both in the strong family's colour, as in every other figure; a J/img scale, not a %'s
+    strong_colour = plots.FAMILY_STYLE["strong"][0]
+    assert {c.lines[0].get_color() for c in axes.containers} == {strong_colour}
+    assert "J" in axes.get_ylabel() and axes.get_ylim()[1] < 2
+    # a weak family on the training spans at 1 and 2 ranks keeps one line of its own: the bases
+    # are each family's (keyed by world size alone, strong's 2-rank wall span split weak's too)
+    weak = [run("u1", "weak", 1, 64, 1000), run("u2", "weak", 2, 64, 1950)]
+    weak[0]["energy_j_per_img"], weak[1]["energy_j_per_img"] = "0.5", "0.52"
+    series = plots.energy_series(scaling_rows([*runs, *weak]))
+    assert list(series) == ["strong (training)", "strong (evaluation included)", "weak (training)"]
+    assert [p[1] for p in series["weak (training)"]] == [0.5, 0.52]
     for r in scaling:
         r["energy_j_per_img_mean"] = ""
     assert plots.energy_series(scaling) == {}

@@ -3166,8 +3166,9 @@ def test_parse_of_a_directory_that_is_no_capture_is_one_line(tmp_path, manifest)
         ({"tool": "torch", "input": "t", "why": "x", "world_size": "2"}, "has world_size '2'"),
         ({"tool": "nsys", "input": "s", "why": "x", "world_size": 2.0}, "has world_size 2.0"),
         ({"tool": "nsys", "input": "s", "why": "x", "world_size": 0}, "has world_size 0"),
+        ({"tool": "nsys", "input": "s", "why": "x", "world_size": True}, "has world_size True"),
     ],
-    ids=["tool-typo", "input-number", "not-utf8", "world-size-text", "world-size-float", "ws-0"],
+    ids=["tool-typo", "input-number", "not-utf8", "ws-text", "ws-float", "ws-0", "ws-bool"],
 )
 def test_a_damaged_capture_manifest_is_one_line(tmp_path, manifest, says):
     """A typo in tool.json's tool was once parsed as a torch capture; a number as its input
@@ -3178,6 +3179,20 @@ def test_a_damaged_capture_manifest_is_one_line(tmp_path, manifest, says):
     )
     with pytest.raises(ProfileFormatError, match=re.escape(says)):
         parse_job._capture_input(tmp_path)
+
+
+@pytest.mark.parametrize("world_size", [1, 2, None])
+def test_a_captures_own_manifest_is_read(tmp_path, world_size):
+    """What `profile capture` writes passes the manifest checks: world_size nodes x ranks per
+    node, 1 for a one-GPU capture (refused once a check asked for more), or none (a capture
+    from before it was recorded)."""
+    manifest = {"tool": "torch", "input": "train/profile", "why": "no GPU", "run": "r"}
+    if world_size is not None:
+        manifest["world_size"] = world_size
+    (tmp_path / "tool.json").write_text(json.dumps(manifest))
+    tool, source, why, read = parse_job._capture_input(tmp_path)
+    assert (tool, source, why) == ("torch", tmp_path / "train/profile", "no GPU")
+    assert read.get("world_size") == world_size
 
 
 def test_a_stats_directory_with_other_reports_is_read_and_a_second_table_refused(tmp_path):

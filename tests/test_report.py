@@ -717,12 +717,17 @@ def test_the_energy_per_image_table_shows_scaling_csvs_cells(tmp_path):
     for r in runs:
         r["energy_j_per_img"] = next(joules)
     runs[3] |= {"energy_j_per_img": "", "energy_wall_j_per_img": 0.875}
+    runs += [_gpu_run("w4", "strong", 4, 70000, 0)]  # measured no energy: n/a, not left out
     tables = _analyzed(tmp_path, runs)
-    one, two = [r for r in tables["scaling"] if r["family"] == "strong"]
+    one, two, _ = [r for r in tables["scaling"] if r["family"] == "strong"]
     assert float(one["energy_j_per_img_mean"]) == pytest.approx(0.425)
     assert one["energy_basis"] == "training" and two["energy_j_per_img_mean"] == ""
     assert two["energy_basis"] == "mixed: 1 training, 1 evaluation included"
     docs = report.render(tmp_path, report.TEMPLATES, ["energy"], "../results/plots")
+    # the caption says which line is which basis
+    wall = "a line per basis (dashed: the wall span's, evaluations and checkpoints included)"
+    assert wall in docs["study.md"]
+    assert "a line per basis (dashed: evaluations and checkpoints included)" in docs["paper.tex"]
     for name in ("study.md", "paper.tex"):
         text = " ".join(docs[name].split())
         assert "GPU energy per image" in text, name
@@ -732,6 +737,7 @@ def test_the_energy_per_image_table_shows_scaling_csvs_cells(tmp_path):
             row = row.replace(" | ", " & ")
         assert row in text, (name, row)
         assert "n/a | n/a | mixed: 1 training, 1 evaluation included" in text.replace(" & ", " | ")
+        assert "strong | 4 | bf16 | 64 | 25 | n/a | n/a | n/a" in text.replace(" & ", " | ")
         assert report.numbers_backed_by_csvs(docs[name], tables) == [], name
     for r in runs:
         r["energy_j_per_img"] = r["energy_wall_j_per_img"] = ""
