@@ -14,7 +14,8 @@ import pytest
 
 from scalestudy.errors import ProfileFormatError
 from scalestudy.jobs import gpu_check_report as report
-from scalestudy.jobs import profile_ncu as profile
+from scalestudy.jobs import ncu_kernels as profile
+from scalestudy.jobs import profile_ncu
 from scalestudy.nsight import classify, ncu, schema, torch_ops
 
 H200 = Path(__file__).parent / "fixtures" / "gpu-h200"
@@ -95,10 +96,11 @@ def test_a_name_the_profiler_left_mangled_is_filtered_mangled():
     mangled = next(r["kernel"] for r in kernel_rows() if r["kernel"].startswith("_Z"))
     assert profile.ncu_name_base(mangled) == "mangled"
     assert re.fullmatch(profile.ncu_kernel_regex(mangled), mangled)
-    cmd = profile.ncu_command("d/k", mangled, 0, 1, ["python"])
+    # the ncu job's command takes the base the kernels step chose for the name
+    cmd = profile_ncu.ncu_command("d/k", profile.candidate(mangled, 3), 0, 1, ["python"])
     assert cmd[cmd.index("--kernel-name-base") + 1] == "mangled"
     demangled = kernel_rows()[0]["kernel"]
-    cmd = profile.ncu_command("d/k", demangled, 0, 1, ["python"])
+    cmd = profile_ncu.ncu_command("d/k", profile.candidate(demangled, 3), 0, 1, ["python"])
     assert cmd[cmd.index("--kernel-name-base") + 1] == "demangled"
 
 

@@ -37,7 +37,7 @@ from workflow_helpers import (
 
 from scalestudy import cli, log
 from scalestudy.errors import ProfileError, ProfileFormatError
-from scalestudy.jobs import container, container_exec, gpu_check_report, launch
+from scalestudy.jobs import container, container_exec, gpu_check_report, launch, ncu_kernels
 from scalestudy.jobs import profile as capture
 from scalestudy.jobs import profile_ncu as ncu_job
 from scalestudy.jobs import profile_parse as parse_job
@@ -954,8 +954,8 @@ def test_merge_joins_runs_and_refuses_a_run_given_twice(tmp_path, capsys):
 def test_profile_outputs_that_are_one_file_or_an_input_are_refused(tmp_path, capsys):
     """`profile parse --out-kernels k.csv --out-ranges ./k.csv` wrote the ranges over the
     kernels and logged "25 kernel rows", exit 0 (the two spellings made two keys of one file);
-    `profile merge --out` naming one of its inputs replaced it, and `profile ncu --out` naming
-    its --kernels would have after every pass. Each is now one line, exit 2, before any work,
+    `profile merge --out` naming one of its inputs replaced it, and `profile ncu` writing its
+    --kernels would have after every pass. Each is now one line, exit 2, before any work,
     the inputs as they were."""
     kernels = tmp_path / "k.csv"
     argv = ["--nsys-stats", str(FIX / "nsys-2024.5"), "--run", "w1", "--out-kernels", str(kernels)]
@@ -978,12 +978,27 @@ def test_profile_outputs_that_are_one_file_or_an_input_are_refused(tmp_path, cap
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--out is the input CSV 1" in err[0], err
     assert kernels.read_bytes() == made
-    ncu_argv = ["profile", "ncu", "--kernels", str(kernels), "--out-dir", str(tmp_path / "n")]
-    ncu_argv += ["--out", str(kernels), "--run", "w1", "--device", "cpu", "--", "--epochs", "1"]
-    assert cli.main(ncu_argv) == 2
+    listing = ["profile", "ncu-kernels", "--kernels", str(kernels), "--out", str(kernels)]
+    assert cli.main(listing) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--out is the input --kernels" in err[0], err
-    assert kernels.read_bytes() == made and not (tmp_path / "n").exists()
+    assert kernels.read_bytes() == made
+    # the ncu job's manifest, its --out-dir's tool.json, is no input either
+    listed = tmp_path / "n" / "tool.json"
+    listed.parent.mkdir()
+    assert (
+        cli.main(["profile", "ncu-kernels", "--kernels", str(kernels), "--out", str(listed)]) == 0
+    )
+    made = listed.read_bytes()
+    assert [k["kernel"] for k in json.loads(made)] == schema.top_kernels(
+        schema.read_csv(kernels, schema.KERNEL_COLUMNS), 100
+    )  # rank 0's kernels by time, NCCL left out
+    ncu_argv = ["profile", "ncu", "--kernels", str(listed), "--out-dir", str(listed.parent)]
+    ncu_argv += ["--run", "w1", "--device", "cpu", "--", "--epochs", "1"]
+    assert cli.main(ncu_argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "tool.json of --out-dir is the input --kernels" in err[0], err
+    assert listed.read_bytes() == made
 
 
 def test_merge_refuses_a_csv_that_holds_another_runs_rows(tmp_path, capsys):
@@ -1105,6 +1120,44 @@ def test_cli_parse_ncu_writes_the_ncu_schema(tmp_path):
     assert tuple(row) == schema.NCU_COLUMNS and row["kernel"] == "ampere_sgemm_128x64_tn"
     with pytest.raises(ProfileError, match="--out-ncu"):
         parse_job.parse(_profile_parse("--ncu", str(out), "--run", "r", "--out-kernels", "k.csv"))
+
+
+def test_parse_of_an_ncu_directory_labels_each_csv_with_its_manifests_kernel(tmp_path):
+    """`profile parse --ncu DIR` of a `profile ncu` directory (the workflow's profile_ncu_parse):
+    each details CSV its tool.json names, under the kernel named with it (the kernels table's
+    name, the join key with profile_kernels, not ncu's spelling), no other file of the directory;
+    tool "none" (ncu skipped) an empty CSV. A manifest that does not pair each CSV of the
+    directory with a kernel is one line, and nothing is written."""
+    real = REPO / "tests" / "fixtures" / "gpu-h100-ncu"
+    d = tmp_path / "ncu"
+    d.mkdir()
+    shutil.copyfile(real / "ncu_k0.csv", d / "ncu_k0.csv")
+    shutil.copyfile(real / "ncu_k1.csv", d / "ncu_k2.csv")  # k1 never launched under ncu
+    (d / "ncu_k1.csv").write_text("an earlier run's, not named: never read\n")
+    out = tmp_path / "n.csv"
+
+    def parse(manifest) -> list[dict]:
+        text = manifest if isinstance(manifest, str) else json.dumps(manifest)
+        (d / "tool.json").write_text(text)
+        parse_job.parse(_profile_parse("--ncu", str(d), "--run", "w1", "--out-ncu", str(out)))
+        return list(csv.DictReader(out.open()))
+
+    pair = {"tool": "ncu", "why": "/usr/bin/ncu", "kernels": ["conv<A>", "bn<B>"],
+            "csv": ["ncu_k0.csv", "ncu_k2.csv"], "not_launched": ["gemm<C>"]}  # fmt: skip
+    assert sorted(r["kernel"] for r in parse(pair)) == ["bn<B>", "conv<A>"]
+    assert parse({"tool": "none", "why": "auto: no GPU", "not_launched": []}) == []
+    out.unlink()
+    for manifest, says in [
+        ({**pair, "kernels": ["conv<A>"]}, "not the manifest of `scalestudy profile ncu`"),
+        ({**pair, "csv": ["ncu_k0.csv", "../ncu/ncu_k2.csv"]}, "not the manifest"),
+        ({**pair, "csv": ["ncu_k0.csv", "ncu_k3.csv"]}, "ncu_k3.csv: missing (tool.json names"),
+        ({k: v for k, v in pair.items() if k != "csv"}, "not the manifest"),  # an older job's
+        ({"tool": "nsys", "input": "stats", "why": ""}, "not the manifest"),
+        ("{not json", "not JSON"),
+    ]:
+        with pytest.raises((ProfileError, ProfileFormatError), match=re.escape(says)):
+            parse(manifest)
+        assert not out.exists()
 
 
 @pytest.mark.parametrize("damage", ["", "Time (%),Total Time (ns)\n", "garbage\x00\n"])
@@ -2044,8 +2097,7 @@ def test_ncu_refuses_an_out_dir_holding_another_tools_manifest(tmp_path, capsys,
     text = manifest if isinstance(manifest, str) else json.dumps(manifest)
     (out_dir / "tool.json").write_text(text)
     argv = ["profile", "ncu", "--run", "r", "--kernels", str(tmp_path / "k.csv"),
-            "--out-dir", str(out_dir), "--out", str(tmp_path / "n.csv"), "--device", "cpu",
-            "--", "--epochs", "1"]  # fmt: skip
+            "--out-dir", str(out_dir), "--device", "cpu", "--", "--epochs", "1"]  # fmt: skip
     assert cli.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not ncu's" in err[0], err
@@ -2117,12 +2169,14 @@ VECTORIZED = (
     ],
 )
 def test_ncu_filter_is_the_whole_demangled_name(name, other):
-    regex = ncu_job.ncu_kernel_regex(name)
+    regex = ncu_kernels.ncu_kernel_regex(name)
     assert regex not in ("", "^$") and re.fullmatch(regex, name)
     assert not re.search(regex, other)  # one instantiation, not its siblings
     # ncu's demangler may print 'char*' for 'char *' and omit the return type
     assert re.search(regex, name.replace("char *", "char*").removeprefix("void "))
-    cmd = ncu_job.ncu_command("d/ncu_k0", name, 7, 3, ["python", "t.py"])
+    entry = ncu_kernels.candidate(name, 10)
+    assert ncu_job.kernel_problem(entry) is None  # what the ncu job reads
+    cmd = ncu_job.ncu_command("d/ncu_k0", entry, 7, 3, ["python", "t.py"])
     assert cmd[cmd.index("--kernel-name-base") + 1] == "demangled"
     assert cmd[cmd.index("--kernel-name") + 1] == f"regex:{regex}"
     # the filter survives the per-rank wrapper's shell quoting
@@ -2133,14 +2187,15 @@ def test_ncu_filter_is_the_whole_demangled_name(name, other):
 
 def test_ncu_filter_takes_ncu_casts_of_negative_template_arguments():
     # ncu prints a literal template argument with its type, (int)4; a negative one as (int)-1
-    regex = ncu_job.ncu_kernel_regex("void foo<-1, 3ul>(int)")
+    regex = ncu_kernels.ncu_kernel_regex("void foo<-1, 3ul>(int)")
     assert re.fullmatch(regex, "void foo<-1, 3ul>(int)")
     assert re.fullmatch(regex, "void foo<(int)-1, (unsigned long)3>(int)")
     assert not re.search(regex, "void foo<(int)1, (unsigned long)3>(int)")
 
 
 def test_ncu_command_and_import():
-    cmd = ncu_job.ncu_command("d/ncu_k0", VECTORIZED, 10, 3, ["python", "t.py"])
+    entry = ncu_kernels.candidate(VECTORIZED, 20)
+    cmd = ncu_job.ncu_command("d/ncu_k0", entry, 10, 3, ["python", "t.py"])
     joined = shlex.join(cmd)
     for part in (
         "--profile-from-start off",
@@ -2158,25 +2213,35 @@ def test_ncu_command_and_import():
     imp = ncu_job.ncu_import_command("d/ncu_k0.ncu-rep")
     assert imp[imp.index("--print-metric-name") + 1] == "name" and "--csv" in imp
     with pytest.raises(ProfileError, match="empty"):
-        ncu_job.ncu_kernel_regex("  ")
+        ncu_kernels.ncu_kernel_regex("  ")
 
 
-def test_launch_skip_leaves_launches_to_profile():
-    def row(kernel, rank, instances):
-        return {"kernel": kernel, "rank": str(rank), "instances": str(instances)}
+def test_the_ncu_kernels_are_rank_0s_by_time_and_leave_launches_to_profile():
+    def row(kernel, rank, instances, total_ns, category="conv"):
+        return {"kernel": kernel, "rank": str(rank), "instances": str(instances),
+                "total_ns": str(total_ns), "category": category}  # fmt: skip
 
     rows = [
-        row("once_per_step", 0, 10),  # 10-step window: skip 10 would profile nothing
-        row("once_per_step", 1, 12),
-        row("many", 0, 400),
-        row("rare", 0, 2),
-        row("not_on_rank0", 1, 8),
+        row("once_per_step", 0, 10, 500),  # 10-step window: skip 10 would profile nothing
+        row("once_per_step", 1, 12, 9000),  # rank 1's time chooses nothing: ncu profiles rank 0
+        row("many", 0, 400, 1000),
+        row("rare", 0, 2, 100),
+        row("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 0, 10, 10**9, "nccl"),
+        row("not_on_rank0", 1, 8, 10**6),
+        row("not_on_rank0", 2, 6, 10**6),
     ]
-    assert ncu_job.ncu_launch_skip(rows, "once_per_step", 10, 3) == 7  # rank 0's count
-    assert ncu_job.ncu_launch_skip(rows, "many", 10, 3) == 10
-    assert ncu_job.ncu_launch_skip(rows, "rare", 10, 3) == 0
-    assert ncu_job.ncu_launch_skip(rows, "not_on_rank0", 10, 3) == 5
-    assert ncu_job.ncu_launch_skip(rows, "unknown", 10, 3) == 10
+    found = ncu_kernels.candidates(rows)
+    assert [(k["kernel"], k["instances"]) for k in found] == [
+        ("many", 400), ("once_per_step", 10), ("rare", 2)
+    ]  # fmt: skip
+    assert all(ncu_job.kernel_problem(k) is None for k in found)
+    assert [ncu_job.launch_skip(k, 10, 3) for k in found] == [10, 7, 0]
+    # a capture without rank 0: every rank's kernels, each with its fewest launches
+    found = ncu_kernels.candidates([r for r in rows if r["rank"] != "0"])
+    assert [(k["kernel"], k["instances"]) for k in found] == [
+        ("not_on_rank0", 6), ("once_per_step", 12)
+    ]  # fmt: skip
+    assert ncu_job.launch_skip(found[0], 10, 3) == 3
 
 
 def test_top_kernels_never_include_nccl():
@@ -2565,10 +2630,17 @@ def _capture(
 def _profile_ncu(
     kernels: Path, enabled: str, top_k: int, out: Path, env: dict, data_dir: Path, window="1:3"
 ):
-    """`scalestudy profile ncu` of one short CPU run (the ncu on PATH is a stand-in)."""
+    """`scalestudy profile ncu-kernels` of a kernels CSV, then `scalestudy profile ncu` of one
+    short CPU run on those kernels (the ncu on PATH is a stand-in), as the workflow runs them."""
+    listed = out.parent / f"{out.name}-kernels.json"
+    subprocess.run(
+        [PYTHON, "-m", "scalestudy", "profile", "ncu-kernels", "--kernels", str(kernels),
+         "--out", str(listed)],
+        env=env, check=True, capture_output=True, timeout=120,
+    )  # fmt: skip
     cmd = [PYTHON, "-m", "scalestudy", "profile", "ncu", "--run", "w1",
-           "--kernels", str(kernels), "--enabled", enabled, "--top-k", str(top_k),
-           "--out-dir", str(out), "--out", str(out / "ncu.csv"), "--device", "cuda",
+           "--kernels", str(listed), "--enabled", enabled, "--top-k", str(top_k),
+           "--out-dir", str(out), "--device", "cuda",
            "--mpi=", "--nodes", "1", "--ranks-per-node", "1", "--cpus-per-rank", "1",
            "--", "--dataset", "synthetic", "--width", "4", "--local-batch", "16",
            "--epochs", "1", "--limit-train", "64", "--limit-test", "16",
@@ -2576,6 +2648,18 @@ def _profile_ncu(
            *(("--profile-steps", window) if window else ()),
            "--data-dir", str(data_dir)]  # fmt: skip
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def _parse_ncu(out: Path) -> Path:
+    """`scalestudy profile parse --ncu` of a `profile ncu` directory (the workflow's
+    profile_ncu_parse) -> the profile_ncu CSV beside it."""
+    made = out.parent / f"{out.name}.csv"
+    argv = [PYTHON, "-m", "scalestudy", "profile", "parse", "--ncu", str(out), "--run", "w1"]
+    proc = subprocess.run(
+        [*argv, "--out-ncu", str(made)], env=child_env(), capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return made
 
 
 def test_ncu_on_a_node_whose_counters_are_admin_only(data_dir, tmp_path):
@@ -2598,11 +2682,11 @@ def test_ncu_on_a_node_whose_counters_are_admin_only(data_dir, tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "WARNING auto: ncu may not read this node's GPU performance counters" in proc.stderr
     assert "ERR_NVGPUCTRPERM" in proc.stdout  # ncu's own output, in the job's log too
-    assert (tmp_path / "auto" / "ncu.csv").read_text() == ",".join(schema.NCU_COLUMNS) + "\n"
+    assert _parse_ncu(tmp_path / "auto").read_text() == ",".join(schema.NCU_COLUMNS) + "\n"
     manifest = json.loads((tmp_path / "auto" / "tool.json").read_text())
     assert manifest["tool"] == "none" and "ERR_NVGPUCTRPERM" in manifest["why"]
     proc = ncu("true", tmp_path / "true")
-    assert proc.returncode != 0 and not (tmp_path / "true" / "ncu.csv").exists()
+    assert proc.returncode != 0 and not (tmp_path / "true" / "tool.json").exists()
     assert "profiling.ncu.enabled is true but ncu may not read" in proc.stderr
 
 
@@ -2639,18 +2723,19 @@ def test_ncu_leaves_out_a_kernel_its_process_never_launched(data_dir, tmp_path):
     assert f"ncu k0 profiled nothing: no launch of {fprop!r}" in proc.stderr
     manifest = json.loads((tmp_path / "some" / "tool.json").read_text())
     assert manifest["kernels"] == [bn] and manifest["not_launched"] == [fprop]
-    got = list(csv.DictReader((tmp_path / "some" / "ncu.csv").open()))
+    assert manifest["csv"] == ["ncu_k1.csv"]  # k0, the conv engine, has no report
+    got = list(csv.DictReader(_parse_ncu(tmp_path / "some").open()))
     assert got and {r["kernel"] for r in got} == {bn}
     # nothing launched: auto says so and writes an empty CSV, true fails
     launched.write_text("void another_kernel<float>(float *)\n")
     proc = ncu("auto", tmp_path / "none")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "none of the top 2 kernels" in proc.stderr
-    assert (tmp_path / "none" / "ncu.csv").read_text() == ",".join(schema.NCU_COLUMNS) + "\n"
+    assert _parse_ncu(tmp_path / "none").read_text() == ",".join(schema.NCU_COLUMNS) + "\n"
     manifest = json.loads((tmp_path / "none" / "tool.json").read_text())
     assert manifest["tool"] == "none" and manifest["not_launched"] == [fprop, bn]
     proc = ncu("true", tmp_path / "fail")
-    assert proc.returncode == 2 and not (tmp_path / "fail" / "ncu.csv").exists()
+    assert proc.returncode == 2 and not (tmp_path / "fail" / "tool.json").exists()
     assert "profiling.ncu.enabled is true but none of the top 2" in proc.stderr.splitlines()[-1]
 
 
@@ -2684,7 +2769,7 @@ def test_a_capture_or_ncu_without_a_window_is_refused_before_training(data_dir, 
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("scalestudy profile ncu: the trainer's flags after -- have no "
                            "--profile-steps A:B"), last  # fmt: skip
-    assert not (out / "ncu_k0.log").exists() and not (out / "ncu.csv").exists()  # no pass
+    assert not (out / "ncu_k0.log").exists() and not (out / "tool.json").exists()  # no pass
 
 
 def test_a_hung_post_processing_tool_is_stopped_with_one_line(tmp_path):
@@ -2928,8 +3013,8 @@ def test_a_leftover_torch_profiler_setting_does_not_reach_nsys_or_ncu_ranks(tmp_
 
     rows = [{"run": "r", "rank": 0, "tool": "nsys", "kernel": "ampere_sgemm_128x64_tn",
              "category": "gemm", "instances": 20, "total_ns": 1000, "share": 1.0}]  # fmt: skip
-    kernels = tmp_path / "k.csv"
-    kernels.write_text(schema.csv_text(schema.KERNEL_COLUMNS, rows))
+    kernels = tmp_path / "ncu_kernels.json"
+    kernels.write_text(json.dumps(ncu_kernels.candidates(rows)))
 
     def recording_ncu(argv, env, log_path):
         seen["ncu"] = env.get("SCALESTUDY_PROFILER", "unset")
@@ -2938,7 +3023,7 @@ def test_a_leftover_torch_profiler_setting_does_not_reach_nsys_or_ncu_ranks(tmp_
 
     monkeypatch.setattr(capture, "run_logged", recording_ncu)
     words = ["profile", "ncu", "--run", "r", "--kernels", str(kernels), "--device", "cuda",
-             "--out-dir", str(tmp_path / "ncu"), "--out", str(tmp_path / "ncu.csv"), "--",
+             "--out-dir", str(tmp_path / "ncu"), "--",
              "--device", "cuda", "--profile-steps", "2:4"]  # fmt: skip
     with contextlib.suppress(ProfileError):
         ncu_job.ncu(cli.build_parser(words).parse_args(words))
@@ -3108,6 +3193,8 @@ def test_gpu_study_plans_nsys_and_ncu_jobs_apart_from_training(repo_copy):
     proc = snakemake(repo_copy, "-n", "-p", timeout=300)
     jobs = planned_jobs(proc)
     assert jobs["profile_capture"] == 4 and jobs["profile_ncu"] == 4 and jobs["train"] == 75
+    # the ncu job's kernels and the parse of its reports: local steps of their own
+    assert jobs["profile_ncu_kernels"] == jobs["profile_ncu_parse"] == 4
     assert jobs["profile_collect"] == 1 and jobs["profile_collect_ncu"] == 1
     out = proc.stdout
     assert "scalestudy profile capture --run w4_lb256_bf16_ddp_bk25_r0 --tool auto" in out
@@ -3117,6 +3204,16 @@ def test_gpu_study_plans_nsys_and_ncu_jobs_apart_from_training(repo_copy):
     )
     assert "scalestudy profile ncu --run w1_lb256_fp32_ddp_bk25_r0" in out
     assert "--top-k 5 --launch-skip 10 --launch-count 3" in out
+    run = "w1_lb256_fp32_ddp_bk25_r0"
+    assert (
+        f"scalestudy profile ncu-kernels --kernels results/profile/{run}/kernels.csv "
+        f"--out results/profile/{run}/ncu_kernels.json"
+    ) in out
+    assert f"--kernels results/profile/{run}/ncu_kernels.json" in out
+    assert (
+        f"scalestudy profile parse --ncu results/profile/{run}/ncu --run {run} "
+        f"--out-ncu results/profile/{run}/ncu.csv"
+    ) in out
     # each merge names the run of each per-run CSV, in the order of its inputs
     merges = [ln.strip() for ln in out.splitlines() if "scalestudy profile merge" in ln]
     for schema_name in ("kernels", "ranges", "ncu"):
@@ -3281,7 +3378,7 @@ def test_profile_outputs_and_ncu_numbers_are_checked_before_anything_runs(tmp_pa
     for flag, value, says in bad:
         with pytest.raises(SystemExit):  # argparse's exit 2, before ncu's first pass
             cli.main(["profile", "ncu", "--kernels", str(kernels), flag, value,
-                      "--out-dir", str(tmp_path / "n"), "--out", str(tmp_path / "n.csv"),
+                      "--out-dir", str(tmp_path / "n"),
                       "--run", "r", "--device", "cuda", "--", "--epochs", "1"])  # fmt: skip
         assert says in capsys.readouterr().err
     assert not (tmp_path / "n").exists()
@@ -3289,13 +3386,11 @@ def test_profile_outputs_and_ncu_numbers_are_checked_before_anything_runs(tmp_pa
 
 def test_ncu_checks_its_outputs_before_the_first_pass(tmp_path, capsys, monkeypatch):
     """`profile ncu` ran every ncu pass (each a whole training run under ncu: hours on a
-    cluster) before it found --out unwritable, then failed with an unclear line beside a
-    tool.json naming the kernels it had profiled. Its outputs (--out, --out-dir's tool.json) are
-    checked first: one line naming the path, no pass, nothing written."""
-    kernels = tmp_path / "kernels.csv"
-    rows = schema.kernel_rows("w1", "nsys", {0: [{"name": "conv_kernel", "instances": 3,
-                                                  "total_ns": 9000}]})  # fmt: skip
-    kernels.write_text(schema.csv_text(schema.KERNEL_COLUMNS, rows))
+    cluster) before it found its output unwritable, then failed with an unclear line. Its
+    output (--out-dir's tool.json) is checked first: one line naming the path, no pass, nothing
+    written."""
+    kernels = tmp_path / "ncu_kernels.json"
+    kernels.write_text(json.dumps([ncu_kernels.candidate("conv_kernel", 3)]))
     monkeypatch.setenv("PATH", f"{STAND_INS / 'ncu-cudnn-autotune'}:{os.environ['PATH']}")
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
 
@@ -3303,49 +3398,75 @@ def test_ncu_checks_its_outputs_before_the_first_pass(tmp_path, capsys, monkeypa
         raise AssertionError("an ncu pass ran")
 
     monkeypatch.setattr(capture, "run_logged", no_pass)
-    blocker, a_dir = tmp_path / "blocker", tmp_path / "a_dir"
+    blocker, taken = tmp_path / "blocker", tmp_path / "taken"
     blocker.write_text("")
-    a_dir.mkdir()
+    (taken / "tool.json").mkdir(parents=True)
     cases = [
-        (tmp_path / "n1", blocker / "ncu.csv", f"{blocker}: is a file, not a directory"),
-        (tmp_path / "n2", a_dir, f"{a_dir}: is a directory, not a file"),
-        (blocker / "ncu", tmp_path / "ncu.csv", f"{blocker / 'ncu'}: cannot be made: {blocker}"),
+        (taken, f"{taken / 'tool.json'}: is a directory, not a file"),
+        (blocker / "ncu", f"{blocker / 'ncu'}: cannot be made: {blocker}"),
     ]
     for enabled in ("true", "auto"):
-        for out_dir, out, says in cases:
+        for out_dir, says in cases:
             argv = ["profile", "ncu", "--run", "w1", "--kernels", str(kernels),
                     "--enabled", enabled, "--top-k", "1", "--out-dir", str(out_dir),
-                    "--out", str(out), "--device", "cuda", "--mpi=", "--",
-                    "--epochs", "1"]  # fmt: skip
+                    "--device", "cuda", "--mpi=", "--", "--epochs", "1"]  # fmt: skip
             assert cli.main(argv) == 2
             err = capsys.readouterr().err.strip().splitlines()
             assert len(err) == 1 and f"nothing written: {says}" in err[0], err
-            assert not out_dir.exists() and not (tmp_path / "ncu.csv").exists()
+            assert sorted(p.name for p in taken.iterdir()) == ["tool.json"]
+            assert not (blocker / "ncu").exists()
 
 
-def test_profile_ncu_writes_tool_json_and_its_csv_both_or_neither(tmp_path, capsys, monkeypatch):
-    """profile ncu wrote --out-dir's tool.json, then --out: a full disk at the CSV left a new
-    tool.json beside the old CSV. Both now go to temp files first (files.write_texts); here
-    the path without a GPU under enabled auto (_no_ncu), which writes the same two files."""
-    kernels, out_dir, out = tmp_path / "kernels.csv", tmp_path / "n", tmp_path / "ncu.csv"
-    kernels.write_text(schema.csv_text(schema.KERNEL_COLUMNS, []))
+def test_the_ncu_kernels_file_is_checked_before_the_first_pass(tmp_path, capsys, monkeypatch):
+    """The ncu job reads the kernels `profile ncu-kernels` chose: a damaged or foreign file is
+    one line naming it, the entry and the command that makes it again, before any pass."""
+    monkeypatch.setenv("PATH", f"{STAND_INS / 'ncu-cudnn-autotune'}:{os.environ['PATH']}")
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.setattr(capture, "run_logged", lambda *_, **__: pytest.fail("an ncu pass ran"))
+    good = ncu_kernels.candidate("conv_kernel", 3)
+    kernels = tmp_path / "ncu_kernels.json"
+    cases = [
+        ("not json", "not JSON"),
+        (json.dumps({"kernel": "k"}), "not a JSON list of kernels"),
+        (json.dumps([{**good, "instances": True}]), "kernel 0: its instances is True"),
+        (json.dumps([good, {**good, "name_base": "full"}]), "kernel 1: its name_base is 'full'"),
+        (json.dumps([{k: v for k, v in good.items() if k != "kernel_regex"}]), "not an object"),
+        (json.dumps([]), "no non-NCCL kernel to profile with ncu"),
+    ]
+    for text, says in cases:
+        kernels.write_text(text)
+        argv = ["profile", "ncu", "--run", "w1", "--kernels", str(kernels), "--top-k", "1",
+                "--out-dir", str(tmp_path / "ncu"), "--device", "cuda", "--mpi=", "--",
+                "--epochs", "1", "--profile-steps", "0:1"]  # fmt: skip
+        assert cli.main(argv) == 2
+        (err,) = capsys.readouterr().err.strip().splitlines()
+        assert err.startswith(f"scalestudy profile ncu: {kernels}") and says in err, err
+        if says != "no non-NCCL kernel to profile with ncu":
+            assert err.endswith(ncu_job.KERNELS_FIX), err
+
+
+def test_profile_ncu_without_a_gpu_writes_its_manifest_whole(tmp_path, capsys, monkeypatch):
+    """Without a GPU under enabled auto, profile ncu writes a tool.json of tool "none" saying
+    why (the earlier run's removed), and its parse an empty profile_ncu CSV; a full disk at
+    that write is one line and leaves no temp file."""
+    kernels, out_dir = tmp_path / "ncu_kernels.json", tmp_path / "n"
+    kernels.write_text("[]")
     out_dir.mkdir()
     (out_dir / "tool.json").write_text('{"tool": "ncu"}\n')  # the earlier run's: cleared
-    out.write_text("old ncu\n")
     argv = ["profile", "ncu", "--run", "w1", "--kernels", str(kernels), "--enabled", "auto",
-            "--out-dir", str(out_dir), "--out", str(out), "--device", "cpu", "--",
+            "--out-dir", str(out_dir), "--device", "cpu", "--",
             "--epochs", "1"]  # fmt: skip
     capsys.readouterr()
-    fsync_fails_at_file(monkeypatch, 2)
+    fsync_fails_at_file(monkeypatch, 1)
     assert cli.main(argv) == 2
     (err,) = capsys.readouterr().err.strip().splitlines()
-    assert err == f"scalestudy profile ncu: {out}: No space left on device"
-    assert out.read_text() == "old ncu\n"
-    assert list(out_dir.iterdir()) == []  # no new tool.json beside the old CSV, no temp file
+    assert err == f"scalestudy profile ncu: {out_dir / 'tool.json'}: No space left on device"
+    assert list(out_dir.iterdir()) == []  # no temp file
     monkeypatch.undo()
     assert cli.main(argv) == 0
-    assert json.loads((out_dir / "tool.json").read_text())["tool"] == "none"
-    assert out.read_text() == ",".join(schema.NCU_COLUMNS) + "\n"
+    manifest = json.loads((out_dir / "tool.json").read_text())
+    assert manifest["tool"] == "none" and "no GPU (hardware.device: cpu)" in manifest["why"]
+    assert _parse_ncu(out_dir).read_text() == ",".join(schema.NCU_COLUMNS) + "\n"
 
 
 def test_ncu_clears_an_earlier_runs_results_and_writes_each_import_whole(
@@ -3362,11 +3483,11 @@ def test_ncu_clears_an_earlier_runs_results_and_writes_each_import_whole(
     `ncu --import` then runs for real."""
     a = "void at::native::batch_norm_collect_statistics_channels_last_kernel<float>(float *)"
     b = "void at::native::batch_norm_backward_kernel<float>(float *)"
-    kernels = tmp_path / "kernels.csv"
+    kernels = tmp_path / "ncu_kernels.json"
     launched = [{"name": a, "instances": 3, "total_ns": 9000},
                 {"name": b, "instances": 3, "total_ns": 5000}]  # fmt: skip
     rows = schema.kernel_rows("w1", "nsys", {0: launched})
-    kernels.write_text(schema.csv_text(schema.KERNEL_COLUMNS, rows))
+    kernels.write_text(json.dumps(ncu_kernels.candidates(rows)))
     monkeypatch.setenv("PATH", f"{STAND_INS / 'ncu-cudnn-autotune'}:{os.environ['PATH']}")
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     canned = REPO / "tests" / "fixtures" / "gpu-h200" / "ncu_k0.csv"
@@ -3377,7 +3498,7 @@ def test_ncu_clears_an_earlier_runs_results_and_writes_each_import_whole(
         return 0, ""
 
     monkeypatch.setattr(capture, "run_logged", ncu_pass)
-    out_dir, out = tmp_path / "ncu", tmp_path / "ncu.csv"
+    out_dir = tmp_path / "ncu"
 
     def earlier_run():  # an earlier run of both kernels, and a file of the user's
         shutil.rmtree(out_dir, ignore_errors=True)
@@ -3393,7 +3514,7 @@ def test_ncu_clears_an_earlier_runs_results_and_writes_each_import_whole(
 
     def profile_ncu(*flags, device="cuda"):
         argv = ["profile", "ncu", "--run", "w1", "--kernels", str(kernels), *flags,
-                "--out-dir", str(out_dir), "--out", str(out), "--device", device,
+                "--out-dir", str(out_dir), "--device", device,
                 "--mpi=", "--", "--epochs", "1", "--profile-steps", "0:1"]  # fmt: skip
         return cli.main(argv)
 
@@ -3407,17 +3528,17 @@ def test_ncu_clears_an_earlier_runs_results_and_writes_each_import_whole(
     assert profile_ncu("--enabled", "auto", "--top-k", "1") == 0
     names = sorted(p.name for p in out_dir.iterdir())
     assert names == ["ncu_k0.csv", "ncu_k0.log", "ncu_k0.ncu-rep", "notes.txt", "tool.json"]
-    assert json.loads((out_dir / "tool.json").read_text())["kernels"] == [a]
-    job = list(csv.DictReader(out.open()))
-    code, parsed = parse_dir()
-    assert code == 0 and len(parsed) == len(job) == 1
+    manifest = json.loads((out_dir / "tool.json").read_text())
+    assert (manifest["kernels"], manifest["csv"]) == ([a], ["ncu_k0.csv"])
+    code, parsed = parse_dir()  # the kernel under the kernels table's name, not ncu's
+    assert code == 0 and [r["kernel"] for r in parsed] == [a]
     assert (out_dir / "ncu_k0.csv").read_bytes() == canned.read_bytes()
     # ncu skipped under auto (no GPU): tool.json says why, no earlier kernel is left to parse
     earlier_run()
     assert profile_ncu("--enabled", "auto", device="cpu") == 0
     assert sorted(p.name for p in out_dir.iterdir()) == ["notes.txt", "tool.json"]
     assert json.loads((out_dir / "tool.json").read_text())["tool"] == "none"
-    assert parse_dir()[0] == 2
+    assert parse_dir() == (0, [])
     capsys.readouterr()
     # refused before anything ran (enabled true without a GPU): the earlier run is left
     before = earlier_run()
@@ -3638,9 +3759,9 @@ def test_a_stop_signal_after_the_launch_stops_the_tool_and_leaves_no_temp_file(t
     else:
         rows = [{"run": "r", "rank": 0, "tool": "nsys", "kernel": "ampere_sgemm_128x64_tn",
                  "category": "gemm", "instances": 20, "total_ns": 1000, "share": 1.0}]  # fmt: skip
-        kernels = tmp_path / "k.csv"
-        kernels.write_text(schema.csv_text(schema.KERNEL_COLUMNS, rows))
-        words = ["--kernels", str(kernels), "--out-dir", str(out), "--out", str(tmp_path / "n.csv")]
+        kernels = tmp_path / "ncu_kernels.json"
+        kernels.write_text(json.dumps(ncu_kernels.candidates(rows)))
+        words = ["--kernels", str(kernels), "--out-dir", str(out)]
     out.mkdir()
     driver = tmp_path / "driver.py"
     driver.write_text(_STOPPED_TOOL_DRIVER)

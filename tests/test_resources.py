@@ -518,16 +518,21 @@ def test_a_profile_parser_edit_reruns_no_job_that_launches_ranks():
         re.findall(r"readers\.(\w+)\(", (REPO / "src/scalestudy/jobs/profile.py").read_text())
     )
     assert public == called, public - called
-    # ncu reads its own reports in the job (nsight/ncu.py, with tables.py's numbers), never the
-    # phase parsers (the classifier picks its top kernels: NCCL's are never profiled)
+    # nor is any parser or the classifier code of the ncu job (a whole run per kernel): it
+    # imports what the capture does and the counters it asks ncu for, nothing else of nsight/;
+    # the kernels step (the classifier, the kernels table) and the parse of its reports
+    # (nsight/ncu.py, with tables.py's numbers) are local steps of their own
     ncu = set(resources.code_sources(REPO, *declared_code(smk, "profile_ncu")))
-    own = {nsight + m for m in ("ncu.py", "tables.py", "classify.py")}
-    assert own <= ncu and not ncu & (parsers - own)
-    # nor does the kernels table the parse rewrites rerun it (Snakemake: "Input files updated
-    # by another job"), only a new capture
+    assert ncu - capture == {"src/scalestudy/jobs/profile_ncu.py", nsight + "ncu_metrics.py"}
+    kernels = set(resources.code_sources(REPO, *declared_code(smk, "profile_ncu_kernels")))
+    assert {nsight + "classify.py", nsight + "schema.py"} <= kernels
+    ncu_parse = set(resources.code_sources(REPO, *declared_code(smk, "profile_ncu_parse")))
+    assert {nsight + "ncu.py", nsight + "tables.py"} <= ncu_parse
+    # nor does the kernels file the parse's table rewrites rerun it (Snakemake: "Input files
+    # updated by another job"), only a new capture
     rule = re.split(r"^rule ", smk.read_text(), flags=re.MULTILINE)
     ncu_rule = next(r for r in rule if r.startswith("profile_ncu:"))
-    assert 'kernels=ancient("results/profile/{run}/kernels.csv")' in ncu_rule
+    assert 'kernels=ancient("results/profile/{run}/ncu_kernels.json")' in ncu_rule
     assert 'capture="results/profile/{run}/capture"' in ncu_rule
     # parse runs the parsers, and the checks of the capture's manifest (rank coverage)
     parse = set(resources.code_sources(REPO, *declared_code(smk, "profile_parse")))

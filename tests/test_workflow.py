@@ -32,6 +32,7 @@ from workflow_helpers import (
     write_config,
 )
 
+from scalestudy.nsight.schema import NCU_COLUMNS
 from scalestudy.results.build_pdf import have_beamer, have_latexmk
 from scalestudy.results.collect import REQUIRED_METRICS
 from scalestudy.study.runs import RUN_COLUMNS
@@ -230,7 +231,14 @@ def test_a_parser_edit_or_touching_as_the_readme_says_keeps_the_profiles(done, t
     """README's `--touch --until train` left a profiled study's captures to run again after a
     trainer edit (their jobs have the trainer as input): GPU jobs that measure nothing new. A
     parser edit reran the captures too (their code input was every parser), and the ncu jobs
-    (their kernels table, rewritten by the parse): only the parses rerun now."""
+    (their code input was the ncu parser and the classifier, and an edit to one of them reran
+    the parse at once and Nsight Compute, a whole run per kernel, on the next snakemake): only
+    the parses rerun now, ncu's on the next snakemake. And the README's touch named
+    profile_parse to --until: Snakemake starts nothing after such a rule, so a GPU study's
+    Nsight Compute steps, which follow the parse, were left unmarked and ncu ran again. The GPU
+    study is the same runs on CUDA, its captures those made here (touched), its Nsight Compute
+    files as a GPU node leaves them where ncu was skipped; a Nsight Compute job planned on this
+    machine, which has no CUDA, would fail the snakemake."""
     work = tmp_path / "study"
     shutil.copytree(done, work, symlinks=True)  # mtimes and Snakemake's records kept
     profiled = yaml.safe_load(yaml.safe_dump(TINY))
@@ -252,6 +260,41 @@ def test_a_parser_edit_or_touching_as_the_readme_says_keeps_the_profiles(done, t
     assert "--keep-going" in touch  # a GPU study's unfinished profile stopped it (ncu waits)
     snakemake(work, "--configfile", "tiny.yaml", *touch, "--cores", "1", stand_ins=True)
     assert dry(work) == {}
+
+    gpu = {**profiled, "hardware": {**profiled["hardware"], "device": "cuda"}}
+    write_config(work / "gpu.yaml", gpu)
+
+    def on_gpu(*args: str) -> dict[str, int]:  # the targets first: --configfile takes the rest
+        proc = snakemake(work, *args, "--cores", "2", "--configfile", "gpu.yaml", stand_ins=True)
+        return planned_jobs(proc)
+
+    on_gpu(*touch)  # the runs and captures made here, as a GPU node's
+    # what the GPU node's Nsight Compute steps left where ncu was skipped, in their order
+    (capture,) = (work / "results/profile").glob("*/capture")
+    profile = capture.parent
+    (profile / "ncu_kernels.json").write_text("[]\n")
+    (profile / "ncu").mkdir()
+    skipped = {"tool": "none", "why": "auto: `ncu` not on PATH", "not_launched": []}
+    (profile / "ncu/tool.json").write_text(json.dumps(skipped))
+    (profile / "ncu.csv").write_text(",".join(NCU_COLUMNS) + "\n")
+    ncu_table = "results/csv/profile_ncu.csv"
+    assert on_gpu(ncu_table) == {"profile_collect_ncu": 1}
+    # the README's touch after a trainer edit marks the Nsight Compute steps current too
+    with (work / "src/scalestudy/trainer/train.py").open("a") as f:
+        f.write("\n# another change\n")
+    on_gpu(*touch)
+    assert on_gpu(ncu_table, "-n") == {}
+    with (work / "src/scalestudy/nsight/classify.py").open("a") as f:
+        f.write("\n# a classifier change\n")
+    ran = on_gpu(ncu_table)
+    assert {"profile_parse", "profile_ncu_kernels"} <= set(ran), ran
+    # ncu's parse, below the ncu job whose one file from a rerun job is ancient, is left by
+    # Snakemake to the next snakemake (README "What reruns"): seconds, never Nsight Compute
+    then = on_gpu(ncu_table)
+    assert ran.get("profile_ncu_parse", 0) + then.get("profile_ncu_parse", 0) == 1, (ran, then)
+    for jobs in (ran, then):
+        assert not {"profile_capture", "profile_ncu", "train"} & set(jobs), jobs
+    assert on_gpu(ncu_table, "-n") == {}
 
 
 def test_touch_marks_a_gpu_study_current_on_a_machine_that_could_not_run_it(done, tmp_path):

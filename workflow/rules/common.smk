@@ -128,6 +128,8 @@ localrules:
     collect,
     build_container,
     profile_parse,
+    profile_ncu_kernels,
+    profile_ncu_parse,
     profile_collect,
     profile_collect_ncu,
     analyze,

@@ -54,23 +54,39 @@ rule profile_parse:
         "--out-kernels {output.kernels:q} --out-ranges {output.ranges:q} > {log:q} 2>&1"
 
 
+# The kernels Nsight Compute may profile, from the parse's table: rank 0's by time, NCCL and
+# memcpy left out, each with ncu's name filter (jobs/ncu_kernels.py). A step of its own, so
+# that the ncu job imports no parser.
+rule profile_ncu_kernels:
+    input:
+        kernels="results/profile/{run}/kernels.csv",
+        code=code_of("jobs/ncu_kernels.py"),
+    output:
+        kernels="results/profile/{run}/ncu_kernels.json",
+    log:
+        "logs/profile_ncu_kernels/{run}.log",
+    shell:
+        "scalestudy profile ncu-kernels --kernels {input.kernels:q} --out {output.kernels:q} "
+        "> {log:q} 2>&1"
+
+
 # Nsight Compute (--set full, clocks not locked) on the run's top-K kernels by time, NCCL
 # excluded: ncu serialises launches and a profiled NCCL kernel would wait forever for its peers.
 # Rank 0 only; GPU only. Each kernel is a run of its own: the Slurm time limit counts ncu.top_k
-# start-ups (study/profiling.py job_seconds).
+# start-ups (study/profiling.py job_seconds). It writes ncu's reports and their details CSVs;
+# profile_ncu_parse reads them.
 rule profile_ncu:
     input:
         unpack(get_prepared_data),
         sources=get_trainer_sources,
-        code=code_of("jobs/profile_ncu.py"),  # the ncu command and its report's parser
+        code=code_of("jobs/profile_ncu.py"),  # the ncu command: no parser
         image=IMAGE,
-        # the top kernels come from the parse's table, which a parser edit rewrites: ancient(),
-        # so that only a new capture (its input below) reruns ncu, a whole run per kernel
-        kernels=ancient("results/profile/{run}/kernels.csv"),
+        # the kernels come from the parse's table, which a parser edit rewrites: ancient(), so
+        # that only a new capture (its input below) reruns ncu, a whole run per kernel
+        kernels=ancient("results/profile/{run}/ncu_kernels.json"),
         capture="results/profile/{run}/capture",
     output:
         reports=directory("results/profile/{run}/ncu"),
-        csv="results/profile/{run}/ncu.csv",
     log:
         "logs/profile_ncu/{run}.log",
     benchmark:
@@ -90,9 +106,24 @@ rule profile_ncu:
             "scalestudy profile ncu --run {wildcards.run:q} --kernels {input.kernels:q} "
             "--enabled {params.ncu[enabled]:q} --top-k {params.ncu[top_k]} "
             "--launch-skip {params.ncu[skip]} --launch-count {params.ncu[count]} "
-            "--device {params.device:q} --out-dir {output.reports:q} --out {output.csv:q}",
+            "--device {params.device:q} --out-dir {output.reports:q}",
             "> {log:q} 2>&1",
         )
+
+
+# ncu's details CSVs of one run -> its profile_ncu rows, each kernel under the kernels table's
+# name (empty where ncu was skipped: the directory's tool.json says why).
+rule profile_ncu_parse:
+    input:
+        reports="results/profile/{run}/ncu",
+        code=code_of("jobs/profile_parse.py"),
+    output:
+        csv="results/profile/{run}/ncu.csv",
+    log:
+        "logs/profile_ncu_parse/{run}.log",
+    shell:
+        "scalestudy profile parse --ncu {input.reports:q} --run {wildcards.run:q} "
+        "--out-ncu {output.csv:q} > {log:q} 2>&1"
 
 
 # Every profiled run's kernels and ranges -> results/csv (the report's category-share bars).

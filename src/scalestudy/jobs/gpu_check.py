@@ -101,7 +101,7 @@ import scalestudy
 from scalestudy import files, log, vocab
 from scalestudy.errors import GpuCheckError, ProfileFormatError
 from scalestudy.jobs import gpu_check_report as report
-from scalestudy.jobs import gpu_slots, inventory, launch, local_ranks, profile_ncu
+from scalestudy.jobs import gpu_slots, inventory, launch, local_ranks, ncu_kernels, profile_ncu
 from scalestudy.jobs.gpu_check_report import Check, RunResult
 from scalestudy.nsight import ncu as ncu_parser
 from scalestudy.nsight import schema, torch_ops
@@ -661,7 +661,8 @@ def check_ncu(ctx: Context) -> Check:
 def ncu_command(base: Path, kernel: str, cmd: list[str]) -> list[str]:
     """jobs/profile_ncu.py's ncu command (with --clock-control none: the clocks the timed runs see;
     judge_ncu fails the check if it is missing), on the first launch of `kernel`."""
-    return profile_ncu.ncu_command(str(base), kernel, 0, 1, cmd)
+    entry = ncu_kernels.candidate(kernel, instances=1)  # its filter; the launch count is ours
+    return profile_ncu.ncu_command(str(base), entry, 0, 1, cmd)
 
 
 def ncu_kernel(ctx: Context, i: int, kernel: str) -> dict:

@@ -6,8 +6,10 @@
     scalestudy profile parse --capture DIR --run R --out-kernels K.csv [--out-ranges R.csv]
     scalestudy profile parse --nsys-stats CSV|DIR --run R --out-kernels K.csv [--out-ranges R.csv]
     scalestudy profile parse --ncu CSV|DIR --run R --out-ncu N.csv
-    scalestudy profile ncu --run R --kernels K.csv --top-k 5 --launch-skip S --launch-count C \\
-        --out-dir results/profile/R/ncu --out N.csv --enabled auto|true ... -- <train flags>
+    scalestudy profile ncu-kernels --kernels K.csv --out results/profile/R/ncu_kernels.json
+    scalestudy profile ncu --run R --kernels results/profile/R/ncu_kernels.json --top-k 5 \\
+        --launch-skip S --launch-count C --out-dir results/profile/R/ncu --enabled auto|true \\
+        ... -- <train flags>
     scalestudy profile rank --tool nsys|ncu --ranks all|0 --dir DIR [...] -- CMD...
     scalestudy profile merge --schema kernels|ranges|ncu --out X.csv [--run R]... IN.csv...
 
@@ -41,11 +43,13 @@ In the container (--container IMG): the profiler runs inside the image, around t
           --profiler <install>/bin/nsys ... -- python -m scalestudy train ...
   with the host's installation bound at its own path (profiler_install says why the host's);
   an nsys wrapped around `apptainer exec` from outside may trace nothing.
+ncu-kernels: the kernels table -> the kernels ncu may profile (filters): jobs/ncu_kernels.py.
 ncu: Nsight Compute on the run's top-K kernels, rank 0 only: jobs/profile_ncu.py.
 parse, merge: profiler output -> the profile CSVs, and the runs' CSVs -> one: jobs/profile_parse.py.
-  Three modules, one command line (this one's): each job's code input is the module of its
+  Four modules, one command line (this one's): each job's code input is the module of its
   action and what that imports (workflow/rules/profile.smk), so an edit to the parsers reruns
-  the cheap parse of every capture, never the capture (a training window on every GPU) itself.
+  the cheap parse of every capture and ncu directory, never the capture (a training window on
+  every GPU) or ncu (a run per kernel) itself.
 rank: the per-rank wrapper the launcher starts instead of the trainer (rank from SLURM_PROCID or
   RANK): it execs the profiler around CMD on the profiled ranks and CMD alone on the others.
 """
@@ -682,8 +686,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--out-ranges", metavar="CSV", help="phase ranges CSV (profile_ranges; optional)"
     )
     p.add_argument("--out-ncu", metavar="CSV", help="Nsight Compute CSV (profile_ncu; --ncu)")
-    p = sub.add_parser("ncu", help="Nsight Compute on the top-K kernels of a run")
+    p = sub.add_parser(
+        "ncu-kernels", help="a run's kernels CSV -> the kernels profile ncu may profile (JSON)"
+    )
     p.add_argument("--kernels", required=True, help="the run's kernels CSV (profile parse)")
+    p.add_argument("--out", required=True, help="the JSON list `profile ncu --kernels` reads")
+    p = sub.add_parser("ncu", help="Nsight Compute on the top-K kernels of a run")
+    p.add_argument("--kernels", required=True, help="the run's ncu kernels (profile ncu-kernels)")
     p.add_argument("--enabled", choices=("auto", "true"), default="auto")
     # checked before anything starts: each kernel is a whole training run under ncu
     p.add_argument(
@@ -691,8 +700,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--launch-skip", type=files.whole_number(0), default=0)
     p.add_argument("--launch-count", type=files.whole_number(1), default=1)
-    p.add_argument("--out-dir", required=True)
-    p.add_argument("--out", required=True, help="the run's profile_ncu CSV")
+    p.add_argument(
+        "--out-dir", required=True, help="ncu's reports, details CSVs, tool.json (parse --ncu)"
+    )
     _layout(p)
     p = sub.add_parser("rank", help="per-rank wrapper (started by scalestudy launch)")
     p.add_argument("--tool", choices=("nsys", "ncu"), required=True)
@@ -726,6 +736,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 ACTIONS = {
     "capture": "scalestudy.jobs.profile:capture",
     "rank": "scalestudy.jobs.profile:rank",
+    "ncu-kernels": "scalestudy.jobs.ncu_kernels:kernels",
     "ncu": "scalestudy.jobs.profile_ncu:ncu",
     "parse": "scalestudy.jobs.profile_parse:parse",
     "merge": "scalestudy.jobs.profile_parse:merge",

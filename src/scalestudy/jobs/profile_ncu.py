@@ -6,21 +6,25 @@ wait forever for its serialised peers, so NCCL kernels are never chosen), one nc
           --launch-skip S' --launch-count C --target-processes all -o DIR/ncu_k<i>
   (S' = S clamped so that C launches remain of the kernel's instances on rank 0 in the nsys
   window), then `ncu -i DIR/ncu_k<i>.ncu-rep --csv --page details --print-units base
-  --print-metric-name name` -> DIR/ncu_k<i>.csv (whole or not at all), whose rows carry the
-  kernels CSV's name. --out and DIR are checked before the first pass; an earlier run's
-  tool.json and ncu_k<i>.{csv,ncu-rep,log} in DIR are removed after the command's checks
-  (every pass's command built), the user's own files kept, so `parse --ncu DIR` reads only
-  this run's kernels (none where ncu is skipped).
+  --print-metric-name name` -> DIR/ncu_k<i>.csv (whole or not at all). The kernels, their name
+  filters and launches come from --kernels, the file `profile ncu-kernels` made of the capture's
+  kernels table (jobs/ncu_kernels.py); the first --top-k of it are profiled. DIR/tool.json
+  names the kernel of each CSV (`kernels`, `csv`: the kernels table's names, which `profile
+  parse --ncu DIR` gives the rows, the join key of profile_kernels and profile_ncu). DIR is
+  checked before the first pass; an earlier run's tool.json and ncu_k<i>.{csv,ncu-rep,log} in
+  DIR are removed after the command's checks (every pass's command built), the user's own files
+  kept, so the parse reads only this run's kernels (none where ncu is skipped).
   --clock-control none: the GPU at the clocks the timed runs see (ncu locks them to base by
-  default, so its durations would disagree with the timed runs). The top K are rank 0's (the
-  rank ncu profiles). ncu's process autotunes cuDNN afresh (cudnn.benchmark), so it may choose
-  other convolution engines than the capture did (two of an H200's top 10 never launched under
-  ncu): a kernel whose filter matched no launch is left out with a warning and named in
-  tool.json's `not_launched`; none profiled at all is an error under enabled true and an empty
-  CSV (tool.json says why) under auto.
+  default, so its durations would disagree with the timed runs). ncu's process autotunes cuDNN
+  afresh (cudnn.benchmark), so it may choose other convolution engines than the capture did
+  (two of an H200's top 10 never launched under ncu): a kernel whose filter matched no launch
+  is left out with a warning and named in tool.json's `not_launched`; none profiled at all is
+  an error under enabled true and, under auto, a tool.json of tool "none" saying why (the
+  parse writes an empty CSV of it).
 
-Its own module, apart from the capture (jobs/profile.py): the job runs the ncu parser
-(nsight/ncu.py) on its reports, and an edit to that parser reruns it, never the capture.
+Its own module, apart from the capture (jobs/profile.py), and it imports no parser: the parse
+of its reports is a step of its own (the workflow's profile_ncu_parse), so an edit to a parser
+(nsight/) reruns that parse, never this job, a whole training run per kernel.
 """
 
 from __future__ import annotations
@@ -35,132 +39,60 @@ from pathlib import Path
 from scalestudy import files, log
 from scalestudy.errors import ProfileError
 from scalestudy.jobs import launch, profile
-from scalestudy.nsight import classify, schema
-from scalestudy.nsight import ncu as ncu_parser
+from scalestudy.nsight.ncu_metrics import NCU_METRICS
 
 logger = log.get(__name__)
 
 
-# FLOP counters that --set full does not print in the details page: SASS f/h/d add, mul, fma
-# (a fma is 2 FLOP) and the tensor-core paths (nsight.ncu.parse_ncu sums them). Tensor paths: the
-# per-(source, destination) and src-only totals (ncu.TENSOR_METRIC says which one counts), not the
-# _sparsity_on/_off breakdowns. A regex, not a list: a name the GPU lacks (bf16 before Ampere,
-# fp16 per destination on an H100) would fail the whole ncu run, a regex just matches fewer.
-NCU_METRICS = ",".join(
-    [
-        f"smsp__sass_thread_inst_executed_op_{p}{op}_pred_on.sum"
-        for p in "hfd"
-        for op in ("add", "mul", "fma")
-    ]
-    + ["regex:" + ncu_parser.TENSOR_METRIC.pattern]
-)
+# an entry of the --kernels file (jobs/ncu_kernels.py writes it): its keys and their types
+KERNEL_KEYS = {"kernel": str, "name_base": str, "kernel_regex": str, "instances": int}
+NAME_BASES = ("demangled", "mangled")  # ncu --kernel-name-base
+KERNELS_FIX = "make it again with `scalestudy profile ncu-kernels --kernels <the kernels CSV>`"
 
 
-_REGEX_META = set("\\^$.|?*+()[]{}")
+def kernel_problem(entry: object) -> str | None:
+    """What is wrong with one entry of the --kernels file, None when ncu can use it."""
+    if not isinstance(entry, dict) or set(entry) != set(KERNEL_KEYS):
+        return f"not an object of the keys {sorted(KERNEL_KEYS)}"
+    for key, kind in KERNEL_KEYS.items():
+        value = entry[key]  # type(): a bool is no count of launches
+        if type(value) is not kind or (value.strip() == "" if kind is str else value < 0):
+            what = "a non-empty string" if kind is str else "a whole number >= 0"
+            return f"its {key} is {value!r}, not {what}"
+    if entry["name_base"] not in NAME_BASES:
+        return f"its name_base is {entry['name_base']!r}, not one of {list(NAME_BASES)}"
+    return None
 
 
-def _regex_literal(text: str) -> str:
-    # only the metacharacters every regex dialect shares: re.escape also escapes characters
-    # (space, '#', '&', '~') that some engines reject as unknown escapes
-    return "".join("\\" + ch if ch in _REGEX_META else ch for ch in text)
+def read_kernels(path: str | Path) -> list[dict]:
+    """The --kernels file: a list of KERNEL_KEYS entries, or one ProfileError line naming the
+    file, the entry and the fix (a job that read a damaged file ran for hours, then failed)."""
+    text = files.read_text(path, ProfileError, KERNELS_FIX)
+    try:
+        entries = json.loads(text)
+    except ValueError as exc:
+        raise ProfileError(f"{path}: not JSON ({exc}); {KERNELS_FIX}") from None
+    if not isinstance(entries, list):
+        raise ProfileError(f"{path}: not a JSON list of kernels; {KERNELS_FIX}")
+    for i, entry in enumerate(entries):
+        if problem := kernel_problem(entry):
+            raise ProfileError(f"{path}, kernel {i}: {problem}; {KERNELS_FIX}")
+    return entries
 
 
-# the spellings in which ncu's demangler differs from the one of nsys and torch.profiler (seen on
-# an H200, ncu 2025.3.1, torch 2.11: tests/fixtures/gpu-h200/ncu_kernel_names.txt)
-_ANON = "(anonymous namespace)"  # ncu: <unnamed>
-# {lambda(long)#1}; ncu: [lambda(long) (instance 1)]
-_LAMBDA = re.compile(r"\{lambda\((?:[^()]|\([^()]*\))*\)#(\d+)\}")
-# a literal template argument, 4, -1 or 3ul; ncu: (int)4, (int)-1, (unsigned long)3
-_NUMBER = re.compile(r"(-?\d+)[uUlL]*(?=\s*[,>])")
-_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+def launch_skip(entry: dict, skip: int, count: int) -> int:
+    """--launch-skip for one kernel: ncu counts only launches of the filtered kernel, and ncu
+    profiles rank 0, so at most (its instances in the nsys window - count) may be skipped; a
+    larger skip (10 of a once-per-step kernel in a 10-step window) would profile nothing."""
+    return min(skip, max(0, entry["instances"] - count))
 
 
-def _closing(text: str, at: int) -> int:
-    """The index of the ')' that closes the '(' at text[at], or -1."""
-    depth = 0
-    for i in range(at, len(text)):
-        depth += (text[i] == "(") - (text[i] == ")")
-        if depth == 0:
-            return i
-    return -1
-
-
-def _name_regex(text: str) -> str:
-    """The regex of a kernel's name before its parameter list, tolerant of ncu's spellings:
-    every nested parameter list (a lambda's enclosing function) is free, since ncu prints its
-    template parameters (T1) where the others print types."""
-    out, i = [], 0
-    while i < len(text):
-        ch = text[i]
-        lam = _LAMBDA.match(text, i)
-        num = _NUMBER.match(text, i) if i and text[i - 1] in "<, " else None
-        word = _IDENT.match(text, i)
-        if text.startswith(_ANON, i):
-            out.append(r"(\(anonymous namespace\)|<unnamed>)")
-            i += len(_ANON)
-        elif lam:
-            n = lam.group(1)
-            out.append(rf"(\{{lambda\(.*\)#{n}\}}|\[lambda\(.*\) \(instance {n}\)\])")
-            i = lam.end()
-        elif num:
-            out.append(rf"(\([A-Za-z_][A-Za-z0-9_ ]*\))?{num.group(1)}[uUlL]*")
-            i = num.end()
-        elif word and word.group() in ("true", "false") and text[i - 1] in "<, ":
-            out.append(f"({word.group()}|\\(bool\\){int(word.group() == 'true')})")
-            i = word.end()
-        elif word:
-            # ncu prints the return type of a function template named in a template argument
-            # ("void at::native::flip_kernel_impl<...>(...)::[lambda...]"); the others do not
-            starts_argument = i and text[i - 1] in "<, " and text[i - 2 : i] != "::"
-            out.append(("(void\\s+)?" if starts_argument else "") + word.group())
-            i = word.end()
-        elif ch == "(" and (end := _closing(text, i)) > 0:
-            out.append(r"\(.*\)")
-            i = end + 1
-        elif ch == " ":
-            i += 1
-            continue
-        else:
-            out.append(_regex_literal(ch))
-            i += 1
-        out.append(r"\s*")
-    return "".join(out)
-
-
-def ncu_name_base(name: str) -> str:
-    """ncu's --kernel-name-base for a kernels-CSV name: "mangled" for a name the profiler could
-    not demangle (an Itanium symbol, "_ZN17cutlass..."), else "demangled"."""
-    return "mangled" if name.strip().startswith("_Z") else "demangled"
-
-
-def ncu_kernel_regex(name: str) -> str:
-    """The ncu --kernel-name filter (with --kernel-name-base demangled) for one kernel of the
-    kernels CSV, whose names are nsys's or torch.profiler's demangled ones. ncu demangles
-    differently (seen on an H200: "<unnamed>" for "(anonymous namespace)", "(int)4" and
-    "(bool)1" for the template arguments "4" and "true", "[lambda(long) (instance 1)]" for
-    "{lambda(long)#1}", its template parameters "const T2 *" in the parameter list), so the
-    filter is the qualified name and template arguments with those spellings allowed, any
-    parameter list, anchored: one template instantiation, not its siblings. Whitespace is free
-    and the leading 'void ' optional."""
-    text = " ".join(name.split())
-    if text.startswith("void "):
-        text = text[5:]
-    if not text:
-        raise ProfileError(f"kernel name {name!r} is empty: nothing to give ncu --kernel-name")
-    if ncu_name_base(text) == "mangled":
-        return f"^{_regex_literal(text)}$"
-    params = classify.parameter_list(text)
-    head = text if params is None else text[:params]
-    tail = "" if params is None else r"\(.*\)"
-    return rf"^(void\s+)?{_name_regex(head)}{tail}$"
-
-
-def kernel_options(kernel: str, launch_skip: int, launch_count: int) -> dict:
-    """`profile rank`'s ncu options (jobs/profile.py ncu_argv) for one kernel of the kernels CSV:
-    its name filter, the FLOP counters, the launches to skip and profile."""
+def kernel_options(entry: dict, launch_skip: int, launch_count: int) -> dict:
+    """`profile rank`'s ncu options (jobs/profile.py ncu_argv) for one kernel of the --kernels
+    file: its name filter, the FLOP counters, the launches to skip and profile."""
     return {
-        "name_base": ncu_name_base(kernel),
-        "kernel_regex": ncu_kernel_regex(kernel),
+        "name_base": entry["name_base"],
+        "kernel_regex": entry["kernel_regex"],
         "metrics": NCU_METRICS,
         "skip": launch_skip,
         "count": launch_count,
@@ -169,15 +101,15 @@ def kernel_options(kernel: str, launch_skip: int, launch_count: int) -> dict:
 
 def ncu_command(
     output_base: str,
-    kernel: str,
+    entry: dict,
     launch_skip: int,
     launch_count: int,
     cmd: list[str],
     exe: str = "ncu",
 ) -> list[str]:
-    """ncu around `cmd` for one kernel of the kernels CSV: what `profile rank` runs on rank 0."""
+    """ncu around `cmd` for one kernel of the --kernels file: what `profile rank` runs on rank 0."""
     return profile.ncu_argv(
-        output_base, cmd, exe, **kernel_options(kernel, launch_skip, launch_count)
+        output_base, cmd, exe, **kernel_options(entry, launch_skip, launch_count)
     )
 
 
@@ -196,20 +128,6 @@ def ncu_import_command(report: str) -> list[str]:
         "--print-metric-name",
         "name",
     ]
-
-
-def ncu_launch_skip(kernel_rows: list[dict], kernel: str, skip: int, count: int) -> int:
-    """--launch-skip for one kernel: ncu counts only launches of the filtered kernel, and ncu
-    profiles rank 0, so at most (rank 0's instances in the nsys window - count) may be skipped;
-    a larger skip (10 of a once-per-step kernel in a 10-step window) would profile nothing."""
-    mine = [r for r in kernel_rows if r["kernel"] == kernel]
-    # rank 0 missing (a capture of other ranks only): the fewest instances of any rank
-    seen = [int(r["instances"]) for r in mine if str(r["rank"]) == "0"] or [
-        int(r["instances"]) for r in mine
-    ]
-    if not seen:
-        return skip
-    return min(skip, max(0, min(seen) - count))
 
 
 # What ncu prints when the node lets only administrators read the GPU's performance counters
@@ -231,7 +149,6 @@ def ncu_refusal(output: str) -> str | None:
 
 # what `profile ncu` writes into --out-dir: an earlier run's are removed first, so that a kernel
 # it profiled and this run did not (a smaller top_k, ncu skipped) is not parsed as this run's
-# (`profile parse --ncu DIR` reads every *.csv of the directory)
 NCU_MADE = re.compile(r"tool\.json|ncu_k\d+\.(csv|ncu-rep|log)")
 
 
@@ -260,11 +177,13 @@ def check_own_dir(out_dir: Path) -> None:
 
 def ncu(args: argparse.Namespace) -> int:
     out_dir = Path(args.out_dir)
-    # before the first pass (each a whole training run under ncu): an --out found unwritable
-    # after them cost hours and left a tool.json naming kernels whose CSV was never written
-    outputs = {"--out": args.out, "tool.json of --out-dir": out_dir / "tool.json"}
-    files.check_distinct(outputs, {"--kernels": args.kernels}, ProfileError)
-    files.check_outputs([args.out, out_dir / "tool.json"], ProfileError)
+    manifest = out_dir / "tool.json"
+    # before the first pass (each a whole training run under ncu): a tool.json found unwritable
+    # after them cost hours
+    files.check_distinct(
+        {"tool.json of --out-dir": manifest}, {"--kernels": args.kernels}, ProfileError
+    )
+    files.check_outputs([manifest], ProfileError)
     check_own_dir(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     ncu_path = shutil.which("ncu")
@@ -278,15 +197,11 @@ def ncu(args: argparse.Namespace) -> int:
         why = f"auto: {missing}, no Nsight Compute metrics for {args.run}"
         logger.info(why)
         _clear_earlier_ncu(out_dir)
-        return _no_ncu(out_dir, args.out, why)
+        return _no_ncu(out_dir, why)
     # before the first pass: without a window each pass trained the whole run and ncu, which
     # profiles only inside it, profiled no kernel (under auto: an empty CSV, after hours)
     profile.require_window(args.train_args, "profile ncu")
-    kernel_rows = schema.read_csv(args.kernels, schema.KERNEL_COLUMNS)
-    # rank 0's top kernels: the rank ncu profiles (each rank autotunes its own cuDNN engines)
-    kernels = schema.top_kernels(
-        [r for r in kernel_rows if str(r["rank"]) == "0"] or kernel_rows, args.top_k
-    )
+    kernels = read_kernels(args.kernels)[: args.top_k]
     if not kernels:
         raise ProfileError(f"{args.kernels}: no non-NCCL kernel to profile with ncu")
     env = profile.profiler_env(launch.rank_env(dict(os.environ), args.cpus_per_rank), "ncu")
@@ -296,26 +211,27 @@ def ncu(args: argparse.Namespace) -> int:
     args.train_args = list(train_args)
     profile.hash_image_once(args)
     passes = []  # (index, kernel, --launch-skip, the ranks' command): all built, every check
-    for i, kernel in enumerate(kernels):  # made, before the earlier run's results are removed
-        skip = ncu_launch_skip(kernel_rows, kernel, args.launch_skip, args.launch_count)
+    for i, entry in enumerate(kernels):  # made, before the earlier run's results are removed
+        skip = launch_skip(entry, args.launch_skip, args.launch_count)
         if skip != args.launch_skip:
             logger.info(
                 f"ncu k{i}: --launch-skip {skip}, not {args.launch_skip}: rank 0 launches "
-                f"{kernel[:80]!r} too few times in the window to skip {args.launch_skip} and "
-                f"profile {args.launch_count}",
+                f"{entry['kernel'][:80]!r} too few times in the window to skip "
+                f"{args.launch_skip} and profile {args.launch_count}",
             )
         prefix = profile.rank_prefix(
             tool="ncu",
             ranks="0",
             dir=profile.wrapper_dir(args, out_dir),
             index=i,
-            **kernel_options(kernel, skip, args.launch_count),
+            **kernel_options(entry, skip, args.launch_count),
             **options,
         )
-        passes.append((i, kernel, skip, profile.launch_command(args, prefix, binds)))
+        passes.append((i, entry, skip, profile.launch_command(args, prefix, binds)))
     _clear_earlier_ncu(out_dir)
     profiled, not_launched = [], []
-    for i, kernel, skip, argv in passes:
+    for i, entry, skip, argv in passes:
+        kernel = entry["kernel"]
         report = out_dir / f"ncu_k{i}.ncu-rep"
         code, output = profile.run_logged(argv, env, out_dir / f"ncu_k{i}.log")
         refused = ncu_refusal(output)
@@ -324,7 +240,7 @@ def ncu(args: argparse.Namespace) -> int:
                 raise ncu_required(refused)
             why = f"auto: {refused}; no Nsight Compute metrics for {args.run}"
             logger.warning(f"WARNING {why}")
-            return _no_ncu(out_dir, args.out, why)
+            return _no_ncu(out_dir, why)
         if code != 0:
             raise profile.failed(argv, code, f" (its output: {out_dir / f'ncu_k{i}.log'})")
         if not report.exists():
@@ -332,7 +248,7 @@ def ncu(args: argparse.Namespace) -> int:
             # autotuning chose other engines than the capture's (or the skip was too large)
             logger.warning(
                 f"WARNING {args.run}: ncu k{i} profiled nothing: no launch of {kernel[:120]!r} "
-                f"matched --kernel-name regex:{ncu_kernel_regex(kernel)} (--launch-skip {skip}) "
+                f"matched --kernel-name regex:{entry['kernel_regex']} (--launch-skip {skip}) "
                 "on rank 0 (cudnn.benchmark may have chosen another engine in ncu's process); "
                 "left out of the ncu metrics"
             )
@@ -347,7 +263,7 @@ def ncu(args: argparse.Namespace) -> int:
                 timeout=profile.TOOL_TIMEOUT_S,
                 fix="a report cut short needs this `scalestudy profile ncu` again",
             )
-        profiled.append((i, kernel))
+        profiled.append((f"ncu_k{i}.csv", kernel))
     if not profiled:
         why = (
             f"none of the top {len(kernels)} kernels of {args.kernels} launched on rank 0 "
@@ -356,25 +272,21 @@ def ncu(args: argparse.Namespace) -> int:
         if args.enabled == "true":
             raise ncu_required(why)
         logger.warning(f"WARNING auto: {why}; no Nsight Compute metrics for {args.run}")
-        return _no_ncu(out_dir, args.out, f"auto: {why}", not_launched)
-    rows = []
-    for i, kernel in profiled:
-        # the kernels CSV's name, not ncu's spelling of it: profile_ncu joins profile_kernels
-        rows.extend(ncu_parser.parse_ncu(out_dir / f"ncu_k{i}.csv", args.run, kernel=kernel))
-    manifest = {"tool": "ncu", "why": ncu_path, "kernels": [k for _, k in profiled]}
-    _write_ncu(out_dir, args.out, {**manifest, "not_launched": not_launched}, rows)
-    return 0
-
-
-def _write_ncu(out_dir: Path, out: str, manifest: dict, rows: list[dict]) -> None:
-    """tool.json and the --out CSV both or neither: a full disk at the CSV left a new tool.json
-    naming kernels beside the old CSV."""
-    files.write_texts(
+        return _no_ncu(out_dir, f"auto: {why}", not_launched)
+    # the kernels table's names, not ncu's spellings of them: the parse labels each CSV's rows
+    # with its kernel (profile_ncu joins profile_kernels by name)
+    files.write_json(
+        manifest,
         {
-            out_dir / "tool.json": files.json_text(manifest),
-            out: schema.csv_text(schema.NCU_COLUMNS, rows),
-        }
+            "tool": "ncu",
+            "why": ncu_path,
+            "kernels": [k for _, k in profiled],
+            "csv": [name for name, _ in profiled],
+            "not_launched": not_launched,
+        },
     )
+    logger.info(f"{args.run}: ncu profiled {len(profiled)} kernels -> {out_dir}")
+    return 0
 
 
 def ncu_required(why: str) -> ProfileError:
@@ -383,7 +295,8 @@ def ncu_required(why: str) -> ProfileError:
     return ProfileError(f"{profile.NCU_KEY} is true but {why}")
 
 
-def _no_ncu(out_dir: Path, out: str, why: str, not_launched: list[str] = ()) -> int:
-    """ncu skipped under enabled auto: the manifest says why, the run's profile_ncu CSV is empty."""
-    _write_ncu(out_dir, out, {"tool": "none", "why": why, "not_launched": list(not_launched)}, [])
+def _no_ncu(out_dir: Path, why: str, not_launched: list[str] = ()) -> int:
+    """ncu skipped under enabled auto: the manifest says why (the parse writes an empty CSV)."""
+    manifest = {"tool": "none", "why": why, "not_launched": list(not_launched)}
+    files.write_json(out_dir / "tool.json", manifest)
     return 0

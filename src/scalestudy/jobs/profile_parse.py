@@ -7,9 +7,10 @@ profile CSVs (schemas: scalestudy.nsight.schema), from one of
                   (cuda_gpu_kern_sum, cuda_gpu_mem_time_sum, nvtx_gpu_proj_sum, nvtx_sum or the
                   pre-2023.1 names; recognised by header, rank from `rank<r>` in the file name)
                   and the reports' SQLite exports, nsys_rank<r>.sqlite, for the phases' GPU time
-  --ncu P         `ncu --csv --page details` output: one CSV, or every *.csv of a directory;
-                  its kernels keep ncu's names (`profile ncu` labels them with the kernels
-                  CSV's, the join key of profile_kernels and profile_ncu)
+  --ncu P         `ncu --csv --page details` output: one CSV, or every *.csv of a directory,
+                  its kernels under ncu's names; or a `profile ncu` directory: the CSVs its
+                  tool.json names, each kernel under the kernels CSV's name (the join key of
+                  profile_kernels and profile_ncu), none where ncu was skipped (tool "none")
   The first two write --out-kernels (profile_kernels) and, when given, --out-ranges
   (profile_ranges); --ncu writes --out-ncu (profile_ncu). A file that cannot be parsed is an
   error naming the file and line (exit 2), and no CSV is written.
@@ -17,14 +18,15 @@ profile CSVs (schemas: scalestudy.nsight.schema), from one of
 `scalestudy profile merge`: the runs' profile CSVs -> one CSV per schema.
 
 Its own module, apart from the jobs that launch ranks (jobs/profile.py, jobs/profile_ncu.py):
-an edit to a parser (nsight/) reruns the parse of every capture, a few seconds each, never
-the captures themselves.
+an edit to a parser (nsight/) reruns the parse of every capture and every ncu directory, a few
+seconds each, never the captures or the ncu jobs themselves.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 from scalestudy import files, log
@@ -75,6 +77,45 @@ def _capture_input(capture_dir: Path) -> tuple[str, Path, str, dict]:
     return tool, capture_dir / source, manifest["why"], manifest
 
 
+# a details CSV `profile ncu` names in its tool.json: a file of the directory, never a path
+NCU_CSV = re.compile(r"ncu_k\d+\.csv")
+
+
+def _ncu_inputs(path: Path) -> list[tuple[Path, str | None]]:
+    """(details CSV, the kernels table's name of its kernel) of each file --ncu reads. A
+    `profile ncu` directory: its tool.json's CSVs, each with the kernel it names (tool "none":
+    ncu skipped, none); else the CSV, or every *.csv of the directory, with ncu's names."""
+    manifest_path = path / "tool.json"
+    if not (path.is_dir() and manifest_path.exists()):
+        return [(f, None) for f in ncu_parser.ncu_files(path)]
+    again = "profile again with `scalestudy profile ncu`"
+    try:
+        manifest = json.loads(files.read_text(manifest_path, ProfileError, again))
+    except ValueError as exc:
+        raise ProfileFormatError(manifest_path, None, f"not JSON ({exc}); {again}") from None
+    tool = manifest.get("tool") if isinstance(manifest, dict) else None
+    if tool == "none":
+        return []
+    kernels, names = (manifest.get(k) if tool == "ncu" else None for k in ("kernels", "csv"))
+    if not (
+        isinstance(kernels, list)
+        and isinstance(names, list)
+        and len(kernels) == len(names)
+        and all(isinstance(k, str) and k.strip() for k in kernels)
+        and all(isinstance(n, str) and NCU_CSV.fullmatch(n) for n in names)
+    ):
+        raise ProfileFormatError(
+            manifest_path,
+            None,
+            "not the manifest of `scalestudy profile ncu` (tool none, or tool ncu with its "
+            f"kernels and the ncu_k<i>.csv of each, as many); {again}",
+        )
+    for name in names:
+        if not (path / name).is_file():
+            raise ProfileFormatError(path / name, None, f"missing (tool.json names it); {again}")
+    return [(path / name, kernel) for name, kernel in zip(names, kernels, strict=True)]
+
+
 def _check_outside(outputs: dict, inputs: dict) -> None:
     """An output inside an input directory replaced a file parse reads (the raw ncu or nsys
     output, the capture's export: GPU time to make again) and exited 0, or joined its files
@@ -108,9 +149,9 @@ def parse(args: argparse.Namespace) -> int:
                 "--ncu writes --out-ncu (profile_ncu), not --out-kernels or --out-ranges"
             )
         rows = []
-        for f in ncu_parser.ncu_files(args.ncu):
+        for f, kernel in _ncu_inputs(Path(args.ncu)):
             try:
-                rows.extend(ncu_parser.parse_ncu(f, args.run))
+                rows.extend(ncu_parser.parse_ncu(f, args.run, kernel=kernel))
             except ProfileFormatError as exc:  # a damaged details CSV: and what remakes it
                 raise exc.with_fix(ncu_parser.REEXPORT) from exc.__cause__
         files.write_text(args.out_ncu, schema.csv_text(schema.NCU_COLUMNS, rows))

@@ -7,5 +7,6 @@ tables.py     numbers with units, the CSV table after a tool's noise lines (pars
 projection.py the phase ranges projected onto the GPU (launches of every thread)
 nsys.py       nsys stats CSVs and the SQLite export -> kernels and ranges rows
 ncu.py        ncu details CSV -> profile_ncu rows
+ncu_metrics.py the counters profile ncu asks for beyond the details page, how ncu.py counts them
 torch_ops.py  torch.profiler export -> kernels and ranges rows
 """

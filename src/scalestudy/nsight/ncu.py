@@ -13,6 +13,7 @@ from pathlib import Path
 from scalestudy import files
 from scalestudy.errors import ProfileFormatError
 from scalestudy.nsight import schema
+from scalestudy.nsight.ncu_metrics import TENSOR_METRIC
 from scalestudy.nsight.tables import col, parse_number, rows_after_header, to_ns
 
 _NCU_DURATION = ("gpu__time_duration.sum", "Duration")
@@ -36,13 +37,6 @@ _SASS = re.compile(
     r"^(?P<unit>sm|smsp)__sass_thread_inst_executed_op_(?P<type>[hfd])(?P<op>add|mul|fma)"
     r"_pred_on\.sum$"
 )
-# tensor-core operations: per source type, its per-destination totals (..._src_bf16_dst_fp32.sum)
-# where the GPU has them, else its src-only total (..._src_fp16.sum): asked for every per-dest
-# total, an H100's ncu 2025.3 gave bf16 and tf32, no fp16 (tests/fixtures/gpu-h100-ncu), so an
-# fp16 run's tensor operations can only be in the src-only total (not captured yet). A src-only
-# total beside its per-destination ones, and the _sparsity_on/_off breakdowns, count the same
-# operations again. jobs/profile_ncu.py requests exactly these names.
-TENSOR_METRIC = re.compile(r"^sm__ops_path_tensor_src_([a-z0-9]+)(_dst_[a-z0-9]+)?\.sum$")
 
 
 _NCU_NAMED = frozenset((*_NCU_DURATION, *_NCU_OCCUPANCY, *_NCU_DRAM, *_NCU_SM))

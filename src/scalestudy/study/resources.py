@@ -49,6 +49,8 @@ LOCAL_RULES = (
     "collect",
     "build_container",
     "profile_parse",
+    "profile_ncu_kernels",
+    "profile_ncu_parse",
     "profile_collect",
     "profile_collect_ncu",
     "analyze",
