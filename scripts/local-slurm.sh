@@ -248,8 +248,12 @@ EOF
         echo "SlurmdUser=root"
         echo "AuthType=auth/munge"
         # a requeued job waits cred_expire seconds before it may start again (slurm.conf(5),
-        # AuthInfo; default 120 s): 45 s still covers a step's launch on a busy 2-core machine
-        echo "AuthInfo=cred_expire=45"
+        # AuthInfo; default 120 s), and a job step's credential lives that long: 20 s is still
+        # far more than a step's launch takes on a busy 2-core machine (about a second). At 45 s
+        # the requeue test's job ended 70 s after snakemake started, just past the executor's
+        # fourth status check (at 1, 12, 33, 64 s: each wait 10 s longer while no job ends),
+        # and the fifth, at 105 s, saw it (the test took 109 s); at 20 s, 68 s
+        echo "AuthInfo=cred_expire=20"
         echo "CryptoType=crypto/munge"
         echo "MpiDefault=none"
         echo "MailProg=/bin/true"

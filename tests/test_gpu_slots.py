@@ -7,6 +7,7 @@ that record the environment they were given."""
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import subprocess
 import sys
@@ -308,7 +309,8 @@ def test_profiling_jobs_take_gpu_slots_as_launch_does(tmp_path, monkeypatch, act
     ranks' command is replaced by a record of what they would get, and whether slot 5 is held
     while they run (a new open file description conflicts with the command's)."""
     from scalestudy import cli
-    from scalestudy.jobs import profile
+    from scalestudy.jobs import ncu_kernels, profile
+    from scalestudy.nsight import schema
 
     env = slot_env(tmp_path, "3,5")
     for key in ("CUDA_VISIBLE_DEVICES", "SCALESTUDY_GPU_SLOTS_DIR"):
@@ -339,9 +341,11 @@ def test_profiling_jobs_take_gpu_slots_as_launch_does(tmp_path, monkeypatch, act
     if action == "capture":
         argv = ["profile", "capture", "--tool", "torch", "--out", str(tmp_path / "cap")]
     else:
-        kernels = Path(__file__).parent / "fixtures" / "profile_kernels.csv"
+        table = Path(__file__).parent / "fixtures" / "profile_kernels.csv"
+        kernels = tmp_path / "ncu_kernels.json"  # what `profile ncu-kernels` makes of it
+        chosen = ncu_kernels.candidates(schema.read_csv(table, schema.KERNEL_COLUMNS))
+        kernels.write_text(json.dumps(chosen))
         argv = ["profile", "ncu", "--kernels", str(kernels), "--out-dir", str(tmp_path / "n")]
-        argv += ["--out", str(tmp_path / "n.csv")]
     argv += ["--run", "r", "--device", "cuda", "--", "--device", "cuda", "--epochs", "1"]
     argv += ["--profile-steps", "0:1"]  # the window profile capture and ncu require
     try:

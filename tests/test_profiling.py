@@ -1149,6 +1149,10 @@ def test_parse_of_an_ncu_directory_labels_each_csv_with_its_manifests_kernel(tmp
     out.unlink()
     for manifest, says in [
         ({**pair, "kernels": ["conv<A>"]}, "not the manifest of `scalestudy profile ncu`"),
+        ({**pair, "kernels": ["conv<A>", " "]}, "not the manifest"),  # a kernel without a name
+        ({**pair, "kernels": ["conv<A>", "conv<A>"]}, "not the manifest"),
+        ({**pair, "csv": ["ncu_k0.csv", "ncu_k0.csv"]}, "not the manifest"),  # one report twice
+        ({**pair, "kernels": [], "csv": []}, "not the manifest"),  # ncu wrote tool none then
         ({**pair, "csv": ["ncu_k0.csv", "../ncu/ncu_k2.csv"]}, "not the manifest"),
         ({**pair, "csv": ["ncu_k0.csv", "ncu_k3.csv"]}, "ncu_k3.csv: missing (tool.json names"),
         ({k: v for k, v in pair.items() if k != "csv"}, "not the manifest"),  # an older job's
@@ -2061,8 +2065,8 @@ def test_profiling_messages_name_real_config_keys(tmp_path, capsys):
     messages.append(ncu_job.ncu_refusal("==ERROR== ERR_NVGPUCTRPERM - no permission"))
     # the command's own line where ncu cannot run at all (no GPU): before anything runs
     argv = ["profile", "ncu", "--run", "r", "--kernels", str(tmp_path / "k.csv"),
-            "--enabled", "true", "--out-dir", str(tmp_path / "n"), "--out",
-            str(tmp_path / "n.csv"), "--device", "cpu", "--", "--epochs", "1"]  # fmt: skip
+            "--enabled", "true", "--out-dir", str(tmp_path / "n"), "--device", "cpu",
+            "--", "--epochs", "1"]  # fmt: skip
     assert cli.main(argv) == 2
     messages.append(capsys.readouterr().err.strip().splitlines()[-1])
     key = r"[a-z_]{2,}(?:\.[a-z_]{2,})+"
@@ -3431,6 +3435,10 @@ def test_the_ncu_kernels_file_is_checked_before_the_first_pass(tmp_path, capsys,
         (json.dumps([{**good, "instances": True}]), "kernel 0: its instances is True"),
         (json.dumps([good, {**good, "name_base": "full"}]), "kernel 1: its name_base is 'full'"),
         (json.dumps([{k: v for k, v in good.items() if k != "kernel_regex"}]), "not an object"),
+        (json.dumps([{**good, "rank": 0}]), "not an object of the keys"),
+        (json.dumps([{**good, "instances": -1}]), "kernel 0: its instances is -1"),
+        (json.dumps([{**good, "kernel_regex": "^conv_kernel($"}]), "is no regex"),
+        (json.dumps([good, good]), "kernel 1: 'conv_kernel' again"),
         (json.dumps([]), "no non-NCCL kernel to profile with ncu"),
     ]
     for text, says in cases:

@@ -117,6 +117,10 @@ rule profile_ncu_parse:
     input:
         reports="results/profile/{run}/ncu",
         code=code_of("jobs/profile_parse.py"),
+        # not read: Snakemake checks nothing below a job whose one file from a rerun job is
+        # ancient (profile_ncu's kernels), so a parser edit, which reruns the kernels step,
+        # reran this parse only on the next snakemake; an input of it, it reruns in the same one
+        kernels="results/profile/{run}/ncu_kernels.json",
     output:
         csv="results/profile/{run}/ncu.csv",
     log:

@@ -729,6 +729,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "refused",
     )
     p.add_argument("inputs", nargs="+")
+    # whole flag names only: argparse took `profile ncu --out N.csv`, a flag the job no longer
+    # has, for --out-dir, and the job wrote its reports into a directory named N.csv
+    for action in sub.choices.values():
+        action.allow_abbrev = False
 
 
 # action -> the function that runs it, by name: imported when it runs, so that the capture's

@@ -61,6 +61,10 @@ def kernel_problem(entry: object) -> str | None:
             return f"its {key} is {value!r}, not {what}"
     if entry["name_base"] not in NAME_BASES:
         return f"its name_base is {entry['name_base']!r}, not one of {list(NAME_BASES)}"
+    try:  # ncu's regex dialect and Python's share what ncu_kernels writes
+        re.compile(entry["kernel_regex"])
+    except re.error as exc:
+        return f"its kernel_regex {entry['kernel_regex']!r} is no regex ({exc})"
     return None
 
 
@@ -74,9 +78,13 @@ def read_kernels(path: str | Path) -> list[dict]:
         raise ProfileError(f"{path}: not JSON ({exc}); {KERNELS_FIX}") from None
     if not isinstance(entries, list):
         raise ProfileError(f"{path}: not a JSON list of kernels; {KERNELS_FIX}")
+    seen = set()
     for i, entry in enumerate(entries):
         if problem := kernel_problem(entry):
             raise ProfileError(f"{path}, kernel {i}: {problem}; {KERNELS_FIX}")
+        if entry["kernel"] in seen:  # a second whole run under ncu for the same kernel
+            raise ProfileError(f"{path}, kernel {i}: {entry['kernel']!r} again; {KERNELS_FIX}")
+        seen.add(entry["kernel"])
     return entries
 
 

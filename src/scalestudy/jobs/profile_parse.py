@@ -97,18 +97,20 @@ def _ncu_inputs(path: Path) -> list[tuple[Path, str | None]]:
     if tool == "none":
         return []
     kernels, names = (manifest.get(k) if tool == "ncu" else None for k in ("kernels", "csv"))
+    # profile ncu writes tool "none" where it profiled nothing, and each kernel and CSV once
     if not (
         isinstance(kernels, list)
         and isinstance(names, list)
-        and len(kernels) == len(names)
+        and 0 < len(kernels) == len(names)
         and all(isinstance(k, str) and k.strip() for k in kernels)
         and all(isinstance(n, str) and NCU_CSV.fullmatch(n) for n in names)
+        and len(set(kernels)) == len(set(names)) == len(names)
     ):
         raise ProfileFormatError(
             manifest_path,
             None,
             "not the manifest of `scalestudy profile ncu` (tool none, or tool ncu with its "
-            f"kernels and the ncu_k<i>.csv of each, as many); {again}",
+            f"kernels and the ncu_k<i>.csv of each, each once); {again}",
         )
     for name in names:
         if not (path / name).is_file():
