@@ -13,6 +13,48 @@ from workflow_helpers import child_env, need
 REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 
+# scripts/test.sh runs the suite in 2 processes (pytest-xdist), a file at a time: the longest
+# files start first, so that neither process is left with one at the end while the other idles
+# (docs/benchmarks.md, one process at 972477c: tests/slurm/ ~6 min with its cluster's start,
+# test_workflow 254 s, test_checkpoint 220 s, test_trainer 153 s, test_profiling 131 s,
+# test_progress 124 s; the other 39 files 778 s)
+LONGEST_FIRST = (
+    "tests/slurm/",
+    "tests/test_workflow.py",
+    "tests/test_checkpoint.py",
+    "tests/test_trainer.py",
+    "tests/test_profiling.py",
+    "tests/test_progress.py",
+)
+
+
+def _unit(nodeid: str) -> str:
+    """The tests one process runs together: those of one file, and every test of the one local
+    Slurm cluster (tests/slurm/), which one session starts, resizes and stops."""
+    path = nodeid.split("::", 1)[0]
+    return LONGEST_FIRST[0] if path.startswith(LONGEST_FIRST[0]) else path
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The longest files first (a stable sort: each file's own order stays)."""
+    rank = {unit: i for i, unit in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(_unit(item.nodeid), len(rank)))
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: absent without -n
+def pytest_xdist_make_scheduler(config, log):
+    """Hand out whole units (_unit) in collection order. (`--dist loadgroup` would group by
+    markers, but xdist 3.8 sets a node id that pytest 9 no longer reads; `--dist loadfile`
+    would split tests/slurm/ across both processes, and both would start the one cluster.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class WholeUnits(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _unit(nodeid)
+
+    config.option.loadscopereorder = False  # xdist would sort by test count, not by time
+    return WholeUnits(config, log)
+
 
 @pytest.fixture(scope="session")
 def data_dir(tmp_path_factory) -> Path:

@@ -304,6 +304,7 @@ def largest_part(injected, name):
     return max(parts, key=parts.get), row
 
 
+@pytest.mark.serial  # per-rank wall-clock parts
 def test_real_runs_record_the_flags_and_per_rank_times(injected):
     slow, throttled = injected["slow"], injected["throttled"]
     assert (slow["diag_slow_rank"], slow["diag_data_delay_ms"]) == ("1:80", 0.0)
@@ -330,11 +331,13 @@ def test_real_runs_record_the_flags_and_per_rank_times(injected):
         assert len(means) == m["world_size"] and all(v > 0 for v in means)
 
 
+@pytest.mark.serial  # per-rank wall-clock parts
 def test_a_slow_rank_lands_in_imbalance(injected):
     part, row = largest_part(injected, "slow")
     assert part == "imbalance", row
 
 
+@pytest.mark.serial  # per-rank wall-clock parts
 def test_a_throttled_input_lands_in_data_wait(injected):
     part, row = largest_part(injected, "throttled")
     assert part == "data", row
