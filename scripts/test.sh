@@ -8,29 +8,32 @@
 # then the `serial` ones alone: they assert on the wall-clock parts of a real run, which the
 # other process's tests would distort (docs/benchmarks.md: in two processes with them the
 # suite once lost test_a_throttled_input_lands_in_data_wait to the shared cores).
-# SCALESTUDY_TEST_PROCESSES=0: one pass, in this process.
+# SCALESTUDY_TEST_PROCESSES=0 (or -n 0): one pass, in this process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export PATH="$PWD/.venv/bin:$PATH"
 processes=${SCALESTUDY_TEST_PROCESSES:-2}
-if [[ ! $processes =~ ^[0-9]+$ ]]; then
-    echo "scripts/test.sh: SCALESTUDY_TEST_PROCESSES=$processes is not a whole number" \
-        "(0: one pass in this process; 2: the default)" >&2
-    exit 2
-fi
-if ((processes == 0)); then
-    exec python -m pytest -ra --durations=30 "$@"
-fi
-# a marker expression of the caller's (-m EXPR) joins each pass's own
+whole_args=("$@")
+# a marker expression of the caller's (-m EXPR) joins each pass's own; a number of processes
+# (-n N) is the first pass's (the serial pass stays in one)
 args=() marks=""
 while (($#)); do
     case $1 in
         -m) marks=${2:?-m needs an expression}; shift 2 ;;
         -m*) marks=${1#-m}; shift ;;
+        -n | --numprocesses) processes=${2:?$1 needs a number}; shift 2 ;;
         *) args+=("$1"); shift ;;
     esac
 done
+if [[ ! $processes =~ ^[0-9]+$ ]]; then
+    echo "scripts/test.sh: $processes processes is not a whole number" \
+        "(SCALESTUDY_TEST_PROCESSES or -n; 0: one pass in this process; 2: the default)" >&2
+    exit 2
+fi
+if ((processes == 0)); then
+    exec python -m pytest -ra --durations=30 "${whole_args[@]}"
+fi
 both() { [[ -n $marks ]] && echo "($marks) and $1" || echo "$1"; }
 # pytest exits 5 when a pass selects no test (arguments naming only serial tests, or none):
 # that pass then did its part

@@ -405,6 +405,12 @@ def store_process():
         proc.wait(timeout=30)
 
 
+def all_threads_stopped(pid: int) -> bool:
+    """Every thread of the process in state T (/proc/PID/task/TID/stat's third field)."""
+    tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    return all((t / "stat").read_text().rsplit(")", 1)[1].split()[0] == "T" for t in tasks)
+
+
 def test_the_diagnosis_returns_when_the_store_host_is_stopped(store_process, trackers, monkeypatch):
     """A store call against a SIGSTOPped store host never returns (whatever the client's
     timeout): the diagnosis still returns within STORE_TIMEOUT_S, says the store did not answer,
@@ -421,6 +427,12 @@ def test_the_diagnosis_returns_when_the_store_host_is_stopped(store_process, tra
     a.start(dist.PrefixStore(progress.KEY_PREFIX, client), 0, 2, "hostA", 4, watchdog=False)
     assert a.silent_after_s < progress.STORE_TIMEOUT_S
     os.kill(proc.pid, signal.SIGSTOP)
+    # kill returns before every thread has stopped: on 2 busy cores the store's thread once
+    # answered the first read (the diagnosis, rightly, said nothing of a silent store)
+    deadline = time.monotonic() + 10
+    while not all_threads_stopped(proc.pid):
+        assert time.monotonic() < deadline, "the store host did not stop"
+        time.sleep(0.01)
     for _ in range(2):
         got: list[list[str]] = []
         worker = threading.Thread(target=lambda got=got: got.append(a.diagnosis()), daemon=True)
