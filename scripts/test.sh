@@ -41,6 +41,10 @@ status=0
 python -m pytest -ra --durations=30 -n "$processes" -m "$(both "not serial")" "${args[@]}" ||
     status=$?
 first=$status
+# 2 interrupted (Ctrl-C), 3 an internal error, 4 a usage error: no second pass
+if ((first >= 2 && first <= 4)); then
+    exit "$first"
+fi
 status=0
 python -m pytest -ra --durations=5 -m "$(both serial)" "${args[@]}" || status=$?
 second=$status
