@@ -618,6 +618,14 @@ time.sleep(120)
 """
 
 
+def _state(pid: int) -> str:
+    """A process's state (/proc/PID/stat's third field, after its "(comm)"), "gone" when none."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
 def test_a_second_ctrl_c_kills_torchrun_and_its_ranks(tmp_path):
     """A second Ctrl-C while torchrun stopped a run's ranks (or a run not stopped in
     STOP_WAIT_S): compare.py killed torchrun (SIGKILL), whose own kill of the ranks, 30 s after
@@ -658,9 +666,9 @@ def test_a_second_ctrl_c_kills_torchrun_and_its_ranks(tmp_path):
         proc.wait(timeout=60)
         said = (tmp_path / "output").read_text()
         assert "compare.py: killing torchrun" in said and "interrupted" in said, said
-        time.sleep(0.5)  # the SIGKILL's delivery
-        stat = Path(f"/proc/{pid}/stat")
-        state = stat.read_text().split()[2] if stat.exists() else "gone"
+        deadline = time.monotonic() + 10  # the SIGKILL's delivery: not at once on busy cores
+        while (state := _state(pid)) not in ("gone", "Z") and time.monotonic() < deadline:
+            time.sleep(0.1)
         assert state in ("gone", "Z"), f"rank {pid} left running after compare.py ({state})"
     finally:
         if proc.poll() is None:

@@ -257,13 +257,24 @@ def test_a_live_rank_stuck_behind_is_named_while_it_publishes(stores, trackers):
     assert lines[1] == "the furthest rank(s) 0 wait at step 3, optimizer"
 
 
+def reports_within(warnings: list[str], count: int, timeout_s: float) -> None:
+    """Wait until the watchdog has reported `count` stalls in all, no more (its thread ticks once
+    a second: a fixed sleep past the due tick failed when other work held the cores)."""
+    deadline = time.monotonic() + timeout_s
+    while (n := len([w for w in warnings if "made no progress" in w])) < count:
+        assert time.monotonic() < deadline, f"{n} reports, not {count}: {warnings}"
+        time.sleep(0.05)
+    assert n == count, warnings
+
+
 def test_the_watchdog_reports_once_before_the_timeout(stores, trackers, warnings_of_progress):
     """NCCL aborts at the timeout without raising: the thread logs first (75% of 2 s)."""
     a, b = trackers
     a.where, b.where = (9, 0, 1, "backward"), (9, 0, 1, "forward")
     b.start(stores[1], 1, 2, "hostB", pg_timeout_s=2, watchdog=False)
     a.start(stores[0], 0, 2, "hostA", pg_timeout_s=2, watchdog=True)
-    time.sleep(3.5)  # two stall ticks past 1.5 s: still one report
+    reports_within(warnings_of_progress, 1, 10)  # due at the tick past 1.5 s
+    time.sleep(2.1)  # two more stall ticks: still one report
     head = [w for w in warnings_of_progress if "made no progress" in w]
     assert len(head) == 1, warnings_of_progress
     assert "rank 1 on hostB is alive but behind: it has been at step 9, forward" in "\n".join(
@@ -284,12 +295,10 @@ def test_the_stall_clock_starts_with_the_run(stores, trackers, warnings_of_progr
     a.start(stores[0], 0, 2, "hostA", pg_timeout_s=2, watchdog=True)
     assert a.record()["changed_at"] >= started
     assert not [w for w in warnings_of_progress if "made no progress" in w]
-    time.sleep(2.8)  # the run's own stall at start-up: reported once (ticks at 1 s, 2 s)
-    assert len([w for w in warnings_of_progress if "made no progress" in w]) == 1
+    reports_within(warnings_of_progress, 1, 10)  # the run's own stall at start-up (tick 2 s)
     a.stop()
     a.start(stores[0], 0, 2, "hostA", pg_timeout_s=2, watchdog=True)  # a second run, same place
-    time.sleep(2.8)
-    assert len([w for w in warnings_of_progress if "made no progress" in w]) == 2
+    reports_within(warnings_of_progress, 2, 10)
 
 
 def test_the_diagnosis_says_when_the_store_is_gone(trackers):
