@@ -23,6 +23,8 @@ while (($#)); do
         -m) marks=${2:?-m needs an expression}; shift 2 ;;
         -m*) marks=${1#-m}; shift ;;
         -n | --numprocesses) processes=${2:?$1 needs a number}; shift 2 ;;
+        -n?*) processes=${1#-n}; shift ;;
+        --numprocesses=*) processes=${1#*=}; shift ;;
         *) args+=("$1"); shift ;;
     esac
 done

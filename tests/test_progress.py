@@ -259,7 +259,7 @@ def test_a_live_rank_stuck_behind_is_named_while_it_publishes(stores, trackers):
 
 def reports_within(warnings: list[str], count: int, timeout_s: float) -> None:
     """Wait until the watchdog has reported `count` stalls in all, no more (its thread ticks once
-    a second: a fixed sleep past the due tick failed when other work held the cores)."""
+    a second: a fixed sleep past the due tick left it under 1 s of lateness on busy cores)."""
     deadline = time.monotonic() + timeout_s
     while (n := len([w for w in warnings if "made no progress" in w])) < count:
         assert time.monotonic() < deadline, f"{n} reports, not {count}: {warnings}"
