@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import PYTHON, REPO, child_env
-from workflow_helpers import sighup_as_in_a_terminal, sigint_as_in_a_terminal
+from workflow_helpers import process_state, sighup_as_in_a_terminal, sigint_as_in_a_terminal
 
 
 def load_benchmark(name: str):
@@ -618,14 +618,6 @@ time.sleep(120)
 """
 
 
-def _state(pid: int) -> str:
-    """A process's state (/proc/PID/stat's third field, after its "(comm)"), "gone" when none."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return "gone"
-
-
 def test_a_second_ctrl_c_kills_torchrun_and_its_ranks(tmp_path):
     """A second Ctrl-C while torchrun stopped a run's ranks (or a run not stopped in
     STOP_WAIT_S): compare.py killed torchrun (SIGKILL), whose own kill of the ranks, 30 s after
@@ -667,7 +659,7 @@ def test_a_second_ctrl_c_kills_torchrun_and_its_ranks(tmp_path):
         said = (tmp_path / "output").read_text()
         assert "compare.py: killing torchrun" in said and "interrupted" in said, said
         deadline = time.monotonic() + 10  # the SIGKILL's delivery: not at once on busy cores
-        while (state := _state(pid)) not in ("gone", "Z") and time.monotonic() < deadline:
+        while (state := process_state(pid)) not in ("gone", "Z") and time.monotonic() < deadline:
             time.sleep(0.1)
         assert state in ("gone", "Z"), f"rank {pid} left running after compare.py ({state})"
     finally:

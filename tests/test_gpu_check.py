@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import PYTHON, REPO
-from workflow_helpers import child_env, sighup_as_in_a_terminal
+from workflow_helpers import child_env, running, sighup_as_in_a_terminal
 
 from scalestudy import vocab
 from scalestudy.errors import GpuCheckError
@@ -1844,7 +1844,7 @@ LAUNCHER_WITH_A_RANK = [
 
 def _gone(pid: int, why: str) -> None:
     deadline = time.monotonic() + 10
-    while Path(f"/proc/{pid}").exists() and "Z" not in _state(pid):
+    while running(pid):
         assert time.monotonic() < deadline, why
         time.sleep(0.1)
 
@@ -1950,7 +1950,7 @@ def test_a_hang_up_stops_gpu_check_and_its_checks(tmp_path):
     assert "gpu-check: stopped by signal 1" in proc.stderr.read()
     assert json.loads((out / "gpu-check.json").read_text())["pending"] == ["compile-ddp"]
     deadline = time.monotonic() + 10
-    while Path(f"/proc/{child}").exists() and "Z" not in _state(child):
+    while running(child):
         assert time.monotonic() < deadline, "the check's process outlived gpu-check"
         time.sleep(0.1)
 
@@ -1960,13 +1960,6 @@ def read_or_empty(path: Path) -> str:
         return path.read_text()
     except OSError:
         return ""
-
-
-def _state(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
-    except OSError:
-        return "Z"
 
 
 def test_a_process_the_budget_cuts_is_marked_so_and_one_past_its_own_limit_is_not(

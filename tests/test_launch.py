@@ -507,6 +507,8 @@ def test_ctrl_c_again_while_a_hung_rank_is_shut_down_leaves_no_rank(data_dir, tm
     it: the second SIGINT raised inside that wait, the launch exited and both ranks lived on,
     orphaned, holding their GPU slots (every later run on those GPUs waited for ever). The
     launch kills what torchrun's shutdown left before it ends."""
+    from workflow_helpers import running
+
     proc = _local_run(data_dir, tmp_path)
     ranks = _ranks(proc)
     try:
@@ -520,7 +522,7 @@ def test_ctrl_c_again_while_a_hung_rank_is_shut_down_leaves_no_rank(data_dir, tm
         proc.wait(timeout=120)  # not its output: a rank left holds the pipe open
         time.sleep(1)
         # before any SIGCONT: the stopped rank, woken, would end on its pending signal
-        left = [pid for pid in ranks if _alive(pid)]
+        left = [pid for pid in ranks if running(pid)]
         assert not left, [Path(f"/proc/{pid}/stat").read_text() for pid in left]
     finally:
         proc.kill()
@@ -528,13 +530,6 @@ def test_ctrl_c_again_while_a_hung_rank_is_shut_down_leaves_no_rank(data_dir, tm
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
     assert proc.returncode == -signal.SIGINT
-
-
-def _alive(pid: int) -> bool:
-    """Not a zombie (one that ended but was not reaped is no process left running)."""
-    with contextlib.suppress(FileNotFoundError):
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()[0] != "Z"
-    return False
 
 
 def test_a_stop_of_local_ranks_exits_75(data_dir, tmp_path):

@@ -31,6 +31,7 @@ from workflow_helpers import (
     copy_repo,
     fsync_fails_at_file,
     planned_jobs,
+    running,
     snakemake,
     write_config,
 )
@@ -3791,9 +3792,9 @@ def test_a_stop_signal_after_the_launch_stops_the_tool_and_leaves_no_temp_file(t
         proc.wait(timeout=20)
         said = err.read_text()
         deadline = time.monotonic() + 5
-        while _running(tool_pid) and time.monotonic() < deadline:
+        while running(tool_pid) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not _running(tool_pid), f"`{tool} {slow}` outlived the job:\n{said}"
+        assert not running(tool_pid), f"`{tool} {slow}` outlived the job:\n{said}"
         assert said.strip().splitlines()[-1] == f"scalestudy profile {action}: stopped by SIGTERM"
         assert proc.returncode == -signal.SIGTERM, said
         assert not [p.name for p in out.rglob("*.tmp")]
@@ -3803,14 +3804,6 @@ def test_a_stop_signal_after_the_launch_stops_the_tool_and_leaves_no_temp_file(t
         if tool_pid is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(tool_pid, signal.SIGKILL)
-
-
-def _running(pid: int) -> bool:
-    """Process `pid` exists and is no zombie (one reparented to an init that does not reap)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
 
 
 def test_every_profile_action_runs_a_function_of_its_module():

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 from conftest import PYTHON, SMALL, child_env
+from workflow_helpers import process_state
 
 from scalestudy.errors import TrainingError
 from scalestudy.jobs.local_ranks import kill_launch
@@ -415,9 +416,8 @@ def store_process():
 
 
 def all_threads_stopped(pid: int) -> bool:
-    """Every thread of the process in state T (/proc/PID/task/TID/stat's third field)."""
-    tasks = list(Path(f"/proc/{pid}/task").iterdir())
-    return all((t / "stat").read_text().rsplit(")", 1)[1].split()[0] == "T" for t in tasks)
+    """Every thread of the process in state T (/proc/TID/stat is the thread's own)."""
+    return all(process_state(int(t.name)) == "T" for t in Path(f"/proc/{pid}/task").iterdir())
 
 
 def test_the_diagnosis_returns_when_the_store_host_is_stopped(store_process, trackers, monkeypatch):

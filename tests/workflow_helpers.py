@@ -208,6 +208,21 @@ def sighup_as_in_a_terminal() -> None:
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
+def process_state(pid: int) -> str:
+    """The state of a process or thread from /proc/PID/stat: its third field, after "(comm)",
+    which may hold spaces and parentheses ("R", "S", "T" stopped, "Z" ended, not reaped), or
+    "gone" when there is none."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
+def running(pid: int) -> bool:
+    """Process `pid` exists and is no zombie (one that ended, not yet reaped)."""
+    return process_state(pid) not in ("gone", "Z")
+
+
 def worker_pids(launcher_pid: int) -> dict[int, int]:
     """RANK -> pid of the worker processes of a torchrun agent (`scalestudy launch`'s local
     ranks: jobs/local_ranks.py), read from Linux /proc."""
