@@ -48,6 +48,13 @@ logger = log.get(__name__)
 KERNEL_KEYS = {"kernel": str, "name_base": str, "kernel_regex": str, "instances": int}
 NAME_BASES = ("demangled", "mangled")  # ncu --kernel-name-base
 KERNELS_FIX = "make it again with `scalestudy profile ncu-kernels --kernels <the kernels CSV>`"
+# an empty --kernels list: the capture's window recorded no kernel but NCCL and memcpy ones
+# (config checks keep cuda in profiling.nsys_trace; torch.profiler without CUPTI records none)
+NO_KERNEL_FIX = (
+    "its capture recorded no other kernel in its window (the run's kernels.csv; its "
+    "logs/profile_capture log says how it was captured): capture it again, or set "
+    f"{profile.NCU_KEY}: false"
+)
 
 
 def kernel_problem(entry: object) -> str | None:
@@ -211,7 +218,9 @@ def ncu(args: argparse.Namespace) -> int:
     profile.require_window(args.train_args, "profile ncu")
     kernels = read_kernels(args.kernels)[: args.top_k]
     if not kernels:
-        raise ProfileError(f"{args.kernels}: no non-NCCL kernel to profile with ncu")
+        raise ProfileError(
+            f"{args.kernels}: no non-NCCL kernel of {args.run} to profile with ncu: {NO_KERNEL_FIX}"
+        )
     env = profile.profiler_env(launch.rank_env(dict(os.environ), args.cpus_per_rank), "ncu")
     train_args = profile.trainer_args(args, out_dir / "train")
     launch.hold_local_gpus(env, args.nodes * args.ranks_per_node, train_args)
