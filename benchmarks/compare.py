@@ -20,7 +20,7 @@ and --json are written, waits for them (the comparison whole, not partial), says
 and compare.py dies of it too.
 The run's torchrun gets that signal from compare.py, once (it runs in a session of its own), and
 compare.py waits for it to stop its ranks: killed outright, it left them training on. A second
-stop signal, or a run not stopped in 90 s (local_ranks.STOP_WAIT_S), kills torchrun and its
+stop signal, or a run not stopped in 90 s (supervise.STOP_WAIT_S), kills torchrun and its
 ranks (SIGKILL).
 
     # CPU, the Trainer issue's configuration (docs/benchmarks.md): 2 gloo ranks, local batch 64
@@ -55,7 +55,7 @@ from pathlib import Path
 from scalestudy import files, vocab
 from scalestudy.cli import Parser
 from scalestudy.errors import TrainConfigError
-from scalestudy.jobs import local_ranks
+from scalestudy.jobs import supervise
 from scalestudy.trainer import config as train_config
 from scalestudy.trainer.config import TrainConfig
 
@@ -79,7 +79,7 @@ NOT_OURS_ONLY = {
 # SIGTERM (a time limit, `timeout`, `kill`) or SIGHUP (the terminal closed) during the runs,
 # raised as Ctrl-C raises KeyboardInterrupt: the runs that finished are still summarised and
 # written. Its `signum` is the signal's.
-Stopped = local_ranks.Stopped
+Stopped = supervise.Stopped
 
 
 def raise_stopped(signum: int, frame) -> None:
@@ -111,12 +111,12 @@ def run_trainer(cmd: list[str], env: dict) -> int:
     """One run (torchrun) to its end: its exit code. A stop signal to compare.py (Ctrl-C,
     SIGTERM, SIGHUP) is passed on to torchrun once, which passes it on to its ranks (each in a
     session of its own) and waits for them; then it is raised here (KeyboardInterrupt, Stopped).
-    A second signal, or a run not stopped in local_ranks.STOP_WAIT_S, kills torchrun and its
-    ranks (local_ranks.run_to_end). Under subprocess.run torchrun was killed (SIGKILL, at once
+    A second signal, or a run not stopped in supervise.STOP_WAIT_S, kills torchrun and its
+    ranks (supervise.run_to_end). Under subprocess.run torchrun was killed (SIGKILL, at once
     or 0.25 s after Ctrl-C) before or while it passed the signal on: the ranks of a SIGTERM to
     compare.py alone (`kill PID`) trained on, orphaned, holding the devices (and the next
     benchmark's measurements)."""
-    return local_ranks.run_to_end(cmd, env, _say_kill, popen=subprocess.Popen)
+    return supervise.run_to_end(cmd, env, _say_kill, popen=subprocess.Popen)
 
 
 def _say_kill(pid: int, why: str) -> None:

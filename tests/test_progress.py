@@ -20,7 +20,7 @@ from conftest import PYTHON, SMALL, child_env
 from workflow_helpers import process_state
 
 from scalestudy.errors import TrainingError
-from scalestudy.jobs.local_ranks import kill_launch
+from scalestudy.jobs.supervise import kill_launch
 from scalestudy.trainer import progress
 from scalestudy.trainer.progress import Tracker, diagnose, is_collective_failure, ranks_text, where
 

@@ -24,7 +24,7 @@ death by that signal (128 + N from main()). Not in the commands that handle them
 (OWN_STOP: train with --checkpoint-dir checkpoints on SIGTERM and SIGHUP, launch's torchrun
 agent passes them to the ranks), and a signal ignored when the program starts (nohup's
 SIGHUP) stays ignored. A command may take them over for a while and give them back: profile
-capture and ncu while their ranks' launch runs (local_ranks.run_to_end passes them on to it;
+capture and ncu while their ranks' launch runs (supervise.run_to_end passes them on to it;
 then the command's own line, `... stopped by SIGTERM (passed on to the ranks' launch)`, and
 exit 128 + N), this handler before and after it (`nsys stats`, `ncu --import`).
 
@@ -69,7 +69,7 @@ STOP_SIGNALS = vocab.STOP_SIGNALS
 # --checkpoint-dir, _owns_stop), launch (execs srun or torchrun's agent, which passes them to
 # the ranks), gpu-check (kills its checks' process groups), and profile rank (execs the
 # profiler around a rank). Not profile capture and ncu: their ranks' launch owns the signals
-# while it runs (local_ranks.run_to_end: passed on to it, then its Stopped, 128 + N from
+# while it runs (supervise.run_to_end: passed on to it, then its Stopped, 128 + N from
 # profile.run), and this handler is theirs again after it; in OWN_STOP, nothing handled them
 # outside the launch, and a stop during `nsys stats` or `ncu --import` killed the job on the
 # spot, silently, left the import's temp file and the tool running on, orphaned

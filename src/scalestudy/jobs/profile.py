@@ -69,7 +69,7 @@ from pathlib import Path
 
 from scalestudy import files, log, vocab
 from scalestudy.errors import ProfileError
-from scalestudy.jobs import launch, local_ranks
+from scalestudy.jobs import launch, supervise
 from scalestudy.nsight import readers
 
 logger = log.get(__name__)
@@ -369,7 +369,7 @@ def failed(argv: list[str], code: int, where: str = "", of: str = "") -> Profile
 
 
 # a stop signal to this process while the ranks' launch ran, raised once it ended (run_launch)
-Stopped = local_ranks.Stopped
+Stopped = supervise.Stopped
 
 
 def profiler_env(env: dict[str, str], tool: str) -> dict[str, str]:
@@ -384,8 +384,8 @@ def profiler_env(env: dict[str, str], tool: str) -> dict[str, str]:
 
 def run_launch(argv: list[str], env: dict[str, str], stdout=None, stderr=None) -> int:
     """The ranks' launch (launch.build_command's argv) to its end, its exit status: passed a
-    stop signal once, killed on a second or after local_ranks.STOP_WAIT_S (run_to_end)."""
-    return local_ranks.run_to_end(argv, env, _say_kill, stdout=stdout, stderr=stderr)
+    stop signal once, killed on a second or after supervise.STOP_WAIT_S (run_to_end)."""
+    return supervise.run_to_end(argv, env, _say_kill, stdout=stdout, stderr=stderr)
 
 
 def _say_kill(pid: int, why: str) -> None:
