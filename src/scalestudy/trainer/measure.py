@@ -777,8 +777,6 @@ ENERGY_UPDATE_S = 0.1
 # epoch of CIFAR-10 lasts ~1.7 s (one H200 rank), so 30 spans of 1.7 s are bound at 12%: the
 # training spans are refused there, and the wall span below (two reads in all) is what counts.
 ENERGY_MAX_ERROR = 0.02
-# the reason a refused window gives (gpu-check's nvml check tells it from a counter that failed)
-ENERGY_SHORT_WINDOW = vocab.ENERGY_SHORT_WINDOW
 
 
 def _frozen(mj: float, seconds: float) -> str | None:
@@ -899,7 +897,7 @@ class EnergyCounter:
         bound = 2 * self.spans * ENERGY_UPDATE_S / self.seconds if self.seconds > 0 else 1.0
         if bound > ENERGY_MAX_ERROR:
             reason = (
-                f"{ENERGY_SHORT_WINDOW}: {self.seconds:.1f} s over "
+                f"{vocab.ENERGY_SHORT_WINDOW}: {self.seconds:.1f} s over "
                 f"{self.spans} spans, error bound {bound:.1%} > {ENERGY_MAX_ERROR:.0%}"
             )
             return out | energy_unmeasured(reason, self.images)
@@ -918,7 +916,7 @@ class EnergyCounter:
         if bound > ENERGY_MAX_ERROR:
             span = "a wall span" if spans == 1 else f"{spans} wall spans (one per segment)"
             reason = (
-                f"{ENERGY_SHORT_WINDOW}: {span} of {seconds:.1f} s, error bound "
+                f"{vocab.ENERGY_SHORT_WINDOW}: {span} of {seconds:.1f} s, error bound "
                 f"{bound:.1%} > {ENERGY_MAX_ERROR:.0%}"
             )
             return wall_unmeasured(reason, seconds, self.images)
@@ -988,7 +986,9 @@ def _gpu_sum(prefix: str, parts: list[dict], readers) -> dict:
 
     def blanks(i: int) -> bool:
         refused = parts[i]["joules"] is None
-        return refused and (i in readers or not parts[i]["reason"].startswith(ENERGY_SHORT_WINDOW))
+        return refused and (
+            i in readers or not parts[i]["reason"].startswith(vocab.ENERGY_SHORT_WINDOW)
+        )
 
     problems = sorted({parts[i]["reason"] for i in range(len(parts)) if blanks(i)})
     if problems:
