@@ -501,6 +501,10 @@ def test_the_printed_energy_rows_add_up_to_the_printed_total(tmp_path, monkeypat
     assert energy["value"] == "0.000554"
     for name in ("proposal.tex", "slides.tex"):
         assert f" {report.fmt_exact(total)}" in docs[name], name
+    # beside the GPU-hours (with contingency and profiling) the slides said only "GPU energy:
+    # ... kWh", read as of the same scope
+    kwh_total = f"GPU energy: {report.fmt_exact(total)} kWh (training runs only: no contingency"
+    assert kwh_total in docs["slides.tex"]
     tables = report.load_tables(study / "results/csv", report.ANALYSIS_TABLES)
     tables["proposal"] = read(study / "results/csv/proposal.csv")
     for name, text in docs.items():
@@ -867,6 +871,19 @@ def test_a_count_of_one_reads_singular_and_the_baselines_efficiency_is_no_measur
     slides = " ".join(docs["slides.tex"].split())
     assert "Chosen: 1 rank (1 node), $E_s$ = 100.0\\,\\% by definition (the baseline)" in slides
     assert not re.search(r"\$E_s\$ = [\d.]+\\,\\% \(\$n\$", slides)
+
+
+def test_a_strong_family_of_one_world_size_claims_no_efficiency_held(tmp_path):
+    """A strong family run at one world size has no E_s but the baseline's 100% by definition:
+    the proposal went on "E_s stays at or above the threshold up to the largest world size
+    measured", a scaling result nothing measured."""
+    config, study = build(tmp_path, "families.strong.gpus=[4]")
+    docs = write(config, study)
+    for name in ("proposal.md", "proposal.tex"):
+        flat = " ".join(docs[name].split())
+        assert "stays at or above the threshold" not in flat, name
+        assert "Only the baseline world size ran: no " in flat, name
+        assert "the request prices runs at 8 ranks (next runs)" in flat, name
 
 
 def test_counts_of_one_month_run_epoch_and_world_size_read_singular(tmp_path):

@@ -2042,7 +2042,9 @@ def test_a_one_rank_runs_exposed_communication_is_no_measurement_in_tables_or_fi
     for family in ("strong", "weak"):
         section = study[study.index(f"### {family.capitalize()} scaling") :]
         rows = {r[0]: r for r in _md_table(section, "| ranks (CPU processes) | throughput")}
-        assert rows["1"][-2] == "0 (1 rank: nothing to synchronise, not measured)", rows["1"]
+        # a percentage, as the column's other rows (as a fraction, 0.1 read as 0.1%)
+        said = f"{report.fmt_pct('0.0')} (1 rank: nothing to synchronise, not measured)"
+        assert rows["1"][-2] == said, rows["1"]
         for r in scaling:
             if r["family"] == family and r["world_size"] != "1":
                 assert rows[r["world_size"]][-2] == report.fmt_pct(r["comm_exposed_frac_mean"])
