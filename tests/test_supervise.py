@@ -23,9 +23,14 @@ def deaf(argv, **kwargs) -> subprocess.Popen:
     """DEAF started, once it ignores the signals (a signal before the shell's trap killed it)."""
     proc = subprocess.Popen(argv, **kwargs)
     deadline = time.monotonic() + 30
-    while Path(f"/proc/{proc.pid}/cmdline").read_bytes().split(b"\0")[0] != b"sleep":
-        assert time.monotonic() < deadline and proc.poll() is None, "the stand-in did not start"
-        time.sleep(0.01)
+    try:
+        while Path(f"/proc/{proc.pid}/cmdline").read_bytes().split(b"\0")[0] != b"sleep":
+            assert time.monotonic() < deadline and proc.poll() is None, "the stand-in hung"
+            time.sleep(0.01)
+    except BaseException:  # it ignores SIGTERM: killed here, not left behind
+        proc.kill()
+        proc.wait()
+        raise
     return proc
 
 
@@ -68,6 +73,29 @@ def test_two_stop_signals_within_one_poll_kill_the_launch(monkeypatch):
     assert said == ["a second stop signal"], said
     assert started[0].returncode == -signal.SIGKILL
     assert took < 30, took  # not STOP_WAIT_S (60 s here)
+
+
+def test_a_second_stop_signal_while_the_first_is_passed_on_kills_the_launch(monkeypatch):
+    """A second signal whose handler ran while the first was being sent on (between the loop's
+    look at the signals held and its count of them) was counted as seen: the launch was told
+    once and waited for STOP_WAIT_S."""
+
+    class Telling(subprocess.Popen):
+        def send_signal(self, sig):
+            super().send_signal(sig)
+            if sig != signal.SIGKILL:  # the second stop, as the first is passed on
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    def popen(argv, **kwargs):
+        proc = deaf(argv, **kwargs)
+        proc.__class__ = Telling
+        os.kill(os.getpid(), signal.SIGTERM)
+        return proc
+
+    said, started, took = _run(popen, monkeypatch)
+    assert said == ["a second stop signal"], said
+    assert started[0].returncode == -signal.SIGKILL
+    assert took < 30, took
 
 
 def test_a_launch_deaf_to_the_stop_is_killed_after_the_wait(monkeypatch):

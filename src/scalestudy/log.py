@@ -41,7 +41,7 @@ DEBUG_ENV = "SCALESTUDY_DEBUG"
 # (rank, local rank) of this process in a training job, None elsewhere: who prints an error
 _place: tuple[int, int] | None = None
 # Ctrl-C and the stop signals (a time limit, `timeout`, a closed terminal): what a program that
-# starts others passes on or holds (jobs/local_ranks.py, jobs/gpu_check.py, trainer/progress.py)
+# starts others passes on or holds (jobs/supervise.py, jobs/gpu_check.py, trainer/progress.py)
 STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # the signal that ended the program (Ctrl-C's SIGINT, a stop's SIGTERM or SIGHUP), None while
 # none did: it ends killed by that signal, once it has cleaned up (end_by_signal)

@@ -27,12 +27,8 @@ from typing import Any
 from scalestudy import files, hardware
 from scalestudy.nsight import ncu, schema
 from scalestudy.nsight.torch_ops import GPU_CATEGORIES, LAUNCH_CATEGORIES, correlation
-from scalestudy.trainer.measure import (
-    ENERGY_SHORT_WINDOW,
-    ENERGY_UPDATE_S,
-    NVML_INTERVAL_S,
-    NVML_UTIL_LOOKBACK_S,
-)
+from scalestudy.trainer.measure import ENERGY_UPDATE_S, NVML_INTERVAL_S, NVML_UTIL_LOOKBACK_S
+from scalestudy.vocab import ENERGY_SHORT_WINDOW
 
 PASS, FAIL, SKIPPED, NOT_RUN = "pass", "fail", "skipped", "not run"
 STATUSES = (PASS, FAIL, NOT_RUN, SKIPPED)

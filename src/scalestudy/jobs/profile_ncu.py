@@ -48,11 +48,13 @@ logger = log.get(__name__)
 KERNEL_KEYS = {"kernel": str, "name_base": str, "kernel_regex": str, "instances": int}
 NAME_BASES = ("demangled", "mangled")  # ncu --kernel-name-base
 KERNELS_FIX = "make it again with `scalestudy profile ncu-kernels --kernels <the kernels CSV>`"
-# an empty --kernels list: the capture's window recorded no kernel but NCCL and memcpy ones
-# (config checks keep cuda in profiling.nsys_trace; torch.profiler without CUPTI records none)
+# an empty --kernels list: rank 0's capture window (every rank's, where rank 0 has none) held no
+# kernel but NCCL, memcpy and memset ones (jobs/ncu_kernels.py; config checks keep cuda in
+# profiling.nsys_trace, and a capture of no kernel at all is refused when it is made)
 NO_KERNEL_FIX = (
-    "its capture recorded no other kernel in its window (the run's kernels.csv; its "
-    "logs/profile_capture log says how it was captured): capture it again, or set "
+    "its capture's window held none but NCCL, memcpy and memset kernels (rank 0's; the run's "
+    "kernels.csv, and its logs/profile_capture log says how it was captured): capture it again "
+    "over training steps (profiling.start_step, profiling.steps), or set "
     f"{profile.NCU_KEY}: false"
 )
 

@@ -68,14 +68,15 @@ def run_to_end(
         proc = popen(argv, env=env, stdout=stdout, stderr=stderr, start_new_session=True)
         passed, deadline = 0, None
         while True:
-            if len(held) > passed:
-                if passed or len(held) > 1:  # a second signal (two may come in one poll)
+            seen = len(held)  # once per look: a signal during the send below is a next one
+            if seen > passed:
+                if passed or seen > 1:  # a second signal (two may come in one poll)
                     say_kill(proc.pid, "a second stop signal")
                     kill_launch(proc)
                 else:
                     proc.send_signal(held[0])
                     deadline = time.monotonic() + STOP_WAIT_S
-                passed = len(held)
+                passed = seen
             try:
                 code = proc.wait(timeout=0.2)
                 break
