@@ -34,7 +34,7 @@ import snakemake_logger_plugin_scalestudy as logger_plugin
 from scalestudy.errors import PlanError
 from scalestudy.results import proposal
 from scalestudy.study import estimate, model, plan, profiling, resources
-from scalestudy.study.config import StudyConfigError, load_layers, validate
+from scalestudy.study.config import StudyConfigError, load_layers, schema_path, validate
 from scalestudy.study.estimate import compute_seconds, slurm_runtime_min
 from scalestudy.study.runs import build_run_table
 
@@ -229,6 +229,91 @@ def test_a_profiling_job_past_runtime_max_is_refused_before_any_job():
     config["profiling"]["ncu"]["enabled"] = True
     config["hardware"]["runtime_max"] = None
     assert resources.TrainingPlan(config, build_run_table(config), "absent.csv").refusal() is None
+
+
+@pytest.mark.parametrize(
+    ("x", "runtime_max", "refusal", "fix"),
+    [
+        # 10 img/s: epochs of 130 s, a lead of 260 s; with Slurm's early 60 s and the start-up
+        # (10 s x 2) 340 s, past a 5-min job: the lead then filled the job (the next check
+        # refused runtime_max instead)
+        (10, 5, "a lead of 260 s (checkpointing.signal_lead_s) with Slurm's early 60 s and "
+         "the start-up (10 s x plan.safety_factor) leaves a job of 5 min no training: at least "
+         "11 (the run in one job), or shorter epochs (more GPUs)", 11),
+        # epochs of 40000 s: a lead of 80000 s is past the schema's maximum of signal_lead_s
+        # (T = 2 x 40000 + 10 s: ceil((80010 x 2 + 120) / 60) = 2669 min in one job)
+        (1300 / 40000, 2000, "a lead of 80000 s (checkpointing.signal_lead_s) past its maximum "
+         "65535: at least 2669 (the run in one job), or shorter epochs (more GPUs)", 2669),
+    ],
+    ids=["lead_fills_the_job", "lead_past_its_maximum"],
+)  # fmt: skip
+def test_an_epoch_no_lead_can_hold_names_runtime_max_not_the_lead(x, runtime_max, refusal, fix):
+    """An epoch x safety_factor longer than the USR1 lead was told to raise
+    checkpointing.signal_lead_s to the epoch's length even where that lead, Slurm's early
+    minute and the start-up fill the job (then refused as holding no training) or pass the
+    schema's 65535: runtime_max is named, at the run's own limit (one job), which passes."""
+    config = split_config(runtime_max=runtime_max)
+    config["plan"]["throughput_img_s_per_gpu"]["fp32"] = x
+    config["checkpointing"]["retries"] = 99  # not the refusal under test
+    with pytest.raises(PlanError) as info:
+        plan.estimate_runs(config, build_run_table(config), [])
+    message = str(info.value)
+    assert message.startswith(
+        f"config key 'hardware.runtime_max': value {runtime_max} is not allowed: run "
+        f"w1_lb8_fp32_ddp_bk25_r0 needs a Slurm time limit of {fix} min, past "
+        f"hardware.runtime_max {runtime_max}, so each of its jobs stops at the end of the epoch"
+    ), message
+    assert message.endswith(refusal) and "\n" not in message, message
+    schema = yaml.safe_load(schema_path().read_text())
+    lead = schema["properties"]["checkpointing"]["properties"]["signal_lead_s"]
+    assert lead["maximum"] == estimate.SIGNAL_LEAD_MAX_S
+    # the fix it names works: the run in one job
+    config["hardware"]["runtime_max"] = fix
+    row = next(r for r in build_run_table(config) if r["run"] == "w1_lb8_fp32_ddp_bk25_r0")
+    one = estimate.estimate_run(config, row, estimate.Calibration(config, []))
+    assert (one.jobs, one.slurm_runtime_min) == (1, fix)
+
+
+def test_a_profiling_job_past_a_year_is_refused_naming_the_key_that_makes_it_long():
+    """profiling.ncu.top_k 200000 over config/config.yaml planned profile_ncu jobs of 1,051,337
+    min (two years), which no sbatch takes, where a training run's limit past a year
+    (LONGEST_LIMIT_MIN) is refused. The schema now bounds top_k (500) and launch_count (100);
+    within them a long start-up (40000 s, x 500 kernels x safety 2: 668,000 min) still passes
+    a year, and is refused before any job, naming the key (before runtime_max, which cannot
+    be raised past a year)."""
+    config = small_config()
+    config["profiling"]["enabled"] = True
+    config["plan"]["startup_s"] = 40000
+    config["profiling"]["ncu"]["top_k"] = 500
+    for runtime_max in (None, 60 * 24 * 7):
+        config["hardware"]["runtime_max"] = runtime_max
+        refusal = resources.TrainingPlan(config, build_run_table(config), "absent.csv").refusal()
+        assert refusal.startswith(
+            "config key 'profiling.ncu.top_k': value 500 is not allowed: the profile_ncu job of "
+            "run w1_lb8_bf16_ddp_bk25_r0 needs a Slurm time limit of 668"
+        ), refusal
+        assert refusal.endswith(
+            "min, more than a year (525600 min), which no sbatch takes, and a profiling job "
+            "cannot go on in another job (no checkpoints): lower profiling.ncu.top_k (a run per "
+            "kernel) and profiling.ncu.launch_count"
+        ), refusal
+    config["hardware"]["runtime_max"] = None
+    config["profiling"]["ncu"]["top_k"] = 300  # 400,910 min: within a year
+    assert resources.TrainingPlan(config, build_run_table(config), "absent.csv").refusal() is None
+    # past the schema's bounds (a config changed after validation): the key that makes it long
+    config["plan"]["startup_s"] = 10
+    config["profiling"]["ncu"].update(top_k=1, launch_count=10**6)  # 10**6 x 30 s
+    refusal = resources.TrainingPlan(config, build_run_table(config), "absent.csv").refusal()
+    assert refusal.startswith(
+        "config key 'profiling.ncu.launch_count': value 1000000 is not allowed: the profile_ncu"
+    ), refusal
+    config["profiling"]["ncu"]["launch_count"] = 3
+    config["profiling"]["steps"] = 10**9  # a capture window of 10**9 steps at 200 img/s
+    refusal = resources.TrainingPlan(config, build_run_table(config), "absent.csv").refusal()
+    assert refusal.startswith(
+        "config key 'profiling.steps': value 1000000000 is not allowed: the profile_capture job"
+    ), refusal
+    assert "lower profiling.start_step and profiling.steps" in refusal
 
 
 def test_cpu_runs_cost_node_hours_but_no_gpu_hours():
@@ -1352,13 +1437,26 @@ def test_an_estimate_that_overflows_is_one_line_naming_the_keys(change, names):
     [
         ({"throughput_img_s_per_gpu": {"fp32": 1e-300}}, "plan.throughput_img_s_per_gpu.fp32"),
         ({"eval_speedup": 1e-300}, "plan.eval_speedup (1e-300)"),
+        # X of a run on several GPUs is the per-GPU default x eta(W): the efficiency of one
+        # node for the 2-GPU run, of several for the 4-GPU run (2 nodes of 2)
+        ({"efficiency_intra_node": 1e-300}, "run w2_lb4_fp32_ddp_bk25_r0: its runtime estimate "
+         "at X = 2e-298 images/s asks for a Slurm time limit of a 300-digit number min, more "
+         "than a year (525600 min): check train.epochs (2), train.comm_probe_steps (10), "
+         "plan.startup_s (10), plan.eval_speedup (3), plan.safety_factor (2) and X's "
+         "plan.throughput_img_s_per_gpu.fp32 (100) x plan.efficiency_intra_node (1e-300)"),
+        ({"efficiency_inter_node": 1e-300}, "run w4_lb2_fp32_ddp_bk25_r0: its runtime estimate "
+         "at X = 4e-298 images/s asks for"),
+        ({"efficiency_inter_node": 1e-300}, "X's plan.throughput_img_s_per_gpu.fp32 (100) x "
+         "plan.efficiency_inter_node (1e-300), or set"),
     ],
-    ids=["throughput", "eval_speedup"],
-)
+    ids=["throughput", "eval_speedup", "efficiency_intra_node", "inter_node_run", "inter_node"],
+)  # fmt: skip
 def test_a_slurm_limit_past_a_year_is_one_line_naming_the_keys(change, names):
-    """A tiny positive throughput or eval_speedup (above the schema's 0) is finite: the plan
-    asked Slurm for a limit of a 303-digit number of minutes, which every sbatch refuses after
-    the whole DAG was built. Refused as the overflow is, with hardware.runtime_max to set."""
+    """A tiny positive throughput, eval_speedup or scaling efficiency (above the schema's 0) is
+    finite: the plan asked Slurm for a limit of a 303-digit number of minutes, which every
+    sbatch refuses after the whole DAG was built. Refused as the overflow is, with
+    hardware.runtime_max to set; X's source named the per-GPU rate alone where the efficiency
+    made it tiny (plan.efficiency_* 1e-300: "plan.throughput_img_s_per_gpu.fp32")."""
     config = small_config()
     for k, v in change.items():
         config["plan"][k] = {**config["plan"][k], **v} if isinstance(v, dict) else v
@@ -1367,6 +1465,8 @@ def test_a_slurm_limit_past_a_year_is_one_line_naming_the_keys(change, names):
     message = str(info.value)
     assert "\n" not in message and "more than a year (525600 min)" in message, message
     assert names in message and "hardware.runtime_max" in message, message
+    if not any(k.startswith("efficiency") for k in change):  # a 1-GPU run's X holds none
+        assert "efficiency" not in message and "w1_" in message, message
     # the proposal's runs, priced on the machine, are never refused
     assert plan.estimate_runs(config, build_run_table(config), measured=[], refuse=False)
 

@@ -986,6 +986,71 @@ def test_a_title_or_name_over_several_lines_is_refused(key):
     assert load_and_validate(minimal(), overrides={"proposal": {"objectives": objectives}})
 
 
+@pytest.mark.parametrize("key", studyconfig.PATH_KEYS)
+def test_a_path_over_several_lines_or_with_a_tab_is_refused(key):
+    """`data_dir: "res\\nults/data"` passed (Snakemake only warned that the data's path
+    "contains line break"), `"results/data\\t"` made a second data directory that lists as
+    the first, while a title with a line break was refused (line_problems): a path of PATH_KEYS
+    holding a control character (Cc), a line or paragraph separator is refused the same way."""
+    parent, _, name = key.rpartition(".")
+    for text in ("res\nults/data", "results/data\t", "results/data\n", "a\rb", "a\u2028b"):
+        overrides = {parent: {name: text}} if parent else {name: text}
+        refused(
+            minimal(),
+            f"config key '{key}': value {studyconfig._fmt(text)} is not allowed: no line break, "
+            "tab or other control character in a path; write it on one line, e.g. results/data",
+            overrides=overrides,
+        )
+    # other scripts and a non-breaking space (Zs) are one line
+    text = "données\u00a02024/数据"
+    overrides = {parent: {name: text}} if parent else {name: text}
+    assert load_and_validate(minimal(), overrides=overrides)
+
+
+def test_a_missing_container_definition_is_refused_naming_the_key(tmp_path, monkeypatch):
+    """container.definition naming no file (container.enabled) was Snakemake's multi-line
+    MissingInputException from build_container. It is refused in one line, the file looked up
+    as the rule's input is (paths.repo_file): relative to the repository the workflow runs
+    from (common.smk's REPO, validate's repo), an absolute path as it is; container off, the
+    definition is no input and not looked up."""
+    on = ["container.enabled=true", "container.definition=containers/nonexistent.def"]
+    refused(
+        minimal(),
+        "config key 'container.definition': value \"containers/nonexistent.def\" is not allowed: "
+        f"no such file ({ROOT / 'containers' / 'nonexistent.def'}): an Apptainer definition "
+        "file, relative to the repository (e.g. containers/trainer.def) or absolute; or "
+        "container.enabled: false",
+        overrides=on,
+    )
+    assert load_and_validate(minimal(), overrides=on[1:])  # no container: no input
+    refused(minimal(), "config key 'container.definition'", overrides=[on[0], "container."
+            "definition=containers"])  # a directory  # fmt: skip
+    mine = tmp_path / "mine.def"
+    refused(minimal(), f"no such file ({mine})", overrides=[on[0], f"container.definition={mine}"])
+    mine.write_text("Bootstrap: docker\nFrom: ubuntu:24.04\n")
+    assert load_and_validate(minimal(), overrides=[on[0], f"container.definition={mine}"])
+    # the repository's, not the working directory's: the default containers/trainer.def
+    monkeypatch.chdir(tmp_path)
+    assert load_and_validate(minimal(), overrides=on[:1])
+    # the repository the workflow names (repo=REPO) is the one looked in
+    config = load_and_validate(minimal())
+    config["container"]["enabled"] = True
+    with pytest.raises(StudyConfigError, match=re.escape(f"({tmp_path / 'containers'}")):
+        validate(copy.deepcopy(config), repo=tmp_path)
+    (tmp_path / "containers").mkdir()
+    (tmp_path / "containers" / "trainer.def").write_text("Bootstrap: docker\n")
+    assert validate(copy.deepcopy(config), repo=tmp_path)
+
+
+@pytest.mark.parametrize(("key", "most"), [("top_k", 500), ("launch_count", 100)])
+def test_the_ncu_kernel_and_launch_counts_have_a_maximum(key, most):
+    """profiling.ncu.top_k 200000 over config/config.yaml planned profile_ncu jobs of two years
+    (each kernel a whole run under ncu, each launch ~40 replays): the schema bounds both."""
+    refused(minimal(), f"config key 'profiling.ncu.{key}': value {most + 1} is not allowed: "
+            f"must be <= {most}", overrides=[f"profiling.ncu.{key}={most + 1}"])  # fmt: skip
+    assert load_and_validate(minimal(), overrides=[f"profiling.ncu.{key}={most}"])
+
+
 @pytest.mark.parametrize("key", ["data_dir", "checkpointing.dir"])
 def test_a_path_apptainer_cannot_bind_is_refused_when_the_container_is_on(key):
     """jobs/launch.py binds a data or checkpoint directory outside the working directory into

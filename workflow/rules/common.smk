@@ -62,7 +62,7 @@ try:  # every problem of the config, each naming key, value and what is allowed
         studyconfig.config_overrides(config, CONFIG_LAYERS),
     )
     config = studyconfig.validate(
-        config, schema=REPO / studyconfig.SCHEMA_RELPATH, source=source
+        config, schema=REPO / studyconfig.SCHEMA_RELPATH, source=source, repo=REPO
     )
 except StudyConfigError as exc:
     stop(str(exc))

@@ -484,10 +484,13 @@ def line_problems(config: dict) -> list[str]:
     return problems
 
 
-def path_problems(config: dict) -> list[str]:
+def path_problems(config: dict, repo: str | os.PathLike | None = None) -> list[str]:
     """`~/data` made a directory named `~` in the working directory, `$SCRATCH/ckpt` one named
     `$SCRATCH`; `data {x}` failed in Snakemake with a wildcard error, `-x` in the job's
-    argparse."""
+    argparse, `res<line break>ults` in a directory no listing shows as typed. With `repo` (the
+    repository the workflow reads its own files from, common.smk's REPO) the container
+    definition must be a file of it while container.enabled: a missing one was Snakemake's
+    MissingInputException of build_container, many lines and no key."""
     problems = []
     if not config["study"].strip():  # the schema's minLength passed " ", an empty title
         problems.append(_bad("study", config["study"], "must not be blank"))
@@ -497,6 +500,14 @@ def path_problems(config: dict) -> list[str]:
             # " " passed minLength: prepare_data made a directory named " ", then every
             # training job failed (--data-dir must not be empty) and was retried
             problems.append(_bad(key, node, "must not be blank"))
+        elif any(unicodedata.category(c) in ("Cc", "Zl", "Zp") for c in node):
+            # Cc: \n, \r, \t, ...; Zl, Zp: the line and paragraph separators. Snakemake only
+            # warned of a path with a line break, and a trailing tab made a second data_dir
+            # that looks like the first
+            problems.append(
+                _bad(key, node, "no line break, tab or other control character in a path; "
+                     "write it on one line, e.g. results/data")
+            )  # fmt: skip
         elif node.startswith("~") or "$" in node:
             problems.append(
                 _bad(key, node, "no ~ or $VARIABLE: nothing expands them (a directory named "
@@ -516,6 +527,15 @@ def path_problems(config: dict) -> list[str]:
                      "container.enabled: Apptainer's --bind, which brings it into the image, "
                      "separates its fields with them; choose a directory without them")
             )  # fmt: skip
+        elif key == "container.definition" and config["container"]["enabled"] and repo:
+            # the rule's input, paths.repo_file: relative to the repository, an absolute kept
+            found = Path(repo) / node  # an absolute node replaces repo
+            if not found.is_file():
+                problems.append(
+                    _bad(key, node, f"no such file ({found}): an Apptainer definition file, "
+                         "relative to the repository (e.g. containers/trainer.def) or absolute; "
+                         "or container.enabled: false")
+                )  # fmt: skip
     return problems
 
 
@@ -529,12 +549,13 @@ def _unbindable(path: str) -> bool:
     return (os.path.isabs(path) or path.split(os.sep)[0] == os.pardir) and files.unbindable(path)
 
 
-def semantic_problems(config: dict) -> list[str]:
+def semantic_problems(config: dict, repo: str | os.PathLike | None = None) -> list[str]:
     """What the schema cannot check, section by section; disabled families are not checked
     (they are ignored). The run table's own checks need all of these to pass first; the strong
-    target is checked whatever they find."""
+    target is checked whatever they find. `repo`: path_problems' (None: the repository's
+    files unchecked, the proposal's trial configs)."""
     problems = [
-        *path_problems(config),
+        *path_problems(config, repo),
         *line_problems(config),
         *_family_choice_problems(config["families"]),
         *_device_problems(config),
@@ -842,11 +863,19 @@ def proposal_problems(proposal: dict) -> list[str]:
 # entry points
 
 
-def validate(config: dict, *, schema: str | os.PathLike | None = None, source=None) -> dict:
+def validate(
+    config: dict,
+    *,
+    schema: str | os.PathLike | None = None,
+    source=None,
+    repo: str | os.PathLike | None = None,
+) -> dict:
     """Validate `config` IN PLACE (filling defaults, as Snakemake's validate does) and return it.
 
     Raises StudyConfigError listing every problem: schema problems first; the semantic checks run
-    only on a schema-valid config.
+    only on a schema-valid config. `repo`: the repository whose files the config names
+    (container.definition), the workflow's REPO; None: the one the schema lies in at
+    SCHEMA_RELPATH (schema_path(): this checkout, else the working directory), else unchecked.
     """
     if not isinstance(config, dict):
         raise StudyConfigError(
@@ -857,7 +886,10 @@ def validate(config: dict, *, schema: str | os.PathLike | None = None, source=No
     # Python's RecursionError)
     if problem := _depth_problem(config):
         raise StudyConfigError(problem, source=source)
-    loaded = _load_schema(str(schema_path() if schema is None else Path(schema).resolve()))
+    schema_file = schema_path() if schema is None else Path(schema).resolve()
+    loaded = _load_schema(str(schema_file))
+    if repo is None and schema_file.parts[-len(SCHEMA_RELPATH.parts) :] == SCHEMA_RELPATH.parts:
+        repo = schema_file.parents[len(SCHEMA_RELPATH.parts) - 1]
     schema_problems = _schema_problems(config, loaded)
     # a NaN where the schema wants no number (--config study=nan): its line, not "a finite
     # number" as well
@@ -865,7 +897,7 @@ def validate(config: dict, *, schema: str | os.PathLike | None = None, source=No
     problems = [p for p in _non_finite(config) if p.split(": value ", 1)[0] not in keys]
     problems += schema_problems
     if not problems:
-        problems = semantic_problems(config)
+        problems = semantic_problems(config, repo)
     if problems:  # each once: a misfit shared by several precisions was listed per precision
         raise StudyConfigError(list(dict.fromkeys(problems)), source=source)
     one_spelling(config)

@@ -150,6 +150,8 @@ SLURM_SIGNAL_EARLY_S = 60
 # the longest Slurm time limit the plan asks for, in minutes: a year, the schema's bound of
 # hardware.runtime_min/runtime_max (a tiny plan.eval_speedup gave a 303-digit limit)
 LONGEST_LIMIT_MIN = 525600
+# the longest USR1 lead the config takes, s: the schema's maximum of checkpointing.signal_lead_s
+SIGNAL_LEAD_MAX_S = 65535
 # measured runs must match the estimated run in these columns to calibrate it at all
 BASE_KEY = (
     "device",
@@ -453,13 +455,38 @@ def split_jobs(
             f"checkpointing.signal_lead_s + {SLURM_SIGNAL_EARLY_S}) fill it"
         )
     elif epoch_s * safety > checkpointing["signal_lead_s"]:
-        problem = (
-            f"config key 'checkpointing.signal_lead_s': value {checkpointing['signal_lead_s']} "
-            f"is not allowed: {past}, so each of its jobs stops at the end of the epoch in "
-            f"progress at its USR1 warning, and an epoch ({epoch_s:.0f} s x "
-            f"plan.safety_factor) would not end within the lead: at least "
-            f"{math.ceil(epoch_s * safety)}, or shorter epochs (more GPUs)"
+        need = math.ceil(epoch_s * safety)  # s: the lead that one epoch ends within
+        stops = (
+            f"{past}, so each of its jobs stops at the end of the epoch in progress at its USR1 "
+            f"warning, and an epoch ({epoch_s:.0f} s x plan.safety_factor) would not end within "
+            "the lead"
         )
+        # s of a job that such a lead, Slurm's early minute and the start-up leave to training
+        left = most * 60 - need - SLURM_SIGNAL_EARLY_S - startup_s * safety
+        if need <= SIGNAL_LEAD_MAX_S and left > 0:
+            problem = (
+                f"config key 'checkpointing.signal_lead_s': value "
+                f"{checkpointing['signal_lead_s']} is not allowed: {stops}: at least {need}, or "
+                "shorter epochs (more GPUs)"
+            )
+        else:
+            # a lead of an epoch would fill the job (then refused as holding no training) or
+            # pass the schema's maximum: the epoch must fit in one job of its own
+            why = (
+                f"past its maximum {SIGNAL_LEAD_MAX_S}"
+                if need > SIGNAL_LEAD_MAX_S
+                else f"with Slurm's early {SLURM_SIGNAL_EARLY_S} s and the start-up "
+                f"({startup_s:.0f} s x plan.safety_factor) leaves a job of {most} min no training"
+            )
+            # runtime_max's schema maximum is a year: past it only shorter epochs help
+            one_job = (
+                f"at least {limit} (the run in one job), or " if limit <= LONGEST_LIMIT_MIN else ""
+            )
+            problem = (
+                f"config key 'hardware.runtime_max': value {most} is not allowed: {stops}; a "
+                f"lead of {need} s (checkpointing.signal_lead_s) {why}: {one_job}shorter epochs "
+                "(more GPUs)"
+            )
     elif jobs - 1 > checkpointing["retries"]:
         problem = (
             f"config key 'checkpointing.retries': value {checkpointing['retries']} is not "
@@ -974,9 +1001,18 @@ def _overflow(
     where X came from."""
     plan, train = config["plan"], config["train"]
     if basis == "default":
-        source = f"plan.throughput_img_s_per_gpu.{row['precision']}"
+        precision = row["precision"]
+        source = (
+            f"plan.throughput_img_s_per_gpu.{precision} "
+            f"({short(plan['throughput_img_s_per_gpu'][precision])})"
+        )
     else:
         source = f"the measured runs it is calibrated from ({basis}: {RUNS_CSV} or --runs-csv)"
+    if basis in ("default", "precision") and row["world_size"] > 1:
+        # x_rank = that rate x eta(W) (Calibration.throughput_per_rank): a tiny efficiency
+        # makes X tiny whatever the per-GPU rate
+        eta = "efficiency_intra_node" if row["nodes"] <= 1 else "efficiency_inter_node"
+        source += f" x plan.{eta} ({short(plan[eta])})"
     seconds, startup_basis = startup
     name = "plan.startup_s" if startup_basis == "default" else f"start-up ({startup_basis})"
     what = (

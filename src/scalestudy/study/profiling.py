@@ -13,7 +13,12 @@ from dataclasses import dataclass
 
 from scalestudy import vocab
 from scalestudy.errors import PlanError
-from scalestudy.study.estimate import compute_seconds, slurm_runtime_min
+from scalestudy.study.estimate import (
+    LONGEST_LIMIT_MIN,
+    compute_seconds,
+    short,
+    slurm_runtime_min,
+)
 from scalestudy.study.runs import prepared_sizes, trainer_args
 from scalestudy.trainer.config import POWERSGD_START_ITER
 
@@ -98,7 +103,7 @@ def job_seconds(config: dict, row: dict, estimate) -> dict[str, float]:
     return {CAPTURE: capture, NCU: ncu}
 
 
-# what shortens each profiling job, for its refusal past hardware.runtime_max
+# what shortens each profiling job, for its refusal past hardware.runtime_max or a year
 SHORTER = {
     CAPTURE: "profiling.start_step and profiling.steps",
     NCU: "profiling.ncu.top_k (a run per kernel) and profiling.ncu.launch_count",
@@ -108,9 +113,19 @@ SHORTER = {
 def job_minutes(config: dict, row: dict, estimate, rule: str) -> int:
     """Slurm time limit of a profiling job (`rule`), minutes: job_seconds x plan.safety_factor,
     at least hardware.runtime_min; no USR1 lead, as the job gets no --signal (train's only).
-    Past hardware.runtime_max a PlanError: a profiling job takes no checkpoints, so it cannot
-    go on in another job as a training run does (estimate.split_jobs)."""
+    Past a year (LONGEST_LIMIT_MIN, as a training run's: no sbatch takes it) or past
+    hardware.runtime_max a PlanError: a profiling job takes no checkpoints, so it cannot go on
+    in another job as a training run does (estimate.split_jobs)."""
     minutes = slurm_runtime_min(job_seconds(config, row, estimate)[rule], config, warned=False)
+    if minutes > LONGEST_LIMIT_MIN:
+        # before runtime_max's refusal: raising runtime_max (at most a year) cannot fit it
+        key, value = _longest_key(config, row, estimate, rule)
+        raise PlanError(
+            f"config key '{key}': value {short(value)} is not allowed: the {rule} job of run "
+            f"{row['run']} needs a Slurm time limit of {short(minutes)} min, more than a year "
+            f"({LONGEST_LIMIT_MIN} min), which no sbatch takes, and a profiling job cannot go "
+            f"on in another job (no checkpoints): lower {SHORTER[rule]}"
+        )
     most = config["hardware"].get("runtime_max")
     if most is not None and minutes > most:
         raise PlanError(
@@ -120,6 +135,25 @@ def job_minutes(config: dict, row: dict, estimate, rule: str) -> int:
             "profile fewer runs (profiling.gpus, profiling.precisions)"
         )
     return minutes
+
+
+def _longest_key(config: dict, row: dict, estimate, rule: str) -> tuple[str, int]:
+    """The key of SHORTER[rule] that makes the profiling job long, and its value: of
+    profile_capture's window (start_step + steps + 1 steps) the larger part; of profile_ncu's
+    top_k x (T_capture + launch_count x NCU_LAUNCH_S) the factor whose lowest value (1)
+    shortens the job the more (top_k 200000 is 200000 runs, launch_count 10**6 is 10**6
+    launches per kernel)."""
+    prof = config["profiling"]
+    if rule == CAPTURE:
+        key = "steps" if prof["steps"] >= prof["start_step"] else "start_step"
+        return f"profiling.{key}", prof[key]
+    top_k, count = prof["ncu"]["top_k"], prof["ncu"]["launch_count"]
+    capture = job_seconds(config, row, estimate)[CAPTURE]  # s, one run of the job
+    at_one_kernel = capture + count * NCU_LAUNCH_S  # s: the job at top_k 1
+    at_one_launch = top_k * (capture + NCU_LAUNCH_S)  # s: the job at launch_count 1
+    if at_one_kernel <= at_one_launch:
+        return "profiling.ncu.top_k", top_k
+    return "profiling.ncu.launch_count", count
 
 
 def profiling_jobs(config: dict, rows: list[dict], estimates: Mapping) -> list[ProfilingJob]:
