@@ -452,7 +452,9 @@ def split_jobs(
             f"config key 'hardware.runtime_max': value {most} is not allowed: {past}, and a "
             f"job of {most} min holds no training: its start-up ({startup_s:.0f} s x "
             f"plan.safety_factor) and the USR1 warning's lead ({lead} s: "
-            f"checkpointing.signal_lead_s + {SLURM_SIGNAL_EARLY_S}) fill it"
+            f"checkpointing.signal_lead_s + {SLURM_SIGNAL_EARLY_S}) fill it: at least "
+            f"{math.floor((lead + startup_s * safety) / 60) + 1}, or a shorter "
+            "checkpointing.signal_lead_s"
         )
     elif epoch_s * safety > checkpointing["signal_lead_s"]:
         need = math.ceil(epoch_s * safety)  # s: the lead that one epoch ends within
