@@ -93,6 +93,26 @@ def test_train_defaults_agree_with_the_trainer(key):
         )
 
 
+# train: keys that are no run column, and how they reach `scalestudy train` instead
+NOT_COLUMNS = {"pg_timeout_s": "--pg-timeout-s, a resource of the launch rules (common.smk)"}
+
+
+@pytest.mark.parametrize("key", sorted(TRAIN))
+def test_every_train_key_reaches_the_trainer(key):
+    """A train: key reaches the jobs only as a column of the run table (RUN_COLUMNS): one
+    missing there validated, and every run trained at the trainer's own default."""
+    from scalestudy.study import runs
+
+    assert key in runs.RUN_COLUMNS or key in NOT_COLUMNS, (
+        f"train.{key} is no column of study/runs.py RUN_COLUMNS: no run would get its value"
+    )
+    if key in NOT_COLUMNS:
+        common = (Path(__file__).parents[1] / "workflow/rules/common.smk").read_text()
+        assert f'config["train"]["{key}"]' in common, NOT_COLUMNS[key]
+    elif key not in runs._NOT_PASSED:
+        assert key in runs.TRAIN_FLAGS, f"train.{key}: a column, but no `scalestudy train` flag"
+
+
 def test_every_schema_key_has_a_description_and_a_default():
     missing = []
 
