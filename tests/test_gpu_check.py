@@ -196,6 +196,20 @@ def assert_stopped_report(out: Path, line: str, cause: str) -> None:
     assert "pending" not in doc and doc["passed"] is False and doc["checks"] == []
 
 
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core: the node's count is the job's")
+def test_the_checks_threads_are_the_jobs_cores_not_the_nodes():
+    """A Slurm step of one core on a node of many: gpu-check sized its 4 runs' threads and the
+    reference's DataLoader workers from the node's count (os.cpu_count), many threads on one
+    core. A process bound to one core (as `srun -c 1` binds it) counts one."""
+    code = (
+        "import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+        "from scalestudy.jobs import gpu_check; print(gpu_check.usable_cpus(), os.cpu_count())"
+    )
+    out = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, check=True)
+    usable, node = map(int, out.stdout.split())
+    assert (usable, node) == (1, os.cpu_count()), out.stdout
+
+
 def test_an_out_that_is_a_file_or_a_foreign_work_dir_is_refused(tmp_path):
     a_file = tmp_path / "f"
     a_file.write_text("x")

@@ -125,6 +125,18 @@ EXIT_INCOMPLETE = 3  # no check failed, but the budget ran out before some ran
 REPORT_RESERVE_S = 10.0  # kept back from the processes for the report and fixtures
 MIN_START_S = 5.0  # a process is not started with less left than this
 PARALLEL = 4  # correctness runs sharing the GPU at once (16 cores: 4 threads each)
+
+
+def usable_cpus() -> int:
+    """The cores this process may run on: a Slurm step's (`srun -c N`, its CPU binding), not
+    the node's (os.cpu_count: 128 on a GPU node, and 4 checks of 32 threads each ran on the
+    step's one core)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # no affinity call on this platform
+        return os.cpu_count() or 1
+
+
 # seconds one process may take (cold start, cuDNN autotuning, 4 runs sharing the GPU)
 LIMITS_S = {
     "data": 90,
@@ -739,7 +751,7 @@ def check_reference(ctx: Context, precision: str) -> tuple[Check, RunResult]:
     flags = [*timed, "--limit-test", "1024", "--comm-probe-steps", "0"]
     ours = trainer(ctx, f"ours-{precision}", flags, "timed")
     out = ctx.work / "runs" / f"reference-{precision}.json"
-    workers = max(1, min(8, (os.cpu_count() or 2) // 2))  # half the node's cores, at most 8
+    workers = max(1, min(8, usable_cpus() // 2))  # half the job's cores, at most 8
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1"]
     argv += [str(REFERENCE), *timed, "--data-dir", str(ctx.data_dir)]
     argv += ["--num-workers", str(workers), "--out", str(out)]
@@ -1126,7 +1138,7 @@ def run(args: argparse.Namespace) -> int:
     ctx = Context(
         work=work,
         fixtures=out / "fixtures",
-        env=launch.rank_env(child_env(gpus[0]), max(1, (os.cpu_count() or 4) // PARALLEL)),
+        env=launch.rank_env(child_env(gpus[0]), max(1, usable_cpus() // PARALLEL)),
         budget=Budget(t0 + args.budget_s - REPORT_RESERVE_S),
         gpus=gpus,
         only=only,
