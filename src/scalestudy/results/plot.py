@@ -514,8 +514,8 @@ def _series_label(row: dict) -> str:
 
 
 def gpu_util_series(scaling: list[dict]) -> dict[str, list[tuple[int, float, float]]]:
-    """configuration_series of NVML's GPU utilisation (%): a row without it is a window under
-    0.5 s (train.py)."""
+    """configuration_series of NVML's GPU utilisation (%): a row without it has window spans
+    too short for a sample, each of which looks back up to 1 s (train.py gpu_util_mean)."""
     return configuration_series(scaling, "gpu_util_mean")
 
 

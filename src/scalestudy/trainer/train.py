@@ -47,7 +47,8 @@ How the numbers are measured (the analysis relies on these definitions):
   (measure.Meter.warmup_steps): --warmup-steps (metrics.json warmup_steps), but at least
   PowerSGD's 10 uncompressed steps under --comm-hook powersgd and 12 (the captured step's 11
   eager steps and its capture) under cuda_graphs_mode "step". window_steps: the steps inside it.
-- epoch_time_s: median over epochs of the wall time of an epoch's training steps (no evaluation),
+- epoch_time_s: median over epochs of the wall time of an epoch's training steps (no evaluation,
+  rank 0's clock: the ranks synchronise every step, so the others' differ by a step's tail),
   over the epochs whose every step is inside the window (none of a segment's warm-up steps in
   them), over all epochs when no epoch is (a warm-up reaching into the last epoch).
 - step_time_ms_p50/p95: rank 0's step times inside the window (CUDA events on GPU).
@@ -165,10 +166,10 @@ How the numbers are measured (the analysis relies on these definitions):
   the warm-up (--warmup-epochs) is at least as long as the run: then the LR rises through the
   whole run and never decays, ending below peak_lr when the warm-up is longer (lr_max_reached =
   peak_lr x run steps / warm-up steps), and rank 0 warns at start.
-- time_to_target_s: training time (evaluation excluded) until the end of the first epoch whose
-  val_acc reaches --target-acc; null if never reached, or without the flag (the workflow gives
-  none: collect reads runs.csv's off epochs.csv with train.target_acc, so that changing the
-  threshold retrains no run).
+- time_to_target_s: training time (evaluation excluded, rank 0's clock) until the end of the
+  first epoch whose val_acc reaches --target-acc; null if never reached, or without the flag
+  (the workflow gives none: collect reads runs.csv's off epochs.csv with train.target_acc, so
+  that changing the threshold retrains no run).
 - train_time_s: wall time of the whole training loop, evaluation included.
 - final_val_acc, best_val_acc: the last epoch's val_acc, and the highest over every epoch
   (every segment's); epochs.csv holds each.
