@@ -1866,10 +1866,30 @@ def test_a_directory_in_the_way_or_a_bad_mirror_url_is_one_line_naming_it(tmp_pa
         assert cli.main([*argv, "--num-train", "64", "--num-test", "16"]) == 2
         (err,) = capsys.readouterr().err.strip().splitlines()
         assert in_the_way in err, err
+    # a data directory (or its raw/) linked into scratch space since purged: "File exists",
+    # with the advice to check for a failing disk
+    linked = tmp_path / "linked"
+    (linked / "cifar10").mkdir(parents=True)
+    (linked / "synthetic").symlink_to(tmp_path / "purged" / "synthetic")
+    (linked / "cifar10" / "raw").symlink_to(tmp_path / "purged" / "raw")
+    for dataset, link in (("synthetic", "synthetic"), ("cifar10", "cifar10/raw")):
+        argv = ["prepare-data", "--dataset", dataset, "--data-dir", str(linked)]
+        # cifar10: refused at raw/, before any download (port 9: nothing would answer)
+        extra = {"synthetic": ["--num-train", "64"], "cifar10": ["--mirror", "http://127.0.0.1:9/"]}
+        assert cli.main([*argv, *extra[dataset]]) == 2
+        (err,) = capsys.readouterr().err.strip().splitlines()
+        target = tmp_path / "purged" / Path(link).name
+        missing = f"{linked / link} is a symlink to missing {target}"
+        assert missing in err and "dmesg" not in err, err
     argv = ["prepare-data", "--dataset", "mnist", "--data-dir", str(data)]
     assert cli.main([*argv, "--mirror", "http://[::1/"]) == 2
     (err,) = capsys.readouterr().err.strip().splitlines()
     assert "--mirror 'http://[::1/' is no URL (Invalid IPv6 URL)" in err, err
+    # a host name no resolver takes: the codec's text alone, naming neither mirror nor fix
+    for host in ("mirror..example.org", "a" * 64 + ".example.org"):
+        assert cli.main([*argv, "--mirror", f"http://{host}/"]) == 2
+        (err,) = capsys.readouterr().err.strip().splitlines()
+        assert f"--mirror 'http://{host}/': its host name is not valid (" in err, err
 
 
 def test_meta_json_names_where_a_redirect_led(tmp_path: Path, serve, monkeypatch) -> None:

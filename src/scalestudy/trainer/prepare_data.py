@@ -91,7 +91,7 @@ def _download(base_url: str, filename: str, md5: str, raw_dir: Path) -> str:
     if there:
         logger.info(f"prepare-data: {path} is there with the right md5; not downloaded again")
         return os.path.abspath(path)
-    raw_dir.mkdir(parents=True, exist_ok=True)  # a --data-dir that cannot hold it: its own error
+    _make_dir(raw_dir)
     if url.startswith("file://"):  # torchvision's download_url failed on file:// (a traceback)
         _copy_local(url, path, md5)
         return _without_query(url)
@@ -236,6 +236,30 @@ def _save(
         if reading:  # the source's
             raise
         raise _unwritten(f"cannot write {path}", e, path.parent) from e
+
+
+def _make_dir(directory: Path) -> None:
+    """mkdir -p of a directory under --data-dir, or one PreparedDataError judged where it would
+    have been made: a file in the way, a symlink to something missing (scratch space purged
+    under a linked data directory: mkdir said "File exists", read as a failing disk), else
+    the write failure's cause (_unwritten)."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        # lexists: exists() is False for a dangling symlink, which then went unnamed
+        existing = next(p for p in (directory, *directory.parents) if os.path.lexists(p))
+        what = f"cannot create {directory}"
+        if existing.is_symlink() and not existing.exists():
+            raise PreparedDataError(
+                f"{what}: {existing} is a symlink to missing {os.path.realpath(existing)}: "
+                "create that, remove the link, or give another --data-dir"
+            ) from e
+        if not existing.is_dir():  # a file where a directory goes (mkdir names the deepest)
+            raise PreparedDataError(
+                f"{what}: {existing} is in the way (a file, not a directory): remove it or give "
+                "another --data-dir"
+            ) from e
+        raise _unwritten(what, e, existing) from e
 
 
 def _unwritten(what: str, e: BaseException, directory: Path) -> PreparedDataError:
@@ -652,6 +676,14 @@ def prepare(
             "prepare-data does not send: give a URL that needs none (a signed URL's ?token=... "
             f"is kept), or place the file in {out_dir / 'raw'} yourself"
         )
+    try:  # a host name the resolver cannot take (an empty label, "a..b", or one of over 63
+        # characters): urlopen's UnicodeError, a ValueError no download error caught, was a
+        # codec's text naming neither the mirror nor the fix
+        (urllib.parse.urlsplit(mirror or "").hostname or "").encode("idna")
+    except UnicodeError as e:
+        raise ValueError(
+            f"--mirror {_shown(mirror)!r}: its host name is not valid ({e}): fix it"
+        ) from None
     if mirror is not None and "#" in mirror:
         # a fragment is never sent to the server, and a file name joined after it (_url) was
         # no part of the URL asked for: refused, as a mirror that is no URL is
@@ -666,16 +698,7 @@ def prepare(
         return out_dir
 
     meta_path, data_path = out_dir / "meta.json", out_dir / "data.pt"
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:  # judged, and named for its fix, where it would have been made
-        existing = next(p for p in (out_dir, *out_dir.parents) if p.exists())
-        if not existing.is_dir():  # a file where a directory goes (mkdir names the deepest)
-            raise PreparedDataError(
-                f"cannot create {out_dir}: {existing} is in the way (a file, not a directory): "
-                "remove it or give another --data-dir"
-            ) from e
-        raise _unwritten(f"cannot create {out_dir}", e, existing) from e
+    _make_dir(out_dir)
     raw_dir = out_dir / "raw"
     if dataset == "synthetic":
         tensors, classes = make_synthetic(**params)
