@@ -1766,9 +1766,15 @@ def test_the_proposal_reruns_for_the_checkpointing_keys_its_numbers_read():
         "checkpointing.keep=5",
         "checkpointing.every_epochs=2",
         "train.pg_timeout_s=3600",
+        "hardware.mem_mb_per_rank=2000",  # the Slurm request's, not the proposal's
+        "container.image=containers/other.sif",  # read only with container.enabled
     ):
         other = load_and_validate(DEMO, overrides=[*base, same])
         assert proposal.settings_json(other) == settings, same
+    on = ["container.enabled=true"]
+    with_image = load_and_validate(DEMO, overrides=[*base, *on])
+    other_image = load_and_validate(DEMO, overrides=[*base, *on, "container.image=other.sif"])
+    assert proposal.settings_json(with_image) != proposal.settings_json(other_image)
     fewer = load_and_validate(DEMO, overrides=[*base, "checkpointing.retries=90"])
     assert proposal.settings_json(fewer) != settings
     # without runtime_max a run is one job: the lead and the switch set its limit only, which

@@ -144,6 +144,10 @@ def test_paper_pdf_renders_with_its_figures(done):
     # commit; their column wraps now (render_report.tex_breakable)
     wide = re.findall(r"Overfull \\hbox \(([\d.]+)pt too wide\) in \w+ at lines (\S+)", log)
     assert [w for w in wide if float(w[0]) > 1.0] == [], wide
+    # the PDF and its log beside the .tex, none of TeX's and latexmk's other files, which no
+    # rule declares (`snakemake --delete-all-output` left them in reports/)
+    left = {p.suffix for p in (done / "reports").glob("paper.*")}
+    assert left == {".tex", ".pdf", ".log"}, left
 
 
 def _large_study(csv_dir):

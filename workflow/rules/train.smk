@@ -4,7 +4,9 @@
 # layout are params, so changing them does too (not --pg-timeout-s and the checkpointing flags:
 # resources, they do not change what a run measures). The Slurm time limit is the node-hour plan's
 # estimate (its 95% upper end where the scaling model prices it) x plan.safety_factor plus the
-# USR1 lead (study/estimate.py). Checkpoints go to results/checkpoints/{run}/ (not an output); a
+# USR1 lead (study/estimate.py). Checkpoints go to results/checkpoints/{run}/ (not an output,
+# nor are the run's side files: tensorboard/ where TensorBoard is installed, and on GPUs the
+# NVML samples gpu_samples_rank<r>.csv; `--delete-all-output` leaves them); a
 # failed or preempted job (SIGUSR1 before the time limit: exit 75 after a checkpoint) is retried
 # and resumes there.
 rule train:

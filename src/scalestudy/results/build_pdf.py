@@ -12,7 +12,8 @@ build each time: its record of a failed build answered later ones "Nothing to do
 that exits 0 without the PDF beside the .tex fails too. A stop (Ctrl-C, SIGTERM) ends TeX's
 whole process group and leaves neither the PDF nor TeX's files read back by the next build
 (TEX_STATE: each build removes an earlier one's, since one cut short, the .aux or the slides'
-.out and .nav, failed every later build).
+.out and .nav, failed every later build). A build that succeeded leaves the PDF and its .log
+beside the .tex, none of TeX's or latexmk's other files.
 
     scalestudy build-pdf reports/paper.tex
 """
@@ -113,8 +114,14 @@ NO_PGF = (
 TEX_STATE = (".aux", ".out", ".toc", ".nav", ".snm")
 
 
-def _remove_state(tex: Path) -> None:
-    for suffix in TEX_STATE:
+# latexmk's own records of a build: with TEX_STATE, removed after one that succeeded, so that
+# a document leaves its PDF and its .log (TeX's warnings: overfull boxes) beside the .tex, not
+# files no rule declares (`snakemake --delete-all-output` left 16 of them in reports/)
+LATEXMK_RECORDS = (".fls", ".fdb_latexmk")
+
+
+def _remove_state(tex: Path, suffixes: tuple[str, ...] = TEX_STATE) -> None:
+    for suffix in suffixes:
         tex.with_suffix(suffix).unlink(missing_ok=True)
 
 
@@ -293,5 +300,6 @@ def run(args: argparse.Namespace) -> int:
         )
         return 1
     sys.stdout.write(proc.stdout[-4000:])  # latexmk's own output, passed on as it is
+    _remove_state(tex, (*TEX_STATE, *LATEXMK_RECORDS))
     logger.info(f"wrote {pdf}")
     return 0

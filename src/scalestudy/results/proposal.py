@@ -181,6 +181,7 @@ def ceil3(x: float) -> float:
 NOT_PROPOSAL = {
     "checkpointing": ("dir", "every_epochs", "keep"),
     "train": ("pg_timeout_s",),
+    "hardware": ("mem_mb_per_rank",),  # the jobs' Slurm request only
 }
 # ... and these too without hardware.runtime_max: they set the jobs' time limits only, which
 # the request does not price (it prices what the jobs hold: Estimate.held_s); past it they set
@@ -191,13 +192,17 @@ SPLIT_ONLY = {"checkpointing": ("enabled", "signal_lead_s", "retries")}
 
 def settings_json(config: dict) -> str:
     """The config the proposal reads, as JSON: the proposal rules' param (a change reruns them
-    only), all of it but NOT_PROPOSAL, and but SPLIT_ONLY where hardware.runtime_max is null:
+    only), all of it but NOT_PROPOSAL, the container's keys while it is off, and but
+    SPLIT_ONLY where hardware.runtime_max is null:
     past it a run goes on in as many jobs as checkpointing (on, its warning lead) leaves room
     for, each with its start-up, and the request prices them."""
     left_out = {key: set(names) for key, names in NOT_PROPOSAL.items()}
     if (config.get("hardware") or {}).get("runtime_max") is None:
         for key, names in SPLIT_ONLY.items():
             left_out[key] |= set(names)
+    container = config.get("container") or {}
+    if not container.get("enabled"):  # its image and definition are read only while it is on
+        left_out["container"] = set(container) - {"enabled"}
     settings = {
         key: (
             {k: v for k, v in value.items() if k not in left_out[key]}
