@@ -1023,8 +1023,9 @@ def test_a_missing_container_definition_is_refused_naming_the_key(tmp_path, monk
         overrides=on,
     )
     assert load_and_validate(minimal(), overrides=on[1:])  # no container: no input
-    refused(minimal(), "config key 'container.definition'", overrides=[on[0], "container."
-            "definition=containers"])  # a directory  # fmt: skip
+    refused(minimal(), "config key 'container.definition': value \"containers\" is not allowed: "
+            f"a directory ({ROOT / 'containers'})", overrides=[on[0], "container."
+            "definition=containers"])  # a directory, not "no such file"  # fmt: skip
     mine = tmp_path / "mine.def"
     refused(minimal(), f"no such file ({mine})", overrides=[on[0], f"container.definition={mine}"])
     mine.write_text("Bootstrap: docker\nFrom: ubuntu:24.04\n")

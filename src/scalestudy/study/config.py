@@ -531,8 +531,9 @@ def path_problems(config: dict, repo: str | os.PathLike | None = None) -> list[s
             # the rule's input, paths.repo_file: relative to the repository, an absolute kept
             found = Path(repo) / node  # an absolute node replaces repo
             if not found.is_file():
+                what = "a directory" if found.is_dir() else "no such file"
                 problems.append(
-                    _bad(key, node, f"no such file ({found}): an Apptainer definition file, "
+                    _bad(key, node, f"{what} ({found}): an Apptainer definition file, "
                          "relative to the repository (e.g. containers/trainer.def) or absolute; "
                          "or container.enabled: false")
                 )  # fmt: skip
