@@ -705,6 +705,26 @@ def test_the_advisor_keeps_the_default_where_the_fit_finds_no_communication_cost
         assert advice.note.startswith("not enough data: the fit finds no communication cost")
 
 
+@pytest.mark.parametrize("noise", [0.01, -0.01])
+def test_the_advisor_gives_no_cap_from_a_fit_without_a_degree_of_freedom(noise):
+    """One 1-rank run and two caps at 2 ranks: 2 configurations for 2 free parameters, dof 0,
+    no std. A parameter the solver left near its bound 0 (alpha 5e-10 s) passed as resolved,
+    and 1 MiB was advised over DDP's 25 although the runs measured it 2% slower (noise +1%),
+    or a 0.9% gain that is noise (-1%). No communication cost at all here."""
+    step = 0.1
+    rows = [
+        _row("w1", "strong", 1, 1, 64, 25, step),
+        _row("w2_bk1", "bucket", 2, 1, 64, 1, step * (1 + noise)),
+        _row("w2_bk25", "bucket;strong", 2, 1, 64, 25, step * (1 - noise)),
+    ]
+    pts = model.points(rows)[0]
+    fit = model.fit_points(pts)
+    assert fit.dof == 0
+    (advice,) = model.advise(fit, pts)
+    assert advice.bucket_cap_mb is None and advice.gain is None, advice
+    assert advice.note.startswith("not enough data: the fit has no degree of freedom"), advice
+
+
 def test_a_one_rank_run_of_the_bucket_family_is_no_configuration_to_advise():
     """A 1-rank bucket-family run (a hand-made runs.csv: the config refuses one) crashed the
     advisor with IndexError, and `scalestudy model` wrote nothing."""
