@@ -121,9 +121,10 @@ extrapolated (above). "not enough data" without
 a fit identifying alpha and the needed beta, when the model cannot describe the runs
 (`Fit.misfit`), or when the bucket sweep has fewer than 2 distinct bucket counts m (then no
 measurement shows a bucket-size effect: a sweep of 1 and 25 MiB of a width-8 ResNet-18's
-P = 0.7 MB is one bucket at every cap), or when neither alpha nor the needed 1/beta is resolved
-from 0 (`Fit.resolved`: the fit finds no communication cost, and a "gain" between caps would
-be its noise).
+P = 0.7 MB is one bucket at every cap), or when the fit has no degree of freedom (as many
+fitted configurations as free parameters: no std tells its noise from a gain), or when neither
+alpha nor the needed 1/beta is resolved from 0 (`Fit.resolved`: the fit finds no communication
+cost, and a "gain" between caps would be its noise).
 """
 
 from __future__ import annotations
