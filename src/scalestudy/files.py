@@ -495,6 +495,15 @@ def write_csv(
     write_text(path, csv_text(columns, rows, cell))
 
 
+def nearest_existing(path: str | os.PathLike) -> Path:
+    """`path` or its nearest ancestor that exists, a dangling symlink included (lexists:
+    exists() is False for one, which a walk by exists() passed over unnamed)."""
+    existing = Path(path)
+    while not os.path.lexists(existing):
+        existing = existing.parent
+    return existing
+
+
 def output_dir_problem(path: str | os.PathLike) -> str | None:
     """Why files cannot be written into directory `path` (made where missing), or None: a file
     in its place or on its way, a symlink on its way to something missing (`results` ->
@@ -504,9 +513,7 @@ def output_dir_problem(path: str | os.PathLike) -> str | None:
     path = Path(path)
     if path.exists() and not path.is_dir():
         return "is a file, not a directory"
-    existing = path
-    while not os.path.lexists(existing):  # exists() is False for a dangling symlink
-        existing = existing.parent
+    existing = nearest_existing(path)
     if existing.is_symlink() and not existing.exists():
         missing = os.path.realpath(existing)
         return (

@@ -246,8 +246,7 @@ def _make_dir(directory: Path) -> None:
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        # lexists: exists() is False for a dangling symlink, which then went unnamed
-        existing = next(p for p in (directory, *directory.parents) if os.path.lexists(p))
+        existing = files.nearest_existing(directory)
         what = f"cannot create {directory}"
         if existing.is_symlink() and not existing.exists():
             raise PreparedDataError(
