@@ -928,6 +928,19 @@ def test_a_scaling_figure_without_scaling_rows_is_refused_not_drawn_empty(tmp_pa
     rows = [run("w1", "strong", 1, 64, 1000), run("w2", "strong", 2, 64, 1800)]
     data["scaling"] = scaling_rows(rows)
     assert plots.make_figure(figure, tmp_path / "plots", **data)[0].stat().st_size > 0
+    # strong rows whose value is blank in each: the fix is not "enable family strong" (it
+    # was); a throughput is never blank (read_table refuses it: analyze.TABLE_FILLED)
+    if figure == "throughput":
+        return
+    data["scaling"] = [
+        {k: "" if k.startswith(figure) or k.startswith(f"strong_{figure}") else v
+         for k, v in r.items()}
+        for r in data["scaling"]
+    ]  # fmt: skip
+    with pytest.raises(AnalysisError) as refused:
+        plots.make_figure(figure, tmp_path / "blank", **data)
+    assert str(refused.value).startswith("scaling.csv's strong and weak rows have no "), refused
+    assert "no run measured it: see its column in results/csv/runs.csv" in str(refused.value)
 
 
 def _plot_argv(tmp_path: Path) -> list[str]:
@@ -1206,14 +1219,18 @@ def test_a_damaged_targets_csv_is_one_clear_error(tmp_path):
     path = tmp_path / "targets.csv"
     path.write_text("target,value\nstrong_efficiency,0.8\nstrong_efficiency_gpus,8\n")
     assert plots.read_targets(path) == {"strong_efficiency": 0.8, "strong_efficiency_gpus": 8}
-    for damaged in (
-        "target,value\nstrong_efficiency,\n",
-        "target,value\nstrong_efficiency,high\n",
-        "name,value\nstrong_efficiency,0.8\n",
+    for damaged, says in (
+        ("target,value\nstrong_efficiency,\n", "line 2: target 'strong_efficiency' with value ''"),
+        ("target,value\nx,1\n,high\n", "line 3: target '' with value 'high', not a target"),
+        # another table passed for it (scaling.csv): each row's whole dict was the message
+        ("name,value\nstrong_efficiency,0.8\n", "has no column target: it is not the targets"),
     ):
         path.write_text(damaged)
-        with pytest.raises(AnalysisError, match="targets.csv: a row without a target name"):
+        with pytest.raises(AnalysisError) as refused:
             plots.read_targets(path)
+        assert str(refused.value).startswith(f"{path}{',' * says.startswith('line')} {says}"), str(
+            refused.value
+        )
     # no rows (0 bytes, a header alone, another header): the figure was drawn without its
     # target lines, exit 0, where render-report refuses the file
     for empty in ("", "target,value\n", "foo,bar\n"):

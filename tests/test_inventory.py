@@ -248,6 +248,10 @@ def test_the_image_digest_is_the_sha256_of_the_image(tmp_path):
     image.write_bytes(b"not really an image, but bytes to hash" * 1000)
     info = inventory(tmp_path, "--image", str(image))
     assert info["container_digest"] == "sha256:" + hashlib.sha256(image.read_bytes()).hexdigest()
+    # its torch and python are the host's, not the image's: said, where they were unlabelled
+    assert info["software_of"].startswith("this host's Python (")
+    assert "not the image's the ranks run in" in info["software_of"]
+    assert "not the image's" not in inventory(tmp_path)["software_of"]
     missing = inventory(tmp_path, "--image", str(tmp_path / "gone.sif"))
     assert (
         missing["container_digest"].startswith("error:")

@@ -2811,10 +2811,13 @@ def _parse(cap, tmp_path):
     return (list(csv.DictReader((tmp_path / n).open())) for n in ("k.csv", "r.csv"))
 
 
-def test_profile_parse_of_a_real_gpu_capture_gives_projected_phases(tmp_path):
+def test_profile_parse_of_a_real_gpu_capture_gives_projected_phases(
+    tmp_path, capsys, command_logging
+):
     """`scalestudy profile parse --capture` over the H100's torch.profiler capture (its export
     and chrome trace, tests/fixtures/gpu-h100/): the profile CSVs the study's plots read, with
-    the phases projected onto the GPU."""
+    the phases projected onto the GPU. Without the trace its phases are the host's enqueue
+    times: labelled host_range, and said, as nsys's are (they went by without a word)."""
     cap = tmp_path / "capture"
     (cap / "train" / "profile").mkdir(parents=True)
     for name in ("torch_ops_rank0.json", "trace_rank0.json"):
@@ -2828,6 +2831,13 @@ def test_profile_parse_of_a_real_gpu_capture_gives_projected_phases(tmp_path):
     assert {r["time_base"] for r in ranges} == {"gpu_projection"}
     ns = {r["range"]: int(r["total_ns"]) for r in ranges}
     assert ns["backward"] > ns["forward"] > ns["optimizer"] > 0
+    assert "WARNING" not in capsys.readouterr().err
+    (cap / "train" / "profile" / "trace_rank0.json").unlink()
+    _, ranges = _parse(cap, tmp_path)
+    assert {r["time_base"] for r in ranges} == {"host_range"}
+    err = capsys.readouterr().err
+    assert "WARNING w2_test: GPU rank(s) 0 have no GPU operation in a trace_rank<r>.json" in err
+    assert "not GPU time" in err and "scalestudy profile capture" in err
 
 
 def test_a_capture_of_another_run_is_refused(tmp_path, capsys):

@@ -192,6 +192,7 @@ def collect(image: str | None = None) -> dict:
         "time_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "os": platform.platform(),
         "python": platform.python_version(),
+        "software_of": _software_of(image),
         **_gpus(),
         "nvidia_smi_topo": _cmd(["nvidia-smi", "topo", "-m"]),
         "nvidia_smi_version": _cmd(["nvidia-smi", "--version"]),
@@ -205,6 +206,19 @@ def collect(image: str | None = None) -> dict:
         "container_digest": _digest(image),
         "apptainer": _cmd(["apptainer", "--version"]),
     }
+
+
+def _software_of(image: str | None) -> str:
+    """Whose python, torch, CUDA, NCCL and cuDNN the inventory records: those of the Python it
+    runs in, on the host, also in a container study, whose ranks run the image's (each run's
+    metrics.json records those, and the report's software table reads them)."""
+    where = f"this host's Python ({sys.executable})"
+    if not image:
+        return where
+    return (
+        f"{where}, not the image's the ranks run in (container_digest): each run's metrics.json "
+        "records the image's torch, CUDA and NCCL"
+    )
 
 
 SRUN_TIMEOUT_S = 300.0  # the step's start, and collect()'s probes (10 s each) on the node

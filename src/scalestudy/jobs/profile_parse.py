@@ -182,7 +182,7 @@ def parse(args: argparse.Namespace) -> int:
     if tool == "nsys":
         kernels, ranges = nsys.parse_nsys(source, args.run)
     else:
-        kernels, ranges = torch_ops.parse_torch(source, args.run)
+        kernels, ranges, gpu_ranks = torch_ops.read_torch(source, args.run)
     if missing := profile.missing_ranks(manifest, {int(r["rank"]) for r in kernels}):
         # the capture had them: a file lost since would leave those ranks out of every sum
         raise ProfileFormatError(
@@ -211,6 +211,8 @@ def parse(args: argparse.Namespace) -> int:
         )
     if tool == "nsys":
         _warn_phase_time_base(args.run, source, ranges)
+    else:
+        _warn_torch_host_phases(args.run, source, ranges, gpu_ranks)
     logger.info(
         f"{args.run}: {len(kernels)} kernel rows, {len(ranges)} range rows (tool {tool}: {why})"
     )
@@ -241,6 +243,24 @@ def _warn_phase_time_base(run: str, source: Path, ranges: list[dict]) -> None:
                 "report with `nsys export --type sqlite --output <dir>/nsys_rank<r>.sqlite "
                 "<report>.nsys-rep`"
             )
+
+
+def _warn_torch_host_phases(
+    run: str, source: Path, ranges: list[dict], gpu_ranks: list[int]
+) -> None:
+    """Say which GPU ranks' torch.profiler phase times are the host's (host_range: the time to
+    enqueue each phase, not GPU time), as _warn_phase_time_base says it of nsys's: their trace
+    (trace_rank<r>.json) is missing or has no GPU operation. A CPU run's are its real time."""
+    ranks = sorted(
+        {r["rank"] for r in ranges if r["time_base"] == schema.HOST_RANGE} & set(gpu_ranks)
+    )
+    if ranks:
+        logger.warning(
+            f"WARNING {run}: GPU rank(s) {', '.join(map(str, ranks))} have no GPU operation in "
+            f"a trace_rank<r>.json beside their export in {source} (missing, or written "
+            f"without them): their phase times are host times (time_base {schema.HOST_RANGE}), "
+            f"the time to enqueue each phase, not GPU time; {torch_ops.RECAPTURE}"
+        )
 
 
 def merge(args: argparse.Namespace) -> int:

@@ -7,6 +7,7 @@ import bisect
 import json
 import math
 from pathlib import Path
+from typing import NamedTuple
 
 from scalestudy.errors import ProfileFormatError
 from scalestudy.nsight import projection, schema
@@ -17,7 +18,24 @@ RECAPTURE = "capture again with `scalestudy profile capture`"
 
 
 def parse_torch(input_path: str | Path, run: str) -> tuple[list[dict], list[dict]]:
-    """torch_ops_rank{r}.json files (a file or a directory) -> (kernels rows, ranges rows).
+    """torch_ops_rank{r}.json files (a file or a directory) -> (kernels rows, ranges rows):
+    read_torch's, without its GPU ranks."""
+    profile = read_torch(input_path, run)
+    return profile.kernels, profile.ranges
+
+
+class TorchProfile(NamedTuple):
+    """read_torch's result: the profile_kernels and profile_ranges rows, and the ranks whose
+    export has device time (a GPU's: on them a host_range phase is enqueue time, not GPU time,
+    where the trace beside the export was missing or had no GPU operation)."""
+
+    kernels: list[dict]
+    ranges: list[dict]
+    gpu_ranks: list[int]
+
+
+def read_torch(input_path: str | Path, run: str) -> TorchProfile:
+    """torch_ops_rank{r}.json files (a file or a directory) -> their rows and GPU ranks.
 
     Each JSON holds {"ops": [{"name", "count", "self_cpu_us", "cpu_total_us", "self_device_us",
     "device_total_us", "device_type", "user_annotation"}]} (trainer/measure.py,
@@ -65,6 +83,7 @@ def parse_torch(input_path: str | Path, run: str) -> tuple[list[dict], list[dict
     ranges: dict[int, list[dict]] = {}
     time_base: dict[int, str] = {}
     first: dict[int, Path] = {}
+    gpu_ranks = []
     for f in files:
         rank = rank_of(f)
         if (seen := first.setdefault(rank, f)) != f:  # a copy beside it: one would replace the
@@ -73,6 +92,8 @@ def parse_torch(input_path: str | Path, run: str) -> tuple[list[dict], list[dict
             )
         ops = [_entry(f, i, op) for i, op in enumerate(_ops(f))]
         on_gpu = any(op["self_dev"] > 0 for op in ops)
+        if on_gpu:
+            gpu_ranks.append(rank)
         if not on_gpu and (api := _cuda_api_call(ops)):
             raise ProfileFormatError(
                 f, None, f"no GPU activity: the host called the CUDA runtime ({api!r}) but the "
@@ -100,9 +121,10 @@ def parse_torch(input_path: str | Path, run: str) -> tuple[list[dict], list[dict
         phases, time_base[rank] = _phases(ops, _trace_beside(f, trace_phases) if on_gpu else [])
         if phases:
             ranges[rank] = phases
-    return (
+    return TorchProfile(
         schema.kernel_rows(run, "torch.profiler", kernels),
         schema.range_rows(run, "torch.profiler", ranges, time_base),
+        sorted(gpu_ranks),
     )
 
 

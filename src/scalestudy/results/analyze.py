@@ -1389,15 +1389,24 @@ def check_targets(path: str | Path, rows: list[dict], fix: str) -> dict[str, flo
     """targets.csv's rows (read_csv's) as {target: value}, refused in one line where a row has
     no target name or numeric value, a value is outside the schema's range (TARGET_RANGES), or
     one of the strong pair comes alone: read by the figures' target lines and the documents."""
+    # the header first: another table passed for it (scaling.csv) was refused row by row, each
+    # message a 1.5 kB dict of 44 columns that named neither column it lacked
+    missing = [c for c in TARGET_COLUMNS if c not in csv_header(path, rows, fix)]
+    if missing:
+        raise AnalysisError(
+            f"{path} has no column {', '.join(missing)}: it is not the targets table "
+            f"`scalestudy analyze` writes; {fix}"
+        )
     out = {}
-    for r in rows:
+    for line, r in enumerate(rows, start=2):  # line 1 is the header
         try:
             value = files.number(r.get("value"))
         except ValueError:
             value = None  # a word: no number either
         if not r.get("target") or value is None:
             raise AnalysisError(
-                f"{path}: a row without a target name and a numeric value ({r}); {fix}"
+                f"{path}, line {line}: target {r.get('target')!r} with value "
+                f"{r.get('value')!r}, not a target name and a number; {fix}"
             )
         # the schema's ranges, as analyze's flags take them: inf gpus was an OverflowError,
         # a weak deviation of -1 a ZeroDivisionError, a percent (70) a line drawn at 7000 %

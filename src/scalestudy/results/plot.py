@@ -81,14 +81,20 @@ def ideal_throughput(xs: list[int], ys: list[float]) -> list[float]:
     return [ys[0] * x / xs[0] for x in xs]
 
 
-def _drawn(xs_all: list[int], what: str) -> list[int]:
-    """xs_all, refused when empty: a figure with empty axes would pass for a result."""
-    if not xs_all:
+def _drawn(xs_all: list[int], what: str, scaling: list[dict]) -> list[int]:
+    """xs_all, refused when empty: a figure with empty axes would pass for a result. The fix
+    names which is missing: the families (enable one), or the value in each of their rows."""
+    if xs_all:
+        return xs_all
+    if any(r["family"] in FAMILY_STYLE for r in scaling):
         raise AnalysisError(
-            f"scaling.csv has no strong or weak rows with {what}: nothing to draw (run "
-            "`snakemake results/csv/scaling.csv` with family strong or weak enabled)"
+            f"scaling.csv's strong and weak rows have no {what}: nothing to draw (no run "
+            "measured it: see its column in results/csv/runs.csv)"
         )
-    return xs_all
+    raise AnalysisError(
+        f"scaling.csv has no strong or weak rows with {what}: nothing to draw (run "
+        "`snakemake results/csv/scaling.csv` with family strong or weak enabled)"
+    )
 
 
 def _pyplot():
@@ -167,7 +173,7 @@ def plot_throughput(ax, scaling, device, **_):
             lw=1,
             label=f"{family}: ideal X(N0) N / N0",
         )
-    _gpu_axis(ax, _drawn(xs_all, "a throughput"), device)
+    _gpu_axis(ax, _drawn(xs_all, "a throughput", scaling), device)
     ax.set_yscale("log")
     ax.set_ylabel("throughput (images/s, all ranks)")
     ax.legend()
@@ -178,7 +184,7 @@ def plot_efficiency(ax, scaling, device, targets, **_):
         ("strong", "strong_efficiency", "strong E_s = N0 T(N0) / (N T(N))"),
         ("weak", "weak_efficiency", "weak E_w = T(N0) / T(N)"),
     )
-    xs_all = _drawn(_family_errorbars(ax, scaling, series, scale=100), "an efficiency")
+    xs_all = _drawn(_family_errorbars(ax, scaling, series, scale=100), "an efficiency", scaling)
     # a family's target where it ran (targets.csv holds both always), said where the verdicts
     # judge it (analyze: strong at its world size, weak at the largest)
     present = {r["family"] for r in scaling}
@@ -205,7 +211,7 @@ def plot_efficiency(ax, scaling, device, targets, **_):
 
 def plot_epoch_time(ax, scaling, device, **_):
     xs_all = _family_errorbars(ax, scaling, [(f, "epoch_time_s", f) for f in FAMILY_STYLE])
-    _gpu_axis(ax, _drawn(xs_all, "an epoch time"), device)
+    _gpu_axis(ax, _drawn(xs_all, "an epoch time", scaling), device)
     ax.set_yscale("log")
     ax.set_ylabel("time per epoch (s, median epoch, training only)")
     ax.legend()
