@@ -867,6 +867,59 @@ def test_a_ctrl_c_while_the_command_imports_is_held_until_the_imports_are_done()
     assert done.stderr.strip().splitlines()[-1:] == ["scalestudy matrix: interrupted"], done.stderr
 
 
+def test_a_stop_signal_that_c_code_swallowed_still_stops_the_command():
+    """A SIGTERM inside a command's lazy `import torch` (inventory's) raised cli's Stopped where
+    torch's C code imports NumPy, which swallowed it: the command went on, wrote its output and
+    exited 0, and every later SIGTERM was ignored (the first had been taken). Here a real
+    `scalestudy` program whose command swallows it as that import did: it ends as stopped, one
+    line, death by SIGTERM."""
+    script = (
+        "import os, signal, sys\n"
+        "from scalestudy import cli\n"
+        "from scalestudy.study import matrix\n"
+        "run = matrix.run\n"
+        "def swallowing(args):\n"
+        "    try:\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    except KeyboardInterrupt:\n"
+        "        print('swallowed', flush=True)\n"
+        "    return run(args)\n"
+        "matrix.run = swallowing\n"
+        "sys.argv = ['scalestudy', 'matrix', '--config', 'config/demo.yaml', '--out', os.devnull]\n"
+        "raise SystemExit(cli.main())\n"
+    )
+    done = subprocess.run(
+        [PYTHON, "-c", script], cwd=REPO, env=child_env(), capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert done.stdout.startswith("swallowed\n"), (done.stdout, done.stderr[-2000:])
+    assert done.stderr.strip().splitlines()[-1:] == ["scalestudy matrix: stopped by SIGTERM"], (
+        done.stderr
+    )
+    assert done.returncode == -signal.SIGTERM
+
+
+def test_a_deleted_working_directory_is_one_line(tmp_path):
+    """Every command has relative default paths: run from a directory deleted since (a study
+    directory removed in another shell), each was a FileNotFoundError traceback naming no path."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    script = (
+        f"import os, sys\nos.chdir({str(gone)!r})\nos.rmdir({str(gone)!r})\n"
+        "from scalestudy import cli\n"
+        "sys.argv = ['scalestudy', 'plan']\n"
+        "raise SystemExit(cli.main())\n"
+    )
+    done = subprocess.run(
+        [PYTHON, "-c", script], cwd=REPO, env=child_env(), capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+        "scalestudy plan: the working directory no longer exists (deleted or moved): cd to the "
+        "study's directory and run the command again"
+    ], done.stderr
+
+
 def test_a_failure_after_a_stop_signal_is_the_stop():
     """A stop signal to a run without checkpointing (the launch passes SIGTERM to every rank;
     cli's handler raises its Stopped): a rank waiting in a collective lost the Stopped inside

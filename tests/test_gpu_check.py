@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -182,6 +183,52 @@ def test_a_budget_the_setup_used_up_before_prepare_data_is_one_line(tmp_path, mo
         gpu_check.run(args)
     assert str(caught.value).endswith("gpu-check-work/logs/prepare-data.log")
     assert_stopped_report(tmp_path / "o", str(caught.value), "No space left on device")
+
+
+def test_a_gpu_whose_cuda_fails_to_start_is_a_stopped_report(tmp_path, monkeypatch, request):
+    """CUDA that fails to start after is_available() said yes (a faulty node: what the versions
+    check is for) was a traceback, exit 1 (a failed check's), and no report: the earlier one
+    was already deleted. Now the report says why, and one line (GpuCheckError: exit 2)."""
+    stand_in_cuda(monkeypatch, request)
+
+    def versions(ctx):
+        raise RuntimeError("Found no NVIDIA driver on your system.")
+
+    monkeypatch.setattr(gpu_check, "versions", versions)
+    with pytest.raises(GpuCheckError) as caught:
+        gpu_check.run(gpu_check_args("--out", str(tmp_path / "o"), "--budget-s", "60"))
+    line = str(caught.value)
+    assert line == (
+        "reading the GPU and its software failed (RuntimeError: Found no NVIDIA driver on your "
+        "system.): a faulty GPU or driver? see `nvidia-smi`"
+    ), line
+    assert_stopped_report(tmp_path / "o", line, "in versions")
+
+
+def test_a_report_write_that_fails_loses_no_check(tmp_path, monkeypatch, request, caplog):
+    """The report written after each check (progress) raised inside run_checks' pool: the
+    checks still queued ran on and were thrown away, and gpu-check ended in an OSError with the
+    report at its first, all-pending version. A failed write is said; the next one mends it."""
+    stand_in_cuda(monkeypatch, request)
+    monkeypatch.setattr(gpu_check, "prepare_data", lambda ctx: RunResult(rc=0))
+    quick = {n: functools.partial(Check, n, PASS, "stood in") for n in ("nccl1-a", "gloo2-b")}
+    monkeypatch.setattr(gpu_check, "shared_gpu_checks", lambda ctx: quick)
+    monkeypatch.setattr(gpu_check, "timed_checks", lambda ctx: {})
+    monkeypatch.setattr(gpu_check, "check_names", lambda: ["versions", *quick])
+    write, calls = gpu_check.report.write_report, []
+
+    def full_once(out, header, checks):
+        calls.append(len(checks))
+        if len(calls) == 2:  # the write after the first check
+            raise OSError(28, "No space left on device")
+        return write(out, header, checks)
+
+    monkeypatch.setattr(gpu_check.report, "write_report", full_once)
+    gpu_check.run(gpu_check_args("--out", str(tmp_path / "o"), "--budget-s", "60"))
+    doc = json.loads((tmp_path / "o" / "gpu-check.json").read_text())
+    assert sorted(c["name"] for c in doc["checks"]) == ["gloo2-b", "nccl1-a", "versions"], doc
+    assert "pending" not in doc and len(calls) == 4, calls
+    assert "the report so far was not written ([Errno 28] No space left" in caplog.text
 
 
 def assert_stopped_report(out: Path, line: str, cause: str) -> None:

@@ -5,6 +5,7 @@ calibrated estimates of a real tiny study against Snakemake's measured job wall 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import logging
 import math
@@ -2179,6 +2180,21 @@ def test_the_dry_run_totals_keep_their_columns_for_long_rule_names():
     assert [r.index(" jobs") for r in rows] == [rows[0].index(" jobs")] * 2, rows
 
 
+def test_the_dry_run_interval_is_of_the_time_its_runtime_column_prints():
+    """A run split into jobs (past hardware.runtime_max) prints the time its jobs hold their
+    nodes (held_s: a start-up per resumption); its interval was of runtime_s alone, and the
+    printed runtime fell outside it: 4:31:45 [3:38:34-4:22:55] (32 jobs)."""
+    split = estimate.Estimate(
+        "train", "w8_r0", "strong", 2, 8, runtime_s=1000.0, throughput_basis="model",
+        startup_s=100.0, jobs=3, runtime_lo_s=900.0, runtime_hi_s=1100.0,
+    )  # fmt: skip
+    row = next(r for r in plan.format_table([split]).splitlines() if "w8_r0" in r)
+    assert "0:20:00" in row and "* model [0:18:20-0:21:40] (3 jobs)" in row, row
+    one = dataclasses.replace(split, jobs=1)
+    row = next(r for r in plan.format_table([one]).splitlines() if "w8_r0" in r)
+    assert "0:16:40" in row and "* model [0:15:00-0:18:20]" in row, row
+
+
 @pytest.mark.parametrize(
     "key, value",
     [
@@ -2260,11 +2276,20 @@ def test_an_unmeasured_bucket_size_is_priced_by_the_model_not_by_other_buckets_r
     assert one.throughput_img_s == pytest.approx(r["global_batch"] / step(r), rel=1e-6)
     assert step(r) > 1.5 * step({**r, "bucket_cap_mb": 25})  # the latency the cap costs
     assert est["w8_lb64_fp32_ddp_bk25_r0"].throughput_basis == "run"  # measured: itself
-    # its energy is the measured J/img of its precision and world size, another cap's too (no
-    # run of its own: one missing run blanked the study's energy total)
+    # its energy is from the runs of its precision and world size, another cap's too (no run
+    # of its own: one missing run blanked the study's energy total), but as their power over
+    # its own throughput: their J/img at its 1.87x longer step gave the same kWh for a run
+    # 1.87x as long, its 8 GPUs drawing half their measured power; the basis says so
     measured = [dict(m, energy_j_per_img="0.5") for m in measured]
-    one = {e.run: e for e in plan.estimate_runs(config, table, measured)}[one.run]
-    assert one.energy_j_per_img == 0.5 and one.energy_kwh is not None
+    est = {e.run: e for e in plan.estimate_runs(config, table, measured)}
+    one, own = est[one.run], est["w8_lb64_fp32_ddp_bk25_r0"]
+    assert own.energy_j_per_img == 0.5 and own.energy_basis == "run"
+    assert one.energy_basis == f"batch, {estimate.OTHER_CAP}", one.energy_basis
+    assert one.energy_j_per_img * one.throughput_img_s == pytest.approx(
+        0.5 * own.throughput_img_s
+    )  # the same power
+    slower = own.throughput_img_s / one.throughput_img_s
+    assert slower > 1.5 and one.energy_kwh == pytest.approx(own.energy_kwh * slower)
     # without a fit (no 1-rank backward share) the batch level prices it as before: the 25 MiB
     # run's rate, not the precision level's mean over every local batch (further off, shorter)
     # a --runs-csv with another comm hook's runs too: their estimates are per base, and the

@@ -758,16 +758,29 @@ def test_a_production_run_past_runtime_max_is_priced_with_its_resumptions(tmp_pa
         == proposal.ceil3(held)
         > proposal.ceil3(sum(e.runtime_s for e in estimates) / len(estimates) / 3600)
     )
-    # too few retries to split it (the default 2): still a proposal, the run priced as one job
+    assert not [v for (s, _), v in c.items() if s == "request" and "cannot_run" in v]
+    # too few retries to split it (the default 2): still a proposal, the run priced as one job,
+    # which the machine would not start: said beside the row (it was asked for silently)
     config, study = build(tmp_path / "few", *STRONG, *over[::2])
-    write(config, study)
-    prod = next(
-        v
+    docs = write(config, study)
+    item, prod = next(
+        (i, v)
         for (s, i), v in cells(study).items()
         if s == "request" and i.startswith(f"production at {w} ")
     )
     one_job = sum(e.runtime_s for e in estimates) / len(estimates) / 3600
     assert float(prod["hours_per_run"]) == proposal.ceil3(one_job)
+    why = prod["cannot_run"]
+    assert why.startswith("config key 'checkpointing.retries': value 2 is not allowed: run w"), why
+    runs = int(prod["runs"])
+    assert why.endswith(f" ({runs - 1} more of its runs alike)") if runs > 1 else True, why
+    machine = config["proposal"]["machine"] or "the target system"
+    said = f'**"{item}" cannot run as priced on {machine}** (one job per run, past hardware'
+    assert said in docs["proposal.md"] and why in docs["proposal.md"]
+    assert (
+        "cannot run as priced on" in docs["proposal.tex"]
+        and "Cannot run as priced" in docs["slides.tex"]
+    )
 
 
 def test_production_runs_are_priced_new_though_the_study_measured_their_ids(tmp_path):

@@ -35,8 +35,10 @@ pipe's were not written). matrix's preview table and the logger's progress lines
 their reader left unread and go on (exit 0: the command did all its work).
 
 Debugging: `scalestudy --debug <command> ...` (or SCALESTUDY_DEBUG=1 in the environment) prints
-the traceback of expected errors too, and every rank's copy; --debug sets SCALESTUDY_DEBUG, so
-the ranks started by `scalestudy --debug launch` inherit it.
+the traceback of the expected errors this module reports too, and every rank's copy (the
+commands that report their own in one line, matrix, plan, prepare-data, container and
+build-pdf among them, stay one line); --debug sets SCALESTUDY_DEBUG, so the ranks started by
+`scalestudy --debug launch` inherit it.
 """
 
 from __future__ import annotations
@@ -86,18 +88,19 @@ class Stopped(KeyboardInterrupt):
         self.signum = signum
 
 
-# a stop signal came (Stopped raised): later ones are ignored (_stop)
-_stopping = False
+# the first stop signal's number, once it came (Stopped raised): later ones are ignored (_stop)
+_stopping = 0
 
 
 def _stop(signum: int, _frame) -> None:
     """The stop signals' handler: the first raises Stopped; a later one (a closing terminal's
     SIGHUP after a batch system's SIGTERM, a second sender) is ignored, so that it cannot cut
     the first one's cleanup short (a cleanup takes milliseconds; the program then dies of the
-    first)."""
+    first). main() raises it again where the command returned without it: C code swallowed
+    it (torch's import of NumPy, inside a command's lazy `import torch`)."""
     global _stopping
     if not _stopping:
-        _stopping = True
+        _stopping = signum
         raise Stopped(signum)
 
 
@@ -193,6 +196,15 @@ def main(argv: list[str] | None = None) -> int:
             command.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
         if args.debug:
             os.environ[log.DEBUG_ENV] = "1"  # read by log.debug(), here and in every child
+        try:  # every command has relative default paths
+            os.getcwd()
+        except FileNotFoundError:  # was a traceback (FileNotFoundError, no path) in any command
+            log.setup()
+            logger.error(
+                f"scalestudy {_command(args)}: the working directory no longer exists (deleted "
+                "or moved): cd to the study's directory and run the command again"
+            )
+            return 2
         # an output on stdout (`--out-csv /dev/stdout > plan.csv`): the progress lines go to
         # stderr, or they ended up in it, after the table
         to_stderr = any(map(files.is_own_stdout, _arguments(args)))
@@ -202,7 +214,10 @@ def main(argv: list[str] | None = None) -> int:
         if stops:
             _stop_on_signals(True)
         try:
-            return _run(importlib.import_module(SUBCOMMANDS[args.command][0]), args)
+            code = _run(importlib.import_module(SUBCOMMANDS[args.command][0]), args)
+            if stops and _stopping:  # raised, and swallowed on its way: the command went on,
+                raise Stopped(_stopping)  # exit 0, and ignored every later stop signal
+            return code
         finally:  # the command's cleanup is done: a later signal may kill it on the spot
             if stops:
                 _stop_on_signals(False)

@@ -1143,8 +1143,17 @@ def run(args: argparse.Namespace) -> int:
         gpus=gpus,
         only=only,
     )
-    info = versions(ctx)
-    logger.info(f"gpu-check on {info['device_name']} (GPU {gpus[0]}), budget {args.budget_s:.0f} s")
+    try:
+        info, failed = versions(ctx), None
+    except Exception as exc:  # CUDA that fails to start on a faulty node, after is_available()
+        # was a traceback, exit 1 (a failed check's code) and no report: the earlier one was
+        # already gone (prepare_out); now the report says why, and one line, exit 2
+        info = {"error": f"{type(exc).__name__}: {exc}"}
+        failed = "\n".join(traceback.format_exc().splitlines()[-report.TAIL_LINES :])
+    else:
+        logger.info(
+            f"gpu-check on {info['device_name']} (GPU {gpus[0]}), budget {args.budget_s:.0f} s"
+        )
     commit = files.git_commit(Path(scalestudy.__file__).parent)
 
     def make_header(pending: list[str] = ()) -> dict:
@@ -1161,10 +1170,15 @@ def run(args: argparse.Namespace) -> int:
         }
 
     def progress(done: list[Check]) -> None:
-        """The report so far, after each check: what a killed gpu-check leaves."""
+        """The report so far, after each check: what a killed gpu-check leaves. A write that
+        fails (a full disk for a moment) is said and left to the next check's or the last
+        write: raised inside run_checks' pool, it threw away every check still queued."""
         names_done = {c.name for c in done}
         pending = [n for n in names if ctx.wanted(n) and n not in names_done]
-        report.write_report(out, make_header(pending), sorted(done, key=order))
+        try:
+            report.write_report(out, make_header(pending), sorted(done, key=order))
+        except OSError as exc:
+            logger.warning(f"WARNING gpu-check: the report so far was not written ({exc})")
 
     ctx.progress = progress
     ctx.header = make_header
@@ -1181,6 +1195,12 @@ def run(args: argparse.Namespace) -> int:
         report.write_report(out, header, [])
         return GpuCheckError(why)
 
+    if failed is not None:
+        raise stopped(
+            f"reading the GPU and its software failed ({info['error']}): a faulty GPU or "
+            "driver? see `nvidia-smi`",
+            failed,
+        )
     progress([])  # an earlier run's report in DIR must not pass for this one's
     setup_s = time.monotonic() - t0  # the inventory (nvidia-smi, ncu --version), torch's CUDA
     data = prepare_data(ctx)

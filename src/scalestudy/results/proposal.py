@@ -100,6 +100,8 @@ BASIS_SOURCE = "study/estimate.py throughput_basis of its runs"  # a request row
 ENERGY_BASIS_SOURCE = "study/estimate.py energy_basis of its runs"  # and of its J/img
 # a profiling request row's hours: each job's Slurm time limit, from its run's estimate
 PROFILING_SOURCE = "Slurm time limit per profiling job: study/profiling.py job_minutes"
+# why a request row's runs cannot run as priced: one job past hardware.runtime_max
+CANNOT_RUN_SOURCE = "study/estimate.py split_jobs: its refusal of the row's runs"
 MODEL_BASES = ("model", "model, extrapolated")  # the planner's bases of the scaling model
 # the planner's basis of a run priced from another world size's measured runs, rescaled by the
 # plan's efficiency guesses (study/estimate.py, level 5): the documents name these rows too
@@ -387,6 +389,16 @@ def bases(members, kind: str = "throughput_basis") -> str:
     included" where over the window's wall span, or why none: the documents name the rows
     whose kWh include the evaluations)."""
     return "; ".join(dict.fromkeys(getattr(e, kind) for e in members))
+
+
+def cannot_run(members) -> str:
+    """Why a request row's runs cannot run on the machine as priced (Estimate.cannot_split:
+    one job past hardware.runtime_max, where they cannot go on in further jobs), the first
+    run's reason and how many more; "" where they all can."""
+    problems = [e.cannot_split for e in members if e.cannot_split]
+    if len(problems) > 1:
+        return f"{problems[0]} ({len(problems) - 1} more of its runs alike)"
+    return "".join(problems)
 
 
 def _strong_config(
@@ -757,7 +769,11 @@ def proposal_rows(
         energy_basis = bases(members, "energy_basis")
         energy = _row("request", item, "energy_basis", energy_basis, "", ENERGY_BASIS_SOURCE)
         source = planner_source(members, where, calibrate)
-        return [*request_rows(item, members, source, True, calibrate), basis, energy]
+        # a run past hardware.runtime_max that cannot go on in more jobs (no checkpoints, too
+        # few retries) is priced as one job the machine would not start: said beside its row
+        why = cannot_run(members)
+        refused = [_row("request", item, "cannot_run", why, "", CANNOT_RUN_SOURCE)] if why else []
+        return [*request_rows(item, members, source, True, calibrate), basis, energy, *refused]
 
     # priced as plan.md prices them: under plan.calibrate false the planner reads no measured
     # run, so none is done (a finished run past hardware.runtime_max was one job here, past
@@ -943,6 +959,12 @@ def context(tables: dict, rows: list[dict], config: dict, figure_dir: str) -> di
         text={k[1]: q["text"] for k, q in v.items() if k[0] == "text"},
         strong=strong,
         request_items=items("request"),
+        # the request rows whose runs cannot run as priced, and why (cannot_run)
+        refused_items=[
+            (i, v[("request", i)]["cannot_run"])
+            for i in items("request")
+            if "cannot_run" in v[("request", i)]
+        ],
         next_items=[i for i in items("request") if i.startswith("next runs")],
         periods=items("period"),
         thin=thin,

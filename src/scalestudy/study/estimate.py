@@ -186,6 +186,12 @@ LOOKUP = (
 OTHER_CAP_LEVELS = tuple(level for level, own_cap in LOOKUP if own_cap)
 # the levels whose measured J/img a run's energy estimate may take (same precision and world size)
 ENERGY_LEVELS = ("run", "batch", "world size")
+# (level, at the run's own cap): the order Calibration.energy_per_image looks them up in, as
+# LOOKUP's: another cap is another communication time, so another J/img at the same power (a
+# 1 MiB run priced 1.87x as long as the 25 MiB runs took their J/img, its GPUs drawing half
+# their power); at another cap the measured power over the run's priced img/s
+ENERGY_LOOKUP = tuple((level, own) for level, own in LOOKUP if level in ENERGY_LEVELS)
+OTHER_CAP = "another bucket cap"  # said in the energy basis of a J/img so priced
 J_PER_KWH = 3.6e6
 # a J/img measured over the window's wall span (metrics.json energy_wall_j_per_img, train.py):
 # its evaluations and checkpoints between epochs included; said in the basis
@@ -294,6 +300,10 @@ class Estimate:
     # a model estimate beyond the measured runs (model.EXTRAPOLATED: world size on its kind of
     # link, ranks per node, or a local batch outside the 1-rank runs')
     extrapolated: bool = False
+    # why the run cannot go on past hardware.runtime_max in further jobs (split_jobs's
+    # refusal), where it was priced unrefused (the proposal's runs on the machine): one job
+    # past the limit, which the machine would not start; "" where it can run as priced
+    cannot_split: str = ""
 
     @property
     def held_s(self) -> float:
@@ -422,18 +432,18 @@ def split_jobs(
     limit: int,
     config: dict,
     refuse: bool = True,
-) -> tuple[int, int]:
-    """(jobs, time limit in minutes) of a training run whose one job would ask for `limit`
+) -> tuple[int, int, str]:
+    """(jobs, time limit in minutes, "") of a training run whose one job would ask for `limit`
     minutes: (1, limit) within hardware.runtime_max M, else (jobs, M) with jobs of the module
     docstring (`epoch_s`: one epoch at T_max's rate). A PlanError, before any job, where the
     run cannot go on in further jobs: no checkpoints, a job of M minutes that its start-up and
     the USR1 lead fill, an epoch that would not end within the lead (the ranks stop at an
     epoch's end: such a job was killed at M with no checkpoint, every time), or too few
     checkpointing.retries. refuse False (the proposal's runs priced on the machine, not this
-    study's jobs): (1, limit) instead of the refusal."""
+    study's jobs): (1, limit, the refusal's line) instead (Estimate.cannot_split)."""
     most = config["hardware"].get("runtime_max")
     if most is None or limit <= most:
-        return 1, limit
+        return 1, limit, ""
     checkpointing, safety = config["checkpointing"], config["plan"]["safety_factor"]
     past = f"run {run} needs a Slurm time limit of {limit} min, past hardware.runtime_max {most}"
     lead = checkpointing["signal_lead_s"] + SLURM_SIGNAL_EARLY_S
@@ -497,10 +507,10 @@ def split_jobs(
             "more GPUs)"
         )
     else:
-        return jobs, most
+        return jobs, most, ""
     if refuse:
         raise PlanError(problem)
-    return 1, limit
+    return 1, limit, problem
 
 
 # ---------------------------------------------------------------------------------------------
@@ -789,7 +799,8 @@ class Calibration:
         # precision's: both) -> per-rank images/s (precision's: / eta)
         self._levels: dict[tuple, dict] = {}
         self._startup: dict[tuple, list[float]] = {}
-        # (base, level, key, scope) -> measured local batch -> (J/img, per-rank img/s) of its runs
+        # (base, level, key, scope, cap) -> measured local batch -> (J/img, per-rank img/s) of
+        # its runs (cap None: any cap, as _levels)
         self._energy: dict[tuple, dict[int, list[tuple[float, float]]]] = {}
         self._fits: dict[tuple, model.Fit | None] = {}  # per base, fitted when first asked
         for row in self.measured if plan["calibrate"] else []:
@@ -799,8 +810,9 @@ class Calibration:
             lb = int(float(row["local_batch"]))
             rate = float(row["throughput_img_s_per_rank"])  # > 0: a run without is left out
             for level in ENERGY_LEVELS if per_img is not None else ():
-                key = (base, level, _level_key(level, row), scope)
-                self._energy.setdefault(key, {}).setdefault(lb, []).append((per_img, rate))
+                for cap in {_cap(row), None} if level in OTHER_CAP_LEVELS else {None}:
+                    key = (base, level, _level_key(level, row), scope, cap)
+                    self._energy.setdefault(key, {}).setdefault(lb, []).append((per_img, rate))
             per_rank = float(row["throughput_img_s_per_rank"])
             for level in MEASURED_LEVELS:
                 value = per_rank / efficiency(plan, w, nodes) if level == "precision" else per_rank
@@ -874,20 +886,33 @@ class Calibration:
         smaller on a tie, as _at_nearest_batch): its measured power per rank (J/img x img/s,
         their mean) over the run's priced `per_rank` img/s, the run drawing that power for its
         throughput (a mean J/img over every batch, weighted by their repeats, priced a batch of
-        4 at 1.575 J/img where the nearest measured, 8, had 0.3); (None, NOT_MEASURED) else,
-        and (None, NOT_USED) with plan.calibrate false (no measured run read, measured or
-        not)."""
+        4 at 1.575 J/img where the nearest measured, 8, had 0.3). The batch and world-size
+        levels at the run's bucket cap first, then at any cap (ENERGY_LOOKUP), where the J/img
+        is the measured power over the run's img/s too, and the basis says OTHER_CAP;
+        (None, NOT_MEASURED) else, and (None, NOT_USED) with plan.calibrate false (no measured
+        run read, measured or not)."""
         if not self.config["plan"]["calibrate"]:
             return None, NOT_USED
         lb = int(float(row["local_batch"]))
-        for level in ENERGY_LEVELS:
+        for level, own_cap in ENERGY_LOOKUP:
+            mine = _cap(row) if own_cap else None  # None: any cap
+            if own_cap and mine is None:  # no cap to look up: left to the any-cap pass
+                continue
+            # the any-cap pass comes after the run's own cap had none: its runs are of others
+            other = level in OTHER_CAP_LEVELS and not own_cap and _cap(row) is not None
             for scope in ("training", WITH_EVALUATION):
-                batches = self._energy.get((run_base(row), level, _level_key(level, row), scope))
-                if not batches:
+                key = (run_base(row), level, _level_key(level, row), scope, mine)
+                if not (batches := self._energy.get(key)):
                     continue
-                basis = level if scope == "training" else f"{level}, {WITH_EVALUATION}"
+                basis = ", ".join(
+                    [
+                        level,
+                        *([OTHER_CAP] if other else []),
+                        *([scope] if scope != "training" else []),
+                    ]
+                )
                 nearest = min(batches, key=lambda m: (abs(math.log2(m / lb)), m))
-                if nearest == lb or not per_rank:  # its own batch (every level but world size's)
+                if (nearest == lb and not other) or not per_rank:  # its own batch and cap
                     return statistics.fmean(j for j, _ in batches[nearest]), basis
                 power = statistics.fmean(j * rate for j, rate in batches[nearest])
                 return power / per_rank, basis
@@ -943,7 +968,7 @@ def estimate_run(
     # then asks for the limit a new run's gets (runtime_max where it can go on in further
     # jobs: retrain_jobs), not the one-job limit past the partition's MaxTime, which sbatch
     # refuses
-    retrain_jobs, limit = split_jobs(
+    retrain_jobs, limit, cannot_split = split_jobs(
         row["run"], t_max, startup, epoch_s, limit, config, refuse and not done
     )
     if refuse and not done and limit > LONGEST_LIMIT_MIN:  # finite, but no sbatch takes it
@@ -980,6 +1005,7 @@ def estimate_run(
         runtime_hi_s=hi,
         interval_note="" if pred is None else pred.no_interval,
         extrapolated=basis == "model, extrapolated",
+        cannot_split="" if done else cannot_split,  # a done run ran: it was one job
     )
 
 

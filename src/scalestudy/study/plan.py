@@ -34,6 +34,7 @@ from scalestudy.study.estimate import (
     BENCHMARKS_DIR,
     NOT_MEASURED,
     NOT_USED,
+    OTHER_CAP,
     PLAN_COLUMNS,
     PLAN_CSV,
     PLAN_MD,
@@ -112,7 +113,14 @@ def _mark(e: Estimate) -> str:
         return e.throughput_basis
     if not e.calibrated:
         return "default"
-    interval = "" if e.runtime_lo_s is None else f" [{hms(e.runtime_lo_s)}-{hms(e.runtime_hi_s)}]"
+    # of the runtime column's time (held_s: the resumptions' start-ups too), not of runtime_s,
+    # which fell outside it: 4:31:45 [3:38:34-4:22:55] (32 jobs)
+    extra = e.held_s - e.runtime_s
+    interval = (
+        ""
+        if e.runtime_lo_s is None
+        else f" [{hms(e.runtime_lo_s + extra)}-{hms(e.runtime_hi_s + extra)}]"
+    )
     startup = "" if e.startup_basis == "default" else " +startup"
     return f"* {e.throughput_basis}{interval}{startup}"
 
@@ -137,7 +145,8 @@ def format_table(estimates: list[Estimate], note: str = "", gpu: bool | None = N
         "",
         "Node-hour plan (scalestudy): jobs this run would start, estimated runtime per job",
         "(* = calibrated from measured runs in results/csv/runs.csv; "
-        "formula: scalestudy/study/estimate.py)",
+        "formula: scalestudy/study/estimate.py;",
+        " [lo-hi]: the scaling model's 95% interval of the runtime; totals add unrounded hours)",
         f"{'rule':<{rwidth}}  {'run':<{width}}  nodes  GPUs   runtime  node-hours  GPU-hours  "
         "basis",
     ]
@@ -402,14 +411,18 @@ def plan_markdown(
         "",
         "## Per family",
         "",
-        "A run shared by several families counts in each family; the total counts it once.",
+        "A run shared by several families counts in each family; the total counts it once. "
+        "Node-hours = nodes x hours: a run on fewer GPUs than a node (hardware.gpus_per_node) "
+        "counts its whole node (what a machine that allocates whole nodes charges, an upper "
+        "bound where nodes are shared); GPU-hours count its GPUs.",
         "",
         "GPU energy (kWh, training runs, no contingency) = sum of J/img x epochs x N_train / "
         "3.6e6, J/img measured (NVML) on runs of the same precision and world size (over "
         "their training spans, else over the window's wall span, the evaluations between its "
         "epochs included: the "
         "run's energy basis says which; of another local batch, the nearest measured one's "
-        "power, J/img x img/s, over the run's img/s); `not measured` when any run of the row "
+        "power, J/img x img/s, over the run's img/s, and of another DDP bucket cap alike, the "
+        f"basis saying `{OTHER_CAP}`); `not measured` when any run of the row "
         "has no such "
         "measurement; `not used (plan.calibrate false)` when the plan reads no measured run.",
         "",
@@ -485,7 +498,8 @@ def plan_markdown(
         "there is one, x safety_factor plus checkpointing.signal_lead_s and 60 s (checkpointing "
         "on: Slurm may send the USR1 warning up to 60 s before its lead, man sbatch --signal), "
         "at least hardware.runtime_min, so the warning never comes before runtime x "
-        "safety_factor.",
+        "safety_factor. Hours are to the nearest 0.001 here; the totals above add the unrounded "
+        "hours (rounded up), so the rows' printed sum may differ from them by rounding.",
         "",
         "| run | families | nodes | GPUs | runtime | interval | node-hours | GPU-hours | basis "
         "| done |",
