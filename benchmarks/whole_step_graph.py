@@ -1,18 +1,22 @@
-"""How fast one training step can go when the whole step is one CUDA graph: a measurement of the
-ceiling above the trainer's default (docs/benchmarks.md, "Trainer speed").
+"""How fast one training step can go when the whole step is one CUDA graph: the measurement that
+made it the trainer's default on CUDA (docs/benchmarks.md, "Trainer speed").
 
-The trainer's default on a GPU (torch.compile's "reduce-overhead" mode) replays one CUDA graph per
-compiled piece, but between the replays the host still runs autograd, DDP's reducer and the
-optimizer: at local batch 64 that host time (4.9 ms per step on the H200 node) is the step's
-time. Capturing forward, backward (with DDP's all-reduces, which NCCL lets a graph hold) and the
-fused SGD step as one graph leaves the host one replay per step. This script measures, on the
-same network, data and optimizer as the trainer, in one process per variant:
+torch.compile's "reduce-overhead" mode (the trainer's `--cuda-graphs on`, its default on CUDA
+until the whole-step graph) replays one CUDA graph per compiled piece, but between the replays
+the host still runs autograd, DDP's reducer and the optimizer: at local batch 64 that host time
+(4.9 ms per step on the H200 node) is the step's time. Capturing forward, backward (with DDP's
+all-reduces, which NCCL lets a graph hold) and the fused SGD step as one graph leaves the host
+one replay per step: `--cuda-graphs step`, which `auto` (the default) now picks where it fits
+(trainer/compiling.py). This script measures, on the same network, data and optimizer as the
+trainer, in one process per variant, one run each (no repeats: a ratio between variants of one
+run, without a spread):
 
     eager            plain step: batch -> forward -> backward -> fused SGD step
     compiled         the step with torch.compile (default mode)
-    compiled-graphs  torch.compile "reduce-overhead": the trainer's default on CUDA
+    compiled-graphs  torch.compile "reduce-overhead": the trainer's `--cuda-graphs on`
     whole-eager      the eager step captured once as one CUDA graph, replayed
-    whole-compiled   the compiled step captured once as one CUDA graph, replayed
+    whole-compiled   the compiled step captured once as one CUDA graph, replayed: the
+                     trainer's `--cuda-graphs step` (auto's pick on CUDA where it fits)
 
 The whole-* variants wrap the step in the trainer's own StepGraph (trainer/step_graph.py, what
 --cuda-graphs step runs): WARM_STEPS eager steps on a side stream, one capture, then replays,

@@ -951,8 +951,15 @@ def test_checkpoint_stall_measures_a_single_save_per_mode(tmp_path, monkeypatch,
     monkeypatch.setattr(sys, "argv", [*argv, "--repeats", "1"])
     stall.main()
     lines = capsys.readouterr().out.splitlines()
-    assert [line.split()[0] for line in lines[:2]] == ["sync", "async"], lines
-    assert all("n=1 " in line and "mean=" in line and "sd=" not in line for line in lines[:2])
+    assert [line.split()[0] for line in lines[:3]] == ["plain", "sync", "async"], lines
+    assert all("n=1 " in line and "mean=" in line and "sd=" not in line for line in lines[:3])
+    # the ratios against the plain reference (a torch.save in the loop), from the means printed
+    means = {line.split()[0]: float(line.split("mean=")[1].split()[0]) for line in lines[:3]}
+    for mode, line in zip(("async", "sync"), lines[3:5], strict=True):
+        assert line.startswith(f"{mode} / plain stall: "), lines
+        ratio = float(line.split(": ")[1].split()[0])
+        # the means as printed (4 decimals of a few ms): the ratio's way up, not its last digit
+        assert ratio == pytest.approx(means[mode] / means["plain"], rel=0.1), lines
     monkeypatch.setattr(sys, "argv", [*argv, "--repeats", "0"])
     with pytest.raises(SystemExit) as exit_:
         stall.main()
