@@ -24,11 +24,20 @@ from scalestudy import files
 @pytest.mark.parametrize(
     ("rule", "holds", "refused"),
     [
-        (files.count(1), ["1", " 12 ", 3], ["0", "-1", "1.5", "2.0", "1e3", "inf", "", "x"]),
+        # a JSON integer past a float's range (10**400 in a metrics.json) was an OverflowError
+        (
+            files.count(1),
+            ["1", " 12 ", 3],
+            ["0", "-1", "1.5", "2.0", "1e3", "inf", "", "x", 10**400],
+        ),
         (files.count(0), ["0", "7"], ["-0", "0.0", "-1", "", "None"]),
         # a whole number in a range: collect's epoch number, the row's place (2, once)
         (files.Cell("2", 2, 2, whole=True), ["2", " 2 "], ["1", "3", "7", "2.0", ""]),
-        (files.NUMBER, ["-3.5", "0", "1e300"], ["inf", "-inf", "nan?", "x", ""]),
+        (
+            files.NUMBER,
+            ["-3.5", "0", "1e300", 10**300],
+            ["inf", "-inf", "nan?", "x", "", -(10**400)],
+        ),
         (files.POSITIVE, ["1e-9", "250.5"], ["0", "-0.0", "-1", "inf", ""]),
         (files.NON_NEGATIVE, ["0", "0.0", "5"], ["-1e-9", "inf", "1e400", "abc", ""]),
         (files.FRACTION, ["0", "0.5", "1"], ["1.0001", "-0.1", "83", ""]),
@@ -45,6 +54,36 @@ from scalestudy import files
 def test_a_cell_rule_holds_what_the_writer_writes_and_nothing_else(rule, holds, refused):
     assert [t for t in holds if not rule.holds(t)] == []
     assert [t for t in refused if rule.holds(t)] == []
+
+
+def test_a_csv_header_that_names_a_column_twice_is_refused(tmp_path):
+    """Each row's dict kept the last cell under a repeated name: an edited epochs.csv with a
+    second val_acc was read as that column, the first one dropped without a word."""
+    path = tmp_path / "epochs.csv"
+    path.write_text("epoch,val_acc,lr,val_acc\n1,0.35,0.1,0.99\n")
+    with pytest.raises(ValueError) as refused:
+        files.read_csv_table(path, ValueError, "fix it")
+    assert str(refused.value) == (
+        f"{path}, line 1: column 'val_acc' appears twice in the header; fix it"
+    )
+    path.write_text("epoch,val_acc,lr\n1,0.35,0.1\n")
+    assert files.read_csv_table(path, ValueError, "fix it")[1] == [
+        {"epoch": "1", "val_acc": "0.35", "lr": "0.1"}
+    ]
+
+
+def test_the_directories_an_atomic_write_makes_are_synced(tmp_path, monkeypatch):
+    """A write into directories it made synced only the file's own directory: the entries of
+    the new directories in their parents could be lost in a crash (fsync(2)), and the file with
+    them, on a file system that orders nothing for free (a cluster's)."""
+    synced = []
+    sync = files.fsync_dir
+    monkeypatch.setattr(files, "fsync_dir", lambda d: (synced.append(Path(d)), sync(d)))
+    files.write_text(tmp_path / "a" / "b" / "c.csv", "x\n")
+    assert synced == [tmp_path, tmp_path / "a", tmp_path / "a" / "b"]
+    synced.clear()  # a rewrite makes none: its directory alone
+    files.write_text(tmp_path / "a" / "b" / "c.csv", "y\n")
+    assert synced == [tmp_path / "a" / "b"]
 
 
 def test_a_rule_says_what_it_wants():

@@ -187,12 +187,18 @@ def _staged(path: str | os.PathLike, mode: str, **kwargs: Any) -> Iterator[tuple
     target = write_target(path)  # a symlink stays, the file it points to is replaced
     if target.is_dir():  # the rename onto "." or "/" said "Device or resource busy"
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), os.fspath(path) or ".")
+    existing = nearest_existing(target.parent)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
     except FileExistsError as exc:  # "results: File exists" for a link to a purged directory
         if why := output_dir_problem(target.parent):
             raise OSError(exc.errno, f"its directory {why}", os.fspath(path)) from None
         raise
+    # the directories made here survive a crash too (fsync(2): each new entry's directory is
+    # synced; _replace syncs the file's own): a network file system gives no ordering for free
+    made = [d for d in target.parent.parents if d == existing or existing in d.parents]
+    for directory in reversed(made):
+        fsync_dir(directory)
     try:  # a rewrite keeps the file's permissions (a file made 0600 on purpose stays so)
         old = os.stat(target)
     except OSError:  # a new file: made as open() makes it
@@ -661,7 +667,12 @@ def number(value: Any) -> float | None:
     if isinstance(value, bool):
         raise ValueError(f"{value!r} is a boolean, not a number")
     if isinstance(value, int | float):
-        return None if isinstance(value, float) and math.isnan(value) else float(value)
+        if isinstance(value, float):
+            return None if math.isnan(value) else value
+        try:  # a JSON integer past a float's range (10**400): OverflowError, a traceback
+            return float(value)
+        except OverflowError:
+            return math.inf if value > 0 else -math.inf  # as float("1e400") reads its text
     text = str(value).strip()
     if text in ("", "None", "null", "nan", "NaN"):
         return None
@@ -791,6 +802,10 @@ def read_csv_table(
     rows = []
     try:
         header = next(lines, [])
+        # a name twice: each row's dict kept the last cell under it, and every reader took
+        # that column for the first (an edited epochs.csv's second val_acc, silently)
+        if twice := sorted({name for name in header if header.count(name) > 1}):
+            raise error(f"{path}, line 1: column {twice[0]!r} appears twice in the header; {fix}")
         for cells in lines:
             if not cells:  # a blank line, skipped (as csv.DictReader does)
                 continue
