@@ -464,6 +464,19 @@ def _wait_for_epochs(out: Path, n: int, proc: subprocess.Popen, timeout: float =
     raise AssertionError(f"no {n} epochs in {csv} after {timeout} s")
 
 
+def _wait_for(ready, proc: subprocess.Popen, what: str, timeout: float = 120) -> None:
+    """Poll `ready()` until true while the run goes on; AssertionError naming `what` where the
+    run ends first or `timeout` passes."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended before {what}:\n{proc.communicate()}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"no {what} after {timeout} s")
+        time.sleep(0.02)
+
+
 def _sigterm_after_epoch_1(data_dir: Path, out: Path, ckdir: Path) -> tuple[str, str]:
     """Start a 1-rank run checkpointing every 2 epochs, SIGTERM it once epoch 1 is written, and
     return its (stdout, stderr) after it stopped with the preemption exit code (75)."""
@@ -550,8 +563,10 @@ def test_a_stop_signal_in_the_last_epoch_finishes_the_run_and_says_so(data_dir, 
     out, ckdir = tmp_path / "run", tmp_path / "ckpt"
     flags = ("--epochs", "2", "--checkpoint-dir", str(ckdir), "--diag-data-delay-ms", "300")
     proc = _start(data_dir, out, *flags)
-    _wait_for_epochs(out, 1, proc)
-    time.sleep(1.0)  # into epoch 2 (8 steps of 0.3 s), past epoch 1's stop agreement
+    # into epoch 2 (8 steps of 0.3 s), past epoch 1's stop agreement: its checkpoint, saved
+    # after the agreement, is written (a fixed 1 s after epoch 1's row was too short on busy
+    # cores: the run then stopped after epoch 1, exit 75)
+    _wait_for(lambda: bool(ck.list_checkpoints(ckdir)), proc, "epoch 1's checkpoint")
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 0, stderr
@@ -959,6 +974,8 @@ def epoch_end(self, state, seen):
         f.write(f"{state.window_time - before} ")
     return seconds
 def slow_write(*args, **kwargs):
+    if os.environ.get("SAVE_STARTED"):  # the test's cue: the write is in flight
+        open(os.environ["SAVE_STARTED"], "w").close()
     time.sleep(float(os.environ["SLOW_SAVE_S"]))
     return real_write(*args, **kwargs)
 measure.Meter.epoch_end, checkpoint.write_checkpoint = epoch_end, slow_write
@@ -1473,10 +1490,12 @@ def test_a_peer_failing_during_rank_0s_background_write_keeps_that_checkpoint(da
     # 8 steps of at least 0.2 s: epoch 2 is still training when rank 1 dies (at its end rank 0
     # would wait for the write anyway, before the next save)
     cmd += ["--diag-data-delay-ms", "200"]
-    env = child_env(SLOW_SAVE_S="6", WINDOW_LOG=str(tmp_path / "window"))
+    started = tmp_path / "save-started"
+    env = child_env(SLOW_SAVE_S="6", WINDOW_LOG=str(tmp_path / "window"), SAVE_STARTED=str(started))
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    _wait_for_epochs(out, 1, proc)
-    time.sleep(0.5)  # epoch 1's save has begun: its write sleeps 6 s, then writes
+    # epoch 1's write has begun (it sleeps 6 s, then writes): a fixed 0.5 s after epoch 1's row
+    # was too short on busy cores, rank 1 then killed in the stop agreement before the save
+    _wait_for(started.exists, proc, "epoch 1's checkpoint write to begin")
     t0 = time.monotonic()
     os.kill(worker_pids(proc.pid)[1], signal.SIGKILL)
     _, stderr = proc.communicate(timeout=120)

@@ -581,7 +581,7 @@ def test_two_new_outputs_in_one_directory_reached_by_two_mounts_are_one_file(tmp
     except (OSError, subprocess.TimeoutExpired):
         usable = False
     if not usable:
-        pytest.skip("no mount namespace of its own here (unshare -rm)")
+        need("a mount namespace of its own (unshare -rm)", "run the tests as root (CI does)")
     from workflow_helpers import child_env
 
     proc = subprocess.run(

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from workflow_helpers import need
 
 from scalestudy import vocab
 from scalestudy.errors import LaunchError
@@ -648,7 +649,7 @@ def protected_regular():
         old = knob.read_text()
         knob.write_text("1")
     except OSError as exc:
-        pytest.skip(f"cannot set {knob}: {exc}")
+        need(f"a writable {knob}", f"run the tests as root, /proc/sys writable (CI): {exc}")
     try:
         yield
     finally:

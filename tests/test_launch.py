@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import re
 import signal
@@ -266,6 +267,54 @@ def test_a_container_image_that_is_not_there_names_the_build_command(tmp_path):
         f"scalestudy launch: {image}: no such image file: build it with `scalestudy container "
         f"build {REPO / 'containers/trainer.def'} {image} --context {REPO}`"
     ]
+
+
+def test_the_inventory_and_the_ranks_read_the_image_once(tmp_path, monkeypatch):
+    """The rule train ran `scalestudy inventory --image IMG` and then `scalestudy launch
+    --container IMG`: each read the whole image for its digest (a multi-GB .sif on a shared file
+    system, twice a job). `launch --inventory OUT` writes the inventory before the ranks start
+    with the digest the command carries: one read. The ranks' exec is stood in (it would start
+    them), as is apptainer (tests/stand-ins)."""
+    from scalestudy import files, vocab
+
+    image = tmp_path / "trainer.sif"
+    image.write_bytes(b"an image" * 1000)
+    for name in [k for k in os.environ if k.startswith("SLURM_")]:
+        monkeypatch.delenv(name)
+    # set by launch for the inventory (it then execs): unset again after the test
+    monkeypatch.setenv(vocab.CONTAINER_DIGEST_ENV, "")
+    monkeypatch.setenv("PATH", f"{REPO / 'tests' / 'stand-ins'}{os.pathsep}{os.environ['PATH']}")
+    read, sha256 = [], files.sha256
+    monkeypatch.setattr(files, "sha256", lambda path, **kw: (read.append(path), sha256(path))[1])
+
+    class Started(Exception):
+        pass
+
+    def execvpe(program, argv, env):
+        raise Started(argv)
+
+    monkeypatch.setattr(launch.os, "execvpe", execvpe)
+    parser = argparse.ArgumentParser()
+    launch.add_arguments(parser)
+    out = tmp_path / "system" / "r.json"
+    args = parser.parse_args(
+        ["--container", str(image), "--inventory", str(out), "--", "--device", "cpu"]
+    )
+    with pytest.raises(Started) as started:
+        launch.run(args)
+    digest = "sha256:" + sha256(image)
+    assert read == [str(image)], read  # once, for both
+    assert f"{vocab.CONTAINER_DIGEST_ENV}={digest}" in started.value.args[0]
+    info = json.loads(out.read_text())
+    assert info["container_digest"] == digest
+    assert "not the image's the ranks run in" in info["software_of"]
+    # --inventory onto the image itself: refused before it is read or replaced
+    args = parser.parse_args(
+        ["--container", str(image), "--inventory", str(image), "--", "--device", "cpu"]
+    )
+    with pytest.raises(LaunchError, match="--inventory"):
+        launch.run(args)
+    assert image.read_bytes() == b"an image" * 1000
 
 
 def test_gpu_and_container_go_together(tmp_path):

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from workflow_helpers import BIN, REPO, copy_repo, env, planned_jobs, write_config
+from workflow_helpers import BIN, REPO, copy_repo, env, need, planned_jobs, write_config
 
 DEMO = REPO / "scripts" / "demo.sh"
 LOCAL_SLURM = REPO / "scripts" / "local-slurm.sh"
@@ -377,13 +377,12 @@ def test_targets_after_a_double_dash_stay_targets_with_the_demos_config(targets,
     assert parsed.targets == targets
 
 
-@pytest.mark.skipif(
-    os.geteuid() != 0 or not shutil.which("unshare"), reason="a private /etc/hosts needs root"
-)
 def test_local_slurm_adds_its_hosts_lines_after_a_last_line_without_newline(tmp_path):
     """`start` glued its line to a last line without a newline (node1 then resolved to the other
     host's address), and `stop` removed that host's entry with it. /etc/hosts here is a copy,
     bind-mounted in a private mount namespace."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        need("root and unshare (a private /etc/hosts)", "run the tests as root (CI does)")
     hosts = tmp_path / "hosts"
     hosts.write_text("127.0.0.1 localhost\n10.0.0.5 fileserver")
     script = f"""

@@ -1187,11 +1187,13 @@ def test_the_config_overrides_are_found_by_comparing_with_the_files():
     for layer in (layers[1], overrides):
         update_config(config, copy.deepcopy(layer))
     assert layers[1]["profiling"]["enabled"] is True
+    # as --config takes them: "train.epochs=9", as named once, Snakemake refuses ("Config
+    # entry must start with a valid identifier")
     assert studyconfig.config_overrides(config, layers) == [
         "dataset=cifar100",
-        "train.epochs=9",
-        "profiling.enabled=1",
-        "extra.a=[1, 2]",
+        'train={"epochs": 9}',
+        'profiling={"enabled": 1}',
+        'extra={"a": [1, 2]}',
     ]
     assert studyconfig.config_overrides(studyconfig.load_yaml(FULL), layers[:1]) == []
     assert studyconfig.layers_source(["a.yaml"], ["k=v"]) == "a.yaml + --config k=v"

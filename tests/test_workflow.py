@@ -346,11 +346,11 @@ def test_changing_a_profile_setting_reruns_nothing(done):
 
 def launch_flags(proc: subprocess.CompletedProcess) -> list[list[str]]:
     """The trainer flags of each `scalestudy launch` a `snakemake -n -p` printed (after `--`, up
-    to the log's `>>`), one per planned training job."""
+    to the log's `>`), one per planned training job."""
     launches = [ln for ln in proc.stdout.splitlines() if "scalestudy launch " in ln]
     assert len(launches) == planned_jobs(proc)["train"] > 0
     argvs = [shlex.split(line.split("scalestudy launch ", 1)[1]) for line in launches]
-    return [argv[argv.index("--") + 1 : argv.index(">>")] for argv in argvs]
+    return [argv[argv.index("--") + 1 : argv.index(">")] for argv in argvs]
 
 
 @pytest.mark.parametrize("change", [{"dir": "results/ckpt2"}, {"enabled": False}])
@@ -465,7 +465,7 @@ def test_bad_config_fails_before_any_job(done, tmp_path, override, message):
                 "train={precision: bf16}",
             ],
             "config/config.yaml + {work}/tiny.yaml + --config dataset=imagenet "
-            "train.precision=bf16",
+            'train={{"precision": "bf16"}}',  # as --config takes it (not train.precision=bf16)
         ),
         (
             ["--configfile", "bad.yaml", "--config", "repeats=1"],

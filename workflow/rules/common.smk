@@ -185,10 +185,6 @@ def get_software(wildcards):
     return resources.software_stack(config)
 
 
-def get_inventory_flags(wildcards):
-    return ["--image", *IMAGE] if IMAGE else []
-
-
 def repo_file(path):
     """A file of the repository (code, template, recipe) as the rules name it (study/paths.py)."""
     return paths.repo_file(REPO, path)

@@ -1,5 +1,6 @@
 # One training run = one job: its ranks start through srun on Slurm (one per GPU) or as local
-# processes (scalestudy launch), after a system inventory of the job's allocation. Trainer
+# processes (scalestudy launch), after a system inventory of the job's allocation (launch
+# --inventory: the image, a multi-GB .sif, read once for both its digests). Trainer
 # sources and the image are inputs, so changing them reruns training; the flags and the rank
 # layout are params, so changing them does too (not --pg-timeout-s and the checkpointing flags:
 # resources, they do not change what a run measures). The Slurm time limit is the node-hour plan's
@@ -38,12 +39,10 @@ rule train:
         flags=get_train_flags,
         data_dir=subpath(input.meta, ancestor=2),
         out=subpath(output.metrics, parent=True),
-        inventory=get_inventory_flags,
     shell:
         launch_shell(
-            "scalestudy inventory --out {output.system:q} {params.inventory:q} > {log:q} 2>&1 "
-            "&& scalestudy launch",
+            "scalestudy launch --inventory {output.system:q}",
             "--out {params.out:q} --checkpoint-dir={resources.checkpoint_dir:q} "
             "--checkpoint-every {resources.checkpoint_every} "
-            "--checkpoint-keep {resources.checkpoint_keep} >> {log:q} 2>&1",
+            "--checkpoint-keep {resources.checkpoint_keep} > {log:q} 2>&1",
         )

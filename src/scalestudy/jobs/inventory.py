@@ -192,7 +192,7 @@ def collect(image: str | None = None) -> dict:
         "time_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "os": platform.platform(),
         "python": platform.python_version(),
-        "software_of": _software_of(image),
+        "software_of": _software_of(image or os.environ.get(vocab.CONTAINER_DIGEST_ENV)),
         **_gpus(),
         "nvidia_smi_topo": _cmd(["nvidia-smi", "topo", "-m"]),
         "nvidia_smi_version": _cmd(["nvidia-smi", "--version"]),
@@ -208,12 +208,13 @@ def collect(image: str | None = None) -> dict:
     }
 
 
-def _software_of(image: str | None) -> str:
+def _software_of(container: str | None) -> str:
     """Whose python, torch, CUDA, NCCL and cuDNN the inventory records: those of the Python it
-    runs in, on the host, also in a container study, whose ranks run the image's (each run's
-    metrics.json records those, and the report's software table reads them)."""
+    runs in, on the host, also in a container study (`container`: the image, or its digest,
+    the ranks run in), whose ranks run the image's (each run's metrics.json records those, and
+    the report's software table reads them)."""
     where = f"this host's Python ({sys.executable})"
-    if not image:
+    if not container:
         return where
     return (
         f"{where}, not the image's the ranks run in (container_digest): each run's metrics.json "
@@ -379,14 +380,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--image", default=None, help="the Apptainer image of the run, if any")
 
 
+def write_for_job(out: str | os.PathLike, image: str | None = None) -> dict:
+    """for_job(image) written to `out` (atomically) and said in the log: `scalestudy inventory`
+    and `scalestudy launch --inventory` (the rule train's, with the image's digest in
+    CONTAINER_DIGEST_ENV: the image read once for the command and the record)."""
+    info = for_job(image)
+    files.write_json(out, info)
+    gpus = info["gpus"]
+    what = f"{len(gpus)} GPU(s)" if isinstance(gpus, list) else f"GPUs: {gpus}"
+    logger.info(f"inventory of {info['hostname']}: {what}, torch {info['torch']} -> {out}")
+    if info.get("gpus_warning"):
+        logger.warning(f"WARNING {info['gpus_warning']}")
+    return info
+
+
 def run(args: argparse.Namespace) -> int:
     # the run's image replaced by its JSON (`--out X.sif --image X.sif`), said done
     files.check_distinct({"--out": args.out}, {"--image": args.image}, ScalestudyError)
-    info = for_job(args.image)
-    files.write_json(args.out, info)
-    gpus = info["gpus"]
-    what = f"{len(gpus)} GPU(s)" if isinstance(gpus, list) else f"GPUs: {gpus}"
-    logger.info(f"inventory of {info['hostname']}: {what}, torch {info['torch']} -> {args.out}")
-    if info.get("gpus_warning"):
-        logger.warning(f"WARNING {info['gpus_warning']}")
+    write_for_job(args.out, args.image)
     return 0

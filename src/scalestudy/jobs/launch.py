@@ -130,6 +130,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="command (one shell-quoted string) every rank runs the trainer under, e.g. the "
         "profiler wrapper `python -m scalestudy profile rank ... --` (jobs/profile.py)",
     )
+    parser.add_argument(
+        "--inventory",
+        default=None,
+        metavar="OUT",
+        help="write the system inventory of the run's allocation (`scalestudy inventory`) to "
+        "this JSON file before the ranks start; with --container the image is read once for "
+        "both (its digest)",
+    )
     parser.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
     parser.add_argument(
         "train_args", nargs=argparse.REMAINDER, help="-- then the flags of `scalestudy train`"
@@ -195,12 +203,15 @@ def build_command(args: argparse.Namespace, env: dict[str, str]) -> list[str]:
     python = [*prefix, sys.executable]
     if args.container:
         # the image's own python; its digest goes into metrics.json (container_digest)
-        from scalestudy.jobs.container_exec import exec_prefix
+        from scalestudy.jobs.container_exec import exec_prefix, image_digest
 
         own_binds, real_paths = container_paths(config, Path.cwd())
         # the wrapper's, then the trainer's: each directory once
         binds = list(dict.fromkeys([*getattr(args, "container_binds", ()), *own_binds]))
-        digest = getattr(args, "container_digest", None)  # else hashed here (exec_prefix)
+        # hashed once (a multi-GB .sif on a shared file system), kept for run's --inventory
+        if not getattr(args, "container_digest", None):
+            args.container_digest = image_digest(args.container)
+        digest = args.container_digest
         python = [*exec_prefix(args.container, gpu=args.gpu, binds=binds, digest=digest)]
         python += [*prefix, "python"]
         train_args = [*train_args, *real_paths]  # the last of a flag wins (argparse)
@@ -353,6 +364,9 @@ def bind_of(what: str, path: str | os.PathLike, cwd: Path) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     env = dict(os.environ)
+    if inventory_out := getattr(args, "inventory", None):  # the image replaced by its JSON
+        files.check_distinct({"--inventory": inventory_out}, {"--container": args.container},
+                             LaunchError)  # fmt: skip
     # a LaunchError (the trainer's flags checked too): one line from cli.main, exit 2
     cmd = build_command(args, env)
     # intra-op threads per rank = the cores Slurm (or the config) gave it
@@ -373,6 +387,12 @@ def run(args: argparse.Namespace) -> int:
             elif program == "apptainer":
                 why = " (--container runs each rank in the image: `module load apptainer`)"
             raise LaunchError(f"{program} is not on PATH{why}")
+    if inventory_out:  # the rule train's record of the allocation: where the ranks run
+        from scalestudy.jobs import inventory
+
+        if args.container:  # its digest as hashed for the command: not read again
+            os.environ[vocab.CONTAINER_DIGEST_ENV] = args.container_digest
+        inventory.write_for_job(inventory_out)
     hold_local_gpus(env, args.nodes * args.ranks_per_node, args.train_args)
     os.execvpe(cmd[0], cmd, env)
 

@@ -1277,14 +1277,22 @@ def layers_source(
 def config_overrides(config: Mapping, layers: Iterable[Mapping]) -> list[str]:
     """The values of `config` that its config files do not give: Snakemake's --config
     overrides, known by their effect (no public API holds them). `layers` is what the files
-    hold (check_files), merged in order as Snakemake merges them; each value of `config` they
-    lack or give otherwise is "dotted.key=VALUE" (a string as it is, else JSON). An override
-    equal to the files' value is not listed: it changes nothing. Call it before validate,
-    which fills the defaults in."""
+    hold (check_files), merged in order as Snakemake merges them; the values of `config` they
+    lack or give otherwise, as --config takes them: "KEY=VALUE" per top-level key (a string as
+    it is, else JSON: `train={"epochs": 3}`; "train.epochs=3", as named once, is no --config
+    argument Snakemake takes). An override equal to the files' value is not listed: it changes
+    nothing. Call it before validate, which fills the defaults in."""
     merged: dict = {}
     for layer in layers:
         _merge(merged, layer)
-    return [_shown_override(key, value) for key, value in _leaves(config, merged)]
+    given: dict = {}
+    for key, value in _leaves(config, merged):
+        *parents, last = key.split(".")
+        node = given
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return [_shown_override(key, value) for key, value in given.items()]
 
 
 _ABSENT = object()

@@ -175,8 +175,9 @@ PACKAGE = Path("src") / "scalestudy"
 # what a training job runs: the trainer package and the launcher that starts its ranks
 TRAINER_PACKAGES = ("trainer",)
 TRAINER_MODULES = ("jobs/launch.py",)
-# never a code input, though a launch job runs it: the node record (`scalestudy inventory`, and
-# `profile capture --inventory`) says where a job ran and measures nothing, and an edit to it
+# never a code input, though a launch job runs it: the node record (`launch --inventory`, the
+# rule train's, and `profile capture --inventory`) says where a job ran and measures nothing,
+# and an edit to it
 # would rerun every training or profiling job's GPU hours
 NOT_CODE_INPUTS = ("jobs/inventory.py",)
 
