@@ -939,8 +939,11 @@ def test_a_scaling_figure_without_scaling_rows_is_refused_not_drawn_empty(tmp_pa
     ]  # fmt: skip
     with pytest.raises(AnalysisError) as refused:
         plots.make_figure(figure, tmp_path / "blank", **data)
-    assert str(refused.value).startswith("scaling.csv's strong and weak rows have no "), refused
-    assert "no run measured it: see its column in results/csv/runs.csv" in str(refused.value)
+    what = {"efficiency": "an efficiency", "epoch_time": "an epoch time"}[figure]
+    assert str(refused.value) == (
+        f"none of scaling.csv's strong and weak rows has {what}: nothing to draw (no run "
+        "measured it: see results/csv/runs.csv, which `scalestudy analyze` reads)"
+    )
 
 
 def _plot_argv(tmp_path: Path) -> list[str]:
@@ -1220,15 +1223,15 @@ def test_a_damaged_targets_csv_is_one_clear_error(tmp_path):
     path.write_text("target,value\nstrong_efficiency,0.8\nstrong_efficiency_gpus,8\n")
     assert plots.read_targets(path) == {"strong_efficiency": 0.8, "strong_efficiency_gpus": 8}
     for damaged, says in (
-        ("target,value\nstrong_efficiency,\n", "line 2: target 'strong_efficiency' with value ''"),
-        ("target,value\nx,1\n,high\n", "line 3: target '' with value 'high', not a target"),
+        ("target,value\nstrong_efficiency,\n", "row 1: target 'strong_efficiency' with value ''"),
+        ("target,value\nx,1\n\n,high\n", "row 2: target '' with value 'high', not a target"),
         # another table passed for it (scaling.csv): each row's whole dict was the message
         ("name,value\nstrong_efficiency,0.8\n", "has no column target: it is not the targets"),
     ):
         path.write_text(damaged)
         with pytest.raises(AnalysisError) as refused:
             plots.read_targets(path)
-        assert str(refused.value).startswith(f"{path}{',' * says.startswith('line')} {says}"), str(
+        assert str(refused.value).startswith(f"{path}{',' * says.startswith('row')} {says}"), str(
             refused.value
         )
     # no rows (0 bytes, a header alone, another header): the figure was drawn without its

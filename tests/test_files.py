@@ -70,6 +70,11 @@ def test_a_csv_header_that_names_a_column_twice_is_refused(tmp_path):
     assert files.read_csv_table(path, ValueError, "fix it")[1] == [
         {"epoch": "1", "val_acc": "0.35", "lr": "0.1"}
     ]
+    # a spreadsheet's blank columns past the table (`,,`) name nothing twice: read as before
+    path.write_text("epoch,val_acc,,\n1,0.35,,\n")
+    assert files.read_csv_table(path, ValueError, "fix it")[1] == [
+        {"epoch": "1", "val_acc": "0.35", "": ""}
+    ]
 
 
 def test_the_directories_an_atomic_write_makes_are_synced(tmp_path, monkeypatch):

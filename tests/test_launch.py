@@ -636,6 +636,42 @@ def test_a_stop_signal_to_the_launch_itself_is_the_ranks_stop(data_dir, tmp_path
     assert list((tmp_path / "ckpt").glob("epoch-*")), err
 
 
+def test_a_stop_signal_while_launch_writes_the_inventory_is_one_line(tmp_path):
+    """launch was cli.OWN_STOP (it execs srun or torchrun's agent, which handle the signals):
+    once it wrote the node record first (--inventory), a SIGTERM there killed it on the spot,
+    nothing said, its nvidia-smi probe (or an srun on the job's first node) left running. Now
+    one line, death by the signal, and no probe left. nvidia-smi is a stand-in that hangs."""
+    bin_dir, pids = tmp_path / "bin", tmp_path / "pids"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\necho $$ >> {pids}\nexec sleep 60\n")
+    smi.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+    argv = [sys.executable, "-m", "scalestudy", "launch", "--inventory", str(tmp_path / "i.json")]
+    proc = subprocess.Popen(
+        [*argv, "--", "--device", "cpu"], env=env, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (pids.exists() and pids.read_text().strip()):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == -signal.SIGTERM, err
+    assert err.splitlines()[-1] == "scalestudy launch: stopped by SIGTERM", err
+    assert not (tmp_path / "i.json").exists()
+    probe = int(pids.read_text().split()[0])
+    time.sleep(0.5)  # subprocess.run kills its child on the way out
+    assert (
+        not Path(f"/proc/{probe}").exists()
+        or "zombie" in Path(f"/proc/{probe}/status").read_text().lower()
+    ), "the nvidia-smi probe was left running"
+
+
 def test_a_stop_signal_without_checkpoints_is_the_launchs_line_alone(data_dir, tmp_path):
     """SIGTERM to the launch of ranks without checkpointing: they die of it, and torchrun's
     "E... failed (exitcode: -15) local_rank: 0 ... of binary" stayed between rank 0's line

@@ -1332,7 +1332,7 @@ def test_a_pdflatex_that_stops_before_its_log_is_named_by_its_own_line(
         ("model-value", "model.csv, line 2: value = '0.05x' is not a finite number or blank"),
         ("model-std", "model.csv, line 2: std = 'inf' is not a finite number or blank"),
         ("advice-gain", "bucket_advice.csv, line 2: default_bucket_cap_mb = 'x' is not"),
-        ("targets-word", "targets.csv, line 2: target 'strong_efficiency' with value 'one pe"),
+        ("targets-word", "targets.csv, row 1: target 'strong_efficiency' with value 'one per"),
         # bucket_advice.csv may hold no row, but not be 0 bytes or another table's header
         ("empty-bucket_advice", "bucket_advice.csv has no rows (not even a header)"),
         ("foreign-bucket_advice", "bucket_advice.csv has no column world_size, nodes, precision"),

@@ -1191,10 +1191,13 @@ def test_the_config_overrides_are_found_by_comparing_with_the_files():
     # entry must start with a valid identifier")
     assert studyconfig.config_overrides(config, layers) == [
         "dataset=cifar100",
-        'train={"epochs": 9}',
-        'profiling={"enabled": 1}',
-        'extra={"a": [1, 2]}',
+        """'train={"epochs": 9}'""",
+        """'profiling={"enabled": 1}'""",
+        """'extra={"a": [1, 2]}'""",
     ]
+    # a key with a dot in it stays one key (it was nested by its dotted name, or a TypeError)
+    dotted = {**copy.deepcopy(layers[0]), "x": {"a": 2, "a.b": 3}}
+    assert studyconfig.config_overrides(dotted, layers[:1]) == ["""'x={"a": 2, "a.b": 3}'"""]
     assert studyconfig.config_overrides(studyconfig.load_yaml(FULL), layers[:1]) == []
     assert studyconfig.layers_source(["a.yaml"], ["k=v"]) == "a.yaml + --config k=v"
     assert studyconfig.layers_source([], []) is None

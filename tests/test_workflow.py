@@ -465,7 +465,7 @@ def test_bad_config_fails_before_any_job(done, tmp_path, override, message):
                 "train={precision: bf16}",
             ],
             "config/config.yaml + {work}/tiny.yaml + --config dataset=imagenet "
-            'train={{"precision": "bf16"}}',  # as --config takes it (not train.precision=bf16)
+            """'train={{"precision": "bf16"}}'""",  # as --config takes it, not train.precision=bf16
         ),
         (
             ["--configfile", "bad.yaml", "--config", "repeats=1"],

@@ -21,8 +21,9 @@ terminal) end the program as Ctrl-C does: `scalestudy <command>: stopped by SIGT
 cleanup (the temp files of files.py's atomic writes removed; Python's default action was death
 on the spot, and prepare-data left its part of the CIFAR-10 archive in raw/ for good), then
 death by that signal (128 + N from main()). Not in the commands that handle them themselves
-(OWN_STOP: train with --checkpoint-dir checkpoints on SIGTERM and SIGHUP, launch's torchrun
-agent passes them to the ranks), and a signal ignored when the program starts (nohup's
+(OWN_STOP: train with --checkpoint-dir checkpoints on SIGTERM and SIGHUP; launch's handler
+lasts until it execs srun or torchrun's agent, which pass them to the ranks), and a signal
+ignored when the program starts (nohup's
 SIGHUP) stays ignored. A command may take them over for a while and give them back: profile
 capture and ncu while their ranks' launch runs (supervise.run_to_end passes them on to it;
 then the command's own line, `... stopped by SIGTERM (passed on to the ranks' launch)`, and
@@ -68,14 +69,17 @@ INTERRUPTED_EXIT = 130
 STOP_SIGNALS = vocab.STOP_SIGNALS
 
 # the commands that handle the stop signals themselves: train (checkpoint, exit 75: with
-# --checkpoint-dir, _owns_stop), launch (execs srun or torchrun's agent, which passes them to
-# the ranks), gpu-check (kills its checks' process groups), and profile rank (execs the
-# profiler around a rank). Not profile capture and ncu: their ranks' launch owns the signals
+# --checkpoint-dir, _owns_stop), gpu-check (kills its checks' process groups), and profile rank
+# (execs the profiler around a rank). Not launch: it execs srun or torchrun's agent, which
+# passes them to the ranks (exec gives the new program their default actions), and before it
+# writes the node record (--inventory: seconds, an srun on the job's first node for up to
+# 300 s), where a stop killed it on the spot, silently, its probes left running. Not profile
+# capture and ncu: their ranks' launch owns the signals
 # while it runs (supervise.run_to_end: passed on to it, then its Stopped, 128 + N from
 # profile.run), and this handler is theirs again after it; in OWN_STOP, nothing handled them
 # outside the launch, and a stop during `nsys stats` or `ncu --import` killed the job on the
 # spot, silently, left the import's temp file and the tool running on, orphaned
-OWN_STOP = {"train", "launch", "gpu-check", "profile rank"}
+OWN_STOP = {"train", "gpu-check", "profile rank"}
 
 
 class Stopped(KeyboardInterrupt):

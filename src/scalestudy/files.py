@@ -803,8 +803,9 @@ def read_csv_table(
     try:
         header = next(lines, [])
         # a name twice: each row's dict kept the last cell under it, and every reader took
-        # that column for the first (an edited epochs.csv's second val_acc, silently)
-        if twice := sorted({name for name in header if header.count(name) > 1}):
+        # that column for the first (an edited epochs.csv's second val_acc, silently); not
+        # a spreadsheet's blank-named columns past the table's (`target,value,,`), read before
+        if twice := sorted({name for name in header if name and header.count(name) > 1}):
             raise error(f"{path}, line 1: column {twice[0]!r} appears twice in the header; {fix}")
         for cells in lines:
             if not cells:  # a blank line, skipped (as csv.DictReader does)

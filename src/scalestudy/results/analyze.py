@@ -1398,14 +1398,14 @@ def check_targets(path: str | Path, rows: list[dict], fix: str) -> dict[str, flo
             f"`scalestudy analyze` writes; {fix}"
         )
     out = {}
-    for line, r in enumerate(rows, start=2):  # line 1 is the header
+    for row, r in enumerate(rows, start=1):  # a row, not a line: blank lines are skipped
         try:
             value = files.number(r.get("value"))
         except ValueError:
             value = None  # a word: no number either
         if not r.get("target") or value is None:
             raise AnalysisError(
-                f"{path}, line {line}: target {r.get('target')!r} with value "
+                f"{path}, row {row}: target {r.get('target')!r} with value "
                 f"{r.get('value')!r}, not a target name and a number; {fix}"
             )
         # the schema's ranges, as analyze's flags take them: inf gpus was an OverflowError,

@@ -88,8 +88,8 @@ def _drawn(xs_all: list[int], what: str, scaling: list[dict]) -> list[int]:
         return xs_all
     if any(r["family"] in FAMILY_STYLE for r in scaling):
         raise AnalysisError(
-            f"scaling.csv's strong and weak rows have no {what}: nothing to draw (no run "
-            "measured it: see its column in results/csv/runs.csv)"
+            f"none of scaling.csv's strong and weak rows has {what}: nothing to draw (no run "
+            "measured it: see results/csv/runs.csv, which `scalestudy analyze` reads)"
         )
     raise AnalysisError(
         f"scaling.csv has no strong or weak rows with {what}: nothing to draw (run "

@@ -22,6 +22,7 @@ import json
 import math
 import os
 import re
+import shlex
 import unicodedata
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -1279,20 +1280,29 @@ def config_overrides(config: Mapping, layers: Iterable[Mapping]) -> list[str]:
     overrides, known by their effect (no public API holds them). `layers` is what the files
     hold (check_files), merged in order as Snakemake merges them; the values of `config` they
     lack or give otherwise, as --config takes them: "KEY=VALUE" per top-level key (a string as
-    it is, else JSON: `train={"epochs": 3}`; "train.epochs=3", as named once, is no --config
-    argument Snakemake takes). An override equal to the files' value is not listed: it changes
-    nothing. Call it before validate, which fills the defaults in."""
+    it is, else JSON: `'train={"epochs": 3}'`, shell-quoted; "train.epochs=3", as named once,
+    is no --config argument Snakemake takes). An override equal to the files' value is not
+    listed: it changes nothing. Call it before validate, which fills the defaults in."""
     merged: dict = {}
     for layer in layers:
         _merge(merged, layer)
-    given: dict = {}
-    for key, value in _leaves(config, merged):
-        *parents, last = key.split(".")
-        node = given
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[last] = value
-    return [_shown_override(key, value) for key, value in given.items()]
+    # shell-quoted: `train={"epochs": 3}` unquoted is split at its space, its quotes dropped
+    return [shlex.quote(_shown_override(k, v)) for k, v in _changed(config, merged).items()]
+
+
+def _changed(config: Mapping, given) -> dict:
+    """The part of `config` (its nesting kept, by key, not by a dotted name: a key with a dot
+    in it stays one key) that `given` lacks or holds otherwise, as _leaves compares."""
+    given = given if isinstance(given, Mapping) else {}
+    out = {}
+    for key, value in config.items():
+        there = given.get(key, _ABSENT)
+        if isinstance(value, Mapping) and value:
+            if inner := _changed(value, there):
+                out[key] = inner
+        elif there is _ABSENT or _canonical(value) != _canonical(there):
+            out[key] = value
+    return out
 
 
 _ABSENT = object()

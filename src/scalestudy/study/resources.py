@@ -177,8 +177,7 @@ TRAINER_PACKAGES = ("trainer",)
 TRAINER_MODULES = ("jobs/launch.py",)
 # never a code input, though a launch job runs it: the node record (`launch --inventory`, the
 # rule train's, and `profile capture --inventory`) says where a job ran and measures nothing,
-# and an edit to it
-# would rerun every training or profiling job's GPU hours
+# and an edit to it would rerun every training or profiling job's GPU hours
 NOT_CODE_INPUTS = ("jobs/inventory.py",)
 
 
