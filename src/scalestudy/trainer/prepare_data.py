@@ -628,6 +628,66 @@ def _is_current(out_dir: Path, dataset: str, params: dict[str, Any]) -> bool:
     return all(math.isclose(a, b, rel_tol=1e-9) for a, b in zip(stored, [*mean, *std], strict=True))
 
 
+def _check_mirror(mirror: str | None, out_dir: Path) -> None:
+    """A ValueError naming the fix where --mirror is no URL prepare-data can fetch from: one
+    with credentials, a host name the resolver cannot take, or a fragment (out_dir: where a
+    file placed by hand goes)."""
+    try:
+        _, at, host = urllib.parse.urlsplit(mirror or "").netloc.rpartition("@")
+    except ValueError as e:  # 'http://[::1/': "Invalid IPv6 URL", naming nothing
+        raise ValueError(f"--mirror {_shown(mirror)!r} is no URL ({e}): fix it") from None
+    if at:
+        # urllib sends no credentials from a URL: it looked user:password@host up as a host
+        # name ("Name or service not known"), and the error line printed the password
+        raise ValueError(
+            f"--mirror gives a user name or password (user:password@{host}), which "
+            "prepare-data does not send: give a URL that needs none (a signed URL's ?token=... "
+            f"is kept), or place the file in {out_dir / 'raw'} yourself"
+        )
+    try:  # a host name the resolver cannot take (an empty label, "a..b", or one of over 63
+        # characters): urlopen's UnicodeError, a ValueError no download error caught, was a
+        # codec's text naming neither the mirror nor the fix
+        (urllib.parse.urlsplit(mirror or "").hostname or "").encode("idna")
+    except UnicodeError as e:
+        raise ValueError(
+            f"--mirror {_shown(mirror)!r}: its host name is not valid ({e}): fix it"
+        ) from None
+    if mirror is not None and "#" in mirror:
+        # a fragment is never sent to the server, and a file name joined after it (_url) was
+        # no part of the URL asked for: refused, as a mirror that is no URL is
+        raise ValueError(
+            f"--mirror {_shown(mirror)!r} has a fragment (#...), which no server is sent: give "
+            "the mirror's URL without it (a query, ?..., is kept)"
+        )
+
+
+def _obtain(
+    dataset: str, params: dict, mirror: str | None, raw_dir: Path
+) -> tuple[dict, list[str], str]:
+    """(tensors, class names, source) of the dataset: made (synthetic), or downloaded into
+    raw_dir (md5-checked; an archive already there is used) and converted; source says where
+    the files came from."""
+    if dataset == "synthetic":
+        tensors, classes = make_synthetic(**params)
+        source = "synthetic"
+    elif dataset == "cifar10":
+        base = mirror or CIFAR10_URL
+        ((filename, md5),) = CIFAR10_FILES.items()
+        # where the archive came from: the mirror, or raw/ when the one there was used
+        source = _download(base, filename, md5, raw_dir)
+        _extract(raw_dir / filename, raw_dir)
+        tensors, classes = convert_cifar10(raw_dir)
+    else:
+        mirrors = [mirror] if mirror else list(MNIST_MIRRORS)
+        used = set()
+        for filename, md5 in MNIST_FILES.items():
+            used.add(_download_any(mirrors, filename, md5, raw_dir))
+            _extract(raw_dir / filename, raw_dir)  # .gz -> plain idx file
+        tensors, classes = convert_mnist(raw_dir)
+        source = " ".join(sorted(used))
+    return tensors, classes, source
+
+
 def prepare(
     dataset: str,
     data_dir: str | Path,
@@ -663,33 +723,7 @@ def prepare(
         params = {k: SYNTHETIC_DEFAULTS[k] if v is None else v for k, v in given.items()}
     elif any(v is not None for v in (num_train, num_test, seed)):
         raise ValueError("--num-train/--num-test/--seed apply only to --dataset synthetic")
-    try:
-        _, at, host = urllib.parse.urlsplit(mirror or "").netloc.rpartition("@")
-    except ValueError as e:  # 'http://[::1/': "Invalid IPv6 URL", naming nothing
-        raise ValueError(f"--mirror {_shown(mirror)!r} is no URL ({e}): fix it") from None
-    if at:
-        # urllib sends no credentials from a URL: it looked user:password@host up as a host
-        # name ("Name or service not known"), and the error line printed the password
-        raise ValueError(
-            f"--mirror gives a user name or password (user:password@{host}), which "
-            "prepare-data does not send: give a URL that needs none (a signed URL's ?token=... "
-            f"is kept), or place the file in {out_dir / 'raw'} yourself"
-        )
-    try:  # a host name the resolver cannot take (an empty label, "a..b", or one of over 63
-        # characters): urlopen's UnicodeError, a ValueError no download error caught, was a
-        # codec's text naming neither the mirror nor the fix
-        (urllib.parse.urlsplit(mirror or "").hostname or "").encode("idna")
-    except UnicodeError as e:
-        raise ValueError(
-            f"--mirror {_shown(mirror)!r}: its host name is not valid ({e}): fix it"
-        ) from None
-    if mirror is not None and "#" in mirror:
-        # a fragment is never sent to the server, and a file name joined after it (_url) was
-        # no part of the URL asked for: refused, as a mirror that is no URL is
-        raise ValueError(
-            f"--mirror {_shown(mirror)!r} has a fragment (#...), which no server is sent: give "
-            "the mirror's URL without it (a query, ?..., is kept)"
-        )
+    _check_mirror(mirror, out_dir)
     if not force and _is_current(out_dir, dataset, params):
         logger.info(
             f"prepare-data: {out_dir} is prepared and intact; nothing to do (--force redoes it)"
@@ -698,25 +732,7 @@ def prepare(
 
     meta_path, data_path = out_dir / "meta.json", out_dir / "data.pt"
     _make_dir(out_dir)
-    raw_dir = out_dir / "raw"
-    if dataset == "synthetic":
-        tensors, classes = make_synthetic(**params)
-        source = "synthetic"
-    elif dataset == "cifar10":
-        base = mirror or CIFAR10_URL
-        ((filename, md5),) = CIFAR10_FILES.items()
-        # where the archive came from: the mirror, or raw/ when the one there was used
-        source = _download(base, filename, md5, raw_dir)
-        _extract(raw_dir / filename, raw_dir)
-        tensors, classes = convert_cifar10(raw_dir)
-    else:
-        mirrors = [mirror] if mirror else list(MNIST_MIRRORS)
-        used = set()
-        for filename, md5 in MNIST_FILES.items():
-            used.add(_download_any(mirrors, filename, md5, raw_dir))
-            _extract(raw_dir / filename, raw_dir)  # .gz -> plain idx file
-        tensors, classes = convert_mnist(raw_dir)
-        source = " ".join(sorted(used))
+    tensors, classes, source = _obtain(dataset, params, mirror, out_dir / "raw")
 
     try:
         with atomic_open(data_path, "wb") as f:
