@@ -498,23 +498,27 @@ def test_an_output_to_stdout_gets_no_progress_line_in_it(tmp_path, argv):
     assert "/dev/stdout" in r.stderr  # the progress line, there
 
 
+def python_c(code: str, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
+    """`python -c code` from the repository root with the tests' environment, its output text."""
+    return subprocess.run(
+        [PYTHON, "-c", code], cwd=REPO, env=child_env(), capture_output=True, text=True,
+        timeout=timeout, **kwargs,
+    )  # fmt: skip
+
+
 def test_a_closed_stdout_is_no_traceback(tmp_path):
     """`scalestudy plan ... >&-`: Python has no sys.stdout, so logging printed a traceback per
     progress line and the flush at the end an AttributeError: exit 1 for work that was done."""
     code = "import os, sys; os.close(1); sys.stdout = None; from scalestudy import cli; "
     code += "sys.exit(cli.main(['plan', '--config', 'config/demo.yaml', '--out-md', "
     code += f"{str(tmp_path / 'p.md')!r}, '--out-csv', {str(tmp_path / 'p.csv')!r}]))"
-    r = subprocess.run(
-        [PYTHON, "-c", code], cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=120
-    )
+    r = python_c(code)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
     assert (tmp_path / "p.csv").exists() and (tmp_path / "p.md").exists()
     # the run table to a closed stdout: nowhere to go, one line
     code = "import os, sys; os.close(1); sys.stdout = None; from scalestudy import cli; "
     code += "sys.exit(cli.main(['matrix', '--config', 'config/demo.yaml']))"
-    r = subprocess.run(
-        [PYTHON, "-c", code], cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=120
-    )
+    r = python_c(code)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert r.stderr.strip().splitlines()[-1].startswith("scalestudy matrix: stdout: closed")
 
@@ -846,10 +850,7 @@ def test_a_ctrl_c_while_the_command_imports_is_held_until_the_imports_are_done()
         "sys.argv = ['scalestudy', 'matrix', '--config', 'config/demo.yaml', '--out', '-']\n"
         "raise SystemExit(cli.main())\n"
     )
-    done = subprocess.run(
-        [PYTHON, "-c", script], cwd=REPO, env=child_env(), capture_output=True, text=True,
-        timeout=120, preexec_fn=sigint_as_in_a_terminal,
-    )  # fmt: skip
+    done = python_c(script, preexec_fn=sigint_as_in_a_terminal)
     assert done.stdout == "imports done\n", (done.stdout, done.stderr[-2000:])
     assert done.stderr.strip().splitlines()[-1:] == ["scalestudy matrix: interrupted"], done.stderr
     assert done.returncode == -signal.SIGINT
@@ -859,10 +860,7 @@ def test_a_ctrl_c_while_the_command_imports_is_held_until_the_imports_are_done()
         "    time.sleep(0.3)\n    os.kill(os.getpid(), signal.SIGINT)\n    time.sleep(30)\n",
     )
     assert twice != script
-    done = subprocess.run(
-        [PYTHON, "-c", twice], cwd=REPO, env=child_env(), capture_output=True, text=True,
-        timeout=20, preexec_fn=sigint_as_in_a_terminal,
-    )  # fmt: skip
+    done = python_c(twice, timeout=20, preexec_fn=sigint_as_in_a_terminal)
     assert done.stdout == "" and done.returncode == -signal.SIGINT, done.stderr[-2000:]
     assert done.stderr.strip().splitlines()[-1:] == ["scalestudy matrix: interrupted"], done.stderr
 
@@ -888,10 +886,7 @@ def test_a_stop_signal_that_c_code_swallowed_still_stops_the_command():
         "sys.argv = ['scalestudy', 'matrix', '--config', 'config/demo.yaml', '--out', os.devnull]\n"
         "raise SystemExit(cli.main())\n"
     )
-    done = subprocess.run(
-        [PYTHON, "-c", script], cwd=REPO, env=child_env(), capture_output=True, text=True,
-        timeout=120,
-    )  # fmt: skip
+    done = python_c(script)
     assert done.stdout.startswith("swallowed\n"), (done.stdout, done.stderr[-2000:])
     assert done.stderr.strip().splitlines()[-1:] == ["scalestudy matrix: stopped by SIGTERM"], (
         done.stderr
@@ -910,10 +905,7 @@ def test_a_deleted_working_directory_is_one_line(tmp_path):
         "sys.argv = ['scalestudy', 'plan']\n"
         "raise SystemExit(cli.main())\n"
     )
-    done = subprocess.run(
-        [PYTHON, "-c", script], cwd=REPO, env=child_env(), capture_output=True, text=True,
-        timeout=120,
-    )  # fmt: skip
+    done = python_c(script)
     assert done.returncode == 2 and done.stderr.strip().splitlines() == [
         "scalestudy plan: the working directory no longer exists (deleted or moved): cd to the "
         "study's directory and run the command again"

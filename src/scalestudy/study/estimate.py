@@ -590,6 +590,12 @@ def _level_key(level: str, row: dict) -> tuple:
     return (p,)
 
 
+def _filed_caps(level: str, row: dict) -> set[float | None]:
+    """The caps a measured row is filed under at `level`: OTHER_CAP_LEVELS at its own cap and
+    at any cap (None), the others at any cap alone (a blank cap is None: once, not twice)."""
+    return {_cap(row), None} if level in OTHER_CAP_LEVELS else {None}
+
+
 def _cap(row: dict) -> float | None:
     """A row's bucket_cap_mb as a number (runs.csv's text or the run table's), None where blank."""
     try:
@@ -810,17 +816,14 @@ class Calibration:
             lb = int(float(row["local_batch"]))
             rate = float(row["throughput_img_s_per_rank"])  # > 0: a run without is left out
             for level in ENERGY_LEVELS if per_img is not None else ():
-                for cap in {_cap(row), None} if level in OTHER_CAP_LEVELS else {None}:
+                for cap in _filed_caps(level, row):
                     key = (base, level, _level_key(level, row), scope, cap)
                     self._energy.setdefault(key, {}).setdefault(lb, []).append((per_img, rate))
             per_rank = float(row["throughput_img_s_per_rank"])
             for level in MEASURED_LEVELS:
                 value = per_rank / efficiency(plan, w, nodes) if level == "precision" else per_rank
                 inner = {"world size": lb, "precision": (w, lb)}.get(level, w)
-                # OTHER_CAP_LEVELS: at the run's own cap (level, cap), and at any cap (level)
-                # (a blank cap is None: once, not twice, under the any-cap key)
-                caps = {_cap(row), None} if level in OTHER_CAP_LEVELS else {None}
-                for cap in caps:
+                for cap in _filed_caps(level, row):
                     key = (base, level, _level_key(level, row), cap)
                     self._levels.setdefault(key, {}).setdefault(inner, []).append(value)
             overhead = _startup_overhead(self.config, row)
@@ -904,13 +907,8 @@ class Calibration:
                 key = (run_base(row), level, _level_key(level, row), scope, mine)
                 if not (batches := self._energy.get(key)):
                     continue
-                basis = ", ".join(
-                    [
-                        level,
-                        *([OTHER_CAP] if other else []),
-                        *([scope] if scope != "training" else []),
-                    ]
-                )
+                basis = level + (f", {OTHER_CAP}" if other else "")
+                basis += "" if scope == "training" else f", {scope}"
                 nearest = min(batches, key=lambda m: (abs(math.log2(m / lb)), m))
                 if (nearest == lb and not other) or not per_rank:  # its own batch and cap
                     return statistics.fmean(j for j, _ in batches[nearest]), basis
