@@ -604,7 +604,8 @@ def test_a_study_whose_multi_rank_runs_were_all_left_out_says_why_it_has_no_fit(
         "factors, not an all-reduce of the gradients"
     )
     study, paper = docs["study.md"], docs["paper.tex"]
-    assert fit["note"] in study and "give the model no fit (no fit: no multi-rank" in paper
+    # the reason once ("no fit (no fit: ..." said it twice)
+    assert fit["note"] in study and "give the model no fit (no multi-rank ddp" in paper
     assert "is predicted by a fit without it" not in paper
     # with a fit: the claim, for the families it holds for (study.md's wording)
     (tmp_path / "fit").mkdir()

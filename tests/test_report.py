@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 from decimal import Decimal
+from html import escape as html_escape
 from pathlib import Path
 
 import pytest
@@ -307,10 +308,27 @@ def test_a_model_without_a_fit_is_said_and_not_blamed_on_the_families(done, tmp_
     why = "no fit: no multi-rank ddp configuration with a 1-rank run of its precision"
     row = {"kind": "parameter", "name": "fit", "note": why}
     files.write_csv(csv_dir / "model.csv", model_csv.MODEL_COLUMNS, [row])
+    # the advice as `scalestudy model` writes it without a fit: one row, no world size
+    from scalestudy.study import model as study_model
+
+    advice = [model_csv._advice_row(vars(a)) for a in study_model.advise(None, [])]
+    advice_text = files.csv_text(model_csv.ADVICE_COLUMNS, advice, model_csv.cell)
+    (csv_dir / "bucket_advice.csv").write_text(advice_text)
+    (advice,) = read(csv_dir / "bucket_advice.csv")
+    assert advice["world_size"] == "" and advice["note"].startswith("not enough data: ")
     docs = report.render(csv_dir, done / "workflow/report", FIGURES, "../results/plots")
     flat = {name: " ".join(text.split()) for name, text in docs.items()}
+    why = why.removeprefix("no fit: ")  # said once: "no fit (no fit: ..." said it twice
     assert f"This study's runs give the model no fit ({why})." in flat["paper.tex"]
     assert f"the model has no fit to hold a world size out of ({why})" in flat["study.md"]
+    # no held-out table: its header without rows, under a paragraph describing the check
+    assert "Held-out check: for each family" not in flat["study.md"]
+    assert "| measured step (s) | predicted (s) |" not in docs["study.md"]
+    assert "measured step (s) & predicted (s)" not in docs["paper.tex"]
+    # nor an advice table of one empty row ("| | | | | n/a | n/a ..."), but the reason
+    assert "Bucket advice:" not in flat["study.md"]
+    said = f"No bucket advice: the scaling model has {advice['note']}."
+    assert said in flat["study.md"]
     for name, text in flat.items():
         assert "no scaling family whose runs the model could hold out" not in text, name
         assert report.numbers_backed_by_csvs(text, report.load_tables(csv_dir)) == [], name
@@ -901,7 +919,11 @@ def test_a_study_without_a_25_mib_run_still_renders_and_says_why_there_is_no_mod
     for name, text in docs.items():
         assert report.numbers_backed_by_csvs(text, tables) == [], name
     study = docs["study.md"]
-    assert "DDP's default of 25 MiB" in study
+    # the one advice row has no world size (no bucket family): its reason, not a row of blanks
+    # under "its gain over DDP's default of 25 MiB"
+    (advice,) = tables["bucket_advice"]
+    assert advice["world_size"] == "" and "DDP's default" not in study
+    assert f"No bucket advice: the scaling model has {advice['note']}." in study
     # no --figures (a hand-run render-report's default): said, not an empty Figures section
     assert "No figures: render-report was given none" in study
     assert "No figures: render-report was given none" in docs["paper.tex"]
@@ -1336,6 +1358,11 @@ def test_a_pdflatex_that_stops_before_its_log_is_named_by_its_own_line(
         # bucket_advice.csv may hold no row, but not be 0 bytes or another table's header
         ("empty-bucket_advice", "bucket_advice.csv has no rows (not even a header)"),
         ("foreign-bucket_advice", "bucket_advice.csv has no column world_size, nodes, precision"),
+        # a "nan" (read as blank) where analyze always writes a count: printed "nan" in a row
+        # of the resource tables, and in the paper's sentence on runs without a redone count
+        ("resources-runs", "resources.csv, line 2: runs is blank, and `scalestudy analyze`"),
+        ("resources-lost", "line 2: runs_lost_unmeasured is blank in a measured row"),
+        ("resources-scale", "scale_factor is blank in a projected row, and `scalestudy analyze`"),
     ],
 )
 def test_damaged_tables_are_one_line_and_write_nothing(done, tmp_path, capsys, damage, says):
@@ -1362,9 +1389,14 @@ def test_damaged_tables_are_one_line_and_write_nothing(done, tmp_path, capsys, d
             "model-std": ("model", "std", "inf"),
             "advice-gain": ("bucket_advice", "default_bucket_cap_mb", "x"),
             "targets-word": ("targets", "value", "one percent"),
+            "resources-runs": ("resources", "runs", "nan"),
+            "resources-lost": ("resources", "runs_lost_unmeasured", "None"),
+            "resources-scale": ("resources", "scale_factor", "null"),
         }[damage]
         rows = read(csv_dir / f"{name}.csv")
-        rows[0][column] = value
+        kind = "projected" if column == "scale_factor" else None  # a row of that kind's
+        row = next(r for r in rows if kind in (None, r.get("kind")))
+        row[column] = value
         files.write_csv(csv_dir / f"{name}.csv", None, rows)
     out = tmp_path / "reports"
     argv = ["render-report", "--csv-dir", str(csv_dir), "--out-dir", str(out), "--figures"]
@@ -1858,6 +1890,26 @@ def _demo_study(csv_dir, runs=None, shares=()):
     return report.load_tables(csv_dir)
 
 
+def test_a_cell_reading_as_blank_prints_as_not_measured_and_a_pipe_keeps_the_row(tmp_path):
+    """A "nan", "None" or "null" number cell reads as blank (files.number) and passed the checks,
+    but the documents printed it as it was: "| nan |" in the verdicts' world size column and
+    "(nan ranks)" in the paper. And a run or tool of the kernel table holding a '|' split its
+    Markdown row into more cells than the header's."""
+    share = {"run": "w2|x", "tool": "ns|ys", "rank": "0", "category": "conv",
+             "total_ns": "1000", "share": "0.6"}  # fmt: skip
+    _demo_study(tmp_path, shares=[share])
+    verdicts = read(tmp_path / "verdicts.csv")
+    assert any(v["world_size"] for v in verdicts)
+    files.write_csv(tmp_path / "verdicts.csv", None, [dict(v, world_size="nan") for v in verdicts])
+    docs = report.render(tmp_path, report.TEMPLATES, [], "../results/plots")
+    for name, text in docs.items():
+        assert not re.search(r"\bnan\b", text), name
+    assert "| **pass** |" in docs["study.md"] or "| **fail** |" in docs["study.md"]
+    row = next(line for line in docs["study.md"].splitlines() if "conv" in line and "60" in line)
+    assert row.startswith(r"| w2\|x | ns\|ys | conv | 60"), row
+    assert len(re.split(r"(?<!\\)\|", row)) == 6, row  # 4 cells between the pipes
+
+
 def test_a_flop_rate_no_run_recorded_is_said_not_shown(tmp_path):
     """The demo's runs, of a trainer older than flops_per_img: every model FLOP rate is blank,
     and the documents said "The model FLOP rate is shown without it" above a column of n/a."""
@@ -2256,6 +2308,29 @@ def test_the_html_reports_front_page_names_the_studys_strategy(strategy):
     page = jinja2.Environment().from_string((repo / "workflow/report/workflow.rst").read_text())
     text = " ".join(page.render(snakemake=argparse.Namespace(config=config)).split())
     assert f"data-parallel training with {vocab.STRATEGY_NAMES[strategy]} of " in text, text[:300]
+
+
+@pytest.mark.parametrize(
+    "study", ["CPU scaling\n", "Scaling 2024 ", "C:\\runs\\", "a*b", "x **y** z", "`q`"]
+)
+def test_the_html_reports_front_page_shows_any_study_name_in_bold(study):
+    """The front page wrote `**{study}**`: a name the config accepts ending in a line break
+    (`study: >`), a space or a backslash left reStructuredText's strong markup open (the
+    asterisks printed, and two "Inline strong start-string without end-string" warnings on the
+    page), as did a * or ` inside it. Rendered as Snakemake renders it: Jinja, then docutils."""
+    import jinja2
+    from docutils.core import publish_parts
+
+    from scalestudy.study.config import load_and_validate
+
+    repo = Path(__file__).resolve().parents[1]
+    config = load_and_validate(repo / "config/demo.yaml", overrides={"study": study})
+    env = jinja2.Environment(trim_blocks=True)
+    page = env.from_string((repo / "workflow/report/workflow.rst").read_text())
+    rst = page.render(snakemake=argparse.Namespace(config=config))
+    html = publish_parts(rst, writer_name="html", settings_overrides={"warning_stream": False})
+    assert f"Scaling study <strong>{html_escape(study.strip())}</strong>:" in html["body"], rst
+    assert "System Message" not in html["body"]
 
 
 def test_figures_are_found_before_the_documents_directory_exists(tmp_path, monkeypatch):

@@ -975,6 +975,14 @@ def test_a_title_or_name_over_several_lines_is_refused(key):
             "name in the documents)",
             overrides=overrides,
         )
+    # spaces alone name nothing ("" is the proposal keys' unset)
+    overrides = {parent: {name: "   "}} if parent else {name: "   "}
+    refused(
+        minimal(),
+        f"config key '{key}': value \"   \" is not allowed: must hold some text, not spaces "
+        "alone (it is a title or a name in the documents)",
+        overrides=overrides,
+    )
     # a name in another script, a non-breaking space (Zs, not a line's end) are one line
     assert load_and_validate(minimal(), overrides={"proposal": {"pi": "Jörg\u00a0Müller 李"}})
     # a one-line block scalar (`study: >` and one line) ends in a line break, harmless there

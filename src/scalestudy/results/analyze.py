@@ -215,7 +215,21 @@ def read_table(path: str | Path, table: str, flag: str, own: str = "") -> list[d
     fix = files.input_fix(path, target, flag, own)
     spec = (TABLE_COLUMNS[table], TABLE_TEXT[table], TABLE_FILLED[table])
     check_table(path, rows, spec, fix, "scalestudy analyze")
+    if table == "resources":
+        check_kinds(path, rows, fix)
     return rows
+
+
+def check_kinds(path: str | Path, rows: list[dict], fix: str) -> None:
+    """resources.csv's cells that `resources` fills on every row of a kind (RESOURCES_FILLED):
+    a blank one was printed as an empty cell, or as "nan" in a sentence of the documents."""
+    for i, row in enumerate(rows, start=2):
+        for column in RESOURCES_FILLED.get(row["kind"], ()):
+            if files.number(row[column]) is None:
+                raise AnalysisError(
+                    f"{path}, line {i}: {column} is blank in a {row['kind']} row, and "
+                    f"`scalestudy analyze` always fills it: not written by scalestudy; {fix}"
+                )
 
 
 def check_table(
@@ -245,6 +259,10 @@ def check_table(
         for column in numbers:
             rule = TABLE_COUNT if column in COUNT_COLUMNS else TABLE_NUMBER
             check_cell(path, i, column, row[column], rule, fix)
+            # a "nan", "None" or "null" reads as blank (files.number), and is made one: the
+            # documents print a blank as "n/a" (not measured), and printed such a word as it was
+            if files.number(row[column]) is None:
+                row[column] = ""
         for column in filled:
             value = row[column]
             if files.number(value) is None if column in numbers else not str(value).strip():
@@ -1266,13 +1284,19 @@ _CONFIGURATION = (*GROUP_KEYS, "nodes", "global_batch", "n")
 TABLE_FILLED = {
     "scaling": (*_CONFIGURATION, "throughput_img_s_mean", "step_time_s_mean", "runs"),
     "verdicts": ("target", "verdict"),
-    "resources": ("kind",),
+    "resources": ("kind", "family", "runs"),
     "profile_shares": SHARE_COLUMNS,
     "waterfall": (
         *_CONFIGURATION,
         *("baseline_world_size", "x_ideal", "x_measured", "step_time_s", "step_time_ideal_s"),
         *("loss_img_s", "loss_frac", "runs"),
     ),
+}
+# ... and resources.csv's of one kind of row (`resources`: a measured family's redone count,
+# a projection's scale)
+RESOURCES_FILLED = {
+    "measured": ("runs_lost_unmeasured",),
+    "projected": ("scale_factor", "world_size", "nodes"),
 }
 
 

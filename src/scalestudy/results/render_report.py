@@ -505,15 +505,24 @@ def _context(tables: dict[str, list[dict]], figures: list[str], figure_dir: str)
             r for r in model_rows if r["kind"] == "parameter" and r["name"] in MODEL_PARAMS
         ],
         "model_holdout": [r for r in model_rows if r["kind"] == "holdout"],
-        # why the model has no fit at all ("no fit: ..."), None when it has one
+        # why the model has no fit at all (its note, "no fit: " and why), None when it has one
         "model_no_fit": next(
-            (r["note"] for r in model_rows if r["kind"] == "parameter" and r["name"] == "fit"),
+            (
+                r["note"].removeprefix("no fit: ")
+                for r in model_rows
+                if r["kind"] == "parameter" and r["name"] == "fit"
+            ),
             None,
         ),
         "model_level": next(
             (r["value"] for r in model_rows if r["name"] == "interval_level"), None
         ),
-        "bucket_advice": tables.get("bucket_advice", []),
+        # advice at a world size; a study the advisor cannot advise on has one row without a
+        # world size whose note says why ("not enough data: no bucket family modelled")
+        "bucket_advice": [r for r in tables.get("bucket_advice", []) if r["world_size"]],
+        "bucket_no_advice": next(
+            (r["note"] for r in tables.get("bucket_advice", []) if not r["world_size"]), None
+        ),
         "gpu_util_measured": any(r["gpu_util_mean_mean"] not in ("", None) for r in scaling),
         # the communication probe's share (train.comm_probe_steps; off: blank)
         "comm_measured": any(

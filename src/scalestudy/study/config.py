@@ -482,6 +482,13 @@ def line_problems(config: dict) -> list[str]:
                 _bad(key, node, "must be one line of text, no line break, tab or other control "
                      "character (it is a title or a name in the documents)")
             )  # fmt: skip
+        elif node and not node.strip():
+            # blank but for spaces: a title or name of none (the Snakemake report's "Scaling
+            # study ****" was broken markup), where "" means unset
+            problems.append(
+                _bad(key, node, "must hold some text, not spaces alone (it is a title or a "
+                     "name in the documents)")
+            )  # fmt: skip
     return problems
 
 
