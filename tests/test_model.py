@@ -144,6 +144,32 @@ def test_a_prediction_beyond_its_link_or_ranks_per_node_is_extrapolated(n, nodes
     assert pred.basis.endswith(", extrapolated") is beyond
 
 
+@pytest.mark.parametrize(
+    "caps, cap, beyond",
+    [
+        ((25,), 25, False),  # 2 buckets, as every fitted run
+        ((25,), 1, True),  # 43 buckets, fitted on 2 only: the reviewer's case
+        ((25,), 100, True),  # 1 bucket, below the 2 measured
+        ((1, 25), 5, False),  # 9 buckets, inside the 2 to 43 measured
+        ((1, 25), 100, True),
+    ],
+)
+def test_a_prediction_at_a_bucket_count_no_fitted_run_had_is_extrapolated(caps, cap, beyond):
+    """A study fitted on DDP's default 25 MiB only (2 buckets of P_FULL) priced a 1 MiB run (43
+    buckets: 43 latencies, a small last bucket) as a plain prediction: 45% short, the truth 66%
+    above its 95% interval, at a world size, ranks per node and local batch all measured."""
+    rows = synthetic_rows(noise=0.01, sizes=(1, 2, 4, 8), caps=caps, batches=(64, 128))
+    fit = model.fit_points(model.points(rows)[0])
+    pred = fit.predict(4, 1, 64, "fp32", cap)
+    assert pred.step_s is not None and pred.extrapolated is beyond
+    assert pred.basis.endswith(", extrapolated") is beyond
+    assert fit.beyond_fitted(4, 1) is False  # the placement alone is measured
+    if caps == (25,) and cap == 1:  # why it must say so: its interval misses the truth
+        assert _step(4, 1, 64, 1) > 1.5 * pred.hi_s
+    # one rank sends nothing: its bucket count is no extrapolation
+    assert fit.predict(1, 1, 64, "fp32", cap).extrapolated is False
+
+
 @pytest.mark.parametrize("n, nodes, b, cap", [(4, 1, 256, 1.0), (2, 1, 32, 1.0), (8, 2, 256, 25.0)])
 def test_the_interval_is_the_delta_method_with_the_slope_of_t_in_compute(n, nodes, b, cap):
     """T depends on the compute time C as C and through t_b = f_bwd C (backward hides the
@@ -428,9 +454,28 @@ def test_advice_outside_the_bucket_sweep_is_marked_extrapolated():
         said = f"no bucket-sweep run at {a.world_size} ranks on {where}"
         assert (said in a.note) is elsewhere
         assert ("extrapolated" in a.note) is a.extrapolated
+        # every placement and local batch here was fitted: a prediction extrapolated for its
+        # bucket count alone (43, beyond the fitted 2 to 9) is said once, as the count above,
+        # not as a world size, ranks per node or local batch beyond the fitted runs
+        assert "world size on its link" not in a.note, a
     # the audit's case: 43 buckets at 2 ranks, now said to be beyond the sweep
     assert any(a.world_size == 2 and a.buckets == 43 and a.extrapolated for a in advice)
     assert {a.extrapolated for a in advice if a.world_size == 8} == {False}
+
+
+def test_advice_at_a_local_batch_beyond_the_1_rank_runs_says_so():
+    """The prediction's own reasons other than its bucket count still reach the note: a bucket
+    sweep at local batch 512, the 1-rank runs at 64 and 256 (C(b) extrapolated there)."""
+    rows = narrow_sweep_rows()
+    rows += [_row(f"w8_lb512_bk{c}", "bucket", 8, 2, 512, c, _step(8, 2, 512, c)) for c in (5, 25)]
+    pts = model.points(rows)[0]
+    advice = [a for a in model.advise(model.fit_points(pts), pts) if a.bucket_cap_mb]
+    said = "world size on its link, ranks per node or local batch beyond the fitted runs"
+    assert {a.local_batch for a in advice} == {64, 256, 512}
+    for a in advice:
+        assert (said in a.note) is (a.local_batch == 512), a
+        if a.local_batch == 512:
+            assert a.extrapolated, a
 
 
 def _analyzed_runs(rows):
@@ -807,6 +852,79 @@ def test_a_modelled_runs_impossible_cell_is_one_clear_error(column, value, what)
     # a run the model does not describe is listed, not checked: its cells are no input
     rows[3]["strategy"] = "fsdp"
     assert dict(model.points(rows)[1])[rows[3]["run"]].startswith("strategy fsdp")
+
+
+FIX = "write it again with `scalestudy collect` (snakemake results/csv/runs.csv)"
+CELLS_THAT_DISAGREE = [
+    # a 2-rank run on "4 nodes": each cell a count >= 1, and the fit gave an "identified"
+    # inter-node bandwidth of 20 GB/s from it, exit 0
+    (
+        {"nodes": "4"},
+        "nodes = '4', not <= its world_size = '2' (every node runs at least one rank)",
+    ),
+    (
+        {"world_size": "6", "nodes": "4", "global_batch": "192"},
+        "world_size = '6', not a multiple of its nodes = '4' (whole nodes of the same ranks: "
+        "study/runs.py placement)",
+    ),
+    # T = global_batch / X: 4 local batches at 2 ranks read a step twice the one measured
+    (
+        {"global_batch": "128"},
+        "global_batch = '128', not local_batch x world_size = 32 x 2 = 64 (accum_steps 1: "
+        "T = global_batch / throughput)",
+    ),
+]
+
+
+@pytest.mark.parametrize(("cells", "what"), CELLS_THAT_DISAGREE)
+def test_a_modelled_runs_cells_that_disagree_are_one_clear_error(cells, what):
+    """Each cell was checked alone: a run with more nodes than ranks, a world size that is no
+    whole number of nodes or a global batch other than local_batch x world_size was modelled,
+    its bandwidth or step time a silent nonsense."""
+    rows = synthetic_rows(sizes=(1, 2))
+    assert (rows[3]["run"], rows[3]["local_batch"], rows[3]["world_size"]) == (
+        "w2_lb32_bk1",
+        "32",
+        "2",
+    )
+    rows[3].update(cells)
+    with pytest.raises(AnalysisError) as info:
+        model.points(rows)
+    assert str(info.value) == f"run 'w2_lb32_bk1' has {what}: {FIX}"
+    # a run the model does not describe is listed, not checked: gradient accumulation's
+    # global batch is local_batch x world_size x accum_steps
+    rows[3]["accum_steps"] = "2"
+    assert dict(model.points(rows)[1])["w2_lb32_bk1"].startswith("gradient accumulation")
+
+
+def test_whole_nodes_and_their_global_batches_are_modelled():
+    """What collect writes passes: 8 and 16 ranks on 2 and 4 nodes, one rank on one node, the
+    demo's runs; and a run that accumulates gradients (global batch x accum_steps) is listed,
+    not refused."""
+    rows = synthetic_rows(sizes=(1, 2, 4, 8, 16), caps=(25,), batches=(64,))
+    assert {(r["world_size"], r["nodes"]) for r in rows} >= {("8", "2"), ("16", "4")}
+    accum = dict(rows[1], run="w2_accum", accum_steps="4", global_batch=str(64 * 2 * 4))
+    pts, skipped = model.points([*rows, accum])
+    assert {(p.world_size, p.nodes) for p in pts} == {(1, 1), (2, 1), (4, 1), (8, 2), (16, 4)}
+    assert [run for run, _ in skipped] == ["w2_accum"]
+    assert len(model.points(demo_rows())[0]) == 6
+
+
+@pytest.mark.parametrize(("cells", "what"), CELLS_THAT_DISAGREE[:1])
+def test_plan_on_a_runs_csv_whose_cells_disagree_says_one_line(tmp_path, capsys, cells, what):
+    """The plan's --runs-csv reaches the model without `scalestudy model`'s checks: the same
+    one line, naming the file."""
+    rows = [dict(r, cuda_graphs="off", compile="off") for r in demo_rows()]
+    run = rows[2]["run"]  # a multi-rank ddp run: 2 ranks, local batch 16
+    assert (rows[2]["world_size"], rows[2]["local_batch"]) == ("2", "16")
+    rows[2].update(cells)
+    write_rows(tmp_path / "runs.csv", rows)
+    argv = ["plan", "--config", str(REPO / "config/demo.yaml"), "--runs-csv"]
+    argv += [str(tmp_path / "runs.csv"), "--out-md", str(tmp_path / "p.md")]
+    assert cli.main([*argv, "--out-csv", str(tmp_path / "p.csv")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"scalestudy plan: {tmp_path / 'runs.csv'}: run {run!r} has {what}: {FIX}"]
+    assert not (tmp_path / "p.md").exists()
 
 
 @pytest.mark.parametrize(

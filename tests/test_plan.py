@@ -1983,6 +1983,35 @@ def test_the_scaling_model_prices_an_unmeasured_world_size_with_an_interval(tmp_
     assert "| model, extrapolated |" in md
 
 
+def test_a_run_at_a_bucket_count_no_measured_run_had_is_priced_extrapolated(tmp_path):
+    """The bucket family's 0.25 MiB run (2 buckets of P_BYTES) before any 0.25 MiB run finished:
+    the model fitted on 25 MiB runs (1 bucket each) prices it, at a world size, node and local
+    batch those runs measured. It was basis "model", extrapolated false: the advisor calls an
+    unmeasured bucket count an extrapolation, and a 1 MiB run of ResNet-18 (43 buckets) priced
+    so from 2-bucket runs was 45% short, the truth 66% above its interval."""
+    config = validate(yaml.safe_load(yaml.safe_dump(MODELLED)))
+    measured = [m for m in modelled_measurements(config) if m["bucket_cap_mb"] != "0.25"]
+    assert {m["bucket_cap_mb"] for m in measured} == {"25"}
+    est = {e.run: e for e in plan.estimate_runs(config, build_run_table(config), measured)}
+    swept = est["w2_lb8_fp32_ddp_bk0.25_r0"]
+    assert swept.throughput_basis == "model, extrapolated" and swept.extrapolated
+    assert swept.runtime_lo_s < swept.runtime_s < swept.runtime_hi_s  # still with its interval
+    assert est["w2_lb8_fp32_ddp_bk25_r0"].throughput_basis == "run"  # its measured twin
+    # plan.csv's extrapolated cell and plan.md's definition of it say so
+    runs_csv, md_path, csv_path = tmp_path / "runs.csv", tmp_path / "plan.md", tmp_path / "plan.csv"
+    with runs_csv.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=[c for c in measured[0] if c != "wall_s"],
+                                extrasaction="ignore")  # fmt: skip
+        writer.writeheader()
+        writer.writerows(measured)
+    plan.write_plan(config, md_path, csv_path, runs_csv, tmp_path / "no-benchmarks")
+    rows = {r["run"]: r for r in csv.DictReader(csv_path.open())}
+    assert rows["w2_lb8_fp32_ddp_bk0.25_r0"]["extrapolated"] == "true"
+    assert rows["w2_lb8_fp32_ddp_bk25_r0"]["extrapolated"] == "false"
+    assert "a bucket count" in model.EXTRAPOLATED
+    assert f"`extrapolated`: {model.EXTRAPOLATED}." in md_path.read_text()
+
+
 def test_the_time_limit_of_a_modelled_run_is_above_its_intervals_upper_end():
     """A GPU study's 8-GPU runs priced by the scaling model from 1-4 GPU runs 3-5% off the
     model: the interval is wide, and the limit (point estimate x safety factor + lead: 600 s)

@@ -73,10 +73,11 @@ levels, the first that has measurements taken:
                   time; the Slurm time limit takes runtime_hi_s, T_max above); "model,
                   extrapolated" beyond the measured runs (model.EXTRAPOLATED: a world size
                   above the largest measured on its kind of link, one node or several, more
-                  ranks per node than any measured run, or a local batch outside the 1-rank
-                  runs'). Used only where the fit identifies the parameters the run depends
-                  on (a multi-node run needs a measured multi-node run): the model never
-                  guesses a bandwidth; and not where it cannot describe its runs (Fit.misfit)
+                  ranks per node than any measured run, a bucket count outside the multi-rank
+                  runs', or a local batch outside the 1-rank runs'). Used only where the fit
+                  identifies the parameters the run depends on (a multi-node run needs a
+                  measured multi-node run): the model never guesses a bandwidth; and not where
+                  it cannot describe its runs (Fit.misfit)
     5. precision  the same precision at the measured world size nearest W (in log2 W, the
                   larger on a tie), as x_rank / eta(W_measured) * eta(W): a mean over every
                   measured world size let eta's guess stand in for the scaling the runs
@@ -298,7 +299,7 @@ class Estimate:
     runtime_hi_s: float | None = None
     interval_note: str = ""  # why a model estimate has no interval (model.Prediction.no_interval)
     # a model estimate beyond the measured runs (model.EXTRAPOLATED: world size on its kind of
-    # link, ranks per node, or a local batch outside the 1-rank runs')
+    # link, ranks per node, bucket count, or a local batch outside the 1-rank runs')
     extrapolated: bool = False
     # why the run cannot go on past hardware.runtime_max in further jobs (split_jobs's
     # refusal), where it was priced unrefused (the proposal's runs on the machine): one job

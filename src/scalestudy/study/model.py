@@ -4,9 +4,10 @@ scipy; no torch).
 Input: rows of results/csv/runs.csv. Only strategy ddp runs without gradient accumulation and
 with a measured grad_sync_bytes are modelled; every other run is listed with the reason
 (`points`), and a modelled run's cell that collect cannot have written (MODELLED_CELLS: a bucket
-cap outside the trainer's range, a grad_sync_bytes past 16 GiB) is refused in one line. A
-configuration (precision, local batch b, world size N, nodes, bucket_cap_mb, P) is one point:
-its step time
+cap outside the trainer's range, a grad_sync_bytes past 16 GiB), or cells that disagree (more
+nodes than ranks, a world_size no multiple of its nodes, a global_batch not local_batch x
+world_size: `_check_placement`), is refused in one line. A configuration (precision, local
+batch b, world size N, nodes, bucket_cap_mb, P) is one point: its step time
 T = global_batch / X (s, steady state, train.py), X the mean throughput_img_s over its repeats
 (the harmonic mean of the repeats' step times, not their mean: results/analyze.py step_time,
 the documents' definition), and its std T s_X / X to first order (s_X: the sample std of the
@@ -97,8 +98,11 @@ and held-out) take the interval of such a mean (one_run False: without v_1).
 dof <= 0: no interval (None, None, and `no_interval` says why: no degree of freedom left).
 extrapolated (`Fit.beyond_fitted`): N above the largest fitted N with the same kind of link (one
 node, or several: beta_intra and beta_inter are fitted from different runs), more ranks per node
-than any fitted run had (a study measured on 4-GPU nodes priced again for 8-GPU nodes), or a
-local batch outside the 1-rank runs' (C_p(b) is extrapolated itself there).
+than any fitted run had (a study measured on 4-GPU nodes priced again for 8-GPU nodes), a bucket
+count m outside the range of m of the fitted multi-rank points (the m alpha terms and the last
+bucket's exposure carried beyond the caps measured: fitted on 25 MiB runs, 2 buckets, a 1 MiB
+run's 43 were priced 45% short, the truth 66% above the interval), or a local batch outside the
+1-rank runs' (C_p(b) is extrapolated itself there).
 
 Held-out validation (`holdout`): for each family with >= 3 world sizes, fit without every point
 at its largest world size (any family's: another family's run there would measure it for the
@@ -159,8 +163,9 @@ LEVEL = 0.95  # two-sided prediction interval
 # what a prediction's `extrapolated` means (Fit.predict, Fit.beyond_fitted), as plan.md says it
 EXTRAPOLATED = (
     "beyond the measured runs: a world size above the largest measured on its kind of link "
-    "(one node, or several), more ranks per node than any measured run, or a local batch "
-    "outside the 1-rank runs'"
+    "(one node, or several), more ranks per node than any measured run, a bucket count "
+    "(gradient bytes / bucket_cap_mb, rounded up) outside the multi-rank runs', or a local "
+    "batch outside the 1-rank runs'"
 )
 RANK_RTOL = 1e-9  # singular values below this share of the largest: a direction not measured
 # a multi-rank step more than this share shorter than its 1-rank compute C(b) is beyond the noise
@@ -274,13 +279,41 @@ def _fraction(row: dict, column: str) -> float | None:
 
 
 def _check_modelled(row: dict) -> None:
-    """A modelled run's MODELLED_CELLS, else one AnalysisError naming the run, the column, the
-    cell, what it must be and the fix."""
+    """A modelled run's MODELLED_CELLS and that they agree (`_check_placement`), else one
+    AnalysisError naming the run, the column, the cell, what it must be and the fix."""
     for column, rule in MODELLED_CELLS.items():
         if not rule.holds(row.get(column)):
             raise AnalysisError(
                 f"run {row.get('run')!r} has {column} = {row.get(column)!r}, not {rule.what}: {FIX}"
             )
+    _check_placement(row)
+
+
+def _check_placement(row: dict) -> None:
+    """A modelled run's counts agree, else one AnalysisError as _check_modelled's (its cells
+    each hold already: digits only). The model takes W / nodes ranks on every node (study/runs.py
+    placement: whole nodes) and T = global_batch / X for one micro-batch per step (accum_steps
+    1: `_skip_reason`); each cell alone passed, and a 2-rank run on "4 nodes" gave an
+    "identified" inter-node bandwidth, a global_batch of 4 local batches at 2 ranks a step time
+    twice the one measured."""
+    run = row.get("run")
+    n, nodes, b, g = (int(row[c]) for c in ("world_size", "nodes", "local_batch", "global_batch"))
+    if nodes > n:
+        raise AnalysisError(
+            f"run {run!r} has nodes = {row['nodes']!r}, not <= its world_size = "
+            f"{row['world_size']!r} (every node runs at least one rank): {FIX}"
+        )
+    if n % nodes:
+        raise AnalysisError(
+            f"run {run!r} has world_size = {row['world_size']!r}, not a multiple of its nodes = "
+            f"{row['nodes']!r} (whole nodes of the same ranks: study/runs.py placement): {FIX}"
+        )
+    if g != b * n:
+        raise AnalysisError(
+            f"run {run!r} has global_batch = {row['global_batch']!r}, not local_batch x "
+            f"world_size = {b} x {n} = {b * n} (accum_steps 1: T = global_batch / throughput): "
+            f"{FIX}"
+        )
 
 
 def _skip_reason(row: dict) -> str:
@@ -300,8 +333,8 @@ def _skip_reason(row: dict) -> str:
 
 def points(rows: list[dict]) -> tuple[list[Point], list[tuple[str, str]]]:
     """(the modelled configurations, [(run, why not modelled)]) of runs.csv's rows; a modelled
-    run's cell that breaks MODELLED_CELLS is an AnalysisError (the one reader of both
-    `scalestudy model` and the plan's calibration)."""
+    run's cell that breaks MODELLED_CELLS, or disagrees with another (`_check_placement`), is an
+    AnalysisError (the one reader of both `scalestudy model` and the plan's calibration)."""
     if not rows:
         raise AnalysisError("no runs")
     missing = [c for c in REQUIRED_COLUMNS if c not in rows[0]]
@@ -601,17 +634,19 @@ class Fit:
         one_run: bool = True,
     ) -> Prediction:
         """Step time of a configuration (s) with its 95% prediction interval; extrapolated
-        where it lies beyond the fitted runs (`beyond_fitted`) or its local batch outside the
-        1-rank runs' batches (C(b) is extrapolated there itself). grad_sync_bytes: the bytes
-        DDP's buckets hold (Point.grad_sync_bytes), else the fitted runs'. one_run: the interval
-        of one run (the planner's job), else of a configuration's mean over its repeats, as the
-        fit's points are (the held-out and fitted rows of model.csv compare such means)."""
-        extrapolated = self.beyond_fitted(world_size, nodes)
+        where it lies beyond the fitted runs (`beyond_fitted`: its placement or its bucket
+        count) or its local batch outside the 1-rank runs' batches (C(b) is extrapolated there
+        itself). grad_sync_bytes: the bytes DDP's buckets hold (Point.grad_sync_bytes), else the
+        fitted runs'. one_run: the interval of one run (the planner's job), else of a
+        configuration's mean over its repeats, as the fit's points are (the held-out and fitted
+        rows of model.csv compare such means)."""
+        pbytes = grad_sync_bytes or self._bytes(precision)
+        buckets = len(bucket_sizes(pbytes, bucket_cap_mb))
+        extrapolated = self.beyond_fitted(world_size, nodes, buckets)
         c = self.compute.get(precision) or f"no point of precision {precision}"
         if isinstance(c, str):
             return Prediction(None, None, None, extrapolated, c)
         extrapolated = extrapolated or not min(c.batches) <= local_batch <= max(c.batches)
-        pbytes = grad_sync_bytes or self._bytes(precision)
         # the comm hook is study-wide (train.comm_hook): the fitted runs' bytes sent per byte
         wire = Counter(p.wire for p in self.points).most_common(1)[0][0]
         pt = Point(
@@ -636,23 +671,30 @@ class Fit:
         basis += ", extrapolated" * extrapolated
         return Prediction(step, lo, hi, extrapolated, basis, no_interval)
 
-    def beyond_fitted(self, world_size: int, nodes: int) -> bool:
-        """Whether a multi-rank placement is beyond the fitted runs: a world size above the
+    def beyond_fitted(self, world_size: int, nodes: int, buckets: int | None = None) -> bool:
+        """Whether a multi-rank point is beyond the fitted runs: a world size above the
         largest fitted with the same kind of link (one node: beta_intra; several: beta_inter),
-        or more ranks per node than any fitted run had. Comparing world size and nodes with
-        the maxima over all fitted points, each alone, missed a study measured on 4-GPU nodes
-        and priced again for 8-GPU nodes (estimate.py _level_key): 8 ranks inside one node (a
-        ring twice as wide as any single-node one measured) and 16 ranks on 2 nodes (8 per
-        node, never run) were plain predictions."""
+        more ranks per node than any fitted run had, or `buckets` (its bucket count m; None:
+        its placement alone) outside the range of the fitted points' m. Comparing world size
+        and nodes with the maxima over all fitted points, each alone, missed a study measured
+        on 4-GPU nodes and priced again for 8-GPU nodes (estimate.py _level_key): 8 ranks
+        inside one node (a ring twice as wide as any single-node one measured) and 16 ranks on
+        2 nodes (8 per node, never run) were plain predictions. Without the bucket count a
+        1 MiB run (43 buckets) of a study fitted on 25 MiB runs (2) was a plain "model" in the
+        plan, the truth 66% above its interval: the m alpha terms and the last bucket's
+        exposure are carried past what the runs measured, as the advisor says of a bucket
+        count (`_unmeasured_advice`)."""
         if world_size == 1:  # compute alone: its local batch decides (predict)
             return False
         one_node = nodes == 1
         same_link = [p.world_size for p in self.points if (p.nodes == 1) == one_node]
         per_node = max(_ranks_per_node(p.world_size, p.nodes) for p in self.points)
+        counts = [len(bucket_sizes(p.grad_sync_bytes, p.bucket_cap_mb)) for p in self.points]
         return (
             not same_link
             or world_size > max(same_link)
             or _ranks_per_node(world_size, nodes) > per_node
+            or (buckets is not None and not min(counts) <= buckets <= max(counts))
         )
 
     def _bytes(self, precision: str) -> float:
@@ -985,7 +1027,12 @@ def _advice(fit: Fit | None, n: int, nodes: int, combo: tuple, gap: str, pts: li
     m = len(bucket_sizes(pbytes, best))
     pred = preds[best]
     why = _unmeasured_advice(m, n, nodes, [p for p in pts if _combo(p) == combo])
-    if pred.extrapolated:  # its basis ends ", extrapolated": said once, with the others
+    # the prediction's own reasons (its basis ends ", extrapolated"), said once with the others;
+    # of them its bucket count is said above already (these runs' range of m lies inside the
+    # fitted runs'), and the placement and local batch are said here only where they hold:
+    # "world size ... beyond" on a 43-bucket recommendation at a measured world size misled
+    c = fit.compute[precision]  # a Compute: the prediction has a step time
+    if fit.beyond_fitted(n, nodes) or not min(c.batches) <= b <= max(c.batches):
         why.append("world size on its link, ranks per node or local batch beyond the fitted runs")
     note = pred.basis.removesuffix(", extrapolated")
     note += f"; extrapolated: {'; '.join(why)}" if why else ""
