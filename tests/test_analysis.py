@@ -2432,6 +2432,77 @@ def test_collect_refuses_a_measurement_analyze_would_refuse_naming_the_runs_file
         collect.collect([row], tmp_path / "runs")
 
 
+def test_collect_refuses_an_epochs_csv_with_a_column_of_the_runs_identity(tmp_path):
+    """collect writes each epochs.csv row after the run's identity (EPOCH_ID_COLUMNS, from the
+    run table): a column of one of those names in the file replaced it, and another run's name
+    or world size went into results/csv/epochs.csv as this run's, exit 0. Now one line naming
+    the file, the columns and the fix; the trainer's columns are collected as before."""
+    from scalestudy.errors import CollectError
+    from scalestudy.results import collect
+
+    row, run_dir, epochs, metrics = collectable_run(tmp_path)
+    files.write_json(run_dir / "metrics.json", metrics)
+    path = run_dir / "epochs.csv"
+    for extra, named in (
+        ({"run": "w8_lb16_fp32_ddp_bk25_r0"}, "run"),
+        ({"world_size": "8", "repeat": "3"}, "world_size, repeat"),
+    ):
+        files.write_csv(path, None, [epoch | extra for epoch in epochs])
+        with pytest.raises(CollectError) as info:
+            collect.collect([row], tmp_path / "runs")
+        assert str(info.value) == (
+            f"{path} has {named} among its columns, which collect takes from the run table: "
+            f"not the trainer's; {collect.run_fix(path)}"
+        )
+    files.write_csv(path, None, epochs)
+    _, collected = collect.collect([row], tmp_path / "runs")
+    assert {(r["run"], r["world_size"]) for r in collected} == {(row["run"], row["world_size"])}
+
+
+def test_runs_csv_columns_do_not_depend_on_the_order_of_its_runs(tmp_path):
+    """runs.csv's columns were the rows' keys in first-seen order: a run of an older trainer
+    (a metrics.json without data_sha256 or energy_j_per_img) first in the run table put those
+    columns last, and a newer run first put them among the others. Now the run table's
+    columns, then the metrics keys sorted (as the trainer writes metrics.json; device's
+    device_type and device_name where device sorts), whichever run comes first."""
+    from scalestudy.cli import main
+    from scalestudy.study.runs import RUN_COLUMNS, read_runs_tsv
+
+    older, run_dir, epochs, metrics = collectable_run(tmp_path)
+    files.write_json(run_dir / "metrics.json", metrics)
+    table = tmp_path / "runs.tsv"
+    header, *lines = table.read_text().splitlines()
+    newer = read_runs_tsv(table)[1]
+    newer_dir = tmp_path / "runs" / newer["run"]
+    newer_dir.mkdir()
+    history = [*epochs[:1] * (int(newer["epochs"]) - 1), epochs[-1]]  # its last val_acc 0.9
+    rows = [epoch | {"epoch": str(e)} for e, epoch in enumerate(history, start=1)]
+    files.write_csv(newer_dir / "epochs.csv", None, rows)
+    newer_metrics = metrics | {
+        **{k: int(newer[k]) for k in ("world_size", "nodes", "ranks_per_node", "global_batch")},
+        "seed": int(newer["seed"]),
+        "data_sha256": "ab" * 32,
+        "energy_j_per_img": 0.1,
+    }
+    files.write_json(newer_dir / "metrics.json", newer_metrics)
+    measured = []
+    for key in sorted(newer_metrics):
+        if key == "device":
+            measured += ["device_type", "device_name"]
+        elif key not in RUN_COLUMNS:
+            measured.append(key)
+    out = tmp_path / "csv"
+    outs = ["--out-runs", str(out / "runs.csv"), "--out-epochs", str(out / "epochs.csv")]
+    argv = ["collect", "--runs", str(table), "--runs-dir", str(tmp_path / "runs"), *outs]
+    for first, second in ((0, 1), (1, 0)):
+        table.write_text("\n".join([header, lines[first], lines[second]]) + "\n")
+        assert main(argv) == 0
+        written = list(csv.DictReader((out / "runs.csv").open()))
+        assert [r["run"] for r in written] == [(older, newer)[i]["run"] for i in (first, second)]
+        columns = (out / "runs.csv").read_text().splitlines()[0].split(",")
+        assert columns == [*RUN_COLUMNS, *measured], (first, columns)
+
+
 def test_collect_refuses_a_run_trained_with_another_flag_its_config_hash_records(tmp_path):
     """metrics.json records the run's config_hash and every trainer flag, but collect compared
     the run-table columns only: a run trained by hand with a diagnostic delay

@@ -1165,6 +1165,101 @@ def test_parse_of_an_ncu_directory_labels_each_csv_with_its_manifests_kernel(tmp
         assert not out.exists()
 
 
+def test_an_ncu_directory_of_another_run_is_refused(tmp_path, capsys):
+    """`profile parse --ncu DIR --run B` of a `profile ncu` directory copied from run A's wrote
+    A's kernels as B's, exit 0: tool.json did not record the run (the capture's does, and its
+    parse refuses another --run). Now profile ncu records it, under tool ncu and tool none, and
+    the parse refuses another run in one line naming tool.json and both runs, nothing written;
+    a tool.json from before the run was recorded is parsed as before."""
+    # profile ncu's manifest names its run: where ncu is skipped (no GPU) ...
+    skipped = tmp_path / "skipped"
+    argv = ["profile", "ncu", "--run", "w1_a", "--kernels", str(tmp_path / "k.json"),
+            "--out-dir", str(skipped), "--device", "cpu", "--", "--epochs", "1"]  # fmt: skip
+    assert cli.main(argv) == 0
+    assert json.loads((skipped / "tool.json").read_text())["run"] == "w1_a"
+    # ... and where it profiled (the writer of tool ncu: the stand-in test below runs it too)
+    d = tmp_path / "ncu"
+    d.mkdir()
+    shutil.copyfile(REPO / "tests" / "fixtures" / "gpu-h100-ncu" / "ncu_k0.csv", d / "ncu_k0.csv")
+    made = {"tool": "ncu", "why": "/usr/bin/ncu", "kernels": ["conv<A>"], "csv": ["ncu_k0.csv"]}
+    out = tmp_path / "n.csv"
+    capsys.readouterr()
+    for directory, manifest in ((d, {"run": "w1_a", **made}), (skipped, None)):
+        if manifest:
+            (directory / "tool.json").write_text(json.dumps(manifest))
+        parse = ["profile", "parse", "--ncu", str(directory), "--out-ncu", str(out)]
+        assert cli.main([*parse, "--run", "w1_b"]) == 2
+        (err,) = capsys.readouterr().err.strip().splitlines()
+        assert err == (
+            f"scalestudy profile parse: {directory / 'tool.json'}: the ncu profile of run "
+            "'w1_a', not of --run 'w1_b' (copied from another run's directory?): profile this "
+            "run again with `scalestudy profile ncu`"
+        )
+        assert not out.exists()
+        assert cli.main([*parse, "--run", "w1_a"]) == 0  # its own run: parsed
+        assert {r["run"] for r in csv.DictReader(out.open())} <= {"w1_a"}
+        out.unlink()
+    # a tool.json without the run (a profile ncu before it was recorded): read as before
+    (d / "tool.json").write_text(json.dumps(made))
+    assert cli.main(["profile", "parse", "--ncu", str(d), "--run", "w1_b", "--out-ncu",
+                     str(out)]) == 0  # fmt: skip
+    assert [r["kernel"] for r in csv.DictReader(out.open())] == ["conv<A>"]
+
+
+def test_one_kernel_in_two_ncu_csvs_is_refused(tmp_path, capsys):
+    """--ncu DIR without a tool.json reads every *.csv of DIR, each averaged on its own: one
+    kernel in two of them (a report exported twice) was two profile_ncu rows of one run and
+    kernel, exit 0. Now one line naming both files, nothing written; kernels apart are read."""
+    d = tmp_path / "ncu"
+    d.mkdir()
+    _ncu_csv(d / "a.csv", [("0", "gemm", "Duration", "nsecond", "2000")])
+    _ncu_csv(d / "b.csv", [("0", "conv", "Duration", "nsecond", "1000")])
+    out = tmp_path / "n.csv"
+    argv = ["profile", "parse", "--ncu", str(d), "--run", "r", "--out-ncu", str(out)]
+    assert cli.main(argv) == 0
+    assert sorted(r["kernel"] for r in csv.DictReader(out.open())) == ["conv", "gemm"]
+    out.unlink()
+    _ncu_csv(d / "c.csv", [("0", "conv", "Duration", "nsecond", "3000"),
+                           ("1", "relu", "Duration", "nsecond", "5")])  # fmt: skip
+    capsys.readouterr()
+    assert cli.main(argv) == 2
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert err == (
+        f"scalestudy profile parse: {d / 'c.csv'}: kernel 'conv' again, also in {d / 'b.csv'}: "
+        "each file's launches are averaged on their own, so one kernel would be two "
+        f"profile_ncu rows; move one of the two out of {d}"
+    )
+    assert not out.exists()
+
+
+def test_an_ncu_csv_of_two_kernels_names_the_filter_not_a_new_export(tmp_path):
+    """A `profile ncu` pass whose CSV holds launches of another kernel too: its name filter
+    (ncu_kernels.json's kernel_regex) matched both. The parse added "export it again ... or
+    profile again", which makes the same file; now the line names the filter and what makes
+    another (a new kernels file, or a lower top_k), and no export."""
+    d = tmp_path / "ncu"
+    d.mkdir()
+    rows = [
+        ("0", "gemm<1>", "Duration", "nsecond", "1"),
+        ("1", "gemm<2>", "Duration", "nsecond", "1"),
+    ]
+    _ncu_csv(d / "ncu_k0.csv", rows)
+    manifest = {"run": "r", "tool": "ncu", "why": "", "kernels": ["gemm<1>"], "csv": ["ncu_k0.csv"]}
+    (d / "tool.json").write_text(json.dumps(manifest))
+    args = _profile_parse("--ncu", str(d), "--run", "r", "--out-ncu", str(tmp_path / "n.csv"))
+    with pytest.raises(ProfileFormatError) as err:
+        parse_job.parse(args)
+    assert str(err.value) == (
+        f"{d / 'ncu_k0.csv'}: launches of 2 kernels, the filter selected 'gemm<1>': "
+        "['gemm<1>', 'gemm<2>']; its name filter (the kernel_regex of `profile ncu`'s --kernels "
+        "file, the workflow's results/profile/<run>/ncu_kernels.json) matches them too: make "
+        "that file again with `scalestudy profile ncu-kernels --kernels <the run's kernels.csv> "
+        "--out <it>` and profile again with `scalestudy profile ncu`, or lower "
+        "profiling.ncu.top_k to <i> of this ncu_k<i>.csv to leave the kernel out"
+    )
+    assert "export" not in str(err.value) and not (tmp_path / "n.csv").exists()
+
+
 @pytest.mark.parametrize("damage", ["", "Time (%),Total Time (ns)\n", "garbage\x00\n"])
 def test_a_damaged_stats_or_details_csv_names_what_makes_it_again(tmp_path, damage):
     """A damaged nsys stats CSV ("no nsys stats header found") or ncu details CSV said what
@@ -2690,6 +2785,7 @@ def test_ncu_on_a_node_whose_counters_are_admin_only(data_dir, tmp_path):
     assert _parse_ncu(tmp_path / "auto").read_text() == ",".join(schema.NCU_COLUMNS) + "\n"
     manifest = json.loads((tmp_path / "auto" / "tool.json").read_text())
     assert manifest["tool"] == "none" and "ERR_NVGPUCTRPERM" in manifest["why"]
+    assert manifest["run"] == "w1"
     proc = ncu("true", tmp_path / "true")
     assert proc.returncode != 0 and not (tmp_path / "true" / "tool.json").exists()
     assert "profiling.ncu.enabled is true but ncu may not read" in proc.stderr
@@ -2728,6 +2824,7 @@ def test_ncu_leaves_out_a_kernel_its_process_never_launched(data_dir, tmp_path):
     assert f"ncu k0 profiled nothing: no launch of {fprop!r}" in proc.stderr
     manifest = json.loads((tmp_path / "some" / "tool.json").read_text())
     assert manifest["kernels"] == [bn] and manifest["not_launched"] == [fprop]
+    assert manifest["run"] == "w1"  # the parse refuses the directory under another --run
     assert manifest["csv"] == ["ncu_k1.csv"]  # k0, the conv engine, has no report
     got = list(csv.DictReader(_parse_ncu(tmp_path / "some").open()))
     assert got and {r["kernel"] for r in got} == {bn}
@@ -2739,6 +2836,7 @@ def test_ncu_leaves_out_a_kernel_its_process_never_launched(data_dir, tmp_path):
     assert _parse_ncu(tmp_path / "none").read_text() == ",".join(schema.NCU_COLUMNS) + "\n"
     manifest = json.loads((tmp_path / "none" / "tool.json").read_text())
     assert manifest["tool"] == "none" and manifest["not_launched"] == [fprop, bn]
+    assert manifest["run"] == "w1"
     proc = ncu("true", tmp_path / "fail")
     assert proc.returncode == 2 and not (tmp_path / "fail" / "tool.json").exists()
     assert "profiling.ncu.enabled is true but none of the top 2" in proc.stderr.splitlines()[-1]

@@ -10,7 +10,8 @@ wait forever for its serialised peers, so NCCL kernels are never chosen), one nc
   filters and launches come from --kernels, the file `profile ncu-kernels` made of the capture's
   kernels table (jobs/ncu_kernels.py); the first --top-k of it are profiled. DIR/tool.json
   names the kernel of each CSV (`kernels`, `csv`: the kernels table's names, which `profile
-  parse --ncu DIR` gives the rows, the join key of profile_kernels and profile_ncu). DIR is
+  parse --ncu DIR` gives the rows, the join key of profile_kernels and profile_ncu) and the
+  `run` (the parse refuses the directory under another --run: a copied one). DIR is
   checked before the first pass; an earlier run's tool.json and ncu_k<i>.{csv,ncu-rep,log} in
   DIR are removed after the command's checks (every pass's command built), the user's own files
   kept, so the parse reads only this run's kernels (none where ncu is skipped).
@@ -214,7 +215,7 @@ def ncu(args: argparse.Namespace) -> int:
         why = f"auto: {missing}, no Nsight Compute metrics for {args.run}"
         logger.info(why)
         _clear_earlier_ncu(out_dir)
-        return _no_ncu(out_dir, why)
+        return _no_ncu(out_dir, args.run, why)
     # before the first pass: without a window each pass trained the whole run and ncu, which
     # profiles only inside it, profiled no kernel (under auto: an empty CSV, after hours)
     profile.require_window(args.train_args, "profile ncu")
@@ -259,7 +260,7 @@ def ncu(args: argparse.Namespace) -> int:
                 raise ncu_required(refused)
             why = f"auto: {refused}; no Nsight Compute metrics for {args.run}"
             logger.warning(f"WARNING {why}")
-            return _no_ncu(out_dir, why)
+            return _no_ncu(out_dir, args.run, why)
         if code != 0:
             raise profile.failed(argv, code, f" (its output: {out_dir / f'ncu_k{i}.log'})")
         if not report.exists():
@@ -291,12 +292,14 @@ def ncu(args: argparse.Namespace) -> int:
         if args.enabled == "true":
             raise ncu_required(why)
         logger.warning(f"WARNING auto: {why}; no Nsight Compute metrics for {args.run}")
-        return _no_ncu(out_dir, f"auto: {why}", not_launched)
+        return _no_ncu(out_dir, args.run, f"auto: {why}", not_launched)
     # the kernels table's names, not ncu's spellings of them: the parse labels each CSV's rows
-    # with its kernel (profile_ncu joins profile_kernels by name)
+    # with its kernel (profile_ncu joins profile_kernels by name); the run, so that the parse
+    # of a directory copied into another run's refuses it instead of labelling it that run's
     files.write_json(
         manifest,
         {
+            "run": args.run,
             "tool": "ncu",
             "why": ncu_path,
             "kernels": [k for _, k in profiled],
@@ -314,8 +317,9 @@ def ncu_required(why: str) -> ProfileError:
     return ProfileError(f"{profile.NCU_KEY} is true but {why}")
 
 
-def _no_ncu(out_dir: Path, why: str, not_launched: list[str] = ()) -> int:
-    """ncu skipped under enabled auto: the manifest says why (the parse writes an empty CSV)."""
-    manifest = {"tool": "none", "why": why, "not_launched": list(not_launched)}
+def _no_ncu(out_dir: Path, run: str, why: str, not_launched: list[str] = ()) -> int:
+    """ncu skipped under enabled auto: the manifest says why (the parse writes an empty CSV)
+    and whose run it is (as ncu's own manifest)."""
+    manifest = {"run": run, "tool": "none", "why": why, "not_launched": list(not_launched)}
     files.write_json(out_dir / "tool.json", manifest)
     return 0

@@ -7,10 +7,11 @@ profile CSVs (schemas: scalestudy.nsight.schema), from one of
                   (cuda_gpu_kern_sum, cuda_gpu_mem_time_sum, nvtx_gpu_proj_sum, nvtx_sum or the
                   pre-2023.1 names; recognised by header, rank from `rank<r>` in the file name)
                   and the reports' SQLite exports, nsys_rank<r>.sqlite, for the phases' GPU time
-  --ncu P         `ncu --csv --page details` output: one CSV, or every *.csv of a directory,
-                  its kernels under ncu's names; or a `profile ncu` directory: the CSVs its
-                  tool.json names, each kernel under the kernels CSV's name (the join key of
-                  profile_kernels and profile_ncu), none where ncu was skipped (tool "none")
+  --ncu P         `ncu --csv --page details` output: one CSV, or every *.csv of a directory
+                  (each kernel in one of them), its kernels under ncu's names; or a `profile
+                  ncu` directory: the CSVs its tool.json names, each kernel under the kernels
+                  CSV's name (the join key of profile_kernels and profile_ncu), none where ncu
+                  was skipped (tool "none"); one of another run (tool.json's run) is refused
   The first two write --out-kernels (profile_kernels) and, when given, --out-ranges
   (profile_ranges); --ncu writes --out-ncu (profile_ncu). A file that cannot be parsed is an
   error naming the file and line (exit 2), and no CSV is written.
@@ -81,10 +82,11 @@ def _capture_input(capture_dir: Path) -> tuple[str, Path, str, dict]:
 NCU_CSV = re.compile(r"ncu_k\d+\.csv")
 
 
-def _ncu_inputs(path: Path) -> list[tuple[Path, str | None]]:
+def _ncu_inputs(path: Path, run: str) -> list[tuple[Path, str | None]]:
     """(details CSV, the kernels table's name of its kernel) of each file --ncu reads. A
     `profile ncu` directory: its tool.json's CSVs, each with the kernel it names (tool "none":
-    ncu skipped, none); else the CSV, or every *.csv of the directory, with ncu's names."""
+    ncu skipped, none), refused where tool.json names a run other than `run` (--run); else
+    the CSV, or every *.csv of the directory, with ncu's names."""
     manifest_path = path / "tool.json"
     if not (path.is_dir() and manifest_path.exists()):
         return [(f, None) for f in ncu_parser.ncu_files(path)]
@@ -93,6 +95,15 @@ def _ncu_inputs(path: Path) -> list[tuple[Path, str | None]]:
         manifest = json.loads(files.read_text(manifest_path, ProfileError, again))
     except ValueError as exc:
         raise ProfileFormatError(manifest_path, None, f"not JSON ({exc}); {again}") from None
+    if isinstance(manifest, dict) and manifest.get("run", run) != run:
+        # every row is labelled --run: a directory copied from another run's showed that run's
+        # kernels as this one's, as a copied capture did (absent: a job before it was recorded)
+        raise ProfileFormatError(
+            manifest_path,
+            None,
+            f"the ncu profile of run {manifest['run']!r}, not of --run {run!r} (copied from "
+            "another run's directory?): profile this run again with `scalestudy profile ncu`",
+        )
     tool = manifest.get("tool") if isinstance(manifest, dict) else None
     if tool == "none":
         return []
@@ -151,11 +162,25 @@ def parse(args: argparse.Namespace) -> int:
                 "--ncu writes --out-ncu (profile_ncu), not --out-kernels or --out-ranges"
             )
         rows = []
-        for f, kernel in _ncu_inputs(Path(args.ncu)):
+        first_in: dict[str, Path] = {}  # kernel -> the file its row came from
+        for f, kernel in _ncu_inputs(Path(args.ncu), args.run):
             try:
-                rows.extend(ncu_parser.parse_ncu(f, args.run, kernel=kernel))
+                parsed = ncu_parser.parse_ncu(f, args.run, kernel=kernel)
             except ProfileFormatError as exc:  # a damaged details CSV: and what remakes it
                 raise exc.with_fix(ncu_parser.REEXPORT) from exc.__cause__
+            for row in parsed:
+                # each file is averaged on its own: a kernel in two (a report exported twice,
+                # or the kernel profiled twice) was two profile_ncu rows of one run and kernel.
+                # Refused, naming both: one mean of the two would weigh each by its launches
+                if (first := first_in.setdefault(row["kernel"], f)) != f:
+                    raise ProfileFormatError(
+                        f,
+                        None,
+                        f"kernel {row['kernel']!r} again, also in {first}: each file's "
+                        "launches are averaged on their own, so one kernel would be two "
+                        f"profile_ncu rows; move one of the two out of {args.ncu}",
+                    )
+            rows.extend(parsed)
         files.write_text(args.out_ncu, schema.csv_text(schema.NCU_COLUMNS, rows))
         logger.info(f"{args.run}: {len(rows)} kernels -> {args.out_ncu}")
         return 0

@@ -46,6 +46,15 @@ REEXPORT = (
     "export it again with `ncu --import <report>.ncu-rep --csv --page details --print-units "
     "base --print-metric-name name > <file>.csv`, or profile again with `scalestudy profile ncu`"
 )
+# what fixes a pass whose CSV holds launches of other kernels than the one it was for: its name
+# filter matched them, and neither a new export nor a new ncu pass (the same filter) changes that
+FILTER_FIX = (
+    "its name filter (the kernel_regex of `profile ncu`'s --kernels file, the workflow's "
+    "results/profile/<run>/ncu_kernels.json) matches them too: make that file again with "
+    "`scalestudy profile ncu-kernels --kernels <the run's kernels.csv> --out <it>` and profile "
+    "again with `scalestudy profile ncu`, or lower profiling.ncu.top_k to <i> of this "
+    "ncu_k<i>.csv to leave the kernel out"
+)
 
 
 def _is_ncu_header(cells: list[str]) -> bool:
@@ -64,7 +73,7 @@ def parse_ncu(path: str | Path, run: str, kernel: str | None = None) -> list[dic
     kernel: the kernels CSV name the file's ncu pass was filtered to (`scalestudy profile ncu`
     runs one pass per kernel). Its rows then carry that name, so profile_ncu joins
     profile_kernels exactly whatever ncu's demangler prints; a file with launches of two kernel
-    names is an error (the filter was not specific).
+    names is an error (the filter was not specific: FILTER_FIX).
 
     One function from header to rows on purpose: each metric has its old and new labels and
     units, and keeping the lookup, the unit conversion and the per-launch mean together is what
@@ -118,7 +127,8 @@ def parse_ncu(path: str | Path, run: str, kernel: str | None = None) -> list[dic
             raise ProfileFormatError(
                 path,
                 None,
-                f"launches of {len(names)} kernels, the filter selected {kernel!r}: {names}",
+                f"launches of {len(names)} kernels, the filter selected {kernel!r}: {names}; "
+                f"{FILTER_FIX}",
             )
         launches = {(launch_id, kernel): m for (launch_id, _), m in launches.items()}
 

@@ -1,7 +1,7 @@
 """`scalestudy collect`: every run's metrics.json and epochs.csv -> tidy CSVs.
 
-results/csv/runs.csv   one row per run: the run-table columns, then every metrics.json key
-                       (device -> device_type, device_name; lists joined with ';').
+results/csv/runs.csv   one row per run: the run-table columns, then every metrics.json key,
+                       sorted (device -> device_type, device_name; lists joined with ';').
 results/csv/epochs.csv one row per run and epoch: run, the identifying run columns, the epoch row.
 
 time_to_target_s is read off the run's epochs.csv with the run table's target_acc (the training
@@ -104,12 +104,11 @@ def run(args: argparse.Namespace) -> int:
         outputs, {"--runs": args.runs, **{str(p): p for p in records}}, CollectError
     )
     runs_rows, epoch_rows = collect(table, Path(args.runs_dir))
-    # columns in first-seen order: the run-table columns first, then the metrics keys
     files.check_outputs([args.out_runs, args.out_epochs], CollectError)
     # both or neither: a write that fails (a full disk) leaves the old pair
     files.write_texts(
         {
-            args.out_runs: files.csv_text(None, runs_rows),
+            args.out_runs: files.csv_text(runs_columns(runs_rows), runs_rows),
             args.out_epochs: files.csv_text(None, epoch_rows),
         }
     )
@@ -118,6 +117,22 @@ def run(args: argparse.Namespace) -> int:
         f"{args.out_runs}, {args.out_epochs}"
     )
     return 0
+
+
+def runs_columns(runs_rows: list[dict]) -> list[str]:
+    """runs.csv's columns: the run table's (RUN_COLUMNS order), then every metrics.json key
+    sorted, as the trainer writes them (json sort_keys), device's device_type and device_name
+    where device sorts. In first-seen order a run of an older trainer (fewer keys) put the
+    newer keys last where it came first, and elsewhere among the others: one study's runs.csv
+    had its columns in an order that depended on the order of its runs."""
+    seen = dict.fromkeys(key for row in runs_rows for key in row)
+    table = [c for c in RUN_COLUMNS if c in seen]
+    device = {f"device_{k}": i for i, k in enumerate(DEVICE)}  # flatten's columns of device
+
+    def place(column: str) -> tuple[str, int]:
+        return ("device", device[column]) if column in device else (column, 0)
+
+    return table + sorted((c for c in seen if c not in table), key=place)
 
 
 RUN_FILES = ("metrics.json", "epochs.csv")  # what collect reads of each run
@@ -372,6 +387,14 @@ def load_epochs(path: Path) -> list[dict]:
     missing = [c for c in vocab.EPOCH_COLUMNS if c not in rows[0]]
     if missing:
         raise CollectError(f"{path} has no column {', '.join(missing)}: not the trainer's; {fix}")
+    # epochs.csv's rows carry the run's identity from the run table (EPOCH_ID_COLUMNS): a
+    # column of one of those names in the file replaced it, and another run's world_size or
+    # run name went into the accuracy figure under this run's (the trainer writes none of them)
+    if clash := [c for c in EPOCH_ID_COLUMNS if c in rows[0]]:
+        raise CollectError(
+            f"{path} has {', '.join(clash)} among its columns, which collect takes from the "
+            f"run table: not the trainer's; {fix}"
+        )
     for line, row in enumerate(rows, start=2):  # read_csv_rows refused a row of other length
         # the trainer's rows: epochs 1, 2, ... once each (a resume rewrites the file from the
         # checkpoint's history), the other columns as epoch_cell says. A damaged cell was
