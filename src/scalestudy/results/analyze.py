@@ -221,8 +221,9 @@ def read_table(path: str | Path, table: str, flag: str, own: str = "") -> list[d
 
 
 def check_kinds(path: str | Path, rows: list[dict], fix: str) -> None:
-    """resources.csv's cells that `resources` fills on every row of a kind (RESOURCES_FILLED):
-    a blank one was printed as an empty cell, or as "nan" in a sentence of the documents."""
+    """resources.csv's cells that `resources` fills on every row of a kind, as RESOURCES_FILLED
+    lists them: a blank one was printed as an empty cell, or as "nan" in a sentence of the
+    documents."""
     for i, row in enumerate(rows, start=2):
         for column in RESOURCES_FILLED.get(row["kind"], ()):
             if files.number(row[column]) is None:
