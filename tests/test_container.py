@@ -807,12 +807,16 @@ def build_argv(image) -> list[str]:
 
 
 def test_cli_build_with_stand_in_is_atomic(tmp_path):
-    image = tmp_path / "out" / "trainer.sif"
+    image = tmp_path / "out dir" / "trainer.sif"
     argv = build_argv(image)
     r = run([*argv, "--git-commit", "abc"], stand_in_env(), REPO)
     assert r.returncode == 0, r.stderr
     assert "build-arg: GIT_COMMIT=abc" in image.read_text()
-    assert r.stdout.splitlines()[-1].split() == [str(image), image_digest(image)]
+    # the command as run, shell-quoted: a path with a space read as two words in the log
+    (logged,) = [line for line in (r.stdout + r.stderr).splitlines() if " build " in line]
+    words = shlex.split(logged.split("+ ", 1)[1])
+    assert words[1] == "build" and words[-1] == str(TRAINER_DEF), logged
+    assert r.stdout.splitlines()[-1].rsplit(" ", 1) == [str(image), image_digest(image)]
     assert [p.name for p in image.parent.iterdir()] == ["trainer.sif"]  # no temp file left
 
     r = run(

@@ -252,11 +252,17 @@ def test_the_image_digest_is_the_sha256_of_the_image(tmp_path):
     assert info["software_of"].startswith("this host's Python (")
     assert "not the image's the ranks run in" in info["software_of"]
     assert "not the image's" not in inventory(tmp_path)["software_of"]
-    missing = inventory(tmp_path, "--image", str(tmp_path / "gone.sif"))
-    assert (
-        missing["container_digest"].startswith("error:")
-        and "gone.sif" in missing["container_digest"]
-    )
+    # an image it cannot read, given by hand: one line, exit 2, nothing written (it was an
+    # "error: ..." digest in the record, exit 0); in a job launch refuses it before the record
+    (tmp_path / "system.json").unlink()
+    proc = subprocess.run(
+        [PYTHON, "-m", "scalestudy", "inventory", "--out", str(tmp_path / "system.json"),
+         "--image", str(tmp_path / "gone.sif")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "gone.sif" in proc.stderr and "scalestudy container build" in proc.stderr
+    assert not (tmp_path / "system.json").exists()
 
 
 # ------------------------------------------------------------------ the Slurm job's fields

@@ -40,6 +40,11 @@ LEAKED = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE":
           "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1"}  # fmt: skip
 
 
+# ... and a torchrun worker's agent variable: rank 0 connected to an agent's store no one ran,
+# as a client, and hung until its process-group timeout
+AGENT_LEAKED = {"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RUN_ID": "none"}
+
+
 def test_a_launched_rank_sees_its_own_thread_counts(tmp_path):
     """A real launch (one rank, whose trainer is replaced through --rank-prefix by a shell that
     records its environment) under the variables Snakemake's shell sets. A caller's RANK and
@@ -50,7 +55,13 @@ def test_a_launched_rank_sees_its_own_thread_counts(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "scalestudy", "launch", "--cpus-per-rank", "2"]
         + ["--rank-prefix", prefix, "--", "--epochs", "1"],
-        env={"PATH": "/usr/bin:/bin", **SNAKEMAKE_THREADS, **LEAKED, "MASTER_PORT": "29555"},
+        env={
+            "PATH": "/usr/bin:/bin",
+            **SNAKEMAKE_THREADS,
+            **LEAKED,
+            "MASTER_PORT": "29555",
+            **AGENT_LEAKED,
+        },  # fmt: skip
         capture_output=True,
         text=True,
         timeout=60,
@@ -59,6 +70,7 @@ def test_a_launched_rank_sees_its_own_thread_counts(tmp_path):
     got = dict(line.split("=", 1) for line in seen.read_text().splitlines() if "=" in line)
     assert {k: got.get(k) for k in launch.THREAD_VARS} == dict.fromkeys(launch.THREAD_VARS, "2")
     assert not set(LEAKED) & set(got), {k: got[k] for k in set(LEAKED) & set(got)}
+    assert not set(AGENT_LEAKED) & set(got), {k: got[k] for k in set(AGENT_LEAKED) & set(got)}
     assert got["MASTER_PORT"] == "29555"  # the documented override stays
 
 
@@ -403,6 +415,17 @@ def test_the_trainers_directories_outside_the_working_directory_are_bound_in(tmp
     assert binds("--out", "results/../../scratch/new/run-1") == [*got[:1], str(scratch)]
     with pytest.raises(LaunchError, match="none of its directories exists"):
         binds("--checkpoint-dir", "/no-such-top-level-dir/ckpt")
+    # a system directory, nearest or named: bound, the host's /opt hid the image's (the pytorch
+    # images' Python under /opt/conda: every rank "executable file not found")
+    for flag, path, there in (
+        ("--checkpoint-dir", "/opt/no-such-scalestudy-dir/run-1", "/opt"),
+        ("--out", "/usr/local/no-such-scalestudy-dir/r1", "/usr/local"),
+        ("--data-dir", "/", "/"),
+    ):
+        with pytest.raises(LaunchError) as exc:
+            binds(flag, path)
+        assert f"its nearest existing directory is the system directory {there}, " in str(exc.value)
+        assert "make the directory first, or choose one outside" in str(exc.value)
 
 
 def test_a_symlink_out_of_the_working_directory_binds_its_target(tmp_path, monkeypatch):
@@ -618,13 +641,17 @@ def test_a_failed_local_rank_is_one_line_and_its_exit_status(tmp_path):
     assert "exited 2 (the first to fail" in proc.stderr.splitlines()[-1]
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["term", "hup"])
+@pytest.mark.parametrize(
+    "signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1], ids=["term", "hup", "usr1"]
+)
 def test_a_stop_signal_to_the_launch_itself_is_the_ranks_stop(data_dir, tmp_path, signum):
     """SIGTERM to the launch process alone (a batch system's or `timeout`'s stop of the
     launcher, not of its ranks): torchrun passed it on, the ranks checkpointed and exited 75,
     and the launch still ended 143 ("stopped by SIGTERM"), so a wrapper could not tell a stop
     to rerun from a crash. The ranks' end is now the launch's: 75, with their checkpoint.
-    SIGHUP (a closed terminal) alike: the ranks died of it (129), their training lost."""
+    SIGHUP (a closed terminal) alike: the ranks died of it (129), their training lost. And
+    SIGUSR1, the ranks' own checkpoint-and-stop: it killed the launch (its default action),
+    and the ranks, in sessions of their own, trained on with no one watching."""
     proc = _local_run(data_dir, tmp_path, "--checkpoint-dir", str(tmp_path / "ckpt"))
     try:
         proc.send_signal(signum)  # the launcher only
@@ -723,18 +750,24 @@ def test_ranks_that_ignore_the_launchs_stop_are_killed_after_the_grace(tmp_path)
         assert not Path(f"/proc/{pid}").exists(), f"rank {pid} outlived the launch"
 
 
-def test_the_grace_under_a_torchrun_without_a_shutdown_timeout_is_its_fixed_30_s(monkeypatch):
-    """torch 2.11's torchrun (the H200 session of 2026-12-04) has no --shutdown-timeout and
-    reads no TORCH_ELASTIC_SHUTDOWN_TIMEOUT: its agent gives the ranks 30 s. The launch read
-    args.shutdown_timeout and every multi-rank run there ended in an AttributeError."""
+def test_the_grace_under_a_torchrun_without_a_shutdown_timeout(monkeypatch):
+    """torch 2.11's torchrun (the H200 session of 2026-12-04) has no --shutdown-timeout: the
+    launch read args.shutdown_timeout and every multi-rank run there ended in an
+    AttributeError. And the grace was torchrun's 30 s: an epoch longer than that was killed
+    before its checkpoint, the launch 143 for the stop's 75."""
     from torch.distributed import run as torchrun
 
+    from scalestudy.jobs import local_ranks, supervise
     from scalestudy.jobs.local_ranks import shutdown_timeout
 
-    monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "2")
     old = torchrun.parse_args(["--nproc-per-node=2", "train.py"])
     vars(old).pop("shutdown_timeout", None)  # the namespace torch 2.11's parser gives
-    assert shutdown_timeout(old) == 30
+    monkeypatch.delenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", raising=False)
+    # the grace is the launch's timer (_PassOn), torchrun's 30 s no limit of it: a rank's time
+    # to reach its epoch's end and save, within what supervise waits for the launch
+    assert shutdown_timeout(old) == local_ranks.STOP_GRACE_S < supervise.STOP_WAIT_S
+    monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "2")
+    assert shutdown_timeout(old) == 2
 
 
 def _has_shutdown_timeout() -> bool:
@@ -748,8 +781,10 @@ def test_the_grace_is_torchruns_shutdown_timeout_where_it_has_one(monkeypatch):
     """A torchrun with the option (CI's torch): the option, else the variable, as its agent."""
     from torch.distributed import run as torchrun
 
-    from scalestudy.jobs.local_ranks import shutdown_timeout
+    from scalestudy.jobs.local_ranks import STOP_GRACE_S, shutdown_timeout
 
+    monkeypatch.delenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", raising=False)
+    assert shutdown_timeout(torchrun.parse_args(["train.py"])) == STOP_GRACE_S
     monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "2")
     assert shutdown_timeout(torchrun.parse_args(["--nproc-per-node=2", "train.py"])) == 2
     given = torchrun.parse_args(["--nproc-per-node=2", "--shutdown-timeout=5", "train.py"])

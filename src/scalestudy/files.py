@@ -444,6 +444,13 @@ def hold_shared_locks(paths: str) -> list[str]:
     return problems
 
 
+# Directories that cannot be bound into the image: binding one hides the image's own system
+# (the pytorch images' Python under /opt/conda; an nsys a distribution put in /usr/bin)
+SYSTEM_DIRS = frozenset(
+    {"/", "/usr", "/usr/local", "/opt", "/bin", "/sbin", "/lib", "/lib64", "/etc", "/var"}
+)
+
+
 def unbindable(path: str | os.PathLike) -> bool:
     """Whether Apptainer's --bind cannot name `path` (BIND_SEPARATORS)."""
     return any(sep in os.fspath(path) for sep in BIND_SEPARATORS)

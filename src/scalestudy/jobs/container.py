@@ -664,7 +664,7 @@ def build(
         apptainer=apptainer,
         extra_args=extra_args,
     )
-    logger.info("+ " + " ".join(argv))
+    logger.info("+ " + shlex.join(argv))  # as launch logs its command: pasted back, it runs
     try:
         subprocess.run(argv, cwd=context, check=True)
         files.replace_with(tmp, target)

@@ -1,14 +1,15 @@
 """`scalestudy inventory --out results/system/<name>.json`: what the allocation runs on.
 
 GPU model, driver, CUDA, NCCL, torch, `nvidia-smi topo -m`, CPU, network interfaces (with speed and
-the RDMA devices: InfiniBand or RoCE, each port's rate and state), Slurm version and job,
-container digest, hostname, time. Every probe is
-independent, each command it runs bounded (10 s; torch's versions are read in this process): a tool
-that is absent is recorded as "absent", a failing one as "error: ...", so the inventory never fails
-a job. The Slurm job's node list, partition, node count and GPUs come from the environment, else
-from `scontrol -d show job` (see SLURM_FIELDS). Every training job writes one before its ranks
-start (results/system/<run>.json, rule train: on Slurm, on the first node of the job's allocation)
-and `scalestudy profile capture` one per profiling job (results/system/profile/<run>.json).
+the RDMA devices: InfiniBand or RoCE, each port's rate and state), Slurm version and job, container
+digest, hostname, time. Every probe is independent, each command it runs bounded (10 s; torch's
+versions are read in this process): a tool that is absent is recorded as "absent", a failing one as
+"error: ...", so the inventory never fails a job (only `scalestudy inventory --image` refuses an
+image it cannot read). The Slurm job's node list, partition, node count and GPUs come from the
+environment, else from `scontrol -d show job` (see SLURM_FIELDS). Every training job writes one
+before its ranks start (results/system/<run>.json, rule train: on Slurm, on the first node of the
+job's allocation) and `scalestudy profile capture` one per profiling job
+(results/system/profile/<run>.json).
 
 It is taken where the ranks run (`for_job`). Snakemake's local executor in `salloc`'s shell
 runs the rule on the submit host (salloc's shell stays there unless the site sets
@@ -397,5 +398,11 @@ def write_for_job(out: str | os.PathLike, image: str | None = None) -> dict:
 def run(args: argparse.Namespace) -> int:
     # the run's image replaced by its JSON (`--out X.sif --image X.sif`), said done
     files.check_distinct({"--out": args.out}, {"--image": args.image}, ScalestudyError)
-    write_for_job(args.out, args.image)
+    if args.image:
+        # typed by hand: a mistyped image is one line, exit 2 (it was an "error: ..." digest in
+        # the record and exit 0); the digest then goes where launch puts it, the image read once
+        from scalestudy.jobs.container_exec import image_digest
+
+        os.environ[vocab.CONTAINER_DIGEST_ENV] = image_digest(args.image)
+    write_for_job(args.out)
     return 0

@@ -96,10 +96,20 @@ CALLER_RANK_VARS = (
 )
 
 
+# ... and a torchrun worker's agent variables (TORCHELASTIC_USE_AGENT_STORE=True in every shell
+# inside a torchrun job): rank 0 of the launch connected to an agent's store no one ran, as a
+# client, and the run hung until its process-group timeout. The launch's torchrun sets its own
+CALLER_AGENT_PREFIX = "TORCHELASTIC_"
+
+
 def rank_env(env: dict[str, str], cpus_per_rank: int) -> dict[str, str]:
     """`env` with every THREAD_VARS variable set to the cores of one rank, without a caller's
-    CALLER_RANK_VARS."""
-    kept = {k: v for k, v in env.items() if k not in CALLER_RANK_VARS}
+    CALLER_RANK_VARS and TORCHELASTIC_* variables."""
+    kept = {
+        k: v
+        for k, v in env.items()
+        if k not in CALLER_RANK_VARS and not k.startswith(CALLER_AGENT_PREFIX)
+    }
     return {**kept, **dict.fromkeys(THREAD_VARS, str(cpus_per_rank))}
 
 
@@ -349,10 +359,18 @@ def bind_of(what: str, path: str | os.PathLike, cwd: Path) -> str | None:
     if real.is_relative_to(os.path.realpath(cwd)):
         return None
     there = next(p for p in (real, *real.parents) if p.is_dir())
-    if there == Path("/"):
+    if there == Path("/") and real != there:
         raise LaunchError(
             f"{what}: none of its directories exists, so there is nothing to bind into the "
             "container: make the directory first (or check the path)"
+        )
+    if str(there) in files.SYSTEM_DIRS:
+        # bound, the host's /opt hid the image's (its Python: every rank "executable file not
+        # found"), as a directory to be made in it would
+        raise LaunchError(
+            f"{what}: its nearest existing directory is the system directory {there}, which "
+            "cannot be bound into the container (it would hide the image's own): make the "
+            "directory first, or choose one outside the system directories"
         )
     if files.unbindable(there):
         raise LaunchError(

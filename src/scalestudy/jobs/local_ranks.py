@@ -12,13 +12,13 @@ saved, rerun to resume) became 1. Here:
   Before any rank started: `scalestudy launch: interrupted`. torchrun's two warnings that it
   got SIGINT and passes it on, which restate the user's Ctrl-C, are left out; its other
   messages are not.
-- SIGTERM or SIGHUP to this process alone (a batch system's or `timeout`'s stop of the launcher,
-  a hang-up): passed on to each rank's process group, as torchrun would, and the ranks' own end
-  is the run's (below): a stop's 75 where they checkpointed (torchrun made every such end its
-  SignalException: 128 + N, and a wrapper could not tell a stop to rerun from a crash). Ranks
-  still running after torchrun's shutdown timeout (--shutdown-timeout, else
-  TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30 s; 30 s where torch has no such option) are killed,
-  as torchrun did: one line, 128 + N.
+- SIGTERM, SIGHUP or SIGUSR1 to this process alone (a batch system's or `timeout`'s stop of the
+  launcher, a hang-up, the ranks' checkpoint-and-stop): passed on to each rank's process group,
+  as torchrun would, and the ranks' own end is the run's (below): a stop's 75 where they
+  checkpointed (torchrun made every such end its SignalException: 128 + N, and a wrapper could
+  not tell a stop to rerun from a crash). Ranks still running after the grace
+  (--shutdown-timeout, else TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else STOP_GRACE_S: time to reach
+  the epoch's end and save) are killed, as torchrun did: one line, 128 + N.
   A signal ignored (nohup's SIGHUP) stays ignored.
 - SIGQUIT: torchrun sends it to the ranks and kills those still running after its shutdown
   timeout, as before; one line, exit 128 + N.
@@ -87,9 +87,16 @@ TORCHRUN_LOGGERS = (
 )
 
 
-# the launcher's own stop signals, which this process passes on to the ranks instead of torchrun:
-# torchrun's handler raises its SignalException, and the ranks' exit statuses are lost with it
-PASSED_ON = vocab.STOP_SIGNALS
+# the ranks' stop signals, which this process passes on to them instead of torchrun: torchrun's
+# handler raises its SignalException, and the ranks' exit statuses are lost with it; SIGUSR1
+# (the ranks' checkpoint-and-stop) killed this process by its default action, and the ranks,
+# in sessions of their own, trained on with no one watching
+PASSED_ON = vocab.RANK_STOP_SIGNALS
+# the ranks' time to end after a stop passed on, without a --shutdown-timeout or
+# TORCH_ELASTIC_SHUTDOWN_TIMEOUT: a rank stops at its epoch's end, after its checkpoint
+# (trainer/checkpoint.StopFlag); at torchrun's 30 s an epoch of 40 s was killed unsaved, the
+# launch 143 for the stop's 75. Below supervise.STOP_WAIT_S, which waits for the launch
+STOP_GRACE_S = 80
 
 
 def children(pid: int | str = "self") -> list[int]:
@@ -143,10 +150,11 @@ def kill_tree(pid: int) -> None:
 
 
 class _PassOn:
-    """SIGTERM/SIGHUP to this process: sent to every rank's process group, whose ends torchrun's
-    agent then reports as any rank's (ChildFailedError: the stop's 75). Those still running
-    `grace_s` later are killed: SIGALRM raises torchrun's own SignalException with SIGKILL, its
-    shutdown then kills them. Before any rank started, the signal ends the launch at once."""
+    """SIGTERM/SIGHUP/SIGUSR1 to this process: sent to every rank's process group, whose ends
+    torchrun's agent then reports as any rank's (ChildFailedError: the stop's 75). Those still
+    running `grace_s` later are killed: SIGALRM raises torchrun's own SignalException with
+    SIGKILL, its shutdown then kills them. Before any rank started, the signal ends the launch
+    at once."""
 
     def __init__(self, grace_s: float) -> None:
         self.grace_s = grace_s
@@ -187,15 +195,13 @@ class _PassOn:
 
 
 def shutdown_timeout(args) -> float:
-    """torchrun's grace for its ranks to end after a signal (launcher/api.LaunchConfig's).
-    A torchrun without --shutdown-timeout (torch 2.11: its parser has no such option, and
-    nothing reads TORCH_ELASTIC_SHUTDOWN_TIMEOUT) gives its ranks a fixed 30 s (the
-    `timeout=30` of elastic/multiprocessing/api.PContext.close)."""
-    if not hasattr(args, "shutdown_timeout"):
-        return 30
-    if args.shutdown_timeout is not None:
+    """The ranks' grace to end after a stop passed on (_PassOn): torchrun's --shutdown-timeout
+    where given, else TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else STOP_GRACE_S. A torchrun without the
+    option (torch 2.11: its parser has none; an AttributeError once) takes the variable too:
+    the grace is this process's timer, not torchrun's."""
+    if getattr(args, "shutdown_timeout", None) is not None:
         return args.shutdown_timeout
-    return int(os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "30"))
+    return int(os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", STOP_GRACE_S))
 
 
 def main(argv: list[str]) -> int:

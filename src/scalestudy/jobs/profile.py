@@ -77,11 +77,6 @@ logger = log.get(__name__)
 NSYS_TRACE = vocab.NSYS_TRACE
 NSYS_REPORTS_NEW = ("cuda_gpu_kern_sum", "cuda_gpu_mem_time_sum", "nvtx_sum")
 NSYS_REPORTS_OLD = ("gpukernsum", "gpumemtimesum", "nvtxsum")
-# Installation roots that cannot be bound into the image: binding them would hide its own system
-# (e.g. an nsys that a distribution package put in /usr/bin).
-SYSTEM_DIRS = frozenset(
-    {"/", "/usr", "/usr/local", "/opt", "/bin", "/sbin", "/lib", "/lib64", "/etc", "/var"}
-)
 # ---------------------------------------------------------------------------------------------
 # pure command construction (unit-tested; the cluster runs exactly these)
 
@@ -137,7 +132,7 @@ def profiler_install(exe: str) -> tuple[str, str]:
     real = os.path.realpath(exe)
     parent = Path(real).parent
     root = parent.parent if parent.name == "bin" or parent.name.startswith("target-") else parent
-    if str(root) in SYSTEM_DIRS:
+    if str(root) in files.SYSTEM_DIRS:
         raise ProfileError(
             f"{exe} is installed in the system directory {root}, which cannot be bound into the "
             "container (it would hide the image's own): use a standalone Nsight installation "

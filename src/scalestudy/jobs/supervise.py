@@ -34,9 +34,9 @@ class Stopped(Exception):
         self.signum = signal.Signals(signum)
 
 
-# how long a launch may take to end after a stop signal passed on: torchrun's grace is 30 s
-# before it kills its ranks (shutdown_timeout), a trainer stopping on SIGTERM saves at its next
-# epoch's end (trainer/checkpoint.StopFlag)
+# how long a launch may take to end after a stop signal passed on: its grace is
+# local_ranks.STOP_GRACE_S before it kills its ranks (shutdown_timeout), a trainer stopping on
+# SIGTERM saves at its next epoch's end (trainer/checkpoint.StopFlag)
 STOP_WAIT_S = 90
 
 
