@@ -172,10 +172,15 @@ def test_a_bucket_cell_without_a_run_is_said_to_be_unmeasured_not_nan():
     ]
     plt = plots._pyplot()
     fig, ax = plt.subplots()
-    plots.plot_bucket(ax, scaling_rows(runs))
+    plots.plot_bucket(ax, scaling_rows(runs), "cuda")
     # imshow's origin is lower left: (x, y) = (bucket index, local-batch index)
     labels = {tuple(round(c) for c in t.get_position()): t.get_text() for t in ax.texts}
+    # the family's one world size, which no text of the figure named
+    nodes = {r["nodes"] for r in scaling_rows(runs)}
+    (k,) = nodes
+    title = ax.get_title()
     plt.close(fig)
+    assert title == f"at 8 GPUs on {k} node{'s' * (int(k) != 1)}", title
     assert labels == {(0, 0): "900", (1, 0): "1000", (1, 1): "1200", (0, 1): "not\nmeasured"}
     assert not any("nan" in text.lower() for text in labels.values()), labels
 
@@ -188,7 +193,7 @@ def test_every_bucket_cell_number_stands_out_from_its_colour():
             for b, x in ((1, 10000), (5, 30000), (25, 50000), (100, 70000))]  # fmt: skip
     plt = plots._pyplot()
     fig, ax = plt.subplots()
-    plots.plot_bucket(ax, scaling_rows(runs))
+    plots.plot_bucket(ax, scaling_rows(runs), "cuda")
     image = ax.images[0]
 
     def luminance(rgb):
@@ -1115,7 +1120,10 @@ def test_a_table_without_a_column_the_figures_read_is_one_line(tmp_path, capsys,
     [
         ("world_size", "two", "world_size = 'two' is not a whole number >= 1 or blank"),
         ("world_size", "2.0", "world_size = '2.0' is not a whole number >= 1 or blank"),  # re-saved
-        ("throughput_img_s_mean", "fast", "throughput_img_s_mean = 'fast' is not a finite number"),
+        ("throughput_img_s_mean", "fast", "throughput_img_s_mean = 'fast' is not a number > 0"),
+        # a 0 or a negative one on the throughput figure's log axis: drawn as nothing, exit 0
+        ("throughput_img_s_mean", "0", "throughput_img_s_mean = '0' is not a number > 0 or"),
+        ("epoch_time_s_mean", "-5", "epoch_time_s_mean = '-5' is not a number > 0 or blank"),
         ("speedup", "inf", "speedup = 'inf' is not a finite number or blank"),  # drawn nowhere
         ("throughput_img_s_mean", "", "throughput_img_s_mean is blank, and `scalestudy analyze`"),
         ("family", " ", "family is blank, and `scalestudy analyze` always fills it"),
@@ -1496,7 +1504,16 @@ def test_every_gpu_util_series_has_its_own_style_and_the_targets_come_in_pairs(t
     # strong and weak keep their families' style; no other series takes one of theirs
     families = {styles.pop("strong"), styles.pop("weak")}
     assert families == set(plots.FAMILY_STYLE.values()) and not families & set(styles.values())
+    # nor their colours: a bucket cell in strong's blue with another marker read as strong
+    assert not {c for c, _ in families} & {c for c, _ in styles.values()}, styles
     assert axes.get_ylim() == (0, 100)  # a percentage
+    # the legend below the axes, the figure taller for it: inside, 18 entries hid the points
+    figure = axes.figure
+    figure.tight_layout()
+    figure.canvas.draw()
+    legend = axes.get_legend().get_window_extent()
+    assert legend.y1 < axes.get_window_extent().y0, (legend, axes.get_window_extent())
+    assert figure.get_size_inches()[1] > 4.8 + 0.9 * plots.LEGEND_ROW_IN * 9
     path = tmp_path / "targets.csv"
     path.write_text("target,value\nstrong_efficiency,0.7\n")
     with pytest.raises(AnalysisError, match="strong_efficiency and strong_efficiency_gpus come"):

@@ -1363,6 +1363,8 @@ def test_a_pdflatex_that_stops_before_its_log_is_named_by_its_own_line(
         ("resources-runs", "resources.csv, line 2: runs is blank, and `scalestudy analyze`"),
         ("resources-lost", "line 2: runs_lost_unmeasured is blank in a measured row"),
         ("resources-scale", "scale_factor is blank in a projected row, and `scalestudy analyze`"),
+        # a 0 on the throughput figure's log axis: the point and its family's ideal line gone
+        ("scaling-zero", "scaling.csv, line 2: throughput_img_s_mean = '0' is not a number > 0"),
     ],
 )
 def test_damaged_tables_are_one_line_and_write_nothing(done, tmp_path, capsys, damage, says):
@@ -1392,6 +1394,7 @@ def test_damaged_tables_are_one_line_and_write_nothing(done, tmp_path, capsys, d
             "resources-runs": ("resources", "runs", "nan"),
             "resources-lost": ("resources", "runs_lost_unmeasured", "None"),
             "resources-scale": ("resources", "scale_factor", "null"),
+            "scaling-zero": ("scaling", "throughput_img_s_mean", "0"),
         }[damage]
         rows = read(csv_dir / f"{name}.csv")
         kind = "projected" if column == "scale_factor" else None  # a row of that kind's

@@ -202,6 +202,11 @@ TABLE_NUMBER = files.NUMBER.or_blank()
 # counts of ranks, nodes, images and repeats: a 0 edited in was a ZeroDivisionError traceback in
 # the throughput figure and the proposal (int() reads them)
 TABLE_COUNT = files.count(1).or_blank()
+# rates, times and sizes no configuration has at 0 or below: the means of RUNS_POSITIVE's
+# measures, the step time, the waterfall's throughputs and step times. A 0 or -5 edited into
+# throughput_img_s_mean was drawn on the log axis of the throughput figure as nothing (the
+# family's ideal line, 0 x N, with it), exit 0
+TABLE_POSITIVE = files.POSITIVE.or_blank()
 
 
 def read_table(path: str | Path, table: str, flag: str, own: str = "") -> list[dict]:
@@ -259,6 +264,7 @@ def check_table(
     for i, row in enumerate(rows, start=2):  # line 1 is the header
         for column in numbers:
             rule = TABLE_COUNT if column in COUNT_COLUMNS else TABLE_NUMBER
+            rule = TABLE_POSITIVE if column in POSITIVE_COLUMNS else rule
             check_cell(path, i, column, row[column], rule, fix)
             # a "nan", "None" or "null" reads as blank (files.number), and is made one: the
             # documents print a blank as "n/a" (not measured), and printed such a word as it was
@@ -1481,6 +1487,12 @@ RUNS_POSITIVE = ("throughput_img_s", "bucket_cap_mb", "grad_sync_bytes", "train_
 # ... and measured rates, times and energies, which no run has at 0 or below (a negative J/img
 # reached resources.csv and the proposal as negative kWh)
 RUNS_POSITIVE += ("epoch_time_s", "model_flops_per_s", "energy_j_per_img", "energy_wall_j_per_img")
+# ... and in analyze's tables (read_table: TABLE_POSITIVE)
+POSITIVE_COLUMNS = frozenset(
+    {f"{m}_mean" for m in RUNS_POSITIVE}
+    | {"step_time_s_mean", "bucket_cap_mb"}
+    | {"x_ideal", "x_measured", "step_time_s", "step_time_ideal_s"}
+)
 # measured fractions, and NVML's utilisation in percent: out of range, the report printed them
 # as they were (a final accuracy of -100.0 %)
 RUNS_FRACTIONS = ("final_val_acc", "comm_exposed_frac", "mfu")

@@ -103,6 +103,9 @@ def _pyplot():
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
 
+    # matplotlib's defaults first: a matplotlibrc in the study's directory or the user's config
+    # (a serif font, savefig.bbox tight) drew other figures from the same CSVs, other bytes
+    matplotlib.rcdefaults()
     plt.rcParams.update({"figure.dpi": 110, "savefig.dpi": 150, "font.size": 9})
     return plt
 
@@ -292,10 +295,18 @@ def plot_precision(ax, scaling, device, targets=None, **_):
     ax.legend(title="world size")
 
 
-def plot_bucket(ax, scaling, **_):
+def plot_bucket(ax, scaling, device, **_):
     rows = [r for r in scaling if r["family"] == "bucket"]
     if not rows:
         raise AnalysisError("scaling.csv has no bucket rows (family bucket did not run)")
+    # the family's one placement (families.bucket.gpus), which no text of the figure named
+    unit = _unit(device)
+    placed = sorted({(int(r["world_size"]), int(r["nodes"])) for r in rows})
+    ax.set_title(
+        ", ".join(f"at {n} {vocab.plural(unit, n)} on {k} {vocab.plural('nodes', k)}"
+                  for n, k in placed),
+        fontsize=8,
+    )  # fmt: skip
     buckets = sorted({float(r["bucket_cap_mb"]) for r in rows})
     batches = sorted({int(r["local_batch"]) for r in rows})
     # NaN: a cell of the grid without a measurement (its run failed or has not run yet)
@@ -550,10 +561,13 @@ def energy_series(scaling: list[dict]) -> dict[str, list[tuple[int, float, float
 
 def _configuration_errorbars(ax, series: dict[str, list], device: str) -> None:
     """configuration_series as error-bar lines: strong and weak in their family's style (a
-    label's words before " (": energy_series' basis), the others in the styles no family has
-    (the 9th series was drawn exactly as strong); a series on the wall span's energy basis
-    dashed with open markers."""
-    free = [(c, m) for m in MARKERS for c in PALETTE if (c, m) not in FAMILY_STYLE.values()]
+    label's words before " (": energy_series' basis), the others in colours no family has
+    (the 9th series was drawn exactly as strong, and others in strong's blue or weak's orange
+    with another marker); a series on the wall span's energy basis dashed with open markers.
+    The legend goes below the axes, the figure taller by its rows: the default study's 18
+    series (strong, weak, 4 precisions, 12 bucket cells) inside the axes hid 13 of its points."""
+    taken = {colour for colour, _ in FAMILY_STYLE.values()}
+    free = [(c, m) for m in MARKERS for c in PALETTE if c not in taken]
     others = iter(free * (1 + len(series) // len(free)))
     styles: dict[str, tuple] = {}
     for label, points in series.items():
@@ -576,7 +590,16 @@ def _configuration_errorbars(ax, series: dict[str, list], device: str) -> None:
     # ticks at the measured world sizes only, as _family_errorbars gives them
     measured = [p[0] for points in series.values() for p in points if not math.isnan(p[1])]
     _gpu_axis(ax, measured, device)
-    ax.legend(fontsize=7)
+    rows = math.ceil(len(series) / LEGEND_COLUMNS)
+    width, height = ax.figure.get_size_inches()
+    ax.figure.set_size_inches(width, height + LEGEND_ROW_IN * rows)
+    ax.legend(ncols=LEGEND_COLUMNS, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.15))
+
+
+# the legend below _configuration_errorbars' axes: its columns, and the inches each row takes
+# (7 pt text, 1.2 lines apart with the marker's height: ~0.17 in)
+LEGEND_COLUMNS = 2
+LEGEND_ROW_IN = 0.17
 
 
 def plot_gpu_util(ax, scaling, device, **_):
