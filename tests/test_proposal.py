@@ -783,6 +783,53 @@ def test_a_production_run_past_runtime_max_is_priced_with_its_resumptions(tmp_pa
     )
 
 
+def test_the_studys_measured_runs_are_priced_as_the_campaign_trains_them_again(tmp_path):
+    """The "scaling study" rows ask for every run of the study, measured or not, and a measured
+    run was priced as the one job it had been: its resumptions past hardware.runtime_max left
+    out (a repeat cost less measured than not), and a run the machine cannot start (no
+    checkpoints to go on from) asked for without a word."""
+    over = ("hardware.runtime_max=15", "checkpointing.retries=20", "train.epochs=300")
+    over += ("plan.startup_s=120", "profiling.enabled=false")
+    config, study = build(tmp_path, *STRONG, *over)
+    write(config, study)
+    from scalestudy.study.estimate import estimate_runs, load_measured
+
+    measured = load_measured(study / "results/csv/runs.csv")
+    table = build_run_table(config)
+    assert all(e.done for e in estimate_runs(config, table, measured))  # all measured
+    again = estimate_runs(config, table, measured, refuse=False, new=True)
+    assert any(e.jobs > 1 for e in again)  # split: the resumptions' start-ups held too
+    asked = [(i, v) for (s, i), v in cells(study).items() if s == "request"]
+    asked = [(i, v) for i, v in asked if i.startswith("scaling study")]
+    held = sum(e.held_s * e.nodes for e in again) / 3600
+    node_hours = sum(float(v["node_hours"]) for _, v in asked)
+    assert held <= node_hours <= held * 1.01, (held, node_hours)
+    assert not [v for _, v in asked if "cannot_run" in v]
+    # without checkpoints no run goes on in another job: said beside the rows, not asked for
+    # silently (nor refused: the study's runs all ran)
+    config, study = build(tmp_path / "off", *STRONG, *over, "checkpointing.enabled=false")
+    docs = write(config, study)
+    study_rows = [v for (s, i), v in cells(study).items() if s == "request" and "study" in i]
+    refused = [v["cannot_run"] for v in study_rows if "cannot_run" in v]
+    assert refused and all("checkpointing.enabled" in why for why in refused), refused
+    assert "cannot run as priced on" in docs["proposal.md"]
+
+
+def test_a_study_measured_on_another_device_is_one_line(demo, tmp_path, capsys):
+    """The CPU demo's CSVs with a GPU config (or a GPU study's with the demo's): the request
+    priced GPU-hours the documents said do not apply, or 0 GPU-hours and energy "not measured"
+    beside a measured J/img. Refused in one line, naming system.csv and both devices."""
+    config, study, _ = demo
+    gpu = copy.deepcopy(config)
+    gpu["hardware"]["device"] = "cuda"
+    with pytest.raises(AnalysisError) as e:
+        write(gpu, study)
+    assert str(e.value) == (
+        f"{study / 'results/csv'}/system.csv: the study ran on cpu, and this config prices on "
+        "hardware.device cuda: give the study's own config, or run the study again (`snakemake`)"
+    )
+
+
 def test_production_runs_are_priced_new_though_the_study_measured_their_ids(tmp_path):
     """Production run ids leave out the epochs: a study on the whole data set at the
     production epochs measured runs of the same ids, and those were priced as done, one job

@@ -799,7 +799,13 @@ def proposal_rows(
             "the run table's runs without a measurement in runs.csv",
         ),
     ]
-    for item, members in _grouped("scaling study", study):
+    # the campaign trains the study again, its measured runs too: each priced as a run still to
+    # train (the jobs it goes on in past hardware.runtime_max, their start-ups held; where it
+    # cannot go on, said beside its row). A measured run was priced as the one job it had been:
+    # a repeat cost less measured than not, and a study the machine cannot run was asked for
+    # without a word
+    again = estimate_runs(config, table, measured if calibrate else [], refuse=False, new=True)
+    for item, members in _grouped("scaling study", again):
         req += planner_rows(item, members)
         priced += members
     for what, estimates in nxt.items():
@@ -1048,6 +1054,21 @@ def proposal_csv(csv_dir: str | Path, out_csv: str | Path | None) -> Path:
     return Path(out_csv) if out_csv else Path(csv_dir) / "proposal.csv"
 
 
+def check_device(config: dict, system: list[dict], csv_dir: Path) -> None:
+    """The study measured on the device this config prices on (hardware.device): a GPU study's
+    CSVs with the CPU demo's config priced 0 GPU-hours and "not measured" energy beside its
+    measured J/img, and a CPU study's with device cuda GPU-hours its documents said do not
+    apply. A study of both devices, or an older system.csv without the row, is let be."""
+    ran = next((r["value"] for r in system if (r["section"], r["key"]) == ("study", "device")), "")
+    want = config["hardware"]["device"]
+    if ran in vocab.STUDY_DEVICES and ran != want:
+        raise AnalysisError(
+            f"{csv_dir}/system.csv: the study ran on {ran}, and this config prices on "
+            f"hardware.device {want}: give the study's own config, or run the study again "
+            "(`snakemake`)"
+        )
+
+
 def write_proposal(
     config: dict,
     csv_dir: str | Path = "results/csv",
@@ -1065,6 +1086,7 @@ def write_proposal(
     csv_dir = Path(csv_dir)
     tables = report.load_tables(csv_dir, report.ANALYSIS_TABLES)  # model.csv: optional, below
     measured = load_measured(runs_csv, benchmarks_dir)
+    check_device(config, tables["system"], csv_dir)
     if Path(model_csv).is_file():  # optional: without it the text says there is no validation
         tables["model"] = checked_model(model_csv)
     # None: model.csv absent (the documents say so, apart from one without held-out rows)
