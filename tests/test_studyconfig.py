@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import math
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ import yaml
 
 from scalestudy import vocab
 from scalestudy.study import config as studyconfig
-from scalestudy.study import runs
+from scalestudy.study import profiling, runs
 from scalestudy.study.config import StudyConfigError, load_and_validate, validate
 from scalestudy.trainer.config import STEP_GRAPH_WARM_STEPS, STEPS_BEFORE_WINDOW
 
@@ -524,6 +525,24 @@ def test_a_profile_window_beyond_the_epoch_names_the_key_that_can_change():
     assert "start_step at most" not in message, message
 
 
+def test_a_profile_window_beyond_several_runs_epochs_is_one_line_with_the_tightest_fix():
+    """config.yaml with profiling.start_step 10000: a line per profiled run, two saying
+    "start_step at most 184" and two "at most 37"; who followed the first was refused again.
+    One line now, for the run of the largest global batch, whose fix fits every run."""
+    from scalestudy.study.runs import build_run_table
+
+    message = refused(FULL, "config key 'profiling.start_step': value 10000 is not allowed: run ",
+                      overrides=["profiling.start_step=10000"])  # fmt: skip
+    assert len(message.splitlines()) == 1, message
+    latest = int(re.search(r"start_step at most (\d+)", message)[1])
+    others = int(re.search(r"\(and (\d+) more profiled runs?\)", message)[1])
+    config = load_and_validate(FULL)
+    profiled = profiling.profiled_runs(config, build_run_table(config))
+    assert others == len(profiled) - 1
+    fixed = load_and_validate(FULL, overrides=[f"profiling.start_step={latest}"])
+    assert fixed["profiling"]["start_step"] == latest  # the fix it names fits every run
+
+
 def test_a_partitions_max_time_below_the_shortest_limit_is_refused():
     """hardware.runtime_max below hardware.runtime_min: every job asks for runtime_min at least,
     which the partition would never grant."""
@@ -881,7 +900,7 @@ def test_a_count_yaml_reads_as_text_or_a_name_it_reads_as_a_boolean_says_how_to_
 
 @pytest.mark.parametrize(
     ("key", "text", "spelling"),
-    [("train.weight_decay", "1e-5", "1.0e-05"), ("train.lr", "1e+300", "1.0e+300")],
+    [("train.weight_decay", "1e-5", "1.0e-05"), ("train.weight_decay", "1e+300", "1.0e+300")],
 )
 def test_the_spelling_the_hint_proposes_is_a_number_to_yaml(key, text, spelling):
     """The hint printed Python's repr, "write 1e-05" and "write 1e+300": YAML 1.1 reads those
@@ -893,6 +912,15 @@ def test_the_spelling_the_hint_proposes_is_a_number_to_yaml(key, text, spelling)
     section, name = key.split(".")
     config = load_and_validate(minimal(), overrides=[f"{key}={proposed}"])
     assert config[section][name] == float(text)
+
+
+def test_a_refused_value_is_spelled_as_typed_and_only_the_invisible_escaped():
+    """JSON's ASCII escapes wrote `dataset=cifär10` as "cif\\u00e4r10", a word the user never
+    typed; a zero-width space inside a name, which no one can see, stays escaped."""
+    refused(minimal(), "config key 'dataset': value \"cifär10\" is not allowed",
+            overrides=["dataset=cifär10"])  # fmt: skip
+    message = refused(minimal(), overrides=["dataset=cifar\u200b10"])
+    assert 'value "cifar\\u200b10" is not allowed' in message, message
 
 
 def test_a_value_yaml_reads_as_a_date_or_a_number_says_to_quote_it():
@@ -1058,6 +1086,16 @@ def test_the_ncu_kernel_and_launch_counts_have_a_maximum(key, most):
     refused(minimal(), f"config key 'profiling.ncu.{key}': value {most + 1} is not allowed: "
             f"must be <= {most}", overrides=[f"profiling.ncu.{key}={most + 1}"])  # fmt: skip
     assert load_and_validate(minimal(), overrides=[f"profiling.ncu.{key}={most}"])
+
+
+@pytest.mark.parametrize(("key", "most"), [("proposal.production.runs", 10000), ("train.lr", 1000)])
+def test_the_production_runs_and_the_learning_rate_have_a_maximum(key, most):
+    """proposal.production.runs 10^9 passed every check, and the proposal job, after the whole
+    study trained, built a run-table row per run (hours, terabytes); train.lr 1e308 scaled to
+    an infinite peak, and every training job failed on its first loss. The schema bounds both."""
+    refused(minimal(), f"config key '{key}': value {most + 1} is not allowed: must be <= {most}",
+            overrides=[f"{key}={most + 1}"])  # fmt: skip
+    assert load_and_validate(minimal(), overrides=[f"{key}={most}"])
 
 
 @pytest.mark.parametrize("key", ["data_dir", "checkpointing.dir"])
@@ -1375,7 +1413,10 @@ def test_config_overrides_a_jobs_shell_would_change_are_named_one_line_each():
     problems = studyconfig.overrides_a_shell_changes(changed)
     assert len(problems) == len(changed)
     for arg, line in zip(changed, problems, strict=True):
-        assert line.startswith(f"--config {arg!r} would reach the jobs Snakemake starts changed")
+        # shell-quoted, as typed again (Python's repr gave 'O\\'Brien', which bash cannot parse)
+        said = f"--config {shlex.quote(arg)} would reach the jobs Snakemake starts changed"
+        assert line.startswith(said), line
+        assert shlex.split(line.split(" would reach")[0])[1] == arg
         assert "\n" not in line and line.endswith("in a YAML file with --configfile instead")
     assert "' beside $, ` or \\" in problems[0] and "' beside $" in problems[2]
     assert "both ' and \"" in problems[3] and "control character" in problems[4]

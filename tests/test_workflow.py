@@ -923,7 +923,8 @@ def test_a_config_value_the_jobs_shell_would_change_is_refused_before_any_job(tm
     said = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
     refusal = [line for line in said if line.startswith("--config ")]
     assert refusal == [
-        f"--config {value!r} would reach the jobs Snakemake starts changed: it holds a ' beside "
+        f"--config {shlex.quote(value)} would reach the jobs Snakemake starts changed: it holds a "
+        "' beside "
         "$, ` or \\, which their shell expands inside the double quotes Snakemake gives it. "
         "Give this key in a YAML file with --configfile instead"
     ], said

@@ -132,12 +132,17 @@ def key_path(parts: Iterable[str | int]) -> str:
 
 
 def _fmt(value: Any) -> str:
-    """A value as the user wrote it (YAML/JSON spelling: "cifar100", null, true), shortened."""
+    """A value as the user wrote it (YAML/JSON spelling: "cifar100", null, true), shortened:
+    its letters as typed ("cifär10", once "cif\\u00e4r10"), only what cannot be seen (a
+    control, format or separator character other than the space) escaped."""
     try:
-        text = json.dumps(value)
+        text = json.dumps(value, ensure_ascii=False)
     except (TypeError, ValueError):
         # a YAML date or timestamp as the user wrote it, not datetime.date(2024, 5, 1)
         text = value.isoformat() if isinstance(value, datetime.date) else repr(value)
+    text = "".join(
+        f"\\u{ord(c):04x}" if c != " " and unicodedata.category(c)[0] in "CZ" else c for c in text
+    )
     return text if len(text) <= 80 else text[:77] + "..."
 
 
@@ -1371,7 +1376,8 @@ def overrides_a_shell_changes(args: Iterable[str]) -> list[str]:
                 "Snakemake's quoting escapes and their shell keeps"
             )
         problems.append(
-            f"--config {arg!r} would reach the jobs Snakemake starts changed: {why}. Give "
+            f"--config {shlex.quote(arg)} would reach the jobs Snakemake starts changed: {why}. "
+            "Give "
             "this key in a YAML file with --configfile instead"
         )
     return problems

@@ -352,8 +352,15 @@ def window_problems(config: dict, rows: list[dict]) -> list[str]:
             f"train.comm_hook powersgd: at least {POWERSGD_START_ITER}, PowerSGD's uncompressed "
             "steps (a window before them profiles plain all-reduces)"
         )
-    for row in profiled_runs(config, rows):
-        need = (prof["start_step"] + prof["steps"] + 1) * row["global_batch"]
+    window = prof["start_step"] + prof["steps"] + 1  # steps of the profiled epoch
+    too_long = [r for r in profiled_runs(config, rows) if window * r["global_batch"] > n_train]
+    # one line, for the run of the largest global batch: its epoch is the shortest, so the fix
+    # it names fits every profiled run (a line per run gave start_step at most 184 and at most
+    # 37, and who followed the first was refused again)
+    for row in sorted(too_long, key=lambda r: -r["global_batch"])[:1]:
+        need = window * row["global_batch"]
+        others = len(too_long) - 1
+        also = f" (and {others} more profiled {'run' if others == 1 else 'runs'})" * bool(others)
         if need > n_train:
             # the key that can change: start_step cannot go below 0, nor with PowerSGD below
             # its uncompressed steps (refused above)
@@ -375,7 +382,7 @@ def window_problems(config: dict, rows: list[dict]) -> list[str]:
                 key, fix = "steps", "no window fits: a smaller batch"
             problems.append(
                 f"config key 'profiling.{key}': value {prof[key]} is not allowed: "
-                f"run {row['run']} would need (start_step {prof['start_step']} + steps "
+                f"run {row['run']}{also} would need (start_step {prof['start_step']} + steps "
                 f"{prof['steps']} + 1) x global batch {row['global_batch']} = {need} training "
                 f"images, more than the {n_train} of {source}; {fix}"
             )

@@ -363,8 +363,10 @@ def run_problems(rows: list[dict], n_train: int, n_train_source: str) -> list[st
             graph_short = (steps, row)
     problems = [
         f"runs {', '.join(runs[:3])}{' ...' if len(runs) > 3 else ''}: `scalestudy train` refuses "
-        f"their flags, which come from the config's train: keys (--comm-hook is "
-        f"train.comm_hook, and so on): {why}"
+        f"their flags, which come from the config's train: keys and its families' sweeps "
+        f"(--comm-hook is train.comm_hook; --precision train.precision or "
+        f"families.precision.precisions, --local-batch train.local_batch or a family's "
+        f"local_batch, and so on): {why}"
         for why, runs in refused.items()
     ]
     if shortest:
