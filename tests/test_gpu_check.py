@@ -586,6 +586,34 @@ def test_pair_passes_on_equal_checksums_and_fails_on_different_ones():
     assert check.status == FAIL and "checksums differ" in check.problems[0]
 
 
+def test_a_pair_whose_ranks_agree_but_learned_nothing_fails():
+    """Identical checksums and finite losses passed a pair whose gradients were wrong alike on
+    both ranks (an all-reduce or hook returning zeros): the loss at chance in every epoch, as
+    the two-rank cuda-graphs judge already refused. The last epoch's loss must be below the
+    first's (a healthy PowerSGD pair ends at 0.85-0.91x, so not cuda-graphs' 0.8x)."""
+    flat = stand_in_epochs(losses=(2.3026, 2.3026, 2.3026))
+    for hook in ("none", "fp16", "powersgd"):
+        run = stand_in_run(world_size=2, backend="gloo", param_checksums=["a", "a"],
+                           comm_hook=hook, best_val_acc=0.10, epochs=flat)  # fmt: skip
+        check = report.judge_pair(f"gloo2-ddp-hook-{hook}", "ddp", hook, run)
+        assert check.status == FAIL, check
+        assert check.problems == ["train loss did not fall (2.3026 -> 2.3026): the ranks learned "
+                                  "nothing"], check.problems  # fmt: skip
+        assert check.numbers["train_loss_first"] == 2.3026
+    powersgd = stand_in_run(
+        world_size=2,
+        backend="gloo",
+        param_checksums=["a", "a"],
+        comm_hook="powersgd",
+        epochs=stand_in_epochs(losses=(2.34, 2.2, 2.126)),
+    )
+    assert report.judge_pair("gloo2-ddp-hook-powersgd", "ddp", "powersgd", powersgd).status == PASS
+    run = two_gpu_run(REAL_STEP_GRAPH, comm_exposed_frac=0.1)
+    run.epochs = flat
+    check = report.judge_two_gpus(2, run)
+    assert check.status == FAIL and "train loss did not fall" in check.problems[-1], check
+
+
 # real metrics.json of one-GPU runs on an H100 (docs/gpu-runs/): the trainer's default path on
 # CUDA, compiled with the whole step one graph, and the same compiled with --cuda-graphs on
 # (torch.compile's graphs between the all-reduces); both with the probe off
@@ -1848,6 +1876,11 @@ def test_report_with_checks_the_budget_left_out_is_incomplete_and_names_the_reru
     doc = report.write_report(tmp_path, header, [*checks, *stand_in_checks()[2:3]])
     assert gpu_check.exit_code(doc) == 1
     assert (tmp_path / "gpu-check.md").read_text().startswith("# gpu-check on n: FAILED")
+    # a --work outside --out (the wrapper's: `--out "$OUT" --work /tmp/gpu-check-work`) is
+    # the rerun's too: without it the rerun put its work directory inside its --out
+    doc = report.write_report(tmp_path, {**header, "work": "/tmp/gc work"}, checks)
+    md = (tmp_path / "gpu-check.md").read_text()
+    assert "--out gpu-check-rest --work '/tmp/gc work' --budget-s 460 --only reference-fp32" in md
 
 
 def test_a_report_written_while_checks_are_pending_says_unfinished(tmp_path):

@@ -1162,6 +1162,9 @@ def run(args: argparse.Namespace) -> int:
             "started_at": started_at.isoformat(timespec="seconds"),
             "git_commit": commit,
             "budget_s": args.budget_s,
+            # --work where given (outside --out: a wrapper's that brings back only --out), for
+            # the rerun line, which put the work directory inside its --out otherwise
+            **({"work": str(args.work)} if args.work is not None else {}),
             "only": list(only),
             "wall_s": round(time.monotonic() - t0, 1),
             "versions": info,

@@ -19,6 +19,7 @@ import csv
 import io
 import math
 import re
+import shlex
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -379,11 +380,23 @@ def two_rank_problems(m: dict, backend: str, run: RunResult, problems: list[str]
     return sums
 
 
+def loss_fell_problems(numbers: dict) -> list[str]:
+    """The last epoch's train loss below the first's: identical checksums and finite losses
+    passed a pair whose gradients were wrong alike on both ranks (an all-reduce or hook
+    returning zeros: the loss stayed at chance). Not PAIR_LOSS_FALL: healthy PowerSGD pairs
+    ended at 0.85-0.91x their first epoch's loss on the H100 and H200 (docs/gpu-runs)."""
+    first, last = numbers.get("train_loss_first"), numbers.get("train_loss_last")
+    if first is None or last is None or not last < first:
+        return [f"train loss did not fall ({first} -> {last}): the ranks learned nothing"]
+    return []
+
+
 def judge_pair(name: str, strategy: str, hook: str, run: RunResult) -> Check:
-    """Two ranks sharing one GPU over gloo: the same parameters on both at the end."""
+    """Two ranks sharing one GPU over gloo: the same parameters on both at the end, and
+    learned."""
     criterion = (
         "exit 0; 2 ranks on cuda over gloo; both ranks' parameter checksums identical; "
-        "finite losses"
+        "finite losses; the last epoch's train loss below the first's"
     )
     problems = run_problems(run)
     numbers: dict[str, Any] = {}
@@ -394,9 +407,12 @@ def judge_pair(name: str, strategy: str, hook: str, run: RunResult) -> Check:
         _expect(m, "comm_hook", hook, problems)
         if _device_type(m) != "cuda":
             problems.append(f"trained on {_device_type(m)!r}, not cuda")
+        learned = learning_numbers(m, run.epochs)
+        problems += loss_fell_problems(learned)
         numbers = {
             "param_checksums": sums,
-            "train_loss_last": learning_numbers(m, run.epochs)["train_loss_last"],
+            "train_loss_first": learned["train_loss_first"],
+            "train_loss_last": learned["train_loss_last"],
             "best_val_acc": m.get("best_val_acc"),
         }
     return verdict(name, criterion, numbers, problems, [run])
@@ -415,7 +431,7 @@ def judge_two_gpus(device_count: int, run: RunResult | None) -> Check:
     criterion = (
         "exit 0; 2 ranks on 2 GPUs over NCCL with the default path (compiled, the whole step one "
         "CUDA graph: cuda_graphs_mode step) and the communication probe (comm_exposed_frac "
-        "finite); identical parameter checksums"
+        "finite); identical parameter checksums; the last epoch's train loss below the first's"
     )
     if device_count < 2 or run is None:
         return skipped(name, criterion, f"{device_count} GPU visible: NCCL needs a GPU per rank")
@@ -432,9 +448,13 @@ def judge_two_gpus(device_count: int, run: RunResult | None) -> Check:
                 f"metrics.json comm_exposed_frac is {m.get('comm_exposed_frac')!r}, expected a "
                 "finite number (the communication probe, --comm-probe-steps)"
             )
+        learned = learning_numbers(m, run.epochs)
+        problems += loss_fell_problems(learned)
         numbers = {
             "param_checksums": sums,
             **fast_path_numbers(m),
+            "train_loss_first": learned["train_loss_first"],
+            "train_loss_last": learned["train_loss_last"],
             "throughput_img_s": m.get("throughput_img_s"),
             "comm_exposed_frac": m.get("comm_exposed_frac"),
         }
@@ -1256,8 +1276,11 @@ def rerun_command(doc: dict) -> str:
     budget, not the default)."""
     names = ",".join(doc.get("not_run", []))
     budget = f" --budget-s {doc['budget_s']:g}" if doc.get("budget_s") else ""
+    # the same --work where one was given: without it the rerun's work directory (its logs,
+    # runs and data) went inside --out, which a wrapper brings back whole
+    work = f" --work {shlex.quote(doc['work'])}" if doc.get("work") else ""
     return (
-        f"PYTHONPATH=src python3 -m scalestudy gpu-check --out gpu-check-rest{budget} "
+        f"PYTHONPATH=src python3 -m scalestudy gpu-check --out gpu-check-rest{work}{budget} "
         f"--only {names}"
     )
 
