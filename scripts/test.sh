@@ -10,6 +10,17 @@
 # suite once lost test_a_throttled_input_lands_in_data_wait to the shared cores).
 # SCALESTUDY_TEST_PROCESSES=0 (or -n 0): one pass, in this process.
 set -euo pipefail
+# a test path of the caller's (`bash ../scripts/test.sh test_plan.py` in tests/, a node id
+# `test_plan.py::test_x` too) is read from their directory, as demo.sh reads its config files:
+# pytest, started in the repository root, found no such file (exit 4)
+caller_args=()
+for arg in "$@"; do
+    if [[ $arg != -* && $arg != /* && -e "$PWD/${arg%%::*}" ]]; then
+        arg="$PWD/$arg"
+    fi
+    caller_args+=("$arg")
+done
+set -- ${caller_args[@]+"${caller_args[@]}"}
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export PATH="$PWD/.venv/bin:$PATH"

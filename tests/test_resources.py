@@ -533,6 +533,17 @@ def test_a_profile_parser_edit_reruns_no_job_that_launches_ranks():
     assert {nsight + "classify.py", nsight + "schema.py"} <= kernels
     ncu_parse = set(resources.code_sources(REPO, *declared_code(smk, "profile_ncu_parse")))
     assert {nsight + "ncu.py", nsight + "tables.py"} <= ncu_parse
+    # and no parse imports the ncu job's counters: an edit to them reran the parse first, and
+    # Snakemake, which checks nothing below a rerun job whose one file from it is ancient (the
+    # kernels file), left Nsight Compute to the next snakemake, unpriced by this dry-run. The
+    # parser's copy of their tensor-core rule is theirs
+    from scalestudy.nsight import ncu as ncu_parser
+    from scalestudy.nsight import ncu_metrics
+
+    assert nsight + "ncu_metrics.py" not in ncu_parse
+    parse_code = set(resources.code_sources(REPO, *declared_code(smk, "profile_parse")))
+    assert nsight + "ncu_metrics.py" not in parse_code
+    assert ncu_parser.TENSOR_METRIC.pattern == ncu_metrics.TENSOR_METRIC.pattern
     # nor does the kernels file the parse's table rewrites rerun it (Snakemake: "Input files
     # updated by another job"), only a new capture
     rule = re.split(r"^rule ", smk.read_text(), flags=re.MULTILINE)

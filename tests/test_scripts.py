@@ -507,3 +507,29 @@ def test_lint_without_its_tools_says_to_run_setup(tmp_path):
     assert done.stderr.strip().splitlines() == [
         "lint: ruff is not installed here (no .venv): run `bash scripts/setup.sh` first"
     ]
+
+
+def test_the_test_scripts_paths_are_the_callers(tmp_path):
+    """`bash ../scripts/test.sh test_plan.py -k runtime` in tests/: test.sh changes to the
+    repository root, and pytest found no test_plan.py there (exit 4). A path of the caller's
+    (a node id too) is read from their directory; options and their values are left alone."""
+    work = tmp_path / "repo"
+    (work / "scripts").mkdir(parents=True)
+    (work / "tests").mkdir()
+    (work / "tests" / "test_plan.py").write_text("")
+    shutil.copy(REPO / "scripts" / "test.sh", work / "scripts" / "test.sh")
+    (work / "scripts" / "setup.sh").write_text("exit 0\n")  # set up already
+    seen = tmp_path / "argv"
+    python = work / ".venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(f'#!/bin/sh\nprintf "%s\\n" "$PWD" "$@" >> {seen}\nexit 5\n')
+    python.chmod(0o755)
+    proc = subprocess.run(
+        ["bash", "../scripts/test.sh", "test_plan.py::test_x", "-k", "runtime"],
+        cwd=work / "tests", env=env(), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 5, proc.stderr  # both passes selected nothing (the stand-in)
+    lines = seen.read_text().splitlines()
+    assert lines[0] == str(work)  # pytest runs in the repository root
+    assert f"{work}/tests/test_plan.py::test_x" in lines and "runtime" in lines, lines
+    assert "test_plan.py::test_x" not in lines, lines

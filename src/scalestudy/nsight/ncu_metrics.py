@@ -1,5 +1,6 @@
 """The counters `profile ncu` asks Nsight Compute for beyond --set full's details page (the FLOP
-counters), and the rule by which the parser (ncu.py) counts the tensor-core ones.
+counters), and the rule by which it counts the tensor-core ones (ncu.py, the parser, holds a
+copy: tests/test_resources.py keeps the two equal).
 
 A module of its own: the ncu job (jobs/profile_ncu.py) imports this and none of the parsers, so
 an edit to a parser reruns the parse of the reports (the workflow's profile_ncu_parse), never
@@ -17,6 +18,7 @@ import re
 # fp16 run's tensor operations can only be in the src-only total (not captured yet). A src-only
 # total beside its per-destination ones, and the _sparsity_on/_off breakdowns, count the same
 # operations again (ncu.py sums by this rule).
+# (ncu.py, the parser, has its own copy: it imports nothing of the ncu job's)
 TENSOR_METRIC = re.compile(r"^sm__ops_path_tensor_src_([a-z0-9]+)(_dst_[a-z0-9]+)?\.sum$")
 
 # FLOP counters that --set full does not print in the details page: SASS f/h/d add, mul, fma
