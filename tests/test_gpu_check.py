@@ -2085,6 +2085,46 @@ def test_a_process_the_budget_cuts_is_marked_so_and_one_past_its_own_limit_is_no
     assert report.judge_single("nccl1-ddp-fp32", "fp32", "ddp", run).status == FAIL
 
 
+def test_a_timed_check_that_would_not_finish_is_not_started_and_a_shorter_one_is(
+    tmp_path, monkeypatch
+):
+    """Any process started with 5 s left: on an H100 reference-fp32 (104 s) was started with
+    57 s left and cut, and speed-tf32 (63 s) and ncu (57 s) after it never started; ncu would
+    have fit. Each timed check's first process now needs the check's longest on the H100 and
+    H200 (TIMED_S) left, and a later, shorter check still starts."""
+    budget = gpu_check.Budget(time.monotonic() + 60.0)
+    budget.gate(gpu_check.TIMED_S["reference-fp32"])
+    held = budget.limit(900.0)
+    assert held.seconds == 0 and held.budget_cut and "its check took up to 105 s" in held.held
+    argv = [sys.executable, "-c", "pass"]
+    run = gpu_check.run_process(argv, tmp_path / "held.log", held, child_env())
+    assert not run.started and run.budget_cut
+    assert "not started (" in (tmp_path / "held.log").read_text()
+    assert report.judge_single("nccl1-ddp-fp32", "fp32", "ddp", run).status == NOT_RUN
+    assert budget.limit(900.0).seconds > 50  # the gate is the next process's only
+    # the timed loop gates each check: what each one's first process was asked to leave
+    asked: dict[str, float] = {}
+
+    def timed(name):
+        def fn():
+            asked[name] = ctx.budget.needed
+            limit = ctx.budget.limit(900.0)
+            status = NOT_RUN if limit.held else PASS
+            return report.Check(name=name, status=status, criterion="ran")
+
+        return fn
+
+    names = ["reference-fp32", "speed-tf32-lb512", "ncu"]
+    monkeypatch.setattr(gpu_check, "shared_gpu_checks", lambda ctx: {})
+    monkeypatch.setattr(gpu_check, "timed_checks", lambda ctx: {n: timed(n) for n in names})
+    ctx = gpu_check.Context(work=tmp_path, fixtures=tmp_path, env={},
+                            budget=gpu_check.Budget(time.monotonic() + 60.0))  # fmt: skip
+    checks = {c.name: c.status for c in gpu_check.run_checks(ctx, {"device_name": "stand-in"})}
+    assert asked == {n: gpu_check.TIMED_S[n] for n in names}
+    assert checks == {"versions": checks["versions"], "reference-fp32": NOT_RUN,
+                      "speed-tf32-lb512": NOT_RUN, "ncu": PASS}  # fmt: skip
+
+
 def test_fmt_never_prints_a_number_for_nothing():
     assert report.fmt(None) == "unmeasured"
     assert report.fmt(25123.4) == "25,123" and report.fmt(0.01234) == "0.01234"

@@ -124,6 +124,17 @@ BUDGET_S = 720.0
 EXIT_INCOMPLETE = 3  # no check failed, but the budget ran out before some ran
 REPORT_RESERVE_S = 10.0  # kept back from the processes for the report and fixtures
 MIN_START_S = 5.0  # a process is not started with less left than this
+# the longest each timed check took on an H100 or H200 (docs/gpu-runs, gpu-check.json wall_s,
+# 2026-11-26 to 12-04), seconds: it is not started with less left (Budget.gate)
+TIMED_S = {
+    "reference-bf16": 75.0,
+    "nvml": 9.0,
+    "speed-bf16-lb64": 64.0,
+    "speed-bf16-lb64-graphs": 33.0,
+    "reference-fp32": 105.0,
+    "speed-tf32-lb512": 63.0,
+    "ncu": 57.0,
+}
 PARALLEL = 4  # correctness runs sharing the GPU at once (16 cores: 4 threads each)
 
 
@@ -212,6 +223,8 @@ class Limit:
 
     seconds: float
     budget_cut: bool = False  # the budget's deadline, not the process's own limit
+    # why it is not to start though time is left: its check would not finish (Budget.gate)
+    held: str = ""
 
 
 @dataclass
@@ -219,9 +232,21 @@ class Budget:
     """The deadline every process limit is cut to."""
 
     deadline: float  # time.monotonic()
+    # the seconds the next check needs to finish (`gate`), asked of its first process only
+    needed: float = 0.0
+
+    def gate(self, seconds: float) -> None:
+        """The next process starts only with `seconds` left: a timed check's longest on the
+        H100 and H200 (TIMED_S). Started with 57 s for its 104, reference-fp32 was cut, and
+        speed-tf32 and ncu after it, which would have fit, never started."""
+        self.needed = seconds
 
     def limit(self, wanted: float) -> Limit:
         left = self.deadline - time.monotonic()
+        needed, self.needed = self.needed, 0.0
+        if left < needed:
+            why = f"{left:.1f} s left of the budget, and its check took up to {needed:g} s"
+            return Limit(0.0, budget_cut=True, held=why)
         return Limit(max(0.0, min(wanted, left)), budget_cut=left < wanted)
 
 
@@ -289,8 +314,9 @@ def run_process(
     every 0.1 s while it runs (to send a signal)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     limit_s = limit.seconds
-    if limit_s < MIN_START_S:
-        log_path.write_text(f"not started ({limit_s:.1f} s left of the budget): {argv}\n")
+    if limit.held or limit_s < MIN_START_S:
+        left = limit.held or f"{limit_s:.1f} s left of the budget"
+        log_path.write_text(f"not started ({left}): {argv}\n")
         return RunResult(
             rc=None, limit_s=limit_s, started=False, budget_cut=True, log_tail=log_path.read_text()
         )
@@ -1069,6 +1095,8 @@ def run_checks(ctx: Context, info: dict) -> list[Check]:
             done(checks)
     for n, fn in timed_checks(ctx).items():
         if ctx.wanted(n):
+            # not started where it would not finish: a later, shorter one may
+            ctx.budget.gate(TIMED_S.get(n, 0.0))
             checks.append(guarded(n, fn))
             done(checks)
     return sorted(checks, key=order)
