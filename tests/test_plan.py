@@ -355,7 +355,7 @@ def test_plan_md_reads_its_counts_right_and_gives_a_cpu_study_no_gpu_numbers(dev
     runs = _md_rows(md, "Runs")
     families = _md_rows(md, "Per family")
     assert len(runs) == len(estimates) and families[-1][0] == "**total**"
-    remaining = next(ln for ln in md.splitlines() if ln.startswith("Not yet run:"))
+    remaining = next(ln for ln in md.splitlines() if ln.startswith("Not yet measured ("))
     if device == "cpu":
         assert all(e.gpus == 0 for e in estimates)
         assert {(r[3], r[7]) for r in runs} == {("n/a", "n/a")}  # GPUs, GPU-hours
@@ -2189,8 +2189,9 @@ def test_a_plan_that_calibrates_nothing_reads_no_measured_run(tmp_path):
     # nor does it know which runs are done: it said "Not yet run: 4 runs" of a study whose
     # runs were all measured, beside the proposal's 0 not measured
     text = md.read_text()
-    assert "Not yet run: not known (plan.calibrate false: the plan reads no measured run)." in text
-    assert "Not yet run: 4" not in text
+    said = "Not yet measured: not known (plan.calibrate false: the plan reads no measured run)."
+    assert said in " ".join(text.split())
+    assert "lists the training jobs left): 4" not in text
     assert all(line.endswith("| n/a |") for line in text.split("## Runs")[1].splitlines()
                if line.startswith("| w"))  # fmt: skip
     assert {r["done"] for r in csv.DictReader(csv_out.open())} == {""}  # blank: not known
@@ -2243,6 +2244,39 @@ def test_the_plan_digest_changes_with_what_plan_md_prints(key, value):
     assert plan.estimate_runs(changed, build_run_table(changed), []) == estimates  # the case
     assert plan.plan_markdown(changed, estimates, []) != plan.plan_markdown(config, estimates, [])
     assert plan.plan_digest(estimates, changed) != plan.plan_digest(estimates, config)
+
+
+def test_plan_md_rows_print_the_runtime_their_node_hours_and_the_dry_run_count():
+    """A run past hardware.runtime_max goes on in several jobs: its row printed the training's
+    runtime (0:55:15 on 1 node) beside node-hours that hold each resumption's start-up too
+    (0.954, not 0.921), and the dry-run's 0:57:15 (2 jobs). It prints held_s and the jobs."""
+    config = small_config()
+    config["train"]["epochs"] = 300
+    config["hardware"]["runtime_max"] = 30
+    config["checkpointing"] |= {"enabled": True, "retries": 50}
+    estimates = plan.estimate_runs(config, build_run_table(config), [])
+    split = [e for e in estimates if e.jobs > 1]
+    assert split
+    rows = {r[0]: r for r in _md_rows(plan.plan_markdown(config, estimates, []), "Runs")}
+    for e in estimates:
+        runtime = rows[e.run][4]
+        jobs = f" ({e.jobs} jobs)" if e.jobs > 1 else ""
+        assert runtime == f"{plan.hms(e.held_s)}{jobs}", (runtime, e)
+        assert float(rows[e.run][6]) == pytest.approx(e.nodes * e.held_s / 3600, abs=5e-4)
+
+
+def test_the_plan_digest_changes_with_the_measured_runs_plan_md_checks_against():
+    """plan.md's "How good the estimates are" prints each measured run's wall time against its
+    estimate, but the digest (the plan rule's only trigger) held the estimates and the config:
+    a job's wall time of 40 s become 400 s, the estimates unchanged, left "largest error 22%"
+    where it was 92%."""
+    config = small_config()
+    estimates = plan.estimate_runs(config, build_run_table(config), [])
+    measured = [{"run": "w1", "wall_s": 40.0}, {"run": "w2", "wall_s": 31.0}]
+    slower = [{"run": "w1", "wall_s": 400.0}, measured[1]]
+    digest = plan.plan_digest(estimates, config, measured)
+    assert plan.plan_digest(estimates, config, slower) != digest
+    assert plan.plan_digest(estimates, config, measured[::-1]) == digest  # their order is none
 
 
 def bucket_sweep(local_batches, measured_runs):

@@ -295,14 +295,18 @@ def plan_csv_text(estimates: list[Estimate], done_known: bool = True) -> str:
     return out.getvalue()
 
 
-def plan_digest(estimates: list[Estimate], config: dict) -> str:
+def plan_digest(estimates: list[Estimate], config: dict, measured: Iterable[dict] = ()) -> str:
     """sha256 (16 hex digits) of plan_csv_text and of what else reports/plan.md prints from the
     config (the study's name, repeats, hardware, `plan:` (its contingency is in no estimate),
-    `profiling:` (its jobs) and proposal.contingency): changes whenever either does, so the
-    plan rule reruns (a new contingency or profiling left plan.md at the old one)."""
+    `profiling:` (its jobs) and proposal.contingency) and from the measured runs (read_measured:
+    runs.csv's rows with their benchmarks' wall times, which "How good the estimates are" and
+    the scaling model's check print): changes whenever any does, so the plan rule reruns (a new
+    contingency or profiling left plan.md at the old one, and a job's wall time of 40 s become
+    400 s its "largest error 22%" where it was 92%)."""
     shown = {k: config.get(k) for k in ("study", "repeats", "hardware", "plan", "profiling")}
     shown["proposal.contingency"] = (config.get("proposal") or {}).get("contingency")
-    text = plan_csv_text(estimates) + json.dumps(shown, sort_keys=True, default=str)
+    runs = sorted(measured, key=lambda r: str(r.get("run")))
+    text = plan_csv_text(estimates) + json.dumps([shown, runs], sort_keys=True, default=str)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
@@ -439,7 +443,11 @@ def plan_markdown(
     lines += ["", *_profiling_lines(config, estimates, t["total"], gpu)]
     lines += [
         (
-            f"Not yet run: {_count(remaining.jobs, 'runs')}, {up(remaining.node_hours)} "
+            # done = a row in runs.csv, which collect writes once every run has finished: mid-
+            # study every run was "not yet run" here while the dry-run listed the unfinished
+            f"Not yet measured (no row in {runs_csv}, which `collect` writes once every run has "
+            "finished: `snakemake -n` lists the training jobs left): "
+            f"{_count(remaining.jobs, 'runs')}, {up(remaining.node_hours)} "
             "node-hours"
             + (
                 f", {up(remaining.gpu_hours)} GPU-hours ({up(remaining.node_hours * (1 + c))} "
@@ -449,7 +457,8 @@ def plan_markdown(
             )
             if plan["calibrate"]
             # no measured run read, none known to be done (read_measured)
-            else "Not yet run: not known (plan.calibrate false: the plan reads no measured run)."
+            else "Not yet measured: not known (plan.calibrate false: the plan reads no measured "
+            "run)."
         ),
         f"Calibrated estimates: {throughput} of {len(estimates)} in throughput (basis other "
         f"than `default`), {startup_only} more in start-up only (basis `default +startup`)."
@@ -491,7 +500,10 @@ def plan_markdown(
     lines += [
         "## Runs",
         "",
-        "Runtime interval: the scaling model's 95% prediction interval (basis `model`); "
+        "Runtime: the run's hours on its nodes (node-hours = nodes x runtime), as the dry-run "
+        "prints it: a run past hardware.runtime_max goes on in several jobs (`(N jobs)`), each "
+        "resumption's start-up included. Runtime interval: the scaling model's 95% prediction "
+        "interval of the training (basis `model`); "
         f"`extrapolated`: {model.EXTRAPOLATED}. Basis: where x_rank came "
         "from; `+startup`: startup_s from measured job wall times. A run's Slurm time limit "
         "(results/plan.csv, slurm_runtime_min) is its runtime, or the interval's upper end where "
@@ -506,7 +518,8 @@ def plan_markdown(
         "|---|---|---|---|---|---|---|---|---|---|",
         *[
             f"| {e.run} | {e.families} | {e.nodes} | {e.gpus if gpu else na} | "
-            f"{hms(e.runtime_s)} | {_interval(e)} | {e.node_hours:.3f} | "
+            f"{hms(e.held_s)}{f' ({e.jobs} jobs)' if e.jobs > 1 else ''} | {_interval(e)} | "
+            f"{e.node_hours:.3f} | "
             f"{f'{e.gpu_hours:.3f}' if gpu else na} | {_basis(e)} | "
             f"{('yes' if e.done else '') if plan['calibrate'] else na} |"
             for e in estimates

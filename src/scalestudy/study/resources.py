@@ -282,9 +282,13 @@ class TrainingPlan:
         self.runs_csv, self.benchmarks_dir = runs_csv, benchmarks_dir
 
     @functools.cached_property
+    def measured(self) -> list[dict]:
+        """The measured runs the estimates are calibrated from, read once."""
+        return plan.read_measured(self.config, self.runs_csv, self.benchmarks_dir)
+
+    @functools.cached_property
     def estimates(self) -> dict[str, plan.Estimate]:
-        measured = plan.read_measured(self.config, self.runs_csv, self.benchmarks_dir)
-        return plan.register(self.config, self.rows, measured, is_local_rule)
+        return plan.register(self.config, self.rows, self.measured, is_local_rule)
 
     def refusal(self) -> str | None:
         """The plan's refusal of the measured runs (PlanError's one line, e.g. a runs.csv row
@@ -320,7 +324,7 @@ class TrainingPlan:
 
     def digest(self, wildcards=None) -> str:
         """The plan's content: changes whenever an estimate does."""
-        return plan.plan_digest(list(self.estimates.values()), self.config)
+        return plan.plan_digest(list(self.estimates.values()), self.config, self.measured)
 
 
 # ---------------------------------------------------------------------------------------------
