@@ -12,13 +12,18 @@
 set -euo pipefail
 # a test path of the caller's (`bash ../scripts/test.sh test_plan.py` in tests/, a node id
 # `test_plan.py::test_x` too) is read from their directory, as demo.sh reads its config files:
-# pytest, started in the repository root, found no such file (exit 4)
-caller_args=()
+# pytest, started in the repository root, found no such file (exit 4). A test file (*.py), or a
+# directory not given as an option's value: `-m workflow` and `-k slurm` name a marker and
+# words, though workflow/ and tests/slurm/ exist
+caller_args=() prev=""
 for arg in "$@"; do
-    if [[ $arg != -* && $arg != /* && -e "$PWD/${arg%%::*}" ]]; then
+    path=${arg%%::*}
+    if [[ $arg != -* && $arg != /* && -e "$PWD/$path" ]] &&
+        [[ $path == *.py || ($prev != -* && -d "$PWD/$path") ]]; then
         arg="$PWD/$arg"
     fi
     caller_args+=("$arg")
+    prev=$arg
 done
 set -- ${caller_args[@]+"${caller_args[@]}"}
 cd "$(dirname "$0")/.."

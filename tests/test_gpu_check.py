@@ -2101,15 +2101,19 @@ def test_a_timed_check_that_would_not_finish_is_not_started_and_a_shorter_one_is
     assert not run.started and run.budget_cut
     assert "not started (" in (tmp_path / "held.log").read_text()
     assert report.judge_single("nccl1-ddp-fp32", "fp32", "ddp", run).status == NOT_RUN
-    assert budget.limit(900.0).seconds > 50  # the gate is the next process's only
-    # the timed loop gates each check: what each one's first process was asked to leave
-    asked: dict[str, float] = {}
+    assert budget.limit(900.0).held  # the check's every process: its reference run too
+    budget.gate(0.0)  # the check over
+    assert budget.limit(900.0).seconds > 50
+    budget.gate(gpu_check.TIMED_S["ncu"])  # 57 s: fits, and its processes start
+    assert not budget.limit(900.0).held
+    # the timed loop gates each check, each of its processes
+    held_in: dict[str, list[bool]] = {}
 
     def timed(name):
         def fn():
-            asked[name] = ctx.budget.needed
-            limit = ctx.budget.limit(900.0)
-            status = NOT_RUN if limit.held else PASS
+            limits = [ctx.budget.limit(900.0) for _ in range(2)]  # ours, then the reference
+            held_in[name] = [bool(limit.held) for limit in limits]
+            status = NOT_RUN if limits[0].held else PASS
             return report.Check(name=name, status=status, criterion="ran")
 
         return fn
@@ -2120,7 +2124,9 @@ def test_a_timed_check_that_would_not_finish_is_not_started_and_a_shorter_one_is
     ctx = gpu_check.Context(work=tmp_path, fixtures=tmp_path, env={},
                             budget=gpu_check.Budget(time.monotonic() + 60.0))  # fmt: skip
     checks = {c.name: c.status for c in gpu_check.run_checks(ctx, {"device_name": "stand-in"})}
-    assert asked == {n: gpu_check.TIMED_S[n] for n in names}
+    assert held_in == {"reference-fp32": [True, True], "speed-tf32-lb512": [True, True],
+                       "ncu": [False, False]}  # fmt: skip
+    assert not ctx.budget.held  # lifted after the last
     assert checks == {"versions": checks["versions"], "reference-fp32": NOT_RUN,
                       "speed-tf32-lb512": NOT_RUN, "ncu": PASS}  # fmt: skip
 

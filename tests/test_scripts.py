@@ -524,12 +524,22 @@ def test_the_test_scripts_paths_are_the_callers(tmp_path):
     python.parent.mkdir(parents=True)
     python.write_text(f'#!/bin/sh\nprintf "%s\\n" "$PWD" "$@" >> {seen}\nexit 5\n')
     python.chmod(0o755)
+    (work / "tests" / "slurm").mkdir()  # a directory named as a marker is
     proc = subprocess.run(
-        ["bash", "../scripts/test.sh", "test_plan.py::test_x", "-k", "runtime"],
+        ["bash", "../scripts/test.sh", "test_plan.py::test_x", "-k", "slurm", "slurm"],
         cwd=work / "tests", env=env(), capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert proc.returncode == 5, proc.stderr  # both passes selected nothing (the stand-in)
     lines = seen.read_text().splitlines()
     assert lines[0] == str(work)  # pytest runs in the repository root
-    assert f"{work}/tests/test_plan.py::test_x" in lines and "runtime" in lines, lines
+    assert f"{work}/tests/test_plan.py::test_x" in lines, lines
     assert "test_plan.py::test_x" not in lines, lines
+    # -k's value stays a word; the directory after it is the caller's
+    assert lines[lines.index("-k") + 1] == "slurm" and f"{work}/tests/slurm" in lines, lines
+    # a marker named as a directory of the root stays a marker: -m becomes each pass's own
+    seen.unlink()
+    (work / "workflow").mkdir()
+    proc = subprocess.run(["bash", "scripts/test.sh", "-m", "workflow"], cwd=work, env=env(),
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    marks = [ln for ln in seen.read_text().splitlines() if "workflow" in ln]
+    assert marks == ["(workflow) and not serial", "(workflow) and serial"], marks

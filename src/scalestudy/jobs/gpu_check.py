@@ -232,21 +232,24 @@ class Budget:
     """The deadline every process limit is cut to."""
 
     deadline: float  # time.monotonic()
-    # the seconds the next check needs to finish (`gate`), asked of its first process only
-    needed: float = 0.0
+    # why the processes of the check now running are not to start (gate): it would not finish
+    held: str = ""
 
     def gate(self, seconds: float) -> None:
-        """The next process starts only with `seconds` left: a timed check's longest on the
-        H100 and H200 (TIMED_S). Started with 57 s for its 104, reference-fp32 was cut, and
-        speed-tf32 and ncu after it, which would have fit, never started."""
-        self.needed = seconds
+        """The next check starts only with `seconds` left, a timed check's longest on the H100
+        and H200 (TIMED_S), or none of its processes does; 0 lifts it. Started with 57 s for
+        its 104, reference-fp32 was cut, and speed-tf32 and ncu after it, which would have fit,
+        never started. Judged once, at the check's start: its second process (the reference
+        run) needs only what is left of it."""
+        left = self.deadline - time.monotonic()
+        cut = seconds > 0 and left < seconds
+        self.held = f"{left:.1f} s left of the budget, and its check took up to {seconds:g} s"
+        self.held *= cut
 
     def limit(self, wanted: float) -> Limit:
+        if self.held:
+            return Limit(0.0, budget_cut=True, held=self.held)
         left = self.deadline - time.monotonic()
-        needed, self.needed = self.needed, 0.0
-        if left < needed:
-            why = f"{left:.1f} s left of the budget, and its check took up to {needed:g} s"
-            return Limit(0.0, budget_cut=True, held=why)
         return Limit(max(0.0, min(wanted, left)), budget_cut=left < wanted)
 
 
@@ -1098,6 +1101,7 @@ def run_checks(ctx: Context, info: dict) -> list[Check]:
             # not started where it would not finish: a later, shorter one may
             ctx.budget.gate(TIMED_S.get(n, 0.0))
             checks.append(guarded(n, fn))
+            ctx.budget.gate(0.0)
             done(checks)
     return sorted(checks, key=order)
 

@@ -238,7 +238,7 @@ def _run(argv: list[str]) -> int:
         name = signal.Signals(sigval).name
         logger.error(
             f"scalestudy launch: stopped by {name}: the ranks were sent {name}, and any still "
-            "running after torchrun's shutdown timeout killed",
+            f"running after the grace ({passing.grace_s:g} s) killed",
             exc_info=log.debug(),
         )
         return 128 + int(sigval)
