@@ -3014,10 +3014,18 @@ def test_torch_profiler_capture_of_a_two_rank_run(data_dir, tmp_path):
     # a rank's export lost after the capture: it was parsed without that rank's kernels
     manifest = json.loads((cap / "tool.json").read_text())
     assert (manifest["world_size"], manifest["ranks"]) == (2, "all")
-    (cap / "train" / "profile" / "torch_ops_rank1.json").unlink()
+    profiled = cap / "train" / "profile"
+    stray = (profiled / "torch_ops_rank1.json").read_bytes()
+    (profiled / "torch_ops_rank1.json").unlink()
     (tmp_path / "k.csv").unlink()
     (tmp_path / "r.csv").unlink()
     with pytest.raises(ProfileFormatError, match=r"no kernels of rank\(s\) 1, which the capture"):
+        _parse(cap, tmp_path)
+    assert not (tmp_path / "k.csv").exists()
+    # and a rank it never profiled (a file copied in): its rows joined the run's kernels
+    (profiled / "torch_ops_rank1.json").write_bytes(stray)
+    (profiled / "torch_ops_rank3.json").write_bytes(stray)
+    with pytest.raises(ProfileFormatError, match=r"kernels of rank\(s\) 3, which the capture did"):
         _parse(cap, tmp_path)
     assert not (tmp_path / "k.csv").exists()
 

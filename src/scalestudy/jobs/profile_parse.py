@@ -208,7 +208,19 @@ def parse(args: argparse.Namespace) -> int:
         kernels, ranges = nsys.parse_nsys(source, args.run)
     else:
         kernels, ranges, gpu_ranks = torch_ops.read_torch(source, args.run)
-    if missing := profile.missing_ranks(manifest, {int(r["rank"]) for r in kernels}):
+    found = {int(r["rank"]) for r in kernels}
+    expected = profile.expected_ranks(manifest)  # [] where tool.json does not say
+    if stray := sorted(found - set(expected)) if expected else []:
+        # a rank the capture never profiled (a file copied in by hand): its rows went into
+        # profile_kernels.csv beside the run's own
+        raise ProfileFormatError(
+            source,
+            None,
+            f"kernels of rank(s) {', '.join(map(str, stray))}, which the capture did not profile "
+            f"(tool.json: world size {manifest['world_size']}, ranks {manifest.get('ranks')}): "
+            "a file not of this capture; capture again with `scalestudy profile capture`",
+        )
+    if missing := profile.missing_ranks(manifest, found):
         # the capture had them: a file lost since would leave those ranks out of every sum
         raise ProfileFormatError(
             source,
