@@ -775,9 +775,10 @@ def proposal_rows(
         refused = [_row("request", item, "cannot_run", why, "", CANNOT_RUN_SOURCE)] if why else []
         return [*request_rows(item, members, source, True, calibrate), basis, energy, *refused]
 
-    # priced as plan.md prices them: under plan.calibrate false the planner reads no measured
-    # run, so none is done (a finished run past hardware.runtime_max was one job here, past
-    # the limit, and split into jobs there); the evidence counts the measured runs all the same
+    # the study's runs as plan.md has them (under plan.calibrate false the planner reads no
+    # measured run, so none is done): their profiling jobs' limits, and the refusal of a run
+    # not measured yet that cannot go on past hardware.runtime_max; the request rows price
+    # every run again below (`again`); the evidence counts the measured runs all the same
     study = estimate_runs(config, table, measured if calibrate else [])
     # what the documents say of thin evidence the next runs cannot fix: fewer world sizes than
     # the bar even with the new ones, or gaps that the study's own runs not measured yet fill

@@ -505,7 +505,8 @@ def _context(tables: dict[str, list[dict]], figures: list[str], figure_dir: str)
             r for r in model_rows if r["kind"] == "parameter" and r["name"] in MODEL_PARAMS
         ],
         "model_holdout": [r for r in model_rows if r["kind"] == "holdout"],
-        # why the model has no fit at all (its note, "no fit: " and why), None when it has one
+        # why the model has no fit at all (its note without the "no fit: " it opens with), None
+        # when it has one
         "model_no_fit": next(
             (
                 r["note"].removeprefix("no fit: ")
