@@ -242,9 +242,11 @@ class Budget:
         never started. Judged once, at the check's start: its second process (the reference
         run) needs only what is left of it."""
         left = self.deadline - time.monotonic()
-        cut = seconds > 0 and left < seconds
-        self.held = f"{left:.1f} s left of the budget, and its check took up to {seconds:g} s"
-        self.held *= cut
+        self.held = (
+            f"{left:.1f} s left of the budget, and its check took up to {seconds:g} s"
+            if seconds > 0 and left < seconds
+            else ""
+        )
 
     def limit(self, wanted: float) -> Limit:
         if self.held:

@@ -357,33 +357,34 @@ def window_problems(config: dict, rows: list[dict]) -> list[str]:
     # one line, for the run of the largest global batch: its epoch is the shortest, so the fix
     # it names fits every profiled run (a line per run gave start_step at most 184 and at most
     # 37, and who followed the first was refused again)
-    for row in sorted(too_long, key=lambda r: -r["global_batch"])[:1]:
-        need = window * row["global_batch"]
-        others = len(too_long) - 1
-        also = f" (and {others} more profiled {'run' if others == 1 else 'runs'})" * bool(others)
-        if need > n_train:
-            # the key that can change: start_step cannot go below 0, nor with PowerSGD below
-            # its uncompressed steps (refused above)
-            earliest = POWERSGD_START_ITER if config["train"]["comm_hook"] == "powersgd" else 0
-            movable = prof["start_step"] > earliest
-            in_epoch = n_train // row["global_batch"]  # steps of one epoch
-            most = in_epoch - prof["start_step"] - 1  # steps from this start
-            latest = in_epoch - prof["steps"] - 1  # start of these steps
-            # the key named is the one its fix changes
-            if movable and latest >= earliest:
-                key, fix = "start_step", f"start_step at most {latest}, or fewer steps"
-            elif most >= 1:
-                key, fix = "steps", f"at most {most} steps"
-            elif movable and in_epoch - earliest - 1 >= 1:  # a step fits from the earliest
-                fits = in_epoch - earliest - 1  # steps from the earliest start
-                key = "start_step"
-                fix = f"fewer steps from an earlier start_step: at most {fits} from {earliest}"
-            else:  # not a step from the earliest start before the epoch's last (an epoch of 1)
-                key, fix = "steps", "no window fits: a smaller batch"
-            problems.append(
-                f"config key 'profiling.{key}': value {prof[key]} is not allowed: "
-                f"run {row['run']}{also} would need (start_step {prof['start_step']} + steps "
-                f"{prof['steps']} + 1) x global batch {row['global_batch']} = {need} training "
-                f"images, more than the {n_train} of {source}; {fix}"
-            )
+    if not too_long:
+        return problems
+    row = max(too_long, key=lambda r: r["global_batch"])
+    need = window * row["global_batch"]
+    others = len(too_long) - 1
+    also = f" (and {others} more profiled {vocab.plural('runs', others)})" if others else ""
+    # the key that can change: start_step cannot go below 0, nor with PowerSGD below its
+    # uncompressed steps (refused above)
+    earliest = POWERSGD_START_ITER if config["train"]["comm_hook"] == "powersgd" else 0
+    movable = prof["start_step"] > earliest
+    in_epoch = n_train // row["global_batch"]  # steps of one epoch
+    most = in_epoch - prof["start_step"] - 1  # steps from this start
+    latest = in_epoch - prof["steps"] - 1  # start of these steps
+    # the key named is the one its fix changes
+    if movable and latest >= earliest:
+        key, fix = "start_step", f"start_step at most {latest}, or fewer steps"
+    elif most >= 1:
+        key, fix = "steps", f"at most {most} steps"
+    elif movable and in_epoch - earliest - 1 >= 1:  # a step fits from the earliest
+        fits = in_epoch - earliest - 1  # steps from the earliest start
+        key = "start_step"
+        fix = f"fewer steps from an earlier start_step: at most {fits} from {earliest}"
+    else:  # not a step from the earliest start before the epoch's last (an epoch of 1)
+        key, fix = "steps", "no window fits: a smaller batch"
+    problems.append(
+        f"config key 'profiling.{key}': value {prof[key]} is not allowed: "
+        f"run {row['run']}{also} would need (start_step {prof['start_step']} + steps "
+        f"{prof['steps']} + 1) x global batch {row['global_batch']} = {need} training "
+        f"images, more than the {n_train} of {source}; {fix}"
+    )
     return problems
